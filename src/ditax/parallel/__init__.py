@@ -1,0 +1,16 @@
+"""Mesh construction, logical-axis rules and sequence-parallel collectives."""
+
+from ditax.parallel.mesh import MESH_AXES, initialize_distributed, make_mesh
+from ditax.parallel.rules import (
+    ACTIVATION_RULES,
+    PARAM_RULES,
+    activation_spec,
+    constrain,
+    logical_to_spec,
+    param_spec,
+)
+
+__all__ = [
+    "MESH_AXES", "make_mesh", "initialize_distributed", "PARAM_RULES", "ACTIVATION_RULES",
+    "logical_to_spec", "param_spec", "activation_spec", "constrain",
+]
