@@ -1,0 +1,32 @@
+"""Test setup: 8 fake CPU devices (before JAX is imported), float32 matmuls, fixed seeds."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "")
+if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture
+def rng():
+    """A fresh numpy Generator per test (seeded from the test's node id for reproducibility)."""
+    import zlib
+
+    seed = zlib.crc32(os.environ.get("PYTEST_CURRENT_TEST", "x").encode())
+    return np.random.default_rng(seed)
+
+
+def has_cuda() -> bool:
+    try:
+        return any(d.platform == "gpu" for d in jax.devices())
+    except RuntimeError:
+        return False
