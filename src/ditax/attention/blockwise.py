@@ -1,0 +1,134 @@
+"""Flash-style attention in plain JAX: a ``lax.scan`` over K/V blocks with an online softmax.
+
+Why: it runs on every platform, never materialises the ``[Lq, Lk]`` score matrix, and its
+custom VJP recomputes scores block by block, so forward *and* backward hold
+``O(Lq · block_kv)`` scores instead of ``O(Lq · Lk)``. It is also the local kernel the ring
+backend can reuse, since it can return the log-sum-exp of every query row.
+
+Algorithm (per K/V block j, all in float32):
+  ``s = q·k_jᵀ·scale`` (masked keys → -inf), ``m' = max(m, rowmax s)``,
+  ``acc = acc·e^(m-m') + e^(s-m')·v_j``, ``l = l·e^(m-m') + rowsum e^(s-m')``;
+  at the end ``o = acc / l`` and ``lse = m + log l``.
+Backward (given ``lse``, ``o`` and ``do``): ``p = e^(s - lse)``, ``D = rowsum(do ∘ o)``,
+``ds = p ∘ (do·v_jᵀ − D + dlse)``, ``dq += ds·k_j·scale``, ``dk_j = dsᵀ·q·scale``,
+``dv_j = pᵀ·do``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def blockwise_attention(q, k, v, *, kv_mask=None, scale=None, block_kv: int = 512,
+                        return_lse: bool = False):
+    """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``.
+
+    Args:
+      block_kv: keys per scan step; Lk is padded to a multiple of it (padded keys masked).
+      return_lse: also return the float32 log-sum-exp ``[B, N, Lq]`` (-inf for rows whose
+        keys are all masked; those rows' outputs are zero). Differentiable w.r.t. both.
+    """
+    if not isinstance(block_kv, int) or block_kv < 1:
+        raise ValueError(f"block_kv={block_kv!r} must be a positive int (e.g. 512)")
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    B, Lk = k.shape[0], k.shape[1]
+    bk = min(block_kv, Lk)
+    pad = (-Lk) % bk
+    mask = jnp.ones((B, Lk), bool) if kv_mask is None else kv_mask.astype(bool)
+    if pad:
+        k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        mask = jnp.pad(mask, ((0, 0), (0, pad)))  # pads with False: never attended
+    out, lse = _flash(q, k, v, mask, scale, bk)
+    return (out, lse) if return_lse else out
+
+
+def _blocks(x, bk):
+    """``[B, Lk, ...]`` → ``[Lk/bk, B, bk, ...]`` (scan axis first)."""
+    B, Lk = x.shape[:2]
+    return jnp.moveaxis(x.reshape(B, Lk // bk, bk, *x.shape[2:]), 1, 0)
+
+
+def _unblocks(x):
+    """Inverse of :func:`_blocks`."""
+    nb, B, bk = x.shape[:3]
+    return jnp.moveaxis(x, 0, 1).reshape(B, nb * bk, *x.shape[3:])
+
+
+def _scores(q, k_j, m_j, scale):
+    """float32 scores ``[B, N, Lq, bk]``, masked keys at -inf."""
+    s = jnp.einsum("bqnk,blnk->bnql", q, k_j, preferred_element_type=jnp.float32) * scale
+    return jnp.where(m_j[:, None, None, :], s, -jnp.inf)
+
+
+def _forward(q, k, v, mask, scale, bk):
+    B, Lq, N, K = q.shape
+    init = (jnp.full((B, N, Lq), -jnp.inf, jnp.float32),   # running max m
+            jnp.zeros((B, N, Lq), jnp.float32),             # running denominator l
+            jnp.zeros((B, N, Lq, K), jnp.float32))          # running numerator acc
+
+    def step(carry, blk):
+        m, l, acc = carry
+        k_j, v_j, m_j = blk
+        s = _scores(q, k_j, m_j, scale)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # all-masked so far: no shift
+        alpha = jnp.exp(m - m_safe)                            # exp(-inf) = 0 on first block
+        p = jnp.exp(s - m_safe[..., None])
+        l = l * alpha + jnp.sum(p, axis=-1)
+        acc = acc * alpha[..., None] + jnp.einsum(
+            "bnql,blnk->bnqk", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+        return (m_new, l, acc), None
+
+    (m, l, acc), _ = lax.scan(step, init, (_blocks(k, bk), _blocks(v, bk), _blocks(mask, bk)))
+    nonempty = l > 0
+    o = acc / jnp.where(nonempty, l, 1.0)[..., None]
+    lse = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), -jnp.inf)
+    return jnp.swapaxes(o, 1, 2).astype(q.dtype), lse  # [B, Lq, N, K], [B, N, Lq]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _flash(q, k, v, mask, scale, bk):
+    return _forward(q, k, v, mask, scale, bk)
+
+
+def _flash_fwd(q, k, v, mask, scale, bk):
+    o, lse = _forward(q, k, v, mask, scale, bk)
+    return (o, lse), (q, k, v, mask, o, lse)
+
+
+def _flash_bwd(scale, bk, res, cts):
+    q, k, v, mask, o, lse = res
+    do, dlse = cts
+    do32 = do.astype(jnp.float32)
+    # D_i = sum_k do_ik o_ik; the lse cotangent enters ds with the opposite sign.
+    delta = jnp.einsum("bqnk,bqnk->bnq", do32, o.astype(jnp.float32))
+    delta = delta - dlse.astype(jnp.float32)
+    lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)  # empty rows: p = exp(-inf) = 0
+    do_c = do.astype(v.dtype)
+
+    def step(dq, blk):
+        k_j, v_j, m_j = blk
+        s = _scores(q, k_j, m_j, scale)
+        p = jnp.exp(s - lse_safe[..., None])                           # [B, N, Lq, bk]
+        dv_j = jnp.einsum("bnql,bqnk->blnk", p.astype(do_c.dtype), do_c,
+                          preferred_element_type=jnp.float32)
+        dp = jnp.einsum("bqnk,blnk->bnql", do_c, v_j, preferred_element_type=jnp.float32)
+        ds = (p * (dp - delta[..., None])) * scale
+        dq = dq + jnp.einsum("bnql,blnk->bqnk", ds.astype(k_j.dtype), k_j,
+                             preferred_element_type=jnp.float32)
+        dk_j = jnp.einsum("bnql,bqnk->blnk", ds.astype(q.dtype), q,
+                          preferred_element_type=jnp.float32)
+        return dq, (dk_j, dv_j)
+
+    dq, (dk, dv) = lax.scan(step, jnp.zeros(q.shape, jnp.float32),
+                            (_blocks(k, bk), _blocks(v, bk), _blocks(mask, bk)))
+    return (dq.astype(q.dtype), _unblocks(dk).astype(k.dtype), _unblocks(dv).astype(v.dtype),
+            None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
