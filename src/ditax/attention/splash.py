@@ -1,0 +1,140 @@
+"""The Pallas TPU splash-attention kernel (``jax.experimental.pallas.ops.tpu.splash_attention``)
+behind the ``attend`` convention.
+
+Why a wrapper: the kernel works on one batch row at a time (``[N, L, K]``), takes no softmax
+scale, needs sequence lengths that are block multiples and expresses masking as segment ids.
+This module adapts our ``[B, L, N, K]`` + ``kv_mask [B, Lk]`` interface to it:
+
+- batch: ``jax.vmap`` over B (the segment ids differ per batch row);
+- scale: q is pre-multiplied by ``scale`` (the kernel computes ``softmax(q·kᵀ)``);
+- lengths: Lq/Lk are padded up to the (clipped) block sizes; padded keys get kv segment id 0
+  and every query segment id 1, so they are never attended; padded query rows are sliced off;
+- kv_mask: masked keys get segment id 0 as well; a batch row whose keys are all masked
+  returns zeros (as the reference; the kernel itself must not see an all-masked row, so such
+  rows run unmasked and are zeroed afterwards);
+- head dim: with ``pad_head_dim`` (default: on TPU when K is not a multiple of 128) q/k/v are
+  zero-padded to a lane multiple; zero columns add nothing to ``q·kᵀ`` and the padded output
+  columns are sliced off.
+
+Off TPU the kernel runs in Pallas interpret mode (slow, exact: for tests).
+Gradients come from the kernel's own VJP. ``return_lse`` is forward-only: the kernel's
+residual-saving mode has no VJP.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+_LANES = 128  # TPU lane width: kv blocks are multiples of it
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 512,
+                     block_kv: int = 512, block_kv_compute: int | None = None,
+                     block_q_bwd: int | None = None, block_kv_bwd: int | None = None,
+                     fused_bwd: bool = False, interpret: bool | None = None,
+                     pad_head_dim: bool | None = None, return_lse: bool = False):
+    """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``.
+
+    Args:
+      block_q, block_kv: forward tile sizes (clipped to the 128-rounded sequence lengths;
+        multiples of 128). block_kv_compute: inner kv step (divides block_kv; default
+        block_kv). block_q_bwd / block_kv_bwd: backward tiles (default: the forward ones).
+      fused_bwd: use the kernel's fused dq/dkv backward.
+      interpret: run Pallas in interpret mode; None → only when the backend is not TPU.
+      pad_head_dim: zero-pad K to a multiple of 128; None → on TPU when needed.
+      return_lse: also return the float32 log-sum-exp ``[B, N, Lq]`` (forward only).
+    """
+    try:
+        from jax.experimental.pallas.ops.tpu import splash_attention as sa
+    except ImportError as e:  # pragma: no cover - depends on the installed jax
+        from ditax.attention import AttentionUnavailable
+        raise AttentionUnavailable(
+            f"attention backend 'splash' needs jax.experimental.pallas.ops.tpu.splash_attention"
+            f" ({e}); upgrade jax or use backend='xla'") from None
+
+    on_tpu = jax.default_backend() == "tpu"
+    interpret = (not on_tpu) if interpret is None else bool(interpret)
+    B, Lq, N, K = q.shape
+    Lk = k.shape[1]
+    scale = float(K ** -0.5 if scale is None else scale)
+
+    bq = _clip_block("block_q", block_q, Lq)
+    bkv = _clip_block("block_kv", block_kv, Lk)
+    bkv_c = bkv if block_kv_compute is None else _clip_block("block_kv_compute",
+                                                             block_kv_compute, Lk)
+    if bkv % bkv_c:
+        raise ValueError(f"block_kv_compute={bkv_c} must divide block_kv={bkv} "
+                         f"(both after clipping to the sequence length {Lk})")
+    bq_b = bq if block_q_bwd is None else _clip_block("block_q_bwd", block_q_bwd, Lq)
+    bkv_b = bkv if block_kv_bwd is None else _clip_block("block_kv_bwd", block_kv_bwd, Lk)
+    Lq_p, Lk_p = _round_up(Lq, max(bq, bq_b)), _round_up(Lk, max(bkv, bkv_b))
+    if Lq_p % bq or Lq_p % bq_b or Lk_p % bkv or Lk_p % bkv_b:
+        raise ValueError(f"forward and backward blocks must nest: block_q={bq}, "
+                         f"block_q_bwd={bq_b}, block_kv={bkv}, block_kv_bwd={bkv_b}; "
+                         f"use powers of two times 128")
+
+    pad_head_dim = (on_tpu and K % _LANES != 0) if pad_head_dim is None else bool(pad_head_dim)
+    Kp = _round_up(K, _LANES) if pad_head_dim else K
+
+    # [B, L, N, K] -> [B, N, L, K], pre-scaled q, padded L (and K).
+    qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    qt = _pad(jnp.swapaxes(qs, 1, 2), Lq_p, Kp)
+    kt = _pad(jnp.swapaxes(k, 1, 2), Lk_p, Kp)
+    vt = _pad(jnp.swapaxes(v, 1, 2), Lk_p, Kp)
+
+    valid = jnp.ones((B, Lk), bool) if kv_mask is None else kv_mask.astype(bool)
+    any_key = jnp.any(valid, axis=1)                                     # [B]
+    valid = jnp.where(any_key[:, None], valid, True)   # all-masked rows run unmasked, zeroed below
+    kv_seg = jnp.pad(valid.astype(jnp.int32), ((0, 0), (0, Lk_p - Lk)))  # padded keys: 0
+    q_seg = jnp.ones((B, Lq_p), jnp.int32)
+
+    sizes = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv_c,
+                          block_q_dkv=bq_b, block_kv_dkv=bkv_b, block_kv_dkv_compute=bkv_b,
+                          block_q_dq=None if fused_bwd else bq_b,
+                          block_kv_dq=None if fused_bwd else bkv_b,
+                          use_fused_bwd_kernel=bool(fused_bwd))
+    kernel = _kernel(N, Lq_p, Lk_p, sizes, interpret, bool(return_lse))
+
+    def one(q_b, k_b, v_b, qs_b, kvs_b):
+        return kernel(q_b, k_b, v_b, segment_ids=sa.SegmentIds(q=qs_b, kv=kvs_b))
+
+    res = jax.vmap(one)(qt, kt, vt, q_seg, kv_seg)
+    o, lse = (res[0], res[1][0]) if return_lse else (res, None)
+    o = jnp.swapaxes(o[:, :, :Lq, :K], 1, 2).astype(q.dtype)           # [B, Lq, N, K]
+    o = jnp.where(any_key[:, None, None, None], o, jnp.zeros_like(o))
+    if not return_lse:
+        return o
+    lse = jnp.where(any_key[:, None, None], lse[:, :, :Lq].astype(jnp.float32), -jnp.inf)
+    return o, lse
+
+
+def _clip_block(name: str, block, length: int) -> int:
+    if not isinstance(block, int) or block < _LANES or block % _LANES:
+        raise ValueError(f"{name}={block!r} must be a positive multiple of {_LANES} "
+                         f"(e.g. 512)")
+    return min(block, _round_up(length, _LANES))
+
+
+def _pad(x, L: int, K: int):
+    """Zero-pad ``[B, N, l, k]`` to ``[B, N, L, K]``."""
+    return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, K - x.shape[3])))
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(N: int, Lq: int, Lk: int, sizes, interpret: bool, save_residuals: bool):
+    """Build (once per static configuration) a full-mask multi-head splash kernel.
+
+    The mask preprocessing is numpy work at trace time; caching keeps retraces cheap.
+    """
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    mask = sa.MultiHeadMask([sa.FullMask((Lq, Lk)) for _ in range(N)])
+    return sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                              interpret=interpret, save_residuals=save_residuals)
