@@ -1,0 +1,231 @@
+"""``flash``: ditax's own Pallas flash attention (forward kernel + recompute backward).
+
+Two entry points over one kernel (:mod:`ditax.attention.kernels.flash_fwd`):
+
+- :func:`flash_attention` — the BSHD local backend: q ``[B, Lq, N, K]``, k/v
+  ``[B, Lk, N, K]``; pads Lq/Lk to block multiples (padded keys masked, padded query rows
+  dropped), so any length works.
+- :func:`flash_attention_shard_major` — the layout Ulysses uses: q/k/v
+  ``[U, B, N, Lc, K]`` (sequence shard leading, ``U * Lc`` tokens in shard-major order),
+  output written in the same layout, so the Ulysses output exchange is one leading-axis
+  ``all_to_all`` with no relayout. For ``Lc`` a block multiple it visits exactly the blocks
+  of the plain layout and is bit-identical to :func:`flash_attention` on the un-sharded
+  sequence (tested).
+
+Numerics: scores, softmax statistics and accumulation in float32; output in q's dtype;
+rows whose keys are all masked give zeros (lse = -inf).
+
+Gradient: ``jax.custom_vjp``. The backward is *recompute-based*, written in jnp (not a Pallas
+kernel): it recomputes ``P = exp(S - lse)`` one key block at a time (``lax.scan``), so memory
+stays ``O(Lq * block_kv)`` per (batch, head); it also takes the cotangent of ``lse`` so a ring
+merge can differentiate through it.
+
+Where it was verified: forward/backward in Pallas interpret mode on CPU (tests). The kernel
+is written to lower with Mosaic (TPU) and Triton (GPU) but has not been compiled on either
+from this repository; ``interpret=None`` picks compiled on TPU/GPU and interpret elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ditax.attention.kernels.flash_fwd import flash_forward_shard_major
+
+#: Shard counts ``U`` seen by :func:`flash_attention_shard_major` at trace time. Tests (and
+#: the benchmark) read this to confirm a Ulysses run really took the shard-major kernel path.
+SHARD_MAJOR_TRACES: list[int] = []
+
+SUBLANE = 8
+MAX_HEAD_DIM = 256
+
+
+def default_interpret() -> bool:
+    """Interpret mode off TPU/GPU (CPU has no Pallas compiler)."""
+    return jax.default_backend() not in ("tpu", "gpu", "cuda", "rocm")
+
+
+def effective_block(block: int, length: int) -> int:
+    """The block actually used for ``length`` tokens: ``block``, but no larger than the length
+    rounded up to the sublane multiple (8), so tiny sequences are not padded to 128."""
+    if block <= 0:
+        raise ValueError(f"flash block size must be positive, got {block}")
+    return min(block, _round_up(max(length, 1), SUBLANE))
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+# ---------------------------------------------------------------- custom_vjp core
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _flash_core(q, k, v, keep, scale, block_q, block_kv, interpret):
+    return flash_forward_shard_major(q, k, v, keep, scale=scale, block_q=block_q,
+                                     block_kv=block_kv, interpret=interpret)
+
+
+def _core_fwd(q, k, v, keep, scale, block_q, block_kv, interpret):
+    o, lse = _flash_core(q, k, v, keep, scale, block_q, block_kv, interpret)
+    return (o, lse), (q, k, v, keep, o, lse)
+
+
+def _to_plain(x):
+    """``[U, B, N, Lc, ...]`` → ``[B, N, U*Lc, ...]`` (shard-major token order)."""
+    U, B, N, Lc = x.shape[:4]
+    return jnp.moveaxis(x, 0, 2).reshape(B, N, U * Lc, *x.shape[4:])
+
+
+def _from_plain(x, U):
+    B, N, L = x.shape[:3]
+    return jnp.moveaxis(x.reshape(B, N, U, L // U, *x.shape[3:]), 2, 0)
+
+
+def _core_bwd(scale, block_q, block_kv, interpret, res, cts):
+    q5, k5, v5, keep5, o5, lse5 = res
+    do5, dlse5 = cts
+    Uq, Uk = q5.shape[0], k5.shape[0]
+    f32 = jnp.float32
+    q, k, v = _to_plain(q5).astype(f32), _to_plain(k5).astype(f32), _to_plain(v5).astype(f32)
+    o, do = _to_plain(o5).astype(f32), _to_plain(do5).astype(f32)
+    lse, dlse = _to_plain(lse5)[..., 0], _to_plain(dlse5)[..., 0]           # [B, N, Lq]
+    keep = keep5.reshape(keep5.shape[0], -1) != 0                            # [B, Lk]
+    B, N, Lk, K = k.shape
+    nk = Lk // block_kv
+    lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)[..., None]         # empty rows: P=0
+    delta = jnp.sum(do * o, axis=-1)[..., None] - dlse[..., None]           # [B, N, Lq, 1]
+
+    def blocks(x):  # [B, N, Lk, ...] -> [nk, B, N, bkv, ...]
+        return jnp.moveaxis(x.reshape(B, N, nk, block_kv, *x.shape[3:]), 2, 0)
+
+    kb, vb = blocks(k), blocks(v)
+    mb = jnp.moveaxis(keep.reshape(B, nk, block_kv), 1, 0)                   # [nk, B, bkv]
+    hi = jax.lax.Precision.HIGHEST
+
+    def step(dq, xs):
+        kj, vj, mj = xs
+        s = jnp.einsum("bnqk,bnlk->bnql", q, kj, precision=hi) * scale
+        s = jnp.where(mj[:, None, None, :], s, -jnp.inf)
+        p = jnp.exp(s - lse_safe)
+        dv = jnp.einsum("bnql,bnqk->bnlk", p, do, precision=hi)
+        dp = jnp.einsum("bnqk,bnlk->bnql", do, vj, precision=hi)
+        ds = p * (dp - delta)
+        dk = jnp.einsum("bnql,bnqk->bnlk", ds, q, precision=hi) * scale
+        dq = dq + jnp.einsum("bnql,bnlk->bnqk", ds, kj, precision=hi) * scale
+        return dq, (dk, dv)
+
+    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros_like(q), (kb, vb, mb))
+
+    def unblock(x):  # [nk, B, N, bkv, K] -> [B, N, Lk, K]
+        return jnp.moveaxis(x, 0, 2).reshape(B, N, Lk, K)
+
+    return (_from_plain(dq, Uq).astype(q5.dtype), _from_plain(unblock(dk), Uk).astype(k5.dtype),
+            _from_plain(unblock(dv), Uk).astype(v5.dtype), None)
+
+
+_flash_core.defvjp(_core_fwd, _core_bwd)
+
+
+# ---------------------------------------------------------------- public API
+
+
+def check_shard_major_supported(head_dim: int, block_q: int, block_kv: int, dtype) -> list[str]:
+    """Reasons the shard-major kernel path cannot take these inputs (empty list = it can).
+
+    Each reason names the value and the fix; Ulysses ``out_a2a="shard_major"`` raises with
+    them, ``"chunked"`` falls back to the chunked exchange.
+    """
+    reasons = []
+    if head_dim % SUBLANE or head_dim > MAX_HEAD_DIM:
+        reasons.append(f"head dim K={head_dim} is not supported by the shard-major flash kernel "
+                       f"(needs K % {SUBLANE} == 0 and K <= {MAX_HEAD_DIM}); use "
+                       f"out_a2a='chunked' or 'flat'")
+    for name, b in (("block_q", block_q), ("block_kv", block_kv)):
+        if b % SUBLANE:
+            reasons.append(f"{name}={b} is not a multiple of {SUBLANE} (TPU sublane tiling of "
+                           f"the shard-major blocks); set {name} to a multiple of {SUBLANE}")
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                                jnp.dtype(jnp.float16)):
+        reasons.append(f"dtype {jnp.dtype(dtype).name} is not supported by the flash kernel "
+                       f"(float32, bfloat16, float16); cast q/k/v")
+    return reasons
+
+
+def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None, block_q: int = 128,
+                                block_kv: int = 128, return_lse: bool = False,
+                                interpret: bool | None = None):
+    """Flash attention in the shard-major layout (no padding here; the caller pads).
+
+    Args:
+      q: ``[U, B, N, Lc, K]`` — ``U`` sequence shards of ``Lc`` tokens, shard index leading
+        (what a leading-axis all_to_all delivers in Ulysses).
+      k, v: ``[Uk, B, N, Lk_c, K]``, the full key sequence in the same shard-major order.
+      kv_keep: optional ``[B, Uk, Lk_c]`` bool (True = attend).
+      block_q, block_kv: must divide ``Lc`` / ``Lk_c``.
+    Returns ``[U, B, N, Lc, K]`` in q's dtype (and lse ``[U, B, N, Lc]`` float32).
+    """
+    U, B, N, Lc, K = q.shape
+    if k.ndim != 5 or k.shape != v.shape or k.shape[1:3] != (B, N) or k.shape[4] != K:
+        raise ValueError(f"shard-major flash expects q [U, B, N, Lc, K] and k/v [Uk, B, N, Lk_c, "
+                         f"K]; got q{q.shape} k{k.shape} v{v.shape}")
+    if Lc % block_q or k.shape[3] % block_kv:
+        raise ValueError(f"shard-major flash: shard length Lc={Lc} (keys {k.shape[3]}) must be a "
+                         f"multiple of block_q={block_q} / block_kv={block_kv}; pad the sequence "
+                         f"so each shard is a block multiple")
+    scale = K ** -0.5 if scale is None else float(scale)
+    interpret = default_interpret() if interpret is None else interpret
+    if kv_keep is None:
+        keep = jnp.ones((B, k.shape[0], k.shape[3]), jnp.int32)
+    else:
+        keep = kv_keep.astype(jnp.int32)
+    SHARD_MAJOR_TRACES.append(U)
+    o, lse = _flash_core(q, k, v, keep, scale, block_q, block_kv, bool(interpret))
+    return (o, lse[..., 0]) if return_lse else o
+
+
+def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 128, block_kv: int = 128,
+                    return_lse: bool = False, interpret: bool | None = None):
+    """Flash attention, BSHD layout.
+
+    Args:
+      q: ``[B, Lq, N, K]``; k, v: ``[B, Lk, N, K]``; kv_mask: ``[B, Lk]`` bool (True = attend).
+      scale: softmax scale, default ``1/sqrt(K)``.
+      block_q, block_kv: tile sizes; clipped to the length rounded up to 8
+        (:func:`effective_block`), and the lengths are padded to block multiples (padded keys
+        masked, padded queries dropped), so the result equals unpadded attention.
+      return_lse: also return the log-sum-exp ``[B, N, Lq]`` float32 (for ring merges).
+      interpret: Pallas interpret mode; None = auto (True unless on TPU/GPU).
+    Returns ``[B, Lq, N, K]`` in q's dtype (and lse).
+    """
+    B, Lq, N, K = q.shape
+    Lk = k.shape[1]
+    bq, bkv = effective_block(block_q, Lq), effective_block(block_kv, Lk)
+    Lq_p, Lk_p = _round_up(Lq, bq), _round_up(Lk, bkv)
+    if Lk_p != Lk and kv_mask is None:
+        kv_mask = jnp.ones((B, Lk), bool)
+    if Lq_p != Lq:
+        q = jnp.pad(q, ((0, 0), (0, Lq_p - Lq), (0, 0), (0, 0)))
+    if Lk_p != Lk:
+        pad = ((0, 0), (0, Lk_p - Lk), (0, 0), (0, 0))
+        k, v = jnp.pad(k, pad), jnp.pad(v, pad)
+        kv_mask = jnp.pad(kv_mask, ((0, 0), (0, Lk_p - Lk)))
+
+    def to5(x):  # [B, L, N, K] -> [1, B, N, L, K]
+        return jnp.swapaxes(x, 1, 2)[None]
+
+    keep = None if kv_mask is None else kv_mask[:, None, :]
+    scale = K ** -0.5 if scale is None else float(scale)
+    interpret = default_interpret() if interpret is None else interpret
+    keep = jnp.ones((B, 1, Lk_p), jnp.int32) if keep is None else keep.astype(jnp.int32)
+    o, lse = _flash_core(to5(q), to5(k), to5(v), keep, scale, bq, bkv, bool(interpret))
+    o = jnp.swapaxes(o[0], 1, 2)[:, :Lq]
+    if return_lse:
+        return o, lse[0, ..., 0][:, :, :Lq]
+    return o
+
+
+__all__ = ["flash_attention", "flash_attention_shard_major", "effective_block",
+           "check_shard_major_supported", "default_interpret", "SHARD_MAJOR_TRACES"]
