@@ -1,0 +1,187 @@
+"""Build, shard and load the Wan transformer; the callable returned by ``load_transformer``.
+
+With a mesh, every parameter is created straight into its sharding: the host reads one tensor
+at a time (memory-mapped) and ``jax.make_array_from_callback`` hands each device only its own
+slice — no full copy of the model on any device.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ditax.config import AttentionConfig, ConfigError, ModelConfig, validate, Config
+from ditax.io.hub import resolve_folder
+from ditax.io.safetensors import SafetensorsCheckpoint
+from ditax.models.wan import convert
+from ditax.models.wan.embeddings import as_dtype
+from ditax.models.wan.transformer import WanTransformer
+from ditax.parallel.rules import param_spec
+
+log = logging.getLogger(__name__)
+
+
+def _path_str(path) -> tuple[str, ...]:
+    return tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+
+
+def param_shardings(state, cfg: ModelConfig, mesh) -> Any:
+    """NamedShardings (same tree as ``state``) from the table's logical axes.
+
+    Non-parameter variables (none today) would be replicated.
+    """
+    axes = convert.param_axes(cfg.cross_attn_norm)
+
+    def one(path, leaf):
+        key = _path_str(path)
+        if key and key[-1] == "value":
+            key = key[:-1]
+        names = axes.get(key)
+        if names is None:
+            return NamedSharding(mesh, P())
+        return NamedSharding(mesh, param_spec(names, mesh, leaf.shape))
+
+    return jax.tree_util.tree_map_with_path(one, state)
+
+
+def abstract_model(cfg: ModelConfig, attention: AttentionConfig | None = None, mesh=None):
+    return nnx.eval_shape(lambda: WanTransformer(cfg, attention, mesh, rngs=nnx.Rngs(0)))
+
+
+def init_model(cfg: ModelConfig, attention: AttentionConfig | None = None, mesh=None,
+               seed: int = 0) -> WanTransformer:
+    """Randomly initialised model; with a mesh, parameters are created already sharded."""
+    if mesh is None:
+        return WanTransformer(cfg, attention, None, rngs=nnx.Rngs(seed))
+    gdef, abs_state = nnx.split(abstract_model(cfg, attention, mesh))
+
+    def make():
+        return nnx.split(WanTransformer(cfg, attention, mesh, rngs=nnx.Rngs(seed)))[1]
+
+    state = jax.jit(make, out_shardings=param_shardings(abs_state, cfg, mesh))()
+    return nnx.merge(gdef, state)
+
+
+def read_config(folder) -> dict:
+    with open(folder / "config.json") as f:
+        cfg = json.load(f)
+    cls = cfg.get("_class_name", "WanTransformer3DModel")
+    if cls != "WanTransformer3DModel":
+        raise ConfigError(f"{folder}/config.json is a {cls}, not a WanTransformer3DModel")
+    return cfg
+
+
+def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None) -> WanTransformer:
+    """Fill an abstract model's parameters from a diffusers safetensors folder."""
+    ckpt = SafetensorsCheckpoint(folder)
+    convert.check_keys(ckpt.keys(), cfg.num_layers, cfg.cross_attn_norm)
+    gdef, state = nnx.split(model_abs)
+    pd = as_dtype(cfg.param_dtype)
+    rows = {r.path: r for r in convert.table(cfg.cross_attn_norm)}
+    pure = nnx.to_pure_dict(state)
+
+    def fill(node, prefix):
+        for k, v in list(node.items()):
+            path = prefix + (str(k),)
+            if isinstance(v, dict):
+                fill(v, path)
+                continue
+            if path not in rows:
+                raise KeyError(f"no conversion row for parameter {'.'.join(path)}")
+            row = rows[path]
+            arr = convert.load_row(ckpt.get, row, cfg.num_layers, tuple(v.shape))
+            if mesh is None:
+                node[k] = jnp.asarray(np.asarray(arr).astype(pd))
+            else:
+                names = convert.param_axes(cfg.cross_attn_norm)[path]
+                sh = NamedSharding(mesh, param_spec(names, mesh, arr.shape))
+                host = arr
+                node[k] = jax.make_array_from_callback(
+                    arr.shape, sh, lambda idx, host=host: np.asarray(host[idx]).astype(pd))
+
+    fill(pure, ())
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(gdef, state)
+
+
+class Transformer:
+    """What ``ditax.load_transformer`` returns: a jitted, mesh-aware callable around the module.
+
+    ``tr(latents [B, C, F, Y, X], timestep [B], text [B, T, text_dim]) → [B, C, F, Y, X]``.
+    ``tr.module`` is the NNX module (for training or custom use), ``tr.config`` its config.
+    """
+
+    def __init__(self, module: WanTransformer, mesh=None):
+        self.module = module
+        self.config: ModelConfig = module.cfg
+        self.mesh = mesh
+        self._gdef, self._state = nnx.split(module)
+        self._fn = None
+
+    def _compiled(self):
+        if self._fn is None:
+            gdef = self._gdef
+
+            def fwd(state, latents, t, text, text_mask):
+                return nnx.merge(gdef, state)(latents, t, text, text_mask)
+
+            self._fn = jax.jit(fwd)
+        return self._fn
+
+    def _place(self, x, batch_axis=0):
+        if self.mesh is None or x is None:
+            return x
+        spec = [None] * x.ndim
+        spec[batch_axis] = tuple(a for a in ("data", "fsdp") if self.mesh.shape[a] > 1) or None
+        return jax.device_put(x, NamedSharding(self.mesh, P(*spec)))
+
+    def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None):
+        latents = jnp.asarray(latents)
+        text = jnp.asarray(encoder_hidden_states)
+        t = jnp.broadcast_to(jnp.asarray(timestep, jnp.float32), (latents.shape[0],))
+        self.module.check_inputs(latents, t, text, text_mask)
+        args = [self._place(latents), self._place(t), self._place(text),
+                None if text_mask is None else self._place(jnp.asarray(text_mask, bool))]
+        return self._compiled()(self._state, *args)
+
+
+def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
+                     subfolder: str = "transformer", **model_overrides) -> Transformer:
+    """Load a diffusers-format Wan transformer folder (or pipeline folder / hub id).
+
+    Args:
+      path: ``transformer/`` folder (config.json + *.safetensors [+ index]), a pipeline folder
+        that has ``transformer/`` (or ``subfolder``), or a hub id when online.
+      dtype: parameter and compute dtype ("float32" | "bfloat16" | "float16").
+      mesh: optional ``jax.sharding.Mesh`` with axes (data, fsdp, context, tensor).
+      attention: a backend name or an :class:`AttentionConfig`.
+      model_overrides: other :class:`ModelConfig` fields (e.g. ``remat="full"``).
+    """
+    t0 = time.perf_counter()
+    folder = resolve_folder(path, subfolder)
+    raw = read_config(folder)
+    cfg = ModelConfig.from_diffusers(raw, param_dtype=dtype, dtype=dtype, **model_overrides)
+    acfg = attention if isinstance(attention, AttentionConfig) else AttentionConfig(
+        backend=attention)
+    full = Config(model=cfg, attention=acfg)
+    validate(full, None if mesh is None else mesh.devices.size)
+    if mesh is not None:
+        from ditax.config import MESH_AXES
+        if tuple(mesh.axis_names) != MESH_AXES:
+            raise ConfigError(f"mesh axes {mesh.axis_names} must be {MESH_AXES}; build it with "
+                              f"ditax.parallel.make_mesh")
+        if cfg.num_attention_heads % mesh.shape["tensor"]:
+            raise ConfigError(f"num_attention_heads={cfg.num_attention_heads} is not divisible "
+                              f"by mesh tensor={mesh.shape['tensor']}")
+    model = load_weights_into(abstract_model(cfg, acfg, mesh), folder, cfg, mesh)
+    log.info("loaded %s (%d layers, D=%d) in %.1fs", folder, cfg.num_layers, cfg.inner_dim,
+             time.perf_counter() - t0)
+    return Transformer(model, mesh)

@@ -1,0 +1,291 @@
+"""Wan 2.1 / 2.2 text-to-video transformer in Flax NNX (diffusers ``WanTransformer3DModel``).
+
+Input and output use the diffusers layout ``[B, C, F, Y, X]``. Inside, tokens are
+``[B, L, D]`` with ``L = F'·Y'·X'`` (frame-major). Blocks are stacked on a leading layer axis
+and run with ``nnx.scan`` so compile time stays flat in depth; the remat policy comes from
+config. Attention goes through :func:`ditax.attention.attend` with the backends named in
+:class:`~ditax.config.AttentionConfig` (self- and cross-attention may differ).
+
+Numerics follow the reference: norms and the residual/gate arithmetic run in float32 and are
+cast back to the compute dtype; RoPE rotates in float32.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from ditax.attention import PARALLEL, attend, get_backend
+from ditax.config import AttentionConfig, ModelConfig
+from ditax.models.wan.embeddings import (
+    ConditionEmbedder,
+    FP32LayerNorm,
+    Linear,
+    RMSNorm,
+    apply_rope,
+    as_dtype,
+    rope_cos_sin,
+)
+from ditax.parallel.mesh import axis_size
+from ditax.parallel.rules import constrain
+
+REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.dots_saveable,
+    "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_attn_out": jax.checkpoint_policies.save_only_these_names("attn_out"),
+}
+
+_OPTION_KEYS = ("local", "out_a2a", "ulysses_shards", "block_q", "block_kv")
+
+
+def backend_options(backend: str, acfg: AttentionConfig) -> dict:
+    """The options from ``acfg`` that ``backend`` takes (by its signature)."""
+    params = inspect.signature(get_backend(backend)).parameters
+    opts = {}
+    for k in _OPTION_KEYS:
+        if k in params:
+            v = getattr(acfg, k)
+            if k == "ulysses_shards" and v == 0:
+                continue
+            opts[k] = v
+    return opts
+
+
+def cross_backend_name(acfg: AttentionConfig) -> str:
+    if acfg.cross_backend is not None:
+        return acfg.cross_backend
+    return acfg.local if acfg.backend in PARALLEL else acfg.backend
+
+
+class FeedForward(nnx.Module):
+    """``net.0.proj → GELU(tanh) → net.2`` (diffusers ``FeedForward``, gelu-approximate)."""
+
+    def __init__(self, dim, ffn_dim, *, dtype, param_dtype, rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.proj_in = Linear(dim, ffn_dim, **kw)     # diffusers: ffn.net.0.proj
+        self.proj_out = Linear(ffn_dim, dim, **kw)    # diffusers: ffn.net.2
+
+    def __call__(self, x, mesh=None):
+        h = jax.nn.gelu(self.proj_in(x), approximate=True)
+        h = constrain(h, ("act_batch", "act_seq", "act_mlp"), mesh)
+        return self.proj_out(h)
+
+
+class WanAttention(nnx.Module):
+    """q/k/v projections, RMSNorm across heads on q and k, optional RoPE, attend, out proj."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs):
+        d = cfg.inner_dim
+        kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        self.heads = cfg.num_attention_heads
+        self.to_q = Linear(d, d, **kw)
+        self.to_k = Linear(d, d, **kw)
+        self.to_v = Linear(d, d, **kw)
+        self.to_out = Linear(d, d, **kw)              # diffusers: to_out.0
+        self.norm_q = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
+        self.norm_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
+
+    def __call__(self, x, ctx, *, rope=None, kv_mask=None, backend="xla", options=None,
+                 mesh=None):
+        b, lq, _ = x.shape
+        lk = ctx.shape[1]
+        q = self.norm_q(self.to_q(x)).reshape(b, lq, self.heads, -1)
+        k = self.norm_k(self.to_k(ctx)).reshape(b, lk, self.heads, -1)
+        v = self.to_v(ctx).reshape(b, lk, self.heads, -1)
+        if rope is not None:
+            q = apply_rope(q, *rope)
+            k = apply_rope(k, *rope)
+        heads = ("act_batch", "act_seq", "act_heads", None)
+        q = constrain(q, heads, mesh)
+        if rope is not None:
+            k = constrain(k, heads, mesh)
+            v = constrain(v, heads, mesh)
+        o = attend(q, k, v, backend=backend, mesh=mesh, kv_mask=kv_mask, **(options or {}))
+        o = constrain(o, heads, mesh)
+        o = checkpoint_name(o, "attn_out")
+        return self.to_out(o.reshape(b, lq, -1))
+
+
+class WanBlock(nnx.Module):
+    """One Wan block: adaLN-modulated self-attention, cross-attention, adaLN-modulated FFN."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs):
+        d = cfg.inner_dim
+        pd = as_dtype(cfg.param_dtype)
+        self.norm1 = FP32LayerNorm(d, cfg.eps, affine=False, param_dtype=pd)
+        self.attn1 = WanAttention(cfg, rngs=rngs)
+        self.norm2 = FP32LayerNorm(d, cfg.eps, affine=cfg.cross_attn_norm, param_dtype=pd)
+        self.attn2 = WanAttention(cfg, rngs=rngs)
+        self.ffn = FeedForward(d, cfg.ffn_dim, dtype=cfg.dtype, param_dtype=pd, rngs=rngs)
+        self.norm3 = FP32LayerNorm(d, cfg.eps, affine=False, param_dtype=pd)
+        self.scale_shift_table = nnx.Param(
+            jax.random.normal(rngs.params(), (1, 6, d), pd) / d ** 0.5)
+        self.cross_attn_norm = cfg.cross_attn_norm
+
+    def __call__(self, x, text, mod, rope, token_mask, text_mask, attn: dict, mesh=None):
+        """x ``[B, L, D]``, text ``[B, T, D]``, mod ``[B, 6, D]`` float32, rope (cos, sin)."""
+        dt = x.dtype
+        table = self.scale_shift_table[...].astype(jnp.float32) + mod.astype(jnp.float32)
+        shift, scale, gate, c_shift, c_scale, c_gate = [table[:, i:i + 1] for i in range(6)]
+
+        h = (self.norm1(x) * (1 + scale) + shift).astype(dt)
+        h = self.attn1(h, h, rope=rope, kv_mask=token_mask, backend=attn["self"],
+                       options=attn["self_opts"], mesh=mesh)
+        x = (x.astype(jnp.float32) + h.astype(jnp.float32) * gate).astype(dt)
+        x = constrain(x, ("act_batch", "act_seq", "act_embed"), mesh)
+
+        h = self.norm2(x).astype(dt) if self.cross_attn_norm else x
+        h = self.attn2(h, text, kv_mask=text_mask, backend=attn["cross"],
+                       options=attn["cross_opts"], mesh=mesh)
+        x = x + h.astype(dt)
+
+        h = (self.norm3(x) * (1 + c_scale) + c_shift).astype(dt)
+        h = self.ffn(h, mesh)
+        x = (x.astype(jnp.float32) + h.astype(jnp.float32) * c_gate).astype(dt)
+        return constrain(x, ("act_batch", "act_seq", "act_embed"), mesh)
+
+
+class WanTransformer(nnx.Module):
+    """Wan text-to-video DiT. ``model(latents [B,C,F,Y,X], t [B], text [B,T,Dt]) → [B,C,F,Y,X]``.
+
+    Args:
+      cfg: model shape and numerics (dtypes, remat, layer scan).
+      attention: attention backends / options; defaults to ``xla`` everywhere.
+      mesh: optional device mesh; activations are constrained by the logical rules and the
+        sequence is padded (padded keys masked) to a multiple of ``mesh.context``.
+    """
+
+    def __init__(self, cfg: ModelConfig, attention: AttentionConfig | None = None, mesh=None,
+                 *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.attention = attention or AttentionConfig()
+        self.mesh = mesh
+        d = cfg.inner_dim
+        pt, ph, pw = cfg.patch_size
+        pd = as_dtype(cfg.param_dtype)
+        kw = dict(dtype=cfg.dtype, param_dtype=pd, rngs=rngs)
+        fan_in = cfg.in_channels * pt * ph * pw
+        self.patch_embedding_kernel = nnx.Param(
+            jax.random.normal(rngs.params(), (pt, ph, pw, cfg.in_channels, d), pd)
+            / fan_in ** 0.5)
+        self.patch_embedding_bias = nnx.Param(jnp.zeros((d,), pd))
+        self.condition_embedder = ConditionEmbedder(d, cfg.freq_dim, cfg.text_dim, **kw)
+
+        @nnx.split_rngs(splits=cfg.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make_blocks(rngs):
+            return WanBlock(cfg, rngs=rngs)
+
+        self.blocks = make_blocks(rngs)
+        self.norm_out = FP32LayerNorm(d, cfg.eps, affine=False, param_dtype=pd)
+        self.proj_out = Linear(d, cfg.out_channels * pt * ph * pw, **kw)
+        self.scale_shift_table = nnx.Param(jax.random.normal(rngs.params(), (1, 2, d), pd)
+                                           / d ** 0.5)
+
+    # ------------------------------------------------------------------------------------------
+
+    def check_inputs(self, latents, timestep, text, text_mask=None):
+        """Raise ValueError with the offending shapes for inputs the model cannot take."""
+        cfg = self.cfg
+        if latents.ndim != 5:
+            raise ValueError(f"latents must be [B, C, F, Y, X] (rank 5); got shape {latents.shape}")
+        b, c, f, y, x = latents.shape
+        if c != cfg.in_channels:
+            raise ValueError(f"latents have {c} channels; the model expects "
+                             f"in_channels={cfg.in_channels}")
+        for name, n, p in zip(("frames", "height", "width"), (f, y, x), cfg.patch_size):
+            if n % p:
+                raise ValueError(f"latent {name}={n} is not divisible by the patch size {p} "
+                                 f"(patch_size={cfg.patch_size}); crop or pad the latents")
+        if text.ndim != 3 or text.shape[0] != b:
+            raise ValueError(f"encoder_hidden_states must be [B={b}, T, {cfg.text_dim}]; "
+                             f"got {text.shape}")
+        if text.shape[-1] != cfg.text_dim:
+            raise ValueError(f"encoder_hidden_states width {text.shape[-1]} != model text_dim="
+                             f"{cfg.text_dim}; use the matching text encoder")
+        t = jnp.asarray(timestep)
+        if t.ndim > 1 or (t.ndim == 1 and t.shape[0] not in (1, b)):
+            raise ValueError(f"timestep must be a scalar or [B={b}]; got shape {t.shape}")
+        if text_mask is not None and tuple(text_mask.shape) != tuple(text.shape[:2]):
+            raise ValueError(f"text_mask must be [B, T] = {tuple(text.shape[:2])}; "
+                             f"got {tuple(text_mask.shape)}")
+        if self.mesh is not None:
+            bsh = axis_size(self.mesh, ("data", "fsdp"))
+            if b % bsh:
+                raise ValueError(
+                    f"batch {b} is not divisible by mesh data*fsdp = {bsh}; use a batch that is "
+                    f"a multiple of {bsh}, or put the devices on mesh.context for one video")
+            tp = axis_size(self.mesh, "tensor")
+            if cfg.num_attention_heads % tp:
+                raise ValueError(f"num_attention_heads={cfg.num_attention_heads} is not "
+                                 f"divisible by mesh tensor={tp}")
+
+    def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None):
+        """Denoiser prediction for ``latents [B, C, F, Y, X]`` → ``[B, C_out, F, Y, X]``."""
+        self.check_inputs(latents, timestep, encoder_hidden_states, text_mask)
+        cfg, mesh = self.cfg, self.mesh
+        dt = as_dtype(cfg.dtype)
+        b, c, fr, hh, ww = latents.shape
+        pt, ph, pw = cfg.patch_size
+        f, y, x = fr // pt, hh // ph, ww // pw
+        seq = f * y * x
+
+        # patchify: [B, C, F, Y, X] -> [B, f, y, x, pt, ph, pw, C] -> tokens [B, L, D]
+        xp = latents.astype(dt).reshape(b, c, f, pt, y, ph, x, pw)
+        xp = xp.transpose(0, 2, 4, 6, 3, 5, 7, 1)
+        h = jnp.einsum("bfyxtpqc,tpqcd->bfyxd", xp, self.patch_embedding_kernel[...].astype(dt))
+        h = (h + self.patch_embedding_bias[...].astype(dt)).reshape(b, seq, -1)
+
+        timestep = jnp.broadcast_to(jnp.asarray(timestep), (b,))
+        temb, mod, text = self.condition_embedder(timestep, encoder_hidden_states.astype(dt))
+        text = text.astype(dt)
+        cos, sin = rope_cos_sin(cfg.attention_head_dim, (f, y, x), cfg.rope_max_seq_len)
+
+        # pad the sequence to a multiple of the context shards; padded keys are masked
+        ctx = axis_size(mesh, "context")
+        pad = (-seq) % ctx
+        token_mask = None
+        if pad:
+            h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+            cos = jnp.pad(cos, ((0, pad), (0, 0)))
+            sin = jnp.pad(sin, ((0, pad), (0, 0)))
+            token_mask = jnp.broadcast_to(jnp.arange(seq + pad) < seq, (b, seq + pad))
+        h = constrain(h, ("act_batch", "act_seq", "act_embed"), mesh)
+
+        a = self.attention
+        self_b = a.backend
+        cross_b = cross_backend_name(a)
+        attn = {"self": self_b, "self_opts": backend_options(self_b, a),
+                "cross": cross_b, "cross_opts": backend_options(cross_b, a)}
+
+        def body(hs, block):
+            return block(hs, text, mod, (cos, sin), token_mask, text_mask, attn, mesh)
+
+        if cfg.remat != "none":
+            body = nnx.remat(body, policy=REMAT[cfg.remat], prevent_cse=not cfg.scan_layers)
+
+        if cfg.scan_layers:
+            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+            def run(hs, block):
+                return body(hs, block)
+
+            h = run(h, self.blocks)
+        else:
+            gdef, stacked = nnx.split(self.blocks)
+            for i in range(cfg.num_layers):
+                h = body(h, nnx.merge(gdef, jax.tree.map(lambda p, i=i: p[i], stacked)))
+
+        if pad:
+            h = h[:, :seq]
+        table = self.scale_shift_table[...].astype(jnp.float32) + temb.astype(jnp.float32)[:, None]
+        shift, scale = table[:, 0:1], table[:, 1:2]
+        h = (self.norm_out(h) * (1 + scale) + shift).astype(dt)
+        h = self.proj_out(h)
+        co = cfg.out_channels
+        h = h.reshape(b, f, y, x, pt, ph, pw, co).transpose(0, 7, 1, 4, 2, 5, 3, 6)
+        return h.reshape(b, co, fr, hh, ww).astype(latents.dtype)
