@@ -1,0 +1,100 @@
+"""Text tokenizer for the UMT5 encoder, through the ``tokenizers`` library (no torch).
+
+Wan's pipeline tokenizes with ``padding="max_length", truncation=True, max_length=L,
+add_special_tokens=True``: right-padded with the pad id, cut to ``L`` tokens while keeping the
+end-of-sequence token that the post-processor appends. :class:`Tokenizer` reproduces that from
+the ``tokenizer.json`` of a pipeline's ``tokenizer/`` folder.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import pathlib
+import re
+
+import numpy as np
+
+
+def clean_prompt(text: str) -> str:
+    """The Wan pipeline's prompt cleaning: HTML-unescape twice, collapse whitespace, strip.
+
+    (diffusers additionally runs ``ftfy.fix_text`` when ftfy is installed; ditax does the same,
+    so results agree whether or not it is present on both sides.)
+    """
+    try:
+        import ftfy  # optional, as in the reference
+        text = ftfy.fix_text(text)
+    except ImportError:
+        pass
+    text = html.unescape(html.unescape(text)).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+class Tokenizer:
+    """Wraps a ``tokenizers.Tokenizer`` with the pipeline's padding/truncation contract."""
+
+    def __init__(self, backend, pad_id: int, pad_token: str, padding_side: str = "right"):
+        if padding_side not in ("right", "left"):
+            raise ValueError(f"padding_side={padding_side!r}; expected 'right' or 'left'")
+        self.backend = backend
+        self.pad_id = int(pad_id)
+        self.pad_token = pad_token
+        self.padding_side = padding_side
+
+    def encode(self, prompts, max_length: int):
+        """Prompts → ``(ids int32 [B, max_length], mask int32 [B, max_length])``.
+
+        Adds the special tokens, truncates to ``max_length`` (special tokens kept), pads to
+        exactly ``max_length``; ``mask`` is 1 on real tokens and 0 on padding.
+        """
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"max_length={max_length!r}; expected a positive int (Wan uses 512)")
+        tok = self.backend
+        tok.enable_truncation(max_length=max_length)
+        tok.enable_padding(direction=self.padding_side, pad_id=self.pad_id,
+                           pad_token=self.pad_token, length=max_length)
+        encs = tok.encode_batch(list(prompts), add_special_tokens=True)
+        ids = np.asarray([e.ids for e in encs], np.int32)
+        mask = np.asarray([e.attention_mask for e in encs], np.int32)
+        return ids, mask
+
+
+def load_tokenizer(path) -> Tokenizer:
+    """Load ``tokenizer.json`` from a tokenizer folder or a pipeline folder's ``tokenizer/``.
+
+    The pad token and padding side come from ``tokenizer_config.json`` /
+    ``special_tokens_map.json`` when present, else from ``tokenizer.json``'s padding block,
+    else ``<pad>``.
+    """
+    from tokenizers import Tokenizer as _Backend
+
+    p = pathlib.Path(path)
+    if (p / "tokenizer" / "tokenizer.json").is_file():
+        p = p / "tokenizer"
+    if not (p / "tokenizer.json").is_file():
+        raise FileNotFoundError(
+            f"no tokenizer.json in {str(p)!r} or its tokenizer/ subfolder; ditax reads the fast "
+            "tokenizer file (save one with transformers' tokenizer.save_pretrained)")
+    backend = _Backend.from_file(str(p / "tokenizer.json"))
+    meta = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        if (p / name).is_file():
+            meta.update(json.loads((p / name).read_text()))
+    pad_token = meta.get("pad_token")
+    if isinstance(pad_token, dict):
+        pad_token = pad_token.get("content")
+    padding_side = meta.get("padding_side", "right")
+    raw = json.loads((p / "tokenizer.json").read_text())
+    if pad_token is None and raw.get("padding"):
+        pad_token = raw["padding"].get("pad_token")
+        padding_side = {"Right": "right", "Left": "left"}.get(
+            raw["padding"].get("direction"), padding_side)
+    pad_token = pad_token or "<pad>"
+    pad_id = backend.token_to_id(pad_token)
+    if pad_id is None:
+        raise ValueError(f"pad token {pad_token!r} is not in the vocabulary of "
+                         f"{str(p / 'tokenizer.json')!r}")
+    return Tokenizer(backend, pad_id, pad_token, padding_side)
