@@ -136,5 +136,7 @@ def _kernel(N: int, Lq: int, Lk: int, sizes, interpret: bool, save_residuals: bo
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     mask = sa.MultiHeadMask([sa.FullMask((Lq, Lk)) for _ in range(N)])
-    return sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                              interpret=interpret, save_residuals=save_residuals)
+    # Concrete (not traced) mask-info arrays, so the cached kernel is valid in any trace.
+    with jax.ensure_compile_time_eval():
+        return sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                  interpret=interpret, save_residuals=save_residuals)
