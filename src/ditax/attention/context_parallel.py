@@ -242,7 +242,8 @@ def sequence_parallel_attention(q, k, v, *, mesh, kv_mask, scale, ring: int, uly
     heads_axis = "tensor" if mesh.shape.get("tensor", 1) > 1 else None
     x_spec = P(BATCH_AXES, seq_axes, heads_axis, None)
     m_spec = P(BATCH_AXES, seq_axes)
-    lk = local_kernel(local, need_lse=R > 1, block_q=bq, block_kv=bkv, interpret=interpret)
+    lk = local_kernel(local, need_lse=R > 1, block_q=bq or block_q, block_kv=bkv or block_kv,
+                      interpret=interpret)
 
     def body(q, k, v, *maybe_mask):
         m = maybe_mask[0] if maybe_mask else None

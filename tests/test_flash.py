@@ -1,0 +1,97 @@
+"""ditax's Pallas flash kernel (interpret mode on CPU) against the jnp reference.
+
+Shapes are tiny: interpret mode runs the grid as a loop of jnp ops and compiles slowly.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ditax.attention import attend
+from ditax.attention.flash import (
+    check_shard_major_supported,
+    effective_block,
+    flash_attention,
+    flash_attention_shard_major,
+)
+from ditax.attention.reference import reference_attention
+
+
+def _qkv(rng, B, Lq, Lk, N, K):
+    f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)  # noqa: E731
+    return f(B, Lq, N, K), f(B, Lk, N, K), f(B, Lk, N, K)
+
+
+def _loss(fn, mask):
+    """Scalar touching both outputs (o and the finite part of lse); (o, lse) as aux."""
+    def loss(q, k, v):
+        o, lse = fn(q, k, v, kv_mask=mask, return_lse=True)
+        w = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
+        return jnp.sum(o * w) + 0.3 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)), (o, lse)
+    return loss
+
+
+@pytest.mark.parametrize("K,Lq,Lk,masked", [(64, 40, 24, True), (128, 16, 16, False)])
+def test_flash_matches_reference_forward_and_grad(rng, K, Lq, Lk, masked):
+    """Lengths that are not block multiples (40, 24 with blocks of 16) are padded and masked."""
+    q, k, v = _qkv(rng, 1, Lq, Lk, 2, K)
+    mask = jnp.asarray(rng.random((1, Lk)) > 0.3) if masked else None
+    fl = lambda *a, **kw: flash_attention(*a, block_q=16, block_kv=16, **kw)  # noqa: E731
+    (_, (o, lse)), g = jax.value_and_grad(_loss(fl, mask), argnums=(0, 1, 2),
+                                          has_aux=True)(q, k, v)
+    (_, (o_ref, lse_ref)), g_ref = jax.value_and_grad(
+        _loss(reference_attention, mask), argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    assert o.shape == q.shape and lse.shape == (1, 2, Lq) and lse.dtype == jnp.float32
+    np.testing.assert_allclose(o, o_ref, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(lse, lse_ref, atol=2e-6, rtol=1e-6)
+    for a, b in zip(g, g_ref):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_flash_fully_masked_rows_are_zero_and_dispatch(rng):
+    q, k, v = _qkv(rng, 2, 8, 12, 2, 32)
+    mask = jnp.asarray(rng.random((2, 12)) > 0.5).at[1].set(False)
+    o, lse = flash_attention(q, k, v, kv_mask=mask, return_lse=True)
+    assert np.all(np.asarray(o[1]) == 0) and np.all(np.isneginf(np.asarray(lse[1])))
+    o2 = attend(q, k, v, backend="flash", kv_mask=mask, block_q=8, block_kv=8)
+    np.testing.assert_allclose(o2, reference_attention(q, k, v, kv_mask=mask), atol=2e-6)
+
+
+def test_shard_major_blockspecs_bit_exact_vs_plain_layout(rng):
+    """q/k/v given shard-major ``[U, B, N, Lc, K]`` (5-D), output written shard-major, equals
+    the plain ``[B, U*Lc, N, K]`` call bit for bit (same blocks visited in the same order)."""
+    U, B, N, Lc, K = 4, 1, 2, 16, 32
+    q, k, v = _qkv(rng, B, U * Lc, U * Lc, N, K)
+    mask = jnp.asarray(rng.random((B, U * Lc)) > 0.25)
+    o_plain, lse_plain = flash_attention(q, k, v, kv_mask=mask, block_q=8, block_kv=8,
+                                         return_lse=True)
+
+    def shard_major(x):  # [B, U*Lc, N, K] -> [U, B, N, Lc, K]
+        return jnp.transpose(x.reshape(B, U, Lc, N, K), (1, 0, 3, 2, 4))
+
+    o5, lse5 = flash_attention_shard_major(shard_major(q), shard_major(k), shard_major(v),
+                                           kv_keep=mask.reshape(B, U, Lc), block_q=8,
+                                           block_kv=8, return_lse=True)
+    assert o5.shape == (U, B, N, Lc, K) and lse5.shape == (U, B, N, Lc)
+    o_back = jnp.transpose(o5, (1, 0, 3, 2, 4)).reshape(B, U * Lc, N, K)
+    lse_back = jnp.transpose(lse5, (1, 2, 0, 3)).reshape(B, N, U * Lc)
+    assert jnp.array_equal(o_back, o_plain)
+    assert jnp.array_equal(lse_back, lse_plain)
+
+
+def test_shard_major_refuses_unaligned_shards(rng):
+    q = jnp.zeros((2, 1, 2, 12, 32))
+    with pytest.raises(ValueError, match="Lc=12.*block_q=8"):
+        flash_attention_shard_major(q, q, q, block_q=8, block_kv=8)
+
+
+def test_support_checks_name_the_value():
+    assert check_shard_major_supported(64, 128, 128, jnp.float32) == []
+    reasons = check_shard_major_supported(36, 12, 128, jnp.float64)
+    assert any("K=36" in r for r in reasons)
+    assert any("block_q=12" in r for r in reasons)
+    assert any("float64" in r for r in reasons)
+    assert effective_block(128, 20) == 24 and effective_block(16, 200) == 16
+    with pytest.raises(ValueError, match="positive"):
+        effective_block(0, 10)
