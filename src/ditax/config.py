@@ -120,6 +120,7 @@ class OptimConfig:
     b2: float = 0.999
     eps: float = 1e-8
     grad_clip: float = 1.0
+    decay_steps: int = 0         # end of cosine/linear decay; 0 = the run's `steps`
 
 
 @dataclass(frozen=True)
@@ -453,6 +454,14 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
         _check_enum("attention.short_cross_backend", a.short_cross_backend, LOCAL_BACKENDS)
     _check_enum("attention.local", a.local, LOCAL_BACKENDS)
     _check_enum("attention.out_a2a", a.out_a2a, OUT_A2A_MODES)
+    if a.out_a2a != "flat" and a.backend not in ("ulysses", "ulysses_ring"):
+        raise ConfigError(
+            f"attention.out_a2a={a.out_a2a!r} applies to the Ulysses output exchange, but "
+            f"attention.backend={a.backend!r} has none; use backend=ulysses or ulysses_ring, "
+            f"or out_a2a=flat")
+    if a.ulysses_shards and a.backend != "ulysses_ring":
+        raise ConfigError(f"attention.ulysses_shards={a.ulysses_shards} only applies to "
+                          f"backend=ulysses_ring (got {a.backend!r}); remove it or switch backend")
     if a.ulysses_shards < 0:
         raise ConfigError(f"attention.ulysses_shards={a.ulysses_shards} must be >= 0")
     for k in ("block_q", "block_kv"):

@@ -146,8 +146,8 @@ class Transformer:
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None):
         latents = jnp.asarray(latents)
         text = jnp.asarray(encoder_hidden_states)
+        self.module.check_inputs(latents, jnp.asarray(timestep), text, text_mask)
         t = jnp.broadcast_to(jnp.asarray(timestep, jnp.float32), (latents.shape[0],))
-        self.module.check_inputs(latents, t, text, text_mask)
         args = [self._place(latents), self._place(t), self._place(text),
                 None if text_mask is None else self._place(jnp.asarray(text_mask, bool))]
         return self._compiled()(self._state, *args)

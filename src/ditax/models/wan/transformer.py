@@ -20,7 +20,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import PARALLEL, attend, get_backend
-from ditax.config import AttentionConfig, ModelConfig
+from ditax.config import AttentionConfig, Config, ModelConfig, validate
 from ditax.models.wan.embeddings import (
     ConditionEmbedder,
     FP32LayerNorm,
@@ -165,6 +165,8 @@ class WanTransformer(nnx.Module):
         self.cfg = cfg
         self.attention = attention or AttentionConfig()
         self.mesh = mesh
+        validate(Config(model=cfg, attention=self.attention),
+                 None if mesh is None else mesh.devices.size)
         d = cfg.inner_dim
         pt, ph, pw = cfg.patch_size
         pd = as_dtype(cfg.param_dtype)

@@ -1,0 +1,32 @@
+# ditax — two commands for a newcomer: `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+export TOKENIZERS_PARALLELISM = false
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: demo test test-fast bench install clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job: text -> video end to end on a small pipeline built locally (random weights).
+demo: $(STAMP)
+	$(BIN)/python -m ditax.demo
+
+# The whole test suite on CPU (8 fake devices).
+test: $(STAMP)
+	$(BIN)/python -m pytest tests -q -ra --durations=15
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/transformer_cpu.py
+
+clean:
+	rm -rf $(VENV) demo_out out .pytest_cache

@@ -1,0 +1,218 @@
+"""Wan transformer: parity with diffusers, components, meshes, scan/remat, bad inputs."""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import ditax
+from ditax.config import AttentionConfig, ConfigError, ModelConfig
+from ditax.models.wan import embeddings as E
+from ditax.models.wan.convert import WeightError
+from ditax.models.wan.loading import init_model
+from ditax.parallel import make_mesh
+from wan_reference import make_diffusers_wan, rel_err, run_diffusers
+
+
+def _inputs(rng, b=2, c=4, f=3, y=6, x=10, t_len=7, text_dim=32):
+    lat = rng.standard_normal((b, c, f, y, x)).astype(np.float32)
+    t = rng.uniform(0, 1000, size=(b,)).astype(np.float32)
+    text = rng.standard_normal((b, t_len, text_dim)).astype(np.float32)
+    return lat, t, text
+
+
+@pytest.mark.parametrize("kw,shape", [
+    (dict(heads=2, head_dim=16, layers=2), dict(f=3, y=6, x=10)),
+    (dict(heads=3, head_dim=128, layers=1, ffn=96), dict(f=2, y=4, x=4, t_len=13)),
+    (dict(heads=4, head_dim=24, layers=3, cross_attn_norm=False, in_ch=6, out_ch=5),
+     dict(c=6, f=1, y=10, x=6, t_len=5)),
+    (dict(heads=2, head_dim=32, layers=2, patch=(2, 2, 2)), dict(f=4, y=6, x=6, b=1)),
+])
+def test_parity_with_diffusers(tmp_path, rng, kw, shape):
+    m, folder = make_diffusers_wan(tmp_path, **kw)
+    lat, t, text = _inputs(rng, **shape)
+    ref = run_diffusers(m, lat, t, text)
+    tr = ditax.load_transformer(folder)
+    out = np.asarray(tr(lat, t, text))
+    assert out.shape == ref.shape
+    assert rel_err(out, ref) <= 1e-5, rel_err(out, ref)
+
+
+def test_pipeline_folder_and_sharded_weights(tmp_path, rng):
+    m, folder = make_diffusers_wan(tmp_path)
+    pipe = tmp_path / "pipe"
+    m.save_pretrained(pipe / "transformer", max_shard_size="20KB")
+    assert list((pipe / "transformer").glob("*.index.json")), "expected a sharded save"
+    lat, t, text = _inputs(rng)
+    out = np.asarray(ditax.load_transformer(pipe)(lat, t, text))
+    assert rel_err(out, run_diffusers(m, lat, t, text)) <= 1e-5
+
+
+def test_rope_matches_diffusers(rng):
+    from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+
+    for k in (16, 30, 128):
+        grid = (3, 4, 5)
+        ref = WanRotaryPosEmbed(k, (1, 2, 2), 1024)
+        cos_r, sin_r = ref(torch.zeros(1, 1, grid[0], 2 * grid[1], 2 * grid[2]))
+        cos, sin = E.rope_cos_sin(k, grid)
+        np.testing.assert_allclose(np.asarray(cos), cos_r[0, :, 0, 0::2].numpy(), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(sin), sin_r[0, :, 0, 1::2].numpy(), atol=1e-6)
+        x = rng.standard_normal((2, 60, 3, k)).astype(np.float32)
+        # the reference rotation (diffusers' processor math) on the same input
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        c, s = cos_r[0, :, :, 0::2].numpy(), sin_r[0, :, :, 1::2].numpy()
+        want = np.empty_like(x)
+        want[..., 0::2] = x1 * c - x2 * s
+        want[..., 1::2] = x1 * s + x2 * c
+        np.testing.assert_allclose(np.asarray(E.apply_rope(jnp.asarray(x), cos, sin)), want,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_condition_embedder_and_block_match_diffusers(tmp_path, rng):
+    m, folder = make_diffusers_wan(tmp_path, heads=2, head_dim=16, layers=1)
+    tr = ditax.load_transformer(folder)
+    mod = tr.module
+    t = np.array([3.0, 999.0], np.float32)
+    text = rng.standard_normal((2, 5, 32)).astype(np.float32)
+    with torch.no_grad():
+        temb_r, proj_r, text_r, _ = m.condition_embedder(torch.from_numpy(t),
+                                                         torch.from_numpy(text))
+    temb, proj, text_o = mod.condition_embedder(jnp.asarray(t), jnp.asarray(text))
+    assert rel_err(temb, temb_r.numpy()) < 1e-6
+    assert rel_err(proj, proj_r.numpy().reshape(2, 6, -1)) < 1e-6
+    assert rel_err(text_o, text_r.numpy()) < 1e-6
+
+    # one block, fed the same hidden states / modulation / rope
+    d = 32
+    h = rng.standard_normal((2, 12, d)).astype(np.float32)
+    grid = (1, 3, 4)
+    cos, sin = E.rope_cos_sin(16, grid)
+    rope_r = m.rope(torch.zeros(1, 1, 1, 6, 8))
+    with torch.no_grad():
+        want = m.blocks[0](torch.from_numpy(h), text_r, proj_r.reshape(2, 6, -1), rope_r).numpy()
+    blk_gdef, blk_state = nnx.split(mod.blocks)
+    blk = nnx.merge(blk_gdef, jax.tree.map(lambda p: p[0], blk_state))
+    attn = {"self": "xla", "self_opts": {}, "cross": "xla", "cross_opts": {}}
+    got = blk(jnp.asarray(h), text_o, proj, (cos, sin), None, None, attn)
+    assert rel_err(got, want) < 1e-5
+
+
+def test_scan_and_remat_do_not_change_values(rng):
+    base = ModelConfig(num_attention_heads=2, attention_head_dim=16, ffn_dim=48, num_layers=3,
+                       in_channels=4, out_channels=4, text_dim=24, freq_dim=16)
+    lat, t, text = _inputs(rng, text_dim=24)
+    outs, grads = [], []
+    for scan, remat in [(True, "none"), (False, "none"), (True, "full"), (True, "save_dots")]:
+        cfg = ModelConfig(**{**base.__dict__, "scan_layers": scan, "remat": remat})
+        model = init_model(cfg, seed=3)
+        gdef, state = nnx.split(model)
+
+        def loss(st):
+            return jnp.mean(nnx.merge(gdef, st)(lat, t, text) ** 2)
+
+        outs.append(np.asarray(nnx.merge(gdef, state)(lat, t, text)))
+        g = jax.grad(loss)(state)
+        grads.append(np.asarray(g["blocks"]["attn1"]["to_q"]["kernel"][...]))
+    for o, g in zip(outs[1:], grads[1:]):
+        np.testing.assert_allclose(o, outs[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g, grads[0], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("mesh_kw", [
+    dict(fsdp=8), dict(context=8), dict(fsdp=2, context=2, tensor=2), dict(data=2, fsdp=4),
+])
+def test_mesh_equals_single_device(tmp_path, rng, mesh_kw):
+    m, folder = make_diffusers_wan(tmp_path, heads=4, head_dim=16, layers=2)
+    lat, t, text = _inputs(rng, b=8, f=3, y=6, x=10)   # L = 45: padded for context sharding
+    single = np.asarray(ditax.load_transformer(folder)(lat, t, text))
+    mesh = make_mesh(dict(mesh_kw))
+    tr = ditax.load_transformer(folder, mesh=mesh)
+    # parameters really are sharded (not replicated) where the mesh allows it
+    k = tr.module.blocks.attn1.to_q.kernel[...]
+    if mesh_kw.get("fsdp", 1) * mesh_kw.get("context", 1) > 1:
+        assert k.sharding.shard_shape(k.shape) != k.shape
+    out = np.asarray(tr(lat, t, text))
+    assert rel_err(out, single) <= 1e-5
+
+
+def test_bad_inputs(tmp_path, rng):
+    _, folder = make_diffusers_wan(tmp_path, heads=4, head_dim=16, layers=1)
+    tr = ditax.load_transformer(folder)
+    lat, t, text = _inputs(rng)
+    with pytest.raises(ValueError, match=r"rank 5"):
+        tr(lat[0], t, text)
+    with pytest.raises(ValueError, match=r"height=5 is not divisible by the patch size 2"):
+        tr(lat[:, :, :, :5], t, text)
+    with pytest.raises(ValueError, match=r"width 31 != model text_dim=32"):
+        tr(lat, t, text[..., :31])
+    with pytest.raises(ValueError, match=r"3 channels"):
+        tr(lat[:, :3], t, text)
+    with pytest.raises(ConfigError, match=r"num_attention_heads=4 is not divisible by mesh.tensor=8"):
+        ditax.load_transformer(folder, mesh=make_mesh(dict(tensor=8)))
+    with pytest.raises(ValueError, match=r"batch 2 is not divisible by mesh data\*fsdp = 8"):
+        ditax.load_transformer(folder, mesh=make_mesh(dict(fsdp=8)))(lat, t, text)
+
+
+def test_broken_weight_folders(tmp_path):
+    m, folder = make_diffusers_wan(tmp_path, layers=2)
+    from safetensors.torch import load_file, save_file
+
+    wfile = next(folder.glob("*.safetensors"))
+    sd = load_file(wfile)
+
+    missing = tmp_path / "missing"
+    shutil.copytree(folder, missing)
+    sd2 = dict(sd)
+    sd2.pop("blocks.1.attn2.to_k.weight")
+    sd2["blocks.0.extra.weight"] = torch.zeros(3)
+    save_file(sd2, next(missing.glob("*.safetensors")))
+    with pytest.raises(WeightError, match=r"missing 1 key\(s\): blocks\.1\.attn2\.to_k\.weight.*"
+                                          r"unexpected 1 key\(s\): blocks\.0\.extra\.weight"):
+        ditax.load_transformer(missing)
+
+    wrong = tmp_path / "wrong"
+    shutil.copytree(folder, wrong)
+    sd3 = dict(sd)
+    sd3["proj_out.weight"] = torch.zeros(5, 32)
+    save_file(sd3, next(wrong.glob("*.safetensors")))
+    with pytest.raises(WeightError, match=r"proj_out\.weight: shape \(5, 32\)"):
+        ditax.load_transformer(wrong)
+
+    trunc = tmp_path / "trunc"
+    shutil.copytree(folder, trunc)
+    f = next(trunc.glob("*.safetensors"))
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=r"truncated"):
+        ditax.load_transformer(trunc)
+
+    cfg_bad = tmp_path / "cfg_bad"
+    shutil.copytree(folder, cfg_bad)
+    c = json.loads((cfg_bad / "config.json").read_text())
+    c["num_layers"] = 3
+    (cfg_bad / "config.json").write_text(json.dumps(c))
+    with pytest.raises(WeightError, match=r"missing .*blocks\.2\."):
+        ditax.load_transformer(cfg_bad)
+
+    with pytest.raises(FileNotFoundError, match=r"neither an existing folder nor a hub id"):
+        ditax.load_transformer(tmp_path / "nope" / "deeper")
+
+
+def test_text_mask_reaches_cross_attention(tmp_path, rng):
+    """Masking padded text tokens equals running on the unpadded text."""
+    _, folder = make_diffusers_wan(tmp_path, layers=1)
+    tr = ditax.load_transformer(folder)
+    lat, t, text = _inputs(rng, b=1, t_len=9)
+    mask = np.zeros((1, 9), bool)
+    mask[:, :6] = True
+    padded = text.copy()
+    padded[:, 6:] = rng.standard_normal((1, 3, 32))
+    a = np.asarray(tr(lat, t, padded, text_mask=mask))
+    b = np.asarray(tr(lat, t, text[:, :6]))
+    assert rel_err(a, b) < 1e-6
+    assert rel_err(np.asarray(tr(lat, t, padded)), b) > 1e-4  # without the mask it differs
