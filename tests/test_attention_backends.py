@@ -247,7 +247,7 @@ def test_te_mesh_resource_mapping(monkeypatch):
     devs = np.array(jax.devices()[:8]).reshape(2, 1, 4, 1)
     mesh = Mesh(devs, ("data", "fsdp", "context", "tensor"))
     assert te.te_mesh_resource_kwargs(mesh) == {"dp_resource": "data", "cp_resource": "context"}
-    monkeypatch.delenv("NVTE_FUSED_ATTN", raising=False)
+    monkeypatch.setenv("NVTE_FUSED_ATTN", "0")  # restored after the test
     with te.configure_te(mesh) as resource:
         import os
         assert os.environ["NVTE_FUSED_ATTN"] == "1"
@@ -262,12 +262,22 @@ def test_te_mesh_resource_mapping(monkeypatch):
 @pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU (cuDNN / TransformerEngine)")
 @pytest.mark.parametrize("backend", ["cudnn", "te"])
 def test_gpu_backends_match_reference_bf16(backend, rng, monkeypatch):
-    from ditax.attention import platform
+    import contextlib
 
+    from ditax.attention import platform
+    from ditax.attention.te import configure_te
+
+    ctx = contextlib.nullcontext()
     if backend == "te":
         if not platform.has_transformer_engine_jax():
             pytest.skip("transformer_engine.jax not installed")
-        monkeypatch.setenv("NVTE_FUSED_ATTN", "1")
+        monkeypatch.setenv("NVTE_FUSED_ATTN", "0")  # restored after the test
+        ctx = configure_te(None)
+    with ctx:
+        _check_gpu_backend(backend, rng)
+
+
+def _check_gpu_backend(backend, rng):
     for B, Lq, Lk, N, K, masked in [(2, 256, 256, 4, 128, False), (2, 256, 78, 4, 64, True)]:
         q, k, v, mask = make_inputs(rng, B, Lq, Lk, N, K, masked, dtype=jnp.bfloat16)
         ref = reference_attention(*(x.astype(jnp.float32) for x in (q, k, v)), kv_mask=mask)
