@@ -1,0 +1,62 @@
+"""Sampling schedulers for flow-matching video models, as pure JAX functions.
+
+Each scheduler is a small frozen object built from a diffusers ``scheduler_config.json`` dict:
+
+    sched = from_config(cfg)                       # or load_scheduler(pipeline_folder)
+    state = sched.set_timesteps(num_steps, shape)  # pytree of arrays (shape = latent shape)
+    for i in range(num_steps):
+        t = state.timesteps[state.step_index]      # the value the transformer is fed
+        sample, state = step(state, model(sample, t), sample)   # step = jax.jit(sched.step)
+
+``step`` reads the step index from the state (a traced scalar), so one compiled function serves
+every step, and the whole loop can be a ``lax.fori_loop`` / ``scan``.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax.numpy as jnp
+
+from ditax.schedulers.flow_match import FlowMatchEulerScheduler, FlowMatchEulerState
+from ditax.schedulers.unipc import UniPCScheduler, UniPCState
+
+SCHEDULERS = {
+    "UniPCMultistepScheduler": UniPCScheduler,
+    "FlowMatchEulerDiscreteScheduler": FlowMatchEulerScheduler,
+}
+
+__all__ = ["SCHEDULERS", "FlowMatchEulerScheduler", "FlowMatchEulerState", "UniPCScheduler",
+           "UniPCState", "add_flow_noise", "from_config", "load_scheduler"]
+
+
+def add_flow_noise(sample, noise, sigma):
+    """Rectified-flow forward process ``(1 - sigma) * sample + sigma * noise``.
+
+    ``sigma`` is a scalar or ``[B]`` (broadcast over the trailing axes of ``sample``).
+    """
+    sigma = jnp.asarray(sigma, jnp.float32)
+    sigma = sigma.reshape(sigma.shape + (1,) * (sample.ndim - sigma.ndim))
+    out = (1.0 - sigma) * sample.astype(jnp.float32) + sigma * noise.astype(jnp.float32)
+    return out.astype(sample.dtype)
+
+
+def from_config(cfg: dict):
+    """Build the scheduler named by ``cfg["_class_name"]`` from a scheduler config dict."""
+    name = cfg.get("_class_name")
+    if name not in SCHEDULERS:
+        raise ValueError(f"scheduler _class_name={name!r} is not implemented; ditax has "
+                         f"{sorted(SCHEDULERS)}. Pick one of those (e.g. pass a config with "
+                         "'_class_name': 'UniPCMultistepScheduler').")
+    return SCHEDULERS[name].from_config(cfg)
+
+
+def load_scheduler(path):
+    """Read ``scheduler_config.json`` from a folder or a pipeline folder's ``scheduler/``."""
+    p = pathlib.Path(path)
+    for cand in (p / "scheduler" / "scheduler_config.json", p / "scheduler_config.json", p):
+        if cand.is_file():
+            return from_config(json.loads(cand.read_text()))
+    raise FileNotFoundError(f"no scheduler_config.json at {str(p)!r} or in its scheduler/ "
+                            "subfolder")

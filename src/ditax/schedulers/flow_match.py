@@ -1,0 +1,96 @@
+"""Flow-matching Euler sampler: ``x_{i+1} = x_i + (s_{i+1} - s_i) * v``.
+
+Matches diffusers' ``FlowMatchEulerDiscreteScheduler`` with a fixed ``shift`` (no dynamic
+shifting, no stochastic sampling). Its schedule has a quirk reproduced here on purpose: the
+smallest training sigma is shifted once when the scheduler is built, and the inference
+sigmas spaced down to it are shifted again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ditax.schedulers._config import read_config
+
+_DEFAULTS = dict(
+    num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False, base_shift=0.5,
+    max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096, invert_sigmas=False,
+    shift_terminal=None, use_karras_sigmas=False, use_exponential_sigmas=False,
+    use_beta_sigmas=False, time_shift_type="exponential", stochastic_sampling=False,
+)
+
+_SUPPORTED = {
+    "shift": (lambda v: float(v) > 0, "a positive number"),
+    "num_train_timesteps": (lambda v: int(v) > 0, "a positive int"),
+    "use_dynamic_shifting": (lambda v: not v, "false (a fixed shift)"),
+    "invert_sigmas": (lambda v: not v, "false"),
+    "shift_terminal": (lambda v: not v, "null"),
+    "use_karras_sigmas": (lambda v: not v, "false"),
+    "use_exponential_sigmas": (lambda v: not v, "false"),
+    "use_beta_sigmas": (lambda v: not v, "false"),
+    "stochastic_sampling": (lambda v: not v, "false"),
+}
+
+
+class FlowMatchEulerState(NamedTuple):
+    """timesteps float32 ``[N]`` (fed to the transformer), sigmas float32 ``[N+1]`` (last 0),
+    step_index int32 ``[]``."""
+
+    timesteps: jax.Array
+    sigmas: jax.Array
+    step_index: jax.Array
+
+
+@dataclass(frozen=True)
+class FlowMatchEulerScheduler:
+    """Euler on shifted flow sigmas; build with :meth:`from_config`."""
+
+    num_train_timesteps: int = 1000
+    shift: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "FlowMatchEulerScheduler":
+        """From a diffusers ``FlowMatchEulerDiscreteScheduler`` config; unsupported settings raise."""
+        c = read_config(cfg, "FlowMatchEulerDiscreteScheduler", _DEFAULTS, _SUPPORTED)
+        return cls(num_train_timesteps=int(c["num_train_timesteps"]), shift=float(c["shift"]))
+
+    def _shifted(self, s):
+        return self.shift * s / (1 + (self.shift - 1) * s)
+
+    def schedule(self, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host-side ``(timesteps float32 [N], sigmas float32 [N+1])`` as diffusers builds them."""
+        if not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
+            raise ValueError(f"num_steps={num_steps!r}; expected a positive int")
+        n = self.num_train_timesteps
+        # Training-time extremes, in float32 like the reference's construction.
+        train = np.float32(1.0) / np.float32(n), np.float32(n) / np.float32(n)
+        s_min, s_max = (float(self._shifted(np.float32(t))) for t in train)
+        t = np.linspace(s_max * n, s_min * n, num_steps)
+        sig = self._shifted(t / n).astype(np.float32)
+        timesteps = sig * np.float32(n)
+        return timesteps.astype(np.float32), np.concatenate([sig, [0.0]]).astype(np.float32)
+
+    def set_timesteps(self, num_steps: int, shape=None, dtype=jnp.float32) -> FlowMatchEulerState:
+        """Fresh state for ``num_steps`` steps (``shape``/``dtype`` accepted for a common API)."""
+        timesteps, sigmas = self.schedule(num_steps)
+        return FlowMatchEulerState(jnp.asarray(timesteps), jnp.asarray(sigmas),
+                                   jnp.zeros((), jnp.int32))
+
+    def step(self, state: FlowMatchEulerState, model_output, sample):
+        """``(sample + (s_{i+1} - s_i) * v, new_state)``; jittable, step index traced.
+        Computed in float32, returned in ``model_output``'s dtype (as the reference)."""
+        i = state.step_index
+        dt = state.sigmas[i + 1] - state.sigmas[i]
+        prev = sample.astype(jnp.float32) + dt * model_output.astype(jnp.float32)
+        return prev.astype(model_output.dtype), state._replace(step_index=i + 1)
+
+    def add_noise(self, state: FlowMatchEulerState, sample, noise, index):
+        """``(1 - s) * sample + s * noise`` at ``state.sigmas[index]`` (diffusers' scale_noise)."""
+        from ditax.schedulers import add_flow_noise
+
+        return add_flow_noise(sample, noise, state.sigmas[jnp.asarray(index)])
