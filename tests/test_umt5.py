@@ -61,6 +61,21 @@ def test_umt5_matches_transformers(tmp_path, rng, ffp):
     assert err < 1e-5
 
 
+def test_sharded_and_bf16_loading(tmp_path, rng):
+    model, folder = _save_tiny_encoder(tmp_path)
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, max_shard_size="40KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    ids, mask = _ids_and_mask(rng, [9, 5], 9, TINY["vocab_size"])
+    a = np.asarray(load_text_encoder(folder)(ids, mask))
+    b = np.asarray(load_text_encoder(sharded)(ids, mask))
+    np.testing.assert_array_equal(a, b)
+    enc16 = load_text_encoder(folder, dtype="bfloat16")
+    assert enc16.shared[...].dtype == jnp.bfloat16
+    c = np.asarray(enc16(ids, mask)).astype(np.float32)
+    assert _rel(c, a) < 5e-2
+
+
 def test_relative_buckets_match_reference():
     model = transformers.UMT5EncoderModel(transformers.UMT5Config(**TINY))
     attn = model.encoder.block[0].layer[0].SelfAttention

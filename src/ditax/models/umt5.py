@@ -345,6 +345,11 @@ def load_text_encoder(path, dtype="float32") -> UMT5Encoder:
     return nnx.merge(graphdef, state)
 
 
+@nnx.jit
+def _encode_jit(encoder: UMT5Encoder, ids, mask):
+    return encoder(ids, mask)
+
+
 def encode_prompt(tokenizer, encoder: UMT5Encoder, prompts, max_length: int = 512):
     """Prompts → text embeddings ``[B, max_length, D]`` exactly as Wan's pipeline builds them.
 
@@ -357,7 +362,7 @@ def encode_prompt(tokenizer, encoder: UMT5Encoder, prompts, max_length: int = 51
     if isinstance(prompts, str):
         prompts = [prompts]
     ids, mask = tokenizer.encode([clean_prompt(p) for p in prompts], max_length)
-    hidden = encoder(jnp.asarray(ids), jnp.asarray(mask))
+    hidden = _encode_jit(encoder, jnp.asarray(ids), jnp.asarray(mask))
     lengths = np.asarray(mask).astype(bool).sum(axis=1)
     keep = jnp.arange(max_length)[None, :] < jnp.asarray(lengths)[:, None]
     return jnp.where(keep[..., None], hidden, jnp.zeros((), hidden.dtype))
