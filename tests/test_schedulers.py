@@ -155,6 +155,9 @@ def test_config_errors(tmp_path):
         from_config({"_class_name": "DDIMScheduler"})
     with pytest.raises(ValueError, match="latent shape"):
         from_config(WAN_UNIPC).set_timesteps(10)
+    st = from_config(WAN_UNIPC).set_timesteps(4, SHAPE)
+    with pytest.raises(ValueError, match="must both have the shape"):
+        from_config(WAN_UNIPC).step(st, jnp.zeros((2, 3)), jnp.zeros((2, 3)))
     with pytest.raises(ValueError, match="num_steps=0"):
         from_config(EULER).set_timesteps(0)
     (tmp_path / "scheduler").mkdir()

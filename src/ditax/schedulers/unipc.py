@@ -159,6 +159,10 @@ class UniPCScheduler:
         model_output: the transformer's velocity at ``state.timesteps[state.step_index]``.
         Math in float32; ``prev_sample`` has ``sample``'s dtype.
         """
+        if sample.shape != state.last_sample.shape or model_output.shape != sample.shape:
+            raise ValueError(f"UniPC step: sample {sample.shape} / model_output "
+                             f"{model_output.shape} must both have the shape the state was "
+                             f"made for, {state.last_sample.shape} (set_timesteps(n, shape))")
         bh2 = self.solver_type == "bh2"
         n = state.timesteps.shape[0]
         i = state.step_index
