@@ -1,0 +1,53 @@
+"""``ditax train CONFIG [key=value ...]``: flow-matching training / fine-tuning.
+
+CONFIG is a preset name (``tiny``, ``wan2.1-t2v-1.3b`` …) or a YAML path; ``key=value``
+overrides any config key, e.g. ``steps=100 batch_size=8 mesh.fsdp=8 attention.backend=ulysses
+data.source=/data/latents output_dir=runs/a``. Multi-host: run the same command once per
+process with ``mesh.coordinator_address=HOST:PORT mesh.num_processes=N mesh.process_id=I``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_arguments(p) -> None:
+    p.description = __doc__.split("\n\n")[0]
+    p.add_argument("config", help="preset name or YAML file")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    from ditax.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"ditax train: {e}", file=sys.stderr)
+        return 2
+
+    import jax
+
+    if cfg.mesh.coordinator_address is not None:
+        # CPU multi-process runs need a collectives implementation; it must be chosen before
+        # jax.distributed.initialize. It only affects the CPU client, so it is safe on GPU/TPU.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        from ditax.parallel.mesh import initialize_distributed
+
+        initialize_distributed(cfg.mesh)
+
+    from ditax.train.checkpoint import CheckpointError
+    from ditax.train.data import DataError
+    from ditax.train.loop import NonFiniteLoss, train
+
+    try:
+        res = train(cfg, progress=not args.no_progress)
+    except (ConfigError, DataError, CheckpointError, NonFiniteLoss) as e:
+        print(f"ditax train: {e}", file=sys.stderr)
+        return 1
+    if jax.process_index() == 0:
+        last = f", last loss {res.losses[-1]:.6f}" if res.losses else ""
+        print(f"ditax train: at step {res.step}{last}; metrics in {cfg.output_dir}/metrics.jsonl")
+    return 143 if res.interrupted else 0
+

@@ -1,0 +1,239 @@
+"""Training data: precomputed latents + text embeddings, read with grain, per host, resumable.
+
+Dataset format (written by ``ditax preprocess`` or :class:`DatasetWriter`): a folder with
+
+- ``meta.json``: ``{"format": "ditax-latents", "version": 1, "num_samples": N,
+  "latent_shape": [C, F, Y, X], "text_shape": [T, Dt], "files": [...]}``
+- one or more ArrayRecord files; each record is a safetensors-serialised dict
+  ``{"latents": [C, F, Y, X], "text": [T, Dt], "text_mask": uint8 [T]}`` (one video).
+
+All samples of a dataset share one latent shape (one resolution bucket), so batches stack.
+
+Iteration order does not depend on the number of processes: the global stream is a
+per-epoch shuffle of the records (grain ``MapDataset``), cut into per-process chunks of
+``batch_size / process_count`` samples; global batch ``k`` is chunks ``k·P … k·P+P-1`` and
+process ``p`` reads only chunk ``k·P+p``. So 2 processes × 4 devices see exactly the batches of
+1 process × 8 devices, and the iterator state (``{"next_index": k}``) is the same number on
+every process, which makes it safe to save once in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any, Iterator
+
+import grain
+import numpy as np
+
+from ditax.config import Config, ConfigError
+
+FORMAT = "ditax-latents"
+VERSION = 1
+
+
+class DataError(ValueError):
+    """The dataset is missing, malformed or does not fit the model; the message says why."""
+
+
+def latent_shape_for(cfg: Config) -> tuple[int, int, int, int]:
+    """Latent ``[C, F, Y, X]`` of a ``data.num_frames × height × width`` video (Wan VAE: 4×8×8)."""
+    d = cfg.data
+    if (d.num_frames - 1) % 4:
+        raise ConfigError(f"data.num_frames={d.num_frames} must be 4k+1 (Wan VAE); e.g. "
+                          f"{d.num_frames - (d.num_frames - 1) % 4}")
+    if d.height % 8 or d.width % 8:
+        raise ConfigError(f"data.height x width = {d.height}x{d.width} must be multiples of 8")
+    return (cfg.model.in_channels, (d.num_frames - 1) // 4 + 1, d.height // 8, d.width // 8)
+
+
+# ----------------------------------------------------------------------------------------------
+# sources
+
+
+class SyntheticSource:
+    """Random latents / text, a pure function of ``(seed, index)`` (grain random-access source)."""
+
+    def __init__(self, latent_shape, text_shape, seed: int = 0, size: int = 1 << 16):
+        self.latent_shape = tuple(latent_shape)
+        self.text_shape = tuple(text_shape)
+        self.seed = seed
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        r = np.random.default_rng((self.seed, int(i)))
+        n_text = int(r.integers(1, self.text_shape[0] + 1))
+        mask = (np.arange(self.text_shape[0]) < n_text).astype(np.uint8)
+        text = r.standard_normal(self.text_shape, np.float32) * mask[:, None]
+        return {"latents": r.standard_normal(self.latent_shape, np.float32),
+                "text": text.astype(np.float32), "text_mask": mask}
+
+    def __repr__(self):
+        return f"SyntheticSource(latents={self.latent_shape}, text={self.text_shape})"
+
+
+def _decode(record: bytes) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load
+
+    d = load(record)
+    return {"latents": d["latents"].astype(np.float32), "text": d["text"].astype(np.float32),
+            "text_mask": d["text_mask"].astype(np.uint8)}
+
+
+def read_meta(path) -> dict:
+    """``meta.json`` of a dataset folder, with errors that say what to do."""
+    p = pathlib.Path(path)
+    if not p.exists():
+        raise DataError(f"data.source={str(path)!r} does not exist; give a dataset folder written "
+                        f"by `ditax preprocess`, or data.source=synthetic for a smoke run")
+    if not (p / "meta.json").is_file():
+        raise DataError(f"data.source={str(path)!r} has no meta.json, so it is not a ditax "
+                        f"latent dataset; create one with `ditax preprocess VIDEOS_DIR {path}`")
+    meta = json.loads((p / "meta.json").read_text())
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise DataError(f"{p}/meta.json: format {meta.get('format')!r} v{meta.get('version')} "
+                        f"is not {FORMAT!r} v{VERSION}; re-run `ditax preprocess`")
+    missing = [f for f in meta["files"] if not (p / f).is_file()]
+    if missing:
+        raise DataError(f"dataset {p}: files listed in meta.json are missing: {missing}")
+    if meta["num_samples"] < 1:
+        raise DataError(f"dataset {p} is empty (num_samples=0)")
+    return meta
+
+
+def open_source(cfg: Config):
+    """The grain random-access source for ``cfg.data.source`` and its sample shapes."""
+    text_shape = (cfg.data.text_len, cfg.model.text_dim)
+    if cfg.data.source == "synthetic":
+        lat = latent_shape_for(cfg)
+        return SyntheticSource(lat, text_shape, seed=cfg.seed), lat, text_shape
+    meta = read_meta(cfg.data.source)
+    lat, txt = tuple(meta["latent_shape"]), tuple(meta["text_shape"])
+    if lat[0] != cfg.model.in_channels:
+        raise DataError(f"dataset latents have {lat[0]} channels but model.in_channels="
+                        f"{cfg.model.in_channels}; preprocess with the model's VAE")
+    if txt[1] != cfg.model.text_dim:
+        raise DataError(f"dataset text embeddings are {txt[1]} wide but model.text_dim="
+                        f"{cfg.model.text_dim}; preprocess with the model's text encoder")
+    p = pathlib.Path(cfg.data.source)
+    src = grain.sources.ArrayRecordDataSource([str(p / f) for f in meta["files"]])
+    return src, lat, txt
+
+
+# ----------------------------------------------------------------------------------------------
+# iteration
+
+
+def _stack(samples) -> dict[str, np.ndarray]:
+    return {k: np.stack([s[k] for s in samples]) for k in samples[0]}
+
+
+class BatchIterator:
+    """Per-process batches ``{"latents" [b, C, F, Y, X], "text" [b, T, Dt], "text_mask" [b, T]}``.
+
+    ``b = batch_size / process_count``. ``get_state`` / ``set_state`` round-trip the position.
+    """
+
+    def __init__(self, cfg: Config, process_index: int = 0, process_count: int = 1):
+        if cfg.batch_size % process_count:
+            raise ConfigError(f"batch_size={cfg.batch_size} is not divisible by the "
+                              f"{process_count} processes; use a multiple of {process_count}")
+        self.source, self.latent_shape, self.text_shape = open_source(cfg)
+        self.local_batch = cfg.batch_size // process_count
+        ds = grain.MapDataset.source(self.source)
+        if cfg.data.shuffle:
+            ds = ds.shuffle(seed=cfg.seed)
+        ds = ds.repeat(None)
+        if not isinstance(self.source, SyntheticSource):
+            ds = ds.map(_decode)
+        ds = ds.batch(self.local_batch, batch_fn=_stack)
+        ds = ds[process_index::process_count]
+        self._iter: Iterator = iter(ds.to_iter_dataset(
+            grain.ReadOptions(num_threads=max(1, cfg.data.num_workers), prefetch_buffer_size=2)))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        return next(self._iter)
+
+    def get_state(self) -> dict[str, Any]:
+        return self._iter.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._iter.set_state(state)
+
+
+# ----------------------------------------------------------------------------------------------
+# writing
+
+
+class DatasetWriter:
+    """Append samples to a new dataset folder; ``close()`` writes ``meta.json`` last.
+
+    ``meta.json`` appears only when the dataset is complete, so a crashed preprocess leaves a
+    folder that the reader refuses with a clear message instead of a silently short dataset.
+    """
+
+    def __init__(self, path, samples_per_file: int = 1024):
+        from array_record.python.array_record_module import ArrayRecordWriter
+
+        self._writer_cls = ArrayRecordWriter
+        self.path = pathlib.Path(path)
+        if (self.path / "meta.json").exists():
+            raise DataError(f"{self.path} already holds a dataset (meta.json); choose a new "
+                            f"output folder or delete it")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.samples_per_file = samples_per_file
+        self.files: list[str] = []
+        self.count = 0
+        self._w = None
+        self._in_file = 0
+        self.latent_shape = self.text_shape = None
+
+    def add(self, latents: np.ndarray, text: np.ndarray, text_mask: np.ndarray | None = None):
+        """One sample: latents ``[C, F, Y, X]``, text ``[T, Dt]``, mask ``[T]`` (1 = token)."""
+        from safetensors.numpy import save
+
+        latents = np.asarray(latents)
+        text = np.asarray(text)
+        if text_mask is None:
+            text_mask = np.ones(text.shape[0], np.uint8)
+        if latents.ndim != 4 or text.ndim != 2:
+            raise DataError(f"sample shapes latents{latents.shape} text{text.shape}: expected "
+                            f"latents [C, F, Y, X] and text [T, Dt]")
+        if self.latent_shape is None:
+            self.latent_shape, self.text_shape = latents.shape, text.shape
+        elif latents.shape != self.latent_shape or text.shape != self.text_shape:
+            raise DataError(f"sample {self.count}: latents{latents.shape} text{text.shape} differ "
+                            f"from the first sample's {self.latent_shape} {self.text_shape}; one "
+                            f"dataset holds one resolution / frame count / text length")
+        if self._w is None or self._in_file >= self.samples_per_file:
+            self._close_file()
+            name = f"data-{len(self.files):05d}.array_record"
+            self._w = self._writer_cls(str(self.path / name), "group_size:1")
+            self.files.append(name)
+        self._w.write(save({"latents": np.ascontiguousarray(latents),
+                            "text": np.ascontiguousarray(text),
+                            "text_mask": np.asarray(text_mask, np.uint8)}))
+        self._in_file += 1
+        self.count += 1
+
+    def _close_file(self):
+        if self._w is not None:
+            self._w.close()
+            self._w = None
+            self._in_file = 0
+
+    def close(self, extra: dict | None = None) -> pathlib.Path:
+        self._close_file()
+        if self.count == 0:
+            raise DataError(f"no samples were written to {self.path}")
+        meta = {"format": FORMAT, "version": VERSION, "num_samples": self.count,
+                "latent_shape": list(self.latent_shape), "text_shape": list(self.text_shape),
+                "files": self.files, **(extra or {})}
+        (self.path / "meta.json").write_text(json.dumps(meta, indent=1))
+        return self.path

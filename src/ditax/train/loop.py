@@ -1,0 +1,167 @@
+"""The training loop: mesh, data, state (fresh, ``init_from`` or resumed), steps, checkpoints.
+
+``train(cfg)`` is what ``ditax train`` calls. Rerunning with the same ``output_dir`` resumes
+from the newest usable checkpoint (params, optimiser, data position, RNG, step) and runs until
+``steps``. SIGTERM finishes the current step, saves, and returns. A non-finite loss stops
+the run before anything is saved, so the newest checkpoint stays the last good one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import pathlib
+import signal
+import time
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+
+from ditax.config import Config, to_dict, validate
+from ditax.parallel.mesh import make_mesh
+from ditax.train.checkpoint import Checkpointer
+from ditax.train.data import BatchIterator
+from ditax.train.metrics import MetricsWriter, peak_tflops
+from ditax.train.step import Trainer, train_flops_per_sample
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN/inf; the message names the step and the checkpoint kept."""
+
+
+@dataclass
+class TrainResult:
+    step: int                       # completed steps
+    losses: list[float] = field(default_factory=list)   # losses of the steps run here
+    state: dict | None = None       # final train state (global arrays)
+    interrupted: bool = False       # stopped by SIGTERM (checkpoint saved)
+    resumed_from: int | None = None
+
+
+def _say(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(msg, flush=True)
+
+
+def train(cfg: Config, *, mesh=None, compiler_options: dict | None = None,
+          progress: bool = True, say=_say) -> TrainResult:
+    """Run (or resume) training as configured; returns the completed step count and losses."""
+    validate(cfg, jax.device_count(), training=True)
+    mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
+    out = pathlib.Path(cfg.output_dir)
+    pid, nproc = jax.process_index(), jax.process_count()
+
+    data = BatchIterator(cfg, pid, nproc)       # checks the dataset before anything compiles
+    trainer = Trainer(cfg, mesh, compiler_options=compiler_options)
+    ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
+
+    restored = ckpt.restore_latest(trainer.abstract_state())
+    if restored is not None:
+        start, state, data_state = restored
+        data.set_state(data_state["iterator"])
+        say(f"resuming from checkpoint step {start} in {ckpt.dir}")
+    else:
+        start = 0
+        params = None
+        if cfg.init_from:
+            from ditax.models.wan.loading import abstract_model, load_weights_into
+            from ditax.models.wan.loading import read_config  # noqa: F401 (validates folder)
+            from ditax.io.hub import resolve_folder
+            from flax import nnx
+
+            folder = resolve_folder(cfg.init_from, "transformer")
+            model = load_weights_into(abstract_model(cfg.model, cfg.attention, mesh), folder,
+                                      cfg.model, mesh)
+            params = nnx.to_pure_dict(nnx.split(model)[1])
+            say(f"initialised weights from {folder}")
+        state = trainer.init(params)
+        if pid == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            import yaml
+
+            (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+    result = TrainResult(step=start, resumed_from=start if restored else None)
+    if start >= cfg.steps:
+        say(f"nothing to do: checkpoint step {start} >= steps={cfg.steps}")
+        ckpt.close()
+        result.state = state
+        return result
+
+    flops = train_flops_per_sample(cfg, data.latent_shape, data.text_shape[0]) * cfg.batch_size
+    peak = peak_tflops()
+    tokens_per_sample = int(np.prod([n // p for n, p in zip(data.latent_shape[1:],
+                                                            cfg.model.patch_size)]))
+    writer = MetricsWriter(out, enabled=pid == 0)
+
+    stop = {"sig": None}
+    prev = None
+
+    def on_term(signum, frame):  # finish the step in flight, then save and return
+        stop["sig"] = signum
+
+    try:
+        prev = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread: no handler
+        prev = None
+
+    bar = None
+    if progress and pid == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+    data_tag = {"source": cfg.data.source, "batch_size": cfg.batch_size}
+    step = start
+    try:
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            batch = trainer.put_batch(next(data))
+            state, m = trainer.step(state, batch)
+            loss = float(m["loss"])            # syncs: the step time below is real
+            dt = time.perf_counter() - t0
+            step += 1
+            if not math.isfinite(loss):
+                ckpt.wait()
+                kept = ckpt.steps()
+                raise NonFiniteLoss(
+                    f"loss is {loss} at step {step}; stopping without saving. The last good "
+                    f"checkpoint is {'step ' + str(kept[-1]) if kept else 'none'} in "
+                    f"{ckpt.dir}. Lower optim.learning_rate, check the data for NaN/inf, or "
+                    f"use bfloat16/float32 consistently")
+            result.losses.append(loss)
+            row = {"step": step, "loss": loss, "grad_norm": float(m["grad_norm"]),
+                   "lr": float(m["lr"]), "step_time": dt,
+                   "samples_per_s": cfg.batch_size / dt,
+                   "tokens_per_s": cfg.batch_size * tokens_per_sample / dt,
+                   "tflops_per_device": flops / dt / mesh.devices.size / 1e12,
+                   "mfu": (flops / dt / mesh.devices.size / (peak * 1e12)) if peak else None}
+            if step == start + 1:
+                row["includes_compile"] = True
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                writer.write(row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}", s_per_step=f"{dt:.2f}")
+            interrupted = stop["sig"] is not None
+            if step % cfg.checkpoint.every == 0 or step == cfg.steps or interrupted:
+                ckpt.save(step, state, {"iterator": data.get_state(), **data_tag})
+            if interrupted:
+                ckpt.wait()
+                say(f"received signal {stop['sig']}: saved checkpoint step {step} in "
+                    f"{ckpt.dir}; rerun the same command to resume")
+                result.interrupted = True
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+        writer.close()
+        ckpt.close()
+        if prev is not None:
+            signal.signal(signal.SIGTERM, prev)
+    result.step = step
+    result.state = state
+    return result
