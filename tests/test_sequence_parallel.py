@@ -1,0 +1,199 @@
+"""ulysses / ring / ulysses_ring on 8 fake CPU devices against the jnp reference.
+
+Forward and gradient, with and without key masks, lengths that divide the context size and
+lengths that need padding; the three Ulysses output exchanges compared bit for bit; the
+kernel-path check; and every refusal with its message.
+"""
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ditax.attention.flash as flash_mod
+from ditax.attention import attend
+from ditax.attention.context_parallel import cross_attention_sharded
+from ditax.attention.reference import reference_attention
+from ditax.parallel.mesh import make_mesh
+
+HAS_BLOCKWISE = importlib.util.find_spec("ditax.attention.blockwise") is not None
+
+
+@pytest.fixture(scope="module")
+def mesh8():
+    return make_mesh({"context": 8})
+
+
+@pytest.fixture(scope="module")
+def mesh_mixed():
+    """Batch over fsdp=2, sequence over context=2, heads over tensor=2."""
+    return make_mesh({"fsdp": 2, "context": 2, "tensor": 2})
+
+
+def _inputs(rng, B, L, N, K, masked, Lk=None):
+    Lk = L if Lk is None else Lk
+    f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)  # noqa: E731
+    mask = None
+    if masked:
+        mask = jnp.asarray(rng.random((B, Lk)) > 0.3)
+    return f(B, L, N, K), f(B, Lk, N, K), f(B, Lk, N, K), mask
+
+
+def _run(backend, mesh, q, k, v, mask, **opts):
+    return jax.jit(lambda q, k, v, m: attend(q, k, v, backend=backend, mesh=mesh, kv_mask=m,
+                                             **opts))(q, k, v, mask)
+
+
+# (backend, options, L, masked). L=64 divides 8 shards; L=60 / 50 need padding.
+FORWARD_CASES = [
+    ("ulysses", dict(local="xla"), 64, False),
+    ("ulysses", dict(local="reference", out_a2a="chunked"), 60, True),
+    ("ulysses", dict(local="blockwise", block_kv=16), 60, True),
+    ("ulysses", dict(local="flash", out_a2a="shard_major", block_q=8, block_kv=8), 50, True),
+    ("ring", dict(local="xla"), 60, True),
+    ("ring", dict(local="blockwise", block_kv=8), 64, False),
+    ("ring", dict(local="flash", block_q=8, block_kv=8), 64, True),
+    ("ulysses_ring", dict(local="xla", ulysses_shards=2), 60, True),
+    ("ulysses_ring", dict(local="reference", ulysses_shards=4, out_a2a="chunked"), 64, False),
+]
+
+
+@pytest.mark.parametrize("backend,opts,L,masked", FORWARD_CASES,
+                         ids=[f"{b}-{o.get('local')}-{o.get('out_a2a', 'flat')}-U"
+                              f"{o.get('ulysses_shards', '')}-L{L}-{'m' if m else 'nm'}"
+                              for b, o, L, m in FORWARD_CASES])
+def test_forward_matches_reference(rng, mesh8, backend, opts, L, masked):
+    if opts.get("local") == "blockwise" and not HAS_BLOCKWISE:
+        pytest.skip("ditax.attention.blockwise is not importable yet")
+    q, k, v, mask = _inputs(rng, 2, L, 8, 32, masked)
+    out = _run(backend, mesh8, q, k, v, mask, **opts)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    np.testing.assert_allclose(out, reference_attention(q, k, v, kv_mask=mask), atol=3e-6)
+
+
+GRAD_CASES = [
+    ("ulysses", dict(local="xla", out_a2a="chunked")),
+    ("ring", dict(local="xla")),
+    ("ring", dict(local="flash", block_q=8, block_kv=8)),
+    ("ulysses_ring", dict(local="flash", ulysses_shards=2, out_a2a="shard_major", block_q=8,
+                          block_kv=8)),
+]
+
+
+@pytest.mark.parametrize("backend,opts", GRAD_CASES,
+                         ids=[f"{b}-{o['local']}-{o.get('out_a2a', 'flat')}" for b, o in GRAD_CASES])
+def test_gradient_matches_reference(rng, mesh8, backend, opts):
+    """L=60 over 8 shards: padded; masked keys; gradients w.r.t. q, k and v."""
+    q, k, v, mask = _inputs(rng, 1, 60, 8, 32, masked=True)
+    w = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v) * w)
+
+    sp = lambda q, k, v: attend(q, k, v, backend=backend, mesh=mesh8, kv_mask=mask,  # noqa
+                                **opts)
+    g = jax.jit(jax.grad(loss(sp), argnums=(0, 1, 2)))(q, k, v)
+    g_ref = jax.grad(loss(lambda q, k, v: reference_attention(q, k, v, kv_mask=mask)),
+                     argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(g, g_ref):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_mixed_mesh_batch_heads_and_sequence(rng, mesh_mixed):
+    """fsdp=2 (batch), context=2 (sequence), tensor=2 (heads): U divides N/tensor."""
+    q, k, v, mask = _inputs(rng, 2, 20, 4, 32, masked=True)
+    ref = reference_attention(q, k, v, kv_mask=mask)
+    for backend, opts in (("ulysses", dict(local="xla")), ("ring", dict(local="xla"))):
+        out = _run(backend, mesh_mixed, q, k, v, mask, **opts)
+        np.testing.assert_allclose(out, ref, atol=3e-6, err_msg=backend)
+
+
+@pytest.mark.parametrize("backend,extra", [
+    ("ulysses", {}),
+    ("ulysses_ring", dict(ulysses_shards=4)),
+    pytest.param("ulysses_ring", dict(ulysses_shards=2), marks=pytest.mark.xfail(
+        strict=True, reason="known gap: with >= 3 ring steps flat and the kernel path differ "
+        "by 1 ulp on XLA CPU (same kernel blocks; cause not yet isolated)")),
+])
+def test_out_a2a_modes_bit_identical_and_kernel_path(rng, mesh8, backend, extra):
+    """flat / chunked / shard_major give identical values; chunked and shard_major really
+    ran the shard-major kernel (trace record of U), flat did not. L=50 needs padding."""
+    q, k, v, mask = _inputs(rng, 1, 50, 8, 32, masked=True)
+    U = extra.get("ulysses_shards", 8)
+    outs = {}
+    for mode in ("flat", "chunked", "shard_major"):
+        flash_mod.SHARD_MAJOR_TRACES.clear()
+        outs[mode] = _run(backend, mesh8, q, k, v, mask, local="flash", out_a2a=mode,
+                          block_q=8, block_kv=8, **extra)
+        traced = set(flash_mod.SHARD_MAJOR_TRACES)
+        assert traced == (set() if mode == "flat" else {U}), (mode, traced)
+    assert jnp.array_equal(outs["flat"], outs["chunked"])
+    assert jnp.array_equal(outs["flat"], outs["shard_major"])
+    np.testing.assert_allclose(outs["flat"], reference_attention(q, k, v, kv_mask=mask),
+                               atol=3e-6)
+
+
+def test_chunked_exchange_bit_identical_around_any_local(rng, mesh8):
+    """chunked with a non-flash kernel falls back to the chunked exchange (no kernel path)
+    and still equals flat bit for bit."""
+    q, k, v, mask = _inputs(rng, 2, 64, 8, 32, masked=True)
+    flash_mod.SHARD_MAJOR_TRACES.clear()
+    flat = _run("ulysses", mesh8, q, k, v, mask, local="xla", out_a2a="flat")
+    chunked = _run("ulysses", mesh8, q, k, v, mask, local="xla", out_a2a="chunked")
+    assert flash_mod.SHARD_MAJOR_TRACES == []
+    assert jnp.array_equal(flat, chunked)
+
+
+def test_cross_attention_keeps_queries_sharded(rng, mesh8):
+    """Lk != Lq: text K/V replicated, no exchange; Lq=36 is padded to the 8 shards."""
+    q, _, _, _ = _inputs(rng, 2, 36, 8, 32, masked=False)
+    _, k, v, mask = _inputs(rng, 2, 12, 8, 32, masked=True)
+    ref = reference_attention(q, k, v, kv_mask=mask)
+    out = _run("ulysses", mesh8, q, k, v, mask, local="xla")
+    np.testing.assert_allclose(out, ref, atol=3e-6)
+    out = jax.jit(lambda q, k, v, m: cross_attention_sharded(
+        q, k, v, mesh=mesh8, kv_mask=m, local="flash", block_q=8, block_kv=8))(q, k, v, mask)
+    np.testing.assert_allclose(out, ref, atol=3e-6)
+
+
+# ---------------------------------------------------------------- refusals
+
+def _tiny(L=16, N=8, K=32, Lk=None):
+    z = jnp.zeros((1, L, N, K))
+    kv = z if Lk is None else jnp.zeros((1, Lk, N, K))
+    return z, kv, kv
+
+
+@pytest.mark.parametrize("opts,match", [
+    (dict(local="xla"), r"local='xla'.*needs local='flash'"),
+    (dict(local="flash", block_q=12, L=256), r"block_q=12 is not a multiple of 8"),
+    (dict(local="flash", K=36), r"head dim K=36"),
+    (dict(local="flash", Lk=8), r"cross-attention \(Lq=16 != Lk=8\)"),
+])
+def test_shard_major_refuses_each_unmet_precondition(mesh8, opts, match):
+    opts = dict(opts)
+    q, k, v = _tiny(L=opts.pop("L", 16), K=opts.pop("K", 32), Lk=opts.pop("Lk", None))
+    with pytest.raises(ValueError, match=match):
+        attend(q, k, v, backend="ulysses", mesh=mesh8, out_a2a="shard_major", **opts)
+
+
+def test_refusals(mesh8):
+    q, k, v = _tiny()
+    with pytest.raises(ValueError, match="unknown out_a2a='fast'.*flat, chunked, shard_major"):
+        attend(q, k, v, backend="ulysses", mesh=mesh8, out_a2a="fast")
+    with pytest.raises(ValueError, match="no meaning for pure ring"):
+        attend(q, k, v, backend="ring", mesh=mesh8, out_a2a="chunked")
+    q6, k6, v6 = _tiny(N=6)
+    with pytest.raises(ValueError, match="6 heads per tensor shard are not divisible by the 8 "
+                                         "Ulysses shards.*ulysses_ring"):
+        attend(q6, k6, v6, backend="ulysses", mesh=mesh8)
+    with pytest.raises(ValueError, match="ulysses_shards=3 does not divide mesh.context=8"):
+        attend(q, k, v, backend="ulysses_ring", mesh=mesh8, ulysses_shards=3)
+    with pytest.raises(ValueError, match="6 heads .* not divisible by the 4 Ulysses shards"):
+        attend(q6, k6, v6, backend="ulysses_ring", mesh=mesh8, ulysses_shards=4)
+    with pytest.raises(ValueError, match="needs mesh="):
+        attend(q, k, v, backend="ring", mesh=None)
+    with pytest.raises(ValueError, match="parallel backend"):
+        attend(q, k, v, backend="ring", mesh=mesh8, local="ulysses")
