@@ -216,3 +216,24 @@ def test_text_mask_reaches_cross_attention(tmp_path, rng):
     b = np.asarray(tr(lat, t, text[:, :6]))
     assert rel_err(a, b) < 1e-6
     assert rel_err(np.asarray(tr(lat, t, padded)), b) > 1e-4  # without the mask it differs
+
+
+@pytest.mark.parametrize("mesh_kw,acfg", [
+    ({}, AttentionConfig(backend="flash", block_q=16, block_kv=16)),
+    ({}, AttentionConfig(backend="splash")),
+    ({}, AttentionConfig(backend="blockwise", block_kv=16)),
+    ({"context": 8}, AttentionConfig(backend="ulysses", local="xla")),
+    ({"context": 4, "fsdp": 2}, AttentionConfig(backend="ulysses", local="flash",
+                                                out_a2a="shard_major", block_q=8, block_kv=8)),
+    ({"context": 4, "fsdp": 2}, AttentionConfig(backend="ring", local="blockwise", block_kv=8)),
+    ({"context": 8}, AttentionConfig(backend="ulysses_ring", local="xla", ulysses_shards=2)),
+], ids=["flash", "splash", "blockwise", "ulysses-ctx8", "ulysses-shard_major-ctx4xfsdp2",
+        "ring-ctx4xfsdp2", "ulysses_ring-U2"])
+def test_attention_backends_in_the_model_match_diffusers(tmp_path, rng, mesh_kw, acfg):
+    """Every backend (local and sequence-parallel) keeps diffusers parity (L=45: padded)."""
+    m, folder = make_diffusers_wan(tmp_path, heads=8, head_dim=16, layers=2)
+    lat, t, text = _inputs(rng)
+    ref = run_diffusers(m, lat, t, text)
+    mesh = make_mesh(dict(mesh_kw)) if mesh_kw else None
+    out = np.asarray(ditax.load_transformer(folder, mesh=mesh, attention=acfg)(lat, t, text))
+    assert rel_err(out, ref) <= 1e-5, rel_err(out, ref)

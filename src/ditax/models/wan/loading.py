@@ -18,12 +18,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ditax.config import AttentionConfig, ConfigError, ModelConfig, validate, Config
+from ditax.config import MESH_AXES, AttentionConfig, Config, ConfigError, ModelConfig, validate
 from ditax.io.hub import resolve_folder
 from ditax.io.safetensors import SafetensorsCheckpoint
 from ditax.models.wan import convert
 from ditax.models.wan.embeddings import as_dtype
-from ditax.models.wan.transformer import WanTransformer
+from ditax.models.wan.transformer import WanTransformer, mesh_config
 from ditax.parallel.rules import param_spec
 
 log = logging.getLogger(__name__)
@@ -171,16 +171,11 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
     cfg = ModelConfig.from_diffusers(raw, param_dtype=dtype, dtype=dtype, **model_overrides)
     acfg = attention if isinstance(attention, AttentionConfig) else AttentionConfig(
         backend=attention)
-    full = Config(model=cfg, attention=acfg)
-    validate(full, None if mesh is None else mesh.devices.size)
-    if mesh is not None:
-        from ditax.config import MESH_AXES
-        if tuple(mesh.axis_names) != MESH_AXES:
-            raise ConfigError(f"mesh axes {mesh.axis_names} must be {MESH_AXES}; build it with "
-                              f"ditax.parallel.make_mesh")
-        if cfg.num_attention_heads % mesh.shape["tensor"]:
-            raise ConfigError(f"num_attention_heads={cfg.num_attention_heads} is not divisible "
-                              f"by mesh tensor={mesh.shape['tensor']}")
+    if mesh is not None and tuple(mesh.axis_names) != MESH_AXES:
+        raise ConfigError(f"mesh axes {mesh.axis_names} must be {MESH_AXES}; build it with "
+                          f"ditax.make_mesh")
+    validate(Config(model=cfg, attention=acfg, mesh=mesh_config(mesh)),
+             None if mesh is None else mesh.devices.size)
     model = load_weights_into(abstract_model(cfg, acfg, mesh), folder, cfg, mesh)
     log.info("loaded %s (%d layers, D=%d) in %.1fs", folder, cfg.num_layers, cfg.inner_dim,
              time.perf_counter() - t0)

@@ -20,7 +20,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import PARALLEL, attend, get_backend
-from ditax.config import AttentionConfig, Config, ModelConfig, validate
+from ditax.config import AttentionConfig, Config, MeshConfig, ModelConfig, validate
 from ditax.models.wan.embeddings import (
     ConditionEmbedder,
     FP32LayerNorm,
@@ -60,6 +60,13 @@ def cross_backend_name(acfg: AttentionConfig) -> str:
     if acfg.cross_backend is not None:
         return acfg.cross_backend
     return acfg.local if acfg.backend in PARALLEL else acfg.backend
+
+
+def mesh_config(mesh) -> MeshConfig:
+    """The :class:`MeshConfig` describing an existing mesh (default config without one)."""
+    if mesh is None:
+        return MeshConfig()
+    return MeshConfig(**{a: int(mesh.shape[a]) for a in ("data", "fsdp", "context", "tensor")})
 
 
 class FeedForward(nnx.Module):
@@ -165,7 +172,7 @@ class WanTransformer(nnx.Module):
         self.cfg = cfg
         self.attention = attention or AttentionConfig()
         self.mesh = mesh
-        validate(Config(model=cfg, attention=self.attention),
+        validate(Config(model=cfg, attention=self.attention, mesh=mesh_config(mesh)),
                  None if mesh is None else mesh.devices.size)
         d = cfg.inner_dim
         pt, ph, pw = cfg.patch_size
@@ -284,10 +291,11 @@ class WanTransformer(nnx.Module):
 
         if pad:
             h = h[:, :seq]
+            h = constrain(h, ("act_batch", None, "act_embed"), mesh)
         table = self.scale_shift_table[...].astype(jnp.float32) + temb.astype(jnp.float32)[:, None]
         shift, scale = table[:, 0:1], table[:, 1:2]
         h = (self.norm_out(h) * (1 + scale) + shift).astype(dt)
-        h = self.proj_out(h)
+        h = constrain(self.proj_out(h), ("act_batch", None, "act_channels"), mesh)
         co = cfg.out_channels
         h = h.reshape(b, f, y, x, pt, ph, pw, co).transpose(0, 7, 1, 4, 2, 5, 3, 6)
         return h.reshape(b, co, fr, hh, ww).astype(latents.dtype)
