@@ -1,0 +1,65 @@
+"""Writing generated videos: H.264 mp4 (imageio + imageio-ffmpeg) and PNG frames.
+
+Videos are float ``[F, H, W, 3]`` in [0, 1] (what the pipeline returns) or uint8.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+
+def to_uint8(video) -> np.ndarray:
+    """``[F, H, W, 3]`` float in [0, 1] (clipped) or uint8 → uint8 ``[F, H, W, 3]``."""
+    v = np.asarray(video)
+    if v.ndim != 4 or v.shape[-1] != 3:
+        raise ValueError(f"video must be [F, H, W, 3]; got shape {v.shape}")
+    if v.dtype == np.uint8:
+        return v
+    return np.round(np.clip(v.astype(np.float32), 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def write_mp4(path, video, fps: int = 16, quality: float = 8.0) -> pathlib.Path:
+    """Encode ``video`` as H.264 (yuv420p, so height and width must be even) at ``fps``.
+
+    Wan models are trained at 16 fps. ``quality`` is imageio-ffmpeg's 0-10 scale.
+    """
+    import imageio.v2 as imageio
+
+    frames = to_uint8(video)
+    _, h, w, _ = frames.shape
+    if h % 2 or w % 2:
+        raise ValueError(f"H.264 (yuv420p) needs even height and width; got {h}x{w}")
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # macro_block_size=1: never let the writer resize frames behind our back
+    with imageio.get_writer(str(path), format="FFMPEG", mode="I", fps=fps, codec="libx264",
+                            quality=quality, pixelformat="yuv420p",
+                            macro_block_size=1) as writer:
+        for f in frames:
+            writer.append_data(f)
+    return path
+
+
+def write_frames(folder, video, prefix: str = "frame") -> list[pathlib.Path]:
+    """One PNG per frame: ``folder/frame_00000.png`` ...; returns the paths."""
+    import imageio.v2 as imageio
+
+    frames = to_uint8(video)
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, f in enumerate(frames):
+        p = folder / f"{prefix}_{i:05d}.png"
+        imageio.imwrite(str(p), f)
+        out.append(p)
+    return out
+
+
+def read_video(path) -> np.ndarray:
+    """Decode a video file to uint8 ``[F, H, W, 3]`` (used to check what was written)."""
+    import imageio.v2 as imageio
+
+    with imageio.get_reader(str(path), format="FFMPEG") as r:
+        return np.stack([np.asarray(f) for f in r])

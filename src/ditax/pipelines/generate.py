@@ -1,0 +1,116 @@
+"""``ditax generate``: prompt → mp4 with a diffusers-format Wan pipeline folder (or hub id).
+
+    ditax generate --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --prompt "a cat on a skateboard" \
+        --height 480 --width 832 --frames 81 --steps 50 --guidance 5 --output cat.mp4 \
+        model.dtype=bfloat16 attention.backend=ulysses mesh.context=8 sample.cfg_mode=batched
+
+Everything that can be wrong with the request (sizes, frames, steps, guidance, prompt,
+``key=value`` overrides, mesh vs device count, output suffix) is checked before any model is
+read. Prints a progress bar over the steps and one timing line (load, text, denoise, decode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+from ditax.config import ConfigError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="pipeline folder (model_index.json) or hub id")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--negative-prompt", default=None)
+    p.add_argument("--height", type=int, default=None, help="pixels, multiple of 16 (480)")
+    p.add_argument("--width", type=int, default=None, help="pixels, multiple of 16 (832)")
+    p.add_argument("--frames", type=int, default=None, help="4k+1 frames (81)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (50)")
+    p.add_argument("--guidance", type=float, default=None, help="CFG scale; <= 1 = off (5.0)")
+    p.add_argument("--guidance-2", type=float, default=None,
+                   help="low-noise expert's CFG scale (Wan 2.2 two-expert folders)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", default="out.mp4", help="mp4 path (H.264)")
+    p.add_argument("--frames-dir", default=None, help="also write PNG frames here")
+    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides: model.dtype=bfloat16 attention.backend=ulysses "
+                        "mesh.context=8 sample.cfg_mode=sequential sample.scheduler=euler ...")
+
+
+def plan(args):
+    """Parse and validate everything; returns ``(load_kwargs, call_kwargs)``. No model work."""
+    import jax
+
+    from ditax.config import load_config, parse_overrides, validate
+    from ditax.pipelines.text_to_video import check_request
+
+    cfg = load_config(None, args.overrides)
+    given = parse_overrides(args.overrides)
+    s = cfg.sample
+    call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt,
+                height=args.height if args.height is not None else s.height,
+                width=args.width if args.width is not None else s.width,
+                num_frames=args.frames if args.frames is not None else s.num_frames,
+                num_inference_steps=args.steps if args.steps is not None else s.num_inference_steps,
+                guidance_scale=args.guidance if args.guidance is not None else s.guidance_scale,
+                guidance_scale_2=(args.guidance_2 if args.guidance_2 is not None
+                                  else s.guidance_scale_2),
+                seed=args.seed)
+    check_request(call["prompt"], call["height"], call["width"], call["num_frames"],
+                  call["num_inference_steps"], call["guidance_scale"],
+                  call["guidance_scale_2"], call["negative_prompt"])
+    out = pathlib.Path(args.output)
+    if out.suffix.lower() != ".mp4":
+        raise ValueError(f"--output {args.output!r} must end in .mp4 (H.264); use --frames-dir "
+                         f"for PNG frames")
+    if args.fps < 1:
+        raise ValueError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
+    use_mesh = "mesh" in given
+    validate(cfg, jax.device_count() if use_mesh else None)
+    dtype = cfg.model.dtype
+    if "param_dtype" in given.get("model", {}) and cfg.model.param_dtype != dtype:
+        raise ConfigError(f"model.param_dtype={cfg.model.param_dtype} differs from model.dtype="
+                          f"{dtype}; the pipeline loads weights in one dtype — set model.dtype")
+    model_over = {k: getattr(cfg.model, k) for k in given.get("model", {})
+                  if k not in ("dtype", "param_dtype")}
+    load = dict(path=args.model, dtype=dtype, attention=cfg.attention,
+                cfg_mode=s.cfg_mode, flow_shift=s.flow_shift, vae_tiling=s.vae_tiling,
+                max_sequence_length=s.max_sequence_length,
+                scheduler=s.scheduler if "scheduler" in given.get("sample", {}) else None,
+                mesh_config=cfg.mesh if use_mesh else None, **model_over)
+    return load, call
+
+
+def run(args) -> int:
+    try:
+        load, call = plan(args)
+    except (ValueError, ConfigError) as e:
+        print(f"ditax generate: error: {e}", file=sys.stderr)
+        return 2
+    import ditax
+    from ditax.io.video import write_frames, write_mp4
+
+    mesh_cfg = load.pop("mesh_config")
+    mesh = None
+    if mesh_cfg is not None:
+        mesh = ditax.make_mesh(mesh_cfg)
+        print(f"mesh: {dict(mesh.shape)}")
+    pipe = ditax.load_pipeline(load.pop("path"), mesh=mesh, **load)
+    try:
+        video = pipe(progress=not args.no_progress, **call)
+    except (ValueError, ConfigError) as e:  # e.g. a size that this folder's VAE cannot take
+        print(f"ditax generate: error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    path = write_mp4(args.output, video, fps=args.fps)
+    if args.frames_dir:
+        write_frames(args.frames_dir, video)
+    t_write = time.perf_counter() - t0
+    print(f"{pipe.timings.line()} | write {t_write:.2f}s")
+    f, h, w, _ = video.shape
+    print(f"wrote {path} ({f} frames, {w}x{h}, {args.fps} fps)"
+          + (f" and {f} PNG frames in {args.frames_dir}" if args.frames_dir else ""))
+    return 0
