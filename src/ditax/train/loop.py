@@ -47,8 +47,12 @@ def _say(msg: str) -> None:
 
 
 def train(cfg: Config, *, mesh=None, compiler_options: dict | None = None,
-          progress: bool = True, say=_say) -> TrainResult:
-    """Run (or resume) training as configured; returns the completed step count and losses."""
+          progress: bool = True, say=_say, on_step=None) -> TrainResult:
+    """Run (or resume) training as configured; returns the completed step count and losses.
+
+    ``mesh`` overrides the mesh built from ``cfg.mesh``; ``compiler_options`` go to XLA;
+    ``on_step(step, row)`` is called after each step's metrics (hooks, tests).
+    """
     validate(cfg, jax.device_count(), training=True)
     mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
     out = pathlib.Path(cfg.output_dir)
@@ -143,6 +147,8 @@ def train(cfg: Config, *, mesh=None, compiler_options: dict | None = None,
                 row["includes_compile"] = True
             if step % cfg.log_every == 0 or step == cfg.steps:
                 writer.write(row)
+            if on_step is not None:
+                on_step(step, row)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", s_per_step=f"{dt:.2f}")

@@ -90,6 +90,9 @@ def batch_shardings(mesh) -> dict[str, NamedSharding]:
             "text_mask": NamedSharding(mesh, P(b))}
 
 
+_STEP_CACHE: dict = {}
+
+
 class Trainer:
     """Holds the graph, optimiser and shardings; builds / inits / steps the train state.
 
@@ -114,9 +117,22 @@ class Trainer:
                          "opt": opt_shardings(opt_abs, self.params_sh, mesh),
                          "step": rep, "key": rep}
         self.batch_sh = batch_shardings(mesh)
-        self._step = jax.jit(self._step_fn, in_shardings=(self.state_sh, self.batch_sh),
-                             out_shardings=(self.state_sh, rep), donate_argnums=(0,),
-                             compiler_options=compiler_options)
+        # Trainers with the same program share one jitted step (and so its compile cache):
+        # a resumed run in the same process, or tests, do not recompile.
+        key = self._program_key()
+        if key not in _STEP_CACHE:
+            _STEP_CACHE[key] = jax.jit(
+                self._step_fn, in_shardings=(self.state_sh, self.batch_sh),
+                out_shardings=(self.state_sh, rep), donate_argnums=(0,),
+                compiler_options=compiler_options)
+        self._step = _STEP_CACHE[key]
+
+    def _program_key(self):
+        c = self.cfg
+        o = c.optim
+        steps = c.steps if (o.schedule != "constant" and not o.decay_steps) else None
+        opts = tuple(sorted((self.compiler_options or {}).items()))
+        return (c.model, c.attention, o, c.flow, steps, self.mesh, opts)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -137,12 +153,17 @@ class Trainer:
         if params is None:
             from ditax.models.wan.transformer import WanTransformer
 
-            def make():
-                m = WanTransformer(cfg.model, cfg.attention, self.mesh, rngs=nnx.Rngs(cfg.seed))
-                return nnx.to_pure_dict(nnx.split(m)[1])
+            ikey = ("init", cfg.model, cfg.attention, cfg.seed, self.mesh,
+                    tuple(sorted((self.compiler_options or {}).items())))
+            if ikey not in _STEP_CACHE:
+                def make():
+                    m = WanTransformer(cfg.model, cfg.attention, self.mesh,
+                                       rngs=nnx.Rngs(cfg.seed))
+                    return nnx.to_pure_dict(nnx.split(m)[1])
 
-            params = jax.jit(make, out_shardings=self.params_sh,
-                             compiler_options=self.compiler_options)()
+                _STEP_CACHE[ikey] = jax.jit(make, out_shardings=self.params_sh,
+                                            compiler_options=self.compiler_options)
+            params = _STEP_CACHE[ikey]()
         else:
             params = jax.device_put(params, self.params_sh)
         opt = jax.jit(self.tx.init, out_shardings=self.state_sh["opt"])(params)
@@ -181,7 +202,7 @@ class Trainer:
     def _step_fn(self, state, batch):
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])
         loss, grads = jax.value_and_grad(self.loss_fn)(state["params"], batch, key)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt = self.tx.update(grads, state["opt"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {"loss": loss, "grad_norm": grad_norm,
