@@ -101,7 +101,52 @@ def attend(q, k, v, *, backend: str = "xla", mesh=None, kv_mask=None, scale=None
     kw = dict(options)
     if "mesh" in params:
         kw["mesh"] = mesh
+    elif mesh is not None:
+        return sharded_local_attention(fn, q, k, v, mesh=mesh, kv_mask=kv_mask, scale=scale,
+                                       **kw)
     return fn(q, k, v, kv_mask=kv_mask, scale=scale, **kw)
+
+
+def sharded_local_attention(fn, q, k, v, *, mesh, kv_mask=None, scale=None, **options):
+    """A local kernel on a mesh: ``shard_map`` over batch ``(data, fsdp)``, heads ``tensor``
+    and query sequence ``context``; K/V (and kv_mask) are whole along the sequence.
+
+    This is how a local backend runs under a mesh: Pallas and cuDNN/TE kernels are opaque to
+    XLA's partitioner (which would otherwise replicate their inputs on every device). For
+    cross-attention, text K/V are replicated over ``context`` and nothing is exchanged; for
+    self-attention with a sequence-sharded q, K/V are all-gathered over ``context`` at the
+    ``shard_map`` boundary (use ``ulysses`` / ``ring`` to avoid that). A query length that
+    does not divide ``context`` is padded and the padded rows dropped.
+    """
+    from jax.sharding import PartitionSpec as P
+
+    b, lq, n, _ = q.shape
+    shape = dict(mesh.shape)
+    nb = shape.get("data", 1) * shape.get("fsdp", 1)
+    tp = shape.get("tensor", 1)
+    c = shape.get("context", 1)
+    if b % nb:
+        raise ValueError(f"attention on a mesh: batch {b} is not divisible by data*fsdp = {nb}; "
+                         f"use a batch that is a multiple of {nb} or a smaller data/fsdp mesh")
+    if n % tp:
+        raise ValueError(f"attention on a mesh: {n} heads are not divisible by tensor = {tp}")
+    pad = (-lq) % c
+    if pad:
+        q = jax.numpy.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    batch = tuple(a for a in ("data", "fsdp") if shape.get(a, 1) > 1) or None
+    heads = "tensor" if tp > 1 else None
+    seq = "context" if c > 1 else None
+    q_spec = P(batch, seq, heads, None)
+    kv_spec = P(batch, None, heads, None)
+
+    def body(q, k, v, *m):
+        return fn(q, k, v, kv_mask=m[0] if m else None, scale=scale, **options)
+
+    args = (q, k, v) + (() if kv_mask is None else (kv_mask,))
+    specs = (q_spec, kv_spec, kv_spec) + (() if kv_mask is None else (P(batch, None),))
+    out = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=q_spec,
+                        check_vma=False)(*args)
+    return out[:, :lq] if pad else out
 
 
 def check_shapes(q, k, v, kv_mask=None):
@@ -118,5 +163,5 @@ def check_shapes(q, k, v, kv_mask=None):
                          f"{(k.shape[0], k.shape[1])}")
 
 
-__all__ = ["attend", "auto_backend", "get_backend", "check_shapes", "BACKENDS",
+__all__ = ["attend", "sharded_local_attention", "auto_backend", "get_backend", "check_shapes", "BACKENDS",
            "AttentionUnavailable", "PARALLEL"]

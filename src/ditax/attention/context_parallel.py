@@ -315,28 +315,14 @@ def cross_attention_sharded(q, k, v, *, mesh, kv_mask=None, scale=None, local: s
     the transformer may call ``attend(q, k, v, backend="xla")`` directly; a Pallas kernel
     (``flash``, ``splash``) is opaque to the partitioner and needs this ``shard_map``.
     """
-    C = context_size(mesh)
-    B, Lq, N, K = q.shape
-    check_heads("cross attention", mesh, N, 1, C)
-    Lq_pad = _round_up(Lq, C)
-    if Lq_pad != Lq:
-        q = jnp.pad(q, ((0, 0), (0, Lq_pad - Lq), (0, 0), (0, 0)))
-    heads_axis = "tensor" if mesh.shape.get("tensor", 1) > 1 else None
-    lk = local_kernel(local, need_lse=False, block_q=block_q, block_kv=block_kv,
-                      interpret=interpret)
-    q_spec = P(BATCH_AXES, "context", heads_axis, None)
-    kv_spec = P(BATCH_AXES, None, heads_axis, None)
-    if kv_mask is None:
-        def body(q, k, v):
-            return lk(q, k, v, None, scale)
-        out = jax.shard_map(body, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec),
-                            out_specs=q_spec, check_vma=False)(q, k, v)
-    else:
-        def body(q, k, v, m):
-            return lk(q, k, v, m, scale)
-        out = jax.shard_map(body, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec,
-                                                       P(BATCH_AXES, None)),
-                            out_specs=q_spec, check_vma=False)(q, k, v, kv_mask)
-    return out[:, :Lq]
+    from ditax.attention import sharded_local_attention
 
+    context_size(mesh)
+    check_heads("cross attention", mesh, q.shape[2], 1, 1)
+    run = local_kernel(local, need_lse=False, block_q=block_q, block_kv=block_kv,
+                       interpret=interpret)
 
+    def fn(q, k, v, *, kv_mask=None, scale=None):
+        return run(q, k, v, kv_mask, scale)
+
+    return sharded_local_attention(fn, q, k, v, mesh=mesh, kv_mask=kv_mask, scale=scale)
