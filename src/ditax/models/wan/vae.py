@@ -516,19 +516,76 @@ class WanVAE(nnx.Module):
             raise ValueError(f"WanVAE.decode: expected latents [B, {self.z_dim}, F, Y, X] with no "
                              f"empty axis, got shape {shape}.")
 
-    def decode(self, z: jax.Array) -> jax.Array:
-        """Video ``[B, 3, 1 + 4 (F - 1), 8Y, 8X]`` in [-1, 1] from latents ``[B, z_dim, F, Y, X]``.
-
-        Latents are raw VAE latents (apply :meth:`denormalize_latents` first to pipeline
-        latents). Decodes one latent frame at a time with the feature cache carried over.
-        """
-        self._check_latents(z)
+    def _decode_frames(self, x: jax.Array) -> jax.Array:
+        """Unclipped decode of channels-last latents ``[B, F, Y, X, z]``, one frame per step."""
         graphdef, state = nnx.split(self)
-        x = jnp.transpose(jnp.asarray(z, self.dtype), (0, 2, 3, 4, 1))
         out, cache = _decode_chunk(graphdef, state, x[:, :1], None, first=True)
         outs = [out]
         for i in range(1, x.shape[1]):
             out, cache = _decode_chunk(graphdef, state, x[:, i:i + 1], cache, first=False)
             outs.append(out)
-        video = jnp.clip(jnp.concatenate(outs, axis=1), -1.0, 1.0)
-        return jnp.transpose(video, (0, 4, 1, 2, 3))
+        return jnp.concatenate(outs, axis=1)
+
+    def decode(self, z: jax.Array, *, tiled: bool = False, tile_sample_min: tuple[int, int] = (256, 256),
+               tile_sample_stride: tuple[int, int] = (192, 192)) -> jax.Array:
+        """Video ``[B, 3, 1 + 4 (F - 1), 8Y, 8X]`` in [-1, 1] from latents ``[B, z_dim, F, Y, X]``.
+
+        Latents are raw VAE latents (apply :meth:`denormalize_latents` first to pipeline
+        latents). Decodes one latent frame at a time with the feature cache carried over.
+        ``tiled=True`` decodes overlapping spatial tiles of ``tile_sample_min`` pixels (height,
+        width) every ``tile_sample_stride`` pixels and blends the overlaps linearly, as diffusers'
+        ``tiled_decode``; it only takes effect when the latent is larger than one tile.
+        """
+        self._check_latents(z)
+        x = jnp.transpose(jnp.asarray(z, self.dtype), (0, 2, 3, 4, 1))
+        sf = self.scale_factor_spatial
+        tile_lat = (tile_sample_min[0] // sf, tile_sample_min[1] // sf)
+        if tiled and (x.shape[2] > tile_lat[0] or x.shape[3] > tile_lat[1]):
+            video = self._decode_tiled(x, tile_sample_min, tile_sample_stride)
+        else:
+            video = self._decode_frames(x)
+        return jnp.transpose(jnp.clip(video, -1.0, 1.0), (0, 4, 1, 2, 3))
+
+    def _decode_tiled(self, x: jax.Array, tile_min: tuple[int, int], tile_stride: tuple[int, int]) -> jax.Array:
+        """Tiled decode of channels-last latents ``[B, F, Y, X, z]`` → unclipped ``[B, F*, H, W, 3]``.
+
+        Each tile is blended with the already-blended tile above and to its left over
+        ``tile_min - tile_stride`` pixels (weights ramp linearly from the neighbour to the tile),
+        then cropped to the stride; the mosaic is cropped to ``8Y x 8X``.
+        """
+        sf = self.scale_factor_spatial
+        for name, v in (("tile_sample_min", tile_min), ("tile_sample_stride", tile_stride)):
+            if len(v) != 2 or any(int(t) <= 0 or int(t) % sf for t in v):
+                raise ValueError(f"WanVAE.decode: {name}={tuple(v)} must be two positive multiples of {sf}.")
+        if any(s > m for s, m in zip(tile_stride, tile_min)):
+            raise ValueError(f"WanVAE.decode: tile_sample_stride={tuple(tile_stride)} must not exceed "
+                             f"tile_sample_min={tuple(tile_min)} (tiles would leave gaps).")
+        (min_y, min_x), (st_y, st_x) = tile_min, tile_stride
+        ly, lx = x.shape[2], x.shape[3]
+        rows = []
+        for i in range(0, ly, st_y // sf):
+            row = []
+            for j in range(0, lx, st_x // sf):
+                tile = self._decode_frames(x[:, :, i:i + min_y // sf, j:j + min_x // sf])
+                if rows:
+                    tile = _blend(rows[-1][len(row)], tile, min_y - st_y, axis=2)
+                if row:
+                    tile = _blend(row[-1], tile, min_x - st_x, axis=3)
+                row.append(tile)
+            rows.append(row)
+        mosaic = jnp.concatenate(
+            [jnp.concatenate([t[:, :, :st_y, :st_x] for t in row], axis=3) for row in rows], axis=2)
+        return mosaic[:, :, :ly * sf, :lx * sf]
+
+
+def _blend(prev: jax.Array, tile: jax.Array, extent: int, axis: int) -> jax.Array:
+    """Linear cross-fade of ``prev``'s last ``extent`` rows/cols into ``tile``'s first ones."""
+    extent = min(prev.shape[axis], tile.shape[axis], extent)
+    if extent <= 0:
+        return tile
+    w = (jnp.arange(extent, dtype=jnp.float32) / extent).astype(tile.dtype)
+    w = w.reshape([-1 if a == axis else 1 for a in range(tile.ndim)])
+    head = jax.lax.slice_in_dim(tile, 0, extent, axis=axis)
+    tail = jax.lax.slice_in_dim(prev, prev.shape[axis] - extent, prev.shape[axis], axis=axis)
+    mixed = tail * (1 - w) + head * w
+    return jnp.concatenate([mixed, jax.lax.slice_in_dim(tile, extent, tile.shape[axis], axis=axis)], axis=axis)
