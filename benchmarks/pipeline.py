@@ -1,0 +1,140 @@
+"""Text-to-video pipeline benchmark (CPU, float32), one JSON object per line.
+
+1. Per-phase seconds of ditax vs diffusers' WanPipeline in the same run, on the same
+   small-but-not-trivial random pipeline folder (the ``make demo`` folder: D=128 transformer,
+   16-channel VAE, 64-wide UMT5): load, text, denoise, decode. ditax is timed twice: the first
+   call (includes XLA compilation) and a second, warm call.
+2. VAE decode memory vs number of frames: XLA's compiled memory analysis of the per-latent-frame
+   decode step (arguments + temporaries + outputs) and the size of the decoded video; the step's
+   working set must not grow with the frame count.
+
+    python benchmarks/pipeline.py [--steps 8] [--height 64] [--width 96] [--frames 17]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def emit(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def bench_phases(folder, args):
+    import jax
+    import numpy as np
+
+    import ditax
+
+    req = dict(prompt="a cat walks on the grass in the sun", negative_prompt="blurry",
+               height=args.height, width=args.width, num_frames=args.frames,
+               num_inference_steps=args.steps, guidance_scale=5.0)
+    t0 = time.perf_counter()
+    pipe = ditax.load_pipeline(folder)
+    t_load = time.perf_counter() - t0
+    lat = np.random.default_rng(0).standard_normal(
+        pipe.latent_shape(args.height, args.width, args.frames)).astype(np.float32)
+    pipe(latents=lat, progress=False, **req)
+    cold = pipe.timings
+    video = pipe(latents=lat, progress=False, **req)
+    warm = pipe.timings
+
+    import torch
+    from diffusers import WanPipeline
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    t0 = time.perf_counter()
+    ref = WanPipeline.from_pretrained(folder)
+    ref.set_progress_bar_config(disable=True)
+    d_load = time.perf_counter() - t0
+    spent = {"text": 0.0, "decode": 0.0}
+
+    def timed(fn, name):
+        def wrap(*a, **k):
+            s = time.perf_counter()
+            out = fn(*a, **k)
+            spent[name] += time.perf_counter() - s
+            return out
+        return wrap
+
+    ref.encode_prompt = timed(ref.encode_prompt, "text")
+    ref.vae.decode = timed(ref.vae.decode, "decode")
+    with torch.no_grad():
+        s = time.perf_counter()
+        out = ref(latents=torch.from_numpy(lat), output_type="np", **req).frames[0]
+        total = time.perf_counter() - s
+    d = {"load": d_load, "text": spent["text"], "decode": spent["decode"],
+         "denoise": total - spent["text"] - spent["decode"]}
+    shape = f"{args.frames}x{args.height}x{args.width}, {args.steps} steps, CFG"
+    for phase in ("load", "text", "denoise", "decode"):
+        ours_warm = t_load if phase == "load" else getattr(warm, phase)
+        ours_cold = t_load if phase == "load" else getattr(cold, phase)
+        emit(bench="pipeline", case=shape, metric=f"{phase}_s", value=round(ours_warm, 4),
+             cold=round(ours_cold, 4), unit="s", baseline=round(d[phase], 4),
+             ratio=round(d[phase] / max(ours_warm, 1e-9), 3), baseline_name="diffusers (torch CPU)")
+    emit(bench="pipeline", case=shape, metric="max_abs_diff_vs_diffusers",
+         value=float(np.abs(video - out).max()), unit="")
+    del jax
+
+
+def bench_vae_memory(folder, args):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from ditax.models.wan import vae as vae_mod
+    from ditax.models.wan.vae_convert import load_vae
+
+    vae = load_vae(pathlib.Path(folder) / "vae")
+    gdef, state = nnx.split(vae)
+    y, x = args.height // 8, args.width // 8
+    for lat_frames in (1, 3, 5, 9, 17):
+        z = jnp.zeros((1, lat_frames, y, x, vae.z_dim), jnp.float32)
+        first = vae_mod._decode_chunk.lower(gdef, state, z[:, :1], None, first=True).compile()
+        _, cache = vae_mod._decode_chunk(gdef, state, z[:, :1], None, first=True)
+        peaks = []
+        for c in (first,) + ((vae_mod._decode_chunk.lower(gdef, state, z[:, 1:2], cache,
+                                                           first=False).compile(),)
+                             if lat_frames > 1 else ()):
+            m = c.memory_analysis()
+            peaks.append(m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes)
+        frames = 1 + 4 * (lat_frames - 1)
+        video_bytes = frames * args.height * args.width * 3 * 4
+        emit(bench="vae_decode_memory", case=f"{frames} frames {args.height}x{args.width}",
+             metric="step_peak_bytes", value=int(max(peaks)), unit="B",
+             video_bytes=video_bytes, total_bytes=int(max(peaks)) + video_bytes)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--height", type=int, default=64)
+    p.add_argument("--width", type=int, default=96)
+    p.add_argument("--frames", type=int, default=17)
+    p.add_argument("--folder", default=None, help="pipeline folder (default: build the demo one)")
+    args = p.parse_args()
+    import jax
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    folder = args.folder
+    if folder is None:
+        from ditax.demo import build_pipeline_folder
+
+        folder = str(build_pipeline_folder(pathlib.Path(tempfile.mkdtemp()) / "pipe"))
+    bench_phases(folder, args)
+    bench_vae_memory(folder, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
