@@ -1,6 +1,7 @@
 """Wan VAE: parity with diffusers' AutoencoderKLWan (tiny, random, saved and reloaded), chunking
 and causality of the feature cache, latent normalisation, and clear errors on bad input."""
 
+import functools
 import json
 
 import jax
@@ -120,8 +121,9 @@ def test_chunking_and_causality(pair, rng):
     # two chunks in one step == two steps (encoder: 8 frames vs 4 + 4; decoder: 2 latents vs 1 + 1)
     graphdef, state = vae_mod.nnx.split(vae)
     x = jnp.transpose(video, (0, 2, 3, 4, 1))
+    copy = functools.partial(jax.tree.map, jnp.copy)  # the steps donate (consume) their cache
     _, cache = vae_mod._encode_chunk(graphdef, state, x[:, :1], None, first=True)
-    one, _ = vae_mod._encode_chunk(graphdef, state, x[:, 1:9], cache, first=False)
+    one, _ = vae_mod._encode_chunk(graphdef, state, x[:, 1:9], copy(cache), first=False)
     a, c2 = vae_mod._encode_chunk(graphdef, state, x[:, 1:5], cache, first=False)
     b2, _ = vae_mod._encode_chunk(graphdef, state, x[:, 5:9], c2, first=False)
     np.testing.assert_allclose(one, jnp.concatenate([a, b2], axis=1), rtol=0, atol=1e-5)

@@ -385,17 +385,18 @@ class Decoder(nnx.Module):
 
 # ----------------------------------------------------------------------------- chunk steps
 # Pure functions of (graphdef, state, chunk, cache), jitted once per (shape, first) and reused
-# for every chunk; graphdef is static (hashable), the cache is an ordinary pytree argument.
+# for every chunk; graphdef is static (hashable), the cache is an ordinary pytree argument and is
+# donated, so the new cache can reuse its buffers (peak memory: one cache, not two).
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "first"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "first"), donate_argnames=("cache",))
 def _encode_chunk(graphdef, state, x, cache, *, first: bool):
     vae = nnx.merge(graphdef, state)
     h, cache = vae.encoder(x, cache, first)
     return vae.quant_conv(h)[0], cache
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "first"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "first"), donate_argnames=("cache",))
 def _decode_chunk(graphdef, state, z, cache, *, first: bool):
     vae = nnx.merge(graphdef, state)
     x = vae.post_quant_conv(z)[0]
