@@ -8,7 +8,11 @@ group of ``U`` consecutive devices, a ring of ``R`` groups outside. ``ulysses`` 
 1. Ulysses sequence→heads exchange (``U > 1``): the device now holds its ring group's
    ``U * Lc`` tokens for ``N / (T U)`` heads.
 2. Local kernel over those tokens; with ``R > 1`` K/V (and their mask) rotate around the ring
-   with ``ppermute`` and the partial results merge by log-sum-exp (online softmax).
+   with ``ppermute`` and the partial results merge by log-sum-exp (online softmax). With
+   ``local="flash"`` the merge happens inside the kernel (it continues from the previous
+   step's output and lse), so every layout performs the same arithmetic on the same tiles
+   and the ``out_a2a`` modes agree bit for bit; other kernels merge with
+   :func:`merge_partials` (same layout in ``flat`` and ``chunked``, so they agree too).
 3. Ulysses heads→sequence exchange in the requested ``out_a2a`` mode.
 
 Batch stays sharded over ``(data, fsdp)``, heads over ``tensor``. Sequences that do not split
@@ -67,12 +71,17 @@ def context_size(mesh) -> int:
 
 
 def local_kernel(local: str, *, need_lse: bool, block_q: int, block_kv: int, interpret):
-    """``fn(q, k, v, mask, scale) -> o`` (or ``(o, lse [B, N, Lq])``) for a local backend name.
+    """``fn(q, k, v, mask, scale, prev=None) -> o`` (or ``(o, lse [B, N, Lq])``) for a local
+    backend name.
 
     The flash kernel gets the caller's (already effective) blocks and ``interpret``; other
     kernels taking ``block_q``/``block_kv`` get them too. When the ring needs the
     log-sum-exp and the kernel cannot return it (``xla``), lse is computed beside it in
     jnp from the same scores (one extra ``QK^T``; documented, not hidden).
+
+    ``fn.carries`` is True when the kernel can continue an online softmax from a previous
+    partial ``prev = (o [B, Lq, N, K] float32, lse [B, N, Lq])`` (flash): the ring then merges
+    inside the kernel instead of with :func:`merge_partials`.
     """
     from ditax.attention import PARALLEL, get_backend
 
@@ -86,8 +95,12 @@ def local_kernel(local: str, *, need_lse: bool, block_q: int, block_kv: int, int
         if name in params and val is not None:
             kw[name] = val
     has_lse = "return_lse" in params
+    carries = has_lse and "o_prev" in params and "lse_prev" in params
 
-    def run(q, k, v, mask, scale):
+    def run(q, k, v, mask, scale, prev=None):
+        if prev is not None:
+            return fn(q, k, v, kv_mask=mask, scale=scale, return_lse=True, o_prev=prev[0],
+                      lse_prev=prev[1], **kw)
         if not need_lse:
             return fn(q, k, v, kv_mask=mask, scale=scale, **kw)
         if has_lse:
@@ -97,6 +110,7 @@ def local_kernel(local: str, *, need_lse: bool, block_q: int, block_kv: int, int
         raise ValueError(f"local={local!r} cannot return the log-sum-exp the ring merge needs; "
                          f"use local='flash', 'blockwise', 'reference' or 'xla'")
 
+    run.carries = carries
     return run
 
 
@@ -113,6 +127,12 @@ def merge_partials(o1, lse1, o2, lse2):
 
     ``o`` ``[..., K]``, ``lse`` ``[...]``; -inf lse (no visible key) contributes nothing, and
     two empty partials give zeros with lse -inf.
+
+    Exact to rounding, but *which* rounding depends on the layout: XLA CPU rewrites the
+    division into a reciprocal multiply and LLVM contracts one of the two products of
+    ``w1 o1 + w2 o2`` into an FMA — which one differs between ``[b, L, h, K]`` and
+    ``[U, b, h, Lc, K]`` (measured: 1 ulp apart from the first merge on). So the flash
+    paths do not use it; they merge inside the kernel (:func:`ring_loop` with ``init``).
     """
     m = jnp.maximum(lse1, lse2)
     m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
@@ -124,27 +144,48 @@ def merge_partials(o1, lse1, o2, lse2):
     return o, lse
 
 
-def ring_loop(step, q, kv, axis: str, size: int):
-    """Run ``step(q, kv) -> (o, lse)`` for each of the ``size`` K/V chunks of the ring.
+def ring_loop(step, q, kv, axis: str, size: int, init=None):
+    """Run ``step`` for each of the ``size`` K/V chunks of the ring.
 
     Chunk 0 is the device's own; ``kv`` (a pytree of K, V, mask) then moves one device along
     the ring per step (``size - 1`` ``ppermute`` rounds, none wasted). Returns float32
-    ``(o, lse)`` merged by log-sum-exp.
+    ``(o, lse)`` over all chunks.
+
+    Two ways to combine the chunks:
+
+    - ``init=None``: ``step(q, kv, None) -> (o, lse)`` is one chunk's partial and the
+      partials merge by log-sum-exp (:func:`merge_partials`);
+    - ``init=(o0, lse0)`` (the empty state: zeros, -inf): ``step(q, kv, prev)`` continues the
+      online softmax from ``prev`` itself (the flash kernel). Every merge then runs inside the
+      kernel on its ``[block_q, K]`` tiles, so the result does not depend on the layout the
+      caller keeps ``o`` in — this is what makes the Ulysses ``out_a2a`` modes bit-identical
+      for any number of ring steps.
     """
-    o, lse = step(q, kv)
-    o = o.astype(jnp.float32)
+    if init is not None:
+        o, lse = step(q, kv, init)
+    else:
+        o, lse = step(q, kv, None)
+        o = o.astype(jnp.float32)
     if size == 1:
         return o, lse
 
     def body(carry, _):
         o, lse, kv = carry
         kv = col.ring_shift(kv, axis, size)
-        o2, lse2 = step(q, kv)
-        o, lse = merge_partials(o, lse, o2.astype(jnp.float32), lse2)
+        if init is not None:
+            o, lse = step(q, kv, (o, lse))
+        else:
+            o2, lse2 = step(q, kv, None)
+            o, lse = merge_partials(o, lse, o2.astype(jnp.float32), lse2)
         return (o, lse, kv), None
 
     (o, lse, _), _ = jax.lax.scan(body, (o, lse, kv), None, length=size - 1)
     return o, lse
+
+
+def _empty_state(o_shape, lse_shape):
+    """The online-softmax state before any key: output zeros, log-sum-exp -inf (float32)."""
+    return jnp.zeros(o_shape, jnp.float32), jnp.full(lse_shape, -jnp.inf, jnp.float32)
 
 
 # ------------------------------------------------------------------ plan + engine
@@ -258,8 +299,13 @@ def sequence_parallel_attention(q, k, v, *, mesh, kv_mask, scale, ring: int, uly
                 m = col.gather_keep(m, uly_axis).reshape(m.shape[0], -1)
         if R == 1:
             o = lk(q, k, v, m, scale)
+        elif lk.carries:                                    # flash: merge inside the kernel
+            def step(q, kv, prev):
+                return lk(q, kv[0], kv[1], kv[2], scale, prev)   # lse [b, h, Lq] as carried
+            init = _empty_state(q.shape, (q.shape[0], q.shape[2], q.shape[1]))
+            o, _ = ring_loop(step, q, (k, v, m), ring_axis, R, init=init)
         else:
-            def step(q, kv):
+            def step(q, kv, _):
                 o, lse = lk(q, kv[0], kv[1], kv[2], scale)
                 return o, jnp.swapaxes(lse, 1, 2)           # lse [b, h, Lq] -> [b, Lq, h]
             o, _ = ring_loop(step, q, (k, v, m), ring_axis, R)
@@ -292,9 +338,11 @@ def _body_kernel_path(q, k, v, m, scale, R, U, ring_axis, uly_axis, bq, bkv, int
     if R == 1:
         o5 = fl(q5, k5, v5, kv_keep=keep)
     else:
-        def step(q5, kv):
-            return fl(q5, kv[0], kv[1], kv_keep=kv[2], return_lse=True)
-        o5, _ = ring_loop(step, q5, (k5, v5, keep), ring_axis, R)
+        def step(q5, kv, prev):                 # the kernel continues from prev (its layout)
+            return fl(q5, kv[0], kv[1], kv_keep=kv[2], return_lse=True, o_prev=prev[0],
+                      lse_prev=prev[1])
+        init = _empty_state(q5.shape, q5.shape[:-1])
+        o5, _ = ring_loop(step, q5, (k5, v5, keep), ring_axis, R, init=init)
     o5 = o5.astype(q.dtype)
     if U > 1:
         return col.shard_major_to_seq(o5, uly_axis)

@@ -62,15 +62,15 @@ def _round_up(x: int, m: int) -> int:
 # ---------------------------------------------------------------- custom_vjp core
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _flash_core(q, k, v, keep, scale, block_q, block_kv, interpret):
-    return flash_forward_shard_major(q, k, v, keep, scale=scale, block_q=block_q,
-                                     block_kv=block_kv, interpret=interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _flash_core(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpret):
+    return flash_forward_shard_major(q, k, v, keep, o_prev, lse_prev, scale=scale,
+                                     block_q=block_q, block_kv=block_kv, interpret=interpret)
 
 
-def _core_fwd(q, k, v, keep, scale, block_q, block_kv, interpret):
-    o, lse = _flash_core(q, k, v, keep, scale, block_q, block_kv, interpret)
-    return (o, lse), (q, k, v, keep, o, lse)
+def _core_fwd(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpret):
+    o, lse = _flash_core(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpret)
+    return (o, lse), (q, k, v, keep, o_prev, lse_prev, o, lse)
 
 
 def _to_plain(x):
@@ -85,7 +85,14 @@ def _from_plain(x, U):
 
 
 def _core_bwd(scale, block_q, block_kv, interpret, res, cts):
-    q5, k5, v5, keep5, o5, lse5 = res
+    """Cotangents of q, k, v (and of o_prev, lse_prev when the kernel continued from them).
+
+    With the previous partial, ``o = w o_prev + sum_j P_j v_j`` and
+    ``lse = log(exp(lse_prev) + sum_j exp(s_j))`` where ``w = exp(lse_prev - lse)``; so
+    ``d o_prev = w dO`` and ``d lse_prev = w (dO . o_prev - delta)`` with the usual
+    ``delta = dO . o - d lse``; the q/k/v terms are unchanged (they use the final o, lse).
+    """
+    q5, k5, v5, keep5, o_prev5, lse_prev5, o5, lse5 = res
     do5, dlse5 = cts
     Uq, Uk = q5.shape[0], k5.shape[0]
     f32 = jnp.float32
@@ -122,8 +129,17 @@ def _core_bwd(scale, block_q, block_kv, interpret, res, cts):
     def unblock(x):  # [nk, B, N, bkv, K] -> [B, N, Lk, K]
         return jnp.moveaxis(x, 0, 2).reshape(B, N, Lk, K)
 
+    d_prev = (None, None)
+    if o_prev5 is not None:
+        o_prev = _to_plain(o_prev5).astype(f32)
+        lse_prev = _to_plain(lse_prev5).astype(f32)                         # [B, N, Lq, 1]
+        w = jnp.where(jnp.isfinite(lse_prev), jnp.exp(lse_prev - lse_safe), 0.0)
+        d_o_prev = w * do
+        d_lse_prev = w * (jnp.sum(do * o_prev, axis=-1, keepdims=True) - delta)
+        d_prev = (_from_plain(d_o_prev, Uq).astype(o_prev5.dtype),
+                  _from_plain(d_lse_prev, Uq).astype(lse_prev5.dtype))
     return (_from_plain(dq, Uq).astype(q5.dtype), _from_plain(unblock(dk), Uk).astype(k5.dtype),
-            _from_plain(unblock(dv), Uk).astype(v5.dtype), None)
+            _from_plain(unblock(dv), Uk).astype(v5.dtype), None) + d_prev
 
 
 _flash_core.defvjp(_core_fwd, _core_bwd)
@@ -155,8 +171,8 @@ def check_shard_major_supported(head_dim: int, block_q: int, block_kv: int, dtyp
 
 
 def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None, block_q: int = 128,
-                                block_kv: int = 128, return_lse: bool = False,
-                                interpret: bool | None = None):
+                                block_kv: int = 128, return_lse: bool = False, o_prev=None,
+                                lse_prev=None, interpret: bool | None = None):
     """Flash attention in the shard-major layout (no padding here; the caller pads).
 
     Args:
@@ -165,7 +181,12 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None, block_q: i
       k, v: ``[Uk, B, N, Lk_c, K]``, the full key sequence in the same shard-major order.
       kv_keep: optional ``[B, Uk, Lk_c]`` bool (True = attend).
       block_q, block_kv: must divide ``Lc`` / ``Lk_c``.
-    Returns ``[U, B, N, Lc, K]`` in q's dtype (and lse ``[U, B, N, Lc]`` float32).
+      o_prev, lse_prev: optional ``[U, B, N, Lc, K]`` / ``[U, B, N, Lc]`` partial result over
+        other keys (normalised output and its log-sum-exp; an earlier ring step). The online
+        softmax continues from it, so the result covers both key sets (the ring merge done
+        inside the kernel); differentiable.
+    Returns ``[U, B, N, Lc, K]`` in q's dtype, or o_prev's when given (and lse
+    ``[U, B, N, Lc]`` float32).
     """
     U, B, N, Lc, K = q.shape
     if k.ndim != 5 or k.shape != v.shape or k.shape[1:3] != (B, N) or k.shape[4] != K:
@@ -181,13 +202,30 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None, block_q: i
         keep = jnp.ones((B, k.shape[0], k.shape[3]), jnp.int32)
     else:
         keep = kv_keep.astype(jnp.int32)
+    o_prev, lse_prev = _check_prev(o_prev, lse_prev, q.shape, q.shape[:-1])
     SHARD_MAJOR_TRACES.append(U)
-    o, lse = _flash_core(q, k, v, keep, scale, block_q, block_kv, bool(interpret))
+    o, lse = _flash_core(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv,
+                         bool(interpret))
     return (o, lse[..., 0]) if return_lse else o
 
 
+def _check_prev(o_prev, lse_prev, o_shape, lse_shape):
+    """Validate a previous partial; returns ``(o_prev, lse_prev[..., None] float32)`` or Nones."""
+    if o_prev is None and lse_prev is None:
+        return None, None
+    if o_prev is None or lse_prev is None:
+        raise ValueError("flash: pass o_prev and lse_prev together (a previous partial result "
+                         "is its output and its log-sum-exp), or neither")
+    if o_prev.shape != tuple(o_shape) or lse_prev.shape != tuple(lse_shape):
+        raise ValueError(f"flash: o_prev{tuple(o_prev.shape)} / lse_prev{tuple(lse_prev.shape)} "
+                         f"must have the shapes of the output {tuple(o_shape)} and of its lse "
+                         f"{tuple(lse_shape)}")
+    return o_prev, lse_prev.astype(jnp.float32)[..., None]
+
+
 def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 128, block_kv: int = 128,
-                    return_lse: bool = False, interpret: bool | None = None):
+                    return_lse: bool = False, o_prev=None, lse_prev=None,
+                    interpret: bool | None = None):
     """Flash attention, BSHD layout.
 
     Args:
@@ -197,8 +235,10 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 128, bl
         (:func:`effective_block`), and the lengths are padded to block multiples (padded keys
         masked, padded queries dropped), so the result equals unpadded attention.
       return_lse: also return the log-sum-exp ``[B, N, Lq]`` float32 (for ring merges).
+      o_prev, lse_prev: optional ``[B, Lq, N, K]`` / ``[B, N, Lq]`` partial result over other
+        keys to continue from (see :func:`flash_attention_shard_major`).
       interpret: Pallas interpret mode; None = auto (True unless on TPU/GPU).
-    Returns ``[B, Lq, N, K]`` in q's dtype (and lse).
+    Returns ``[B, Lq, N, K]`` in q's dtype, or o_prev's when given (and lse).
     """
     B, Lq, N, K = q.shape
     Lk = k.shape[1]
@@ -206,8 +246,13 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 128, bl
     Lq_p, Lk_p = _round_up(Lq, bq), _round_up(Lk, bkv)
     if Lk_p != Lk and kv_mask is None:
         kv_mask = jnp.ones((B, Lk), bool)
+    _check_prev(o_prev, lse_prev, q.shape, (B, N, Lq))
     if Lq_p != Lq:
         q = jnp.pad(q, ((0, 0), (0, Lq_p - Lq), (0, 0), (0, 0)))
+        if o_prev is not None:
+            o_prev = jnp.pad(o_prev, ((0, 0), (0, Lq_p - Lq), (0, 0), (0, 0)))
+            lse_prev = jnp.pad(lse_prev, ((0, 0), (0, 0), (0, Lq_p - Lq)),
+                               constant_values=-jnp.inf)
     if Lk_p != Lk:
         pad = ((0, 0), (0, Lk_p - Lk), (0, 0), (0, 0))
         k, v = jnp.pad(k, pad), jnp.pad(v, pad)
@@ -220,7 +265,10 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 128, bl
     scale = K ** -0.5 if scale is None else float(scale)
     interpret = default_interpret() if interpret is None else interpret
     keep = jnp.ones((B, 1, Lk_p), jnp.int32) if keep is None else keep.astype(jnp.int32)
-    o, lse = _flash_core(to5(q), to5(k), to5(v), keep, scale, bq, bkv, bool(interpret))
+    prev = (None, None)
+    if o_prev is not None:
+        prev = (to5(o_prev), lse_prev.astype(jnp.float32)[None, ..., None])
+    o, lse = _flash_core(to5(q), to5(k), to5(v), keep, *prev, scale, bq, bkv, bool(interpret))
     o = jnp.swapaxes(o[0], 1, 2)[:, :Lq]
     if return_lse:
         return o, lse[0, ..., 0][:, :, :Lq]
