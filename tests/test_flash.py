@@ -95,3 +95,51 @@ def test_support_checks_name_the_value():
     assert effective_block(128, 20) == 24 and effective_block(16, 200) == 16
     with pytest.raises(ValueError, match="positive"):
         effective_block(0, 10)
+
+
+def test_flash_continues_from_previous_partial_forward_and_grad(rng):
+    """Keys split in two chunks A, B: flash over B continuing from A's (o, lse) equals
+    attention over A+B — output, lse, and gradients w.r.t. q and both chunks' k/v (the A terms
+    flow through the o_prev/lse_prev cotangents). Batch 1 has every A key masked (lse_prev =
+    -inf, the empty start); batch 0 row set has some B keys masked. Lq=20 is padded."""
+    B, Lq, La, Lb, N, K = 2, 20, 16, 8, 2, 32
+    q, ka, va = _qkv(rng, B, Lq, La, N, K)
+    _, kb, vb = _qkv(rng, B, Lq, Lb, N, K)
+    ma = jnp.asarray(rng.random((B, La)) > 0.3).at[1].set(False)
+    mb = jnp.asarray(rng.random((B, Lb)) > 0.3).at[1, 0].set(True)
+    fl = lambda *a, **kw: flash_attention(*a, block_q=8, block_kv=8, return_lse=True, **kw)  # noqa
+
+    def chained(q, ka, va, kb, vb):
+        o_a, lse_a = fl(q, ka, va, kv_mask=ma)
+        assert np.all(np.isneginf(np.asarray(jax.lax.stop_gradient(lse_a))[1]))
+        return fl(q, kb, vb, kv_mask=mb, o_prev=o_a.astype(jnp.float32), lse_prev=lse_a)
+
+    def whole(q, ka, va, kb, vb):
+        cat = lambda a, b: jnp.concatenate([a, b], axis=1)  # noqa: E731
+        return reference_attention(q, cat(ka, kb), cat(va, vb), kv_mask=cat(ma, mb),
+                                   return_lse=True)
+
+    def loss(fn):
+        def f(*args):
+            o, lse = fn(*args)
+            w = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
+            return jnp.sum(o * w) + 0.3 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)), (o, lse)
+        return f
+
+    args = (q, ka, va, kb, vb)
+    (_, (o, lse)), g = jax.value_and_grad(loss(chained), argnums=range(5), has_aux=True)(*args)
+    (_, (o_ref, lse_ref)), g_ref = jax.value_and_grad(loss(whole), argnums=range(5),
+                                                      has_aux=True)(*args)
+    assert o.dtype == jnp.float32 and o.shape == q.shape and lse.shape == (B, N, Lq)
+    np.testing.assert_allclose(o, o_ref, atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(lse, lse_ref, atol=2e-6, rtol=1e-6)
+    for a, b in zip(g, g_ref):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_flash_previous_partial_refusals(rng):
+    q, k, v = _qkv(rng, 1, 8, 8, 2, 32)
+    with pytest.raises(ValueError, match="o_prev and lse_prev together"):
+        flash_attention(q, k, v, o_prev=q)
+    with pytest.raises(ValueError, match=r"lse_prev\(1, 8, 2\).*lse \(1, 2, 8\)"):
+        flash_attention(q, k, v, o_prev=q, lse_prev=jnp.zeros((1, 8, 2)))

@@ -15,10 +15,15 @@ Two entry points over one kernel (:mod:`ditax.attention.kernels.flash_fwd`):
 Numerics: scores, softmax statistics and accumulation in float32; output in q's dtype;
 rows whose keys are all masked give zeros (lse = -inf).
 
+Ring steps: both entry points take an optional previous partial ``(o_prev, lse_prev)`` over
+other keys and continue the online softmax from it, so a ring merges inside the kernel (on
+``[block_q, K]`` tiles, identical arithmetic whatever layout the caller keeps) rather than in
+an elementwise jnp merge, whose compiled rounding on XLA CPU depends on the layout.
+
 Gradient: ``jax.custom_vjp``. The backward is *recompute-based*, written in jnp (not a Pallas
 kernel): it recomputes ``P = exp(S - lse)`` one key block at a time (``lax.scan``), so memory
 stays ``O(Lq * block_kv)`` per (batch, head); it also takes the cotangent of ``lse`` so a ring
-merge can differentiate through it.
+merge can differentiate through it, and gives the cotangents of ``o_prev`` / ``lse_prev``.
 
 Where it was verified: forward/backward in Pallas interpret mode on CPU (tests). The kernel
 is written to lower with Mosaic (TPU) and Triton (GPU) but has not been compiled on either
