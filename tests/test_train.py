@@ -235,6 +235,8 @@ def test_damaged_checkpoints_fall_back(dataset, tmp_path, capsys):
     assert "ignoring incomplete save" in out and "6.orbax-checkpoint-tmp-1234" in out
     assert "step 4" in out and "incomplete or corrupted" in out and "falling back to step 2" in out
     assert r.resumed_from == 2 and r.step == 6
+    assert "moved it to 4.corrupt" in out and (ck / "4.corrupt" / "state").is_dir()
+    assert Checkpointer(ck, cfg.checkpoint).steps()[-1] == 6   # step 4 was saved again
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):

@@ -104,11 +104,11 @@ def test_condition_embedder_and_block_match_diffusers(tmp_path, rng):
 
 
 def test_scan_and_remat_do_not_change_values(rng):
-    base = ModelConfig(num_attention_heads=2, attention_head_dim=16, ffn_dim=48, num_layers=3,
+    base = ModelConfig(num_attention_heads=2, attention_head_dim=16, ffn_dim=48, num_layers=2,
                        in_channels=4, out_channels=4, text_dim=24, freq_dim=16)
     lat, t, text = _inputs(rng, text_dim=24)
     outs, grads = [], []
-    for scan, remat in [(True, "none"), (False, "none"), (True, "full"), (True, "save_dots")]:
+    for scan, remat in [(True, "none"), (False, "full"), (True, "save_dots")]:
         cfg = ModelConfig(**{**base.__dict__, "scan_layers": scan, "remat": remat})
         model = init_model(cfg, seed=3)
         gdef, state = nnx.split(model)
@@ -116,8 +116,8 @@ def test_scan_and_remat_do_not_change_values(rng):
         def loss(st):
             return jnp.mean(nnx.merge(gdef, st)(lat, t, text) ** 2)
 
-        outs.append(np.asarray(nnx.merge(gdef, state)(lat, t, text)))
-        g = jax.grad(loss)(state)
+        outs.append(np.asarray(jax.jit(lambda st: nnx.merge(gdef, st)(lat, t, text))(state)))
+        g = jax.jit(jax.grad(loss))(state)
         grads.append(np.asarray(g["blocks"]["attn1"]["to_q"]["kernel"][...]))
     for o, g in zip(outs[1:], grads[1:]):
         np.testing.assert_allclose(o, outs[0], rtol=1e-5, atol=1e-6)

@@ -78,9 +78,12 @@ class Checkpointer:
                 failures.append((step, msg))
                 older = [s for s in steps if s < step]
                 nxt = f"falling back to step {older[-1]}" if older else "no older checkpoint"
+                moved = self._quarantine(step)
                 self.say(f"checkpoint: step {step} in {self.dir} is incomplete or corrupted "
-                         f"({msg}); {nxt}")
+                         f"({msg}); moved it to {moved.name} for inspection; {nxt}")
                 continue
+            if failures:
+                self.mgr.reload()   # the quarantined steps are gone from the manager's view
             return step, out["state"], out["data"]
         if failures:
             raise CheckpointError(
@@ -88,6 +91,25 @@ class Checkpointer:
                 f"{[s for s, _ in failures]}); delete the folder to start over, or point "
                 f"output_dir elsewhere")
         return None
+
+    def _quarantine(self, step: int) -> pathlib.Path:
+        """Rename a damaged step folder aside (nothing is deleted) so training can save that
+        step again after falling back. Process 0 renames; all processes wait for it."""
+        import jax
+
+        src = self.dir / str(step)
+        dst = self.dir / f"{step}.corrupt"
+        n = 1
+        while dst.exists():
+            n += 1
+            dst = self.dir / f"{step}.corrupt{n}"
+        if jax.process_index() == 0 and src.exists():
+            src.rename(dst)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"ditax_quarantine_{step}")
+        return dst
 
     def close(self) -> None:
         self.mgr.wait_until_finished()

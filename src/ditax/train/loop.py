@@ -59,6 +59,10 @@ def train(cfg: Config, *, mesh=None, compiler_options: dict | None = None,
     pid, nproc = jax.process_index(), jax.process_count()
 
     data = BatchIterator(cfg, pid, nproc)       # checks the dataset before anything compiles
+    if cfg.init_from:
+        from ditax.models.wan.loading import check_architecture
+
+        init_folder = check_architecture(cfg.model, cfg.init_from)
     trainer = Trainer(cfg, mesh, compiler_options=compiler_options)
     ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
 
@@ -71,16 +75,14 @@ def train(cfg: Config, *, mesh=None, compiler_options: dict | None = None,
         start = 0
         params = None
         if cfg.init_from:
-            from ditax.models.wan.loading import abstract_model, load_weights_into
-            from ditax.models.wan.loading import read_config  # noqa: F401 (validates folder)
-            from ditax.io.hub import resolve_folder
             from flax import nnx
 
-            folder = resolve_folder(cfg.init_from, "transformer")
-            model = load_weights_into(abstract_model(cfg.model, cfg.attention, mesh), folder,
-                                      cfg.model, mesh)
+            from ditax.models.wan.loading import abstract_model, load_weights_into
+
+            model = load_weights_into(abstract_model(cfg.model, cfg.attention, mesh),
+                                      init_folder, cfg.model, mesh)
             params = nnx.to_pure_dict(nnx.split(model)[1])
-            say(f"initialised weights from {folder}")
+            say(f"initialised weights from {init_folder}")
         state = trainer.init(params)
         if pid == 0:
             out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ slice — no full copy of the model on any device.
 from __future__ import annotations
 
 import json
+import pathlib
 import logging
 import time
 from typing import Any
@@ -110,6 +111,30 @@ def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None) -> WanTran
     fill(pure, ())
     nnx.replace_by_pure_dict(state, pure)
     return nnx.merge(gdef, state)
+
+
+ARCH_FIELDS = ("patch_size", "num_attention_heads", "attention_head_dim", "in_channels",
+               "out_channels", "text_dim", "freq_dim", "ffn_dim", "num_layers",
+               "cross_attn_norm", "eps", "rope_max_seq_len")
+
+
+def check_architecture(cfg: ModelConfig, path) -> "pathlib.Path":
+    """The transformer folder at ``path`` if its config.json has ``cfg``'s architecture.
+
+    Raises :class:`ConfigError` listing every differing field with the ``model.X=...``
+    overrides that would match the folder (used by ``init_from`` before anything compiles).
+    """
+    folder = resolve_folder(path, "transformer")
+    theirs = ModelConfig.from_diffusers(read_config(folder))
+    diff = [(f, getattr(cfg, f), getattr(theirs, f)) for f in ARCH_FIELDS
+            if getattr(cfg, f) != getattr(theirs, f)]
+    if diff:
+        listing = ", ".join(f"{f}: config {a} vs folder {b}" for f, a, b in diff)
+        fix = " ".join(f"model.{f}={','.join(map(str, b)) if isinstance(b, tuple) else b}"
+                       for f, _, b in diff)
+        raise ConfigError(f"init_from={str(path)!r}: the folder's transformer differs from the "
+                          f"configured model ({listing}); pass {fix} or use the matching preset")
+    return folder
 
 
 class Transformer:
