@@ -5,9 +5,22 @@ Videos are float ``[F, H, W, 3]`` in [0, 1] (what the pipeline returns) or uint8
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
+import warnings
 
 import numpy as np
+
+
+@contextlib.contextmanager
+def _ffmpeg_subprocess():
+    """imageio-ffmpeg starts ffmpeg with subprocess (fork + immediate exec), which Python
+    flags as unsafe in a multithreaded (JAX) process. The child only execs ffmpeg, so the
+    warning does not apply; it is silenced here and only here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                category=RuntimeWarning)
+        yield
 
 
 def to_uint8(video) -> np.ndarray:
@@ -34,9 +47,9 @@ def write_mp4(path, video, fps: int = 16, quality: float = 8.0) -> pathlib.Path:
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # macro_block_size=1: never let the writer resize frames behind our back
-    with imageio.get_writer(str(path), format="FFMPEG", mode="I", fps=fps, codec="libx264",
-                            quality=quality, pixelformat="yuv420p",
-                            macro_block_size=1) as writer:
+    with _ffmpeg_subprocess(), imageio.get_writer(
+            str(path), format="FFMPEG", mode="I", fps=fps, codec="libx264", quality=quality,
+            pixelformat="yuv420p", macro_block_size=1) as writer:
         for f in frames:
             writer.append_data(f)
     return path
@@ -61,5 +74,5 @@ def read_video(path) -> np.ndarray:
     """Decode a video file to uint8 ``[F, H, W, 3]`` (used to check what was written)."""
     import imageio.v2 as imageio
 
-    with imageio.get_reader(str(path), format="FFMPEG") as r:
+    with _ffmpeg_subprocess(), imageio.get_reader(str(path), format="FFMPEG") as r:
         return np.stack([np.asarray(f) for f in r])

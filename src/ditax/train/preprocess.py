@@ -37,8 +37,11 @@ def read_video(path, num_frames: int, height: int, width: int) -> np.ndarray:
     """First ``num_frames`` frames scaled to ``height × width``: float32 ``[3, F, H, W]`` in [-1, 1]."""
     import imageio_ffmpeg
 
+    from ditax.io.video import _ffmpeg_subprocess
+
     gen = imageio_ffmpeg.read_frames(str(path), output_params=["-vf", f"scale={width}:{height}"])
-    next(gen)  # metadata
+    with _ffmpeg_subprocess():
+        next(gen)  # metadata (starts ffmpeg)
     frames = []
     for raw in gen:
         frames.append(np.frombuffer(raw, np.uint8).reshape(height, width, 3))
