@@ -57,6 +57,8 @@ FORWARD_CASES = [
     ("ring", dict(local="flash", block_q=8, block_kv=8), 64, True),
     ("ulysses_ring", dict(local="xla", ulysses_shards=2), 60, True),
     ("ulysses_ring", dict(local="reference", ulysses_shards=4, out_a2a="chunked"), 64, False),
+    ("ulysses", dict(local="splash", out_a2a="chunked"), 60, True),
+    ("ring", dict(local="splash"), 64, True),
 ]
 
 
@@ -74,19 +76,24 @@ def test_forward_matches_reference(rng, mesh8, backend, opts, L, masked):
 
 
 GRAD_CASES = [
-    ("ulysses", dict(local="xla", out_a2a="chunked")),
-    ("ring", dict(local="xla")),
-    ("ring", dict(local="flash", block_q=8, block_kv=8)),
+    ("ulysses", dict(local="xla", out_a2a="chunked"), True),
+    ("ring", dict(local="xla"), True),
+    ("ring", dict(local="flash", block_q=8, block_kv=8), True),
     ("ulysses_ring", dict(local="flash", ulysses_shards=2, out_a2a="shard_major", block_q=8,
-                          block_kv=8)),
+                          block_kv=8), True),
+    ("ring", dict(local="blockwise", block_kv=8), False),
+    ("ulysses", dict(local="blockwise", block_kv=16), True),
+    ("ulysses", dict(local="splash"), False),
+    ("ulysses", dict(local="flash", out_a2a="shard_major", block_q=8, block_kv=8), False),
 ]
 
 
-@pytest.mark.parametrize("backend,opts", GRAD_CASES,
-                         ids=[f"{b}-{o['local']}-{o.get('out_a2a', 'flat')}" for b, o in GRAD_CASES])
-def test_gradient_matches_reference(rng, mesh8, backend, opts):
-    """L=60 over 8 shards: padded; masked keys; gradients w.r.t. q, k and v."""
-    q, k, v, mask = _inputs(rng, 1, 60, 8, 32, masked=True)
+@pytest.mark.parametrize("backend,opts,masked", GRAD_CASES,
+                         ids=[f"{b}-{o['local']}-{o.get('out_a2a', 'flat')}-{'m' if m else 'nm'}"
+                              for b, o, m in GRAD_CASES])
+def test_gradient_matches_reference(rng, mesh8, backend, opts, masked):
+    """L=60 over 8 shards: padded; masked or unmasked keys; gradients w.r.t. q, k and v."""
+    q, k, v, mask = _inputs(rng, 1, 60, 8, 32, masked=masked)
     w = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
 
     def loss(fn):
