@@ -60,9 +60,16 @@ def _unblocks(x):
 
 
 def _scores(q, k_j, m_j, scale):
-    """float32 scores ``[B, N, Lq, bk]``, masked keys at -inf."""
+    """float32 scores ``[B, N, Lq, bk]``, masked keys at -inf.
+
+    The mask enters as an additive ``[B, 1, 1, bk]`` bias, not a select on a broadcast
+    predicate: under autodiff of an enclosing ``scan`` (the transformer's layer scan) JAX
+    otherwise stacked the broadcast predicate for every K/V block as a residual
+    (``[blocks, B, N, Lq, bk]`` bools — hundreds of GiB at Wan 720p).
+    """
     s = jnp.einsum("bqnk,blnk->bnql", q, k_j, preferred_element_type=jnp.float32) * scale
-    return jnp.where(m_j[:, None, None, :], s, -jnp.inf)
+    bias = jnp.where(m_j, 0.0, -jnp.inf).astype(jnp.float32)
+    return s + bias[:, None, None, :]
 
 
 def _forward(q, k, v, mask, scale, bk):

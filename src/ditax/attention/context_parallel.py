@@ -118,7 +118,7 @@ def _lse(q, k, mask, scale):
     s = jnp.einsum("bqnk,blnk->bnql", q.astype(jnp.float32), k.astype(jnp.float32))
     s = s * (q.shape[-1] ** -0.5 if scale is None else scale)
     if mask is not None:
-        s = jnp.where(mask[:, None, None, :], s, -jnp.inf)
+        s = s + jnp.where(mask, 0.0, -jnp.inf).astype(jnp.float32)[:, None, None, :]
     return jax.nn.logsumexp(s, axis=-1)
 
 

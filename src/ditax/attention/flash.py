@@ -120,7 +120,8 @@ def _core_bwd(scale, block_q, block_kv, interpret, res, cts):
     def step(dq, xs):
         kj, vj, mj = xs
         s = jnp.einsum("bnqk,bnlk->bnql", q, kj, precision=hi) * scale
-        s = jnp.where(mj[:, None, None, :], s, -jnp.inf)
+        # additive mask bias, not a broadcast select (see blockwise._scores for why)
+        s = s + jnp.where(mj, 0.0, -jnp.inf).astype(jnp.float32)[:, None, None, :]
         p = jnp.exp(s - lse_safe)
         dv = jnp.einsum("bnql,bnqk->bnlk", p, do, precision=hi)
         dp = jnp.einsum("bnqk,bnlk->bnql", do, vj, precision=hi)
