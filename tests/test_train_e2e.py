@@ -3,7 +3,6 @@ UMT5) → ArrayRecord dataset → `ditax train` initialised from the pipeline's 
 
 import json
 
-import imageio.v2 as imageio
 import numpy as np
 import pytest
 
@@ -18,12 +17,13 @@ MODEL = [f"model.{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
 
 
 def _write_video(path, rng, frames=9, size=32):
-    yy, xx = np.mgrid[0:size, 0:size]
-    with imageio.get_writer(path, fps=8, codec="libx264", quality=8, macro_block_size=16) as w:
-        for f in range(frames):
-            phase = rng.uniform(0, 6.28)
-            img = np.stack([128 + 100 * np.sin(xx / 5 + f / 3 + phase + c) for c in range(3)], -1)
-            w.append_data(np.clip(img + 0 * yy[..., None], 0, 255).astype(np.uint8))
+    from ditax.io.video import write_mp4
+
+    xx = np.mgrid[0:size, 0:size][1]
+    phase = rng.uniform(0, 6.28)
+    video = np.stack([np.stack([0.5 + 0.4 * np.sin(xx / 5 + f / 3 + phase + c) for c in range(3)],
+                               -1) for f in range(frames)])
+    write_mp4(path, video, fps=8)
 
 
 @pytest.fixture(scope="module")
