@@ -143,3 +143,45 @@ def test_flash_previous_partial_refusals(rng):
         flash_attention(q, k, v, o_prev=q)
     with pytest.raises(ValueError, match=r"lse_prev\(1, 8, 2\).*lse \(1, 2, 8\)"):
         flash_attention(q, k, v, o_prev=q, lse_prev=jnp.zeros((1, 8, 2)))
+
+
+def test_flash_lowers_for_tpu_at_wan_lengths():
+    """The compiled (non-interpreted) kernel lowers to Mosaic TPU — forward, backward, the
+    shard-major layout and the ring continuation — at a Wan 480p per-device length, with only
+    [block, K] tiles resident (nothing on a TPU is run; jax.export lowers for the platform)."""
+    from jax import export
+
+    from ditax.attention.flash import flash_attention, flash_attention_shard_major
+
+    L = 32768
+    q = jax.ShapeDtypeStruct((1, L, 2, 128), jnp.bfloat16)
+
+    def fwd(q, k, v):
+        return flash_attention(q, k, v, block_q=512, block_kv=512, interpret=False)
+
+    def grad(q, k, v):
+        return jax.grad(lambda *a: fwd(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    U = 4
+    q5 = jax.ShapeDtypeStruct((U, 1, 2, L // U, 128), jnp.bfloat16)
+    lse5 = jax.ShapeDtypeStruct((U, 1, 2, L // U), jnp.float32)
+    o5 = jax.ShapeDtypeStruct((U, 1, 2, L // U, 128), jnp.float32)
+
+    def shard_major(q, k, v, o_prev, lse_prev):
+        return flash_attention_shard_major(q, k, v, block_q=512, block_kv=512, interpret=False,
+                                           o_prev=o_prev, lse_prev=lse_prev, return_lse=True)
+
+    for fn, args in ((fwd, (q, q, q)), (grad, (q, q, q)), (shard_major, (q5, q5, q5, o5, lse5))):
+        text = export.export(jax.jit(fn), platforms=["tpu"])(*args).mlir_module()
+        assert "tpu_custom_call" in text
+
+
+def test_flash_refuses_compiled_run_on_gpu(monkeypatch):
+    import ditax.attention.flash as F
+    from ditax.attention import AttentionUnavailable
+
+    monkeypatch.setattr(F.jax, "default_backend", lambda: "gpu")
+    q = jnp.zeros((1, 16, 2, 32), jnp.float32)
+    with pytest.raises(AttentionUnavailable, match=r"targets TPU .*use backend='cudnn' or 'te'"):
+        F.flash_attention(q, q, q, interpret=False)
+    assert any("targets TPU" in r for r in F.check_shard_major_supported(32, 8, 8, jnp.float32))

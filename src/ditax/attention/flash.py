@@ -52,6 +52,23 @@ def default_interpret() -> bool:
     return jax.default_backend() not in ("tpu", "gpu", "cuda", "rocm")
 
 
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
+def _gpu_refusal() -> str:
+    return ("the flash Pallas kernel targets TPU (Mosaic: VMEM scratch, sequential key grid "
+            "axis) and has no GPU lowering; on GPUs use backend='cudnn' or 'te' (or "
+            "out_a2a='chunked'/'flat' around them), or interpret=True for debugging")
+
+
+def check_platform(interpret: bool) -> None:
+    """Refuse a compiled (non-interpreted) flash kernel on GPU, naming the alternatives."""
+    if not interpret and jax.default_backend() in GPU_PLATFORMS:
+        from ditax.attention import AttentionUnavailable
+
+        raise AttentionUnavailable(f"attention backend 'flash': {_gpu_refusal()}")
+
+
 def effective_block(block: int, length: int) -> int:
     """The block actually used for ``length`` tokens: ``block``, but no larger than the length
     rounded up to the sublane multiple (8), so tiny sequences are not padded to 128."""
@@ -161,6 +178,8 @@ def check_shard_major_supported(head_dim: int, block_q: int, block_kv: int, dtyp
     them, ``"chunked"`` falls back to the chunked exchange.
     """
     reasons = []
+    if jax.default_backend() in GPU_PLATFORMS:
+        reasons.append(_gpu_refusal())
     if head_dim % SUBLANE or head_dim > MAX_HEAD_DIM:
         reasons.append(f"head dim K={head_dim} is not supported by the shard-major flash kernel "
                        f"(needs K % {SUBLANE} == 0 and K <= {MAX_HEAD_DIM}); use "
@@ -204,6 +223,7 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None, block_q: i
                          f"so each shard is a block multiple")
     scale = K ** -0.5 if scale is None else float(scale)
     interpret = default_interpret() if interpret is None else interpret
+    check_platform(bool(interpret))
     if kv_keep is None:
         keep = jnp.ones((B, k.shape[0], k.shape[3]), jnp.int32)
     else:
@@ -270,6 +290,7 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 128, bl
     keep = None if kv_mask is None else kv_mask[:, None, :]
     scale = K ** -0.5 if scale is None else float(scale)
     interpret = default_interpret() if interpret is None else interpret
+    check_platform(bool(interpret))
     keep = jnp.ones((B, 1, Lk_p), jnp.int32) if keep is None else keep.astype(jnp.int32)
     prev = (None, None)
     if o_prev is not None:

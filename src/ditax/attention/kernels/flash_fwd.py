@@ -18,13 +18,16 @@ Layout (one layout for every caller; the plain single-device case is ``U = 1``):
   online softmax starts from (ring steps merge here, on ``[block_q, K]`` tiles, instead of in
   an elementwise jnp merge whose compiled form — FMA contraction — depends on the layout).
 
-Grid ``(B, N, U * Lc/block_q)``; each program owns one query block, holds the whole key
-sequence of its (batch, head) (``[U, Lc, K]``) and runs an online softmax over key blocks
-in float32 (running max ``m``, denominator ``l``, accumulator ``acc``), started
-empty or from (o_prev, lse_prev).
+Grid ``(B, N, U * Lc/block_q, Uk * Lk_c/block_kv)``: one program per (query block, key
+block) tile; the key axis is innermost and sequential ("arbitrary"), and the online-softmax
+state (running max ``m``, denominator ``l``, accumulator ``acc``, float32) lives in VMEM
+scratch across it, started empty or from (o_prev, lse_prev). Only ``[block, K]`` tiles are
+resident, so VMEM use does not grow with the sequence. The key index map walks shard-major
+(shard ``j // (Lk_c/block_kv)``, block ``j % ...`` inside it).
 
-Verified here: interpret mode on CPU (tests/test_flash.py). Written for Mosaic TPU / Triton
-GPU (static block shapes, ``pl.ds`` slices, float32 accumulation) but not run on them here.
+Verified here: interpret mode on CPU (tests/test_flash.py), and lowering to Mosaic TPU via
+``jax.export(platforms=["tpu"])`` (tests/test_flash.py) — not yet run on a TPU. On GPUs this
+kernel does not apply (Mosaic-TPU scratch and grid semantics): ``flash`` refuses there.
 """
 
 from __future__ import annotations
@@ -38,50 +41,61 @@ from jax.experimental import pallas as pl
 NEG_INF = float("-inf")
 
 
-def _kernel(*refs, scale: float, block_kv: int, n_kv_local: int, num_shards: int,
-            has_prev: bool):
-    if has_prev:
-        q_ref, k_ref, v_ref, keep_ref, o_prev_ref, lse_prev_ref, o_ref, lse_ref = refs
-    else:
-        q_ref, k_ref, v_ref, keep_ref, o_ref, lse_ref = refs
-    q = q_ref[...]                                  # [bq, K]
-    bq, kdim = q.shape
+def _kernel(*refs, scale: float, has_prev: bool):
+    """One (query block, key block) tile of the online softmax; grid axis 3 walks the keys.
 
-    def body(t, carry):
-        m, l, acc = carry
-        u = t // n_kv_local
-        start = (t % n_kv_local) * block_kv
-        k = k_ref[u, pl.ds(start, block_kv), :]     # [bkv, K]
-        v = v_ref[u, pl.ds(start, block_kv), :]
-        keep = keep_ref[u, pl.ds(start, block_kv)]  # [bkv]
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32) * scale
-        s = jnp.where(keep[None, :] != 0, s, NEG_INF)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-        m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-        p = jnp.exp(s - m_safe)
-        alpha = jnp.exp(m - m_safe)
-        l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
-        pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-                                 preferred_element_type=jnp.float32)
-        return m_new, l, alpha * acc + pv
-
+    The running max ``m``, denominator ``l`` and accumulator ``acc`` live in VMEM scratch
+    across the key axis (``arbitrary``, innermost); the output block stays resident and is
+    written once, at the last key block.
+    """
     if has_prev:
-        # Continue an online softmax over earlier keys: the normalised partial o_prev with
-        # log-sum-exp lse_prev is the state (m = lse_prev, l = 1, acc = o_prev); a row with
-        # no earlier visible key (lse_prev = -inf) starts empty (m = -inf, l = 0, acc = 0).
-        lse_prev = lse_prev_ref[...]                 # [bq, 1]
-        seen = lse_prev > NEG_INF
-        init = (jnp.where(seen, lse_prev, NEG_INF), jnp.where(seen, 1.0, 0.0),
-                jnp.where(seen, o_prev_ref[...].astype(jnp.float32), 0.0))
+        (q_ref, k_ref, v_ref, keep_ref, o_prev_ref, lse_prev_ref, o_ref, lse_ref,
+         m_sc, l_sc, acc_sc) = refs
     else:
-        init = (jnp.full((bq, 1), NEG_INF, jnp.float32), jnp.zeros((bq, 1), jnp.float32),
-                jnp.zeros((bq, kdim), jnp.float32))
-    m, l, acc = jax.lax.fori_loop(0, num_shards * n_kv_local, body, init)
-    empty = l == 0.0                                 # every key of this row masked
-    o_ref[...] = (acc / jnp.where(empty, 1.0, l)).astype(o_ref.dtype)
-    m_safe = jnp.where(m == NEG_INF, 0.0, m)
-    lse_ref[...] = jnp.where(empty, NEG_INF, m_safe + jnp.log(jnp.where(empty, 1.0, l)))
+        q_ref, k_ref, v_ref, keep_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
+    j = pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _init():
+        if has_prev:
+            # Continue an online softmax over earlier keys: the normalised partial o_prev with
+            # log-sum-exp lse_prev is the state (m = lse_prev, l = 1, acc = o_prev); a row with
+            # no earlier visible key (lse_prev = -inf) starts empty (m = -inf, l = 0, acc = 0).
+            lse_prev = lse_prev_ref[...]                 # [bq, 1]
+            seen = lse_prev > NEG_INF
+            m_sc[...] = jnp.where(seen, lse_prev, NEG_INF)
+            l_sc[...] = jnp.where(seen, 1.0, 0.0)
+            acc_sc[...] = jnp.where(seen, o_prev_ref[...].astype(jnp.float32), 0.0)
+        else:
+            m_sc[...] = jnp.full(m_sc.shape, NEG_INF, jnp.float32)
+            l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+            acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+    q = q_ref[...]                                   # [bq, K]
+    k = k_ref[...]                                   # [bkv, K]
+    v = v_ref[...]
+    keep = keep_ref[...]                             # [1, bkv]
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32) * scale
+    s = jnp.where(keep != 0, s, NEG_INF)
+    m = m_sc[...]
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+    p = jnp.exp(s - m_safe)
+    alpha = jnp.exp(m - m_safe)
+    l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
+    pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+    acc_sc[...] = alpha * acc_sc[...] + pv
+    m_sc[...] = m_new
+
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        m, l = m_sc[...], l_sc[...]
+        empty = l == 0.0                             # every key of this row masked
+        o_ref[...] = (acc_sc[...] / jnp.where(empty, 1.0, l)).astype(o_ref.dtype)
+        m_safe = jnp.where(m == NEG_INF, 0.0, m)
+        lse_ref[...] = jnp.where(empty, NEG_INF, m_safe + jnp.log(jnp.where(empty, 1.0, l)))
 
 
 def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, scale: float,
@@ -109,24 +123,39 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
     if has_prev and (o_prev.shape != q.shape or lse_prev.shape != (U, B, N, Lc, 1)):
         raise ValueError(f"flash kernel: o_prev{o_prev.shape} / lse_prev{lse_prev.shape} must be "
                          f"{q.shape} / {(U, B, N, Lc, 1)}")
-    nq = Lc // block_q
+    nq, nkv = Lc // block_q, Lkc // block_kv
     sq = pl.squeezed
-    q_spec = pl.BlockSpec((sq, sq, sq, block_q, K), lambda b, h, i: (i // nq, b, h, i % nq, 0))
-    kv_spec = pl.BlockSpec((Uk, sq, sq, Lkc, K), lambda b, h, i: (0, b, h, 0, 0))
-    keep_spec = pl.BlockSpec((sq, Uk, Lkc), lambda b, h, i: (b, 0, 0))
-    lse_spec = pl.BlockSpec((sq, sq, sq, block_q, 1), lambda b, h, i: (i // nq, b, h, i % nq, 0))
-    kernel = functools.partial(_kernel, scale=float(scale), block_kv=block_kv,
-                               n_kv_local=Lkc // block_kv, num_shards=Uk, has_prev=has_prev)
+    div, rem = jax.lax.div, jax.lax.rem   # (no floor-division sign fix-ups in index maps)
+
+    def q_map(b, h, i, j):
+        return div(i, nq), b, h, rem(i, nq), 0
+
+    def kv_map(b, h, i, j):
+        return div(j, nkv), b, h, rem(j, nkv), 0
+
+    q_spec = pl.BlockSpec((sq, sq, sq, block_q, K), q_map)
+    kv_spec = pl.BlockSpec((sq, sq, sq, block_kv, K), kv_map)
+    keep_spec = pl.BlockSpec((sq, 1, block_kv), lambda b, h, i, j: (b, 0, j))
+    lse_spec = pl.BlockSpec((sq, sq, sq, block_q, 1), q_map)
+    kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev)
     in_specs = [q_spec, kv_spec, kv_spec, keep_spec] + ([q_spec, lse_spec] if has_prev else [])
-    args = (q, k, v, kv_keep) + ((o_prev, lse_prev.astype(jnp.float32)) if has_prev else ())
+    keep = kv_keep.reshape(B, 1, Uk * Lkc)
+    args = (q, k, v, keep) + ((o_prev, lse_prev.astype(jnp.float32)) if has_prev else ())
     out_dtype = o_prev.dtype if has_prev else q.dtype
+    from jax.experimental.pallas import tpu as pltpu
+
     return pl.pallas_call(
         kernel,
-        grid=(B, N, U * nq),
+        grid=(B, N, U * nq, Uk * nkv),
         in_specs=in_specs,
         out_specs=[q_spec, lse_spec],
         out_shape=[jax.ShapeDtypeStruct(q.shape, out_dtype),
                    jax.ShapeDtypeStruct((U, B, N, Lc, 1), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32),
+                        pltpu.VMEM((block_q, 1), jnp.float32),
+                        pltpu.VMEM((block_q, K), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         interpret=interpret,
         name="ditax_flash_fwd",
     )(*args)
