@@ -13,7 +13,7 @@ prints ``metric: "error"``.
 CPU default (under two minutes): xla, blockwise and reference at L=1024, N=4, K=64 float32,
 plus a compile-only temp-memory comparison of xla vs blockwise at ``--mem-L`` (8192).
 
-``--gpu-check`` (on a CUDA GPU): cudnn, te (if importable), xla, flash, blockwise in bf16 at
+``--gpu-check`` (on a CUDA GPU): cudnn, te (if importable), xla, blockwise in bf16 at
 L=32760, N=12, K=128 (Wan 1.3B 480p self-attention), the 14B-720p per-device shape under
 8-way Ulysses (L=75600, N=40/8=5, K=128), 14B-720p text cross-attention (Lq=75600, T=512,
 N=5), and a measured bf16 matmul TFLOP/s ceiling for comparison.
@@ -122,7 +122,7 @@ def gpu_check(repeats):
     if not platform.has_cuda_gpu():
         emit("gpu_check", "-", "unavailable", None, None, reason=platform.no_cuda_reason())
         return
-    backends = ["cudnn", "xla", "flash", "blockwise"]
+    backends = ["cudnn", "xla", "blockwise"]   # flash is the TPU (Mosaic) kernel: refuses on GPU
     te_ctx = None
     if platform.has_transformer_engine_jax():
         from ditax.attention.te import configure_te
