@@ -8,6 +8,7 @@ Splash runs in Pallas interpret mode here, so its cases are few and tiny.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -290,3 +291,24 @@ def _check_gpu_backend(backend, rng):
             q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
             kv_mask=mask) * ct))(q)
         assert rel_err(g, g_ref) <= 5e-2, (backend, rel_err(g, g_ref))
+
+
+def test_entry_points_configure_te_only_when_used(monkeypatch):
+    """`ditax generate/train/bench` wrap their work in te.entry_context: for a config that
+    uses te anywhere it sets NVTE_FUSED_ATTN=1 visibly (and TE's MeshResource when TE is
+    installed); for any other config it changes nothing."""
+    from ditax.attention import te
+    from ditax.config import AttentionConfig
+    from ditax.parallel import make_mesh
+
+    monkeypatch.delenv("NVTE_FUSED_ATTN", raising=False)
+    said = []
+    with te.entry_context(AttentionConfig(backend="xla"), None, say=said.append):
+        assert "NVTE_FUSED_ATTN" not in os.environ
+    assert said == []
+    assert te.uses_te(AttentionConfig(backend="ulysses", local="te"))
+    assert te.uses_te(AttentionConfig(backend="xla", cross_backend="te"))
+    mesh = make_mesh({"fsdp": 2, "context": 4})
+    with te.entry_context(AttentionConfig(backend="ring", local="te"), mesh, say=said.append):
+        assert os.environ["NVTE_FUSED_ATTN"] == "1"
+    assert len(said) == 1 and "NVTE_FUSED_ATTN=1" in said[0] and "cp_resource" in said[0]

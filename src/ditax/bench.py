@@ -23,16 +23,26 @@ def add_arguments(p: argparse.ArgumentParser):
 
 def run(args) -> int:
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
+    from ditax.attention.te import entry_context
     from ditax.config import load_config, validate
-    from ditax.models.wan.loading import Transformer, init_model
     from ditax.parallel import make_mesh
 
     cfg = load_config(args.config, args.overrides)
     validate(cfg, jax.device_count())
     mesh = make_mesh(cfg.mesh)
+
+    with entry_context(cfg.attention, mesh):
+        return _run(args, cfg, mesh)
+
+
+def _run(args, cfg, mesh) -> int:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ditax.models.wan.loading import Transformer, init_model
+
     f, y, x = (int(v) for v in args.latent.split(","))
     b = mesh.shape["data"] * mesh.shape["fsdp"]
     tr = Transformer(init_model(cfg.model, cfg.attention, mesh, seed=cfg.seed), mesh)

@@ -108,6 +108,7 @@ class AttentionConfig:
     block_q: int = 128                   # flash / splash / blockwise query block
     block_kv: int = 128                  # flash / splash / blockwise key block
     short_cross_backend: Optional[str] = None  # explicit routing for short text K/V (opt-in)
+    te_shardy: Optional[bool] = None     # te only: None = keep jax's partitioner; false = GSPMD
 
 
 @dataclass(frozen=True)

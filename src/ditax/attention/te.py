@@ -127,3 +127,23 @@ def configure_te(mesh=None, *, use_shardy: bool | None = None):
     log.info("configure_te: NVTE_FUSED_ATTN=1, %s", resource)
     with global_shard_guard(resource):
         yield resource
+
+
+def uses_te(attention_cfg) -> bool:
+    """Whether any attention path of an :class:`~ditax.config.AttentionConfig` is ``te``."""
+    a = attention_cfg
+    return "te" in (a.backend, a.cross_backend, a.short_cross_backend) or (
+        a.backend in ("ulysses", "ring", "ulysses_ring") and a.local == "te")
+
+
+def entry_context(attention_cfg, mesh=None, say=print):
+    """What an entry point (``ditax generate`` / ``train`` / ``bench``) wraps its work in:
+    :func:`configure_te` when the config uses ``te`` (announced with ``say``), otherwise a
+    no-op context."""
+    if not uses_te(attention_cfg):
+        return contextlib.nullcontext()
+    shardy = getattr(attention_cfg, "te_shardy", None)
+    say("attention te: setting NVTE_FUSED_ATTN=1 and TransformerEngine's MeshResource "
+        f"{te_mesh_resource_kwargs(mesh) or '(single device)'}"
+        + ("" if shardy is None else f"; jax_use_shardy_partitioner={shardy}"))
+    return configure_te(mesh, use_shardy=shardy)

@@ -98,12 +98,15 @@ def run(args) -> int:
     if mesh_cfg is not None:
         mesh = ditax.make_mesh(mesh_cfg)
         print(f"mesh: {dict(mesh.shape)}")
-    pipe = ditax.load_pipeline(load.pop("path"), mesh=mesh, **load)
-    try:
-        video = pipe(progress=not args.no_progress, **call)
-    except (ValueError, ConfigError) as e:  # e.g. a size that this folder's VAE cannot take
-        print(f"ditax generate: error: {e}", file=sys.stderr)
-        return 2
+    from ditax.attention.te import entry_context
+
+    with entry_context(load["attention"], mesh):
+        pipe = ditax.load_pipeline(load.pop("path"), mesh=mesh, **load)
+        try:
+            video = pipe(progress=not args.no_progress, **call)
+        except (ValueError, ConfigError) as e:  # e.g. a size this folder's VAE cannot take
+            print(f"ditax generate: error: {e}", file=sys.stderr)
+            return 2
     t0 = time.perf_counter()
     path = write_mp4(args.output, video, fps=args.fps)
     if args.frames_dir:

@@ -41,8 +41,13 @@ def run(args) -> int:
     from ditax.train.data import DataError
     from ditax.train.loop import NonFiniteLoss, train
 
+    from ditax.attention.te import entry_context, uses_te
+    from ditax.parallel.mesh import make_mesh
+
+    te_mesh = make_mesh(cfg.mesh) if uses_te(cfg.attention) else None
     try:
-        res = train(cfg, progress=not args.no_progress)
+        with entry_context(cfg.attention, te_mesh):
+            res = train(cfg, progress=not args.no_progress)
     except (ConfigError, DataError, CheckpointError, NonFiniteLoss) as e:
         print(f"ditax train: {e}", file=sys.stderr)
         return 1
