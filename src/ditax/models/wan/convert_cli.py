@@ -41,8 +41,6 @@ def run(args) -> int:
             else [row.key]
         for k in keys:
             got = ckpt.shape(k)
-            t = np.empty(got, dtype=np.uint8) if np.prod(got) < 1 else None
-            del t
             exp = shp[1:] if convert.is_stacked(row) else shp
             conv = convert.apply_transform(np.broadcast_to(np.zeros((), np.uint8), got),
                                            row.transform).shape

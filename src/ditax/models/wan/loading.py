@@ -87,6 +87,7 @@ def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None) -> WanTran
     gdef, state = nnx.split(model_abs)
     pd = as_dtype(cfg.param_dtype)
     rows = {r.path: r for r in convert.table(cfg.cross_attn_norm)}
+    axes = convert.param_axes(cfg.cross_attn_norm)
     pure = nnx.to_pure_dict(state)
 
     def fill(node, prefix):
@@ -102,8 +103,7 @@ def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None) -> WanTran
             if mesh is None:
                 node[k] = jnp.asarray(np.asarray(arr).astype(pd))
             else:
-                names = convert.param_axes(cfg.cross_attn_norm)[path]
-                sh = NamedSharding(mesh, param_spec(names, mesh, arr.shape))
+                sh = NamedSharding(mesh, param_spec(axes[path], mesh, arr.shape))
                 host = arr
                 node[k] = jax.make_array_from_callback(
                     arr.shape, sh, lambda idx, host=host: np.asarray(host[idx]).astype(pd))
