@@ -19,96 +19,12 @@ from typing import Any, Optional
 
 import yaml
 
+from ditax.attention.config import AttentionConfig, check_attention
+from ditax.errors import ConfigError, check_choice
+from ditax.models.wan.config import ModelConfig, check_model
+from ditax.parallel.mesh import MeshConfig, check_batch, resolve_mesh_shape
+
 PRESET_DIR = pathlib.Path(__file__).parent / "configs"
-
-DTYPES = ("float32", "bfloat16", "float16")
-REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch", "save_attn_out")
-ATTENTION_BACKENDS = ("auto", "reference", "xla", "blockwise", "splash", "flash", "cudnn", "te",
-                      "ulysses", "ring", "ulysses_ring")
-PARALLEL_BACKENDS = ("ulysses", "ring", "ulysses_ring")
-LOCAL_BACKENDS = ("reference", "xla", "blockwise", "splash", "flash", "cudnn", "te")
-OUT_A2A_MODES = ("flat", "chunked", "shard_major")
-MESH_AXES = ("data", "fsdp", "context", "tensor")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the value and the fix."""
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Wan transformer shape (diffusers ``WanTransformer3DModel`` config names) and numerics."""
-
-    patch_size: tuple[int, int, int] = (1, 2, 2)
-    num_attention_heads: int = 12
-    attention_head_dim: int = 128
-    in_channels: int = 16
-    out_channels: int = 16
-    text_dim: int = 4096
-    freq_dim: int = 256
-    ffn_dim: int = 8960
-    num_layers: int = 30
-    cross_attn_norm: bool = True
-    qk_norm: str = "rms_norm_across_heads"
-    eps: float = 1e-6
-    rope_max_seq_len: int = 1024
-    param_dtype: str = "float32"   # storage dtype of the weights
-    dtype: str = "float32"         # compute dtype of matmuls / attention
-    remat: str = "none"            # none | full | save_dots | save_dots_no_batch | save_attn_out
-    scan_layers: bool = True
-
-    @property
-    def inner_dim(self) -> int:
-        return self.num_attention_heads * self.attention_head_dim
-
-    @classmethod
-    def from_diffusers(cls, cfg: dict, **overrides) -> "ModelConfig":
-        """Build from a diffusers ``config.json`` dict (unknown keys ignored, I2V keys refused)."""
-        if cfg.get("image_dim") is not None or cfg.get("added_kv_proj_dim") is not None:
-            raise ConfigError(
-                "this transformer config has image_dim/added_kv_proj_dim set (an image-to-video "
-                "model); ditax implements text-to-video Wan only. Use a T2V checkpoint.")
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in cfg.items() if k in names}
-        if "patch_size" in kw:
-            kw["patch_size"] = tuple(kw["patch_size"])
-        if kw.get("qk_norm") is None and "qk_norm" in cfg:
-            raise ConfigError("qk_norm=None is not supported; Wan uses 'rms_norm_across_heads'")
-        kw.update(overrides)
-        return cls(**kw)
-
-
-@dataclass(frozen=True)
-class MeshConfig:
-    """Device mesh ``(data, fsdp, context, tensor)``; one size may be -1 (= the rest).
-
-    data: pure replicas. fsdp: batch-sharded ZeRO-3 (params sharded, batch sharded).
-    context: sequence-sharded (Ulysses / ring). tensor: heads and MLP columns.
-    """
-
-    data: int = 1
-    fsdp: int = -1
-    context: int = 1
-    tensor: int = 1
-    # Multi-host (jax.distributed). None = single process, or auto-detected on TPU/SLURM.
-    coordinator_address: Optional[str] = None
-    num_processes: Optional[int] = None
-    process_id: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class AttentionConfig:
-    """Attention backends for self- and cross-attention, and sequence-parallel options."""
-
-    backend: str = "xla"                 # self-attention backend (see ATTENTION_BACKENDS)
-    cross_backend: Optional[str] = None  # cross-attention; None = the local kernel of `backend`
-    local: str = "xla"                   # local kernel inside ulysses / ring
-    out_a2a: str = "flat"                # Ulysses output exchange: flat | chunked | shard_major
-    ulysses_shards: int = 0              # ulysses_ring: Ulysses group size (0 = all of context)
-    block_q: int = 128                   # flash / splash / blockwise query block
-    block_kv: int = 128                  # flash / splash / blockwise key block
-    short_cross_backend: Optional[str] = None  # explicit routing for short text K/V (opt-in)
-    te_shardy: Optional[bool] = None     # te only: None = keep jax's partitioner; false = GSPMD
 
 
 @dataclass(frozen=True)
@@ -390,133 +306,30 @@ def replace(cfg, **changes):
 # validation
 
 
-def _check_enum(key: str, value, allowed):
-    if value not in allowed:
-        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}{hint}")
-
-
-def resolve_mesh_shape(mesh: MeshConfig, num_devices: int) -> dict[str, int]:
-    """Sizes of the four mesh axes with a -1 resolved; errors name the numbers and the fix."""
-    sizes = {a: getattr(mesh, a) for a in MESH_AXES}
-    bad = {a: s for a, s in sizes.items() if s == 0 or s < -1}
-    if bad:
-        raise ConfigError(f"mesh sizes must be >= 1 or -1 (= the remaining devices); got {bad}")
-    free = [a for a, s in sizes.items() if s == -1]
-    if len(free) > 1:
-        raise ConfigError(f"at most one mesh axis may be -1; got {free} = -1. Set all but one.")
-    fixed = 1
-    for a, s in sizes.items():
-        if s != -1:
-            fixed *= s
-    if free:
-        if num_devices % fixed:
-            raise ConfigError(
-                f"mesh {sizes}: the fixed axes multiply to {fixed}, which does not divide the "
-                f"{num_devices} devices; choose sizes whose product divides {num_devices}")
-        sizes[free[0]] = num_devices // fixed
-    prod = 1
-    for s in sizes.values():
-        prod *= s
-    if prod != num_devices:
-        raise ConfigError(
-            f"mesh data*fsdp*context*tensor = {'*'.join(str(sizes[a]) for a in MESH_AXES)} = "
-            f"{prod}, but there are {num_devices} devices; make the product {num_devices} "
-            f"or set one axis to -1")
-    return sizes
 
 
 def validate(cfg: Config, num_devices: int | None = None, *, training: bool = False) -> Config:
-    """Check every value that can be checked before tracing. Returns ``cfg`` unchanged."""
-    m = cfg.model
-    _check_enum("model.param_dtype", m.param_dtype, DTYPES)
-    _check_enum("model.dtype", m.dtype, DTYPES)
-    _check_enum("model.remat", m.remat, REMAT_POLICIES)
-    if m.qk_norm != "rms_norm_across_heads":
-        raise ConfigError(f"model.qk_norm={m.qk_norm!r}: only 'rms_norm_across_heads' (Wan) exists")
-    for k in ("num_attention_heads", "attention_head_dim", "in_channels", "out_channels",
-              "text_dim", "freq_dim", "ffn_dim", "num_layers"):
-        if getattr(m, k) < 1:
-            raise ConfigError(f"model.{k}={getattr(m, k)} must be >= 1")
-    if m.attention_head_dim % 2:
-        raise ConfigError(f"model.attention_head_dim={m.attention_head_dim} must be even (RoPE pairs)")
-    if m.freq_dim % 2:
-        raise ConfigError(f"model.freq_dim={m.freq_dim} must be even (sin/cos halves)")
-    if any(p < 1 for p in m.patch_size):
-        raise ConfigError(f"model.patch_size={m.patch_size} must be positive")
-
-    a = cfg.attention
-    _check_enum("attention.backend", a.backend, ATTENTION_BACKENDS)
-    if a.cross_backend is not None:
-        _check_enum("attention.cross_backend", a.cross_backend,
-                    tuple(b for b in ATTENTION_BACKENDS if b not in PARALLEL_BACKENDS))
-    if a.short_cross_backend is not None:
-        _check_enum("attention.short_cross_backend", a.short_cross_backend, LOCAL_BACKENDS)
-    _check_enum("attention.local", a.local, LOCAL_BACKENDS)
-    _check_enum("attention.out_a2a", a.out_a2a, OUT_A2A_MODES)
-    if a.out_a2a != "flat" and a.backend not in ("ulysses", "ulysses_ring"):
-        raise ConfigError(
-            f"attention.out_a2a={a.out_a2a!r} applies to the Ulysses output exchange, but "
-            f"attention.backend={a.backend!r} has none; use backend=ulysses or ulysses_ring, "
-            f"or out_a2a=flat")
-    if a.ulysses_shards and a.backend != "ulysses_ring":
-        raise ConfigError(f"attention.ulysses_shards={a.ulysses_shards} only applies to "
-                          f"backend=ulysses_ring (got {a.backend!r}); remove it or switch backend")
-    if a.ulysses_shards < 0:
-        raise ConfigError(f"attention.ulysses_shards={a.ulysses_shards} must be >= 0")
-    for k in ("block_q", "block_kv"):
-        if getattr(a, k) < 1:
-            raise ConfigError(f"attention.{k}={getattr(a, k)} must be >= 1")
-
+    """Check every value that can be checked before tracing; each concern's owner holds its
+    rules (model, attention, mesh). Returns ``cfg`` unchanged."""
+    sizes = None if num_devices is None else resolve_mesh_shape(cfg.mesh, num_devices)
+    check_model(cfg.model, None if sizes is None else sizes["tensor"])
+    check_attention(cfg.attention, num_heads=cfg.model.num_attention_heads, mesh_sizes=sizes)
     o = cfg.optim
-    _check_enum("optim.schedule", o.schedule, ("constant", "cosine", "linear"))
+    check_choice("optim.schedule", o.schedule, ("constant", "cosine", "linear"))
     if o.learning_rate <= 0:
         raise ConfigError(f"optim.learning_rate={o.learning_rate} must be > 0")
     if o.warmup_steps < 0:
         raise ConfigError(f"optim.warmup_steps={o.warmup_steps} must be >= 0")
-    _check_enum("flow.timestep_sampler", cfg.flow.timestep_sampler, ("uniform", "logit_normal"))
-    _check_enum("flow.weighting", cfg.flow.weighting, ("none", "bell"))
+    check_choice("flow.timestep_sampler", cfg.flow.timestep_sampler, ("uniform", "logit_normal"))
+    check_choice("flow.weighting", cfg.flow.weighting, ("none", "bell"))
     if cfg.flow.shift <= 0:
         raise ConfigError(f"flow.shift={cfg.flow.shift} must be > 0")
-    _check_enum("sample.cfg_mode", cfg.sample.cfg_mode, ("batched", "sequential"))
-    _check_enum("sample.scheduler", cfg.sample.scheduler, ("unipc", "euler"))
+    check_choice("sample.cfg_mode", cfg.sample.cfg_mode, ("batched", "sequential"))
+    check_choice("sample.scheduler", cfg.sample.scheduler, ("unipc", "euler"))
     if cfg.steps < 0:
         raise ConfigError(f"steps={cfg.steps} must be >= 0")
     if cfg.batch_size < 1:
         raise ConfigError(f"batch_size={cfg.batch_size} must be >= 1")
-
-    if num_devices is not None:
-        sizes = resolve_mesh_shape(cfg.mesh, num_devices)
-        if m.num_attention_heads % sizes["tensor"]:
-            raise ConfigError(
-                f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
-                f"mesh.tensor={sizes['tensor']}; pick a tensor size that divides the heads")
-        if m.ffn_dim % sizes["tensor"]:
-            raise ConfigError(f"model.ffn_dim={m.ffn_dim} is not divisible by "
-                              f"mesh.tensor={sizes['tensor']}")
-        if training:
-            bsh = sizes["data"] * sizes["fsdp"]
-            if cfg.batch_size % bsh:
-                raise ConfigError(
-                    f"batch_size={cfg.batch_size} is not divisible by mesh.data*mesh.fsdp = "
-                    f"{sizes['data']}*{sizes['fsdp']} = {bsh}; use a batch size that is a "
-                    f"multiple of {bsh} or shrink data/fsdp")
-        if a.backend in PARALLEL_BACKENDS:
-            heads_local = m.num_attention_heads // sizes["tensor"]
-            if a.backend == "ulysses":
-                u = sizes["context"]
-            elif a.backend == "ulysses_ring":
-                u = a.ulysses_shards or sizes["context"]
-                if sizes["context"] % u:
-                    raise ConfigError(
-                        f"attention.ulysses_shards={u} does not divide mesh.context="
-                        f"{sizes['context']}; pick a divisor of {sizes['context']}")
-            else:
-                u = 1
-            if heads_local % u:
-                raise ConfigError(
-                    f"attention.backend={a.backend}: {heads_local} heads per tensor shard are "
-                    f"not divisible by the {u} Ulysses shards; use backend=ulysses_ring with "
-                    f"ulysses_shards dividing {heads_local}, ring, or a different mesh.context")
+    if training and sizes is not None:
+        check_batch(cfg.batch_size, sizes)
     return cfg

@@ -21,8 +21,7 @@ import jax
 log = logging.getLogger(__name__)
 
 
-class AttentionUnavailable(RuntimeError):
-    """The requested attention backend cannot run with these inputs on this platform."""
+from ditax.errors import AttentionUnavailable  # noqa: E402  (re-exported)
 
 
 # name -> "module:function" (imported lazily so optional dependencies stay optional)

@@ -33,11 +33,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
+from ditax.attention.config import OUT_A2A_MODES
 from ditax.parallel import collectives as col
 
 log = logging.getLogger(__name__)
 
-OUT_A2A_MODES = ("flat", "chunked", "shard_major")
 BATCH_AXES = ("data", "fsdp")
 _logged: set = set()
 

@@ -6,8 +6,7 @@ import os
 import pathlib
 
 
-class ModelNotFound(FileNotFoundError):
-    """The path is not a model folder and could not be fetched from the hub."""
+from ditax.errors import ModelNotFound  # noqa: E402  (re-exported)
 
 
 def resolve_folder(path_or_id: str | os.PathLike, subfolder: str | None = None,

@@ -6,14 +6,79 @@ The mesh is always built here and passed explicitly (never read from a global).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Optional
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from ditax.config import MESH_AXES, MeshConfig, resolve_mesh_shape
+from ditax.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+MESH_AXES = ("data", "fsdp", "context", "tensor")
+BATCH_AXES = ("data", "fsdp")     # the axes that split the batch
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh ``(data, fsdp, context, tensor)``; one size may be -1 (= the rest).
+
+    data: pure replicas. fsdp: batch-sharded ZeRO-3 (params sharded, batch sharded).
+    context: sequence-sharded (Ulysses / ring). tensor: heads and MLP columns.
+    """
+
+    data: int = 1
+    fsdp: int = -1
+    context: int = 1
+    tensor: int = 1
+    # Multi-host (jax.distributed). None = single process, or auto-detected on TPU/SLURM.
+    coordinator_address: Optional[str] = None
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None
+
+
+def resolve_mesh_shape(mesh: MeshConfig, num_devices: int) -> dict[str, int]:
+    """Sizes of the four mesh axes with a -1 resolved; errors name the numbers and the fix."""
+    sizes = {a: getattr(mesh, a) for a in MESH_AXES}
+    bad = {a: s for a, s in sizes.items() if s == 0 or s < -1}
+    if bad:
+        raise ConfigError(f"mesh sizes must be >= 1 or -1 (= the remaining devices); got {bad}")
+    free = [a for a, s in sizes.items() if s == -1]
+    if len(free) > 1:
+        raise ConfigError(f"at most one mesh axis may be -1; got {free} = -1. Set all but one.")
+    fixed = 1
+    for a, s in sizes.items():
+        if s != -1:
+            fixed *= s
+    if free:
+        if num_devices % fixed:
+            raise ConfigError(
+                f"mesh {sizes}: the fixed axes multiply to {fixed}, which does not divide the "
+                f"{num_devices} devices; choose sizes whose product divides {num_devices}")
+        sizes[free[0]] = num_devices // fixed
+    prod = 1
+    for s in sizes.values():
+        prod *= s
+    if prod != num_devices:
+        raise ConfigError(
+            f"mesh data*fsdp*context*tensor = {'*'.join(str(sizes[a]) for a in MESH_AXES)} = "
+            f"{prod}, but there are {num_devices} devices; make the product {num_devices} "
+            f"or set one axis to -1")
+    return sizes
+
+
+def check_batch(batch: int, sizes: dict[str, int], what: str = "batch_size") -> None:
+    """Raise :class:`ConfigError` unless ``batch`` splits over ``data * fsdp``."""
+    bsh = sizes["data"] * sizes["fsdp"]
+    if batch % bsh:
+        raise ConfigError(
+            f"{what}={batch} is not divisible by mesh.data*mesh.fsdp = "
+            f"{sizes['data']}*{sizes['fsdp']} = {bsh}; use a batch size that is a "
+            f"multiple of {bsh} or shrink data/fsdp")
+
+
 
 
 def initialize_distributed(cfg: MeshConfig) -> bool:

@@ -106,8 +106,7 @@ def expected_keys(num_layers: int, cross_attn_norm: bool = True) -> list[str]:
 IGNORED_UNEXPECTED = ("norm_added_q",)  # diffusers also ignores these on load
 
 
-class WeightError(ValueError):
-    """The weight folder does not match the model: missing/unexpected keys or wrong shapes."""
+from ditax.errors import WeightError  # noqa: E402  (re-exported)
 
 
 def check_keys(available: list[str], num_layers: int, cross_attn_norm: bool = True):

@@ -19,7 +19,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ditax.config import MESH_AXES, AttentionConfig, Config, ConfigError, ModelConfig, validate
+from ditax.config import AttentionConfig, Config, ConfigError, ModelConfig, validate
+from ditax.parallel.mesh import MESH_AXES
 from ditax.io.hub import resolve_folder
 from ditax.io.safetensors import SafetensorsCheckpoint
 from ditax.models.wan import convert

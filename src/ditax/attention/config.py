@@ -1,0 +1,82 @@
+"""Attention configuration: which backend runs self- and cross-attention, and its options.
+
+The name lists here are the single source for every other module (the registry, the config
+loader, the CLI); :func:`check_attention` holds the rules attention owns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ditax.errors import ConfigError, check_choice
+
+LOCAL_BACKENDS = ("reference", "xla", "blockwise", "splash", "flash", "cudnn", "te")
+PARALLEL_BACKENDS = ("ulysses", "ring", "ulysses_ring")
+ATTENTION_BACKENDS = ("auto",) + LOCAL_BACKENDS + PARALLEL_BACKENDS
+OUT_A2A_MODES = ("flat", "chunked", "shard_major")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Attention backends for self- and cross-attention, and sequence-parallel options."""
+
+    backend: str = "xla"                 # self-attention backend (see ATTENTION_BACKENDS)
+    cross_backend: Optional[str] = None  # cross-attention; None = the local kernel of `backend`
+    local: str = "xla"                   # local kernel inside ulysses / ring
+    out_a2a: str = "flat"                # Ulysses output exchange: flat | chunked | shard_major
+    ulysses_shards: int = 0              # ulysses_ring: Ulysses group size (0 = all of context)
+    block_q: int = 128                   # flash / splash / blockwise query block
+    block_kv: int = 128                  # flash / splash / blockwise key block
+    short_cross_backend: Optional[str] = None  # explicit routing for short text K/V (opt-in)
+    te_shardy: Optional[bool] = None     # te only: None = keep jax's partitioner; false = GSPMD
+
+
+
+def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
+                    mesh_sizes: dict[str, int] | None = None) -> None:
+    """Raise :class:`ConfigError` for attention settings that cannot run.
+
+    ``num_heads`` and ``mesh_sizes`` (the resolved ``data/fsdp/context/tensor`` sizes) add
+    the checks that depend on the model and the mesh (Ulysses head divisibility).
+    """
+    check_choice("attention.backend", a.backend, ATTENTION_BACKENDS)
+    if a.cross_backend is not None:
+        check_choice("attention.cross_backend", a.cross_backend,
+                     tuple(b for b in ATTENTION_BACKENDS if b not in PARALLEL_BACKENDS))
+    if a.short_cross_backend is not None:
+        check_choice("attention.short_cross_backend", a.short_cross_backend, LOCAL_BACKENDS)
+    check_choice("attention.local", a.local, LOCAL_BACKENDS)
+    check_choice("attention.out_a2a", a.out_a2a, OUT_A2A_MODES)
+    if a.out_a2a != "flat" and a.backend not in ("ulysses", "ulysses_ring"):
+        raise ConfigError(
+            f"attention.out_a2a={a.out_a2a!r} applies to the Ulysses output exchange, but "
+            f"attention.backend={a.backend!r} has none; use backend=ulysses or ulysses_ring, "
+            f"or out_a2a=flat")
+    if a.ulysses_shards and a.backend != "ulysses_ring":
+        raise ConfigError(f"attention.ulysses_shards={a.ulysses_shards} only applies to "
+                          f"backend=ulysses_ring (got {a.backend!r}); remove it or switch backend")
+    if a.ulysses_shards < 0:
+        raise ConfigError(f"attention.ulysses_shards={a.ulysses_shards} must be >= 0")
+    for k in ("block_q", "block_kv"):
+        if getattr(a, k) < 1:
+            raise ConfigError(f"attention.{k}={getattr(a, k)} must be >= 1")
+    if mesh_sizes is None or num_heads is None or a.backend not in PARALLEL_BACKENDS:
+        return
+    heads_local = num_heads // mesh_sizes["tensor"]
+    context = mesh_sizes["context"]
+    if a.backend == "ulysses":
+        u = context
+    elif a.backend == "ulysses_ring":
+        u = a.ulysses_shards or context
+        if context % u:
+            raise ConfigError(
+                f"attention.ulysses_shards={u} does not divide mesh.context="
+                f"{context}; pick a divisor of {context}")
+    else:
+        u = 1
+    if heads_local % u:
+        raise ConfigError(
+            f"attention.backend={a.backend}: {heads_local} heads per tensor shard are "
+            f"not divisible by the {u} Ulysses shards; use backend=ulysses_ring with "
+            f"ulysses_shards dividing {heads_local}, ring, or a different mesh.context")

@@ -1,0 +1,47 @@
+"""The errors ditax raises for things a user can fix (bad config, request, weights, folder,
+attention choice). Every one carries a message that names the value and the fix.
+
+They share the base :class:`DitaxError` so the command line can tell a user's mistake (one
+line, exit 2) from a failure (traceback with ``--debug``, exit 1). Each also derives from
+the builtin a caller would expect (``ValueError``, ``FileNotFoundError``, ``RuntimeError``).
+"""
+
+from __future__ import annotations
+
+
+class DitaxError(Exception):
+    """Base of the user-fixable errors; the message is meant to be shown as is."""
+
+
+class ConfigError(DitaxError, ValueError):
+    """A configuration value is invalid; the message names the value and the fix."""
+
+
+class RequestError(DitaxError, ValueError):
+    """A generation / training request (sizes, prompt, image) cannot be served as given."""
+
+
+class WeightError(DitaxError, ValueError):
+    """Weights do not fit the model: missing / unexpected keys, wrong shapes, damaged files."""
+
+
+class ModelNotFound(DitaxError, FileNotFoundError):
+    """A path is not a model folder and could not be fetched from the hub."""
+
+
+class AttentionUnavailable(DitaxError, RuntimeError):
+    """The requested attention backend cannot run with these inputs on this platform."""
+
+
+def check_choice(key: str, value, allowed) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of ``allowed`` (with a did-you-mean)."""
+    if value not in allowed:
+        import difflib
+
+        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}{hint}")
+
+
+__all__ = ["check_choice", "DitaxError", "ConfigError", "RequestError", "WeightError", "ModelNotFound",
+           "AttentionUnavailable"]
