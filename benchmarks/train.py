@@ -28,6 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ditax.config import load_config, replace  # noqa: E402
+from ditax.parallel.axes import batch_shards  # noqa: E402
 from ditax.parallel.mesh import make_mesh  # noqa: E402
 from ditax.train.data import BatchIterator  # noqa: E402
 from ditax.train.step import Trainer, train_flops_per_sample  # noqa: E402
@@ -99,10 +100,10 @@ def run_memory(layers):
               {"attention.local": "blockwise"})]
     for name, sizes, be, extra in cases:
         for remat in ("none", "full"):
-            bs = sizes.get("fsdp", 1) * sizes.get("data", 1)
+            mesh = make_mesh({**ONE, **sizes})
+            bs = batch_shards(mesh)
             cfg = replace(base, **{"attention.backend": be, "model.remat": remat,
                                    "batch_size": bs, **extra})
-            mesh = make_mesh({**ONE, **sizes})
             t0 = time.perf_counter()
             try:
                 tr = Trainer(cfg, mesh)

@@ -1,13 +1,19 @@
 """Config loading, overrides, validation messages, mesh, rules, and the small CLI commands."""
 
+import dataclasses
 import json
+from typing import Literal
 
 import jax
 import pytest
+import yaml
 
 from ditax import config as C
+from ditax.attention.config import ATTENTION_BACKENDS
 from ditax.cli import main as cli_main
+from ditax.config import families
 from ditax.parallel import make_mesh, param_spec
+from ditax.parallel.axes import batch_entry, check_batch_divides, head_shards, seq_shards
 from jax.sharding import PartitionSpec as P
 
 
@@ -35,6 +41,17 @@ def test_overrides_are_typed():
     ("mesh.fsdp=two", r"mesh.fsdp='two': expected an integer"),
     ("model.scan_layers=maybe", r"expected a boolean"),
     ("mesh", r"not of the form key=value"),
+    ("mesh=8", r"'mesh' names a section; set one of its keys, e.g. mesh.data"),
+    ("attention.backend=ulysess", r"attention.backend='ulysess' is not one of .*did you mean 'ulysses'"),
+    ("model.remat=some", r"model.remat='some' is not one of none, full"),
+    ("model.dtype=bf16", r"did you mean 'bfloat16'"),
+    ("attention.cross_backend=ring", r"attention.cross_backend='ring' is not one of auto, "),
+    ("sample.scheduler=ddim", r"sample.scheduler='ddim' is not one of unipc, euler"),
+    ("optim.schedule=step", r"optim.schedule='step' is not one of constant, cosine, linear"),
+    ("model.patch_size=1,2", r"model.patch_size='1,2': expected a list of 3 values"),
+    ("model.num_layers=2.5", r"model.num_layers='2.5': expected an integer"),
+    ("sample.flow_shift=big", r"sample.flow_shift='big': expected a number or none"),
+    ("model.family=nope", r"model.family='nope' is not one of wan"),
 ])
 def test_override_errors(override, msg):
     with pytest.raises(C.ConfigError, match=msg):
@@ -42,7 +59,6 @@ def test_override_errors(override, msg):
 
 
 @pytest.mark.parametrize("override,msg", [
-    (["attention.backend=ulysess"], r"attention.backend='ulysess' is not one of .*did you mean 'ulysses'"),
     (["mesh.fsdp=-1", "mesh.context=3"], r"multiply to 3, which does not divide the 8 devices"),
     (["mesh.fsdp=3"], r"= 3, but there are 8 devices"),
     (["mesh.fsdp=-1", "mesh.context=-1"], r"at most one mesh axis may be -1"),
@@ -54,12 +70,98 @@ def test_override_errors(override, msg):
       "model.attention_head_dim=16"], r"6 heads .* not divisible by the 8 Ulysses shards"),
     (["mesh.fsdp=1", "mesh.context=8", "attention.backend=ulysses_ring",
       "attention.ulysses_shards=3"], r"ulysses_shards=3 does not divide mesh.context=8"),
-    (["model.remat=some"], r"model.remat='some'"),
+    (["optim.learning_rate=0"], r"optim.learning_rate=0.0 must be > 0"),
+    (["optim.b2=1"], r"optim.b2=1.0 must be in \[0, 1\)"),
+    (["flow.shift=0"], r"flow.shift=0.0 must be > 0"),
+    (["data.height=0"], r"data.height=0 must be >= 1"),
+    (["checkpoint.every=0"], r"checkpoint.every=0 must be >= 1"),
+    (["sample.flow_shift=-1"], r"sample.flow_shift=-1.0 must be > 0"),
+    (["model.freq_dim=31"], r"model.freq_dim=31 must be even"),
 ])
 def test_validation_errors(override, msg):
     cfg = C.load_config("tiny", override)
     with pytest.raises(C.ConfigError, match=msg):
         C.validate(cfg, 8, training=True)
+
+
+@pytest.mark.parametrize("key,value,msg", [
+    ("model.remat", "some", r"model.remat='some' is not one of"),
+    ("attention.backend", "ulysess", r"did you mean 'ulysses'"),
+    ("flow.weighting", "cosine", r"flow.weighting='cosine' is not one of none, bell"),
+    ("sample.cfg_mode", "both", r"sample.cfg_mode='both' is not one of batched, sequential"),
+])
+def test_validate_checks_literals_of_built_configs(key, value, msg):
+    """Configs built in code skip the loader; validate still names a bad Literal value."""
+    cfg = C.replace(C.load_config("tiny"), **{key: value})
+    with pytest.raises(C.ConfigError, match=msg):
+        C.validate(cfg)
+
+
+def test_literal_lists_have_one_source():
+    for b in ATTENTION_BACKENDS:
+        assert C.load_config(None, [f"attention.backend={b}"]).attention.backend == b
+    assert C.parse_overrides(["attention.cross_backend=none", "model.patch_size=(1,4,4)",
+                              "name=123", "mesh.fsdp=8"]) == {
+        "attention": {"cross_backend": None}, "model": {"patch_size": [1, 4, 4]},
+        "name": "123", "mesh": {"fsdp": 8}}
+
+
+def test_yaml_base_unknown_keys_and_round_trip(tmp_path):
+    child = tmp_path / "child.yaml"
+    child.write_text("base: tiny\nmesh: {fsdp: 2, context: -1}\n")
+    cfg = C.load_config(str(child))
+    assert (cfg.mesh.fsdp, cfg.mesh.context, cfg.model.num_layers) == (2, -1, 2)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: tiny\nmesh: {fsdpp: 2}\n")
+    with pytest.raises(C.ConfigError, match=r"unknown config key 'mesh.fsdpp'; did you mean mesh.fsdp"):
+        C.load_config(str(bad))
+    with pytest.raises(C.ConfigError, match=r"neither a YAML file nor a preset; presets: .*tiny"):
+        C.load_config("tinny")
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(C.to_dict(cfg)))
+    assert C.load_config(str(again)) == cfg
+    assert C.replace(cfg, **{"mesh.fsdp": 4, "steps": 3}).mesh.fsdp == 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyModelConfig:
+    family: Literal["toy"] = "toy"
+    num_attention_heads: int = 2
+    width: int = 8
+
+
+def _check_toy(m, mesh_sizes):
+    if m.width % 2:
+        raise C.ConfigError(f"model.width={m.width} must be even")
+
+
+def test_model_family_registry(monkeypatch):
+    monkeypatch.setattr(families, "_FAMILIES", dict(families._FAMILIES))
+    C.register_model_family(ToyModelConfig, _check_toy)
+    cfg = C.load_config(None, ["model.family=toy", "model.width=4", "mesh.context=2"])
+    assert cfg.model == ToyModelConfig(width=4) and cfg.mesh.context == 2
+    C.validate(cfg, 8)
+    with pytest.raises(C.ConfigError, match=r"model.width=3 must be even"):
+        C.validate(C.load_config(None, ["model.family=toy", "model.width=3"]))
+    with pytest.raises(C.ConfigError, match=r"unknown config key 'model.remat'"):
+        C.load_config(None, ["model.family=toy", "model.remat=full"])
+    with pytest.raises(C.ConfigError, match=r"model.family='toys' is not one of toy, wan"):
+        C.load_config(None, ["model.family=toys"])
+
+
+def test_one_batch_divisibility_message():
+    mesh = make_mesh({"data": 2, "fsdp": 4})
+    msg = r"is not divisible by mesh.data\*mesh.fsdp = 2\*4 = 8; use a batch that is a multiple"
+    with pytest.raises(C.ConfigError, match=r"batch=6 " + msg):
+        check_batch_divides(6, mesh)
+    with pytest.raises(C.ConfigError, match=r"batch_size=6 " + msg):
+        C.validate(C.load_config("tiny", ["mesh.data=2", "mesh.fsdp=4", "batch_size=6"]), 8,
+                   training=True)
+    check_batch_divides(16, mesh)
+    check_batch_divides(3, None)
+    ctx = make_mesh({"fsdp": 2, "context": 2, "tensor": 2})
+    assert (seq_shards(ctx), head_shards(ctx), batch_entry(ctx), batch_entry(None)) == (
+        2, 2, "fsdp", None)
 
 
 def test_mesh_and_param_rules():

@@ -155,7 +155,7 @@ def test_bad_inputs(tmp_path, rng):
         tr(lat[:, :3], t, text)
     with pytest.raises(ConfigError, match=r"num_attention_heads=4 is not divisible by mesh.tensor=8"):
         ditax.load_transformer(folder, mesh=make_mesh(dict(tensor=8)))
-    with pytest.raises(ValueError, match=r"batch 2 is not divisible by mesh data\*fsdp = 8"):
+    with pytest.raises(ValueError, match=r"batch=2 is not divisible by mesh.data\*mesh.fsdp = 1\*8 = 8"):
         ditax.load_transformer(folder, mesh=make_mesh(dict(fsdp=8)))(lat, t, text)
 
 

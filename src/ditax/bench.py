@@ -42,9 +42,10 @@ def _run(args, cfg, mesh) -> int:
     import numpy as np
 
     from ditax.models.wan.loading import Transformer, init_model
+    from ditax.parallel.axes import batch_shards
 
     f, y, x = (int(v) for v in args.latent.split(","))
-    b = mesh.shape["data"] * mesh.shape["fsdp"]
+    b = batch_shards(mesh)
     tr = Transformer(init_model(cfg.model, cfg.attention, mesh, seed=cfg.seed), mesh)
     rng = np.random.default_rng(0)
     dt = jnp.dtype(cfg.model.dtype)

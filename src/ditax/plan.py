@@ -32,6 +32,7 @@ def plan(cfg, mesh, latent=None, compile_=False) -> dict:
 
     from ditax.models.wan.embeddings import as_dtype
     from ditax.models.wan.loading import abstract_model, param_shardings
+    from ditax.parallel.axes import batch_shards
 
     abs_m = abstract_model(cfg.model, cfg.attention, mesh)
     gdef, state = nnx.split(abs_m)
@@ -53,7 +54,7 @@ def plan(cfg, mesh, latent=None, compile_=False) -> dict:
         f, y, x = latent or (
             (cfg.sample.num_frames - 1) // 4 + 1, cfg.sample.height // 8, cfg.sample.width // 8)
         dt = as_dtype(cfg.model.dtype)
-        bsh = mesh.shape["data"] * mesh.shape["fsdp"]
+        bsh = batch_shards(mesh)
         lat = jax.ShapeDtypeStruct((bsh, cfg.model.in_channels, f, y, x), dt)
         t = jax.ShapeDtypeStruct((bsh,), jnp.float32)
         text = jax.ShapeDtypeStruct((bsh, cfg.sample.max_sequence_length, cfg.model.text_dim), dt)

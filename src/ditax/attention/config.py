@@ -7,28 +7,33 @@ loader, the CLI); :func:`check_attention` holds the rules attention owns.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 from ditax.errors import ConfigError, check_choice
 
-LOCAL_BACKENDS = ("reference", "xla", "blockwise", "splash", "flash", "cudnn", "te")
-PARALLEL_BACKENDS = ("ulysses", "ring", "ulysses_ring")
-ATTENTION_BACKENDS = ("auto",) + LOCAL_BACKENDS + PARALLEL_BACKENDS
-OUT_A2A_MODES = ("flat", "chunked", "shard_major")
+LocalBackend = Literal["reference", "xla", "blockwise", "splash", "flash", "cudnn", "te"]
+ParallelBackend = Literal["ulysses", "ring", "ulysses_ring"]
+CrossBackend = Literal["auto", LocalBackend]
+AttentionBackend = Literal["auto", LocalBackend, ParallelBackend]
+OutA2A = Literal["flat", "chunked", "shard_major"]
+LOCAL_BACKENDS = get_args(LocalBackend)
+PARALLEL_BACKENDS = get_args(ParallelBackend)
+ATTENTION_BACKENDS = get_args(AttentionBackend)
+OUT_A2A_MODES = get_args(OutA2A)
 
 
 @dataclass(frozen=True)
 class AttentionConfig:
     """Attention backends for self- and cross-attention, and sequence-parallel options."""
 
-    backend: str = "xla"                 # self-attention backend (see ATTENTION_BACKENDS)
-    cross_backend: Optional[str] = None  # cross-attention; None = the local kernel of `backend`
-    local: str = "xla"                   # local kernel inside ulysses / ring
-    out_a2a: str = "flat"                # Ulysses output exchange: flat | chunked | shard_major
+    backend: AttentionBackend = "xla"    # self-attention backend
+    cross_backend: Optional[CrossBackend] = None  # None = the local kernel of `backend`
+    local: LocalBackend = "xla"          # local kernel inside ulysses / ring
+    out_a2a: OutA2A = "flat"             # Ulysses output exchange
     ulysses_shards: int = 0              # ulysses_ring: Ulysses group size (0 = all of context)
     block_q: int = 128                   # flash / splash / blockwise query block
     block_kv: int = 128                  # flash / splash / blockwise key block
-    short_cross_backend: Optional[str] = None  # explicit routing for short text K/V (opt-in)
+    short_cross_backend: Optional[LocalBackend] = None  # routing for short text K/V (opt-in)
     te_shardy: Optional[bool] = None     # te only: None = keep jax's partitioner; false = GSPMD
 
 
@@ -42,8 +47,7 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
     """
     check_choice("attention.backend", a.backend, ATTENTION_BACKENDS)
     if a.cross_backend is not None:
-        check_choice("attention.cross_backend", a.cross_backend,
-                     tuple(b for b in ATTENTION_BACKENDS if b not in PARALLEL_BACKENDS))
+        check_choice("attention.cross_backend", a.cross_backend, get_args(CrossBackend))
     if a.short_cross_backend is not None:
         check_choice("attention.short_cross_backend", a.short_cross_backend, LOCAL_BACKENDS)
     check_choice("attention.local", a.local, LOCAL_BACKENDS)

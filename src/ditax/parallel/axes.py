@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from jax.sharding import Mesh
 
-from ditax.parallel.mesh import BATCH_AXES, axis_size
-
-SEQ_AXIS = "context"      # the sequence-parallel axis (Ulysses / ring)
-HEADS_AXIS = "tensor"     # heads / MLP columns
+from ditax.parallel.mesh import (
+    BATCH_AXES,
+    HEADS_AXIS,
+    SEQ_AXIS,
+    axis_size,
+    check_batch,
+    check_tensor_split,
+)
 
 
 def batch_shards(mesh: Mesh | None) -> int:
@@ -54,21 +58,22 @@ def heads_entry(mesh: Mesh | None):
     return _used(mesh, (HEADS_AXIS,))
 
 
-def check_batch_divides(batch: int, mesh: Mesh | None, what: str = "batch") -> None:
-    """``ValueError`` unless ``batch`` splits over ``data * fsdp`` (message names the fix)."""
-    n = batch_shards(mesh)
-    if batch % n:
-        raise ValueError(
-            f"{what} {batch} is not divisible by mesh data*fsdp = {n}; use a batch that is a "
-            f"multiple of {n}, or put the devices on mesh.context for one video")
+def _sizes(mesh: Mesh | None) -> dict[str, int]:
+    return {} if mesh is None else dict(mesh.shape)
 
 
-def check_heads_divide(num_heads: int, mesh: Mesh | None, what: str = "attention") -> None:
-    """``ValueError`` unless ``num_heads`` splits over ``tensor``."""
-    t = head_shards(mesh)
-    if num_heads % t:
-        raise ValueError(f"{what}: {num_heads} heads are not divisible by mesh tensor={t}; "
-                         f"choose a tensor size dividing {num_heads}")
+def check_batch_divides(batch: int, mesh: Mesh | None, what: str = "batch",
+                        fix: str | None = None) -> None:
+    """:class:`~ditax.errors.ConfigError` unless ``batch`` splits over the batch shards
+    (the one message of :func:`ditax.parallel.mesh.check_batch`; ``fix`` replaces its advice)."""
+    check_batch(batch, _sizes(mesh), what, fix)
+
+
+def check_heads_divide(num_heads: int, mesh: Mesh | None,
+                       what: str = "model.num_attention_heads") -> None:
+    """:class:`~ditax.errors.ConfigError` unless ``num_heads`` splits over the head shards;
+    ``what`` names the quantity in the message (``{what}={num_heads} is not divisible ...``)."""
+    check_tensor_split(num_heads, _sizes(mesh), what)
 
 
 __all__ = ["SEQ_AXIS", "HEADS_AXIS", "batch_shards", "seq_shards", "head_shards", "batch_entry",

@@ -6,8 +6,9 @@ The mesh is always built here and passed explicitly (never read from a global).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
 import jax
 import numpy as np
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "fsdp", "context", "tensor")
 BATCH_AXES = ("data", "fsdp")     # the axes that split the batch
+SEQ_AXIS = "context"              # the sequence-parallel axis (Ulysses / ring)
+HEADS_AXIS = "tensor"             # heads / MLP columns
 
 
 @dataclass(frozen=True)
@@ -69,16 +72,50 @@ def resolve_mesh_shape(mesh: MeshConfig, num_devices: int) -> dict[str, int]:
     return sizes
 
 
-def check_batch(batch: int, sizes: dict[str, int], what: str = "batch_size") -> None:
-    """Raise :class:`ConfigError` unless ``batch`` splits over ``data * fsdp``."""
-    bsh = sizes["data"] * sizes["fsdp"]
-    if batch % bsh:
-        raise ConfigError(
-            f"{what}={batch} is not divisible by mesh.data*mesh.fsdp = "
-            f"{sizes['data']}*{sizes['fsdp']} = {bsh}; use a batch size that is a "
-            f"multiple of {bsh} or shrink data/fsdp")
+def _divides(value: int, sizes: Mapping[str, int] | None, axes: tuple[str, ...], what: str,
+             fix: str) -> None:
+    """The one divisibility message: ``{what}={value} is not divisible by mesh.<axes> ...``."""
+    sizes = sizes or {}
+    n = math.prod(int(sizes.get(a, 1)) for a in axes)
+    if value % n == 0:
+        return
+    if len(axes) == 1:
+        shown = f"mesh.{axes[0]}={n}"
+    else:
+        shown = (f"{'*'.join('mesh.' + a for a in axes)} = "
+                 f"{'*'.join(str(int(sizes.get(a, 1))) for a in axes)} = {n}")
+    raise ConfigError(f"{what}={value} is not divisible by {shown}; {fix}")
 
 
+def check_batch(batch: int, sizes: Mapping[str, int] | None, what: str = "batch_size",
+                fix: str | None = None) -> None:
+    """Raise :class:`ConfigError` unless ``batch`` splits over ``data * fsdp``.
+
+    ``sizes``: the resolved axis sizes (:func:`resolve_mesh_shape`) or a mesh's ``shape``
+    (None = one device). ``fix`` replaces the default advice in the message.
+    """
+    _divides(batch, sizes, BATCH_AXES, what,
+             fix or "use a batch that is a multiple of it, or shrink mesh.data / mesh.fsdp "
+                    "(e.g. move the devices to mesh.context to split one video)")
+
+
+def check_tensor_split(value: int, sizes: Mapping[str, int] | None, what: str) -> None:
+    """Raise :class:`ConfigError` unless ``value`` (heads, MLP width) splits over ``tensor``."""
+    _divides(value, sizes, (HEADS_AXIS,), what, f"pick a mesh.tensor that divides {value}")
+
+
+def mesh_config(mesh: Mesh | None) -> MeshConfig:
+    """The :class:`MeshConfig` describing an existing mesh (the default config without one)."""
+    if mesh is None:
+        return MeshConfig()
+    return MeshConfig(**{a: int(mesh.shape[a]) for a in MESH_AXES})
+
+
+def check_mesh_axes(mesh: Mesh | None) -> None:
+    """Raise :class:`ConfigError` unless ``mesh`` has the axes ditax shards over."""
+    if mesh is not None and tuple(mesh.axis_names) != MESH_AXES:
+        raise ConfigError(f"mesh axes {tuple(mesh.axis_names)} must be {MESH_AXES}; build it "
+                          f"with ditax.make_mesh")
 
 
 def initialize_distributed(cfg: MeshConfig) -> bool:

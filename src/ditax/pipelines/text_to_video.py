@@ -34,12 +34,12 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import AttentionConfig, ConfigError
+from ditax.config.sample import CFG_MODES
 from ditax.io.hub import ModelNotFound, resolve_folder
-from ditax.parallel.mesh import axis_size
+from ditax.parallel.axes import check_batch_divides
 
 log = logging.getLogger(__name__)
 
-CFG_MODES = ("batched", "sequential")
 SCHEDULER_NAMES = {"unipc": "UniPCMultistepScheduler", "euler": "FlowMatchEulerDiscreteScheduler"}
 
 
@@ -323,16 +323,12 @@ class WanTextToVideo:
         return jax.device_put(x, NamedSharding(self.mesh, P()))
 
     def _check_mesh(self, use_cfg: bool):
-        if self.mesh is None:
-            return
         b = 2 if (use_cfg and self.cfg_mode == "batched") else 1
-        bsh = axis_size(self.mesh, ("data", "fsdp"))
-        if b % bsh:
-            raise ConfigError(
-                f"the transformer runs batch {b} per forward (cfg_mode={self.cfg_mode}, guidance "
-                f"{'on' if use_cfg else 'off'}), not divisible by mesh data*fsdp = {bsh}; put the "
-                f"devices on mesh.context (sequence parallel) or use cfg_mode=batched with "
-                f"data*fsdp <= 2")
+        check_batch_divides(
+            b, self.mesh, "per-forward batch",
+            f"cfg_mode={self.cfg_mode} with guidance {'on' if use_cfg else 'off'} runs batch {b} "
+            f"per forward; put the devices on mesh.context (sequence parallel) or use "
+            f"cfg_mode=batched with mesh.data*mesh.fsdp <= 2")
 
     def __call__(self, prompt, negative_prompt=None, height: int = 480, width: int = 832,
                  num_frames: int = 81, num_inference_steps: int = 50,

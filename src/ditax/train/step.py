@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import Config, OptimConfig
 from ditax.models.wan.loading import abstract_model, param_shardings
+from ditax.parallel.axes import batch_entry
 from ditax.train.loss import flow_loss
 
 
@@ -84,8 +85,8 @@ def opt_shardings(opt_abstract, params_sh: dict, mesh) -> Any:
 
 
 def batch_shardings(mesh) -> dict[str, NamedSharding]:
-    """Batch dim over (data, fsdp); everything else replicated at the input."""
-    b = tuple(a for a in ("data", "fsdp") if mesh.shape[a] > 1) or None
+    """Batch dim over the batch shards; everything else replicated at the input."""
+    b = batch_entry(mesh)
     return {"latents": NamedSharding(mesh, P(b)), "text": NamedSharding(mesh, P(b)),
             "text_mask": NamedSharding(mesh, P(b))}
 

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from ditax.errors import ConfigError, check_choice
+from ditax.parallel.mesh import check_tensor_split
 
-DTYPES = ("float32", "bfloat16", "float16")
-REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch", "save_attn_out")
+DType = Literal["float32", "bfloat16", "float16"]
+Remat = Literal["none", "full", "save_dots", "save_dots_no_batch", "save_attn_out"]
+QKNorm = Literal["rms_norm_across_heads"]
+DTYPES = get_args(DType)
+REMAT_POLICIES = get_args(Remat)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Wan transformer shape (diffusers ``WanTransformer3DModel`` config names) and numerics."""
+    """Wan transformer shape (diffusers ``WanTransformer3DModel`` config names) and numerics.
 
+    ``family`` names the model family in a config file (``model.family``); see
+    :mod:`ditax.config.families`.
+    """
+
+    family: Literal["wan"] = "wan"
     patch_size: tuple[int, int, int] = (1, 2, 2)
     num_attention_heads: int = 12
     attention_head_dim: int = 128
@@ -25,12 +35,12 @@ class ModelConfig:
     ffn_dim: int = 8960
     num_layers: int = 30
     cross_attn_norm: bool = True
-    qk_norm: str = "rms_norm_across_heads"
+    qk_norm: QKNorm = "rms_norm_across_heads"
     eps: float = 1e-6
     rope_max_seq_len: int = 1024
-    param_dtype: str = "float32"   # storage dtype of the weights
-    dtype: str = "float32"         # compute dtype of matmuls / attention
-    remat: str = "none"            # none | full | save_dots | save_dots_no_batch | save_attn_out
+    param_dtype: DType = "float32"   # storage dtype of the weights
+    dtype: DType = "float32"         # compute dtype of matmuls / attention
+    remat: Remat = "none"            # activation checkpointing policy of each block
     scan_layers: bool = True
 
     @property
@@ -54,15 +64,13 @@ class ModelConfig:
         return cls(**kw)
 
 
-
-def check_model(m: ModelConfig, tensor: int | None = None) -> None:
-    """Raise :class:`ConfigError` for a model config that cannot be built (``tensor``: the
-    resolved ``mesh.tensor`` size, for the divisibility rules)."""
+def check_model(m: ModelConfig, mesh_sizes: dict[str, int] | None = None) -> None:
+    """Raise :class:`ConfigError` for a model config that cannot be built (``mesh_sizes``: the
+    resolved mesh sizes, for the tensor-parallel divisibility rules)."""
     check_choice("model.param_dtype", m.param_dtype, DTYPES)
     check_choice("model.dtype", m.dtype, DTYPES)
     check_choice("model.remat", m.remat, REMAT_POLICIES)
-    if m.qk_norm != "rms_norm_across_heads":
-        raise ConfigError(f"model.qk_norm={m.qk_norm!r}: only 'rms_norm_across_heads' (Wan) exists")
+    check_choice("model.qk_norm", m.qk_norm, get_args(QKNorm))
     for k in ("num_attention_heads", "attention_head_dim", "in_channels", "out_channels",
               "text_dim", "freq_dim", "ffn_dim", "num_layers"):
         if getattr(m, k) < 1:
@@ -73,11 +81,6 @@ def check_model(m: ModelConfig, tensor: int | None = None) -> None:
         raise ConfigError(f"model.freq_dim={m.freq_dim} must be even (sin/cos halves)")
     if any(p < 1 for p in m.patch_size):
         raise ConfigError(f"model.patch_size={m.patch_size} must be positive")
-    if tensor is None:
-        return
-    if m.num_attention_heads % tensor:
-        raise ConfigError(
-            f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
-            f"mesh.tensor={tensor}; pick a tensor size that divides the heads")
-    if m.ffn_dim % tensor:
-        raise ConfigError(f"model.ffn_dim={m.ffn_dim} is not divisible by mesh.tensor={tensor}")
+    if mesh_sizes is not None:
+        check_tensor_split(m.num_attention_heads, mesh_sizes, "model.num_attention_heads")
+        check_tensor_split(m.ffn_dim, mesh_sizes, "model.ffn_dim")

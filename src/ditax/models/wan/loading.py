@@ -20,12 +20,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import AttentionConfig, Config, ConfigError, ModelConfig, validate
-from ditax.parallel.mesh import MESH_AXES
+from ditax.parallel.axes import batch_entry
+from ditax.parallel.mesh import check_mesh_axes, mesh_config
 from ditax.io.hub import resolve_folder
 from ditax.io.safetensors import SafetensorsCheckpoint
 from ditax.models.wan import convert
 from ditax.models.wan.embeddings import as_dtype
-from ditax.models.wan.transformer import WanTransformer, mesh_config
+from ditax.models.wan.transformer import WanTransformer
 from ditax.parallel.rules import param_spec
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ class Transformer:
         if self.mesh is None or x is None:
             return x
         spec = [None] * x.ndim
-        spec[batch_axis] = tuple(a for a in ("data", "fsdp") if self.mesh.shape[a] > 1) or None
+        spec[batch_axis] = batch_entry(self.mesh)
         return jax.device_put(x, NamedSharding(self.mesh, P(*spec)))
 
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None):
@@ -197,9 +198,7 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
     cfg = ModelConfig.from_diffusers(raw, param_dtype=dtype, dtype=dtype, **model_overrides)
     acfg = attention if isinstance(attention, AttentionConfig) else AttentionConfig(
         backend=attention)
-    if mesh is not None and tuple(mesh.axis_names) != MESH_AXES:
-        raise ConfigError(f"mesh axes {mesh.axis_names} must be {MESH_AXES}; build it with "
-                          f"ditax.make_mesh")
+    check_mesh_axes(mesh)
     validate(Config(model=cfg, attention=acfg, mesh=mesh_config(mesh)),
              None if mesh is None else mesh.devices.size)
     model = load_weights_into(abstract_model(cfg, acfg, mesh), folder, cfg, mesh)

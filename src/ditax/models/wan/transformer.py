@@ -20,7 +20,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import PARALLEL, attend, get_backend
-from ditax.config import AttentionConfig, Config, MeshConfig, ModelConfig, validate
+from ditax.config import AttentionConfig, Config, ModelConfig, validate
 from ditax.models.wan.embeddings import (
     ConditionEmbedder,
     FP32LayerNorm,
@@ -30,7 +30,8 @@ from ditax.models.wan.embeddings import (
     as_dtype,
     rope_cos_sin,
 )
-from ditax.parallel.mesh import axis_size
+from ditax.parallel.axes import check_batch_divides, check_heads_divide, seq_shards
+from ditax.parallel.mesh import mesh_config
 from ditax.parallel.rules import constrain
 
 REMAT = {
@@ -60,13 +61,6 @@ def cross_backend_name(acfg: AttentionConfig) -> str:
     if acfg.cross_backend is not None:
         return acfg.cross_backend
     return acfg.local if acfg.backend in PARALLEL else acfg.backend
-
-
-def mesh_config(mesh) -> MeshConfig:
-    """The :class:`MeshConfig` describing an existing mesh (default config without one)."""
-    if mesh is None:
-        return MeshConfig()
-    return MeshConfig(**{a: int(mesh.shape[a]) for a in ("data", "fsdp", "context", "tensor")})
 
 
 class FeedForward(nnx.Module):
@@ -223,16 +217,8 @@ class WanTransformer(nnx.Module):
         if text_mask is not None and tuple(text_mask.shape) != tuple(text.shape[:2]):
             raise ValueError(f"text_mask must be [B, T] = {tuple(text.shape[:2])}; "
                              f"got {tuple(text_mask.shape)}")
-        if self.mesh is not None:
-            bsh = axis_size(self.mesh, ("data", "fsdp"))
-            if b % bsh:
-                raise ValueError(
-                    f"batch {b} is not divisible by mesh data*fsdp = {bsh}; use a batch that is "
-                    f"a multiple of {bsh}, or put the devices on mesh.context for one video")
-            tp = axis_size(self.mesh, "tensor")
-            if cfg.num_attention_heads % tp:
-                raise ValueError(f"num_attention_heads={cfg.num_attention_heads} is not "
-                                 f"divisible by mesh tensor={tp}")
+        check_batch_divides(b, self.mesh)
+        check_heads_divide(cfg.num_attention_heads, self.mesh)
 
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None):
         """Denoiser prediction for ``latents [B, C, F, Y, X]`` → ``[B, C_out, F, Y, X]``."""
@@ -256,8 +242,7 @@ class WanTransformer(nnx.Module):
         cos, sin = rope_cos_sin(cfg.attention_head_dim, (f, y, x), cfg.rope_max_seq_len)
 
         # pad the sequence to a multiple of the context shards; padded keys are masked
-        ctx = axis_size(mesh, "context")
-        pad = (-seq) % ctx
+        pad = (-seq) % seq_shards(mesh)
         token_mask = None
         if pad:
             h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))

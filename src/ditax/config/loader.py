@@ -1,0 +1,166 @@
+"""YAML presets + ``key=value`` overrides → a frozen, type-checked :class:`Config`.
+
+``load_config("tiny", ["mesh.fsdp=8", "attention.backend=ulysses"])`` reads a preset (or a YAML
+path; ``base: other`` inherits from another preset), applies the dotted overrides, and builds
+the frozen dataclasses through pydantic, which checks every annotation (``Literal`` choices,
+tuples, Optional, ``"8"`` → 8) and refuses unknown keys. Errors are :class:`ConfigError` naming
+the key, the value and what fits. Rules beyond types are :func:`~ditax.config.validate`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pathlib
+from typing import Any
+
+import pydantic
+import yaml
+
+from ditax.config.families import ModelFamily, model_family
+from ditax.config.keys import check_key, key_types, parse_text, type_error
+from ditax.config.schema import Config
+from ditax.errors import ConfigError
+
+PRESET_DIR = pathlib.Path(__file__).parent / "presets"
+
+# extra="forbid" and number → str coercion reach the nested dataclasses through the root model
+_PYDANTIC = pydantic.ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"mesh": {"fsdp": 8}}`` → ``{"mesh.fsdp": 8}`` (a non-mapping section stays a leaf)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        out.update(_flatten(v, key + ".") if isinstance(v, dict) else {key: v})
+    return out
+
+
+def _nest(flat: dict[str, Any]) -> dict:
+    out: dict = {}
+    for key, value in flat.items():
+        *heads, last = key.split(".")
+        node = out
+        for h in heads:
+            node = node.setdefault(h, {})
+        node[last] = value
+    return out
+
+
+def load_yaml(name_or_path: str) -> dict:
+    """A preset name or YAML path as a nested dict, with its ``base:`` chain merged in."""
+    p = pathlib.Path(name_or_path)
+    if not p.is_file() and (PRESET_DIR / f"{name_or_path}.yaml").is_file():
+        p = PRESET_DIR / f"{name_or_path}.yaml"
+    if not p.exists():
+        raise ConfigError(f"config {name_or_path!r} is neither a YAML file nor a preset; "
+                          f"presets: {', '.join(preset_names())}")
+    with open(p) as f:
+        d = yaml.safe_load(f) or {}
+    if not isinstance(d, dict):
+        raise ConfigError(f"config {str(p)!r}: expected a mapping of sections, got "
+                          f"{type(d).__name__}")
+    base = d.pop("base", None)
+    if base:
+        d = _nest({**_flatten(load_yaml(base)), **_flatten(d)})
+    return d
+
+
+def _pairs(overrides: list[str] | None) -> list[tuple[str, str]]:
+    out = []
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. mesh.fsdp=8)")
+        key, raw = item.split("=", 1)
+        out.append((key.strip(), raw))
+    return out
+
+
+def _family(flat: dict[str, Any], pairs: list[tuple[str, str]]) -> ModelFamily:
+    name = dict(pairs).get("model.family", flat.get("model.family", "wan"))
+    return model_family(str(name).strip())
+
+
+def _apply(flat: dict[str, Any], pairs, types_: dict[str, Any]) -> dict[str, Any]:
+    flat = dict(flat)
+    for key, raw in pairs:
+        check_key(key, types_)
+        flat[key] = parse_text(raw, types_[key])
+    return flat
+
+
+def parse_overrides(overrides: list[str] | None) -> dict:
+    """``["mesh.fsdp=8", "model.remat=full"]`` → ``{"mesh": {"fsdp": 8}, "model": {...}}``
+    (keys checked, values parsed for their field types, not yet validated)."""
+    pairs = _pairs(overrides)
+    return _nest(_apply({}, pairs, key_types(_family({}, pairs).config)))
+
+
+@functools.cache
+def _root(model_cls: type) -> type[pydantic.BaseModel]:
+    return pydantic.create_model(f"Root_{model_cls.__name__}", __config__=_PYDANTIC,
+                                 config=(Config, ...), model=(model_cls, ...))
+
+
+def from_flat(flat: dict[str, Any], family: ModelFamily | None = None,
+              given: dict[str, str] | None = None) -> Config:
+    """Build a :class:`Config` from dotted keys (unknown keys and wrong types are errors;
+    ``given``: the override texts, shown in messages instead of their parsed values)."""
+    family = family or _family(flat, [])
+    types_ = key_types(family.config)
+    for key in flat:
+        check_key(key, types_)
+    nested = _nest(flat)
+    model = nested.pop("model", {})
+    try:
+        root = _root(family.config).model_validate({"config": nested, "model": model})
+    except pydantic.ValidationError as err:
+        e = err.errors()[0]
+        parts = [str(p) for p in e["loc"] if isinstance(p, str)]
+        key = ".".join(parts[1:] if parts[0] == "config" else parts)
+        shown = (given or {}).get(key, flat.get(key, e["input"]))
+        raise type_error(key, shown, types_.get(key)) from None
+    return dataclasses.replace(root.config, model=root.model)
+
+
+def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a preset name or YAML path, apply ``key=value`` overrides, return a frozen Config."""
+    flat = _flatten(load_yaml(name_or_path)) if name_or_path else {}
+    pairs = _pairs(overrides)
+    family = _family(flat, pairs)
+    return from_flat(_apply(flat, pairs, key_types(family.config)), family, dict(pairs))
+
+
+def to_dict(cfg) -> dict:
+    """A config as plain nested dicts and lists (YAML / JSON ready)."""
+
+    def fix(x):
+        if isinstance(x, dict):
+            return {k: fix(v) for k, v in x.items()}
+        return list(x) if isinstance(x, tuple) else x
+
+    return fix(dataclasses.asdict(cfg))
+
+
+def replace(cfg, **changes):
+    """``dataclasses.replace`` that also accepts dotted keys: replace(cfg, **{"mesh.fsdp": 8})."""
+    nested: dict = {}
+    flat = {}
+    for k, v in changes.items():
+        if "." in k:
+            head, rest = k.split(".", 1)
+            nested.setdefault(head, {})[rest] = v
+        else:
+            flat[k] = v
+    for head, sub in nested.items():
+        flat[head] = replace(getattr(cfg, head), **sub)
+    return dataclasses.replace(cfg, **flat)
+
+
+__all__ = ["PRESET_DIR", "preset_names", "load_yaml", "parse_overrides", "from_flat",
+           "load_config", "to_dict", "replace"]

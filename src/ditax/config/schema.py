@@ -1,0 +1,77 @@
+"""The whole run configuration, composed of one section per concern, and :func:`validate`.
+
+Each section's schema and rules live with their owner: ``model`` with its family
+(:mod:`ditax.config.families`, e.g. :mod:`ditax.models.wan.config`), ``mesh`` in
+:mod:`ditax.parallel.mesh`, ``attention`` in :mod:`ditax.attention.config`, the training
+sections in :mod:`ditax.config.training`, ``sample`` in :mod:`ditax.config.sample`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ditax.attention.config import AttentionConfig, check_attention
+from ditax.config.families import model_family
+from ditax.config.sample import SampleConfig, check_sample
+from ditax.config.training import (
+    CheckpointConfig,
+    DataConfig,
+    FlowConfig,
+    OptimConfig,
+    check_checkpoint,
+    check_data,
+    check_flow,
+    check_optim,
+)
+from ditax.errors import ConfigError
+from ditax.models.wan.config import ModelConfig
+from ditax.parallel.mesh import MeshConfig, check_batch, resolve_mesh_shape
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run: model, mesh, attention, training and sampling sections plus run-level values.
+
+    ``model`` holds the config of the family named by its ``family`` field (Wan by default).
+    """
+
+    model: Any = field(default_factory=ModelConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    name: str = "custom"
+    steps: int = 100
+    batch_size: int = 1               # global batch
+    output_dir: str = "out/run"
+    seed: int = 0
+    log_every: int = 1
+    init_from: Optional[str] = None   # diffusers folder to initialise weights from
+
+
+def validate(cfg: Config, num_devices: int | None = None, *, training: bool = False) -> Config:
+    """Check every value that can be checked before tracing; each section's owner holds its
+    rules. ``num_devices`` adds the mesh rules, ``training`` the batch split. Returns ``cfg``."""
+    sizes = None if num_devices is None else resolve_mesh_shape(cfg.mesh, num_devices)
+    model_family(cfg.model.family).check(cfg.model, sizes)
+    check_attention(cfg.attention, num_heads=getattr(cfg.model, "num_attention_heads", None),
+                    mesh_sizes=sizes)
+    check_optim(cfg.optim)
+    check_flow(cfg.flow)
+    check_data(cfg.data)
+    check_checkpoint(cfg.checkpoint)
+    check_sample(cfg.sample)
+    if cfg.steps < 0:
+        raise ConfigError(f"steps={cfg.steps} must be >= 0")
+    if cfg.batch_size < 1:
+        raise ConfigError(f"batch_size={cfg.batch_size} must be >= 1")
+    if training and sizes is not None:
+        check_batch(cfg.batch_size, sizes)
+    return cfg
+
+
+__all__ = ["Config", "validate"]

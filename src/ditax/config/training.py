@@ -1,0 +1,103 @@
+"""Training sections of the config — optimiser, flow objective, data, checkpoints — and the
+rules each of them owns (checked by :func:`ditax.config.validate` before anything traces)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from ditax.errors import ConfigError, check_choice
+
+Schedule = Literal["constant", "cosine", "linear"]
+TimestepSampler = Literal["uniform", "logit_normal"]
+Weighting = Literal["none", "bell"]
+SCHEDULES = get_args(Schedule)
+TIMESTEP_SAMPLERS = get_args(TimestepSampler)
+WEIGHTINGS = get_args(Weighting)
+
+
+def _at_least(section: str, obj, names: tuple[str, ...], low: float) -> None:
+    for k in names:
+        if getattr(obj, k) < low:
+            raise ConfigError(f"{section}.{k}={getattr(obj, k)} must be >= {low}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with global-norm clipping and a warmup + decay learning-rate schedule."""
+
+    learning_rate: float = 1e-4
+    warmup_steps: int = 0
+    schedule: Schedule = "constant"
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0       # <= 0: no clipping
+    decay_steps: int = 0         # end of cosine/linear decay; 0 = the run's `steps`
+
+
+def check_optim(o: OptimConfig) -> None:
+    """Raise :class:`ConfigError` for optimiser settings that cannot train."""
+    check_choice("optim.schedule", o.schedule, SCHEDULES)
+    if o.learning_rate <= 0:
+        raise ConfigError(f"optim.learning_rate={o.learning_rate} must be > 0")
+    _at_least("optim", o, ("warmup_steps", "decay_steps", "weight_decay"), 0)
+    for k in ("b1", "b2"):
+        if not 0 <= getattr(o, k) < 1:
+            raise ConfigError(f"optim.{k}={getattr(o, k)} must be in [0, 1)")
+    if o.eps <= 0:
+        raise ConfigError(f"optim.eps={o.eps} must be > 0")
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """Rectified-flow objective (Wan recipe)."""
+
+    timestep_sampler: TimestepSampler = "uniform"
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    shift: float = 1.0                 # sigma' = s*sigma / (1 + (s-1)*sigma)
+    weighting: Weighting = "none"      # bell: well defined at batch 1
+
+
+def check_flow(f: FlowConfig) -> None:
+    """Raise :class:`ConfigError` for a flow objective that cannot be sampled."""
+    check_choice("flow.timestep_sampler", f.timestep_sampler, TIMESTEP_SAMPLERS)
+    check_choice("flow.weighting", f.weighting, WEIGHTINGS)
+    if f.shift <= 0:
+        raise ConfigError(f"flow.shift={f.shift} must be > 0")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "synthetic"          # synthetic | path to a dataset written by `ditax preprocess`
+    num_frames: int = 5                # synthetic: pixel frames (latent F = (n-1)/4 + 1)
+    height: int = 64                   # synthetic: pixel height
+    width: int = 64
+    text_len: int = 16                 # synthetic: text tokens
+    shuffle: bool = True
+    num_workers: int = 0
+
+
+def check_data(d: DataConfig) -> None:
+    """Raise :class:`ConfigError` for impossible sample sizes."""
+    _at_least("data", d, ("num_frames", "height", "width", "text_len"), 1)
+    _at_least("data", d, ("num_workers",), 0)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 100
+    keep: int = 3
+    async_save: bool = True
+
+
+def check_checkpoint(c: CheckpointConfig) -> None:
+    """Raise :class:`ConfigError` unless checkpoints are written and kept."""
+    _at_least("checkpoint", c, ("every", "keep"), 1)
+
+
+__all__ = ["OptimConfig", "FlowConfig", "DataConfig", "CheckpointConfig", "check_optim",
+           "check_flow", "check_data", "check_checkpoint", "SCHEDULES", "TIMESTEP_SAMPLERS",
+           "WEIGHTINGS"]
