@@ -9,13 +9,14 @@ sigmas spaced down to it are shifted again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ditax.schedulers._config import read_config
+from ditax.schedulers.flow import add_flow_noise, shift_sigma
 
 _DEFAULTS = dict(
     num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False, base_shift=0.5,
@@ -50,17 +51,23 @@ class FlowMatchEulerState(NamedTuple):
 class FlowMatchEulerScheduler:
     """Euler on shifted flow sigmas; build with :meth:`from_config`."""
 
+    CLASS_NAME: ClassVar[str] = "FlowMatchEulerDiscreteScheduler"  # scheduler_config "_class_name"
+    SHIFT_KEY: ClassVar[str] = "shift"  # its config key for the flow shift
+
     num_train_timesteps: int = 1000
     shift: float = 1.0
 
     @classmethod
     def from_config(cls, cfg: dict) -> "FlowMatchEulerScheduler":
         """From a diffusers ``FlowMatchEulerDiscreteScheduler`` config; unsupported settings raise."""
-        c = read_config(cfg, "FlowMatchEulerDiscreteScheduler", _DEFAULTS, _SUPPORTED)
+        c = read_config(cfg, cls.CLASS_NAME, _DEFAULTS, _SUPPORTED)
         return cls(num_train_timesteps=int(c["num_train_timesteps"]), shift=float(c["shift"]))
 
-    def _shifted(self, s):
-        return self.shift * s / (1 + (self.shift - 1) * s)
+    @classmethod
+    def flow_config(cls, num_train_timesteps: int, shift: float) -> dict:
+        """The diffusers config of this sampler on the flow-matching schedule with ``shift``."""
+        return {"_class_name": cls.CLASS_NAME, "num_train_timesteps": num_train_timesteps,
+                "shift": shift}
 
     def schedule(self, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Host-side ``(timesteps float32 [N], sigmas float32 [N+1])`` as diffusers builds them."""
@@ -69,9 +76,9 @@ class FlowMatchEulerScheduler:
         n = self.num_train_timesteps
         # Training-time extremes, in float32 like the reference's construction.
         train = np.float32(1.0) / np.float32(n), np.float32(n) / np.float32(n)
-        s_min, s_max = (float(self._shifted(np.float32(t))) for t in train)
+        s_min, s_max = (float(shift_sigma(np.float32(t), self.shift)) for t in train)
         t = np.linspace(s_max * n, s_min * n, num_steps)
-        sig = self._shifted(t / n).astype(np.float32)
+        sig = shift_sigma(t / n, self.shift).astype(np.float32)
         timesteps = sig * np.float32(n)
         return timesteps.astype(np.float32), np.concatenate([sig, [0.0]]).astype(np.float32)
 
@@ -91,6 +98,4 @@ class FlowMatchEulerScheduler:
 
     def add_noise(self, state: FlowMatchEulerState, sample, noise, index):
         """``(1 - s) * sample + s * noise`` at ``state.sigmas[index]`` (diffusers' scale_noise)."""
-        from ditax.schedulers import add_flow_noise
-
         return add_flow_noise(sample, noise, state.sigmas[jnp.asarray(index)])

@@ -15,13 +15,14 @@ order. All of it is arithmetic on the traced step index.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ditax.schedulers._config import read_config
+from ditax.schedulers.flow import add_flow_noise, shift_sigma
 
 _DEFAULTS = dict(
     num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear",
@@ -94,6 +95,9 @@ def _phi_terms(s_t, s_s0, bh2: bool):
 class UniPCScheduler:
     """UniPC on flow sigmas; build with :meth:`from_config`."""
 
+    CLASS_NAME: ClassVar[str] = "UniPCMultistepScheduler"  # scheduler_config "_class_name"
+    SHIFT_KEY: ClassVar[str] = "flow_shift"  # its config key for the flow shift
+
     num_train_timesteps: int = 1000
     flow_shift: float = 1.0
     solver_order: int = 2
@@ -105,13 +109,20 @@ class UniPCScheduler:
     @classmethod
     def from_config(cls, cfg: dict) -> "UniPCScheduler":
         """From a diffusers ``UniPCMultistepScheduler`` config dict; unsupported settings raise."""
-        c = read_config(cfg, "UniPCMultistepScheduler", _DEFAULTS, _SUPPORTED)
+        c = read_config(cfg, cls.CLASS_NAME, _DEFAULTS, _SUPPORTED)
         return cls(num_train_timesteps=int(c["num_train_timesteps"]),
                    flow_shift=float(c["flow_shift"]), solver_order=int(c["solver_order"]),
                    solver_type="bh1" if c["solver_type"] == "bh1" else "bh2",
                    lower_order_final=bool(c["lower_order_final"]),
                    final_sigmas_type=c["final_sigmas_type"],
                    disable_corrector=tuple(c["disable_corrector"]))
+
+    @classmethod
+    def flow_config(cls, num_train_timesteps: int, shift: float) -> dict:
+        """The diffusers config of this sampler on the flow-matching schedule with ``shift``."""
+        return {"_class_name": cls.CLASS_NAME, "num_train_timesteps": num_train_timesteps,
+                "flow_shift": shift, "use_flow_sigmas": True,
+                "prediction_type": "flow_prediction"}
 
     def schedule(self, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Host-side ``(timesteps int32 [N], sigmas float32 [N+1])``, as diffusers computes them
@@ -120,7 +131,7 @@ class UniPCScheduler:
             raise ValueError(f"num_steps={num_steps!r}; expected a positive int")
         n_train = self.num_train_timesteps
         s = np.linspace(1.0, 1.0 / n_train, num_steps + 1)[:-1]
-        s = self.flow_shift * s / (1.0 + (self.flow_shift - 1.0) * s)
+        s = shift_sigma(s, self.flow_shift)
         if abs(s[0] - 1.0) < 1e-6:  # keeps log(1 - sigma) finite at the first step
             s[0] -= 1e-6
         timesteps = (s * n_train).astype(np.int64).astype(np.int32)
@@ -210,6 +221,4 @@ class UniPCScheduler:
 
     def add_noise(self, state: UniPCState, sample, noise, index):
         """``(1 - s) * sample + s * noise`` at ``state.sigmas[index]`` (scalar or ``[B]``)."""
-        from ditax.schedulers import add_flow_noise
-
         return add_flow_noise(sample, noise, state.sigmas[jnp.asarray(index)])
