@@ -23,7 +23,10 @@ from ditax.schedulers.unipc import UniPCScheduler, UniPCState
 
 from ditax.schedulers.overrides import SCHEDULER_NAMES, check_scheduler_name, override_config
 
-SCHEDULERS = {cls.CLASS_NAME: cls for cls in (UniPCScheduler, FlowMatchEulerScheduler)}
+SCHEDULERS = {
+    "UniPCMultistepScheduler": UniPCScheduler,
+    "FlowMatchEulerDiscreteScheduler": FlowMatchEulerScheduler,
+}
 
 __all__ = ["SCHEDULERS", "SCHEDULER_NAMES", "FlowMatchEulerScheduler", "FlowMatchEulerState",
            "UniPCScheduler", "UniPCState", "add_flow_noise", "check_scheduler_name",

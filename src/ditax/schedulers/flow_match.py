@@ -9,7 +9,7 @@ sigmas spaced down to it are shifted again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,23 +51,14 @@ class FlowMatchEulerState(NamedTuple):
 class FlowMatchEulerScheduler:
     """Euler on shifted flow sigmas; build with :meth:`from_config`."""
 
-    CLASS_NAME: ClassVar[str] = "FlowMatchEulerDiscreteScheduler"  # scheduler_config "_class_name"
-    SHIFT_KEY: ClassVar[str] = "shift"  # its config key for the flow shift
-
     num_train_timesteps: int = 1000
     shift: float = 1.0
 
     @classmethod
     def from_config(cls, cfg: dict) -> "FlowMatchEulerScheduler":
         """From a diffusers ``FlowMatchEulerDiscreteScheduler`` config; unsupported settings raise."""
-        c = read_config(cfg, cls.CLASS_NAME, _DEFAULTS, _SUPPORTED)
+        c = read_config(cfg, "FlowMatchEulerDiscreteScheduler", _DEFAULTS, _SUPPORTED)
         return cls(num_train_timesteps=int(c["num_train_timesteps"]), shift=float(c["shift"]))
-
-    @classmethod
-    def flow_config(cls, num_train_timesteps: int, shift: float) -> dict:
-        """The diffusers config of this sampler on the flow-matching schedule with ``shift``."""
-        return {"_class_name": cls.CLASS_NAME, "num_train_timesteps": num_train_timesteps,
-                "shift": shift}
 
     def schedule(self, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Host-side ``(timesteps float32 [N], sigmas float32 [N+1])`` as diffusers builds them."""

@@ -8,18 +8,29 @@ keeping the folder's ``num_train_timesteps`` and, unless overridden, its shift.
 
 from __future__ import annotations
 
-from ditax.errors import ConfigError
-from ditax.schedulers.flow_match import FlowMatchEulerScheduler
-from ditax.schedulers.unipc import UniPCScheduler
+from typing import NamedTuple
 
-BY_SHORT_NAME = {"unipc": UniPCScheduler, "euler": FlowMatchEulerScheduler}
-SCHEDULER_NAMES = tuple(BY_SHORT_NAME)  # what ``sample.scheduler`` / ``scheduler=`` accept
-_BY_CLASS_NAME = {cls.CLASS_NAME: cls for cls in BY_SHORT_NAME.values()}
+from ditax.errors import ConfigError
+
+
+class _Sampler(NamedTuple):
+    class_name: str   # diffusers class (scheduler_config ``_class_name``)
+    shift_key: str    # its config key for the flow shift
+    flow_keys: dict   # what else a fresh config needs to run on the flow-matching schedule
+
+
+_SAMPLERS = {
+    "unipc": _Sampler("UniPCMultistepScheduler", "flow_shift",
+                      {"use_flow_sigmas": True, "prediction_type": "flow_prediction"}),
+    "euler": _Sampler("FlowMatchEulerDiscreteScheduler", "shift", {}),
+}
+SCHEDULER_NAMES = tuple(_SAMPLERS)  # what ``sample.scheduler`` / ``scheduler=`` accept
+_BY_CLASS_NAME = {s.class_name: s for s in _SAMPLERS.values()}
 
 
 def check_scheduler_name(scheduler: str | None) -> None:
     """Raise :class:`ConfigError` unless ``scheduler`` is None (the folder's) or a short name."""
-    if scheduler is not None and scheduler not in BY_SHORT_NAME:
+    if scheduler is not None and scheduler not in _SAMPLERS:
         raise ConfigError(f"scheduler={scheduler!r} is not one of {', '.join(SCHEDULER_NAMES)} "
                           f"(or None = the folder's)")
 
@@ -37,13 +48,15 @@ def override_config(cfg: dict, scheduler: str | None = None,
         return cfg
     check_scheduler_name(scheduler)
     current = cfg.get("_class_name")
-    cls = BY_SHORT_NAME[scheduler] if scheduler else _BY_CLASS_NAME.get(current)
-    if cls is None:
+    sampler = _SAMPLERS[scheduler] if scheduler else _BY_CLASS_NAME.get(current)
+    if sampler is None:
         return cfg
     shift = flow_shift if flow_shift is not None else cfg.get("flow_shift", cfg.get("shift", 1.0))
-    if cls.CLASS_NAME == current:
-        return {**cfg, cls.SHIFT_KEY: shift}
-    return cls.flow_config(cfg.get("num_train_timesteps", 1000), shift)
+    if sampler.class_name == current:
+        return {**cfg, sampler.shift_key: shift}
+    return {"_class_name": sampler.class_name,
+            "num_train_timesteps": cfg.get("num_train_timesteps", 1000),
+            sampler.shift_key: shift, **sampler.flow_keys}
 
 
-__all__ = ["BY_SHORT_NAME", "SCHEDULER_NAMES", "check_scheduler_name", "override_config"]
+__all__ = ["SCHEDULER_NAMES", "check_scheduler_name", "override_config"]

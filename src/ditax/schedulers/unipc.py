@@ -15,7 +15,7 @@ order. All of it is arithmetic on the traced step index.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -95,9 +95,6 @@ def _phi_terms(s_t, s_s0, bh2: bool):
 class UniPCScheduler:
     """UniPC on flow sigmas; build with :meth:`from_config`."""
 
-    CLASS_NAME: ClassVar[str] = "UniPCMultistepScheduler"  # scheduler_config "_class_name"
-    SHIFT_KEY: ClassVar[str] = "flow_shift"  # its config key for the flow shift
-
     num_train_timesteps: int = 1000
     flow_shift: float = 1.0
     solver_order: int = 2
@@ -109,20 +106,13 @@ class UniPCScheduler:
     @classmethod
     def from_config(cls, cfg: dict) -> "UniPCScheduler":
         """From a diffusers ``UniPCMultistepScheduler`` config dict; unsupported settings raise."""
-        c = read_config(cfg, cls.CLASS_NAME, _DEFAULTS, _SUPPORTED)
+        c = read_config(cfg, "UniPCMultistepScheduler", _DEFAULTS, _SUPPORTED)
         return cls(num_train_timesteps=int(c["num_train_timesteps"]),
                    flow_shift=float(c["flow_shift"]), solver_order=int(c["solver_order"]),
                    solver_type="bh1" if c["solver_type"] == "bh1" else "bh2",
                    lower_order_final=bool(c["lower_order_final"]),
                    final_sigmas_type=c["final_sigmas_type"],
                    disable_corrector=tuple(c["disable_corrector"]))
-
-    @classmethod
-    def flow_config(cls, num_train_timesteps: int, shift: float) -> dict:
-        """The diffusers config of this sampler on the flow-matching schedule with ``shift``."""
-        return {"_class_name": cls.CLASS_NAME, "num_train_timesteps": num_train_timesteps,
-                "flow_shift": shift, "use_flow_sigmas": True,
-                "prediction_type": "flow_prediction"}
 
     def schedule(self, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Host-side ``(timesteps int32 [N], sigmas float32 [N+1])``, as diffusers computes them
