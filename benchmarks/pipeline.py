@@ -92,23 +92,24 @@ def bench_vae_memory(folder, args):
     import jax.numpy as jnp
     from flax import nnx
 
-    from ditax.models.wan import vae as vae_mod
+    from ditax.models.wan.vae.chunks import decode_chunk
     from ditax.models.wan.vae_convert import load_vae
 
     vae = load_vae(pathlib.Path(folder) / "vae")
     gdef, state = nnx.split(vae)
-    y, x = args.height // 8, args.width // 8
+    tf, sf = vae.scale_factor_temporal, vae.scale_factor_spatial
+    y, x = args.height // sf, args.width // sf
     for lat_frames in (1, 3, 5, 9, 17):
         z = jnp.zeros((1, lat_frames, y, x, vae.z_dim), jnp.float32)
-        first = vae_mod._decode_chunk.lower(gdef, state, z[:, :1], None, first=True).compile()
-        _, cache = vae_mod._decode_chunk(gdef, state, z[:, :1], None, first=True)
+        first = decode_chunk.lower(gdef, state, z[:, :1], None, first=True).compile()
+        _, cache = decode_chunk(gdef, state, z[:, :1], None, first=True)
         peaks = []
-        for c in (first,) + ((vae_mod._decode_chunk.lower(gdef, state, z[:, 1:2], cache,
-                                                           first=False).compile(),)
+        for c in (first,) + ((decode_chunk.lower(gdef, state, z[:, 1:2], cache,
+                                                 first=False).compile(),)
                              if lat_frames > 1 else ()):
             m = c.memory_analysis()
             peaks.append(m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes)
-        frames = 1 + 4 * (lat_frames - 1)
+        frames = 1 + tf * (lat_frames - 1)
         video_bytes = frames * args.height * args.width * 3 * 4
         emit(bench="vae_decode_memory", case=f"{frames} frames {args.height}x{args.width}",
              metric="step_peak_bytes", value=int(max(peaks)), unit="B",

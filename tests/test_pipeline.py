@@ -15,7 +15,10 @@ import ditax  # noqa: E402
 from ditax.config import AttentionConfig  # noqa: E402
 from ditax.parallel import make_mesh  # noqa: E402
 from ditax.pipelines.text_to_video import PipelineLoadError  # noqa: E402
+from compiles import compiles  # noqa: E402
 from pipeline_reference import make_tiny_pipeline, run_diffusers  # noqa: E402
+
+STEP = "_denoise_step"  # the pipeline's jitted sampling step (one compiled program per shape)
 
 H = W = 32
 FRAMES = 5
@@ -39,20 +42,20 @@ def test_matches_diffusers_with_cfg_and_compiles_once(tiny):
     ref, _, pipe = tiny
     lat = _latents(pipe, 1)
     kw = dict(REQ, num_inference_steps=4, guidance_scale=5.0)
-    before = pipe.compile_count()
-    got = pipe(latents=lat, progress=False, **kw)
+    with compiles() as first:
+        got = pipe(latents=lat, progress=False, **kw)
     assert got.shape == (FRAMES, H, W, 3) and got.dtype == np.float32
     assert 0.0 <= got.min() and got.max() <= 1.0
     want = run_diffusers(ref, lat, **kw)
     assert np.abs(got - want).max() < TOL, np.abs(got - want).max()
     assert got.std() > 1e-3  # a real video, not a constant
-    assert pipe.compile_count() - before <= 1  # 4 steps, one program
+    assert first.count(STEP) <= 1, first.names  # 4 steps, one program
     # another prompt, seed and guidance: still the same compiled step (a new step count
     # would compile once more: the scheduler's tables are [N]-shaped)
-    n = pipe.compile_count()
-    other = pipe(prompt="a red car", height=H, width=W, num_frames=FRAMES,
-                 num_inference_steps=4, guidance_scale=3.0, seed=7, progress=False)
-    assert pipe.compile_count() == n
+    with compiles() as again:
+        other = pipe(prompt="a red car", height=H, width=W, num_frames=FRAMES,
+                     num_inference_steps=4, guidance_scale=3.0, seed=7, progress=False)
+    assert again.count(STEP) == 0, again.names
     assert np.abs(other - got).max() > 1e-3
     for name in ("text", "denoise", "decode"):
         assert getattr(pipe.timings, name) > 0
@@ -100,9 +103,9 @@ def test_two_experts_switch_like_diffusers(tmp_path):
     kw = dict(REQ, num_inference_steps=4, guidance_scale=4.0, guidance_scale_2=2.0)
     t = np.asarray(pipe.scheduler.set_timesteps(4, lat.shape).timesteps)
     assert (t >= 800).any() and (t < 800).any()  # both experts really run
-    n = pipe.compile_count()
-    got = pipe(latents=lat, progress=False, **kw)
-    assert pipe.compile_count() - n <= 1  # both experts share the compiled step
+    with compiles() as log:
+        got = pipe(latents=lat, progress=False, **kw)
+    assert log.count(STEP) <= 1, log.names  # both experts share the compiled step
     want = run_diffusers(ref, lat, **kw)
     assert np.abs(got - want).max() < TOL
     # the low-noise expert matters: dropping it changes the result

@@ -10,8 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
+from compiles import compiles  # noqa: E402
+
 from ditax.schedulers import (FlowMatchEulerScheduler, UniPCScheduler,  # noqa: E402
-                              add_flow_noise, from_config, load_scheduler)
+                              add_flow_noise, from_config, load_scheduler, override_config)
 
 # What a Wan 2.1 diffusers folder ships in scheduler/scheduler_config.json (480p: shift 3).
 WAN_UNIPC = {
@@ -58,16 +60,31 @@ def _rollout_ref(ref, steps, x, outs):
 
 def _rollout_ours(sched, steps, x, outs, jit):
     state = sched.set_timesteps(steps, x.shape)
-    step = jax.jit(sched.step) if jit else sched.step
-    xs, ts = [], []
     x = jnp.asarray(x)
+    step = sched.step
+    if jit:
+        # One compiled program (jax.stages.Compiled) for every step: it refuses arguments of
+        # another structure, shape or dtype, so a state that changed between steps would fail.
+        step = jax.jit(sched.step).lower(state, jnp.asarray(outs[0]), x).compile()
+    xs, ts = [], []
     for v in outs:
         ts.append(np.asarray(state.timesteps[state.step_index]))
         x, state = step(state, jnp.asarray(v), x)
         xs.append(np.asarray(x))
-    if jit:
-        assert step._cache_size() == 1  # one compiled function for every step
     return xs, ts, state
+
+
+def test_compile_counter_sees_compiles():
+    """tests/compiles.py (used by the VAE and pipeline tests) sees jax's compilations: a fresh
+    jitted function compiles once, a second call of the same shapes compiles nothing."""
+    def probe(x):
+        return x * 3.0 + 1.0
+
+    f = jax.jit(probe)
+    with compiles() as log:
+        f(jnp.ones((7, 13)))
+        f(jnp.ones((7, 13)) * 2)
+    assert log.count("probe") == 1, log.names
 
 
 CASES = [
@@ -165,3 +182,21 @@ def test_config_errors(tmp_path):
     s = load_scheduler(tmp_path)
     assert isinstance(s, UniPCScheduler) and s.flow_shift == 3.0 and s.solver_order == 2
     assert isinstance(from_config(EULER), FlowMatchEulerScheduler)
+
+
+def test_override_config():
+    """sample.scheduler / flow_shift overrides: same sampler with a new shift, or another sampler
+    on the flow schedule keeping the folder's num_train_timesteps and shift."""
+    assert override_config(WAN_UNIPC) is WAN_UNIPC
+    same = override_config(WAN_UNIPC, None, 5.0)
+    assert same == {**WAN_UNIPC, "flow_shift": 5.0} and WAN_UNIPC["flow_shift"] == 3.0
+    euler = override_config(WAN_UNIPC, "euler")
+    assert euler == {**EULER, "shift": 3.0}
+    assert isinstance(from_config(euler), FlowMatchEulerScheduler)
+    unipc = from_config(override_config(EULER, "unipc", 5.0))
+    assert isinstance(unipc, UniPCScheduler) and unipc.flow_shift == 5.0
+    assert override_config(EULER, "euler", 2.0) == {**EULER, "shift": 2.0}
+    ddim = {"_class_name": "DDIMScheduler"}
+    assert override_config(ddim, None, 2.0) is ddim  # building it then names what exists
+    with pytest.raises(ValueError, match="scheduler='dpm' is not one of unipc, euler"):
+        override_config(WAN_UNIPC, "dpm")

@@ -12,7 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
-from ditax.models.wan import vae as vae_mod  # noqa: E402
+from compiles import compiles  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from ditax.models.wan.vae.chunks import decode_chunk, encode_chunk  # noqa: E402
 from ditax.models.wan.vae_convert import VAELoadError, load_vae  # noqa: E402
 
 TOL = 1e-4
@@ -119,18 +122,18 @@ def test_chunking_and_causality(pair, rng):
     if name != "small":
         return  # the multi-chunk step check below compiles extra shapes; once is enough
     # two chunks in one step == two steps (encoder: 8 frames vs 4 + 4; decoder: 2 latents vs 1 + 1)
-    graphdef, state = vae_mod.nnx.split(vae)
+    graphdef, state = nnx.split(vae)
     x = jnp.transpose(video, (0, 2, 3, 4, 1))
     copy = functools.partial(jax.tree.map, jnp.copy)  # the steps donate (consume) their cache
-    _, cache = vae_mod._encode_chunk(graphdef, state, x[:, :1], None, first=True)
-    one, _ = vae_mod._encode_chunk(graphdef, state, x[:, 1:9], copy(cache), first=False)
-    a, c2 = vae_mod._encode_chunk(graphdef, state, x[:, 1:5], cache, first=False)
-    b2, _ = vae_mod._encode_chunk(graphdef, state, x[:, 5:9], c2, first=False)
+    _, cache = encode_chunk(graphdef, state, x[:, :1], None, first=True)
+    one, _ = encode_chunk(graphdef, state, x[:, 1:9], copy(cache), first=False)
+    a, c2 = encode_chunk(graphdef, state, x[:, 1:5], cache, first=False)
+    b2, _ = encode_chunk(graphdef, state, x[:, 5:9], c2, first=False)
     np.testing.assert_allclose(one, jnp.concatenate([a, b2], axis=1), rtol=0, atol=1e-5)
 
     zl = jnp.transpose(z, (0, 2, 3, 4, 1))
-    first, cache = vae_mod._decode_chunk(graphdef, state, zl[:, :1], None, first=True)
-    both, _ = vae_mod._decode_chunk(graphdef, state, zl[:, 1:3], cache, first=False)
+    first, cache = decode_chunk(graphdef, state, zl[:, :1], None, first=True)
+    both, _ = decode_chunk(graphdef, state, zl[:, 1:3], cache, first=False)
     got = jnp.clip(jnp.concatenate([first, both], axis=1), -1, 1)
     np.testing.assert_allclose(jnp.transpose(got, (0, 4, 1, 2, 3)), dec, rtol=0, atol=1e-5)
 
@@ -141,10 +144,10 @@ def test_chunk_step_compiles_once_per_kind(pair, rng):
     b, h, w = SHAPES[name]
     z = jnp.asarray(rng.standard_normal((b, vae.z_dim, 4, h // 8, w // 8)), jnp.float32)
     vae.decode(z[:, :, :2])  # both steps compiled (possibly already by earlier tests)
-    before = vae_mod._decode_chunk._cache_size()
-    vae.decode(z)
-    vae.decode(z[:, :, :3])
-    assert vae_mod._decode_chunk._cache_size() == before
+    with compiles() as log:
+        vae.decode(z)
+        vae.decode(z[:, :, :3])
+    assert log.count("decode_chunk") == 0, log.names
 
 
 def test_sample_and_latent_normalisation(pair, rng):
@@ -230,8 +233,8 @@ def test_bfloat16_load(small):
     """dtype="bfloat16" converts every parameter to bf16 (rounded float32 values)."""
     name, _, vae32, folder = small
     vae16 = load_vae(folder, dtype="bfloat16")
-    p16 = jax.tree.leaves(vae_mod.nnx.state(vae16))
-    p32 = jax.tree.leaves(vae_mod.nnx.state(vae32))
+    p16 = jax.tree.leaves(nnx.state(vae16))
+    p32 = jax.tree.leaves(nnx.state(vae32))
     assert len(p16) == len(p32) and all(a.dtype == jnp.bfloat16 for a in p16)
     for a, b in zip(p16, p32):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))

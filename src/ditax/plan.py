@@ -33,6 +33,7 @@ def plan(cfg, mesh, latent=None, compile_=False) -> dict:
     from ditax.models.wan.embeddings import as_dtype
     from ditax.models.wan.loading import abstract_model, param_shardings
     from ditax.parallel.axes import batch_shards
+    from ditax.models.wan.vae.config import WanVAEConfig
 
     abs_m = abstract_model(cfg.model, cfg.attention, mesh)
     gdef, state = nnx.split(abs_m)
@@ -51,8 +52,8 @@ def plan(cfg, mesh, latent=None, compile_=False) -> dict:
            "param_bytes_total": total, "param_bytes_per_device": per_dev,
            "shardings": rows}
     if compile_:
-        f, y, x = latent or (
-            (cfg.sample.num_frames - 1) // 4 + 1, cfg.sample.height // 8, cfg.sample.width // 8)
+        f, y, x = latent or WanVAEConfig().latent_grid(
+            cfg.sample.num_frames, cfg.sample.height, cfg.sample.width)
         dt = as_dtype(cfg.model.dtype)
         bsh = batch_shards(mesh)
         lat = jax.ShapeDtypeStruct((bsh, cfg.model.in_channels, f, y, x), dt)

@@ -2,12 +2,13 @@
 
 Reads a diffusers ``WanPipeline`` folder (``model_index.json`` with ``tokenizer/``,
 ``text_encoder/``, ``vae/``, ``scheduler/``, ``transformer/`` and, for Wan 2.2 A14B,
-``transformer_2/`` plus ``boundary_ratio``) and reproduces the reference sampling loop:
+``transformer_2/`` plus ``boundary_ratio``; see :mod:`.folder` and :mod:`.components`) and
+reproduces the reference sampling loop:
 
 1. text: UMT5 embeddings of the prompt and (with guidance > 1) the negative prompt, padded to
    ``max_sequence_length`` with rows past each prompt's length zeroed;
-2. latents ``[1, C, (F-1)/4 + 1, H/8, W/8]`` drawn from N(0, 1) (``jax.random``, from ``seed``)
-   unless given;
+2. latents ``[1, C, (F-1)/4 + 1, H/8, W/8]`` (4, 8: the VAE's temporal / spatial factors)
+   drawn from N(0, 1) (``jax.random``, from ``seed``) unless given;
 3. denoise: at step i the timestep ``t_i`` picks the expert (``transformer`` while
    ``t_i >= boundary_ratio * num_train_timesteps``, else ``transformer_2``) and its guidance
    scale; velocity ``v = v_uncond + g (v_cond - v_uncond)``; one scheduler step;
@@ -21,9 +22,7 @@ share one graph, so it compiles once and every step (of either expert) reuses it
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import pathlib
 import time
 from dataclasses import dataclass
 
@@ -33,6 +32,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+<<<<<<< HEAD
 from ditax.config import AttentionConfig, ConfigError
 from ditax.config.sample import CFG_MODES
 from ditax.io.hub import ModelNotFound, resolve_folder
@@ -117,6 +117,18 @@ def _need(root: pathlib.Path, index: dict, name: str) -> pathlib.Path:
         raise PipelineLoadError(f"{root}/model_index.json lists {name!r} but the folder "
                                 f"{sub} is missing; re-download or re-save the pipeline")
     return sub
+=======
+from ditax.errors import ConfigError, RequestError
+from ditax.parallel.mesh import axis_size
+from ditax.pipelines.components import load_components
+from ditax.pipelines.folder import PipelineLoadError, read_pipeline_folder
+from ditax.pipelines.request import check_request
+from ditax.schedulers.overrides import check_scheduler_name
+
+log = logging.getLogger(__name__)
+
+CFG_MODES = ("batched", "sequential")
+>>>>>>> files
 
 
 def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
@@ -139,89 +151,19 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
       vae_tiling: decode in overlapping spatial tiles (large frames).
       max_sequence_length: text tokens (512 for Wan).
     """
-    from ditax.models.tokenizer import load_tokenizer
-    from ditax.models.umt5 import load_text_encoder
-    from ditax.models.wan.loading import load_transformer
-    from ditax.models.wan.vae_convert import load_vae
-    from ditax.schedulers import SCHEDULERS, from_config
-
     if cfg_mode not in CFG_MODES:
         raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
-    if scheduler is not None and scheduler not in SCHEDULER_NAMES:
-        raise ConfigError(f"scheduler={scheduler!r} is not one of {', '.join(SCHEDULER_NAMES)} "
-                          f"(or None = the folder's)")
+    check_scheduler_name(scheduler)
     t0 = time.perf_counter()
-    root = resolve_pipeline_folder(path)
-    index = json.loads((root / "model_index.json").read_text())
-    cls = index.get("_class_name")
-    if cls not in (None, "WanPipeline"):
-        raise PipelineLoadError(f"{root}/model_index.json is a {cls}; ditax loads text-to-video "
-                                f"WanPipeline folders")
-    if index.get("expand_timesteps"):
-        raise PipelineLoadError("expand_timesteps=true (Wan 2.2 TI2V-5B) is not implemented; "
-                                "use a T2V folder (Wan2.1-T2V-* or Wan2.2-T2V-A14B)")
-    subs = {n: _need(root, index, n) for n in ("tokenizer", "text_encoder", "vae", "scheduler")}
-    has_t1 = _component_present(root, index, "transformer")
-    has_t2 = _component_present(root, index, "transformer_2")
-    if not has_t1:
-        raise PipelineLoadError(f"{root}/model_index.json has no 'transformer'; ditax needs it "
-                                f"(transformer_2 alone is not supported)")
-    subs["transformer"] = _need(root, index, "transformer")
-    if has_t2:
-        subs["transformer_2"] = _need(root, index, "transformer_2")
-
-    # scheduler
-    sched_cfg = json.loads((subs["scheduler"] / "scheduler_config.json").read_text()) \
-        if (subs["scheduler"] / "scheduler_config.json").is_file() else None
-    if sched_cfg is None:
-        raise PipelineLoadError(f"{subs['scheduler']} has no scheduler_config.json")
-    if scheduler is not None or flow_shift is not None:
-        n_train = sched_cfg.get("num_train_timesteps", 1000)
-        shift = flow_shift if flow_shift is not None else sched_cfg.get(
-            "flow_shift", sched_cfg.get("shift", 1.0))
-        name = SCHEDULER_NAMES[scheduler] if scheduler else sched_cfg.get("_class_name")
-        if name == sched_cfg.get("_class_name"):
-            sched_cfg = dict(sched_cfg)
-            sched_cfg["flow_shift" if name == SCHEDULER_NAMES["unipc"] else "shift"] = shift
-        elif name == SCHEDULER_NAMES["unipc"]:
-            sched_cfg = {"_class_name": name, "num_train_timesteps": n_train, "flow_shift": shift,
-                         "use_flow_sigmas": True, "prediction_type": "flow_prediction"}
-        else:
-            sched_cfg = {"_class_name": name, "num_train_timesteps": n_train, "shift": shift}
-    if sched_cfg.get("_class_name") not in SCHEDULERS:
-        raise PipelineLoadError(f"scheduler {sched_cfg.get('_class_name')!r} in "
-                                f"{subs['scheduler']} is not implemented; ditax has "
-                                f"{sorted(SCHEDULERS)} (or pass scheduler='unipc'|'euler')")
-    sched = from_config(sched_cfg)
-
-    acfg = attention if isinstance(attention, AttentionConfig) else AttentionConfig(
-        backend=attention)
-    tok = load_tokenizer(subs["tokenizer"])
-    enc = load_text_encoder(subs["text_encoder"], dtype=dtype)
-    vae = load_vae(subs["vae"], dtype=vae_dtype)
-    tr = load_transformer(subs["transformer"], dtype=dtype, mesh=mesh, attention=acfg,
-                          subfolder=None, **model_overrides)
-    tr2 = None
-    if has_t2:
-        tr2 = load_transformer(subs["transformer_2"], dtype=dtype, mesh=mesh, attention=acfg,
-                               subfolder=None, **model_overrides)
-        if tr2.config != tr.config:
-            raise PipelineLoadError(f"transformer_2 config {tr2.config} differs from transformer "
-                                    f"{tr.config}; both experts must have the same shape")
-    # components must fit together
-    if enc.cfg.d_model != tr.config.text_dim:
-        raise PipelineLoadError(f"text_encoder d_model={enc.cfg.d_model} != transformer "
-                                f"text_dim={tr.config.text_dim}; the folder mixes components")
-    if vae.z_dim != tr.config.in_channels or vae.z_dim != tr.config.out_channels:
-        raise PipelineLoadError(f"vae z_dim={vae.z_dim} != transformer in/out channels "
-                                f"{tr.config.in_channels}/{tr.config.out_channels}")
-    boundary = index.get("boundary_ratio")
-    pipe = WanTextToVideo(tokenizer=tok, text_encoder=enc, vae=vae, transformer=tr,
-                          transformer_2=tr2, scheduler=sched, boundary_ratio=boundary, mesh=mesh,
+    folder = read_pipeline_folder(path)
+    parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
+                            scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
+                            **model_overrides)
+    pipe = WanTextToVideo(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
                           cfg_mode=cfg_mode, vae_tiling=vae_tiling,
                           max_sequence_length=max_sequence_length)
     pipe.load_time = time.perf_counter() - t0
-    log.info("loaded pipeline %s in %.1fs", root, pipe.load_time)
+    log.info("loaded pipeline %s in %.1fs", folder.root, pipe.load_time)
     return pipe
 
 
@@ -298,11 +240,6 @@ class WanTextToVideo:
         self.load_time = 0.0
         self.timings = Timings()
 
-    def compile_count(self) -> int:
-        """Compiled variants of the (process-wide) denoise step so far; a second call of the
-        same request shape must not change it."""
-        return _denoise_step._cache_size()
-
     # --- phases
     def encode_text(self, prompt: str, negative_prompt: str | None, use_cfg: bool):
         """``[2, T, Dt]`` (cond, uncond) with guidance, else ``[1, T, Dt]``; transformer dtype."""
@@ -313,9 +250,9 @@ class WanTextToVideo:
         return emb.astype(jnp.dtype(self.transformer.config.dtype))
 
     def latent_shape(self, height: int, width: int, num_frames: int) -> tuple[int, ...]:
-        tf, sf = self.vae.scale_factor_temporal, self.vae.scale_factor_spatial
-        return (1, self.transformer.config.in_channels, (num_frames - 1) // tf + 1,
-                height // sf, width // sf)
+        """Initial latents ``[1, C, F', Y, X]`` for a video of this size (the VAE's factors)."""
+        return (1, self.transformer.config.in_channels,
+                *self.vae.config.latent_grid(num_frames, height, width))
 
     def _replicate(self, x):
         if self.mesh is None:
@@ -348,7 +285,7 @@ class WanTextToVideo:
                       guidance_scale_2, negative_prompt, spatial=sf,
                       temporal=self.vae.scale_factor_temporal)
         if guidance_scale_2 is not None and self.boundary_ratio is None:
-            raise ValueError("guidance_scale_2 applies only to two-expert (Wan 2.2) pipelines "
+            raise RequestError("guidance_scale_2 applies only to two-expert (Wan 2.2) pipelines "
                              "with boundary_ratio set; this folder has none — drop it")
         if guidance_scale_2 is None:
             guidance_scale_2 = guidance_scale
@@ -360,7 +297,7 @@ class WanTextToVideo:
             if latents.ndim == 4:
                 latents = latents[None]
             if tuple(latents.shape) != shape:
-                raise ValueError(f"latents shape {tuple(latents.shape)} does not match "
+                raise RequestError(f"latents shape {tuple(latents.shape)} does not match "
                                  f"{shape} for {num_frames} frames at {height}x{width}")
 
         t0 = time.perf_counter()
@@ -396,3 +333,7 @@ class WanTextToVideo:
         video = np.asarray(jnp.transpose(video[0], (1, 2, 3, 0)))    # [F, H, W, 3]
         self.timings = Timings(self.load_time, t1 - t0, t2 - t1, time.perf_counter() - t2)
         return video
+
+
+__all__ = ["CFG_MODES", "PipelineLoadError", "Timings", "WanTextToVideo", "check_request",
+           "load_pipeline"]

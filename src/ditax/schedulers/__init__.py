@@ -17,29 +17,20 @@ from __future__ import annotations
 import json
 import pathlib
 
-import jax.numpy as jnp
-
+from ditax.schedulers.flow import add_flow_noise, shift_sigma
 from ditax.schedulers.flow_match import FlowMatchEulerScheduler, FlowMatchEulerState
 from ditax.schedulers.unipc import UniPCScheduler, UniPCState
+
+from ditax.schedulers.overrides import SCHEDULER_NAMES, check_scheduler_name, override_config
 
 SCHEDULERS = {
     "UniPCMultistepScheduler": UniPCScheduler,
     "FlowMatchEulerDiscreteScheduler": FlowMatchEulerScheduler,
 }
 
-__all__ = ["SCHEDULERS", "FlowMatchEulerScheduler", "FlowMatchEulerState", "UniPCScheduler",
-           "UniPCState", "add_flow_noise", "from_config", "load_scheduler"]
-
-
-def add_flow_noise(sample, noise, sigma):
-    """Rectified-flow forward process ``(1 - sigma) * sample + sigma * noise``.
-
-    ``sigma`` is a scalar or ``[B]`` (broadcast over the trailing axes of ``sample``).
-    """
-    sigma = jnp.asarray(sigma, jnp.float32)
-    sigma = sigma.reshape(sigma.shape + (1,) * (sample.ndim - sigma.ndim))
-    out = (1.0 - sigma) * sample.astype(jnp.float32) + sigma * noise.astype(jnp.float32)
-    return out.astype(sample.dtype)
+__all__ = ["SCHEDULERS", "SCHEDULER_NAMES", "FlowMatchEulerScheduler", "FlowMatchEulerState",
+           "UniPCScheduler", "UniPCState", "add_flow_noise", "check_scheduler_name",
+           "from_config", "load_scheduler", "override_config", "shift_sigma"]
 
 
 def from_config(cfg: dict):

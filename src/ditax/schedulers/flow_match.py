@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ditax.schedulers._config import read_config
+from ditax.schedulers.flow import add_flow_noise, shift_sigma
 
 _DEFAULTS = dict(
     num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False, base_shift=0.5,
@@ -59,9 +60,6 @@ class FlowMatchEulerScheduler:
         c = read_config(cfg, "FlowMatchEulerDiscreteScheduler", _DEFAULTS, _SUPPORTED)
         return cls(num_train_timesteps=int(c["num_train_timesteps"]), shift=float(c["shift"]))
 
-    def _shifted(self, s):
-        return self.shift * s / (1 + (self.shift - 1) * s)
-
     def schedule(self, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Host-side ``(timesteps float32 [N], sigmas float32 [N+1])`` as diffusers builds them."""
         if not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
@@ -69,9 +67,9 @@ class FlowMatchEulerScheduler:
         n = self.num_train_timesteps
         # Training-time extremes, in float32 like the reference's construction.
         train = np.float32(1.0) / np.float32(n), np.float32(n) / np.float32(n)
-        s_min, s_max = (float(self._shifted(np.float32(t))) for t in train)
+        s_min, s_max = (float(shift_sigma(np.float32(t), self.shift)) for t in train)
         t = np.linspace(s_max * n, s_min * n, num_steps)
-        sig = self._shifted(t / n).astype(np.float32)
+        sig = shift_sigma(t / n, self.shift).astype(np.float32)
         timesteps = sig * np.float32(n)
         return timesteps.astype(np.float32), np.concatenate([sig, [0.0]]).astype(np.float32)
 
@@ -91,6 +89,4 @@ class FlowMatchEulerScheduler:
 
     def add_noise(self, state: FlowMatchEulerState, sample, noise, index):
         """``(1 - s) * sample + s * noise`` at ``state.sigmas[index]`` (diffusers' scale_noise)."""
-        from ditax.schedulers import add_flow_noise
-
         return add_flow_noise(sample, noise, state.sigmas[jnp.asarray(index)])

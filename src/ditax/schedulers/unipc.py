@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ditax.schedulers._config import read_config
+from ditax.schedulers.flow import add_flow_noise, shift_sigma
 
 _DEFAULTS = dict(
     num_train_timesteps=1000, beta_start=0.0001, beta_end=0.02, beta_schedule="linear",
@@ -120,7 +121,7 @@ class UniPCScheduler:
             raise ValueError(f"num_steps={num_steps!r}; expected a positive int")
         n_train = self.num_train_timesteps
         s = np.linspace(1.0, 1.0 / n_train, num_steps + 1)[:-1]
-        s = self.flow_shift * s / (1.0 + (self.flow_shift - 1.0) * s)
+        s = shift_sigma(s, self.flow_shift)
         if abs(s[0] - 1.0) < 1e-6:  # keeps log(1 - sigma) finite at the first step
             s[0] -= 1e-6
         timesteps = (s * n_train).astype(np.int64).astype(np.int32)
@@ -210,6 +211,4 @@ class UniPCScheduler:
 
     def add_noise(self, state: UniPCState, sample, noise, index):
         """``(1 - s) * sample + s * noise`` at ``state.sigmas[index]`` (scalar or ``[B]``)."""
-        from ditax.schedulers import add_flow_noise
-
         return add_flow_noise(sample, noise, state.sigmas[jnp.asarray(index)])

@@ -38,13 +38,17 @@ class DataError(ValueError):
 
 def latent_shape_for(cfg: Config) -> tuple[int, int, int, int]:
     """Latent ``[C, F, Y, X]`` of a ``data.num_frames × height × width`` video (Wan VAE: 4×8×8)."""
+    from ditax.models.wan.vae.config import WanVAEConfig
+
+    vae = WanVAEConfig()  # the VAE the latents come from (Wan 2.1, Wan 2.2 A14B)
+    tf, sf = vae.temporal_factor, vae.spatial_factor
     d = cfg.data
-    if (d.num_frames - 1) % 4:
-        raise ConfigError(f"data.num_frames={d.num_frames} must be 4k+1 (Wan VAE); e.g. "
-                          f"{d.num_frames - (d.num_frames - 1) % 4}")
-    if d.height % 8 or d.width % 8:
-        raise ConfigError(f"data.height x width = {d.height}x{d.width} must be multiples of 8")
-    return (cfg.model.in_channels, (d.num_frames - 1) // 4 + 1, d.height // 8, d.width // 8)
+    if (d.num_frames - 1) % tf:
+        raise ConfigError(f"data.num_frames={d.num_frames} must be {tf}k+1 (Wan VAE); e.g. "
+                          f"{d.num_frames - (d.num_frames - 1) % tf}")
+    if d.height % sf or d.width % sf:
+        raise ConfigError(f"data.height x width = {d.height}x{d.width} must be multiples of {sf}")
+    return (cfg.model.in_channels, *vae.latent_grid(d.num_frames, d.height, d.width))
 
 
 # ----------------------------------------------------------------------------------------------

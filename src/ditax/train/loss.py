@@ -16,16 +16,10 @@ import jax
 import jax.numpy as jnp
 
 from ditax.config import FlowConfig
+from ditax.schedulers.flow import add_flow_noise, shift_sigma
 
 NUM_TRAIN_TIMESTEPS = 1000.0
 _EPS = 1e-5  # keeps σ away from the exact ends, where x_t is pure data / pure noise
-
-
-def shift_sigma(sigma: jax.Array, shift: float) -> jax.Array:
-    """Wan shift ``σ' = s·σ / (1 + (s - 1)·σ)``; ``shift=1`` is the identity."""
-    if shift == 1.0:
-        return sigma
-    return shift * sigma / (1.0 + (shift - 1.0) * sigma)
 
 
 def sample_sigmas(key: jax.Array, batch: int, cfg: FlowConfig) -> jax.Array:
@@ -53,8 +47,7 @@ def loss_weights(sigma: jax.Array, weighting: str) -> jax.Array:
 
 def noisy_input(x0: jax.Array, noise: jax.Array, sigma: jax.Array):
     """``x_t`` and the velocity target for latents ``[B, C, F, Y, X]`` and ``σ [B]``."""
-    s = sigma.reshape((-1,) + (1,) * (x0.ndim - 1)).astype(x0.dtype)
-    return (1.0 - s) * x0 + s * noise, noise - x0
+    return add_flow_noise(x0, noise, sigma), noise - x0
 
 
 def flow_loss(apply_fn, x0: jax.Array, text: jax.Array, text_mask, key: jax.Array,

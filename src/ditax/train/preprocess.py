@@ -90,12 +90,14 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
 
     from ditax.models.tokenizer import load_tokenizer
     from ditax.models.umt5 import encode_prompt, load_text_encoder
+    from ditax.models.wan.vae.config import WanVAEConfig
     from ditax.models.wan.vae_convert import load_vae
     from ditax.train.data import DatasetWriter
 
     samples = find_samples(videos)
-    if (frames - 1) % 4:
-        raise ValueError(f"--frames={frames} must be 4k+1 (e.g. 81)")
+    tf = WanVAEConfig().temporal_factor  # checked before the VAE loads; its encode checks again
+    if (frames - 1) % tf:
+        raise ValueError(f"--frames={frames} must be {tf}k+1 (e.g. 81)")
     model = pathlib.Path(model)
     vae = load_vae(model / "vae" if (model / "vae").is_dir() else model, dtype=dtype)
     enc = load_text_encoder(model, dtype=dtype)

@@ -1,0 +1,96 @@
+"""Shape of the Wan video VAE (diffusers ``AutoencoderKLWan`` config names) and its factors.
+
+The factors say how a video maps onto latents: ``temporal_factor`` frames per latent frame
+(after the first frame, which has a latent frame of its own) and ``spatial_factor`` pixels per
+latent pixel. Code that sizes latents (pipelines, training data, planning, benchmarks) reads
+them here instead of writing 4 and 8; ``WanVAEConfig()`` is the Wan 2.1 VAE, which Wan 2.1 and
+Wan 2.2 T2V-A14B use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from ditax.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WanVAEConfig:
+    """Shape of the VAE; field names follow diffusers' ``AutoencoderKLWan`` config."""
+
+    base_dim: int = 96
+    decoder_base_dim: int | None = None
+    z_dim: int = 16
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    attn_scales: tuple[float, ...] = ()
+    temperal_downsample: tuple[bool, ...] = (False, True, True)
+    dropout: float = 0.0
+    latents_mean: tuple[float, ...] = ()
+    latents_std: tuple[float, ...] = ()
+    is_residual: bool = False
+    in_channels: int = 3
+    out_channels: int = 3
+    patch_size: int | None = None
+    scale_factor_temporal: int | None = 4
+    scale_factor_spatial: int | None = 8
+
+    @classmethod
+    def from_diffusers(cls, cfg: dict) -> "WanVAEConfig":
+        """Build from a diffusers ``config.json`` dict; unknown keys are logged and ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in cfg if k not in names and not k.startswith("_"))
+        if unknown:
+            log.warning("WanVAE config: ignoring unknown keys %s", unknown)
+        kw = {}
+        for k in names & cfg.keys():
+            v = cfg[k]
+            kw[k] = tuple(v) if isinstance(v, list) else v
+        c = cls(**kw)
+        c.validate()
+        return c
+
+    def validate(self) -> None:
+        """Reject configurations this port does not implement, with the reason and the fix."""
+        if self.is_residual or self.patch_size not in (None, 1):
+            raise NotImplementedError(
+                f"WanVAE: is_residual={self.is_residual}, patch_size={self.patch_size} is the Wan 2.2 "
+                "TI2V-5B VAE, which ditax does not implement; use the Wan 2.1 VAE (is_residual=false, "
+                "patch_size=null), which Wan 2.1 and Wan 2.2 T2V-A14B use.")
+        if self.attn_scales:
+            raise NotImplementedError(
+                f"WanVAE: attn_scales={list(self.attn_scales)} is not supported (diffusers' encoder "
+                "cannot run it either); use attn_scales=[]. The mid-block attention is always present.")
+        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
+            raise ConfigError(
+                f"WanVAE: temperal_downsample has {len(self.temperal_downsample)} entries, expected "
+                f"len(dim_mult) - 1 = {len(self.dim_mult) - 1}.")
+        for name in ("latents_mean", "latents_std"):
+            v = getattr(self, name)
+            if v and len(v) != self.z_dim:
+                raise ConfigError(f"WanVAE: {name} has {len(v)} entries, expected z_dim={self.z_dim}.")
+
+    @property
+    def temporal_factor(self) -> int:
+        """Frames per latent frame implied by the architecture (4 for Wan 2.1)."""
+        return 2 ** sum(bool(t) for t in self.temperal_downsample)
+
+    @property
+    def spatial_factor(self) -> int:
+        """Pixels per latent pixel implied by the architecture (8 for Wan 2.1; a patchified
+        VAE, ``patch_size`` p, multiplies it by p)."""
+        return 2 ** (len(self.dim_mult) - 1) * (self.patch_size or 1)
+
+    def latent_grid(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """Latent ``(F', Y, X)`` of a ``num_frames x height x width`` video:
+        ``F' = (F - 1) / temporal_factor + 1``, ``Y = H / spatial_factor``, ``X = W / spatial_factor``
+        (floor division; callers check divisibility with their own names in the message)."""
+        tf, sf = self.temporal_factor, self.spatial_factor
+        return (num_frames - 1) // tf + 1, height // sf, width // sf
+
+
+__all__ = ["WanVAEConfig"]

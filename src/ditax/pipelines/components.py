@@ -1,0 +1,74 @@
+"""Load the components of a checked pipeline folder and check that they fit together.
+
+Tokenizer, UMT5 text encoder, VAE, sampler and one or two transformers (Wan 2.2 A14B: a
+high-noise ``transformer`` and a low-noise ``transformer_2`` of the same shape). The sampler
+is the folder's unless the caller picks another or another shift (see
+:func:`ditax.schedulers.override_config`). Mismatched components (text width, latent
+channels, expert shapes) raise :class:`PipelineLoadError` before any sampling.
+"""
+
+from __future__ import annotations
+
+from ditax.attention.config import AttentionConfig
+from ditax.pipelines.folder import PipelineFolder, PipelineLoadError
+
+
+def load_sampler(folder: PipelineFolder, scheduler: str | None = None,
+                 flow_shift: float | None = None):
+    """The folder's sampler, or ``scheduler`` ("unipc" | "euler") / ``flow_shift`` instead."""
+    from ditax.schedulers import SCHEDULERS, from_config, override_config
+
+    cfg = override_config(folder.scheduler_config(), scheduler, flow_shift)
+    if cfg.get("_class_name") not in SCHEDULERS:
+        raise PipelineLoadError(f"scheduler {cfg.get('_class_name')!r} in "
+                                f"{folder.components['scheduler']} is not implemented; ditax has "
+                                f"{sorted(SCHEDULERS)} (or pass scheduler='unipc'|'euler')")
+    return from_config(cfg)
+
+
+def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None,
+                    attention="xla", scheduler: str | None = None,
+                    flow_shift: float | None = None, vae_dtype: str = "float32",
+                    **model_overrides) -> dict:
+    """Keyword arguments for :class:`~ditax.pipelines.text_to_video.WanTextToVideo`:
+    ``tokenizer``, ``text_encoder``, ``vae``, ``transformer``, ``transformer_2`` (or None),
+    ``scheduler``. Transformers are sharded over ``mesh`` and run ``attention``
+    (a backend name or :class:`AttentionConfig`); ``model_overrides`` go to both."""
+    from ditax.models.tokenizer import load_tokenizer
+    from ditax.models.umt5 import load_text_encoder
+    from ditax.models.wan.loading import load_transformer
+    from ditax.models.wan.vae_convert import load_vae
+
+    subs = folder.components
+    sched = load_sampler(folder, scheduler, flow_shift)
+    acfg = attention if isinstance(attention, AttentionConfig) else AttentionConfig(
+        backend=attention)
+    tok = load_tokenizer(subs["tokenizer"])
+    enc = load_text_encoder(subs["text_encoder"], dtype=dtype)
+    vae = load_vae(subs["vae"], dtype=vae_dtype)
+    tr = load_transformer(subs["transformer"], dtype=dtype, mesh=mesh, attention=acfg,
+                          subfolder=None, **model_overrides)
+    tr2 = None
+    if "transformer_2" in subs:
+        tr2 = load_transformer(subs["transformer_2"], dtype=dtype, mesh=mesh, attention=acfg,
+                               subfolder=None, **model_overrides)
+    check_fit(enc, vae, tr, tr2)
+    return dict(tokenizer=tok, text_encoder=enc, vae=vae, transformer=tr, transformer_2=tr2,
+                scheduler=sched)
+
+
+def check_fit(text_encoder, vae, transformer, transformer_2=None) -> None:
+    """Raise :class:`PipelineLoadError` when the components' shapes do not fit together."""
+    tc = transformer.config
+    if transformer_2 is not None and transformer_2.config != tc:
+        raise PipelineLoadError(f"transformer_2 config {transformer_2.config} differs from "
+                                f"transformer {tc}; both experts must have the same shape")
+    if text_encoder.cfg.d_model != tc.text_dim:
+        raise PipelineLoadError(f"text_encoder d_model={text_encoder.cfg.d_model} != transformer "
+                                f"text_dim={tc.text_dim}; the folder mixes components")
+    if vae.z_dim != tc.in_channels or vae.z_dim != tc.out_channels:
+        raise PipelineLoadError(f"vae z_dim={vae.z_dim} != transformer in/out channels "
+                                f"{tc.in_channels}/{tc.out_channels}")
+
+
+__all__ = ["check_fit", "load_components", "load_sampler"]

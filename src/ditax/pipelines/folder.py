@@ -1,0 +1,97 @@
+"""A diffusers Wan pipeline folder: where its components are, checked before anything loads.
+
+``WanPipeline.save_pretrained`` writes ``model_index.json`` (component names → classes, and for
+Wan 2.2 A14B ``boundary_ratio``) next to one subfolder per component: ``tokenizer/``,
+``text_encoder/``, ``vae/``, ``scheduler/``, ``transformer/`` and optionally
+``transformer_2/``. :func:`read_pipeline_folder` resolves a path or hub id (through
+:func:`ditax.io.hub.resolve_folder`), reads the index and returns the component folders, or
+raises :class:`PipelineLoadError` naming what is missing and how to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass
+
+from ditax.errors import DitaxError, ModelNotFound
+from ditax.io.hub import resolve_folder
+
+REQUIRED = ("tokenizer", "text_encoder", "vae", "scheduler")  # besides transformer
+
+
+class PipelineLoadError(DitaxError, ValueError):
+    """A pipeline folder is incomplete or its components do not fit together."""
+
+
+@dataclass(frozen=True)
+class PipelineFolder:
+    """A checked pipeline folder. ``components`` maps each present component name
+    (``REQUIRED``, ``transformer`` and optionally ``transformer_2``) to its subfolder."""
+
+    root: pathlib.Path
+    index: dict
+    components: dict[str, pathlib.Path]
+
+    @property
+    def boundary_ratio(self) -> float | None:
+        """Wan 2.2 expert switch: ``transformer`` while ``t >= boundary_ratio * T``."""
+        return self.index.get("boundary_ratio")
+
+    def scheduler_config(self) -> dict:
+        """The folder's ``scheduler/scheduler_config.json`` as a dict."""
+        path = self.components["scheduler"] / "scheduler_config.json"
+        if not path.is_file():
+            raise PipelineLoadError(f"{self.components['scheduler']} has no scheduler_config.json")
+        return json.loads(path.read_text())
+
+
+def resolve_pipeline_folder(path) -> pathlib.Path:
+    """Local folder with ``model_index.json`` (a path, or a hub id downloaded when online)."""
+    try:
+        return resolve_folder(path, None, required=("model_index.json",))
+    except ModelNotFound as e:
+        raise PipelineLoadError(f"{e}. A pipeline folder is what diffusers' "
+                                f"WanPipeline.save_pretrained writes (model_index.json + "
+                                f"tokenizer/ text_encoder/ vae/ scheduler/ transformer/)") from None
+
+
+def _component_present(index: dict, name: str) -> bool:
+    entry = index.get(name)
+    return not (entry is None or (isinstance(entry, (list, tuple)) and entry[0] is None))
+
+
+def _need(root: pathlib.Path, index: dict, name: str) -> pathlib.Path:
+    sub = root / name
+    if not _component_present(index, name):
+        raise PipelineLoadError(f"{root}/model_index.json has no {name!r} component; ditax "
+                                f"needs tokenizer, text_encoder, vae, scheduler and transformer")
+    if not sub.is_dir():
+        raise PipelineLoadError(f"{root}/model_index.json lists {name!r} but the folder "
+                                f"{sub} is missing; re-download or re-save the pipeline")
+    return sub
+
+
+def read_pipeline_folder(path) -> PipelineFolder:
+    """Resolve ``path`` (folder or hub id) and check it is a text-to-video Wan pipeline folder
+    with every component ditax needs."""
+    root = resolve_pipeline_folder(path)
+    index = json.loads((root / "model_index.json").read_text())
+    cls = index.get("_class_name")
+    if cls not in (None, "WanPipeline"):
+        raise PipelineLoadError(f"{root}/model_index.json is a {cls}; ditax loads text-to-video "
+                                f"WanPipeline folders")
+    if index.get("expand_timesteps"):
+        raise PipelineLoadError("expand_timesteps=true (Wan 2.2 TI2V-5B) is not implemented; "
+                                "use a T2V folder (Wan2.1-T2V-* or Wan2.2-T2V-A14B)")
+    subs = {n: _need(root, index, n) for n in REQUIRED}
+    if not _component_present(index, "transformer"):
+        raise PipelineLoadError(f"{root}/model_index.json has no 'transformer'; ditax needs it "
+                                f"(transformer_2 alone is not supported)")
+    subs["transformer"] = _need(root, index, "transformer")
+    if _component_present(index, "transformer_2"):
+        subs["transformer_2"] = _need(root, index, "transformer_2")
+    return PipelineFolder(root=root, index=index, components=subs)
+
+
+__all__ = ["PipelineFolder", "PipelineLoadError", "read_pipeline_folder", "resolve_pipeline_folder"]

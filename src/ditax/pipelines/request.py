@@ -1,0 +1,54 @@
+"""Checks of a generation request (prompt, size, frames, steps, guidance) that need no model.
+
+Sizes must be multiples of ``spatial`` = VAE spatial factor × transformer patch (16 for Wan) and
+frame counts of the form ``temporal·k + 1`` (``temporal`` = VAE temporal factor, 4 for Wan).
+The defaults come from the default Wan configs; a loaded pipeline passes its own components'.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ditax.errors import RequestError
+from ditax.models.wan.config import ModelConfig
+from ditax.models.wan.vae.config import WanVAEConfig
+
+_VAE = WanVAEConfig()
+SPATIAL = _VAE.spatial_factor * ModelConfig().patch_size[1]  # 16: pixels per latent token
+TEMPORAL = _VAE.temporal_factor                               # 4: frames per latent frame
+
+
+def check_request(prompt, height: int, width: int, num_frames: int, num_inference_steps: int,
+                  guidance_scale: float, guidance_scale_2: float | None = None,
+                  negative_prompt=None, spatial: int = SPATIAL, temporal: int = TEMPORAL) -> None:
+    """Raise :class:`RequestError` (a ``ValueError``) naming the bad value and the fix."""
+    if not isinstance(prompt, str):
+        raise RequestError(f"prompt must be a string, got {type(prompt).__name__}")
+    if not prompt.strip():
+        raise RequestError("prompt is empty; pass a text describing the video, e.g. "
+                           "--prompt 'a cat walks on the grass'")
+    if negative_prompt is not None and not isinstance(negative_prompt, str):
+        raise RequestError(f"negative_prompt must be a string or None, got "
+                           f"{type(negative_prompt).__name__}")
+    for name, v in (("height", height), ("width", width)):
+        if not isinstance(v, (int, np.integer)) or v < spatial or v % spatial:
+            lo = max(spatial, (int(v) // spatial) * spatial) if isinstance(v, (int, np.integer)) else spatial
+            raise RequestError(f"{name}={v!r} must be a positive multiple of {spatial} "
+                               f"(VAE factor × patch); use e.g. {lo} or {lo + spatial}")
+    if not isinstance(num_frames, (int, np.integer)) or num_frames < 1 or num_frames % temporal != 1:
+        n = int(num_frames) if isinstance(num_frames, (int, np.integer)) else 1
+        k = max(0, (n - 1) // temporal)
+        raise RequestError(f"num_frames={num_frames!r} must be of the form {temporal}k+1 "
+                           f"(1, {temporal + 1}, {2 * temporal + 1}, ...); use {temporal * k + 1} "
+                           f"or {temporal * (k + 1) + 1}")
+    if not isinstance(num_inference_steps, (int, np.integer)) or num_inference_steps < 1:
+        raise RequestError(f"num_inference_steps={num_inference_steps!r} must be an integer >= 1")
+    for name, g in (("guidance_scale", guidance_scale), ("guidance_scale_2", guidance_scale_2)):
+        if g is None and name == "guidance_scale_2":
+            continue
+        if not isinstance(g, (int, float, np.floating, np.integer)) or not np.isfinite(g) or g < 0:
+            raise RequestError(f"{name}={g!r} must be a finite number >= 0 (1 = no guidance, "
+                               f"Wan uses 5.0)")
+
+
+__all__ = ["SPATIAL", "TEMPORAL", "check_request"]
