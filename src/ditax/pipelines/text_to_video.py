@@ -32,94 +32,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-<<<<<<< HEAD
-from ditax.config import AttentionConfig, ConfigError
-from ditax.config.sample import CFG_MODES
-from ditax.io.hub import ModelNotFound, resolve_folder
-from ditax.parallel.axes import check_batch_divides
-
-log = logging.getLogger(__name__)
-
-SCHEDULER_NAMES = {"unipc": "UniPCMultistepScheduler", "euler": "FlowMatchEulerDiscreteScheduler"}
-
-
-class PipelineLoadError(ValueError):
-    """A pipeline folder is incomplete or its components do not fit together."""
-
-
-# ----------------------------------------------------------------------------------------------
-# request validation (cheap; runs before any model work)
-
-
-def check_request(prompt, height: int, width: int, num_frames: int, num_inference_steps: int,
-                  guidance_scale: float, guidance_scale_2: float | None = None,
-                  negative_prompt=None, spatial: int = 16, temporal: int = 4) -> None:
-    """Raise ``ValueError`` naming the bad value and the fix; no model is touched.
-
-    ``spatial`` = VAE spatial factor × transformer patch (16 for Wan), ``temporal`` = VAE
-    temporal factor (4): frames must be ``4k + 1``.
-    """
-    if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
-    if not prompt.strip():
-        raise ValueError("prompt is empty; pass a text describing the video, e.g. "
-                         "--prompt 'a cat walks on the grass'")
-    if negative_prompt is not None and not isinstance(negative_prompt, str):
-        raise ValueError(f"negative_prompt must be a string or None, got "
-                         f"{type(negative_prompt).__name__}")
-    for name, v in (("height", height), ("width", width)):
-        if not isinstance(v, (int, np.integer)) or v < spatial or v % spatial:
-            lo = max(spatial, (int(v) // spatial) * spatial) if isinstance(v, (int, np.integer)) else spatial
-            raise ValueError(f"{name}={v!r} must be a positive multiple of {spatial} "
-                             f"(VAE 8x × patch 2); use e.g. {lo} or {lo + spatial}")
-    if not isinstance(num_frames, (int, np.integer)) or num_frames < 1 or num_frames % temporal != 1:
-        n = int(num_frames) if isinstance(num_frames, (int, np.integer)) else 1
-        k = max(0, (n - 1) // temporal)
-        raise ValueError(f"num_frames={num_frames!r} must be of the form {temporal}k+1 "
-                         f"(1, 5, 9, ..., 81); use {temporal * k + 1} or {temporal * (k + 1) + 1}")
-    if not isinstance(num_inference_steps, (int, np.integer)) or num_inference_steps < 1:
-        raise ValueError(f"num_inference_steps={num_inference_steps!r} must be an integer >= 1")
-    for name, g in (("guidance_scale", guidance_scale), ("guidance_scale_2", guidance_scale_2)):
-        if g is None and name == "guidance_scale_2":
-            continue
-        if not isinstance(g, (int, float, np.floating, np.integer)) or not np.isfinite(g) or g < 0:
-            raise ValueError(f"{name}={g!r} must be a finite number >= 0 (1 = no guidance, "
-                             f"Wan uses 5.0)")
-
-
-# ----------------------------------------------------------------------------------------------
-# loading
-
-
-def _component_present(root: pathlib.Path, index: dict, name: str) -> bool:
-    entry = index.get(name)
-    if entry is None or (isinstance(entry, (list, tuple)) and entry[0] is None):
-        return False
-    return True
-
-
-def resolve_pipeline_folder(path) -> pathlib.Path:
-    """Local folder with ``model_index.json`` (a path, or a hub id downloaded when online)."""
-    try:
-        return resolve_folder(path, None, required=("model_index.json",))
-    except ModelNotFound as e:
-        raise PipelineLoadError(f"{e}. A pipeline folder is what diffusers' "
-                                f"WanPipeline.save_pretrained writes (model_index.json + "
-                                f"tokenizer/ text_encoder/ vae/ scheduler/ transformer/)") from None
-
-
-def _need(root: pathlib.Path, index: dict, name: str) -> pathlib.Path:
-    sub = root / name
-    if not _component_present(root, index, name):
-        raise PipelineLoadError(f"{root}/model_index.json has no {name!r} component; ditax "
-                                f"needs tokenizer, text_encoder, vae, scheduler and transformer")
-    if not sub.is_dir():
-        raise PipelineLoadError(f"{root}/model_index.json lists {name!r} but the folder "
-                                f"{sub} is missing; re-download or re-save the pipeline")
-    return sub
-=======
 from ditax.errors import ConfigError, RequestError
-from ditax.parallel.mesh import axis_size
+from ditax.config.sample import CFG_MODES
+from ditax.parallel.axes import check_batch_divides
 from ditax.pipelines.components import load_components
 from ditax.pipelines.folder import PipelineLoadError, read_pipeline_folder
 from ditax.pipelines.request import check_request
@@ -127,8 +42,6 @@ from ditax.schedulers.overrides import check_scheduler_name
 
 log = logging.getLogger(__name__)
 
-CFG_MODES = ("batched", "sequential")
->>>>>>> files
 
 
 def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
