@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         args.command, args.debug = wanted, debug
         return int(module.run(args) or 0)
     except SystemExit as e:            # --help / --version print and stop here
-        return e.code if isinstance(e.code, int) else 0
+        return 0 if e.code is None else e.code if isinstance(e.code, int) else FAILURE
     except UsageError as e:
         return _report(prog, f"{e} (see {prog} --help)", USAGE, debug)
     except DitaxError as e:

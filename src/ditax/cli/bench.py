@@ -16,7 +16,7 @@ from ditax.cli import latent_arg
 
 def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("config")
-    p.add_argument("overrides", nargs="*")
+    p.add_argument("overrides", nargs="*", default=[])
     p.add_argument("--latent", type=latent_arg, default=(5, 32, 32),
                    help="latent F,Y,X (default 5,32,32)")
     p.add_argument("--text-len", type=int, default=512)

@@ -37,16 +37,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames-dir", default=None, help="also write PNG frames here")
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides: model.dtype=bfloat16 attention.backend=ulysses "
                         "mesh.context=8 sample.cfg_mode=sequential sample.scheduler=euler ...")
 
 
-def plan(args):
+def parse_request(args):
     """Parse and validate the request and config; returns ``(load_kwargs, call_kwargs)``.
 
     Nothing here reads a model.
     """
+    import jax
+
     from ditax.config import load_config, parse_overrides, validate
     from ditax.pipelines.text_to_video import check_request
 
@@ -72,12 +74,7 @@ def plan(args):
     if args.fps < 1:
         raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
     use_mesh = "mesh" in given
-    if use_mesh:
-        import jax
-
-        validate(cfg, jax.device_count())
-    else:
-        validate(cfg, None)
+    validate(cfg, jax.device_count() if use_mesh else None)
     dtype = cfg.model.dtype
     if "param_dtype" in given.get("model", {}) and cfg.model.param_dtype != dtype:
         raise ConfigError(f"model.param_dtype={cfg.model.param_dtype} differs from model.dtype="
@@ -106,7 +103,7 @@ def check_model_and_attention(load: dict, mesh) -> None:
 
 
 def run(args) -> int:
-    load, call = plan(args)
+    load, call = parse_request(args)
     import ditax
     from ditax.attention.te import entry_context
     from ditax.io.video import write_frames, write_mp4

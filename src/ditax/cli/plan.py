@@ -19,7 +19,7 @@ from ditax.errors import RequestError
 
 def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("config", help="preset name (tiny, wan2.1-t2v-1.3b, ...) or YAML path")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. mesh.context=8")
+    p.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. mesh.context=8")
     p.add_argument("--devices", type=int, default=None,
                    help="plan for N CPU devices (simulated when JAX starts)")
     p.add_argument("--latent", type=latent_arg, default=None,

@@ -18,7 +18,7 @@ from ditax.cli import CommandFailed
 def add_arguments(p) -> None:
     p.description = __doc__.split("\n\n")[0]
     p.add_argument("config", help="preset name or YAML file")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    p.add_argument("overrides", nargs="*", default=[], help="key=value config overrides")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
