@@ -9,9 +9,19 @@ pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 import ditax  # noqa: E402
+import ditax.attention  # noqa: E402
 from ditax.cli import main  # noqa: E402
 from ditax.io.video import read_video, to_uint8  # noqa: E402
 from pipeline_reference import make_tiny_pipeline  # noqa: E402
+
+# helper `attn` adds ditax.attention.check_available (generate calls it before loading); until
+# that branch is merged it is absent here. TODO(merge): delete this fixture.
+@pytest.fixture(autouse=True)
+def pending_check_available(monkeypatch):
+    if not hasattr(ditax.attention, "check_available"):
+        monkeypatch.setattr(ditax.attention, "check_available",
+                            lambda acfg, *, mesh=None, dtype, head_dim: None, raising=False)
+
 
 ARGS = ["--height", "32", "--width", "48", "--frames", "5", "--steps", "3", "--guidance", "4",
         "--seed", "11", "--no-progress"]
@@ -60,7 +70,7 @@ def test_generate_writes_mp4_and_frames(folder, tmp_path, capsys):
 def test_bad_requests_fail_before_loading(tmp_path, capsys, extra, match):
     import re
 
-    # the model path does not exist: reaching the loader would raise, not return 2
+    # the model path does not exist: a request reaching the folder check would name the folder
     argv = ["generate", "--model", str(tmp_path / "missing"), "--prompt", "a cat",
             "--output", str(tmp_path / "o.mp4")]
     flags, overrides = [], []

@@ -1,31 +1,64 @@
 """ditax: Wan 2.1 / 2.2 text-to-video diffusion transformers in JAX.
 
-Public surface (see DESIGN.md): ``load_transformer``, ``load_pipeline``, ``attention.attend``,
-``load_config``, ``make_mesh``.
+Public surface (DESIGN.md "Public surface"): ``load_transformer`` → :class:`Transformer`,
+``load_pipeline`` → :class:`WanTextToVideo`, ``attention`` (``attention.attend``) with
+:class:`AttentionConfig`, ``load_config`` → :class:`Config`, ``make_mesh``, and the errors a
+user can fix (:class:`DitaxError` and its kinds).
+
+The names are the library's own objects (real signatures and docstrings), imported on first
+use: ``import ditax`` does not start JAX, so the ``ditax`` command can choose the platform
+before JAX starts and ``ditax --help`` stays quick.
 """
 
 from __future__ import annotations
 
-from ditax import attention
-from ditax.config import Config, ConfigError, load_config, validate
-from ditax.parallel.mesh import make_mesh
+import importlib
+from typing import TYPE_CHECKING
+
+from ditax.errors import (AttentionUnavailable, ConfigError, DitaxError, ModelNotFound,
+                          RequestError, WeightError)
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it (imported on first access)
+_HOMES = {
+    "load_transformer": "ditax.models.wan.loading",
+    "Transformer": "ditax.models.wan.loading",
+    "load_pipeline": "ditax.pipelines.text_to_video",
+    "WanTextToVideo": "ditax.pipelines.text_to_video",
+    "load_config": "ditax.config",
+    "validate": "ditax.config",
+    "Config": "ditax.config",
+    "make_mesh": "ditax.parallel.mesh",
+    "AttentionConfig": "ditax.attention.config",
+}
+_SUBMODULES = ("attention",)
 
-def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla", **kw):
-    """Load a diffusers-format Wan transformer; see :func:`ditax.models.wan.loading.load_transformer`."""
-    from ditax.models.wan.loading import load_transformer as _load
-
-    return _load(path, dtype=dtype, mesh=mesh, attention=attention, **kw)
-
-
-def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **kw):
-    """Load a diffusers-format Wan text-to-video pipeline folder (or hub id)."""
-    from ditax.pipelines.text_to_video import load_pipeline as _load
-
-    return _load(path, dtype=dtype, mesh=mesh, attention=attention, **kw)
+if TYPE_CHECKING:  # what static tools see; at run time ``__getattr__`` imports on demand
+    from ditax import attention
+    from ditax.attention.config import AttentionConfig
+    from ditax.config import Config, load_config, validate
+    from ditax.models.wan.loading import Transformer, load_transformer
+    from ditax.parallel.mesh import make_mesh
+    from ditax.pipelines.text_to_video import WanTextToVideo, load_pipeline
 
 
-__all__ = ["attention", "Config", "ConfigError", "load_config", "validate", "make_mesh",
-           "load_transformer", "load_pipeline", "__version__"]
+def __getattr__(name: str):
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"ditax.{name}")
+    else:
+        raise AttributeError(f"module 'ditax' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+__all__ = ["load_transformer", "Transformer", "load_pipeline", "WanTextToVideo", "attention",
+           "AttentionConfig", "load_config", "validate", "Config", "make_mesh", "DitaxError",
+           "ConfigError", "RequestError", "WeightError", "ModelNotFound",
+           "AttentionUnavailable", "__version__"]

@@ -1,36 +1,24 @@
-"""``ditax plan CONFIG [key=value ...]``: mesh, parameter shardings and per-device memory.
+"""Mesh, parameter shardings and per-device memory of a config (what ``ditax plan`` prints).
 
 Nothing is allocated: the model is built abstractly, its parameters get their shardings from
-the logical rules, and (with ``--compile``) the forward is lowered and compiled from abstract
+the logical rules, and (with ``compile_``) the forward is lowered and compiled from abstract
 shapes so XLA's ``memory_analysis`` reports per-device temporaries. Use it to choose a mesh
-before renting devices (``--devices N`` simulates N CPU devices).
+before renting devices.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-
-
-def add_arguments(p: argparse.ArgumentParser):
-    p.add_argument("config", help="preset name (tiny, wan2.1-t2v-1.3b, ...) or YAML path")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. mesh.context=8")
-    p.add_argument("--devices", type=int, default=None,
-                   help="simulate N CPU devices (sets XLA_FLAGS before JAX starts)")
-    p.add_argument("--latent", default=None,
-                   help="latent F,Y,X for --compile (default: from sample.* of the config)")
-    p.add_argument("--compile", action="store_true", help="also compile the forward abstractly")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
 
 def plan(cfg, mesh, latent=None, compile_=False) -> dict:
+    """Parameter count, bytes in total and per device, and every parameter's sharding on
+    ``mesh``; with ``compile_`` also the compiled forward's per-device memory for latents
+    ``[B, C, F, Y, X]`` (``latent = (F, Y, X)``, default from ``cfg.sample``; ``B`` = the mesh's
+    batch shards). Returns a JSON-ready dict."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     from flax import nnx
 
-    from ditax.models.wan.embeddings import as_dtype
     from ditax.models.wan.loading import abstract_model, param_shardings
     from ditax.parallel.axes import batch_shards
     from ditax.models.wan.vae.config import WanVAEConfig
@@ -54,7 +42,7 @@ def plan(cfg, mesh, latent=None, compile_=False) -> dict:
     if compile_:
         f, y, x = latent or WanVAEConfig().latent_grid(
             cfg.sample.num_frames, cfg.sample.height, cfg.sample.width)
-        dt = as_dtype(cfg.model.dtype)
+        dt = jnp.dtype(cfg.model.dtype)
         bsh = batch_shards(mesh)
         lat = jax.ShapeDtypeStruct((bsh, cfg.model.in_channels, f, y, x), dt)
         t = jax.ShapeDtypeStruct((bsh,), jnp.float32)
@@ -71,39 +59,3 @@ def plan(cfg, mesh, latent=None, compile_=False) -> dict:
                           "output_bytes": getattr(ma, "output_size_in_bytes", None)}
     return out
 
-
-def run(args) -> int:
-    if args.devices:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   f" --xla_force_host_platform_device_count={args.devices}")
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import jax
-
-    from ditax.config import load_config, validate
-    from ditax.parallel import make_mesh
-
-    cfg = load_config(args.config, args.overrides)
-    validate(cfg, jax.device_count())
-    mesh = make_mesh(cfg.mesh)
-    latent = tuple(int(v) for v in args.latent.split(",")) if args.latent else None
-    out = plan(cfg, mesh, latent, args.compile)
-    if args.json:
-        print(json.dumps(out))
-        return 0
-    gib = 2 ** 30
-    print(f"config {cfg.name}: mesh {out['mesh']} on {jax.device_count()} "
-          f"{jax.devices()[0].platform} devices")
-    print(f"parameters: {out['params'] / 1e9:.3f} B, {out['param_bytes_total'] / gib:.2f} GiB "
-          f"total, {out['param_bytes_per_device'] / gib:.3f} GiB per device")
-    seen = set()
-    for name, shape, spec in out["shardings"]:
-        key = (name.split(".")[-1], spec)
-        if key in seen:
-            continue
-        seen.add(key)
-        print(f"  {name:45s} {str(shape):24s} {spec}")
-    if "forward" in out:
-        fw = out["forward"]
-        print(f"forward {fw['latent']}: temp {fw['temp_bytes'] / gib:.2f} GiB per device, "
-              f"arguments {fw['argument_bytes'] / gib:.2f} GiB")
-    return 0

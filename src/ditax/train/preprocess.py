@@ -13,24 +13,10 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 
 import numpy as np
 
 VIDEO_EXT = (".mp4", ".mov", ".webm", ".mkv", ".avi")
-
-
-def add_arguments(p) -> None:
-    p.description = __doc__.split("\n\n")[0]
-    p.add_argument("videos", help="folder of videos (+ name.txt captions or captions.jsonl)")
-    p.add_argument("output", help="new dataset folder")
-    p.add_argument("--model", required=True, help="diffusers Wan pipeline folder (vae/, "
-                   "text_encoder/, tokenizer/)")
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
-    p.add_argument("--frames", type=int, default=81, help="pixel frames, 4k+1")
-    p.add_argument("--text-len", type=int, default=512)
-    p.add_argument("--dtype", default="float32")
 
 
 def read_video(path, num_frames: int, height: int, width: int) -> np.ndarray:
@@ -111,15 +97,3 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
         w.add(np.asarray(lat, np.float32), np.asarray(text, np.float32), mask[0])
         say(f"[{i + 1}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}")
     return w.close({"height": height, "width": width, "frames": frames, "model": str(model)})
-
-
-def run(args) -> int:
-    try:
-        out = preprocess(args.videos, args.output, args.model, height=args.height,
-                         width=args.width, frames=args.frames, text_len=args.text_len,
-                         dtype=args.dtype)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"ditax preprocess: {e}", file=sys.stderr)
-        return 1
-    print(f"ditax preprocess: wrote {out}; train with data.source={out}")
-    return 0

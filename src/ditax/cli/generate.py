@@ -1,22 +1,24 @@
 """``ditax generate``: prompt → mp4 with a diffusers-format Wan pipeline folder (or hub id).
 
-    ditax generate --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --prompt "a cat on a skateboard" \
-        --height 480 --width 832 --frames 81 --steps 50 --guidance 5 --output cat.mp4 \
+    ditax generate --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --prompt "a cat on a skateboard" \\
+        --height 480 --width 832 --frames 81 --steps 50 --guidance 5 --output cat.mp4 \\
         model.dtype=bfloat16 attention.backend=ulysses mesh.context=8 sample.cfg_mode=batched
 
-Everything that can be wrong with the request (sizes, frames, steps, guidance, prompt,
-``key=value`` overrides, mesh vs device count, output suffix) is checked before any model is
-read. Prints a progress bar over the steps and one timing line (load, text, denoise, decode).
+Everything that can be wrong with the request is checked before any weights are read: sizes,
+frames, steps, guidance, prompt, ``key=value`` overrides, mesh vs device count, output suffix,
+the model folder (its ``model_index.json`` and transformer ``config.json``), and whether the
+attention backend can run here with the folder's head dim. Prints a progress bar over the steps
+and one timing line (load, text, denoise, decode).
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 import time
 
-from ditax.config import ConfigError
+from ditax.cli import request_errors
+from ditax.errors import ConfigError, RequestError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,17 +37,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames-dir", default=None, help="also write PNG frames here")
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides: model.dtype=bfloat16 attention.backend=ulysses "
                         "mesh.context=8 sample.cfg_mode=sequential sample.scheduler=euler ...")
 
 
-def plan(args):
-    """Parse and validate everything; returns ``(load_kwargs, call_kwargs)``. No model work."""
+def parse_request(args):
+    """Parse and validate the request and config; returns ``(load_kwargs, call_kwargs)``.
+
+    Nothing here reads a model.
+    """
     import jax
 
     from ditax.config import load_config, parse_overrides, validate
-    from ditax.pipelines.text_to_video import check_request
+    from ditax.pipelines.request import check_request
 
     cfg = load_config(None, args.overrides)
     given = parse_overrides(args.overrides)
@@ -59,15 +64,15 @@ def plan(args):
                 guidance_scale_2=(args.guidance_2 if args.guidance_2 is not None
                                   else s.guidance_scale_2),
                 seed=args.seed)
-    check_request(call["prompt"], call["height"], call["width"], call["num_frames"],
-                  call["num_inference_steps"], call["guidance_scale"],
-                  call["guidance_scale_2"], call["negative_prompt"])
-    out = pathlib.Path(args.output)
-    if out.suffix.lower() != ".mp4":
-        raise ValueError(f"--output {args.output!r} must end in .mp4 (H.264); use --frames-dir "
-                         f"for PNG frames")
+    with request_errors():
+        check_request(call["prompt"], call["height"], call["width"], call["num_frames"],
+                      call["num_inference_steps"], call["guidance_scale"],
+                      call["guidance_scale_2"], call["negative_prompt"])
+    if pathlib.Path(args.output).suffix.lower() != ".mp4":
+        raise RequestError(f"--output {args.output!r} must end in .mp4 (H.264); use --frames-dir "
+                           f"for PNG frames")
     if args.fps < 1:
-        raise ValueError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
+        raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
     use_mesh = "mesh" in given
     validate(cfg, jax.device_count() if use_mesh else None)
     dtype = cfg.model.dtype
@@ -84,29 +89,34 @@ def plan(args):
     return load, call
 
 
+def check_model_and_attention(load: dict, mesh) -> None:
+    """The folder exists and names a transformer (:class:`ModelNotFound` otherwise), and the
+    attention backend can run here with its head dim (:class:`AttentionUnavailable`)."""
+    from ditax.attention import check_available
+    from ditax.io.hub import resolve_folder
+    from ditax.models.wan.loading import read_config
+
+    root = resolve_folder(load["path"], None, required=("model_index.json",))
+    head_dim = load.get("attention_head_dim") or read_config(
+        resolve_folder(root, "transformer"))["attention_head_dim"]
+    check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)
+
+
 def run(args) -> int:
-    try:
-        load, call = plan(args)
-    except (ValueError, ConfigError) as e:
-        print(f"ditax generate: error: {e}", file=sys.stderr)
-        return 2
+    load, call = parse_request(args)
     import ditax
+    from ditax.attention.te import entry_context
     from ditax.io.video import write_frames, write_mp4
 
     mesh_cfg = load.pop("mesh_config")
-    mesh = None
-    if mesh_cfg is not None:
-        mesh = ditax.make_mesh(mesh_cfg)
+    mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
+    check_model_and_attention(load, mesh)
+    if mesh is not None:
         print(f"mesh: {dict(mesh.shape)}")
-    from ditax.attention.te import entry_context
-
     with entry_context(load["attention"], mesh):
         pipe = ditax.load_pipeline(load.pop("path"), mesh=mesh, **load)
-        try:
+        with request_errors():  # e.g. a size this folder's VAE cannot take
             video = pipe(progress=not args.no_progress, **call)
-        except (ValueError, ConfigError) as e:  # e.g. a size this folder's VAE cannot take
-            print(f"ditax generate: error: {e}", file=sys.stderr)
-            return 2
     t0 = time.perf_counter()
     path = write_mp4(args.output, video, fps=args.fps)
     if args.frames_dir:

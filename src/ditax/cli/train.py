@@ -4,28 +4,28 @@ CONFIG is a preset name (``tiny``, ``wan2.1-t2v-1.3b`` …) or a YAML path; ``ke
 overrides any config key, e.g. ``steps=100 batch_size=8 mesh.fsdp=8 attention.backend=ulysses
 data.source=/data/latents output_dir=runs/a``. Multi-host: run the same command once per
 process with ``mesh.coordinator_address=HOST:PORT mesh.num_processes=N mesh.process_id=I``.
+
+Exit 2 for a config that cannot run (checked against the device count before training
+starts); exit 1 when training fails (data, checkpoint, non-finite loss); 143 when interrupted
+by a signal after saving.
 """
 
 from __future__ import annotations
 
-import sys
+from ditax.cli import CommandFailed
 
 
 def add_arguments(p) -> None:
     p.description = __doc__.split("\n\n")[0]
     p.add_argument("config", help="preset name or YAML file")
-    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    p.add_argument("overrides", nargs="*", default=[], help="key=value config overrides")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args) -> int:
-    from ditax.config import ConfigError, load_config
+    from ditax.config import load_config, validate
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"ditax train: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)
 
     import jax
 
@@ -36,23 +36,21 @@ def run(args) -> int:
         from ditax.parallel.mesh import initialize_distributed
 
         initialize_distributed(cfg.mesh)
-
-    from ditax.train.checkpoint import CheckpointError
-    from ditax.train.data import DataError
-    from ditax.train.loop import NonFiniteLoss, train
+    validate(cfg, jax.device_count(), training=True)
 
     from ditax.attention.te import entry_context, uses_te
     from ditax.parallel.mesh import make_mesh
+    from ditax.train.checkpoint import CheckpointError
+    from ditax.train.data import DataError
+    from ditax.train.loop import NonFiniteLoss, train
 
     te_mesh = make_mesh(cfg.mesh) if uses_te(cfg.attention) else None
     try:
         with entry_context(cfg.attention, te_mesh):
             res = train(cfg, progress=not args.no_progress)
-    except (ConfigError, DataError, CheckpointError, NonFiniteLoss) as e:
-        print(f"ditax train: {e}", file=sys.stderr)
-        return 1
+    except (DataError, CheckpointError, NonFiniteLoss) as e:
+        raise CommandFailed(str(e)) from e
     if jax.process_index() == 0:
         last = f", last loss {res.losses[-1]:.6f}" if res.losses else ""
         print(f"ditax train: at step {res.step}{last}; metrics in {cfg.output_dir}/metrics.jsonl")
     return 143 if res.interrupted else 0
-

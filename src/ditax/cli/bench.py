@@ -1,0 +1,40 @@
+"""``ditax bench CONFIG [key=value ...]``: forward time of a config with random weights.
+
+Prints one JSON line (median of ``--repeats`` runs after a compile run) on whatever devices
+JAX sees, with the mesh and attention backend from the config
+(:func:`ditax.bench.forward_benchmark`). For comparisons against a peer use the scripts in
+``benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ditax.cli import latent_arg
+
+
+def add_arguments(p: argparse.ArgumentParser):
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", default=[])
+    p.add_argument("--latent", type=latent_arg, default=(5, 32, 32),
+                   help="latent F,Y,X (default 5,32,32)")
+    p.add_argument("--text-len", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=5)
+
+
+def run(args) -> int:
+    import jax
+
+    from ditax.attention.te import entry_context
+    from ditax.bench import forward_benchmark
+    from ditax.config import load_config, validate
+    from ditax.parallel import make_mesh
+
+    cfg = load_config(args.config, args.overrides)
+    validate(cfg, jax.device_count())
+    mesh = make_mesh(cfg.mesh)
+    with entry_context(cfg.attention, mesh):
+        row = forward_benchmark(cfg, mesh, args.latent, args.text_len, args.repeats)
+    print(json.dumps(row))
+    return 0
