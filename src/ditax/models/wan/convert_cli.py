@@ -1,7 +1,9 @@
 """``ditax convert PATH``: check a diffusers Wan transformer folder against the key table.
 
-Reads config.json and the safetensors headers (no tensor data), reports missing / unexpected
-keys and shape mismatches, and prints a summary. Exit code 0 when the folder loads.
+Reads config.json and the safetensors headers (no tensor data), checks every key and every
+tensor shape through the transformer's table (:mod:`ditax.io.convert`), and prints a summary.
+A folder that does not fit raises :class:`~ditax.errors.WeightError` listing the missing /
+unexpected keys or the mismatched shapes.
 """
 
 from __future__ import annotations
@@ -14,43 +16,31 @@ def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--subfolder", default="transformer")
 
 
-def run(args) -> int:
-    import numpy as np
+def check_folder(path, subfolder: str | None = "transformer") -> str:
+    """Check a transformer folder's weights against its config; a one-line summary if they fit."""
+    import math
+
+    from flax import nnx
 
     from ditax.config import ModelConfig
+    from ditax.io.convert import check_weights, param_shapes
     from ditax.io.hub import resolve_folder
-    from ditax.io.safetensors import SafetensorsCheckpoint
+    from ditax.io.weights import Weights
     from ditax.models.wan import convert
     from ditax.models.wan.loading import abstract_model, read_config
 
-    folder = resolve_folder(args.path, args.subfolder)
+    folder = resolve_folder(path, subfolder)
     cfg = ModelConfig.from_diffusers(read_config(folder))
-    ckpt = SafetensorsCheckpoint(folder)
-    convert.check_keys(ckpt.keys(), cfg.num_layers, cfg.cross_attn_norm)
-    from flax import nnx
-    import jax
+    weights = Weights.open(folder)
+    table = convert.weight_table(cfg.num_layers, cfg.cross_attn_norm)
+    shapes = param_shapes(nnx.state(abstract_model(cfg)))
+    check_weights(table, weights, shapes)
+    n = sum(math.prod(s) for s in shapes.values())
+    return (f"{folder}: OK — {cfg.num_layers} layers, D={cfg.inner_dim}, "
+            f"{cfg.num_attention_heads} heads x {cfg.attention_head_dim}, {n / 1e9:.3f} B params, "
+            f"{len(weights)} tensors")
 
-    state = nnx.state(abstract_model(cfg))
-    want = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-        want[tuple(str(getattr(k, "key", k)) for k in path[:-1])] = tuple(leaf.shape)
-    bad = []
-    for row in convert.table(cfg.cross_attn_norm):
-        shp = want[row.path]
-        keys = [row.key.format(i=i) for i in range(cfg.num_layers)] if convert.is_stacked(row) \
-            else [row.key]
-        for k in keys:
-            got = ckpt.shape(k)
-            exp = shp[1:] if convert.is_stacked(row) else shp
-            conv = convert.apply_transform(np.broadcast_to(np.zeros((), np.uint8), got),
-                                           row.transform).shape
-            if conv != exp:
-                bad.append(f"{k}: {got} -> {conv}, expected {exp}")
-    if bad:
-        print("shape mismatches:\n  " + "\n  ".join(bad))
-        return 1
-    n = sum(int(np.prod(s)) for s in want.values())
-    print(f"{folder}: OK — {cfg.num_layers} layers, D={cfg.inner_dim}, "
-          f"{cfg.num_attention_heads} heads x {cfg.attention_head_dim}, {n / 1e9:.3f} B params, "
-          f"{len(ckpt.keys())} tensors")
+
+def run(args) -> int:
+    print(check_folder(args.path, args.subfolder))
     return 0
