@@ -115,9 +115,9 @@ class Table:
         return [k for r in self.rows for k in self.names(r)]
 
 
-def _listing(keys: list[str], limit: int = 20) -> str:
-    more = f" ... (+{len(keys) - limit} more)" if len(keys) > limit else ""
-    return ", ".join(keys[:limit]) + more
+def _listing(items: list[str], sep: str = ", ", limit: int = 20) -> str:
+    more = f" ... (+{len(items) - limit} more)" if len(items) > limit else ""
+    return sep.join(items[:limit]) + more
 
 
 def check_keys(table: Table, available, source="the checkpoint") -> dict[str, str]:
@@ -175,12 +175,10 @@ def check_shapes(table: Table, shape_of: Callable[[str], tuple], ours: dict, key
                            f"(our {'.'.join(row.path)} {want}, {row.transform.name})")
     if bad:
         raise WeightError(f"{table.name} weights in {source} do not fit {table.context}: "
-                          f"{'; '.join(bad[:20])}" + (f" ... (+{len(bad) - 20} more)"
-                                                      if len(bad) > 20 else ""))
+                          f"{_listing(bad, '; ')}")
 
 
-def read_param(weights, table: Table, row: Row, keys: dict, shape: tuple, dtype,
-               sharding=None) -> jax.Array:
+def read_param(weights, row: Row, keys: dict, shape: tuple, dtype, sharding=None) -> jax.Array:
     """One parameter in our layout and ``dtype``; with a sharding, each device's shard is read
     on its own (``jax.make_array_from_callback``): no device gets a full copy."""
     def block(index: tuple) -> np.ndarray:
@@ -236,7 +234,7 @@ def load_params(table: Table, weights, state, dtype, sharding=None):
     keys = check_weights(table, weights, shapes)
     for path, parent, k in _leaves(pure):
         sh = None if sharding is None else sharding(path, shapes[path])
-        parent[k] = read_param(weights, table, rows[path], keys, shapes[path], dtype, sh)
+        parent[k] = read_param(weights, rows[path], keys, shapes[path], dtype, sh)
     nnx.replace_by_pure_dict(state, pure)
     return state
 
