@@ -232,24 +232,39 @@ def test_transformer_diffusers_to_ditax_to_diffusers(tmp_path):
         np.testing.assert_array_equal(v, theirs[k], err_msg=k)
 
 
-def test_vae_and_umt5_ditax_to_upstream_to_ditax(tmp_path):
-    """The demo's random VAE and text encoder survive export → save → load bit for bit."""
-    from ditax import demo
-    from ditax.models.umt5 import load_text_encoder
-    from ditax.models.wan.vae_convert import load_vae
+def _random_params(abstract, rng):
+    """Random float32 values for every parameter of an abstract module (no eager init)."""
+    pure = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+    return jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(np.float32), pure)
 
-    demo.write_vae(tmp_path / "vae", seed=4)
-    demo.write_text_encoder(tmp_path / "text_encoder", seed=5)
-    from ditax.models.umt5 import UMT5Config, UMT5Encoder
+
+@pytest.mark.parametrize("model", ["vae", "text_encoder"])
+def test_vae_and_umt5_ditax_to_upstream_to_ditax(tmp_path, rng, model):
+    """Random params → export (upstream layout) → save → load: bit for bit, every parameter."""
+    from ditax import demo
+    from ditax.models import umt5
+    from ditax.models.wan import vae_convert
     from ditax.models.wan.vae import WanVAE, WanVAEConfig
-    for fresh, loaded in (
-            (WanVAE(WanVAEConfig.from_diffusers(demo.VAE), rngs=nnx.Rngs(4)),
-             load_vae(tmp_path)),
-            (UMT5Encoder(UMT5Config.from_hf(demo.UMT5), rngs=nnx.Rngs(5)),
-             load_text_encoder(tmp_path))):
-        a = nnx.to_flat_state(nnx.state(fresh, nnx.Param))
-        b = dict(nnx.to_flat_state(nnx.state(loaded, nnx.Param)))
-        assert len(a) == len(b)
-        for path, v in a:
-            np.testing.assert_array_equal(np.asarray(v.get_value()),
-                                          np.asarray(b[path].get_value()), err_msg=str(path))
+
+    if model == "vae":
+        abstract = nnx.eval_shape(lambda: WanVAE(WanVAEConfig.from_diffusers(demo.VAE),
+                                                 rngs=nnx.Rngs(0)))
+        table, config = vae_convert.weight_table(abstract), dict(demo.VAE)
+        name, load = "diffusion_pytorch_model.safetensors", vae_convert.load_vae
+    else:
+        cfg = umt5.UMT5Config.from_hf(demo.UMT5)
+        abstract = nnx.eval_shape(lambda: umt5.UMT5Encoder(cfg, rngs=nnx.Rngs(0)))
+        table, config = umt5.weight_table(cfg), dict(demo.UMT5)
+        name, load = "model.safetensors", umt5.load_text_encoder
+    params = _random_params(abstract, rng)
+    folder = tmp_path / model
+    folder.mkdir()
+    save_file({k: np.ascontiguousarray(v) for k, v in convert.export(table, params).items()},
+              folder / name)
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded = nnx.to_pure_dict(nnx.state(load(tmp_path), nnx.Param))  # pipeline-style folder
+    want = jax.tree_util.tree_leaves_with_path(params)
+    got = dict(jax.tree_util.tree_leaves_with_path(loaded))
+    assert len(want) == len(got) == len(table.rows)
+    for path, v in want:
+        np.testing.assert_array_equal(np.asarray(got[path]), v, err_msg=str(path))
