@@ -128,9 +128,6 @@ def test_missing_model_folder(tmp_path, capsys, make):
     assert_one_line(err, "ditax convert", str(model))
 
 
-@pytest.mark.xfail(strict=True, reason="waits for the merge with `weights`: here the loader "
-                   "raises SafetensorsError (a ValueError, exit 1), there WeightError (exit 2). "
-                   "TODO(merge): drop this mark")
 def test_truncated_weights(tmp_path, capsys, pipeline):
     bad = truncated_copy(pipeline, tmp_path / "trunc")
     rc, _, err = run_cli(capsys, "convert", bad)

@@ -13,7 +13,7 @@ from flax import nnx
 import ditax
 from ditax.config import AttentionConfig, ConfigError, ModelConfig
 from ditax.models.wan import embeddings as E
-from ditax.models.wan.convert import WeightError
+from ditax.errors import WeightError
 from ditax.models.wan.loading import init_model
 from ditax.parallel import make_mesh
 from wan_reference import make_diffusers_wan, rel_err, run_diffusers

@@ -15,8 +15,9 @@ diffusers = pytest.importorskip("diffusers")
 from compiles import compiles  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from ditax.errors import WeightError  # noqa: E402
 from ditax.models.wan.vae.chunks import decode_chunk, encode_chunk  # noqa: E402
-from ditax.models.wan.vae_convert import VAELoadError, load_vae  # noqa: E402
+from ditax.models.wan.vae_convert import load_vae  # noqa: E402
 
 TOL = 1e-4
 
@@ -204,20 +205,20 @@ def test_load_errors(small, tmp_path):
     renamed = dict(tensors)
     renamed["decoder.up_blocks.0.upsamplers.0.resample.2.weight"] = renamed.pop(key)
     write(renamed)
-    with pytest.raises(VAELoadError) as e:
+    with pytest.raises(WeightError) as e:
         load_vae(tmp_path)  # pipeline folder with vae/
     assert key in str(e.value) and "resample.2.weight" in str(e.value)
 
     missing = dict(tensors)
     del missing["encoder.mid_block.attentions.0.norm.gamma"]
     write(missing)
-    with pytest.raises(VAELoadError, match=r"missing keys \(1\).*attentions\.0\.norm\.gamma"):
+    with pytest.raises(WeightError, match=r"missing 1 key\(s\): .*attentions\.0\.norm\.gamma"):
         load_vae(tmp_path / "vae")
 
     wrong = dict(tensors)
     wrong["decoder.conv_in.weight"] = np.zeros((1, 2, 3, 3, 3), np.float32)
     write(wrong)
-    with pytest.raises(VAELoadError, match=r"decoder\.conv_in\.weight: checkpoint shape \(1, 2, 3, 3, 3\)"):
+    with pytest.raises(WeightError, match=r"decoder\.conv_in\.weight: shape \(1, 2, 3, 3, 3\)"):
         load_vae(tmp_path / "vae")
 
     cfg = json.loads(config)
@@ -225,7 +226,7 @@ def test_load_errors(small, tmp_path):
     write(tensors, json.dumps(cfg))
     with pytest.raises(NotImplementedError, match="is_residual"):
         load_vae(tmp_path / "vae")
-    with pytest.raises(FileNotFoundError, match="neither a diffusers VAE folder"):
+    with pytest.raises(FileNotFoundError, match="neither an existing folder nor a hub id"):
         load_vae(tmp_path / "nothing")
 
 

@@ -2,8 +2,9 @@
 
 Builds a small Wan text-to-video pipeline folder in ``demo_out/pipeline`` in the diffusers
 layout (``model_index.json``; ``transformer/``, ``vae/``, ``text_encoder/`` as safetensors
-written with ``safetensors.numpy``; ``tokenizer/`` trained on the spot with the ``tokenizers``
-library; ``scheduler/`` UniPC flow config), then runs ``ditax generate`` on it and writes
+written with ``safetensors.numpy`` through each model's conversion table in the ditax →
+upstream direction; ``tokenizer/`` trained on the spot with the ``tokenizers`` library;
+``scheduler/`` UniPC flow config), then runs ``ditax generate`` on it and writes
 ``demo_out/demo.mp4``.
 
 The weights are RANDOM (ditax's own initialisers): the video is structured noise. What the demo
@@ -43,98 +44,60 @@ CORPUS = [
 ]
 
 
-def _np_tree(state) -> dict:
+def _float32(tree):
+    """A pure parameter dict with every leaf as a float32 numpy array (what the demo saves)."""
     import numpy as np
+
+    return {k: _float32(v) if isinstance(v, dict) else np.asarray(v, np.float32)
+            for k, v in tree.items()}
+
+
+def _save(folder: pathlib.Path, name: str, table, module, config: dict):
+    """``module``'s parameters → upstream keys and layouts through ``table`` → safetensors."""
     from flax import nnx
-
-    def conv(x):
-        return conv_tree(x) if isinstance(x, dict) else np.asarray(x, np.float32)
-
-    def conv_tree(d):
-        return {k: conv(v) for k, v in d.items()}
-
-    return conv_tree(nnx.to_pure_dict(state))
-
-
-def _get(tree, path):
-    for p in path:
-        tree = tree[p if p in tree else int(p) if str(p).isdigit() and int(p) in tree else str(p)]
-    return tree
-
-
-def _save(folder: pathlib.Path, name: str, tensors: dict, config: dict | None):
     from safetensors.numpy import save_file
 
+    from ditax.io.convert import export
+
+    tensors = export(table, _float32(nnx.to_pure_dict(nnx.state(module, nnx.Param))))
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.copy() for k, v in tensors.items()}, str(folder / name),
               metadata={"format": "pt"})
-    if config is not None:
-        (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def write_transformer(folder: pathlib.Path, seed: int = 0):
     """Random Wan transformer → diffusers ``WanTransformer3DModel`` safetensors + config."""
-    from flax import nnx
-
     from ditax.config import ModelConfig
-    from ditax.models.wan import convert
+    from ditax.models.wan.convert import weight_table
     from ditax.models.wan.loading import init_model
 
     cfg = ModelConfig.from_diffusers(TRANSFORMER)
-    params = _np_tree(nnx.split(init_model(cfg, seed=seed))[1])
-    out = {}
-    for row in convert.table(cfg.cross_attn_norm):
-        v = _get(params, row.path)
-        if convert.is_stacked(row):
-            for i in range(cfg.num_layers):
-                out[row.key.format(i=i)] = convert.invert_transform(v[i], row.transform)
-        else:
-            out[row.key] = convert.invert_transform(v, row.transform)
-    _save(folder, "diffusion_pytorch_model.safetensors", out,
+    _save(folder, "diffusion_pytorch_model.safetensors",
+          weight_table(cfg.num_layers, cfg.cross_attn_norm), init_model(cfg, seed=seed),
           {"_class_name": "WanTransformer3DModel", **TRANSFORMER})
 
 
 def write_vae(folder: pathlib.Path, seed: int = 1):
     """Random Wan VAE → diffusers ``AutoencoderKLWan`` safetensors + config."""
-    import numpy as np
     from flax import nnx
 
     from ditax.models.wan.vae import WanVAE, WanVAEConfig
-    from ditax.models.wan.vae_convert import diffusers_key
+    from ditax.models.wan.vae_convert import weight_table
 
     vae = WanVAE(WanVAEConfig.from_diffusers(VAE), rngs=nnx.Rngs(seed))
-    out = {}
-    for path, var in nnx.to_flat_state(nnx.split(vae)[1]):
-        key = diffusers_key(path)
-        v = np.asarray(var.get_value(), np.float32)
-        if key.endswith(".gamma"):   # torch keeps RMS gains broadcastable: [C,1,1(,1)]
-            v = v.reshape((-1, 1, 1) if ".attentions." in key else (-1, 1, 1, 1))
-        elif v.ndim == 5:            # [kt, kh, kw, I, O] -> [O, I, kt, kh, kw]
-            v = v.transpose(4, 3, 0, 1, 2)
-        elif v.ndim == 4:            # [kh, kw, I, O] -> [O, I, kh, kw]
-            v = v.transpose(3, 2, 0, 1)
-        elif v.ndim == 2:            # pointwise Dense [I, O] is a 1x1 Conv2d in torch
-            v = v.T[:, :, None, None]
-        out[key] = v
-    _save(folder, "diffusion_pytorch_model.safetensors", out,
+    _save(folder, "diffusion_pytorch_model.safetensors", weight_table(vae), vae,
           {"_class_name": "AutoencoderKLWan", **VAE})
 
 
 def write_text_encoder(folder: pathlib.Path, seed: int = 2):
     """Random UMT5 encoder → transformers ``UMT5EncoderModel`` safetensors + config."""
-    import numpy as np
     from flax import nnx
 
-    from ditax.models.umt5 import UMT5Config, UMT5Encoder, _hf_key_table
+    from ditax.models.umt5 import UMT5Config, UMT5Encoder, weight_table
 
     cfg = UMT5Config.from_hf(UMT5)
-    enc = UMT5Encoder(cfg, rngs=nnx.Rngs(seed))
-    params = _np_tree(nnx.split(enc)[1])
-    out = {}
-    for key, (where, transpose) in _hf_key_table(cfg).items():
-        v = _get(params, where)
-        out[key] = np.ascontiguousarray(v.T if transpose else v)
-    _save(folder, "model.safetensors", out,
+    _save(folder, "model.safetensors", weight_table(cfg), UMT5Encoder(cfg, rngs=nnx.Rngs(seed)),
           {"architectures": ["UMT5EncoderModel"], "model_type": "umt5", **UMT5})
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import html
 import json
-import pathlib
 import re
 
 import numpy as np
+
+from ditax.io.hub import resolve_folder
 
 
 def clean_prompt(text: str) -> str:
@@ -63,7 +64,8 @@ class Tokenizer:
 
 
 def load_tokenizer(path) -> Tokenizer:
-    """Load ``tokenizer.json`` from a tokenizer folder or a pipeline folder's ``tokenizer/``.
+    """Load ``tokenizer.json`` from a tokenizer folder, a pipeline folder's ``tokenizer/`` or a
+    hub id (ditax reads the fast tokenizer file: save one with ``tokenizer.save_pretrained``).
 
     The pad token and padding side come from ``tokenizer_config.json`` /
     ``special_tokens_map.json`` when present, else from ``tokenizer.json``'s padding block,
@@ -71,13 +73,7 @@ def load_tokenizer(path) -> Tokenizer:
     """
     from tokenizers import Tokenizer as _Backend
 
-    p = pathlib.Path(path)
-    if (p / "tokenizer" / "tokenizer.json").is_file():
-        p = p / "tokenizer"
-    if not (p / "tokenizer.json").is_file():
-        raise FileNotFoundError(
-            f"no tokenizer.json in {str(p)!r} or its tokenizer/ subfolder; ditax reads the fast "
-            "tokenizer file (save one with transformers' tokenizer.save_pretrained)")
+    p = resolve_folder(path, "tokenizer", required=("tokenizer.json",))
     backend = _Backend.from_file(str(p / "tokenizer.json"))
     meta = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import pathlib
 from dataclasses import dataclass
 
 import jax
@@ -25,7 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+from ditax.io.convert import TRANSPOSE, Row, Table, load_params
+from ditax.io.hub import resolve_folder
+from ditax.io.weights import Weights
 
 # transformers' activation names → JAX functions (the gated-gelu of T5 v1.1 / UMT5 is "gelu_new").
 _ACTIVATIONS = {
@@ -39,11 +40,14 @@ _ACTIVATIONS = {
 
 
 def _dtype(d):
-    if isinstance(d, str):
-        if d not in _DTYPES:
-            raise ValueError(f"dtype={d!r} is not supported; use one of {sorted(_DTYPES)}")
-        return _DTYPES[d]
-    return jnp.dtype(d)
+    """``jnp.dtype(d)``, refusing anything that is not a floating-point type."""
+    try:
+        dt = jnp.dtype(d)
+    except TypeError:
+        dt = None
+    if dt is None or not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"dtype={d!r} is not supported; use float32, bfloat16 or float16")
+    return dt
 
 
 @dataclass(frozen=True)
@@ -248,100 +252,43 @@ class UMT5Encoder(nnx.Module):
 
 # ----------------------------------------------------------------------------- loading
 
-def _hf_key_table(cfg: UMT5Config) -> dict[str, tuple[tuple, bool]]:
-    """transformers key → (our parameter path, transpose?)."""
-    table = {"shared.weight": (("shared",), False),
-             "encoder.final_layer_norm.weight": (("final_layer_norm", "weight"), False)}
+def weight_table(cfg: UMT5Config) -> Table:
+    """transformers ``UMT5EncoderModel`` keys ↔ our parameter paths (torch linears transposed).
+
+    The tied input embedding may be stored as ``shared.weight`` or
+    ``encoder.embed_tokens.weight``; a full seq2seq checkpoint's ``decoder.*`` and
+    ``lm_head.*`` are not read.
+    """
+    rows = [Row(("shared",), "shared.weight", alt=("encoder.embed_tokens.weight",)),
+            Row(("final_layer_norm", "weight"), "encoder.final_layer_norm.weight")]
     ffn = ("wi_0", "wi_1", "wo") if cfg.is_gated else ("wi", "wo")
     for i in range(cfg.num_layers):
-        p = f"encoder.block.{i}.layer."
-        for n in "qkvo":
-            table[f"{p}0.SelfAttention.{n}.weight"] = (("blocks", i, "attn", n, "weight"), True)
-        table[f"{p}0.SelfAttention.relative_attention_bias.weight"] = (
-            ("blocks", i, "attn", "relative_attention_bias"), False)
-        table[f"{p}0.layer_norm.weight"] = (("blocks", i, "attn_norm", "weight"), False)
-        table[f"{p}1.layer_norm.weight"] = (("blocks", i, "ffn_norm", "weight"), False)
-        for n in ffn:
-            table[f"{p}1.DenseReluDense.{n}.weight"] = (("blocks", i, "ffn", n, "weight"), True)
-    return table
-
-
-def _resolve_folder(path) -> pathlib.Path:
-    p = pathlib.Path(path)
-    if (p / "text_encoder" / "config.json").is_file():
-        return p / "text_encoder"
-    if (p / "config.json").is_file():
-        return p
-    raise FileNotFoundError(f"no UMT5 checkpoint at {str(p)!r}: expected config.json there or in "
-                            "its text_encoder/ subfolder (a transformers or diffusers folder)")
-
-
-def _read_safetensors(folder: pathlib.Path) -> dict[str, jax.Array]:
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in "
-                                f"{str(folder)!r}")
-    out = {}
-    for fname in files:
-        # framework="flax" keeps bfloat16 tensors (numpy has no bfloat16).
-        with safe_open(str(folder / fname), framework="flax") as f:
-            for k in f.keys():
-                out[k] = f.get_tensor(k)
-    return out
+        p, b = f"encoder.block.{i}.layer.", ("blocks", str(i))
+        rows += [Row(b + ("attn", n, "weight"), f"{p}0.SelfAttention.{n}.weight", TRANSPOSE)
+                 for n in "qkvo"]
+        rows += [Row(b + ("attn", "relative_attention_bias"),
+                     f"{p}0.SelfAttention.relative_attention_bias.weight"),
+                 Row(b + ("attn_norm", "weight"), f"{p}0.layer_norm.weight"),
+                 Row(b + ("ffn_norm", "weight"), f"{p}1.layer_norm.weight")]
+        rows += [Row(b + ("ffn", n, "weight"), f"{p}1.DenseReluDense.{n}.weight", TRANSPOSE)
+                 for n in ffn]
+    return Table("UMT5 text encoder", tuple(rows), ignore=(r"^decoder\.", r"^lm_head\."),
+                 context=f"its config (num_layers={cfg.num_layers}, feed_forward_proj="
+                         f"{cfg.feed_forward_proj!r})")
 
 
 def load_text_encoder(path, dtype="float32") -> UMT5Encoder:
     """Load a transformers ``UMT5EncoderModel`` folder (or a pipeline's ``text_encoder/``).
 
-    Every tensor goes through the key table (torch ``[out, in]`` linears are transposed), is
-    shape-checked, and cast to ``dtype``. Keys of a full seq2seq checkpoint's ``decoder.*`` and
-    ``lm_head.*`` are skipped; any other unused key, or a missing one, is an error that lists them.
+    Every tensor goes through :func:`weight_table` (key check, shape check, torch ``[out, in]``
+    linears transposed) and is cast to ``dtype``; a mismatch raises one
+    :class:`~ditax.errors.WeightError` naming the keys or shapes.
     """
-    folder = _resolve_folder(path)
+    folder = resolve_folder(path, "text_encoder")
     cfg = UMT5Config.from_hf(json.loads((folder / "config.json").read_text()), dtype=dtype)
-    tensors = _read_safetensors(folder)
-    # The tied input embedding can be stored under either name.
-    if "shared.weight" not in tensors and "encoder.embed_tokens.weight" in tensors:
-        tensors["shared.weight"] = tensors.pop("encoder.embed_tokens.weight")
-    else:
-        tensors.pop("encoder.embed_tokens.weight", None)
-    for k in [k for k in tensors if k.startswith(("decoder.", "lm_head."))]:
-        del tensors[k]
-
-    table = _hf_key_table(cfg)
-    missing = sorted(set(table) - set(tensors))
-    unused = sorted(set(tensors) - set(table))
-    if missing or unused:
-        raise ValueError(f"UMT5 checkpoint at {str(folder)!r} does not match its config "
-                         f"(num_layers={cfg.num_layers}, feed_forward_proj="
-                         f"{cfg.feed_forward_proj!r}): missing keys {missing[:20]}"
-                         f"{' ...' if len(missing) > 20 else ''}; unused keys {unused[:20]}"
-                         f"{' ...' if len(unused) > 20 else ''}")
-
     abstract = nnx.eval_shape(lambda: UMT5Encoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
-    pure = nnx.to_pure_dict(state)
-    dt = _dtype(dtype)
-    for key, (where, transpose) in table.items():
-        node = pure
-        for part in where[:-1]:
-            node = node[part]
-        want = node[where[-1]]
-        arr = tensors[key]
-        if transpose:
-            arr = arr.T
-        if tuple(arr.shape) != tuple(want.shape):
-            raise ValueError(f"tensor {key!r} has shape {tuple(tensors[key].shape)}, expected "
-                             f"{tuple(want.shape)[::-1] if transpose else tuple(want.shape)} "
-                             "from config.json")
-        node[where[-1]] = jnp.asarray(arr, dt)
-    nnx.replace_by_pure_dict(state, pure)
+    state = load_params(weight_table(cfg), Weights.open(folder), state, _dtype(dtype))
     return nnx.merge(graphdef, state)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+from ditax.io.hub import resolve_folder
 from ditax.schedulers.flow import add_flow_noise, shift_sigma
 from ditax.schedulers.flow_match import FlowMatchEulerScheduler, FlowMatchEulerState
 from ditax.schedulers.unipc import UniPCScheduler, UniPCState
@@ -44,10 +45,10 @@ def from_config(cfg: dict):
 
 
 def load_scheduler(path):
-    """Read ``scheduler_config.json`` from a folder or a pipeline folder's ``scheduler/``."""
+    """Read ``scheduler_config.json`` (that file itself, its folder, a pipeline folder's
+    ``scheduler/``, or a hub id)."""
     p = pathlib.Path(path)
-    for cand in (p / "scheduler" / "scheduler_config.json", p / "scheduler_config.json", p):
-        if cand.is_file():
-            return from_config(json.loads(cand.read_text()))
-    raise FileNotFoundError(f"no scheduler_config.json at {str(p)!r} or in its scheduler/ "
-                            "subfolder")
+    if not p.is_file():
+        p = resolve_folder(path, "scheduler", required=("scheduler_config.json",)) \
+            / "scheduler_config.json"
+    return from_config(json.loads(p.read_text()))

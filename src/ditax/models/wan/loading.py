@@ -1,8 +1,8 @@
 """Build, shard and load the Wan transformer; the callable returned by ``load_transformer``.
 
-With a mesh, every parameter is created straight into its sharding: the host reads one tensor
-at a time (memory-mapped) and ``jax.make_array_from_callback`` hands each device only its own
-slice — no full copy of the model on any device.
+With a mesh, every parameter is created straight into its sharding: each device's slice is read
+from the safetensors file on its own (``ditax.io.convert.load_params`` with
+``jax.make_array_from_callback``) — no full copy of the model on any device.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import AttentionConfig, Config, ConfigError, ModelConfig, validate
+from ditax.io.convert import load_params
 from ditax.parallel.axes import batch_entry
 from ditax.parallel.mesh import check_mesh_axes, mesh_config
 from ditax.io.hub import resolve_folder
-from ditax.io.safetensors import SafetensorsCheckpoint
+from ditax.io.weights import Weights
 from ditax.models.wan import convert
 from ditax.models.wan.embeddings import as_dtype
 from ditax.models.wan.transformer import WanTransformer
@@ -83,35 +83,20 @@ def read_config(folder) -> dict:
 
 
 def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None) -> WanTransformer:
-    """Fill an abstract model's parameters from a diffusers safetensors folder."""
-    ckpt = SafetensorsCheckpoint(folder)
-    convert.check_keys(ckpt.keys(), cfg.num_layers, cfg.cross_attn_norm)
+    """Fill an abstract model's parameters from a diffusers safetensors folder.
+
+    With a mesh, each parameter is read slice by slice straight into its NamedSharding.
+    """
     gdef, state = nnx.split(model_abs)
-    pd = as_dtype(cfg.param_dtype)
-    rows = {r.path: r for r in convert.table(cfg.cross_attn_norm)}
-    axes = convert.param_axes(cfg.cross_attn_norm)
-    pure = nnx.to_pure_dict(state)
+    sharding = None
+    if mesh is not None:
+        axes = convert.param_axes(cfg.cross_attn_norm)
 
-    def fill(node, prefix):
-        for k, v in list(node.items()):
-            path = prefix + (str(k),)
-            if isinstance(v, dict):
-                fill(v, path)
-                continue
-            if path not in rows:
-                raise KeyError(f"no conversion row for parameter {'.'.join(path)}")
-            row = rows[path]
-            arr = convert.load_row(ckpt.get, row, cfg.num_layers, tuple(v.shape))
-            if mesh is None:
-                node[k] = jnp.asarray(np.asarray(arr).astype(pd))
-            else:
-                sh = NamedSharding(mesh, param_spec(axes[path], mesh, arr.shape))
-                host = arr
-                node[k] = jax.make_array_from_callback(
-                    arr.shape, sh, lambda idx, host=host: np.asarray(host[idx]).astype(pd))
+        def sharding(path, shape):
+            return NamedSharding(mesh, param_spec(axes[path], mesh, shape))
 
-    fill(pure, ())
-    nnx.replace_by_pure_dict(state, pure)
+    table = convert.weight_table(cfg.num_layers, cfg.cross_attn_norm)
+    state = load_params(table, Weights.open(folder), state, jnp.dtype(cfg.param_dtype), sharding)
     return nnx.merge(gdef, state)
 
 

@@ -1,0 +1,255 @@
+"""Conversion tables: our parameter path ↔ an upstream (diffusers / transformers) tensor key.
+
+One form for every model. A :class:`Table` lists :class:`Row` s — our parameter path, the
+upstream key (``{i}`` marks a stacked row: layer ``i`` of our leading ``layers`` axis), and an
+explicit :class:`Transform` between the two layouts. The same table is used both ways:
+
+- upstream → ditax: :func:`load_params` checks the keys (one :class:`WeightError` listing every
+  missing and unexpected key), checks every tensor's shape (naming the key and both shapes),
+  then reads each parameter — with a sharding, straight into each device's shard;
+- ditax → upstream: :func:`export` gives ``{key: array}`` in the upstream layout, ready for
+  ``safetensors.numpy.save_file``.
+
+The model tables live with their models (``models/wan/convert.py``, ``models/wan/vae_convert.py``,
+``models/umt5.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ditax.errors import WeightError
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """Upstream tensor → ours: drop ``squeeze`` trailing unit axes, then transpose by ``perm``."""
+
+    name: str
+    perm: tuple[int, ...] | None = None
+    squeeze: int = 0
+
+    def to_ours(self, x: np.ndarray) -> np.ndarray:
+        if self.squeeze:
+            x = x.reshape(x.shape[:-self.squeeze])
+        return np.transpose(x, self.perm) if self.perm else x
+
+    def to_theirs(self, y: np.ndarray) -> np.ndarray:
+        if self.perm:
+            y = np.transpose(y, np.argsort(self.perm))
+        return y.reshape(y.shape + (1,) * self.squeeze) if self.squeeze else y
+
+    def theirs_shape(self, ours: tuple[int, ...]) -> tuple[int, ...]:
+        """The upstream shape that converts to ``ours``."""
+        return self.to_theirs(np.broadcast_to(np.zeros((), np.uint8), ours)).shape
+
+    def theirs_index(self, index: tuple) -> tuple:
+        """A slice of our tensor (tuple of slices) → the slice of the upstream tensor to read."""
+        if not self.perm:
+            return tuple(index) + (slice(None),) * self.squeeze
+        out = [slice(None)] * (len(self.perm) + self.squeeze)
+        for ours_axis, theirs_axis in enumerate(self.perm):
+            out[theirs_axis] = index[ours_axis]
+        return tuple(out)
+
+
+ID = Transform("id")
+TRANSPOSE = Transform("T", (1, 0))                # torch Linear [out, in] -> kernel [in, out]
+CONV3D = Transform("conv3d", (2, 3, 4, 1, 0))    # Conv3d [O, I, t, h, w] -> [t, h, w, I, O]
+CONV2D = Transform("conv2d", (2, 3, 1, 0))       # Conv2d [O, I, h, w] -> [h, w, I, O]
+POINTWISE = Transform("pointwise", (1, 0), 2)    # 1x1 Conv2d [O, I, 1, 1] -> Dense [I, O]
+
+
+def unit_axes(n: int) -> Transform:
+    """A gain stored broadcastable, ``[C, 1, ..., 1]`` (``n`` unit axes), kept as ``[C]``."""
+    return Transform(f"[C{', 1' * n}] -> [C]", None, n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One parameter: our path, the upstream key, the transform, and model metadata.
+
+    ``axes`` are logical axis names of our tensor (without the stacked ``layers`` axis) for
+    models that shard by the table; ``alt`` are other upstream names of the same tensor (the
+    first present is read).
+    """
+
+    path: tuple[str, ...]
+    key: str
+    transform: Transform = ID
+    axes: tuple = ()
+    alt: tuple[str, ...] = ()
+
+    @property
+    def stacked(self) -> bool:
+        return "{i}" in self.key
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A model's rows, the layer count of its stacked rows, and what to say in messages.
+
+    ``ignore``: regexes of upstream keys that may be present and are not read (e.g. a seq2seq
+    checkpoint's decoder); ``context``: the config values the weights must match.
+    """
+
+    name: str
+    rows: tuple[Row, ...]
+    layers: int = 0
+    ignore: tuple[str, ...] = ()
+    context: str = "config.json"
+
+    def names(self, row: Row, key: str | None = None) -> list[str]:
+        """The upstream keys of one row (one per layer for a stacked row)."""
+        key = row.key if key is None else key
+        return [key.format(i=i) for i in range(self.layers)] if row.stacked else [key]
+
+    def expected_keys(self) -> list[str]:
+        return [k for r in self.rows for k in self.names(r)]
+
+
+def _listing(items: list[str], sep: str = ", ", limit: int = 20) -> str:
+    more = f" ... (+{len(items) - limit} more)" if len(items) > limit else ""
+    return sep.join(items[:limit]) + more
+
+
+def check_keys(table: Table, available, source="the checkpoint") -> dict[str, str]:
+    """Expected key → the key to read (an ``alt`` name when the main one is absent).
+
+    Raises one :class:`WeightError` listing every missing and every unexpected key.
+    """
+    have = set(available)
+    chosen, alts = {}, set()
+    for row in table.rows:
+        options = [table.names(row)] + [table.names(row, a) for a in row.alt]
+        for i, want in enumerate(options[0]):
+            names = [opt[i] for opt in options]
+            alts.update(names)
+            found = next((n for n in names if n in have), None)
+            if found is not None:
+                chosen[want] = found
+    missing = [k for k in table.expected_keys() if k not in chosen]
+    unexpected = sorted(k for k in have - alts
+                        if not any(re.search(p, k) for p in table.ignore))
+    if missing or unexpected:
+        msg = [f"{table.name} weights in {source} do not match {table.context}"]
+        if missing:
+            msg.append(f"missing {len(missing)} key(s): {_listing(missing)}")
+        if unexpected:
+            msg.append(f"unexpected {len(unexpected)} key(s): {_listing(unexpected)}")
+        msg.append("check that config.json belongs to these weights and that every shard "
+                   "downloaded completely")
+        raise WeightError("; ".join(msg))
+    return chosen
+
+
+def _leaves(tree: Mapping, prefix=()):
+    """(path as strings, parent dict, key) of every leaf of a nested dict."""
+    for k, v in tree.items():
+        path = prefix + (str(k),)
+        if isinstance(v, Mapping):
+            yield from _leaves(v, path)
+        else:
+            yield path, tree, k
+
+
+def check_shapes(table: Table, shape_of: Callable[[str], tuple], ours: dict, keys: dict,
+                 source="the checkpoint") -> None:
+    """Raise one :class:`WeightError` naming every tensor whose stored shape does not convert
+    to our parameter's shape (``ours``: path → shape; ``keys``: from :func:`check_keys`)."""
+    bad = []
+    for row in table.rows:
+        want = tuple(ours[row.path])[1:] if row.stacked else tuple(ours[row.path])
+        theirs = row.transform.theirs_shape(want)
+        for k in table.names(row):
+            got = tuple(shape_of(keys[k]))
+            if got != theirs:
+                bad.append(f"{keys[k]}: shape {got} but the model expects {theirs} "
+                           f"(our {'.'.join(row.path)} {want}, {row.transform.name})")
+    if bad:
+        raise WeightError(f"{table.name} weights in {source} do not fit {table.context}: "
+                          f"{_listing(bad, '; ')}")
+
+
+def read_param(weights, row: Row, keys: dict, shape: tuple, dtype, sharding=None) -> jax.Array:
+    """One parameter in our layout and ``dtype``; with a sharding, each device's shard is read
+    on its own (``jax.make_array_from_callback``): no device gets a full copy."""
+    def block(index: tuple) -> np.ndarray:
+        if not row.stacked:
+            x = weights.read(keys[row.key], row.transform.theirs_index(index))
+            return row.transform.to_ours(x)
+        sub = row.transform.theirs_index(index[1:])
+        return np.stack([row.transform.to_ours(weights.read(keys[row.key.format(i=i)], sub))
+                         for i in range(*index[0].indices(shape[0]))])
+
+    full = (slice(None),) * len(shape)
+    if sharding is None:
+        return jnp.asarray(np.asarray(block(full)).astype(dtype))
+    seen = {}
+
+    def shard(index):
+        index = tuple(index) + full[len(index):]
+        tag = tuple(s.indices(n) for s, n in zip(index, shape))
+        if tag not in seen:  # replicas of one shard are read once
+            seen[tag] = np.asarray(block(index)).astype(dtype)
+        return seen[tag]
+
+    return jax.make_array_from_callback(tuple(shape), sharding, shard)
+
+
+def param_shapes(state) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Parameter path (strings) → shape, for an (abstract) ``nnx.State`` or its pure dict."""
+    pure = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
+    return {path: tuple(parent[k].shape) for path, parent, k in _leaves(pure)}
+
+
+def check_weights(table: Table, weights, shapes: dict) -> dict[str, str]:
+    """Key check, then shape check against ``shapes`` (:func:`param_shapes`), from the headers
+    only; returns :func:`check_keys`' map of the keys to read."""
+    source = getattr(weights, "source", "the checkpoint")
+    keys = check_keys(table, weights.keys(), source)
+    check_shapes(table, weights.shape, shapes, keys, source)
+    return keys
+
+
+def load_params(table: Table, weights, state, dtype, sharding=None):
+    """Fill ``state`` (an abstract ``nnx.State``) from ``weights`` through ``table``.
+
+    Checks keys and shapes first (nothing is read from a checkpoint that does not fit);
+    ``sharding(path, shape)`` gives a parameter's sharding (None: a plain array).
+    """
+    pure = nnx.to_pure_dict(state)
+    shapes = param_shapes(pure)
+    rows = {r.path: r for r in table.rows}
+    unmapped = [".".join(p) for p in shapes if p not in rows]
+    if unmapped:
+        raise KeyError(f"{table.name}: no conversion row for parameter(s) {unmapped}")
+    keys = check_weights(table, weights, shapes)
+    for path, parent, k in _leaves(pure):
+        sh = None if sharding is None else sharding(path, shapes[path])
+        parent[k] = read_param(weights, rows[path], keys, shapes[path], dtype, sh)
+    nnx.replace_by_pure_dict(state, pure)
+    return state
+
+
+def export(table: Table, params) -> dict[str, np.ndarray]:
+    """Our parameters (a module, an ``nnx.State`` or its pure dict) → ``{upstream key: array}``
+    in the upstream layout and the parameters' dtype."""
+    if isinstance(params, nnx.Module):
+        params = nnx.state(params)
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    flat = {path: parent[k] for path, parent, k in _leaves(params)}
+    out = {}
+    for row in table.rows:
+        v = np.asarray(flat[row.path])
+        for i, key in enumerate(table.names(row)):
+            out[key] = row.transform.to_theirs(v[i] if row.stacked else v)
+    return out

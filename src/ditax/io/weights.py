@@ -1,0 +1,132 @@
+"""Read safetensors weights — one file, a folder, or a sharded checkpoint — lazily, by slices.
+
+Built on the ``safetensors`` library: ``safe_open(path, framework="np")`` memory-maps a file
+and returns numpy arrays (bfloat16 as ``ml_dtypes.bfloat16``; ``ml_dtypes`` must be imported
+first so numpy knows the name), and ``get_slice(key)[index]`` reads only the requested part of
+a tensor. Sharded loading relies on that: each device's shard is read straight from the file
+(see :func:`ditax.io.convert.load_params`), so no full copy of a large tensor is ever made.
+
+A damaged file (truncated, corrupted header) or an index that names absent shards or tensors
+raises :class:`ditax.errors.WeightError` naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy; safetensors' numpy reader needs it)
+import numpy as np
+from safetensors import SafetensorError, safe_open
+
+from ditax.errors import WeightError
+
+INDEX_SUFFIX = ".safetensors.index.json"
+
+_REDOWNLOAD = "download or save it again (an interrupted copy leaves such files)"
+
+
+def _open(path: pathlib.Path):
+    """``safe_open`` one file; a damaged file becomes a :class:`WeightError` naming it."""
+    try:
+        return safe_open(str(path), framework="np")
+    except SafetensorError as e:
+        raise WeightError(f"{path}: not a readable safetensors file — truncated or corrupted "
+                          f"({e}); {_REDOWNLOAD}") from None
+    except OSError as e:
+        raise WeightError(f"{path}: cannot be read ({e})") from None
+
+
+def _index_files(index: pathlib.Path) -> dict[str, pathlib.Path]:
+    """``weight_map`` of a ``*.safetensors.index.json``: tensor name → shard path."""
+    try:
+        wmap = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise WeightError(f"{index}: not a safetensors index (no readable weight_map: {e}); "
+                          f"{_REDOWNLOAD}") from None
+    missing = sorted({n for n in wmap.values() if not (index.parent / n).is_file()})
+    if missing:
+        raise WeightError(f"{index.parent}: index {index.name} names shard(s) that are "
+                          f"missing: {missing}; {_REDOWNLOAD}")
+    return {k: index.parent / n for k, n in wmap.items()}
+
+
+class Weights:
+    """All tensors of a checkpoint: ``keys()``, ``shape(k)``, ``dtype(k)``, ``get(k)``,
+    ``read(k, index)`` (a slice). Open one with :meth:`Weights.open`.
+
+    Tensors come back as numpy arrays in their stored dtype (bfloat16 included) and stored
+    layout; converting them to a model's layout is :mod:`ditax.io.convert`'s job.
+    """
+
+    def __init__(self, files: dict[str, pathlib.Path], source: pathlib.Path):
+        self.source = source
+        self._file = files
+        self._handle = {p: _open(p) for p in sorted(set(files.values()))}
+        for k, p in files.items():
+            if k not in self._handle[p].keys():
+                raise WeightError(f"{source}: the index says {k} is in {p.name}, but it is not; "
+                                  f"{_REDOWNLOAD}")
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "Weights":
+        """A ``.safetensors`` file, a ``*.safetensors.index.json``, or a folder.
+
+        In a folder an index wins; without one every ``*.safetensors`` file is read (a key in
+        two files comes from the later name).
+        """
+        path = pathlib.Path(path)
+        if path.is_dir():
+            index = sorted(path.glob("*" + INDEX_SUFFIX))
+            if index:
+                return cls(_index_files(index[0]), path)
+            files = sorted(path.glob("*.safetensors"))
+            if not files:
+                raise WeightError(f"{path}: no *.safetensors weights found; save the model with "
+                                  f"save_pretrained(safe_serialization=True)")
+            return cls({k: p for p in files for k in _open(p).keys()}, path)
+        if path.name.endswith(INDEX_SUFFIX):
+            return cls(_index_files(path), path)
+        if not path.is_file():
+            raise WeightError(f"{path}: no such weights file")
+        return cls({k: path for k in _open(path).keys()}, path)
+
+    def keys(self) -> list[str]:
+        return list(self._file)
+
+    def __contains__(self, key) -> bool:
+        return key in self._file
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+    def file(self, key: str) -> pathlib.Path:
+        """The file that holds ``key``."""
+        return self._file[key]
+
+    def _slice(self, key: str):
+        return self._handle[self._file[key]].get_slice(key)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """Stored shape, from the header (no tensor data is read)."""
+        return tuple(self._slice(key).get_shape())
+
+    def dtype(self, key: str) -> np.dtype:
+        """Stored dtype as numpy's (``ml_dtypes.bfloat16`` for BF16), read from an empty slice."""
+        shape = self.shape(key)
+        if not shape:
+            return self.get(key).dtype
+        return self.read(key, (slice(0, 0),) + (slice(None),) * (len(shape) - 1)).dtype
+
+    def get(self, key: str) -> np.ndarray:
+        """The whole tensor."""
+        return self.read(key, ())
+
+    def read(self, key: str, index: tuple) -> np.ndarray:
+        """``tensor[index]`` (a tuple of slices) reading only that part of the file."""
+        try:
+            return self._slice(key)[tuple(index)]
+        except SafetensorError as e:
+            raise WeightError(f"{self._file[key]}: tensor {key} cannot be read ({e}); "
+                              f"{_REDOWNLOAD}") from None
