@@ -166,7 +166,7 @@ def test_convert_ok_and_shape_mismatch(tmp_path, capsys):
     (folder / "config.json").write_text(json.dumps(cfg))
     rc, _, err = run_cli(capsys, "convert", folder)
     assert rc == 2
-    assert_one_line(err, "ditax convert", "ffn.net.0.proj.weight", "expected")
+    assert_one_line(err, "ditax convert", "ffn.net.0.proj.weight", "the model expects")
 
 
 # ----------------------------------------------------------------------------------------------
