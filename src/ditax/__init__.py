@@ -9,6 +9,7 @@ from __future__ import annotations
 from ditax import attention
 from ditax.config import Config, ConfigError, load_config, validate
 from ditax.parallel.mesh import make_mesh
+from ditax.parallel.platform import target_platform
 
 __version__ = "0.1.0"
 
@@ -28,4 +29,4 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **kw
 
 
 __all__ = ["attention", "Config", "ConfigError", "load_config", "validate", "make_mesh",
-           "load_transformer", "load_pipeline", "__version__"]
+           "target_platform", "load_transformer", "load_pipeline", "__version__"]
