@@ -118,12 +118,6 @@ def test_mixed_mesh_batch_heads_and_sequence(rng, mesh_mixed):
         np.testing.assert_allclose(out, ref, atol=3e-6, err_msg=backend)
 
 
-@pytest.mark.parametrize("backend,extra", [
-    ("ulysses", {}),                                   # R = 1
-    ("ulysses_ring", dict(ulysses_shards=4)),          # R = 2 ring steps
-    ("ulysses_ring", dict(ulysses_shards=2)),          # R = 4: merges inside the loop
-    ("ulysses_ring", dict(ulysses_shards=1)),          # R = 8, U = 1 (shard_major: 5-D carry)
-], ids=["ulysses", "R2U4", "R4U2", "R8U1"])
 EXECUTOR_LOG = "ditax.attention.sequence.execute"
 
 
@@ -135,6 +129,12 @@ def _kernel_path_traced(caplog) -> bool:
     return paths == {"shard-major kernel path"}
 
 
+@pytest.mark.parametrize("backend,extra", [
+    ("ulysses", {}),                                   # R = 1
+    ("ulysses_ring", dict(ulysses_shards=4)),          # R = 2 ring steps
+    ("ulysses_ring", dict(ulysses_shards=2)),          # R = 4: merges inside the loop
+    ("ulysses_ring", dict(ulysses_shards=1)),          # R = 8, U = 1 (shard_major: 5-D carry)
+], ids=["ulysses", "R2U4", "R4U2", "R8U1"])
 def test_out_a2a_modes_bit_identical_and_kernel_path(rng, mesh8, backend, extra, caplog):
     """flat / chunked / shard_major give identical values; shard_major (and chunked when
     U > 1) really ran the shard-major kernel (the plan says so and the executor traced that
