@@ -183,7 +183,8 @@ def test_flash_refuses_compiled_run_on_gpu():
 
     q = jnp.zeros((1, 16, 2, 32), jnp.float32)
     with ditax.target_platform("gpu"):
-        with pytest.raises(AttentionUnavailable, match=r"targets TPU .*use backend='cudnn' or 'te'"):
+        with pytest.raises(AttentionUnavailable,
+                           match=r"targets TPU .*use backend='cudnn' or 'te'"):
             F.flash_attention(q, q, q, interpret=False)
         with pytest.raises(AttentionUnavailable, match=r"targets TPU"):
             attend(q, q, q, backend="flash")               # interpret=None: compiled on GPU

@@ -12,6 +12,8 @@ Layout of the package:
   (+ ``kernels/``), ``cudnn``, ``te``;
 - :mod:`~ditax.attention.sequence` — ``ulysses`` / ``ring`` / ``ulysses_ring``: a pure plan
   (:func:`plan_sequence_parallel`) and its execution;
+- :mod:`~ditax.attention.local` — a kernel bound to its options;
+  :mod:`~ditax.attention.sharded` — a local kernel on a mesh (``shard_map``);
 - :mod:`~ditax.attention.plan` — :class:`AttentionPlan` (built once per model from an
   :class:`AttentionConfig` and the mesh) and :class:`AttentionCall`;
 - :func:`check_available` — will the configured backends run on the target platform?

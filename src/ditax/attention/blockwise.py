@@ -50,7 +50,7 @@ def blockwise_attention(q, k, v, *, kv_mask=None, scale=None,
         k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
         v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
         mask = jnp.pad(mask, ((0, 0), (0, pad)))  # pads with False: never attended
-    out, lse = _flash(q, k, v, mask, scale, bk)
+    out, lse = _core(q, k, v, mask, scale, bk)
     return (out, lse) if return_lse else out
 
 
@@ -82,16 +82,16 @@ def _forward(q, k, v, mask, scale, bk):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _flash(q, k, v, mask, scale, bk):
+def _core(q, k, v, mask, scale, bk):
     return _forward(q, k, v, mask, scale, bk)
 
 
-def _flash_fwd(q, k, v, mask, scale, bk):
+def _core_fwd(q, k, v, mask, scale, bk):
     o, lse = _forward(q, k, v, mask, scale, bk)
     return (o, lse), (q, k, v, mask, o, lse)
 
 
-def _flash_bwd(scale, bk, res, cts):
+def _core_bwd(scale, bk, res, cts):
     q, k, v, mask, o, lse = res
     do, dlse = cts
     delta = softmax_delta(do, o, dlse)
@@ -99,4 +99,4 @@ def _flash_bwd(scale, bk, res, cts):
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
-_flash.defvjp(_flash_fwd, _flash_bwd)
+_core.defvjp(_core_fwd, _core_bwd)

@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 from ditax.attention import registry
 from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig
 from ditax.attention.options import Options, make_options, pick
-from ditax.attention.sequence.local import LocalRun
+from ditax.attention.local import LocalRun
 from ditax.attention.sharded import sharded_local_attention
 from ditax.parallel.platform import Platform, platform_of
 
@@ -40,7 +40,7 @@ class AttentionCall:
     backend: str
     options: Options
     mesh: Optional[Mesh] = None
-    platform: Platform = Platform("cpu")
+    platform: Optional[Platform] = None      # None: platform_of(mesh) when called
 
     @property
     def entry(self) -> registry.Backend:
@@ -57,10 +57,11 @@ class AttentionCall:
     def __call__(self, q, k, v, *, kv_mask=None, scale=None):
         check_shapes(q, k, v, kv_mask)
         entry = self.entry
+        platform = self.platform or platform_of(self.mesh)
         if entry.kind == "sequence":
             return entry.load()(self.backend, q, k, v, mesh=self.mesh, kv_mask=kv_mask,
-                                scale=scale, options=self.options, platform=self.platform)
-        entry.require(self.platform, dtype=q.dtype, head_dim=q.shape[-1],
+                                scale=scale, options=self.options, platform=platform)
+        entry.require(platform, dtype=q.dtype, head_dim=q.shape[-1],
                       interpret=getattr(self.options, "interpret", None))
         kernel = LocalRun(entry, self.options)
         if self.mesh is not None:

@@ -12,8 +12,6 @@ is padded and the padded rows dropped.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -27,20 +25,18 @@ from ditax.parallel.axes import (
     seq_shards,
 )
 
-#: ``kernel(q, k, v, kv_mask, scale) -> o`` — a local kernel with its options bound.
-LocalKernel = Callable
 
-
-def sharded_local_attention(kernel: LocalKernel, q, k, v, *, mesh, kv_mask=None, scale=None,
+def sharded_local_attention(kernel, q, k, v, *, mesh, kv_mask=None, scale=None,
                             what: str = "attention"):
     """q ``[B, Lq, N, K]`` (sequence-sharded), k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` →
     ``[B, Lq, N, K]`` sharded like q.
 
-    ``kernel(q, k, v, kv_mask, scale)`` runs per device on ``[B/(data·fsdp), Lq/context,
-    N/tensor, K]`` queries and whole K/V. ``what`` names the call in error messages.
+    ``kernel(q, k, v, kv_mask, scale)`` (e.g. a :class:`~ditax.attention.local.LocalRun`)
+    runs per device on ``[B/(data·fsdp), Lq/context, N/tensor, K]`` queries and whole K/V.
+    ``what`` names the call in error messages.
     """
     b, lq, n, _ = q.shape
-    check_batch_divides(b, mesh, what)
+    check_batch_divides(b, mesh, f"{what}: batch")
     check_heads_divide(n, mesh, what)
     pad = (-lq) % seq_shards(mesh)
     if pad:
@@ -59,4 +55,4 @@ def sharded_local_attention(kernel: LocalKernel, q, k, v, *, mesh, kv_mask=None,
     return out[:, :lq] if pad else out
 
 
-__all__ = ["sharded_local_attention", "LocalKernel"]
+__all__ = ["sharded_local_attention"]

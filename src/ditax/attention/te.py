@@ -70,7 +70,8 @@ def _require_te(q):
 
 
 def te_attention(q, k, v, *, kv_mask=None, scale=None):
-    """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` (prefix) → ``[B, Lq, N, K]``."""
+    """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` (prefix) →
+    ``[B, Lq, N, K]``."""
     _require_te(q)
     from transformer_engine.jax.flax import DotProductAttention
 

@@ -2,8 +2,8 @@
 
 Every function here runs per device on the local block and names the mesh axis it talks
 over; :func:`context_grid` says which axes those are for a ``ring × ulysses`` split of the
-``context`` axis. Letters: b local batch, Lc local tokens (one sequence shard), U shards on the axis,
-n local heads, h = n / U heads per shard after the exchange, K head dim.
+``context`` axis. Letters: b local batch, Lc local tokens (one sequence shard), U shards on
+the axis, n local heads, h = n / U heads per shard after the exchange, K head dim.
 
 Three ways to do the same Ulysses exchange (they move identical values):
 
@@ -137,6 +137,6 @@ def context_grid(mesh: Mesh, ring: int, ulysses: int) -> ContextGrid:
                        SEQ_AXIS if ulysses > 1 else None)
 
 
-__all__ = ["ContextGrid", "context_grid", "seq_to_heads_flat", "heads_to_seq_flat", "seq_to_heads_chunked",
-           "heads_to_seq_chunked", "seq_to_shard_major", "shard_major_to_seq", "gather_keep",
+__all__ = ["ContextGrid", "context_grid", "seq_to_heads_flat", "heads_to_seq_flat",
+           "seq_to_heads_chunked", "heads_to_seq_chunked", "seq_to_shard_major", "shard_major_to_seq", "gather_keep",
            "ring_shift"]

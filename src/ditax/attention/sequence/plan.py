@@ -21,7 +21,7 @@ from ditax.attention import registry
 from ditax.attention.blocks import effective_block, round_up
 from ditax.attention.config import OUT_A2A_MODES
 from ditax.attention.options import make_options, pick
-from ditax.attention.sequence.local import LocalRun
+from ditax.attention.local import LocalRun
 from ditax.parallel.axes import (
     SEQ_AXIS,
     check_batch_divides,
@@ -110,7 +110,7 @@ def _check_options(backend: str, o) -> None:
 def _context(mesh) -> int:
     if mesh is None:
         raise ValueError("sequence-parallel attention needs mesh=...; build one with "
-                         "ditax.parallel.make_mesh({'context': n})")
+                         f"ditax.parallel.make_mesh({{{SEQ_AXIS!r}: n}})")
     if SEQ_AXIS not in mesh.shape:
         raise ValueError(f"mesh axes {tuple(mesh.shape)} have no {SEQ_AXIS!r} axis; build the "
                          f"mesh with ditax.parallel.make_mesh")
@@ -142,8 +142,8 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
     """Plan ``backend`` (ulysses | ring | ulysses_ring) for q ``[B, L, N, K]`` and ``kv_len``
     keys (default L; another length is cross-attention) on ``mesh``.
 
-    ``options``: the backend's options — its class (:class:`~ditax.attention.options.SequenceOptions`, or
-    ``UlyssesRingOptions``) or a dict of ``attend`` keyword options (default: defaults);
+    ``options``: the backend's options — its class (``SequenceOptions`` or
+    ``UlyssesRingOptions``, :mod:`ditax.attention.options`) or a dict of ``attend`` keyword options (default: defaults);
     ``platform``: the target (default :func:`~ditax.parallel.platform.platform_of` of the
     mesh). Raises ValueError for every rule the call breaks (TypeError for unknown options).
     """

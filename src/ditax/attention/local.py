@@ -1,4 +1,5 @@
-"""A local attention kernel bound to its options, as the sequence-parallel engine calls it."""
+"""A local attention kernel bound to its options, as dispatch, the sharded (mesh) wrapper and
+the sequence-parallel engine call it."""
 
 from __future__ import annotations
 
