@@ -8,6 +8,7 @@ Splash runs in Pallas interpret mode here, so its cases are few and tiny.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 
 import jax
@@ -183,13 +184,17 @@ def test_gpu_backends_refuse_without_cuda(backend, rng):
     assert "install ditax[gpu] on a CUDA machine, or use backend='xla'" in msg
 
 
-def test_te_refuses_without_transformer_engine(monkeypatch):
-    from ditax.attention import platform, te
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None,
+                    reason="checks the refusal where TransformerEngine is not installed")
+def test_te_refuses_without_transformer_engine(rng):
+    import ditax
 
-    monkeypatch.setattr(platform, "has_cuda_gpu", lambda: True)
-    monkeypatch.setattr(platform, "has_transformer_engine_jax", lambda: False)
-    with pytest.raises(AttentionUnavailable, match=r"install ditax\[gpu\] \(transformer-engine"):
-        te._require_te()
+    q, k, v, _ = make_inputs(rng, 1, 8, 8, 2, 64, False, dtype=jnp.bfloat16)
+    with ditax.target_platform("cuda", compute_capability=(9, 0)):
+        with pytest.raises(AttentionUnavailable,
+                           match=r"'te' is unavailable: transformer_engine.jax is not importable; "
+                                 r"install ditax\[gpu\] \(transformer-engine"):
+            attend(q, k, v, backend="te")
 
 
 @pytest.mark.parametrize("dtype,K,cc,fragment", [
@@ -250,10 +255,10 @@ def test_te_mesh_resource_mapping(monkeypatch):
     assert te.te_mesh_resource_kwargs(mesh) == {"dp_resource": "data", "cp_resource": "context"}
     monkeypatch.setenv("NVTE_FUSED_ATTN", "0")  # restored after the test
     with te.configure_te(mesh) as resource:
-        import os
         assert os.environ["NVTE_FUSED_ATTN"] == "1"
         if resource is not None:  # TE installed
             assert resource.cp_resource == "context"
+    assert os.environ["NVTE_FUSED_ATTN"] == "0"      # the context restored it
 
 
 # ---------------------------------------------------------------- GPU only
@@ -312,3 +317,27 @@ def test_entry_points_configure_te_only_when_used(monkeypatch):
     with te.entry_context(AttentionConfig(backend="ring", local="te"), mesh, say=said.append):
         assert os.environ["NVTE_FUSED_ATTN"] == "1"
     assert len(said) == 1 and "NVTE_FUSED_ATTN=1" in said[0] and "cp_resource" in said[0]
+    assert "NVTE_FUSED_ATTN" not in os.environ        # nothing left behind
+
+
+def test_te_context_restores_env_and_jax_config(monkeypatch):
+    """configure_te is scoped: NVTE_FUSED_ATTN and jax's partitioner flag are set inside the
+    block and restored on exit (also when the block raises)."""
+    from ditax.attention import te
+    from ditax.config import AttentionConfig
+
+    monkeypatch.delenv("NVTE_FUSED_ATTN", raising=False)
+    before = jax.config.jax_use_shardy_partitioner
+    with te.configure_te(None, use_shardy=not before):
+        assert os.environ["NVTE_FUSED_ATTN"] == "1"
+        assert jax.config.jax_use_shardy_partitioner is (not before)
+    assert "NVTE_FUSED_ATTN" not in os.environ
+    assert jax.config.jax_use_shardy_partitioner is before
+    monkeypatch.setenv("NVTE_FUSED_ATTN", "0")
+    with pytest.raises(RuntimeError, match="boom"):
+        with te.entry_context(AttentionConfig(backend="te", te_shardy=not before), None,
+                              say=lambda _: None):
+            assert jax.config.jax_use_shardy_partitioner is (not before)
+            raise RuntimeError("boom")
+    assert os.environ["NVTE_FUSED_ATTN"] == "0"
+    assert jax.config.jax_use_shardy_partitioner is before

@@ -17,18 +17,6 @@ import ditax.attention
 from ditax.cli import main
 from ditax.demo import TRANSFORMER, build_pipeline_folder, write_transformer
 
-# helper `attn` adds ditax.attention.check_available; until that branch is merged, generate's
-# pre-load check has nothing to call. TODO(merge): delete WAITING_FOR_ATTN and the fixture.
-WAITING_FOR_ATTN = not hasattr(ditax.attention, "check_available")
-
-
-@pytest.fixture(autouse=True)
-def pending_check_available(monkeypatch):
-    if WAITING_FOR_ATTN:
-        monkeypatch.setattr(ditax.attention, "check_available",
-                            lambda acfg, *, mesh=None, dtype, head_dim: None, raising=False)
-
-
 def run_cli(capsys, *argv):
     """``main(argv)`` → (exit code, stdout, stderr lines)."""
     rc = main([str(a) for a in argv])
@@ -140,8 +128,6 @@ def test_truncated_weights(tmp_path, capsys, pipeline):
     assert rc == 2
 
 
-@pytest.mark.xfail(WAITING_FOR_ATTN, strict=True, reason="waits for the merge with `attn` "
-                   "(ditax.attention.check_available). TODO(merge): drop this mark")
 def test_cudnn_on_cpu_is_refused_before_loading(tmp_path, capsys):
     # a folder with configs but no weights: loading would fail differently, so the error must
     # come from the check that runs before any weights are read

@@ -176,12 +176,19 @@ def test_flash_lowers_for_tpu_at_wan_lengths():
         assert "tpu_custom_call" in text
 
 
-def test_flash_refuses_compiled_run_on_gpu(monkeypatch):
+def test_flash_refuses_compiled_run_on_gpu():
+    import ditax
     import ditax.attention.flash as F
     from ditax.attention import AttentionUnavailable
 
-    monkeypatch.setattr(F.jax, "default_backend", lambda: "gpu")
     q = jnp.zeros((1, 16, 2, 32), jnp.float32)
-    with pytest.raises(AttentionUnavailable, match=r"targets TPU .*use backend='cudnn' or 'te'"):
-        F.flash_attention(q, q, q, interpret=False)
-    assert any("targets TPU" in r for r in F.check_shard_major_supported(32, 8, 8, jnp.float32))
+    with ditax.target_platform("gpu"):
+        with pytest.raises(AttentionUnavailable,
+                           match=r"targets TPU .*use backend='cudnn' or 'te'"):
+            F.flash_attention(q, q, q, interpret=False)
+        with pytest.raises(AttentionUnavailable, match=r"targets TPU"):
+            attend(q, q, q, backend="flash")               # interpret=None: compiled on GPU
+        assert any("targets TPU" in r for r in F.check_shard_major_supported(32, 8, 8, q.dtype))
+        assert F.default_interpret() is False
+    assert F.default_interpret() is True                   # CPU again: interpreted
+    assert F.check_shard_major_supported(32, 8, 8, q.dtype) == []

@@ -14,15 +14,6 @@ from ditax.cli import main  # noqa: E402
 from ditax.io.video import read_video, to_uint8  # noqa: E402
 from pipeline_reference import make_tiny_pipeline  # noqa: E402
 
-# helper `attn` adds ditax.attention.check_available (generate calls it before loading); until
-# that branch is merged it is absent here. TODO(merge): delete this fixture.
-@pytest.fixture(autouse=True)
-def pending_check_available(monkeypatch):
-    if not hasattr(ditax.attention, "check_available"):
-        monkeypatch.setattr(ditax.attention, "check_available",
-                            lambda acfg, *, mesh=None, dtype, head_dim: None, raising=False)
-
-
 ARGS = ["--height", "32", "--width", "48", "--frames", "5", "--steps", "3", "--guidance", "4",
         "--seed", "11", "--no-progress"]
 

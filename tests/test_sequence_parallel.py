@@ -2,19 +2,20 @@
 
 Forward and gradient, with and without key masks, lengths that divide the context size and
 lengths that need padding; the three Ulysses output exchanges compared bit for bit; the
-kernel-path check; and every refusal with its message.
+kernel path observed through the plan and the executor's log; the plan under another target
+platform; and every refusal with its message.
 """
 
 import importlib.util
+import logging
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ditax.attention.flash as flash_mod
-from ditax.attention import attend
-from ditax.attention.context_parallel import cross_attention_sharded
+import ditax
+from ditax.attention import attend, plan_sequence_parallel
 from ditax.attention.reference import reference_attention
 from ditax.parallel.mesh import make_mesh
 
@@ -117,41 +118,62 @@ def test_mixed_mesh_batch_heads_and_sequence(rng, mesh_mixed):
         np.testing.assert_allclose(out, ref, atol=3e-6, err_msg=backend)
 
 
+EXECUTOR_LOG = "ditax.attention.sequence.execute"
+
+
+def _kernel_path_traced(caplog) -> bool:
+    """Whether the executor traced the shard-major kernel branch (it logs from the branch)."""
+    paths = {r.getMessage().split(": ")[1].split(" (")[0] for r in caplog.records
+             if r.name == EXECUTOR_LOG and r.levelno == logging.DEBUG}
+    assert len(paths) == 1, paths
+    return paths == {"shard-major kernel path"}
+
+
 @pytest.mark.parametrize("backend,extra", [
     ("ulysses", {}),                                   # R = 1
     ("ulysses_ring", dict(ulysses_shards=4)),          # R = 2 ring steps
     ("ulysses_ring", dict(ulysses_shards=2)),          # R = 4: merges inside the loop
     ("ulysses_ring", dict(ulysses_shards=1)),          # R = 8, U = 1 (shard_major: 5-D carry)
 ], ids=["ulysses", "R2U4", "R4U2", "R8U1"])
-def test_out_a2a_modes_bit_identical_and_kernel_path(rng, mesh8, backend, extra):
+def test_out_a2a_modes_bit_identical_and_kernel_path(rng, mesh8, backend, extra, caplog):
     """flat / chunked / shard_major give identical values; shard_major (and chunked when
-    U > 1) really ran the shard-major kernel (trace record of U), flat did not. L=50 needs
-    padding, keys are masked. With R >= 3 this needs the ring merge inside the flash kernel
-    (an outside jnp merge rounds differently per layout)."""
+    U > 1) really ran the shard-major kernel (the plan says so and the executor traced that
+    branch), flat did not. L=50 needs padding, keys are masked. With R >= 3 this needs the
+    ring merge inside the flash kernel (an outside jnp merge rounds differently per layout)."""
     q, k, v, mask = _inputs(rng, 1, 50, 8, 32, masked=True)
     U = extra.get("ulysses_shards", 8)
     outs = {}
     for mode in ("flat", "chunked", "shard_major"):
-        flash_mod.SHARD_MAJOR_TRACES.clear()
-        outs[mode] = _run(backend, mesh8, q, k, v, mask, local="flash", out_a2a=mode,
-                          block_q=8, block_kv=8, **extra)
-        traced = set(flash_mod.SHARD_MAJOR_TRACES)
+        opts = dict(local="flash", out_a2a=mode, block_q=8, block_kv=8, **extra)
+        plan = plan_sequence_parallel(backend, mesh8, q_shape=q.shape, options=opts)
         kernel_path = mode == "shard_major" or (mode == "chunked" and U > 1)
-        assert traced == ({U} if kernel_path else set()), (mode, traced)
+        assert plan.kernel_path == kernel_path, (mode, plan.describe())
+        assert (plan.ulysses, plan.ring, plan.padded_length) == (U, 8 // U, 64)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger=EXECUTOR_LOG):
+            outs[mode] = _run(backend, mesh8, q, k, v, mask, **opts)
+        assert _kernel_path_traced(caplog) == kernel_path, mode
     assert jnp.array_equal(outs["flat"], outs["chunked"])
     assert jnp.array_equal(outs["flat"], outs["shard_major"])
     np.testing.assert_allclose(outs["flat"], reference_attention(q, k, v, kv_mask=mask),
                                atol=3e-6)
 
 
-def test_chunked_exchange_bit_identical_around_any_local(rng, mesh8):
-    """chunked with a non-flash kernel falls back to the chunked exchange (no kernel path)
-    and still equals flat bit for bit."""
+def test_chunked_exchange_bit_identical_around_any_local(rng, mesh8, caplog):
+    """chunked with a non-flash kernel falls back to the chunked exchange (no kernel path),
+    says so once at INFO with the reason, and still equals flat bit for bit."""
     q, k, v, mask = _inputs(rng, 2, 64, 8, 32, masked=True)
-    flash_mod.SHARD_MAJOR_TRACES.clear()
+    plan = plan_sequence_parallel("ulysses", mesh8, q_shape=q.shape,
+                                  options=dict(local="xla", out_a2a="chunked"))
+    assert not plan.kernel_path and "needs local='flash'" in plan.reasons[0]
     flat = _run("ulysses", mesh8, q, k, v, mask, local="xla", out_a2a="flat")
-    chunked = _run("ulysses", mesh8, q, k, v, mask, local="xla", out_a2a="chunked")
-    assert flash_mod.SHARD_MAJOR_TRACES == []
+    with caplog.at_level(logging.DEBUG, logger=EXECUTOR_LOG):
+        chunked = _run("ulysses", mesh8, q, k, v, mask, local="xla", out_a2a="chunked")
+        _run("ulysses", mesh8, q, k, v, mask, local="xla", out_a2a="chunked")
+    assert not _kernel_path_traced(caplog)
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(infos) <= 1    # logged once per process (an earlier test may have said it)
+    assert all("chunked exchange around local=xla" in m for m in infos)
     assert jnp.array_equal(flat, chunked)
 
 
@@ -162,9 +184,47 @@ def test_cross_attention_keeps_queries_sharded(rng, mesh8):
     ref = reference_attention(q, k, v, kv_mask=mask)
     out = _run("ulysses", mesh8, q, k, v, mask, local="xla")
     np.testing.assert_allclose(out, ref, atol=3e-6)
-    out = jax.jit(lambda q, k, v, m: cross_attention_sharded(
-        q, k, v, mesh=mesh8, kv_mask=m, local="flash", block_q=8, block_kv=8))(q, k, v, mask)
+    out = _run("ulysses", mesh8, q, k, v, mask, local="flash", block_q=8, block_kv=8)
     np.testing.assert_allclose(out, ref, atol=3e-6)
+    plan = plan_sequence_parallel("ring", mesh8, q_shape=q.shape, kv_len=12,
+                                  options=dict(local="flash"))
+    assert plan.cross and not plan.kernel_path and plan.local.name == "flash"
+
+
+# ---------------------------------------------------------------- plans
+
+
+def test_plan_padding_blocks_and_grid(mesh8):
+    """L=50 on 8 shards with flash blocks 16 clipped to the 7-token shards (-> 8)."""
+    plan = plan_sequence_parallel("ulysses_ring", mesh8, q_shape=(2, 50, 8, 32),
+                                  options=dict(local="flash", ulysses_shards=4, block_q=16,
+                                               block_kv=16))
+    assert (plan.ring, plan.ulysses, plan.shard_length, plan.padded_length) == (2, 4, 8, 64)
+    assert (plan.block_q, plan.block_kv) == (8, 8) and plan.local.need_lse
+    assert plan.grid.ring_axis != plan.grid.ulysses_axis
+    assert plan.grid.mesh.devices.size == 8 and plan.interpret is True   # CPU: interpreted
+    with pytest.raises(TypeError, match=r"'ring' does not take option\(s\) \['ulysses_shards'\]"):
+        plan_sequence_parallel("ring", mesh8, q_shape=(2, 64, 8, 32),
+                               options=dict(ulysses_shards=2))
+
+
+def test_plan_follows_the_target_platform(mesh8):
+    """Under target_platform("tpu") the flash kernels are compiled (not interpreted) and the
+    shard-major path is taken; under "cuda" the flash kernel refuses, so chunked falls back
+    and shard_major raises — decided from the plan, nothing runs on those platforms."""
+    opts = dict(local="flash", out_a2a="chunked", block_q=8, block_kv=8)
+    with ditax.target_platform("tpu"):
+        plan = plan_sequence_parallel("ulysses", mesh8, q_shape=(1, 64, 8, 32), options=opts)
+    assert plan.interpret is False and plan.local.options.interpret is False
+    assert plan.kernel_path
+    with ditax.target_platform("cuda", compute_capability=(9, 0)):
+        plan = plan_sequence_parallel("ulysses", mesh8, q_shape=(1, 64, 8, 32), options=opts)
+        assert not plan.kernel_path and "targets TPU" in plan.reasons[0]
+        with pytest.raises(ValueError, match="shard_major' cannot run: .*targets TPU"):
+            plan_sequence_parallel("ulysses", mesh8, q_shape=(1, 64, 8, 32),
+                                   options=dict(opts, out_a2a="shard_major"))
+    plan = plan_sequence_parallel("ulysses", mesh8, q_shape=(1, 64, 8, 32), options=opts)
+    assert plan.interpret is True and plan.kernel_path          # back on CPU
 
 
 # ---------------------------------------------------------------- refusals

@@ -154,7 +154,7 @@ def one_device_step():
 def test_step_is_the_same_on_every_mesh(one_device_step, name):
     sizes, extra = MESHES[name]
     if "attention.backend=ulysses" in extra:
-        pytest.importorskip("ditax.attention.ulysses",
+        pytest.importorskip("ditax.attention.sequence",
                             reason="ulysses backend not in this build yet")
     batch, init, loss1, params1 = one_device_step
     cfg = tiny(*PARITY_CFG, *extra)

@@ -98,8 +98,7 @@ def test_condition_embedder_and_block_match_diffusers(tmp_path, rng):
         want = m.blocks[0](torch.from_numpy(h), text_r, proj_r.reshape(2, 6, -1), rope_r).numpy()
     blk_gdef, blk_state = nnx.split(mod.blocks)
     blk = nnx.merge(blk_gdef, jax.tree.map(lambda p: p[0], blk_state))
-    attn = {"self": "xla", "self_opts": {}, "cross": "xla", "cross_opts": {}}
-    got = blk(jnp.asarray(h), text_o, proj, (cos, sin), None, None, attn)
+    got = blk(jnp.asarray(h), text_o, proj, (cos, sin), None, None, mod.attention_plan)
     assert rel_err(got, want) < 1e-5
 
 
@@ -237,6 +236,26 @@ def test_attention_backends_in_the_model_match_diffusers(tmp_path, rng, mesh_kw,
     mesh = make_mesh(dict(mesh_kw)) if mesh_kw else None
     out = np.asarray(ditax.load_transformer(folder, mesh=mesh, attention=acfg)(lat, t, text))
     assert rel_err(out, ref) <= 1e-5, rel_err(out, ref)
+
+
+def test_model_holds_one_attention_plan():
+    """The model builds its attention plan once (config + mesh + heads / head dim / dtype) and
+    hands it to the blocks; the target platform decides auto and Pallas interpret mode."""
+    from ditax.attention import AttentionPlan
+    from ditax.models.wan.loading import abstract_model
+
+    cfg = ModelConfig(num_attention_heads=8, attention_head_dim=16, ffn_dim=64, num_layers=1,
+                      in_channels=4, out_channels=4, text_dim=16, freq_dim=16)
+    mesh = make_mesh({"context": 8})
+    m = abstract_model(cfg, AttentionConfig(backend="ulysses", local="flash", block_q=16), mesh)
+    plan = m.attention_plan
+    assert isinstance(plan, AttentionPlan) and plan.mesh is mesh
+    assert plan.self_attn.backend == "ulysses" and plan.cross_attn.backend == "flash"
+    assert plan.cross_attn.options.block_q == 16 and plan.cross_attn.options.interpret is True
+    assert (plan.num_heads, plan.head_dim, plan.dtype) == (8, 16, "float32")
+    with ditax.target_platform("tpu"):
+        tpu = abstract_model(cfg, AttentionConfig(backend="auto")).attention_plan
+    assert tpu.self_attn.backend == "splash" and tpu.self_attn.options.interpret is False
 
 
 @pytest.mark.parametrize("backend", ["blockwise", "flash"])

@@ -31,6 +31,7 @@ _HOMES = {
     "Config": "ditax.config",
     "make_mesh": "ditax.parallel.mesh",
     "AttentionConfig": "ditax.attention.config",
+    "target_platform": "ditax.parallel.platform",
 }
 _SUBMODULES = ("attention",)
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # what static tools see; at run time ``__getattr__`` imports 
     from ditax.config import Config, load_config, validate
     from ditax.models.wan.loading import Transformer, load_transformer
     from ditax.parallel.mesh import make_mesh
+    from ditax.parallel.platform import target_platform
     from ditax.pipelines.text_to_video import WanTextToVideo, load_pipeline
 
 
@@ -59,6 +61,6 @@ def __dir__():
 
 
 __all__ = ["load_transformer", "Transformer", "load_pipeline", "WanTextToVideo", "attention",
-           "AttentionConfig", "load_config", "validate", "Config", "make_mesh", "DitaxError",
-           "ConfigError", "RequestError", "WeightError", "ModelNotFound",
+           "AttentionConfig", "load_config", "validate", "Config", "make_mesh", "target_platform",
+           "DitaxError", "ConfigError", "RequestError", "WeightError", "ModelNotFound",
            "AttentionUnavailable", "__version__"]

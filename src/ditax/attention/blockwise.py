@@ -9,9 +9,8 @@ Algorithm (per K/V block j, all in float32):
   ``s = q·k_jᵀ·scale`` (masked keys → -inf), ``m' = max(m, rowmax s)``,
   ``acc = acc·e^(m-m') + e^(s-m')·v_j``, ``l = l·e^(m-m') + rowsum e^(s-m')``;
   at the end ``o = acc / l`` and ``lse = m + log l``.
-Backward (given ``lse``, ``o`` and ``do``): ``p = e^(s - lse)``, ``D = rowsum(do ∘ o)``,
-``ds = p ∘ (do·v_jᵀ − D + dlse)``, ``dq += ds·k_j·scale``, ``dk_j = dsᵀ·q·scale``,
-``dv_j = pᵀ·do``.
+Backward: :func:`ditax.attention.recompute.recompute_backward` (shared with ``flash``),
+from the saved ``lse`` — scores recomputed one key block at a time.
 """
 
 from __future__ import annotations
@@ -22,9 +21,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ditax.attention.options import BlockwiseOptions
+from ditax.attention.recompute import (
+    recompute_backward,
+    scores,
+    softmax_delta,
+    to_blocks,
+)
 
-def blockwise_attention(q, k, v, *, kv_mask=None, scale=None, block_kv: int = 512,
-                        return_lse: bool = False):
+
+def blockwise_attention(q, k, v, *, kv_mask=None, scale=None,
+                        block_kv: int = BlockwiseOptions.block_kv, return_lse: bool = False):
     """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``.
 
     Args:
@@ -43,33 +50,8 @@ def blockwise_attention(q, k, v, *, kv_mask=None, scale=None, block_kv: int = 51
         k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
         v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
         mask = jnp.pad(mask, ((0, 0), (0, pad)))  # pads with False: never attended
-    out, lse = _flash(q, k, v, mask, scale, bk)
+    out, lse = _core(q, k, v, mask, scale, bk)
     return (out, lse) if return_lse else out
-
-
-def _blocks(x, bk):
-    """``[B, Lk, ...]`` → ``[Lk/bk, B, bk, ...]`` (scan axis first)."""
-    B, Lk = x.shape[:2]
-    return jnp.moveaxis(x.reshape(B, Lk // bk, bk, *x.shape[2:]), 1, 0)
-
-
-def _unblocks(x):
-    """Inverse of :func:`_blocks`."""
-    nb, B, bk = x.shape[:3]
-    return jnp.moveaxis(x, 0, 1).reshape(B, nb * bk, *x.shape[3:])
-
-
-def _scores(q, k_j, m_j, scale):
-    """float32 scores ``[B, N, Lq, bk]``, masked keys at -inf.
-
-    The mask enters as an additive ``[B, 1, 1, bk]`` bias, not a select on a broadcast
-    predicate: under autodiff of an enclosing ``scan`` (the transformer's layer scan) JAX
-    otherwise stacked the broadcast predicate for every K/V block as a residual
-    (``[blocks, B, N, Lq, bk]`` bools — hundreds of GiB at Wan 720p).
-    """
-    s = jnp.einsum("bqnk,blnk->bnql", q, k_j, preferred_element_type=jnp.float32) * scale
-    bias = jnp.where(m_j, 0.0, -jnp.inf).astype(jnp.float32)
-    return s + bias[:, None, None, :]
 
 
 def _forward(q, k, v, mask, scale, bk):
@@ -81,17 +63,18 @@ def _forward(q, k, v, mask, scale, bk):
     def step(carry, blk):
         m, l, acc = carry
         k_j, v_j, m_j = blk
-        s = _scores(q, k_j, m_j, scale)
+        s = scores(q, k_j, m_j, scale)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # all-masked so far: no shift
         alpha = jnp.exp(m - m_safe)                            # exp(-inf) = 0 on first block
         p = jnp.exp(s - m_safe[..., None])
         l = l * alpha + jnp.sum(p, axis=-1)
         acc = acc * alpha[..., None] + jnp.einsum(
-            "bnql,blnk->bnqk", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
+            "bnlt,btnk->bnlk", p.astype(v_j.dtype), v_j, preferred_element_type=jnp.float32)
         return (m_new, l, acc), None
 
-    (m, l, acc), _ = lax.scan(step, init, (_blocks(k, bk), _blocks(v, bk), _blocks(mask, bk)))
+    blocks = (to_blocks(k, bk), to_blocks(v, bk), to_blocks(mask, bk))
+    (m, l, acc), _ = lax.scan(step, init, blocks)
     nonempty = l > 0
     o = acc / jnp.where(nonempty, l, 1.0)[..., None]
     lse = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), -jnp.inf)
@@ -99,43 +82,21 @@ def _forward(q, k, v, mask, scale, bk):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _flash(q, k, v, mask, scale, bk):
+def _core(q, k, v, mask, scale, bk):
     return _forward(q, k, v, mask, scale, bk)
 
 
-def _flash_fwd(q, k, v, mask, scale, bk):
+def _core_fwd(q, k, v, mask, scale, bk):
     o, lse = _forward(q, k, v, mask, scale, bk)
     return (o, lse), (q, k, v, mask, o, lse)
 
 
-def _flash_bwd(scale, bk, res, cts):
+def _core_bwd(scale, bk, res, cts):
     q, k, v, mask, o, lse = res
     do, dlse = cts
-    do32 = do.astype(jnp.float32)
-    # D_i = sum_k do_ik o_ik; the lse cotangent enters ds with the opposite sign.
-    delta = jnp.einsum("bqnk,bqnk->bnq", do32, o.astype(jnp.float32))
-    delta = delta - dlse.astype(jnp.float32)
-    lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)  # empty rows: p = exp(-inf) = 0
-    do_c = do.astype(v.dtype)
-
-    def step(dq, blk):
-        k_j, v_j, m_j = blk
-        s = _scores(q, k_j, m_j, scale)
-        p = jnp.exp(s - lse_safe[..., None])                           # [B, N, Lq, bk]
-        dv_j = jnp.einsum("bnql,bqnk->blnk", p.astype(do_c.dtype), do_c,
-                          preferred_element_type=jnp.float32)
-        dp = jnp.einsum("bqnk,blnk->bnql", do_c, v_j, preferred_element_type=jnp.float32)
-        ds = (p * (dp - delta[..., None])) * scale
-        dq = dq + jnp.einsum("bnql,blnk->bqnk", ds.astype(k_j.dtype), k_j,
-                             preferred_element_type=jnp.float32)
-        dk_j = jnp.einsum("bnql,bqnk->blnk", ds.astype(q.dtype), q,
-                          preferred_element_type=jnp.float32)
-        return dq, (dk_j, dv_j)
-
-    dq, (dk, dv) = lax.scan(step, jnp.zeros(q.shape, jnp.float32),
-                            (_blocks(k, bk), _blocks(v, bk), _blocks(mask, bk)))
-    return (dq.astype(q.dtype), _unblocks(dk).astype(k.dtype), _unblocks(dv).astype(v.dtype),
-            None)
+    delta = softmax_delta(do, o, dlse)
+    dq, dk, dv = recompute_backward(q, k, v, mask, lse, delta, do, scale=scale, block_kv=bk)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
-_flash.defvjp(_flash_fwd, _flash_bwd)
+_core.defvjp(_core_fwd, _core_bwd)

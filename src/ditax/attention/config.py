@@ -33,9 +33,7 @@ class AttentionConfig:
     ulysses_shards: int = 0              # ulysses_ring: Ulysses group size (0 = all of context)
     block_q: int = 128                   # flash / splash / blockwise query block
     block_kv: int = 128                  # flash / splash / blockwise key block
-    short_cross_backend: Optional[LocalBackend] = None  # routing for short text K/V (opt-in)
     te_shardy: Optional[bool] = None     # te only: None = keep jax's partitioner; false = GSPMD
-
 
 
 def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
@@ -48,8 +46,6 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
     check_choice("attention.backend", a.backend, ATTENTION_BACKENDS)
     if a.cross_backend is not None:
         check_choice("attention.cross_backend", a.cross_backend, get_args(CrossBackend))
-    if a.short_cross_backend is not None:
-        check_choice("attention.short_cross_backend", a.short_cross_backend, LOCAL_BACKENDS)
     check_choice("attention.local", a.local, LOCAL_BACKENDS)
     check_choice("attention.out_a2a", a.out_a2a, OUT_A2A_MODES)
     if a.out_a2a != "flat" and a.backend not in ("ulysses", "ulysses_ring"):

@@ -1,13 +1,13 @@
 """cuDNN fused flash attention through ``jax.nn.dot_product_attention(implementation="cudnn")``.
 
-Strict: without a CUDA GPU, or with inputs cuDNN's flash kernel does not take, it raises
-:class:`~ditax.attention.AttentionUnavailable` naming the value and the fix; it never falls
-back to another implementation.
+Strict: off a CUDA target platform, or with inputs cuDNN's flash kernel does not take, it
+raises :class:`~ditax.errors.AttentionUnavailable` naming the value and the fix; it never
+falls back to another implementation.
 
-cuDNN flash-attention limits (as checked by jax's ``fused_attention_stablehlo``): q/k/v
-float16 or bfloat16; head dim K a multiple of 8 and at most 128 (at most 256 on compute
-capability ≥ 9.0, i.e. Hopper and later). With a bias (our ``kv_mask_mode="bias"``) the
-backward pass also needs even Lq and Lk.
+cuDNN flash-attention limits (as checked by jax's ``fused_attention_stablehlo``, declared in
+the registry entry): q/k/v float16 or bfloat16; head dim K a multiple of 8 and at most 128
+(at most 256 on compute capability ≥ 9.0, i.e. Hopper and later). With a bias (our
+``kv_mask_mode="bias"``) the backward pass also needs even Lq and Lk.
 """
 
 from __future__ import annotations
@@ -15,46 +15,25 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ditax.attention import platform
-
-_FIX_GPU = "install ditax[gpu] on a CUDA machine, or use backend='xla'"
-
-
-def head_dim_limit(compute_capability: tuple[int, int] | None) -> int:
-    """Largest head dim cuDNN flash attention takes: 256 from Hopper (9.0) on, else 128."""
-    return 256 if compute_capability is not None and compute_capability >= (9, 0) else 128
+from ditax.attention.options import CudnnOptions
+from ditax.attention.registry import BACKENDS
+from ditax.errors import AttentionUnavailable
+from ditax.parallel.platform import Platform, platform_of
 
 
 def check_cudnn_inputs(q, backend: str = "cudnn",
                        compute_capability: tuple[int, int] | None = None) -> None:
-    """Raise AttentionUnavailable unless q's dtype and head dim suit cuDNN flash attention."""
-    from ditax.attention import AttentionUnavailable
-
-    if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        raise AttentionUnavailable(
-            f"attention backend {backend!r} needs float16 or bfloat16 q/k/v, got "
-            f"{jnp.dtype(q.dtype).name}; cast the inputs (e.g. model dtype='bfloat16') "
-            f"or use backend='xla'")
-    K = q.shape[-1]
-    limit = head_dim_limit(compute_capability)
-    if K % 8 or K > limit:
-        raise AttentionUnavailable(
-            f"attention backend {backend!r}: head dim K={K} is not supported by cuDNN flash "
-            f"attention (needs a multiple of 8 and <= {limit} on this GPU); "
-            f"use backend='xla' or 'blockwise'")
+    """Raise AttentionUnavailable unless q's dtype and head dim suit cuDNN flash attention
+    (on a CUDA device of ``compute_capability``)."""
+    entry = BACKENDS[backend]
+    plat = Platform("cuda", compute_capability)
+    why = entry.refusal(plat, dtype=q.dtype, head_dim=q.shape[-1])
+    if why is not None:
+        raise AttentionUnavailable(why)
 
 
-def require_cuda(backend: str) -> None:
-    """Raise AttentionUnavailable (condition + fix) when no CUDA GPU is visible."""
-    from ditax.attention import AttentionUnavailable
-
-    if not platform.has_cuda_gpu():
-        raise AttentionUnavailable(
-            f"attention backend {backend!r} is unavailable: {platform.no_cuda_reason()}; "
-            f"{_FIX_GPU}")
-
-
-def cudnn_attention(q, k, v, *, kv_mask=None, scale=None, kv_mask_mode: str = "bias"):
+def cudnn_attention(q, k, v, *, kv_mask=None, scale=None,
+                    kv_mask_mode: str = CudnnOptions.kv_mask_mode):
     """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``.
 
     Args:
@@ -64,8 +43,7 @@ def cudnn_attention(q, k, v, *, kv_mask=None, scale=None, kv_mask_mode: str = "b
         bias tensor, no parity constraint). A non-prefix mask in this mode is wrong, not
         detected.
     """
-    require_cuda("cudnn")
-    check_cudnn_inputs(q, "cudnn", platform.cuda_compute_capability())
+    BACKENDS["cudnn"].require(platform_of(), dtype=q.dtype, head_dim=q.shape[-1])
     if kv_mask_mode not in ("bias", "lengths"):
         raise ValueError(f"kv_mask_mode={kv_mask_mode!r}; choose 'bias' or 'lengths'")
     kw = {}

@@ -21,13 +21,16 @@ other keys and continue the online softmax from it, so a ring merges inside the 
 an elementwise jnp merge, whose compiled rounding on XLA CPU depends on the layout.
 
 Gradient: ``jax.custom_vjp``. The backward is *recompute-based*, written in jnp (not a Pallas
-kernel): it recomputes ``P = exp(S - lse)`` one key block at a time (``lax.scan``), so memory
-stays ``O(Lq * block_kv)`` per (batch, head); it also takes the cotangent of ``lse`` so a ring
-merge can differentiate through it, and gives the cotangents of ``o_prev`` / ``lse_prev``.
+kernel) and shared with ``blockwise`` (:func:`ditax.attention.recompute.recompute_backward`,
+here in float32 at ``Precision.HIGHEST``): it recomputes ``P = exp(S - lse)`` one key block at
+a time, so memory stays ``O(Lq * block_kv)`` per (batch, head); it also takes the cotangent of
+``lse`` so a ring merge can differentiate through it, and gives the cotangents of ``o_prev`` /
+``lse_prev``.
 
-Where it was verified: forward/backward in Pallas interpret mode on CPU (tests). The kernel
-is written to lower with Mosaic (TPU) and Triton (GPU) but has not been compiled on either
-from this repository; ``interpret=None`` picks compiled on TPU/GPU and interpret elsewhere.
+Platforms: the kernel is Mosaic-TPU code (VMEM scratch, a sequential key grid axis). It runs
+compiled on TPU (lowering to Mosaic is tested; not yet run on a TPU), in Pallas interpret mode
+on CPU (tests), and refuses on GPUs (use ``cudnn`` / ``te``). ``interpret=None`` decides from
+the target platform (:func:`ditax.parallel.platform.platform_of`).
 """
 
 from __future__ import annotations
@@ -37,48 +40,27 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ditax.attention.blocks import SUBLANE, effective_block, round_up
 from ditax.attention.kernels.flash_fwd import flash_forward_shard_major
+from ditax.attention.options import FlashOptions
+from ditax.attention.recompute import recompute_backward, softmax_delta
+from ditax.attention.registry import BACKENDS
+from ditax.errors import AttentionUnavailable
+from ditax.parallel.platform import platform_of
 
-#: Shard counts ``U`` seen by :func:`flash_attention_shard_major` at trace time. Tests (and
-#: the benchmark) read this to confirm a Ulysses run really took the shard-major kernel path.
-SHARD_MAJOR_TRACES: list[int] = []
-
-SUBLANE = 8
 MAX_HEAD_DIM = 256
 
 
 def default_interpret() -> bool:
-    """Interpret mode off TPU/GPU (CPU has no Pallas compiler)."""
-    return jax.default_backend() not in ("tpu", "gpu", "cuda", "rocm")
-
-
-GPU_PLATFORMS = ("gpu", "cuda", "rocm")
-
-
-def _gpu_refusal() -> str:
-    return ("the flash Pallas kernel targets TPU (Mosaic: VMEM scratch, sequential key grid "
-            "axis) and has no GPU lowering; on GPUs use backend='cudnn' or 'te' (or "
-            "out_a2a='chunked'/'flat' around them), or interpret=True for debugging")
+    """Interpret mode unless the target platform compiles the kernel (TPU)."""
+    return BACKENDS["flash"].default_interpret(platform_of())
 
 
 def check_platform(interpret: bool) -> None:
-    """Refuse a compiled (non-interpreted) flash kernel on GPU, naming the alternatives."""
-    if not interpret and jax.default_backend() in GPU_PLATFORMS:
-        from ditax.attention import AttentionUnavailable
-
-        raise AttentionUnavailable(f"attention backend 'flash': {_gpu_refusal()}")
-
-
-def effective_block(block: int, length: int) -> int:
-    """The block actually used for ``length`` tokens: ``block``, but no larger than the length
-    rounded up to the sublane multiple (8), so tiny sequences are not padded to 128."""
-    if block <= 0:
-        raise ValueError(f"flash block size must be positive, got {block}")
-    return min(block, _round_up(max(length, 1), SUBLANE))
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
+    """Refuse a compiled (non-interpreted) flash kernel off TPU, naming the alternatives."""
+    why = BACKENDS["flash"].refusal(platform_of(), interpret=interpret)
+    if why is not None:
+        raise AttentionUnavailable(why)
 
 
 # ---------------------------------------------------------------- custom_vjp core
@@ -95,15 +77,15 @@ def _core_fwd(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpr
     return (o, lse), (q, k, v, keep, o_prev, lse_prev, o, lse)
 
 
-def _to_plain(x):
-    """``[U, B, N, Lc, ...]`` → ``[B, N, U*Lc, ...]`` (shard-major token order)."""
-    U, B, N, Lc = x.shape[:4]
-    return jnp.moveaxis(x, 0, 2).reshape(B, N, U * Lc, *x.shape[4:])
+def _to_bshd(x):
+    """``[U, B, N, Lc, K]`` → ``[B, U*Lc, N, K]`` (shard-major token order)."""
+    U, B, N, Lc, K = x.shape
+    return jnp.transpose(x, (1, 0, 3, 2, 4)).reshape(B, U * Lc, N, K)
 
 
-def _from_plain(x, U):
-    B, N, L = x.shape[:3]
-    return jnp.moveaxis(x.reshape(B, N, U, L // U, *x.shape[3:]), 2, 0)
+def _from_bshd(x, U):
+    B, L, N, K = x.shape
+    return jnp.transpose(x.reshape(B, U, L // U, N, K), (1, 0, 3, 2, 4))
 
 
 def _core_bwd(scale, block_q, block_kv, interpret, res, cts):
@@ -118,51 +100,27 @@ def _core_bwd(scale, block_q, block_kv, interpret, res, cts):
     do5, dlse5 = cts
     Uq, Uk = q5.shape[0], k5.shape[0]
     f32 = jnp.float32
-    q, k, v = _to_plain(q5).astype(f32), _to_plain(k5).astype(f32), _to_plain(v5).astype(f32)
-    o, do = _to_plain(o5).astype(f32), _to_plain(do5).astype(f32)
-    lse, dlse = _to_plain(lse5)[..., 0], _to_plain(dlse5)[..., 0]           # [B, N, Lq]
+    q, k, v, o, do = (_to_bshd(x).astype(f32) for x in (q5, k5, v5, o5, do5))
+    lse = jnp.swapaxes(_to_bshd(lse5)[..., 0], 1, 2)                    # [B, N, Lq]
+    dlse = jnp.swapaxes(_to_bshd(dlse5)[..., 0], 1, 2)
     keep = keep5.reshape(keep5.shape[0], -1) != 0                            # [B, Lk]
-    B, N, Lk, K = k.shape
-    nk = Lk // block_kv
-    lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)[..., None]         # empty rows: P=0
-    delta = jnp.sum(do * o, axis=-1)[..., None] - dlse[..., None]           # [B, N, Lq, 1]
-
-    def blocks(x):  # [B, N, Lk, ...] -> [nk, B, N, bkv, ...]
-        return jnp.moveaxis(x.reshape(B, N, nk, block_kv, *x.shape[3:]), 2, 0)
-
-    kb, vb = blocks(k), blocks(v)
-    mb = jnp.moveaxis(keep.reshape(B, nk, block_kv), 1, 0)                   # [nk, B, bkv]
-    hi = jax.lax.Precision.HIGHEST
-
-    def step(dq, xs):
-        kj, vj, mj = xs
-        s = jnp.einsum("bnqk,bnlk->bnql", q, kj, precision=hi) * scale
-        # additive mask bias, not a broadcast select (see blockwise._scores for why)
-        s = s + jnp.where(mj, 0.0, -jnp.inf).astype(jnp.float32)[:, None, None, :]
-        p = jnp.exp(s - lse_safe)
-        dv = jnp.einsum("bnql,bnqk->bnlk", p, do, precision=hi)
-        dp = jnp.einsum("bnqk,bnlk->bnql", do, vj, precision=hi)
-        ds = p * (dp - delta)
-        dk = jnp.einsum("bnql,bnqk->bnlk", ds, q, precision=hi) * scale
-        dq = dq + jnp.einsum("bnql,bnlk->bnqk", ds, kj, precision=hi) * scale
-        return dq, (dk, dv)
-
-    dq, (dk, dv) = jax.lax.scan(step, jnp.zeros_like(q), (kb, vb, mb))
-
-    def unblock(x):  # [nk, B, N, bkv, K] -> [B, N, Lk, K]
-        return jnp.moveaxis(x, 0, 2).reshape(B, N, Lk, K)
-
+    delta = softmax_delta(do, o, dlse)                                       # [B, N, Lq]
+    dq, dk, dv = recompute_backward(q, k, v, keep, lse, delta, do, scale=scale,
+                                    block_kv=block_kv, precision=jax.lax.Precision.HIGHEST)
     d_prev = (None, None)
     if o_prev5 is not None:
-        o_prev = _to_plain(o_prev5).astype(f32)
-        lse_prev = _to_plain(lse_prev5).astype(f32)                         # [B, N, Lq, 1]
+        o_prev = _to_bshd(o_prev5).astype(f32)                               # [B, Lq, N, K]
+        lse_prev = _to_bshd(lse_prev5).astype(f32)                           # [B, Lq, N, 1]
+        lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)
+        lse_safe = jnp.swapaxes(lse_safe, 1, 2)[..., None]                  # [B, Lq, N, 1]
+        delta = jnp.swapaxes(delta, 1, 2)[..., None]
         w = jnp.where(jnp.isfinite(lse_prev), jnp.exp(lse_prev - lse_safe), 0.0)
         d_o_prev = w * do
         d_lse_prev = w * (jnp.sum(do * o_prev, axis=-1, keepdims=True) - delta)
-        d_prev = (_from_plain(d_o_prev, Uq).astype(o_prev5.dtype),
-                  _from_plain(d_lse_prev, Uq).astype(lse_prev5.dtype))
-    return (_from_plain(dq, Uq).astype(q5.dtype), _from_plain(unblock(dk), Uk).astype(k5.dtype),
-            _from_plain(unblock(dv), Uk).astype(v5.dtype), None) + d_prev
+        d_prev = (_from_bshd(d_o_prev, Uq).astype(o_prev5.dtype),
+                  _from_bshd(d_lse_prev, Uq).astype(lse_prev5.dtype))
+    return (_from_bshd(dq, Uq).astype(q5.dtype), _from_bshd(dk, Uk).astype(k5.dtype),
+            _from_bshd(dv, Uk).astype(v5.dtype), None) + d_prev
 
 
 _flash_core.defvjp(_core_fwd, _core_bwd)
@@ -171,15 +129,19 @@ _flash_core.defvjp(_core_fwd, _core_bwd)
 # ---------------------------------------------------------------- public API
 
 
-def check_shard_major_supported(head_dim: int, block_q: int, block_kv: int, dtype) -> list[str]:
+def check_shard_major_supported(head_dim: int, block_q: int, block_kv: int, dtype,
+                                platform=None, interpret: bool | None = None) -> list[str]:
     """Reasons the shard-major kernel path cannot take these inputs (empty list = it can).
 
-    Each reason names the value and the fix; Ulysses ``out_a2a="shard_major"`` raises with
-    them, ``"chunked"`` falls back to the chunked exchange.
+    ``platform``: the target (default :func:`~ditax.parallel.platform.platform_of`);
+    ``interpret``: the resolved Pallas mode (None = the platform's default). Each reason
+    names the value and the fix; Ulysses ``out_a2a="shard_major"`` raises with them,
+    ``"chunked"`` falls back to the chunked exchange.
     """
     reasons = []
-    if jax.default_backend() in GPU_PLATFORMS:
-        reasons.append(_gpu_refusal())
+    why = BACKENDS["flash"].platform_reason(platform or platform_of(), interpret)
+    if why is not None:
+        reasons.append(why)
     if head_dim % SUBLANE or head_dim > MAX_HEAD_DIM:
         reasons.append(f"head dim K={head_dim} is not supported by the shard-major flash kernel "
                        f"(needs K % {SUBLANE} == 0 and K <= {MAX_HEAD_DIM}); use "
@@ -195,9 +157,11 @@ def check_shard_major_supported(head_dim: int, block_q: int, block_kv: int, dtyp
     return reasons
 
 
-def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None, block_q: int = 128,
-                                block_kv: int = 128, return_lse: bool = False, o_prev=None,
-                                lse_prev=None, interpret: bool | None = None):
+def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
+                                block_q: int = FlashOptions.block_q,
+                                block_kv: int = FlashOptions.block_kv,
+                                return_lse: bool = False, o_prev=None, lse_prev=None,
+                                interpret: bool | None = None):
     """Flash attention in the shard-major layout (no padding here; the caller pads).
 
     Args:
@@ -229,7 +193,6 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None, block_q: i
     else:
         keep = kv_keep.astype(jnp.int32)
     o_prev, lse_prev = _check_prev(o_prev, lse_prev, q.shape, q.shape[:-1])
-    SHARD_MAJOR_TRACES.append(U)
     o, lse = _flash_core(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv,
                          bool(interpret))
     return (o, lse[..., 0]) if return_lse else o
@@ -249,9 +212,9 @@ def _check_prev(o_prev, lse_prev, o_shape, lse_shape):
     return o_prev, lse_prev.astype(jnp.float32)[..., None]
 
 
-def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 128, block_kv: int = 128,
-                    return_lse: bool = False, o_prev=None, lse_prev=None,
-                    interpret: bool | None = None):
+def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOptions.block_q,
+                    block_kv: int = FlashOptions.block_kv, return_lse: bool = False,
+                    o_prev=None, lse_prev=None, interpret: bool | None = None):
     """Flash attention, BSHD layout.
 
     Args:
@@ -263,13 +226,14 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 128, bl
       return_lse: also return the log-sum-exp ``[B, N, Lq]`` float32 (for ring merges).
       o_prev, lse_prev: optional ``[B, Lq, N, K]`` / ``[B, N, Lq]`` partial result over other
         keys to continue from (see :func:`flash_attention_shard_major`).
-      interpret: Pallas interpret mode; None = auto (True unless on TPU/GPU).
+      interpret: Pallas interpret mode; None = from the target platform (compiled on TPU,
+        interpreted on CPU, refused on GPU).
     Returns ``[B, Lq, N, K]`` in q's dtype, or o_prev's when given (and lse).
     """
     B, Lq, N, K = q.shape
     Lk = k.shape[1]
     bq, bkv = effective_block(block_q, Lq), effective_block(block_kv, Lk)
-    Lq_p, Lk_p = _round_up(Lq, bq), _round_up(Lk, bkv)
+    Lq_p, Lk_p = round_up(Lq, bq), round_up(Lk, bkv)
     if Lk_p != Lk and kv_mask is None:
         kv_mask = jnp.ones((B, Lk), bool)
     _check_prev(o_prev, lse_prev, q.shape, (B, N, Lq))
@@ -303,4 +267,4 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 128, bl
 
 
 __all__ = ["flash_attention", "flash_attention_shard_major", "effective_block",
-           "check_shard_major_supported", "default_interpret", "SHARD_MAJOR_TRACES"]
+           "check_shard_major_supported", "default_interpret", "check_platform"]

@@ -1,52 +1,25 @@
-"""Small platform probes for the attention backends: which accelerator is visible, which
-optional libraries import. Each probe is cheap and has no side effects (no config updates,
-no device allocation beyond listing devices)."""
+"""Small probes for the GPU attention backends: CUDA on the target platform, and optional
+libraries that import. The platform itself comes from :func:`ditax.parallel.platform.platform_of`
+(``ditax.target_platform(...)``, else the mesh's devices, else ``jax.devices()``). Each probe is
+cheap and has no side effects (no config updates, no imports of the probed library)."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 
-import jax
+from ditax.parallel.platform import platform_of
 
 
-def device_platforms() -> tuple[str, ...]:
-    """Sorted platforms of ``jax.devices()`` (e.g. ``("cpu",)``, ``("gpu",)``)."""
-    try:
-        return tuple(sorted({d.platform for d in jax.devices()}))
-    except RuntimeError:  # no backend initialised at all
-        return ()
+def has_cuda_gpu(mesh=None) -> bool:
+    """True when the target platform is an NVIDIA GPU (cuda)."""
+    return platform_of(mesh).name == "cuda"
 
 
-def has_cuda_gpu() -> bool:
-    """True when JAX sees at least one NVIDIA GPU (cuda platform)."""
-    try:
-        devs = jax.devices()
-    except RuntimeError:
-        return False
-    for d in devs:
-        if d.platform != "gpu":
-            continue
-        # ROCm GPUs report platform "gpu" too; their client says rocm in its version string.
-        version = str(getattr(getattr(d, "client", None), "platform_version", "")).lower()
-        if "rocm" not in version:
-            return True
-    return False
-
-
-def has_tpu() -> bool:
-    return "tpu" in device_platforms()
-
-
-def cuda_compute_capability() -> tuple[int, int] | None:
-    """``(major, minor)`` of the first CUDA device, or None without one."""
-    if not has_cuda_gpu():
-        return None
-    cc = getattr(jax.devices("gpu")[0], "compute_capability", None)
-    if not cc:
-        return None
-    major, minor = (int(x) for x in str(cc).split(".")[:2])
-    return major, minor
+def cuda_compute_capability(mesh=None) -> tuple[int, int] | None:
+    """``(major, minor)`` of the target CUDA platform, or None off CUDA / when unknown."""
+    plat = platform_of(mesh)
+    return plat.compute_capability if plat.name == "cuda" else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,7 +36,6 @@ def has_transformer_engine_jax() -> bool:
     return module_available("transformer_engine") and module_available("transformer_engine.jax")
 
 
-def no_cuda_reason() -> str:
+def no_cuda_reason(mesh=None) -> str:
     """The unmet condition, in words, for error messages."""
-    plats = device_platforms()
-    return f"no CUDA GPU visible: jax.devices() are {', '.join(plats) or 'none'}"
+    return f"no CUDA GPU visible: {platform_of(mesh).describe()}"

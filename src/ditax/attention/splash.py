@@ -12,11 +12,12 @@ This module adapts our ``[B, L, N, K]`` + ``kv_mask [B, Lk]`` interface to it:
 - kv_mask: masked keys get segment id 0 as well; a batch row whose keys are all masked
   returns zeros (as the reference; the kernel itself must not see an all-masked row, so such
   rows run unmasked and are zeroed afterwards);
-- head dim: with ``pad_head_dim`` (default: on TPU when K is not a multiple of 128) q/k/v are
-  zero-padded to a lane multiple; zero columns add nothing to ``q·kᵀ`` and the padded output
-  columns are sliced off.
+- head dim: with ``pad_head_dim`` (default: when compiled, i.e. on TPU, and K is not a
+  multiple of 128) q/k/v are zero-padded to a lane multiple; zero columns add nothing to
+  ``q·kᵀ`` and the padded output columns are sliced off.
 
-Off TPU the kernel runs in Pallas interpret mode (slow, exact: for tests).
+Compiled when the target platform (:func:`ditax.parallel.platform.platform_of`) is TPU;
+elsewhere the kernel runs in Pallas interpret mode (slow, exact: for tests).
 Gradients come from the kernel's own VJP. ``return_lse`` is forward-only: the kernel's
 residual-saving mode has no VJP.
 """
@@ -28,17 +29,16 @@ import functools
 import jax
 import jax.numpy as jnp
 
-_LANES = 128  # TPU lane width: kv blocks are multiples of it
+from ditax.attention.blocks import LANES, round_up
+from ditax.attention.options import SplashOptions as _O
+from ditax.attention.registry import BACKENDS
+from ditax.parallel.platform import platform_of
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 512,
-                     block_kv: int = 512, block_kv_compute: int | None = None,
+def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.block_q,
+                     block_kv: int = _O.block_kv, block_kv_compute: int | None = None,
                      block_q_bwd: int | None = None, block_kv_bwd: int | None = None,
-                     fused_bwd: bool = False, interpret: bool | None = None,
+                     fused_bwd: bool = _O.fused_bwd, interpret: bool | None = None,
                      pad_head_dim: bool | None = None, return_lse: bool = False):
     """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``.
 
@@ -47,20 +47,22 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 512,
         multiples of 128). block_kv_compute: inner kv step (divides block_kv; default
         block_kv). block_q_bwd / block_kv_bwd: backward tiles (default: the forward ones).
       fused_bwd: use the kernel's fused dq/dkv backward.
-      interpret: run Pallas in interpret mode; None → only when the backend is not TPU.
-      pad_head_dim: zero-pad K to a multiple of 128; None → on TPU when needed.
+      interpret: run Pallas in interpret mode; None → unless the target platform is TPU.
+      pad_head_dim: zero-pad K to a multiple of 128; None → when compiled and needed.
       return_lse: also return the float32 log-sum-exp ``[B, N, Lq]`` (forward only).
     """
     try:
         from jax.experimental.pallas.ops.tpu import splash_attention as sa
     except ImportError as e:  # pragma: no cover - depends on the installed jax
-        from ditax.attention import AttentionUnavailable
+        from ditax.errors import AttentionUnavailable
+
         raise AttentionUnavailable(
             f"attention backend 'splash' needs jax.experimental.pallas.ops.tpu.splash_attention"
             f" ({e}); upgrade jax or use backend='xla'") from None
 
-    on_tpu = jax.default_backend() == "tpu"
-    interpret = (not on_tpu) if interpret is None else bool(interpret)
+    if interpret is None:
+        interpret = BACKENDS["splash"].default_interpret(platform_of())
+    interpret = bool(interpret)
     B, Lq, N, K = q.shape
     Lk = k.shape[1]
     scale = float(K ** -0.5 if scale is None else scale)
@@ -74,14 +76,15 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 512,
                          f"(both after clipping to the sequence length {Lk})")
     bq_b = bq if block_q_bwd is None else _clip_block("block_q_bwd", block_q_bwd, Lq)
     bkv_b = bkv if block_kv_bwd is None else _clip_block("block_kv_bwd", block_kv_bwd, Lk)
-    Lq_p, Lk_p = _round_up(Lq, max(bq, bq_b)), _round_up(Lk, max(bkv, bkv_b))
+    Lq_p, Lk_p = round_up(Lq, max(bq, bq_b)), round_up(Lk, max(bkv, bkv_b))
     if Lq_p % bq or Lq_p % bq_b or Lk_p % bkv or Lk_p % bkv_b:
         raise ValueError(f"forward and backward blocks must nest: block_q={bq}, "
                          f"block_q_bwd={bq_b}, block_kv={bkv}, block_kv_bwd={bkv_b}; "
                          f"use powers of two times 128")
 
-    pad_head_dim = (on_tpu and K % _LANES != 0) if pad_head_dim is None else bool(pad_head_dim)
-    Kp = _round_up(K, _LANES) if pad_head_dim else K
+    pad_head_dim = (not interpret and K % LANES != 0) if pad_head_dim is None else bool(
+        pad_head_dim)
+    Kp = round_up(K, LANES) if pad_head_dim else K
 
     # [B, L, N, K] -> [B, N, L, K], pre-scaled q, padded L (and K).
     qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
@@ -116,10 +119,10 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = 512,
 
 
 def _clip_block(name: str, block, length: int) -> int:
-    if not isinstance(block, int) or block < _LANES or block % _LANES:
-        raise ValueError(f"{name}={block!r} must be a positive multiple of {_LANES} "
+    if not isinstance(block, int) or block < LANES or block % LANES:
+        raise ValueError(f"{name}={block!r} must be a positive multiple of {LANES} "
                          f"(e.g. 512)")
-    return min(block, _round_up(length, _LANES))
+    return min(block, round_up(length, LANES))
 
 
 def _pad(x, L: int, K: int):

@@ -1,8 +1,9 @@
 """Sequence-parallel exchanges used inside ``jax.shard_map`` (Ulysses all-to-alls, ring step).
 
 Every function here runs per device on the local block and names the mesh axis it talks
-over. Letters: b local batch, Lc local tokens (one sequence shard), U shards on the axis,
-n local heads, h = n / U heads per shard after the exchange, K head dim.
+over; :func:`context_grid` says which axes those are for a ``ring × ulysses`` split of the
+``context`` axis. Letters: b local batch, Lc local tokens (one sequence shard), U shards on
+the axis, n local heads, h = n / U heads per shard after the exchange, K head dim.
 
 Three ways to do the same Ulysses exchange (they move identical values):
 
@@ -17,8 +18,18 @@ Three ways to do the same Ulysses exchange (they move identical values):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional, Union
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+from ditax.parallel.axes import SEQ_AXIS, heads_entry
+from ditax.parallel.mesh import BATCH_AXES
+
+RING_AXIS = "context_ring"          # names of the context axis viewed as ring x ulysses
+ULYSSES_AXIS = "context_ulysses"
 
 
 def seq_to_heads_flat(x, axis: str):
@@ -84,6 +95,48 @@ def ring_shift(tree, axis: str, size: int):
     return jax.tree.map(lambda x: jax.lax.ppermute(x, axis, perm), tree)
 
 
-__all__ = ["seq_to_heads_flat", "heads_to_seq_flat", "seq_to_heads_chunked",
-           "heads_to_seq_chunked", "seq_to_shard_major", "shard_major_to_seq", "gather_keep",
+# ---------------------------------------------------------------- the (ring x ulysses) grid
+
+
+@dataclass(frozen=True)
+class ContextGrid:
+    """The ``context`` axis viewed as ``ring × ulysses`` devices (R groups of U consecutive).
+
+    ``mesh``: what ``shard_map`` runs over — the mesh itself, or (both R, U > 1) a view whose
+    context axis is reshaped into ``(context_ring, context_ulysses)``: the same devices in
+    the same order, so arrays sharded over ``context`` need no movement. ``ring_axis`` /
+    ``ulysses_axis``: the axis names the ring ``ppermute`` and the Ulysses all-to-alls talk
+    over (None when that side has one device).
+    """
+
+    mesh: Mesh
+    seq: Union[str, tuple[str, str]]
+    ring_axis: Optional[str]
+    ulysses_axis: Optional[str]
+
+    def token_spec(self) -> P:
+        """``[B, L, N, K]``: batch over the batch axes, tokens over the grid, heads over
+        ``tensor``."""
+        return P(BATCH_AXES, self.seq, heads_entry(self.mesh), None)
+
+    def mask_spec(self) -> P:
+        """``[B, L]`` key mask."""
+        return P(BATCH_AXES, self.seq)
+
+
+def context_grid(mesh: Mesh, ring: int, ulysses: int) -> ContextGrid:
+    """The :class:`ContextGrid` for ``ring * ulysses == mesh.shape['context']``."""
+    if ring > 1 and ulysses > 1:
+        names = tuple(mesh.axis_names)
+        i = names.index(SEQ_AXIS)
+        d = mesh.devices
+        view = Mesh(d.reshape(d.shape[:i] + (ring, ulysses) + d.shape[i + 1:]),
+                    names[:i] + (RING_AXIS, ULYSSES_AXIS) + names[i + 1:])
+        return ContextGrid(view, (RING_AXIS, ULYSSES_AXIS), RING_AXIS, ULYSSES_AXIS)
+    return ContextGrid(mesh, SEQ_AXIS, SEQ_AXIS if ring > 1 else None,
+                       SEQ_AXIS if ulysses > 1 else None)
+
+
+__all__ = ["ContextGrid", "context_grid", "seq_to_heads_flat", "heads_to_seq_flat",
+           "seq_to_heads_chunked", "heads_to_seq_chunked", "seq_to_shard_major", "shard_major_to_seq", "gather_keep",
            "ring_shift"]

@@ -3,8 +3,9 @@
 Input and output use the diffusers layout ``[B, C, F, Y, X]``. Inside, tokens are
 ``[B, L, D]`` with ``L = F'·Y'·X'`` (frame-major). Blocks are stacked on a leading layer axis
 and run with ``nnx.scan`` so compile time stays flat in depth; the remat policy comes from
-config. Attention goes through :func:`ditax.attention.attend` with the backends named in
-:class:`~ditax.config.AttentionConfig` (self- and cross-attention may differ).
+config. Attention runs through one :class:`~ditax.attention.AttentionPlan`, built once from the
+:class:`~ditax.attention.config.AttentionConfig`, the mesh and the model's heads / head dim /
+dtype, and handed to every block (self- and cross-attention may use different backends).
 
 Numerics follow the reference: norms and the residual/gate arithmetic run in float32 and are
 cast back to the compute dtype; RoPE rotates in float32.
@@ -12,14 +13,12 @@ cast back to the compute dtype; RoPE rotates in float32.
 
 from __future__ import annotations
 
-import inspect
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from ditax.attention import PARALLEL, attend, get_backend
+from ditax.attention import AttentionCall, AttentionPlan, plan_attention
 from ditax.config import AttentionConfig, Config, ModelConfig, validate
 from ditax.models.wan.embeddings import (
     ConditionEmbedder,
@@ -41,26 +40,6 @@ REMAT = {
     "save_attn_out": jax.checkpoint_policies.save_only_these_names("attn_out"),
 }
 
-_OPTION_KEYS = ("local", "out_a2a", "ulysses_shards", "block_q", "block_kv")
-
-
-def backend_options(backend: str, acfg: AttentionConfig) -> dict:
-    """The options from ``acfg`` that ``backend`` takes (by its signature)."""
-    params = inspect.signature(get_backend(backend)).parameters
-    opts = {}
-    for k in _OPTION_KEYS:
-        if k in params:
-            v = getattr(acfg, k)
-            if k == "ulysses_shards" and v == 0:
-                continue
-            opts[k] = v
-    return opts
-
-
-def cross_backend_name(acfg: AttentionConfig) -> str:
-    if acfg.cross_backend is not None:
-        return acfg.cross_backend
-    return acfg.local if acfg.backend in PARALLEL else acfg.backend
 
 
 class FeedForward(nnx.Module):
@@ -91,8 +70,7 @@ class WanAttention(nnx.Module):
         self.norm_q = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
         self.norm_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
 
-    def __call__(self, x, ctx, *, rope=None, kv_mask=None, backend="xla", options=None,
-                 mesh=None):
+    def __call__(self, x, ctx, attn: AttentionCall, *, rope=None, kv_mask=None, mesh=None):
         b, lq, _ = x.shape
         lk = ctx.shape[1]
         q = self.norm_q(self.to_q(x)).reshape(b, lq, self.heads, -1)
@@ -106,7 +84,7 @@ class WanAttention(nnx.Module):
         if rope is not None:
             k = constrain(k, heads, mesh)
             v = constrain(v, heads, mesh)
-        o = attend(q, k, v, backend=backend, mesh=mesh, kv_mask=kv_mask, **(options or {}))
+        o = attn(q, k, v, kv_mask=kv_mask)
         o = constrain(o, heads, mesh)
         o = checkpoint_name(o, "attn_out")
         return self.to_out(o.reshape(b, lq, -1))
@@ -128,21 +106,21 @@ class WanBlock(nnx.Module):
             jax.random.normal(rngs.params(), (1, 6, d), pd) / d ** 0.5)
         self.cross_attn_norm = cfg.cross_attn_norm
 
-    def __call__(self, x, text, mod, rope, token_mask, text_mask, attn: dict, mesh=None):
-        """x ``[B, L, D]``, text ``[B, T, D]``, mod ``[B, 6, D]`` float32, rope (cos, sin)."""
+    def __call__(self, x, text, mod, rope, token_mask, text_mask, attn: AttentionPlan):
+        """x ``[B, L, D]``, text ``[B, T, D]``, mod ``[B, 6, D]`` float32, rope (cos, sin);
+        ``attn`` the model's attention plan (its mesh constrains the activations)."""
+        mesh = attn.mesh
         dt = x.dtype
         table = self.scale_shift_table[...].astype(jnp.float32) + mod.astype(jnp.float32)
         shift, scale, gate, c_shift, c_scale, c_gate = [table[:, i:i + 1] for i in range(6)]
 
         h = (self.norm1(x) * (1 + scale) + shift).astype(dt)
-        h = self.attn1(h, h, rope=rope, kv_mask=token_mask, backend=attn["self"],
-                       options=attn["self_opts"], mesh=mesh)
+        h = self.attn1(h, h, attn.self_attn, rope=rope, kv_mask=token_mask, mesh=mesh)
         x = (x.astype(jnp.float32) + h.astype(jnp.float32) * gate).astype(dt)
         x = constrain(x, ("act_batch", "act_seq", "act_embed"), mesh)
 
         h = self.norm2(x).astype(dt) if self.cross_attn_norm else x
-        h = self.attn2(h, text, kv_mask=text_mask, backend=attn["cross"],
-                       options=attn["cross_opts"], mesh=mesh)
+        h = self.attn2(h, text, attn.cross_attn, kv_mask=text_mask, mesh=mesh)
         x = x + h.astype(dt)
 
         h = (self.norm3(x) * (1 + c_scale) + c_shift).astype(dt)
@@ -168,6 +146,9 @@ class WanTransformer(nnx.Module):
         self.mesh = mesh
         validate(Config(model=cfg, attention=self.attention, mesh=mesh_config(mesh)),
                  None if mesh is None else mesh.devices.size)
+        self.attention_plan = plan_attention(
+            self.attention, mesh, num_heads=cfg.num_attention_heads,
+            head_dim=cfg.attention_head_dim, dtype=cfg.dtype)
         d = cfg.inner_dim
         pt, ph, pw = cfg.patch_size
         pd = as_dtype(cfg.param_dtype)
@@ -251,14 +232,10 @@ class WanTransformer(nnx.Module):
             token_mask = jnp.broadcast_to(jnp.arange(seq + pad) < seq, (b, seq + pad))
         h = constrain(h, ("act_batch", "act_seq", "act_embed"), mesh)
 
-        a = self.attention
-        self_b = a.backend
-        cross_b = cross_backend_name(a)
-        attn = {"self": self_b, "self_opts": backend_options(self_b, a),
-                "cross": cross_b, "cross_opts": backend_options(cross_b, a)}
+        plan = self.attention_plan
 
         def body(hs, block):
-            return block(hs, text, mod, (cos, sin), token_mask, text_mask, attn, mesh)
+            return block(hs, text, mod, (cos, sin), token_mask, text_mask, plan)
 
         if cfg.remat != "none":
             body = nnx.remat(body, policy=REMAT[cfg.remat], prevent_cse=not cfg.scan_layers)

@@ -1,0 +1,24 @@
+"""Block-size arithmetic shared by the blocked kernels (flash, splash, blockwise) and the
+sequence-parallel planner: rounding lengths up to tile multiples and clipping blocks to short
+sequences."""
+
+from __future__ import annotations
+
+SUBLANE = 8    # TPU sublane count: second-to-last tile dims are multiples of it
+LANES = 128    # TPU lane width: last tile dims (and splash kv blocks) are multiples of it
+
+
+def round_up(x: int, m: int) -> int:
+    """The smallest multiple of ``m`` that is ``>= x``."""
+    return -(-x // m) * m
+
+
+def effective_block(block: int, length: int) -> int:
+    """The flash block actually used for ``length`` tokens: ``block``, but no larger than the
+    length rounded up to the sublane multiple (8), so tiny sequences are not padded to 128."""
+    if block <= 0:
+        raise ValueError(f"flash block size must be positive, got {block}")
+    return min(block, round_up(max(length, 1), SUBLANE))
+
+
+__all__ = ["SUBLANE", "LANES", "round_up", "effective_block"]

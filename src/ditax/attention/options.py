@@ -1,0 +1,94 @@
+"""Per-backend options: one small frozen dataclass per backend (as the JAX splash kernel has
+``BlockSizes``). The fields of a backend's class are exactly the keyword options
+``attend(..., backend=name, **options)`` accepts and its kernel function takes; their defaults
+are the kernel's defaults (the kernel functions read them from here).
+
+``interpret`` (Pallas kernels): ``None`` means "decide from the target platform"
+(:func:`ditax.parallel.platform.platform_of`); plans resolve it to a bool before tracing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+
+class Options:
+    """Mixin: the options as keyword arguments of the backend's kernel function."""
+
+    def kwargs(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@dataclass(frozen=True)
+class NoOptions(Options):
+    """``reference``, ``xla`` and ``te`` take no options."""
+
+
+@dataclass(frozen=True)
+class BlockwiseOptions(Options):
+    block_kv: int = 512                # keys per scan step (Lk is padded to a multiple)
+
+
+@dataclass(frozen=True)
+class FlashOptions(Options):
+    block_q: int = 128                 # query tile (clipped to the 8-rounded length)
+    block_kv: int = 128                # key tile
+    interpret: Optional[bool] = None   # Pallas interpret mode; None = from the platform
+
+
+@dataclass(frozen=True)
+class SplashOptions(Options):
+    block_q: int = 512                 # forward tiles (multiples of 128, clipped to L)
+    block_kv: int = 512
+    block_kv_compute: Optional[int] = None   # inner kv step (divides block_kv)
+    block_q_bwd: Optional[int] = None        # backward tiles (default: the forward ones)
+    block_kv_bwd: Optional[int] = None
+    fused_bwd: bool = False                  # the kernel's fused dq/dkv backward
+    interpret: Optional[bool] = None         # None = from the platform (compiled on TPU)
+    pad_head_dim: Optional[bool] = None      # zero-pad K to 128; None = when compiled
+
+
+@dataclass(frozen=True)
+class CudnnOptions(Options):
+    kv_mask_mode: str = "bias"         # "bias" (any mask) | "lengths" (prefix masks)
+
+
+@dataclass(frozen=True)
+class SequenceOptions(Options):
+    """``ulysses`` and ``ring``: the local kernel and its blocks, the Ulysses output exchange."""
+
+    local: str = "xla"                 # local kernel: reference | xla | blockwise | splash | flash
+    out_a2a: str = "flat"              # flat | chunked | shard_major (Ulysses only)
+    block_q: int = 128                 # given to a local kernel that takes it
+    block_kv: int = 128
+    interpret: Optional[bool] = None   # given to a Pallas local kernel; None = from platform
+
+
+@dataclass(frozen=True)
+class UlyssesRingOptions(SequenceOptions):
+    ulysses_shards: int = 0            # Ulysses group size U (0 = the whole context axis)
+
+
+def make_options(backend: str, cls: type, values: dict):
+    """``cls(**values)``, or a TypeError naming the options ``backend`` takes."""
+    bad = sorted(set(values) - set(cls.names()))
+    if bad:
+        raise TypeError(f"attention backend {backend!r} does not take option(s) {bad}; "
+                        f"it takes {sorted(cls.names())}")
+    return cls(**values)
+
+
+def pick(cls: type, values: dict):
+    """``cls`` built from the entries of ``values`` that are its fields (None values skipped,
+    so the class default applies)."""
+    return cls(**{k: values[k] for k in cls.names() if values.get(k) is not None})
+
+
+__all__ = ["Options", "NoOptions", "BlockwiseOptions", "FlashOptions", "SplashOptions",
+           "CudnnOptions", "SequenceOptions", "UlyssesRingOptions", "make_options", "pick"]

@@ -1,0 +1,150 @@
+"""Resolved attention: :class:`AttentionCall` (one backend, its options, the mesh and target
+platform) and :class:`AttentionPlan` (a model's self- and cross-attention, built once from an
+:class:`~ditax.attention.config.AttentionConfig` and the mesh).
+
+Resolution happens once, before tracing: ``backend="auto"`` becomes a name, option names are
+checked against the backend's options class, and ``interpret=None`` becomes the target
+platform's choice. A model holds its plan and calls ``plan.self_attn(q, k, v, kv_mask=...)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from ditax.attention import registry
+from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig
+from ditax.attention.options import Options, make_options, pick
+from ditax.attention.local import LocalRun
+from ditax.attention.sharded import sharded_local_attention
+from ditax.parallel.platform import Platform, platform_of
+
+#: AttentionConfig fields that are backend options (each backend takes the ones its options
+#: class has).
+CONFIG_OPTIONS = ("local", "out_a2a", "ulysses_shards", "block_q", "block_kv")
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One attention site, resolved: ``call(q, k, v, kv_mask=None, scale=None)``.
+
+    Shapes: q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` bool (True =
+    attend) → ``[B, Lq, N, K]`` in q's dtype. A local backend given a mesh runs under
+    ``shard_map`` (:func:`~ditax.attention.sharded.sharded_local_attention`); a sequence
+    backend plans and runs :mod:`ditax.attention.sequence`.
+    """
+
+    backend: str
+    options: Options
+    mesh: Optional[Mesh] = None
+    platform: Optional[Platform] = None      # None: platform_of(mesh) when called
+
+    @property
+    def entry(self) -> registry.Backend:
+        return registry.BACKENDS[self.backend]
+
+    def local(self) -> tuple[str, Options]:
+        """The local kernel that does the arithmetic, and its options (for a sequence
+        backend: its ``local`` with the blocks / interpret it passes on)."""
+        if self.entry.kind == "local":
+            return self.backend, self.options
+        entry = registry.get(self.options.local)
+        return entry.name, pick(entry.options, self.options.kwargs())
+
+    def __call__(self, q, k, v, *, kv_mask=None, scale=None):
+        check_shapes(q, k, v, kv_mask)
+        entry = self.entry
+        platform = self.platform or platform_of(self.mesh)
+        if entry.kind == "sequence":
+            return entry.load()(self.backend, q, k, v, mesh=self.mesh, kv_mask=kv_mask,
+                                scale=scale, options=self.options, platform=platform)
+        entry.require(platform, dtype=q.dtype, head_dim=q.shape[-1],
+                      interpret=getattr(self.options, "interpret", None))
+        kernel = LocalRun(entry, self.options)
+        if self.mesh is not None:
+            return sharded_local_attention(kernel, q, k, v, mesh=self.mesh, kv_mask=kv_mask,
+                                           scale=scale)
+        return kernel(q, k, v, kv_mask, scale)
+
+
+def resolve(backend: str, options: dict, *, mesh=None,
+            platform: Optional[Platform] = None) -> AttentionCall:
+    """The :class:`AttentionCall` for ``attend(..., backend=backend, **options)``.
+
+    Unknown backend → ValueError with a suggestion; an option the backend does not take →
+    TypeError naming the ones it takes.
+    """
+    platform = platform or platform_of(mesh)
+    name = registry.auto_backend(platform) if backend == "auto" else backend
+    entry = registry.get(name)
+    opts = make_options(name, entry.options, options)
+    return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """A model's attention, resolved once: ``self_attn`` and ``cross_attn`` calls on ``mesh``
+    for the target ``platform`` (and the model's head dim / compute dtype when given)."""
+
+    self_attn: AttentionCall
+    cross_attn: AttentionCall
+    mesh: Optional[Mesh]
+    platform: Platform
+    num_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    dtype: Optional[str] = None
+
+
+def cross_backend(acfg: AttentionConfig) -> tuple[str, str]:
+    """``(name, config key it comes from)`` of cross-attention: ``cross_backend`` when set,
+    else the local kernel of a sequence backend (text K/V need no exchange), else
+    ``backend``."""
+    if acfg.cross_backend is not None:
+        return acfg.cross_backend, "cross_backend"
+    if acfg.backend in PARALLEL_BACKENDS:
+        return acfg.local, "local"
+    return acfg.backend, "backend"
+
+
+def _config_call(name: str, acfg: AttentionConfig, mesh, platform: Platform) -> AttentionCall:
+    name = registry.auto_backend(platform) if name == "auto" else name
+    entry = registry.get(name)
+    opts = pick(entry.options, {k: getattr(acfg, k) for k in CONFIG_OPTIONS})
+    return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
+
+
+def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
+                   num_heads: Optional[int] = None, head_dim: Optional[int] = None,
+                   dtype=None) -> AttentionPlan:
+    """Build the :class:`AttentionPlan` for ``acfg`` (default: xla everywhere) on ``mesh``.
+
+    The target platform is :func:`~ditax.parallel.platform.platform_of` (``mesh``) at this
+    moment (so build it inside ``ditax.target_platform(...)`` to target another platform).
+    """
+    acfg = acfg or AttentionConfig()
+    platform = platform_of(mesh)
+    cross, _ = cross_backend(acfg)
+    return AttentionPlan(_config_call(acfg.backend, acfg, mesh, platform),
+                         _config_call(cross, acfg, mesh, platform), mesh, platform,
+                         num_heads, head_dim, None if dtype is None else jnp.dtype(dtype).name)
+
+
+def check_shapes(q, k, v, kv_mask=None):
+    """Raise ValueError unless q/k/v/kv_mask have the BSHD shapes ``attend`` takes."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"attention expects q/k/v of rank 4 [B, L, N, K]; got q{q.shape} "
+                         f"k{k.shape} v{v.shape}")
+    if k.shape != v.shape:
+        raise ValueError(f"k{k.shape} and v{v.shape} must have the same shape")
+    if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f"q{q.shape} and k{k.shape} must agree on batch, heads and head dim")
+    if kv_mask is not None and tuple(kv_mask.shape) != (k.shape[0], k.shape[1]):
+        raise ValueError(f"kv_mask{tuple(kv_mask.shape)} must be [B, Lk] = "
+                         f"{(k.shape[0], k.shape[1])}")
+
+
+__all__ = ["AttentionCall", "AttentionPlan", "plan_attention", "resolve", "cross_backend",
+           "check_shapes", "CONFIG_OPTIONS"]
