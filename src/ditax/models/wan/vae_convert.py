@@ -9,6 +9,10 @@ key, except that ``resample_conv`` is diffusers' ``resample.1`` (the conv inside
 - RMS gain ``gamma`` ``[C, 1, 1]`` (attention blocks) or ``[C, 1, 1, 1]`` (others) → ``[C]``
 - 1-D bias → unchanged
 
+The same derivation covers the Wan 2.2 VAE (``is_residual``): its levels' ``resnets``,
+``downsampler`` / ``upsampler`` (one ``Resample``, not a list as in 2.1) are attribute paths like
+the others, and the pooled / duplicated shortcuts (diffusers ``avg_shortcut``) hold no tensors.
+
 Loading and export go through :mod:`ditax.io.convert` (key check, shape check on every tensor,
 one :class:`~ditax.errors.WeightError`).
 """

@@ -12,11 +12,16 @@ Internally activations are channels-last ``[B, F, Y, X, C]``; the public methods
 the diffusers layout ``[B, C, F, Y, X]``. The cache is a pytree of arrays (``None`` for layers
 without temporal context), so one jitted step function serves every chunk after the first.
 
+The Wan 2.2 TI2V-5B VAE (``is_residual=True, patch_size=2``) encodes 2x2 pixel patches as
+channels (16x spatial, 48 latent channels) and builds every level as one residual block with a
+parameter-free shortcut (average-pooled down / duplicated up); chunking and cache are the same.
+
 Module attribute paths mirror the diffusers state-dict keys (see ``vae_convert.py``); the one
 rename is ``resample_conv`` for diffusers' ``resample.1`` (the conv inside an ``nn.Sequential``).
 
 Modules: ``config`` (shape and factors), ``layers`` (convolutions, norm), ``blocks`` (residual,
-attention, resampling, mid/up blocks), ``coders`` (encoder, decoder), ``chunks`` (the jitted
+attention, resampling, mid/up blocks), ``residual`` (the 2.2 levels), ``shuffle`` (patches and
+the 2.2 shortcuts), ``coders`` (encoder, decoder), ``chunks`` (the jitted
 chunk steps), ``tiling`` (tiled decode), ``model`` (:class:`WanVAE`).
 """
 

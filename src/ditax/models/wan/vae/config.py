@@ -4,7 +4,8 @@ The factors say how a video maps onto latents: ``temporal_factor`` frames per la
 (after the first frame, which has a latent frame of its own) and ``spatial_factor`` pixels per
 latent pixel. Code that sizes latents (pipelines, training data, planning, benchmarks) reads
 them here instead of writing 4 and 8; ``WanVAEConfig()`` is the Wan 2.1 VAE, which Wan 2.1 and
-Wan 2.2 T2V-A14B use.
+Wan 2.2 T2V-A14B use. The Wan 2.2 TI2V-5B VAE is ``is_residual=True, patch_size=2`` (residual
+blocks with pooled / duplicated shortcuts, 2x2 pixel patches as channels: 16x spatial).
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ class WanVAEConfig:
 
     def validate(self) -> None:
         """Reject configurations this port does not implement, with the reason and the fix."""
-        if self.is_residual or self.patch_size not in (None, 1):
+        patched = self.patch_size not in (None, 1)
+        if self.is_residual != patched:
             raise NotImplementedError(
-                f"WanVAE: is_residual={self.is_residual}, patch_size={self.patch_size} is the Wan 2.2 "
-                "TI2V-5B VAE, which ditax does not implement; use the Wan 2.1 VAE (is_residual=false, "
-                "patch_size=null), which Wan 2.1 and Wan 2.2 T2V-A14B use.")
+                f"WanVAE: is_residual={self.is_residual}, patch_size={self.patch_size} mixes the two Wan "
+                "VAEs; ditax implements the Wan 2.1 VAE (is_residual=false, patch_size=null) and the Wan "
+                "2.2 TI2V-5B VAE (is_residual=true with patch_size=2); fix config.json to one of them.")
         if self.attn_scales:
             raise NotImplementedError(
                 f"WanVAE: attn_scales={list(self.attn_scales)} is not supported (diffusers' encoder "
@@ -73,6 +75,37 @@ class WanVAEConfig:
             v = getattr(self, name)
             if v and len(v) != self.z_dim:
                 raise ConfigError(f"WanVAE: {name} has {len(v)} entries, expected z_dim={self.z_dim}.")
+        if patched:
+            self._check_patched()
+
+    def _check_patched(self) -> None:
+        """Channel counts of the Wan 2.2 VAE: patches and the pooled / duplicated shortcuts fit."""
+        p2 = self.patch_size ** 2
+        for name in ("in_channels", "out_channels"):
+            if getattr(self, name) % p2:
+                raise ConfigError(f"WanVAE: {name}={getattr(self, name)} must be a multiple of "
+                                  f"patch_size**2={p2} (video channels x patch pixels).")
+        last = len(self.dim_mult) - 1
+        enc = [self.base_dim * u for u in (1, *self.dim_mult)]
+        dec_base = self.decoder_base_dim or self.base_dim
+        dec = [dec_base * u for u in (self.dim_mult[-1], *self.dim_mult[::-1])]
+        ups = self.temperal_downsample[::-1]
+        for i in range(last + 1):
+            down = (2 if i < last and self.temperal_downsample[i] else 1) * (4 if i < last else 1)
+            if enc[i] * down % enc[i + 1]:
+                raise ConfigError(f"WanVAE: encoder level {i} pools {enc[i]} channels x {down} "
+                                  f"positions into {enc[i + 1]}, which does not divide; change "
+                                  "base_dim / dim_mult.")
+            up = (2 if i < last and ups[i] else 1) * 4
+            if i < last and dec[i + 1] * up % dec[i]:
+                raise ConfigError(f"WanVAE: decoder level {i} spreads {dec[i]} channels over "
+                                  f"{dec[i + 1]} x {up} positions, which does not divide; change "
+                                  "decoder_base_dim / dim_mult.")
+
+    @property
+    def video_channels(self) -> int:
+        """Colour channels of the video (``in_channels`` counts patch pixels too when patched)."""
+        return self.in_channels // (self.patch_size or 1) ** 2
 
     @property
     def temporal_factor(self) -> int:

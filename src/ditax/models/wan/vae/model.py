@@ -1,6 +1,7 @@
-"""The Wan 2.1 video VAE (diffusers ``AutoencoderKLWan``) as one NNX module: encode, decode,
-latent normalisation. Layers live in :mod:`.layers` / :mod:`.blocks` / :mod:`.coders`, the
-jitted chunk steps in :mod:`.chunks`, tiled decoding in :mod:`.tiling`.
+"""The Wan 2.1 / 2.2 video VAE (diffusers ``AutoencoderKLWan``) as one NNX module: encode,
+decode, latent normalisation. Layers live in :mod:`.layers` / :mod:`.blocks` / :mod:`.residual` /
+:mod:`.coders`, the jitted chunk steps in :mod:`.chunks`, tiled decoding in :mod:`.tiling`, the
+2.2 VAE's pixel patches in :mod:`.shuffle`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from ditax.models.wan.vae.chunks import decode_chunk, encode_chunk
 from ditax.models.wan.vae.coders import Decoder, Encoder
 from ditax.models.wan.vae.config import WanVAEConfig
 from ditax.models.wan.vae.layers import CausalConv3d
-from ditax.models.wan.vae.tiling import decode_tiled
+from ditax.models.wan.vae.shuffle import patchify, unpatchify
+from ditax.models.wan.vae.tiling import check_tiles, decode_tiled
 
 
 class WanVAE(nnx.Module):
-    """The Wan 2.1 VAE. Public tensors use the diffusers layout ``[B, C, F, H, W]``.
+    """The Wan VAE: 2.1, or 2.2 (TI2V-5B) when ``config.is_residual``. Public tensors use the
+    diffusers layout ``[B, C, F, H, W]``; the 2.2 VAE encodes ``patch_size`` x ``patch_size``
+    pixel patches as channels (``patchify`` before the encoder, ``unpatchify`` after the decoder).
 
     ``encode`` returns the posterior mean, ``sample`` a posterior draw, ``decode`` the video
     clipped to [-1, 1]. ``normalize_latents`` / ``denormalize_latents`` apply the Wan pipeline's
@@ -77,7 +81,7 @@ class WanVAE(nnx.Module):
     # --- encode
     def _check_video(self, video) -> None:
         shape = tuple(video.shape)
-        c = self.config.in_channels
+        c = self.config.video_channels
         tf, sf = self.scale_factor_temporal, self.scale_factor_spatial
         if len(shape) != 5:
             raise ValueError(f"WanVAE.encode: expected video [B, {c}, F, H, W], got shape {shape} "
@@ -94,12 +98,15 @@ class WanVAE(nnx.Module):
     def encode_moments(self, video: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Posterior (mean, log-variance clipped to [-30, 20]), each ``[B, z_dim, F', Y, X]``.
 
-        video ``[B, 3, F, H, W]`` in [-1, 1] with ``F = 4k + 1``; ``F' = k + 1``, ``Y = H/8``.
-        Processes the first frame, then 4 frames at a time, carrying the feature cache.
+        video ``[B, 3, F, H, W]`` in [-1, 1] with ``F = 4k + 1``; ``F' = k + 1``, ``Y = H/8``
+        (``H/16`` for Wan 2.2). Processes the first frame, then 4 frames at a time, carrying the
+        feature cache.
         """
         self._check_video(video)
         graphdef, state = nnx.split(self)
         x = jnp.transpose(jnp.asarray(video, self.dtype), (0, 2, 3, 4, 1))
+        if self.config.patch_size:
+            x = patchify(x, self.config.patch_size)
         h, cache = encode_chunk(graphdef, state, x[:, :1], None, first=True)
         outs = [h]
         tf = self.scale_factor_temporal
@@ -111,7 +118,8 @@ class WanVAE(nnx.Module):
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
     def encode(self, video: jax.Array) -> jax.Array:
-        """Posterior mean ``[B, z_dim, F', H/8, W/8]`` of video ``[B, 3, F, H, W]`` in [-1, 1]."""
+        """Posterior mean ``[B, z_dim, F', H/s, W/s]`` of video ``[B, 3, F, H, W]`` in [-1, 1]
+        (``s`` = :attr:`scale_factor_spatial`)."""
         return self.encode_moments(video)[0]
 
     def sample(self, video: jax.Array, key: jax.Array) -> jax.Array:
@@ -139,7 +147,8 @@ class WanVAE(nnx.Module):
 
     def decode(self, z: jax.Array, *, tiled: bool = False, tile_sample_min: tuple[int, int] = (256, 256),
                tile_sample_stride: tuple[int, int] = (192, 192)) -> jax.Array:
-        """Video ``[B, 3, 1 + 4 (F - 1), 8Y, 8X]`` in [-1, 1] from latents ``[B, z_dim, F, Y, X]``.
+        """Video ``[B, 3, 1 + 4 (F - 1), sY, sX]`` in [-1, 1] from latents ``[B, z_dim, F, Y, X]``
+        (``s`` = :attr:`scale_factor_spatial`: 8 for Wan 2.1, 16 for Wan 2.2).
 
         Latents are raw VAE latents (apply :meth:`denormalize_latents` first to pipeline
         latents). Decodes one latent frame at a time with the feature cache carried over.
@@ -149,12 +158,17 @@ class WanVAE(nnx.Module):
         """
         self._check_latents(z)
         x = jnp.transpose(jnp.asarray(z, self.dtype), (0, 2, 3, 4, 1))
-        sf = self.scale_factor_spatial
+        sf, p = self.scale_factor_spatial, self.config.patch_size or 1
         tile_lat = (tile_sample_min[0] // sf, tile_sample_min[1] // sf)
         if tiled and (x.shape[2] > tile_lat[0] or x.shape[3] > tile_lat[1]):
-            video = decode_tiled(self._decode_frames, x, tile_sample_min, tile_sample_stride, sf)
+            check_tiles(tile_sample_min, tile_sample_stride, sf)
+            # tiles are blended on the decoder's output, before unpatchify: 1/p the pixels
+            video = decode_tiled(self._decode_frames, x, tuple(t // p for t in tile_sample_min),
+                                 tuple(t // p for t in tile_sample_stride), sf // p)
         else:
             video = self._decode_frames(x)
+        if p > 1:
+            video = unpatchify(video, p)
         return jnp.transpose(jnp.clip(video, -1.0, 1.0), (0, 4, 1, 2, 3))
 
 
