@@ -19,9 +19,10 @@ from typing import Any, Optional
 
 import yaml
 
-from ditax.attention.config import AttentionConfig, check_attention
+from ditax.attention.config import AttentionConfig
 from ditax.errors import ConfigError, check_choice
-from ditax.models.wan.config import ModelConfig, check_model
+from ditax.models.base import model_family
+from ditax.models.wan.config import ModelConfig
 from ditax.parallel.mesh import MeshConfig, check_batch, resolve_mesh_shape
 
 PRESET_DIR = pathlib.Path(__file__).parent / "configs"
@@ -312,8 +313,7 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     """Check every value that can be checked before tracing; each concern's owner holds its
     rules (model, attention, mesh). Returns ``cfg`` unchanged."""
     sizes = None if num_devices is None else resolve_mesh_shape(cfg.mesh, num_devices)
-    check_model(cfg.model, None if sizes is None else sizes["tensor"])
-    check_attention(cfg.attention, num_heads=cfg.model.num_attention_heads, mesh_sizes=sizes)
+    model_family(cfg.model, cfg.attention).check(sizes)   # model + attention rules
     o = cfg.optim
     check_choice("optim.schedule", o.schedule, ("constant", "cosine", "linear"))
     if o.learning_rate <= 0:

@@ -30,7 +30,6 @@ def plan(cfg, mesh, latent=None, compile_=False) -> dict:
     import numpy as np
     from flax import nnx
 
-    from ditax.models.wan.embeddings import as_dtype
     from ditax.models.wan.loading import abstract_model, param_shardings
 
     abs_m = abstract_model(cfg.model, cfg.attention, mesh)
@@ -52,7 +51,7 @@ def plan(cfg, mesh, latent=None, compile_=False) -> dict:
     if compile_:
         f, y, x = latent or (
             (cfg.sample.num_frames - 1) // 4 + 1, cfg.sample.height // 8, cfg.sample.width // 8)
-        dt = as_dtype(cfg.model.dtype)
+        dt = jnp.dtype(cfg.model.dtype)
         bsh = mesh.shape["data"] * mesh.shape["fsdp"]
         lat = jax.ShapeDtypeStruct((bsh, cfg.model.in_channels, f, y, x), dt)
         t = jax.ShapeDtypeStruct((bsh,), jnp.float32)

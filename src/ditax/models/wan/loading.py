@@ -24,7 +24,6 @@ from ditax.parallel.mesh import MESH_AXES
 from ditax.io.hub import resolve_folder
 from ditax.io.safetensors import SafetensorsCheckpoint
 from ditax.models.wan import convert
-from ditax.models.wan.embeddings import as_dtype
 from ditax.models.wan.transformer import WanTransformer, mesh_config
 from ditax.parallel.rules import param_spec
 
@@ -86,7 +85,7 @@ def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None) -> WanTran
     ckpt = SafetensorsCheckpoint(folder)
     convert.check_keys(ckpt.keys(), cfg.num_layers, cfg.cross_attn_norm)
     gdef, state = nnx.split(model_abs)
-    pd = as_dtype(cfg.param_dtype)
+    pd = jnp.dtype(cfg.param_dtype)
     rows = {r.path: r for r in convert.table(cfg.cross_attn_norm)}
     axes = convert.param_axes(cfg.cross_attn_norm)
     pure = nnx.to_pure_dict(state)
