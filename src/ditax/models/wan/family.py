@@ -29,13 +29,8 @@ class WanFamily(ModelFamily):
         check_attention(self.attention or AttentionConfig(),
                         num_heads=self.model.num_attention_heads, mesh_sizes=mesh_sizes)
 
-    @property
-    def latent_channels(self) -> int:
-        return self.model.in_channels
-
-    @property
-    def text_dim(self) -> int:
-        return self.model.text_dim
+    latent_channels = property(lambda self: self.model.in_channels)     # C of the latents
+    text_dim = property(lambda self: self.model.text_dim)               # Dt of the text
 
     @classmethod
     def latent_grid(cls, num_frames, height, width):
