@@ -31,7 +31,7 @@ from ditax.config import load_config, replace  # noqa: E402
 from ditax.parallel.axes import batch_shards  # noqa: E402
 from ditax.parallel.mesh import make_mesh  # noqa: E402
 from ditax.train.data import BatchIterator  # noqa: E402
-from ditax.train.step import Trainer, train_flops_per_sample  # noqa: E402
+from ditax.train.step import Trainer  # noqa: E402
 
 ONE = dict(data=1, fsdp=1, context=1, tensor=1)
 
@@ -59,9 +59,8 @@ def speed_case(name, cfg, sizes, steps):
         times.append(time.perf_counter() - t0)
     dt = float(np.median(times))
     lat = data.latent_shape
-    tokens = cfg.batch_size * (lat[1] // cfg.model.patch_size[0]) * \
-        (lat[2] // cfg.model.patch_size[1]) * (lat[3] // cfg.model.patch_size[2])
-    flops = train_flops_per_sample(cfg, lat, data.text_shape[0]) * cfg.batch_size
+    tokens = cfg.batch_size * tr.family.tokens_per_sample(lat)
+    flops = tr.family.flops_per_sample(lat, data.text_shape[0]) * cfg.batch_size
     common = dict(case=name, mesh=sizes, backend=cfg.attention.backend,
                   batch=cfg.batch_size, tokens_per_step=tokens)
     emit(**common, metric="step_time", value=dt, unit="s", first_step_s=compile_s)

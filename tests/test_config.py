@@ -136,8 +136,22 @@ def _check_toy(m, mesh_sizes):
 
 
 def test_model_family_registry(monkeypatch):
+    from ditax.models import base
+
+    class ToyRules(base.ModelFamily):     # the runtime side: only the rules matter here
+        name = "toy"
+        latent_channels = text_dim = 1
+        latent_grid = classmethod(lambda cls, f, h, w: (f, h, w))
+        tokens_per_sample = flops_per_sample = create = param_shardings = (
+            lambda self, *a: None)
+
+        def check(self, mesh_sizes=None):
+            _check_toy(self.model, mesh_sizes)
+
     monkeypatch.setattr(families, "_FAMILIES", dict(families._FAMILIES))
-    C.register_model_family(ToyModelConfig, _check_toy)
+    monkeypatch.setattr(base, "_FAMILIES", dict(base._FAMILIES))
+    C.register_config_family(ToyModelConfig)
+    base.register_family(ToyRules)
     cfg = C.load_config(None, ["model.family=toy", "model.width=4", "mesh.context=2"])
     assert cfg.model == ToyModelConfig(width=4) and cfg.mesh.context == 2
     C.validate(cfg, 8)

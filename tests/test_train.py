@@ -1,7 +1,7 @@
 """Training: objective, data reader, mesh-invariant step, exact resume, failure handling.
 
-All runs use the ``tiny`` preset (2 layers, 32 video tokens) and XLA optimisation level 0 to
-keep compiles short; Trainers with the same program share one compiled step.
+All runs use the ``tiny`` preset (2 layers, 32 video tokens) with most XLA optimisations off
+(``fast_compile``) to keep compiles short; the runs share one Trainer, so its step compiles once.
 """
 
 import json
@@ -20,8 +20,8 @@ from ditax.train.data import BatchIterator, DataError, DatasetWriter
 from ditax.train.loop import NonFiniteLoss, train
 from ditax.train.step import Trainer
 
-FAST = {"xla_backend_optimization_level": 0}
 ONE = dict(data=1, fsdp=1, context=1, tensor=1)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
 def tiny(*overrides):
@@ -143,7 +143,7 @@ MESHES = {
 def one_device_step():
     cfg = tiny(*PARITY_CFG)
     batch = next(BatchIterator(cfg))
-    tr = Trainer(cfg, make_mesh(ONE, jax.devices()[:1]), compiler_options=FAST)
+    tr = Trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
     st = tr.init()
     init = jax.tree.map(np.asarray, st["params"])
     st, m = tr.step(st, tr.put_batch(batch))
@@ -158,7 +158,7 @@ def test_step_is_the_same_on_every_mesh(one_device_step, name):
                             reason="ulysses backend not in this build yet")
     batch, init, loss1, params1 = one_device_step
     cfg = tiny(*PARITY_CFG, *extra)
-    tr = Trainer(cfg, make_mesh({**ONE, **sizes}), compiler_options=FAST)
+    tr = Trainer(cfg, make_mesh({**ONE, **sizes}))
     st = tr.init(init)
     st, m = tr.step(st, tr.put_batch(batch))
     assert abs(float(m["loss"]) - loss1) < 1e-5
@@ -176,11 +176,19 @@ def run_cfg(out, dataset, *extra):
     return tiny(f"data.source={dataset}", f"output_dir={out}", "checkpoint.every=2", *extra)
 
 
-def test_resume_is_bit_identical(dataset, tmp_path):
-    a = train(run_cfg(tmp_path / "a", dataset, "steps=8"), compiler_options=FAST, progress=False)
-    b1 = train(run_cfg(tmp_path / "b", dataset, "steps=4"), compiler_options=FAST,
+@pytest.fixture(scope="module")
+def trainer(dataset):
+    """One Trainer (one compiled step) for every run below: their configs differ only in
+    data, output, steps and checkpointing."""
+    cfg = run_cfg("unused", dataset)
+    return Trainer(cfg, make_mesh(cfg.mesh))
+
+
+def test_resume_is_bit_identical(dataset, tmp_path, trainer):
+    a = train(run_cfg(tmp_path / "a", dataset, "steps=8"), trainer=trainer, progress=False)
+    b1 = train(run_cfg(tmp_path / "b", dataset, "steps=4"), trainer=trainer,
                progress=False)
-    b2 = train(run_cfg(tmp_path / "b", dataset, "steps=8"), compiler_options=FAST,
+    b2 = train(run_cfg(tmp_path / "b", dataset, "steps=8"), trainer=trainer,
                progress=False)
     assert b2.resumed_from == 4 and len(b2.losses) == 4
     assert a.losses == b1.losses + b2.losses
@@ -192,9 +200,9 @@ def test_resume_is_bit_identical(dataset, tmp_path):
     assert (tmp_path / "b" / "tb").is_dir()
 
 
-def test_loss_decreases_on_a_fixed_batch(dataset):
+def test_loss_decreases_on_a_fixed_batch(dataset, trainer):
     cfg = run_cfg("unused", dataset)
-    tr = Trainer(cfg, make_mesh(cfg.mesh), compiler_options=FAST)
+    tr = trainer
     batch = tr.put_batch(next(BatchIterator(cfg)))
     st = tr.init()
     losses = []
@@ -207,30 +215,30 @@ def test_loss_decreases_on_a_fixed_batch(dataset):
     assert losses[-1] < losses[0] - 1.0, losses
 
 
-def test_sigterm_saves_and_resumes(dataset, tmp_path, capsys):
+def test_sigterm_saves_and_resumes(dataset, tmp_path, capsys, trainer):
     cfg = run_cfg(tmp_path, dataset, "steps=8", "checkpoint.every=100")
 
     def hook(step, row):
         if step == 3:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    r = train(cfg, compiler_options=FAST, progress=False, on_step=hook)
+    r = train(cfg, trainer=trainer, progress=False, on_step=hook)
     assert r.interrupted and r.step == 3
     assert "saved checkpoint step 3" in capsys.readouterr().out
-    r2 = train(cfg, compiler_options=FAST, progress=False)
+    r2 = train(cfg, trainer=trainer, progress=False)
     assert r2.resumed_from == 3 and r2.step == 8
 
 
-def test_damaged_checkpoints_fall_back(dataset, tmp_path, capsys):
+def test_damaged_checkpoints_fall_back(dataset, tmp_path, capsys, trainer):
     cfg = run_cfg(tmp_path, dataset, "steps=4")
-    train(cfg, compiler_options=FAST, progress=False)
+    train(cfg, trainer=trainer, progress=False)
     ck = tmp_path / "checkpoints"
     assert sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) == [2, 4]
     for f in (ck / "4" / "state").rglob("*"):  # corrupt every file of the newest checkpoint
         if f.is_file():
             f.write_bytes(b"garbage")
     (ck / "6.orbax-checkpoint-tmp-1234").mkdir()  # a save that was interrupted
-    r = train(run_cfg(tmp_path, dataset, "steps=6"), compiler_options=FAST, progress=False)
+    r = train(run_cfg(tmp_path, dataset, "steps=6"), trainer=trainer, progress=False)
     out = capsys.readouterr().out
     assert "ignoring incomplete save" in out and "6.orbax-checkpoint-tmp-1234" in out
     assert "step 4" in out and "incomplete or corrupted" in out and "falling back to step 2" in out
@@ -239,10 +247,10 @@ def test_damaged_checkpoints_fall_back(dataset, tmp_path, capsys):
     assert Checkpointer(ck, cfg.checkpoint).steps()[-1] == 6   # step 4 was saved again
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, trainer):
     ds = write_dataset(tmp_path / "nan", n=24, nan_at=20)
     cfg = run_cfg(tmp_path / "run", ds, "steps=8", "data.shuffle=false")
     with pytest.raises(NonFiniteLoss, match=r"loss is nan at step 3.*last good checkpoint is "
                                             r"step 2"):
-        train(cfg, compiler_options=FAST, progress=False)
+        train(cfg, trainer=trainer, progress=False)
     assert Checkpointer(tmp_path / "run" / "checkpoints", cfg.checkpoint).steps() == [2]

@@ -10,6 +10,8 @@ from ditax.cli import main as cli_main
 from ditax.config import ConfigError, load_config
 from ditax.demo import TRANSFORMER, build_pipeline_folder
 
+pytestmark = pytest.mark.usefixtures("fast_compile")
+
 MODEL = [f"model.{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
          for k, v in TRANSFORMER.items()
          if k in ("patch_size", "num_attention_heads", "attention_head_dim", "in_channels",

@@ -8,9 +8,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from ditax.train.loop import train
-from test_train import FAST, run_cfg, write_dataset
+from test_train import run_cfg, write_dataset
+
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
 def _free_port() -> int:
@@ -35,7 +38,7 @@ def test_two_processes_match_one(tmp_path):
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     # the single-process reference runs here (8 devices from conftest) while they compile
-    ref = train(run_cfg(tmp_path / "one", ds, "steps=3"), compiler_options=FAST, progress=False)
+    ref = train(run_cfg(tmp_path / "one", ds, "steps=3"), progress=False)
     logs = []
     for p in procs:
         try:

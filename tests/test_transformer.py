@@ -15,6 +15,7 @@ from ditax.config import AttentionConfig, ConfigError, ModelConfig
 from ditax.models.wan import embeddings as E
 from ditax.errors import WeightError
 from ditax.models.wan.loading import init_model
+from ditax.nn import apply_rope
 from ditax.parallel import make_mesh
 from wan_reference import make_diffusers_wan, rel_err, run_diffusers
 
@@ -70,7 +71,7 @@ def test_rope_matches_diffusers(rng):
         want = np.empty_like(x)
         want[..., 0::2] = x1 * c - x2 * s
         want[..., 1::2] = x1 * s + x2 * c
-        np.testing.assert_allclose(np.asarray(E.apply_rope(jnp.asarray(x), cos, sin)), want,
+        np.testing.assert_allclose(np.asarray(apply_rope(jnp.asarray(x), cos, sin)), want,
                                    rtol=1e-5, atol=1e-5)
 
 

@@ -13,7 +13,7 @@ their messages), ``loader.py`` (YAML, overrides, building).
 """
 
 from ditax.attention.config import AttentionConfig
-from ditax.config.families import ModelFamily, model_family, register_model_family
+from ditax.config.families import ConfigFamily, config_family, register_config_family
 from ditax.config.loader import (
     PRESET_DIR,
     from_flat,
@@ -35,5 +35,5 @@ __all__ = [
     "Config", "ConfigError", "validate", "load_config", "load_yaml", "parse_overrides",
     "from_flat", "preset_names", "PRESET_DIR", "replace", "to_dict", "ModelConfig",
     "MeshConfig", "AttentionConfig", "OptimConfig", "FlowConfig", "DataConfig",
-    "CheckpointConfig", "SampleConfig", "ModelFamily", "model_family", "register_model_family",
+    "CheckpointConfig", "SampleConfig", "ConfigFamily", "config_family", "register_config_family",
 ]

@@ -2,10 +2,11 @@
 
 ``model.family`` (default ``wan``) picks the entry. A family's config is a frozen dataclass with
 a ``family: Literal["<name>"]`` field and ``num_attention_heads`` (used by the attention rules);
-its check function takes ``(model_config, mesh_sizes)`` (mesh sizes None = not yet known).
+its rules are checked by its runtime interface (:class:`ditax.models.base.ConfigFamily.check`),
+which :func:`ditax.config.validate` calls; this registry only says how to read the YAML.
 
 A second family plugs in without editing this package: its ``ditax/models/<name>/config.py``
-calls :func:`register_model_family` at import, and :func:`model_family` imports that module the
+calls :func:`register_config_family` at import, and :func:`config_family` imports that module the
 first time a config names the family.
 """
 
@@ -14,36 +15,34 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, get_args, get_type_hints
+from typing import get_args, get_type_hints
 
 from ditax.errors import ConfigError, check_choice
 from ditax.models.wan.config import ModelConfig as WanModelConfig
-from ditax.models.wan.config import check_model as check_wan_model
 
 
 @dataclass(frozen=True)
-class ModelFamily:
-    """A registered family: its config class and the function that checks one."""
+class ConfigFamily:
+    """A registered family: the config class its ``model:`` section is read into."""
 
     name: str
     config: type
-    check: Callable[[Any, dict | None], None]
 
 
-_FAMILIES: dict[str, ModelFamily] = {}
+_FAMILIES: dict[str, ConfigFamily] = {}
 
 
-def register_model_family(config_cls: type, check: Callable[[Any, dict | None], None]) -> None:
+def register_config_family(config_cls: type) -> None:
     """Register ``config_cls`` under the name its ``family`` field defaults to."""
     if not dataclasses.is_dataclass(config_cls):
         raise TypeError(f"{config_cls!r} is not a dataclass")
     names = get_args(get_type_hints(config_cls).get("family"))
     if len(names) != 1:
         raise TypeError(f"{config_cls.__name__} needs a field family: Literal['<name>']")
-    _FAMILIES[names[0]] = ModelFamily(names[0], config_cls, check)
+    _FAMILIES[names[0]] = ConfigFamily(names[0], config_cls)
 
 
-def model_family(name: str) -> ModelFamily:
+def config_family(name: str) -> ConfigFamily:
     """The family called ``name``; imports ``ditax.models.<name>.config`` on first use."""
     if name not in _FAMILIES and isinstance(name, str) and name.isidentifier():
         try:
@@ -61,6 +60,6 @@ def family_names() -> list[str]:
     return sorted(_FAMILIES)
 
 
-register_model_family(WanModelConfig, check_wan_model)
+register_config_family(WanModelConfig)
 
-__all__ = ["ModelFamily", "register_model_family", "model_family", "family_names"]
+__all__ = ["ConfigFamily", "register_config_family", "config_family", "family_names"]

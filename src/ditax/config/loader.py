@@ -17,7 +17,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from ditax.config.families import ModelFamily, model_family
+from ditax.config.families import ConfigFamily, config_family
 from ditax.config.keys import check_key, key_types, parse_text, type_error
 from ditax.config.schema import Config
 from ditax.errors import ConfigError
@@ -81,9 +81,9 @@ def _pairs(overrides: list[str] | None) -> list[tuple[str, str]]:
     return out
 
 
-def _family(flat: dict[str, Any], pairs: list[tuple[str, str]]) -> ModelFamily:
+def _family(flat: dict[str, Any], pairs: list[tuple[str, str]]) -> ConfigFamily:
     name = dict(pairs).get("model.family", flat.get("model.family", "wan"))
-    return model_family(str(name).strip())
+    return config_family(str(name).strip())
 
 
 def _apply(flat: dict[str, Any], pairs, types_: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def _root(model_cls: type) -> type[pydantic.BaseModel]:
                                  config=(Config, ...), model=(model_cls, ...))
 
 
-def from_flat(flat: dict[str, Any], family: ModelFamily | None = None,
+def from_flat(flat: dict[str, Any], family: ConfigFamily | None = None,
               given: dict[str, str] | None = None) -> Config:
     """Build a :class:`Config` from dotted keys (unknown keys and wrong types are errors;
     ``given``: the override texts, shown in messages instead of their parsed values)."""

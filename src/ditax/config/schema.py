@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ditax.attention.config import AttentionConfig, check_attention
-from ditax.config.families import model_family
+from ditax.attention.config import AttentionConfig
 from ditax.config.sample import SampleConfig, check_sample
 from ditax.config.training import (
     CheckpointConfig,
@@ -57,9 +56,10 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     """Check every value that can be checked before tracing; each section's owner holds its
     rules. ``num_devices`` adds the mesh rules, ``training`` the batch split. Returns ``cfg``."""
     sizes = None if num_devices is None else resolve_mesh_shape(cfg.mesh, num_devices)
-    model_family(cfg.model.family).check(cfg.model, sizes)
-    check_attention(cfg.attention, num_heads=getattr(cfg.model, "num_attention_heads", None),
-                    mesh_sizes=sizes)
+    # model + attention rules, through the model family's interface (any registered family)
+    from ditax.models.base import model_family
+
+    model_family(cfg.model, cfg.attention).check(sizes)
     check_optim(cfg.optim)
     check_flow(cfg.flow)
     check_data(cfg.data)

@@ -27,6 +27,7 @@ import grain
 import numpy as np
 
 from ditax.config import Config, ConfigError
+from ditax.models.base import model_family
 
 FORMAT = "ditax-latents"
 VERSION = 1
@@ -36,19 +37,15 @@ class DataError(ValueError):
     """The dataset is missing, malformed or does not fit the model; the message says why."""
 
 
-def latent_shape_for(cfg: Config) -> tuple[int, int, int, int]:
-    """Latent ``[C, F, Y, X]`` of a ``data.num_frames × height × width`` video (Wan VAE: 4×8×8)."""
-    from ditax.models.wan.vae.config import WanVAEConfig
-
-    vae = WanVAEConfig()  # the VAE the latents come from (Wan 2.1, Wan 2.2 A14B)
-    tf, sf = vae.temporal_factor, vae.spatial_factor
+def latent_shape_for(cfg: Config) -> tuple[int, ...]:
+    """Latent ``[C, F, Y, X]`` of a ``data.num_frames × height × width`` video (the model
+    family's video encoder decides; Wan: 4k+1 frames, multiples of 8)."""
     d = cfg.data
-    if (d.num_frames - 1) % tf:
-        raise ConfigError(f"data.num_frames={d.num_frames} must be {tf}k+1 (Wan VAE); e.g. "
-                          f"{d.num_frames - (d.num_frames - 1) % tf}")
-    if d.height % sf or d.width % sf:
-        raise ConfigError(f"data.height x width = {d.height}x{d.width} must be multiples of {sf}")
-    return (cfg.model.in_channels, *vae.latent_grid(d.num_frames, d.height, d.width))
+    try:
+        return model_family(cfg.model).latent_shape(d.num_frames, d.height, d.width)
+    except ConfigError as e:
+        raise ConfigError(f"data.num_frames / height / width = {d.num_frames} / {d.height} / "
+                          f"{d.width}: {e}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,18 +107,19 @@ def read_meta(path) -> dict:
 
 def open_source(cfg: Config):
     """The grain random-access source for ``cfg.data.source`` and its sample shapes."""
-    text_shape = (cfg.data.text_len, cfg.model.text_dim)
+    family = model_family(cfg.model)
+    text_shape = (cfg.data.text_len, family.text_dim)
     if cfg.data.source == "synthetic":
         lat = latent_shape_for(cfg)
         return SyntheticSource(lat, text_shape, seed=cfg.seed), lat, text_shape
     meta = read_meta(cfg.data.source)
     lat, txt = tuple(meta["latent_shape"]), tuple(meta["text_shape"])
-    if lat[0] != cfg.model.in_channels:
-        raise DataError(f"dataset latents have {lat[0]} channels but model.in_channels="
-                        f"{cfg.model.in_channels}; preprocess with the model's VAE")
-    if txt[1] != cfg.model.text_dim:
-        raise DataError(f"dataset text embeddings are {txt[1]} wide but model.text_dim="
-                        f"{cfg.model.text_dim}; preprocess with the model's text encoder")
+    if lat[0] != family.latent_channels:
+        raise DataError(f"dataset latents have {lat[0]} channels but the {family.name} model "
+                        f"takes {family.latent_channels}; preprocess with the model's VAE")
+    if txt[1] != family.text_dim:
+        raise DataError(f"dataset text embeddings are {txt[1]} wide but the {family.name} model "
+                        f"takes {family.text_dim}; preprocess with the model's text encoder")
     p = pathlib.Path(cfg.data.source)
     src = grain.sources.ArrayRecordDataSource([str(p / f) for f in meta["files"]])
     return src, lat, txt

@@ -16,14 +16,14 @@ import time
 from dataclasses import dataclass, field
 
 import jax
-import numpy as np
 
-from ditax.config import Config, to_dict, validate
+from ditax.config import Config, ConfigError, to_dict, validate
+from ditax.models.base import model_family
 from ditax.parallel.mesh import make_mesh
 from ditax.train.checkpoint import Checkpointer
 from ditax.train.data import BatchIterator
 from ditax.train.metrics import MetricsWriter, peak_tflops
-from ditax.train.step import Trainer, train_flops_per_sample
+from ditax.train.step import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -46,24 +46,31 @@ def _say(msg: str) -> None:
         print(msg, flush=True)
 
 
-def train(cfg: Config, *, mesh=None, compiler_options: dict | None = None,
-          progress: bool = True, say=_say, on_step=None) -> TrainResult:
+def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: bool = True,
+          say=_say, on_step=None) -> TrainResult:
     """Run (or resume) training as configured; returns the completed step count and losses.
 
-    ``mesh`` overrides the mesh built from ``cfg.mesh``; ``compiler_options`` go to XLA;
+    ``mesh`` overrides the mesh built from ``cfg.mesh``. ``trainer``: a :class:`Trainer` to
+    run with (its mesh and its compiled step), e.g. one kept from an earlier call; it must have
+    been built for the same model / attention / optimiser / objective / seed as ``cfg``.
     ``on_step(step, row)`` is called after each step's metrics (hooks, tests).
     """
     validate(cfg, jax.device_count(), training=True)
+    if trainer is not None:
+        trainer.check_serves(cfg)
+        if mesh is not None and mesh != trainer.mesh:
+            raise ConfigError("train(mesh=..., trainer=...): the mesh differs from the "
+                              "Trainer's; pass one of them")
+        mesh = trainer.mesh
     mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
     out = pathlib.Path(cfg.output_dir)
     pid, nproc = jax.process_index(), jax.process_count()
 
     data = BatchIterator(cfg, pid, nproc)       # checks the dataset before anything compiles
+    family = model_family(cfg.model, cfg.attention)
     if cfg.init_from:
-        from ditax.models.wan.loading import check_architecture
-
-        init_folder = check_architecture(cfg.model, cfg.init_from)
-    trainer = Trainer(cfg, mesh, compiler_options=compiler_options)
+        init_folder = family.weights_folder(cfg.init_from)
+    trainer = trainer if trainer is not None else Trainer(cfg, mesh)
     ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
 
     restored = ckpt.restore_latest(trainer.abstract_state())
@@ -75,13 +82,7 @@ def train(cfg: Config, *, mesh=None, compiler_options: dict | None = None,
         start = 0
         params = None
         if cfg.init_from:
-            from flax import nnx
-
-            from ditax.models.wan.loading import abstract_model, load_weights_into
-
-            model = load_weights_into(abstract_model(cfg.model, cfg.attention, mesh),
-                                      init_folder, cfg.model, mesh)
-            params = nnx.to_pure_dict(nnx.split(model)[1])
+            params = family.load_params(init_folder, mesh)
             say(f"initialised weights from {init_folder}")
         state = trainer.init(params)
         if pid == 0:
@@ -97,10 +98,9 @@ def train(cfg: Config, *, mesh=None, compiler_options: dict | None = None,
         result.state = state
         return result
 
-    flops = train_flops_per_sample(cfg, data.latent_shape, data.text_shape[0]) * cfg.batch_size
+    flops = family.flops_per_sample(data.latent_shape, data.text_shape[0]) * cfg.batch_size
     peak = peak_tflops()
-    tokens_per_sample = int(np.prod([n // p for n, p in zip(data.latent_shape[1:],
-                                                            cfg.model.patch_size)]))
+    tokens_per_sample = family.tokens_per_sample(data.latent_shape)
     writer = MetricsWriter(out, enabled=pid == 0)
 
     stop = {"sig": None}

@@ -3,10 +3,11 @@
 Each video in ``VIDEOS`` (``.mp4 .mov .webm .mkv .avi``) needs a caption: a sidecar
 ``name.txt`` or a line ``{"file": "name.mp4", "caption": "..."}`` in ``VIDEOS/captions.jsonl``.
 Frames are read with ffmpeg (imageio-ffmpeg), scaled to ``--width × --height``, the first
-``--frames`` (4k+1) kept; the pipeline's Wan VAE encodes them (posterior mean, normalised with
-the VAE's latents mean/std — the space the transformer is trained in) and its UMT5 encodes the
-caption padded to ``--text-len`` tokens (zeros past the prompt, mask saved). The result is the
-ArrayRecord dataset of :mod:`ditax.train.data`.
+``--frames`` (Wan: 4k+1) kept; the model family's encoders (Wan: the pipeline's VAE, posterior
+mean normalised with the VAE's latents mean/std — the space the transformer is trained in —
+and its UMT5, captions padded to ``--text-len`` tokens, zeros past the prompt, mask saved)
+turn them into training samples. The result is the ArrayRecord dataset of
+:mod:`ditax.train.data`.
 """
 
 from __future__ import annotations
@@ -70,30 +71,26 @@ def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
 
 
 def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_len=512,
-               dtype="float32", say=print) -> pathlib.Path:
-    """Encode every (video, caption) of ``videos`` into a dataset at ``output``."""
-    import jax.numpy as jnp
-
-    from ditax.models.tokenizer import load_tokenizer
-    from ditax.models.umt5 import encode_prompt, load_text_encoder
-    from ditax.models.wan.vae.config import WanVAEConfig
-    from ditax.models.wan.vae_convert import load_vae
+               dtype="float32", family="wan", say=print) -> pathlib.Path:
+    """Encode every (video, caption) of ``videos`` into a dataset at ``output`` with the
+    encoders of the pipeline folder ``model`` (of model family ``family``)."""
+    from ditax.errors import ConfigError
+    from ditax.models.base import family_class
     from ditax.train.data import DatasetWriter
 
+    fam = family_class(family)
     samples = find_samples(videos)
-    tf = WanVAEConfig().temporal_factor  # checked before the VAE loads; its encode checks again
-    if (frames - 1) % tf:
-        raise ValueError(f"--frames={frames} must be {tf}k+1 (e.g. 81)")
+    try:
+        fam.latent_grid(frames, height, width)
+    except ConfigError as e:
+        raise ValueError(f"--frames / --height / --width = {frames} / {height} / {width}: "
+                         f"{e}") from None
     model = pathlib.Path(model)
-    vae = load_vae(model / "vae" if (model / "vae").is_dir() else model, dtype=dtype)
-    enc = load_text_encoder(model, dtype=dtype)
-    tok = load_tokenizer(model)
+    enc = fam.load_encoders(model, dtype=dtype)
     w = DatasetWriter(output)
     for i, (path, caption) in enumerate(samples):
-        video = jnp.asarray(read_video(path, frames, height, width))[None]
-        lat = vae.normalize_latents(vae.encode(video.astype(dtype)))[0]
-        _, mask = tok.encode([caption], text_len)
-        text = encode_prompt(tok, enc, [caption], text_len)[0]
-        w.add(np.asarray(lat, np.float32), np.asarray(text, np.float32), mask[0])
+        lat = enc.encode_video(read_video(path, frames, height, width)[None])[0]
+        text, mask = enc.encode_text([caption], text_len)
+        w.add(np.asarray(lat, np.float32), np.asarray(text[0], np.float32), mask[0])
         say(f"[{i + 1}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}")
     return w.close({"height": height, "width": width, "frames": frames, "model": str(model)})

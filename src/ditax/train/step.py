@@ -6,11 +6,15 @@ model's parameter tree as nested dicts (``nnx.to_pure_dict``), ``opt`` the optax
 (uint32 [2]). Each step draws its noise from ``fold_in(key, step)``, so the random stream is a
 function of the step number only — resuming reproduces it bit for bit.
 
-Shardings: parameters by the logical rules (:func:`ditax.models.wan.loading.param_shardings`);
-every optimiser leaf that mirrors a parameter takes that parameter's sharding (found by its
-key path); scalars are replicated. The batch is sharded over ``(data, fsdp)``; inside the
-model the token sequence is sharded over ``context``. One ``jax.jit`` with explicit in/out
-shardings and the state donated, so every mesh runs the same program up to layout.
+The model comes from its family (:func:`ditax.models.base.model_family`): the module, the
+parameter shardings and the denoiser call of the loss; nothing here knows which model it is.
+
+Shardings: parameters as the family says (Wan: the logical rules); every optimiser leaf that
+mirrors a parameter takes that parameter's sharding (found by its key path); scalars are
+replicated. The batch is sharded over the batch axes of the mesh. One ``jax.jit`` with
+explicit in/out shardings and the state donated, so every mesh runs the same program up to
+layout. The jitted step belongs to its :class:`Trainer`: reuse the Trainer to reuse the
+compiled step (e.g. ``train(cfg, trainer=tr)`` for runs that differ only in data or output).
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ditax.config import Config, OptimConfig
-from ditax.models.wan.loading import abstract_model, param_shardings
+from ditax.config import Config, ConfigError, OptimConfig
+from ditax.models.base import model_family
 from ditax.parallel.axes import batch_entry
 from ditax.train.loss import flow_loss
 
@@ -91,26 +95,33 @@ def batch_shardings(mesh) -> dict[str, NamedSharding]:
             "text_mask": NamedSharding(mesh, P(b))}
 
 
-_STEP_CACHE: dict = {}
+def program_fields(cfg: Config) -> dict:
+    """The parts of ``cfg`` that decide a Trainer's programs (model, attention, optimiser and
+    schedule, objective, init seed); a Trainer serves any config that agrees on them."""
+    o = cfg.optim
+    steps = cfg.steps if (o.schedule != "constant" and not o.decay_steps) else None
+    return {"model": cfg.model, "attention": cfg.attention, "optim": o, "flow": cfg.flow,
+            "seed": cfg.seed, "steps (sets the decay schedule)": steps}
 
 
 class Trainer:
-    """Holds the graph, optimiser and shardings; builds / inits / steps the train state.
+    """Holds the graph, optimiser, shardings and the jitted step; builds / inits / steps the
+    train state.
 
     ``Trainer(cfg, mesh)``; ``state = trainer.init()``; ``state, metrics = trainer.step(state,
-    batch)`` where batch is a dict of global ``jax.Array`` (see :meth:`put_batch`).
+    batch)`` where batch is a dict of global ``jax.Array`` (see :meth:`put_batch`). The step is
+    compiled on first use and kept by this object, so one Trainer runs many steps (and many
+    :func:`~ditax.train.loop.train` calls) without compiling again.
     """
 
-    def __init__(self, cfg: Config, mesh, compiler_options: dict | None = None):
+    def __init__(self, cfg: Config, mesh):
         self.cfg = cfg
         self.mesh = mesh
-        # e.g. {"xla_backend_optimization_level": 0}: tests use it to compile ~3x faster on CPU
-        self.compiler_options = compiler_options
-        model_abs = abstract_model(cfg.model, cfg.attention, mesh)
-        self.graphdef, abs_state = nnx.split(model_abs)
+        self.family = model_family(cfg.model, cfg.attention)
+        self.graphdef, abs_state = nnx.split(self.family.abstract(mesh))
         self._abs_state = abs_state
         self.params_abstract = nnx.to_pure_dict(abs_state)
-        self.params_sh = param_shardings(self.params_abstract, cfg.model, mesh)
+        self.params_sh = self.family.param_shardings(self.params_abstract, mesh)
         self.tx, self.schedule = make_optimizer(cfg.optim, cfg.steps)
         opt_abs = jax.eval_shape(self.tx.init, self.params_abstract)
         rep = NamedSharding(mesh, P())
@@ -118,22 +129,17 @@ class Trainer:
                          "opt": opt_shardings(opt_abs, self.params_sh, mesh),
                          "step": rep, "key": rep}
         self.batch_sh = batch_shardings(mesh)
-        # Trainers with the same program share one jitted step (and so its compile cache):
-        # a resumed run in the same process, or tests, do not recompile.
-        key = self._program_key()
-        if key not in _STEP_CACHE:
-            _STEP_CACHE[key] = jax.jit(
-                self._step_fn, in_shardings=(self.state_sh, self.batch_sh),
-                out_shardings=(self.state_sh, rep), donate_argnums=(0,),
-                compiler_options=compiler_options)
-        self._step = _STEP_CACHE[key]
+        self._step = jax.jit(self._step_fn, in_shardings=(self.state_sh, self.batch_sh),
+                             out_shardings=(self.state_sh, rep), donate_argnums=(0,))
+        self._init_params = jax.jit(self._random_params, out_shardings=self.params_sh)
 
-    def _program_key(self):
-        c = self.cfg
-        o = c.optim
-        steps = c.steps if (o.schedule != "constant" and not o.decay_steps) else None
-        opts = tuple(sorted((self.compiler_options or {}).items()))
-        return (c.model, c.attention, o, c.flow, steps, self.mesh, opts)
+    def check_serves(self, cfg: Config) -> None:
+        """:class:`ConfigError` unless this Trainer runs the program ``cfg`` asks for."""
+        mine, theirs = program_fields(self.cfg), program_fields(cfg)
+        diff = [k for k in mine if mine[k] != theirs[k]]
+        if diff:
+            raise ConfigError(f"the given Trainer was built for a config that differs in "
+                              f"{', '.join(diff)}; build Trainer(cfg, mesh) for this config")
 
     # -- state -------------------------------------------------------------------------------
 
@@ -148,27 +154,18 @@ class Trainer:
                 "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.state_sh["step"]),
                 "key": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.state_sh["key"])}
 
+    def _random_params(self) -> dict:
+        model = self.family.create(self.mesh, nnx.Rngs(self.cfg.seed))
+        return nnx.to_pure_dict(nnx.split(model)[1])
+
     def init(self, params: dict | None = None) -> dict:
         """Fresh state from ``cfg.seed`` (or from given parameters, e.g. ``init_from``)."""
-        cfg = self.cfg
         if params is None:
-            from ditax.models.wan.transformer import WanTransformer
-
-            ikey = ("init", cfg.model, cfg.attention, cfg.seed, self.mesh,
-                    tuple(sorted((self.compiler_options or {}).items())))
-            if ikey not in _STEP_CACHE:
-                def make():
-                    m = WanTransformer(cfg.model, cfg.attention, self.mesh,
-                                       rngs=nnx.Rngs(cfg.seed))
-                    return nnx.to_pure_dict(nnx.split(m)[1])
-
-                _STEP_CACHE[ikey] = jax.jit(make, out_shardings=self.params_sh,
-                                            compiler_options=self.compiler_options)
-            params = _STEP_CACHE[ikey]()
+            params = self._init_params()
         else:
             params = jax.device_put(params, self.params_sh)
         opt = jax.jit(self.tx.init, out_shardings=self.state_sh["opt"])(params)
-        key = jax.random.key_data(jax.random.PRNGKey(cfg.seed ^ 0x5EED)).astype(jnp.uint32)
+        key = jax.random.key_data(jax.random.PRNGKey(self.cfg.seed ^ 0x5EED)).astype(jnp.uint32)
         rep = self.state_sh["step"]
         return {"params": params, "opt": opt,
                 "step": jax.device_put(jnp.zeros((), jnp.int32), rep),
@@ -183,7 +180,7 @@ class Trainer:
     # -- step --------------------------------------------------------------------------------
 
     def put_batch(self, local: dict) -> dict:
-        """Per-process numpy batch → global arrays sharded over (data, fsdp)."""
+        """Per-process numpy batch → global arrays sharded over the batch axes."""
         out = {}
         n_proc = jax.process_count()
         for k, v in local.items():
@@ -195,7 +192,7 @@ class Trainer:
         model = self.model(params)
 
         def apply(x, t, text, mask):
-            return model(x, t, text, mask)
+            return self.family.apply(model, x, t, text, mask)
 
         return flow_loss(apply, batch["latents"], batch["text"],
                          batch["text_mask"].astype(bool), key, self.cfg.flow)
@@ -218,27 +215,3 @@ class Trainer:
     def lower(self, batch_abstract: dict):
         """``jit(...).lower`` on abstract state and batch (no allocation), for memory analysis."""
         return self._step.lower(self.abstract_state(), batch_abstract)
-
-
-def train_flops_per_sample(cfg: Config, latent_shape, text_len: int) -> float:
-    """Model FLOPs of one training sample (forward + backward = 3 × forward matmul FLOPs).
-
-    Per block, with L video tokens, T text tokens, width D, MLP width M:
-    self-attention 8·L·D² (q, k, v, o) + 4·L²·D (scores and values); cross-attention
-    4·L·D² + 4·T·D² + 4·L·T·D; MLP 4·L·D·M. Plus the patch embedding, text embedder
-    (2·T·Dt·D + 2·T·D²) and output projection. Remat recomputation is not counted (MFU
-    convention: useful FLOPs only).
-    """
-    m = cfg.model
-    c, f, y, x = latent_shape
-    pt, ph, pw = m.patch_size
-    L = (f // pt) * (y // ph) * (x // pw)
-    T = text_len
-    D, M = m.inner_dim, m.ffn_dim
-    patch = c * pt * ph * pw
-    block = (8 * L * D * D + 4 * L * L * D + 4 * L * D * D + 4 * T * D * D + 4 * L * T * D
-             + 4 * L * D * M)
-    fwd = (m.num_layers * block + 2 * L * patch * D + 2 * T * m.text_dim * D + 2 * T * D * D
-           + 2 * L * D * m.out_channels * pt * ph * pw)
-    return 3.0 * fwd
-

@@ -25,7 +25,6 @@ from ditax.parallel.mesh import check_mesh_axes, mesh_config
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
 from ditax.models.wan import convert
-from ditax.models.wan.embeddings import as_dtype
 from ditax.models.wan.transformer import WanTransformer
 from ditax.parallel.rules import param_spec
 

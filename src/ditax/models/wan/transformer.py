@@ -20,15 +20,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import AttentionCall, AttentionPlan, plan_attention
 from ditax.config import AttentionConfig, Config, ModelConfig, validate
-from ditax.models.wan.embeddings import (
-    ConditionEmbedder,
-    FP32LayerNorm,
-    Linear,
-    RMSNorm,
-    apply_rope,
-    as_dtype,
-    rope_cos_sin,
-)
+from ditax.models.wan.embeddings import ConditionEmbedder, rope_cos_sin
+from ditax.nn import FP32LayerNorm, Linear, RMSNorm, apply_rope
 from ditax.parallel.axes import check_batch_divides, check_heads_divide, seq_shards
 from ditax.parallel.mesh import mesh_config
 from ditax.parallel.rules import constrain
@@ -95,7 +88,7 @@ class WanBlock(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs):
         d = cfg.inner_dim
-        pd = as_dtype(cfg.param_dtype)
+        pd = jnp.dtype(cfg.param_dtype)
         self.norm1 = FP32LayerNorm(d, cfg.eps, affine=False, param_dtype=pd)
         self.attn1 = WanAttention(cfg, rngs=rngs)
         self.norm2 = FP32LayerNorm(d, cfg.eps, affine=cfg.cross_attn_norm, param_dtype=pd)
@@ -151,7 +144,7 @@ class WanTransformer(nnx.Module):
             head_dim=cfg.attention_head_dim, dtype=cfg.dtype)
         d = cfg.inner_dim
         pt, ph, pw = cfg.patch_size
-        pd = as_dtype(cfg.param_dtype)
+        pd = jnp.dtype(cfg.param_dtype)
         kw = dict(dtype=cfg.dtype, param_dtype=pd, rngs=rngs)
         fan_in = cfg.in_channels * pt * ph * pw
         self.patch_embedding_kernel = nnx.Param(
@@ -205,7 +198,7 @@ class WanTransformer(nnx.Module):
         """Denoiser prediction for ``latents [B, C, F, Y, X]`` → ``[B, C_out, F, Y, X]``."""
         self.check_inputs(latents, timestep, encoder_hidden_states, text_mask)
         cfg, mesh = self.cfg, self.mesh
-        dt = as_dtype(cfg.dtype)
+        dt = jnp.dtype(cfg.dtype)
         b, c, fr, hh, ww = latents.shape
         pt, ph, pw = cfg.patch_size
         f, y, x = fr // pt, hh // ph, ww // pw

@@ -1,0 +1,145 @@
+"""The model interface of training and preprocessing, and the registry of model families.
+
+A *model family* (Wan today) is a :class:`ModelFamily` subclass bound to one model config
+(and an attention config). ``ditax.train`` reaches a model only through it: build the module
+(randomly, or abstractly under a mesh), the parameter shardings, the denoiser call inside the
+loss, the latent shape of a video, FLOPs and tokens per sample for the metrics, weights for
+``init_from``, and the encoders ``ditax preprocess`` runs. A second family plugs in by
+subclassing, registering with :func:`register_family`, and carrying ``family = "<name>"`` in
+its model config; nothing in ``train/`` changes.
+
+Shapes: latents ``[B, C, F, Y, X]``, timestep ``[B]`` (0…1000), text ``[B, T, Dt]``, text mask
+``[B, T]`` bool (True = token).
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import pathlib
+from typing import Any, ClassVar, Protocol
+
+from flax import nnx
+
+from ditax.errors import ConfigError
+
+DEFAULT_FAMILY = "wan"
+# families that ship with ditax, imported on first use (their module registers them)
+_BUILTIN = {"wan": "ditax.models.wan.family"}
+_FAMILIES: dict[str, type[ModelFamily]] = {}
+
+
+class Encoders(Protocol):
+    """What preprocessing needs from a family: its video encoder and its text encoder."""
+
+    def encode_video(self, video) -> Any:
+        """``[B, 3, F, H, W]`` in ``[-1, 1]`` → latents ``[B, C, F', Y, X]`` in the space the
+        denoiser is trained in."""
+
+    def encode_text(self, captions: list[str], text_len: int) -> tuple[Any, Any]:
+        """Captions → (embeddings ``[B, T, Dt]``, mask ``[B, T]``, 1 = token), ``T = text_len``."""
+
+
+class ModelFamily(abc.ABC):
+    """One model family bound to ``model`` (its config) and ``attention`` (may be None)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, model, attention=None):
+        self.model = model
+        self.attention = attention
+
+    # -- config and shapes ---------------------------------------------------------------------
+
+    def check(self, mesh_sizes: dict[str, int] | None = None) -> None:
+        """Raise :class:`ConfigError` for a model / attention config that cannot be built
+        (``mesh_sizes``: the resolved mesh axis sizes, for divisibility rules)."""
+
+    @property
+    @abc.abstractmethod
+    def latent_channels(self) -> int:
+        """``C`` of the latents the denoiser takes."""
+
+    @property
+    @abc.abstractmethod
+    def text_dim(self) -> int:
+        """``Dt``, the width of the text embeddings the denoiser takes."""
+
+    @classmethod
+    @abc.abstractmethod
+    def latent_grid(cls, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """Latent ``(F, Y, X)`` of a ``num_frames × height × width`` video; :class:`ConfigError`
+        (naming the sizes and the rule) when the family's video encoder cannot take it."""
+
+    def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, ...]:
+        """Latent ``[C, F, Y, X]`` of one video."""
+        return (self.latent_channels,) + tuple(self.latent_grid(num_frames, height, width))
+
+    @abc.abstractmethod
+    def tokens_per_sample(self, latent_shape) -> int:
+        """Sequence length the denoiser sees for latents ``[C, F, Y, X]``."""
+
+    @abc.abstractmethod
+    def flops_per_sample(self, latent_shape, text_len: int) -> float:
+        """Model FLOPs of one training sample (forward + backward, no remat recompute)."""
+
+    # -- the module -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create(self, mesh, rngs: nnx.Rngs) -> nnx.Module:
+        """The denoiser, randomly initialised (traced under ``jit`` / ``eval_shape`` by callers)."""
+
+    def abstract(self, mesh) -> nnx.Module:
+        """The denoiser with ``ShapeDtypeStruct`` parameters (nothing allocated)."""
+        return nnx.eval_shape(lambda: self.create(mesh, nnx.Rngs(0)))
+
+    @abc.abstractmethod
+    def param_shardings(self, params, mesh) -> Any:
+        """``NamedSharding`` tree matching ``params`` (a pure dict or an ``nnx.State``)."""
+
+    def apply(self, module: nnx.Module, latents, timestep, text, text_mask):
+        """The prediction the flow loss compares with ``noise - latents`` (same shape)."""
+        return module(latents, timestep, text, text_mask)
+
+    # -- weights and preprocessing ------------------------------------------------------------
+
+    def weights_folder(self, path) -> pathlib.Path:
+        """The folder at ``path`` holding weights of this architecture (for ``init_from``);
+        :class:`ConfigError` listing what differs."""
+        raise ConfigError(f"init_from={str(path)!r}: model family {self.name!r} has no weights "
+                          f"loader; remove init_from to start from random weights")
+
+    def load_params(self, folder, mesh) -> dict:
+        """Parameters (pure dict, sharded like :meth:`param_shardings`) read from ``folder``."""
+        raise ConfigError(f"model family {self.name!r} cannot load weights from {folder}")
+
+    @classmethod
+    def load_encoders(cls, folder, dtype: str = "float32") -> Encoders:
+        """The video and text encoders of a pipeline folder (for ``ditax preprocess``)."""
+        raise ConfigError(f"model family {cls.name!r} has no encoders for preprocessing")
+
+
+def register_family(cls: type[ModelFamily]) -> type[ModelFamily]:
+    """Class decorator: make ``cls`` the family named ``cls.name``."""
+    _FAMILIES[cls.name] = cls
+    return cls
+
+
+def family_class(name: str) -> type[ModelFamily]:
+    """The registered family called ``name`` (built-in ones are imported on first use)."""
+    if name not in _FAMILIES and name in _BUILTIN:
+        importlib.import_module(_BUILTIN[name])
+    if name not in _FAMILIES:
+        known = sorted(set(_FAMILIES) | set(_BUILTIN))
+        raise ConfigError(f"model.family={name!r} is not a known model family; use one of "
+                          f"{', '.join(known)}")
+    return _FAMILIES[name]
+
+
+def model_family(model, attention=None) -> ModelFamily:
+    """The family of model config ``model`` (its ``family`` field, default Wan), bound to it."""
+    return family_class(getattr(model, "family", DEFAULT_FAMILY))(model, attention)
+
+
+__all__ = ["ModelFamily", "Encoders", "register_family", "family_class", "model_family",
+           "DEFAULT_FAMILY"]

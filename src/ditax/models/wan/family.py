@@ -1,0 +1,128 @@
+"""Wan 2.1 / 2.2 text-to-video as a :class:`~ditax.models.base.ModelFamily`: what training and
+preprocessing need, on top of the transformer, its loader and the Wan VAE / UMT5 encoders."""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax.numpy as jnp
+from flax import nnx
+
+from ditax.errors import ConfigError
+from ditax.models.base import ModelFamily, register_family
+
+
+
+@register_family
+class WanFamily(ModelFamily):
+    """``model``: :class:`ditax.models.wan.config.ModelConfig`; ``attention``: an
+    :class:`~ditax.attention.config.AttentionConfig` (None: ``xla`` everywhere)."""
+
+    name = "wan"
+
+    def check(self, mesh_sizes=None) -> None:
+        from ditax.attention.config import AttentionConfig, check_attention
+        from ditax.models.wan.config import check_model
+
+        check_model(self.model, mesh_sizes)
+        check_attention(self.attention or AttentionConfig(),
+                        num_heads=self.model.num_attention_heads, mesh_sizes=mesh_sizes)
+
+    latent_channels = property(lambda self: self.model.in_channels)     # C of the latents
+    text_dim = property(lambda self: self.model.text_dim)               # Dt of the text
+
+    @classmethod
+    def latent_grid(cls, num_frames, height, width):
+        from ditax.models.wan.vae.config import WanVAEConfig
+
+        vae = WanVAEConfig()    # the VAE Wan 2.1 / 2.2 A14B latents come from
+        tf, sf = vae.temporal_factor, vae.spatial_factor
+        if num_frames < 1 or (num_frames - 1) % tf:
+            raise ConfigError(f"{num_frames} frames: the Wan VAE takes {tf}k+1 frames; e.g. "
+                              f"{max(1, num_frames - (num_frames - 1) % tf)}")
+        if height % sf or width % sf:
+            raise ConfigError(f"height x width = {height}x{width} must be multiples of {sf} "
+                              f"(Wan VAE)")
+        return vae.latent_grid(num_frames, height, width)
+
+    def tokens_per_sample(self, latent_shape) -> int:
+        _, f, y, x = latent_shape
+        pt, ph, pw = self.model.patch_size
+        return (f // pt) * (y // ph) * (x // pw)
+
+    def flops_per_sample(self, latent_shape, text_len: int) -> float:
+        """Forward + backward = 3 × forward matmul FLOPs.
+
+        Per block, with L video tokens, T text tokens, width D, MLP width M:
+        self-attention 8·L·D² (q, k, v, o) + 4·L²·D (scores and values); cross-attention
+        4·L·D² + 4·T·D² + 4·L·T·D; MLP 4·L·D·M. Plus the patch embedding, text embedder
+        (2·T·Dt·D + 2·T·D²) and output projection. Remat recomputation is not counted (MFU
+        convention: useful FLOPs only).
+        """
+        m = self.model
+        c = latent_shape[0]
+        pt, ph, pw = m.patch_size
+        L = self.tokens_per_sample(latent_shape)
+        T = text_len
+        D, M = m.inner_dim, m.ffn_dim
+        patch = c * pt * ph * pw
+        block = (8 * L * D * D + 4 * L * L * D + 4 * L * D * D + 4 * T * D * D + 4 * L * T * D
+                 + 4 * L * D * M)
+        fwd = (m.num_layers * block + 2 * L * patch * D + 2 * T * m.text_dim * D + 2 * T * D * D
+               + 2 * L * D * m.out_channels * pt * ph * pw)
+        return 3.0 * fwd
+
+    # -- module ---------------------------------------------------------------------------------
+
+    def create(self, mesh, rngs: nnx.Rngs):
+        from ditax.models.wan.transformer import WanTransformer
+
+        return WanTransformer(self.model, self.attention, mesh, rngs=rngs)
+
+    def param_shardings(self, params, mesh):
+        from ditax.models.wan.loading import param_shardings
+
+        return param_shardings(params, self.model, mesh)
+
+    # -- weights and encoders -------------------------------------------------------------------
+
+    def weights_folder(self, path) -> pathlib.Path:
+        from ditax.models.wan.loading import check_architecture
+
+        return check_architecture(self.model, path)
+
+    def load_params(self, folder, mesh) -> dict:
+        from ditax.models.wan.loading import load_weights_into
+
+        model = load_weights_into(self.abstract(mesh), folder, self.model, mesh)
+        return nnx.to_pure_dict(nnx.split(model)[1])
+
+    @classmethod
+    def load_encoders(cls, folder, dtype: str = "float32") -> "WanEncoders":
+        return WanEncoders(folder, dtype)
+
+
+class WanEncoders:
+    """A Wan pipeline folder's VAE (``vae/``), UMT5 (``text_encoder/``) and ``tokenizer/``."""
+
+    def __init__(self, folder, dtype: str = "float32"):
+        from ditax.models.tokenizer import load_tokenizer
+        from ditax.models.umt5 import load_text_encoder
+        from ditax.models.wan.vae_convert import load_vae
+
+        folder = pathlib.Path(folder)
+        self.dtype = dtype
+        self.vae = load_vae(folder / "vae" if (folder / "vae").is_dir() else folder, dtype=dtype)
+        self.text_encoder = load_text_encoder(folder, dtype=dtype)
+        self.tokenizer = load_tokenizer(folder)
+
+    def encode_video(self, video):
+        """Posterior mean, normalised with the VAE's latents mean / std."""
+        return self.vae.normalize_latents(self.vae.encode(jnp.asarray(video).astype(self.dtype)))
+
+    def encode_text(self, captions, text_len: int):
+        """UMT5 embeddings padded to ``text_len`` (zeros past each prompt) and the token mask."""
+        from ditax.models.umt5 import encode_prompt
+
+        _, mask = self.tokenizer.encode(captions, text_len)
+        return encode_prompt(self.tokenizer, self.text_encoder, captions, text_len), mask

@@ -1,0 +1,43 @@
+"""Norms over the last axis that compute in float32 (as the diffusers references do)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class RMSNorm(nnx.Module):
+    """RMS norm over the last axis with a learned ``scale``, float32 inside, ``x.dtype`` out."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype):
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.dtype(param_dtype)))
+        self.eps = eps
+
+    def __call__(self, x):
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class FP32LayerNorm(nnx.Module):
+    """LayerNorm computed in float32 (optionally affine); returns float32 like the reference."""
+
+    def __init__(self, dim: int, eps: float, *, affine: bool, param_dtype):
+        self.eps = eps
+        if affine:
+            pd = jnp.dtype(param_dtype)
+            self.scale = nnx.Param(jnp.ones((dim,), pd))
+            self.bias = nnx.Param(jnp.zeros((dim,), pd))
+        else:
+            self.scale = None
+            self.bias = None
+
+    def __call__(self, x):
+        xf = x.astype(jnp.float32)
+        mu = jnp.mean(xf, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
+        y = (xf - mu) * jax.lax.rsqrt(var + self.eps)
+        if self.scale is not None:
+            y = y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+        return y
