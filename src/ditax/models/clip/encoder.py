@@ -27,7 +27,7 @@ from flax import nnx
 
 from ditax.attention import attend
 from ditax.errors import ConfigError, RequestError, check_choice
-from ditax.models.wan.embeddings import FP32LayerNorm, Linear, as_dtype
+from ditax.nn import FP32LayerNorm, Linear
 
 # transformers' ``hidden_act`` names (ACT2FN) → JAX functions.
 ACTIVATIONS = {
@@ -98,7 +98,7 @@ class CLIPVisionConfig:
 
 
 def _layer_norm(dim: int, cfg: CLIPVisionConfig) -> FP32LayerNorm:
-    return FP32LayerNorm(dim, cfg.layer_norm_eps, affine=True, param_dtype=as_dtype(cfg.dtype))
+    return FP32LayerNorm(dim, cfg.layer_norm_eps, affine=True, param_dtype=jnp.dtype(cfg.dtype))
 
 
 class CLIPVisionEmbeddings(nnx.Module):
@@ -106,7 +106,7 @@ class CLIPVisionEmbeddings(nnx.Module):
     plus position embeddings. The stride-``p`` convolution is a patchify + einsum (same sums)."""
 
     def __init__(self, cfg: CLIPVisionConfig, rngs: nnx.Rngs):
-        p, d, dt = cfg.patch_size, cfg.hidden_size, as_dtype(cfg.dtype)
+        p, d, dt = cfg.patch_size, cfg.hidden_size, jnp.dtype(cfg.dtype)
         init = nnx.initializers.normal(0.02)
         self.class_embedding = nnx.Param(init(rngs.params(), (d,), dt))
         self.patch_embedding = nnx.Param(init(rngs.params(), (p, p, cfg.num_channels, d), dt))
@@ -121,7 +121,7 @@ class CLIPVisionEmbeddings(nnx.Module):
                 f"pixel_values must be [B, {cfg.num_channels}, {cfg.image_size}, "
                 f"{cfg.image_size}] for this encoder; got {tuple(pixel_values.shape)} "
                 f"(preprocess images with ditax.models.clip.preprocess_images)")
-        dt = as_dtype(cfg.dtype)
+        dt = jnp.dtype(cfg.dtype)
         p, g = cfg.patch_size, cfg.grid
         x = pixel_values[:, :, :g * p, :g * p].astype(dt).reshape(b, c, g, p, g, p)
         patches = jnp.einsum("bcyqxr,qrcd->byxd", x, self.patch_embedding[...].astype(dt))
@@ -134,7 +134,7 @@ class CLIPAttention(nnx.Module):
     """Bidirectional multi-head self-attention with biased projections, ``[B, L, D]``."""
 
     def __init__(self, cfg: CLIPVisionConfig, rngs: nnx.Rngs, attention: str = "xla"):
-        d, dt = cfg.hidden_size, as_dtype(cfg.dtype)
+        d, dt = cfg.hidden_size, jnp.dtype(cfg.dtype)
         kw = dict(dtype=dt, param_dtype=dt, rngs=rngs)
         self.q_proj, self.k_proj = Linear(d, d, **kw), Linear(d, d, **kw)
         self.v_proj, self.out_proj = Linear(d, d, **kw), Linear(d, d, **kw)
@@ -153,7 +153,7 @@ class CLIPMLP(nnx.Module):
     """``fc2(act(fc1 x))``, ``[B, L, D] → [B, L, M] → [B, L, D]``."""
 
     def __init__(self, cfg: CLIPVisionConfig, rngs: nnx.Rngs):
-        dt = as_dtype(cfg.dtype)
+        dt = jnp.dtype(cfg.dtype)
         kw = dict(dtype=dt, param_dtype=dt, rngs=rngs)
         self.fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, **kw)
         self.fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, **kw)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from ditax.io.convert import CONV2D, ID, TRANSPOSE, Row, Table, load_params
@@ -20,7 +21,6 @@ from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
 from ditax.models.clip.encoder import CLIPVisionConfig, CLIPVisionEncoder
 from ditax.models.clip.preprocess import CLIPImageProcessorConfig, preprocess_images
-from ditax.models.wan.embeddings import as_dtype
 
 _PREFIX = "vision_model."
 
@@ -73,7 +73,7 @@ def load_image_encoder(path, dtype="float32", attention: str = "xla") -> CLIPVis
     abstract = nnx.eval_shape(lambda: CLIPVisionEncoder(cfg, rngs=nnx.Rngs(0),
                                                         attention=attention))
     graphdef, state = nnx.split(abstract)
-    state = load_params(weight_table(cfg), Weights.open(folder), state, as_dtype(dtype))
+    state = load_params(weight_table(cfg), Weights.open(folder), state, jnp.dtype(dtype))
     return nnx.merge(graphdef, state)
 
 
