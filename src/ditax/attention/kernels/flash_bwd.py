@@ -41,6 +41,15 @@ _NT = (((1,), (1,)), ((), ()))   # A Bᵀ: contract both minor dims
 _NN = (((1,), (0,)), ((), ()))   # A B
 
 
+def _dot(a, b, dims):
+    """MXU product in the operands' dtype with float32 accumulation. The precision is pinned
+    (not left to ``jax_default_matmul_precision``): under "highest" Mosaic refuses bf16
+    operands ("Bad lhs type", libtpu 0.0.42.1); float32 operands keep full float32 accuracy."""
+    prec = (jax.lax.Precision.HIGHEST if a.dtype == jnp.float32
+            else jax.lax.Precision.DEFAULT)
+    return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
+
+
 def _dq_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dq_ref, acc_sc, *,
                scale: float):
     """One (query block, key block) tile; grid axis 3 walks the keys, dq accumulates."""
@@ -53,13 +62,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dq_ref
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]   # [bq|bkv, K]
     lse = lse_ref[...]                                              # [bq, 1]
     lse = jnp.where(lse == NEG_INF, jnp.inf, lse)                   # empty row: P = 0
-    s = jax.lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * scale
+    s = _dot(q, k, _NT) * scale
     s = jnp.where(keep_ref[...] != 0, s, NEG_INF)                   # keep [1, bkv]
     p = jnp.exp(s - lse)                                            # [bq, bkv]
-    dp = jax.lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
+    dp = _dot(do, v, _NT)
     ds = p * (dp - delta_ref[...])
-    acc_sc[...] += jax.lax.dot_general(ds.astype(k.dtype), k, _NN,
-                                       preferred_element_type=jnp.float32)
+    acc_sc[...] += _dot(ds.astype(k.dtype), k, _NN)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -79,15 +87,13 @@ def _dkv_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_re
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     lse = lse_ref[...]                                              # [1, bq]
     lse = jnp.where(lse == NEG_INF, jnp.inf, lse)
-    st = jax.lax.dot_general(k, q, _NT, preferred_element_type=jnp.float32) * scale
+    st = _dot(k, q, _NT) * scale
     st = jnp.where(keep_ref[...] != 0, st, NEG_INF)                 # keep [bkv, 1]
     pt = jnp.exp(st - lse)                                          # [bkv, bq]
-    dv_sc[...] += jax.lax.dot_general(pt.astype(do.dtype), do, _NN,
-                                      preferred_element_type=jnp.float32)
-    dpt = jax.lax.dot_general(v, do, _NT, preferred_element_type=jnp.float32)
+    dv_sc[...] += _dot(pt.astype(do.dtype), do, _NN)
+    dpt = _dot(v, do, _NT)
     dst = pt * (dpt - delta_ref[...])                               # delta [1, bq]
-    dk_sc[...] += jax.lax.dot_general(dst.astype(q.dtype), q, _NN,
-                                      preferred_element_type=jnp.float32)
+    dk_sc[...] += _dot(dst.astype(q.dtype), q, _NN)
 
     @pl.when(i == pl.num_programs(3) - 1)
     def _finish():
