@@ -169,7 +169,9 @@ def _compile(device, L, U, *, block=512, N=2, K=128, bwd_only=False):
         return jax.jit(bwd).lower(x, x, x, keep, x, lse, x, lse).compile().as_text()
 
     def grads(q, k, v, keep):   # keep: the padded keys past L are 0 in a real call
-        loss = lambda *a: _loss(*_core(*a, keep, None, None, K ** -0.5, b, b, False), 1.0)  # noqa: E731
+        def loss(q, k, v):
+            return _loss(*_core(q, k, v, keep, None, None, K ** -0.5, b, b, False), 1.0)
+
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
     with jax.default_matmul_precision("default"):

@@ -15,17 +15,13 @@ merge differentiates through):
 - **dk/dv kernel**, grid ``(B, N, Uk·Lk_c/bkv, U·Lc/bq)``, queries innermost and sequential,
   computed transposed (``Sᵀ = k qᵀ``, ``[bkv, bq]``) so every matmul is a plain or
   ``A Bᵀ`` MXU product (no transposed-LHS operand): ``dv += Pᵀ dO``, ``dk += dSᵀ q`` in
-  ``[bkv, K]`` float32 accumulators. lse/delta enter it as lane rows ``[1, bq]`` and the mask
-  as a sublane column ``[bkv, 1]``.
+  ``[bkv, K]`` float32 accumulators.
 
 MXU operands stay in the input dtype (bf16 in, P and dS cast to it) with float32 accumulation
-(``preferred_element_type``); no ``Precision.HIGHEST``. Rows whose keys are all masked
-(lse = -inf) get ``P = 0`` and contribute nothing.
-
-Small per-row vectors use layouts whose two minor block dims equal the array's (``[..., n, 1,
-b]`` / ``[..., n, b, 1]``), because Pallas TPU takes a block's last two dims only when they are
-multiples of (8, 128) or the whole axis: these lower for every block that is a multiple of 8
-(checked by deviceless v6e compiles, tests/test_flash_bwd.py).
+and a pinned precision (:func:`~ditax.attention.kernels.mosaic.mxu_dot`). Rows whose keys are
+all masked (lse = -inf) get ``P = 0`` and contribute nothing. Per-row vectors (lse, delta, the
+key mask) enter as lane rows ``[..., n, 1, b]`` (see :mod:`ditax.attention.kernels.mosaic`:
+they lower for every block that is a multiple of 8 and are compact in HBM).
 """
 
 from __future__ import annotations
@@ -36,18 +32,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ditax.attention.kernels.mosaic import NN, NT, as_column, mxu_dot
+
 NEG_INF = float("-inf")
-_NT = (((1,), (1,)), ((), ()))   # A Bᵀ: contract both minor dims
-_NN = (((1,), (0,)), ((), ()))   # A B
-
-
-def _dot(a, b, dims):
-    """MXU product in the operands' dtype with float32 accumulation. The precision is pinned
-    (not left to ``jax_default_matmul_precision``): under "highest" Mosaic refuses bf16
-    operands ("Bad lhs type", libtpu 0.0.42.1); float32 operands keep full float32 accuracy."""
-    prec = (jax.lax.Precision.HIGHEST if a.dtype == jnp.float32
-            else jax.lax.Precision.DEFAULT)
-    return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dq_ref, acc_sc, *,
@@ -60,14 +47,14 @@ def _dq_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dq_ref
         acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
 
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]   # [bq|bkv, K]
-    lse = lse_ref[...]                                              # [bq, 1]
+    lse = as_column(lse_ref)                                        # [bq, 1]
     lse = jnp.where(lse == NEG_INF, jnp.inf, lse)                   # empty row: P = 0
-    s = _dot(q, k, _NT) * scale
+    s = mxu_dot(q, k, NT) * scale
     s = jnp.where(keep_ref[...] != 0, s, NEG_INF)                   # keep [1, bkv]
     p = jnp.exp(s - lse)                                            # [bq, bkv]
-    dp = _dot(do, v, _NT)
-    ds = p * (dp - delta_ref[...])
-    acc_sc[...] += _dot(ds.astype(k.dtype), k, _NN)
+    dp = mxu_dot(do, v, NT)
+    ds = p * (dp - as_column(delta_ref))
+    acc_sc[...] += mxu_dot(ds.astype(k.dtype), k, NN)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -86,19 +73,35 @@ def _dkv_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_re
 
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     lse = lse_ref[...]                                              # [1, bq]
-    lse = jnp.where(lse == NEG_INF, jnp.inf, lse)
-    st = _dot(k, q, _NT) * scale
-    st = jnp.where(keep_ref[...] != 0, st, NEG_INF)                 # keep [bkv, 1]
+    lse = jnp.where(lse == NEG_INF, jnp.inf, lse)                   # empty row: P = 0
+    st = mxu_dot(k, q, NT) * scale
+    st = jnp.where(as_column(keep_ref) != 0, st, NEG_INF)           # keep [bkv, 1]
     pt = jnp.exp(st - lse)                                          # [bkv, bq]
-    dv_sc[...] += _dot(pt.astype(do.dtype), do, _NN)
-    dpt = _dot(v, do, _NT)
+    dv_sc[...] += mxu_dot(pt.astype(do.dtype), do, NN)
+    dpt = mxu_dot(v, do, NT)
     dst = pt * (dpt - delta_ref[...])                               # delta [1, bq]
-    dk_sc[...] += _dot(dst.astype(q.dtype), q, _NN)
+    dk_sc[...] += mxu_dot(dst.astype(q.dtype), q, NN)
 
     @pl.when(i == pl.num_programs(3) - 1)
     def _finish():
         dk_ref[...] = (dk_sc[...] * scale).astype(dk_ref.dtype)
         dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
+
+
+def _cost(*, q, k, n_q, n_kv, matmuls, resident_q):
+    """What XLA's cost analysis should count for one kernel (it sees a custom call otherwise):
+    ``matmuls`` products of ``2 B N Lq Lk K`` flops, one exp per score, and HBM traffic — the
+    resident side (q and dO for dq; k and v for dk/dv) read and its gradient written once, the
+    streamed side read once per resident block."""
+    U, B, N, Lc, K = q.shape
+    Lq, Lk = U * Lc, k.shape[0] * k.shape[3]
+    q_bytes, k_bytes = q.size * q.dtype.itemsize, k.size * k.dtype.itemsize
+    if resident_q:
+        traffic = 3 * q_bytes + n_q * 2 * k_bytes
+    else:
+        traffic = 4 * k_bytes + n_kv * 2 * q_bytes
+    return pl.CostEstimate(flops=matmuls * 2 * B * N * Lq * Lk * K,
+                           transcendentals=B * N * Lq * Lk, bytes_accessed=int(traffic))
 
 
 def softmax_delta(o, do, dlse):
@@ -126,14 +129,12 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
     nq, nkv = Lc // block_q, Lkc // block_kv
     if delta is None:
         delta = softmax_delta(o, do, dlse)
-    lse = lse.astype(jnp.float32)
-    # per-row vectors: columns [.., Lc, 1] for the dq kernel, rows [.., nq, 1, bq] for dk/dv;
-    # mask: rows [B, Uk*nkv, 1, bkv] for dq, columns [B, Uk*nkv, bkv, 1] for dk/dv.
+    # Per-row vectors as lane rows: lse/delta [U, B, N, nq, 1, bq], mask [B, Uk*nkv, 1, bkv]
+    # (free reshapes; compact (1, 128)-tiled in HBM, where a [.., L, 1] column is padded to
+    # 128 lanes). Kernels turn a row into a column where they need one.
+    lse_row = lse.astype(jnp.float32).reshape(U, B, N, nq, 1, block_q)
+    delta_row = delta.reshape(U, B, N, nq, 1, block_q)
     keep_row = kv_keep.astype(jnp.int32).reshape(B, Uk * nkv, 1, block_kv)
-    keep_col = keep_row.reshape(B, Uk * nkv, block_kv, 1)
-
-    def rows(x):
-        return x.reshape(U, B, N, nq, 1, block_q)
 
     sq = pl.squeezed
     div, rem = jax.lax.div, jax.lax.rem   # (no floor-division sign fix-ups in index maps)
@@ -146,32 +147,35 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
         return div(j, nkv), b, h, rem(j, nkv), 0
 
     q_blk, kv_blk = (sq, sq, sq, block_q, K), (sq, sq, sq, block_kv, K)
-    col_blk, row_blk = (sq, sq, sq, block_q, 1), (sq, sq, sq, sq, 1, block_q)
+    row_blk, keep_blk = (sq, sq, sq, sq, 1, block_q), (sq, sq, 1, block_kv)
     params = pltpu.CompilerParams(
         dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+    args = (q, k, v, keep_row, do, lse_row, delta_row)
+    cost = functools.partial(_cost, q=q, k=k, n_q=U * nq, n_kv=Uk * nkv)
 
     # dq: grid (b, h, i = query block, j = key block)
     q_spec = pl.BlockSpec(q_blk, lambda b, h, i, j: q_at(b, h, i))
     kv_spec = pl.BlockSpec(kv_blk, lambda b, h, i, j: kv_at(b, h, j))
-    col_spec = pl.BlockSpec(col_blk, lambda b, h, i, j: q_at(b, h, i))
-    keep_spec = pl.BlockSpec((sq, sq, 1, block_kv), lambda b, h, i, j: (b, j, 0, 0))
+    row_spec = pl.BlockSpec(row_blk, lambda b, h, i, j: q_at(b, h, i) + (0,))
+    keep_spec = pl.BlockSpec(keep_blk, lambda b, h, i, j: (b, j, 0, 0))
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, scale=float(scale)),
         grid=(B, N, U * nq, Uk * nkv),
-        in_specs=[q_spec, kv_spec, kv_spec, keep_spec, q_spec, col_spec, col_spec],
+        in_specs=[q_spec, kv_spec, kv_spec, keep_spec, q_spec, row_spec, row_spec],
         out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_shapes=[pltpu.VMEM((block_q, K), jnp.float32)],
         compiler_params=params,
         interpret=interpret,
         name="ditax_flash_bwd_dq",
-    )(q, k, v, keep_row, do, lse, delta)
+        cost_estimate=cost(matmuls=3, resident_q=True),
+    )(*args)
 
     # dk/dv: grid (b, h, j = key block, i = query block)
     q_spec = pl.BlockSpec(q_blk, lambda b, h, j, i: q_at(b, h, i))
     kv_spec = pl.BlockSpec(kv_blk, lambda b, h, j, i: kv_at(b, h, j))
     row_spec = pl.BlockSpec(row_blk, lambda b, h, j, i: q_at(b, h, i) + (0,))
-    keep_spec = pl.BlockSpec((sq, sq, block_kv, 1), lambda b, h, j, i: (b, j, 0, 0))
+    keep_spec = pl.BlockSpec(keep_blk, lambda b, h, j, i: (b, j, 0, 0))
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, scale=float(scale)),
         grid=(B, N, Uk * nkv, U * nq),
@@ -184,7 +188,8 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
         compiler_params=params,
         interpret=interpret,
         name="ditax_flash_bwd_dkv",
-    )(q, k, v, keep_col, do, rows(lse), rows(delta))
+        cost_estimate=cost(matmuls=4, resident_q=False),
+    )(*args)
     return dq, dk, dv
 
 
