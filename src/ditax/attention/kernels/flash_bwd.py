@@ -1,0 +1,223 @@
+"""Pallas flash-attention backward kernels over the *shard-major* layout (FlashAttention-2).
+
+Same layouts as the forward kernel (:mod:`ditax.attention.kernels.flash_fwd`):
+q, o, dO ``[U, B, N, Lc, K]``; k, v ``[Uk, B, N, Lk_c, K]``; kv_keep ``[B, Uk, Lk_c]`` int32
+(1 = attend); lse, dlse ``[U, B, N, Lc, 1]`` float32. Keys are walked shard-major (shard
+``j // (Lk_c/block_kv)``, block inside it), queries likewise, so gradients land in the layout
+the Ulysses exchange sends back with no relayout.
+
+With ``P = exp(S - lse)`` recomputed per tile and ``delta = sum(dO * o) - dlse`` (one
+elementwise jnp pass; ``dlse`` is the cotangent of the returned log-sum-exp, which a ring
+merge differentiates through):
+
+- **dq kernel**, grid ``(B, N, U·Lc/bq, Uk·Lk_c/bkv)``, keys innermost and sequential:
+  ``dS = P * (dO vᵀ - delta)``, ``dq += dS k`` in a ``[bq, K]`` float32 VMEM accumulator.
+- **dk/dv kernel**, grid ``(B, N, Uk·Lk_c/bkv, U·Lc/bq)``, queries innermost and sequential,
+  computed transposed (``Sᵀ = k qᵀ``, ``[bkv, bq]``) so every matmul is a plain or
+  ``A Bᵀ`` MXU product (no transposed-LHS operand): ``dv += Pᵀ dO``, ``dk += dSᵀ q`` in
+  ``[bkv, K]`` float32 accumulators.
+
+MXU operands stay in the input dtype (bf16 in, P and dS cast to it) with float32 accumulation
+and a pinned precision (:func:`~ditax.attention.kernels.mosaic.mxu_dot`). Rows whose keys are
+all masked (lse = -inf) get ``P = 0`` and contribute nothing. Per-row vectors (lse, delta, the
+key mask) enter as lane rows ``[..., n, 1, b]`` (see :mod:`ditax.attention.kernels.mosaic`:
+they lower for every block that is a multiple of 8 and are compact in HBM).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from ditax.attention.kernels.mosaic import NN, NT, as_column, mxu_dot
+
+NEG_INF = float("-inf")
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dq_ref, acc_sc, *,
+               scale: float):
+    """One (query block, key block) tile; grid axis 3 walks the keys, dq accumulates."""
+    j = pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _init():
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+    q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]   # [bq|bkv, K]
+    lse = as_column(lse_ref)                                        # [bq, 1]
+    lse = jnp.where(lse == NEG_INF, jnp.inf, lse)                   # empty row: P = 0
+    s = mxu_dot(q, k, NT) * scale
+    s = jnp.where(keep_ref[...] != 0, s, NEG_INF)                   # keep [1, bkv]
+    p = jnp.exp(s - lse)                                            # [bq, bkv]
+    dp = mxu_dot(do, v, NT)
+    ds = p * (dp - as_column(delta_ref))
+    acc_sc[...] += mxu_dot(ds.astype(k.dtype), k, NN)
+
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        dq_ref[...] = (acc_sc[...] * scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+                dk_sc, dv_sc, *, scale: float):
+    """One (key block, query block) tile, transposed; grid axis 3 walks the queries."""
+    i = pl.program_id(3)
+
+    @pl.when(i == 0)
+    def _init():
+        dk_sc[...] = jnp.zeros(dk_sc.shape, jnp.float32)
+        dv_sc[...] = jnp.zeros(dv_sc.shape, jnp.float32)
+
+    q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+    lse = lse_ref[...]                                              # [1, bq]
+    lse = jnp.where(lse == NEG_INF, jnp.inf, lse)                   # empty row: P = 0
+    st = mxu_dot(k, q, NT) * scale
+    st = jnp.where(as_column(keep_ref) != 0, st, NEG_INF)           # keep [bkv, 1]
+    pt = jnp.exp(st - lse)                                          # [bkv, bq]
+    dv_sc[...] += mxu_dot(pt.astype(do.dtype), do, NN)
+    dpt = mxu_dot(v, do, NT)
+    dst = pt * (dpt - delta_ref[...])                               # delta [1, bq]
+    dk_sc[...] += mxu_dot(dst.astype(q.dtype), q, NN)
+
+    @pl.when(i == pl.num_programs(3) - 1)
+    def _finish():
+        dk_ref[...] = (dk_sc[...] * scale).astype(dk_ref.dtype)
+        dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
+
+
+def _cost(*, q, k, n_q, n_kv, matmuls, resident_q):
+    """What XLA's cost analysis should count for one kernel (it sees a custom call otherwise):
+    ``matmuls`` products of ``2 B N Lq Lk K`` flops, one exp per score, and HBM traffic — the
+    resident side (q and dO for dq; k and v for dk/dv) read and its gradient written once, the
+    streamed side read once per resident block."""
+    U, B, N, Lc, K = q.shape
+    Lq, Lk = U * Lc, k.shape[0] * k.shape[3]
+    q_bytes, k_bytes = q.size * q.dtype.itemsize, k.size * k.dtype.itemsize
+    if resident_q:
+        traffic = 3 * q_bytes + n_q * 2 * k_bytes
+    else:
+        traffic = 4 * k_bytes + n_kv * 2 * q_bytes
+    return pl.CostEstimate(flops=matmuls * 2 * B * N * Lq * Lk * K,
+                           transcendentals=B * N * Lq * Lk, bytes_accessed=int(traffic))
+
+
+def softmax_delta(o, do, dlse):
+    """``delta = sum(dO * o, K) - dlse``, float32 ``[U, B, N, Lc, 1]`` (the row term of dS)."""
+    f32 = jnp.float32
+    return jnp.sum(do.astype(f32) * o.astype(f32), axis=-1, keepdims=True) - dlse.astype(f32)
+
+
+def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: float,
+                               block_q: int, block_kv: int, interpret: bool, delta=None):
+    """Gradients of the flash forward w.r.t. q, k, v (two Pallas kernels).
+
+    Args: the forward's inputs and outputs in its layouts (module docstring) plus the
+    cotangents ``do`` ``[U, B, N, Lc, K]`` and ``dlse`` ``[U, B, N, Lc, 1]``; ``delta`` may
+    be passed when already computed (:func:`softmax_delta`). ``lse`` is the *final* one (after
+    any ``o_prev`` continuation); the ``o_prev``/``lse_prev`` terms are in
+    :func:`prev_cotangents`. Requires ``Lc % block_q == 0`` and ``Lk_c % block_kv == 0``.
+    Returns ``(dq, dk, dv)`` in the dtypes and layouts of q, k, v.
+    """
+    U, B, N, Lc, K = q.shape
+    Uk, Lkc = k.shape[0], k.shape[3]
+    if Lc % block_q or Lkc % block_kv:
+        raise ValueError(f"flash backward: shard lengths Lq_c={Lc}, Lk_c={Lkc} must be multiples "
+                         f"of block_q={block_q} and block_kv={block_kv} (pad first)")
+    nq, nkv = Lc // block_q, Lkc // block_kv
+    if delta is None:
+        delta = softmax_delta(o, do, dlse)
+    # Per-row vectors as lane rows: lse/delta [U, B, N, nq, 1, bq], mask [B, Uk*nkv, 1, bkv]
+    # (free reshapes; compact (1, 128)-tiled in HBM, where a [.., L, 1] column is padded to
+    # 128 lanes). Kernels turn a row into a column where they need one.
+    lse_row = lse.astype(jnp.float32).reshape(U, B, N, nq, 1, block_q)
+    delta_row = delta.reshape(U, B, N, nq, 1, block_q)
+    keep_row = kv_keep.astype(jnp.int32).reshape(B, Uk * nkv, 1, block_kv)
+
+    sq = pl.squeezed
+    div, rem = jax.lax.div, jax.lax.rem   # (no floor-division sign fix-ups in index maps)
+    from jax.experimental.pallas import tpu as pltpu
+
+    def q_at(b, h, i):
+        return div(i, nq), b, h, rem(i, nq), 0
+
+    def kv_at(b, h, j):
+        return div(j, nkv), b, h, rem(j, nkv), 0
+
+    q_blk, kv_blk = (sq, sq, sq, block_q, K), (sq, sq, sq, block_kv, K)
+    row_blk, keep_blk = (sq, sq, sq, sq, 1, block_q), (sq, sq, 1, block_kv)
+    params = pltpu.CompilerParams(
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+    args = (q, k, v, keep_row, do, lse_row, delta_row)
+    cost = functools.partial(_cost, q=q, k=k, n_q=U * nq, n_kv=Uk * nkv)
+
+    # dq: grid (b, h, i = query block, j = key block)
+    q_spec = pl.BlockSpec(q_blk, lambda b, h, i, j: q_at(b, h, i))
+    kv_spec = pl.BlockSpec(kv_blk, lambda b, h, i, j: kv_at(b, h, j))
+    row_spec = pl.BlockSpec(row_blk, lambda b, h, i, j: q_at(b, h, i) + (0,))
+    keep_spec = pl.BlockSpec(keep_blk, lambda b, h, i, j: (b, j, 0, 0))
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, scale=float(scale)),
+        grid=(B, N, U * nq, Uk * nkv),
+        in_specs=[q_spec, kv_spec, kv_spec, keep_spec, q_spec, row_spec, row_spec],
+        out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_shapes=[pltpu.VMEM((block_q, K), jnp.float32)],
+        compiler_params=params,
+        interpret=interpret,
+        name="ditax_flash_bwd_dq",
+        cost_estimate=cost(matmuls=3, resident_q=True),
+    )(*args)
+
+    # dk/dv: grid (b, h, j = key block, i = query block)
+    q_spec = pl.BlockSpec(q_blk, lambda b, h, j, i: q_at(b, h, i))
+    kv_spec = pl.BlockSpec(kv_blk, lambda b, h, j, i: kv_at(b, h, j))
+    row_spec = pl.BlockSpec(row_blk, lambda b, h, j, i: q_at(b, h, i) + (0,))
+    keep_spec = pl.BlockSpec(keep_blk, lambda b, h, j, i: (b, j, 0, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, scale=float(scale)),
+        grid=(B, N, Uk * nkv, U * nq),
+        in_specs=[q_spec, kv_spec, kv_spec, keep_spec, q_spec, row_spec, row_spec],
+        out_specs=[kv_spec, kv_spec],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        scratch_shapes=[pltpu.VMEM((block_kv, K), jnp.float32),
+                        pltpu.VMEM((block_kv, K), jnp.float32)],
+        compiler_params=params,
+        interpret=interpret,
+        name="ditax_flash_bwd_dkv",
+        cost_estimate=cost(matmuls=4, resident_q=False),
+    )(*args)
+    return dq, dk, dv
+
+
+def prev_cotangents(o_prev, lse_prev, lse, do, delta):
+    """Cotangents of a continued partial: ``o = w o_prev + sum_j P_j v_j`` with
+    ``w = exp(lse_prev - lse)``, so ``d o_prev = w dO`` and
+    ``d lse_prev = w (dO . o_prev - delta)``. Elementwise, in jnp; shapes as o / lse.
+    Returns ``(d_o_prev, d_lse_prev)`` in the dtypes of o_prev / lse_prev.
+    """
+    f32 = jnp.float32
+    lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)
+    w = jnp.where(jnp.isfinite(lse_prev), jnp.exp(lse_prev.astype(f32) - lse_safe), 0.0)
+    d_o_prev = w * do.astype(f32)
+    d_lse_prev = w * (jnp.sum(do.astype(f32) * o_prev.astype(f32), axis=-1, keepdims=True)
+                      - delta)
+    return d_o_prev.astype(o_prev.dtype), d_lse_prev.astype(lse_prev.dtype)
+
+
+def flash_core_bwd(scale, block_q, block_kv, interpret, res, cts):
+    """Drop-in for ``flash._core_bwd`` (same arguments, same residuals and return tuple):
+    ``(dq, dk, dv, None[keep], d_o_prev, d_lse_prev)``, the last two None without o_prev."""
+    q, k, v, keep, o_prev, lse_prev, o, lse = res
+    do, dlse = cts
+    delta = softmax_delta(o, do, dlse)
+    dq, dk, dv = flash_backward_shard_major(q, k, v, keep, o, lse, do, dlse, scale=scale,
+                                            block_q=block_q, block_kv=block_kv,
+                                            interpret=interpret, delta=delta)
+    d_prev = (None, None)
+    if o_prev is not None:
+        d_prev = prev_cotangents(o_prev, lse_prev, lse.astype(jnp.float32), do, delta)
+    return (dq, dk, dv, None) + d_prev
