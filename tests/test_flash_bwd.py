@@ -148,12 +148,9 @@ def _padded(L, U, block):
 
 
 def _compile(device, L, U, *, block=512, N=2, K=128, bwd_only=False):
-    """Compiled HLO text of forward + backward (or the backward alone) for one v6e device.
-
-    The forward kernel leaves its matmul precision to ``jax_default_matmul_precision``, which
-    this suite sets to "highest", and Mosaic then refuses bf16 operands ("Bad lhs type"), so
-    forward + backward compile under "default" (drop that once flash_fwd pins its precision as
-    the backward does); the backward alone compiles under the suite's setting."""
+    """Compiled HLO text of forward + backward (or the backward alone) for one v6e device,
+    under the suite's ``jax_default_matmul_precision="highest"`` (both kernels pin their own
+    matmul precision per dtype, which Mosaic needs for bf16 operands)."""
     mesh = jax.sharding.Mesh(np.array([device]), ("x",))
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     Lc, b = _padded(L, U, block)
@@ -174,8 +171,7 @@ def _compile(device, L, U, *, block=512, N=2, K=128, bwd_only=False):
 
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
-    with jax.default_matmul_precision("default"):
-        return jax.jit(grads).lower(x, x, x, keep).compile().as_text()
+    return jax.jit(grads).lower(x, x, x, keep).compile().as_text()
 
 
 def _kernels(hlo: str) -> int:
@@ -197,9 +193,7 @@ def test_flash_bwd_compiles_for_v6e_shard_major_odd_block(v6e_device):
 
 
 @needs_libtpu
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="forward kv_keep BlockSpec (1, block_kv) over [B, 1, U*Lc] needs "
-                          "block_kv % 128 == 0 or the whole axis (issue 11 item 4); remove this "
-                          "mark when the [B, U*Lc/block_kv, 1, block_kv] mask layout lands")
 def test_flash_fwd_bwd_compiles_for_v6e_shard_major_odd_block(v6e_device):
-    _compile(v6e_device, 405, 4)
+    """The forward's key mask enters as rows ``[B, Uk*nkv, 1, block_kv]``: any multiple of 8
+    lowers (the old ``(1, block_kv)`` block over ``[B, 1, U*Lc]`` needed block_kv % 128 == 0)."""
+    assert _kernels(_compile(v6e_device, 405, 4)) == 3

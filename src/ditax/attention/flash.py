@@ -1,4 +1,4 @@
-"""``flash``: ditax's own Pallas flash attention (forward kernel + recompute backward).
+"""``flash``: ditax's own Pallas flash attention (forward and backward kernels).
 
 Two entry points over one kernel (:mod:`ditax.attention.kernels.flash_fwd`):
 
@@ -20,12 +20,12 @@ other keys and continue the online softmax from it, so a ring merges inside the 
 ``[block_q, K]`` tiles, identical arithmetic whatever layout the caller keeps) rather than in
 an elementwise jnp merge, whose compiled rounding on XLA CPU depends on the layout.
 
-Gradient: ``jax.custom_vjp``. The backward is *recompute-based*, written in jnp (not a Pallas
-kernel) and shared with ``blockwise`` (:func:`ditax.attention.recompute.recompute_backward`,
-here in float32 at ``Precision.HIGHEST``): it recomputes ``P = exp(S - lse)`` one key block at
-a time, so memory stays ``O(Lq * block_kv)`` per (batch, head); it also takes the cotangent of
+Gradient: ``jax.custom_vjp`` with Pallas backward kernels
+(:mod:`ditax.attention.kernels.flash_bwd`, FlashAttention-2 style: a dq kernel over query
+blocks and a dk/dv kernel over key blocks, each recomputing ``P = exp(S - lse)`` tile by tile,
+inputs in their dtype into the MXU with float32 accumulation). It also takes the cotangent of
 ``lse`` so a ring merge can differentiate through it, and gives the cotangents of ``o_prev`` /
-``lse_prev``.
+``lse_prev`` (elementwise, in jnp).
 
 Platforms: the kernel is Mosaic-TPU code (VMEM scratch, a sequential key grid axis). It runs
 compiled on TPU (lowering to Mosaic is tested; not yet run on a TPU), in Pallas interpret mode
@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 
 from ditax.attention.blocks import SUBLANE, effective_block, round_up
+from ditax.attention.kernels.flash_bwd import flash_core_bwd
 from ditax.attention.kernels.flash_fwd import flash_forward_shard_major
 from ditax.attention.options import FlashOptions
-from ditax.attention.recompute import recompute_backward, softmax_delta
 from ditax.attention.registry import BACKENDS
 from ditax.errors import AttentionUnavailable
 from ditax.parallel.platform import platform_of
@@ -77,53 +77,7 @@ def _core_fwd(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpr
     return (o, lse), (q, k, v, keep, o_prev, lse_prev, o, lse)
 
 
-def _to_bshd(x):
-    """``[U, B, N, Lc, K]`` → ``[B, U*Lc, N, K]`` (shard-major token order)."""
-    U, B, N, Lc, K = x.shape
-    return jnp.transpose(x, (1, 0, 3, 2, 4)).reshape(B, U * Lc, N, K)
-
-
-def _from_bshd(x, U):
-    B, L, N, K = x.shape
-    return jnp.transpose(x.reshape(B, U, L // U, N, K), (1, 0, 3, 2, 4))
-
-
-def _core_bwd(scale, block_q, block_kv, interpret, res, cts):
-    """Cotangents of q, k, v (and of o_prev, lse_prev when the kernel continued from them).
-
-    With the previous partial, ``o = w o_prev + sum_j P_j v_j`` and
-    ``lse = log(exp(lse_prev) + sum_j exp(s_j))`` where ``w = exp(lse_prev - lse)``; so
-    ``d o_prev = w dO`` and ``d lse_prev = w (dO . o_prev - delta)`` with the usual
-    ``delta = dO . o - d lse``; the q/k/v terms are unchanged (they use the final o, lse).
-    """
-    q5, k5, v5, keep5, o_prev5, lse_prev5, o5, lse5 = res
-    do5, dlse5 = cts
-    Uq, Uk = q5.shape[0], k5.shape[0]
-    f32 = jnp.float32
-    q, k, v, o, do = (_to_bshd(x).astype(f32) for x in (q5, k5, v5, o5, do5))
-    lse = jnp.swapaxes(_to_bshd(lse5)[..., 0], 1, 2)                    # [B, N, Lq]
-    dlse = jnp.swapaxes(_to_bshd(dlse5)[..., 0], 1, 2)
-    keep = keep5.reshape(keep5.shape[0], -1) != 0                            # [B, Lk]
-    delta = softmax_delta(do, o, dlse)                                       # [B, N, Lq]
-    dq, dk, dv = recompute_backward(q, k, v, keep, lse, delta, do, scale=scale,
-                                    block_kv=block_kv, precision=jax.lax.Precision.HIGHEST)
-    d_prev = (None, None)
-    if o_prev5 is not None:
-        o_prev = _to_bshd(o_prev5).astype(f32)                               # [B, Lq, N, K]
-        lse_prev = _to_bshd(lse_prev5).astype(f32)                           # [B, Lq, N, 1]
-        lse_safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)
-        lse_safe = jnp.swapaxes(lse_safe, 1, 2)[..., None]                  # [B, Lq, N, 1]
-        delta = jnp.swapaxes(delta, 1, 2)[..., None]
-        w = jnp.where(jnp.isfinite(lse_prev), jnp.exp(lse_prev - lse_safe), 0.0)
-        d_o_prev = w * do
-        d_lse_prev = w * (jnp.sum(do * o_prev, axis=-1, keepdims=True) - delta)
-        d_prev = (_from_bshd(d_o_prev, Uq).astype(o_prev5.dtype),
-                  _from_bshd(d_lse_prev, Uq).astype(lse_prev5.dtype))
-    return (_from_bshd(dq, Uq).astype(q5.dtype), _from_bshd(dk, Uk).astype(k5.dtype),
-            _from_bshd(dv, Uk).astype(v5.dtype), None) + d_prev
-
-
-_flash_core.defvjp(_core_fwd, _core_bwd)
+_flash_core.defvjp(_core_fwd, flash_core_bwd)
 
 
 # ---------------------------------------------------------------- public API

@@ -13,7 +13,8 @@ Layout (one layout for every caller; the plain single-device case is ``U = 1``):
   ``U`` shards (shard-major, then blocks inside a shard), so for ``Lc % block_kv == 0`` the
   key blocks are visited in exactly the order of the plain ``[B, N, U*Lc, K]`` layout and
   the result is bit-identical to it.
-- kv_keep ``[B, Uk, Lk_c]`` int32 (1 = attend), lse ``[U, B, N, Lc, 1]`` float32.
+- kv_keep ``[B, Uk, Lk_c]`` int32 (1 = attend), lse ``[U, B, N, Lc, 1]`` float32 (inside the
+  kernel both travel as lane rows ``[..., n, 1, block]``, see :mod:`.mosaic`).
 - optional o_prev / lse_prev (o's and lse's layout): a partial over earlier keys that the
   online softmax starts from (ring steps merge here, on ``[block_q, K]`` tiles, instead of in
   an elementwise jnp merge whose compiled form — FMA contraction — depends on the layout).
@@ -38,6 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ditax.attention.kernels.mosaic import NN, NT, as_column, mxu_dot
+
 NEG_INF = float("-inf")
 
 
@@ -61,7 +64,7 @@ def _kernel(*refs, scale: float, has_prev: bool):
             # Continue an online softmax over earlier keys: the normalised partial o_prev with
             # log-sum-exp lse_prev is the state (m = lse_prev, l = 1, acc = o_prev); a row with
             # no earlier visible key (lse_prev = -inf) starts empty (m = -inf, l = 0, acc = 0).
-            lse_prev = lse_prev_ref[...]                 # [bq, 1]
+            lse_prev = as_column(lse_prev_ref)           # [bq, 1]
             seen = lse_prev > NEG_INF
             m_sc[...] = jnp.where(seen, lse_prev, NEG_INF)
             l_sc[...] = jnp.where(seen, 1.0, 0.0)
@@ -75,8 +78,7 @@ def _kernel(*refs, scale: float, has_prev: bool):
     k = k_ref[...]                                   # [bkv, K]
     v = v_ref[...]
     keep = keep_ref[...]                             # [1, bkv]
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                            preferred_element_type=jnp.float32) * scale
+    s = mxu_dot(q, k, NT) * scale
     s = jnp.where(keep != 0, s, NEG_INF)
     m = m_sc[...]
     m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
@@ -84,8 +86,7 @@ def _kernel(*refs, scale: float, has_prev: bool):
     p = jnp.exp(s - m_safe)
     alpha = jnp.exp(m - m_safe)
     l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
-    pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+    pv = mxu_dot(p.astype(v.dtype), v, NN)
     acc_sc[...] = alpha * acc_sc[...] + pv
     m_sc[...] = m_new
 
@@ -95,7 +96,8 @@ def _kernel(*refs, scale: float, has_prev: bool):
         empty = l == 0.0                             # every key of this row masked
         o_ref[...] = (acc_sc[...] / jnp.where(empty, 1.0, l)).astype(o_ref.dtype)
         m_safe = jnp.where(m == NEG_INF, 0.0, m)
-        lse_ref[...] = jnp.where(empty, NEG_INF, m_safe + jnp.log(jnp.where(empty, 1.0, l)))
+        lse = jnp.where(empty, NEG_INF, m_safe + jnp.log(jnp.where(empty, 1.0, l)))
+        lse_ref[...] = lse.T                         # [bq, 1] column -> [1, bq] lane row
 
 
 def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, scale: float,
@@ -135,22 +137,30 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
 
     q_spec = pl.BlockSpec((sq, sq, sq, block_q, K), q_map)
     kv_spec = pl.BlockSpec((sq, sq, sq, block_kv, K), kv_map)
-    keep_spec = pl.BlockSpec((sq, 1, block_kv), lambda b, h, i, j: (b, 0, j))
-    lse_spec = pl.BlockSpec((sq, sq, sq, block_q, 1), q_map)
+    # Mask and lse as lane rows [..., n, 1, block] (kernels.mosaic): the former mask block
+    # (1, block_kv) over [B, 1, Uk*Lk_c] did not lower for block_kv % 128 != 0 unless it was
+    # the whole axis ("The Pallas TPU lowering currently requires that the last two dimensions
+    # of your block shape are divisible by 8 and 128 respectively, or be equal to the
+    # respective dimensions of the overall array"), and the former lse column [.., Lc, 1] was
+    # tiled (8, 128) in HBM: 128x its size, written per call.
+    keep_spec = pl.BlockSpec((sq, sq, 1, block_kv), lambda b, h, i, j: (b, j, 0, 0))
+    lse_spec = pl.BlockSpec((sq, sq, sq, sq, 1, block_q), lambda *g: q_map(*g) + (0,))
     kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev)
     in_specs = [q_spec, kv_spec, kv_spec, keep_spec] + ([q_spec, lse_spec] if has_prev else [])
-    keep = kv_keep.reshape(B, 1, Uk * Lkc)
-    args = (q, k, v, keep) + ((o_prev, lse_prev.astype(jnp.float32)) if has_prev else ())
+    keep = kv_keep.reshape(B, Uk * nkv, 1, block_kv)
+    rows = (U, B, N, nq, 1, block_q)
+    args = (q, k, v, keep) + ((o_prev, lse_prev.astype(jnp.float32).reshape(rows))
+                              if has_prev else ())
     out_dtype = o_prev.dtype if has_prev else q.dtype
     from jax.experimental.pallas import tpu as pltpu
 
-    return pl.pallas_call(
+    o, lse = pl.pallas_call(
         kernel,
         grid=(B, N, U * nq, Uk * nkv),
         in_specs=in_specs,
         out_specs=[q_spec, lse_spec],
         out_shape=[jax.ShapeDtypeStruct(q.shape, out_dtype),
-                   jax.ShapeDtypeStruct((U, B, N, Lc, 1), jnp.float32)],
+                   jax.ShapeDtypeStruct(rows, jnp.float32)],
         scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32),
                         pltpu.VMEM((block_q, 1), jnp.float32),
                         pltpu.VMEM((block_q, K), jnp.float32)],
@@ -159,3 +169,4 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
         interpret=interpret,
         name="ditax_flash_fwd",
     )(*args)
+    return o, lse.reshape(U, B, N, Lc, 1)
