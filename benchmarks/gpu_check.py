@@ -47,6 +47,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")   # leave room fo
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from attention import median_time  # noqa: E402  (benchmarks/attention.py, this folder)
 
 BENCH = "gpu_check"
 
@@ -70,7 +71,7 @@ class Run:
 
     def check(self, case, fn, need_s: float = 10.0):
         if self.left() < need_s:
-            return self.emit(case, "skipped", reason=f"{self.left():.0f} s of the "
+            return self.emit(case, "skipped", reason=f"{max(self.left(), 0):.0f} s of the "
                                                      f"{self.budget:.0f} s budget left")
         try:
             fn(self, case)
@@ -82,13 +83,7 @@ class Run:
 
 def timed(fn, *args, repeats=5):
     """Median seconds of ``fn(*args)`` after a compile + warm-up call."""
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return median_time(fn, args, repeats)
 
 
 def rel_err(x, ref) -> float:
