@@ -235,7 +235,8 @@ def wan2(run, case):
         out_b, g_b = jax.jit(fwd_grad)(tr_b, mask)
         e = rel_err(out_a, out_b)
         ge = max(rel_err(a, b) for a, b in zip(jax.tree.leaves(g_a), jax.tree.leaves(g_b)))
-        extra = dict(kernels=f"{fast} vs {slow}", text_mask=masked, tokens=int(np.prod(lat[2:])) // 4)
+        extra = dict(kernels=f"{fast} vs {slow}", text_mask=masked,
+                     tokens=int(np.prod(lat[2:])) // 4)
         run.emit(case, "out_rel_err", e, "", ok=e <= 5e-2, **extra)
         run.emit(case, "grad_max_rel_err", ge, "", ok=ge <= 1e-1, **extra)
 

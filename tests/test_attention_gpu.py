@@ -84,8 +84,8 @@ def test_non_prefix_mask_refused_when_concrete_nan_when_traced(rng):
     q, k, v, _ = make_inputs(rng, 2, 10, 12, 2, 32, False)
     mask = np.ones((2, 12), bool)
     mask[1, 3] = False
-    with pytest.raises(AttentionUnavailable, match=r"'cudnn' takes key masks as sequence "
-                                                   r"lengths.*row 1 is not a prefix.*first masked key 3"):
+    with pytest.raises(AttentionUnavailable, match=r"'cudnn' takes key masks as sequence lengths"
+                                                   r".*row 1 is not a prefix.*first masked key 3"):
         length_masked_attention(q, k, v, kv_mask=jnp.asarray(mask), implementation="xla")
     out = jax.jit(lambda q, k, v, m: length_masked_attention(q, k, v, kv_mask=m,
                                                              implementation="xla"))(
@@ -226,6 +226,17 @@ def test_te_entry_context_leaves_no_process_wide_state(fake_te, monkeypatch):
 
 
 # ---------------------------------------------------------------- on a GPU (pytest -m gpu)
+
+
+def test_gpu_hosts_keep_cpu_default_and_add_cuda():
+    """conftest no longer forces JAX_PLATFORMS=cpu: with a GPU the tests get cpu,cuda (CPU
+    stays the default, the gpu-marked tests find the GPU); a preset value is respected."""
+    from conftest import jax_platforms
+
+    assert jax_platforms(None, gpu=True) == "cpu,cuda"
+    assert jax_platforms(None, gpu=False) == "cpu"
+    assert jax_platforms("cuda", gpu=True) == "cuda"
+    assert jax.default_backend() == "cpu" and len(jax.devices()) == 8
 
 
 @pytest.mark.gpu

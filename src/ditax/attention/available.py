@@ -37,7 +37,7 @@ def check_available(acfg: AttentionConfig, *, mesh=None, dtype, head_dim: int) -
         ring, _ = ring_ulysses(acfg.backend, seq_shards(mesh), plan.self_attn.options)
         if ring > 1:
             try:
-                registry.ring_local(registry.get(acfg.local), acfg.backend)
+                registry.ring_kernel(registry.get(acfg.local), acfg.backend)
             except ValueError:
                 raise AttentionUnavailable(
                     f"attention.local={acfg.local}: backend={acfg.backend} merges ring steps by "

@@ -24,12 +24,13 @@ from ditax.errors import AttentionUnavailable
 
 
 def _concrete(x):
-    """``x`` as a numpy array when its values are known now, else None."""
-    if isinstance(x, np.ndarray):
-        return x
-    if isinstance(x, jax.core.Tracer) or not getattr(x, "is_fully_addressable", True):
+    """``x`` as a numpy array when its values are known now (not a tracer, all of it on this
+    process), else None."""
+    try:
+        return np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError,
+            RuntimeError):
         return None
-    return np.asarray(x)
 
 
 def key_lengths(kv_mask, backend: str):

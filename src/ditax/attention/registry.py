@@ -208,7 +208,7 @@ def auto_backend(platform: Platform | str | None = None, *, dtype=None,
     return choice
 
 
-def ring_local(entry: Backend, backend: str) -> Backend:
+def ring_kernel(entry: Backend, backend: str) -> Backend:
     """The local kernel a ring (``ring`` / ``ulysses_ring`` with R > 1) runs for ``entry``.
 
     The ring merges partial results by their log-sum-exp, so it needs a kernel that returns
@@ -241,5 +241,5 @@ def get(name: str) -> Backend:
                      f"choose one of: auto, {', '.join(BACKENDS)}")
 
 
-__all__ = ["Backend", "BACKENDS", "auto_backend", "ring_local", "get",
+__all__ = ["Backend", "BACKENDS", "auto_backend", "ring_kernel", "get",
            "cudnn_head_dim_limit"]
