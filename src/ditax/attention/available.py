@@ -44,4 +44,5 @@ def check_available(acfg: AttentionConfig, *, mesh=None, dtype, head_dim: int) -
                     f"log-sum-exp, which {acfg.local!r} does not return; use "
                     f"attention.local=blockwise (or flash / xla / reference)") from None
 
+
 __all__ = ["check_available"]
