@@ -1,11 +1,42 @@
-"""Test setup: 8 fake CPU devices (before JAX is imported), float32 matmuls, fixed seeds."""
+"""Test setup: 8 fake CPU devices (before JAX is imported), float32 matmuls, fixed seeds.
 
+The suite runs on the 8 CPU devices everywhere. On a host with an NVIDIA GPU and jax's CUDA
+plugin, JAX_PLATFORMS becomes ``cpu,cuda``: CPU stays the default (the suite is unchanged)
+and the GPU is there for the ``@pytest.mark.gpu`` tests (``pytest -m gpu``), which put their
+arrays on it with the :func:`on_gpu` fixture. An explicit JAX_PLATFORMS is respected.
+"""
+
+import glob
+import importlib.util
 import os
+
+_CUDA_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.xla_cuda13",
+                 "jax_plugins.xla_cuda12")
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def gpu_present() -> bool:
+    """An NVIDIA device node and jax's CUDA plugin, found without importing jax."""
+    return bool(glob.glob("/dev/nvidia[0-9]*")) and any(map(_module_exists, _CUDA_PLUGINS))
+
+
+def jax_platforms(preset: str | None, gpu: bool) -> str:
+    """JAX_PLATFORMS for the tests: the preset one, else CPU first (+ cuda with a GPU)."""
+    if preset:
+        return preset
+    return "cpu,cuda" if gpu else "cpu"
+
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["JAX_PLATFORMS"] = jax_platforms(os.environ.get("JAX_PLATFORMS"), gpu_present())
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -25,11 +56,31 @@ def rng():
     return np.random.default_rng(seed)
 
 
-def has_cuda() -> bool:
+def cuda_devices() -> list:
+    """jax's CUDA devices (empty without one)."""
     try:
-        return any(d.platform == "gpu" for d in jax.devices())
+        return [d for d in jax.devices("gpu") if d.platform == "gpu"]
     except RuntimeError:
-        return False
+        return []
+
+
+def has_cuda() -> bool:
+    return bool(cuda_devices())
+
+
+@pytest.fixture
+def on_gpu():
+    """For GPU tests: uncommitted arrays and jit on the first CUDA device, and ditax's
+    target platform set to it (CPU is the default platform of the test process)."""
+    import ditax
+
+    devices = cuda_devices()
+    if not devices:
+        pytest.skip("needs a CUDA GPU")
+    dev = devices[0]
+    with jax.default_device(dev), ditax.target_platform(
+            "cuda", compute_capability=getattr(dev, "compute_capability", None)):
+        yield dev
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,8 @@ def test_registry_names_are_the_config_names():
     assert BACKENDS["ulysses_ring"].options is UlyssesRingOptions
     assert [n for n, b in BACKENDS.items() if b.carries] == ["flash"]
     assert BACKENDS["xla"].lse == "beside" and BACKENDS["cudnn"].lse == "none"
+    assert {n: b.ring_local for n, b in BACKENDS.items() if b.ring_local} == {
+        "cudnn": "blockwise", "te": "blockwise"}
 
 
 def test_option_errors_name_what_the_backend_takes(rng):
@@ -56,6 +58,7 @@ def test_option_errors_name_what_the_backend_takes(rng):
     ("cudnn", A100, dict(dtype=jnp.bfloat16, head_dim=192), ["K=192", "<= 128"]),
     ("cudnn", H100, dict(dtype=jnp.bfloat16, head_dim=36), ["K=36", "multiple of 8"]),
     ("flash", H100, {}, ["'flash' is unavailable", "targets TPU", "backend='cudnn' or 'te'"]),
+    ("splash", H100, {}, ["'splash' is unavailable", "no GPU lowering", "backend='cudnn'"]),
 ])
 def test_capability_refusals_name_backend_condition_and_fix(name, platform, inputs, fragments):
     why = BACKENDS[name].refusal(platform, **inputs)
@@ -70,7 +73,8 @@ def test_capability_refusals_name_backend_condition_and_fix(name, platform, inpu
     ("flash", Platform("tpu"), dict(dtype=jnp.bfloat16)),
     ("flash", CPU, dict(dtype=jnp.float32)),                 # interpreted on CPU
     ("flash", H100, dict(interpret=True)),                   # explicitly interpreted
-    ("splash", H100, {}),                                    # interpreted off TPU (for now)
+    ("splash", H100, dict(interpret=True)),                  # explicitly interpreted
+    ("splash", CPU, {}),                                     # interpreted on CPU
     ("xla", Platform("tpu"), dict(dtype=jnp.float32, head_dim=36)),
 ])
 def test_capabilities_accept_what_runs(name, platform, inputs):
@@ -81,7 +85,7 @@ def test_interpret_follows_the_platform():
     flash, splash = BACKENDS["flash"], BACKENDS["splash"]
     assert flash.default_interpret(CPU) is True
     assert flash.default_interpret(Platform("tpu")) is False
-    assert splash.default_interpret(CPU) is True and splash.default_interpret(H100) is True
+    assert splash.default_interpret(CPU) is True and splash.default_interpret(H100) is False
     assert splash.default_interpret(Platform("tpu")) is False
     assert BACKENDS["xla"].default_interpret(CPU) is None
 
@@ -165,9 +169,10 @@ def test_check_available_refuses_cudnn_on_cpu():
      r"attention.cross_backend=te: .*transformer_engine.jax is not importable"),
     (AttentionConfig(backend="ulysses", local="flash"), "bfloat16", 128,
      r"attention.local=flash: .*targets TPU"),
-    (AttentionConfig(backend="auto"), "float32", 128, r"attention.backend=auto \(-> cudnn\)"),
-    (AttentionConfig(backend="ring", local="cudnn"), "bfloat16", 128,
-     r"attention.local=cudnn: backend=ring merges ring steps by log-sum-exp"),
+    (AttentionConfig(backend="xla", cross_backend="splash"), "bfloat16", 128,
+     r"attention.cross_backend=splash: .*no GPU lowering"),
+    (AttentionConfig(backend="ring", local="splash"), "bfloat16", 128,
+     r"attention.local=splash: .*no GPU lowering"),
 ])
 def test_check_available_under_a_cuda_target(acfg, dtype, head_dim, match):
     mesh = make_mesh({"context": 8})
@@ -185,6 +190,9 @@ def test_check_available_accepts_what_runs():
         check_available(AttentionConfig(backend="ulysses", local="cudnn"), mesh=mesh,
                         dtype="bfloat16", head_dim=128)
         check_available(AttentionConfig(backend="auto"), dtype=jnp.bfloat16, head_dim=128)
+        check_available(AttentionConfig(backend="auto"), dtype="float32", head_dim=128)
+        check_available(AttentionConfig(backend="ring", local="cudnn"), mesh=mesh,
+                        dtype="bfloat16", head_dim=128)       # ring steps: blockwise
     with ditax.target_platform("tpu"):
         check_available(AttentionConfig(backend="ulysses", local="flash", out_a2a="shard_major"),
                         mesh=mesh, dtype="bfloat16", head_dim=128)

@@ -20,7 +20,8 @@ Layout of the package:
 
 A backend that cannot run here raises :class:`AttentionUnavailable` naming the backend, the
 unmet condition and the fix; nothing silently runs another kernel. ``backend="auto"`` picks
-the target platform's default (TPU → splash, CUDA → cudnn, else xla) and logs it once.
+the target platform's default for the inputs' dtype and head dim (TPU → splash; CUDA → cudnn,
+or blockwise where cuDNN refuses them, e.g. float32; else xla) and logs it once.
 The target platform is :func:`ditax.parallel.platform.platform_of` (``ditax.target_platform``
 overrides it).
 """
@@ -50,7 +51,8 @@ def attend(q, k, v, *, backend: str = "xla", mesh=None, kv_mask=None, scale=None
         not take is a TypeError naming the ones it takes, never ignored.
     Returns ``[B, Lq, N, K]`` in q's dtype.
     """
-    return resolve(backend, options, mesh=mesh)(q, k, v, kv_mask=kv_mask, scale=scale)
+    call = resolve(backend, options, mesh=mesh, dtype=q.dtype, head_dim=q.shape[-1])
+    return call(q, k, v, kv_mask=kv_mask, scale=scale)
 
 
 __all__ = ["attend", "check_available", "plan_attention", "AttentionPlan", "AttentionCall",

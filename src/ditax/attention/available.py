@@ -35,12 +35,14 @@ def check_available(acfg: AttentionConfig, *, mesh=None, dtype, head_dim: int) -
             raise AttentionUnavailable(f"attention.{key}={shown}: {why}")
     if acfg.backend in PARALLEL_BACKENDS:
         ring, _ = ring_ulysses(acfg.backend, seq_shards(mesh), plan.self_attn.options)
-        local = registry.get(acfg.local)
-        if ring > 1 and local.lse == "none":
-            raise AttentionUnavailable(
-                f"attention.local={acfg.local}: backend={acfg.backend} merges ring steps by "
-                f"log-sum-exp, which {acfg.local!r} does not return; use "
-                f"attention.local=blockwise (or flash / xla / reference)")
+        if ring > 1:
+            try:
+                registry.ring_kernel(registry.get(acfg.local), acfg.backend)
+            except ValueError:
+                raise AttentionUnavailable(
+                    f"attention.local={acfg.local}: backend={acfg.backend} merges ring steps by "
+                    f"log-sum-exp, which {acfg.local!r} does not return; use "
+                    f"attention.local=blockwise (or flash / xla / reference)") from None
 
 
 __all__ = ["check_available"]

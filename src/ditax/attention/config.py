@@ -33,7 +33,6 @@ class AttentionConfig:
     ulysses_shards: int = 0              # ulysses_ring: Ulysses group size (0 = all of context)
     block_q: int = 128                   # flash / splash / blockwise query block
     block_kv: int = 128                  # flash / splash / blockwise key block
-    te_shardy: Optional[bool] = None     # te only: None = keep jax's partitioner; false = GSPMD
 
 
 def check_attention(a: AttentionConfig, *, num_heads: int | None = None,

@@ -27,7 +27,7 @@ class Options:
 
 @dataclass(frozen=True)
 class NoOptions(Options):
-    """``reference``, ``xla`` and ``te`` take no options."""
+    """``reference``, ``xla``, ``cudnn`` and ``te`` take no options."""
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,6 @@ class SplashOptions(Options):
     fused_bwd: bool = False                  # the kernel's fused dq/dkv backward
     interpret: Optional[bool] = None         # None = from the platform (compiled on TPU)
     pad_head_dim: Optional[bool] = None      # zero-pad K to 128; None = when compiled
-
-
-@dataclass(frozen=True)
-class CudnnOptions(Options):
-    kv_mask_mode: str = "bias"         # "bias" (any mask) | "lengths" (prefix masks)
 
 
 @dataclass(frozen=True)
@@ -91,4 +86,4 @@ def pick(cls: type, values: dict):
 
 
 __all__ = ["Options", "NoOptions", "BlockwiseOptions", "FlashOptions", "SplashOptions",
-           "CudnnOptions", "SequenceOptions", "UlyssesRingOptions", "make_options", "pick"]
+           "SequenceOptions", "UlyssesRingOptions", "make_options", "pick"]

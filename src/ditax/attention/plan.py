@@ -70,15 +70,18 @@ class AttentionCall:
         return kernel(q, k, v, kv_mask, scale)
 
 
-def resolve(backend: str, options: dict, *, mesh=None,
-            platform: Optional[Platform] = None) -> AttentionCall:
+def resolve(backend: str, options: dict, *, mesh=None, platform: Optional[Platform] = None,
+            dtype=None, head_dim: Optional[int] = None) -> AttentionCall:
     """The :class:`AttentionCall` for ``attend(..., backend=backend, **options)``.
 
-    Unknown backend → ValueError with a suggestion; an option the backend does not take →
-    TypeError naming the ones it takes.
+    ``backend="auto"`` becomes :func:`~ditax.attention.registry.auto_backend` of the platform
+    for ``dtype`` / ``head_dim`` (the q that will be passed). Unknown backend → ValueError
+    with a suggestion; an option the backend does not take → TypeError naming the ones it
+    takes.
     """
     platform = platform or platform_of(mesh)
-    name = registry.auto_backend(platform) if backend == "auto" else backend
+    name = (registry.auto_backend(platform, dtype=dtype, head_dim=head_dim)
+            if backend == "auto" else backend)
     entry = registry.get(name)
     opts = make_options(name, entry.options, options)
     return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
@@ -109,8 +112,10 @@ def cross_backend(acfg: AttentionConfig) -> tuple[str, str]:
     return acfg.backend, "backend"
 
 
-def _config_call(name: str, acfg: AttentionConfig, mesh, platform: Platform) -> AttentionCall:
-    name = registry.auto_backend(platform) if name == "auto" else name
+def _config_call(name: str, acfg: AttentionConfig, mesh, platform: Platform, dtype,
+                 head_dim) -> AttentionCall:
+    if name == "auto":
+        name = registry.auto_backend(platform, dtype=dtype, head_dim=head_dim)
     entry = registry.get(name)
     opts = pick(entry.options, {k: getattr(acfg, k) for k in CONFIG_OPTIONS})
     return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
@@ -122,13 +127,16 @@ def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
     """Build the :class:`AttentionPlan` for ``acfg`` (default: xla everywhere) on ``mesh``.
 
     The target platform is :func:`~ditax.parallel.platform.platform_of` (``mesh``) at this
-    moment (so build it inside ``ditax.target_platform(...)`` to target another platform).
+    moment (so build it inside ``ditax.target_platform(...)`` to target another platform);
+    ``auto`` is decided for it and for ``dtype`` / ``head_dim`` (the model's compute dtype
+    and head dim).
     """
     acfg = acfg or AttentionConfig()
     platform = platform_of(mesh)
     cross, _ = cross_backend(acfg)
-    return AttentionPlan(_config_call(acfg.backend, acfg, mesh, platform),
-                         _config_call(cross, acfg, mesh, platform), mesh, platform,
+    calls = [_config_call(name, acfg, mesh, platform, dtype, head_dim)
+             for name in (acfg.backend, cross)]
+    return AttentionPlan(*calls, mesh, platform,
                          num_heads, head_dim, None if dtype is None else jnp.dtype(dtype).name)
 
 

@@ -30,6 +30,9 @@ _FIX_GPU = "install ditax[gpu] on a CUDA machine, or use backend='xla'"
 _FLASH_OFF_GPU = ("the flash Pallas kernel targets TPU (Mosaic: VMEM scratch, sequential key "
                   "grid axis) and has no GPU lowering; on GPUs use backend='cudnn' or 'te' (or "
                   "out_a2a='chunked'/'flat' around them), or interpret=True for debugging")
+_SPLASH_OFF_GPU = ("splash is the Pallas TPU (Mosaic) kernel and has no GPU lowering; on "
+                   "{where} it would run in Pallas interpret mode (slow); use backend='cudnn' or "
+                   "'te' (or local=cudnn inside ulysses/ring), or interpret=True for debugging")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class Backend:
     the kernel in jnp (one extra ``QK^T``), ``"none"`` cannot serve a ring.
     ``carries``: continues an online softmax from a previous partial ``(o, lse)``.
     ``masks``: ``"any"`` key mask or only ``"prefix"`` masks (valid keys first).
+    ``ring_local``: for a kernel with ``lse="none"``, the kernel a ring runs in its place
+    (named in a log line once); None: a ring refuses it.
     """
 
     name: str
@@ -63,6 +68,7 @@ class Backend:
     masks: str = "any"
     lse: str = "none"
     carries: bool = False
+    ring_local: Optional[str] = None
     requires: Optional[str] = None                 # importable module it needs
     requires_fix: str = ""
 
@@ -152,15 +158,16 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("blockwise", "ditax.attention.blockwise:blockwise_attention",
             opt.BlockwiseOptions, lse="kernel"),
     Backend("splash", "ditax.attention.splash:splash_attention", opt.SplashOptions,
-            compiled_on=("tpu",), interpreted_on=None, refuses_on=(), lse="kernel"),
+            compiled_on=("tpu",), interpreted_on=("cpu",), refuses_on=GPU_PLATFORMS,
+            off_platform=_SPLASH_OFF_GPU, lse="kernel"),
     Backend("flash", "ditax.attention.flash:flash_attention", opt.FlashOptions,
             compiled_on=("tpu",), interpreted_on=("cpu",), refuses_on=GPU_PLATFORMS,
             off_platform=_FLASH_OFF_GPU,
             dtypes=("float32", "bfloat16", "float16"), lse="kernel", carries=True),
-    Backend("cudnn", "ditax.attention.cudnn:cudnn_attention", opt.CudnnOptions,
-            title="cuDNN flash attention", **_CUDA),
+    Backend("cudnn", "ditax.attention.cudnn:cudnn_attention",
+            title="cuDNN flash attention", masks="prefix", ring_local="blockwise", **_CUDA),
     Backend("te", "ditax.attention.te:te_attention", title="TransformerEngine fused attention",
-            masks="prefix", requires="transformer_engine.jax",
+            masks="prefix", ring_local="blockwise", requires="transformer_engine.jax",
             requires_fix="install ditax[gpu] (transformer-engine[jax]) on a CUDA machine, or "
                          "use backend='xla'", **_CUDA),
     Backend("ulysses", _SEQ, opt.SequenceOptions, kind="sequence"),
@@ -170,20 +177,58 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
 assert tuple(BACKENDS) == LOCAL_BACKENDS + PARALLEL_BACKENDS, "registry and config names differ"
 
 _AUTO = {"tpu": "splash", "cuda": "cudnn"}
-_auto_logged: set[str] = set()
+_AUTO_FALLBACK = {"cuda": "blockwise"}     # when the platform's kernel refuses the inputs
+_logged: set = set()
 
 
-def auto_backend(platform: Platform | str | None = None) -> str:
-    """Platform default: TPU → splash, CUDA GPU → cudnn, otherwise xla (logged once)."""
+def auto_backend(platform: Platform | str | None = None, *, dtype=None,
+                 head_dim: Optional[int] = None) -> str:
+    """What ``backend="auto"`` runs: TPU → splash, CUDA GPU → cudnn, otherwise xla.
+
+    Dtype- and shape-aware: when the platform's kernel refuses these inputs (cuDNN takes
+    float16/bfloat16 and head dims that are multiples of 8 up to 128, or 256 from sm 9.0),
+    CUDA falls back to ``blockwise`` (any dtype and head dim, ``O(L·block)`` memory where
+    ``xla`` would hold the ``[L, L]`` scores). Logged once per (platform, dtype, head dim).
+    """
     if platform is None:
         platform = platform_of()
-    name = platform.name if isinstance(platform, Platform) else {"gpu": "cuda"}.get(
-        platform, platform)
-    choice = _AUTO.get(name, "xla")
-    if name not in _auto_logged:
-        _auto_logged.add(name)
-        log.info("attention backend=auto on %s -> %s", name, choice)
+    if not isinstance(platform, Platform):
+        name = {"gpu": "cuda"}.get(platform, platform)
+        platform = Platform(name)
+    choice = _AUTO.get(platform.name, "xla")
+    why = BACKENDS[choice].refusal(platform, dtype=dtype, head_dim=head_dim)
+    if why is not None:
+        choice = _AUTO_FALLBACK.get(platform.name, "xla")
+    dname = None if dtype is None else jnp.dtype(dtype).name
+    key = ("auto", platform.name, dname, head_dim)
+    if key not in _logged:
+        _logged.add(key)
+        log.info("attention backend=auto on %s (%s, K=%s) -> %s%s", platform.name, dname,
+                 head_dim, choice, "" if why is None else f" ({why})")
     return choice
+
+
+def ring_kernel(entry: Backend, backend: str) -> Backend:
+    """The local kernel a ring (``ring`` / ``ulysses_ring`` with R > 1) runs for ``entry``.
+
+    The ring merges partial results by their log-sum-exp, so it needs a kernel that returns
+    it (``lse`` "kernel" or "beside"). cuDNN and TE do not through a public API
+    (``jax.nn.dot_product_attention(return_residual=True)`` casts the residual to the q dtype
+    and its VJP ignores the residual's cotangent), so the ring runs their ``ring_local``
+    (``blockwise``) instead, and says so once. Any other kernel without an lse is refused.
+    """
+    if entry.lse != "none":
+        return entry
+    if entry.ring_local is None:
+        raise ValueError(f"local={entry.name!r} cannot return the log-sum-exp the ring merge "
+                         f"needs; use local='flash', 'blockwise', 'reference' or 'xla'")
+    key = ("ring", backend, entry.name)
+    if key not in _logged:
+        _logged.add(key)
+        log.warning("%s: local=%s returns no differentiable float32 log-sum-exp, which the ring "
+                    "merge needs; the ring steps run local=%s instead", backend, entry.name,
+                    entry.ring_local)
+    return BACKENDS[entry.ring_local]
 
 
 def get(name: str) -> Backend:
@@ -196,4 +241,5 @@ def get(name: str) -> Backend:
                      f"choose one of: auto, {', '.join(BACKENDS)}")
 
 
-__all__ = ["Backend", "BACKENDS", "auto_backend", "get", "cudnn_head_dim_limit"]
+__all__ = ["Backend", "BACKENDS", "auto_backend", "ring_kernel", "get",
+           "cudnn_head_dim_limit"]

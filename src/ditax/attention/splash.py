@@ -16,8 +16,10 @@ This module adapts our ``[B, L, N, K]`` + ``kv_mask [B, Lk]`` interface to it:
   multiple of 128) q/k/v are zero-padded to a lane multiple; zero columns add nothing to
   ``q·kᵀ`` and the padded output columns are sliced off.
 
-Compiled when the target platform (:func:`ditax.parallel.platform.platform_of`) is TPU;
-elsewhere the kernel runs in Pallas interpret mode (slow, exact: for tests).
+Compiled when the target platform (:func:`ditax.parallel.platform.platform_of`) is TPU; on
+CPU the kernel runs in Pallas interpret mode (slow, exact: for tests); on GPUs it is refused
+(:class:`~ditax.errors.AttentionUnavailable`: use ``cudnn`` / ``te``) unless
+``interpret=True`` is asked for explicitly.
 Gradients come from the kernel's own VJP. ``return_lse`` is forward-only: the kernel's
 residual-saving mode has no VJP.
 """
@@ -47,7 +49,8 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.blo
         multiples of 128). block_kv_compute: inner kv step (divides block_kv; default
         block_kv). block_q_bwd / block_kv_bwd: backward tiles (default: the forward ones).
       fused_bwd: use the kernel's fused dq/dkv backward.
-      interpret: run Pallas in interpret mode; None → unless the target platform is TPU.
+      interpret: run Pallas in interpret mode; None → on CPU (compiled on TPU, refused on
+        GPUs).
       pad_head_dim: zero-pad K to a multiple of 128; None → when compiled and needed.
       return_lse: also return the float32 log-sum-exp ``[B, N, Lq]`` (forward only).
     """
@@ -60,9 +63,11 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.blo
             f"attention backend 'splash' needs jax.experimental.pallas.ops.tpu.splash_attention"
             f" ({e}); upgrade jax or use backend='xla'") from None
 
+    platform = platform_of()
     if interpret is None:
-        interpret = BACKENDS["splash"].default_interpret(platform_of())
+        interpret = BACKENDS["splash"].default_interpret(platform)
     interpret = bool(interpret)
+    BACKENDS["splash"].require(platform, interpret=interpret)   # GPUs: refused, not interpreted
     B, Lq, N, K = q.shape
     Lk = k.shape[1]
     scale = float(K ** -0.5 if scale is None else scale)

@@ -1,35 +1,42 @@
-"""NVIDIA TransformerEngine fused attention (``transformer_engine.jax.flax.DotProductAttention``).
+"""NVIDIA TransformerEngine fused attention (``transformer_engine.jax.flax.DotProductAttention``)
+through TE 2.x's public API.
 
-Layout BSHD (``qkv_layout="bshd_bshd_bshd"``, ``transpose_batch_sequence=False``); mask type
-``no_mask`` or ``padding`` (from kv_mask); softmax scale passed as TE's ``scale_factor``;
-``attention_dropout=0`` (Wan has none). The module runs with ``deterministic=False`` so TE
-keeps the softmax statistics its backward needs; with dropout 0 nothing random happens.
+The call (checked against the TE source of v2.18 and main/2.20.0.dev0; ``ditax[gpu]`` pins
+``transformer-engine[jax]>=2.14,<3``; paths below are in ``transformer_engine/jax/``):
 
-Strict:
-- no CUDA GPU, TE not installed, dtype not fp16/bf16, unsupported head dim →
-  :class:`~ditax.errors.AttentionUnavailable` naming the condition and the fix (the
-  capabilities are declared in the registry entry);
-- TE silently runs an unfused jnp path unless ``NVTE_FUSED_ATTN=1``, and warns and falls back
-  when no fused kernel fits; both are turned into AttentionUnavailable here.
-- TE's padding mask only describes *right* padding (valid keys first); kv_mask must be a
-  prefix mask. A non-prefix mask is not detected (it is a traced value).
-
-Entry-point configuration (never from inside a layer; DESIGN rule 11)::
-
-    from ditax.attention.te import configure_te
-    with configure_te(mesh):          # the CLI does this visibly around generate/train
-        run(...)
-
-:func:`configure_te` is scoped: it sets ``NVTE_FUSED_ATTN=1`` (and, when asked, jax's
-partitioner flag) for the ``with`` block only and restores both on exit, so no process-wide
-state is left behind. Inside, it enters TE's ``global_shard_guard`` with a
-``MeshResource`` that maps TE's logical resources onto our mesh axes: ``dp_resource="data"``,
-``fsdp_resource="fsdp"``, ``tp_resource="tensor"``, ``cp_resource="context"`` (axes of size 1
-or absent are left as None). TE's context-parallel attention (``context_parallel_axis``)
-reads ``cp_resource``; recent TE versions require *some* MeshResource to be set even on one
-GPU. Partitioner: jax ≥ 0.7 defaults to Shardy; TE ≥ 2.3 ships Shardy rules for its custom
-calls. With an older TE pass ``use_shardy=False`` to switch jax to GSPMD inside the block (a
-global jax flag, so it happens here at the entry point, logged, and is restored on exit).
+- ``DotProductAttention(head_dim=K, num_attention_heads=N, num_gqa_groups=N,
+  attention_dropout=0, attn_mask_type="no_mask" | "padding", qkv_layout="bshd_bshd_bshd",
+  transpose_batch_sequence=False, scale_factor=scale)``: layout BSHD, Wan has no dropout.
+  No ``dtype=``: deprecated, and a ValueError when it differs from the inputs
+  (``flax/transformer.py:761-776``).
+- ``.apply({}, q, k, v, sequence_descriptor, deterministic=False)``: the 4th positional
+  argument is ``sequence_descriptor`` (``flax/transformer.py:681-690``). An array there takes
+  the deprecated mask path (``attention.py:1606``), which derives the q lengths from key
+  column 0 and the kv lengths from query row 0 (``attention.py:1115-1119``). So the lengths
+  go in as ``SequenceDescriptor.from_seqlens((q_lengths, kv_lengths))`` (``attention.py:938``),
+  also without a mask (full lengths, with ``no_mask``: what TE's own mask path builds for it,
+  ``attention.py:1110-1113``). ``deterministic=False`` is TE's training mode (it keeps the
+  softmax statistics its backward needs); with dropout 0 nothing random happens.
+- Key masks must be prefix masks (TE's padding mask is right padding); they become lengths
+  as for ``cudnn`` (:mod:`ditax.attention.lengths`: a non-prefix mask is refused, or NaN
+  when only known on the device).
+- ``NVTE_FUSED_ATTN``: TE reads ``int(os.getenv("NVTE_FUSED_ATTN", "1"))``
+  (``flax/transformer.py:779``; the default is "1" since TE 2.10): unset means fused, and
+  ditax never sets it. An explicit ``NVTE_FUSED_ATTN=0`` (TE's unfused jnp path) is refused.
+  When no fused kernel fits, TE warns and falls back to unfused attention
+  (``flax/transformer.py:826-834``); that warning is turned into AttentionUnavailable.
+- Partitioner: for jax > 0.9.1 TE registers only Shardy rules for its custom calls
+  (``cpp_extensions/base.py:22-26, 255-259``), and Shardy is jax's default; ditax leaves
+  jax's partitioner alone.
+- Context parallelism is ditax's, not TE's: ``te`` runs inside ditax's ``shard_map`` (a local
+  backend on a mesh, the local kernel of ``ulysses``, cross-attention of every sequence
+  backend; the steps of a ``ring`` run ``blockwise``, see the registry), so TE sees one
+  device's arrays; ``context_parallel_axis`` stays empty and TE does no CP of its own.
+- TE asserts that a global ``MeshResource`` is set (``sharding.py:379``):
+  :func:`configure_te` (or :func:`entry_context`, which the CLI uses) enters TE's
+  ``global_shard_guard`` for the ``with`` block; the guard restores the previous resource on
+  exit (``sharding.py:355-370``). Nothing else is touched: no environment variable, no jax
+  config, so nothing process-wide is left behind.
 """
 
 from __future__ import annotations
@@ -39,11 +46,11 @@ import logging
 import os
 import warnings
 
-import jax
 import jax.numpy as jnp
 
 from ditax.attention import platform
 from ditax.attention.config import PARALLEL_BACKENDS
+from ditax.attention.lengths import finish_rows, key_lengths
 from ditax.attention.registry import BACKENDS
 from ditax.errors import AttentionUnavailable
 from ditax.parallel.axes import HEADS_AXIS, SEQ_AXIS
@@ -55,52 +62,66 @@ log = logging.getLogger(__name__)
 # our mesh axes -> TE's MeshResource fields
 MESH_TO_TE = {BATCH_AXES[0]: "dp_resource", BATCH_AXES[1]: "fsdp_resource",
               HEADS_AXIS: "tp_resource", SEQ_AXIS: "cp_resource"}
+_FALLBACK = "Fused attention is not enabled"     # TE's warning before its unfused fallback
 
 
 def _require_te(q):
-    """CUDA target, TE importable, fp16/bf16 and a supported head dim (registry), and TE's
-    fused attention switched on."""
+    """CUDA target, TE importable, fp16/bf16 and a supported head dim (registry), TE's
+    fused attention not switched off, and TE's MeshResource set."""
     BACKENDS["te"].require(platform_of(), dtype=q.dtype, head_dim=q.shape[-1])
-    if os.environ.get("NVTE_FUSED_ATTN") != "1":
+    if os.environ.get("NVTE_FUSED_ATTN", "1").strip() == "0":
         raise AttentionUnavailable(
-            "attention backend 'te': TE fused attention is off (NVTE_FUSED_ATTN is not '1', "
-            "so TE would silently run its unfused path); wrap the run in "
-            "ditax.attention.te.configure_te(mesh) at the entry point, or set "
-            "NVTE_FUSED_ATTN=1")
+            "attention backend 'te': NVTE_FUSED_ATTN=0 is set, so TE would run its unfused "
+            "jnp attention; unset NVTE_FUSED_ATTN (TE fuses by default) or use backend='xla'")
+    from transformer_engine.jax.sharding import global_mesh_resource
+
+    try:
+        global_mesh_resource()
+    except AssertionError:
+        raise AttentionUnavailable(
+            "attention backend 'te': TransformerEngine's MeshResource is not set; wrap the "
+            "run in ditax.attention.te.configure_te(mesh) at the entry point (the ditax CLI "
+            "does)") from None
+
+
+def te_module_kwargs(num_heads: int, head_dim: int, scale: float, masked: bool) -> dict:
+    """The ``DotProductAttention(**kwargs)`` for one call (see the module docstring)."""
+    return dict(head_dim=head_dim, num_attention_heads=num_heads, num_gqa_groups=num_heads,
+                attention_dropout=0.0, attn_mask_type="padding" if masked else "no_mask",
+                qkv_layout="bshd_bshd_bshd", transpose_batch_sequence=False,
+                scale_factor=scale)
 
 
 def te_attention(q, k, v, *, kv_mask=None, scale=None):
-    """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` (prefix) →
-    ``[B, Lq, N, K]``."""
+    """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` (a prefix mask) →
+    ``[B, Lq, N, K]`` in q's dtype."""
     _require_te(q)
+    from transformer_engine.jax.attention import SequenceDescriptor
     from transformer_engine.jax.flax import DotProductAttention
 
     B, Lq, N, K = q.shape
+    Lk = k.shape[1]
     scale = float(K ** -0.5 if scale is None else scale)
-    module = DotProductAttention(
-        head_dim=K, num_attention_heads=N, num_gqa_groups=N, attention_dropout=0.0,
-        attn_mask_type="no_mask" if kv_mask is None else "padding",
-        qkv_layout="bshd_bshd_bshd", transpose_batch_sequence=False, scale_factor=scale,
-        dtype=q.dtype)
-    # TE's mask: True = masked out, [B, 1, Lq, Lk]; it converts it to per-row lengths.
-    mask = None if kv_mask is None else jnp.broadcast_to(
-        ~kv_mask.astype(bool)[:, None, None, :], (B, 1, Lq, k.shape[1]))
+    lengths, prefix_ok = (None, None) if kv_mask is None else key_lengths(kv_mask, "te")
+    kv_len = jnp.full((B,), Lk, jnp.int32) if lengths is None else jnp.maximum(lengths, 1)
+    seqs = SequenceDescriptor.from_seqlens((jnp.full((B,), Lq, jnp.int32), kv_len))
+    module = DotProductAttention(**te_module_kwargs(N, K, scale, lengths is not None))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        o = module.apply({}, q, k, v, mask, deterministic=False)
+        o = module.apply({}, q, k, v, seqs, deterministic=False)
     for w in caught:
-        if "Fused attention is not enabled" in str(w.message):
+        if _FALLBACK in str(w.message):
             raise AttentionUnavailable(
                 f"attention backend 'te': TE has no fused kernel for q{tuple(q.shape)} "
                 f"k{tuple(k.shape)} {jnp.dtype(q.dtype).name} (it would fall back to unfused "
                 f"attention); update TE/cuDNN or use backend='cudnn'")
-    if kv_mask is not None:
-        o = jnp.where(jnp.any(kv_mask, axis=1)[:, None, None, None], o, jnp.zeros_like(o))
-    return o
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return finish_rows(o, lengths, prefix_ok)
 
 
 def te_mesh_resource_kwargs(mesh) -> dict:
-    """The ``MeshResource(**kwargs)`` for our ``(data, fsdp, context, tensor)`` mesh."""
+    """The ``MeshResource(**kwargs)`` for our ``(data, fsdp, context, tensor)`` mesh (axes of
+    size 1 or absent are left out)."""
     if mesh is None:
         return {}
     shape = dict(mesh.shape)
@@ -108,54 +129,19 @@ def te_mesh_resource_kwargs(mesh) -> dict:
 
 
 @contextlib.contextmanager
-def _env(name: str, value: str):
-    """``os.environ[name] = value`` inside the block; the previous value (or absence) after."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
+def configure_te(mesh=None):
+    """Entry-point setup for the ``te`` backend (call from the CLI / script, not a layer):
+    TE's ``global_shard_guard`` with the ``MeshResource`` of ``mesh`` for the ``with`` block.
+    Yields the MeshResource (None when TE is not installed: then nothing is set)."""
+    if not platform.has_transformer_engine_jax():
+        log.info("configure_te: transformer_engine.jax is not installed; nothing to set")
+        yield None
+        return
+    from transformer_engine.jax.sharding import MeshResource, global_shard_guard
 
-
-@contextlib.contextmanager
-def _jax_flag(name: str, value):
-    """``jax.config.update(name, value)`` inside the block; the previous value after."""
-    old = getattr(jax.config, name)
-    jax.config.update(name, value)
-    try:
-        yield
-    finally:
-        jax.config.update(name, old)
-
-
-@contextlib.contextmanager
-def configure_te(mesh=None, *, use_shardy: bool | None = None):
-    """Entry-point setup for the ``te`` backend (call from the CLI / script, not a layer).
-
-    For the ``with`` block: ``NVTE_FUSED_ATTN=1``, optionally jax's partitioner
-    (``use_shardy``), and TE's global MeshResource (see the module docstring). Everything is
-    restored on exit. Yields the MeshResource (None when TE is not installed).
-    """
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_env("NVTE_FUSED_ATTN", "1"))
-        if use_shardy is not None:
-            stack.enter_context(_jax_flag("jax_use_shardy_partitioner", bool(use_shardy)))
-            log.info("configure_te: jax_use_shardy_partitioner=%s (until the block ends)",
-                     use_shardy)
-        if not platform.has_transformer_engine_jax():
-            log.info("configure_te: transformer_engine.jax not installed; only NVTE_FUSED_ATTN "
-                     "set")
-            yield None
-            return
-        from transformer_engine.jax.sharding import MeshResource, global_shard_guard
-
-        resource = MeshResource(**te_mesh_resource_kwargs(mesh))
-        log.info("configure_te: NVTE_FUSED_ATTN=1, %s", resource)
-        stack.enter_context(global_shard_guard(resource))
+    resource = MeshResource(**te_mesh_resource_kwargs(mesh))
+    log.info("configure_te: %s", resource)
+    with global_shard_guard(resource):
         yield resource
 
 
@@ -172,8 +158,6 @@ def entry_context(attention_cfg, mesh=None, say=print):
     no-op context."""
     if not uses_te(attention_cfg):
         return contextlib.nullcontext()
-    shardy = getattr(attention_cfg, "te_shardy", None)
-    say("attention te: setting NVTE_FUSED_ATTN=1 and TransformerEngine's MeshResource "
-        f"{te_mesh_resource_kwargs(mesh) or '(single device)'}"
-        + ("" if shardy is None else f"; jax_use_shardy_partitioner={shardy}"))
-    return configure_te(mesh, use_shardy=shardy)
+    say("attention te: TransformerEngine MeshResource "
+        f"{te_mesh_resource_kwargs(mesh) or '(single device)'} for this run")
+    return configure_te(mesh)

@@ -181,9 +181,8 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
             f"shards; use backend='ulysses_ring' with ulysses_shards dividing {heads}, "
             f"backend='ring', or a mesh with a different context size")
     check_batch_divides(B, mesh, f"{backend}: batch")
-    if R > 1 and entry.lse == "none":
-        raise ValueError(f"local={entry.name!r} cannot return the log-sum-exp the ring merge "
-                         f"needs; use local='flash', 'blockwise', 'reference' or 'xla'")
+    if R > 1:
+        entry = registry.ring_kernel(entry, backend)      # cudnn / te: blockwise, said once
 
     # Shard length Lc; on flash, the effective blocks and Lc a block multiple, identical for
     # every out_a2a mode so the modes compute bit-identical values.

@@ -123,29 +123,48 @@ def check_architecture(cfg: ModelConfig, path) -> "pathlib.Path":
     return folder
 
 
+def _forward(gdef, state, latents, t, text, text_mask):
+    return nnx.merge(gdef, state)(latents, t, text, text_mask)
+
+
+_forward_jit = jax.jit(_forward, static_argnums=0)
+
+
+@jax.tree_util.register_pytree_node_class
 class Transformer:
     """What ``ditax.load_transformer`` returns: a jitted, mesh-aware callable around the module.
 
     ``tr(latents [B, C, F, Y, X], timestep [B], text [B, T, text_dim]) → [B, C, F, Y, X]``.
     ``tr.module`` is the NNX module (for training or custom use), ``tr.config`` its config.
+
+    A pytree (leaves: the parameters; static: the graph and the mesh) whose call is a pure
+    function of its parameters and inputs, so it composes with a user's own transforms:
+    ``jax.jit(lambda tr, x, t, c: tr(x, t, c))(tr, x, t, c)`` takes the parameters as
+    arguments (closing over ``tr`` instead bakes them into the program as constants), and
+    ``jax.grad`` of a function of ``tr`` gives a ``Transformer`` of gradients.
     """
 
     def __init__(self, module: WanTransformer, mesh=None):
-        self.module = module
+        self._module = module
+        self._gdef, self._state = nnx.split(module)
         self.config: ModelConfig = module.cfg
         self.mesh = mesh
-        self._gdef, self._state = nnx.split(module)
-        self._fn = None
 
-    def _compiled(self):
-        if self._fn is None:
-            gdef = self._gdef
+    @property
+    def module(self) -> WanTransformer:
+        if self._module is None:
+            self._module = nnx.merge(self._gdef, self._state)
+        return self._module
 
-            def fwd(state, latents, t, text, text_mask):
-                return nnx.merge(gdef, state)(latents, t, text, text_mask)
+    def tree_flatten(self):
+        return (self._state,), (self._gdef, self.config, self.mesh)
 
-            self._fn = jax.jit(fwd)
-        return self._fn
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        tr = object.__new__(cls)
+        tr._gdef, tr.config, tr.mesh = aux
+        tr._state, tr._module = children[0], None
+        return tr
 
     def _place(self, x, batch_axis=0):
         if self.mesh is None or x is None:
@@ -161,7 +180,7 @@ class Transformer:
         t = jnp.broadcast_to(jnp.asarray(timestep, jnp.float32), (latents.shape[0],))
         args = [self._place(latents), self._place(t), self._place(text),
                 None if text_mask is None else self._place(jnp.asarray(text_mask, bool))]
-        return self._compiled()(self._state, *args)
+        return _forward_jit(self._gdef, self._state, *args)
 
 
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
