@@ -19,7 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import AttentionConfig, Config, ConfigError, ModelConfig, validate
-from ditax.io.convert import load_params
+from ditax.io.convert import load_params, param_shapes
 from ditax.parallel.axes import batch_entry
 from ditax.parallel.mesh import check_mesh_axes, mesh_config
 from ditax.io.hub import resolve_folder
@@ -81,10 +81,12 @@ def read_config(folder) -> dict:
     return cfg
 
 
-def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None) -> WanTransformer:
+def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None, loras=None,
+                      lora_strict: bool = True) -> WanTransformer:
     """Fill an abstract model's parameters from a diffusers safetensors folder.
 
     With a mesh, each parameter is read slice by slice straight into its NamedSharding.
+    ``loras`` (see :func:`ditax.lora.resolve_loras`) are merged into each slice as it is read.
     """
     gdef, state = nnx.split(model_abs)
     sharding = None
@@ -95,7 +97,12 @@ def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None) -> WanTran
             return NamedSharding(mesh, param_spec(axes[path], mesh, shape))
 
     table = convert.weight_table(cfg.num_layers, cfg.cross_attn_norm)
-    state = load_params(table, Weights.open(folder), state, jnp.dtype(cfg.param_dtype), sharding)
+    weights = Weights.open(folder)
+    if loras:
+        from ditax.lora import merged_weights
+
+        weights = merged_weights(weights, loras, table, param_shapes(state), strict=lora_strict)
+    state = load_params(table, weights, state, jnp.dtype(cfg.param_dtype), sharding)
     return nnx.merge(gdef, state)
 
 
@@ -165,7 +172,8 @@ class Transformer:
 
 
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
-                     subfolder: str = "transformer", **model_overrides) -> Transformer:
+                     subfolder: str = "transformer", *, loras=None, lora_strict: bool = True,
+                     **model_overrides) -> Transformer:
     """Load a diffusers-format Wan transformer folder (or pipeline folder / hub id).
 
     Args:
@@ -174,6 +182,11 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
       dtype: parameter and compute dtype ("float32" | "bfloat16" | "float16").
       mesh: optional ``jax.sharding.Mesh`` with axes (data, fsdp, context, tensor).
       attention: a backend name or an :class:`AttentionConfig`.
+      loras: LoRAs merged into the weights as they load: ``[(file, strength), ...]`` (a bare
+        file = strength 1.0; a parsed :class:`ditax.lora.Lora` instead of a file); any format
+        of :mod:`ditax.lora`.
+      lora_strict: False = LoRA keys that match no layer are skipped with a warning instead of
+        an error.
       model_overrides: other :class:`ModelConfig` fields (e.g. ``remat="full"``).
     """
     t0 = time.perf_counter()
@@ -185,7 +198,8 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
     check_mesh_axes(mesh)
     validate(Config(model=cfg, attention=acfg, mesh=mesh_config(mesh)),
              None if mesh is None else mesh.devices.size)
-    model = load_weights_into(abstract_model(cfg, acfg, mesh), folder, cfg, mesh)
+    model = load_weights_into(abstract_model(cfg, acfg, mesh), folder, cfg, mesh, loras,
+                              lora_strict)
     log.info("loaded %s (%d layers, D=%d) in %.1fs", folder, cfg.num_layers, cfg.inner_dim,
              time.perf_counter() - t0)
     return Transformer(model, mesh)
