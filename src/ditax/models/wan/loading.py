@@ -24,7 +24,7 @@ from ditax.parallel.axes import batch_entry
 from ditax.parallel.mesh import check_mesh_axes, mesh_config
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
-from ditax.models.wan import convert
+from ditax.models.wan import convert, single_file
 from ditax.models.wan.transformer import WanTransformer
 from ditax.parallel.rules import param_spec
 
@@ -81,9 +81,10 @@ def read_config(folder) -> dict:
     return cfg
 
 
-def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None, loras=None,
+def load_weights_into(model_abs, source, cfg: ModelConfig, mesh=None, loras=None,
                       lora_strict: bool = True) -> WanTransformer:
-    """Fill an abstract model's parameters from a diffusers safetensors folder.
+    """Fill an abstract model's parameters from a diffusers safetensors folder, or from a
+    checkpoint with the original Wan / ComfyUI key names (:mod:`.single_file`).
 
     With a mesh, each parameter is read slice by slice straight into its NamedSharding.
     ``loras`` (see :func:`ditax.lora.resolve_loras`) are merged into each slice as it is read.
@@ -97,12 +98,17 @@ def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None, loras=None
             return NamedSharding(mesh, param_spec(axes[path], mesh, shape))
 
     table = convert.weight_table(cfg.num_layers, cfg.cross_attn_norm)
-    weights = Weights.open(folder)
+    weights = Weights.open(source)
+    read_table, rename = table, None
+    if single_file.is_original(weights.keys()):
+        prefix = single_file.key_prefix(weights.keys())
+        read_table, rename = single_file.original_table(table, prefix), single_file.renamer(prefix)
     if loras:
         from ditax.lora import merged_weights
 
-        weights = merged_weights(weights, loras, table, param_shapes(state), strict=lora_strict)
-    state = load_params(table, weights, state, jnp.dtype(cfg.param_dtype), sharding)
+        weights = merged_weights(weights, loras, table, param_shapes(state), strict=lora_strict,
+                                 rename=rename)
+    state = load_params(read_table, weights, state, jnp.dtype(cfg.param_dtype), sharding)
     return nnx.merge(gdef, state)
 
 
@@ -172,13 +178,19 @@ class Transformer:
 
 
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
-                     subfolder: str = "transformer", *, loras=None, lora_strict: bool = True,
-                     **model_overrides) -> Transformer:
-    """Load a diffusers-format Wan transformer folder (or pipeline folder / hub id).
+                     subfolder: str = "transformer", *, config=None, loras=None,
+                     lora_strict: bool = True, **model_overrides) -> Transformer:
+    """Load a Wan transformer: a diffusers folder (or pipeline folder / hub id), or a single
+    original Wan / ComfyUI ``.safetensors`` file with ``config=``.
 
     Args:
       path: ``transformer/`` folder (config.json + *.safetensors [+ index]), a pipeline folder
-        that has ``transformer/`` (or ``subfolder``), or a hub id when online.
+        that has ``transformer/`` (or ``subfolder``), a hub id when online, or one
+        ``.safetensors`` file with original Wan / ComfyUI key names
+        (``wan2.1_t2v_1.3B_bf16.safetensors``).
+      config: the architecture of a single-file checkpoint — a preset name
+        (``"wan2.1-t2v-1.3b"``), a YAML path or a :class:`ModelConfig`; folders have their own
+        ``config.json``.
       dtype: parameter and compute dtype ("float32" | "bfloat16" | "float16").
       mesh: optional ``jax.sharding.Mesh`` with axes (data, fsdp, context, tensor).
       attention: a backend name or an :class:`AttentionConfig`.
@@ -190,16 +202,24 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
       model_overrides: other :class:`ModelConfig` fields (e.g. ``remat="full"``).
     """
     t0 = time.perf_counter()
-    folder = resolve_folder(path, subfolder)
-    raw = read_config(folder)
-    cfg = ModelConfig.from_diffusers(raw, param_dtype=dtype, dtype=dtype, **model_overrides)
+    if single_file.is_single_file(path):
+        source = pathlib.Path(path)
+        cfg = single_file.single_file_config(path, config, param_dtype=dtype, dtype=dtype,
+                                             **model_overrides)
+    elif config is not None:
+        raise ConfigError(f"config= is for single-file checkpoints; {path} is read with its own "
+                          f"config.json (pass model overrides as keywords instead)")
+    else:
+        source = resolve_folder(path, subfolder)
+        cfg = ModelConfig.from_diffusers(read_config(source), param_dtype=dtype, dtype=dtype,
+                                         **model_overrides)
     acfg = attention if isinstance(attention, AttentionConfig) else AttentionConfig(
         backend=attention)
     check_mesh_axes(mesh)
     validate(Config(model=cfg, attention=acfg, mesh=mesh_config(mesh)),
              None if mesh is None else mesh.devices.size)
-    model = load_weights_into(abstract_model(cfg, acfg, mesh), folder, cfg, mesh, loras,
+    model = load_weights_into(abstract_model(cfg, acfg, mesh), source, cfg, mesh, loras,
                               lora_strict)
-    log.info("loaded %s (%d layers, D=%d) in %.1fs", folder, cfg.num_layers, cfg.inner_dim,
+    log.info("loaded %s (%d layers, D=%d) in %.1fs", source, cfg.num_layers, cfg.inner_dim,
              time.perf_counter() - t0)
     return Transformer(model, mesh)
