@@ -222,3 +222,28 @@ def test_cli_lora_arguments(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert rc == 2 and len(err.splitlines()) == 1, err
         assert ("not a Wan LoRA" in err) if flag == "--lora" else ("no such weights file" in err)
+
+
+def test_unmerged_equals_merged_and_new_strengths_do_not_recompile(tmp_path, base):
+    from compiles import compiles
+
+    folder, fresh, inputs, plain = base
+    m = fresh()
+    a = _peft(tmp_path, m)
+    b = write_musubi(tmp_path / "mu.safetensors",
+                     random_lora(m, block_modules(LAYERS)[3:], rank=(2, 5), alpha=3.0, seed=11))
+    loras = [(a, 0.6), (read_lora(b), -0.4)]
+    merged = _ours(folder, inputs, loras=loras)
+    mesh = make_mesh({"context": 4, "tensor": 2})
+    tr = ditax.load_transformer(folder, loras=loras, lora_mode="unmerged", mesh=mesh)
+    assert rel_err(np.asarray(tr(*inputs)), merged) <= TOL
+    with compiles() as log:
+        tr.set_lora_strengths([1.1, 0.3])
+        again = np.asarray(tr(*inputs))
+    assert log.names == [], log.names
+    want = _ours(folder, inputs, loras=[(a, 1.1), (b, 0.3)])
+    assert rel_err(again, want) <= TOL, rel_err(again, want)
+    tr.set_lora_strengths([0.0, 0.0])
+    assert rel_err(np.asarray(tr(*inputs)), plain) <= TOL
+    with pytest.raises(WeightError, match=r"proj_out\.weight is a full delta.*load it merged"):
+        ditax.load_transformer(folder, loras=[_original(tmp_path, m)], lora_mode="unmerged")

@@ -3,10 +3,12 @@
 - :mod:`.formats`: original Wan / ComfyUI, musubi-tuner / kohya and diffusers / PEFT keys,
   detected from the keys;
 - :mod:`.table`: :func:`read_lora` → :class:`Lora` (rows keyed by diffusers module names);
-- :mod:`.merge`: the fit checks and the slice-by-slice merge applied while loading.
+- :mod:`.merge`: the fit checks and the slice-by-slice merge applied while loading;
+- :mod:`.unmerged`: the same updates kept as run-time low-rank terms (strengths are data).
 
 ``ditax.load_transformer(path, loras=[("style.safetensors", 0.8)])`` and
-``ditax.load_pipeline(path, loras=[...], loras_2=[...])`` use :func:`merged_weights`.
+``ditax.load_pipeline(path, loras=[...], loras_2=[...])`` use :func:`merged_weights`, or
+:func:`ditax.lora.unmerged.attach` with ``lora_mode="unmerged"``.
 """
 
 from __future__ import annotations

@@ -30,13 +30,13 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
                     attention="xla", scheduler: str | None = None,
                     flow_shift: float | None = None, vae_dtype: str = "float32",
                     loras=None, loras_2=None, lora_strict: bool = True,
-                    **model_overrides) -> dict:
+                    lora_mode: str = "merged", **model_overrides) -> dict:
     """Keyword arguments for :class:`~ditax.pipelines.text_to_video.WanTextToVideo`:
     ``tokenizer``, ``text_encoder``, ``vae``, ``transformer``, ``transformer_2`` (or None),
     ``scheduler``. Transformers are sharded over ``mesh`` and run ``attention``
     (a backend name or :class:`AttentionConfig`); ``model_overrides`` go to both.
-    ``loras`` are merged into ``transformer``, ``loras_2`` into ``transformer_2`` (see
-    :func:`ditax.load_transformer`)."""
+    ``loras`` go to ``transformer``, ``loras_2`` to ``transformer_2``, merged or unmerged
+    by ``lora_mode`` (see :func:`ditax.load_transformer`)."""
     from ditax.models.tokenizer import load_tokenizer
     from ditax.models.umt5 import load_text_encoder
     from ditax.models.wan.loading import load_transformer
@@ -54,12 +54,12 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
     vae = load_vae(subs["vae"], dtype=vae_dtype)
     tr = load_transformer(subs["transformer"], dtype=dtype, mesh=mesh, attention=acfg,
                           subfolder=None, loras=loras, lora_strict=lora_strict,
-                          **model_overrides)
+                          lora_mode=lora_mode, **model_overrides)
     tr2 = None
     if "transformer_2" in subs:
         tr2 = load_transformer(subs["transformer_2"], dtype=dtype, mesh=mesh, attention=acfg,
                                subfolder=None, loras=loras_2, lora_strict=lora_strict,
-                               **model_overrides)
+                               lora_mode=lora_mode, **model_overrides)
     check_fit(enc, vae, tr, tr2)
     return dict(tokenizer=tok, text_encoder=enc, vae=vae, transformer=tr, transformer_2=tr2,
                 scheduler=sched)

@@ -49,7 +49,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
                   flow_shift: float | None = None, vae_dtype: str = "float32",
                   vae_tiling: bool = False, max_sequence_length: int = 512,
                   loras=None, loras_2=None, lora_strict: bool = True,
-                  **model_overrides) -> "WanTextToVideo":
+                  lora_mode: str = "merged", **model_overrides) -> "WanTextToVideo":
     """Load a diffusers Wan text-to-video pipeline folder (or hub id) into :class:`WanTextToVideo`.
 
     Args:
@@ -66,7 +66,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
       max_sequence_length: text tokens (512 for Wan).
       loras: LoRAs merged into ``transformer`` as it loads, ``[(file, strength), ...]`` (any
         format of :mod:`ditax.lora`); ``loras_2``: the same for Wan 2.2's ``transformer_2``
-        (the low-noise expert); ``lora_strict=False`` skips unknown LoRA keys with a warning.
+        (the low-noise expert); ``lora_strict=False`` skips unknown LoRA keys with a warning;
+        ``lora_mode="unmerged"`` keeps them as run-time updates (see ``load_transformer``).
     """
     if cfg_mode not in CFG_MODES:
         raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
@@ -76,7 +77,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
     parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
                             scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
                             loras=loras, loras_2=loras_2, lora_strict=lora_strict,
-                            **model_overrides)
+                            lora_mode=lora_mode, **model_overrides)
     pipe = WanTextToVideo(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
                           cfg_mode=cfg_mode, vae_tiling=vae_tiling,
                           max_sequence_length=max_sequence_length)
@@ -237,7 +238,7 @@ class WanTextToVideo:
             low = boundary is not None and timesteps[i] < boundary
             tr = self.transformer_2 if low and self.transformer_2 is not None else self.transformer
             g = guidance_scale_2 if low else guidance_scale
-            x, state = _denoise_step(self.transformer._gdef, self.scheduler, self.cfg_mode,
+            x, state = _denoise_step(tr._gdef, self.scheduler, self.cfg_mode,
                                      use_cfg, tr._state, state, x, text, jnp.float32(g))
         x = jax.block_until_ready(x)
         t2 = time.perf_counter()

@@ -19,6 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import AttentionConfig, Config, ConfigError, ModelConfig, validate
+from ditax.errors import check_choice
 from ditax.io.convert import load_params, param_shapes
 from ditax.parallel.axes import batch_entry
 from ditax.parallel.mesh import check_mesh_axes, mesh_config
@@ -29,6 +30,8 @@ from ditax.models.wan.transformer import WanTransformer
 from ditax.parallel.rules import param_spec
 
 log = logging.getLogger(__name__)
+
+LORA_MODES = ("merged", "unmerged")
 
 
 def _path_str(path) -> tuple[str, ...]:
@@ -176,10 +179,19 @@ class Transformer:
                 None if text_mask is None else self._place(jnp.asarray(text_mask, bool))]
         return self._compiled()(self._state, *args)
 
+    def set_lora_strengths(self, strengths) -> None:
+        """New strengths for LoRAs loaded with ``lora_mode="unmerged"`` (one per LoRA, in
+        order). Only values change, so nothing recompiles."""
+        from ditax.lora.unmerged import set_strengths
+
+        set_strengths(self.module, strengths, self.mesh)
+        self._gdef, self._state = nnx.split(self.module)
+
 
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                      subfolder: str = "transformer", *, config=None, loras=None,
-                     lora_strict: bool = True, **model_overrides) -> Transformer:
+                     lora_strict: bool = True, lora_mode: str = "merged",
+                     **model_overrides) -> Transformer:
     """Load a Wan transformer: a diffusers folder (or pipeline folder / hub id), or a single
     original Wan / ComfyUI ``.safetensors`` file with ``config=``.
 
@@ -199,9 +211,13 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
         of :mod:`ditax.lora`.
       lora_strict: False = LoRA keys that match no layer are skipped with a warning instead of
         an error.
+      lora_mode: "merged" (folded into the weights while they load: no run-time cost) or
+        "unmerged" (low-rank updates at run time; ``Transformer.set_lora_strengths`` changes
+        strengths without recompiling; Linear layers only).
       model_overrides: other :class:`ModelConfig` fields (e.g. ``remat="full"``).
     """
     t0 = time.perf_counter()
+    check_choice("lora_mode", lora_mode, LORA_MODES)
     if single_file.is_single_file(path):
         source = pathlib.Path(path)
         cfg = single_file.single_file_config(path, config, param_dtype=dtype, dtype=dtype,
@@ -218,8 +234,15 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
     check_mesh_axes(mesh)
     validate(Config(model=cfg, attention=acfg, mesh=mesh_config(mesh)),
              None if mesh is None else mesh.devices.size)
-    model = load_weights_into(abstract_model(cfg, acfg, mesh), source, cfg, mesh, loras,
+    merged = loras if lora_mode == "merged" else None
+    model = load_weights_into(abstract_model(cfg, acfg, mesh), source, cfg, mesh, merged,
                               lora_strict)
+    if loras and lora_mode == "unmerged":
+        from ditax.lora import resolve_loras
+        from ditax.lora.unmerged import attach
+
+        attach(model, resolve_loras(loras, lora_strict),
+               convert.weight_table(cfg.num_layers, cfg.cross_attn_norm), mesh)
     log.info("loaded %s (%d layers, D=%d) in %.1fs", source, cfg.num_layers, cfg.inner_dim,
              time.perf_counter() - t0)
     return Transformer(model, mesh)
