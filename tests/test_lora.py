@@ -141,10 +141,11 @@ def test_wan22_lora_on_each_expert(tmp_path):
 
     ref, folder = make_tiny_pipeline(tmp_path, two_experts=True, boundary_ratio=0.8)
     hi = write_peft(tmp_path / "hi.safetensors",
-                    random_lora(ref.transformer, block_modules(2), rank=4, bias=True, seed=8))
+                    random_lora(ref.transformer, block_modules(2), rank=4, bias=True, seed=8,
+                                size=1.0))
     lo = write_original(tmp_path / "lo.safetensors",
                         random_lora(ref.transformer_2, block_modules(2), rank=4, alpha=4.0,
-                                    seed=9))
+                                    seed=9, size=1.0))
     ref.load_lora_weights(str(hi), adapter_name="hi")
     ref.load_lora_weights(str(lo), adapter_name="lo", load_into_transformer_2=True)
     ref.transformer.set_adapters(["hi"], [0.8])
@@ -157,6 +158,9 @@ def test_wan22_lora_on_each_expert(tmp_path):
     got = pipe(latents=lat, progress=False, **kw)
     want = run_pipe(ref, lat, **kw)
     assert np.abs(got - want).max() < 1e-3, np.abs(got - want).max()
+    ref.transformer.disable_adapters()
+    ref.transformer_2.disable_adapters()
+    assert np.abs(run_pipe(ref, lat, **kw) - want).max() > 1e-2   # the LoRAs matter
     # loras_2 needs a second expert
     single = tmp_path / "single"
     shutil.copytree(folder, single, ignore=shutil.ignore_patterns("transformer_2"))
