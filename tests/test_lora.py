@@ -161,6 +161,19 @@ def test_wan22_lora_on_each_expert(tmp_path):
     ref.transformer.disable_adapters()
     ref.transformer_2.disable_adapters()
     assert np.abs(run_pipe(ref, lat, **kw) - want).max() > 1e-2   # the LoRAs matter
+    # the same through `ditax generate --lora --lora-2` (PNG frames: the video in uint8)
+    import imageio.v2 as imageio
+    from ditax.io.video import to_uint8
+
+    frames = tmp_path / "frames"
+    rc = main(["generate", "--model", str(folder), "--prompt", kw["prompt"], "--negative-prompt",
+               "blurry", "--height", "32", "--width", "32", "--frames", "5", "--steps", "4",
+               "--guidance", "4", "--guidance-2", "2", "--seed", "3", "--no-progress",
+               "--lora", f"{hi}:0.8", "--lora-2", f"{lo}:1.3", "--output",
+               str(tmp_path / "o.mp4"), "--frames-dir", str(frames), "attention.backend=xla"])
+    assert rc == 0
+    np.testing.assert_array_equal(imageio.imread(frames / "frame_00003.png"),
+                                  to_uint8(pipe(seed=3, progress=False, **kw))[3])
     # loras_2 needs a second expert
     single = tmp_path / "single"
     shutil.copytree(folder, single, ignore=shutil.ignore_patterns("transformer_2"))
