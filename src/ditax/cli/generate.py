@@ -6,9 +6,10 @@
 
 Everything that can be wrong with the request is checked before any weights are read: sizes,
 frames, steps, guidance, prompt, ``key=value`` overrides, mesh vs device count, output suffix,
-the model folder (its ``model_index.json`` and transformer ``config.json``), and whether the
-attention backend can run here with the folder's head dim. Prints a progress bar over the steps
-and one timing line (load, text, denoise, decode).
+the model folder (its ``model_index.json`` and transformer ``config.json``), the ``--lora``
+files (readable, a known format; whether they fit the model is checked as it loads), and
+whether the attention backend can run here with the folder's head dim. Prints a progress bar
+over the steps and one timing line (load, text, denoise, decode).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--guidance", type=float, default=None, help="CFG scale; <= 1 = off (5.0)")
     p.add_argument("--guidance-2", type=float, default=None,
                    help="low-noise expert's CFG scale (Wan 2.2 two-expert folders)")
+    p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
+                   help="LoRA merged into the transformer (repeatable; any Wan LoRA format)")
+    p.add_argument("--lora-2", action="append", default=[], metavar="FILE[:STRENGTH]",
+                   help="LoRA for the low-noise expert transformer_2 (Wan 2.2; repeatable)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="out.mp4", help="mp4 path (H.264)")
     p.add_argument("--frames-dir", default=None, help="also write PNG frames here")
@@ -73,6 +78,7 @@ def parse_request(args):
                            f"for PNG frames")
     if args.fps < 1:
         raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
+    loras, loras_2 = read_loras(args.lora), read_loras(args.lora_2)
     use_mesh = "mesh" in given
     validate(cfg, jax.device_count() if use_mesh else None)
     dtype = cfg.model.dtype
@@ -85,8 +91,17 @@ def parse_request(args):
                 cfg_mode=s.cfg_mode, flow_shift=s.flow_shift, vae_tiling=s.vae_tiling,
                 max_sequence_length=s.max_sequence_length,
                 scheduler=s.scheduler if "scheduler" in given.get("sample", {}) else None,
-                mesh_config=cfg.mesh if use_mesh else None, **model_over)
+                mesh_config=cfg.mesh if use_mesh else None, loras=loras, loras_2=loras_2,
+                **model_over)
     return load, call
+
+
+def read_loras(specs: list[str]) -> list:
+    """``--lora FILE[:STRENGTH]`` values → ``[(Lora, strength)]``, each file read and its
+    format checked here (a bad file is a :class:`~ditax.errors.WeightError`: exit 2)."""
+    from ditax.lora import parse_lora_arg, resolve_loras
+
+    return resolve_loras([parse_lora_arg(s) for s in specs])
 
 
 def check_model_and_attention(load: dict, mesh) -> None:

@@ -115,7 +115,8 @@ class Table:
         return [k for r in self.rows for k in self.names(r)]
 
 
-def _listing(items: list[str], sep: str = ", ", limit: int = 20) -> str:
+def listing(items: list[str], sep: str = ", ", limit: int = 20) -> str:
+    """The first ``limit`` items joined, with a count of the rest (for error messages)."""
     more = f" ... (+{len(items) - limit} more)" if len(items) > limit else ""
     return sep.join(items[:limit]) + more
 
@@ -141,9 +142,9 @@ def check_keys(table: Table, available, source="the checkpoint") -> dict[str, st
     if missing or unexpected:
         msg = [f"{table.name} weights in {source} do not match {table.context}"]
         if missing:
-            msg.append(f"missing {len(missing)} key(s): {_listing(missing)}")
+            msg.append(f"missing {len(missing)} key(s): {listing(missing)}")
         if unexpected:
-            msg.append(f"unexpected {len(unexpected)} key(s): {_listing(unexpected)}")
+            msg.append(f"unexpected {len(unexpected)} key(s): {listing(unexpected)}")
         msg.append("check that config.json belongs to these weights and that every shard "
                    "downloaded completely")
         raise WeightError("; ".join(msg))
@@ -175,7 +176,7 @@ def check_shapes(table: Table, shape_of: Callable[[str], tuple], ours: dict, key
                            f"(our {'.'.join(row.path)} {want}, {row.transform.name})")
     if bad:
         raise WeightError(f"{table.name} weights in {source} do not fit {table.context}: "
-                          f"{_listing(bad, '; ')}")
+                          f"{listing(bad, '; ')}")
 
 
 def read_param(weights, row: Row, keys: dict, shape: tuple, dtype, sharding=None) -> jax.Array:

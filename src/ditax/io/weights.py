@@ -95,6 +95,13 @@ class Weights:
     def keys(self) -> list[str]:
         return list(self._file)
 
+    def metadata(self) -> dict[str, str]:
+        """The files' ``__metadata__`` string maps, merged (e.g. a LoRA's adapter config)."""
+        out = {}
+        for h in self._handle.values():
+            out.update(h.metadata() or {})
+        return out
+
     def __contains__(self, key) -> bool:
         return key in self._file
 

@@ -29,17 +29,23 @@ def load_sampler(folder: PipelineFolder, scheduler: str | None = None,
 def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None,
                     attention="xla", scheduler: str | None = None,
                     flow_shift: float | None = None, vae_dtype: str = "float32",
-                    **model_overrides) -> dict:
+                    loras=None, loras_2=None, lora_strict: bool = True,
+                    lora_mode: str = "merged", **model_overrides) -> dict:
     """Keyword arguments for :class:`~ditax.pipelines.text_to_video.WanTextToVideo`:
     ``tokenizer``, ``text_encoder``, ``vae``, ``transformer``, ``transformer_2`` (or None),
     ``scheduler``. Transformers are sharded over ``mesh`` and run ``attention``
-    (a backend name or :class:`AttentionConfig`); ``model_overrides`` go to both."""
+    (a backend name or :class:`AttentionConfig`); ``model_overrides`` go to both.
+    ``loras`` go to ``transformer``, ``loras_2`` to ``transformer_2``, merged or unmerged
+    by ``lora_mode`` (see :func:`ditax.load_transformer`)."""
     from ditax.models.tokenizer import load_tokenizer
     from ditax.models.umt5 import load_text_encoder
     from ditax.models.wan.loading import load_transformer
     from ditax.models.wan.vae_convert import load_vae
 
     subs = folder.components
+    if loras_2 and "transformer_2" not in subs:
+        raise PipelineLoadError(f"loras_2 is for Wan 2.2's low-noise expert, but {folder.root} "
+                                f"has no transformer_2; pass the LoRAs as loras=")
     sched = load_sampler(folder, scheduler, flow_shift)
     acfg = attention if isinstance(attention, AttentionConfig) else AttentionConfig(
         backend=attention)
@@ -47,11 +53,13 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
     enc = load_text_encoder(subs["text_encoder"], dtype=dtype)
     vae = load_vae(subs["vae"], dtype=vae_dtype)
     tr = load_transformer(subs["transformer"], dtype=dtype, mesh=mesh, attention=acfg,
-                          subfolder=None, **model_overrides)
+                          subfolder=None, loras=loras, lora_strict=lora_strict,
+                          lora_mode=lora_mode, **model_overrides)
     tr2 = None
     if "transformer_2" in subs:
         tr2 = load_transformer(subs["transformer_2"], dtype=dtype, mesh=mesh, attention=acfg,
-                               subfolder=None, **model_overrides)
+                               subfolder=None, loras=loras_2, lora_strict=lora_strict,
+                               lora_mode=lora_mode, **model_overrides)
     check_fit(enc, vae, tr, tr2)
     return dict(tokenizer=tok, text_encoder=enc, vae=vae, transformer=tr, transformer_2=tr2,
                 scheduler=sched)

@@ -48,7 +48,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
                   cfg_mode: str = "batched", scheduler: str | None = None,
                   flow_shift: float | None = None, vae_dtype: str = "float32",
                   vae_tiling: bool = False, max_sequence_length: int = 512,
-                  **model_overrides) -> "WanTextToVideo":
+                  loras=None, loras_2=None, lora_strict: bool = True,
+                  lora_mode: str = "merged", **model_overrides) -> "WanTextToVideo":
     """Load a diffusers Wan text-to-video pipeline folder (or hub id) into :class:`WanTextToVideo`.
 
     Args:
@@ -63,6 +64,10 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
       vae_dtype: VAE dtype (float32 is what Wan uses; the VAE is small).
       vae_tiling: decode in overlapping spatial tiles (large frames).
       max_sequence_length: text tokens (512 for Wan).
+      loras: LoRAs merged into ``transformer`` as it loads, ``[(file, strength), ...]`` (any
+        format of :mod:`ditax.lora`); ``loras_2``: the same for Wan 2.2's ``transformer_2``
+        (the low-noise expert); ``lora_strict=False`` skips unknown LoRA keys with a warning;
+        ``lora_mode="unmerged"`` keeps them as run-time updates (see ``load_transformer``).
     """
     if cfg_mode not in CFG_MODES:
         raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
@@ -71,7 +76,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
     folder = read_pipeline_folder(path)
     parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
                             scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
-                            **model_overrides)
+                            loras=loras, loras_2=loras_2, lora_strict=lora_strict,
+                            lora_mode=lora_mode, **model_overrides)
     pipe = WanTextToVideo(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
                           cfg_mode=cfg_mode, vae_tiling=vae_tiling,
                           max_sequence_length=max_sequence_length)
@@ -232,7 +238,7 @@ class WanTextToVideo:
             low = boundary is not None and timesteps[i] < boundary
             tr = self.transformer_2 if low and self.transformer_2 is not None else self.transformer
             g = guidance_scale_2 if low else guidance_scale
-            x, state = _denoise_step(self.transformer._gdef, self.scheduler, self.cfg_mode,
+            x, state = _denoise_step(tr._gdef, self.scheduler, self.cfg_mode,
                                      use_cfg, tr._state, state, x, text, jnp.float32(g))
         x = jax.block_until_ready(x)
         t2 = time.perf_counter()

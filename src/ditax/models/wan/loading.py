@@ -19,16 +19,19 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import AttentionConfig, Config, ConfigError, ModelConfig, validate
-from ditax.io.convert import load_params
+from ditax.errors import check_choice
+from ditax.io.convert import load_params, param_shapes
 from ditax.parallel.axes import batch_entry
 from ditax.parallel.mesh import check_mesh_axes, mesh_config
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
-from ditax.models.wan import convert
+from ditax.models.wan import convert, single_file
 from ditax.models.wan.transformer import WanTransformer
 from ditax.parallel.rules import param_spec
 
 log = logging.getLogger(__name__)
+
+LORA_MODES = ("merged", "unmerged")
 
 
 def _path_str(path) -> tuple[str, ...]:
@@ -81,10 +84,13 @@ def read_config(folder) -> dict:
     return cfg
 
 
-def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None) -> WanTransformer:
-    """Fill an abstract model's parameters from a diffusers safetensors folder.
+def load_weights_into(model_abs, source, cfg: ModelConfig, mesh=None, loras=None,
+                      lora_strict: bool = True) -> WanTransformer:
+    """Fill an abstract model's parameters from a diffusers safetensors folder, or from a
+    checkpoint with the original Wan / ComfyUI key names (:mod:`.single_file`).
 
     With a mesh, each parameter is read slice by slice straight into its NamedSharding.
+    ``loras`` (see :func:`ditax.lora.resolve_loras`) are merged into each slice as it is read.
     """
     gdef, state = nnx.split(model_abs)
     sharding = None
@@ -95,7 +101,17 @@ def load_weights_into(model_abs, folder, cfg: ModelConfig, mesh=None) -> WanTran
             return NamedSharding(mesh, param_spec(axes[path], mesh, shape))
 
     table = convert.weight_table(cfg.num_layers, cfg.cross_attn_norm)
-    state = load_params(table, Weights.open(folder), state, jnp.dtype(cfg.param_dtype), sharding)
+    weights = Weights.open(source)
+    read_table, rename = table, None
+    if single_file.is_original(weights.keys()):
+        prefix = single_file.key_prefix(weights.keys())
+        read_table, rename = single_file.original_table(table, prefix), single_file.renamer(prefix)
+    if loras:
+        from ditax.lora import merged_weights
+
+        weights = merged_weights(weights, loras, table, param_shapes(state), strict=lora_strict,
+                                 rename=rename)
+    state = load_params(read_table, weights, state, jnp.dtype(cfg.param_dtype), sharding)
     return nnx.merge(gdef, state)
 
 
@@ -182,29 +198,70 @@ class Transformer:
                 None if text_mask is None else self._place(jnp.asarray(text_mask, bool))]
         return _forward_jit(self._gdef, self._state, *args)
 
+    def set_lora_strengths(self, strengths) -> None:
+        """New strengths for LoRAs loaded with ``lora_mode="unmerged"`` (one per LoRA, in
+        order). Only values change, so nothing recompiles."""
+        from ditax.lora.unmerged import set_strengths
+
+        set_strengths(self.module, strengths, self.mesh)
+        self._gdef, self._state = nnx.split(self.module)
+
 
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
-                     subfolder: str = "transformer", **model_overrides) -> Transformer:
-    """Load a diffusers-format Wan transformer folder (or pipeline folder / hub id).
+                     subfolder: str = "transformer", *, config=None, loras=None,
+                     lora_strict: bool = True, lora_mode: str = "merged",
+                     **model_overrides) -> Transformer:
+    """Load a Wan transformer: a diffusers folder (or pipeline folder / hub id), or a single
+    original Wan / ComfyUI ``.safetensors`` file with ``config=``.
 
     Args:
       path: ``transformer/`` folder (config.json + *.safetensors [+ index]), a pipeline folder
-        that has ``transformer/`` (or ``subfolder``), or a hub id when online.
+        that has ``transformer/`` (or ``subfolder``), a hub id when online, or one
+        ``.safetensors`` file with original Wan / ComfyUI key names
+        (``wan2.1_t2v_1.3B_bf16.safetensors``).
+      config: the architecture of a single-file checkpoint — a preset name
+        (``"wan2.1-t2v-1.3b"``), a YAML path or a :class:`ModelConfig`; folders have their own
+        ``config.json``.
       dtype: parameter and compute dtype ("float32" | "bfloat16" | "float16").
       mesh: optional ``jax.sharding.Mesh`` with axes (data, fsdp, context, tensor).
       attention: a backend name or an :class:`AttentionConfig`.
+      loras: LoRAs merged into the weights as they load: ``[(file, strength), ...]`` (a bare
+        file = strength 1.0; a parsed :class:`ditax.lora.Lora` instead of a file); any format
+        of :mod:`ditax.lora`.
+      lora_strict: False = LoRA keys that match no layer are skipped with a warning instead of
+        an error.
+      lora_mode: "merged" (folded into the weights while they load: no run-time cost) or
+        "unmerged" (low-rank updates at run time; ``Transformer.set_lora_strengths`` changes
+        strengths without recompiling; Linear layers only).
       model_overrides: other :class:`ModelConfig` fields (e.g. ``remat="full"``).
     """
     t0 = time.perf_counter()
-    folder = resolve_folder(path, subfolder)
-    raw = read_config(folder)
-    cfg = ModelConfig.from_diffusers(raw, param_dtype=dtype, dtype=dtype, **model_overrides)
+    check_choice("lora_mode", lora_mode, LORA_MODES)
+    if single_file.is_single_file(path):
+        source = pathlib.Path(path)
+        cfg = single_file.single_file_config(path, config, param_dtype=dtype, dtype=dtype,
+                                             **model_overrides)
+    elif config is not None:
+        raise ConfigError(f"config= is for single-file checkpoints; {path} is read with its own "
+                          f"config.json (pass model overrides as keywords instead)")
+    else:
+        source = resolve_folder(path, subfolder)
+        cfg = ModelConfig.from_diffusers(read_config(source), param_dtype=dtype, dtype=dtype,
+                                         **model_overrides)
     acfg = attention if isinstance(attention, AttentionConfig) else AttentionConfig(
         backend=attention)
     check_mesh_axes(mesh)
     validate(Config(model=cfg, attention=acfg, mesh=mesh_config(mesh)),
              None if mesh is None else mesh.devices.size)
-    model = load_weights_into(abstract_model(cfg, acfg, mesh), folder, cfg, mesh)
-    log.info("loaded %s (%d layers, D=%d) in %.1fs", folder, cfg.num_layers, cfg.inner_dim,
+    merged = loras if lora_mode == "merged" else None
+    model = load_weights_into(abstract_model(cfg, acfg, mesh), source, cfg, mesh, merged,
+                              lora_strict)
+    if loras and lora_mode == "unmerged":
+        from ditax.lora import resolve_loras
+        from ditax.lora.unmerged import attach
+
+        attach(model, resolve_loras(loras, lora_strict),
+               convert.weight_table(cfg.num_layers, cfg.cross_attn_norm), mesh)
+    log.info("loaded %s (%d layers, D=%d) in %.1fs", source, cfg.num_layers, cfg.inner_dim,
              time.perf_counter() - t0)
     return Transformer(model, mesh)

@@ -1,0 +1,98 @@
+"""The Wan LoRA key formats, recognised from the keys alone.
+
+Each format turns one tensor key into ``(diffusers module name, part)`` or None, where ``part``
+is one of :data:`PARTS`:
+
+- ``original`` — original Wan / ComfyUI names (``diffusion_model.blocks.3.self_attn.q``,
+  ``ffn.0``, ``head.head`` …, read through :mod:`ditax.models.wan.original_names`), optional
+  ``diffusion_model.`` / ``model.diffusion_model.`` prefix; ``lora_down``/``lora_up`` or
+  ``lora_A``/``lora_B`` ``.weight``, ``alpha``, ``diff_b`` (bias delta), ``diff`` (full delta);
+- ``musubi`` — musubi-tuner / kohya: ``lora_unet_`` + the original name with ``_`` for ``.``
+  (``lora_unet_blocks_3_self_attn_q``), ``lora_down``/``lora_up`` ``.weight`` and ``alpha``;
+- ``peft`` — diffusers / PEFT: ``transformer.`` (or ``base_model.model.``) + the diffusers
+  name (``transformer.blocks.3.attn1.to_q``), ``lora_A.weight``, ``lora_B.weight``,
+  ``lora_B.bias``.
+
+:func:`detect` picks the format that explains the most keys.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from ditax.models.wan.original_names import NAMES, to_diffusers
+
+# normalised parts: down [r, in], up [out, r], alpha (scalar), bias delta [out], full delta
+PARTS = ("down", "up", "alpha", "bias", "diff")
+
+_ORIGINAL_PARTS = {"lora_down.weight": "down", "lora_A.weight": "down", "lora_up.weight": "up",
+                   "lora_B.weight": "up", "alpha": "alpha", "diff_b": "bias", "diff": "diff"}
+_MUSUBI_PARTS = {"lora_down.weight": "down", "lora_up.weight": "up", "alpha": "alpha",
+                 "diff_b": "bias", "diff": "diff"}
+_PEFT_PARTS = {"lora_A.weight": "down", "lora_B.weight": "up", "lora_B.bias": "bias"}
+
+
+def _split(key: str, parts: dict[str, str]) -> tuple[str, str] | None:
+    for suffix, part in parts.items():
+        if key.endswith("." + suffix):
+            return key[:-len(suffix) - 1], part
+    return None
+
+
+def _strip(key: str, prefixes: tuple[str, ...]) -> str:
+    for p in prefixes:
+        if key.startswith(p):
+            return key[len(p):]
+    return key
+
+
+@functools.lru_cache(maxsize=None)
+def _diffusers_names() -> re.Pattern:
+    alts = [re.escape(d).replace(r"\{i\}", r"\d+") for _, d in NAMES]
+    return re.compile("|".join(f"(?:{a})" for a in alts))
+
+
+def original(key: str):
+    """``diffusion_model.blocks.3.self_attn.q.lora_down.weight`` → (``blocks.3.attn1.to_q``,
+    ``down``)."""
+    split = _split(_strip(key, ("model.diffusion_model.", "diffusion_model.")), _ORIGINAL_PARTS)
+    if split is None:
+        return None
+    name = to_diffusers(split[0])
+    return None if name is None else (name, split[1])
+
+
+def musubi(key: str):
+    """``lora_unet_blocks_3_self_attn_q.lora_down.weight`` → (``blocks.3.attn1.to_q``,
+    ``down``)."""
+    if not key.startswith("lora_unet_"):
+        return None
+    split = _split(key[len("lora_unet_"):], _MUSUBI_PARTS)
+    if split is None:
+        return None
+    name = to_diffusers(split[0], sep="_")
+    return None if name is None else (name, split[1])
+
+
+def peft(key: str):
+    """``transformer.blocks.3.attn1.to_q.lora_A.weight`` → (``blocks.3.attn1.to_q``, ``down``)."""
+    split = _split(_strip(key, ("transformer.", "base_model.model.")), _PEFT_PARTS)
+    if split is None or not _diffusers_names().fullmatch(split[0]):
+        return None
+    return split
+
+
+FORMATS = {"original": original, "musubi": musubi, "peft": peft}
+
+DESCRIPTION = ("original Wan / ComfyUI (diffusion_model.blocks.N.self_attn.q.lora_down.weight), "
+               "musubi-tuner / kohya (lora_unet_blocks_N_self_attn_q.lora_down.weight) or "
+               "diffusers / PEFT (transformer.blocks.N.attn1.to_q.lora_A.weight)")
+
+
+def detect(keys) -> str | None:
+    """The format that recognises the most of ``keys`` (None: none recognises any)."""
+    keys = list(keys)
+    counts = {name: sum(fn(k) is not None for k in keys) for name, fn in FORMATS.items()}
+    best = max(counts, key=counts.get)
+    return best if counts[best] else None

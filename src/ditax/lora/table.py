@@ -1,0 +1,151 @@
+"""A LoRA file in any supported format → one table of updates keyed by diffusers module names.
+
+:func:`read_lora` opens a safetensors file, detects its format (:mod:`.formats`), groups the
+tensors by target module and returns a :class:`Lora`: one :class:`LoraRow` per module with
+
+- ``down`` ``[r, in]`` and ``up`` ``[out, r]`` (torch ``Linear`` layout), applied as
+  ``W += scale * up @ down`` where ``scale = alpha / r`` (1 without ``alpha``; for diffusers
+  files with adapter metadata, PEFT's ``lora_alpha / r`` or ``/ sqrt(r)`` with rsLoRA);
+- ``bias`` ``[out]``: a bias delta (``diff_b``, ``lora_B.bias``);
+- ``diff``: a full delta of the weight (``diff``, any parameter's shape).
+
+The user's strength multiplies all three (as in diffusers' ``set_adapters`` and ComfyUI).
+Tensors stay in their stored dtype; the merge computes in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+
+import numpy as np
+
+from ditax.errors import WeightError
+from ditax.io.convert import listing
+from ditax.lora import formats
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoraRow:
+    """The update of one module (diffusers name ``key``, e.g. ``blocks.3.attn1.to_q``)."""
+
+    key: str
+    down: np.ndarray | None = None    # [r, in]
+    up: np.ndarray | None = None      # [out, r]
+    scale: float = 1.0                # alpha / r
+    bias: np.ndarray | None = None    # [out]
+    diff: np.ndarray | None = None    # the weight's shape
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.down is None else int(self.down.shape[0])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Lora:
+    """A parsed LoRA file: its rows, format, source and the keys no format recognised."""
+
+    source: str
+    format: str
+    rows: tuple[LoraRow, ...]
+    unknown: tuple[str, ...] = ()
+
+    def __repr__(self):
+        ranks = sorted({r.rank for r in self.rows if r.rank})
+        return (f"Lora({self.source!r}, format={self.format!r}, {len(self.rows)} modules, "
+                f"ranks {ranks})")
+
+
+def _peft_scales(metadata: dict) -> "callable | None":
+    """module name, rank → PEFT scaling from diffusers' ``lora_adapter_metadata`` (None: none)."""
+    raw = metadata.get("lora_adapter_metadata")
+    if not raw:
+        return None
+    try:
+        meta = {k.removeprefix("transformer."): v for k, v in json.loads(raw).items()}
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    if "lora_alpha" not in meta:
+        return None
+    alpha, patterns = meta["lora_alpha"], meta.get("alpha_pattern") or {}
+    root = math.sqrt if meta.get("use_rslora") else (lambda r: r)
+
+    def scale(module: str, rank: int) -> float:
+        a = next((v for p, v in patterns.items() if re.match(rf"(.*\.)?({p})$", module)), alpha)
+        return float(a) / root(rank)
+
+    return scale
+
+
+def _row(module: str, parts: dict, source: str, peft_scale) -> LoraRow:
+    down, up = parts.get("down"), parts.get("up")
+    names = parts["_keys"]
+    if (down is None) != (up is None):
+        have, lack = ("down", "up") if up is None else ("up", "down")
+        raise WeightError(f"{source}: {names[have]} has no matching lora_{lack} tensor; the "
+                          f"file is incomplete")
+    scale = 1.0
+    if down is not None:
+        if down.ndim != 2 or up.ndim != 2 or up.shape[1] != down.shape[0]:
+            raise WeightError(f"{source}: {names['down']} {tuple(down.shape)} and {names['up']} "
+                              f"{tuple(up.shape)} are not a LoRA pair ([r, in] and [out, r])")
+        rank = down.shape[0]
+        if "alpha" in parts:
+            scale = float(np.asarray(parts["alpha"], np.float64).reshape(-1)[0]) / rank
+        elif peft_scale is not None:
+            scale = peft_scale(module, rank)
+    elif "alpha" in parts:
+        raise WeightError(f"{source}: {names['alpha']} has no lora_down/lora_up pair")
+    return LoraRow(module, down, up, scale, parts.get("bias"), parts.get("diff"))
+
+
+def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the LoRA",
+               strict: bool = True) -> Lora:
+    """``{key: array}`` of a LoRA file → :class:`Lora`.
+
+    Keys that the detected format does not recognise raise one :class:`WeightError` listing
+    them; ``strict=False`` logs a warning with the list instead and skips them.
+    """
+    fmt = formats.detect(tensors)
+    if fmt is None:
+        raise WeightError(f"{source}: not a Wan LoRA — none of its {len(tensors)} keys is in a "
+                          f"known format ({formats.DESCRIPTION}); first keys: "
+                          f"{listing(sorted(tensors), limit=5)}")
+    parse = formats.FORMATS[fmt]
+    grouped: dict[str, dict] = {}
+    unknown = []
+    for key in sorted(tensors):
+        hit = parse(key)
+        if hit is None:
+            unknown.append(key)
+            continue
+        module, part = hit
+        g = grouped.setdefault(module, {"_keys": {}})
+        if part in g:
+            raise WeightError(f"{source}: {key} and {g['_keys'][part]} are the same tensor of "
+                              f"{module}; keep one")
+        g[part], g["_keys"][part] = tensors[key], key
+    if unknown:
+        msg = (f"{source} ({fmt} format): {len(unknown)} key(s) match no layer of the Wan "
+               f"transformer: {listing(unknown)}")
+        if strict:
+            raise WeightError(msg + "; pass strict=False to skip them (a LoRA for another model?)")
+        log.warning("%s; skipped (strict=False)", msg)
+    peft_scale = _peft_scales(metadata or {}) if fmt == "peft" else None
+    rows = tuple(_row(m, g, source, peft_scale) for m, g in grouped.items())
+    return Lora(source, fmt, rows, tuple(unknown))
+
+
+def read_lora(path: str | os.PathLike, strict: bool = True) -> Lora:
+    """Read and parse a LoRA ``.safetensors`` file (see :func:`parse_lora`)."""
+    from ditax.io.weights import Weights
+
+    w = Weights.open(path)
+    tensors = {k: w.get(k) for k in w.keys()}
+    return parse_lora(tensors, w.metadata(), str(path), strict)

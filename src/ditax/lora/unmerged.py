@@ -1,0 +1,166 @@
+"""Unmerged LoRA: the low-rank updates run beside the unchanged weights, strengths are data.
+
+:func:`attach` replaces each targeted :class:`~ditax.nn.Linear` of a loaded model by a
+:class:`LoraLinear` that shares its kernel and bias and adds, for LoRAs ``j = 1..J``,
+
+    y = x @ kernel + bias + ((x @ downᵀ) · scale · s[owner]) @ up + Σ_j s_j · bias_j
+
+with ``down [R, in]`` / ``up [R, out]`` the LoRAs' factors concatenated along the rank
+(``R = Σ_j r_j``; a layer a LoRA does not touch holds zeros), ``scale [R]`` each component's
+``alpha / r``, ``owner`` (static) the LoRA of each component and ``s [J]`` the strengths. In
+the stacked blocks every one of these carries the leading layer axis, so the layer scan slices
+them like any parameter. Strengths are variables: :func:`set_strengths` changes them without
+changing any shape, so nothing recompiles. The same rows and checks as the merged path
+(:func:`~ditax.lora.merge.plan_patches`) decide what goes where; full weight deltas (``diff``)
+exist only merged.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ditax.errors import WeightError
+from ditax.io.convert import TRANSPOSE, Table, param_shapes
+from ditax.lora.merge import plan_patches, upstream_shapes
+from ditax.lora.table import Lora
+from ditax.nn import Linear
+
+
+class LoraWeight(nnx.Variable):
+    """LoRA factors, scales and bias deltas (not ``nnx.Param``: base-weight filters skip them)."""
+
+
+class LoraStrength(nnx.Variable):
+    """The strength of each LoRA, ``[(L,) J]``."""
+
+
+class LoraLinear(Linear):
+    """A :class:`Linear` with unmerged LoRA updates (module docstring for the formula)."""
+
+    def __init__(self, base: Linear, down, up, scale, owner: tuple[int, ...], bias, strength):
+        self.kernel, self.bias, self.dtype = base.kernel, base.bias, base.dtype
+        self.lora_down = LoraWeight(down)          # [(L,) R, in]
+        self.lora_up = LoraWeight(up)              # [(L,) R, out]
+        self.lora_scale = LoraWeight(scale)        # [(L,) R]
+        self.lora_bias = None if bias is None else LoraWeight(bias)   # [(L,) J, out]
+        self.lora_strength = LoraStrength(strength)                    # [(L,) J]
+        self.lora_owner = owner
+
+    def __call__(self, x):
+        y = super().__call__(x)
+        dt = self.dtype
+        s = self.lora_strength[...].astype(dt)
+        if self.lora_owner:
+            g = self.lora_scale[...].astype(dt) * jnp.take(s, jnp.asarray(self.lora_owner), -1)
+            h = jnp.einsum("...i,ri->...r", x.astype(dt), self.lora_down[...].astype(dt))
+            y = y + jnp.einsum("...r,ro->...o", h * g, self.lora_up[...].astype(dt))
+        if self.lora_bias is not None:
+            y = y + jnp.einsum("j,jo->o", s, self.lora_bias[...].astype(dt))
+        return y
+
+
+def _by_module(table: Table) -> dict[str, tuple]:
+    """Upstream key of a Linear's weight / bias → (our module path, layer or None, part)."""
+    linears = {r.path[:-1] for r in table.rows if r.path[-1] == "kernel"
+               and r.transform == TRANSPOSE}
+    out = {}
+    for row in table.rows:
+        if row.path[:-1] not in linears:
+            continue
+        for i, key in enumerate(table.names(row)):
+            out[key] = (row.path[:-1], i if row.stacked else None, row.path[-1])
+    return out
+
+
+def _collect(loras, table: Table, shapes: dict) -> dict:
+    """module path → {"layers": L or None, "rank": {(j, layer): (down, up, scale)},
+    "bias": {(j, layer): delta}}; every LoRA checked as in the merged path."""
+    targets, where = upstream_shapes(table, shapes), _by_module(table)
+    found: dict = {}
+    for j, (lora, _) in enumerate(loras):
+        for key, patches in plan_patches([(lora, 1.0)], targets).items():
+            part = where.get(key, (None, None, None))[2]
+            if part is None or (part == "kernel" and any(p.delta is not None for p in patches)):
+                raise WeightError(f"{lora.source}: {key} is a full delta or not a Linear layer; "
+                                  f"unmerged LoRAs update Linear layers only — load it merged")
+            path, layer, part = where[key]
+            slot = found.setdefault(path, {"layers": None if layer is None else table.layers,
+                                           "rank": {}, "bias": {}})
+            for p in patches:
+                if part == "kernel":
+                    slot["rank"][(j, layer)] = (p.down, p.up, p.factor)
+                else:
+                    slot["bias"][(j, layer)] = p.delta
+    return found
+
+
+def _arrays(slot: dict, j_count: int, din: int, dout: int, dtype):
+    """The stacked / concatenated factors of one module (module docstring)."""
+    layers = slot["layers"]
+    idx = [None] if layers is None else list(range(layers))
+    ranks = [max((slot["rank"][(j, i)][0].shape[0] for i in idx if (j, i) in slot["rank"]),
+                 default=0) for j in range(j_count)]
+    total = sum(ranks)
+    down = np.zeros((len(idx), total, din), np.float32)
+    up = np.zeros((len(idx), total, dout), np.float32)
+    scale = np.zeros((len(idx), total), np.float32)
+    owner = tuple(j for j, r in enumerate(ranks) for _ in range(r))
+    for (j, i), (d, u, f) in slot["rank"].items():
+        at, r = sum(ranks[:j]), d.shape[0]
+        li = 0 if i is None else i
+        down[li, at:at + r], up[li, at:at + r], scale[li, at:at + r] = d, u.T, f
+    bias = None
+    if slot["bias"]:
+        bias = np.zeros((len(idx), j_count, dout), np.float32)
+        for (j, i), b in slot["bias"].items():
+            bias[0 if i is None else i, j] = b
+    arrays = [down, up, scale, bias]
+    if layers is None:
+        arrays = [None if a is None else a[0] for a in arrays]
+    cast = [None if a is None else jnp.asarray(a, dtype) for a in arrays]
+    return cast, owner
+
+
+def _place(x, mesh):
+    if mesh is None or x is None:
+        return x
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    return jax.device_put(x, NamedSharding(mesh, P()))
+
+
+def attach(module, loras: list[tuple[Lora, float]], table: Table, mesh=None) -> int:
+    """Replace the Linear layers ``loras`` target by :class:`LoraLinear` s (in place);
+    returns how many. ``table``: the model's diffusers table."""
+    shapes = param_shapes(nnx.state(module, nnx.Param))
+    found = _collect(loras, table, shapes)
+    strengths = np.asarray([s for _, s in loras], np.float32)
+    for path, slot in found.items():
+        parent = module
+        for name in path[:-1]:
+            parent = getattr(parent, name)
+        base = getattr(parent, path[-1])
+        din, dout = base.kernel[...].shape[-2:]
+        (down, up, scale, bias), owner = _arrays(slot, len(loras), din, dout,
+                                                 base.kernel[...].dtype)
+        strength = strengths if slot["layers"] is None else np.tile(strengths, (slot["layers"], 1))
+        new = LoraLinear(base, *(_place(a, mesh) for a in (down, up, scale)), owner,
+                         _place(bias, mesh), _place(jnp.asarray(strength), mesh))
+        setattr(parent, path[-1], new)
+    return len(found)
+
+
+def set_strengths(module, strengths, mesh=None) -> None:
+    """New strengths (one per attached LoRA, in order) for every :class:`LoraLinear`."""
+    s = np.asarray(strengths, np.float32).reshape(-1)
+    for _, m in nnx.iter_graph(module):
+        if isinstance(m, LoraLinear):
+            old = m.lora_strength[...]
+            if old.shape[-1] != s.shape[0]:
+                raise ValueError(f"{s.shape[0]} strength(s) given; the model has "
+                                 f"{old.shape[-1]} LoRA(s)")
+            new = np.ascontiguousarray(np.broadcast_to(s, old.shape))
+            m.lora_strength.set_value(_place(jnp.asarray(new), mesh))
