@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Optional, get_args
 
 from ditax.errors import ConfigError, check_choice
 from ditax.parallel.mesh import check_tensor_split
@@ -42,6 +42,10 @@ class ModelConfig:
     dtype: DType = "float32"         # compute dtype of matmuls / attention
     remat: Remat = "none"            # activation checkpointing policy of each block
     scan_layers: bool = True
+    # image-to-video (Wan 2.1 I2V / FLF2V); None = text-to-video
+    image_dim: Optional[int] = None          # CLIP feature width fed to the image embedder
+    added_kv_proj_dim: Optional[int] = None  # input width of attn2.add_k_proj / add_v_proj
+    pos_embed_seq_len: Optional[int] = None  # FLF2V: image tokens of both frames (2 x 257)
 
     @property
     def inner_dim(self) -> int:
@@ -49,11 +53,7 @@ class ModelConfig:
 
     @classmethod
     def from_diffusers(cls, cfg: dict, **overrides) -> "ModelConfig":
-        """Build from a diffusers ``config.json`` dict (unknown keys ignored, I2V keys refused)."""
-        if cfg.get("image_dim") is not None or cfg.get("added_kv_proj_dim") is not None:
-            raise ConfigError(
-                "this transformer config has image_dim/added_kv_proj_dim set (an image-to-video "
-                "model); ditax implements text-to-video Wan only. Use a T2V checkpoint.")
+        """Build from a diffusers ``config.json`` dict (unknown keys ignored)."""
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in cfg.items() if k in names}
         if "patch_size" in kw:
@@ -81,6 +81,32 @@ def check_model(m: ModelConfig, mesh_sizes: dict[str, int] | None = None) -> Non
         raise ConfigError(f"model.freq_dim={m.freq_dim} must be even (sin/cos halves)")
     if any(p < 1 for p in m.patch_size):
         raise ConfigError(f"model.patch_size={m.patch_size} must be positive")
+    _check_image(m)
     if mesh_sizes is not None:
         check_tensor_split(m.num_attention_heads, mesh_sizes, "model.num_attention_heads")
         check_tensor_split(m.ffn_dim, mesh_sizes, "model.ffn_dim")
+
+
+def _check_image(m: ModelConfig) -> None:
+    """The image-to-video fields come together: the image embedder's tokens (width
+    ``inner_dim``) are what the added K/V projections read."""
+    if (m.image_dim is None) != (m.added_kv_proj_dim is None):
+        raise ConfigError(f"model.image_dim={m.image_dim} and model.added_kv_proj_dim="
+                          f"{m.added_kv_proj_dim} must be set together (image-to-video) or both "
+                          f"be none (text-to-video)")
+    if m.image_dim is None:
+        if m.pos_embed_seq_len is not None:
+            raise ConfigError(f"model.pos_embed_seq_len={m.pos_embed_seq_len} needs "
+                              f"model.image_dim (first-last-frame models are image-to-video)")
+        return
+    for k in ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len"):
+        v = getattr(m, k)
+        if v is not None and v < 1:
+            raise ConfigError(f"model.{k}={v} must be >= 1")
+    if m.added_kv_proj_dim != m.inner_dim:
+        raise ConfigError(f"model.added_kv_proj_dim={m.added_kv_proj_dim} must equal the model "
+                          f"width num_attention_heads*attention_head_dim={m.inner_dim} (the "
+                          f"image embedder's output)")
+    if m.pos_embed_seq_len is not None and m.pos_embed_seq_len % 2:
+        raise ConfigError(f"model.pos_embed_seq_len={m.pos_embed_seq_len} must be even (the "
+                          f"tokens of two images)")

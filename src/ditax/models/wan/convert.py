@@ -16,6 +16,28 @@ def _linear(path, key, axes_in, axes_out):
             Row(path + ("bias",), key + ".bias", ID, (axes_out,))]
 
 
+def _image_rows(pos_embed: bool) -> list[Row]:
+    """The image embedder (image-to-video) and, for first-last-frame models, its pos_embed."""
+    path, key = ("condition_embedder", "image_embedder"), "condition_embedder.image_embedder"
+    rows = [Row(path + (n, p), f"{key}.{n}.{k}", ID, ("norm",))
+            for n in ("norm1", "norm2") for p, k in (("scale", "weight"), ("bias", "bias"))]
+    rows += _linear(path + ("proj_in",), key + ".ff.net.0.proj", None, None)
+    rows += _linear(path + ("proj_out",), key + ".ff.net.2", None, None)
+    if pos_embed:
+        rows.append(Row(path + ("pos_embed",), key + ".pos_embed", ID, (None, None, None)))
+    return rows
+
+
+def _added_kv_rows() -> list[Row]:
+    """Cross-attention K/V projections of the image tokens (image-to-video)."""
+    rows = []
+    for p in ("add_k_proj", "add_v_proj"):
+        rows += _linear(("blocks", "attn2", p), f"blocks.{{i}}.attn2.{p}", "embed", "heads")
+    rows.append(Row(("blocks", "attn2", "norm_added_k", "scale"),
+                    "blocks.{i}.attn2.norm_added_k.weight", ID, ("heads",)))
+    return rows
+
+
 def _block_rows(cross_attn_norm: bool) -> list[Row]:
     rows = []
     for a in ("attn1", "attn2"):
@@ -36,9 +58,12 @@ def _block_rows(cross_attn_norm: bool) -> list[Row]:
     return rows
 
 
-def table(cross_attn_norm: bool = True) -> list[Row]:
-    """The rows (our path, diffusers key, transform, logical axes)."""
+def table(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = False
+          ) -> list[Row]:
+    """The rows (our path, diffusers key, transform, logical axes); ``image`` adds the
+    image-to-video parameters, ``pos_embed`` the first-last-frame position table."""
     ce = ("condition_embedder",)
+    extra = (_image_rows(pos_embed) + _added_kv_rows()) if image else []
     return [
         Row(("patch_embedding_kernel",), "patch_embedding.weight", CONV3D,
             ("kernel_t", "kernel_h", "kernel_w", "in_channels", "embed")),
@@ -53,6 +78,7 @@ def table(cross_attn_norm: bool = True) -> list[Row]:
         *_linear(ce + ("text_embedder", "linear_2"), "condition_embedder.text_embedder.linear_2",
                  "embed", None),
         *_block_rows(cross_attn_norm),
+        *extra,
         *_linear(("proj_out",), "proj_out", "embed", None),
         Row(("scale_shift_table",), "scale_shift_table", ID, (None, "modulation", "embed")),
     ]
@@ -61,13 +87,34 @@ def table(cross_attn_norm: bool = True) -> list[Row]:
 IGNORED_UNEXPECTED = ("norm_added_q",)  # diffusers also ignores these on load
 
 
-def weight_table(num_layers: int, cross_attn_norm: bool = True) -> Table:
+def weight_table(num_layers: int, cross_attn_norm: bool = True, image: bool = False,
+                 pos_embed: bool = False) -> Table:
     """The transformer's :class:`~ditax.io.convert.Table` for a config's layer count."""
-    return Table("transformer", tuple(table(cross_attn_norm)), num_layers, IGNORED_UNEXPECTED,
-                 f"the config (num_layers={num_layers}, cross_attn_norm={cross_attn_norm})")
+    extra = f", image_dim set, pos_embed={pos_embed}" if image else ""
+    return Table("transformer", tuple(table(cross_attn_norm, image, pos_embed)), num_layers,
+                 IGNORED_UNEXPECTED,
+                 f"the config (num_layers={num_layers}, cross_attn_norm={cross_attn_norm}{extra})")
 
 
-def param_axes(cross_attn_norm: bool = True) -> dict[tuple[str, ...], tuple]:
+def param_axes(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = False
+               ) -> dict[tuple[str, ...], tuple]:
     """Our parameter path → logical axis names (the stacked blocks get a leading "layers")."""
     return {r.path: (("layers",) + tuple(r.axes)) if r.stacked else tuple(r.axes)
-            for r in table(cross_attn_norm)}
+            for r in table(cross_attn_norm, image, pos_embed)}
+
+
+def table_options(cfg) -> dict:
+    """The keyword arguments of :func:`weight_table` / :func:`param_axes` after the layer
+    count, for a :class:`~ditax.models.wan.config.ModelConfig`."""
+    return dict(cross_attn_norm=cfg.cross_attn_norm, image=cfg.image_dim is not None,
+                pos_embed=cfg.pos_embed_seq_len is not None)
+
+
+def config_weight_table(cfg) -> Table:
+    """:func:`weight_table` for a model config."""
+    return weight_table(cfg.num_layers, **table_options(cfg))
+
+
+def config_param_axes(cfg) -> dict[tuple[str, ...], tuple]:
+    """:func:`param_axes` for a model config."""
+    return param_axes(**table_options(cfg))

@@ -14,19 +14,29 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ditax.models.wan.image_embedder import ImageEmbedder
 from ditax.nn import Linear, TextProjection, TimestepEmbedding, axial_rope_angles, \
     timestep_embedding
 
 
 class ConditionEmbedder(nnx.Module):
-    """Timestep → (temb ``[B, D]``, 6-way modulation ``[B, 6, D]``); text ``[B, T, Dt] → [B, T, D]``."""
+    """Timestep → (temb ``[B, D]``, 6-way modulation ``[B, 6, D]``); text ``[B, T, Dt] → [B, T, D]``.
 
-    def __init__(self, dim, freq_dim, text_dim, *, dtype, param_dtype, rngs):
+    With ``image_dim`` (image-to-video) it also holds ``image_embedder``
+    (:class:`~ditax.models.wan.image_embedder.ImageEmbedder`), called by the transformer.
+    """
+
+    def __init__(self, dim, freq_dim, text_dim, *, dtype, param_dtype, rngs, image_dim=None,
+                 pos_embed_seq_len=None):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.freq_dim = freq_dim
         self.time_embedder = TimestepEmbedding(freq_dim, dim, **kw)
         self.time_proj = Linear(dim, 6 * dim, **kw)
         self.text_embedder = TextProjection(text_dim, dim, **kw)
+        if image_dim is not None:
+            self.image_embedder = ImageEmbedder(image_dim, dim, pos_embed_seq_len, **kw)
+        else:
+            self.image_embedder = None
 
     def __call__(self, timestep, text):
         t = timestep_embedding(timestep, self.freq_dim)

@@ -47,7 +47,7 @@ def check_folder(path, subfolder: str = "transformer") -> FolderSummary:
     cfg = ModelConfig.from_diffusers(read_config(folder))
     weights = Weights.open(folder)
     shapes = param_shapes(nnx.state(abstract_model(cfg)))
-    check_weights(convert.weight_table(cfg.num_layers, cfg.cross_attn_norm), weights, shapes)
+    check_weights(convert.config_weight_table(cfg), weights, shapes)
     return FolderSummary(folder, cfg.num_layers, cfg.inner_dim, cfg.num_attention_heads,
                          cfg.attention_head_dim, sum(math.prod(s) for s in shapes.values()),
                          len(weights))

@@ -43,7 +43,7 @@ def param_shardings(state, cfg: ModelConfig, mesh) -> Any:
 
     Non-parameter variables (none today) would be replicated.
     """
-    axes = convert.param_axes(cfg.cross_attn_norm)
+    axes = convert.config_param_axes(cfg)
 
     def one(path, leaf):
         key = _path_str(path)
@@ -95,12 +95,12 @@ def load_weights_into(model_abs, source, cfg: ModelConfig, mesh=None, loras=None
     gdef, state = nnx.split(model_abs)
     sharding = None
     if mesh is not None:
-        axes = convert.param_axes(cfg.cross_attn_norm)
+        axes = convert.config_param_axes(cfg)
 
         def sharding(path, shape):
             return NamedSharding(mesh, param_spec(axes[path], mesh, shape))
 
-    table = convert.weight_table(cfg.num_layers, cfg.cross_attn_norm)
+    table = convert.config_weight_table(cfg)
     weights = Weights.open(source)
     read_table, rename = table, None
     if single_file.is_original(weights.keys()):
@@ -117,7 +117,8 @@ def load_weights_into(model_abs, source, cfg: ModelConfig, mesh=None, loras=None
 
 ARCH_FIELDS = ("patch_size", "num_attention_heads", "attention_head_dim", "in_channels",
                "out_channels", "text_dim", "freq_dim", "ffn_dim", "num_layers",
-               "cross_attn_norm", "eps", "rope_max_seq_len")
+               "cross_attn_norm", "eps", "rope_max_seq_len", "image_dim", "added_kv_proj_dim",
+               "pos_embed_seq_len")
 
 
 def check_architecture(cfg: ModelConfig, path) -> "pathlib.Path":
@@ -139,8 +140,8 @@ def check_architecture(cfg: ModelConfig, path) -> "pathlib.Path":
     return folder
 
 
-def _forward(gdef, state, latents, t, text, text_mask):
-    return nnx.merge(gdef, state)(latents, t, text, text_mask)
+def _forward(gdef, state, latents, t, text, text_mask, image=None):
+    return nnx.merge(gdef, state)(latents, t, text, text_mask, image)
 
 
 _forward_jit = jax.jit(_forward, static_argnums=0)
@@ -189,13 +190,17 @@ class Transformer:
         spec[batch_axis] = batch_entry(self.mesh)
         return jax.device_put(x, NamedSharding(self.mesh, P(*spec)))
 
-    def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None):
+    def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None,
+                 encoder_hidden_states_image=None):
         latents = jnp.asarray(latents)
         text = jnp.asarray(encoder_hidden_states)
-        self.module.check_inputs(latents, jnp.asarray(timestep), text, text_mask)
+        image = encoder_hidden_states_image
+        image = None if image is None else jnp.asarray(image)
+        self.module.check_inputs(latents, jnp.asarray(timestep), text, text_mask, image)
         t = jnp.broadcast_to(jnp.asarray(timestep, jnp.float32), (latents.shape[0],))
         args = [self._place(latents), self._place(t), self._place(text),
-                None if text_mask is None else self._place(jnp.asarray(text_mask, bool))]
+                None if text_mask is None else self._place(jnp.asarray(text_mask, bool)),
+                self._place(image)]
         return _forward_jit(self._gdef, self._state, *args)
 
     def set_lora_strengths(self, strengths) -> None:
@@ -261,7 +266,7 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
         from ditax.lora.unmerged import attach
 
         attach(model, resolve_loras(loras, lora_strict),
-               convert.weight_table(cfg.num_layers, cfg.cross_attn_norm), mesh)
+               convert.config_weight_table(cfg), mesh)
     log.info("loaded %s (%d layers, D=%d) in %.1fs", source, cfg.num_layers, cfg.inner_dim,
              time.perf_counter() - t0)
     return Transformer(model, mesh)

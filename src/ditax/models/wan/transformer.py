@@ -21,6 +21,7 @@ from jax.ad_checkpoint import checkpoint_name
 from ditax.attention import AttentionCall, AttentionPlan, plan_attention
 from ditax.config import AttentionConfig, Config, ModelConfig, validate
 from ditax.models.wan.embeddings import ConditionEmbedder, rope_cos_sin
+from ditax.models.wan.image_embedder import check_image
 from ditax.nn import FP32LayerNorm, Linear, RMSNorm, apply_rope
 from ditax.parallel.axes import check_batch_divides, check_heads_divide, seq_shards
 from ditax.parallel.mesh import mesh_config
@@ -50,9 +51,15 @@ class FeedForward(nnx.Module):
 
 
 class WanAttention(nnx.Module):
-    """q/k/v projections, RMSNorm across heads on q and k, optional RoPE, attend, out proj."""
+    """q/k/v projections, RMSNorm across heads on q and k, optional RoPE, attend, out proj.
 
-    def __init__(self, cfg: ModelConfig, *, rngs):
+    ``added_kv`` (image-to-video cross-attention): ``add_k_proj`` / ``add_v_proj`` /
+    ``norm_added_k`` project the image tokens; the same queries attend to them with no mask
+    and that output is added to the text attention's before ``to_out`` (diffusers
+    ``WanAttnProcessor``).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs, added_kv: bool = False):
         d = cfg.inner_dim
         kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.heads = cfg.num_attention_heads
@@ -62,8 +69,15 @@ class WanAttention(nnx.Module):
         self.to_out = Linear(d, d, **kw)              # diffusers: to_out.0
         self.norm_q = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
         self.norm_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
+        if added_kv:
+            self.add_k_proj = Linear(cfg.added_kv_proj_dim, d, **kw)
+            self.add_v_proj = Linear(cfg.added_kv_proj_dim, d, **kw)
+            self.norm_added_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
 
-    def __call__(self, x, ctx, attn: AttentionCall, *, rope=None, kv_mask=None, mesh=None):
+    def __call__(self, x, ctx, attn: AttentionCall, *, rope=None, kv_mask=None, mesh=None,
+                 image=None):
+        """x ``[B, Lq, D]``, ctx ``[B, Lk, D]``; ``image`` ``[B, S, D]`` the embedded image
+        tokens (attention layers built with ``added_kv`` only), attended with ``attn`` too."""
         b, lq, _ = x.shape
         lk = ctx.shape[1]
         q = self.norm_q(self.to_q(x)).reshape(b, lq, self.heads, -1)
@@ -78,6 +92,11 @@ class WanAttention(nnx.Module):
             k = constrain(k, heads, mesh)
             v = constrain(v, heads, mesh)
         o = attn(q, k, v, kv_mask=kv_mask)
+        if image is not None:
+            li = image.shape[1]
+            k_img = self.norm_added_k(self.add_k_proj(image)).reshape(b, li, self.heads, -1)
+            v_img = self.add_v_proj(image).reshape(b, li, self.heads, -1)
+            o = o + attn(q, k_img, v_img)
         o = constrain(o, heads, mesh)
         o = checkpoint_name(o, "attn_out")
         return self.to_out(o.reshape(b, lq, -1))
@@ -92,16 +111,18 @@ class WanBlock(nnx.Module):
         self.norm1 = FP32LayerNorm(d, cfg.eps, affine=False, param_dtype=pd)
         self.attn1 = WanAttention(cfg, rngs=rngs)
         self.norm2 = FP32LayerNorm(d, cfg.eps, affine=cfg.cross_attn_norm, param_dtype=pd)
-        self.attn2 = WanAttention(cfg, rngs=rngs)
+        self.attn2 = WanAttention(cfg, rngs=rngs, added_kv=cfg.added_kv_proj_dim is not None)
         self.ffn = FeedForward(d, cfg.ffn_dim, dtype=cfg.dtype, param_dtype=pd, rngs=rngs)
         self.norm3 = FP32LayerNorm(d, cfg.eps, affine=False, param_dtype=pd)
         self.scale_shift_table = nnx.Param(
             jax.random.normal(rngs.params(), (1, 6, d), pd) / d ** 0.5)
         self.cross_attn_norm = cfg.cross_attn_norm
 
-    def __call__(self, x, text, mod, rope, token_mask, text_mask, attn: AttentionPlan):
+    def __call__(self, x, text, mod, rope, token_mask, text_mask, attn: AttentionPlan,
+                 image=None):
         """x ``[B, L, D]``, text ``[B, T, D]``, mod ``[B, 6, D]`` float32, rope (cos, sin);
-        ``attn`` the model's attention plan (its mesh constrains the activations)."""
+        ``attn`` the model's attention plan (its mesh constrains the activations); ``image``
+        ``[B, S, D]`` embedded image tokens (image-to-video models)."""
         mesh = attn.mesh
         dt = x.dtype
         table = self.scale_shift_table[...].astype(jnp.float32) + mod.astype(jnp.float32)
@@ -113,7 +134,7 @@ class WanBlock(nnx.Module):
         x = constrain(x, ("act_batch", "act_seq", "act_embed"), mesh)
 
         h = self.norm2(x).astype(dt) if self.cross_attn_norm else x
-        h = self.attn2(h, text, attn.cross_attn, kv_mask=text_mask, mesh=mesh)
+        h = self.attn2(h, text, attn.cross_attn, kv_mask=text_mask, mesh=mesh, image=image)
         x = x + h.astype(dt)
 
         h = (self.norm3(x) * (1 + c_scale) + c_shift).astype(dt)
@@ -151,7 +172,9 @@ class WanTransformer(nnx.Module):
             jax.random.normal(rngs.params(), (pt, ph, pw, cfg.in_channels, d), pd)
             / fan_in ** 0.5)
         self.patch_embedding_bias = nnx.Param(jnp.zeros((d,), pd))
-        self.condition_embedder = ConditionEmbedder(d, cfg.freq_dim, cfg.text_dim, **kw)
+        self.condition_embedder = ConditionEmbedder(
+            d, cfg.freq_dim, cfg.text_dim, image_dim=cfg.image_dim,
+            pos_embed_seq_len=cfg.pos_embed_seq_len, **kw)
 
         @nnx.split_rngs(splits=cfg.num_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -166,7 +189,7 @@ class WanTransformer(nnx.Module):
 
     # ------------------------------------------------------------------------------------------
 
-    def check_inputs(self, latents, timestep, text, text_mask=None):
+    def check_inputs(self, latents, timestep, text, text_mask=None, image=None):
         """Raise ValueError with the offending shapes for inputs the model cannot take."""
         cfg = self.cfg
         if latents.ndim != 5:
@@ -191,12 +214,20 @@ class WanTransformer(nnx.Module):
         if text_mask is not None and tuple(text_mask.shape) != tuple(text.shape[:2]):
             raise ValueError(f"text_mask must be [B, T] = {tuple(text.shape[:2])}; "
                              f"got {tuple(text_mask.shape)}")
+        check_image(cfg, b, image)
         check_batch_divides(b, self.mesh)
         check_heads_divide(cfg.num_attention_heads, self.mesh)
 
-    def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None):
-        """Denoiser prediction for ``latents [B, C, F, Y, X]`` → ``[B, C_out, F, Y, X]``."""
-        self.check_inputs(latents, timestep, encoder_hidden_states, text_mask)
+    def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None,
+                 encoder_hidden_states_image=None):
+        """Denoiser prediction for ``latents [B, C, F, Y, X]`` → ``[B, C_out, F, Y, X]``.
+
+        ``encoder_hidden_states_image``: CLIP features ``[B, S, image_dim]`` for
+        image-to-video models (first-last-frame: ``[2B, S, image_dim]``, see
+        :class:`~ditax.models.wan.image_embedder.ImageEmbedder`); None for text-to-video.
+        """
+        image = encoder_hidden_states_image
+        self.check_inputs(latents, timestep, encoder_hidden_states, text_mask, image)
         cfg, mesh = self.cfg, self.mesh
         dt = jnp.dtype(cfg.dtype)
         b, c, fr, hh, ww = latents.shape
@@ -213,6 +244,8 @@ class WanTransformer(nnx.Module):
         timestep = jnp.broadcast_to(jnp.asarray(timestep), (b,))
         temb, mod, text = self.condition_embedder(timestep, encoder_hidden_states.astype(dt))
         text = text.astype(dt)
+        if image is not None:
+            image = self.condition_embedder.image_embedder(jnp.asarray(image).astype(dt))
         cos, sin = rope_cos_sin(cfg.attention_head_dim, (f, y, x), cfg.rope_max_seq_len)
 
         # pad the sequence to a multiple of the context shards; padded keys are masked
@@ -228,7 +261,7 @@ class WanTransformer(nnx.Module):
         plan = self.attention_plan
 
         def body(hs, block):
-            return block(hs, text, mod, (cos, sin), token_mask, text_mask, plan)
+            return block(hs, text, mod, (cos, sin), token_mask, text_mask, plan, image)
 
         if cfg.remat != "none":
             body = nnx.remat(body, policy=REMAT[cfg.remat], prevent_cse=not cfg.scan_layers)
