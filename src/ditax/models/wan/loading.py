@@ -152,6 +152,7 @@ class Transformer:
     """What ``ditax.load_transformer`` returns: a jitted, mesh-aware callable around the module.
 
     ``tr(latents [B, C, F, Y, X], timestep [B], text [B, T, text_dim]) → [B, C, F, Y, X]``.
+    Image-to-video models also take ``encoder_hidden_states_image=`` (CLIP features).
     ``tr.module`` is the NNX module (for training or custom use), ``tr.config`` its config.
 
     A pytree (leaves: the parameters; static: the graph and the mesh) whose call is a pure
