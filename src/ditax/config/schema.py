@@ -17,10 +17,12 @@ from ditax.config.training import (
     CheckpointConfig,
     DataConfig,
     FlowConfig,
+    LoraConfig,
     OptimConfig,
     check_checkpoint,
     check_data,
     check_flow,
+    check_lora,
     check_optim,
 )
 from ditax.errors import ConfigError
@@ -43,6 +45,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     name: str = "custom"
     steps: int = 100
     batch_size: int = 1               # global batch
@@ -64,6 +67,7 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     check_flow(cfg.flow)
     check_data(cfg.data)
     check_checkpoint(cfg.checkpoint)
+    check_lora(cfg.lora)
     check_sample(cfg.sample)
     if cfg.steps < 0:
         raise ConfigError(f"steps={cfg.steps} must be >= 0")

@@ -98,6 +98,35 @@ def check_checkpoint(c: CheckpointConfig) -> None:
     _at_least("checkpoint", c, ("every", "keep"), 1)
 
 
-__all__ = ["OptimConfig", "FlowConfig", "DataConfig", "CheckpointConfig", "check_optim",
+LORA_TARGETS = ("attn", "self_attn", "cross_attn", "ffn")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA fine-tuning: ``rank`` > 0 trains only low-rank adapters on the ``targets`` (a comma
+    list of :data:`LORA_TARGETS`), scaled by ``alpha / rank``; the base weights stay frozen.
+    ``rank`` 0: full training."""
+
+    rank: int = 0
+    alpha: float = 0.0           # 0: alpha = rank (scale 1)
+    targets: str = "attn,ffn"
+
+
+def lora_targets(c: LoraConfig) -> tuple[str, ...]:
+    """``targets`` as a tuple of names."""
+    return tuple(t.strip() for t in c.targets.split(",") if t.strip())
+
+
+def check_lora(c: LoraConfig) -> None:
+    """Raise :class:`ConfigError` for adapters that cannot be built."""
+    _at_least("lora", c, ("rank", "alpha"), 0)
+    if c.rank and not lora_targets(c):
+        raise ConfigError(f"lora.targets={c.targets!r} names no layers; use a comma list of "
+                          f"{', '.join(LORA_TARGETS)}")
+    for t in lora_targets(c):
+        check_choice("lora.targets", t, LORA_TARGETS)
+
+
+__all__ = ["LoraConfig", "LORA_TARGETS", "lora_targets", "check_lora", "OptimConfig", "FlowConfig", "DataConfig", "CheckpointConfig", "check_optim",
            "check_flow", "check_data", "check_checkpoint", "SCHEDULES", "TIMESTEP_SAMPLERS",
            "WEIGHTINGS"]

@@ -33,6 +33,10 @@ class LoraWeight(nnx.Variable):
     """LoRA factors, scales and bias deltas (not ``nnx.Param``: base-weight filters skip them)."""
 
 
+class LoraFactor(LoraWeight):
+    """Trainable LoRA factors (``down`` / ``up`` of adapters being fine-tuned)."""
+
+
 class LoraStrength(nnx.Variable):
     """The strength of each LoRA, ``[(L,) J]``."""
 
@@ -40,10 +44,11 @@ class LoraStrength(nnx.Variable):
 class LoraLinear(Linear):
     """A :class:`Linear` with unmerged LoRA updates (module docstring for the formula)."""
 
-    def __init__(self, base: Linear, down, up, scale, owner: tuple[int, ...], bias, strength):
+    def __init__(self, base: Linear, down, up, scale, owner: tuple[int, ...], bias, strength,
+                 factor=LoraWeight):
         self.kernel, self.bias, self.dtype = base.kernel, base.bias, base.dtype
-        self.lora_down = LoraWeight(down)          # [(L,) R, in]
-        self.lora_up = LoraWeight(up)              # [(L,) R, out]
+        self.lora_down = factor(down)              # [(L,) R, in]
+        self.lora_up = factor(up)                  # [(L,) R, out]
         self.lora_scale = LoraWeight(scale)        # [(L,) R]
         self.lora_bias = None if bias is None else LoraWeight(bias)   # [(L,) J, out]
         self.lora_strength = LoraStrength(strength)                    # [(L,) J]

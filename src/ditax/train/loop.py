@@ -170,6 +170,10 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
         ckpt.close()
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
+    if trainer.adapters is not None and (step == cfg.steps or result.interrupted):
+        files = trainer.adapters.save(out, state["params"])
+        if files:
+            say(f"saved the LoRA as {files[0]} (diffusers) and {files[1]} (ComfyUI)")
     result.step = step
     result.state = state
     return result

@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ditax.config import Config, ConfigError, OptimConfig
 from ditax.models.base import model_family
 from ditax.parallel.axes import batch_entry
+from ditax.train.adapters import AdapterSplit
 from ditax.train.loss import flow_loss
 
 
@@ -101,7 +102,7 @@ def program_fields(cfg: Config) -> dict:
     o = cfg.optim
     steps = cfg.steps if (o.schedule != "constant" and not o.decay_steps) else None
     return {"model": cfg.model, "attention": cfg.attention, "optim": o, "flow": cfg.flow,
-            "seed": cfg.seed, "steps (sets the decay schedule)": steps}
+            "seed": cfg.seed, "steps (sets the decay schedule)": steps, "lora": cfg.lora}
 
 
 class Trainer:
@@ -118,16 +119,24 @@ class Trainer:
         self.cfg = cfg
         self.mesh = mesh
         self.family = model_family(cfg.model, cfg.attention)
-        self.graphdef, abs_state = nnx.split(self.family.abstract(mesh))
-        self._abs_state = abs_state
-        self.params_abstract = nnx.to_pure_dict(abs_state)
-        self.params_sh = self.family.param_shardings(self.params_abstract, mesh)
+        self.adapters = None
+        if cfg.lora.rank > 0:      # LoRA: params = the adapters, the rest frozen
+            self.adapters = AdapterSplit(self.family, cfg, mesh)
+            self.params_abstract = self.adapters.train_abstract
+            self.params_sh = self.adapters.train_sh
+        else:
+            self.graphdef, abs_state = nnx.split(self.family.abstract(mesh))
+            self._abs_state = abs_state
+            self.params_abstract = nnx.to_pure_dict(abs_state)
+            self.params_sh = self.family.param_shardings(self.params_abstract, mesh)
         self.tx, self.schedule = make_optimizer(cfg.optim, cfg.steps)
         opt_abs = jax.eval_shape(self.tx.init, self.params_abstract)
         rep = NamedSharding(mesh, P())
         self.state_sh = {"params": self.params_sh,
                          "opt": opt_shardings(opt_abs, self.params_sh, mesh),
                          "step": rep, "key": rep}
+        if self.adapters is not None:
+            self.state_sh["frozen"] = self.adapters.frozen_sh
         self.batch_sh = batch_shardings(mesh)
         self._step = jax.jit(self._step_fn, in_shardings=(self.state_sh, self.batch_sh),
                              out_shardings=(self.state_sh, rep), donate_argnums=(0,))
@@ -149,30 +158,43 @@ class Trainer:
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
 
         opt_abs = jax.eval_shape(self.tx.init, self.params_abstract)
-        return {"params": jax.tree.map(sds, self.params_abstract, self.params_sh),
-                "opt": jax.tree.map(sds, opt_abs, self.state_sh["opt"]),
-                "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.state_sh["step"]),
-                "key": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.state_sh["key"])}
+        out = {"params": jax.tree.map(sds, self.params_abstract, self.params_sh),
+               "opt": jax.tree.map(sds, opt_abs, self.state_sh["opt"]),
+               "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.state_sh["step"]),
+               "key": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.state_sh["key"])}
+        if self.adapters is not None:
+            out["frozen"] = jax.tree.map(sds, self.adapters.frozen_abstract,
+                                         self.adapters.frozen_sh)
+        return out
 
     def _random_params(self) -> dict:
         model = self.family.create(self.mesh, nnx.Rngs(self.cfg.seed))
         return nnx.to_pure_dict(nnx.split(model)[1])
 
     def init(self, params: dict | None = None) -> dict:
-        """Fresh state from ``cfg.seed`` (or from given parameters, e.g. ``init_from``)."""
-        if params is None:
+        """Fresh state from ``cfg.seed`` (or from given parameters, e.g. ``init_from``; with
+        LoRA these are the base weights to freeze)."""
+        frozen = None
+        if self.adapters is not None:
+            params, frozen = self.adapters.init(params)
+        elif params is None:
             params = self._init_params()
         else:
             params = jax.device_put(params, self.params_sh)
         opt = jax.jit(self.tx.init, out_shardings=self.state_sh["opt"])(params)
         key = jax.random.key_data(jax.random.PRNGKey(self.cfg.seed ^ 0x5EED)).astype(jnp.uint32)
         rep = self.state_sh["step"]
-        return {"params": params, "opt": opt,
-                "step": jax.device_put(jnp.zeros((), jnp.int32), rep),
-                "key": jax.device_put(key, rep)}
+        state = {"params": params, "opt": opt,
+                 "step": jax.device_put(jnp.zeros((), jnp.int32), rep),
+                 "key": jax.device_put(key, rep)}
+        if frozen is not None:
+            state["frozen"] = frozen
+        return state
 
-    def model(self, params: dict):
-        """An NNX module bound to ``params`` (for evaluation / sampling)."""
+    def model(self, params: dict, frozen: dict | None = None):
+        """An NNX module bound to ``params`` (and, with LoRA, the ``frozen`` base weights)."""
+        if self.adapters is not None:
+            return self.adapters.model(params, frozen)
         st = jax.tree.map(lambda x: x, self._abs_state)
         nnx.replace_by_pure_dict(st, params)
         return nnx.merge(self.graphdef, st)
@@ -188,8 +210,8 @@ class Trainer:
             out[k] = jax.make_array_from_process_local_data(self.batch_sh[k], v, gshape)
         return out
 
-    def loss_fn(self, params, batch, key):
-        model = self.model(params)
+    def loss_fn(self, params, batch, key, frozen=None):
+        model = self.model(params, frozen)
 
         def apply(x, t, text, mask):
             return self.family.apply(model, x, t, text, mask)
@@ -199,14 +221,17 @@ class Trainer:
 
     def _step_fn(self, state, batch):
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])
-        loss, grads = jax.value_and_grad(self.loss_fn)(state["params"], batch, key)
+        frozen = state.get("frozen")   # LoRA: no gradient for the base weights
+        loss, grads = jax.value_and_grad(self.loss_fn)(state["params"], batch, key, frozen)
         grad_norm = optax.tree.norm(grads)
         updates, opt = self.tx.update(grads, state["opt"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {"loss": loss, "grad_norm": grad_norm,
                    "lr": jnp.asarray(self.schedule(state["step"]), jnp.float32)}
-        return ({"params": params, "opt": opt, "step": state["step"] + 1, "key": state["key"]},
-                metrics)
+        new = {"params": params, "opt": opt, "step": state["step"] + 1, "key": state["key"]}
+        if frozen is not None:
+            new["frozen"] = frozen
+        return new, metrics
 
     def step(self, state: dict, batch: dict):
         """One optimiser step; ``state`` is donated (do not reuse it)."""

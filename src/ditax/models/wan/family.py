@@ -84,6 +84,12 @@ class WanFamily(ModelFamily):
 
         return param_shardings(params, self.model, mesh)
 
+    def lora_table(self):
+        """The weight table LoRA adapters are placed and named by (diffusers names)."""
+        from ditax.models.wan.convert import weight_table
+
+        return weight_table(self.model.num_layers, self.model.cross_attn_norm)
+
     # -- weights and encoders -------------------------------------------------------------------
 
     def weights_folder(self, path) -> pathlib.Path:

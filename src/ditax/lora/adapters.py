@@ -1,0 +1,78 @@
+"""Trainable LoRA adapters for fine-tuning: which Linear layers, fresh factors, their shardings.
+
+:func:`target_modules` picks the Linear layers of a model's weight table by group (``attn``,
+``self_attn``, ``cross_attn``, ``ffn``; matched on the upstream diffusers names).
+:func:`add_adapters` replaces each by a :class:`~ditax.lora.unmerged.LoraLinear` whose factors
+``down [(L,) r, in]`` / ``up [(L,) r, out]`` are :class:`~ditax.lora.unmerged.LoraFactor`
+(trainable) with PEFT's start — ``down`` uniform in ``±1/sqrt(in)``, ``up`` zero, so training
+starts from the base model — ``scale = alpha / r`` and strength 1 (both constants).
+:func:`adapter_shardings`: ``down`` is split like the kernel's input axis, ``up`` like its output
+axis, the layer axis like the kernel's, the rank never.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ditax.io.convert import TRANSPOSE, Table
+from ditax.lora.unmerged import LoraFactor, LoraLinear
+
+# target group → substrings of the upstream (diffusers) tensor name it covers
+GROUPS = {"attn": (".attn1.", ".attn2."), "self_attn": (".attn1.",),
+          "cross_attn": (".attn2.",), "ffn": (".ffn.",)}
+
+
+def target_modules(table: Table, targets) -> list[tuple[str, ...]]:
+    """Our module paths (``("blocks", "attn1", "to_q")``) of the Linear layers in ``targets``."""
+    marks = tuple(m for t in targets for m in GROUPS[t])
+    out = []
+    for row in table.rows:
+        if row.path[-1] != "kernel" or row.transform != TRANSPOSE:
+            continue
+        if any(m in "." + table.names(row)[0] for m in marks):
+            out.append(row.path[:-1])
+    return out
+
+
+def add_adapters(module, table: Table, rank: int, alpha: float, targets, rngs) -> int:
+    """Replace the targeted Linear layers of ``module`` by LoRA-carrying ones (in place, also on
+    an abstract module under ``nnx.eval_shape``); returns how many."""
+    paths = target_modules(table, targets)
+    for path in paths:
+        parent = module
+        for name in path[:-1]:
+            parent = getattr(parent, name)
+        base = getattr(parent, path[-1])
+        shape = base.kernel[...].shape
+        lead, (din, dout) = tuple(shape[:-2]), shape[-2:]
+        bound = 1.0 / math.sqrt(din)
+        down = jax.random.uniform(rngs.params(), lead + (rank, din), jnp.float32, -bound, bound)
+        up = jnp.zeros(lead + (rank, dout), jnp.float32)
+        scale = jnp.full(lead + (rank,), alpha / rank, jnp.float32)
+        strength = jnp.ones(lead + (1,), jnp.float32)
+        setattr(parent, path[-1], LoraLinear(base, down, up, scale, (0,) * rank, None, strength,
+                                             factor=LoraFactor))
+    return len(paths)
+
+
+def _node(tree: dict, path):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def adapter_shardings(adapters: dict, frozen_sh: dict, mesh) -> dict:
+    """Shardings of the adapter tree (``{…module…: {lora_down, lora_up}}``) from the shardings
+    of the frozen tree that holds each module's ``kernel``."""
+    def one(path, leaf):
+        keys = tuple(getattr(p, "key", p) for p in path)
+        spec = tuple(_node(frozen_sh, keys[:-1] + ("kernel",)).spec)
+        spec = spec + (None,) * (len(leaf.shape) - len(spec))
+        axis = spec[-2] if keys[-1] == "lora_down" else spec[-1]
+        return NamedSharding(mesh, P(*spec[:-2], None, axis))
+
+    return jax.tree_util.tree_map_with_path(one, adapters)
