@@ -107,16 +107,18 @@ def compile_cache(setting="auto") -> Iterator[pathlib.Path | None]:
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
 
-    wanted = dict(_FLAGS, jax_compilation_cache_dir=None if folder is None else str(folder))
-    if folder is None:
-        wanted = {"jax_enable_compilation_cache": False}
+    # off: jax's switch too (with no folder jax would still hash every program for a key)
+    wanted = ({"jax_enable_compilation_cache": False} if folder is None
+              else dict(_FLAGS, jax_compilation_cache_dir=str(folder)))
     old = {name: getattr(jax.config, name) for name in wanted}
-    changed = any(old[n] != wanted[n] for n in ("jax_enable_compilation_cache",
-                                               "jax_compilation_cache_dir") if n in wanted)
+    wanted = {name: value for name, value in wanted.items() if old[name] != value}
+    old = {name: old[name] for name in wanted}
     for name, value in wanted.items():
         jax.config.update(name, value)
+    # jax opens the folder once per process: make it open this one (and the old one after)
+    changed = bool({"jax_enable_compilation_cache", "jax_compilation_cache_dir"} & set(wanted))
     if changed:
-        cc.reset_cache()   # jax reads the folder once per process; make it read this one
+        cc.reset_cache()
     token = _ACTIVE.set(True)
     try:
         yield folder
