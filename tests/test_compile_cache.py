@@ -137,3 +137,15 @@ def test_scope_writes_there_nests_and_restores(tmp_path, monkeypatch):
     probes = [p for p in _files(outer) if p.name.startswith("jit_probe-")]
     assert len(probes) == 1, _files(outer)    # the (3, 5) program; the (4, 6) one was not kept
     assert {n: getattr(jax.config, n) for n in before} == before
+
+
+def test_initial_noise_is_the_shaped_draw():
+    """The pipeline draws its noise flat (quick to compile): the same values as the 5-D draw
+    that ``seed`` has always meant."""
+    import numpy as np
+
+    from ditax.pipelines.text_to_video import initial_noise
+
+    shape = (1, 4, 2, 3, 5)
+    want = jax.random.normal(jax.random.PRNGKey(7), shape, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(initial_noise(7, shape)), np.asarray(want))
