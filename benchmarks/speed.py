@@ -13,7 +13,8 @@ and writes the mp4 with ``diffusers.utils.export_to_video``. Modes:
 - ``off``: ``compile_cache=none`` (compile everything, write nothing).
 
 The folder is the demo-size random pipeline (:func:`ditax.demo.build_pipeline_folder`: D=128
-transformer, 16-channel VAE, 64-wide UMT5). Values are medians over ``--runs`` processes;
+transformer, 16-channel VAE, 64-wide UMT5). Values are medians over ``--runs`` processes per
+mode, the modes interleaved round by round (a busy machine slows them alike);
 ``ratio`` = diffusers' median / ours (above 1: ditax is faster). ditax's own timing line is
 parsed for its per-phase medians (``phases``).
 
@@ -27,6 +28,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,16 +84,16 @@ def ditax_cmd(folder, args, out: pathlib.Path, cache) -> list[str]:
             "--output", str(out), f"compile_cache={cache}"]
 
 
-def ditax_runs(folder, args, work: pathlib.Path, env: dict, mode: str) -> tuple[list, list]:
-    """Seconds and parsed timing lines of ``--runs`` fresh ``ditax generate`` processes."""
-    seconds, parts = [], []
-    for i in range(args.runs):
-        cache = {"cold": work / f"cold-cache-{i}", "warm": work / "warm-cache",
-                 "off": "none"}[mode]
-        s, out = timed(ditax_cmd(folder, args, work / f"ditax-{mode}-{i}.mp4", cache), env)
-        seconds.append(s)
-        parts.append(phases(out))
-    return seconds, parts
+def ditax_run(folder, args, work: pathlib.Path, env: dict, mode: str, i: int):
+    """Seconds and parsed timing line of one fresh ``ditax generate`` process in ``mode``."""
+    cache = {"cold": work / f"cold-cache-{i}", "warm": work / "warm-cache", "off": "none"}[mode]
+    s, out = timed(ditax_cmd(folder, args, work / f"ditax-{mode}-{i}.mp4", cache), env)
+    return s, phases(out)
+
+
+def diffusers_run(folder, args, work: pathlib.Path, env: dict, i: int) -> float:
+    return timed([sys.executable, "-c", DIFFUSERS, str(folder), str(work / f"diffusers-{i}.mp4"),
+                  str(args.height), str(args.width), str(args.frames), str(args.steps)], env)[0]
 
 
 def main() -> int:
@@ -102,6 +104,7 @@ def main() -> int:
     p.add_argument("--width", type=int, default=96)
     p.add_argument("--frames", type=int, default=17)
     p.add_argument("--folder", default=None, help="pipeline folder (default: build the demo one)")
+    p.add_argument("--keep", action="store_true", help="keep the work folder (caches, videos)")
     args = p.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="ditax-speed-"))
     folder = args.folder
@@ -115,20 +118,28 @@ def main() -> int:
     case = f"{args.frames}x{args.height}x{args.width}, {args.steps} steps, CFG"
 
     timed(ditax_cmd(folder, args, work / "fill.mp4", work / "warm-cache"), env)  # fill, untimed
-    base_runs = [timed([sys.executable, "-c", DIFFUSERS, folder, str(work / f"diffusers-{i}.mp4"),
-                        str(args.height), str(args.width), str(args.frames), str(args.steps)],
-                       env)[0] for i in range(args.runs)]
+    # rounds interleave the modes, so a busy machine slows them alike
+    modes = ("cold", "warm", "off")
+    base_runs, runs, parts = [], {m: [] for m in modes}, {m: [] for m in modes}
+    for i in range(args.runs):
+        base_runs.append(diffusers_run(folder, args, work, env, i))
+        for mode in modes:
+            s, ph = ditax_run(folder, args, work, env, mode, i)
+            runs[mode].append(s)
+            parts[mode].append(ph)
     base = statistics.median(base_runs)
     emit(bench="speed", case=case, metric="first_video_s", mode="diffusers",
          value=round(base, 3), unit="s", runs=[round(s, 3) for s in base_runs],
          name="diffusers WanPipeline (torch CPU), fresh process")
-    for mode in ("cold", "warm", "off"):
-        runs, parts = ditax_runs(folder, args, work, env, mode)
-        med = statistics.median(runs)
+    for mode in modes:
+        med = statistics.median(runs[mode])
         emit(bench="speed", case=case, metric="first_video_s", mode=mode, value=round(med, 3),
-             unit="s", runs=[round(s, 3) for s in runs], baseline=round(base, 3),
+             unit="s", runs=[round(s, 3) for s in runs[mode]], baseline=round(base, 3),
              ratio=round(base / med, 3), baseline_name="diffusers (torch CPU), fresh process",
-             phases={k: round(statistics.median(d[k] for d in parts), 3) for k in parts[0]})
+             phases={k: round(statistics.median(d[k] for d in parts[mode]), 3)
+                     for k in parts[mode][0]})
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
