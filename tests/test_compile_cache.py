@@ -149,3 +149,15 @@ def test_initial_noise_is_the_shaped_draw():
     shape = (1, 4, 2, 3, 5)
     want = jax.random.normal(jax.random.PRNGKey(7), shape, jnp.float32)
     np.testing.assert_array_equal(np.asarray(initial_noise(7, shape)), np.asarray(want))
+
+
+def test_config_key(tmp_path):
+    from ditax.config import load_config, validate
+    from ditax.errors import ConfigError
+
+    assert load_config(None, []).compile_cache == "auto"
+    assert load_config(None, ["compile_cache=none"]).compile_cache == "none"
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match=r"compile_cache=.*is a file; give a folder"):
+        validate(load_config(None, [f"compile_cache={a_file}"]))

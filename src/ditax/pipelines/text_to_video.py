@@ -266,13 +266,14 @@ class WanTextToVideo:
             x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g))
         x = jax.block_until_ready(x)
         t2 = time.perf_counter()
-        timings = dict(load=self.load_time, text=t1 - t0, compile=t_compile, denoise=t2 - t1 - t_compile)
+        timings = dict(load=self.load_time, text=t1 - t0, compile=t_compile,
+                       denoise=t2 - t1 - t_compile)
         if output == "latent":
             self.timings = Timings(**timings)
             return np.asarray(x)
 
         z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
-        video = self.vae.decode(z, tiled=self.vae_tiling, programs=decode)  # [1, 3, F, H, W]
+        video = self.vae.decode(z, tiled=self.vae_tiling, programs=decode)  # [1,3,F,H,W] in [-1,1]
         # on the host: the same float32 arithmetic, without compiling four more XLA programs
         video = np.clip(np.asarray(video, np.float32) * np.float32(0.5) + np.float32(0.5),
                         np.float32(0.0), np.float32(1.0))
