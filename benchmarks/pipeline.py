@@ -24,6 +24,7 @@ import time
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("DITAX_CACHE_DIR", "none")   # a cold first call (benchmarks/speed.py: cache)
 
 
 def emit(**kw):
@@ -82,6 +83,8 @@ def bench_phases(folder, args):
         emit(bench="pipeline", case=shape, metric=f"{phase}_s", value=round(ours_warm, 4),
              cold=round(ours_cold, 4), unit="s", baseline=round(d[phase], 4),
              ratio=round(d[phase] / max(ours_warm, 1e-9), 3), baseline_name="diffusers (torch CPU)")
+    emit(bench="pipeline", case=shape, metric="compile_s", value=round(cold.compile, 4),
+         unit="s", note="first call's ahead-of-time compile (step + decode); 0 when warm")
     emit(bench="pipeline", case=shape, metric="max_abs_diff_vs_diffusers",
          value=float(np.abs(video - out).max()), unit="")
     del jax

@@ -39,6 +39,8 @@ if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 os.environ["JAX_PLATFORMS"] = jax_platforms(os.environ.get("JAX_PLATFORMS"), gpu_present())
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# no persistent compilation cache unless a test asks for one (hermetic runs, ~/.cache untouched)
+os.environ.setdefault("DITAX_CACHE_DIR", "none")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -9,7 +9,12 @@ frames, steps, guidance, prompt, ``key=value`` overrides, mesh vs device count, 
 the model folder (its ``model_index.json`` and transformer ``config.json``), the ``--lora``
 files (readable, a known format; whether they fit the model is checked as it loads), and
 whether the attention backend can run here with the folder's head dim. Prints a progress bar
-over the steps and one timing line (load, text, denoise, decode).
+over the steps and one timing line (load, text, compile, denoise, decode).
+
+Compiled programs are kept in jax's persistent compilation cache (:mod:`ditax.compile_cache`),
+so a second run of the same shapes reads them instead of compiling: by default in
+``~/.cache/ditax/jax`` (``$XDG_CACHE_HOME``); ``DITAX_CACHE_DIR=PATH`` or ``compile_cache=PATH``
+moves it, ``compile_cache=none`` turns it off.
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ def parse_request(args):
                 max_sequence_length=s.max_sequence_length,
                 scheduler=s.scheduler if "scheduler" in given.get("sample", {}) else None,
                 mesh_config=cfg.mesh if use_mesh else None, loras=loras, loras_2=loras_2,
-                **model_over)
+                compile_cache=cfg.compile_cache, **model_over)
     return load, call
 
 
@@ -121,14 +126,17 @@ def run(args) -> int:
     load, call = parse_request(args)
     import ditax
     from ditax.attention.te import entry_context
+    from ditax.compile_cache import compile_cache
     from ditax.io.video import write_frames, write_mp4
 
     mesh_cfg = load.pop("mesh_config")
+    cache = compile_cache(load.pop("compile_cache"))
     mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
     check_model_and_attention(load, mesh)
     if mesh is not None:
         print(f"mesh: {dict(mesh.shape)}")
-    with entry_context(load["attention"], mesh):
+    with entry_context(load["attention"], mesh), cache as folder:
+        print(f"compile cache: {folder or 'off'}")
         pipe = ditax.load_pipeline(load.pop("path"), mesh=mesh, **load)
         with request_errors():  # e.g. a size this folder's VAE cannot take
             video = pipe(progress=not args.no_progress, **call)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ditax.attention.config import AttentionConfig
+from ditax.compile_cache import check_compile_cache
 from ditax.config.sample import SampleConfig, check_sample
 from ditax.config.training import (
     CheckpointConfig,
@@ -53,6 +54,7 @@ class Config:
     seed: int = 0
     log_every: int = 1
     init_from: Optional[str] = None   # diffusers folder to initialise weights from
+    compile_cache: str = "auto"       # compiled-program folder | auto | none (ditax.compile_cache)
 
 
 def validate(cfg: Config, num_devices: int | None = None, *, training: bool = False) -> Config:
@@ -69,6 +71,7 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     check_checkpoint(cfg.checkpoint)
     check_lora(cfg.lora)
     check_sample(cfg.sample)
+    check_compile_cache(cfg.compile_cache)
     if cfg.steps < 0:
         raise ConfigError(f"steps={cfg.steps} must be >= 0")
     if cfg.batch_size < 1:

@@ -16,13 +16,17 @@ reproduces the reference sampling loop:
 
 The whole of step 3 is one jitted function of ``(expert params, scheduler state, latents, text,
 guidance)`` — the step index lives in the scheduler state as a traced scalar, and both experts
-share one graph, so it compiles once and every step (of either expert) reuses it.
+share one graph, so it compiles once and every step (of either expert) reuses it. It and the
+VAE decode are compiled ahead of time for the request's shapes before the first step
+(:mod:`.programs`; the ``compile`` phase of the timing line), inside jax's persistent
+compilation cache (:mod:`ditax.compile_cache`; ``pipe.compile_cache``, default ``"auto"``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -37,6 +41,7 @@ from ditax.config.sample import CFG_MODES
 from ditax.parallel.axes import check_batch_divides
 from ditax.pipelines.components import load_components
 from ditax.pipelines.folder import PipelineLoadError, read_pipeline_folder
+from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.request import check_request
 from ditax.schedulers.overrides import check_scheduler_name
 
@@ -122,18 +127,29 @@ def _denoise_step(gdef, scheduler, cfg_mode: str, use_cfg: bool, params, sched_s
     return new.astype(latents.dtype), sched_state
 
 
+def initial_noise(seed: int, shape: tuple[int, ...]) -> jax.Array:
+    """``jax.random.normal(PRNGKey(seed), shape)``, float32, drawn flat and reshaped: the same
+    values (threefry counts elements in row-major order, partitionable or not), but XLA
+    compiles the 1-D draw in a fraction of a second where the 5-D one takes seconds on CPU."""
+    flat = jax.random.normal(jax.random.PRNGKey(int(seed)), (math.prod(shape),), jnp.float32)
+    return flat.reshape(shape)
+
+
 @dataclass
 class Timings:
-    """Seconds per phase of the last call (``load`` is set once, by :func:`load_pipeline`)."""
+    """Seconds per phase of the last call (``load`` is set once, by :func:`load_pipeline`;
+    ``compile``: ahead-of-time compilation of the step and decode, 0 when already compiled)."""
 
     load: float = 0.0
     text: float = 0.0
     denoise: float = 0.0
     decode: float = 0.0
+    compile: float = 0.0
 
     def line(self) -> str:
         return (f"timing: load {self.load:.2f}s | text {self.text:.2f}s | "
-                f"denoise {self.denoise:.2f}s | decode {self.decode:.2f}s")
+                f"compile {self.compile:.2f}s | denoise {self.denoise:.2f}s | "
+                f"decode {self.decode:.2f}s")
 
 
 class WanTextToVideo:
@@ -158,6 +174,8 @@ class WanTextToVideo:
         self.max_sequence_length = max_sequence_length
         self.load_time = 0.0
         self.timings = Timings()
+        self.compile_cache = "auto"   # see ditax.compile_cache; "none" = off
+        self.programs = Programs()
 
     # --- phases
     def encode_text(self, prompt: str, negative_prompt: str | None, use_cfg: bool):
@@ -186,6 +204,7 @@ class WanTextToVideo:
             f"per forward; put the devices on mesh.context (sequence parallel) or use "
             f"cfg_mode=batched with mesh.data*mesh.fsdp <= 2")
 
+    @in_compile_cache
     def __call__(self, prompt, negative_prompt=None, height: int = 480, width: int = 832,
                  num_frames: int = 81, num_inference_steps: int = 50,
                  guidance_scale: float = 5.0, seed: int = 0, latents=None,
@@ -225,32 +244,49 @@ class WanTextToVideo:
         t1 = time.perf_counter()
 
         if latents is None:
-            latents = jax.random.normal(jax.random.PRNGKey(int(seed)), shape, jnp.float32)
+            latents = initial_noise(seed, shape)
         x = self._replicate(jnp.asarray(latents, jnp.float32))
         state = self._replicate(self.scheduler.set_timesteps(num_inference_steps, shape))
         timesteps = np.asarray(state.timesteps)
         boundary = (None if self.boundary_ratio is None
                     else self.boundary_ratio * self.scheduler.num_train_timesteps)
+        # ahead of time, before the first step: one step program per expert signature, decode
+        self.programs.seconds = 0.0
+        experts = [self.transformer_2 if (boundary is not None and t < boundary
+                                          and self.transformer_2 is not None)
+                   else self.transformer for t in timesteps]
+        # each expert's own graph (equal for two plain experts: one program; an expert with
+        # unmerged LoRAs has its own)
+        steps = {id(tr): self.programs.step(
+                     _denoise_step, (tr._gdef, self.scheduler, self.cfg_mode, use_cfg),
+                     (tr._state, state, x, text, jnp.float32(0)))
+                 for tr in experts}
+        decode = None if output == "latent" or self.vae_tiling else self.programs.decode(
+            self.vae, shape, None if self.mesh is None else NamedSharding(self.mesh, P()))
+        t_compile = self.programs.seconds
         from tqdm.auto import tqdm
 
         for i in tqdm(range(num_inference_steps), disable=not progress, desc="denoise",
                       unit="step"):
             low = boundary is not None and timesteps[i] < boundary
-            tr = self.transformer_2 if low and self.transformer_2 is not None else self.transformer
             g = guidance_scale_2 if low else guidance_scale
-            x, state = _denoise_step(tr._gdef, self.scheduler, self.cfg_mode,
-                                     use_cfg, tr._state, state, x, text, jnp.float32(g))
+            tr = experts[i]
+            x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g))
         x = jax.block_until_ready(x)
         t2 = time.perf_counter()
+        timings = dict(load=self.load_time, text=t1 - t0, compile=t_compile,
+                       denoise=t2 - t1 - t_compile)
         if output == "latent":
-            self.timings = Timings(self.load_time, t1 - t0, t2 - t1, 0.0)
+            self.timings = Timings(**timings)
             return np.asarray(x)
 
         z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
-        video = self.vae.decode(z, tiled=self.vae_tiling)           # [1, 3, F, H, W] in [-1, 1]
-        video = jnp.clip(video.astype(jnp.float32) * 0.5 + 0.5, 0.0, 1.0)
-        video = np.asarray(jnp.transpose(video[0], (1, 2, 3, 0)))    # [F, H, W, 3]
-        self.timings = Timings(self.load_time, t1 - t0, t2 - t1, time.perf_counter() - t2)
+        video = self.vae.decode(z, tiled=self.vae_tiling, programs=decode)  # [1,3,F,H,W] in [-1,1]
+        # on the host: the same float32 arithmetic, without compiling four more XLA programs
+        video = np.clip(np.asarray(video, np.float32) * np.float32(0.5) + np.float32(0.5),
+                        np.float32(0.0), np.float32(1.0))
+        video = np.ascontiguousarray(np.transpose(video[0], (1, 2, 3, 0)))  # [F, H, W, 3]
+        self.timings = Timings(**timings, decode=time.perf_counter() - t2)
         return video
 
 

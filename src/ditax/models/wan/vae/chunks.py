@@ -6,7 +6,8 @@ shape: ``graphdef`` is static (hashable), the feature cache is an ordinary pytre
 donated, so the new cache can reuse its buffers (peak memory: one cache, not two). Chunks are
 channels-last: encoder input ``[B, f, H, W, 3]`` (the first frame, then ``temporal_factor``
 frames at a time), decoder input ``[B, 1, Y, X, z_dim]`` (one latent frame at a time).
-The compiled objects are public so that benchmarks can ``lower(...).compile()`` them.
+The compiled objects are public so that benchmarks can ``lower(...).compile()`` them;
+:func:`compile_decode` compiles the decoder's two programs ahead of time for one latent shape.
 """
 
 from __future__ import annotations
@@ -34,4 +35,20 @@ def decode_chunk(graphdef, state, z, cache, *, first: bool):
     return vae.decoder(x, cache, first)
 
 
-__all__ = ["decode_chunk", "encode_chunk"]
+def compile_decode(graphdef, state, z) -> tuple:
+    """Ahead-of-time ``decode_chunk`` programs for channels-last latents ``z`` ``[B, F, Y, X,
+    z_dim]`` (an array or ``jax.ShapeDtypeStruct``; its sharding, if any, is the chunks'):
+    ``(first, rest)``, each called as ``program(state, chunk, cache)`` like the jitted function
+    without its static arguments; ``rest`` is None for one latent frame. The same programs the
+    jitted calls compile, so results are identical."""
+    chunk = jax.ShapeDtypeStruct((z.shape[0], 1, *z.shape[2:]), z.dtype,
+                                 sharding=getattr(z, "sharding", None))
+    first = decode_chunk.lower(graphdef, state, chunk, None, first=True)
+    if z.shape[1] == 1:
+        return first.compile(), None
+    cache = first.out_info[1]
+    rest = decode_chunk.lower(graphdef, state, chunk, cache, first=False)
+    return first.compile(), rest.compile()
+
+
+__all__ = ["compile_decode", "decode_chunk", "encode_chunk"]

@@ -6,11 +6,13 @@ decode, latent normalisation. Layers live in :mod:`.layers` / :mod:`.blocks` / :
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.models.wan.vae.chunks import decode_chunk, encode_chunk
+from ditax.models.wan.vae.chunks import compile_decode, decode_chunk, encode_chunk
 from ditax.models.wan.vae.coders import Decoder, Encoder
 from ditax.models.wan.vae.config import WanVAEConfig
 from ditax.models.wan.vae.layers import CausalConv3d
@@ -135,18 +137,28 @@ class WanVAE(nnx.Module):
             raise ValueError(f"WanVAE.decode: expected latents [B, {self.z_dim}, F, Y, X] with no "
                              f"empty axis, got shape {shape}.")
 
-    def _decode_frames(self, x: jax.Array) -> jax.Array:
-        """Unclipped decode of channels-last latents ``[B, F, Y, X, z]``, one frame per step."""
+    def _decode_frames(self, x: jax.Array, programs=None) -> jax.Array:
+        """Unclipped decode of channels-last latents ``[B, F, Y, X, z]``, one frame per step
+        (``programs``: :meth:`compile_decode`'s for this shape, else the jitted chunk)."""
         graphdef, state = nnx.split(self)
-        out, cache = decode_chunk(graphdef, state, x[:, :1], None, first=True)
+        first, rest = programs or (functools.partial(decode_chunk, graphdef, first=True),
+                                   functools.partial(decode_chunk, graphdef, first=False))
+        out, cache = first(state, x[:, :1], None)
         outs = [out]
         for i in range(1, x.shape[1]):
-            out, cache = decode_chunk(graphdef, state, x[:, i:i + 1], cache, first=False)
+            out, cache = rest(state, x[:, i:i + 1], cache)
             outs.append(out)
         return jnp.concatenate(outs, axis=1)
 
+    def compile_decode(self, shape, sharding=None) -> tuple:
+        """Ahead-of-time compiled decode programs for latents of ``shape`` ``[B, z_dim, F, Y,
+        X]`` (``sharding``: the latents'); pass them to :meth:`decode` as ``programs``."""
+        b, z, f, y, x = shape
+        return compile_decode(*nnx.split(self), jax.ShapeDtypeStruct(
+            (b, f, y, x, z), self.dtype, sharding=sharding))
+
     def decode(self, z: jax.Array, *, tiled: bool = False, tile_sample_min: tuple[int, int] = (256, 256),
-               tile_sample_stride: tuple[int, int] = (192, 192)) -> jax.Array:
+               tile_sample_stride: tuple[int, int] = (192, 192), programs=None) -> jax.Array:
         """Video ``[B, 3, 1 + 4 (F - 1), sY, sX]`` in [-1, 1] from latents ``[B, z_dim, F, Y, X]``
         (``s`` = :attr:`scale_factor_spatial`: 8 for Wan 2.1, 16 for Wan 2.2).
 
@@ -155,6 +167,7 @@ class WanVAE(nnx.Module):
         ``tiled=True`` decodes overlapping spatial tiles of ``tile_sample_min`` pixels (height,
         width) every ``tile_sample_stride`` pixels and blends the overlaps linearly, as diffusers'
         ``tiled_decode``; it only takes effect when the latent is larger than one tile.
+        ``programs``: :meth:`compile_decode`'s for ``z``'s shape (untiled decodes only).
         """
         self._check_latents(z)
         x = jnp.transpose(jnp.asarray(z, self.dtype), (0, 2, 3, 4, 1))
@@ -166,7 +179,7 @@ class WanVAE(nnx.Module):
             video = decode_tiled(self._decode_frames, x, tuple(t // p for t in tile_sample_min),
                                  tuple(t // p for t in tile_sample_stride), sf // p)
         else:
-            video = self._decode_frames(x)
+            video = self._decode_frames(x, programs)
         if p > 1:
             video = unpatchify(video, p)
         return jnp.transpose(jnp.clip(video, -1.0, 1.0), (0, 4, 1, 2, 3))
