@@ -20,7 +20,7 @@ from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig
 from ditax.attention.options import Options, make_options, pick
 from ditax.attention.local import LocalRun
 from ditax.attention.sharded import sharded_local_attention
-from ditax.parallel.platform import Platform, platform_of
+from ditax.parallel.platform import Platform, platform_of, target_platform
 
 #: AttentionConfig fields that are backend options (each backend takes the ones its options
 #: class has).
@@ -56,8 +56,14 @@ class AttentionCall:
 
     def __call__(self, q, k, v, *, kv_mask=None, scale=None):
         check_shapes(q, k, v, kv_mask)
-        entry = self.entry
         platform = self.platform or platform_of(self.mesh)
+        # Kernels decide interpret / refusal from platform_of(); inside the call that is this
+        # call's platform (the mesh's devices), not the process's jax.devices().
+        with target_platform(platform.name, platform.compute_capability):
+            return self._run(platform, q, k, v, kv_mask, scale)
+
+    def _run(self, platform: Platform, q, k, v, kv_mask, scale):
+        entry = self.entry
         if entry.kind == "sequence":
             return entry.load()(self.backend, q, k, v, mesh=self.mesh, kv_mask=kv_mask,
                                 scale=scale, options=self.options, platform=platform)
