@@ -70,6 +70,33 @@ def matmul_flops(comp: Computation, ins: Instr) -> int:
     return 2 * _prod(_dims(ins.shape)) * per_out
 
 
+_SLICES = ("slice", "dynamic-slice")
+
+
+def _params_and_users(comp: Computation):
+    """``{parameter index: name}`` and ``{name: [users]}`` of a computation."""
+    params, users = {}, {}
+    for ins in comp.instrs.values():
+        if ins.opcode == "parameter" and ins.args.strip().isdigit():
+            params[int(ins.args)] = ins.name
+        for o in ins.operands:
+            users.setdefault(o, []).append(ins)
+    return params, users
+
+
+def _real_users(comp: Computation, users: dict, name: str) -> list[Instr]:
+    """Users of ``name``, looking through bitcasts."""
+    out, frontier = [], [name]
+    for _ in range(8):
+        nxt = []
+        for u in (u for n in frontier for u in users.get(n, ())):
+            (nxt.append(u.name) if u.opcode == "bitcast" else out.append(u))
+        if not nxt:
+            break
+        frontier = nxt
+    return out
+
+
 def _collective_bytes(comp: Computation, ins: Instr, kind: str) -> int:
     """Bytes a collective moves per device: its output, except reduce-scatter (its input:
     the output is one shard of what is sent)."""
@@ -111,6 +138,38 @@ class _Program:
         root = _through(comp, comp.root) if comp is not None else None
         return root is not None and root.opcode == "copy"
 
+    def traffic(self, comp: Computation, ins: Instr) -> int:
+        """HBM bytes one top-level instruction reads and writes: its output and operands,
+        except that (dynamic-)slices read only their slice and a dynamic-update-slice (also as
+        a fusion's root: updated in place) writes only its update."""
+        size = lambda name: comp.instrs[name].nbytes if name in comp.instrs else 0  # noqa
+        if ins.opcode == "dynamic-update-slice" and len(ins.operands) > 1:
+            return 2 * size(ins.operands[1])
+        if ins.opcode in _SLICES:
+            return 2 * ins.nbytes
+        if ins.opcode != "fusion":
+            return ins.nbytes + sum(size(o) for o in ins.operands)
+        fc = self.comps.get(dict(ins.callees()).get("calls", ""))
+        if fc is None:
+            return ins.nbytes + sum(size(o) for o in ins.operands)
+        params, users = _params_and_users(fc)
+        written, in_place = ins.nbytes, None
+        root = _through(fc, fc.root)
+        if root is not None and root.opcode == "dynamic-update-slice" and len(root.operands) > 1:
+            written = fc.instrs[root.operands[1]].nbytes if root.operands[1] in fc.instrs else 0
+            in_place = getattr(_through(fc, fc.instrs.get(root.operands[0])), "name", None)
+        read = 0
+        for i, o in enumerate(ins.operands):
+            p = params.get(i)
+            if p is None or p == in_place:
+                continue
+            uses = _real_users(fc, users, p)
+            if uses and all(u.opcode in _SLICES for u in uses):
+                read += sum(u.nbytes for u in uses)
+            else:
+                read += size(o)
+        return written + read
+
     def a2a_copies(self, comp: Computation) -> dict[str, Instr]:
         """Materialised copies feeding an all-to-all of ``comp`` or reading its result."""
         users: dict[str, list[Instr]] = {}
@@ -144,8 +203,7 @@ class _Program:
         for ins in comp.instrs.values():
             out["xla_flops"] += m * matmul_flops(comp, ins)
             if top and ins.opcode not in _NO_TRAFFIC:
-                out["hbm_bytes"] += m * (ins.nbytes + sum(
-                    comp.instrs[o].nbytes for o in ins.operands if o in comp.instrs))
+                out["hbm_bytes"] += m * self.traffic(comp, ins)
             if ins.opcode == "copy" and _dims(ins.shape):     # scalar copies move nothing
                 key = "copy" if (name not in self.fused or (name in self.top_fused
                                                              and ins is root)) else "fused_copy"

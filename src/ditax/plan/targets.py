@@ -100,12 +100,15 @@ def has_libtpu() -> bool:
 def topology_devices(target: Target) -> list:
     """The deviceless devices of a TPU target's slice (needs libtpu; no TPU attached).
 
-    Sets ``TPU_SKIP_MDS_QUERY=1`` when unset: off a TPU VM there is no metadata server to ask.
+    Sets, when unset, ``TPU_SKIP_MDS_QUERY=1`` (off a TPU VM there is no metadata server to
+    ask) and ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` (libtpu's lockfile guards a TPU, and a compile
+    that drives none need not wait for another process holding it).
     """
     if not has_libtpu():
         raise RequestError(f"--target {target.name} compiles for TPU without a TPU and needs "
                            f"libtpu, which is not installed: {tpu_install_hint()}")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     try:
