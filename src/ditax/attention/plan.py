@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from ditax.attention import registry
+from ditax.attention.blocks import TPU_BLOCK, default_block
 from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig
 from ditax.attention.options import Options, make_options, pick
 from ditax.attention.local import LocalRun
@@ -86,6 +87,9 @@ def resolve(backend: str, options: dict, *, mesh=None,
     platform = platform or platform_of(mesh)
     name = registry.auto_backend(platform) if backend == "auto" else backend
     entry = registry.get(name)
+    if platform.name == "tpu":      # unset blocks: the TPU default, not the options' 128
+        blocks = {k: TPU_BLOCK for k in ("block_q", "block_kv") if k in entry.options.names()}
+        options = {**blocks, **options}
     opts = make_options(name, entry.options, options)
     return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
 
@@ -118,7 +122,10 @@ def cross_backend(acfg: AttentionConfig) -> tuple[str, str]:
 def _config_call(name: str, acfg: AttentionConfig, mesh, platform: Platform) -> AttentionCall:
     name = registry.auto_backend(platform) if name == "auto" else name
     entry = registry.get(name)
-    opts = pick(entry.options, {k: getattr(acfg, k) for k in CONFIG_OPTIONS})
+    values = {k: getattr(acfg, k) for k in CONFIG_OPTIONS}
+    for k in ("block_q", "block_kv"):
+        values[k] = default_block(platform.name) if values[k] is None else values[k]
+    opts = pick(entry.options, values)
     return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
 
 
