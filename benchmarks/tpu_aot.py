@@ -106,6 +106,11 @@ def main():
         for prog, loops in (("forward", 1), ("train_step", 2)):
             if prog not in res:
                 continue
+            if "error" in res[prog]:    # does not fit: XLA's message says by how much
+                print(json.dumps({"bench": "tpu_aot", "case": name, "program": prog,
+                                  "target": a.target, "mesh": res["mesh"], **res[prog]}),
+                      flush=True)
+                continue
             p = scale(res[prog], a.layers, loops, (res["param_bytes_per_device"], full))
             p["roofline"] = roofline(p["flops"], p["hbm_bytes"], p["collective_bytes"],
                                      target.chip)

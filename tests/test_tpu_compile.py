@@ -149,3 +149,17 @@ def test_wan_layer_plan_for_v6e(tmp_path, capsys):
     for p in (fwd, step):
         assert p["fits"] and p["roofline"]["estimate_s"] > 0
         assert p["collective_bytes"]["all-to-all"] > 0
+
+
+@needs_libtpu
+def test_plan_reports_a_program_that_does_not_fit(capsys):
+    """xla attention over 36,864 tokens on one v6e: its score matrices do not fit the chip's
+    HBM; the plan says so (with XLA's numbers) instead of failing."""
+    rc = main(["plan", "tiny", "--target", "tpu-v6e-8", "--compile", "--json",
+               "--latent", "9,128,128", "mesh.fsdp=8", "model.num_attention_heads=8",
+               "model.attention_head_dim=128", "model.num_layers=1", "model.dtype=bfloat16",
+               "model.param_dtype=bfloat16"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    fwd = json.loads(out)["forward"]
+    assert fwd["fits"] is False and "exceeds available HBM" in fwd["error"]

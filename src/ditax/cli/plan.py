@@ -115,6 +115,9 @@ def run(args) -> int:
 
 def _print_program(name: str, p: dict, what: str) -> None:
     mib = 2 ** 20
+    if "error" in p:
+        print(f"{name} {what} {p[what]}: does NOT fit: {p['error']}")
+        return
     print(f"{name} {what} {p[what]} (compiled in {p['compile_s']:.1f} s), per device:")
     fits = "" if "fits" not in p else (" (fits)" if p["fits"] else
                                        f" (does NOT fit {p['hbm_capacity_bytes'] / GIB:.0f} GiB)")

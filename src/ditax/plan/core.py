@@ -86,7 +86,6 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
     from flax import nnx
 
     from ditax.models.base import model_family
-    from ditax.plan.measure import compile_timed, measure
 
     family = model_family(cfg.model, cfg.attention)
     gdef, state = nnx.split(family.abstract(mesh))
@@ -100,14 +99,23 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
         latent = latent or family.latent_grid(cfg.sample.num_frames, cfg.sample.height,
                                               cfg.sample.width)
         lowered, shape, fl = _forward(cfg, mesh, family, gdef, state, sh, latent)
-        compiled, secs = compile_timed(lowered)
-        out["forward"] = {"latent": shape, **measure(compiled, compile_s=secs, model_flops=fl,
-                                                     num_layers=layers, chip=chip,
-                                                     hlo_path=hlo_path)}
+        out["forward"] = {"latent": shape, **_compiled(lowered, fl, layers, chip, hlo_path)}
     if train:
         lowered, shape, fl = _train_step(cfg, mesh, family)
-        compiled, secs = compile_timed(lowered)
-        out["train_step"] = {"latents": shape, **measure(compiled, compile_s=secs,
-                                                         model_flops=fl, num_layers=layers,
-                                                         chip=chip)}
+        out["train_step"] = {"latents": shape, **_compiled(lowered, fl, layers, chip, None)}
     return out
+
+
+def _compiled(lowered, model_flops, layers, chip, hlo_path) -> dict:
+    """:func:`~ditax.plan.measure.measure` of the compiled program, or — when XLA refuses
+    because the program does not fit the device's memory — ``fits: False`` and its message."""
+    from ditax.plan.measure import compile_timed, measure
+
+    try:
+        compiled, secs = compile_timed(lowered)
+    except Exception as e:  # XlaRuntimeError; its type is not public API
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        return {"fits": False, "error": str(e).strip().splitlines()[0]}
+    return measure(compiled, compile_s=secs, model_flops=model_flops, num_layers=layers,
+                   chip=chip, hlo_path=hlo_path)
