@@ -3,6 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TPU_STAMP := $(VENV)/.installed-tpu
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1
@@ -15,14 +16,20 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
 	touch $(STAMP)
 
+# libtpu (the [tpu] extra, pinned to the jax version): the TPU test group compiles ditax for a
+# TPU v6e topology without a TPU (deviceless). Linux only; elsewhere those tests skip.
+$(TPU_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[tpu]"
+	touch $(TPU_STAMP)
+
 install: $(STAMP)
 
 # The main job: text -> video end to end on a small pipeline built locally (random weights).
 demo: $(STAMP)
 	$(BIN)/python -m ditax.demo
 
-# The whole test suite on CPU (8 fake devices).
-test: $(STAMP)
+# The whole test suite on CPU (8 fake devices), TPU compiles included (deviceless).
+test: $(STAMP) $(TPU_STAMP)
 	$(BIN)/python -m pytest tests -q -ra --durations=15
 
 bench: $(STAMP)

@@ -8,6 +8,15 @@ SUBLANE = 8    # TPU sublane count: second-to-last tile dims are multiples of it
 LANES = 128    # TPU lane width: last tile dims (and splash kv blocks) are multiples of it
 
 
+TPU_BLOCK = 512     # default tile on TPU: fewer grid steps (and smaller splash mask tables)
+OTHER_BLOCK = 128   # elsewhere (Pallas interpret mode on CPU): small tiles keep tests quick
+
+
+def default_block(platform: str) -> int:
+    """The block size an unset ``attention.block_q`` / ``block_kv`` means on ``platform``."""
+    return TPU_BLOCK if platform == "tpu" else OTHER_BLOCK
+
+
 def round_up(x: int, m: int) -> int:
     """The smallest multiple of ``m`` that is ``>= x``."""
     return -(-x // m) * m
@@ -21,4 +30,5 @@ def effective_block(block: int, length: int) -> int:
     return min(block, round_up(max(length, 1), SUBLANE))
 
 
-__all__ = ["SUBLANE", "LANES", "round_up", "effective_block"]
+__all__ = ["SUBLANE", "LANES", "TPU_BLOCK", "OTHER_BLOCK", "default_block", "round_up",
+           "effective_block"]

@@ -31,8 +31,8 @@ class AttentionConfig:
     local: LocalBackend = "xla"          # local kernel inside ulysses / ring
     out_a2a: OutA2A = "flat"             # Ulysses output exchange
     ulysses_shards: int = 0              # ulysses_ring: Ulysses group size (0 = all of context)
-    block_q: int = 128                   # flash / splash / blockwise query block
-    block_kv: int = 128                  # flash / splash / blockwise key block
+    block_q: Optional[int] = None        # flash / splash / blockwise query block; None = the
+    block_kv: Optional[int] = None       # platform's (TPU 512, else 128), clipped to the length
 
 
 def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
@@ -58,7 +58,7 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
     if a.ulysses_shards < 0:
         raise ConfigError(f"attention.ulysses_shards={a.ulysses_shards} must be >= 0")
     for k in ("block_q", "block_kv"):
-        if getattr(a, k) < 1:
+        if getattr(a, k) is not None and getattr(a, k) < 1:
             raise ConfigError(f"attention.{k}={getattr(a, k)} must be >= 1")
     if mesh_sizes is None or num_heads is None or a.backend not in PARALLEL_BACKENDS:
         return

@@ -16,11 +16,12 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from ditax.attention import registry
+from ditax.attention.blocks import TPU_BLOCK, default_block
 from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig
 from ditax.attention.options import Options, make_options, pick
 from ditax.attention.local import LocalRun
 from ditax.attention.sharded import sharded_local_attention
-from ditax.parallel.platform import Platform, platform_of
+from ditax.parallel.platform import Platform, platform_of, target_platform
 
 #: AttentionConfig fields that are backend options (each backend takes the ones its options
 #: class has).
@@ -56,8 +57,14 @@ class AttentionCall:
 
     def __call__(self, q, k, v, *, kv_mask=None, scale=None):
         check_shapes(q, k, v, kv_mask)
-        entry = self.entry
         platform = self.platform or platform_of(self.mesh)
+        # Kernels decide interpret / refusal from platform_of(); inside the call that is this
+        # call's platform (the mesh's devices), not the process's jax.devices().
+        with target_platform(platform.name, platform.compute_capability):
+            return self._run(platform, q, k, v, kv_mask, scale)
+
+    def _run(self, platform: Platform, q, k, v, kv_mask, scale):
+        entry = self.entry
         if entry.kind == "sequence":
             return entry.load()(self.backend, q, k, v, mesh=self.mesh, kv_mask=kv_mask,
                                 scale=scale, options=self.options, platform=platform)
@@ -83,6 +90,9 @@ def resolve(backend: str, options: dict, *, mesh=None, platform: Optional[Platfo
     name = (registry.auto_backend(platform, dtype=dtype, head_dim=head_dim)
             if backend == "auto" else backend)
     entry = registry.get(name)
+    if platform.name == "tpu":      # unset blocks: the TPU default, not the options' 128
+        blocks = {k: TPU_BLOCK for k in ("block_q", "block_kv") if k in entry.options.names()}
+        options = {**blocks, **options}
     opts = make_options(name, entry.options, options)
     return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
 
@@ -117,7 +127,10 @@ def _config_call(name: str, acfg: AttentionConfig, mesh, platform: Platform, dty
     if name == "auto":
         name = registry.auto_backend(platform, dtype=dtype, head_dim=head_dim)
     entry = registry.get(name)
-    opts = pick(entry.options, {k: getattr(acfg, k) for k in CONFIG_OPTIONS})
+    values = {k: getattr(acfg, k) for k in CONFIG_OPTIONS}
+    for k in ("block_q", "block_kv"):
+        values[k] = default_block(platform.name) if values[k] is None else values[k]
+    opts = pick(entry.options, values)
     return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
 
 

@@ -1,9 +1,13 @@
-"""``ditax plan CONFIG [key=value ...]``: mesh, parameter shardings and per-device memory.
+"""``ditax plan CONFIG [key=value ...] [--target tpu-v6e-8 | cpu:N] [--compile] [--train]
+[--json] [--dump-hlo FILE]``: mesh, parameter shardings, and the compiled programs' per-device
+memory, relayout copies, FLOPs, collective bytes and roofline time.
 
-Nothing is allocated (:func:`ditax.plan.plan`). ``--devices N`` plans for N CPU devices: when
-JAX has not started yet (the ``ditax`` command), this process's JAX is set up with N simulated
-CPU devices before it starts; the mesh is always built from ``jax.devices("cpu")``, so the
-platform is chosen through the mesh and never by changing the environment of a running JAX.
+Nothing is allocated (:func:`ditax.plan.plan`). ``--target tpu-v6e-8`` compiles for that TPU
+slice without a TPU (deviceless, through libtpu: ``pip install "jax[tpu]==<jax version>"``);
+``--target cpu:N`` (or ``--devices N``) plans for N CPU devices: when JAX has not started yet
+(the ``ditax`` command), this process's JAX is set up with N simulated CPU devices before it
+starts. The mesh is always built from the target's devices, so the platform is chosen through
+the mesh and never by changing the environment of a running JAX.
 """
 
 from __future__ import annotations
@@ -16,15 +20,23 @@ import sys
 from ditax.cli import latent_arg
 from ditax.errors import RequestError
 
+GIB = 2 ** 30
+
 
 def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("config", help="preset name (tiny, wan2.1-t2v-1.3b, ...) or YAML path")
     p.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. mesh.context=8")
-    p.add_argument("--devices", type=int, default=None,
-                   help="plan for N CPU devices (simulated when JAX starts)")
+    p.add_argument("--target", default=None,
+                   help="tpu-v6e-8, tpu-v5e-8, tpu-v5p-8, tpu-v6e-16, ... (deviceless TPU "
+                        "compile; needs libtpu) or cpu:N (N simulated CPU devices)")
+    p.add_argument("--devices", type=int, default=None, help="same as --target cpu:N")
     p.add_argument("--latent", type=latent_arg, default=None,
                    help="latent F,Y,X for --compile (default: from sample.* of the config)")
     p.add_argument("--compile", action="store_true", help="also compile the forward abstractly")
+    p.add_argument("--train", action="store_true",
+                   help="also compile one training step (batch_size, data.* sizes, remat)")
+    p.add_argument("--dump-hlo", default=None, metavar="FILE",
+                   help="write the compiled forward's HLO text to FILE (implies --compile)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -47,8 +59,26 @@ def simulated_cpu_devices(n: int) -> list:
     return devices[:n]
 
 
+def target_devices(args):
+    """``(devices, chip)`` for ``--target`` / ``--devices`` (None devices: ``jax.devices()``)."""
+    from ditax.plan.targets import parse_target, topology_devices
+
+    if args.target is not None and args.devices is not None:
+        raise RequestError("give --target or --devices, not both (--devices N = --target cpu:N)")
+    if args.devices is not None:
+        return simulated_cpu_devices(args.devices), None
+    if args.target is None:
+        return None, None
+    target = parse_target(args.target)
+    if target.kind == "cpu":
+        return simulated_cpu_devices(target.num_devices), None
+    if "jax" not in sys.modules:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")   # this host's own backend: CPU is enough
+    return topology_devices(target), target.chip
+
+
 def run(args) -> int:
-    devices = simulated_cpu_devices(args.devices) if args.devices is not None else None
+    devices, chip = target_devices(args)
     import jax
 
     from ditax.config import load_config, validate
@@ -57,17 +87,19 @@ def run(args) -> int:
 
     devices = jax.devices() if devices is None else devices
     cfg = load_config(args.config, args.overrides)
-    validate(cfg, len(devices))
+    validate(cfg, len(devices), training=args.train)
     mesh = make_mesh(cfg.mesh, devices)
-    out = plan(cfg, mesh, args.latent, args.compile)
+    out = plan(cfg, mesh, args.latent, args.compile or args.dump_hlo is not None,
+               train=args.train, chip=chip, hlo_path=args.dump_hlo)
+    if args.target is not None:
+        out["target"] = args.target
     if args.json:
         print(json.dumps(out))
         return 0
-    gib = 2 ** 30
     print(f"config {cfg.name}: mesh {out['mesh']} on {len(devices)} {devices[0].platform} "
-          f"devices")
-    print(f"parameters: {out['params'] / 1e9:.3f} B, {out['param_bytes_total'] / gib:.2f} GiB "
-          f"total, {out['param_bytes_per_device'] / gib:.3f} GiB per device")
+          f"devices" + (f" ({args.target}, {chip.name})" if chip is not None else ""))
+    print(f"parameters: {out['params'] / 1e9:.3f} B, {out['param_bytes_total'] / GIB:.2f} GiB "
+          f"total, {out['param_bytes_per_device'] / GIB:.3f} GiB per device")
     seen = set()
     for name, shape, spec in out["shardings"]:
         key = (name.split(".")[-1], spec)
@@ -75,8 +107,37 @@ def run(args) -> int:
             continue
         seen.add(key)
         print(f"  {name:45s} {str(shape):24s} {spec}")
-    if "forward" in out:
-        fw = out["forward"]
-        print(f"forward {fw['latent']}: temp {fw['temp_bytes'] / gib:.2f} GiB per device, "
-              f"arguments {fw['argument_bytes'] / gib:.2f} GiB")
+    for key, what in (("forward", "latent"), ("train_step", "latents")):
+        if key in out:
+            _print_program(key, out[key], what)
     return 0
+
+
+def _print_program(name: str, p: dict, what: str) -> None:
+    mib = 2 ** 20
+    if "error" in p:
+        print(f"{name} {what} {p[what]}: does NOT fit: {p['error']}")
+        return
+    print(f"{name} {what} {p[what]} (compiled in {p['compile_s']:.1f} s), per device:")
+    fits = "" if "fits" not in p else (" (fits)" if p["fits"] else
+                                       f" (does NOT fit {p['hbm_capacity_bytes'] / GIB:.0f} GiB)")
+    print(f"  memory: arguments {p['argument_bytes'] / GIB:.2f} GiB, temp "
+          f"{p['temp_bytes'] / GIB:.2f} GiB, output {p['output_bytes'] / GIB:.2f} GiB, peak "
+          f"{p['peak_bytes'] / GIB:.2f} GiB{fits}")
+    print(f"  relayout copies: {p['copy_ops']} ops, {p['copy_bytes'] / mib:.1f} MiB (fused "
+          f"into compute: {p['fused_copy_ops']} ops, {p['fused_copy_bytes'] / mib:.1f} MiB); "
+          f"next to {p['all_to_all_ops']} all-to-alls: {p['a2a_copy_ops']} ops, "
+          f"{p['a2a_copy_bytes'] / mib:.1f} MiB")
+    if p.get("per_layer"):
+        lay = p["per_layer"]
+        print(f"  per layer: {lay['copy_ops']} copies, {lay['copy_bytes'] / mib:.1f} MiB; "
+              f"{lay['a2a_copy_ops']} next to all-to-alls, {lay['a2a_copy_bytes'] / mib:.1f} MiB")
+    coll = ", ".join(f"{k} {v / mib:.1f} MiB" for k, v in sorted(p["collective_bytes"].items()))
+    print(f"  FLOPs {p['flops']:.3e} (model {p['model_flops']:.3e}, XLA matmuls "
+          f"{p['xla_flops']:.3e}); Mosaic kernels {p['tpu_custom_calls']}; collectives: "
+          f"{coll or 'none'}")
+    if "roofline" in p:
+        r = p["roofline"]
+        print(f"  roofline on {r['chip']}: {r['estimate_s'] * 1e3:.1f} ms ({r['bound']}-bound; "
+              f"compute {r['compute_s'] * 1e3:.1f} ms, HBM {r['hbm_s'] * 1e3:.1f} ms, ICI "
+              f"{r['ici_s'] * 1e3:.1f} ms)")

@@ -25,7 +25,14 @@ NN = (((1,), (0,)), ((), ()))   # A B
 
 
 def mxu_dot(a, b, dims):
-    """``dot_general(a, b, dims)`` with float32 accumulation and a pinned precision."""
+    """``dot_general(a, b, dims)`` with float32 accumulation and a pinned precision.
+
+    Operands of two dtypes (a ring's float32 carried output and its cotangent against bf16
+    k / v) are both promoted first: Mosaic takes one operand dtype ("Bad rhs type", libtpu
+    0.0.42.1 / v6e); the promotion is exact, so interpreted results do not change."""
+    if a.dtype != b.dtype:
+        dtype = jnp.promote_types(a.dtype, b.dtype)
+        a, b = a.astype(dtype), b.astype(dtype)
     prec = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
     return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
 

@@ -1,0 +1,121 @@
+"""Mesh, parameter shardings and the compiled programs of a config (what ``ditax plan`` prints).
+
+Nothing is allocated: the model is built abstractly, its parameters get their shardings from
+the model family, and (with ``compile_``) the forward — and with ``train`` one training step of
+the public :class:`~ditax.train.step.Trainer` — is lowered from abstract shapes and compiled
+for the mesh's devices, which may be a deviceless TPU topology
+(:func:`ditax.plan.targets.topology_devices`). Use it to choose a mesh before renting devices.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+def _params(state, shardings) -> tuple[int, int, int, list]:
+    total = per_dev = count = 0
+    rows = []
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    for (path, leaf), s in zip(flat, jax.tree.leaves(shardings)):
+        size = jnp.dtype(leaf.dtype).itemsize
+        count += int(np.prod(leaf.shape))
+        total += int(np.prod(leaf.shape)) * size
+        per_dev += int(np.prod(s.shard_shape(leaf.shape))) * size
+        name = ".".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path[:-1])
+        rows.append((name, tuple(leaf.shape), str(s.spec)))
+    return count, total, per_dev, rows
+
+
+def _forward(cfg, mesh, family, gdef, state, shardings, latent):
+    """Lowered forward on latents ``[B, C, F, Y, X]`` (B = the mesh's batch shards)."""
+    from flax import nnx
+
+    from ditax.parallel.axes import batch_entry, batch_shards
+
+    f, y, x = latent
+    b = batch_shards(mesh)
+    bsh = NamedSharding(mesh, P(batch_entry(mesh)))
+    dt = jnp.dtype(cfg.model.dtype)
+    lat = jax.ShapeDtypeStruct((b, family.latent_channels, f, y, x), dt, sharding=bsh)
+    t = jax.ShapeDtypeStruct((b,), jnp.float32, sharding=bsh)
+    text = jax.ShapeDtypeStruct((b, cfg.sample.max_sequence_length, family.text_dim), dt,
+                                sharding=bsh)
+
+    def fwd(state, lat, t, text):
+        return nnx.merge(gdef, state)(lat, t, text)
+
+    lowered = jax.jit(fwd, in_shardings=(shardings, bsh, bsh, bsh)).lower(state, lat, t, text)
+    fl = family.flops_per_sample((family.latent_channels, f, y, x),
+                                 cfg.sample.max_sequence_length) / 3.0 * b
+    return lowered, [b, family.latent_channels, f, y, x], fl / mesh.size
+
+
+def _train_step(cfg, mesh, family):
+    """Lowered training step of :class:`~ditax.train.step.Trainer` on one global batch."""
+    from ditax.train.data import latent_shape_for
+    from ditax.train.step import Trainer
+
+    trainer = Trainer(cfg, mesh)
+    shape = tuple(latent_shape_for(cfg))
+    B, T = cfg.batch_size, cfg.data.text_len
+    sh = trainer.batch_sh
+    batch = {"latents": jax.ShapeDtypeStruct((B,) + shape, jnp.float32, sharding=sh["latents"]),
+             "text": jax.ShapeDtypeStruct((B, T, family.text_dim), jnp.float32,
+                                          sharding=sh["text"]),
+             "text_mask": jax.ShapeDtypeStruct((B, T), jnp.uint8, sharding=sh["text_mask"])}
+    fl = family.flops_per_sample(shape, T) * B
+    if getattr(cfg.model, "remat", "none") == "full":
+        fl *= 4.0 / 3.0          # the forward runs again inside the backward
+    return trainer.lower(batch), [B, *shape], fl / mesh.size
+
+
+def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
+         hlo_path=None) -> dict:
+    """Parameter count, bytes in total and per device, and every parameter's sharding on
+    ``mesh``. With ``compile_``, ``"forward"``: the compiled forward for latents
+    ``[B, C, F, Y, X]`` (``latent = (F, Y, X)``, default from ``cfg.sample``; B = the mesh's
+    batch shards) measured by :func:`ditax.plan.measure.measure` (per-device memory, copies,
+    collectives, FLOPs; a roofline on ``chip``, a :class:`~ditax.plan.targets.Chip`). With
+    ``train``, ``"train_step"``: the same for one optimiser step on ``cfg.batch_size`` samples
+    of ``cfg.data``'s size. ``hlo_path``: write the forward's compiled HLO text there.
+    Returns a JSON-ready dict.
+    """
+    from flax import nnx
+
+    from ditax.models.base import model_family
+
+    family = model_family(cfg.model, cfg.attention)
+    gdef, state = nnx.split(family.abstract(mesh))
+    sh = family.param_shardings(state, mesh)
+    count, total, per_dev, rows = _params(state, sh)
+    out = {"mesh": dict(mesh.shape), "platform": mesh.devices.flat[0].platform,
+           "params": count, "param_bytes_total": total, "param_bytes_per_device": per_dev,
+           "shardings": rows}
+    layers = getattr(cfg.model, "num_layers", None)
+    if compile_:
+        latent = latent or family.latent_grid(cfg.sample.num_frames, cfg.sample.height,
+                                              cfg.sample.width)
+        lowered, shape, fl = _forward(cfg, mesh, family, gdef, state, sh, latent)
+        out["forward"] = {"latent": shape, **_compiled(lowered, fl, layers, chip, hlo_path)}
+    if train:
+        lowered, shape, fl = _train_step(cfg, mesh, family)
+        out["train_step"] = {"latents": shape, **_compiled(lowered, fl, layers, chip, None)}
+    return out
+
+
+def _compiled(lowered, model_flops, layers, chip, hlo_path) -> dict:
+    """:func:`~ditax.plan.measure.measure` of the compiled program, or — when XLA refuses
+    because the program does not fit the device's memory — ``fits: False`` and its message."""
+    from ditax.plan.measure import compile_timed, measure
+
+    try:
+        compiled, secs = compile_timed(lowered)
+    except Exception as e:  # XlaRuntimeError; its type is not public API
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        return {"fits": False, "error": str(e).strip().splitlines()[0]}
+    return measure(compiled, compile_s=secs, model_flops=model_flops, num_layers=layers,
+                   chip=chip, hlo_path=hlo_path)

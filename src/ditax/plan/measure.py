@@ -1,0 +1,87 @@
+"""One compiled program, measured: per-device memory, the HLO audit and a roofline estimate.
+
+The roofline is a floor, not a prediction: ``compute_s`` = FLOPs / peak bf16 FLOP/s,
+``hbm_s`` = bytes that fusions and kernels read and write (outside-kernel view) / HBM
+bandwidth, ``ici_s`` = collective bytes on the wire / the chip's ICI bandwidth (group sizes,
+hops and topology ignored); ``estimate_s`` = the largest of the three (perfect overlap).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ditax.plan.audit import audit
+from ditax.plan.targets import Chip
+
+#: Wire bytes per output byte of each collective kind (ring algorithms, large groups):
+#: all-reduce sends its data twice (reduce-scatter + all-gather); the others about once.
+WIRE_FACTOR = {"all-reduce": 2.0}
+_AUDIT_KEYS = ("copy_ops", "copy_bytes", "fused_copy_ops", "fused_copy_bytes", "a2a_copy_ops",
+               "a2a_copy_bytes", "all_to_all_ops", "collective_bytes", "tpu_custom_calls",
+               "xla_flops", "hbm_bytes")
+
+
+def compile_timed(lowered):
+    """``(compiled, seconds)`` of ``lowered.compile()``."""
+    t = time.perf_counter()
+    compiled = lowered.compile()
+    return compiled, time.perf_counter() - t
+
+
+def memory(compiled) -> dict:
+    """Per-device bytes from XLA's buffer assignment (``memory_analysis``)."""
+    ma = compiled.memory_analysis()
+    get = lambda k: int(getattr(ma, k, 0) or 0)  # noqa: E731
+    out = {"argument_bytes": get("argument_size_in_bytes"),
+           "output_bytes": get("output_size_in_bytes"), "temp_bytes": get("temp_size_in_bytes"),
+           "alias_bytes": get("alias_size_in_bytes")}
+    peak = get("peak_memory_in_bytes")
+    out["peak_bytes"] = peak or (out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"]
+                                 - out["alias_bytes"])
+    return out
+
+
+def wire_bytes(collective_bytes: dict) -> float:
+    return sum(WIRE_FACTOR.get(k, 1.0) * v for k, v in collective_bytes.items())
+
+
+def roofline(flops: float, hbm_bytes: float, collective_bytes: dict, chip: Chip) -> dict:
+    """Seconds bound by compute, HBM and ICI on ``chip``, and the largest of them."""
+    parts = {"compute_s": flops / chip.bf16_flops, "hbm_s": hbm_bytes / chip.hbm_bandwidth,
+             "ici_s": wire_bytes(collective_bytes) / chip.ici_bandwidth}
+    bound = max(parts, key=parts.get)
+    return {**parts, "estimate_s": parts[bound], "bound": bound[:-2], "chip": chip.name}
+
+
+def measure(compiled, *, compile_s: float, model_flops: float, num_layers: int | None = None,
+            chip: Chip | None = None, hlo_path=None) -> dict:
+    """Everything ``ditax plan`` reports about one compiled program (per device, per call).
+
+    ``model_flops``: the model's matmul FLOPs per device (analytic, attention kernels
+    included); ``flops`` is the larger of it and the matmul FLOPs counted in the compiled HLO
+    outside Mosaic kernels (``xla_flops``: includes remat recompute and padding).
+    ``per_layer``: one iteration of the loop that runs ``num_layers`` times (the layer scan),
+    when there is one. ``hlo_path``: also write the compiled HLO text there.
+    """
+    text = compiled.as_text()
+    if hlo_path is not None:
+        with open(hlo_path, "w") as f:
+            f.write(text)
+    a = audit(text)
+    out = {**memory(compiled), "compile_s": round(compile_s, 2)}
+    out.update({k: a[k] for k in _AUDIT_KEYS})
+    out["model_flops"] = float(model_flops)
+    out["flops"] = float(max(model_flops, a["xla_flops"]))
+    out["unknown_trip_counts"] = a["unknown_trip_counts"]
+    layer = [lp for lp in a["loops"] if num_layers and lp["trip"] == num_layers]
+    out["per_layer"] = ({k: layer[0][k] for k in _AUDIT_KEYS} if layer else None)
+    out["loops"] = [{"trip": lp["trip"], "copy_ops": lp["copy_ops"],
+                     "copy_bytes": lp["copy_bytes"]} for lp in a["loops"]]
+    if chip is not None:
+        out["hbm_capacity_bytes"] = int(chip.hbm_bytes)
+        out["fits"] = out["peak_bytes"] <= chip.hbm_bytes
+        out["roofline"] = roofline(out["flops"], a["hbm_bytes"], a["collective_bytes"], chip)
+    return out
+
+
+__all__ = ["measure", "memory", "roofline", "compile_timed", "WIRE_FACTOR"]
