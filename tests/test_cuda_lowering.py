@@ -128,9 +128,12 @@ def test_ulysses_local_cudnn_context8_51_tokens_per_device(h200, out_a2a):
         cuda_hlo(lambda q: attend(q, q, q, **{**opts, "out_a2a": "shard_major"}), x)
 
 
-def test_ring_local_cudnn_runs_blockwise_steps(h200, caplog):
+def test_ring_local_cudnn_runs_blockwise_steps(h200, caplog, monkeypatch):
     """No public cuDNN call returns a differentiable float32 lse: the ring steps run
     blockwise (said once), cross-attention stays on cuDNN."""
+    from ditax.attention import registry
+
+    monkeypatch.setattr(registry, "_logged", set())   # "once" per process: earlier tests said it
     mesh = make_mesh({"context": 8})
     x = bf16(1, 408, 8, 64)
     with caplog.at_level("WARNING", logger="ditax.attention.registry"):
