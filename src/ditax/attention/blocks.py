@@ -4,6 +4,8 @@ sequences."""
 
 from __future__ import annotations
 
+from ditax.intmath import round_up  # noqa: F401  (the one helper; attention imports it here)
+
 SUBLANE = 8    # TPU sublane count: second-to-last tile dims are multiples of it
 LANES = 128    # TPU lane width: last tile dims (and splash kv blocks) are multiples of it
 
@@ -15,11 +17,6 @@ OTHER_BLOCK = 128   # elsewhere (Pallas interpret mode on CPU): small tiles keep
 def default_block(platform: str) -> int:
     """The block size an unset ``attention.block_q`` / ``block_kv`` means on ``platform``."""
     return TPU_BLOCK if platform == "tpu" else OTHER_BLOCK
-
-
-def round_up(x: int, m: int) -> int:
-    """The smallest multiple of ``m`` that is ``>= x``."""
-    return -(-x // m) * m
 
 
 def effective_block(block: int, length: int) -> int:

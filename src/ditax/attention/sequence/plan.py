@@ -22,6 +22,7 @@ from ditax.attention.blocks import effective_block, round_up
 from ditax.attention.config import OUT_A2A_MODES
 from ditax.attention.options import make_options, pick
 from ditax.attention.local import LocalRun
+from ditax.intmath import ceil_div
 from ditax.parallel.axes import (
     SEQ_AXIS,
     check_batch_divides,
@@ -186,7 +187,7 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
 
     # Shard length Lc; on flash, the effective blocks and Lc a block multiple, identical for
     # every out_a2a mode so the modes compute bit-identical values.
-    Lc = -(-L // (R * U))
+    Lc = ceil_div(L, R * U)
     bq = bkv = None
     if entry.name == SHARD_MAJOR_LOCAL:
         bq, bkv = effective_block(o.block_q, Lc), effective_block(o.block_kv, Lc)
