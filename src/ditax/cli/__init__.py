@@ -24,7 +24,7 @@ COMMANDS = {
     "generate": "text → video with a Wan pipeline folder",
     "train": "flow-matching training / fine-tuning",
     "preprocess": "videos + captions → latent dataset",
-    "convert": "check a diffusers transformer folder against the weights table",
+    "convert": "check a transformer folder; single-file checkpoint → diffusers folder",
     "bench": "quick forward benchmark of a config",
     "plan": "show mesh, shardings and per-device memory for a config",
 }
