@@ -60,6 +60,7 @@ def parse_request(args):
     import jax
 
     from ditax.config import load_config, parse_overrides, validate
+    from ditax.config.sample import SAMPLE_PRESETS
     from ditax.pipelines.request import check_request
 
     cfg = load_config(None, args.overrides)
@@ -73,11 +74,15 @@ def parse_request(args):
                 guidance_scale=args.guidance if args.guidance is not None else s.guidance_scale,
                 guidance_scale_2=(args.guidance_2 if args.guidance_2 is not None
                                   else s.guidance_scale_2),
-                seed=args.seed)
+                seed=args.seed, sigmas=s.sigmas)
     with request_errors():
         check_request(call["prompt"], call["height"], call["width"], call["num_frames"],
                       call["num_inference_steps"], call["guidance_scale"],
                       call["guidance_scale_2"], call["negative_prompt"])
+    if s.sigmas is not None and len(s.sigmas) != call["num_inference_steps"]:
+        raise RequestError(f"sample.sigmas has {len(s.sigmas)} values (sample.preset="
+                           f"{s.preset}) but --steps {call['num_inference_steps']}; drop --steps "
+                           f"or pass sample.sigmas=none")
     if pathlib.Path(args.output).suffix.lower() != ".mp4":
         raise RequestError(f"--output {args.output!r} must end in .mp4 (H.264); use --frames-dir "
                            f"for PNG frames")
@@ -85,6 +90,8 @@ def parse_request(args):
         raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
     loras, loras_2 = read_loras(args.lora), read_loras(args.lora_2)
     use_mesh = "mesh" in given
+    # the sample keys the user chose: given, or set by the sample preset
+    chosen = set(given.get("sample", {})) | set(SAMPLE_PRESETS.get(s.preset, {}))
     validate(cfg, jax.device_count() if use_mesh else None)
     dtype = cfg.model.dtype
     if "param_dtype" in given.get("model", {}) and cfg.model.param_dtype != dtype:
@@ -95,7 +102,7 @@ def parse_request(args):
     load = dict(path=args.model, dtype=dtype, attention=cfg.attention,
                 cfg_mode=s.cfg_mode, flow_shift=s.flow_shift, vae_tiling=s.vae_tiling,
                 max_sequence_length=s.max_sequence_length,
-                scheduler=s.scheduler if "scheduler" in given.get("sample", {}) else None,
+                scheduler=s.scheduler if "scheduler" in chosen else None,
                 mesh_config=cfg.mesh if use_mesh else None, loras=loras, loras_2=loras_2,
                 compile_cache=cfg.compile_cache, **model_over)
     return load, call

@@ -204,19 +204,37 @@ class WanTextToVideo:
             f"per forward; put the devices on mesh.context (sequence parallel) or use "
             f"cfg_mode=batched with mesh.data*mesh.fsdp <= 2")
 
+    def _timesteps(self, num_steps: int, shape, sigmas):
+        """The scheduler's fresh state; explicit ``sigmas`` only on the Euler sampler."""
+        if sigmas is None:
+            return self.scheduler.set_timesteps(num_steps, shape)
+        from ditax.schedulers.flow_match import FlowMatchEulerScheduler
+
+        if not isinstance(self.scheduler, FlowMatchEulerScheduler):
+            raise RequestError(f"sigmas= needs the Euler sampler; this pipeline runs "
+                               f"{type(self.scheduler).__name__} — load it with "
+                               f"scheduler='euler' (sample.scheduler=euler)")
+        try:
+            return self.scheduler.set_timesteps(num_steps, shape, sigmas=sigmas)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+
     @in_compile_cache
     def __call__(self, prompt, negative_prompt=None, height: int = 480, width: int = 832,
                  num_frames: int = 81, num_inference_steps: int = 50,
                  guidance_scale: float = 5.0, seed: int = 0, latents=None,
                  guidance_scale_2: float | None = None, progress: bool = True,
-                 output: str = "video"):
+                 output: str = "video", sigmas=None):
         """Generate one video. Returns float32 ``[F, H, W, 3]`` in [0, 1]
         (``output="latent"``: the denoised latents ``[1, C, F', Y, X]`` instead).
 
         ``latents`` (optional, ``[1, C, F', H/8, W/8]`` or without the batch axis) replaces the
         initial noise; otherwise it is ``jax.random.normal(PRNGKey(seed))``. Guidance is on
         when ``guidance_scale > 1`` (as the reference); ``guidance_scale_2`` is the low-noise
-        expert's scale (Wan 2.2; defaults to ``guidance_scale``).
+        expert's scale (Wan 2.2; defaults to ``guidance_scale``). ``sigmas`` (Euler sampler
+        only): the noise level of each step before the shift, as diffusers'
+        ``set_timesteps(sigmas=)`` — the 4-step distillation LoRAs use 1, 0.75, 0.5, 0.25 with
+        shift 5 (``sample.preset=lightning-4step``).
         """
         sf = self.vae.scale_factor_spatial * self.transformer.config.patch_size[1]
         check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
@@ -246,7 +264,7 @@ class WanTextToVideo:
         if latents is None:
             latents = initial_noise(seed, shape)
         x = self._replicate(jnp.asarray(latents, jnp.float32))
-        state = self._replicate(self.scheduler.set_timesteps(num_inference_steps, shape))
+        state = self._replicate(self._timesteps(num_inference_steps, shape, sigmas))
         timesteps = np.asarray(state.timesteps)
         boundary = (None if self.boundary_ratio is None
                     else self.boundary_ratio * self.scheduler.num_train_timesteps)
