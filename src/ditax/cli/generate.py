@@ -4,6 +4,10 @@
         --height 480 --width 832 --frames 81 --steps 50 --guidance 5 --output cat.mp4 \\
         model.dtype=bfloat16 attention.backend=ulysses mesh.context=8 sample.cfg_mode=batched
 
+    # a 4-step distillation LoRA on each Wan 2.2 expert, sampled as it was distilled
+    ditax generate --model Wan-AI/Wan2.2-T2V-A14B-Diffusers --prompt "..." \
+        --lora high_noise.safetensors --lora-2 low_noise.safetensors sample.preset=lightning-4step
+
 Everything that can be wrong with the request is checked before any weights are read: sizes,
 frames, steps, guidance, prompt, ``key=value`` overrides, mesh vs device count, output suffix,
 the model folder (its ``model_index.json`` and transformer ``config.json``), the ``--lora``
@@ -39,9 +43,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--guidance-2", type=float, default=None,
                    help="low-noise expert's CFG scale (Wan 2.2 two-expert folders)")
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
-                   help="LoRA merged into the transformer (repeatable; any Wan LoRA format)")
+                   help="LoRA for the transformer (repeatable; any Wan LoRA format; merged "
+                        "unless --lora-mode unmerged)")
     p.add_argument("--lora-2", action="append", default=[], metavar="FILE[:STRENGTH]",
                    help="LoRA for the low-noise expert transformer_2 (Wan 2.2; repeatable)")
+    p.add_argument("--lora-mode", choices=("merged", "unmerged"), default="merged",
+                   help="merged: folded into the weights as they load (no run-time cost); "
+                        "unmerged: low-rank updates at run time (Linear layers only)")
+    p.add_argument("--lora-strict", action=argparse.BooleanOptionalAction, default=True,
+                   help="LoRA keys that match no layer are an error (--no-lora-strict: "
+                        "skipped with a warning listing them)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="out.mp4", help="mp4 path (H.264)")
     p.add_argument("--frames-dir", default=None, help="also write PNG frames here")
@@ -88,7 +99,8 @@ def parse_request(args):
                            f"for PNG frames")
     if args.fps < 1:
         raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
-    loras, loras_2 = read_loras(args.lora), read_loras(args.lora_2)
+    loras = read_loras(args.lora, args.lora_strict)
+    loras_2 = read_loras(args.lora_2, args.lora_strict)
     use_mesh = "mesh" in given
     # the sample keys the user chose: given, or set by the sample preset
     chosen = set(given.get("sample", {})) | set(SAMPLE_PRESETS.get(s.preset, {}))
@@ -104,16 +116,18 @@ def parse_request(args):
                 max_sequence_length=s.max_sequence_length,
                 scheduler=s.scheduler if "scheduler" in chosen else None,
                 mesh_config=cfg.mesh if use_mesh else None, loras=loras, loras_2=loras_2,
+                lora_mode=args.lora_mode, lora_strict=args.lora_strict,
                 compile_cache=cfg.compile_cache, **model_over)
     return load, call
 
 
-def read_loras(specs: list[str]) -> list:
+def read_loras(specs: list[str], strict: bool = True) -> list:
     """``--lora FILE[:STRENGTH]`` values → ``[(Lora, strength)]``, each file read and its
-    format checked here (a bad file is a :class:`~ditax.errors.WeightError`: exit 2)."""
+    format checked here (a bad file is a :class:`~ditax.errors.WeightError`: exit 2; with
+    ``strict=False`` unknown keys are skipped with a warning)."""
     from ditax.lora import parse_lora_arg, resolve_loras
 
-    return resolve_loras([parse_lora_arg(s) for s in specs])
+    return resolve_loras([parse_lora_arg(s) for s in specs], strict)
 
 
 def check_model_and_attention(load: dict, mesh) -> None:
