@@ -16,8 +16,8 @@
    inputs kept for the backward all grow linearly with depth); the measured rows are printed
    too. Needs libtpu (``pip install -e ".[tpu]"``).
 3. ``inference``: transformer forward time (batch 2, as with classifier-free guidance) of the
-   same model without LoRA, with a rank-32 LoRA merged, and unmerged with one and two LoRAs,
-   on one CPU device, float32.
+   same model (1 latent frame, 32 x 32) without LoRA, with a rank-32 LoRA merged, and unmerged
+   with one and two LoRAs, on one CPU device, float32; the cases run interleaved.
 
 Run: ``PYTHONPATH=src python benchmarks/lora.py [--part train|plan|inference|all]
 [--layers 1,2] [--target tpu-v6e-8] [--repeats 5]``.
@@ -70,6 +70,8 @@ def _bytes_per_device(tree) -> int:
 
 
 def run_train(steps: int):
+    """Per mesh: a full and a LoRA Trainer side by side, their steps interleaved (A B A B ...)
+    so that the load of a shared host falls on both alike."""
     from ditax.parallel.mesh import make_mesh
     from ditax.train.data import BatchIterator
     from ditax.train.step import Trainer
@@ -77,6 +79,7 @@ def run_train(steps: int):
     meshes = [("fsdp8", {"fsdp": 8}, "xla"), ("fsdp2_context4", {"fsdp": 2, "context": 4},
                                                "ulysses")]
     for mesh_name, sizes, backend in meshes:
+        runs = {}
         for mode in ("full", f"lora{RANK}"):
             over = W13 + [f"mesh.{k}={v}" for k, v in {"fsdp": 1, "context": 1,
                                                       **sizes}.items()]
@@ -84,33 +87,38 @@ def run_train(steps: int):
             if mode != "full":
                 over += [f"lora.rank={RANK}", f"lora.alpha={RANK}", "lora.targets=attn,ffn"]
             cfg = load_config("wan2.1-t2v-1.3b", over)
-            mesh = make_mesh(cfg.mesh)
-            tr = Trainer(cfg, mesh)
+            tr = Trainer(cfg, make_mesh(cfg.mesh))
             data = BatchIterator(cfg)
             st = tr.init()
             t0 = time.perf_counter()
             st, m = tr.step(st, tr.put_batch(next(data)))
             float(m["loss"])
-            first = time.perf_counter() - t0
-            times = []
-            for _ in range(steps):
-                batch = tr.put_batch(next(data))
+            runs[mode] = dict(tr=tr, data=data, st=st, first=time.perf_counter() - t0, times=[],
+                              cfg=cfg)
+        for _ in range(steps):
+            for r in runs.values():
+                batch = r["tr"].put_batch(next(r["data"]))
                 t0 = time.perf_counter()
-                st, m = tr.step(st, batch)
+                r["st"], m = r["tr"].step(r["st"], batch)
                 float(m["loss"])
-                times.append(time.perf_counter() - t0)
+                r["times"].append(time.perf_counter() - t0)
+        base = float(np.median(runs["full"]["times"]))
+        for mode, r in runs.items():
+            st = r["st"]
             trainable = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(st["params"]))
             state = {k: v for k, v in st.items() if k in ("params", "opt", "frozen")}
             common = dict(case=f"1.3b-width-2l/{mesh_name}", mode=mode, mesh=sizes,
-                          backend=backend, batch=cfg.batch_size)
-            emit(**common, metric="step_time", value=float(np.median(times)), unit="s",
-                 first_step_s=first, steps=steps)
+                          backend=backend, batch=r["cfg"].batch_size)
+            med = float(np.median(r["times"]))
+            emit(**common, metric="step_time", value=med, unit="s", baseline=base,
+                 ratio=med / base, first_step_s=r["first"], steps=steps,
+                 times=[round(t, 3) for t in r["times"]])
             emit(**common, metric="trainable_params", value=trainable, unit="params")
             emit(**common, metric="state_bytes_per_device", value=_bytes_per_device(state) / GIB,
                  unit="GiB", params_gib=_bytes_per_device(st["params"]) / GIB,
                  opt_gib=_bytes_per_device(st["opt"]) / GIB,
                  frozen_gib=_bytes_per_device(st.get("frozen", {})) / GIB)
-            del st, tr
+        del runs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,31 +240,34 @@ def run_inference(repeats: int):
     a, b = _write_lora(tmp / "a.safetensors", tensors, 1), _write_lora(tmp / "b.safetensors",
                                                                        tensors, 2)
     rng = np.random.default_rng(0)
-    lat = rng.standard_normal((2, 16, 5, 32, 32)).astype(np.float32)
+    lat = rng.standard_normal((2, 16, 1, 32, 32)).astype(np.float32)
     t = np.array([500.0, 500.0], np.float32)
     text = rng.standard_normal((2, 512, 4096)).astype(np.float32)
     cases = [("none", {}), ("merged", dict(loras=[(a, 1.0)])),
              ("unmerged_1", dict(loras=[(a, 1.0)], lora_mode="unmerged")),
              ("unmerged_2", dict(loras=[(a, 1.0), (b, 0.5)], lora_mode="unmerged"))]
-    base = None
+    runs = {}
     for name, kw in cases:
         t0 = time.perf_counter()
         tr = ditax.load_transformer(tmp / "transformer", **kw)
         load_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        out = jax.block_until_ready(tr(lat, t, text))
-        first = time.perf_counter() - t0
-        times = []
-        for _ in range(repeats):
+        out = np.asarray(jax.block_until_ready(tr(lat, t, text)))
+        runs[name] = dict(tr=tr, load_s=load_s, first=time.perf_counter() - t0, out=out,
+                          times=[])
+    for _ in range(repeats):      # interleaved, so a shared host's load falls on all alike
+        for r in runs.values():
             t0 = time.perf_counter()
-            jax.block_until_ready(tr(lat, t, text))
-            times.append(time.perf_counter() - t0)
-        med = float(np.median(times))
-        base = med if name == "none" else base
-        emit(case="1.3b-width-2l/forward-b2-5x32x32", mode=name, metric="forward_time",
-             value=med, unit="s", baseline=base, ratio=med / base, load_s=load_s,
-             first_call_s=first, repeats=repeats, out_norm=float(np.linalg.norm(out)))
-        del tr
+            jax.block_until_ready(r["tr"](lat, t, text))
+            r["times"].append(time.perf_counter() - t0)
+    base = float(np.median(runs["none"]["times"]))
+    for name, r in runs.items():
+        med = float(np.median(r["times"]))
+        diff = float(np.abs(r["out"] - runs["merged"]["out"]).max())
+        emit(case="1.3b-width-2l/forward-b2-1x32x32", mode=name, metric="forward_time",
+             value=med, unit="s", baseline=base, ratio=med / base, load_s=r["load_s"],
+             first_call_s=r["first"], repeats=repeats,
+             max_abs_diff_vs_merged=None if name == "none" else diff)
 
 
 def main(argv=None):
@@ -264,8 +275,8 @@ def main(argv=None):
     p.add_argument("--part", default="all", choices=("train", "plan", "inference", "all"))
     p.add_argument("--target", default="tpu-v6e-8")
     p.add_argument("--layers", default="1,2", help="14B layer counts compiled for --part plan")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=7)
     a = p.parse_args(argv)
     if a.part in ("train", "all"):
         run_train(a.steps)

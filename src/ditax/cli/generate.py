@@ -91,9 +91,10 @@ def parse_request(args):
                       call["num_inference_steps"], call["guidance_scale"],
                       call["guidance_scale_2"], call["negative_prompt"])
     if s.sigmas is not None and len(s.sigmas) != call["num_inference_steps"]:
-        raise RequestError(f"sample.sigmas has {len(s.sigmas)} values (sample.preset="
-                           f"{s.preset}) but --steps {call['num_inference_steps']}; drop --steps "
-                           f"or pass sample.sigmas=none")
+        origin = f" (sample.preset={s.preset})" if s.preset else ""
+        raise RequestError(f"sample.sigmas has {len(s.sigmas)} values{origin} but --steps "
+                           f"{call['num_inference_steps']}; drop --steps or pass "
+                           f"sample.sigmas=none")
     if pathlib.Path(args.output).suffix.lower() != ".mp4":
         raise RequestError(f"--output {args.output!r} must end in .mp4 (H.264); use --frames-dir "
                            f"for PNG frames")
