@@ -14,7 +14,9 @@
    ``--layers`` (default 1 and 2) and extended linearly to 40 layers
    (``m(40) = m(b) + (40 - b) * (m(b) - m(a))``; parameters, optimiser state and the layer
    inputs kept for the backward all grow linearly with depth); the measured rows are printed
-   too. Needs libtpu (``pip install -e ".[tpu]"``).
+   too; ``state`` (also run by ``plan``): the exact 40-layer train state per device (parameters,
+   optimiser state, frozen base) from abstract shapes, no compile. Needs libtpu
+   (``pip install -e ".[tpu]"``).
 3. ``inference``: transformer forward time (batch 2, as with classifier-free guidance) of the
    same model (1 latent frame, 32 x 32) without LoRA, with a rank-32 LoRA merged, and unmerged
    with one and two LoRAs, on one CPU device, float32; the cases run interleaved.
@@ -128,22 +130,49 @@ MEM_KEYS = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak
 RESOLUTIONS = {"480p": (480, 832), "720p": (720, 1280)}
 
 
-def _plan_case(target_name: str, res: str, mode: str, layers: int):
+def _state_gib(tree) -> float:
+    """Per-device GiB of an abstract (``ShapeDtypeStruct`` with shardings) tree."""
+    return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree)) / GIB
+
+
+def run_state(target_name: str):
+    """The 40-layer train state per device (parameters, optimiser state, frozen base), exact,
+    from the abstract state's shapes and shardings: nothing is compiled."""
     from ditax.parallel import make_mesh
-    from ditax.plan import plan
     from ditax.plan.targets import parse_target, topology_devices
+    from ditax.train.step import Trainer
 
     target = parse_target(target_name)
+    for mode in ("full", f"lora{RANK}"):
+        cfg = load_config("wan2.1-t2v-14b", _plan_overrides("480p", mode, FULL_LAYERS))
+        st = Trainer(cfg, make_mesh(cfg.mesh, topology_devices(target))).abstract_state()
+        parts = {k: _state_gib(st[k]) for k in ("params", "opt", "frozen") if k in st}
+        emit(case="14b/context8", mode=mode, layers=FULL_LAYERS, target=target_name,
+             metric="train_state_per_device", value=sum(parts.values()), unit="GiB",
+             **{f"{k}_gib": v for k, v in parts.items()},
+             trainable_params=sum(int(np.prod(x.shape)) for x in jax.tree.leaves(st["params"])))
+
+
+def _plan_overrides(res: str, mode: str, layers: int) -> list[str]:
     h, w = RESOLUTIONS[res]
     over = [f"model.num_layers={layers}", "mesh.fsdp=1", "mesh.context=8",
             "attention.backend=ulysses", "attention.local=splash", "attention.block_q=512",
             "attention.block_kv=512", "batch_size=1", f"data.height={h}", f"data.width={w}",
             "data.num_frames=81", "model.remat=full", "model.dtype=bfloat16"]
     if mode == "full":
-        over += ["model.param_dtype=float32"]
-    else:
-        over += ["model.param_dtype=bfloat16", f"lora.rank={RANK}", f"lora.alpha={RANK}",
-                 "lora.targets=attn,ffn"]
+        return over + ["model.param_dtype=float32"]
+    return over + ["model.param_dtype=bfloat16", f"lora.rank={RANK}", f"lora.alpha={RANK}",
+                   "lora.targets=attn,ffn"]
+
+
+def _plan_case(target_name: str, res: str, mode: str, layers: int):
+    from ditax.parallel import make_mesh
+    from ditax.plan import plan
+    from ditax.plan.targets import parse_target, topology_devices
+
+    target = parse_target(target_name)
+    over = _plan_overrides(res, mode, layers)
     cfg = load_config("wan2.1-t2v-14b", over)
     mesh = make_mesh(cfg.mesh, topology_devices(target))
     t0 = time.perf_counter()
@@ -272,7 +301,7 @@ def run_inference(repeats: int):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", default="all", choices=("train", "plan", "inference", "all"))
+    p.add_argument("--part", default="all", choices=("train", "plan", "state", "inference", "all"))
     p.add_argument("--target", default="tpu-v6e-8")
     p.add_argument("--layers", default="1,2", help="14B layer counts compiled for --part plan")
     p.add_argument("--steps", type=int, default=4)
@@ -282,6 +311,8 @@ def main(argv=None):
         run_train(a.steps)
     if a.part in ("inference", "all"):
         run_inference(a.repeats)
+    if a.part in ("plan", "state", "all"):
+        run_state(a.target)
     if a.part in ("plan", "all"):
         run_plan(a.target, [int(x) for x in a.layers.split(",")])
 
