@@ -11,8 +11,10 @@ from ditax.errors import ConfigError, check_choice
 
 CfgMode = Literal["batched", "sequential"]
 Sampler = Literal["unipc", "euler"]
+StepCacheMethod = Literal["first_block", "teacache", "magcache"]
 CFG_MODES = get_args(CfgMode)
 SAMPLERS = get_args(Sampler)
+CACHE_METHODS = get_args(StepCacheMethod)
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,11 @@ class SampleConfig:
     flow_shift: Optional[float] = None  # None = from the scheduler config
     max_sequence_length: int = 512
     vae_tiling: bool = False
+    # step caching (ditax.pipelines.step_cache): none | first_block | teacache | magcache
+    cache: Optional[StepCacheMethod] = None
+    cache_threshold: Optional[float] = None  # None = the method's default; larger skips more
+    cfg_cache: bool = False                  # reuse the unconditional branch on low-noise steps
+    cache_coefficients: Optional[str] = None  # numbers file of `ditax calibrate-cache`
 
 
 def check_sample(s: SampleConfig) -> None:
@@ -38,6 +45,15 @@ def check_sample(s: SampleConfig) -> None:
         raise ConfigError(f"sample.flow_shift={s.flow_shift} must be > 0 (or none)")
     if s.max_sequence_length < 1:
         raise ConfigError(f"sample.max_sequence_length={s.max_sequence_length} must be >= 1")
+    if s.cache is not None:
+        check_choice("sample.cache", s.cache, CACHE_METHODS)
+    if s.cache_threshold is not None:
+        if s.cache is None:
+            raise ConfigError(f"sample.cache_threshold={s.cache_threshold} needs sample.cache "
+                              f"({', '.join(CACHE_METHODS)}); set it or drop the threshold")
+        if not s.cache_threshold >= 0 or s.cache_threshold == float("inf"):
+            raise ConfigError(f"sample.cache_threshold={s.cache_threshold} must be a number "
+                              f">= 0 (or none for the method's default)")
 
 
-__all__ = ["SampleConfig", "check_sample", "CFG_MODES", "SAMPLERS"]
+__all__ = ["SampleConfig", "check_sample", "CACHE_METHODS", "CFG_MODES", "SAMPLERS"]
