@@ -1,8 +1,9 @@
 """``ditax`` command line: thin commands that parse into config and call library functions.
 
 One module a command (``ditax.cli.generate``, ``train``, ``preprocess``, ``convert``, ``bench``,
-``plan``), each exposing ``add_arguments(parser)`` and ``run(args) -> int``. Only the module of
-the command asked for is imported, so ``ditax --help`` does not start JAX.
+``plan``, ``calibrate_cache`` for ``calibrate-cache``), each exposing ``add_arguments(parser)``
+and ``run(args) -> int``. Only the module of the command asked for is imported, so ``ditax
+--help`` does not start JAX.
 
 Exit codes: 0 ok; 2 a bad request or config (any :class:`ditax.errors.DitaxError`, or a usage
 error), checked before anything heavy loads where it can be; 1 a runtime failure. A mistake the
@@ -27,6 +28,7 @@ COMMANDS = {
     "convert": "check a transformer folder; single-file checkpoint → diffusers folder",
     "bench": "quick forward benchmark of a config",
     "plan": "show mesh, shardings and per-device memory for a config",
+    "calibrate-cache": "measure a model's step-cache numbers (TeaCache, MagCache)",
 }
 
 USAGE, FAILURE = 2, 1
@@ -85,7 +87,7 @@ def build_parser(wanted: str | None) -> tuple[Parser, Parser | None, object]:
         p = sub.add_parser(name, help=help_)
         if name == wanted:
             p.add_argument("--debug", action="store_true", help="print the traceback of an error")
-            module = importlib.import_module(f"ditax.cli.{name}")
+            module = importlib.import_module(f"ditax.cli.{name.replace('-', '_')}")
             module.add_arguments(p)
             cmd_parser = p
     return parser, cmd_parser, module

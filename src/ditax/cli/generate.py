@@ -19,6 +19,11 @@ Compiled programs are kept in jax's persistent compilation cache (:mod:`ditax.co
 so a second run of the same shapes reads them instead of compiling: by default in
 ``~/.cache/ditax/jax`` (``$XDG_CACHE_HOME``); ``DITAX_CACHE_DIR=PATH`` or ``compile_cache=PATH``
 moves it, ``compile_cache=none`` turns it off.
+
+Step caching (:mod:`ditax.pipelines.step_cache`): ``sample.cache=first_block|teacache|magcache``,
+``sample.cache_threshold=X`` (default per method), ``sample.cfg_cache=true``,
+``sample.cache_coefficients=numbers.json`` (from ``ditax calibrate-cache``); a line after the
+timing line reports the transformer calls.
 """
 
 from __future__ import annotations
@@ -60,7 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides: model.dtype=bfloat16 attention.backend=ulysses "
-                        "mesh.context=8 sample.cfg_mode=sequential sample.scheduler=euler ...")
+                        "mesh.context=8 sample.cfg_mode=sequential sample.scheduler=euler "
+                        "sample.cache=teacache sample.cache_threshold=0.2 sample.cfg_cache=true "
+                        "...")
 
 
 def parse_request(args):
@@ -85,7 +92,12 @@ def parse_request(args):
                 guidance_scale=args.guidance if args.guidance is not None else s.guidance_scale,
                 guidance_scale_2=(args.guidance_2 if args.guidance_2 is not None
                                   else s.guidance_scale_2),
-                seed=args.seed, sigmas=s.sigmas)
+                seed=args.seed, sigmas=s.sigmas, cache=s.cache, cache_threshold=s.cache_threshold,
+                cfg_cache=s.cfg_cache, cache_coefficients=s.cache_coefficients)
+    if s.cache_coefficients is not None:
+        from ditax.pipelines.cache_numbers import read_numbers
+
+        read_numbers(s.cache_coefficients)      # a readable numbers file, before any weights
     with request_errors():
         check_request(call["prompt"], call["height"], call["width"], call["num_frames"],
                       call["num_inference_steps"], call["guidance_scale"],
@@ -168,6 +180,13 @@ def run(args) -> int:
         write_frames(args.frames_dir, video)
     t_write = time.perf_counter() - t0
     print(f"{pipe.timings.line()} | write {t_write:.2f}s")
+    st = pipe.last_stats
+    if st.get("cache") or st.get("cfg_cache"):
+        skipped = sum(len(v) for v in st["skipped_steps"].values())
+        reused = len(st.get("cfg_reused_steps", []))
+        print(f"step cache {st['cache'] or 'off'} (threshold {st['cache_threshold']}), cfg_cache "
+              f"{'on' if st['cfg_cache'] else 'off'}: {st['transformer_calls']} transformer calls "
+              f"for {st['steps']} steps ({skipped} skipped, {reused} unconditional reused)")
     f, h, w, _ = video.shape
     print(f"wrote {path} ({f} frames, {w}x{h}, {args.fps} fps)"
           + (f" and {f} PNG frames in {args.frames_dir}" if args.frames_dir else ""))

@@ -19,8 +19,10 @@ from ditax.errors import ConfigError, check_choice
 CfgMode = Literal["batched", "sequential"]
 Sampler = Literal["unipc", "euler"]
 SamplePreset = Literal["lightning-4step"]
+StepCacheMethod = Literal["first_block", "teacache", "magcache"]
 CFG_MODES = get_args(CfgMode)
 SAMPLERS = get_args(Sampler)
+CACHE_METHODS = get_args(StepCacheMethod)
 
 # preset name -> the sample fields it sets
 SAMPLE_PRESETS: dict[str, dict[str, Any]] = {
@@ -45,6 +47,12 @@ class SampleConfig:
     # the Euler sampler's sigmas before the shift, one per step (None = evenly spaced)
     sigmas: Optional[tuple[float, ...]] = None
     preset: Optional[SamplePreset] = None  # a bundle of the fields above (SAMPLE_PRESETS)
+
+    # step caching (ditax.pipelines.step_cache): none | first_block | teacache | magcache
+    cache: Optional[StepCacheMethod] = None
+    cache_threshold: Optional[float] = None  # None = the method's default; larger skips more
+    cfg_cache: bool = False                  # reuse the unconditional branch on low-noise steps
+    cache_coefficients: Optional[str] = None  # numbers file of `ditax calibrate-cache`
 
 
 def expand_preset(flat: dict[str, Any], explicit) -> dict[str, Any]:
@@ -81,7 +89,16 @@ def check_sample(s: SampleConfig) -> None:
             check_sigmas(s.sigmas, s.num_inference_steps)
         except ValueError as e:
             raise ConfigError(f"sample.sigmas: {e}") from None
+    if s.cache is not None:
+        check_choice("sample.cache", s.cache, CACHE_METHODS)
+    if s.cache_threshold is not None:
+        if s.cache is None:
+            raise ConfigError(f"sample.cache_threshold={s.cache_threshold} needs sample.cache "
+                              f"({', '.join(CACHE_METHODS)}); set it or drop the threshold")
+        if not s.cache_threshold >= 0 or s.cache_threshold == float("inf"):
+            raise ConfigError(f"sample.cache_threshold={s.cache_threshold} must be a number "
+                              f">= 0 (or none for the method's default)")
 
 
-__all__ = ["SampleConfig", "check_sample", "expand_preset", "CFG_MODES", "SAMPLERS",
-           "SAMPLE_PRESETS"]
+__all__ = ["SampleConfig", "check_sample", "expand_preset", "CACHE_METHODS", "CFG_MODES",
+           "SAMPLERS", "SAMPLE_PRESETS"]
