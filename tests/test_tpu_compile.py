@@ -87,16 +87,19 @@ def _compiled(fn, x, mask, grad: bool) -> str:
 
 
 @needs_libtpu
-def test_splash_compiles_to_mosaic_kernels(v6e):
-    """jax's splash kernel takes the global matmul precision, and Mosaic refuses bf16
-    operands at this suite's "highest" ("Bad lhs type"); at the default it compiles (flash
-    pins its own precision and compiles under either)."""
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_splash_compiles_to_mosaic_kernels_under_highest_precision(v6e, dtype):
+    """This suite runs with jax_default_matmul_precision="highest" (conftest). jax's splash
+    kernel takes the global precision, under which Mosaic refuses bf16 operands ("Bad lhs
+    type"); ditax pins it per dtype, forward and backward, so both dtypes compile with the
+    kernels in them."""
+    assert jax.config.jax_default_matmul_precision == "highest"
     mesh = make_mesh({"fsdp": 8}, v6e)
     x, mask = _inputs(mesh)
+    x = x.update(dtype=dtype)
     fn = lambda q, k, v, m: attend(q, k, v, backend="splash", mesh=mesh, kv_mask=m)  # noqa: E731
-    with jax.default_matmul_precision("default"):
-        assert _compiled(fn, x, mask, grad=False).count(KERNEL_TARGET) == 1
-        assert _compiled(fn, x, mask, grad=True).count(KERNEL_TARGET) == 3   # fwd, dq, dkv
+    assert _compiled(fn, x, mask, grad=False).count(KERNEL_TARGET) == 1
+    assert _compiled(fn, x, mask, grad=True).count(KERNEL_TARGET) == 3   # fwd, dq, dkv
 
 
 @needs_libtpu
