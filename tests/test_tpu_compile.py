@@ -87,16 +87,19 @@ def _compiled(fn, x, mask, grad: bool) -> str:
 
 
 @needs_libtpu
-def test_splash_compiles_to_mosaic_kernels(v6e):
-    """jax's splash kernel takes the global matmul precision, and Mosaic refuses bf16
-    operands at this suite's "highest" ("Bad lhs type"); at the default it compiles (flash
-    pins its own precision and compiles under either)."""
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_splash_compiles_to_mosaic_kernels_under_highest_precision(v6e, dtype):
+    """This suite runs with jax_default_matmul_precision="highest" (conftest). jax's splash
+    kernel takes the global precision, under which Mosaic refuses bf16 operands ("Bad lhs
+    type"); ditax pins it per dtype, forward and backward, so both dtypes compile with the
+    kernels in them."""
+    assert jax.config.jax_default_matmul_precision == "highest"
     mesh = make_mesh({"fsdp": 8}, v6e)
     x, mask = _inputs(mesh)
+    x = x.update(dtype=dtype)
     fn = lambda q, k, v, m: attend(q, k, v, backend="splash", mesh=mesh, kv_mask=m)  # noqa: E731
-    with jax.default_matmul_precision("default"):
-        assert _compiled(fn, x, mask, grad=False).count(KERNEL_TARGET) == 1
-        assert _compiled(fn, x, mask, grad=True).count(KERNEL_TARGET) == 3   # fwd, dq, dkv
+    assert _compiled(fn, x, mask, grad=False).count(KERNEL_TARGET) == 1
+    assert _compiled(fn, x, mask, grad=True).count(KERNEL_TARGET) == 3   # fwd, dq, dkv
 
 
 @needs_libtpu
@@ -163,3 +166,47 @@ def test_plan_reports_a_program_that_does_not_fit(capsys):
     assert rc == 0, err
     fwd = json.loads(out)["forward"]
     assert fwd["fits"] is False and "exceeds available HBM" in fwd["error"]
+
+
+# ---------------------------------------------------------------- relayout copy budget
+
+LAYERS = 2
+
+
+def _layer_copies(v6e, tmp_path, attention: list[str]) -> tuple[list[dict], int]:
+    """The materialised copies of a two-layer bf16 Wan forward (8 heads of 128, D = 1024)
+    compiled for v6e-8 with ``context=8``, over 3 x 15 x 14 = 630 latent tokens (79 per
+    shard: not a multiple of 8, like 14B 720p's 9,450), that run once per layer; and the
+    bytes of one activation ``[L/8, D]`` bf16 on a device."""
+    from ditax.config import load_config
+    from ditax.plan import plan
+    from ditax.plan.audit import copy_list
+
+    cfg = load_config("tiny", ["mesh.fsdp=1", "mesh.context=8", "batch_size=1",
+                               "model.num_attention_heads=8", "model.attention_head_dim=128",
+                               "model.ffn_dim=2048", f"model.num_layers={LAYERS}",
+                               "model.dtype=bfloat16", "model.param_dtype=bfloat16",
+                               "attention.backend=ulysses"]
+                      + [f"attention.{a}" for a in attention])
+    hlo = tmp_path / "forward.hlo"
+    plan(cfg, make_mesh({"context": 8}, v6e), latent=(3, 30, 28), compile_=True,
+         hlo_path=str(hlo))
+    rows = [r for r in copy_list(hlo.read_text()) if r["runs"] == LAYERS]
+    return rows, 79 * 1024 * 2
+
+
+@needs_libtpu
+@pytest.mark.parametrize("attention,budget", [
+    (["local=splash"], 9),
+    (["local=flash", "out_a2a=shard_major"], 12),
+], ids=["splash-flat", "flash-shard_major"])
+def test_wan_layer_relayout_copy_budget(v6e, tmp_path, attention, budget):
+    """Relayout copies per layer stay within budget (in activation-sized copies; at Wan 14B
+    720p one is 92 MiB per device): RoPE materialises no float32 copy of q / k and no stack
+    of rotated pairs (before: two float32 copies of twice an activation and two bf16
+    stacks per layer)."""
+    rows, act = _layer_copies(v6e, tmp_path, attention)
+    big = [r for r in rows if r["bytes"] >= 0.9 * act]
+    assert not [r for r in big if r["shape"].startswith("f32")], big
+    assert not [r for r in big if r["op_name"].endswith("stack")], big
+    assert sum(r["bytes"] for r in big) <= budget * 1.05 * act, big

@@ -61,9 +61,9 @@ def test_rope_matches_diffusers(rng):
         grid = (3, 4, 5)
         ref = WanRotaryPosEmbed(k, (1, 2, 2), 1024)
         cos_r, sin_r = ref(torch.zeros(1, 1, grid[0], 2 * grid[1], 2 * grid[2]))
-        cos, sin = E.rope_cos_sin(k, grid)
-        np.testing.assert_allclose(np.asarray(cos), cos_r[0, :, 0, 0::2].numpy(), atol=1e-6)
-        np.testing.assert_allclose(np.asarray(sin), sin_r[0, :, 0, 1::2].numpy(), atol=1e-6)
+        cos, sin = E.rope_cos_sin(k, grid)       # [L, K]: diffusers' tables themselves
+        np.testing.assert_allclose(np.asarray(cos), cos_r[0, :, 0].numpy(), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(sin), sin_r[0, :, 0].numpy(), atol=1e-6)
         x = rng.standard_normal((2, 60, 3, k)).astype(np.float32)
         # the reference rotation (diffusers' processor math) on the same input
         x1, x2 = x[..., 0::2], x[..., 1::2]
@@ -73,6 +73,23 @@ def test_rope_matches_diffusers(rng):
         want[..., 1::2] = x1 * s + x2 * c
         np.testing.assert_allclose(np.asarray(apply_rope(jnp.asarray(x), cos, sin)), want,
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_rope_bf16_rotates_in_float32_and_rounds_once(rng):
+    """bf16 q/k: the rotation is the float32 pair arithmetic of the reference on the bf16
+    values, rounded once to bf16 (as diffusers' ``type_as`` after its float32 math)."""
+    k, grid = 128, (2, 3, 4)
+    cos, sin = E.rope_cos_sin(k, grid)
+    x = jnp.asarray(rng.standard_normal((1, 24, 2, k)), jnp.bfloat16)
+    got = jax.jit(apply_rope)(x, cos, sin)
+    assert got.dtype == jnp.bfloat16
+    xf = np.asarray(x, np.float32)
+    c, s = np.asarray(cos)[None, :, None, 0::2], np.asarray(sin)[None, :, None, 0::2]
+    want = np.empty_like(xf)
+    want[..., 0::2] = xf[..., 0::2] * c - xf[..., 1::2] * s
+    want[..., 1::2] = xf[..., 0::2] * s + xf[..., 1::2] * c
+    want = np.asarray(jnp.asarray(want).astype(jnp.bfloat16), np.float32)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want)
 
 
 def test_condition_embedder_and_block_match_diffusers(tmp_path, rng):

@@ -21,7 +21,10 @@ CPU the kernel runs in Pallas interpret mode (slow, exact: for tests); on GPUs i
 (:class:`~ditax.errors.AttentionUnavailable`: use ``cudnn`` / ``te``) unless
 ``interpret=True`` is asked for explicitly.
 Gradients come from the kernel's own VJP. ``return_lse`` is forward-only: the kernel's
-residual-saving mode has no VJP.
+residual-saving mode has no VJP. The kernels' matmul precision is pinned per dtype
+(:func:`kernel_precision`), forward and backward, so a global
+``jax_default_matmul_precision="highest"`` neither breaks the TPU compile nor turns bf16
+products into multi-pass float32 ones.
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.blo
     def one(q_b, k_b, v_b, qs_b, kvs_b):
         return kernel(q_b, k_b, v_b, segment_ids=sa.SegmentIds(q=qs_b, kv=kvs_b))
 
-    res = jax.vmap(one)(qt, kt, vt, q_seg, kv_seg)
+    res = jax.vmap(pinned_precision(one, q.dtype))(qt, kt, vt, q_seg, kv_seg)
     o, lse = (res[0], res[1][0]) if return_lse else (res, None)
     o = jnp.swapaxes(o[:, :, :Lq, :K], 1, 2).astype(q.dtype)           # [B, Lq, N, K]
     o = jnp.where(any_key[:, None, None, None], o, jnp.zeros_like(o))
@@ -121,6 +124,39 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.blo
         return o
     lse = jnp.where(any_key[:, None, None], lse[:, :, :Lq].astype(jnp.float32), -jnp.inf)
     return o, lse
+
+
+def kernel_precision(dtype) -> str:
+    """The matmul precision splash's kernels are traced under, whatever
+    ``jax_default_matmul_precision`` says: jax's splash kernel passes no precision to its
+    ``dot_general``s, so they would take the global one, and under "highest" Mosaic refuses
+    bf16 operands ("Bad lhs type", libtpu 0.0.42.1 / v6e). bf16 products are exact in the
+    float32 accumulator, so "default" (one MXU pass) loses nothing for them; float32 inputs
+    keep float32 accuracy ("highest"), as their dtype asks."""
+    return "highest" if jnp.dtype(dtype) == jnp.float32 else "default"
+
+
+def pinned_precision(fn, dtype):
+    """``fn`` with its forward and backward traced under :func:`kernel_precision` (a
+    ``custom_vjp`` whose rules enter the precision: the kernel's own backward is traced when
+    the gradient is taken, outside any context around the forward call)."""
+    precision = kernel_precision(dtype)
+
+    @jax.custom_vjp
+    def run(*args):
+        with jax.default_matmul_precision(precision):
+            return fn(*args)
+
+    def fwd(*args):
+        with jax.default_matmul_precision(precision):
+            return jax.vjp(fn, *args)
+
+    def bwd(vjp, g):
+        with jax.default_matmul_precision(precision):
+            return vjp(g)
+
+    run.defvjp(fwd, bwd)
+    return run
 
 
 def _clip_block(name: str, block, length: int) -> int:

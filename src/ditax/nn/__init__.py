@@ -8,7 +8,8 @@ take a name or a dtype (``jnp.dtype(name)`` resolves both).
 from ditax.nn.embeddings import TextProjection, TimestepEmbedding, timestep_embedding
 from ditax.nn.linear import Linear
 from ditax.nn.norms import FP32LayerNorm, RMSNorm
-from ditax.nn.rope import apply_rope, axial_rope_angles
+from ditax.nn.rope import apply_rope, axial_rope_angles, pair_tables
 
 __all__ = ["Linear", "RMSNorm", "FP32LayerNorm", "timestep_embedding", "TimestepEmbedding",
-           "TextProjection", "axial_rope_angles", "apply_rope"]
+           "TextProjection", "axial_rope_angles", "apply_rope",
+           "pair_tables"]

@@ -254,4 +254,35 @@ def audit(text: str) -> dict:
     return out
 
 
-__all__ = ["audit", "KERNEL_TARGET"]
+def copy_list(text: str) -> list[dict]:
+    """Every materialised relayout copy of compiled HLO ``text`` (what ``copy_ops`` /
+    ``copy_bytes`` count), largest total first: ``{"runs": times per call (loop trips
+    included), "bytes": one run's output bytes, "shape": output shape and layout, "from":
+    operand shapes and layouts, "computation": where it sits, "op_name": the jax operation
+    it came from (metadata; may be empty)}`` — to see which copies a program makes, e.g.
+    those of the layer loop (``computation`` its body)."""
+    prog = _Program(text)
+    mult, _, _ = multiplicities(prog.comps, [prog.entry])
+    rows = []
+    for name, m in mult.items():
+        if not m or name in prog.fused:
+            continue
+        comp = prog.comps[name]
+        for ins in comp.instrs.values():
+            if not prog.copy_rooted(ins) or not _dims(ins.shape):
+                continue
+            src = ins
+            if ins.opcode == "fusion":
+                fc = prog.comps.get(dict(ins.callees()).get("calls", ""))
+                src = _through(fc, fc.root) if fc is not None else ins
+            op = re.search(r'op_name="([^"]*)"', src.attrs) or re.search(
+                r'op_name="([^"]*)"', ins.attrs)
+            rows.append({"runs": m, "bytes": ins.nbytes, "shape": ins.shape.split(" ")[0],
+                         "from": [comp.instrs[o].shape.split(" ")[0] for o in ins.operands
+                                  if o in comp.instrs],
+                         "computation": name, "op_name": op.group(1) if op else ""})
+    rows.sort(key=lambda r: -r["runs"] * r["bytes"])
+    return rows
+
+
+__all__ = ["audit", "copy_list", "KERNEL_TARGET"]

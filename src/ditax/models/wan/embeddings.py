@@ -16,7 +16,7 @@ from flax import nnx
 
 from ditax.models.wan.image_embedder import ImageEmbedder
 from ditax.nn import Linear, TextProjection, TimestepEmbedding, axial_rope_angles, \
-    timestep_embedding
+    pair_tables, timestep_embedding
 
 
 class ConditionEmbedder(nnx.Module):
@@ -69,6 +69,9 @@ def rope_angles(head_dim: int, grid: tuple[int, int, int], theta: float = 10000.
 
 
 def rope_cos_sin(head_dim: int, grid, max_seq_len: int = 1024):
-    """(cos, sin) as float32 device constants ``[L, K/2]``."""
+    """(cos, sin) as float32 device constants ``[L, K]``, each pair's value on both of its
+    channels (diffusers' ``freqs_cos`` / ``freqs_sin``; what :func:`~ditax.nn.apply_rope`
+    takes)."""
     a = rope_angles(head_dim, tuple(int(g) for g in grid), 10000.0, max_seq_len)
-    return jnp.asarray(np.cos(a), jnp.float32), jnp.asarray(np.sin(a), jnp.float32)
+    cos, sin = pair_tables(a)
+    return jnp.asarray(cos), jnp.asarray(sin)

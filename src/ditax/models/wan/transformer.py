@@ -8,7 +8,8 @@ config. Attention runs through one :class:`~ditax.attention.AttentionPlan`, buil
 dtype, and handed to every block (self- and cross-attention may use different backends).
 
 Numerics follow the reference: norms and the residual/gate arithmetic run in float32 and are
-cast back to the compute dtype; RoPE rotates in float32.
+cast back to the compute dtype; RoPE rotates in float32 inside one fusion
+(:func:`~ditax.nn.rope.apply_rope`), so no float32 copy of q or k is materialised.
 """
 
 from __future__ import annotations
