@@ -64,49 +64,32 @@ class WanImageToVideo(WanTextToVideo):
                                "image embedder has pos_embed); this Wan 2.1 I2V model "
                                "conditions on the first frame only — drop last_image")
 
-    def _encode_video(self, video: np.ndarray):
-        """Normalised posterior mean ``[1, z, F', Y, X]`` float32 of ``[1, 3, F, H, W]``."""
-        z = self.vae.encode(jnp.asarray(video, self.vae.dtype))
-        return self.vae.normalize_latents(jnp.asarray(z, jnp.float32))
-
     def condition(self, image, last_image, height: int, width: int, num_frames: int):
         """The :class:`~ditax.pipelines.conditioning.Condition` of this request (None for a
         TI2V request without an image)."""
+        from ditax.models.wan.conditioning import (channel_condition, clip_features,
+                                                   encode_normalized)
+
         self._check_images(image, last_image)
         if image is None:
             return None
         first = to_frame(image, height, width, "image")
         tc = self.transformer.config
-        f, y, x = self.vae.config.latent_grid(num_frames, height, width)
         if self.expand_timesteps:
-            latent = self._encode_video(first[None, :, None])
+            f, y, x = self.vae.config.latent_grid(num_frames, height, width)
             frame_mask = np.ones((1, 1, f, y, x), np.float32)
             frame_mask[:, :, 0] = 0.0
             pt, ph, pw = tc.patch_size
             tokens = frame_mask[0, 0, ::pt, ::ph, ::pw].reshape(1, -1)
-            return Condition(frame_mask=jnp.asarray(frame_mask), latent=latent,
+            return Condition(frame_mask=jnp.asarray(frame_mask),
+                             latent=encode_normalized(self.vae, first[None, :, None]),
                              token_mask=jnp.asarray(tokens))
-        video = np.zeros((1, 3, num_frames, height, width), np.float32)
-        video[0, :, 0] = first
-        given = np.zeros(num_frames, np.float32)
-        given[0] = 1.0
-        if last_image is not None:
-            video[0, :, -1] = to_frame(last_image, height, width, "last_image")
-            given[-1] = 1.0
-        latents = self._encode_video(video)
-        tf = self.vae.scale_factor_temporal
-        # the first frame stands for the tf frames of latent frame 0; then tf channels per
-        # latent frame: mask[c, f] = given[f * tf + c]
-        per_frame = np.concatenate([np.repeat(given[:1], tf), given[1:]])
-        mask = per_frame.reshape(f, tf).T
-        mask = np.broadcast_to(mask[None, :, :, None, None], (1, tf, f, y, x))
-        channels = jnp.concatenate([jnp.asarray(mask, jnp.float32), latents], axis=1)
+        last = None if last_image is None else to_frame(last_image, height, width, "last_image")
+        channels = channel_condition(self.vae, first, last, num_frames)
         image_embeds = None
         if tc.image_dim is not None:
-            from ditax.models.clip import encode_image
-
             images = [image] if last_image is None else [image, last_image]
-            image_embeds = encode_image(self.image_encoder, images, self.image_processor)
+            image_embeds = clip_features(self.image_encoder, self.image_processor, images)
             image_embeds = image_embeds.astype(jnp.dtype(tc.dtype))
         return Condition(channels=channels, image=image_embeds)
 
