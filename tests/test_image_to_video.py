@@ -242,3 +242,61 @@ def test_ti2v_folder_saved_as_image_to_video_class_loads_the_same(built, tmp_pat
     kw = dict(PROMPT, **SIZE22, num_inference_steps=1, guidance_scale=1.0, latents=lat,
               progress=False, image=image(12, 32, 64, kind="float"))
     np.testing.assert_array_equal(again(**kw), pipe(**kw))
+
+
+# ----------------------------------------------------------------------------------------------
+# ditax generate --image / --last-image
+
+
+def test_generate_with_image_writes_the_pipelines_video(built, tmp_path, capsys):
+    from ditax.cli import main
+    from ditax.io.video import read_video, to_uint8
+
+    _, folder, pipe = built("i2v22")
+    first, last = tmp_path / "first.png", tmp_path / "last.png"
+    image(13, 32, 48).save(first)
+    image(14, 32, 48).save(last)
+    out = tmp_path / "o.mp4"
+    rc = main(["generate", "--model", str(folder), "--prompt", "a cat walks on the grass",
+               "--image", str(first), "--last-image", str(last), "--height", "32", "--width",
+               "48", "--frames", "5", "--steps", "2", "--guidance", "3", "--seed", "4",
+               "--no-progress", "--output", str(out)])
+    assert rc == 0
+    assert "image " in capsys.readouterr().out   # the timing line has the image phase
+    import PIL.Image
+
+    ref = to_uint8(pipe("a cat walks on the grass", image=PIL.Image.open(first),
+                        last_image=PIL.Image.open(last), height=32, width=48, num_frames=5,
+                        num_inference_steps=2, guidance_scale=3.0, seed=4, progress=False))
+    assert np.abs(read_video(out).astype(np.float32) - ref).mean() < 6.0
+
+
+@pytest.mark.parametrize("kind,flags,match", [
+    ("i2v22", ["--image", "MISSING"], r"--image '.*missing.png' is not a file"),
+    ("i2v22", ["--image", "BROKEN"], r"--image '.*broken.png' is not a readable image"),
+    ("i2v22", [], r"is an image-to-video folder .*pass the first frame with --image"),
+    ("i2v22", ["--last-image", "GOOD"], r"--last-image needs --image"),
+    ("ti2v", ["--image", "GOOD", "--last-image", "GOOD"], r"--last-image is not supported by"),
+    ("t2v", ["--image", "GOOD"], r"--image given but .* is a text-to-video folder"),
+])
+def test_generate_image_errors_exit_2_in_one_line(built, tmp_path, capsys, kind, flags, match):
+    import re
+
+    from ditax.cli import main
+
+    if kind == "t2v":
+        from pipeline_reference import make_tiny_pipeline
+
+        folder = make_tiny_pipeline(tmp_path, layers=1)[1]
+    else:
+        folder = built(kind)[1]
+    image(15, 32, 32).save(tmp_path / "good.png")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    names = {"MISSING": "missing.png", "BROKEN": "broken.png", "GOOD": "good.png"}
+    capsys.readouterr()   # building the folder printed diffusers' progress bars
+    flags = [str(tmp_path / names[f]) if f in names else f for f in flags]
+    rc = main(["generate", "--model", str(folder), "--prompt", "a cat", *flags, "--height",
+               "32", "--width", "64", "--frames", "5", "--output", str(tmp_path / "o.mp4")])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1 and re.search(match, err), err

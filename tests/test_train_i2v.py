@@ -171,3 +171,39 @@ def test_preprocess_stores_the_condition_the_pipeline_builds(tmp_path):
     rec = load(ArrayRecordReader(str(ds / meta["files"][0])).read([0])[0])
     np.testing.assert_allclose(rec["condition"], np.asarray(cond.channels)[0], atol=1e-5)
     np.testing.assert_allclose(rec["image"], np.asarray(cond.image)[0], atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# presets and `ditax plan`
+
+
+@pytest.mark.parametrize("name,params_b,latent", [
+    ("wan2.2-ti2v-5b", (4.9, 5.1), [48, 31, 44, 80]),        # 1280x704, 121 frames, 16x VAE
+    ("wan2.1-i2v-14b-480p", (16.2, 16.6), [16, 21, 60, 104]),
+    ("wan2.1-i2v-14b-720p", (16.2, 16.6), [16, 21, 90, 160]),
+    ("wan2.2-i2v-a14b", (14.2, 14.4), [16, 21, 90, 160]),   # one expert; no image embedder
+])
+def test_image_to_video_presets_plan(name, params_b, latent):
+    from ditax.plan import plan
+
+    cfg = load_config(name)
+    fam = model_family(cfg.model)
+    s = cfg.sample
+    assert [fam.latent_channels, *fam.latent_shape(s.num_frames, s.height, s.width)[1:]] == latent
+    out = plan(cfg, make_mesh(cfg.mesh, jax.devices()[:8]))
+    assert params_b[0] < out["params"] / 1e9 < params_b[1], out["params"]
+
+
+@pytest.mark.parametrize("overrides", [I2V, TI2V], ids=["i2v", "ti2v"])
+def test_plan_compiles_the_conditioned_forward_and_train_step(capsys, overrides):
+    """The forward takes the condition as the pipeline feeds it (I2V: 36 channels and CLIP
+    tokens; TI2V: per-token timesteps); the train step the dataset's entries."""
+    from ditax.cli import main
+
+    rc = main(["plan", "tiny", *overrides, "--target", "cpu:2",
+               "--compile", "--train", "--json", "--latent", "2,4,4"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    res = json.loads(out)
+    assert res["forward"]["latent"][1] == (16 if overrides is I2V else 48)
+    assert res["forward"]["flops"] > 0 and res["train_step"]["flops"] > 0
