@@ -45,6 +45,13 @@ def built(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def t2v_folder(tmp_path_factory):
+    from pipeline_reference import make_tiny_pipeline
+
+    return make_tiny_pipeline(tmp_path_factory.mktemp("t2v"), layers=1)[1]
+
+
 def _latents(pipe, size, seed):
     shape = pipe.latent_shape(size["height"], size["width"], size["num_frames"])
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
@@ -162,6 +169,7 @@ def test_wan21_i2v_on_8_devices(built):
     ("i2v22", dict(image=np.full((8, 8, 3), 2.0)), r"values span \[2, 2\]"),
     ("i2v22", dict(image=np.zeros((8, 8))), r"must be \[H, W, 3\]"),
     ("i2v22", dict(image="first.png"), r"is a path; pass the image itself"),
+    ("i2v22", dict(num_frames=1, last_image="LAST"), r"more than one frame; num_frames=1"),
     ("ti2v", dict(height=48), r"height=48 must be a positive multiple of 32"),
 ])
 def test_bad_requests(built, kind, change, match):
@@ -176,11 +184,8 @@ def test_bad_requests(built, kind, change, match):
         pipe(**kw)
 
 
-def test_text_to_video_folder_refuses_an_image(tmp_path):
-    from pipeline_reference import make_tiny_pipeline
-
-    _, folder = make_tiny_pipeline(tmp_path, layers=1)
-    pipe = ditax.load_pipeline(folder)
+def test_text_to_video_folder_refuses_an_image(t2v_folder):
+    pipe = ditax.load_pipeline(t2v_folder)
     assert type(pipe).__name__ == "WanTextToVideo"
     with pytest.raises(RequestError, match="text-to-video .* takes no image"):
         pipe("a cat", image=image(0, 32, 32), height=32, width=32, num_frames=5,
@@ -279,17 +284,13 @@ def test_generate_with_image_writes_the_pipelines_video(built, tmp_path, capsys)
     ("ti2v", ["--image", "GOOD", "--last-image", "GOOD"], r"--last-image is not supported by"),
     ("t2v", ["--image", "GOOD"], r"--image given but .* is a text-to-video folder"),
 ])
-def test_generate_image_errors_exit_2_in_one_line(built, tmp_path, capsys, kind, flags, match):
+def test_generate_image_errors_exit_2_in_one_line(built, t2v_folder, tmp_path, capsys, kind,
+                                                  flags, match):
     import re
 
     from ditax.cli import main
 
-    if kind == "t2v":
-        from pipeline_reference import make_tiny_pipeline
-
-        folder = make_tiny_pipeline(tmp_path, layers=1)[1]
-    else:
-        folder = built(kind)[1]
+    folder = t2v_folder if kind == "t2v" else built(kind)[1]
     image(15, 32, 32).save(tmp_path / "good.png")
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
     names = {"MISSING": "missing.png", "BROKEN": "broken.png", "GOOD": "good.png"}

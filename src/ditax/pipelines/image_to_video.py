@@ -73,6 +73,9 @@ class WanImageToVideo(WanTextToVideo):
         self._check_images(image, last_image)
         if image is None:
             return None
+        if last_image is not None and num_frames < 2:
+            raise RequestError(f"last_image= needs a video of more than one frame; "
+                               f"num_frames={num_frames} — use 5 or more")
         first = to_frame(image, height, width, "image")
         tc = self.transformer.config
         if self.expand_timesteps:
