@@ -1,4 +1,4 @@
-"""Text-to-video pipeline benchmark (CPU, float32), one JSON object per line.
+"""Pipeline benchmark (CPU, float32), one JSON object per line.
 
 1. Per-phase seconds of ditax vs diffusers' WanPipeline in the same run, on the same
    small-but-not-trivial random pipeline folder (the ``make demo`` folder: D=128 transformer,
@@ -7,8 +7,12 @@
 2. VAE decode memory vs number of frames: XLA's compiled memory analysis of the per-latent-frame
    decode step (arguments + temporaries + outputs) and the size of the decoded video; the step's
    working set must not grow with the frame count.
+3. ``--cases i2v,ti2v``: the same per-phase comparison (plus ``image``: VAE encode of the
+   condition, CLIP) for image-to-video on the tests' tiny random folders (Wan 2.1 I2V with CLIP;
+   Wan 2.2 TI2V with an image) against diffusers' WanImageToVideoPipeline.
 
     python benchmarks/pipeline.py [--steps 8] [--height 64] [--width 96] [--frames 17]
+                                  [--cases t2v,i2v,ti2v]
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
-def bench_phases(folder, args):
+def bench_phases(folder, args, case="t2v", ref_cls="WanPipeline", image=None,
+                 ref_image=None):
+    """Per-phase seconds of ditax (cold, warm) vs diffusers' ``ref_cls`` loaded from the same
+    folder; ``image`` for the ditax call, ``ref_image`` (default ``image``) for diffusers'."""
     import jax
     import numpy as np
 
@@ -40,25 +47,26 @@ def bench_phases(folder, args):
     req = dict(prompt="a cat walks on the grass in the sun", negative_prompt="blurry",
                height=args.height, width=args.width, num_frames=args.frames,
                num_inference_steps=args.steps, guidance_scale=5.0)
+    given = {} if image is None else {"image": image}
     t0 = time.perf_counter()
     pipe = ditax.load_pipeline(folder)
     t_load = time.perf_counter() - t0
     lat = np.random.default_rng(0).standard_normal(
         pipe.latent_shape(args.height, args.width, args.frames)).astype(np.float32)
-    pipe(latents=lat, progress=False, **req)
+    pipe(latents=lat, progress=False, **req, **given)
     cold = pipe.timings
-    video = pipe(latents=lat, progress=False, **req)
+    video = pipe(latents=lat, progress=False, **req, **given)
     warm = pipe.timings
 
+    import diffusers
     import torch
-    from diffusers import WanPipeline
 
     torch.set_num_threads(os.cpu_count() or 1)
     t0 = time.perf_counter()
-    ref = WanPipeline.from_pretrained(folder)
+    ref = getattr(diffusers, ref_cls).from_pretrained(folder)
     ref.set_progress_bar_config(disable=True)
     d_load = time.perf_counter() - t0
-    spent = {"text": 0.0, "decode": 0.0}
+    spent = {"text": 0.0, "decode": 0.0, "image": 0.0}
 
     def timed(fn, name):
         def wrap(*a, **k):
@@ -70,14 +78,21 @@ def bench_phases(folder, args):
 
     ref.encode_prompt = timed(ref.encode_prompt, "text")
     ref.vae.decode = timed(ref.vae.decode, "decode")
+    if image is not None:   # the condition: CLIP (Wan 2.1) and the VAE encode in prepare_latents
+        ref.prepare_latents = timed(ref.prepare_latents, "image")
+        if getattr(ref, "image_encoder", None) is not None:
+            ref.encode_image = timed(ref.encode_image, "image")
+    ref_given = {} if image is None else {"image": image if ref_image is None else ref_image}
     with torch.no_grad():
         s = time.perf_counter()
-        out = ref(latents=torch.from_numpy(lat), output_type="np", **req).frames[0]
+        out = ref(latents=torch.from_numpy(lat), output_type="np", **req, **ref_given).frames[0]
         total = time.perf_counter() - s
-    d = {"load": d_load, "text": spent["text"], "decode": spent["decode"],
-         "denoise": total - spent["text"] - spent["decode"]}
-    shape = f"{args.frames}x{args.height}x{args.width}, {args.steps} steps, CFG"
-    for phase in ("load", "text", "denoise", "decode"):
+    d = {"load": d_load, "text": spent["text"], "decode": spent["decode"], "image": spent["image"],
+         "denoise": total - spent["text"] - spent["decode"] - spent["image"]}
+    shape = f"{case} {args.frames}x{args.height}x{args.width}, {args.steps} steps, CFG"
+    phases = ("load", "text", "image", "denoise", "decode") if image is not None else (
+        "load", "text", "denoise", "decode")
+    for phase in phases:
         ours_warm = t_load if phase == "load" else getattr(warm, phase)
         ours_cold = t_load if phase == "load" else getattr(cold, phase)
         emit(bench="pipeline", case=shape, metric=f"{phase}_s", value=round(ours_warm, 4),
@@ -126,6 +141,7 @@ def main() -> int:
     p.add_argument("--width", type=int, default=96)
     p.add_argument("--frames", type=int, default=17)
     p.add_argument("--folder", default=None, help="pipeline folder (default: build the demo one)")
+    p.add_argument("--cases", default="t2v", help="comma list of t2v, i2v, ti2v")
     args = p.parse_args()
     import jax
 
@@ -135,9 +151,33 @@ def main() -> int:
         from ditax.demo import build_pipeline_folder
 
         folder = str(build_pipeline_folder(pathlib.Path(tempfile.mkdtemp()) / "pipe"))
-    bench_phases(folder, args)
-    bench_vae_memory(folder, args)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    if "t2v" in cases:
+        bench_phases(folder, args)
+        bench_vae_memory(folder, args)
+    if "i2v" in cases or "ti2v" in cases:
+        bench_image_to_video(args, cases)
     return 0
+
+
+def bench_image_to_video(args, cases):
+    """The tests' tiny random I2V / TI2V folders (tests/i2v_reference.py), one image each."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+    from i2v_reference import image, make_tiny_i2v
+
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    if "i2v" in cases:
+        _, folder = make_tiny_i2v(tmp / "i2v", "i2v")
+        bench_phases(str(folder), args, "i2v", "WanImageToVideoPipeline",
+                     image(1, args.height, args.width))
+    if "ti2v" in cases:
+        import torch
+
+        _, folder = make_tiny_i2v(tmp / "ti2v", "ti2v")
+        first = image(2, args.height, args.width, kind="float")
+        # same folder as an image-to-video pipeline for diffusers (TI2V ships as WanPipeline)
+        bench_phases(str(folder), args, "ti2v", "WanImageToVideoPipeline", first,
+                     torch.from_numpy(first.transpose(2, 0, 1).copy()))
 
 
 if __name__ == "__main__":

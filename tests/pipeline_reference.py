@@ -53,13 +53,10 @@ def _randomize(model, seed, scale=1.0):
     return model.eval()
 
 
-def make_tiny_pipeline(tmp_path, *, two_experts=False, boundary_ratio=0.6, scheduler="unipc",
-                       layers=2, heads=4, head_dim=12, ffn=64, vae_base=8, seed=0):
-    """Build, save (``save_pretrained``) and return ``(diffusers WanPipeline, folder)``."""
+def make_text_parts(tmp_path, seed=0):
+    """(tokenizer, random tiny UMT5 encoder) of every tiny pipeline here."""
     import torch
     import transformers
-    from diffusers import (AutoencoderKLWan, FlowMatchEulerDiscreteScheduler,
-                           UniPCMultistepScheduler, WanPipeline)
 
     tok = train_tokenizer(tmp_path / "_tok")
     torch.manual_seed(seed)
@@ -67,7 +64,17 @@ def make_tiny_pipeline(tmp_path, *, two_experts=False, boundary_ratio=0.6, sched
         vocab_size=128, d_model=TEXT_DIM, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
         relative_attention_num_buckets=32, relative_attention_max_distance=128,
         feed_forward_proj="gated-gelu", dropout_rate=0.0))
-    _randomize(enc, seed + 1)
+    return tok, _randomize(enc, seed + 1)
+
+
+def make_tiny_pipeline(tmp_path, *, two_experts=False, boundary_ratio=0.6, scheduler="unipc",
+                       layers=2, heads=4, head_dim=12, ffn=64, vae_base=8, seed=0):
+    """Build, save (``save_pretrained``) and return ``(diffusers WanPipeline, folder)``."""
+    import torch
+    from diffusers import (AutoencoderKLWan, FlowMatchEulerDiscreteScheduler,
+                           UniPCMultistepScheduler, WanPipeline)
+
+    tok, enc = make_text_parts(tmp_path, seed)
     vae = AutoencoderKLWan(base_dim=vae_base, z_dim=Z, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                            temperal_downsample=[False, True, True],
                            latents_mean=list(np.linspace(-0.5, 0.5, Z)),

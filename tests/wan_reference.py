@@ -7,8 +7,9 @@ import numpy as np
 
 def make_diffusers_wan(tmp_path, *, heads=2, head_dim=16, layers=2, ffn=64, text_dim=32,
                        freq_dim=32, in_ch=4, out_ch=None, cross_attn_norm=True, seed=0,
-                       patch=(1, 2, 2)):
-    """A random ``WanTransformer3DModel`` saved with save_pretrained; returns (model, folder)."""
+                       patch=(1, 2, 2), **config):
+    """A random ``WanTransformer3DModel`` saved with save_pretrained; returns (model, folder).
+    ``config``: more constructor arguments (image-to-video: ``image_dim``, ...)."""
     import torch
     from diffusers import WanTransformer3DModel
 
@@ -16,7 +17,8 @@ def make_diffusers_wan(tmp_path, *, heads=2, head_dim=16, layers=2, ffn=64, text
     m = WanTransformer3DModel(
         patch_size=patch, num_attention_heads=heads, attention_head_dim=head_dim,
         in_channels=in_ch, out_channels=out_ch or in_ch, text_dim=text_dim, freq_dim=freq_dim,
-        ffn_dim=ffn, num_layers=layers, cross_attn_norm=cross_attn_norm, rope_max_seq_len=1024)
+        ffn_dim=ffn, num_layers=layers, cross_attn_norm=cross_attn_norm, rope_max_seq_len=1024,
+        **config)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in m.named_parameters():

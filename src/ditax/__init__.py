@@ -1,7 +1,7 @@
 """ditax: Wan 2.1 / 2.2 text-to-video diffusion transformers in JAX.
 
 Public surface (DESIGN.md "Public surface"): ``load_transformer`` → :class:`Transformer`,
-``load_pipeline`` → :class:`WanTextToVideo`, ``attention`` (``attention.attend``) with
+``load_pipeline`` → :class:`WanTextToVideo` (image-to-video folders: :class:`WanImageToVideo`), ``attention`` (``attention.attend``) with
 :class:`AttentionConfig`, ``load_config`` → :class:`Config`, ``make_mesh``, and the errors a
 user can fix (:class:`DitaxError` and its kinds).
 
@@ -26,6 +26,7 @@ _HOMES = {
     "Transformer": "ditax.models.wan.loading",
     "load_pipeline": "ditax.pipelines.text_to_video",
     "WanTextToVideo": "ditax.pipelines.text_to_video",
+    "WanImageToVideo": "ditax.pipelines.image_to_video",
     "load_config": "ditax.config",
     "validate": "ditax.config",
     "Config": "ditax.config",
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # what static tools see; at run time ``__getattr__`` imports 
     from ditax.models.wan.loading import Transformer, load_transformer
     from ditax.parallel.mesh import make_mesh
     from ditax.parallel.platform import target_platform
+    from ditax.pipelines.image_to_video import WanImageToVideo
     from ditax.pipelines.text_to_video import WanTextToVideo, load_pipeline
 
 
@@ -60,7 +62,8 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
-__all__ = ["load_transformer", "Transformer", "load_pipeline", "WanTextToVideo", "attention",
+__all__ = ["load_transformer", "Transformer", "load_pipeline", "WanTextToVideo",
+           "WanImageToVideo", "attention",
            "AttentionConfig", "load_config", "validate", "Config", "make_mesh", "target_platform",
            "DitaxError", "ConfigError", "RequestError", "WeightError", "ModelNotFound",
            "AttentionUnavailable", "__version__"]

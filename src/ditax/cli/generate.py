@@ -3,6 +3,12 @@
     ditax generate --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --prompt "a cat on a skateboard" \\
         --height 480 --width 832 --frames 81 --steps 50 --guidance 5 --output cat.mp4 \\
         model.dtype=bfloat16 attention.backend=ulysses mesh.context=8 sample.cfg_mode=batched
+    ditax generate --model Wan-AI/Wan2.2-TI2V-5B-Diffusers --image first.png --prompt "..." \\
+        --height 704 --width 1280 --frames 121
+
+Image-to-video folders (``WanImageToVideoPipeline``; ``expand_timesteps`` TI2V) take
+``--image FIRST`` (required for I2V, optional for TI2V) and ``--last-image LAST``
+(first-last-frame models and Wan 2.2 I2V); a text-to-video folder refuses them.
 
     # a 4-step distillation LoRA on each Wan 2.2 expert, sampled as it was distilled
     ditax generate --model Wan-AI/Wan2.2-T2V-A14B-Diffusers --prompt "..." \
@@ -10,7 +16,8 @@
 
 Everything that can be wrong with the request is checked before any weights are read: sizes,
 frames, steps, guidance, prompt, ``key=value`` overrides, mesh vs device count, output suffix,
-the model folder (its ``model_index.json`` and transformer ``config.json``), the ``--lora``
+the images (readable, and wanted by the folder's kind), the model folder (its
+``model_index.json`` and transformer ``config.json``), the ``--lora``
 files (readable, a known format; whether they fit the model is checked as it loads), and
 whether the attention backend can run here with the folder's head dim. Prints a progress bar
 over the steps and one timing line (load, text, compile, denoise, decode).
@@ -40,6 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="pipeline folder (model_index.json) or hub id")
     p.add_argument("--prompt", required=True)
     p.add_argument("--negative-prompt", default=None)
+    p.add_argument("--image", default=None, metavar="FIRST.png",
+                   help="first frame (image-to-video folders; optional for Wan 2.2 TI2V)")
+    p.add_argument("--last-image", default=None, metavar="LAST.png",
+                   help="last frame (first-last-frame models, Wan 2.2 I2V A14B)")
     p.add_argument("--height", type=int, default=None, help="pixels, multiple of 16 (480)")
     p.add_argument("--width", type=int, default=None, help="pixels, multiple of 16 (832)")
     p.add_argument("--frames", type=int, default=None, help="4k+1 frames (81)")
@@ -114,6 +125,7 @@ def parse_request(args):
         raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
     loras = read_loras(args.lora, args.lora_strict)
     loras_2 = read_loras(args.lora_2, args.lora_strict)
+    call.update(read_images(args.image, args.last_image))
     use_mesh = "mesh" in given
     # the sample keys the user chose: given, or set by the sample preset
     chosen = set(given.get("sample", {})) | set(SAMPLE_PRESETS.get(s.preset, {}))
@@ -134,6 +146,43 @@ def parse_request(args):
     return load, call
 
 
+def read_images(image: str | None, last_image: str | None) -> dict:
+    """``--image`` / ``--last-image`` files read into ``image=`` / ``last_image=`` (an
+    unreadable file is a :class:`RequestError`: exit 2)."""
+    from ditax.pipelines.images import read_image
+
+    if last_image is not None and image is None:
+        raise RequestError("--last-image needs --image (the first frame) too")
+    out = {}
+    if image is not None:
+        out["image"] = read_image(image, "--image")
+    if last_image is not None:
+        out["last_image"] = read_image(last_image, "--last-image")
+    return out
+
+
+def check_images_fit(root, call: dict) -> None:
+    """The folder's kind wants the images given: a text-to-video folder takes none, an
+    image-to-video folder (``WanImageToVideoPipeline`` without ``expand_timesteps``) needs
+    ``--image``. Read from ``model_index.json``, before any weights."""
+    import json
+
+    index = json.loads((root / "model_index.json").read_text())
+    i2v = index.get("_class_name") == "WanImageToVideoPipeline"
+    ti2v = bool(index.get("expand_timesteps"))
+    given = "image" in call
+    if given and not (i2v or ti2v):
+        raise RequestError(f"--image given but {root} is a text-to-video folder (WanPipeline); "
+                           f"drop --image or use an image-to-video model (Wan2.1-I2V-*, "
+                           f"Wan2.2-I2V-A14B, Wan2.2-TI2V-5B)")
+    if i2v and not ti2v and not given:
+        raise RequestError(f"{root} is an image-to-video folder (WanImageToVideoPipeline); pass "
+                           f"the first frame with --image FIRST.png")
+    if "last_image" in call and ti2v:
+        raise RequestError("--last-image is not supported by Wan 2.2 TI2V (expand_timesteps "
+                           "conditions the first frame only); drop it")
+
+
 def read_loras(specs: list[str], strict: bool = True) -> list:
     """``--lora FILE[:STRENGTH]`` values → ``[(Lora, strength)]``, each file read and its
     format checked here (a bad file is a :class:`~ditax.errors.WeightError`: exit 2; with
@@ -143,14 +192,17 @@ def read_loras(specs: list[str], strict: bool = True) -> list:
     return resolve_loras([parse_lora_arg(s) for s in specs], strict)
 
 
-def check_model_and_attention(load: dict, mesh) -> None:
-    """The folder exists and names a transformer (:class:`ModelNotFound` otherwise), and the
-    attention backend can run here with its head dim (:class:`AttentionUnavailable`)."""
+def check_model_and_attention(load: dict, mesh, call: dict | None = None) -> None:
+    """The folder exists and names a transformer (:class:`ModelNotFound` otherwise), takes the
+    request's images (``call``; :class:`RequestError`), and the attention backend can run here
+    with its head dim (:class:`AttentionUnavailable`)."""
     from ditax.attention import check_available
     from ditax.io.hub import resolve_folder
     from ditax.models.wan.loading import read_config
 
     root = resolve_folder(load["path"], None, required=("model_index.json",))
+    if call is not None:
+        check_images_fit(root, call)
     head_dim = load.get("attention_head_dim") or read_config(
         resolve_folder(root, "transformer"))["attention_head_dim"]
     check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)
@@ -166,7 +218,7 @@ def run(args) -> int:
     mesh_cfg = load.pop("mesh_config")
     cache = compile_cache(load.pop("compile_cache"))
     mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
-    check_model_and_attention(load, mesh)
+    check_model_and_attention(load, mesh, call)
     if mesh is not None:
         print(f"mesh: {dict(mesh.shape)}")
     with entry_context(load["attention"], mesh), cache as folder:

@@ -97,9 +97,20 @@ class ModelFamily(abc.ABC):
     def param_shardings(self, params, mesh) -> Any:
         """``NamedSharding`` tree matching ``params`` (a pure dict or an ``nnx.State``)."""
 
-    def apply(self, module: nnx.Module, latents, timestep, text, text_mask):
-        """The prediction the flow loss compares with ``noise - latents`` (same shape)."""
+    def apply(self, module: nnx.Module, latents, timestep, text, text_mask, condition=None):
+        """The prediction the flow loss compares with ``noise - latents`` (same shape);
+        ``condition``: the sample's :meth:`condition_shapes` entries (batched)."""
         return module(latents, timestep, text, text_mask)
+
+    def condition_shapes(self, latent_shape) -> dict[str, tuple[int, ...]]:
+        """Extra per-sample batch entries (name → shape) the denoiser is conditioned on,
+        for latents ``[C, F, Y, X]`` (image-to-video); none by default."""
+        return {}
+
+    def training_inputs(self, x_t, x0, timestep, condition):
+        """``(x_t, timestep, loss mask or None)`` the loss feeds the denoiser for noisy
+        latents ``x_t`` of clean ``x0`` at ``timestep [B]``; unchanged by default."""
+        return x_t, timestep, None
 
     # -- weights and preprocessing ------------------------------------------------------------
 

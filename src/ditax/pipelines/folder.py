@@ -3,7 +3,10 @@
 ``WanPipeline.save_pretrained`` writes ``model_index.json`` (component names → classes, and for
 Wan 2.2 A14B ``boundary_ratio``) next to one subfolder per component: ``tokenizer/``,
 ``text_encoder/``, ``vae/``, ``scheduler/``, ``transformer/`` and optionally
-``transformer_2/``. :func:`read_pipeline_folder` resolves a path or hub id (through
+``transformer_2/``. ``WanImageToVideoPipeline`` folders add ``image_encoder/`` and
+``image_processor/`` (Wan 2.1 I2V / FLF2V; Wan 2.2 I2V A14B has none), and either class may set
+``expand_timesteps`` (Wan 2.2 TI2V-5B: per-token timesteps, the image optional).
+:func:`read_pipeline_folder` resolves a path or hub id (through
 :func:`ditax.io.hub.resolve_folder`), reads the index and returns the component folders, or
 raises :class:`PipelineLoadError` naming what is missing and how to fix it.
 """
@@ -18,6 +21,8 @@ from ditax.errors import DitaxError, ModelNotFound
 from ditax.io.hub import resolve_folder
 
 REQUIRED = ("tokenizer", "text_encoder", "vae", "scheduler")  # besides transformer
+CLASSES = ("WanPipeline", "WanImageToVideoPipeline")
+IMAGE_PARTS = ("image_encoder", "image_processor")  # Wan 2.1 I2V / FLF2V: both or neither
 
 
 class PipelineLoadError(DitaxError, ValueError):
@@ -32,6 +37,15 @@ class PipelineFolder:
     root: pathlib.Path
     index: dict
     components: dict[str, pathlib.Path]
+
+    @property
+    def kind(self) -> str:
+        """``"t2v"`` (text only), ``"i2v"`` (an image is required: noise, mask and condition
+        latents as transformer channels) or ``"ti2v"`` (``expand_timesteps``: an optional
+        image replaces the first latent frame, whose tokens run at t=0)."""
+        if self.index.get("expand_timesteps"):
+            return "ti2v"
+        return "i2v" if self.index.get("_class_name") == "WanImageToVideoPipeline" else "t2v"
 
     @property
     def boundary_ratio(self) -> float | None:
@@ -73,18 +87,25 @@ def _need(root: pathlib.Path, index: dict, name: str) -> pathlib.Path:
 
 
 def read_pipeline_folder(path) -> PipelineFolder:
-    """Resolve ``path`` (folder or hub id) and check it is a text-to-video Wan pipeline folder
-    with every component ditax needs."""
+    """Resolve ``path`` (folder or hub id) and check it is a Wan pipeline folder (text-,
+    image- or text-image-to-video) with every component ditax needs."""
     root = resolve_pipeline_folder(path)
     index = json.loads((root / "model_index.json").read_text())
     cls = index.get("_class_name")
-    if cls not in (None, "WanPipeline"):
-        raise PipelineLoadError(f"{root}/model_index.json is a {cls}; ditax loads text-to-video "
-                                f"WanPipeline folders")
-    if index.get("expand_timesteps"):
-        raise PipelineLoadError("expand_timesteps=true (Wan 2.2 TI2V-5B) is not implemented; "
-                                "use a T2V folder (Wan2.1-T2V-* or Wan2.2-T2V-A14B)")
+    if cls not in (None, *CLASSES):
+        raise PipelineLoadError(f"{root}/model_index.json is a {cls}; ditax loads "
+                                f"{' and '.join(CLASSES)} folders")
     subs = {n: _need(root, index, n) for n in REQUIRED}
+    image_parts = [n for n in IMAGE_PARTS if _component_present(index, n)]
+    if image_parts and cls != "WanImageToVideoPipeline":
+        raise PipelineLoadError(f"{root}/model_index.json is a {cls} with {image_parts[0]!r}; "
+                                f"image encoders belong to WanImageToVideoPipeline folders")
+    if len(image_parts) == 1:
+        missing = next(n for n in IMAGE_PARTS if n not in image_parts)
+        raise PipelineLoadError(f"{root}/model_index.json has {image_parts[0]!r} but no "
+                                f"{missing!r}; Wan 2.1 image-to-video needs both (re-save the "
+                                f"pipeline with its CLIPImageProcessor and CLIPVisionModel)")
+    subs.update({n: _need(root, index, n) for n in image_parts})
     if not _component_present(index, "transformer"):
         raise PipelineLoadError(f"{root}/model_index.json has no 'transformer'; ditax needs it "
                                 f"(transformer_2 alone is not supported)")

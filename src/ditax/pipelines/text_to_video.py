@@ -40,6 +40,7 @@ from ditax.errors import ConfigError, RequestError
 from ditax.config.sample import CFG_MODES
 from ditax.parallel.axes import check_batch_divides
 from ditax.pipelines.components import load_components
+from ditax.pipelines.conditioning import batch_twice, final_latents, model_inputs
 from ditax.pipelines.folder import PipelineLoadError, read_pipeline_folder
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.request import check_request
@@ -56,11 +57,15 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
                   vae_tiling: bool = False, max_sequence_length: int = 512,
                   loras=None, loras_2=None, lora_strict: bool = True,
                   lora_mode: str = "merged", **model_overrides) -> "WanTextToVideo":
-    """Load a diffusers Wan text-to-video pipeline folder (or hub id) into :class:`WanTextToVideo`.
+    """Load a diffusers Wan pipeline folder (or hub id): a text-to-video ``WanPipeline`` into
+    :class:`WanTextToVideo`; a ``WanImageToVideoPipeline`` (Wan 2.1 I2V / FLF2V, Wan 2.2 I2V
+    A14B) or an ``expand_timesteps`` folder (Wan 2.2 TI2V-5B) into
+    :class:`~ditax.pipelines.image_to_video.WanImageToVideo`, whose call takes ``image=`` /
+    ``last_image=``.
 
     Args:
       path: folder with ``model_index.json`` and component subfolders, or a hub id (online).
-      dtype: transformer and text-encoder dtype ("float32" | "bfloat16" | "float16").
+      dtype: transformer, text- and image-encoder dtype ("float32" | "bfloat16" | "float16").
       mesh: optional 4-axis mesh (``ditax.make_mesh``); transformers are sharded over it.
       attention: backend name or :class:`AttentionConfig` for the transformers.
       cfg_mode: "batched" (cond + uncond in one forward of batch 2) or "sequential".
@@ -84,9 +89,15 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
                             scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
                             loras=loras, loras_2=loras_2, lora_strict=lora_strict,
                             lora_mode=lora_mode, **model_overrides)
-    pipe = WanTextToVideo(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
-                          cfg_mode=cfg_mode, vae_tiling=vae_tiling,
-                          max_sequence_length=max_sequence_length)
+    cls = WanTextToVideo
+    if folder.kind != "t2v":
+        from ditax.pipelines.image_to_video import WanImageToVideo
+
+        cls = WanImageToVideo
+        parts["expand_timesteps"] = folder.kind == "ti2v"
+    pipe = cls(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
+               cfg_mode=cfg_mode, vae_tiling=vae_tiling,
+               max_sequence_length=max_sequence_length)
     pipe.load_time = time.perf_counter() - t0
     log.info("loaded pipeline %s in %.1fs", folder.root, pipe.load_time)
     return pipe
@@ -98,29 +109,32 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _denoise_step(gdef, scheduler, cfg_mode: str, use_cfg: bool, params, sched_state, latents,
-                  text, guidance):
+                  text, guidance, condition=None):
     """One sampling step: transformer forward(s), guidance, scheduler update.
 
     ``gdef``/``scheduler``/modes are static (hashable; equal for both Wan 2.2 experts and for
     every pipeline with the same shapes), everything else traced: the step index is inside
     ``sched_state``, so one compiled program serves every step.
     latents float32 ``[1, C, F, Y, X]``; text ``[2, T, Dt]`` (cond, uncond) with guidance, else
-    ``[1, T, Dt]``; guidance float32 ``[]``. Returns ``(latents, sched_state)``.
+    ``[1, T, Dt]``; guidance float32 ``[]``; ``condition`` an image's
+    :class:`~ditax.pipelines.conditioning.Condition` (None: text-to-video).
+    Returns ``(latents, sched_state)``.
     """
     model = nnx.merge(gdef, params)
     dt = jnp.dtype(model.cfg.dtype)
     t = sched_state.timesteps[sched_state.step_index].astype(jnp.float32)
-    x = latents.astype(dt)
+    x, tb, image = model_inputs(condition, latents, t, dt)
     b = x.shape[0]
-    tb = jnp.full((b,), t)
     if not use_cfg:
-        v = model(x, tb, text[:b])
+        v = model(x, tb, text[:b], encoder_hidden_states_image=image)
     else:
         if cfg_mode == "batched":
-            out = model(jnp.concatenate([x, x]), jnp.full((2 * b,), t), text)
+            out = model(jnp.concatenate([x, x]), jnp.concatenate([tb, tb]), text,
+                        encoder_hidden_states_image=batch_twice(image))
             cond, uncond = out[:b], out[b:]
         else:
-            cond, uncond = model(x, tb, text[:b]), model(x, tb, text[b:])
+            cond = model(x, tb, text[:b], encoder_hidden_states_image=image)
+            uncond = model(x, tb, text[b:], encoder_hidden_states_image=image)
         v = uncond + guidance.astype(cond.dtype) * (cond - uncond)
     new, sched_state = scheduler.step(sched_state, v, latents)
     # the Euler step returns the model dtype (as the reference); keep the carry float32 so the
@@ -139,16 +153,19 @@ def initial_noise(seed: int, shape: tuple[int, ...]) -> jax.Array:
 @dataclass
 class Timings:
     """Seconds per phase of the last call (``load`` is set once, by :func:`load_pipeline`;
-    ``compile``: ahead-of-time compilation of the step and decode, 0 when already compiled)."""
+    ``compile``: ahead-of-time compilation of the step and decode, 0 when already compiled;
+    ``image``: the image condition (VAE encode, CLIP), image-to-video only)."""
 
     load: float = 0.0
     text: float = 0.0
     denoise: float = 0.0
     decode: float = 0.0
     compile: float = 0.0
+    image: float = 0.0
 
     def line(self) -> str:
-        return (f"timing: load {self.load:.2f}s | text {self.text:.2f}s | "
+        image = f"image {self.image:.2f}s | " if self.image else ""
+        return (f"timing: load {self.load:.2f}s | text {self.text:.2f}s | {image}"
                 f"compile {self.compile:.2f}s | denoise {self.denoise:.2f}s | "
                 f"decode {self.decode:.2f}s")
 
@@ -189,8 +206,8 @@ class WanTextToVideo:
         return emb.astype(jnp.dtype(self.transformer.config.dtype))
 
     def latent_shape(self, height: int, width: int, num_frames: int) -> tuple[int, ...]:
-        """Initial latents ``[1, C, F', Y, X]`` for a video of this size (the VAE's factors)."""
-        return (1, self.transformer.config.in_channels,
+        """Initial latents ``[1, z, F', Y, X]`` for a video of this size (the VAE's factors)."""
+        return (1, self.vae.z_dim,
                 *self.vae.config.latent_grid(num_frames, height, width))
 
     def _replicate(self, x):
@@ -221,6 +238,15 @@ class WanTextToVideo:
         except ValueError as e:
             raise RequestError(str(e)) from None
 
+    def condition(self, image, last_image, height: int, width: int, num_frames: int):
+        """The request's :class:`~ditax.pipelines.conditioning.Condition` (None: text only).
+        Text-to-video folders take no image; image-to-video pipelines override this."""
+        if image is not None or last_image is not None:
+            raise RequestError("this pipeline folder is text-to-video (WanPipeline); it takes "
+                               "no image — drop image= / --image, or load an image-to-video "
+                               "folder (Wan2.1-I2V-*, Wan2.2-I2V-A14B, Wan2.2-TI2V-5B)")
+        return None
+
     @in_compile_cache
     def __call__(self, prompt, negative_prompt=None, height: int = 480, width: int = 832,
                  num_frames: int = 81, num_inference_steps: int = 50,
@@ -228,7 +254,7 @@ class WanTextToVideo:
                  guidance_scale_2: float | None = None, progress: bool = True,
                  output: str = "video", sigmas=None, cache: str | None = None,
                  cache_threshold: float | None = None, cfg_cache: bool = False,
-                 cache_coefficients=None):
+                 cache_coefficients=None, image=None, last_image=None):
         """Generate one video. Returns float32 ``[F, H, W, 3]`` in [0, 1]
         (``output="latent"``: the denoised latents ``[1, C, F', Y, X]`` instead).
 
@@ -246,7 +272,9 @@ class WanTextToVideo:
         ``cfg_cache=True`` reuses the unconditional branch's difference on low-noise steps;
         ``cache_coefficients``: a numbers file of ``ditax calibrate-cache`` (default: the
         shipped numbers of the model, if any). ``cache=None, cfg_cache=False`` runs the plain
-        step. ``self.last_stats`` tells what ran.
+        step. ``self.last_stats`` tells what ran. ``image`` / ``last_image``:
+        image-to-video pipelines (:class:`~ditax.pipelines.image_to_video.WanImageToVideo`);
+        step caching does not take an image condition yet.
         """
         sf = self.vae.scale_factor_spatial * self.transformer.config.patch_size[1]
         check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
@@ -269,6 +297,10 @@ class WanTextToVideo:
                 raise RequestError(f"latents shape {tuple(latents.shape)} does not match "
                                  f"{shape} for {num_frames} frames at {height}x{width}")
 
+        t0 = time.perf_counter()
+        cond = self.condition(image, last_image, height, width, num_frames)
+        cond = jax.block_until_ready(self._replicate(cond))
+        t_image = time.perf_counter() - t0
         t0 = time.perf_counter()
         text = jax.block_until_ready(self._replicate(
             self.encode_text(prompt, negative_prompt, use_cfg)))
@@ -293,10 +325,13 @@ class WanTextToVideo:
             coefficients=cache_coefficients)
         # each expert's own graph (equal for two plain experts: one program; an expert with
         # unmerged LoRAs has its own)
+        if step_cache is not None and cond is not None:
+            raise RequestError("step caching (cache= / cfg_cache=) does not support image "
+                               "conditioning yet; drop cache / cfg_cache for image-to-video")
         if step_cache is None:
             steps = {id(tr): self.programs.step(
                          _denoise_step, (tr._gdef, self.scheduler, self.cfg_mode, use_cfg),
-                         (tr._state, state, x, text, jnp.float32(0)))
+                         (tr._state, state, x, text, jnp.float32(0), cond))
                      for tr in experts}
         else:
             steps = {id(tr): step_cache.compile(self.programs, tr, self.scheduler,
@@ -312,13 +347,16 @@ class WanTextToVideo:
             low = boundary is not None and timesteps[i] < boundary
             g = guidance_scale_2 if low else guidance_scale
             tr = experts[i]
-            x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g))
-        x = jax.block_until_ready(x)
+            if step_cache is None:
+                x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g), cond)
+            else:
+                x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g))
+        x = jax.block_until_ready(final_latents(cond, x))
         self.last_stats = (uncached_stats(num_inference_steps, use_cfg) if step_cache is None
                            else step_cache.stats())
         t2 = time.perf_counter()
         timings = dict(load=self.load_time, text=t1 - t0, compile=t_compile,
-                       denoise=t2 - t1 - t_compile)
+                       denoise=t2 - t1 - t_compile, image=t_image)
         if output == "latent":
             self.timings = Timings(**timings)
             return np.asarray(x)

@@ -30,7 +30,9 @@ def _params(state, shardings) -> tuple[int, int, int, list]:
 
 
 def _forward(cfg, mesh, family, gdef, state, shardings, latent):
-    """Lowered forward on latents ``[B, C, F, Y, X]`` (B = the mesh's batch shards)."""
+    """Lowered forward on latents ``[B, C, F, Y, X]`` (B = the mesh's batch shards), with the
+    family's image condition (image-to-video: condition channels, CLIP tokens, per-token
+    timesteps) as the pipeline feeds it."""
     from flax import nnx
 
     from ditax.parallel.axes import batch_entry, batch_shards
@@ -43,11 +45,15 @@ def _forward(cfg, mesh, family, gdef, state, shardings, latent):
     t = jax.ShapeDtypeStruct((b,), jnp.float32, sharding=bsh)
     text = jax.ShapeDtypeStruct((b, cfg.sample.max_sequence_length, family.text_dim), dt,
                                 sharding=bsh)
+    cond = {k: jax.ShapeDtypeStruct((b, *shape), dt, sharding=bsh) for k, shape in
+            family.condition_shapes((family.latent_channels, f, y, x)).items()}
 
-    def fwd(state, lat, t, text):
-        return nnx.merge(gdef, state)(lat, t, text)
+    def fwd(state, lat, t, text, cond):
+        lat, t, _ = family.training_inputs(lat, lat, t, cond or None)
+        return family.apply(nnx.merge(gdef, state), lat, t, text, None, cond or None)
 
-    lowered = jax.jit(fwd, in_shardings=(shardings, bsh, bsh, bsh)).lower(state, lat, t, text)
+    lowered = jax.jit(fwd, in_shardings=(shardings, bsh, bsh, bsh, bsh)).lower(
+        state, lat, t, text, cond)
     fl = family.flops_per_sample((family.latent_channels, f, y, x),
                                  cfg.sample.max_sequence_length) / 3.0 * b
     return lowered, [b, family.latent_channels, f, y, x], fl / mesh.size
@@ -66,6 +72,8 @@ def _train_step(cfg, mesh, family):
              "text": jax.ShapeDtypeStruct((B, T, family.text_dim), jnp.float32,
                                           sharding=sh["text"]),
              "text_mask": jax.ShapeDtypeStruct((B, T), jnp.uint8, sharding=sh["text_mask"])}
+    for k, cshape in family.condition_shapes(shape).items():
+        batch[k] = jax.ShapeDtypeStruct((B, *cshape), jnp.float32, sharding=sh[k])
     fl = family.flops_per_sample(shape, T) * B
     if getattr(cfg.model, "remat", "none") == "full":
         fl *= 4.0 / 3.0          # the forward runs again inside the backward
@@ -96,8 +104,8 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
            "shardings": rows}
     layers = getattr(cfg.model, "num_layers", None)
     if compile_:
-        latent = latent or family.latent_grid(cfg.sample.num_frames, cfg.sample.height,
-                                              cfg.sample.width)
+        latent = latent or family.latent_shape(cfg.sample.num_frames, cfg.sample.height,
+                                               cfg.sample.width)[1:]
         lowered, shape, fl = _forward(cfg, mesh, family, gdef, state, sh, latent)
         out["forward"] = {"latent": shape, **_compiled(lowered, fl, layers, chip, hlo_path)}
     if train:

@@ -5,7 +5,10 @@ Dataset format (written by ``ditax preprocess`` or :class:`DatasetWriter`): a fo
 - ``meta.json``: ``{"format": "ditax-latents", "version": 1, "num_samples": N,
   "latent_shape": [C, F, Y, X], "text_shape": [T, Dt], "files": [...]}``
 - one or more ArrayRecord files; each record is a safetensors-serialised dict
-  ``{"latents": [C, F, Y, X], "text": [T, Dt], "text_mask": uint8 [T]}`` (one video).
+  ``{"latents": [C, F, Y, X], "text": [T, Dt], "text_mask": uint8 [T]}`` (one video), plus
+  for image-to-video models the image condition (``meta.json`` lists its entries and shapes
+  under ``"condition"``; Wan I2V: ``condition`` ``[tf + z, F, Y, X]`` mask and condition
+  latents, Wan 2.1 also ``image`` ``[S, Di]`` CLIP features).
 
 All samples of a dataset share one latent shape (one resolution bucket), so batches stack.
 
@@ -53,13 +56,16 @@ def latent_shape_for(cfg: Config) -> tuple[int, ...]:
 
 
 class SyntheticSource:
-    """Random latents / text, a pure function of ``(seed, index)`` (grain random-access source)."""
+    """Random latents / text, a pure function of ``(seed, index)`` (grain random-access source).
+    ``condition_shapes``: extra random entries (an image-to-video model's condition)."""
 
-    def __init__(self, latent_shape, text_shape, seed: int = 0, size: int = 1 << 16):
+    def __init__(self, latent_shape, text_shape, seed: int = 0, size: int = 1 << 16,
+                 condition_shapes=None):
         self.latent_shape = tuple(latent_shape)
         self.text_shape = tuple(text_shape)
         self.seed = seed
         self.size = size
+        self.condition_shapes = dict(condition_shapes or {})
 
     def __len__(self) -> int:
         return self.size
@@ -69,8 +75,11 @@ class SyntheticSource:
         n_text = int(r.integers(1, self.text_shape[0] + 1))
         mask = (np.arange(self.text_shape[0]) < n_text).astype(np.uint8)
         text = r.standard_normal(self.text_shape, np.float32) * mask[:, None]
-        return {"latents": r.standard_normal(self.latent_shape, np.float32),
-                "text": text.astype(np.float32), "text_mask": mask}
+        out = {"latents": r.standard_normal(self.latent_shape, np.float32),
+               "text": text.astype(np.float32), "text_mask": mask}
+        for k, shape in self.condition_shapes.items():
+            out[k] = r.standard_normal(shape, np.float32)
+        return out
 
     def __repr__(self):
         return f"SyntheticSource(latents={self.latent_shape}, text={self.text_shape})"
@@ -80,8 +89,9 @@ def _decode(record: bytes) -> dict[str, np.ndarray]:
     from safetensors.numpy import load
 
     d = load(record)
-    return {"latents": d["latents"].astype(np.float32), "text": d["text"].astype(np.float32),
-            "text_mask": d["text_mask"].astype(np.uint8)}
+    out = {k: v.astype(np.float32) for k, v in d.items()}   # latents, text, condition entries
+    out["text_mask"] = d["text_mask"].astype(np.uint8)
+    return out
 
 
 def read_meta(path) -> dict:
@@ -111,9 +121,11 @@ def open_source(cfg: Config):
     text_shape = (cfg.data.text_len, family.text_dim)
     if cfg.data.source == "synthetic":
         lat = latent_shape_for(cfg)
-        return SyntheticSource(lat, text_shape, seed=cfg.seed), lat, text_shape
+        return SyntheticSource(lat, text_shape, seed=cfg.seed,
+                               condition_shapes=family.condition_shapes(lat)), lat, text_shape
     meta = read_meta(cfg.data.source)
     lat, txt = tuple(meta["latent_shape"]), tuple(meta["text_shape"])
+    check_condition(meta, family, cfg.data.source)
     if lat[0] != family.latent_channels:
         raise DataError(f"dataset latents have {lat[0]} channels but the {family.name} model "
                         f"takes {family.latent_channels}; preprocess with the model's VAE")
@@ -123,6 +135,30 @@ def open_source(cfg: Config):
     p = pathlib.Path(cfg.data.source)
     src = grain.sources.ArrayRecordDataSource([str(p / f) for f in meta["files"]])
     return src, lat, txt
+
+
+def check_condition(meta: dict, family, source) -> None:
+    """The dataset stores the image condition the model trains with (and no other)."""
+    want = family.condition_shapes(tuple(meta["latent_shape"]))
+    have = {k: tuple(v) for k, v in meta.get("condition", {}).items()}
+    missing = [k for k in want if k not in have]
+    if missing:
+        raise DataError(f"dataset {source} has no {', '.join(missing)} entries, which this "
+                        f"image-to-video model trains with; preprocess the videos with the "
+                        f"image-to-video pipeline folder (`ditax preprocess ... --model "
+                        f"I2V_FOLDER`)")
+    extra = [k for k in have if k not in want]
+    if extra:
+        raise DataError(f"dataset {source} stores an image condition ({', '.join(extra)}) "
+                        f"this model does not take; use a text-to-video dataset or an "
+                        f"image-to-video model config")
+    for k, shape in want.items():
+        if k == "condition" and have[k] != shape:
+            raise DataError(f"dataset {source}: condition shape {list(have[k])} != the "
+                            f"model's {list(shape)} (mask + latent channels, latent grid)")
+        if k == "image" and have[k][-1] != shape[-1]:
+            raise DataError(f"dataset {source}: image features {have[k][-1]} wide, the model's "
+                            f"image_dim is {shape[-1]}; preprocess with its CLIP encoder")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -195,9 +231,12 @@ class DatasetWriter:
         self._w = None
         self._in_file = 0
         self.latent_shape = self.text_shape = None
+        self.condition_shapes: dict | None = None
 
-    def add(self, latents: np.ndarray, text: np.ndarray, text_mask: np.ndarray | None = None):
-        """One sample: latents ``[C, F, Y, X]``, text ``[T, Dt]``, mask ``[T]`` (1 = token)."""
+    def add(self, latents: np.ndarray, text: np.ndarray, text_mask: np.ndarray | None = None,
+            **condition):
+        """One sample: latents ``[C, F, Y, X]``, text ``[T, Dt]``, mask ``[T]`` (1 = token);
+        ``condition``: an image condition's entries (the same names and shapes every sample)."""
         from safetensors.numpy import save
 
         latents = np.asarray(latents)
@@ -207,8 +246,14 @@ class DatasetWriter:
         if latents.ndim != 4 or text.ndim != 2:
             raise DataError(f"sample shapes latents{latents.shape} text{text.shape}: expected "
                             f"latents [C, F, Y, X] and text [T, Dt]")
+        cond = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in condition.items()}
+        shapes = {k: list(v.shape) for k, v in cond.items()}
         if self.latent_shape is None:
             self.latent_shape, self.text_shape = latents.shape, text.shape
+            self.condition_shapes = shapes
+        elif shapes != self.condition_shapes:
+            raise DataError(f"sample {self.count}: condition {shapes} differs from the first "
+                            f"sample's {self.condition_shapes}")
         elif latents.shape != self.latent_shape or text.shape != self.text_shape:
             raise DataError(f"sample {self.count}: latents{latents.shape} text{text.shape} differ "
                             f"from the first sample's {self.latent_shape} {self.text_shape}; one "
@@ -220,7 +265,7 @@ class DatasetWriter:
             self.files.append(name)
         self._w.write(save({"latents": np.ascontiguousarray(latents),
                             "text": np.ascontiguousarray(text),
-                            "text_mask": np.asarray(text_mask, np.uint8)}))
+                            "text_mask": np.asarray(text_mask, np.uint8), **cond}))
         self._in_file += 1
         self.count += 1
 
@@ -237,5 +282,7 @@ class DatasetWriter:
         meta = {"format": FORMAT, "version": VERSION, "num_samples": self.count,
                 "latent_shape": list(self.latent_shape), "text_shape": list(self.text_shape),
                 "files": self.files, **(extra or {})}
+        if self.condition_shapes:
+            meta["condition"] = self.condition_shapes
         (self.path / "meta.json").write_text(json.dumps(meta, indent=1))
         return self.path

@@ -51,18 +51,29 @@ def noisy_input(x0: jax.Array, noise: jax.Array, sigma: jax.Array):
 
 
 def flow_loss(apply_fn, x0: jax.Array, text: jax.Array, text_mask, key: jax.Array,
-              cfg: FlowConfig) -> jax.Array:
+              cfg: FlowConfig, inputs_fn=None) -> jax.Array:
     """Scalar weighted MSE between ``apply_fn(x_t, 1000·σ, text, text_mask)`` and ``ε - x0``.
 
     ``x0 [B, C, F, Y, X]`` float32, ``text [B, T, Dt]``. The mean is over every element, then
     weighted per sample, so batch size does not change the scale of the loss.
+    ``inputs_fn(x_t, x0, timestep) -> (x_t, timestep, mask)`` lets a model family change what
+    the denoiser sees (Wan 2.2 TI2V: the clean first frame, per-token timesteps); ``mask``
+    (broadcastable to ``x0``, or None) keeps only those elements in the mean.
     """
     k_sigma, k_noise = jax.random.split(key)
     b = x0.shape[0]
     sigma = sample_sigmas(k_sigma, b, cfg)
     noise = jax.random.normal(k_noise, x0.shape, jnp.float32).astype(x0.dtype)
     x_t, target = noisy_input(x0, noise, sigma)
-    pred = apply_fn(x_t, sigma * NUM_TRAIN_TIMESTEPS, text, text_mask)
-    err = jnp.mean(jnp.square(pred.astype(jnp.float32) - target.astype(jnp.float32)),
-                   axis=tuple(range(1, x0.ndim)))
+    t, mask = sigma * NUM_TRAIN_TIMESTEPS, None
+    if inputs_fn is not None:
+        x_t, t, mask = inputs_fn(x_t, x0, t)
+    pred = apply_fn(x_t, t, text, text_mask)
+    sq = jnp.square(pred.astype(jnp.float32) - target.astype(jnp.float32))
+    axes = tuple(range(1, x0.ndim))
+    if mask is None:
+        err = jnp.mean(sq, axis=axes)
+    else:
+        m = jnp.broadcast_to(mask.astype(jnp.float32), sq.shape)
+        err = jnp.sum(sq * m, axis=axes) / jnp.sum(m, axis=axes)
     return jnp.mean(err * loss_weights(sigma, cfg.weighting))

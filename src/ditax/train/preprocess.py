@@ -6,8 +6,11 @@ Frames are read with ffmpeg (imageio-ffmpeg), scaled to ``--width × --height``,
 ``--frames`` (Wan: 4k+1) kept; the model family's encoders (Wan: the pipeline's VAE, posterior
 mean normalised with the VAE's latents mean/std — the space the transformer is trained in —
 and its UMT5, captions padded to ``--text-len`` tokens, zeros past the prompt, mask saved)
-turn them into training samples. The result is the ArrayRecord dataset of
-:mod:`ditax.train.data`.
+turn them into training samples. An image-to-video folder (Wan I2V) also stores each clip's
+first-frame condition: mask + condition latents, and for Wan 2.1 the CLIP features of the
+first frame (:meth:`~ditax.models.wan.family.WanEncoders.encode_condition`); Wan 2.2 TI2V
+needs nothing extra (its condition is the clip's first latent frame). The result is the
+ArrayRecord dataset of :mod:`ditax.train.data`.
 """
 
 from __future__ import annotations
@@ -88,9 +91,14 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
     model = pathlib.Path(model)
     enc = fam.load_encoders(model, dtype=dtype)
     w = DatasetWriter(output)
+    encode_condition = getattr(enc, "encode_condition", None)
     for i, (path, caption) in enumerate(samples):
-        lat = enc.encode_video(read_video(path, frames, height, width)[None])[0]
+        video = read_video(path, frames, height, width)
+        lat = enc.encode_video(video[None])[0]
         text, mask = enc.encode_text([caption], text_len)
-        w.add(np.asarray(lat, np.float32), np.asarray(text[0], np.float32), mask[0])
-        say(f"[{i + 1}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}")
+        cond = {} if encode_condition is None else encode_condition(video)
+        w.add(np.asarray(lat, np.float32), np.asarray(text[0], np.float32), mask[0],
+              **{k: np.asarray(v, np.float32) for k, v in cond.items()})
+        extra = "".join(f", {k} {tuple(v.shape)}" for k, v in cond.items())
+        say(f"[{i + 1}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}{extra}")
     return w.close({"height": height, "width": width, "frames": frames, "model": str(model)})

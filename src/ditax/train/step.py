@@ -89,11 +89,12 @@ def opt_shardings(opt_abstract, params_sh: dict, mesh) -> Any:
     return jax.tree_util.tree_map_with_path(one, opt_abstract)
 
 
-def batch_shardings(mesh) -> dict[str, NamedSharding]:
-    """Batch dim over the batch shards; everything else replicated at the input."""
+def batch_shardings(mesh, condition_keys=()) -> dict[str, NamedSharding]:
+    """Batch dim over the batch shards; everything else replicated at the input.
+    ``condition_keys``: the model family's image-condition entries (image-to-video)."""
     b = batch_entry(mesh)
-    return {"latents": NamedSharding(mesh, P(b)), "text": NamedSharding(mesh, P(b)),
-            "text_mask": NamedSharding(mesh, P(b))}
+    return {k: NamedSharding(mesh, P(b))
+            for k in ("latents", "text", "text_mask", *condition_keys)}
 
 
 def program_fields(cfg: Config) -> dict:
@@ -137,7 +138,10 @@ class Trainer:
                          "step": rep, "key": rep}
         if self.adapters is not None:
             self.state_sh["frozen"] = self.adapters.frozen_sh
-        self.batch_sh = batch_shardings(mesh)
+        # names only (the shapes follow the data): a one-pixel latent asks which entries exist
+        self.condition_keys = tuple(self.family.condition_shapes(
+            (self.family.latent_channels, 1, 1, 1)))
+        self.batch_sh = batch_shardings(mesh, self.condition_keys)
         self._step = jax.jit(self._step_fn, in_shardings=(self.state_sh, self.batch_sh),
                              out_shardings=(self.state_sh, rep), donate_argnums=(0,))
         self._init_params = jax.jit(self._random_params, out_shardings=self.params_sh)
@@ -212,12 +216,16 @@ class Trainer:
 
     def loss_fn(self, params, batch, key, frozen=None):
         model = self.model(params, frozen)
+        condition = {k: batch[k] for k in self.condition_keys} or None
 
         def apply(x, t, text, mask):
-            return self.family.apply(model, x, t, text, mask)
+            return self.family.apply(model, x, t, text, mask, condition)
+
+        def inputs(x_t, x0, t):
+            return self.family.training_inputs(x_t, x0, t, condition)
 
         return flow_loss(apply, batch["latents"], batch["text"],
-                         batch["text_mask"].astype(bool), key, self.cfg.flow)
+                         batch["text_mask"].astype(bool), key, self.cfg.flow, inputs)
 
     def _step_fn(self, state, batch):
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])

@@ -12,6 +12,7 @@ from ditax.parallel.mesh import check_tensor_split
 DType = Literal["float32", "bfloat16", "float16"]
 Remat = Literal["none", "full", "save_dots", "save_dots_no_batch", "save_attn_out"]
 QKNorm = Literal["rms_norm_across_heads"]
+Vae = Literal["wan2.1", "wan2.2"]
 DTYPES = get_args(DType)
 REMAT_POLICIES = get_args(Remat)
 
@@ -52,10 +53,23 @@ class ModelConfig:
     image_dim: Optional[int] = None          # CLIP feature width fed to the image embedder
     added_kv_proj_dim: Optional[int] = None  # input width of attn2.add_k_proj / add_v_proj
     pos_embed_seq_len: Optional[int] = None  # FLF2V: image tokens of both frames (2 x 257)
+    # not in a transformer's config.json (a pipeline's): which VAE makes the latents
+    # (wan2.2: the TI2V-5B VAE, 16x spatial) and Wan 2.2 TI2V's per-token timesteps
+    vae: Vae = "wan2.1"
+    expand_timesteps: bool = False
 
     @property
     def inner_dim(self) -> int:
         return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def image_condition(self) -> str:
+        """How an image conditions the model: ``"channels"`` (Wan I2V: noise, mask and
+        condition latents concatenated, ``in_channels > out_channels``), ``"expand"`` (Wan 2.2
+        TI2V: the first latent frame replaced, its tokens at t=0) or ``"none"``."""
+        if self.expand_timesteps:
+            return "expand"
+        return "channels" if self.in_channels != self.out_channels else "none"
 
     @classmethod
     def from_diffusers(cls, cfg: dict, **overrides) -> "ModelConfig":
@@ -96,7 +110,12 @@ def check_model(m: ModelConfig, mesh_sizes: dict[str, int] | None = None) -> Non
         raise ConfigError(f"model.freq_dim={m.freq_dim} must be even (sin/cos halves)")
     if any(p < 1 for p in m.patch_size):
         raise ConfigError(f"model.patch_size={m.patch_size} must be positive")
+    check_choice("model.vae", m.vae, get_args(Vae))
     _check_image(m)
+    if m.expand_timesteps and m.in_channels != m.out_channels:
+        raise ConfigError(f"model.expand_timesteps (Wan 2.2 TI2V) replaces the first latent "
+                          f"frame instead of adding channels: in_channels={m.in_channels} must "
+                          f"equal out_channels={m.out_channels}")
     if mesh_sizes is not None:
         check_tensor_split(m.num_attention_heads, mesh_sizes, "model.num_attention_heads")
         check_tensor_split(m.ffn_dim, mesh_sizes, "model.ffn_dim")

@@ -22,6 +22,9 @@ from ditax.nn import Linear, TextProjection, TimestepEmbedding, axial_rope_angle
 class ConditionEmbedder(nnx.Module):
     """Timestep → (temb ``[B, D]``, 6-way modulation ``[B, 6, D]``); text ``[B, T, Dt] → [B, T, D]``.
 
+    Per-token timesteps ``[B, L]`` (Wan 2.2 TI2V, ``expand_timesteps``: the conditioning
+    frame's tokens at t=0) give temb ``[B, L, D]`` and modulation ``[B, L, 6, D]``.
+
     With ``image_dim`` (image-to-video) it also holds ``image_embedder``
     (:class:`~ditax.models.wan.image_embedder.ImageEmbedder`), called by the transformer.
     """
@@ -39,10 +42,12 @@ class ConditionEmbedder(nnx.Module):
             self.image_embedder = None
 
     def __call__(self, timestep, text):
-        t = timestep_embedding(timestep, self.freq_dim)
+        lead = timestep.shape  # [B] or [B, L]
+        t = timestep_embedding(timestep.reshape(-1), self.freq_dim)
         temb = self.time_embedder(t).astype(text.dtype)
         mod = self.time_proj(jax.nn.silu(temb))
-        mod = mod.reshape(mod.shape[0], 6, -1)
+        temb = temb.reshape(*lead, -1)
+        mod = mod.reshape(*lead, 6, -1)
         return temb, mod, self.text_embedder(text)
 
 

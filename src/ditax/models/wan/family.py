@@ -28,22 +28,52 @@ class WanFamily(ModelFamily):
         check_attention(self.attention or AttentionConfig(),
                         num_heads=self.model.num_attention_heads, mesh_sizes=mesh_sizes)
 
-    latent_channels = property(lambda self: self.model.in_channels)     # C of the latents
+    latent_channels = property(lambda self: self.model.out_channels)    # C of the latents
     text_dim = property(lambda self: self.model.text_dim)               # Dt of the text
 
     @classmethod
-    def latent_grid(cls, num_frames, height, width):
-        from ditax.models.wan.vae.config import WanVAEConfig
+    def latent_grid(cls, num_frames, height, width, vae: str = "wan2.1"):
+        """Latent ``(F, Y, X)``; ``vae``: ``model.vae`` (the class-level default is the Wan
+        2.1 VAE; a bound family uses its model's, see :meth:`latent_shape`)."""
+        from ditax.models.wan.vae.config import vae_preset
 
-        vae = WanVAEConfig()    # the VAE Wan 2.1 / 2.2 A14B latents come from
-        tf, sf = vae.temporal_factor, vae.spatial_factor
+        cfg = vae_preset(vae)
+        tf, sf = cfg.temporal_factor, cfg.spatial_factor
         if num_frames < 1 or (num_frames - 1) % tf:
             raise ConfigError(f"{num_frames} frames: the Wan VAE takes {tf}k+1 frames; e.g. "
                               f"{max(1, num_frames - (num_frames - 1) % tf)}")
         if height % sf or width % sf:
             raise ConfigError(f"height x width = {height}x{width} must be multiples of {sf} "
-                              f"(Wan VAE)")
-        return vae.latent_grid(num_frames, height, width)
+                              f"({vae} VAE)")
+        return cfg.latent_grid(num_frames, height, width)
+
+    def latent_shape(self, num_frames, height, width):
+        return (self.latent_channels,
+                *self.latent_grid(num_frames, height, width, self.model.vae))
+
+    # -- image conditioning (Wan I2V / TI2V) -----------------------------------------------------
+
+    def condition_shapes(self, latent_shape) -> dict:
+        """Per-sample batch entries of an image condition: ``condition`` ``[tf + z, F, Y, X]``
+        (mask and condition latents, Wan I2V) and ``image`` ``[S, image_dim]`` (CLIP features,
+        Wan 2.1 I2V: S = 257, first-last-frame 514); none for T2V and TI2V (whose condition is
+        the clip's own first latent frame)."""
+        from ditax.models.wan.conditioning import condition_shapes
+
+        return condition_shapes(self.model, latent_shape)
+
+    def training_inputs(self, x_t, x0, timestep, condition):
+        from ditax.models.wan.conditioning import training_inputs
+
+        return training_inputs(self.model, x_t, x0, timestep)
+
+    def apply(self, module, latents, timestep, text, text_mask, condition=None):
+        from ditax.models.wan.conditioning import model_input
+
+        x, image = model_input(self.model, latents, condition)
+        if image is None:
+            return module(x, timestep, text, text_mask)
+        return module(x, timestep, text, text_mask, image)
 
     def tokens_per_sample(self, latent_shape) -> int:
         _, f, y, x = latent_shape
@@ -60,7 +90,7 @@ class WanFamily(ModelFamily):
         convention: useful FLOPs only).
         """
         m = self.model
-        c = latent_shape[0]
+        c = m.in_channels   # what the patch embedding reads (I2V: noise + mask + condition)
         pt, ph, pw = m.patch_size
         L = self.tokens_per_sample(latent_shape)
         T = text_len
@@ -109,9 +139,13 @@ class WanFamily(ModelFamily):
 
 
 class WanEncoders:
-    """A Wan pipeline folder's VAE (``vae/``), UMT5 (``text_encoder/``) and ``tokenizer/``."""
+    """A Wan pipeline folder's VAE (``vae/``), UMT5 (``text_encoder/``) and ``tokenizer/``;
+    for a Wan I2V folder (``WanImageToVideoPipeline`` without ``expand_timesteps``) also its
+    image condition (:meth:`encode_condition`; CLIP from ``image_encoder/`` for Wan 2.1)."""
 
     def __init__(self, folder, dtype: str = "float32"):
+        import json
+
         from ditax.models.tokenizer import load_tokenizer
         from ditax.models.umt5 import load_text_encoder
         from ditax.models.wan.vae_convert import load_vae
@@ -121,6 +155,36 @@ class WanEncoders:
         self.vae = load_vae(folder / "vae" if (folder / "vae").is_dir() else folder, dtype=dtype)
         self.text_encoder = load_text_encoder(folder, dtype=dtype)
         self.tokenizer = load_tokenizer(folder)
+        index = folder / "model_index.json"
+        index = json.loads(index.read_text()) if index.is_file() else {}
+        self.image_condition = (index.get("_class_name") == "WanImageToVideoPipeline"
+                                and not index.get("expand_timesteps"))
+        self.image_encoder = self.image_processor = None
+        if self.image_condition and (folder / "image_encoder").is_dir():
+            from ditax.models.clip import load_image_encoder, load_image_processor
+
+            self.image_encoder = load_image_encoder(folder / "image_encoder", dtype=dtype)
+            self.image_processor = load_image_processor(folder / "image_processor")
+
+    def encode_condition(self, video) -> dict:
+        """The first-frame condition of one clip ``[3, F, H, W]`` in [-1, 1] (module
+        :mod:`ditax.models.wan.conditioning`): ``condition`` ``[tf + z, F', Y, X]`` and, with a
+        CLIP encoder, ``image`` ``[S, Di]`` — CLIP sees the first frame as the 8-bit RGB image
+        a user would pass at inference. Empty for folders without an image condition."""
+        import numpy as np
+        import PIL.Image
+
+        from ditax.models.wan.conditioning import channel_condition, clip_features
+
+        if not self.image_condition:
+            return {}
+        video = np.asarray(video, np.float32)
+        out = {"condition": channel_condition(self.vae, video[:, 0], None, video.shape[1])[0]}
+        if self.image_encoder is not None:
+            rgb = np.clip(np.round((video[:, 0].transpose(1, 2, 0) + 1.0) * 127.5), 0, 255)
+            image = PIL.Image.fromarray(rgb.astype(np.uint8))
+            out["image"] = clip_features(self.image_encoder, self.image_processor, [image])[0]
+        return out
 
     def encode_video(self, video):
         """Posterior mean, normalised with the VAE's latents mean / std."""

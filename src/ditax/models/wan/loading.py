@@ -198,7 +198,9 @@ class Transformer:
         image = encoder_hidden_states_image
         image = None if image is None else jnp.asarray(image)
         self.module.check_inputs(latents, jnp.asarray(timestep), text, text_mask, image)
-        t = jnp.broadcast_to(jnp.asarray(timestep, jnp.float32), (latents.shape[0],))
+        t = jnp.asarray(timestep, jnp.float32)
+        t = jnp.broadcast_to(t, (latents.shape[0],) + t.shape[1:] if t.ndim == 2
+                             else (latents.shape[0],))   # [B] or per token [B, L]
         args = [self._place(latents), self._place(t), self._place(text),
                 None if text_mask is None else self._place(jnp.asarray(text_mask, bool)),
                 self._place(image)]

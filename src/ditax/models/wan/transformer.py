@@ -105,6 +105,18 @@ class WanAttention(nnx.Module):
         return self.to_out(o.reshape(b, lq, -1))
 
 
+def modulation(table, mod) -> list:
+    """The adaLN terms of ``table + mod`` in float32: ``table`` ``[1, n, D]`` (a block's or the
+    output's ``scale_shift_table``), ``mod`` ``[B, n, D]`` (one timestep per sample: terms
+    ``[B, 1, D]``) or ``[B, L, n, D]`` (per-token timesteps: terms ``[B, L, D]``)."""
+    n = table.shape[1]
+    if mod.ndim == 4:
+        full = table.astype(jnp.float32)[None] + mod.astype(jnp.float32)
+        return [full[:, :, i] for i in range(n)]
+    full = table.astype(jnp.float32) + mod.astype(jnp.float32)
+    return [full[:, i:i + 1] for i in range(n)]
+
+
 class WanBlock(nnx.Module):
     """One Wan block: adaLN-modulated self-attention, cross-attention, adaLN-modulated FFN."""
 
@@ -123,13 +135,14 @@ class WanBlock(nnx.Module):
 
     def __call__(self, x, text, mod, rope, token_mask, text_mask, attn: AttentionPlan,
                  image=None):
-        """x ``[B, L, D]``, text ``[B, T, D]``, mod ``[B, 6, D]`` float32, rope (cos, sin);
+        """x ``[B, L, D]``, text ``[B, T, D]``, mod ``[B, 6, D]`` (per-token timesteps:
+        ``[B, L, 6, D]``), rope (cos, sin);
         ``attn`` the model's attention plan (its mesh constrains the activations); ``image``
         ``[B, S, D]`` embedded image tokens (image-to-video models)."""
         mesh = attn.mesh
         dt = x.dtype
-        table = self.scale_shift_table[...].astype(jnp.float32) + mod.astype(jnp.float32)
-        shift, scale, gate, c_shift, c_scale, c_gate = [table[:, i:i + 1] for i in range(6)]
+        shift, scale, gate, c_shift, c_scale, c_gate = modulation(self.scale_shift_table[...],
+                                                                  mod)
 
         h = (self.norm1(x) * (1 + scale) + shift).astype(dt)
         h = self.attn1(h, h, attn.self_attn, rope=rope, kv_mask=token_mask, mesh=mesh)
@@ -212,8 +225,11 @@ class WanTransformer(nnx.Module):
             raise ValueError(f"encoder_hidden_states width {text.shape[-1]} != model text_dim="
                              f"{cfg.text_dim}; use the matching text encoder")
         t = jnp.asarray(timestep)
-        if t.ndim > 1 or (t.ndim == 1 and t.shape[0] not in (1, b)):
-            raise ValueError(f"timestep must be a scalar or [B={b}]; got shape {t.shape}")
+        seq = (f // cfg.patch_size[0]) * (y // cfg.patch_size[1]) * (x // cfg.patch_size[2])
+        if t.ndim > 2 or (t.ndim >= 1 and t.shape[0] not in (1, b)) or (
+                t.ndim == 2 and t.shape[1] != seq):
+            raise ValueError(f"timestep must be a scalar, [B={b}] or per token [B={b}, L={seq}] "
+                             f"(L = latent tokens); got shape {t.shape}")
         if text_mask is not None and tuple(text_mask.shape) != tuple(text.shape[:2]):
             raise ValueError(f"text_mask must be [B, T] = {tuple(text.shape[:2])}; "
                              f"got {tuple(text_mask.shape)}")
@@ -224,6 +240,9 @@ class WanTransformer(nnx.Module):
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None,
                  encoder_hidden_states_image=None):
         """Denoiser prediction for ``latents [B, C, F, Y, X]`` → ``[B, C_out, F, Y, X]``.
+
+        ``timestep``: ``[B]`` (or a scalar), or per token ``[B, L]`` with ``L`` the latent
+        tokens in frame-major order (Wan 2.2 TI2V: the first frame's tokens at t=0).
 
         ``encoder_hidden_states_image``: CLIP features ``[B, S, image_dim]`` for
         image-to-video models (first-last-frame: ``[2B, S, image_dim]``, see
@@ -255,7 +274,8 @@ class WanTransformer(nnx.Module):
         h = jnp.einsum("bfyxtpqc,tpqcd->bfyxd", xp, self.patch_embedding_kernel[...].astype(dt))
         h = (h + self.patch_embedding_bias[...].astype(dt)).reshape(b, seq, -1)
 
-        timestep = jnp.broadcast_to(jnp.asarray(timestep), (b,))
+        timestep = jnp.asarray(timestep)
+        timestep = jnp.broadcast_to(timestep, (b, seq) if timestep.ndim == 2 else (b,))
         temb, mod, text = self.condition_embedder(timestep, encoder_hidden_states.astype(dt))
         text = text.astype(dt)
         if image is not None:
@@ -271,6 +291,9 @@ class WanTransformer(nnx.Module):
             sin = jnp.pad(sin, ((0, pad), (0, 0)))
             token_mask = jnp.broadcast_to(jnp.arange(seq + pad) < seq, (b, seq + pad))
         h = constrain(h, ("act_batch", "act_seq", "act_embed"), mesh)
+        if mod.ndim == 4:  # per-token modulation follows its tokens
+            mod = jnp.pad(mod, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else mod
+            mod = constrain(mod, ("act_batch", "act_seq", None, "act_embed"), mesh)
         return h, Embedded(text=text, temb=temb, mod=mod, rope=(cos, sin),
                            token_mask=token_mask, text_mask=text_mask, image=image,
                            shape=tuple(latents.shape), dtype=latents.dtype, seq=seq, pad=pad)
@@ -323,9 +346,8 @@ class WanTransformer(nnx.Module):
         if ctx.pad:
             h = h[:, :ctx.seq]
             h = constrain(h, ("act_batch", None, "act_embed"), mesh)
-        table = (self.scale_shift_table[...].astype(jnp.float32)
-                 + ctx.temb.astype(jnp.float32)[:, None])
-        shift, scale = table[:, 0:1], table[:, 1:2]
+        temb = ctx.temb[..., None, :]  # [B, 1, D] or per token [B, L, 1, D]
+        shift, scale = modulation(self.scale_shift_table[...], temb)
         h = (self.norm_out(h) * (1 + scale) + shift).astype(dt)
         h = constrain(self.proj_out(h), ("act_batch", None, "act_channels"), mesh)
         co = cfg.out_channels

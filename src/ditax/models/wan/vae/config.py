@@ -126,4 +126,16 @@ class WanVAEConfig:
         return (num_frames - 1) // tf + 1, height // sf, width // sf
 
 
-__all__ = ["WanVAEConfig"]
+def vae_preset(name: str) -> WanVAEConfig:
+    """The VAE of a Wan model (``model.vae``): ``wan2.1`` (Wan 2.1, Wan 2.2 A14B: 16 channels,
+    8x spatial) or ``wan2.2`` (Wan 2.2 TI2V-5B: 48 channels, 2x2 patches, 16x spatial)."""
+    if name == "wan2.1":
+        return WanVAEConfig()
+    if name == "wan2.2":
+        return WanVAEConfig(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True,
+                            patch_size=2, in_channels=12, out_channels=12,
+                            scale_factor_spatial=16)
+    raise ConfigError(f"model.vae={name!r} is not one of wan2.1, wan2.2")
+
+
+__all__ = ["WanVAEConfig", "vae_preset"]
