@@ -23,6 +23,7 @@ from ditax.errors import DitaxError, RequestError
 COMMANDS = {
     "generate": "text → video with a Wan pipeline folder",
     "train": "flow-matching training / fine-tuning",
+    "train-vae": "train a Wan VAE (AutoencoderKLWan) on clips",
     "preprocess": "videos + captions → latent dataset",
     "convert": "check a diffusers transformer folder against the weights table",
     "bench": "quick forward benchmark of a config",
@@ -85,7 +86,7 @@ def build_parser(wanted: str | None) -> tuple[Parser, Parser | None, object]:
         p = sub.add_parser(name, help=help_)
         if name == wanted:
             p.add_argument("--debug", action="store_true", help="print the traceback of an error")
-            module = importlib.import_module(f"ditax.cli.{name}")
+            module = importlib.import_module(f"ditax.cli.{name.replace('-', '_')}")
             module.add_arguments(p)
             cmd_parser = p
     return parser, cmd_parser, module

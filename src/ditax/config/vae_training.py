@@ -37,16 +37,19 @@ class VAEDataConfig:
     crop_frames: int = 5
     crop: int = 0
     eval_clips: int = 16
+    max_clips: int = 0                 # read only the first this many clips (0: all)
 
 
 @dataclass(frozen=True)
 class VAELossConfig:
     """``l1 * mean|x̂ - x| + l2 * mean (x̂ - x)^2 + kl * KL(q(z|x) || N(0, 1))`` (per element
-    means, pixels in [-1, 1]; the KL is the mean over latent elements)."""
+    means, pixels in [-1, 1]; the KL is the mean over latent elements). Training starts
+    from a posterior of log-variance ``init_logvar``."""
 
     l1: float = 1.0
     l2: float = 1.0
     kl: float = 1e-6
+    init_logvar: float = -8.0      # initial posterior log-variance (bias of quant_conv)
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ def check_vae_training(c: VAETrainConfig) -> None:
     if d.crop and (d.crop % sf or d.crop > min(d.height, d.width)):
         raise ConfigError(f"data.crop={d.crop} must be a multiple of {sf} no larger than "
                           f"min(height, width)={min(d.height, d.width)}, or 0 for whole frames")
+    if d.max_clips < 0:
+        raise ConfigError(f"data.max_clips={d.max_clips} must be >= 0 (0: every clip)")
     if d.eval_clips < 1:
         raise ConfigError(f"data.eval_clips={d.eval_clips} must be >= 1 (held-out clips for "
                           "the PSNR)")

@@ -93,4 +93,6 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
         text, mask = enc.encode_text([caption], text_len)
         w.add(np.asarray(lat, np.float32), np.asarray(text[0], np.float32), mask[0])
         say(f"[{i + 1}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}")
-    return w.close({"height": height, "width": width, "frames": frames, "model": str(model)})
+    text, mask = enc.encode_text([""], text_len)       # the unconditional branch's prompt
+    return w.close({"height": height, "width": width, "frames": frames, "model": str(model)},
+                   null_text=(np.asarray(text[0], np.float32), mask[0]))

@@ -68,6 +68,8 @@ class ClipBank:
         from ditax.train.preprocess import read_video
 
         videos = list_videos(data.source)
+        if data.max_clips:
+            videos = videos[:data.max_clips]
         if len(videos) <= data.eval_clips:
             raise ClipError(f"data.source={data.source!r} has {len(videos)} clips; with "
                             f"data.eval_clips={data.eval_clips} held out none is left to train "
@@ -143,6 +145,12 @@ class VAETrainer:
                              "devices; change batch_size or the device count")
         self.mesh = Mesh(np.array(devs), ("data",))
         vae = WanVAE(cfg.vae, rngs=nnx.Rngs(cfg.seed))
+        # the posterior starts narrow (log-variance bias ``loss.init_logvar``): with the usual
+        # zero bias, std-1 noise on the latents drowns the signal and the tiny KL weight
+        # leaves the encoder to shrink it weight by weight for thousands of steps
+        z = cfg.vae.z_dim
+        bias = vae.quant_conv.bias
+        bias[...] = bias[...].at[z:].set(cfg.loss.init_logvar)
         self.graphdef, params, self.rest = nnx.split(vae, nnx.Param, ...)
         self._init_params = params
         self.tx, self.schedule = make_optimizer(cfg.optim, cfg.steps)
