@@ -108,18 +108,29 @@ def write_text_encoder(folder: pathlib.Path, seed: int = 2, config: dict | None 
 
 
 def write_tokenizer(folder: pathlib.Path, vocab_size: int = 200, corpus=None,
-                    max_vocab: int | None = None) -> int:
-    """A T5-style Unigram tokenizer ('</s>' appended, '<pad>' = 0) trained on ``corpus``
-    (default: a few generic lines); returns its vocabulary size. ``max_vocab``: the text
-    encoder's vocabulary, which the tokenizer must not outgrow."""
+                    max_vocab: int | None = None, kind: str = "unigram") -> int:
+    """A T5-style tokenizer ('</s>' appended, '<pad>' = 0) trained on ``corpus`` (default: a
+    few generic lines); returns its vocabulary size. ``kind``: ``unigram`` (sub-words, like
+    T5's) or ``words`` (one token per word and per punctuation mark: short sequences for a
+    closed vocabulary). ``max_vocab``: the text encoder's vocabulary, not to be outgrown."""
     from tokenizers import Tokenizer, decoders, pre_tokenizers, processors, trainers
-    from tokenizers.models import Unigram
+    from tokenizers.models import Unigram, WordLevel
 
-    tok = Tokenizer(Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token="<unk>",
-                                      special_tokens=["<pad>", "</s>", "<unk>"])
+    special = ["<pad>", "</s>", "<unk>"]
+    if kind == "words":
+        tok = Tokenizer(WordLevel(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                     pre_tokenizers.Punctuation()])
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=special)
+    elif kind == "unigram":
+        tok = Tokenizer(Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token="<unk>",
+                                          special_tokens=special)
+    else:
+        raise ValueError(f"kind={kind!r}: use 'unigram' or 'words'")
     tok.train_from_iterator(list(corpus or CORPUS) * 8, trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(
         single="$A </s>", special_tokens=[("</s>", tok.token_to_id("</s>"))])
@@ -163,7 +174,7 @@ DEMO_PROMPTS = ("a red circle moves right", "a blue square moves up",
 
 # keyword arguments of the pipeline call the demo model is meant to be sampled with
 SAMPLE = dict(height=64, width=64, num_frames=17, num_inference_steps=25, guidance_scale=4.0,
-              negative_prompt="")
+              negative_prompt="", max_sequence_length=16)
 
 
 def model_path() -> pathlib.Path:

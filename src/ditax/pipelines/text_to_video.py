@@ -178,12 +178,15 @@ class WanTextToVideo:
         self.programs = Programs()
 
     # --- phases
-    def encode_text(self, prompt: str, negative_prompt: str | None, use_cfg: bool):
-        """``[2, T, Dt]`` (cond, uncond) with guidance, else ``[1, T, Dt]``; transformer dtype."""
+    def encode_text(self, prompt: str, negative_prompt: str | None, use_cfg: bool,
+                    max_sequence_length: int | None = None):
+        """``[2, T, Dt]`` (cond, uncond) with guidance, else ``[1, T, Dt]``; transformer dtype.
+        ``T`` = ``max_sequence_length``, default the pipeline's."""
         from ditax.models.umt5 import encode_prompt
 
         prompts = [prompt, negative_prompt or ""] if use_cfg else [prompt]
-        emb = encode_prompt(self.tokenizer, self.text_encoder, prompts, self.max_sequence_length)
+        emb = encode_prompt(self.tokenizer, self.text_encoder, prompts,
+                            max_sequence_length or self.max_sequence_length)
         return emb.astype(jnp.dtype(self.transformer.config.dtype))
 
     def latent_shape(self, height: int, width: int, num_frames: int) -> tuple[int, ...]:
@@ -209,15 +212,20 @@ class WanTextToVideo:
                  num_frames: int = 81, num_inference_steps: int = 50,
                  guidance_scale: float = 5.0, seed: int = 0, latents=None,
                  guidance_scale_2: float | None = None, progress: bool = True,
-                 output: str = "video"):
+                 output: str = "video", max_sequence_length: int | None = None):
         """Generate one video. Returns float32 ``[F, H, W, 3]`` in [0, 1]
         (``output="latent"``: the denoised latents ``[1, C, F', Y, X]`` instead).
 
         ``latents`` (optional, ``[1, C, F', H/8, W/8]`` or without the batch axis) replaces the
         initial noise; otherwise it is ``jax.random.normal(PRNGKey(seed))``. Guidance is on
         when ``guidance_scale > 1`` (as the reference); ``guidance_scale_2`` is the low-noise
-        expert's scale (Wan 2.2; defaults to ``guidance_scale``).
+        expert's scale (Wan 2.2; defaults to ``guidance_scale``). ``max_sequence_length``: text
+        tokens for this call (diffusers' argument of that name; default the pipeline's, 512).
         """
+        if max_sequence_length is not None and (not isinstance(max_sequence_length, int)
+                                                or max_sequence_length < 1):
+            raise RequestError(f"max_sequence_length={max_sequence_length!r} must be a positive "
+                               "int (Wan: 512)")
         sf = self.vae.scale_factor_spatial * self.transformer.config.patch_size[1]
         check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                       guidance_scale_2, negative_prompt, spatial=sf,
@@ -240,7 +248,7 @@ class WanTextToVideo:
 
         t0 = time.perf_counter()
         text = jax.block_until_ready(self._replicate(
-            self.encode_text(prompt, negative_prompt, use_cfg)))
+            self.encode_text(prompt, negative_prompt, use_cfg, max_sequence_length)))
         t1 = time.perf_counter()
 
         if latents is None:

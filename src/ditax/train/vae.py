@@ -236,13 +236,25 @@ def _say(msg: str) -> None:
 
 
 def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_say,
-              bank: ClipBank | None = None) -> VAETrainResult:
-    """Run (or resume, with the same ``output_dir``) VAE training; write the folder at the end."""
+              bank: ClipBank | None = None, trainer: VAETrainer | None = None) -> VAETrainResult:
+    """Run (or resume, with the same ``output_dir``) VAE training; write the folder at the end.
+
+    ``trainer``: a :class:`VAETrainer` (and its compiled step) to reuse, built for a config
+    that differs from ``cfg`` at most in ``steps``, ``output_dir``, ``log_every``,
+    ``eval_every`` and ``checkpoint``; set ``optim.decay_steps`` when ``steps`` differs."""
     from ditax.train.metrics import MetricsWriter
 
     out = pathlib.Path(cfg.output_dir)
     bank = bank or ClipBank(cfg.data, say=say)
-    trainer = VAETrainer(cfg, devices)
+    if trainer is None:
+        trainer = VAETrainer(cfg, devices)
+    else:
+        same = ("vae", "data", "loss", "optim", "batch_size", "seed")
+        diff = [k for k in same if getattr(trainer.cfg, k) != getattr(cfg, k)]
+        if diff or (cfg.steps != trainer.cfg.steps and not cfg.optim.decay_steps):
+            raise ValueError(f"train_vae(trainer=...): the trainer was built for another "
+                             f"config ({diff or ['steps, with optim.decay_steps unset']}); "
+                             "build a new VAETrainer")
     ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
     restored = ckpt.restore_latest(trainer.abstract_state())
     if restored is not None:
