@@ -241,6 +241,37 @@ def test_cli_lora_arguments(tmp_path, capsys):
         assert ("not a Wan LoRA" in err) if flag == "--lora" else ("no such weights file" in err)
 
 
+def test_cli_lora_mode_and_strict(tmp_path, capsys, caplog):
+    """``--lora-mode`` and ``--lora-strict/--no-lora-strict`` reach load_pipeline; a file with
+    unknown keys is exit 2 naming them and the flag, or read with a warning when not strict."""
+    import inspect
+
+    from ditax.cli import build_parser
+    from ditax.cli.generate import parse_request
+
+    q = "diffusion_model.blocks.0.self_attn.q"
+    extra = _save(tmp_path / "extra.safetensors",
+                  {f"{q}.lora_down.weight": np.ones((2, 32)), f"{q}.lora_up.weight":
+                   np.ones((32, 2)), "diffusion_model.foo.lora_down.weight": np.ones((2, 2))})
+    _, parser, _ = build_parser("generate")
+    base_args = ["--model", str(tmp_path), "--prompt", "x", "--lora", f"{extra}:0.5"]
+    with caplog.at_level(logging.WARNING):
+        load, _ = parse_request(parser.parse_intermixed_args(
+            base_args + ["--lora-mode", "unmerged", "--no-lora-strict"]))
+    assert "diffusion_model.foo.lora_down.weight" in caplog.text
+    assert (load["lora_mode"], load["lora_strict"]) == ("unmerged", False)
+    assert [r.key for r in load["loras"][0][0].rows] == ["blocks.0.attn1.to_q"]
+    assert load["loras"][0][1] == 0.5
+    inspect.signature(ditax.load_pipeline).bind(**load)   # every key is a load_pipeline argument
+    load, _ = parse_request(parser.parse_intermixed_args(base_args[:4]))
+    assert (load["lora_mode"], load["lora_strict"], load["loras"]) == ("merged", True, [])
+    for extra_args, words in ((["--lora-strict"], ("foo.lora_down.weight", "--no-lora-strict")),
+                              (["--lora-mode", "fused"], ("--lora-mode", "'fused'"))):
+        assert main(["generate", *base_args, *extra_args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and all(w in err[0] for w in words), err
+
+
 def test_unmerged_equals_merged_and_new_strengths_do_not_recompile(tmp_path, base):
     from compiles import compiles
 

@@ -1,8 +1,9 @@
 """``ditax`` command line: thin commands that parse into config and call library functions.
 
 One module a command (``ditax.cli.generate``, ``train``, ``preprocess``, ``convert``, ``bench``,
-``plan``), each exposing ``add_arguments(parser)`` and ``run(args) -> int``. Only the module of
-the command asked for is imported, so ``ditax --help`` does not start JAX.
+``plan``, ``calibrate_cache`` for ``calibrate-cache``), each exposing ``add_arguments(parser)``
+and ``run(args) -> int``. Only the module of the command asked for is imported, so ``ditax
+--help`` does not start JAX.
 
 Exit codes: 0 ok; 2 a bad request or config (any :class:`ditax.errors.DitaxError`, or a usage
 error), checked before anything heavy loads where it can be; 1 a runtime failure. A mistake the
@@ -25,9 +26,10 @@ COMMANDS = {
     "train": "flow-matching training / fine-tuning",
     "train-vae": "train a Wan VAE (AutoencoderKLWan) on clips",
     "preprocess": "videos + captions → latent dataset",
-    "convert": "check a diffusers transformer folder against the weights table",
+    "convert": "check a transformer folder; single-file checkpoint → diffusers folder",
     "bench": "quick forward benchmark of a config",
     "plan": "show mesh, shardings and per-device memory for a config",
+    "calibrate-cache": "measure a model's step-cache numbers (TeaCache, MagCache)",
 }
 
 USAGE, FAILURE = 2, 1

@@ -3,7 +3,9 @@
 Prints one JSON line (median of ``--repeats`` runs after a compile run) on whatever devices
 JAX sees, with the mesh and attention backend from the config
 (:func:`ditax.bench.forward_benchmark`). For comparisons against a peer use the scripts in
-``benchmarks/``.
+``benchmarks/``. The compile run uses jax's persistent compilation cache
+(:mod:`ditax.compile_cache`; ``compile_cache=none`` turns it off), so its time is a cache read
+when the same program was compiled before.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ def run(args) -> int:
 
     from ditax.attention.te import entry_context
     from ditax.bench import forward_benchmark
+    from ditax.compile_cache import compile_cache
     from ditax.config import load_config, validate
     from ditax.parallel import make_mesh
 
     cfg = load_config(args.config, args.overrides)
     validate(cfg, jax.device_count())
     mesh = make_mesh(cfg.mesh)
-    with entry_context(cfg.attention, mesh):
+    with entry_context(cfg.attention, mesh), compile_cache(cfg.compile_cache):
         row = forward_benchmark(cfg, mesh, args.latent, args.text_len, args.repeats)
     print(json.dumps(row))
     return 0

@@ -4,6 +4,10 @@
         --height 480 --width 832 --frames 81 --steps 50 --guidance 5 --output cat.mp4 \\
         model.dtype=bfloat16 attention.backend=ulysses mesh.context=8 sample.cfg_mode=batched
 
+    # a 4-step distillation LoRA on each Wan 2.2 expert, sampled as it was distilled
+    ditax generate --model Wan-AI/Wan2.2-T2V-A14B-Diffusers --prompt "..." \
+        --lora high_noise.safetensors --lora-2 low_noise.safetensors sample.preset=lightning-4step
+
 Everything that can be wrong with the request is checked before any weights are read: sizes,
 frames, steps, guidance, prompt, ``key=value`` overrides, mesh vs device count, output suffix,
 the model folder (its ``model_index.json`` and transformer ``config.json``), the ``--lora``
@@ -15,6 +19,11 @@ Compiled programs are kept in jax's persistent compilation cache (:mod:`ditax.co
 so a second run of the same shapes reads them instead of compiling: by default in
 ``~/.cache/ditax/jax`` (``$XDG_CACHE_HOME``); ``DITAX_CACHE_DIR=PATH`` or ``compile_cache=PATH``
 moves it, ``compile_cache=none`` turns it off.
+
+Step caching (:mod:`ditax.pipelines.step_cache`): ``sample.cache=first_block|teacache|magcache``,
+``sample.cache_threshold=X`` (default per method), ``sample.cfg_cache=true``,
+``sample.cache_coefficients=numbers.json`` (from ``ditax calibrate-cache``); a line after the
+timing line reports the transformer calls.
 """
 
 from __future__ import annotations
@@ -40,9 +49,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--guidance-2", type=float, default=None,
                    help="low-noise expert's CFG scale (Wan 2.2 two-expert folders)")
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
-                   help="LoRA merged into the transformer (repeatable; any Wan LoRA format)")
+                   help="LoRA for the transformer (repeatable; any Wan LoRA format; merged "
+                        "unless --lora-mode unmerged)")
     p.add_argument("--lora-2", action="append", default=[], metavar="FILE[:STRENGTH]",
                    help="LoRA for the low-noise expert transformer_2 (Wan 2.2; repeatable)")
+    p.add_argument("--lora-mode", choices=("merged", "unmerged"), default="merged",
+                   help="merged: folded into the weights as they load (no run-time cost); "
+                        "unmerged: low-rank updates at run time (Linear layers only)")
+    p.add_argument("--lora-strict", action=argparse.BooleanOptionalAction, default=True,
+                   help="LoRA keys that match no layer are an error (--no-lora-strict: "
+                        "skipped with a warning listing them)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", default="out.mp4", help="mp4 path (H.264)")
     p.add_argument("--frames-dir", default=None, help="also write PNG frames here")
@@ -50,7 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides: model.dtype=bfloat16 attention.backend=ulysses "
-                        "mesh.context=8 sample.cfg_mode=sequential sample.scheduler=euler ...")
+                        "mesh.context=8 sample.cfg_mode=sequential sample.scheduler=euler "
+                        "sample.cache=teacache sample.cache_threshold=0.2 sample.cfg_cache=true "
+                        "...")
 
 
 def parse_request(args):
@@ -61,6 +79,7 @@ def parse_request(args):
     import jax
 
     from ditax.config import load_config, parse_overrides, validate
+    from ditax.config.sample import SAMPLE_PRESETS
     from ditax.pipelines.request import check_request
 
     cfg = load_config(None, args.overrides)
@@ -86,18 +105,31 @@ def parse_request(args):
                                 else defaults["guidance_scale"]),
                 guidance_scale_2=(args.guidance_2 if args.guidance_2 is not None
                                   else s.guidance_scale_2),
-                seed=args.seed)
+                seed=args.seed, sigmas=s.sigmas, cache=s.cache, cache_threshold=s.cache_threshold,
+                cfg_cache=s.cfg_cache, cache_coefficients=s.cache_coefficients)
+    if s.cache_coefficients is not None:
+        from ditax.pipelines.cache_numbers import read_numbers
+
+        read_numbers(s.cache_coefficients)      # a readable numbers file, before any weights
     with request_errors():
         check_request(call["prompt"], call["height"], call["width"], call["num_frames"],
                       call["num_inference_steps"], call["guidance_scale"],
                       call["guidance_scale_2"], call["negative_prompt"])
+    if s.sigmas is not None and len(s.sigmas) != call["num_inference_steps"]:
+        origin = f" (sample.preset={s.preset})" if s.preset else ""
+        raise RequestError(f"sample.sigmas has {len(s.sigmas)} values{origin} but --steps "
+                           f"{call['num_inference_steps']}; drop --steps or pass "
+                           f"sample.sigmas=none")
     if pathlib.Path(args.output).suffix.lower() != ".mp4":
         raise RequestError(f"--output {args.output!r} must end in .mp4 (H.264); use --frames-dir "
                            f"for PNG frames")
     if args.fps < 1:
         raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
-    loras, loras_2 = read_loras(args.lora), read_loras(args.lora_2)
+    loras = read_loras(args.lora, args.lora_strict)
+    loras_2 = read_loras(args.lora_2, args.lora_strict)
     use_mesh = "mesh" in given
+    # the sample keys the user chose: given, or set by the sample preset
+    chosen = set(given.get("sample", {})) | set(SAMPLE_PRESETS.get(s.preset, {}))
     validate(cfg, jax.device_count() if use_mesh else None)
     dtype = cfg.model.dtype
     if "param_dtype" in given.get("model", {}) and cfg.model.param_dtype != dtype:
@@ -108,18 +140,20 @@ def parse_request(args):
     load = dict(path=args.model, dtype=dtype, attention=cfg.attention,
                 cfg_mode=s.cfg_mode, flow_shift=s.flow_shift, vae_tiling=s.vae_tiling,
                 max_sequence_length=s.max_sequence_length,
-                scheduler=s.scheduler if "scheduler" in given.get("sample", {}) else None,
+                scheduler=s.scheduler if "scheduler" in chosen else None,
                 mesh_config=cfg.mesh if use_mesh else None, loras=loras, loras_2=loras_2,
+                lora_mode=args.lora_mode, lora_strict=args.lora_strict,
                 compile_cache=cfg.compile_cache, **model_over)
     return load, call
 
 
-def read_loras(specs: list[str]) -> list:
+def read_loras(specs: list[str], strict: bool = True) -> list:
     """``--lora FILE[:STRENGTH]`` values → ``[(Lora, strength)]``, each file read and its
-    format checked here (a bad file is a :class:`~ditax.errors.WeightError`: exit 2)."""
+    format checked here (a bad file is a :class:`~ditax.errors.WeightError`: exit 2; with
+    ``strict=False`` unknown keys are skipped with a warning)."""
     from ditax.lora import parse_lora_arg, resolve_loras
 
-    return resolve_loras([parse_lora_arg(s) for s in specs])
+    return resolve_loras([parse_lora_arg(s) for s in specs], strict)
 
 
 def check_model_and_attention(load: dict, mesh) -> None:
@@ -159,6 +193,13 @@ def run(args) -> int:
         write_frames(args.frames_dir, video)
     t_write = time.perf_counter() - t0
     print(f"{pipe.timings.line()} | write {t_write:.2f}s")
+    st = pipe.last_stats
+    if st.get("cache") or st.get("cfg_cache"):
+        skipped = sum(len(v) for v in st["skipped_steps"].values())
+        reused = len(st.get("cfg_reused_steps", []))
+        print(f"step cache {st['cache'] or 'off'} (threshold {st['cache_threshold']}), cfg_cache "
+              f"{'on' if st['cfg_cache'] else 'off'}: {st['transformer_calls']} transformer calls "
+              f"for {st['steps']} steps ({skipped} skipped, {reused} unconditional reused)")
     f, h, w, _ = video.shape
     print(f"wrote {path} ({f} frames, {w}x{h}, {args.fps} fps)"
           + (f" and {f} PNG frames in {args.frames_dir}" if args.frames_dir else ""))

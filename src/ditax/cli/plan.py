@@ -7,7 +7,8 @@ slice without a TPU (deviceless, through libtpu: ``pip install "jax[tpu]==<jax v
 ``--target cpu:N`` (or ``--devices N``) plans for N CPU devices: when JAX has not started yet
 (the ``ditax`` command), this process's JAX is set up with N simulated CPU devices before it
 starts. The mesh is always built from the target's devices, so the platform is chosen through
-the mesh and never by changing the environment of a running JAX.
+the mesh and never by changing the environment of a running JAX. Compiles go through jax's
+persistent compilation cache (:mod:`ditax.compile_cache`; ``compile_cache=PATH|none``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def run(args) -> int:
     devices, chip = target_devices(args)
     import jax
 
+    from ditax.compile_cache import compile_cache
     from ditax.config import load_config, validate
     from ditax.parallel import make_mesh
     from ditax.plan import plan
@@ -89,8 +91,9 @@ def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     validate(cfg, len(devices), training=args.train)
     mesh = make_mesh(cfg.mesh, devices)
-    out = plan(cfg, mesh, args.latent, args.compile or args.dump_hlo is not None,
-               train=args.train, chip=chip, hlo_path=args.dump_hlo)
+    with compile_cache(cfg.compile_cache):
+        out = plan(cfg, mesh, args.latent, args.compile or args.dump_hlo is not None,
+                   train=args.train, chip=chip, hlo_path=args.dump_hlo)
     if args.target is not None:
         out["target"] = args.target
     if args.json:

@@ -7,7 +7,9 @@ process with ``mesh.coordinator_address=HOST:PORT mesh.num_processes=N mesh.proc
 
 Exit 2 for a config that cannot run (checked against the device count before training
 starts); exit 1 when training fails (data, checkpoint, non-finite loss); 143 when interrupted
-by a signal after saving.
+by a signal after saving. Compiled programs go to jax's persistent compilation cache as for
+``ditax generate`` (:mod:`ditax.compile_cache`: ``DITAX_CACHE_DIR`` / ``compile_cache=PATH``,
+``none`` = off).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def run(args) -> int:
     validate(cfg, jax.device_count(), training=True)
 
     from ditax.attention.te import entry_context, uses_te
+    from ditax.compile_cache import compile_cache
     from ditax.parallel.mesh import make_mesh
     from ditax.train.checkpoint import CheckpointError
     from ditax.train.data import DataError
@@ -46,7 +49,7 @@ def run(args) -> int:
 
     te_mesh = make_mesh(cfg.mesh) if uses_te(cfg.attention) else None
     try:
-        with entry_context(cfg.attention, te_mesh):
+        with entry_context(cfg.attention, te_mesh), compile_cache(cfg.compile_cache):
             res = train(cfg, progress=not args.no_progress)
     except (DataError, CheckpointError, NonFiniteLoss) as e:
         raise CommandFailed(str(e)) from e

@@ -19,6 +19,7 @@ import yaml
 
 from ditax.config.families import ConfigFamily, config_family
 from ditax.config.keys import check_key, key_types, parse_text, type_error
+from ditax.config.sample import expand_preset
 from ditax.config.schema import Config
 from ditax.errors import ConfigError
 
@@ -133,7 +134,10 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     flat = _flatten(load_yaml(name_or_path)) if name_or_path else {}
     pairs = _pairs(overrides)
     family = _family(flat, pairs)
-    return from_flat(_apply(flat, pairs, key_types(family.config)), family, dict(pairs))
+    flat = _apply(flat, pairs, key_types(family.config))
+    # a sample preset fills its fields over the YAML's; the overrides given keep theirs
+    flat = expand_preset(flat, {k for k, _ in pairs})
+    return from_flat(flat, family, dict(pairs))
 
 
 def to_dict(cfg) -> dict:

@@ -135,7 +135,8 @@ def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the L
         msg = (f"{source} ({fmt} format): {len(unknown)} key(s) match no layer of the Wan "
                f"transformer: {listing(unknown)}")
         if strict:
-            raise WeightError(msg + "; pass strict=False to skip them (a LoRA for another model?)")
+            raise WeightError(msg + "; pass strict=False (ditax generate: --no-lora-strict) to "
+                                    "skip them (a LoRA for another model?)")
         log.warning("%s; skipped (strict=False)", msg)
     peft_scale = _peft_scales(metadata or {}) if fmt == "peft" else None
     rows = tuple(_row(m, g, source, peft_scale) for m, g in grouped.items())

@@ -43,6 +43,7 @@ from ditax.pipelines.components import load_components
 from ditax.pipelines.folder import PipelineLoadError, read_pipeline_folder
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.request import check_request
+from ditax.pipelines.step_cache import check_cache_args, plan_step_cache, uncached_stats
 from ditax.schedulers.overrides import check_scheduler_name
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,7 @@ class WanTextToVideo:
         self.timings = Timings()
         self.compile_cache = "auto"   # see ditax.compile_cache; "none" = off
         self.programs = Programs()
+        self.last_stats: dict = {}   # after each call: steps, transformer_calls, ... (step_cache)
 
     # --- phases
     def encode_text(self, prompt: str, negative_prompt: str | None, use_cfg: bool,
@@ -207,20 +209,48 @@ class WanTextToVideo:
             f"per forward; put the devices on mesh.context (sequence parallel) or use "
             f"cfg_mode=batched with mesh.data*mesh.fsdp <= 2")
 
+    def _timesteps(self, num_steps: int, shape, sigmas):
+        """The scheduler's fresh state; explicit ``sigmas`` only on the Euler sampler."""
+        if sigmas is None:
+            return self.scheduler.set_timesteps(num_steps, shape)
+        from ditax.schedulers.flow_match import FlowMatchEulerScheduler
+
+        if not isinstance(self.scheduler, FlowMatchEulerScheduler):
+            raise RequestError(f"sigmas= needs the Euler sampler; this pipeline runs "
+                               f"{type(self.scheduler).__name__} — load it with "
+                               f"scheduler='euler' (sample.scheduler=euler)")
+        try:
+            return self.scheduler.set_timesteps(num_steps, shape, sigmas=sigmas)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+
     @in_compile_cache
     def __call__(self, prompt, negative_prompt=None, height: int = 480, width: int = 832,
                  num_frames: int = 81, num_inference_steps: int = 50,
                  guidance_scale: float = 5.0, seed: int = 0, latents=None,
                  guidance_scale_2: float | None = None, progress: bool = True,
-                 output: str = "video", max_sequence_length: int | None = None):
+                 output: str = "video", sigmas=None, cache: str | None = None,
+                 cache_threshold: float | None = None, cfg_cache: bool = False,
+                 cache_coefficients=None, max_sequence_length: int | None = None):
         """Generate one video. Returns float32 ``[F, H, W, 3]`` in [0, 1]
         (``output="latent"``: the denoised latents ``[1, C, F', Y, X]`` instead).
 
         ``latents`` (optional, ``[1, C, F', H/8, W/8]`` or without the batch axis) replaces the
         initial noise; otherwise it is ``jax.random.normal(PRNGKey(seed))``. Guidance is on
         when ``guidance_scale > 1`` (as the reference); ``guidance_scale_2`` is the low-noise
-        expert's scale (Wan 2.2; defaults to ``guidance_scale``). ``max_sequence_length``: text
-        tokens for this call (diffusers' argument of that name; default the pipeline's, 512).
+        expert's scale (Wan 2.2; defaults to ``guidance_scale``). ``sigmas`` (Euler sampler
+        only): the noise level of each step before the shift, as diffusers'
+        ``set_timesteps(sigmas=)`` — the 4-step distillation LoRAs use 1, 0.75, 0.5, 0.25 with
+        shift 5 (``sample.preset=lightning-4step``).
+
+        Step caching (:mod:`.step_cache`): ``cache`` "first_block" | "teacache" | "magcache"
+        skips transformer evaluations whose result a cached residual predicts well enough
+        (``cache_threshold``: None = the method's default; larger skips more);
+        ``cfg_cache=True`` reuses the unconditional branch's difference on low-noise steps;
+        ``cache_coefficients``: a numbers file of ``ditax calibrate-cache`` (default: the
+        shipped numbers of the model, if any). ``cache=None, cfg_cache=False`` runs the plain
+        step. ``self.last_stats`` tells what ran. ``max_sequence_length``: text tokens for this call
+        (diffusers' argument of that name; default the pipeline's, 512).
         """
         if max_sequence_length is not None and (not isinstance(max_sequence_length, int)
                                                 or max_sequence_length < 1):
@@ -237,6 +267,7 @@ class WanTextToVideo:
             guidance_scale_2 = guidance_scale
         use_cfg = guidance_scale > 1.0
         self._check_mesh(use_cfg)
+        check_cache_args(cache, cache_threshold, cfg_cache)
         shape = self.latent_shape(height, width, num_frames)
         if latents is not None:
             latents = np.asarray(latents, np.float32)
@@ -254,7 +285,7 @@ class WanTextToVideo:
         if latents is None:
             latents = initial_noise(seed, shape)
         x = self._replicate(jnp.asarray(latents, jnp.float32))
-        state = self._replicate(self.scheduler.set_timesteps(num_inference_steps, shape))
+        state = self._replicate(self._timesteps(num_inference_steps, shape, sigmas))
         timesteps = np.asarray(state.timesteps)
         boundary = (None if self.boundary_ratio is None
                     else self.boundary_ratio * self.scheduler.num_train_timesteps)
@@ -263,12 +294,22 @@ class WanTextToVideo:
         experts = [self.transformer_2 if (boundary is not None and t < boundary
                                           and self.transformer_2 is not None)
                    else self.transformer for t in timesteps]
+        step_cache = plan_step_cache(
+            cache, cache_threshold, cfg_cache, use_cfg=use_cfg, cfg_mode=self.cfg_mode,
+            mesh=self.mesh, timesteps=timesteps, config=self.transformer.config,
+            num_train_timesteps=self.scheduler.num_train_timesteps, experts=experts,
+            coefficients=cache_coefficients)
         # each expert's own graph (equal for two plain experts: one program; an expert with
         # unmerged LoRAs has its own)
-        steps = {id(tr): self.programs.step(
-                     _denoise_step, (tr._gdef, self.scheduler, self.cfg_mode, use_cfg),
-                     (tr._state, state, x, text, jnp.float32(0)))
-                 for tr in experts}
+        if step_cache is None:
+            steps = {id(tr): self.programs.step(
+                         _denoise_step, (tr._gdef, self.scheduler, self.cfg_mode, use_cfg),
+                         (tr._state, state, x, text, jnp.float32(0)))
+                     for tr in experts}
+        else:
+            steps = {id(tr): step_cache.compile(self.programs, tr, self.scheduler,
+                                                self.cfg_mode, use_cfg, state, x, text)
+                     for tr in experts}
         decode = None if output == "latent" or self.vae_tiling else self.programs.decode(
             self.vae, shape, None if self.mesh is None else NamedSharding(self.mesh, P()))
         t_compile = self.programs.seconds
@@ -281,6 +322,8 @@ class WanTextToVideo:
             tr = experts[i]
             x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g))
         x = jax.block_until_ready(x)
+        self.last_stats = (uncached_stats(num_inference_steps, use_cfg) if step_cache is None
+                           else step_cache.stats())
         t2 = time.perf_counter()
         timings = dict(load=self.load_time, text=t1 - t0, compile=t_compile,
                        denoise=t2 - t1 - t_compile)

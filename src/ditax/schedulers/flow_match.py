@@ -4,6 +4,10 @@ Matches diffusers' ``FlowMatchEulerDiscreteScheduler`` with a fixed ``shift`` (n
 shifting, no stochastic sampling). Its schedule has a quirk reproduced here on purpose: the
 smallest training sigma is shifted once when the scheduler is built, and the inference
 sigmas spaced down to it are shifted again.
+
+Explicit ``sigmas`` (diffusers' ``set_timesteps(sigmas=...)``) replace the spacing: one value
+per step, shifted once. The 4-step distillation LoRAs are sampled that way
+(:data:`ditax.config.sample.SAMPLE_PRESETS`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,21 @@ _SUPPORTED = {
 }
 
 
+def check_sigmas(sigmas, num_steps: int) -> None:
+    """Raise ``ValueError`` unless ``sigmas`` is ``num_steps`` decreasing values in (0, 1]."""
+    try:
+        values = [float(v) for v in sigmas]
+    except (TypeError, ValueError):
+        raise ValueError(f"sigmas={sigmas!r} is not a list of numbers") from None
+    if len(values) != num_steps:
+        raise ValueError(f"sigmas has {len(values)} values but {num_steps} steps were asked; "
+                         f"give one sigma per step (or set the steps to {len(values)})")
+    if not all(0.0 < v <= 1.0 for v in values) or any(
+            b >= a for a, b in zip(values, values[1:])):
+        raise ValueError(f"sigmas={values} must decrease strictly within (0, 1] (noise level of "
+                         f"each step before the shift, e.g. 1.0, 0.75, 0.5, 0.25)")
+
+
 class FlowMatchEulerState(NamedTuple):
     """timesteps float32 ``[N]`` (fed to the transformer), sigmas float32 ``[N+1]`` (last 0),
     step_index int32 ``[]``."""
@@ -60,11 +79,16 @@ class FlowMatchEulerScheduler:
         c = read_config(cfg, "FlowMatchEulerDiscreteScheduler", _DEFAULTS, _SUPPORTED)
         return cls(num_train_timesteps=int(c["num_train_timesteps"]), shift=float(c["shift"]))
 
-    def schedule(self, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host-side ``(timesteps float32 [N], sigmas float32 [N+1])`` as diffusers builds them."""
+    def schedule(self, num_steps: int, sigmas=None) -> tuple[np.ndarray, np.ndarray]:
+        """Host-side ``(timesteps float32 [N], sigmas float32 [N+1])`` as diffusers builds them;
+        ``sigmas``: the N unshifted sigmas to use instead of the even spacing."""
         if not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
             raise ValueError(f"num_steps={num_steps!r}; expected a positive int")
         n = self.num_train_timesteps
+        if sigmas is not None:
+            check_sigmas(sigmas, num_steps)
+            sig = shift_sigma(np.asarray(sigmas, np.float32), self.shift).astype(np.float32)
+            return sig * np.float32(n), np.concatenate([sig, [0.0]]).astype(np.float32)
         # Training-time extremes, in float32 like the reference's construction.
         train = np.float32(1.0) / np.float32(n), np.float32(n) / np.float32(n)
         s_min, s_max = (float(shift_sigma(np.float32(t), self.shift)) for t in train)
@@ -73,9 +97,11 @@ class FlowMatchEulerScheduler:
         timesteps = sig * np.float32(n)
         return timesteps.astype(np.float32), np.concatenate([sig, [0.0]]).astype(np.float32)
 
-    def set_timesteps(self, num_steps: int, shape=None, dtype=jnp.float32) -> FlowMatchEulerState:
-        """Fresh state for ``num_steps`` steps (``shape``/``dtype`` accepted for a common API)."""
-        timesteps, sigmas = self.schedule(num_steps)
+    def set_timesteps(self, num_steps: int, shape=None, dtype=jnp.float32,
+                      sigmas=None) -> FlowMatchEulerState:
+        """Fresh state for ``num_steps`` steps (``shape``/``dtype`` accepted for a common API;
+        ``sigmas``: see :meth:`schedule`)."""
+        timesteps, sigmas = self.schedule(num_steps, sigmas)
         return FlowMatchEulerState(jnp.asarray(timesteps), jnp.asarray(sigmas),
                                    jnp.zeros((), jnp.int32))
 

@@ -15,6 +15,12 @@ QKNorm = Literal["rms_norm_across_heads"]
 DTYPES = get_args(DType)
 REMAT_POLICIES = get_args(Remat)
 
+# the fields of a diffusers ``WanTransformer3DModel`` config.json (the architecture)
+DIFFUSERS_FIELDS = ("patch_size", "num_attention_heads", "attention_head_dim", "in_channels",
+                    "out_channels", "text_dim", "freq_dim", "ffn_dim", "num_layers",
+                    "cross_attn_norm", "qk_norm", "eps", "image_dim", "added_kv_proj_dim",
+                    "rope_max_seq_len", "pos_embed_seq_len")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -62,6 +68,15 @@ class ModelConfig:
             raise ConfigError("qk_norm=None is not supported; Wan uses 'rms_norm_across_heads'")
         kw.update(overrides)
         return cls(**kw)
+
+    def to_diffusers(self) -> dict:
+        """The diffusers ``config.json`` dict of this architecture (``_class_name`` included;
+        numerics such as dtypes and remat are ditax's own and not written)."""
+        out = {"_class_name": "WanTransformer3DModel"}
+        for f in DIFFUSERS_FIELDS:
+            v = getattr(self, f)
+            out[f] = list(v) if isinstance(v, tuple) else v
+        return out
 
 
 def check_model(m: ModelConfig, mesh_sizes: dict[str, int] | None = None) -> None:

@@ -7,6 +7,10 @@ optionally prefixed ``diffusion_model.`` (ComfyUI) or ``model.diffusion_model.``
 :mod:`ditax.models.wan.original_names`, so such a file is read with the same key and shape
 checks (messages name the file's own keys) and the same sharded reads as a diffusers folder;
 the architecture comes from ``config=`` (a preset name, a YAML path or a ``ModelConfig``).
+
+:func:`write_diffusers_folder` (``ditax convert FILE --config NAME --out DIR``) turns such a file
+into a diffusers ``transformer/`` folder: ``config.json`` plus safetensors shards (with an index
+past one shard) under the diffusers names, tensor by tensor, after the same checks.
 """
 
 from __future__ import annotations
@@ -71,3 +75,107 @@ def single_file_config(path, config, **overrides) -> ModelConfig:
         raise ConfigError(f"config={config!r} is not a preset name, YAML path or ModelConfig")
     return dataclasses.replace(config, **overrides)
 
+
+
+WEIGHTS_NAME = "diffusion_pytorch_model"
+SHARD_BYTES = 5 * 2**30   # diffusers' own default shard size is of this order
+
+
+def _shards(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
+    """Keys in order, cut into runs of at most ``limit`` bytes (a bigger tensor alone)."""
+    out, run, used = [], [], 0
+    for key, n in sizes:
+        if run and used + n > limit:
+            out.append(run)
+            run, used = [], 0
+        run.append(key)
+        used += n
+    return out + ([run] if run else [])
+
+
+def check_single_file(path, config):
+    """Key and shape check of a single-file checkpoint against ``config`` from its headers
+    alone (no tensor data); returns ``(ModelConfig, Weights, {diffusers key: key in the file},
+    the diffusers table, parameter shapes, renamer)``. Raises :class:`WeightError` as loading
+    would."""
+    from flax import nnx
+
+    from ditax.io.convert import check_weights, param_shapes
+    from ditax.io.weights import Weights
+    from ditax.models.wan import convert
+    from ditax.models.wan.loading import abstract_model
+
+    cfg = single_file_config(path, config)
+    weights = Weights.open(path)
+    table = convert.config_weight_table(cfg)
+    read_table, rename = table, (lambda k: k)
+    if is_original(weights.keys()):
+        prefix = key_prefix(weights.keys())
+        read_table, rename = original_table(table, prefix), renamer(prefix)
+    shapes = param_shapes(nnx.state(abstract_model(cfg)))
+    chosen = check_weights(read_table, weights, shapes)
+    source = {}
+    for ours, theirs in zip(table.rows, read_table.rows):
+        source.update({d: chosen[o] for d, o in zip(table.names(ours), read_table.names(theirs))})
+    return cfg, weights, source, table, shapes, rename
+
+
+def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras=None,
+                           lora_strict: bool = True, shard_bytes: int = SHARD_BYTES
+                           ) -> pathlib.Path:
+    """Write the single-file checkpoint ``path`` (original Wan / ComfyUI names, or diffusers
+    names) as a diffusers transformer folder ``out`` that ``WanTransformer3DModel.from_pretrained``
+    and ``ditax.load_transformer`` read; returns ``out``.
+
+    ``config``: the architecture, as for :func:`single_file_config`. Keys and shapes are checked
+    against it first (:func:`check_single_file`; nothing is written for a file that does not
+    fit). ``dtype`` casts every tensor (default: each keeps its stored dtype); ``loras`` are
+    merged in (fused) as each tensor is read. Tensors are read one at a time and written in
+    shards of at most ``shard_bytes``, so memory stays near one shard.
+    """
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from ditax.io.weights import INDEX_SUFFIX
+
+    out = pathlib.Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out} exists and is not an empty folder; pass a new folder "
+                          f"(nothing is overwritten)")
+    if dtype is not None:
+        from ditax.models.wan.config import DTYPES
+
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+    cfg, weights, source, table, shapes, rename = check_single_file(path, config)
+    if loras:
+        from ditax.lora import merged_weights
+
+        weights = merged_weights(weights, loras, table, shapes, strict=lora_strict,
+                                 rename=rename)
+
+    def out_dtype(key):
+        return np.dtype(dtype) if dtype else weights.dtype(source[key])
+
+    sizes = [(k, out_dtype(k).itemsize * int(np.prod(weights.shape(source[k]), dtype=np.int64)))
+             for k in source]
+    runs = _shards(sizes, shard_bytes)
+    names = ([f"{WEIGHTS_NAME}.safetensors"] if len(runs) == 1 else
+             [f"{WEIGHTS_NAME}-{i + 1:05d}-of-{len(runs):05d}.safetensors"
+              for i in range(len(runs))])
+    out.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for name, run in zip(names, runs):
+        tensors = {k: np.ascontiguousarray(np.asarray(weights.get(source[k])).astype(out_dtype(k)))
+                   for k in run}
+        save_file(tensors, str(out / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in run})
+        del tensors
+    if len(runs) > 1:
+        (out / (WEIGHTS_NAME + INDEX_SUFFIX)).write_text(json.dumps(
+            {"metadata": {"total_size": sum(n for _, n in sizes)}, "weight_map": weight_map},
+            indent=2))
+    (out / "config.json").write_text(json.dumps(cfg.to_diffusers(), indent=2))
+    return out

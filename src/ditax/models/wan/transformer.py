@@ -13,6 +13,8 @@ cast back to the compute dtype; RoPE rotates in float32.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -225,7 +227,18 @@ class WanTransformer(nnx.Module):
         ``encoder_hidden_states_image``: CLIP features ``[B, S, image_dim]`` for
         image-to-video models (first-last-frame: ``[2B, S, image_dim]``, see
         :class:`~ditax.models.wan.image_embedder.ImageEmbedder`); None for text-to-video.
+
+        The three parts :meth:`embed`, :meth:`run_blocks` and :meth:`head` are public so that
+        a sampler can run part of the blocks (step caching, :mod:`ditax.pipelines.step_cache`).
         """
+        h, ctx = self.embed(latents, timestep, encoder_hidden_states, text_mask,
+                            encoder_hidden_states_image)
+        return self.head(self.run_blocks(h, ctx), ctx)
+
+    def embed(self, latents, timestep, encoder_hidden_states, text_mask=None,
+              encoder_hidden_states_image=None) -> tuple[jax.Array, "Embedded"]:
+        """Tokens ``h [B, L', D]`` (L' = tokens padded to the context shards) and what the
+        blocks and the head need (:class:`Embedded`)."""
         image = encoder_hidden_states_image
         self.check_inputs(latents, timestep, encoder_hidden_states, text_mask, image)
         cfg, mesh = self.cfg, self.mesh
@@ -257,33 +270,82 @@ class WanTransformer(nnx.Module):
             sin = jnp.pad(sin, ((0, pad), (0, 0)))
             token_mask = jnp.broadcast_to(jnp.arange(seq + pad) < seq, (b, seq + pad))
         h = constrain(h, ("act_batch", "act_seq", "act_embed"), mesh)
+        return h, Embedded(text=text, temb=temb, mod=mod, rope=(cos, sin),
+                           token_mask=token_mask, text_mask=text_mask, image=image,
+                           shape=tuple(latents.shape), dtype=latents.dtype, seq=seq, pad=pad)
 
+    def run_blocks(self, h, ctx: "Embedded", start: int = 0, stop: int | None = None):
+        """Blocks ``start .. stop-1`` (default: all) on tokens ``h [B, L', D]``."""
+        cfg = self.cfg
+        stop = cfg.num_layers if stop is None else stop
+        if not 0 <= start <= stop <= cfg.num_layers:
+            raise ValueError(f"blocks {start}..{stop} outside 0..{cfg.num_layers}")
+        if start == stop:
+            return h
         plan = self.attention_plan
 
         def body(hs, block):
-            return block(hs, text, mod, (cos, sin), token_mask, text_mask, plan, image)
+            return block(hs, ctx.text, ctx.mod, ctx.rope, ctx.token_mask, ctx.text_mask, plan,
+                         ctx.image)
 
         if cfg.remat != "none":
             body = nnx.remat(body, policy=REMAT[cfg.remat], prevent_cse=not cfg.scan_layers)
 
-        if cfg.scan_layers:
+        if cfg.scan_layers and (start, stop) == (0, cfg.num_layers):
             @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
             def run(hs, block):
                 return body(hs, block)
 
-            h = run(h, self.blocks)
-        else:
-            gdef, stacked = nnx.split(self.blocks)
-            for i in range(cfg.num_layers):
-                h = body(h, nnx.merge(gdef, jax.tree.map(lambda p, i=i: p[i], stacked)))
+            return run(h, self.blocks)
+        gdef, stacked = nnx.split(self.blocks)
+        if cfg.scan_layers:
+            # a sub-range: scan over layer indices, each layer's weights read in place (no
+            # sliced copy of the stacked weights)
+            def step(hs, i):
+                layer = jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, i, 0, False),
+                                     stacked)
+                return body(hs, nnx.merge(gdef, layer)), None
 
-        if pad:
-            h = h[:, :seq]
+            return jax.lax.scan(step, h, jnp.arange(start, stop))[0]
+        for i in range(start, stop):
+            h = body(h, nnx.merge(gdef, jax.tree.map(lambda p, i=i: p[i], stacked)))
+        return h
+
+    def head(self, h, ctx: "Embedded"):
+        """Output norm, projection and unpatchify: tokens ``[B, L', D]`` → ``[B, C_out, F, Y,
+        X]`` in the latents' dtype."""
+        cfg, mesh = self.cfg, self.mesh
+        dt = jnp.dtype(cfg.dtype)
+        b, _, fr, hh, ww = ctx.shape
+        pt, ph, pw = cfg.patch_size
+        f, y, x = fr // pt, hh // ph, ww // pw
+        if ctx.pad:
+            h = h[:, :ctx.seq]
             h = constrain(h, ("act_batch", None, "act_embed"), mesh)
-        table = self.scale_shift_table[...].astype(jnp.float32) + temb.astype(jnp.float32)[:, None]
+        table = (self.scale_shift_table[...].astype(jnp.float32)
+                 + ctx.temb.astype(jnp.float32)[:, None])
         shift, scale = table[:, 0:1], table[:, 1:2]
         h = (self.norm_out(h) * (1 + scale) + shift).astype(dt)
         h = constrain(self.proj_out(h), ("act_batch", None, "act_channels"), mesh)
         co = cfg.out_channels
         h = h.reshape(b, f, y, x, pt, ph, pw, co).transpose(0, 7, 1, 4, 2, 5, 3, 6)
-        return h.reshape(b, co, fr, hh, ww).astype(latents.dtype)
+        return h.reshape(b, co, fr, hh, ww).astype(ctx.dtype)
+
+
+class Embedded(NamedTuple):
+    """What :meth:`WanTransformer.embed` hands to the blocks and the head: text ``[B, T, D]``,
+    ``temb [B, D]`` (time embedding) and ``mod [B, 6, D]`` (its projection: the blocks'
+    modulation), rope (cos, sin), masks, embedded image tokens, and the latents' shape /
+    dtype, the token count ``seq`` and its padding ``pad`` (static)."""
+
+    text: jax.Array
+    temb: jax.Array
+    mod: jax.Array
+    rope: tuple
+    token_mask: Any
+    text_mask: Any
+    image: Any
+    shape: tuple
+    dtype: Any
+    seq: int
+    pad: int

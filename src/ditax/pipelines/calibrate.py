@@ -1,0 +1,89 @@
+"""Measure a model's step-cache numbers (``ditax calibrate-cache``): TeaCache's polynomial and
+MagCache's per-step magnitude ratios, from uncached generations of a few prompts.
+
+Each prompt is generated with every step computed (``cache="calibrate"`` in the pipeline: the
+plain computation, plus per-step measurements taken on the device, per CFG branch):
+
+- ``m_modulation`` / ``m_time_embedding``: relative L1 change of the blocks' modulation
+  ``[B, 6, D]`` / the time embedding ``[B, D]`` since the previous step (TeaCache's input);
+- ``m_output``: relative L1 change of the transformer output since the previous step;
+- ``m_ratio``: mean over tokens of ``|r_t| / |r_{t-1}|``, ``r`` the blocks' residual (MagCache).
+
+TeaCache's polynomial is the least-squares fit (``numpy.polyfit``, degree 4 as published, less
+when there are fewer distinct points) of the output change on the input change over every step
+> 0, prompt and branch; MagCache's ratios are the per-step means over prompts, per branch
+(without guidance the one branch's ratios serve both). Retention and K are the published
+methods' (TeaCache: the first 10 % of steps always run; MagCache: the first 20 %, K = 2).
+The result is one numbers entry (:mod:`.cache_numbers`) for this model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ditax.pipelines.cache_numbers import match_of
+from ditax.pipelines.step_cache import CALIBRATE
+
+TEACACHE_DEGREE = 4
+TEACACHE_RETENTION = 0.1
+MAGCACHE_RETENTION = 0.2
+MAGCACHE_K = 2
+
+
+def fit_teacache(x: np.ndarray, y: np.ndarray, degree: int = TEACACHE_DEGREE) -> list[float]:
+    """Polynomial (highest power first) mapping input change ``x`` to output change ``y``."""
+    x, y = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    distinct = len(np.unique(np.round(x, 12)))
+    if distinct < 2:
+        raise ValueError(f"TeaCache fit needs at least 2 distinct input changes, got {distinct}; "
+                         f"calibrate with more steps")
+    deg = min(degree, distinct - 1)
+    coeffs = np.polyfit(x, y, deg)
+    return [0.0] * (degree - deg) + [float(c) for c in coeffs]
+
+
+def calibrate(pipe, prompts: list[str], *, name: str, negative_prompt: str | None = None,
+              height: int, width: int, num_frames: int, num_inference_steps: int,
+              guidance_scale: float, seed: int = 0, teacache_input: str = "modulation",
+              progress: bool = False) -> dict:
+    """Generate each prompt (seed ``seed + k``) with every step computed and return the numbers
+    entry for ``pipe``'s model (write it with :func:`~.cache_numbers.write_numbers`)."""
+    if not prompts:
+        raise ValueError("calibration needs at least one prompt")
+    if num_inference_steps < 3:
+        raise ValueError(f"num_inference_steps={num_inference_steps}: calibration needs >= 3 "
+                         f"steps (the published numbers use 50)")
+    runs = []
+    for k, prompt in enumerate(prompts):
+        pipe(prompt, negative_prompt=negative_prompt, height=height, width=width,
+             num_frames=num_frames, num_inference_steps=num_inference_steps,
+             guidance_scale=guidance_scale, seed=seed + k, progress=progress, output="latent",
+             cache=CALIBRATE)
+        runs.append({k: np.asarray(v, np.float64)
+                     for k, v in pipe.last_stats["calibration"].items()})
+    x = np.stack([r[f"m_{teacache_input}"][1:] for r in runs])   # [P, N-1, branches]
+    y = np.stack([r["m_output"][1:] for r in runs])
+    ratios = np.mean(np.stack([r["m_ratio"] for r in runs]), axis=0)   # [N, branches]
+    ratios[0] = 1.0
+    per_branch = [ratios[:, b] for b in range(ratios.shape[1])]
+    if len(per_branch) == 1:
+        per_branch = per_branch * 2
+    experts = 1 if pipe.transformer_2 is None else 2
+    return {
+        "name": name,
+        "source": (f"ditax calibrate-cache: {len(prompts)} prompt(s), {num_inference_steps} "
+                   f"steps, {num_frames}x{height}x{width}, guidance {guidance_scale}"),
+        "match": match_of(pipe.transformer.config),
+        "experts": experts,
+        "teacache": {"input": teacache_input, "coefficients": fit_teacache(x, y),
+                     "retention_ratio": TEACACHE_RETENTION, "compute_last": False},
+        "magcache": {"ratios": [[round(float(v), 6) for v in r] for r in per_branch],
+                     "retention_ratio": MAGCACHE_RETENTION, "max_skip_steps": MAGCACHE_K},
+        "measured": {"teacache_input_change": np.round(x.mean(0), 6).tolist(),
+                     "output_change": np.round(y.mean(0), 6).tolist()},
+    }
+
+
+__all__ = ["calibrate", "fit_teacache"]
