@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="pipeline folder (default: the demo model)")
     p.add_argument("--steps", type=int, default=None, help="override SAMPLE's steps")
     p.add_argument("--guidance", type=float, default=None, help="override SAMPLE's guidance")
+    p.add_argument("--shift", type=float, default=None, help="override the folder's flow shift")
+    p.add_argument("--combos", default="all", choices=["all", "seen", "held_out"])
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     a = p.parse_args(argv)
 
@@ -44,7 +46,9 @@ def main(argv=None) -> int:
         sample["num_inference_steps"] = a.steps
     if a.guidance is not None:
         sample["guidance_scale"] = a.guidance
-    pipe = ditax.load_pipeline(a.model or model_path())
+    pipe = ditax.load_pipeline(a.model or model_path(), flow_shift=a.shift)
+    combos = [c for c in all_combinations()
+              if a.combos == "all" or is_held_out(c) == (a.combos == "held_out")]
     sink = open(a.out, "a") if a.out else None
 
     def emit(row):
@@ -55,7 +59,7 @@ def main(argv=None) -> int:
 
     rows = []
     pipe(all_combinations()[0].prompt, seed=0, progress=False, **sample)   # compile
-    for combo in all_combinations():
+    for combo in combos:
         for seed in range(a.seeds):
             t0 = time.perf_counter()
             video = pipe(combo.prompt, seed=seed, progress=False, **sample)
@@ -70,8 +74,10 @@ def main(argv=None) -> int:
             emit(row)
     for split, held in (("seen", False), ("held_out", True)):
         sel = [r for r in rows if r["held_out"] == held]
+        if not sel:
+            continue
         emit({"bench": "demo_quality", "summary": split, "videos": len(sel),
-              "sample": {k: v for k, v in sample.items()},
+              "sample": {k: v for k, v in sample.items()}, "shift": a.shift,
               **{f"{k}_accuracy": round(sum(r[f"{k}_correct"] for r in sel) / len(sel), 4)
                  for k in ("colour", "shape", "direction", "all")},
               "median_seconds_per_video": round(statistics.median(r["seconds"] for r in sel),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ditax
-from ditax.recipes.demo_model import SMOKE, Recipe, check_manifest, write_manifest
+from ditax.recipes.demo_model import SMOKE, STAGES, Recipe, check_manifest, write_manifest
 
 H = W = 32
 FRAMES = 5
@@ -32,7 +32,7 @@ def recipe(tmp_path_factory):
 
 def test_recipe_trains_both_models_and_writes_a_pipeline_folder(recipe):
     out, rec, _ = recipe
-    assert set(rec["stages"]) == {"data", "vae", "text", "latents", "transformer", "assemble"}
+    assert set(rec["stages"]) == set(STAGES)
     assert rec["seconds"] > 0
     vae_rows = [json.loads(x) for x in (out / "vae" / "metrics.jsonl").read_text().splitlines()]
     first, last = _first_last([r["loss"] for r in vae_rows if "loss" in r])

@@ -65,6 +65,7 @@ class VAETrainConfig:
     log_every: int = 10
     eval_every: int = 0              # 0: evaluate only at the end
     output_dir: str = "out/vae"
+    init_from: str = ""              # a diffusers VAE folder to start from ("" = random init)
 
 
 _PYDANTIC = pydantic.ConfigDict(extra="forbid", coerce_numbers_to_str=True)

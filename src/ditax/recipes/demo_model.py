@@ -54,6 +54,9 @@ class Sizes:
     vae_lr: float
     vae_clips: int               # clips the VAE reads (the first ones; 0 = all)
     vae_evals: int               # held-out PSNR evaluations during VAE training (+ the last)
+    vae_long_steps: int          # then whole clips (all frames: every cache hand-over trained)
+    vae_long_batch: int
+    vae_long_lr: float
     transformer: dict            # WanTransformer3DModel config
     transformer_steps: int
     transformer_batch: int
@@ -90,13 +93,14 @@ def _transformer(heads: int, head_dim: int, ffn: int, layers: int) -> dict:
 
 FULL = Sizes(clips=1600, vae_eval_clips=32, height=64, width=64, frames=17, vae=_VAE,
              vae_steps=1500, vae_batch=8, vae_crop=32, vae_lr=1e-3, vae_clips=480,
-             vae_evals=5,
-             transformer=_transformer(4, 32, 512, 4), transformer_steps=3000,
-             transformer_batch=16, transformer_lr=5e-4, text_dropout=0.1, umt5=_UMT5,
+             vae_evals=5, vae_long_steps=300, vae_long_batch=4, vae_long_lr=3e-4,
+             transformer=_transformer(4, 32, 512, 4), transformer_steps=7000,
+             transformer_batch=16, transformer_lr=1e-3, text_dropout=0.1, umt5=_UMT5,
              tokenizer_vocab=64, text_len=16, checkpoint_every=500)
 SMOKE = dataclasses.replace(
     FULL, clips=24, vae_eval_clips=4, height=32, width=32, frames=5,
     vae=dict(_VAE, base_dim=8), vae_steps=12, vae_batch=2, vae_crop=0, vae_lr=2e-3, vae_evals=0,
+    vae_long_steps=2, vae_long_batch=2,
     transformer=_transformer(2, 16, 64, 1), transformer_steps=12, transformer_batch=8,
     transformer_lr=2e-3, checkpoint_every=6)
 SIZES = {"full": FULL, "smoke": SMOKE}
@@ -111,7 +115,7 @@ def sha256(path) -> str:
 
 
 MANIFEST = "manifest.json"
-STAGES = ("data", "vae", "text", "latents", "transformer", "assemble")
+STAGES = ("data", "vae", "vae_long", "text", "latents", "transformer", "assemble")
 
 
 def write_manifest(folder) -> dict:
@@ -188,28 +192,43 @@ class Recipe:
                       num_frames=s.frames, paraphrase_fraction=0.3)
         return {"clips": s.clips}
 
-    def vae(self):
-        import jax
-
+    def _vae_config(self, long: bool):
         from ditax.config.vae_training import load_vae_config
-        from ditax.train.vae import train_vae
 
         s = self.sizes
-        cfg = load_vae_config(None, **{f"vae.{k}": v for k, v in s.vae.items()}, **{
+        steps = s.vae_long_steps if long else s.vae_steps
+        return load_vae_config(None, **{f"vae.{k}": v for k, v in s.vae.items()}, **{
             "data.source": str(self.out / "clips"), "data.num_frames": s.frames,
             "data.height": s.height, "data.width": s.width, "data.crop": s.vae_crop,
-            "data.crop_frames": min(9, s.frames), "data.eval_clips": s.vae_eval_clips,
-            "data.max_clips": s.vae_clips,
-            "steps": s.vae_steps, "batch_size": s.vae_batch, "seed": self.seed,
-            "optim.learning_rate": s.vae_lr, "optim.warmup_steps": min(20, s.vae_steps // 4),
+            "data.crop_frames": s.frames if long else min(9, s.frames),
+            "data.eval_clips": s.vae_eval_clips, "data.max_clips": s.vae_clips,
+            "steps": steps, "batch_size": s.vae_long_batch if long else s.vae_batch,
+            "seed": self.seed + long,
+            "optim.learning_rate": s.vae_long_lr if long else s.vae_lr,
+            "optim.warmup_steps": 0 if long else min(20, steps // 4),
             "optim.schedule": "cosine", "checkpoint.every": s.checkpoint_every,
             "log_every": 5,
-            "eval_every": s.vae_steps // s.vae_evals if s.vae_evals else 0,
-            "output_dir": str(self.out / "vae")})
-        res = train_vae(cfg, devices=jax.devices()[:self.devices], progress=self.progress,
-                        say=self.say)
+            "eval_every": steps // s.vae_evals if s.vae_evals and not long else 0,
+            "init_from": str(self.out / "vae" / "vae") if long else "",
+            "output_dir": str(self.out / ("vae_long" if long else "vae"))})
+
+    def _train_vae(self, long: bool):
+        import jax
+
+        from ditax.train.vae import train_vae
+
+        res = train_vae(self._vae_config(long), devices=jax.devices()[:self.devices],
+                        progress=self.progress, say=self.say)
         return {"eval_psnr_db": round(res.eval_psnr, 2), "first_loss": res.losses[0] if
                 res.losses else None, "last_loss": res.losses[-1] if res.losses else None}
+
+    def vae(self):
+        """Short windows (``temporal_factor * 2 + 1`` frames, cheap) from random weights."""
+        return self._train_vae(long=False)
+
+    def vae_long(self):
+        """Then whole clips, so that every chunk hand-over of the causal cache is trained."""
+        return self._train_vae(long=True)
 
     def text(self):
         from ditax.demo import write_text_encoder, write_tokenizer
@@ -220,7 +239,7 @@ class Recipe:
                                 vocab_size=s.tokenizer_vocab, kind="words")
         umt5 = dict(s.umt5, vocab_size=vocab)
         write_text_encoder(work / "text_encoder", config=umt5, seed=self.seed + 2)
-        shutil.copytree(self.out / "vae" / "vae", work / "vae", dirs_exist_ok=True)
+        shutil.copytree(self.out / "vae_long" / "vae", work / "vae", dirs_exist_ok=True)
         return {"tokenizer_vocab": vocab}
 
     def latents(self):
@@ -288,7 +307,7 @@ class Recipe:
         (f / "model_index.json").write_text(json.dumps(_model_index(), indent=2))
         files = write_manifest(f)
         size = sum((f / n).stat().st_size for n in files)
-        for stage in ("vae", "transformer"):
+        for stage in ("vae", "vae_long", "transformer"):
             png = self.out / stage / "loss.png"
             if png.is_file():
                 shutil.copy(png, self.out / f"loss_{stage}.png")
@@ -297,6 +316,7 @@ class Recipe:
     def done(self, name: str) -> bool:
         """Whether stage ``name`` finished in an earlier run into the same ``out``."""
         marker = {"data": "clips/captions.jsonl", "vae": "vae/vae/config.json",
+                  "vae_long": "vae_long/vae/config.json",
                   "text": "encoders/text_encoder/config.json", "latents": "latents/meta.json"}
         return name in marker and (self.out / marker[name]).is_file()
 

@@ -145,18 +145,35 @@ class VAETrainer:
                              "devices; change batch_size or the device count")
         self.mesh = Mesh(np.array(devs), ("data",))
         vae = WanVAE(cfg.vae, rngs=nnx.Rngs(cfg.seed))
+        if cfg.init_from:
+            vae = self._load_init(cfg)
         # the posterior starts narrow (log-variance bias ``loss.init_logvar``): with the usual
         # zero bias, std-1 noise on the latents drowns the signal and the tiny KL weight
         # leaves the encoder to shrink it weight by weight for thousands of steps
-        z = cfg.vae.z_dim
-        bias = vae.quant_conv.bias
-        bias[...] = bias[...].at[z:].set(cfg.loss.init_logvar)
+        if not cfg.init_from:
+            z = cfg.vae.z_dim
+            bias = vae.quant_conv.bias
+            bias[...] = bias[...].at[z:].set(cfg.loss.init_logvar)
         self.graphdef, params, self.rest = nnx.split(vae, nnx.Param, ...)
         self._init_params = params
         self.tx, self.schedule = make_optimizer(cfg.optim, cfg.steps)
         self.replicated = NamedSharding(self.mesh, P())
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
         self._step = jax.jit(self._train_step, donate_argnums=0)
+
+    @staticmethod
+    def _load_init(cfg: VAETrainConfig) -> WanVAE:
+        """The weights of the diffusers VAE folder ``cfg.init_from``, whose architecture must
+        be ``cfg.vae``'s (latent statistics aside)."""
+        from ditax.models.wan.vae_convert import load_vae
+
+        vae = load_vae(cfg.init_from)
+        arch = dataclasses.replace(vae.config, latents_mean=(), latents_std=())
+        want = dataclasses.replace(cfg.vae, latents_mean=(), latents_std=())
+        if arch != want:
+            raise ValueError(f"init_from={cfg.init_from!r} holds a VAE of another architecture "
+                             f"({arch}) than vae.* ({want}); set vae.* to match it")
+        return vae
 
     def module(self, params) -> WanVAE:
         return nnx.merge(self.graphdef, params, self.rest)
