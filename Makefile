@@ -8,7 +8,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo test test-fast bench install clean
+.PHONY: demo demo-model test test-fast bench install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,9 +24,15 @@ $(TPU_STAMP): $(STAMP)
 
 install: $(STAMP)
 
-# The main job: text -> video end to end on a small pipeline built locally (random weights).
+# The main job: three prompts -> videos + contact sheet with the demo model ditax trained
+# itself (shipped in src/ditax/assets/demo_model), scored for prompt following.
 demo: $(STAMP)
-	$(BIN)/python -m ditax.demo
+	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.demo
+
+# Train the demo model from nothing (data, VAE, text encoder, latents, transformer, folder)
+# into demo_model/; `cp -r demo_model/pipeline/. src/ditax/assets/demo_model/` ships it.
+demo-model: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.demo_model --out demo_model
 
 # The whole test suite on CPU (8 fake devices), TPU compiles included (deviceless).
 test: $(STAMP) $(TPU_STAMP)
@@ -36,4 +42,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/transformer_cpu.py
 
 clean:
-	rm -rf $(VENV) demo_out out .pytest_cache
+	rm -rf $(VENV) demo_out demo_model out .pytest_cache

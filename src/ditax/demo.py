@@ -1,16 +1,18 @@
-"""``make demo``: prompt → mp4 end to end on a fresh machine, no downloads, no torch.
+"""``make demo``: the demo model ditax trained itself, prompt → video on a fresh machine.
 
-Builds a small Wan text-to-video pipeline folder in ``demo_out/pipeline`` in the diffusers
-layout (``model_index.json``; ``transformer/``, ``vae/``, ``text_encoder/`` as safetensors
-written with ``safetensors.numpy`` through each model's conversion table in the ditax →
-upstream direction; ``tokenizer/`` trained on the spot with the ``tokenizers`` library;
-``scheduler/`` UniPC flow config), then runs ``ditax generate`` on it and writes
-``demo_out/demo.mp4``.
+The model (``ditax.demo.model_path()``, a diffusers ``WanPipeline`` folder shipped in the
+package) was trained from nothing by ``make demo-model`` (:mod:`ditax.recipes.demo_model`):
+synthetic clips of one bright object (red / green / blue / yellow / white circle or square)
+moving left / right / up / down on a dark background; prompts ``a {colour} {shape} moves
+{direction}``; five combinations held out of training. :data:`SAMPLE` is how it is meant to
+be sampled.
 
-The weights are RANDOM (ditax's own initialisers): the video is structured noise. What the demo
-shows is the machinery: folder loading, text encoding, the jitted denoise loop with
-classifier-free guidance, VAE decode, mp4 writing, and the per-phase timing line. Point
-``ditax generate --model`` at a real Wan folder for real videos.
+``python -m ditax.demo`` generates three prompts (one held out), writes ``demo_out/*.mp4`` and
+``demo_out/contact_sheet.png``, prints per-phase timings and its own prompt-following score
+(:mod:`ditax.synthetic.score`). ``ditax generate --model demo --prompt ...`` samples it too.
+
+The random-weights folder builders below (:func:`build_pipeline_folder`) are what tests and
+benchmarks use for a small Wan pipeline of any shape.
 """
 
 from __future__ import annotations
@@ -90,44 +92,64 @@ def write_vae(folder: pathlib.Path, seed: int = 1):
           {"_class_name": "AutoencoderKLWan", **VAE})
 
 
-def write_text_encoder(folder: pathlib.Path, seed: int = 2):
-    """Random UMT5 encoder → transformers ``UMT5EncoderModel`` safetensors + config."""
+def write_text_encoder(folder: pathlib.Path, seed: int = 2, config: dict | None = None):
+    """Random UMT5 encoder (``config``: transformers ``UMT5Config`` fields, default
+    :data:`UMT5`) → transformers ``UMT5EncoderModel`` safetensors + config."""
     from flax import nnx
 
+    from ditax.io.export import module_params, save_folder
     from ditax.models.umt5 import UMT5Config, UMT5Encoder, weight_table
 
-    cfg = UMT5Config.from_hf(UMT5)
-    _save(folder, "model.safetensors", weight_table(cfg), UMT5Encoder(cfg, rngs=nnx.Rngs(seed)),
-          {"architectures": ["UMT5EncoderModel"], "model_type": "umt5", **UMT5})
+    config = config or UMT5
+    cfg = UMT5Config.from_hf(config)
+    save_folder(folder, "model.safetensors", weight_table(cfg),
+                module_params(UMT5Encoder(cfg, rngs=nnx.Rngs(seed))),
+                {"architectures": ["UMT5EncoderModel"], "model_type": "umt5", **config})
 
 
-def write_tokenizer(folder: pathlib.Path, vocab_size: int = 200):
-    """A T5-style Unigram tokenizer ('</s>' appended, '<pad>' = 0) trained on a few lines."""
+def write_tokenizer(folder: pathlib.Path, vocab_size: int = 200, corpus=None,
+                    max_vocab: int | None = None, kind: str = "unigram") -> int:
+    """A T5-style tokenizer ('</s>' appended, '<pad>' = 0) trained on ``corpus`` (default: a
+    few generic lines); returns its vocabulary size. ``kind``: ``unigram`` (sub-words, like
+    T5's) or ``words`` (one token per word and per punctuation mark: short sequences for a
+    closed vocabulary). ``max_vocab``: the text encoder's vocabulary, not to be outgrown."""
     from tokenizers import Tokenizer, decoders, pre_tokenizers, processors, trainers
-    from tokenizers.models import Unigram
+    from tokenizers.models import Unigram, WordLevel
 
-    tok = Tokenizer(Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token="<unk>",
-                                      special_tokens=["<pad>", "</s>", "<unk>"])
-    tok.train_from_iterator(CORPUS * 8, trainer=trainer)
+    special = ["<pad>", "</s>", "<unk>"]
+    if kind == "words":
+        tok = Tokenizer(WordLevel(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                     pre_tokenizers.Punctuation()])
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=special)
+    elif kind == "unigram":
+        tok = Tokenizer(Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, unk_token="<unk>",
+                                          special_tokens=special)
+    else:
+        raise ValueError(f"kind={kind!r}: use 'unigram' or 'words'")
+    tok.train_from_iterator(list(corpus or CORPUS) * 8, trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(
         single="$A </s>", special_tokens=[("</s>", tok.token_to_id("</s>"))])
-    if tok.get_vocab_size() > UMT5["vocab_size"]:
-        raise RuntimeError("demo tokenizer outgrew the text encoder's vocabulary")
+    if max_vocab is not None and tok.get_vocab_size() > max_vocab:
+        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, more than the text "
+                           f"encoder's vocabulary of {max_vocab}")
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
          "padding_side": "right", "model_max_length": 512,
          "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
+    return tok.get_vocab_size()
 
 
 def build_pipeline_folder(root: pathlib.Path) -> pathlib.Path:
     """Write the whole random pipeline folder (diffusers ``WanPipeline`` layout) under ``root``."""
     root.mkdir(parents=True, exist_ok=True)
-    write_tokenizer(root / "tokenizer")
+    write_tokenizer(root / "tokenizer", max_vocab=UMT5["vocab_size"])
     write_text_encoder(root / "text_encoder")
     write_vae(root / "vae")
     write_transformer(root / "transformer")
@@ -145,29 +167,99 @@ def build_pipeline_folder(root: pathlib.Path) -> pathlib.Path:
     return root
 
 
-def main(argv=None) -> int:
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    from ditax.cli import main as cli
+# --- the shipped demo model
 
-    print("ditax demo: building a small random Wan pipeline in demo_out/pipeline "
-          "(diffusers folder layout, written without torch) ...")
-    folder = build_pipeline_folder(OUT / "pipeline")
-    argv = [
-        "generate", "--model", str(folder),
-        "--prompt", "a cat walks on the grass in the sun",
-        "--negative-prompt", "blurry, low quality",
-        "--height", "64", "--width", "96", "--frames", "9", "--steps", "8",
-        "--guidance", "5.0", "--seed", "0",
-        "--output", str(OUT / "demo.mp4"), "--frames-dir", str(OUT / "frames"),
-        *(sys.argv[1:] if argv is None else argv),
-    ]
-    print("running: ditax " + " ".join(repr(a) if " " in a else a for a in argv))
-    rc = cli(argv)
-    if rc == 0:
-        print("NOTE: the weights are RANDOM, so demo_out/demo.mp4 is noise. The demo shows the "
-              "pipeline end to end (load, text, denoise, decode, mp4); use --model with a real "
-              "Wan folder, e.g. Wan-AI/Wan2.1-T2V-1.3B-Diffusers, for real videos.")
-    return rc
+DEMO_PROMPTS = ("a red circle moves right", "a blue square moves up",
+                "a yellow circle moves right")       # the last one is a held-out combination
+
+# keyword arguments of the pipeline call the demo model is meant to be sampled with
+SAMPLE = dict(height=64, width=64, num_frames=17, num_inference_steps=25, guidance_scale=4.0,
+              negative_prompt="", max_sequence_length=16)
+
+
+def model_path() -> pathlib.Path:
+    """The shipped demo pipeline folder (inside the installed package)."""
+    path = pathlib.Path(__file__).parent / "assets" / "demo_model"
+    if not (path / "model_index.json").is_file():
+        from ditax.errors import ModelNotFound
+
+        raise ModelNotFound(f"the demo model is missing from {path}; reinstall ditax, or "
+                            "train it with `make demo-model`")
+    return path
+
+
+def _slug(prompt: str) -> str:
+    return "_".join(prompt.split()[1:])
+
+
+def run_demo(out=OUT, prompts=DEMO_PROMPTS, seed: int = 0, path=None, say=print) -> dict:
+    """Generate ``prompts`` with the demo model; write mp4s + contact sheet; return the record
+    (per-phase seconds, scores)."""
+    import time
+
+    t0 = time.perf_counter()
+    from ditax.compile_cache import compile_cache
+    from ditax.io.video import write_mp4
+    from ditax.pipelines import load_pipeline
+    from ditax.synthetic.score import score
+    from ditax.synthetic.sheet import contact_sheet
+    from ditax.synthetic.vocab import is_held_out, parse_prompt
+
+    t_import = time.perf_counter() - t0
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    phases = {"import": t_import, "load": 0.0, "text": 0.0, "compile": 0.0, "denoise": 0.0,
+              "decode": 0.0, "write": 0.0}
+    videos, rows = [], []
+    with compile_cache("auto") as cache_dir:
+        pipe = load_pipeline(path or model_path())
+        phases["load"] = pipe.load_time
+        for i, prompt in enumerate(prompts):
+            video = pipe(prompt, seed=seed + i, progress=False, **SAMPLE)
+            for k in ("text", "compile", "denoise", "decode"):
+                phases[k] += getattr(pipe.timings, k)
+            t1 = time.perf_counter()
+            mp4 = write_mp4(out / f"{_slug(prompt)}.mp4", video)
+            phases["write"] += time.perf_counter() - t1
+            sc = score(video, prompt)
+            held = is_held_out(parse_prompt(prompt))
+            rows.append({"prompt": prompt, "held_out": held, "file": str(mp4), **{
+                k: sc[k] for k in ("colour_correct", "shape_correct", "direction_correct",
+                                   "colour", "shape", "direction")}})
+            videos.append(video)
+            mark = lambda ok: "ok" if ok else "MISS"   # noqa: E731
+            say(f"  {prompt!r}{' (held out of training)' if held else ''}: colour "
+                f"{sc['colour'] or '-'} {mark(sc['colour_correct'])}, shape "
+                f"{sc['shape'] or '-'} {mark(sc['shape_correct'])}, direction "
+                f"{sc['direction'] or '-'} {mark(sc['direction_correct'])} -> {mp4}")
+    t1 = time.perf_counter()
+    labels = [p + ("  [held out]" if r["held_out"] else "") for p, r in zip(prompts, rows)]
+    sheet = contact_sheet(videos, labels, out / "contact_sheet.png", frames=9, scale=2)
+    phases["write"] += time.perf_counter() - t1
+    n = len(rows)
+    summary = {k: sum(r[f"{k}_correct"] for r in rows) / n
+               for k in ("colour", "shape", "direction")}
+    return {"phases": phases, "videos": rows, "score": summary, "sheet": str(sheet),
+            "compile_cache": str(cache_dir) if cache_dir else None,
+            "total": time.perf_counter() - t0}
+
+
+def main(argv=None) -> int:
+    import time
+
+    t0 = time.perf_counter()
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    print(f"ditax demo: the demo model trained by `make demo-model` ({model_path()})")
+    print(f"sampling with {SAMPLE}")
+    rec = run_demo()
+    ph = rec["phases"]
+    print("timing: " + " | ".join(f"{k} {v:.2f}s" for k, v in ph.items())
+          + f" | total {time.perf_counter() - t0:.1f}s")
+    sc = rec["score"]
+    print(f"prompt following (ditax.synthetic.score) over {len(rec['videos'])} videos: colour "
+          f"{sc['colour']:.0%}, shape {sc['shape']:.0%}, direction {sc['direction']:.0%}")
+    print(f"wrote {', '.join(r['file'] for r in rec['videos'])} and {rec['sheet']}")
+    return 0
 
 
 if __name__ == "__main__":

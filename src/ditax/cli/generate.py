@@ -44,7 +44,8 @@ from ditax.errors import ConfigError, RequestError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="pipeline folder (model_index.json) or hub id")
+    p.add_argument("--model", required=True, help="pipeline folder (model_index.json), hub id, "
+                   "or 'demo' (the shipped demo model, sampled with ditax.demo.SAMPLE)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--negative-prompt", default=None)
     p.add_argument("--image", default=None, metavar="FIRST.png",
@@ -95,12 +96,24 @@ def parse_request(args):
     cfg = load_config(None, args.overrides)
     given = parse_overrides(args.overrides)
     s = cfg.sample
-    call = dict(prompt=args.prompt, negative_prompt=args.negative_prompt,
-                height=args.height if args.height is not None else s.height,
-                width=args.width if args.width is not None else s.width,
-                num_frames=args.frames if args.frames is not None else s.num_frames,
-                num_inference_steps=args.steps if args.steps is not None else s.num_inference_steps,
-                guidance_scale=args.guidance if args.guidance is not None else s.guidance_scale,
+    defaults = dict(height=s.height, width=s.width, num_frames=s.num_frames,
+                    num_inference_steps=s.num_inference_steps, guidance_scale=s.guidance_scale,
+                    negative_prompt=None)
+    if args.model == "demo":          # the shipped demo model, sampled as it is meant to be
+        from ditax.demo import SAMPLE, model_path
+
+        args.model = str(model_path())
+        defaults.update(SAMPLE)
+    call = dict(prompt=args.prompt,
+                negative_prompt=(args.negative_prompt if args.negative_prompt is not None
+                                 else defaults["negative_prompt"]),
+                height=args.height if args.height is not None else defaults["height"],
+                width=args.width if args.width is not None else defaults["width"],
+                num_frames=args.frames if args.frames is not None else defaults["num_frames"],
+                num_inference_steps=(args.steps if args.steps is not None
+                                     else defaults["num_inference_steps"]),
+                guidance_scale=(args.guidance if args.guidance is not None
+                                else defaults["guidance_scale"]),
                 guidance_scale_2=(args.guidance_2 if args.guidance_2 is not None
                                   else s.guidance_scale_2),
                 seed=args.seed, sigmas=s.sigmas, cache=s.cache, cache_threshold=s.cache_threshold,

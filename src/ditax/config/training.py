@@ -78,12 +78,16 @@ class DataConfig:
     text_len: int = 16                 # synthetic: text tokens
     shuffle: bool = True
     num_workers: int = 0
+    text_dropout: float = 0.0          # share of samples trained on the empty prompt (for CFG)
 
 
 def check_data(d: DataConfig) -> None:
     """Raise :class:`ConfigError` for impossible sample sizes."""
     _at_least("data", d, ("num_frames", "height", "width", "text_len"), 1)
     _at_least("data", d, ("num_workers",), 0)
+    if not 0 <= d.text_dropout < 1:
+        raise ConfigError(f"data.text_dropout={d.text_dropout} must be in [0, 1) (the share of "
+                          "samples trained on the empty prompt; 0.1 is usual)")
 
 
 @dataclass(frozen=True)

@@ -197,12 +197,15 @@ class WanTextToVideo:
         self.last_stats: dict = {}   # after each call: steps, transformer_calls, ... (step_cache)
 
     # --- phases
-    def encode_text(self, prompt: str, negative_prompt: str | None, use_cfg: bool):
-        """``[2, T, Dt]`` (cond, uncond) with guidance, else ``[1, T, Dt]``; transformer dtype."""
+    def encode_text(self, prompt: str, negative_prompt: str | None, use_cfg: bool,
+                    max_sequence_length: int | None = None):
+        """``[2, T, Dt]`` (cond, uncond) with guidance, else ``[1, T, Dt]``; transformer dtype.
+        ``T`` = ``max_sequence_length``, default the pipeline's."""
         from ditax.models.umt5 import encode_prompt
 
         prompts = [prompt, negative_prompt or ""] if use_cfg else [prompt]
-        emb = encode_prompt(self.tokenizer, self.text_encoder, prompts, self.max_sequence_length)
+        emb = encode_prompt(self.tokenizer, self.text_encoder, prompts,
+                            max_sequence_length or self.max_sequence_length)
         return emb.astype(jnp.dtype(self.transformer.config.dtype))
 
     def latent_shape(self, height: int, width: int, num_frames: int) -> tuple[int, ...]:
@@ -254,7 +257,8 @@ class WanTextToVideo:
                  guidance_scale_2: float | None = None, progress: bool = True,
                  output: str = "video", sigmas=None, cache: str | None = None,
                  cache_threshold: float | None = None, cfg_cache: bool = False,
-                 cache_coefficients=None, image=None, last_image=None):
+                 cache_coefficients=None, image=None, last_image=None,
+                 max_sequence_length: int | None = None):
         """Generate one video. Returns float32 ``[F, H, W, 3]`` in [0, 1]
         (``output="latent"``: the denoised latents ``[1, C, F', Y, X]`` instead).
 
@@ -274,8 +278,13 @@ class WanTextToVideo:
         shipped numbers of the model, if any). ``cache=None, cfg_cache=False`` runs the plain
         step. ``self.last_stats`` tells what ran. ``image`` / ``last_image``:
         image-to-video pipelines (:class:`~ditax.pipelines.image_to_video.WanImageToVideo`);
-        step caching does not take an image condition yet.
+        step caching does not take an image condition yet. ``max_sequence_length``: text
+        tokens for this call (diffusers' argument of that name; default the pipeline's, 512).
         """
+        if max_sequence_length is not None and (not isinstance(max_sequence_length, int)
+                                                or max_sequence_length < 1):
+            raise RequestError(f"max_sequence_length={max_sequence_length!r} must be a positive "
+                               "int (Wan: 512)")
         sf = self.vae.scale_factor_spatial * self.transformer.config.patch_size[1]
         check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                       guidance_scale_2, negative_prompt, spatial=sf,
@@ -303,7 +312,7 @@ class WanTextToVideo:
         t_image = time.perf_counter() - t0
         t0 = time.perf_counter()
         text = jax.block_until_ready(self._replicate(
-            self.encode_text(prompt, negative_prompt, use_cfg)))
+            self.encode_text(prompt, negative_prompt, use_cfg, max_sequence_length)))
         t1 = time.perf_counter()
 
         if latents is None:

@@ -34,6 +34,7 @@ from ditax.models.base import model_family
 
 FORMAT = "ditax-latents"
 VERSION = 1
+NULL_TEXT = "null_text.safetensors"
 
 
 class DataError(ValueError):
@@ -165,6 +166,38 @@ def check_condition(meta: dict, family, source) -> None:
 # iteration
 
 
+def null_text(cfg: Config, text_shape) -> tuple[np.ndarray, np.ndarray]:
+    """The empty prompt's ``(text, mask)`` for ``data.text_dropout``: stored by ``ditax
+    preprocess`` with the dataset; zeros for the synthetic source."""
+    if cfg.data.source == "synthetic":
+        return np.zeros(text_shape, np.float32), np.zeros(text_shape[:1], np.uint8)
+    p = pathlib.Path(cfg.data.source) / NULL_TEXT
+    if not p.is_file():
+        raise DataError(f"data.text_dropout={cfg.data.text_dropout} needs the empty prompt's "
+                        f"embedding, {p}, which this dataset lacks (written by an older "
+                        "`ditax preprocess`); re-run `ditax preprocess` or set "
+                        "data.text_dropout=0")
+    from safetensors.numpy import load_file
+
+    d = load_file(str(p))
+    return d["text"].astype(np.float32), d["text_mask"].astype(np.uint8)
+
+
+class TextDropout:
+    """With probability ``p`` a sample's text becomes the empty prompt's (classifier-free
+    guidance training); the draw is grain's per-record generator, so it is a function of the
+    seed and the record's position in the stream and a resumed run repeats it."""
+
+    def __init__(self, null, p: float):
+        self.text, self.mask = null
+        self.p = p
+
+    def __call__(self, sample: dict, rng: np.random.Generator) -> dict:
+        if rng.random() < self.p:
+            sample = {**sample, "text": self.text.copy(), "text_mask": self.mask.copy()}
+        return sample
+
+
 def _stack(samples) -> dict[str, np.ndarray]:
     return {k: np.stack([s[k] for s in samples]) for k in samples[0]}
 
@@ -187,6 +220,9 @@ class BatchIterator:
         ds = ds.repeat(None)
         if not isinstance(self.source, SyntheticSource):
             ds = ds.map(_decode)
+        if cfg.data.text_dropout > 0:
+            ds = ds.random_map(TextDropout(null_text(cfg, self.text_shape),
+                                           cfg.data.text_dropout), seed=cfg.seed)
         ds = ds.batch(self.local_batch, batch_fn=_stack)
         ds = ds[process_index::process_count]
         self._iter: Iterator = iter(ds.to_iter_dataset(
@@ -275,13 +311,24 @@ class DatasetWriter:
             self._w = None
             self._in_file = 0
 
-    def close(self, extra: dict | None = None) -> pathlib.Path:
+    def close(self, extra: dict | None = None, null_text=None) -> pathlib.Path:
+        """Finish the dataset. ``null_text``: ``(text [T, Dt], mask [T])``, the embedding of
+        the empty prompt (what the pipelines' unconditional branch sees), stored for
+        ``data.text_dropout``."""
         self._close_file()
         if self.count == 0:
             raise DataError(f"no samples were written to {self.path}")
+        extra = dict(extra or {})
+        if null_text is not None:
+            from safetensors.numpy import save_file
+
+            text, mask = null_text
+            save_file({"text": np.asarray(text, np.float32),
+                       "text_mask": np.asarray(mask, np.uint8)}, str(self.path / NULL_TEXT))
+            extra["null_text"] = NULL_TEXT
         meta = {"format": FORMAT, "version": VERSION, "num_samples": self.count,
                 "latent_shape": list(self.latent_shape), "text_shape": list(self.text_shape),
-                "files": self.files, **(extra or {})}
+                "files": self.files, **extra}
         if self.condition_shapes:
             meta["condition"] = self.condition_shapes
         (self.path / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -101,4 +101,6 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
               **{k: np.asarray(v, np.float32) for k, v in cond.items()})
         extra = "".join(f", {k} {tuple(v.shape)}" for k, v in cond.items())
         say(f"[{i + 1}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}{extra}")
-    return w.close({"height": height, "width": width, "frames": frames, "model": str(model)})
+    text, mask = enc.encode_text([""], text_len)       # the unconditional branch's prompt
+    return w.close({"height": height, "width": width, "frames": frames, "model": str(model)},
+                   null_text=(np.asarray(text[0], np.float32), mask[0]))

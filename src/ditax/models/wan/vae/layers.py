@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ditax.parallel.platform import platform_of
+
 CACHE_FRAMES = 2  # frames of left context kept per causal conv (diffusers CACHE_T)
 
 Cache = Any  # nested dict/list of arrays [B, frames, Y, X, C] or None
@@ -44,11 +46,18 @@ class CausalConv3d(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((cout,), dtype))
 
     def conv(self, x: jax.Array) -> jax.Array:
-        """Plain convolution with no temporal padding. x ``[B, F, Y, X, C]``."""
+        """Plain convolution with no temporal padding. x ``[B, F, Y, X, C]``.
+
+        On CPU it runs as ``kt`` per-frame 2-D convolutions summed over the kernel's time taps
+        (:func:`conv3d_by_frames`): XLA's CPU 3-D convolution is 2.5-4x slower than that,
+        forward and backward (measured at 8-64 channels). Elsewhere one 3-D convolution."""
         py, px = self.pad_yx
-        y = jax.lax.conv_general_dilated(
-            x, self.weight[...], window_strides=self.stride, padding=[(0, 0), (py, py), (px, px)],
-            dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
+        if platform_of().name == "cpu":
+            y = conv3d_by_frames(x, self.weight[...], self.stride, (py, px))
+        else:
+            y = jax.lax.conv_general_dilated(
+                x, self.weight[...], window_strides=self.stride,
+                padding=[(0, 0), (py, py), (px, px)], dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
         return y + self.bias[...]
 
     def __call__(self, x: jax.Array, cache: jax.Array | None = None):
@@ -59,6 +68,25 @@ class CausalConv3d(nnx.Module):
             cache = jnp.zeros((x.shape[0], self.context, *x.shape[2:]), x.dtype)
         xc = jnp.concatenate([cache.astype(x.dtype), x], axis=1)
         return self.conv(xc), xc[:, -self.context:]
+
+
+def conv3d_by_frames(x: jax.Array, w: jax.Array, stride, pad_yx) -> jax.Array:
+    """Valid-in-time 3-D convolution as a sum over the kernel's ``kt`` time taps of 2-D
+    convolutions of strided frame slices (frames folded into the batch). x ``[B, F, Y, X, C]``,
+    w ``[kt, kh, kw, C, C_out]``; the same sums as one 3-D convolution in another order."""
+    kt = w.shape[0]
+    st, sy, sx = stride
+    b, f = x.shape[:2]
+    fo = (f - kt) // st + 1
+    out = None
+    for t in range(kt):
+        xt = x[:, t:t + st * (fo - 1) + 1:st]
+        yt = jax.lax.conv_general_dilated(
+            xt.reshape(b * fo, *x.shape[2:]), w[t], window_strides=(sy, sx),
+            padding=[(pad_yx[0], pad_yx[0]), (pad_yx[1], pad_yx[1])],
+            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        out = yt if out is None else out + yt
+    return out.reshape(b, fo, *out.shape[1:])
 
 
 class Conv2d(nnx.Module):

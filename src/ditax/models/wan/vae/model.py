@@ -130,6 +130,38 @@ class WanVAE(nnx.Module):
         noise = jax.random.normal(key, mean.shape, jnp.float32).astype(mean.dtype)
         return mean + jnp.exp(0.5 * logvar) * noise
 
+    # --- training
+    def autoencode(self, x: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Differentiable encode → posterior draw → decode of channels-last video ``x``
+        ``[B, F, H, W, C]`` (``C`` video channels, ``F = temporal_factor * k + 1``): returns
+        (unclipped reconstruction like ``x``, mean, log-variance ``[B, F', Y, X, z_dim]``).
+
+        The same streaming as :meth:`encode_moments` / :meth:`decode` (first frame, then
+        ``temporal_factor`` frames per encoder chunk; one latent frame per decoder chunk, the
+        causal cache carried), traced as one program for ``jax.grad``.
+        """
+        p, tf = self.config.patch_size, self.scale_factor_temporal
+        if p:
+            x = patchify(x, p)
+        h, cache = self.encoder(x[:, :1], None, True)
+        moments = [self.quant_conv(h)[0]]
+        for i in range(1, x.shape[1], tf):
+            h, cache = self.encoder(x[:, i:i + tf], cache, False)
+            moments.append(self.quant_conv(h)[0])
+        mean, logvar = jnp.split(jnp.concatenate(moments, axis=1), 2, axis=-1)
+        logvar = jnp.clip(logvar, -30.0, 20.0)
+        z = mean + jnp.exp(0.5 * logvar) * jax.random.normal(key, mean.shape, mean.dtype)
+        z = self.post_quant_conv(z)[0]
+        out, cache = self.decoder(z[:, :1], None, True)
+        frames = [out]
+        for i in range(1, z.shape[1]):
+            out, cache = self.decoder(z[:, i:i + 1], cache, False)
+            frames.append(out)
+        video = jnp.concatenate(frames, axis=1)
+        if p:
+            video = unpatchify(video, p)
+        return video, mean, logvar
+
     # --- decode
     def _check_latents(self, z) -> None:
         shape = tuple(z.shape)

@@ -1,0 +1,61 @@
+"""``ditax train-vae [CONFIG.yaml] [key=value ...]``: train a Wan VAE on a folder of clips.
+
+Keys (see :mod:`ditax.config.vae_training`): ``vae.*`` (diffusers ``AutoencoderKLWan`` config:
+``base_dim``, ``z_dim``, ``dim_mult``, ``num_res_blocks``, ``temperal_downsample`` …),
+``data.source`` (folder of videos), ``data.num_frames / height / width`` (what is read per
+clip), ``data.crop_frames`` / ``data.crop`` (training windows), ``data.eval_clips`` (held out
+for the PSNR), ``loss.l1 / l2 / kl``, ``optim.*``, ``checkpoint.*``, ``steps``,
+``batch_size``, ``seed``, ``eval_every``, ``output_dir``. Rerunning with the same
+``output_dir`` resumes. The result is ``{output_dir}/vae/`` (diffusers folder),
+``metrics.jsonl``, ``loss.png`` and ``summary.json`` (held-out PSNR, latent statistics).
+
+Exit 2 for a config that cannot run, 1 when training fails (data, checkpoint, non-finite
+loss), 143 when interrupted by a signal after saving.
+"""
+
+from __future__ import annotations
+
+from ditax.cli import CommandFailed
+
+
+def add_arguments(p) -> None:
+    p.description = __doc__.split("\n\n")[0]
+    p.add_argument("config", nargs="?", default=None, help="YAML file (optional)")
+    p.add_argument("overrides", nargs="*", default=[], help="key=value config overrides")
+    p.add_argument("--devices", type=int, default=1,
+                   help="data-parallel devices (batch_size must divide)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config:          # no YAML, only overrides
+        config, overrides = None, [config, *overrides]
+    from ditax.config.vae_training import load_vae_config
+
+    cfg = load_vae_config(config, overrides)
+
+    import jax
+
+    from ditax.errors import ConfigError
+
+    if not 1 <= args.devices <= jax.device_count():
+        raise ConfigError(f"--devices={args.devices}: this process has {jax.device_count()} "
+                          "devices")
+    from ditax.train.checkpoint import CheckpointError
+    from ditax.train.loop import NonFiniteLoss
+    from ditax.train.vae import ClipError, train_vae
+
+    try:
+        res = train_vae(cfg, devices=jax.devices()[:args.devices],
+                        progress=not args.no_progress)
+    except ClipError as e:
+        raise ConfigError(str(e)) from e
+    except (CheckpointError, NonFiniteLoss) as e:
+        raise CommandFailed(str(e)) from e
+    if res.interrupted:
+        return 143
+    last = f", last loss {res.losses[-1]:.6f}" if res.losses else ""
+    psnr = f", held-out PSNR {res.eval_psnr:.2f} dB" if res.eval_psnr is not None else ""
+    print(f"ditax train-vae: at step {res.step}{last}{psnr}; folder {res.folder}")
+    return 0

@@ -1,0 +1,161 @@
+"""Config of ``ditax train-vae``: the Wan VAE's architecture, clip data, losses, optimiser.
+
+A :class:`VAETrainConfig` is built like the transformer's config: a YAML file (optional) plus
+``key=value`` overrides, through pydantic (types, ``Literal`` choices, unknown keys refused),
+then :func:`check_vae_training` for the rules beyond types. ``vae.*`` are the diffusers
+``AutoencoderKLWan`` config names (:class:`~ditax.models.wan.vae.WanVAEConfig`), so the folder
+the run writes is loadable by diffusers as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+from ditax.config.keys import _leaves, check_key, parse_text, type_error
+from ditax.config.loader import _flatten, _nest, _pairs, load_yaml
+from ditax.config.training import CheckpointConfig, OptimConfig, check_checkpoint, check_optim
+from ditax.errors import ConfigError
+from ditax.models.wan.vae.config import WanVAEConfig
+
+
+@dataclass(frozen=True)
+class VAEDataConfig:
+    """Clips for VAE training: a folder of videos (``.mp4`` …, as ``ditax preprocess`` reads)
+    scaled to ``height x width``, ``num_frames`` read per clip. Each training sample is a
+    random window of ``crop_frames`` frames (``temporal_factor * k + 1``) and a random
+    ``crop`` x ``crop`` square (``0``: the whole frame). The last ``eval_clips`` clips (sorted
+    by name) are held out and only evaluated, whole."""
+
+    source: str = ""
+    num_frames: int = 17
+    height: int = 64
+    width: int = 64
+    crop_frames: int = 5
+    crop: int = 0
+    eval_clips: int = 16
+    max_clips: int = 0                 # read only the first this many clips (0: all)
+
+
+@dataclass(frozen=True)
+class VAELossConfig:
+    """``l1 * mean|x̂ - x| + l2 * mean (x̂ - x)^2 + kl * KL(q(z|x) || N(0, 1))`` (per element
+    means, pixels in [-1, 1]; the KL is the mean over latent elements). Training starts
+    from a posterior of log-variance ``init_logvar``."""
+
+    l1: float = 1.0
+    l2: float = 1.0
+    kl: float = 1e-6
+    init_logvar: float = -8.0      # initial posterior log-variance (bias of quant_conv)
+
+
+@dataclass(frozen=True)
+class VAETrainConfig:
+    vae: WanVAEConfig = field(default_factory=WanVAEConfig)
+    data: VAEDataConfig = field(default_factory=VAEDataConfig)
+    loss: VAELossConfig = field(default_factory=VAELossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    steps: int = 1000
+    batch_size: int = 4
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0              # 0: evaluate only at the end
+    output_dir: str = "out/vae"
+    init_from: str = ""              # a diffusers VAE folder to start from ("" = random init)
+
+
+_PYDANTIC = pydantic.ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+_Root = pydantic.create_model("Root_VAETrainConfig", __config__=_PYDANTIC,
+                              config=(VAETrainConfig, ...))
+KEY_TYPES: dict[str, Any] = _leaves(VAETrainConfig)
+# what a run gets for keys nobody set: a small VAE (the dataclass defaults are the full Wan 2.1
+# VAE and the transformer's optimiser), applied key by key so that one override keeps the rest
+DEFAULTS: dict[str, Any] = {"vae.base_dim": 16, "vae.num_res_blocks": 1,
+                            "optim.learning_rate": 1e-3, "optim.weight_decay": 0.0,
+                            "checkpoint.every": 200}
+
+
+def check_vae_training(c: VAETrainConfig) -> None:
+    """Raise :class:`ConfigError` for a VAE training config that cannot run."""
+    try:
+        c.vae.validate()
+    except NotImplementedError as e:
+        raise ConfigError(str(e)) from None
+    d, tf, sf = c.data, c.vae.temporal_factor, c.vae.spatial_factor
+    if not d.source:
+        raise ConfigError("data.source is empty: set it to a folder of clips, e.g. "
+                          "data.source=demo_out/clips")
+    for name in ("num_frames", "crop_frames"):
+        n = getattr(d, name)
+        if n < 1 or (n - 1) % tf:
+            raise ConfigError(f"data.{name}={n} must be of the form {tf}k+1 for this VAE "
+                              f"(temporal factor {tf}), e.g. {tf + 1} or {4 * tf + 1}")
+    if d.crop_frames > d.num_frames:
+        raise ConfigError(f"data.crop_frames={d.crop_frames} exceeds data.num_frames="
+                          f"{d.num_frames}; lower it")
+    for name in ("height", "width"):
+        if getattr(d, name) < sf or getattr(d, name) % sf:
+            raise ConfigError(f"data.{name}={getattr(d, name)} must be a positive multiple of "
+                              f"the VAE's spatial factor {sf}")
+    if d.crop and (d.crop % sf or d.crop > min(d.height, d.width)):
+        raise ConfigError(f"data.crop={d.crop} must be a multiple of {sf} no larger than "
+                          f"min(height, width)={min(d.height, d.width)}, or 0 for whole frames")
+    if d.max_clips < 0:
+        raise ConfigError(f"data.max_clips={d.max_clips} must be >= 0 (0: every clip)")
+    if d.eval_clips < 1:
+        raise ConfigError(f"data.eval_clips={d.eval_clips} must be >= 1 (held-out clips for "
+                          "the PSNR)")
+    for k in ("l1", "l2", "kl"):
+        if getattr(c.loss, k) < 0:
+            raise ConfigError(f"loss.{k}={getattr(c.loss, k)} must be >= 0")
+    if c.loss.l1 == 0 and c.loss.l2 == 0:
+        raise ConfigError("loss.l1 and loss.l2 are both 0: nothing to reconstruct; set one > 0")
+    check_optim(c.optim)
+    check_checkpoint(c.checkpoint)
+    for k in ("steps", "batch_size", "log_every"):
+        if getattr(c, k) < 1:
+            raise ConfigError(f"{k}={getattr(c, k)} must be >= 1")
+    if c.eval_every < 0:
+        raise ConfigError(f"eval_every={c.eval_every} must be >= 0 (0: at the end only)")
+
+
+def load_vae_config(path: str | None = None, overrides: list[str] | None = None,
+                    **values) -> VAETrainConfig:
+    """A YAML file (optional), then ``values`` (dotted keys, Python values), then the
+    ``key=value`` texts → a checked :class:`VAETrainConfig`."""
+    flat = dict(DEFAULTS)
+    flat.update(_flatten(load_yaml(path)) if path else {})
+    flat.update(values)
+    pairs = _pairs(overrides)
+    for key in flat:
+        check_key(key, KEY_TYPES)
+    for key, raw in pairs:
+        check_key(key, KEY_TYPES)
+        flat[key] = parse_text(raw, KEY_TYPES[key])
+    try:
+        cfg = _Root.model_validate({"config": _nest(flat)}).config
+    except pydantic.ValidationError as err:
+        e = err.errors()[0]
+        key = ".".join(str(p) for p in e["loc"][1:] if isinstance(p, str))
+        raise type_error(key, dict(pairs).get(key, flat.get(key, e["input"])),
+                         KEY_TYPES.get(key)) from None
+    check_vae_training(cfg)
+    return cfg
+
+
+def vae_config_dict(c: VAETrainConfig) -> dict:
+    """The config as plain nested dicts (YAML / JSON ready)."""
+    def fix(x):
+        if isinstance(x, dict):
+            return {k: fix(v) for k, v in x.items()}
+        return list(x) if isinstance(x, tuple) else x
+
+    return fix(dataclasses.asdict(c))
+
+
+__all__ = ["VAETrainConfig", "VAEDataConfig", "VAELossConfig", "load_vae_config",
+           "check_vae_training", "vae_config_dict"]

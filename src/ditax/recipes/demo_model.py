@@ -1,0 +1,369 @@
+"""``make demo-model``: train the demo model from nothing with ditax's own tools.
+
+Stages (each timed; the run's record is ``{out}/recipe.json``):
+
+1. **data** — synthetic clips (:mod:`ditax.synthetic`): one bright object moving on a dark
+   background, captions canonical or paraphrased, the held-out combinations left out;
+   written as lossless mp4 + ``captions.jsonl``, the layout ``ditax preprocess`` reads.
+2. **vae** — ``ditax train-vae`` (:mod:`ditax.train.vae`) on those clips; PSNR on held-out
+   clips; a diffusers ``AutoencoderKLWan`` folder with measured latent statistics.
+3. **text** — a T5-style Unigram tokenizer trained on the vocabulary's prompts and a small
+   random UMT5 encoder (frozen: never trained, so it is just a fixed embedding of the words).
+4. **latents** — ``ditax preprocess`` of the clips with that VAE and UMT5 (the empty prompt's
+   embedding stored for classifier-free guidance training).
+5. **transformer** — ``ditax train`` (flow matching, ``data.text_dropout`` for guidance).
+6. **folder** — the diffusers ``WanPipeline`` folder (``model_index.json``, tokenizer,
+   text_encoder, vae, transformer, UniPC scheduler), ``manifest.json`` with every file's
+   sha256, loss-curve PNGs per stage.
+
+Everything is a function of the seed, so two runs write the same folder. ``Sizes.full`` is the
+shipped model (``python -m ditax.recipes.demo_model``); ``Sizes.smoke`` is the same recipe at
+toy sizes for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import time
+from dataclasses import dataclass
+
+SCHEDULER = {"_class_name": "UniPCMultistepScheduler", "num_train_timesteps": 1000,
+             "prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0,
+             "solver_order": 2, "solver_type": "bh2", "lower_order_final": True}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Everything that sets the cost of the recipe."""
+
+    clips: int                   # training clips (seen combinations only)
+    vae_eval_clips: int          # of them held out of VAE training, for its PSNR
+    height: int
+    width: int
+    frames: int
+    vae: dict                    # AutoencoderKLWan config (architecture part)
+    vae_steps: int
+    vae_batch: int
+    vae_crop: int
+    vae_lr: float
+    vae_clips: int               # clips the VAE reads (the first ones; 0 = all)
+    vae_evals: int               # held-out PSNR evaluations during VAE training (+ the last)
+    vae_long_steps: int          # then whole clips (all frames: every cache hand-over trained)
+    vae_long_batch: int
+    vae_long_lr: float
+    transformer: dict            # WanTransformer3DModel config
+    transformer_steps: int
+    transformer_batch: int
+    transformer_lr: float
+    text_dropout: float
+    umt5: dict                   # UMT5EncoderModel config (vocab_size set from the tokenizer)
+    tokenizer_vocab: int
+    text_len: int
+    checkpoint_every: int
+
+    @property
+    def z_dim(self) -> int:
+        return self.vae["z_dim"]
+
+
+# 4x spatial / 4x temporal compression (two levels, both halving time): 8x spatial (Wan's
+# own 1-2-4-4) plateaued near 19 dB in 600 steps here; 16 channels per 4x4x4 pixels reach
+# 30 dB in the recipe's budget. The transformer's 4x4 patches keep 16x16-pixel tokens.
+_VAE = dict(base_dim=16, z_dim=16, dim_mult=[1, 2, 4], num_res_blocks=1, attn_scales=[],
+            temperal_downsample=[True, True], dropout=0.0, scale_factor_spatial=4,
+            scale_factor_temporal=4)
+_UMT5 = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+             relative_attention_num_buckets=32, relative_attention_max_distance=128,
+             layer_norm_epsilon=1e-6, feed_forward_proj="gated-gelu")
+
+
+def _transformer(heads: int, head_dim: int, ffn: int, layers: int) -> dict:
+    return dict(patch_size=[1, 4, 4], num_attention_heads=heads, attention_head_dim=head_dim,
+                in_channels=16, out_channels=16, text_dim=64, freq_dim=64, ffn_dim=ffn,
+                num_layers=layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                eps=1e-6, rope_max_seq_len=1024, image_dim=None, added_kv_proj_dim=None,
+                pos_embed_seq_len=None)
+
+
+FULL = Sizes(clips=1600, vae_eval_clips=32, height=64, width=64, frames=17, vae=_VAE,
+             vae_steps=1500, vae_batch=8, vae_crop=32, vae_lr=1e-3, vae_clips=480,
+             vae_evals=5, vae_long_steps=300, vae_long_batch=4, vae_long_lr=3e-4,
+             transformer=_transformer(4, 32, 512, 4), transformer_steps=7000,
+             transformer_batch=16, transformer_lr=1e-3, text_dropout=0.1, umt5=_UMT5,
+             tokenizer_vocab=64, text_len=16, checkpoint_every=500)
+SMOKE = dataclasses.replace(
+    FULL, clips=24, vae_eval_clips=4, height=32, width=32, frames=5,
+    vae=dict(_VAE, base_dim=8), vae_steps=12, vae_batch=2, vae_crop=0, vae_lr=2e-3, vae_evals=0,
+    vae_long_steps=2, vae_long_batch=2,
+    transformer=_transformer(2, 16, 64, 1), transformer_steps=12, transformer_batch=8,
+    transformer_lr=2e-3, checkpoint_every=6)
+SIZES = {"full": FULL, "smoke": SMOKE}
+
+
+def sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+MANIFEST = "manifest.json"
+STAGES = ("data", "vae", "vae_long", "text", "latents", "transformer", "assemble")
+
+
+def write_manifest(folder) -> dict:
+    """``{relative path: sha256}`` of every file of ``folder`` (but the manifest itself)."""
+    folder = pathlib.Path(folder)
+    files = {str(p.relative_to(folder)): sha256(p) for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+    return files
+
+
+def check_manifest(folder) -> list[str]:
+    """Files of ``folder`` whose sha256 differs from (or is missing in) its manifest; [] = ok."""
+    folder = pathlib.Path(folder)
+    listed = json.loads((folder / MANIFEST).read_text())["files"]
+    bad = [name for name, digest in listed.items()
+           if not (folder / name).is_file() or sha256(folder / name) != digest]
+    extra = [str(p.relative_to(folder)) for p in folder.rglob("*")
+             if p.is_file() and p.name != MANIFEST and str(p.relative_to(folder)) not in listed]
+    return sorted(bad + extra)
+
+
+def tokenizer_corpus() -> list[str]:
+    """Every canonical prompt and every paraphrase of every combination (held-out ones too:
+    the words are the vocabulary's, only their combinations are held out of training)."""
+    from ditax.synthetic.vocab import PARAPHRASE_TEMPLATES, all_combinations, paraphrase
+
+    out = []
+    for combo in all_combinations():
+        out.append(combo.prompt)
+        out += [paraphrase(combo, k) for k in range(len(PARAPHRASE_TEMPLATES))]
+    return out
+
+
+def _model_index() -> dict:
+    return {"_class_name": "WanPipeline", "_diffusers_version": "0.35.0",
+            "boundary_ratio": None, "expand_timesteps": False,
+            "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+            "text_encoder": ["transformers", "UMT5EncoderModel"],
+            "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+            "transformer": ["diffusers", "WanTransformer3DModel"],
+            "transformer_2": [None, None], "vae": ["diffusers", "AutoencoderKLWan"]}
+
+
+class Recipe:
+    """One run of the recipe into ``out`` (work files) and ``folder`` (the pipeline)."""
+
+    def __init__(self, out, sizes: Sizes, *, seed: int = 0, folder=None, devices: int = 1,
+                 say=print, progress: bool = True):
+        self.out = pathlib.Path(out)
+        self.folder = pathlib.Path(folder) if folder else self.out / "pipeline"
+        self.sizes = sizes
+        self.seed = seed
+        self.devices = devices
+        self.say = say
+        self.progress = progress
+        self.record: dict = {"sizes": dataclasses.asdict(sizes), "seed": seed, "stages": {}}
+
+    def _stage(self, name: str, fn):
+        t0 = time.perf_counter()
+        self.say(f"== demo-model: {name}")
+        info = fn() or {}
+        wall = time.perf_counter() - t0
+        self.record["stages"][name] = {"seconds": round(wall, 1), **info}
+        self.say(f"== demo-model: {name} done in {wall:.0f} s {info if info else ''}")
+        (self.out / "recipe.json").write_text(json.dumps(self.record, indent=1))
+
+    # --- stages
+    def data(self):
+        from ditax.synthetic.clips import write_dataset
+
+        s = self.sizes
+        write_dataset(self.out / "clips", s.clips, self.seed, height=s.height, width=s.width,
+                      num_frames=s.frames, paraphrase_fraction=0.3)
+        return {"clips": s.clips}
+
+    def _vae_config(self, long: bool):
+        from ditax.config.vae_training import load_vae_config
+
+        s = self.sizes
+        steps = s.vae_long_steps if long else s.vae_steps
+        return load_vae_config(None, **{f"vae.{k}": v for k, v in s.vae.items()}, **{
+            "data.source": str(self.out / "clips"), "data.num_frames": s.frames,
+            "data.height": s.height, "data.width": s.width, "data.crop": s.vae_crop,
+            "data.crop_frames": s.frames if long else min(9, s.frames),
+            "data.eval_clips": s.vae_eval_clips, "data.max_clips": s.vae_clips,
+            "steps": steps, "batch_size": s.vae_long_batch if long else s.vae_batch,
+            "seed": self.seed + long,
+            "optim.learning_rate": s.vae_long_lr if long else s.vae_lr,
+            "optim.warmup_steps": 0 if long else min(20, steps // 4),
+            "optim.schedule": "cosine", "checkpoint.every": s.checkpoint_every,
+            "log_every": 5,
+            "eval_every": steps // s.vae_evals if s.vae_evals and not long else 0,
+            "init_from": str(self.out / "vae" / "vae") if long else "",
+            "output_dir": str(self.out / ("vae_long" if long else "vae"))})
+
+    def _train_vae(self, long: bool):
+        import jax
+
+        from ditax.train.vae import train_vae
+
+        res = train_vae(self._vae_config(long), devices=jax.devices()[:self.devices],
+                        progress=self.progress, say=self.say)
+        return {"eval_psnr_db": round(res.eval_psnr, 2), "first_loss": res.losses[0] if
+                res.losses else None, "last_loss": res.losses[-1] if res.losses else None}
+
+    def vae(self):
+        """Short windows (``temporal_factor * 2 + 1`` frames, cheap) from random weights."""
+        return self._train_vae(long=False)
+
+    def vae_long(self):
+        """Then whole clips, so that every chunk hand-over of the causal cache is trained."""
+        return self._train_vae(long=True)
+
+    def text(self):
+        from ditax.demo import write_text_encoder, write_tokenizer
+
+        s = self.sizes
+        work = self.out / "encoders"
+        vocab = write_tokenizer(work / "tokenizer", corpus=tokenizer_corpus(),
+                                vocab_size=s.tokenizer_vocab, kind="words")
+        umt5 = dict(s.umt5, vocab_size=vocab)
+        write_text_encoder(work / "text_encoder", config=umt5, seed=self.seed + 2)
+        shutil.copytree(self.out / "vae_long" / "vae", work / "vae", dirs_exist_ok=True)
+        return {"tokenizer_vocab": vocab}
+
+    def latents(self):
+        from ditax.train.preprocess import preprocess
+
+        s = self.sizes
+        lines = []
+        preprocess(self.out / "clips", self.out / "latents", self.out / "encoders",
+                   height=s.height, width=s.width, frames=s.frames, text_len=s.text_len,
+                   say=lines.append)
+        return {"samples": len(lines)}
+
+    def transformer(self):
+        from ditax.config import load_config
+        from ditax.train.loop import train
+
+        s = self.sizes
+        t = s.transformer
+        over = {f"model.{k}": v for k, v in t.items()
+                if k not in ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len")}
+        over["model.patch_size"] = tuple(t["patch_size"])
+        cfg = load_config("tiny", [f"{k}={json.dumps(list(v)) if isinstance(v, tuple) else v}"
+                                   for k, v in over.items()] + [
+            "mesh.fsdp=-1", f"data.source={self.out / 'latents'}",
+            f"data.num_frames={s.frames}", f"data.height={s.height}", f"data.width={s.width}",
+            f"data.text_len={s.text_len}", f"data.text_dropout={s.text_dropout}",
+            f"steps={s.transformer_steps}", f"batch_size={s.transformer_batch}",
+            f"seed={self.seed}", f"optim.learning_rate={s.transformer_lr}",
+            f"optim.warmup_steps={min(50, s.transformer_steps // 4)}",
+            "optim.schedule=cosine", "optim.weight_decay=0.0", "log_every=10",
+            f"checkpoint.every={s.checkpoint_every}", f"output_dir={self.out / 'transformer'}",
+            "flow.timestep_sampler=logit_normal"])
+        res = train(cfg, progress=self.progress, say=self.say)
+        from ditax.train.plots import loss_curve
+
+        loss_curve(self.out / "transformer" / "metrics.jsonl",
+                   self.out / "transformer" / "loss.png", title="transformer training (flow "
+                   "matching)", keys=("loss",), smooth=10)
+        self._transformer_params = res.state["params"]
+        return {"first_loss": res.losses[0], "last_loss": res.losses[-1],
+                "mean_last_100": sum(res.losses[-100:]) / len(res.losses[-100:])}
+
+    def assemble(self):
+        from ditax.io.export import save_folder
+        from ditax.models.wan.config import ModelConfig
+        from ditax.models.wan.convert import weight_table
+
+        f = self.folder
+        if f.exists():
+            shutil.rmtree(f)
+        enc = self.out / "encoders"
+        for name in ("tokenizer", "text_encoder", "vae"):
+            shutil.copytree(enc / name, f / name)
+        t = self.sizes.transformer
+        cfg = ModelConfig.from_diffusers(t)
+        import jax
+        import numpy as np
+
+        params = jax.tree.map(np.asarray, self._transformer_params)
+        save_folder(f / "transformer", "diffusion_pytorch_model.safetensors",
+                    weight_table(cfg.num_layers, cfg.cross_attn_norm), params,
+                    {"_class_name": "WanTransformer3DModel", **t})
+        (f / "scheduler").mkdir(parents=True)
+        (f / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER, indent=2))
+        (f / "model_index.json").write_text(json.dumps(_model_index(), indent=2))
+        files = write_manifest(f)
+        size = sum((f / n).stat().st_size for n in files)
+        for stage in ("vae", "vae_long", "transformer"):
+            png = self.out / stage / "loss.png"
+            if png.is_file():
+                shutil.copy(png, self.out / f"loss_{stage}.png")
+        return {"folder": str(f), "bytes": size, "files": len(files)}
+
+    def done(self, name: str) -> bool:
+        """Whether stage ``name`` finished in an earlier run into the same ``out``."""
+        marker = {"data": "clips/captions.jsonl", "vae": "vae/vae/config.json",
+                  "vae_long": "vae_long/vae/config.json",
+                  "text": "encoders/text_encoder/config.json", "latents": "latents/meta.json"}
+        return name in marker and (self.out / marker[name]).is_file()
+
+    def run(self, stages=STAGES) -> dict:
+        """Run ``stages`` in order; a stage an earlier run into ``out`` finished is kept (the
+        transformer stage resumes from its checkpoints)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        prev = self.out / "recipe.json"
+        if prev.is_file():
+            self.record["stages"] = json.loads(prev.read_text()).get("stages", {})
+        t0 = time.perf_counter()
+        for name in stages:
+            if self.done(name) and name in self.record["stages"]:
+                self.say(f"== demo-model: {name} already done in {self.out}; kept")
+                continue
+            self._stage(name, getattr(self, name))
+        self.record["seconds"] = round(sum(v["seconds"] for v in
+                                           self.record["stages"].values()), 1)
+        (self.out / "recipe.json").write_text(json.dumps(self.record, indent=1))
+        self.say(f"demo-model: done in {self.record['seconds'] / 60:.1f} min; pipeline folder "
+                 f"{self.folder}")
+        return self.record
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ditax.recipes.demo_model",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="demo_model", help="work folder (default demo_model/)")
+    p.add_argument("--folder", default=None, help="pipeline folder (default OUT/pipeline)")
+    p.add_argument("--sizes", default="full", choices=sorted(SIZES))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--devices", type=int, default=1,
+                   help="devices (XLA_FLAGS host device count when unset): the VAE trains "
+                   "data-parallel on this many, the transformer on all")
+    p.add_argument("--stages", default=",".join(STAGES),
+                   help="comma list of stages to run (finished ones in OUT are kept)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    stages = [x for x in a.stages.split(",") if x]
+    bad = [x for x in stages if x not in STAGES]
+    if bad:
+        p.error(f"--stages: unknown {bad}; stages are {', '.join(STAGES)}")
+    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={a.devices}")
+    Recipe(a.out, SIZES[a.sizes], seed=a.seed, folder=a.folder, devices=a.devices,
+           progress=not a.no_progress).run(stages)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

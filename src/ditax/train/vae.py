@@ -1,0 +1,366 @@
+"""``ditax train-vae``: train a Wan VAE (diffusers ``AutoencoderKLWan``) on clips.
+
+Objective: reconstruction (L1 + L2 on pixels in [-1, 1]) plus a small KL term towards
+N(0, 1), on a posterior draw ``z = mean + exp(logvar / 2) * eps``. The forward is the VAE's
+own streaming path — the first frame, then ``temporal_factor`` frames at a time through the
+encoder, one latent frame at a time through the decoder, the causal feature cache carried
+between chunks — so what is trained is exactly what ``encode`` / ``decode`` run at inference.
+
+Training samples are random windows (``data.crop_frames`` frames, ``data.crop`` pixels square)
+of clips held in memory as uint8; sample ``i`` of step ``s`` is a function of ``(seed, s)``
+only, so a resumed run draws the same batches and ends bit-identical to an uninterrupted one.
+The train state is ``{"params", "opt", "step", "key"}`` like the transformer's and goes through
+the same orbax :class:`~ditax.train.checkpoint.Checkpointer` (keep-N, async, damaged
+checkpoints skipped). Held-out clips (the last ``data.eval_clips``) are reconstructed whole
+through ``encode`` → ``decode`` (posterior mean) for the PSNR.
+
+At the end the run writes ``{output_dir}/vae/`` (diffusers layout, ``latents_mean`` /
+``latents_std`` measured on the training clips' posterior means, so normalised latents have
+zero mean and unit variance per channel), ``metrics.jsonl`` and ``loss.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import signal
+import time
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from ditax.config.vae_training import VAETrainConfig, vae_config_dict
+from ditax.models.wan.vae import WanVAE, WanVAEConfig
+from ditax.train.checkpoint import Checkpointer
+from ditax.train.loop import NonFiniteLoss
+from ditax.train.step import make_optimizer
+
+VIDEO_EXT = (".mp4", ".mov", ".webm", ".mkv", ".avi")
+
+
+class ClipError(ValueError):
+    """The clip folder cannot feed VAE training; the message names the folder and the fix."""
+
+
+def list_videos(folder) -> list[pathlib.Path]:
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        raise ClipError(f"data.source={str(folder)!r} is not a folder of clips; write one with "
+                        "`python -m ditax.synthetic` or point data.source at your videos")
+    videos = sorted(p for p in folder.iterdir() if p.suffix.lower() in VIDEO_EXT)
+    if not videos:
+        raise ClipError(f"data.source={str(folder)!r} holds no videos ({', '.join(VIDEO_EXT)})")
+    return videos
+
+
+class ClipBank:
+    """Every clip of a folder as uint8 ``[N, F, H, W, 3]`` in memory; the last ``eval_clips``
+    (sorted by file name) are held out."""
+
+    def __init__(self, data, say=print):
+        from ditax.train.preprocess import read_video
+
+        videos = list_videos(data.source)
+        if data.max_clips:
+            videos = videos[:data.max_clips]
+        if len(videos) <= data.eval_clips:
+            raise ClipError(f"data.source={data.source!r} has {len(videos)} clips; with "
+                            f"data.eval_clips={data.eval_clips} held out none is left to train "
+                            "on; add clips or lower data.eval_clips")
+        clips = np.empty((len(videos), data.num_frames, data.height, data.width, 3), np.uint8)
+        t0 = time.perf_counter()
+        for i, v in enumerate(videos):
+            x = read_video(v, data.num_frames, data.height, data.width)   # [3, F, H, W] [-1, 1]
+            clips[i] = np.round((x.transpose(1, 2, 3, 0) + 1.0) * 127.5).clip(0, 255)
+        say(f"train-vae: read {len(videos)} clips ({data.num_frames}x{data.height}x"
+            f"{data.width}) from {data.source} in {time.perf_counter() - t0:.1f} s")
+        self.train = clips[:-data.eval_clips]
+        self.eval = clips[-data.eval_clips:]
+        self.data = data
+
+    def batch(self, seed: int, step: int, batch_size: int) -> np.ndarray:
+        """Step ``step``'s batch: float32 ``[B, crop_frames, c, c, 3]`` in [-1, 1]."""
+        d = self.data
+        rng = np.random.default_rng([seed, step, 0xAE])
+        idx = rng.integers(len(self.train), size=batch_size)
+        f0 = rng.integers(d.num_frames - d.crop_frames + 1, size=batch_size)
+        ch, cw = (d.crop, d.crop) if d.crop else (d.height, d.width)
+        y0 = rng.integers(d.height - ch + 1, size=batch_size)
+        x0 = rng.integers(d.width - cw + 1, size=batch_size)
+        out = np.stack([self.train[i, f:f + d.crop_frames, y:y + ch, x:x + cw]
+                        for i, f, y, x in zip(idx, f0, y0, x0)])
+        return out.astype(np.float32) / 127.5 - 1.0
+
+
+def to_video(clips_u8: np.ndarray) -> np.ndarray:
+    """uint8 ``[N, F, H, W, 3]`` → float32 ``[N, 3, F, H, W]`` in [-1, 1] (the VAE's layout)."""
+    return clips_u8.transpose(0, 4, 1, 2, 3).astype(np.float32) / 127.5 - 1.0
+
+
+def psnr(a, b) -> float:
+    """PSNR in dB of videos in [-1, 1] measured on the [0, 1] scale."""
+    mse = float(np.mean(((np.asarray(a, np.float64) - np.asarray(b, np.float64)) / 2.0) ** 2))
+    return float("inf") if mse == 0 else 10.0 * math.log10(1.0 / mse)
+
+
+def vae_losses(vae: WanVAE, x: jax.Array, key: jax.Array, loss_cfg) -> tuple[jax.Array, dict]:
+    """Loss and its parts for channels-last clips ``x`` ``[B, F, H, W, 3]`` in [-1, 1]."""
+    recon, mean, logvar = vae.autoencode(x, key)
+    err = recon.astype(jnp.float32) - x
+    l1 = jnp.mean(jnp.abs(err))
+    mse = jnp.mean(err ** 2)
+    mean, logvar = mean.astype(jnp.float32), logvar.astype(jnp.float32)
+    kl = 0.5 * jnp.mean(mean ** 2 + jnp.exp(logvar) - 1.0 - logvar)
+    loss = loss_cfg.l1 * l1 + loss_cfg.l2 * mse + loss_cfg.kl * kl
+    return loss, {"l1": l1, "mse": mse, "kl": kl}
+
+
+@dataclass
+class VAETrainResult:
+    step: int
+    losses: list[float] = field(default_factory=list)
+    eval_psnr: float | None = None
+    folder: pathlib.Path | None = None
+    resumed_from: int | None = None
+    interrupted: bool = False
+    state: dict | None = None
+
+
+class VAETrainer:
+    """The VAE, its optimiser, and the jitted train step (state donated) on a 1-D data mesh:
+    parameters replicated, the batch split over ``devices`` devices."""
+
+    def __init__(self, cfg: VAETrainConfig, devices=None):
+        self.cfg = cfg
+        devs = list(devices if devices is not None else jax.devices()[:1])
+        if cfg.batch_size % len(devs):
+            raise ValueError(f"batch_size={cfg.batch_size} does not divide over {len(devs)} "
+                             "devices; change batch_size or the device count")
+        self.mesh = Mesh(np.array(devs), ("data",))
+        vae = WanVAE(cfg.vae, rngs=nnx.Rngs(cfg.seed))
+        if cfg.init_from:
+            vae = self._load_init(cfg)
+        # the posterior starts narrow (log-variance bias ``loss.init_logvar``): with the usual
+        # zero bias, std-1 noise on the latents drowns the signal and the tiny KL weight
+        # leaves the encoder to shrink it weight by weight for thousands of steps
+        if not cfg.init_from:
+            z = cfg.vae.z_dim
+            bias = vae.quant_conv.bias
+            bias[...] = bias[...].at[z:].set(cfg.loss.init_logvar)
+        self.graphdef, params, self.rest = nnx.split(vae, nnx.Param, ...)
+        self._init_params = params
+        self.tx, self.schedule = make_optimizer(cfg.optim, cfg.steps)
+        self.replicated = NamedSharding(self.mesh, P())
+        self.batch_sharding = NamedSharding(self.mesh, P("data"))
+        self._step = jax.jit(self._train_step, donate_argnums=0)
+
+    @staticmethod
+    def _load_init(cfg: VAETrainConfig) -> WanVAE:
+        """The weights of the diffusers VAE folder ``cfg.init_from``, whose architecture must
+        be ``cfg.vae``'s (latent statistics aside)."""
+        from ditax.models.wan.vae_convert import load_vae
+
+        vae = load_vae(cfg.init_from)
+        arch = dataclasses.replace(vae.config, latents_mean=(), latents_std=())
+        want = dataclasses.replace(cfg.vae, latents_mean=(), latents_std=())
+        if arch != want:
+            raise ValueError(f"init_from={cfg.init_from!r} holds a VAE of another architecture "
+                             f"({arch}) than vae.* ({want}); set vae.* to match it")
+        return vae
+
+    def module(self, params) -> WanVAE:
+        return nnx.merge(self.graphdef, params, self.rest)
+
+    def init(self) -> dict:
+        params = jax.tree.map(jnp.asarray, self._init_params)
+        state = {"params": params, "opt": self.tx.init(params), "step": jnp.int32(0),
+                 "key": jax.random.key_data(jax.random.key(self.cfg.seed))}
+        return jax.device_put(state, self.replicated)
+
+    def abstract_state(self) -> dict:
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                           sharding=self.replicated),
+                            jax.eval_shape(self.init))
+
+    def _train_step(self, state, x):
+        key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])
+
+        def loss_fn(params):
+            return vae_losses(self.module(params), x, key, self.cfg.loss)
+
+        (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        updates, opt = self.tx.update(grads, state["opt"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {"loss": loss, **parts, "grad_norm": optax.global_norm(grads),
+                   "lr": self.schedule(state["step"])}
+        return {"params": params, "opt": opt, "step": state["step"] + 1,
+                "key": state["key"]}, metrics
+
+    def step(self, state, batch: np.ndarray):
+        return self._step(state, jax.device_put(batch, self.batch_sharding))
+
+    def reconstruct(self, params, video: np.ndarray, batch: int = 4) -> np.ndarray:
+        """Inference-path reconstruction (posterior mean) of ``[N, 3, F, H, W]`` in [-1, 1]."""
+        vae = self.module(params)
+        out = [np.asarray(vae.decode(vae.encode(jnp.asarray(video[i:i + batch]))))
+               for i in range(0, len(video), batch)]
+        return np.concatenate(out)
+
+
+def latent_stats(trainer: VAETrainer, params, clips_u8: np.ndarray, batch: int = 4,
+                 max_clips: int = 128):
+    """Per-channel mean and std of the posterior means of the first ``max_clips`` clips of
+    ``clips_u8`` (whole clips)."""
+    vae = trainer.module(params)
+    clips_u8 = clips_u8[:max_clips]
+    zs = [np.asarray(vae.encode(jnp.asarray(to_video(clips_u8[i:i + batch]))), np.float64)
+          for i in range(0, len(clips_u8), batch)]
+    z = np.concatenate(zs)                                 # [N, z, F', Y, X]
+    axes = (0, 2, 3, 4)
+    return z.mean(axis=axes), z.std(axis=axes)
+
+
+def diffusers_config(c: WanVAEConfig) -> dict:
+    """``AutoencoderKLWan`` ``config.json`` for ``c``."""
+    d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(c).items()}
+    return {"_class_name": "AutoencoderKLWan", **d}
+
+
+def write_vae_folder(folder, trainer: VAETrainer, params, mean, std,
+                     dtype="float32") -> pathlib.Path:
+    """The trained VAE as a diffusers ``AutoencoderKLWan`` folder with the measured stats."""
+    from ditax.io.export import save_folder
+    from ditax.models.wan.vae_convert import weight_table
+
+    cfg = dataclasses.replace(trainer.cfg.vae,
+                              latents_mean=tuple(float(m) for m in mean),
+                              latents_std=tuple(float(s) for s in std))
+    vae = trainer.module(params)
+    save_folder(folder, "diffusion_pytorch_model.safetensors", weight_table(vae),
+                nnx.to_pure_dict(params), diffusers_config(cfg), dtype=dtype)
+    return pathlib.Path(folder)
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_say,
+              bank: ClipBank | None = None, trainer: VAETrainer | None = None) -> VAETrainResult:
+    """Run (or resume, with the same ``output_dir``) VAE training; write the folder at the end.
+
+    ``trainer``: a :class:`VAETrainer` (and its compiled step) to reuse, built for a config
+    that differs from ``cfg`` at most in ``steps``, ``output_dir``, ``log_every``,
+    ``eval_every`` and ``checkpoint``; set ``optim.decay_steps`` when ``steps`` differs."""
+    from ditax.train.metrics import MetricsWriter
+
+    out = pathlib.Path(cfg.output_dir)
+    bank = bank or ClipBank(cfg.data, say=say)
+    if trainer is None:
+        trainer = VAETrainer(cfg, devices)
+    else:
+        same = ("vae", "data", "loss", "optim", "batch_size", "seed")
+        diff = [k for k in same if getattr(trainer.cfg, k) != getattr(cfg, k)]
+        if diff or (cfg.steps != trainer.cfg.steps and not cfg.optim.decay_steps):
+            raise ValueError(f"train_vae(trainer=...): the trainer was built for another "
+                             f"config ({diff or ['steps, with optim.decay_steps unset']}); "
+                             "build a new VAETrainer")
+    ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
+    restored = ckpt.restore_latest(trainer.abstract_state())
+    if restored is not None:
+        start, state, _ = restored
+        say(f"train-vae: resuming from checkpoint step {start} in {ckpt.dir}")
+    else:
+        start, state = 0, trainer.init()
+        out.mkdir(parents=True, exist_ok=True)
+        import yaml
+
+        (out / "config.yaml").write_text(yaml.safe_dump(vae_config_dict(cfg), sort_keys=False))
+    result = VAETrainResult(step=start, resumed_from=start if restored else None)
+    writer = MetricsWriter(out, enabled=True)
+    stop = {"sig": None}
+    try:
+        prev = signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s))
+    except ValueError:
+        prev = None
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start, desc="train-vae", unit="step",
+                   dynamic_ncols=True)
+    step = start
+    try:
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            state, m = trainer.step(state, bank.batch(cfg.seed, step, cfg.batch_size))
+            loss = float(m["loss"])
+            dt = time.perf_counter() - t0
+            step += 1
+            if not math.isfinite(loss):
+                ckpt.wait()
+                kept = ckpt.steps()
+                raise NonFiniteLoss(
+                    f"train-vae: loss is {loss} at step {step}; stopping without saving. The "
+                    f"last good checkpoint is {'step ' + str(kept[-1]) if kept else 'none'} in "
+                    f"{ckpt.dir}. Lower optim.learning_rate or loss.kl")
+            result.losses.append(loss)
+            row = {"step": step, "loss": loss, **{k: float(m[k]) for k in
+                                                  ("l1", "mse", "kl", "grad_norm", "lr")},
+                   "psnr_train": 10 * math.log10(4.0 / max(float(m["mse"]), 1e-12)),
+                   "step_time": dt}
+            if step == start + 1:
+                row["includes_compile"] = True
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                row["psnr_eval"] = psnr(trainer.reconstruct(state["params"],
+                                                            to_video(bank.eval)),
+                                        to_video(bank.eval))
+                say(f"train-vae: step {step}: held-out PSNR {row['psnr_eval']:.2f} dB")
+            if step % cfg.log_every == 0 or step == cfg.steps or "psnr_eval" in row:
+                writer.write(row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}", psnr=f"{row['psnr_train']:.1f}")
+            interrupted = stop["sig"] is not None
+            if step % cfg.checkpoint.every == 0 or step == cfg.steps or interrupted:
+                ckpt.save(step, state, {"step": step})
+            if interrupted:
+                ckpt.wait()
+                say(f"train-vae: received signal {stop['sig']}: saved checkpoint step {step}; "
+                    "rerun the same command to resume")
+                result.interrupted = True
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+        writer.close()
+        ckpt.close()
+        if prev is not None:
+            signal.signal(signal.SIGTERM, prev)
+    result.step, result.state = step, state
+    if step >= cfg.steps and not result.interrupted:
+        ev = to_video(bank.eval)
+        result.eval_psnr = psnr(trainer.reconstruct(state["params"], ev), ev)
+        mean, std = latent_stats(trainer, state["params"], bank.train)
+        result.folder = write_vae_folder(out / "vae", trainer, state["params"], mean, std)
+        summary = {"step": step, "eval_psnr": result.eval_psnr, "eval_clips": len(bank.eval),
+                   "latents_mean": mean.tolist(), "latents_std": std.tolist()}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        from ditax.train.plots import loss_curve
+
+        loss_curve(out / "metrics.jsonl", out / "loss.png", title="VAE training",
+                   keys=("loss", "l1", "mse"), extra="psnr_eval")
+        say(f"train-vae: held-out PSNR {result.eval_psnr:.2f} dB on {len(bank.eval)} clips; "
+            f"wrote {result.folder} and {out / 'loss.png'}")
+    return result
+
+
+__all__ = ["VAETrainer", "VAETrainResult", "ClipBank", "ClipError", "train_vae", "psnr",
+           "vae_losses", "latent_stats", "write_vae_folder", "diffusers_config", "to_video"]

@@ -1,0 +1,212 @@
+"""The demo model: VAE training (``ditax train-vae``), the recipe that trains the whole
+pipeline (``make demo-model``) at toy sizes, and the shipped, trained folder."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ditax
+from ditax.recipes.demo_model import SMOKE, STAGES, Recipe, check_manifest, write_manifest
+
+H = W = 32
+FRAMES = 5
+
+
+def _first_last(losses, k=3):
+    return float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo_model")
+    lines = []
+    rec = Recipe(out, SMOKE, seed=0, say=lines.append, progress=False).run()
+    return out, rec, lines
+
+
+def test_recipe_trains_both_models_and_writes_a_pipeline_folder(recipe):
+    out, rec, _ = recipe
+    assert set(rec["stages"]) == set(STAGES)
+    assert rec["seconds"] > 0
+    vae_rows = [json.loads(x) for x in (out / "vae" / "metrics.jsonl").read_text().splitlines()]
+    first, last = _first_last([r["loss"] for r in vae_rows if "loss" in r])
+    assert last < first, (first, last)
+    t_rows = [json.loads(x)
+              for x in (out / "transformer" / "metrics.jsonl").read_text().splitlines()]
+    first, last = _first_last([r["loss"] for r in t_rows])
+    assert last < first, (first, last)
+    for png in ("loss_vae.png", "loss_transformer.png"):
+        assert (out / png).stat().st_size > 1000
+    assert np.isfinite(rec["stages"]["vae"]["eval_psnr_db"])
+    folder = out / "pipeline"
+    assert check_manifest(folder) == []
+    # the manifest notices a changed byte
+    f = folder / "scheduler" / "scheduler_config.json"
+    f.write_text(f.read_text() + " ")
+    assert check_manifest(folder) == ["scheduler/scheduler_config.json"]
+    write_manifest(folder)
+
+
+def test_recipe_folder_loads_in_ditax_and_diffusers_with_the_same_video(recipe):
+    import torch
+    from diffusers import WanPipeline
+
+    from pipeline_reference import run_diffusers
+
+    folder = recipe[0] / "pipeline"
+    pipe = ditax.load_pipeline(folder)
+    kw = dict(prompt="a red circle moves right", negative_prompt="", height=H, width=W,
+              num_frames=FRAMES, num_inference_steps=3, guidance_scale=3.0)
+    lat = np.random.default_rng(0).standard_normal(
+        pipe.latent_shape(H, W, FRAMES)).astype(np.float32)
+    got = pipe(latents=lat, progress=False, **kw)
+    ref = WanPipeline.from_pretrained(folder, dtype=torch.float32)
+    want = run_diffusers(ref, lat, **kw)
+    assert got.shape == want.shape == (FRAMES, H, W, 3)
+    assert np.abs(got - want).max() < 1e-3, np.abs(got - want).max()
+
+
+def test_vae_training_resumes_bit_exactly_and_writes_a_diffusers_folder(recipe, tmp_path):
+    """Six steps, stop, resume to twelve: the same losses and weights as twelve in one go."""
+    from diffusers import AutoencoderKLWan
+
+    from ditax.config.vae_training import load_vae_config
+    from ditax.train.vae import ClipBank, VAETrainer, train_vae
+
+    out = recipe[0]
+    sizes = json.loads((out / "recipe.json").read_text())["sizes"]
+    common = {**{f"vae.{k}": v for k, v in sizes["vae"].items()},
+              "data.source": str(out / "clips"), "data.num_frames": FRAMES, "data.height": H,
+              "data.width": W, "data.crop_frames": FRAMES, "data.eval_clips": 4,
+              "batch_size": 2, "optim.learning_rate": 1e-3, "optim.decay_steps": 8,
+              "optim.schedule": "cosine", "checkpoint.every": 2, "log_every": 1}
+    quiet = dict(progress=False, say=lambda m: None)
+
+    def cfg(steps, name):
+        return load_vae_config(None, **common, steps=steps, output_dir=str(tmp_path / name))
+
+    trainer = VAETrainer(cfg(8, "a"))
+    bank = ClipBank(cfg(8, "a").data, say=lambda m: None)
+    a = train_vae(cfg(8, "a"), trainer=trainer, bank=bank, **quiet)
+    train_vae(cfg(4, "b"), trainer=trainer, bank=bank, **quiet)
+    b = train_vae(cfg(8, "b"), trainer=trainer, bank=bank, **quiet)
+    assert b.resumed_from == 4
+    assert a.losses[4:] == b.losses
+    for x, y in zip(jax.tree.leaves(a.state["params"]), jax.tree.leaves(b.state["params"])):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # the written folder is a diffusers AutoencoderKLWan with the measured latent statistics,
+    # and it reconstructs like ditax's VAE does
+    ref = AutoencoderKLWan.from_pretrained(b.folder)
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    np.testing.assert_allclose(ref.config.latents_std, summary["latents_std"], rtol=1e-6)
+    import torch
+
+    from ditax.train.vae import to_video
+
+    clip = to_video(bank.eval[:1])
+    ours = trainer.reconstruct(b.state["params"], clip)
+    with torch.no_grad():
+        theirs = ref.decode(ref.encode(torch.from_numpy(clip)).latent_dist.mode).sample
+    np.testing.assert_allclose(ours, np.clip(theirs.numpy(), -1, 1), atol=1e-4)
+
+
+def test_vae_training_config_errors(tmp_path):
+    from ditax.cli import main
+
+    assert main(["train-vae", "data.source=" + str(tmp_path / "nope"), "steps=1"]) == 2
+    assert main(["train-vae", "data.source=x", "data.crop_frames=4"]) == 2
+    assert main(["train-vae", "data.source=x", "loss.l1=0", "loss.l2=0"]) == 2
+    assert main(["train-vae", "data.source=x", "vae.base_dim=oops"]) == 2
+
+
+@pytest.mark.parametrize("stride", [(1, 1, 1), (2, 1, 1), (1, 2, 2)])
+@pytest.mark.parametrize("kernel", [(3, 3, 3), (3, 1, 1), (1, 1, 1)])
+def test_cpu_conv3d_by_frames_equals_the_3d_convolution(kernel, stride, rng):
+    """The CPU fast path of CausalConv3d against XLA's 3-D convolution, values and grads."""
+    from ditax.models.wan.vae.layers import conv3d_by_frames
+
+    x = jnp.asarray(rng.standard_normal((2, 7, 10, 12, 5)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((*kernel, 5, 6)) / 10, jnp.float32)
+    pad = (kernel[1] // 2, kernel[2] // 2)
+
+    def ref(x, w):
+        return jax.lax.conv_general_dilated(
+            x, w, stride, [(0, 0), (pad[0], pad[0]), (pad[1], pad[1])],
+            dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
+
+    def fast(x, w):
+        return conv3d_by_frames(x, w, stride, pad)
+
+    np.testing.assert_allclose(fast(x, w), ref(x, w), rtol=1e-5, atol=1e-5)
+    g_ref = jax.grad(lambda x, w: jnp.sum(ref(x, w) ** 2), (0, 1))(x, w)
+    g_fast = jax.grad(lambda x, w: jnp.sum(fast(x, w) ** 2), (0, 1))(x, w)
+    for a, b in zip(g_fast, g_ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_text_dropout_uses_the_empty_prompt_deterministically(tmp_path):
+    from ditax.config import load_config
+    from ditax.train.data import BatchIterator, DatasetWriter
+
+    w = DatasetWriter(tmp_path / "ds")
+    r = np.random.default_rng(0)
+    for _ in range(40):
+        w.add(r.standard_normal((16, 2, 8, 8)).astype(np.float32),
+              r.standard_normal((8, 64)).astype(np.float32) + 5.0, np.ones(8, np.uint8))
+    null = (np.full((8, 64), -1.0, np.float32), np.eye(1, 8, 0, np.uint8)[0])
+    w.close({}, null_text=null)
+    cfg = load_config("tiny", [f"data.source={tmp_path / 'ds'}", "data.text_dropout=0.25",
+                               "data.num_frames=5", "data.text_len=8", "batch_size=40"])
+    batch = next(BatchIterator(cfg))
+    dropped = np.all(batch["text"] == -1.0, axis=(1, 2))
+    assert 3 <= dropped.sum() <= 20, dropped.sum()
+    assert np.all(batch["text_mask"][dropped] == null[1])
+    assert np.all(batch["text"][~dropped] > 0.0)  # the others untouched (a margin of 5 sigma)
+    again = next(BatchIterator(cfg))
+    np.testing.assert_array_equal(again["text"], batch["text"])
+
+
+# --- the shipped model
+
+
+SHIPPED = pathlib.Path(ditax.__file__).parent / "assets" / "demo_model"
+needs_shipped = pytest.mark.skipif(not (SHIPPED / "model_index.json").is_file(),
+                                   reason="the demo model is not in this checkout")
+
+
+@needs_shipped
+def test_shipped_folder_matches_its_manifest_and_size_budget():
+    from ditax.demo import SAMPLE, model_path
+
+    assert model_path() == SHIPPED
+    assert check_manifest(SHIPPED) == []
+    size = sum(p.stat().st_size for p in SHIPPED.rglob("*") if p.is_file())
+    assert size <= 30 * 2 ** 20, size
+    assert SAMPLE["height"] >= 64 and SAMPLE["width"] >= 64 and SAMPLE["num_frames"] >= 17
+
+
+@needs_shipped
+def test_shipped_model_beats_random_weights_on_colour(tmp_path):
+    from ditax.demo import SAMPLE, build_pipeline_folder, model_path
+    from ditax.synthetic.score import measure
+    from ditax.synthetic.vocab import COLOURS
+
+    prompt = "a green square moves down"
+    want = np.asarray(COLOURS["green"])
+
+    def colour_error(pipe):
+        v = pipe(prompt, seed=3, progress=False, **SAMPLE)
+        m = measure(v)
+        return float(np.linalg.norm(np.asarray(m.rgb) - want)) if m.rgb else np.inf, m
+
+    trained, m = colour_error(ditax.load_pipeline(model_path()))
+    random_folder = build_pipeline_folder(tmp_path / "random")
+    rand, _ = colour_error(ditax.load_pipeline(random_folder))
+    assert m.colour == "green", m
+    assert trained < rand, (trained, rand)
