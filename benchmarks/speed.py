@@ -197,12 +197,19 @@ def step_cache(folder, args, work: pathlib.Path) -> None:
     from ditax.pipelines.cache_numbers import find_numbers, write_numbers
     from ditax.pipelines.calibrate import calibrate
 
-    pipe = ditax.load_pipeline(folder)
-    pipe.compile_cache = "none"      # compile times are not what this part measures
-    prompts = demo_prompts(args.prompts) if args.demo_score else CACHE_PROMPTS[:args.prompts]
     req = dict(negative_prompt=NEGATIVE, height=args.height, width=args.width,
                num_frames=args.frames, num_inference_steps=args.cache_steps,
                guidance_scale=5.0, progress=False)
+    load = {}
+    if args.demo_score:          # the demo model, sampled as it is meant to be (its SAMPLE)
+        from ditax.demo import SAMPLE
+
+        req.update(negative_prompt=SAMPLE["negative_prompt"],
+                   guidance_scale=SAMPLE["guidance_scale"])
+        load["max_sequence_length"] = SAMPLE["max_sequence_length"]
+    pipe = ditax.load_pipeline(folder, **load)
+    pipe.compile_cache = "none"      # compile times are not what this part measures
+    prompts = demo_prompts(args.prompts) if args.demo_score else CACHE_PROMPTS[:args.prompts]
     case = (f"{args.frames}x{args.height}x{args.width}, {args.cache_steps} steps, CFG, "
             f"{len(prompts)} prompts")
     coefficients = args.coefficients

@@ -18,7 +18,8 @@ H = W = 32
 FRAMES = 5
 
 
-def _first_last(losses, k=3):
+def _first_last(losses):
+    k = max(1, len(losses) // 3)
     return float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
 
 
@@ -210,3 +211,25 @@ def test_shipped_model_beats_random_weights_on_colour(tmp_path):
     rand, _ = colour_error(ditax.load_pipeline(random_folder))
     assert m.colour == "green", m
     assert trained < rand, (trained, rand)
+
+
+@needs_shipped
+def test_generate_cli_takes_the_demo_model(tmp_path):
+    from ditax.cli import main
+
+    out = tmp_path / "v.mp4"
+    assert main(["generate", "--model", "demo", "--prompt", "a red square moves left",
+                 "--steps", "4", "--output", str(out), "--no-progress"]) == 0
+    assert out.stat().st_size > 0
+
+
+@needs_shipped
+def test_run_demo_writes_videos_sheet_and_scores(tmp_path):
+    from ditax.demo import DEMO_PROMPTS, run_demo
+
+    rec = run_demo(out=tmp_path, prompts=DEMO_PROMPTS[:2], say=lambda m: None)
+    assert len(rec["videos"]) == 2 and pathlib.Path(rec["sheet"]).stat().st_size > 0
+    for row in rec["videos"]:
+        assert pathlib.Path(row["file"]).stat().st_size > 0
+    assert set(rec["score"]) == {"colour", "shape", "direction"}
+    assert all(v >= 0 for v in rec["phases"].values())

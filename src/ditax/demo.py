@@ -173,7 +173,7 @@ DEMO_PROMPTS = ("a red circle moves right", "a blue square moves up",
                 "a yellow circle moves right")       # the last one is a held-out combination
 
 # keyword arguments of the pipeline call the demo model is meant to be sampled with
-SAMPLE = dict(height=64, width=64, num_frames=17, num_inference_steps=25, guidance_scale=4.0,
+SAMPLE = dict(height=64, width=64, num_frames=17, num_inference_steps=25, guidance_scale=5.0,
               negative_prompt="", max_sequence_length=16)
 
 

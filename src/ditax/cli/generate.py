@@ -98,12 +98,14 @@ def parse_request(args):
     s = cfg.sample
     defaults = dict(height=s.height, width=s.width, num_frames=s.num_frames,
                     num_inference_steps=s.num_inference_steps, guidance_scale=s.guidance_scale,
-                    negative_prompt=None)
+                    negative_prompt=None, max_sequence_length=s.max_sequence_length)
     if args.model == "demo":          # the shipped demo model, sampled as it is meant to be
         from ditax.demo import SAMPLE, model_path
 
         args.model = str(model_path())
         defaults.update(SAMPLE)
+        if "max_sequence_length" in given.get("sample", {}):
+            defaults["max_sequence_length"] = s.max_sequence_length
     call = dict(prompt=args.prompt,
                 negative_prompt=(args.negative_prompt if args.negative_prompt is not None
                                  else defaults["negative_prompt"]),
@@ -151,7 +153,7 @@ def parse_request(args):
                   if k not in ("dtype", "param_dtype")}
     load = dict(path=args.model, dtype=dtype, attention=cfg.attention,
                 cfg_mode=s.cfg_mode, flow_shift=s.flow_shift, vae_tiling=s.vae_tiling,
-                max_sequence_length=s.max_sequence_length,
+                max_sequence_length=defaults["max_sequence_length"],
                 scheduler=s.scheduler if "scheduler" in chosen else None,
                 mesh_config=cfg.mesh if use_mesh else None, loras=loras, loras_2=loras_2,
                 lora_mode=args.lora_mode, lora_strict=args.lora_strict,
