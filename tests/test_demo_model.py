@@ -113,7 +113,7 @@ def test_vae_training_resumes_bit_exactly_and_writes_a_diffusers_folder(recipe, 
     clip = to_video(bank.eval[:1])
     ours = trainer.reconstruct(b.state["params"], clip)
     with torch.no_grad():
-        theirs = ref.decode(ref.encode(torch.from_numpy(clip)).latent_dist.mode).sample
+        theirs = ref.decode(ref.encode(torch.from_numpy(clip)).latent_dist.mode()).sample
     np.testing.assert_allclose(ours, np.clip(theirs.numpy(), -1, 1), atol=1e-4)
 
 
@@ -201,16 +201,18 @@ def test_shipped_model_beats_random_weights_on_colour(tmp_path):
     prompt = "a green square moves down"
     want = np.asarray(COLOURS["green"])
 
-    def colour_error(pipe):
-        v = pipe(prompt, seed=3, progress=False, **SAMPLE)
-        m = measure(v)
-        return float(np.linalg.norm(np.asarray(m.rgb) - want)) if m.rgb else np.inf, m
+    def colour_errors(pipe):
+        out = []
+        for seed in range(3):
+            m = measure(pipe(prompt, seed=seed, progress=False, **SAMPLE))
+            out.append((float(np.linalg.norm(np.asarray(m.rgb) - want)) if m.rgb else np.inf,
+                        m.colour))
+        return out
 
-    trained, m = colour_error(ditax.load_pipeline(model_path()))
-    random_folder = build_pipeline_folder(tmp_path / "random")
-    rand, _ = colour_error(ditax.load_pipeline(random_folder))
-    assert m.colour == "green", m
-    assert trained < rand, (trained, rand)
+    trained = colour_errors(ditax.load_pipeline(model_path()))
+    rand = colour_errors(ditax.load_pipeline(build_pipeline_folder(tmp_path / "random")))
+    assert sum(c == "green" for _, c in trained) >= 2, trained
+    assert np.median([e for e, _ in trained]) < np.median([e for e, _ in rand]), (trained, rand)
 
 
 @needs_shipped

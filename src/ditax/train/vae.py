@@ -179,7 +179,8 @@ class VAETrainer:
         return nnx.merge(self.graphdef, params, self.rest)
 
     def init(self) -> dict:
-        params = jax.tree.map(jnp.asarray, self._init_params)
+        # a copy: the step donates the state, and a reused trainer initialises again
+        params = jax.tree.map(lambda a: jnp.array(a, copy=True), self._init_params)
         state = {"params": params, "opt": self.tx.init(params), "step": jnp.int32(0),
                  "key": jax.random.key_data(jax.random.key(self.cfg.seed))}
         return jax.device_put(state, self.replicated)
