@@ -9,14 +9,13 @@ the run writes is loadable by diffusers as it is.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
 
 from ditax.config.keys import _leaves, check_key, parse_text, type_error
-from ditax.config.loader import _flatten, _nest, _pairs, load_yaml
+from ditax.config.loader import _flatten, _nest, _pairs, load_yaml, to_dict
 from ditax.config.training import CheckpointConfig, OptimConfig, check_checkpoint, check_optim
 from ditax.errors import ConfigError
 from ditax.models.wan.vae.config import WanVAEConfig
@@ -149,12 +148,7 @@ def load_vae_config(path: str | None = None, overrides: list[str] | None = None,
 
 def vae_config_dict(c: VAETrainConfig) -> dict:
     """The config as plain nested dicts (YAML / JSON ready)."""
-    def fix(x):
-        if isinstance(x, dict):
-            return {k: fix(v) for k, v in x.items()}
-        return list(x) if isinstance(x, tuple) else x
-
-    return fix(dataclasses.asdict(c))
+    return to_dict(c)
 
 
 __all__ = ["VAETrainConfig", "VAEDataConfig", "VAELossConfig", "load_vae_config",

@@ -40,9 +40,8 @@ from ditax.config.vae_training import VAETrainConfig, vae_config_dict
 from ditax.models.wan.vae import WanVAE, WanVAEConfig
 from ditax.train.checkpoint import Checkpointer
 from ditax.train.loop import NonFiniteLoss
+from ditax.train.preprocess import VIDEO_EXT
 from ditax.train.step import make_optimizer
-
-VIDEO_EXT = (".mp4", ".mov", ".webm", ".mkv", ".avi")
 
 
 class ClipError(ValueError):
