@@ -61,6 +61,9 @@ class Sizes:
     transformer_steps: int
     transformer_batch: int
     transformer_lr: float
+    timestep_sampler: str        # training noise levels: uniform | logit_normal, then shifted
+    flow_shift: float            # by this (SCHEDULER's flow_shift is the sampler's)
+    transformer_dtype: str       # dtype of the shipped transformer weights
     text_dropout: float
     umt5: dict                   # UMT5EncoderModel config (vocab_size set from the tokenizer)
     tokenizer_vocab: int
@@ -83,6 +86,14 @@ _UMT5 = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
              layer_norm_epsilon=1e-6, feed_forward_proj="gated-gelu")
 
 
+# Where the layout (start, direction) is decided — the first sampler steps, sigma > 0.95 —
+# the model must have been trained: a logit-normal sampler puts < 1% of its noise levels there,
+# and such models took the layout from the noise seed and ignored the direction word (the same
+# seed gave the same motion for "left" and "right"). So noise levels are uniform, shifted as
+# the sampler's (3). And the width must exceed a patch's latent values (4x4 x 16 channels =
+# 256): near pure noise the velocity ``noise - x0`` is mostly the input noise, which a narrower
+# model cannot pass through (width 128 plateaued at loss 0.66); width 320 keeps the 4x4
+# patches (80 tokens, cheap).
 def _transformer(heads: int, head_dim: int, ffn: int, layers: int) -> dict:
     return dict(patch_size=[1, 4, 4], num_attention_heads=heads, attention_head_dim=head_dim,
                 in_channels=16, out_channels=16, text_dim=64, freq_dim=64, ffn_dim=ffn,
@@ -94,15 +105,17 @@ def _transformer(heads: int, head_dim: int, ffn: int, layers: int) -> dict:
 FULL = Sizes(clips=1600, vae_eval_clips=32, height=64, width=64, frames=17, vae=_VAE,
              vae_steps=1500, vae_batch=8, vae_crop=32, vae_lr=1e-3, vae_clips=480,
              vae_evals=5, vae_long_steps=300, vae_long_batch=4, vae_long_lr=3e-4,
-             transformer=_transformer(4, 32, 512, 4), transformer_steps=7000,
-             transformer_batch=16, transformer_lr=1e-3, text_dropout=0.1, umt5=_UMT5,
+             transformer=_transformer(5, 64, 1024, 4), transformer_steps=3500,
+             transformer_batch=16, transformer_lr=5e-4,
+             timestep_sampler="uniform", flow_shift=3.0,
+             transformer_dtype="bfloat16", text_dropout=0.1, umt5=_UMT5,
              tokenizer_vocab=64, text_len=16, checkpoint_every=500)
 SMOKE = dataclasses.replace(
     FULL, clips=24, vae_eval_clips=4, height=32, width=32, frames=5,
     vae=dict(_VAE, base_dim=8), vae_steps=12, vae_batch=2, vae_crop=0, vae_lr=2e-3, vae_evals=0,
     vae_long_steps=2, vae_long_batch=2,
     transformer=_transformer(2, 16, 64, 1), transformer_steps=12, transformer_batch=8,
-    transformer_lr=2e-3, checkpoint_every=6)
+    transformer_lr=2e-3, transformer_dtype="float32", checkpoint_every=6)
 SIZES = {"full": FULL, "smoke": SMOKE}
 
 
@@ -271,16 +284,18 @@ class Recipe:
             f"optim.warmup_steps={min(50, s.transformer_steps // 4)}",
             "optim.schedule=cosine", "optim.weight_decay=0.0", "log_every=10",
             f"checkpoint.every={s.checkpoint_every}", f"output_dir={self.out / 'transformer'}",
-            "flow.timestep_sampler=logit_normal"])
+            f"flow.timestep_sampler={s.timestep_sampler}", f"flow.shift={s.flow_shift}"])
         res = train(cfg, progress=self.progress, say=self.say)
-        from ditax.train.plots import loss_curve
+        from ditax.train.plots import loss_curve, read_metrics
 
-        loss_curve(self.out / "transformer" / "metrics.jsonl",
-                   self.out / "transformer" / "loss.png", title="transformer training (flow "
-                   "matching)", keys=("loss",), smooth=10)
+        metrics = self.out / "transformer" / "metrics.jsonl"
+        loss_curve(metrics, self.out / "transformer" / "loss.png",
+                   title="transformer training (flow matching)", keys=("loss",), smooth=10)
         self._transformer_params = res.state["params"]
-        return {"first_loss": res.losses[0], "last_loss": res.losses[-1],
-                "mean_last_100": sum(res.losses[-100:]) / len(res.losses[-100:])}
+        # the logged losses (every log_every steps), so a resumed or finished run reports too
+        losses = [r["loss"] for r in read_metrics(metrics) if "loss" in r]
+        return {"first_loss": losses[0], "last_loss": losses[-1],
+                "mean_last_10_logged": sum(losses[-10:]) / len(losses[-10:])}
 
     def assemble(self):
         from ditax.io.export import save_folder
@@ -301,7 +316,8 @@ class Recipe:
         params = jax.tree.map(np.asarray, self._transformer_params)
         save_folder(f / "transformer", "diffusion_pytorch_model.safetensors",
                     weight_table(cfg.num_layers, cfg.cross_attn_norm), params,
-                    {"_class_name": "WanTransformer3DModel", **t})
+                    {"_class_name": "WanTransformer3DModel", **t},
+                    dtype=self.sizes.transformer_dtype)
         (f / "scheduler").mkdir(parents=True)
         (f / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER, indent=2))
         (f / "model_index.json").write_text(json.dumps(_model_index(), indent=2))
