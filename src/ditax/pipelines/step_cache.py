@@ -60,7 +60,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.errors import RequestError
 from ditax.parallel.axes import batch_shards
-from ditax.pipelines.cache_carry import carry_specs, init_carry
+from ditax.pipelines.cache_carry import MEASURED, carry_specs, init_carry
 from ditax.pipelines.cache_numbers import ModelNumbers, describe, find_numbers
 from ditax.pipelines.cache_policy import (CALIBRATE, CFG_REFRESH_EVERY, CFG_REUSE_BELOW,
                                           DEFAULT_THRESHOLD, METHODS, RAN, REUSED, SKIPPED,
@@ -129,9 +129,7 @@ class StepCache:
         if self.num_branches == 2:
             out["cfg_reused_steps"] = np.flatnonzero(per_step[:, 1] == REUSED).tolist()
         if self.policy.method == CALIBRATE:
-            out["calibration"] = {k: np.asarray(self.carry[k]).tolist()
-                                  for k in ("m_modulation", "m_time_embedding", "m_output",
-                                            "m_ratio")}
+            out["calibration"] = {k: np.asarray(self.carry[k]).tolist() for k in MEASURED}
         return out
 
 
