@@ -17,8 +17,8 @@ reproduces the reference sampling loop:
 The whole of step 3 is one jitted function (:mod:`.denoise`) of ``(expert params, scheduler
 state, latents, text, guidance)`` — the step index lives in the scheduler state as a traced
 scalar, and both experts share one graph, so it compiles once and every step (of either expert)
-reuses it. It and the VAE decode are compiled ahead of time for the request's shapes before the first step
-(:mod:`.programs`; the ``compile`` phase of the timing line), inside jax's persistent
+reuses it. It and the VAE decode are compiled ahead of time for the request's shapes before the
+first step (:mod:`.programs`; the ``compile`` phase of the timing line), inside jax's persistent
 compilation cache (:mod:`ditax.compile_cache`; ``pipe.compile_cache``, default ``"auto"``).
 """
 
