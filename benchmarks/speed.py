@@ -1,4 +1,5 @@
-"""Faster videos, measured. One JSON object per line, two parts in one run (``--only`` picks one):
+"""Faster videos, measured. One JSON object per line, three parts in one run (``--only`` picks
+one; the step-cache parts live in ``speed_cache.py``):
 
 1. ``first_video``: time to first video in a fresh process: ``ditax generate`` with jax's
    persistent compilation cache cold, warm and off, vs diffusers' ``WanPipeline`` on the same
@@ -15,6 +16,11 @@
    ``--demo-score`` (the trained demo model: prompts of its vocabulary) each row also has the
    prompt-following score of :func:`ditax.synthetic.score` (share of prompts whose colour,
    shape and direction all come out right), next to the uncached score.
+3. ``published``: the shipped (published) Wan 2.1 T2V 1.3B TeaCache and MagCache numbers on a
+   random-weights transformer of Wan 1.3B's width (D 1536, 12 heads, FFN 8960) with
+   ``--wide-layers`` blocks (CPU-sized) in the folder's pipeline: at each threshold,
+   transformer calls, denoise time, speed-up and PSNR / SSIM vs the uncached video
+   (``--wide-steps`` steps, one prompt).
 
 Each run is a new Python process timed from spawn to exit by this script: interpreter start,
 imports, loading the folder, text encoding, (compilation or cache reads), denoising, VAE decode
@@ -33,16 +39,15 @@ mode, the modes interleaved round by round (a busy machine slows them alike);
 ``ratio`` = diffusers' median / ours (above 1: ditax is faster). ditax's own timing line is
 parsed for its per-phase medians (``phases``).
 
-    python benchmarks/speed.py [--model PATH] [--only first_video|step_cache] [--runs 3]
-        [--steps 8] [--cache-steps 20] [--height 64] [--width 96] [--frames 17]
+    python benchmarks/speed.py [--model PATH] [--only first_video|step_cache|published]
+        [--runs 3] [--steps 8] [--cache-steps 20] [--height 64] [--width 96] [--frames 17]
         [--coefficients numbers.json] [--demo-score] [--plot step_cache.png]
+        [--wide-layers 2] [--wide-steps 20]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import pathlib
 import re
@@ -53,12 +58,10 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 os.environ.setdefault("JAX_PLATFORMS", "cpu")   # this process builds the folder with jax
 
-PROMPT = "a cat walks on the grass in the sun"
-NEGATIVE = "blurry, low quality"
+from speed_cache import (NEGATIVE, PROMPT, THRESHOLDS, emit, published,  # noqa: E402
+                         step_cache)
 
 DIFFUSERS = """
 import sys, torch
@@ -73,10 +76,6 @@ with torch.no_grad():
                  generator=torch.Generator().manual_seed(0), output_type="np").frames[0]
 export_to_video(list(video), out, fps=16)
 """ % (PROMPT, NEGATIVE)
-
-
-def emit(**kw):
-    print(json.dumps(kw), flush=True)
 
 
 def timed(cmd: list[str], env: dict) -> tuple[float, str]:
@@ -146,183 +145,11 @@ def first_video(folder, args, work: pathlib.Path) -> None:
                      for k in parts[mode][0]})
 
 
-# ----------------------------------------------------------------------------------------------
-# part 2: step caching
-
-THRESHOLDS = {"first_block": (0.03, 0.08, 0.15), "teacache": (0.1, 0.2, 0.4),
-              "magcache": (0.06, 0.12, 0.24)}
-CACHE_PROMPTS = ["a cat walks on the grass in the sun", "a red car drives through the rain"]
-
-
-def parse_thresholds(text: str) -> tuple[str, tuple[float, ...]]:
-    """``--thresholds first_block=0.1,0.2,0.4`` → ``("first_block", (0.1, 0.2, 0.4))``."""
-    method, _, values = text.partition("=")
-    if method not in THRESHOLDS or not values:
-        raise SystemExit(f"--thresholds {text!r}: give METHOD=a,b,c with METHOD one of "
-                         f"{', '.join(THRESHOLDS)}")
-    return method, tuple(float(v) for v in values.split(","))
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float | None:
-    """dB for videos in [0, 1]; None when identical."""
-    mse = float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
-    return None if mse == 0 else 10 * math.log10(1.0 / mse)
-
-
-def ssim(a: np.ndarray, b: np.ndarray, win: int = 7) -> float:
-    """Mean SSIM over frames and channels (uniform ``win`` x ``win`` window, data range 1)."""
-    from scipy.ndimage import uniform_filter
-
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)     # [F, H, W, 3]
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
-    size = (1, win, win, 1)
-    mu_a, mu_b = uniform_filter(a, size), uniform_filter(b, size)
-    var_a = uniform_filter(a * a, size) - mu_a ** 2
-    var_b = uniform_filter(b * b, size) - mu_b ** 2
-    cov = uniform_filter(a * b, size) - mu_a * mu_b
-    s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / (
-        (mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2))
-    return float(s.mean())
-
-
-def demo_prompts(n: int) -> list[str]:
-    from ditax.synthetic.vocab import canonical_prompt, seen_combinations
-
-    return [canonical_prompt(c.colour, c.shape, c.direction) for c in seen_combinations()[:n]]
-
-
-def step_cache(folder, args, work: pathlib.Path) -> None:
-    """Part 2: each method x threshold (and CFG reuse) vs the uncached videos."""
-    import ditax
-    from ditax.pipelines.cache_numbers import find_numbers, write_numbers
-    from ditax.pipelines.calibrate import calibrate
-
-    req = dict(negative_prompt=NEGATIVE, height=args.height, width=args.width,
-               num_frames=args.frames, num_inference_steps=args.cache_steps,
-               guidance_scale=5.0, progress=False)
-    load = {}
-    if args.demo_score:          # the demo model, sampled as it is meant to be (its SAMPLE)
-        from ditax.demo import SAMPLE
-
-        req.update(negative_prompt=SAMPLE["negative_prompt"],
-                   guidance_scale=SAMPLE["guidance_scale"])
-        load["max_sequence_length"] = SAMPLE["max_sequence_length"]
-    pipe = ditax.load_pipeline(folder, **load)
-    pipe.compile_cache = "none"      # compile times are not what this part measures
-    prompts = demo_prompts(args.prompts) if args.demo_score else CACHE_PROMPTS[:args.prompts]
-    case = (f"{args.frames}x{args.height}x{args.width}, {args.cache_steps} steps, CFG, "
-            f"{len(prompts)} prompts")
-    coefficients = args.coefficients
-    experts = 1 if pipe.transformer_2 is None else 2
-    if coefficients is None and find_numbers(pipe.transformer.config, experts) is None:
-        t0 = time.perf_counter()
-        entry = calibrate(pipe, CACHE_PROMPTS if not args.demo_score else demo_prompts(4),
-                          name=pathlib.Path(str(folder)).name, **req)
-        coefficients = write_numbers(work / "cache_numbers.json", entry)
-        emit(bench="speed", case=case, metric="calibration_s", value=round(
-            time.perf_counter() - t0, 3), unit="s", numbers=str(coefficients),
-             teacache=entry["teacache"]["coefficients"], magcache=entry["magcache"]["ratios"])
-
-    compiled = set()
-
-    def run(**cache) -> tuple[list, float, dict]:
-        """Videos of every prompt, their seconds (compiled beforehand), the last stats."""
-        key = (cache.get("cache"), cache.get("cfg_cache", False))
-        if key not in compiled:     # one program per method (any threshold), untimed
-            pipe(prompts[0], seed=0, cache_coefficients=coefficients, **req, **cache)
-            compiled.add(key)
-        videos, seconds, wall, base_s = [], 0.0, 0.0, 0.0
-        for k, prompt in enumerate(prompts):
-            # fastest of --cache-repeats, each repeat timing the uncached step right before
-            # (a shared machine slows both alike: the ratio is of times measured together)
-            best = best_wall = best_base = math.inf
-            for _ in range(args.cache_repeats):
-                if cache:
-                    pipe(prompt, seed=k, **req)
-                    best_base = min(best_base, pipe.timings.denoise)
-                t0 = time.perf_counter()
-                video = pipe(prompt, seed=k, cache_coefficients=coefficients, **req, **cache)
-                best_wall = min(best_wall, time.perf_counter() - t0)
-                best = min(best, pipe.timings.denoise)
-            videos.append(video)
-            seconds, wall = seconds + best, wall + best_wall
-            base_s += best_base if cache else best
-        return videos, seconds, dict(pipe.last_stats, call_s=round(wall, 3),
-                                     base_s=round(base_s, 3))
-
-    def scored(videos) -> float | None:
-        if not args.demo_score:
-            return None
-        from ditax.synthetic import score
-
-        return float(np.mean([score(v, p)["all_correct"] for v, p in zip(videos, prompts)]))
-
-    base, base_s, base_stats = run()
-    base_score = scored(base)
-    emit(bench="speed", case=case, metric="step_cache", method="none", threshold=None,
-         cfg_cache=False, transformer_calls=base_stats["transformer_calls"],
-         value=round(base_s, 3), unit="s", call_s=base_stats["call_s"],
-         **({"score": base_score} if args.demo_score else {}))
-    thresholds = dict(THRESHOLDS, **dict(parse_thresholds(t) for t in args.thresholds))
-    configs = [(m, t, False) for m in thresholds for t in thresholds[m]]
-    configs += [(None, None, True), ("magcache", thresholds["magcache"][1], True)]
-    rows = []
-    for method, thr, cfg in configs:
-        videos, secs, st = run(cache=method, cache_threshold=thr, cfg_cache=cfg)
-        q = [psnr(v, b) for v, b in zip(videos, base)]
-        row = dict(bench="speed", case=case, metric="step_cache", method=method or "cfg_only",
-                   threshold=thr, cfg_cache=cfg, transformer_calls=st["transformer_calls"],
-                   calls_baseline=base_stats["transformer_calls"], value=round(secs, 3),
-                   unit="s", baseline=st["base_s"], ratio=round(st["base_s"] / secs, 3),
-                   call_s=st["call_s"],
-                   psnr_db=None if None in q else round(float(np.mean(q)), 2),
-                   ssim=round(float(np.mean([ssim(v, b) for v, b in zip(videos, base)])), 4),
-                   skipped_steps=st["skipped_steps"],
-                   cfg_reused_steps=st.get("cfg_reused_steps", []))
-        if args.demo_score:
-            row.update(score=scored(videos), score_baseline=base_score)
-        emit(**row)
-        rows.append(row)
-    if args.plot:
-        plot(rows, args.plot, case)
-
-
-def plot(rows: list[dict], path: str, case: str) -> None:
-    """Speed-up vs PSNR, one line per method through its thresholds."""
-    try:
-        import matplotlib
-    except ImportError:
-        emit(bench="speed", metric="plot", value=None, note="matplotlib missing: pip install "
-             "'ditax[bench]'")
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method in sorted({(r["method"], r["cfg_cache"]) for r in rows}, key=str):
-        pts = [(r["ratio"], r["psnr_db"] if r["psnr_db"] is not None else 100.0, r["threshold"])
-               for r in rows if (r["method"], r["cfg_cache"]) == method]
-        label = method[0] + (" + cfg_cache" if method[1] and method[0] != "cfg_only" else "")
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
-        for x, y, t in pts:
-            if t is not None:
-                ax.annotate(f"{t:g}", (x, y), textcoords="offset points", xytext=(4, 4),
-                            fontsize=7)
-    ax.set_xlabel("speed-up of the denoise loop vs uncached (x)")
-    ax.set_ylabel("PSNR vs uncached video (dB)")
-    ax.set_title(f"step caching: {case}", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    emit(bench="speed", metric="plot", value=str(path))
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", "--folder", dest="model", default=None,
                    help="pipeline folder (default: build the demo-size random one)")
-    p.add_argument("--only", choices=("first_video", "step_cache"), default=None)
+    p.add_argument("--only", choices=("first_video", "step_cache", "published"), default=None)
     p.add_argument("--runs", type=int, default=3, help="processes per mode (median)")
     p.add_argument("--steps", type=int, default=8, help="steps of the first-video part")
     p.add_argument("--cache-steps", type=int, default=20, help="steps of the step-cache part")
@@ -336,6 +163,9 @@ def main() -> int:
     p.add_argument("--thresholds", action="append", default=[], metavar="METHOD=a,b,c",
                    help="a method's three thresholds (default: " + "; ".join(
                        f"{m}={','.join(map(str, t))}" for m, t in THRESHOLDS.items()) + ")")
+    p.add_argument("--wide-layers", type=int, default=2,
+                   help="blocks of the random 1.3B-width model of the published part")
+    p.add_argument("--wide-steps", type=int, default=20, help="steps of the published part")
     p.add_argument("--demo-score", action="store_true",
                    help="the model is the trained demo: vocabulary prompts, score column")
     p.add_argument("--plot", default="step_cache_speed_psnr.png", help="PNG path ('' = none)")
@@ -351,6 +181,8 @@ def main() -> int:
         first_video(folder, args, work)
     if args.only in (None, "step_cache"):
         step_cache(folder, args, work)
+    if args.only in (None, "published"):
+        published(folder, args, work)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -21,7 +21,8 @@ from ditax.config import AttentionConfig  # noqa: E402
 from ditax.errors import ConfigError, RequestError  # noqa: E402
 from ditax.models.wan import transformer as wan_transformer  # noqa: E402
 from ditax.parallel import make_mesh  # noqa: E402
-from ditax.pipelines.cache_numbers import MagCacheNumbers, read_numbers  # noqa: E402
+from ditax.pipelines.cache_numbers import (  # noqa: E402
+    SHIPPED, MagCacheNumbers, find_numbers, merge_numbers, read_numbers)
 from ditax.pipelines.calibrate import fit_teacache  # noqa: E402
 from ditax.pipelines.step_cache import (  # noqa: E402
     CFG_REFRESH_EVERY, METHODS, cfg_reuse_steps)
@@ -87,6 +88,33 @@ def test_calibration_file(tiny, numbers):
     assert all(0.5 < r < 2.0 for r in cond[1:]), cond   # |r_t| / |r_t-1| of a real run
     assert len(entry["teacache"]["coefficients"]) == 5
     assert np.isfinite(entry["teacache"]["coefficients"]).all()
+
+
+def test_merge_numbers_replaces_by_name(numbers, tmp_path):
+    ship = tmp_path / "ship.json"
+    ship.write_text(SHIPPED.read_text())
+    entry, = read_numbers(numbers)
+    merge_numbers(ship, entry)
+    merge_numbers(ship, dict(entry, source="again"))
+    models = read_numbers(ship)
+    assert [m["name"] for m in models] == [m["name"] for m in read_numbers(SHIPPED)] + [
+        entry["name"]]
+    assert models[-1]["source"] == "again"
+    before = SHIPPED.read_text()
+    assert ship.read_text().startswith(before[:before.rindex("  }")])   # the layout is kept
+
+
+def test_shipped_numbers_cover_the_demo_model():
+    """`ditax calibrate-cache demo --into src/ditax/pipelines/step_cache_numbers.json`."""
+    from ditax.config import ModelConfig
+    from ditax.demo import SAMPLE, model_path
+    from ditax.models.wan.loading import read_config
+
+    cfg = ModelConfig.from_diffusers(read_config(model_path() / "transformer"))
+    numbers = find_numbers(cfg, 1)
+    assert numbers is not None and numbers.name == "ditax-demo"
+    assert numbers.teacache is not None
+    assert len(numbers.magcache.ratios[0]) == SAMPLE["num_inference_steps"]
 
 
 def test_teacache_fit_recovers_a_polynomial():

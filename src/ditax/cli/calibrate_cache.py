@@ -10,6 +10,13 @@ timestep-modulated input, the output and the blocks' residual change
 
 Sizes, steps and guidance default to the ``sample`` config (``--steps`` / sizes as in
 ``ditax generate``); calibrate with the settings you will sample with (the ratios are per step).
+``--into FILE`` puts the entry into an existing numbers file instead (replacing the entry of the
+same name or model): ``--into src/ditax/pipelines/step_cache_numbers.json`` ships it.
+
+``MODEL`` = ``demo``: the shipped demo model with its sampling settings (``ditax.demo.SAMPLE``),
+prompts of its vocabulary unless ``--prompts`` are given, entry name ``ditax-demo``; its shipped
+numbers are regenerated with ``ditax calibrate-cache demo --into
+src/ditax/pipelines/step_cache_numbers.json``.
 """
 
 from __future__ import annotations
@@ -21,9 +28,22 @@ from ditax.cli import request_errors
 from ditax.errors import RequestError
 
 
+DEMO_NAME = "ditax-demo"
+DEMO_PROMPTS = 4      # calibration prompts of the demo's vocabulary (seen combinations)
+
+
+def demo_prompts(n: int = DEMO_PROMPTS) -> list[str]:
+    """The first ``n`` prompts of combinations the demo model was trained on."""
+    from ditax.synthetic.vocab import canonical_prompt, seen_combinations
+
+    return [canonical_prompt(c.colour, c.shape, c.direction) for c in seen_combinations()[:n]]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="pipeline folder (model_index.json) or hub id")
-    p.add_argument("--prompts", nargs="+", required=True, help="prompts to generate (2-8)")
+    p.add_argument("model", help="pipeline folder (model_index.json), hub id, or 'demo' (the "
+                                 "shipped demo model, sampled with ditax.demo.SAMPLE)")
+    p.add_argument("--prompts", nargs="+", default=None,
+                   help="prompts to generate (2-8; required unless MODEL is demo)")
     p.add_argument("--negative-prompt", default=None)
     p.add_argument("--height", type=int, default=None)
     p.add_argument("--width", type=int, default=None)
@@ -31,10 +51,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--guidance", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image", default=None, metavar="FIRST.png",
+                   help="first frame of every prompt (image-to-video folders)")
     p.add_argument("--name", default=None, help="entry name (default: the folder's name)")
     p.add_argument("--teacache-input", choices=("modulation", "time_embedding"),
                    default="modulation", help="what TeaCache compares between steps")
     p.add_argument("--output", default="cache_numbers.json", help="JSON file to write")
+    p.add_argument("--into", default=None, metavar="NUMBERS.json",
+                   help="put the entry into this existing numbers file (replacing the entry of "
+                        "the same name or model) instead of writing --output")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides (model.dtype, attention.*, mesh.*, sample.*)")
@@ -45,30 +70,50 @@ def run(args) -> int:
 
     import ditax
     from ditax.attention.te import entry_context
-    from ditax.cli.generate import check_model_and_attention
+    from ditax.cli.generate import check_model_and_attention, read_images
     from ditax.compile_cache import compile_cache
     from ditax.config import load_config, parse_overrides, validate
     from ditax.pipelines.calibrate import calibrate
-    from ditax.pipelines.cache_numbers import write_numbers
+    from ditax.pipelines.cache_numbers import merge_numbers, read_numbers, write_numbers
     from ditax.pipelines.request import check_request
 
     cfg = load_config(None, args.overrides)
     given = parse_overrides(args.overrides)
     s = cfg.sample
+    defaults = dict(height=s.height, width=s.width, num_frames=s.num_frames,
+                    num_inference_steps=s.num_inference_steps, guidance_scale=s.guidance_scale,
+                    negative_prompt=None, max_sequence_length=s.max_sequence_length)
+    name = args.name or pathlib.Path(str(args.model)).name
+    if args.model == "demo":          # the shipped demo model, sampled as it is meant to be
+        from ditax.demo import SAMPLE, model_path
+
+        args.model = str(model_path())
+        defaults.update(SAMPLE)
+        if "max_sequence_length" in given.get("sample", {}):
+            defaults["max_sequence_length"] = s.max_sequence_length
+        name = args.name or DEMO_NAME
+        if args.prompts is None:
+            args.prompts = demo_prompts()
+    if args.prompts is None:
+        raise RequestError("--prompts is required (2-8 prompts to generate), unless MODEL is "
+                           "demo")
     pick = lambda a, d: d if a is None else a   # noqa: E731
-    req = dict(height=pick(args.height, s.height), width=pick(args.width, s.width),
-               num_frames=pick(args.frames, s.num_frames),
-               num_inference_steps=pick(args.steps, s.num_inference_steps),
-               guidance_scale=pick(args.guidance, s.guidance_scale))
+    req = dict(height=pick(args.height, defaults["height"]),
+               width=pick(args.width, defaults["width"]),
+               num_frames=pick(args.frames, defaults["num_frames"]),
+               num_inference_steps=pick(args.steps, defaults["num_inference_steps"]),
+               guidance_scale=pick(args.guidance, defaults["guidance_scale"]))
+    negative = pick(args.negative_prompt, defaults["negative_prompt"])
     with request_errors():
         for prompt in args.prompts:
             check_request(prompt, req["height"], req["width"], req["num_frames"],
-                          req["num_inference_steps"], req["guidance_scale"], None,
-                          args.negative_prompt)
+                          req["num_inference_steps"], req["guidance_scale"], None, negative)
     if req["num_inference_steps"] < 3:
         raise RequestError(f"--steps={req['num_inference_steps']}: calibration needs >= 3 steps")
     if pathlib.Path(args.output).suffix.lower() != ".json":
         raise RequestError(f"--output {args.output!r} must end in .json")
+    if args.into is not None:
+        read_numbers(args.into)        # an existing numbers file, before any weights
     use_mesh = "mesh" in given
     validate(cfg, jax.device_count() if use_mesh else None)
     mesh = ditax.make_mesh(cfg.mesh) if use_mesh else None
@@ -78,17 +123,20 @@ def run(args) -> int:
         pipe = ditax.load_pipeline(args.model, dtype=cfg.model.dtype, mesh=mesh,
                                    attention=cfg.attention, cfg_mode=s.cfg_mode,
                                    flow_shift=s.flow_shift,
-                                   max_sequence_length=s.max_sequence_length,
+                                   max_sequence_length=defaults["max_sequence_length"],
                                    scheduler=(s.scheduler if "scheduler" in given.get("sample", {})
                                               else None))
         with request_errors():
-            entry = calibrate(pipe, list(args.prompts), negative_prompt=args.negative_prompt,
-                              name=args.name or pathlib.Path(str(args.model)).name, seed=args.seed,
-                              teacache_input=args.teacache_input,
+            image = read_images(args.image, None).get("image")
+            entry = calibrate(pipe, list(args.prompts), negative_prompt=negative, name=name,
+                              seed=args.seed,
+                              teacache_input=args.teacache_input, image=image,
                               progress=not args.no_progress, **req)
-    path = write_numbers(args.output, entry)
+    path = (write_numbers(args.output, entry) if args.into is None
+            else merge_numbers(args.into, entry))
     mag = entry["magcache"]["ratios"]
     print(f"teacache ({args.teacache_input}): coefficients {entry['teacache']['coefficients']}")
     print(f"magcache: ratios cond {mag[0]}")
-    print(f"wrote {path}; use it with sample.cache_coefficients={path}")
+    print(f"wrote {path}" + (f"; use it with sample.cache_coefficients={path}"
+                             if args.into is None else f" (entry {name!r})"))
     return 0

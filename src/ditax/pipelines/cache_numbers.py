@@ -20,7 +20,9 @@ whose ``experts`` equals its number of experts. The shipped file (``step_cache_n
 beside this module) holds the published Wan 2.1 T2V 1.3B / 14B numbers; ``ditax
 calibrate-cache`` writes a file of the same form for any model (one entry), which is given to
 the pipeline with ``cache_coefficients=PATH`` (config key ``sample.cache_coefficients``) or
-appended to the shipped file to make it the default for that model: adding a model is one entry.
+put into the shipped file to make it the default for that model (``ditax calibrate-cache ...
+--into src/ditax/pipelines/step_cache_numbers.json``, :func:`merge_numbers`): adding a model is
+one entry.
 """
 
 from __future__ import annotations
@@ -192,6 +194,36 @@ def write_numbers(path, entry: dict) -> pathlib.Path:
     return path
 
 
+def _format(value, depth: int = 0) -> str:
+    """JSON as the shipped file is laid out: one key per line, lists of numbers on one line."""
+    pad, inner = " " * depth, " " * (depth + 1)
+    if isinstance(value, dict):
+        items = [f"{inner}{json.dumps(k)}: {_format(v, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}" if items else "{}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        return ("[\n" + ",\n".join(inner + _format(v, depth + 1) for v in value) + "\n" + pad
+                + "]")
+    return json.dumps(value)
+
+
+def merge_numbers(path, entry: dict) -> pathlib.Path:
+    """Put ``entry`` into the numbers file ``path`` (e.g. the shipped one): it replaces the
+    entry of the same name, else the one matching the same model (``match`` and ``experts``),
+    else it is appended. The file is written back in the shipped layout."""
+    parse_entry(entry, str(path))
+    path = pathlib.Path(path)
+    models = read_numbers(path)
+    same = [i for i, m in enumerate(models) if m.get("name") == entry.get("name")] or [
+        i for i, m in enumerate(models)
+        if m["match"] == entry["match"] and m.get("experts", 1) == entry.get("experts", 1)]
+    if same:
+        models[same[0]] = entry
+    else:
+        models.append(entry)
+    path.write_text(_format({"format": FORMAT, "models": models}) + "\n")
+    return path
+
+
 __all__ = ["FORMAT", "MagCacheNumbers", "ModelNumbers", "SHIPPED", "TeaCacheNumbers",
-           "describe", "find_numbers", "match_of", "parse_entry", "read_numbers",
-           "write_numbers"]
+           "describe", "find_numbers", "match_of", "merge_numbers", "parse_entry",
+           "read_numbers", "write_numbers"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ditax.pipelines.cache_numbers import match_of
-from ditax.pipelines.step_cache import CALIBRATE
+from ditax.pipelines.cache_policy import CALIBRATE
 
 TEACACHE_DEGREE = 4
 TEACACHE_RETENTION = 0.1
@@ -47,20 +47,24 @@ def fit_teacache(x: np.ndarray, y: np.ndarray, degree: int = TEACACHE_DEGREE) ->
 def calibrate(pipe, prompts: list[str], *, name: str, negative_prompt: str | None = None,
               height: int, width: int, num_frames: int, num_inference_steps: int,
               guidance_scale: float, seed: int = 0, teacache_input: str = "modulation",
-              progress: bool = False) -> dict:
+              progress: bool = False, image=None) -> dict:
     """Generate each prompt (seed ``seed + k``) with every step computed and return the numbers
-    entry for ``pipe``'s model (write it with :func:`~.cache_numbers.write_numbers`)."""
+    entry for ``pipe``'s model (write it with :func:`~.cache_numbers.write_numbers`).
+    ``image``: the first frame every prompt is conditioned on (image-to-video models)."""
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     if num_inference_steps < 3:
         raise ValueError(f"num_inference_steps={num_inference_steps}: calibration needs >= 3 "
                          f"steps (the published numbers use 50)")
+    source = (f"ditax calibrate-cache: {len(prompts)} prompt(s), {num_inference_steps} "
+              f"steps, {num_frames}x{height}x{width}, guidance {guidance_scale}"
+              + ("" if image is None else ", with an image"))
     runs = []
     for k, prompt in enumerate(prompts):
         pipe(prompt, negative_prompt=negative_prompt, height=height, width=width,
              num_frames=num_frames, num_inference_steps=num_inference_steps,
              guidance_scale=guidance_scale, seed=seed + k, progress=progress, output="latent",
-             cache=CALIBRATE)
+             cache=CALIBRATE, image=image)
         runs.append({k: np.asarray(v, np.float64)
                      for k, v in pipe.last_stats["calibration"].items()})
     x = np.stack([r[f"m_{teacache_input}"][1:] for r in runs])   # [P, N-1, branches]
@@ -73,8 +77,7 @@ def calibrate(pipe, prompts: list[str], *, name: str, negative_prompt: str | Non
     experts = 1 if pipe.transformer_2 is None else 2
     return {
         "name": name,
-        "source": (f"ditax calibrate-cache: {len(prompts)} prompt(s), {num_inference_steps} "
-                   f"steps, {num_frames}x{height}x{width}, guidance {guidance_scale}"),
+        "source": source,
         "match": match_of(pipe.transformer.config),
         "experts": experts,
         "teacache": {"input": teacache_input, "coefficients": fit_teacache(x, y),

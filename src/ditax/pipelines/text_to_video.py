@@ -14,17 +14,16 @@ reproduces the reference sampling loop:
    scale; velocity ``v = v_uncond + g (v_cond - v_uncond)``; one scheduler step;
 4. decode: ``z * latents_std + latents_mean``, VAE decode, ``video * 0.5 + 0.5`` clipped.
 
-The whole of step 3 is one jitted function of ``(expert params, scheduler state, latents, text,
-guidance)`` — the step index lives in the scheduler state as a traced scalar, and both experts
-share one graph, so it compiles once and every step (of either expert) reuses it. It and the
-VAE decode are compiled ahead of time for the request's shapes before the first step
-(:mod:`.programs`; the ``compile`` phase of the timing line), inside jax's persistent
+The whole of step 3 is one jitted function (:mod:`.denoise`) of ``(expert params, scheduler
+state, latents, text, guidance)`` — the step index lives in the scheduler state as a traced
+scalar, and both experts share one graph, so it compiles once and every step (of either expert)
+reuses it. It and the VAE decode are compiled ahead of time for the request's shapes before the
+first step (:mod:`.programs`; the ``compile`` phase of the timing line), inside jax's persistent
 compilation cache (:mod:`ditax.compile_cache`; ``pipe.compile_cache``, default ``"auto"``).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
@@ -33,14 +32,14 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.errors import ConfigError, RequestError
 from ditax.config.sample import CFG_MODES
 from ditax.parallel.axes import check_batch_divides
 from ditax.pipelines.components import load_components
-from ditax.pipelines.conditioning import batch_twice, final_latents, model_inputs
+from ditax.pipelines.conditioning import final_latents
+from ditax.pipelines.denoise import _denoise_step
 from ditax.pipelines.folder import PipelineLoadError, read_pipeline_folder
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.request import check_request
@@ -105,41 +104,6 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
 
 # ----------------------------------------------------------------------------------------------
 # the pipeline
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _denoise_step(gdef, scheduler, cfg_mode: str, use_cfg: bool, params, sched_state, latents,
-                  text, guidance, condition=None):
-    """One sampling step: transformer forward(s), guidance, scheduler update.
-
-    ``gdef``/``scheduler``/modes are static (hashable; equal for both Wan 2.2 experts and for
-    every pipeline with the same shapes), everything else traced: the step index is inside
-    ``sched_state``, so one compiled program serves every step.
-    latents float32 ``[1, C, F, Y, X]``; text ``[2, T, Dt]`` (cond, uncond) with guidance, else
-    ``[1, T, Dt]``; guidance float32 ``[]``; ``condition`` an image's
-    :class:`~ditax.pipelines.conditioning.Condition` (None: text-to-video).
-    Returns ``(latents, sched_state)``.
-    """
-    model = nnx.merge(gdef, params)
-    dt = jnp.dtype(model.cfg.dtype)
-    t = sched_state.timesteps[sched_state.step_index].astype(jnp.float32)
-    x, tb, image = model_inputs(condition, latents, t, dt)
-    b = x.shape[0]
-    if not use_cfg:
-        v = model(x, tb, text[:b], encoder_hidden_states_image=image)
-    else:
-        if cfg_mode == "batched":
-            out = model(jnp.concatenate([x, x]), jnp.concatenate([tb, tb]), text,
-                        encoder_hidden_states_image=batch_twice(image))
-            cond, uncond = out[:b], out[b:]
-        else:
-            cond = model(x, tb, text[:b], encoder_hidden_states_image=image)
-            uncond = model(x, tb, text[b:], encoder_hidden_states_image=image)
-        v = uncond + guidance.astype(cond.dtype) * (cond - uncond)
-    new, sched_state = scheduler.step(sched_state, v, latents)
-    # the Euler step returns the model dtype (as the reference); keep the carry float32 so the
-    # step's signature (and compiled program) never changes
-    return new.astype(latents.dtype), sched_state
 
 
 def initial_noise(seed: int, shape: tuple[int, ...]) -> jax.Array:
@@ -277,8 +241,8 @@ class WanTextToVideo:
         ``cache_coefficients``: a numbers file of ``ditax calibrate-cache`` (default: the
         shipped numbers of the model, if any). ``cache=None, cfg_cache=False`` runs the plain
         step. ``self.last_stats`` tells what ran. ``image`` / ``last_image``:
-        image-to-video pipelines (:class:`~ditax.pipelines.image_to_video.WanImageToVideo`);
-        step caching does not take an image condition yet. ``max_sequence_length``: text
+        image-to-video pipelines (:class:`~ditax.pipelines.image_to_video.WanImageToVideo`;
+        step caching works there too). ``max_sequence_length``: text
         tokens for this call (diffusers' argument of that name; default the pipeline's, 512).
         """
         if max_sequence_length is not None and (not isinstance(max_sequence_length, int)
@@ -334,9 +298,6 @@ class WanTextToVideo:
             coefficients=cache_coefficients)
         # each expert's own graph (equal for two plain experts: one program; an expert with
         # unmerged LoRAs has its own)
-        if step_cache is not None and cond is not None:
-            raise RequestError("step caching (cache= / cfg_cache=) does not support image "
-                               "conditioning yet; drop cache / cfg_cache for image-to-video")
         if step_cache is None:
             steps = {id(tr): self.programs.step(
                          _denoise_step, (tr._gdef, self.scheduler, self.cfg_mode, use_cfg),
@@ -344,7 +305,7 @@ class WanTextToVideo:
                      for tr in experts}
         else:
             steps = {id(tr): step_cache.compile(self.programs, tr, self.scheduler,
-                                                self.cfg_mode, use_cfg, state, x, text)
+                                                self.cfg_mode, use_cfg, state, x, text, cond)
                      for tr in experts}
         decode = None if output == "latent" or self.vae_tiling else self.programs.decode(
             self.vae, shape, None if self.mesh is None else NamedSharding(self.mesh, P()))
@@ -356,10 +317,7 @@ class WanTextToVideo:
             low = boundary is not None and timesteps[i] < boundary
             g = guidance_scale_2 if low else guidance_scale
             tr = experts[i]
-            if step_cache is None:
-                x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g), cond)
-            else:
-                x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g))
+            x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g), cond)
         x = jax.block_until_ready(final_latents(cond, x))
         self.last_stats = (uncached_stats(num_inference_steps, use_cfg) if step_cache is None
                            else step_cache.stats())
