@@ -194,25 +194,24 @@ def test_shipped_folder_matches_its_manifest_and_size_budget():
 
 @needs_shipped
 def test_shipped_model_beats_random_weights_on_colour(tmp_path):
+    """One prompt per vocabulary colour (seen combinations, seed 0): the trained model names the
+    colour of what it draws in at least 4 of 5 (green objects often fade: the weakest colour),
+    and more often than a random-weights model of the same pipeline."""
     from ditax.demo import SAMPLE, build_pipeline_folder, model_path
-    from ditax.synthetic.score import measure
-    from ditax.synthetic.vocab import COLOURS
+    from ditax.synthetic.score import score
 
-    prompt = "a green square moves down"
-    want = np.asarray(COLOURS["green"])
+    prompts = ["a red circle moves left", "a green square moves right",
+               "a blue circle moves down", "a yellow square moves up",
+               "a white circle moves right"]
 
-    def colour_errors(pipe):
-        out = []
-        for seed in range(3):
-            m = measure(pipe(prompt, seed=seed, progress=False, **SAMPLE))
-            out.append((float(np.linalg.norm(np.asarray(m.rgb) - want)) if m.rgb else np.inf,
-                        m.colour))
-        return out
+    def colours_right(pipe):
+        return [p for p in prompts
+                if score(pipe(p, seed=0, progress=False, **SAMPLE), p)["colour_correct"]]
 
-    trained = colour_errors(ditax.load_pipeline(model_path()))
-    rand = colour_errors(ditax.load_pipeline(build_pipeline_folder(tmp_path / "random")))
-    assert sum(c == "green" for _, c in trained) >= 2, trained
-    assert np.median([e for e, _ in trained]) < np.median([e for e, _ in rand]), (trained, rand)
+    trained = colours_right(ditax.load_pipeline(model_path()))
+    rand = colours_right(ditax.load_pipeline(build_pipeline_folder(tmp_path / "random")))
+    assert len(trained) >= 4, trained
+    assert len(trained) > len(rand), (trained, rand)
 
 
 @needs_shipped
