@@ -46,26 +46,12 @@ CORPUS = [
 ]
 
 
-def _float32(tree):
-    """A pure parameter dict with every leaf as a float32 numpy array (what the demo saves)."""
-    import numpy as np
-
-    return {k: _float32(v) if isinstance(v, dict) else np.asarray(v, np.float32)
-            for k, v in tree.items()}
-
-
 def _save(folder: pathlib.Path, name: str, table, module, config: dict):
-    """``module``'s parameters → upstream keys and layouts through ``table`` → safetensors."""
-    from flax import nnx
-    from safetensors.numpy import save_file
+    """``module``'s parameters → upstream keys and layouts through ``table`` → float32
+    safetensors + ``config.json`` (:func:`ditax.io.export.save_folder`)."""
+    from ditax.io.export import module_params, save_folder
 
-    from ditax.io.convert import export
-
-    tensors = export(table, _float32(nnx.to_pure_dict(nnx.state(module, nnx.Param))))
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.copy() for k, v in tensors.items()}, str(folder / name),
-              metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_folder(folder, name, table, module_params(module), config)
 
 
 def write_transformer(folder: pathlib.Path, seed: int = 0):
