@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from ditax.attention.blocks import SUBLANE, effective_block, round_up
 from ditax.attention.kernels.flash_bwd import flash_core_bwd
 from ditax.attention.kernels.flash_fwd import flash_forward_shard_major
+from ditax.attention.kernels.flash_packed import flash_forward_packed, packable
 from ditax.attention.options import FlashOptions
 from ditax.attention.registry import BACKENDS
 from ditax.errors import AttentionUnavailable
@@ -78,6 +79,55 @@ def _core_fwd(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpr
 
 
 _flash_core.defvjp(_core_fwd, flash_core_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret):
+    return flash_forward_packed(q, k, v, keep, o_prev, lse_prev, heads=heads, scale=scale,
+                                block_q=block_q, block_kv=block_kv, interpret=interpret)
+
+
+def _packed_fwd(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret):
+    o, lse = _packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv,
+                          interpret)
+    return (o, lse), (q, k, v, keep, o_prev, lse_prev, o, lse)
+
+
+def _packed_bwd(heads, scale, block_q, block_kv, interpret, res, cts):
+    """The backward of the packed forward through the shard-major backward kernels
+    (:func:`flash_core_bwd`, ``U = 1``): inputs padded to whole blocks and made head-major
+    (zero rows; lse rows past ``Lq`` set to -inf so they contribute exact zeros, as the
+    zero-padded rows of the head-major forward do), gradients sliced back."""
+    q, k, v, keep, o_prev, lse_prev, o, lse = res
+    do, dlse = cts
+    B, Lq, D = q.shape
+    Lk, K = k.shape[1], D // heads
+    Lq_p, Lk_p = lse.shape[2] * block_q, keep.shape[1]
+    valid = (jnp.arange(Lq_p) < Lq)[None, None, :]
+
+    def to5(x, n):      # [B, l, N*K] -> [1, B, N, n, K]
+        x = jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0))).reshape(B, n, heads, K)
+        return jnp.swapaxes(x, 1, 2)[None]
+
+    def from5(x, n):    # [1, B, N, n', K] -> [B, n, N*K]
+        return jnp.swapaxes(x[0], 1, 2)[:, :n].reshape(B, n, D)
+
+    def rows5(x, fill):
+        return jnp.where(valid, x.reshape(B, heads, Lq_p), fill)[None, ..., None]
+
+    prev = (None, None)
+    if o_prev is not None:
+        prev = (to5(o_prev, Lq_p), rows5(lse_prev, -jnp.inf))
+    res5 = (to5(q, Lq_p), to5(k, Lk_p), to5(v, Lk_p), keep[:, None, :], *prev,
+            to5(o, Lq_p), rows5(lse, -jnp.inf))
+    dq, dk, dv, _, d_op, d_lp = flash_core_bwd(scale, block_q, block_kv, interpret, res5,
+                                               (to5(do, Lq_p), rows5(dlse, 0.0)))
+    if o_prev is not None:
+        d_op, d_lp = from5(d_op, Lq), d_lp[0, ..., 0].reshape(lse_prev.shape)
+    return from5(dq, Lq), from5(dk, Lk), from5(dv, Lk), None, d_op, d_lp
+
+
+_packed_core.defvjp(_packed_fwd, _packed_bwd)
 
 
 # ---------------------------------------------------------------- public API
@@ -188,6 +238,9 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOp
     Lk = k.shape[1]
     bq, bkv = effective_block(block_q, Lq), effective_block(block_kv, Lk)
     Lq_p, Lk_p = round_up(Lq, bq), round_up(Lk, bkv)
+    if packable(N, K):
+        return _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev,
+                             interpret)
     if Lk_p != Lk and kv_mask is None:
         kv_mask = jnp.ones((B, Lk), bool)
     _check_prev(o_prev, lse_prev, q.shape, (B, N, Lq))
@@ -217,6 +270,34 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOp
     o = jnp.swapaxes(o[0], 1, 2)[:, :Lq]
     if return_lse:
         return o, lse[0, ..., 0][:, :, :Lq]
+    return o
+
+
+def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev, interpret):
+    """:func:`flash_attention` through the packed-layout kernel (:mod:`.kernels.flash_packed`):
+    ``[B, L, N, K]`` is read as ``[B, L, N·K]`` (the projections' own layout), no padding."""
+    B, Lq, N, K = q.shape
+    Lk = k.shape[1]
+    _check_prev(o_prev, lse_prev, q.shape, (B, N, Lq))
+    scale = K ** -0.5 if scale is None else float(scale)
+    interpret = default_interpret() if interpret is None else interpret
+    check_platform(bool(interpret))
+    nq, Lk_p = -(-Lq // bq), round_up(Lk, bkv)
+    keep = jnp.arange(Lk_p)[None, :] < Lk
+    if kv_mask is not None:
+        keep = jnp.pad(kv_mask.astype(bool), ((0, 0), (0, Lk_p - Lk)))
+    keep = jnp.broadcast_to(keep, (B, Lk_p)).astype(jnp.int32)
+    prev = (None, None)
+    if o_prev is not None:
+        lp = jnp.pad(lse_prev.astype(jnp.float32), ((0, 0), (0, 0), (0, nq * bq - Lq)),
+                     constant_values=-jnp.inf)
+        prev = (o_prev.reshape(B, Lq, N * K), lp.reshape(B, N, nq, 1, bq))
+    o, lse = _packed_core(q.reshape(B, Lq, N * K), k.reshape(B, Lk, N * K),
+                          v.reshape(B, Lk, N * K), keep, *prev, N, scale, bq, bkv,
+                          bool(interpret))
+    o = o.reshape(B, Lq, N, K)
+    if return_lse:
+        return o, lse.reshape(B, N, nq * bq)[:, :, :Lq]
     return o
 
 
