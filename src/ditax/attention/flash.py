@@ -95,36 +95,37 @@ def _packed_fwd(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv
 
 def _packed_bwd(heads, scale, block_q, block_kv, interpret, res, cts):
     """The backward of the packed forward through the shard-major backward kernels
-    (:func:`flash_core_bwd`, ``U = 1``): inputs padded to whole blocks and made head-major
-    (zero rows; lse rows past ``Lq`` set to -inf so they contribute exact zeros, as the
+    (:func:`flash_core_bwd`): every shard padded to whole blocks and made head-major (zero
+    rows; lse rows past a shard's ``Lc`` set to -inf so they contribute exact zeros, as the
     zero-padded rows of the head-major forward do), gradients sliced back."""
     q, k, v, keep, o_prev, lse_prev, o, lse = res
     do, dlse = cts
-    B, Lq, D = q.shape
-    Lk, K = k.shape[1], D // heads
-    Lq_p, Lk_p = lse.shape[2] * block_q, keep.shape[1]
-    valid = (jnp.arange(Lq_p) < Lq)[None, None, :]
+    U, B, Lc, D = q.shape
+    Uk, Lkc, K = k.shape[0], k.shape[2], D // heads
+    Lq_p, Lk_p = lse.shape[3] * block_q, keep.shape[1] // Uk
+    valid = (jnp.arange(Lq_p) < Lc)[None, None, None, :]
 
-    def to5(x, n):      # [B, l, N*K] -> [1, B, N, n, K]
-        x = jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0))).reshape(B, n, heads, K)
-        return jnp.swapaxes(x, 1, 2)[None]
+    def to5(x, n):      # [U, B, l, N*K] -> [U, B, N, n, K]
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, n - x.shape[2]), (0, 0)))
+        return jnp.transpose(x.reshape(x.shape[:3] + (heads, K)), (0, 1, 3, 2, 4))
 
-    def from5(x, n):    # [1, B, N, n', K] -> [B, n, N*K]
-        return jnp.swapaxes(x[0], 1, 2)[:, :n].reshape(B, n, D)
+    def from5(x, n):    # [U, B, N, n', K] -> [U, B, n, N*K]
+        x = jnp.transpose(x, (0, 1, 3, 2, 4))[:, :, :n]
+        return x.reshape(x.shape[:3] + (D,))
 
     def rows5(x, fill):
-        return jnp.where(valid, x.reshape(B, heads, Lq_p), fill)[None, ..., None]
+        return jnp.where(valid, x.reshape(U, B, heads, Lq_p), fill)[..., None]
 
     prev = (None, None)
     if o_prev is not None:
         prev = (to5(o_prev, Lq_p), rows5(lse_prev, -jnp.inf))
-    res5 = (to5(q, Lq_p), to5(k, Lk_p), to5(v, Lk_p), keep[:, None, :], *prev,
+    res5 = (to5(q, Lq_p), to5(k, Lk_p), to5(v, Lk_p), keep.reshape(B, Uk, Lk_p), *prev,
             to5(o, Lq_p), rows5(lse, -jnp.inf))
     dq, dk, dv, _, d_op, d_lp = flash_core_bwd(scale, block_q, block_kv, interpret, res5,
                                                (to5(do, Lq_p), rows5(dlse, 0.0)))
     if o_prev is not None:
-        d_op, d_lp = from5(d_op, Lq), d_lp[0, ..., 0].reshape(lse_prev.shape)
-    return from5(dq, Lq), from5(dk, Lk), from5(dv, Lk), None, d_op, d_lp
+        d_op, d_lp = from5(d_op, Lc), d_lp[..., 0].reshape(lse_prev.shape)
+    return from5(dq, Lc), from5(dk, Lkc), from5(dv, Lkc), None, d_op, d_lp
 
 
 _packed_core.defvjp(_packed_fwd, _packed_bwd)
@@ -200,6 +201,32 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
     o, lse = _flash_core(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv,
                          bool(interpret))
     return (o, lse[..., 0]) if return_lse else o
+
+
+def flash_attention_shard_major_packed(q, k, v, *, heads: int, kv_keep=None, scale=None,
+                                       block_q: int = FlashOptions.block_q,
+                                       block_kv: int = FlashOptions.block_kv,
+                                       interpret: bool | None = None):
+    """Flash attention in the packed shard-major layout (:mod:`.kernels.flash_packed`), no
+    padding: q ``[U, B, Lc, N·K]``, k/v ``[Uk, B, Lk_c, N·K]`` (``U`` sequence shards,
+    shard index leading, each shard's last block partial), kv_keep ``[B, Uk, Lk_c]`` bool
+    (None = all keys). Needs :func:`packable` heads. Returns ``[U, B, Lc, N·K]``; equal bit
+    for bit to :func:`flash_attention_shard_major` on each shard zero-padded to whole blocks
+    (padded keys masked)."""
+    U, B, Lc, D = q.shape
+    Uk, Lkc = k.shape[0], k.shape[2]
+    if D % heads or not packable(heads, D // heads):
+        raise ValueError(f"packed flash: width {D} is not {heads} heads of a lane-multiple "
+                         f"head dim; use flash_attention_shard_major")
+    scale = (D // heads) ** -0.5 if scale is None else float(scale)
+    interpret = default_interpret() if interpret is None else interpret
+    check_platform(bool(interpret))
+    Lk_p = round_up(Lkc, block_kv)
+    keep = jnp.ones((B, Uk, Lkc), bool) if kv_keep is None else kv_keep.astype(bool)
+    keep = jnp.pad(keep, ((0, 0), (0, 0), (0, Lk_p - Lkc))).astype(jnp.int32)
+    o, _ = _packed_core(q, k, v, keep.reshape(B, Uk * Lk_p), None, None, heads, scale,
+                        block_q, block_kv, bool(interpret))
+    return o
 
 
 def _check_prev(o_prev, lse_prev, o_shape, lse_shape):
@@ -291,9 +318,9 @@ def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev
     if o_prev is not None:
         lp = jnp.pad(lse_prev.astype(jnp.float32), ((0, 0), (0, 0), (0, nq * bq - Lq)),
                      constant_values=-jnp.inf)
-        prev = (o_prev.reshape(B, Lq, N * K), lp.reshape(B, N, nq, 1, bq))
-    o, lse = _packed_core(q.reshape(B, Lq, N * K), k.reshape(B, Lk, N * K),
-                          v.reshape(B, Lk, N * K), keep, *prev, N, scale, bq, bkv,
+        prev = (o_prev.reshape(1, B, Lq, N * K), lp.reshape(1, B, N, nq, 1, bq))
+    o, lse = _packed_core(q.reshape(1, B, Lq, N * K), k.reshape(1, B, Lk, N * K),
+                          v.reshape(1, B, Lk, N * K), keep, *prev, N, scale, bq, bkv,
                           bool(interpret))
     o = o.reshape(B, Lq, N, K)
     if return_lse:
@@ -301,5 +328,6 @@ def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev
     return o
 
 
-__all__ = ["flash_attention", "flash_attention_shard_major", "effective_block",
+__all__ = ["flash_attention", "flash_attention_shard_major", "flash_attention_shard_major_packed",
+           "packable", "effective_block",
            "check_shard_major_supported", "default_interpret", "check_platform"]

@@ -40,28 +40,43 @@ def packable(num_heads: int, head_dim: int) -> bool:
 
 def flash_forward_packed(q, k, v, keep, o_prev=None, lse_prev=None, *, heads: int,
                          scale: float, block_q: int, block_kv: int, interpret: bool):
-    """q ``[B, Lq, N·K]``, k/v ``[B, Lk, N·K]``, keep ``[B, nkv·block_kv]`` int32 (1 = attend;
-    0 past ``Lk``), optional o_prev ``[B, Lq, N·K]`` / lse_prev rows ``[B, N, nq, 1, block_q]``
-    float32 (a partial over other keys to continue from).
+    """q ``[U, B, Lc, N·K]``, k/v ``[Uk, B, Lk_c, N·K]`` (``U`` sequence shards of ``Lc``
+    tokens, shard index leading: what a leading-axis all_to_all delivers in Ulysses; the
+    plain case has ``U = Uk = 1``), keep ``[B, Uk·nkv·block_kv]`` int32 (1 = attend; each
+    shard's keys padded with 0 to ``nkv = cdiv(Lk_c, block_kv)`` whole blocks), optional
+    o_prev ``[U, B, Lc, N·K]`` / lse_prev rows ``[U, B, N, nq, 1, block_q]`` float32 (a
+    partial over other keys to continue from). Keys and queries are walked shard-major, each
+    shard in ``cdiv`` blocks, so a shard's last block is partial.
 
-    Returns ``(o [B, Lq, N·K] in q's (or o_prev's) dtype, lse rows [B, N, nq, 1, block_q]
-    float32)`` with ``nq = cdiv(Lq, block_q)``.
+    Returns ``(o [U, B, Lc, N·K] in q's (or o_prev's) dtype, lse rows [U, B, N, nq, 1,
+    block_q] float32)`` with ``nq = cdiv(Lc, block_q)``.
     """
-    B, Lq, D = q.shape
-    Lk = k.shape[1]
+    U, B, Lc, D = q.shape
+    Uk, Lkc = k.shape[0], k.shape[2]
     K = D // heads
-    nq, nkv = ceil_div(Lq, block_q), ceil_div(Lk, block_kv)
-    if keep.shape != (B, nkv * block_kv):
-        raise ValueError(f"packed flash: keep must be [B, {nkv * block_kv}] (keys padded to "
-                         f"whole blocks of {block_kv}); got {tuple(keep.shape)}")
+    nq, nkv = ceil_div(Lc, block_q), ceil_div(Lkc, block_kv)
+    if keep.shape != (B, Uk * nkv * block_kv):
+        raise ValueError(f"packed flash: keep must be [B, {Uk * nkv * block_kv}] (each shard's "
+                         f"keys padded to whole blocks of {block_kv}); got {tuple(keep.shape)}")
     has_prev = o_prev is not None
-    rows = (B, heads, nq, 1, block_q)
-    q_spec = pl.BlockSpec((None, block_q, K), lambda b, h, i, j: (b, i, h))
-    kv_spec = pl.BlockSpec((None, block_kv, K), lambda b, h, i, j: (b, j, h))
+    rows = (U, B, heads, nq, 1, block_q)
+    div, rem = jax.lax.div, jax.lax.rem
+
+    def q_map(b, h, i, j):
+        return div(i, nq), b, rem(i, nq), h
+
+    def kv_map(b, h, i, j):
+        return div(j, nkv), b, rem(j, nkv), h
+
+    def lse_map(b, h, i, j):
+        return div(i, nq), b, h, rem(i, nq), 0, 0
+
+    q_spec = pl.BlockSpec((None, None, block_q, K), q_map)
+    kv_spec = pl.BlockSpec((None, None, block_kv, K), kv_map)
     keep_spec = pl.BlockSpec((None, None, 1, block_kv), lambda b, h, i, j: (b, j, 0, 0))
-    lse_spec = pl.BlockSpec((None, None, None, 1, block_q), lambda b, h, i, j: (b, h, i, 0, 0))
+    lse_spec = pl.BlockSpec((None, None, None, None, 1, block_q), lse_map)
     in_specs = [q_spec, kv_spec, kv_spec, keep_spec] + ([q_spec, lse_spec] if has_prev else [])
-    args = (q, k, v, keep.reshape(B, nkv, 1, block_kv))
+    args = (q, k, v, keep.reshape(B, Uk * nkv, 1, block_kv))
     if has_prev:
         args += (o_prev, lse_prev.astype(jnp.float32))
     from jax.experimental.pallas import tpu as pltpu
@@ -69,7 +84,7 @@ def flash_forward_packed(q, k, v, keep, o_prev=None, lse_prev=None, *, heads: in
     kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev, mask_v=True)
     o, lse = pl.pallas_call(
         kernel,
-        grid=(B, heads, nq, nkv),
+        grid=(B, heads, U * nq, Uk * nkv),
         in_specs=in_specs,
         out_specs=[q_spec, lse_spec],
         out_shape=[jax.ShapeDtypeStruct(q.shape, o_prev.dtype if has_prev else q.dtype),
