@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import ditax.attention.flash as fl
-from ditax.attention.flash import flash_attention_shard_major, flash_attention_shard_major_packed
 
 
 def _arr(rng, dtype, *shape):
@@ -45,40 +44,3 @@ def test_packed_flash_attention_bit_identical_to_head_major(rng, monkeypatch, dt
     for a, b in zip(g1, g0):
         assert bool(jnp.all(jnp.isfinite(a.astype(jnp.float32))))
         assert jnp.array_equal(a, b)
-
-
-def test_packed_shard_major_bit_identical_to_padded_head_major(rng):
-    """``[U, B, Lc, h·K]`` with Lc=20 not a multiple of the 8-blocks equals the head-major
-    shard-major kernel on every shard zero-padded to 24 (padded keys masked), forward and
-    gradients, bit for bit; one head of K=32 per shard (the whole minor axis: packable)."""
-    U, B, h, Lc, K, Lp = 4, 1, 1, 20, 32, 24
-    q, k, v = (_arr(rng, jnp.float32, U, B, Lc, h * K) for _ in range(3))
-    keep = jnp.asarray(rng.random((B, U, Lc)) > 0.25)
-
-    def packed(q, k, v):
-        return flash_attention_shard_major_packed(q, k, v, heads=h, kv_keep=keep, block_q=8,
-                                                  block_kv=8, interpret=True)
-
-    def head_major(q, k, v):
-        def to5(x):
-            x = jnp.pad(x, ((0, 0), (0, 0), (0, Lp - Lc), (0, 0))).reshape(U, B, Lp, h, K)
-            return jnp.transpose(x, (0, 1, 3, 2, 4))
-        kp = jnp.pad(keep, ((0, 0), (0, 0), (0, Lp - Lc)))
-        o = flash_attention_shard_major(to5(q), to5(k), to5(v), kv_keep=kp, block_q=8,
-                                        block_kv=8, interpret=True)
-        return jnp.transpose(o, (0, 1, 3, 2, 4))[:, :, :Lc].reshape(U, B, Lc, h * K)
-
-    w = jnp.cos(jnp.arange(q.size, dtype=jnp.float32)).reshape(q.shape)
-    o1, g1 = jax.value_and_grad(lambda *a: jnp.sum(packed(*a) * w), argnums=(0, 1, 2))(q, k, v)
-    o0, g0 = jax.value_and_grad(lambda *a: jnp.sum(head_major(*a) * w),
-                                argnums=(0, 1, 2))(q, k, v)
-    assert jnp.array_equal(packed(q, k, v), head_major(q, k, v))
-    for a, b in zip(g1, g0):
-        assert jnp.array_equal(a, b)
-
-
-def test_packed_shard_major_refuses_unpackable_heads():
-    x = jnp.zeros((2, 1, 16, 64))
-    with pytest.raises(ValueError, match="lane-multiple head dim"):
-        flash_attention_shard_major_packed(x, x, x, heads=2, block_q=8, block_kv=8,
-                                           interpret=True)

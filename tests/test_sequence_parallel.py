@@ -122,12 +122,11 @@ EXECUTOR_LOG = "ditax.attention.sequence.execute"
 
 
 def _kernel_path_traced(caplog) -> bool:
-    """Whether the executor traced a shard-major kernel branch (it logs from the branch):
-    the head-major one or the packed one (no ring, one head per device or K % 128 == 0)."""
+    """Whether the executor traced the shard-major kernel branch (it logs from the branch)."""
     paths = {r.getMessage().split(": ")[1].split(" (")[0] for r in caplog.records
              if r.name == EXECUTOR_LOG and r.levelno == logging.DEBUG}
     assert len(paths) == 1, paths
-    return paths <= {"shard-major kernel path", "packed shard-major kernel path"}
+    return paths == {"shard-major kernel path"}
 
 
 @pytest.mark.parametrize("backend,extra", [

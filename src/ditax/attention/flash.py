@@ -3,8 +3,11 @@
 Two entry points over one kernel (:mod:`ditax.attention.kernels.flash_fwd`):
 
 - :func:`flash_attention` — the BSHD local backend: q ``[B, Lq, N, K]``, k/v
-  ``[B, Lk, N, K]``; pads Lq/Lk to block multiples (padded keys masked, padded query rows
-  dropped), so any length works.
+  ``[B, Lk, N, K]``; any length works. With ``K`` a multiple of 128 (or one head) it reads
+  ``[B, L, N·K]`` where the projections left it, each head a ``(block, K)`` column block,
+  and masks partial last blocks instead of padding (:mod:`.kernels.flash_packed`: no
+  relayout copies; bit-identical); otherwise it pads Lq/Lk to block multiples (padded keys
+  masked, padded query rows dropped) and runs head-major.
 - :func:`flash_attention_shard_major` — the layout Ulysses uses: q/k/v
   ``[U, B, N, Lc, K]`` (sequence shard leading, ``U * Lc`` tokens in shard-major order),
   output written in the same layout, so the Ulysses output exchange is one leading-axis
@@ -203,32 +206,6 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
     return (o, lse[..., 0]) if return_lse else o
 
 
-def flash_attention_shard_major_packed(q, k, v, *, heads: int, kv_keep=None, scale=None,
-                                       block_q: int = FlashOptions.block_q,
-                                       block_kv: int = FlashOptions.block_kv,
-                                       interpret: bool | None = None):
-    """Flash attention in the packed shard-major layout (:mod:`.kernels.flash_packed`), no
-    padding: q ``[U, B, Lc, N·K]``, k/v ``[Uk, B, Lk_c, N·K]`` (``U`` sequence shards,
-    shard index leading, each shard's last block partial), kv_keep ``[B, Uk, Lk_c]`` bool
-    (None = all keys). Needs :func:`packable` heads. Returns ``[U, B, Lc, N·K]``; equal bit
-    for bit to :func:`flash_attention_shard_major` on each shard zero-padded to whole blocks
-    (padded keys masked)."""
-    U, B, Lc, D = q.shape
-    Uk, Lkc = k.shape[0], k.shape[2]
-    if D % heads or not packable(heads, D // heads):
-        raise ValueError(f"packed flash: width {D} is not {heads} heads of a lane-multiple "
-                         f"head dim; use flash_attention_shard_major")
-    scale = (D // heads) ** -0.5 if scale is None else float(scale)
-    interpret = default_interpret() if interpret is None else interpret
-    check_platform(bool(interpret))
-    Lk_p = round_up(Lkc, block_kv)
-    keep = jnp.ones((B, Uk, Lkc), bool) if kv_keep is None else kv_keep.astype(bool)
-    keep = jnp.pad(keep, ((0, 0), (0, 0), (0, Lk_p - Lkc))).astype(jnp.int32)
-    o, _ = _packed_core(q, k, v, keep.reshape(B, Uk * Lk_p), None, None, heads, scale,
-                        block_q, block_kv, bool(interpret))
-    return o
-
-
 def _check_prev(o_prev, lse_prev, o_shape, lse_shape):
     """Validate a previous partial; returns ``(o_prev, lse_prev[..., None] float32)`` or Nones."""
     if o_prev is None and lse_prev is None:
@@ -328,6 +305,5 @@ def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev
     return o
 
 
-__all__ = ["flash_attention", "flash_attention_shard_major", "flash_attention_shard_major_packed",
-           "packable", "effective_block",
+__all__ = ["flash_attention", "flash_attention_shard_major", "packable", "effective_block",
            "check_shard_major_supported", "default_interpret", "check_platform"]

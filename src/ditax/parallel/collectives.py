@@ -84,24 +84,6 @@ def shard_major_to_seq(o, axis: str):
     return jnp.transpose(o, (1, 3, 0, 2, 4)).reshape(b, lc, u * h, k)
 
 
-def seq_to_shard_major_packed(x, axis: str, num_shards: int):
-    """``[b, Lc, n, K]`` → packed shard-major ``[U (seq shard), b, Lc, h·K]`` for the packed
-    flash kernel: each head group's ``h·K`` columns of the ``[b, Lc, n·K]`` activation, head
-    group leading, exchanged on axis 0 (the kernel reads a head as a ``(block, K)`` column
-    block, so no head-major transpose)."""
-    b, lc, n, k = x.shape
-    u = num_shards
-    x = jnp.moveaxis(x.reshape(b, lc, u, (n // u) * k), 2, 0)       # [U(head grp), b, Lc, hK]
-    return _a2a_leading(x, axis)
-
-
-def shard_major_packed_to_seq(o, axis: str, head_dim: int):
-    """Packed kernel output ``[U (seq shard), b, Lc, h·K]`` → ``[b, Lc, U·h, K]``."""
-    o = _a2a_leading(o, axis)                                           # [U(head grp), b, Lc, hK]
-    u, b, lc, e = o.shape
-    return jnp.moveaxis(o, 0, 2).reshape(b, lc, u * e // head_dim, head_dim)
-
-
 def gather_keep(mask, axis: str):
     """Local key mask ``[b, Lc]`` → the mask of the whole exchanged sequence ``[b, U, Lc]``."""
     return jax.lax.all_gather(mask, axis, axis=1, tiled=False)
@@ -156,6 +138,5 @@ def context_grid(mesh: Mesh, ring: int, ulysses: int) -> ContextGrid:
 
 
 __all__ = ["ContextGrid", "context_grid", "seq_to_heads_flat", "heads_to_seq_flat",
-           "seq_to_heads_chunked", "heads_to_seq_chunked", "seq_to_shard_major", "shard_major_to_seq", "seq_to_shard_major_packed",
-           "shard_major_packed_to_seq", "gather_keep",
+           "seq_to_heads_chunked", "heads_to_seq_chunked", "seq_to_shard_major", "shard_major_to_seq", "gather_keep",
            "ring_shift"]

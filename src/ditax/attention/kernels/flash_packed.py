@@ -16,8 +16,9 @@ reads past the array (unspecified values) and writes only its valid rows. Keys p
 row), and their value rows are zeroed in the kernel, so each valid row sees exactly the
 tiles the zero-padded head-major call sees: the results are bit-identical to it.
 
-Same kernel body as :mod:`.flash_fwd`; lse leaves as lane rows ``[B, N, nq, 1, block_q]``
-(rows past ``Lq`` are unspecified: callers slice or mask them).
+Same kernel body as :mod:`.flash_fwd`; lse leaves as lane rows ``[U, B, N, nq, 1, block_q]``
+(rows past a shard's length are unspecified: callers slice or mask them). The arrays carry a
+leading shard axis ``U`` like the shard-major kernel's (``U = 1`` for the BSHD call).
 """
 
 from __future__ import annotations
