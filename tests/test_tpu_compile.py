@@ -197,14 +197,17 @@ def _layer_copies(v6e, tmp_path, attention: list[str]) -> tuple[list[dict], int]
 
 @needs_libtpu
 @pytest.mark.parametrize("attention,budget", [
-    (["local=splash"], 9),
-    (["local=flash", "out_a2a=shard_major"], 12),
+    (["local=splash"], 5),
+    (["local=flash", "out_a2a=shard_major"], 3),
 ], ids=["splash-flat", "flash-shard_major"])
 def test_wan_layer_relayout_copy_budget(v6e, tmp_path, attention, budget):
     """Relayout copies per layer stay within budget (in activation-sized copies; at Wan 14B
-    720p one is 92 MiB per device): RoPE materialises no float32 copy of q / k and no stack
-    of rotated pairs (before: two float32 copies of twice an activation and two bf16
-    stacks per layer)."""
+    720p one is 92 MiB per device; budgets = what this model measured, libtpu 0.0.42.1):
+    RoPE materialises no float32 copy of q / k and no stack of rotated pairs (before: two
+    float32 copies of twice an activation and two bf16 stacks per layer); flash
+    cross-attention reads and writes the packed ``[L, N·K]`` activations (before: four
+    copies around it) and ``to_out`` contracts ``(N, K)`` (before: a ``[L, N, K] → [L, D]``
+    copy); shard_major's budget was 12."""
     rows, act = _layer_copies(v6e, tmp_path, attention)
     big = [r for r in rows if r["bytes"] >= 0.9 * act]
     assert not [r for r in big if r["shape"].startswith("f32")], big

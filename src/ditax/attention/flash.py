@@ -3,8 +3,11 @@
 Two entry points over one kernel (:mod:`ditax.attention.kernels.flash_fwd`):
 
 - :func:`flash_attention` — the BSHD local backend: q ``[B, Lq, N, K]``, k/v
-  ``[B, Lk, N, K]``; pads Lq/Lk to block multiples (padded keys masked, padded query rows
-  dropped), so any length works.
+  ``[B, Lk, N, K]``; any length works. With ``K`` a multiple of 128 (or one head) it reads
+  ``[B, L, N·K]`` where the projections left it, each head a ``(block, K)`` column block,
+  and masks partial last blocks instead of padding (:mod:`.kernels.flash_packed`: no
+  relayout copies; bit-identical); otherwise it pads Lq/Lk to block multiples (padded keys
+  masked, padded query rows dropped) and runs head-major.
 - :func:`flash_attention_shard_major` — the layout Ulysses uses: q/k/v
   ``[U, B, N, Lc, K]`` (sequence shard leading, ``U * Lc`` tokens in shard-major order),
   output written in the same layout, so the Ulysses output exchange is one leading-axis
@@ -43,6 +46,7 @@ import jax.numpy as jnp
 from ditax.attention.blocks import SUBLANE, effective_block, round_up
 from ditax.attention.kernels.flash_bwd import flash_core_bwd
 from ditax.attention.kernels.flash_fwd import flash_forward_shard_major
+from ditax.attention.kernels.flash_packed import flash_forward_packed, packable
 from ditax.attention.options import FlashOptions
 from ditax.attention.registry import BACKENDS
 from ditax.errors import AttentionUnavailable
@@ -78,6 +82,56 @@ def _core_fwd(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpr
 
 
 _flash_core.defvjp(_core_fwd, flash_core_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret):
+    return flash_forward_packed(q, k, v, keep, o_prev, lse_prev, heads=heads, scale=scale,
+                                block_q=block_q, block_kv=block_kv, interpret=interpret)
+
+
+def _packed_fwd(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret):
+    o, lse = _packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv,
+                          interpret)
+    return (o, lse), (q, k, v, keep, o_prev, lse_prev, o, lse)
+
+
+def _packed_bwd(heads, scale, block_q, block_kv, interpret, res, cts):
+    """The backward of the packed forward through the shard-major backward kernels
+    (:func:`flash_core_bwd`): every shard padded to whole blocks and made head-major (zero
+    rows; lse rows past a shard's ``Lc`` set to -inf so they contribute exact zeros, as the
+    zero-padded rows of the head-major forward do), gradients sliced back."""
+    q, k, v, keep, o_prev, lse_prev, o, lse = res
+    do, dlse = cts
+    U, B, Lc, D = q.shape
+    Uk, Lkc, K = k.shape[0], k.shape[2], D // heads
+    Lq_p, Lk_p = lse.shape[3] * block_q, keep.shape[1] // Uk
+    valid = (jnp.arange(Lq_p) < Lc)[None, None, None, :]
+
+    def to5(x, n):      # [U, B, l, N*K] -> [U, B, N, n, K]
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, n - x.shape[2]), (0, 0)))
+        return jnp.transpose(x.reshape(x.shape[:3] + (heads, K)), (0, 1, 3, 2, 4))
+
+    def from5(x, n):    # [U, B, N, n', K] -> [U, B, n, N*K]
+        x = jnp.transpose(x, (0, 1, 3, 2, 4))[:, :, :n]
+        return x.reshape(x.shape[:3] + (D,))
+
+    def rows5(x, fill):
+        return jnp.where(valid, x.reshape(U, B, heads, Lq_p), fill)[..., None]
+
+    prev = (None, None)
+    if o_prev is not None:
+        prev = (to5(o_prev, Lq_p), rows5(lse_prev, -jnp.inf))
+    res5 = (to5(q, Lq_p), to5(k, Lk_p), to5(v, Lk_p), keep.reshape(B, Uk, Lk_p), *prev,
+            to5(o, Lq_p), rows5(lse, -jnp.inf))
+    dq, dk, dv, _, d_op, d_lp = flash_core_bwd(scale, block_q, block_kv, interpret, res5,
+                                               (to5(do, Lq_p), rows5(dlse, 0.0)))
+    if o_prev is not None:
+        d_op, d_lp = from5(d_op, Lc), d_lp[..., 0].reshape(lse_prev.shape)
+    return from5(dq, Lc), from5(dk, Lkc), from5(dv, Lkc), None, d_op, d_lp
+
+
+_packed_core.defvjp(_packed_fwd, _packed_bwd)
 
 
 # ---------------------------------------------------------------- public API
@@ -188,6 +242,9 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOp
     Lk = k.shape[1]
     bq, bkv = effective_block(block_q, Lq), effective_block(block_kv, Lk)
     Lq_p, Lk_p = round_up(Lq, bq), round_up(Lk, bkv)
+    if packable(N, K):
+        return _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev,
+                             interpret)
     if Lk_p != Lk and kv_mask is None:
         kv_mask = jnp.ones((B, Lk), bool)
     _check_prev(o_prev, lse_prev, q.shape, (B, N, Lq))
@@ -220,5 +277,33 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOp
     return o
 
 
-__all__ = ["flash_attention", "flash_attention_shard_major", "effective_block",
+def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev, interpret):
+    """:func:`flash_attention` through the packed-layout kernel (:mod:`.kernels.flash_packed`):
+    ``[B, L, N, K]`` is read as ``[B, L, N·K]`` (the projections' own layout), no padding."""
+    B, Lq, N, K = q.shape
+    Lk = k.shape[1]
+    _check_prev(o_prev, lse_prev, q.shape, (B, N, Lq))
+    scale = K ** -0.5 if scale is None else float(scale)
+    interpret = default_interpret() if interpret is None else interpret
+    check_platform(bool(interpret))
+    nq, Lk_p = -(-Lq // bq), round_up(Lk, bkv)
+    keep = jnp.arange(Lk_p)[None, :] < Lk
+    if kv_mask is not None:
+        keep = jnp.pad(kv_mask.astype(bool), ((0, 0), (0, Lk_p - Lk)))
+    keep = jnp.broadcast_to(keep, (B, Lk_p)).astype(jnp.int32)
+    prev = (None, None)
+    if o_prev is not None:
+        lp = jnp.pad(lse_prev.astype(jnp.float32), ((0, 0), (0, 0), (0, nq * bq - Lq)),
+                     constant_values=-jnp.inf)
+        prev = (o_prev.reshape(1, B, Lq, N * K), lp.reshape(1, B, N, nq, 1, bq))
+    o, lse = _packed_core(q.reshape(1, B, Lq, N * K), k.reshape(1, B, Lk, N * K),
+                          v.reshape(1, B, Lk, N * K), keep, *prev, N, scale, bq, bkv,
+                          bool(interpret))
+    o = o.reshape(B, Lq, N, K)
+    if return_lse:
+        return o, lse.reshape(B, N, nq * bq)[:, :, :Lq]
+    return o
+
+
+__all__ = ["flash_attention", "flash_attention_shard_major", "packable", "effective_block",
            "check_shard_major_supported", "default_interpret", "check_platform"]

@@ -66,6 +66,11 @@ class LoraLinear(Linear):
             y = y + jnp.einsum("j,jo->o", s, self.lora_bias[...].astype(dt))
         return y
 
+    def from_heads(self, x):
+        """``x [..., N, K]`` flattened to ``[..., N·K]`` through :meth:`__call__` (base and
+        LoRA terms; the base layer's relayout-free contraction is for the merged case)."""
+        return self(x.reshape(x.shape[:-2] + (-1,)))
+
 
 def _by_module(table: Table) -> dict[str, tuple]:
     """Upstream key of a Linear's weight / bias → (our module path, layer or None, part)."""

@@ -24,3 +24,15 @@ class Linear(nnx.Module):
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
+
+    def from_heads(self, x):
+        """The layer on ``x [..., N, K]`` flattened to ``[..., N·K]``, contracting ``(N, K)``
+        directly: on TPU, where (8, 128) tiles cover the two minor dims, a reshape
+        ``[L, N, K] → [L, N·K]`` is a relayout copy of the whole activation; splitting the
+        kernel's input dim into ``(N, K)`` is free (it is the major dim)."""
+        n, k = x.shape[-2:]
+        w = self.kernel[...].astype(self.dtype).reshape(n, k, -1)
+        y = jnp.einsum("...nk,nko->...o", x.astype(self.dtype), w)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y

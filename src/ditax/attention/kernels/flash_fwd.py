@@ -44,12 +44,14 @@ from ditax.attention.kernels.mosaic import NN, NT, as_column, mxu_dot
 NEG_INF = float("-inf")
 
 
-def _kernel(*refs, scale: float, has_prev: bool):
+def _kernel(*refs, scale: float, has_prev: bool, mask_v: bool = False):
     """One (query block, key block) tile of the online softmax; grid axis 3 walks the keys.
 
     The running max ``m``, denominator ``l`` and accumulator ``acc`` live in VMEM scratch
     across the key axis (``arbitrary``, innermost); the output block stays resident and is
-    written once, at the last key block.
+    written once, at the last key block. ``mask_v``: zero the value rows of masked keys (a
+    partial last block reads past the array: unspecified values, maybe NaN, and ``0 * NaN``
+    would reach the output; zeroed rows add exact zeros, as zero padding did).
     """
     if has_prev:
         (q_ref, k_ref, v_ref, keep_ref, o_prev_ref, lse_prev_ref, o_ref, lse_ref,
@@ -78,6 +80,8 @@ def _kernel(*refs, scale: float, has_prev: bool):
     k = k_ref[...]                                   # [bkv, K]
     v = v_ref[...]
     keep = keep_ref[...]                             # [1, bkv]
+    if mask_v:
+        v = jnp.where(as_column(keep_ref) != 0, v, jnp.zeros_like(v))
     s = mxu_dot(q, k, NT) * scale
     s = jnp.where(keep != 0, s, NEG_INF)
     m = m_sc[...]

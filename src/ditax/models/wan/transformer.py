@@ -102,7 +102,7 @@ class WanAttention(nnx.Module):
             o = o + attn(q, k_img, v_img)
         o = constrain(o, heads, mesh)
         o = checkpoint_name(o, "attn_out")
-        return self.to_out(o.reshape(b, lq, -1))
+        return self.to_out.from_heads(o)
 
 
 def modulation(table, mod) -> list:
@@ -270,9 +270,13 @@ class WanTransformer(nnx.Module):
 
         # patchify: [B, C, F, Y, X] -> [B, f, y, x, pt, ph, pw, C] -> tokens [B, L, D]
         xp = latents.astype(dt).reshape(b, c, f, pt, y, ph, x, pw)
-        xp = xp.transpose(0, 2, 4, 6, 3, 5, 7, 1)
-        h = jnp.einsum("bfyxtpqc,tpqcd->bfyxd", xp, self.patch_embedding_kernel[...].astype(dt))
-        h = (h + self.patch_embedding_bias[...].astype(dt)).reshape(b, seq, -1)
+        xp = xp.transpose(0, 2, 4, 6, 3, 5, 7, 1).reshape(b, seq, pt * ph * pw * c)
+        # patches sharded like the tokens, so the embedding is computed where its tokens live
+        # (computed replicated over a D-sharded kernel, XLA exchanged the tokens and relaid
+        # them out: two activation copies per forward on TPU)
+        xp = constrain(xp, ("act_batch", "act_seq", None), mesh)
+        kern = self.patch_embedding_kernel[...].astype(dt).reshape(pt * ph * pw * c, -1)
+        h = jnp.einsum("blc,cd->bld", xp, kern) + self.patch_embedding_bias[...].astype(dt)
 
         timestep = jnp.asarray(timestep)
         timestep = jnp.broadcast_to(timestep, (b, seq) if timestep.ndim == 2 else (b,))
