@@ -46,36 +46,31 @@ CORPUS = [
 ]
 
 
-def _save(folder: pathlib.Path, name: str, table, module, config: dict):
-    """``module``'s parameters → upstream keys and layouts through ``table`` → float32
-    safetensors + ``config.json`` (:func:`ditax.io.export.save_folder`)."""
-    from ditax.io.export import module_params, save_folder
-
-    save_folder(folder, name, table, module_params(module), config)
-
-
 def write_transformer(folder: pathlib.Path, seed: int = 0):
     """Random Wan transformer → diffusers ``WanTransformer3DModel`` safetensors + config."""
     from ditax.config import ModelConfig
+    from ditax.io.export import module_params, save_folder
     from ditax.models.wan.convert import weight_table
     from ditax.models.wan.loading import init_model
 
     cfg = ModelConfig.from_diffusers(TRANSFORMER)
-    _save(folder, "diffusion_pytorch_model.safetensors",
-          weight_table(cfg.num_layers, cfg.cross_attn_norm), init_model(cfg, seed=seed),
-          {"_class_name": "WanTransformer3DModel", **TRANSFORMER})
+    save_folder(folder, "diffusion_pytorch_model.safetensors",
+                weight_table(cfg.num_layers, cfg.cross_attn_norm),
+                module_params(init_model(cfg, seed=seed)),
+                {"_class_name": "WanTransformer3DModel", **TRANSFORMER})
 
 
 def write_vae(folder: pathlib.Path, seed: int = 1):
     """Random Wan VAE → diffusers ``AutoencoderKLWan`` safetensors + config."""
     from flax import nnx
 
+    from ditax.io.export import module_params, save_folder
     from ditax.models.wan.vae import WanVAE, WanVAEConfig
     from ditax.models.wan.vae_convert import weight_table
 
     vae = WanVAE(WanVAEConfig.from_diffusers(VAE), rngs=nnx.Rngs(seed))
-    _save(folder, "diffusion_pytorch_model.safetensors", weight_table(vae), vae,
-          {"_class_name": "AutoencoderKLWan", **VAE})
+    save_folder(folder, "diffusion_pytorch_model.safetensors", weight_table(vae),
+                module_params(vae), {"_class_name": "AutoencoderKLWan", **VAE})
 
 
 def write_text_encoder(folder: pathlib.Path, seed: int = 2, config: dict | None = None):

@@ -156,21 +156,31 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
     args = (q, k, v, keep) + ((o_prev, lse_prev.astype(jnp.float32).reshape(rows))
                               if has_prev else ())
     out_dtype = o_prev.dtype if has_prev else q.dtype
+    o, lse = run_forward(kernel, (B, N, U * nq, Uk * nkv), in_specs, q_spec, lse_spec, args,
+                         jax.ShapeDtypeStruct(q.shape, out_dtype), rows, block_q, K,
+                         interpret=interpret, name="ditax_flash_fwd")
+    return o, lse.reshape(U, B, N, Lc, 1)
+
+
+def run_forward(kernel, grid, in_specs, q_spec, lse_spec, args, out, rows, block_q: int,
+                K: int, *, interpret: bool, name: str):
+    """The forward ``pallas_call`` both layouts share: grid ``(B, N, query blocks, key
+    blocks)`` (the last one sequential: the online softmax), outputs ``out`` (o's
+    ``ShapeDtypeStruct``, tiled like q) and float32 lse ``rows``, scratch for the running max,
+    sum and ``[block_q, K]`` accumulator."""
     from jax.experimental.pallas import tpu as pltpu
 
-    o, lse = pl.pallas_call(
+    return pl.pallas_call(
         kernel,
-        grid=(B, N, U * nq, Uk * nkv),
+        grid=grid,
         in_specs=in_specs,
         out_specs=[q_spec, lse_spec],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, out_dtype),
-                   jax.ShapeDtypeStruct(rows, jnp.float32)],
+        out_shape=[out, jax.ShapeDtypeStruct(rows, jnp.float32)],
         scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32),
                         pltpu.VMEM((block_q, 1), jnp.float32),
                         pltpu.VMEM((block_q, K), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         interpret=interpret,
-        name="ditax_flash_fwd",
+        name=name,
     )(*args)
-    return o, lse.reshape(U, B, N, Lc, 1)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ditax.attention.kernels.flash_fwd import _kernel
+from ditax.attention.kernels.flash_fwd import _kernel, run_forward
 from ditax.intmath import ceil_div
 
 
@@ -80,22 +80,8 @@ def flash_forward_packed(q, k, v, keep, o_prev=None, lse_prev=None, *, heads: in
     args = (q, k, v, keep.reshape(B, Uk * nkv, 1, block_kv))
     if has_prev:
         args += (o_prev, lse_prev.astype(jnp.float32))
-    from jax.experimental.pallas import tpu as pltpu
-
     kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev, mask_v=True)
-    o, lse = pl.pallas_call(
-        kernel,
-        grid=(B, heads, U * nq, Uk * nkv),
-        in_specs=in_specs,
-        out_specs=[q_spec, lse_spec],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, o_prev.dtype if has_prev else q.dtype),
-                   jax.ShapeDtypeStruct(rows, jnp.float32)],
-        scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32),
-                        pltpu.VMEM((block_q, 1), jnp.float32),
-                        pltpu.VMEM((block_q, K), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
-        interpret=interpret,
-        name="ditax_flash_fwd_packed",
-    )(*args)
+    o, lse = run_forward(kernel, (B, heads, U * nq, Uk * nkv), in_specs, q_spec, lse_spec, args,
+                         jax.ShapeDtypeStruct(q.shape, o_prev.dtype if has_prev else q.dtype),
+                         rows, block_q, K, interpret=interpret, name="ditax_flash_fwd_packed")
     return o, lse
