@@ -50,7 +50,8 @@ class Sizes:
     vae: dict                    # AutoencoderKLWan config (architecture part)
     vae_steps: int
     vae_batch: int
-    vae_crop: int
+    vae_crop: int                # square crop of the first VAE stage (0 = whole frames)
+    vae_frames: int              # frames per window of the first VAE stage (4k+1)
     vae_lr: float
     vae_clips: int               # clips the VAE reads (the first ones; 0 = all)
     vae_evals: int               # held-out PSNR evaluations during VAE training (+ the last)
@@ -103,7 +104,7 @@ def _transformer(heads: int, head_dim: int, ffn: int, layers: int) -> dict:
 
 
 FULL = Sizes(clips=1600, vae_eval_clips=32, height=64, width=64, frames=17, vae=_VAE,
-             vae_steps=1500, vae_batch=8, vae_crop=32, vae_lr=1e-3, vae_clips=480,
+             vae_steps=1500, vae_batch=8, vae_crop=32, vae_frames=9, vae_lr=1e-3, vae_clips=480,
              vae_evals=5, vae_long_steps=300, vae_long_batch=4, vae_long_lr=3e-4,
              transformer=_transformer(5, 64, 1024, 4), transformer_steps=3500,
              transformer_batch=16, transformer_lr=5e-4,
@@ -213,7 +214,7 @@ class Recipe:
         return load_vae_config(None, **{f"vae.{k}": v for k, v in s.vae.items()}, **{
             "data.source": str(self.out / "clips"), "data.num_frames": s.frames,
             "data.height": s.height, "data.width": s.width, "data.crop": s.vae_crop,
-            "data.crop_frames": s.frames if long else min(9, s.frames),
+            "data.crop_frames": s.frames if long else min(s.vae_frames, s.frames),
             "data.eval_clips": s.vae_eval_clips, "data.max_clips": s.vae_clips,
             "steps": steps, "batch_size": s.vae_long_batch if long else s.vae_batch,
             "seed": self.seed + long,

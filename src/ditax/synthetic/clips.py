@@ -16,9 +16,11 @@ with ``file``, ``caption`` and the combination), the layout ``ditax preprocess``
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import pathlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import numpy as np
@@ -141,7 +143,8 @@ def generate(n: int, seed: int, *, height: int = 64, width: int = 64, num_frames
 
 def write_dataset(folder, n: int, seed: int, height: int = 64, width: int = 64,
                   num_frames: int = 17, include_held_out: bool = False, *,
-                  paraphrase_fraction: float = 0.0, fps: int = 16) -> pathlib.Path:
+                  paraphrase_fraction: float = 0.0, fps: int = 16,
+                  workers: int = 4) -> pathlib.Path:
     """Write ``n`` clips as ``folder/clip_00000.mp4 ...`` and ``folder/captions.jsonl``.
 
     Captions are canonical; with ``paraphrase_fraction`` > 0 that share of clips (drawn from
@@ -150,20 +153,29 @@ def write_dataset(folder, n: int, seed: int, height: int = 64, width: int = 64,
     4:4:4 H.264 (:func:`write_clip`).
     Returns ``folder``.
     """
+    from ditax.io.video import _ffmpeg_subprocess
+
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cap_rng = np.random.default_rng([seed, 0xCA9])
     rows = []
-    for i, (video, spec) in enumerate(generate(n, seed, height=height, width=width,
-                                               num_frames=num_frames,
-                                               include_held_out=include_held_out)):
-        name = f"clip_{i:05d}.mp4"
-        write_clip(folder / name, video, fps=fps)
-        para = cap_rng.random() < paraphrase_fraction
-        k = int(cap_rng.integers(1 << 16))
-        caption = paraphrase(spec.combo, k) if para else spec.combo.prompt
-        rows.append({"file": name, "caption": caption, "prompt": spec.combo.prompt,
-                     **spec.combo._asdict(), "seed": [seed, i]})
+    clips = generate(n, seed, height=height, width=width, num_frames=num_frames,
+                     include_held_out=include_held_out)
+    # each clip is encoded by its own ffmpeg process, while the next ones are drawn
+    with _ffmpeg_subprocess(), ThreadPoolExecutor(workers) as pool:
+        pending = collections.deque()
+        for i, (video, spec) in enumerate(clips):
+            name = f"clip_{i:05d}.mp4"
+            pending.append(pool.submit(_encode_clip, folder / name, video, fps))
+            while len(pending) > 2 * workers:
+                pending.popleft().result()
+            para = cap_rng.random() < paraphrase_fraction
+            k = int(cap_rng.integers(1 << 16))
+            caption = paraphrase(spec.combo, k) if para else spec.combo.prompt
+            rows.append({"file": name, "caption": caption, "prompt": spec.combo.prompt,
+                         **spec.combo._asdict(), "seed": [seed, i]})
+        while pending:
+            pending.popleft().result()
     (folder / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
@@ -177,9 +189,16 @@ def write_clip(path, video, fps: int = 16) -> pathlib.Path:
     rounding only). ffmpeg (hence ``ditax preprocess``) reads it; some browsers do not play
     4:4:4 H.264, which does not matter for training data.
     """
+    from ditax.io.video import _ffmpeg_subprocess
+
+    with _ffmpeg_subprocess():
+        return _encode_clip(path, video, fps)
+
+
+def _encode_clip(path, video, fps: int) -> pathlib.Path:
     import imageio_ffmpeg
 
-    from ditax.io.video import _ffmpeg_subprocess, to_uint8
+    from ditax.io.video import to_uint8
 
     frames = to_uint8(video)
     path = pathlib.Path(path)
@@ -187,8 +206,7 @@ def write_clip(path, video, fps: int = 16) -> pathlib.Path:
     gen = imageio_ffmpeg.write_frames(str(path), (frames.shape[2], frames.shape[1]), fps=fps,
                                       codec="libx264", pix_fmt_out="yuv444p", quality=None,
                                       output_params=["-crf", "0"], macro_block_size=1)
-    with _ffmpeg_subprocess():
-        gen.send(None)                                  # starts ffmpeg
+    gen.send(None)                                      # starts ffmpeg
     for f in frames:
         gen.send(np.ascontiguousarray(f))
     gen.close()

@@ -9,9 +9,7 @@ the run before anything is saved, so the newest checkpoint stays the last good o
 from __future__ import annotations
 
 import logging
-import math
 import pathlib
-import signal
 import time
 from dataclasses import dataclass, field
 
@@ -23,13 +21,10 @@ from ditax.parallel.mesh import make_mesh
 from ditax.train.checkpoint import Checkpointer
 from ditax.train.data import BatchIterator
 from ditax.train.metrics import MetricsWriter, peak_tflops
+from ditax.train.session import NonFiniteLoss, RunSession  # noqa: F401 (public here too)
 from ditax.train.step import Trainer
 
 log = logging.getLogger(__name__)
-
-
-class NonFiniteLoss(RuntimeError):
-    """The loss became NaN/inf; the message names the step and the checkpoint kept."""
 
 
 @dataclass
@@ -103,26 +98,11 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
     tokens_per_sample = family.tokens_per_sample(data.latent_shape)
     writer = MetricsWriter(out, enabled=pid == 0)
 
-    stop = {"sig": None}
-    prev = None
-
-    def on_term(signum, frame):  # finish the step in flight, then save and return
-        stop["sig"] = signum
-
-    try:
-        prev = signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread: no handler
-        prev = None
-
-    bar = None
-    if progress and pid == 0:
-        from tqdm import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
-
     data_tag = {"source": cfg.data.source, "batch_size": cfg.batch_size}
     step = start
-    try:
+    with RunSession(ckpt, writer, total=cfg.steps, start=start, desc="train",
+                    every=cfg.checkpoint.every, progress=progress and pid == 0,
+                    say=say) as run:
         while step < cfg.steps:
             t0 = time.perf_counter()
             batch = trainer.put_batch(next(data))
@@ -130,14 +110,8 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
             loss = float(m["loss"])            # syncs: the step time below is real
             dt = time.perf_counter() - t0
             step += 1
-            if not math.isfinite(loss):
-                ckpt.wait()
-                kept = ckpt.steps()
-                raise NonFiniteLoss(
-                    f"loss is {loss} at step {step}; stopping without saving. The last good "
-                    f"checkpoint is {'step ' + str(kept[-1]) if kept else 'none'} in "
-                    f"{ckpt.dir}. Lower optim.learning_rate, check the data for NaN/inf, or "
-                    f"use bfloat16/float32 consistently")
+            run.check_loss(loss, step, "Lower optim.learning_rate, check the data for NaN/inf, "
+                           "or use bfloat16/float32 consistently")
             result.losses.append(loss)
             row = {"step": step, "loss": loss, "grad_norm": float(m["grad_norm"]),
                    "lr": float(m["lr"]), "step_time": dt,
@@ -151,25 +125,10 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
                 writer.write(row)
             if on_step is not None:
                 on_step(step, row)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", s_per_step=f"{dt:.2f}")
-            interrupted = stop["sig"] is not None
-            if step % cfg.checkpoint.every == 0 or step == cfg.steps or interrupted:
-                ckpt.save(step, state, {"iterator": data.get_state(), **data_tag})
-            if interrupted:
-                ckpt.wait()
-                say(f"received signal {stop['sig']}: saved checkpoint step {step} in "
-                    f"{ckpt.dir}; rerun the same command to resume")
-                result.interrupted = True
+            run.tick(loss=f"{loss:.4f}", s_per_step=f"{dt:.2f}")
+            if run.end_step(step, state, {"iterator": data.get_state(), **data_tag}):
                 break
-    finally:
-        if bar is not None:
-            bar.close()
-        writer.close()
-        ckpt.close()
-        if prev is not None:
-            signal.signal(signal.SIGTERM, prev)
+    result.interrupted = run.interrupted
     if trainer.adapters is not None and (step == cfg.steps or result.interrupted):
         files = trainer.adapters.save(out, state["params"])
         if files:

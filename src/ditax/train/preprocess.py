@@ -25,13 +25,40 @@ VIDEO_EXT = (".mp4", ".mov", ".webm", ".mkv", ".avi")
 
 def read_video(path, num_frames: int, height: int, width: int) -> np.ndarray:
     """First ``num_frames`` frames scaled to ``height × width``: float32 ``[3, F, H, W]`` in [-1, 1]."""
-    import imageio_ffmpeg
+    from ditax.io.video import _ffmpeg_subprocess
+
+    with _ffmpeg_subprocess():
+        return _decode(path, num_frames, height, width)
+
+
+def read_videos(paths, num_frames: int, height: int, width: int, *, workers: int = 4,
+                ahead: int = 16):
+    """:func:`read_video` of every path, in order, decoded ``workers`` at a time (each by its
+    own ffmpeg process, so they overlap with the caller's work); at most ``ahead`` decoded
+    clips wait in memory."""
+    import collections
+    from concurrent.futures import ThreadPoolExecutor
 
     from ditax.io.video import _ffmpeg_subprocess
 
+    paths = list(paths)
+    # the warning filter is process-wide: set once here, not per thread (catch_warnings is not
+    # thread-safe)
+    with _ffmpeg_subprocess(), ThreadPoolExecutor(max(1, workers)) as pool:
+        pending = collections.deque()
+        for p in paths:
+            pending.append(pool.submit(_decode, p, num_frames, height, width))
+            if len(pending) >= max(1, ahead):
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _decode(path, num_frames: int, height: int, width: int) -> np.ndarray:
+    import imageio_ffmpeg
+
     gen = imageio_ffmpeg.read_frames(str(path), output_params=["-vf", f"scale={width}:{height}"])
-    with _ffmpeg_subprocess():
-        next(gen)  # metadata (starts ffmpeg)
+    next(gen)  # metadata (starts ffmpeg)
     frames = []
     for raw in gen:
         frames.append(np.frombuffer(raw, np.uint8).reshape(height, width, 3))
@@ -92,8 +119,8 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
     enc = fam.load_encoders(model, dtype=dtype)
     w = DatasetWriter(output)
     encode_condition = getattr(enc, "encode_condition", None)
-    for i, (path, caption) in enumerate(samples):
-        video = read_video(path, frames, height, width)
+    videos = read_videos([path for path, _ in samples], frames, height, width)
+    for i, ((path, caption), video) in enumerate(zip(samples, videos)):
         lat = enc.encode_video(video[None])[0]
         text, mask = enc.encode_text([caption], text_len)
         cond = {} if encode_condition is None else encode_condition(video)

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import math
 import pathlib
-import signal
 import time
 from dataclasses import dataclass, field
 
@@ -39,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from ditax.config.vae_training import VAETrainConfig, vae_config_dict
 from ditax.models.wan.vae import WanVAE, WanVAEConfig
 from ditax.train.checkpoint import Checkpointer
-from ditax.train.loop import NonFiniteLoss
+from ditax.train.session import RunSession
 from ditax.train.preprocess import VIDEO_EXT
 from ditax.train.step import make_optimizer
 
@@ -64,7 +63,7 @@ class ClipBank:
     (sorted by file name) are held out."""
 
     def __init__(self, data, say=print):
-        from ditax.train.preprocess import read_video
+        from ditax.train.preprocess import read_videos
 
         videos = list_videos(data.source)
         if data.max_clips:
@@ -75,8 +74,8 @@ class ClipBank:
                             "on; add clips or lower data.eval_clips")
         clips = np.empty((len(videos), data.num_frames, data.height, data.width, 3), np.uint8)
         t0 = time.perf_counter()
-        for i, v in enumerate(videos):
-            x = read_video(v, data.num_frames, data.height, data.width)   # [3, F, H, W] [-1, 1]
+        for i, x in enumerate(read_videos(videos, data.num_frames, data.height, data.width)):
+            # x: [3, F, H, W] in [-1, 1]
             clips[i] = np.round((x.transpose(1, 2, 3, 0) + 1.0) * 127.5).clip(0, 255)
         say(f"train-vae: read {len(videos)} clips ({data.num_frames}x{data.height}x"
             f"{data.width}) from {data.source} in {time.perf_counter() - t0:.1f} s")
@@ -284,33 +283,17 @@ def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_
 
         (out / "config.yaml").write_text(yaml.safe_dump(vae_config_dict(cfg), sort_keys=False))
     result = VAETrainResult(step=start, resumed_from=start if restored else None)
-    writer = MetricsWriter(out, enabled=True)
-    stop = {"sig": None}
-    try:
-        prev = signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s))
-    except ValueError:
-        prev = None
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start, desc="train-vae", unit="step",
-                   dynamic_ncols=True)
     step = start
-    try:
+    with RunSession(ckpt, MetricsWriter(out, enabled=True), total=cfg.steps, start=start,
+                    desc="train-vae", every=cfg.checkpoint.every, progress=progress, say=say,
+                    prefix="train-vae: ") as run:
         while step < cfg.steps:
             t0 = time.perf_counter()
             state, m = trainer.step(state, bank.batch(cfg.seed, step, cfg.batch_size))
             loss = float(m["loss"])
             dt = time.perf_counter() - t0
             step += 1
-            if not math.isfinite(loss):
-                ckpt.wait()
-                kept = ckpt.steps()
-                raise NonFiniteLoss(
-                    f"train-vae: loss is {loss} at step {step}; stopping without saving. The "
-                    f"last good checkpoint is {'step ' + str(kept[-1]) if kept else 'none'} in "
-                    f"{ckpt.dir}. Lower optim.learning_rate or loss.kl")
+            run.check_loss(loss, step, "Lower optim.learning_rate or loss.kl")
             result.losses.append(loss)
             row = {"step": step, "loss": loss, **{k: float(m[k]) for k in
                                                   ("l1", "mse", "kl", "grad_norm", "lr")},
@@ -324,26 +307,11 @@ def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_
                                         to_video(bank.eval))
                 say(f"train-vae: step {step}: held-out PSNR {row['psnr_eval']:.2f} dB")
             if step % cfg.log_every == 0 or step == cfg.steps or "psnr_eval" in row:
-                writer.write(row)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", psnr=f"{row['psnr_train']:.1f}")
-            interrupted = stop["sig"] is not None
-            if step % cfg.checkpoint.every == 0 or step == cfg.steps or interrupted:
-                ckpt.save(step, state, {"step": step})
-            if interrupted:
-                ckpt.wait()
-                say(f"train-vae: received signal {stop['sig']}: saved checkpoint step {step}; "
-                    "rerun the same command to resume")
-                result.interrupted = True
+                run.writer.write(row)
+            run.tick(loss=f"{loss:.4f}", psnr=f"{row['psnr_train']:.1f}")
+            if run.end_step(step, state, {"step": step}):
                 break
-    finally:
-        if bar is not None:
-            bar.close()
-        writer.close()
-        ckpt.close()
-        if prev is not None:
-            signal.signal(signal.SIGTERM, prev)
+    result.interrupted = run.interrupted
     result.step, result.state = step, state
     if step >= cfg.steps and not result.interrupted:
         ev = to_video(bank.eval)
