@@ -95,6 +95,8 @@ _UMT5 = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
 # 256): near pure noise the velocity ``noise - x0`` is mostly the input noise, which a narrower
 # model cannot pass through (width 128 plateaued at loss 0.66); width 320 keeps the 4x4
 # patches (80 tokens, cheap).
+# Steps: at 3,500 (loss ~0.29) direction was right in 70% of seen prompts and green objects
+# faded out under guidance 8 (colour 87%); at 6,000 (loss ~0.21) both are right in 100%.
 def _transformer(heads: int, head_dim: int, ffn: int, layers: int) -> dict:
     return dict(patch_size=[1, 4, 4], num_attention_heads=heads, attention_head_dim=head_dim,
                 in_channels=16, out_channels=16, text_dim=64, freq_dim=64, ffn_dim=ffn,
@@ -106,7 +108,7 @@ def _transformer(heads: int, head_dim: int, ffn: int, layers: int) -> dict:
 FULL = Sizes(clips=1600, vae_eval_clips=32, height=64, width=64, frames=17, vae=_VAE,
              vae_steps=1500, vae_batch=8, vae_crop=32, vae_frames=9, vae_lr=1e-3, vae_clips=480,
              vae_evals=5, vae_long_steps=300, vae_long_batch=4, vae_long_lr=3e-4,
-             transformer=_transformer(5, 64, 1024, 4), transformer_steps=3500,
+             transformer=_transformer(5, 64, 1024, 4), transformer_steps=6000,
              transformer_batch=16, transformer_lr=5e-4,
              timestep_sampler="uniform", flow_shift=3.0,
              transformer_dtype="bfloat16", text_dropout=0.1, umt5=_UMT5,
