@@ -193,10 +193,11 @@ def test_shipped_folder_matches_its_manifest_and_size_budget():
 
 
 @needs_shipped
-def test_shipped_model_beats_random_weights_on_colour(tmp_path):
-    """One prompt per vocabulary colour (seen combinations, seed 0): the trained model names the
-    colour of what it draws in at least 4 of 5 (green objects often fade: the weakest colour),
-    and more often than a random-weights model of the same pipeline."""
+def test_shipped_model_follows_colour_and_direction_better_than_random_weights(tmp_path):
+    """One prompt per vocabulary colour (seen combinations, seed 0): the trained model draws
+    every colour right and the direction in at least 4 of 5 (the benchmark measures 100% of
+    both over 120 videos; one miss is slack for another CPU's rounding), and does better on
+    both than a random-weights model of the same pipeline."""
     from ditax.demo import SAMPLE, build_pipeline_folder, model_path
     from ditax.synthetic.score import score
 
@@ -204,14 +205,18 @@ def test_shipped_model_beats_random_weights_on_colour(tmp_path):
                "a blue circle moves down", "a yellow square moves up",
                "a white circle moves right"]
 
-    def colours_right(pipe):
-        return [p for p in prompts
-                if score(pipe(p, seed=0, progress=False, **SAMPLE), p)["colour_correct"]]
+    def right(pipe):
+        rows = [score(pipe(p, seed=0, progress=False, **SAMPLE), p) for p in prompts]
+        return ([p for p, r in zip(prompts, rows) if r["colour_correct"]],
+                [p for p, r in zip(prompts, rows) if r["direction_correct"]])
 
-    trained = colours_right(ditax.load_pipeline(model_path()))
-    rand = colours_right(ditax.load_pipeline(build_pipeline_folder(tmp_path / "random")))
-    assert len(trained) >= 4, trained
-    assert len(trained) > len(rand), (trained, rand)
+    colour, direction = right(ditax.load_pipeline(model_path()))
+    rand_colour, rand_direction = right(ditax.load_pipeline(
+        build_pipeline_folder(tmp_path / "random")))
+    assert len(colour) == 5, colour
+    assert len(direction) >= 4, direction
+    assert len(colour) > len(rand_colour), (colour, rand_colour)
+    assert len(direction) > len(rand_direction), (direction, rand_direction)
 
 
 @needs_shipped
