@@ -21,6 +21,10 @@ CLIP = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_atten
             hidden_act="gelu")
 CLIP_TOKENS = 1 + (32 // 8) ** 2   # 17 (257 for ViT-H/14 at 224)
 KINDS = ("i2v", "flf2v", "i2v22", "ti2v")
+PROMPT = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality")
+# Wan 2.1 VAE: 8x spatial, patch 2 → 16; the 2.2 VAE: 16x → 32 pixels per token
+SIZE21 = dict(height=32, width=48, num_frames=5)
+SIZE22 = dict(height=32, width=64, num_frames=9)
 
 
 def _vae21(seed):

@@ -22,14 +22,11 @@ from ditax.errors import RequestError  # noqa: E402
 from ditax.parallel import make_mesh  # noqa: E402
 from ditax.pipelines.folder import PipelineLoadError  # noqa: E402
 from compiles import compiles  # noqa: E402
-from i2v_reference import image, make_tiny_i2v, run_reference  # noqa: E402
+from i2v_reference import (PROMPT, SIZE21, SIZE22, image, make_tiny_i2v,  # noqa: E402
+                           run_reference)
 
 STEP = "_denoise_step"
 TOL = 1e-3
-PROMPT = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality")
-# Wan 2.1 VAE: 8x spatial, patch 2 → 16; the 2.2 VAE: 16x → 32 pixels per token
-SIZE21 = dict(height=32, width=48, num_frames=5)
-SIZE22 = dict(height=32, width=64, num_frames=9)
 
 
 @pytest.fixture(scope="module")

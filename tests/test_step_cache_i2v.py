@@ -14,13 +14,11 @@ import ditax  # noqa: E402
 from ditax.pipelines.cache_numbers import match_of, write_numbers  # noqa: E402
 from ditax.pipelines.calibrate import calibrate  # noqa: E402
 from compiles import compiles  # noqa: E402
-from i2v_reference import image, make_tiny_i2v  # noqa: E402
+from i2v_reference import PROMPT, SIZE21, SIZE22, image, make_tiny_i2v  # noqa: E402
 
 N = 6
 CACHED = "cached_denoise_step"
-SIZES = {"i2v": dict(height=32, width=48, num_frames=5),
-         "ti2v": dict(height=32, width=64, num_frames=9)}
-PROMPT = dict(prompt="a cat walks on the grass", negative_prompt="blurry, low quality")
+SIZES = {"i2v": SIZE21, "ti2v": SIZE22}
 
 
 @pytest.fixture(scope="module")

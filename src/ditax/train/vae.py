@@ -283,6 +283,7 @@ def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_
 
         (out / "config.yaml").write_text(yaml.safe_dump(vae_config_dict(cfg), sort_keys=False))
     result = VAETrainResult(step=start, resumed_from=start if restored else None)
+    eval_video = to_video(bank.eval)        # held-out clips, VAE layout (evals and the end)
     step = start
     with RunSession(ckpt, MetricsWriter(out, enabled=True), total=cfg.steps, start=start,
                     desc="train-vae", every=cfg.checkpoint.every, progress=progress, say=say,
@@ -302,9 +303,8 @@ def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_
             if step == start + 1:
                 row["includes_compile"] = True
             if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                row["psnr_eval"] = psnr(trainer.reconstruct(state["params"],
-                                                            to_video(bank.eval)),
-                                        to_video(bank.eval))
+                row["psnr_eval"] = psnr(trainer.reconstruct(state["params"], eval_video),
+                                        eval_video)
                 say(f"train-vae: step {step}: held-out PSNR {row['psnr_eval']:.2f} dB")
             if step % cfg.log_every == 0 or step == cfg.steps or "psnr_eval" in row:
                 run.writer.write(row)
@@ -314,8 +314,7 @@ def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_
     result.interrupted = run.interrupted
     result.step, result.state = step, state
     if step >= cfg.steps and not result.interrupted:
-        ev = to_video(bank.eval)
-        result.eval_psnr = psnr(trainer.reconstruct(state["params"], ev), ev)
+        result.eval_psnr = psnr(trainer.reconstruct(state["params"], eval_video), eval_video)
         mean, std = latent_stats(trainer, state["params"], bank.train)
         result.folder = write_vae_folder(out / "vae", trainer, state["params"], mean, std)
         summary = {"step": step, "eval_psnr": result.eval_psnr, "eval_clips": len(bank.eval),
