@@ -15,11 +15,17 @@ longer fit prints ``"skipped"``. The last line is the summary. Checks, most impo
 4. ``cudnn_tflops``: fwd and fwd+bwd at Wan 1.3B 480p (L=32760, N=12, K=128), the 14B 720p
    per-device self-attention under 8-way Ulysses (L=75600, N=5) and its per-device text
    cross-attention (9450 queries, 512 keys, N=40).
-5. ``wan2``: a 2-layer Wan at 1.3B width in bf16, cudnn vs xla: output and parameter
-   gradients, with and without a text mask.
+5. ``wan2``: a 2-layer Wan at 1.3B width, cudnn in bf16 and xla in bf16, each against xla in
+   float32 on the same weights: output and the whole parameter gradient (global-norm relative
+   error), with and without a text mask; cudnn passes when it is as close to float32 as xla's
+   own bf16 (the worst single leaf is reported, not judged: see ``leaf_errors``).
 6. ``te``: te vs cudnn when ``transformer_engine.jax`` imports, else one line saying so.
 7. ``torch``: ditax cudnn vs torch SDPA attention at the 1.3B shape on the same card; and
    when diffusers imports, its 2-layer 1.3B-width ``WanTransformer3DModel`` vs ditax.
+8. ``wan_full``: Wan 2.1 1.3B at full depth, one forward at 480p × 81 frames, ditax (cudnn)
+   vs diffusers (torch SDPA) when it imports.
+
+``--only wan2,wan_full`` runs a subset (``versions`` always runs).
 
 In ``--dry`` mode the cuDNN wrapper runs with jax's ``xla`` implementation and models use
 ``backend="xla"`` (CI runs it: it checks the script, not cuDNN). The model checks need
@@ -31,6 +37,7 @@ missing the line names the module (carry them, e.g. ``pip install --no-deps --ta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -204,25 +211,56 @@ def speed(run, case):
             run.emit(case, f"{what}_tflops", f / t / 1e12, "TFLOP/s", shape=name, seconds=t)
 
 
-def wan2(run, case):
-    from ditax import AttentionConfig, Transformer
+def wan_config(run, layers):
     from ditax.config import load_config
-    from ditax.models.wan.loading import abstract_model, init_model
 
     if run.dry:
-        cfg = load_config("tiny", ["model.dtype=bfloat16", "model.param_dtype=bfloat16"]).model
-        lat, T, Tl = (1, 16, 1, 8, 8), 16, 5
-    else:
-        cfg = load_config("wan2.1-t2v-1.3b", ["model.num_layers=2"]).model
-        lat, T, Tl = (1, 16, 3, 60, 104), 512, 77
-    fast, slow = ("xla", "xla") if run.dry else ("cudnn", "xla")
-    tr_a = Transformer(init_model(cfg, AttentionConfig(backend=fast)))
-    shape_b = Transformer(abstract_model(cfg, AttentionConfig(backend=slow)))
-    tr_b = jax.tree.unflatten(jax.tree.structure(shape_b), jax.tree.leaves(tr_a))
+        return load_config("tiny", ["model.dtype=bfloat16", "model.param_dtype=bfloat16"]).model
+    return load_config("wan2.1-t2v-1.3b", [f"model.num_layers={layers}"]).model
+
+
+def leaf_errors(g, g_ref):
+    """Gradient error against the reference: relative error of the whole gradient (global
+    norms) and the leaf with the largest max-abs error relative to its own max-abs value.
+    The global number is the verdict. Per leaf, the key projections' biases (to_k.bias) have an
+    exact gradient of zero (a bias on every key adds the same q·b to a whole row of logits,
+    which softmax ignores), so their relative error is rounding noise over noise."""
+    paths = jax.tree_util.tree_flatten_with_path(g)[0]
+    num = den = 0.0
+    worst = (0.0, "")
+    for (path, a), b in zip(paths, jax.tree.leaves(g_ref)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        num += float(np.sum((a - b) ** 2))
+        den += float(np.sum(b ** 2))
+        worst = max(worst, (rel_err(a, b), jax.tree_util.keystr(path)))
+    return (num / max(den, 1e-30)) ** 0.5, worst
+
+
+def wan2(run, case):
+    """A 2-layer Wan at 1.3B width: cuDNN in bf16 and XLA in bf16, each against XLA in float32
+    on the same weights (bf16 values held in float32): output and parameter gradients, with
+    and without a text mask. cuDNN must be as close to float32 as XLA's own bf16 is."""
+    from ditax import AttentionConfig, Transformer
+    from ditax.models.wan.loading import abstract_model, init_model
+
+    cfg = wan_config(run, 2)
+    lat, T, Tl = ((1, 16, 1, 8, 8), 16, 5) if run.dry else ((1, 16, 3, 60, 104), 512, 77)
+    fast = "xla" if run.dry else "cudnn"
+    tr_fast = Transformer(init_model(cfg, AttentionConfig(backend=fast)))
+
+    def same_weights(backend, dtype):
+        c = dataclasses.replace(cfg, dtype=dtype, param_dtype=dtype)
+        shape = Transformer(abstract_model(c, AttentionConfig(backend=backend)))
+        return jax.tree.unflatten(jax.tree.structure(shape),
+                                  [x.astype(dtype) for x in jax.tree.leaves(tr_fast)])
+
+    models = {fast: tr_fast, "xla_bf16": same_weights("xla", "bfloat16")}
+    tr_ref = same_weights("xla", "float32")
     x, t = normal(5, lat), jnp.full((1,), 500.0)
     text, ct = normal(6, (1, T, cfg.text_dim)), normal(7, lat, jnp.float32)
 
-    def fwd_grad(tr, mask):
+    @jax.jit
+    def fwd_grad(tr, x, text, mask):
         def loss(tr):
             out = tr(x, t, text, mask)
             return jnp.sum(out.astype(jnp.float32) * ct), out
@@ -231,14 +269,77 @@ def wan2(run, case):
 
     for masked in (False, True):
         mask = prefix((Tl,), T) if masked else None
-        out_a, g_a = jax.jit(fwd_grad)(tr_a, mask)
-        out_b, g_b = jax.jit(fwd_grad)(tr_b, mask)
-        e = rel_err(out_a, out_b)
-        ge = max(rel_err(a, b) for a, b in zip(jax.tree.leaves(g_a), jax.tree.leaves(g_b)))
-        extra = dict(kernels=f"{fast} vs {slow}", text_mask=masked,
+        out_r, g_r = fwd_grad(tr_ref, x.astype(jnp.float32), text.astype(jnp.float32), mask)
+        errs = {}
+        for name, tr in models.items():
+            out, g = fwd_grad(tr, x, text, mask)
+            errs[name] = (rel_err(out, out_r), *leaf_errors(g, g_r))
+        e, ge, (we, wleaf) = errs[fast]
+        e_x, ge_x, (we_x, _) = errs["xla_bf16"]
+        extra = dict(kernels=f"{fast} bf16 vs xla float32", peer="xla bf16", text_mask=masked,
                      tokens=int(np.prod(lat[2:])) // 4)
-        run.emit(case, "out_rel_err", e, "", ok=e <= 5e-2, **extra)
-        run.emit(case, "grad_max_rel_err", ge, "", ok=ge <= 1e-1, **extra)
+        run.emit(case, "out_rel_err", e, "", baseline=e_x, ok=e <= 2e-2 and e <= 2 * e_x + 1e-3,
+                 **extra)
+        run.emit(case, "grad_rel_err", ge, "", baseline=ge_x,
+                 ok=ge <= 5e-2 and ge <= 2 * ge_x + 1e-3, worst_leaf=wleaf,
+                 worst_leaf_rel_err=we, peer_worst_leaf_rel_err=we_x, **extra)
+
+
+def wan_full(run, case):
+    """Wan 2.1 1.3B at full depth (30 layers), one transformer forward at 480p × 81 frames
+    (32,760 tokens, 512 text tokens) in bf16: ditax with cuDNN attention vs diffusers'
+    WanTransformer3DModel (torch SDPA) on the same card. Random weights, each its own: this
+    times the graph; the 2-layer checks above compare the values."""
+    from ditax import AttentionConfig, Transformer
+    from ditax.models.wan.loading import init_model
+
+    cfg = wan_config(run, 30)
+    lat, T = ((1, 16, 1, 8, 8), 16) if run.dry else ((1, 16, 21, 60, 104), 512)
+    tr = Transformer(init_model(cfg, AttentionConfig(backend="xla" if run.dry else "cudnn")))
+    x, text = normal(5, lat), normal(6, (1, T, cfg.text_dim))
+    fwd = jax.jit(lambda tr, x, c: tr(x, jnp.full((1,), 500.0), c))
+    t0 = time.perf_counter()
+    jax.block_until_ready(fwd(tr, x, text))
+    first = time.perf_counter() - t0
+    t_j = timed(fwd, tr, x, text, repeats=2 if run.dry else 5)
+    extra = dict(shape=f"latent {lat}, text {T}", layers=cfg.num_layers,
+                 first_call_s=first)
+    del tr
+    try:
+        import torch
+        from diffusers import WanTransformer3DModel
+    except ImportError as e:
+        return run.emit(case, "forward_seconds", t_j, "s", peer=f"absent ({e})", **extra)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(dev):
+        kw = {k: v for k, v in cfg.to_diffusers().items() if k != "_class_name"}
+        m = WanTransformer3DModel(**kw).eval()
+    keep = set(m._keep_in_fp32_modules or ())   # as from_pretrained(torch_dtype=bf16) keeps
+    for name, param in m.named_parameters():
+        if not keep & set(name.split(".")):
+            param.data = param.data.to(torch.bfloat16)
+    args = [torch.from_numpy(np.asarray(a, np.float32)).to(dev, torch.bfloat16)
+            for a in (x, text)]
+    tt = torch.full((1,), 500.0, device=dev)
+
+    def torch_fwd():
+        with torch.no_grad():
+            m(args[0], tt, args[1], return_dict=False)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+
+    torch_fwd()
+    ts = []
+    for _ in range(2 if run.dry else 5):
+        t0 = time.perf_counter()
+        torch_fwd()
+        ts.append(time.perf_counter() - t0)
+    t_t = statistics.median(ts)
+    run.emit(case, "forward_seconds", t_j, "s", baseline=t_t, ratio=t_j / t_t,
+             peer="diffusers (torch sdpa)", **extra)
+    del m
+    if dev == "cuda":
+        torch.cuda.empty_cache()
 
 
 def te(run, case):
@@ -347,14 +448,22 @@ def diffusers_model(run, case, torch, dev):
 
 CHECKS = (("versions", versions, 0), ("matmul_bf16", matmul, 10),
           ("cudnn_vs_reference", vs_reference, 30), ("cudnn_tflops", speed, 30),
-          ("wan2", wan2, 60), ("te", te, 10), ("torch", torch_peer, 20))
+          ("wan2", wan2, 60), ("te", te, 10), ("torch", torch_peer, 20),
+          ("wan_full", wan_full, 60))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry", action="store_true", help="CPU, tiny shapes, xla stands in")
     p.add_argument("--budget", type=float, default=300.0, help="seconds for all checks")
+    p.add_argument("--only", default="", help="comma-separated checks to run (default: all): "
+                   + ", ".join(c for c, _, _ in CHECKS))
     a = p.parse_args(argv)
+    only = [c for c in a.only.split(",") if c]
+    unknown = sorted(set(only) - {c for c, _, _ in CHECKS})
+    if unknown:
+        p.error(f"--only: unknown check(s) {unknown}; choose from "
+                f"{[c for c, _, _ in CHECKS]}")
     run = Run(a.dry, a.budget)
 
     def watchdog():
@@ -364,7 +473,8 @@ def main(argv=None) -> int:
 
     threading.Thread(target=watchdog, daemon=True).start()
     for case, fn, need in CHECKS:
-        run.check(case, fn, need)
+        if not only or case in only or case == "versions":
+            run.check(case, fn, need)
     run.emit("summary", "failed_checks", run.failed, "", lines=run.lines,
              seconds=time.perf_counter() - run.t0, dry=a.dry)
     return 0
