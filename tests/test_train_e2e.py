@@ -69,3 +69,34 @@ def test_init_from_architecture_mismatch_is_reported(tmp_path, pipe_dir):
     with pytest.raises(ConfigError, match=r"freq_dim: config 32 vs folder 64.*pass "
                                           r"model\.freq_dim=64"):
         train(cfg, progress=False)
+
+
+def test_preprocess_in_groups_writes_the_same_dataset(tmp_path, rng, pipe_dir):
+    """``batch=2`` over 3 clips (a group of 2, then 1) writes the samples ``batch=1`` writes,
+    in the same order; ``batch=0`` is refused naming the value."""
+    import grain
+
+    from ditax.train.data import _decode, read_meta
+    from ditax.train.preprocess import preprocess
+
+    vids = tmp_path / "videos"
+    vids.mkdir()
+    for i, cap in enumerate(["a cat walks", "waves crash on the rocks", "a red car"]):
+        _write_video(vids / f"clip{i}.mp4", rng, frames=5)
+        (vids / f"clip{i}.txt").write_text(cap)
+    kw = dict(height=32, width=32, frames=5, text_len=8, say=lambda _: None)
+    samples = {}
+    for b in (1, 2):
+        out = preprocess(vids, tmp_path / f"ds{b}", pipe_dir, batch=b, **kw)
+        files = [str(out / f) for f in read_meta(out)["files"]]
+        src = grain.sources.ArrayRecordDataSource(files)
+        samples[b] = [_decode(src[i]) for i in range(len(src))]
+    assert len(samples[1]) == len(samples[2]) == 3
+    for one, grouped in zip(samples[1], samples[2]):
+        assert one.keys() == grouped.keys()
+        np.testing.assert_array_equal(one["text_mask"], grouped["text_mask"])
+        for k in ("latents", "text"):
+            np.testing.assert_allclose(grouped[k], one[k], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(samples[1][0]["latents"], samples[1][1]["latents"])
+    with pytest.raises(ValueError, match="batch=0"):
+        preprocess(vids, tmp_path / "ds0", pipe_dir, batch=0, **kw)

@@ -20,6 +20,8 @@ def add_arguments(p) -> None:
     p.add_argument("--frames", type=int, default=81, help="pixel frames, 4k+1")
     p.add_argument("--text-len", type=int, default=512)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--batch", type=int, default=1, help="clips per encoder call (default 1; "
+                   "small clips encode faster in groups, e.g. 8)")
 
 
 def run(args) -> int:
@@ -27,7 +29,10 @@ def run(args) -> int:
 
     with request_errors(FileNotFoundError):
         find_samples(args.videos)
+        if args.batch < 1:
+            raise ValueError(f"--batch {args.batch}: clips per encoder call must be at least 1")
     out = preprocess(args.videos, args.output, args.model, height=args.height, width=args.width,
-                     frames=args.frames, text_len=args.text_len, dtype=args.dtype)
+                     frames=args.frames, text_len=args.text_len, dtype=args.dtype,
+                     batch=args.batch)
     print(f"ditax preprocess: wrote {out}; train with data.source={out}")
     return 0

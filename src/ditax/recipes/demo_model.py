@@ -65,6 +65,8 @@ class Sizes:
     timestep_sampler: str        # training noise levels: uniform | logit_normal, then shifted
     flow_shift: float            # by this (SCHEDULER's flow_shift is the sampler's)
     transformer_dtype: str       # dtype of the shipped transformer weights
+    transformer_remat: str       # model.remat of the training step (save_dots: 15% faster
+                                 # on 2 CPU cores than none, less residual traffic in the scan)
     text_dropout: float
     umt5: dict                   # UMT5EncoderModel config (vocab_size set from the tokenizer)
     tokenizer_vocab: int
@@ -106,12 +108,13 @@ def _transformer(heads: int, head_dim: int, ffn: int, layers: int) -> dict:
 
 
 FULL = Sizes(clips=1600, vae_eval_clips=32, height=64, width=64, frames=17, vae=_VAE,
-             vae_steps=1500, vae_batch=8, vae_crop=32, vae_frames=9, vae_lr=1e-3, vae_clips=480,
-             vae_evals=5, vae_long_steps=300, vae_long_batch=4, vae_long_lr=3e-4,
-             transformer=_transformer(5, 64, 1024, 4), transformer_steps=6000,
+             vae_steps=800, vae_batch=8, vae_crop=32, vae_frames=9, vae_lr=1e-3, vae_clips=480,
+             vae_evals=2, vae_long_steps=500, vae_long_batch=4, vae_long_lr=3e-4,
+             transformer=_transformer(5, 64, 1024, 4), transformer_steps=4800,
              transformer_batch=16, transformer_lr=5e-4,
              timestep_sampler="uniform", flow_shift=3.0,
-             transformer_dtype="bfloat16", text_dropout=0.1, umt5=_UMT5,
+             transformer_dtype="bfloat16", transformer_remat="save_dots", text_dropout=0.1,
+             umt5=_UMT5,
              tokenizer_vocab=64, text_len=16, checkpoint_every=500)
 SMOKE = dataclasses.replace(
     FULL, clips=24, vae_eval_clips=4, height=32, width=32, frames=5,
@@ -265,7 +268,7 @@ class Recipe:
         lines = []
         preprocess(self.out / "clips", self.out / "latents", self.out / "encoders",
                    height=s.height, width=s.width, frames=s.frames, text_len=s.text_len,
-                   say=lines.append)
+                   batch=8, say=lines.append)
         return {"samples": len(lines)}
 
     def transformer(self):
@@ -287,7 +290,8 @@ class Recipe:
             f"optim.warmup_steps={min(50, s.transformer_steps // 4)}",
             "optim.schedule=cosine", "optim.weight_decay=0.0", "log_every=10",
             f"checkpoint.every={s.checkpoint_every}", f"output_dir={self.out / 'transformer'}",
-            f"flow.timestep_sampler={s.timestep_sampler}", f"flow.shift={s.flow_shift}"])
+            f"flow.timestep_sampler={s.timestep_sampler}", f"flow.shift={s.flow_shift}",
+            f"model.remat={s.transformer_remat}"])
         res = train(cfg, progress=self.progress, say=self.say)
         from ditax.train.plots import loss_curve, read_metrics
 
