@@ -16,7 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_gpu_check_dry_run_prints_every_check():
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT / "src"))
     env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry"],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry",
+                           "--budget", "600"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -25,7 +26,7 @@ def test_gpu_check_dry_run_prints_every_check():
     assert not errors, errors
     cases = {r["case"] for r in rows}
     assert {"versions", "matmul_bf16", "cudnn_vs_reference", "cudnn_tflops", "wan2", "te",
-            "torch", "wan_full", "summary"} <= cases
+            "torch", "wan_full", "train_step", "summary"} <= cases
     shapes = {r.get("shape") for r in rows if r["case"] == "cudnn_vs_reference"}
     assert {"self_L31_K64_padded", "cross_L33_T13_K64"} <= shapes
     assert {r["metric"] for r in rows if r["case"] == "wan2"} == {"out_rel_err",
