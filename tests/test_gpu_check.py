@@ -18,7 +18,7 @@ def test_gpu_check_dry_run_prints_every_check():
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry",
                            "--budget", "600"],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert rows and all(r["bench"] == "gpu_check" and "metric" in r for r in rows)
