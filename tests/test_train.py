@@ -114,6 +114,25 @@ def test_reader_is_deterministic_per_host_and_resumable(dataset):
     assert full["latents"].shape == (4, 16, 2, 8, 8) and full["text_mask"].shape == (4, 16)
 
 
+@pytest.mark.parametrize("per_process", [1, 2])
+def test_reader_splits_batches_of_one_and_two_per_process(dataset, per_process):
+    """One sample per process (a single-GPU batch_size=1, or one per host) works like larger
+    batches: the processes' batches together are the one-process batch, in order."""
+    cfg = tiny(f"data.source={dataset}", f"batch_size={2 * per_process}")
+    one = BatchIterator(cfg)
+    two = [BatchIterator(cfg, p, 2) for p in range(2)]
+    for _ in range(14):  # crosses the 24-sample epoch boundary
+        full = next(one)
+        parts = [next(it) for it in two]
+        assert parts[0]["latents"].shape == (per_process, 16, 2, 8, 8)
+        for k in full:
+            np.testing.assert_array_equal(full[k], np.concatenate([p[k] for p in parts]))
+    solo = BatchIterator(tiny(f"data.source={dataset}", "batch_size=1"))
+    firsts = [next(solo)["latents"] for _ in range(2)]
+    again = BatchIterator(tiny(f"data.source={dataset}", "batch_size=2"))
+    np.testing.assert_array_equal(np.concatenate(firsts), next(again)["latents"])
+
+
 def test_missing_dataset_and_bad_batch_are_clear_errors(tmp_path):
     with pytest.raises(DataError, match="does not exist.*ditax preprocess"):
         train(tiny(f"data.source={tmp_path}/nope", f"output_dir={tmp_path}/o"))

@@ -202,6 +202,11 @@ def _stack(samples) -> dict[str, np.ndarray]:
     return {k: np.stack([s[k] for s in samples]) for k in samples[0]}
 
 
+def _single(sample) -> dict[str, np.ndarray]:
+    """A batch of one sample."""
+    return _stack([sample])
+
+
 class BatchIterator:
     """Per-process batches ``{"latents" [b, C, F, Y, X], "text" [b, T, Dt], "text_mask" [b, T]}``.
 
@@ -223,7 +228,10 @@ class BatchIterator:
         if cfg.data.text_dropout > 0:
             ds = ds.random_map(TextDropout(null_text(cfg, self.text_shape),
                                            cfg.data.text_dropout), seed=cfg.seed)
-        ds = ds.batch(self.local_batch, batch_fn=_stack)
+        if self.local_batch == 1:       # grain's batch(1) of an endless dataset overflows len()
+            ds = ds.map(_single)
+        else:
+            ds = ds.batch(self.local_batch, batch_fn=_stack)
         ds = ds[process_index::process_count]
         self._iter: Iterator = iter(ds.to_iter_dataset(
             grain.ReadOptions(num_threads=max(1, cfg.data.num_workers), prefetch_buffer_size=2)))
