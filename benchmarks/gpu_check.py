@@ -25,7 +25,7 @@ longer fit prints ``"skipped"``. The last line is the summary. Checks, most impo
 8. ``wan_full``: Wan 2.1 1.3B at full depth, one forward at 480p × 81 frames, ditax (cudnn)
    vs diffusers (torch SDPA) when it imports.
 9. ``train_step``: a Wan 2.1 1.3B training step at 480p × 81 frames, batch 1 (remat full,
-   AdamW): step time, tokens/s, estimated TFLOP/s.
+   AdamW): step time, tokens/s, model TFLOP/s and MFU (the train loop's estimators).
 
 ``--only wan2,wan_full`` runs a subset (``versions`` always runs).
 
@@ -98,6 +98,17 @@ def timed(fn, *args, repeats=5):
 def rel_err(x, ref) -> float:
     x, ref = np.asarray(x, np.float32), np.asarray(ref, np.float32)
     return float(np.max(np.abs(x - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+
+
+def torch_timed(fn, repeats: int) -> float:
+    """Median seconds of ``fn()`` (which synchronises the device) after one warm-up call."""
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
 
 
 def normal(key, shape, dtype=jnp.bfloat16):
@@ -330,13 +341,7 @@ def wan_full(run, case):
         if dev == "cuda":
             torch.cuda.synchronize()
 
-    torch_fwd()
-    ts = []
-    for _ in range(2 if run.dry else 5):
-        t0 = time.perf_counter()
-        torch_fwd()
-        ts.append(time.perf_counter() - t0)
-    t_t = statistics.median(ts)
+    t_t = torch_timed(torch_fwd, 2 if run.dry else 5)
     run.emit(case, "forward_seconds", t_j, "s", baseline=t_t, ratio=t_j / t_t,
              peer="diffusers (torch sdpa)", **extra)
     del m
@@ -384,14 +389,8 @@ def torch_peer(run, case):
             torch.cuda.synchronize()
         return o
 
-    sdpa()
-    ts = []
-    for _ in range(2 if run.dry else 5):
-        t0 = time.perf_counter()
-        o = sdpa()
-        ts.append(time.perf_counter() - t0)
-    t_torch = statistics.median(ts)
-    e = rel_err(attn(jq, jk, jv), o.transpose(1, 2).float().cpu().numpy())
+    t_torch = torch_timed(sdpa, 2 if run.dry else 5)
+    e = rel_err(attn(jq, jk, jv), sdpa().transpose(1, 2).float().cpu().numpy())
     run.emit(case, "attention_seconds", t_ditax, "s", baseline=t_torch, ratio=t_ditax / t_torch,
              peer="torch sdpa", shape=f"B{B}_L{L}_N{N}_K{K}", rel_err=e, ok=e <= 2e-2)
     try:
@@ -451,10 +450,13 @@ def diffusers_model(run, case, torch, dev):
 def train_step(run, case):
     """Wan 2.1 1.3B training step at full depth on one device: 480p × 81 frames (32,760
     tokens), batch 1, bf16, remat full (the preset's), AdamW, cuDNN attention; synthetic
-    latents. Step time (median of 5 after the compile), tokens/s and estimated TFLOP/s."""
+    latents. Step time (median of 5 after the compile), tokens/s, model TFLOP/s and MFU as the
+    train loop reports them."""
     from ditax.config import load_config
+    from ditax.models.base import model_family
     from ditax.parallel.mesh import make_mesh
     from ditax.train.data import SyntheticSource, latent_shape_for
+    from ditax.train.metrics import peak_tflops
     from ditax.train.step import Trainer
 
     if run.dry:
@@ -478,19 +480,16 @@ def train_step(run, case):
         float(m["loss"])
         ts.append(time.perf_counter() - t0)
     t = statistics.median(ts)
-    _, F, Y, X = lat
-    pt, py, px = cfg.model.patch_size
-    tokens = (F // pt) * (Y // py) * (X // px)
-    n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
-    # executed FLOPs, estimated: 6·N·tokens for the matmuls + 2·N·tokens for the remat
-    # recompute (N counts the text-side projections too: ~3% high at 1.3B / 512 text tokens),
-    # self-attention 4·L²·D per layer forward, ×4.5 with backward and recompute
-    D, L, layers = cfg.model.inner_dim, tokens, cfg.model.num_layers
-    flops = 8 * n_params * tokens + 4.5 * 4 * L * L * D * layers
+    # the train loop's own numbers: model FLOPs (forward + backward, remat not counted) and MFU
+    family = model_family(cfg.model)
+    tokens = family.tokens_per_sample(lat)
+    tflops = family.flops_per_sample(lat, cfg.data.text_len) / t / 1e12
+    peak = peak_tflops()
     ok = bool(np.isfinite(loss0) and np.isfinite(float(m["loss"])))
     run.emit(case, "step_seconds", t, "s", tokens=tokens, tokens_per_s=tokens / t,
-             tflops_estimate=flops / t / 1e12, params=n_params, first_call_s=first,
-             remat=cfg.model.remat, loss_first=loss0, ok=ok)
+             model_tflops=tflops, mfu=None if peak is None else tflops / peak,
+             params=sum(x.size for x in jax.tree.leaves(state["params"])),
+             first_call_s=first, remat=cfg.model.remat, loss_first=loss0, ok=ok)
 
 
 CHECKS = (("versions", versions, 0), ("matmul_bf16", matmul, 10),
