@@ -126,6 +126,51 @@ def test_vae_training_config_errors(tmp_path):
     assert main(["train-vae", "data.source=x", "vae.base_dim=oops"]) == 2
 
 
+def _sparse_bank(focus: float, candidates: int = 4):
+    """96x96 clips of 9 frames: dark background, one 4x4 bright square per clip."""
+    from ditax.config.vae_training import VAEDataConfig
+    from ditax.train.vae import ClipBank
+
+    rng = np.random.default_rng(1)
+    clips = np.full((40, 9, 96, 96, 3), 20, np.uint8)
+    for c in clips:
+        y, x = rng.integers(92, size=2)
+        c[:, y:y + 4, x:x + 4] = 230
+    bank = ClipBank.__new__(ClipBank)
+    bank.train, bank.eval = clips, clips[:1]
+    bank.data = VAEDataConfig(source="x", num_frames=9, height=96, width=96, crop_frames=9,
+                              crop=32, crop_focus=focus, crop_candidates=candidates)
+    return bank
+
+
+def test_vae_focused_crops_oversample_the_foreground():
+    def object_share(bank):
+        hits = [(bank.batch(7, step, 8).max(axis=(1, 2, 3, 4)) > 0.5)
+                for step in range(40)]
+        return float(np.mean(hits))
+
+    uniform, focused = object_share(_sparse_bank(0.0)), object_share(_sparse_bank(1.0, 16))
+    half = object_share(_sparse_bank(0.5, 16))
+    # a random 32x32 crop of 96x96 frames holds (part of) a 4x4 square about 1/4 of the time
+    # (squares near a corner are in few crops: the best of 16 still misses some of them)
+    assert uniform < 0.4, uniform
+    assert focused > 2 * uniform and focused > 0.7, (uniform, focused)
+    assert uniform + 0.1 < half < focused - 0.1, (uniform, half, focused)
+    # deterministic in (seed, step); windows and clips are those of the uniform draw
+    a, b = _sparse_bank(1.0, 16).batch(3, 5, 8), _sparse_bank(1.0, 16).batch(3, 5, 8)
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (8, 9, 32, 32, 3)
+
+
+def test_vae_focused_crop_config_errors():
+    from ditax.cli import main
+
+    assert main(["train-vae", "data.source=x", "data.crop=32", "data.crop_focus=1.5"]) == 2
+    assert main(["train-vae", "data.source=x", "data.crop_focus=0.5"]) == 2   # crop 0
+    assert main(["train-vae", "data.source=x", "data.crop=32",
+                 "data.crop_candidates=0"]) == 2
+
+
 @pytest.mark.parametrize("stride", [(1, 1, 1), (2, 1, 1), (1, 2, 2)])
 @pytest.mark.parametrize("kernel", [(3, 3, 3), (3, 1, 1), (1, 1, 1)])
 def test_cpu_conv3d_by_frames_equals_the_3d_convolution(kernel, stride, rng):

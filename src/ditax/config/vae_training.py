@@ -26,8 +26,11 @@ class VAEDataConfig:
     """Clips for VAE training: a folder of videos (``.mp4`` …, as ``ditax preprocess`` reads)
     scaled to ``height x width``, ``num_frames`` read per clip. Each training sample is a
     random window of ``crop_frames`` frames (``temporal_factor * k + 1``) and a random
-    ``crop`` x ``crop`` square (``0``: the whole frame). The last ``eval_clips`` clips (sorted
-    by name) are held out and only evaluated, whole."""
+    ``crop`` x ``crop`` square (``0``: the whole frame). With probability ``crop_focus`` the
+    square is instead the busiest (largest pixel standard deviation) of ``crop_candidates``
+    random squares of that window: foreground oversampling, for clips whose content covers a
+    small part of the frame (random crops of them are mostly background). The last
+    ``eval_clips`` clips (sorted by name) are held out and only evaluated, whole."""
 
     source: str = ""
     num_frames: int = 17
@@ -35,6 +38,8 @@ class VAEDataConfig:
     width: int = 64
     crop_frames: int = 5
     crop: int = 0
+    crop_focus: float = 0.0            # probability of the busiest of crop_candidates squares
+    crop_candidates: int = 4
     eval_clips: int = 16
     max_clips: int = 0                 # read only the first this many clips (0: all)
 
@@ -103,6 +108,14 @@ def check_vae_training(c: VAETrainConfig) -> None:
     if d.crop and (d.crop % sf or d.crop > min(d.height, d.width)):
         raise ConfigError(f"data.crop={d.crop} must be a multiple of {sf} no larger than "
                           f"min(height, width)={min(d.height, d.width)}, or 0 for whole frames")
+    if not 0.0 <= d.crop_focus <= 1.0:
+        raise ConfigError(f"data.crop_focus={d.crop_focus} must be a probability in [0, 1] "
+                          "(0: uniform random crops)")
+    if d.crop_candidates < 1:
+        raise ConfigError(f"data.crop_candidates={d.crop_candidates} must be >= 1")
+    if d.crop_focus and not d.crop:
+        raise ConfigError(f"data.crop_focus={d.crop_focus} needs data.crop > 0 (whole frames "
+                          "have nothing to focus); set data.crop or data.crop_focus=0")
     if d.max_clips < 0:
         raise ConfigError(f"data.max_clips={d.max_clips} must be >= 0 (0: every clip)")
     if d.eval_clips < 1:

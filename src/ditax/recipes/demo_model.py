@@ -50,7 +50,10 @@ class Sizes:
     vae: dict                    # AutoencoderKLWan config (architecture part)
     vae_steps: int
     vae_batch: int
-    vae_crop: int                # square crop of the first VAE stage (0 = whole frames)
+    vae_crop: int                # square crop of both VAE stages (0 = whole frames)
+    vae_focus: float             # data.crop_focus of both VAE stages: the share of crops that
+                                 # are the busiest of 4 (the object fills ~6% of a frame, so
+                                 # most random 32x32 crops hold only background)
     vae_frames: int              # frames per window of the first VAE stage (4k+1)
     vae_lr: float
     vae_clips: int               # clips the VAE reads (the first ones; 0 = all)
@@ -114,17 +117,18 @@ def _transformer(heads: int, head_dim: int, ffn: int, layers: int) -> dict:
 
 
 FULL = Sizes(clips=1600, vae_eval_clips=32, height=64, width=64, frames=17, vae=_VAE,
-             vae_steps=1500, vae_batch=8, vae_crop=32, vae_frames=9, vae_lr=1e-3, vae_clips=480,
-             vae_evals=5, vae_long_steps=300, vae_long_batch=4, vae_long_lr=3e-4,
-             transformer=_transformer(5, 64, 1024, 4), transformer_steps=6000,
-             transformer_batch=16, transformer_lr=5e-4,
+             vae_steps=1300, vae_batch=8, vae_crop=32, vae_focus=0.67, vae_frames=9,
+             vae_lr=1e-3, vae_clips=480, vae_evals=4, vae_long_steps=700, vae_long_batch=4,
+             vae_long_lr=3e-4, transformer=_transformer(5, 64, 1024, 4), transformer_steps=6000,
+             transformer_batch=12, transformer_lr=5e-4,
              timestep_sampler="uniform", flow_shift=3.0,
              transformer_dtype="bfloat16", transformer_remat="save_dots", text_dropout=0.1,
              umt5=_UMT5,
              tokenizer_vocab=64, text_len=16, checkpoint_every=500)
 SMOKE = dataclasses.replace(
     FULL, clips=24, vae_eval_clips=4, height=32, width=32, frames=5,
-    vae=dict(_VAE, base_dim=8), vae_steps=12, vae_batch=2, vae_crop=0, vae_lr=2e-3, vae_evals=0,
+    vae=dict(_VAE, base_dim=8), vae_steps=12, vae_batch=2, vae_crop=0, vae_focus=0.0,
+    vae_lr=2e-3, vae_evals=0,
     vae_long_steps=2, vae_long_batch=2,
     transformer=_transformer(2, 16, 64, 1), transformer_steps=12, transformer_batch=8,
     transformer_lr=2e-3, transformer_dtype="float32", checkpoint_every=6)
@@ -226,6 +230,7 @@ class Recipe:
             "data.source": str(self.out / "clips"), "data.num_frames": s.frames,
             "data.height": s.height, "data.width": s.width, "data.crop": s.vae_crop,
             "data.crop_frames": s.frames if long else min(s.vae_frames, s.frames),
+            "data.crop_focus": s.vae_focus,
             "data.eval_clips": s.vae_eval_clips, "data.max_clips": s.vae_clips,
             "steps": steps, "batch_size": s.vae_long_batch if long else s.vae_batch,
             "seed": self.seed + long,

@@ -92,9 +92,28 @@ class ClipBank:
         ch, cw = (d.crop, d.crop) if d.crop else (d.height, d.width)
         y0 = rng.integers(d.height - ch + 1, size=batch_size)
         x0 = rng.integers(d.width - cw + 1, size=batch_size)
+        if d.crop_focus:
+            y0, x0 = self._focus(rng, idx, f0, y0, x0)
         out = np.stack([self.train[i, f:f + d.crop_frames, y:y + ch, x:x + cw]
                         for i, f, y, x in zip(idx, f0, y0, x0)])
         return out.astype(np.float32) / 127.5 - 1.0
+
+    def _focus(self, rng, idx, f0, y0, x0):
+        """Foreground oversampling: with probability ``crop_focus`` a sample's square becomes
+        the one of largest pixel standard deviation among its drawn square and
+        ``crop_candidates - 1`` more random ones (the same window of frames)."""
+        d = self.data
+        n, k, c = len(idx), d.crop_candidates, d.crop
+        focus = rng.random(n) < d.crop_focus
+        ys = np.concatenate([y0[:, None], rng.integers(d.height - c + 1, size=(n, k - 1))], 1)
+        xs = np.concatenate([x0[:, None], rng.integers(d.width - c + 1, size=(n, k - 1))], 1)
+        y0, x0 = y0.copy(), x0.copy()
+        for b in np.flatnonzero(focus):
+            window = self.train[idx[b], f0[b]:f0[b] + d.crop_frames]
+            spread = [window[:, y:y + c, x:x + c].std() for y, x in zip(ys[b], xs[b])]
+            j = int(np.argmax(spread))
+            y0[b], x0[b] = ys[b, j], xs[b, j]
+        return y0, x0
 
 
 def to_video(clips_u8: np.ndarray) -> np.ndarray:
