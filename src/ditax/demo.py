@@ -154,9 +154,9 @@ DEMO_PROMPTS = ("a red circle moves right", "a blue square moves up",
                 "a yellow circle moves right")       # the last one is a held-out combination
 
 # keyword arguments of the pipeline call the demo model is meant to be sampled with; guidance
-# 8 measured best for direction (benchmarks/demo_quality.py, the 6,000-step model, seen
-# combinations x 3 seeds: direction 95.2% at 4, 98.1% at 5, 99.0% at 6, 100% at 8; colour
-# 100% at each)
+# 8 measured best for direction on the previous (batch-16) model (benchmarks/demo_quality.py,
+# seen combinations x 3 seeds: direction 95.2% at 4, 98.1% at 5, 99.0% at 6, 100% at 8; colour
+# 100% at each); the shipped model at 8: colour 95.2%, direction 98.1%
 SAMPLE = dict(height=64, width=64, num_frames=17, num_inference_steps=25, guidance_scale=8.0,
               negative_prompt="", max_sequence_length=16)
 
