@@ -100,16 +100,8 @@ _UMT5 = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
 # 256): near pure noise the velocity ``noise - x0`` is mostly the input noise, which a narrower
 # model cannot pass through (width 128 plateaued at loss 0.66); width 320 keeps the 4x4
 # patches (80 tokens, cheap).
-# Steps: at 3,500 (batch 16, loss ~0.29) direction was right in 70% of seen prompts and green
-# objects faded out under guidance 8 (colour 87%); 6,000 at batch 16 (loss ~0.21) got both right
-# in 100% but made the recipe 75-85 min. The shipped model trains 6,000 steps at batch 12 (0.75x
-# the step time; its loss follows the batch-16 run's step for step): colour 95% / direction 98%
-# seen, 93% / 93% held out, its misses mostly green objects; batch 8 (same latents, 0.72x the
-# time) fell to 90% / 71% seen. 4,800 steps at batch 16 (with a
-# 27.6 dB VAE) gave 93% / 91% seen, 67% / 80% held out.
-# VAE: 1,300 + 700 steps with focused crops (vae_focus) reach 30.4 dB held out; 1,500 + 300
-# with uniform crops reached 29.6 (800 + 500: 27.6); one stage of 17-frame windows (1,300 steps,
-# batch 4) 21.5. Focused crops alone, as the second stage of the same first stage: +0.2 dB.
+# Stage lengths and batch: the runs that chose them, with their PSNR and prompt-following
+# numbers, are in docs/demo_model/choices.md.
 def _transformer(heads: int, head_dim: int, ffn: int, layers: int) -> dict:
     return dict(patch_size=[1, 4, 4], num_attention_heads=heads, attention_head_dim=head_dim,
                 in_channels=16, out_channels=16, text_dim=64, freq_dim=64, ffn_dim=ffn,
