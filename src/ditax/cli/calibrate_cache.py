@@ -30,6 +30,7 @@ from ditax.errors import RequestError
 
 DEMO_NAME = "ditax-demo"
 DEMO_PROMPTS = 4      # calibration prompts of the demo's vocabulary (seen combinations)
+MIN_PROMPTS, MAX_PROMPTS = 2, 8   # enough to average the ratios over; each is a full generation
 
 
 def demo_prompts(n: int = DEMO_PROMPTS) -> list[str]:
@@ -50,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--guidance", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the first prompt (prompt k: SEED + k; all < 2**32)")
     p.add_argument("--image", default=None, metavar="FIRST.png",
                    help="first frame of every prompt (image-to-video folders)")
     p.add_argument("--name", default=None, help="entry name (default: the folder's name)")
@@ -75,7 +77,7 @@ def run(args) -> int:
     from ditax.config import load_config, parse_overrides, validate
     from ditax.pipelines.calibrate import calibrate
     from ditax.pipelines.cache_numbers import merge_numbers, read_numbers, write_numbers
-    from ditax.pipelines.request import check_request
+    from ditax.pipelines.request import check_request, check_seed
 
     cfg = load_config(None, args.overrides)
     given = parse_overrides(args.overrides)
@@ -95,8 +97,13 @@ def run(args) -> int:
         if args.prompts is None:
             args.prompts = demo_prompts()
     if args.prompts is None:
-        raise RequestError("--prompts is required (2-8 prompts to generate), unless MODEL is "
-                           "demo")
+        raise RequestError(f"--prompts is required ({MIN_PROMPTS}-{MAX_PROMPTS} prompts to "
+                           f"generate), unless MODEL is demo")
+    if not MIN_PROMPTS <= len(args.prompts) <= MAX_PROMPTS:
+        raise RequestError(f"--prompts got {len(args.prompts)} prompt(s); calibration takes "
+                           f"{MIN_PROMPTS}-{MAX_PROMPTS} (each is one full generation; the "
+                           f"numbers are their mean) — pass between {MIN_PROMPTS} and "
+                           f"{MAX_PROMPTS} quoted prompts")
     pick = lambda a, d: d if a is None else a   # noqa: E731
     req = dict(height=pick(args.height, defaults["height"]),
                width=pick(args.width, defaults["width"]),
@@ -105,6 +112,7 @@ def run(args) -> int:
                guidance_scale=pick(args.guidance, defaults["guidance_scale"]))
     negative = pick(args.negative_prompt, defaults["negative_prompt"])
     with request_errors():
+        check_seed(args.seed, len(args.prompts), "--seed")
         for prompt in args.prompts:
             check_request(prompt, req["height"], req["width"], req["num_frames"],
                           req["num_inference_steps"], req["guidance_scale"], None, negative)

@@ -3,18 +3,23 @@
 Wan's pipeline tokenizes with ``padding="max_length", truncation=True, max_length=L,
 add_special_tokens=True``: right-padded with the pad id, cut to ``L`` tokens while keeping the
 end-of-sequence token that the post-processor appends. :class:`Tokenizer` reproduces that from
-the ``tokenizer.json`` of a pipeline's ``tokenizer/`` folder.
+the ``tokenizer.json`` of a pipeline's ``tokenizer/`` folder. A prompt cut that way is not cut
+silently: a warning (logger ``ditax.models.tokenizer``, shown on the CLI's stderr) names it and
+how many of its tokens were dropped.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 
 import numpy as np
 
 from ditax.io.hub import resolve_folder
+
+log = logging.getLogger(__name__)
 
 
 def clean_prompt(text: str) -> str:
@@ -60,7 +65,28 @@ class Tokenizer:
         encs = tok.encode_batch(list(prompts), add_special_tokens=True)
         ids = np.asarray([e.ids for e in encs], np.int32)
         mask = np.asarray([e.attention_mask for e in encs], np.int32)
+        self._warn_truncated([p for p, e in zip(prompts, encs) if e.overflowing], max_length)
         return ids, mask
+
+    def _warn_truncated(self, prompts, max_length: int) -> None:
+        """One warning per prompt longer than ``max_length`` tokens (its full length counted
+        without truncation), naming it and how many tokens were dropped."""
+        if not prompts:
+            return
+        tok = self.backend
+        tok.no_truncation()
+        tok.no_padding()
+        try:
+            for prompt in prompts:
+                n = len(tok.encode(prompt, add_special_tokens=True).ids)
+                if n > max_length:
+                    short = prompt if len(prompt) <= 60 else prompt[:57] + "..."
+                    log.warning("prompt %r has %d tokens, more than max_sequence_length=%d: "
+                                "the last %d token(s) are dropped (shorten it, or raise "
+                                "max_sequence_length / sample.max_sequence_length)",
+                                short, n, max_length, n - max_length)
+        finally:
+            tok.enable_truncation(max_length=max_length)
 
 
 def load_tokenizer(path) -> Tokenizer:
