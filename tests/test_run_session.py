@@ -40,23 +40,26 @@ def test_checkpoints_when_due_and_at_the_end(tmp_path):
     assert not run.interrupted
 
 
-def test_sigterm_finishes_the_step_saves_and_stops_then_restores_the_handler(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_finishes_the_step_saves_and_stops_then_restores_the_handler(tmp_path, sig):
     said = []
-    before = signal.getsignal(signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     ckpt, run = _session(tmp_path, total=10, every=100, said=said)
     stopped_at = None
     with run:
-        assert signal.getsignal(signal.SIGTERM) is not before
+        assert signal.getsignal(sig) is not before[sig]
         for step in range(1, 11):
             if step == 3:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), sig)
             if run.end_step(step, _state(step), {"step": step}):
                 stopped_at = step
                 break
-    assert stopped_at == 3 and run.interrupted and run.signal == signal.SIGTERM
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert stopped_at == 3 and run.interrupted and run.signal == sig
+    assert {s: signal.getsignal(s) for s in before} == before
     assert Checkpointer(tmp_path / "ckpt", CheckpointConfig(every=100)).steps() == [3]
-    assert any(m.startswith("unit: received signal") and "step 3" in m for m in said)
+    name = signal.Signals(sig).name
+    assert any(m.startswith(f"unit: stopped by {name}: saved checkpoint step 3")
+               and "resumes from step 3" in m for m in said), said
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])

@@ -6,7 +6,7 @@ data.source=/data/latents output_dir=runs/a``. Multi-host: run the same command 
 process with ``mesh.coordinator_address=HOST:PORT mesh.num_processes=N mesh.process_id=I``.
 
 Exit 2 for a config that cannot run (checked against the device count before training
-starts); exit 1 when training fails (data, checkpoint, non-finite loss); 143 when interrupted
+starts); exit 1 when training fails (data, checkpoint, non-finite loss); 143 (SIGTERM) or 130 (Ctrl-C) when interrupted
 by a signal after saving. Compiled programs go to jax's persistent compilation cache as for
 ``ditax generate`` (:mod:`ditax.compile_cache`: ``DITAX_CACHE_DIR`` / ``compile_cache=PATH``,
 ``none`` = off).
@@ -56,4 +56,4 @@ def run(args) -> int:
     if jax.process_index() == 0:
         last = f", last loss {res.losses[-1]:.6f}" if res.losses else ""
         print(f"ditax train: at step {res.step}{last}; metrics in {cfg.output_dir}/metrics.jsonl")
-    return 143 if res.interrupted else 0
+    return 128 + res.signal if res.interrupted else 0   # 143 SIGTERM, 130 SIGINT

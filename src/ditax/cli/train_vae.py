@@ -10,7 +10,7 @@ for the PSNR), ``loss.l1 / l2 / kl``, ``optim.*``, ``checkpoint.*``, ``steps``,
 ``metrics.jsonl``, ``loss.png`` and ``summary.json`` (held-out PSNR, latent statistics).
 
 Exit 2 for a config that cannot run, 1 when training fails (data, checkpoint, non-finite
-loss), 143 when interrupted by a signal after saving.
+loss), 143 (SIGTERM) or 130 (Ctrl-C) when interrupted by a signal after saving.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def run(args) -> int:
     except (CheckpointError, NonFiniteLoss) as e:
         raise CommandFailed(str(e)) from e
     if res.interrupted:
-        return 143
+        return 128 + res.signal      # 143 SIGTERM, 130 SIGINT
     last = f", last loss {res.losses[-1]:.6f}" if res.losses else ""
     psnr = f", held-out PSNR {res.eval_psnr:.2f} dB" if res.eval_psnr is not None else ""
     print(f"ditax train-vae: at step {res.step}{last}{psnr}; folder {res.folder}")

@@ -8,7 +8,8 @@ state, step, base PRNG key — sharded arrays, each process writes its shards) a
 Orbax writes into a temporary folder and renames it when the save is complete, so an
 interrupted save never looks like a checkpoint. :meth:`Checkpointer.restore_latest` still
 guards against damaged finalised checkpoints: it tries the newest step first and, when that
-fails to restore, says so and falls back to the previous one.
+fails to read, says so and falls back to the previous one; a checkpoint of another model
+(other shapes or dtypes) is refused instead, with nothing renamed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Callable
 import orbax.checkpoint as ocp
 
 from ditax.config import CheckpointConfig
+from ditax.errors import DitaxError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,9 @@ class Checkpointer:
         opts = ocp.CheckpointManagerOptions(max_to_keep=cfg.keep,
                                             enable_async_checkpointing=cfg.async_save,
                                             create=True)
-        self.mgr = ocp.CheckpointManager(self.dir, options=opts, item_names=("state", "data"))
+        self.mgr = ocp.CheckpointManager(   # handlers named up front: metadata reads need them
+            self.dir, options=opts, item_handlers={"state": ocp.StandardCheckpointHandler(),
+                                                   "data": ocp.JsonCheckpointHandler()})
 
     def steps(self) -> list[int]:
         return sorted(self.mgr.all_steps())
@@ -57,38 +61,68 @@ class Checkpointer:
     def wait(self) -> None:
         self.mgr.wait_until_finished()
 
+    def moved_aside(self) -> list[str]:
+        """Names of step folders an earlier run moved aside as unreadable (``4.corrupt``)."""
+        if not self.dir.exists():
+            return []
+        return sorted(p.name for p in self.dir.iterdir() if ".corrupt" in p.name)
+
     def restore_latest(self, abstract_state: Any):
         """``(step, state, data_state)`` of the newest restorable checkpoint, or None if none.
 
-        A checkpoint that fails to restore (damaged, half-deleted, wrong shapes) is reported
-        and skipped in favour of the previous one.
+        Each checkpoint's stored shapes and dtypes are compared with ``abstract_state`` first:
+        a checkpoint of another model is refused (:class:`~ditax.train.resume.ResumeMismatch`)
+        with nothing renamed. A checkpoint that fails to read is skipped for the previous one,
+        and moved aside (``{step}.corrupt``) only once an older one of the same run restored,
+        which shows the failure is the file's and not the setup's; when none restores,
+        nothing is moved and :class:`CheckpointError` lists what was tried. With no
+        checkpoint left but moved-aside ones, it refuses to start the run over.
         """
+        from ditax.train.resume import check_structure
+
         for name in self.incomplete():
             self.say(f"checkpoint: ignoring incomplete save {self.dir / name} "
                      f"(interrupted before it finished)")
-        steps = self.steps()
+        steps, aside = self.steps(), self.moved_aside()
+        if not steps and aside:
+            raise CheckpointError(
+                f"{self.dir} holds no usable checkpoint, only ones an earlier run moved aside "
+                f"as unreadable ({', '.join(aside)}); not starting over from step 0. Inspect "
+                f"or delete them to start again, or choose a new output_dir")
+        if aside:
+            self.say(f"checkpoint: {self.dir} also holds moved-aside unreadable checkpoints "
+                     f"({', '.join(aside)}); they are not used")
         failures = []
         for step in reversed(steps):
+            older = [s for s in steps if s < step]
+            nxt = f"falling back to step {older[-1]}" if older else "no older checkpoint"
             try:
+                stored = self.mgr.item_metadata(step)["state"]
+                check_structure(self.dir, step, getattr(stored, "tree", stored),
+                                abstract_state)
                 out = self.mgr.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_state),
                     data=ocp.args.JsonRestore()))
-            except Exception as e:  # noqa: BLE001 - any failure means "unusable checkpoint"
+            except DitaxError:
+                raise                   # another run's checkpoint: refused, nothing touched
+            except Exception as e:  # noqa: BLE001 - any read failure: try the older one
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 failures.append((step, msg))
-                older = [s for s in steps if s < step]
-                nxt = f"falling back to step {older[-1]}" if older else "no older checkpoint"
-                moved = self._quarantine(step)
                 self.say(f"checkpoint: step {step} in {self.dir} is incomplete or corrupted "
-                         f"({msg}); moved it to {moved.name} for inspection; {nxt}")
+                         f"({msg}); {nxt}")
                 continue
+            for bad, _ in failures:
+                moved = self._quarantine(bad)
+                self.say(f"checkpoint: step {bad} failed to read while step {step} restored: "
+                         f"moved it to {moved.name} for inspection")
             if failures:
                 self.mgr.reload()   # the quarantined steps are gone from the manager's view
             return step, out["state"], out["data"]
         if failures:
             raise CheckpointError(
                 f"no checkpoint in {self.dir} could be restored (tried steps "
-                f"{[s for s, _ in failures]}); delete the folder to start over, or point "
+                f"{[s for s, _ in failures]}: {failures[0][1]}); nothing was moved or "
+                f"deleted. If they are damaged, move them away to start over, or point "
                 f"output_dir elsewhere")
         return None
 

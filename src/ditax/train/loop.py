@@ -2,8 +2,11 @@
 
 ``train(cfg)`` is what ``ditax train`` calls. Rerunning with the same ``output_dir`` resumes
 from the newest usable checkpoint (params, optimiser, data position, RNG, step) and runs until
-``steps``. SIGTERM finishes the current step, saves, and returns. A non-finite loss stops
-the run before anything is saved, so the newest checkpoint stays the last good one.
+``steps``; what may change between the runs is :data:`RESUME_POLICY` (see
+:mod:`ditax.train.resume`): a change of the model, LoRA, data, batch size or seed is refused
+before anything is restored or written. ``metrics.jsonl`` and TensorBoard keep each step once.
+SIGTERM or SIGINT (Ctrl-C) finishes the current step, saves, and returns. A non-finite loss
+stops the run before anything is saved, so the newest checkpoint stays the last good one.
 """
 
 from __future__ import annotations
@@ -21,10 +24,19 @@ from ditax.parallel.mesh import make_mesh
 from ditax.train.checkpoint import Checkpointer
 from ditax.train.data import BatchIterator
 from ditax.train.metrics import MetricsWriter, peak_tflops
+from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, read_saved_config,
+                                write_config)
 from ditax.train.session import NonFiniteLoss, RunSession  # noqa: F401 (public here too)
 from ditax.train.step import Trainer
 
 log = logging.getLogger(__name__)
+
+#: What a rerun of a run may change (dotted keys; ``section.`` = all of it); the rest of the
+#: config (model shapes and dtypes, LoRA, data, batch size, seed) must stay as it was.
+RESUME_POLICY = ResumePolicy(
+    free=("steps", "log_every", "checkpoint.", "compile_cache", "name", "output_dir",
+          "sample.", "mesh.", "attention.", "model.remat", "data.num_workers"),
+    notice=("optim.", "flow.", "data.text_dropout", "model.dtype", "init_from"))
 
 
 @dataclass
@@ -32,7 +44,8 @@ class TrainResult:
     step: int                       # completed steps
     losses: list[float] = field(default_factory=list)   # losses of the steps run here
     state: dict | None = None       # final train state (global arrays)
-    interrupted: bool = False       # stopped by SIGTERM (checkpoint saved)
+    interrupted: bool = False       # stopped by SIGTERM / SIGINT (checkpoint saved)
+    signal: int | None = None       # the signal that stopped it
     resumed_from: int | None = None
 
 
@@ -61,12 +74,16 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
     out = pathlib.Path(cfg.output_dir)
     pid, nproc = jax.process_index(), jax.process_count()
 
+    check_output_dir(out)       # before anything loads: a file, an unwritable or foreign folder
+    saved = read_saved_config(out)
+    ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
+    if ckpt.steps():            # a rerun must ask for the run the folder holds
+        check_resume(out, saved, to_dict(cfg), RESUME_POLICY, say=say)
     data = BatchIterator(cfg, pid, nproc)       # checks the dataset before anything compiles
     family = model_family(cfg.model, cfg.attention)
     if cfg.init_from:
         init_folder = family.weights_folder(cfg.init_from)
     trainer = trainer if trainer is not None else Trainer(cfg, mesh)
-    ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
 
     restored = ckpt.restore_latest(trainer.abstract_state())
     if restored is not None:
@@ -80,11 +97,9 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
             params = family.load_params(init_folder, mesh)
             say(f"initialised weights from {init_folder}")
         state = trainer.init(params)
-        if pid == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            import yaml
-
-            (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    if pid == 0:                # the config the run goes on with (the next resume's reference)
+        out.mkdir(parents=True, exist_ok=True)
+        write_config(out, to_dict(cfg))
 
     result = TrainResult(step=start, resumed_from=start if restored else None)
     if start >= cfg.steps:
@@ -96,7 +111,10 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
     flops = family.flops_per_sample(data.latent_shape, data.text_shape[0]) * cfg.batch_size
     peak = peak_tflops()
     tokens_per_sample = family.tokens_per_sample(data.latent_shape)
-    writer = MetricsWriter(out, enabled=pid == 0)
+    writer = MetricsWriter(out, enabled=pid == 0, resume_step=start)
+    if writer.dropped:
+        say(f"metrics: dropped {writer.dropped} rows after step {start} from "
+            f"{writer.path} (written after the last checkpoint; those steps run again)")
 
     data_tag = {"source": cfg.data.source, "batch_size": cfg.batch_size}
     step = start
@@ -128,7 +146,7 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
             run.tick(loss=f"{loss:.4f}", s_per_step=f"{dt:.2f}")
             if run.end_step(step, state, {"iterator": data.get_state(), **data_tag}):
                 break
-    result.interrupted = run.interrupted
+    result.interrupted, result.signal = run.interrupted, run.signal if run.interrupted else None
     if trainer.adapters is not None and (step == cfg.steps or result.interrupted):
         files = trainer.adapters.save(out, state["params"])
         if files:

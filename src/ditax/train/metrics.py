@@ -35,20 +35,70 @@ def peak_tflops(device=None) -> float | None:
 
 
 class MetricsWriter:
-    """Appends ``{"step", "loss", ...}`` lines to ``metrics.jsonl`` and scalars to TensorBoard."""
+    """Appends ``{"step", "loss", ...}`` lines to ``metrics.jsonl`` and scalars to TensorBoard.
 
-    def __init__(self, output_dir, enabled: bool = True, tensorboard: bool = True):
+    ``resume_step``: the step the run (re)starts from. Rows of later steps, left by a run that
+    stopped after its last checkpoint (kill -9, SIGTERM, a damaged checkpoint), are dropped
+    first, as is a last line cut short by a kill, so every step is in the file once; the
+    TensorBoard events are written anew from the rows kept (``tb/`` holds each step once).
+    """
+
+    def __init__(self, output_dir, enabled: bool = True, tensorboard: bool = True,
+                 resume_step: int | None = None):
         self.enabled = enabled
         self.path = pathlib.Path(output_dir) / "metrics.jsonl"
+        self.tb_dir = pathlib.Path(output_dir) / "tb"
+        self.dropped = 0
         self._f = None
         self._tb = None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            kept = None
+            if resume_step is not None:
+                kept = self._truncate(resume_step)
             self._f = open(self.path, "a")
             if tensorboard:
                 from tensorboardX import SummaryWriter
 
-                self._tb = SummaryWriter(str(pathlib.Path(output_dir) / "tb"))
+                if kept is not None and self.tb_dir.is_dir():
+                    for f in self.tb_dir.glob("events.out.tfevents.*"):
+                        f.unlink()
+                self._tb = SummaryWriter(str(self.tb_dir))
+                for row in kept or ():
+                    self._scalars(row)
+
+    def _truncate(self, resume_step: int) -> list[dict]:
+        """Drop rows after ``resume_step`` (and a cut last line); returns the rows kept."""
+        if not self.path.is_file():
+            return []
+        lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+        keep, rows = [], []
+        for i, line in enumerate(lines):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                if i == len(lines) - 1:         # cut short by a kill mid-write
+                    self.dropped += 1
+                else:                           # not ours to judge: kept as it is
+                    keep.append(line)
+                continue
+            step = row.get("step") if isinstance(row, dict) else None
+            if isinstance(step, int) and step > resume_step:
+                self.dropped += 1
+                continue
+            keep.append(line)
+            if isinstance(step, int):
+                rows.append(row)
+        if self.dropped:
+            tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+            tmp.write_text("".join(f"{line}\n" for line in keep), encoding="utf-8")
+            os.replace(tmp, self.path)
+        return rows
+
+    def _scalars(self, row: dict) -> None:
+        for k, v in row.items():
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                self._tb.add_scalar(f"train/{k}", v, row["step"])
 
     def write(self, row: dict) -> None:
         if not self.enabled:
@@ -58,9 +108,7 @@ class MetricsWriter:
         self._f.write(json.dumps(clean) + "\n")
         self._f.flush()
         if self._tb is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)) and v is not None:
-                    self._tb.add_scalar(f"train/{k}", v, row["step"])
+            self._scalars(row)
 
     def close(self) -> None:
         if self._f is not None:

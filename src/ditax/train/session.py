@@ -2,18 +2,21 @@
 
 :class:`RunSession` is a context manager over one run of steps ``start → total``:
 
-- SIGTERM (a scheduler's pre-emption) sets a flag; the step in flight finishes, then
-  :meth:`RunSession.end_step` saves a checkpoint and tells the loop to stop;
+- SIGTERM (a scheduler's pre-emption) and SIGINT (Ctrl-C) set a flag; the step in flight
+  finishes, then :meth:`RunSession.end_step` saves a checkpoint, says which step the next run
+  resumes from, and tells the loop to stop. A second Ctrl-C stops at once, without saving;
 - a non-finite loss raises :class:`NonFiniteLoss` before anything is saved, so the newest
   checkpoint stays the last good one (:meth:`RunSession.check_loss`);
 - the progress bar (tqdm), the metrics writer and the checkpointer are closed on the way out,
-  whatever happened, and the previous SIGTERM handler is put back.
+  whatever happened, and the previous signal handlers are put back.
 """
 
 from __future__ import annotations
 
 import math
 import signal
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -22,7 +25,8 @@ class NonFiniteLoss(RuntimeError):
 
 class RunSession:
     """``with RunSession(ckpt, writer, total=..., start=..., ...) as run:`` around a loop of
-    steps; ``run.interrupted`` is true once SIGTERM arrived."""
+    steps; ``run.interrupted`` is true once SIGTERM or SIGINT arrived and the checkpoint was
+    saved (``run.signal`` is which)."""
 
     def __init__(self, ckpt, writer, *, total: int, start: int, desc: str, every: int,
                  progress: bool = True, say=print, prefix: str = ""):
@@ -37,17 +41,25 @@ class RunSession:
         self.prefix = prefix
         self.signal = None
         self.interrupted = False
-        self._prev = None
+        self._prev: dict = {}
         self._bar = None
 
     def __enter__(self) -> "RunSession":
-        def on_term(signum, frame):     # finish the step in flight, then save and return
+        def on_signal(signum, frame):   # finish the step in flight, then save and return
             self.signal = signum
+            if signum == signal.SIGINT:     # a second Ctrl-C: stop now (KeyboardInterrupt)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.say(f"{self.prefix}received {signal.Signals(signum).name}: finishing the "
+                     f"step in flight, then saving a checkpoint"
+                     + (" (Ctrl-C again stops without saving)"
+                        if signum == signal.SIGINT else ""))
 
-        try:
-            self._prev = signal.signal(signal.SIGTERM, on_term)
-        except ValueError:              # not the main thread: no handler
-            self._prev = None
+        self._prev = {}
+        for sig in SIGNALS:
+            try:
+                self._prev[sig] = signal.signal(sig, on_signal)
+            except ValueError:          # not the main thread: no handler
+                pass
         if self.progress:
             from tqdm import tqdm
 
@@ -60,8 +72,8 @@ class RunSession:
             self._bar.close()
         self.writer.close()
         self.ckpt.close()
-        if self._prev is not None:
-            signal.signal(signal.SIGTERM, self._prev)
+        for sig, prev in self._prev.items():
+            signal.signal(sig, prev)
 
     def check_loss(self, loss: float, step: int, fix: str) -> None:
         """Raise :class:`NonFiniteLoss` (naming the step, the checkpoint kept and ``fix``)
@@ -83,14 +95,15 @@ class RunSession:
 
     def end_step(self, step: int, state, meta: dict) -> bool:
         """Checkpoint ``state`` (with ``meta``) when it is due (every ``every`` steps, the last
-        step, or SIGTERM arrived); returns True when the loop must stop (SIGTERM)."""
+        step, or a signal arrived); returns True when the loop must stop (a signal)."""
         stop = self.signal is not None
         if step % self.every == 0 or step == self.total or stop:
             self.ckpt.save(step, state, meta)
         if stop:
             self.ckpt.wait()
-            self.say(f"{self.prefix}received signal {self.signal}: saved checkpoint step {step} "
-                     f"in {self.ckpt.dir}; rerun the same command to resume")
+            self.say(f"{self.prefix}stopped by {signal.Signals(self.signal).name}: saved "
+                     f"checkpoint step {step} in {self.ckpt.dir}; the same command resumes "
+                     f"from step {step}")
             self.interrupted = True
         return stop
 

@@ -38,6 +38,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from ditax.config.vae_training import VAETrainConfig, vae_config_dict
 from ditax.models.wan.vae import WanVAE, WanVAEConfig
 from ditax.train.checkpoint import Checkpointer
+from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, read_saved_config,
+                                write_config)
 from ditax.train.session import RunSession
 from ditax.train.preprocess import VIDEO_EXT
 from ditax.train.step import make_optimizer
@@ -147,6 +149,7 @@ class VAETrainResult:
     folder: pathlib.Path | None = None
     resumed_from: int | None = None
     interrupted: bool = False
+    signal: int | None = None       # the signal that stopped it (SIGTERM / SIGINT)
     state: dict | None = None
 
 
@@ -270,6 +273,13 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
+#: What a rerun of a VAE run may change (:mod:`ditax.train.resume`); the architecture, the
+#: clips, the crops, the batch size and the seed must stay as they were.
+VAE_RESUME_POLICY = ResumePolicy(
+    free=("steps", "log_every", "eval_every", "checkpoint.", "output_dir"),
+    notice=("optim.", "loss.", "init_from"))
+
+
 def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_say,
               bank: ClipBank | None = None, trainer: VAETrainer | None = None) -> VAETrainResult:
     """Run (or resume, with the same ``output_dir``) VAE training; write the folder at the end.
@@ -280,6 +290,11 @@ def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_
     from ditax.train.metrics import MetricsWriter
 
     out = pathlib.Path(cfg.output_dir)
+    check_output_dir(out)
+    ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
+    if ckpt.steps():
+        check_resume(out, read_saved_config(out), vae_config_dict(cfg), VAE_RESUME_POLICY,
+                     say=lambda m: say(f"train-vae: {m}"))
     bank = bank or ClipBank(cfg.data, say=say)
     if trainer is None:
         trainer = VAETrainer(cfg, devices)
@@ -290,21 +305,22 @@ def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_
             raise ValueError(f"train_vae(trainer=...): the trainer was built for another "
                              f"config ({diff or ['steps, with optim.decay_steps unset']}); "
                              "build a new VAETrainer")
-    ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
     restored = ckpt.restore_latest(trainer.abstract_state())
     if restored is not None:
         start, state, _ = restored
         say(f"train-vae: resuming from checkpoint step {start} in {ckpt.dir}")
     else:
         start, state = 0, trainer.init()
-        out.mkdir(parents=True, exist_ok=True)
-        import yaml
-
-        (out / "config.yaml").write_text(yaml.safe_dump(vae_config_dict(cfg), sort_keys=False))
+    out.mkdir(parents=True, exist_ok=True)
+    write_config(out, vae_config_dict(cfg))
     result = VAETrainResult(step=start, resumed_from=start if restored else None)
     eval_video = to_video(bank.eval)        # held-out clips, VAE layout (evals and the end)
     step = start
-    with RunSession(ckpt, MetricsWriter(out, enabled=True), total=cfg.steps, start=start,
+    writer = MetricsWriter(out, enabled=True, resume_step=start)
+    if writer.dropped:
+        say(f"train-vae: metrics: dropped {writer.dropped} rows after step {start} from "
+            f"{writer.path} (written after the last checkpoint; those steps run again)")
+    with RunSession(ckpt, writer, total=cfg.steps, start=start,
                     desc="train-vae", every=cfg.checkpoint.every, progress=progress, say=say,
                     prefix="train-vae: ") as run:
         while step < cfg.steps:
@@ -331,6 +347,7 @@ def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_
             if run.end_step(step, state, {"step": step}):
                 break
     result.interrupted = run.interrupted
+    result.signal = run.signal if run.interrupted else None
     result.step, result.state = step, state
     if step >= cfg.steps and not result.interrupted:
         result.eval_psnr = psnr(trainer.reconstruct(state["params"], eval_video), eval_video)

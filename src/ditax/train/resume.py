@@ -1,0 +1,182 @@
+"""Resuming a run safely: the output folder, the run's saved config, the checkpoint's structure.
+
+A rerun with the same ``output_dir`` resumes from the newest checkpoint. Before anything is
+restored (or renamed, or written) :func:`check_resume` compares the run's saved
+``config.yaml`` with the requested config through the trainer's :class:`ResumePolicy`:
+
+- ``free`` keys may change without a word (how long to run, logging, checkpoint cadence, the
+  mesh and attention backend: the same math on other devices / kernels);
+- ``notice`` keys may change, and each change is printed (the optimiser's hyper-parameters,
+  the objective's weighting: the run goes on, but no longer as a bit-exact continuation);
+- every other key (model, LoRA, data, batch size, seed) is *refused*: one
+  :class:`ResumeMismatch` naming each differing key ``old → new`` and the two fixes (the old
+  values, or a new ``output_dir``), and nothing on disk touched.
+
+:func:`check_structure` then compares the checkpoint's stored shapes and dtypes with the state
+the config builds, so a mismatch the config does not show (no ``config.yaml``, a changed
+default) is refused the same way instead of being taken for a damaged checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import Any
+
+from ditax.errors import ConfigError
+
+
+class ResumeMismatch(ConfigError):
+    """A rerun asks for a run other than the one its ``output_dir`` holds (exit 2)."""
+
+
+@dataclass(frozen=True)
+class ResumePolicy:
+    """Which dotted config keys may change on resume. An entry ending in ``.`` is a whole
+    section (``"checkpoint."``); anything matching neither tuple is refused."""
+
+    free: tuple[str, ...]
+    notice: tuple[str, ...]
+
+    def kind(self, key: str) -> str:
+        def hit(names):
+            return any(key == n or (n.endswith(".") and key.startswith(n)) for n in names)
+
+        return "free" if hit(self.free) else "notice" if hit(self.notice) else "refused"
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (lists compared as lists)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def check_output_dir(path, *, what: str = "output_dir", run_files=("config.yaml",
+                                                                     "checkpoints")) -> None:
+    """:class:`ConfigError` unless ``path`` can hold a run: not a file, its parent creatable
+    and writable, and, when it exists and is not empty, a folder holding a run (one of
+    ``run_files``) rather than something else a run would write into."""
+    p = pathlib.Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{what}={path} is a file, not a folder; choose a folder path "
+                          f"(it is created)")
+    if p.is_dir():
+        names = {c.name for c in p.iterdir()}
+        if names and not names & set(run_files):
+            shown = ", ".join(sorted(names)[:4]) + (", ..." if len(names) > 4 else "")
+            raise ConfigError(f"{what}={path} is a non-empty folder that holds no run "
+                              f"({shown}); choose a new or empty folder")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ConfigError(f"{what}={path} is not writable; choose a folder you can write")
+        return
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{what}={path}: {parent} is a file, so the folder cannot be "
+                          f"created; choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what}={path} cannot be created: {parent} is not writable; "
+                          f"choose a folder you can write")
+
+
+def read_saved_config(out) -> dict | None:
+    """The run's saved ``config.yaml`` as a dict, or None when there is none."""
+    import yaml
+
+    f = pathlib.Path(out) / "config.yaml"
+    if not f.is_file():
+        return None
+    try:
+        saved = yaml.safe_load(f.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{f} is not readable YAML ({type(e).__name__}); it records the "
+                          f"run in {out}: restore it, or choose a new output_dir") from e
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{f} does not hold a config mapping; restore it, or choose a new "
+                          f"output_dir")
+    return saved
+
+
+def _show(v) -> str:
+    return "null" if v is None else str(v)
+
+
+def check_resume(out, saved: dict | None, requested: dict, policy: ResumePolicy,
+                 say=print) -> list[str]:
+    """Compare the run's saved config with the requested one (both nested dicts); raise
+    :class:`ResumeMismatch` for refused changes, print the ``notice`` ones. Keys present on
+    one side only (another ditax version) are not compared. Returns the changed keys."""
+    if saved is None:
+        return []
+    old, new = flatten(saved), flatten(requested)
+    changed = [k for k in new if k in old and old[k] != new[k]]
+    refused = [k for k in changed if policy.kind(k) == "refused"]
+    if refused:
+        diffs = ", ".join(f"{k}: {_show(old[k])} → {_show(new[k])}" for k in refused)
+        keep = " ".join(f"{k}={_show(old[k])}" for k in refused)
+        raise ResumeMismatch(
+            f"output_dir={out} holds a run with another setup ({diffs}); nothing was "
+            f"changed there. To resume it, use the old values ({keep}); to start a new run, "
+            f"choose a new output_dir")
+    noticed = [k for k in changed if policy.kind(k) == "notice"]
+    if noticed:
+        say("resuming with changed " + ", ".join(f"{k} {_show(old[k])} → {_show(new[k])}"
+                                                 for k in noticed)
+            + " (the run goes on with the new values; it is no longer a bit-exact continuation)")
+    return changed
+
+
+def _leaves(tree) -> dict[str, tuple]:
+    import jax
+
+    def key(path):
+        return "/".join(str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p))))
+                        for p in path)
+
+    return {key(path): (tuple(leaf.shape), str(leaf.dtype))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def structure_diff(stored, abstract) -> list[str]:
+    """The leaves whose presence, shape or dtype differ between a checkpoint's stored
+    metadata tree and the abstract state (``ShapeDtypeStruct`` tree), as short lines."""
+    a, b = _leaves(stored), _leaves(abstract)
+    out = [f"{k}: {a[k][0]} {a[k][1]} → {b[k][0]} {b[k][1]}"
+           for k in a if k in b and a[k] != b[k]]
+    out += [f"{k}: only in the checkpoint" for k in a if k not in b]
+    out += [f"{k}: not in the checkpoint" for k in b if k not in a]
+    return out
+
+
+def check_structure(ckpt_dir, step: int, stored, abstract) -> None:
+    """:class:`ResumeMismatch` when the checkpoint at ``step`` stores another state than the
+    requested config builds (names the first differing leaves)."""
+    diff = structure_diff(stored, abstract)
+    if diff:
+        more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+        raise ResumeMismatch(
+            f"checkpoint step {step} in {ckpt_dir} stores another model state than this "
+            f"config builds ({'; '.join(diff[:3])}{more}); nothing was changed there. Resume "
+            f"with the config the run was trained with (its config.yaml), or choose a new "
+            f"output_dir")
+
+
+def write_config(out, cfg_dict: dict) -> None:
+    """Write ``config.yaml`` atomically (a temp file renamed), so it is never half written."""
+    import yaml
+
+    f = pathlib.Path(out) / "config.yaml"
+    tmp = f.with_name(f".config.yaml.tmp{os.getpid()}")
+    tmp.write_text(yaml.safe_dump(cfg_dict, sort_keys=False), encoding="utf-8")
+    os.replace(tmp, f)
+
+
+__all__ = ["ResumePolicy", "ResumeMismatch", "check_output_dir", "check_resume",
+           "check_structure", "structure_diff", "read_saved_config", "write_config", "flatten"]
