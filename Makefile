@@ -2,27 +2,37 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Three stamps, each one install step: ditax + its runtime dependencies (what `make demo` needs),
+# then the [test] extra (torch, diffusers, transformers: the parity references, ~2 GB), then
+# libtpu. `make demo` installs the first only; `make test` all three, in order, on a fresh
+# machine or on top of a demo install.
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 TPU_STAMP := $(VENV)/.installed-tpu
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo demo-model test test-fast bench install clean
+.PHONY: demo demo-model test test-fast bench install install-test clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e .
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	touch $(TEST_STAMP)
 
 # libtpu (the [tpu] extra, pinned to the jax version): the TPU test group compiles ditax for a
 # TPU v6e topology without a TPU (deviceless). Linux only; elsewhere those tests skip.
-$(TPU_STAMP): $(STAMP)
+$(TPU_STAMP): $(TEST_STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[tpu]"
 	touch $(TPU_STAMP)
 
 install: $(STAMP)
+install-test: $(TEST_STAMP) $(TPU_STAMP)
 
 # The main job: three prompts -> videos + contact sheet with the demo model ditax trained
 # itself (shipped in src/ditax/assets/demo_model), scored for prompt following.
@@ -35,10 +45,10 @@ demo-model: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.demo_model --out demo_model
 
 # The whole test suite on CPU (8 fake devices), TPU compiles included (deviceless).
-test: $(STAMP) $(TPU_STAMP)
+test: $(TEST_STAMP) $(TPU_STAMP)
 	$(BIN)/python -m pytest tests -q -ra --durations=15
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/transformer_cpu.py
 
 clean:
