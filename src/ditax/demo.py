@@ -153,12 +153,39 @@ def build_pipeline_folder(root: pathlib.Path) -> pathlib.Path:
 DEMO_PROMPTS = ("a red circle moves right", "a blue square moves up",
                 "a yellow circle moves right")       # the last one is a held-out combination
 
-# keyword arguments of the pipeline call the demo model is meant to be sampled with; guidance
-# 8 measured best for direction on the previous (batch-16) model (benchmarks/demo_quality.py,
-# seen combinations x 3 seeds: direction 95.2% at 4, 98.1% at 5, 99.0% at 6, 100% at 8; colour
-# 100% at each); the shipped model at 8: colour 95.2%, direction 98.1%
-SAMPLE = dict(height=64, width=64, num_frames=17, num_inference_steps=25, guidance_scale=8.0,
-              negative_prompt="", max_sequence_length=16)
+# how the demo recipe's models are meant to be sampled, besides their training size (written
+# into the folder's ditax_sample.json by the recipe); guidance 8 measured best for direction on
+# the previous (batch-16) model (benchmarks/demo_quality.py, seen combinations x 3 seeds:
+# direction 95.2% at 4, 98.1% at 5, 99.0% at 6, 100% at 8; colour 100% at each); the shipped
+# model at 8: colour 95.2%, direction 98.1%
+SAMPLE_STEPS, SAMPLE_GUIDANCE = 25, 8.0
+
+
+def sample_defaults(height: int, width: int, frames: int, text_len: int) -> dict:
+    """The ``ditax_sample.json`` of a demo-recipe model trained at this size (the pipeline
+    call's keyword arguments of those names)."""
+    return dict(height=height, width=width, num_frames=frames,
+                num_inference_steps=SAMPLE_STEPS, guidance_scale=SAMPLE_GUIDANCE,
+                negative_prompt="", max_sequence_length=text_len)
+
+
+def write_sample_defaults(folder, values: dict):
+    """Write ``values`` as ``folder``'s ``ditax_sample.json`` (checked); returns the path."""
+    from ditax.pipelines.sample_defaults import write_sample_defaults as write
+
+    return write(folder, values)
+
+
+def __getattr__(name: str):
+    """``SAMPLE``: keyword arguments of the pipeline call the shipped demo model is meant to be
+    sampled with, read from its folder's ``ditax_sample.json`` (one source: what
+    ``load_pipeline(model_path())`` then ``pipe(prompt)`` uses too). A fresh dict each time."""
+    if name == "SAMPLE":
+        from ditax.pipelines.sample_defaults import CALL_KEYS, read_sample_defaults
+
+        values = read_sample_defaults(model_path())
+        return {k: v for k, v in values.items() if k in CALL_KEYS}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def model_path() -> pathlib.Path:
@@ -195,11 +222,12 @@ def run_demo(out=OUT, prompts=DEMO_PROMPTS, seed: int = 0, path=None, say=print)
     phases = {"import": t_import, "load": 0.0, "text": 0.0, "compile": 0.0, "denoise": 0.0,
               "decode": 0.0, "write": 0.0}
     videos, rows = [], []
+    sample = __getattr__("SAMPLE")
     with compile_cache("auto") as cache_dir:
         pipe = load_pipeline(path or model_path())
         phases["load"] = pipe.load_time
         for i, prompt in enumerate(prompts):
-            video = pipe(prompt, seed=seed + i, progress=False, **SAMPLE)
+            video = pipe(prompt, seed=seed + i, progress=False, **sample)
             for k in ("text", "compile", "denoise", "decode"):
                 phases[k] += getattr(pipe.timings, k)
             t1 = time.perf_counter()
@@ -234,7 +262,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
     print(f"ditax demo: the demo model trained by `make demo-model` ({model_path()})")
-    print(f"sampling with {SAMPLE}")
+    print(f"sampling with {__getattr__('SAMPLE')}")
     rec = run_demo()
     ph = rec["phases"]
     print("timing: " + " | ".join(f"{k} {v:.2f}s" for k, v in ph.items())

@@ -13,7 +13,9 @@ Sizes, steps and guidance default to the ``sample`` config (``--steps`` / sizes 
 ``--into FILE`` puts the entry into an existing numbers file instead (replacing the entry of the
 same name or model): ``--into src/ditax/pipelines/step_cache_numbers.json`` ships it.
 
-``MODEL`` = ``demo``: the shipped demo model with its sampling settings (``ditax.demo.SAMPLE``),
+A folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`) gives the defaults of
+the sizes, steps, guidance and negative prompt, as for ``ditax generate``.
+``MODEL`` = ``demo``: the shipped demo model (sampled as its ``ditax_sample.json`` says),
 prompts of its vocabulary unless ``--prompts`` are given, entry name ``ditax-demo``; its shipped
 numbers are regenerated with ``ditax calibrate-cache demo --into
 src/ditax/pipelines/step_cache_numbers.json``.
@@ -42,7 +44,8 @@ def demo_prompts(n: int = DEMO_PROMPTS) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="pipeline folder (model_index.json), hub id, or 'demo' (the "
-                                 "shipped demo model, sampled with ditax.demo.SAMPLE)")
+                                 "shipped demo model); a folder's ditax_sample.json gives the "
+                                 "defaults of the size, steps and guidance flags")
     p.add_argument("--prompts", nargs="+", default=None,
                    help="prompts to generate (2-8; required unless MODEL is demo)")
     p.add_argument("--negative-prompt", default=None)
@@ -72,9 +75,10 @@ def run(args) -> int:
 
     import ditax
     from ditax.attention.te import entry_context
-    from ditax.cli.generate import check_model_and_attention, read_images
+    from ditax.cli.generate import check_model_and_attention, folder_defaults, read_images
     from ditax.compile_cache import compile_cache
     from ditax.config import load_config, parse_overrides, validate
+    from ditax.config.sample import SAMPLE_PRESETS
     from ditax.pipelines.calibrate import calibrate
     from ditax.pipelines.cache_numbers import merge_numbers, read_numbers, write_numbers
     from ditax.pipelines.request import check_request, check_seed
@@ -82,17 +86,11 @@ def run(args) -> int:
     cfg = load_config(None, args.overrides)
     given = parse_overrides(args.overrides)
     s = cfg.sample
-    defaults = dict(height=s.height, width=s.width, num_frames=s.num_frames,
-                    num_inference_steps=s.num_inference_steps, guidance_scale=s.guidance_scale,
-                    negative_prompt=None, max_sequence_length=s.max_sequence_length)
     name = args.name or pathlib.Path(str(args.model)).name
-    if args.model == "demo":          # the shipped demo model, sampled as it is meant to be
-        from ditax.demo import SAMPLE, model_path
+    if args.model == "demo":          # the shipped demo model (its ditax_sample.json)
+        from ditax.demo import model_path
 
         args.model = str(model_path())
-        defaults.update(SAMPLE)
-        if "max_sequence_length" in given.get("sample", {}):
-            defaults["max_sequence_length"] = s.max_sequence_length
         name = args.name or DEMO_NAME
         if args.prompts is None:
             args.prompts = demo_prompts()
@@ -104,6 +102,8 @@ def run(args) -> int:
                            f"{MIN_PROMPTS}-{MAX_PROMPTS} (each is one full generation; the "
                            f"numbers are their mean) — pass between {MIN_PROMPTS} and "
                            f"{MAX_PROMPTS} quoted prompts")
+    chosen = set(given.get("sample", {})) | set(SAMPLE_PRESETS.get(s.preset, {}))
+    defaults = folder_defaults(args.model, s, chosen)
     pick = lambda a, d: d if a is None else a   # noqa: E731
     req = dict(height=pick(args.height, defaults["height"]),
                width=pick(args.width, defaults["width"]),
@@ -120,6 +120,10 @@ def run(args) -> int:
         raise RequestError(f"--steps={req['num_inference_steps']}: calibration needs >= 3 steps")
     if pathlib.Path(args.output).suffix.lower() != ".json":
         raise RequestError(f"--output {args.output!r} must end in .json")
+    if args.into is None:
+        from ditax.io.outputs import check_output_file
+
+        check_output_file(args.output, "--output")
     if args.into is not None:
         read_numbers(args.into)        # an existing numbers file, before any weights
     use_mesh = "mesh" in given

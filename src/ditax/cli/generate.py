@@ -45,7 +45,8 @@ from ditax.errors import ConfigError, RequestError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="pipeline folder (model_index.json), hub id, "
-                   "or 'demo' (the shipped demo model, sampled with ditax.demo.SAMPLE)")
+                   "or 'demo' (the shipped demo model); a folder's ditax_sample.json gives "
+                   "the defaults of the size, steps and guidance flags")
     p.add_argument("--prompt", required=True)
     p.add_argument("--negative-prompt", default=None)
     p.add_argument("--image", default=None, metavar="FIRST.png",
@@ -70,10 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-strict", action=argparse.BooleanOptionalAction, default=True,
                    help="LoRA keys that match no layer are an error (--no-lora-strict: "
                         "skipped with a warning listing them)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="noise seed, 0 <= SEED < 2**32 (jax's PRNGKey keeps 32 bits)")
     p.add_argument("--output", default="out.mp4", help="mp4 path (H.264)")
     p.add_argument("--frames-dir", default=None, help="also write PNG frames here")
-    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--fps", type=int, default=None,
+                   help="frames per second of the mp4 (default: the folder's, else 16)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides: model.dtype=bfloat16 attention.backend=ulysses "
@@ -91,21 +94,21 @@ def parse_request(args):
 
     from ditax.config import load_config, parse_overrides, validate
     from ditax.config.sample import SAMPLE_PRESETS
+    from ditax.io.outputs import check_output_file, check_output_folder
     from ditax.pipelines.request import check_request
 
     cfg = load_config(None, args.overrides)
     given = parse_overrides(args.overrides)
     s = cfg.sample
-    defaults = dict(height=s.height, width=s.width, num_frames=s.num_frames,
-                    num_inference_steps=s.num_inference_steps, guidance_scale=s.guidance_scale,
-                    negative_prompt=None, max_sequence_length=s.max_sequence_length)
-    if args.model == "demo":          # the shipped demo model, sampled as it is meant to be
-        from ditax.demo import SAMPLE, model_path
+    # the sample keys the user chose: given, or set by the sample preset
+    chosen = set(given.get("sample", {})) | set(SAMPLE_PRESETS.get(s.preset, {}))
+    if args.model == "demo":          # the shipped demo model (its ditax_sample.json)
+        from ditax.demo import model_path
 
         args.model = str(model_path())
-        defaults.update(SAMPLE)
-        if "max_sequence_length" in given.get("sample", {}):
-            defaults["max_sequence_length"] = s.max_sequence_length
+    defaults = folder_defaults(args.model, s, chosen)
+    if args.fps is None:
+        args.fps = defaults["fps"]
     call = dict(prompt=args.prompt,
                 negative_prompt=(args.negative_prompt if args.negative_prompt is not None
                                  else defaults["negative_prompt"]),
@@ -117,7 +120,7 @@ def parse_request(args):
                 guidance_scale=(args.guidance if args.guidance is not None
                                 else defaults["guidance_scale"]),
                 guidance_scale_2=(args.guidance_2 if args.guidance_2 is not None
-                                  else s.guidance_scale_2),
+                                  else defaults["guidance_scale_2"]),
                 seed=args.seed, sigmas=s.sigmas, cache=s.cache, cache_threshold=s.cache_threshold,
                 cfg_cache=s.cfg_cache, cache_coefficients=s.cache_coefficients)
     if s.cache_coefficients is not None:
@@ -127,7 +130,7 @@ def parse_request(args):
     with request_errors():
         check_request(call["prompt"], call["height"], call["width"], call["num_frames"],
                       call["num_inference_steps"], call["guidance_scale"],
-                      call["guidance_scale_2"], call["negative_prompt"])
+                      call["guidance_scale_2"], call["negative_prompt"], seed=call["seed"])
     if s.sigmas is not None and len(s.sigmas) != call["num_inference_steps"]:
         origin = f" (sample.preset={s.preset})" if s.preset else ""
         raise RequestError(f"sample.sigmas has {len(s.sigmas)} values{origin} but --steps "
@@ -136,14 +139,18 @@ def parse_request(args):
     if pathlib.Path(args.output).suffix.lower() != ".mp4":
         raise RequestError(f"--output {args.output!r} must end in .mp4 (H.264); use --frames-dir "
                            f"for PNG frames")
+    check_output_file(args.output, "--output")
+    if args.frames_dir is not None:
+        check_output_folder(args.frames_dir, "--frames-dir")
+        if pathlib.Path(args.frames_dir).absolute() == pathlib.Path(args.output).absolute():
+            raise RequestError(f"--frames-dir {args.frames_dir} is the --output path; give the "
+                               f"PNG frames their own folder")
     if args.fps < 1:
         raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
     loras = read_loras(args.lora, args.lora_strict)
     loras_2 = read_loras(args.lora_2, args.lora_strict)
     call.update(read_images(args.image, args.last_image))
     use_mesh = "mesh" in given
-    # the sample keys the user chose: given, or set by the sample preset
-    chosen = set(given.get("sample", {})) | set(SAMPLE_PRESETS.get(s.preset, {}))
     validate(cfg, jax.device_count() if use_mesh else None)
     dtype = cfg.model.dtype
     if "param_dtype" in given.get("model", {}) and cfg.model.param_dtype != dtype:
@@ -159,6 +166,29 @@ def parse_request(args):
                 lora_mode=args.lora_mode, lora_strict=args.lora_strict,
                 compile_cache=cfg.compile_cache, **model_over)
     return load, call
+
+
+def folder_defaults(model: str, s, chosen: set) -> dict:
+    """The request's defaults: per key, the ``sample`` config's value where the user chose it
+    (``sample.KEY=`` or ``sample.preset``), else the model folder's ``ditax_sample.json``
+    (:mod:`ditax.pipelines.sample_defaults`), else the ``sample`` config's default (Wan's).
+    Reads only that small file (a hub id is resolved here, as it would be next); a path that is
+    no model folder is reported after the request's own checks (by
+    :func:`check_model_and_attention`)."""
+    from ditax.errors import ModelNotFound
+    from ditax.io.hub import resolve_folder
+    from ditax.pipelines.sample_defaults import read_sample_defaults
+
+    try:
+        root = resolve_folder(model, None, required=("model_index.json",))
+    except ModelNotFound:
+        root = None
+    own = {} if root is None else read_sample_defaults(root)
+    out = {"negative_prompt": own.get("negative_prompt"), "fps": own.get("fps", 16)}
+    for key in ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
+                "guidance_scale_2", "max_sequence_length"):
+        out[key] = getattr(s, key) if key in chosen or key not in own else own[key]
+    return out
 
 
 def read_images(image: str | None, last_image: str | None) -> dict:

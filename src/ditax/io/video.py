@@ -1,6 +1,8 @@
 """Writing generated videos: H.264 mp4 (imageio + imageio-ffmpeg) and PNG frames.
 
-Videos are float ``[F, H, W, 3]`` in [0, 1] (what the pipeline returns) or uint8.
+Videos are float ``[F, H, W, 3]`` in [0, 1] (what the pipeline returns) or uint8. Both writers
+write beside the target and rename at the end (:mod:`ditax.io.outputs`): a failed or killed
+write never leaves a half-written mp4 or a partial set of frames under the requested name.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import pathlib
 import warnings
 
 import numpy as np
+
+from ditax.io.outputs import atomic_file, atomic_folder, check_output_folder
 
 
 @contextlib.contextmanager
@@ -45,10 +49,9 @@ def write_mp4(path, video, fps: int = 16, quality: float = 8.0) -> pathlib.Path:
     if h % 2 or w % 2:
         raise ValueError(f"H.264 (yuv420p) needs even height and width; got {h}x{w}")
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # macro_block_size=1: never let the writer resize frames behind our back
-    with _ffmpeg_subprocess(), imageio.get_writer(
-            str(path), format="FFMPEG", mode="I", fps=fps, codec="libx264", quality=quality,
+    with atomic_file(path) as tmp, _ffmpeg_subprocess(), imageio.get_writer(
+            str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264", quality=quality,
             pixelformat="yuv420p", macro_block_size=1) as writer:
         for f in frames:
             writer.append_data(f)
@@ -56,18 +59,17 @@ def write_mp4(path, video, fps: int = 16, quality: float = 8.0) -> pathlib.Path:
 
 
 def write_frames(folder, video, prefix: str = "frame") -> list[pathlib.Path]:
-    """One PNG per frame: ``folder/frame_00000.png`` ...; returns the paths."""
+    """One PNG per frame: ``folder/frame_00000.png`` ...; returns the paths. ``folder`` must
+    be new or empty (:func:`~ditax.io.outputs.check_output_folder`); the frames appear there
+    all at once, when the last one is written."""
     import imageio.v2 as imageio
 
     frames = to_uint8(video)
-    folder = pathlib.Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for i, f in enumerate(frames):
-        p = folder / f"{prefix}_{i:05d}.png"
-        imageio.imwrite(str(p), f)
-        out.append(p)
-    return out
+    folder = check_output_folder(folder, "folder")
+    with atomic_folder(folder) as tmp:
+        for i, f in enumerate(frames):
+            imageio.imwrite(str(tmp / f"{prefix}_{i:05d}.png"), f)
+    return [folder / f"{prefix}_{i:05d}.png" for i in range(len(frames))]
 
 
 def read_video(path) -> np.ndarray:

@@ -43,17 +43,21 @@ from ditax.pipelines.denoise import _denoise_step
 from ditax.pipelines.folder import PipelineLoadError, read_pipeline_folder
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.request import check_request
+from ditax.pipelines.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
 from ditax.pipelines.step_cache import check_cache_args, plan_step_cache, uncached_stats
 from ditax.schedulers.overrides import check_scheduler_name
 
 log = logging.getLogger(__name__)
 
+# what a call uses when neither the caller nor the folder's ditax_sample.json gives a value
+WAN_DEFAULTS = dict(height=480, width=832, num_frames=81, num_inference_steps=50,
+                    guidance_scale=5.0, max_sequence_length=512)
 
 
 def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
                   cfg_mode: str = "batched", scheduler: str | None = None,
                   flow_shift: float | None = None, vae_dtype: str = "float32",
-                  vae_tiling: bool = False, max_sequence_length: int = 512,
+                  vae_tiling: bool = False, max_sequence_length: int | None = None,
                   loras=None, loras_2=None, lora_strict: bool = True,
                   lora_mode: str = "merged", **model_overrides) -> "WanTextToVideo":
     """Load a diffusers Wan pipeline folder (or hub id): a text-to-video ``WanPipeline`` into
@@ -73,17 +77,24 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
       flow_shift: override the scheduler's shift (Wan: 3.0 at 480p, 5.0 at 720p).
       vae_dtype: VAE dtype (float32 is what Wan uses; the VAE is small).
       vae_tiling: decode in overlapping spatial tiles (large frames).
-      max_sequence_length: text tokens (512 for Wan).
+      max_sequence_length: text tokens (None: the folder's ``ditax_sample.json``, else 512,
+        Wan's).
       loras: LoRAs merged into ``transformer`` as it loads, ``[(file, strength), ...]`` (any
         format of :mod:`ditax.lora`); ``loras_2``: the same for Wan 2.2's ``transformer_2``
         (the low-noise expert); ``lora_strict=False`` skips unknown LoRA keys with a warning;
         ``lora_mode="unmerged"`` keeps them as run-time updates (see ``load_transformer``).
+
+    A folder's ``ditax_sample.json`` (:mod:`.sample_defaults`) becomes ``pipe.sample_defaults``:
+    the sizes, steps, guidance, ... a call uses where it is given none.
     """
     if cfg_mode not in CFG_MODES:
         raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
     check_scheduler_name(scheduler)
     t0 = time.perf_counter()
     folder = read_pipeline_folder(path)
+    defaults = read_sample_defaults(folder.root)      # checked before any weights
+    if max_sequence_length is None:
+        max_sequence_length = {**WAN_DEFAULTS, **defaults}["max_sequence_length"]
     parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
                             scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
                             loras=loras, loras_2=loras_2, lora_strict=lora_strict,
@@ -96,7 +107,10 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         parts["expand_timesteps"] = folder.kind == "ti2v"
     pipe = cls(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
                cfg_mode=cfg_mode, vae_tiling=vae_tiling,
-               max_sequence_length=max_sequence_length)
+               max_sequence_length=max_sequence_length, sample_defaults=defaults)
+    check_fits(defaults, folder.root / SAMPLE_FILE,
+               pipe.vae.scale_factor_spatial * pipe.transformer.config.patch_size[1],
+               pipe.vae.scale_factor_temporal)
     pipe.load_time = time.perf_counter() - t0
     log.info("loaded pipeline %s in %.1fs", folder.root, pipe.load_time)
     return pipe
@@ -139,7 +153,7 @@ class WanTextToVideo:
 
     def __init__(self, *, tokenizer, text_encoder, vae, transformer, scheduler,
                  transformer_2=None, boundary_ratio=None, mesh=None, cfg_mode="batched",
-                 vae_tiling=False, max_sequence_length=512):
+                 vae_tiling=False, max_sequence_length=512, sample_defaults=None):
         if transformer_2 is not None and boundary_ratio is None:
             raise PipelineLoadError("transformer_2 is present but boundary_ratio is null in "
                                     "model_index.json; set boundary_ratio (Wan 2.2: 0.875)")
@@ -154,6 +168,7 @@ class WanTextToVideo:
         self.cfg_mode = cfg_mode
         self.vae_tiling = vae_tiling
         self.max_sequence_length = max_sequence_length
+        self.sample_defaults = dict(sample_defaults or {})   # the folder's ditax_sample.json
         self.load_time = 0.0
         self.timings = Timings()
         self.compile_cache = "auto"   # see ditax.compile_cache; "none" = off
@@ -215,9 +230,10 @@ class WanTextToVideo:
         return None
 
     @in_compile_cache
-    def __call__(self, prompt, negative_prompt=None, height: int = 480, width: int = 832,
-                 num_frames: int = 81, num_inference_steps: int = 50,
-                 guidance_scale: float = 5.0, seed: int = 0, latents=None,
+    def __call__(self, prompt, negative_prompt=None, height: int | None = None,
+                 width: int | None = None, num_frames: int | None = None,
+                 num_inference_steps: int | None = None,
+                 guidance_scale: float | None = None, seed: int = 0, latents=None,
                  guidance_scale_2: float | None = None, progress: bool = True,
                  output: str = "video", sigmas=None, cache: str | None = None,
                  cache_threshold: float | None = None, cfg_cache: bool = False,
@@ -244,7 +260,22 @@ class WanTextToVideo:
         image-to-video pipelines (:class:`~ditax.pipelines.image_to_video.WanImageToVideo`;
         step caching works there too). ``max_sequence_length``: text
         tokens for this call (diffusers' argument of that name; default the pipeline's, 512).
+
+        Sizes, steps, guidance and the negative prompt left at None come from the folder's
+        ``ditax_sample.json`` (``self.sample_defaults``), else Wan's (480x832, 81 frames, 50
+        steps, guidance 5.0). ``seed``: an int in [0, 2**32) (``jax.random.PRNGKey``).
         """
+        d = {**WAN_DEFAULTS, **self.sample_defaults}
+        height = d["height"] if height is None else height
+        width = d["width"] if width is None else width
+        num_frames = d["num_frames"] if num_frames is None else num_frames
+        num_inference_steps = (d["num_inference_steps"] if num_inference_steps is None
+                               else num_inference_steps)
+        guidance_scale = d["guidance_scale"] if guidance_scale is None else guidance_scale
+        if guidance_scale_2 is None:
+            guidance_scale_2 = d.get("guidance_scale_2")
+        if negative_prompt is None:
+            negative_prompt = d.get("negative_prompt")
         if max_sequence_length is not None and (not isinstance(max_sequence_length, int)
                                                 or max_sequence_length < 1):
             raise RequestError(f"max_sequence_length={max_sequence_length!r} must be a positive "
@@ -252,7 +283,7 @@ class WanTextToVideo:
         sf = self.vae.scale_factor_spatial * self.transformer.config.patch_size[1]
         check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                       guidance_scale_2, negative_prompt, spatial=sf,
-                      temporal=self.vae.scale_factor_temporal)
+                      temporal=self.vae.scale_factor_temporal, seed=seed)
         if guidance_scale_2 is not None and self.boundary_ratio is None:
             raise RequestError("guidance_scale_2 applies only to two-expert (Wan 2.2) pipelines "
                              "with boundary_ratio set; this folder has none — drop it")

@@ -13,8 +13,8 @@ Stages (each timed; the run's record is ``{out}/recipe.json``):
    embedding stored for classifier-free guidance training).
 5. **transformer** — ``ditax train`` (flow matching, ``data.text_dropout`` for guidance).
 6. **folder** — the diffusers ``WanPipeline`` folder (``model_index.json``, tokenizer,
-   text_encoder, vae, transformer, UniPC scheduler), ``manifest.json`` with every file's
-   sha256, loss-curve PNGs per stage.
+   text_encoder, vae, transformer, UniPC scheduler, ``ditax_sample.json``: how to sample it),
+   ``manifest.json`` with every file's sha256, loss-curve PNGs per stage.
 
 Everything is a function of the seed, so two runs write the same folder. ``Sizes.full`` is the
 shipped model (``python -m ditax.recipes.demo_model``); ``Sizes.smoke`` is the same recipe at
@@ -310,6 +310,7 @@ class Recipe:
                 "mean_last_10_logged": sum(losses[-10:]) / len(losses[-10:])}
 
     def assemble(self):
+        from ditax.demo import sample_defaults, write_sample_defaults
         from ditax.io.export import save_folder
         from ditax.models.wan.config import ModelConfig
         from ditax.models.wan.convert import weight_table
@@ -333,6 +334,8 @@ class Recipe:
         (f / "scheduler").mkdir(parents=True)
         (f / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER, indent=2))
         (f / "model_index.json").write_text(json.dumps(_model_index(), indent=2))
+        z = self.sizes   # ditax_sample.json: sampled at its training size
+        write_sample_defaults(f, sample_defaults(z.height, z.width, z.frames, z.text_len))
         files = write_manifest(f)
         size = sum((f / n).stat().st_size for n in files)
         for stage in ("vae", "vae_long", "transformer"):

@@ -1,0 +1,106 @@
+"""Output paths checked before the work, and written whole or not at all.
+
+A generation can take minutes; finding out only at the end that ``--output`` is a folder, or
+that its parent cannot be created, wastes it. :func:`check_output_file` and
+:func:`check_output_folder` look at a path without creating anything (the nearest existing
+ancestor must be a writable folder) and raise :class:`~ditax.errors.RequestError` naming the
+flag, the path and the fix.
+
+:func:`atomic_file` / :func:`atomic_folder` write to a hidden temporary sibling
+(``.NAME.partial-PID…``, same folder, so the final rename stays on one file system) and rename
+it to the real name only when the writing finished: a failure removes the temporary, and a
+killed process leaves at most that ``.partial`` sibling, never a half-written file or PNG set
+under the name the user asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+
+from ditax.errors import RequestError
+
+
+def _writable_parent(path: pathlib.Path, flag: str) -> None:
+    """The nearest existing ancestor of ``path`` is a folder this process may write into."""
+    parent = path.parent
+    while not parent.exists():
+        if parent.is_symlink():      # a dangling link: mkdir would fail on it
+            raise RequestError(f"{flag} {path}: {parent} is a broken symbolic link; point "
+                               f"{flag} elsewhere")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RequestError(f"{flag} {path}: {parent} is a file, not a folder; choose a path "
+                           f"whose parent is a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RequestError(f"{flag} {path}: the folder {parent} is not writable; choose a path "
+                           f"you can write to")
+
+
+def check_output_file(path, flag: str = "--output") -> pathlib.Path:
+    """``path`` can be written as a file: not an existing folder, parent creatable and
+    writable (an existing file is replaced at the end). Nothing is created."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise RequestError(f"{flag} {path} is an existing folder; give a file name inside it, "
+                           f"e.g. {flag} {path / 'out.mp4'}")
+    _writable_parent(path, flag)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise RequestError(f"{flag} {path} exists and is not writable; choose another name")
+    return path
+
+
+def check_output_folder(path, flag: str = "--frames-dir") -> pathlib.Path:
+    """``path`` can become a folder of new files: not an existing file, not an existing
+    non-empty folder (its files would mix with the new ones), parent creatable and writable."""
+    path = pathlib.Path(path)
+    if path.exists() and not path.is_dir():
+        raise RequestError(f"{flag} {path} is an existing file, not a folder; choose a new "
+                           f"folder name")
+    if path.is_dir() and any(path.iterdir()):
+        raise RequestError(f"{flag} {path} is a folder that already has files; choose a new or "
+                           f"empty folder, or empty it first (frames of two runs would mix)")
+    _writable_parent(path, flag)
+    return path
+
+
+def _partial(path: pathlib.Path) -> pathlib.Path:
+    # keeps the suffix: writers that pick the format from it (ffmpeg: .mp4) still can
+    return path.with_name(f".{path.stem}.partial-{os.getpid()}{path.suffix}")
+
+
+@contextlib.contextmanager
+def atomic_file(path):
+    """Yield a temporary path beside ``path``; on success it replaces ``path``, on an error
+    it is removed."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _partial(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_folder(path):
+    """Yield a new temporary folder beside ``path``; on success it becomes ``path`` (which
+    must not exist or be empty), on an error it is removed with what was written."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _partial(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+        os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+__all__ = ["atomic_file", "atomic_folder", "check_output_file", "check_output_folder"]
