@@ -1,9 +1,10 @@
 """``ditax`` command line: thin commands that parse into config and call library functions.
 
-One module a command (``ditax.cli.generate``, ``train``, ``preprocess``, ``convert``, ``bench``,
-``plan``, ``calibrate_cache`` for ``calibrate-cache``), each exposing ``add_arguments(parser)``
-and ``run(args) -> int``. Only the module of the command asked for is imported, so ``ditax
---help`` does not start JAX.
+One module a command (``ditax.cli.generate``, ``train``, ``train_vae`` for ``train-vae``,
+``preprocess``, ``convert``, ``bench``, ``plan``, ``calibrate_cache`` for ``calibrate-cache``,
+``config``), each exposing ``add_arguments(parser)`` and ``run(args) -> int``; their ``--help``
+ends with the examples of :mod:`ditax.cli.examples`. Only the module of the command asked for
+is imported, so ``ditax --help`` does not start JAX.
 
 Exit codes: 0 ok; 2 a bad request or config (any :class:`ditax.errors.DitaxError`, or a usage
 error), checked before anything heavy loads where it can be; 1 a runtime failure. A mistake the
@@ -30,6 +31,7 @@ COMMANDS = {
     "bench": "quick forward benchmark of a config",
     "plan": "show mesh, shardings and per-device memory for a config",
     "calibrate-cache": "measure a model's step-cache numbers (TeaCache, MagCache)",
+    "config": "list the config keys with their defaults (or a preset's values) and the presets",
 }
 
 USAGE, FAILURE = 2, 1
@@ -78,14 +80,18 @@ def latent_arg(text: str) -> tuple[int, int, int]:
 def build_parser(wanted: str | None) -> tuple[Parser, Parser | None, object]:
     """The top parser, and for the command ``wanted`` its parser and module (the only command
     module imported)."""
+    from ditax.cli.examples import epilog, top_epilog
+
     parser = Parser(prog="ditax", description="Wan video diffusion transformers in JAX: "
-                    "generate, train, preprocess, convert, bench, plan.")
+                    f"{', '.join(COMMANDS)}.", epilog=top_epilog(COMMANDS),
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     cmd_parser = module = None
     for name, help_ in COMMANDS.items():
-        p = sub.add_parser(name, help=help_)
+        p = sub.add_parser(name, help=help_, epilog=epilog(name),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         if name == wanted:
             p.add_argument("--debug", action="store_true", help="print the traceback of an error")
             module = importlib.import_module(f"ditax.cli.{name.replace('-', '_')}")
