@@ -15,6 +15,7 @@ by a signal after saving. Compiled programs go to jax's persistent compilation c
 from __future__ import annotations
 
 from ditax.cli import CommandFailed
+from ditax.errors import DitaxError
 
 
 def add_arguments(p) -> None:
@@ -28,6 +29,10 @@ def run(args) -> int:
     from ditax.config import load_config, validate
 
     cfg = load_config(args.config, args.overrides)
+    if cfg.data.source != "synthetic":      # a bad data.source is a config error: say so now
+        from ditax.train.data import read_meta
+
+        read_meta(cfg.data.source)
 
     import jax
 
@@ -43,6 +48,7 @@ def run(args) -> int:
     from ditax.attention.te import entry_context, uses_te
     from ditax.compile_cache import compile_cache
     from ditax.parallel.mesh import make_mesh
+    from ditax.phases import phase
     from ditax.train.checkpoint import CheckpointError
     from ditax.train.data import DataError
     from ditax.train.loop import NonFiniteLoss, train
@@ -50,8 +56,11 @@ def run(args) -> int:
     te_mesh = make_mesh(cfg.mesh) if uses_te(cfg.attention) else None
     try:
         with entry_context(cfg.attention, te_mesh), compile_cache(cfg.compile_cache):
-            res = train(cfg, progress=not args.no_progress)
+            with phase("train"):    # an out-of-memory names it (ditax.cli.oom)
+                res = train(cfg, progress=not args.no_progress)
     except (DataError, CheckpointError, NonFiniteLoss) as e:
+        if isinstance(e, DitaxError):       # a data.source that does not fit: exit 2
+            raise
         raise CommandFailed(str(e)) from e
     if jax.process_index() == 0:
         last = f", last loss {res.losses[-1]:.6f}" if res.losses else ""

@@ -15,13 +15,14 @@ import pathlib
 from typing import Any
 
 import pydantic
-import yaml
 
 from ditax.config.families import ConfigFamily, config_family
 from ditax.config.keys import check_key, key_types, parse_text, type_error
+from ditax.config.numbers import check_numbers
 from ditax.config.sample import expand_preset
 from ditax.config.schema import Config
 from ditax.errors import ConfigError
+from ditax.io.files import read_yaml
 
 PRESET_DIR = pathlib.Path(__file__).parent / "presets"
 
@@ -53,22 +54,33 @@ def _nest(flat: dict[str, Any]) -> dict:
     return out
 
 
-def load_yaml(name_or_path: str) -> dict:
-    """A preset name or YAML path as a nested dict, with its ``base:`` chain merged in."""
+def load_yaml(name_or_path: str, _chain: tuple = ()) -> dict:
+    """A preset name or YAML path as a nested dict, with its ``base:`` chain merged in
+    (an unreadable file, a top level that is not a mapping or a ``base:`` cycle is a
+    :class:`ConfigError` naming the file)."""
+    if not isinstance(name_or_path, (str, pathlib.Path)) or not str(name_or_path).strip():
+        raise ConfigError(f"config {name_or_path!r} is neither a YAML file nor a preset; "
+                          f"presets: {', '.join(preset_names())}")
     p = pathlib.Path(name_or_path)
     if not p.is_file() and (PRESET_DIR / f"{name_or_path}.yaml").is_file():
         p = PRESET_DIR / f"{name_or_path}.yaml"
     if not p.exists():
         raise ConfigError(f"config {name_or_path!r} is neither a YAML file nor a preset; "
                           f"presets: {', '.join(preset_names())}")
-    with open(p) as f:
-        d = yaml.safe_load(f) or {}
+    if p.resolve() in _chain:
+        raise ConfigError(f"config {str(p)!r}: its base: chain comes back to itself "
+                          f"({' -> '.join(str(c) for c in (*_chain, p.resolve()))})")
+    d = read_yaml(p, what="YAML config", fix="fix the file or give a preset name") or {}
     if not isinstance(d, dict):
-        raise ConfigError(f"config {str(p)!r}: expected a mapping of sections, got "
-                          f"{type(d).__name__}")
+        raise ConfigError(f"config {str(p)!r}: expected a mapping of sections (section: "
+                          f"{{key: value}}), got a YAML {type(d).__name__}")
+    bad = [k for k in d if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"config {str(p)!r}: key {bad[0]!r} is not a name; sections and "
+                          f"keys are words like optim: {{learning_rate: 1e-4}}")
     base = d.pop("base", None)
     if base:
-        d = _nest({**_flatten(load_yaml(base)), **_flatten(d)})
+        d = _nest({**_flatten(load_yaml(base, (*_chain, p.resolve()))), **_flatten(d)})
     return d
 
 
@@ -126,7 +138,9 @@ def from_flat(flat: dict[str, Any], family: ConfigFamily | None = None,
         key = ".".join(parts[1:] if parts[0] == "config" else parts)
         shown = (given or {}).get(key, flat.get(key, e["input"]))
         raise type_error(key, shown, types_.get(key)) from None
-    return dataclasses.replace(root.config, model=root.model)
+    cfg = dataclasses.replace(root.config, model=root.model)
+    check_numbers(cfg, given=given)
+    return cfg
 
 
 def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> Config:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ditax.attention.config import AttentionConfig
 from ditax.compile_cache import check_compile_cache
+from ditax.config.numbers import check_numbers
 from ditax.config.sample import SampleConfig, check_sample
 from ditax.config.training import (
     CheckpointConfig,
@@ -60,6 +61,7 @@ class Config:
 def validate(cfg: Config, num_devices: int | None = None, *, training: bool = False) -> Config:
     """Check every value that can be checked before tracing; each section's owner holds its
     rules. ``num_devices`` adds the mesh rules, ``training`` the batch split. Returns ``cfg``."""
+    check_numbers(cfg)                  # every float finite, every int in range
     sizes = None if num_devices is None else resolve_mesh_shape(cfg.mesh, num_devices)
     # model + attention rules, through the model family's interface (any registered family)
     from ditax.models.base import model_family
@@ -76,6 +78,8 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
         raise ConfigError(f"steps={cfg.steps} must be >= 0")
     if cfg.batch_size < 1:
         raise ConfigError(f"batch_size={cfg.batch_size} must be >= 1")
+    if cfg.log_every < 1:
+        raise ConfigError(f"log_every={cfg.log_every} must be >= 1 (log every this many steps)")
     if training and sizes is not None:
         check_batch(cfg.batch_size, sizes)
     return cfg

@@ -67,6 +67,9 @@ def check_flow(f: FlowConfig) -> None:
     check_choice("flow.weighting", f.weighting, WEIGHTINGS)
     if f.shift <= 0:
         raise ConfigError(f"flow.shift={f.shift} must be > 0")
+    if f.logit_std <= 0:
+        raise ConfigError(f"flow.logit_std={f.logit_std} must be > 0 (the spread of the "
+                          f"logit-normal timesteps; 1.0 is usual)")
 
 
 @dataclass(frozen=True)

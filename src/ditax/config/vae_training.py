@@ -15,6 +15,7 @@ from typing import Any
 import pydantic
 
 from ditax.config.keys import _leaves, check_key, parse_text, type_error
+from ditax.config.numbers import check_numbers
 from ditax.config.loader import _flatten, _nest, _pairs, load_yaml, to_dict
 from ditax.config.training import CheckpointConfig, OptimConfig, check_checkpoint, check_optim
 from ditax.errors import ConfigError
@@ -85,6 +86,7 @@ DEFAULTS: dict[str, Any] = {"vae.base_dim": 16, "vae.num_res_blocks": 1,
 
 def check_vae_training(c: VAETrainConfig) -> None:
     """Raise :class:`ConfigError` for a VAE training config that cannot run."""
+    check_numbers(c)                    # every float finite, every int in range
     try:
         c.vae.validate()
     except NotImplementedError as e:
@@ -155,6 +157,7 @@ def load_vae_config(path: str | None = None, overrides: list[str] | None = None,
         key = ".".join(str(p) for p in e["loc"][1:] if isinstance(p, str))
         raise type_error(key, dict(pairs).get(key, flat.get(key, e["input"])),
                          KEY_TYPES.get(key)) from None
+    check_numbers(cfg, given=dict(pairs))
     check_vae_training(cfg)
     return cfg
 

@@ -12,7 +12,6 @@ raises :class:`ditax.errors.WeightError` naming the file and the fix.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 
@@ -40,11 +39,13 @@ def _open(path: pathlib.Path):
 
 def _index_files(index: pathlib.Path) -> dict[str, pathlib.Path]:
     """``weight_map`` of a ``*.safetensors.index.json``: tensor name → shard path."""
-    try:
-        wmap = json.loads(index.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise WeightError(f"{index}: not a safetensors index (no readable weight_map: {e}); "
-                          f"{_REDOWNLOAD}") from None
+    from ditax.io.files import read_json_object
+
+    wmap = read_json_object(index, what="safetensors index", fix=_REDOWNLOAD,
+                            error=WeightError).get("weight_map")
+    if not isinstance(wmap, dict) or not all(isinstance(n, str) for n in wmap.values()):
+        raise WeightError(f"{index}: not a safetensors index (no weight_map of tensor name -> "
+                          f"file); {_REDOWNLOAD}")
     missing = sorted({n for n in wmap.values() if not (index.parent / n).is_file()})
     if missing:
         raise WeightError(f"{index.parent}: index {index.name} names shard(s) that are "

@@ -11,12 +11,12 @@ how many of its tokens were dropped.
 from __future__ import annotations
 
 import html
-import json
 import logging
 import re
 
 import numpy as np
 
+from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 
 log = logging.getLogger(__name__)
@@ -100,16 +100,16 @@ def load_tokenizer(path) -> Tokenizer:
     from tokenizers import Tokenizer as _Backend
 
     p = resolve_folder(path, "tokenizer", required=("tokenizer.json",))
+    raw = read_model_json(p / "tokenizer.json", "tokenizer.json")   # a damaged file: named
     backend = _Backend.from_file(str(p / "tokenizer.json"))
     meta = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
         if (p / name).is_file():
-            meta.update(json.loads((p / name).read_text()))
+            meta.update(read_model_json(p / name, name))
     pad_token = meta.get("pad_token")
     if isinstance(pad_token, dict):
         pad_token = pad_token.get("content")
     padding_side = meta.get("padding_side", "right")
-    raw = json.loads((p / "tokenizer.json").read_text())
     if pad_token is None and raw.get("padding"):
         pad_token = raw["padding"].get("pad_token")
         padding_side = {"Right": "right", "Left": "left"}.get(

@@ -15,7 +15,6 @@ Shapes: B batch, T text tokens, D ``d_model``, N heads, K ``d_kv``, M ``d_ff``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from ditax.io.convert import TRANSPOSE, Row, Table, load_params
+from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
 
@@ -285,7 +285,7 @@ def load_text_encoder(path, dtype="float32") -> UMT5Encoder:
     :class:`~ditax.errors.WeightError` naming the keys or shapes.
     """
     folder = resolve_folder(path, "text_encoder")
-    cfg = UMT5Config.from_hf(json.loads((folder / "config.json").read_text()), dtype=dtype)
+    cfg = UMT5Config.from_hf(read_model_json(folder / "config.json", "UMT5 config"), dtype=dtype)
     abstract = nnx.eval_shape(lambda: UMT5Encoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     state = load_params(weight_table(cfg), Weights.open(folder), state, _dtype(dtype))

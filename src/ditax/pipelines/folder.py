@@ -13,11 +13,11 @@ raises :class:`PipelineLoadError` naming what is missing and how to fix it.
 
 from __future__ import annotations
 
-import json
 import pathlib
 from dataclasses import dataclass
 
 from ditax.errors import DitaxError, ModelNotFound
+from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 
 REQUIRED = ("tokenizer", "text_encoder", "vae", "scheduler")  # besides transformer
@@ -57,7 +57,7 @@ class PipelineFolder:
         path = self.components["scheduler"] / "scheduler_config.json"
         if not path.is_file():
             raise PipelineLoadError(f"{self.components['scheduler']} has no scheduler_config.json")
-        return json.loads(path.read_text())
+        return read_model_json(path, "scheduler config")
 
 
 def resolve_pipeline_folder(path) -> pathlib.Path:
@@ -90,7 +90,7 @@ def read_pipeline_folder(path) -> PipelineFolder:
     """Resolve ``path`` (folder or hub id) and check it is a Wan pipeline folder (text-,
     image- or text-image-to-video) with every component ditax needs."""
     root = resolve_pipeline_folder(path)
-    index = json.loads((root / "model_index.json").read_text())
+    index = read_model_json(root / "model_index.json", "model_index.json")
     cls = index.get("_class_name")
     if cls not in (None, *CLASSES):
         raise PipelineLoadError(f"{root}/model_index.json is a {cls}; ditax loads "

@@ -14,9 +14,9 @@ every step, and the whole loop can be a ``lax.fori_loop`` / ``scan``.
 
 from __future__ import annotations
 
-import json
 import pathlib
 
+from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.schedulers.flow import add_flow_noise, shift_sigma
 from ditax.schedulers.flow_match import FlowMatchEulerScheduler, FlowMatchEulerState
@@ -51,4 +51,4 @@ def load_scheduler(path):
     if not p.is_file():
         p = resolve_folder(path, "scheduler", required=("scheduler_config.json",)) \
             / "scheduler_config.json"
-    return from_config(json.loads(p.read_text()))
+    return from_config(read_model_json(p, "scheduler config"))

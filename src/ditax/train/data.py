@@ -41,6 +41,12 @@ class DataError(ValueError):
     """The dataset is missing, malformed or does not fit the model; the message says why."""
 
 
+class DataSourceError(DataError, ConfigError):
+    """``data.source`` names no usable dataset (missing, a file, no or unreadable
+    ``meta.json``, another format, samples that do not fit the model): a config mistake, so
+    a :class:`~ditax.errors.DitaxError` (exit 2), found before anything compiles."""
+
+
 def latent_shape_for(cfg: Config) -> tuple[int, ...]:
     """Latent ``[C, F, Y, X]`` of a ``data.num_frames × height × width`` video (the model
     family's video encoder decides; Wan: 4k+1 frames, multiples of 8)."""
@@ -97,22 +103,42 @@ def _decode(record: bytes) -> dict[str, np.ndarray]:
 
 def read_meta(path) -> dict:
     """``meta.json`` of a dataset folder, with errors that say what to do."""
+    from ditax.io.files import read_json_object
+
     p = pathlib.Path(path)
     if not p.exists():
-        raise DataError(f"data.source={str(path)!r} does not exist; give a dataset folder written "
-                        f"by `ditax preprocess`, or data.source=synthetic for a smoke run")
+        raise DataSourceError(f"data.source={str(path)!r} does not exist; give a dataset folder "
+                              f"written by `ditax preprocess`, or data.source=synthetic for a "
+                              f"smoke run")
+    if not p.is_dir():
+        raise DataSourceError(f"data.source={str(path)!r} is a file, not a dataset folder; give "
+                              f"the folder `ditax preprocess` wrote (the one holding meta.json)")
     if not (p / "meta.json").is_file():
-        raise DataError(f"data.source={str(path)!r} has no meta.json, so it is not a ditax "
-                        f"latent dataset; create one with `ditax preprocess VIDEOS_DIR {path}`")
-    meta = json.loads((p / "meta.json").read_text())
+        raise DataSourceError(f"data.source={str(path)!r} has no meta.json, so it is not a ditax "
+                              f"latent dataset; create one with `ditax preprocess VIDEOS_DIR "
+                              f"{path}`")
+    meta = read_json_object(p / "meta.json", what="dataset meta.json", error=DataSourceError,
+                            fix="re-run `ditax preprocess`")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise DataError(f"{p}/meta.json: format {meta.get('format')!r} v{meta.get('version')} "
-                        f"is not {FORMAT!r} v{VERSION}; re-run `ditax preprocess`")
-    missing = [f for f in meta["files"] if not (p / f).is_file()]
+        raise DataSourceError(f"{p}/meta.json: format {meta.get('format')!r} "
+                              f"v{meta.get('version')} is not {FORMAT!r} v{VERSION}; re-run "
+                              f"`ditax preprocess`")
+    files, n = meta.get("files"), meta.get("num_samples")
+    shapes = [meta.get("latent_shape"), meta.get("text_shape")]
+    if (not isinstance(files, list) or not all(isinstance(f, str) for f in files)
+            or not isinstance(n, int) or isinstance(n, bool)
+            or not all(isinstance(s, list) and s and all(isinstance(d, int) and d > 0 for d in s)
+                       for s in shapes)):
+        raise DataSourceError(f"{p}/meta.json lacks a valid files / num_samples / latent_shape "
+                              f"/ text_shape entry (damaged or hand-edited); re-run "
+                              f"`ditax preprocess`")
+    missing = [f for f in files if not (p / f).is_file()]
     if missing:
-        raise DataError(f"dataset {p}: files listed in meta.json are missing: {missing}")
-    if meta["num_samples"] < 1:
-        raise DataError(f"dataset {p} is empty (num_samples=0)")
+        raise DataSourceError(f"dataset {p}: files listed in meta.json are missing: {missing}; "
+                              f"re-run `ditax preprocess`")
+    if n < 1:
+        raise DataSourceError(f"dataset {p} is empty (num_samples={n}); re-run `ditax "
+                              f"preprocess` on a folder of captioned videos")
     return meta
 
 
@@ -128,11 +154,12 @@ def open_source(cfg: Config):
     lat, txt = tuple(meta["latent_shape"]), tuple(meta["text_shape"])
     check_condition(meta, family, cfg.data.source)
     if lat[0] != family.latent_channels:
-        raise DataError(f"dataset latents have {lat[0]} channels but the {family.name} model "
-                        f"takes {family.latent_channels}; preprocess with the model's VAE")
+        raise DataSourceError(f"dataset latents have {lat[0]} channels but the {family.name} model "
+                              f"takes {family.latent_channels}; preprocess with the model's VAE")
     if txt[1] != family.text_dim:
-        raise DataError(f"dataset text embeddings are {txt[1]} wide but the {family.name} model "
-                        f"takes {family.text_dim}; preprocess with the model's text encoder")
+        raise DataSourceError(f"dataset text embeddings are {txt[1]} wide but the "
+                              f"{family.name} model takes {family.text_dim}; preprocess with "
+                              f"the model's text encoder")
     p = pathlib.Path(cfg.data.source)
     src = grain.sources.ArrayRecordDataSource([str(p / f) for f in meta["files"]])
     return src, lat, txt
@@ -144,22 +171,23 @@ def check_condition(meta: dict, family, source) -> None:
     have = {k: tuple(v) for k, v in meta.get("condition", {}).items()}
     missing = [k for k in want if k not in have]
     if missing:
-        raise DataError(f"dataset {source} has no {', '.join(missing)} entries, which this "
-                        f"image-to-video model trains with; preprocess the videos with the "
-                        f"image-to-video pipeline folder (`ditax preprocess ... --model "
-                        f"I2V_FOLDER`)")
+        raise DataSourceError(f"dataset {source} has no {', '.join(missing)} entries, which this "
+                              f"image-to-video model trains with; preprocess the videos with the "
+                              f"image-to-video pipeline folder (`ditax preprocess ... --model "
+                              f"I2V_FOLDER`)")
     extra = [k for k in have if k not in want]
     if extra:
-        raise DataError(f"dataset {source} stores an image condition ({', '.join(extra)}) "
-                        f"this model does not take; use a text-to-video dataset or an "
-                        f"image-to-video model config")
+        raise DataSourceError(f"dataset {source} stores an image condition ({', '.join(extra)}) "
+                              f"this model does not take; use a text-to-video dataset or an "
+                              f"image-to-video model config")
     for k, shape in want.items():
         if k == "condition" and have[k] != shape:
-            raise DataError(f"dataset {source}: condition shape {list(have[k])} != the "
-                            f"model's {list(shape)} (mask + latent channels, latent grid)")
+            raise DataSourceError(f"dataset {source}: condition shape {list(have[k])} != the "
+                                  f"model's {list(shape)} (mask + latent channels, latent grid)")
         if k == "image" and have[k][-1] != shape[-1]:
-            raise DataError(f"dataset {source}: image features {have[k][-1]} wide, the model's "
-                            f"image_dim is {shape[-1]}; preprocess with its CLIP encoder")
+            raise DataSourceError(f"dataset {source}: image features {have[k][-1]} wide, "
+                                  f"the model's image_dim is {shape[-1]}; preprocess with its "
+                                  f"CLIP encoder")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,10 +201,10 @@ def null_text(cfg: Config, text_shape) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(text_shape, np.float32), np.zeros(text_shape[:1], np.uint8)
     p = pathlib.Path(cfg.data.source) / NULL_TEXT
     if not p.is_file():
-        raise DataError(f"data.text_dropout={cfg.data.text_dropout} needs the empty prompt's "
-                        f"embedding, {p}, which this dataset lacks (written by an older "
-                        "`ditax preprocess`); re-run `ditax preprocess` or set "
-                        "data.text_dropout=0")
+        raise DataSourceError(f"data.text_dropout={cfg.data.text_dropout} needs the empty prompt's "
+                              f"embedding, {p}, which this dataset lacks (written by an older "
+                              "`ditax preprocess`); re-run `ditax preprocess` or set "
+                              "data.text_dropout=0")
     from safetensors.numpy import load_file
 
     d = load_file(str(p))

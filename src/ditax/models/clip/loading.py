@@ -10,13 +10,13 @@ are not used by Wan and are not read.
 
 from __future__ import annotations
 
-import json
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from ditax.io.convert import CONV2D, ID, TRANSPOSE, Row, Table, load_params
+from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
 from ditax.models.clip.encoder import CLIPVisionConfig, CLIPVisionEncoder
@@ -69,7 +69,7 @@ def load_image_encoder(path, dtype="float32", attention: str = "xla") -> CLIPVis
     ``dtype``; a mismatch raises one :class:`~ditax.errors.WeightError` naming the keys.
     """
     folder = resolve_folder(path, "image_encoder")
-    cfg = CLIPVisionConfig.from_hf(json.loads((folder / "config.json").read_text()), dtype)
+    cfg = CLIPVisionConfig.from_hf(read_model_json(folder / "config.json", "CLIP config"), dtype)
     abstract = nnx.eval_shape(lambda: CLIPVisionEncoder(cfg, rngs=nnx.Rngs(0),
                                                         attention=attention))
     graphdef, state = nnx.split(abstract)

@@ -15,7 +15,6 @@ instead (a slightly different bicubic); diffusers' pipeline then differs from th
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ import numpy as np
 import PIL.Image
 
 from ditax.errors import ConfigError, RequestError, check_choice
+from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -108,7 +108,7 @@ def load_image_processor(path) -> CLIPImageProcessorConfig:
     ``image_processor/`` or a hub id."""
     folder = resolve_folder(path, "image_processor", required=("preprocessor_config.json",))
     return CLIPImageProcessorConfig.from_dict(
-        json.loads((folder / "preprocessor_config.json").read_text()))
+        read_model_json(folder / "preprocessor_config.json", "image processor config"))
 
 
 def _rescale(x: np.ndarray, scale: float) -> np.ndarray:

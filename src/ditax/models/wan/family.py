@@ -144,8 +144,7 @@ class WanEncoders:
     image condition (:meth:`encode_condition`; CLIP from ``image_encoder/`` for Wan 2.1)."""
 
     def __init__(self, folder, dtype: str = "float32"):
-        import json
-
+        from ditax.io.files import read_model_json
         from ditax.models.tokenizer import load_tokenizer
         from ditax.models.umt5 import load_text_encoder
         from ditax.models.wan.vae_convert import load_vae
@@ -156,7 +155,7 @@ class WanEncoders:
         self.text_encoder = load_text_encoder(folder, dtype=dtype)
         self.tokenizer = load_tokenizer(folder)
         index = folder / "model_index.json"
-        index = json.loads(index.read_text()) if index.is_file() else {}
+        index = read_model_json(index, "model_index.json") if index.is_file() else {}
         self.image_condition = (index.get("_class_name") == "WanImageToVideoPipeline"
                                 and not index.get("expand_timesteps"))
         self.image_encoder = self.image_processor = None

@@ -7,7 +7,6 @@ from the safetensors file on its own (``ditax.io.convert.load_params`` with
 
 from __future__ import annotations
 
-import json
 import pathlib
 import logging
 import time
@@ -23,6 +22,7 @@ from ditax.errors import check_choice
 from ditax.io.convert import load_params, param_shapes
 from ditax.parallel.axes import batch_entry
 from ditax.parallel.mesh import check_mesh_axes, mesh_config
+from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
 from ditax.models.wan import convert, single_file
@@ -76,8 +76,7 @@ def init_model(cfg: ModelConfig, attention: AttentionConfig | None = None, mesh=
 
 
 def read_config(folder) -> dict:
-    with open(folder / "config.json") as f:
-        cfg = json.load(f)
+    cfg = read_model_json(folder / "config.json", "transformer config")
     cls = cfg.get("_class_name", "WanTransformer3DModel")
     if cls != "WanTransformer3DModel":
         raise ConfigError(f"{folder}/config.json is a {cls}, not a WanTransformer3DModel")

@@ -19,12 +19,12 @@ one :class:`~ditax.errors.WeightError`).
 
 from __future__ import annotations
 
-import json
 
 import jax.numpy as jnp
 from flax import nnx
 
 from ditax.io import convert
+from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
 from ditax.models.wan.vae import WanVAE, WanVAEConfig
@@ -61,7 +61,7 @@ def load_vae(path, dtype="float32") -> WanVAE:
     """Read a diffusers ``AutoencoderKLWan`` folder (or a pipeline's ``vae/``) into a
     :class:`WanVAE` with params in ``dtype``."""
     folder = resolve_folder(path, "vae")
-    cfg = WanVAEConfig.from_diffusers(json.loads((folder / "config.json").read_text()))
+    cfg = WanVAEConfig.from_diffusers(read_model_json(folder / "config.json", "VAE config"))
     jdtype = jnp.dtype(dtype)
     abstract = nnx.eval_shape(lambda: WanVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
