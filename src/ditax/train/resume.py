@@ -88,24 +88,27 @@ def check_output_dir(path, *, what: str = "output_dir", run_files=("config.yaml"
 
 def read_saved_config(out) -> dict | None:
     """The run's saved ``config.yaml`` as a dict, or None when there is none."""
-    import yaml
+    from ditax.io.files import read_yaml
 
     f = pathlib.Path(out) / "config.yaml"
     if not f.is_file():
         return None
-    try:
-        saved = yaml.safe_load(f.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{f} is not readable YAML ({type(e).__name__}); it records the "
-                          f"run in {out}: restore it, or choose a new output_dir") from e
+    fix = f"it records the run in {out}: restore it, or choose a new output_dir"
+    saved = read_yaml(f, what="the run's saved config", fix=fix)
     if not isinstance(saved, dict):
-        raise ConfigError(f"{f} does not hold a config mapping; restore it, or choose a new "
-                          f"output_dir")
+        raise ConfigError(f"{f} does not hold a config mapping; {fix}")
     return saved
 
 
 def _show(v) -> str:
-    return "null" if v is None else str(v)
+    """A config value as a ``key=value`` override spells it."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return ",".join(map(_show, v))
+    return str(v)
 
 
 def check_resume(out, saved: dict | None, requested: dict, policy: ResumePolicy,
