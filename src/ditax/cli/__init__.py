@@ -96,6 +96,8 @@ def build_parser(wanted: str | None) -> tuple[Parser, Parser | None, object]:
             p.add_argument("--debug", action="store_true", help="print the traceback of an error")
             module = importlib.import_module(f"ditax.cli.{name.replace('-', '_')}")
             module.add_arguments(p)
+            if p.description:           # a module docstring's reST quotes read as plain text
+                p.description = p.description.replace("``", "")
             cmd_parser = p
     return parser, cmd_parser, module
 

@@ -73,9 +73,9 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "plan": [
         ("mesh, shardings and memory per device of the tiny model on 8 simulated CPU devices",
          "ditax plan tiny --target cpu:8"),
-        ("Wan 2.1 14B on a TPU v6e-8, forward and a training step compiled without a TPU "
-         "(needs the [tpu] extra)",
-         "ditax plan wan2.1-t2v-14b --target tpu-v6e-8 mesh.fsdp=8 --compile --train"),
+        ("Wan 2.1 14B's forward compiled for a TPU v6e-8 without a TPU: memory, copies, "
+         "roofline per chip (needs the [tpu] extra; --train adds a training step)",
+         "ditax plan wan2.1-t2v-14b --target tpu-v6e-8 mesh.fsdp=8 --compile"),
         ("as one JSON object", "ditax plan tiny --devices 8 mesh.context=2 --json"),
     ],
     "calibrate-cache": [
