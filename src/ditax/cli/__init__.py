@@ -134,6 +134,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return _report(prog, "interrupted", 130, debug)
     except Exception as e:  # noqa: BLE001 — anything else is a failure, reported in one line
+        from ditax.cli.oom import is_out_of_memory, oom_message
+
+        if is_out_of_memory(e):        # which phase, and what to lower (ditax.cli.oom)
+            return _report(prog, oom_message(e, wanted), FAILURE, debug)
         hint = "" if debug else "; rerun with --debug for the traceback"
         return _report(prog, f"{type(e).__name__}: {e}{hint}", FAILURE, debug)
 

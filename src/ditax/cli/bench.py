@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser):
                    help="latent F,Y,X (default 5,32,32)")
     p.add_argument("--text-len", type=int, default=512)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-progress", action="store_true", help="no status line on stderr")
 
 
 def run(args) -> int:
@@ -30,14 +31,17 @@ def run(args) -> int:
 
     from ditax.attention.te import entry_context
     from ditax.bench import forward_benchmark
+    from ditax.cli.status import status_line
     from ditax.compile_cache import compile_cache
     from ditax.config import load_config, validate
     from ditax.parallel import make_mesh
+    from ditax.phases import phase
 
     cfg = load_config(args.config, args.overrides)
     validate(cfg, jax.device_count())
     mesh = make_mesh(cfg.mesh)
-    with entry_context(cfg.attention, mesh), compile_cache(cfg.compile_cache):
+    with entry_context(cfg.attention, mesh), compile_cache(cfg.compile_cache), \
+            status_line(not args.no_progress), phase("bench"):
         row = forward_benchmark(cfg, mesh, args.latent, args.text_len, args.repeats)
     print(json.dumps(row))
     return 0

@@ -65,7 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--into", default=None, metavar="NUMBERS.json",
                    help="put the entry into this existing numbers file (replacing the entry of "
                         "the same name or model) instead of writing --output")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="hide the progress bars and the loading / compiling status line")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides (model.dtype, attention.*, mesh.*, sample.*)")
 
@@ -76,6 +77,7 @@ def run(args) -> int:
     import ditax
     from ditax.attention.te import entry_context
     from ditax.cli.generate import check_model_and_attention, folder_defaults, read_images
+    from ditax.cli.status import status_line
     from ditax.compile_cache import compile_cache
     from ditax.config import load_config, parse_overrides, validate
     from ditax.config.sample import SAMPLE_PRESETS
@@ -131,7 +133,8 @@ def run(args) -> int:
     mesh = ditax.make_mesh(cfg.mesh) if use_mesh else None
     load = dict(path=args.model, dtype=cfg.model.dtype, attention=cfg.attention)
     check_model_and_attention(load, mesh)
-    with entry_context(cfg.attention, mesh), compile_cache(cfg.compile_cache):
+    with entry_context(cfg.attention, mesh), compile_cache(cfg.compile_cache), \
+            status_line(not args.no_progress):
         pipe = ditax.load_pipeline(args.model, dtype=cfg.model.dtype, mesh=mesh,
                                    attention=cfg.attention, cfg_mode=s.cfg_mode,
                                    flow_shift=s.flow_shift,

@@ -19,8 +19,14 @@ frames, steps, guidance, prompt, ``key=value`` overrides, mesh vs device count, 
 the images (readable, and wanted by the folder's kind), the model folder (its
 ``model_index.json`` and transformer ``config.json``), the ``--lora``
 files (readable, a known format; whether they fit the model is checked as it loads), and
-whether the attention backend can run here with the folder's head dim. Prints a progress bar
-over the steps and one timing line (load, text, compile, denoise, decode).
+whether the attention backend can run here with the folder's head dim, and the outputs
+(``--output`` not a folder, ``--frames-dir`` new or empty, their parents writable). Shows a
+status line while loading and compiling and a progress bar over the steps (each step counted
+when it has finished on the device; ``--no-progress`` hides both), then one timing line (load,
+text, compile, denoise, decode). The mp4 and the PNGs are written beside their names and
+renamed at the end: a failed run leaves no half-written file. Sizes, steps, guidance and fps
+default to the folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`), else
+Wan's. An out-of-memory says in which phase and what to lower (exit 1).
 
 Compiled programs are kept in jax's persistent compilation cache (:mod:`ditax.compile_cache`),
 so a second run of the same shapes reads them instead of compiling: by default in
@@ -77,7 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames-dir", default=None, help="also write PNG frames here")
     p.add_argument("--fps", type=int, default=None,
                    help="frames per second of the mp4 (default: the folder's, else 16)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="hide the progress bar and the loading / compiling status line")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides: model.dtype=bfloat16 attention.backend=ulysses "
                         "mesh.context=8 sample.cfg_mode=sequential sample.scheduler=euler "
@@ -136,10 +143,10 @@ def parse_request(args):
         raise RequestError(f"sample.sigmas has {len(s.sigmas)} values{origin} but --steps "
                            f"{call['num_inference_steps']}; drop --steps or pass "
                            f"sample.sigmas=none")
+    check_output_file(args.output, "--output")
     if pathlib.Path(args.output).suffix.lower() != ".mp4":
         raise RequestError(f"--output {args.output!r} must end in .mp4 (H.264); use --frames-dir "
                            f"for PNG frames")
-    check_output_file(args.output, "--output")
     if args.frames_dir is not None:
         check_output_folder(args.frames_dir, "--frames-dir")
         if pathlib.Path(args.frames_dir).absolute() == pathlib.Path(args.output).absolute():
@@ -177,13 +184,16 @@ def folder_defaults(model: str, s, chosen: set) -> dict:
     :func:`check_model_and_attention`)."""
     from ditax.errors import ModelNotFound
     from ditax.io.hub import resolve_folder
-    from ditax.pipelines.sample_defaults import read_sample_defaults
+    from ditax.pipelines.request import SPATIAL, TEMPORAL
+    from ditax.pipelines.sample_defaults import FILE, check_fits, read_sample_defaults
 
     try:
         root = resolve_folder(model, None, required=("model_index.json",))
     except ModelNotFound:
         root = None
     own = {} if root is None else read_sample_defaults(root)
+    if own:     # Wan's grid here; the loaded model's own is checked as it loads
+        check_fits(own, root / FILE, SPATIAL, TEMPORAL)
     out = {"negative_prompt": own.get("negative_prompt"), "fps": own.get("fps", 16)}
     for key in ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                 "guidance_scale_2", "max_sequence_length"):
@@ -210,9 +220,9 @@ def check_images_fit(root, call: dict) -> None:
     """The folder's kind wants the images given: a text-to-video folder takes none, an
     image-to-video folder (``WanImageToVideoPipeline`` without ``expand_timesteps``) needs
     ``--image``. Read from ``model_index.json``, before any weights."""
-    import json
+    from ditax.io.files import read_model_json
 
-    index = json.loads((root / "model_index.json").read_text())
+    index = read_model_json(root / "model_index.json", "model_index.json")
     i2v = index.get("_class_name") == "WanImageToVideoPipeline"
     ti2v = bool(index.get("expand_timesteps"))
     given = "image" in call
@@ -257,6 +267,7 @@ def run(args) -> int:
     load, call = parse_request(args)
     import ditax
     from ditax.attention.te import entry_context
+    from ditax.cli.status import status_line
     from ditax.compile_cache import compile_cache
     from ditax.io.video import write_frames, write_mp4
 
@@ -266,11 +277,12 @@ def run(args) -> int:
     check_model_and_attention(load, mesh, call)
     if mesh is not None:
         print(f"mesh: {dict(mesh.shape)}")
-    with entry_context(load["attention"], mesh), cache as folder:
+    show = not args.no_progress
+    with entry_context(load["attention"], mesh), cache as folder, status_line(show):
         print(f"compile cache: {folder or 'off'}")
         pipe = ditax.load_pipeline(load.pop("path"), mesh=mesh, **load)
         with request_errors():  # e.g. a size this folder's VAE cannot take
-            video = pipe(progress=not args.no_progress, **call)
+            video = pipe(progress=show, **call)
     t0 = time.perf_counter()
     path = write_mp4(args.output, video, fps=args.fps)
     if args.frames_dir:

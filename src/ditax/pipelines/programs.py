@@ -23,6 +23,7 @@ from typing import Any
 import jax
 
 from ditax.compile_cache import compile_cache
+from ditax.phases import phase
 
 
 def abstract(x) -> jax.ShapeDtypeStruct:
@@ -51,7 +52,8 @@ class Programs:
         """The program for ``key``, built (and timed into :attr:`seconds`) on first use."""
         if key not in self._compiled:
             t0 = time.perf_counter()
-            self._compiled[key] = build()
+            with phase("compile"):
+                self._compiled[key] = build()
             self.seconds += time.perf_counter() - t0
         return self._compiled[key]
 

@@ -35,6 +35,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.errors import ConfigError, RequestError
+from ditax.phases import phase
 from ditax.config.sample import CFG_MODES
 from ditax.parallel.axes import check_batch_divides
 from ditax.pipelines.components import load_components
@@ -91,26 +92,27 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
     check_scheduler_name(scheduler)
     t0 = time.perf_counter()
-    folder = read_pipeline_folder(path)
-    defaults = read_sample_defaults(folder.root)      # checked before any weights
-    if max_sequence_length is None:
-        max_sequence_length = {**WAN_DEFAULTS, **defaults}["max_sequence_length"]
-    parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
-                            scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
-                            loras=loras, loras_2=loras_2, lora_strict=lora_strict,
-                            lora_mode=lora_mode, **model_overrides)
-    cls = WanTextToVideo
-    if folder.kind != "t2v":
-        from ditax.pipelines.image_to_video import WanImageToVideo
+    with phase("load"):
+        folder = read_pipeline_folder(path)
+        defaults = read_sample_defaults(folder.root)      # checked before any weights
+        if max_sequence_length is None:
+            max_sequence_length = {**WAN_DEFAULTS, **defaults}["max_sequence_length"]
+        parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
+                                scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
+                                loras=loras, loras_2=loras_2, lora_strict=lora_strict,
+                                lora_mode=lora_mode, **model_overrides)
+        cls = WanTextToVideo
+        if folder.kind != "t2v":
+            from ditax.pipelines.image_to_video import WanImageToVideo
 
-        cls = WanImageToVideo
-        parts["expand_timesteps"] = folder.kind == "ti2v"
-    pipe = cls(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
-               cfg_mode=cfg_mode, vae_tiling=vae_tiling,
-               max_sequence_length=max_sequence_length, sample_defaults=defaults)
-    check_fits(defaults, folder.root / SAMPLE_FILE,
-               pipe.vae.scale_factor_spatial * pipe.transformer.config.patch_size[1],
-               pipe.vae.scale_factor_temporal)
+            cls = WanImageToVideo
+            parts["expand_timesteps"] = folder.kind == "ti2v"
+        pipe = cls(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
+                   cfg_mode=cfg_mode, vae_tiling=vae_tiling,
+                   max_sequence_length=max_sequence_length, sample_defaults=defaults)
+        check_fits(defaults, folder.root / SAMPLE_FILE,
+                   pipe.vae.scale_factor_spatial * pipe.transformer.config.patch_size[1],
+                   pipe.vae.scale_factor_temporal)
     pipe.load_time = time.perf_counter() - t0
     log.info("loaded pipeline %s in %.1fs", folder.root, pipe.load_time)
     return pipe
@@ -302,54 +304,59 @@ class WanTextToVideo:
                                  f"{shape} for {num_frames} frames at {height}x{width}")
 
         t0 = time.perf_counter()
-        cond = self.condition(image, last_image, height, width, num_frames)
-        cond = jax.block_until_ready(self._replicate(cond))
+        with phase("condition" if image is None and last_image is None else "image"):
+            cond = self.condition(image, last_image, height, width, num_frames)
+            cond = jax.block_until_ready(self._replicate(cond))
         t_image = time.perf_counter() - t0
         t0 = time.perf_counter()
-        text = jax.block_until_ready(self._replicate(
-            self.encode_text(prompt, negative_prompt, use_cfg, max_sequence_length)))
+        with phase("text"):
+            text = jax.block_until_ready(self._replicate(
+                self.encode_text(prompt, negative_prompt, use_cfg, max_sequence_length)))
         t1 = time.perf_counter()
 
-        if latents is None:
-            latents = initial_noise(seed, shape)
-        x = self._replicate(jnp.asarray(latents, jnp.float32))
-        state = self._replicate(self._timesteps(num_inference_steps, shape, sigmas))
-        timesteps = np.asarray(state.timesteps)
-        boundary = (None if self.boundary_ratio is None
-                    else self.boundary_ratio * self.scheduler.num_train_timesteps)
-        # ahead of time, before the first step: one step program per expert signature, decode
-        self.programs.seconds = 0.0
-        experts = [self.transformer_2 if (boundary is not None and t < boundary
-                                          and self.transformer_2 is not None)
-                   else self.transformer for t in timesteps]
-        step_cache = plan_step_cache(
-            cache, cache_threshold, cfg_cache, use_cfg=use_cfg, cfg_mode=self.cfg_mode,
-            mesh=self.mesh, timesteps=timesteps, config=self.transformer.config,
-            num_train_timesteps=self.scheduler.num_train_timesteps, experts=experts,
-            coefficients=cache_coefficients)
-        # each expert's own graph (equal for two plain experts: one program; an expert with
-        # unmerged LoRAs has its own)
-        if step_cache is None:
-            steps = {id(tr): self.programs.step(
-                         _denoise_step, (tr._gdef, self.scheduler, self.cfg_mode, use_cfg),
-                         (tr._state, state, x, text, jnp.float32(0), cond))
-                     for tr in experts}
-        else:
-            steps = {id(tr): step_cache.compile(self.programs, tr, self.scheduler,
-                                                self.cfg_mode, use_cfg, state, x, text, cond)
-                     for tr in experts}
-        decode = None if output == "latent" or self.vae_tiling else self.programs.decode(
-            self.vae, shape, None if self.mesh is None else NamedSharding(self.mesh, P()))
-        t_compile = self.programs.seconds
-        from tqdm.auto import tqdm
+        with phase("denoise"):   # compile nests inside (Programs)
+            if latents is None:
+                latents = initial_noise(seed, shape)
+            x = self._replicate(jnp.asarray(latents, jnp.float32))
+            state = self._replicate(self._timesteps(num_inference_steps, shape, sigmas))
+            timesteps = np.asarray(state.timesteps)
+            boundary = (None if self.boundary_ratio is None
+                        else self.boundary_ratio * self.scheduler.num_train_timesteps)
+            # ahead of time, before the first step: one step program per expert signature, decode
+            self.programs.seconds = 0.0
+            experts = [self.transformer_2 if (boundary is not None and t < boundary
+                                              and self.transformer_2 is not None)
+                       else self.transformer for t in timesteps]
+            step_cache = plan_step_cache(
+                cache, cache_threshold, cfg_cache, use_cfg=use_cfg, cfg_mode=self.cfg_mode,
+                mesh=self.mesh, timesteps=timesteps, config=self.transformer.config,
+                num_train_timesteps=self.scheduler.num_train_timesteps, experts=experts,
+                coefficients=cache_coefficients)
+            # each expert's own graph (equal for two plain experts: one program; an expert with
+            # unmerged LoRAs has its own)
+            if step_cache is None:
+                steps = {id(tr): self.programs.step(
+                             _denoise_step, (tr._gdef, self.scheduler, self.cfg_mode, use_cfg),
+                             (tr._state, state, x, text, jnp.float32(0), cond))
+                         for tr in experts}
+            else:
+                steps = {id(tr): step_cache.compile(self.programs, tr, self.scheduler,
+                                                    self.cfg_mode, use_cfg, state, x, text, cond)
+                         for tr in experts}
+            decode = None if output == "latent" or self.vae_tiling else self.programs.decode(
+                self.vae, shape, None if self.mesh is None else NamedSharding(self.mesh, P()))
+            t_compile = self.programs.seconds
+            from tqdm.auto import tqdm
 
-        for i in tqdm(range(num_inference_steps), disable=not progress, desc="denoise",
-                      unit="step"):
-            low = boundary is not None and timesteps[i] < boundary
-            g = guidance_scale_2 if low else guidance_scale
-            tr = experts[i]
-            x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g), cond)
-        x = jax.block_until_ready(final_latents(cond, x))
+            for i in tqdm(range(num_inference_steps), disable=not progress, desc="denoise",
+                          unit="step"):
+                low = boundary is not None and timesteps[i] < boundary
+                g = guidance_scale_2 if low else guidance_scale
+                tr = experts[i]
+                x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g), cond)
+                if progress:   # the bar advances when the step has finished on the device
+                    jax.block_until_ready(x)
+            x = jax.block_until_ready(final_latents(cond, x))
         self.last_stats = (uncached_stats(num_inference_steps, use_cfg) if step_cache is None
                            else step_cache.stats())
         t2 = time.perf_counter()
@@ -359,11 +366,12 @@ class WanTextToVideo:
             self.timings = Timings(**timings)
             return np.asarray(x)
 
-        z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
-        video = self.vae.decode(z, tiled=self.vae_tiling, programs=decode)  # [1,3,F,H,W] in [-1,1]
-        # on the host: the same float32 arithmetic, without compiling four more XLA programs
-        video = np.clip(np.asarray(video, np.float32) * np.float32(0.5) + np.float32(0.5),
-                        np.float32(0.0), np.float32(1.0))
+        with phase("decode"):
+            z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
+            video = self.vae.decode(z, tiled=self.vae_tiling, programs=decode)  # [1,3,F,H,W]
+            # on the host: the same float32 arithmetic, without compiling four more programs
+            video = np.clip(np.asarray(video, np.float32) * np.float32(0.5) + np.float32(0.5),
+                            np.float32(0.0), np.float32(1.0))
         video = np.ascontiguousarray(np.transpose(video[0], (1, 2, 3, 0)))  # [F, H, W, 3]
         self.timings = Timings(**timings, decode=time.perf_counter() - t2)
         return video
