@@ -27,8 +27,9 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make he
 
 def dry_run(target: str, venv: pathlib.Path) -> list[str]:
     """The pip install lines ``make -n TARGET VENV=venv`` would run, in order."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     out = subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env=env)   # (not the flags of a `make test`)
     assert out.returncode == 0, out.stderr
     return [line for line in out.stdout.splitlines() if "pip install" in line]
 
