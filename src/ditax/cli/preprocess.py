@@ -1,7 +1,10 @@
 """``ditax preprocess VIDEOS OUT --model PIPELINE``: videos + captions → latent dataset.
 
 Calls :func:`ditax.train.preprocess.preprocess` (the pipeline's VAE and UMT5 encode every
-video and caption). Every video needing a caption is checked before any model loads (exit 2).
+video and caption). The sizes, ``--dtype``, the output folder (new or empty, creatable), the
+``--model`` path and every video's caption are checked before any model loads (exit 2); a
+video that cannot be decoded is named (exit 2). The dataset is written into a temporary folder
+beside OUT and renamed to OUT when complete, so a failure leaves no half-written dataset.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from ditax.cli import request_errors
 def add_arguments(p) -> None:
     p.description = __doc__.split("\n\n")[0]
     p.add_argument("videos", help="folder of videos (+ name.txt captions or captions.jsonl)")
-    p.add_argument("output", help="new dataset folder")
+    p.add_argument("output", help="new dataset folder (must not exist, or be empty)")
     p.add_argument("--model", required=True, help="diffusers Wan pipeline folder (vae/, "
                    "text_encoder/, tokenizer/)")
     p.add_argument("--height", type=int, default=480)
@@ -25,12 +28,20 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ditax.train.preprocess import find_samples, preprocess
+    from ditax.train.preprocess import (
+        check_model,
+        check_output,
+        check_request,
+        find_samples,
+        preprocess,
+    )
 
     with request_errors(FileNotFoundError):
+        check_request(height=args.height, width=args.width, frames=args.frames,
+                      text_len=args.text_len, dtype=args.dtype, batch=args.batch)
+        check_output(args.output)
+        check_model(args.model)
         find_samples(args.videos)
-        if args.batch < 1:
-            raise ValueError(f"--batch {args.batch}: clips per encoder call must be at least 1")
     out = preprocess(args.videos, args.output, args.model, height=args.height, width=args.width,
                      frames=args.frames, text_len=args.text_len, dtype=args.dtype,
                      batch=args.batch)

@@ -159,9 +159,9 @@ def video_error(path, err: BaseException | None = None, problem: str | None = No
         except OSError:
             empty = False
         if not p.exists():
-            problem = "video does not exist"
+            problem, fix = "video does not exist", fix or "check the path"
         elif p.is_dir():
-            problem = "is a folder, not a video"
+            problem, fix = "is a folder, not a video", fix or "give a video file"
         elif empty:
             problem = "video file is empty (0 bytes)"
         else:

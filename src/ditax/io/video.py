@@ -73,8 +73,18 @@ def write_frames(folder, video, prefix: str = "frame") -> list[pathlib.Path]:
 
 
 def read_video(path) -> np.ndarray:
-    """Decode a video file to uint8 ``[F, H, W, 3]`` (used to check what was written)."""
+    """Decode a video file to uint8 ``[F, H, W, 3]`` (used to check what was written); a file
+    ffmpeg cannot read, or one without frames, is a
+    :class:`~ditax.io.files.VideoReadError` naming it (not ffmpeg's banner)."""
     import imageio.v2 as imageio
 
-    with _ffmpeg_subprocess(), imageio.get_reader(str(path), format="FFMPEG") as r:
-        return np.stack([np.asarray(f) for f in r])
+    from ditax.io.files import video_error
+
+    try:
+        with _ffmpeg_subprocess(), imageio.get_reader(str(path), format="FFMPEG") as r:
+            frames = [np.asarray(f) for f in r]
+    except (OSError, RuntimeError, ValueError, IndexError) as e:
+        raise video_error(path, e) from None
+    if not frames:
+        raise video_error(path, problem="has no video frames")
+    return np.stack(frames)

@@ -15,8 +15,10 @@ ArrayRecord dataset of :mod:`ditax.train.data`.
 
 from __future__ import annotations
 
-import json
+import os
 import pathlib
+import secrets
+import shutil
 
 import numpy as np
 
@@ -55,48 +57,70 @@ def read_videos(paths, num_frames: int, height: int, width: int, *, workers: int
 
 
 def _decode(path, num_frames: int, height: int, width: int) -> np.ndarray:
+    """One clip decoded; a file ffmpeg cannot read, an empty file or a clip shorter than
+    ``num_frames`` is a :class:`~ditax.io.files.VideoReadError` naming the clip."""
     import imageio_ffmpeg
 
-    gen = imageio_ffmpeg.read_frames(str(path), output_params=["-vf", f"scale={width}:{height}"])
-    next(gen)  # metadata (starts ffmpeg)
+    from ditax.io.files import video_error
+
     frames = []
-    for raw in gen:
-        frames.append(np.frombuffer(raw, np.uint8).reshape(height, width, 3))
-        if len(frames) == num_frames:
-            break
-    gen.close()
+    try:
+        gen = imageio_ffmpeg.read_frames(str(path),
+                                         output_params=["-vf", f"scale={width}:{height}"])
+        next(gen)  # metadata (starts ffmpeg)
+        for raw in gen:
+            frames.append(np.frombuffer(raw, np.uint8).reshape(height, width, 3))
+            if len(frames) == num_frames:
+                break
+        gen.close()
+    except (OSError, RuntimeError, StopIteration, ValueError) as e:
+        raise video_error(path, e) from None
     if len(frames) < num_frames:
-        raise ValueError(f"{path}: has {len(frames)} frames, fewer than --frames={num_frames}")
+        raise video_error(path, problem=f"has {len(frames)} frames, fewer than --frames="
+                          f"{num_frames}", fix="lower --frames (4k+1) or remove the clip")
     v = np.stack(frames).astype(np.float32) / 127.5 - 1.0      # [F, H, W, 3]
     return v.transpose(3, 0, 1, 2)
 
 
 def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
-    """``(video path, caption)`` pairs; a video without a caption is an error naming it."""
+    """``(video path, caption)`` pairs; a video without a caption, an empty video file, an
+    unreadable caption or ``captions.jsonl`` line is a :class:`~ditax.errors.RequestError`
+    (or :class:`~ditax.io.files.UnreadableFile`) naming the file and line."""
+    from ditax.errors import RequestError
+    from ditax.io.files import read_json_lines, read_text, video_error
+
     folder = pathlib.Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise RequestError(f"videos folder {str(folder)!r} is a file; give the folder that "
+                           f"holds the videos and their captions")
     if not folder.is_dir():
         raise FileNotFoundError(f"videos folder {str(folder)!r} does not exist")
     table = {}
     cj = folder / "captions.jsonl"
-    if cj.is_file():
-        for line in cj.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                table[row["file"]] = row["caption"]
+    if cj.exists():
+        fix = 'each line is {"file": "name.mp4", "caption": "..."}'
+        for n, row in read_json_lines(cj, what="captions file", fix=fix):
+            if not (isinstance(row, dict) and isinstance(row.get("file"), str)
+                    and isinstance(row.get("caption"), str)):
+                raise RequestError(f"{cj}: line {n}: needs string entries \"file\" and "
+                                   f"\"caption\"; {fix}")
+            table[row["file"]] = row["caption"]
     out, missing = [], []
     for v in sorted(p for p in folder.iterdir() if p.suffix.lower() in VIDEO_EXT):
+        if not v.is_file() or v.stat().st_size == 0:      # cheap to see before any model loads
+            raise video_error(v)
         side = v.with_suffix(".txt")
         if v.name in table:
             out.append((v, table[v.name]))
         elif side.is_file():
-            out.append((v, side.read_text().strip()))
+            out.append((v, read_text(side, what="caption").strip()))
         else:
             missing.append(v.name)
     if missing:
-        raise ValueError(f"no caption for {missing[:5]}{'…' if len(missing) > 5 else ''}: add "
-                         f"name.txt next to each video or a line in {cj}")
+        raise RequestError(f"no caption for {missing[:5]}{'…' if len(missing) > 5 else ''}: add "
+                           f"name.txt next to each video or a line in {cj}")
     if not out:
-        raise ValueError(f"no videos ({', '.join(VIDEO_EXT)}) in {folder}")
+        raise RequestError(f"no videos ({', '.join(VIDEO_EXT)}) in {folder}")
     return out
 
 
@@ -112,27 +136,128 @@ def _groups(items, n: int):
         yield group
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _machine_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_request(*, height, width, frames, text_len, dtype, batch, family="wan") -> None:
+    """Raise :class:`~ditax.errors.RequestError` for sizes, dtype or batch that cannot be
+    encoded: each at least 1 and below 2**31, the family's latent grid (Wan: 4k+1 frames,
+    multiples of 8), one decoded clip (float32) within this machine's memory."""
+    from ditax.config.numbers import INT_LIMIT
+    from ditax.errors import ConfigError, RequestError, check_choice
+    from ditax.models.base import family_class
+
+    sizes = {"--height": height, "--width": width, "--frames": frames, "--text-len": text_len,
+             "--batch": batch}
+    for flag, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < INT_LIMIT:
+            raise RequestError(f"{flag}={v}: must be an integer from 1 to {INT_LIMIT - 1}"
+                               + (" (clips per encoder call)" if flag == "--batch" else ""))
+    try:
+        check_choice("--dtype", dtype, DTYPES)
+    except ConfigError as e:
+        raise RequestError(str(e)) from None
+    try:
+        family_class(family).latent_grid(frames, height, width)
+    except ConfigError as e:
+        raise RequestError(f"--frames / --height / --width = {frames} / {height} / {width}: "
+                           f"{e}") from None
+    need, have = 4 * 3 * frames * height * width * batch, _machine_bytes()
+    if have and need > have:
+        raise RequestError(f"--frames x --height x --width x --batch = {frames} x {height} x "
+                           f"{width} x {batch}: the decoded clips alone take {need / 2**30:.1f} "
+                           f"GiB, more than this machine's {have / 2**30:.1f} GiB; lower them")
+
+
+def check_output(output) -> pathlib.Path:
+    """``output`` as a new dataset folder: not a file, not an existing dataset or non-empty
+    folder, its nearest existing parent a writable folder (so it can be created). Raises
+    :class:`~ditax.errors.RequestError` naming the path and the fix."""
+    from ditax.errors import RequestError
+
+    out = pathlib.Path(output)
+    if out.exists() and not out.is_dir():
+        raise RequestError(f"output {str(out)!r} is a file; give a new folder for the dataset")
+    if out.is_dir():
+        if (out / "meta.json").exists():
+            raise RequestError(f"output {str(out)!r} already holds a dataset (meta.json); "
+                               f"choose a new folder, or delete it first (rm -r {out})")
+        if any(out.iterdir()):
+            raise RequestError(f"output {str(out)!r} is a folder that is not empty; choose a "
+                               f"new folder (the dataset is written into an empty one)")
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RequestError(f"output {str(out)!r} cannot be created: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RequestError(f"output {str(out)!r} cannot be created: {parent} is not writable")
+    return out
+
+
+def check_model(model) -> None:
+    """A local ``--model`` path is a folder (a hub id that is no local path is left to the
+    loaders, which fetch it when online)."""
+    from ditax.errors import ModelNotFound
+
+    p = pathlib.Path(model)
+    if p.exists() and not p.is_dir():
+        raise ModelNotFound(f"--model {str(p)!r} is a file; give a pipeline folder (vae/, "
+                            f"text_encoder/, tokenizer/, as diffusers' save_pretrained writes)")
+    looks_like_hub_id = len(str(model).split("/")) == 2 and not str(model).startswith((".", "/"))
+    if not p.exists() and not looks_like_hub_id:
+        raise ModelNotFound(f"--model {str(p)!r} does not exist; give a pipeline folder (vae/, "
+                            f"text_encoder/, tokenizer/) or a hub id org/name")
+
+
 def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_len=512,
                dtype="float32", family="wan", batch=1, say=print) -> pathlib.Path:
     """Encode every (video, caption) of ``videos`` into a dataset at ``output`` with the
     encoders of the pipeline folder ``model`` (of model family ``family``), ``batch`` clips
-    per encoder call (small clips: 8 is ~20% faster on CPU than 1, same latents)."""
-    from ditax.errors import ConfigError
-    from ditax.models.base import family_class
-    from ditax.train.data import DatasetWriter
+    per encoder call (small clips: 8 is ~20% faster on CPU than 1, same latents).
 
-    if batch < 1:
-        raise ValueError(f"batch={batch}: clips per encoder call must be at least 1")
+    Every argument is checked before a model loads (:func:`check_request`,
+    :func:`check_output`, :func:`find_samples`). The dataset is written into a hidden
+    temporary folder beside ``output`` and renamed to ``output`` when complete, so a failure
+    or an interrupt leaves no half-written dataset (the temporary folder is removed)."""
+    from ditax.models.base import family_class
+
+    check_request(height=height, width=width, frames=frames, text_len=text_len, dtype=dtype,
+                  batch=batch, family=family)
+    out = check_output(output)
+    check_model(model)
     fam = family_class(family)
     samples = find_samples(videos)
+    target = out.absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # a fresh hidden name beside the target (mkdir, unlike mkdtemp, keeps the umask's mode)
+    tmp = target.parent / f".{target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
     try:
-        fam.latent_grid(frames, height, width)
-    except ConfigError as e:
-        raise ValueError(f"--frames / --height / --width = {frames} / {height} / {width}: "
-                         f"{e}") from None
-    model = pathlib.Path(model)
-    enc = fam.load_encoders(model, dtype=dtype)
-    w = DatasetWriter(output)
+        _encode(samples, tmp, fam.load_encoders(pathlib.Path(model), dtype=dtype), height=height,
+                width=width, frames=frames, text_len=text_len, batch=batch, model=model,
+                say=say)
+        if target.is_dir():
+            target.rmdir()           # still empty (checked above); the rename replaces nothing
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, model, say):
+    """Write the dataset of ``samples`` into ``folder`` with the encoders ``enc``."""
+    from ditax.train.data import DatasetWriter
+
+    w = DatasetWriter(folder)
     encode_condition = getattr(enc, "encode_condition", None)
     videos = read_videos([path for path, _ in samples], frames, height, width)
     done = 0
@@ -147,5 +272,5 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
             done += 1
             say(f"[{done}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}{extra}")
     text, mask = enc.encode_text([""], text_len)       # the unconditional branch's prompt
-    return w.close({"height": height, "width": width, "frames": frames, "model": str(model)},
-                   null_text=(np.asarray(text[0], np.float32), mask[0]))
+    w.close({"height": height, "width": width, "frames": frames, "model": str(model)},
+            null_text=(np.asarray(text[0], np.float32), mask[0]))
