@@ -35,6 +35,8 @@ def resolve_loras(specs: Iterable[LoraSpec] | None,
             strength = float(strength)
         except (TypeError, ValueError):
             raise WeightError(f"LoRA {item!s}: strength {strength!r} is not a number") from None
+        if strength != strength or strength in (float("inf"), float("-inf")):
+            raise WeightError(f"LoRA {item!s}: strength {strength} is not a finite number")
         out.append((item if isinstance(item, Lora) else read_lora(item, strict), strength))
     return out
 
@@ -56,16 +58,35 @@ def merged_weights(weights, loras: Iterable[LoraSpec] | None, table, shapes: dic
     return PatchedWeights(weights, patches)
 
 
+#: what a LoRA file's name ends in: text after ``FILE.safetensors:`` must be a strength
+_LORA_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
+
+
 def parse_lora_arg(text: str) -> tuple[str, float]:
-    """``FILE[:STRENGTH]`` (the CLI's ``--lora``) → ``(file, strength)``; strength 1.0 when the
-    text after the last ``:`` is not a number."""
+    """``FILE[:STRENGTH]`` (the CLI's ``--lora``) → ``(file, strength)``; strength 1.0 when
+    none is given. The text after the last ``:`` is part of the path when it holds a ``/``
+    (``c:/x.safetensors``) or the text before it is no weights file name; otherwise it must be
+    a finite number, else :class:`~ditax.errors.RequestError` (``x.safetensors:abc``,
+    ``x.safetensors:nan``, ``x.safetensors:``)."""
+    import math
+    import pathlib
+
+    from ditax.errors import RequestError
+
     path, sep, tail = text.rpartition(":")
-    if sep:
-        try:
-            return path, float(tail)
-        except ValueError:
-            pass
-    return text, 1.0
+    if not sep or "/" in tail or "\\" in tail:
+        return text, 1.0
+    try:
+        strength = float(tail)
+    except ValueError:
+        if not (path.lower().endswith(_LORA_SUFFIXES) or pathlib.Path(path).is_file()):
+            return text, 1.0           # a ':' inside the file name
+        raise RequestError(f"--lora {text!r}: strength {tail!r} is not a number; write "
+                           f"FILE:STRENGTH, e.g. {path}:0.8 (or FILE alone for 1.0)") from None
+    if not math.isfinite(strength):
+        raise RequestError(f"--lora {text!r}: strength {tail} is not a finite number; use e.g. "
+                           f"{path}:0.8")
+    return path, strength
 
 
 __all__ = ["Lora", "LoraRow", "LoraSpec", "Patch", "PatchedWeights", "merged_weights",

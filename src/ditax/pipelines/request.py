@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ditax.config.numbers import INT_LIMIT
 from ditax.errors import RequestError
 from ditax.models.wan.config import ModelConfig
 from ditax.models.wan.vae.config import WanVAEConfig
@@ -50,6 +51,10 @@ def check_request(prompt, height: int, width: int, num_frames: int, num_inferenc
     if negative_prompt is not None and not isinstance(negative_prompt, str):
         raise RequestError(f"negative_prompt must be a string or None, got "
                            f"{type(negative_prompt).__name__}")
+    for name, v in (("height", height), ("width", width), ("num_frames", num_frames),
+                    ("num_inference_steps", num_inference_steps)):
+        if isinstance(v, (int, np.integer)) and not v < INT_LIMIT:       # no int32 overflow
+            raise RequestError(f"{name}={v} is out of range; it must be below 2**31")
     for name, v in (("height", height), ("width", width)):
         if not isinstance(v, (int, np.integer)) or v < spatial or v % spatial:
             lo = max(spatial, (int(v) // spatial) * spatial) if isinstance(v, (int, np.integer)) else spatial
