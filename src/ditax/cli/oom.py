@@ -27,7 +27,7 @@ _COMPILING = {"compile", "backend_compile", "compile_or_get_cached", "_cached_co
 DOING = {"load": "loading the model", "text": "encoding the prompt",
          "image": "encoding the image", "compile": "compiling", "denoise": "denoising",
          "decode": "decoding", "step": "running a training step", "train": "training",
-         "bench": "benchmarking"}
+         "bench": "benchmarking", "preprocess": "preprocessing"}
 
 _SAMPLE = ("lower --height / --width / --frames, use a memory-lean attention backend "
            "(attention.backend=cudnn, splash or te; or ulysses / ring with mesh.context=N to "
@@ -46,6 +46,7 @@ ADVICE = {
     "decode": "lower --height / --width / --frames, or decode in tiles (sample.vae_tiling=true)",
     "step": _TRAIN, "train": _TRAIN,
     "bench": "lower --latent F,Y,X or --text-len, or shard over more devices (mesh.*)",
+    "preprocess": "lower --height / --width / --frames or --batch, or use --dtype bfloat16",
 }
 _BY_COMMAND = {"train": {"compile": _TRAIN}, "train-vae": {"compile": _TRAIN},
                "bench": {"compile": ADVICE["bench"]}}

@@ -25,6 +25,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch", type=int, default=1, help="clips per encoder call (default 1; "
                    "small clips encode faster in groups, e.g. 8)")
+    p.add_argument("--no-progress", action="store_true", help="no status line on stderr")
 
 
 def run(args) -> int:
@@ -42,8 +43,12 @@ def run(args) -> int:
         check_output(args.output)
         check_model(args.model)
         find_samples(args.videos)
-    out = preprocess(args.videos, args.output, args.model, height=args.height, width=args.width,
-                     frames=args.frames, text_len=args.text_len, dtype=args.dtype,
-                     batch=args.batch)
+    from ditax.cli.status import status_line
+    from ditax.phases import phase
+
+    with status_line(not args.no_progress), phase("preprocess"):
+        out = preprocess(args.videos, args.output, args.model, height=args.height,
+                         width=args.width, frames=args.frames, text_len=args.text_len,
+                         dtype=args.dtype, batch=args.batch)
     print(f"ditax preprocess: wrote {out}; train with data.source={out}")
     return 0
