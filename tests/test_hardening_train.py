@@ -276,3 +276,25 @@ def test_output_dir_is_checked_before_anything_loads(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "non-empty folder that holds no run (a.jpg)" in err
     assert sorted(p.name for p in other.iterdir()) == ["a.jpg"]
+
+
+def test_vae_runs_follow_their_own_resume_policy(tmp_path):
+    """train-vae: steps / eval cadence change freely, the optimiser with a printed line, the
+    architecture and the clips are refused naming the key."""
+    from ditax.config.vae_training import load_vae_config, vae_config_dict
+    from ditax.train.resume import check_resume
+    from ditax.train.vae import VAE_RESUME_POLICY
+
+    def cfg(**kw):
+        return vae_config_dict(load_vae_config(None, **{"data.source": str(tmp_path), **kw}))
+
+    old, said = cfg(steps=10), []
+    assert check_resume(tmp_path, old, cfg(steps=20, eval_every=5), VAE_RESUME_POLICY,
+                        say=said.append) == ["steps", "eval_every"] and not said
+    check_resume(tmp_path, old, cfg(steps=10, **{"optim.learning_rate": 3e-4}),
+                 VAE_RESUME_POLICY, say=said.append)
+    assert len(said) == 1 and "optim.learning_rate" in said[0]
+    for key, value in (("vae.base_dim", 32), ("data.crop", 16), ("batch_size", 2),
+                       ("seed", 1)):
+        with pytest.raises(ResumeMismatch, match=rf"{key}: .* → {value}"):
+            check_resume(tmp_path, old, cfg(steps=10, **{key: value}), VAE_RESUME_POLICY)
