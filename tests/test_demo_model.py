@@ -62,8 +62,10 @@ def test_recipe_folder_loads_in_ditax_and_diffusers_with_the_same_video(recipe):
 
     folder = recipe[0] / "pipeline"
     pipe = ditax.load_pipeline(folder)
+    # the folder's own text length (its ditax_sample.json) for both: diffusers' default is 512
     kw = dict(prompt="a red circle moves right", negative_prompt="", height=H, width=W,
-              num_frames=FRAMES, num_inference_steps=3, guidance_scale=3.0)
+              num_frames=FRAMES, num_inference_steps=3, guidance_scale=3.0,
+              max_sequence_length=pipe.max_sequence_length)
     lat = np.random.default_rng(0).standard_normal(
         pipe.latent_shape(H, W, FRAMES)).astype(np.float32)
     got = pipe(latents=lat, progress=False, **kw)
