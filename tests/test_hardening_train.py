@@ -267,8 +267,12 @@ def test_output_dir_is_checked_before_anything_loads(tmp_path, capsys):
     f.write_text("x")
     with pytest.raises(ConfigError, match=r"is a file"):
         check_output_dir(f)
-    with pytest.raises(ConfigError, match=r"file\.txt is a file, so the folder cannot be"):
+    with pytest.raises(ConfigError, match=r"output_dir=.*run: .*file\.txt is a file, not a "
+                                          r"folder"):
         check_output_dir(f / "run")
+    with pytest.raises(ConfigError, match=r"output_dir=/proc/run: the folder /proc is not "
+                                          r"writable"):   # even for root
+        check_output_dir("/proc/run")
     other = tmp_path / "photos"
     other.mkdir()
     (other / "a.jpg").write_text("x")

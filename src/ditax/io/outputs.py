@@ -4,7 +4,7 @@ A generation can take minutes; finding out only at the end that ``--output`` is 
 that its parent cannot be created, wastes it. :func:`check_output_file` and
 :func:`check_output_folder` look at a path without creating anything (the nearest existing
 ancestor must be a writable folder) and raise :class:`~ditax.errors.RequestError` naming the
-flag, the path and the fix.
+flag, the path and the fix (:func:`check_writable_parent` serves ``output_dir`` configs too).
 
 :func:`atomic_file` / :func:`atomic_folder` write to a hidden temporary sibling
 (``.NAME.partial-PID…``, same folder, so the final rename stays on one file system) and rename
@@ -19,24 +19,32 @@ import contextlib
 import os
 import pathlib
 import shutil
+import tempfile
 
 from ditax.errors import RequestError
 
 
-def _writable_parent(path: pathlib.Path, flag: str) -> None:
-    """The nearest existing ancestor of ``path`` is a folder this process may write into."""
+def check_writable_parent(path, flag: str, *, sep: str = " ", error=RequestError) -> None:
+    """The nearest existing ancestor of ``path`` is a folder this process can create entries
+    in. Tried for real (a temporary folder made and removed at once), so a read-only file
+    system or ``/proc`` is caught even for root, whom permission bits do not stop. Messages
+    name ``{flag}{sep}{path}`` (``--output x.mp4``, ``output_dir=runs/a``)."""
+    path = pathlib.Path(path)
     parent = path.parent
     while not parent.exists():
         if parent.is_symlink():      # a dangling link: mkdir would fail on it
-            raise RequestError(f"{flag} {path}: {parent} is a broken symbolic link; point "
-                               f"{flag} elsewhere")
+            raise error(f"{flag}{sep}{path}: {parent} is a broken symbolic link; point "
+                        f"{flag} elsewhere")
         parent = parent.parent
     if not parent.is_dir():
-        raise RequestError(f"{flag} {path}: {parent} is a file, not a folder; choose a path "
-                           f"whose parent is a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RequestError(f"{flag} {path}: the folder {parent} is not writable; choose a path "
-                           f"you can write to")
+        raise error(f"{flag}{sep}{path}: {parent} is a file, not a folder; choose a path "
+                    f"whose parent is a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".ditax-probe-", dir=parent))
+    except OSError as e:
+        raise error(f"{flag}{sep}{path}: the folder {parent} is not writable "
+                    f"({e.strerror or type(e).__name__}); choose a path you can write to"
+                    ) from None
 
 
 def check_output_file(path, flag: str = "--output") -> pathlib.Path:
@@ -46,7 +54,7 @@ def check_output_file(path, flag: str = "--output") -> pathlib.Path:
     if path.is_dir():
         raise RequestError(f"{flag} {path} is an existing folder; give a file name inside it, "
                            f"e.g. {flag} {path / 'out.mp4'}")
-    _writable_parent(path, flag)
+    check_writable_parent(path, flag)
     if path.exists() and not os.access(path, os.W_OK):
         raise RequestError(f"{flag} {path} exists and is not writable; choose another name")
     return path
@@ -62,7 +70,7 @@ def check_output_folder(path, flag: str = "--frames-dir") -> pathlib.Path:
     if path.is_dir() and any(path.iterdir()):
         raise RequestError(f"{flag} {path} is a folder that already has files; choose a new or "
                            f"empty folder, or empty it first (frames of two runs would mix)")
-    _writable_parent(path, flag)
+    check_writable_parent(path, flag)
     return path
 
 
@@ -103,4 +111,5 @@ def atomic_folder(path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-__all__ = ["atomic_file", "atomic_folder", "check_output_file", "check_output_folder"]
+__all__ = ["atomic_file", "atomic_folder", "check_output_file", "check_output_folder",
+           "check_writable_parent"]

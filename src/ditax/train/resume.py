@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ditax.errors import ConfigError
+from ditax.io.outputs import check_writable_parent
 
 
 class ResumeMismatch(ConfigError):
@@ -72,18 +73,9 @@ def check_output_dir(path, *, what: str = "output_dir", run_files=("config.yaml"
             shown = ", ".join(sorted(names)[:4]) + (", ..." if len(names) > 4 else "")
             raise ConfigError(f"{what}={path} is a non-empty folder that holds no run "
                               f"({shown}); choose a new or empty folder")
-        if not os.access(p, os.W_OK | os.X_OK):
-            raise ConfigError(f"{what}={path} is not writable; choose a folder you can write")
-        return
-    parent = p.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{what}={path}: {parent} is a file, so the folder cannot be "
-                          f"created; choose another path")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what}={path} cannot be created: {parent} is not writable; "
-                          f"choose a folder you can write")
+    # an existing run folder must take new files; a new one must be creatable
+    check_writable_parent(p / "config.yaml" if p.is_dir() else p, what, sep="=",
+                          error=ConfigError)
 
 
 def read_saved_config(out) -> dict | None:
