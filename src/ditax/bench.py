@@ -16,6 +16,13 @@ def forward_benchmark(cfg, mesh, latent=(5, 32, 32), text_len: int = 512,
     """Time the transformer forward on random inputs: latents ``[B, C, F, Y, X]`` with
     ``(F, Y, X) = latent`` and ``B`` = the mesh's batch shards, text ``[B, T, text_dim]`` with
     ``T = text_len``. Returns one benchmark row (DESIGN "Benchmarks")."""
+    from ditax.errors import RequestError
+
+    if not (isinstance(repeats, int) and repeats >= 1):    # a median of no runs is no number
+        raise RequestError(f"--repeats {repeats}: time at least 1 run after the compile run")
+    if not (isinstance(text_len, int) and text_len >= 1):
+        raise RequestError(f"--text-len {text_len}: the text needs at least 1 token")
+
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -236,6 +236,7 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
     fam = family_class(family)
     samples = find_samples(videos)
     target = out.absolute()
+    created = [p for p in target.parents if not p.exists()]      # nearest first
     target.parent.mkdir(parents=True, exist_ok=True)
     # a fresh hidden name beside the target (mkdir, unlike mkdtemp, keeps the umask's mode)
     tmp = target.parent / f".{target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
@@ -249,6 +250,11 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
         tmp.rename(target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for p in created:            # and the parent folders made for it, while still empty
+            try:
+                p.rmdir()
+            except OSError:
+                break
         raise
     return out
 
