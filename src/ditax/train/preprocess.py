@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import secrets
-import shutil
 
 import numpy as np
 
@@ -181,6 +179,7 @@ def check_output(output) -> pathlib.Path:
     folder, its nearest existing parent a writable folder (so it can be created). Raises
     :class:`~ditax.errors.RequestError` naming the path and the fix."""
     from ditax.errors import RequestError
+    from ditax.io.outputs import check_writable_parent
 
     out = pathlib.Path(output)
     if out.exists() and not out.is_dir():
@@ -192,13 +191,7 @@ def check_output(output) -> pathlib.Path:
         if any(out.iterdir()):
             raise RequestError(f"output {str(out)!r} is a folder that is not empty; choose a "
                                f"new folder (the dataset is written into an empty one)")
-    parent = out.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise RequestError(f"output {str(out)!r} cannot be created: {parent} is a file")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RequestError(f"output {str(out)!r} cannot be created: {parent} is not writable")
+    check_writable_parent(out.absolute(), "output")
     return out
 
 
@@ -227,6 +220,7 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
     :func:`check_output`, :func:`find_samples`). The dataset is written into a hidden
     temporary folder beside ``output`` and renamed to ``output`` when complete, so a failure
     or an interrupt leaves no half-written dataset (the temporary folder is removed)."""
+    from ditax.io.outputs import atomic_folder
     from ditax.models.base import family_class
 
     check_request(height=height, width=width, frames=frames, text_len=text_len, dtype=dtype,
@@ -237,19 +231,12 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
     samples = find_samples(videos)
     target = out.absolute()
     created = [p for p in target.parents if not p.exists()]      # nearest first
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # a fresh hidden name beside the target (mkdir, unlike mkdtemp, keeps the umask's mode)
-    tmp = target.parent / f".{target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
     try:
-        _encode(samples, tmp, fam.load_encoders(pathlib.Path(model), dtype=dtype), height=height,
-                width=width, frames=frames, text_len=text_len, batch=batch, model=model,
-                say=say)
-        if target.is_dir():
-            target.rmdir()           # still empty (checked above); the rename replaces nothing
-        tmp.rename(target)
+        with atomic_folder(target) as tmp:
+            _encode(samples, tmp, fam.load_encoders(pathlib.Path(model), dtype=dtype),
+                    height=height, width=width, frames=frames, text_len=text_len, batch=batch,
+                    model=model, say=say)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         for p in created:            # and the parent folders made for it, while still empty
             try:
                 p.rmdir()
