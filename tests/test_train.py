@@ -143,7 +143,8 @@ def test_missing_dataset_and_bad_batch_are_clear_errors(tmp_path):
         train(tiny("batch_size=6", f"output_dir={tmp_path}/o"))
     from ditax.cli import main
 
-    assert main(["train", "tiny", f"data.source={tmp_path}/nope", "--no-progress"]) == 1
+    # a missing data folder is a bad config (exit 2, issue 23), not a failure
+    assert main(["train", "tiny", f"data.source={tmp_path}/nope", "--no-progress"]) == 2
 
 
 # ----------------------------------------------------------------------------------------------
