@@ -39,6 +39,22 @@ def _where(line: int, column: int | None = None) -> str:
     return f"line {line}" + ("" if column is None else f", column {column}")
 
 
+def path_arg(value, what: str, error=ConfigError, expected: str = "a path") -> pathlib.Path:
+    """``value`` as a path, or ``error`` naming ``what`` when it is no path at all: not a
+    ``str`` / ``os.PathLike`` (``None``, a number), or empty / blank text. Without this,
+    ``pathlib.Path("")`` is ``.``, so an empty ``--model ""``, ``output_dir=`` or ``--lora ""``
+    would silently mean the current folder."""
+    import os
+
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise error(f"{what}={value!r} is not a path ({type(value).__name__}); give "
+                    f"{expected} as a string")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise error(f"{what} is empty ({text!r}); give {expected}")
+    return pathlib.Path(text)
+
+
 def read_bytes(path, *, what: str = "file", fix: str | None = None, error=UnreadableFile) -> bytes:
     """The bytes of ``path``; a missing file, a folder or an unreadable file is ``error``
     naming it (``what``: how to call it in the message, e.g. ``"model config"``)."""

@@ -41,7 +41,10 @@ def resolve_folder(path_or_id: str | os.PathLike, subfolder: str | None = None,
     with huggingface_hub: only the files of :func:`hub_patterns`. Raises :class:`ModelNotFound`
     naming what was expected (offline or unknown hub id: how to download it).
     """
-    p = pathlib.Path(path_or_id).expanduser()
+    from ditax.io.files import path_arg
+
+    p = path_arg(path_or_id, "model path", ModelNotFound,
+                 f"{_wanted(subfolder, required)} or a hub id").expanduser()
     if p.exists():
         for c in ([p / subfolder, p] if subfolder else [p]):
             if c.is_dir() and all((c / r).exists() for r in required):

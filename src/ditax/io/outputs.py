@@ -22,6 +22,7 @@ import shutil
 import tempfile
 
 from ditax.errors import RequestError
+from ditax.io.files import path_arg
 
 
 def check_writable_parent(path, flag: str, *, sep: str = " ", error=RequestError) -> None:
@@ -29,7 +30,7 @@ def check_writable_parent(path, flag: str, *, sep: str = " ", error=RequestError
     in. Tried for real (a temporary folder made and removed at once), so a read-only file
     system or ``/proc`` is caught even for root, whom permission bits do not stop. Messages
     name ``{flag}{sep}{path}`` (``--output x.mp4``, ``output_dir=runs/a``)."""
-    path = pathlib.Path(path)
+    path = path_arg(path, flag, error)
     parent = path.parent
     while not parent.exists():
         if parent.is_symlink():      # a dangling link: mkdir would fail on it
@@ -47,13 +48,14 @@ def check_writable_parent(path, flag: str, *, sep: str = " ", error=RequestError
                     ) from None
 
 
-def check_output_file(path, flag: str = "--output") -> pathlib.Path:
+def check_output_file(path, flag: str = "--output", example: str = "out.mp4") -> pathlib.Path:
     """``path`` can be written as a file: not an existing folder, parent creatable and
-    writable (an existing file is replaced at the end). Nothing is created."""
-    path = pathlib.Path(path)
+    writable (an existing file is replaced at the end). Nothing is created. ``example``: a
+    file name to suggest inside a folder given by mistake."""
+    path = path_arg(path, flag, RequestError, "a file name")
     if path.is_dir():
         raise RequestError(f"{flag} {path} is an existing folder; give a file name inside it, "
-                           f"e.g. {flag} {path / 'out.mp4'}")
+                           f"e.g. {flag} {path / example}")
     check_writable_parent(path, flag)
     if path.exists() and not os.access(path, os.W_OK):
         raise RequestError(f"{flag} {path} exists and is not writable; choose another name")
@@ -63,7 +65,7 @@ def check_output_file(path, flag: str = "--output") -> pathlib.Path:
 def check_output_folder(path, flag: str = "--frames-dir") -> pathlib.Path:
     """``path`` can become a folder of new files: not an existing file, not an existing
     non-empty folder (its files would mix with the new ones), parent creatable and writable."""
-    path = pathlib.Path(path)
+    path = path_arg(path, flag, RequestError, "a folder name")
     if path.exists() and not path.is_dir():
         raise RequestError(f"{flag} {path} is an existing file, not a folder; choose a new "
                            f"folder name")

@@ -77,7 +77,10 @@ class Weights:
         In a folder an index wins; without one every ``*.safetensors`` file is read (a key in
         two files comes from the later name).
         """
-        path = pathlib.Path(path)
+        from ditax.io.files import path_arg
+
+        path = path_arg(path, "weights path", WeightError,
+                        "a .safetensors file or a folder of them")
         if path.is_dir():
             index = sorted(path.glob("*" + INDEX_SUFFIX))
             if index:

@@ -73,6 +73,9 @@ def parse_lora_arg(text: str) -> tuple[str, float]:
 
     from ditax.errors import RequestError
 
+    example = "style.safetensors:0.8 (or FILE alone for 1.0)"
+    if not text.strip():
+        raise RequestError(f"--lora {text!r} names no file; write FILE:STRENGTH, e.g. {example}")
     path, sep, tail = text.rpartition(":")
     if not sep or "/" in tail or "\\" in tail:
         return text, 1.0
@@ -83,6 +86,9 @@ def parse_lora_arg(text: str) -> tuple[str, float]:
             return text, 1.0           # a ':' inside the file name
         raise RequestError(f"--lora {text!r}: strength {tail!r} is not a number; write "
                            f"FILE:STRENGTH, e.g. {path}:0.8 (or FILE alone for 1.0)") from None
+    if not path.strip():
+        raise RequestError(f"--lora {text!r} names no file before the strength; write "
+                           f"FILE:STRENGTH, e.g. {example}")
     if not math.isfinite(strength):
         raise RequestError(f"--lora {text!r}: strength {tail} is not a finite number; use e.g. "
                            f"{path}:0.8")

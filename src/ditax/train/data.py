@@ -103,9 +103,10 @@ def _decode(record: bytes) -> dict[str, np.ndarray]:
 
 def read_meta(path) -> dict:
     """``meta.json`` of a dataset folder, with errors that say what to do."""
-    from ditax.io.files import read_json_object
+    from ditax.io.files import path_arg, read_json_object
 
-    p = pathlib.Path(path)
+    p = path_arg(path, "data.source", DataSourceError, "a dataset folder written by `ditax "
+                 "preprocess`, or data.source=synthetic for a smoke run")
     if not p.exists():
         raise DataSourceError(f"data.source={str(path)!r} does not exist; give a dataset folder "
                               f"written by `ditax preprocess`, or data.source=synthetic for a "

@@ -74,7 +74,7 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
     out = pathlib.Path(cfg.output_dir)
     pid, nproc = jax.process_index(), jax.process_count()
 
-    check_output_dir(out)       # before anything loads: a file, an unwritable or foreign folder
+    check_output_dir(cfg.output_dir)   # before anything loads: a file, an unwritable or foreign folder
     saved = read_saved_config(out)
     ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
     if ckpt.steps():            # a rerun must ask for the run the folder holds

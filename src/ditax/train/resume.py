@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ditax.errors import ConfigError
+from ditax.io.files import path_arg
 from ditax.io.outputs import check_writable_parent
 
 
@@ -63,7 +64,7 @@ def check_output_dir(path, *, what: str = "output_dir", run_files=("config.yaml"
     """:class:`ConfigError` unless ``path`` can hold a run: not a file, its parent creatable
     and writable, and, when it exists and is not empty, a folder holding a run (one of
     ``run_files``) rather than something else a run would write into."""
-    p = pathlib.Path(path)
+    p = path_arg(path, what, ConfigError, "a folder path for the run")
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{what}={path} is a file, not a folder; choose a folder path "
                           f"(it is created)")

@@ -36,6 +36,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ditax.config.vae_training import VAETrainConfig, vae_config_dict
+from ditax.errors import ConfigError
 from ditax.models.wan.vae import WanVAE, WanVAEConfig
 from ditax.train.checkpoint import Checkpointer
 from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, read_saved_config,
@@ -153,6 +154,16 @@ class VAETrainResult:
     state: dict | None = None
 
 
+def check_devices(cfg: VAETrainConfig, count: int) -> None:
+    """``batch_size`` clips split evenly over ``count`` devices; else a :class:`ConfigError`
+    naming the device counts that would (checked before any clip is read)."""
+    if count < 1 or cfg.batch_size % count:
+        fits = [n for n in range(1, cfg.batch_size + 1) if cfg.batch_size % n == 0]
+        raise ConfigError(f"batch_size={cfg.batch_size} does not split over {count} device(s); "
+                          f"use --devices {' / '.join(map(str, fits))}, or a batch_size that "
+                          f"is a multiple of {count}")
+
+
 class VAETrainer:
     """The VAE, its optimiser, and the jitted train step (state donated) on a 1-D data mesh:
     parameters replicated, the batch split over ``devices`` devices."""
@@ -160,9 +171,7 @@ class VAETrainer:
     def __init__(self, cfg: VAETrainConfig, devices=None):
         self.cfg = cfg
         devs = list(devices if devices is not None else jax.devices()[:1])
-        if cfg.batch_size % len(devs):
-            raise ValueError(f"batch_size={cfg.batch_size} does not divide over {len(devs)} "
-                             "devices; change batch_size or the device count")
+        check_devices(cfg, len(devs))
         self.mesh = Mesh(np.array(devs), ("data",))
         vae = WanVAE(cfg.vae, rngs=nnx.Rngs(cfg.seed))
         if cfg.init_from:
@@ -290,7 +299,7 @@ def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_
     from ditax.train.metrics import MetricsWriter
 
     out = pathlib.Path(cfg.output_dir)
-    check_output_dir(out)
+    check_output_dir(cfg.output_dir)
     ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
     if ckpt.steps():
         check_resume(out, read_saved_config(out), vae_config_dict(cfg), VAE_RESUME_POLICY,
