@@ -65,6 +65,16 @@ def request_errors(*kinds: type[Exception]):
         raise RequestError(str(e)) from e
 
 
+def model_arg(text: str) -> str:
+    """``--model`` as a path: ``demo`` is the shipped demo model folder (every command that
+    takes ``--model`` accepts it the same way), anything else is returned as given."""
+    if text != "demo":
+        return text
+    from ditax.demo import model_path
+
+    return str(model_path())
+
+
 def latent_arg(text: str) -> tuple[int, int, int]:
     """argparse type of ``--latent F,Y,X``: three positive ints (latent frames, height, width)."""
     try:

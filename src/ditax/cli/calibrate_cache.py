@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from ditax.cli import request_errors
+from ditax.cli import model_arg, request_errors
 from ditax.errors import RequestError
 
 
@@ -90,9 +90,7 @@ def run(args) -> int:
     s = cfg.sample
     name = args.name or pathlib.Path(str(args.model)).name
     if args.model == "demo":          # the shipped demo model (its ditax_sample.json)
-        from ditax.demo import model_path
-
-        args.model = str(model_path())
+        args.model = model_arg(args.model)
         name = args.name or DEMO_NAME
         if args.prompts is None:
             args.prompts = demo_prompts()
@@ -125,7 +123,7 @@ def run(args) -> int:
     if args.into is None:
         from ditax.io.outputs import check_output_file
 
-        check_output_file(args.output, "--output")
+        check_output_file(args.output, "--output", "numbers.json")
     if args.into is not None:
         read_numbers(args.into)        # an existing numbers file, before any weights
     use_mesh = "mesh" in given

@@ -45,9 +45,9 @@ def run(args) -> int:
 
 def render(config: str | None = None, overrides: list[str] | None = None) -> str:
     """The listing of ``ditax config [CONFIG] [overrides]`` for ``ditax train``."""
-    from ditax.config import Config, load_config
+    from ditax.config import Config, load_config, validate
 
-    cfg = load_config(config, overrides)
+    cfg = validate(load_config(config, overrides))     # a listing never shows a bad value
     default = dataclasses.replace(Config(), model=type(cfg.model)())
     head = (f"ditax train {config or 'CONFIG'}: " + ("the values of this config (default "
             "in brackets where it differs)" if config or overrides else "every config key "
@@ -68,7 +68,8 @@ def render_vae(config: str | None = None, overrides: list[str] | None = None) ->
         raise RequestError(f"{config!r} is a `ditax train` preset (ditax config {config}); "
                            f"--vae reads a YAML file of train-vae keys, or key=value only")
     shown = config or overrides
-    cfg = load_vae_config(config, overrides) if shown else VAETrainConfig()
+    cfg = (load_vae_config(config, overrides, require_source=False) if shown
+           else VAETrainConfig())
     head = (f"ditax train-vae {config or '[CONFIG.yaml]'}: " + ("the values of this config "
             "(default in brackets where it differs)" if shown else "every config key and its "
             "default") + "; set them as key=value or in a YAML file")

@@ -45,7 +45,7 @@ import argparse
 import pathlib
 import time
 
-from ditax.cli import request_errors
+from ditax.cli import model_arg, request_errors
 from ditax.errors import ConfigError, RequestError
 
 
@@ -109,10 +109,7 @@ def parse_request(args):
     s = cfg.sample
     # the sample keys the user chose: given, or set by the sample preset
     chosen = set(given.get("sample", {})) | set(SAMPLE_PRESETS.get(s.preset, {}))
-    if args.model == "demo":          # the shipped demo model (its ditax_sample.json)
-        from ditax.demo import model_path
-
-        args.model = str(model_path())
+    args.model = model_arg(args.model)    # 'demo': the shipped demo model
     defaults = folder_defaults(args.model, s, chosen)
     if args.fps is None:
         args.fps = defaults["fps"]
@@ -219,7 +216,8 @@ def read_images(image: str | None, last_image: str | None) -> dict:
 def check_images_fit(root, call: dict) -> None:
     """The folder's kind wants the images given: a text-to-video folder takes none, an
     image-to-video folder (``WanImageToVideoPipeline`` without ``expand_timesteps``) needs
-    ``--image``. Read from ``model_index.json``, before any weights."""
+    ``--image``; ``--guidance-2`` needs a two-expert folder (``boundary_ratio``). Read from
+    ``model_index.json``, before any weights."""
     from ditax.io.files import read_model_json
 
     index = read_model_json(root / "model_index.json", "model_index.json")
@@ -236,6 +234,10 @@ def check_images_fit(root, call: dict) -> None:
     if "last_image" in call and ti2v:
         raise RequestError("--last-image is not supported by Wan 2.2 TI2V (expand_timesteps "
                            "conditions the first frame only); drop it")
+    if call.get("guidance_scale_2") is not None and index.get("boundary_ratio") is None:
+        raise RequestError(f"--guidance-2 is the low-noise expert's scale, but {root} is a "
+                           f"one-expert folder (no boundary_ratio in model_index.json); drop "
+                           f"--guidance-2 and set --guidance only")
 
 
 def read_loras(specs: list[str], strict: bool = True) -> list:
@@ -249,17 +251,30 @@ def read_loras(specs: list[str], strict: bool = True) -> list:
 
 def check_model_and_attention(load: dict, mesh, call: dict | None = None) -> None:
     """The folder exists and names a transformer (:class:`ModelNotFound` otherwise), takes the
-    request's images (``call``; :class:`RequestError`), and the attention backend can run here
+    request's images and its latent grid fits the RoPE table (``call``; :class:`RequestError`),
+    and the attention backend can run here
     with its head dim (:class:`AttentionUnavailable`)."""
     from ditax.attention import check_available
     from ditax.io.hub import resolve_folder
     from ditax.models.wan.loading import read_config
 
+    from ditax.pipelines.request import check_grid
+
     root = resolve_folder(load["path"], None, required=("model_index.json",))
     if call is not None:
         check_images_fit(root, call)
-    head_dim = load.get("attention_head_dim") or read_config(
-        resolve_folder(root, "transformer"))["attention_head_dim"]
+    tc = read_config(resolve_folder(root, "transformer"))
+    if call is not None:        # the latent grid against the folder's RoPE table
+        from ditax.io.files import read_model_json
+        from ditax.models.wan.vae.config import WanVAEConfig
+
+        vae = WanVAEConfig.from_diffusers(read_model_json(
+            resolve_folder(root, "vae") / "config.json", "VAE config"))
+        patch = tuple(load.get("patch_size") or tc.get("patch_size", (1, 2, 2)))
+        rope = load.get("rope_max_seq_len") or tc.get("rope_max_seq_len", 1024)
+        check_grid(call["height"], call["width"], call["num_frames"], rope,
+                   vae.spatial_factor * patch[1], vae.temporal_factor, patch[0])
+    head_dim = load.get("attention_head_dim") or tc["attention_head_dim"]
     check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)
 
 

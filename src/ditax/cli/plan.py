@@ -79,6 +79,10 @@ def target_devices(args):
 
 
 def run(args) -> int:
+    if args.dump_hlo is not None:       # before anything compiles
+        from ditax.io.outputs import check_output_file
+
+        check_output_file(args.dump_hlo, "--dump-hlo", "forward.hlo.txt")
     devices, chip = target_devices(args)
     import jax
 

@@ -9,15 +9,16 @@ beside OUT and renamed to OUT when complete, so a failure leaves no half-written
 
 from __future__ import annotations
 
-from ditax.cli import request_errors
+from ditax.cli import model_arg, request_errors
 
 
 def add_arguments(p) -> None:
     p.description = __doc__.split("\n\n")[0]
     p.add_argument("videos", help="folder of videos (+ name.txt captions or captions.jsonl)")
     p.add_argument("output", help="new dataset folder (must not exist, or be empty)")
-    p.add_argument("--model", required=True, help="diffusers Wan pipeline folder (vae/, "
-                   "text_encoder/, tokenizer/)")
+    p.add_argument("--model", required=True, type=model_arg, help="diffusers Wan pipeline "
+                   "folder (vae/, text_encoder/, tokenizer/), hub id, or 'demo' (the shipped "
+                   "demo model)")
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=832)
     p.add_argument("--frames", type=int, default=81, help="pixel frames, 4k+1")

@@ -41,11 +41,12 @@ def run(args) -> int:
 
     if not 1 <= args.devices <= jax.device_count():
         raise ConfigError(f"--devices={args.devices}: this process has {jax.device_count()} "
-                          "devices")
+                          f"devices; use --devices 1 to {jax.device_count()}")
     from ditax.train.checkpoint import CheckpointError
     from ditax.train.loop import NonFiniteLoss
-    from ditax.train.vae import ClipError, train_vae
+    from ditax.train.vae import ClipError, check_devices, train_vae
 
+    check_devices(cfg, args.devices)
     try:
         res = train_vae(cfg, devices=jax.devices()[:args.devices],
                         progress=not args.no_progress)

@@ -85,8 +85,15 @@ def load_yaml(name_or_path: str, _chain: tuple = ()) -> dict:
 
 
 def _pairs(overrides: list[str] | None) -> list[tuple[str, str]]:
+    # a bare string would be iterated letter by letter, a dict by its keys: both refused
+    if overrides is not None and not isinstance(overrides, (list, tuple)):
+        raise ConfigError(f"overrides must be a list of 'key=value' strings (e.g. "
+                          f"['steps=3']), got {type(overrides).__name__} {overrides!r}")
     out = []
     for item in overrides or []:
+        if not isinstance(item, str):
+            raise ConfigError(f"override {item!r} is not a 'key=value' string "
+                              f"({type(item).__name__}); write e.g. 'mesh.fsdp=8'")
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. mesh.fsdp=8)")
         key, raw = item.split("=", 1)

@@ -84,15 +84,16 @@ DEFAULTS: dict[str, Any] = {"vae.base_dim": 16, "vae.num_res_blocks": 1,
                             "checkpoint.every": 200}
 
 
-def check_vae_training(c: VAETrainConfig) -> None:
-    """Raise :class:`ConfigError` for a VAE training config that cannot run."""
+def check_vae_training(c: VAETrainConfig, require_source: bool = True) -> None:
+    """Raise :class:`ConfigError` for a VAE training config that cannot run
+    (``require_source=False``: every rule but a set ``data.source``, for a listing)."""
     check_numbers(c)                    # every float finite, every int in range
     try:
         c.vae.validate()
     except NotImplementedError as e:
         raise ConfigError(str(e)) from None
     d, tf, sf = c.data, c.vae.temporal_factor, c.vae.spatial_factor
-    if not d.source:
+    if require_source and not d.source:
         raise ConfigError("data.source is empty: set it to a folder of clips, e.g. "
                           "data.source=demo_out/clips")
     for name in ("num_frames", "crop_frames"):
@@ -138,9 +139,10 @@ def check_vae_training(c: VAETrainConfig) -> None:
 
 
 def load_vae_config(path: str | None = None, overrides: list[str] | None = None,
-                    **values) -> VAETrainConfig:
+                    require_source: bool = True, **values) -> VAETrainConfig:
     """A YAML file (optional), then ``values`` (dotted keys, Python values), then the
-    ``key=value`` texts → a checked :class:`VAETrainConfig`."""
+    ``key=value`` texts → a checked :class:`VAETrainConfig` (``require_source``: see
+    :func:`check_vae_training`)."""
     flat = dict(DEFAULTS)
     flat.update(_flatten(load_yaml(path)) if path else {})
     flat.update(values)
@@ -158,7 +160,7 @@ def load_vae_config(path: str | None = None, overrides: list[str] | None = None,
         raise type_error(key, dict(pairs).get(key, flat.get(key, e["input"])),
                          KEY_TYPES.get(key)) from None
     check_numbers(cfg, given=dict(pairs))
-    check_vae_training(cfg)
+    check_vae_training(cfg, require_source)
     return cfg
 
 

@@ -112,7 +112,11 @@ def mesh_config(mesh: Mesh | None) -> MeshConfig:
 
 
 def check_mesh_axes(mesh: Mesh | None) -> None:
-    """Raise :class:`ConfigError` unless ``mesh`` has the axes ditax shards over."""
+    """Raise :class:`ConfigError` unless ``mesh`` is None or a ``jax.sharding.Mesh`` with the
+    axes ditax shards over."""
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise ConfigError(f"mesh={mesh!r} is not a jax.sharding.Mesh ({type(mesh).__name__}); "
+                          f"build one with ditax.make_mesh(...) or pass mesh=None")
     if mesh is not None and tuple(mesh.axis_names) != MESH_AXES:
         raise ConfigError(f"mesh axes {tuple(mesh.axis_names)} must be {MESH_AXES}; build it "
                           f"with ditax.make_mesh")

@@ -131,10 +131,10 @@ def read_numbers(path) -> list[dict]:
     if not path.is_file():
         raise ConfigError(f"cache_coefficients={str(path)!r} is not a file; give the JSON that "
                           f"`ditax calibrate-cache` wrote")
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"cache_coefficients={str(path)!r} is not JSON ({e})") from None
+    from ditax.io.files import read_json     # bad UTF-8 / JSON: the file, line and column
+
+    doc = read_json(path, what="step-cache numbers file", error=ConfigError,
+                    fix="give the JSON that `ditax calibrate-cache` wrote")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ConfigError(f"cache_coefficients={str(path)!r} is not a step-cache numbers file "
                           f"(its 'format' must be {FORMAT!r})")

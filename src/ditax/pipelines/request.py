@@ -76,4 +76,43 @@ def check_request(prompt, height: int, width: int, num_frames: int, num_inferenc
                                f"Wan uses 5.0)")
 
 
-__all__ = ["SEED_LIMIT", "SPATIAL", "TEMPORAL", "check_request", "check_seed"]
+def check_grid(height: int, width: int, num_frames: int, rope_max_seq_len: int,
+               spatial: int = SPATIAL, temporal: int = TEMPORAL, patch_t: int = 1) -> None:
+    """The latent token grid of a (checked) request fits the transformer's 3-D RoPE table:
+    at most ``rope_max_seq_len`` tokens along frames, height and width (Wan: 1024, i.e.
+    16384 pixels a side). Checked before any weights load or anything compiles, with the
+    flag to lower; else the RoPE table fails only while the first step compiles."""
+    axes = (("--frames", num_frames, (num_frames - 1) // temporal // patch_t + 1,
+             temporal * patch_t, 1),
+            ("--height", height, height // spatial, spatial, 0),
+            ("--width", width, width // spatial, spatial, 0))
+    for flag, value, tokens, per_token, extra in axes:
+        if tokens > rope_max_seq_len:
+            most = (rope_max_seq_len - extra) * per_token + extra
+            raise RequestError(f"{flag} {value} makes {tokens} latent tokens along that axis, "
+                               f"more than the transformer's rope_max_seq_len="
+                               f"{rope_max_seq_len}; use {flag} {most} or less")
+
+
+def check_max_sequence_length(value, error=RequestError) -> None:
+    """``max_sequence_length`` (prompt tokens kept) is None (the folder's) or an int >= 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                              or not 1 <= value < INT_LIMIT):
+        raise error(f"max_sequence_length={value!r} must be a positive int (Wan: 512)")
+
+
+def check_load_args(mesh, max_sequence_length, model_overrides: dict) -> None:
+    """``load_pipeline``'s own arguments, checked before any file is read: ``mesh`` a
+    ``jax.sharding.Mesh`` with ditax's axes (or None), ``max_sequence_length`` (see
+    :func:`check_max_sequence_length`), ``model_overrides`` fields of the model config."""
+    from ditax.errors import ConfigError
+    from ditax.models.wan.config import check_overrides
+    from ditax.parallel.mesh import check_mesh_axes
+
+    check_mesh_axes(mesh)
+    check_max_sequence_length(max_sequence_length, ConfigError)
+    check_overrides(ModelConfig, model_overrides)
+
+
+__all__ = ["SEED_LIMIT", "SPATIAL", "TEMPORAL", "check_grid", "check_load_args",
+           "check_max_sequence_length", "check_request", "check_seed"]

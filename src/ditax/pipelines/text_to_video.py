@@ -43,7 +43,8 @@ from ditax.pipelines.conditioning import final_latents
 from ditax.pipelines.denoise import _denoise_step
 from ditax.pipelines.folder import PipelineLoadError, read_pipeline_folder
 from ditax.pipelines.programs import Programs, in_compile_cache
-from ditax.pipelines.request import check_request
+from ditax.pipelines.request import (check_grid, check_load_args, check_max_sequence_length,
+                                     check_request)
 from ditax.pipelines.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
 from ditax.pipelines.step_cache import check_cache_args, plan_step_cache, uncached_stats
 from ditax.schedulers.overrides import check_scheduler_name
@@ -91,6 +92,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
     if cfg_mode not in CFG_MODES:
         raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
     check_scheduler_name(scheduler)
+    check_load_args(mesh, max_sequence_length, model_overrides)   # before any file is read
     t0 = time.perf_counter()
     with phase("load"):
         folder = read_pipeline_folder(path)
@@ -278,14 +280,14 @@ class WanTextToVideo:
             guidance_scale_2 = d.get("guidance_scale_2")
         if negative_prompt is None:
             negative_prompt = d.get("negative_prompt")
-        if max_sequence_length is not None and (not isinstance(max_sequence_length, int)
-                                                or max_sequence_length < 1):
-            raise RequestError(f"max_sequence_length={max_sequence_length!r} must be a positive "
-                               "int (Wan: 512)")
+        check_max_sequence_length(max_sequence_length, RequestError)
         sf = self.vae.scale_factor_spatial * self.transformer.config.patch_size[1]
         check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                       guidance_scale_2, negative_prompt, spatial=sf,
                       temporal=self.vae.scale_factor_temporal, seed=seed)
+        tc = self.transformer.config
+        check_grid(height, width, num_frames, tc.rope_max_seq_len, sf,
+                   self.vae.scale_factor_temporal, tc.patch_size[0])
         if guidance_scale_2 is not None and self.boundary_ratio is None:
             raise RequestError("guidance_scale_2 applies only to two-expert (Wan 2.2) pipelines "
                              "with boundary_ratio set; this folder has none — drop it")

@@ -65,8 +65,10 @@ def measure(compiled, *, compile_s: float, model_flops: float, num_layers: int |
     """
     text = compiled.as_text()
     if hlo_path is not None:
-        with open(hlo_path, "w") as f:
-            f.write(text)
+        from ditax.io.outputs import atomic_file
+
+        with atomic_file(hlo_path) as tmp:      # whole or not at all
+            tmp.write_text(text)
     a = audit(text)
     out = {**memory(compiled), "compile_s": round(compile_s, 2)}
     out.update({k: a[k] for k in _AUDIT_KEYS})

@@ -80,6 +80,7 @@ class ModelConfig:
             kw["patch_size"] = tuple(kw["patch_size"])
         if kw.get("qk_norm") is None and "qk_norm" in cfg:
             raise ConfigError("qk_norm=None is not supported; Wan uses 'rms_norm_across_heads'")
+        check_overrides(cls, overrides)
         kw.update(overrides)
         return cls(**kw)
 
@@ -91,6 +92,20 @@ class ModelConfig:
             v = getattr(self, f)
             out[f] = list(v) if isinstance(v, tuple) else v
         return out
+
+
+def check_overrides(cls, overrides: dict) -> None:
+    """Every keyword in ``overrides`` is a field of the config dataclass ``cls``; else a
+    :class:`ConfigError` with a did-you-mean (not the dataclass's ``TypeError``)."""
+    import difflib
+
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in overrides:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{key}={overrides[key]!r} is no {cls.__name__} field{hint} "
+                              f"(fields: {', '.join(names)})")
 
 
 def check_model(m: ModelConfig, mesh_sizes: dict[str, int] | None = None) -> None:

@@ -20,7 +20,7 @@ import pathlib
 
 from ditax.errors import ConfigError
 from ditax.io.convert import Table
-from ditax.models.wan.config import ModelConfig
+from ditax.models.wan.config import ModelConfig, check_overrides
 from ditax.models.wan.original_names import key_to_original
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.")
@@ -65,7 +65,7 @@ def single_file_config(path, config, **overrides) -> ModelConfig:
         from ditax.config import preset_names
 
         raise ConfigError(f"{path} is a single-file checkpoint without config.json; pass its "
-                          f"architecture as config= (a preset: {', '.join(preset_names())}; a "
+                          f"architecture as config= (--config on the command line; a preset: {', '.join(preset_names())}; a "
                           f"YAML path; or a ditax ModelConfig)")
     if isinstance(config, (str, pathlib.Path)):
         from ditax.config import load_config
@@ -73,6 +73,7 @@ def single_file_config(path, config, **overrides) -> ModelConfig:
         config = load_config(str(config)).model
     if not isinstance(config, ModelConfig):
         raise ConfigError(f"config={config!r} is not a preset name, YAML path or ModelConfig")
+    check_overrides(ModelConfig, overrides)
     return dataclasses.replace(config, **overrides)
 
 
@@ -131,19 +132,23 @@ def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras
     against it first (:func:`check_single_file`; nothing is written for a file that does not
     fit). ``dtype`` casts every tensor (default: each keeps its stored dtype); ``loras`` are
     merged in (fused) as each tensor is read. Tensors are read one at a time and written in
-    shards of at most ``shard_bytes``, so memory stays near one shard.
+    shards of at most ``shard_bytes``, so memory stays near one shard. ``out`` (new or empty,
+    its parent writable: checked first) is written as a hidden folder beside it and renamed
+    when complete, so a failure leaves no half-written folder.
     """
     import json
 
     import numpy as np
     from safetensors.numpy import save_file
 
+    from ditax.io.outputs import atomic_folder, check_writable_parent
     from ditax.io.weights import INDEX_SUFFIX
 
     out = pathlib.Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out} exists and is not an empty folder; pass a new folder "
                           f"(nothing is overwritten)")
+    check_writable_parent(out, "--out", error=ConfigError)
     if dtype is not None:
         from ditax.models.wan.config import DTYPES
 
@@ -165,17 +170,17 @@ def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras
     names = ([f"{WEIGHTS_NAME}.safetensors"] if len(runs) == 1 else
              [f"{WEIGHTS_NAME}-{i + 1:05d}-of-{len(runs):05d}.safetensors"
               for i in range(len(runs))])
-    out.mkdir(parents=True, exist_ok=True)
     weight_map = {}
-    for name, run in zip(names, runs):
-        tensors = {k: np.ascontiguousarray(np.asarray(weights.get(source[k])).astype(out_dtype(k)))
-                   for k in run}
-        save_file(tensors, str(out / name), metadata={"format": "pt"})
-        weight_map.update({k: name for k in run})
-        del tensors
-    if len(runs) > 1:
-        (out / (WEIGHTS_NAME + INDEX_SUFFIX)).write_text(json.dumps(
-            {"metadata": {"total_size": sum(n for _, n in sizes)}, "weight_map": weight_map},
-            indent=2))
-    (out / "config.json").write_text(json.dumps(cfg.to_diffusers(), indent=2))
+    with atomic_folder(out) as tmp:     # a failure leaves no half-written folder at ``out``
+        for name, run in zip(names, runs):
+            tensors = {k: np.ascontiguousarray(np.asarray(weights.get(source[k]))
+                                               .astype(out_dtype(k))) for k in run}
+            save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+            weight_map.update({k: name for k in run})
+            del tensors
+        if len(runs) > 1:
+            (tmp / (WEIGHTS_NAME + INDEX_SUFFIX)).write_text(json.dumps(
+                {"metadata": {"total_size": sum(n for _, n in sizes)}, "weight_map": weight_map},
+                indent=2))
+        (tmp / "config.json").write_text(json.dumps(cfg.to_diffusers(), indent=2))
     return out
