@@ -147,3 +147,23 @@ def test_preprocess_takes_model_demo(capsys, tmp_path):
     line = _fails(capsys, ["preprocess", tmp_path / "videos", tmp_path / "out", "--model", "demo",
                            "--height", 64, "--width", 64, "--frames", 17])
     assert "no videos" in line and "--model" not in line
+
+
+def test_attend_refuses_bad_inputs_as_ditax_errors():
+    import jax.numpy as jnp
+
+    from ditax.attention import attend
+
+    q = jnp.zeros((1, 8, 2, 16))
+    with pytest.raises(DitaxError, match="rank 4"):
+        attend(q[0], q[0], q[0])
+    with pytest.raises(DitaxError, match="must agree on batch"):
+        attend(q, q[..., :8], q[..., :8])
+    with pytest.raises(DitaxError, match="scale must be a positive finite"):
+        attend(q, q, q, scale=float("nan"))
+    with pytest.raises(ConfigError, match="unknown attention backend 'nope'"):
+        attend(q, q, q, backend="nope")
+    with pytest.raises(TypeError, match="does not take option"):     # still a TypeError
+        attend(q, q, q, bogus=1)
+    with pytest.raises(ConfigError, match="does not take option"):
+        attend(q, q, q, bogus=1)

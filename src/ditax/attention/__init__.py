@@ -33,7 +33,7 @@ from ditax.attention.config import AttentionConfig
 from ditax.attention.plan import AttentionCall, AttentionPlan, plan_attention, resolve
 from ditax.attention.registry import BACKENDS, Backend, auto_backend
 from ditax.attention.sequence import SequencePlan, plan_sequence_parallel
-from ditax.errors import AttentionUnavailable
+from ditax.errors import AttentionUnavailable, ConfigError, DitaxError, RequestError
 
 
 def attend(q, k, v, *, backend: str = "xla", mesh=None, kv_mask=None, scale=None, **options):
@@ -49,9 +49,23 @@ def attend(q, k, v, *, backend: str = "xla", mesh=None, kv_mask=None, scale=None
       options: the backend's options (its class in :mod:`ditax.attention.options`, e.g.
         ``local``, ``out_a2a``, ``ulysses_shards``, ``block_q``). An option the backend does
         not take is a TypeError naming the ones it takes, never ignored.
-    Returns ``[B, Lq, N, K]`` in q's dtype.
+    Returns ``[B, Lq, N, K]`` in q's dtype. Wrong shapes or a scale that is no positive
+    finite number are a :class:`~ditax.errors.RequestError`; a backend or option that cannot
+    be used (unknown name, no mesh for a parallel one, a block size the kernel refuses) a
+    :class:`~ditax.errors.ConfigError` (both ``ValueError``).
     """
-    call = resolve(backend, options, mesh=mesh, dtype=q.dtype, head_dim=q.shape[-1])
+    import math
+
+    if isinstance(scale, (int, float)) and (isinstance(scale, bool) or not math.isfinite(scale)
+                                            or scale <= 0):
+        raise RequestError(f"attend(scale={scale!r}): the softmax scale must be a positive "
+                           f"finite number (default 1/sqrt(K)); pass scale=None for it")
+    try:
+        call = resolve(backend, options, mesh=mesh, dtype=q.dtype, head_dim=q.shape[-1])
+    except DitaxError:
+        raise
+    except ValueError as e:          # the choice's own rule, named by its owner's message
+        raise ConfigError(str(e)) from e
     return call(q, k, v, kv_mask=kv_mask, scale=scale)
 
 

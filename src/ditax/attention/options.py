@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from ditax.errors import ConfigError
+
 
 class Options:
     """Mixin: the options as keyword arguments of the backend's kernel function."""
@@ -70,11 +72,16 @@ class UlyssesRingOptions(SequenceOptions):
     ulysses_shards: int = 0            # Ulysses group size U (0 = the whole context axis)
 
 
+class OptionError(ConfigError, TypeError):
+    """An option the backend does not take: a ``TypeError`` (as for a wrong keyword) that the
+    command line reports as a bad config (exit 2)."""
+
+
 def make_options(backend: str, cls: type, values: dict):
-    """``cls(**values)``, or a TypeError naming the options ``backend`` takes."""
+    """``cls(**values)``, or an :class:`OptionError` naming the options ``backend`` takes."""
     bad = sorted(set(values) - set(cls.names()))
     if bad:
-        raise TypeError(f"attention backend {backend!r} does not take option(s) {bad}; "
+        raise OptionError(f"attention backend {backend!r} does not take option(s) {bad}; "
                         f"it takes {sorted(cls.names())}")
     return cls(**values)
 

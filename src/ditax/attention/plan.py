@@ -21,6 +21,7 @@ from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig
 from ditax.attention.options import Options, make_options, pick
 from ditax.attention.local import LocalRun
 from ditax.attention.sharded import sharded_local_attention
+from ditax.errors import RequestError
 from ditax.parallel.platform import Platform, platform_of, target_platform
 
 #: AttentionConfig fields that are backend options (each backend takes the ones its options
@@ -154,17 +155,18 @@ def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
 
 
 def check_shapes(q, k, v, kv_mask=None):
-    """Raise ValueError unless q/k/v/kv_mask have the BSHD shapes ``attend`` takes."""
+    """Raise :class:`~ditax.errors.RequestError` (a ``ValueError``) unless q/k/v/kv_mask have
+    the BSHD shapes ``attend`` takes."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"attention expects q/k/v of rank 4 [B, L, N, K]; got q{q.shape} "
-                         f"k{k.shape} v{v.shape}")
+        raise RequestError(f"attention expects q/k/v of rank 4 [B, L, N, K]; got q{q.shape} "
+                           f"k{k.shape} v{v.shape}")
     if k.shape != v.shape:
-        raise ValueError(f"k{k.shape} and v{v.shape} must have the same shape")
+        raise RequestError(f"k{k.shape} and v{v.shape} must have the same shape")
     if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-        raise ValueError(f"q{q.shape} and k{k.shape} must agree on batch, heads and head dim")
+        raise RequestError(f"q{q.shape} and k{k.shape} must agree on batch, heads and head dim")
     if kv_mask is not None and tuple(kv_mask.shape) != (k.shape[0], k.shape[1]):
-        raise ValueError(f"kv_mask{tuple(kv_mask.shape)} must be [B, Lk] = "
-                         f"{(k.shape[0], k.shape[1])}")
+        raise RequestError(f"kv_mask{tuple(kv_mask.shape)} must be [B, Lk] = "
+                           f"{(k.shape[0], k.shape[1])}")
 
 
 __all__ = ["AttentionCall", "AttentionPlan", "plan_attention", "resolve", "cross_backend",
