@@ -46,7 +46,8 @@ ADVICE = {
     "decode": "lower --height / --width / --frames, or decode in tiles (sample.vae_tiling=true)",
     "step": _TRAIN, "train": _TRAIN,
     "bench": "lower --latent F,Y,X or --text-len, or shard over more devices (mesh.*)",
-    "preprocess": "lower --height / --width / --frames or --batch, or use --dtype bfloat16",
+    "preprocess": "lower --height / --width / --frames, --text-len or --batch, or use "
+                  "--dtype bfloat16",
 }
 _BY_COMMAND = {"train": {"compile": _TRAIN}, "train-vae": {"compile": _TRAIN},
                "bench": {"compile": ADVICE["bench"]}}
