@@ -87,13 +87,13 @@ def shown_keys(text: str) -> dict[str, str]:
 
 def test_ditax_config_lists_every_key_with_its_default_and_the_presets():
     from ditax.config import PRESET_DIR, Config, to_dict
-    from ditax.config.loader import _flatten
+    from ditax.config.loader import flatten_keys
 
     text = run_config()
     shown = shown_keys(text)
     expected = leaf_keys(Config())
     assert expected <= set(shown), sorted(expected - set(shown))
-    defaults = _flatten(to_dict(Config()))
+    defaults = flatten_keys(to_dict(Config()))
     assert shown["checkpoint.every"] == str(defaults["checkpoint.every"])
     assert shown["checkpoint.keep"] == str(defaults["checkpoint.keep"])
     assert shown["mesh.fsdp"] == str(defaults["mesh.fsdp"])

@@ -20,6 +20,8 @@ import types
 import typing
 from typing import Any, Literal
 
+from ditax.config.keys import value_text
+
 _FIELD_COMMENT = re.compile(r"^\s*(\w+)\s*:[^#]*#\s?(.*\S)\s*$")
 # a comment ending in one of these goes on in the next field's comment (one note for both)
 _DANGLING = {"the", "a", "an", "of", "to", "and", "or", "by", "with", "for", "in", "is", "="}
@@ -95,9 +97,9 @@ def _rows(cfg, default) -> list[str]:
     sections: dict[str, list[str]] = {}
     for key, (value, tp, comment) in now.items():
         section = key.split(".")[0] if "." in key else ""
-        shown = f"{key} = {_text(value)}"
+        shown = f"{key} = {value_text(value)}"
         if key in was and was[key][0] != value:
-            shown += f"  [{_text(was[key][0])}]"
+            shown += f"  [{value_text(was[key][0])}]"
         line = f"  {shown:<40} {_type(tp)}"
         lines = sections.setdefault(section, [])
         if comment and len(line) + len(comment) + 4 <= WIDTH:
@@ -167,16 +169,6 @@ def _doc(cls) -> str:
     return textwrap.shorten(doc.split("\n\n")[0].replace("``", "`"), 90, placeholder=" ...")
 
 
-def _text(value) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (tuple, list)):
-        return ",".join(_text(v) for v in value) if value else "[]"
-    return str(value) if value != "" else '""'
-
-
 def _type(tp) -> str:
     """A short type: ``int``, ``xla|splash|...``, ``int|none``, ``list of 3``."""
     if tp is None or tp is Any:
@@ -187,7 +179,7 @@ def _type(tp) -> str:
         text = "|".join(_type(a) for a in inner)
         return text + ("|none" if len(inner) < len(args) else "")
     if typing.get_origin(tp) is Literal:
-        return "|".join(_text(a) for a in args)
+        return "|".join(value_text(a) for a in args)
     if typing.get_origin(tp) is tuple:
         return "list" if ... in args else f"list of {len(args)}"
     return getattr(tp, "__name__", str(tp))

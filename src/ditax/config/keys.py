@@ -111,4 +111,18 @@ def type_error(key: str, value: Any, tp) -> ConfigError:
     return ConfigError(f"{key}={value!r}: expected {describe(tp)}")
 
 
-__all__ = ["key_types", "check_key", "choices", "parse_text", "describe", "type_error"]
+def value_text(value) -> str:
+    """A config value as a ``key=value`` text spells it, the inverse of :func:`parse_text`:
+    ``none``, ``true`` / ``false``, ``1,2,2`` for tuples (``[]`` when empty), ``""`` for an
+    empty string."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (tuple, list)):
+        return ",".join(value_text(v) for v in value) if value else "[]"
+    return str(value) if value != "" else '""'
+
+
+__all__ = ["key_types", "check_key", "choices", "parse_text", "value_text", "describe",
+           "type_error"]

@@ -34,12 +34,12 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten_keys(d: dict, prefix: str = "") -> dict[str, Any]:
     """``{"mesh": {"fsdp": 8}}`` → ``{"mesh.fsdp": 8}`` (a non-mapping section stays a leaf)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        out.update(_flatten(v, key + ".") if isinstance(v, dict) else {key: v})
+        out.update(flatten_keys(v, key + ".") if isinstance(v, dict) else {key: v})
     return out
 
 
@@ -80,7 +80,7 @@ def load_yaml(name_or_path: str, _chain: tuple = ()) -> dict:
                           f"keys are words like optim: {{learning_rate: 1e-4}}")
     base = d.pop("base", None)
     if base:
-        d = _nest({**_flatten(load_yaml(base, (*_chain, p.resolve()))), **_flatten(d)})
+        d = _nest({**flatten_keys(load_yaml(base, (*_chain, p.resolve()))), **flatten_keys(d)})
     return d
 
 
@@ -152,7 +152,7 @@ def from_flat(flat: dict[str, Any], family: ConfigFamily | None = None,
 
 def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> Config:
     """Load a preset name or YAML path, apply ``key=value`` overrides, return a frozen Config."""
-    flat = _flatten(load_yaml(name_or_path)) if name_or_path else {}
+    flat = flatten_keys(load_yaml(name_or_path)) if name_or_path else {}
     pairs = _pairs(overrides)
     family = _family(flat, pairs)
     flat = _apply(flat, pairs, key_types(family.config))
@@ -187,5 +187,5 @@ def replace(cfg, **changes):
     return dataclasses.replace(cfg, **flat)
 
 
-__all__ = ["PRESET_DIR", "preset_names", "load_yaml", "parse_overrides", "from_flat",
-           "load_config", "to_dict", "replace"]
+__all__ = ["PRESET_DIR", "preset_names", "load_yaml", "flatten_keys", "parse_overrides",
+           "from_flat", "load_config", "to_dict", "replace"]

@@ -16,7 +16,7 @@ import pydantic
 
 from ditax.config.keys import _leaves, check_key, parse_text, type_error
 from ditax.config.numbers import check_numbers
-from ditax.config.loader import _flatten, _nest, _pairs, load_yaml, to_dict
+from ditax.config.loader import flatten_keys, _nest, _pairs, load_yaml, to_dict
 from ditax.config.training import CheckpointConfig, OptimConfig, check_checkpoint, check_optim
 from ditax.errors import ConfigError
 from ditax.models.wan.vae.config import WanVAEConfig
@@ -144,7 +144,7 @@ def load_vae_config(path: str | None = None, overrides: list[str] | None = None,
     ``key=value`` texts → a checked :class:`VAETrainConfig` (``require_source``: see
     :func:`check_vae_training`)."""
     flat = dict(DEFAULTS)
-    flat.update(_flatten(load_yaml(path)) if path else {})
+    flat.update(flatten_keys(load_yaml(path)) if path else {})
     flat.update(values)
     pairs = _pairs(overrides)
     for key in flat:

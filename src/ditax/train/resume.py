@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import Any
 
+from ditax.config.keys import value_text
+from ditax.config.loader import flatten_keys
 from ditax.errors import ConfigError
 from ditax.io.files import path_arg
 from ditax.io.outputs import check_writable_parent
@@ -46,17 +47,6 @@ class ResumePolicy:
             return any(key == n or (n.endswith(".") and key.startswith(n)) for n in names)
 
         return "free" if hit(self.free) else "notice" if hit(self.notice) else "refused"
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (lists compared as lists)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
-    return out
 
 
 def check_output_dir(path, *, what: str = "output_dir", run_files=("config.yaml",
@@ -93,17 +83,6 @@ def read_saved_config(out) -> dict | None:
     return saved
 
 
-def _show(v) -> str:
-    """A config value as a ``key=value`` override spells it."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, (list, tuple)):
-        return ",".join(map(_show, v))
-    return str(v)
-
-
 def check_resume(out, saved: dict | None, requested: dict, policy: ResumePolicy,
                  say=print) -> list[str]:
     """Compare the run's saved config with the requested one (both nested dicts); raise
@@ -111,20 +90,20 @@ def check_resume(out, saved: dict | None, requested: dict, policy: ResumePolicy,
     one side only (another ditax version) are not compared. Returns the changed keys."""
     if saved is None:
         return []
-    old, new = flatten(saved), flatten(requested)
+    old, new = flatten_keys(saved), flatten_keys(requested)
     changed = [k for k in new if k in old and old[k] != new[k]]
     refused = [k for k in changed if policy.kind(k) == "refused"]
     if refused:
-        diffs = ", ".join(f"{k}: {_show(old[k])} → {_show(new[k])}" for k in refused)
-        keep = " ".join(f"{k}={_show(old[k])}" for k in refused)
+        diffs = ", ".join(f"{k}: {value_text(old[k])} → {value_text(new[k])}" for k in refused)
+        keep = " ".join(f"{k}={value_text(old[k])}" for k in refused)
         raise ResumeMismatch(
             f"output_dir={out} holds a run with another setup ({diffs}); nothing was "
             f"changed there. To resume it, use the old values ({keep}); to start a new run, "
             f"choose a new output_dir")
     noticed = [k for k in changed if policy.kind(k) == "notice"]
     if noticed:
-        say("resuming with changed " + ", ".join(f"{k} {_show(old[k])} → {_show(new[k])}"
-                                                 for k in noticed)
+        say("resuming with changed "
+            + ", ".join(f"{k} {value_text(old[k])} → {value_text(new[k])}" for k in noticed)
             + " (the run goes on with the new values; it is no longer a bit-exact continuation)")
     return changed
 
@@ -175,4 +154,4 @@ def write_config(out, cfg_dict: dict) -> None:
 
 
 __all__ = ["ResumePolicy", "ResumeMismatch", "check_output_dir", "check_resume",
-           "check_structure", "structure_diff", "read_saved_config", "write_config", "flatten"]
+           "check_structure", "structure_diff", "read_saved_config", "write_config"]
