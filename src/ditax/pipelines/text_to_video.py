@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.errors import ConfigError, RequestError
 from ditax.phases import phase
-from ditax.config.sample import CFG_MODES
+from ditax.config.sample import CFG_MODES, SampleConfig
 from ditax.parallel.axes import check_batch_divides
 from ditax.pipelines.components import load_components
 from ditax.pipelines.conditioning import final_latents
@@ -51,9 +51,11 @@ from ditax.schedulers.overrides import check_scheduler_name
 
 log = logging.getLogger(__name__)
 
-# what a call uses when neither the caller nor the folder's ditax_sample.json gives a value
-WAN_DEFAULTS = dict(height=480, width=832, num_frames=81, num_inference_steps=50,
-                    guidance_scale=5.0, max_sequence_length=512)
+# what a call uses when neither the caller nor the folder's ditax_sample.json gives a value:
+# the sample config's defaults (Wan's), the same the CLI falls back to
+WAN_DEFAULTS = {k: getattr(SampleConfig(), k) for k in
+                ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
+                 "max_sequence_length")}
 
 
 def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
