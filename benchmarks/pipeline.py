@@ -161,7 +161,7 @@ def main() -> int:
 
 
 def bench_image_to_video(args, cases):
-    """The tests' tiny random I2V / TI2V folders (tests/i2v_reference.py), one image each."""
+    """The tests' tiny random I2V / TI2V folders (tests/refs/i2v_reference.py), one image each."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
     from i2v_reference import image, make_tiny_i2v
 

@@ -35,6 +35,19 @@ class AttentionConfig:
     block_kv: Optional[int] = None       # platform's (TPU 512, else 128), clipped to the length
 
 
+def as_attention_config(attention) -> AttentionConfig:
+    """The one coercion of what callers pass as ``attention``: an :class:`AttentionConfig` as
+    is, ``None`` as the default, a backend name as ``AttentionConfig(backend=name)``."""
+    if attention is None:
+        return AttentionConfig()
+    if isinstance(attention, AttentionConfig):
+        return attention
+    if isinstance(attention, str):
+        return AttentionConfig(backend=attention)
+    raise ConfigError(f"attention={attention!r} is neither a backend name nor an "
+                      f"AttentionConfig; pass e.g. attention='xla' or ditax.AttentionConfig(...)")
+
+
 def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
                     mesh_sizes: dict[str, int] | None = None) -> None:
     """Raise :class:`ConfigError` for attention settings that cannot run.

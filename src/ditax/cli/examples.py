@@ -3,7 +3,7 @@
 :data:`EXAMPLES` maps each command to two or three ``(what it does, command line)`` pairs;
 :func:`epilog` renders them for the command's parser (``build_parser`` passes it with a
 ``RawDescriptionHelpFormatter`` so the lines stay as written). Each line is a real command:
-``tests/test_hardening_help.py`` parses every one with the command's own parser, and the
+``tests/cli/test_help.py`` parses every one with the command's own parser, and the
 ones that need no download run as written from the repository root (files they name, like
 ``videos/``, are the user's).
 """

@@ -26,8 +26,8 @@ scratch across it, started empty or from (o_prev, lse_prev). Only ``[block, K]``
 resident, so VMEM use does not grow with the sequence. The key index map walks shard-major
 (shard ``j // (Lk_c/block_kv)``, block ``j % ...`` inside it).
 
-Verified here: interpret mode on CPU (tests/test_flash.py), and lowering to Mosaic TPU via
-``jax.export(platforms=["tpu"])`` (tests/test_flash.py) — not yet run on a TPU. On GPUs this
+Verified here: interpret mode on CPU (tests/attention/test_flash.py), and lowering to Mosaic TPU via
+``jax.export(platforms=["tpu"])`` (tests/attention/test_flash.py) — not yet run on a TPU. On GPUs this
 kernel does not apply (Mosaic-TPU scratch and grid semantics): ``flash`` refuses there.
 """
 

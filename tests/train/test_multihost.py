@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ditax.train.loop import train
-from test_train import run_cfg, write_dataset
+from latent_datasets import run_cfg, write_dataset
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 

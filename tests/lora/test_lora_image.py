@@ -14,7 +14,7 @@ from ditax.errors import WeightError  # noqa: E402
 from ditax.lora import read_lora  # noqa: E402
 from lora_reference import (block_modules, load_into_diffusers, random_lora,  # noqa: E402
                             write_musubi, write_original, write_peft)
-from test_transformer_i2v import _diffusers, _inputs, make_i2v  # noqa: E402
+from wan_image_model import image_inputs, make_i2v, run_diffusers_image  # noqa: E402
 from wan_reference import rel_err  # noqa: E402
 
 LAYERS = 2
@@ -30,12 +30,12 @@ def i2v(tmp_path_factory):
     from diffusers import WanTransformer3DModel
 
     _, folder = make_i2v(tmp_path_factory.mktemp("i2v"), layers=LAYERS)
-    inputs = _inputs(np.random.default_rng(0), b=1, f=2, y=4, x=4)
+    inputs = image_inputs(np.random.default_rng(0), b=1, f=2, y=4, x=4)
 
     def fresh():
         return WanTransformer3DModel.from_pretrained(folder).eval()
 
-    return folder, fresh, inputs, _diffusers(fresh(), *inputs)
+    return folder, fresh, inputs, run_diffusers_image(fresh(), *inputs)
 
 
 def _original(tmp, m):
@@ -81,7 +81,7 @@ def test_i2v_lora_matches_diffusers(tmp_path, i2v, make):
     m = fresh()
     path = make(tmp_path, m)
     load_into_diffusers(m, path, "a", 0.8)
-    want = _diffusers(m, *inputs)
+    want = run_diffusers_image(m, *inputs)
     assert rel_err(want, plain) > 1e-2  # the LoRA changes the output
     got = _ours(folder, inputs, loras=[(path, 0.8)])
     assert rel_err(got, want) <= 1e-5, rel_err(got, want)

@@ -43,7 +43,7 @@ def test_jax_cudnn_probes_are_where_we_patch_them():
     lowering tests below would test nothing meaningful — fail here, loudly."""
     fa = _fa()
     for name in PROBES:
-        assert hasattr(fa, name), f"jax moved {name}; update tests/test_cuda_lowering.py"
+        assert hasattr(fa, name), f"jax moved {name}; update tests/attention/test_cuda_lowering.py"
     assert "cudnn_get_version" in inspect.getsource(fa.check_cudnn_version)
     src = inspect.getsource(fa.check_is_flash_attention)
     assert "check_compute_capability(" in src and "is_cuda_compute_capability_equal(" in src

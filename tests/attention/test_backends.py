@@ -17,9 +17,8 @@ import pytest
 
 from ditax.attention import AttentionUnavailable, attend, auto_backend
 from ditax.attention.reference import reference_attention
+from attention_inputs import BF16_TOL, F32_TOL, GRAD_TOL, make_inputs, rel_err
 
-
-F32_TOL, GRAD_TOL, BF16_TOL = 2e-5, 5e-5, 2e-2
 
 # (B, Lq, Lk, N, K, masked): self- and cross-attention (77 text tokens), lengths that are not
 # block multiples, head dims 32/64/128, per-row valid lengths (the last row fully valid).
@@ -32,23 +31,6 @@ CASES = {
 SPLASH_CASES = ("self_L100_K32_mask", "cross_Lq129_T77_K64_mask", "self_L256_K128")
 # Backend options that make the tiny tests exercise several blocks and the padding.
 OPTS = {"xla": {}, "blockwise": {"block_kv": 32}, "splash": {"block_q": 128, "block_kv": 128}}
-
-
-def make_inputs(rng, B, Lq, Lk, N, K, masked, dtype=jnp.float32):
-    q = jnp.asarray(rng.standard_normal((B, Lq, N, K)), dtype)
-    k = jnp.asarray(rng.standard_normal((B, Lk, N, K)), dtype)
-    v = jnp.asarray(rng.standard_normal((B, Lk, N, K)), dtype)
-    mask = None
-    if masked:  # different valid lengths per row; the last row attends to every key
-        lens = rng.integers(1, Lk, size=B)
-        lens[-1] = Lk
-        mask = jnp.asarray(np.arange(Lk)[None, :] < lens[:, None])
-    return q, k, v, mask
-
-
-def rel_err(x, ref):
-    x, ref = np.asarray(x, np.float32), np.asarray(ref, np.float32)
-    return float(np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30))
 
 
 def run(backend, q, k, v, mask, **kw):

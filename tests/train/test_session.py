@@ -1,7 +1,7 @@
 """The shared run-loop scaffolding (train/session.py): SIGTERM, non-finite loss, cleanup.
 
 The transformer's and the VAE's loops both run inside :class:`RunSession`; their own resume
-tests (tests/test_train.py, tests/test_demo_model.py) cover it end to end. Here: its
+tests (tests/train/test_train.py, tests/recipes/test_demo_model.py) cover it end to end. Here: its
 contract on its own, with a real orbax checkpointer and metrics writer.
 """
 

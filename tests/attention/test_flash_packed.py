@@ -1,6 +1,6 @@
 """The packed-layout flash kernel (``[.., L, N·K]``, partial last blocks, no padding) against
 the head-major flash path it replaces: bit-identical outputs, lse and gradients (interpret
-mode on CPU; ``tests/test_tpu_compile.py`` compiles it for v6e)."""
+mode on CPU; ``tests/plan/test_tpu_compile.py`` compiles it for v6e)."""
 
 import jax
 import jax.numpy as jnp

@@ -19,7 +19,7 @@ from ditax.train.data import BatchIterator  # noqa: E402
 from ditax.train.loop import train  # noqa: E402
 from ditax.train.step import Trainer  # noqa: E402
 from lora_reference import load_into_diffusers  # noqa: E402
-from test_train import write_dataset  # noqa: E402
+from latent_datasets import write_dataset  # noqa: E402
 from wan_reference import make_diffusers_wan, rel_err, run_diffusers  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fast_compile")

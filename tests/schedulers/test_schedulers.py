@@ -75,7 +75,7 @@ def _rollout_ours(sched, steps, x, outs, jit):
 
 
 def test_compile_counter_sees_compiles():
-    """tests/compiles.py (used by the VAE and pipeline tests) sees jax's compilations: a fresh
+    """tests/refs/compiles.py (used by the VAE and pipeline tests) sees jax's compilations: a fresh
     jitted function compiles once, a second call of the same shapes compiles nothing."""
     def probe(x):
         return x * 3.0 + 1.0

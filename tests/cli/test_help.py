@@ -19,7 +19,7 @@ import pytest
 
 from ditax.cli import COMMANDS, build_parser, main
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def help_text(capsys, *argv: str) -> str:

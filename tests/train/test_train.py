@@ -16,9 +16,10 @@ from ditax.config import ConfigError, FlowConfig, load_config
 from ditax.parallel.mesh import make_mesh
 from ditax.train import loss as L
 from ditax.train.checkpoint import Checkpointer
-from ditax.train.data import BatchIterator, DataError, DatasetWriter
+from ditax.train.data import BatchIterator, DataError
 from ditax.train.loop import NonFiniteLoss, train
 from ditax.train.step import Trainer
+from latent_datasets import run_cfg, write_dataset
 
 ONE = dict(data=1, fsdp=1, context=1, tensor=1)
 pytestmark = pytest.mark.usefixtures("fast_compile")
@@ -26,19 +27,6 @@ pytestmark = pytest.mark.usefixtures("fast_compile")
 
 def tiny(*overrides):
     return load_config("tiny", list(overrides))
-
-
-def write_dataset(path, n=24, nan_at=None, seed=0):
-    r = np.random.default_rng(seed)
-    w = DatasetWriter(path, samples_per_file=10)
-    for i in range(n):
-        lat = r.standard_normal((16, 2, 8, 8)).astype(np.float32)
-        if i == nan_at:
-            lat[0, 0, 0, 0] = np.nan
-        k = int(r.integers(1, 17))
-        mask = (np.arange(16) < k).astype(np.uint8)
-        w.add(lat, r.standard_normal((16, 64)).astype(np.float32) * mask[:, None], mask)
-    return str(w.close())
 
 
 @pytest.fixture(scope="module")
@@ -190,10 +178,6 @@ def test_step_is_the_same_on_every_mesh(one_device_step, name):
 
 # ----------------------------------------------------------------------------------------------
 # training runs: resume, overfit, SIGTERM, damaged checkpoints, NaN
-
-
-def run_cfg(out, dataset, *extra):
-    return tiny(f"data.source={dataset}", f"output_dir={out}", "checkpoint.every=2", *extra)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import te_fake
 from ditax.attention import AttentionConfig, AttentionUnavailable, attend, plan_attention
 from ditax.attention.cudnn import length_masked_attention
 from ditax.attention.reference import reference_attention
-from test_attention_backends import BF16_TOL, F32_TOL, GRAD_TOL, make_inputs, rel_err
+from attention_inputs import BF16_TOL, F32_TOL, GRAD_TOL, make_inputs, rel_err
 
 H100 = dict(compute_capability=(9, 0))
 

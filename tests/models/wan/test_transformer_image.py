@@ -13,55 +13,15 @@ from ditax.config import AttentionConfig, Config, ConfigError, ModelConfig, vali
 from ditax.io.convert import export
 from ditax.models.wan import convert
 from ditax.parallel import make_mesh
+from wan_image_model import (IMAGE_DIM, IMAGE_TOKENS, image_inputs, make_i2v,
+                             run_diffusers_image)
 from wan_reference import rel_err
-
-TEXT_LEN = 512
-IMAGE_DIM = 24
-IMAGE_TOKENS = 5
-
-
-def make_i2v(tmp_path, *, flf2v=False, heads=2, head_dim=16, layers=2, seed=0):
-    """A random diffusers I2V (or FLF2V) ``WanTransformer3DModel``, saved; (model, folder)."""
-    from diffusers import WanTransformer3DModel
-
-    torch.manual_seed(seed)
-    d = heads * head_dim
-    m = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
-        in_channels=36, out_channels=16, text_dim=32, freq_dim=32, ffn_dim=64,
-        num_layers=layers, cross_attn_norm=True, rope_max_seq_len=1024, image_dim=IMAGE_DIM,
-        added_kv_proj_dim=d, pos_embed_seq_len=2 * IMAGE_TOKENS if flf2v else None)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            gain = 1.0 if ".norm" in name and name.endswith("weight") else 0.0
-            p.copy_(torch.randn(p.shape, generator=g) * (0.5 / max(1, p.shape[-1]) ** 0.5)
-                    + gain)
-    m.eval()
-    folder = tmp_path / f"i2v_{'flf2v' if flf2v else 'i2v'}_{heads}_{layers}"
-    m.save_pretrained(folder)
-    return m, folder
-
-
-def _inputs(rng, *, b=2, f=3, y=6, x=10, flf2v=False):
-    lat = rng.standard_normal((b, 36, f, y, x)).astype(np.float32)
-    t = rng.uniform(0, 1000, size=(b,)).astype(np.float32)
-    text = rng.standard_normal((b, TEXT_LEN, 32)).astype(np.float32)
-    image = rng.standard_normal((2 * b if flf2v else b, IMAGE_TOKENS, IMAGE_DIM))
-    return lat, t, text, image.astype(np.float32)
-
-
-def _diffusers(m, lat, t, text, image):
-    with torch.no_grad():
-        return m(*(torch.from_numpy(a) for a in (lat, t, text)),
-                 encoder_hidden_states_image=torch.from_numpy(image), return_dict=False)[0].numpy()
-
 
 @pytest.mark.parametrize("flf2v", [False, True], ids=["i2v", "flf2v"])
 def test_parity_with_diffusers(tmp_path, rng, flf2v):
     m, folder = make_i2v(tmp_path, flf2v=flf2v)
-    args = _inputs(rng, flf2v=flf2v)
-    ref = _diffusers(m, *args)
+    args = image_inputs(rng, flf2v=flf2v)
+    ref = run_diffusers_image(m, *args)
     tr = ditax.load_transformer(folder)
     assert tr.config.image_dim == IMAGE_DIM and tr.config.in_channels == 36
     assert tr.config.pos_embed_seq_len == (2 * IMAGE_TOKENS if flf2v else None)
@@ -97,21 +57,21 @@ def test_export_round_trips_the_new_parameters(tmp_path):
 def test_mesh_equals_single_device(tmp_path, rng, mesh_kw, acfg):
     """Image K/V are replicated like the text under context parallelism (L=45: padded)."""
     m, folder = make_i2v(tmp_path, flf2v=True, heads=8, head_dim=8)
-    lat, t, text, image = _inputs(rng, flf2v=True)
+    lat, t, text, image = image_inputs(rng, flf2v=True)
     one = np.asarray(ditax.load_transformer(folder)(lat, t, text,
                                                     encoder_hidden_states_image=image))
     tr = ditax.load_transformer(folder, mesh=make_mesh(dict(mesh_kw)), attention=acfg)
     out = np.asarray(tr(lat, t, text, encoder_hidden_states_image=image))
     err = rel_err(out, one)
     print(f"i2v mesh {mesh_kw}: rel err vs one device {err:.2e}, vs diffusers "
-          f"{rel_err(out, _diffusers(m, lat, t, text, image)):.2e}")
+          f"{rel_err(out, run_diffusers_image(m, lat, t, text, image)):.2e}")
     assert err <= 1e-5, err
 
 
 def test_bad_inputs_and_configs(tmp_path, rng):
     _, folder = make_i2v(tmp_path, layers=1)
     tr = ditax.load_transformer(folder)
-    lat, t, text, image = _inputs(rng)
+    lat, t, text, image = image_inputs(rng)
     with pytest.raises(ValueError, match="needs encoder_hidden_states_image"):
         tr(lat, t, text)
     with pytest.raises(ValueError, match="image_dim=24"):
