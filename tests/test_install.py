@@ -90,7 +90,7 @@ def test_the_demo_imports_nothing_from_the_test_extra():
         "import sys\n"
         "for name in ('torch', 'diffusers', 'transformers', 'accelerate', 'peft'):\n"
         "    sys.modules[name] = None\n"
-        "import ditax, ditax.demo, ditax.pipelines.text_to_video, ditax.synthetic.score\n"
+        "import ditax, ditax.demo, ditax.pipelines.wan.text_to_video, ditax.synthetic.score\n"
         "import ditax.synthetic.sheet, ditax.synthetic.vocab, ditax.io.video\n"
         "import ditax.compile_cache, ditax.cli, ditax.cli.generate\n"
         "print('ok')\n")

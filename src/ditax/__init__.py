@@ -24,9 +24,9 @@ __version__ = "0.1.0"
 _HOMES = {
     "load_transformer": "ditax.models.wan.loading",
     "Transformer": "ditax.models.wan.loading",
-    "load_pipeline": "ditax.pipelines.text_to_video",
-    "WanTextToVideo": "ditax.pipelines.text_to_video",
-    "WanImageToVideo": "ditax.pipelines.image_to_video",
+    "load_pipeline": "ditax.pipelines.wan.text_to_video",
+    "WanTextToVideo": "ditax.pipelines.wan.text_to_video",
+    "WanImageToVideo": "ditax.pipelines.wan.image_to_video",
     "load_config": "ditax.config",
     "validate": "ditax.config",
     "Config": "ditax.config",
@@ -43,8 +43,8 @@ if TYPE_CHECKING:  # what static tools see; at run time ``__getattr__`` imports 
     from ditax.models.wan.loading import Transformer, load_transformer
     from ditax.parallel.mesh import make_mesh
     from ditax.parallel.platform import target_platform
-    from ditax.pipelines.image_to_video import WanImageToVideo
-    from ditax.pipelines.text_to_video import WanTextToVideo, load_pipeline
+    from ditax.pipelines.wan.image_to_video import WanImageToVideo
+    from ditax.pipelines.wan.text_to_video import WanTextToVideo, load_pipeline
 
 
 def __getattr__(name: str):

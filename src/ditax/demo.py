@@ -171,7 +171,7 @@ def sample_defaults(height: int, width: int, frames: int, text_len: int) -> dict
 
 def write_sample_defaults(folder, values: dict):
     """Write ``values`` as ``folder``'s ``ditax_sample.json`` (checked); returns the path."""
-    from ditax.pipelines.sample_defaults import write_sample_defaults as write
+    from ditax.pipelines.wan.sample_defaults import write_sample_defaults as write
 
     return write(folder, values)
 
@@ -181,7 +181,7 @@ def __getattr__(name: str):
     sampled with, read from its folder's ``ditax_sample.json`` (one source: what
     ``load_pipeline(model_path())`` then ``pipe(prompt)`` uses too). A fresh dict each time."""
     if name == "SAMPLE":
-        from ditax.pipelines.sample_defaults import CALL_KEYS, read_sample_defaults
+        from ditax.pipelines.wan.sample_defaults import CALL_KEYS, read_sample_defaults
 
         values = read_sample_defaults(model_path())
         return {k: v for k, v in values.items() if k in CALL_KEYS}
@@ -211,7 +211,7 @@ def run_demo(out=OUT, prompts=DEMO_PROMPTS, seed: int = 0, path=None, say=print)
     t0 = time.perf_counter()
     from ditax.compile_cache import compile_cache
     from ditax.io.video import write_mp4
-    from ditax.pipelines.text_to_video import load_pipeline
+    from ditax.pipelines.wan.text_to_video import load_pipeline
     from ditax.synthetic.score import score
     from ditax.synthetic.sheet import contact_sheet
     from ditax.synthetic.vocab import is_held_out, parse_prompt

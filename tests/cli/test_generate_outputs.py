@@ -250,13 +250,13 @@ def test_a_bad_defaults_file_is_one_line_naming_file_and_key(folder_with, capsys
     err = capsys.readouterr().err
     assert rc == 2 and re.search(match, err), err
     assert str(root / "ditax_sample.json") in err and len(err.strip().splitlines()) == 1
-    with pytest.raises(ditax.pipelines.folder.PipelineLoadError, match=match):
+    with pytest.raises(ditax.pipelines.wan.folder.PipelineLoadError, match=match):
         ditax.load_pipeline(root)
 
 
 def test_a_size_off_the_model_grid_names_the_file_as_it_loads(folder_with):
     root = folder_with('{"height": 72}')       # 72 % 16 != 0 (VAE 4 x patch 4)
-    with pytest.raises(ditax.pipelines.folder.PipelineLoadError,
+    with pytest.raises(ditax.pipelines.wan.folder.PipelineLoadError,
                        match=r"ditax_sample.json: height=72 must be a positive multiple of 16"):
         ditax.load_pipeline(root)
 

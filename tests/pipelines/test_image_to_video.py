@@ -20,7 +20,7 @@ import ditax  # noqa: E402
 from ditax.config import AttentionConfig  # noqa: E402
 from ditax.errors import RequestError  # noqa: E402
 from ditax.parallel import make_mesh  # noqa: E402
-from ditax.pipelines.folder import PipelineLoadError  # noqa: E402
+from ditax.pipelines.wan.folder import PipelineLoadError  # noqa: E402
 from compiles import compiles  # noqa: E402
 from i2v_reference import (PROMPT, SIZE21, SIZE22, image, make_tiny_i2v,  # noqa: E402
                            run_reference)
@@ -223,7 +223,7 @@ def test_channel_layout_is_checked(built):
     """An I2V transformer reads noise + mask (temporal factor) + condition latents."""
     import dataclasses
 
-    from ditax.pipelines.components import check_image_fit
+    from ditax.pipelines.wan.components import check_image_fit
 
     _, _, pipe = built("i2v22")
     tc = pipe.transformer.config

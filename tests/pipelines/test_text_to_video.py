@@ -14,7 +14,7 @@ pytest.importorskip("diffusers")
 import ditax  # noqa: E402
 from ditax.config import AttentionConfig  # noqa: E402
 from ditax.parallel import make_mesh  # noqa: E402
-from ditax.pipelines.text_to_video import PipelineLoadError  # noqa: E402
+from ditax.pipelines.wan.text_to_video import PipelineLoadError  # noqa: E402
 from compiles import compiles  # noqa: E402
 from pipeline_reference import make_tiny_pipeline, run_diffusers  # noqa: E402
 

@@ -13,7 +13,7 @@ Sizes, steps and guidance default to the ``sample`` config (``--steps`` / sizes 
 ``--into FILE`` puts the entry into an existing numbers file instead (replacing the entry of the
 same name or model): ``--into src/ditax/pipelines/step_cache_numbers.json`` ships it.
 
-A folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`) gives the defaults of
+A folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.wan.sample_defaults`) gives the defaults of
 the sizes, steps, guidance and negative prompt, as for ``ditax generate``.
 ``MODEL`` = ``demo``: the shipped demo model (sampled as its ``ditax_sample.json`` says),
 prompts of its vocabulary unless ``--prompts`` are given, entry name ``ditax-demo``; its shipped
@@ -83,7 +83,7 @@ def run(args) -> int:
     from ditax.config.sample import SAMPLE_PRESETS
     from ditax.pipelines.calibrate import calibrate
     from ditax.pipelines.cache_numbers import merge_numbers, read_numbers, write_numbers
-    from ditax.pipelines.request import check_request, check_seed
+    from ditax.pipelines.wan.request import check_request, check_seed
 
     cfg = load_config(None, args.overrides)
     given = parse_overrides(args.overrides)

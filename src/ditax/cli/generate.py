@@ -25,7 +25,7 @@ status line while loading and compiling and a progress bar over the steps (each 
 when it has finished on the device; ``--no-progress`` hides both), then one timing line (load,
 text, compile, denoise, decode). The mp4 and the PNGs are written beside their names and
 renamed at the end: a failed run leaves no half-written file. Sizes, steps, guidance and fps
-default to the folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`), else
+default to the folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.wan.sample_defaults`), else
 Wan's. An out-of-memory says in which phase and what to lower (exit 1).
 
 Compiled programs are kept in jax's persistent compilation cache (:mod:`ditax.compile_cache`),
@@ -102,7 +102,7 @@ def parse_request(args):
     from ditax.config import load_config, parse_overrides, validate
     from ditax.config.sample import SAMPLE_PRESETS
     from ditax.io.outputs import check_output_file, check_output_folder
-    from ditax.pipelines.request import check_request
+    from ditax.pipelines.wan.request import check_request
 
     cfg = load_config(None, args.overrides)
     given = parse_overrides(args.overrides)
@@ -175,14 +175,14 @@ def parse_request(args):
 def folder_defaults(model: str, s, chosen: set) -> dict:
     """The request's defaults: per key, the ``sample`` config's value where the user chose it
     (``sample.KEY=`` or ``sample.preset``), else the model folder's ``ditax_sample.json``
-    (:mod:`ditax.pipelines.sample_defaults`), else the ``sample`` config's default (Wan's).
+    (:mod:`ditax.pipelines.wan.sample_defaults`), else the ``sample`` config's default (Wan's).
     Reads only that small file (a hub id is resolved here, as it would be next); a path that is
     no model folder is reported after the request's own checks (by
     :func:`check_model_and_attention`)."""
     from ditax.errors import ModelNotFound
     from ditax.io.hub import resolve_folder
-    from ditax.pipelines.request import SPATIAL, TEMPORAL
-    from ditax.pipelines.sample_defaults import FILE, check_fits, read_sample_defaults
+    from ditax.pipelines.wan.request import SPATIAL, TEMPORAL
+    from ditax.pipelines.wan.sample_defaults import FILE, check_fits, read_sample_defaults
 
     try:
         root = resolve_folder(model, None, required=("model_index.json",))
@@ -201,7 +201,7 @@ def folder_defaults(model: str, s, chosen: set) -> dict:
 def read_images(image: str | None, last_image: str | None) -> dict:
     """``--image`` / ``--last-image`` files read into ``image=`` / ``last_image=`` (an
     unreadable file is a :class:`RequestError`: exit 2)."""
-    from ditax.pipelines.images import read_image
+    from ditax.pipelines.wan.images import read_image
 
     if last_image is not None and image is None:
         raise RequestError("--last-image needs --image (the first frame) too")
@@ -258,7 +258,7 @@ def check_model_and_attention(load: dict, mesh, call: dict | None = None) -> Non
     from ditax.io.hub import resolve_folder
     from ditax.models.wan.loading import read_config
 
-    from ditax.pipelines.request import check_grid
+    from ditax.pipelines.wan.request import check_grid
 
     root = resolve_folder(load["path"], None, required=("model_index.json",))
     if call is not None:

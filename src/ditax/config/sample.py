@@ -1,6 +1,6 @@
 """The ``sample`` section: defaults for ``ditax generate`` (sizes, steps, guidance, sampler)
 and its rules. Request-level checks (sizes against the VAE / patch grid) live with the
-pipeline (:func:`ditax.pipelines.text_to_video.check_request`).
+pipeline (:func:`ditax.pipelines.wan.text_to_video.check_request`).
 
 ``sample.preset`` names a bundle of sampling settings (:data:`SAMPLE_PRESETS`) that the config
 loader writes into the section: over a YAML file's values, under the ``key=value`` overrides

@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.parallel.rules import activation_spec
 from ditax.pipelines.cache_policy import CALIBRATE, Policy
-from ditax.pipelines.conditioning import batch_twice, model_inputs
+from ditax.pipelines.wan.conditioning import batch_twice, model_inputs
 
 TOKENS = ("act_batch", "act_seq", "act_embed")
 MEASURED = ("m_modulation", "m_time_embedding", "m_output", "m_ratio")

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.pipelines.conditioning import batch_twice, model_inputs
+from ditax.pipelines.wan.conditioning import batch_twice, model_inputs
 
 COND, UNCOND, BOTH = slice(0, 1), slice(1, 2), slice(0, 2)   # rows of the CFG branches
 
@@ -26,7 +26,7 @@ COND, UNCOND, BOTH = slice(0, 1), slice(1, 2), slice(0, 2)   # rows of the CFG b
 def step_inputs(model, sched_state, latents, condition):
     """This step's timestep ``t`` (float32 ``[]``) and the transformer's inputs ``(x [B, C_in,
     F, Y, X] in the model dtype, timestep [B] or per token [B, L], image features or None)``
-    (:func:`~ditax.pipelines.conditioning.model_inputs`)."""
+    (:func:`~ditax.pipelines.wan.conditioning.model_inputs`)."""
     t = sched_state.timesteps[sched_state.step_index].astype(jnp.float32)
     return t, model_inputs(condition, latents, t, jnp.dtype(model.cfg.dtype))
 
@@ -87,7 +87,7 @@ def _denoise_step(gdef, scheduler, cfg_mode: str, use_cfg: bool, params, sched_s
     ``sched_state``, so one compiled program serves every step.
     latents float32 ``[1, C, F, Y, X]``; text ``[2, T, Dt]`` (cond, uncond) with guidance, else
     ``[1, T, Dt]``; guidance float32 ``[]``; ``condition`` an image's
-    :class:`~ditax.pipelines.conditioning.Condition` (None: text-to-video).
+    :class:`~ditax.pipelines.wan.conditioning.Condition` (None: text-to-video).
     Returns ``(latents, sched_state)``.
     """
     model = nnx.merge(gdef, params)

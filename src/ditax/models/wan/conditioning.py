@@ -1,5 +1,5 @@
 """Image conditioning of Wan in training and planning (the pipelines build theirs from images:
-:mod:`ditax.pipelines.image_to_video`).
+:mod:`ditax.pipelines.wan.image_to_video`).
 
 - ``channels`` (Wan I2V): each sample carries ``condition`` ``[tf + z, F, Y, X]`` — the
   first-frame mask folded into ``tf`` channels and the normalised latents of the condition

@@ -24,14 +24,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ditax.errors import RequestError
-from ditax.pipelines.conditioning import Condition
-from ditax.pipelines.images import to_frame
-from ditax.pipelines.text_to_video import WanTextToVideo
+from ditax.pipelines.wan.conditioning import Condition
+from ditax.pipelines.wan.images import to_frame
+from ditax.pipelines.wan.text_to_video import WanTextToVideo
 
 
 class WanImageToVideo(WanTextToVideo):
     """A loaded Wan image-to-video (or TI2V) pipeline; call it with a prompt and ``image=``.
-    See :func:`~ditax.pipelines.text_to_video.load_pipeline` and the module docstring."""
+    See :func:`~ditax.pipelines.wan.text_to_video.load_pipeline` and the module docstring."""
 
     def __init__(self, *, image_encoder=None, image_processor=None,
                  expand_timesteps: bool = False, **kw):
@@ -65,7 +65,7 @@ class WanImageToVideo(WanTextToVideo):
                                "conditions on the first frame only — drop last_image")
 
     def condition(self, image, last_image, height: int, width: int, num_frames: int):
-        """The :class:`~ditax.pipelines.conditioning.Condition` of this request (None for a
+        """The :class:`~ditax.pipelines.wan.conditioning.Condition` of this request (None for a
         TI2V request without an image)."""
         from ditax.models.wan.conditioning import (channel_condition, clip_features,
                                                    encode_normalized)

@@ -38,14 +38,14 @@ from ditax.errors import ConfigError, RequestError
 from ditax.phases import phase
 from ditax.config.sample import CFG_MODES, SampleConfig
 from ditax.parallel.axes import check_batch_divides
-from ditax.pipelines.components import load_components
-from ditax.pipelines.conditioning import final_latents
+from ditax.pipelines.wan.components import load_components
+from ditax.pipelines.wan.conditioning import final_latents
 from ditax.pipelines.denoise import _denoise_step
-from ditax.pipelines.folder import PipelineLoadError, read_pipeline_folder
+from ditax.pipelines.wan.folder import PipelineLoadError, read_pipeline_folder
 from ditax.pipelines.programs import Programs, in_compile_cache
-from ditax.pipelines.request import (check_grid, check_load_args, check_max_sequence_length,
+from ditax.pipelines.wan.request import (check_grid, check_load_args, check_max_sequence_length,
                                      check_request)
-from ditax.pipelines.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
+from ditax.pipelines.wan.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
 from ditax.pipelines.step_cache import check_cache_args, plan_step_cache, uncached_stats
 from ditax.schedulers.overrides import check_scheduler_name
 
@@ -67,7 +67,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
     """Load a diffusers Wan pipeline folder (or hub id): a text-to-video ``WanPipeline`` into
     :class:`WanTextToVideo`; a ``WanImageToVideoPipeline`` (Wan 2.1 I2V / FLF2V, Wan 2.2 I2V
     A14B) or an ``expand_timesteps`` folder (Wan 2.2 TI2V-5B) into
-    :class:`~ditax.pipelines.image_to_video.WanImageToVideo`, whose call takes ``image=`` /
+    :class:`~ditax.pipelines.wan.image_to_video.WanImageToVideo`, whose call takes ``image=`` /
     ``last_image=``.
 
     Args:
@@ -107,7 +107,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
                                 lora_mode=lora_mode, **model_overrides)
         cls = WanTextToVideo
         if folder.kind != "t2v":
-            from ditax.pipelines.image_to_video import WanImageToVideo
+            from ditax.pipelines.wan.image_to_video import WanImageToVideo
 
             cls = WanImageToVideo
             parts["expand_timesteps"] = folder.kind == "ti2v"
@@ -227,7 +227,7 @@ class WanTextToVideo:
             raise RequestError(str(e)) from None
 
     def condition(self, image, last_image, height: int, width: int, num_frames: int):
-        """The request's :class:`~ditax.pipelines.conditioning.Condition` (None: text only).
+        """The request's :class:`~ditax.pipelines.wan.conditioning.Condition` (None: text only).
         Text-to-video folders take no image; image-to-video pipelines override this."""
         if image is not None or last_image is not None:
             raise RequestError("this pipeline folder is text-to-video (WanPipeline); it takes "
@@ -263,7 +263,7 @@ class WanTextToVideo:
         ``cache_coefficients``: a numbers file of ``ditax calibrate-cache`` (default: the
         shipped numbers of the model, if any). ``cache=None, cfg_cache=False`` runs the plain
         step. ``self.last_stats`` tells what ran. ``image`` / ``last_image``:
-        image-to-video pipelines (:class:`~ditax.pipelines.image_to_video.WanImageToVideo`;
+        image-to-video pipelines (:class:`~ditax.pipelines.wan.image_to_video.WanImageToVideo`;
         step caching works there too). ``max_sequence_length``: text
         tokens for this call (diffusers' argument of that name; default the pipeline's, 512).
 

@@ -15,7 +15,7 @@ flag or a ``sample.*`` override / preset). ``fps`` is for writers of the video (
 --fps``); the others are the pipeline call's keyword arguments of the same names.
 
 The file is checked when it is read, before any weights: an unknown key or a bad value is a
-:class:`~ditax.pipelines.folder.PipelineLoadError` (exit 2) naming the file and the key.
+:class:`~ditax.pipelines.wan.folder.PipelineLoadError` (exit 2) naming the file and the key.
 :func:`write_sample_defaults` writes one (the demo recipe does; so can a training export).
 """
 
@@ -26,7 +26,7 @@ import json
 import math
 import pathlib
 
-from ditax.pipelines.folder import PipelineLoadError
+from ditax.pipelines.wan.folder import PipelineLoadError
 
 FILE = "ditax_sample.json"
 
@@ -108,7 +108,7 @@ def write_sample_defaults(folder, values: dict) -> pathlib.Path:
 def check_fits(values: dict, source, spatial: int, temporal: int) -> None:
     """The file's sizes fit the loaded model's grid (``spatial`` pixels per token, frames
     ``temporal·k + 1``); else a :class:`PipelineLoadError` naming the file."""
-    from ditax.pipelines.request import check_request
+    from ditax.pipelines.wan.request import check_request
 
     try:
         check_request("x", values.get("height", spatial), values.get("width", spatial),

@@ -1,7 +1,7 @@
 """What an image adds to a denoise step, as data the compiled step takes next to the latents.
 
 A :class:`Condition` is a pytree of device arrays (None fields are absent leaves), built once
-per request by :class:`~ditax.pipelines.image_to_video.WanImageToVideo` and passed to every
+per request by :class:`~ditax.pipelines.wan.image_to_video.WanImageToVideo` and passed to every
 step; text-to-video passes ``None`` and its step is unchanged. Two wirings, as Wan's
 pipelines build them:
 

@@ -40,7 +40,7 @@ def check_image(image, name: str = "image"):
         return image
     if isinstance(image, (str, pathlib.Path)):
         raise RequestError(f"{name}={str(image)!r} is a path; pass the image itself "
-                           f"(ditax.pipelines.images.read_image(path) or PIL.Image.open)")
+                           f"(ditax.pipelines.wan.images.read_image(path) or PIL.Image.open)")
     try:
         x = np.asarray(image)
     except Exception:  # noqa: BLE001 - any object numpy cannot take is a bad request

@@ -11,7 +11,7 @@ channels, expert shapes) raise :class:`PipelineLoadError` before any sampling.
 from __future__ import annotations
 
 from ditax.attention.config import AttentionConfig
-from ditax.pipelines.folder import PipelineFolder, PipelineLoadError
+from ditax.pipelines.wan.folder import PipelineFolder, PipelineLoadError
 
 
 def load_sampler(folder: PipelineFolder, scheduler: str | None = None,
@@ -32,7 +32,7 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
                     flow_shift: float | None = None, vae_dtype: str = "float32",
                     loras=None, loras_2=None, lora_strict: bool = True,
                     lora_mode: str = "merged", **model_overrides) -> dict:
-    """Keyword arguments for :class:`~ditax.pipelines.text_to_video.WanTextToVideo`:
+    """Keyword arguments for :class:`~ditax.pipelines.wan.text_to_video.WanTextToVideo`:
     ``tokenizer``, ``text_encoder``, ``vae``, ``transformer``, ``transformer_2`` (or None),
     ``scheduler``. Transformers are sharded over ``mesh`` and run ``attention``
     (a backend name or :class:`AttentionConfig`); ``model_overrides`` go to both.
@@ -75,7 +75,7 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
 def check_fit(text_encoder, vae, transformer, transformer_2=None, *, kind: str = "t2v",
               image_encoder=None) -> None:
     """Raise :class:`PipelineLoadError` when the components' shapes do not fit together
-    (``kind``: the folder's, see :attr:`~ditax.pipelines.folder.PipelineFolder.kind`)."""
+    (``kind``: the folder's, see :attr:`~ditax.pipelines.wan.folder.PipelineFolder.kind`)."""
     tc = transformer.config
     check_image_fit(vae, tc, kind, image_encoder)
     if transformer_2 is not None and transformer_2.config != tc:
