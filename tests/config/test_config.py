@@ -8,7 +8,6 @@ import yaml
 
 from ditax import config as C
 from ditax.attention.config import ATTENTION_BACKENDS
-from ditax.config import families
 
 
 def test_presets_load_and_validate():
@@ -142,8 +141,10 @@ def test_model_family_registry(monkeypatch):
         def check(self, mesh_sizes=None):
             _check_toy(self.model, mesh_sizes)
 
-    monkeypatch.setattr(families, "_FAMILIES", dict(families._FAMILIES))
-    monkeypatch.setattr(base, "_FAMILIES", dict(base._FAMILIES))
+    from ditax.models import registry
+
+    registry.spec("wan")   # registered before the copy, so it outlives the test's toy
+    monkeypatch.setattr(registry, "_SPECS", dict(registry._SPECS))
     C.register_config_family(ToyModelConfig)
     base.register_family(ToyRules)
     cfg = C.load_config(None, ["model.family=toy", "model.width=4", "mesh.context=2"])

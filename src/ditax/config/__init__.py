@@ -8,12 +8,17 @@ frozen object. :func:`validate` runs the rules each section's owner holds and ra
 :class:`ConfigError` with the value and the fix.
 
 Layout: ``schema.py`` (:class:`Config`, :func:`validate`), ``training.py`` / ``sample.py`` (the
-sections owned here), ``families.py`` (model family registry), ``keys.py`` (dotted keys and
-their messages), ``loader.py`` (YAML, overrides, building).
+sections owned here), ``families.py`` (the model section's class, from the one family
+registry :mod:`ditax.models.registry`), ``keys.py`` (dotted keys and their messages),
+``loader.py`` (YAML, overrides, building).
+
+``ModelConfig`` is the config class of the default family (Wan's), looked up in the registry on
+first access: this package names no family.
 """
 
 from ditax.attention.config import AttentionConfig
-from ditax.config.families import ConfigFamily, config_family, register_config_family
+from ditax.config.families import (ConfigFamily, config_family, default_config_class,
+                                   register_config_family)
 from ditax.config.loader import (
     PRESET_DIR,
     from_flat,
@@ -28,7 +33,6 @@ from ditax.config.sample import SampleConfig
 from ditax.config.schema import Config, validate
 from ditax.config.training import CheckpointConfig, DataConfig, FlowConfig, OptimConfig
 from ditax.errors import ConfigError
-from ditax.models.wan.config import ModelConfig
 from ditax.parallel.mesh import MeshConfig
 
 __all__ = [
@@ -37,3 +41,9 @@ __all__ = [
     "MeshConfig", "AttentionConfig", "OptimConfig", "FlowConfig", "DataConfig",
     "CheckpointConfig", "SampleConfig", "ConfigFamily", "config_family", "register_config_family",
 ]
+
+
+def __getattr__(name: str):
+    if name == "ModelConfig":   # the default family's config class (Wan's), from the registry
+        return default_config_class()
+    raise AttributeError(f"module 'ditax.config' has no attribute {name!r}")

@@ -1,24 +1,22 @@
-"""Model families: which config class a ``model:`` section is read into, and its rules.
+"""Model families as the config loader sees them: which class a ``model:`` section is read into.
 
-``model.family`` (default ``wan``) picks the entry. A family's config is a frozen dataclass with
-a ``family: Literal["<name>"]`` field and ``num_attention_heads`` (used by the attention rules);
-its rules are checked by its runtime interface (:class:`ditax.models.base.ConfigFamily.check`),
-which :func:`ditax.config.validate` calls; this registry only says how to read the YAML.
-
-A second family plugs in without editing this package: its ``ditax/models/<name>/config.py``
-calls :func:`register_config_family` at import, and :func:`config_family` imports that module the
-first time a config names the family.
+``model.family`` (default ``wan``) names the family in the one registry,
+:mod:`ditax.models.registry` (its discovery rule: a built-in family is a subpackage of
+``ditax.models`` that registers itself; a family outside ditax is the dotted path of a module
+that does). A family's config is a frozen dataclass with a ``family: Literal["<name>"]`` field
+and ``num_attention_heads`` (used by the attention rules); its rules are checked by its runtime
+interface (:meth:`ditax.models.base.ModelFamily.check`), which :func:`ditax.config.validate`
+calls; here is only how to read the YAML.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 from typing import get_args, get_type_hints
 
 from ditax.errors import ConfigError, check_choice
-from ditax.models.wan.config import ModelConfig as WanModelConfig
+from ditax.models import registry
 
 
 @dataclass(frozen=True)
@@ -29,37 +27,36 @@ class ConfigFamily:
     config: type
 
 
-_FAMILIES: dict[str, ConfigFamily] = {}
-
-
 def register_config_family(config_cls: type) -> None:
-    """Register ``config_cls`` under the name its ``family`` field defaults to."""
+    """Make ``config_cls`` the config class of the family its ``family`` field names (a
+    ``Literal`` of one name), in :mod:`ditax.models.registry`."""
     if not dataclasses.is_dataclass(config_cls):
         raise TypeError(f"{config_cls!r} is not a dataclass")
     names = get_args(get_type_hints(config_cls).get("family"))
     if len(names) != 1:
         raise TypeError(f"{config_cls.__name__} needs a field family: Literal['<name>']")
-    _FAMILIES[names[0]] = ConfigFamily(names[0], config_cls)
+    current = registry.lookup(names[0]) or registry.FamilySpec(names[0])
+    registry.register(dataclasses.replace(current, config=config_cls))
 
 
 def config_family(name: str) -> ConfigFamily:
-    """The family called ``name``; imports ``ditax.models.<name>.config`` on first use."""
-    if name not in _FAMILIES and isinstance(name, str) and name.isidentifier():
-        try:
-            importlib.import_module(f"ditax.models.{name}.config")
-        except ModuleNotFoundError as e:   # only "no such family"; a broken module raises
-            if not f"ditax.models.{name}.config".startswith(e.name or "\0"):
-                raise
-    if name not in _FAMILIES:
-        check_choice("model.family", name, sorted(_FAMILIES))
-        raise ConfigError(f"model.family={name!r}: its config module did not register it")
-    return _FAMILIES[name]
+    """The family called ``name`` with its config class (imported on first use)."""
+    found = registry.lookup(name)
+    if found is None or found.config is None:
+        check_choice("model.family", name, family_names())
+        raise ConfigError(f"model.family={name!r}: its module did not register it")
+    return ConfigFamily(found.name, found.config_class())
 
 
 def family_names() -> list[str]:
-    return sorted(_FAMILIES)
+    """The families a ``model:`` section can name (those that declare a config class)."""
+    return [n for n in registry.family_names() if registry.spec(n).config is not None]
 
 
-register_config_family(WanModelConfig)
+def default_config_class() -> type:
+    """The config class of the default family (what a config that names no family gets)."""
+    return registry.spec(registry.DEFAULT_FAMILY).config_class()
 
-__all__ = ["ConfigFamily", "register_config_family", "config_family", "family_names"]
+
+__all__ = ["ConfigFamily", "register_config_family", "config_family", "family_names",
+           "default_config_class"]

@@ -23,6 +23,7 @@ from ditax.config.sample import expand_preset
 from ditax.config.schema import Config
 from ditax.errors import ConfigError
 from ditax.io.files import read_yaml
+from ditax.models.registry import DEFAULT_FAMILY
 
 PRESET_DIR = pathlib.Path(__file__).parent / "presets"
 
@@ -102,7 +103,7 @@ def _pairs(overrides: list[str] | None) -> list[tuple[str, str]]:
 
 
 def _family(flat: dict[str, Any], pairs: list[tuple[str, str]]) -> ConfigFamily:
-    name = dict(pairs).get("model.family", flat.get("model.family", "wan"))
+    name = dict(pairs).get("model.family", flat.get("model.family", DEFAULT_FAMILY))
     return config_family(str(name).strip())
 
 

@@ -1,7 +1,7 @@
 """The whole run configuration, composed of one section per concern, and :func:`validate`.
 
 Each section's schema and rules live with their owner: ``model`` with its family
-(:mod:`ditax.config.families`, e.g. :mod:`ditax.models.wan.config`), ``mesh`` in
+(:mod:`ditax.models.registry`, read through :mod:`ditax.config.families`), ``mesh`` in
 :mod:`ditax.parallel.mesh`, ``attention`` in :mod:`ditax.attention.config`, the training
 sections in :mod:`ditax.config.training`, ``sample`` in :mod:`ditax.config.sample`.
 """
@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ditax.attention.config import AttentionConfig
 from ditax.compile_cache import check_compile_cache
+from ditax.config.families import default_config_class
 from ditax.config.numbers import check_numbers
 from ditax.config.sample import SampleConfig, check_sample
 from ditax.config.training import (
@@ -28,7 +29,6 @@ from ditax.config.training import (
     check_optim,
 )
 from ditax.errors import ConfigError
-from ditax.models.wan.config import ModelConfig
 from ditax.parallel.mesh import MeshConfig, check_batch, resolve_mesh_shape
 
 
@@ -36,10 +36,11 @@ from ditax.parallel.mesh import MeshConfig, check_batch, resolve_mesh_shape
 class Config:
     """One run: model, mesh, attention, training and sampling sections plus run-level values.
 
-    ``model`` holds the config of the family named by its ``family`` field (Wan by default).
+    ``model`` holds the config of the family named by its ``family`` field (by default the
+    registry's default family, Wan).
     """
 
-    model: Any = field(default_factory=ModelConfig)
+    model: Any = field(default_factory=lambda: default_config_class()())
     mesh: MeshConfig = field(default_factory=MeshConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

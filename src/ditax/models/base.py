@@ -15,18 +15,15 @@ Shapes: latents ``[B, C, F, Y, X]``, timestep ``[B]`` (0…1000), text ``[B, T, 
 from __future__ import annotations
 
 import abc
-import importlib
+import dataclasses
 import pathlib
 from typing import Any, ClassVar, Protocol
 
 from flax import nnx
 
 from ditax.errors import ConfigError
-
-DEFAULT_FAMILY = "wan"
-# families that ship with ditax, imported on first use (their module registers them)
-_BUILTIN = {"wan": "ditax.models.wan.family"}
-_FAMILIES: dict[str, type[ModelFamily]] = {}
+from ditax.models import registry
+from ditax.models.registry import DEFAULT_FAMILY
 
 
 class Encoders(Protocol):
@@ -131,20 +128,18 @@ class ModelFamily(abc.ABC):
 
 
 def register_family(cls: type[ModelFamily]) -> type[ModelFamily]:
-    """Class decorator: make ``cls`` the family named ``cls.name``."""
-    _FAMILIES[cls.name] = cls
+    """Class decorator: make ``cls`` the runtime interface of the family named ``cls.name`` in
+    :mod:`ditax.models.registry` (its :class:`~ditax.models.registry.FamilySpec` keeps its
+    config and folder classes; a name not registered yet gets a spec with only ``cls``)."""
+    current = registry.lookup(cls.name) or registry.FamilySpec(cls.name)
+    registry.register(dataclasses.replace(current, family=cls))
     return cls
 
 
 def family_class(name: str) -> type[ModelFamily]:
-    """The registered family called ``name`` (built-in ones are imported on first use)."""
-    if name not in _FAMILIES and name in _BUILTIN:
-        importlib.import_module(_BUILTIN[name])
-    if name not in _FAMILIES:
-        known = sorted(set(_FAMILIES) | set(_BUILTIN))
-        raise ConfigError(f"model.family={name!r} is not a known model family; use one of "
-                          f"{', '.join(known)}")
-    return _FAMILIES[name]
+    """The runtime interface of the family called ``name`` (:func:`ditax.models.registry.spec`:
+    built-in ones are imported on first use); :class:`ConfigError` listing the known ones."""
+    return registry.spec(name).family_class()
 
 
 def model_family(model, attention=None) -> ModelFamily:

@@ -1,0 +1,16 @@
+"""Wan 2.1 / 2.2 (text-, image-, text-image-to-video): the built-in family ``wan``.
+
+Importing this package registers the family (:mod:`ditax.models.registry`'s discovery rule:
+a subpackage of ``ditax.models`` whose ``__init__`` registers a spec). Everything is named by
+``"module:Name"`` so this import stays light (no JAX).
+"""
+
+from ditax.models.registry import FamilySpec, register
+
+register(FamilySpec(
+    name="wan",
+    config="ditax.models.wan.config:ModelConfig",
+    family="ditax.models.wan.family:WanFamily",
+    transformer_classes=("WanTransformer3DModel",),
+    pipeline_classes=("WanPipeline", "WanImageToVideoPipeline"),
+))
