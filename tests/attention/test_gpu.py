@@ -203,6 +203,7 @@ def test_te_entry_context_leaves_no_process_wide_state(fake_te, monkeypatch):
     """Only TE's own scoped MeshResource guard: no environment variable and no jax config
     is changed inside or after the block (also when it raises)."""
     from ditax.attention import te
+    from ditax.attention.plan import entry_context, needs_entry_context
     from ditax.parallel import make_mesh
 
     mesh = make_mesh({"fsdp": 2, "context": 4})
@@ -210,18 +211,18 @@ def test_te_entry_context_leaves_no_process_wide_state(fake_te, monkeypatch):
                                                  "cp_resource": "context"}
     said = []
     before = _process_state()
-    with te.entry_context(AttentionConfig(backend="xla"), mesh, say=said.append):
+    with entry_context(AttentionConfig(backend="xla"), mesh, say=said.append):
         assert te_fake._RESOURCE[0] is None
     assert said == []
     with pytest.raises(RuntimeError, match="boom"):
-        with te.entry_context(AttentionConfig(backend="ring", local="te"), mesh,
-                              say=said.append):
+        with entry_context(AttentionConfig(backend="ring", local="te"), mesh,
+                           say=said.append):
             assert te_fake.global_mesh_resource().cp_resource == "context"
             assert _process_state() == before
             raise RuntimeError("boom")
     assert _process_state() == before and te_fake._RESOURCE[0] is None
     assert len(said) == 1 and "cp_resource" in said[0] and "NVTE" not in said[0]
-    assert te.uses_te(AttentionConfig(backend="xla", cross_backend="te"))
+    assert needs_entry_context(AttentionConfig(backend="xla", cross_backend="te"))
     assert not hasattr(AttentionConfig(), "te_shardy")
 
 

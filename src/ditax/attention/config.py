@@ -1,14 +1,19 @@
 """Attention configuration: which backend runs self- and cross-attention, and its options.
 
-The name lists here are the single source for every other module (the registry, the config
-loader, the CLI); :func:`check_attention` holds the rules attention owns.
+The name lists here are the single source for every other module (the config loader, the
+CLI; the registry is checked against them); :func:`check_attention` holds the rules attention
+owns. Besides ``backend`` and ``cross_backend`` every field is an option of some backend, named
+as in its options class (:mod:`ditax.attention.options`; checked at import): the config and
+``attend(**options)`` speak one vocabulary, and an option none of the configured kernels takes
+is refused by the same rule (:func:`ditax.attention.registry.check_options`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, Optional, get_args
 
+from ditax.attention import registry
 from ditax.errors import ConfigError, check_choice
 
 LocalBackend = Literal["reference", "xla", "blockwise", "splash", "flash", "cudnn", "te"]
@@ -33,6 +38,28 @@ class AttentionConfig:
     ulysses_shards: int = 0              # ulysses_ring: Ulysses group size (0 = all of context)
     block_q: Optional[int] = None        # flash / splash / blockwise query block; None = the
     block_kv: Optional[int] = None       # platform's (TPU 512, else 128), clipped to the length
+    block_kv_compute: Optional[int] = None   # splash inner kv step (divides block_kv)
+    block_q_bwd: Optional[int] = None    # splash backward query tile; None = block_q
+    block_kv_bwd: Optional[int] = None   # splash backward key tile; None = block_kv
+    fused_bwd: Optional[bool] = None     # splash: the kernel's fused dq/dkv backward; None = off
+    interpret: Optional[bool] = None     # flash / splash Pallas interpret mode; None = on CPU only
+    pad_head_dim: Optional[bool] = None  # splash: zero-pad K to 128; None = when compiled
+
+
+#: the keys that choose kernels; every other field is a backend option
+SELECTION_KEYS = ("backend", "cross_backend")
+#: ``attention.<option>`` keys, with their config defaults (a value that differs is "given")
+OPTION_DEFAULTS = {f.name: f.default for f in fields(AttentionConfig)
+                   if f.name not in SELECTION_KEYS}
+assert tuple(registry.BACKENDS) == LOCAL_BACKENDS + PARALLEL_BACKENDS, \
+    "registry and config names differ"
+assert set(OPTION_DEFAULTS) == set(registry.option_vocabulary()), \
+    "AttentionConfig's option fields and the options classes' fields differ"
+
+
+def given_options(a: AttentionConfig) -> dict:
+    """The options a config sets: those whose value differs from the config default."""
+    return {k: getattr(a, k) for k, d in OPTION_DEFAULTS.items() if getattr(a, k) != d}
 
 
 def as_attention_config(attention) -> AttentionConfig:
@@ -60,17 +87,17 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
         check_choice("attention.cross_backend", a.cross_backend, get_args(CrossBackend))
     check_choice("attention.local", a.local, LOCAL_BACKENDS)
     check_choice("attention.out_a2a", a.out_a2a, OUT_A2A_MODES)
+    parallel = a.backend in PARALLEL_BACKENDS
+    registry.check_options(a.backend, given_options(a), local=a.local if parallel else None,
+                           cross=a.cross_backend)
     if a.out_a2a != "flat" and a.backend not in ("ulysses", "ulysses_ring"):
         raise ConfigError(
             f"attention.out_a2a={a.out_a2a!r} applies to the Ulysses output exchange, but "
             f"attention.backend={a.backend!r} has none; use backend=ulysses or ulysses_ring, "
             f"or out_a2a=flat")
-    if a.ulysses_shards and a.backend != "ulysses_ring":
-        raise ConfigError(f"attention.ulysses_shards={a.ulysses_shards} only applies to "
-                          f"backend=ulysses_ring (got {a.backend!r}); remove it or switch backend")
     if a.ulysses_shards < 0:
         raise ConfigError(f"attention.ulysses_shards={a.ulysses_shards} must be >= 0")
-    for k in ("block_q", "block_kv"):
+    for k in ("block_q", "block_kv", "block_kv_compute", "block_q_bwd", "block_kv_bwd"):
         if getattr(a, k) is not None and getattr(a, k) < 1:
             raise ConfigError(f"attention.{k}={getattr(a, k)} must be >= 1")
     if mesh_sizes is None or num_heads is None or a.backend not in PARALLEL_BACKENDS:

@@ -5,12 +5,17 @@ are the kernel's defaults (the kernel functions read them from here).
 
 ``interpret`` (Pallas kernels): ``None`` means "decide from the target platform"
 (:func:`ditax.parallel.platform.platform_of`); plans resolve it to a bool before tracing.
+
+These classes are the one vocabulary of attention options: ``attend(**options)`` and the
+``attention.<option>`` config keys are their field names
+(:func:`ditax.attention.registry.option_vocabulary`), and an option that none of the kernels
+a call runs takes is refused in one line (:func:`ditax.attention.registry.check_options`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from ditax.errors import ConfigError
@@ -24,7 +29,8 @@ class Options:
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
+        """The option names a caller sets (fields marked ``internal`` are filled by ditax)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal"))
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,9 @@ class SequenceOptions(Options):
     block_q: int = 128                 # given to a local kernel that takes it
     block_kv: int = 128
     interpret: Optional[bool] = None   # given to a Pallas local kernel; None = from platform
+    # the local kernel's further options (e.g. splash's fused_bwd) as (name, value) pairs,
+    # sorted; attend() / the config set them by their own names, next to these
+    local_options: tuple = field(default=(), metadata={"internal": True})
 
 
 @dataclass(frozen=True)
@@ -77,15 +86,6 @@ class OptionError(ConfigError, TypeError):
     command line reports as a bad config (exit 2)."""
 
 
-def make_options(backend: str, cls: type, values: dict):
-    """``cls(**values)``, or an :class:`OptionError` naming the options ``backend`` takes."""
-    bad = sorted(set(values) - set(cls.names()))
-    if bad:
-        raise OptionError(f"attention backend {backend!r} does not take option(s) {bad}; "
-                        f"it takes {sorted(cls.names())}")
-    return cls(**values)
-
-
 def pick(cls: type, values: dict):
     """``cls`` built from the entries of ``values`` that are its fields (None values skipped,
     so the class default applies)."""
@@ -93,4 +93,4 @@ def pick(cls: type, values: dict):
 
 
 __all__ = ["Options", "NoOptions", "BlockwiseOptions", "FlashOptions", "SplashOptions",
-           "SequenceOptions", "UlyssesRingOptions", "make_options", "pick"]
+           "SequenceOptions", "UlyssesRingOptions", "OptionError", "pick"]

@@ -3,31 +3,29 @@ platform) and :class:`AttentionPlan` (a model's self- and cross-attention, built
 :class:`~ditax.attention.config.AttentionConfig` and the mesh).
 
 Resolution happens once, before tracing: ``backend="auto"`` becomes a name, option names are
-checked against the backend's options class, and ``interpret=None`` becomes the target
+checked against the backends' options classes (one rule for ``attend`` and the config,
+:func:`~ditax.attention.registry.check_options`), and ``interpret=None`` becomes the target
 platform's choice. A model holds its plan and calls ``plan.self_attn(q, k, v, kv_mask=...)``.
+:func:`entry_context` is what an entry point wraps a run in for the configured backends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import contextlib
+from dataclasses import dataclass, replace
+from typing import ContextManager, Optional
 
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from ditax.attention import registry
 from ditax.attention.blocks import TPU_BLOCK, default_block
-from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig
-from ditax.attention.options import Options, make_options, pick
+from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig, given_options
+from ditax.attention.options import Options, pick
 from ditax.attention.local import LocalRun
 from ditax.attention.sharded import sharded_local_attention
 from ditax.errors import RequestError
 from ditax.parallel.platform import Platform, platform_of, target_platform
-
-#: AttentionConfig fields that are backend options (each backend takes the ones its options
-#: class has).
-CONFIG_OPTIONS = ("local", "out_a2a", "ulysses_shards", "block_q", "block_kv")
-
 
 @dataclass(frozen=True)
 class AttentionCall:
@@ -54,7 +52,8 @@ class AttentionCall:
         if self.entry.kind == "local":
             return self.backend, self.options
         entry = registry.get(self.options.local)
-        return entry.name, pick(entry.options, self.options.kwargs())
+        return entry.name, pick(entry.options, dict(self.options.local_options,
+                                                    **self.options.kwargs()))
 
     def __call__(self, q, k, v, *, kv_mask=None, scale=None):
         check_shapes(q, k, v, kv_mask)
@@ -84,8 +83,9 @@ def resolve(backend: str, options: dict, *, mesh=None, platform: Optional[Platfo
 
     ``backend="auto"`` becomes :func:`~ditax.attention.registry.auto_backend` of the platform
     for ``dtype`` / ``head_dim`` (the q that will be passed). Unknown backend → ValueError
-    with a suggestion; an option the backend does not take → TypeError naming the ones it
-    takes.
+    with a suggestion; an option the backend (for a sequence backend: nor its local kernel)
+    does not take → :class:`~ditax.attention.options.OptionError` (a TypeError) naming the
+    ones it takes.
     """
     platform = platform or platform_of(mesh)
     name = (registry.auto_backend(platform, dtype=dtype, head_dim=head_dim)
@@ -94,7 +94,7 @@ def resolve(backend: str, options: dict, *, mesh=None, platform: Optional[Platfo
     if platform.name == "tpu":      # unset blocks: the TPU default, not the options' 128
         blocks = {k: TPU_BLOCK for k in ("block_q", "block_kv") if k in entry.options.names()}
         options = {**blocks, **options}
-    opts = make_options(name, entry.options, options)
+    opts = registry.backend_options(name, options)
     return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
 
 
@@ -123,16 +123,47 @@ def cross_backend(acfg: AttentionConfig) -> tuple[str, str]:
     return acfg.backend, "backend"
 
 
-def _config_call(name: str, acfg: AttentionConfig, mesh, platform: Platform, dtype,
-                 head_dim) -> AttentionCall:
-    if name == "auto":
-        name = registry.auto_backend(platform, dtype=dtype, head_dim=head_dim)
+def _config_call(name: str, values: dict, mesh, platform: Platform) -> AttentionCall:
+    """One site's call: each kernel gets the options of ``values`` its class has (a sequence
+    backend also those of its local kernel, in ``local_options``)."""
     entry = registry.get(name)
-    values = {k: getattr(acfg, k) for k in CONFIG_OPTIONS}
-    for k in ("block_q", "block_kv"):
-        values[k] = default_block(platform.name) if values[k] is None else values[k]
     opts = pick(entry.options, values)
+    if entry.kind == "sequence":
+        local = registry.get(opts.local).options.names()
+        rest = sorted((k, v) for k, v in values.items()
+                      if k in local and k not in entry.options.names() and v is not None)
+        opts = replace(opts, local_options=tuple(rest))
     return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
+
+
+def sites(acfg: AttentionConfig) -> tuple[str, ...]:
+    """Every backend name a config runs (``auto`` as written): self-attention, its local
+    kernel for a sequence backend, and cross-attention."""
+    names = [acfg.backend, cross_backend(acfg)[0]]
+    if acfg.backend in PARALLEL_BACKENDS:
+        names.insert(1, acfg.local)
+    return tuple(dict.fromkeys(names))
+
+
+def _entries(acfg: AttentionConfig) -> list[registry.Backend]:
+    names = [c for n in sites(acfg) for c in (registry.AUTO_CHOICES if n == "auto" else (n,))]
+    return [registry.get(n) for n in dict.fromkeys(names)]
+
+
+def needs_entry_context(acfg: AttentionConfig) -> bool:
+    """Whether a backend the config runs declares an entry context (TE does)."""
+    return any(e.entry_context is not None for e in _entries(acfg))
+
+
+def entry_context(acfg: AttentionConfig, mesh=None, say=print) -> ContextManager:
+    """The entry contexts (:attr:`~ditax.attention.registry.Backend.entry_context`) of every
+    backend the config runs, entered together (a no-op context when none declares one);
+    ``say`` announces each. For entry points (``ditax.cli.run.run_context``), not layers."""
+    stack = contextlib.ExitStack()
+    for entry in _entries(acfg):
+        if entry.entry_context is not None:
+            stack.enter_context(entry.enter(mesh, say))
+    return stack
 
 
 def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
@@ -147,9 +178,17 @@ def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
     """
     acfg = acfg or AttentionConfig()
     platform = platform_of(mesh)
-    cross, _ = cross_backend(acfg)
-    calls = [_config_call(name, acfg, mesh, platform, dtype, head_dim)
-             for name in (acfg.backend, cross)]
+    names = [registry.auto_backend(platform, dtype=dtype, head_dim=head_dim) if n == "auto"
+             else n for n in (acfg.backend, cross_backend(acfg)[0])]
+    given = given_options(acfg)
+    # the config's rule again with `auto` decided: an option no kernel that runs takes
+    registry.check_options(names[0], given, cross=names[1] if acfg.cross_backend else None,
+                           local=acfg.local if acfg.backend in PARALLEL_BACKENDS else None)
+    values = {**given, "local": acfg.local, "out_a2a": acfg.out_a2a,
+              "ulysses_shards": acfg.ulysses_shards}
+    for k in ("block_q", "block_kv"):
+        values[k] = default_block(platform.name) if values.get(k) is None else values[k]
+    calls = [_config_call(name, values, mesh, platform) for name in names]
     return AttentionPlan(*calls, mesh, platform,
                          num_heads, head_dim, None if dtype is None else jnp.dtype(dtype).name)
 
@@ -170,4 +209,4 @@ def check_shapes(q, k, v, kv_mask=None):
 
 
 __all__ = ["AttentionCall", "AttentionPlan", "plan_attention", "resolve", "cross_backend",
-           "check_shapes", "CONFIG_OPTIONS"]
+           "check_shapes", "sites", "entry_context", "needs_entry_context"]

@@ -4,23 +4,29 @@ Every backend is a :class:`Backend` entry in :data:`BACKENDS`: where its functio
 (imported on first use, so optional dependencies stay optional), its options class
 (:mod:`ditax.attention.options`), and its capabilities — platforms it compiles on (and where
 it runs interpreted), dtypes, head dims, masks, whether it returns the log-sum-exp a ring
-merge needs and whether it can continue from a previous partial result. Dispatch, plans and
+merge needs and whether it can continue from a previous partial result — and the context an
+entry point enters around a run that uses it (TE: its global mesh resource). Dispatch, plans and
 :func:`ditax.attention.check_available` read these fields; nothing inspects function
 signatures.
+
+The options classes are the one vocabulary of options (:func:`option_vocabulary`):
+:func:`backend_options` builds a backend's options from ``attend``-style keywords and
+:func:`check_options` refuses, in one line, an option that none of the kernels a call runs
+takes — for ``attend(...)`` and for the ``attention.<option>`` config keys alike.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import contextlib
 import logging
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable, ContextManager, Optional
 
 import jax.numpy as jnp
 
 from ditax.attention import options as opt
-from ditax.attention.config import LOCAL_BACKENDS, PARALLEL_BACKENDS
 from ditax.errors import AttentionUnavailable
 from ditax.parallel.platform import GPU_PLATFORMS, Platform, platform_of
 
@@ -51,6 +57,9 @@ class Backend:
     ``masks``: ``"any"`` key mask or only ``"prefix"`` masks (valid keys first).
     ``ring_local``: for a kernel with ``lse="none"``, the kernel a ring runs in its place
     (named in a log line once); None: a ring refuses it.
+    ``entry_context``: ``"module:function"``, ``function(mesh, say)`` returning the context
+    manager an entry point enters around a run that uses this backend (``say`` announces
+    it); None: it needs none.
     """
 
     name: str
@@ -71,11 +80,18 @@ class Backend:
     ring_local: Optional[str] = None
     requires: Optional[str] = None                 # importable module it needs
     requires_fix: str = ""
+    entry_context: Optional[str] = None            # "module:function"(mesh, say)
 
     def load(self) -> Callable:
         """The backend function (its module imported on first use)."""
-        mod_name, fn_name = self.target.split(":")
-        return getattr(importlib.import_module(mod_name), fn_name)
+        return _load(self.target)
+
+    def enter(self, mesh=None, say=print) -> ContextManager:
+        """The context an entry point wraps a run using this backend in (a no-op when it
+        declares none)."""
+        if self.entry_context is None:
+            return contextlib.nullcontext()
+        return _load(self.entry_context)(mesh, say)
 
     def default_interpret(self, platform: Platform) -> Optional[bool]:
         """Pallas interpret mode when ``interpret=None``: off the platforms it compiles on."""
@@ -169,15 +185,17 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("te", "ditax.attention.te:te_attention", title="TransformerEngine fused attention",
             masks="prefix", ring_local="blockwise", requires="transformer_engine.jax",
             requires_fix="install ditax[gpu] (transformer-engine[jax]) on a CUDA machine, or "
-                         "use backend='xla'", **_CUDA),
+                         "use backend='xla'", entry_context="ditax.attention.te:te_entry_context",
+            **_CUDA),
     Backend("ulysses", _SEQ, opt.SequenceOptions, kind="sequence"),
     Backend("ring", _SEQ, opt.SequenceOptions, kind="sequence"),
     Backend("ulysses_ring", _SEQ, opt.UlyssesRingOptions, kind="sequence"),
 )}
-assert tuple(BACKENDS) == LOCAL_BACKENDS + PARALLEL_BACKENDS, "registry and config names differ"
 
 _AUTO = {"tpu": "splash", "cuda": "cudnn"}
 _AUTO_FALLBACK = {"cuda": "blockwise"}     # when the platform's kernel refuses the inputs
+#: every kernel ``backend="auto"`` may run (on some platform, for some inputs)
+AUTO_CHOICES = tuple(dict.fromkeys((*_AUTO.values(), *_AUTO_FALLBACK.values(), "xla")))
 _logged: set = set()
 
 
@@ -231,6 +249,11 @@ def ring_kernel(entry: Backend, backend: str) -> Backend:
     return BACKENDS[entry.ring_local]
 
 
+def _load(target: str):
+    mod_name, fn_name = target.split(":")
+    return getattr(importlib.import_module(mod_name), fn_name)
+
+
 def get(name: str) -> Backend:
     """The registry entry for ``name``; ValueError with a suggestion for an unknown name."""
     if name in BACKENDS:
@@ -241,5 +264,77 @@ def get(name: str) -> Backend:
                      f"choose one of: auto, {', '.join(BACKENDS)}")
 
 
-__all__ = ["Backend", "BACKENDS", "auto_backend", "ring_kernel", "get",
-           "cudnn_head_dim_limit"]
+# ---------------------------------------------------------------- the options vocabulary
+
+# where an option applies, in words, where "backend a, b" would say less
+_APPLIES = {"out_a2a": "the Ulysses output exchange (backend ulysses or ulysses_ring)"}
+
+
+def _applies(option: str, backends: tuple[str, ...]) -> str:
+    if option in _APPLIES:
+        return _APPLIES[option]
+    if not backends:
+        return "no backend (it is no attention option)"
+    return ("backend " if len(backends) == 1 else "backends ") + ", ".join(backends)
+
+
+def takes(name: str) -> tuple[str, ...]:
+    """The option names backend ``name`` takes (its options class's fields); for ``auto``
+    those of any kernel it may choose (:data:`AUTO_CHOICES`)."""
+    if name == "auto":
+        return tuple(dict.fromkeys(n for c in AUTO_CHOICES for n in get(c).options.names()))
+    return get(name).options.names()
+
+
+def option_vocabulary() -> dict[str, tuple[str, ...]]:
+    """``{option: backends that take it}`` over every backend's options class — every
+    keyword ``attend`` takes for some backend, and every ``attention.<option>`` config key
+    besides ``backend`` / ``cross_backend``."""
+    out: dict[str, list[str]] = {}
+    for name, entry in BACKENDS.items():
+        for option in entry.options.names():
+            out.setdefault(option, []).append(name)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def check_options(backend: str, given: dict, *, local: Optional[str] = None,
+                  cross: Optional[str] = None) -> None:
+    """Raise :class:`~ditax.attention.options.OptionError` (a ConfigError and a TypeError)
+    when an option in ``given`` applies to none of the kernels a call runs: ``backend``, for
+    a sequence backend also its ``local`` kernel, and the cross-attention backend ``cross``
+    (a config's; None: the same kernels). One line naming the backend and what it takes —
+    the same words for ``attend(...)`` and for the config."""
+    names = [n for n in (backend, local, cross) if n is not None]
+    accepted = set().union(*(takes(n) for n in names))
+    bad = sorted(set(given) - accepted)
+    if not bad:
+        return
+    vocab = option_vocabulary()
+    withs = [f"{k}={n!r}" for k, n in (("local", local), ("cross_backend", cross))
+             if n is not None and n != backend]
+    shown = f"{sorted(accepted)}" if accepted else "none"
+    if withs:
+        shown += f" (with {', '.join(withs)})"
+    where = [f"{k}={given[k]!r} applies to " + _applies(k, vocab.get(k, ())) for k in bad]
+    raise opt.OptionError(f"attention backend {backend!r} does not take option(s) {bad}; it "
+                          f"takes {shown}; " + "; ".join(where))
+
+
+def backend_options(name: str, values: dict) -> opt.Options:
+    """The options object of backend ``name`` from ``attend``-style keywords ``values``
+    (:func:`check_options` first). A sequence backend keeps the options of its local kernel
+    that are not its own in ``local_options`` (e.g. ``fused_bwd`` for ``local="splash"``)."""
+    entry = get(name)
+    if entry.kind != "sequence":
+        check_options(name, values)
+        return entry.options(**values)
+    local = values.get("local", entry.options.local)
+    check_options(name, values, local=local)
+    own = {k: v for k, v in values.items() if k in entry.options.names()}
+    rest = tuple(sorted((k, v) for k, v in values.items() if k not in own))
+    return entry.options(**own, local_options=rest)
+
+
+__all__ = ["Backend", "BACKENDS", "AUTO_CHOICES", "auto_backend", "ring_kernel", "get",
+           "cudnn_head_dim_limit", "option_vocabulary", "takes", "check_options",
+           "backend_options"]

@@ -33,10 +33,11 @@ The call (checked against the TE source of v2.18 and main/2.20.0.dev0; ``ditax[g
   backend; the steps of a ``ring`` run ``blockwise``, see the registry), so TE sees one
   device's arrays; ``context_parallel_axis`` stays empty and TE does no CP of its own.
 - TE asserts that a global ``MeshResource`` is set (``sharding.py:379``):
-  :func:`configure_te` (or :func:`entry_context`, which the CLI uses) enters TE's
-  ``global_shard_guard`` for the ``with`` block; the guard restores the previous resource on
-  exit (``sharding.py:355-370``). Nothing else is touched: no environment variable, no jax
-  config, so nothing process-wide is left behind.
+  :func:`configure_te` (or :func:`te_entry_context`, the registry entry's entry context
+  that the CLI's run context enters) enters TE's ``global_shard_guard`` for the ``with``
+  block; the guard restores the previous resource on exit (``sharding.py:355-370``).
+  Nothing else is touched: no environment variable, no jax config, so nothing process-wide
+  is left behind.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ import warnings
 import jax.numpy as jnp
 
 from ditax.attention import platform
-from ditax.attention.config import PARALLEL_BACKENDS
 from ditax.attention.lengths import finish_rows, key_lengths
 from ditax.attention.registry import BACKENDS
 from ditax.errors import AttentionUnavailable
@@ -145,19 +145,10 @@ def configure_te(mesh=None):
         yield resource
 
 
-def uses_te(attention_cfg) -> bool:
-    """Whether any attention path of an :class:`~ditax.config.AttentionConfig` is ``te``."""
-    a = attention_cfg
-    return "te" in (a.backend, a.cross_backend) or (
-        a.backend in PARALLEL_BACKENDS and a.local == "te")
-
-
-def entry_context(attention_cfg, mesh=None, say=print):
-    """What an entry point (``ditax generate`` / ``train`` / ``bench``) wraps its work in:
-    :func:`configure_te` when the config uses ``te`` (announced with ``say``), otherwise a
-    no-op context."""
-    if not uses_te(attention_cfg):
-        return contextlib.nullcontext()
+def te_entry_context(mesh=None, say=print):
+    """The ``te`` registry entry's entry context: :func:`configure_te` for ``mesh``,
+    announced with ``say``. Entry points enter it through
+    :func:`ditax.attention.plan.entry_context` when a configured attention path is ``te``."""
     say("attention te: TransformerEngine MeshResource "
         f"{te_mesh_resource_kwargs(mesh) or '(single device)'} for this run")
     return configure_te(mesh)

@@ -29,19 +29,16 @@ def add_arguments(p: argparse.ArgumentParser):
 def run(args) -> int:
     import jax
 
-    from ditax.attention.te import entry_context
     from ditax.bench import forward_benchmark
-    from ditax.cli.status import status_line
-    from ditax.compile_cache import compile_cache
+    from ditax.cli.run import run_context
     from ditax.config import load_config, validate
     from ditax.parallel import make_mesh
-    from ditax.phases import phase
 
     cfg = load_config(args.config, args.overrides)
     validate(cfg, jax.device_count())
     mesh = make_mesh(cfg.mesh)
-    with entry_context(cfg.attention, mesh), compile_cache(cfg.compile_cache), \
-            status_line(not args.no_progress), phase("bench"):
+    with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache,
+                     status=not args.no_progress, phase="bench"):
         row = forward_benchmark(cfg, mesh, args.latent, args.text_len, args.repeats)
     print(json.dumps(row))
     return 0

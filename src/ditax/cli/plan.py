@@ -86,7 +86,7 @@ def run(args) -> int:
     devices, chip = target_devices(args)
     import jax
 
-    from ditax.compile_cache import compile_cache
+    from ditax.cli.run import run_context
     from ditax.config import load_config, validate
     from ditax.parallel import make_mesh
     from ditax.plan import plan
@@ -95,7 +95,8 @@ def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     validate(cfg, len(devices), training=args.train)
     mesh = make_mesh(cfg.mesh, devices)
-    with compile_cache(cfg.compile_cache):
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print  # noqa: E731
+    with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache, say=say):
         out = plan(cfg, mesh, args.latent, args.compile or args.dump_hlo is not None,
                    train=args.train, chip=chip, hlo_path=args.dump_hlo)
     if args.target is not None:

@@ -45,19 +45,18 @@ def run(args) -> int:
         initialize_distributed(cfg.mesh)
     validate(cfg, jax.device_count(), training=True)
 
-    from ditax.attention.te import entry_context, uses_te
-    from ditax.compile_cache import compile_cache
+    from ditax.attention.plan import needs_entry_context
+    from ditax.cli.run import run_context
     from ditax.parallel.mesh import make_mesh
-    from ditax.phases import phase
     from ditax.train.checkpoint import CheckpointError
     from ditax.train.data import DataError
     from ditax.train.loop import NonFiniteLoss, train
 
-    te_mesh = make_mesh(cfg.mesh) if uses_te(cfg.attention) else None
-    try:
-        with entry_context(cfg.attention, te_mesh), compile_cache(cfg.compile_cache):
-            with phase("train"):    # an out-of-memory names it (ditax.cli.oom)
-                res = train(cfg, progress=not args.no_progress)
+    # train() builds its own mesh; an entry context (TE's MeshResource) needs one here too
+    mesh = make_mesh(cfg.mesh) if needs_entry_context(cfg.attention) else None
+    try:        # the phase: an out-of-memory names it (ditax.cli.oom)
+        with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache, phase="train"):
+            res = train(cfg, progress=not args.no_progress)
     except (DataError, CheckpointError, NonFiniteLoss) as e:
         if isinstance(e, DitaxError):       # a data.source that does not fit: exit 2
             raise

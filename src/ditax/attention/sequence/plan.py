@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from ditax.attention import registry
 from ditax.attention.blocks import effective_block, round_up
 from ditax.attention.config import OUT_A2A_MODES
-from ditax.attention.options import make_options, pick
+from ditax.attention.options import pick
 from ditax.attention.local import LocalRun
 from ditax.intmath import ceil_div
 from ditax.parallel.axes import (
@@ -154,7 +154,7 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
                          f"ulysses, ring, ulysses_ring")
     o = options if options is not None else {}
     if isinstance(o, dict):
-        o = make_options(backend, entry.options, o)
+        o = registry.backend_options(backend, o)
     _check_options(backend, o)
     context = _context(mesh)
     R, U = ring_ulysses(backend, context, o)
@@ -169,7 +169,8 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
                              f"(Lq={L} != Lk={kv_len}): text K/V are replicated and there is "
                              f"no Ulysses exchange; use out_a2a='flat' or 'chunked'")
         check_heads_divide(N, mesh, "cross attention")
-        values = dict(block_q=o.block_q, block_kv=o.block_kv, interpret=o.interpret)
+        values = dict(o.local_options, block_q=o.block_q, block_kv=o.block_kv,
+                      interpret=o.interpret)
         local = LocalRun(entry, pick(entry.options, values))
         return SequencePlan(backend, mesh, 1, 1, L, L, local, o.out_a2a, False, (),
                             context_grid(mesh, 1, 1), cross=True, interpret=o.interpret)
@@ -202,7 +203,8 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
                              + "; ".join(reasons))
     kernel_path = o.out_a2a == "shard_major" or (o.out_a2a == "chunked" and U > 1
                                                  and not reasons)
-    values = dict(block_q=bq or o.block_q, block_kv=bkv or o.block_kv, interpret=o.interpret)
+    values = dict(o.local_options, block_q=bq or o.block_q, block_kv=bkv or o.block_kv,
+                  interpret=o.interpret)
     local = LocalRun(entry, pick(entry.options, values), need_lse=R > 1)
     return SequencePlan(backend, mesh, R, U, L, Lc, local, o.out_a2a, kernel_path,
                         tuple(reasons), context_grid(mesh, R, U), block_q=bq, block_kv=bkv,
