@@ -75,10 +75,8 @@ def run(args) -> int:
     import jax
 
     import ditax
-    from ditax.attention.te import entry_context
     from ditax.cli.generate import check_model_and_attention, folder_defaults, read_images
-    from ditax.cli.status import status_line
-    from ditax.compile_cache import compile_cache
+    from ditax.cli.run import run_context
     from ditax.config import load_config, parse_overrides, validate
     from ditax.config.sample import SAMPLE_PRESETS
     from ditax.pipelines.calibrate import calibrate
@@ -131,8 +129,8 @@ def run(args) -> int:
     mesh = ditax.make_mesh(cfg.mesh) if use_mesh else None
     load = dict(path=args.model, dtype=cfg.model.dtype, attention=cfg.attention)
     check_model_and_attention(load, mesh)
-    with entry_context(cfg.attention, mesh), compile_cache(cfg.compile_cache), \
-            status_line(not args.no_progress):
+    with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache,
+                     status=not args.no_progress):
         pipe = ditax.load_pipeline(args.model, dtype=cfg.model.dtype, mesh=mesh,
                                    attention=cfg.attention, cfg_mode=s.cfg_mode,
                                    flow_shift=s.flow_shift,

@@ -281,19 +281,17 @@ def check_model_and_attention(load: dict, mesh, call: dict | None = None) -> Non
 def run(args) -> int:
     load, call = parse_request(args)
     import ditax
-    from ditax.attention.te import entry_context
-    from ditax.cli.status import status_line
-    from ditax.compile_cache import compile_cache
+    from ditax.cli.run import run_context
     from ditax.io.video import write_frames, write_mp4
 
     mesh_cfg = load.pop("mesh_config")
-    cache = compile_cache(load.pop("compile_cache"))
+    cache = load.pop("compile_cache")
     mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
     check_model_and_attention(load, mesh, call)
     if mesh is not None:
         print(f"mesh: {dict(mesh.shape)}")
     show = not args.no_progress
-    with entry_context(load["attention"], mesh), cache as folder, status_line(show):
+    with run_context(load["attention"], mesh, compile_cache=cache, status=show) as folder:
         print(f"compile cache: {folder or 'off'}")
         pipe = ditax.load_pipeline(load.pop("path"), mesh=mesh, **load)
         with request_errors():  # e.g. a size this folder's VAE cannot take
