@@ -20,7 +20,12 @@ from jax.sharding import Mesh
 
 from ditax.attention import registry
 from ditax.attention.blocks import TPU_BLOCK, default_block
-from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig, given_options
+from ditax.attention.config import (
+    PARALLEL_BACKENDS,
+    AttentionConfig,
+    as_attention_config,
+    given_options,
+)
 from ditax.attention.options import Options, pick
 from ditax.attention.local import LocalRun
 from ditax.attention.sharded import sharded_local_attention
@@ -176,7 +181,7 @@ def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
     ``auto`` is decided for it and for ``dtype`` / ``head_dim`` (the model's compute dtype
     and head dim).
     """
-    acfg = acfg or AttentionConfig()
+    acfg = as_attention_config(acfg)
     platform = platform_of(mesh)
     names = [registry.auto_backend(platform, dtype=dtype, head_dim=head_dim) if n == "auto"
              else n for n in (acfg.backend, cross_backend(acfg)[0])]
