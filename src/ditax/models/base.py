@@ -26,15 +26,36 @@ from ditax.models import registry
 from ditax.models.registry import DEFAULT_FAMILY
 
 
-class Encoders(Protocol):
-    """What preprocessing needs from a family: its video encoder and its text encoder."""
+@dataclasses.dataclass
+class TextEncoding:
+    """A text encoder's output for ``B`` captions: ``embeddings [B, T, Dt]``, ``mask [B, T]``
+    (1 = token), and ``extra``: further per-caption outputs by name (Flux: a pooled vector
+    ``"pooled" [B, Dp]``), stored with each sample beside its condition entries, so the family
+    declares them in :meth:`ModelFamily.condition_shapes` and reads them in ``condition``."""
 
+    embeddings: Any
+    mask: Any
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+class Encoders(abc.ABC):
+    """What preprocessing needs from a family: its latent encoder, its text encoder and the
+    per-clip condition (image-to-video); a family's :meth:`ModelFamily.load_encoders` returns
+    a subclass."""
+
+    @abc.abstractmethod
     def encode_video(self, video) -> Any:
         """``[B, 3, F, H, W]`` in ``[-1, 1]`` → latents ``[B, C, F', Y, X]`` in the space the
-        denoiser is trained in."""
+        denoiser is trained in (an image family takes ``F = 1``)."""
 
-    def encode_text(self, captions: list[str], text_len: int) -> tuple[Any, Any]:
-        """Captions → (embeddings ``[B, T, Dt]``, mask ``[B, T]``, 1 = token), ``T = text_len``."""
+    @abc.abstractmethod
+    def encode_text(self, captions: list[str], text_len: int) -> TextEncoding:
+        """Captions → :class:`TextEncoding` (embeddings ``[B, T, Dt]``, ``T = text_len``)."""
+
+    def encode_condition(self, video) -> dict:
+        """Per-clip condition entries (name → array) for one clip ``[3, F, H, W]`` in [-1, 1],
+        as :meth:`ModelFamily.condition_shapes` declares them; none by default."""
+        return {}
 
 
 class ModelFamily(abc.ABC):
@@ -126,6 +147,64 @@ class ModelFamily(abc.ABC):
         """The video and text encoders of a pipeline folder (for ``ditax preprocess``)."""
         raise ConfigError(f"model family {cls.name!r} has no encoders for preprocessing")
 
+    def lora_table(self):
+        """The weight table LoRA adapters are placed and named by (diffusers names, a
+        :mod:`ditax.lora.table` table); None: the family has no LoRA support."""
+        return None
+
+    # -- inference and family trainers ----------------------------------------------------------
+
+    @classmethod
+    def load_transformer(cls, path, **kwargs):
+        """The family's inference transformer from ``path`` (a folder whose ``config.json``
+        ``_class_name`` is one of the family's ``transformer_classes``, or a pipeline folder);
+        what :func:`ditax.load_transformer` returns for it."""
+        raise ConfigError(f"model family {cls.name!r} has no transformer loader")
+
+    def random_transformer(self, mesh, seed: int = 0):
+        """The inference transformer of :meth:`load_transformer`, randomly initialised from
+        ``seed`` (sharded over ``mesh``), for ``ditax bench``."""
+        raise ConfigError(f"model family {self.name!r} has no random transformer for bench")
+
+    @classmethod
+    def trainers(cls) -> dict[str, str]:
+        """The family's own trainers beside ``ditax.train`` (kind → ``"module:Name"`` of a
+        :class:`FamilyTrainer`; a string, since a model never imports ``ditax.train``), e.g.
+        ``{"vae": ...}`` for ``ditax train-vae``; none by default."""
+        return {}
+
+    @classmethod
+    def trainer(cls, kind: str) -> FamilyTrainer:
+        """The family's :class:`FamilyTrainer` of ``kind`` (see :meth:`trainers`);
+        :class:`ConfigError` naming the kinds it has."""
+        found = cls.trainers().get(kind)
+        if found is None:
+            have = ", ".join(sorted(cls.trainers())) or "none"
+            raise ConfigError(f"model family {cls.name!r} has no {kind} trainer (it has: "
+                              f"{have})")
+        return registry.resolve(found)()
+
+
+class FamilyTrainer(abc.ABC):
+    """A trainer a family provides for one of its parts (its VAE): config, checks, training.
+    Named by :meth:`ModelFamily.trainers`; ``ditax train-vae`` finds it there."""
+
+    config_class: ClassVar[type]     # the trainer's config dataclass (``ditax config --vae``)
+
+    @abc.abstractmethod
+    def load_config(self, config, overrides: list[str], listing: bool = False):
+        """The trainer's checked config from a YAML path (or None) and ``key=value``
+        overrides (``listing``: skip the rules only a run needs, such as a data folder)."""
+
+    def check_devices(self, cfg, devices: int) -> None:
+        """Raise :class:`ConfigError` when ``devices`` cannot run ``cfg``."""
+
+    @abc.abstractmethod
+    def train(self, cfg, *, devices, progress: bool = True):
+        """Train; returns a result with ``step``, ``losses``, ``folder``, ``interrupted``,
+        ``signal`` (and what the trainer adds)."""
+
+
 
 def register_family(cls: type[ModelFamily]) -> type[ModelFamily]:
     """Class decorator: make ``cls`` the runtime interface of the family named ``cls.name`` in
@@ -147,5 +226,6 @@ def model_family(model, attention=None) -> ModelFamily:
     return family_class(getattr(model, "family", DEFAULT_FAMILY))(model, attention)
 
 
-__all__ = ["ModelFamily", "Encoders", "register_family", "family_class", "model_family",
+__all__ = ["ModelFamily", "Encoders", "TextEncoding", "FamilyTrainer", "register_family",
+           "family_class", "model_family",
            "DEFAULT_FAMILY"]

@@ -32,11 +32,10 @@ class AdapterSplit:
     initialisation and re-assembly."""
 
     def __init__(self, family, cfg, mesh):
-        table = getattr(family, "lora_table", None)
-        if table is None:
+        self.table = family.lora_table()
+        if self.table is None:
             raise ConfigError(f"lora.rank={cfg.lora.rank}: model family {family.name!r} has no "
                               f"LoRA support; use lora.rank=0")
-        self.table = table()
         self.rank = cfg.lora.rank
         self.alpha = float(cfg.lora.alpha or cfg.lora.rank)
         targets = lora_targets(cfg.lora)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ditax.errors import ConfigError
-from ditax.models.base import ModelFamily, register_family
+from ditax.models.base import Encoders, ModelFamily, TextEncoding, register_family
 
 
 
@@ -137,8 +137,27 @@ class WanFamily(ModelFamily):
     def load_encoders(cls, folder, dtype: str = "float32") -> "WanEncoders":
         return WanEncoders(folder, dtype)
 
+    # -- inference and trainers -----------------------------------------------------------------
 
-class WanEncoders:
+    @classmethod
+    def load_transformer(cls, path, **kwargs):
+        """:func:`ditax.models.wan.loading.load_transformer` (folders and single files)."""
+        from ditax.models.wan.loading import load_transformer
+
+        return load_transformer(path, **kwargs)
+
+    def random_transformer(self, mesh, seed: int = 0):
+        from ditax.models.wan.build import init_model
+        from ditax.models.wan.loading import Transformer
+
+        return Transformer(init_model(self.model, self.attention, mesh, seed=seed), mesh)
+
+    @classmethod
+    def trainers(cls) -> dict[str, str]:
+        return {"vae": "ditax.train.wan.trainers:WanVAETraining"}    # ditax train-vae
+
+
+class WanEncoders(Encoders):
     """A Wan pipeline folder's VAE (``vae/``), UMT5 (``text_encoder/``) and ``tokenizer/``;
     for a Wan I2V folder (``WanImageToVideoPipeline`` without ``expand_timesteps``) also its
     image condition (:meth:`encode_condition`; CLIP from ``image_encoder/`` for Wan 2.1)."""
@@ -189,9 +208,10 @@ class WanEncoders:
         """Posterior mean, normalised with the VAE's latents mean / std."""
         return self.vae.normalize_latents(self.vae.encode(jnp.asarray(video).astype(self.dtype)))
 
-    def encode_text(self, captions, text_len: int):
+    def encode_text(self, captions, text_len: int) -> TextEncoding:
         """UMT5 embeddings padded to ``text_len`` (zeros past each prompt) and the token mask."""
         from ditax.models.umt5 import encode_prompt
 
         _, mask = self.tokenizer.encode(captions, text_len)
-        return encode_prompt(self.tokenizer, self.text_encoder, captions, text_len), mask
+        return TextEncoding(encode_prompt(self.tokenizer, self.text_encoder, captions, text_len),
+                            mask)
