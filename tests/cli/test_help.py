@@ -114,7 +114,7 @@ def test_ditax_config_preset_shows_its_values_against_the_defaults():
 
 
 def test_ditax_config_vae_lists_every_train_vae_key():
-    from ditax.config.vae_training import VAETrainConfig
+    from ditax.train.wan.vae_config import VAETrainConfig
 
     shown = shown_keys(run_config("--vae"))
     expected = leaf_keys(VAETrainConfig())

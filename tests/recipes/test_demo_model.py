@@ -79,8 +79,8 @@ def test_vae_training_resumes_bit_exactly_and_writes_a_diffusers_folder(recipe, 
     """Six steps, stop, resume to twelve: the same losses and weights as twelve in one go."""
     from diffusers import AutoencoderKLWan
 
-    from ditax.config.vae_training import load_vae_config
-    from ditax.train.vae import ClipBank, VAETrainer, train_vae
+    from ditax.train.wan.vae_config import load_vae_config
+    from ditax.train.wan.vae import ClipBank, VAETrainer, train_vae
 
     out = recipe[0]
     sizes = json.loads((out / "recipe.json").read_text())["sizes"]
@@ -110,7 +110,7 @@ def test_vae_training_resumes_bit_exactly_and_writes_a_diffusers_folder(recipe, 
     np.testing.assert_allclose(ref.config.latents_std, summary["latents_std"], rtol=1e-6)
     import torch
 
-    from ditax.train.vae import to_video
+    from ditax.train.wan.vae import to_video
 
     clip = to_video(bank.eval[:1])
     ours = trainer.reconstruct(b.state["params"], clip)
@@ -130,8 +130,8 @@ def test_vae_training_config_errors(tmp_path):
 
 def _sparse_bank(focus: float, candidates: int = 4):
     """96x96 clips of 9 frames: dark background, one 4x4 bright square per clip."""
-    from ditax.config.vae_training import VAEDataConfig
-    from ditax.train.vae import ClipBank
+    from ditax.train.wan.vae_config import VAEDataConfig
+    from ditax.train.wan.vae import ClipBank
 
     rng = np.random.default_rng(1)
     clips = np.full((40, 9, 96, 96, 3), 20, np.uint8)

@@ -285,9 +285,9 @@ def test_output_dir_is_checked_before_anything_loads(tmp_path, capsys):
 def test_vae_runs_follow_their_own_resume_policy(tmp_path):
     """train-vae: steps / eval cadence change freely, the optimiser with a printed line, the
     architecture and the clips are refused naming the key."""
-    from ditax.config.vae_training import load_vae_config, vae_config_dict
+    from ditax.train.wan.vae_config import load_vae_config, vae_config_dict
     from ditax.train.resume import check_resume
-    from ditax.train.vae import VAE_RESUME_POLICY
+    from ditax.train.wan.vae import VAE_RESUME_POLICY
 
     def cfg(**kw):
         return vae_config_dict(load_vae_config(None, **{"data.source": str(tmp_path), **kw}))

@@ -5,7 +5,7 @@ Without CONFIG it lists every key of ``ditax train`` with its default; with a pr
 YAML path (and overrides) the values that config resolves to, the default beside each value
 that differs. ``--vae``: the keys of ``ditax train-vae`` instead. Everything shown is read from
 the config dataclasses (:class:`ditax.config.Config`, the model family's config,
-:class:`ditax.config.vae_training.VAETrainConfig`): names, types, defaults, and the comment
+:class:`ditax.train.wan.vae_config.VAETrainConfig`): names, types, defaults, and the comment
 written beside a field in its source, so the listing cannot go stale. Nothing heavy loads.
 """
 
@@ -63,14 +63,17 @@ def render_vae(config: str | None = None, overrides: list[str] | None = None) ->
     import pathlib
 
     from ditax.config import preset_names
-    from ditax.config.vae_training import VAETrainConfig, load_vae_config
     from ditax.errors import RequestError
+    from ditax.models.base import DEFAULT_FAMILY, family_class
+
+    trainer = family_class(DEFAULT_FAMILY).trainer("vae")     # the Wan VAE's trainer
+    VAETrainConfig = trainer.config_class
 
     if config and config in preset_names() and not pathlib.Path(config).is_file():
         raise RequestError(f"{config!r} is a `ditax train` preset (ditax config {config}); "
                            f"--vae reads a YAML file of train-vae keys, or key=value only")
     shown = config or overrides
-    cfg = (load_vae_config(config, overrides, require_source=False) if shown
+    cfg = (trainer.load_config(config, overrides, listing=True) if shown
            else VAETrainConfig())
     head = (f"ditax train-vae {config or '[CONFIG.yaml]'}: " + ("the values of this config "
             "(default in brackets where it differs)" if shown else "every config key and its "

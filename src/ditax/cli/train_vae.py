@@ -1,6 +1,9 @@
 """``ditax train-vae [CONFIG.yaml] [key=value ...]``: train a Wan VAE on a folder of clips.
 
-Keys (see :mod:`ditax.config.vae_training`): ``vae.*`` (diffusers ``AutoencoderKLWan`` config:
+The trainer is the model family's (``--family``, default Wan: its
+:meth:`~ditax.models.base.ModelFamily.trainers` ``"vae"`` entry, here
+:class:`ditax.train.wan.trainers.WanVAETraining`). Wan's keys (see
+:mod:`ditax.train.wan.vae_config`): ``vae.*`` (diffusers ``AutoencoderKLWan`` config:
 ``base_dim``, ``z_dim``, ``dim_mult``, ``num_res_blocks``, ``temperal_downsample`` …),
 ``data.source`` (folder of videos), ``data.num_frames / height / width`` (what is read per
 clip), ``data.crop_frames`` / ``data.crop`` (training windows), ``data.eval_clips`` (held out
@@ -25,15 +28,18 @@ def add_arguments(p) -> None:
     p.add_argument("--devices", type=int, default=1,
                    help="data-parallel devices (batch_size must divide)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--family", default=None,
+                   help="model family whose VAE trainer runs (default: wan)")
 
 
 def run(args) -> int:
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config:          # no YAML, only overrides
         config, overrides = None, [config, *overrides]
-    from ditax.config.vae_training import load_vae_config
+    from ditax.models.base import DEFAULT_FAMILY, family_class
 
-    cfg = load_vae_config(config, overrides)
+    trainer = family_class(args.family or DEFAULT_FAMILY).trainer("vae")
+    cfg = trainer.load_config(config, overrides)
 
     import jax
 
@@ -44,14 +50,11 @@ def run(args) -> int:
                           f"devices; use --devices 1 to {jax.device_count()}")
     from ditax.train.checkpoint import CheckpointError
     from ditax.train.loop import NonFiniteLoss
-    from ditax.train.vae import ClipError, check_devices, train_vae
 
-    check_devices(cfg, args.devices)
+    trainer.check_devices(cfg, args.devices)
     try:
-        res = train_vae(cfg, devices=jax.devices()[:args.devices],
-                        progress=not args.no_progress)
-    except ClipError as e:
-        raise ConfigError(str(e)) from e
+        res = trainer.train(cfg, devices=jax.devices()[:args.devices],
+                            progress=not args.no_progress)
     except (CheckpointError, NonFiniteLoss) as e:
         raise CommandFailed(str(e)) from e
     if res.interrupted:

@@ -24,11 +24,13 @@ from ditax.errors import ConfigError, check_choice
 _NONE_WORDS = ("none", "null", "~")
 
 
-def _leaves(cls, prefix: str = "") -> dict[str, Any]:
+def leaf_types(cls, prefix: str = "") -> dict[str, Any]:
+    """``{dotted key: annotation}`` of every leaf field of dataclass ``cls`` (nested
+    dataclass fields are sections)."""
     out = {}
     for name, tp in typing.get_type_hints(cls).items():
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-            out.update(_leaves(tp, f"{prefix}{name}."))
+            out.update(leaf_types(tp, f"{prefix}{name}."))
         else:
             out[prefix + name] = tp
     return out
@@ -37,8 +39,8 @@ def _leaves(cls, prefix: str = "") -> dict[str, Any]:
 @functools.cache
 def key_types(model_cls: type) -> dict[str, Any]:
     """``{"mesh.fsdp": int, "model.remat": Literal[...], ...}`` for a model family's config."""
-    out = {k: v for k, v in _leaves(Config).items() if k != "model"}
-    out.update(_leaves(model_cls, "model."))
+    out = {k: v for k, v in leaf_types(Config).items() if k != "model"}
+    out.update(leaf_types(model_cls, "model."))
     return out
 
 

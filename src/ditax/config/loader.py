@@ -17,7 +17,7 @@ from typing import Any
 import pydantic
 
 from ditax.config.families import ConfigFamily, config_family
-from ditax.config.keys import check_key, key_types, parse_text, type_error
+from ditax.config.keys import check_key, key_types, leaf_types, parse_text, type_error
 from ditax.config.numbers import check_numbers
 from ditax.config.sample import expand_preset
 from ditax.config.schema import Config
@@ -44,7 +44,8 @@ def flatten_keys(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _nest(flat: dict[str, Any]) -> dict:
+def nest_keys(flat: dict[str, Any]) -> dict:
+    """``{"mesh.fsdp": 8}`` → ``{"mesh": {"fsdp": 8}}`` (the inverse of :func:`flatten_keys`)."""
     out: dict = {}
     for key, value in flat.items():
         *heads, last = key.split(".")
@@ -81,11 +82,13 @@ def load_yaml(name_or_path: str, _chain: tuple = ()) -> dict:
                           f"keys are words like optim: {{learning_rate: 1e-4}}")
     base = d.pop("base", None)
     if base:
-        d = _nest({**flatten_keys(load_yaml(base, (*_chain, p.resolve()))), **flatten_keys(d)})
+        d = nest_keys({**flatten_keys(load_yaml(base, (*_chain, p.resolve()))), **flatten_keys(d)})
     return d
 
 
-def _pairs(overrides: list[str] | None) -> list[tuple[str, str]]:
+def split_overrides(overrides: list[str] | None) -> list[tuple[str, str]]:
+    """``["mesh.fsdp=8"]`` → ``[("mesh.fsdp", "8")]`` (texts not yet parsed); a value that is
+    not a list of ``key=value`` strings is a :class:`ConfigError`."""
     # a bare string would be iterated letter by letter, a dict by its keys: both refused
     if overrides is not None and not isinstance(overrides, (list, tuple)):
         raise ConfigError(f"overrides must be a list of 'key=value' strings (e.g. "
@@ -118,8 +121,8 @@ def _apply(flat: dict[str, Any], pairs, types_: dict[str, Any]) -> dict[str, Any
 def parse_overrides(overrides: list[str] | None) -> dict:
     """``["mesh.fsdp=8", "model.remat=full"]`` → ``{"mesh": {"fsdp": 8}, "model": {...}}``
     (keys checked, values parsed for their field types, not yet validated)."""
-    pairs = _pairs(overrides)
-    return _nest(_apply({}, pairs, key_types(_family({}, pairs).config)))
+    pairs = split_overrides(overrides)
+    return nest_keys(_apply({}, pairs, key_types(_family({}, pairs).config)))
 
 
 @functools.cache
@@ -136,25 +139,59 @@ def from_flat(flat: dict[str, Any], family: ConfigFamily | None = None,
     types_ = key_types(family.config)
     for key in flat:
         check_key(key, types_)
-    nested = _nest(flat)
+    nested = nest_keys(flat)
     model = nested.pop("model", {})
+    root = _validate(_root(family.config), {"config": nested, "model": model}, flat, types_,
+                     given)
+    cfg = dataclasses.replace(root.config, model=root.model)
+    check_numbers(cfg, given=given)
+    return cfg
+
+
+def _validate(root, payload: dict, flat: dict, types_: dict, given: dict | None):
+    """``root.model_validate(payload)``; its first type error as a :class:`ConfigError`
+    naming the dotted key and the value as given."""
     try:
-        root = _root(family.config).model_validate({"config": nested, "model": model})
+        return root.model_validate(payload)
     except pydantic.ValidationError as err:
         e = err.errors()[0]
         parts = [str(p) for p in e["loc"] if isinstance(p, str)]
         key = ".".join(parts[1:] if parts[0] == "config" else parts)
         shown = (given or {}).get(key, flat.get(key, e["input"]))
         raise type_error(key, shown, types_.get(key)) from None
-    cfg = dataclasses.replace(root.config, model=root.model)
-    check_numbers(cfg, given=given)
+
+
+@functools.cache
+def _dataclass_root(cls: type) -> type[pydantic.BaseModel]:
+    return pydantic.create_model(f"Root_{cls.__name__}", __config__=_PYDANTIC,
+                                 config=(cls, ...))
+
+
+def load_dataclass(cls: type, path: str | None = None, overrides: list[str] | None = None, *,
+                   defaults: dict[str, Any] | None = None, values: dict[str, Any] | None = None):
+    """A config of any frozen dataclass ``cls`` (a family trainer's) read the way
+    :func:`load_config` reads a run's: ``defaults`` (dotted keys), then the YAML file ``path``
+    (optional; ``base:`` chains too), then ``values`` (dotted keys, Python values), then the
+    ``key=value`` texts of ``overrides`` — keys checked, types checked through pydantic,
+    every number finite and in range. Rules beyond types are the caller's."""
+    types_ = leaf_types(cls)
+    flat = dict(defaults or {})
+    flat.update(flatten_keys(load_yaml(path)) if path else {})
+    flat.update(values or {})
+    pairs = split_overrides(overrides)
+    for key in flat:
+        check_key(key, types_)
+    flat = _apply(flat, pairs, types_)
+    cfg = _validate(_dataclass_root(cls), {"config": nest_keys(flat)}, flat, types_,
+                    dict(pairs)).config
+    check_numbers(cfg, given=dict(pairs))
     return cfg
 
 
 def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> Config:
     """Load a preset name or YAML path, apply ``key=value`` overrides, return a frozen Config."""
     flat = flatten_keys(load_yaml(name_or_path)) if name_or_path else {}
-    pairs = _pairs(overrides)
+    pairs = split_overrides(overrides)
     family = _family(flat, pairs)
     flat = _apply(flat, pairs, key_types(family.config))
     # a sample preset fills its fields over the YAML's; the overrides given keep theirs
@@ -188,5 +225,6 @@ def replace(cfg, **changes):
     return dataclasses.replace(cfg, **flat)
 
 
-__all__ = ["PRESET_DIR", "preset_names", "load_yaml", "flatten_keys", "parse_overrides",
-           "from_flat", "load_config", "to_dict", "replace"]
+__all__ = ["PRESET_DIR", "preset_names", "load_yaml", "flatten_keys", "nest_keys",
+           "split_overrides", "parse_overrides", "from_flat", "load_config", "load_dataclass",
+           "to_dict", "replace"]

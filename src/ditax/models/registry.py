@@ -53,14 +53,14 @@ class FamilySpec:
         if self.config is None:
             raise ConfigError(f"model family {self.name!r} declares no config class, so a "
                               f"model: section cannot be read for it")
-        return _resolve(self.config)
+        return resolve(self.config)
 
     def family_class(self) -> type:
         """The :class:`~ditax.models.base.ModelFamily` subclass (imported on first use)."""
         if self.family is None:
             raise ConfigError(f"model family {self.name!r} declares no runtime interface "
                               f"(FamilySpec.family)")
-        return _resolve(self.family)
+        return resolve(self.family)
 
     @property
     def class_names(self) -> tuple[str, ...]:
@@ -71,7 +71,8 @@ _SPECS: dict[str, FamilySpec] = {}
 _discovered = False
 
 
-def _resolve(ref):
+def resolve(ref):
+    """The object a ``"module:Name"`` string names (imported); any other value as it is."""
     if not isinstance(ref, str):
         return ref
     module, sep, attr = ref.partition(":")
@@ -168,5 +169,5 @@ def family_names() -> list[str]:
     return sorted(_SPECS)
 
 
-__all__ = ["FamilySpec", "register", "lookup", "spec", "spec_for_class", "family_names",
+__all__ = ["FamilySpec", "register", "lookup", "resolve", "spec", "spec_for_class", "family_names",
            "DEFAULT_FAMILY"]

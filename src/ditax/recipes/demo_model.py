@@ -5,7 +5,7 @@ Stages (each timed; the run's record is ``{out}/recipe.json``):
 1. **data** — synthetic clips (:mod:`ditax.synthetic`): one bright object moving on a dark
    background, captions canonical or paraphrased, the held-out combinations left out;
    written as lossless mp4 + ``captions.jsonl``, the layout ``ditax preprocess`` reads.
-2. **vae** — ``ditax train-vae`` (:mod:`ditax.train.vae`) on those clips; PSNR on held-out
+2. **vae** — ``ditax train-vae`` (:mod:`ditax.train.wan.vae`) on those clips; PSNR on held-out
    clips; a diffusers ``AutoencoderKLWan`` folder with measured latent statistics.
 3. **text** — a T5-style Unigram tokenizer trained on the vocabulary's prompts and a small
    random UMT5 encoder (frozen: never trained, so it is just a fixed embedding of the words).
@@ -216,7 +216,7 @@ class Recipe:
         return {"clips": s.clips}
 
     def _vae_config(self, long: bool):
-        from ditax.config.vae_training import load_vae_config
+        from ditax.train.wan.vae_config import load_vae_config
 
         s = self.sizes
         steps = s.vae_long_steps if long else s.vae_steps
@@ -239,7 +239,7 @@ class Recipe:
     def _train_vae(self, long: bool):
         import jax
 
-        from ditax.train.vae import train_vae
+        from ditax.train.wan.vae import train_vae
 
         res = train_vae(self._vae_config(long), devices=jax.devices()[:self.devices],
                         progress=self.progress, say=self.say)

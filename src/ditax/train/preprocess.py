@@ -8,9 +8,11 @@ mean normalised with the VAE's latents mean/std — the space the transformer is
 and its UMT5, captions padded to ``--text-len`` tokens, zeros past the prompt, mask saved)
 turn them into training samples. An image-to-video folder (Wan I2V) also stores each clip's
 first-frame condition: mask + condition latents, and for Wan 2.1 the CLIP features of the
-first frame (:meth:`~ditax.models.wan.family.WanEncoders.encode_condition`); Wan 2.2 TI2V
-needs nothing extra (its condition is the clip's first latent frame). The result is the
-ArrayRecord dataset of :mod:`ditax.train.data`.
+first frame (the family's :meth:`~ditax.models.base.Encoders.encode_condition`); Wan 2.2 TI2V
+needs nothing extra (its condition is the clip's first latent frame). Extra text outputs of a
+family's encoder (:class:`~ditax.models.base.TextEncoding` ``extra``, e.g. a pooled vector) are
+stored with each sample like its condition entries. The result is the ArrayRecord dataset of
+:mod:`ditax.train.data`.
 """
 
 from __future__ import annotations
@@ -251,19 +253,25 @@ def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, mod
     from ditax.train.data import DatasetWriter
 
     w = DatasetWriter(folder)
-    encode_condition = getattr(enc, "encode_condition", None)
     videos = read_videos([path for path, _ in samples], frames, height, width)
     done = 0
     for group in _groups(zip(samples, videos), batch):
         lats = enc.encode_video(np.stack([video for _, video in group]))
-        texts, masks = enc.encode_text([caption for (_, caption), _ in group], text_len)
-        for ((path, _), video), lat, text, mask in zip(group, lats, texts, masks):
-            cond = {} if encode_condition is None else encode_condition(video)
+        te = enc.encode_text([caption for (_, caption), _ in group], text_len)
+        for i, (((path, _), video), lat) in enumerate(zip(group, lats)):
+            text, mask = te.embeddings[i], te.mask[i]
+            cond = enc.encode_condition(video)
+            extra_text = {k: v[i] for k, v in te.extra.items()}   # e.g. a pooled text vector
+            clash = sorted(set(cond) & set(extra_text))
+            if clash:
+                raise ValueError(f"the family's encoders give {clash[0]!r} both as a condition "
+                                 f"and as a text output; rename one")
+            cond = {**cond, **extra_text}
             w.add(np.asarray(lat, np.float32), np.asarray(text, np.float32), mask,
                   **{k: np.asarray(v, np.float32) for k, v in cond.items()})
             extra = "".join(f", {k} {tuple(v.shape)}" for k, v in cond.items())
             done += 1
             say(f"[{done}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}{extra}")
-    text, mask = enc.encode_text([""], text_len)       # the unconditional branch's prompt
+    null = enc.encode_text([""], text_len)       # the unconditional branch's prompt
     w.close({"height": height, "width": width, "frames": frames, "model": str(model)},
-            null_text=(np.asarray(text[0], np.float32), mask[0]))
+            null_text=(np.asarray(null.embeddings[0], np.float32), null.mask[0]))

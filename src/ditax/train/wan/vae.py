@@ -1,4 +1,5 @@
-"""``ditax train-vae``: train a Wan VAE (diffusers ``AutoencoderKLWan``) on clips.
+"""``ditax train-vae``: train a Wan VAE (diffusers ``AutoencoderKLWan``) on clips — the Wan
+family's VAE trainer (:class:`ditax.train.wan.trainers.WanVAETraining`).
 
 Objective: reconstruction (L1 + L2 on pixels in [-1, 1]) plus a small KL term towards
 N(0, 1), on a posterior draw ``z = mean + exp(logvar / 2) * eps``. The forward is the VAE's
@@ -35,15 +36,15 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ditax.config.vae_training import VAETrainConfig, vae_config_dict
 from ditax.errors import ConfigError
 from ditax.models.wan.vae import WanVAE, WanVAEConfig
 from ditax.train.checkpoint import Checkpointer
+from ditax.train.preprocess import VIDEO_EXT
 from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, read_saved_config,
                                 write_config)
 from ditax.train.session import RunSession
-from ditax.train.preprocess import VIDEO_EXT
 from ditax.train.step import make_optimizer
+from ditax.train.wan.vae_config import VAETrainConfig, vae_config_dict
 
 
 class ClipError(ValueError):

@@ -1,8 +1,9 @@
 """Config of ``ditax train-vae``: the Wan VAE's architecture, clip data, losses, optimiser.
 
-A :class:`VAETrainConfig` is built like the transformer's config: a YAML file (optional) plus
-``key=value`` overrides, through pydantic (types, ``Literal`` choices, unknown keys refused),
-then :func:`check_vae_training` for the rules beyond types. ``vae.*`` are the diffusers
+A :class:`VAETrainConfig` is read by the one config loader
+(:func:`ditax.config.loader.load_dataclass`): a YAML file (optional) plus ``key=value``
+overrides, through pydantic (types, ``Literal`` choices, unknown keys refused), then
+:func:`check_vae_training` for the rules beyond types. ``vae.*`` are the diffusers
 ``AutoencoderKLWan`` config names (:class:`~ditax.models.wan.vae.WanVAEConfig`), so the folder
 the run writes is loadable by diffusers as it is.
 """
@@ -12,11 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import pydantic
-
-from ditax.config.keys import _leaves, check_key, parse_text, type_error
+from ditax.config.loader import load_dataclass, to_dict
 from ditax.config.numbers import check_numbers
-from ditax.config.loader import flatten_keys, _nest, _pairs, load_yaml, to_dict
 from ditax.config.training import CheckpointConfig, OptimConfig, check_checkpoint, check_optim
 from ditax.errors import ConfigError
 from ditax.models.wan.vae.config import WanVAEConfig
@@ -73,10 +71,6 @@ class VAETrainConfig:
     init_from: str = ""              # a diffusers VAE folder to start from ("" = random init)
 
 
-_PYDANTIC = pydantic.ConfigDict(extra="forbid", coerce_numbers_to_str=True)
-_Root = pydantic.create_model("Root_VAETrainConfig", __config__=_PYDANTIC,
-                              config=(VAETrainConfig, ...))
-KEY_TYPES: dict[str, Any] = _leaves(VAETrainConfig)
 # what a run gets for keys nobody set: a small VAE (the dataclass defaults are the full Wan 2.1
 # VAE and the transformer's optimiser), applied key by key so that one override keeps the rest
 DEFAULTS: dict[str, Any] = {"vae.base_dim": 16, "vae.num_res_blocks": 1,
@@ -143,23 +137,7 @@ def load_vae_config(path: str | None = None, overrides: list[str] | None = None,
     """A YAML file (optional), then ``values`` (dotted keys, Python values), then the
     ``key=value`` texts → a checked :class:`VAETrainConfig` (``require_source``: see
     :func:`check_vae_training`)."""
-    flat = dict(DEFAULTS)
-    flat.update(flatten_keys(load_yaml(path)) if path else {})
-    flat.update(values)
-    pairs = _pairs(overrides)
-    for key in flat:
-        check_key(key, KEY_TYPES)
-    for key, raw in pairs:
-        check_key(key, KEY_TYPES)
-        flat[key] = parse_text(raw, KEY_TYPES[key])
-    try:
-        cfg = _Root.model_validate({"config": _nest(flat)}).config
-    except pydantic.ValidationError as err:
-        e = err.errors()[0]
-        key = ".".join(str(p) for p in e["loc"][1:] if isinstance(p, str))
-        raise type_error(key, dict(pairs).get(key, flat.get(key, e["input"])),
-                         KEY_TYPES.get(key)) from None
-    check_numbers(cfg, given=dict(pairs))
+    cfg = load_dataclass(VAETrainConfig, path, overrides, defaults=DEFAULTS, values=values)
     check_vae_training(cfg, require_source)
     return cfg
 
