@@ -16,6 +16,7 @@ import ditax  # noqa: E402
 from ditax.cli import main  # noqa: E402
 from ditax.errors import WeightError  # noqa: E402
 from ditax.lora import parse_lora_arg, read_lora  # noqa: E402
+from ditax.models.wan.lora_names import LORA_NAMES  # noqa: E402
 from ditax.parallel import make_mesh  # noqa: E402
 from lora_reference import (TOP_LINEARS, block_modules, load_into_diffusers,  # noqa: E402
                             random_lora, write_musubi, write_original, write_peft)
@@ -79,7 +80,7 @@ def test_format_matches_diffusers(tmp_path, base, make, fmt):
     folder, fresh, inputs, plain = base
     m = fresh()
     path = make(tmp_path, m)
-    assert read_lora(path).format == fmt
+    assert read_lora(path, names=LORA_NAMES).format == fmt
     load_into_diffusers(m, path, "a", 0.7)
     want = run_diffusers(m, *inputs)
     assert rel_err(want, plain) > 1e-2  # the LoRA really changes the output
@@ -95,7 +96,7 @@ def test_two_adapters_with_their_own_strengths(tmp_path, base):
     load_into_diffusers(m, b, "b")
     m.set_adapters(["a", "b"], [0.6, -0.4])
     want = run_diffusers(m, *inputs)
-    got = _ours(folder, inputs, loras=[(a, 0.6), (read_lora(b), -0.4)])
+    got = _ours(folder, inputs, loras=[(a, 0.6), (read_lora(b, names=LORA_NAMES), -0.4)])
     assert rel_err(got, want) <= TOL, rel_err(got, want)
 
 
@@ -280,7 +281,7 @@ def test_unmerged_equals_merged_and_new_strengths_do_not_recompile(tmp_path, bas
     a = _peft(tmp_path, m)
     b = write_musubi(tmp_path / "mu.safetensors",
                      random_lora(m, block_modules(LAYERS)[3:], rank=(2, 5), alpha=3.0, seed=11))
-    loras = [(a, 0.6), (read_lora(b), -0.4)]
+    loras = [(a, 0.6), (read_lora(b, names=LORA_NAMES), -0.4)]
     merged = _ours(folder, inputs, loras=loras)
     mesh = make_mesh({"context": 4, "tensor": 2})
     tr = ditax.load_transformer(folder, loras=loras, lora_mode="unmerged", mesh=mesh)

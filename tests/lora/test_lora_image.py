@@ -12,6 +12,7 @@ pytest.importorskip("peft")
 import ditax  # noqa: E402
 from ditax.errors import WeightError  # noqa: E402
 from ditax.lora import read_lora  # noqa: E402
+from ditax.models.wan.lora_names import LORA_NAMES  # noqa: E402
 from lora_reference import (block_modules, load_into_diffusers, random_lora,  # noqa: E402
                             write_musubi, write_original, write_peft)
 from wan_image_model import image_inputs, make_i2v, run_diffusers_image  # noqa: E402
@@ -92,9 +93,9 @@ def test_i2v_rows_reach_the_image_layers_and_unmerged_agrees(tmp_path, i2v):
     image-only part of a LoRA changes the output only through the image, and unmerged = merged."""
     folder, fresh, inputs, _ = i2v
     path = _peft(tmp_path, fresh())
-    keys = {r.key for r in read_lora(path).rows}
+    keys = {r.key for r in read_lora(path, names=LORA_NAMES).rows}
     assert set(ADDED_KV + IMAGE_EMBEDDER) <= keys
-    orig = read_lora(_original(tmp_path, fresh()))
+    orig = read_lora(_original(tmp_path, fresh()), names=LORA_NAMES)
     assert {f"blocks.{i}.attn2.norm_added_k" for i in range(LAYERS)} <= {r.key for r in orig.rows}
     merged = _ours(folder, inputs, loras=[(path, 0.5)])
     unmerged = _ours(folder, inputs, loras=[(path, 0.5)], lora_mode="unmerged")

@@ -1,6 +1,9 @@
-"""LoRA for the Wan transformer: every common file format → one table → merged into the weights.
+"""LoRA machinery for any model family: every common file format → one table → merged into the
+weights. The family supplies its names (:class:`~ditax.lora.names.LoraNames`; Wan's:
+:mod:`ditax.models.wan.lora_names`); nothing here imports a family.
 
-- :mod:`.formats`: original Wan / ComfyUI, musubi-tuner / kohya and diffusers / PEFT keys,
+- :mod:`.names`: what a family tells the machinery (name maps, key prefixes, target groups);
+- :mod:`.formats`: original (Wan / ComfyUI), musubi-tuner / kohya and diffusers / PEFT keys,
   detected from the keys;
 - :mod:`.table`: :func:`read_lora` → :class:`Lora` (rows keyed by diffusers module names);
 - :mod:`.merge`: the fit checks and the slice-by-slice merge applied while loading;
@@ -18,16 +21,18 @@ from typing import Iterable, Union
 
 from ditax.errors import WeightError
 from ditax.lora.merge import Patch, PatchedWeights, plan_patches, upstream_shapes
+from ditax.lora.names import LoraNames
 from ditax.lora.table import Lora, LoraRow, parse_lora, read_lora
 
 # one LoRA as the user passes it: a path, a parsed Lora, or either with its strength
 LoraSpec = Union[str, os.PathLike, Lora, tuple]
 
 
-def resolve_loras(specs: Iterable[LoraSpec] | None,
-                  strict: bool = True) -> list[tuple[Lora, float]]:
+def resolve_loras(specs: Iterable[LoraSpec] | None, strict: bool = True, *,
+                  names: LoraNames | None = None) -> list[tuple[Lora, float]]:
     """``[path | Lora | (path | Lora, strength)]`` → ``[(Lora, strength)]`` (strength 1.0 when
-    not given); files are read and parsed here (:func:`read_lora`)."""
+    not given); files are read and parsed here (:func:`read_lora`) with ``names``, the
+    family's (needed only when a spec is a file)."""
     out = []
     for spec in specs or ():
         item, strength = spec if isinstance(spec, tuple) else (spec, 1.0)
@@ -37,22 +42,29 @@ def resolve_loras(specs: Iterable[LoraSpec] | None,
             raise WeightError(f"LoRA {item!s}: strength {strength!r} is not a number") from None
         if strength != strength or strength in (float("inf"), float("-inf")):
             raise WeightError(f"LoRA {item!s}: strength {strength} is not a finite number")
-        out.append((item if isinstance(item, Lora) else read_lora(item, strict), strength))
+        if not isinstance(item, Lora):
+            if names is None:
+                raise TypeError(f"LoRA {item!s}: a file is parsed with its model family's "
+                                f"names; pass names= (e.g. the family's lora_names)")
+            item = read_lora(item, strict, names=names)
+        out.append((item, strength))
     return out
 
 
 def merged_weights(weights, loras: Iterable[LoraSpec] | None, table, shapes: dict, *,
-                   strict: bool = True, rename=None, context: str | None = None):
+                   names: LoraNames, strict: bool = True, rename=None,
+                   context: str | None = None):
     """``weights`` with ``loras`` folded in as they are read (:class:`PatchedWeights`), after
-    checking that every LoRA fits ``table`` (diffusers keys) with our parameter ``shapes``.
+    checking that every LoRA fits ``table`` (diffusers keys) with our parameter ``shapes``;
+    ``names``: the family's (:class:`LoraNames`).
 
     ``rename``: diffusers key → the key ``weights`` holds (for checkpoints with other names).
     """
-    resolved = resolve_loras(loras, strict)
+    resolved = resolve_loras(loras, strict, names=names)
     if not resolved:
         return weights
     patches = plan_patches(resolved, upstream_shapes(table, shapes),
-                           context or f"the {table.name} ({table.context})")
+                           context or f"the {table.name} ({table.context})", names=names)
     if rename is not None:
         patches = {rename(k): v for k, v in patches.items()}
     return PatchedWeights(weights, patches)
@@ -95,6 +107,6 @@ def parse_lora_arg(text: str) -> tuple[str, float]:
     return path, strength
 
 
-__all__ = ["Lora", "LoraRow", "LoraSpec", "Patch", "PatchedWeights", "merged_weights",
+__all__ = ["Lora", "LoraNames", "LoraRow", "LoraSpec", "Patch", "PatchedWeights", "merged_weights",
            "parse_lora", "parse_lora_arg", "plan_patches", "read_lora", "resolve_loras",
            "upstream_shapes"]

@@ -1,7 +1,8 @@
 """Trainable LoRA adapters for fine-tuning: which Linear layers, fresh factors, their shardings.
 
-:func:`target_modules` picks the Linear layers of a model's weight table by group (``attn``,
-``self_attn``, ``cross_attn``, ``ffn``; matched on the upstream diffusers names).
+:func:`target_modules` picks the Linear layers of a model's weight table by target group
+(``lora.targets``: ``attn``, ``ffn`` …), each group a list of module-path patterns the family
+supplies (:attr:`ditax.lora.names.LoraNames.targets`, matched on our dotted module paths).
 :func:`add_adapters` replaces each by a :class:`~ditax.lora.unmerged.LoraLinear` whose factors
 ``down [(L,) r, in]`` / ``up [(L,) r, out]`` are :class:`~ditax.lora.unmerged.LoraFactor`
 (trainable) with PEFT's start — ``down`` uniform in ``±1/sqrt(in)``, ``up`` zero, so training
@@ -19,29 +20,29 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.io.convert import TRANSPOSE, Table
+from ditax.lora.names import LoraNames
 from ditax.lora.unmerged import LoraFactor, LoraLinear
 
-# target group → substrings of the upstream (diffusers) tensor name it covers
-GROUPS = {"attn": (".attn1.", ".attn2."), "self_attn": (".attn1.",),
-          "cross_attn": (".attn2.",), "ffn": (".ffn.",)}
 
-
-def target_modules(table: Table, targets) -> list[tuple[str, ...]]:
-    """Our module paths (``("blocks", "attn1", "to_q")``) of the Linear layers in ``targets``."""
-    marks = tuple(m for t in targets for m in GROUPS[t])
+def target_modules(table: Table, targets, names: LoraNames) -> list[tuple[str, ...]]:
+    """Our module paths (``("blocks", "attn1", "to_q")``) of the Linear layers that a pattern
+    of the target groups ``targets`` (``names.targets``) matches, in the table's order."""
+    patterns = names.target_patterns(targets)
     out = []
     for row in table.rows:
         if row.path[-1] != "kernel" or row.transform != TRANSPOSE:
             continue
-        if any(m in "." + table.names(row)[0] for m in marks):
+        if any(p.fullmatch(".".join(row.path[:-1])) for p in patterns):
             out.append(row.path[:-1])
     return out
 
 
-def add_adapters(module, table: Table, rank: int, alpha: float, targets, rngs) -> int:
-    """Replace the targeted Linear layers of ``module`` by LoRA-carrying ones (in place, also on
-    an abstract module under ``nnx.eval_shape``); returns how many."""
-    paths = target_modules(table, targets)
+def add_adapters(module, table: Table, rank: int, alpha: float, targets, rngs, *,
+                 names: LoraNames) -> int:
+    """Replace the Linear layers of ``module`` in the target groups ``targets`` (the family's
+    ``names``) by LoRA-carrying ones (in place, also on an abstract module under
+    ``nnx.eval_shape``); returns how many."""
+    paths = target_modules(table, targets, names)
     for path in paths:
         parent = module
         for name in path[:-1]:

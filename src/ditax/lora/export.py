@@ -6,8 +6,9 @@ one per layer). Two files are written:
 
 - diffusers / PEFT keys (``transformer.blocks.0.attn1.to_q.lora_A.weight``, ``lora_B``), the
   scale ``alpha / r`` folded into ``lora_B`` (files without adapter metadata load at scale 1);
-- original Wan / ComfyUI keys (``diffusion_model.blocks.0.self_attn.q.lora_down.weight``,
-  ``lora_up``, ``alpha``), named through :func:`ditax.models.wan.original_names.to_original`.
+- original-name keys (Wan / ComfyUI: ``diffusion_model.blocks.0.self_attn.q.lora_down.weight``,
+  ``lora_up``, ``alpha``), named through the family's ``names.to_original`` and
+  ``names.export_prefix`` (:class:`~ditax.lora.names.LoraNames`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pathlib
 import numpy as np
 
 from ditax.io.convert import Table
-from ditax.models.wan.original_names import to_original
+from ditax.lora.names import LoraNames
 
 PEFT_FILE = "lora.safetensors"
 ORIGINAL_FILE = "lora_comfyui.safetensors"
@@ -53,18 +54,20 @@ def peft_tensors(factors: dict, scale: float) -> dict[str, np.ndarray]:
     return t
 
 
-def original_tensors(factors: dict, alpha: float) -> dict[str, np.ndarray]:
+def original_tensors(factors: dict, alpha: float, names: LoraNames) -> dict[str, np.ndarray]:
     t = {}
     for m, (down, up) in factors.items():
-        o = "diffusion_model." + to_original(m)
+        o = names.export_prefix + names.to_original(m)
         t[f"{o}.lora_down.weight"] = np.ascontiguousarray(down)
         t[f"{o}.lora_up.weight"] = np.ascontiguousarray(up)
         t[f"{o}.alpha"] = np.asarray(alpha, np.float32)
     return t
 
 
-def save_lora(folder, params: dict, table: Table, rank: int, alpha: float) -> list[pathlib.Path]:
-    """Write :data:`PEFT_FILE` and :data:`ORIGINAL_FILE` into ``folder``; returns their paths."""
+def save_lora(folder, params: dict, table: Table, rank: int, alpha: float, *,
+              names: LoraNames) -> list[pathlib.Path]:
+    """Write :data:`PEFT_FILE` and :data:`ORIGINAL_FILE` (original names from ``names``, the
+    family's) into ``folder``; returns their paths."""
     from safetensors.numpy import save_file
 
     folder = pathlib.Path(folder)
@@ -73,5 +76,5 @@ def save_lora(folder, params: dict, table: Table, rank: int, alpha: float) -> li
     meta = {"format": "pt", "ditax_lora_rank": str(rank), "ditax_lora_alpha": str(alpha)}
     paths = [folder / PEFT_FILE, folder / ORIGINAL_FILE]
     save_file(peft_tensors(factors, alpha / rank), str(paths[0]), metadata=meta)
-    save_file(original_tensors(factors, alpha), str(paths[1]), metadata=meta)
+    save_file(original_tensors(factors, alpha, names), str(paths[1]), metadata=meta)
     return paths

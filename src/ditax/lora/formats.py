@@ -1,16 +1,16 @@
-"""The Wan LoRA key formats, recognised from the keys alone.
+"""The LoRA key formats, recognised from the keys alone, for a family's names.
 
-Each format turns one tensor key into ``(diffusers module name, part)`` or None, where ``part``
-is one of :data:`PARTS`:
+Each format turns one tensor key into ``(module name, part)`` or None, where ``part`` is one
+of :data:`PARTS`; the family's :class:`~ditax.lora.names.LoraNames` (``names``) says which
+names exist and how original names map to module names (Wan in the examples):
 
-- ``original`` — original Wan / ComfyUI names (``diffusion_model.blocks.3.self_attn.q``,
-  ``ffn.0``, ``head.head`` …, read through :mod:`ditax.models.wan.original_names`), optional
-  ``diffusion_model.`` / ``model.diffusion_model.`` prefix; ``lora_down``/``lora_up`` or
+- ``original`` — the original / ComfyUI names (``diffusion_model.blocks.3.self_attn.q``),
+  with one of ``names.original_prefixes`` or none; ``lora_down``/``lora_up`` or
   ``lora_A``/``lora_B`` ``.weight``, ``alpha``, ``diff_b`` (bias delta), ``diff`` (full delta);
 - ``musubi`` — musubi-tuner / kohya: ``lora_unet_`` + the original name with ``_`` for ``.``
   (``lora_unet_blocks_3_self_attn_q``), ``lora_down``/``lora_up`` ``.weight`` and ``alpha``;
-- ``peft`` — diffusers / PEFT: ``transformer.`` (or ``base_model.model.``) + the diffusers
-  name (``transformer.blocks.3.attn1.to_q``), ``lora_A.weight``, ``lora_B.weight``,
+- ``peft`` — diffusers / PEFT: ``transformer.`` (or ``base_model.model.``) + the module name
+  (``transformer.blocks.3.attn1.to_q``), ``lora_A.weight``, ``lora_B.weight``,
   ``lora_B.bias``.
 
 :func:`detect` picks the format that explains the most keys.
@@ -18,10 +18,7 @@ is one of :data:`PARTS`:
 
 from __future__ import annotations
 
-import functools
-import re
-
-from ditax.models.wan.original_names import NAMES, to_diffusers
+from ditax.lora.names import LoraNames
 
 # normalised parts: down [r, in], up [out, r], alpha (scalar), bias delta [out], full delta
 PARTS = ("down", "up", "alpha", "bias", "diff")
@@ -47,23 +44,17 @@ def _strip(key: str, prefixes: tuple[str, ...]) -> str:
     return key
 
 
-@functools.lru_cache(maxsize=None)
-def _diffusers_names() -> re.Pattern:
-    alts = [re.escape(d).replace(r"\{i\}", r"\d+") for _, d in NAMES]
-    return re.compile("|".join(f"(?:{a})" for a in alts))
-
-
-def original(key: str):
+def original(key: str, names: LoraNames):
     """``diffusion_model.blocks.3.self_attn.q.lora_down.weight`` → (``blocks.3.attn1.to_q``,
     ``down``)."""
-    split = _split(_strip(key, ("model.diffusion_model.", "diffusion_model.")), _ORIGINAL_PARTS)
+    split = _split(_strip(key, names.original_prefixes), _ORIGINAL_PARTS)
     if split is None:
         return None
-    name = to_diffusers(split[0])
+    name = names.to_module(split[0])
     return None if name is None else (name, split[1])
 
 
-def musubi(key: str):
+def musubi(key: str, names: LoraNames):
     """``lora_unet_blocks_3_self_attn_q.lora_down.weight`` → (``blocks.3.attn1.to_q``,
     ``down``)."""
     if not key.startswith("lora_unet_"):
@@ -71,28 +62,24 @@ def musubi(key: str):
     split = _split(key[len("lora_unet_"):], _MUSUBI_PARTS)
     if split is None:
         return None
-    name = to_diffusers(split[0], sep="_")
+    name = names.to_module(split[0], sep="_")
     return None if name is None else (name, split[1])
 
 
-def peft(key: str):
+def peft(key: str, names: LoraNames):
     """``transformer.blocks.3.attn1.to_q.lora_A.weight`` → (``blocks.3.attn1.to_q``, ``down``)."""
     split = _split(_strip(key, ("transformer.", "base_model.model.")), _PEFT_PARTS)
-    if split is None or not _diffusers_names().fullmatch(split[0]):
+    if split is None or not names.is_module(split[0]):
         return None
     return split
 
 
 FORMATS = {"original": original, "musubi": musubi, "peft": peft}
 
-DESCRIPTION = ("original Wan / ComfyUI (diffusion_model.blocks.N.self_attn.q.lora_down.weight), "
-               "musubi-tuner / kohya (lora_unet_blocks_N_self_attn_q.lora_down.weight) or "
-               "diffusers / PEFT (transformer.blocks.N.attn1.to_q.lora_A.weight)")
 
-
-def detect(keys) -> str | None:
+def detect(keys, names: LoraNames) -> str | None:
     """The format that recognises the most of ``keys`` (None: none recognises any)."""
     keys = list(keys)
-    counts = {name: sum(fn(k) is not None for k in keys) for name, fn in FORMATS.items()}
+    counts = {name: sum(fn(k, names) is not None for k in keys) for name, fn in FORMATS.items()}
     best = max(counts, key=counts.get)
     return best if counts[best] else None

@@ -19,6 +19,7 @@ import numpy as np
 
 from ditax.errors import WeightError
 from ditax.io.convert import Table, listing
+from ditax.lora.names import LoraNames
 from ditax.lora.table import Lora, LoraRow
 
 
@@ -51,11 +52,9 @@ def upstream_shapes(table: Table, shapes: dict) -> dict[str, tuple[int, ...]]:
     return out
 
 
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
-
-
-def _layers(keys) -> int:
-    return 1 + max((int(m.group(1)) for k in keys if (m := _BLOCK.match(k))), default=-1)
+def _layers(keys, layer_key: str) -> int:
+    block = re.compile(layer_key)
+    return 1 + max((int(m.group(1)) for k in keys if (m := block.match(k))), default=-1)
 
 
 def _row_patches(row: LoraRow, strength: float, targets: dict, problems: list) -> list:
@@ -93,25 +92,28 @@ def _row_patches(row: LoraRow, strength: float, targets: dict, problems: list) -
 
 
 def plan_patches(loras: list[tuple[Lora, float]], targets: dict,
-                 context: str = "this transformer") -> dict[str, list[Patch]]:
-    """Upstream key → the patches to add (``targets``: :func:`upstream_shapes`).
+                 context: str = "this transformer", *,
+                 names: LoraNames | None = None) -> dict[str, list[Patch]]:
+    """Upstream key → the patches to add (``targets``: :func:`upstream_shapes`; ``names``: the
+    family's, for its block names and its hint in messages).
 
     Raises one :class:`WeightError` per LoRA that does not fit the model, naming each key with
     both shapes (or the layer count when the LoRA has more blocks than the model).
     """
     patches: dict[str, list[Patch]] = {}
-    model_layers = _layers(targets)
+    layer_key = LoraNames.layer_key if names is None else names.layer_key
+    hint = LoraNames.mismatch_hint if names is None else names.mismatch_hint
+    model_layers = _layers(targets, layer_key)
     for lora, strength in loras:
         problems: list[str] = []
-        lora_layers = _layers(r.key for r in lora.rows)
+        lora_layers = _layers((r.key for r in lora.rows), layer_key)
         if lora_layers > model_layers:
             problems.append(f"it has blocks up to {lora_layers - 1}, the model has "
                             f"{model_layers} (blocks 0..{model_layers - 1})")
         found = [p for row in lora.rows for p in _row_patches(row, strength, targets, problems)]
         if problems:
             raise WeightError(f"{lora.source}: the LoRA does not fit {context}: "
-                              f"{listing(problems, '; ')}; is it a LoRA for another Wan model "
-                              f"(size, text- vs image-to-video)?")
+                              f"{listing(problems, '; ')}; {hint}")
         if strength == 0:
             continue
         for key, patch in found:

@@ -1,5 +1,7 @@
-"""A LoRA file in any supported format → one table of updates keyed by diffusers module names.
+"""A LoRA file in any supported format → one table of updates keyed by module names.
 
+Module names are the upstream (diffusers) names of the family whose
+:class:`~ditax.lora.names.LoraNames` is passed as ``names``.
 :func:`read_lora` opens a safetensors file, detects its format (:mod:`.formats`), groups the
 tensors by target module and returns a :class:`Lora`: one :class:`LoraRow` per module with
 
@@ -27,6 +29,7 @@ import numpy as np
 from ditax.errors import WeightError
 from ditax.io.convert import listing
 from ditax.lora import formats
+from ditax.lora.names import LoraNames
 
 log = logging.getLogger(__name__)
 
@@ -106,22 +109,22 @@ def _row(module: str, parts: dict, source: str, peft_scale) -> LoraRow:
 
 
 def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the LoRA",
-               strict: bool = True) -> Lora:
-    """``{key: array}`` of a LoRA file → :class:`Lora`.
+               strict: bool = True, *, names: LoraNames) -> Lora:
+    """``{key: array}`` of a LoRA file → :class:`Lora` (rows named by ``names``, the family's).
 
     Keys that the detected format does not recognise raise one :class:`WeightError` listing
     them; ``strict=False`` logs a warning with the list instead and skips them.
     """
-    fmt = formats.detect(tensors)
+    fmt = formats.detect(tensors, names)
     if fmt is None:
-        raise WeightError(f"{source}: not a Wan LoRA — none of its {len(tensors)} keys is in a "
-                          f"known format ({formats.DESCRIPTION}); first keys: "
+        raise WeightError(f"{source}: not a {names.family} LoRA — none of its {len(tensors)} "
+                          f"keys is in a known format ({names.description}); first keys: "
                           f"{listing(sorted(tensors), limit=5)}")
     parse = formats.FORMATS[fmt]
     grouped: dict[str, dict] = {}
     unknown = []
     for key in sorted(tensors):
-        hit = parse(key)
+        hit = parse(key, names)
         if hit is None:
             unknown.append(key)
             continue
@@ -132,8 +135,8 @@ def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the L
                               f"{module}; keep one")
         g[part], g["_keys"][part] = tensors[key], key
     if unknown:
-        msg = (f"{source} ({fmt} format): {len(unknown)} key(s) match no layer of the Wan "
-               f"transformer: {listing(unknown)}")
+        msg = (f"{source} ({fmt} format): {len(unknown)} key(s) match no layer of "
+               f"{names.model}: {listing(unknown)}")
         if strict:
             raise WeightError(msg + "; pass strict=False (ditax generate: --no-lora-strict) to "
                                     "skip them (a LoRA for another model?)")
@@ -143,10 +146,10 @@ def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the L
     return Lora(source, fmt, rows, tuple(unknown))
 
 
-def read_lora(path: str | os.PathLike, strict: bool = True) -> Lora:
+def read_lora(path: str | os.PathLike, strict: bool = True, *, names: LoraNames) -> Lora:
     """Read and parse a LoRA ``.safetensors`` file (see :func:`parse_lora`)."""
     from ditax.io.weights import Weights
 
     w = Weights.open(path)
     tensors = {k: w.get(k) for k in w.keys()}
-    return parse_lora(tensors, w.metadata(), str(path), strict)
+    return parse_lora(tensors, w.metadata(), str(path), strict, names=names)

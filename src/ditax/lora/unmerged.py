@@ -85,13 +85,13 @@ def _by_module(table: Table) -> dict[str, tuple]:
     return out
 
 
-def _collect(loras, table: Table, shapes: dict) -> dict:
+def _collect(loras, table: Table, shapes: dict, names=None) -> dict:
     """module path → {"layers": L or None, "rank": {(j, layer): (down, up, scale)},
     "bias": {(j, layer): delta}}; every LoRA checked as in the merged path."""
     targets, where = upstream_shapes(table, shapes), _by_module(table)
     found: dict = {}
     for j, (lora, _) in enumerate(loras):
-        for key, patches in plan_patches([(lora, 1.0)], targets).items():
+        for key, patches in plan_patches([(lora, 1.0)], targets, names=names).items():
             part = where.get(key, (None, None, None))[2]
             if part is None or (part == "kernel" and any(p.delta is not None for p in patches)):
                 raise WeightError(f"{lora.source}: {key} is a full delta or not a Linear layer; "
@@ -142,11 +142,13 @@ def _place(x, mesh):
     return jax.device_put(x, NamedSharding(mesh, P()))
 
 
-def attach(module, loras: list[tuple[Lora, float]], table: Table, mesh=None) -> int:
+def attach(module, loras: list[tuple[Lora, float]], table: Table, mesh=None, *,
+           names=None) -> int:
     """Replace the Linear layers ``loras`` target by :class:`LoraLinear` s (in place);
-    returns how many. ``table``: the model's diffusers table."""
+    returns how many. ``table``: the model's diffusers table; ``names``: the family's
+    :class:`~ditax.lora.names.LoraNames` (its block names and hint in messages)."""
     shapes = param_shapes(nnx.state(module, nnx.Param))
-    found = _collect(loras, table, shapes)
+    found = _collect(loras, table, shapes, names)
     strengths = np.asarray([s for _, s in loras], np.float32)
     for path, slot in found.items():
         parent = module

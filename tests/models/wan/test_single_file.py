@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 import ditax  # noqa: E402
-from ditax.config import ConfigError  # noqa: E402
+from ditax.config import ConfigError, load_config  # noqa: E402
 from ditax.errors import WeightError  # noqa: E402
 from ditax.models.wan.original_names import key_to_diffusers, key_to_original  # noqa: E402
 from lora_reference import block_modules, random_lora, write_musubi  # noqa: E402
@@ -118,13 +118,14 @@ def test_convert_shards_and_fuses_loras(tmp_path, wan):
     path = _save(tmp_path / "wan_tiny.safetensors", original)
     lora = write_musubi(tmp_path / "l.safetensors",
                         random_lora(m, block_modules(2), rank=4, alpha=4.0, seed=5))
-    out = write_diffusers_folder(path, "tiny", tmp_path / "sharded", loras=[(lora, 0.7)],
+    tiny = load_config("tiny").model
+    out = write_diffusers_folder(path, tiny, tmp_path / "sharded", loras=[(lora, 0.7)],
                                  shard_bytes=200_000)
     shards = sorted(out.glob("*.safetensors"))
     assert len(shards) > 2 and (out / "diffusion_pytorch_model.safetensors.index.json").is_file()
     want = np.asarray(ditax.load_transformer(path, config="tiny", loras=[(lora, 0.7)])(*inputs))
     np.testing.assert_array_equal(np.asarray(ditax.load_transformer(out)(*inputs)), want)
     assert rel_err(run_diffusers(_from_pretrained(out), *inputs), want) <= 1e-5
-    half = write_diffusers_folder(path, "tiny", tmp_path / "bf16", dtype="bfloat16")
+    half = write_diffusers_folder(path, tiny, tmp_path / "bf16", dtype="bfloat16")
     with safe_open(str(half / "diffusion_pytorch_model.safetensors"), "np") as f:
         assert f.get_slice("blocks.0.attn1.to_q.weight").get_dtype() == "BF16"

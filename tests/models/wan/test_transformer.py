@@ -14,7 +14,7 @@ import ditax
 from ditax.config import AttentionConfig, ConfigError, ModelConfig
 from ditax.models.wan import embeddings as E
 from ditax.errors import WeightError
-from ditax.models.wan.loading import init_model
+from ditax.models.wan.build import init_model
 from ditax.nn import apply_rope
 from ditax.parallel import make_mesh
 from wan_reference import make_diffusers_wan, rel_err, run_diffusers
@@ -260,7 +260,7 @@ def test_model_holds_one_attention_plan():
     """The model builds its attention plan once (config + mesh + heads / head dim / dtype) and
     hands it to the blocks; the target platform decides auto and Pallas interpret mode."""
     from ditax.attention import AttentionPlan
-    from ditax.models.wan.loading import abstract_model
+    from ditax.models.wan.build import abstract_model
 
     cfg = ModelConfig(num_attention_heads=8, attention_head_dim=16, ffn_dim=64, num_layers=1,
                       in_channels=4, out_channels=4, text_dim=16, freq_dim=16)
@@ -282,7 +282,7 @@ def test_layer_scan_does_not_inflate_attention_backward_memory(backend):
     attention's K/V-block loop was stacked for every block ([blocks, B, N, Lq, bk]) — 250 GiB
     per device for Wan 14B at 720p. The scanned step must need no more temporary memory than
     the unscanned one (compiled from abstract shapes; nothing runs)."""
-    from ditax.models.wan.loading import abstract_model
+    from ditax.models.wan.build import abstract_model
 
     temps = {}
     for scan in (True, False):

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional, get_args
 
+from ditax.attention.config import AttentionConfig, check_attention
 from ditax.errors import ConfigError, check_choice
 from ditax.parallel.mesh import check_tensor_split
 
@@ -24,11 +25,11 @@ DIFFUSERS_FIELDS = ("patch_size", "num_attention_heads", "attention_head_dim", "
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class WanConfig:
     """Wan transformer shape (diffusers ``WanTransformer3DModel`` config names) and numerics.
 
-    ``family`` names the model family in a config file (``model.family``); see
-    :mod:`ditax.config.families`.
+    ``family`` names the model family in a config file (``model.family``; the family registry
+    :mod:`ditax.models.registry`). ``ModelConfig`` is the same class under its older name.
     """
 
     family: Literal["wan"] = "wan"
@@ -72,7 +73,7 @@ class ModelConfig:
         return "channels" if self.in_channels != self.out_channels else "none"
 
     @classmethod
-    def from_diffusers(cls, cfg: dict, **overrides) -> "ModelConfig":
+    def from_diffusers(cls, cfg: dict, **overrides) -> "WanConfig":
         """Build from a diffusers ``config.json`` dict (unknown keys ignored)."""
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in cfg.items() if k in names}
@@ -108,7 +109,11 @@ def check_overrides(cls, overrides: dict) -> None:
                               f"(fields: {', '.join(names)})")
 
 
-def check_model(m: ModelConfig, mesh_sizes: dict[str, int] | None = None) -> None:
+# the class's older name, kept for the public surface (ditax.config.ModelConfig) and configs
+ModelConfig = WanConfig
+
+
+def check_model(m: WanConfig, mesh_sizes: dict[str, int] | None = None) -> None:
     """Raise :class:`ConfigError` for a model config that cannot be built (``mesh_sizes``: the
     resolved mesh sizes, for the tensor-parallel divisibility rules)."""
     check_choice("model.param_dtype", m.param_dtype, DTYPES)
@@ -136,7 +141,18 @@ def check_model(m: ModelConfig, mesh_sizes: dict[str, int] | None = None) -> Non
         check_tensor_split(m.ffn_dim, mesh_sizes, "model.ffn_dim")
 
 
-def _check_image(m: ModelConfig) -> None:
+def check_transformer(m: WanConfig, attention=None,
+                      mesh_sizes: dict[str, int] | None = None) -> None:
+    """Every rule of one Wan transformer run with ``attention`` (an
+    :class:`~ditax.attention.config.AttentionConfig`; None: the default): the model's
+    (:func:`check_model`) and attention's with the model's heads. What an entry point checks
+    once, before building anything (``ditax.validate`` through the family, ``load_transformer``)."""
+    check_model(m, mesh_sizes)
+    check_attention(attention or AttentionConfig(), num_heads=m.num_attention_heads,
+                    mesh_sizes=mesh_sizes)
+
+
+def _check_image(m: WanConfig) -> None:
     """The image-to-video fields come together: the image embedder's tokens (width
     ``inner_dim``) are what the added K/V projections read."""
     if (m.image_dim is None) != (m.added_kv_proj_dim is None):

@@ -40,11 +40,12 @@ def check_folder(path, subfolder: str = "transformer") -> FolderSummary:
     from ditax.io.hub import resolve_folder
     from ditax.io.weights import Weights
     from ditax.models.wan import convert
-    from ditax.models.wan.config import ModelConfig
-    from ditax.models.wan.loading import abstract_model, read_config
+    from ditax.models.wan.build import abstract_model
+    from ditax.models.wan.config import WanConfig
+    from ditax.models.wan.loading import read_config
 
     folder = resolve_folder(path, subfolder)
-    cfg = ModelConfig.from_diffusers(read_config(folder))
+    cfg = WanConfig.from_diffusers(read_config(folder))
     weights = Weights.open(folder)
     shapes = param_shapes(nnx.state(abstract_model(cfg)))
     check_weights(convert.config_weight_table(cfg), weights, shapes)

@@ -1,4 +1,4 @@
-"""Build, shard and load the Wan transformer; the callable returned by ``load_transformer``.
+"""Load the Wan transformer (built by :mod:`.build`); the callable ``load_transformer`` returns.
 
 With a mesh, every parameter is created straight into its sharding: each device's slice is read
 from the safetensors file on its own (``ditax.io.convert.load_params`` with
@@ -10,69 +10,30 @@ from __future__ import annotations
 import pathlib
 import logging
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ditax.config import AttentionConfig, Config, ConfigError, ModelConfig, validate
-from ditax.errors import check_choice
+from ditax.attention.config import as_attention_config
+from ditax.errors import ConfigError, check_choice
 from ditax.io.convert import load_params, param_shapes
-from ditax.parallel.axes import batch_entry
-from ditax.parallel.mesh import check_mesh_axes, mesh_config
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
 from ditax.models.wan import convert, single_file
+from ditax.models.wan.build import abstract_model
+from ditax.models.wan.config import WanConfig, check_transformer
+from ditax.models.wan.lora_names import LORA_NAMES
 from ditax.models.wan.transformer import WanTransformer
+from ditax.parallel.axes import batch_entry
+from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
 from ditax.parallel.rules import param_spec
 
 log = logging.getLogger(__name__)
 
 LORA_MODES = ("merged", "unmerged")
-
-
-def _path_str(path) -> tuple[str, ...]:
-    return tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
-
-
-def param_shardings(state, cfg: ModelConfig, mesh) -> Any:
-    """NamedShardings (same tree as ``state``) from the table's logical axes.
-
-    Non-parameter variables (none today) would be replicated.
-    """
-    axes = convert.config_param_axes(cfg)
-
-    def one(path, leaf):
-        key = _path_str(path)
-        if key and key[-1] == "value":
-            key = key[:-1]
-        names = axes.get(key)
-        if names is None:
-            return NamedSharding(mesh, P())
-        return NamedSharding(mesh, param_spec(names, mesh, leaf.shape))
-
-    return jax.tree_util.tree_map_with_path(one, state)
-
-
-def abstract_model(cfg: ModelConfig, attention: AttentionConfig | None = None, mesh=None):
-    return nnx.eval_shape(lambda: WanTransformer(cfg, attention, mesh, rngs=nnx.Rngs(0)))
-
-
-def init_model(cfg: ModelConfig, attention: AttentionConfig | None = None, mesh=None,
-               seed: int = 0) -> WanTransformer:
-    """Randomly initialised model; with a mesh, parameters are created already sharded."""
-    if mesh is None:
-        return WanTransformer(cfg, attention, None, rngs=nnx.Rngs(seed))
-    gdef, abs_state = nnx.split(abstract_model(cfg, attention, mesh))
-
-    def make():
-        return nnx.split(WanTransformer(cfg, attention, mesh, rngs=nnx.Rngs(seed)))[1]
-
-    state = jax.jit(make, out_shardings=param_shardings(abs_state, cfg, mesh))()
-    return nnx.merge(gdef, state)
 
 
 def read_config(folder) -> dict:
@@ -83,7 +44,7 @@ def read_config(folder) -> dict:
     return cfg
 
 
-def load_weights_into(model_abs, source, cfg: ModelConfig, mesh=None, loras=None,
+def load_weights_into(model_abs, source, cfg: WanConfig, mesh=None, loras=None,
                       lora_strict: bool = True) -> WanTransformer:
     """Fill an abstract model's parameters from a diffusers safetensors folder, or from a
     checkpoint with the original Wan / ComfyUI key names (:mod:`.single_file`).
@@ -108,8 +69,8 @@ def load_weights_into(model_abs, source, cfg: ModelConfig, mesh=None, loras=None
     if loras:
         from ditax.lora import merged_weights
 
-        weights = merged_weights(weights, loras, table, param_shapes(state), strict=lora_strict,
-                                 rename=rename)
+        weights = merged_weights(weights, loras, table, param_shapes(state), names=LORA_NAMES,
+                                 strict=lora_strict, rename=rename)
     state = load_params(read_table, weights, state, jnp.dtype(cfg.param_dtype), sharding)
     return nnx.merge(gdef, state)
 
@@ -120,14 +81,14 @@ ARCH_FIELDS = ("patch_size", "num_attention_heads", "attention_head_dim", "in_ch
                "pos_embed_seq_len")
 
 
-def check_architecture(cfg: ModelConfig, path) -> "pathlib.Path":
+def check_architecture(cfg: WanConfig, path) -> "pathlib.Path":
     """The transformer folder at ``path`` if its config.json has ``cfg``'s architecture.
 
     Raises :class:`ConfigError` listing every differing field with the ``model.X=...``
     overrides that would match the folder (used by ``init_from`` before anything compiles).
     """
     folder = resolve_folder(path, "transformer")
-    theirs = ModelConfig.from_diffusers(read_config(folder))
+    theirs = WanConfig.from_diffusers(read_config(folder))
     diff = [(f, getattr(cfg, f), getattr(theirs, f)) for f in ARCH_FIELDS
             if getattr(cfg, f) != getattr(theirs, f)]
     if diff:
@@ -164,7 +125,7 @@ class Transformer:
     def __init__(self, module: WanTransformer, mesh=None):
         self._module = module
         self._gdef, self._state = nnx.split(module)
-        self.config: ModelConfig = module.cfg
+        self.config: WanConfig = module.cfg
         self.mesh = mesh
 
     @property
@@ -226,9 +187,9 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
         that has ``transformer/`` (or ``subfolder``), a hub id when online, or one
         ``.safetensors`` file with original Wan / ComfyUI key names
         (``wan2.1_t2v_1.3B_bf16.safetensors``).
-      config: the architecture of a single-file checkpoint — a preset name
-        (``"wan2.1-t2v-1.3b"``), a YAML path or a :class:`ModelConfig`; folders have their own
-        ``config.json``.
+      config: the architecture of a single-file checkpoint, a :class:`WanConfig` (the public
+        ``ditax.load_transformer`` also takes a preset name such as ``"wan2.1-t2v-1.3b"`` or a
+        YAML path); folders have their own ``config.json``.
       dtype: parameter and compute dtype ("float32" | "bfloat16" | "float16").
       mesh: optional ``jax.sharding.Mesh`` with axes (data, fsdp, context, tensor).
       attention: a backend name or an :class:`AttentionConfig`.
@@ -240,7 +201,10 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
       lora_mode: "merged" (folded into the weights while they load: no run-time cost) or
         "unmerged" (low-rank updates at run time; ``Transformer.set_lora_strengths`` changes
         strengths without recompiling; Linear layers only).
-      model_overrides: other :class:`ModelConfig` fields (e.g. ``remat="full"``).
+      model_overrides: other :class:`WanConfig` fields (e.g. ``remat="full"``).
+
+    The model, attention and mesh are checked here, once (:func:`check_transformer` with the
+    mesh's sizes), before anything is built.
     """
     t0 = time.perf_counter()
     check_choice("lora_mode", lora_mode, LORA_MODES)
@@ -253,13 +217,12 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                           f"config.json (pass model overrides as keywords instead)")
     else:
         source = resolve_folder(path, subfolder)
-        cfg = ModelConfig.from_diffusers(read_config(source), param_dtype=dtype, dtype=dtype,
-                                         **model_overrides)
-    acfg = attention if isinstance(attention, AttentionConfig) else AttentionConfig(
-        backend=attention)
+        cfg = WanConfig.from_diffusers(read_config(source), param_dtype=dtype, dtype=dtype,
+                                       **model_overrides)
+    acfg = as_attention_config(attention)
     check_mesh_axes(mesh)
-    validate(Config(model=cfg, attention=acfg, mesh=mesh_config(mesh)),
-             None if mesh is None else mesh.devices.size)
+    check_transformer(cfg, acfg, None if mesh is None else
+                      {a: int(mesh.shape[a]) for a in MESH_AXES})
     merged = loras if lora_mode == "merged" else None
     model = load_weights_into(abstract_model(cfg, acfg, mesh), source, cfg, mesh, merged,
                               lora_strict)
@@ -267,8 +230,8 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
         from ditax.lora import resolve_loras
         from ditax.lora.unmerged import attach
 
-        attach(model, resolve_loras(loras, lora_strict),
-               convert.config_weight_table(cfg), mesh)
+        attach(model, resolve_loras(loras, lora_strict, names=LORA_NAMES),
+               convert.config_weight_table(cfg), mesh, names=LORA_NAMES)
     log.info("loaded %s (%d layers, D=%d) in %.1fs", source, cfg.num_layers, cfg.inner_dim,
              time.perf_counter() - t0)
     return Transformer(model, mesh)

@@ -6,7 +6,9 @@ optionally prefixed ``diffusion_model.`` (ComfyUI) or ``model.diffusion_model.``
 ``config.json``. :func:`original_table` renames the diffusers table's keys through
 :mod:`ditax.models.wan.original_names`, so such a file is read with the same key and shape
 checks (messages name the file's own keys) and the same sharded reads as a diffusers folder;
-the architecture comes from ``config=`` (a preset name, a YAML path or a ``ModelConfig``).
+the architecture comes from ``config=``, a :class:`~ditax.models.wan.config.WanConfig` (preset
+names and YAML paths are read into one above the models, by ``ditax.load_transformer`` and
+``ditax convert``: models never read run configs).
 
 :func:`write_diffusers_folder` (``ditax convert FILE --config NAME --out DIR``) turns such a file
 into a diffusers ``transformer/`` folder: ``config.json`` plus safetensors shards (with an index
@@ -20,7 +22,7 @@ import pathlib
 
 from ditax.errors import ConfigError
 from ditax.io.convert import Table
-from ditax.models.wan.config import ModelConfig, check_overrides
+from ditax.models.wan.config import WanConfig, check_overrides
 from ditax.models.wan.original_names import key_to_original
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.")
@@ -58,22 +60,18 @@ def renamer(prefix: str):
     return lambda key: prefix + key_to_original(key)
 
 
-def single_file_config(path, config, **overrides) -> ModelConfig:
-    """The architecture of a single-file checkpoint: ``config`` is a preset name, a YAML path or
-    a :class:`ModelConfig`; ``overrides`` (dtypes, remat …) replace its fields."""
+def single_file_config(path, config, **overrides) -> WanConfig:
+    """The architecture of a single-file checkpoint: ``config`` is a :class:`WanConfig`
+    (the entry points read preset names and YAML paths into one first); ``overrides``
+    (dtypes, remat …) replace its fields."""
     if config is None:
-        from ditax.config import preset_names
-
         raise ConfigError(f"{path} is a single-file checkpoint without config.json; pass its "
-                          f"architecture as config= (--config on the command line; a preset: {', '.join(preset_names())}; a "
-                          f"YAML path; or a ditax ModelConfig)")
-    if isinstance(config, (str, pathlib.Path)):
-        from ditax.config import load_config
-
-        config = load_config(str(config)).model
-    if not isinstance(config, ModelConfig):
-        raise ConfigError(f"config={config!r} is not a preset name, YAML path or ModelConfig")
-    check_overrides(ModelConfig, overrides)
+                          f"architecture as config= (--config on the command line; a preset "
+                          f"name; a YAML path; or a ditax WanConfig)")
+    if not isinstance(config, WanConfig):
+        raise ConfigError(f"config={config!r} is not a Wan model config (WanConfig); preset "
+                          f"names and YAML paths are read by ditax.load_transformer")
+    check_overrides(WanConfig, overrides)
     return dataclasses.replace(config, **overrides)
 
 
@@ -96,7 +94,7 @@ def _shards(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
 
 def check_single_file(path, config):
     """Key and shape check of a single-file checkpoint against ``config`` from its headers
-    alone (no tensor data); returns ``(ModelConfig, Weights, {diffusers key: key in the file},
+    alone (no tensor data); returns ``(WanConfig, Weights, {diffusers key: key in the file},
     the diffusers table, parameter shapes, renamer)``. Raises :class:`WeightError` as loading
     would."""
     from flax import nnx
@@ -104,7 +102,7 @@ def check_single_file(path, config):
     from ditax.io.convert import check_weights, param_shapes
     from ditax.io.weights import Weights
     from ditax.models.wan import convert
-    from ditax.models.wan.loading import abstract_model
+    from ditax.models.wan.build import abstract_model
 
     cfg = single_file_config(path, config)
     weights = Weights.open(path)
@@ -158,8 +156,10 @@ def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras
     if loras:
         from ditax.lora import merged_weights
 
-        weights = merged_weights(weights, loras, table, shapes, strict=lora_strict,
-                                 rename=rename)
+        from ditax.models.wan.lora_names import LORA_NAMES
+
+        weights = merged_weights(weights, loras, table, shapes, names=LORA_NAMES,
+                                 strict=lora_strict, rename=rename)
 
     def out_dtype(key):
         return np.dtype(dtype) if dtype else weights.dtype(source[key])

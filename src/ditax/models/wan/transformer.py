@@ -22,12 +22,12 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import AttentionCall, AttentionPlan, plan_attention
-from ditax.config import AttentionConfig, Config, ModelConfig, validate
+from ditax.attention.config import AttentionConfig, as_attention_config
+from ditax.models.wan.config import WanConfig
 from ditax.models.wan.embeddings import ConditionEmbedder, rope_cos_sin
 from ditax.models.wan.image_embedder import check_image
 from ditax.nn import FP32LayerNorm, Linear, RMSNorm, apply_rope
 from ditax.parallel.axes import check_batch_divides, check_heads_divide, seq_shards
-from ditax.parallel.mesh import mesh_config
 from ditax.parallel.rules import constrain
 
 REMAT = {
@@ -62,7 +62,7 @@ class WanAttention(nnx.Module):
     ``WanAttnProcessor``).
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs, added_kv: bool = False):
+    def __init__(self, cfg: WanConfig, *, rngs, added_kv: bool = False):
         d = cfg.inner_dim
         kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.heads = cfg.num_attention_heads
@@ -120,7 +120,7 @@ def modulation(table, mod) -> list:
 class WanBlock(nnx.Module):
     """One Wan block: adaLN-modulated self-attention, cross-attention, adaLN-modulated FFN."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs):
+    def __init__(self, cfg: WanConfig, *, rngs):
         d = cfg.inner_dim
         pd = jnp.dtype(cfg.param_dtype)
         self.norm1 = FP32LayerNorm(d, cfg.eps, affine=False, param_dtype=pd)
@@ -164,18 +164,20 @@ class WanTransformer(nnx.Module):
 
     Args:
       cfg: model shape and numerics (dtypes, remat, layer scan).
-      attention: attention backends / options; defaults to ``xla`` everywhere.
+      attention: attention backends / options (an :class:`AttentionConfig` or a backend
+        name); defaults to ``xla`` everywhere.
       mesh: optional device mesh; activations are constrained by the logical rules and the
         sequence is padded (padded keys masked) to a multiple of ``mesh.context``.
+
+    The configs are checked by the entry points, once, before a module is built
+    (:func:`ditax.models.wan.config.check_transformer`), not here.
     """
 
-    def __init__(self, cfg: ModelConfig, attention: AttentionConfig | None = None, mesh=None,
-                 *, rngs: nnx.Rngs):
+    def __init__(self, cfg: WanConfig, attention: AttentionConfig | str | None = None,
+                 mesh=None, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.attention = attention or AttentionConfig()
+        self.attention = as_attention_config(attention)
         self.mesh = mesh
-        validate(Config(model=cfg, attention=self.attention, mesh=mesh_config(mesh)),
-                 None if mesh is None else mesh.devices.size)
         self.attention_plan = plan_attention(
             self.attention, mesh, num_heads=cfg.num_attention_heads,
             head_dim=cfg.attention_head_dim, dtype=cfg.dtype)
@@ -249,7 +251,7 @@ class WanTransformer(nnx.Module):
         :class:`~ditax.models.wan.image_embedder.ImageEmbedder`); None for text-to-video.
 
         The three parts :meth:`embed`, :meth:`run_blocks` and :meth:`head` are public so that
-        a sampler can run part of the blocks (step caching, :mod:`ditax.pipelines.step_cache`).
+        a sampler can run part of the blocks (step caching, :mod:`ditax.pipelines.cache.step_cache`).
         """
         h, ctx = self.embed(latents, timestep, encoder_hidden_states, text_mask,
                             encoder_hidden_states_image)
@@ -301,6 +303,11 @@ class WanTransformer(nnx.Module):
         return h, Embedded(text=text, temb=temb, mod=mod, rope=(cos, sin),
                            token_mask=token_mask, text_mask=text_mask, image=image,
                            shape=tuple(latents.shape), dtype=latents.dtype, seq=seq, pad=pad)
+
+    @property
+    def block_stacks(self) -> tuple[tuple[str, int], ...]:
+        """The one stack of blocks (:class:`ditax.models.base.Denoiser`)."""
+        return (("blocks", self.cfg.num_layers),)
 
     def run_blocks(self, h, ctx: "Embedded", start: int = 0, stop: int | None = None):
         """Blocks ``start .. stop-1`` (default: all) on tokens ``h [B, L', D]``."""

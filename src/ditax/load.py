@@ -1,0 +1,72 @@
+"""``ditax.load_transformer``: the library entry that picks the model family and reads ``config=``.
+
+It stands above the config loader and the families, so neither has to reach the other: a
+single-file checkpoint's ``config=`` (a preset name or a YAML path) is read here into its
+model config (:func:`ditax.config.load_config`), and the family comes from that config's
+``family`` or from the folder's ``config.json`` ``_class_name`` (the registry,
+:mod:`ditax.models.registry`). The family's own loader
+(:meth:`ditax.models.base.ModelFamily.load_transformer`) then checks the model, attention and
+mesh once and loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+
+def is_single_file(path) -> bool:
+    """Whether ``path`` is one ``.safetensors`` checkpoint (no ``config.json`` beside it)."""
+    return pathlib.Path(path).is_file() and str(path).endswith(".safetensors")
+
+
+def model_config(config, path):
+    """The model config ``config=`` names for the single-file checkpoint ``path``: a preset
+    name or YAML path (read by the config loader), or a family's model config as is."""
+    from ditax.config import load_config, preset_names
+    from ditax.errors import ConfigError
+
+    if config is None:
+        raise ConfigError(f"{path} is a single-file checkpoint without config.json; pass its "
+                          f"architecture as config= (--config on the command line; a preset: "
+                          f"{', '.join(preset_names())}; a YAML path; or a ditax model config "
+                          f"such as WanConfig)")
+    if isinstance(config, (str, os.PathLike)):
+        return load_config(str(config)).model
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise ConfigError(f"config={config!r} is not a preset name, YAML path or model config")
+    return config
+
+
+def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
+                     subfolder: str = "transformer", *, config=None, **kwargs):
+    """Load a transformer — a diffusers folder (or pipeline folder / hub id), or one
+    ``.safetensors`` file with ``config=`` — with its family's loader (Wan:
+    :func:`ditax.models.wan.loading.load_transformer`, whose docstring lists every argument:
+    ``loras``, ``lora_strict``, ``lora_mode`` and model overrides such as ``remat="full"``).
+
+    ``config``: the architecture of a single-file checkpoint — a preset name
+    (``"wan2.1-t2v-1.3b"``), a YAML path or a model config; folders have their own
+    ``config.json``.
+    """
+    from ditax.models import registry
+    from ditax.models.base import family_class
+
+    if is_single_file(path):
+        model = model_config(config, path)
+        family = family_class(getattr(model, "family", registry.DEFAULT_FAMILY))
+        return family.load_transformer(path, dtype=dtype, mesh=mesh, attention=attention,
+                                       config=model, **kwargs)
+    from ditax.io.files import read_model_json
+    from ditax.io.hub import resolve_folder
+
+    folder = resolve_folder(path, subfolder)
+    cls = read_model_json(folder / "config.json", "transformer config").get("_class_name")
+    name = registry.DEFAULT_FAMILY if cls is None else registry.spec_for_class(cls).name
+    return family_class(name).load_transformer(folder, dtype=dtype, mesh=mesh,
+                                               attention=attention, subfolder=None,
+                                               config=config, **kwargs)
+
+
+__all__ = ["load_transformer", "is_single_file", "model_config"]

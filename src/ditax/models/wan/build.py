@@ -1,0 +1,65 @@
+"""Build the Wan transformer: abstractly, randomly initialised, and its parameter shardings.
+
+With a mesh, parameters are created straight into their NamedShardings (the table's logical
+axes through :func:`ditax.parallel.rules.param_spec`). The configs are the caller's, checked
+once at its entry point (:func:`ditax.models.wan.config.check_transformer`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ditax.attention.config import AttentionConfig
+from ditax.models.wan import convert
+from ditax.models.wan.config import WanConfig
+from ditax.models.wan.transformer import WanTransformer
+from ditax.parallel.rules import param_spec
+
+
+def _path_str(path) -> tuple[str, ...]:
+    return tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+
+
+def param_shardings(state, cfg: WanConfig, mesh) -> Any:
+    """NamedShardings (same tree as ``state``) from the table's logical axes.
+
+    Non-parameter variables (none today) would be replicated.
+    """
+    axes = convert.config_param_axes(cfg)
+
+    def one(path, leaf):
+        key = _path_str(path)
+        if key and key[-1] == "value":
+            key = key[:-1]
+        names = axes.get(key)
+        if names is None:
+            return NamedSharding(mesh, P())
+        return NamedSharding(mesh, param_spec(names, mesh, leaf.shape))
+
+    return jax.tree_util.tree_map_with_path(one, state)
+
+
+def abstract_model(cfg: WanConfig, attention: AttentionConfig | None = None, mesh=None):
+    """The model with ``ShapeDtypeStruct`` parameters (nothing allocated)."""
+    return nnx.eval_shape(lambda: WanTransformer(cfg, attention, mesh, rngs=nnx.Rngs(0)))
+
+
+def init_model(cfg: WanConfig, attention: AttentionConfig | None = None, mesh=None,
+               seed: int = 0) -> WanTransformer:
+    """Randomly initialised model; with a mesh, parameters are created already sharded."""
+    if mesh is None:
+        return WanTransformer(cfg, attention, None, rngs=nnx.Rngs(seed))
+    gdef, abs_state = nnx.split(abstract_model(cfg, attention, mesh))
+
+    def make():
+        return nnx.split(WanTransformer(cfg, attention, mesh, rngs=nnx.Rngs(seed)))[1]
+
+    state = jax.jit(make, out_shardings=param_shardings(abs_state, cfg, mesh))()
+    return nnx.merge(gdef, state)
+
+
+__all__ = ["abstract_model", "init_model", "param_shardings"]

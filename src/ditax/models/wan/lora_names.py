@@ -1,0 +1,50 @@
+"""Wan's names for the LoRA machinery (:class:`~ditax.lora.names.LoraNames`).
+
+Module names are the diffusers ``WanTransformer3DModel`` names of :mod:`.convert`'s table;
+original names (Wan / ComfyUI, musubi-tuner) map to them through :mod:`.original_names`.
+The fine-tuning target groups (``lora.targets``) are patterns over our module paths: the
+stacked blocks' ``attn1`` (self-attention), ``attn2`` (cross-attention, image K/V included)
+and ``ffn`` Linear layers.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from ditax.lora.names import LoraNames
+from ditax.models.wan.original_names import NAMES, to_diffusers, to_original
+
+_SELF, _CROSS, _FFN = r"blocks\.attn1\..+", r"blocks\.attn2\..+", r"blocks\.ffn\..+"
+TARGETS = {"attn": (_SELF, _CROSS), "self_attn": (_SELF,), "cross_attn": (_CROSS,),
+           "ffn": (_FFN,)}
+
+
+@functools.lru_cache(maxsize=None)
+def _module_names() -> re.Pattern:
+    alts = [re.escape(d).replace(r"\{i\}", r"\d+") for _, d in NAMES]
+    return re.compile("|".join(f"(?:{a})" for a in alts))
+
+
+def is_module(name: str) -> bool:
+    """Whether ``name`` is a diffusers module (or bare parameter) name of the Wan transformer."""
+    return _module_names().fullmatch(name) is not None
+
+
+LORA_NAMES = LoraNames(
+    family="Wan",
+    model="the Wan transformer",
+    to_module=to_diffusers,
+    to_original=to_original,
+    is_module=is_module,
+    original_prefixes=("model.diffusion_model.", "diffusion_model."),
+    export_prefix="diffusion_model.",
+    targets=TARGETS,
+    description=("original Wan / ComfyUI (diffusion_model.blocks.N.self_attn.q.lora_down.weight), "
+                 "musubi-tuner / kohya (lora_unet_blocks_N_self_attn_q.lora_down.weight) or "
+                 "diffusers / PEFT (transformer.blocks.N.attn1.to_q.lora_A.weight)"),
+    mismatch_hint="is it a LoRA for another Wan model (size, text- vs image-to-video)?",
+    layer_key=r"^blocks\.(\d+)\.",
+)
+
+__all__ = ["LORA_NAMES", "TARGETS", "is_module"]
