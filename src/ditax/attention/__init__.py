@@ -47,8 +47,11 @@ def attend(q, k, v, *, backend: str = "xla", mesh=None, kv_mask=None, scale=None
       kv_mask: optional ``[B, Lk]`` bool, True where a key may be attended.
       scale: softmax scale, default ``1/sqrt(K)``.
       options: the backend's options (its class in :mod:`ditax.attention.options`, e.g.
-        ``local``, ``out_a2a``, ``ulysses_shards``, ``block_q``). An option the backend does
-        not take is a TypeError naming the ones it takes, never ignored.
+        ``local``, ``out_a2a``, ``ulysses_shards``, ``block_q``; a sequence backend also takes
+        its local kernel's, e.g. ``fused_bwd`` with ``local="splash"``) — the same names as
+        the ``attention.<option>`` config keys. An option the backend does not take is an
+        :class:`~ditax.attention.options.OptionError` (a ConfigError and a TypeError) naming
+        the ones it takes, in the words the config check uses; never ignored.
     Returns ``[B, Lq, N, K]`` in q's dtype. Wrong shapes or a scale that is no positive
     finite number are a :class:`~ditax.errors.RequestError`; a backend or option that cannot
     be used (unknown name, no mesh for a parallel one, a block size the kernel refuses) a
