@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it (imported on first access)
 _HOMES = {
-    "load_transformer": "ditax.models.wan.loading",
+    "load_transformer": "ditax.load",
     "Transformer": "ditax.models.wan.loading",
     "load_pipeline": "ditax.pipelines.wan.text_to_video",
     "WanTextToVideo": "ditax.pipelines.wan.text_to_video",
@@ -37,10 +37,11 @@ _HOMES = {
 _SUBMODULES = ("attention",)
 
 if TYPE_CHECKING:  # what static tools see; at run time ``__getattr__`` imports on demand
+    # (Transformer, Wan's, is named only in _HOMES: nothing outside Wan's folders imports it)
     from ditax import attention
     from ditax.attention.config import AttentionConfig
     from ditax.config import Config, load_config, validate
-    from ditax.models.wan.loading import Transformer, load_transformer
+    from ditax.load import load_transformer
     from ditax.parallel.mesh import make_mesh
     from ditax.parallel.platform import target_platform
     from ditax.pipelines.wan.image_to_video import WanImageToVideo

@@ -167,6 +167,23 @@ class ModelFamily(abc.ABC):
         raise ConfigError(f"model family {self.name!r} has no random transformer for bench")
 
     @classmethod
+    def check_folder(cls, path, subfolder: str | None = "transformer") -> str:
+        """Check a transformer folder (or pipeline folder / hub id) from its ``config.json`` and
+        the safetensors headers (no tensor data) for ``ditax convert FOLDER``; returns a
+        one-line summary, raises :class:`~ditax.errors.WeightError` naming what does not fit."""
+        raise ConfigError(f"model family {cls.name!r} has no folder check")
+
+    def check_single_file(self, path) -> str:
+        """Check the single-file checkpoint ``path`` against this family's ``model`` config
+        (headers only); returns a one-line summary."""
+        raise ConfigError(f"model family {self.name!r} reads no single-file checkpoints")
+
+    def convert_single_file(self, path, out, *, dtype: str | None = None, loras=None):
+        """Write the single-file checkpoint ``path`` as a diffusers transformer folder ``out``
+        (``loras``: resolved LoRAs fused in); returns ``out``."""
+        raise ConfigError(f"model family {self.name!r} reads no single-file checkpoints")
+
+    @classmethod
     def trainers(cls) -> dict[str, str]:
         """The family's own trainers beside ``ditax.train`` (kind → ``"module:Name"`` of a
         :class:`FamilyTrainer`; a string, since a model never imports ``ditax.train``), e.g.
