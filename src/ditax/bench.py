@@ -27,12 +27,13 @@ def forward_benchmark(cfg, mesh, latent=(5, 32, 32), text_len: int = 512,
     import jax.numpy as jnp
     import numpy as np
 
-    from ditax.models.wan.loading import Transformer, init_model
+    from ditax.models.base import model_family
     from ditax.parallel.axes import batch_shards
 
     f, y, x = latent
     b = batch_shards(mesh)
-    tr = Transformer(init_model(cfg.model, cfg.attention, mesh, seed=cfg.seed), mesh)
+    # the family's inference transformer, randomly initialised (Wan: ditax.Transformer)
+    tr = model_family(cfg.model, cfg.attention).random_transformer(mesh, seed=cfg.seed)
     rng = np.random.default_rng(0)
     dt = jnp.dtype(cfg.model.dtype)
     lat = jnp.asarray(rng.standard_normal((b, cfg.model.in_channels, f, y, x)), dt)

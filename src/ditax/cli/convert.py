@@ -5,12 +5,14 @@ Wan / ComfyUI checkpoint into one.
     ditax convert wan2.1_t2v_1.3B_bf16.safetensors --config wan2.1-t2v-1.3b --out Wan-1.3B/transformer
         [--dtype bfloat16] [--lora FILE[:STRENGTH] ...]
 
-A folder is checked from its config.json and the safetensors headers (no tensor data): exit 0
-with a summary when it loads, 2 with one line naming the missing / unexpected keys or the
-tensors whose shapes do not fit (:func:`ditax.models.wan.folder_check.check_folder`). A single
-file needs its architecture (``--config``: a preset or YAML); with ``--out`` it is written as a
-diffusers folder (:func:`ditax.models.wan.single_file.write_diffusers_folder`, LoRAs fused in
-with ``--lora``), which is then checked the same way; without ``--out`` it is only checked.
+Everything goes through the model family (:mod:`ditax.models.registry`): a folder's by its
+``config.json`` ``_class_name``, a single file's by the ``family`` of its ``--config``. A folder
+is checked from its config.json and the safetensors headers (no tensor data): exit 0 with a
+summary when it loads, 2 with one line naming the missing / unexpected keys or the tensors whose
+shapes do not fit (:meth:`~ditax.models.base.ModelFamily.check_folder`). A single file needs its
+architecture (``--config``: a preset or YAML); with ``--out`` it is written as a diffusers folder
+(:meth:`~ditax.models.base.ModelFamily.convert_single_file`, LoRAs fused in with ``--lora``),
+which is then checked the same way; without ``--out`` it is only checked.
 """
 
 from __future__ import annotations
@@ -33,15 +35,23 @@ def add_arguments(p: argparse.ArgumentParser):
                    help="LoRA fused into the written weights (repeatable; --out only)")
 
 
-def _summary(s) -> str:
-    return (f"{s.folder}: OK — {s.num_layers} layers, D={s.inner_dim}, {s.num_heads} heads x "
-            f"{s.head_dim}, {s.num_params / 1e9:.3f} B params, {s.num_tensors} tensors")
+def folder_family(path, subfolder):
+    """The family of the transformer folder at ``path`` (its ``config.json`` ``_class_name``;
+    none: the default family) and the resolved folder."""
+    from ditax.io.files import read_model_json
+    from ditax.io.hub import resolve_folder
+    from ditax.models import registry
+    from ditax.models.base import family_class
+
+    folder = resolve_folder(path, subfolder)
+    cls = read_model_json(folder / "config.json", "transformer config").get("_class_name")
+    name = registry.DEFAULT_FAMILY if cls is None else registry.spec_for_class(cls).name
+    return family_class(name), folder
 
 
 def run(args) -> int:
     from ditax.errors import ConfigError
-    from ditax.models.wan.folder_check import check_folder
-    from ditax.models.wan.single_file import is_single_file
+    from ditax.load import is_single_file, model_config
 
     single = is_single_file(args.path)
     if not single:
@@ -51,24 +61,23 @@ def run(args) -> int:
                 raise ConfigError(f"{flag} is for single-file checkpoints (one .safetensors "
                                   f"file); {args.path} is read as a diffusers folder with its "
                                   f"own config.json")
-        print(_summary(check_folder(args.path, args.subfolder)))
+        family, folder = folder_family(args.path, args.subfolder)
+        print(family.check_folder(folder, None))
         return 0
+    from ditax.models.base import model_family
+
     if args.out is None:
         if args.lora or args.dtype:
             raise ConfigError("--lora and --dtype change what --out writes; pass --out FOLDER")
-        from ditax.models.wan.single_file import check_single_file
-
-        c, weights = check_single_file(args.path, args.config)[:2]
-        print(f"{args.path}: OK — {c.num_layers} layers, D={c.inner_dim}, "
-              f"{c.num_attention_heads} heads x {c.attention_head_dim}, {len(weights)} tensors; "
-              f"--out FOLDER writes it as a diffusers folder")
+        family = model_family(model_config(args.config, args.path))
+        print(f"{family.check_single_file(args.path)}; --out FOLDER writes it as a diffusers "
+              f"folder")
         return 0
     from ditax.lora import parse_lora_arg, resolve_loras
-    from ditax.models.wan.single_file import write_diffusers_folder
 
-    loras = resolve_loras([parse_lora_arg(s) for s in args.lora])
-    folder = write_diffusers_folder(args.path, args.config, args.out, dtype=args.dtype,
-                                    loras=loras)
+    family = model_family(model_config(args.config, args.path))
+    loras = resolve_loras([parse_lora_arg(s) for s in args.lora], names=family.lora_names())
+    folder = family.convert_single_file(args.path, args.out, dtype=args.dtype, loras=loras)
     print(f"wrote {folder}")
-    print(_summary(check_folder(folder, None)))
+    print(type(family).check_folder(folder, None))
     return 0
