@@ -211,7 +211,7 @@ def run_demo(out=OUT, prompts=DEMO_PROMPTS, seed: int = 0, path=None, say=print)
     t0 = time.perf_counter()
     from ditax.compile_cache import compile_cache
     from ditax.io.video import write_mp4
-    from ditax.pipelines.wan.text_to_video import load_pipeline
+    from ditax.pipelines.wan.loading import load_pipeline
     from ditax.synthetic.score import score
     from ditax.synthetic.sheet import contact_sheet
     from ditax.synthetic.vocab import is_held_out, parse_prompt

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+INT_LIMIT = 2**31    # ints jax computes with (its default int32) are in (-INT_LIMIT, INT_LIMIT)
+SEED_LIMIT = 2**32   # seeds are in [0, SEED_LIMIT): jax's PRNGKey and grain's shuffle keep 32 bits
+
 
 def ceil_div(x: int, m: int) -> int:
     """Smallest ``q`` with ``q * m >= x`` (``m > 0``): how many blocks of ``m`` cover ``x``."""
@@ -13,4 +16,4 @@ def round_up(x: int, m: int) -> int:
     return ceil_div(x, m) * m
 
 
-__all__ = ["ceil_div", "round_up"]
+__all__ = ["INT_LIMIT", "SEED_LIMIT", "ceil_div", "round_up"]

@@ -182,8 +182,8 @@ def test_plan_devices_sets_up_jax_before_it_starts(tmp_path):
 
 
 def test_public_surface_is_the_library_itself():
-    from ditax.models.wan.loading import load_transformer
-    from ditax.pipelines.wan.text_to_video import load_pipeline
+    from ditax.load import load_transformer
+    from ditax.pipelines.wan.loading import load_pipeline
 
     assert ditax.load_transformer is load_transformer
     assert ditax.load_pipeline is load_pipeline

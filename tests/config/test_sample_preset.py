@@ -15,7 +15,7 @@ diffusers = pytest.importorskip("diffusers")
 import ditax  # noqa: E402
 from ditax.cli import main  # noqa: E402
 from ditax.config import ConfigError, load_config, validate  # noqa: E402
-from ditax.config.sample import SAMPLE_PRESETS  # noqa: E402
+from ditax.pipelines.wan.defaults import SAMPLE_PRESETS  # noqa: E402
 from ditax.errors import RequestError  # noqa: E402
 from ditax.schedulers import from_config, override_config  # noqa: E402
 from pipeline_reference import make_tiny_pipeline, run_diffusers  # noqa: E402

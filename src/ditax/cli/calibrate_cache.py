@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from ditax.cli import model_arg, request_errors
+from ditax.cli import request_errors
 from ditax.errors import RequestError
 
 
@@ -75,20 +75,17 @@ def run(args) -> int:
     import jax
 
     import ditax
-    from ditax.cli.generate import check_model_and_attention, folder_defaults, read_images
+    from ditax.cli.generate import read_images
+    from ditax.cli.sample_request import sample_request
     from ditax.cli.run import run_context
-    from ditax.config import load_config, parse_overrides, validate
-    from ditax.config.sample import SAMPLE_PRESETS
+    from ditax.config import validate
     from ditax.pipelines.calibrate import calibrate
     from ditax.pipelines.cache_numbers import merge_numbers, read_numbers, write_numbers
-    from ditax.pipelines.wan.request import check_request, check_seed
+    from ditax.pipelines.family import preflight
+    from ditax.pipelines.seeds import check_seed
 
-    cfg = load_config(None, args.overrides)
-    given = parse_overrides(args.overrides)
-    s = cfg.sample
     name = args.name or pathlib.Path(str(args.model)).name
     if args.model == "demo":          # the shipped demo model (its ditax_sample.json)
-        args.model = model_arg(args.model)
         name = args.name or DEMO_NAME
         if args.prompts is None:
             args.prompts = demo_prompts()
@@ -100,8 +97,10 @@ def run(args) -> int:
                            f"{MIN_PROMPTS}-{MAX_PROMPTS} (each is one full generation; the "
                            f"numbers are their mean) — pass between {MIN_PROMPTS} and "
                            f"{MAX_PROMPTS} quoted prompts")
-    chosen = set(given.get("sample", {})) | set(SAMPLE_PRESETS.get(s.preset, {}))
-    defaults = folder_defaults(args.model, s, chosen)
+    sr = sample_request(args.model, args.overrides)
+    cfg, given, defaults = sr.cfg, sr.given, sr.defaults
+    s = cfg.sample
+    args.model = sr.model
     pick = lambda a, d: d if a is None else a   # noqa: E731
     req = dict(height=pick(args.height, defaults["height"]),
                width=pick(args.width, defaults["width"]),
@@ -112,8 +111,9 @@ def run(args) -> int:
     with request_errors():
         check_seed(args.seed, len(args.prompts), "--seed")
         for prompt in args.prompts:
-            check_request(prompt, req["height"], req["width"], req["num_frames"],
-                          req["num_inference_steps"], req["guidance_scale"], None, negative)
+            sr.pipelines.check_request(prompt, req["height"], req["width"], req["num_frames"],
+                                       req["num_inference_steps"], req["guidance_scale"], None,
+                                       negative)
     if req["num_inference_steps"] < 3:
         raise RequestError(f"--steps={req['num_inference_steps']}: calibration needs >= 3 steps")
     if pathlib.Path(args.output).suffix.lower() != ".json":
@@ -128,7 +128,7 @@ def run(args) -> int:
     validate(cfg, jax.device_count() if use_mesh else None)
     mesh = ditax.make_mesh(cfg.mesh) if use_mesh else None
     load = dict(path=args.model, dtype=cfg.model.dtype, attention=cfg.attention)
-    check_model_and_attention(load, mesh)
+    preflight(args.model, load, None, mesh)   # the folder's family checks it, before weights
     with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache,
                      status=not args.no_progress):
         pipe = ditax.load_pipeline(args.model, dtype=cfg.model.dtype, mesh=mesh,

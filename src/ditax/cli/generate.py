@@ -25,8 +25,10 @@ status line while loading and compiling and a progress bar over the steps (each 
 when it has finished on the device; ``--no-progress`` hides both), then one timing line (load,
 text, compile, denoise, decode). The mp4 and the PNGs are written beside their names and
 renamed at the end: a failed run leaves no half-written file. Sizes, steps, guidance and fps
-default to the folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.wan.sample_defaults`), else
-Wan's. An out-of-memory says in which phase and what to lower (exit 1).
+default to the folder's ``ditax_sample.json``, else its family's (:mod:`ditax.cli.sample_request`).
+The checks that need the folder are its family's
+(:meth:`~ditax.pipelines.family.PipelineFamily.preflight`, found by ``model_index.json``'s
+``_class_name``). An out-of-memory says in which phase and what to lower (exit 1).
 
 Compiled programs are kept in jax's persistent compilation cache (:mod:`ditax.compile_cache`),
 so a second run of the same shapes reads them instead of compiling: by default in
@@ -45,7 +47,7 @@ import argparse
 import pathlib
 import time
 
-from ditax.cli import model_arg, request_errors
+from ditax.cli import request_errors
 from ditax.errors import ConfigError, RequestError
 
 
@@ -99,18 +101,14 @@ def parse_request(args):
     """
     import jax
 
-    from ditax.config import load_config, parse_overrides, validate
-    from ditax.config.sample import SAMPLE_PRESETS
+    from ditax.cli.sample_request import sample_request
+    from ditax.config import validate
     from ditax.io.outputs import check_output_file, check_output_folder
-    from ditax.pipelines.wan.request import check_request
 
-    cfg = load_config(None, args.overrides)
-    given = parse_overrides(args.overrides)
+    req = sample_request(args.model, args.overrides)
+    cfg, given, chosen, defaults = req.cfg, req.given, req.chosen, req.defaults
     s = cfg.sample
-    # the sample keys the user chose: given, or set by the sample preset
-    chosen = set(given.get("sample", {})) | set(SAMPLE_PRESETS.get(s.preset, {}))
-    args.model = model_arg(args.model)    # 'demo': the shipped demo model
-    defaults = folder_defaults(args.model, s, chosen)
+    args.model = req.model
     if args.fps is None:
         args.fps = defaults["fps"]
     call = dict(prompt=args.prompt,
@@ -132,9 +130,10 @@ def parse_request(args):
 
         read_numbers(s.cache_coefficients)      # a readable numbers file, before any weights
     with request_errors():
-        check_request(call["prompt"], call["height"], call["width"], call["num_frames"],
-                      call["num_inference_steps"], call["guidance_scale"],
-                      call["guidance_scale_2"], call["negative_prompt"], seed=call["seed"])
+        req.pipelines.check_request(call["prompt"], call["height"], call["width"],
+                                    call["num_frames"], call["num_inference_steps"],
+                                    call["guidance_scale"], call["guidance_scale_2"],
+                                    call["negative_prompt"], seed=call["seed"])
     if s.sigmas is not None and len(s.sigmas) != call["num_inference_steps"]:
         origin = f" (sample.preset={s.preset})" if s.preset else ""
         raise RequestError(f"sample.sigmas has {len(s.sigmas)} values{origin} but --steps "
@@ -172,36 +171,10 @@ def parse_request(args):
     return load, call
 
 
-def folder_defaults(model: str, s, chosen: set) -> dict:
-    """The request's defaults: per key, the ``sample`` config's value where the user chose it
-    (``sample.KEY=`` or ``sample.preset``), else the model folder's ``ditax_sample.json``
-    (:mod:`ditax.pipelines.wan.sample_defaults`), else the ``sample`` config's default (Wan's).
-    Reads only that small file (a hub id is resolved here, as it would be next); a path that is
-    no model folder is reported after the request's own checks (by
-    :func:`check_model_and_attention`)."""
-    from ditax.errors import ModelNotFound
-    from ditax.io.hub import resolve_folder
-    from ditax.pipelines.wan.request import SPATIAL, TEMPORAL
-    from ditax.pipelines.wan.sample_defaults import FILE, check_fits, read_sample_defaults
-
-    try:
-        root = resolve_folder(model, None, required=("model_index.json",))
-    except ModelNotFound:
-        root = None
-    own = {} if root is None else read_sample_defaults(root)
-    if own:     # Wan's grid here; the loaded model's own is checked as it loads
-        check_fits(own, root / FILE, SPATIAL, TEMPORAL)
-    out = {"negative_prompt": own.get("negative_prompt"), "fps": own.get("fps", 16)}
-    for key in ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
-                "guidance_scale_2", "max_sequence_length"):
-        out[key] = getattr(s, key) if key in chosen or key not in own else own[key]
-    return out
-
-
 def read_images(image: str | None, last_image: str | None) -> dict:
     """``--image`` / ``--last-image`` files read into ``image=`` / ``last_image=`` (an
     unreadable file is a :class:`RequestError`: exit 2)."""
-    from ditax.pipelines.wan.images import read_image
+    from ditax.io.images import read_image
 
     if last_image is not None and image is None:
         raise RequestError("--last-image needs --image (the first frame) too")
@@ -213,69 +186,16 @@ def read_images(image: str | None, last_image: str | None) -> dict:
     return out
 
 
-def check_images_fit(root, call: dict) -> None:
-    """The folder's kind wants the images given: a text-to-video folder takes none, an
-    image-to-video folder (``WanImageToVideoPipeline`` without ``expand_timesteps``) needs
-    ``--image``; ``--guidance-2`` needs a two-expert folder (``boundary_ratio``). Read from
-    ``model_index.json``, before any weights."""
-    from ditax.io.files import read_model_json
-
-    index = read_model_json(root / "model_index.json", "model_index.json")
-    i2v = index.get("_class_name") == "WanImageToVideoPipeline"
-    ti2v = bool(index.get("expand_timesteps"))
-    given = "image" in call
-    if given and not (i2v or ti2v):
-        raise RequestError(f"--image given but {root} is a text-to-video folder (WanPipeline); "
-                           f"drop --image or use an image-to-video model (Wan2.1-I2V-*, "
-                           f"Wan2.2-I2V-A14B, Wan2.2-TI2V-5B)")
-    if i2v and not ti2v and not given:
-        raise RequestError(f"{root} is an image-to-video folder (WanImageToVideoPipeline); pass "
-                           f"the first frame with --image FIRST.png")
-    if "last_image" in call and ti2v:
-        raise RequestError("--last-image is not supported by Wan 2.2 TI2V (expand_timesteps "
-                           "conditions the first frame only); drop it")
-    if call.get("guidance_scale_2") is not None and index.get("boundary_ratio") is None:
-        raise RequestError(f"--guidance-2 is the low-noise expert's scale, but {root} is a "
-                           f"one-expert folder (no boundary_ratio in model_index.json); drop "
-                           f"--guidance-2 and set --guidance only")
-
-
 def read_loras(specs: list[str], strict: bool = True) -> list:
     """``--lora FILE[:STRENGTH]`` values → ``[(Lora, strength)]``, each file read and its
     format checked here (a bad file is a :class:`~ditax.errors.WeightError`: exit 2; with
-    ``strict=False`` unknown keys are skipped with a warning)."""
+    ``strict=False`` unknown keys are skipped with a warning). Files are named by the default
+    family's LoRA names (:meth:`~ditax.models.base.ModelFamily.lora_names`)."""
     from ditax.lora import parse_lora_arg, resolve_loras
+    from ditax.models.base import DEFAULT_FAMILY, family_class
 
-    return resolve_loras([parse_lora_arg(s) for s in specs], strict)
-
-
-def check_model_and_attention(load: dict, mesh, call: dict | None = None) -> None:
-    """The folder exists and names a transformer (:class:`ModelNotFound` otherwise), takes the
-    request's images and its latent grid fits the RoPE table (``call``; :class:`RequestError`),
-    and the attention backend can run here
-    with its head dim (:class:`AttentionUnavailable`)."""
-    from ditax.attention import check_available
-    from ditax.io.hub import resolve_folder
-    from ditax.models.wan.loading import read_config
-
-    from ditax.pipelines.wan.request import check_grid
-
-    root = resolve_folder(load["path"], None, required=("model_index.json",))
-    if call is not None:
-        check_images_fit(root, call)
-    tc = read_config(resolve_folder(root, "transformer"))
-    if call is not None:        # the latent grid against the folder's RoPE table
-        from ditax.io.files import read_model_json
-        from ditax.models.wan.vae.config import WanVAEConfig
-
-        vae = WanVAEConfig.from_diffusers(read_model_json(
-            resolve_folder(root, "vae") / "config.json", "VAE config"))
-        patch = tuple(load.get("patch_size") or tc.get("patch_size", (1, 2, 2)))
-        rope = load.get("rope_max_seq_len") or tc.get("rope_max_seq_len", 1024)
-        check_grid(call["height"], call["width"], call["num_frames"], rope,
-                   vae.spatial_factor * patch[1], vae.temporal_factor, patch[0])
-    head_dim = load.get("attention_head_dim") or tc["attention_head_dim"]
-    check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)
+    return resolve_loras([parse_lora_arg(s) for s in specs], strict,
+                         names=family_class(DEFAULT_FAMILY).lora_names())
 
 
 def run(args) -> int:
@@ -283,11 +203,12 @@ def run(args) -> int:
     import ditax
     from ditax.cli.run import run_context
     from ditax.io.video import write_frames, write_mp4
+    from ditax.pipelines.family import preflight
 
     mesh_cfg = load.pop("mesh_config")
     cache = load.pop("compile_cache")
     mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
-    check_model_and_attention(load, mesh, call)
+    preflight(load["path"], load, call, mesh)   # the folder's family checks it, before weights
     if mesh is not None:
         print(f"mesh: {dict(mesh.shape)}")
     show = not args.no_progress

@@ -17,8 +17,7 @@ from typing import Any
 
 from ditax.errors import ConfigError
 
-INT_LIMIT = 2**31          # ints are in (-INT_LIMIT, INT_LIMIT): jax's default int32
-SEED_LIMIT = 2**32         # seeds are in [0, SEED_LIMIT): grain's shuffle seeds
+from ditax.intmath import INT_LIMIT, SEED_LIMIT   # int32 range; 32-bit seeds
 
 
 def _shown(key: str, value, given: dict[str, str] | None) -> str:

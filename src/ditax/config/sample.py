@@ -1,13 +1,15 @@
 """The ``sample`` section: defaults for ``ditax generate`` (sizes, steps, guidance, sampler)
 and its rules. Request-level checks (sizes against the VAE / patch grid) live with the
-pipeline (:func:`ditax.pipelines.wan.text_to_video.check_request`).
+family's pipelines (:meth:`ditax.pipelines.family.PipelineFamily.check_request`).
 
-``sample.preset`` names a bundle of sampling settings (:data:`SAMPLE_PRESETS`) that the config
-loader writes into the section: over a YAML file's values, under the ``key=value`` overrides
-given beside it. ``lightning-4step`` is the schedule the 4-step distillation LoRAs (LightX2V,
-Wan 2.1 / 2.2 "Lightning") were distilled on: Euler on the flow sigmas 1, 0.75, 0.5, 0.25
-shifted by 5 — timesteps 1000, 937.5, 833.3, 625 — without classifier-free guidance (on Wan 2.2
-A14B the boundary 875 gives each expert two steps)."""
+The sizes, frames, steps, guidance and text tokens default to the default family's sample
+defaults (:func:`ditax.pipelines.family.sample_defaults`; Wan's: 480x832, 81 frames, 50 steps,
+guidance 5, in :mod:`ditax.pipelines.wan.defaults`): this package writes none of them.
+
+``sample.preset`` names a bundle of sampling settings that the config loader writes into the
+section: over a YAML file's values, under the ``key=value`` overrides given beside it. The
+bundles are the model family's (:func:`ditax.pipelines.family.sample_presets`; Wan's
+``lightning-4step``, the schedule of the 4-step distillation LoRAs)."""
 
 from __future__ import annotations
 
@@ -15,38 +17,34 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional, get_args
 
 from ditax.errors import ConfigError, check_choice
+from ditax.models.registry import DEFAULT_FAMILY
+from ditax.pipelines.family import sample_defaults, sample_presets
+from ditax.pipelines.options import CFG_MODES, CfgMode
 
-CfgMode = Literal["batched", "sequential"]
 Sampler = Literal["unipc", "euler"]
-SamplePreset = Literal["lightning-4step"]
 StepCacheMethod = Literal["first_block", "teacache", "magcache"]
-CFG_MODES = get_args(CfgMode)
 SAMPLERS = get_args(Sampler)
 CACHE_METHODS = get_args(StepCacheMethod)
 
-# preset name -> the sample fields it sets
-SAMPLE_PRESETS: dict[str, dict[str, Any]] = {
-    "lightning-4step": dict(num_inference_steps=4, guidance_scale=1.0, scheduler="euler",
-                            flow_shift=5.0, sigmas=(1.0, 0.75, 0.5, 0.25)),
-}
+_D = sample_defaults(DEFAULT_FAMILY)   # the default family's (Wan's) call defaults
 
 
 @dataclass(frozen=True)
 class SampleConfig:
-    height: int = 480
-    width: int = 832
-    num_frames: int = 81
-    num_inference_steps: int = 50
-    guidance_scale: float = 5.0
-    guidance_scale_2: Optional[float] = None
+    height: int = _D["height"]
+    width: int = _D["width"]
+    num_frames: int = _D["num_frames"]
+    num_inference_steps: int = _D["num_inference_steps"]
+    guidance_scale: float = _D["guidance_scale"]
+    guidance_scale_2: Optional[float] = _D["guidance_scale_2"]
     cfg_mode: CfgMode = "batched"       # cond + uncond in one forward of batch 2, or two
     scheduler: Sampler = "unipc"
     flow_shift: Optional[float] = None  # None = from the scheduler config
-    max_sequence_length: int = 512
+    max_sequence_length: int = _D["max_sequence_length"]
     vae_tiling: bool = False
     # the Euler sampler's sigmas before the shift, one per step (None = evenly spaced)
     sigmas: Optional[tuple[float, ...]] = None
-    preset: Optional[SamplePreset] = None  # a bundle of the fields above (SAMPLE_PRESETS)
+    preset: Optional[str] = None  # a bundle of the fields above (the family's sample presets)
 
     # step caching (ditax.pipelines.step_cache): none | first_block | teacache | magcache
     cache: Optional[StepCacheMethod] = None
@@ -57,20 +55,23 @@ class SampleConfig:
 
 def expand_preset(flat: dict[str, Any], explicit) -> dict[str, Any]:
     """Dotted config values with ``sample.preset``'s fields written in, except the keys in
-    ``explicit`` (the overrides the user gave, which win). Unknown names raise."""
+    ``explicit`` (the overrides the user gave, which win). The presets are those of the
+    config's family (``model.family``); unknown names raise."""
     name = flat.get("sample.preset")
     if name is None or str(name).strip().lower() in ("none", "null", "~"):
         return flat
-    check_choice("sample.preset", name, tuple(SAMPLE_PRESETS))
+    presets = sample_presets(str(flat.get("model.family", DEFAULT_FAMILY)).strip())
+    check_choice("sample.preset", name, tuple(presets))
     out = dict(flat)
-    for k, v in SAMPLE_PRESETS[name].items():
+    for k, v in presets[name].items():
         if f"sample.{k}" not in explicit:
             out[f"sample.{k}"] = v
     return out
 
 
-def check_sample(s: SampleConfig) -> None:
-    """Raise :class:`ConfigError` for sampling defaults that cannot run."""
+def check_sample(s: SampleConfig, family: str = DEFAULT_FAMILY) -> None:
+    """Raise :class:`ConfigError` for sampling defaults that cannot run (``family``: the
+    config's model family, whose presets ``sample.preset`` names)."""
     check_choice("sample.cfg_mode", s.cfg_mode, CFG_MODES)
     check_choice("sample.scheduler", s.scheduler, SAMPLERS)
     if s.flow_shift is not None and s.flow_shift <= 0:
@@ -78,7 +79,7 @@ def check_sample(s: SampleConfig) -> None:
     if s.max_sequence_length < 1:
         raise ConfigError(f"sample.max_sequence_length={s.max_sequence_length} must be >= 1")
     if s.preset is not None:
-        check_choice("sample.preset", s.preset, tuple(SAMPLE_PRESETS))
+        check_choice("sample.preset", s.preset, tuple(sample_presets(family)))
     if s.sigmas is not None:
         if s.scheduler != "euler":
             raise ConfigError(f"sample.sigmas is for the Euler sampler; set sample.scheduler=euler "
@@ -101,4 +102,4 @@ def check_sample(s: SampleConfig) -> None:
 
 
 __all__ = ["SampleConfig", "check_sample", "expand_preset", "CACHE_METHODS", "CFG_MODES",
-           "SAMPLERS", "SAMPLE_PRESETS"]
+           "SAMPLERS"]

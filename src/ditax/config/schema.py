@@ -73,7 +73,7 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     check_data(cfg.data)
     check_checkpoint(cfg.checkpoint)
     check_lora(cfg.lora)
-    check_sample(cfg.sample)
+    check_sample(cfg.sample, cfg.model.family)   # the presets are the family's
     check_compile_cache(cfg.compile_cache)
     if cfg.steps < 0:
         raise ConfigError(f"steps={cfg.steps} must be >= 0")

@@ -7,7 +7,7 @@ sigmas spaced down to it are shifted again.
 
 Explicit ``sigmas`` (diffusers' ``set_timesteps(sigmas=...)``) replace the spacing: one value
 per step, shifted once. The 4-step distillation LoRAs are sampled that way
-(:data:`ditax.config.sample.SAMPLE_PRESETS`).
+(:data:`ditax.pipelines.wan.defaults.SAMPLE_PRESETS`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
-"""Image conditioning of Wan in training and planning (the pipelines build theirs from images:
-:mod:`ditax.pipelines.wan.image_to_video`).
+"""Image conditioning of Wan: the rules training, preprocessing and the pipelines share (the
+pipelines build their condition from images with these: :mod:`ditax.pipelines.wan.image_to_video`).
+
+- the folder kind (:func:`folder_kind`): what a pipeline folder's ``model_index.json`` says about
+  its image condition — ``t2v``, ``i2v`` (channels) or ``ti2v`` (expand);
 
 - ``channels`` (Wan I2V): each sample carries ``condition`` ``[tf + z, F, Y, X]`` — the
   first-frame mask folded into ``tf`` channels and the normalised latents of the condition
@@ -17,6 +20,18 @@ import jax.numpy as jnp
 import numpy as np
 
 CLIP_TOKENS = 257   # CLIP ViT-H/14 at 224 px: one class token + 16 x 16 patches
+I2V_PIPELINE = "WanImageToVideoPipeline"   # the diffusers class of image-to-video folders
+FOLDER_KINDS = ("t2v", "i2v", "ti2v")
+
+
+def folder_kind(index: dict) -> str:
+    """The kind of a pipeline folder from its ``model_index.json`` ``index``: ``"ti2v"``
+    (``expand_timesteps``: an optional image replaces the first latent frame, whose tokens run
+    at t=0; either class), ``"i2v"`` (a :data:`I2V_PIPELINE`: an image is required — noise, mask
+    and condition latents as transformer channels) or ``"t2v"`` (text only)."""
+    if index.get("expand_timesteps"):
+        return "ti2v"
+    return "i2v" if index.get("_class_name") == I2V_PIPELINE else "t2v"
 
 
 def condition_shapes(m, latent_shape) -> dict[str, tuple[int, ...]]:
@@ -44,13 +59,26 @@ def training_inputs(m, x_t, x0, timestep):
     condition's replacement, per-token timesteps and loss mask (module docstring)."""
     if m.image_condition != "expand":
         return x_t, timestep, None
-    _, _, f, y, x = x0.shape
-    later = jnp.arange(f) > 0                                   # [F]: not the given frame
-    mask = later[None, None, :, None, None].astype(x_t.dtype)   # [1, 1, F, 1, 1]
-    x_in = (1 - mask) * x0 + mask * x_t
-    pt, ph, pw = m.patch_size
-    per_token = jnp.repeat(later[::pt].astype(jnp.float32), (y // ph) * (x // pw))   # [L]
-    return x_in, per_token[None, :] * timestep[:, None], mask
+    frame, per_token = first_frame_masks(x0.shape[2:], m.patch_size)     # [F], [L]
+    mask = jnp.asarray(frame)[None, None, :, None, None].astype(x_t.dtype)   # [1, 1, F, 1, 1]
+    x_in = replace_first_frame(mask, x0, x_t)
+    return x_in, jnp.asarray(per_token)[None, :] * timestep[:, None], mask
+
+
+def first_frame_masks(grid, patch_size) -> tuple[np.ndarray, np.ndarray]:
+    """The expand condition's masks for a latent ``grid`` ``(F, Y, X)`` and the transformer's
+    ``patch_size`` ``(pt, ph, pw)``: per latent frame ``[F]`` float32 (0 on frame 0, the given
+    image; 1 after) and per token ``[L]`` float32 (the same for each token of the patch grid:
+    the timestep factor, 0 = runs at t=0)."""
+    f, y, x = grid
+    pt, ph, pw = patch_size
+    frame = (np.arange(f) > 0).astype(np.float32)
+    return frame, np.repeat(frame[::pt], (y // ph) * (x // pw))
+
+
+def replace_first_frame(mask, given, latents):
+    """``(1 - mask) * given + mask * latents``: the given frame where ``mask`` is 0 (expand)."""
+    return (1 - mask) * given + mask * latents
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,5 +129,6 @@ def clip_features(encoder, processor, images) -> jnp.ndarray:
     return encode_image(encoder, list(images), processor)
 
 
-__all__ = ["CLIP_TOKENS", "channel_condition", "clip_features", "condition_shapes",
-           "encode_normalized", "frame_mask_channels", "model_input", "training_inputs"]
+__all__ = ["CLIP_TOKENS", "FOLDER_KINDS", "I2V_PIPELINE", "channel_condition", "clip_features",
+           "condition_shapes", "encode_normalized", "first_frame_masks", "folder_kind",
+           "frame_mask_channels", "model_input", "replace_first_frame", "training_inputs"]

@@ -153,27 +153,6 @@ class WanFamily(ModelFamily):
         return Transformer(init_model(self.model, self.attention, mesh, seed=seed), mesh)
 
     @classmethod
-    def check_folder(cls, path, subfolder="transformer") -> str:
-        from ditax.models.wan.folder_check import check_folder
-
-        s = check_folder(path, subfolder)
-        return (f"{s.folder}: OK — {s.num_layers} layers, D={s.inner_dim}, {s.num_heads} heads "
-                f"x {s.head_dim}, {s.num_params / 1e9:.3f} B params, {s.num_tensors} tensors")
-
-    def check_single_file(self, path) -> str:
-        from ditax.models.wan.single_file import check_single_file
-
-        c, weights = check_single_file(path, self.model)[:2]
-        return (f"{path}: OK — {c.num_layers} layers, D={c.inner_dim}, "
-                f"{c.num_attention_heads} heads x {c.attention_head_dim}, {len(weights)} "
-                f"tensors")
-
-    def convert_single_file(self, path, out, *, dtype=None, loras=None):
-        from ditax.models.wan.single_file import write_diffusers_folder
-
-        return write_diffusers_folder(path, self.model, out, dtype=dtype, loras=loras)
-
-    @classmethod
     def trainers(cls) -> dict[str, str]:
         return {"vae": "ditax.train.wan.trainers:WanVAETraining"}    # ditax train-vae
 
@@ -196,8 +175,9 @@ class WanEncoders(Encoders):
         self.tokenizer = load_tokenizer(folder)
         index = folder / "model_index.json"
         index = read_model_json(index, "model_index.json") if index.is_file() else {}
-        self.image_condition = (index.get("_class_name") == "WanImageToVideoPipeline"
-                                and not index.get("expand_timesteps"))
+        from ditax.models.wan.conditioning import folder_kind
+
+        self.image_condition = folder_kind(index) == "i2v"
         self.image_encoder = self.image_processor = None
         if self.image_condition and (folder / "image_encoder").is_dir():
             from ditax.models.clip import load_image_encoder, load_image_processor

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from ditax.models.wan.conditioning import replace_first_frame
+
 
 @dataclass(frozen=True)
 class Condition:
@@ -44,7 +46,7 @@ jax.tree_util.register_dataclass(
 
 def blend_first_frame(cond: Condition, latents: jax.Array) -> jax.Array:
     """``(1 - mask) * latent + mask * latents``: the conditioning frame replaced (expand)."""
-    return (1 - cond.frame_mask) * cond.latent + cond.frame_mask * latents
+    return replace_first_frame(cond.frame_mask, cond.latent, latents)
 
 
 def model_inputs(cond: Condition | None, latents: jax.Array, t: jax.Array, dtype):

@@ -31,7 +31,7 @@ from ditax.pipelines.wan.text_to_video import WanTextToVideo
 
 class WanImageToVideo(WanTextToVideo):
     """A loaded Wan image-to-video (or TI2V) pipeline; call it with a prompt and ``image=``.
-    See :func:`~ditax.pipelines.wan.text_to_video.load_pipeline` and the module docstring."""
+    See :func:`~ditax.pipelines.wan.loading.load_pipeline` and the module docstring."""
 
     def __init__(self, *, image_encoder=None, image_processor=None,
                  expand_timesteps: bool = False, **kw):
@@ -68,7 +68,7 @@ class WanImageToVideo(WanTextToVideo):
         """The :class:`~ditax.pipelines.wan.conditioning.Condition` of this request (None for a
         TI2V request without an image)."""
         from ditax.models.wan.conditioning import (channel_condition, clip_features,
-                                                   encode_normalized)
+                                                   encode_normalized, first_frame_masks)
 
         self._check_images(image, last_image)
         if image is None:
@@ -79,14 +79,13 @@ class WanImageToVideo(WanTextToVideo):
         first = to_frame(image, height, width, "image")
         tc = self.transformer.config
         if self.expand_timesteps:
-            f, y, x = self.vae.config.latent_grid(num_frames, height, width)
-            frame_mask = np.ones((1, 1, f, y, x), np.float32)
-            frame_mask[:, :, 0] = 0.0
-            pt, ph, pw = tc.patch_size
-            tokens = frame_mask[0, 0, ::pt, ::ph, ::pw].reshape(1, -1)
+            grid = self.vae.config.latent_grid(num_frames, height, width)
+            frame, tokens = first_frame_masks(grid, tc.patch_size)          # [F], [L]
+            frame_mask = np.ascontiguousarray(np.broadcast_to(              # [1, 1, F, Y, X]
+                frame[None, None, :, None, None], (1, 1, *grid)))
             return Condition(frame_mask=jnp.asarray(frame_mask),
                              latent=encode_normalized(self.vae, first[None, :, None]),
-                             token_mask=jnp.asarray(tokens))
+                             token_mask=jnp.asarray(tokens[None]))
         last = None if last_image is None else to_frame(last_image, height, width, "last_image")
         channels = channel_condition(self.vae, first, last, num_frames)
         image_embeds = None

@@ -1,4 +1,5 @@
-"""Condition images on the host: read, check, and turn into a VAE frame as Wan's pipelines do.
+"""Condition images on the host: check them and turn them into a VAE frame as Wan's pipelines
+do (files are read by :func:`ditax.io.images.read_image`).
 
 An image is a PIL image or a float array ``[H, W, 3]`` in [0, 1]. :func:`to_frame` gives the
 frame the VAE encodes, ``[3, height, width]`` float32 in [-1, 1], with the arithmetic of
@@ -17,20 +18,6 @@ import PIL.Image
 from ditax.errors import RequestError
 
 
-def read_image(path, what: str = "--image") -> PIL.Image.Image:
-    """Open an image file fully (so a truncated file fails here, not later)."""
-    p = pathlib.Path(path)
-    if not p.is_file():
-        raise RequestError(f"{what} {str(path)!r} is not a file; pass a PNG / JPEG / WebP path")
-    try:
-        with PIL.Image.open(p) as im:
-            im.load()
-            return im.copy()
-    except (OSError, PIL.UnidentifiedImageError, SyntaxError, ValueError) as e:
-        raise RequestError(f"{what} {str(path)!r} is not a readable image ({e}); pass a PNG / "
-                           f"JPEG / WebP file") from None
-
-
 def check_image(image, name: str = "image"):
     """``image`` if it is a PIL image or a float ``[H, W, 3]`` array in [0, 1] (as float32
     or float64 numpy), else :class:`RequestError` naming what is wrong."""
@@ -40,7 +27,7 @@ def check_image(image, name: str = "image"):
         return image
     if isinstance(image, (str, pathlib.Path)):
         raise RequestError(f"{name}={str(image)!r} is a path; pass the image itself "
-                           f"(ditax.pipelines.wan.images.read_image(path) or PIL.Image.open)")
+                           f"(ditax.io.images.read_image(path) or PIL.Image.open)")
     try:
         x = np.asarray(image)
     except Exception:  # noqa: BLE001 - any object numpy cannot take is a bad request
@@ -81,4 +68,4 @@ def to_frame(image, height: int, width: int, name: str = "image") -> np.ndarray:
     return np.ascontiguousarray(np.transpose(x, (2, 0, 1)), np.float32)
 
 
-__all__ = ["check_image", "nearest_indices", "read_image", "to_frame"]
+__all__ = ["check_image", "nearest_indices", "to_frame"]

@@ -4,37 +4,22 @@ Sizes must be multiples of ``spatial`` = VAE spatial factor × transformer patch
 frame counts of the form ``temporal·k + 1`` (``temporal`` = VAE temporal factor, 4 for Wan).
 The defaults come from the default Wan configs; a loaded pipeline passes its own components'.
 
-Seeds are integers in ``[0, 2**32)`` (:data:`SEED_LIMIT`): ``jax.random.PRNGKey`` keeps only the
-low 32 bits of a seed (2**32 draws the same noise as 0, -1 the same as 2**32 - 1), so a value
-outside that range would silently repeat another seed's video; it is refused instead.
+Seeds follow the rule of :mod:`ditax.pipelines.seeds` (ints in ``[0, 2**32)``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ditax.config.numbers import INT_LIMIT
 from ditax.errors import RequestError
+from ditax.intmath import INT_LIMIT
 from ditax.models.wan.config import ModelConfig
 from ditax.models.wan.vae.config import WanVAEConfig
+from ditax.pipelines.seeds import check_seed
 
 _VAE = WanVAEConfig()
 SPATIAL = _VAE.spatial_factor * ModelConfig().patch_size[1]  # 16: pixels per latent token
 TEMPORAL = _VAE.temporal_factor                               # 4: frames per latent frame
-SEED_LIMIT = 2 ** 32   # PRNGKey(seed) uses the seed's low 32 bits (jax without x64)
-
-
-def check_seed(seed, count: int = 1, name: str = "seed") -> None:
-    """``seed`` .. ``seed + count - 1`` (one per video) are ints in ``[0, 2**32)``; else a
-    :class:`RequestError` naming the value and the range."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise RequestError(f"{name}={seed!r} must be an integer in [0, 2**32) (e.g. 0)")
-    last = int(seed) + count - 1
-    if seed < 0 or last >= SEED_LIMIT:
-        extra = "" if count == 1 else f" (and seed + {count - 1} = {last}, one per prompt)"
-        raise RequestError(f"{name}={seed}{extra} is outside [0, 2**32 = {SEED_LIMIT}): jax's "
-                           f"PRNGKey keeps only 32 bits, so it would repeat another seed's "
-                           f"noise; use 0 <= {name} <= {SEED_LIMIT - count}")
 
 
 def check_request(prompt, height: int, width: int, num_frames: int, num_inference_steps: int,
@@ -114,5 +99,5 @@ def check_load_args(mesh, max_sequence_length, model_overrides: dict) -> None:
     check_overrides(ModelConfig, model_overrides)
 
 
-__all__ = ["SEED_LIMIT", "SPATIAL", "TEMPORAL", "check_grid", "check_load_args",
-           "check_max_sequence_length", "check_request", "check_seed"]
+__all__ = ["SPATIAL", "TEMPORAL", "check_grid", "check_load_args", "check_max_sequence_length",
+           "check_request"]

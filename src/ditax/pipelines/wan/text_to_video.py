@@ -1,9 +1,9 @@
 """Wan text-to-video pipeline: prompt → video ``[F, H, W, 3]`` in [0, 1].
 
-Reads a diffusers ``WanPipeline`` folder (``model_index.json`` with ``tokenizer/``,
+Built from a diffusers ``WanPipeline`` folder (``model_index.json`` with ``tokenizer/``,
 ``text_encoder/``, ``vae/``, ``scheduler/``, ``transformer/`` and, for Wan 2.2 A14B,
-``transformer_2/`` plus ``boundary_ratio``; see :mod:`.folder` and :mod:`.components`) and
-reproduces the reference sampling loop:
+``transformer_2/`` plus ``boundary_ratio``; see :mod:`.loading`, :mod:`.folder` and
+:mod:`.components`), it reproduces the reference sampling loop:
 
 1. text: UMT5 embeddings of the prompt and (with guidance > 1) the negative prompt, padded to
    ``max_sequence_length`` with rows past each prompt's length zeroed;
@@ -24,7 +24,6 @@ compilation cache (:mod:`ditax.compile_cache`; ``pipe.compile_cache``, default `
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from dataclasses import dataclass
@@ -34,92 +33,22 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ditax.errors import ConfigError, RequestError
+from ditax.errors import RequestError
 from ditax.phases import phase
-from ditax.config.sample import CFG_MODES, SampleConfig
 from ditax.parallel.axes import check_batch_divides
-from ditax.pipelines.wan.components import load_components
 from ditax.pipelines.wan.conditioning import final_latents
 from ditax.pipelines.denoise import _denoise_step
-from ditax.pipelines.wan.folder import PipelineLoadError, read_pipeline_folder
+from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
+from ditax.pipelines.wan.folder import PipelineLoadError
 from ditax.pipelines.programs import Programs, in_compile_cache
-from ditax.pipelines.wan.request import (check_grid, check_load_args, check_max_sequence_length,
-                                     check_request)
-from ditax.pipelines.wan.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
+from ditax.pipelines.wan.request import check_grid, check_max_sequence_length, check_request
 from ditax.pipelines.step_cache import check_cache_args, plan_step_cache, uncached_stats
-from ditax.schedulers.overrides import check_scheduler_name
-
-log = logging.getLogger(__name__)
 
 # what a call uses when neither the caller nor the folder's ditax_sample.json gives a value:
-# the sample config's defaults (Wan's), the same the CLI falls back to
-WAN_DEFAULTS = {k: getattr(SampleConfig(), k) for k in
+# Wan's sample defaults (the family's, the same the CLI and the sample config fall back to)
+WAN_DEFAULTS = {k: SAMPLE_DEFAULTS[k] for k in
                 ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                  "max_sequence_length")}
-
-
-def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
-                  cfg_mode: str = "batched", scheduler: str | None = None,
-                  flow_shift: float | None = None, vae_dtype: str = "float32",
-                  vae_tiling: bool = False, max_sequence_length: int | None = None,
-                  loras=None, loras_2=None, lora_strict: bool = True,
-                  lora_mode: str = "merged", **model_overrides) -> "WanTextToVideo":
-    """Load a diffusers Wan pipeline folder (or hub id): a text-to-video ``WanPipeline`` into
-    :class:`WanTextToVideo`; a ``WanImageToVideoPipeline`` (Wan 2.1 I2V / FLF2V, Wan 2.2 I2V
-    A14B) or an ``expand_timesteps`` folder (Wan 2.2 TI2V-5B) into
-    :class:`~ditax.pipelines.wan.image_to_video.WanImageToVideo`, whose call takes ``image=`` /
-    ``last_image=``.
-
-    Args:
-      path: folder with ``model_index.json`` and component subfolders, or a hub id (online).
-      dtype: transformer, text- and image-encoder dtype ("float32" | "bfloat16" | "float16").
-      mesh: optional 4-axis mesh (``ditax.make_mesh``); transformers are sharded over it.
-      attention: backend name or :class:`AttentionConfig` for the transformers.
-      cfg_mode: "batched" (cond + uncond in one forward of batch 2) or "sequential".
-      scheduler: None = the folder's; "unipc" | "euler" = that sampler with the folder's
-        ``num_train_timesteps`` and shift.
-      flow_shift: override the scheduler's shift (Wan: 3.0 at 480p, 5.0 at 720p).
-      vae_dtype: VAE dtype (float32 is what Wan uses; the VAE is small).
-      vae_tiling: decode in overlapping spatial tiles (large frames).
-      max_sequence_length: text tokens (None: the folder's ``ditax_sample.json``, else 512,
-        Wan's).
-      loras: LoRAs merged into ``transformer`` as it loads, ``[(file, strength), ...]`` (any
-        format of :mod:`ditax.lora`); ``loras_2``: the same for Wan 2.2's ``transformer_2``
-        (the low-noise expert); ``lora_strict=False`` skips unknown LoRA keys with a warning;
-        ``lora_mode="unmerged"`` keeps them as run-time updates (see ``load_transformer``).
-
-    A folder's ``ditax_sample.json`` (:mod:`.sample_defaults`) becomes ``pipe.sample_defaults``:
-    the sizes, steps, guidance, ... a call uses where it is given none.
-    """
-    if cfg_mode not in CFG_MODES:
-        raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
-    check_scheduler_name(scheduler)
-    check_load_args(mesh, max_sequence_length, model_overrides)   # before any file is read
-    t0 = time.perf_counter()
-    with phase("load"):
-        folder = read_pipeline_folder(path)
-        defaults = read_sample_defaults(folder.root)      # checked before any weights
-        if max_sequence_length is None:
-            max_sequence_length = {**WAN_DEFAULTS, **defaults}["max_sequence_length"]
-        parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
-                                scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
-                                loras=loras, loras_2=loras_2, lora_strict=lora_strict,
-                                lora_mode=lora_mode, **model_overrides)
-        cls = WanTextToVideo
-        if folder.kind != "t2v":
-            from ditax.pipelines.wan.image_to_video import WanImageToVideo
-
-            cls = WanImageToVideo
-            parts["expand_timesteps"] = folder.kind == "ti2v"
-        pipe = cls(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
-                   cfg_mode=cfg_mode, vae_tiling=vae_tiling,
-                   max_sequence_length=max_sequence_length, sample_defaults=defaults)
-        check_fits(defaults, folder.root / SAMPLE_FILE,
-                   pipe.vae.scale_factor_spatial * pipe.transformer.config.patch_size[1],
-                   pipe.vae.scale_factor_temporal)
-    pipe.load_time = time.perf_counter() - t0
-    log.info("loaded pipeline %s in %.1fs", folder.root, pipe.load_time)
-    return pipe
 
 
 # ----------------------------------------------------------------------------------------------
@@ -155,7 +84,8 @@ class Timings:
 
 
 class WanTextToVideo:
-    """A loaded Wan text-to-video pipeline; call it with a prompt. See :func:`load_pipeline`."""
+    """A loaded Wan text-to-video pipeline; call it with a prompt. See
+    :func:`~ditax.pipelines.wan.loading.load_pipeline`."""
 
     def __init__(self, *, tokenizer, text_encoder, vae, transformer, scheduler,
                  transformer_2=None, boundary_ratio=None, mesh=None, cfg_mode="batched",
@@ -381,5 +311,4 @@ class WanTextToVideo:
         return video
 
 
-__all__ = ["CFG_MODES", "PipelineLoadError", "Timings", "WanTextToVideo", "check_request",
-           "load_pipeline"]
+__all__ = ["PipelineLoadError", "Timings", "WanTextToVideo", "check_request", "initial_noise"]

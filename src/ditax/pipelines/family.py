@@ -1,0 +1,144 @@
+"""The pipelines of one model family, as the shared entry points see them.
+
+``ditax generate``, ``ditax calibrate-cache`` and the ``sample`` config section know no family:
+they ask the family of a pipeline folder for what is its own —
+
+- :attr:`PipelineFamily.sample_defaults`: the values a call uses where neither the caller nor
+  the folder gives one (sizes, frames, steps, guidance, text tokens, fps);
+- :attr:`PipelineFamily.sample_presets`: named bundles of ``sample`` fields
+  (``sample.preset=NAME``);
+- :meth:`PipelineFamily.request_defaults`: those defaults with a folder's own file over them;
+- :meth:`PipelineFamily.check_request`: the request checks that need no model;
+- :meth:`PipelineFamily.preflight`: the checks of a folder against a request before any weights
+  are read (its images, its grid, the attention backend with its head dim);
+- :meth:`PipelineFamily.load`: the loaded pipeline.
+
+Discovery follows the one rule of :mod:`ditax.models.registry`: a folder's
+``model_index.json`` ``_class_name`` names the family (:func:`~ditax.models.registry.spec_for_class`;
+none: the default family); the pipelines of a built-in family ``NAME`` are registered by the
+package ``ditax.pipelines.NAME`` when it is imported, those of a family outside ditax by the
+module of its dotted name (the same module that registers its spec), or directly with
+:func:`register_pipelines` (a family defined in a test).
+
+Light on purpose (no JAX): the config loader reads the default family's defaults through it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+from typing import Any, ClassVar
+
+from ditax.errors import ConfigError, ModelNotFound
+from ditax.models import registry
+
+
+class PipelineFamily:
+    """One family's pipelines; subclass it, set the class attributes, and override what the
+    family has (each default below says what a family without it gets)."""
+
+    name: ClassVar[str]
+    sample_defaults: ClassVar[dict[str, Any]] = {}
+    sample_presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def request_defaults(self, root: pathlib.Path | None, sample, chosen: set) -> dict:
+        """Per key of :attr:`sample_defaults`: the ``sample`` config's value where the user chose
+        it (``chosen``: ``sample.KEY=`` or set by ``sample.preset``), else the family's default.
+        ``root``: the resolved folder (None: not found yet; reported by :meth:`preflight`)."""
+        return {k: getattr(sample, k) if k in chosen and hasattr(sample, k) else v
+                for k, v in self.sample_defaults.items()}
+
+    def check_request(self, prompt, height, width, num_frames, num_inference_steps,
+                      guidance_scale, guidance_scale_2=None, negative_prompt=None,
+                      seed=0) -> None:
+        """Raise :class:`~ditax.errors.RequestError` for a request no model of the family takes."""
+
+    def preflight(self, root: pathlib.Path, load: dict, call: dict | None = None,
+                  mesh=None) -> None:
+        """Check folder ``root`` against the load arguments (``load``: path, dtype, attention,
+        model overrides) and the call (``call``; None: only the folder and the attention
+        backend), before any weights are read."""
+
+    def load(self, path, **kwargs):
+        """The loaded pipeline of folder ``path`` (``ditax.load_pipeline``'s arguments)."""
+        raise ConfigError(f"model family {self.name!r} has no pipelines to load {path}")
+
+
+_PIPELINES: dict[str, Any] = {}   # family name -> PipelineFamily subclass or "module:Name"
+
+
+def register_pipelines(name: str, pipelines) -> None:
+    """Make ``pipelines`` (a :class:`PipelineFamily` subclass, or its ``"module:Name"``) the
+    pipelines of family ``name`` (a second call replaces the first)."""
+    _PIPELINES[name] = pipelines
+
+
+def pipelines_of(name: str) -> PipelineFamily:
+    """The pipelines of family ``name`` (its package imported on first use);
+    :class:`ConfigError` when the family has none."""
+    if name not in _PIPELINES:
+        module = name if "." in name else f"ditax.pipelines.{name}"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if not (e.name and (module == e.name or module.startswith(e.name + "."))):
+                raise
+    ref = _PIPELINES.get(name)
+    if ref is None:
+        raise ConfigError(f"model family {name!r} has no pipelines (nothing registered them "
+                          f"with ditax.pipelines.family.register_pipelines)")
+    if isinstance(ref, str):
+        module, _, attr = ref.partition(":")
+        ref = _PIPELINES[name] = getattr(importlib.import_module(module), attr)
+    return ref()
+
+
+def family_name(root: pathlib.Path) -> str:
+    """The family of pipeline folder ``root``, by its ``model_index.json`` ``_class_name``
+    (none: the default family); :class:`ModelNotFound` for a class no family reads."""
+    from ditax.io.files import read_model_json
+
+    index = read_model_json(pathlib.Path(root) / "model_index.json", "model_index.json")
+    cls = index.get("_class_name") if isinstance(index, dict) else None
+    return registry.DEFAULT_FAMILY if cls is None else registry.spec_for_class(cls).name
+
+
+def resolve(path) -> pathlib.Path:
+    """The local pipeline folder of ``path`` (a folder with ``model_index.json``, or a hub id
+    fetched when online); :class:`ModelNotFound` otherwise."""
+    from ditax.io.hub import resolve_folder
+
+    return resolve_folder(path, None, required=("model_index.json",))
+
+
+def folder_pipelines(path) -> tuple[pathlib.Path | None, PipelineFamily]:
+    """``(root, pipelines)`` of a pipeline folder or hub id, reading only its
+    ``model_index.json``; ``(None, the default family's)`` when there is no such folder or no
+    family reads its class (either is reported by :func:`preflight`)."""
+    try:
+        root = resolve(path)
+        return root, pipelines_of(family_name(root))
+    except ModelNotFound:
+        return None, pipelines_of(registry.DEFAULT_FAMILY)
+
+
+def preflight(path, load: dict, call: dict | None = None, mesh=None) -> pathlib.Path:
+    """The folder at ``path`` exists (:class:`ModelNotFound`), a family reads it, and that
+    family's :meth:`PipelineFamily.preflight` passes; returns the resolved folder."""
+    root = resolve(path)
+    pipelines_of(family_name(root)).preflight(root, load, call, mesh)
+    return root
+
+
+def sample_defaults(name: str = registry.DEFAULT_FAMILY) -> dict[str, Any]:
+    """Family ``name``'s :attr:`PipelineFamily.sample_defaults` (a copy)."""
+    return dict(pipelines_of(name).sample_defaults)
+
+
+def sample_presets(name: str = registry.DEFAULT_FAMILY) -> dict[str, dict[str, Any]]:
+    """Family ``name``'s :attr:`PipelineFamily.sample_presets` (``{}``: none)."""
+    return dict(pipelines_of(name).sample_presets)
+
+
+__all__ = ["PipelineFamily", "family_name", "folder_pipelines", "pipelines_of", "preflight",
+           "register_pipelines", "resolve", "sample_defaults", "sample_presets"]

@@ -1,0 +1,110 @@
+"""Wan's pipelines as the shared entry points see them (:class:`~ditax.pipelines.family.PipelineFamily`):
+its sample defaults and presets (:mod:`.defaults`), a folder's ``ditax_sample.json`` over them,
+the request checks, the checks of a folder against a request before any weights, and loading."""
+
+from __future__ import annotations
+
+import pathlib
+
+from ditax.errors import RequestError
+from ditax.pipelines.family import PipelineFamily
+from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS, SAMPLE_PRESETS
+
+# the call's keys a folder's ditax_sample.json or a sample.KEY= override may set
+CALL_DEFAULTS = ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
+                 "guidance_scale_2", "max_sequence_length")
+
+
+class WanPipelines(PipelineFamily):
+    """Wan 2.1 / 2.2 T2V, I2V / FLF2V and TI2V folders (``WanPipeline``,
+    ``WanImageToVideoPipeline``)."""
+
+    name = "wan"
+    sample_defaults = SAMPLE_DEFAULTS
+    sample_presets = SAMPLE_PRESETS
+
+    def request_defaults(self, root, sample, chosen: set) -> dict:
+        """Per key, the ``sample`` config's value where the user chose it (``sample.KEY=`` or
+        ``sample.preset``), else the folder's ``ditax_sample.json`` (:mod:`.sample_defaults`;
+        checked against Wan's grid here, the loaded model's own as it loads), else Wan's."""
+        from ditax.pipelines.wan.request import SPATIAL, TEMPORAL
+        from ditax.pipelines.wan.sample_defaults import FILE, check_fits, read_sample_defaults
+
+        own = {} if root is None else read_sample_defaults(root)
+        if own:
+            check_fits(own, pathlib.Path(root) / FILE, SPATIAL, TEMPORAL)
+        d = self.sample_defaults
+        out = {"negative_prompt": own.get("negative_prompt", d["negative_prompt"]),
+               "fps": own.get("fps", d["fps"])}
+        for key in CALL_DEFAULTS:
+            out[key] = (getattr(sample, key) if key in chosen else own[key] if key in own
+                        else d[key])
+        return out
+
+    def check_request(self, prompt, height, width, num_frames, num_inference_steps,
+                      guidance_scale, guidance_scale_2=None, negative_prompt=None,
+                      seed=0) -> None:
+        from ditax.pipelines.wan.request import check_request
+
+        check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
+                      guidance_scale_2, negative_prompt, seed=seed)
+
+    def preflight(self, root, load: dict, call: dict | None = None, mesh=None) -> None:
+        """The folder names a transformer (:class:`~ditax.errors.ModelNotFound` otherwise),
+        takes the request's images and its latent grid fits the RoPE table (``call``;
+        :class:`RequestError`), and the attention backend can run here with its head dim
+        (:class:`~ditax.errors.AttentionUnavailable`)."""
+        from ditax.attention import check_available
+        from ditax.io.files import read_model_json
+        from ditax.io.hub import resolve_folder
+        from ditax.models.wan.loading import read_config
+
+        root = pathlib.Path(root)
+        if call is not None:
+            check_images_fit(root, read_model_json(root / "model_index.json",
+                                                   "model_index.json"), call)
+        tc = read_config(resolve_folder(root, "transformer"))
+        if call is not None:        # the latent grid against the folder's RoPE table
+            from ditax.models.wan.vae.config import WanVAEConfig
+            from ditax.pipelines.wan.request import check_grid
+
+            vae = WanVAEConfig.from_diffusers(read_model_json(
+                resolve_folder(root, "vae") / "config.json", "VAE config"))
+            patch = tuple(load.get("patch_size") or tc.get("patch_size", (1, 2, 2)))
+            rope = load.get("rope_max_seq_len") or tc.get("rope_max_seq_len", 1024)
+            check_grid(call["height"], call["width"], call["num_frames"], rope,
+                       vae.spatial_factor * patch[1], vae.temporal_factor, patch[0])
+        head_dim = load.get("attention_head_dim") or tc["attention_head_dim"]
+        check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)
+
+    def load(self, path, **kwargs):
+        from ditax.pipelines.wan.loading import load_pipeline
+
+        return load_pipeline(path, **kwargs)
+
+
+def check_images_fit(root, index: dict, call: dict) -> None:
+    """The folder's kind (``model_index.json`` ``index``) wants the images given: a
+    text-to-video folder takes none, an image-to-video folder needs ``--image``; ``--guidance-2``
+    needs a two-expert folder (``boundary_ratio``)."""
+    from ditax.models.wan.conditioning import folder_kind
+
+    kind = folder_kind(index)
+    given = "image" in call
+    if given and kind == "t2v":
+        raise RequestError(f"--image given but {root} is a text-to-video folder (WanPipeline); "
+                           f"drop --image or use an image-to-video model (Wan2.1-I2V-*, "
+                           f"Wan2.2-I2V-A14B, Wan2.2-TI2V-5B)")
+    if kind == "i2v" and not given:
+        raise RequestError(f"{root} is an image-to-video folder (WanImageToVideoPipeline); pass "
+                           f"the first frame with --image FIRST.png")
+    if "last_image" in call and kind == "ti2v":
+        raise RequestError("--last-image is not supported by Wan 2.2 TI2V (expand_timesteps "
+                           "conditions the first frame only); drop it")
+    if call.get("guidance_scale_2") is not None and index.get("boundary_ratio") is None:
+        raise RequestError(f"--guidance-2 is the low-noise expert's scale, but {root} is a "
+                           f"one-expert folder (no boundary_ratio in model_index.json); drop "
+                           f"--guidance-2 and set --guidance only")
+
+
+__all__ = ["CALL_DEFAULTS", "WanPipelines", "check_images_fit"]

@@ -1,0 +1,87 @@
+"""Loading a diffusers Wan pipeline folder into :class:`~.text_to_video.WanTextToVideo` or
+:class:`~.image_to_video.WanImageToVideo` (by the folder's kind, :mod:`.folder`): the load
+arguments checked before any file is read, the folder and its ``ditax_sample.json`` before any
+weights, then the components (:mod:`.components`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ditax.errors import ConfigError
+from ditax.phases import phase
+from ditax.pipelines.options import CFG_MODES
+from ditax.pipelines.wan.components import load_components
+from ditax.pipelines.wan.folder import read_pipeline_folder
+from ditax.pipelines.wan.image_to_video import WanImageToVideo
+from ditax.pipelines.wan.request import check_load_args
+from ditax.pipelines.wan.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
+from ditax.pipelines.wan.text_to_video import WAN_DEFAULTS, WanTextToVideo
+from ditax.schedulers.overrides import check_scheduler_name
+
+log = logging.getLogger(__name__)
+
+
+def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
+                  cfg_mode: str = "batched", scheduler: str | None = None,
+                  flow_shift: float | None = None, vae_dtype: str = "float32",
+                  vae_tiling: bool = False, max_sequence_length: int | None = None,
+                  loras=None, loras_2=None, lora_strict: bool = True,
+                  lora_mode: str = "merged", **model_overrides) -> "WanTextToVideo":
+    """Load a diffusers Wan pipeline folder (or hub id): a text-to-video ``WanPipeline`` into
+    :class:`WanTextToVideo`; a ``WanImageToVideoPipeline`` (Wan 2.1 I2V / FLF2V, Wan 2.2 I2V
+    A14B) or an ``expand_timesteps`` folder (Wan 2.2 TI2V-5B) into
+    :class:`~ditax.pipelines.wan.image_to_video.WanImageToVideo`, whose call takes ``image=`` /
+    ``last_image=``.
+
+    Args:
+      path: folder with ``model_index.json`` and component subfolders, or a hub id (online).
+      dtype: transformer, text- and image-encoder dtype ("float32" | "bfloat16" | "float16").
+      mesh: optional 4-axis mesh (``ditax.make_mesh``); transformers are sharded over it.
+      attention: backend name or :class:`AttentionConfig` for the transformers.
+      cfg_mode: "batched" (cond + uncond in one forward of batch 2) or "sequential".
+      scheduler: None = the folder's; "unipc" | "euler" = that sampler with the folder's
+        ``num_train_timesteps`` and shift.
+      flow_shift: override the scheduler's shift (Wan: 3.0 at 480p, 5.0 at 720p).
+      vae_dtype: VAE dtype (float32 is what Wan uses; the VAE is small).
+      vae_tiling: decode in overlapping spatial tiles (large frames).
+      max_sequence_length: text tokens (None: the folder's ``ditax_sample.json``, else 512,
+        Wan's).
+      loras: LoRAs merged into ``transformer`` as it loads, ``[(file, strength), ...]`` (any
+        format of :mod:`ditax.lora`); ``loras_2``: the same for Wan 2.2's ``transformer_2``
+        (the low-noise expert); ``lora_strict=False`` skips unknown LoRA keys with a warning;
+        ``lora_mode="unmerged"`` keeps them as run-time updates (see ``load_transformer``).
+
+    A folder's ``ditax_sample.json`` (:mod:`.sample_defaults`) becomes ``pipe.sample_defaults``:
+    the sizes, steps, guidance, ... a call uses where it is given none.
+    """
+    if cfg_mode not in CFG_MODES:
+        raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
+    check_scheduler_name(scheduler)
+    check_load_args(mesh, max_sequence_length, model_overrides)   # before any file is read
+    t0 = time.perf_counter()
+    with phase("load"):
+        folder = read_pipeline_folder(path)
+        defaults = read_sample_defaults(folder.root)      # checked before any weights
+        if max_sequence_length is None:
+            max_sequence_length = {**WAN_DEFAULTS, **defaults}["max_sequence_length"]
+        parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
+                                scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
+                                loras=loras, loras_2=loras_2, lora_strict=lora_strict,
+                                lora_mode=lora_mode, **model_overrides)
+        cls = WanTextToVideo
+        if folder.kind != "t2v":
+            cls = WanImageToVideo
+            parts["expand_timesteps"] = folder.kind == "ti2v"
+        pipe = cls(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
+                   cfg_mode=cfg_mode, vae_tiling=vae_tiling,
+                   max_sequence_length=max_sequence_length, sample_defaults=defaults)
+        check_fits(defaults, folder.root / SAMPLE_FILE,
+                   pipe.vae.scale_factor_spatial * pipe.transformer.config.patch_size[1],
+                   pipe.vae.scale_factor_temporal)
+    pipe.load_time = time.perf_counter() - t0
+    log.info("loaded pipeline %s in %.1fs", folder.root, pipe.load_time)
+    return pipe
+
+
+__all__ = ["load_pipeline"]
