@@ -289,7 +289,8 @@ def test_layer_scan_does_not_inflate_attention_backward_memory(backend):
         cfg = ModelConfig(num_attention_heads=8, attention_head_dim=16, ffn_dim=64, num_layers=1,
                           in_channels=4, out_channels=4, text_dim=16, freq_dim=16,
                           scan_layers=scan)
-        acfg = AttentionConfig(backend=backend, block_q=128, block_kv=128)
+        blocks = dict(block_kv=128) if backend == "blockwise" else dict(block_q=128, block_kv=128)
+        acfg = AttentionConfig(backend=backend, **blocks)   # blockwise takes no block_q
         gdef, state = nnx.split(abstract_model(cfg, acfg))
 
         def loss(st, lat, t, text):
