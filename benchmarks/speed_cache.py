@@ -76,8 +76,8 @@ def demo_prompts(n: int) -> list[str]:
 def step_cache(folder, args, work: pathlib.Path) -> None:
     """Part 2: each method x threshold (and CFG reuse) vs the uncached videos."""
     import ditax
-    from ditax.pipelines.cache_numbers import find_numbers, write_numbers
-    from ditax.pipelines.calibrate import calibrate
+    from ditax.pipelines.cache.numbers import find_numbers, write_numbers
+    from ditax.pipelines.cache.calibrate import calibrate
 
     req = dict(negative_prompt=NEGATIVE, height=args.height, width=args.width,
                num_frames=args.frames, num_inference_steps=args.cache_steps,
@@ -190,7 +190,7 @@ def wide_transformer(like, layers: int, seed: int = 0):
 def published_numbers(config, path: pathlib.Path) -> pathlib.Path:
     """The shipped :data:`PUBLISHED` entry, re-matched to ``config`` (same width, fewer blocks:
     the shipped file alone would not apply it) and written to ``path``."""
-    from ditax.pipelines.cache_numbers import SHIPPED, match_of, read_numbers, write_numbers
+    from ditax.pipelines.cache.numbers import SHIPPED, match_of, read_numbers, write_numbers
 
     entry = next(e for e in read_numbers(SHIPPED) if e["name"] == PUBLISHED)
     return write_numbers(path, dict(entry, match=match_of(config),

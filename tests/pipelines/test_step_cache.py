@@ -21,10 +21,10 @@ from ditax.config import AttentionConfig  # noqa: E402
 from ditax.errors import ConfigError, RequestError  # noqa: E402
 from ditax.models.wan import transformer as wan_transformer  # noqa: E402
 from ditax.parallel import make_mesh  # noqa: E402
-from ditax.pipelines.cache_numbers import (  # noqa: E402
+from ditax.pipelines.cache.numbers import (  # noqa: E402
     SHIPPED, MagCacheNumbers, find_numbers, merge_numbers, read_numbers)
-from ditax.pipelines.calibrate import fit_teacache  # noqa: E402
-from ditax.pipelines.step_cache import (  # noqa: E402
+from ditax.pipelines.cache.calibrate import fit_teacache  # noqa: E402
+from ditax.pipelines.cache.step_cache import (  # noqa: E402
     CFG_REFRESH_EVERY, METHODS, cfg_reuse_steps)
 from compiles import compiles  # noqa: E402
 from pipeline_reference import make_tiny_pipeline  # noqa: E402
@@ -105,7 +105,7 @@ def test_merge_numbers_replaces_by_name(numbers, tmp_path):
 
 
 def test_shipped_numbers_cover_the_demo_model():
-    """`ditax calibrate-cache demo --into src/ditax/pipelines/step_cache_numbers.json`."""
+    """`ditax calibrate-cache demo --into src/ditax/pipelines/cache/step_cache_numbers.json`."""
     from ditax.config import ModelConfig
     from ditax.demo import SAMPLE, model_path
     from ditax.models.wan.loading import read_config

@@ -11,8 +11,8 @@ pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 import ditax  # noqa: E402
-from ditax.pipelines.cache_numbers import match_of, write_numbers  # noqa: E402
-from ditax.pipelines.calibrate import calibrate  # noqa: E402
+from ditax.pipelines.cache.numbers import match_of, write_numbers  # noqa: E402
+from ditax.pipelines.cache.calibrate import calibrate  # noqa: E402
 from compiles import compiles  # noqa: E402
 from i2v_reference import PROMPT, SIZE21, SIZE22, image, make_tiny_i2v  # noqa: E402
 

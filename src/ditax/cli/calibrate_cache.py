@@ -3,22 +3,22 @@ step-cache numbers of a pipeline folder (TeaCache polynomial, MagCache ratios).
 
 Generates each prompt with every step computed, measures per step and CFG branch how the
 timestep-modulated input, the output and the blocks' residual change
-(:mod:`ditax.pipelines.calibrate`), and writes one numbers entry as JSON. Use it with
+(:mod:`ditax.pipelines.cache.calibrate`), and writes one numbers entry as JSON. Use it with
 ``ditax generate ... sample.cache=teacache sample.cache_coefficients=numbers.json`` or
 ``pipe(..., cache="magcache", cache_coefficients="numbers.json")``; append the entry to
-``src/ditax/pipelines/step_cache_numbers.json`` to make it the model's default.
+``src/ditax/pipelines/cache/step_cache_numbers.json`` to make it the model's default.
 
 Sizes, steps and guidance default to the ``sample`` config (``--steps`` / sizes as in
 ``ditax generate``); calibrate with the settings you will sample with (the ratios are per step).
 ``--into FILE`` puts the entry into an existing numbers file instead (replacing the entry of the
-same name or model): ``--into src/ditax/pipelines/step_cache_numbers.json`` ships it.
+same name or model): ``--into src/ditax/pipelines/cache/step_cache_numbers.json`` ships it.
 
 A folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.wan.sample_defaults`) gives the defaults of
 the sizes, steps, guidance and negative prompt, as for ``ditax generate``.
 ``MODEL`` = ``demo``: the shipped demo model (sampled as its ``ditax_sample.json`` says),
 prompts of its vocabulary unless ``--prompts`` are given, entry name ``ditax-demo``; its shipped
 numbers are regenerated with ``ditax calibrate-cache demo --into
-src/ditax/pipelines/step_cache_numbers.json``.
+src/ditax/pipelines/cache/step_cache_numbers.json``.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def run(args) -> int:
     from ditax.cli.sample_request import sample_request
     from ditax.cli.run import run_context
     from ditax.config import validate
-    from ditax.pipelines.calibrate import calibrate
-    from ditax.pipelines.cache_numbers import merge_numbers, read_numbers, write_numbers
+    from ditax.pipelines.cache.calibrate import calibrate
+    from ditax.pipelines.cache.numbers import merge_numbers, read_numbers, write_numbers
     from ditax.pipelines.family import preflight
     from ditax.pipelines.seeds import check_seed
 

@@ -35,7 +35,7 @@ so a second run of the same shapes reads them instead of compiling: by default i
 ``~/.cache/ditax/jax`` (``$XDG_CACHE_HOME``); ``DITAX_CACHE_DIR=PATH`` or ``compile_cache=PATH``
 moves it, ``compile_cache=none`` turns it off.
 
-Step caching (:mod:`ditax.pipelines.step_cache`): ``sample.cache=first_block|teacache|magcache``,
+Step caching (:mod:`ditax.pipelines.cache.step_cache`): ``sample.cache=first_block|teacache|magcache``,
 ``sample.cache_threshold=X`` (default per method), ``sample.cfg_cache=true``,
 ``sample.cache_coefficients=numbers.json`` (from ``ditax calibrate-cache``); a line after the
 timing line reports the transformer calls.
@@ -126,7 +126,7 @@ def parse_request(args):
                 seed=args.seed, sigmas=s.sigmas, cache=s.cache, cache_threshold=s.cache_threshold,
                 cfg_cache=s.cfg_cache, cache_coefficients=s.cache_coefficients)
     if s.cache_coefficients is not None:
-        from ditax.pipelines.cache_numbers import read_numbers
+        from ditax.pipelines.cache.numbers import read_numbers
 
         read_numbers(s.cache_coefficients)      # a readable numbers file, before any weights
     with request_errors():

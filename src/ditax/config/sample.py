@@ -46,7 +46,7 @@ class SampleConfig:
     sigmas: Optional[tuple[float, ...]] = None
     preset: Optional[str] = None  # a bundle of the fields above (the family's sample presets)
 
-    # step caching (ditax.pipelines.step_cache): none | first_block | teacache | magcache
+    # step caching (ditax.pipelines.cache.step_cache): none | first_block | teacache | magcache
     cache: Optional[StepCacheMethod] = None
     cache_threshold: Optional[float] = None  # None = the method's default; larger skips more
     cfg_cache: bool = False                  # reuse the unconditional branch on low-noise steps

@@ -1,12 +1,14 @@
-"""The pipeline's denoise step, and the parts of it that the step-cached step shares.
+"""The generic denoise step, and the parts of it that the step-cached step shares.
 
-One sampling step is: the transformer's inputs at this step's timestep (the image condition
-folded in, :func:`step_inputs`), the transformer on the conditional and (with guidance) the
-unconditional text (:func:`cfg_branches`: both in one batch-2 forward or one after the other),
-classifier-free guidance (:func:`guide`) and the scheduler update (:func:`scheduler_update`).
-:func:`_denoise_step` is that step, jitted; the step-cached step
-(:mod:`.cached_step`) is the same step with a transformer forward that may reuse a cached
-residual, built from the same parts.
+One sampling step is: the denoiser's inputs at this step's timestep (the family's
+:class:`~ditax.models.base.ModelInputs` rule folds its condition in, :func:`step_inputs`), the
+denoiser on the conditional and (with guidance) the unconditional text (:func:`cfg_branches`:
+both in one batch-2 forward or one after the other), classifier-free guidance (:func:`guide`)
+and the scheduler update (:func:`scheduler_update`). :func:`_denoise_step` is that step,
+jitted; the step-cached step (:mod:`ditax.pipelines.cache.cached_step`) is the same step with a
+forward that may reuse a cached residual, built from the same parts. Nothing here knows a
+family: the denoiser is reached through the protocol of :mod:`ditax.models.base`
+(:class:`~ditax.models.base.Denoiser`).
 """
 
 from __future__ import annotations
@@ -18,42 +20,46 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.pipelines.wan.conditioning import batch_twice, model_inputs
-
 COND, UNCOND, BOTH = slice(0, 1), slice(1, 2), slice(0, 2)   # rows of the CFG branches
 
 
-def step_inputs(model, sched_state, latents, condition):
-    """This step's timestep ``t`` (float32 ``[]``) and the transformer's inputs ``(x [B, C_in,
-    F, Y, X] in the model dtype, timestep [B] or per token [B, L], image features or None)``
-    (:func:`~ditax.pipelines.wan.conditioning.model_inputs`)."""
+def step_inputs(model, inputs, sched_state, latents, condition):
+    """This step's timestep ``t`` (float32 ``[]``) and the denoiser's inputs ``(x [B, C_in,
+    ...] in the model dtype, timestep [B] or per token [B, L], extras: dict of keyword
+    arguments)`` by the family's rule ``inputs(model, condition, latents, t)``."""
     t = sched_state.timesteps[sched_state.step_index].astype(jnp.float32)
-    return t, model_inputs(condition, latents, t, jnp.dtype(model.cfg.dtype))
+    return t, inputs(model, condition, latents, t)
 
 
-# forward(x, timestep, text, image, rows, carry) -> (output, carry): the transformer on the CFG
+def batch_twice(inputs):
+    """The inputs of a forward of (cond, uncond) stacked on the batch: every array twice
+    along axis 0 (image features of first-last pairs stay adjacent)."""
+    return jax.tree.map(lambda a: jnp.concatenate([a, a]), inputs)
+
+
+# forward(x, timestep, text, extras, rows, carry) -> (output, carry): the denoiser on the CFG
 # branches ``rows`` (COND, UNCOND or BOTH); ``carry`` is threaded through (the step cache's
 # state; None for the plain step)
 Forward = Callable
 
 
 def cond_branch(forward: Forward, inputs, text, carry=None):
-    """The conditional branch alone: ``(cond [B, C, F, Y, X], carry)``."""
-    x, tb, image = inputs
-    return forward(x, tb, text[:x.shape[0]], image, COND, carry)
+    """The conditional branch alone: ``(cond [B, C, ...], carry)``."""
+    x, tb, extras = inputs
+    return forward(x, tb, text[:x.shape[0]], extras, COND, carry)
 
 
 def cfg_branches(forward: Forward, cfg_mode: str, inputs, text, carry=None):
     """Both CFG branches, ``(cond, uncond, carry)``: ``"batched"`` stacks them in one batch-2
     forward (text ``[2, T, Dt]`` = cond, uncond), ``"sequential"`` runs them one by one."""
-    x, tb, image = inputs
+    x, tb, extras = inputs
     b = x.shape[0]
     if cfg_mode == "batched":
-        out, carry = forward(jnp.concatenate([x, x]), jnp.concatenate([tb, tb]), text,
-                             batch_twice(image), BOTH, carry)
+        x2, tb2, extras2 = batch_twice((x, tb, extras))
+        out, carry = forward(x2, tb2, text, extras2, BOTH, carry)
         return out[:b], out[b:], carry
-    cond, carry = forward(x, tb, text[:b], image, COND, carry)
-    uncond, carry = forward(x, tb, text[b:], image, UNCOND, carry)
+    cond, carry = forward(x, tb, text[:b], extras, COND, carry)
+    uncond, carry = forward(x, tb, text[b:], extras, UNCOND, carry)
     return cond, uncond, carry
 
 
@@ -71,35 +77,36 @@ def scheduler_update(scheduler, sched_state, v, latents):
 
 
 def model_forward(model) -> Forward:
-    """The plain :data:`Forward` of ``model`` (the whole transformer; no carry)."""
-    def forward(x, tb, text, image, rows, carry):
-        return model(x, tb, text, encoder_hidden_states_image=image), carry
+    """The plain :data:`Forward` of ``model`` (the whole denoiser; no carry)."""
+    def forward(x, tb, text, extras, rows, carry):
+        return model(x, tb, text, **extras), carry
     return forward
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _denoise_step(gdef, scheduler, cfg_mode: str, use_cfg: bool, params, sched_state, latents,
-                  text, guidance, condition=None):
-    """One sampling step: transformer forward(s), guidance, scheduler update.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _denoise_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params, sched_state,
+                  latents, text, guidance, condition=None):
+    """One sampling step: denoiser forward(s), guidance, scheduler update.
 
-    ``gdef``/``scheduler``/modes are static (hashable; equal for both Wan 2.2 experts and for
-    every pipeline with the same shapes), everything else traced: the step index is inside
-    ``sched_state``, so one compiled program serves every step.
-    latents float32 ``[1, C, F, Y, X]``; text ``[2, T, Dt]`` (cond, uncond) with guidance, else
-    ``[1, T, Dt]``; guidance float32 ``[]``; ``condition`` an image's
-    :class:`~ditax.pipelines.wan.conditioning.Condition` (None: text-to-video).
-    Returns ``(latents, sched_state)``.
+    ``gdef`` (the denoiser's graph), ``inputs`` (the family's
+    :class:`~ditax.models.base.ModelInputs` rule), ``scheduler`` and the modes are static
+    (hashable; equal for both experts of a two-expert pipeline and for every pipeline with the
+    same shapes), everything else traced: the step index is inside ``sched_state``, so one
+    compiled program serves every step.
+    latents float32 ``[1, C, ...]``; text ``[2, T, Dt]`` (cond, uncond) with guidance, else
+    ``[1, T, Dt]``; guidance float32 ``[]``; ``condition`` the family's condition pytree
+    (None: text only). Returns ``(latents, sched_state)``.
     """
     model = nnx.merge(gdef, params)
-    _, inputs = step_inputs(model, sched_state, latents, condition)
+    _, step_in = step_inputs(model, inputs, sched_state, latents, condition)
     forward = model_forward(model)
     if not use_cfg:
-        v, _ = cond_branch(forward, inputs, text)
+        v, _ = cond_branch(forward, step_in, text)
     else:
-        cond, uncond, _ = cfg_branches(forward, cfg_mode, inputs, text)
+        cond, uncond, _ = cfg_branches(forward, cfg_mode, step_in, text)
         v = guide(cond, uncond, guidance)
     return scheduler_update(scheduler, sched_state, v, latents)
 
 
-__all__ = ["BOTH", "COND", "UNCOND", "cfg_branches", "cond_branch", "guide", "model_forward",
-           "scheduler_update", "step_inputs"]
+__all__ = ["BOTH", "COND", "UNCOND", "batch_twice", "cfg_branches", "cond_branch", "guide",
+           "model_forward", "scheduler_update", "step_inputs"]

@@ -24,25 +24,20 @@ compilation cache (:mod:`ditax.compile_cache`; ``pipe.compile_cache``, default `
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.errors import RequestError
-from ditax.phases import phase
-from ditax.parallel.axes import check_batch_divides
 from ditax.pipelines.wan.conditioning import final_latents
-from ditax.pipelines.denoise import _denoise_step
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
 from ditax.pipelines.wan.folder import PipelineLoadError
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.wan.request import check_grid, check_max_sequence_length, check_request
-from ditax.pipelines.step_cache import check_cache_args, plan_step_cache, uncached_stats
+from ditax.pipelines.sampling import Expert, initial_noise, sample
+from ditax.pipelines.wan.inputs import wan_inputs
 
 # what a call uses when neither the caller nor the folder's ditax_sample.json gives a value:
 # Wan's sample defaults (the family's, the same the CLI and the sample config fall back to)
@@ -53,14 +48,6 @@ WAN_DEFAULTS = {k: SAMPLE_DEFAULTS[k] for k in
 
 # ----------------------------------------------------------------------------------------------
 # the pipeline
-
-
-def initial_noise(seed: int, shape: tuple[int, ...]) -> jax.Array:
-    """``jax.random.normal(PRNGKey(seed), shape)``, float32, drawn flat and reshaped: the same
-    values (threefry counts elements in row-major order, partitionable or not), but XLA
-    compiles the 1-D draw in a fraction of a second where the 5-D one takes seconds on CPU."""
-    flat = jax.random.normal(jax.random.PRNGKey(int(seed)), (math.prod(shape),), jnp.float32)
-    return flat.reshape(shape)
 
 
 @dataclass
@@ -127,34 +114,6 @@ class WanTextToVideo:
         """Initial latents ``[1, z, F', Y, X]`` for a video of this size (the VAE's factors)."""
         return (1, self.vae.z_dim,
                 *self.vae.config.latent_grid(num_frames, height, width))
-
-    def _replicate(self, x):
-        if self.mesh is None:
-            return x
-        return jax.device_put(x, NamedSharding(self.mesh, P()))
-
-    def _check_mesh(self, use_cfg: bool):
-        b = 2 if (use_cfg and self.cfg_mode == "batched") else 1
-        check_batch_divides(
-            b, self.mesh, "per-forward batch",
-            f"cfg_mode={self.cfg_mode} with guidance {'on' if use_cfg else 'off'} runs batch {b} "
-            f"per forward; put the devices on mesh.context (sequence parallel) or use "
-            f"cfg_mode=batched with mesh.data*mesh.fsdp <= 2")
-
-    def _timesteps(self, num_steps: int, shape, sigmas):
-        """The scheduler's fresh state; explicit ``sigmas`` only on the Euler sampler."""
-        if sigmas is None:
-            return self.scheduler.set_timesteps(num_steps, shape)
-        from ditax.schedulers.flow_match import FlowMatchEulerScheduler
-
-        if not isinstance(self.scheduler, FlowMatchEulerScheduler):
-            raise RequestError(f"sigmas= needs the Euler sampler; this pipeline runs "
-                               f"{type(self.scheduler).__name__} — load it with "
-                               f"scheduler='euler' (sample.scheduler=euler)")
-        try:
-            return self.scheduler.set_timesteps(num_steps, shape, sigmas=sigmas)
-        except ValueError as e:
-            raise RequestError(str(e)) from None
 
     def condition(self, image, last_image, height: int, width: int, num_frames: int):
         """The request's :class:`~ditax.pipelines.wan.conditioning.Condition` (None: text only).
@@ -223,92 +182,40 @@ class WanTextToVideo:
         if guidance_scale_2 is not None and self.boundary_ratio is None:
             raise RequestError("guidance_scale_2 applies only to two-expert (Wan 2.2) pipelines "
                              "with boundary_ratio set; this folder has none — drop it")
-        if guidance_scale_2 is None:
-            guidance_scale_2 = guidance_scale
-        use_cfg = guidance_scale > 1.0
-        self._check_mesh(use_cfg)
-        check_cache_args(cache, cache_threshold, cfg_cache)
         shape = self.latent_shape(height, width, num_frames)
-        if latents is not None:
-            latents = np.asarray(latents, np.float32)
-            if latents.ndim == 4:
-                latents = latents[None]
-            if tuple(latents.shape) != shape:
-                raise RequestError(f"latents shape {tuple(latents.shape)} does not match "
-                                 f"{shape} for {num_frames} frames at {height}x{width}")
+        experts = [Expert(tr._gdef, tr._state, tr.config)
+                   for tr in (self.transformer, self.transformer_2) if tr is not None]
+        sharding = None if self.mesh is None else NamedSharding(self.mesh, P())
 
-        t0 = time.perf_counter()
-        with phase("condition" if image is None and last_image is None else "image"):
-            cond = self.condition(image, last_image, height, width, num_frames)
-            cond = jax.block_until_ready(self._replicate(cond))
-        t_image = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with phase("text"):
-            text = jax.block_until_ready(self._replicate(
-                self.encode_text(prompt, negative_prompt, use_cfg, max_sequence_length)))
-        t1 = time.perf_counter()
-
-        with phase("denoise"):   # compile nests inside (Programs)
-            if latents is None:
-                latents = initial_noise(seed, shape)
-            x = self._replicate(jnp.asarray(latents, jnp.float32))
-            state = self._replicate(self._timesteps(num_inference_steps, shape, sigmas))
-            timesteps = np.asarray(state.timesteps)
-            boundary = (None if self.boundary_ratio is None
-                        else self.boundary_ratio * self.scheduler.num_train_timesteps)
-            # ahead of time, before the first step: one step program per expert signature, decode
-            self.programs.seconds = 0.0
-            experts = [self.transformer_2 if (boundary is not None and t < boundary
-                                              and self.transformer_2 is not None)
-                       else self.transformer for t in timesteps]
-            step_cache = plan_step_cache(
-                cache, cache_threshold, cfg_cache, use_cfg=use_cfg, cfg_mode=self.cfg_mode,
-                mesh=self.mesh, timesteps=timesteps, config=self.transformer.config,
-                num_train_timesteps=self.scheduler.num_train_timesteps, experts=experts,
-                coefficients=cache_coefficients)
-            # each expert's own graph (equal for two plain experts: one program; an expert with
-            # unmerged LoRAs has its own)
-            if step_cache is None:
-                steps = {id(tr): self.programs.step(
-                             _denoise_step, (tr._gdef, self.scheduler, self.cfg_mode, use_cfg),
-                             (tr._state, state, x, text, jnp.float32(0), cond))
-                         for tr in experts}
-            else:
-                steps = {id(tr): step_cache.compile(self.programs, tr, self.scheduler,
-                                                    self.cfg_mode, use_cfg, state, x, text, cond)
-                         for tr in experts}
-            decode = None if output == "latent" or self.vae_tiling else self.programs.decode(
-                self.vae, shape, None if self.mesh is None else NamedSharding(self.mesh, P()))
-            t_compile = self.programs.seconds
-            from tqdm.auto import tqdm
-
-            for i in tqdm(range(num_inference_steps), disable=not progress, desc="denoise",
-                          unit="step"):
-                low = boundary is not None and timesteps[i] < boundary
-                g = guidance_scale_2 if low else guidance_scale
-                tr = experts[i]
-                x, state = steps[id(tr)](tr._state, state, x, text, jnp.float32(g), cond)
-                if progress:   # the bar advances when the step has finished on the device
-                    jax.block_until_ready(x)
-            x = jax.block_until_ready(final_latents(cond, x))
-        self.last_stats = (uncached_stats(num_inference_steps, use_cfg) if step_cache is None
-                           else step_cache.stats())
-        t2 = time.perf_counter()
-        timings = dict(load=self.load_time, text=t1 - t0, compile=t_compile,
-                       denoise=t2 - t1 - t_compile, image=t_image)
-        if output == "latent":
-            self.timings = Timings(**timings)
-            return np.asarray(x)
-
-        with phase("decode"):
+        def decode(x, programs):
             z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
-            video = self.vae.decode(z, tiled=self.vae_tiling, programs=decode)  # [1,3,F,H,W]
+            video = self.vae.decode(z, tiled=self.vae_tiling, programs=programs)  # [1,3,F,H,W]
             # on the host: the same float32 arithmetic, without compiling four more programs
             video = np.clip(np.asarray(video, np.float32) * np.float32(0.5) + np.float32(0.5),
                             np.float32(0.0), np.float32(1.0))
-        video = np.ascontiguousarray(np.transpose(video[0], (1, 2, 3, 0)))  # [F, H, W, 3]
-        self.timings = Timings(**timings, decode=time.perf_counter() - t2)
-        return video
+            return np.ascontiguousarray(np.transpose(video[0], (1, 2, 3, 0)))  # [F, H, W, 3]
+
+        out = sample(
+            programs=self.programs, experts=experts, inputs=wan_inputs,
+            scheduler=self.scheduler, latent_shape=shape, mesh=self.mesh,
+            cfg_mode=self.cfg_mode, num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale, guidance_scale_2=guidance_scale_2,
+            boundary=(None if self.boundary_ratio is None
+                      else self.boundary_ratio * self.scheduler.num_train_timesteps),
+            text=lambda use_cfg: self.encode_text(prompt, negative_prompt, use_cfg,
+                                                  max_sequence_length),
+            condition=lambda: self.condition(image, last_image, height, width, num_frames),
+            condition_phase="condition" if image is None and last_image is None else "image",
+            finalize=final_latents, latents=latents, seed=seed, sigmas=sigmas,
+            cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
+            cache_coefficients=cache_coefficients, progress=progress,
+            size=f"for {num_frames} frames at {height}x{width}",
+            decode=None if output == "latent" else decode,
+            prepare_decode=lambda: None if self.vae_tiling else self.programs.decode(
+                self.vae, shape, sharding))
+        self.last_stats = out.stats
+        self.timings = Timings(load=self.load_time, **out.timings)
+        return out.output
 
 
 __all__ = ["PipelineLoadError", "Timings", "WanTextToVideo", "check_request", "initial_noise"]

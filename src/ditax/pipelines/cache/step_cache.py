@@ -35,17 +35,19 @@ Methods (threshold ``None`` = the default in :data:`DEFAULT_THRESHOLD`):
 With ``cfg_mode="batched"`` both branches run in one batch-2 forward, so a step is skipped
 only when both branches' rules say so (each branch keeps its own accumulators); with
 ``"sequential"`` each branch decides alone. Steps where a Wan 2.2 pipeline switches expert
-always run (the cached residual is the other expert's). Image-to-video works the same: the
-image condition (:mod:`.conditioning`) goes into the cached step as into the plain one, so the
-inputs, the per-token timesteps of Wan 2.2 TI2V (the modulation is then ``[B, L, 6, D]``) and
-the CLIP tokens are those of the plain step.
+always run (the cached residual is the other expert's). A family's condition goes into the
+cached step as into the plain one (its :class:`~ditax.models.base.ModelInputs` rule), so for
+Wan image-to-video the inputs, the per-token timesteps of Wan 2.2 TI2V (the modulation is then
+``[B, L, 6, D]``) and the CLIP tokens are those of the plain step. The denoiser is reached
+only through :class:`~ditax.models.base.Denoiser` (``embed`` / ``run_blocks`` / ``head``, the
+context's ``seq`` / ``mod`` / ``temb``, ``block_stacks``).
 
-Where the parts live: :mod:`.cache_policy` (method names, defaults, request checks, CFG-reuse
-schedule), :mod:`.cache_carry` (the decision state), :mod:`.cached_step` (the compiled step:
-the plain step's inputs, guidance and scheduler update from :mod:`.denoise` around a caching
-forward), this module (planning a call's cache and reading its stats).
+Where the parts live: :mod:`.policy` (method names, defaults, request checks, CFG-reuse
+schedule), :mod:`.carry` (the decision state), :mod:`.cached_step` (the compiled step: the
+plain step's inputs, guidance and scheduler update from :mod:`ditax.pipelines.denoise` around
+a caching forward), this module (planning a call's cache and reading its stats).
 
-TeaCache and MagCache take per-model numbers (:mod:`.cache_numbers`); the Wan 2.1 T2V 1.3B and
+TeaCache and MagCache take per-model numbers (:mod:`.numbers`); the Wan 2.1 T2V 1.3B and
 14B ones are shipped, ``ditax calibrate-cache`` measures any other model. ``pipe.last_stats``
 reports, per call: ``steps``, ``transformer_calls`` (full evaluations, each CFG branch counted),
 the computed / skipped / CFG-reused steps per branch.
@@ -60,13 +62,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.errors import RequestError
 from ditax.parallel.axes import batch_shards
-from ditax.pipelines.cache_carry import MEASURED, carry_specs, init_carry
-from ditax.pipelines.cache_numbers import ModelNumbers, describe, find_numbers
-from ditax.pipelines.cache_policy import (CALIBRATE, CFG_REFRESH_EVERY, CFG_REUSE_BELOW,
+from ditax.pipelines.cache.carry import MEASURED, carry_specs, init_carry
+from ditax.pipelines.cache.numbers import ModelNumbers, describe, find_numbers
+from ditax.pipelines.cache.policy import (CALIBRATE, CFG_REFRESH_EVERY, CFG_REUSE_BELOW,
                                           DEFAULT_THRESHOLD, METHODS, RAN, REUSED, SKIPPED,
                                           Policy, check_cache_args, cfg_reuse_steps,
                                           uncached_stats)
-from ditax.pipelines.cached_step import cached_denoise_step
+from ditax.pipelines.cache.cached_step import cached_denoise_step
 
 
 class StepCache:
@@ -93,18 +95,20 @@ class StepCache:
         return jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(self.mesh, s)),
                             tree, spec_of(tree))
 
-    def compile(self, programs, transformer, scheduler, cfg_mode: str, use_cfg: bool, state,
-                x, text, condition=None):
-        """The compiled cached step for this expert (programs are shared by signature), called
-        as the plain one: ``x, state = step(params, state, x, text, guidance, condition)``."""
+    def compile(self, programs, expert, inputs, scheduler, cfg_mode: str, use_cfg: bool,
+                state, x, text, condition=None):
+        """The compiled cached step for this expert (a
+        :class:`~ditax.pipelines.sampling.Expert`; programs are shared by signature), called as
+        the plain one: ``x, state = step(params, state, x, text, guidance, condition)``.
+        ``inputs``: the family's :class:`~ditax.models.base.ModelInputs` rule."""
         if self.carry is None:
-            self.carry = init_carry(transformer, self.policy, x, text, condition,
+            self.carry = init_carry(expert, inputs, self.policy, x, text, condition,
                                     self.num_branches, len(self.tables["force"]))
             self.carry = self._place(self.carry, lambda t: carry_specs(t, self.mesh))
             self.tables = self._place(self.tables, lambda t: jax.tree.map(lambda _: P(), t))
-        static = (transformer._gdef, scheduler, cfg_mode, use_cfg, self.policy)
+        static = (expert.graphdef, inputs, scheduler, cfg_mode, use_cfg, self.policy)
         program = programs.step(cached_denoise_step, static,
-                                (transformer._state, state, x, text, jnp.float32(0),
+                                (expert.params, state, x, text, jnp.float32(0),
                                  self.tables, self.carry, condition))
 
         def step(params, state, x, text, guidance, condition):
@@ -138,7 +142,8 @@ def plan_step_cache(cache, cache_threshold, cfg_cache, *, use_cfg: bool, cfg_mod
                     coefficients=None) -> StepCache | None:
     """Check a cache request against this call and build its :class:`StepCache` (None: no
     step caching, the pipeline runs its plain step). ``experts``: the transformer of each
-    step (a switch forces a full step); ``coefficients``: a numbers file (or None: shipped)."""
+    step (a switch forces a full step); ``config``: the denoiser's config (what TeaCache /
+    MagCache numbers match on); ``coefficients``: a numbers file (or None: shipped)."""
     check_cache_args(cache, cache_threshold, cfg_cache)
     if cache is None and not cfg_cache:
         return None

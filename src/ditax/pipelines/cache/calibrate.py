@@ -14,15 +14,15 @@ when there are fewer distinct points) of the output change on the input change o
 > 0, prompt and branch; MagCache's ratios are the per-step means over prompts, per branch
 (without guidance the one branch's ratios serve both). Retention and K are the published
 methods' (TeaCache: the first 10 % of steps always run; MagCache: the first 20 %, K = 2).
-The result is one numbers entry (:mod:`.cache_numbers`) for this model.
+The result is one numbers entry (:mod:`.numbers`) for this model.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ditax.pipelines.cache_numbers import match_of
-from ditax.pipelines.cache_policy import CALIBRATE
+from ditax.pipelines.cache.numbers import match_of
+from ditax.pipelines.cache.policy import CALIBRATE
 
 TEACACHE_DEGREE = 4
 TEACACHE_RETENTION = 0.1
@@ -49,7 +49,7 @@ def calibrate(pipe, prompts: list[str], *, name: str, negative_prompt: str | Non
               guidance_scale: float, seed: int = 0, teacache_input: str = "modulation",
               progress: bool = False, image=None) -> dict:
     """Generate each prompt (seed ``seed + k``) with every step computed and return the numbers
-    entry for ``pipe``'s model (write it with :func:`~.cache_numbers.write_numbers`).
+    entry for ``pipe``'s model (write it with :func:`~.numbers.write_numbers`).
     ``image``: the first frame every prompt is conditioned on (image-to-video models)."""
     if not prompts:
         raise ValueError("calibration needs at least one prompt")

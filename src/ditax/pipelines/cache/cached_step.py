@@ -1,10 +1,10 @@
-"""The step-cached denoise step: the plain step (:mod:`.denoise`) with a transformer forward
-that may reuse the cached residual of the blocks, decided on the device.
+"""The step-cached denoise step: the plain step (:mod:`ditax.pipelines.denoise`) with a
+denoiser forward that may reuse the cached residual of the blocks, decided on the device.
 
 Per CFG branch the forward embeds its inputs, asks the method's rule whether this step may
 skip (:func:`decide`), then under ``lax.cond`` either runs the (remaining) blocks and records
 their residual or adds the cached residual, and runs the output head. The decision state is the
-carry (:mod:`.cache_carry`); the per-step tables (forced steps, threshold, the model's numbers,
+carry (:mod:`.carry`); the per-step tables (forced steps, threshold, the model's numbers,
 CFG-reuse steps) are an argument, so one compiled program serves every step, threshold and
 prompt.
 """
@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.pipelines.cache_carry import constrain_carry
-from ditax.pipelines.cache_policy import CALIBRATE, METHODS, RAN, REUSED, SKIPPED, Policy
+from ditax.pipelines.cache.carry import constrain_carry
+from ditax.pipelines.cache.policy import CALIBRATE, METHODS, RAN, REUSED, SKIPPED, Policy
+from ditax.models.base import num_blocks
 from ditax.pipelines.denoise import (UNCOND, cfg_branches, cond_branch, guide,
                                      scheduler_update, step_inputs)
 
@@ -70,7 +71,7 @@ def decide(policy: Policy, tables, model, h, ctx, carry: dict, i, rows: slice):
 
 def measure(ctx, out, residual, cached, carry: dict, i, rows: slice) -> dict:
     """Calibration: record this step's changes since the previous step (``m_*`` of
-    :mod:`.cache_carry`; 1.0 at step 0) and keep what the next step compares with."""
+    :mod:`.carry`; 1.0 at step 0) and keep what the next step compares with."""
     get = lambda a: a[rows]                          # noqa: E731
     put = lambda a, v: a.at[rows].set(v)             # noqa: E731
     seq = ctx.seq
@@ -90,14 +91,15 @@ def measure(ctx, out, residual, cached, carry: dict, i, rows: slice) -> dict:
 
 def cached_forward(gdef, policy: Policy, tables, params, i):
     """The :data:`~ditax.pipelines.denoise.Forward` of step ``i`` under the cache policy: the
-    transformer on branches ``rows`` (``x [b, C_in, F, Y, X]``, timestep ``[b]`` or ``[b, L]``,
-    text ``[b, T, Dt]``, image features or None) → ``(output [b, C, F, Y, X], carry)``.
+    denoiser on branches ``rows`` (``x [b, C_in, ...]``, timestep ``[b]`` or ``[b, L]``, text
+    ``[b, T, Dt]``, the family's extra inputs) → ``(output [b, C, ...], carry)``, through the
+    protocol of :class:`~ditax.models.base.Denoiser` (``embed`` / ``run_blocks`` / ``head``).
 
     The model is merged from ``params`` inside each ``lax.cond`` branch that runs blocks (NNX
     modules do not cross into a branch's trace; the parameters go in as an operand)."""
-    def forward(x, tb, text, image, rows, carry):
+    def forward(x, tb, text, extras, rows, carry):
         model = nnx.merge(gdef, params)
-        h, ctx = model.embed(x, tb, text, encoder_hidden_states_image=image)
+        h, ctx = model.embed(x, tb, text, **extras)
         carry = dict(carry)
         start = h                                    # the tokens the cached residual adds to
         skip, h, first, (acc, ratio, run), carry = decide(policy, tables, model, h, ctx, carry,
@@ -107,7 +109,7 @@ def cached_forward(gdef, policy: Policy, tables, params, i):
         if policy.method in METHODS:
             def compute(ops):
                 p, h = ops
-                out = nnx.merge(gdef, p).run_blocks(h, ctx, first, model.cfg.num_layers)
+                out = nnx.merge(gdef, p).run_blocks(h, ctx, first, num_blocks(model))
                 return out, (out - h).astype(cached.dtype)
 
             def reuse(ops):
@@ -130,15 +132,16 @@ def cached_forward(gdef, policy: Policy, tables, params, i):
     return forward
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def cached_denoise_step(gdef, scheduler, cfg_mode: str, use_cfg: bool, policy: Policy, params,
-                        sched_state, latents, text, guidance, tables, carry, condition=None):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
+def cached_denoise_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, policy: Policy,
+                        params, sched_state, latents, text, guidance, tables, carry,
+                        condition=None):
     """The pipeline's denoise step (:func:`~ditax.pipelines.denoise._denoise_step`: same
     inputs, same guidance and scheduler update) with step caching: also takes the per-step
     ``tables`` and the ``carry``, returns ``(latents, sched_state, carry)``."""
     model = nnx.merge(gdef, params)
     i = sched_state.step_index
-    _, inputs = step_inputs(model, sched_state, latents, condition)
+    _, inputs = step_inputs(model, inputs, sched_state, latents, condition)
     if not use_cfg:
         v, carry = cond_branch(cached_forward(gdef, policy, tables, params, i), inputs, text,
                                carry)

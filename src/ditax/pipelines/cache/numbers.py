@@ -21,8 +21,8 @@ beside this module) holds the published Wan 2.1 T2V 1.3B / 14B numbers; ``ditax
 calibrate-cache`` writes a file of the same form for any model (one entry), which is given to
 the pipeline with ``cache_coefficients=PATH`` (config key ``sample.cache_coefficients``) or
 put into the shipped file to make it the default for that model (``ditax calibrate-cache ...
---into src/ditax/pipelines/step_cache_numbers.json``, :func:`merge_numbers`): adding a model is
-one entry.
+--into src/ditax/pipelines/cache/step_cache_numbers.json``, :func:`merge_numbers`): adding a
+model is one entry.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A dict of device arrays, zero at the start of a call:
 - ``residual [nb, L', D]``: per CFG branch (``nb`` = 1, or 2 with guidance), the blocks'
   residual (tokens after minus tokens before) of the last step that ran them;
 - ``per_step [N, nb]`` int32: what each step did per branch (``REUSED`` / ``RAN`` /
-  ``SKIPPED`` of :mod:`.cache_policy`);
+  ``SKIPPED`` of :mod:`.policy`);
 - ``acc``, ``ratio``, ``run`` ``[nb]``: the method's accumulators (TeaCache's rescaled
   change, MagCache's ratio product / error / steps skipped in a row);
 - what the method compares between steps: ``prev`` (first_block: block 0's residual
@@ -24,31 +24,33 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.parallel.rules import activation_spec
-from ditax.pipelines.cache_policy import CALIBRATE, Policy
-from ditax.pipelines.wan.conditioning import batch_twice, model_inputs
+from ditax.pipelines.cache.policy import CALIBRATE, Policy
+from ditax.pipelines.denoise import batch_twice
 
 TOKENS = ("act_batch", "act_seq", "act_embed")
 MEASURED = ("m_modulation", "m_time_embedding", "m_output", "m_ratio")
 
 
-def embed_shapes(transformer, latents, text, condition, nb: int):
-    """Abstract ``(h, mod, temb)`` of the embedding of ``nb`` branches of ``latents [1, C, F, Y,
-    X]`` with the image ``condition`` (None: text only)."""
+def embed_shapes(expert, inputs, latents, text, condition, nb: int):
+    """Abstract ``(h, mod, temb)`` of the embedding of ``nb`` branches of ``latents [1, C,
+    ...]`` with the family's ``condition`` (None: text only); ``expert``: a
+    :class:`~ditax.pipelines.sampling.Expert`, ``inputs`` the family's
+    :class:`~ditax.models.base.ModelInputs` rule."""
     def embed(params, latents, text, condition):
-        model = nnx.merge(transformer._gdef, params)
+        model = nnx.merge(expert.graphdef, params)
         lat = jnp.broadcast_to(latents, (nb,) + latents.shape[1:])
-        x, tb, image = model_inputs(condition, lat, jnp.float32(0), jnp.dtype(model.cfg.dtype))
-        if nb == 2 and image is not None:
-            image = batch_twice(image)
-        h, ctx = model.embed(x, tb, jnp.zeros((nb,) + text.shape[1:], text.dtype),
-                             encoder_hidden_states_image=image)
+        x, tb, extras = inputs(model, condition, lat, jnp.float32(0))
+        if nb == 2:
+            extras = batch_twice(extras)
+        h, ctx = model.embed(x, tb, jnp.zeros((nb,) + text.shape[1:], text.dtype), **extras)
         return h, ctx.mod, ctx.temb
-    return jax.eval_shape(embed, transformer._state, latents, text, condition)
+    return jax.eval_shape(embed, expert.params, latents, text, condition)
 
 
-def init_carry(transformer, policy: Policy, latents, text, condition, nb: int, n: int) -> dict:
+def init_carry(expert, inputs, policy: Policy, latents, text, condition, nb: int,
+               n: int) -> dict:
     """The zero carry of a call of ``n`` steps and ``nb`` branches (see the module doc)."""
-    h, mod, temb = embed_shapes(transformer, latents, text, condition, nb)
+    h, mod, temb = embed_shapes(expert, inputs, latents, text, condition, nb)
     z = lambda s, d=jnp.float32: jnp.zeros(s, d)   # noqa: E731
     carry = dict(residual=z(h.shape, h.dtype), per_step=z((n, nb), jnp.int32),
                  acc=z((nb,)), ratio=jnp.ones((nb,), jnp.float32), run=z((nb,), jnp.int32))

@@ -1,0 +1,232 @@
+"""The one sampling loop every family's pipeline runs: prompt parts in, latents (or the decoded
+output) out.
+
+A family's pipeline checks its request (sizes, defaults, what its folder takes) and calls
+:func:`sample` with its parts; the loop does the rest, the same for every family:
+
+1. checks that hold for any model: the per-forward batch of CFG fits the mesh, the step-cache
+   request (:mod:`ditax.pipelines.cache`), the shape of given ``latents``;
+2. the condition (``condition()``, phase ``condition`` or ``image``) and the text
+   (``text(use_cfg)``: ``[2, T, Dt]`` cond, uncond with guidance, else ``[1, T, Dt]``),
+   replicated over the mesh;
+3. the initial noise (:func:`initial_noise`, from ``seed``) unless ``latents`` are given, the
+   scheduler's timesteps, the expert of each step (a second expert below ``boundary``) and its
+   guidance scale;
+4. ahead of time, before the first step (:mod:`.programs`): one step program per expert
+   signature — the plain step (:func:`~ditax.pipelines.denoise._denoise_step`) or the
+   step-cached one (:mod:`ditax.pipelines.cache`) — and the decode (``prepare_decode``);
+5. the loop, then ``finalize(condition, latents)``, the stats (``steps``,
+   ``transformer_calls``, ...), and ``decode(latents, prepared)`` unless no decode is given.
+
+The denoiser is reached only through the protocol of :mod:`ditax.models.base`
+(:class:`~ditax.models.base.Denoiser`, and the family's
+:class:`~ditax.models.base.ModelInputs` rule), so a family with such a module samples here with
+CFG, experts, step caching and the compile cache, without a line of its own loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ditax.errors import RequestError
+from ditax.parallel.axes import check_batch_divides
+from ditax.phases import phase
+from ditax.pipelines.cache.step_cache import check_cache_args, plan_step_cache, uncached_stats
+from ditax.pipelines.denoise import _denoise_step
+from ditax.pipelines.programs import Programs
+
+
+@dataclass(frozen=True)
+class Expert:
+    """One denoiser the loop may call: its graph (static, part of the step program's key), its
+    parameters, and its config (what step-cache numbers match on)."""
+
+    graphdef: Any
+    params: Any
+    config: Any = None
+
+    @classmethod
+    def of(cls, module, config=None) -> Expert:
+        """The expert of an ``nnx.Module`` (config: ``module.cfg`` unless given)."""
+        from flax import nnx
+
+        graphdef, params = nnx.split(module)
+        return cls(graphdef, params, getattr(module, "cfg", None) if config is None else config)
+
+
+@dataclass
+class Sampled:
+    """What :func:`sample` returns: ``output`` (the decoded output, or the final latents as a
+    numpy array without a decode), ``stats`` (``pipe.last_stats``) and ``timings`` (seconds:
+    ``text``, ``image``, ``compile``, ``denoise``, ``decode``)."""
+
+    output: Any
+    stats: dict
+    timings: dict
+
+
+def initial_noise(seed: int, shape: tuple[int, ...]) -> jax.Array:
+    """``jax.random.normal(PRNGKey(seed), shape)``, float32, drawn flat and reshaped: the same
+    values (threefry counts elements in row-major order, partitionable or not), but XLA
+    compiles the 1-D draw in a fraction of a second where the 5-D one takes seconds on CPU."""
+    flat = jax.random.normal(jax.random.PRNGKey(int(seed)), (math.prod(shape),), jnp.float32)
+    return flat.reshape(shape)
+
+
+def replicate(x, mesh):
+    """``x`` (a pytree) on every device of ``mesh`` (unchanged without one)."""
+    if mesh is None:
+        return x
+    return jax.device_put(x, NamedSharding(mesh, P()))
+
+
+def check_cfg_batch(use_cfg: bool, cfg_mode: str, mesh) -> None:
+    """The per-forward batch (2 for batched CFG, else 1) must split over the mesh's batch
+    axes."""
+    b = 2 if (use_cfg and cfg_mode == "batched") else 1
+    check_batch_divides(
+        b, mesh, "per-forward batch",
+        f"cfg_mode={cfg_mode} with guidance {'on' if use_cfg else 'off'} runs batch {b} "
+        f"per forward; put the devices on mesh.context (sequence parallel) or use "
+        f"cfg_mode=batched with mesh.data*mesh.fsdp <= 2")
+
+
+def set_timesteps(scheduler, num_steps: int, shape, sigmas=None):
+    """The scheduler's fresh state; explicit ``sigmas`` only on the Euler sampler."""
+    if sigmas is None:
+        return scheduler.set_timesteps(num_steps, shape)
+    from ditax.schedulers.flow_match import FlowMatchEulerScheduler
+
+    if not isinstance(scheduler, FlowMatchEulerScheduler):
+        raise RequestError(f"sigmas= needs the Euler sampler; this pipeline runs "
+                           f"{type(scheduler).__name__} — load it with "
+                           f"scheduler='euler' (sample.scheduler=euler)")
+    try:
+        return scheduler.set_timesteps(num_steps, shape, sigmas=sigmas)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+
+
+def check_latents(latents, shape: tuple[int, ...], size: str):
+    """Given latents as float32 ``shape`` (a missing batch axis added); ``size`` names the
+    request in the error (e.g. ``"for 5 frames at 32x32"``)."""
+    latents = np.asarray(latents, np.float32)
+    if latents.ndim == len(shape) - 1:
+        latents = latents[None]
+    if tuple(latents.shape) != tuple(shape):
+        raise RequestError(f"latents shape {tuple(latents.shape)} does not match "
+                           f"{tuple(shape)} {size}")
+    return latents
+
+
+def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
+           latent_shape: tuple[int, ...], text: Callable[[bool], Any], num_inference_steps: int,
+           guidance_scale: float, guidance_scale_2: float | None = None,
+           boundary: float | None = None, condition: Callable[[], Any] = lambda: None,
+           condition_phase: str = "condition", latents=None, seed: int = 0, sigmas=None,
+           mesh=None, cfg_mode: str = "batched", cache=None, cache_threshold=None,
+           cfg_cache: bool = False, cache_coefficients=None,
+           finalize: Callable[[Any, Any], Any] | None = None,
+           prepare_decode: Callable[[], Any] | None = None,
+           decode: Callable[[Any, Any], Any] | None = None, progress: bool = True,
+           size: str = "") -> Sampled:
+    """Run one request through the loop of the module docstring.
+
+    Args:
+      programs: the pipeline's compiled programs (:class:`~ditax.pipelines.programs.Programs`).
+      experts: one or two :class:`Expert` s; the second runs the steps whose timestep is below
+        ``boundary`` (two-expert models; None: the first runs every step).
+      inputs: the family's :class:`~ditax.models.base.ModelInputs` rule (module level).
+      latent_shape: the initial latents ``[1, C, ...]``; ``size`` names the request's size in
+        the error for ``latents`` of another shape.
+      text: ``text(use_cfg)`` → the text embeddings in the denoiser's dtype.
+      guidance_scale / guidance_scale_2: CFG scale of the first / second expert's steps
+        (guidance is on when ``guidance_scale > 1``; ``guidance_scale_2`` None = the same).
+      condition: ``condition()`` → the family's condition pytree (None: text only), run in
+        phase ``condition_phase``; ``finalize(condition, latents)`` → the latents to decode.
+      cache, cache_threshold, cfg_cache, cache_coefficients: step caching
+        (:mod:`ditax.pipelines.cache.step_cache`).
+      prepare_decode: ``prepare_decode()`` → the decode's compiled programs (timed as compile);
+        ``decode(latents, prepared)`` → the output; no ``decode``: the output is the latents.
+    """
+    if guidance_scale_2 is None:
+        guidance_scale_2 = guidance_scale
+    use_cfg = guidance_scale > 1.0
+    check_cfg_batch(use_cfg, cfg_mode, mesh)
+    check_cache_args(cache, cache_threshold, cfg_cache)
+    shape = tuple(latent_shape)
+    if latents is not None:
+        latents = check_latents(latents, shape, size)
+
+    t0 = time.perf_counter()
+    with phase(condition_phase):
+        cond = jax.block_until_ready(replicate(condition(), mesh))
+    t_image = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with phase("text"):
+        emb = jax.block_until_ready(replicate(text(use_cfg), mesh))
+    t1 = time.perf_counter()
+
+    with phase("denoise"):   # compile nests inside (Programs)
+        if latents is None:
+            latents = initial_noise(seed, shape)
+        x = replicate(jnp.asarray(latents, jnp.float32), mesh)
+        state = replicate(set_timesteps(scheduler, num_inference_steps, shape, sigmas), mesh)
+        timesteps = np.asarray(state.timesteps)
+        # ahead of time, before the first step: one step program per expert signature, decode
+        programs.seconds = 0.0
+        per_step = [experts[1] if (boundary is not None and t < boundary and len(experts) > 1)
+                    else experts[0] for t in timesteps]
+        step_cache = plan_step_cache(
+            cache, cache_threshold, cfg_cache, use_cfg=use_cfg, cfg_mode=cfg_mode, mesh=mesh,
+            timesteps=timesteps, config=experts[0].config,
+            num_train_timesteps=scheduler.num_train_timesteps, experts=per_step,
+            coefficients=cache_coefficients)
+        # each expert's own graph (equal for two plain experts: one program; an expert with
+        # unmerged LoRAs has its own)
+        if step_cache is None:
+            steps = {id(e): programs.step(
+                         _denoise_step, (e.graphdef, inputs, scheduler, cfg_mode, use_cfg),
+                         (e.params, state, x, emb, jnp.float32(0), cond))
+                     for e in per_step}
+        else:
+            steps = {id(e): step_cache.compile(programs, e, inputs, scheduler, cfg_mode,
+                                               use_cfg, state, x, emb, cond)
+                     for e in per_step}
+        prepared = None if decode is None or prepare_decode is None else prepare_decode()
+        t_compile = programs.seconds
+        from tqdm.auto import tqdm
+
+        for i in tqdm(range(num_inference_steps), disable=not progress, desc="denoise",
+                      unit="step"):
+            low = boundary is not None and timesteps[i] < boundary
+            g = guidance_scale_2 if low else guidance_scale
+            e = per_step[i]
+            x, state = steps[id(e)](e.params, state, x, emb, jnp.float32(g), cond)
+            if progress:   # the bar advances when the step has finished on the device
+                jax.block_until_ready(x)
+        x = jax.block_until_ready(x if finalize is None else finalize(cond, x))
+    stats = (uncached_stats(num_inference_steps, use_cfg) if step_cache is None
+             else step_cache.stats())
+    t2 = time.perf_counter()
+    timings = dict(text=t1 - t0, compile=t_compile, denoise=t2 - t1 - t_compile, image=t_image,
+                   decode=0.0)
+    if decode is None:
+        return Sampled(np.asarray(x), stats, timings)
+    with phase("decode"):
+        out = decode(x, prepared)
+    timings["decode"] = time.perf_counter() - t2
+    return Sampled(out, stats, timings)
+
+
+__all__ = ["Expert", "Sampled", "check_cfg_batch", "check_latents", "initial_noise",
+           "replicate", "sample", "set_timesteps"]
