@@ -309,11 +309,6 @@ class WanTransformer(nnx.Module):
         """The one stack of blocks (:class:`ditax.models.base.Denoiser`)."""
         return (("blocks", self.cfg.num_layers),)
 
-    @property
-    def block_stacks(self) -> tuple[tuple[str, int], ...]:
-        """The one stack of blocks (:class:`ditax.models.base.Denoiser`)."""
-        return (("blocks", self.cfg.num_layers),)
-
     def run_blocks(self, h, ctx: "Embedded", start: int = 0, stop: int | None = None):
         """Blocks ``start .. stop-1`` (default: all) on tokens ``h [B, L', D]``."""
         cfg = self.cfg
