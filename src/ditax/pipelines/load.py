@@ -1,0 +1,28 @@
+"""``ditax.load_pipeline``: a pipeline folder loaded by the family that reads it.
+
+The folder's ``model_index.json`` ``_class_name`` names the family (the ``pipeline_classes`` of
+its :class:`~ditax.models.registry.FamilySpec`, :func:`~ditax.models.registry.spec_for_class`);
+that family's pipelines (:class:`~ditax.pipelines.family.PipelineFamily`, registered by
+``ditax.pipelines.<family>`` or with :func:`~ditax.pipelines.family.register_pipelines`) load
+it, and every family's pipeline samples through the one loop of :mod:`.sampling`. A folder
+without a class, a path that is no local folder (a hub id, a typo) or a class no family
+claims goes to the default family's loader, which resolves hub ids and names what it takes.
+"""
+
+from __future__ import annotations
+
+from ditax.pipelines.family import folder_pipelines
+
+
+def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **options):
+    """Load the pipeline folder (or hub id) ``path`` with its family's loader.
+
+    ``dtype``, ``mesh`` (``ditax.make_mesh``) and ``attention`` (a backend name or an
+    :class:`~ditax.attention.config.AttentionConfig`) are every family's; ``options`` are the
+    family loader's own (Wan: :func:`ditax.pipelines.wan.loading.load_pipeline` — ``cfg_mode``,
+    ``scheduler``, ``loras``, ...)."""
+    _, pipelines = folder_pipelines(path)
+    return pipelines.load(path, dtype=dtype, mesh=mesh, attention=attention, **options)
+
+
+__all__ = ["load_pipeline"]
