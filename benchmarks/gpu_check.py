@@ -254,7 +254,7 @@ def wan2(run, case):
     on the same weights (bf16 values held in float32): output and parameter gradients, with
     and without a text mask. cuDNN must be as close to float32 as XLA's own bf16 is."""
     from ditax import AttentionConfig, Transformer
-    from ditax.models.wan.loading import abstract_model, init_model
+    from ditax.models.wan.build import abstract_model, init_model
 
     cfg = wan_config(run, 2)
     lat, T, Tl = ((1, 16, 1, 8, 8), 16, 5) if run.dry else ((1, 16, 3, 60, 104), 512, 77)
@@ -304,7 +304,7 @@ def wan_full(run, case):
     WanTransformer3DModel (torch SDPA) on the same card. Random weights, each its own: this
     times the graph; the 2-layer checks above compare the values."""
     from ditax import AttentionConfig, Transformer
-    from ditax.models.wan.loading import init_model
+    from ditax.models.wan.build import init_model
 
     cfg = wan_config(run, 30)
     lat, T = ((1, 16, 1, 8, 8), 16) if run.dry else ((1, 16, 21, 60, 104), 512)

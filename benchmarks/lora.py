@@ -226,7 +226,7 @@ def _write_model(folder: pathlib.Path, cfg):
 
     from ditax.io.convert import export
     from ditax.models.wan.convert import config_weight_table
-    from ditax.models.wan.loading import init_model
+    from ditax.models.wan.build import init_model
 
     tensors = export(config_weight_table(cfg), nnx.state(init_model(cfg), nnx.Param))
     folder.mkdir(parents=True)

@@ -179,7 +179,8 @@ def wide_transformer(like, layers: int, seed: int = 0):
     the latents and text of the transformer config ``like`` (patch 1x2x2 as Wan)."""
     from ditax.config import ModelConfig
     from ditax.demo import TRANSFORMER
-    from ditax.models.wan.loading import Transformer, init_model
+    from ditax.models.wan.build import init_model
+    from ditax.models.wan.loading import Transformer
 
     cfg = ModelConfig.from_diffusers(dict(
         TRANSFORMER, **WAN13B_WIDTH, num_layers=layers, in_channels=like.in_channels,

@@ -78,7 +78,7 @@ def bench_compile(args):
     from flax import nnx
 
     from ditax.config import load_config, replace
-    from ditax.models.wan.loading import abstract_model
+    from ditax.models.wan.build import abstract_model
 
     base = load_config("wan2.1-t2v-14b").model
     for layers in (10, 40):

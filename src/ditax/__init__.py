@@ -22,9 +22,9 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it (imported on first access)
 _HOMES = {
-    "load_transformer": "ditax.models.wan.loading",
+    "load_transformer": "ditax.load",
     "Transformer": "ditax.models.wan.loading",
-    "load_pipeline": "ditax.pipelines.wan.loading",
+    "load_pipeline": "ditax.pipelines.load",
     "WanTextToVideo": "ditax.pipelines.wan.text_to_video",
     "WanImageToVideo": "ditax.pipelines.wan.image_to_video",
     "load_config": "ditax.config",
@@ -37,14 +37,15 @@ _HOMES = {
 _SUBMODULES = ("attention",)
 
 if TYPE_CHECKING:  # what static tools see; at run time ``__getattr__`` imports on demand
+    # (Transformer, Wan's, is named only in _HOMES: nothing outside Wan's folders imports it)
     from ditax import attention
     from ditax.attention.config import AttentionConfig
     from ditax.config import Config, load_config, validate
-    from ditax.models.wan.loading import Transformer, load_transformer
+    from ditax.load import load_transformer
     from ditax.parallel.mesh import make_mesh
     from ditax.parallel.platform import target_platform
     from ditax.pipelines.wan.image_to_video import WanImageToVideo
-    from ditax.pipelines.wan.loading import load_pipeline
+    from ditax.pipelines.load import load_pipeline
     from ditax.pipelines.wan.text_to_video import WanTextToVideo
 
 

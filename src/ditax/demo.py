@@ -51,7 +51,7 @@ def write_transformer(folder: pathlib.Path, seed: int = 0):
     from ditax.config import ModelConfig
     from ditax.io.export import module_params, save_folder
     from ditax.models.wan.convert import weight_table
-    from ditax.models.wan.loading import init_model
+    from ditax.models.wan.build import init_model
 
     cfg = ModelConfig.from_diffusers(TRANSFORMER)
     save_folder(folder, "diffusion_pytorch_model.safetensors",

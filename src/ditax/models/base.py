@@ -213,6 +213,12 @@ class ModelFamily(abc.ABC):
         :mod:`ditax.lora.table` table); None: the family has no LoRA support."""
         return None
 
+    @classmethod
+    def lora_names(cls):
+        """The family's names for the LoRA machinery (a :class:`ditax.lora.names.LoraNames`:
+        name maps, key prefixes, target groups); None: the family reads no LoRA files."""
+        return None
+
     # -- inference and family trainers ----------------------------------------------------------
 
     @classmethod
@@ -281,7 +287,6 @@ class FamilyTrainer(abc.ABC):
     def train(self, cfg, *, devices, progress: bool = True):
         """Train; returns a result with ``step``, ``losses``, ``folder``, ``interrupted``,
         ``signal`` (and what the trainer adds)."""
-
 
 
 def register_family(cls: type[ModelFamily]) -> type[ModelFamily]:

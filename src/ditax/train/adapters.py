@@ -36,6 +36,7 @@ class AdapterSplit:
         if self.table is None:
             raise ConfigError(f"lora.rank={cfg.lora.rank}: model family {family.name!r} has no "
                               f"LoRA support; use lora.rank=0")
+        self.names = family.lora_names()
         self.rank = cfg.lora.rank
         self.alpha = float(cfg.lora.alpha or cfg.lora.rank)
         targets = lora_targets(cfg.lora)
@@ -43,7 +44,8 @@ class AdapterSplit:
         def build(seed: int):
             rngs = nnx.Rngs(seed)
             model = family.create(mesh, rngs)
-            add_adapters(model, self.table, self.rank, self.alpha, targets, rngs)
+            add_adapters(model, self.table, self.rank, self.alpha, targets, rngs,
+                         names=self.names)
             return model
 
         self.graphdef, train_abs, frozen_abs = nnx.split(nnx.eval_shape(lambda: build(0)),
@@ -86,5 +88,6 @@ class AdapterSplit:
             params = multihost_utils.process_allgather(params, tiled=True)
         params = jax.tree.map(jax.device_get, params)
         if jax.process_index() == 0:
-            return save_lora(folder, params, self.table, self.rank, self.alpha)
+            return save_lora(folder, params, self.table, self.rank, self.alpha,
+                             names=self.names)
         return []

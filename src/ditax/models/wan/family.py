@@ -21,12 +21,9 @@ class WanFamily(ModelFamily):
     name = "wan"
 
     def check(self, mesh_sizes=None) -> None:
-        from ditax.attention.config import AttentionConfig, check_attention
-        from ditax.models.wan.config import check_model
+        from ditax.models.wan.config import check_transformer
 
-        check_model(self.model, mesh_sizes)
-        check_attention(self.attention or AttentionConfig(),
-                        num_heads=self.model.num_attention_heads, mesh_sizes=mesh_sizes)
+        check_transformer(self.model, self.attention, mesh_sizes)
 
     latent_channels = property(lambda self: self.model.out_channels)    # C of the latents
     text_dim = property(lambda self: self.model.text_dim)               # Dt of the text
@@ -110,7 +107,7 @@ class WanFamily(ModelFamily):
         return WanTransformer(self.model, self.attention, mesh, rngs=rngs)
 
     def param_shardings(self, params, mesh):
-        from ditax.models.wan.loading import param_shardings
+        from ditax.models.wan.build import param_shardings
 
         return param_shardings(params, self.model, mesh)
 
@@ -119,6 +116,12 @@ class WanFamily(ModelFamily):
         from ditax.models.wan.convert import weight_table
 
         return weight_table(self.model.num_layers, self.model.cross_attn_norm)
+
+    @classmethod
+    def lora_names(cls):
+        from ditax.models.wan.lora_names import LORA_NAMES
+
+        return LORA_NAMES
 
     # -- weights and encoders -------------------------------------------------------------------
 
@@ -151,6 +154,27 @@ class WanFamily(ModelFamily):
         from ditax.models.wan.loading import Transformer
 
         return Transformer(init_model(self.model, self.attention, mesh, seed=seed), mesh)
+
+    @classmethod
+    def check_folder(cls, path, subfolder="transformer") -> str:
+        from ditax.models.wan.folder_check import check_folder
+
+        s = check_folder(path, subfolder)
+        return (f"{s.folder}: OK — {s.num_layers} layers, D={s.inner_dim}, {s.num_heads} heads "
+                f"x {s.head_dim}, {s.num_params / 1e9:.3f} B params, {s.num_tensors} tensors")
+
+    def check_single_file(self, path) -> str:
+        from ditax.models.wan.single_file import check_single_file
+
+        c, weights = check_single_file(path, self.model)[:2]
+        return (f"{path}: OK — {c.num_layers} layers, D={c.inner_dim}, "
+                f"{c.num_attention_heads} heads x {c.attention_head_dim}, {len(weights)} "
+                f"tensors")
+
+    def convert_single_file(self, path, out, *, dtype=None, loras=None):
+        from ditax.models.wan.single_file import write_diffusers_folder
+
+        return write_diffusers_folder(path, self.model, out, dtype=dtype, loras=loras)
 
     @classmethod
     def trainers(cls) -> dict[str, str]:
