@@ -299,3 +299,51 @@ def test_a_second_call_compiles_nothing(toy_folder):
             again = pipe("a dog", seed=3, num_inference_steps=3, cache=cache)
         assert log.names == [], (cache, log.names)
         assert not np.array_equal(first, again)      # another prompt, the same programs
+
+
+# ----------------------------------------------------------------------------------------------
+# the same family trains through ``ditax train``
+
+
+def _toy_apply(self, module, latents, timestep, text, text_mask, condition=None):
+    """The toy's denoiser takes no text mask (its text is the mean of the rows)."""
+    return module(latents, timestep, text)
+
+
+ToySampleFamily.apply = _toy_apply
+
+
+def test_the_toy_family_trains_through_ditax_train(tmp_path, capsys):
+    """``ditax train CONFIG`` on a YAML naming ``model.family: toysample``: the command knows
+    no toy, the registry finds it; the loss goes down, a checkpoint of the toy's own
+    parameters is written, and the same command resumes from it."""
+    import yaml
+
+    from ditax.cli import main
+    from ditax.train.data import DatasetWriter
+
+    r = np.random.default_rng(0)
+    w = DatasetWriter(tmp_path / "latents", samples_per_file=8)
+    for _ in range(16):
+        w.add(r.standard_normal((4, 1, 4, 4)).astype(np.float32),
+              r.standard_normal((TEXT_LEN, 8)).astype(np.float32), np.ones(TEXT_LEN, np.uint8))
+    source = str(w.close())
+    cfg = {"model": dataclasses.asdict(ToySampleConfig()),
+           "mesh": {"data": 1, "fsdp": -1, "context": 1, "tensor": 1},
+           "optim": {"learning_rate": 1.0e-2, "warmup_steps": 1},
+           "data": {"source": source, "text_len": TEXT_LEN},
+           "steps": 24, "batch_size": 8, "output_dir": str(tmp_path / "run"),
+           "checkpoint": {"every": 12, "keep": 2}}
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", str(path), "--no-progress"]) == 0
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    losses = [row["loss"] for row in rows]
+    assert len(losses) == 24 and np.mean(losses[-4:]) < 0.9 * np.mean(losses[:4]), losses
+    saved = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
+                   if p.name.isdigit())
+    assert saved == [12, 24]
+    assert main(["train", str(path), "steps=26", "--no-progress"]) == 0
+    assert "resum" in capsys.readouterr().out.lower()
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [row["step"] for row in rows][-3:] == [24, 25, 26]
