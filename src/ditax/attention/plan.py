@@ -1,6 +1,7 @@
-"""Resolved attention: :class:`AttentionCall` (one backend, its options, the mesh and target
-platform) and :class:`AttentionPlan` (a model's self- and cross-attention, built once from an
-:class:`~ditax.attention.config.AttentionConfig` and the mesh).
+"""Resolved attention: :class:`AttentionCall` (one backend, its options, the sharding context
+and target platform) and :class:`AttentionPlan` (a model's self- and cross-attention, built once
+from an :class:`~ditax.attention.config.AttentionConfig` and the model's
+:class:`~ditax.parallel.sharding.ShardingContext`, which both calls share).
 
 Resolution happens once, before tracing: ``backend="auto"`` becomes a name, option names are
 checked against the backends' options classes (one rule for ``attend`` and the config,
@@ -31,6 +32,7 @@ from ditax.attention.local import LocalRun
 from ditax.attention.sharded import sharded_local_attention
 from ditax.errors import RequestError
 from ditax.parallel.platform import Platform, platform_of, target_platform
+from ditax.parallel.sharding import ShardingContext, sharding_context
 
 @dataclass(frozen=True)
 class AttentionCall:
@@ -44,8 +46,12 @@ class AttentionCall:
 
     backend: str
     options: Options
-    mesh: Optional[Mesh] = None
+    sharding: ShardingContext = ShardingContext()   # the mesh (None: one device)
     platform: Optional[Platform] = None      # None: platform_of(mesh) when called
+
+    @property
+    def mesh(self) -> Optional[Mesh]:
+        return self.sharding.mesh
 
     @property
     def entry(self) -> registry.Backend:
@@ -100,21 +106,26 @@ def resolve(backend: str, options: dict, *, mesh=None, platform: Optional[Platfo
         blocks = {k: TPU_BLOCK for k in ("block_q", "block_kv") if k in entry.options.names()}
         options = {**blocks, **options}
     opts = registry.backend_options(name, options)
-    return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
+    return AttentionCall(name, entry.resolve(opts, platform), ShardingContext(mesh), platform)
 
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """A model's attention, resolved once: ``self_attn`` and ``cross_attn`` calls on ``mesh``
-    for the target ``platform`` (and the model's head dim / compute dtype when given)."""
+    """A model's attention, resolved once: ``self_attn`` and ``cross_attn`` calls sharing one
+    ``sharding`` context (the model's) for the target ``platform`` (and the model's head dim /
+    compute dtype when given)."""
 
     self_attn: AttentionCall
     cross_attn: AttentionCall
-    mesh: Optional[Mesh]
+    sharding: ShardingContext
     platform: Platform
     num_heads: Optional[int] = None
     head_dim: Optional[int] = None
     dtype: Optional[str] = None
+
+    @property
+    def mesh(self) -> Optional[Mesh]:
+        return self.sharding.mesh
 
 
 def cross_backend(acfg: AttentionConfig) -> tuple[str, str]:
@@ -128,7 +139,8 @@ def cross_backend(acfg: AttentionConfig) -> tuple[str, str]:
     return acfg.backend, "backend"
 
 
-def _config_call(name: str, values: dict, mesh, platform: Platform) -> AttentionCall:
+def _config_call(name: str, values: dict, sharding: ShardingContext,
+                 platform: Platform) -> AttentionCall:
     """One site's call: each kernel gets the options of ``values`` its class has (a sequence
     backend also those of its local kernel, in ``local_options``)."""
     entry = registry.get(name)
@@ -138,7 +150,7 @@ def _config_call(name: str, values: dict, mesh, platform: Platform) -> Attention
         rest = sorted((k, v) for k, v in values.items()
                       if k in local and k not in entry.options.names() and v is not None)
         opts = replace(opts, local_options=tuple(rest))
-    return AttentionCall(name, entry.resolve(opts, platform), mesh, platform)
+    return AttentionCall(name, entry.resolve(opts, platform), sharding, platform)
 
 
 def sites(acfg: AttentionConfig) -> tuple[str, ...]:
@@ -174,7 +186,9 @@ def entry_context(acfg: AttentionConfig, mesh=None, say=print) -> ContextManager
 def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
                    num_heads: Optional[int] = None, head_dim: Optional[int] = None,
                    dtype=None) -> AttentionPlan:
-    """Build the :class:`AttentionPlan` for ``acfg`` (default: xla everywhere) on ``mesh``.
+    """Build the :class:`AttentionPlan` for ``acfg`` (default: xla everywhere) on ``mesh`` (a
+    mesh or None, or a model's :class:`~ditax.parallel.sharding.ShardingContext`: the plan's
+    calls then hold that same object).
 
     The target platform is :func:`~ditax.parallel.platform.platform_of` (``mesh``) at this
     moment (so build it inside ``ditax.target_platform(...)`` to target another platform);
@@ -182,7 +196,8 @@ def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
     and head dim).
     """
     acfg = as_attention_config(acfg)
-    platform = platform_of(mesh)
+    sharding = sharding_context(mesh)
+    platform = platform_of(sharding.mesh)
     names = [registry.auto_backend(platform, dtype=dtype, head_dim=head_dim) if n == "auto"
              else n for n in (acfg.backend, cross_backend(acfg)[0])]
     given = given_options(acfg)
@@ -193,8 +208,8 @@ def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
               "ulysses_shards": acfg.ulysses_shards}
     for k in ("block_q", "block_kv"):
         values[k] = default_block(platform.name) if values.get(k) is None else values[k]
-    calls = [_config_call(name, values, mesh, platform) for name in names]
-    return AttentionPlan(*calls, mesh, platform,
+    calls = [_config_call(name, values, sharding, platform) for name in names]
+    return AttentionPlan(*calls, sharding, platform,
                          num_heads, head_dim, None if dtype is None else jnp.dtype(dtype).name)
 
 

@@ -1,4 +1,5 @@
-"""Mesh construction, logical-axis rules and sequence-parallel collectives."""
+"""Mesh construction, logical-axis rules, the sharding context layers get, and
+sequence-parallel collectives."""
 
 from ditax.parallel.mesh import MESH_AXES, initialize_distributed, make_mesh
 from ditax.parallel.rules import (
@@ -9,8 +10,9 @@ from ditax.parallel.rules import (
     logical_to_spec,
     param_spec,
 )
+from ditax.parallel.sharding import ShardingContext
 
 __all__ = [
     "MESH_AXES", "make_mesh", "initialize_distributed", "PARAM_RULES", "ACTIVATION_RULES",
-    "logical_to_spec", "param_spec", "activation_spec", "constrain",
+    "logical_to_spec", "param_spec", "activation_spec", "constrain", "ShardingContext",
 ]

@@ -200,7 +200,7 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
                      for e in per_step}
         else:
             steps = {id(e): step_cache.compile(programs, e, inputs, scheduler, cfg_mode,
-                                               use_cfg, state, x, emb, cond)
+                                               use_cfg, state, x, emb, cond, mesh=mesh)
                      for e in per_step}
         prepared = None if decode is None or prepare_decode is None else prepare_decode()
         t_compile = programs.seconds

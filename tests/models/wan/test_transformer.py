@@ -116,7 +116,8 @@ def test_condition_embedder_and_block_match_diffusers(tmp_path, rng):
         want = m.blocks[0](torch.from_numpy(h), text_r, proj_r.reshape(2, 6, -1), rope_r).numpy()
     blk_gdef, blk_state = nnx.split(mod.blocks)
     blk = nnx.merge(blk_gdef, jax.tree.map(lambda p: p[0], blk_state))
-    got = blk(jnp.asarray(h), text_o, proj, (cos, sin), None, None, mod.attention_plan)
+    got = blk(jnp.asarray(h), text_o, proj, (cos, sin), None, None, mod.attention_plan,
+              mod.sharding)
     assert rel_err(got, want) < 1e-5
 
 

@@ -153,7 +153,7 @@ class WanFamily(ModelFamily):
         from ditax.models.wan.build import init_model
         from ditax.models.wan.loading import Transformer
 
-        return Transformer(init_model(self.model, self.attention, mesh, seed=seed), mesh)
+        return Transformer(init_model(self.model, self.attention, mesh, seed=seed))
 
     @classmethod
     def check_folder(cls, path, subfolder="transformer") -> str:

@@ -14,7 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from ditax.attention.config import as_attention_config
 from ditax.errors import ConfigError, check_choice
@@ -27,7 +27,6 @@ from ditax.models.wan.build import abstract_model
 from ditax.models.wan.config import WanConfig, check_transformer
 from ditax.models.wan.lora_names import LORA_NAMES
 from ditax.models.wan.transformer import WanTransformer
-from ditax.parallel.axes import batch_entry
 from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
 from ditax.parallel.rules import param_spec
 
@@ -115,18 +114,17 @@ class Transformer:
     Image-to-video models also take ``encoder_hidden_states_image=`` (CLIP features).
     ``tr.module`` is the NNX module (for training or custom use), ``tr.config`` its config.
 
-    A pytree (leaves: the parameters; static: the graph and the mesh) whose call is a pure
+    A pytree (leaves: the parameters; static: the graph, which holds the mesh) whose call is a pure
     function of its parameters and inputs, so it composes with a user's own transforms:
     ``jax.jit(lambda tr, x, t, c: tr(x, t, c))(tr, x, t, c)`` takes the parameters as
     arguments (closing over ``tr`` instead bakes them into the program as constants), and
     ``jax.grad`` of a function of ``tr`` gives a ``Transformer`` of gradients.
     """
 
-    def __init__(self, module: WanTransformer, mesh=None):
+    def __init__(self, module: WanTransformer):
         self._module = module
         self._gdef, self._state = nnx.split(module)
         self.config: WanConfig = module.cfg
-        self.mesh = mesh
 
     @property
     def module(self) -> WanTransformer:
@@ -134,22 +132,23 @@ class Transformer:
             self._module = nnx.merge(self._gdef, self._state)
         return self._module
 
+    @property
+    def mesh(self):
+        """The module's mesh (None: one device); the module is its one holder."""
+        return self.module.mesh
+
     def tree_flatten(self):
-        return (self._state,), (self._gdef, self.config, self.mesh)
+        return (self._state,), (self._gdef, self.config)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         tr = object.__new__(cls)
-        tr._gdef, tr.config, tr.mesh = aux
+        tr._gdef, tr.config = aux
         tr._state, tr._module = children[0], None
         return tr
 
     def _place(self, x, batch_axis=0):
-        if self.mesh is None or x is None:
-            return x
-        spec = [None] * x.ndim
-        spec[batch_axis] = batch_entry(self.mesh)
-        return jax.device_put(x, NamedSharding(self.mesh, P(*spec)))
+        return self.module.sharding.put_batch(x, batch_axis)
 
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None,
                  encoder_hidden_states_image=None):
@@ -234,4 +233,4 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                convert.config_weight_table(cfg), mesh, names=LORA_NAMES)
     log.info("loaded %s (%d layers, D=%d) in %.1fs", source, cfg.num_layers, cfg.inner_dim,
              time.perf_counter() - t0)
-    return Transformer(model, mesh)
+    return Transformer(model)

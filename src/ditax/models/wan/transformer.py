@@ -6,6 +6,8 @@ and run with ``nnx.scan`` so compile time stays flat in depth; the remat policy 
 config. Attention runs through one :class:`~ditax.attention.AttentionPlan`, built once from the
 :class:`~ditax.attention.config.AttentionConfig`, the mesh and the model's heads / head dim /
 dtype, and handed to every block (self- and cross-attention may use different backends).
+The model holds its mesh once, in one :class:`~ditax.parallel.sharding.ShardingContext`; the
+blocks, their layers and the attention calls get that same object (no layer keeps a mesh).
 
 Numerics follow the reference: norms and the residual/gate arithmetic run in float32 and are
 cast back to the compute dtype; RoPE rotates in float32 inside one fusion
@@ -27,8 +29,7 @@ from ditax.models.wan.config import WanConfig
 from ditax.models.wan.embeddings import ConditionEmbedder, rope_cos_sin
 from ditax.models.wan.image_embedder import check_image
 from ditax.nn import FP32LayerNorm, Linear, RMSNorm, apply_rope
-from ditax.parallel.axes import check_batch_divides, check_heads_divide, seq_shards
-from ditax.parallel.rules import constrain
+from ditax.parallel.sharding import ShardingContext
 
 REMAT = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -47,9 +48,9 @@ class FeedForward(nnx.Module):
         self.proj_in = Linear(dim, ffn_dim, **kw)     # diffusers: ffn.net.0.proj
         self.proj_out = Linear(ffn_dim, dim, **kw)    # diffusers: ffn.net.2
 
-    def __call__(self, x, mesh=None):
+    def __call__(self, x, sharding: ShardingContext):
         h = jax.nn.gelu(self.proj_in(x), approximate=True)
-        h = constrain(h, ("act_batch", "act_seq", "act_mlp"), mesh)
+        h = sharding.constrain(h, ("act_batch", "act_seq", "act_mlp"))
         return self.proj_out(h)
 
 
@@ -77,10 +78,11 @@ class WanAttention(nnx.Module):
             self.add_v_proj = Linear(cfg.added_kv_proj_dim, d, **kw)
             self.norm_added_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
 
-    def __call__(self, x, ctx, attn: AttentionCall, *, rope=None, kv_mask=None, mesh=None,
-                 image=None):
+    def __call__(self, x, ctx, attn: AttentionCall, sharding: ShardingContext, *, rope=None,
+                 kv_mask=None, image=None):
         """x ``[B, Lq, D]``, ctx ``[B, Lk, D]``; ``image`` ``[B, S, D]`` the embedded image
-        tokens (attention layers built with ``added_kv`` only), attended with ``attn`` too."""
+        tokens (attention layers built with ``added_kv`` only), attended with ``attn`` too;
+        ``sharding`` the model's context (constrains q, k, v and the output)."""
         b, lq, _ = x.shape
         lk = ctx.shape[1]
         q = self.norm_q(self.to_q(x)).reshape(b, lq, self.heads, -1)
@@ -90,17 +92,17 @@ class WanAttention(nnx.Module):
             q = apply_rope(q, *rope)
             k = apply_rope(k, *rope)
         heads = ("act_batch", "act_seq", "act_heads", None)
-        q = constrain(q, heads, mesh)
+        q = sharding.constrain(q, heads)
         if rope is not None:
-            k = constrain(k, heads, mesh)
-            v = constrain(v, heads, mesh)
+            k = sharding.constrain(k, heads)
+            v = sharding.constrain(v, heads)
         o = attn(q, k, v, kv_mask=kv_mask)
         if image is not None:
             li = image.shape[1]
             k_img = self.norm_added_k(self.add_k_proj(image)).reshape(b, li, self.heads, -1)
             v_img = self.add_v_proj(image).reshape(b, li, self.heads, -1)
             o = o + attn(q, k_img, v_img)
-        o = constrain(o, heads, mesh)
+        o = sharding.constrain(o, heads)
         o = checkpoint_name(o, "attn_out")
         return self.to_out.from_heads(o)
 
@@ -134,29 +136,28 @@ class WanBlock(nnx.Module):
         self.cross_attn_norm = cfg.cross_attn_norm
 
     def __call__(self, x, text, mod, rope, token_mask, text_mask, attn: AttentionPlan,
-                 image=None):
+                 sharding: ShardingContext, image=None):
         """x ``[B, L, D]``, text ``[B, T, D]``, mod ``[B, 6, D]`` (per-token timesteps:
         ``[B, L, 6, D]``), rope (cos, sin);
-        ``attn`` the model's attention plan (its mesh constrains the activations); ``image``
-        ``[B, S, D]`` embedded image tokens (image-to-video models)."""
-        mesh = attn.mesh
+        ``attn`` the model's attention plan; ``sharding`` the model's context (constrains the
+        activations); ``image`` ``[B, S, D]`` embedded image tokens (image-to-video models)."""
         dt = x.dtype
         shift, scale, gate, c_shift, c_scale, c_gate = modulation(self.scale_shift_table[...],
                                                                   mod)
 
         h = (self.norm1(x) * (1 + scale) + shift).astype(dt)
-        h = self.attn1(h, h, attn.self_attn, rope=rope, kv_mask=token_mask, mesh=mesh)
+        h = self.attn1(h, h, attn.self_attn, sharding, rope=rope, kv_mask=token_mask)
         x = (x.astype(jnp.float32) + h.astype(jnp.float32) * gate).astype(dt)
-        x = constrain(x, ("act_batch", "act_seq", "act_embed"), mesh)
+        x = sharding.constrain(x, ("act_batch", "act_seq", "act_embed"))
 
         h = self.norm2(x).astype(dt) if self.cross_attn_norm else x
-        h = self.attn2(h, text, attn.cross_attn, kv_mask=text_mask, mesh=mesh, image=image)
+        h = self.attn2(h, text, attn.cross_attn, sharding, kv_mask=text_mask, image=image)
         x = x + h.astype(dt)
 
         h = (self.norm3(x) * (1 + c_scale) + c_shift).astype(dt)
-        h = self.ffn(h, mesh)
+        h = self.ffn(h, sharding)
         x = (x.astype(jnp.float32) + h.astype(jnp.float32) * c_gate).astype(dt)
-        return constrain(x, ("act_batch", "act_seq", "act_embed"), mesh)
+        return sharding.constrain(x, ("act_batch", "act_seq", "act_embed"))
 
 
 class WanTransformer(nnx.Module):
@@ -177,9 +178,9 @@ class WanTransformer(nnx.Module):
                  mesh=None, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.attention = as_attention_config(attention)
-        self.mesh = mesh
+        self.sharding = ShardingContext(mesh)   # the one holder of the mesh
         self.attention_plan = plan_attention(
-            self.attention, mesh, num_heads=cfg.num_attention_heads,
+            self.attention, self.sharding, num_heads=cfg.num_attention_heads,
             head_dim=cfg.attention_head_dim, dtype=cfg.dtype)
         d = cfg.inner_dim
         pt, ph, pw = cfg.patch_size
@@ -236,8 +237,14 @@ class WanTransformer(nnx.Module):
             raise ValueError(f"text_mask must be [B, T] = {tuple(text.shape[:2])}; "
                              f"got {tuple(text_mask.shape)}")
         check_image(cfg, b, image)
-        check_batch_divides(b, self.mesh)
-        check_heads_divide(cfg.num_attention_heads, self.mesh)
+        self.sharding.check_batch(b)
+        self.sharding.check_heads(cfg.num_attention_heads)
+
+    @property
+    def mesh(self):
+        """The device mesh the model is sharded over (None: one device), from its
+        :attr:`sharding` context (:class:`ditax.models.base.Denoiser`)."""
+        return self.sharding.mesh
 
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None,
                  encoder_hidden_states_image=None):
@@ -263,7 +270,7 @@ class WanTransformer(nnx.Module):
         blocks and the head need (:class:`Embedded`)."""
         image = encoder_hidden_states_image
         self.check_inputs(latents, timestep, encoder_hidden_states, text_mask, image)
-        cfg, mesh = self.cfg, self.mesh
+        cfg, sharding = self.cfg, self.sharding
         dt = jnp.dtype(cfg.dtype)
         b, c, fr, hh, ww = latents.shape
         pt, ph, pw = cfg.patch_size
@@ -276,7 +283,7 @@ class WanTransformer(nnx.Module):
         # patches sharded like the tokens, so the embedding is computed where its tokens live
         # (computed replicated over a D-sharded kernel, XLA exchanged the tokens and relaid
         # them out: two activation copies per forward on TPU)
-        xp = constrain(xp, ("act_batch", "act_seq", None), mesh)
+        xp = sharding.constrain(xp, ("act_batch", "act_seq", None))
         kern = self.patch_embedding_kernel[...].astype(dt).reshape(pt * ph * pw * c, -1)
         h = jnp.einsum("blc,cd->bld", xp, kern) + self.patch_embedding_bias[...].astype(dt)
 
@@ -289,17 +296,17 @@ class WanTransformer(nnx.Module):
         cos, sin = rope_cos_sin(cfg.attention_head_dim, (f, y, x), cfg.rope_max_seq_len)
 
         # pad the sequence to a multiple of the context shards; padded keys are masked
-        pad = (-seq) % seq_shards(mesh)
+        pad = (-seq) % sharding.seq_shards
         token_mask = None
         if pad:
             h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
             cos = jnp.pad(cos, ((0, pad), (0, 0)))
             sin = jnp.pad(sin, ((0, pad), (0, 0)))
             token_mask = jnp.broadcast_to(jnp.arange(seq + pad) < seq, (b, seq + pad))
-        h = constrain(h, ("act_batch", "act_seq", "act_embed"), mesh)
+        h = sharding.constrain(h, ("act_batch", "act_seq", "act_embed"))
         if mod.ndim == 4:  # per-token modulation follows its tokens
             mod = jnp.pad(mod, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else mod
-            mod = constrain(mod, ("act_batch", "act_seq", None, "act_embed"), mesh)
+            mod = sharding.constrain(mod, ("act_batch", "act_seq", None, "act_embed"))
         return h, Embedded(text=text, temb=temb, mod=mod, rope=(cos, sin),
                            token_mask=token_mask, text_mask=text_mask, image=image,
                            shape=tuple(latents.shape), dtype=latents.dtype, seq=seq, pad=pad)
@@ -317,11 +324,11 @@ class WanTransformer(nnx.Module):
             raise ValueError(f"blocks {start}..{stop} outside 0..{cfg.num_layers}")
         if start == stop:
             return h
-        plan = self.attention_plan
+        plan, sharding = self.attention_plan, self.sharding
 
         def body(hs, block):
             return block(hs, ctx.text, ctx.mod, ctx.rope, ctx.token_mask, ctx.text_mask, plan,
-                         ctx.image)
+                         sharding, ctx.image)
 
         if cfg.remat != "none":
             body = nnx.remat(body, policy=REMAT[cfg.remat], prevent_cse=not cfg.scan_layers)
@@ -349,18 +356,18 @@ class WanTransformer(nnx.Module):
     def head(self, h, ctx: "Embedded"):
         """Output norm, projection and unpatchify: tokens ``[B, L', D]`` → ``[B, C_out, F, Y,
         X]`` in the latents' dtype."""
-        cfg, mesh = self.cfg, self.mesh
+        cfg, sharding = self.cfg, self.sharding
         dt = jnp.dtype(cfg.dtype)
         b, _, fr, hh, ww = ctx.shape
         pt, ph, pw = cfg.patch_size
         f, y, x = fr // pt, hh // ph, ww // pw
         if ctx.pad:
             h = h[:, :ctx.seq]
-            h = constrain(h, ("act_batch", None, "act_embed"), mesh)
+            h = sharding.constrain(h, ("act_batch", None, "act_embed"))
         temb = ctx.temb[..., None, :]  # [B, 1, D] or per token [B, L, 1, D]
         shift, scale = modulation(self.scale_shift_table[...], temb)
         h = (self.norm_out(h) * (1 + scale) + shift).astype(dt)
-        h = constrain(self.proj_out(h), ("act_batch", None, "act_channels"), mesh)
+        h = sharding.constrain(self.proj_out(h), ("act_batch", None, "act_channels"))
         co = cfg.out_channels
         h = h.reshape(b, f, y, x, pt, ph, pw, co).transpose(0, 7, 1, 4, 2, 5, 3, 6)
         return h.reshape(b, co, fr, hh, ww).astype(ctx.dtype)

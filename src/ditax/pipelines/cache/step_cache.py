@@ -80,32 +80,34 @@ class StepCache:
     """
 
     def __init__(self, policy: Policy, tables: dict, *, threshold: float | None,
-                 numbers: ModelNumbers | None, num_branches: int, mesh):
+                 numbers: ModelNumbers | None, num_branches: int):
         self.policy = policy
         self.tables = tables
         self.threshold = threshold
         self.numbers = numbers
         self.num_branches = num_branches
-        self.mesh = mesh
         self.carry = None
 
-    def _place(self, tree, spec_of):
-        if self.mesh is None:
+    @staticmethod
+    def _place(tree, spec_of, mesh):
+        if mesh is None:
             return tree
-        return jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(self.mesh, s)),
+        return jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)),
                             tree, spec_of(tree))
 
     def compile(self, programs, expert, inputs, scheduler, cfg_mode: str, use_cfg: bool,
-                state, x, text, condition=None):
+                state, x, text, condition=None, *, mesh=None):
         """The compiled cached step for this expert (a
         :class:`~ditax.pipelines.sampling.Expert`; programs are shared by signature), called as
         the plain one: ``x, state = step(params, state, x, text, guidance, condition)``.
-        ``inputs``: the family's :class:`~ditax.models.base.ModelInputs` rule."""
+        ``inputs``: the family's :class:`~ditax.models.base.ModelInputs` rule; ``mesh``: the
+        denoiser's (the carry and tables are placed on it)."""
         if self.carry is None:
             self.carry = init_carry(expert, inputs, self.policy, x, text, condition,
                                     self.num_branches, len(self.tables["force"]))
-            self.carry = self._place(self.carry, lambda t: carry_specs(t, self.mesh))
-            self.tables = self._place(self.tables, lambda t: jax.tree.map(lambda _: P(), t))
+            self.carry = self._place(self.carry, lambda t: carry_specs(t, mesh), mesh)
+            self.tables = self._place(self.tables, lambda t: jax.tree.map(lambda _: P(), t),
+                                      mesh)
         static = (expert.graphdef, inputs, scheduler, cfg_mode, use_cfg, self.policy)
         program = programs.step(cached_denoise_step, static,
                                 (expert.params, state, x, text, jnp.float32(0),
@@ -191,7 +193,7 @@ def plan_step_cache(cache, cache_threshold, cfg_cache, *, use_cfg: bool, cfg_mod
     threshold = None if cache in (None, CALIBRATE) else float(
         DEFAULT_THRESHOLD[cache] if cache_threshold is None else cache_threshold)
     return StepCache(policy, tables, threshold=threshold, numbers=numbers,
-                     num_branches=2 if use_cfg else 1, mesh=mesh)
+                     num_branches=2 if use_cfg else 1)
 
 
 __all__ = ["CALIBRATE", "CFG_REFRESH_EVERY", "CFG_REUSE_BELOW", "DEFAULT_THRESHOLD", "METHODS",

@@ -73,9 +73,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         if folder.kind != "t2v":
             cls = WanImageToVideo
             parts["expand_timesteps"] = folder.kind == "ti2v"
-        pipe = cls(**parts, boundary_ratio=folder.boundary_ratio, mesh=mesh,
-                   cfg_mode=cfg_mode, vae_tiling=vae_tiling,
-                   max_sequence_length=max_sequence_length, sample_defaults=defaults)
+        pipe = cls(**parts, boundary_ratio=folder.boundary_ratio, cfg_mode=cfg_mode,
+                   vae_tiling=vae_tiling, max_sequence_length=max_sequence_length,
+                   sample_defaults=defaults)
         check_fits(defaults, folder.root / SAMPLE_FILE,
                    pipe.vae.scale_factor_spatial * pipe.transformer.config.patch_size[1],
                    pipe.vae.scale_factor_temporal)

@@ -75,7 +75,7 @@ class WanTextToVideo:
     :func:`~ditax.pipelines.wan.loading.load_pipeline`."""
 
     def __init__(self, *, tokenizer, text_encoder, vae, transformer, scheduler,
-                 transformer_2=None, boundary_ratio=None, mesh=None, cfg_mode="batched",
+                 transformer_2=None, boundary_ratio=None, cfg_mode="batched",
                  vae_tiling=False, max_sequence_length=512, sample_defaults=None):
         if transformer_2 is not None and boundary_ratio is None:
             raise PipelineLoadError("transformer_2 is present but boundary_ratio is null in "
@@ -87,7 +87,6 @@ class WanTextToVideo:
         self.transformer_2 = transformer_2
         self.scheduler = scheduler
         self.boundary_ratio = boundary_ratio
-        self.mesh = mesh
         self.cfg_mode = cfg_mode
         self.vae_tiling = vae_tiling
         self.max_sequence_length = max_sequence_length
@@ -97,6 +96,11 @@ class WanTextToVideo:
         self.compile_cache = "auto"   # see ditax.compile_cache; "none" = off
         self.programs = Programs()
         self.last_stats: dict = {}   # after each call: steps, transformer_calls, ... (step_cache)
+
+    @property
+    def mesh(self):
+        """The transformer's mesh (None: one device); the transformer holds it."""
+        return self.transformer.mesh
 
     # --- phases
     def encode_text(self, prompt: str, negative_prompt: str | None, use_cfg: bool,
