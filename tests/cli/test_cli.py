@@ -183,7 +183,7 @@ def test_plan_devices_sets_up_jax_before_it_starts(tmp_path):
 
 def test_public_surface_is_the_library_itself():
     from ditax.load import load_transformer
-    from ditax.pipelines.wan.loading import load_pipeline
+    from ditax.pipelines.load import load_pipeline
 
     assert ditax.load_transformer is load_transformer
     assert ditax.load_pipeline is load_pipeline
