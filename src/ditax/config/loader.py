@@ -18,7 +18,7 @@ import pydantic
 
 from ditax.config.families import ConfigFamily, config_family
 from ditax.config.keys import check_key, key_types, leaf_types, parse_text, type_error
-from ditax.config.numbers import check_numbers
+from ditax.numbers import check_numbers
 from ditax.config.sample import expand_preset
 from ditax.config.schema import Config
 from ditax.errors import ConfigError

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from ditax.attention.config import AttentionConfig
 from ditax.compile_cache import check_compile_cache
 from ditax.config.families import default_config_class
-from ditax.config.numbers import check_numbers
+from ditax.numbers import check_numbers
 from ditax.config.sample import SampleConfig, check_sample
 from ditax.config.training import (
     CheckpointConfig,

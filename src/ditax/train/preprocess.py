@@ -150,7 +150,7 @@ def check_request(*, height, width, frames, text_len, dtype, batch, family="wan"
     """Raise :class:`~ditax.errors.RequestError` for sizes, dtype or batch that cannot be
     encoded: each at least 1 and below 2**31, the family's latent grid (Wan: 4k+1 frames,
     multiples of 8), one decoded clip (float32) within this machine's memory."""
-    from ditax.config.numbers import INT_LIMIT
+    from ditax.numbers import INT_LIMIT
     from ditax.errors import ConfigError, RequestError, check_choice
     from ditax.models.base import family_class
 

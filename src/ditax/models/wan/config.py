@@ -8,6 +8,7 @@ from typing import Literal, Optional, get_args
 
 from ditax.attention.config import AttentionConfig, check_attention
 from ditax.errors import ConfigError, check_choice
+from ditax.numbers import check_numbers
 from ditax.parallel.mesh import check_tensor_split
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -146,7 +147,10 @@ def check_transformer(m: WanConfig, attention=None,
     """Every rule of one Wan transformer run with ``attention`` (an
     :class:`~ditax.attention.config.AttentionConfig`; None: the default): the model's
     (:func:`check_model`) and attention's with the model's heads. What an entry point checks
-    once, before building anything (``ditax.validate`` through the family, ``load_transformer``)."""
+    once, before building anything (``ditax.validate`` through the family, ``load_transformer``):
+    every number finite and in range (:func:`ditax.numbers.check_numbers`), then the model's
+    (:func:`check_model`) and attention's with the model's heads."""
+    check_numbers(m, "model.")
     check_model(m, mesh_sizes)
     check_attention(attention or AttentionConfig(), num_heads=m.num_attention_heads,
                     mesh_sizes=mesh_sizes)

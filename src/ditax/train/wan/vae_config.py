@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ditax.config.loader import load_dataclass, to_dict
-from ditax.config.numbers import check_numbers
+from ditax.numbers import check_numbers
 from ditax.config.training import CheckpointConfig, OptimConfig, check_checkpoint, check_optim
 from ditax.errors import ConfigError
 from ditax.models.wan.vae.config import WanVAEConfig
