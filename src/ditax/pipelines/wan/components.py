@@ -10,7 +10,7 @@ channels, expert shapes) raise :class:`PipelineLoadError` before any sampling.
 
 from __future__ import annotations
 
-from ditax.attention.config import AttentionConfig
+from ditax.attention.config import as_attention_config
 from ditax.pipelines.wan.folder import PipelineFolder, PipelineLoadError
 
 
@@ -48,8 +48,7 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
         raise PipelineLoadError(f"loras_2 is for Wan 2.2's low-noise expert, but {folder.root} "
                                 f"has no transformer_2; pass the LoRAs as loras=")
     sched = load_sampler(folder, scheduler, flow_shift)
-    acfg = attention if isinstance(attention, AttentionConfig) else AttentionConfig(
-        backend=attention)
+    acfg = as_attention_config(attention)
     tok = load_tokenizer(subs["tokenizer"])
     enc = load_text_encoder(subs["text_encoder"], dtype=dtype)
     vae = load_vae(subs["vae"], dtype=vae_dtype)
