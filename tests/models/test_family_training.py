@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import ConfigError, load_config
 from ditax.models.base import ModelFamily, model_family, register_family
+from family_scope import families_restored
 from ditax.nn import Linear, TimestepEmbedding, timestep_embedding
 from ditax.train.loop import train
 
@@ -49,7 +50,6 @@ class ToyDenoiser(nnx.Module):
         return jnp.moveaxis(self.proj_out(h), -1, 1)                       # [B, C, F, Y, X]
 
 
-@register_family
 class ToyFamily(ModelFamily):
     name = "toy"
 
@@ -78,6 +78,14 @@ class ToyFamily(ModelFamily):
 
     def param_shardings(self, params, mesh):
         return jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def toy_registered():
+    """The toy family, registered for this module's tests (and gone after them)."""
+    with families_restored():
+        register_family(ToyFamily)
+        yield
 
 
 def test_unknown_family_is_a_config_error():

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import ditax
 from compiles import compiles
+from family_scope import families_restored
 from ditax.config import ConfigError
 from ditax.models import registry
 from ditax.models.base import ModelFamily
@@ -189,10 +190,15 @@ class ToyPipelines(PipelineFamily):
         return ToyTextToImage(module, load_scheduler(path / "scheduler"))
 
 
-registry.register(registry.FamilySpec(
-    FAMILY, config=ToySampleConfig, family=ToySampleFamily,
-    transformer_classes=("ToyTransformer2DModel",), pipeline_classes=("ToyPipeline",)))
-register_pipelines(FAMILY, ToyPipelines)
+@pytest.fixture(scope="module", autouse=True)
+def toy_registered():
+    """The toy family, registered for this module's tests (and gone after them)."""
+    with families_restored():
+        registry.register(registry.FamilySpec(
+            FAMILY, config=ToySampleConfig, family=ToySampleFamily,
+            transformer_classes=("ToyTransformer2DModel",), pipeline_classes=("ToyPipeline",)))
+        register_pipelines(FAMILY, ToyPipelines)
+        yield
 
 
 @pytest.fixture(scope="module")
