@@ -144,7 +144,7 @@ def test_initial_noise_is_the_shaped_draw():
     that ``seed`` has always meant."""
     import numpy as np
 
-    from ditax.pipelines.wan.text_to_video import initial_noise
+    from ditax.pipelines.sampling import initial_noise
 
     shape = (1, 4, 2, 3, 5)
     want = jax.random.normal(jax.random.PRNGKey(7), shape, jnp.float32)

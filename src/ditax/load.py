@@ -13,12 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
-
-
-def is_single_file(path) -> bool:
-    """Whether ``path`` is one ``.safetensors`` checkpoint (no ``config.json`` beside it)."""
-    return pathlib.Path(path).is_file() and str(path).endswith(".safetensors")
 
 
 def model_config(config, path):
@@ -50,14 +44,14 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
     (``"wan2.1-t2v-1.3b"``), a YAML path or a model config; folders have their own
     ``config.json``.
     """
+    from ditax.io.weights import is_single_file
     from ditax.models import registry
-    from ditax.models.base import family_class
+    from ditax.models.base import family_class, model_family
 
     if is_single_file(path):
         model = model_config(config, path)
-        family = family_class(getattr(model, "family", registry.DEFAULT_FAMILY))
-        return family.load_transformer(path, dtype=dtype, mesh=mesh, attention=attention,
-                                       config=model, **kwargs)
+        return model_family(model).load_transformer(path, dtype=dtype, mesh=mesh,
+                                                    attention=attention, config=model, **kwargs)
     from ditax.io.files import read_model_json
     from ditax.io.hub import resolve_folder
 
@@ -69,4 +63,4 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                                                config=config, **kwargs)
 
 
-__all__ = ["load_transformer", "is_single_file", "model_config"]
+__all__ = ["load_transformer", "model_config"]

@@ -51,7 +51,8 @@ def folder_family(path, subfolder):
 
 def run(args) -> int:
     from ditax.errors import ConfigError
-    from ditax.load import is_single_file, model_config
+    from ditax.io.weights import is_single_file
+    from ditax.load import model_config
 
     single = is_single_file(args.path)
     if not single:

@@ -26,6 +26,12 @@ INDEX_SUFFIX = ".safetensors.index.json"
 _REDOWNLOAD = "download or save it again (an interrupted copy leaves such files)"
 
 
+def is_single_file(path) -> bool:
+    """Whether ``path`` is one ``.safetensors`` checkpoint (a file, not a folder with
+    ``config.json``)."""
+    return pathlib.Path(path).is_file() and str(path).endswith(".safetensors")
+
+
 def _open(path: pathlib.Path):
     """``safe_open`` one file; a damaged file becomes a :class:`WeightError` naming it."""
     try:

@@ -100,7 +100,7 @@ def _module_of(name: str) -> str:
     return name if "." in name else f"ditax.models.{name}"
 
 
-def _import(module: str) -> bool:
+def import_if_present(module: str) -> bool:
     """Import ``module``; False when it does not exist (a module it imports that is missing is
     a broken install and raises)."""
     try:
@@ -131,7 +131,7 @@ def lookup(name: str) -> FamilySpec | None:
     or None."""
     if isinstance(name, str) and name not in _SPECS and all(
             p.isidentifier() for p in name.split(".")):
-        _import(_module_of(name))
+        import_if_present(_module_of(name))
     return _SPECS.get(name) if isinstance(name, str) else None
 
 
@@ -170,4 +170,4 @@ def family_names() -> list[str]:
 
 
 __all__ = ["FamilySpec", "register", "lookup", "resolve", "spec", "spec_for_class", "family_names",
-           "DEFAULT_FAMILY"]
+           "import_if_present", "DEFAULT_FAMILY"]

@@ -25,7 +25,6 @@ Light on purpose (no JAX): the config loader reads the default family's defaults
 
 from __future__ import annotations
 
-import importlib
 import pathlib
 from typing import Any, ClassVar
 
@@ -77,19 +76,12 @@ def pipelines_of(name: str) -> PipelineFamily:
     """The pipelines of family ``name`` (its package imported on first use);
     :class:`ConfigError` when the family has none."""
     if name not in _PIPELINES:
-        module = name if "." in name else f"ditax.pipelines.{name}"
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if not (e.name and (module == e.name or module.startswith(e.name + "."))):
-                raise
+        registry.import_if_present(name if "." in name else f"ditax.pipelines.{name}")
     ref = _PIPELINES.get(name)
     if ref is None:
         raise ConfigError(f"model family {name!r} has no pipelines (nothing registered them "
                           f"with ditax.pipelines.family.register_pipelines)")
-    if isinstance(ref, str):
-        module, _, attr = ref.partition(":")
-        ref = _PIPELINES[name] = getattr(importlib.import_module(module), attr)
+    ref = _PIPELINES[name] = registry.resolve(ref)
     return ref()
 
 

@@ -54,14 +54,6 @@ class Expert:
     params: Any
     config: Any = None
 
-    @classmethod
-    def of(cls, module, config=None) -> Expert:
-        """The expert of an ``nnx.Module`` (config: ``module.cfg`` unless given)."""
-        from flax import nnx
-
-        graphdef, params = nnx.split(module)
-        return cls(graphdef, params, getattr(module, "cfg", None) if config is None else config)
-
 
 @dataclass
 class Sampled:

@@ -21,7 +21,7 @@ from ditax.errors import ConfigError, check_choice
 from ditax.io.convert import load_params, param_shapes
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
-from ditax.io.weights import Weights
+from ditax.io.weights import Weights, is_single_file
 from ditax.models.wan import convert, single_file
 from ditax.models.wan.build import abstract_model
 from ditax.models.wan.config import WanConfig, check_transformer
@@ -207,7 +207,7 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
     """
     t0 = time.perf_counter()
     check_choice("lora_mode", lora_mode, LORA_MODES)
-    if single_file.is_single_file(path):
+    if is_single_file(path):
         source = pathlib.Path(path)
         cfg = single_file.single_file_config(path, config, param_dtype=dtype, dtype=dtype,
                                              **model_overrides)

@@ -28,10 +28,6 @@ from ditax.models.wan.original_names import key_to_original
 PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 
 
-def is_single_file(path) -> bool:
-    return pathlib.Path(path).is_file() and str(path).endswith(".safetensors")
-
-
 def key_prefix(keys) -> str:
     """The prefix of the transformer's keys (``diffusion_model.`` …) or ``""``."""
     keys = list(keys)

@@ -12,11 +12,12 @@ from ditax.errors import ConfigError
 from ditax.phases import phase
 from ditax.pipelines.options import CFG_MODES
 from ditax.pipelines.wan.components import load_components
+from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
 from ditax.pipelines.wan.folder import read_pipeline_folder
 from ditax.pipelines.wan.image_to_video import WanImageToVideo
 from ditax.pipelines.wan.request import check_load_args
 from ditax.pipelines.wan.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
-from ditax.pipelines.wan.text_to_video import WAN_DEFAULTS, WanTextToVideo
+from ditax.pipelines.wan.text_to_video import WanTextToVideo
 from ditax.schedulers.overrides import check_scheduler_name
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         folder = read_pipeline_folder(path)
         defaults = read_sample_defaults(folder.root)      # checked before any weights
         if max_sequence_length is None:
-            max_sequence_length = {**WAN_DEFAULTS, **defaults}["max_sequence_length"]
+            max_sequence_length = {**SAMPLE_DEFAULTS, **defaults}["max_sequence_length"]
         parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
                                 scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
                                 loras=loras, loras_2=loras_2, lora_strict=lora_strict,

@@ -36,14 +36,8 @@ from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
 from ditax.pipelines.wan.folder import PipelineLoadError
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.wan.request import check_grid, check_max_sequence_length, check_request
-from ditax.pipelines.sampling import Expert, initial_noise, sample
+from ditax.pipelines.sampling import Expert, sample
 from ditax.pipelines.wan.inputs import wan_inputs
-
-# what a call uses when neither the caller nor the folder's ditax_sample.json gives a value:
-# Wan's sample defaults (the family's, the same the CLI and the sample config fall back to)
-WAN_DEFAULTS = {k: SAMPLE_DEFAULTS[k] for k in
-                ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
-                 "max_sequence_length")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -164,7 +158,8 @@ class WanTextToVideo:
         ``ditax_sample.json`` (``self.sample_defaults``), else Wan's (480x832, 81 frames, 50
         steps, guidance 5.0). ``seed``: an int in [0, 2**32) (``jax.random.PRNGKey``).
         """
-        d = {**WAN_DEFAULTS, **self.sample_defaults}
+        # what neither the caller nor the folder's ditax_sample.json gives: Wan's defaults
+        d = {**SAMPLE_DEFAULTS, **self.sample_defaults}
         height = d["height"] if height is None else height
         width = d["width"] if width is None else width
         num_frames = d["num_frames"] if num_frames is None else num_frames
@@ -222,4 +217,4 @@ class WanTextToVideo:
         return out.output
 
 
-__all__ = ["PipelineLoadError", "Timings", "WanTextToVideo", "check_request", "initial_noise"]
+__all__ = ["PipelineLoadError", "Timings", "WanTextToVideo", "check_request"]
