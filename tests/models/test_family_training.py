@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import ConfigError, load_config
-from ditax.models.base import ModelFamily, model_family, register_family
+from ditax.models.base import model_family, register_family
 from family_scope import families_restored
+from toy_family import ToyFamilyBase
 from ditax.nn import Linear, TimestepEmbedding, timestep_embedding
 from ditax.train.loop import train
 
@@ -50,34 +50,14 @@ class ToyDenoiser(nnx.Module):
         return jnp.moveaxis(self.proj_out(h), -1, 1)                       # [B, C, F, Y, X]
 
 
-class ToyFamily(ModelFamily):
+class ToyFamily(ToyFamilyBase):
     name = "toy"
-
-    @property
-    def latent_channels(self):
-        return self.model.channels
-
-    @property
-    def text_dim(self):
-        return self.model.text_dim
-
-    @classmethod
-    def latent_grid(cls, num_frames, height, width):
-        if height % 4 or width % 4:
-            raise ConfigError(f"height x width = {height}x{width} must be multiples of 4")
-        return num_frames, height // 4, width // 4
-
-    def tokens_per_sample(self, latent_shape):
-        return int(np.prod(latent_shape[1:]))
 
     def flops_per_sample(self, latent_shape, text_len):
         return 6.0 * self.tokens_per_sample(latent_shape) * self.model.channels * self.model.width
 
     def create(self, mesh, rngs):
         return ToyDenoiser(self.model, rngs)
-
-    def param_shardings(self, params, mesh):
-        return jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -15,14 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 import ditax
 from compiles import compiles
 from family_scope import families_restored
-from ditax.config import ConfigError
+from toy_family import ToyFamilyBase
 from ditax.models import registry
-from ditax.models.base import ModelFamily
 from ditax.nn import Linear, TimestepEmbedding, timestep_embedding
 from ditax.pipelines.family import PipelineFamily, register_pipelines
 from ditax.pipelines.programs import Programs, in_compile_cache
@@ -100,28 +98,14 @@ def toy_inputs(model, condition, latents, t):
     return latents, jnp.full((latents.shape[0],), t), {}
 
 
-class ToySampleFamily(ModelFamily):
+class ToySampleFamily(ToyFamilyBase):
     name = FAMILY
-    latent_channels = property(lambda self: self.model.channels)
-    text_dim = property(lambda self: self.model.text_dim)
-
-    @classmethod
-    def latent_grid(cls, num_frames, height, width):
-        if height % 4 or width % 4:
-            raise ConfigError(f"height x width = {height}x{width} must be multiples of 4")
-        return num_frames, height // 4, width // 4
-
-    def tokens_per_sample(self, latent_shape):
-        return int(np.prod(latent_shape[1:]))
 
     def flops_per_sample(self, latent_shape, text_len):
         return 6.0 * self.tokens_per_sample(latent_shape) * self.model.width ** 2
 
     def create(self, mesh, rngs):
         return ToyDenoiser(self.model, rngs)
-
-    def param_shardings(self, params, mesh):
-        return jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
 
 
 def toy_text(prompt: str) -> np.ndarray:
