@@ -79,7 +79,8 @@ def write_text_encoder(folder: pathlib.Path, seed: int = 2, config: dict | None 
     from flax import nnx
 
     from ditax.io.export import module_params, save_folder
-    from ditax.models.umt5 import UMT5Config, UMT5Encoder, weight_table
+    from ditax.models.t5 import weight_table
+    from ditax.models.umt5 import UMT5Config, UMT5Encoder
 
     config = config or UMT5
     cfg = UMT5Config.from_hf(config)

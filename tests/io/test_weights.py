@@ -242,7 +242,7 @@ def _random_params(abstract, rng):
 def test_vae_and_umt5_ditax_to_upstream_to_ditax(tmp_path, rng, model):
     """Random params → export (upstream layout) → save → load: bit for bit, every parameter."""
     from ditax import demo
-    from ditax.models import umt5
+    from ditax.models import t5, umt5
     from ditax.models.wan import vae_convert
     from ditax.models.wan.vae import WanVAE, WanVAEConfig
 
@@ -254,7 +254,7 @@ def test_vae_and_umt5_ditax_to_upstream_to_ditax(tmp_path, rng, model):
     else:
         cfg = umt5.UMT5Config.from_hf(demo.UMT5)
         abstract = nnx.eval_shape(lambda: umt5.UMT5Encoder(cfg, rngs=nnx.Rngs(0)))
-        table, config = umt5.weight_table(cfg), dict(demo.UMT5)
+        table, config = t5.weight_table(cfg), dict(demo.UMT5)
         name, load = "model.safetensors", umt5.load_text_encoder
     params = _random_params(abstract, rng)
     folder = tmp_path / model

@@ -11,8 +11,8 @@ transformers = pytest.importorskip("transformers")
 
 from ditax.errors import WeightError  # noqa: E402
 from ditax.models.tokenizer import clean_prompt, load_tokenizer  # noqa: E402
-from ditax.models.umt5 import (UMT5Encoder, encode_prompt, load_text_encoder,  # noqa: E402
-                               relative_position_buckets)
+from ditax.models.t5 import relative_position_buckets  # noqa: E402
+from ditax.models.umt5 import UMT5Encoder, encode_prompt, load_text_encoder  # noqa: E402
 
 TINY = dict(vocab_size=256, d_model=48, d_kv=12, d_ff=80, num_layers=2, num_heads=4,
             relative_attention_num_buckets=32, relative_attention_max_distance=128,

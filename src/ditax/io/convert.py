@@ -11,7 +11,7 @@ explicit :class:`Transform` between the two layouts. The same table is used both
   ``safetensors.numpy.save_file``.
 
 The model tables live with their models (``models/wan/convert.py``, ``models/wan/vae_convert.py``,
-``models/umt5.py``).
+``models/t5.py``).
 """
 
 from __future__ import annotations
