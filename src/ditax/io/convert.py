@@ -78,7 +78,8 @@ class Row:
 
     ``axes`` are logical axis names of our tensor (without the stacked ``layers`` axis) for
     models that shard by the table; ``alt`` are other upstream names of the same tensor (the
-    first present is read).
+    first present is read); ``layers``: the depth of this stacked row's stack where a model
+    has stacks of different depths (Flux: double and single blocks), None = the table's.
     """
 
     path: tuple[str, ...]
@@ -86,6 +87,7 @@ class Row:
     transform: Transform = ID
     axes: tuple = ()
     alt: tuple[str, ...] = ()
+    layers: int | None = None
 
     @property
     def stacked(self) -> bool:
@@ -109,7 +111,11 @@ class Table:
     def names(self, row: Row, key: str | None = None) -> list[str]:
         """The upstream keys of one row (one per layer for a stacked row)."""
         key = row.key if key is None else key
-        return [key.format(i=i) for i in range(self.layers)] if row.stacked else [key]
+        return [key.format(i=i) for i in range(self.depth(row))] if row.stacked else [key]
+
+    def depth(self, row: Row) -> int:
+        """How many layers the stacked ``row`` has (its own ``layers``, else the table's)."""
+        return self.layers if row.layers is None else row.layers
 
     def expected_keys(self) -> list[str]:
         return [k for r in self.rows for k in self.names(r)]

@@ -1,0 +1,95 @@
+"""What every family's transformer loader stands on: parameter shardings from a weights
+table's logical axes, and the pytree callable ``ditax.load_transformer`` returns.
+
+A family's conversion table names each parameter's logical axes (:mod:`ditax.io.convert`
+rows); :func:`param_shardings` turns them into ``NamedSharding`` s for a whole state and
+:func:`param_sharding` into the per-parameter rule :func:`ditax.io.convert.load_params` reads
+each device's slice with. :class:`LoadedTransformer` is the wrapper's shared half (a pytree
+whose leaves are the parameters); each family subclasses it with its own call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ditax.parallel.rules import param_spec
+
+Axes = dict   # parameter path (strings) -> logical axis names
+
+
+def _path_str(path) -> tuple[str, ...]:
+    return tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+
+
+def param_shardings(state, axes: Axes, mesh) -> Any:
+    """NamedShardings (same tree as ``state``, an ``nnx.State`` or its pure dict) from the
+    logical ``axes`` of each parameter path; a variable without axes is replicated."""
+    def one(path, leaf):
+        key = _path_str(path)
+        if key and key[-1] == "value":
+            key = key[:-1]
+        names = axes.get(key)
+        if names is None:
+            return NamedSharding(mesh, P())
+        return NamedSharding(mesh, param_spec(names, mesh, leaf.shape))
+
+    return jax.tree_util.tree_map_with_path(one, state)
+
+
+def param_sharding(axes: Axes, mesh) -> Optional[Callable]:
+    """``sharding(path, shape)`` for :func:`ditax.io.convert.load_params` (None without a
+    mesh: plain arrays)."""
+    if mesh is None:
+        return None
+
+    def sharding(path, shape):
+        return NamedSharding(mesh, param_spec(axes[path], mesh, shape))
+
+    return sharding
+
+
+class LoadedTransformer:
+    """A loaded module as a pytree (leaves: its parameters; static: the graph, which holds the
+    mesh), so a user's own ``jax.jit`` / ``jax.grad`` of a function of it takes the
+    parameters as arguments. Subclasses add ``__call__`` and are registered with
+    ``jax.tree_util.register_pytree_node_class``.
+
+    ``.module`` is the NNX module, ``.config`` its model config, ``.mesh`` its mesh.
+    """
+
+    def __init__(self, module):
+        self._module = module
+        self._gdef, self._state = nnx.split(module)
+        self.config = module.cfg
+
+    @property
+    def module(self):
+        if self._module is None:
+            self._module = nnx.merge(self._gdef, self._state)
+        return self._module
+
+    @property
+    def mesh(self):
+        """The module's mesh (None: one device); the module is its one holder."""
+        return self.module.mesh
+
+    def tree_flatten(self):
+        return (self._state,), (self._gdef, self.config)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        tr = object.__new__(cls)
+        tr._gdef, tr.config = aux
+        tr._state, tr._module = children[0], None
+        return tr
+
+    def _place(self, x, batch_axis=0):
+        """``x`` split over the module's batch shards (unchanged without a mesh / for None)."""
+        return self.module.sharding.put_batch(x, batch_axis)
+
+
+__all__ = ["param_shardings", "param_sharding", "LoadedTransformer"]

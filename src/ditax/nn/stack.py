@@ -1,0 +1,75 @@
+"""Stacks of identical blocks: built once with a leading layer axis, run scanned or unrolled,
+each block under a remat policy — the mechanism every family's transformer uses.
+
+A stack is one module whose parameters carry a leading ``layers`` axis (``nnx.vmap`` over
+split RNGs), so compile time stays flat in depth when it runs under ``nnx.scan``. A
+sub-range of the stack (a sampler's step cache runs the first block alone) scans over layer
+indices and reads each layer's weights in place, without a sliced copy of the stack.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# remat policy name (a model config's ``remat``; "none" = no remat) -> jax policy
+REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.dots_saveable,
+    "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_attn_out": jax.checkpoint_policies.save_only_these_names("attn_out"),
+}
+
+
+def make_stack(make_block: Callable[[nnx.Rngs], nnx.Module], depth: int,
+               rngs: nnx.Rngs) -> nnx.Module:
+    """``depth`` blocks ``make_block(rngs)`` as one module with a leading layer axis."""
+    @nnx.split_rngs(splits=depth)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make(rngs):
+        return make_block(rngs)
+
+    return make(rngs)
+
+
+def run_stack(blocks: nnx.Module, body: Callable[[Any, nnx.Module], Any], carry, *,
+              depth: int, start: int = 0, stop: int | None = None, remat: str = "none",
+              scan: bool = True, what: str = "blocks"):
+    """``carry = body(carry, block)`` for blocks ``start .. stop-1`` (default all) of the
+    stack ``blocks`` (``depth`` layers); ``carry`` any pytree of arrays.
+
+    ``remat``: a :data:`REMAT` policy name, or ``"none"``; ``scan``: run under a scan (the
+    whole stack: ``nnx.scan`` over the stacked module; a sub-range: ``lax.scan`` over layer
+    indices) instead of unrolled Python. ``what`` names the stack in the range error.
+    """
+    stop = depth if stop is None else stop
+    if not 0 <= start <= stop <= depth:
+        raise ValueError(f"{what} {start}..{stop} outside 0..{depth}")
+    if start == stop:
+        return carry
+    if remat != "none":
+        body = nnx.remat(body, policy=REMAT[remat], prevent_cse=not scan)
+
+    if scan and (start, stop) == (0, depth):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def run(c, block):
+            return body(c, block)
+
+        return run(carry, blocks)
+    gdef, stacked = nnx.split(blocks)
+    if scan:
+        def step(c, i):
+            layer = jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, i, 0, False),
+                                 stacked)
+            return body(c, nnx.merge(gdef, layer)), None
+
+        return jax.lax.scan(step, carry, jnp.arange(start, stop))[0]
+    for i in range(start, stop):
+        carry = body(carry, nnx.merge(gdef, jax.tree.map(lambda p, i=i: p[i], stacked)))
+    return carry
+
+
+__all__ = ["REMAT", "make_stack", "run_stack"]
