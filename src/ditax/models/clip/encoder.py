@@ -28,15 +28,8 @@ from flax import nnx
 from ditax.attention import attend
 from ditax.errors import ConfigError, RequestError, check_choice
 from ditax.nn import FP32LayerNorm, Linear
+from ditax.nn.activations import ACTIVATIONS  # transformers' hidden_act names
 
-# transformers' ``hidden_act`` names (ACT2FN) → JAX functions.
-ACTIVATIONS = {
-    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "relu": jax.nn.relu, "silu": jax.nn.silu, "swish": jax.nn.silu,
-}
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
@@ -131,7 +124,9 @@ class CLIPVisionEmbeddings(nnx.Module):
 
 
 class CLIPAttention(nnx.Module):
-    """Bidirectional multi-head self-attention with biased projections, ``[B, L, D]``."""
+    """Multi-head self-attention with biased projections, ``[B, L, D]``: bidirectional through
+    :func:`ditax.attention.attend` (the vision tower), or under a ``mask`` (the text tower's
+    causal + padding mask, which ``attend``'s key mask cannot express)."""
 
     def __init__(self, cfg: CLIPVisionConfig, rngs: nnx.Rngs, attention: str = "xla"):
         d, dt = cfg.hidden_size, jnp.dtype(cfg.dtype)
@@ -141,11 +136,15 @@ class CLIPAttention(nnx.Module):
         self.heads = cfg.num_attention_heads
         self.attention = attention
 
-    def __call__(self, x):
+    def __call__(self, x, mask=None):
+        """x ``[B, L, D]``; mask: None, or bool ``[B, 1, L, L]`` (True = query may see key)."""
         b, l, d = x.shape
         q, k, v = (f(x).reshape(b, l, self.heads, -1) for f in (self.q_proj, self.k_proj,
                                                                 self.v_proj))
-        o = attend(q, k, v, backend=self.attention)  # scale 1/sqrt(K), as upstream
+        if mask is None:
+            o = attend(q, k, v, backend=self.attention)  # scale 1/sqrt(K), as upstream
+        else:  # same scale; float32 logits and softmax
+            o = jax.nn.dot_product_attention(q, k, v, mask=mask)
         return self.out_proj(o.reshape(b, l, d))
 
 
@@ -172,9 +171,32 @@ class CLIPEncoderLayer(nnx.Module):
         self.layer_norm2 = _layer_norm(cfg.hidden_size, cfg)
         self.mlp = CLIPMLP(cfg, rngs)
 
-    def __call__(self, x):
-        x = x + self.self_attn(self.layer_norm1(x).astype(x.dtype))
+    def __call__(self, x, mask=None):
+        x = x + self.self_attn(self.layer_norm1(x).astype(x.dtype), mask)
         return x + self.mlp(self.layer_norm2(x).astype(x.dtype))
+
+
+def stack_layers(cfg, rngs: nnx.Rngs, attention: str = "xla") -> CLIPEncoderLayer:
+    """``cfg.num_hidden_layers`` encoder layers as one module stacked on a leading axis
+    (``cfg``: a vision or text config; both name the layer shape the same way)."""
+    @nnx.split_rngs(splits=cfg.num_hidden_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make_layers(rngs):
+        return CLIPEncoderLayer(cfg, rngs, attention)
+
+    return make_layers(rngs)
+
+
+def run_layers(layers: CLIPEncoderLayer, h, n: int, mask=None):
+    """``h [B, L, D]`` through the first ``n`` (>= 1) layers of the stack, scanned."""
+    gdef, stacked = nnx.split(layers)
+    stacked = jax.tree.map(lambda p: p[:n], stacked)
+
+    def step(hs, layer_state):
+        return nnx.merge(gdef, layer_state)(hs, mask), None
+
+    h, _ = jax.lax.scan(step, h, stacked)
+    return h
 
 
 class CLIPVisionEncoder(nnx.Module):
@@ -188,13 +210,7 @@ class CLIPVisionEncoder(nnx.Module):
         self.cfg = cfg
         self.embeddings = CLIPVisionEmbeddings(cfg, rngs)
         self.pre_layrnorm = _layer_norm(cfg.hidden_size, cfg)
-
-        @nnx.split_rngs(splits=cfg.num_hidden_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0)
-        def make_layers(rngs):
-            return CLIPEncoderLayer(cfg, rngs, attention)
-
-        self.layers = make_layers(rngs)
+        self.layers = stack_layers(cfg, rngs, attention)
         self.post_layernorm = _layer_norm(cfg.hidden_size, cfg)
 
     def __call__(self, pixel_values, layers: int | None = None):
@@ -209,14 +225,7 @@ class CLIPVisionEncoder(nnx.Module):
         h = self.pre_layrnorm(h).astype(h.dtype)
         if n == 0:
             return h
-        gdef, stacked = nnx.split(self.layers)
-        stacked = jax.tree.map(lambda p: p[:n], stacked)
-
-        def step(hs, layer_state):
-            return nnx.merge(gdef, layer_state)(hs), None
-
-        h, _ = jax.lax.scan(step, h, stacked)
-        return h
+        return run_layers(self.layers, h, n)
 
     def penultimate(self, pixel_values):
         """``[B, L, D]`` hidden states of all layers but the last: what Wan conditions on

@@ -28,21 +28,25 @@ IGNORED = (r"^visual_projection\.", r"(^|\.)embeddings\.position_ids$", r"^text_
            r"^text_projection\.", r"^logit_scale$")
 
 
-def _row(path: tuple[str, ...], key: str, transform=ID) -> Row:
-    return Row(path, _PREFIX + key, transform, alt=(key,))
+def tower_row(path: tuple[str, ...], key: str, transform=ID, prefix: str = _PREFIX) -> Row:
+    """One row of a tower stored with (``prefix``: ``vision_model.`` / ``text_model.``) or
+    without its prefix."""
+    return Row(path, prefix + key, transform, alt=(key,))
 
 
-def _layer_rows() -> list[Row]:
+def layer_rows(prefix: str = _PREFIX) -> list[Row]:
+    """The stacked encoder layers' rows (attention, MLP, both norms), shared by both towers."""
     rows = []
     for mod, names in (("self_attn", ("q_proj", "k_proj", "v_proj", "out_proj")),
                        ("mlp", ("fc1", "fc2"))):
         for n in names:
             key = f"encoder.layers.{{i}}.{mod}.{n}"
-            rows += [_row(("layers", mod, n, "kernel"), key + ".weight", TRANSPOSE),
-                     _row(("layers", mod, n, "bias"), key + ".bias")]
+            rows += [tower_row(("layers", mod, n, "kernel"), key + ".weight", TRANSPOSE, prefix),
+                     tower_row(("layers", mod, n, "bias"), key + ".bias", ID, prefix)]
     for n in ("layer_norm1", "layer_norm2"):
-        rows += [_row(("layers", n, "scale"), f"encoder.layers.{{i}}.{n}.weight"),
-                 _row(("layers", n, "bias"), f"encoder.layers.{{i}}.{n}.bias")]
+        key = f"encoder.layers.{{i}}.{n}"
+        rows += [tower_row(("layers", n, "scale"), key + ".weight", ID, prefix),
+                 tower_row(("layers", n, "bias"), key + ".bias", ID, prefix)]
     return rows
 
 
@@ -50,12 +54,12 @@ def weight_table(cfg: CLIPVisionConfig) -> Table:
     """transformers CLIP vision keys ↔ our parameter paths (linears transposed, the patch
     convolution ``[D, C, p, p]`` → ``[p, p, C, D]``, layers stacked on a leading axis)."""
     emb = ("embeddings",)
-    rows = [_row(emb + ("class_embedding",), "embeddings.class_embedding"),
-            _row(emb + ("patch_embedding",), "embeddings.patch_embedding.weight", CONV2D),
-            _row(emb + ("position_embedding",), "embeddings.position_embedding.weight")]
+    rows = [tower_row(emb + ("class_embedding",), "embeddings.class_embedding"),
+            tower_row(emb + ("patch_embedding",), "embeddings.patch_embedding.weight", CONV2D),
+            tower_row(emb + ("position_embedding",), "embeddings.position_embedding.weight")]
     for n in ("pre_layrnorm", "post_layernorm"):
-        rows += [_row((n, "scale"), f"{n}.weight"), _row((n, "bias"), f"{n}.bias")]
-    rows += _layer_rows()
+        rows += [tower_row((n, "scale"), f"{n}.weight"), tower_row((n, "bias"), f"{n}.bias")]
+    rows += layer_rows()
     return Table("CLIP image encoder", tuple(rows), cfg.num_hidden_layers, IGNORED,
                  f"its config (num_hidden_layers={cfg.num_hidden_layers}, hidden_size="
                  f"{cfg.hidden_size}, image_size={cfg.image_size}, patch_size={cfg.patch_size})")
