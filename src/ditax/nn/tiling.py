@@ -10,6 +10,7 @@ how far they overlap and how much of each is kept, so those are arguments here
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -42,21 +43,26 @@ def stitch(tile_at: Callable[[int, int], jax.Array], starts_y: Sequence[int],
            starts_x: Sequence[int], extent: tuple[int, int], keep: tuple[int, int],
            axes: tuple[int, int]) -> jax.Array:
     """The blended mosaic of the tiles ``tile_at(y, x)`` for every ``y`` in ``starts_y`` and ``x``
-    in ``starts_x`` (row-major; each computed once).
+    in ``starts_x`` (row-major; each computed once, by the caller's own program).
 
     Each tile is blended with the blended tile above over ``extent[0]`` along ``axes[0]``, then
     with the blended tile to its left over ``extent[1]`` along ``axes[1]`` (:func:`blend`), and
     cropped to its first ``keep`` rows / columns; no final crop (a caller that wants the
-    mosaic at an exact size crops it). Only the previous row of full tiles is held besides the
-    crops, so memory is the output plus about two rows of tiles.
+    mosaic at an exact size crops it). The blending is one compiled program per grid of tile
+    shapes (not one small program per slice and product); it holds the tiles and the output.
     """
+    grid = [[tile_at(y, x) for x in starts_x] for y in starts_y]
+    return _mosaic(grid, tuple(extent), tuple(keep), tuple(axes))
+
+
+@functools.partial(jax.jit, static_argnames=("extent", "keep", "axes"))
+def _mosaic(grid, extent, keep, axes):
     ay, ax = axes
     above: list[jax.Array] = []
     rows = []
-    for y in starts_y:
+    for tiles in grid:
         row: list[jax.Array] = []
-        for c, x in enumerate(starts_x):
-            tile = tile_at(y, x)
+        for c, tile in enumerate(tiles):
             if above:
                 tile = blend(above[c], tile, extent[0], ay)
             if row:
