@@ -11,36 +11,18 @@ from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.attention.config import AttentionConfig
+from ditax.models import loaded
 from ditax.models.wan import convert
 from ditax.models.wan.config import WanConfig
 from ditax.models.wan.transformer import WanTransformer
-from ditax.parallel.rules import param_spec
-
-
-def _path_str(path) -> tuple[str, ...]:
-    return tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
 
 
 def param_shardings(state, cfg: WanConfig, mesh) -> Any:
-    """NamedShardings (same tree as ``state``) from the table's logical axes.
-
-    Non-parameter variables (none today) would be replicated.
-    """
-    axes = convert.config_param_axes(cfg)
-
-    def one(path, leaf):
-        key = _path_str(path)
-        if key and key[-1] == "value":
-            key = key[:-1]
-        names = axes.get(key)
-        if names is None:
-            return NamedSharding(mesh, P())
-        return NamedSharding(mesh, param_spec(names, mesh, leaf.shape))
-
-    return jax.tree_util.tree_map_with_path(one, state)
+    """NamedShardings (same tree as ``state``) from the table's logical axes
+    (:func:`ditax.models.loaded.param_shardings`; other variables replicated)."""
+    return loaded.param_shardings(state, convert.config_param_axes(cfg), mesh)
 
 
 def abstract_model(cfg: WanConfig, attention: AttentionConfig | None = None, mesh=None):

@@ -8,15 +8,12 @@ from typing import Literal, Optional, get_args
 
 from ditax.attention.config import AttentionConfig, check_attention
 from ditax.errors import ConfigError, check_choice
+from ditax.models.fields import DTYPES, REMAT_POLICIES, DType, Remat, check_overrides  # noqa: F401
 from ditax.numbers import check_numbers
 from ditax.parallel.mesh import check_tensor_split
 
-DType = Literal["float32", "bfloat16", "float16"]
-Remat = Literal["none", "full", "save_dots", "save_dots_no_batch", "save_attn_out"]
 QKNorm = Literal["rms_norm_across_heads"]
 Vae = Literal["wan2.1", "wan2.2"]
-DTYPES = get_args(DType)
-REMAT_POLICIES = get_args(Remat)
 
 # the fields of a diffusers ``WanTransformer3DModel`` config.json (the architecture)
 DIFFUSERS_FIELDS = ("patch_size", "num_attention_heads", "attention_head_dim", "in_channels",
@@ -94,20 +91,6 @@ class WanConfig:
             v = getattr(self, f)
             out[f] = list(v) if isinstance(v, tuple) else v
         return out
-
-
-def check_overrides(cls, overrides: dict) -> None:
-    """Every keyword in ``overrides`` is a field of the config dataclass ``cls``; else a
-    :class:`ConfigError` with a did-you-mean (not the dataclass's ``TypeError``)."""
-    import difflib
-
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in overrides:
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{key}={overrides[key]!r} is no {cls.__name__} field{hint} "
-                              f"(fields: {', '.join(names)})")
 
 
 # the class's older name, kept for the public surface (ditax.config.ModelConfig) and configs

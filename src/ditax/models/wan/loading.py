@@ -14,7 +14,6 @@ import time
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from ditax.attention.config import as_attention_config
 from ditax.errors import ConfigError, check_choice
@@ -27,8 +26,8 @@ from ditax.models.wan.build import abstract_model
 from ditax.models.wan.config import WanConfig, check_transformer
 from ditax.models.wan.lora_names import LORA_NAMES
 from ditax.models.wan.transformer import WanTransformer
+from ditax.models.loaded import LoadedTransformer, param_sharding
 from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
-from ditax.parallel.rules import param_spec
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +51,7 @@ def load_weights_into(model_abs, source, cfg: WanConfig, mesh=None, loras=None,
     ``loras`` (see :func:`ditax.lora.resolve_loras`) are merged into each slice as it is read.
     """
     gdef, state = nnx.split(model_abs)
-    sharding = None
-    if mesh is not None:
-        axes = convert.config_param_axes(cfg)
-
-        def sharding(path, shape):
-            return NamedSharding(mesh, param_spec(axes[path], mesh, shape))
-
+    sharding = param_sharding(convert.config_param_axes(cfg), mesh)
     table = convert.config_weight_table(cfg)
     weights = Weights.open(source)
     read_table, rename = table, None
@@ -107,7 +100,7 @@ _forward_jit = jax.jit(_forward, static_argnums=0)
 
 
 @jax.tree_util.register_pytree_node_class
-class Transformer:
+class Transformer(LoadedTransformer):
     """What ``ditax.load_transformer`` returns: a jitted, mesh-aware callable around the module.
 
     ``tr(latents [B, C, F, Y, X], timestep [B], text [B, T, text_dim]) → [B, C, F, Y, X]``.
@@ -118,37 +111,9 @@ class Transformer:
     function of its parameters and inputs, so it composes with a user's own transforms:
     ``jax.jit(lambda tr, x, t, c: tr(x, t, c))(tr, x, t, c)`` takes the parameters as
     arguments (closing over ``tr`` instead bakes them into the program as constants), and
-    ``jax.grad`` of a function of ``tr`` gives a ``Transformer`` of gradients.
+    ``jax.grad`` of a function of ``tr`` gives a ``Transformer`` of gradients (the pytree half
+    is :class:`~ditax.models.loaded.LoadedTransformer`; ``config``: its :class:`WanConfig`).
     """
-
-    def __init__(self, module: WanTransformer):
-        self._module = module
-        self._gdef, self._state = nnx.split(module)
-        self.config: WanConfig = module.cfg
-
-    @property
-    def module(self) -> WanTransformer:
-        if self._module is None:
-            self._module = nnx.merge(self._gdef, self._state)
-        return self._module
-
-    @property
-    def mesh(self):
-        """The module's mesh (None: one device); the module is its one holder."""
-        return self.module.mesh
-
-    def tree_flatten(self):
-        return (self._state,), (self._gdef, self.config)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        tr = object.__new__(cls)
-        tr._gdef, tr.config = aux
-        tr._state, tr._module = children[0], None
-        return tr
-
-    def _place(self, x, batch_axis=0):
-        return self.module.sharding.put_batch(x, batch_axis)
 
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None,
                  encoder_hidden_states_image=None):

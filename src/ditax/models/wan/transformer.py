@@ -29,14 +29,8 @@ from ditax.models.wan.config import WanConfig
 from ditax.models.wan.embeddings import ConditionEmbedder, rope_cos_sin
 from ditax.models.wan.image_embedder import check_image
 from ditax.nn import FP32LayerNorm, Linear, RMSNorm, apply_rope
+from ditax.nn.stack import make_stack, run_stack
 from ditax.parallel.sharding import ShardingContext
-
-REMAT = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "save_dots": jax.checkpoint_policies.dots_saveable,
-    "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "save_attn_out": jax.checkpoint_policies.save_only_these_names("attn_out"),
-}
 
 
 
@@ -195,12 +189,7 @@ class WanTransformer(nnx.Module):
             d, cfg.freq_dim, cfg.text_dim, image_dim=cfg.image_dim,
             pos_embed_seq_len=cfg.pos_embed_seq_len, **kw)
 
-        @nnx.split_rngs(splits=cfg.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0)
-        def make_blocks(rngs):
-            return WanBlock(cfg, rngs=rngs)
-
-        self.blocks = make_blocks(rngs)
+        self.blocks = make_stack(lambda r: WanBlock(cfg, rngs=r), cfg.num_layers, rngs)
         self.norm_out = FP32LayerNorm(d, cfg.eps, affine=False, param_dtype=pd)
         self.proj_out = Linear(d, cfg.out_channels * pt * ph * pw, **kw)
         self.scale_shift_table = nnx.Param(jax.random.normal(rngs.params(), (1, 2, d), pd)
@@ -319,39 +308,16 @@ class WanTransformer(nnx.Module):
     def run_blocks(self, h, ctx: "Embedded", start: int = 0, stop: int | None = None):
         """Blocks ``start .. stop-1`` (default: all) on tokens ``h [B, L', D]``."""
         cfg = self.cfg
-        stop = cfg.num_layers if stop is None else stop
-        if not 0 <= start <= stop <= cfg.num_layers:
-            raise ValueError(f"blocks {start}..{stop} outside 0..{cfg.num_layers}")
-        if start == stop:
-            return h
         plan, sharding = self.attention_plan, self.sharding
 
         def body(hs, block):
             return block(hs, ctx.text, ctx.mod, ctx.rope, ctx.token_mask, ctx.text_mask, plan,
                          sharding, ctx.image)
 
-        if cfg.remat != "none":
-            body = nnx.remat(body, policy=REMAT[cfg.remat], prevent_cse=not cfg.scan_layers)
-
-        if cfg.scan_layers and (start, stop) == (0, cfg.num_layers):
-            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
-            def run(hs, block):
-                return body(hs, block)
-
-            return run(h, self.blocks)
-        gdef, stacked = nnx.split(self.blocks)
-        if cfg.scan_layers:
-            # a sub-range: scan over layer indices, each layer's weights read in place (no
-            # sliced copy of the stacked weights)
-            def step(hs, i):
-                layer = jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, i, 0, False),
-                                     stacked)
-                return body(hs, nnx.merge(gdef, layer)), None
-
-            return jax.lax.scan(step, h, jnp.arange(start, stop))[0]
-        for i in range(start, stop):
-            h = body(h, nnx.merge(gdef, jax.tree.map(lambda p, i=i: p[i], stacked)))
-        return h
+        # scanned (a sub-range: over layer indices, weights read in place) or unrolled, each
+        # block under the remat policy (ditax.nn.stack)
+        return run_stack(self.blocks, body, h, depth=cfg.num_layers, start=start, stop=stop,
+                         remat=cfg.remat, scan=cfg.scan_layers)
 
     def head(self, h, ctx: "Embedded"):
         """Output norm, projection and unpatchify: tokens ``[B, L', D]`` → ``[B, C_out, F, Y,
