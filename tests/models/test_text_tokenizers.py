@@ -158,3 +158,52 @@ def test_t5_sentencepiece_only_folder_is_named(tmp_path):
     (folder / "spiece.model").write_bytes(b"\0")
     with pytest.raises(ModelNotFound, match=r"spiece\.model but no tokenizer\.json.*save_pretrained"):
         load_t5_tokenizer(tmp_path)
+
+
+# ----------------------------------------------------------------------------- FLUX.1's formulas
+
+def test_flux_prompt_encoders_match_diffusers(tmp_path):
+    """load_clip_text / load_t5 on a pipeline folder, then encode_clip_pooled /
+    encode_t5_prompt == FluxPipeline._get_clip_prompt_embeds / _get_t5_prompt_embeds with
+    transformers' tokenizers and encoders on the same folder (float32)."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    flux = pytest.importorskip("diffusers.pipelines.flux.pipeline_flux")
+
+    from ditax.models.clip import encode_clip_pooled, load_clip_text
+    from ditax.models.t5 import encode_t5_prompt, load_t5
+
+    vocab = _write_clip_folder(tmp_path / "tokenizer")
+    transformers.T5TokenizerFast(vocab=_unigram_vocab(), extra_ids=3).save_pretrained(
+        tmp_path / "tokenizer_2")
+    torch.manual_seed(0)
+    clip = transformers.CLIPTextModel(transformers.CLIPTextConfig(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=77, eos_token_id=2)).eval()
+    ref = types.SimpleNamespace(
+        tokenizer=transformers.CLIPTokenizer.from_pretrained(tmp_path / "tokenizer"),
+        tokenizer_2=transformers.T5TokenizerFast.from_pretrained(tmp_path / "tokenizer_2"),
+        text_encoder=clip, tokenizer_max_length=77)
+    ref.text_encoder_2 = transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=len(ref.tokenizer_2), d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+        feed_forward_proj="gated-gelu", dropout_rate=0.0)).eval()
+    clip.save_pretrained(tmp_path / "text_encoder")
+    ref.text_encoder_2.save_pretrained(tmp_path / "text_encoder_2")
+
+    clip_enc, clip_tok = load_clip_text(tmp_path)
+    t5_enc, t5_tok = load_t5(tmp_path)
+    prompts = PROMPTS[:4] + PROMPTS[5:]
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        want_pooled = flux.FluxPipeline._get_clip_prompt_embeds(ref, prompts, device=cpu)
+        want_t5 = flux.FluxPipeline._get_t5_prompt_embeds(ref, prompts, max_sequence_length=40,
+                                                          device=cpu)
+    pooled = np.asarray(encode_clip_pooled(clip_tok, clip_enc, prompts))
+    t5 = np.asarray(encode_t5_prompt(t5_tok, t5_enc, prompts, max_length=40))
+    for name, got, want in (("clip pooled", pooled, want_pooled), ("t5", t5, want_t5)):
+        want = want.numpy()
+        err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+        print(f"flux {name} {got.shape} rel err {err:.2e}")
+        assert got.shape == want.shape and err < 1e-5
+    assert pooled.shape == (len(prompts), 32) and t5.shape == (len(prompts), 40, 32)
