@@ -71,23 +71,34 @@ class CLIPVisionConfig:
     def from_hf(cls, cfg: dict, dtype: str = "float32") -> "CLIPVisionConfig":
         """Build from a transformers ``config.json`` (a ``CLIPVisionConfig``, or a full
         ``CLIPConfig`` whose ``vision_config`` is used); refuses what cannot be built."""
-        if "vision_config" in cfg and "hidden_size" not in cfg:
-            cfg = cfg["vision_config"]
-        names = {f.name for f in dataclasses.fields(cls)} - {"dtype"}
-        out = cls(**{k: cfg[k] for k in names if k in cfg}, dtype=dtype)
-        out.check()
-        return out
+        return read_tower_config(cls, cfg, "vision_config", dtype)
 
     def check(self) -> None:
         """Raise :class:`ConfigError` naming the value for a shape the encoder cannot take."""
-        check_choice("hidden_act", self.hidden_act, tuple(ACTIVATIONS))
-        check_choice("dtype", self.dtype, DTYPE_NAMES)
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size={self.hidden_size} is not divisible by "
-                              f"num_attention_heads={self.num_attention_heads}")
+        check_layer_shape(self)
         if self.grid < 1:
             raise ConfigError(f"image_size={self.image_size} is smaller than patch_size="
                               f"{self.patch_size}")
+
+
+def read_tower_config(cls, cfg: dict, section: str, dtype: str, **defaults):
+    """A tower's config dataclass ``cls`` from a transformers ``config.json``: the tower's
+    own, or a full ``CLIPConfig``'s ``section``; ``defaults`` for keys it may lack; checked."""
+    if section in cfg and "hidden_size" not in cfg:
+        cfg = cfg[section]
+    names = {f.name for f in dataclasses.fields(cls)} - {"dtype"}
+    out = cls(**{**defaults, **{k: cfg[k] for k in names if k in cfg}}, dtype=dtype)
+    out.check()
+    return out
+
+
+def check_layer_shape(cfg) -> None:
+    """The encoder-layer rules both towers share: activation, dtype, heads dividing width."""
+    check_choice("hidden_act", cfg.hidden_act, tuple(ACTIVATIONS))
+    check_choice("dtype", cfg.dtype, DTYPE_NAMES)
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise ConfigError(f"hidden_size={cfg.hidden_size} is not divisible by "
+                          f"num_attention_heads={cfg.num_attention_heads}")
 
 
 def _layer_norm(dim: int, cfg: CLIPVisionConfig) -> FP32LayerNorm:

@@ -15,16 +15,15 @@ Shapes: B batch, T text tokens, D ``hidden_size``, N heads, M ``intermediate_siz
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.errors import ConfigError, RequestError, check_choice
-from ditax.models.clip.encoder import DTYPE_NAMES, run_layers, stack_layers
+from ditax.errors import ConfigError, RequestError
+from ditax.models.clip.encoder import (check_layer_shape, read_tower_config, run_layers,
+                                       stack_layers)
 from ditax.nn import FP32LayerNorm
-from ditax.nn.activations import ACTIVATIONS
 
 # transformers' CLIPTextConfig default, used when a config.json does not name the id
 DEFAULT_EOS_TOKEN_ID = 49407
@@ -55,22 +54,12 @@ class CLIPTextConfig:
     def from_hf(cls, cfg: dict, dtype: str = "float32") -> "CLIPTextConfig":
         """Build from a transformers ``config.json`` (a ``CLIPTextConfig``, or a full
         ``CLIPConfig`` whose ``text_config`` is used); refuses what cannot be built."""
-        if "text_config" in cfg and "hidden_size" not in cfg:
-            cfg = cfg["text_config"]
-        names = {f.name for f in dataclasses.fields(cls)} - {"dtype"}
-        kw = {k: cfg[k] for k in names if k in cfg}
-        kw.setdefault("eos_token_id", DEFAULT_EOS_TOKEN_ID)
-        out = cls(**kw, dtype=dtype)
-        out.check()
-        return out
+        return read_tower_config(cls, cfg, "text_config", dtype,
+                                 eos_token_id=DEFAULT_EOS_TOKEN_ID)
 
     def check(self) -> None:
         """Raise :class:`ConfigError` naming the value for a shape the encoder cannot take."""
-        check_choice("hidden_act", self.hidden_act, tuple(ACTIVATIONS))
-        check_choice("dtype", self.dtype, DTYPE_NAMES)
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size={self.hidden_size} is not divisible by "
-                              f"num_attention_heads={self.num_attention_heads}")
+        check_layer_shape(self)
         if isinstance(self.eos_token_id, bool) or not isinstance(self.eos_token_id, int):
             raise ConfigError(f"eos_token_id={self.eos_token_id!r}: the CLIP text encoder pools "
                               f"at one end-of-text id; give a single int")
