@@ -1,4 +1,7 @@
-"""T5 v1.1 encoder (FLUX.1's text_encoder_2) against transformers' T5EncoderModel (torch, CPU)."""
+"""T5 v1.1 encoder (FLUX.1's text_encoder_2) against transformers' T5EncoderModel (torch, CPU).
+
+encode_t5_prompt (FluxPipeline's formula) is compared with diffusers in test_text_tokenizers.
+"""
 
 import json
 
@@ -12,8 +15,7 @@ transformers = pytest.importorskip("transformers")
 from flax import nnx  # noqa: E402
 
 from ditax.errors import ConfigError, WeightError  # noqa: E402
-from ditax.models.t5 import (T5Config, T5Encoder, encode_t5_prompt,  # noqa: E402
-                             load_t5_encoder, weight_table)
+from ditax.models.t5 import T5Config, T5Encoder, load_t5_encoder, weight_table  # noqa: E402
 from ditax.models.umt5 import load_text_encoder  # noqa: E402
 
 # t5-v1_1 style: gated-gelu, no biases, one relative bias table (layer 0) shared by all layers
@@ -107,23 +109,3 @@ def test_xxl_preset_and_table():
     keys = weight_table(cfg).expected_keys()
     assert sum("relative_attention_bias" in k for k in keys) == 1
     assert len(keys) == 2 + 24 * 9 + 1
-
-
-def test_encode_t5_prompt_is_flux_formula(tmp_path):
-    """FluxPipeline encodes the padded ids without a mask: equal to the unmasked encoder."""
-    model = _save_tiny(tmp_path / "te")
-    enc = load_t5_encoder(tmp_path / "te")
-
-    class Tok:  # ids with padding, as the tokenizer returns them
-        def encode(self, prompts, max_length):
-            ids = np.zeros((len(prompts), max_length), np.int32)
-            for i, p in enumerate(prompts):
-                n = min(len(p), max_length)
-                ids[i, :n] = [ord(c) % TINY["vocab_size"] for c in p[:n]]
-            return ids, (ids > 0).astype(np.int32)
-
-    got = np.asarray(encode_t5_prompt(Tok(), enc, ["a cat", "a long dog"], max_length=12))
-    ids, _ = Tok().encode(["a cat", "a long dog"], 12)
-    with torch.no_grad():
-        want = model(torch.from_numpy(ids.astype(np.int64))).last_hidden_state.numpy()
-    assert got.shape == (2, 12, TINY["d_model"]) and _rel(got, want) < 1e-5
