@@ -1,0 +1,231 @@
+"""Flux transformer: parity with diffusers (forward and gradient), folders, scan / remat,
+presets at full size (headers only), bad configs and inputs."""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import ditax
+from ditax.errors import ConfigError, ModelNotFound, RequestError, WeightError
+from ditax.io.convert import check_weights, export, param_shapes
+from ditax.models.flux.build import abstract_model
+from ditax.models.flux.convert import weight_table
+from ditax.parallel import make_mesh
+from flux_reference import DEV, TINY, flux_inputs, make_diffusers_flux, run_diffusers_flux
+from wan_reference import rel_err
+
+GRAD_INPUTS = ("hidden_states", "encoder_hidden_states", "pooled_projections")
+
+
+@pytest.mark.parametrize("config,shape", [
+    (TINY, dict()),                                          # diffusers' test config
+    (DEV, dict(text=5, image=12, guidance=True)),            # guidance, 2 + 2 blocks, odd T
+], ids=["tiny", "dev"])
+def test_forward_and_gradient_match_diffusers(tmp_path, rng, fast_compile, config, shape):
+    """The loaded model's output and its gradient (w.r.t. the inputs and every parameter, in
+    diffusers' keys and layouts) against torch autograd, from one compiled program."""
+    m, folder = make_diffusers_flux(tmp_path, **config)
+    inputs = flux_inputs(rng, config, **shape)
+    tr = ditax.load_transformer(folder)
+    ref = run_diffusers_flux(m, inputs)
+    ct = rng.standard_normal(ref.shape).astype(np.float32)
+
+    @jax.jit
+    def out_and_grads(tr, *xs):
+        out, pull = jax.vjp(lambda tr, *xs: tr(**{**inputs, **dict(zip(GRAD_INPUTS, xs))}),
+                            tr, *xs)
+        return out, pull(jnp.asarray(ct))
+
+    out, grads = out_and_grads(tr, *(inputs[n] for n in GRAD_INPUTS))
+    assert out.shape == ref.shape and rel_err(out, ref) <= 1e-5, rel_err(out, ref)
+
+    leaves = {k: torch.from_numpy(v).requires_grad_(k in GRAD_INPUTS) for k, v in inputs.items()}
+    (m(**leaves, return_dict=False)[0] * torch.from_numpy(ct)).sum().backward()
+    for name, g in zip(GRAD_INPUTS, grads[1:]):
+        assert rel_err(g, leaves[name].grad.numpy()) <= 1e-5, name
+    ours = export(weight_table(tr.config), grads[0]._state)     # diffusers keys and layouts
+    theirs = {k: p.grad.numpy() for k, p in m.named_parameters()}
+    assert set(ours) == set(theirs)
+    errs = {k: rel_err(ours[k], theirs[k]) for k in theirs}
+    assert max(errs.values()) <= 1e-5, {k: e for k, e in errs.items() if e > 1e-5}
+
+
+def test_pipeline_folder_with_a_sharded_index(tmp_path):
+    """A pipeline folder's transformer/ saved as shards + index loads every tensor as saved."""
+    m, _ = make_diffusers_flux(tmp_path, **TINY)
+    pipe = tmp_path / "pipe"
+    m.save_pretrained(pipe / "transformer", max_shard_size="20KB")
+    assert list((pipe / "transformer").glob("*.index.json")), "expected a sharded save"
+    tr = ditax.load_transformer(pipe)
+    assert type(tr).__name__ == "FluxTransformerModel" and tr.config.num_single_layers == 1
+    ours = export(weight_table(tr.config), tr._state)
+    theirs = {k: v.numpy() for k, v in m.state_dict().items()}
+    assert set(ours) == set(theirs)
+    for k, v in theirs.items():
+        np.testing.assert_array_equal(ours[k], v, err_msg=k)
+
+
+def test_scan_remat_and_block_ranges_do_not_change_values(tmp_path, rng, fast_compile):
+    """Scanned stacks without remat and unrolled ones under full remat: the same output, loss
+    and gradient; the blocks run in pieces (sub-ranges of a stack and across the two stacks)
+    give the whole forward."""
+    _, folder = make_diffusers_flux(tmp_path, **DEV)
+    inputs = flux_inputs(rng, DEV, text=5, image=12, guidance=True)
+    x = inputs.pop("hidden_states")
+    t, text = inputs.pop("timestep"), inputs.pop("encoder_hidden_states")
+    results = []
+    for scan, remat in [(True, "none"), (False, "full")]:
+        model = ditax.load_transformer(folder, scan_layers=scan, remat=remat).module
+        gdef, state = nnx.split(model)
+
+        def loss(st):
+            return jnp.mean(nnx.merge(gdef, st)(x, t, text, **inputs) ** 2)
+
+        @jax.jit
+        def run(st):
+            mod = nnx.merge(gdef, st)
+            h0, ctx = mod.embed(x, t, text, **inputs)
+            h = h0
+            for a, b in ((0, 1), (1, 3), (3, 4)):        # double | double + single | single
+                h = mod.run_blocks(h, ctx, a, b)
+            whole = mod.head(mod.run_blocks(h0, ctx), ctx)
+            return jax.value_and_grad(loss)(st), mod.head(h, ctx), whole
+
+        (value, grad), pieces, whole = run(state)
+        np.testing.assert_allclose(pieces, whole, rtol=1e-6, atol=1e-6)
+        results.append((value, whole,
+                        grad["single_transformer_blocks"]["attn"]["to_q"]["kernel"][...],
+                        grad["transformer_blocks"]["attn"]["add_k_proj"]["kernel"][...]))
+    for a, b in zip(results[1], results[0]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_full_size_tables_match_diffusers_keys_and_shapes():
+    """FLUX.1-dev and -schnell (the presets) have exactly diffusers' keys and shapes (a meta
+    model's state dict against the table, headers only) and dev's 11.9 B parameters."""
+    from diffusers import FluxTransformer2DModel
+
+    from ditax.config import load_config
+    from ditax.models.flux.config import DIFFUSERS_FIELDS
+
+    class Header:
+        def __init__(self, sd):
+            self.sd = sd
+
+        def keys(self):
+            return self.sd.keys()
+
+        def shape(self, key):
+            return tuple(self.sd[key].shape)
+
+    for name, guidance in (("flux.1-dev", True), ("flux.1-schnell", False)):
+        cfg = load_config(name).model
+        assert (cfg.guidance_embeds, cfg.num_layers, cfg.num_single_layers) == (guidance, 19, 38)
+        assert (cfg.num_attention_heads, cfg.attention_head_dim, cfg.joint_attention_dim,
+                cfg.pooled_projection_dim, cfg.axes_dims_rope) == (24, 128, 4096, 768,
+                                                                   (16, 56, 56))
+        with torch.device("meta"):
+            ref = FluxTransformer2DModel(**{f: getattr(cfg, f) for f in DIFFUSERS_FIELDS})
+        shapes = param_shapes(nnx.state(abstract_model(cfg)))
+        check_weights(weight_table(cfg), Header(ref.state_dict()), shapes)
+        n = sum(int(np.prod(s)) for s in shapes.values())
+        assert n == sum(p.numel() for p in ref.parameters())
+        assert n == (11_901_408_320 if guidance else 11_891_178_560)
+
+
+def test_bad_configs_weights_and_inputs_give_one_clear_line(tmp_path, rng):
+    _, folder = make_diffusers_flux(tmp_path, **TINY)
+    cfg_path = folder / "config.json"
+    good = json.loads(cfg_path.read_text())
+
+    def with_config(name, **change):
+        bad = tmp_path / name
+        shutil.copytree(folder, bad)
+        (bad / "config.json").write_text(json.dumps({**good, **change}))
+        return bad
+
+    with pytest.raises(ConfigError, match=r"axes_dims_rope=\[4, 4, 6\] sums to 14; .* "
+                                          r"attention_head_dim=16"):
+        ditax.load_transformer(with_config("axes", axes_dims_rope=[4, 4, 6]))
+    with pytest.raises(ConfigError, match=r"axes_dims_rope=\[5, 3, 8\] must be even"):
+        ditax.load_transformer(with_config("odd", axes_dims_rope=[5, 3, 8]))
+    with pytest.raises(ConfigError, match=r"model.num_single_layers=0 must be an integer >= 1"):
+        ditax.load_transformer(with_config("zero", num_single_layers=0))
+    with pytest.raises(WeightError, match=r"missing \d+ key\(s\): single_transformer_blocks\.1\."):
+        ditax.load_transformer(with_config("deeper", num_single_layers=2))
+    with pytest.raises(WeightError, match=r"missing \d+ key\(s\): time_text_embed\.guidance_"):
+        ditax.load_transformer(with_config("guided", guidance_embeds=True))
+    with pytest.raises(ConfigError, match=r"is a WanTransformer3DModel, not a Flux"):
+        from ditax.models.flux.loading import load_transformer
+
+        load_transformer(with_config("wan", _class_name="WanTransformer3DModel"))
+    with pytest.raises(ConfigError, match=r"remat='some' is not one of"):
+        ditax.load_transformer(folder, remat="some")
+    with pytest.raises(ConfigError, match=r"scan_layer=False is no FluxConfig field; did you "
+                                          r"mean 'scan_layers'"):
+        ditax.load_transformer(folder, scan_layer=False)
+    with pytest.raises(ConfigError, match=r"num_attention_heads=2 is not divisible by "
+                                          r"mesh.tensor=4"):
+        ditax.load_transformer(folder, mesh=make_mesh({"tensor": 4, "fsdp": 2}))
+    with pytest.raises(ModelNotFound):
+        ditax.load_transformer(tmp_path / "nope")
+
+    from safetensors.torch import load_file, save_file
+
+    wrong = tmp_path / "wrong"
+    shutil.copytree(folder, wrong)
+    f = next(wrong.glob("*.safetensors"))
+    sd = load_file(f)
+    sd["single_transformer_blocks.0.proj_out.weight"] = torch.zeros(32, 128)
+    save_file(sd, f)
+    with pytest.raises(WeightError, match=r"single_transformer_blocks\.0\.proj_out\.weight: "
+                                          r"shape \(32, 128\) but the model expects \(32, 160\)"):
+        ditax.load_transformer(wrong)
+
+    tr = ditax.load_transformer(folder)
+    x = flux_inputs(rng, TINY)
+    cases = [
+        (dict(hidden_states=x["hidden_states"][..., :3]), r"hidden_states must be packed tokens "
+                                                          r"\[B, L, in_channels=4\]; got shape "
+                                                          r"\(2, 16, 3\)"),
+        (dict(encoder_hidden_states=x["encoder_hidden_states"][:1]),
+         r"encoder_hidden_states must be \[B=2, T, joint_attention_dim=32\]"),
+        (dict(pooled_projections=x["pooled_projections"][:, :5]),
+         r"pooled_projections must be \[B=2, pooled_projection_dim=32\]"),
+        (dict(img_ids=x["img_ids"][None]), r"img_ids must be \[16, 3\] .*pass ids\[0\]"),
+        (dict(txt_ids=x["txt_ids"][:, :2]), r"txt_ids must be \[7, 3\]"),
+        (dict(timestep=np.ones((2, 2), np.float32)), r"timestep must be a scalar or \[B=2\]"),
+        (dict(guidance=np.ones(2, np.float32)), r"no guidance embedding .*pass guidance=None"),
+        (dict(text_mask=np.ones((2, 6), bool)), r"text_mask must be \[B, T\] = \(2, 7\)"),
+    ]
+    for change, msg in cases:
+        with pytest.raises(RequestError, match=msg):
+            tr(**{**x, **change})
+    _, dev = make_diffusers_flux(tmp_path, **DEV)
+    with pytest.raises(RequestError, match=r"guidance=None, but this model embeds"):
+        ditax.load_transformer(dev)(**flux_inputs(rng, DEV))
+    with pytest.raises(ConfigError, match=r"batch=2 is not divisible"):
+        ditax.load_transformer(folder, mesh=make_mesh({"fsdp": 8}))(**x)
+
+
+def test_rope_tables_match_diffusers(rng):
+    from diffusers.models.transformers.transformer_flux import FluxPosEmbed
+
+    from ditax.models.flux.embeddings import rope_cos_sin
+
+    ids = np.concatenate([np.zeros((5, 3)), np.stack(np.meshgrid(
+        [0.0], np.arange(6.0), np.arange(7.0), indexing="ij"), -1).reshape(-1, 3),
+        rng.standard_normal((9, 3)) * 30]).astype(np.float32)
+    cos_r, sin_r = FluxPosEmbed(10000, [16, 56, 56])(torch.from_numpy(ids))
+    cos, sin = rope_cos_sin(ids, (16, 56, 56))
+    # float32 angles against diffusers' float64 ones: |id| * 2^-23 at most (ids up to ~100)
+    np.testing.assert_allclose(np.asarray(cos), cos_r.numpy(), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(sin), sin_r.numpy(), atol=2e-5)
+    small = np.abs(ids).max(1) <= 8
+    np.testing.assert_allclose(np.asarray(cos)[small], cos_r.numpy()[small], atol=1e-6)
