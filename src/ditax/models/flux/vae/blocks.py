@@ -85,17 +85,27 @@ class Upsample2D(nnx.Module):
         return self.conv(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))
 
 
+def resnet_stack(cin: int, cout: int, layers: int, groups: int, *, dtype, rngs) -> nnx.List:
+    """``layers`` residual blocks, the first ``cin → cout``, the others ``cout → cout``."""
+    return nnx.List([ResnetBlock2D(cin if i == 0 else cout, cout, groups, dtype=dtype, rngs=rngs)
+                     for i in range(layers)])
+
+
+def run_stack(blocks, x: jax.Array) -> jax.Array:
+    for block in blocks:
+        x = block(x)
+    return x
+
+
 class DownEncoderBlock2D(nnx.Module):
     """``layers`` residual blocks ``cin → cout``, then a downsampler unless it is the last level."""
 
     def __init__(self, cin: int, cout: int, layers: int, groups: int, down: bool, *, dtype, rngs):
-        self.resnets = nnx.List([ResnetBlock2D(cin if i == 0 else cout, cout, groups, dtype=dtype,
-                                               rngs=rngs) for i in range(layers)])
+        self.resnets = resnet_stack(cin, cout, layers, groups, dtype=dtype, rngs=rngs)
         self.downsamplers = nnx.List([Downsample2D(cout, dtype=dtype, rngs=rngs)]) if down else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        for r in self.resnets:
-            x = r(x)
+        x = run_stack(self.resnets, x)
         return x if self.downsamplers is None else self.downsamplers[0](x)
 
 
@@ -103,13 +113,11 @@ class UpDecoderBlock2D(nnx.Module):
     """``layers`` residual blocks ``cin → cout``, then an upsampler unless it is the last level."""
 
     def __init__(self, cin: int, cout: int, layers: int, groups: int, up: bool, *, dtype, rngs):
-        self.resnets = nnx.List([ResnetBlock2D(cin if i == 0 else cout, cout, groups, dtype=dtype,
-                                               rngs=rngs) for i in range(layers)])
+        self.resnets = resnet_stack(cin, cout, layers, groups, dtype=dtype, rngs=rngs)
         self.upsamplers = nnx.List([Upsample2D(cout, dtype=dtype, rngs=rngs)]) if up else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        for r in self.resnets:
-            x = r(x)
+        x = run_stack(self.resnets, x)
         return x if self.upsamplers is None else self.upsamplers[0](x)
 
 
@@ -131,4 +139,4 @@ class UNetMidBlock2D(nnx.Module):
 
 
 __all__ = ["Attention", "DownEncoderBlock2D", "Downsample2D", "ResnetBlock2D", "UNetMidBlock2D",
-           "UpDecoderBlock2D", "Upsample2D"]
+           "UpDecoderBlock2D", "Upsample2D", "resnet_stack", "run_stack"]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from ditax.models.flux.vae.blocks import EPS, DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D
+from ditax.models.flux.vae.blocks import (EPS, DownEncoderBlock2D, UNetMidBlock2D, UpDecoderBlock2D,
+                                          run_stack)
 from ditax.models.flux.vae.config import FluxVAEConfig
 from ditax.models.flux.vae.layers import Conv2d, GroupNorm
 
@@ -34,10 +35,7 @@ class Encoder(nnx.Module):
         self.conv_out = Conv2d(widths[-1], 2 * cfg.latent_channels, 3, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = self.conv_in(x)
-        for block in self.down_blocks:
-            x = block(x)
-        x = self.mid_block(x)
+        x = self.mid_block(run_stack(self.down_blocks, self.conv_in(x)))
         return self.conv_out(jax.nn.silu(self.conv_norm_out(x)))
 
 
@@ -57,9 +55,7 @@ class Decoder(nnx.Module):
         self.conv_out = Conv2d(widths[-1], cfg.out_channels, 3, dtype=dtype, rngs=rngs)
 
     def __call__(self, z: jax.Array) -> jax.Array:
-        x = self.mid_block(self.conv_in(z))
-        for block in self.up_blocks:
-            x = block(x)
+        x = run_stack(self.up_blocks, self.mid_block(self.conv_in(z)))
         return self.conv_out(jax.nn.silu(self.conv_norm_out(x)))
 
 

@@ -109,6 +109,13 @@ class FluxVAE(nnx.Module):
         shift = self.config.shift_factor or 0.0
         return z / self.config.scaling_factor + shift
 
+    def _run(self, program, x, tiler, tile: int) -> jax.Array:
+        """``program`` on ``x`` ``[B, C, H, W]`` made channels-last, in tiles through ``tiler``
+        when one is given and ``x`` is larger than ``tile`` on a side (as diffusers decides)."""
+        run = functools.partial(program, *nnx.split(self))
+        x = jnp.transpose(jnp.asarray(x, self.dtype), (0, 2, 3, 1))
+        return tiler(run, x, self.config) if tiler and max(x.shape[1:3]) > tile else run(x)
+
     # --- encode
     def _check_images(self, images) -> None:
         shape, c, s = tuple(images.shape), self.config.in_channels, self.scale_factor_spatial
@@ -130,11 +137,8 @@ class FluxVAE(nnx.Module):
         H/s, W/s]``, of images ``[B, C, H, W]`` in [-1, 1]. ``tiled``: tiles of ``sample_size``
         pixels when the image is larger than one (diffusers' ``_tiled_encode``)."""
         self._check_images(images)
-        graphdef, state = nnx.split(self)
-        x = jnp.transpose(jnp.asarray(images, self.dtype), (0, 2, 3, 1))
-        tile = self.config.tile_sample_min_size
-        run = functools.partial(encode_program, graphdef, state)
-        h = encode_tiled(run, x, self.config) if tiled and max(x.shape[1:3]) > tile else run(x)
+        h = self._run(encode_program, images, encode_tiled if tiled else None,
+                      self.config.tile_sample_min_size)
         mean, logvar = split_moments(h)
         return jnp.transpose(mean, (0, 3, 1, 2)), jnp.transpose(logvar, (0, 3, 1, 2))
 
@@ -162,11 +166,8 @@ class FluxVAE(nnx.Module):
         of ``sample_size / s`` when the latents are larger than one (diffusers'
         ``tiled_decode``), one compiled tile program at a time."""
         self._check_latents(latents)
-        graphdef, state = nnx.split(self)
-        z = jnp.transpose(jnp.asarray(latents, self.dtype), (0, 2, 3, 1))
-        tile = self.config.tile_latent_min_size
-        run = functools.partial(decode_program, graphdef, state)
-        out = decode_tiled(run, z, self.config) if tiled and max(z.shape[1:3]) > tile else run(z)
+        out = self._run(decode_program, latents, decode_tiled if tiled else None,
+                        self.config.tile_latent_min_size)
         return jnp.transpose(out, (0, 3, 1, 2))
 
 

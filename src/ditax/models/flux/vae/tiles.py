@@ -28,38 +28,32 @@ from ditax.nn.tiling import stitch
 Tile = Callable[[jax.Array], jax.Array]
 
 
-def _stride(tile: int, overlap: float, what: str) -> int:
-    stride = int(tile * (1 - overlap))
+def run_tiled(fn: Tile, x: jax.Array, tile_in: int, tile_out: int,
+              overlap: float = TILE_OVERLAP_FACTOR) -> jax.Array:
+    """``fn`` on square tiles of ``tile_in`` pixels of ``x`` ``[B, H, W, C]`` every
+    ``int(tile_in (1 - overlap))`` pixels; its outputs (tiles of ``tile_out``) blended over
+    ``int(tile_out overlap)`` and cropped to ``tile_out - int(tile_out overlap)``."""
+    stride = int(tile_in * (1 - overlap))
     if stride < 1:
-        raise ConfigError(f"FluxVAE tiling: a tile of {tile} {what} with overlap {overlap} "
+        raise ConfigError(f"FluxVAE tiling: a tile of {tile_in} pixels with overlap {overlap} "
                           f"moves by {stride}; raise sample_size in the VAE's config.json")
-    return stride
-
-
-def decode_tiled(decode: Tile, z: jax.Array, cfg: FluxVAEConfig,
-                 overlap: float = TILE_OVERLAP_FACTOR) -> jax.Array:
-    """Latents ``[B, Y, X, C]`` → image ``[B, H, W, 3]`` tile by tile (``decode`` maps one
-    latent tile to its pixels)."""
-    t, big = cfg.tile_latent_min_size, cfg.tile_sample_min_size
-    stride = _stride(t, overlap, "latent pixels")
-    extent = int(big * overlap)
-    keep = big - extent
-    return stitch(lambda i, j: decode(z[:, i:i + t, j:j + t]),
-                  range(0, z.shape[1], stride), range(0, z.shape[2], stride),
-                  (extent, extent), (keep, keep), axes=(1, 2))
-
-
-def encode_tiled(encode: Tile, x: jax.Array, cfg: FluxVAEConfig,
-                 overlap: float = TILE_OVERLAP_FACTOR) -> jax.Array:
-    """Image ``[B, H, W, 3]`` → moments ``[B, Y, X, 2C]`` tile by tile (``encode`` maps one
-    image tile to its moments)."""
-    big, t = cfg.tile_sample_min_size, cfg.tile_latent_min_size
-    stride = _stride(big, overlap, "pixels")
-    extent = int(t * overlap)
-    keep = t - extent
-    return stitch(lambda i, j: encode(x[:, i:i + big, j:j + big]),
+    extent = int(tile_out * overlap)
+    keep = tile_out - extent
+    return stitch(lambda i, j: fn(x[:, i:i + tile_in, j:j + tile_in]),
                   range(0, x.shape[1], stride), range(0, x.shape[2], stride),
                   (extent, extent), (keep, keep), axes=(1, 2))
 
 
-__all__ = ["decode_tiled", "encode_tiled"]
+def decode_tiled(decode: Tile, z: jax.Array, cfg: FluxVAEConfig) -> jax.Array:
+    """Latents ``[B, Y, X, C]`` → image ``[B, H, W, 3]`` tile by tile (``decode`` maps one
+    latent tile to its pixels)."""
+    return run_tiled(decode, z, cfg.tile_latent_min_size, cfg.tile_sample_min_size)
+
+
+def encode_tiled(encode: Tile, x: jax.Array, cfg: FluxVAEConfig) -> jax.Array:
+    """Image ``[B, H, W, 3]`` → moments ``[B, Y, X, 2C]`` tile by tile (``encode`` maps one
+    image tile to its moments)."""
+    return run_tiled(encode, x, cfg.tile_sample_min_size, cfg.tile_latent_min_size)
+
+
+__all__ = ["decode_tiled", "encode_tiled", "run_tiled"]
