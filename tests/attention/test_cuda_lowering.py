@@ -17,25 +17,19 @@ length logic is checked numerically on CPU in ``test_attention_gpu.py``;
 from __future__ import annotations
 
 import inspect
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import cuda_probes
 import ditax
+from cuda_probes import BWD, FWD, PROBES, cuda_hlo
 from ditax.attention import AttentionUnavailable, attend
 from ditax.parallel.mesh import make_mesh
 
-FWD, BWD = "__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"
-PROBES = ("cuda_versions", "check_compute_capability", "is_cuda_compute_capability_equal")
-
-
-def _fa():
-    from jax._src.cudnn import fused_attention_stablehlo as fa
-
-    return fa
+_fa = cuda_probes.fused_attention_module
 
 
 def test_jax_cudnn_probes_are_where_we_patch_them():
@@ -49,32 +43,10 @@ def test_jax_cudnn_probes_are_where_we_patch_them():
     assert "check_compute_capability(" in src and "is_cuda_compute_capability_equal(" in src
 
 
-class _Cudnn910:
-    @staticmethod
-    def cudnn_get_version():
-        return 91000
-
-
 @pytest.fixture
 def h200():
-    fa = _fa()
-    cc = (9, 0)
-
-    def at_least(c):
-        return cc >= tuple(int(x) for x in c.split("."))
-
-    def equal(c):
-        return cc == tuple(int(x) for x in c.split("."))
-
-    with mock.patch.object(fa, "cuda_versions", _Cudnn910), \
-            mock.patch.object(fa, "check_compute_capability", at_least), \
-            mock.patch.object(fa, "is_cuda_compute_capability_equal", equal), \
-            ditax.target_platform("cuda", compute_capability=cc):
+    with cuda_probes.h200():       # the probes answered for an H200 (tests/refs/cuda_probes.py)
         yield
-
-
-def cuda_hlo(fn, *args) -> str:
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def assert_cudnn(fn, *args, grad_argnums=(0, 1, 2)):
