@@ -87,13 +87,16 @@ def _snapshot(folder) -> dict:
 
 def _stop_with(sig, out, cache, log, after=4):
     """A run resumed in ``out``, sent ``sig`` once ``after`` new steps are logged."""
+    before = _rows(out)
     p = _start(out, cache, log)
     _wait_for(lambda: "resuming from checkpoint step" in pathlib.Path(log).read_text(), p,
               "the resume line")
     start = int(pathlib.Path(log).read_text().split("resuming from checkpoint step ")[1]
                 .split()[0])
-    _wait_for(lambda: _rows(out) and _rows(out)[-1]["step"] >= start + after, p,
-              f"step {start + after}")
+    # past the rows an earlier run left (they are dropped only once the loop starts): a step
+    # no earlier run wrote is this run's, so its loop and signal handlers are up
+    target = max(start + after, before[-1]["step"] + 1 if before else 0)
+    _wait_for(lambda: _rows(out) and _rows(out)[-1]["step"] >= target, p, f"step {target}")
     p.send_signal(sig)
     rc = p.wait(timeout=300)
     return {"rc": rc, "log": pathlib.Path(log).read_text(), "start": start,
