@@ -50,23 +50,54 @@ def test_ulysses_modes_bit_identical_and_equal_to_one_device(model, inputs, sing
         np.testing.assert_array_equal(o, outs[0])
 
 
-@pytest.mark.parametrize("mesh_kw,acfg", [
-    ({"fsdp": 2, "context": 4}, AttentionConfig(backend="ring", local="blockwise", block_kv=8)),
-    ({"context": 4, "tensor": 2}, AttentionConfig(backend="ulysses_ring", local="xla",
-                                                  ulysses_shards=2)),
-], ids=["ring-fsdp2xctx4", "ulysses_ring-ctx4xtensor2"])
-def test_ring_and_tensor_meshes_equal_one_device(model, inputs, single, mesh_kw, acfg):
-    mesh = make_mesh(mesh_kw)
-    tr = ditax.load_transformer(model[1], mesh=mesh, attention=acfg)
-    # parameters are sharded: embed over fsdp x context, heads / MLP columns over tensor
+def _check_sharded(tr, mesh_kw):
+    """Parameters are sharded: embed over fsdp x context, heads / MLP columns over tensor."""
     k = tr.module.transformer_blocks.attn.to_q.kernel[...]           # [layers, D, D]
     mlp = tr.module.single_transformer_blocks.proj_mlp.kernel[...]   # [layers, D, M]
-    shards = mesh_kw.get("fsdp", 1) * mesh_kw.get("context", 1)
-    assert k.sharding.shard_shape(k.shape)[1] == k.shape[1] // shards
-    assert k.sharding.shard_shape(k.shape)[2] == k.shape[2] // mesh_kw.get("tensor", 1)
-    assert mlp.sharding.shard_shape(mlp.shape)[2] == mlp.shape[2] // mesh_kw.get("tensor", 1)
+    shards, tensor = mesh_kw.get("fsdp", 1) * mesh_kw.get("context", 1), mesh_kw.get("tensor", 1)
+    assert k.sharding.shard_shape(k.shape)[1:] == (k.shape[1] // shards, k.shape[2] // tensor)
+    assert mlp.sharding.shard_shape(mlp.shape)[2] == mlp.shape[2] // tensor
+
+
+def test_ulysses_ring_on_context4_x_tensor2_equals_one_device(model, inputs, single):
+    mesh_kw = {"context": 4, "tensor": 2}
+    tr = ditax.load_transformer(model[1], mesh=make_mesh(mesh_kw), attention=AttentionConfig(
+        backend="ulysses_ring", local="xla", ulysses_shards=2))
+    _check_sharded(tr, mesh_kw)
     out = np.asarray(tr(**inputs))
     assert rel_err(out, single) <= 1e-5, rel_err(out, single)
+
+
+def test_ring_on_fsdp2_x_context4_forward_and_gradient(model, inputs, single):
+    """The ring forward (blockwise steps) with batch and parameters sharded (fsdp) and the
+    joint sequence over 4 context shards equals one device; its parameter gradient equals
+    torch autograd's on one device (one compiled program)."""
+    import torch
+
+    from ditax.io.convert import export
+    from ditax.models.flux.convert import weight_table
+
+    m, folder = model
+    mesh_kw = {"fsdp": 2, "context": 4}
+    tr = ditax.load_transformer(folder, mesh=make_mesh(mesh_kw), attention=AttentionConfig(
+        backend="ring", local="blockwise", block_kv=8))
+    _check_sharded(tr, mesh_kw)
+
+    @jax.jit
+    def out_and_grads(tr):
+        out, pull = jax.vjp(lambda tr: tr(**inputs), tr)
+        return out, pull(2 * out / out.size)[0]              # d mean(out²) / d params
+
+    out, grads = out_and_grads(tr)
+    assert rel_err(out, single) <= 1e-5, rel_err(out, single)
+    ours = export(weight_table(tr.config), grads._state)
+    m.zero_grad()
+    ref = m(**{k: torch.from_numpy(v) for k, v in inputs.items()}, return_dict=False)[0]
+    (ref ** 2).mean().backward()
+    keys = sorted(ours)
+    flat = [np.concatenate([np.ravel(g[k]) for k in keys])
+            for g in (ours, {k: p.grad.numpy() for k, p in m.named_parameters()})]
+    assert rel_err(flat[0], flat[1]) <= 1e-5, rel_err(flat[0], flat[1])
 
 
 def test_joining_the_streams_moves_no_data():
