@@ -4,8 +4,10 @@ table's logical axes, and the pytree callable ``ditax.load_transformer`` returns
 A family's conversion table names each parameter's logical axes (:mod:`ditax.io.convert`
 rows); :func:`param_shardings` turns them into ``NamedSharding`` s for a whole state and
 :func:`param_sharding` into the per-parameter rule :func:`ditax.io.convert.load_params` reads
-each device's slice with. :class:`LoadedTransformer` is the wrapper's shared half (a pytree
-whose leaves are the parameters); each family subclasses it with its own call.
+each device's slice with; :func:`init_module` creates a random module straight into them.
+:class:`LoadedTransformer` is the wrapper's shared half (a pytree whose leaves are the
+parameters); each family subclasses it with its own call. :func:`check_architecture` is the
+one ``init_from`` message for a folder of another architecture.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import jax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ditax.errors import ConfigError
 from ditax.parallel.rules import param_spec
 
 Axes = dict   # parameter path (strings) -> logical axis names
@@ -50,6 +53,30 @@ def param_sharding(axes: Axes, mesh) -> Optional[Callable]:
         return NamedSharding(mesh, param_spec(axes[path], mesh, shape))
 
     return sharding
+
+
+def init_module(build: Callable, mesh, seed: int, shardings: Callable):
+    """``build(mesh, rngs)`` randomly initialised from ``seed``; with a mesh, its parameters
+    are created straight into ``shardings(abstract_state)`` (no full copy on any device)."""
+    if mesh is None:
+        return build(None, nnx.Rngs(seed))
+    gdef, abstract = nnx.split(nnx.eval_shape(lambda: build(mesh, nnx.Rngs(0))))
+    state = jax.jit(lambda: nnx.split(build(mesh, nnx.Rngs(seed)))[1],
+                    out_shardings=shardings(abstract))()
+    return nnx.merge(gdef, state)
+
+
+def check_architecture(path, diff) -> None:
+    """Raise :class:`~ditax.errors.ConfigError` for ``init_from=path`` when its folder's
+    architecture differs from the configured one: ``diff`` lists ``(field, configured,
+    folder's)``; the message names each and the ``model.X=...`` overrides that would match."""
+    if not diff:
+        return
+    listing = ", ".join(f"{f}: config {a} vs folder {b}" for f, a, b in diff)
+    fix = " ".join(f"model.{f}={','.join(map(str, b)) if isinstance(b, tuple) else b}"
+                   for f, _, b in diff)
+    raise ConfigError(f"init_from={str(path)!r}: the folder's transformer differs from the "
+                      f"configured model ({listing}); pass {fix} or use the matching preset")
 
 
 class LoadedTransformer:
@@ -92,4 +119,5 @@ class LoadedTransformer:
         return self.module.sharding.put_batch(x, batch_axis)
 
 
-__all__ = ["param_shardings", "param_sharding", "LoadedTransformer"]
+__all__ = ["param_shardings", "param_sharding", "init_module", "check_architecture",
+           "LoadedTransformer"]

@@ -15,6 +15,7 @@ import ditax
 from ditax.errors import ConfigError, ModelNotFound, RequestError, WeightError
 from ditax.io.convert import check_weights, export, param_shapes
 from ditax.models.flux.build import abstract_model
+from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.convert import weight_table
 from ditax.parallel import make_mesh
 from flux_reference import DEV, TINY, flux_inputs, make_diffusers_flux, run_diffusers_flux
@@ -227,3 +228,30 @@ def test_rope_tables_match_diffusers(rng):
     np.testing.assert_allclose(np.asarray(sin), sin_r.numpy(), atol=2e-5)
     small = np.abs(ids).max(1) <= 8
     np.testing.assert_allclose(np.asarray(cos)[small], cos_r.numpy()[small], atol=1e-6)
+
+
+def test_family_shapes_flops_and_init_from_checks(tmp_path):
+    """The family as training and planning see it: latent grid and tokens of an image, model
+    FLOPs (FLUX.1-dev at 1024² with 512 text tokens: 223 TFLOP per sample forward + backward,
+    maxdiffusion's 446 per chip at 2 samples), and an init_from folder of another
+    architecture refused naming the fields to change."""
+    from ditax.config import load_config
+    from ditax.models.base import model_family
+
+    family = model_family(load_config("flux.1-dev").model)
+    assert family.name == "flux" and family.latent_channels == 16 and family.text_dim == 4096
+    assert family.latent_shape(1, 1024, 768) == (16, 1, 128, 96)
+    assert family.tokens_per_sample((16, 1, 128, 128)) == 4096
+    assert family.flops_per_sample((16, 1, 128, 128), 512) / 1e12 == pytest.approx(223.2, abs=0.1)
+    with pytest.raises(ConfigError, match=r"1000x1024 must be multiples of 16"):
+        family.latent_grid(1, 1000, 1024)
+    with pytest.raises(ConfigError, match=r"training a Flux model is not wired yet"):
+        family.apply(None, None, None, None, None)
+    _, folder = make_diffusers_flux(tmp_path, **TINY)
+    with pytest.raises(ConfigError, match=r"init_from=.*num_layers: config 19 vs folder 1, .*"
+                                          r"pass model.in_channels=4 model.num_layers=1 "):
+        family.weights_folder(folder)
+    tiny = model_family(FluxConfig.from_diffusers(json.loads((folder / "config.json")
+                                                             .read_text())))
+    assert tiny.weights_folder(folder) == folder
+    assert "OK — 1 double + 1 single blocks, D=32, 2 heads x 16" in tiny.check_folder(folder)

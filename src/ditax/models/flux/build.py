@@ -5,7 +5,6 @@ caller's, checked once at its entry point (:func:`ditax.models.flux.config.check
 
 from __future__ import annotations
 
-import jax
 from flax import nnx
 
 from ditax.attention.config import AttentionConfig
@@ -28,15 +27,8 @@ def abstract_model(cfg: FluxConfig, attention: AttentionConfig | None = None, me
 def init_model(cfg: FluxConfig, attention: AttentionConfig | None = None, mesh=None,
                seed: int = 0) -> FluxTransformer:
     """Randomly initialised model; with a mesh, parameters are created already sharded."""
-    if mesh is None:
-        return FluxTransformer(cfg, attention, None, rngs=nnx.Rngs(seed))
-    gdef, abs_state = nnx.split(abstract_model(cfg, attention, mesh))
-
-    def make():
-        return nnx.split(FluxTransformer(cfg, attention, mesh, rngs=nnx.Rngs(seed)))[1]
-
-    state = jax.jit(make, out_shardings=param_shardings(abs_state, cfg, mesh))()
-    return nnx.merge(gdef, state)
+    return loaded.init_module(lambda mesh, rngs: FluxTransformer(cfg, attention, mesh, rngs=rngs),
+                              mesh, seed, lambda state: param_shardings(state, cfg, mesh))
 
 
 __all__ = ["abstract_model", "init_model", "param_shardings"]

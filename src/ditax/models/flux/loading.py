@@ -28,6 +28,7 @@ from ditax.models.flux.build import abstract_model
 from ditax.models.flux.config import (CLASS_NAME, FluxConfig, check_transformer,
                                       same_architecture)
 from ditax.models.flux.convert import param_axes, weight_table
+from ditax.models import loaded
 from ditax.models.loaded import LoadedTransformer, param_sharding
 from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
 
@@ -57,13 +58,8 @@ def check_architecture(cfg: FluxConfig, path) -> pathlib.Path:
     else a :class:`ConfigError` listing every differing field and the ``model.X=...``
     overrides that would match (``init_from``, before anything compiles)."""
     folder = resolve_folder(path, "transformer")
-    diff = same_architecture(cfg, FluxConfig.from_diffusers(read_config(folder)))
-    if diff:
-        listing = ", ".join(f"{f}: config {a} vs folder {b}" for f, a, b in diff)
-        fix = " ".join(f"model.{f}={','.join(map(str, b)) if isinstance(b, tuple) else b}"
-                       for f, _, b in diff)
-        raise ConfigError(f"init_from={str(path)!r}: the folder's transformer differs from the "
-                          f"configured model ({listing}); pass {fix} or use the matching preset")
+    loaded.check_architecture(path, same_architecture(
+        cfg, FluxConfig.from_diffusers(read_config(folder))))
     return folder
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 from flax import nnx
 
 from ditax.attention.config import AttentionConfig
@@ -33,15 +32,8 @@ def abstract_model(cfg: WanConfig, attention: AttentionConfig | None = None, mes
 def init_model(cfg: WanConfig, attention: AttentionConfig | None = None, mesh=None,
                seed: int = 0) -> WanTransformer:
     """Randomly initialised model; with a mesh, parameters are created already sharded."""
-    if mesh is None:
-        return WanTransformer(cfg, attention, None, rngs=nnx.Rngs(seed))
-    gdef, abs_state = nnx.split(abstract_model(cfg, attention, mesh))
-
-    def make():
-        return nnx.split(WanTransformer(cfg, attention, mesh, rngs=nnx.Rngs(seed)))[1]
-
-    state = jax.jit(make, out_shardings=param_shardings(abs_state, cfg, mesh))()
-    return nnx.merge(gdef, state)
+    return loaded.init_module(lambda mesh, rngs: WanTransformer(cfg, attention, mesh, rngs=rngs),
+                              mesh, seed, lambda state: param_shardings(state, cfg, mesh))
 
 
 __all__ = ["abstract_model", "init_model", "param_shardings"]

@@ -27,6 +27,7 @@ from ditax.models.wan.config import WanConfig, check_transformer
 from ditax.models.wan.lora_names import LORA_NAMES
 from ditax.models.wan.transformer import WanTransformer
 from ditax.models.loaded import LoadedTransformer, param_sharding
+from ditax.models.loaded import check_architecture as check_arch
 from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
 
 log = logging.getLogger(__name__)
@@ -81,14 +82,8 @@ def check_architecture(cfg: WanConfig, path) -> "pathlib.Path":
     """
     folder = resolve_folder(path, "transformer")
     theirs = WanConfig.from_diffusers(read_config(folder))
-    diff = [(f, getattr(cfg, f), getattr(theirs, f)) for f in ARCH_FIELDS
-            if getattr(cfg, f) != getattr(theirs, f)]
-    if diff:
-        listing = ", ".join(f"{f}: config {a} vs folder {b}" for f, a, b in diff)
-        fix = " ".join(f"model.{f}={','.join(map(str, b)) if isinstance(b, tuple) else b}"
-                       for f, _, b in diff)
-        raise ConfigError(f"init_from={str(path)!r}: the folder's transformer differs from the "
-                          f"configured model ({listing}); pass {fix} or use the matching preset")
+    check_arch(path, [(f, getattr(cfg, f), getattr(theirs, f)) for f in ARCH_FIELDS
+                      if getattr(cfg, f) != getattr(theirs, f)])
     return folder
 
 
