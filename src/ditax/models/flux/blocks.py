@@ -49,9 +49,14 @@ class AdaNorm(nnx.Module):
         return (self.norm(x) * (1 + scale) + shift).astype(x.dtype)
 
 
-def gated(x, gate, h):
-    """``x + gate · h`` in float32, in ``x``'s dtype (the blocks' residual updates)."""
-    return (x.astype(jnp.float32) + gate * h.astype(jnp.float32)).astype(x.dtype)
+def gated(x, gate, h, clip: bool = False):
+    """``x + gate · h`` in float32, in ``x``'s dtype (the blocks' residual updates);
+    ``clip``: in float16, clipped to its finite range as diffusers clips the single blocks'
+    output and the double blocks' text stream."""
+    y = x.astype(jnp.float32) + gate * h.astype(jnp.float32)
+    if clip and x.dtype == jnp.float16:
+        y = jnp.clip(y, -65504.0, 65504.0)
+    return y.astype(x.dtype)
 
 
 class FeedForward(nnx.Module):
@@ -150,7 +155,8 @@ class DoubleBlock(nnx.Module):
         txt = sharding.constrain(gated(txt, c_gate, self.attn.to_add_out.from_heads(o_t)),
                                  TOKENS)
         h = (self.norm2_context(txt) * (1 + cm_scale) + cm_shift).astype(txt.dtype)
-        txt = sharding.constrain(gated(txt, cm_gate, self.ff_context(h, sharding)), TOKENS)
+        txt = sharding.constrain(gated(txt, cm_gate, self.ff_context(h, sharding), clip=True),
+                                 TOKENS)
         return img, txt
 
 
@@ -181,7 +187,7 @@ class SingleBlock(nnx.Module):
         out = (jnp.einsum("bsnk,nkd->bsd", o.astype(dt), w[:n * k].reshape(n, k, -1))
                + jnp.einsum("bsm,md->bsd", mlp.astype(dt), w[n * k:])
                + self.proj_out.bias[...].astype(dt))
-        return sharding.constrain(gated(x, gate, out), TOKENS)
+        return sharding.constrain(gated(x, gate, out, clip=True), TOKENS)
 
 
 __all__ = ["AdaNorm", "FeedForward", "Attention", "DoubleBlock", "SingleBlock", "gated"]
