@@ -166,8 +166,8 @@ def test_config_errors(tmp_path):
         from_config({**WAN_UNIPC, "solver_order": 3})
     with pytest.raises(ValueError, match=r"unknown keys \['flow_shfit'\]"):
         from_config({**WAN_UNIPC, "flow_shfit": 3.0})
-    with pytest.raises(ValueError, match="use_dynamic_shifting=True"):
-        from_config({**EULER, "use_dynamic_shifting": True})
+    with pytest.raises(ValueError, match="time_shift_type='linear'"):
+        from_config({**EULER, "use_dynamic_shifting": True, "time_shift_type": "linear"})
     with pytest.raises(ValueError, match="DDIMScheduler"):
         from_config({"_class_name": "DDIMScheduler"})
     with pytest.raises(ValueError, match="latent shape"):

@@ -1,7 +1,9 @@
 """Flow-matching Euler sampler: ``x_{i+1} = x_i + (s_{i+1} - s_i) * v``.
 
-Matches diffusers' ``FlowMatchEulerDiscreteScheduler`` with a fixed ``shift`` (no dynamic
-shifting, no stochastic sampling). Its schedule has a quirk reproduced here on purpose: the
+Matches diffusers' ``FlowMatchEulerDiscreteScheduler`` with a fixed ``shift``, or with
+``use_dynamic_shifting`` (FLUX.1-dev: the exponential time shift
+``e^mu / (e^mu + 1/s - 1)`` of each sigma, ``mu`` from the image token count, :func:`flux_mu`,
+given per request with :meth:`FlowMatchEulerScheduler.with_mu`); no stochastic sampling. Its schedule has a quirk reproduced here on purpose: the
 smallest training sigma is shifted once when the scheduler is built, and the inference
 sigmas spaced down to it are shifted again.
 
@@ -12,6 +14,8 @@ per step, shifted once. The 4-step distillation LoRAs are sampled that way
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -32,7 +36,7 @@ _DEFAULTS = dict(
 _SUPPORTED = {
     "shift": (lambda v: float(v) > 0, "a positive number"),
     "num_train_timesteps": (lambda v: int(v) > 0, "a positive int"),
-    "use_dynamic_shifting": (lambda v: not v, "false (a fixed shift)"),
+    "time_shift_type": (lambda v: v == "exponential", "exponential"),
     "invert_sigmas": (lambda v: not v, "false"),
     "shift_terminal": (lambda v: not v, "null"),
     "use_karras_sigmas": (lambda v: not v, "false"),
@@ -57,6 +61,15 @@ def check_sigmas(sigmas, num_steps: int) -> None:
                          f"each step before the shift, e.g. 1.0, 0.75, 0.5, 0.25)")
 
 
+def flux_mu(image_seq_len: int, base_seq_len: int = 256, max_seq_len: int = 4096,
+            base_shift: float = 0.5, max_shift: float = 1.15) -> float:
+    """The dynamic shift ``mu`` of ``image_seq_len`` image tokens: linear from ``base_shift``
+    at ``base_seq_len`` tokens to ``max_shift`` at ``max_seq_len`` (FluxPipeline's
+    ``calculate_shift``)."""
+    m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    return image_seq_len * m + (base_shift - m * base_seq_len)
+
+
 class FlowMatchEulerState(NamedTuple):
     """timesteps float32 ``[N]`` (fed to the transformer), sigmas float32 ``[N+1]`` (last 0),
     step_index int32 ``[]``."""
@@ -72,12 +85,40 @@ class FlowMatchEulerScheduler:
 
     num_train_timesteps: int = 1000
     shift: float = 1.0
+    use_dynamic_shifting: bool = False
+    base_shift: float = 0.5
+    max_shift: float = 1.15
+    base_image_seq_len: int = 256
+    max_image_seq_len: int = 4096
+    mu: float | None = None   # the dynamic shift of this request (with_mu)
+
+    def with_mu(self, image_seq_len: int) -> "FlowMatchEulerScheduler":
+        """This scheduler with ``mu`` set for ``image_seq_len`` image tokens (unchanged without
+        dynamic shifting)."""
+        if not self.use_dynamic_shifting:
+            return self
+        return dataclasses.replace(self, mu=flux_mu(
+            image_seq_len, self.base_image_seq_len, self.max_image_seq_len, self.base_shift,
+            self.max_shift))
+
+    def _shift(self, sig):
+        """The shift of (unshifted) sigmas: dynamic (``mu``) or the fixed ``shift``."""
+        if not self.use_dynamic_shifting:
+            return shift_sigma(sig, self.shift)
+        if self.mu is None:
+            raise ValueError("use_dynamic_shifting needs mu: call with_mu(image_seq_len) first")
+        e = math.exp(self.mu)
+        return e / (e + (1.0 / sig - 1.0))
 
     @classmethod
     def from_config(cls, cfg: dict) -> "FlowMatchEulerScheduler":
         """From a diffusers ``FlowMatchEulerDiscreteScheduler`` config; unsupported settings raise."""
         c = read_config(cfg, "FlowMatchEulerDiscreteScheduler", _DEFAULTS, _SUPPORTED)
-        return cls(num_train_timesteps=int(c["num_train_timesteps"]), shift=float(c["shift"]))
+        return cls(num_train_timesteps=int(c["num_train_timesteps"]), shift=float(c["shift"]),
+                   use_dynamic_shifting=bool(c["use_dynamic_shifting"]),
+                   base_shift=float(c["base_shift"]), max_shift=float(c["max_shift"]),
+                   base_image_seq_len=int(c["base_image_seq_len"]),
+                   max_image_seq_len=int(c["max_image_seq_len"]))
 
     def schedule(self, num_steps: int, sigmas=None) -> tuple[np.ndarray, np.ndarray]:
         """Host-side ``(timesteps float32 [N], sigmas float32 [N+1])`` as diffusers builds them;
@@ -87,13 +128,15 @@ class FlowMatchEulerScheduler:
         n = self.num_train_timesteps
         if sigmas is not None:
             check_sigmas(sigmas, num_steps)
-            sig = shift_sigma(np.asarray(sigmas, np.float32), self.shift).astype(np.float32)
+            sig = self._shift(np.asarray(sigmas, np.float32)).astype(np.float32)
             return sig * np.float32(n), np.concatenate([sig, [0.0]]).astype(np.float32)
         # Training-time extremes, in float32 like the reference's construction.
         train = np.float32(1.0) / np.float32(n), np.float32(n) / np.float32(n)
-        s_min, s_max = (float(shift_sigma(np.float32(t), self.shift)) for t in train)
+        # (the training sigmas are shifted at construction only with a fixed shift)
+        s_min, s_max = (float(t if self.use_dynamic_shifting else shift_sigma(t, self.shift))
+                        for t in train)
         t = np.linspace(s_max * n, s_min * n, num_steps)
-        sig = shift_sigma(t / n, self.shift).astype(np.float32)
+        sig = self._shift(t / n).astype(np.float32)
         timesteps = sig * np.float32(n)
         return timesteps.astype(np.float32), np.concatenate([sig, [0.0]]).astype(np.float32)
 
