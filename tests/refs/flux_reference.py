@@ -61,3 +61,61 @@ def run_diffusers_flux(m, inputs: dict) -> np.ndarray:
         return m(**{k: torch.from_numpy(v) for k, v in inputs.items()},
                  return_dict=False)[0].numpy()
 
+
+
+def _clip_tokenizer_folder(folder):
+    """A character-level CLIP tokenizer (byte-level alphabet, its word-final forms, no merges;
+    start / end tokens last) written as FLUX.1's ``tokenizer/``: vocab.json + merges.txt."""
+    import json
+
+    from tokenizers import pre_tokenizers
+
+    chars = sorted(pre_tokenizers.ByteLevel.alphabet())
+    words = chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"]
+    folder.mkdir(parents=True)
+    (folder / "vocab.json").write_text(json.dumps({w: i for i, w in enumerate(words)}))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    import transformers
+
+    tok = transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"),
+                                     model_max_length=77)
+    return tok, len(words)
+
+
+def make_tiny_flux_pipeline(tmp_path, *, guidance_embeds: bool, seed: int = 0):
+    """A tiny diffusers ``FluxPipeline`` (the transformer of :data:`TINY`, dev-style with a
+    guidance embedding and a dynamic-shift scheduler, or schnell-style without either), a
+    two-level AutoencoderKL with 1 latent channel, tiny CLIP and T5 text towers and their
+    tokenizers; saved with ``save_pretrained``. Returns ``(pipe, folder)``."""
+    import torch
+    import transformers
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+    from flux_vae_reference import CONFIGS, make_autoencoder_kl
+    from pipeline_reference import _randomize, train_tokenizer
+
+    name = "dev" if guidance_embeds else "schnell"
+    tr, _ = make_diffusers_flux(tmp_path, seed, f"_tr_{name}", **TINY,
+                                guidance_embeds=guidance_embeds)
+    vae = make_autoencoder_kl(dict(CONFIGS["flux"], latent_channels=1), seed + 1)
+    with torch.no_grad():
+        vae.decoder.conv_out.weight.mul_(0.3)   # keep most pixels inside [-1, 1]
+    tok, n_vocab = _clip_tokenizer_folder(tmp_path / f"_clip_tok_{name}")
+    torch.manual_seed(seed + 2)
+    clip = transformers.CLIPTextModel(transformers.CLIPTextConfig(
+        vocab_size=n_vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=77, bos_token_id=n_vocab - 2,
+        eos_token_id=2)).eval()   # 2: transformers' legacy rule, the end token = the largest id
+    tok_2 = train_tokenizer(tmp_path / f"_t5_tok_{name}")
+    t5 = _randomize(transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=128, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+        feed_forward_proj="gated-gelu", dropout_rate=0.0)), seed + 3)
+    sched = (FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True,
+                                             base_shift=0.5, max_shift=1.15)
+             if guidance_embeds else FlowMatchEulerDiscreteScheduler(shift=1.0))
+    pipe = FluxPipeline(scheduler=sched, vae=vae, text_encoder=clip, tokenizer=tok,
+                        text_encoder_2=t5, tokenizer_2=tok_2, transformer=tr)
+    pipe.set_progress_bar_config(disable=True)
+    folder = tmp_path / f"flux_{name}"
+    pipe.save_pretrained(folder)
+    return pipe, folder

@@ -19,7 +19,7 @@ from ditax.errors import ModelNotFound
 # What ditax reads from a hub repository: configs, weight indices, model_index.json and
 # tokenizer.json (all JSON) and the weights (safetensors). Repositories often carry the same
 # weights again as .bin / .pth / .ckpt / .gguf / ONNX files, and README media; none is fetched.
-HUB_FILES = ("*.json", "*.safetensors")
+HUB_FILES = ("*.json", "*.safetensors", "*merges.txt")   # merges.txt: the CLIP tokenizer's
 
 _HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _COMMIT = re.compile(r"[0-9a-f]{40}")

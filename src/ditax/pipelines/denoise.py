@@ -43,10 +43,16 @@ def batch_twice(inputs):
 Forward = Callable
 
 
+def text_rows(text, rows: slice):
+    """Rows ``rows`` of the text: an array, or a pytree of per-prompt arrays (Flux: the T5
+    embeddings and the pooled CLIP vector), each sliced on its batch axis."""
+    return jax.tree.map(lambda a: a[rows], text)
+
+
 def cond_branch(forward: Forward, inputs, text, carry=None):
     """The conditional branch alone: ``(cond [B, C, ...], carry)``."""
     x, tb, extras = inputs
-    return forward(x, tb, text[:x.shape[0]], extras, COND, carry)
+    return forward(x, tb, text_rows(text, slice(0, x.shape[0])), extras, COND, carry)
 
 
 def cfg_branches(forward: Forward, cfg_mode: str, inputs, text, carry=None):
@@ -58,8 +64,8 @@ def cfg_branches(forward: Forward, cfg_mode: str, inputs, text, carry=None):
         x2, tb2, extras2 = batch_twice((x, tb, extras))
         out, carry = forward(x2, tb2, text, extras2, BOTH, carry)
         return out[:b], out[b:], carry
-    cond, carry = forward(x, tb, text[:b], extras, COND, carry)
-    uncond, carry = forward(x, tb, text[b:], extras, UNCOND, carry)
+    cond, carry = forward(x, tb, text_rows(text, slice(0, b)), extras, COND, carry)
+    uncond, carry = forward(x, tb, text_rows(text, slice(b, None)), extras, UNCOND, carry)
     return cond, uncond, carry
 
 
@@ -109,4 +115,4 @@ def _denoise_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params,
 
 
 __all__ = ["BOTH", "COND", "UNCOND", "batch_twice", "cfg_branches", "cond_branch", "guide",
-           "model_forward", "scheduler_update", "step_inputs"]
+           "model_forward", "scheduler_update", "step_inputs", "text_rows"]

@@ -2,8 +2,8 @@
 
 Importing this package registers the family (:mod:`ditax.models.registry`'s discovery rule:
 a subpackage of ``ditax.models`` whose ``__init__`` registers a spec). Everything is named by
-``"module:Name"`` so this import stays light (no JAX). The pipeline folders
-(``FluxPipeline``) are not read yet: ``pipeline_classes`` is empty until the pipeline lands.
+``"module:Name"`` so this import stays light (no JAX). Pipeline folders (``FluxPipeline``)
+load with :mod:`ditax.pipelines.flux`.
 """
 
 from ditax.models.registry import FamilySpec, register
@@ -13,4 +13,5 @@ register(FamilySpec(
     config="ditax.models.flux.config:FluxConfig",
     family="ditax.models.flux.family:FluxFamily",
     transformer_classes=("FluxTransformer2DModel",),
+    pipeline_classes=("FluxPipeline",),
 ))

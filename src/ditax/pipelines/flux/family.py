@@ -1,0 +1,54 @@
+"""FLUX.1's pipelines as the shared entry points see them
+(:class:`~ditax.pipelines.family.PipelineFamily`): its sample defaults, the request checks and
+loading."""
+
+from __future__ import annotations
+
+from ditax.errors import RequestError
+from ditax.pipelines.family import PipelineFamily
+
+SAMPLE_DEFAULTS = dict(height=1024, width=1024, num_frames=1, num_inference_steps=28,
+                       guidance_scale=3.5, guidance_scale_2=None, negative_prompt=None,
+                       max_sequence_length=512, fps=None)
+
+
+class FluxPipelines(PipelineFamily):
+    """FLUX.1-dev / schnell text-to-image folders (``FluxPipeline``)."""
+
+    name = "flux"
+    sample_defaults = SAMPLE_DEFAULTS
+
+    def check_request(self, prompt, height, width, num_frames, num_inference_steps,
+                      guidance_scale, guidance_scale_2=None, negative_prompt=None,
+                      seed=0) -> None:
+        from ditax.pipelines.flux.request import check_request
+
+        if num_frames not in (None, 1):
+            raise RequestError(f"{num_frames} frames: FLUX.1 makes still images; drop --frames")
+        if guidance_scale_2 is not None:
+            raise RequestError("guidance_scale_2 is a two-expert video model's; FLUX.1 has one "
+                               "transformer — drop it")
+        check_request(prompt, None, height, width, num_inference_steps, guidance_scale,
+                      negative_prompt, 4.0 if negative_prompt is not None else 1.0, 512, seed)
+
+    def preflight(self, root, load: dict, call: dict | None = None, mesh=None) -> None:
+        """The folder has a Flux transformer, the request takes no image, and the attention
+        backend runs here with the folder's head dim."""
+        from ditax.attention import check_available
+        from ditax.io.hub import resolve_folder
+        from ditax.models.flux.loading import read_config
+
+        if call is not None and ("image" in call or "last_image" in call):
+            raise RequestError(f"--image / --last-image given but {root} is a text-to-image "
+                               f"folder (FluxPipeline); drop them")
+        tc = read_config(resolve_folder(root, "transformer"))
+        head_dim = load.get("attention_head_dim") or tc["attention_head_dim"]
+        check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)
+
+    def load(self, path, **kwargs):
+        from ditax.pipelines.flux.loading import load_pipeline
+
+        return load_pipeline(path, **kwargs)
+
+
+__all__ = ["FluxPipelines", "SAMPLE_DEFAULTS"]

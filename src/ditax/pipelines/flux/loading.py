@@ -1,0 +1,73 @@
+"""Loading a diffusers ``FluxPipeline`` folder: ``tokenizer/`` + ``text_encoder/`` (CLIP),
+``tokenizer_2/`` + ``text_encoder_2/`` (T5), ``vae/`` (``AutoencoderKL``), ``transformer/``
+(``FluxTransformer2DModel``) and ``scheduler/`` (``FlowMatchEulerDiscreteScheduler``)."""
+
+from __future__ import annotations
+
+import time
+
+from ditax.errors import ConfigError
+
+PIPELINE_CLASSES = ("FluxPipeline",)
+
+
+def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
+                  cfg_mode: str = "batched", vae_tiling: bool = False, **model_overrides):
+    """The :class:`~ditax.pipelines.flux.text_to_image.FluxTextToImage` of folder (or hub id)
+    ``path``. The transformer runs ``attention`` in ``dtype`` over ``mesh``; the text
+    encoders and the VAE run in ``dtype`` on one device. ``cfg_mode`` ("batched" |
+    "sequential"): how true CFG runs its two branches; ``model_overrides``: other
+    :class:`~ditax.models.flux.config.FluxConfig` fields (e.g. ``remat``)."""
+    from ditax.io.files import read_model_json
+    from ditax.models.clip import load_clip_text
+    from ditax.models.flux.loading import load_transformer
+    from ditax.models.flux.vae import load_vae
+    from ditax.models.t5 import load_t5
+    from ditax.pipelines.family import resolve
+    from ditax.pipelines.flux.text_to_image import FluxTextToImage
+    from ditax.schedulers import FlowMatchEulerScheduler, load_scheduler
+
+    t0 = time.perf_counter()
+    if cfg_mode not in ("batched", "sequential"):
+        raise ConfigError(f"cfg_mode={cfg_mode!r}; use 'batched' or 'sequential'")
+    root = resolve(path)
+    cls = read_model_json(root / "model_index.json", "model_index.json").get("_class_name")
+    if cls not in PIPELINE_CLASSES:
+        raise ConfigError(f"{root}: model_index.json _class_name={cls!r}; the Flux loader reads "
+                          f"{list(PIPELINE_CLASSES)} folders (text-to-image)")
+    try:
+        scheduler = load_scheduler(root)
+    except ValueError as e:
+        raise ConfigError(f"{root / 'scheduler'}: {e}") from None
+    if not isinstance(scheduler, FlowMatchEulerScheduler):
+        raise ConfigError(f"{root / 'scheduler'}: FLUX.1 samples with "
+                          f"FlowMatchEulerDiscreteScheduler; got {type(scheduler).__name__}")
+    transformer = load_transformer(root, dtype=dtype, mesh=mesh, attention=attention,
+                                   **model_overrides)
+    text_encoder, tokenizer = load_clip_text(root, dtype)
+    text_encoder_2, tokenizer_2 = load_t5(root, dtype)
+    vae = load_vae(root, dtype)
+    check_fit(transformer.config, text_encoder, text_encoder_2, vae, root)
+    pipe = FluxTextToImage(tokenizer=tokenizer, text_encoder=text_encoder,
+                           tokenizer_2=tokenizer_2, text_encoder_2=text_encoder_2, vae=vae,
+                           transformer=transformer, scheduler=scheduler, cfg_mode=cfg_mode,
+                           vae_tiling=vae_tiling)
+    pipe.load_time = time.perf_counter() - t0
+    return pipe
+
+
+def check_fit(tc, clip, t5, vae, root) -> None:
+    """The components' widths agree: T5 width = ``joint_attention_dim``, CLIP width =
+    ``pooled_projection_dim``, 4 x VAE latent channels = ``in_channels``."""
+    pairs = (("text_encoder_2 (T5) d_model", t5.cfg.d_model, "joint_attention_dim",
+              tc.joint_attention_dim),
+             ("text_encoder (CLIP) hidden_size", clip.cfg.hidden_size, "pooled_projection_dim",
+              tc.pooled_projection_dim),
+             ("4 x vae latent_channels", 4 * vae.latent_channels, "in_channels", tc.in_channels))
+    for what, got, field, want in pairs:
+        if got != want:
+            raise ConfigError(f"{root}: {what} = {got} but the transformer's {field} = {want}; "
+                              f"the folder mixes components of different models")
+
+
+__all__ = ["PIPELINE_CLASSES", "check_fit", "load_pipeline"]
