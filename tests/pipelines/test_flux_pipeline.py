@@ -1,0 +1,82 @@
+"""FLUX.1 text-to-image (``ditax.load_pipeline`` on a diffusers ``FluxPipeline`` folder) against
+diffusers' ``FluxPipeline`` from the same packed latents: dev-style (guidance embedding,
+dynamic shift, true CFG with a negative prompt, a second T5 prompt) and schnell-style (neither);
+the request errors."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+import ditax  # noqa: E402
+from ditax.errors import RequestError  # noqa: E402
+from flux_reference import make_tiny_flux_pipeline  # noqa: E402
+
+SIZE = 32          # pixels; the tiny VAE's 2x and the 2x2 packing: 16 x 16 latents, 64 tokens
+TOKENS, CH = (SIZE // 4) ** 2, 4
+CASES = {
+    "dev": dict(guidance_embeds=True, call=dict(
+        num_inference_steps=3, guidance_scale=3.5, negative_prompt="blurry, low quality",
+        true_cfg_scale=2.0, prompt_2="a dog runs along the beach")),
+    "schnell": dict(guidance_embeds=False, call=dict(num_inference_steps=2)),
+}
+
+
+@pytest.fixture(scope="module")
+def pipes(tmp_path_factory):
+    """name -> (diffusers pipeline, ditax pipeline) of the tiny folders."""
+    tmp = tmp_path_factory.mktemp("flux_pipe")
+    out = {}
+    for name, case in CASES.items():
+        ref, folder = make_tiny_flux_pipeline(tmp, guidance_embeds=case["guidance_embeds"])
+        out[name] = ref, ditax.load_pipeline(folder)
+    return out
+
+
+def _latents(seed=0):
+    return np.random.default_rng(seed).standard_normal((1, TOKENS, CH)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_flux_pipeline_matches_diffusers(pipes, name):
+    ref, pipe = pipes[name]
+    assert type(pipe).__name__ == "FluxTextToImage"
+    call = dict(CASES[name]["call"], height=SIZE, width=SIZE, max_sequence_length=16)
+    lat = _latents()
+    with torch.no_grad():
+        want = ref("a cat walks on the grass", latents=torch.from_numpy(lat), output_type="np",
+                   **call).images[0]
+    got = pipe("a cat walks on the grass", latents=lat, progress=False, **call)
+    err = float(np.abs(got - want).max())
+    inside = float(np.mean((want > 0.01) & (want < 0.99)))
+    print(f"flux {name}: image {got.shape} max abs err {err:.2e} ({inside:.0%} pixels unclipped)")
+    assert got.shape == want.shape == (SIZE, SIZE, 3) and got.dtype == np.float32
+    assert inside > 0.5 and err < 1e-3
+    assert pipe.last_stats["transformer_calls"] == call["num_inference_steps"] * (
+        2 if "negative_prompt" in call else 1)
+    if name == "dev":   # the dynamic shift's schedule itself (mu of 64 tokens), as diffusers'
+        n = call["num_inference_steps"]
+        state = pipe.scheduler.with_mu(TOKENS).set_timesteps(
+            n, sigmas=np.linspace(1.0, 1.0 / n, n))
+        np.testing.assert_allclose(np.asarray(state.sigmas), ref.scheduler.sigmas.numpy(),
+                                   rtol=1e-6)
+
+
+def test_flux_pipeline_errors_and_seed(pipes):
+    _, pipe = pipes["schnell"]
+    kw = dict(height=SIZE, width=SIZE, num_inference_steps=2, max_sequence_length=16,
+              progress=False)
+    with pytest.raises(RequestError, match=r"height=30 must be a positive multiple of 4"):
+        pipe("a cat", **{**kw, "height": 30})
+    with pytest.raises(RequestError, match="pass negative_prompt="):
+        pipe("a cat", true_cfg_scale=3.0, **kw)
+    with pytest.raises(RequestError, match=r"latents shape \(1, 16, 4\) does not match "
+                                           r"\(1, 64, 4\)"):
+        pipe("a cat", latents=_latents()[:, :16], **kw)
+    with pytest.raises(RequestError, match="max_sequence_length=600"):
+        pipe("a cat", **{**kw, "max_sequence_length": 600})
+    # from a seed: reproducible, and another seed gives another image
+    a, b, c = (pipe("a cat", seed=s, **kw) for s in (1, 1, 2))
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a - c).max() > 1e-3
