@@ -27,9 +27,11 @@ def test_unknown_names_list_what_is_known():
     with pytest.raises(ConfigError, match=r"model.family='nope' is not a known model family; "
                                           r"use one of .*wan"):
         registry.spec("nope")
-    with pytest.raises(ModelNotFound, match=r"_class_name='FluxPipeline' is not a model ditax "
-                                            r"can load; known: .*WanPipeline"):
-        registry.spec_for_class("FluxPipeline")
+    with pytest.raises(ModelNotFound, match=r"_class_name='StableDiffusion3Pipeline' is not a "
+                                            r"model ditax can load; known: .*FluxPipeline.*"
+                                            r"WanPipeline"):
+        registry.spec_for_class("StableDiffusion3Pipeline")
+    assert registry.spec_for_class("FluxPipeline").name == "flux"
 
 
 def test_registry_imports_no_jax():
