@@ -31,7 +31,35 @@ def pipes(tmp_path_factory):
     for name, case in CASES.items():
         ref, folder = make_tiny_flux_pipeline(tmp, guidance_embeds=case["guidance_embeds"])
         out[name] = ref, ditax.load_pipeline(folder)
+        out[name + "_folder"] = folder
     return out
+
+
+def test_generate_writes_a_png_and_refuses_video_flags(pipes, tmp_path, capsys):
+    """``ditax generate`` on a FluxPipeline folder: a PNG of the pipeline's image from the
+    seed's noise; each video-only flag refused in one line (exit 2) before loading."""
+    from ditax.cli import main
+
+    folder, out = str(pipes["schnell_folder"]), tmp_path / "x.png"
+    base = ["generate", "--model", folder, "--prompt", "a cat", "--height", str(SIZE),
+            "--width", str(SIZE), "--steps", "1", "--seed", "3", "--no-progress"]
+    for flags, words in ((["--frames", "5"], "--frames is a video flag"),
+                         (["--image", "a.png"], "--image is a video flag"),
+                         (["--fps", "8"], "--fps is a video flag"),
+                         (["--height", "30"], "height=30 must be a positive multiple of"),
+                         ([], "must end in .png")):
+        rc = main(base + flags + ([] if words == "must end in .png" else
+                                  ["--output", str(out)]))
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and words in err and len(err.splitlines()) == 1, err
+    assert main(base + ["--output", str(out)]) == 0
+    import imageio.v2 as imageio
+
+    png = imageio.imread(out)
+    want = pipes["schnell"][1]("a cat", height=SIZE, width=SIZE, num_inference_steps=1, seed=3,
+                               progress=False)
+    assert png.shape == (SIZE, SIZE, 3) and png.dtype == np.uint8
+    assert np.abs(png.astype(np.float32) / 255 - want).max() <= 0.5 / 255 + 1e-6
 
 
 def _latents(seed=0):

@@ -1,4 +1,6 @@
-"""``ditax generate``: prompt → mp4 with a diffusers-format Wan pipeline folder (or hub id).
+"""``ditax generate``: prompt → mp4 with a diffusers-format Wan pipeline folder (or hub id),
+or → PNG with an image model's folder (FLUX.1 ``FluxPipeline``: ``--output x.png``; the video
+flags refused in one line).
 
     ditax generate --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --prompt "a cat on a skateboard" \\
         --height 480 --width 832 --frames 81 --steps 50 --guidance 5 --output cat.mp4 \\
@@ -106,6 +108,8 @@ def parse_request(args):
     from ditax.io.outputs import check_output_file, check_output_folder
 
     req = sample_request(args.model, args.overrides)
+    if req.pipelines.makes == "image":
+        return image_request(args, req)
     cfg, given, chosen, defaults = req.cfg, req.given, req.chosen, req.defaults
     s = cfg.sample
     args.model = req.model
@@ -171,6 +175,73 @@ def parse_request(args):
     return load, call
 
 
+# flags an image model (PipelineFamily.makes == "image") does not take, by their argparse name
+VIDEO_FLAGS = {"frames": "--frames", "image": "--image", "last_image": "--last-image",
+               "guidance_2": "--guidance-2", "frames_dir": "--frames-dir", "fps": "--fps",
+               "lora": "--lora", "lora_2": "--lora-2",
+               "negative_prompt": "--negative-prompt (true CFG: the Python API's "
+                                  "negative_prompt= with true_cfg_scale=)"}
+
+
+def image_request(args, req):
+    """:func:`parse_request` of an image model's folder: the video-only flags refused in one
+    line, ``--output`` a ``.png``; ``(load_kwargs, call_kwargs)``, ``load["makes"] = "image"``."""
+    import jax
+
+    from ditax.config import validate
+    from ditax.io.outputs import check_output_file
+
+    name = req.pipelines.name
+    for key, flag in VIDEO_FLAGS.items():
+        if getattr(args, key) not in (None, []):
+            raise RequestError(f"{flag} is a video flag; {args.model} is an image model "
+                               f"({name}) — drop it")
+    cfg, given, d = req.cfg, req.given, req.defaults
+    if req.cfg.sample.cache or req.cfg.sample.cfg_cache or req.cfg.sample.sigmas is not None:
+        raise RequestError(f"sample.cache / sample.cfg_cache / sample.sigmas are not read by "
+                           f"{name} folders yet; drop them")
+    args.model = req.model
+    call = dict(prompt=args.prompt, seed=args.seed,
+                height=args.height if args.height is not None else d["height"],
+                width=args.width if args.width is not None else d["width"],
+                num_inference_steps=args.steps if args.steps is not None
+                else d["num_inference_steps"],
+                guidance_scale=args.guidance if args.guidance is not None
+                else d["guidance_scale"],
+                max_sequence_length=d["max_sequence_length"])
+    with request_errors():
+        req.pipelines.check_request(call["prompt"], call["height"], call["width"], 1,
+                                    call["num_inference_steps"], call["guidance_scale"],
+                                    seed=call["seed"])
+    check_output_file(args.output, "--output", example="out.png")
+    if pathlib.Path(args.output).suffix.lower() != ".png":
+        raise RequestError(f"--output {args.output!r} must end in .png ({args.model} is an "
+                           f"image model)")
+    use_mesh = "mesh" in given
+    validate(cfg, jax.device_count() if use_mesh else None)
+    model_over = {k: getattr(cfg.model, k) for k in given.get("model", {})
+                  if k not in ("dtype", "param_dtype")}
+    load = dict(path=args.model, dtype=cfg.model.dtype, attention=cfg.attention,
+                cfg_mode=cfg.sample.cfg_mode, vae_tiling=cfg.sample.vae_tiling,
+                mesh_config=cfg.mesh if use_mesh else None, compile_cache=cfg.compile_cache,
+                makes="image", **model_over)
+    return load, call
+
+
+def write_png(path, image) -> pathlib.Path:
+    """``image [H, W, 3]`` float in [0, 1] written as an 8-bit PNG (replacing ``path`` at the
+    end: a failed write leaves no half-written file)."""
+    import imageio.v2 as imageio
+
+    from ditax.io.outputs import atomic_file
+    from ditax.io.video import to_uint8
+
+    path = pathlib.Path(path)
+    with atomic_file(path) as tmp:
+        imageio.imwrite(str(tmp), to_uint8(image[None])[0], format="png")
+    return path
+
+
 def read_images(image: str | None, last_image: str | None) -> dict:
     """``--image`` / ``--last-image`` files read into ``image=`` / ``last_image=`` (an
     unreadable file is a :class:`RequestError`: exit 2)."""
@@ -207,6 +278,7 @@ def run(args) -> int:
 
     mesh_cfg = load.pop("mesh_config")
     cache = load.pop("compile_cache")
+    image = load.pop("makes", "video") == "image"
     mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
     preflight(load["path"], load, call, mesh)   # the folder's family checks it, before weights
     if mesh is not None:
@@ -217,6 +289,12 @@ def run(args) -> int:
         pipe = ditax.load_pipeline(load.pop("path"), mesh=mesh, **load)
         with request_errors():  # e.g. a size this folder's VAE cannot take
             video = pipe(progress=show, **call)
+    if image:
+        t0 = time.perf_counter()
+        path = write_png(args.output, video)
+        print(f"{pipe.timings.line()} | write {time.perf_counter() - t0:.2f}s")
+        print(f"wrote {path} ({video.shape[1]}x{video.shape[0]} image)")
+        return 0
     t0 = time.perf_counter()
     path = write_mp4(args.output, video, fps=args.fps)
     if args.frames_dir:

@@ -37,6 +37,7 @@ class PipelineFamily:
     family has (each default below says what a family without it gets)."""
 
     name: ClassVar[str]
+    makes: ClassVar[str] = "video"   # or "image": ``ditax generate`` writes a PNG, refuses video flags
     sample_defaults: ClassVar[dict[str, Any]] = {}
     sample_presets: ClassVar[dict[str, dict[str, Any]]] = {}
 

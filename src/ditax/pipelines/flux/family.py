@@ -16,6 +16,7 @@ class FluxPipelines(PipelineFamily):
     """FLUX.1-dev / schnell text-to-image folders (``FluxPipeline``)."""
 
     name = "flux"
+    makes = "image"
     sample_defaults = SAMPLE_DEFAULTS
 
     def check_request(self, prompt, height, width, num_frames, num_inference_steps,
