@@ -37,7 +37,8 @@ class PipelineFamily:
     family has (each default below says what a family without it gets)."""
 
     name: ClassVar[str]
-    makes: ClassVar[str] = "video"   # or "image": ``ditax generate`` writes a PNG, refuses video flags
+    # "video", or "image": ``ditax generate`` writes a PNG and refuses the video flags
+    makes: ClassVar[str] = "video"
     sample_defaults: ClassVar[dict[str, Any]] = {}
     sample_presets: ClassVar[dict[str, dict[str, Any]]] = {}
 

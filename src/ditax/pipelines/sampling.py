@@ -66,6 +66,27 @@ class Sampled:
     timings: dict
 
 
+@dataclass
+class Timings:
+    """Seconds per phase of the last call (``load`` is set once, by the pipeline's loader;
+    ``compile``: ahead-of-time compilation of the step and decode, 0 when already compiled;
+    ``image``: the image condition (VAE encode, CLIP) of image-to-video, shown when
+    non-zero)."""
+
+    load: float = 0.0
+    text: float = 0.0
+    denoise: float = 0.0
+    decode: float = 0.0
+    compile: float = 0.0
+    image: float = 0.0
+
+    def line(self) -> str:
+        image = f"image {self.image:.2f}s | " if self.image else ""
+        return (f"timing: load {self.load:.2f}s | text {self.text:.2f}s | {image}"
+                f"compile {self.compile:.2f}s | denoise {self.denoise:.2f}s | "
+                f"decode {self.decode:.2f}s")
+
+
 def initial_noise(seed: int, shape: tuple[int, ...]) -> jax.Array:
     """``jax.random.normal(PRNGKey(seed), shape)``, float32, drawn flat and reshaped: the same
     values (threefry counts elements in row-major order, partitionable or not), but XLA
@@ -220,5 +241,5 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
     return Sampled(out, stats, timings)
 
 
-__all__ = ["Expert", "Sampled", "check_cfg_batch", "check_latents", "initial_noise",
+__all__ = ["Expert", "Sampled", "Timings", "check_cfg_batch", "check_latents", "initial_noise",
            "replicate", "sample", "set_timesteps"]

@@ -3,7 +3,8 @@
 Matches diffusers' ``FlowMatchEulerDiscreteScheduler`` with a fixed ``shift``, or with
 ``use_dynamic_shifting`` (FLUX.1-dev: the exponential time shift
 ``e^mu / (e^mu + 1/s - 1)`` of each sigma, ``mu`` from the image token count, :func:`flux_mu`,
-given per request with :meth:`FlowMatchEulerScheduler.with_mu`); no stochastic sampling. Its schedule has a quirk reproduced here on purpose: the
+given per request with :meth:`FlowMatchEulerScheduler.with_mu`); no stochastic sampling.
+Its schedule has a quirk reproduced here on purpose: the
 smallest training sigma is shifted once when the scheduler is built, and the inference
 sigmas spaced down to it are shifted again.
 

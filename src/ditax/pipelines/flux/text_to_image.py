@@ -22,8 +22,6 @@ cache (:mod:`ditax.compile_cache`; ``pipe.compile_cache``, default ``"auto"``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -33,24 +31,7 @@ from ditax.pipelines.flux.denoiser import FluxDenoiser, flux_inputs
 from ditax.pipelines.flux.packing import PACK, image_ids, text_ids, unpack
 from ditax.pipelines.flux.request import check_request
 from ditax.pipelines.programs import Programs, in_compile_cache
-from ditax.pipelines.sampling import Expert, sample
-
-
-@dataclass
-class Timings:
-    """Seconds per phase of the last call (``load`` set once by the loader; ``compile``: the
-    step program ahead of time, 0 when already compiled)."""
-
-    load: float = 0.0
-    text: float = 0.0
-    denoise: float = 0.0
-    decode: float = 0.0
-    compile: float = 0.0
-    image: float = 0.0
-
-    def line(self) -> str:
-        return (f"timing: load {self.load:.2f}s | text {self.text:.2f}s | compile "
-                f"{self.compile:.2f}s | denoise {self.denoise:.2f}s | decode {self.decode:.2f}s")
+from ditax.pipelines.sampling import Expert, Timings, sample
 
 
 class FluxTextToImage:
@@ -154,4 +135,4 @@ class FluxTextToImage:
         return out.output
 
 
-__all__ = ["FluxTextToImage", "Timings"]
+__all__ = ["FluxTextToImage"]

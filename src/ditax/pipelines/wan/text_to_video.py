@@ -24,8 +24,6 @@ compilation cache (:mod:`ditax.compile_cache`; ``pipe.compile_cache``, default `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -36,32 +34,12 @@ from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
 from ditax.pipelines.wan.folder import PipelineLoadError
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.wan.request import check_grid, check_max_sequence_length, check_request
-from ditax.pipelines.sampling import Expert, sample
+from ditax.pipelines.sampling import Expert, Timings, sample
 from ditax.pipelines.wan.inputs import wan_inputs
 
 
 # ----------------------------------------------------------------------------------------------
 # the pipeline
-
-
-@dataclass
-class Timings:
-    """Seconds per phase of the last call (``load`` is set once, by :func:`load_pipeline`;
-    ``compile``: ahead-of-time compilation of the step and decode, 0 when already compiled;
-    ``image``: the image condition (VAE encode, CLIP), image-to-video only)."""
-
-    load: float = 0.0
-    text: float = 0.0
-    denoise: float = 0.0
-    decode: float = 0.0
-    compile: float = 0.0
-    image: float = 0.0
-
-    def line(self) -> str:
-        image = f"image {self.image:.2f}s | " if self.image else ""
-        return (f"timing: load {self.load:.2f}s | text {self.text:.2f}s | {image}"
-                f"compile {self.compile:.2f}s | denoise {self.denoise:.2f}s | "
-                f"decode {self.decode:.2f}s")
 
 
 class WanTextToVideo:
