@@ -41,6 +41,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # no persistent compilation cache unless a test asks for one (hermetic runs, ~/.cache untouched)
 os.environ.setdefault("DITAX_CACHE_DIR", "none")
+# XLA with most optimisations off (jax's ``jax_disable_most_optimizations``: LLVM's backend
+# optimisation level 0; the HLO passes, so fusion and every value, are unchanged): about 60% of
+# the suite is XLA compiling tiny programs, and this cuts it by a third. Set in the environment
+# so that the suite's own subprocesses (CLI runs, multi-host, the GPU script's dry run) inherit
+# it. The modules in FULL_OPTIMIZATION_MODULES (what a TPU's compiler writes: copies, memory)
+# compile with every optimisation on. JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs everything so.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+FULL_OPTIMIZATION_MODULES = {"test_tpu_compile.py", "test_plan.py"}
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -83,6 +91,18 @@ def on_gpu():
     with jax.default_device(dev), ditax.target_platform(
             "cuda", compute_capability=getattr(dev, "compute_capability", None)):
         yield dev
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _optimizations(request):
+    """Every optimisation on for the modules in FULL_OPTIMIZATION_MODULES."""
+    if os.path.basename(str(request.path)) not in FULL_OPTIMIZATION_MODULES:
+        yield
+        return
+    prev = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", prev)
 
 
 @pytest.fixture(scope="module")

@@ -174,9 +174,9 @@ class VAETrainer:
         devs = list(devices if devices is not None else jax.devices()[:1])
         check_devices(cfg, len(devs))
         self.mesh = Mesh(np.array(devs), ("data",))
-        vae = WanVAE(cfg.vae, rngs=nnx.Rngs(cfg.seed))
-        if cfg.init_from:
-            vae = self._load_init(cfg)
+        # random weights only when they are used (an init_from run loads its own: a random
+        # init is a compile per parameter shape, ~30 s of the demo recipe's second stage)
+        vae = self._load_init(cfg) if cfg.init_from else WanVAE(cfg.vae, rngs=nnx.Rngs(cfg.seed))
         # the posterior starts narrow (log-variance bias ``loss.init_logvar``): with the usual
         # zero bias, std-1 noise on the latents drowns the signal and the tiny KL weight
         # leaves the encoder to shrink it weight by weight for thousands of steps
