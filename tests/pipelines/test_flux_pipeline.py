@@ -35,14 +35,19 @@ def pipes(tmp_path_factory):
     return out
 
 
-def test_generate_writes_a_png_and_refuses_video_flags(pipes, tmp_path, capsys):
+def test_generate_writes_a_png_and_refuses_video_flags(pipes, tmp_path, capsys, monkeypatch):
     """``ditax generate`` on a FluxPipeline folder: a PNG of the pipeline's image from the
-    seed's noise; each video-only flag refused in one line (exit 2) before loading."""
+    seed's noise; each video-only flag refused in one line (exit 2) before loading. (The
+    folder's pipeline is the one loaded above: load_pipeline's dispatch is tested there.)"""
     from ditax.cli import main
 
+    loaded = []
+    monkeypatch.setattr(ditax, "load_pipeline",
+                        lambda path, **kw: loaded.append(kw) or pipes["schnell"][1])
     folder, out = str(pipes["schnell_folder"]), tmp_path / "x.png"
     base = ["generate", "--model", folder, "--prompt", "a cat", "--height", str(SIZE),
-            "--width", str(SIZE), "--steps", "1", "--seed", "3", "--no-progress"]
+            "--width", str(SIZE), "--steps", "2", "--seed", "3", "--no-progress",
+            "sample.max_sequence_length=16"]
     for flags, words in ((["--frames", "5"], "--frames is a video flag"),
                          (["--image", "a.png"], "--image is a video flag"),
                          (["--fps", "8"], "--fps is a video flag"),
@@ -53,11 +58,12 @@ def test_generate_writes_a_png_and_refuses_video_flags(pipes, tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert rc == 2 and words in err and len(err.splitlines()) == 1, err
     assert main(base + ["--output", str(out)]) == 0
+    assert loaded and loaded[0]["dtype"] == "float32" and loaded[0]["cfg_mode"] == "batched"
     import imageio.v2 as imageio
 
     png = imageio.imread(out)
-    want = pipes["schnell"][1]("a cat", height=SIZE, width=SIZE, num_inference_steps=1, seed=3,
-                               progress=False)
+    want = pipes["schnell"][1]("a cat", height=SIZE, width=SIZE, num_inference_steps=2, seed=3,
+                               max_sequence_length=16, progress=False)
     assert png.shape == (SIZE, SIZE, 3) and png.dtype == np.uint8
     assert np.abs(png.astype(np.float32) / 255 - want).max() <= 0.5 / 255 + 1e-6
 
@@ -89,6 +95,22 @@ def test_flux_pipeline_matches_diffusers(pipes, name):
             n, sigmas=np.linspace(1.0, 1.0 / n, n))
         np.testing.assert_allclose(np.asarray(state.sigmas), ref.scheduler.sigmas.numpy(),
                                    rtol=1e-6)
+
+
+def test_flux_pipeline_on_a_mesh(pipes):
+    """fsdp2 x context2 with ulysses, true CFG batched over fsdp: diffusers' image (the
+    prediction comes back replicated, so the step program's carry keeps one sharding)."""
+    ref, _ = pipes["dev"]
+    mesh = ditax.make_mesh(dict(fsdp=2, context=2), devices=__import__("jax").devices()[:4])
+    pipe = ditax.load_pipeline(pipes["dev_folder"], mesh=mesh, attention="ulysses")
+    call = dict(height=SIZE, width=SIZE, num_inference_steps=2, max_sequence_length=16,
+                negative_prompt="blurry", true_cfg_scale=2.0)
+    lat = _latents(1)
+    with torch.no_grad():
+        want = ref("a cat", latents=torch.from_numpy(lat), output_type="np", **call).images[0]
+    err = float(np.abs(pipe("a cat", latents=lat, progress=False, **call) - want).max())
+    print(f"flux dev on fsdp2 x context2 (ulysses): max abs err {err:.2e}")
+    assert err < 1e-3
 
 
 def test_flux_pipeline_errors_and_seed(pipes):

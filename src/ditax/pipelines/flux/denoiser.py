@@ -38,9 +38,15 @@ class FluxDenoiser(nnx.Module):
         return emb, dict(pooled_projections=pooled, img_ids=img_ids[0], txt_ids=txt_ids[0],
                          guidance=guidance)
 
+    def _replicated(self, out):
+        """The prediction replicated over the mesh, as the loop keeps its latents (the head
+        leaves it split over the sequence shards; the step program's carry must keep one
+        sharding from step to step)."""
+        return self.transformer.sharding.constrain(out, (None,) * out.ndim)
+
     def __call__(self, x, timestep, text, *, img_ids, txt_ids, guidance=None):
         emb, kw = self._kwargs(text, img_ids, txt_ids, guidance)
-        return self.transformer(x, timestep, emb, **kw)
+        return self._replicated(self.transformer(x, timestep, emb, **kw))
 
     def embed(self, x, timestep, text, *, img_ids, txt_ids, guidance=None):
         emb, kw = self._kwargs(text, img_ids, txt_ids, guidance)
@@ -50,7 +56,7 @@ class FluxDenoiser(nnx.Module):
         return self.transformer.run_blocks(h, ctx, start, stop)
 
     def head(self, h, ctx):
-        return self.transformer.head(h, ctx)
+        return self._replicated(self.transformer.head(h, ctx))
 
 
 def flux_inputs(model, condition, latents, t):
