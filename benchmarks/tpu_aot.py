@@ -4,7 +4,7 @@ training step), relayout copies per layer and per forward, collective bytes, com
 roofline estimates, from :func:`ditax.plan.plan` on a deviceless topology mesh.
 
   PYTHONPATH=src python benchmarks/tpu_aot.py [--target tpu-v6e-8] [--cases NAME,...]
-      [--layers 40] [--train] [--steps 50]
+      [--layers 40] [--train] [--steps 50] [--dump-hlo DIR]
 
 Prints one JSON object per case. ``--layers n`` (< 40) compiles an n-layer model (the layer
 scan compiles once, so per-layer numbers are exact) and scales the per-forward counts to 40
@@ -34,6 +34,7 @@ CASES = {   # name: (mesh, attention overrides)
                                                         "out_a2a": "chunked"}),
     "context8-ulysses-flash-shard_major": ({"context": 8}, {
         "backend": "ulysses", "local": "flash", "out_a2a": "shard_major"}),
+    "context8-ring-flash": ({"context": 8}, {"backend": "ring", "local": "flash"}),
     "fsdp2xcontext4-ulysses-flash-flat": ({"fsdp": 2, "context": 4}, {
         "backend": "ulysses", "local": "flash"}),
     "fsdp2xcontext4-ulysses-flash-shard_major": ({"fsdp": 2, "context": 4}, {
@@ -76,6 +77,8 @@ def main():
     ap.add_argument("--train", action="store_true", help="also one training step (remat full)")
     ap.add_argument("--steps", type=int, default=50, help="denoising steps of the video")
     ap.add_argument("--block", type=int, default=512)
+    ap.add_argument("--dump-hlo", default=None, metavar="DIR",
+                    help="write each case's compiled forward HLO to DIR/<case>.hlo")
     a = ap.parse_args()
 
     from ditax.config import load_config
@@ -95,7 +98,9 @@ def main():
         cfg = load_config("wan2.1-t2v-14b", over)
         mesh = make_mesh(cfg.mesh, devices)
         try:
-            res = plan(cfg, mesh, compile_=True, train=a.train, chip=target.chip)
+            hlo = None if a.dump_hlo is None else os.path.join(a.dump_hlo, f"{name}.hlo")
+            res = plan(cfg, mesh, compile_=True, train=a.train, chip=target.chip,
+                       hlo_path=hlo)
             full = plan(replace(cfg, model=replace(cfg.model, num_layers=FULL_LAYERS)),
                         mesh)["param_bytes_per_device"]
         except Exception as e:  # one refused case must not hide the others

@@ -18,6 +18,11 @@ Layout of the package:
   :class:`AttentionConfig` and the mesh) and :class:`AttentionCall`;
 - :func:`check_available` — will the configured backends run on the target platform?
 
+A resolved call (:class:`AttentionCall`, what a model's plan holds) also takes head-major
+q/k/v ``[B, N, L, K]`` (``call(q, k, v, head_major=True)``, the same values): the layout the
+TPU kernels (flash, splash, and the sequence backends around them) read and write in place,
+which a model's projections can write directly (``call.reads_head_major`` says when to).
+
 A backend that cannot run here raises :class:`AttentionUnavailable` naming the backend, the
 unmet condition and the fix; nothing silently runs another kernel. ``backend="auto"`` picks
 the target platform's default for the inputs' dtype and head dim (TPU → splash; CUDA → cudnn,

@@ -169,15 +169,18 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
                                 block_q: int = FlashOptions.block_q,
                                 block_kv: int = FlashOptions.block_kv,
                                 return_lse: bool = False, o_prev=None, lse_prev=None,
-                                interpret: bool | None = None):
-    """Flash attention in the shard-major layout (no padding here; the caller pads).
+                                interpret: bool | None = None, whole_blocks: bool = True):
+    """Flash attention in the shard-major layout (no padding here).
 
     Args:
       q: ``[U, B, N, Lc, K]`` — ``U`` sequence shards of ``Lc`` tokens, shard index leading
         (what a leading-axis all_to_all delivers in Ulysses).
       k, v: ``[Uk, B, N, Lk_c, K]``, the full key sequence in the same shard-major order.
       kv_keep: optional ``[B, Uk, Lk_c]`` bool (True = attend).
-      block_q, block_kv: must divide ``Lc`` / ``Lk_c``.
+      block_q, block_kv: must divide ``Lc`` / ``Lk_c`` (the caller pads), unless
+        ``whole_blocks=False``: then each shard's last block may be partial (read past the
+        shard and masked, :mod:`.kernels.flash_fwd`) — the values of zero-padded shards of
+        ``cdiv`` whole blocks, bit for bit, without the padded copies.
       o_prev, lse_prev: optional ``[U, B, N, Lc, K]`` / ``[U, B, N, Lc]`` partial result over
         other keys (normalised output and its log-sum-exp; an earlier ring step). The online
         softmax continues from it, so the result covers both key sets (the ring merge done
@@ -189,7 +192,7 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
     if k.ndim != 5 or k.shape != v.shape or k.shape[1:3] != (B, N) or k.shape[4] != K:
         raise ValueError(f"shard-major flash expects q [U, B, N, Lc, K] and k/v [Uk, B, N, Lk_c, "
                          f"K]; got q{q.shape} k{k.shape} v{v.shape}")
-    if Lc % block_q or k.shape[3] % block_kv:
+    if whole_blocks and (Lc % block_q or k.shape[3] % block_kv):
         raise ValueError(f"shard-major flash: shard length Lc={Lc} (keys {k.shape[3]}) must be a "
                          f"multiple of block_q={block_q} / block_kv={block_kv}; pad the sequence "
                          f"so each shard is a block multiple")
@@ -222,8 +225,9 @@ def _check_prev(o_prev, lse_prev, o_shape, lse_shape):
 
 def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOptions.block_q,
                     block_kv: int = FlashOptions.block_kv, return_lse: bool = False,
-                    o_prev=None, lse_prev=None, interpret: bool | None = None):
-    """Flash attention, BSHD layout.
+                    o_prev=None, lse_prev=None, interpret: bool | None = None,
+                    head_major: bool = False):
+    """Flash attention, BSHD layout (or head-major ``[B, N, L, K]`` with ``head_major``).
 
     Args:
       q: ``[B, Lq, N, K]``; k, v: ``[B, Lk, N, K]``; kv_mask: ``[B, Lk]`` bool (True = attend).
@@ -236,8 +240,15 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOp
         keys to continue from (see :func:`flash_attention_shard_major`).
       interpret: Pallas interpret mode; None = from the target platform (compiled on TPU,
         interpreted on CPU, refused on GPU).
+      head_major: q ``[B, N, Lq, K]``, k/v ``[B, N, Lk, K]`` (o_prev likewise) and the
+        output head-major, as a model's projections can write them: the kernel reads them
+        in place, partial last blocks masked instead of padded (no copies; the values of
+        the padded head-major call, bit for bit).
     Returns ``[B, Lq, N, K]`` in q's dtype, or o_prev's when given (and lse).
     """
+    if head_major:
+        return _flash_head_major(q, k, v, kv_mask, scale, block_q, block_kv, return_lse,
+                                 o_prev, lse_prev, interpret)
     B, Lq, N, K = q.shape
     Lk = k.shape[1]
     bq, bkv = effective_block(block_q, Lq), effective_block(block_kv, Lk)
@@ -275,6 +286,20 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOp
     if return_lse:
         return o, lse[0, ..., 0][:, :, :Lq]
     return o
+
+
+def _flash_head_major(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, o_prev,
+                      lse_prev, interpret):
+    """:func:`flash_attention` on head-major ``[B, N, L, K]``: the shard-major kernel with one
+    shard (a free leading axis), partial last blocks."""
+    B, N, Lq, K = q.shape
+    bq, bkv = effective_block(block_q, Lq), effective_block(block_kv, k.shape[2])
+    lead = (lambda x: None if x is None else x[None])   # noqa: E731
+    o, lse = flash_attention_shard_major(
+        q[None], k[None], v[None], kv_keep=None if kv_mask is None else kv_mask[:, None, :],
+        scale=scale, block_q=bq, block_kv=bkv, return_lse=True, o_prev=lead(o_prev),
+        lse_prev=lead(lse_prev), interpret=interpret, whole_blocks=False)
+    return (o[0], lse[0]) if return_lse else o[0]
 
 
 def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev, interpret):

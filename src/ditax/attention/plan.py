@@ -66,25 +66,42 @@ class AttentionCall:
         return entry.name, pick(entry.options, dict(self.options.local_options,
                                                     **self.options.kwargs()))
 
-    def __call__(self, q, k, v, *, kv_mask=None, scale=None):
-        check_shapes(q, k, v, kv_mask)
+    def __call__(self, q, k, v, *, kv_mask=None, scale=None, head_major: bool = False):
+        """``head_major``: q ``[B, N, Lq, K]``, k/v ``[B, N, Lk, K]`` and the output
+        head-major (the layout :attr:`reads_head_major` says this call reads without copies);
+        the same values as the ``[B, L, N, K]`` call."""
+        check_shapes(q, k, v, kv_mask, head_major=head_major)
         platform = self.platform or platform_of(self.mesh)
         # Kernels decide interpret / refusal from platform_of(); inside the call that is this
         # call's platform (the mesh's devices), not the process's jax.devices().
         with target_platform(platform.name, platform.compute_capability):
-            return self._run(platform, q, k, v, kv_mask, scale)
+            return self._run(platform, q, k, v, kv_mask, scale, head_major)
 
-    def _run(self, platform: Platform, q, k, v, kv_mask, scale):
+    @property
+    def reads_head_major(self) -> bool:
+        """Whether q/k/v should reach this call head-major ``[B, N, L, K]`` — written so by
+        the projections — rather than ``[B, L, N, K]``: on TPU a ``[L, D] → [L, N, K]`` view
+        is itself a relayout (the (8, 128) tiles cover the two minor dims), and the kernels
+        that read head-major (:attr:`~ditax.attention.registry.Backend.head_major`: flash,
+        splash; for a sequence backend its local kernel) take their tiles in place. Also for
+        flash with ``K = 128``, whose packed ``[L, N·K]`` path reads the projections as they
+        are but leaves ``to_out`` a relayout of its output (measured at Wan 14B 720p on
+        v6e-8: ``docs/architecture.md``). A function of the plan only, so static: part of
+        the compiled program's identity."""
+        return registry.BACKENDS[self.local()[0]].head_major
+
+    def _run(self, platform: Platform, q, k, v, kv_mask, scale, head_major=False):
         entry = self.entry
         if entry.kind == "sequence":
             return entry.load()(self.backend, q, k, v, mesh=self.mesh, kv_mask=kv_mask,
-                                scale=scale, options=self.options, platform=platform)
+                                scale=scale, options=self.options, platform=platform,
+                                head_major=head_major)
         entry.require(platform, dtype=q.dtype, head_dim=q.shape[-1],
                       interpret=getattr(self.options, "interpret", None))
-        kernel = LocalRun(entry, self.options)
+        kernel = LocalRun(entry, self.options, head_major=head_major)
         if self.mesh is not None:
             return sharded_local_attention(kernel, q, k, v, mesh=self.mesh, kv_mask=kv_mask,
-                                           scale=scale)
+                                           scale=scale, head_major=head_major)
         return kernel(q, k, v, kv_mask, scale)
 
 
@@ -213,19 +230,21 @@ def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
                          num_heads, head_dim, None if dtype is None else jnp.dtype(dtype).name)
 
 
-def check_shapes(q, k, v, kv_mask=None):
+def check_shapes(q, k, v, kv_mask=None, *, head_major: bool = False):
     """Raise :class:`~ditax.errors.RequestError` (a ``ValueError``) unless q/k/v/kv_mask have
-    the BSHD shapes ``attend`` takes."""
+    the BSHD shapes ``attend`` takes (``head_major``: ``[B, N, L, K]``)."""
+    form = "[B, N, L, K]" if head_major else "[B, L, N, K]"
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise RequestError(f"attention expects q/k/v of rank 4 [B, L, N, K]; got q{q.shape} "
+        raise RequestError(f"attention expects q/k/v of rank 4 {form}; got q{q.shape} "
                            f"k{k.shape} v{v.shape}")
     if k.shape != v.shape:
         raise RequestError(f"k{k.shape} and v{v.shape} must have the same shape")
-    if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+    t, n = (2, 1) if head_major else (1, 2)
+    if (q.shape[0], q.shape[n], q.shape[3]) != (k.shape[0], k.shape[n], k.shape[3]):
         raise RequestError(f"q{q.shape} and k{k.shape} must agree on batch, heads and head dim")
-    if kv_mask is not None and tuple(kv_mask.shape) != (k.shape[0], k.shape[1]):
+    if kv_mask is not None and tuple(kv_mask.shape) != (k.shape[0], k.shape[t]):
         raise RequestError(f"kv_mask{tuple(kv_mask.shape)} must be [B, Lk] = "
-                           f"{(k.shape[0], k.shape[1])}")
+                           f"{(k.shape[0], k.shape[t])}")
 
 
 __all__ = ["AttentionCall", "AttentionPlan", "plan_attention", "resolve", "cross_backend",

@@ -60,6 +60,8 @@ class Backend:
     ``entry_context``: ``"module:function"``, ``function(mesh, say)`` returning the context
     manager an entry point enters around a run that uses this backend (``say`` announces
     it); None: it needs none.
+    ``head_major``: the kernel also reads and writes head-major ``[B, N, L, K]`` itself
+    (its function takes ``head_major=True``); other kernels get it through a transpose.
     """
 
     name: str
@@ -81,6 +83,7 @@ class Backend:
     requires: Optional[str] = None                 # importable module it needs
     requires_fix: str = ""
     entry_context: Optional[str] = None            # "module:function"(mesh, say)
+    head_major: bool = False                       # takes head_major=True ([B, N, L, K])
 
     def load(self) -> Callable:
         """The backend function (its module imported on first use)."""
@@ -175,11 +178,12 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             opt.BlockwiseOptions, lse="kernel"),
     Backend("splash", "ditax.attention.splash:splash_attention", opt.SplashOptions,
             compiled_on=("tpu",), interpreted_on=("cpu",), refuses_on=GPU_PLATFORMS,
-            off_platform=_SPLASH_OFF_GPU, lse="kernel"),
+            off_platform=_SPLASH_OFF_GPU, lse="kernel", head_major=True),
     Backend("flash", "ditax.attention.flash:flash_attention", opt.FlashOptions,
             compiled_on=("tpu",), interpreted_on=("cpu",), refuses_on=GPU_PLATFORMS,
             off_platform=_FLASH_OFF_GPU,
-            dtypes=("float32", "bfloat16", "float16"), lse="kernel", carries=True),
+            dtypes=("float32", "bfloat16", "float16"), lse="kernel", carries=True,
+            head_major=True),
     Backend("cudnn", "ditax.attention.cudnn:cudnn_attention",
             title="cuDNN flash attention", masks="prefix", ring_local="blockwise", **_CUDA),
     Backend("te", "ditax.attention.te:te_attention", title="TransformerEngine fused attention",

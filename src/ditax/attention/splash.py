@@ -44,8 +44,11 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.blo
                      block_kv: int = _O.block_kv, block_kv_compute: int | None = None,
                      block_q_bwd: int | None = None, block_kv_bwd: int | None = None,
                      fused_bwd: bool = _O.fused_bwd, interpret: bool | None = None,
-                     pad_head_dim: bool | None = None, return_lse: bool = False):
-    """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``.
+                     pad_head_dim: bool | None = None, return_lse: bool = False,
+                     head_major: bool = False):
+    """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``;
+    with ``head_major`` q/k/v and the output are ``[B, N, L, K]``, the kernel's own layout
+    (no transposes around it).
 
     Args:
       block_q, block_kv: forward tile sizes (clipped to the 128-rounded sequence lengths;
@@ -71,8 +74,12 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.blo
         interpret = BACKENDS["splash"].default_interpret(platform)
     interpret = bool(interpret)
     BACKENDS["splash"].require(platform, interpret=interpret)   # GPUs: refused, not interpreted
-    B, Lq, N, K = q.shape
-    Lk = k.shape[1]
+    if head_major:
+        B, N, Lq, K = q.shape
+        Lk = k.shape[2]
+    else:
+        B, Lq, N, K = q.shape
+        Lk = k.shape[1]
     scale = float(K ** -0.5 if scale is None else scale)
 
     bq = _clip_block("block_q", block_q, Lq)
@@ -96,9 +103,8 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.blo
 
     # [B, L, N, K] -> [B, N, L, K], pre-scaled q, padded L (and K).
     qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
-    qt = _pad(jnp.swapaxes(qs, 1, 2), Lq_p, Kp)
-    kt = _pad(jnp.swapaxes(k, 1, 2), Lk_p, Kp)
-    vt = _pad(jnp.swapaxes(v, 1, 2), Lk_p, Kp)
+    hm = (lambda x: x) if head_major else (lambda x: jnp.swapaxes(x, 1, 2))  # noqa: E731
+    qt, kt, vt = _pad(hm(qs), Lq_p, Kp), _pad(hm(k), Lk_p, Kp), _pad(hm(v), Lk_p, Kp)
 
     valid = jnp.ones((B, Lk), bool) if kv_mask is None else kv_mask.astype(bool)
     any_key = jnp.any(valid, axis=1)                                     # [B]
@@ -118,7 +124,7 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.blo
 
     res = jax.vmap(pinned_precision(one, q.dtype))(qt, kt, vt, q_seg, kv_seg)
     o, lse = (res[0], res[1][0]) if return_lse else (res, None)
-    o = jnp.swapaxes(o[:, :, :Lq, :K], 1, 2).astype(q.dtype)           # [B, Lq, N, K]
+    o = hm(o[:, :, :Lq, :K]).astype(q.dtype)               # [B, Lq, N, K] (or head-major)
     o = jnp.where(any_key[:, None, None, None], o, jnp.zeros_like(o))
     if not return_lse:
         return o

@@ -71,6 +71,15 @@ class LoraLinear(Linear):
         LoRA terms; the base layer's relayout-free contraction is for the merged case)."""
         return self(x.reshape(x.shape[:-2] + (-1,)))
 
+    def to_head_major(self, x, num_heads: int):
+        """:meth:`__call__` viewed head-major ``[B, N, L, K]`` (base and LoRA terms)."""
+        y = self(x)
+        return jnp.swapaxes(y.reshape(y.shape[:-1] + (num_heads, -1)), 1, 2)
+
+    def from_head_major(self, x):
+        """Head-major ``x [B, N, L, K]`` through :meth:`__call__` (base and LoRA terms)."""
+        return self(jnp.swapaxes(x, 1, 2).reshape(x.shape[0], x.shape[2], -1))
+
 
 def _by_module(table: Table) -> dict[str, tuple]:
     """Upstream key of a Linear's weight / bias → (our module path, layer or None, part)."""

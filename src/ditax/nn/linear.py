@@ -36,3 +36,22 @@ class Linear(nnx.Module):
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
+
+    def to_head_major(self, x, num_heads: int):
+        """The layer on ``x [B, L, in]`` written head-major ``[B, N, L, K]`` (out = N·K)
+        straight from the dot (the TPU attention kernels' layout; no relayout after it)."""
+        w = self.kernel[...].astype(self.dtype).reshape(x.shape[-1], num_heads, -1)
+        y = jnp.einsum("bli,ink->bnlk", x.astype(self.dtype), w)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype).reshape(num_heads, 1, -1)
+        return y
+
+    def from_head_major(self, x):
+        """The layer on head-major ``x [B, N, L, K]`` (in = N·K) → ``[B, L, out]``,
+        contracting ``(N, K)`` where the attention kernel wrote them."""
+        n, k = x.shape[1], x.shape[3]
+        w = self.kernel[...].astype(self.dtype).reshape(n, k, -1)
+        y = jnp.einsum("bnlk,nko->blo", x.astype(self.dtype), w)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y

@@ -27,8 +27,9 @@ def axial_rope_angles(dims, grid, theta: float = 10000.0) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(int(np.prod(grid)), sum(dims) // 2)
 
 
-def apply_rope(x, cos, sin):
-    """Rotate the interleaved pairs ``(x[2i], x[2i+1])`` of ``x [B, L, N, K]``.
+def apply_rope(x, cos, sin, *, head_major: bool = False):
+    """Rotate the interleaved pairs ``(x[2i], x[2i+1])`` of ``x [B, L, N, K]`` (or, with
+    ``head_major``, ``[B, N, L, K]``).
 
     ``cos`` / ``sin``: ``[L, K]`` float32, each pair's value repeated on both of its channels
     (diffusers' ``repeat_interleave(2)`` tables, :func:`pair_tables`). As the reference:
@@ -52,8 +53,8 @@ def apply_rope(x, cos, sin):
              else jax.lax.Precision.HIGHEST)
     partner = jnp.einsum("blnk,kj->blnj", x, jnp.asarray(_partner_matrix(k), x.dtype),
                          precision=exact, preferred_element_type=jnp.float32)
-    c = cos[None, :, None, :]
-    s = sin[None, :, None, :]
+    c = cos[None, None] if head_major else cos[None, :, None, :]
+    s = sin[None, None] if head_major else sin[None, :, None, :]
     return (x.astype(jnp.float32) * c + partner * s).astype(x.dtype)
 
 

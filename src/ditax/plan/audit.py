@@ -30,9 +30,13 @@ def _collective_kind(op: str) -> str | None:
     return base if base in COLLECTIVES else None
 
 
+# copy-start / -done and slice-start / -done: XLA's memory-space moves (prefetches into and
+# evictions out of on-chip memory, whole or in chunks; ConcatBitcast joins the chunks in
+# place) — their consumers' reads are counted already, as if from HBM
 _NO_TRAFFIC = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while",
                "conditional", "call", "after-all", "partition-id", "replica-id", "iota",
-               "copy-start", "copy-done", "opt-barrier")
+               "copy-start", "copy-done", "slice-start", "slice-done", "opt-barrier")
+_NO_TRAFFIC_CALLS = ('custom_call_target="ConcatBitcast"',)
 
 
 def _dims(shape: str) -> list[int]:
@@ -202,7 +206,8 @@ class _Program:
         top = name not in self.fused
         for ins in comp.instrs.values():
             out["xla_flops"] += m * matmul_flops(comp, ins)
-            if top and ins.opcode not in _NO_TRAFFIC:
+            if top and ins.opcode not in _NO_TRAFFIC and not any(
+                    c in ins.attrs for c in _NO_TRAFFIC_CALLS):
                 out["hbm_bytes"] += m * self.traffic(comp, ins)
             if ins.opcode == "copy" and _dims(ins.shape):     # scalar copies move nothing
                 key = "copy" if (name not in self.fused or (name in self.top_fused

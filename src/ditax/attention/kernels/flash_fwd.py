@@ -19,12 +19,12 @@ Layout (one layout for every caller; the plain single-device case is ``U = 1``):
   online softmax starts from (ring steps merge here, on ``[block_q, K]`` tiles, instead of in
   an elementwise jnp merge whose compiled form — FMA contraction — depends on the layout).
 
-Grid ``(B, N, U * Lc/block_q, Uk * Lk_c/block_kv)``: one program per (query block, key
-block) tile; the key axis is innermost and sequential ("arbitrary"), and the online-softmax
+Grid ``(B, N, U·cdiv(Lc, block_q), Uk·cdiv(Lk_c, block_kv))``: one program per (query block,
+key block) tile; the key axis is innermost and sequential ("arbitrary"), and the online-softmax
 state (running max ``m``, denominator ``l``, accumulator ``acc``, float32) lives in VMEM
 scratch across it, started empty or from (o_prev, lse_prev). Only ``[block, K]`` tiles are
 resident, so VMEM use does not grow with the sequence. The key index map walks shard-major
-(shard ``j // (Lk_c/block_kv)``, block ``j % ...`` inside it).
+(shard ``j // cdiv(Lk_c, block_kv)``, block ``j % ...`` inside it).
 
 Verified here: interpret mode on CPU (tests/attention/test_flash.py), and lowering to Mosaic TPU via
 ``jax.export(platforms=["tpu"])`` (tests/attention/test_flash.py) — not yet run on a TPU. On GPUs this
@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ditax.attention.kernels.mosaic import NN, NT, as_column, mxu_dot
+from ditax.intmath import ceil_div
 
 NEG_INF = float("-inf")
 
@@ -114,22 +115,25 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
     kernel continues its online softmax from it, so the output covers both key sets. The
     merge then happens on the kernel's own ``[block_q, K]`` tiles, whatever the layout.
 
-    Requires ``Lc % block_q == 0`` and ``Lk_c % block_kv == 0`` (callers pad).
+    Shard lengths need not be block multiples: each shard is walked in ``cdiv`` blocks, its
+    last one partial (read past the shard: unspecified rows; keys there masked through the
+    zero-padded ``kv_keep`` and their value rows zeroed, query rows there never written).
+    That visits exactly the keys, in the same blocks and order, of the zero-padded shards
+    of ``cdiv`` whole blocks — the values are bit-identical to padding first — and needs no
+    padded copy of q / k / v (the head-major Ulysses and ring paths, ``out_a2a`` modes
+    included, rely on it).
     Returns ``(out [U, B, N, Lc, K], lse [U, B, N, Lc, 1] float32)``; out has o_prev's dtype
     when given, else q's.
     """
     U, B, N, Lc, K = q.shape
     Uk, Lkc = k.shape[0], k.shape[3]
-    if Lc % block_q or Lkc % block_kv:
-        raise ValueError(f"flash kernel: shard lengths Lq_c={Lc}, Lk_c={Lkc} must be multiples "
-                         f"of block_q={block_q} and block_kv={block_kv} (pad first)")
     has_prev = o_prev is not None
     if has_prev != (lse_prev is not None):
         raise ValueError("flash kernel: give o_prev and lse_prev together (or neither)")
     if has_prev and (o_prev.shape != q.shape or lse_prev.shape != (U, B, N, Lc, 1)):
         raise ValueError(f"flash kernel: o_prev{o_prev.shape} / lse_prev{lse_prev.shape} must be "
                          f"{q.shape} / {(U, B, N, Lc, 1)}")
-    nq, nkv = Lc // block_q, Lkc // block_kv
+    nq, nkv = ceil_div(Lc, block_q), ceil_div(Lkc, block_kv)
     sq = pl.squeezed
     div, rem = jax.lax.div, jax.lax.rem   # (no floor-division sign fix-ups in index maps)
 
@@ -149,17 +153,30 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
     # tiled (8, 128) in HBM: 128x its size, written per call.
     keep_spec = pl.BlockSpec((sq, sq, 1, block_kv), lambda b, h, i, j: (b, j, 0, 0))
     lse_spec = pl.BlockSpec((sq, sq, sq, sq, 1, block_q), lambda *g: q_map(*g) + (0,))
-    kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev)
+    kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev,
+                               mask_v=Lkc % block_kv != 0)
     in_specs = [q_spec, kv_spec, kv_spec, keep_spec] + ([q_spec, lse_spec] if has_prev else [])
-    keep = kv_keep.reshape(B, Uk * nkv, 1, block_kv)
+    keep = pad_rows(kv_keep, nkv * block_kv, 0).reshape(B, Uk * nkv, 1, block_kv)
     rows = (U, B, N, nq, 1, block_q)
-    args = (q, k, v, keep) + ((o_prev, lse_prev.astype(jnp.float32).reshape(rows))
-                              if has_prev else ())
+    args = (q, k, v, keep)
+    if has_prev:
+        args += (o_prev, pad_rows(lse_prev.astype(jnp.float32)[..., 0], nq * block_q,
+                                  NEG_INF).reshape(rows),)
     out_dtype = o_prev.dtype if has_prev else q.dtype
     o, lse = run_forward(kernel, (B, N, U * nq, Uk * nkv), in_specs, q_spec, lse_spec, args,
                          jax.ShapeDtypeStruct(q.shape, out_dtype), rows, block_q, K,
                          interpret=interpret, name="ditax_flash_fwd")
-    return o, lse.reshape(U, B, N, Lc, 1)
+    return o, lse.reshape(U, B, N, nq * block_q)[..., :Lc, None]
+
+
+def pad_rows(x, n: int, value):
+    """``x [..., l]`` padded with ``value`` to ``[..., n]`` (a no-op when ``l == n``): the
+    per-row vectors (key mask, lse, softmax delta) of a partial last block, which travel as
+    whole lane rows."""
+    extra = n - x.shape[-1]
+    if not extra:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)], constant_values=value)
 
 
 def run_forward(kernel, grid, in_specs, q_spec, lse_spec, args, out, rows, block_q: int,
@@ -167,8 +184,13 @@ def run_forward(kernel, grid, in_specs, q_spec, lse_spec, args, out, rows, block
     """The forward ``pallas_call`` both layouts share: grid ``(B, N, query blocks, key
     blocks)`` (the last one sequential: the online softmax), outputs ``out`` (o's
     ``ShapeDtypeStruct``, tiled like q) and float32 lse ``rows``, scratch for the running max,
-    sum and ``[block_q, K]`` accumulator."""
+    sum and ``[block_q, K]`` accumulator. With a previous partial (``args`` ends with o_prev
+    and its lse rows) the outputs are written over it (aliased): a ring step continues in
+    place instead of XLA copying the carried float32 output every step (each output block
+    is read as o_prev before it is written, and no other block reads it)."""
     from jax.experimental.pallas import tpu as pltpu
+
+    aliases = {len(args) - 2: 0, len(args) - 1: 1} if len(in_specs) == 6 else {}
 
     return pl.pallas_call(
         kernel,
@@ -183,4 +205,5 @@ def run_forward(kernel, grid, in_specs, q_spec, lse_spec, args, out, rows, block
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         interpret=interpret,
         name=name,
+        input_output_aliases=aliases,
     )(*args)

@@ -32,11 +32,15 @@ from ditax.attention.sequence.plan import SequencePlan, plan_sequence_parallel
 
 
 def sequence_parallel_attention(backend: str, q, k, v, *, mesh, kv_mask=None, scale=None,
-                                options=None, platform=None):
-    """Plan and run ``backend`` for these inputs (the registry's entry point)."""
-    plan = plan_sequence_parallel(backend, mesh, q_shape=q.shape, kv_len=k.shape[1],
-                                  dtype=q.dtype, options=options, platform=platform)
-    return run_sequence_parallel(plan, q, k, v, kv_mask=kv_mask, scale=scale)
+                                options=None, platform=None, head_major: bool = False):
+    """Plan and run ``backend`` for these inputs (the registry's entry point); ``head_major``:
+    q/k/v and the output are ``[B, N, L, K]``."""
+    shape = (q.shape[0], q.shape[2], q.shape[1], q.shape[3]) if head_major else q.shape
+    plan = plan_sequence_parallel(backend, mesh, q_shape=shape,
+                                  kv_len=k.shape[2 if head_major else 1], dtype=q.dtype,
+                                  options=options, platform=platform)
+    return run_sequence_parallel(plan, q, k, v, kv_mask=kv_mask, scale=scale,
+                                 head_major=head_major)
 
 
 __all__ = ["SequencePlan", "plan_sequence_parallel", "run_sequence_parallel",

@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
+from ditax.attention.sequence import exchange as ex
 from ditax.attention.sequence.merge import empty_state, ring_loop
 from ditax.attention.sequence.plan import SequencePlan
 from ditax.attention.sharded import sharded_local_attention
@@ -53,88 +56,125 @@ def _log_path(plan: SequencePlan) -> None:
             log.info("%s", plan.describe())
 
 
-def run_sequence_parallel(plan: SequencePlan, q, k, v, *, kv_mask=None, scale=None):
+def run_sequence_parallel(plan: SequencePlan, q, k, v, *, kv_mask=None, scale=None,
+                          head_major: bool = False):
     """q ``[B, L, N, K]`` (sequence sharded over ``context``), k/v ``[B, Lk, N, K]``,
-    kv_mask ``[B, Lk]`` → ``[B, L, N, K]`` in q's dtype, sharded like q."""
-    B, L = q.shape[:2]
+    kv_mask ``[B, Lk]`` → ``[B, L, N, K]`` in q's dtype, sharded like q.
+
+    ``head_major``: q/k/v and the output are ``[B, N, L, K]`` (what a model's projections
+    write for the TPU kernels): flash and splash read it as is, and on the kernel path the
+    shards are not padded (the kernel masks their partial last blocks) — the same values,
+    bit for bit, in every ``out_a2a`` mode."""
+    t = 2 if head_major else 1                               # the token axis
+    B, L = q.shape[0], q.shape[t]
     if L != plan.length:
         raise ValueError(f"{plan.backend}: the plan is for L={plan.length} tokens, q has {L}; "
                          f"plan again for these inputs")
     if plan.cross:
         log.debug("%s", plan.describe())
-        return sharded_local_attention(plan.local, q, k, v, mesh=plan.mesh, kv_mask=kv_mask,
-                                       scale=scale, what=f"{plan.backend} cross attention")
+        local = replace(plan.local, head_major=head_major)
+        return sharded_local_attention(local, q, k, v, mesh=plan.mesh, kv_mask=kv_mask,
+                                       scale=scale, what=f"{plan.backend} cross attention",
+                                       head_major=head_major)
     _log_path(plan)
     # Only an uneven split pads the whole sequence (moving tokens between devices); the
     # padding of each shard to whole blocks happens on its device (_shard_padded).
     L_pad = ceil_div(L, plan.ring * plan.ulysses) * plan.ring * plan.ulysses
     mask = kv_mask
     if L_pad != L:
-        pad = ((0, 0), (0, L_pad - L), (0, 0), (0, 0))
+        pad = [(0, L_pad - L) if i == t else (0, 0) for i in range(4)]
         q, k, v = jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad)
         mask = jnp.ones((B, L), bool) if mask is None else mask
         mask = jnp.pad(mask, ((0, 0), (0, L_pad - L)))
     body = _kernel_path_body if plan.kernel_path else _exchange_body
-    body = _shard_padded(functools.partial(body, plan, scale), plan.shard_length)
-    x_spec, m_spec = plan.grid.token_spec(), plan.grid.mask_spec()
+    body = functools.partial(body, plan, scale, head_major)
+    # Head-major flash on the Ulysses kernel path reads each shard in place, its partial
+    # last block masked: no padding. (Flat / chunked exchanges concatenate shards: whole
+    # blocks each. The ring pads too: rotated along the ring, unpadded K/V shards of 9,450
+    # rows were laid out token-major by XLA and copied back every step at Wan 14B 720p.)
+    if not (head_major and plan.kernel_path):
+        body = _shard_padded(body, plan.shard_length, t)
+    grid = plan.grid
+    x_spec = grid.token_spec()
+    if head_major:
+        x_spec = P(x_spec[0], x_spec[2], x_spec[1], None)
     args = (q, k, v) + (() if mask is None else (mask,))
-    specs = (x_spec,) * 3 + (() if mask is None else (m_spec,))
-    out = jax.shard_map(body, mesh=plan.grid.mesh, in_specs=specs, out_specs=x_spec,
+    specs = (x_spec,) * 3 + (() if mask is None else (grid.mask_spec(),))
+    out = jax.shard_map(body, mesh=grid.mesh, in_specs=specs, out_specs=x_spec,
                         check_vma=False)(*args)
-    return out[:, :L] if L_pad != L else out
+    if L_pad == L:
+        return out
+    return out[:, :, :L] if head_major else out[:, :L]
 
 
-def _shard_padded(body, shard_length: int):
-    """``body`` on each device's shard padded to ``shard_length`` tokens (zero rows, keys
-    masked), its output sliced back. Every out_a2a mode pads the same way, so they see the
-    same keys in the same blocks; no token moves to another device (padding the whole
-    sequence at its end shifted every shard's tokens: halo permutes and copies per call)."""
+def _shard_padded(body, shard_length: int, t: int = 1):
+    """``body`` on each device's shard padded to ``shard_length`` tokens (zero rows on the
+    token axis ``t``, keys masked), its output sliced back. Every out_a2a mode pads the same
+    way, so they see the same keys in the same blocks; no token moves to another device
+    (padding the whole sequence at its end shifted every shard's tokens: halo permutes and
+    copies per call)."""
     def run(q, k, v, *maybe_mask):
-        lc = q.shape[1]
+        lc = q.shape[t]
         if lc == shard_length:
             return body(q, k, v, *maybe_mask)
-        rows = ((0, 0), (0, shard_length - lc), (0, 0), (0, 0))
-        m = maybe_mask[0] if maybe_mask else jnp.ones(q.shape[:2], bool)
+        rows = [(0, shard_length - lc) if i == t else (0, 0) for i in range(4)]
+        m = maybe_mask[0] if maybe_mask else jnp.ones((q.shape[0], lc), bool)
         m = jnp.pad(m, ((0, 0), (0, shard_length - lc)))
         o = body(jnp.pad(q, rows), jnp.pad(k, rows), jnp.pad(v, rows), m)
-        return o[:, :lc]
+        return o[:, :, :lc] if t == 2 else o[:, :lc]
     return run
 
 
-def _exchange_body(plan: SequencePlan, scale, q, k, v, *maybe_mask):
+def _exchanges(plan: SequencePlan, head_major: bool):
+    """``(to_heads, to_seq)``: the Ulysses exchange of ``plan.out_a2a`` (flat, or the
+    leading-axis chunked one) for the layout."""
+    uly, U = plan.grid.ulysses_axis, plan.ulysses
+    flat = plan.out_a2a == "flat"
+    if head_major:
+        if flat:
+            return (lambda x: ex.to_heads_flat(x, uly)), (lambda o: ex.from_heads_flat(o, uly))
+        return ((lambda x: ex.to_heads_chunked(x, uly, U)),
+                (lambda o: ex.from_heads_chunked(o, uly, U)))
+    if flat:
+        return (lambda x: col.seq_to_heads_flat(x, uly)), (lambda o: col.heads_to_seq_flat(o, uly))
+    return ((lambda x: col.seq_to_heads_chunked(x, uly, num_shards=U)),
+            (lambda o: col.heads_to_seq_chunked(o, uly, U)))
+
+
+def _exchange_body(plan: SequencePlan, scale, head_major: bool, q, k, v, *maybe_mask):
     """Per device: Ulysses exchange (flat or chunked) around the local kernel and ring."""
     log.debug("%s: exchange path (%s)", plan.backend, plan.describe())
     m = maybe_mask[0] if maybe_mask else None
-    U, R, lk = plan.ulysses, plan.ring, plan.local
-    uly, ring = plan.grid.ulysses_axis, plan.grid.ring_axis
+    U, R = plan.ulysses, plan.ring
+    lk = replace(plan.local, head_major=head_major)
+    ring = plan.grid.ring_axis
+    to_heads, to_seq = _exchanges(plan, head_major)
     if U > 1:
-        to_heads = (col.seq_to_heads_flat if plan.out_a2a == "flat"
-                    else functools.partial(col.seq_to_heads_chunked, num_shards=U))
-        q, k, v = (to_heads(x, uly) for x in (q, k, v))
+        q, k, v = (to_heads(x) for x in (q, k, v))
         if m is not None:
-            m = col.gather_keep(m, uly).reshape(m.shape[0], -1)
+            m = col.gather_keep(m, plan.grid.ulysses_axis).reshape(m.shape[0], -1)
+    b, lq = q.shape[0], q.shape[2 if head_major else 1]
+    lse_shape = (b, q.shape[1 if head_major else 2], lq)          # [b, h, L]
     if R == 1:
         o = lk(q, k, v, m, scale)
     elif lk.entry.carries:                                # flash: merge inside the kernel
         def step(q, kv, prev):
             return lk(q, kv[0], kv[1], kv[2], scale, prev)   # lse [b, h, L] as carried
-        init = empty_state(q.shape, (q.shape[0], q.shape[2], q.shape[1]))
-        o, _ = ring_loop(step, q, (k, v, m), ring, R, init=init)
+        o, _ = ring_loop(step, q, (k, v, m), ring, R, init=empty_state(q.shape, lse_shape))
     else:
         def step(q, kv, _):
             o, lse = lk(q, kv[0], kv[1], kv[2], scale)
-            return o, jnp.swapaxes(lse, 1, 2)               # lse [b, h, L] -> [b, L, h]
+            # merge_partials wants lse on o's leading axes: [b, h, L] head-major, [b, L, h]
+            return o, lse if head_major else jnp.swapaxes(lse, 1, 2)
         o, _ = ring_loop(step, q, (k, v, m), ring, R)
     o = o.astype(q.dtype)
-    if U > 1:
-        o = (col.heads_to_seq_flat(o, uly) if plan.out_a2a == "flat"
-             else col.heads_to_seq_chunked(o, uly, U))
-    return o
+    return to_seq(o) if U > 1 else o
 
 
-def _kernel_path_body(plan: SequencePlan, scale, q, k, v, *maybe_mask):
+def _kernel_path_body(plan: SequencePlan, scale, head_major: bool, q, k, v, *maybe_mask):
     """Per device, shard-major path: q/k/v enter the flash kernel as ``[U, b, h, Lc, K]`` and
-    its output leaves through one leading-axis all_to_all."""
+    its output leaves through one leading-axis all_to_all (head-major shards unpadded: the
+    kernel masks their partial last blocks)."""
     from ditax.attention.flash import flash_attention_shard_major
 
     log.debug("%s: shard-major kernel path (%s)", plan.backend, plan.describe())
@@ -142,13 +182,18 @@ def _kernel_path_body(plan: SequencePlan, scale, q, k, v, *maybe_mask):
     U, R = plan.ulysses, plan.ring
     uly, ring = plan.grid.ulysses_axis, plan.grid.ring_axis
     if U > 1:
-        q5, k5, v5 = (col.seq_to_shard_major(x, uly, U) for x in (q, k, v))
+        if head_major:
+            q5, k5, v5 = (ex.to_shard_major(x, uly, U) for x in (q, k, v))
+        else:
+            q5, k5, v5 = (col.seq_to_shard_major(x, uly, U) for x in (q, k, v))
         keep = None if m is None else col.gather_keep(m, uly)           # [b, U, Lc]
     else:
-        q5, k5, v5 = (jnp.transpose(x, (0, 2, 1, 3))[None] for x in (q, k, v))
+        q5, k5, v5 = ((x if head_major else jnp.transpose(x, (0, 2, 1, 3)))[None]
+                      for x in (q, k, v))
         keep = None if m is None else m[:, None, :]
     fl = functools.partial(flash_attention_shard_major, scale=scale, block_q=plan.block_q,
-                           block_kv=plan.block_kv, interpret=plan.interpret)
+                           block_kv=plan.block_kv, interpret=plan.interpret,
+                           whole_blocks=not head_major)
     if R == 1:
         o5 = fl(q5, k5, v5, kv_keep=keep)
     else:
@@ -159,8 +204,8 @@ def _kernel_path_body(plan: SequencePlan, scale, q, k, v, *maybe_mask):
         o5, _ = ring_loop(step, q5, (k5, v5, keep), ring, R, init=init)
     o5 = o5.astype(q.dtype)
     if U > 1:
-        return col.shard_major_to_seq(o5, uly)
-    return jnp.transpose(o5[0], (0, 2, 1, 3))
+        return ex.from_shard_major(o5, uly) if head_major else col.shard_major_to_seq(o5, uly)
+    return o5[0] if head_major else jnp.transpose(o5[0], (0, 2, 1, 3))
 
 
 __all__ = ["run_sequence_parallel"]

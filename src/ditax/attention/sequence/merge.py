@@ -74,7 +74,7 @@ def ring_loop(step, q, kv, axis: str, size: int, init=None):
             o, lse = merge_partials(o, lse, o2.astype(jnp.float32), lse2)
         return (o, lse, kv), None
 
-    (o, lse, _), _ = jax.lax.scan(body, (o, lse, kv), None, length=size - 1)
+    (o, lse, _), _ = jax.lax.scan(body, (o, lse, kv), None, length=size - 1, unroll=2)
     return o, lse
 
 

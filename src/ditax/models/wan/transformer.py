@@ -8,6 +8,8 @@ config. Attention runs through one :class:`~ditax.attention.AttentionPlan`, buil
 dtype, and handed to every block (self- and cross-attention may use different backends).
 The model holds its mesh once, in one :class:`~ditax.parallel.sharding.ShardingContext`; the
 blocks, their layers and the attention calls get that same object (no layer keeps a mesh).
+The attention layer (:mod:`ditax.models.wan.attention`) runs token- or head-major, as the
+plan's kernels read without relayouts.
 
 Numerics follow the reference: norms and the residual/gate arithmetic run in float32 and are
 cast back to the compute dtype; RoPE rotates in float32 inside one fusion
@@ -21,17 +23,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
-from ditax.attention import AttentionCall, AttentionPlan, plan_attention
+from ditax.attention import AttentionPlan, plan_attention
 from ditax.attention.config import AttentionConfig, as_attention_config
+from ditax.models.wan.attention import WanAttention
 from ditax.models.wan.config import WanConfig
 from ditax.models.wan.embeddings import ConditionEmbedder, rope_cos_sin
 from ditax.models.wan.image_embedder import check_image
-from ditax.nn import FP32LayerNorm, Linear, RMSNorm, apply_rope
+from ditax.nn import FP32LayerNorm, Linear
 from ditax.nn.stack import make_stack, run_stack
 from ditax.parallel.sharding import ShardingContext
-
 
 
 class FeedForward(nnx.Module):
@@ -46,59 +47,6 @@ class FeedForward(nnx.Module):
         h = jax.nn.gelu(self.proj_in(x), approximate=True)
         h = sharding.constrain(h, ("act_batch", "act_seq", "act_mlp"))
         return self.proj_out(h)
-
-
-class WanAttention(nnx.Module):
-    """q/k/v projections, RMSNorm across heads on q and k, optional RoPE, attend, out proj.
-
-    ``added_kv`` (image-to-video cross-attention): ``add_k_proj`` / ``add_v_proj`` /
-    ``norm_added_k`` project the image tokens; the same queries attend to them with no mask
-    and that output is added to the text attention's before ``to_out`` (diffusers
-    ``WanAttnProcessor``).
-    """
-
-    def __init__(self, cfg: WanConfig, *, rngs, added_kv: bool = False):
-        d = cfg.inner_dim
-        kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-        self.heads = cfg.num_attention_heads
-        self.to_q = Linear(d, d, **kw)
-        self.to_k = Linear(d, d, **kw)
-        self.to_v = Linear(d, d, **kw)
-        self.to_out = Linear(d, d, **kw)              # diffusers: to_out.0
-        self.norm_q = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
-        self.norm_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
-        if added_kv:
-            self.add_k_proj = Linear(cfg.added_kv_proj_dim, d, **kw)
-            self.add_v_proj = Linear(cfg.added_kv_proj_dim, d, **kw)
-            self.norm_added_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
-
-    def __call__(self, x, ctx, attn: AttentionCall, sharding: ShardingContext, *, rope=None,
-                 kv_mask=None, image=None):
-        """x ``[B, Lq, D]``, ctx ``[B, Lk, D]``; ``image`` ``[B, S, D]`` the embedded image
-        tokens (attention layers built with ``added_kv`` only), attended with ``attn`` too;
-        ``sharding`` the model's context (constrains q, k, v and the output)."""
-        b, lq, _ = x.shape
-        lk = ctx.shape[1]
-        q = self.norm_q(self.to_q(x)).reshape(b, lq, self.heads, -1)
-        k = self.norm_k(self.to_k(ctx)).reshape(b, lk, self.heads, -1)
-        v = self.to_v(ctx).reshape(b, lk, self.heads, -1)
-        if rope is not None:
-            q = apply_rope(q, *rope)
-            k = apply_rope(k, *rope)
-        heads = ("act_batch", "act_seq", "act_heads", None)
-        q = sharding.constrain(q, heads)
-        if rope is not None:
-            k = sharding.constrain(k, heads)
-            v = sharding.constrain(v, heads)
-        o = attn(q, k, v, kv_mask=kv_mask)
-        if image is not None:
-            li = image.shape[1]
-            k_img = self.norm_added_k(self.add_k_proj(image)).reshape(b, li, self.heads, -1)
-            v_img = self.add_v_proj(image).reshape(b, li, self.heads, -1)
-            o = o + attn(q, k_img, v_img)
-        o = sharding.constrain(o, heads)
-        o = checkpoint_name(o, "attn_out")
-        return self.to_out.from_heads(o)
 
 
 def modulation(table, mod) -> list:

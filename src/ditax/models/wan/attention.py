@@ -1,0 +1,129 @@
+"""Wan's attention layer (diffusers ``WanAttention`` + ``WanAttnProcessor``): q/k/v
+projections, RMSNorm across heads on q and k, RoPE, attend, ``to_out``.
+
+Two layouts, chosen once from the attention plan
+(:attr:`~ditax.attention.AttentionCall.reads_head_major`, static: part of the compiled
+program's identity):
+
+- token-major ``[B, L, N, K]``, the ``attend`` convention (xla, blockwise, cuDNN, TE, and
+  the sequence backends around them);
+- head-major ``[B, N, L, K]`` for the TPU kernels (splash, flash, and the Ulysses / ring
+  paths around them): the projections write it straight from their dots
+  (:meth:`~ditax.nn.Linear.to_head_major`), the RMSNorm across heads and RoPE run in it
+  (one reduction over ``(N, K)``, one elementwise pass with the RoPE partner product, no
+  reshape between), the kernels and the Ulysses exchange read it in place, and ``to_out``
+  contracts ``(N, K)`` of the kernel's output where it lies
+  (:meth:`~ditax.nn.Linear.from_head_major`). On TPU a ``[L, D] → [L, N, K]`` view is itself
+  a relayout ((8, 128) tiles cover the two minor dims); this way there is none (measured at
+  Wan 14B 720p on v6e: ``docs/architecture.md``, "TPU relayout copies").
+
+Both compute the same values: the norm's mean runs over the same ``N·K`` channels in float32
+(summation order may differ, well inside float32 parity), RoPE is the same product.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from ditax.attention import AttentionCall
+from ditax.models.wan.config import WanConfig
+from ditax.nn import Linear, RMSNorm, apply_rope
+from ditax.parallel.sharding import ShardingContext
+
+TOKENS = ("act_batch", "act_seq", "act_heads", None)       # [B, L, N, K]
+HEADS = ("act_batch", "act_heads", "act_seq", None)        # [B, N, L, K]
+
+
+def rms_norm_heads(norm: RMSNorm, x):
+    """Wan's ``rms_norm_across_heads`` on head-major ``x [B, N, L, K]``: RMS over all ``N·K``
+    channels of a token (float32 inside, ``x.dtype`` out), scaled by ``norm``'s ``[N·K]``
+    weight viewed ``[N, 1, K]``."""
+    n, k = x.shape[1], x.shape[3]
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=(1, 3), keepdims=True) + norm.eps)
+    return (y * norm.scale[...].astype(jnp.float32).reshape(n, 1, k)).astype(x.dtype)
+
+
+class WanAttention(nnx.Module):
+    """q/k/v projections, RMSNorm across heads on q and k, optional RoPE, attend, out proj.
+
+    ``added_kv`` (image-to-video cross-attention): ``add_k_proj`` / ``add_v_proj`` /
+    ``norm_added_k`` project the image tokens; the same queries attend to them with no mask
+    and that output is added to the text attention's before ``to_out`` (diffusers
+    ``WanAttnProcessor``).
+    """
+
+    def __init__(self, cfg: WanConfig, *, rngs, added_kv: bool = False):
+        d = cfg.inner_dim
+        kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        self.heads = cfg.num_attention_heads
+        self.to_q = Linear(d, d, **kw)
+        self.to_k = Linear(d, d, **kw)
+        self.to_v = Linear(d, d, **kw)
+        self.to_out = Linear(d, d, **kw)              # diffusers: to_out.0
+        self.norm_q = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
+        self.norm_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
+        if added_kv:
+            self.add_k_proj = Linear(cfg.added_kv_proj_dim, d, **kw)
+            self.add_v_proj = Linear(cfg.added_kv_proj_dim, d, **kw)
+            self.norm_added_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
+
+    def __call__(self, x, ctx, attn: AttentionCall, sharding: ShardingContext, *, rope=None,
+                 kv_mask=None, image=None):
+        """x ``[B, Lq, D]``, ctx ``[B, Lk, D]`` → ``[B, Lq, D]``; ``image`` ``[B, S, D]`` the
+        embedded image tokens (attention layers built with ``added_kv`` only), attended
+        with ``attn`` too; ``sharding`` the model's context (constrains q, k, v and the
+        output); ``rope`` (cos, sin) ``[Lq, K]`` for self-attention."""
+        if attn.reads_head_major:
+            return self._head_major(x, ctx, attn, sharding, rope, kv_mask, image)
+        b, lq, _ = x.shape
+        lk = ctx.shape[1]
+        q = self.norm_q(self.to_q(x)).reshape(b, lq, self.heads, -1)
+        k = self.norm_k(self.to_k(ctx)).reshape(b, lk, self.heads, -1)
+        v = self.to_v(ctx).reshape(b, lk, self.heads, -1)
+        if rope is not None:
+            q = apply_rope(q, *rope)
+            k = apply_rope(k, *rope)
+        q = sharding.constrain(q, TOKENS)
+        if rope is not None:
+            k = sharding.constrain(k, TOKENS)
+            v = sharding.constrain(v, TOKENS)
+        o = attn(q, k, v, kv_mask=kv_mask)
+        if image is not None:
+            li = image.shape[1]
+            k_img = self.norm_added_k(self.add_k_proj(image)).reshape(b, li, self.heads, -1)
+            v_img = self.add_v_proj(image).reshape(b, li, self.heads, -1)
+            o = o + attn(q, k_img, v_img)
+        o = sharding.constrain(o, TOKENS)
+        o = checkpoint_name(o, "attn_out")
+        return self.to_out.from_heads(o)
+
+    def _head_major(self, x, ctx, attn: AttentionCall, sharding: ShardingContext, rope,
+                    kv_mask, image):
+        """The layer in the head-major layout (module docstring): q/k/v ``[B, N, L, K]``
+        from the projections, norm and RoPE in place, the output read by ``to_out``."""
+        n = self.heads
+        q = rms_norm_heads(self.norm_q, self.to_q.to_head_major(x, n))
+        k = rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n))
+        v = self.to_v.to_head_major(ctx, n)
+        if rope is not None:
+            q = apply_rope(q, *rope, head_major=True)
+            k = apply_rope(k, *rope, head_major=True)
+        q = sharding.constrain(q, HEADS)
+        if rope is not None:
+            k = sharding.constrain(k, HEADS)
+            v = sharding.constrain(v, HEADS)
+        o = attn(q, k, v, kv_mask=kv_mask, head_major=True)
+        if image is not None:
+            k_img = rms_norm_heads(self.norm_added_k, self.add_k_proj.to_head_major(image, n))
+            v_img = self.add_v_proj.to_head_major(image, n)
+            o = o + attn(q, k_img, v_img, head_major=True)
+        o = sharding.constrain(o, HEADS)
+        o = checkpoint_name(o, "attn_out")
+        return self.to_out.from_head_major(o)
+
+
+__all__ = ["WanAttention", "rms_norm_heads"]
