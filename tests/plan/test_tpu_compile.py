@@ -195,21 +195,30 @@ def _layer_copies(v6e, tmp_path, attention: list[str]) -> tuple[list[dict], int]
     return rows, 79 * 1024 * 2
 
 
+TOKEN_DIMS = {79, 80, 632, 640}     # a shard's tokens (79, to 80), the sequence (632, 640)
+WEIGHT_SHARD = 1024 * 1024 * 2 // 8  # one [D, D] bf16 projection kernel on a device
+
+
+def _shape_dims(shape: str) -> set[int]:
+    return {int(d) for d in shape.split("[", 1)[1].split("]", 1)[0].split(",") if d}
+
+
 @needs_libtpu
-@pytest.mark.parametrize("attention,budget", [
-    (["local=splash"], 5),
-    (["local=flash", "out_a2a=shard_major"], 3),
+@pytest.mark.parametrize("attention,weights", [
+    (["local=splash"], 6),
+    (["local=flash", "out_a2a=shard_major"], 10),
 ], ids=["splash-flat", "flash-shard_major"])
-def test_wan_layer_relayout_copy_budget(v6e, tmp_path, attention, budget):
-    """Relayout copies per layer stay within budget (in activation-sized copies; at Wan 14B
-    720p one is 92 MiB per device; budgets = what this model measured, libtpu 0.0.42.1):
-    RoPE materialises no float32 copy of q / k and no stack of rotated pairs (before: two
-    float32 copies of twice an activation and two bf16 stacks per layer); flash
-    cross-attention reads and writes the packed ``[L, N·K]`` activations (before: four
-    copies around it) and ``to_out`` contracts ``(N, K)`` (before: a ``[L, N, K] → [L, D]``
-    copy); shard_major's budget was 12."""
+def test_wan_layer_relayout_copy_budget(v6e, tmp_path, attention, weights):
+    """No activation is relaid out in a layer (at Wan 14B 720p one such copy is 92 MiB per
+    device; libtpu 0.0.42.1): the projections write q / k / v head-major, RMSNorm across heads
+    and RoPE run in that layout (before issue 11: float32 copies of q / k and stacks of
+    rotated pairs; before issue 25: q and k viewed ``[L, N, K]`` for RoPE, q / k / v to
+    head-major for the exchange, the output back for ``to_out`` — 3 and 5 copies here, 6 at
+    14B), the kernels and the exchange read it, ``to_out`` contracts the kernel's output.
+    What XLA still relays out is each projection kernel's shard (the head-major dot wants it
+    ``[N, D/8, K]``): at most ``weights`` shards of ``[D/8, D]`` per layer."""
     rows, act = _layer_copies(v6e, tmp_path, attention)
-    big = [r for r in rows if r["bytes"] >= 0.9 * act]
-    assert not [r for r in big if r["shape"].startswith("f32")], big
-    assert not [r for r in big if r["op_name"].endswith("stack")], big
-    assert sum(r["bytes"] for r in big) <= budget * 1.05 * act, big
+    acts = [r for r in rows if r["bytes"] >= 0.1 * act and _shape_dims(r["shape"]) & TOKEN_DIMS]
+    assert not acts, acts
+    w = [r for r in rows if not _shape_dims(r["shape"]) & TOKEN_DIMS]
+    assert sum(r["bytes"] for r in w) <= weights * WEIGHT_SHARD, w
