@@ -6,6 +6,7 @@ and the GPU is there for the ``@pytest.mark.gpu`` tests (``pytest -m gpu``), whi
 arrays on it with the :func:`on_gpu` fixture. An explicit JAX_PLATFORMS is respected.
 """
 
+import contextlib
 import glob
 import importlib.util
 import os
@@ -93,16 +94,23 @@ def on_gpu():
         yield dev
 
 
+@contextlib.contextmanager
+def most_optimizations_off(off: bool):
+    """jax's ``jax_disable_most_optimizations`` set to ``off`` inside, restored after."""
+    prev = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", off)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", prev)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _optimizations(request):
     """Every optimisation on for the modules in FULL_OPTIMIZATION_MODULES."""
-    if os.path.basename(str(request.path)) not in FULL_OPTIMIZATION_MODULES:
+    full = os.path.basename(str(request.path)) in FULL_OPTIMIZATION_MODULES
+    with most_optimizations_off(False) if full else contextlib.nullcontext():
         yield
-        return
-    prev = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", False)
-    yield
-    jax.config.update("jax_disable_most_optimizations", prev)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +119,6 @@ def fast_compile():
     ``jax_disable_most_optimizations``): the training tests compile ~3x faster on CPU. The flag
     is restored afterwards and the compile caches cleared, so nothing compiled this way is
     reused by another module."""
-    prev = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", prev)
+    with most_optimizations_off(True):
+        yield
     jax.clear_caches()
