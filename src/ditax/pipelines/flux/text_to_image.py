@@ -6,8 +6,8 @@ pipeline's sampling:
 1. text: CLIP's pooled vector of ``prompt`` and T5's embeddings of ``prompt_2`` (default
    ``prompt``), padded to ``max_sequence_length`` and attended unmasked; with true CFG
    (``true_cfg_scale > 1``) the same of ``negative_prompt`` as a second row;
-2. latents in the packed layout ``[1, (h/2)(w/2), 4C]`` (:mod:`.packing`; ``h, w`` = the size
-   / 8) drawn from N(0, 1) (``jax.random``, from ``seed``) unless given; position ids of the
+2. latents in the packed layout ``[1, (h/2)(w/2), 4C]`` (:mod:`ditax.models.flux.packing`;
+   ``h, w`` = the size / 8) drawn from N(0, 1) (``jax.random``, from ``seed``) unless given; position ids of the
    token grid, zero ids for the text;
 3. denoise on flow-match Euler with ``sigmas = linspace(1, 1/N, N)`` shifted by the
    scheduler (FLUX.1-dev: the dynamic shift ``mu`` of the image token count; schnell: none),
@@ -28,7 +28,7 @@ from flax import nnx
 
 from ditax.errors import RequestError
 from ditax.pipelines.flux.denoiser import FluxDenoiser, flux_inputs
-from ditax.pipelines.flux.packing import PACK, image_ids, text_ids, unpack
+from ditax.models.flux.packing import PACK, image_ids, text_ids, unpack
 from ditax.pipelines.flux.request import check_request
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.sampling import Expert, Timings, sample
