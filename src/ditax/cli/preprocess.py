@@ -21,7 +21,8 @@ def add_arguments(p) -> None:
                    "demo model)")
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=832)
-    p.add_argument("--frames", type=int, default=81, help="pixel frames, 4k+1")
+    p.add_argument("--frames", type=int, default=None, help="pixel frames (Wan: 4k+1, default "
+                   "81; an image model such as FLUX.1: 1, the default)")
     p.add_argument("--text-len", type=int, default=512)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch", type=int, default=1, help="clips per encoder call (default 1; "
@@ -34,13 +35,17 @@ def run(args) -> int:
         check_model,
         check_output,
         check_request,
+        default_frames,
         find_samples,
+        folder_family,
         preprocess,
     )
 
     with request_errors(FileNotFoundError):
-        check_request(height=args.height, width=args.width, frames=args.frames,
-                      text_len=args.text_len, dtype=args.dtype, batch=args.batch)
+        family = folder_family(args.model)
+        frames = default_frames(family) if args.frames is None else args.frames
+        check_request(height=args.height, width=args.width, frames=frames,
+                      text_len=args.text_len, dtype=args.dtype, batch=args.batch, family=family)
         check_output(args.output)
         check_model(args.model)
         find_samples(args.videos)
@@ -49,7 +54,7 @@ def run(args) -> int:
 
     with status_line(not args.no_progress), phase("preprocess"):
         out = preprocess(args.videos, args.output, args.model, height=args.height,
-                         width=args.width, frames=args.frames, text_len=args.text_len,
-                         dtype=args.dtype, batch=args.batch)
+                         width=args.width, frames=frames, text_len=args.text_len,
+                         dtype=args.dtype, batch=args.batch, family=family)
     print(f"ditax preprocess: wrote {out}; train with data.source={out}")
     return 0

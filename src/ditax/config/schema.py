@@ -67,7 +67,9 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     # model + attention rules, through the model family's interface (any registered family)
     from ditax.models.base import model_family
 
-    model_family(cfg.model, cfg.attention).check(sizes)
+    family = model_family(cfg.model, cfg.attention, cfg.flow)
+    family.check(sizes)
+    family.check_flow()
     check_optim(cfg.optim)
     check_flow(cfg.flow)
     check_data(cfg.data)

@@ -4,7 +4,7 @@ rules each of them owns (checked by :func:`ditax.config.validate` before anythin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Optional, get_args
 
 from ditax.errors import ConfigError, check_choice
 
@@ -52,13 +52,17 @@ def check_optim(o: OptimConfig) -> None:
 
 @dataclass(frozen=True)
 class FlowConfig:
-    """Rectified-flow objective (Wan recipe)."""
+    """Rectified-flow objective (Wan recipe). ``dynamic_shift`` and ``guidance`` are read by a
+    model family that defines them (FLUX.1: :meth:`ditax.models.base.ModelFamily.check_flow`);
+    the others refuse them."""
 
     timestep_sampler: TimestepSampler = "uniform"
     logit_mean: float = 0.0
     logit_std: float = 1.0
     shift: float = 1.0                 # sigma' = s*sigma / (1 + (s-1)*sigma)
     weighting: Weighting = "none"      # bell: well defined at batch 1
+    dynamic_shift: bool = False        # the shift from the image size (FLUX.1-dev: s = e^mu)
+    guidance: Optional[float] = None   # embedded guidance while training (FLUX.1-dev; None: 3.5)
 
 
 def check_flow(f: FlowConfig) -> None:

@@ -120,13 +120,16 @@ def num_blocks(model: Denoiser) -> int:
 
 
 class ModelFamily(abc.ABC):
-    """One model family bound to ``model`` (its config) and ``attention`` (may be None)."""
+    """One model family bound to ``model`` (its config), ``attention`` and, for training,
+    ``flow`` (the run's flow objective config; each may be None)."""
 
     name: ClassVar[str]
+    default_frames: ClassVar[int] = 81   # pixel frames `ditax preprocess` reads by default
 
-    def __init__(self, model, attention=None):
+    def __init__(self, model, attention=None, flow=None):
         self.model = model
         self.attention = attention
+        self.flow = flow
 
     # -- config and shapes ---------------------------------------------------------------------
 
@@ -185,6 +188,24 @@ class ModelFamily(abc.ABC):
         """Extra per-sample batch entries (name → shape) the denoiser is conditioned on,
         for latents ``[C, F, Y, X]`` (image-to-video); none by default."""
         return {}
+
+    def check_flow(self) -> None:
+        """Raise :class:`ConfigError` for a flow objective (``self.flow``) this family cannot
+        train with; by default the family-defined knobs ``dynamic_shift`` and ``guidance``
+        are refused."""
+        f = self.flow
+        if f is not None and getattr(f, "dynamic_shift", False):
+            raise ConfigError(f"flow.dynamic_shift=true: model family {self.name!r} has no "
+                              f"size-dependent shift; set flow.dynamic_shift=false (and "
+                              f"flow.shift=S for a fixed shift)")
+        if f is not None and getattr(f, "guidance", None) is not None:
+            raise ConfigError(f"flow.guidance={f.guidance}: model family {self.name!r} embeds "
+                              f"no guidance scale; remove flow.guidance")
+
+    def training_flow(self, latent_shape):
+        """The flow objective for a batch of latents ``[C, F, Y, X]``: ``self.flow``, or the
+        family's size-dependent form of it (Flux: the shift of the image's token count)."""
+        return self.flow
 
     def training_inputs(self, x_t, x0, timestep, condition):
         """``(x_t, timestep, loss mask or None)`` the loss feeds the denoiser for noisy
@@ -304,9 +325,10 @@ def family_class(name: str) -> type[ModelFamily]:
     return registry.spec(name).family_class()
 
 
-def model_family(model, attention=None) -> ModelFamily:
-    """The family of model config ``model`` (its ``family`` field, default Wan), bound to it."""
-    return family_class(getattr(model, "family", DEFAULT_FAMILY))(model, attention)
+def model_family(model, attention=None, flow=None) -> ModelFamily:
+    """The family of model config ``model`` (its ``family`` field, default Wan), bound to it
+    (and to ``attention`` and the flow objective ``flow``)."""
+    return family_class(getattr(model, "family", DEFAULT_FAMILY))(model, attention, flow)
 
 
 __all__ = ["ModelFamily", "Encoders", "Denoiser", "Embedded", "ModelInputs", "num_blocks",

@@ -173,8 +173,8 @@ def check_condition(meta: dict, family, source) -> None:
     missing = [k for k in want if k not in have]
     if missing:
         raise DataSourceError(f"dataset {source} has no {', '.join(missing)} entries, which this "
-                              f"image-to-video model trains with; preprocess the videos with the "
-                              f"image-to-video pipeline folder (`ditax preprocess ... --model "
+                              f"model trains with; preprocess the videos with its pipeline folder "
+                              f"(an image-to-video model: `ditax preprocess ... --model "
                               f"I2V_FOLDER`)")
     extra = [k for k in have if k not in want]
     if extra:
@@ -189,6 +189,9 @@ def check_condition(meta: dict, family, source) -> None:
             raise DataSourceError(f"dataset {source}: image features {have[k][-1]} wide, "
                                   f"the model's image_dim is {shape[-1]}; preprocess with its "
                                   f"CLIP encoder")
+        if k not in ("condition", "image") and have[k] != shape:   # e.g. a pooled text vector
+            raise DataSourceError(f"dataset {source}: {k} shape {list(have[k])} != the "
+                                  f"model's {list(shape)}; preprocess with its pipeline folder")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """``ditax preprocess VIDEOS OUT --model PIPELINE``: videos + captions → latent dataset.
 
-Each video in ``VIDEOS`` (``.mp4 .mov .webm .mkv .avi``) needs a caption: a sidecar
+Each video in ``VIDEOS`` (``.mp4 .mov .webm .mkv .avi``; a still image ``.png .jpg .jpeg
+.webp .bmp`` is a clip of one frame, read with PIL and resized bicubic) needs a caption: a sidecar
 ``name.txt`` or a line ``{"file": "name.mp4", "caption": "..."}`` in ``VIDEOS/captions.jsonl``.
 Frames are read with ffmpeg (imageio-ffmpeg), scaled to ``--width × --height``, the first
 ``--frames`` (Wan: 4k+1) kept; the model family's encoders (Wan: the pipeline's VAE, posterior
@@ -23,6 +24,7 @@ import pathlib
 import numpy as np
 
 VIDEO_EXT = (".mp4", ".mov", ".webm", ".mkv", ".avi")
+IMAGE_EXT = (".png", ".jpg", ".jpeg", ".webp", ".bmp")   # a still image: one frame
 
 
 def read_video(path, num_frames: int, height: int, width: int) -> np.ndarray:
@@ -63,6 +65,8 @@ def _decode(path, num_frames: int, height: int, width: int) -> np.ndarray:
 
     from ditax.io.files import video_error
 
+    if pathlib.Path(path).suffix.lower() in IMAGE_EXT:
+        return _decode_image(path, num_frames, height, width)
     frames = []
     try:
         gen = imageio_ffmpeg.read_frames(str(path),
@@ -80,6 +84,25 @@ def _decode(path, num_frames: int, height: int, width: int) -> np.ndarray:
                           f"{num_frames}", fix="lower --frames (4k+1) or remove the clip")
     v = np.stack(frames).astype(np.float32) / 127.5 - 1.0      # [F, H, W, 3]
     return v.transpose(3, 0, 1, 2)
+
+
+def _decode_image(path, num_frames: int, height: int, width: int) -> np.ndarray:
+    """A still image as a clip of one frame ``[3, 1, H, W]`` in [-1, 1] (``--frames 1``)."""
+    import PIL.Image
+
+    from ditax.io.files import video_error
+
+    if num_frames != 1:
+        raise video_error(path, problem=f"is a still image (1 frame), fewer than --frames="
+                          f"{num_frames}", fix="use --frames 1 for images")
+    try:
+        with PIL.Image.open(path) as im:
+            im = im.convert("RGB").resize((width, height), PIL.Image.Resampling.BICUBIC)
+            v = np.asarray(im, np.float32) / 127.5 - 1.0            # [H, W, 3]
+    except (OSError, ValueError) as e:
+        raise video_error(path, problem=f"cannot be read as an image ({e})",
+                          fix="re-save it as PNG or remove it") from None
+    return v.transpose(2, 0, 1)[:, None]
 
 
 def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
@@ -106,7 +129,7 @@ def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
                                    f"\"caption\"; {fix}")
             table[row["file"]] = row["caption"]
     out, missing = [], []
-    for v in sorted(p for p in folder.iterdir() if p.suffix.lower() in VIDEO_EXT):
+    for v in sorted(p for p in folder.iterdir() if p.suffix.lower() in VIDEO_EXT + IMAGE_EXT):
         if not v.is_file() or v.stat().st_size == 0:      # cheap to see before any model loads
             raise video_error(v)
         side = v.with_suffix(".txt")
@@ -120,7 +143,8 @@ def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
         raise RequestError(f"no caption for {missing[:5]}{'…' if len(missing) > 5 else ''}: add "
                            f"name.txt next to each video or a line in {cj}")
     if not out:
-        raise RequestError(f"no videos ({', '.join(VIDEO_EXT)}) in {folder}")
+        raise RequestError(f"no videos or images ({', '.join(VIDEO_EXT + IMAGE_EXT)}) in "
+                           f"{folder}")
     return out
 
 
@@ -144,6 +168,27 @@ def _machine_bytes() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def folder_family(model) -> str:
+    """The model family of pipeline folder ``model`` from its ``model_index.json``
+    ``_class_name`` (``FluxPipeline`` → ``flux``); the default family (Wan) for a folder
+    without one or a hub id."""
+    from ditax.io.files import read_model_json
+    from ditax.models.registry import DEFAULT_FAMILY, spec_for_class
+
+    index = pathlib.Path(model) / "model_index.json"
+    if not index.is_file():
+        return DEFAULT_FAMILY
+    cls = read_model_json(index, "model_index.json").get("_class_name")
+    return spec_for_class(cls).name if isinstance(cls, str) else DEFAULT_FAMILY
+
+
+def default_frames(family: str) -> int:
+    """The ``--frames`` a family reads when none is given (Wan 81, Flux 1: still images)."""
+    from ditax.models.base import family_class
+
+    return family_class(family).default_frames
 
 
 def check_request(*, height, width, frames, text_len, dtype, batch, family="wan") -> None:
@@ -212,11 +257,12 @@ def check_model(model) -> None:
                             f"text_encoder/, tokenizer/) or a hub id org/name")
 
 
-def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_len=512,
-               dtype="float32", family="wan", batch=1, say=print) -> pathlib.Path:
+def preprocess(videos, output, model, *, height=480, width=832, frames=None, text_len=512,
+               dtype="float32", family=None, batch=1, say=print) -> pathlib.Path:
     """Encode every (video, caption) of ``videos`` into a dataset at ``output`` with the
-    encoders of the pipeline folder ``model`` (of model family ``family``), ``batch`` clips
-    per encoder call (small clips: 8 is ~20% faster on CPU than 1, same latents).
+    encoders of the pipeline folder ``model`` (of model family ``family``; None: the folder's,
+    :func:`folder_family`), ``batch`` clips per encoder call (small clips: 8 is ~20% faster
+    on CPU than 1, same latents); ``frames`` None: the family's default (:func:`default_frames`).
 
     Every argument is checked before a model loads (:func:`check_request`,
     :func:`check_output`, :func:`find_samples`). The dataset is written into a hidden
@@ -225,6 +271,8 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=81, text_
     from ditax.io.outputs import atomic_folder
     from ditax.models.base import family_class
 
+    family = folder_family(model) if family is None else family
+    frames = default_frames(family) if frames is None else frames
     check_request(height=height, width=width, frames=frames, text_len=text_len, dtype=dtype,
                   batch=batch, family=family)
     out = check_output(output)

@@ -119,7 +119,8 @@ class Trainer:
     def __init__(self, cfg: Config, mesh):
         self.cfg = cfg
         self.mesh = mesh
-        self.family = model_family(cfg.model, cfg.attention)
+        self.family = model_family(cfg.model, cfg.attention, cfg.flow)
+        self.family.check_flow()
         self.adapters = None
         if cfg.lora.rank > 0:      # LoRA: params = the adapters, the rest frozen
             self.adapters = AdapterSplit(self.family, cfg, mesh)
@@ -224,8 +225,9 @@ class Trainer:
         def inputs(x_t, x0, t):
             return self.family.training_inputs(x_t, x0, t, condition)
 
+        flow = self.family.training_flow(tuple(batch["latents"].shape[1:]))
         return flow_loss(apply, batch["latents"], batch["text"],
-                         batch["text_mask"].astype(bool), key, self.cfg.flow, inputs)
+                         batch["text_mask"].astype(bool), key, flow, inputs)
 
     def _step_fn(self, state, batch):
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])

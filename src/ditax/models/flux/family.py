@@ -1,9 +1,11 @@
 """FLUX.1 as a :class:`~ditax.models.base.ModelFamily`: the transformer, its loader and
-shardings. Training inputs (pooled text, position ids, guidance), the text encoders and the
-VAE come with the Flux pipeline and trainer; until then :meth:`FluxFamily.apply` and
-:meth:`FluxFamily.load_encoders` refuse in one line."""
+shardings, and training (:mod:`ditax.models.flux.training`: the packed denoiser call with the
+pooled text, position ids and guidance; the resolution's timestep shift; the VAE, CLIP and T5
+encoders of ``ditax preprocess``)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from flax import nnx
 
@@ -20,6 +22,7 @@ class FluxFamily(ModelFamily):
     :class:`~ditax.attention.config.AttentionConfig` (None: ``xla``)."""
 
     name = "flux"
+    default_frames = 1    # still images
 
     def check(self, mesh_sizes=None) -> None:
         from ditax.models.flux.config import check_transformer
@@ -77,9 +80,65 @@ class FluxFamily(ModelFamily):
 
         return param_shardings(params, self.model, mesh)
 
+    # -- training -------------------------------------------------------------------------------
+
+    def check_flow(self) -> None:
+        """``flow.guidance`` needs a guidance embedding (FLUX.1-dev, not schnell);
+        ``flow.dynamic_shift`` replaces ``flow.shift``, so not both."""
+        f = self.flow
+        if f is None:
+            return
+        if f.guidance is not None and not self.model.guidance_embeds:
+            raise ConfigError(f"flow.guidance={f.guidance}: this Flux model has no guidance "
+                              f"embedding (model.guidance_embeds=false, FLUX.1-schnell); remove "
+                              f"flow.guidance")
+        if f.dynamic_shift and f.shift != 1.0:
+            raise ConfigError(f"flow.shift={f.shift} with flow.dynamic_shift=true: the shift "
+                              f"then comes from the image size; set flow.shift=1 or "
+                              f"flow.dynamic_shift=false")
+
+    @property
+    def guidance(self) -> float | None:
+        """The guidance input while training: ``flow.guidance`` or 3.5 for a model with a
+        guidance embedding (FLUX.1-dev), None without (schnell)."""
+        if not self.model.guidance_embeds:
+            return None
+        from ditax.models.flux.training import DEFAULT_GUIDANCE
+
+        given = None if self.flow is None else self.flow.guidance
+        return DEFAULT_GUIDANCE if given is None else float(given)
+
+    def training_flow(self, latent_shape):
+        """``flow.dynamic_shift``: the flow with ``shift = e^mu`` of the image's token count
+        (:func:`ditax.models.flux.training.resolution_shift`)."""
+        f = self.flow
+        if f is None or not f.dynamic_shift:
+            return f
+        from ditax.models.flux.training import resolution_shift
+
+        return dataclasses.replace(f, dynamic_shift=False,
+                                   shift=resolution_shift(self.tokens_per_sample(latent_shape)))
+
+    def condition_shapes(self, latent_shape) -> dict:
+        """Each sample's pooled CLIP vector ``pooled [Dp]`` (stored by ``ditax preprocess``)."""
+        from ditax.models.flux.training import POOLED
+
+        return {POOLED: (self.model.pooled_projection_dim,)}
+
     def apply(self, module, latents, timestep, text, text_mask, condition=None):
-        raise ConfigError("training a Flux model is not wired yet (its loss needs the pooled "
-                          "text, position ids and guidance); use model.family=wan to train")
+        """:func:`ditax.models.flux.training.denoise` (every text token attended, as the
+        pipeline samples: ``text_mask`` is not used)."""
+        from ditax.models.flux.training import POOLED, denoise
+
+        return denoise(module, latents, timestep, text, condition[POOLED], self.guidance)
+
+    @classmethod
+    def load_encoders(cls, folder, dtype: str = "float32"):
+        """The VAE, CLIP and T5 of a ``FluxPipeline`` folder
+        (:class:`ditax.models.flux.training.FluxEncoders`)."""
+        from ditax.models.flux.training import FluxEncoders
+
+        return FluxEncoders(folder, dtype)
 
     # -- weights and inference ------------------------------------------------------------------
 
