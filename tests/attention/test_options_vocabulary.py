@@ -69,7 +69,8 @@ def test_config_and_attend_refuse_the_same_way(backend, options):
 def test_the_cli_words_name_backend_and_what_it_takes():
     msg = str(_config_error("xla", block_q=256))
     assert msg == ("attention backend 'xla' does not take option(s) ['block_q']; it takes none; "
-                   "block_q=256 applies to backends splash, flash, ulysses, ring, ulysses_ring")
+                   "block_q=256 applies to backends splash, flash, sage, sage_xla, ulysses, ring, "
+                   "ulysses_ring")
     with pytest.raises(OptionError, match=r"'ulysses' does not take option\(s\) \['fused_bwd'\]; "
                        r"it takes \[.*'out_a2a'\] \(with local='xla'\); fused_bwd=True applies "
                        r"to backend splash"):

@@ -16,7 +16,8 @@ from typing import Literal, Optional, get_args
 from ditax.attention import registry
 from ditax.errors import ConfigError, check_choice
 
-LocalBackend = Literal["reference", "xla", "blockwise", "splash", "flash", "cudnn", "te"]
+LocalBackend = Literal["reference", "xla", "blockwise", "splash", "flash", "cudnn", "te", "sage",
+                       "sage_xla"]
 ParallelBackend = Literal["ulysses", "ring", "ulysses_ring"]
 CrossBackend = Literal["auto", LocalBackend]
 AttentionBackend = Literal["auto", LocalBackend, ParallelBackend]

@@ -63,6 +63,21 @@ class SplashOptions(Options):
 
 
 @dataclass(frozen=True)
+class SageXlaOptions(Options):
+    """``sage_xla``: the int8 quantization blocks (and the scan's key block)."""
+
+    block_q: int = 128                 # query tokens per int8 scale (clipped to the length)
+    block_kv: int = 128                # key tokens per int8 scale and per scan step
+
+
+@dataclass(frozen=True)
+class SageOptions(SageXlaOptions):
+    """``sage``: the kernel's tiles are the quantization blocks (multiples of 32 compiled)."""
+
+    interpret: Optional[bool] = None   # Pallas interpret mode; None = from the platform
+
+
+@dataclass(frozen=True)
 class SequenceOptions(Options):
     """``ulysses`` and ``ring``: the local kernel and its blocks, the Ulysses output exchange."""
 
@@ -93,4 +108,4 @@ def pick(cls: type, values: dict):
 
 
 __all__ = ["Options", "NoOptions", "BlockwiseOptions", "FlashOptions", "SplashOptions",
-           "SequenceOptions", "UlyssesRingOptions", "OptionError", "pick"]
+           "SageXlaOptions", "SageOptions", "SequenceOptions", "UlyssesRingOptions", "OptionError", "pick"]

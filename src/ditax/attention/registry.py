@@ -40,6 +40,10 @@ _SPLASH_OFF_GPU = ("splash is the Pallas TPU (Mosaic) kernel and has no GPU lowe
                    "{where} it would run in Pallas interpret mode (slow); use backend='cudnn' or "
                    "'te' (or local=cudnn inside ulysses/ring), or interpret=True for debugging")
 
+_SAGE_OFF_GPU = ("the sage Pallas kernel is Mosaic-TPU code and has no GPU lowering; on "
+                 "{where} use backend='sage_xla' (the same 8-bit attention in XLA), or "
+                 "interpret=True for debugging")
+
 
 @dataclass(frozen=True)
 class Backend:
@@ -191,6 +195,15 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             requires_fix="install ditax[gpu] (transformer-engine[jax]) on a CUDA machine, or "
                          "use backend='xla'", entry_context="ditax.attention.te:te_entry_context",
             **_CUDA),
+    # 8-bit attention (ditax.attention.sage): int8 Q·Kᵀ per block (K mean-smoothed), float32
+    # softmax, P·V in v's dtype; any key mask; lse of the true scores (a ring step); forward
+    # only: differentiating it raises (inference kernels).
+    Backend("sage", "ditax.attention.sage:sage_attention", opt.SageOptions,
+            compiled_on=("tpu",), interpreted_on=("cpu",), refuses_on=GPU_PLATFORMS,
+            off_platform=_SAGE_OFF_GPU, dtypes=("float32", "bfloat16", "float16"),
+            lse="kernel", head_major=True),
+    Backend("sage_xla", "ditax.attention.sage:sage_xla_attention", opt.SageXlaOptions,
+            dtypes=("float32", "bfloat16", "float16"), lse="kernel", head_major=True),
     Backend("ulysses", _SEQ, opt.SequenceOptions, kind="sequence"),
     Backend("ring", _SEQ, opt.SequenceOptions, kind="sequence"),
     Backend("ulysses_ring", _SEQ, opt.UlyssesRingOptions, kind="sequence"),

@@ -1,0 +1,85 @@
+"""Pallas forward kernel of 8-bit (SageAttention-style) attention, head-major.
+
+Inputs, all padded to whole blocks by :func:`ditax.attention.sage.prepare` (the quantized
+copies are new arrays anyway, so padding costs no extra pass):
+
+- q8 ``[B, N, Lq_p, K]`` int8, k8 ``[B, N, Lk_p, K]`` int8 (K smoothed by its mean over
+  tokens, masked keys zeroed), v ``[B, N, Lk_p, K]`` in its own dtype (bf16 on TPU);
+- q_rows ``[B, N, nq, 1, block_q]`` float32: each query's dequantization factor (its block's
+  scale times the softmax scale); k_rows ``[B, N, nk, 1, block_kv]`` float32: each key's
+  block scale, **0 for a masked key** (a valid key's scale is > 0), so the rows are the key
+  mask too. Both travel as lane rows (:mod:`.mosaic`).
+
+Per (query block, key block) tile: ``s = (int32(q8 · k8ᵀ) · q_row) · k_row`` — the
+``s8 × s8 → s32`` product the MXU of v5e / v6e runs at twice its bf16 rate — then the float32
+online softmax of the flash kernel (:mod:`.flash_fwd`, whose ``pallas_call`` this reuses),
+``P`` cast to v's dtype for ``P·V`` with float32 accumulation. Outputs ``o [B, N, Lq_p, K]``
+in v's dtype and the float32 log-sum-exp rows of the *smoothed* scores.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from ditax.attention.kernels.flash_fwd import run_forward
+from ditax.attention.kernels.mosaic import NN, NT, as_column, mxu_dot
+
+NEG_INF = float("-inf")
+
+
+def _kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc):
+    """One tile of the online softmax over int8 scores; grid axis 3 walks the key blocks."""
+    j = pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, NEG_INF, jnp.float32)
+        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+    # precision pinned (Mosaic refuses int8 operands under "highest": "Bad lhs type")
+    s32 = jax.lax.dot_general(q_ref[...], k_ref[...], NT, precision=jax.lax.Precision.DEFAULT,
+                              preferred_element_type=jnp.int32)
+    ks = ks_ref[...]                                  # [1, bkv]; 0 = masked key
+    s = s32.astype(jnp.float32) * as_column(qs_ref) * ks
+    s = jnp.where(ks > 0.0, s, NEG_INF)
+    m = m_sc[...]
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+    p = jnp.exp(s - m_safe)
+    alpha = jnp.exp(m - m_safe)
+    l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
+    v = v_ref[...]
+    acc_sc[...] = alpha * acc_sc[...] + mxu_dot(p.astype(v.dtype), v, NN)
+    m_sc[...] = m_new
+
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        m, l = m_sc[...], l_sc[...]
+        empty = l == 0.0
+        o_ref[...] = (acc_sc[...] / jnp.where(empty, 1.0, l)).astype(o_ref.dtype)
+        m_safe = jnp.where(m == NEG_INF, 0.0, m)
+        lse_ref[...] = jnp.where(empty, NEG_INF, m_safe + jnp.log(jnp.where(empty, 1.0, l))).T
+
+
+def sage_forward(q8, k8, v, q_rows, k_rows, *, block_q: int, block_kv: int, interpret: bool):
+    """Run the kernel (shapes in the module docstring). Returns ``(o [B, N, Lq_p, K] in v's
+    dtype, lse [B, N, Lq_p] float32)``."""
+    B, N, Lq_p, K = q8.shape
+    nq, nk = Lq_p // block_q, k8.shape[2] // block_kv
+    sq = pl.squeezed
+    q_spec = pl.BlockSpec((sq, sq, block_q, K), lambda b, h, i, j: (b, h, i, 0))
+    kv_spec = pl.BlockSpec((sq, sq, block_kv, K), lambda b, h, i, j: (b, h, j, 0))
+    qs_spec = pl.BlockSpec((sq, sq, sq, 1, block_q), lambda b, h, i, j: (b, h, i, 0, 0))
+    ks_spec = pl.BlockSpec((sq, sq, sq, 1, block_kv), lambda b, h, i, j: (b, h, j, 0, 0))
+    rows = (B, N, nq, 1, block_q)
+    o, lse = run_forward(_kernel, (B, N, nq, nk), [q_spec, kv_spec, kv_spec, qs_spec, ks_spec],
+                         q_spec, qs_spec, (q8, k8, v, q_rows, k_rows),
+                         jax.ShapeDtypeStruct(q8.shape, v.dtype), rows, block_q, K,
+                         interpret=interpret, name="ditax_sage_fwd")
+    return o, lse.reshape(B, N, Lq_p)
+
+
+__all__ = ["sage_forward"]

@@ -1,0 +1,213 @@
+"""8-bit attention (SageAttention's idea): int8 ``Q·Kᵀ``, float32 softmax, ``P·V`` in v's dtype.
+
+Two backends over one quantization (:func:`prepare`) and one arithmetic:
+
+- ``sage``: the Pallas kernel (:mod:`ditax.attention.kernels.sage_fwd`) — compiled on TPU
+  (v5e / v6e run ``s8 × s8 → s32`` at twice their bf16 rate), Pallas interpret mode on CPU,
+  refused on GPUs;
+- ``sage_xla``: the XLA reference, every platform: a ``lax.scan`` over key blocks with an
+  online softmax, so it holds ``O(Lq · block_kv)`` scores like ``blockwise``.
+
+Quantization, per batch row and head:
+
+1. K is smoothed: its mean over the (unmasked) tokens is subtracted. ``q·(k - μ) = q·k - q·μ``
+   shifts every score of a query row by one constant, which the softmax ignores; it removes
+   K's large per-channel offset, so int8 keeps its resolution for what varies between keys.
+   Masked keys are zeroed (they never count and must not widen a block's scale).
+2. Q and the smoothed K are quantized symmetrically to int8 per block of ``block_q`` /
+   ``block_kv`` tokens (one scale ``max|x| / 127`` per block and head, over its tokens and
+   head dim); tokens are padded to whole blocks (padded keys masked).
+3. ``s = int32(q8 · k8ᵀ) · (scale_q · softmax_scale) · scale_k`` in float32, the online
+   softmax in float32, ``P`` cast to v's dtype (bf16 in a bf16 model; float32 inputs keep
+   float32) for ``P·V`` with float32 accumulation.
+
+The log-sum-exp (``return_lse``, for a ring merge) is that of the true scores: the smoothing
+shift ``softmax_scale · q·μ`` (float32, unquantized q) is added back, so ring steps whose K
+chunks have different means merge correctly.
+
+Gradient: none — this is an inference kernel. Differentiating through it raises
+:class:`~ditax.errors.AttentionUnavailable` (a silent zero gradient through the rounding
+would be wrong); train with ``flash``, ``splash``, ``blockwise`` or ``xla``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ditax.attention.options import SageOptions
+from ditax.attention.registry import BACKENDS
+from ditax.errors import AttentionUnavailable
+from ditax.intmath import ceil_div, round_up
+from ditax.parallel.platform import platform_of
+
+QMAX = 127.0
+INT8_SUBLANE = 32      # TPU tiles int8 arrays (32, 128): blocks are multiples of 32
+NO_GRADIENT = ("attention backend 'sage' / 'sage_xla' has no gradient (8-bit forward for "
+               "inference); train with backend='flash', 'splash', 'blockwise' or 'xla'")
+
+
+def quantize_blocks(x, block: int):
+    """x ``[B, N, L, K]`` float32 → (int8 ``[B, N, n·block, K]`` zero-padded, float32 scales
+    ``[B, N, n]``): symmetric, one scale per block of ``block`` tokens and head (1 for an
+    all-zero block, so a valid key's scale is always > 0)."""
+    B, N, L, K = x.shape
+    n = ceil_div(L, block)
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, n * block - L), (0, 0))).reshape(B, N, n, block, K)
+    amax = jnp.max(jnp.abs(x), axis=(3, 4))
+    scale = jnp.where(amax > 0, amax / QMAX, 1.0)
+    x8 = jnp.clip(jnp.round(x / scale[..., None, None]), -QMAX, QMAX).astype(jnp.int8)
+    return x8.reshape(B, N, n * block, K), scale
+
+
+def prepare(q, k, v, kv_mask, scale: float, bq: int, bkv: int):
+    """The quantization both backends share, head-major q ``[B, N, Lq, K]``, k/v
+    ``[B, N, Lk, K]``, kv_mask ``[B, Lk]`` bool or None.
+
+    Returns ``(q8, k8, v_p, q_rows [B, N, Lq_p], k_rows [B, N, Lk_p], shift [B, N, Lq])``:
+    per-token dequantization factors (softmax scale folded into q's; 0 marks a masked or
+    padded key) and the smoothing shift of the scores, ``scale · q·μ``."""
+    B, N, Lk, K = k.shape
+    qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
+    keep = jnp.ones((B, Lk), bool) if kv_mask is None else kv_mask.astype(bool)
+    w = keep.astype(jnp.float32)[:, None, :, None]
+    mu = jnp.sum(kf * w, axis=2, keepdims=True) / jnp.maximum(jnp.sum(w, axis=2, keepdims=True),
+                                                              1.0)
+    q8, qs = quantize_blocks(qf, bq)
+    k8, ks = quantize_blocks((kf - mu) * w, bkv)
+    Lk_p = k8.shape[2]
+    keep_p = jnp.pad(keep, ((0, 0), (0, Lk_p - Lk)))
+    q_rows = jnp.repeat(qs * scale, bq, axis=-1)
+    k_rows = jnp.where(keep_p[:, None, :], jnp.repeat(ks, bkv, axis=-1), 0.0)
+    v_p = jnp.pad(v, ((0, 0), (0, 0), (0, Lk_p - Lk), (0, 0)))
+    shift = scale * jnp.einsum("bnlk,bnk->bnl", qf, mu[:, :, 0])
+    return q8, k8, v_p, q_rows, k_rows, shift
+
+
+def xla_forward(q8, k8, v, q_rows, k_rows, *, block_kv: int):
+    """The XLA twin of the kernel: a scan over key blocks, the same operations in the same
+    order per tile. Returns ``(o [B, N, Lq_p, K] in v's dtype, lse [B, N, Lq_p])``."""
+    B, N, Lq_p, K = q8.shape
+    nk = k8.shape[2] // block_kv
+
+    def blocks(x):      # [B, N, nk*bkv, ...] -> [nk, B, N, bkv, ...]
+        return jnp.moveaxis(x.reshape(B, N, nk, block_kv, *x.shape[3:]), 2, 0)
+
+    qs = q_rows[..., None]
+
+    def step(carry, blk):
+        m, l, acc = carry
+        k_j, v_j, ks_j = blk
+        s32 = lax.dot_general(q8, k_j, (((3,), (3,)), ((0, 1), (0, 1))),
+                              precision=lax.Precision.DEFAULT, preferred_element_type=jnp.int32)
+        ks = ks_j[:, :, None, :]
+        s = s32.astype(jnp.float32) * qs * ks
+        s = jnp.where(ks > 0.0, s, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        p = jnp.exp(s - m_safe)
+        alpha = jnp.exp(m - m_safe)
+        l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
+        pv = lax.dot_general(p.astype(v_j.dtype), v_j, (((3,), (2,)), ((0, 1), (0, 1))),
+                             preferred_element_type=jnp.float32)
+        return (m_new, l, alpha * acc + pv), None
+
+    init = (jnp.full((B, N, Lq_p, 1), -jnp.inf, jnp.float32),
+            jnp.zeros((B, N, Lq_p, 1), jnp.float32), jnp.zeros((B, N, Lq_p, K), jnp.float32))
+    (m, l, acc), _ = lax.scan(step, init, (blocks(k8), blocks(v), blocks(k_rows)))
+    empty = l == 0.0
+    o = (acc / jnp.where(empty, 1.0, l)).astype(v.dtype)
+    m_safe = jnp.where(m == -jnp.inf, 0.0, m)
+    lse = jnp.where(empty, -jnp.inf, m_safe + jnp.log(jnp.where(empty, 1.0, l)))
+    return o, lse[..., 0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _sage(q, k, v, mask, scale, bq, bkv, interpret, kernel):
+    """Head-major 8-bit attention → ``(o [B, N, Lq, K] in q's dtype, lse [B, N, Lq])``."""
+    Lq = q.shape[2]
+    q8, k8, v_p, q_rows, k_rows, shift = prepare(q, k, v, mask, scale, bq, bkv)
+    if kernel:
+        from ditax.attention.kernels.sage_fwd import sage_forward
+
+        nq, nk = q8.shape[2] // bq, k8.shape[2] // bkv
+        o, lse = sage_forward(q8, k8, v_p, q_rows.reshape(q8.shape[:2] + (nq, 1, bq)),
+                              k_rows.reshape(k8.shape[:2] + (nk, 1, bkv)), block_q=bq,
+                              block_kv=bkv, interpret=interpret)
+    else:
+        o, lse = xla_forward(q8, k8, v_p, q_rows, k_rows, block_kv=bkv)
+    return o[:, :, :Lq].astype(q.dtype), lse[:, :, :Lq] + shift
+
+
+def _sage_fwd(q, k, v, mask, scale, bq, bkv, interpret, kernel):
+    return _sage(q, k, v, mask, scale, bq, bkv, interpret, kernel), None
+
+
+def _sage_bwd(*_):
+    raise AttentionUnavailable(NO_GRADIENT)
+
+
+_sage.defvjp(_sage_fwd, _sage_bwd)
+
+
+def _blocks(block_q: int, block_kv: int, Lq: int, Lk: int, compiled: bool) -> tuple[int, int]:
+    """The blocks used: clipped to the length rounded up to 32; compiled Mosaic needs
+    multiples of 32 (int8 tiles are (32, 128))."""
+    out = []
+    for name, b, n in (("block_q", block_q, Lq), ("block_kv", block_kv, Lk)):
+        if not isinstance(b, int) or b < 1:
+            raise ValueError(f"sage: {name}={b!r} must be a positive int (e.g. 128)")
+        if compiled and b % INT8_SUBLANE:
+            raise ValueError(f"sage: {name}={b} is not a multiple of {INT8_SUBLANE} (TPU int8 "
+                             f"tiles are (32, 128)); set attention.{name} to e.g. 128 or 512")
+        out.append(min(b, round_up(max(n, 1), INT8_SUBLANE)))
+    return out[0], out[1]
+
+
+def _run(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, head_major, interpret,
+         kernel):
+    if not head_major:
+        q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    bq, bkv = _blocks(block_q, block_kv, q.shape[2], k.shape[2], kernel and not interpret)
+    o, lse = _sage(q, k, v, kv_mask, scale, bq, bkv, bool(interpret), kernel)
+    if not head_major:
+        o = jnp.swapaxes(o, 1, 2)
+    return (o, lse) if return_lse else o
+
+
+def sage_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = SageOptions.block_q,
+                   block_kv: int = SageOptions.block_kv, interpret: bool | None = None,
+                   return_lse: bool = False, head_major: bool = False):
+    """8-bit attention through the Pallas kernel (backend ``sage``).
+
+    q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]`` (``head_major``: ``[B, N, L, K]``), kv_mask
+    ``[B, Lk]`` bool (True = attend) → output in q's layout and dtype (and with
+    ``return_lse`` the float32 log-sum-exp ``[B, N, Lq]``; rows with every key masked give
+    zeros and -inf). ``interpret``: Pallas interpret mode; None = from the target platform
+    (compiled on TPU, interpreted on CPU, refused on GPUs: use ``sage_xla`` there).
+    """
+    entry = BACKENDS["sage"]
+    interpret = entry.default_interpret(platform_of()) if interpret is None else interpret
+    why = entry.refusal(platform_of(), interpret=bool(interpret))
+    if why is not None:
+        raise AttentionUnavailable(why)
+    return _run(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, head_major,
+                interpret, True)
+
+
+def sage_xla_attention(q, k, v, *, kv_mask=None, scale=None,
+                       block_q: int = SageOptions.block_q,
+                       block_kv: int = SageOptions.block_kv, return_lse: bool = False,
+                       head_major: bool = False):
+    """8-bit attention in plain XLA (backend ``sage_xla``; every platform): the same
+    quantization and arithmetic as :func:`sage_attention`, a scan over ``block_kv`` keys."""
+    return _run(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, head_major, False,
+                False)
+
+
+__all__ = ["sage_attention", "sage_xla_attention", "prepare", "quantize_blocks",
+           "xla_forward", "NO_GRADIENT"]
