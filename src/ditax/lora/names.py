@@ -9,6 +9,9 @@ as diffusers keeps one LoRA key converter per family:
   *original* names other trainers write (Wan / ComfyUI ``blocks.3.self_attn.q``);
 - which module names exist (a diffusers / PEFT key is recognised only for a real module);
 - the key prefixes of original-name files, and the one written on export;
+- its fused layers, if any: one original layer that is several modules stacked along the
+  output (Flux's ``img_attn.qkv``); LoRA rows on them are split on reading and assembled on
+  export;
 - the LoRA *target groups* of fine-tuning (``lora.targets``): group name → regular
   expressions over our module paths (``blocks.attn1.to_q``: the dotted attribute path of a
   Linear layer in the module tree), levanter-style;
@@ -33,6 +36,10 @@ class LoraNames:
     is_module: Callable[[str], bool]              # whether a module name is the model's
     original_prefixes: tuple[str, ...] = ()       # stripped from original-name keys
     export_prefix: str = ""                       # written before original names on export
+    export_sep: str = "."                         # "_": kohya spelling of exported names
+    # a fused original layer's name → its pieces ((module, start, stop), ...) in the stored
+    # rows' order, start:stop in units of the rows per unit (Flux: q, k, v in one); None: none
+    fused: "Callable[[str], tuple | None] | None" = None
     targets: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     description: str = ""                         # the formats, with examples (messages)
     mismatch_hint: str = "is it a LoRA for another model?"

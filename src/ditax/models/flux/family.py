@@ -171,3 +171,26 @@ class FluxFamily(ModelFamily):
         from ditax.models.flux.loading import check_folder
 
         return check_folder(path, subfolder)
+
+    # -- single files and LoRA names (models/flux/single_file.py, lora_names.py) -------------
+
+    def check_single_file(self, path) -> str:
+        from ditax.models.flux.single_file import check_single_file
+
+        return check_single_file(path, self.model)
+
+    def convert_single_file(self, path, out, *, dtype=None, loras=None):
+        raise ConfigError(f"ditax convert --out: writing a FLUX.1 single file as a diffusers "
+                          f"folder is not wired yet; load {path} directly with "
+                          f"ditax.load_transformer(path, config=...)")
+
+    def lora_table(self):
+        from ditax.models.flux.convert import weight_table
+
+        return weight_table(self.model)
+
+    @classmethod
+    def lora_names(cls):
+        from ditax.models.flux.lora_names import LORA_NAMES
+
+        return LORA_NAMES

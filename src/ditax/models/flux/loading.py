@@ -19,8 +19,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ditax.attention.config import as_attention_config
-from ditax.errors import ConfigError
-from ditax.io.convert import load_params
+from ditax.errors import ConfigError, check_choice
+from ditax.io.convert import load_params, param_shapes
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights, is_single_file
@@ -28,6 +28,7 @@ from ditax.models.flux.build import abstract_model
 from ditax.models.flux.config import (CLASS_NAME, FluxConfig, check_transformer,
                                       same_architecture)
 from ditax.models.flux.convert import param_axes, weight_table
+from ditax.models.flux.lora_names import LORA_NAMES
 from ditax.models import loaded
 from ditax.models.loaded import LoadedTransformer, param_sharding
 from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
@@ -44,12 +45,27 @@ def read_config(folder) -> dict:
     return cfg
 
 
-def load_weights_into(model_abs, source, cfg: FluxConfig, mesh=None):
-    """Fill an abstract model's parameters from a diffusers safetensors folder (or file);
-    with a mesh, each parameter is read slice by slice straight into its NamedSharding."""
+def load_weights_into(model_abs, source, cfg: FluxConfig, mesh=None, loras=None,
+                      lora_strict: bool = True):
+    """Fill an abstract model's parameters from a diffusers safetensors folder, or one file
+    (BFL's names too: :mod:`.single_file`); with a mesh, each parameter is read slice by
+    slice straight into its NamedSharding. ``loras`` (see :func:`ditax.lora.resolve_loras`)
+    are merged into each slice as it is read."""
     gdef, state = nnx.split(model_abs)
-    state = load_params(weight_table(cfg), Weights.open(source), state,
-                        jnp.dtype(cfg.param_dtype), param_sharding(param_axes(cfg), mesh))
+    table = weight_table(cfg)
+    if is_single_file(source):
+        from ditax.models.flux.single_file import open_single_file
+
+        weights = open_single_file(source, cfg, table, param_shapes(state))
+    else:
+        weights = Weights.open(source)
+    if loras:
+        from ditax.lora import merged_weights
+
+        weights = merged_weights(weights, loras, table, param_shapes(state), names=LORA_NAMES,
+                                 strict=lora_strict)
+    state = load_params(table, weights, state, jnp.dtype(cfg.param_dtype),
+                        param_sharding(param_axes(cfg), mesh))
     return nnx.merge(gdef, state)
 
 
@@ -121,39 +137,71 @@ class FluxTransformerModel(LoadedTransformer):
         return _forward_jit(self._gdef, self._state, *args, img_ids, txt_ids, self._place(g),
                             self._place(mask))
 
+    def set_lora_strengths(self, strengths) -> None:
+        """New strengths for LoRAs loaded with ``lora_mode="unmerged"`` (one per LoRA, in
+        order). Only values change, so nothing recompiles."""
+        from ditax.lora.unmerged import set_strengths
+
+        set_strengths(self.module, strengths, self.mesh)
+        self._gdef, self._state = nnx.split(self.module)
+
+
+LORA_MODES = ("merged", "unmerged")
+
 
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                      subfolder: str | None = "transformer", *, config=None, loras=None,
+                     lora_strict: bool = True, lora_mode: str = "merged",
                      **model_overrides) -> FluxTransformerModel:
     """Load a Flux transformer from a diffusers folder (a ``transformer/`` folder with
     config.json + safetensors [+ index], a pipeline folder that has ``transformer/``, or a hub
-    id when online).
+    id when online), or one ``.safetensors`` file (BFL's ``flux1-dev.safetensors`` names, or
+    diffusers') with ``config=``.
 
     Args:
+      config: the architecture of a single-file checkpoint, a :class:`FluxConfig` (the public
+        ``ditax.load_transformer`` also takes a preset name such as ``"flux.1-dev"`` or a YAML
+        path); folders have their own ``config.json``.
       dtype: parameter and compute dtype ("float32" | "bfloat16" | "float16").
       mesh: optional ``jax.sharding.Mesh`` with axes (data, fsdp, context, tensor).
       attention: a backend name or an :class:`~ditax.attention.config.AttentionConfig`.
+      loras: ``[(file, strength), ...]`` (a bare file = 1.0; a parsed
+        :class:`ditax.lora.Lora`): diffusers / PEFT, kohya, BFL / ComfyUI or XLabs keys
+        (:mod:`.lora_names`); ``lora_strict=False`` skips keys that match no layer (warning).
+      lora_mode: "merged" (folded into the weights while they load) or "unmerged" (low-rank
+        updates at run time; :meth:`FluxTransformerModel.set_lora_strengths`; Linear layers
+        only).
       model_overrides: other :class:`FluxConfig` fields (e.g. ``remat="full"``).
 
     The model, attention and mesh are checked here, once, before anything is built.
     """
     t0 = time.perf_counter()
+    check_choice("lora_mode", lora_mode, LORA_MODES)
     if is_single_file(path):
-        raise ConfigError(f"{path}: single-file Flux checkpoints (BFL / ComfyUI names) are not "
-                          f"read yet; use a diffusers folder with config.json")
-    if config is not None:
+        from ditax.models.flux.single_file import single_file_config
+
+        source = pathlib.Path(path)
+        cfg = single_file_config(path, config, param_dtype=dtype, dtype=dtype,
+                                 **model_overrides)
+    elif config is not None:
         raise ConfigError(f"config= is for single-file checkpoints; {path} is read with its own "
                           f"config.json (pass model overrides as keywords instead)")
-    if loras:
-        raise ConfigError("loras=: LoRA files are not read for Flux yet; load without loras")
-    source = resolve_folder(path, subfolder)
-    cfg = FluxConfig.from_diffusers(read_config(source), param_dtype=dtype, dtype=dtype,
-                                    **model_overrides)
+    else:
+        source = resolve_folder(path, subfolder)
+        cfg = FluxConfig.from_diffusers(read_config(source), param_dtype=dtype, dtype=dtype,
+                                        **model_overrides)
     acfg = as_attention_config(attention)
     check_mesh_axes(mesh)
     check_transformer(cfg, acfg, None if mesh is None else
                       {a: int(mesh.shape[a]) for a in MESH_AXES})
-    model = load_weights_into(abstract_model(cfg, acfg, mesh), source, cfg, mesh)
+    model = load_weights_into(abstract_model(cfg, acfg, mesh), source, cfg, mesh,
+                              loras if lora_mode == "merged" else None, lora_strict)
+    if loras and lora_mode == "unmerged":
+        from ditax.lora import resolve_loras
+        from ditax.lora.unmerged import attach
+
+        attach(model, resolve_loras(loras, lora_strict, names=LORA_NAMES), weight_table(cfg),
+               mesh, names=LORA_NAMES)
     log.info("loaded %s (%d + %d layers, D=%d) in %.1fs", source, cfg.num_layers,
              cfg.num_single_layers, cfg.inner_dim, time.perf_counter() - t0)
     return FluxTransformerModel(model)
