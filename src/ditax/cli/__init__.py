@@ -32,6 +32,7 @@ COMMANDS = {
     "plan": "show mesh, shardings and per-device memory for a config",
     "calibrate-cache": "measure a model's step-cache numbers (TeaCache, MagCache)",
     "config": "list the config keys with their defaults (or a preset's values) and the presets",
+    "serve": "serve a model over HTTP: /v1/videos jobs, a durable queue, a web page",
 }
 
 USAGE, FAILURE = 2, 1

@@ -91,6 +91,12 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
          "ditax config tiny mesh.fsdp=8 checkpoint.every=5"),
         ("the keys of `ditax train-vae`", "ditax config --vae"),
     ],
+    "serve": [
+        ("the demo model on http://127.0.0.1:8000 (page at /, API at /v1/videos), jobs kept in "
+         "serve/jobs.sqlite", "ditax serve --model demo --db serve/jobs.sqlite"),
+        ("on every interface, with a key, batches of up to 8",
+         "ditax serve --model demo --host 0.0.0.0 --api-key secret --max-batch 8"),
+    ],
 }
 
 

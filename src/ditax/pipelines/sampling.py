@@ -151,7 +151,7 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
            finalize: Callable[[Any, Any], Any] | None = None,
            prepare_decode: Callable[[], Any] | None = None,
            decode: Callable[[Any, Any], Any] | None = None, progress: bool = True,
-           size: str = "") -> Sampled:
+           size: str = "", on_step: Callable[[int], None] | None = None) -> Sampled:
     """Run one request through the loop of the module docstring.
 
     Args:
@@ -170,6 +170,8 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
         (:mod:`ditax.pipelines.cache.step_cache`).
       prepare_decode: ``prepare_decode()`` → the decode's compiled programs (timed as compile);
         ``decode(latents, prepared)`` → the output; no ``decode``: the output is the latents.
+      on_step: ``on_step(steps_done)`` after each step has finished on the device (a server's
+        progress; an exception it raises stops the loop).
     """
     if guidance_scale_2 is None:
         guidance_scale_2 = guidance_scale
@@ -225,8 +227,10 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
             g = guidance_scale_2 if low else guidance_scale
             e = per_step[i]
             x, state = steps[id(e)](e.params, state, x, emb, jnp.float32(g), cond)
-            if progress:   # the bar advances when the step has finished on the device
+            if progress or on_step is not None:   # a step counts once done on the device
                 jax.block_until_ready(x)
+            if on_step is not None:
+                on_step(i + 1)
         x = jax.block_until_ready(x if finalize is None else finalize(cond, x))
     stats = (uncached_stats(num_inference_steps, use_cfg) if step_cache is None
              else step_cache.stats())

@@ -100,6 +100,16 @@ class WanTextToVideo:
                                "folder (Wan2.1-I2V-*, Wan2.2-I2V-A14B, Wan2.2-TI2V-5B)")
         return None
 
+    def decode_video(self, x, programs=None):
+        """Final latents ``[1, C, F', Y, X]`` → float32 video ``[F, H, W, 3]`` in [0, 1]
+        (``programs``: the decode's compiled programs, :meth:`Programs.decode`)."""
+        z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
+        video = self.vae.decode(z, tiled=self.vae_tiling, programs=programs)  # [1, 3, F, H, W]
+        # on the host: the same float32 arithmetic, without compiling four more programs
+        video = np.clip(np.asarray(video, np.float32) * np.float32(0.5) + np.float32(0.5),
+                        np.float32(0.0), np.float32(1.0))
+        return np.ascontiguousarray(np.transpose(video[0], (1, 2, 3, 0)))  # [F, H, W, 3]
+
     @in_compile_cache
     def __call__(self, prompt, negative_prompt=None, height: int | None = None,
                  width: int | None = None, num_frames: int | None = None,
@@ -164,14 +174,6 @@ class WanTextToVideo:
                    for tr in (self.transformer, self.transformer_2) if tr is not None]
         sharding = None if self.mesh is None else NamedSharding(self.mesh, P())
 
-        def decode(x, programs):
-            z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
-            video = self.vae.decode(z, tiled=self.vae_tiling, programs=programs)  # [1,3,F,H,W]
-            # on the host: the same float32 arithmetic, without compiling four more programs
-            video = np.clip(np.asarray(video, np.float32) * np.float32(0.5) + np.float32(0.5),
-                            np.float32(0.0), np.float32(1.0))
-            return np.ascontiguousarray(np.transpose(video[0], (1, 2, 3, 0)))  # [F, H, W, 3]
-
         out = sample(
             programs=self.programs, experts=experts, inputs=wan_inputs,
             scheduler=self.scheduler, latent_shape=shape, mesh=self.mesh,
@@ -187,7 +189,7 @@ class WanTextToVideo:
             cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
             cache_coefficients=cache_coefficients, progress=progress,
             size=f"for {num_frames} frames at {height}x{width}",
-            decode=None if output == "latent" else decode,
+            decode=None if output == "latent" else self.decode_video,
             prepare_decode=lambda: None if self.vae_tiling else self.programs.decode(
                 self.vae, shape, sharding))
         self.last_stats = out.stats

@@ -1,0 +1,152 @@
+"""``ditax serve``: load a model once and serve it over HTTP (:mod:`ditax.serve`).
+
+    ditax serve --model demo --port 8000 --db jobs.sqlite --output-dir videos
+    curl -s localhost:8000/v1/videos -d '{"prompt": "a red circle moves right", "seed": 1}'
+
+``POST /v1/videos`` queues a job (checked by ``ditax generate``'s own rules first: a bad
+request is a 400 with generate's words), ``GET /v1/videos/ID`` polls it, ``GET
+/v1/videos/ID/content`` downloads the mp4, ``GET /`` is a web page; see :mod:`ditax.serve.app`.
+Jobs live in the SQLite file ``--db``: after a crash the same ``--db`` runs the queued and the
+interrupted jobs. Binds 127.0.0.1 unless ``--host`` says otherwise; ``--api-key KEY`` (or
+``$DITAX_API_KEY``) makes every route but ``/health`` and the page need ``Authorization: Bearer
+KEY``. ``key=value`` overrides as for ``generate`` (mesh, attention, model.dtype, sample.*).
+SIGTERM / Ctrl-C stop at the next step and put the running jobs back in the queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+
+from ditax.errors import ConfigError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="pipeline folder, hub id, or 'demo'")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--db", default="ditax_serve/jobs.sqlite",
+                   help="SQLite job store (created; reused after a restart)")
+    p.add_argument("--output-dir", default=None,
+                   help="where the mp4s go (default: videos/ beside --db)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="unfinished jobs accepted before 429 (64)")
+    p.add_argument("--max-batch", type=int, default=4,
+                   help="queued jobs of one shape run as one batch, up to this many (4)")
+    p.add_argument("--api-key", default=os.environ.get("DITAX_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $DITAX_API_KEY)")
+    p.add_argument("--lora-dir", default=None, help="LoRA files to offer (not wired yet)")
+    p.add_argument("--no-progress", action="store_true", help="hide the loading status line")
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
+                   help="config overrides, as for ditax generate")
+
+
+def check_args(args) -> None:
+    if args.lora_dir is not None:
+        raise ConfigError("--lora-dir is not wired yet in ditax serve; drop it (LoRAs: "
+                          "ditax generate --lora)")
+    for flag, v, lo in (("--port", args.port, 0), ("--max-queue", args.max_queue, 1),
+                        ("--max-batch", args.max_batch, 1)):
+        if v < lo or (flag == "--port" and v > 65535):
+            raise ConfigError(f"{flag}={v} must be >= {lo}" + (" and <= 65535"
+                                                               if flag == "--port" else ""))
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"ditax serve needs FastAPI and uvicorn ({e}); install them with "
+                          f"pip install 'ditax[serve]'") from None
+
+
+def run(args) -> int:
+    check_args(args)
+    from ditax.cli import model_arg
+    from ditax.serve.requests import BadRequest, check_body
+
+    db = pathlib.Path(args.db)
+    out = pathlib.Path(args.output_dir) if args.output_dir else db.parent / "videos"
+    out.mkdir(parents=True, exist_ok=True)
+    args.model = model_arg(args.model)
+    try:           # the model folder and the overrides, checked as generate checks them
+        check_body({"prompt": "a check of the server's settings"}, args.model, args.overrides,
+                   str(out / "request.mp4"))
+    except BadRequest as e:
+        raise ConfigError(str(e)) from None
+    serve(args, db, out)
+    return 0
+
+
+def serve(args, db: pathlib.Path, out: pathlib.Path) -> None:
+    """Load the model once, recover the store, run uvicorn until SIGTERM / SIGINT."""
+    import argparse as ap
+
+    import jax
+    import uvicorn
+
+    import ditax
+    from ditax.cli.generate import parse_request
+    from ditax.cli.run import run_context
+    from ditax.serve.app import ServeState, create_app
+    from ditax.serve.jobs import JobStore
+    from ditax.serve.worker import Worker
+
+    ns = ap.Namespace(model=args.model, prompt="x", negative_prompt=None, image=None,
+                      last_image=None, height=None, width=None, frames=None, steps=None,
+                      guidance=None, guidance_2=None, lora=[], lora_2=[], lora_mode="unmerged",
+                      lora_strict=True, seed=0, output=str(out / "request.mp4"),
+                      frames_dir=None, fps=None, no_progress=True, overrides=args.overrides)
+    load, _ = parse_request(ns)
+    mesh_cfg, cache = load.pop("mesh_config"), load.pop("compile_cache")
+    if load.pop("makes", "video") == "image":
+        raise ConfigError(f"{args.model} is an image model; ditax serve serves video models "
+                          f"only so far")
+    mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
+    store = JobStore(db)
+    requeued, failed = store.recover()
+    for partial in out.glob("*.partial*"):        # a write cut by a kill: never served
+        partial.unlink(missing_ok=True)
+    with run_context(load["attention"], mesh, compile_cache=cache,
+                     status=not args.no_progress) as folder:
+        path = load.pop("path")
+        pipe = ditax.load_pipeline(path, mesh=mesh, **load)
+        print(f"compile cache: {folder or 'off'}; loaded {path} in {pipe.load_time:.1f}s")
+        if requeued or failed:
+            print(f"recovered {db}: {len(requeued)} interrupted job(s) queued again, "
+                  f"{len(failed)} failed (interrupted too often)")
+        worker = Worker(pipe, store, out, max_batch=args.max_batch)
+        devices = jax.devices()
+        state = ServeState(model=path, overrides=list(args.overrides), store=store,
+                           worker=worker, output_dir=out, max_queue=args.max_queue,
+                           max_batch=args.max_batch, api_key=args.api_key,
+                           health={"model": str(path), "platform": devices[0].platform,
+                                   "devices": len(devices)})
+        app = create_app(state)
+        print(f"serving {path} on http://{args.host}:{args.port} (jobs: {db}, videos: {out})",
+              flush=True)
+        quiet_exit_server(uvicorn)(uvicorn.Config(
+            app, host=args.host, port=args.port, log_level="warning",
+            timeout_graceful_shutdown=30)).run()
+    store.close()
+    print("stopped: the running jobs are back in the queue; the same --db runs them",
+          flush=True)
+
+
+def quiet_exit_server(uvicorn):
+    """uvicorn's ``Server``, except that the SIGTERM / SIGINT that stopped it is not raised
+    again once it has shut down: the jobs are safe in the store, so the exit status is 0."""
+    import contextlib
+    import signal
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT,
+                                                                    signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in old.items():
+                    signal.signal(s, handler)
+
+    return Server

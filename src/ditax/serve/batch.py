@@ -1,0 +1,89 @@
+"""Several text-to-video requests of one shape as one batch through the one compiled step.
+
+Jobs with equal size, frames, steps and guidance (their batch key,
+:func:`ditax.serve.requests.check_body`) share the loop of :func:`ditax.pipelines.sampling.
+sample`: each job's noise is its own seed's draw (:func:`~ditax.pipelines.sampling.
+initial_noise` of the one-video shape), stacked ``[B, C, F', Y, X]``; the text is each job's
+(cond, uncond) rows laid out ``[cond_1 .. cond_B, uncond_1 .. uncond_B]`` as the CFG step
+splits it (:func:`~ditax.pipelines.denoise.cfg_branches`); each video is decoded alone by the
+pipeline's own decode program. A batch of one is exactly what the pipeline's call does (same
+noise, text, step program and decode: the same video as ``ditax generate``); a larger batch runs
+the same arithmetic on more rows (equal to each job alone within float rounding of the wider
+matmuls, checked by the tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ditax.compile_cache import compile_cache
+from ditax.errors import RequestError
+from ditax.pipelines.sampling import Expert, Timings, initial_noise, sample
+from ditax.pipelines.wan.conditioning import final_latents
+from ditax.pipelines.wan.inputs import wan_inputs
+from ditax.pipelines.wan.request import check_grid, check_request
+from ditax.pipelines.wan.text_to_video import WanTextToVideo
+
+
+def batchable(pipe) -> bool:
+    """Whether ``pipe`` runs batches here (a Wan text-to-video pipeline; image-to-video and
+    step-cached requests run one by one through the pipeline's call)."""
+    return type(pipe) is WanTextToVideo
+
+
+def generate_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] | None = None
+                   ) -> list[np.ndarray]:
+    """Videos ``[F, H, W, 3]`` (float32 in [0, 1]) of ``calls`` (checked pipeline calls with
+    equal height, width, num_frames, num_inference_steps, guidance_scale(_2); no images, no
+    step cache); ``on_step(steps_done)`` after each step. ``pipe.timings`` holds the batch's."""
+    first = calls[0]
+    h, w, f = first["height"], first["width"], first["num_frames"]
+    steps, g, g2 = first["num_inference_steps"], first["guidance_scale"], first["guidance_scale_2"]
+    for c in calls:
+        if (c["height"], c["width"], c["num_frames"], c["num_inference_steps"],
+                c["guidance_scale"], c["guidance_scale_2"]) != (h, w, f, steps, g, g2):
+            raise ValueError("generate_batch: the calls differ in shape, steps or guidance")
+        sf = pipe.vae.scale_factor_spatial * pipe.transformer.config.patch_size[1]
+        check_request(c["prompt"], h, w, f, steps, g, g2, c["negative_prompt"], spatial=sf,
+                      temporal=pipe.vae.scale_factor_temporal, seed=c["seed"])
+    tc = pipe.transformer.config
+    check_grid(h, w, f, tc.rope_max_seq_len, sf, pipe.vae.scale_factor_temporal,
+               tc.patch_size[0])
+    if g2 is not None and pipe.boundary_ratio is None:
+        raise RequestError("guidance_scale_2 applies only to two-expert (Wan 2.2) pipelines")
+    one = pipe.latent_shape(h, w, f)                       # [1, C, F', Y, X]
+    shape = (len(calls), *one[1:])
+    noise = jnp.concatenate([initial_noise(c["seed"], one) for c in calls])
+    experts = [Expert(tr._gdef, tr._state, tr.config)
+               for tr in (pipe.transformer, pipe.transformer_2) if tr is not None]
+    sharding = None if pipe.mesh is None else NamedSharding(pipe.mesh, P())
+
+    def text(use_cfg):
+        rows = [pipe.encode_text(c["prompt"], c["negative_prompt"], use_cfg) for c in calls]
+        return jnp.concatenate([r[0:1] for r in rows] + ([r[1:2] for r in rows] if use_cfg
+                                                         else []))
+
+    with compile_cache(pipe.compile_cache):
+        out = sample(
+            programs=pipe.programs, experts=experts, inputs=wan_inputs, scheduler=pipe.scheduler,
+            latent_shape=shape, mesh=pipe.mesh, cfg_mode=pipe.cfg_mode,
+            num_inference_steps=steps, guidance_scale=g, guidance_scale_2=g2,
+            boundary=(None if pipe.boundary_ratio is None
+                      else pipe.boundary_ratio * pipe.scheduler.num_train_timesteps),
+            text=text, finalize=final_latents, latents=noise, seed=first["seed"],
+            sigmas=first.get("sigmas"), progress=False, on_step=on_step,
+            size=f"for {f} frames at {h}x{w}",
+            decode=lambda x, programs: [pipe.decode_video(row[None], programs)
+                                        for row in np.asarray(x)],
+            prepare_decode=lambda: None if pipe.vae_tiling else pipe.programs.decode(
+                pipe.vae, one, sharding))
+    pipe.last_stats = out.stats
+    pipe.timings = Timings(load=pipe.load_time, **out.timings)
+    return out.output
+
+
+__all__ = ["batchable", "generate_batch"]

@@ -1,0 +1,204 @@
+"""The durable job queue of ``ditax serve``: one SQLite table in WAL mode (stdlib ``sqlite3``).
+
+A job is a row: its id (``video_`` + 32 hex digits, made here, never taken from a request),
+the validated request (JSON), its batch key (jobs with equal keys may run as one batch), the
+status (``queued`` → ``in_progress`` → ``completed`` | ``failed`` | ``cancelled``), progress
+(0-100, denoising steps done), the error message, the output file name and timings. Every
+change is one committed transaction, so a ``kill -9`` loses nothing that was accepted: at the
+next start :meth:`JobStore.recover` puts the jobs that were running back in the queue (their
+``attempts`` counted), and marks one failed with the reason once it has been interrupted
+:data:`MAX_ATTEMPTS` times (a request that kills the server must not kill it forever).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sqlite3
+import threading
+import time
+import uuid
+
+STATUSES = ("queued", "in_progress", "completed", "failed", "cancelled")
+FINISHED = ("completed", "failed", "cancelled")
+MAX_ATTEMPTS = 3         # runs of one job that a server stop may interrupt before it fails
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT UNIQUE NOT NULL,
+  created_at INTEGER NOT NULL,
+  status TEXT NOT NULL,
+  progress INTEGER NOT NULL DEFAULT 0,
+  request TEXT NOT NULL,
+  batch_key TEXT NOT NULL,
+  error TEXT,
+  file TEXT,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  batch_size INTEGER,
+  compiles INTEGER,
+  started_at REAL,
+  finished_at REAL,
+  seconds REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq);
+"""
+
+
+class QueueFull(Exception):
+    """The queue holds ``max_queue`` unfinished jobs (the server answers 429)."""
+
+
+class JobStore:
+    """Jobs in the SQLite file ``path`` (created with its folder). One connection shared by
+    the server's threads behind a lock: each method is one short transaction."""
+
+    def __init__(self, path):
+        self.path = pathlib.Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False,
+                                   isolation_level=None, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")     # a committed job survives power loss
+        self._db.executescript(_SCHEMA)
+
+    def _tx(self, fn):
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(self._db)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # --- writes
+    def add(self, request: dict, batch_key: str | None, max_queue: int) -> dict:
+        """A new queued job of ``request``; :class:`QueueFull` when ``max_queue`` unfinished
+        jobs are waiting or running. ``batch_key`` None: the job runs alone (its id is its
+        key)."""
+        def add(db):
+            n = db.execute("SELECT COUNT(*) FROM jobs WHERE status IN ('queued', "
+                           "'in_progress')").fetchone()[0]
+            if n >= max_queue:
+                raise QueueFull(n)
+            job_id = f"video_{uuid.uuid4().hex}"
+            db.execute("INSERT INTO jobs (id, created_at, status, request, batch_key) VALUES "
+                       "(?, ?, 'queued', ?, ?)",
+                       (job_id, int(time.time()), json.dumps(request), batch_key or job_id))
+            return job_id
+        return self.get(self._tx(add))
+
+    def claim(self, max_batch: int) -> list[dict]:
+        """Up to ``max_batch`` queued jobs of the oldest queued job's batch key, oldest first,
+        now ``in_progress`` (their ``attempts`` + 1); ``[]`` when none is queued."""
+        def claim(db):
+            first = db.execute("SELECT batch_key FROM jobs WHERE status = 'queued' ORDER BY seq "
+                               "LIMIT 1").fetchone()
+            if first is None:
+                return []
+            ids = [r[0] for r in db.execute(
+                "SELECT id FROM jobs WHERE status = 'queued' AND batch_key = ? ORDER BY seq "
+                "LIMIT ?", (first[0], max_batch))]
+            now = time.time()
+            db.executemany("UPDATE jobs SET status = 'in_progress', progress = 0, attempts = "
+                           "attempts + 1, started_at = ?, batch_size = ? WHERE id = ?",
+                           [(now, len(ids), i) for i in ids])
+            return ids
+        return [self.get(i) for i in self._tx(claim)]
+
+    def set_progress(self, job_id: str, progress: int) -> None:
+        self._tx(lambda db: db.execute(
+            "UPDATE jobs SET progress = ? WHERE id = ? AND status = 'in_progress'",
+            (int(progress), job_id)))
+
+    def finish(self, job_id: str, status: str, *, error: str | None = None,
+               file: str | None = None, compiles: int | None = None) -> bool:
+        """Mark a running (or queued, for ``cancelled``) job finished; False when it was
+        already finished (e.g. cancelled while its batch ran)."""
+        assert status in FINISHED, status
+        now = time.time()
+
+        def finish(db):
+            cur = db.execute(
+                "UPDATE jobs SET status = ?, error = ?, file = ?, compiles = ?, finished_at = ?,"
+                " seconds = ? - created_at, progress = CASE WHEN ? = 'completed' THEN 100 ELSE "
+                "progress END WHERE id = ? AND status IN ('queued', 'in_progress')",
+                (status, error, file, compiles, now, now, status, job_id))
+            return cur.rowcount == 1
+        return self._tx(finish)
+
+    def requeue(self, job_id: str) -> None:
+        """A running job back to the queue (the server stops; it runs again at the next
+        start)."""
+        self._tx(lambda db: db.execute(
+            "UPDATE jobs SET status = 'queued', progress = 0 WHERE id = ? AND status = "
+            "'in_progress'", (job_id,)))
+
+    def forget_file(self, job_id: str) -> None:
+        self._tx(lambda db: db.execute("UPDATE jobs SET file = NULL WHERE id = ?", (job_id,)))
+
+    def recover(self) -> tuple[list[str], list[str]]:
+        """At start: jobs left ``in_progress`` by a stopped server go back to the queue, or
+        fail once interrupted :data:`MAX_ATTEMPTS` times; returns ``(requeued, failed)``."""
+        def recover(db):
+            rows = db.execute("SELECT id, attempts FROM jobs WHERE status = 'in_progress'")
+            rows = [(r[0], r[1]) for r in rows]
+            failed = [i for i, a in rows if a >= MAX_ATTEMPTS]
+            requeued = [i for i, a in rows if a < MAX_ATTEMPTS]
+            db.executemany("UPDATE jobs SET status = 'queued', progress = 0 WHERE id = ?",
+                           [(i,) for i in requeued])
+            now = time.time()
+            db.executemany(
+                "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? WHERE id = ?",
+                [(now, f"the server stopped while this job ran, {MAX_ATTEMPTS} times; it is "
+                  f"not run again (resubmit it if the server was stopped for another reason)",
+                  i) for i in failed])
+            return requeued, failed
+        return self._tx(recover)
+
+    # --- reads
+    def get(self, job_id: str) -> dict | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else _job(row)
+
+    def status_of(self, job_id: str) -> str | None:
+        job = self.get(job_id)
+        return None if job is None else job["status"]
+
+    def list(self, limit: int = 20, after: str | None = None) -> tuple[list[dict], bool]:
+        """Newest first, ``limit`` jobs created before job ``after`` (a cursor; None: from the
+        newest); returns ``(jobs, has_more)``."""
+        with self._lock:
+            seq = None
+            if after is not None:
+                row = self._db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
+                seq = -1 if row is None else row[0]
+            q = "SELECT * FROM jobs" + ("" if seq is None else " WHERE seq < ?")
+            rows = self._db.execute(q + " ORDER BY seq DESC LIMIT ?",
+                                    (() if seq is None else (seq,)) + (limit + 1,)).fetchall()
+        return [_job(r) for r in rows[:limit]], len(rows) > limit
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per status (every status present, 0 where none)."""
+        with self._lock:
+            rows = self._db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status")
+            got = dict(rows.fetchall())
+        return {s: int(got.get(s, 0)) for s in STATUSES}
+
+
+def _job(row: sqlite3.Row) -> dict:
+    job = dict(row)
+    job["request"] = json.loads(job["request"])
+    return job
+
+
+__all__ = ["FINISHED", "JobStore", "MAX_ATTEMPTS", "QueueFull", "STATUSES"]

@@ -1,0 +1,180 @@
+"""The model thread of ``ditax serve``: one loaded pipeline, jobs from the store, mp4s out.
+
+The pipeline is loaded once; its compiled programs stay in it, one per request signature
+(:class:`~ditax.pipelines.programs.Programs`, and jax's persistent cache on disk), so a second
+job of a shape compiles nothing — :class:`Metrics` counts XLA compilations through jax's public
+monitoring event, per job and in total (``/metrics``). The thread claims up to ``max_batch``
+queued jobs of one batch key (:meth:`~ditax.serve.jobs.JobStore.claim`) and runs them as one
+batch (:mod:`ditax.serve.batch`); image-to-video and step-cached requests run one at a time
+through the pipeline's call. Each video is written to a temporary file and renamed
+(:func:`ditax.io.video.write_mp4`), then the job is marked completed: a file a client may
+download is always whole.
+
+Cancelling a running job (``DELETE``) drops its video; a batch whose every job is cancelled
+stops at the next step. :meth:`Worker.stop` (SIGTERM) stops at the next step and puts the
+running jobs back in the queue; they run again at the next start.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+import time
+import traceback
+
+import jax
+
+from ditax.errors import DitaxError
+from ditax.serve.jobs import JobStore
+from ditax.serve.requests import call_of
+
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+
+class Metrics:
+    """Counters for ``/metrics``: XLA compiles (and their seconds), denoising steps and job
+    seconds (submit → finished), batches run."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        self.steps = 0
+        self.step_seconds = 0.0
+        self.jobs = 0
+        self.job_seconds = 0.0
+        self.batches = 0
+        self.batched_jobs = 0
+
+    def on_event(self, event: str, duration: float, **kw) -> None:
+        if event == BACKEND_COMPILE:
+            with self.lock:
+                self.compiles += 1
+                self.compile_seconds += duration
+
+    def add(self, **amounts) -> None:
+        with self.lock:
+            for k, v in amounts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+
+class Stopping(Exception):
+    """The server is stopping: the running batch goes back to the queue."""
+
+
+class Cancelled(Exception):
+    """Every job of the running batch was cancelled."""
+
+
+class Worker(threading.Thread):
+    """Runs the store's jobs on ``pipe`` until :meth:`stop`; videos go to ``output_dir`` as
+    ``<job id>.mp4``."""
+
+    def __init__(self, pipe, store: JobStore, output_dir, max_batch: int = 4,
+                 metrics: Metrics | None = None, say=print):
+        super().__init__(name="ditax-serve-worker", daemon=True)
+        self.pipe, self.store, self.max_batch = pipe, store, max_batch
+        self.output_dir = pathlib.Path(output_dir)
+        self.metrics = metrics or Metrics()
+        self.say = say
+        self.wake = threading.Event()
+        self._stopping = threading.Event()
+        self.cancelled: set[str] = set()
+        self.running: list[str] = []
+        jax.monitoring.register_event_duration_secs_listener(self.metrics.on_event)
+
+    def cancel(self, job_id: str) -> None:
+        """Drop a running job's video (its batch stops once all its jobs are cancelled)."""
+        self.cancelled.add(job_id)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop at the next step; the running jobs go back to the queue."""
+        self._stopping.set()
+        self.wake.set()
+        self.join(timeout)
+
+    def run(self) -> None:
+        from ditax.serve.batch import batchable
+
+        while not self._stopping.is_set():
+            jobs = self.store.claim(self.max_batch if batchable(self.pipe) else 1)
+            if not jobs:
+                self.wake.wait(0.5)
+                self.wake.clear()
+                continue
+            self.running = [j["id"] for j in jobs]
+            try:
+                self.run_jobs(jobs)
+            except Stopping:
+                for j in jobs:
+                    self.store.requeue(j["id"])
+                self.say(f"stopping: {len(jobs)} running job(s) back in the queue")
+            finally:
+                self.running = []
+
+    def run_jobs(self, jobs: list[dict]) -> None:
+        from ditax.io.video import write_mp4
+        from ditax.serve.batch import batchable, generate_batch
+
+        ids = [j["id"] for j in jobs]
+        try:
+            calls = [call_of(j["request"]) for j in jobs]
+        except DitaxError as e:
+            for i in ids:
+                self.store.finish(i, "failed", error=str(e))
+            return
+        steps = calls[0]["num_inference_steps"]
+        compiles0 = self.metrics.compiles
+        t_last = [time.perf_counter()]
+
+        def on_step(done: int) -> None:
+            now = time.perf_counter()
+            self.metrics.add(steps=1, step_seconds=now - t_last[0])
+            t_last[0] = now
+            for i in ids:
+                self.store.set_progress(i, min(99, done * 100 // steps))
+            if self._stopping.is_set():
+                raise Stopping()
+            if all(i in self.cancelled for i in ids):
+                raise Cancelled()
+
+        try:
+            if self._stopping.is_set():
+                raise Stopping()
+            if batchable(self.pipe) and not any(k in calls[0] and calls[0][k] for k in
+                                                ("image", "last_image", "cache", "cfg_cache")):
+                videos = generate_batch(self.pipe, calls, on_step)
+            else:
+                videos = [self.pipe(progress=False, **calls[0])]
+        except (Stopping, KeyboardInterrupt):
+            raise Stopping() from None
+        except Cancelled:
+            for i in ids:
+                self.store.finish(i, "cancelled")
+            return
+        except Exception as e:  # noqa: BLE001 — the job fails with the reason; the server goes on
+            message = str(e) if isinstance(e, (DitaxError, ValueError)) else \
+                f"{type(e).__name__}: {e}"
+            self.say(f"jobs {', '.join(ids)} failed: {message}")
+            if not isinstance(e, (DitaxError, ValueError)):
+                traceback.print_exc()
+            for i in ids:
+                self.store.finish(i, "failed", error=message)
+            return
+        compiles = self.metrics.compiles - compiles0
+        self.metrics.add(batches=1, batched_jobs=len(jobs))
+        for job, call, video in zip(jobs, calls, videos):
+            if job["id"] in self.cancelled:
+                self.store.finish(job["id"], "cancelled")
+                continue
+            name = f"{job['id']}.mp4"
+            write_mp4(self.output_dir / name, video, fps=job["request"].get("fps") or 16)
+            if self.store.finish(job["id"], "completed", file=name, compiles=compiles):
+                done = self.store.get(job["id"])
+                self.metrics.add(jobs=1, job_seconds=done["finished_at"] - done["created_at"])
+            else:                         # cancelled while it was written
+                (self.output_dir / name).unlink(missing_ok=True)
+        self.say(f"{len(jobs)} job(s) done ({self.pipe.timings.line()}; {compiles} compiles)")
+
+
+__all__ = ["Cancelled", "Metrics", "Stopping", "Worker"]
