@@ -1,0 +1,137 @@
+"""A real ``ditax serve`` process on 127.0.0.1 (a free port) for the serve tests, and a small
+HTTP client (stdlib ``urllib``; no client library the server does not itself need).
+
+The server runs the shipped demo model at a tiny size (:data:`SMALL`: 32x32, 5 frames, 2
+steps) in a subprocess that inherits the suite's environment (CPU, optimisations off); each
+test module starts its own and shares it between its tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SMALL = {"size": "32x32", "num_frames": 5, "num_inference_steps": 2}
+PROMPT = "a red circle moves right"
+
+
+def shared_cache(tmp_path_factory) -> pathlib.Path:
+    """One persistent compile cache for the serve modules of this run (the servers and the
+    ``ditax generate`` they are compared with read each other's programs)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):      # the workers' folders share a parent
+        base = base.parent
+    return base / "serve_compile_cache"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``ditax serve --model demo`` with ``args``, its jobs in ``db``; :meth:`start` waits for
+    ``/health``."""
+
+    def __init__(self, folder: pathlib.Path, *args: str, db=None, cache=None):
+        self.folder = pathlib.Path(folder)
+        self.db = pathlib.Path(db or self.folder / "jobs.sqlite")
+        self.out = self.folder / "videos"
+        self.cache = cache
+        self.args = list(args)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log = self.folder / "server.log"
+
+    def start(self, timeout: float = 90.0) -> "Server":
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "ditax.cli", "serve", "--model", "demo", "--port",
+               str(self.port), "--db", str(self.db), "--output-dir", str(self.out),
+               "--no-progress", *self.args]
+        if self.cache is not None:
+            cmd.append(f"compile_cache={self.cache}")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        log = open(self.log, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ditax serve exited {self.proc.returncode}:\n"
+                                   f"{self.log.read_text()[-3000:]}")
+            with contextlib.suppress(OSError):
+                if request(self.url, "GET", "/health")[0] == 200:
+                    return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"ditax serve did not answer in {timeout}s:\n{self.log.read_text()}")
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int | None:
+        """Send ``sig`` and wait; the exit status (None if it was not running)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def call(self, method: str, path: str, body=None, headers=None):
+        return request(self.url, method, path, body, headers)
+
+    def submit(self, headers=None, **body):
+        status, _, data = self.call("POST", "/v1/videos", {"prompt": PROMPT, **SMALL, **body},
+                                    headers)
+        assert status == 200, data
+        return data
+
+    def wait(self, job_id: str, statuses=("completed", "failed", "cancelled"),
+             timeout: float = 120.0, headers=None, poll: float = 0.05) -> dict:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            status, _, job = self.call("GET", f"/v1/videos/{job_id}", headers=headers)
+            assert status == 200, job
+            if job["status"] in statuses:
+                return job
+            time.sleep(poll)
+        raise AssertionError(f"{job_id} still {job['status']} after {timeout}s:\n"
+                             f"{self.log.read_text()[-3000:]}")
+
+
+def request(url: str, method: str, path: str, body=None, headers=None):
+    """``(status, headers, JSON or bytes)`` of one HTTP call; ``body``: a dict (sent as JSON),
+    bytes, or None."""
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status, head, raw = r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        status, head, raw = e.code, dict(e.headers), e.read()
+    kind = head.get("content-type", "")
+    return status, head, json.loads(raw) if kind.startswith("application/json") else raw
+
+
+def mp4_frames(data: bytes, tmp: pathlib.Path):
+    """Decoded frames ``[F, H, W, 3]`` uint8 of mp4 bytes."""
+    import imageio.v2 as imageio
+    import numpy as np
+
+    path = tmp / f"decode_{time.monotonic_ns()}.mp4"
+    path.write_bytes(data)
+    return np.stack(imageio.mimread(str(path), format="FFMPEG"))
