@@ -16,9 +16,8 @@ Stages (each timed; the run's record is ``{out}/recipe.json``):
    text_encoder, vae, transformer, UniPC scheduler, ``ditax_sample.json``: how to sample it),
    ``manifest.json`` with every file's sha256, loss-curve PNGs per stage.
 
-Everything is a function of the seed, so two runs write the same folder. ``Sizes.full`` is the
-shipped model (``python -m ditax.recipes.demo_model``); ``Sizes.smoke`` is the same recipe at
-toy sizes for tests.
+Everything is a function of the seed (two runs write the same folder). ``FULL`` is the shipped
+model (``python -m ditax.recipes.demo_model``); ``SMOKE`` the same recipe at toy sizes (tests).
 """
 
 from __future__ import annotations
@@ -328,7 +327,8 @@ class Recipe:
 
         params = jax.tree.map(np.asarray, self._transformer_params)
         save_folder(f / "transformer", "diffusion_pytorch_model.safetensors",
-                    weight_table(cfg.num_layers, cfg.cross_attn_norm), params,
+                    weight_table(cfg.num_layers, cfg.cross_attn_norm,
+                                 head_dim=cfg.attention_head_dim), params,
                     {"_class_name": "WanTransformer3DModel", **t},
                     dtype=self.sizes.transformer_dtype)
         (f / "scheduler").mkdir(parents=True)
