@@ -7,8 +7,10 @@ one per layer). Two files are written:
 - diffusers / PEFT keys (``transformer.blocks.0.attn1.to_q.lora_A.weight``, ``lora_B``), the
   scale ``alpha / r`` folded into ``lora_B`` (files without adapter metadata load at scale 1);
 - original-name keys (Wan / ComfyUI: ``diffusion_model.blocks.0.self_attn.q.lora_down.weight``,
-  ``lora_up``, ``alpha``), named through the family's ``names.to_original`` and
-  ``names.export_prefix`` (:class:`~ditax.lora.names.LoraNames`).
+  ``lora_up``, ``alpha``; Flux: kohya ``lora_unet_double_blocks_0_img_attn_qkv``), named
+  through the family's ``names.to_original``, ``export_prefix`` and ``export_sep``
+  (:class:`~ditax.lora.names.LoraNames`); a fused original layer gets its members' factors
+  in one (:func:`_fuse`).
 """
 
 from __future__ import annotations
@@ -54,13 +56,42 @@ def peft_tensors(factors: dict, scale: float) -> dict[str, np.ndarray]:
     return t
 
 
+def _fuse(pieces, members: dict, alpha: float):
+    """One fused layer's (down, up, alpha) from its members' factors: the downs stacked along
+    the rank, each member's up in its own rows and rank columns (zero elsewhere: a member
+    without an adapter adds nothing), alpha scaled with the rank so ``alpha / r`` stays."""
+    order = list(dict.fromkeys(m for m, _, _ in pieces if m in members))
+    units = {m: sum(b - a for n, a, b in pieces if n == m) for m in order}
+    d = members[order[0]][1].shape[0] // units[order[0]]
+    cols, at = {}, 0
+    for m in order:
+        cols[m] = slice(at, at + members[m][0].shape[0])
+        at += members[m][0].shape[0]
+    up = np.zeros((sum(b - a for _, a, b in pieces) * d, at), np.float32)
+    row = 0
+    for m, a, b in pieces:
+        if m in members:
+            up[row:row + (b - a) * d, cols[m]] = members[m][1][a * d:b * d]
+        row += (b - a) * d
+    down = np.concatenate([members[m][0] for m in order], axis=0)
+    return down, up, alpha * at / members[order[0]][0].shape[0]
+
+
 def original_tensors(factors: dict, alpha: float, names: LoraNames) -> dict[str, np.ndarray]:
+    groups: dict[str, dict] = {}
+    for m, f in factors.items():
+        groups.setdefault(names.to_original(m), {})[m] = f
     t = {}
-    for m, (down, up) in factors.items():
-        o = names.export_prefix + names.to_original(m)
+    for orig, members in groups.items():
+        pieces = names.fused(orig) if names.fused is not None else None
+        if pieces:
+            down, up, a = _fuse(pieces, members, alpha)
+        else:
+            (down, up), a = next(iter(members.values())), alpha
+        o = names.export_prefix + orig.replace(".", names.export_sep)
         t[f"{o}.lora_down.weight"] = np.ascontiguousarray(down)
         t[f"{o}.lora_up.weight"] = np.ascontiguousarray(up)
-        t[f"{o}.alpha"] = np.asarray(alpha, np.float32)
+        t[f"{o}.alpha"] = np.asarray(a, np.float32)
     return t
 
 

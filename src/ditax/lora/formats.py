@@ -5,8 +5,9 @@ of :data:`PARTS`; the family's :class:`~ditax.lora.names.LoraNames` (``names``) 
 names exist and how original names map to module names (Wan in the examples):
 
 - ``original`` — the original / ComfyUI names (``diffusion_model.blocks.3.self_attn.q``),
-  with one of ``names.original_prefixes`` or none; ``lora_down``/``lora_up`` or
-  ``lora_A``/``lora_B`` ``.weight``, ``alpha``, ``diff_b`` (bias delta), ``diff`` (full delta);
+  with one of ``names.original_prefixes`` or none; ``lora_down``/``lora_up``,
+  ``lora_A``/``lora_B`` or (XLabs) ``down``/``up`` ``.weight``, ``alpha``, ``diff_b`` (bias
+  delta), ``diff`` (full delta);
 - ``musubi`` — musubi-tuner / kohya: ``lora_unet_`` + the original name with ``_`` for ``.``
   (``lora_unet_blocks_3_self_attn_q``), ``lora_down``/``lora_up`` ``.weight`` and ``alpha``;
 - ``peft`` — diffusers / PEFT: ``transformer.`` (or ``base_model.model.``) + the module name
@@ -24,7 +25,8 @@ from ditax.lora.names import LoraNames
 PARTS = ("down", "up", "alpha", "bias", "diff")
 
 _ORIGINAL_PARTS = {"lora_down.weight": "down", "lora_A.weight": "down", "lora_up.weight": "up",
-                   "lora_B.weight": "up", "alpha": "alpha", "diff_b": "bias", "diff": "diff"}
+                   "lora_B.weight": "up", "alpha": "alpha", "diff_b": "bias", "diff": "diff",
+                   "down.weight": "down", "up.weight": "up"}    # the last two: XLabs
 _MUSUBI_PARTS = {"lora_down.weight": "down", "lora_up.weight": "up", "alpha": "alpha",
                  "diff_b": "bias", "diff": "diff"}
 _PEFT_PARTS = {"lora_A.weight": "down", "lora_B.weight": "up", "lora_B.bias": "bias"}

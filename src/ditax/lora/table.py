@@ -108,6 +108,41 @@ def _row(module: str, parts: dict, source: str, peft_scale) -> LoraRow:
     return LoraRow(module, down, up, scale, parts.get("bias"), parts.get("diff"))
 
 
+def _unfused(grouped: dict, names: LoraNames, source: str):
+    """``(module, parts)`` of every group, a fused layer's (``names.fused``) split into its
+    modules: the rows of ``up`` / ``bias`` / ``diff`` are cut by the layer's pieces, ``down``
+    and ``alpha`` are shared (each module's update is ``up[rows] @ down``)."""
+    out = {}
+    for module, g in grouped.items():
+        pieces = names.fused(module) if names.fused is not None else None
+        if not pieces:
+            if module in out:
+                raise WeightError(f"{source}: {module} is updated twice (also by a fused "
+                                  f"layer's keys); keep one")
+            out[module] = g
+            continue
+        part = next((p for p in ("up", "bias", "diff") if p in g), None)
+        if part is None:        # an alpha alone: _row names what is missing
+            out[module] = g
+            continue
+        units = sum(b - a for _, a, b in pieces)
+        rows = g[part].shape[0]
+        if rows % units:
+            raise WeightError(f"{source}: {g['_keys'][part]} has {rows} rows; {module} stacks "
+                              f"{units} equal units ({', '.join(m for m, _, _ in pieces)})")
+        d, at, segs = rows // units, 0, {}
+        for m, a, b in pieces:
+            segs.setdefault(m, []).append((a * d, at, (b - a) * d))
+            at += (b - a) * d
+        for m, runs in segs.items():
+            idx = np.concatenate([np.arange(f, f + n) for _, f, n in sorted(runs)])
+            if m in out:
+                raise WeightError(f"{source}: {m} is updated twice ({g['_keys'][part]} and "
+                                  f"its own keys); keep one")
+            out[m] = {k: (v[idx] if k in ("up", "bias", "diff") else v) for k, v in g.items()}
+    return out.items()
+
+
 def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the LoRA",
                strict: bool = True, *, names: LoraNames) -> Lora:
     """``{key: array}`` of a LoRA file → :class:`Lora` (rows named by ``names``, the family's).
@@ -142,7 +177,7 @@ def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the L
                                     "skip them (a LoRA for another model?)")
         log.warning("%s; skipped (strict=False)", msg)
     peft_scale = _peft_scales(metadata or {}) if fmt == "peft" else None
-    rows = tuple(_row(m, g, source, peft_scale) for m, g in grouped.items())
+    rows = tuple(_row(m, g, source, peft_scale) for m, g in _unfused(grouped, names, source))
     return Lora(source, fmt, rows, tuple(unknown))
 
 

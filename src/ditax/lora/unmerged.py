@@ -82,7 +82,8 @@ class LoraLinear(Linear):
 
 
 def _by_module(table: Table) -> dict[str, tuple]:
-    """Upstream key of a Linear's weight / bias → (our module path, layer or None, part)."""
+    """Upstream key of a Linear's weight / bias → (our module path, layer or None, part, the
+    depth of its stack: :meth:`Table.depth`, Flux's double and single stacks differ)."""
     linears = {r.path[:-1] for r in table.rows if r.path[-1] == "kernel"
                and r.transform == TRANSPOSE}
     out = {}
@@ -90,7 +91,8 @@ def _by_module(table: Table) -> dict[str, tuple]:
         if row.path[:-1] not in linears:
             continue
         for i, key in enumerate(table.names(row)):
-            out[key] = (row.path[:-1], i if row.stacked else None, row.path[-1])
+            out[key] = (row.path[:-1], i if row.stacked else None, row.path[-1],
+                        table.depth(row) if row.stacked else None)
     return out
 
 
@@ -101,12 +103,12 @@ def _collect(loras, table: Table, shapes: dict, names=None) -> dict:
     found: dict = {}
     for j, (lora, _) in enumerate(loras):
         for key, patches in plan_patches([(lora, 1.0)], targets, names=names).items():
-            part = where.get(key, (None, None, None))[2]
+            part = where.get(key, (None, None, None, None))[2]
             if part is None or (part == "kernel" and any(p.delta is not None for p in patches)):
                 raise WeightError(f"{lora.source}: {key} is a full delta or not a Linear layer; "
                                   f"unmerged LoRAs update Linear layers only — load it merged")
-            path, layer, part = where[key]
-            slot = found.setdefault(path, {"layers": None if layer is None else table.layers,
+            path, layer, part, depth = where[key]
+            slot = found.setdefault(path, {"layers": depth,
                                            "rank": {}, "bias": {}})
             for p in patches:
                 if part == "kernel":

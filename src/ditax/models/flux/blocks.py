@@ -182,11 +182,15 @@ class SingleBlock(nnx.Module):
                                  ("act_batch", "act_seq", "act_mlp"))
         o = attend_joint(*self.attn.qkv(h, sharding), rope, kv_mask, attn, sharding)
         n, k = o.shape[-2:]
-        dt = self.proj_out.dtype
-        w = self.proj_out.kernel[...].astype(dt)
-        out = (jnp.einsum("bsnk,nkd->bsd", o.astype(dt), w[:n * k].reshape(n, k, -1))
-               + jnp.einsum("bsm,md->bsd", mlp.astype(dt), w[n * k:])
-               + self.proj_out.bias[...].astype(dt))
+        if type(self.proj_out) is Linear:
+            dt = self.proj_out.dtype
+            w = self.proj_out.kernel[...].astype(dt)
+            out = (jnp.einsum("bsnk,nkd->bsd", o.astype(dt), w[:n * k].reshape(n, k, -1))
+                   + jnp.einsum("bsm,md->bsd", mlp.astype(dt), w[n * k:])
+                   + self.proj_out.bias[...].astype(dt))
+        else:   # a LoRA-carrying layer (ditax.lora) runs its own call on the joined input
+            out = self.proj_out(jnp.concatenate([o.reshape(o.shape[:-2] + (n * k,)),
+                                                 mlp.astype(o.dtype)], -1))
         return sharding.constrain(gated(x, gate, out, clip=True), TOKENS)
 
 
