@@ -8,6 +8,13 @@ a tensor. Sharded loading relies on that: each device's shard is read straight f
 
 A damaged file (truncated, corrupted header) or an index that names absent shards or tensors
 raises :class:`ditax.errors.WeightError` naming the file and the fix.
+
+8-bit checkpoints (:mod:`ditax.io.fp8`): ``float8_e4m3fn`` / ``float8_e5m2`` tensors (which
+safetensors' numpy reader cannot build) are memory-mapped from the file's header offsets and
+read dequantized to float32 (the loader casts to the compute dtype); ComfyUI ``_scaled`` files
+(a ``scale_weight`` / ``weight_scale`` beside each 8-bit weight, a ``scaled_fp8`` marker) read
+as ``weight · scale``, their scale, input-scale and marker keys hidden from :meth:`keys`.
+A ``.gguf`` file opens as :class:`ditax.io.gguf.GGUFWeights` (the same interface).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ditax.errors import WeightError
+from ditax.io import fp8
 
 INDEX_SUFFIX = ".safetensors.index.json"
 
@@ -27,9 +35,9 @@ _REDOWNLOAD = "download or save it again (an interrupted copy leaves such files)
 
 
 def is_single_file(path) -> bool:
-    """Whether ``path`` is one ``.safetensors`` checkpoint (a file, not a folder with
-    ``config.json``)."""
-    return pathlib.Path(path).is_file() and str(path).endswith(".safetensors")
+    """Whether ``path`` is one ``.safetensors`` or ``.gguf`` checkpoint (a file, not a folder
+    with ``config.json``)."""
+    return pathlib.Path(path).is_file() and str(path).endswith((".safetensors", ".gguf"))
 
 
 def _open(path: pathlib.Path):
@@ -75,6 +83,9 @@ class Weights:
             if k not in self._handle[p].keys():
                 raise WeightError(f"{source}: the index says {k} is in {p.name}, but it is not; "
                                   f"{_REDOWNLOAD}")
+        self._fp8 = fp8.Fp8Tensors(files, _REDOWNLOAD)
+        for k in self._fp8.hidden:
+            del self._file[k]
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "Weights":
@@ -87,6 +98,10 @@ class Weights:
 
         path = path_arg(path, "weights path", WeightError,
                         "a .safetensors file or a folder of them")
+        if path.is_file() and path.suffix == ".gguf":
+            from ditax.io.gguf import GGUFWeights
+
+            return GGUFWeights(path)
         if path.is_dir():
             index = sorted(path.glob("*" + INDEX_SUFFIX))
             if index:
@@ -127,10 +142,15 @@ class Weights:
 
     def shape(self, key: str) -> tuple[int, ...]:
         """Stored shape, from the header (no tensor data is read)."""
+        if key in self._fp8:
+            return self._fp8.shape(key)
         return tuple(self._slice(key).get_shape())
 
     def dtype(self, key: str) -> np.dtype:
-        """Stored dtype as numpy's (``ml_dtypes.bfloat16`` for BF16), read from an empty slice."""
+        """Stored dtype as numpy's (``ml_dtypes.bfloat16`` for BF16, ``float8_e4m3fn``…),
+        read from an empty slice or, for 8-bit tensors, the header."""
+        if key in self._fp8:
+            return self._fp8.dtype(key)
         shape = self.shape(key)
         if not shape:
             return self.get(key).dtype
@@ -141,7 +161,10 @@ class Weights:
         return self.read(key, ())
 
     def read(self, key: str, index: tuple) -> np.ndarray:
-        """``tensor[index]`` (a tuple of slices) reading only that part of the file."""
+        """``tensor[index]`` (a tuple of slices) reading only that part of the file (8-bit
+        tensors dequantized to float32, times their scale in a ``_scaled`` file)."""
+        if key in self._fp8:
+            return self._fp8.read(key, tuple(index))
         try:
             return self._slice(key)[tuple(index)]
         except SafetensorError as e:
