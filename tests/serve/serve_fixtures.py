@@ -20,6 +20,8 @@ import time
 import urllib.error
 import urllib.request
 
+import jax
+
 SMALL = {"size": "32x32", "num_frames": 5, "num_inference_steps": 2}
 PROMPT = "a red circle moves right"
 
@@ -64,8 +66,11 @@ class Server:
             cmd.append(f"compile_cache={self.cache}")
         self.folder.mkdir(parents=True, exist_ok=True)
         log = open(self.log, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # the suite's matmul precision (tests/conftest.py sets it in jax's config), so that
+        # the server's programs are the test process's: one compile cache serves both
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_DEFAULT_MATMUL_PRECISION":
+               str(jax.config.jax_default_matmul_precision or "default")}
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:

@@ -93,7 +93,7 @@ def serve(args, db: pathlib.Path, out: pathlib.Path) -> None:
 
     ns = ap.Namespace(model=args.model, prompt="x", negative_prompt=None, image=None,
                       last_image=None, height=None, width=None, frames=None, steps=None,
-                      guidance=None, guidance_2=None, lora=[], lora_2=[], lora_mode="unmerged",
+                      guidance=None, guidance_2=None, lora=[], lora_2=[], lora_mode="merged",
                       lora_strict=True, seed=0, output=str(out / "request.mp4"),
                       frames_dir=None, fps=None, no_progress=True, overrides=args.overrides)
     load, _ = parse_request(ns)
@@ -114,7 +114,9 @@ def serve(args, db: pathlib.Path, out: pathlib.Path) -> None:
         if requeued or failed:
             print(f"recovered {db}: {len(requeued)} interrupted job(s) queued again, "
                   f"{len(failed)} failed (interrupted too often)")
-        worker = Worker(pipe, store, out, max_batch=args.max_batch)
+        worker = Worker(pipe, store, out, max_batch=args.max_batch,
+                        context=lambda: run_context(load["attention"], mesh,
+                                                    compile_cache=cache))
         devices = jax.devices()
         state = ServeState(model=path, overrides=list(args.overrides), store=store,
                            worker=worker, output_dir=out, max_queue=args.max_queue,

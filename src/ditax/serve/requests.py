@@ -149,7 +149,7 @@ def check_body(body, model: str, overrides: list[str], output: str,
         image=None, last_image=None, height=height, width=width,
         frames=body.get("num_frames"), steps=body.get("num_inference_steps"),
         guidance=body.get("guidance_scale"), guidance_2=None, lora=[], lora_2=[],
-        lora_mode="unmerged", lora_strict=True,
+        lora_mode="merged", lora_strict=True,
         seed=body.get("seed", 0) if body.get("seed") is not None else 0,
         output=output, frames_dir=None, fps=None, no_progress=True,
         overrides=[*overrides, *extra])

@@ -17,6 +17,7 @@ running jobs back in the queue; they run again at the next start.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import threading
 import time
@@ -71,8 +72,11 @@ class Worker(threading.Thread):
     ``<job id>.mp4``."""
 
     def __init__(self, pipe, store: JobStore, output_dir, max_batch: int = 4,
-                 metrics: Metrics | None = None, say=print):
+                 metrics: Metrics | None = None, say=print, context=None):
         super().__init__(name="ditax-serve-worker", daemon=True)
+        # entered in this thread around the loop (jax's config scopes, such as the compile
+        # cache's, are per thread): run_context(...) of the served model
+        self.context = context or contextlib.nullcontext
         self.pipe, self.store, self.max_batch = pipe, store, max_batch
         self.output_dir = pathlib.Path(output_dir)
         self.metrics = metrics or Metrics()
@@ -94,6 +98,10 @@ class Worker(threading.Thread):
         self.join(timeout)
 
     def run(self) -> None:
+        with self.context():
+            self.loop()
+
+    def loop(self) -> None:
         from ditax.serve.batch import batchable
 
         while not self._stopping.is_set():
