@@ -1,0 +1,85 @@
+"""``ditax serve`` under faults: ``kill -9`` mid-job then a restart with the same ``--db`` (every
+accepted job ends completed or failed with a reason, no half-written file), SIGTERM (exit 0,
+the running job back in the queue), a full queue (429 + Retry-After), the API key (401), and
+the store's recovery rule (a job interrupted too often fails with the reason)."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+
+import pytest
+from serve_fixtures import PROMPT, SMALL, Server, mp4_frames, shared_cache
+
+KEY = {"Authorization": "Bearer s3cret"}
+LONG = {**SMALL, "num_inference_steps": 12}      # long enough to be stopped mid-denoise
+
+
+def statuses(db) -> dict[str, str]:
+    with sqlite3.connect(db) as con:
+        return dict(con.execute("SELECT id, status FROM jobs"))
+
+
+def test_auth_queue_full_kill9_sigterm_restart(tmp_path_factory, tmp_path):
+    folder = tmp_path_factory.mktemp("serve_faults")
+    srv = Server(folder, "--api-key", "s3cret", "--max-queue", "3", "--max-batch", "1",
+                 cache=shared_cache(tmp_path_factory)).start()
+    try:
+        # auth: every route but /health needs the key
+        assert srv.call("GET", "/health")[0] == 200
+        for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            status, head, data = srv.call("GET", "/v1/videos", headers=headers)
+            assert status == 401 and head.get("www-authenticate") == "Bearer", data
+        assert srv.call("POST", "/v1/videos", {"prompt": PROMPT})[0] == 401
+        assert srv.call("GET", "/metrics")[0] == 401
+        # three accepted jobs fill the queue; the fourth gets 429 with Retry-After
+        ids = [srv.submit(headers=KEY, seed=s, **LONG)["id"] for s in range(3)]
+        status, head, data = srv.call("POST", "/v1/videos", {"prompt": PROMPT, **LONG}, KEY)
+        assert status == 429 and int(head["retry-after"]) >= 1, data
+        assert "--max-queue 3" in data["error"]["message"]
+        srv.wait(ids[0], ("in_progress",), headers=KEY, poll=0.01)
+        srv.stop(signal.SIGKILL)
+        assert statuses(srv.db)[ids[0]] == "in_progress"      # killed while it ran
+        # restart: the interrupted job runs again; SIGTERM mid-job puts it back, exit 0
+        srv.start()
+        srv.wait(ids[0], ("in_progress", "completed"), headers=KEY, poll=0.01)
+        assert srv.stop(signal.SIGTERM) == 0, srv.log.read_text()[-2000:]
+        after_term = statuses(srv.db)
+        assert "in_progress" not in after_term.values(), after_term
+        assert set(after_term) == set(ids)
+        # restart again: every accepted job ends completed (or failed with a reason)
+        srv.start()
+        done = [srv.wait(i, headers=KEY) for i in ids]
+        for job in done:
+            assert job["status"] in ("completed", "failed"), job
+            if job["status"] == "failed":
+                assert job["error"]["message"], job
+        assert [j["status"] for j in done] == ["completed"] * 3, [j["error"] for j in done]
+        assert done[0]["attempts"] >= 2                         # it ran again after the kill
+        for job in done:
+            status, _, data = srv.call("GET", job["url"], headers=KEY)
+            assert status == 200 and mp4_frames(data, tmp_path).shape == (5, 32, 32, 3)
+        assert not list(srv.out.glob(".*partial*"))             # no half-written file left
+    finally:
+        srv.stop()
+
+
+def test_a_job_interrupted_too_often_fails_with_the_reason(tmp_path):
+    from ditax.serve.jobs import MAX_ATTEMPTS, JobStore, QueueFull
+
+    store = JobStore(tmp_path / "jobs.sqlite")
+    job = store.add({"prompt": "x"}, None, max_queue=4)
+    for _ in range(MAX_ATTEMPTS):
+        assert [j["id"] for j in store.claim(4)] == [job["id"]]
+        requeued, failed = store.recover()                       # as after a kill -9
+    assert failed == [job["id"]] and requeued == []
+    row = store.get(job["id"])
+    assert row["status"] == "failed" and "the server stopped while this job ran" in row["error"]
+    assert store.claim(4) == []
+    # a recovered store keeps the order and the batch keys
+    a, b = (store.add({"prompt": p}, "k", 4)["id"] for p in "ab")
+    c = store.add({"prompt": "c"}, None, 4)["id"]
+    assert [j["id"] for j in store.claim(4)] == [a, b]
+    assert [j["id"] for j in store.claim(4)] == [c]
+    with pytest.raises(QueueFull):                              # a, b, c unfinished
+        store.add({"prompt": "d"}, None, max_queue=3)
