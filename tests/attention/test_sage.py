@@ -104,30 +104,22 @@ needs_libtpu = pytest.mark.skipif(
 
 
 @needs_libtpu
-def test_sage_kernel_compiles_for_v6e_with_int8_mxu_matmul(monkeypatch):
+def test_sage_kernel_compiles_for_v6e_with_int8_mxu_matmul():
     """Deviceless v6e: one Mosaic custom call taking the int8 q / k; the kernel's Mosaic
-    module (captured from Pallas' lowering, jax 0.10.2) holds an ``i8 × i8 → i32`` matmul
+    module (:func:`captured_mosaic_modules`) holds an ``i8 × i8 → i32`` matmul
     for ``Q·Kᵀ`` and a bf16 one for ``P·V``."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from jax._src.pallas.mosaic import pallas_call_registration as reg
     from jax.experimental import topologies
 
-    modules = []
-    lower = reg.lowering.lower_jaxpr_to_pipelined_module
+    from ditax.attention.kernels.mosaic import captured_mosaic_modules
 
-    def capture(*a, **kw):
-        module = lower(*a, **kw)
-        modules.append(str(module))
-        return module
-
-    monkeypatch.setattr(reg.lowering, "lower_jaxpr_to_pipelined_module", capture)
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x4").devices[0]
     rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
                                      jax.sharding.PartitionSpec())
     x = jax.ShapeDtypeStruct((1, 2, 1000, 128), jnp.bfloat16, sharding=rep)
     m = jax.ShapeDtypeStruct((1, 1000), jnp.bool_, sharding=rep)
-    with ditax.target_platform("tpu"):
+    with ditax.target_platform("tpu"), captured_mosaic_modules() as modules:
         fn = jax.jit(lambda q, k, v, m: sage_attention(q, k, v, kv_mask=m, head_major=True,
                                                        block_q=512, block_kv=512))
         hlo = fn.lower(x, x, x, m).compile().as_text()

@@ -39,7 +39,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ditax.attention.kernels.mosaic import NN, NT, as_column, mxu_dot
+from ditax.attention.kernels.mosaic import (
+    NT,
+    as_column,
+    mxu_dot,
+    online_softmax_finish,
+    online_softmax_step,
+)
 from ditax.intmath import ceil_div
 
 NEG_INF = float("-inf")
@@ -85,24 +91,11 @@ def _kernel(*refs, scale: float, has_prev: bool, mask_v: bool = False):
         v = jnp.where(as_column(keep_ref) != 0, v, jnp.zeros_like(v))
     s = mxu_dot(q, k, NT) * scale
     s = jnp.where(keep != 0, s, NEG_INF)
-    m = m_sc[...]
-    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-    p = jnp.exp(s - m_safe)
-    alpha = jnp.exp(m - m_safe)
-    l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
-    pv = mxu_dot(p.astype(v.dtype), v, NN)
-    acc_sc[...] = alpha * acc_sc[...] + pv
-    m_sc[...] = m_new
+    online_softmax_step(s, v, m_sc, l_sc, acc_sc)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
-        m, l = m_sc[...], l_sc[...]
-        empty = l == 0.0                             # every key of this row masked
-        o_ref[...] = (acc_sc[...] / jnp.where(empty, 1.0, l)).astype(o_ref.dtype)
-        m_safe = jnp.where(m == NEG_INF, 0.0, m)
-        lse = jnp.where(empty, NEG_INF, m_safe + jnp.log(jnp.where(empty, 1.0, l)))
-        lse_ref[...] = lse.T                         # [bq, 1] column -> [1, bq] lane row
+        online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc)
 
 
 def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, scale: float,

@@ -6,6 +6,11 @@
   Bad lhs type", libtpu 0.0.42.1 / v6e). bf16 × bf16 products are exact in float32, so
   ``DEFAULT`` (one MXU pass) loses nothing there; float32 operands keep full float32 accuracy
   (``HIGHEST``), as their dtype asks.
+- :func:`online_softmax_step` / :func:`online_softmax_finish`: one key tile of the float32
+  online softmax on the VMEM scratch ``(m, l, acc)`` and the final ``o`` / log-sum-exp rows,
+  shared by the flash and the 8-bit (sage) forward kernels;
+- :func:`captured_mosaic_modules`: the Mosaic modules Pallas lowers while it is active (to
+  read a kernel's matmul types in tests and benchmarks);
 - :func:`as_column`: per-row vectors (log-sum-exp, softmax delta, the
   key mask) travel as lane rows ``[..., n, 1, block]``. That is a free reshape of
   ``[..., n * block]``; its block's two minor dims ``(1, block)`` equal the array's, and Pallas
@@ -16,6 +21,8 @@
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -40,3 +47,54 @@ def mxu_dot(a, b, dims):
 def as_column(row_ref):
     """A ``[1, b]`` lane-row block (ref) as a ``[b, 1]`` column value."""
     return jnp.expand_dims(row_ref[0], -1)
+
+
+NEG_INF = float("-inf")
+
+
+def online_softmax_step(s, v, m_sc, l_sc, acc_sc) -> None:
+    """Fold one tile of float32 scores ``s [bq, bkv]`` (masked keys -inf) and values
+    ``v [bkv, K]`` into the running max / sum / accumulator scratch (``P`` cast to v's dtype
+    for the MXU)."""
+    m = m_sc[...]
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+    p = jnp.exp(s - m_safe)
+    alpha = jnp.exp(m - m_safe)
+    l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
+    pv = mxu_dot(p.astype(v.dtype), v, NN)
+    acc_sc[...] = alpha * acc_sc[...] + pv
+    m_sc[...] = m_new
+
+
+def online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc) -> None:
+    """Write the normalised output and the log-sum-exp lane row (rows with every key masked:
+    zeros and -inf)."""
+    m, l = m_sc[...], l_sc[...]
+    empty = l == 0.0                             # every key of this row masked
+    o_ref[...] = (acc_sc[...] / jnp.where(empty, 1.0, l)).astype(o_ref.dtype)
+    m_safe = jnp.where(m == NEG_INF, 0.0, m)
+    lse = jnp.where(empty, NEG_INF, m_safe + jnp.log(jnp.where(empty, 1.0, l)))
+    lse_ref[...] = lse.T                         # [bq, 1] column -> [1, bq] lane row
+
+
+@contextlib.contextmanager
+def captured_mosaic_modules():
+    """Collect (as text) every Mosaic module Pallas lowers inside the ``with`` block — the
+    kernel as Mosaic compiles it, e.g. its ``tpu.matmul`` operand types. Wraps Pallas' TPU
+    lowering entry point (``lower_jaxpr_to_pipelined_module``, jax 0.10.2), restored after."""
+    from jax._src.pallas.mosaic import pallas_call_registration as reg
+
+    modules: list[str] = []
+    lower = reg.lowering.lower_jaxpr_to_pipelined_module
+
+    def capture(*a, **kw):
+        module = lower(*a, **kw)
+        modules.append(str(module))
+        return module
+
+    reg.lowering.lower_jaxpr_to_pipelined_module = capture
+    try:
+        yield modules
+    finally:
+        reg.lowering.lower_jaxpr_to_pipelined_module = lower

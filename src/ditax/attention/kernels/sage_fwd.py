@@ -24,7 +24,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ditax.attention.kernels.flash_fwd import run_forward
-from ditax.attention.kernels.mosaic import NN, NT, as_column, mxu_dot
+from ditax.attention.kernels.mosaic import (
+    NT,
+    as_column,
+    online_softmax_finish,
+    online_softmax_step,
+)
 
 NEG_INF = float("-inf")
 
@@ -45,23 +50,11 @@ def _kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, o_ref, lse_ref, m_sc, l_sc, acc
     ks = ks_ref[...]                                  # [1, bkv]; 0 = masked key
     s = s32.astype(jnp.float32) * as_column(qs_ref) * ks
     s = jnp.where(ks > 0.0, s, NEG_INF)
-    m = m_sc[...]
-    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-    p = jnp.exp(s - m_safe)
-    alpha = jnp.exp(m - m_safe)
-    l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
-    v = v_ref[...]
-    acc_sc[...] = alpha * acc_sc[...] + mxu_dot(p.astype(v.dtype), v, NN)
-    m_sc[...] = m_new
+    online_softmax_step(s, v_ref[...], m_sc, l_sc, acc_sc)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
-        m, l = m_sc[...], l_sc[...]
-        empty = l == 0.0
-        o_ref[...] = (acc_sc[...] / jnp.where(empty, 1.0, l)).astype(o_ref.dtype)
-        m_safe = jnp.where(m == NEG_INF, 0.0, m)
-        lse_ref[...] = jnp.where(empty, NEG_INF, m_safe + jnp.log(jnp.where(empty, 1.0, l))).T
+        online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc)
 
 
 def sage_forward(q8, k8, v, q_rows, k_rows, *, block_q: int, block_kv: int, interpret: bool):
