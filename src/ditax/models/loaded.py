@@ -4,7 +4,8 @@ table's logical axes, and the pytree callable ``ditax.load_transformer`` returns
 A family's conversion table names each parameter's logical axes (:mod:`ditax.io.convert`
 rows); :func:`param_shardings` turns them into ``NamedSharding`` s for a whole state and
 :func:`param_sharding` into the per-parameter rule :func:`ditax.io.convert.load_params` reads
-each device's slice with; :func:`init_module` creates a random module straight into them.
+each device's slice with; :func:`init_module` creates a random module straight into them
+(:class:`Builder`: a family's abstract / random / sharding builders in one).
 :class:`LoadedTransformer` is the wrapper's shared half (a pytree whose leaves are the
 parameters); each family subclasses it with its own call. :func:`check_architecture` is the
 one ``init_from`` message for a folder of another architecture.
@@ -64,6 +65,29 @@ def init_module(build: Callable, mesh, seed: int, shardings: Callable):
     state = jax.jit(lambda: nnx.split(build(mesh, nnx.Rngs(seed)))[1],
                     out_shardings=shardings(abstract))()
     return nnx.merge(gdef, state)
+
+
+class Builder:
+    """A family's three builders from its module class and its table's logical axes:
+    ``module(cfg, attention, mesh, rngs=...)``, ``axes(cfg)`` -> :data:`Axes`. The configs
+    are the caller's, checked once at its entry point, not here."""
+
+    def __init__(self, module: Callable, axes: Callable):
+        self.module, self.axes = module, axes
+
+    def param_shardings(self, state, cfg, mesh) -> Any:
+        """NamedShardings (same tree as ``state``) from the table's logical axes
+        (:func:`param_shardings`; other variables replicated)."""
+        return param_shardings(state, self.axes(cfg), mesh)
+
+    def abstract_model(self, cfg, attention=None, mesh=None):
+        """The model with ``ShapeDtypeStruct`` parameters (nothing allocated)."""
+        return nnx.eval_shape(lambda: self.module(cfg, attention, mesh, rngs=nnx.Rngs(0)))
+
+    def init_model(self, cfg, attention=None, mesh=None, seed: int = 0):
+        """Randomly initialised model; with a mesh, parameters are created already sharded."""
+        return init_module(lambda mesh, rngs: self.module(cfg, attention, mesh, rngs=rngs),
+                           mesh, seed, lambda state: self.param_shardings(state, cfg, mesh))
 
 
 def check_architecture(path, diff) -> None:

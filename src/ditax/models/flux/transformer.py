@@ -28,17 +28,17 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.attention import plan_attention, registry
+from ditax.attention import registry
 from ditax.attention.sequence.plan import ring_ulysses
-from ditax.attention.config import AttentionConfig, as_attention_config
+from ditax.attention.config import AttentionConfig
 from ditax.errors import RequestError
 from ditax.models.flux.blocks import TOKENS, AdaNorm, DoubleBlock, SingleBlock
 from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.embeddings import TimeTextEmbed, rope_cos_sin
 from ditax.models.flux.layout import JointLayout, check_length_masks
 from ditax.nn import Linear
+from ditax.models.dit import DiT
 from ditax.nn.stack import make_stack, run_stack
-from ditax.parallel.sharding import ShardingContext
 
 
 class Embedded(NamedTuple):
@@ -56,7 +56,7 @@ class Embedded(NamedTuple):
     seq: int
 
 
-class FluxTransformer(nnx.Module):
+class FluxTransformer(DiT):
     """Flux DiT (see the module docstring for the call).
 
     Args:
@@ -68,12 +68,7 @@ class FluxTransformer(nnx.Module):
 
     def __init__(self, cfg: FluxConfig, attention: AttentionConfig | str | None = None,
                  mesh=None, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        self.attention = as_attention_config(attention)
-        self.sharding = ShardingContext(mesh)   # the one holder of the mesh
-        self.attention_plan = plan_attention(
-            self.attention, self.sharding, num_heads=cfg.num_attention_heads,
-            head_dim=cfg.attention_head_dim, dtype=cfg.dtype)
+        self.setup(cfg, attention, mesh)
         d = cfg.inner_dim
         kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.x_embedder = Linear(cfg.in_channels, d, **kw)
@@ -87,10 +82,6 @@ class FluxTransformer(nnx.Module):
         self.norm_out = AdaNorm(d, 2, **kw)
         self.proj_out = Linear(d, cfg.output_channels, **kw)
 
-    @property
-    def mesh(self):
-        """The device mesh the model is sharded over (None: one device)."""
-        return self.sharding.mesh
 
     @property
     def block_stacks(self) -> tuple[tuple[str, int], ...]:

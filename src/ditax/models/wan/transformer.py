@@ -24,13 +24,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.attention import AttentionPlan, plan_attention
-from ditax.attention.config import AttentionConfig, as_attention_config
+from ditax.attention import AttentionPlan
+from ditax.attention.config import AttentionConfig
 from ditax.models.wan.attention import WanAttention
 from ditax.models.wan.config import WanConfig
 from ditax.models.wan.embeddings import ConditionEmbedder, rope_cos_sin
 from ditax.models.wan.image_embedder import check_image
 from ditax.nn import FP32LayerNorm, Linear
+from ditax.models.dit import DiT
 from ditax.nn.stack import make_stack, run_stack
 from ditax.parallel.sharding import ShardingContext
 
@@ -102,7 +103,7 @@ class WanBlock(nnx.Module):
         return sharding.constrain(x, ("act_batch", "act_seq", "act_embed"))
 
 
-class WanTransformer(nnx.Module):
+class WanTransformer(DiT):
     """Wan text-to-video DiT. ``model(latents [B,C,F,Y,X], t [B], text [B,T,Dt]) → [B,C,F,Y,X]``.
 
     Args:
@@ -118,12 +119,7 @@ class WanTransformer(nnx.Module):
 
     def __init__(self, cfg: WanConfig, attention: AttentionConfig | str | None = None,
                  mesh=None, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        self.attention = as_attention_config(attention)
-        self.sharding = ShardingContext(mesh)   # the one holder of the mesh
-        self.attention_plan = plan_attention(
-            self.attention, self.sharding, num_heads=cfg.num_attention_heads,
-            head_dim=cfg.attention_head_dim, dtype=cfg.dtype)
+        self.setup(cfg, attention, mesh)
         d = cfg.inner_dim
         pt, ph, pw = cfg.patch_size
         pd = jnp.dtype(cfg.param_dtype)
@@ -177,11 +173,6 @@ class WanTransformer(nnx.Module):
         self.sharding.check_batch(b)
         self.sharding.check_heads(cfg.num_attention_heads)
 
-    @property
-    def mesh(self):
-        """The device mesh the model is sharded over (None: one device), from its
-        :attr:`sharding` context (:class:`ditax.models.base.Denoiser`)."""
-        return self.sharding.mesh
 
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None,
                  encoder_hidden_states_image=None):

@@ -1,0 +1,35 @@
+"""The head every family's DiT module starts with.
+
+:meth:`DiT.setup` stores the model config, the attention config (coerced once, from a backend
+name or ``None`` = ``xla``), the one :class:`~ditax.parallel.sharding.ShardingContext` that holds
+the mesh, and the attention plan for the model's heads (static: part of the compiled program,
+:func:`ditax.attention.plan_attention`). The configs are the caller's, checked once at its entry
+point, not here.
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from ditax.attention import plan_attention
+from ditax.attention.config import as_attention_config
+from ditax.parallel.sharding import ShardingContext
+
+
+class DiT(nnx.Module):
+    """Base of a family's transformer module (``cfg`` with ``num_attention_heads``,
+    ``attention_head_dim`` and ``dtype``)."""
+
+    def setup(self, cfg, attention, mesh) -> None:
+        self.cfg = cfg
+        self.attention = as_attention_config(attention)
+        self.sharding = ShardingContext(mesh)   # the one holder of the mesh
+        self.attention_plan = plan_attention(
+            self.attention, self.sharding, num_heads=cfg.num_attention_heads,
+            head_dim=cfg.attention_head_dim, dtype=cfg.dtype)
+
+    @property
+    def mesh(self):
+        """The device mesh the model is sharded over (None: one device), from its
+        :attr:`sharding` context (:class:`ditax.models.base.Denoiser`)."""
+        return self.sharding.mesh
