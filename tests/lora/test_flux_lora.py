@@ -1,8 +1,7 @@
 """FLUX.1 LoRAs: diffusers / PEFT, kohya (fused qkv and linear1 split onto their layers) and XLabs
 files equal to diffusers' ``FluxPipeline.lora_state_dict`` + ``load_lora_adapter`` +
 ``fuse_lora`` on a tiny random transformer (two double and three single blocks: stacks of
-different depths), merged and unmerged; exported adapters (PEFT and kohya) load back equal and
-diffusers reads them."""
+different depths), merged and unmerged (training and export: test_flux_lora_train.py)."""
 
 import numpy as np
 import pytest
@@ -14,53 +13,9 @@ import ditax  # noqa: E402
 from ditax.errors import WeightError  # noqa: E402
 from ditax.lora import read_lora  # noqa: E402
 from ditax.models.flux.lora_names import LORA_NAMES  # noqa: E402
-from flux_reference import DEV, flux_inputs, make_diffusers_flux, run_diffusers_flux  # noqa: E402
+from flux_lora_reference import CFG, D, TOL, diffusers_run, ours, pair, save  # noqa: E402
+from flux_lora_reference import base  # noqa: E402,F401  (the module's fixture)
 from wan_reference import rel_err  # noqa: E402
-
-CFG = dict(DEV, num_single_layers=3)
-TOL = 1e-5
-D = CFG["num_attention_heads"] * CFG["attention_head_dim"]
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    from diffusers import FluxTransformer2DModel
-
-    _, folder = make_diffusers_flux(tmp_path_factory.mktemp("flux"), seed=5, **CFG)
-    inputs = flux_inputs(np.random.default_rng(1), CFG, b=1, text=5, guidance=True)
-
-    def fresh():
-        return FluxTransformer2DModel.from_pretrained(folder).eval()
-
-    return folder, fresh, inputs, run_diffusers_flux(fresh(), inputs)
-
-
-def _diffusers(fresh, inputs, path, scale):
-    """diffusers' own reading of ``path`` (any Flux format), fused at ``scale``, run."""
-    from diffusers import FluxPipeline
-
-    m = fresh()
-    sd = FluxPipeline.lora_state_dict(str(path))
-    m.load_lora_adapter(sd, adapter_name="a", prefix="transformer")
-    m.fuse_lora(lora_scale=scale)
-    return run_diffusers_flux(m, inputs)
-
-
-def _ours(folder, inputs, **kw):
-    return np.asarray(ditax.load_transformer(folder, **kw)(**inputs))
-
-
-def _pair(rng, r, din, dout, size=0.15):
-    a = np.sqrt(size / np.sqrt(r * din))
-    return ((a * rng.standard_normal((r, din))).astype(np.float32),
-            (a * rng.standard_normal((dout, r))).astype(np.float32))
-
-
-def _save(path, tensors):
-    from safetensors.numpy import save_file
-
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path))
-    return path
 
 
 def _kohya(rng, top=False):
@@ -74,7 +29,7 @@ def _kohya(rng, top=False):
 
     def put(name, din, dout, r=4, alpha=2.0):
         t[f"lora_unet_{name}.lora_down.weight"], t[f"lora_unet_{name}.lora_up.weight"] = \
-            _pair(rng, r, din, dout)
+            pair(rng, r, din, dout)
         if alpha is not None:
             t[f"lora_unet_{name}.alpha"] = np.asarray(alpha, np.float32)
 
@@ -86,7 +41,7 @@ def _kohya(rng, top=False):
         put("time_in_in_layer", 256, D)
         put("guidance_in_out_layer", D, D)
         put("final_layer_adaLN_modulation_1", D, 2 * D, alpha=1.0)
-        put("final_layer_linear", D, CFG["out_channels"])
+        put("final_layer_linear", D, CFG["in_channels"])
         return t
     for i in range(CFG["num_layers"]):
         for s in ("img", "txt"):
@@ -141,16 +96,14 @@ def _xlabs(rng):
         for name, dout in (("qkv_lora1", 3 * D), ("proj_lora1", D), ("qkv_lora2", 3 * D),
                            ("proj_lora2", D)):
             k = p.format(i=i) + name
-            t[k + ".down.weight"], t[k + ".up.weight"] = _pair(rng, 4, D, dout)
+            t[k + ".down.weight"], t[k + ".up.weight"] = pair(rng, 4, D, dout)
     for i in range(CFG["num_single_layers"]):
         k = f"single_blocks.{i}.processor.qkv_lora"
-        t[k + ".down.weight"], t[k + ".up.weight"] = _pair(rng, 4, D, 3 * D)
+        t[k + ".down.weight"], t[k + ".up.weight"] = pair(rng, 4, D, 3 * D)
     return t
 
 
 def _peft(rng):
-    from diffusers import FluxTransformer2DModel  # noqa: F401  (names checked by diffusers)
-
     t, m = {}, 4 * D
     blocks = [(f"transformer_blocks.{i}.{n}", din, dout) for i in range(CFG["num_layers"])
               for n, din, dout in (("attn.to_q", D, D), ("attn.add_v_proj", D, D),
@@ -163,7 +116,7 @@ def _peft(rng):
     blocks += [("norm_out.linear", D, 2 * D), ("context_embedder", CFG["joint_attention_dim"], D)]
     for name, din, dout in blocks:
         t[f"transformer.{name}.lora_A.weight"], t[f"transformer.{name}.lora_B.weight"] = \
-            _pair(rng, 3, din, dout)
+            pair(rng, 3, din, dout)
     return t
 
 
@@ -172,12 +125,12 @@ def test_format_matches_diffusers(tmp_path, base, fmt):
     folder, fresh, inputs, plain = base
     rng = np.random.default_rng({"peft": 1, "kohya": 2, "xlabs": 3}[fmt])
     make = {"peft": _peft, "kohya": _kohya, "xlabs": _xlabs}[fmt]
-    path = _save(tmp_path / f"{fmt}.safetensors", make(rng))
+    path = save(tmp_path / f"{fmt}.safetensors", make(rng))
     assert read_lora(path, names=LORA_NAMES).format == \
         {"peft": "peft", "kohya": "musubi", "xlabs": "original"}[fmt]
-    want = _diffusers(fresh, inputs, path, 0.7)
+    want = diffusers_run(fresh, inputs, path, 0.7)
     assert rel_err(want, plain) > 1e-2          # the LoRA really changes the output
-    got = _ours(folder, inputs, loras=[(path, 0.7)])
+    got = ours(folder, inputs, loras=[(path, 0.7)])
     assert rel_err(got, want) <= TOL, rel_err(got, want)
 
 
@@ -189,15 +142,15 @@ def test_fused_linear1_top_layers_unmerged_and_strengths(tmp_path, base):
     folder, fresh, inputs, plain = base
     rng = np.random.default_rng(4)
     kohya = _kohya(rng, top=True)
-    path = _save(tmp_path / "linear1.safetensors", kohya)
-    ref = _save(tmp_path / "linear1_peft.safetensors", _top_as_peft(kohya))
-    want = _diffusers(fresh, inputs, ref, 0.8)
+    path = save(tmp_path / "linear1.safetensors", kohya)
+    ref = save(tmp_path / "linear1_peft.safetensors", _top_as_peft(kohya))
+    want = diffusers_run(fresh, inputs, ref, 0.8)
     assert rel_err(want, plain) > 1e-2
-    assert rel_err(_ours(folder, inputs, loras=[(path, 0.8)]), want) <= TOL
+    assert rel_err(ours(folder, inputs, loras=[(path, 0.8)]), want) <= TOL
 
     comfy = {k.replace("lora_unet_single_blocks_", "diffusion_model.single_blocks.")
               .replace("_linear1", ".linear1"): v for k, v in kohya.items() if "single" in k}
-    rows = {r.key: r for r in read_lora(_save(tmp_path / "c.safetensors", comfy),
+    rows = {r.key: r for r in read_lora(save(tmp_path / "c.safetensors", comfy),
                                         names=LORA_NAMES).rows}
     for r in (r for r in read_lora(path, names=LORA_NAMES).rows if r.key.startswith("single")):
         assert np.array_equal(rows[r.key].up, r.up) and rows[r.key].scale == r.scale
@@ -206,79 +159,29 @@ def test_fused_linear1_top_layers_unmerged_and_strengths(tmp_path, base):
                                 "single_transformer_blocks.0.attn.to_v",
                                 "single_transformer_blocks.0.proj_mlp"]
 
-    other = _save(tmp_path / "kohya.safetensors", _kohya(np.random.default_rng(5)))
+    other = save(tmp_path / "kohya.safetensors", _kohya(np.random.default_rng(5)))
     loras = [(path, 0.6), (other, -0.5)]
-    merged = _ours(folder, inputs, loras=loras)
+    merged = ours(folder, inputs, loras=loras)
     tr = ditax.load_transformer(folder, loras=loras, lora_mode="unmerged")
     assert rel_err(np.asarray(tr(**inputs)), merged) <= TOL
     tr.set_lora_strengths([1.1, 0.3])
-    again = _ours(folder, inputs, loras=[(path, 1.1), (other, 0.3)])
+    again = ours(folder, inputs, loras=[(path, 1.1), (other, 0.3)])
     assert rel_err(np.asarray(tr(**inputs)), again) <= TOL
-
-
-def test_export_loads_back_and_diffusers_reads_it(tmp_path, base):
-    """Adapters on every attention and MLP layer (as training leaves them) → PEFT and kohya
-    files (fused layers assembled: block-diagonal up, alpha scaled with the rank); both load
-    back equal to diffusers' reading of the PEFT file, and diffusers' kohya reader reads the
-    kohya file (without linear1: its reader fixes FLUX.1-dev's widths) as the same LoRA."""
-    from safetensors.numpy import load_file
-
-    from ditax.lora.adapters import target_modules
-    from ditax.lora.export import save_lora
-    from ditax.models.flux.config import FluxConfig
-    from ditax.models.flux.convert import weight_table
-
-    folder, fresh, inputs, plain = base
-    table = weight_table(FluxConfig.from_diffusers(dict(CFG)))
-    rank, alpha, rng = 2, 4.0, np.random.default_rng(6)
-    params: dict = {}
-    for path in target_modules(table, ["attn", "ffn"], LORA_NAMES):
-        row = next(r for r in table.rows if r.path == path + ("kernel",))
-        key = table.names(row)[0].removesuffix(".weight")
-        dout, din = _shape(fresh, key)
-        lead = (table.depth(row),) if row.stacked else ()
-        node = params
-        for k in path:
-            node = node.setdefault(k, {})
-        a = np.sqrt(0.1 / (alpha / rank * np.sqrt(rank * din)))
-        node["lora_down"] = (a * rng.standard_normal(lead + (rank, din))).astype(np.float32)
-        node["lora_up"] = (a * rng.standard_normal(lead + (rank, dout))).astype(np.float32)
-    peft, kohya = save_lora(tmp_path / "out", params, table, rank, alpha, names=LORA_NAMES)
-    want = _diffusers(fresh, inputs, peft, 1.0)
-    assert rel_err(want, plain) > 1e-2
-    for path in (peft, kohya):
-        got = _ours(folder, inputs, loras=[path])
-        assert rel_err(got, want) <= TOL, (path.name, rel_err(got, want))
-    k = load_file(str(kohya))
-    assert k["lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight"].shape == (3 * D, 3 * rank)
-    assert float(k["lora_unet_double_blocks_0_img_attn_qkv.alpha"]) == 3 * alpha
-    no_single = {n: v for n, v in k.items() if "single_blocks" not in n}
-    p = load_file(str(peft))
-    no_single_peft = {n: v for n, v in p.items() if "single_transformer_blocks" not in n}
-    a = _diffusers(fresh, inputs, _save(tmp_path / "k.safetensors", no_single), 1.0)
-    b = _diffusers(fresh, inputs, _save(tmp_path / "p.safetensors", no_single_peft), 1.0)
-    assert rel_err(a, b) <= TOL and rel_err(a, plain) > 1e-2
-
-
-def _shape(fresh, module):
-    m = getattr(_shape, "model", None) or fresh()
-    _shape.model = m
-    return tuple(dict(m.named_modules())[module].weight.shape)
 
 
 def test_bad_files(tmp_path, base):
     folder, *_ = base
     rng = np.random.default_rng(7)
-    bad = {"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight": _pair(rng, 2, D, 3 * D)[0],
+    bad = {"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight": pair(rng, 2, D, 3 * D)[0],
            "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight": np.zeros((3 * D + 1, 2),
                                                                              np.float32)}
     with pytest.raises(WeightError, match=r"has 97 rows; double_blocks.0.img_attn.qkv stacks 3"):
-        read_lora(_save(tmp_path / "odd.safetensors", bad), names=LORA_NAMES)
+        read_lora(save(tmp_path / "odd.safetensors", bad), names=LORA_NAMES)
     far = {f"lora_unet_single_blocks_7_linear2.lora_{s}.weight": v for s, v in
-           zip(("down", "up"), _pair(rng, 2, 5 * D, D))}
+           zip(("down", "up"), pair(rng, 2, 5 * D, D))}
     with pytest.raises(WeightError, match="single_transformer_blocks.7.proj_out: no such weight"):
-        ditax.load_transformer(folder, loras=[_save(tmp_path / "far.safetensors", far)])
+        ditax.load_transformer(folder, loras=[save(tmp_path / "far.safetensors", far)])
     with pytest.raises(WeightError, match="not a Flux LoRA"):
-        read_lora(_save(tmp_path / "wan.safetensors",
+        read_lora(save(tmp_path / "wan.safetensors",
                         {"diffusion_model.blocks.0.self_attn.q.lora_down.weight":
                          np.zeros((2, 4), np.float32)}), names=LORA_NAMES)
