@@ -68,8 +68,9 @@ class Server:
         log = open(self.log, "ab")
         # the suite's matmul precision (tests/conftest.py sets it in jax's config), so that
         # the server's programs are the test process's: one compile cache serves both
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_DEFAULT_MATMUL_PRECISION":
-               str(jax.config.jax_default_matmul_precision or "default")}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if jax.config.jax_default_matmul_precision is not None:
+            env["JAX_DEFAULT_MATMUL_PRECISION"] = str(jax.config.jax_default_matmul_precision)
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         t0 = time.monotonic()

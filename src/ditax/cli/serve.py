@@ -62,6 +62,7 @@ def check_args(args) -> None:
 def run(args) -> int:
     check_args(args)
     from ditax.cli import model_arg
+    from ditax.cli.generate import parse_request
     from ditax.serve.requests import BadRequest, check_body
 
     db = pathlib.Path(args.db)
@@ -70,7 +71,7 @@ def run(args) -> int:
     args.model = model_arg(args.model)
     try:           # the model folder and the overrides, checked as generate checks them
         check_body({"prompt": "a check of the server's settings"}, args.model, args.overrides,
-                   str(out / "request.mp4"))
+                   str(out / "request.mp4"), parse_request)
     except BadRequest as e:
         raise ConfigError(str(e)) from None
     serve(args, db, out)
@@ -118,7 +119,8 @@ def serve(args, db: pathlib.Path, out: pathlib.Path) -> None:
                         context=lambda: run_context(load["attention"], mesh,
                                                     compile_cache=cache))
         devices = jax.devices()
-        state = ServeState(model=path, overrides=list(args.overrides), store=store,
+        state = ServeState(model=path, overrides=list(args.overrides),
+                           parse_request=parse_request, store=store,
                            worker=worker, output_dir=out, max_queue=args.max_queue,
                            max_batch=args.max_batch, api_key=args.api_key,
                            health={"model": str(path), "platform": devices[0].platform,

@@ -49,6 +49,7 @@ class ServeState:
 
     model: str
     overrides: list
+    parse_request: object          # ditax generate's (args -> (load, call)), see .requests
     store: JobStore
     worker: Worker
     output_dir: pathlib.Path
@@ -74,13 +75,13 @@ def job_json(job: dict) -> dict:
     """The API view of a job row."""
     req = {k: v for k, v in job["request"].items() if k not in ("image", "last_image")}
     out = {"id": job["id"], "object": "video", "status": job["status"],
-           "progress": job["progress"], "created_at": job["created_at"],
+           "progress": job["progress"], "created_at": int(job["created_at"]),
            "completed_at": None if job["finished_at"] is None else int(job["finished_at"]),
            "error": None if not job["error"] else {"message": job["error"]},
            "size": f"{req['width']}x{req['height']}", **req,
            "has_image": "image" in job["request"], "attempts": job["attempts"],
            "batch_size": job["batch_size"], "compiles": job["compiles"],
-           "seconds_to_finish": job["seconds"]}
+           "seconds_to_finish": None if job["seconds"] is None else round(job["seconds"], 3)}
     if job["status"] == "completed" and job["file"]:
         out["url"] = f"/v1/videos/{job['id']}/content"
     return out
@@ -130,7 +131,7 @@ def create_app(state: ServeState):
         try:
             checked = await run_in_threadpool(
                 check_body, body, state.model, state.overrides,
-                str(state.output_dir / "request.mp4"), state.limits)
+                str(state.output_dir / "request.mp4"), state.parse_request, state.limits)
             job = state.store.add(checked.stored, checked.batch_key, state.max_queue)
         except BadRequest as e:
             return error(e.status, str(e), e.param)

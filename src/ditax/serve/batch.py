@@ -35,11 +35,25 @@ def batchable(pipe) -> bool:
     return type(pipe) is WanTextToVideo
 
 
-def generate_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] | None = None
-                   ) -> list[np.ndarray]:
+def bucket(n: int, max_batch: int) -> int:
+    """The batch a run of ``n`` jobs is padded to: the next power of two, at most
+    ``max_batch`` — so a server compiles one step program per power of two instead of one per
+    batch size (1, 2, 4 for ``--max-batch 4``)."""
+    b = 1
+    while b < n:
+        b *= 2
+    return max(n, min(b, max_batch))
+
+
+def generate_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] | None = None,
+                   pad_to: int | None = None) -> list[np.ndarray]:
     """Videos ``[F, H, W, 3]`` (float32 in [0, 1]) of ``calls`` (checked pipeline calls with
     equal height, width, num_frames, num_inference_steps, guidance_scale(_2); no images, no
-    step cache); ``on_step(steps_done)`` after each step. ``pipe.timings`` holds the batch's."""
+    step cache); ``on_step(steps_done)`` after each step. ``pad_to``: run that many rows (the
+    first call's repeated; rows are independent, and the padding is neither decoded nor
+    returned). ``pipe.timings`` holds the batch's."""
+    real = len(calls)
+    calls = list(calls) + [calls[0]] * max(0, (pad_to or real) - real)
     first = calls[0]
     h, w, f = first["height"], first["width"], first["num_frames"]
     steps, g, g2 = first["num_inference_steps"], first["guidance_scale"], first["guidance_scale_2"]
@@ -78,7 +92,7 @@ def generate_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] |
             sigmas=first.get("sigmas"), progress=False, on_step=on_step,
             size=f"for {f} frames at {h}x{w}",
             decode=lambda x, programs: [pipe.decode_video(row[None], programs)
-                                        for row in np.asarray(x)],
+                                        for row in np.asarray(x)[:real]],
             prepare_decode=lambda: None if pipe.vae_tiling else pipe.programs.decode(
                 pipe.vae, one, sharding))
     pipe.last_stats = out.stats
@@ -86,4 +100,4 @@ def generate_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] |
     return out.output
 
 
-__all__ = ["batchable", "generate_batch"]
+__all__ = ["batchable", "bucket", "generate_batch"]

@@ -27,7 +27,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   id TEXT UNIQUE NOT NULL,
-  created_at INTEGER NOT NULL,
+  created_at REAL NOT NULL,
   status TEXT NOT NULL,
   progress INTEGER NOT NULL DEFAULT 0,
   request TEXT NOT NULL,
@@ -92,7 +92,7 @@ class JobStore:
             job_id = f"video_{uuid.uuid4().hex}"
             db.execute("INSERT INTO jobs (id, created_at, status, request, batch_key) VALUES "
                        "(?, ?, 'queued', ?, ?)",
-                       (job_id, int(time.time()), json.dumps(request), batch_key or job_id))
+                       (job_id, time.time(), json.dumps(request), batch_key or job_id))
             return job_id
         return self.get(self._tx(add))
 

@@ -1,9 +1,10 @@
 """A ``POST /v1/videos`` body → the checked pipeline call, by ``ditax generate``'s own checks.
 
 The JSON fields are mapped onto ``generate``'s flags and the request goes through the same
-functions ``ditax generate`` runs before it loads anything — :func:`ditax.cli.generate.
-parse_request` (the folder's sample defaults, the family's request checks, seed, sigmas,
-``sample.*`` overrides) and the family's :func:`~ditax.pipelines.family.preflight` (images vs
+functions ``ditax generate`` runs before it loads anything — its ``parse_request`` (handed in
+by :mod:`ditax.cli.serve`, the composition root, so this package does not import the CLI: the
+folder's sample defaults, the family's request checks, seed, sigmas, ``sample.*`` overrides)
+and the family's :func:`~ditax.pipelines.family.preflight` (images vs
 the folder's kind, the latent grid, the attention backend) — so a bad request gets the very
 words ``generate`` prints. Only what HTTP adds is checked here: the JSON shape, unknown fields,
 ``size`` as ``"WxH"``, the limits of :class:`Limits` (413) and base64 images. No field becomes a
@@ -104,12 +105,12 @@ def decode_image(text, name: str, limit: int):
                          name) from None
 
 
-def check_body(body, model: str, overrides: list[str], output: str,
+def check_body(body, model: str, overrides: list[str], output: str, parse_request,
                limits: Limits = Limits()) -> Checked:
     """Check a request body against the served ``model`` (path) and the server's ``key=value``
     ``overrides``; ``output`` names a writable file of the output folder (generate checks its
-    ``--output``). Raises :class:`BadRequest`."""
-    from ditax.cli.generate import parse_request
+    ``--output``); ``parse_request``: ``ditax generate``'s (:func:`ditax.cli.generate.
+    parse_request`: ``args`` → ``(load, call)``). Raises :class:`BadRequest`."""
     from ditax.errors import DitaxError
     from ditax.pipelines.family import preflight
 

@@ -5,7 +5,8 @@ The pipeline is loaded once; its compiled programs stay in it, one per request s
 job of a shape compiles nothing — :class:`Metrics` counts XLA compilations through jax's public
 monitoring event, per job and in total (``/metrics``). The thread claims up to ``max_batch``
 queued jobs of one batch key (:meth:`~ditax.serve.jobs.JobStore.claim`) and runs them as one
-batch (:mod:`ditax.serve.batch`); image-to-video and step-cached requests run one at a time
+batch (:mod:`ditax.serve.batch`; padded to a power of two, so batch sizes share programs);
+image-to-video and step-cached requests run one at a time
 through the pipeline's call. Each video is written to a temporary file and renamed
 (:func:`ditax.io.video.write_mp4`), then the job is marked completed: a file a client may
 download is always whole.
@@ -122,7 +123,7 @@ class Worker(threading.Thread):
 
     def run_jobs(self, jobs: list[dict]) -> None:
         from ditax.io.video import write_mp4
-        from ditax.serve.batch import batchable, generate_batch
+        from ditax.serve.batch import batchable, bucket, generate_batch
 
         ids = [j["id"] for j in jobs]
         try:
@@ -151,7 +152,8 @@ class Worker(threading.Thread):
                 raise Stopping()
             if batchable(self.pipe) and not any(k in calls[0] and calls[0][k] for k in
                                                 ("image", "last_image", "cache", "cfg_cache")):
-                videos = generate_batch(self.pipe, calls, on_step)
+                videos = generate_batch(self.pipe, calls, on_step,
+                                        pad_to=bucket(len(calls), self.max_batch))
             else:
                 videos = [self.pipe(progress=False, **calls[0])]
         except (Stopping, KeyboardInterrupt):
