@@ -55,7 +55,7 @@ def write_transformer(folder: pathlib.Path, seed: int = 0):
 
     cfg = ModelConfig.from_diffusers(TRANSFORMER)
     save_folder(folder, "diffusion_pytorch_model.safetensors",
-                weight_table(cfg.num_layers, cfg.cross_attn_norm),
+                weight_table(cfg.num_layers, cfg.cross_attn_norm, head_dim=cfg.attention_head_dim),
                 module_params(init_model(cfg, seed=seed)),
                 {"_class_name": "WanTransformer3DModel", **TRANSFORMER})
 

@@ -4,6 +4,7 @@ versions (base and low-rank terms) equal the plain call viewed head-major."""
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from ditax.lora.unmerged import LoraLinear
@@ -15,10 +16,17 @@ def _heads(y, n):
     return jnp.swapaxes(y.reshape(y.shape[:-1] + (n, -1)), 1, 2)
 
 
-def test_head_major_views_of_linear_and_unmerged_lora(rng):
+@pytest.mark.parametrize("out_heads", [None, 4], ids=["kernel-in-out", "kernel-head-major"])
+def test_head_major_views_of_linear_and_unmerged_lora(rng, out_heads):
+    """Also for a kernel stored head-major ``[N, in, K]`` (``out_heads``): the same values
+    as the ``[in, out]`` kernel it was drawn as."""
     B, L, D, N, R = 2, 5, 16, 4, 3
     f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)  # noqa: E731
-    base = Linear(D, D, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    base = Linear(D, D, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0),
+                  out_heads=out_heads)
+    plain = Linear(D, D, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(base.matrix(), plain.kernel[...])
+    assert base.dims() == ((), D, D)
     base.bias[...] = f(D)
     lora = LoraLinear(base, f(R, D), f(R, D), jnp.full((R,), 0.5), (0, 0, 1), f(2, D),
                       jnp.asarray([0.7, -1.2]))

@@ -67,6 +67,44 @@ CONV2D = Transform("conv2d", (2, 3, 1, 0))       # Conv2d [O, I, h, w] -> [h, w,
 POINTWISE = Transform("pointwise", (1, 0), 2)    # 1x1 Conv2d [O, I, 1, 1] -> Dense [I, O]
 
 
+@dataclasses.dataclass(frozen=True)
+class HeadsOut(Transform):
+    """torch Linear ``[N·K, in]`` → a head-major kernel ``[N, in, K]`` (``head_dim`` = K;
+    :class:`ditax.nn.Linear` with ``out_heads``). A sharded read may split N and ``in``,
+    never K (rows ``n·K .. (n+1)·K`` of the upstream tensor are one head)."""
+
+    head_dim: int = 0
+
+    def to_ours(self, x: np.ndarray) -> np.ndarray:
+        return np.swapaxes(x.reshape(-1, self.head_dim, x.shape[-1]), 1, 2)
+
+    def to_theirs(self, y: np.ndarray) -> np.ndarray:
+        return np.swapaxes(y, 1, 2).reshape(-1, y.shape[1])
+
+    def theirs_shape(self, ours: tuple[int, ...]) -> tuple[int, ...]:
+        n, din, k = ours
+        return (n * k, din)
+
+    def theirs_index(self, index: tuple) -> tuple:
+        heads, cols, k = tuple(index) + (slice(None),) * (3 - len(index))
+        if k.indices(self.head_dim) != (0, self.head_dim, 1) or heads.step not in (None, 1):
+            raise ValueError(f"{self.name}: a read may split heads and inputs only, got {index}")
+        rows = slice(None if heads.start is None else heads.start * self.head_dim,
+                     None if heads.stop is None else heads.stop * self.head_dim)
+        return rows, cols
+
+
+def heads_out(head_dim: int) -> HeadsOut:
+    """:class:`HeadsOut` for heads of ``head_dim`` channels."""
+    return HeadsOut(f"[N*K, in] -> [N, in, K] (K={head_dim})", head_dim=head_dim)
+
+
+def linear_weight(t: Transform) -> bool:
+    """Whether ``t`` reads a torch Linear weight (plain or head-major kernel): the layers
+    LoRA updates."""
+    return t == TRANSPOSE or isinstance(t, HeadsOut)
+
+
 def unit_axes(n: int) -> Transform:
     """A gain stored broadcastable, ``[C, 1, ..., 1]`` (``n`` unit axes), kept as ``[C]``."""
     return Transform(f"[C{', 1' * n}] -> [C]", None, n)

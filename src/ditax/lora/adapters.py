@@ -8,7 +8,7 @@ supplies (:attr:`ditax.lora.names.LoraNames.targets`, matched on our dotted modu
 (trainable) with PEFT's start — ``down`` uniform in ``±1/sqrt(in)``, ``up`` zero, so training
 starts from the base model — ``scale = alpha / r`` and strength 1 (both constants).
 :func:`adapter_shardings`: ``down`` is split like the kernel's input axis, ``up`` like its output
-axis, the layer axis like the kernel's, the rank never.
+axis (a head-major kernel's heads), the layer axis like the kernel's, the rank never.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ditax.io.convert import TRANSPOSE, Table
+from ditax.io.convert import Table, linear_weight
 from ditax.lora.names import LoraNames
 from ditax.lora.unmerged import LoraFactor, LoraLinear
 
@@ -30,7 +30,7 @@ def target_modules(table: Table, targets, names: LoraNames) -> list[tuple[str, .
     patterns = names.target_patterns(targets)
     out = []
     for row in table.rows:
-        if row.path[-1] != "kernel" or row.transform != TRANSPOSE:
+        if row.path[-1] != "kernel" or not linear_weight(row.transform):
             continue
         if any(p.fullmatch(".".join(row.path[:-1])) for p in patterns):
             out.append(row.path[:-1])
@@ -48,8 +48,7 @@ def add_adapters(module, table: Table, rank: int, alpha: float, targets, rngs, *
         for name in path[:-1]:
             parent = getattr(parent, name)
         base = getattr(parent, path[-1])
-        shape = base.kernel[...].shape
-        lead, (din, dout) = tuple(shape[:-2]), shape[-2:]
+        lead, din, dout = base.dims()
         bound = 1.0 / math.sqrt(din)
         down = jax.random.uniform(rngs.params(), lead + (rank, din), jnp.float32, -bound, bound)
         up = jnp.zeros(lead + (rank, dout), jnp.float32)
@@ -73,7 +72,8 @@ def adapter_shardings(adapters: dict, frozen_sh: dict, mesh) -> dict:
         keys = tuple(getattr(p, "key", p) for p in path)
         spec = tuple(_node(frozen_sh, keys[:-1] + ("kernel",)).spec)
         spec = spec + (None,) * (len(leaf.shape) - len(spec))
-        axis = spec[-2] if keys[-1] == "lora_down" else spec[-1]
-        return NamedSharding(mesh, P(*spec[:-2], None, axis))
+        heads = len(spec) > len(leaf.shape)       # a head-major kernel [(L,) N, in, K]
+        axis = spec[-2] if keys[-1] == "lora_down" else spec[-3 if heads else -1]
+        return NamedSharding(mesh, P(*spec[:len(leaf.shape) - 2], None, axis))
 
     return jax.tree_util.tree_map_with_path(one, adapters)

@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from ditax.errors import WeightError
-from ditax.io.convert import TRANSPOSE, Table, param_shapes
+from ditax.io.convert import Table, linear_weight, param_shapes
 from ditax.lora.merge import plan_patches, upstream_shapes
 from ditax.lora.table import Lora
 from ditax.nn import Linear
@@ -47,6 +47,7 @@ class LoraLinear(Linear):
     def __init__(self, base: Linear, down, up, scale, owner: tuple[int, ...], bias, strength,
                  factor=LoraWeight):
         self.kernel, self.bias, self.dtype = base.kernel, base.bias, base.dtype
+        self.out_heads = base.out_heads
         self.lora_down = factor(down)              # [(L,) R, in]
         self.lora_up = factor(up)                  # [(L,) R, out]
         self.lora_scale = LoraWeight(scale)        # [(L,) R]
@@ -85,7 +86,7 @@ def _by_module(table: Table) -> dict[str, tuple]:
     """Upstream key of a Linear's weight / bias → (our module path, layer or None, part, the
     depth of its stack: :meth:`Table.depth`, Flux's double and single stacks differ)."""
     linears = {r.path[:-1] for r in table.rows if r.path[-1] == "kernel"
-               and r.transform == TRANSPOSE}
+               and linear_weight(r.transform)}
     out = {}
     for row in table.rows:
         if row.path[:-1] not in linears:
@@ -166,7 +167,7 @@ def attach(module, loras: list[tuple[Lora, float]], table: Table, mesh=None, *,
         for name in path[:-1]:
             parent = getattr(parent, name)
         base = getattr(parent, path[-1])
-        din, dout = base.kernel[...].shape[-2:]
+        _, din, dout = base.dims()
         (down, up, scale, bias), owner = _arrays(slot, len(loras), din, dout,
                                                  base.kernel[...].dtype)
         strength = strengths if slot["layers"] is None else np.tile(strengths, (slot["layers"], 1))

@@ -11,16 +11,42 @@ class Linear(nnx.Module):
 
     ``param_dtype`` is the storage dtype of ``kernel`` / ``bias`` (LeCun-normal / zero init);
     both are cast to ``dtype`` for the matmul.
+
+    ``out_heads=N`` stores the kernel head-major ``[N, in, K]`` (out = N·K, bias still
+    ``[out]``): the layout :meth:`to_head_major`'s dot reads. On TPU an ``[in, N·K]`` kernel
+    (sharded over ``in``) is relaid out to ``[N, in, K]`` for that dot in every layer
+    (measured at Wan 14B 720p on v6e: 6.25 MiB per kernel shard, held as temporaries; see
+    ``docs/architecture.md``, "TPU relayout copies"). Same values as the ``[in, out]`` kernel
+    (init drawn ``[in, out]`` and moved); :meth:`matrix` is the ``[in, out]`` view.
     """
 
-    def __init__(self, din: int, dout: int, *, dtype, param_dtype, rngs: nnx.Rngs, bias=True):
+    def __init__(self, din: int, dout: int, *, dtype, param_dtype, rngs: nnx.Rngs, bias=True,
+                 out_heads: int | None = None):
         pd = jnp.dtype(param_dtype)
-        self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (din, dout), pd))
+        w = nnx.initializers.lecun_normal()(rngs.params(), (din, dout), pd)
+        if out_heads:
+            w = jnp.swapaxes(w.reshape(din, out_heads, dout // out_heads), 0, 1)
+        self.kernel = nnx.Param(w)
         self.bias = nnx.Param(jnp.zeros((dout,), pd)) if bias else None
         self.dtype = jnp.dtype(dtype)
+        self.out_heads = out_heads
+
+    def dims(self) -> tuple[tuple[int, ...], int, int]:
+        """(leading axes of the kernel, e.g. a scanned stack's ``(L,)``; in; out)."""
+        s = self.kernel[...].shape
+        if self.out_heads:
+            return tuple(s[:-3]), s[-2], s[-3] * s[-1]
+        return tuple(s[:-2]), s[-2], s[-1]
+
+    def matrix(self):
+        """The kernel as ``[in, out]`` in ``dtype`` (a relayout for ``out_heads`` kernels)."""
+        w = self.kernel[...].astype(self.dtype)
+        if self.out_heads:
+            w = jnp.swapaxes(w, -3, -2).reshape(w.shape[:-3] + (w.shape[-2], -1))
+        return w
 
     def __call__(self, x):
-        y = jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        y = jnp.einsum("...i,io->...o", x.astype(self.dtype), self.matrix())
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -31,7 +57,7 @@ class Linear(nnx.Module):
         ``[L, N, K] → [L, N·K]`` is a relayout copy of the whole activation; splitting the
         kernel's input dim into ``(N, K)`` is free (it is the major dim)."""
         n, k = x.shape[-2:]
-        w = self.kernel[...].astype(self.dtype).reshape(n, k, -1)
+        w = self.matrix().reshape(n, k, -1)
         y = jnp.einsum("...nk,nko->...o", x.astype(self.dtype), w)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
@@ -39,9 +65,17 @@ class Linear(nnx.Module):
 
     def to_head_major(self, x, num_heads: int):
         """The layer on ``x [B, L, in]`` written head-major ``[B, N, L, K]`` (out = N·K)
-        straight from the dot (the TPU attention kernels' layout; no relayout after it)."""
-        w = self.kernel[...].astype(self.dtype).reshape(x.shape[-1], num_heads, -1)
-        y = jnp.einsum("bli,ink->bnlk", x.astype(self.dtype), w)
+        straight from the dot (the TPU attention kernels' layout; no relayout after it). An
+        ``out_heads`` kernel ``[N, in, K]`` is read as stored."""
+        if self.out_heads:
+            if self.out_heads != num_heads:
+                raise ValueError(f"to_head_major: {num_heads} heads asked, the kernel has "
+                                 f"{self.out_heads}")
+            y = jnp.einsum("bli,nik->bnlk", x.astype(self.dtype),
+                           self.kernel[...].astype(self.dtype))
+        else:
+            w = self.matrix().reshape(x.shape[-1], num_heads, -1)
+            y = jnp.einsum("bli,ink->bnlk", x.astype(self.dtype), w)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype).reshape(num_heads, 1, -1)
         return y
@@ -50,7 +84,7 @@ class Linear(nnx.Module):
         """The layer on head-major ``x [B, N, L, K]`` (in = N·K) → ``[B, L, out]``,
         contracting ``(N, K)`` where the attention kernel wrote them."""
         n, k = x.shape[1], x.shape[3]
-        w = self.kernel[...].astype(self.dtype).reshape(n, k, -1)
+        w = self.matrix().reshape(n, k, -1)
         y = jnp.einsum("bnlk,nko->blo", x.astype(self.dtype), w)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)

@@ -9,7 +9,9 @@ program's identity):
   the sequence backends around them);
 - head-major ``[B, N, L, K]`` for the TPU kernels (splash, flash, and the Ulysses / ring
   paths around them): the projections write it straight from their dots
-  (:meth:`~ditax.nn.Linear.to_head_major`), the RMSNorm across heads and RoPE run in it
+  (:meth:`~ditax.nn.Linear.to_head_major`; their kernels are stored head-major ``[N, D, K]``,
+  ``Linear(out_heads=N)``, so neither the activations nor the weight shards are relaid out
+  for that dot), the RMSNorm across heads and RoPE run in it
   (one reduction over ``(N, K)``, one elementwise pass with the RoPE partner product, no
   reshape between), the kernels and the Ulysses exchange read it in place, and ``to_out``
   contracts ``(N, K)`` of the kernel's output where it lies
@@ -59,16 +61,17 @@ class WanAttention(nnx.Module):
     def __init__(self, cfg: WanConfig, *, rngs, added_kv: bool = False):
         d = cfg.inner_dim
         kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-        self.heads = cfg.num_attention_heads
-        self.to_q = Linear(d, d, **kw)
-        self.to_k = Linear(d, d, **kw)
-        self.to_v = Linear(d, d, **kw)
+        self.heads = n = cfg.num_attention_heads
+        # q / k / v kernels stored head-major [N, D, K] (module docstring)
+        self.to_q = Linear(d, d, out_heads=n, **kw)
+        self.to_k = Linear(d, d, out_heads=n, **kw)
+        self.to_v = Linear(d, d, out_heads=n, **kw)
         self.to_out = Linear(d, d, **kw)              # diffusers: to_out.0
         self.norm_q = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
         self.norm_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
         if added_kv:
-            self.add_k_proj = Linear(cfg.added_kv_proj_dim, d, **kw)
-            self.add_v_proj = Linear(cfg.added_kv_proj_dim, d, **kw)
+            self.add_k_proj = Linear(cfg.added_kv_proj_dim, d, out_heads=n, **kw)
+            self.add_v_proj = Linear(cfg.added_kv_proj_dim, d, out_heads=n, **kw)
             self.norm_added_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
 
     def __call__(self, x, ctx, attn: AttentionCall, sharding: ShardingContext, *, rope=None,

@@ -8,12 +8,20 @@ the parameter PartitionSpecs (:func:`param_axes`).
 
 from __future__ import annotations
 
-from ditax.io.convert import CONV3D, ID, TRANSPOSE, Row, Table
+from ditax.io.convert import CONV3D, ID, TRANSPOSE, Row, Table, heads_out
 
 
 def _linear(path, key, axes_in, axes_out):
     return [Row(path + ("kernel",), key + ".weight", TRANSPOSE, (axes_in, axes_out)),
             Row(path + ("bias",), key + ".bias", ID, (axes_out,))]
+
+
+def _heads_linear(path, key, head_dim: int):
+    """An attention projection stored head-major: kernel ``[N, D_in, K]`` (the layout the
+    head-major q / k / v dot reads; :class:`ditax.nn.Linear` ``out_heads``), bias ``[N·K]``."""
+    return [Row(path + ("kernel",), key + ".weight", heads_out(head_dim),
+                ("heads", "embed", None)),
+            Row(path + ("bias",), key + ".bias", ID, ("heads",))]
 
 
 def _image_rows(pos_embed: bool) -> list[Row]:
@@ -28,21 +36,21 @@ def _image_rows(pos_embed: bool) -> list[Row]:
     return rows
 
 
-def _added_kv_rows() -> list[Row]:
+def _added_kv_rows(head_dim: int) -> list[Row]:
     """Cross-attention K/V projections of the image tokens (image-to-video)."""
     rows = []
     for p in ("add_k_proj", "add_v_proj"):
-        rows += _linear(("blocks", "attn2", p), f"blocks.{{i}}.attn2.{p}", "embed", "heads")
+        rows += _heads_linear(("blocks", "attn2", p), f"blocks.{{i}}.attn2.{p}", head_dim)
     rows.append(Row(("blocks", "attn2", "norm_added_k", "scale"),
                     "blocks.{i}.attn2.norm_added_k.weight", ID, ("heads",)))
     return rows
 
 
-def _block_rows(cross_attn_norm: bool) -> list[Row]:
+def _block_rows(cross_attn_norm: bool, head_dim: int) -> list[Row]:
     rows = []
     for a in ("attn1", "attn2"):
         for p in ("to_q", "to_k", "to_v"):
-            rows += _linear(("blocks", a, p), f"blocks.{{i}}.{a}.{p}", "embed", "heads")
+            rows += _heads_linear(("blocks", a, p), f"blocks.{{i}}.{a}.{p}", head_dim)
         rows += _linear(("blocks", a, "to_out"), f"blocks.{{i}}.{a}.to_out.0", "heads", "embed")
         rows += [Row(("blocks", a, "norm_q", "scale"), f"blocks.{{i}}.{a}.norm_q.weight", ID,
                      ("heads",)),
@@ -58,12 +66,13 @@ def _block_rows(cross_attn_norm: bool) -> list[Row]:
     return rows
 
 
-def table(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = False
-          ) -> list[Row]:
+def table(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = False, *,
+          head_dim: int) -> list[Row]:
     """The rows (our path, diffusers key, transform, logical axes); ``image`` adds the
-    image-to-video parameters, ``pos_embed`` the first-last-frame position table."""
+    image-to-video parameters, ``pos_embed`` the first-last-frame position table;
+    ``head_dim`` splits the q / k / v kernels head-major."""
     ce = ("condition_embedder",)
-    extra = (_image_rows(pos_embed) + _added_kv_rows()) if image else []
+    extra = (_image_rows(pos_embed) + _added_kv_rows(head_dim)) if image else []
     return [
         Row(("patch_embedding_kernel",), "patch_embedding.weight", CONV3D,
             ("kernel_t", "kernel_h", "kernel_w", "in_channels", "embed")),
@@ -77,7 +86,7 @@ def table(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = F
                  "text_embed", None),
         *_linear(ce + ("text_embedder", "linear_2"), "condition_embedder.text_embedder.linear_2",
                  "embed", None),
-        *_block_rows(cross_attn_norm),
+        *_block_rows(cross_attn_norm, head_dim),
         *extra,
         *_linear(("proj_out",), "proj_out", "embed", None),
         Row(("scale_shift_table",), "scale_shift_table", ID, (None, "modulation", "embed")),
@@ -88,26 +97,28 @@ IGNORED_UNEXPECTED = ("norm_added_q",)  # diffusers also ignores these on load
 
 
 def weight_table(num_layers: int, cross_attn_norm: bool = True, image: bool = False,
-                 pos_embed: bool = False) -> Table:
-    """The transformer's :class:`~ditax.io.convert.Table` for a config's layer count."""
+                 pos_embed: bool = False, *, head_dim: int) -> Table:
+    """The transformer's :class:`~ditax.io.convert.Table` for a config's layer count and
+    head dim."""
     extra = f", image_dim set, pos_embed={pos_embed}" if image else ""
-    return Table("transformer", tuple(table(cross_attn_norm, image, pos_embed)), num_layers,
+    return Table("transformer", tuple(table(cross_attn_norm, image, pos_embed,
+                                            head_dim=head_dim)), num_layers,
                  IGNORED_UNEXPECTED,
                  f"the config (num_layers={num_layers}, cross_attn_norm={cross_attn_norm}{extra})")
 
 
-def param_axes(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = False
-               ) -> dict[tuple[str, ...], tuple]:
+def param_axes(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = False, *,
+               head_dim: int) -> dict[tuple[str, ...], tuple]:
     """Our parameter path → logical axis names (the stacked blocks get a leading "layers")."""
     return {r.path: (("layers",) + tuple(r.axes)) if r.stacked else tuple(r.axes)
-            for r in table(cross_attn_norm, image, pos_embed)}
+            for r in table(cross_attn_norm, image, pos_embed, head_dim=head_dim)}
 
 
 def table_options(cfg) -> dict:
     """The keyword arguments of :func:`weight_table` / :func:`param_axes` after the layer
     count, for a :class:`~ditax.models.wan.config.ModelConfig`."""
     return dict(cross_attn_norm=cfg.cross_attn_norm, image=cfg.image_dim is not None,
-                pos_embed=cfg.pos_embed_seq_len is not None)
+                pos_embed=cfg.pos_embed_seq_len is not None, head_dim=cfg.attention_head_dim)
 
 
 def config_weight_table(cfg) -> Table:

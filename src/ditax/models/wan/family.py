@@ -115,7 +115,8 @@ class WanFamily(ModelFamily):
         """The weight table LoRA adapters are placed and named by (diffusers names)."""
         from ditax.models.wan.convert import weight_table
 
-        return weight_table(self.model.num_layers, self.model.cross_attn_norm)
+        return weight_table(self.model.num_layers, self.model.cross_attn_norm,
+                            head_dim=self.model.attention_head_dim)
 
     @classmethod
     def lora_names(cls):
