@@ -226,7 +226,8 @@ def test_transformer_diffusers_to_ditax_to_diffusers(tmp_path):
     theirs = load_file(next(folder.glob("*.safetensors")))
     tr = ditax.load_transformer(folder, mesh=make_mesh(dict(fsdp=2, tensor=4)))
     cfg = tr.config
-    back = convert.export(weight_table(cfg.num_layers, cfg.cross_attn_norm), tr.module)
+    back = convert.export(weight_table(cfg.num_layers, cfg.cross_attn_norm,
+                                       head_dim=cfg.attention_head_dim), tr.module)
     assert sorted(back) == sorted(theirs)
     for k, v in back.items():
         np.testing.assert_array_equal(v, theirs[k], err_msg=k)
