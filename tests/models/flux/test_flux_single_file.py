@@ -118,3 +118,25 @@ def test_files_that_do_not_fit(bfl, tmp_path, capsys):
     assert main(["convert", str(path), "--config", "flux.1-dev"]) == 2
     assert "img_in.weight: shape (32, 8) but the model expects (3072, 64)" in \
         capsys.readouterr().err
+
+
+def test_convert_writes_a_diffusers_folder(bfl, tmp_path, capsys):
+    """``ditax convert FILE --config YAML --out DIR``: the folder holds diffusers' own tensors
+    (bit for bit) and a config.json that FluxTransformer2DModel reads."""
+    import yaml
+    from diffusers import FluxTransformer2DModel
+    from safetensors.numpy import load_file
+
+    m, path, _, _, _ = bfl
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump({"name": "tiny-bfl", "model": dict(DEV, family="flux")}))
+    out = tmp_path / "out"
+    assert main(["convert", str(path), "--config", str(spec)]) == 0
+    assert "OK — 2 double + 2 single blocks" in capsys.readouterr().out
+    assert main(["convert", str(path), "--config", str(spec), "--out", str(out)]) == 0
+    got = load_file(str(out / "diffusion_pytorch_model.safetensors"))
+    want = {k: v.detach().numpy() for k, v in m.state_dict().items()}
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+    assert FluxTransformer2DModel.from_pretrained(out).config.guidance_embeds

@@ -180,9 +180,9 @@ class FluxFamily(ModelFamily):
         return check_single_file(path, self.model)
 
     def convert_single_file(self, path, out, *, dtype=None, loras=None):
-        raise ConfigError(f"ditax convert --out: writing a FLUX.1 single file as a diffusers "
-                          f"folder is not wired yet; load {path} directly with "
-                          f"ditax.load_transformer(path, config=...)")
+        from ditax.models.flux.single_file import write_diffusers_folder
+
+        return write_diffusers_folder(path, self.model, out, dtype=dtype, loras=loras)
 
     def lora_table(self):
         from ditax.models.flux.convert import weight_table

@@ -7,7 +7,8 @@ swapped; :mod:`.original_names`), optionally prefixed ``model.diffusion_model.``
 ``config=`` (a :class:`~ditax.models.flux.config.FluxConfig`; preset names and YAML paths are
 read into one above the models, by ``ditax.load_transformer`` and ``ditax convert``).
 
-:func:`open_single_file` checks the file's keys and shapes against the config from the
+:func:`write_diffusers_folder` (``ditax convert FILE --config NAME --out DIR``) writes such a
+file as a diffusers folder. :func:`open_single_file` checks the file's keys and shapes against the config from the
 headers alone — one :class:`~ditax.errors.WeightError` listing every missing, unexpected and
 wrongly shaped key under the file's own names — and returns :class:`BflWeights`, a view that
 shows the file under the diffusers keys of :mod:`.convert`'s table: a fused layer's member is
@@ -21,21 +22,13 @@ import dataclasses
 
 import numpy as np
 
-from ditax.errors import ConfigError, WeightError
+from ditax.errors import WeightError
 from ditax.io.convert import listing, param_shapes
 from ditax.lora.merge import upstream_shapes
-from ditax.models.fields import check_overrides
 from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.original_names import fused, tensor_key
-
-PREFIXES = ("model.diffusion_model.", "diffusion_model.")
-
-
-def key_prefix(keys) -> str:
-    """The prefix of the transformer's keys (``diffusion_model.`` …) or ``""``."""
-    keys = list(keys)
-    return next((p for p in PREFIXES if any(k.startswith(p) for k in keys)), "")
-
+from ditax.models.single_files import SHARD_BYTES, check_out, key_prefix, write_folder
+from ditax.models.single_files import single_file_config as shared_config
 
 def is_bfl(keys) -> bool:
     """Whether a checkpoint's keys use BFL's names (``double_blocks.`` / ``img_in.``)."""
@@ -47,15 +40,7 @@ def single_file_config(path, config, **overrides) -> FluxConfig:
     """The architecture of a single-file checkpoint: ``config`` is a :class:`FluxConfig`
     (the entry points read preset names and YAML paths into one first); ``overrides``
     (dtypes, remat …) replace its fields."""
-    if config is None:
-        raise ConfigError(f"{path} is a single-file checkpoint without config.json; pass its "
-                          f"architecture as config= (--config on the command line; a preset "
-                          f"such as flux.1-dev; a YAML path; or a ditax FluxConfig)")
-    if not isinstance(config, FluxConfig):
-        raise ConfigError(f"config={config!r} is not a Flux model config (FluxConfig); preset "
-                          f"names and YAML paths are read by ditax.load_transformer")
-    check_overrides(FluxConfig, overrides)
-    return dataclasses.replace(config, **overrides)
+    return shared_config(path, config, FluxConfig, "Flux", "flux.1-dev", **overrides)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,11 +156,12 @@ def open_single_file(path, cfg: FluxConfig, table, shapes: dict):
     return BflWeights(weights, sources)
 
 
-def check_single_file(path, config) -> str:
-    """Key and shape check of a single-file checkpoint against ``config`` from its headers
-    alone (``ditax convert FILE --config NAME``); returns a one-line summary."""
+def _checked(path, config):
+    """(config, weights keyed by diffusers names, table, parameter shapes) of ``path`` after
+    the key and shape checks (headers only)."""
     from flax import nnx
 
+    from ditax.io.convert import check_weights
     from ditax.models.flux.build import abstract_model
     from ditax.models.flux.convert import weight_table
 
@@ -184,13 +170,36 @@ def check_single_file(path, config) -> str:
     shapes = param_shapes(nnx.state(abstract_model(cfg)))
     weights = open_single_file(path, cfg, table, shapes)
     if not isinstance(weights, BflWeights):
-        from ditax.io.convert import check_weights
-
         check_weights(table, weights, shapes)
+    return cfg, weights, table, shapes
+
+
+def check_single_file(path, config) -> str:
+    """Key and shape check of a single-file checkpoint against ``config`` from its headers
+    alone (``ditax convert FILE --config NAME``); returns a one-line summary."""
+    cfg, weights, _, shapes = _checked(path, config)
     n = sum(int(np.prod(s)) for s in shapes.values())
     return (f"{path}: OK — {cfg.num_layers} double + {cfg.num_single_layers} single blocks, "
             f"D={cfg.inner_dim}, {n / 1e9:.3f} B params, {len(weights)} tensors")
 
 
+def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras=None,
+                           lora_strict: bool = True, shard_bytes: int = SHARD_BYTES):
+    """Write the single-file checkpoint ``path`` (BFL's names or diffusers') as a diffusers
+    ``FluxTransformer2DModel`` folder ``out`` (``ditax convert FILE --config NAME --out DIR``),
+    after the same checks as loading; ``dtype`` casts every tensor, ``loras`` are fused in as
+    each tensor is read (:func:`ditax.models.single_files.write_folder` for the rest)."""
+    out = check_out(out, dtype)
+    cfg, weights, table, shapes = _checked(path, config)
+    if loras:
+        from ditax.lora import merged_weights
+        from ditax.models.flux.lora_names import LORA_NAMES
+
+        weights = merged_weights(weights, loras, table, shapes, names=LORA_NAMES,
+                                 strict=lora_strict)
+    source = {k: k for k in table.expected_keys()}
+    return write_folder(out, weights, source, cfg.to_diffusers(), dtype, shard_bytes)
+
+
 __all__ = ["BflWeights", "check_single_file", "is_bfl", "key_prefix", "open_single_file",
-           "single_file_config"]
+           "single_file_config", "write_diffusers_folder"]

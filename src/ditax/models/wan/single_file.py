@@ -20,18 +20,11 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from ditax.errors import ConfigError
 from ditax.io.convert import Table
-from ditax.models.wan.config import WanConfig, check_overrides
+from ditax.models.single_files import SHARD_BYTES, key_prefix, write_folder
+from ditax.models.single_files import single_file_config as shared_config
+from ditax.models.wan.config import WanConfig
 from ditax.models.wan.original_names import key_to_original
-
-PREFIXES = ("model.diffusion_model.", "diffusion_model.")
-
-
-def key_prefix(keys) -> str:
-    """The prefix of the transformer's keys (``diffusion_model.`` …) or ``""``."""
-    keys = list(keys)
-    return next((p for p in PREFIXES if any(k.startswith(p) for k in keys)), "")
 
 
 def is_original(keys) -> bool:
@@ -60,32 +53,7 @@ def single_file_config(path, config, **overrides) -> WanConfig:
     """The architecture of a single-file checkpoint: ``config`` is a :class:`WanConfig`
     (the entry points read preset names and YAML paths into one first); ``overrides``
     (dtypes, remat …) replace its fields."""
-    if config is None:
-        raise ConfigError(f"{path} is a single-file checkpoint without config.json; pass its "
-                          f"architecture as config= (--config on the command line; a preset "
-                          f"name; a YAML path; or a ditax WanConfig)")
-    if not isinstance(config, WanConfig):
-        raise ConfigError(f"config={config!r} is not a Wan model config (WanConfig); preset "
-                          f"names and YAML paths are read by ditax.load_transformer")
-    check_overrides(WanConfig, overrides)
-    return dataclasses.replace(config, **overrides)
-
-
-
-WEIGHTS_NAME = "diffusion_pytorch_model"
-SHARD_BYTES = 5 * 2**30   # diffusers' own default shard size is of this order
-
-
-def _shards(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
-    """Keys in order, cut into runs of at most ``limit`` bytes (a bigger tensor alone)."""
-    out, run, used = [], [], 0
-    for key, n in sizes:
-        if run and used + n > limit:
-            out.append(run)
-            run, used = [], 0
-        run.append(key)
-        used += n
-    return out + ([run] if run else [])
+    return shared_config(path, config, WanConfig, "Wan", "wan2.1-t2v-1.3b", **overrides)
 
 
 def check_single_file(path, config):
@@ -130,24 +98,9 @@ def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras
     its parent writable: checked first) is written as a hidden folder beside it and renamed
     when complete, so a failure leaves no half-written folder.
     """
-    import json
+    from ditax.models.single_files import check_out
 
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    from ditax.io.outputs import atomic_folder, check_writable_parent
-    from ditax.io.weights import INDEX_SUFFIX
-
-    out = pathlib.Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"--out {out} exists and is not an empty folder; pass a new folder "
-                          f"(nothing is overwritten)")
-    check_writable_parent(out, "--out", error=ConfigError)
-    if dtype is not None:
-        from ditax.models.wan.config import DTYPES
-
-        if dtype not in DTYPES:
-            raise ConfigError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+    out = check_out(out, dtype)
     cfg, weights, source, table, shapes, rename = check_single_file(path, config)
     if loras:
         from ditax.lora import merged_weights
@@ -156,27 +109,4 @@ def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras
 
         weights = merged_weights(weights, loras, table, shapes, names=LORA_NAMES,
                                  strict=lora_strict, rename=rename)
-
-    def out_dtype(key):
-        return np.dtype(dtype) if dtype else weights.dtype(source[key])
-
-    sizes = [(k, out_dtype(k).itemsize * int(np.prod(weights.shape(source[k]), dtype=np.int64)))
-             for k in source]
-    runs = _shards(sizes, shard_bytes)
-    names = ([f"{WEIGHTS_NAME}.safetensors"] if len(runs) == 1 else
-             [f"{WEIGHTS_NAME}-{i + 1:05d}-of-{len(runs):05d}.safetensors"
-              for i in range(len(runs))])
-    weight_map = {}
-    with atomic_folder(out) as tmp:     # a failure leaves no half-written folder at ``out``
-        for name, run in zip(names, runs):
-            tensors = {k: np.ascontiguousarray(np.asarray(weights.get(source[k]))
-                                               .astype(out_dtype(k))) for k in run}
-            save_file(tensors, str(tmp / name), metadata={"format": "pt"})
-            weight_map.update({k: name for k in run})
-            del tensors
-        if len(runs) > 1:
-            (tmp / (WEIGHTS_NAME + INDEX_SUFFIX)).write_text(json.dumps(
-                {"metadata": {"total_size": sum(n for _, n in sizes)}, "weight_map": weight_map},
-                indent=2))
-        (tmp / "config.json").write_text(json.dumps(cfg.to_diffusers(), indent=2))
-    return out
+    return write_folder(out, weights, source, cfg.to_diffusers(), dtype, shard_bytes)
