@@ -63,11 +63,11 @@ def quantize_blocks(x, block: int):
     return x8.reshape(B, N, n * block, K), scale
 
 
-def prepare(q, k, v, kv_mask, scale: float, bq: int, bkv: int):
-    """The quantization both backends share, head-major q ``[B, N, Lq, K]``, k/v
+def prepare(q, k, kv_mask, scale: float, bq: int, bkv: int):
+    """The quantization both backends share, head-major q ``[B, N, Lq, K]``, k
     ``[B, N, Lk, K]``, kv_mask ``[B, Lk]`` bool or None.
 
-    Returns ``(q8, k8, v_p, q_rows [B, N, Lq_p], k_rows [B, N, Lk_p], shift [B, N, Lq])``:
+    Returns ``(q8, k8, q_rows [B, N, Lq_p], k_rows [B, N, Lk_p], shift [B, N, Lq])``:
     per-token dequantization factors (softmax scale folded into q's; 0 marks a masked or
     padded key) and the smoothing shift of the scores, ``scale · q·μ``."""
     B, N, Lk, K = k.shape
@@ -82,9 +82,8 @@ def prepare(q, k, v, kv_mask, scale: float, bq: int, bkv: int):
     keep_p = jnp.pad(keep, ((0, 0), (0, Lk_p - Lk)))
     q_rows = jnp.repeat(qs * scale, bq, axis=-1)
     k_rows = jnp.where(keep_p[:, None, :], jnp.repeat(ks, bkv, axis=-1), 0.0)
-    v_p = jnp.pad(v, ((0, 0), (0, 0), (0, Lk_p - Lk), (0, 0)))
     shift = scale * jnp.einsum("bnlk,bnk->bnl", qf, mu[:, :, 0])
-    return q8, k8, v_p, q_rows, k_rows, shift
+    return q8, k8, q_rows, k_rows, shift
 
 
 def xla_forward(q8, k8, v, q_rows, k_rows, *, block_kv: int):
@@ -129,15 +128,16 @@ def xla_forward(q8, k8, v, q_rows, k_rows, *, block_kv: int):
 def _sage(q, k, v, mask, scale, bq, bkv, interpret, kernel):
     """Head-major 8-bit attention → ``(o [B, N, Lq, K] in q's dtype, lse [B, N, Lq])``."""
     Lq = q.shape[2]
-    q8, k8, v_p, q_rows, k_rows, shift = prepare(q, k, v, mask, scale, bq, bkv)
+    q8, k8, q_rows, k_rows, shift = prepare(q, k, mask, scale, bq, bkv)
     if kernel:
         from ditax.attention.kernels.sage_fwd import sage_forward
 
         nq, nk = q8.shape[2] // bq, k8.shape[2] // bkv
-        o, lse = sage_forward(q8, k8, v_p, q_rows.reshape(q8.shape[:2] + (nq, 1, bq)),
+        o, lse = sage_forward(q8, k8, v, q_rows.reshape(q8.shape[:2] + (nq, 1, bq)),
                               k_rows.reshape(k8.shape[:2] + (nk, 1, bkv)), block_q=bq,
                               block_kv=bkv, interpret=interpret)
     else:
+        v_p = jnp.pad(v, ((0, 0), (0, 0), (0, k8.shape[2] - v.shape[2]), (0, 0)))
         o, lse = xla_forward(q8, k8, v_p, q_rows, k_rows, block_kv=bkv)
     return o[:, :, :Lq].astype(q.dtype), lse[:, :, :Lq] + shift
 

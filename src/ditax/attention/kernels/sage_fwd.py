@@ -1,10 +1,13 @@
 """Pallas forward kernel of 8-bit (SageAttention-style) attention, head-major.
 
-Inputs, all padded to whole blocks by :func:`ditax.attention.sage.prepare` (the quantized
-copies are new arrays anyway, so padding costs no extra pass):
+Inputs (q / k quantized by :func:`ditax.attention.sage.prepare` and padded to whole blocks
+there: the quantized copies are new arrays anyway, so padding costs no extra pass):
 
 - q8 ``[B, N, Lq_p, K]`` int8, k8 ``[B, N, Lk_p, K]`` int8 (K smoothed by its mean over
-  tokens, masked keys zeroed), v ``[B, N, Lk_p, K]`` in its own dtype (bf16 on TPU);
+  tokens, masked keys zeroed); v ``[B, N, Lk, K]`` as given, in its own dtype (bf16 on TPU),
+  not padded: its partial last block reads past the array (unspecified rows), so the value
+  rows of masked keys are zeroed in the kernel (``0 · NaN`` would reach the output) — the
+  values of a zero-padded v, without the padded copy;
 - q_rows ``[B, N, nq, 1, block_q]`` float32: each query's dequantization factor (its block's
   scale times the softmax scale); k_rows ``[B, N, nk, 1, block_kv]`` float32: each key's
   block scale, **0 for a masked key** (a valid key's scale is > 0), so the rows are the key
@@ -18,6 +21,8 @@ in v's dtype and the float32 log-sum-exp rows of the *smoothed* scores.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +39,10 @@ from ditax.attention.kernels.mosaic import (
 NEG_INF = float("-inf")
 
 
-def _kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc):
-    """One tile of the online softmax over int8 scores; grid axis 3 walks the key blocks."""
+def _kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc, *,
+            mask_v: bool):
+    """One tile of the online softmax over int8 scores; grid axis 3 walks the key blocks.
+    ``mask_v``: v's last block is partial (zero the rows of masked keys)."""
     j = pl.program_id(3)
 
     @pl.when(j == 0)
@@ -50,7 +57,10 @@ def _kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, o_ref, lse_ref, m_sc, l_sc, acc
     ks = ks_ref[...]                                  # [1, bkv]; 0 = masked key
     s = s32.astype(jnp.float32) * as_column(qs_ref) * ks
     s = jnp.where(ks > 0.0, s, NEG_INF)
-    online_softmax_step(s, v_ref[...], m_sc, l_sc, acc_sc)
+    v = v_ref[...]
+    if mask_v:
+        v = jnp.where(as_column(ks_ref) > 0.0, v, jnp.zeros_like(v))
+    online_softmax_step(s, v, m_sc, l_sc, acc_sc)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -58,7 +68,8 @@ def _kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, o_ref, lse_ref, m_sc, l_sc, acc
 
 
 def sage_forward(q8, k8, v, q_rows, k_rows, *, block_q: int, block_kv: int, interpret: bool):
-    """Run the kernel (shapes in the module docstring). Returns ``(o [B, N, Lq_p, K] in v's
+    """Run the kernel (shapes in the module docstring; v may be shorter than k8: its last
+    block partial). Returns ``(o [B, N, Lq_p, K] in v's
     dtype, lse [B, N, Lq_p] float32)``."""
     B, N, Lq_p, K = q8.shape
     nq, nk = Lq_p // block_q, k8.shape[2] // block_kv
@@ -68,7 +79,8 @@ def sage_forward(q8, k8, v, q_rows, k_rows, *, block_q: int, block_kv: int, inte
     qs_spec = pl.BlockSpec((sq, sq, sq, 1, block_q), lambda b, h, i, j: (b, h, i, 0, 0))
     ks_spec = pl.BlockSpec((sq, sq, sq, 1, block_kv), lambda b, h, i, j: (b, h, j, 0, 0))
     rows = (B, N, nq, 1, block_q)
-    o, lse = run_forward(_kernel, (B, N, nq, nk), [q_spec, kv_spec, kv_spec, qs_spec, ks_spec],
+    kernel = functools.partial(_kernel, mask_v=v.shape[2] % block_kv != 0)
+    o, lse = run_forward(kernel, (B, N, nq, nk), [q_spec, kv_spec, kv_spec, qs_spec, ks_spec],
                          q_spec, qs_spec, (q8, k8, v, q_rows, k_rows),
                          jax.ShapeDtypeStruct(q8.shape, v.dtype), rows, block_q, K,
                          interpret=interpret, name="ditax_sage_fwd")
