@@ -20,11 +20,11 @@ from sage_inputs import exact, frob, realistic
 
 
 def test_sage_xla_within_1e2_of_float32_attention(rng):
-    """bf16 inputs, K = 128, 600 tokens (a partial last block), a key mask: relative error
+    """bf16 inputs, K = 128, 300 tokens (a partial last block), a key mask: relative error
     (Frobenius) <= 1e-2 against float32 attention on the same values; the lse is that of the
     true scores (smoothing shift added back)."""
-    q, k, v = realistic(rng, 1, 600, 600, 1, 128)
-    mask = jnp.asarray(np.arange(600)[None] < 540)
+    q, k, v = realistic(rng, 1, 300, 300, 1, 128)
+    mask = jnp.asarray(np.arange(300)[None] < 270)
     o, lse = jax.jit(lambda *a: sage_xla_attention(*a, kv_mask=mask, return_lse=True))(q, k, v)
     ref, lse_ref = exact(q, k, v, mask)
     assert o.dtype == jnp.bfloat16
@@ -34,9 +34,9 @@ def test_sage_xla_within_1e2_of_float32_attention(rng):
 
 
 def test_sage_kernel_interpreted_equals_sage_xla_with_key_mask(rng):
-    """Cross-attention shapes (Lq=100, Lk=80: partial blocks on both), head-major, bf16
+    """Cross-attention shapes (Lq=60, Lk=80: partial blocks on both), head-major, bf16
     (``P`` rounded to bf16 for ``P·V``), per-row masks (one row fully masked: zeros, -inf)."""
-    q, k, v = realistic(rng, 2, 100, 80, 1, 64)
+    q, k, v = realistic(rng, 2, 60, 80, 1, 64)
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
     mask = jnp.asarray(np.arange(80)[None] < np.array([[0], [70]]))
     kw = dict(kv_mask=mask, return_lse=True, head_major=True, block_q=64, block_kv=32)
