@@ -70,18 +70,17 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     args.model = model_arg(args.model)
     try:           # the model folder and the overrides, checked as generate checks them
-        check_body({"prompt": "a check of the server's settings"}, args.model, args.overrides,
-                   str(out / "request.mp4"), parse_request)
+        load = dict(check_body({"prompt": "a check of the server's settings"}, args.model,
+                               args.overrides, str(out / "request.mp4"), parse_request).load)
     except BadRequest as e:
         raise ConfigError(str(e)) from None
-    serve(args, db, out)
+    serve(args, db, out, load)
     return 0
 
 
-def serve(args, db: pathlib.Path, out: pathlib.Path) -> None:
-    """Load the model once, recover the store, run uvicorn until SIGTERM / SIGINT."""
-    import argparse as ap
-
+def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict) -> None:
+    """Load the model once (``load``: generate's load arguments), recover the store, run
+    uvicorn until SIGTERM / SIGINT."""
     import jax
     import uvicorn
 
@@ -92,16 +91,7 @@ def serve(args, db: pathlib.Path, out: pathlib.Path) -> None:
     from ditax.serve.jobs import JobStore
     from ditax.serve.worker import Worker
 
-    ns = ap.Namespace(model=args.model, prompt="x", negative_prompt=None, image=None,
-                      last_image=None, height=None, width=None, frames=None, steps=None,
-                      guidance=None, guidance_2=None, lora=[], lora_2=[], lora_mode="merged",
-                      lora_strict=True, seed=0, output=str(out / "request.mp4"),
-                      frames_dir=None, fps=None, no_progress=True, overrides=args.overrides)
-    load, _ = parse_request(ns)
     mesh_cfg, cache = load.pop("mesh_config"), load.pop("compile_cache")
-    if load.pop("makes", "video") == "image":
-        raise ConfigError(f"{args.model} is an image model; ditax serve serves video models "
-                          f"only so far")
     mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
     store = JobStore(db)
     requeued, failed = store.recover()
@@ -132,8 +122,7 @@ def serve(args, db: pathlib.Path, out: pathlib.Path) -> None:
             app, host=args.host, port=args.port, log_level="warning",
             timeout_graceful_shutdown=30)).run()
     store.close()
-    print("stopped: the running jobs are back in the queue; the same --db runs them",
-          flush=True)
+    print(f"stopped; queued jobs stay in {db} (the same --db runs them)", flush=True)
 
 
 def quiet_exit_server(uvicorn):

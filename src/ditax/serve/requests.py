@@ -57,12 +57,14 @@ class Limits:
 @dataclass(frozen=True)
 class Checked:
     """A request that passed: ``call`` (the pipeline call's keyword arguments, images as PIL
-    images), ``stored`` (what the job row keeps: the call's values, images as base64) and
-    ``batch_key`` (jobs with equal keys may share one batch; None: this one runs alone)."""
+    images), ``stored`` (what the job row keeps: the call's values, images as base64),
+    ``batch_key`` (jobs with equal keys may share one batch; None: this one runs alone) and
+    ``load`` (generate's load arguments of the served model: what the server loads)."""
 
     call: dict
     stored: dict
     batch_key: str | None
+    load: dict
 
 
 def param_of(message: str) -> str | None:
@@ -156,6 +158,9 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
         overrides=[*overrides, *extra])
     try:
         load, call = parse_request(args)
+        if load.get("makes") == "image":
+            raise BadRequest(f"{model} is an image model; ditax serve serves video models only "
+                             f"so far (ditax generate writes its PNGs)")
         call.update(images)
         preflight(load["path"], load, call, None)
     except BadRequest:
@@ -171,7 +176,7 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
     key = None if not plain else "|".join(str(call[k]) for k in (
         "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
         "guidance_scale_2"))
-    return Checked(call, stored, key)
+    return Checked(call, stored, key, load)
 
 
 def call_of(stored: dict, limits: Limits = Limits()) -> dict:
