@@ -185,3 +185,32 @@ def test_bad_files(tmp_path, base):
         read_lora(save(tmp_path / "wan.safetensors",
                         {"diffusion_model.blocks.0.self_attn.q.lora_down.weight":
                          np.zeros((2, 4), np.float32)}), names=LORA_NAMES)
+
+
+def test_load_pipeline_passes_loras(tmp_path, monkeypatch):
+    """``ditax.load_pipeline(flux_folder, loras=..., lora_mode=..., lora_strict=...)`` hands
+    them to the transformer's loader (whose LoRA paths the tests above check), before the
+    text encoders and the VAE are read."""
+    import json
+
+    import ditax.models.flux.loading as flux_loading
+
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps(
+        {"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 1.0}))
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake(path, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(flux_loading, "load_transformer", fake)
+    with pytest.raises(Stop):
+        ditax.load_pipeline(tmp_path, loras=[("a.safetensors", 0.5)], lora_mode="unmerged",
+                            lora_strict=False)
+    assert (seen["loras"], seen["lora_mode"], seen["lora_strict"]) == (
+        [("a.safetensors", 0.5)], "unmerged", False)
