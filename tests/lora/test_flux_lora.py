@@ -214,3 +214,38 @@ def test_load_pipeline_passes_loras(tmp_path, monkeypatch):
                             lora_strict=False)
     assert (seen["loras"], seen["lora_mode"], seen["lora_strict"]) == (
         [("a.safetensors", 0.5)], "unmerged", False)
+
+
+def test_cli_generate_reads_flux_loras(tmp_path, monkeypatch, capsys):
+    """``ditax generate --model FLUX_FOLDER --lora FILE:S --lora-mode unmerged`` reads the file
+    with Flux's names and hands it to load_pipeline (a kohya file: fused qkv rows split)."""
+    import json
+
+    from ditax.cli import main
+    from flux_reference import TINY
+
+    (tmp_path / "m" / "transformer").mkdir(parents=True)
+    (tmp_path / "m" / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    (tmp_path / "m" / "transformer" / "config.json").write_text(json.dumps(
+        dict(TINY, _class_name="FluxTransformer2DModel")))
+    down, up = pair(np.random.default_rng(9), 2, D, 3 * D)
+    path = save(tmp_path / "k.safetensors",
+                {"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight": down,
+                 "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight": up})
+    seen = {}
+
+    class Pipe:
+        class timings:
+            line = staticmethod(lambda: "t")
+
+        def __call__(self, prompt, **kw):
+            return np.zeros((kw["height"], kw["width"], 3), np.float32)
+
+    monkeypatch.setattr(ditax, "load_pipeline", lambda p, **kw: seen.update(kw) or Pipe())
+    assert main(["generate", "--model", str(tmp_path / "m"), "--prompt", "a cat", "--height",
+                 "32", "--width", "32", "--steps", "1", "--no-progress", "--lora",
+                 f"{path}:0.5", "--lora-mode", "unmerged", "--output",
+                 str(tmp_path / "x.png")]) == 0, capsys.readouterr().err
+    (lora, strength), = seen["loras"]
+    assert strength == 0.5 and seen["lora_mode"] == "unmerged" and lora.format == "musubi"
+    assert [r.key for r in lora.rows] == [f"transformer_blocks.0.attn.to_{c}" for c in "qkv"]

@@ -178,7 +178,7 @@ def parse_request(args):
 # flags an image model (PipelineFamily.makes == "image") does not take, by their argparse name
 VIDEO_FLAGS = {"frames": "--frames", "image": "--image", "last_image": "--last-image",
                "guidance_2": "--guidance-2", "frames_dir": "--frames-dir", "fps": "--fps",
-               "lora": "--lora", "lora_2": "--lora-2",
+               "lora_2": "--lora-2",
                "negative_prompt": "--negative-prompt (true CFG: the Python API's "
                                   "negative_prompt= with true_cfg_scale=)"}
 
@@ -221,9 +221,11 @@ def image_request(args, req):
     validate(cfg, jax.device_count() if use_mesh else None)
     model_over = {k: getattr(cfg.model, k) for k in given.get("model", {})
                   if k not in ("dtype", "param_dtype")}
+    loras = read_loras(args.lora, args.lora_strict, family=name)
     load = dict(path=args.model, dtype=cfg.model.dtype, attention=cfg.attention,
                 cfg_mode=cfg.sample.cfg_mode, vae_tiling=cfg.sample.vae_tiling,
                 mesh_config=cfg.mesh if use_mesh else None, compile_cache=cfg.compile_cache,
+                loras=loras, lora_mode=args.lora_mode, lora_strict=args.lora_strict,
                 makes="image", **model_over)
     return load, call
 
@@ -257,16 +259,17 @@ def read_images(image: str | None, last_image: str | None) -> dict:
     return out
 
 
-def read_loras(specs: list[str], strict: bool = True) -> list:
+def read_loras(specs: list[str], strict: bool = True, family: str | None = None) -> list:
     """``--lora FILE[:STRENGTH]`` values → ``[(Lora, strength)]``, each file read and its
     format checked here (a bad file is a :class:`~ditax.errors.WeightError`: exit 2; with
-    ``strict=False`` unknown keys are skipped with a warning). Files are named by the default
-    family's LoRA names (:meth:`~ditax.models.base.ModelFamily.lora_names`)."""
+    ``strict=False`` unknown keys are skipped with a warning). Files are named by ``family``'s
+    LoRA names (:meth:`~ditax.models.base.ModelFamily.lora_names`; None: the default
+    family's)."""
     from ditax.lora import parse_lora_arg, resolve_loras
     from ditax.models.base import DEFAULT_FAMILY, family_class
 
     return resolve_loras([parse_lora_arg(s) for s in specs], strict,
-                         names=family_class(DEFAULT_FAMILY).lora_names())
+                         names=family_class(family or DEFAULT_FAMILY).lora_names())
 
 
 def run(args) -> int:
