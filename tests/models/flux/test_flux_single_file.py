@@ -140,3 +140,30 @@ def test_convert_writes_a_diffusers_folder(bfl, tmp_path, capsys):
     for k, v in want.items():
         np.testing.assert_array_equal(got[k], v, err_msg=k)
     assert FluxTransformer2DModel.from_pretrained(out).config.guidance_embeds
+
+
+def test_sliced_reads_of_fused_rows(bfl):
+    """A sharded load reads row ranges: every range of every diffusers tensor (fused members,
+    the swapped modulation's halves, a range across both halves) equals the whole tensor's."""
+    from flax import nnx
+
+    from ditax.io.convert import param_shapes
+    from ditax.models.flux.build import abstract_model
+    from ditax.models.flux.convert import weight_table
+    from ditax.models.flux.single_file import BflWeights, open_single_file
+
+    _, path, _, cfg, _ = bfl
+    view = open_single_file(path, cfg, weight_table(cfg),
+                            param_shapes(nnx.state(abstract_model(cfg))))
+    assert isinstance(view, BflWeights)
+    rng = np.random.default_rng(0)
+    for key in view.keys():
+        whole = view.get(key)
+        if not whole.ndim:
+            continue
+        n = whole.shape[0]
+        for a, b in [(0, n), (n // 4, 3 * n // 4), (0, 0)] + [
+                tuple(sorted(rng.integers(0, n + 1, 2))) for _ in range(3)]:
+            cols = (slice(1, 3),) if whole.ndim == 2 else ()
+            np.testing.assert_array_equal(view.read(key, (slice(a, b),) + cols),
+                                          whole[(slice(a, b),) + cols], err_msg=key)
