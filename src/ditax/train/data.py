@@ -198,11 +198,12 @@ def check_condition(meta: dict, family, source) -> None:
 # iteration
 
 
-def null_text(cfg: Config, text_shape) -> tuple[np.ndarray, np.ndarray]:
-    """The empty prompt's ``(text, mask)`` for ``data.text_dropout``: stored by ``ditax
-    preprocess`` with the dataset; zeros for the synthetic source."""
+def null_text(cfg: Config, text_shape) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The empty prompt's ``(text, mask, extra)`` for ``data.text_dropout``: stored by ``ditax
+    preprocess`` with the dataset, ``extra`` its further text outputs (Flux: ``pooled``);
+    zeros (and no extra) for the synthetic source."""
     if cfg.data.source == "synthetic":
-        return np.zeros(text_shape, np.float32), np.zeros(text_shape[:1], np.uint8)
+        return np.zeros(text_shape, np.float32), np.zeros(text_shape[:1], np.uint8), {}
     p = pathlib.Path(cfg.data.source) / NULL_TEXT
     if not p.is_file():
         raise DataSourceError(f"data.text_dropout={cfg.data.text_dropout} needs the empty prompt's "
@@ -212,7 +213,8 @@ def null_text(cfg: Config, text_shape) -> tuple[np.ndarray, np.ndarray]:
     from safetensors.numpy import load_file
 
     d = load_file(str(p))
-    return d["text"].astype(np.float32), d["text_mask"].astype(np.uint8)
+    extra = {k: v.astype(np.float32) for k, v in d.items() if k not in ("text", "text_mask")}
+    return d["text"].astype(np.float32), d["text_mask"].astype(np.uint8), extra
 
 
 class TextDropout:
@@ -221,12 +223,13 @@ class TextDropout:
     seed and the record's position in the stream and a resumed run repeats it."""
 
     def __init__(self, null, p: float):
-        self.text, self.mask = null
+        text, mask, extra = null
+        self.null = {"text": text, "text_mask": mask, **extra}   # extra: e.g. a pooled vector
         self.p = p
 
     def __call__(self, sample: dict, rng: np.random.Generator) -> dict:
         if rng.random() < self.p:
-            sample = {**sample, "text": self.text.copy(), "text_mask": self.mask.copy()}
+            sample = {**sample, **{k: v.copy() for k, v in self.null.items()}}
         return sample
 
 
@@ -351,10 +354,12 @@ class DatasetWriter:
             self._w = None
             self._in_file = 0
 
-    def close(self, extra: dict | None = None, null_text=None) -> pathlib.Path:
+    def close(self, extra: dict | None = None, null_text=None,
+              null_extra: dict | None = None) -> pathlib.Path:
         """Finish the dataset. ``null_text``: ``(text [T, Dt], mask [T])``, the embedding of
         the empty prompt (what the pipelines' unconditional branch sees), stored for
-        ``data.text_dropout``."""
+        ``data.text_dropout``; ``null_extra``: its further text outputs by name (Flux: the
+        pooled vector), which the dropout replaces too."""
         self._close_file()
         if self.count == 0:
             raise DataError(f"no samples were written to {self.path}")
@@ -364,7 +369,10 @@ class DatasetWriter:
 
             text, mask = null_text
             save_file({"text": np.asarray(text, np.float32),
-                       "text_mask": np.asarray(mask, np.uint8)}, str(self.path / NULL_TEXT))
+                       "text_mask": np.asarray(mask, np.uint8),
+                       **{k: np.ascontiguousarray(np.asarray(v, np.float32))
+                          for k, v in (null_extra or {}).items()}},
+                      str(self.path / NULL_TEXT))
             extra["null_text"] = NULL_TEXT
         meta = {"format": FORMAT, "version": VERSION, "num_samples": self.count,
                 "latent_shape": list(self.latent_shape), "text_shape": list(self.text_shape),

@@ -322,4 +322,5 @@ def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, mod
             say(f"[{done}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}{extra}")
     null = enc.encode_text([""], text_len)       # the unconditional branch's prompt
     w.close({"height": height, "width": width, "frames": frames, "model": str(model)},
-            null_text=(np.asarray(null.embeddings[0], np.float32), null.mask[0]))
+            null_text=(np.asarray(null.embeddings[0], np.float32), null.mask[0]),
+            null_extra={k: v[0] for k, v in null.extra.items()})

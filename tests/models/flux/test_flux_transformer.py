@@ -245,8 +245,6 @@ def test_family_shapes_flops_and_init_from_checks(tmp_path):
     assert family.flops_per_sample((16, 1, 128, 128), 512) / 1e12 == pytest.approx(223.2, abs=0.1)
     with pytest.raises(ConfigError, match=r"1000x1024 must be multiples of 16"):
         family.latent_grid(1, 1000, 1024)
-    with pytest.raises(ConfigError, match=r"training a Flux model is not wired yet"):
-        family.apply(None, None, None, None, None)
     _, folder = make_diffusers_flux(tmp_path, **TINY)
     with pytest.raises(ConfigError, match=r"init_from=.*num_layers: config 19 vs folder 1, .*"
                                           r"pass model.in_channels=4 model.num_layers=1 "):
