@@ -23,16 +23,20 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ditax.compile_cache import compile_cache
 from ditax.errors import RequestError
 from ditax.pipelines.sampling import Expert, Timings, initial_noise, sample
-from ditax.pipelines.wan.conditioning import final_latents
-from ditax.pipelines.wan.inputs import wan_inputs
-from ditax.pipelines.wan.request import check_grid, check_request
-from ditax.pipelines.wan.text_to_video import WanTextToVideo
 
 
 def batchable(pipe) -> bool:
-    """Whether ``pipe`` runs batches here (a Wan text-to-video pipeline; image-to-video and
-    step-cached requests run one by one through the pipeline's call)."""
-    return type(pipe) is WanTextToVideo
+    """Whether ``pipe`` runs batches here: it hands out its loop parts (``model_inputs``,
+    ``finalize``, ``encode_text``, ``decode_video``) and a request without images has no
+    condition (text-to-video; an image-to-video folder needs its image, so its requests run
+    one by one through the pipeline's call, as do step-cached ones)."""
+    if not all(hasattr(pipe, k) for k in ("model_inputs", "finalize", "encode_text",
+                                          "decode_video", "condition", "latent_shape")):
+        return False
+    try:
+        return pipe.condition(None, None, 16, 16, 1) is None
+    except RequestError:
+        return False
 
 
 def bucket(n: int, max_batch: int) -> int:
@@ -57,18 +61,10 @@ def generate_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] |
     first = calls[0]
     h, w, f = first["height"], first["width"], first["num_frames"]
     steps, g, g2 = first["num_inference_steps"], first["guidance_scale"], first["guidance_scale_2"]
-    for c in calls:
+    for c in calls:                 # each was checked at submit, by generate's checks
         if (c["height"], c["width"], c["num_frames"], c["num_inference_steps"],
                 c["guidance_scale"], c["guidance_scale_2"]) != (h, w, f, steps, g, g2):
             raise ValueError("generate_batch: the calls differ in shape, steps or guidance")
-        sf = pipe.vae.scale_factor_spatial * pipe.transformer.config.patch_size[1]
-        check_request(c["prompt"], h, w, f, steps, g, g2, c["negative_prompt"], spatial=sf,
-                      temporal=pipe.vae.scale_factor_temporal, seed=c["seed"])
-    tc = pipe.transformer.config
-    check_grid(h, w, f, tc.rope_max_seq_len, sf, pipe.vae.scale_factor_temporal,
-               tc.patch_size[0])
-    if g2 is not None and pipe.boundary_ratio is None:
-        raise RequestError("guidance_scale_2 applies only to two-expert (Wan 2.2) pipelines")
     one = pipe.latent_shape(h, w, f)                       # [1, C, F', Y, X]
     shape = (len(calls), *one[1:])
     noise = jnp.concatenate([initial_noise(c["seed"], one) for c in calls])
@@ -83,12 +79,13 @@ def generate_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] |
 
     with compile_cache(pipe.compile_cache):
         out = sample(
-            programs=pipe.programs, experts=experts, inputs=wan_inputs, scheduler=pipe.scheduler,
+            programs=pipe.programs, experts=experts, inputs=pipe.model_inputs,
+            scheduler=pipe.scheduler,
             latent_shape=shape, mesh=pipe.mesh, cfg_mode=pipe.cfg_mode,
             num_inference_steps=steps, guidance_scale=g, guidance_scale_2=g2,
             boundary=(None if pipe.boundary_ratio is None
                       else pipe.boundary_ratio * pipe.scheduler.num_train_timesteps),
-            text=text, finalize=final_latents, latents=noise, seed=first["seed"],
+            text=text, finalize=pipe.finalize, latents=noise, seed=first["seed"],
             sigmas=first.get("sigmas"), progress=False, on_step=on_step,
             size=f"for {f} frames at {h}x{w}",
             decode=lambda x, programs: [pipe.decode_video(row[None], programs)

@@ -85,6 +85,7 @@ class Worker(threading.Thread):
         self.wake = threading.Event()
         self._stopping = threading.Event()
         self.cancelled: set[str] = set()
+        self.batching = False            # set when the loop starts (serve.batch.batchable)
         self.running: list[str] = []
         jax.monitoring.register_event_duration_secs_listener(self.metrics.on_event)
 
@@ -105,8 +106,9 @@ class Worker(threading.Thread):
     def loop(self) -> None:
         from ditax.serve.batch import batchable
 
+        self.batching = batchable(self.pipe)
         while not self._stopping.is_set():
-            jobs = self.store.claim(self.max_batch if batchable(self.pipe) else 1)
+            jobs = self.store.claim(self.max_batch if self.batching else 1)
             if not jobs:
                 self.wake.wait(0.5)
                 self.wake.clear()
@@ -123,7 +125,7 @@ class Worker(threading.Thread):
 
     def run_jobs(self, jobs: list[dict]) -> None:
         from ditax.io.video import write_mp4
-        from ditax.serve.batch import batchable, bucket, generate_batch
+        from ditax.serve.batch import bucket, generate_batch
 
         ids = [j["id"] for j in jobs]
         try:
@@ -150,7 +152,7 @@ class Worker(threading.Thread):
         try:
             if self._stopping.is_set():
                 raise Stopping()
-            if batchable(self.pipe) and not any(k in calls[0] and calls[0][k] for k in
+            if self.batching and not any(k in calls[0] and calls[0][k] for k in
                                                 ("image", "last_image", "cache", "cfg_cache")):
                 videos = generate_batch(self.pipe, calls, on_step,
                                         pad_to=bucket(len(calls), self.max_batch))

@@ -46,6 +46,10 @@ class WanTextToVideo:
     """A loaded Wan text-to-video pipeline; call it with a prompt. See
     :func:`~ditax.pipelines.wan.loading.load_pipeline`."""
 
+    # the family's parts of the generic loop (also what ditax.serve's batches run with)
+    model_inputs = staticmethod(wan_inputs)
+    finalize = staticmethod(final_latents)
+
     def __init__(self, *, tokenizer, text_encoder, vae, transformer, scheduler,
                  transformer_2=None, boundary_ratio=None, cfg_mode="batched",
                  vae_tiling=False, max_sequence_length=512, sample_defaults=None):
