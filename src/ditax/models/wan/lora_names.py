@@ -9,26 +9,17 @@ and ``ffn`` Linear layers.
 
 from __future__ import annotations
 
-import functools
-import re
-
 from ditax.lora.names import LoraNames
-from ditax.models.wan.original_names import NAMES, to_diffusers, to_original
+from ditax.models.wan.original_names import NAME_MAP, to_diffusers, to_original
 
 _SELF, _CROSS, _FFN = r"blocks\.attn1\..+", r"blocks\.attn2\..+", r"blocks\.ffn\..+"
 TARGETS = {"attn": (_SELF, _CROSS), "self_attn": (_SELF,), "cross_attn": (_CROSS,),
            "ffn": (_FFN,)}
 
 
-@functools.lru_cache(maxsize=None)
-def _module_names() -> re.Pattern:
-    alts = [re.escape(d).replace(r"\{i\}", r"\d+") for _, d in NAMES]
-    return re.compile("|".join(f"(?:{a})" for a in alts))
-
-
 def is_module(name: str) -> bool:
     """Whether ``name`` is a diffusers module (or bare parameter) name of the Wan transformer."""
-    return _module_names().fullmatch(name) is not None
+    return NAME_MAP.diffusers_pattern().fullmatch(name) is not None
 
 
 LORA_NAMES = LoraNames(

@@ -13,8 +13,7 @@ A full tensor key is a name of the table plus an optional ``.weight`` / ``.bias`
 
 from __future__ import annotations
 
-import functools
-import re
+from ditax.models.name_map import NameMap, split_suffix
 
 _ATTN = (("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"),
          ("norm_q", "norm_q"), ("norm_k", "norm_k"))
@@ -44,48 +43,19 @@ NAMES: tuple[tuple[str, str], ...] = (
     ("head.modulation", "scale_shift_table"),
 )
 
-SUFFIXES = (".weight", ".bias")
-
-
-def _pattern(template: str, sep: str) -> str:
-    parts = [re.escape(p.replace(".", sep)) for p in template.split("{i}")]
-    return r"(?P<i>\d+)".join(parts)
-
-
-@functools.lru_cache(maxsize=None)
-def _matchers(side: int, sep: str):
-    """(compiled full-match regex, the other side's template) for one side of :data:`NAMES`."""
-    return [(re.compile(_pattern(pair[side], sep)), pair[1 - side]) for pair in NAMES]
-
-
-def _convert(name: str, side: int, sep: str = ".") -> str | None:
-    for rx, other in _matchers(side, sep):
-        m = rx.fullmatch(name)
-        if m:
-            return other.format(i=m.group("i")) if "i" in rx.groupindex else other
-    return None
+NAME_MAP = NameMap(NAMES)
 
 
 def to_diffusers(name: str, sep: str = ".") -> str | None:
     """Original module / parameter name → the diffusers one (None: not a Wan name).
 
     ``sep="_"`` reads musubi-tuner / kohya names (``blocks_3_self_attn_q``)."""
-    return _convert(name, 0, sep)
+    return NAME_MAP.to_diffusers(name, sep)
 
 
 def to_original(name: str) -> str | None:
     """Diffusers module / parameter name (a ``{i}`` template too) → the original one."""
-    if "{i}" in name:
-        return next((o for o, d in NAMES if d == name), None)
-    return _convert(name, 1)
-
-
-def split_suffix(key: str) -> tuple[str, str]:
-    """``"blocks.0.ffn.0.weight"`` → ``("blocks.0.ffn.0", ".weight")``; no suffix → ``""``."""
-    for s in SUFFIXES:
-        if key.endswith(s):
-            return key[:-len(s)], s
-    return key, ""
+    return NAME_MAP.to_original(name)
 
 
 def key_to_original(key: str) -> str | None:
