@@ -94,6 +94,28 @@ def on_gpu():
         yield dev
 
 
+# `make test` runs two xdist workers with ``--dist loadscope``: each module runs whole on one
+# worker, so a module fixture (a trained recipe, a pipeline folder, a killed-and-resumed run) is
+# built once, not once per worker. The slowest modules (measured with --durations) go first, so
+# that the two workers finish together instead of one waiting on the last long module.
+SLOWEST_FIRST = (
+    "recipes/test_demo_model.py", "train/test_resume.py", "train/test_multihost.py",
+    "benchmarks/test_gpu_check.py", "serve/test_serve_faults.py", "serve/test_serve_api.py",
+    "serve/test_serve_browser.py", "train/test_train.py", "train/test_train_image.py",
+    "train/test_train_e2e.py", "lora/test_lora_train.py", "models/wan/test_transformer.py",
+    "train/test_flux_train.py", "test_compile_cache.py", "cli/test_cli.py",
+    "pipelines/test_image_to_video.py", "cli/test_generate_outputs.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+
+    def module_rank(item):
+        return rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank))
+
+    items.sort(key=module_rank)   # stable: the order inside a module and among the rest stays
+
+
 @contextlib.contextmanager
 def most_optimizations_off(off: bool):
     """jax's ``jax_disable_most_optimizations`` set to ``off`` inside, restored after."""
