@@ -46,7 +46,7 @@ demo-model: $(STAMP)
 
 # The whole test suite on CPU (8 fake devices), TPU compiles included (deviceless).
 test: $(TEST_STAMP) $(TPU_STAMP)
-	$(BIN)/python -m pytest tests -q -ra -n 2 --dist loadscope --durations=25
+	$(BIN)/python -m pytest tests -q -ra -n 2 --dist loadscope --no-loadscope-reorder --durations=25
 
 bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/transformer_cpu.py

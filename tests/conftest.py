@@ -94,7 +94,8 @@ def on_gpu():
         yield dev
 
 
-# `make test` runs two xdist workers with ``--dist loadscope``: each module runs whole on one
+# `make test` runs two xdist workers with ``--dist loadscope --no-loadscope-reorder`` (this
+# order, not xdist's by test count): each module (or test class) runs whole on one
 # worker, so a module fixture (a trained recipe, a pipeline folder, a killed-and-resumed run) is
 # built once, not once per worker. The slowest modules (measured with --durations) go first, so
 # that the two workers finish together instead of one waiting on the last long module.
