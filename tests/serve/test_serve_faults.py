@@ -1,18 +1,31 @@
 """``ditax serve`` under faults: ``kill -9`` mid-job then a restart with the same ``--db`` (every
 accepted job ends completed or failed with a reason, no half-written file), SIGTERM (exit 0,
 the running job back in the queue), a full queue (429 + Retry-After), the API key (401), and
-the store's recovery rule (a job interrupted too often fails with the reason)."""
+the store's recovery rule (a job interrupted too often fails with the reason); LoRA switching
+(``--lora-dir``: a request's strength changes the video and compiles nothing)."""
 
 from __future__ import annotations
 
 import signal
 import sqlite3
 
+import numpy as np
 import pytest
 from serve_fixtures import PROMPT, SMALL, Server, mp4_frames, shared_cache
 
 KEY = {"Authorization": "Bearer s3cret"}
 LONG = {**SMALL, "num_inference_steps": 12}      # long enough to be stopped mid-denoise
+
+
+def write_lora(path):
+    """A random PEFT-format LoRA for the demo model's self-attention q / v (D = 320)."""
+    from lora_reference import write_peft
+
+    rng = np.random.default_rng(0)
+    write_peft(path, {f"blocks.{i}.attn1.{m}": dict(
+        down=(0.3 * rng.standard_normal((4, 320))).astype(np.float32),
+        up=(0.3 * rng.standard_normal((320, 4))).astype(np.float32), alpha=None, bias=None)
+        for i in range(4) for m in ("to_q", "to_v")})
 
 
 def statuses(db) -> dict[str, str]:
@@ -22,7 +35,10 @@ def statuses(db) -> dict[str, str]:
 
 def test_auth_queue_full_kill9_restart_sigterm(tmp_path_factory, tmp_path):
     folder = tmp_path_factory.mktemp("serve_faults")
+    (folder / "loras").mkdir()
+    write_lora(folder / "loras" / "tiny.safetensors")
     srv = Server(folder, "--api-key", "s3cret", "--max-queue", "3", "--max-batch", "1",
+                 "--lora-dir", str(folder / "loras"),
                  cache=shared_cache(tmp_path_factory)).start()
     try:
         # auth: every route but /health needs the key
@@ -51,6 +67,19 @@ def test_auth_queue_full_kill9_restart_sigterm(tmp_path_factory, tmp_path):
             status, _, data = srv.call("GET", job["url"], headers=KEY)
             assert status == 200 and mp4_frames(data, tmp_path).shape == (5, 32, 32, 3)
         assert not list(srv.out.glob(".*partial*"))             # no half-written file left
+        # LoRA switching: listed, a name outside the folder refused, strength 1 changes the
+        # video of the same seed and compiles nothing (unmerged: only values change)
+        _, _, listed = srv.call("GET", "/v1/loras", headers=KEY)
+        assert [d["name"] for d in listed["data"]] == ["tiny"]
+        status, _, data = srv.call("POST", "/v1/videos", {"prompt": PROMPT, **LONG, "loras": [
+            {"name": "../tiny"}]}, KEY)
+        assert status == 400 and data["error"]["param"] == "loras", data
+        lora = srv.wait(srv.submit(headers=KEY, seed=0, loras=[{"name": "tiny", "strength": 1}],
+                                   **LONG)["id"], headers=KEY)
+        assert lora["status"] == "completed" and lora["compiles"] == 0, lora
+        plain, styled = (mp4_frames(srv.call("GET", j["url"], headers=KEY)[2], tmp_path)
+                         for j in (done[0], lora))
+        assert np.abs(plain.astype(int) - styled.astype(int)).max() > 10
         # SIGTERM mid-job: exit 0, the running job back in the queue (the next start runs it)
         last = srv.submit(headers=KEY, seed=9, **LONG)["id"]
         srv.wait(last, ("in_progress",), headers=KEY, poll=0.01)

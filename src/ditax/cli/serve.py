@@ -36,16 +36,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="queued jobs of one shape run as one batch, up to this many (4)")
     p.add_argument("--api-key", default=os.environ.get("DITAX_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $DITAX_API_KEY)")
-    p.add_argument("--lora-dir", default=None, help="LoRA files to offer (not wired yet)")
+    p.add_argument("--lora-dir", default=None,
+                   help="offer the LoRAs *.safetensors in DIR (by file name without the "
+                        "suffix; GET /v1/loras), loaded unmerged: a request's strengths "
+                        "switch them without compiling")
     p.add_argument("--no-progress", action="store_true", help="hide the loading status line")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides, as for ditax generate")
 
 
+def lora_files(lora_dir) -> list[tuple[str, str]]:
+    """``[(name, file)]`` of the ``*.safetensors`` directly in ``lora_dir`` (sorted)."""
+    if lora_dir is None:
+        return []
+    folder = pathlib.Path(lora_dir)
+    if not folder.is_dir():
+        raise ConfigError(f"--lora-dir {lora_dir} is not a folder; give the folder of the "
+                          f"LoRA .safetensors files")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"--lora-dir {lora_dir} has no .safetensors files")
+    return [(f.stem, str(f)) for f in files]
+
+
 def check_args(args) -> None:
-    if args.lora_dir is not None:
-        raise ConfigError("--lora-dir is not wired yet in ditax serve; drop it (LoRAs: "
-                          "ditax generate --lora)")
     for flag, v, lo in (("--port", args.port, 0), ("--max-queue", args.max_queue, 1),
                         ("--max-batch", args.max_batch, 1)):
         if v < lo or (flag == "--port" and v > 65535):
@@ -69,16 +83,19 @@ def run(args) -> int:
     out = pathlib.Path(args.output_dir) if args.output_dir else db.parent / "videos"
     out.mkdir(parents=True, exist_ok=True)
     args.model = model_arg(args.model)
-    try:           # the model folder and the overrides, checked as generate checks them
+    loras = lora_files(args.lora_dir)
+    try:           # the model folder, overrides and LoRAs, checked as generate checks them
         load = dict(check_body({"prompt": "a check of the server's settings"}, args.model,
-                               args.overrides, str(out / "request.mp4"), parse_request).load)
+                               args.overrides, str(out / "request.mp4"), parse_request,
+                               loras=tuple(n for n, _ in loras),
+                               lora_files=tuple(f for _, f in loras)).load)
     except BadRequest as e:
         raise ConfigError(str(e)) from None
-    serve(args, db, out, load)
+    serve(args, db, out, load, loras)
     return 0
 
 
-def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict) -> None:
+def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list) -> None:
     """Load the model once (``load``: generate's load arguments), recover the store, run
     uvicorn until SIGTERM / SIGINT."""
     import jax
@@ -112,7 +129,7 @@ def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict) -> None:
         state = ServeState(model=path, overrides=list(args.overrides),
                            parse_request=parse_request, store=store,
                            worker=worker, output_dir=out, max_queue=args.max_queue,
-                           max_batch=args.max_batch, api_key=args.api_key,
+                           max_batch=args.max_batch, api_key=args.api_key, loras=loras,
                            health={"model": str(path), "platform": devices[0].platform,
                                    "devices": len(devices)})
         app = create_app(state)

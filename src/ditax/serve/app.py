@@ -12,6 +12,8 @@ Routes (JSON unless said; errors are ``{"error": {"message", "param", "type"}}``
 - ``GET /v1/videos?limit=&after=`` — newest first (``after``: the last id of the previous page);
 - ``DELETE /v1/videos/{id}`` — cancels a queued or running job; a finished one's file is
   deleted (the record stays);
+- ``GET /v1/loras`` — the LoRAs of ``--lora-dir`` (a request names them in ``loras`` with a
+  strength; unmerged, so switching compiles nothing);
 - ``GET /health`` (model, platform, devices, queue depth; never needs the key), ``GET /metrics``
   (Prometheus text), ``GET /`` the page (``static/``; page and scripts need no key, the API
   calls they make do).
@@ -58,6 +60,7 @@ class ServeState:
     api_key: str | None = None
     limits: Limits = field(default_factory=Limits)
     health: dict = field(default_factory=dict)
+    loras: list = field(default_factory=list)      # [(name, file)] of --lora-dir, in order
 
     @property
     def metrics(self) -> Metrics:
@@ -131,7 +134,8 @@ def create_app(state: ServeState):
         try:
             checked = await run_in_threadpool(
                 check_body, body, state.model, state.overrides,
-                str(state.output_dir / "request.mp4"), state.parse_request, state.limits)
+                str(state.output_dir / "request.mp4"), state.parse_request, state.limits,
+                tuple(name for name, _ in state.loras))
             job = state.store.add(checked.stored, checked.batch_key, state.max_queue)
         except BadRequest as e:
             return error(e.status, str(e), e.param)
@@ -184,6 +188,12 @@ def create_app(state: ServeState):
         state.worker.cancel(job_id)
         state.store.finish(job_id, "cancelled")
         return job_json(state.store.get(job_id))
+
+    @app.get("/v1/loras")
+    def list_loras():
+        return {"object": "list", "data": [{"id": name, "object": "lora", "name": name,
+                                            "file": pathlib.Path(f).name}
+                                           for name, f in state.loras]}
 
     @app.get("/health")
     def health():

@@ -67,6 +67,34 @@ class Checked:
     load: dict
 
 
+def lora_strengths(given, names: tuple) -> list[float]:
+    """A request's ``loras`` (``[{"name", "strength"}]``) → one strength per served LoRA
+    (0 for those not named)."""
+    import math
+
+    if not given:
+        return [0.0] * len(names)
+    if not names:
+        raise BadRequest("loras: this server holds no LoRAs (start it with --lora-dir DIR); "
+                         "drop loras", "loras")
+    if not isinstance(given, list):
+        raise BadRequest("loras must be a list of {\"name\": str, \"strength\": number}",
+                         "loras")
+    out = dict.fromkeys(names, 0.0)
+    for item in given:
+        name = item.get("name") if isinstance(item, dict) else None
+        strength = item.get("strength", 1.0) if isinstance(item, dict) else None
+        if name not in out:
+            raise BadRequest(f"lora {name!r} is not held by this server; GET /v1/loras lists "
+                             f"{', '.join(names)}", "loras")
+        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or \
+                not math.isfinite(strength):
+            raise BadRequest(f"lora {name!r} strength={strength!r} must be a finite number "
+                             f"(1 = as trained, 0 = off)", "loras")
+        out[name] = float(strength)
+    return list(out.values())
+
+
 def param_of(message: str) -> str | None:
     """The JSON field a check message of ``generate`` names (its first word that is one)."""
     head = message.split(" ", 1)[0]
@@ -108,11 +136,15 @@ def decode_image(text, name: str, limit: int):
 
 
 def check_body(body, model: str, overrides: list[str], output: str, parse_request,
-               limits: Limits = Limits()) -> Checked:
+               limits: Limits = Limits(), loras: tuple = (), lora_files: tuple = ()
+               ) -> Checked:
     """Check a request body against the served ``model`` (path) and the server's ``key=value``
     ``overrides``; ``output`` names a writable file of the output folder (generate checks its
     ``--output``); ``parse_request``: ``ditax generate``'s (:func:`ditax.cli.generate.
-    parse_request`: ``args`` → ``(load, call)``). Raises :class:`BadRequest`."""
+    parse_request`: ``args`` → ``(load, call)``); ``loras``: the names of the LoRAs the
+    server holds (unmerged, in order; a request's ``loras`` become one strength per name,
+    ``stored["lora_strengths"]``); ``lora_files``: their files, read and checked by generate's
+    ``--lora`` rules (the server's startup check). Raises :class:`BadRequest`."""
     from ditax.errors import DitaxError
     from ditax.pipelines.family import preflight
 
@@ -130,9 +162,7 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
         if isinstance(text, str) and len(text) > limits.prompt_chars:
             raise BadRequest(f"{name} has {len(text)} characters, more than this server's "
                              f"{limits.prompt_chars}; shorten it", name, 413)
-    if body.get("loras"):
-        raise BadRequest("loras: this server serves no LoRAs yet (start it with --lora-dir "
-                         "once that is wired); drop loras", "loras")
+    strengths = lora_strengths(body.get("loras"), loras)
     height = width = None
     if body.get("size") is not None:
         height, width = parse_size(body["size"])
@@ -151,8 +181,9 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
         model=model, prompt=body["prompt"], negative_prompt=body.get("negative_prompt"),
         image=None, last_image=None, height=height, width=width,
         frames=body.get("num_frames"), steps=body.get("num_inference_steps"),
-        guidance=body.get("guidance_scale"), guidance_2=None, lora=[], lora_2=[],
-        lora_mode="merged", lora_strict=True,
+        guidance=body.get("guidance_scale"), guidance_2=None,
+        lora=[f"{f}:0" for f in lora_files], lora_2=[],
+        lora_mode="unmerged" if loras else "merged", lora_strict=True,
         seed=body.get("seed", 0) if body.get("seed") is not None else 0,
         output=output, frames_dir=None, fps=None, no_progress=True,
         overrides=[*overrides, *extra])
@@ -170,18 +201,20 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
     stored = {k: list(v) if isinstance(v, tuple) else v for k, v in call.items()
               if k not in images}
     stored["fps"] = args.fps
+    if loras:
+        stored["lora_strengths"] = strengths
     for k in images:
         stored[k] = body[k]
     plain = not images and not call.get("cache") and not call.get("cfg_cache")
-    key = None if not plain else "|".join(str(call[k]) for k in (
+    key = None if not plain else "|".join(str(stored[k]) for k in (
         "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
-        "guidance_scale_2"))
+        "guidance_scale_2", "lora_strengths") if k in stored)
     return Checked(call, stored, key, load)
 
 
 def call_of(stored: dict, limits: Limits = Limits()) -> dict:
     """A stored job request → the pipeline call's keyword arguments (images decoded)."""
-    call = {k: v for k, v in stored.items() if k != "fps"}
+    call = {k: v for k, v in stored.items() if k not in ("fps", "lora_strengths")}
     for k in ("image", "last_image"):
         if stored.get(k) is not None:
             call[k] = decode_image(stored[k], k, limits.image_bytes)

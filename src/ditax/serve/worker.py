@@ -152,6 +152,9 @@ class Worker(threading.Thread):
         try:
             if self._stopping.is_set():
                 raise Stopping()
+            strengths = jobs[0]["request"].get("lora_strengths")
+            if strengths is not None:     # unmerged LoRAs: only values change, no compile
+                self.pipe.transformer.set_lora_strengths(strengths)
             if self.batching and not any(k in calls[0] and calls[0][k] for k in
                                                 ("image", "last_image", "cache", "cfg_cache")):
                 videos = generate_batch(self.pipe, calls, on_step,
