@@ -82,21 +82,43 @@ def bfl(tmp_path_factory):
     save_file(tensors, str(path))
     cfg = FluxConfig.from_diffusers(dict(DEV))
     inputs = flux_inputs(np.random.default_rng(0), DEV, text=5, guidance=True)
-    return m, path, tensors, cfg, inputs
+    return m, path, tensors, cfg, inputs, folder
 
 
 def test_bfl_file_equals_diffusers(bfl):
-    m, path, _, cfg, inputs = bfl
+    m, path, _, cfg, inputs = bfl[:5]
     tr = ditax.load_transformer(str(path), config=cfg)
     got = np.asarray(tr(**inputs))
     want = run_diffusers_flux(m, inputs)
     assert rel_err(got, want) <= 1e-5, rel_err(got, want)
 
 
+def test_loras_on_a_bfl_file_equal_the_folder(bfl, tmp_path):
+    """LoRAs merged into a BFL file as it is read (kohya's fused qkv, PEFT's proj_mlp) give the
+    weights the same LoRAs give the diffusers folder of that model."""
+    from safetensors.numpy import save_file
+
+    _, path, _, cfg, inputs = bfl[:5]
+    rng, d = np.random.default_rng(1), 32
+    lora = {"lora_unet_double_blocks_1_img_attn_qkv.lora_down.weight": rng.standard_normal(
+                (2, d)), "lora_unet_double_blocks_1_img_attn_qkv.lora_up.weight":
+            0.1 * rng.standard_normal((3 * d, 2))}
+    save_file({k: v.astype(np.float32) for k, v in lora.items()}, str(tmp_path / "k.safetensors"))
+    peft = {f"transformer.single_transformer_blocks.0.proj_mlp.lora_{s}.weight": v
+            for s, v in (("A", rng.standard_normal((2, d))),
+                         ("B", 0.1 * rng.standard_normal((4 * d, 2))))}
+    save_file({k: v.astype(np.float32) for k, v in peft.items()}, str(tmp_path / "p.safetensors"))
+    loras = [(tmp_path / "k.safetensors", 0.7), (tmp_path / "p.safetensors", 1.2)]
+    got = np.asarray(ditax.load_transformer(str(path), config=cfg, loras=loras)(**inputs))
+    want = np.asarray(ditax.load_transformer(bfl[5], loras=loras)(**inputs))
+    plain = np.asarray(ditax.load_transformer(bfl[5])(**inputs))
+    assert rel_err(got, want) <= 1e-6 and rel_err(want, plain) > 1e-2
+
+
 def test_files_that_do_not_fit(bfl, tmp_path, capsys):
     from safetensors.numpy import save_file
 
-    _, path, tensors, cfg, _ = bfl
+    _, path, tensors, cfg, _ = bfl[:5]
     p = "model.diffusion_model."
     bad = dict(tensors)
     del bad[p + "double_blocks.1.txt_attn.qkv.weight"]
@@ -127,7 +149,7 @@ def test_convert_writes_a_diffusers_folder(bfl, tmp_path, capsys):
     from diffusers import FluxTransformer2DModel
     from safetensors.numpy import load_file
 
-    m, path, _, _, _ = bfl
+    m, path, _, _, _ = bfl[:5]
     spec = tmp_path / "tiny.yaml"
     spec.write_text(yaml.safe_dump({"name": "tiny-bfl", "model": dict(DEV, family="flux")}))
     out = tmp_path / "out"
@@ -152,7 +174,7 @@ def test_sliced_reads_of_fused_rows(bfl):
     from ditax.models.flux.convert import weight_table
     from ditax.models.flux.single_file import BflWeights, open_single_file
 
-    _, path, _, cfg, _ = bfl
+    _, path, _, cfg, _ = bfl[:5]
     view = open_single_file(path, cfg, weight_table(cfg),
                             param_shapes(nnx.state(abstract_model(cfg))))
     assert isinstance(view, BflWeights)
