@@ -48,6 +48,7 @@ $("form").addEventListener("submit", async (ev) => {
   for (const k of ["num_frames", "num_inference_steps", "seed"]) if ($(k).value !== "") body[k] = parseInt($(k).value, 10);
   if ($("guidance_scale").value !== "") body.guidance_scale = parseFloat($("guidance_scale").value);
   if ($("image").files.length) body.image = await readImage($("image").files[0]);
+  if ($("lora").value) body.loras = [{ name: $("lora").value, strength: parseFloat($("lora_strength").value || "1") }];
   $("submit").disabled = true;
   try {
     const job = await api("POST", "/v1/videos", body);
@@ -84,6 +85,13 @@ async function refresh() {
   try {
     const health = await (await fetch("/health")).json();
     $("model").textContent = `${health.model} · ${health.platform} × ${health.devices} · queue ${health.queue_depth}`;
+    const loras = await api("GET", "/v1/loras");
+    const select = $("lora");
+    if (select.options.length !== loras.data.length + 1) {
+      select.length = 1;
+      for (const l of loras.data) select.add(new Option(l.name, l.name));
+    }
+    select.disabled = loras.data.length === 0;
     const list = await api("GET", "/v1/videos?limit=24");
     const gallery = $("gallery");
     gallery.textContent = "";
