@@ -223,30 +223,48 @@ def check_shapes(table: Table, shape_of: Callable[[str], tuple], ours: dict, key
                           f"{listing(bad, '; ')}")
 
 
-def read_param(weights, row: Row, keys: dict, shape: tuple, dtype, sharding=None) -> jax.Array:
+def read_param(weights, row: Row, keys: dict, shape: tuple, dtype, sharding=None,
+               convert=None) -> jax.Array:
     """One parameter in our layout and ``dtype``; with a sharding, each device's shard is read
-    on its own (``jax.make_array_from_callback``): no device gets a full copy."""
+    on its own (``jax.make_array_from_callback``): no device gets a full copy. ``convert(x,
+    index)`` replaces the cast of each slice (8-bit weights: quantized with their scales)."""
+    convert = convert or (lambda x, index: x.astype(dtype))
+
     def block(index: tuple) -> np.ndarray:
-        if not row.stacked:
-            x = weights.read(keys[row.key], row.transform.theirs_index(index))
-            return row.transform.to_ours(x)
-        sub = row.transform.theirs_index(index[1:])
-        return np.stack([row.transform.to_ours(weights.read(keys[row.key.format(i=i)], sub))
-                         for i in range(*index[0].indices(shape[0]))])
+        return _read_block(weights, row, keys, shape, index)
 
     full = (slice(None),) * len(shape)
     if sharding is None:
-        return jnp.asarray(np.asarray(block(full)).astype(dtype))
+        return jnp.asarray(convert(np.asarray(block(full)), full))
     seen = {}
 
     def shard(index):
         index = tuple(index) + full[len(index):]
         tag = tuple(s.indices(n) for s, n in zip(index, shape))
         if tag not in seen:  # replicas of one shard are read once
-            seen[tag] = np.asarray(block(index)).astype(dtype)
+            seen[tag] = convert(np.asarray(block(index)), index)
         return seen[tag]
 
     return jax.make_array_from_callback(tuple(shape), sharding, shard)
+
+
+def _quantized(weights, row: Row, keys: dict, shape: tuple, quantize, sharding):
+    """A kernel through its quantizer (:func:`ditax.nn.quant.reader`): one float pass for
+    its scales (read like the parameter, a layer at a time), then each shard quantized as
+    it is read; (kernel, scales as numpy)."""
+    convert, scale = quantize(lambda index: _read_block(weights, row, keys, shape, index),
+                              shape, row.stacked)
+    return read_param(weights, row, keys, shape, None, sharding, convert), scale
+
+
+def _read_block(weights, row: Row, keys: dict, shape: tuple, index: tuple) -> np.ndarray:
+    """Our layout's slice ``index`` of one parameter, as stored (float)."""
+    if not row.stacked:
+        x = weights.read(keys[row.key], row.transform.theirs_index(index))
+        return row.transform.to_ours(x)
+    sub = row.transform.theirs_index(index[1:])
+    return np.stack([row.transform.to_ours(weights.read(keys[row.key.format(i=i)], sub))
+                     for i in range(*index[0].indices(shape[0]))])
 
 
 def param_shapes(state) -> dict[tuple[str, ...], tuple[int, ...]]:
@@ -264,22 +282,37 @@ def check_weights(table: Table, weights, shapes: dict) -> dict[str, str]:
     return keys
 
 
-def load_params(table: Table, weights, state, dtype, sharding=None):
+def load_params(table: Table, weights, state, dtype, sharding=None, quantize=None):
     """Fill ``state`` (an abstract ``nnx.State``) from ``weights`` through ``table``.
 
     Checks keys and shapes first (nothing is read from a checkpoint that does not fit);
     ``sharding(path, shape)`` gives a parameter's sharding (None: a plain array).
+    ``quantize``: kernel path → its quantizer (:func:`ditax.nn.quant.reader`); such a
+    kernel's ``kernel_scale`` beside it (no row of its own) is filled with it.
     """
+    quantize = quantize or {}
     pure = nnx.to_pure_dict(state)
     shapes = param_shapes(pure)
     rows = {r.path: r for r in table.rows}
-    unmapped = [".".join(p) for p in shapes if p not in rows]
+    scales = {p[:-1] + ("kernel_scale",) for p in quantize}
+    unmapped = [".".join(p) for p in shapes if p not in rows and p not in scales]
     if unmapped:
         raise KeyError(f"{table.name}: no conversion row for parameter(s) {unmapped}")
     keys = check_weights(table, weights, shapes)
     for path, parent, k in _leaves(pure):
+        if path in scales:
+            continue
         sh = None if sharding is None else sharding(path, shapes[path])
-        parent[k] = read_param(weights, rows[path], keys, shapes[path], dtype, sh)
+        if path not in quantize:
+            parent[k] = read_param(weights, rows[path], keys, shapes[path], dtype, sh)
+            continue
+        parent[k], scale = _quantized(weights, rows[path], keys, shapes[path], quantize[path],
+                                      sh)
+        spath = path[:-1] + ("kernel_scale",)
+        ssh = None if sharding is None else sharding(spath, scale.shape)
+        parent["kernel_scale"] = (jnp.asarray(scale) if ssh is None else
+                                  jax.make_array_from_callback(scale.shape, ssh,
+                                                               lambda i, s=scale: s[i]))
     nnx.replace_by_pure_dict(state, pure)
     return state
 

@@ -15,8 +15,22 @@ from ditax.errors import ConfigError
 
 DType = Literal["float32", "bfloat16", "float16"]
 Remat = Literal["none", "full", "save_dots", "save_dots_no_batch", "save_attn_out"]
+Quantize = Literal["none", "int8", "fp8"]   # 8-bit block weights (ditax.nn.quant)
 DTYPES = get_args(DType)
+QUANTIZE_MODES = get_args(Quantize)
 REMAT_POLICIES = get_args(Remat)
+
+
+def check_quantize(m) -> None:
+    """``m.quantize`` is a mode of :data:`QUANTIZE_MODES`; ``m.quantize_activations`` needs
+    one (a :class:`ConfigError` naming the value and the fix)."""
+    if m.quantize not in QUANTIZE_MODES:
+        raise ConfigError(f"model.quantize={m.quantize!r} is not a quantization mode; use one "
+                          f"of {', '.join(QUANTIZE_MODES)} (e.g. model.quantize=int8, or "
+                          f"quantize='int8' in ditax.load_transformer)")
+    if m.quantize_activations and m.quantize == "none":
+        raise ConfigError("model.quantize_activations=true needs 8-bit weights: set "
+                          "model.quantize=int8 or model.quantize=fp8")
 
 
 def check_overrides(cls, overrides: dict) -> None:
@@ -33,4 +47,5 @@ def check_overrides(cls, overrides: dict) -> None:
                               f"(fields: {', '.join(names)})")
 
 
-__all__ = ["DType", "Remat", "DTYPES", "REMAT_POLICIES", "check_overrides"]
+__all__ = ["DType", "Remat", "Quantize", "DTYPES", "REMAT_POLICIES", "QUANTIZE_MODES",
+           "check_quantize", "check_overrides"]

@@ -18,7 +18,13 @@ class Linear(nnx.Module):
     (measured at Wan 14B 720p on v6e: 6.25 MiB per kernel shard, held as temporaries; see
     ``docs/architecture.md``, "TPU relayout copies"). Same values as the ``[in, out]`` kernel
     (init drawn ``[in, out]`` and moved); :meth:`matrix` is the ``[in, out]`` view.
+
+    ``quant`` (None: full precision): a :class:`ditax.nn.quant.QuantSpec` set on a loaded
+    model, with an 8-bit ``kernel`` and its float32 ``kernel_scale`` (every dot goes
+    through :meth:`_dot`).
     """
+
+    quant = None
 
     def __init__(self, din: int, dout: int, *, dtype, param_dtype, rngs: nnx.Rngs, bias=True,
                  out_heads: int | None = None):
@@ -40,13 +46,26 @@ class Linear(nnx.Module):
 
     def matrix(self):
         """The kernel as ``[in, out]`` in ``dtype`` (a relayout for ``out_heads`` kernels)."""
-        w = self.kernel[...].astype(self.dtype)
+        w = self.kernel[...]
+        if self.quant is not None:   # 8-bit kernel x its per-output-channel scale
+            w = w.astype(jnp.float32) * jnp.expand_dims(self.kernel_scale[...], -2)
+        return self._as_matrix(w.astype(self.dtype))
+
+    def _as_matrix(self, w):
         if self.out_heads:
             w = jnp.swapaxes(w, -3, -2).reshape(w.shape[:-3] + (w.shape[-2], -1))
         return w
 
+    def _dot(self, spec, x, view):
+        """``einsum(spec, x, view(kernel))`` in ``dtype``; ``view`` reshapes the stored
+        kernel into the spec's right operand (8-bit kernels: the quantized dot)."""
+        if self.quant is not None:
+            return self.quant.einsum(spec, x, view(self.kernel[...]), self.kernel_scale[...],
+                                     self.dtype)
+        return jnp.einsum(spec, x.astype(self.dtype), view(self.kernel[...].astype(self.dtype)))
+
     def __call__(self, x):
-        y = jnp.einsum("...i,io->...o", x.astype(self.dtype), self.matrix())
+        y = self._dot("...i,io->...o", x, self._as_matrix)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -57,8 +76,7 @@ class Linear(nnx.Module):
         ``[L, N, K] → [L, N·K]`` is a relayout copy of the whole activation; splitting the
         kernel's input dim into ``(N, K)`` is free (it is the major dim)."""
         n, k = x.shape[-2:]
-        w = self.matrix().reshape(n, k, -1)
-        y = jnp.einsum("...nk,nko->...o", x.astype(self.dtype), w)
+        y = self._dot("...nk,nko->...o", x, lambda w: self._as_matrix(w).reshape(n, k, -1))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
@@ -71,11 +89,10 @@ class Linear(nnx.Module):
             if self.out_heads != num_heads:
                 raise ValueError(f"to_head_major: {num_heads} heads asked, the kernel has "
                                  f"{self.out_heads}")
-            y = jnp.einsum("bli,nik->bnlk", x.astype(self.dtype),
-                           self.kernel[...].astype(self.dtype))
+            y = self._dot("bli,nik->bnlk", x, lambda w: w)
         else:
-            w = self.matrix().reshape(x.shape[-1], num_heads, -1)
-            y = jnp.einsum("bli,ink->bnlk", x.astype(self.dtype), w)
+            y = self._dot("bli,ink->bnlk", x, lambda w: self._as_matrix(w).reshape(
+                x.shape[-1], num_heads, -1))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype).reshape(num_heads, 1, -1)
         return y
@@ -84,8 +101,7 @@ class Linear(nnx.Module):
         """The layer on head-major ``x [B, N, L, K]`` (in = N·K) → ``[B, L, out]``,
         contracting ``(N, K)`` where the attention kernel wrote them."""
         n, k = x.shape[1], x.shape[3]
-        w = self.matrix().reshape(n, k, -1)
-        y = jnp.einsum("bnlk,nko->blo", x.astype(self.dtype), w)
+        y = self._dot("bnlk,nko->blo", x, lambda w: self._as_matrix(w).reshape(n, k, -1))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y

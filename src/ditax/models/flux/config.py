@@ -7,7 +7,8 @@ from typing import Literal, Optional
 
 from ditax.attention.config import AttentionConfig, check_attention
 from ditax.errors import ConfigError, check_choice
-from ditax.models.fields import DTYPES, REMAT_POLICIES, DType, Remat, check_overrides
+from ditax.models.fields import (DTYPES, REMAT_POLICIES, DType, Quantize, Remat, check_overrides,
+                                 check_quantize)
 from ditax.numbers import check_numbers
 from ditax.parallel.mesh import check_tensor_split
 
@@ -48,6 +49,8 @@ class FluxConfig:
     param_dtype: DType = "float32"   # storage dtype of the weights
     dtype: DType = "float32"         # compute dtype of matmuls / attention
     remat: Remat = "none"            # activation checkpointing policy of each block
+    quantize: Quantize = "none"      # block linears' weights in 8 bits (ditax.nn.quant)
+    quantize_activations: bool = False   # and their inputs per token (8-bit x 8-bit dots)
     scan_layers: bool = True
 
     @property
@@ -90,6 +93,7 @@ def check_model(m: FluxConfig, mesh_sizes: dict[str, int] | None = None) -> None
     check_choice("model.param_dtype", m.param_dtype, DTYPES)
     check_choice("model.dtype", m.dtype, DTYPES)
     check_choice("model.remat", m.remat, REMAT_POLICIES)
+    check_quantize(m)
     for k in ("patch_size", "in_channels", "num_layers", "num_single_layers",
               "attention_head_dim", "num_attention_heads", "joint_attention_dim",
               "pooled_projection_dim"):

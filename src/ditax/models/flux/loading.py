@@ -31,6 +31,7 @@ from ditax.models.flux.convert import param_axes, weight_table
 from ditax.models.flux.lora_names import LORA_NAMES
 from ditax.models import loaded
 from ditax.models.loaded import LoadedTransformer, param_sharding
+from ditax.nn import quant
 from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,8 @@ def load_weights_into(model_abs, source, cfg: FluxConfig, mesh=None, loras=None,
     """Fill an abstract model's parameters from a diffusers safetensors folder, or one file
     (BFL's names too: :mod:`.single_file`); with a mesh, each parameter is read slice by
     slice straight into its NamedSharding. ``loras`` (see :func:`ditax.lora.resolve_loras`)
-    are merged into each slice as it is read."""
+    are merged into each slice as it is read, then (``cfg.quantize``) the block linears
+    quantized to 8 bits (:mod:`ditax.nn.quant`)."""
     gdef, state = nnx.split(model_abs)
     table = weight_table(cfg)
     if is_single_file(source):
@@ -59,13 +61,16 @@ def load_weights_into(model_abs, source, cfg: FluxConfig, mesh=None, loras=None,
         weights = open_single_file(source, cfg, table, param_shapes(state))
     else:
         weights = Weights.open(source)
+    quantizers = quant.prepare(model_abs, cfg, weights, source, mesh)   # {} unquantized
+    gdef, state = nnx.split(model_abs)
     if loras:
         from ditax.lora import merged_weights
 
         weights = merged_weights(weights, loras, table, param_shapes(state), names=LORA_NAMES,
                                  strict=lora_strict)
     state = load_params(table, weights, state, jnp.dtype(cfg.param_dtype),
-                        param_sharding(param_axes(cfg), mesh))
+                        param_sharding(quant.with_scale_axes(param_axes(cfg)), mesh),
+                        quantizers)
     return nnx.merge(gdef, state)
 
 

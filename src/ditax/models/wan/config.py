@@ -8,7 +8,8 @@ from typing import Literal, Optional, get_args
 
 from ditax.attention.config import AttentionConfig, check_attention
 from ditax.errors import ConfigError, check_choice
-from ditax.models.fields import DTYPES, REMAT_POLICIES, DType, Remat, check_overrides  # noqa: F401
+from ditax.models.fields import (DTYPES, REMAT_POLICIES, DType, Quantize, Remat,  # noqa: F401
+                                 check_overrides, check_quantize)
 from ditax.numbers import check_numbers
 from ditax.parallel.mesh import check_tensor_split
 
@@ -47,6 +48,8 @@ class WanConfig:
     param_dtype: DType = "float32"   # storage dtype of the weights
     dtype: DType = "float32"         # compute dtype of matmuls / attention
     remat: Remat = "none"            # activation checkpointing policy of each block
+    quantize: Quantize = "none"      # block linears' weights in 8 bits (ditax.nn.quant)
+    quantize_activations: bool = False   # and their inputs per token (8-bit x 8-bit dots)
     scan_layers: bool = True
     # image-to-video (Wan 2.1 I2V / FLF2V); None = text-to-video
     image_dim: Optional[int] = None          # CLIP feature width fed to the image embedder
@@ -103,6 +106,7 @@ def check_model(m: WanConfig, mesh_sizes: dict[str, int] | None = None) -> None:
     check_choice("model.param_dtype", m.param_dtype, DTYPES)
     check_choice("model.dtype", m.dtype, DTYPES)
     check_choice("model.remat", m.remat, REMAT_POLICIES)
+    check_quantize(m)
     check_choice("model.qk_norm", m.qk_norm, get_args(QKNorm))
     for k in ("num_attention_heads", "attention_head_dim", "in_channels", "out_channels",
               "text_dim", "freq_dim", "ffn_dim", "num_layers"):

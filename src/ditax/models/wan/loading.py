@@ -28,6 +28,7 @@ from ditax.models.wan.lora_names import LORA_NAMES
 from ditax.models.wan.transformer import WanTransformer
 from ditax.models.loaded import LoadedTransformer, param_sharding
 from ditax.models.loaded import check_architecture as check_arch
+from ditax.nn import quant
 from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,14 @@ def load_weights_into(model_abs, source, cfg: WanConfig, mesh=None, loras=None,
     checkpoint with the original Wan / ComfyUI key names (:mod:`.single_file`).
 
     With a mesh, each parameter is read slice by slice straight into its NamedSharding.
-    ``loras`` (see :func:`ditax.lora.resolve_loras`) are merged into each slice as it is read.
+    ``loras`` (see :func:`ditax.lora.resolve_loras`) are merged into each slice as it is read,
+    then (``cfg.quantize``) the block linears quantized to 8 bits (:mod:`ditax.nn.quant`).
     """
-    gdef, state = nnx.split(model_abs)
-    sharding = param_sharding(convert.config_param_axes(cfg), mesh)
-    table = convert.config_weight_table(cfg)
     weights = Weights.open(source)
+    quantizers = quant.prepare(model_abs, cfg, weights, source, mesh)   # {} unquantized
+    gdef, state = nnx.split(model_abs)
+    sharding = param_sharding(quant.with_scale_axes(convert.config_param_axes(cfg)), mesh)
+    table = convert.config_weight_table(cfg)
     read_table, rename = table, None
     if single_file.is_original(weights.keys()):
         prefix = single_file.key_prefix(weights.keys())
@@ -64,7 +67,8 @@ def load_weights_into(model_abs, source, cfg: WanConfig, mesh=None, loras=None,
 
         weights = merged_weights(weights, loras, table, param_shapes(state), names=LORA_NAMES,
                                  strict=lora_strict, rename=rename)
-    state = load_params(read_table, weights, state, jnp.dtype(cfg.param_dtype), sharding)
+    state = load_params(read_table, weights, state, jnp.dtype(cfg.param_dtype), sharding,
+                        quantizers)
     return nnx.merge(gdef, state)
 
 

@@ -1,0 +1,284 @@
+"""8-bit weights (and optionally activations) for :class:`ditax.nn.Linear`, post-training.
+
+A quantized ``Linear`` stores its kernel in 8 bits — ``int8`` (symmetric, ``q = round(w /
+s)``, ``|q| <= 127``) or ``float8_e4m3fn`` (``q = fp8(w / s)``, ``|q| <= 448``) — with one
+float32 scale per output channel, ``kernel_scale`` (the kernel's shape without its input axis,
+the second-to-last one in both layouts: ``[..., in, out] -> [..., out]``, head-major ``[..., N,
+in, K] -> [..., N, K]``), sharded like the kernel without that axis. ``s = max|w| / qmax``
+over the input axis, so no calibration data is needed.
+
+The dot (:meth:`QuantSpec.einsum`): weights only — ``(x @ q) * s`` in the compute dtype (the
+8-bit kernel converted inside the dot's fusion; a per-output-channel scale commutes with the
+contraction). With activations — ``x`` quantized per token (the scale ``max|x| / qmax`` over
+the contracted axes), then ``int8 x int8 -> int32`` (``preferred_element_type``; XLA runs
+integer dots on every backend) or ``fp8 x fp8 -> float32`` where the platform has fp8 dots
+(:func:`native_dots`; elsewhere the fp8 values are widened to the compute dtype first: the
+same numbers, no speed-up), and both scales applied to the result.
+
+Quantization is a property of the module (``Linear.quant``, static in the graph), set on the
+abstract model by :func:`quantize_module`; the loader quantizes each device's slice as it is
+read (:func:`reader`, through :func:`ditax.io.convert.load_params`), so a full-precision copy
+of the model never exists on a host — only one layer of one tensor at a time, for its scales.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ditax.errors import ConfigError
+from ditax.nn.linear import Linear
+
+MODES = ("none", "int8", "fp8")
+QMAX = {"int8": 127.0, "fp8": 448.0}
+STORED = {"int8": jnp.dtype(jnp.int8), "fp8": jnp.dtype(jnp.float8_e4m3fn)}
+SCALE = "kernel_scale"
+
+log = logging.getLogger(__name__)
+
+
+def native_dots(mode: str, activations: bool, platform: str, device_kind: str = "") -> bool:
+    """Whether ``mode``'s dots run natively in 8 bits on ``platform`` (``jax.devices()[0]
+    .platform``; ``device_kind`` e.g. ``"TPU v6 lite"``, ``"NVIDIA H200"``). Weights-only
+    modes never do (the other operand is the compute dtype); int8 x int8 does on TPU v5e /
+    v6e, fp8 x fp8 on Hopper (H100 / H200) and later; CPU emulates every mode."""
+    if not activations or mode == "none":
+        return False
+    kind = device_kind.lower()
+    if mode == "int8":
+        return platform == "tpu" and any(v in kind for v in ("v5 lite", "v5e", "v6"))
+    return platform == "gpu" and any(g in kind for g in ("h100", "h200", "h800", "gh200",
+                                                         "b100", "b200"))
+
+
+def describe(mode: str, activations: bool, devices=None) -> str:
+    """One log phrase: the mode and whether its dots are native 8-bit on ``devices``."""
+    if mode == "none":
+        return "full precision"
+    d = (devices or jax.devices())[0]
+    native = native_dots(mode, activations, d.platform, getattr(d, "device_kind", ""))
+    what = f"{mode} weights" + (f" x {mode} activations" if activations else "")
+    how = ("native 8-bit dots" if native else
+           "dots in the compute dtype (8-bit storage: memory only)" if not activations else
+           "8-bit dots emulated (no native 8-bit matmul for this mode)")
+    return f"{what} on {d.platform} {getattr(d, 'device_kind', '')}: {how}".replace("  ", " ")
+
+
+# --- the numbers --------------------------------------------------------------------------
+
+def channel_scale(w, mode: str, axis: int = -2):
+    """Per-output-channel scale ``max|w| / qmax`` over the input ``axis`` (numpy or jax;
+    float32; 1 where a channel is all zeros)."""
+    xp = jnp if isinstance(w, jax.Array) else np
+    amax = xp.max(xp.abs(w.astype(xp.float32)), axis=axis)
+    return xp.where(amax > 0, amax / QMAX[mode], 1.0).astype(xp.float32)
+
+
+def quantize_values(w, scale, mode: str):
+    """``w / scale`` (scale already broadcastable) in the 8-bit storage dtype of ``mode``."""
+    xp = jnp if isinstance(w, jax.Array) else np
+    v = w.astype(xp.float32) / scale
+    if mode == "int8":
+        return xp.clip(xp.round(v), -127, 127).astype(STORED[mode])
+    return xp.clip(v, -448.0, 448.0).astype(STORED[mode])
+
+
+def dequantize(q, scale, dtype):
+    """The kernel ``q * scale`` in ``dtype`` (``scale``: the kernel without its input axis)."""
+    return (q.astype(jnp.float32) * jnp.expand_dims(scale, -2)).astype(dtype)
+
+
+def _place(letters: str, out: str, x):
+    """``x`` (axes named ``letters``) transposed and expanded to broadcast against ``out``."""
+    order = sorted(range(len(letters)), key=lambda i: out.index(letters[i]))
+    x = jnp.transpose(x, order)
+    shape = list(x.shape)
+    have = [letters[i] for i in order]
+    full = [shape[have.index(c)] if c in have else 1 for c in out]
+    return x.reshape(full)
+
+
+def _letters(spec: str, x_ndim: int) -> tuple[str, str, str]:
+    lhs, rest = spec.split(",")
+    rhs, out = rest.split("->")
+    if "..." in lhs:
+        free = [c for c in "ABCDEFGHIJ" if c not in spec][:x_ndim - len(lhs) + 3]
+        lhs, out = lhs.replace("...", "".join(free)), out.replace("...", "".join(free))
+    return lhs, rhs, out
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantSpec:
+    """How one :class:`~ditax.nn.Linear` computes: ``mode`` (int8 | fp8), ``activations``
+    (quantize ``x`` per token too), ``native`` (emit the fp8 x fp8 dot; int8 x int8 is
+    emitted everywhere)."""
+
+    mode: str
+    activations: bool = False
+    native: bool = False
+
+    def einsum(self, spec: str, x, q, scale, dtype):
+        """``einsum(spec, x, q * scale)`` in ``dtype``; ``q`` the 8-bit kernel viewed as the
+        spec's right operand, ``scale`` its per-output-channel scales (any shape with the
+        operand's output axes' size)."""
+        lhs, rhs, out = _letters(spec, x.ndim)
+        spec = f"{lhs},{rhs}->{out}"
+        w_out = "".join(c for c in rhs if c in out)
+        sw = _place(w_out, out, scale.reshape([q.shape[rhs.index(c)] for c in w_out]))
+        if not self.activations:
+            y = jnp.einsum(spec, x.astype(dtype), q.astype(dtype))
+            return (y * sw.astype(dtype)).astype(dtype)
+        contracted = tuple(i for i, c in enumerate(lhs) if c not in out)
+        xf = x.astype(jnp.float32)
+        sx = channel_scale(xf, self.mode, axis=contracted)        # per token
+        xq = quantize_values(xf, jnp.expand_dims(sx, contracted), self.mode)
+        if self.mode == "int8":
+            y = jnp.einsum(spec, xq, q, preferred_element_type=jnp.int32)
+        elif self.native:
+            y = jnp.einsum(spec, xq, q, preferred_element_type=jnp.float32)
+        else:
+            y = jnp.einsum(spec, xq.astype(dtype), q.astype(dtype),
+                           preferred_element_type=jnp.float32)
+        x_out = "".join(c for c in lhs if c in out)
+        y = y.astype(jnp.float32) * _place(x_out, out, sx) * sw
+        return y.astype(dtype)
+
+
+# --- the model -----------------------------------------------------------------------------
+
+def _path(path) -> tuple[str, ...]:
+    return tuple(str(p) for p in path)
+
+
+def quantized_linears(model, stacks, exclude=r"norm"):
+    """(path, Linear) of every ``Linear`` inside the block stacks ``stacks`` (names), except
+    those with a path part matching ``exclude`` (modulation: Flux's ``norm1.linear``)."""
+    for path, m in nnx.iter_graph(model):
+        p = _path(path)
+        if (isinstance(m, Linear) and p and p[0] in stacks
+                and not any(re.search(exclude, part) for part in p)):
+            yield p, m
+
+
+def quantize_module(model, mode: str, activations: bool = False, devices=None):
+    """Give the block linears of the abstract ``model`` 8-bit kernels (``mode``) and float32
+    ``kernel_scale`` s, in place; returns ``model``. ``model.block_stacks`` names the
+    stacks. Values come from the loader (:func:`reader`)."""
+    if mode == "none":
+        return model
+    d = (devices or jax.devices())[0]
+    spec = QuantSpec(mode, activations,
+                     native_dots(mode, activations, d.platform, getattr(d, "device_kind", "")))
+    stacks = [name for name, _ in model.block_stacks]
+    for _, lin in list(quantized_linears(model, stacks)):
+        shape = tuple(lin.kernel.shape)
+        lin.kernel = nnx.Param(jax.ShapeDtypeStruct(shape, STORED[mode]))
+        setattr(lin, SCALE, nnx.Param(jax.ShapeDtypeStruct(shape[:-2] + shape[-1:],
+                                                           jnp.float32)))
+        lin.quant = spec
+    return model
+
+
+def quantized_kernels(state) -> list[tuple[str, ...]]:
+    """Parameter paths (strings) of the 8-bit kernels of a state (abstract or not)."""
+    pure = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
+    out = []
+
+    def walk(d, prefix):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, prefix + (str(k),))
+            elif str(k) == "kernel" and SCALE in d and jnp.dtype(v.dtype).itemsize == 1:
+                out.append(prefix + (str(k),))
+    walk(pure, ())
+    return out
+
+
+def scale_path(kernel_path: tuple[str, ...]) -> tuple[str, ...]:
+    return kernel_path[:-1] + (SCALE,)
+
+
+def with_scale_axes(axes: dict) -> dict:
+    """A table's logical axes plus every kernel's scale's: the kernel's without the input
+    axis (so scales shard over the output channels like their kernel)."""
+    out = dict(axes)
+    for path, names in axes.items():
+        if path and path[-1] == "kernel" and len(names) >= 2:
+            out[scale_path(path)] = tuple(names[:-2]) + tuple(names[-1:])
+    return out
+
+
+def reader(mode: str):
+    """A quantizer for :func:`ditax.io.convert.load_params`: ``(block, shape, stacked) ->
+    (convert, scale)``; ``block(index)`` reads our layout's float slice of the kernel;
+    ``convert(x, index)`` quantizes the slice ``index`` as each device reads it; ``scale``
+    (numpy float32) from one pass over the tensor, one layer at a time for a stacked row."""
+    def quantize(block, shape, stacked):
+        full = (slice(None),) * len(shape)
+        if stacked:
+            scale = np.concatenate([channel_scale(np.asarray(block((slice(i, i + 1),) +
+                                                                   full[1:])), mode)
+                                    for i in range(shape[0])])
+        else:
+            scale = channel_scale(np.asarray(block(full)), mode)
+
+        def convert(x, index):
+            idx = tuple(index) + full[len(index):]
+            s = scale[idx[:-2] + idx[-1:]]
+            return np.asarray(quantize_values(np.asarray(x), np.expand_dims(s, -2), mode))
+
+        return convert, scale
+
+    return quantize
+
+
+def prepare(model, cfg, weights, source, mesh=None) -> dict:
+    """At load (``cfg`` checked by its family: :func:`ditax.models.fields.check_quantize`):
+    refuse an 8-bit source in another format (:func:`check_source`), quantize the
+    abstract ``model``'s block linears in place (:func:`quantize_module`) and return the
+    kernel path → quantizer map for :func:`ditax.io.convert.load_params` ({} unquantized).
+    Logs the mode and whether its dots are native 8-bit on the mesh's devices."""
+    mode, act = cfg.quantize, cfg.quantize_activations
+    if mode == "none":
+        return {}
+    check_source(weights, mode, source)
+    devices = None if mesh is None else list(mesh.devices.flat)
+    quantize_module(model, mode, act, devices)
+    paths = quantized_kernels(nnx.state(model))
+    log.info("quantize: %d block linears, %s", len(paths), describe(mode, act, devices))
+    return {p: reader(mode) for p in paths}
+
+
+def check_source(weights, mode: str, source) -> None:
+    """Refuse ``quantize=mode`` on a checkpoint already stored in another 8-bit format
+    (GGUF; int8 of fp8 tensors), from the headers only, before any tensor is read."""
+    if mode == "none":
+        return
+    if hasattr(weights, "quant_type"):
+        raise ConfigError(f"quantize={mode!r}: {source} is a GGUF file, already quantized in "
+                          f"its own format; load it without quantize= (or quantize a "
+                          f"full-precision checkpoint)")
+    if mode == "int8":
+        eight = [k for k in weights.keys() if jnp.dtype(weights.dtype(k)).itemsize == 1
+                 and "float8" in str(weights.dtype(k))]
+        if eight:
+            raise ConfigError(f"quantize='int8': {source} is already stored in fp8 ({eight[0]} "
+                              f"and {len(eight) - 1} more); load it with quantize='fp8' (kept "
+                              f"in 8 bits) or without quantize=")
+
+
+def weight_bytes(state) -> int:
+    """Bytes of every array of a state (abstract or not), in their stored dtypes."""
+    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
+
+
+__all__ = ["MODES", "QuantSpec", "native_dots", "describe", "channel_scale",
+           "quantize_values", "dequantize", "quantize_module", "quantized_kernels",
+           "with_scale_axes", "reader", "prepare", "check_source", "weight_bytes"]
