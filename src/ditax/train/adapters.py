@@ -56,19 +56,18 @@ class AdapterSplit:
         self.frozen_sh = family.param_shardings(self.frozen_abstract, mesh)
         self.train_sh = adapter_shardings(self.train_abstract, self.frozen_sh, mesh)
 
-        def fresh():
+        def fresh(base):
             _, t, f = nnx.split(build(cfg.seed), LoraFactor, ...)
-            return nnx.to_pure_dict(t), nnx.to_pure_dict(f)
+            return nnx.to_pure_dict(t), _overlay(nnx.to_pure_dict(f), base)
 
+        # base weights given (init_from) go in as an argument: their random draws are dead
+        # code XLA removes, so the program compiles only the adapters' init (the same values)
         self._fresh = jax.jit(fresh, out_shardings=(self.train_sh, self.frozen_sh))
 
     def init(self, base: dict | None = None) -> tuple[dict, dict]:
         """(adapters, frozen) from the seed; ``base``: base weights to freeze instead (a pure
         dict of the model without adapters, e.g. from ``init_from``)."""
-        adapters, frozen = self._fresh()
-        if base is not None:
-            frozen = jax.device_put(_overlay(frozen, base), self.frozen_sh)
-        return adapters, frozen
+        return self._fresh({} if base is None else base)
 
     def model(self, params: dict, frozen: dict):
         """An NNX module bound to adapters ``params`` and the ``frozen`` rest."""
