@@ -231,8 +231,11 @@ def metrics_text(state: ServeState) -> str:
     lines = ["# HELP ditax_jobs Jobs in the store by status.", "# TYPE ditax_jobs gauge"]
     lines += [f'ditax_jobs{{status="{s}"}} {n}' for s, n in counts.items()]
     rows = (("queue_depth", "gauge", "Jobs waiting to run.", counts["queued"]),
-            ("compiles_total", "counter", "XLA compilations since the server started "
-             "(reads of the persistent cache not counted).", m.compiles),
+            ("compiles_total", "counter", "Programs handed to XLA since the server started: "
+             "compiled, or read from the persistent compile cache (a warm program in memory "
+             "counts nothing).", m.compiles),
+            ("compile_cache_hits_total", "counter", "Of those, the ones read from the "
+             "persistent compile cache.", m.cache_hits),
             ("compile_seconds_total", "counter", "Seconds spent in XLA compilation.",
              round(m.compile_seconds, 6)),
             ("steps_total", "counter", "Denoising steps run (a batch's step counts once).",

@@ -2,8 +2,9 @@
 
 The pipeline is loaded once; its compiled programs stay in it, one per request signature
 (:class:`~ditax.pipelines.programs.Programs`, and jax's persistent cache on disk), so a second
-job of a shape compiles nothing — :class:`Metrics` counts XLA compilations through jax's public
-monitoring event, per job and in total (``/metrics``). The thread claims up to ``max_batch``
+job of a shape compiles nothing — :class:`Metrics` counts the programs handed to XLA (compiled,
+or read from the persistent cache: those are counted apart too) through jax's public monitoring
+events, per job and in total (``/metrics``). The thread claims up to ``max_batch``
 queued jobs of one batch key (:meth:`~ditax.serve.jobs.JobStore.claim`) and runs them as one
 batch (:mod:`ditax.serve.batch`; padded to a power of two, so batch sizes share programs);
 image-to-video and step-cached requests run one at a time
@@ -30,16 +31,19 @@ from ditax.errors import DitaxError
 from ditax.serve.jobs import JobStore
 from ditax.serve.requests import call_of
 
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"   # compiled, or read from disk
+CACHE_HIT = "/jax/compilation_cache/cache_hits"                   # read from the persistent cache
 
 
 class Metrics:
-    """Counters for ``/metrics``: XLA compiles (and their seconds), denoising steps and job
-    seconds (submit → finished), batches run."""
+    """Counters for ``/metrics``: programs handed to XLA (compiled or read from the persistent
+    cache; the reads also counted alone) and their seconds, denoising steps and job seconds
+    (submit → finished), batches run."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.compiles = 0
+        self.cache_hits = 0
         self.compile_seconds = 0.0
         self.steps = 0
         self.step_seconds = 0.0
@@ -53,6 +57,11 @@ class Metrics:
             with self.lock:
                 self.compiles += 1
                 self.compile_seconds += duration
+
+    def on_plain_event(self, event: str, **kw) -> None:
+        if event == CACHE_HIT:
+            with self.lock:
+                self.cache_hits += 1
 
     def add(self, **amounts) -> None:
         with self.lock:
@@ -88,6 +97,7 @@ class Worker(threading.Thread):
         self.batching = False            # set when the loop starts (serve.batch.batchable)
         self.running: list[str] = []
         jax.monitoring.register_event_duration_secs_listener(self.metrics.on_event)
+        jax.monitoring.register_event_listener(self.metrics.on_plain_event)
 
     def cancel(self, job_id: str) -> None:
         """Drop a running job's video (its batch stops once all its jobs are cancelled)."""
