@@ -178,11 +178,25 @@ def quantize_module(model, mode: str, activations: bool = False, devices=None):
     stacks = [name for name, _ in model.block_stacks]
     for _, lin in list(quantized_linears(model, stacks)):
         shape = tuple(lin.kernel.shape)
-        lin.kernel = nnx.Param(jax.ShapeDtypeStruct(shape, STORED[mode]))
-        setattr(lin, SCALE, nnx.Param(jax.ShapeDtypeStruct(shape[:-2] + shape[-1:],
-                                                           jnp.float32)))
-        lin.quant = spec
+        _set(lin, spec, jax.ShapeDtypeStruct(shape, STORED[mode]),
+             jax.ShapeDtypeStruct(shape[:-2] + shape[-1:], jnp.float32))
     return model
+
+
+def _set(lin, spec: QuantSpec, kernel, scale) -> None:
+    lin.kernel = nnx.Param(kernel)
+    setattr(lin, SCALE, nnx.Param(scale))
+    lin.quant = spec
+
+
+def quantize_linear(lin, mode: str, activations: bool = False, native: bool = False):
+    """Quantize one concrete :class:`~ditax.nn.Linear` in place from its float kernel (tests,
+    benchmarks; loaded models quantize as they read, :func:`prepare`); returns ``lin``."""
+    w = jnp.asarray(lin.kernel[...], jnp.float32)
+    scale = channel_scale(w, mode)
+    _set(lin, QuantSpec(mode, activations, native),
+         quantize_values(w, jnp.expand_dims(scale, -2), mode), scale)
+    return lin
 
 
 def quantized_kernels(state) -> list[tuple[str, ...]]:
@@ -255,6 +269,15 @@ def prepare(model, cfg, weights, source, mesh=None) -> dict:
     return {p: reader(mode) for p in paths}
 
 
+def check_lora_mode(cfg, loras, lora_mode: str) -> None:
+    """8-bit weights take merged LoRAs (merged into each slice before it is quantized);
+    unmerged ones are not wired to 8-bit kernels yet: one :class:`ConfigError`."""
+    if loras and lora_mode == "unmerged" and cfg.quantize != "none":
+        raise ConfigError(f"lora_mode='unmerged' with quantize={cfg.quantize!r}: unmerged "
+                          f"LoRAs do not run on 8-bit kernels yet; use lora_mode='merged' "
+                          f"(merged before quantizing) or quantize='none'")
+
+
 def check_source(weights, mode: str, source) -> None:
     """Refuse ``quantize=mode`` on a checkpoint already stored in another 8-bit format
     (GGUF; int8 of fp8 tensors), from the headers only, before any tensor is read."""
@@ -280,5 +303,5 @@ def weight_bytes(state) -> int:
 
 
 __all__ = ["MODES", "QuantSpec", "native_dots", "describe", "channel_scale",
-           "quantize_values", "dequantize", "quantize_module", "quantized_kernels",
-           "with_scale_axes", "reader", "prepare", "check_source", "weight_bytes"]
+           "quantize_values", "dequantize", "quantize_module", "quantize_linear", "quantized_kernels",
+           "with_scale_axes", "reader", "prepare", "check_lora_mode", "check_source", "weight_bytes"]

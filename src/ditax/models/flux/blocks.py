@@ -182,13 +182,14 @@ class SingleBlock(nnx.Module):
                                  ("act_batch", "act_seq", "act_mlp"))
         o = attend_joint(*self.attn.qkv(h, sharding), rope, kv_mask, attn, sharding)
         n, k = o.shape[-2:]
-        if type(self.proj_out) is Linear:
+        if type(self.proj_out) is Linear and self.proj_out.quant is None:
             dt = self.proj_out.dtype
             w = self.proj_out.kernel[...].astype(dt)
             out = (jnp.einsum("bsnk,nkd->bsd", o.astype(dt), w[:n * k].reshape(n, k, -1))
                    + jnp.einsum("bsm,md->bsd", mlp.astype(dt), w[n * k:])
                    + self.proj_out.bias[...].astype(dt))
-        else:   # a LoRA-carrying layer (ditax.lora) runs its own call on the joined input
+        else:   # a LoRA-carrying or 8-bit layer (ditax.lora, ditax.nn.quant): its own call
+            #     on the joined input
             out = self.proj_out(jnp.concatenate([o.reshape(o.shape[:-2] + (n * k,)),
                                                  mlp.astype(o.dtype)], -1))
         return sharding.constrain(gated(x, gate, out, clip=True), TOKENS)

@@ -196,6 +196,7 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
         cfg = FluxConfig.from_diffusers(read_config(source), param_dtype=dtype, dtype=dtype,
                                         **model_overrides)
     acfg = as_attention_config(attention)
+    quant.check_lora_mode(cfg, loras, lora_mode)
     check_mesh_axes(mesh)
     check_transformer(cfg, acfg, None if mesh is None else
                       {a: int(mesh.shape[a]) for a in MESH_AXES})
