@@ -14,11 +14,17 @@ with N = 12 heads: the Mosaic custom calls, their int8 operands, the kernel's ma
 the Mosaic module: ``i8 × i8 → i32`` for ``Q·Kᵀ``, bf16 for ``P·V``), the attention FLOPs
 split into int8 and bf16 halves, XLA's temp bytes (the quantization pre-pass) — against
 ``flash``'s compile at the same shape. No speed: CPU interpret timing says nothing of a TPU.
+
+``--weights``: the transformer weight bytes per mode (bf16, int8, fp8 block linears) of Wan 2.1
+14B, Wan 2.2 A14B (both experts) and FLUX.1-dev from their abstract models (no weights).
+``--weights-error`` (CPU, a minute): a random 1.3B-width Wan transformer's output relative
+error per mode (int8 / fp8 weights, with and without 8-bit activations) against float32.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -101,6 +107,63 @@ def tpu_hlo(L: int, N: int, K: int) -> None:
         emit(case, "argument_bytes", int(mem.argument_size_in_bytes), "bytes")
 
 
+MODES = (("int8", False), ("int8", True), ("fp8", False), ("fp8", True))
+
+
+def weight_memory(presets=("wan2.1-t2v-14b", "wan2.2-t2v-a14b", "flux.1-dev")) -> None:
+    """Bytes of the transformer weights per mode, from the abstract model's parameter shapes
+    (no weights read): bf16 storage vs 8-bit block linears (+ float32 scales, everything
+    else bf16). Wan 2.2 A14B: both experts (two transformers of the same shape)."""
+    from flax import nnx
+
+    from ditax.config import load_config
+    from ditax.models.base import model_family
+    from ditax.nn.quant import quantize_module, weight_bytes
+
+    for name in presets:
+        model = load_config(name).model
+        experts = 2 if name.startswith("wan2.2") and "a14b" in name else 1
+        cfg = dataclasses.replace(model, param_dtype="bfloat16", dtype="bfloat16")
+        def build(cfg=cfg):
+            return model_family(cfg).abstract(None)
+
+        full = weight_bytes(nnx.state(build())) * experts
+        emit(name, "weight_bytes", full, "bytes", mode="bf16", experts=experts,
+             gib=round(full / 2**30, 2))
+        for mode in ("int8", "fp8"):
+            q = weight_bytes(nnx.state(quantize_module(build(), mode))) * experts
+            emit(name, "weight_bytes", q, "bytes", mode=mode, experts=experts,
+                 gib=round(q / 2**30, 2), vs_bf16=round(q / full, 3))
+
+
+def weights_error(layers: int = 2, seed: int = 0) -> None:
+    """Relative error (Frobenius) of a random Wan transformer of 1.3B width (D = 1536, 12 heads,
+    FFN 8960, text 4096; ``layers`` blocks) per mode against its float32 output, on 1 x 16 x 4
+    x 16 x 16 latents (L = 256) and 64 text tokens; the block linears quantized from the
+    same float32 weights (``quantize_linear``, what the loader computes slice by slice)."""
+    from ditax.models.wan.build import init_model
+    from ditax.models.wan.config import WanConfig
+    from ditax.nn.quant import quantize_linear, quantized_linears
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    cfg = WanConfig(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960,
+                    num_layers=layers, text_dim=4096, freq_dim=256)
+    g = np.random.default_rng(seed)
+    x = jnp.asarray(g.standard_normal((1, 16, 4, 16, 16)), jnp.float32)
+    t = jnp.asarray([700.0])
+    text = jnp.asarray(g.standard_normal((1, 64, 4096)), jnp.float32)
+    run = jax.jit(lambda m, x, t, c: m(x, t, c, None, None))
+    ref = np.asarray(run(init_model(cfg, seed=seed), x, t, text))
+    for mode, act in MODES:
+        m = init_model(cfg, seed=seed)
+        for _, lin in list(quantized_linears(m, [n for n, _ in m.block_stacks])):
+            quantize_linear(lin, mode, act)
+        y = np.asarray(run(m, x, t, text))
+        emit(f"wan_D1536_L{layers}", "rel_err_vs_f32",
+             float(np.linalg.norm(y - ref) / np.linalg.norm(ref)), "ratio", mode=mode,
+             activations=act)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--attention", action="store_true", help="8-bit attention error (CPU)")
@@ -109,9 +172,17 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=1)
     p.add_argument("--K", type=int, default=128)
     p.add_argument("--score-std", type=float, nargs="+", default=[1.0, 2.0, 3.0])
+    p.add_argument("--weights", action="store_true",
+                   help="weight memory per mode (Wan 2.1 14B, Wan 2.2 A14B, FLUX.1-dev)")
+    p.add_argument("--weights-error", action="store_true",
+                   help="random 1.3B-width Wan: output relative error per mode (CPU)")
     a = p.parse_args(argv)
-    if not (a.attention or a.tpu_hlo):
-        p.error("choose --attention and/or --tpu-hlo")
+    if not (a.attention or a.tpu_hlo or a.weights or a.weights_error):
+        p.error("choose --attention, --tpu-hlo, --weights and/or --weights-error")
+    if a.weights:
+        weight_memory()
+    if a.weights_error:
+        weights_error()
     if a.attention:
         attention_error(a.L, a.heads, a.K, a.score_std)
     if a.tpu_hlo:

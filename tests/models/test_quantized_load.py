@@ -12,6 +12,7 @@ fp8 file with int8, unmerged LoRAs — one ConfigError line each, before any ten
 """
 
 import json
+import logging
 import math
 import struct
 
@@ -111,9 +112,15 @@ def test_wan_int8_one_device_and_fsdp_mesh(wan_folder, wan_full):
     print(f"int8: rel err {err:.2e}, weights {got} B vs float32 {full_bytes} B")
 
 
-def test_wan_fp8_and_int8_activations(wan_folder, wan_full):
+def test_wan_fp8_and_int8_activations(wan_folder, wan_full, caplog):
     x, t, c = _wan_inputs()
     y_full = wan_full[1]
+    with caplog.at_level(logging.INFO, logger="ditax.nn.quant"):
+        fp8 = ditax.load_transformer(wan_folder, quantize="fp8", quantize_activations=True)
+    assert "10 block linears, fp8 weights x fp8 activations on cpu" in caplog.text
+    assert "8-bit dots emulated" in caplog.text
+    err_fa = rel_err(np.asarray(fp8(x, t, c)), y_full)
+    assert err_fa < 8e-2, err_fa
     fp8 = ditax.load_transformer(wan_folder, quantize="fp8")
     assert fp8.module.blocks.attn1.to_q.kernel[...].dtype == jnp.float8_e4m3fn
     err = rel_err(np.asarray(fp8(x, t, c)), y_full)
@@ -125,7 +132,7 @@ def test_wan_fp8_and_int8_activations(wan_folder, wan_full):
     assert len(s8) >= 10, len(s8)   # every block linear (q/k/v/o x 2, FFN x 2)
     err_a = rel_err(np.asarray(act(x, t, c)), y_full)
     assert err_a < 3e-2, err_a
-    print(f"fp8: rel err {err:.2e}; int8 W+A: {err_a:.2e}, {len(s8)} s8 x s8 dots")
+    print(f"fp8: rel err {err:.2e}, fp8 W+A {err_fa:.2e}; int8 W+A: {err_a:.2e}, {len(s8)} s8 x s8 dots")
 
 
 def test_flux_int8(tmp_path):
@@ -167,6 +174,8 @@ def test_bad_quantize_input(tmp_path, wan_folder):
         ditax.load_transformer(wan_folder, quantize="int4")
     with pytest.raises(ConfigError, match="quantize_activations=true needs"):
         ditax.load_transformer(wan_folder, quantize_activations=True)
+    with pytest.raises(ConfigError, match=r"model.quantize='int4'"):   # before the folder
+        ditax.load_pipeline(tmp_path / "no-such-pipeline", quantize="int4")
     w = gguf.GGUFWriter(str(tmp_path / "wan-Q8_0.gguf"), "wan")
     w.add_tensor("head.head.weight", np.zeros((4, 4), np.float32))
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from ditax.nn.linear import Linear
-from ditax.nn.quant import QuantSpec, dequantize, quantize_linear
+from ditax.nn.quant import QuantSpec, dequantize, native_dots, quantize_linear
 
 D_IN, D_OUT, HEADS = 1536, 384, 3
 BOUND = {("int8", False): 1e-2, ("int8", True): 1.5e-2, ("fp8", False): 4e-2,
@@ -89,3 +89,15 @@ def test_fp8_dot_native_or_widened_same_numbers():
     n.quant = QuantSpec("fp8", True, native=True)
     a, b = jax.jit(lambda q, n, x: (q(x), n(x)))(q, n, x)
     assert rel(b, a) < 1e-6
+
+
+def test_native_dot_table():
+    """Weights-only never native; int8 x int8 on TPU v5e / v6e, fp8 x fp8 on H100 / H200."""
+    assert not native_dots("int8", False, "tpu", "TPU v6 lite")
+    assert native_dots("int8", True, "tpu", "TPU v6 lite")
+    assert native_dots("int8", True, "tpu", "TPU v5 lite")
+    assert not native_dots("fp8", True, "tpu", "TPU v6 lite")
+    assert native_dots("fp8", True, "gpu", "NVIDIA H200")
+    assert not native_dots("int8", True, "gpu", "NVIDIA H200")
+    assert not native_dots("int8", True, "cpu", "cpu")
+    assert not native_dots("fp8", True, "cpu", "cpu")

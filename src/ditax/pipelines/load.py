@@ -11,6 +11,9 @@ claims goes to the default family's loader, which resolves hub ids and names wha
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from ditax.models.fields import check_quantize
 from ditax.pipelines.family import folder_pipelines
 
 
@@ -20,7 +23,13 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **op
     ``dtype``, ``mesh`` (``ditax.make_mesh``) and ``attention`` (a backend name or an
     :class:`~ditax.attention.config.AttentionConfig`) are every family's; ``options`` are the
     family loader's own (Wan: :func:`ditax.pipelines.wan.loading.load_pipeline` — ``cfg_mode``,
-    ``scheduler``, ``loras``, ...)."""
+    ``scheduler``, ``loras``, ...) and model config fields handed to the transformer's loader,
+    e.g. ``quantize="int8" | "fp8"`` and ``quantize_activations=True`` (8-bit block linears,
+    :mod:`ditax.nn.quant`; Wan 2.2's two experts both)."""
+    if "quantize" in options or "quantize_activations" in options:   # before any file is read
+        check_quantize(SimpleNamespace(quantize=options.get("quantize", "none"),
+                                       quantize_activations=options.get("quantize_activations",
+                                                                        False)))
     _, pipelines = folder_pipelines(path)
     return pipelines.load(path, dtype=dtype, mesh=mesh, attention=attention, **options)
 

@@ -164,6 +164,11 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
       lora_mode: "merged" (folded into the weights while they load: no run-time cost) or
         "unmerged" (low-rank updates at run time; ``Transformer.set_lora_strengths`` changes
         strengths without recompiling; Linear layers only).
+      quantize / quantize_activations (model config fields, passed as keywords): "int8" |
+        "fp8" stores the block attention / FFN linears in 8 bits with per-output-channel
+        scales, quantized slice by slice as each device reads its slice (merged LoRAs first);
+        ``quantize_activations=True`` makes their dots 8-bit x 8-bit (:mod:`ditax.nn.quant`;
+        the load log says whether they are native on this platform).
       model_overrides: other :class:`WanConfig` fields (e.g. ``remat="full"``).
 
     The model, attention and mesh are checked here, once (:func:`check_transformer` with the
