@@ -188,3 +188,12 @@ def test_bad_quantize_input(tmp_path, wan_folder):
     f8 = _fp8_safetensors(tmp_path / "wan_fp8_e4m3fn.safetensors")
     with pytest.raises(ConfigError, match=r"already stored in fp8 .*quantize='fp8'"):
         ditax.load_transformer(f8, config=WanConfig(**WAN), quantize="int8")
+
+
+def test_training_refuses_quantize():
+    from ditax.config import load_config
+
+    cfg = load_config("tiny", ["model.quantize=int8"])
+    ditax.validate(cfg)                                  # inference: fine
+    with pytest.raises(ConfigError, match="model.quantize=int8 is for inference"):
+        ditax.validate(cfg, training=True)

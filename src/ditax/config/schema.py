@@ -85,6 +85,10 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
         raise ConfigError(f"log_every={cfg.log_every} must be >= 1 (log every this many steps)")
     if training and sizes is not None:
         check_batch(cfg.batch_size, sizes)
+    if training and getattr(cfg.model, "quantize", "none") != "none":
+        raise ConfigError(f"model.quantize={cfg.model.quantize} is for inference (8-bit weights "
+                          f"are not trained); train with model.quantize=none and quantize "
+                          f"when loading the result")
     return cfg
 
 
