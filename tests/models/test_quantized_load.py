@@ -197,3 +197,39 @@ def test_training_refuses_quantize():
     ditax.validate(cfg)                                  # inference: fine
     with pytest.raises(ConfigError, match="model.quantize=int8 is for inference"):
         ditax.validate(cfg, training=True)
+
+
+def test_merged_lora_then_quantized(tmp_path, wan_folder):
+    """A merged LoRA is folded into each float slice before it is quantized: the int8 kernels
+    equal those of the float-merged model saved and loaded with quantize='int8'."""
+    from lora_reference import block_modules, write_peft
+    from ditax.models.wan.convert import config_weight_table
+
+    d, f = 32, 64
+    shapes = {"attn1.to_q": (d, d), "ffn.net.0.proj": (f, d), "ffn.net.2": (d, f)}
+    gen = np.random.default_rng(3)
+    lora = {m: dict(down=(0.3 * gen.standard_normal((4, shapes[m.split(".", 2)[2]][1])))
+                    .astype(np.float32),
+                    up=(0.3 * gen.standard_normal((shapes[m.split(".", 2)[2]][0], 4)))
+                    .astype(np.float32), alpha=None, bias=None)
+            for m in block_modules(2, tuple(shapes))}
+    path = write_peft(tmp_path / "lora.safetensors", lora)
+    merged = ditax.load_transformer(wan_folder, loras=[(path, 0.8)])
+    folder = tmp_path / "merged"
+    folder.mkdir()
+    table = config_weight_table(merged.config)
+    save_file({k: np.ascontiguousarray(v) for k, v in export(table, merged.module).items()},
+              str(folder / "diffusion_pytorch_model.safetensors"))
+    (folder / "config.json").write_text((wan_folder / "config.json").read_text())
+    a = ditax.load_transformer(wan_folder, loras=[(path, 0.8)], quantize="int8").module
+    b = ditax.load_transformer(folder, quantize="int8").module
+    for lin in ("attn1.to_q", "ffn.proj_in", "ffn.proj_out", "attn1.to_k"):
+        la, lb = a.blocks, b.blocks
+        for part in lin.split("."):
+            la, lb = getattr(la, part), getattr(lb, part)
+        np.testing.assert_array_equal(np.asarray(la.kernel[...]), np.asarray(lb.kernel[...]))
+        np.testing.assert_array_equal(np.asarray(la.kernel_scale[...]),
+                                      np.asarray(lb.kernel_scale[...]))
+    plain = ditax.load_transformer(wan_folder, quantize="int8").module
+    assert not np.array_equal(np.asarray(plain.blocks.ffn.proj_in.kernel[...]),
+                              np.asarray(a.blocks.ffn.proj_in.kernel[...]))
