@@ -1,9 +1,9 @@
 """ditax.nn.quant on one Linear: int8 / fp8 weights (and per-token activations) against the
 float32 layer, on a Wan-1.3B-width layer (in 1536, out 384, LeCun-normal kernel, x ~ N(0, 1)).
 
-Stated bounds (relative error of the output, measured ~0.6 of each): int8 weights 1e-2
-(per-weight step max|w| / 127 over 1536 inputs: rms ~0.2 % of max, ~0.7 % of rms), int8
-weights + activations 1.5e-2, fp8 e4m3 weights 4e-2 (3 mantissa bits), fp8 both 5e-2. Every
+Stated bounds on the relative error of the output (measured here): int8 weights 1e-2
+(5.1e-3; per-weight step max|w| / 127 over 1536 inputs), int8 weights + activations 1.5e-2
+(9.5e-3), fp8 e4m3 weights 4e-2 (2.6e-2; 3 mantissa bits), fp8 both 5e-2 (3.7e-2). Every
 dot form of Linear (``[in, out]``, head-major ``out_heads``, from heads / head-major input)
 with 8-bit weights equals the float einsum of the dequantized kernel to float rounding, so the
 views and scales are placed right."""
@@ -32,19 +32,25 @@ def layer(out_heads=None):
                   out_heads=out_heads)
 
 
-@pytest.mark.parametrize("mode", ["int8", "fp8"])
-def test_quantized_linear_error_bound(mode):
-    x = jax.random.normal(jax.random.key(1), (2, 64, D_IN))
-    y_ref = jax.jit(lambda m, x: m(x))(layer(), x)
+def test_quantized_linear_error_bound():
+    """Each mode against the float32 layer (one compile); the fp8 x fp8 dot as the platform
+    would run it natively and its widened emulation give the same numbers (fp8 values are
+    exact in float32)."""
+    x = jax.random.normal(jax.random.key(1), (1, 64, D_IN))
+    modes = list(BOUND)
+    qs = [quantize_linear(layer(), mode, act) for mode, act in modes]
+    native = quantize_linear(layer(), "fp8", True)
+    native.quant = QuantSpec("fp8", True, native=True)
+    y_ref, ys, y_nat = jax.jit(lambda f, qs, n, x: (f(x), [q(x) for q in qs], n(x)))(
+        layer(), qs, native, x)
     errs = {}
-    qs = [quantize_linear(layer(), mode, act) for act in (False, True)]
-    ys = jax.jit(lambda qs, x: [q(x) for q in qs])(qs, x)
-    for act, q, y in zip((False, True), qs, ys):
+    for (mode, act), q, y in zip(modes, qs, ys):
         assert q.kernel[...].dtype == {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}[mode]
         assert q.kernel_scale[...].shape == (D_OUT,)
-        errs[act] = rel(y, y_ref)
-        assert 1e-4 < errs[act] < BOUND[(mode, act)], (mode, act, errs[act])
-    print(mode, errs)
+        errs[mode, act] = rel(y, y_ref)
+        assert 1e-4 < errs[mode, act] < BOUND[mode, act], (mode, act, errs[mode, act])
+    assert rel(y_nat, ys[modes.index(("fp8", True))]) < 1e-6
+    print(errs)
 
 
 def _dequantized(q, heads=None, din=D_IN, dout=D_OUT):
@@ -78,17 +84,6 @@ def test_every_dot_form_uses_the_scales_right():
     qa = quantize_linear(layer(HEADS), "int8", activations=True)
     hlo = jax.jit(lambda m, x: m.to_head_major(x, HEADS)).lower(qa, x).as_text()
     assert "xi8>, tensor<" in hlo and "-> tensor<1x3x16x128xi32>" in hlo, hlo[-2000:]
-
-
-def test_fp8_dot_native_or_widened_same_numbers():
-    """The fp8 x fp8 dot (native where the platform has one) and its widened emulation give
-    the same numbers: fp8 values are exact in float32."""
-    x = jax.random.normal(jax.random.key(5), (1, 8, D_IN))
-    q = quantize_linear(layer(), "fp8", activations=True)
-    n = quantize_linear(layer(), "fp8", activations=True)
-    n.quant = QuantSpec("fp8", True, native=True)
-    a, b = jax.jit(lambda q, n, x: (q(x), n(x)))(q, n, x)
-    assert rel(b, a) < 1e-6
 
 
 def test_native_dot_table():
