@@ -23,7 +23,23 @@ import urllib.request
 import jax
 
 SMALL = {"size": "32x32", "num_frames": 5, "num_inference_steps": 2}
+# long enough to be stopped mid-denoise or watched on the page; the faults and browser servers
+# (--lora-dir, --max-batch 1) run the same programs, so one module reads what the other compiled
+LONG = {**SMALL, "num_inference_steps": 24}
 PROMPT = "a red circle moves right"
+
+
+def write_lora(path):
+    """A random PEFT-format LoRA for the demo model's self-attention q / v (D = 320)."""
+    import numpy as np
+    from lora_reference import write_peft
+
+    rng = np.random.default_rng(0)
+    write_peft(path, {f"blocks.{i}.attn1.{m}": dict(
+        down=(0.3 * rng.standard_normal((4, 320))).astype(np.float32),
+        up=(0.3 * rng.standard_normal((320, 4))).astype(np.float32), alpha=None, bias=None)
+        for i in range(4) for m in ("to_q", "to_v")})
+    return path
 
 
 def shared_cache(tmp_path_factory) -> pathlib.Path:

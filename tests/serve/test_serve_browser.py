@@ -13,7 +13,7 @@ import shutil
 import time
 
 import pytest
-from serve_fixtures import SMALL, Server, shared_cache
+from serve_fixtures import LONG, Server, shared_cache, write_lora
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 DRIVERS = ("chromedriver", "/usr/lib/chromium/chromedriver")
@@ -46,7 +46,10 @@ def browser():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serve_browser")
-    srv = Server(folder, "--max-batch", "1", cache=shared_cache(tmp_path_factory)).start()
+    (folder / "loras").mkdir()
+    write_lora(folder / "loras" / "tiny.safetensors")
+    srv = Server(folder, "--max-batch", "1", "--lora-dir", str(folder / "loras"),
+                 cache=shared_cache(tmp_path_factory)).start()
     yield srv
     srv.stop()
 
@@ -66,10 +69,10 @@ def test_page_submit_progress_video_gallery(browser, server, tmp_path):
 
     browser.get(server.url + "/")
     wait_for(lambda: "demo_model" in browser.find_element(By.ID, "model").text, 30, "health")
-    width, height = SMALL["size"].split("x")
+    width, height = LONG["size"].split("x")
     for field, value in (("width", width), ("height", height),
-                         ("num_frames", SMALL["num_frames"]), ("num_inference_steps", 12),
-                         ("seed", 5)):
+                         ("num_frames", LONG["num_frames"]),
+                         ("num_inference_steps", LONG["num_inference_steps"]), ("seed", 5)):
         box = browser.find_element(By.ID, field)
         box.clear()
         box.send_keys(str(value))

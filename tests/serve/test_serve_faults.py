@@ -11,21 +11,9 @@ import sqlite3
 
 import numpy as np
 import pytest
-from serve_fixtures import PROMPT, SMALL, Server, mp4_frames, shared_cache
+from serve_fixtures import LONG, PROMPT, Server, mp4_frames, shared_cache, write_lora
 
 KEY = {"Authorization": "Bearer s3cret"}
-LONG = {**SMALL, "num_inference_steps": 24}      # long enough to be stopped mid-denoise
-
-
-def write_lora(path):
-    """A random PEFT-format LoRA for the demo model's self-attention q / v (D = 320)."""
-    from lora_reference import write_peft
-
-    rng = np.random.default_rng(0)
-    write_peft(path, {f"blocks.{i}.attn1.{m}": dict(
-        down=(0.3 * rng.standard_normal((4, 320))).astype(np.float32),
-        up=(0.3 * rng.standard_normal((320, 4))).astype(np.float32), alpha=None, bias=None)
-        for i in range(4) for m in ("to_q", "to_v")})
 
 
 def statuses(db) -> dict[str, str]:
