@@ -104,7 +104,8 @@ SLOWEST_FIRST = (
     "benchmarks/test_gpu_check.py", "serve/test_serve_faults.py", "serve/test_serve_api.py",
     "serve/test_serve_browser.py", "train/test_train.py", "train/test_train_image.py",
     "train/test_train_e2e.py", "lora/test_lora_train.py", "models/wan/test_transformer.py",
-    "train/test_flux_train.py", "test_compile_cache.py", "cli/test_cli.py",
+    "train/test_flux_train.py", "lora/test_flux_lora_train.py", "test_compile_cache.py",
+    "cli/test_cli.py", "attention/test_sage.py", "models/test_quantized_load.py",
     "pipelines/test_image_to_video.py", "cli/test_generate_outputs.py")
 
 
