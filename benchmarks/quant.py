@@ -19,6 +19,8 @@ split into int8 and bf16 halves, XLA's temp bytes (the quantization pre-pass) �
 14B, Wan 2.2 A14B (both experts) and FLUX.1-dev from their abstract models (no weights).
 ``--weights-error`` (CPU, a minute): a random 1.3B-width Wan transformer's output relative
 error per mode (int8 / fp8 weights, with and without 8-bit activations) against float32.
+``--tpu-linears`` (needs libtpu): a 1.3B-width Wan compiled deviceless for v6e per mode —
+argument / temp bytes and the dots XLA emits (s32 results of s8 x s8 = native int8).
 """
 
 from __future__ import annotations
@@ -164,6 +166,49 @@ def weights_error(layers: int = 2, seed: int = 0) -> None:
              activations=act)
 
 
+def tpu_linears(layers: int = 2) -> None:
+    """Deviceless v6e compile of a bf16 Wan of 1.3B width (``layers`` blocks, 1 x 16 x 4 x 16
+    x 16 latents, 64 text tokens) per mode: argument bytes and the dots XLA emits — s32
+    results of s8 x s8 operands (native int8) vs bf16 ones (weights widened first)."""
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    import re
+
+    from flax import nnx
+    from jax.experimental import topologies
+
+    import ditax
+    from ditax.models.wan.build import abstract_model
+    from ditax.models.wan.config import WanConfig
+    from ditax.nn.quant import describe, quantize_module
+
+    dev = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x4").devices[0]
+    rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
+                                     jax.sharding.PartitionSpec())
+    cfg = WanConfig(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960,
+                    num_layers=layers, text_dim=4096, freq_dim=256, param_dtype="bfloat16",
+                    dtype="bfloat16")
+    args = [jax.ShapeDtypeStruct(s, d, sharding=rep) for s, d in
+            (((1, 16, 4, 16, 16), jnp.bfloat16), ((1,), jnp.float32),
+             ((1, 64, 4096), jnp.bfloat16))]
+    for mode, act in (("none", False),) + MODES:
+        m = quantize_module(abstract_model(cfg), mode, act, [dev]) if mode != "none" else (
+            abstract_model(cfg))
+        gdef, state = nnx.split(m)
+        state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep),
+                             state)
+        with ditax.target_platform("tpu"):
+            comp = jax.jit(lambda s, x, t, c: nnx.merge(gdef, s)(x, t, c, None, None)).lower(
+                state, *args).compile()
+        hlo = comp.as_text()
+        dots = {k: len(re.findall(rf"= {k}\[[0-9,]*\]\{{[^}}]*\}} convolution\(", hlo))
+                for k in ("s32", "bf16", "f32")}
+        emit(f"v6e_wan_D1536_L{layers}", "dots", dots, "count", mode=mode, activations=act,
+             argument_bytes=int(comp.memory_analysis().argument_size_in_bytes),
+             temp_bytes=int(comp.memory_analysis().temp_size_in_bytes),
+             native=describe(mode, act, [dev]))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--attention", action="store_true", help="8-bit attention error (CPU)")
@@ -176,9 +221,13 @@ def main(argv=None):
                    help="weight memory per mode (Wan 2.1 14B, Wan 2.2 A14B, FLUX.1-dev)")
     p.add_argument("--weights-error", action="store_true",
                    help="random 1.3B-width Wan: output relative error per mode (CPU)")
+    p.add_argument("--tpu-linears", action="store_true",
+                   help="deviceless v6e: the 8-bit dots of a 1.3B-width Wan per mode")
     a = p.parse_args(argv)
-    if not (a.attention or a.tpu_hlo or a.weights or a.weights_error):
-        p.error("choose --attention, --tpu-hlo, --weights and/or --weights-error")
+    if not (a.attention or a.tpu_hlo or a.weights or a.weights_error or a.tpu_linears):
+        p.error("choose --attention, --tpu-hlo, --weights, --weights-error, --tpu-linears")
+    if a.tpu_linears:
+        tpu_linears()
     if a.weights:
         weight_memory()
     if a.weights_error:
