@@ -159,14 +159,19 @@ def one_device_step():
 
 
 @pytest.mark.parametrize("name", list(MESHES))
-def test_step_is_the_same_on_every_mesh(one_device_step, name):
+def test_step_is_the_same_on_every_mesh(one_device_step, name, request):
     sizes, extra = MESHES[name]
     if "attention.backend=ulysses" in extra:
         pytest.importorskip("ditax.attention.sequence",
                             reason="ulysses backend not in this build yet")
     batch, init, loss1, params1 = one_device_step
     cfg = tiny(*PARITY_CFG, *extra)
-    tr = Trainer(cfg, make_mesh({**ONE, **sizes}))
+    if name == "fsdp8":   # the training runs' Trainer is this program: its step compiles once
+        tr = request.getfixturevalue("trainer")
+        tr.check_serves(cfg)
+        assert dict(tr.mesh.shape) == dict(make_mesh({**ONE, **sizes}).shape)
+    else:
+        tr = Trainer(cfg, make_mesh({**ONE, **sizes}))
     st = tr.init(init)
     st, m = tr.step(st, tr.put_batch(batch))
     assert abs(float(m["loss"]) - loss1) < 1e-5
@@ -180,32 +185,37 @@ def test_step_is_the_same_on_every_mesh(one_device_step, name):
 # training runs: resume, overfit, SIGTERM, damaged checkpoints, NaN
 
 
+def run(out, dataset, *extra):
+    """:func:`run_cfg` with the parity model (8 heads): the fsdp8 mesh case's program."""
+    return run_cfg(out, dataset, *PARITY_CFG, *extra)
+
+
 @pytest.fixture(scope="module")
 def trainer(dataset):
-    """One Trainer (one compiled step) for every run below: their configs differ only in
-    data, output, steps and checkpointing."""
-    cfg = run_cfg("unused", dataset)
+    """One Trainer (one compiled step) for every run below and the fsdp8 mesh case: their
+    configs differ only in data, output, steps and checkpointing."""
+    cfg = run("unused", dataset)
     return Trainer(cfg, make_mesh(cfg.mesh))
 
 
 def test_resume_is_bit_identical(dataset, tmp_path, trainer):
-    a = train(run_cfg(tmp_path / "a", dataset, "steps=8"), trainer=trainer, progress=False)
-    b1 = train(run_cfg(tmp_path / "b", dataset, "steps=4"), trainer=trainer,
+    a = train(run(tmp_path / "a", dataset, "steps=4"), trainer=trainer, progress=False)
+    b1 = train(run(tmp_path / "b", dataset, "steps=2"), trainer=trainer,
                progress=False)
-    b2 = train(run_cfg(tmp_path / "b", dataset, "steps=8"), trainer=trainer,
+    b2 = train(run(tmp_path / "b", dataset, "steps=4"), trainer=trainer,
                progress=False)
-    assert b2.resumed_from == 4 and len(b2.losses) == 4
+    assert b2.resumed_from == 2 and len(b2.losses) == 2
     assert a.losses == b1.losses + b2.losses
     for x, y in zip(jax.tree.leaves(a.state), jax.tree.leaves(b2.state)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     rows = [json.loads(line) for line in open(tmp_path / "b" / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert [r["step"] for r in rows] == list(range(1, 5))
     assert {"loss", "grad_norm", "lr", "step_time", "tokens_per_s", "mfu"} <= set(rows[0])
     assert (tmp_path / "b" / "tb").is_dir()
 
 
 def test_loss_decreases_on_a_fixed_batch(dataset, trainer):
-    cfg = run_cfg("unused", dataset)
+    cfg = run("unused", dataset)
     tr = trainer
     batch = tr.put_batch(next(BatchIterator(cfg)))
     st = tr.init()
@@ -220,7 +230,7 @@ def test_loss_decreases_on_a_fixed_batch(dataset, trainer):
 
 
 def test_sigterm_saves_and_resumes(dataset, tmp_path, capsys, trainer):
-    cfg = run_cfg(tmp_path, dataset, "steps=8", "checkpoint.every=100")
+    cfg = run(tmp_path, dataset, "steps=8", "checkpoint.every=100")
 
     def hook(step, row):
         if step == 3:
@@ -234,7 +244,7 @@ def test_sigterm_saves_and_resumes(dataset, tmp_path, capsys, trainer):
 
 
 def test_damaged_checkpoints_fall_back(dataset, tmp_path, capsys, trainer):
-    cfg = run_cfg(tmp_path, dataset, "steps=4")
+    cfg = run(tmp_path, dataset, "steps=4")
     train(cfg, trainer=trainer, progress=False)
     ck = tmp_path / "checkpoints"
     assert sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) == [2, 4]
@@ -242,7 +252,7 @@ def test_damaged_checkpoints_fall_back(dataset, tmp_path, capsys, trainer):
         if f.is_file():
             f.write_bytes(b"garbage")
     (ck / "6.orbax-checkpoint-tmp-1234").mkdir()  # a save that was interrupted
-    r = train(run_cfg(tmp_path, dataset, "steps=6"), trainer=trainer, progress=False)
+    r = train(run(tmp_path, dataset, "steps=6"), trainer=trainer, progress=False)
     out = capsys.readouterr().out
     assert "ignoring incomplete save" in out and "6.orbax-checkpoint-tmp-1234" in out
     assert "step 4" in out and "incomplete or corrupted" in out and "falling back to step 2" in out
@@ -253,7 +263,7 @@ def test_damaged_checkpoints_fall_back(dataset, tmp_path, capsys, trainer):
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, trainer):
     ds = write_dataset(tmp_path / "nan", n=24, nan_at=20)
-    cfg = run_cfg(tmp_path / "run", ds, "steps=8", "data.shuffle=false")
+    cfg = run(tmp_path / "run", ds, "steps=8", "data.shuffle=false")
     with pytest.raises(NonFiniteLoss, match=r"loss is nan at step 3.*last good checkpoint is "
                                             r"step 2"):
         train(cfg, trainer=trainer, progress=False)
