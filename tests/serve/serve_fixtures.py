@@ -58,10 +58,11 @@ def free_port() -> int:
 
 
 class Server:
-    """``ditax serve --model demo`` with ``args``, its jobs in ``db``; :meth:`start` waits for
+    """``ditax serve --model MODEL`` (the demo model unless told) with ``args``, its jobs in ``db``; :meth:`start` waits for
     ``/health``."""
 
-    def __init__(self, folder: pathlib.Path, *args: str, db=None, cache=None):
+    def __init__(self, folder: pathlib.Path, *args: str, db=None, cache=None, model="demo"):
+        self.model = str(model)
         self.folder = pathlib.Path(folder)
         self.db = pathlib.Path(db or self.folder / "jobs.sqlite")
         self.out = self.folder / "videos"
@@ -75,7 +76,7 @@ class Server:
     def start(self, timeout: float = 90.0) -> "Server":
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "ditax.cli", "serve", "--model", "demo", "--port",
+        cmd = [sys.executable, "-m", "ditax.cli", "serve", "--model", self.model, "--port",
                str(self.port), "--db", str(self.db), "--output-dir", str(self.out),
                "--no-progress", *self.args]
         if self.cache is not None:

@@ -230,20 +230,6 @@ def image_request(args, req):
     return load, call
 
 
-def write_png(path, image) -> pathlib.Path:
-    """``image [H, W, 3]`` float in [0, 1] written as an 8-bit PNG (replacing ``path`` at the
-    end: a failed write leaves no half-written file)."""
-    import imageio.v2 as imageio
-
-    from ditax.io.outputs import atomic_file
-    from ditax.io.video import to_uint8
-
-    path = pathlib.Path(path)
-    with atomic_file(path) as tmp:
-        imageio.imwrite(str(tmp), to_uint8(image[None])[0], format="png")
-    return path
-
-
 def read_images(image: str | None, last_image: str | None) -> dict:
     """``--image`` / ``--last-image`` files read into ``image=`` / ``last_image=`` (an
     unreadable file is a :class:`RequestError`: exit 2)."""
@@ -276,6 +262,7 @@ def run(args) -> int:
     load, call = parse_request(args)
     import ditax
     from ditax.cli.run import run_context
+    from ditax.io.images import write_png
     from ditax.io.video import write_frames, write_mp4
     from ditax.pipelines.family import preflight
 

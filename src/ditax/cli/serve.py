@@ -5,7 +5,8 @@
 
 ``POST /v1/videos`` queues a job (checked by ``ditax generate``'s own rules first: a bad
 request is a 400 with generate's words), ``GET /v1/videos/ID`` polls it, ``GET
-/v1/videos/ID/content`` downloads the mp4, ``GET /`` is a web page; see :mod:`ditax.serve.app`.
+/v1/videos/ID/content`` downloads the mp4 (a PNG for an image model's folder, FLUX.1), ``GET /``
+is a web page; see :mod:`ditax.serve.app`.
 Jobs live in the SQLite file ``--db``: after a crash the same ``--db`` runs the queued and the
 interrupted jobs. Binds 127.0.0.1 unless ``--host`` says otherwise; ``--api-key KEY`` (or
 ``$DITAX_API_KEY``) makes every route but ``/health`` and the page need ``Authorization: Bearer
@@ -77,6 +78,7 @@ def run(args) -> int:
     check_args(args)
     from ditax.cli import model_arg
     from ditax.cli.generate import parse_request
+    from ditax.cli.sample_request import sample_request
     from ditax.serve.requests import BadRequest, check_body
 
     db = pathlib.Path(args.db)
@@ -84,11 +86,12 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     args.model = model_arg(args.model)
     loras = lora_files(args.lora_dir)
+    makes = sample_request(args.model, args.overrides).pipelines.makes    # video | image
     try:           # the model folder, overrides and LoRAs, checked as generate checks them
         load = dict(check_body({"prompt": "a check of the server's settings"}, args.model,
                                args.overrides, str(out / "request.mp4"), parse_request,
                                loras=tuple(n for n, _ in loras),
-                               lora_files=tuple(f for _, f in loras)).load)
+                               lora_files=tuple(f for _, f in loras), makes=makes).load)
     except BadRequest as e:
         raise ConfigError(str(e)) from None
     serve(args, db, out, load, loras)
@@ -109,6 +112,7 @@ def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list) ->
     from ditax.serve.worker import Worker
 
     mesh_cfg, cache = load.pop("mesh_config"), load.pop("compile_cache")
+    makes = load.pop("makes", "video")
     mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
     store = JobStore(db)
     requeued, failed = store.recover()
@@ -130,6 +134,7 @@ def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list) ->
                            parse_request=parse_request, store=store,
                            worker=worker, output_dir=out, max_queue=args.max_queue,
                            max_batch=args.max_batch, api_key=args.api_key, loras=loras,
+                           makes=makes,
                            health={"model": str(path), "platform": devices[0].platform,
                                    "devices": len(devices)})
         app = create_app(state)

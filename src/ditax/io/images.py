@@ -25,3 +25,18 @@ def read_image(path, what: str = "--image") -> PIL.Image.Image:
 
 
 __all__ = ["read_image"]
+
+
+def write_png(path, image) -> pathlib.Path:
+    """``image [H, W, 3]`` float in [0, 1] written as an 8-bit PNG (a temporary file beside
+    ``path``, renamed at the end: a failed write leaves no half-written file). Used by
+    ``ditax generate`` and ``ditax serve`` for image models."""
+    import imageio.v2 as imageio
+
+    from ditax.io.outputs import atomic_file
+    from ditax.io.video import to_uint8
+
+    path = pathlib.Path(path)
+    with atomic_file(path) as tmp:
+        imageio.imwrite(str(tmp), to_uint8(image[None])[0], format="png")
+    return path

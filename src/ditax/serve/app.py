@@ -9,6 +9,10 @@ Routes (JSON unless said; errors are ``{"error": {"message", "param", "type"}}``
 - ``GET /v1/videos/{id}`` — the job: ``status`` queued | in_progress | completed | failed |
   cancelled, ``progress`` 0-100 (steps done), ``error.message`` when failed, the request;
 - ``GET /v1/videos/{id}/content`` — ``video/mp4`` once completed (404 before, with a message);
+  ``image/png`` when the served folder is an image model (FLUX.1: the same job routes answer
+  it — its jobs have ``"object": "image"``, no ``num_frames``; their fields are ``ditax
+  generate``'s for a PNG, so ``num_frames``, ``image``, ``negative_prompt`` get a 400 with its
+  words);
 - ``GET /v1/videos?limit=&after=`` — newest first (``after``: the last id of the previous page);
 - ``DELETE /v1/videos/{id}`` — cancels a queued or running job; a finished one's file is
   deleted (the record stays);
@@ -61,6 +65,7 @@ class ServeState:
     limits: Limits = field(default_factory=Limits)
     health: dict = field(default_factory=dict)
     loras: list = field(default_factory=list)      # [(name, file)] of --lora-dir, in order
+    makes: str = "video"                           # or "image" (the folder family's makes)
 
     @property
     def metrics(self) -> Metrics:
@@ -77,7 +82,8 @@ def error(status: int, message: str, param: str | None = None, headers=None):
 def job_json(job: dict) -> dict:
     """The API view of a job row."""
     req = {k: v for k, v in job["request"].items() if k not in ("image", "last_image")}
-    out = {"id": job["id"], "object": "video", "status": job["status"],
+    kind = "video" if "num_frames" in req else "image"
+    out = {"id": job["id"], "object": kind, "status": job["status"],
            "progress": job["progress"], "created_at": int(job["created_at"]),
            "completed_at": None if job["finished_at"] is None else int(job["finished_at"]),
            "error": None if not job["error"] else {"message": job["error"]},
@@ -135,7 +141,7 @@ def create_app(state: ServeState):
             checked = await run_in_threadpool(
                 check_body, body, state.model, state.overrides,
                 str(state.output_dir / "request.mp4"), state.parse_request, state.limits,
-                tuple(name for name, _ in state.loras))
+                tuple(name for name, _ in state.loras), (), state.makes)
             job = state.store.add(checked.stored, checked.batch_key, state.max_queue)
         except BadRequest as e:
             return error(e.status, str(e), e.param)
@@ -173,7 +179,8 @@ def create_app(state: ServeState):
         path = state.output_dir / (job["file"] or "")
         if not job["file"] or not path.is_file():
             return error(404, f"video {job_id}'s file was deleted", "id")
-        return FileResponse(path, media_type="video/mp4", filename=f"{job_id}.mp4")
+        kind = "image/png" if path.suffix == ".png" else "video/mp4"
+        return FileResponse(path, media_type=kind, filename=f"{job_id}{path.suffix}")
 
     @app.delete("/v1/videos/{job_id}")
     def delete(job_id: str):

@@ -17,6 +17,7 @@ import argparse
 import base64
 import binascii
 import io
+import pathlib
 import re
 from dataclasses import dataclass
 
@@ -136,15 +137,18 @@ def decode_image(text, name: str, limit: int):
 
 
 def check_body(body, model: str, overrides: list[str], output: str, parse_request,
-               limits: Limits = Limits(), loras: tuple = (), lora_files: tuple = ()
-               ) -> Checked:
+               limits: Limits = Limits(), loras: tuple = (), lora_files: tuple = (),
+               makes: str = "video") -> Checked:
     """Check a request body against the served ``model`` (path) and the server's ``key=value``
     ``overrides``; ``output`` names a writable file of the output folder (generate checks its
     ``--output``); ``parse_request``: ``ditax generate``'s (:func:`ditax.cli.generate.
     parse_request`: ``args`` → ``(load, call)``); ``loras``: the names of the LoRAs the
     server holds (unmerged, in order; a request's ``loras`` become one strength per name,
     ``stored["lora_strengths"]``); ``lora_files``: their files, read and checked by generate's
-    ``--lora`` rules (the server's startup check). Raises :class:`BadRequest`."""
+    ``--lora`` rules (the server's startup check); ``makes``: ``"video"`` or ``"image"`` (the
+    folder family's ``makes``: an image model's request is ``generate``'s PNG request, and its
+    video-only fields — ``num_frames``, ``image``, ``last_image``, ``negative_prompt`` — are
+    refused with the words of ``generate``'s video flags). Raises :class:`BadRequest`."""
     from ditax.errors import DitaxError
     from ditax.pipelines.family import preflight
 
@@ -177,9 +181,13 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
               for k in ("image", "last_image") if body.get(k) is not None}
     if "last_image" in images and "image" not in images:
         raise BadRequest("last_image needs image (the first frame) too", "last_image")
-    args = argparse.Namespace(
+    image_model = makes == "image"
+    output = str(pathlib.Path(output).with_suffix(".png" if image_model else ".mp4"))
+    args = argparse.Namespace(   # an image model's generate refuses --image / --last-image
         model=model, prompt=body["prompt"], negative_prompt=body.get("negative_prompt"),
-        image=None, last_image=None, height=height, width=width,
+        image="image" if image_model and "image" in images else None,
+        last_image="last_image" if image_model and "last_image" in images else None,
+        height=height, width=width,
         frames=body.get("num_frames"), steps=body.get("num_inference_steps"),
         guidance=body.get("guidance_scale"), guidance_2=None,
         lora=[f"{f}:0" for f in lora_files], lora_2=[],
@@ -189,9 +197,9 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
         overrides=[*overrides, *extra])
     try:
         load, call = parse_request(args)
-        if load.get("makes") == "image":
-            raise BadRequest(f"{model} is an image model; ditax serve serves video models only "
-                             f"so far (ditax generate writes its PNGs)")
+        if load.get("makes", "video") != makes:
+            raise BadRequest(f"{model} makes {load.get('makes', 'video')}s, not {makes}s; "
+                             f"restart ditax serve on it")
         call.update(images)
         preflight(load["path"], load, call, None)
     except BadRequest:

@@ -8,7 +8,8 @@ events, per job and in total (``/metrics``). The thread claims up to ``max_batch
 queued jobs of one batch key (:meth:`~ditax.serve.jobs.JobStore.claim`) and runs them as one
 batch (:mod:`ditax.serve.batch`; padded to a power of two, so batch sizes share programs);
 image-to-video and step-cached requests run one at a time
-through the pipeline's call. Each video is written to a temporary file and renamed
+through the pipeline's call, as do an image model's (FLUX.1: a PNG, :func:`ditax.io.images.
+write_png`). Each video is written to a temporary file and renamed
 (:func:`ditax.io.video.write_mp4`), then the job is marked completed: a file a client may
 download is always whole.
 
@@ -134,6 +135,7 @@ class Worker(threading.Thread):
                 self.running = []
 
     def run_jobs(self, jobs: list[dict]) -> None:
+        from ditax.io.images import write_png
         from ditax.io.video import write_mp4
         from ditax.serve.batch import bucket, generate_batch
 
@@ -192,8 +194,12 @@ class Worker(threading.Thread):
             if job["id"] in self.cancelled:
                 self.store.finish(job["id"], "cancelled")
                 continue
-            name = f"{job['id']}.mp4"
-            write_mp4(self.output_dir / name, video, fps=job["request"].get("fps") or 16)
+            if video.ndim == 3:           # an image model's [H, W, 3]: a PNG
+                name = f"{job['id']}.png"
+                write_png(self.output_dir / name, video)
+            else:
+                name = f"{job['id']}.mp4"
+                write_mp4(self.output_dir / name, video, fps=job["request"].get("fps") or 16)
             if self.store.finish(job["id"], "completed", file=name, compiles=compiles):
                 done = self.store.get(job["id"])
                 self.metrics.add(jobs=1, job_seconds=done["finished_at"] - done["created_at"])

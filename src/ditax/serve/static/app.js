@@ -22,8 +22,10 @@ async function api(method, path, body) {
 }
 
 async function videoElement(job) {
-  const v = document.createElement("video");
-  v.controls = true; v.loop = true; v.muted = true; v.autoplay = true; v.playsInline = true;
+  // an image model's job (object "image") is a PNG: an <img> instead of a <video>
+  const v = document.createElement(job.object === "image" ? "img" : "video");
+  if (job.object === "image") v.alt = job.prompt;
+  else { v.controls = true; v.loop = true; v.muted = true; v.autoplay = true; v.playsInline = true; }
   v.dataset.id = job.id;
   const r = await fetch(job.url, { headers: headers() });
   if (r.ok) v.src = URL.createObjectURL(await r.blob());
