@@ -2,7 +2,8 @@
 accepted job ends completed or failed with a reason, no half-written file), SIGTERM (exit 0,
 the running job back in the queue), a full queue (429 + Retry-After), the API key (401), and
 the store's recovery rule (a job interrupted too often fails with the reason); LoRA switching
-(``--lora-dir``: a request's strength changes the video and compiles nothing)."""
+(``--lora-dir``: a request's strength changes the video, compiles nothing, and equals ``ditax
+generate --lora FILE:S --lora-mode unmerged`` with the same seed)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def statuses(db) -> dict[str, str]:
         return dict(con.execute("SELECT id, status FROM jobs"))
 
 
-def test_auth_queue_full_kill9_restart_sigterm(tmp_path_factory, tmp_path):
+def test_auth_queue_full_kill9_restart_sigterm(tmp_path_factory, tmp_path, capsys):
     folder = tmp_path_factory.mktemp("serve_faults")
     (folder / "loras").mkdir()
     write_lora(folder / "loras" / "tiny.safetensors")
@@ -72,6 +73,20 @@ def test_auth_queue_full_kill9_restart_sigterm(tmp_path_factory, tmp_path):
         plain, styled = (mp4_frames(srv.call("GET", j["url"], headers=KEY)[2], tmp_path)
                          for j in (done[0], lora))
         assert np.abs(plain.astype(int) - styled.astype(int)).max() > 10
+        # ... and equals ditax generate with the LoRA loaded unmerged at that strength (the
+        # same seed; the server's compile cache): the same mp4, byte for byte
+        from ditax.cli import main
+
+        out = tmp_path / "lora.mp4"
+        assert main(["generate", "--model", "demo", "--prompt", PROMPT, "--width", "32",
+                     "--height", "32", "--frames", str(LONG["num_frames"]), "--steps",
+                     str(LONG["num_inference_steps"]), "--seed", "0", "--lora",
+                     f"{folder / 'loras' / 'tiny.safetensors'}:1", "--lora-mode", "unmerged",
+                     "--output", str(out), "--no-progress", f"compile_cache={srv.cache}"]) == 0
+        capsys.readouterr()
+        served = srv.call("GET", lora["url"], headers=KEY)[2]
+        np.testing.assert_array_equal(styled, mp4_frames(out.read_bytes(), tmp_path))
+        assert served == out.read_bytes()
         # SIGTERM mid-job: exit 0, the running job back in the queue (the next start runs it)
         last = srv.submit(headers=KEY, seed=9, **LONG)["id"]
         srv.wait(last, ("in_progress",), headers=KEY, poll=0.01)
