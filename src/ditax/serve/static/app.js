@@ -105,7 +105,7 @@ async function refresh() {
       const text = document.createElement("div");
       text.innerHTML = `<span class="status-${job.status}"></span><br><span class="muted"></span>`;
       text.children[0].textContent = `${job.status}${job.status === "in_progress" ? " " + job.progress + "%" : ""}`;
-      text.children[2].textContent = `${job.prompt} · ${job.size} · ${job.num_frames} frames · seed ${job.seed}`;
+      text.children[2].textContent = `${job.prompt} · ${job.size} · ${job.object === "image" ? "image" : job.num_frames + " frames"} · seed ${job.seed}`;
       card.appendChild(text);
       gallery.appendChild(card);
     }
