@@ -33,17 +33,28 @@ def pipe_dir(tmp_path_factory):
     return build_pipeline_folder(tmp_path_factory.mktemp("e2e") / "pipeline")
 
 
-def test_preprocess_then_train_from_pipeline(tmp_path, rng, pipe_dir, capsys):
-    vids = tmp_path / "videos"
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory, pipe_dir):
+    """Three captioned 9-frame clips and the dataset `ditax preprocess` (one clip per encoder
+    call) writes from their first 5 frames: (videos folder, dataset folder). One preprocess
+    for the tests below."""
+    tmp = tmp_path_factory.mktemp("e2e_clips")
+    rng = np.random.default_rng(0)
+    vids = tmp / "videos"
     vids.mkdir()
     for i, cap in enumerate(["a cat walks on the grass", "waves crash on the rocks",
                              "a red car drives through the rain"]):
         _write_video(vids / f"clip{i}.mp4", rng)
         (vids / f"clip{i}.txt").write_text(cap)
-    ds = tmp_path / "dataset"
+    ds = tmp / "dataset"
     rc = cli_main(["preprocess", str(vids), str(ds), "--model", str(pipe_dir), "--height", "32",
                    "--width", "32", "--frames", "5", "--text-len", "8"])
     assert rc == 0
+    return vids, ds
+
+
+def test_preprocess_then_train_from_pipeline(tmp_path, clips, pipe_dir, capsys):
+    vids, ds = clips
     meta = json.loads((ds / "meta.json").read_text())
     assert meta["num_samples"] == 3
     assert tuple(meta["latent_shape"]) == (16, 2, 4, 4)      # 5 frames → 2 latent, 32/8 = 4
@@ -71,23 +82,19 @@ def test_init_from_architecture_mismatch_is_reported(tmp_path, pipe_dir):
         train(cfg, progress=False)
 
 
-def test_preprocess_in_groups_writes_the_same_dataset(tmp_path, rng, pipe_dir):
-    """``batch=2`` over 3 clips (a group of 2, then 1) writes the samples ``batch=1`` writes,
-    in the same order; ``batch=0`` is refused naming the value."""
+def test_preprocess_in_groups_writes_the_same_dataset(tmp_path, clips, pipe_dir):
+    """``batch=2`` over 3 clips (a group of 2, then 1) writes the samples ``batch=1`` (the
+    module's dataset) writes, in the same order; ``batch=0`` is refused naming the value."""
     import grain
 
     from ditax.train.data import _decode, read_meta
     from ditax.train.preprocess import preprocess
 
-    vids = tmp_path / "videos"
-    vids.mkdir()
-    for i, cap in enumerate(["a cat walks", "waves crash on the rocks", "a red car"]):
-        _write_video(vids / f"clip{i}.mp4", rng, frames=5)
-        (vids / f"clip{i}.txt").write_text(cap)
+    vids, ds1 = clips
     kw = dict(height=32, width=32, frames=5, text_len=8, say=lambda _: None)
     samples = {}
     for b in (1, 2):
-        out = preprocess(vids, tmp_path / f"ds{b}", pipe_dir, batch=b, **kw)
+        out = ds1 if b == 1 else preprocess(vids, tmp_path / f"ds{b}", pipe_dir, batch=b, **kw)
         files = [str(out / f) for f in read_meta(out)["files"]]
         src = grain.sources.ArrayRecordDataSource(files)
         samples[b] = [_decode(src[i]) for i in range(len(src))]
