@@ -148,13 +148,14 @@ MESHES = {
 
 
 @pytest.fixture(scope="module")
-def one_device_step():
+def one_device_step(trainer):
+    """One step on one device from the seed's weights (drawn by the runs' fsdp8 Trainer, whose
+    random init compiles once for the module)."""
     cfg = tiny(*PARITY_CFG)
     batch = next(BatchIterator(cfg))
     tr = Trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
-    st = tr.init()
-    init = jax.tree.map(np.asarray, st["params"])
-    st, m = tr.step(st, tr.put_batch(batch))
+    init = jax.tree.map(np.asarray, trainer.init()["params"])
+    st, m = tr.step(tr.init(init), tr.put_batch(batch))
     return batch, init, float(m["loss"]), jax.tree.map(np.asarray, st["params"])
 
 
