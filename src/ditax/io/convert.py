@@ -165,6 +165,20 @@ def listing(items: list[str], sep: str = ", ", limit: int = 20) -> str:
     return sep.join(items[:limit]) + more
 
 
+def key_mismatch(head: str, missing, unexpected, hint: str, bad=()) -> WeightError:
+    """The one error for weights that do not match a table: ``head``, then every missing,
+    unexpected and wrong-shape key (each list cut by :func:`listing`), then ``hint`` (the fix)."""
+    msg = [head]
+    if missing:
+        msg.append(f"missing {len(missing)} key(s): {listing(missing)}")
+    if unexpected:
+        msg.append(f"unexpected {len(unexpected)} key(s): {listing(unexpected)}")
+    if bad:
+        msg.append(f"{len(bad)} of the wrong shape: {listing(bad, '; ')}")
+    msg.append(hint)
+    return WeightError("; ".join(msg))
+
+
 def check_keys(table: Table, available, source="the checkpoint") -> dict[str, str]:
     """Expected key → the key to read (an ``alt`` name when the main one is absent).
 
@@ -184,14 +198,9 @@ def check_keys(table: Table, available, source="the checkpoint") -> dict[str, st
     unexpected = sorted(k for k in have - alts
                         if not any(re.search(p, k) for p in table.ignore))
     if missing or unexpected:
-        msg = [f"{table.name} weights in {source} do not match {table.context}"]
-        if missing:
-            msg.append(f"missing {len(missing)} key(s): {listing(missing)}")
-        if unexpected:
-            msg.append(f"unexpected {len(unexpected)} key(s): {listing(unexpected)}")
-        msg.append("check that config.json belongs to these weights and that every shard "
-                   "downloaded completely")
-        raise WeightError("; ".join(msg))
+        raise key_mismatch(f"{table.name} weights in {source} do not match {table.context}",
+                           missing, unexpected, "check that config.json belongs to these "
+                           "weights and that every shard downloaded completely")
     return chosen
 
 

@@ -22,8 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from ditax.errors import WeightError
-from ditax.io.convert import listing, param_shapes
+from ditax.io.convert import key_mismatch, param_shapes
 from ditax.lora.merge import upstream_shapes
 from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.original_names import fused, tensor_key
@@ -129,7 +128,7 @@ class BflWeights:
 def open_single_file(path, cfg: FluxConfig, table, shapes: dict):
     """The file at ``path`` as :class:`BflWeights` (diffusers keys of ``table``, our
     parameter ``shapes``), or the file itself when it already has diffusers keys; raises one
-    :class:`WeightError` naming every missing, unexpected and wrongly shaped stored key."""
+    :class:`~ditax.errors.WeightError` naming every missing, unexpected and wrongly shaped stored key."""
     from ditax.io.weights import Weights
 
     weights = Weights.open(path)
@@ -143,16 +142,10 @@ def open_single_file(path, cfg: FluxConfig, table, shapes: dict):
     bad = [f"{k}: shape {tuple(weights.shape(k))} but the model expects {want}"
            for k, want in stored.items() if k in have and tuple(weights.shape(k)) != want]
     if missing or unexpected or bad:
-        msg = [f"transformer weights in {path} (BFL names) do not match {table.context}"]
-        if missing:
-            msg.append(f"missing {len(missing)} key(s): {listing(missing)}")
-        if unexpected:
-            msg.append(f"unexpected {len(unexpected)} key(s): {listing(unexpected)}")
-        if bad:
-            msg.append(f"{len(bad)} of the wrong shape: {listing(bad, '; ')}")
-        msg.append("check config= (a FLUX.1 preset: flux.1-dev has the guidance embedding, "
-                   "flux.1-schnell not) and that the file downloaded completely")
-        raise WeightError("; ".join(msg))
+        raise key_mismatch(
+            f"transformer weights in {path} (BFL names) do not match {table.context}",
+            missing, unexpected, "check config= (a FLUX.1 preset: flux.1-dev has the guidance "
+            "embedding, flux.1-schnell not) and that the file downloaded completely", bad)
     return BflWeights(weights, sources)
 
 
