@@ -151,7 +151,8 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
            finalize: Callable[[Any, Any], Any] | None = None,
            prepare_decode: Callable[[], Any] | None = None,
            decode: Callable[[Any, Any], Any] | None = None, progress: bool = True,
-           size: str = "", on_step: Callable[[int], None] | None = None) -> Sampled:
+           size: str = "", on_step: Callable[[int], None] | None = None,
+           start_step: int = 0, source: Callable[[], Any] | None = None) -> Sampled:
     """Run one request through the loop of the module docstring.
 
     Args:
@@ -172,6 +173,10 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
         ``decode(latents, prepared)`` → the output; no ``decode``: the output is the latents.
       on_step: ``on_step(steps_done)`` after each step has finished on the device (a server's
         progress; an exception it raises stops the loop).
+      start_step: the first ``start_step`` of the ``num_inference_steps`` steps are cut (the
+        scheduler's ``from_step``; video-to-video's strength); ``source()`` → clean latents of
+        ``latent_shape`` (run in phase ``condition_phase``) that the noise is added to at the
+        first kept step; given ``latents`` are that noised start instead, as diffusers'.
     """
     if guidance_scale_2 is None:
         guidance_scale_2 = guidance_scale
@@ -185,6 +190,7 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
     t0 = time.perf_counter()
     with phase(condition_phase):
         cond = jax.block_until_ready(replicate(condition(), mesh))
+        src = None if source is None or latents is not None else jax.block_until_ready(source())
     t_image = time.perf_counter() - t0
     t0 = time.perf_counter()
     with phase("text"):
@@ -194,8 +200,13 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
     with phase("denoise"):   # compile nests inside (Programs)
         if latents is None:
             latents = initial_noise(seed, shape)
-        x = replicate(jnp.asarray(latents, jnp.float32), mesh)
-        state = replicate(set_timesteps(scheduler, num_inference_steps, shape, sigmas), mesh)
+        x = jnp.asarray(latents, jnp.float32)
+        state = set_timesteps(scheduler, num_inference_steps, shape, sigmas)
+        if start_step:
+            state = scheduler.from_step(state, start_step)
+        if src is not None:   # the source noised to the first kept step
+            x = scheduler.add_noise(state, jnp.asarray(src, jnp.float32), x, 0)
+        x, state = replicate(x, mesh), replicate(state, mesh)
         timesteps = np.asarray(state.timesteps)
         # ahead of time, before the first step: one step program per expert signature, decode
         programs.seconds = 0.0
@@ -221,7 +232,7 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
         t_compile = programs.seconds
         from tqdm.auto import tqdm
 
-        for i in tqdm(range(num_inference_steps), disable=not progress, desc="denoise",
+        for i in tqdm(range(len(timesteps)), disable=not progress, desc="denoise",
                       unit="step"):
             low = boundary is not None and timesteps[i] < boundary
             g = guidance_scale_2 if low else guidance_scale
@@ -232,7 +243,7 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
             if on_step is not None:
                 on_step(i + 1)
         x = jax.block_until_ready(x if finalize is None else finalize(cond, x))
-    stats = (uncached_stats(num_inference_steps, use_cfg) if step_cache is None
+    stats = (uncached_stats(len(timesteps), use_cfg) if step_cache is None
              else step_cache.stats())
     t2 = time.perf_counter()
     timings = dict(text=t1 - t0, compile=t_compile, denoise=t2 - t1 - t_compile, image=t_image,

@@ -157,6 +157,11 @@ class FlowMatchEulerScheduler:
         prev = sample.astype(jnp.float32) + dt * model_output.astype(jnp.float32)
         return prev.astype(model_output.dtype), state._replace(step_index=i + 1)
 
+    def from_step(self, state: FlowMatchEulerState, start: int) -> FlowMatchEulerState:
+        """The state of a run that begins at step ``start`` (the first ``start`` steps cut, as
+        diffusers' video-to-video does): the tables from ``start`` on, step index 0."""
+        return state._replace(timesteps=state.timesteps[start:], sigmas=state.sigmas[start:])
+
     def add_noise(self, state: FlowMatchEulerState, sample, noise, index):
         """``(1 - s) * sample + s * noise`` at ``state.sigmas[index]`` (diffusers' scale_noise)."""
         return add_flow_noise(sample, noise, state.sigmas[jnp.asarray(index)])

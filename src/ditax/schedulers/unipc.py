@@ -209,6 +209,14 @@ class UniPCScheduler:
                                    last_sample=x)
         return pred.astype(sample.dtype), new_state
 
+    def from_step(self, state: UniPCState, start: int) -> UniPCState:
+        """The state of a run that begins at step ``start`` (the first ``start`` steps cut, as
+        diffusers' video-to-video does): the tables from ``start`` on, step index 0 — so the
+        first kept step is order 1 without a corrector and the final steps lower their order
+        as diffusers' does (which counts its history from the first step it runs)."""
+        return state._replace(timesteps=state.timesteps[start:], sigmas=state.sigmas[start:],
+                              corrector_on=state.corrector_on[start:])
+
     def add_noise(self, state: UniPCState, sample, noise, index):
         """``(1 - s) * sample + s * noise`` at ``state.sigmas[index]`` (scalar or ``[B]``)."""
         return add_flow_noise(sample, noise, state.sigmas[jnp.asarray(index)])

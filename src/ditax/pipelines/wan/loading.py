@@ -18,6 +18,7 @@ from ditax.pipelines.wan.image_to_video import WanImageToVideo
 from ditax.pipelines.wan.request import check_load_args
 from ditax.pipelines.wan.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
 from ditax.pipelines.wan.text_to_video import WanTextToVideo
+from ditax.pipelines.wan.video_to_video import WanVideoToVideo
 from ditax.schedulers.overrides import check_scheduler_name
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
                   flow_shift: float | None = None, vae_dtype: str = "float32",
                   vae_tiling: bool = False, max_sequence_length: int | None = None,
                   loras=None, loras_2=None, lora_strict: bool = True,
-                  lora_mode: str = "merged", **model_overrides) -> "WanTextToVideo":
+                  lora_mode: str = "merged", video_to_video: bool = False,
+                  **model_overrides) -> "WanTextToVideo":
     """Load a diffusers Wan pipeline folder (or hub id): a text-to-video ``WanPipeline`` into
     :class:`WanTextToVideo`; a ``WanImageToVideoPipeline`` (Wan 2.1 I2V / FLF2V, Wan 2.2 I2V
     A14B) or an ``expand_timesteps`` folder (Wan 2.2 TI2V-5B) into
@@ -52,6 +54,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         format of :mod:`ditax.lora`); ``loras_2``: the same for Wan 2.2's ``transformer_2``
         (the low-noise expert); ``lora_strict=False`` skips unknown LoRA keys with a warning;
         ``lora_mode="unmerged"`` keeps them as run-time updates (see ``load_transformer``).
+      video_to_video: a text-to-video folder as
+        :class:`~ditax.pipelines.wan.video_to_video.WanVideoToVideo` (``video=``,
+        ``strength=``); another kind of folder is a :class:`ConfigError` before any weights.
 
     A folder's ``ditax_sample.json`` (:mod:`.sample_defaults`) becomes ``pipe.sample_defaults``:
     the sizes, steps, guidance, ... a call uses where it is given none.
@@ -64,13 +69,16 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
     with phase("load"):
         folder = read_pipeline_folder(path)
         defaults = read_sample_defaults(folder.root)      # checked before any weights
+        if video_to_video and folder.kind != "t2v":
+            raise ConfigError(f"video-to-video needs a text-to-video folder (WanPipeline); "
+                              f"{folder.root} is {folder.kind} — load a Wan T2V model")
         if max_sequence_length is None:
             max_sequence_length = {**SAMPLE_DEFAULTS, **defaults}["max_sequence_length"]
         parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
                                 scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
                                 loras=loras, loras_2=loras_2, lora_strict=lora_strict,
                                 lora_mode=lora_mode, **model_overrides)
-        cls = WanTextToVideo
+        cls = WanVideoToVideo if video_to_video else WanTextToVideo
         if folder.kind != "t2v":
             cls = WanImageToVideo
             parts["expand_timesteps"] = folder.kind == "ti2v"

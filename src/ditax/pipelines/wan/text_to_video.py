@@ -114,6 +114,11 @@ class WanTextToVideo:
                         np.float32(0.0), np.float32(1.0))
         return np.ascontiguousarray(np.transpose(video[0], (1, 2, 3, 0)))  # [F, H, W, 3]
 
+    def sample_options(self, num_inference_steps: int) -> dict:
+        """More arguments of :func:`~ditax.pipelines.sampling.sample` for this request (the
+        video-to-video pipeline's start step and source); none for text-to-video."""
+        return {}
+
     @in_compile_cache
     def __call__(self, prompt, negative_prompt=None, height: int | None = None,
                  width: int | None = None, num_frames: int | None = None,
@@ -195,7 +200,7 @@ class WanTextToVideo:
             size=f"for {num_frames} frames at {height}x{width}",
             decode=None if output == "latent" else self.decode_video,
             prepare_decode=lambda: None if self.vae_tiling else self.programs.decode(
-                self.vae, shape, sharding))
+                self.vae, shape, sharding), **self.sample_options(num_inference_steps))
         self.last_stats = out.stats
         self.timings = Timings(load=self.load_time, **out.timings)
         return out.output
