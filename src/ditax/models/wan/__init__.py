@@ -11,6 +11,6 @@ register(FamilySpec(
     name="wan",
     config="ditax.models.wan.config:ModelConfig",
     family="ditax.models.wan.family:WanFamily",
-    transformer_classes=("WanTransformer3DModel",),
-    pipeline_classes=("WanPipeline", "WanImageToVideoPipeline"),
+    transformer_classes=("WanTransformer3DModel", "WanVACETransformer3DModel"),
+    pipeline_classes=("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline"),
 ))

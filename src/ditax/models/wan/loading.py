@@ -26,6 +26,9 @@ from ditax.models.wan.build import abstract_model
 from ditax.models.wan.config import WanConfig, check_transformer
 from ditax.models.wan.lora_names import LORA_NAMES
 from ditax.models.wan.transformer import WanTransformer
+from ditax.models.wan import vace_convert
+from ditax.models.wan.vace import VACE_CLASS, WanVaceConfig, check_vace
+from ditax.models.wan.vace_loaded import VaceTransformer
 from ditax.models.loaded import LoadedTransformer, param_sharding
 from ditax.models.loaded import check_architecture as check_arch
 from ditax.nn import quant
@@ -39,9 +42,17 @@ LORA_MODES = ("merged", "unmerged")
 def read_config(folder) -> dict:
     cfg = read_model_json(folder / "config.json", "transformer config")
     cls = cfg.get("_class_name", "WanTransformer3DModel")
-    if cls != "WanTransformer3DModel":
-        raise ConfigError(f"{folder}/config.json is a {cls}, not a WanTransformer3DModel")
+    if cls not in ("WanTransformer3DModel", VACE_CLASS):
+        raise ConfigError(f"{folder}/config.json is a {cls}, not a WanTransformer3DModel "
+                          f"(or {VACE_CLASS})")
     return cfg
+
+
+def _tables(cfg):
+    """(weight table, parameter axes) of ``cfg``'s architecture: Wan's, or VACE's."""
+    if isinstance(cfg, WanVaceConfig):
+        return vace_convert.config_weight_table(cfg), vace_convert.config_param_axes(cfg)
+    return convert.config_weight_table(cfg), convert.config_param_axes(cfg)
 
 
 def load_weights_into(model_abs, source, cfg: WanConfig, mesh=None, loras=None,
@@ -56,8 +67,8 @@ def load_weights_into(model_abs, source, cfg: WanConfig, mesh=None, loras=None,
     weights = Weights.open(source)
     quantizers = quant.prepare(model_abs, cfg, weights, source, mesh)   # {} unquantized
     gdef, state = nnx.split(model_abs)
-    sharding = param_sharding(quant.with_scale_axes(convert.config_param_axes(cfg)), mesh)
-    table = convert.config_weight_table(cfg)
+    table, axes = _tables(cfg)
+    sharding = param_sharding(quant.with_scale_axes(axes), mesh)
     read_table, rename = table, None
     if single_file.is_original(weights.keys()):
         prefix = single_file.key_prefix(weights.keys())
@@ -146,7 +157,8 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
     original Wan / ComfyUI ``.safetensors`` file with ``config=``.
 
     Args:
-      path: ``transformer/`` folder (config.json + *.safetensors [+ index]), a pipeline folder
+      path: ``transformer/`` folder (config.json + *.safetensors [+ index]; a
+        ``WanVACETransformer3DModel`` one loads as :class:`VaceTransformer`), a pipeline folder
         that has ``transformer/`` (or ``subfolder``), a hub id when online, or one
         ``.safetensors`` file with original Wan / ComfyUI key names
         (``wan2.1_t2v_1.3B_bf16.safetensors``).
@@ -185,22 +197,26 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                           f"config.json (pass model overrides as keywords instead)")
     else:
         source = resolve_folder(path, subfolder)
-        cfg = WanConfig.from_diffusers(read_config(source), param_dtype=dtype, dtype=dtype,
-                                       **model_overrides)
+        raw = read_config(source)
+        cls = WanVaceConfig if raw.get("_class_name") == VACE_CLASS else WanConfig
+        cfg = cls.from_diffusers(raw, param_dtype=dtype, dtype=dtype, **model_overrides)
     acfg = as_attention_config(attention)
     quant.check_lora_mode(cfg, loras, lora_mode)
     check_mesh_axes(mesh)
     check_transformer(cfg, acfg, None if mesh is None else
                       {a: int(mesh.shape[a]) for a in MESH_AXES})
+    vace = isinstance(cfg, WanVaceConfig)
+    if vace:
+        check_vace(cfg)
     merged = loras if lora_mode == "merged" else None
-    model = load_weights_into(abstract_model(cfg, acfg, mesh), source, cfg, mesh, merged,
-                              lora_strict)
+    build = vace_convert.abstract_model if vace else abstract_model
+    model = load_weights_into(build(cfg, acfg, mesh), source, cfg, mesh, merged, lora_strict)
     if loras and lora_mode == "unmerged":
         from ditax.lora import resolve_loras
         from ditax.lora.unmerged import attach
 
         attach(model, resolve_loras(loras, lora_strict, names=LORA_NAMES),
-               convert.config_weight_table(cfg), mesh, names=LORA_NAMES)
+               _tables(cfg)[0], mesh, names=LORA_NAMES)
     log.info("loaded %s (%d layers, D=%d) in %.1fs", source, cfg.num_layers, cfg.inner_dim,
              time.perf_counter() - t0)
-    return Transformer(model)
+    return (VaceTransformer if vace else Transformer)(model)

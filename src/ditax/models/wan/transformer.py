@@ -45,9 +45,14 @@ class FeedForward(nnx.Module):
         self.proj_out = Linear(ffn_dim, dim, **kw)    # diffusers: ffn.net.2
 
     def __call__(self, x, sharding: ShardingContext):
-        h = jax.nn.gelu(self.proj_in(x), approximate=True)
-        h = sharding.constrain(h, ("act_batch", "act_seq", "act_mlp"))
-        return self.proj_out(h)
+        chunks = 2
+        m = self.proj_in.dims()[2] // chunks
+        def body(c, acc):
+            h = jax.nn.gelu(self.proj_in.out_columns(x, c * m, m), approximate=True)
+            h = sharding.constrain(h, ("act_batch", "act_seq", "act_mlp"))
+            return acc + self.proj_out.in_rows(h, c * m, m)
+        acc = jnp.zeros(x.shape[:-1] + (self.proj_out.dims()[2],), jnp.float32)
+        return self.proj_out.bias_add(jax.lax.fori_loop(0, chunks, body, acc))
 
 
 def modulation(table, mod) -> list:
@@ -282,7 +287,8 @@ class Embedded(NamedTuple):
     """What :meth:`WanTransformer.embed` hands to the blocks and the head: text ``[B, T, D]``,
     ``temb [B, D]`` (time embedding) and ``mod [B, 6, D]`` (its projection: the blocks'
     modulation), rope (cos, sin), masks, embedded image tokens, and the latents' shape /
-    dtype, the token count ``seq`` and its padding ``pad`` (static)."""
+    dtype, the token count ``seq`` and its padding ``pad`` (static); VACE models add their
+    control hints ``[n, B, L', D]`` and scales ``[B, n]`` (:mod:`ditax.models.wan.vace`)."""
 
     text: jax.Array
     temb: jax.Array
@@ -295,3 +301,5 @@ class Embedded(NamedTuple):
     dtype: Any
     seq: int
     pad: int
+    hints: Any = None
+    hint_scale: Any = None
