@@ -22,7 +22,7 @@ from ditax.io.hub import resolve_folder
 from ditax.models.wan.conditioning import I2V_PIPELINE, folder_kind
 
 REQUIRED = ("tokenizer", "text_encoder", "vae", "scheduler")  # besides transformer
-CLASSES = ("WanPipeline", I2V_PIPELINE)
+CLASSES = ("WanPipeline", I2V_PIPELINE, "WanVACEPipeline")
 IMAGE_PARTS = ("image_encoder", "image_processor")  # Wan 2.1 I2V / FLF2V: both or neither
 
 

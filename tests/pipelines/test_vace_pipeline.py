@@ -1,0 +1,119 @@
+"""Wan VACE pipeline vs diffusers' ``WanVACEPipeline`` on a tiny random folder saved in
+diffusers' format (same initial latents, whole videos within 1e-3): a control video with a
+mask (inpainting) and a reference image of another size at conditioning_scale 0.5, then
+reference-to-video alone (same shapes: no new step compile); bad control inputs refused in
+one line before anything is encoded."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+import ditax  # noqa: E402
+from ditax.errors import RequestError  # noqa: E402
+from compiles import compiles  # noqa: E402
+from i2v_reference import PROMPT, Z, _scheduler, _vae21, image  # noqa: E402
+from pipeline_reference import TEXT_DIM, make_text_parts  # noqa: E402
+
+SIZE = dict(height=32, width=48, num_frames=5)
+TOL = 1e-3
+
+
+def make_tiny_vace(tmp_path, seed=0):
+    """A tiny random ``WanVACEPipeline`` (Wan 2.1 VAE with z=4: 2*4 + 64 control channels),
+    saved; returns (pipeline, folder)."""
+    from diffusers import WanVACEPipeline, WanVACETransformer3DModel
+
+    tok, enc = make_text_parts(tmp_path, seed)
+    torch.manual_seed(seed + 3)
+    tr = WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=8, in_channels=Z,
+        out_channels=Z, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=48, num_layers=2,
+        vace_layers=[0, 1], vace_in_channels=2 * Z + 64)
+    g = torch.Generator().manual_seed(seed + 4)
+    with torch.no_grad():
+        for name, p in tr.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.5 / max(1, p.shape[-1]) ** 0.5)
+                    + (1.0 if "norm" in name and name.endswith("weight") else 0.0))
+    pipe = WanVACEPipeline(tokenizer=tok, text_encoder=enc, vae=_vae21(seed + 2),
+                           scheduler=_scheduler(), transformer=tr.eval())
+    pipe.set_progress_bar_config(disable=True)
+    folder = tmp_path / "vace"
+    pipe.save_pretrained(folder)
+    return pipe, folder
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    ref, folder = make_tiny_vace(tmp_path_factory.mktemp("vace"))
+    return ref, folder, ditax.load_pipeline(folder)
+
+
+def _frames(seed, n=SIZE["num_frames"]):
+    return [image(seed + i, SIZE["height"], SIZE["width"]) for i in range(n)]
+
+
+def _mask(n=SIZE["num_frames"]):
+    """White (generate) in a box of the middle frames, black (keep) elsewhere (PIL RGB)."""
+    import PIL.Image
+
+    out = []
+    for i in range(n):
+        m = np.zeros((SIZE["height"], SIZE["width"], 3), np.uint8)
+        if 0 < i < n - 1:
+            m[8:24, 16:40] = 255
+        out.append(PIL.Image.fromarray(m))
+    return out
+
+
+def _reference(pipe, latents, **kw):
+    with torch.no_grad():
+        out = pipe(latents=torch.from_numpy(latents), output_type="np", **kw)
+    return np.asarray(out.frames[0], np.float32)
+
+
+def _compare(name, got, want):
+    err = float(np.abs(got - want).max())
+    print(f"{name}: max abs diff vs diffusers {err:.2e}")
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert err < TOL, err
+    assert got.std() > 1e-3
+
+
+def test_vace_matches_diffusers(built):
+    ref, _, pipe = built
+    assert type(pipe).__name__ == "WanVace"
+    refimg = image(9, 40, 32)       # another aspect: fitted on a white canvas, bilinear
+    shape = pipe.latent_shape(SIZE["height"], SIZE["width"], SIZE["num_frames"] + 4)
+    lat = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    kw = dict(PROMPT, **SIZE, num_inference_steps=3, guidance_scale=5.0)
+    control = dict(video=_frames(1), mask=_mask(), reference_images=[refimg],
+                   conditioning_scale=0.5)
+    with compiles() as log:
+        got = pipe(latents=lat, progress=False, **control, **kw)
+    assert log.count("_denoise_step") <= 1, log.names
+    _compare("vace inpaint + reference, scale 0.5", got, _reference(ref, lat, **control, **kw))
+    # reference-to-video alone: the same shapes, so the same compiled step
+    with compiles() as again:
+        r2v = pipe(latents=lat, reference_images=refimg, progress=False, **kw)
+    assert again.count("_denoise_step") == 0, again.names
+    _compare("vace reference-to-video", r2v, _reference(ref, lat, reference_images=refimg, **kw))
+    assert np.abs(r2v - got).max() > 1e-2
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(video="FRAMES3"), r"video has 3 frames but the request makes num_frames=5"),
+    (dict(video="SMALL"), r"video frame 0 is 16x48 \(HxW\) but the request is 32x48"),
+    (dict(mask="GREY"), r"mask frame 0 is not binary \(a value 0.502\)"),
+    (dict(mask="FRAMES3"), r"mask has 3 frames but the request makes num_frames=5"),
+    (dict(conditioning_scale=[1.0, 2.0, 3.0]), r"conditioning_scale=\[1.0, 2.0, 3.0\] must be"),
+    (dict(image="IMG"), r"image= / last_image= are for image-to-video folders"),
+], ids=["frames", "size", "grey-mask", "mask-frames", "scales", "image"])
+def test_bad_control_inputs(built, kw, match):
+    pipe = built[2]
+    value = {"FRAMES3": _frames(0, 3), "SMALL": [f.crop((0, 0, 48, 16)) for f in _frames(0)],
+             "GREY": [np.full((32, 48), 0.502, np.float32)] * 5, "IMG": image(0, 32, 48)}
+    kw = {k: value.get(v, v) if isinstance(v, str) else v for k, v in kw.items()}
+    with pytest.raises(RequestError, match=match):
+        pipe(PROMPT["prompt"], **SIZE, num_inference_steps=1, progress=False, **kw)
