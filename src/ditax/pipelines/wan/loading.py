@@ -18,6 +18,7 @@ from ditax.pipelines.wan.image_to_video import WanImageToVideo
 from ditax.pipelines.wan.request import check_load_args
 from ditax.pipelines.wan.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
 from ditax.pipelines.wan.text_to_video import WanTextToVideo
+from ditax.pipelines.wan.vace import VACE_PIPELINE, WanVace
 from ditax.pipelines.wan.video_to_video import WanVideoToVideo
 from ditax.schedulers.overrides import check_scheduler_name
 
@@ -82,6 +83,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         if folder.kind != "t2v":
             cls = WanImageToVideo
             parts["expand_timesteps"] = folder.kind == "ti2v"
+        if folder.index.get("_class_name") == VACE_PIPELINE:
+            cls = WanVace
         pipe = cls(**parts, boundary_ratio=folder.boundary_ratio, cfg_mode=cfg_mode,
                    vae_tiling=vae_tiling, max_sequence_length=max_sequence_length,
                    sample_defaults=defaults)
