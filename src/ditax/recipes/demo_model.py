@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
-import pathlib
 import shutil
-import time
 from dataclasses import dataclass
+
+from ditax.recipes.common import (MANIFEST, StagedRecipe, check_manifest, sha256,  # noqa: F401
+                                  write_manifest)
 
 SCHEDULER = {"_class_name": "UniPCMultistepScheduler", "num_train_timesteps": 1000,
              "prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0,
@@ -128,36 +128,7 @@ SMOKE = dataclasses.replace(
 SIZES = {"full": FULL, "smoke": SMOKE}
 
 
-def sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-MANIFEST = "manifest.json"
 STAGES = ("data", "vae", "vae_long", "text", "latents", "transformer", "assemble")
-
-
-def write_manifest(folder) -> dict:
-    """``{relative path: sha256}`` of every file of ``folder`` (but the manifest itself)."""
-    folder = pathlib.Path(folder)
-    files = {str(p.relative_to(folder)): sha256(p) for p in sorted(folder.rglob("*"))
-             if p.is_file() and p.name != MANIFEST}
-    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
-    return files
-
-
-def check_manifest(folder) -> list[str]:
-    """Files of ``folder`` whose sha256 differs from (or is missing in) its manifest; [] = ok."""
-    folder = pathlib.Path(folder)
-    listed = json.loads((folder / MANIFEST).read_text())["files"]
-    bad = [name for name, digest in listed.items()
-           if not (folder / name).is_file() or sha256(folder / name) != digest]
-    extra = [str(p.relative_to(folder)) for p in folder.rglob("*")
-             if p.is_file() and p.name != MANIFEST and str(p.relative_to(folder)) not in listed]
-    return sorted(bad + extra)
 
 
 def tokenizer_corpus() -> list[str]:
@@ -182,28 +153,14 @@ def _model_index() -> dict:
             "transformer_2": [None, None], "vae": ["diffusers", "AutoencoderKLWan"]}
 
 
-class Recipe:
+class Recipe(StagedRecipe):
     """One run of the recipe into ``out`` (work files) and ``folder`` (the pipeline)."""
 
-    def __init__(self, out, sizes: Sizes, *, seed: int = 0, folder=None, devices: int = 1,
-                 say=print, progress: bool = True):
-        self.out = pathlib.Path(out)
-        self.folder = pathlib.Path(folder) if folder else self.out / "pipeline"
-        self.sizes = sizes
-        self.seed = seed
-        self.devices = devices
-        self.say = say
-        self.progress = progress
-        self.record: dict = {"sizes": dataclasses.asdict(sizes), "seed": seed, "stages": {}}
-
-    def _stage(self, name: str, fn):
-        t0 = time.perf_counter()
-        self.say(f"== demo-model: {name}")
-        info = fn() or {}
-        wall = time.perf_counter() - t0
-        self.record["stages"][name] = {"seconds": round(wall, 1), **info}
-        self.say(f"== demo-model: {name} done in {wall:.0f} s {info if info else ''}")
-        (self.out / "recipe.json").write_text(json.dumps(self.record, indent=1))
+    NAME = "demo-model"
+    STAGES = STAGES
+    MARKERS = {"data": "clips/captions.jsonl", "vae": "vae/vae/config.json",
+               "vae_long": "vae_long/vae/config.json",
+               "text": "encoders/text_encoder/config.json", "latents": "latents/meta.json"}
 
     # --- stages
     def data(self):
@@ -343,33 +300,6 @@ class Recipe:
             if png.is_file():
                 shutil.copy(png, self.out / f"loss_{stage}.png")
         return {"folder": str(f), "bytes": size, "files": len(files)}
-
-    def done(self, name: str) -> bool:
-        """Whether stage ``name`` finished in an earlier run into the same ``out``."""
-        marker = {"data": "clips/captions.jsonl", "vae": "vae/vae/config.json",
-                  "vae_long": "vae_long/vae/config.json",
-                  "text": "encoders/text_encoder/config.json", "latents": "latents/meta.json"}
-        return name in marker and (self.out / marker[name]).is_file()
-
-    def run(self, stages=STAGES) -> dict:
-        """Run ``stages`` in order; a stage an earlier run into ``out`` finished is kept (the
-        transformer stage resumes from its checkpoints)."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        prev = self.out / "recipe.json"
-        if prev.is_file():
-            self.record["stages"] = json.loads(prev.read_text()).get("stages", {})
-        t0 = time.perf_counter()
-        for name in stages:
-            if self.done(name) and name in self.record["stages"]:
-                self.say(f"== demo-model: {name} already done in {self.out}; kept")
-                continue
-            self._stage(name, getattr(self, name))
-        self.record["seconds"] = round(sum(v["seconds"] for v in
-                                           self.record["stages"].values()), 1)
-        (self.out / "recipe.json").write_text(json.dumps(self.record, indent=1))
-        self.say(f"demo-model: done in {self.record['seconds'] / 60:.1f} min; pipeline folder "
-                 f"{self.folder}")
-        return self.record
 
 
 def main(argv=None) -> int:

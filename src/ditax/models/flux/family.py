@@ -194,3 +194,7 @@ class FluxFamily(ModelFamily):
         from ditax.models.flux.lora_names import LORA_NAMES
 
         return LORA_NAMES
+
+    @classmethod
+    def trainers(cls) -> dict[str, str]:
+        return {"vae": "ditax.train.flux.trainers:FluxVAETraining"}  # train-vae --family flux

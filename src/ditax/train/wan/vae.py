@@ -1,123 +1,29 @@
 """``ditax train-vae``: train a Wan VAE (diffusers ``AutoencoderKLWan``) on clips — the Wan
-family's VAE trainer (:class:`ditax.train.wan.trainers.WanVAETraining`).
+family's VAE trainer (:class:`ditax.train.wan.trainers.WanVAETraining`) on the shared VAE
+training machinery (:mod:`ditax.train.vae`: clip bank, train step, run loop, resume).
 
-Objective: reconstruction (L1 + L2 on pixels in [-1, 1]) plus a small KL term towards
-N(0, 1), on a posterior draw ``z = mean + exp(logvar / 2) * eps``. The forward is the VAE's
-own streaming path — the first frame, then ``temporal_factor`` frames at a time through the
-encoder, one latent frame at a time through the decoder, the causal feature cache carried
-between chunks — so what is trained is exactly what ``encode`` / ``decode`` run at inference.
-
-Training samples are random windows (``data.crop_frames`` frames, ``data.crop`` pixels square)
-of clips held in memory as uint8; sample ``i`` of step ``s`` is a function of ``(seed, s)``
-only, so a resumed run draws the same batches and ends bit-identical to an uninterrupted one.
-The train state is ``{"params", "opt", "step", "key"}`` like the transformer's and goes through
-the same orbax :class:`~ditax.train.checkpoint.Checkpointer` (keep-N, async, damaged
-checkpoints skipped). Held-out clips (the last ``data.eval_clips``) are reconstructed whole
-through ``encode`` → ``decode`` (posterior mean) for the PSNR.
-
-At the end the run writes ``{output_dir}/vae/`` (diffusers layout, ``latents_mean`` /
-``latents_std`` measured on the training clips' posterior means, so normalised latents have
-zero mean and unit variance per channel), ``metrics.jsonl`` and ``loss.png``.
+The forward is the VAE's own streaming path — the first frame, then ``temporal_factor``
+frames at a time through the encoder, one latent frame at a time through the decoder, the
+causal feature cache carried between chunks — so what is trained is exactly what ``encode``
+/ ``decode`` run at inference. The written folder's ``latents_mean`` / ``latents_std`` are
+measured on the training clips' posterior means, so normalised latents have zero mean and
+unit variance per channel.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import pathlib
-import time
-from dataclasses import dataclass, field
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ditax.errors import ConfigError
 from ditax.models.wan.vae import WanVAE, WanVAEConfig
-from ditax.train.checkpoint import Checkpointer
-from ditax.train.preprocess import VIDEO_EXT
-from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, read_saved_config,
-                                write_config)
-from ditax.train.session import RunSession
-from ditax.train.step import make_optimizer
-from ditax.train.wan.vae_config import VAETrainConfig, vae_config_dict
-
-
-class ClipError(ValueError):
-    """The clip folder cannot feed VAE training; the message names the folder and the fix."""
-
-
-def list_videos(folder) -> list[pathlib.Path]:
-    folder = pathlib.Path(folder)
-    if not folder.is_dir():
-        raise ClipError(f"data.source={str(folder)!r} is not a folder of clips; write one with "
-                        "`python -m ditax.synthetic` or point data.source at your videos")
-    videos = sorted(p for p in folder.iterdir() if p.suffix.lower() in VIDEO_EXT)
-    if not videos:
-        raise ClipError(f"data.source={str(folder)!r} holds no videos ({', '.join(VIDEO_EXT)})")
-    return videos
-
-
-class ClipBank:
-    """Every clip of a folder as uint8 ``[N, F, H, W, 3]`` in memory; the last ``eval_clips``
-    (sorted by file name) are held out."""
-
-    def __init__(self, data, say=print):
-        from ditax.train.preprocess import read_videos
-
-        videos = list_videos(data.source)
-        if data.max_clips:
-            videos = videos[:data.max_clips]
-        if len(videos) <= data.eval_clips:
-            raise ClipError(f"data.source={data.source!r} has {len(videos)} clips; with "
-                            f"data.eval_clips={data.eval_clips} held out none is left to train "
-                            "on; add clips or lower data.eval_clips")
-        clips = np.empty((len(videos), data.num_frames, data.height, data.width, 3), np.uint8)
-        t0 = time.perf_counter()
-        for i, x in enumerate(read_videos(videos, data.num_frames, data.height, data.width)):
-            # x: [3, F, H, W] in [-1, 1]
-            clips[i] = np.round((x.transpose(1, 2, 3, 0) + 1.0) * 127.5).clip(0, 255)
-        say(f"train-vae: read {len(videos)} clips ({data.num_frames}x{data.height}x"
-            f"{data.width}) from {data.source} in {time.perf_counter() - t0:.1f} s")
-        self.train = clips[:-data.eval_clips]
-        self.eval = clips[-data.eval_clips:]
-        self.data = data
-
-    def batch(self, seed: int, step: int, batch_size: int) -> np.ndarray:
-        """Step ``step``'s batch: float32 ``[B, crop_frames, c, c, 3]`` in [-1, 1]."""
-        d = self.data
-        rng = np.random.default_rng([seed, step, 0xAE])
-        idx = rng.integers(len(self.train), size=batch_size)
-        f0 = rng.integers(d.num_frames - d.crop_frames + 1, size=batch_size)
-        ch, cw = (d.crop, d.crop) if d.crop else (d.height, d.width)
-        y0 = rng.integers(d.height - ch + 1, size=batch_size)
-        x0 = rng.integers(d.width - cw + 1, size=batch_size)
-        if d.crop_focus:
-            y0, x0 = self._focus(rng, idx, f0, y0, x0)
-        out = np.stack([self.train[i, f:f + d.crop_frames, y:y + ch, x:x + cw]
-                        for i, f, y, x in zip(idx, f0, y0, x0)])
-        return out.astype(np.float32) / 127.5 - 1.0
-
-    def _focus(self, rng, idx, f0, y0, x0):
-        """Foreground oversampling: with probability ``crop_focus`` a sample's square becomes
-        the one of largest pixel standard deviation among its drawn square and
-        ``crop_candidates - 1`` more random ones (the same window of frames)."""
-        d = self.data
-        n, k, c = len(idx), d.crop_candidates, d.crop
-        focus = rng.random(n) < d.crop_focus
-        ys = np.concatenate([y0[:, None], rng.integers(d.height - c + 1, size=(n, k - 1))], 1)
-        xs = np.concatenate([x0[:, None], rng.integers(d.width - c + 1, size=(n, k - 1))], 1)
-        y0, x0 = y0.copy(), x0.copy()
-        for b in np.flatnonzero(focus):
-            window = self.train[idx[b], f0[b]:f0[b] + d.crop_frames]
-            spread = [window[:, y:y + c, x:x + c].std() for y, x in zip(ys[b], xs[b])]
-            j = int(np.argmax(spread))
-            y0[b], x0[b] = ys[b, j], xs[b, j]
-        return y0, x0
+from ditax.train import vae as shared
+from ditax.train.vae import (VAE_RESUME_POLICY, ClipBank, ClipError, VAETrainResult,
+                             check_devices, psnr, reconstruction_losses)
+from ditax.train.wan.vae_config import VAETrainConfig
 
 
 def to_video(clips_u8: np.ndarray) -> np.ndarray:
@@ -125,74 +31,25 @@ def to_video(clips_u8: np.ndarray) -> np.ndarray:
     return clips_u8.transpose(0, 4, 1, 2, 3).astype(np.float32) / 127.5 - 1.0
 
 
-def psnr(a, b) -> float:
-    """PSNR in dB of videos in [-1, 1] measured on the [0, 1] scale."""
-    mse = float(np.mean(((np.asarray(a, np.float64) - np.asarray(b, np.float64)) / 2.0) ** 2))
-    return float("inf") if mse == 0 else 10.0 * math.log10(1.0 / mse)
-
-
 def vae_losses(vae: WanVAE, x: jax.Array, key: jax.Array, loss_cfg) -> tuple[jax.Array, dict]:
     """Loss and its parts for channels-last clips ``x`` ``[B, F, H, W, 3]`` in [-1, 1]."""
     recon, mean, logvar = vae.autoencode(x, key)
-    err = recon.astype(jnp.float32) - x
-    l1 = jnp.mean(jnp.abs(err))
-    mse = jnp.mean(err ** 2)
-    mean, logvar = mean.astype(jnp.float32), logvar.astype(jnp.float32)
-    kl = 0.5 * jnp.mean(mean ** 2 + jnp.exp(logvar) - 1.0 - logvar)
-    loss = loss_cfg.l1 * l1 + loss_cfg.l2 * mse + loss_cfg.kl * kl
-    return loss, {"l1": l1, "mse": mse, "kl": kl}
+    return reconstruction_losses(recon, mean, logvar, x, loss_cfg)
 
 
-@dataclass
-class VAETrainResult:
-    step: int
-    losses: list[float] = field(default_factory=list)
-    eval_psnr: float | None = None
-    folder: pathlib.Path | None = None
-    resumed_from: int | None = None
-    interrupted: bool = False
-    signal: int | None = None       # the signal that stopped it (SIGTERM / SIGINT)
-    state: dict | None = None
+def diffusers_config(c: WanVAEConfig) -> dict:
+    """``AutoencoderKLWan`` ``config.json`` for ``c``."""
+    d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(c).items()}
+    return {"_class_name": "AutoencoderKLWan", **d}
 
 
-def check_devices(cfg: VAETrainConfig, count: int) -> None:
-    """``batch_size`` clips split evenly over ``count`` devices; else a :class:`ConfigError`
-    naming the device counts that would (checked before any clip is read)."""
-    if count < 1 or cfg.batch_size % count:
-        fits = [n for n in range(1, cfg.batch_size + 1) if cfg.batch_size % n == 0]
-        raise ConfigError(f"batch_size={cfg.batch_size} does not split over {count} device(s); "
-                          f"use --devices {' / '.join(map(str, fits))}, or a batch_size that "
-                          f"is a multiple of {count}")
+class VAETrainer(shared.VAETrainer):
+    """The Wan VAE on the shared trainer (:class:`ditax.train.vae.VAETrainer`)."""
 
+    def build(self, cfg: VAETrainConfig) -> WanVAE:
+        return WanVAE(cfg.vae, rngs=nnx.Rngs(cfg.seed))
 
-class VAETrainer:
-    """The VAE, its optimiser, and the jitted train step (state donated) on a 1-D data mesh:
-    parameters replicated, the batch split over ``devices`` devices."""
-
-    def __init__(self, cfg: VAETrainConfig, devices=None):
-        self.cfg = cfg
-        devs = list(devices if devices is not None else jax.devices()[:1])
-        check_devices(cfg, len(devs))
-        self.mesh = Mesh(np.array(devs), ("data",))
-        # random weights only when they are used (an init_from run loads its own: a random
-        # init is a compile per parameter shape, ~30 s of the demo recipe's second stage)
-        vae = self._load_init(cfg) if cfg.init_from else WanVAE(cfg.vae, rngs=nnx.Rngs(cfg.seed))
-        # the posterior starts narrow (log-variance bias ``loss.init_logvar``): with the usual
-        # zero bias, std-1 noise on the latents drowns the signal and the tiny KL weight
-        # leaves the encoder to shrink it weight by weight for thousands of steps
-        if not cfg.init_from:
-            z = cfg.vae.z_dim
-            bias = vae.quant_conv.bias
-            bias[...] = bias[...].at[z:].set(cfg.loss.init_logvar)
-        self.graphdef, params, self.rest = nnx.split(vae, nnx.Param, ...)
-        self._init_params = params
-        self.tx, self.schedule = make_optimizer(cfg.optim, cfg.steps)
-        self.replicated = NamedSharding(self.mesh, P())
-        self.batch_sharding = NamedSharding(self.mesh, P("data"))
-        self._step = jax.jit(self._train_step, donate_argnums=0)
-
-    @staticmethod
-    def _load_init(cfg: VAETrainConfig) -> WanVAE:
+    def load_init(self, cfg: VAETrainConfig) -> WanVAE:
         """The weights of the diffusers VAE folder ``cfg.init_from``, whose architecture must
         be ``cfg.vae``'s (latent statistics aside)."""
         from ditax.models.wan.vae_convert import load_vae
@@ -205,175 +62,56 @@ class VAETrainer:
                              f"({arch}) than vae.* ({want}); set vae.* to match it")
         return vae
 
-    def module(self, params) -> WanVAE:
-        return nnx.merge(self.graphdef, params, self.rest)
+    def init_posterior(self, vae: WanVAE, logvar: float) -> None:
+        z = self.cfg.vae.z_dim
+        bias = vae.quant_conv.bias
+        bias[...] = bias[...].at[z:].set(logvar)
 
-    def init(self) -> dict:
-        # a copy: the step donates the state, and a reused trainer initialises again
-        params = jax.tree.map(lambda a: jnp.array(a, copy=True), self._init_params)
-        state = {"params": params, "opt": self.tx.init(params), "step": jnp.int32(0),
-                 "key": jax.random.key_data(jax.random.key(self.cfg.seed))}
-        return jax.device_put(state, self.replicated)
+    def autoencode(self, vae: WanVAE, x, key):
+        recon, mean, logvar = vae.autoencode(x, key)
+        return recon, mean, logvar, x
 
-    def abstract_state(self) -> dict:
-        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                                           sharding=self.replicated),
-                            jax.eval_shape(self.init))
+    to_input = staticmethod(to_video)
 
-    def _train_step(self, state, x):
-        key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])
+    def encode(self, vae: WanVAE, x):
+        return vae.encode(x)
 
-        def loss_fn(params):
-            return vae_losses(self.module(params), x, key, self.cfg.loss)
+    def decode(self, vae: WanVAE, z):
+        return vae.decode(z)
 
-        (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-        updates, opt = self.tx.update(grads, state["opt"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, **parts, "grad_norm": optax.global_norm(grads),
-                   "lr": self.schedule(state["step"])}
-        return {"params": params, "opt": opt, "step": state["step"] + 1,
-                "key": state["key"]}, metrics
+    def write_folder(self, folder, params, mean, std, dtype="float32") -> pathlib.Path:
+        """The trained VAE as a diffusers ``AutoencoderKLWan`` folder with the measured stats."""
+        from ditax.io.export import save_folder
+        from ditax.models.wan.vae_convert import weight_table
 
-    def step(self, state, batch: np.ndarray):
-        return self._step(state, jax.device_put(batch, self.batch_sharding))
-
-    def reconstruct(self, params, video: np.ndarray, batch: int = 4) -> np.ndarray:
-        """Inference-path reconstruction (posterior mean) of ``[N, 3, F, H, W]`` in [-1, 1]."""
-        vae = self.module(params)
-        out = [np.asarray(vae.decode(vae.encode(jnp.asarray(video[i:i + batch]))))
-               for i in range(0, len(video), batch)]
-        return np.concatenate(out)
+        cfg = dataclasses.replace(self.cfg.vae,
+                                  latents_mean=tuple(float(m) for m in mean),
+                                  latents_std=tuple(float(s) for s in std))
+        save_folder(folder, "diffusion_pytorch_model.safetensors",
+                    weight_table(self.module(params)), nnx.to_pure_dict(params),
+                    diffusers_config(cfg), dtype=dtype)
+        return pathlib.Path(folder)
 
 
 def latent_stats(trainer: VAETrainer, params, clips_u8: np.ndarray, batch: int = 4,
                  max_clips: int = 128):
-    """Per-channel mean and std of the posterior means of the first ``max_clips`` clips of
-    ``clips_u8`` (whole clips)."""
-    vae = trainer.module(params)
-    clips_u8 = clips_u8[:max_clips]
-    zs = [np.asarray(vae.encode(jnp.asarray(to_video(clips_u8[i:i + batch]))), np.float64)
-          for i in range(0, len(clips_u8), batch)]
-    z = np.concatenate(zs)                                 # [N, z, F', Y, X]
-    axes = (0, 2, 3, 4)
-    return z.mean(axis=axes), z.std(axis=axes)
-
-
-def diffusers_config(c: WanVAEConfig) -> dict:
-    """``AutoencoderKLWan`` ``config.json`` for ``c``."""
-    d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(c).items()}
-    return {"_class_name": "AutoencoderKLWan", **d}
+    """Per-channel mean and std of the posterior means of the first ``max_clips`` clips."""
+    return trainer.latent_stats(params, clips_u8, batch, max_clips)
 
 
 def write_vae_folder(folder, trainer: VAETrainer, params, mean, std,
                      dtype="float32") -> pathlib.Path:
     """The trained VAE as a diffusers ``AutoencoderKLWan`` folder with the measured stats."""
-    from ditax.io.export import save_folder
-    from ditax.models.wan.vae_convert import weight_table
-
-    cfg = dataclasses.replace(trainer.cfg.vae,
-                              latents_mean=tuple(float(m) for m in mean),
-                              latents_std=tuple(float(s) for s in std))
-    vae = trainer.module(params)
-    save_folder(folder, "diffusion_pytorch_model.safetensors", weight_table(vae),
-                nnx.to_pure_dict(params), diffusers_config(cfg), dtype=dtype)
-    return pathlib.Path(folder)
+    return trainer.write_folder(folder, params, mean, std, dtype)
 
 
-def _say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-#: What a rerun of a VAE run may change (:mod:`ditax.train.resume`); the architecture, the
-#: clips, the crops, the batch size and the seed must stay as they were.
-VAE_RESUME_POLICY = ResumePolicy(
-    free=("steps", "log_every", "eval_every", "checkpoint.", "output_dir"),
-    notice=("optim.", "loss.", "init_from"))
-
-
-def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=_say,
+def train_vae(cfg: VAETrainConfig, *, devices=None, progress: bool = True, say=shared._say,
               bank: ClipBank | None = None, trainer: VAETrainer | None = None) -> VAETrainResult:
-    """Run (or resume, with the same ``output_dir``) VAE training; write the folder at the end.
-
-    ``trainer``: a :class:`VAETrainer` (and its compiled step) to reuse, built for a config
-    that differs from ``cfg`` at most in ``steps``, ``output_dir``, ``log_every``,
-    ``eval_every`` and ``checkpoint``; set ``optim.decay_steps`` when ``steps`` differs."""
-    from ditax.train.metrics import MetricsWriter
-
-    out = pathlib.Path(cfg.output_dir)
-    check_output_dir(cfg.output_dir)
-    ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
-    if ckpt.steps():
-        check_resume(out, read_saved_config(out), vae_config_dict(cfg), VAE_RESUME_POLICY,
-                     say=lambda m: say(f"train-vae: {m}"))
-    bank = bank or ClipBank(cfg.data, say=say)
-    if trainer is None:
-        trainer = VAETrainer(cfg, devices)
-    else:
-        same = ("vae", "data", "loss", "optim", "batch_size", "seed")
-        diff = [k for k in same if getattr(trainer.cfg, k) != getattr(cfg, k)]
-        if diff or (cfg.steps != trainer.cfg.steps and not cfg.optim.decay_steps):
-            raise ValueError(f"train_vae(trainer=...): the trainer was built for another "
-                             f"config ({diff or ['steps, with optim.decay_steps unset']}); "
-                             "build a new VAETrainer")
-    restored = ckpt.restore_latest(trainer.abstract_state())
-    if restored is not None:
-        start, state, _ = restored
-        say(f"train-vae: resuming from checkpoint step {start} in {ckpt.dir}")
-    else:
-        start, state = 0, trainer.init()
-    out.mkdir(parents=True, exist_ok=True)
-    write_config(out, vae_config_dict(cfg))
-    result = VAETrainResult(step=start, resumed_from=start if restored else None)
-    eval_video = to_video(bank.eval)        # held-out clips, VAE layout (evals and the end)
-    step = start
-    writer = MetricsWriter(out, enabled=True, resume_step=start)
-    if writer.dropped:
-        say(f"train-vae: metrics: dropped {writer.dropped} rows after step {start} from "
-            f"{writer.path} (written after the last checkpoint; those steps run again)")
-    with RunSession(ckpt, writer, total=cfg.steps, start=start,
-                    desc="train-vae", every=cfg.checkpoint.every, progress=progress, say=say,
-                    prefix="train-vae: ") as run:
-        while step < cfg.steps:
-            t0 = time.perf_counter()
-            state, m = trainer.step(state, bank.batch(cfg.seed, step, cfg.batch_size))
-            loss = float(m["loss"])
-            dt = time.perf_counter() - t0
-            step += 1
-            run.check_loss(loss, step, "Lower optim.learning_rate or loss.kl")
-            result.losses.append(loss)
-            row = {"step": step, "loss": loss, **{k: float(m[k]) for k in
-                                                  ("l1", "mse", "kl", "grad_norm", "lr")},
-                   "psnr_train": 10 * math.log10(4.0 / max(float(m["mse"]), 1e-12)),
-                   "step_time": dt}
-            if step == start + 1:
-                row["includes_compile"] = True
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                row["psnr_eval"] = psnr(trainer.reconstruct(state["params"], eval_video),
-                                        eval_video)
-                say(f"train-vae: step {step}: held-out PSNR {row['psnr_eval']:.2f} dB")
-            if step % cfg.log_every == 0 or step == cfg.steps or "psnr_eval" in row:
-                run.writer.write(row)
-            run.tick(loss=f"{loss:.4f}", psnr=f"{row['psnr_train']:.1f}")
-            if run.end_step(step, state, {"step": step}):
-                break
-    result.interrupted = run.interrupted
-    result.signal = run.signal if run.interrupted else None
-    result.step, result.state = step, state
-    if step >= cfg.steps and not result.interrupted:
-        result.eval_psnr = psnr(trainer.reconstruct(state["params"], eval_video), eval_video)
-        mean, std = latent_stats(trainer, state["params"], bank.train)
-        result.folder = write_vae_folder(out / "vae", trainer, state["params"], mean, std)
-        summary = {"step": step, "eval_psnr": result.eval_psnr, "eval_clips": len(bank.eval),
-                   "latents_mean": mean.tolist(), "latents_std": std.tolist()}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        from ditax.train.plots import loss_curve
-
-        loss_curve(out / "metrics.jsonl", out / "loss.png", title="VAE training",
-                   keys=("loss", "l1", "mse"), extra="psnr_eval")
-        say(f"train-vae: held-out PSNR {result.eval_psnr:.2f} dB on {len(bank.eval)} clips; "
-            f"wrote {result.folder} and {out / 'loss.png'}")
-    return result
+    """:func:`ditax.train.vae.train_vae` with the Wan VAE (see there for ``trainer``)."""
+    return shared.train_vae(cfg, VAETrainer, devices=devices, progress=progress, say=say,
+                            bank=bank, trainer=trainer)
 
 
-__all__ = ["VAETrainer", "VAETrainResult", "ClipBank", "ClipError", "train_vae", "psnr",
-           "vae_losses", "latent_stats", "write_vae_folder", "diffusers_config", "to_video"]
+__all__ = ["VAETrainer", "VAETrainResult", "ClipBank", "ClipError", "VAE_RESUME_POLICY",
+           "check_devices", "train_vae", "psnr", "vae_losses", "latent_stats",
+           "write_vae_folder", "diffusers_config", "to_video"]

@@ -1,0 +1,99 @@
+"""What the demo recipes share (:mod:`ditax.recipes.demo_model` for Wan,
+:mod:`ditax.recipes.flux_demo_model` for Flux): the manifest of a shipped folder (every
+file's sha256) and the stage runner (each stage timed into ``{out}/recipe.json``; a stage an
+earlier run into the same ``out`` finished is kept)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import time
+
+MANIFEST = "manifest.json"
+
+
+def sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder) -> dict:
+    """``{relative path: sha256}`` of every file of ``folder`` (but the manifest itself)."""
+    folder = pathlib.Path(folder)
+    files = {str(p.relative_to(folder)): sha256(p) for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+    return files
+
+
+def check_manifest(folder) -> list[str]:
+    """Files of ``folder`` whose sha256 differs from (or is missing in) its manifest; [] = ok."""
+    folder = pathlib.Path(folder)
+    listed = json.loads((folder / MANIFEST).read_text())["files"]
+    bad = [name for name, digest in listed.items()
+           if not (folder / name).is_file() or sha256(folder / name) != digest]
+    extra = [str(p.relative_to(folder)) for p in folder.rglob("*")
+             if p.is_file() and p.name != MANIFEST and str(p.relative_to(folder)) not in listed]
+    return sorted(bad + extra)
+
+
+class StagedRecipe:
+    """One run of a recipe into ``out`` (work files) and ``folder`` (the pipeline). A
+    subclass names its stages (methods, in order) in ``STAGES``, the file each one leaves
+    when finished in ``MARKERS`` (stages without a marker always run), its log prefix in
+    ``NAME``."""
+
+    NAME = "recipe"
+    STAGES: tuple[str, ...] = ()
+    MARKERS: dict[str, str] = {}
+
+    def __init__(self, out, sizes, *, seed: int = 0, folder=None, devices: int = 1,
+                 say=print, progress: bool = True):
+        self.out = pathlib.Path(out)
+        self.folder = pathlib.Path(folder) if folder else self.out / "pipeline"
+        self.sizes = sizes
+        self.seed = seed
+        self.devices = devices
+        self.say = say
+        self.progress = progress
+        self.record: dict = {"sizes": dataclasses.asdict(sizes), "seed": seed, "stages": {}}
+
+    def _stage(self, name: str, fn):
+        t0 = time.perf_counter()
+        self.say(f"== {self.NAME}: {name}")
+        info = fn() or {}
+        wall = time.perf_counter() - t0
+        self.record["stages"][name] = {"seconds": round(wall, 1), **info}
+        self.say(f"== {self.NAME}: {name} done in {wall:.0f} s {info if info else ''}")
+        (self.out / "recipe.json").write_text(json.dumps(self.record, indent=1))
+
+    def done(self, name: str) -> bool:
+        """Whether stage ``name`` finished in an earlier run into the same ``out``."""
+        return name in self.MARKERS and (self.out / self.MARKERS[name]).is_file()
+
+    def run(self, stages=None) -> dict:
+        """Run ``stages`` (default all) in order; a stage an earlier run into ``out`` finished
+        is kept (a training stage resumes from its checkpoints)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        prev = self.out / "recipe.json"
+        if prev.is_file():
+            self.record["stages"] = json.loads(prev.read_text()).get("stages", {})
+        for name in stages or self.STAGES:
+            if self.done(name) and name in self.record["stages"]:
+                self.say(f"== {self.NAME}: {name} already done in {self.out}; kept")
+                continue
+            self._stage(name, getattr(self, name))
+        self.record["seconds"] = round(sum(v["seconds"] for v in
+                                           self.record["stages"].values()), 1)
+        (self.out / "recipe.json").write_text(json.dumps(self.record, indent=1))
+        self.say(f"{self.NAME}: done in {self.record['seconds'] / 60:.1f} min; pipeline folder "
+                 f"{self.folder}")
+        return self.record
+
+
+__all__ = ["MANIFEST", "StagedRecipe", "check_manifest", "sha256", "write_manifest"]

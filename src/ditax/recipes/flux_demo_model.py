@@ -1,0 +1,235 @@
+"""``make flux-demo-model``: train the small Flux from nothing with ditax's own tools.
+
+Stages (each timed; the run's record is ``{out}/recipe.json``):
+
+1. **data** — still images of the demo world (:mod:`ditax.synthetic.images`): one bright
+   circle or square at the left / right / top / bottom of a dark image, caption ``a {colour}
+   {shape} on the {position}``, the five held-out combinations left out; PNGs +
+   ``captions.jsonl``, the layout ``ditax preprocess`` reads.
+2. **vae** — ``ditax train-vae --family flux`` (:mod:`ditax.train.flux.vae`, the shared VAE
+   trainer) on those images; PSNR on held-out images; a diffusers ``AutoencoderKL`` folder
+   (FLUX.1's factor 8, 16 channels) with measured ``shift_factor`` / ``scaling_factor``.
+3. **text** — CLIP and T5 tokenizers trained on the vocabulary and small random CLIP text and
+   T5 towers, frozen (:mod:`ditax.recipes.flux_parts`).
+4. **latents** — ``ditax preprocess`` of the images with that VAE, T5 and CLIP (the empty
+   prompt's embedding and pooled vector stored for guidance training).
+5. **transformer** — ``ditax train`` of a ``flux-tiny``-based transformer (flow matching,
+   ``data.text_dropout`` for true classifier-free guidance).
+6. **assemble** — the diffusers ``FluxPipeline`` folder, ``ditax_sample.json`` (how to
+   sample it: :data:`ditax.demo.FLUX_SAMPLE`), ``manifest.json`` with every file's sha256.
+7. **score** — prompt following over every combination at several seeds
+   (:func:`ditax.recipes.flux_parts.score_folder`), seen and held out, into ``recipe.json``.
+
+Everything is a function of the seed. ``FULL`` is the shipped model
+(``python -m ditax.recipes.flux_demo_model``); ``SMOKE`` the same recipe at toy sizes (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+from ditax.recipes.common import StagedRecipe, write_manifest
+from ditax.recipes.flux_parts import write_encoders, write_pipeline_files, write_transformer
+
+STAGES = ("data", "vae", "text", "latents", "transformer", "assemble", "score")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Everything that sets the cost of the recipe."""
+
+    images: int                  # training images (seen combinations only)
+    vae_eval_images: int         # of them held out of VAE training, for its PSNR
+    size: int                    # height = width
+    vae: dict                    # AutoencoderKL config (architecture part)
+    vae_steps: int
+    vae_batch: int
+    vae_lr: float
+    transformer: dict            # FluxTransformer2DModel config
+    transformer_steps: int
+    transformer_batch: int
+    transformer_lr: float
+    flow_shift: float            # training noise levels uniform, shifted by this (= sampler's)
+    transformer_dtype: str       # dtype of the shipped transformer weights
+    text_dropout: float
+    clip: dict                   # CLIPTextModel config (vocab from the tokenizer)
+    t5: dict                     # T5EncoderModel config (vocab from the tokenizer)
+    text_len: int                # T5 tokens (the longest prompt is 7 with </s>)
+    sample: dict                 # the pipeline call's settings (ditax_sample.json)
+    score_seeds: tuple[int, ...]
+    checkpoint_every: int
+
+
+# FLUX.1's VAE factor 8 (the family's) and 16 latent channels; 64 x 64 images → 8 x 8 latents
+# → 16 packed tokens of 64 values
+_VAE = dict(block_out_channels=[16, 32, 64, 64], layers_per_block=1, norm_num_groups=8,
+            latent_channels=16, sample_size=64, mid_block_add_attention=True,
+            use_quant_conv=False, use_post_quant_conv=False)
+_CLIP = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=16, hidden_act="quick_gelu", layer_norm_eps=1e-5)
+_T5 = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+           relative_attention_num_buckets=32, relative_attention_max_distance=128,
+           layer_norm_epsilon=1e-6, feed_forward_proj="gated-gelu")
+
+
+def _transformer(heads: int, head_dim: int, double: int, single: int, rope) -> dict:
+    return dict(patch_size=1, in_channels=64, out_channels=None, num_layers=double,
+                num_single_layers=single, attention_head_dim=head_dim,
+                num_attention_heads=heads, joint_attention_dim=_T5["d_model"],
+                pooled_projection_dim=_CLIP["hidden_size"], guidance_embeds=True,
+                axes_dims_rope=list(rope))
+
+
+_SAMPLE = dict(height=64, width=64, num_inference_steps=20, guidance_scale=3.5,
+               true_cfg_scale=4.0, negative_prompt="", max_sequence_length=8)
+
+FULL = Sizes(images=2800, vae_eval_images=40, size=64, vae=_VAE, vae_steps=1200, vae_batch=16,
+             vae_lr=1e-3, transformer=_transformer(4, 32, 2, 2, (8, 12, 12)),
+             transformer_steps=3000, transformer_batch=32, transformer_lr=5e-4,
+             flow_shift=3.0, transformer_dtype="bfloat16", text_dropout=0.1, clip=_CLIP,
+             t5=_T5, text_len=8, sample=_SAMPLE, score_seeds=(0, 1, 2), checkpoint_every=500)
+SMOKE = dataclasses.replace(
+    FULL, images=48, vae_eval_images=4, size=32, vae_steps=8, vae_batch=4,
+    vae=dict(_VAE, block_out_channels=[8, 8, 8, 8], sample_size=32),
+    transformer=_transformer(2, 16, 1, 1, (4, 4, 8)), transformer_steps=10,
+    transformer_batch=8, transformer_lr=2e-3, transformer_dtype="float32",
+    sample=dict(_SAMPLE, height=32, width=32, num_inference_steps=2), score_seeds=(0,),
+    checkpoint_every=5)
+SIZES = {"full": FULL, "smoke": SMOKE}
+
+
+class Recipe(StagedRecipe):
+    """One run of the recipe into ``out`` (work files) and ``folder`` (the pipeline)."""
+
+    NAME = "flux-demo-model"
+    STAGES = STAGES
+    MARKERS = {"data": "images/captions.jsonl", "vae": "vae/vae/config.json",
+               "text": "encoders/text_encoder_2/config.json", "latents": "latents/meta.json"}
+
+    def data(self):
+        from ditax.synthetic.images import write_image_dataset
+
+        s = self.sizes
+        write_image_dataset(self.out / "images", s.images, self.seed, s.size, s.size)
+        return {"images": s.images}
+
+    def vae(self):
+        import jax
+
+        from ditax.train.flux.vae import load_flux_vae_config, train_flux_vae
+
+        s = self.sizes
+        cfg = load_flux_vae_config(None, **{f"vae.{k}": v for k, v in s.vae.items()}, **{
+            "data.source": str(self.out / "images"), "data.num_frames": 1,
+            "data.crop_frames": 1, "data.height": s.size, "data.width": s.size,
+            "data.eval_clips": s.vae_eval_images, "steps": s.vae_steps,
+            "batch_size": s.vae_batch, "seed": self.seed, "optim.learning_rate": s.vae_lr,
+            "optim.warmup_steps": min(20, s.vae_steps // 4), "optim.schedule": "cosine",
+            "checkpoint.every": s.checkpoint_every, "log_every": 5,
+            "output_dir": str(self.out / "vae")})
+        res = train_flux_vae(cfg, devices=jax.devices()[:self.devices],
+                             progress=self.progress, say=self.say)
+        return {"eval_psnr_db": round(res.eval_psnr, 2), "first_loss": res.losses[0],
+                "last_loss": res.losses[-1]}
+
+    def text(self):
+        s = self.sizes
+        work = self.out / "encoders"
+        info = write_encoders(work, clip=s.clip, t5=s.t5, seed=self.seed + 2)
+        shutil.copytree(self.out / "vae" / "vae", work / "vae", dirs_exist_ok=True)
+        write_pipeline_files(work)
+        return info
+
+    def latents(self):
+        from ditax.train.preprocess import preprocess
+
+        s = self.sizes
+        lines = []
+        preprocess(self.out / "images", self.out / "latents", self.out / "encoders",
+                   height=s.size, width=s.size, frames=1, text_len=s.text_len, batch=16,
+                   say=lines.append)
+        return {"samples": s.images}
+
+    def transformer(self):
+        from ditax.config import load_config
+        from ditax.train.loop import train
+        from ditax.train.plots import loss_curve, read_metrics
+
+        s = self.sizes
+        model = {f"model.{k}": json.dumps(v) if isinstance(v, list) else v
+                 for k, v in s.transformer.items() if v is not None}
+        cfg = load_config("flux-tiny", [f"{k}={v}" for k, v in model.items()] + [
+            "mesh.fsdp=-1", f"data.source={self.out / 'latents'}", "data.num_frames=1",
+            f"data.height={s.size}", f"data.width={s.size}", f"data.text_len={s.text_len}",
+            f"data.text_dropout={s.text_dropout}", f"steps={s.transformer_steps}",
+            f"batch_size={s.transformer_batch}", f"seed={self.seed}",
+            f"optim.learning_rate={s.transformer_lr}",
+            f"optim.warmup_steps={min(50, s.transformer_steps // 4)}",
+            "optim.schedule=cosine", "optim.weight_decay=0.0", "log_every=10",
+            f"checkpoint.every={s.checkpoint_every}", f"output_dir={self.out / 'transformer'}",
+            "flow.timestep_sampler=uniform", "flow.dynamic_shift=false",
+            f"flow.shift={s.flow_shift}"])
+        res = train(cfg, progress=self.progress, say=self.say)
+        metrics = self.out / "transformer" / "metrics.jsonl"
+        loss_curve(metrics, self.out / "transformer" / "loss.png",
+                   title="Flux transformer training (flow matching)", keys=("loss",), smooth=10)
+        self._transformer_params = res.state["params"]
+        losses = [r["loss"] for r in read_metrics(metrics) if "loss" in r]
+        return {"first_loss": losses[0], "last_loss": losses[-1],
+                "mean_last_10_logged": sum(losses[-10:]) / len(losses[-10:])}
+
+    def assemble(self):
+        f = self.folder
+        if f.exists():
+            shutil.rmtree(f)
+        shutil.copytree(self.out / "encoders", f)
+        write_transformer(f / "transformer", self.sizes.transformer,
+                          self._transformer_params, self.sizes.transformer_dtype)
+        (f / "ditax_sample.json").write_text(json.dumps(self.sizes.sample, indent=2))
+        files = write_manifest(f)
+        size = sum((f / n).stat().st_size for n in files)
+        for stage in ("vae", "transformer"):
+            png = self.out / stage / "loss.png"
+            if png.is_file():
+                shutil.copy(png, self.out / f"loss_{stage}.png")
+        return {"folder": str(f), "bytes": size, "files": len(files)}
+
+    def score(self):
+        from ditax.recipes.flux_parts import score_folder
+
+        res = score_folder(self.folder, self.sizes.sample, self.sizes.score_seeds)
+        (self.out / "score_rows.json").write_text(json.dumps(res.pop("rows"), indent=1))
+        return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ditax.recipes.flux_demo_model",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="flux_demo_model", help="work folder")
+    p.add_argument("--folder", default=None, help="pipeline folder (default OUT/pipeline)")
+    p.add_argument("--sizes", default="full", choices=sorted(SIZES))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--devices", type=int, default=1,
+                   help="devices (XLA_FLAGS host device count when unset): the VAE trains "
+                   "data-parallel on this many, the transformer on all")
+    p.add_argument("--stages", default=",".join(STAGES),
+                   help="comma list of stages to run (finished ones in OUT are kept)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    stages = [x for x in a.stages.split(",") if x]
+    bad = [x for x in stages if x not in STAGES]
+    if bad:
+        p.error(f"--stages: unknown {bad}; stages are {', '.join(STAGES)}")
+    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={a.devices}")
+    Recipe(a.out, SIZES[a.sizes], seed=a.seed, folder=a.folder, devices=a.devices,
+           progress=not a.no_progress).run(stages)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
