@@ -187,11 +187,15 @@ def control_context(vae, video: np.ndarray, mask: np.ndarray, references: list) 
     from ditax.models.wan.conditioning import encode_normalized
 
     m = mask[None]
-    pair = np.stack([video * (1.0 - m), video * m])            # [2, 3, F, H, W]
-    z = np.asarray(encode_normalized(vae, pair))               # [2, z, F', Y, X]
-    lat = np.concatenate([z[0], z[1]], axis=0)                 # inactive, reactive
-    for ref in references:                                     # each goes first: last ends first
-        r = np.asarray(encode_normalized(vae, ref[None, :, None]))[0]   # [z, 1, Y, X]
+    # one batched encode: the Wan VAE is causal, so a reference image as frame 0 of an
+    # otherwise empty video has the latent frame 0 of that image encoded alone
+    pad = np.zeros_like(video)
+    batch = [video * (1.0 - m), video * m] + [
+        np.concatenate([ref[:, None], pad[:, 1:]], axis=1) for ref in references]
+    z = np.asarray(encode_normalized(vae, np.stack(batch)))      # [2 + n, z, F', Y, X]
+    lat = np.concatenate([z[0], z[1]], axis=0)                   # inactive, reactive
+    for j in range(len(references)):                             # each goes first
+        r = z[2 + j][:, :1]                                      # [z, 1, Y, X]
         lat = np.concatenate([np.concatenate([r, np.zeros_like(r)], axis=0), lat], axis=1)
     ch = mask_channels(mask, vae.scale_factor_spatial, vae.scale_factor_temporal,
                        len(references))
