@@ -8,7 +8,8 @@ relative error vs the unquantized model (measured on these random weights): int8
 (6.7e-3), fp8 8e-2 (3.8e-2), int8 weights + activations 3e-2 (9.4e-3), Flux int8 2e-2 (9.2e-3). Bytes: every block-linear kernel 1 byte a weight plus a
 float32 scale per output channel, everything else float32 as before. A tiny Flux (int8,
 one case) the same. Bad input: an unknown mode, activations without a mode, a GGUF file, an
-fp8 file with int8, unmerged LoRAs — one ConfigError line each, before any tensor is read.
+fp8 file with int8 — one ConfigError line each, before any tensor is read (unmerged LoRAs
+on 8-bit kernels: tests/lora/test_unmerged_quantized.py).
 """
 
 import json
@@ -180,9 +181,6 @@ def test_bad_quantize_input(tmp_path, wan_folder):
     with pytest.raises(ConfigError, match=r"quantize='int8': .*wan-Q8_0.gguf is a GGUF file"):
         ditax.load_transformer(tmp_path / "wan-Q8_0.gguf", config=WanConfig(**WAN),
                                quantize="int8")
-    with pytest.raises(ConfigError, match="lora_mode='unmerged' with quantize='int8'"):
-        ditax.load_transformer(wan_folder, quantize="int8", loras=["x.safetensors"],
-                               lora_mode="unmerged")
     f8 = _fp8_safetensors(tmp_path / "wan_fp8_e4m3fn.safetensors")
     with pytest.raises(ConfigError, match=r"already stored in fp8 .*quantize='fp8'"):
         ditax.load_transformer(f8, config=WanConfig(**WAN), quantize="int8")

@@ -4,6 +4,7 @@ Wan / ComfyUI checkpoint into one.
     ditax convert FOLDER                      # check: config.json against the safetensors headers
     ditax convert wan2.1_t2v_1.3B_bf16.safetensors --config wan2.1-t2v-1.3b --out Wan-1.3B/transformer
         [--dtype bfloat16] [--lora FILE[:STRENGTH] ...]
+    ditax convert FOLDER_OR_FILE [--config NAME] --quantize int8|fp8 --out DIR  # 8-bit folder
 
 Everything goes through the model family (:mod:`ditax.models.registry`): a folder's by its
 ``config.json`` ``_class_name``, a single file's by the ``family`` of its ``--config``. A folder
@@ -13,6 +14,12 @@ shapes do not fit (:meth:`~ditax.models.base.ModelFamily.check_folder`). A singl
 architecture (``--config``: a preset or YAML); with ``--out`` it is written as a diffusers folder
 (:meth:`~ditax.models.base.ModelFamily.convert_single_file`, LoRAs fused in with ``--lora``),
 which is then checked the same way; without ``--out`` it is only checked.
+
+``--quantize int8|fp8`` (a folder or a single file, ``--out`` required) loads the transformer
+with its block linears quantized as ``ditax.load_transformer(..., quantize=)`` does (LoRAs
+merged first) and writes ditax's 8-bit folder (:mod:`ditax.nn.quant_folder`: 8-bit weights +
+a float32 ``weight_scale`` per output row; the other tensors in ``--dtype``, default float32),
+which ``load_transformer(DIR, quantize=MODE)`` reads back bit-equal, without quantizing again.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser):
                    help="cast the written tensors (default: as stored)")
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
                    help="LoRA fused into the written weights (repeatable; --out only)")
+    p.add_argument("--quantize", default=None, choices=("int8", "fp8"),
+                   help="write --out as ditax's 8-bit folder: block linears in int8 / fp8 with "
+                        "per-output-channel scales (load it with quantize=MODE)")
 
 
 def folder_family(path, subfolder):
@@ -55,6 +65,8 @@ def run(args) -> int:
     from ditax.load import model_config
 
     single = is_single_file(args.path)
+    if args.quantize:
+        return write_quantized(args, single)
     if not single:
         for flag, value in (("--config", args.config), ("--out", args.out),
                             ("--dtype", args.dtype), ("--lora", args.lora)):
@@ -80,5 +92,34 @@ def run(args) -> int:
     loras = resolve_loras([parse_lora_arg(s) for s in args.lora], names=family.lora_names())
     folder = family.convert_single_file(args.path, args.out, dtype=args.dtype, loras=loras)
     print(f"wrote {folder}")
+    print(type(family).check_folder(folder, None))
+    return 0
+
+
+def write_quantized(args, single: bool) -> int:
+    """``--quantize``: load with 8-bit block linears, write ditax's 8-bit folder, check it."""
+    import ditax
+    from ditax.errors import ConfigError
+    from ditax.lora import parse_lora_arg
+    from ditax.models.base import model_family
+    from ditax.models.single_files import check_out, write_folder
+    from ditax.nn.quant_folder import QuantizedTensors, folder_config
+
+    if args.out is None:
+        raise ConfigError(f"--quantize {args.quantize} writes a folder; pass --out FOLDER")
+    if not single and args.config:
+        raise ConfigError(f"--config is for single-file checkpoints (one .safetensors file); "
+                          f"{args.path} is read as a diffusers folder with its own config.json")
+    out = check_out(args.out, args.dtype)
+    where = dict(config=args.config) if single else dict(subfolder=args.subfolder)
+    tr = ditax.load_transformer(args.path, dtype=args.dtype or "float32",
+                                quantize=args.quantize,
+                                loras=[parse_lora_arg(s) for s in args.lora] or None, **where)
+    family = model_family(tr.config)
+    tensors = QuantizedTensors(tr.module, family.weight_table())
+    folder = write_folder(out, tensors, {k: k for k in tensors.keys()},
+                          folder_config(tr.config.to_diffusers(), args.quantize))
+    print(f"wrote {folder} ({args.quantize} block linears + per-channel scales; load it with "
+          f"quantize={args.quantize!r})")
     print(type(family).check_folder(folder, None))
     return 0

@@ -261,8 +261,10 @@ def _quantized(weights, row: Row, keys: dict, shape: tuple, quantize, sharding):
     """A kernel through its quantizer (:func:`ditax.nn.quant.reader`): one float pass for
     its scales (read like the parameter, a layer at a time), then each shard quantized as
     it is read; (kernel, scales as numpy)."""
+    stored = ([keys[row.key.format(i=i)] for i in range(shape[0])] if row.stacked
+              else [keys[row.key]])       # the checkpoint's keys of this kernel, layer by layer
     convert, scale = quantize(lambda index: _read_block(weights, row, keys, shape, index),
-                              shape, row.stacked)
+                              shape, row.stacked, stored)
     return read_param(weights, row, keys, shape, None, sharding, convert), scale
 
 

@@ -13,6 +13,9 @@ activation scales for fp8 matmuls (not needed to dequantize); a ``<prefix>scaled
 tensor names the fp8 flavour. Those scale and marker keys are hidden from the checkpoint's
 keys, so the strict key checks of :mod:`ditax.io.convert` see the model's keys only. A file
 whose ``_quantization_metadata`` names a layer format other than fp8 is refused in one line.
+The same read serves ditax's own 8-bit folders (``ditax convert --quantize``,
+:mod:`ditax.nn.quant_folder`): int8 or fp8 ``L.weight`` with a float32 per-row ``L.weight_scale``;
+:meth:`Fp8Tensors.scale` gives that scale itself, so a loader can keep the 8-bit values.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import numpy as np
 from ditax.errors import WeightError
 
 FP8 = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
-_PLAIN = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64}
+_PLAIN = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
+          "I8": np.int8}     # int8 weights with a per-row scale (ditax convert --quantize int8)
 SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
 HIDDEN_SUFFIXES = SCALE_SUFFIXES + (".scale_input", ".input_scale")
 MARKER = "scaled_fp8"
@@ -115,19 +119,27 @@ class Fp8Tensors:
             return np.fromfile(path, dtype, count=int(np.prod(shape)), offset=begin).reshape(shape)
         return np.memmap(path, dtype=dtype, mode="r", offset=begin, shape=shape)
 
-    def read(self, key: str, index: tuple) -> np.ndarray:
-        """``tensor[index]`` as float32, times its scale (scalar or per output channel)."""
-        x = np.asarray(self._raw(key)[index], np.float32)
+    def scale(self, key: str) -> np.ndarray | None:
+        """The float32 scale of the weight ``key`` (a scalar or one per output row, checked);
+        None when ``key`` has none."""
         if key not in self._scale:
-            return x
+            return None
         s = np.asarray(self._raw(self._scale[key]), np.float32)
-        if s.size == 1:
-            return x * s.reshape(())
-        if s.shape[0] != self.shape(key)[0] or s.size != s.shape[0]:
+        if s.size != 1 and (s.shape[0] != self.shape(key)[0] or s.size != s.shape[0]):
             raise WeightError(f"{self._entry[key][0]}: {self._scale[key]} has shape {s.shape}; "
                               f"a scale is a scalar or one per output row of {key} "
                               f"{self.shape(key)}")
-        rows = s.reshape(-1)[index[0] if index else slice(None)]
+        return s.reshape(()) if s.size == 1 else s.reshape(-1)
+
+    def read(self, key: str, index: tuple) -> np.ndarray:
+        """``tensor[index]`` as float32, times its scale (scalar or per output channel)."""
+        x = np.asarray(self._raw(key)[index], np.float32)
+        s = self.scale(key)
+        if s is None:
+            return x
+        if s.ndim == 0:
+            return x * s
+        rows = s[index[0] if index else slice(None)]
         return x * rows.reshape((-1,) + (1,) * (x.ndim - 1))
 
 

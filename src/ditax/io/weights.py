@@ -160,6 +160,11 @@ class Weights:
         """The whole tensor."""
         return self.read(key, ())
 
+    def scale(self, key: str) -> np.ndarray | None:
+        """The float32 scale a scaled 8-bit weight ``key`` is read times (scalar or per output
+        row; :meth:`ditax.io.fp8.Fp8Tensors.scale`); None for any other tensor."""
+        return self._fp8.scale(key) if key in self._fp8 else None
+
     def read(self, key: str, index: tuple) -> np.ndarray:
         """``tensor[index]`` (a tuple of slices) reading only that part of the file (8-bit
         tensors dequantized to float32, times their scale in a ``_scaled`` file)."""

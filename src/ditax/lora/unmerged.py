@@ -9,7 +9,9 @@ with ``down [R, in]`` / ``up [R, out]`` the LoRAs' factors concatenated along th
 (``R = Σ_j r_j``; a layer a LoRA does not touch holds zeros), ``scale [R]`` each component's
 ``alpha / r``, ``owner`` (static) the LoRA of each component and ``s [J]`` the strengths. In
 the stacked blocks every one of these carries the leading layer axis, so the layer scan slices
-them like any parameter. Strengths are variables: :func:`set_strengths` changes them without
+them like any parameter. On an 8-bit base (``quantize=``) the base term is its quantized
+dot (:class:`ditax.nn.quant.QuantSpec`) and the LoRA term runs in the compute dtype, so a
+strength change needs no re-quantization. Strengths are variables: :func:`set_strengths` changes them without
 changing any shape, so nothing recompiles. The same rows and checks as the merged path
 (:func:`~ditax.lora.merge.plan_patches`) decide what goes where; full weight deltas (``diff``)
 exist only merged.
@@ -48,6 +50,8 @@ class LoraLinear(Linear):
                  factor=LoraWeight):
         self.kernel, self.bias, self.dtype = base.kernel, base.bias, base.dtype
         self.out_heads = base.out_heads
+        if base.quant is not None:     # 8-bit base (ditax.nn.quant): its dot, its scales
+            self.quant, self.kernel_scale = base.quant, base.kernel_scale
         self.lora_down = factor(down)              # [(L,) R, in]
         self.lora_up = factor(up)                  # [(L,) R, out]
         self.lora_scale = LoraWeight(scale)        # [(L,) R]
@@ -56,9 +60,13 @@ class LoraLinear(Linear):
         self.lora_owner = owner
 
     def __call__(self, x):
-        y = super().__call__(x)
+        return super().__call__(x) + self._delta(x)
+
+    def _delta(self, x):
+        """The LoRA terms on ``x [..., in]`` → ``[..., out]`` (0 when none)."""
         dt = self.dtype
         s = self.lora_strength[...].astype(dt)
+        y = jnp.zeros((), dt)
         if self.lora_owner:
             g = self.lora_scale[...].astype(dt) * jnp.take(s, jnp.asarray(self.lora_owner), -1)
             h = jnp.einsum("...i,ri->...r", x.astype(dt), self.lora_down[...].astype(dt))
@@ -66,6 +74,13 @@ class LoraLinear(Linear):
         if self.lora_bias is not None:
             y = y + jnp.einsum("j,jo->o", s, self.lora_bias[...].astype(dt))
         return y
+
+    def out_columns(self, x, start, size: int):
+        """Output columns ``[start, start + size)`` of :meth:`__call__` (base and LoRA terms),
+        for a layer computed in column chunks; the base's own slice plus the LoRA terms'."""
+        y = super().out_columns(x, start, size)
+        d = jnp.broadcast_to(self._delta(x), y.shape[:-1] + (self.dims()[2],))
+        return y + jax.lax.dynamic_slice_in_dim(d, start, size, axis=d.ndim - 1)
 
     def from_heads(self, x):
         """``x [..., N, K]`` flattened to ``[..., N·K]`` through :meth:`__call__` (base and
@@ -168,8 +183,9 @@ def attach(module, loras: list[tuple[Lora, float]], table: Table, mesh=None, *,
             parent = getattr(parent, name)
         base = getattr(parent, path[-1])
         _, din, dout = base.dims()
-        (down, up, scale, bias), owner = _arrays(slot, len(loras), din, dout,
-                                                 base.kernel[...].dtype)
+        # factors in the weights' float dtype (an 8-bit kernel's: the compute dtype)
+        dtype = base.dtype if base.quant is not None else base.kernel[...].dtype
+        (down, up, scale, bias), owner = _arrays(slot, len(loras), din, dout, dtype)
         strength = strengths if slot["layers"] is None else np.tile(strengths, (slot["layers"], 1))
         new = LoraLinear(base, *(_place(a, mesh) for a in (down, up, scale)), owner,
                          _place(bias, mesh), _place(jnp.asarray(strength), mesh))

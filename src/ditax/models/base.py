@@ -234,6 +234,11 @@ class ModelFamily(abc.ABC):
         :mod:`ditax.lora.table` table); None: the family has no LoRA support."""
         return None
 
+    def weight_table(self):
+        """The transformer's full conversion table (diffusers names; what ``ditax convert
+        --quantize`` writes through); by default :meth:`lora_table`."""
+        return self.lora_table()
+
     @classmethod
     def lora_names(cls):
         """The family's names for the LoRA machinery (a :class:`ditax.lora.names.LoraNames`:

@@ -78,7 +78,9 @@ class Builder:
     def param_shardings(self, state, cfg, mesh) -> Any:
         """NamedShardings (same tree as ``state``) from the table's logical axes
         (:func:`param_shardings`; other variables replicated)."""
-        return param_shardings(state, self.axes(cfg), mesh)
+        from ditax.nn.quant import with_scale_axes   # 8-bit kernels' scales shard with them
+
+        return param_shardings(state, with_scale_axes(self.axes(cfg)), mesh)
 
     def abstract_model(self, cfg, attention=None, mesh=None):
         """The model with ``ShapeDtypeStruct`` parameters (nothing allocated)."""

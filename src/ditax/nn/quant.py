@@ -67,7 +67,9 @@ def describe(mode: str, activations: bool, devices=None) -> str:
     how = ("native 8-bit dots" if native else
            "dots in the compute dtype (8-bit storage: memory only)" if not activations else
            "8-bit dots emulated (no native 8-bit matmul for this mode)")
-    return f"{what} on {d.platform} {getattr(d, 'device_kind', '')}: {how}".replace("  ", " ")
+    kind = getattr(d, "device_kind", "")
+    where = d.platform if kind.lower() in ("", d.platform) else f"{d.platform} {kind}"
+    return f"{what} on {where}: {how}"
 
 
 # --- the numbers --------------------------------------------------------------------------
@@ -228,28 +230,84 @@ def with_scale_axes(axes: dict) -> dict:
     return out
 
 
+def _converter(scale, mode: str, ndim: int):
+    """``convert(x, index)``: the float slice ``index`` of a kernel quantized with its rows of
+    ``scale`` (the kernel's scales, numpy float32)."""
+    full = (slice(None),) * ndim
+
+    def convert(x, index):
+        idx = tuple(index) + full[len(index):]
+        s = scale[idx[:-2] + idx[-1:]]
+        return np.asarray(quantize_values(np.asarray(x), np.expand_dims(s, -2), mode))
+
+    return convert
+
+
+def _scales(block, shape, stacked, mode: str) -> np.ndarray:
+    """Per-output-channel scales from one float pass (a layer at a time for a stacked row)."""
+    full = (slice(None),) * len(shape)
+    if stacked:
+        return np.concatenate([channel_scale(np.asarray(block((slice(i, i + 1),) + full[1:])),
+                                             mode) for i in range(shape[0])])
+    return channel_scale(np.asarray(block(full)), mode)
+
+
 def reader(mode: str):
-    """A quantizer for :func:`ditax.io.convert.load_params`: ``(block, shape, stacked) ->
-    (convert, scale)``; ``block(index)`` reads our layout's float slice of the kernel;
+    """A quantizer for :func:`ditax.io.convert.load_params`: ``(block, shape, stacked, keys)
+    -> (convert, scale)``; ``block(index)`` reads our layout's float slice of the kernel;
     ``convert(x, index)`` quantizes the slice ``index`` as each device reads it; ``scale``
     (numpy float32) from one pass over the tensor, one layer at a time for a stacked row."""
-    def quantize(block, shape, stacked):
-        full = (slice(None),) * len(shape)
-        if stacked:
-            scale = np.concatenate([channel_scale(np.asarray(block((slice(i, i + 1),) +
-                                                                   full[1:])), mode)
-                                    for i in range(shape[0])])
-        else:
-            scale = channel_scale(np.asarray(block(full)), mode)
-
-        def convert(x, index):
-            idx = tuple(index) + full[len(index):]
-            s = scale[idx[:-2] + idx[-1:]]
-            return np.asarray(quantize_values(np.asarray(x), np.expand_dims(s, -2), mode))
-
-        return convert, scale
+    def quantize(block, shape, stacked, keys=()):
+        scale = _scales(block, shape, stacked, mode)
+        return _converter(scale, mode, len(shape)), scale
 
     return quantize
+
+
+def stored_reader(mode: str, weights):
+    """:func:`reader` for a folder already stored in ``mode`` (:func:`folder_mode`): each
+    kernel keeps the float32 scales stored beside it (``<key>_scale``, one per output row of
+    each layer's ``keys``: ``weights.scale``), so the 8-bit values and scales load exactly as
+    written (``round(fl(q·s) / s) = q``: the read is exact). Where the values read are not
+    the stored ones — a LoRA merged in as they load — the scales fresh from the merged
+    values are used instead (merge before quantizing), and that is logged."""
+    def quantize(block, shape, stacked, keys=()):
+        fresh = _scales(block, shape, stacked, mode)
+        rows = [weights.scale(k) for k in keys]
+        scale = fresh
+        if keys and all(r is not None for r in rows):
+            stored = np.stack(rows).reshape(fresh.shape)
+            if np.allclose(stored, fresh, rtol=1e-6, atol=0):
+                scale = stored
+            else:
+                log.info("quantize: %s read with new values (merged LoRA?): scales computed "
+                         "again from them", keys[0])
+        return _converter(scale, mode, len(shape)), scale
+
+    return quantize
+
+
+FOLDER_METHOD = "ditax"        # config.json quantization_config.quant_method of an 8-bit folder
+
+
+def folder_mode(source) -> str:
+    """The mode a ditax 8-bit folder (``ditax convert --quantize``) is stored in: its
+    ``config.json`` ``quantization_config`` ``{"quant_method": "ditax", "weights": mode}``;
+    ``"none"`` for any other checkpoint."""
+    import json
+    import pathlib
+
+    cfg = pathlib.Path(source) / "config.json"
+    if not cfg.is_file():
+        return "none"
+    qc = json.loads(cfg.read_text()).get("quantization_config") or {}
+    if qc.get("quant_method") != FOLDER_METHOD:
+        return "none"
+    if qc.get("weights") not in STORED:
+        raise ConfigError(f"{cfg}: quantization_config.weights={qc.get('weights')!r} is not a "
+                          f"ditax 8-bit mode ({', '.join(STORED)}); write the folder again with "
+                          f"ditax convert --quantize")
+    return qc["weights"]
 
 
 def prepare(model, cfg, weights, source, mesh=None) -> dict:
@@ -257,25 +315,37 @@ def prepare(model, cfg, weights, source, mesh=None) -> dict:
     refuse an 8-bit source in another format (:func:`check_source`), quantize the
     abstract ``model``'s block linears in place (:func:`quantize_module`) and return the
     kernel path → quantizer map for :func:`ditax.io.convert.load_params` ({} unquantized).
+    A ditax 8-bit folder (:func:`folder_mode`) loads with its stored scales
+    (:func:`stored_reader`) under ``quantize=`` its own mode, dequantized without one.
     Logs the mode and whether its dots are native 8-bit on the mesh's devices."""
     mode, act = cfg.quantize, cfg.quantize_activations
+    stored = folder_mode(source)
+    if stored != "none" and mode not in ("none", stored):
+        raise ConfigError(f"quantize={mode!r}: {source} is a ditax {stored} folder (ditax "
+                          f"convert --quantize {stored}); load it with quantize={stored!r} "
+                          f"(as stored) or without quantize= (dequantized)")
     if mode == "none":
+        if stored != "none":
+            log.info("quantize: %s is stored in %s; loading it dequantized (quantize=%r "
+                     "keeps the 8-bit weights)", source, stored, stored)
         return {}
-    check_source(weights, mode, source)
+    if stored == "none":
+        check_source(weights, mode, source)
     devices = None if mesh is None else list(mesh.devices.flat)
     quantize_module(model, mode, act, devices)
     paths = quantized_kernels(nnx.state(model))
-    log.info("quantize: %d block linears, %s", len(paths), describe(mode, act, devices))
-    return {p: reader(mode) for p in paths}
+    log.info("quantize: %d block linears, %s%s", len(paths), describe(mode, act, devices),
+             "" if stored == "none" else f" (stored {stored}: the folder's own scales)")
+    make = reader(mode) if stored == "none" else stored_reader(mode, weights)
+    return {p: make for p in paths}
 
 
 def check_lora_mode(cfg, loras, lora_mode: str) -> None:
-    """8-bit weights take merged LoRAs (merged into each slice before it is quantized);
-    unmerged ones are not wired to 8-bit kernels yet: one :class:`ConfigError`."""
-    if loras and lora_mode == "unmerged" and cfg.quantize != "none":
-        raise ConfigError(f"lora_mode='unmerged' with quantize={cfg.quantize!r}: unmerged "
-                          f"LoRAs do not run on 8-bit kernels yet; use lora_mode='merged' "
-                          f"(merged before quantizing) or quantize='none'")
+    """8-bit weights take merged LoRAs (merged into each slice before it is quantized) and
+    unmerged ones (:class:`ditax.lora.unmerged.LoraLinear`: the 8-bit base dot plus the
+    LoRA's low-rank update in the compute dtype): nothing to refuse (kept for the loaders'
+    call; a future mode that cannot take LoRAs refuses here)."""
+    del cfg, loras, lora_mode
 
 
 def check_source(weights, mode: str, source) -> None:
@@ -302,6 +372,7 @@ def weight_bytes(state) -> int:
                for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
 
 
-__all__ = ["MODES", "QuantSpec", "native_dots", "describe", "channel_scale",
-           "quantize_values", "dequantize", "quantize_module", "quantize_linear", "quantized_kernels",
-           "with_scale_axes", "reader", "prepare", "check_lora_mode", "check_source", "weight_bytes"]
+__all__ = ["MODES", "QuantSpec", "native_dots", "describe", "channel_scale", "quantize_values",
+           "dequantize", "quantize_module", "quantize_linear", "quantized_kernels",
+           "with_scale_axes", "reader", "stored_reader", "folder_mode", "prepare",
+           "check_lora_mode", "check_source", "weight_bytes"]

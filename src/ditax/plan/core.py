@@ -96,12 +96,14 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
     from ditax.models.base import model_family
 
     family = model_family(cfg.model, cfg.attention)
-    gdef, state = nnx.split(family.abstract(mesh))
+    model = family.abstract(mesh)
+    quant = _quantize(cfg.model, model, list(mesh.devices.flat))
+    gdef, state = nnx.split(model)
     sh = family.param_shardings(state, mesh)
     count, total, per_dev, rows = _params(state, sh)
     out = {"mesh": dict(mesh.shape), "platform": mesh.devices.flat[0].platform,
            "params": count, "param_bytes_total": total, "param_bytes_per_device": per_dev,
-           "shardings": rows}
+           "shardings": rows, **quant}
     layers = getattr(cfg.model, "num_layers", None)
     if compile_:
         latent = latent or family.latent_shape(cfg.sample.num_frames, cfg.sample.height,
@@ -112,6 +114,25 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
         lowered, shape, fl = _train_step(cfg, mesh, family)
         out["train_step"] = {"latents": shape, **_compiled(lowered, fl, layers, chip, None)}
     return out
+
+
+def _quantize(model_cfg, model, devices) -> dict:
+    """``model.quantize``: the abstract model's block linears made 8-bit as the loader makes
+    them (:func:`ditax.nn.quant.quantize_module`: 8-bit kernels + float32 scales, so the
+    bytes and the compiled dots are the quantized model's); ``{"quantize": ...}`` says the
+    mode and whether its dots are native 8-bit on ``devices``. ``{}`` unquantized."""
+    mode = getattr(model_cfg, "quantize", "none")
+    if mode == "none":
+        return {}
+    from ditax.nn.quant import describe, native_dots, quantize_module
+
+    act = model_cfg.quantize_activations
+    quantize_module(model, mode, act, devices)
+    d = devices[0]
+    return {"quantize": {"mode": mode, "activations": act,
+                         "native_dots": native_dots(mode, act, d.platform,
+                                                    getattr(d, "device_kind", "")),
+                         "dots": describe(mode, act, devices)}}
 
 
 def _compiled(lowered, model_flops, layers, chip, hlo_path) -> dict:

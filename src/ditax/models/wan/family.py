@@ -118,6 +118,12 @@ class WanFamily(ModelFamily):
         return weight_table(self.model.num_layers, self.model.cross_attn_norm,
                             head_dim=self.model.attention_head_dim)
 
+    def weight_table(self):
+        """Every row of the architecture (image / position-embedding rows included)."""
+        from ditax.models.wan.convert import config_weight_table
+
+        return config_weight_table(self.model)
+
     @classmethod
     def lora_names(cls):
         from ditax.models.wan.lora_names import LORA_NAMES
