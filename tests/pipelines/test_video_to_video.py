@@ -105,3 +105,41 @@ def test_bad_requests(tiny, change, match):
     kw.update(change)
     with pytest.raises(RequestError, match=match):
         pipe(**kw)
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """Two small mp4s (5 and 6 frames at 48x32) and a folder that names an image model."""
+    from ditax.io.video import write_mp4
+
+    d = tmp_path_factory.mktemp("clips")
+    rng = np.random.default_rng(0)
+    for n in (5, 6):
+        write_mp4(d / f"in{n}.mp4", rng.uniform(size=(n, 32, 48, 3)).astype(np.float32))
+    (d / "flux").mkdir()
+    (d / "flux" / "model_index.json").write_text('{"_class_name": "FluxPipeline"}')
+    return d
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--video", "in5.mp4"], r"is video-to-video: add --strength S"),
+    (["--strength", "0.5"], r"--strength is video-to-video; give the source with --video"),
+    (["--video", "in5.mp4", "--strength", "1.5"], r"strength=1.5 must be a number in \(0, 1\]"),
+    (["--video", "in6.mp4", "--strength", "0.5"],
+     r"--video .*in6.mp4 \(48x32, 6 frames\): num_frames=6 must be of the form 4k\+1"),
+    (["--video", "in5.mp4", "--strength", "0.5", "--frames", "9"], "fewer than --frames 9"),
+    (["--model", "flux", "--video", "in5.mp4", "--output", "x.png"],
+     r"--video is a video flag; .*flux is an image model"),
+])
+def test_cli_refuses_before_loading(clips, capsys, monkeypatch, flags, says):
+    """``ditax generate --video IN --strength S``: each bad request exits 2 in one line before
+    any weights load (the demo model is a text-to-video folder)."""
+    import re
+
+    from ditax.cli import main
+
+    monkeypatch.chdir(clips)
+    model = [] if "--model" in flags else ["--model", "demo"]
+    rc = main(["generate", "--prompt", "a cat", "--output", "o.mp4", *model, *flags])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and re.search(says, err[0]), err

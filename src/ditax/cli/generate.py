@@ -63,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first frame (image-to-video folders; optional for Wan 2.2 TI2V)")
     p.add_argument("--last-image", default=None, metavar="LAST.png",
                    help="last frame (first-last-frame models, Wan 2.2 I2V A14B)")
+    p.add_argument("--video", default=None, metavar="IN.mp4",
+                   help="source video: video-to-video with --strength (text-to-video folders)")
+    p.add_argument("--strength", type=float, default=None,
+                   help="video-to-video: how much of the schedule runs, in (0, 1] (0.7)")
     p.add_argument("--height", type=int, default=None, help="pixels, multiple of 16 (480)")
     p.add_argument("--width", type=int, default=None, help="pixels, multiple of 16 (832)")
     p.add_argument("--frames", type=int, default=None, help="4k+1 frames (81)")
@@ -157,6 +161,7 @@ def parse_request(args):
     loras = read_loras(args.lora, args.lora_strict)
     loras_2 = read_loras(args.lora_2, args.lora_strict)
     call.update(read_images(args.image, args.last_image))
+    call.update(read_source_video(args, call, req.pipelines.check_request))
     use_mesh = "mesh" in given
     validate(cfg, jax.device_count() if use_mesh else None)
     dtype = cfg.model.dtype
@@ -172,11 +177,14 @@ def parse_request(args):
                 mesh_config=cfg.mesh if use_mesh else None, loras=loras, loras_2=loras_2,
                 lora_mode=args.lora_mode, lora_strict=args.lora_strict,
                 compile_cache=cfg.compile_cache, **model_over)
+    if "strength" in call:
+        load["video_to_video"] = True
     return load, call
 
 
 # flags an image model (PipelineFamily.makes == "image") does not take, by their argparse name
 VIDEO_FLAGS = {"frames": "--frames", "image": "--image", "last_image": "--last-image",
+               "video": "--video", "strength": "--strength",
                "guidance_2": "--guidance-2", "frames_dir": "--frames-dir", "fps": "--fps",
                "lora_2": "--lora-2",
                "negative_prompt": "--negative-prompt (true CFG: the Python API's "
@@ -193,7 +201,7 @@ def image_request(args, req):
 
     name = req.pipelines.name
     for key, flag in VIDEO_FLAGS.items():
-        if getattr(args, key) not in (None, []):
+        if getattr(args, key, None) not in (None, []):   # ditax serve has no --video
             raise RequestError(f"{flag} is a video flag; {args.model} is an image model "
                                f"({name}) — drop it")
     cfg, given, d = req.cfg, req.given, req.defaults
@@ -242,6 +250,41 @@ def read_images(image: str | None, last_image: str | None) -> dict:
         out["image"] = read_image(image, "--image")
     if last_image is not None:
         out["last_image"] = read_image(last_image, "--last-image")
+    return out
+
+
+def read_source_video(args, call: dict, check) -> dict:
+    """``--video`` read into ``video=`` (float ``[F, H, W, 3]`` in [0, 1]; ``--frames N``: its
+    first N) with ``strength=``; the request's size and frame count become the video's where
+    ``--height`` / ``--width`` / ``--frames`` are not given, and are checked again
+    (``check``: the family's request check)."""
+    import numpy as np
+
+    from ditax.io.video import read_video
+
+    video, strength = getattr(args, "video", None), getattr(args, "strength", None)
+    if video is None:
+        if strength is not None:
+            raise RequestError("--strength is video-to-video; give the source with --video IN.mp4")
+        return {}
+    frames = read_video(video)
+    if args.frames is not None:
+        if len(frames) < args.frames:
+            raise RequestError(f"--video {video} has {len(frames)} frames, fewer than --frames "
+                               f"{args.frames}; lower --frames (4k+1)")
+        frames = frames[:args.frames]
+    call.update(num_frames=len(frames), height=args.height or frames.shape[1],
+                width=args.width or frames.shape[2])
+    try:
+        with request_errors():
+            check(call["prompt"], call["height"], call["width"], call["num_frames"],
+                  call["num_inference_steps"], call["guidance_scale"])
+    except RequestError as e:
+        raise RequestError(f"--video {video} ({frames.shape[2]}x{frames.shape[1]}, "
+                           f"{len(frames)} frames): {e}") from None
+    out = {"video": frames.astype(np.float32) / np.float32(255.0)}
+    if strength is not None:
+        out["strength"] = strength
     return out
 
 

@@ -101,10 +101,30 @@ def check_images_fit(root, index: dict, call: dict) -> None:
     if "last_image" in call and kind == "ti2v":
         raise RequestError("--last-image is not supported by Wan 2.2 TI2V (expand_timesteps "
                            "conditions the first frame only); drop it")
+    check_source_video_fits(root, index, call)
     if call.get("guidance_scale_2") is not None and index.get("boundary_ratio") is None:
         raise RequestError(f"--guidance-2 is the low-noise expert's scale, but {root} is a "
                            f"one-expert folder (no boundary_ratio in model_index.json); drop "
                            f"--guidance-2 and set --guidance only")
 
 
-__all__ = ["CALL_DEFAULTS", "WanPipelines", "check_images_fit"]
+def check_source_video_fits(root, index: dict, call: dict) -> None:
+    """``--strength`` (video-to-video) needs a plain text-to-video folder (``WanPipeline``)
+    and keeps at least one step; ``--video`` without it is a VACE folder's control video."""
+    cls = index.get("_class_name")
+    if "strength" in call:
+        from ditax.models.wan.conditioning import folder_kind
+        from ditax.pipelines.wan.video_to_video import start_step
+
+        if cls != "WanPipeline" or folder_kind(index) != "t2v":
+            raise RequestError(f"--strength is video-to-video, which runs on a Wan "
+                               f"text-to-video folder (WanPipeline); {root} is a {cls} "
+                               f"({folder_kind(index)}) — drop --strength or use a T2V model")
+        start_step(call["num_inference_steps"], call["strength"])
+    elif "video" in call and cls != "WanVACEPipeline":
+        raise RequestError(f"--video on {root} ({cls}) is video-to-video: add --strength S "
+                           f"(0 < S <= 1, e.g. 0.7; a text-to-video folder), or use a VACE "
+                           f"model for a control video")
+
+
+__all__ = ["CALL_DEFAULTS", "WanPipelines", "check_images_fit", "check_source_video_fits"]

@@ -70,7 +70,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
     with phase("load"):
         folder = read_pipeline_folder(path)
         defaults = read_sample_defaults(folder.root)      # checked before any weights
-        if video_to_video and folder.kind != "t2v":
+        if video_to_video and (folder.kind != "t2v"
+                               or folder.index.get("_class_name") != "WanPipeline"):
             raise ConfigError(f"video-to-video needs a text-to-video folder (WanPipeline); "
                               f"{folder.root} is {folder.kind} — load a Wan T2V model")
         if max_sequence_length is None:
