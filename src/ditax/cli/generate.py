@@ -67,6 +67,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="source video: video-to-video with --strength (text-to-video folders)")
     p.add_argument("--strength", type=float, default=None,
                    help="video-to-video: how much of the schedule runs, in (0, 1] (0.7)")
+    p.add_argument("--mask", default=None, metavar="MASK.mp4",
+                   help="VACE folders: binary mask video, one frame per control video frame "
+                        "(white = generate, black = keep)")
+    p.add_argument("--reference-image", "--reference", action="append", default=[],
+                   metavar="REF.png", help="VACE folders: reference image (repeatable), "
+                   "fitted on a white frame before the video")
+    p.add_argument("--conditioning-scale", type=float, default=None, metavar="S",
+                   help="VACE folders: scale of the control hints (1.0)")
     p.add_argument("--height", type=int, default=None, help="pixels, multiple of 16 (480)")
     p.add_argument("--width", type=int, default=None, help="pixels, multiple of 16 (832)")
     p.add_argument("--frames", type=int, default=None, help="4k+1 frames (81)")
@@ -161,6 +169,7 @@ def parse_request(args):
     loras = read_loras(args.lora, args.lora_strict)
     loras_2 = read_loras(args.lora_2, args.lora_strict)
     call.update(read_images(args.image, args.last_image))
+    call.update(read_control(args))
     call.update(read_source_video(args, call, req.pipelines.check_request))
     use_mesh = "mesh" in given
     validate(cfg, jax.device_count() if use_mesh else None)
@@ -186,7 +195,8 @@ def parse_request(args):
 VIDEO_FLAGS = {"frames": "--frames", "image": "--image", "last_image": "--last-image",
                "video": "--video", "strength": "--strength",
                "guidance_2": "--guidance-2", "frames_dir": "--frames-dir", "fps": "--fps",
-               "lora_2": "--lora-2",
+               "lora_2": "--lora-2", "mask": "--mask", "reference_image": "--reference-image",
+               "conditioning_scale": "--conditioning-scale",
                "negative_prompt": "--negative-prompt (true CFG: the Python API's "
                                   "negative_prompt= with true_cfg_scale=)"}
 
@@ -285,6 +295,22 @@ def read_source_video(args, call: dict, check) -> dict:
     out = {"video": frames.astype(np.float32) / np.float32(255.0)}
     if strength is not None:
         out["strength"] = strength
+    return out
+
+
+def read_control(args) -> dict:
+    """VACE's ``--mask`` (frames in [0, 1]) / ``--reference-image`` / ``--conditioning-scale``
+    as call arguments; the folder's preflight checks them against it and the request."""
+    from ditax.io.images import read_image
+    from ditax.io.video import read_video
+
+    out, refs = {}, getattr(args, "reference_image", None)
+    if refs:
+        out["reference_images"] = [read_image(r, "--reference-image") for r in refs]
+    if getattr(args, "mask", None) is not None:
+        out["mask"] = read_video(args.mask) / 255.0
+    if getattr(args, "conditioning_scale", None) is not None:
+        out["conditioning_scale"] = args.conditioning_scale
     return out
 
 

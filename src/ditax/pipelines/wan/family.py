@@ -91,6 +91,7 @@ def check_images_fit(root, index: dict, call: dict) -> None:
 
     kind = folder_kind(index)
     given = "image" in call
+    check_control_fits(root, index, call)
     if given and kind == "t2v":
         raise RequestError(f"--image given but {root} is a text-to-video folder (WanPipeline); "
                            f"drop --image or use an image-to-video model (Wan2.1-I2V-*, "
@@ -127,4 +128,26 @@ def check_source_video_fits(root, index: dict, call: dict) -> None:
                            f"model for a control video")
 
 
-__all__ = ["CALL_DEFAULTS", "WanPipelines", "check_images_fit", "check_source_video_fits"]
+def check_control_fits(root, index: dict, call: dict) -> None:
+    """VACE's inputs: ``mask`` / ``reference_images`` / ``conditioning_scale`` only for a
+    ``WanVACEPipeline`` folder; there, they and ``video`` fit the request (frames, size, a
+    binary mask), checked before any weights load."""
+    from ditax.pipelines.wan.vace_inputs import mask_frames, reference_frames, video_frames
+
+    vace = index.get("_class_name") == "WanVACEPipeline"
+    only = [k for k in ("mask", "reference_images", "conditioning_scale") if k in call]
+    if only and not vace:
+        raise RequestError(f"--mask / --reference-image / --conditioning-scale are VACE inputs "
+                           f"({only[0]} given), but {root} is a {index.get('_class_name')} "
+                           f"folder; drop them or use a VACE model (a WanVACEPipeline folder, "
+                           f"e.g. Wan-AI/Wan2.1-VACE-1.3B-diffusers)")
+    if not vace:
+        return
+    n, h, w = call["num_frames"], call["height"], call["width"]
+    video_frames(call.get("video"), n, h, w)
+    mask_frames(call.get("mask"), n, h, w, call.get("video"))
+    reference_frames(call.get("reference_images"), h, w, 8)
+
+
+__all__ = ["CALL_DEFAULTS", "WanPipelines", "check_control_fits", "check_images_fit",
+           "check_source_video_fits"]
