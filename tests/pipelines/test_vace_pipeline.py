@@ -105,15 +105,38 @@ def test_vace_matches_diffusers(built):
 @pytest.mark.parametrize("kw,match", [
     (dict(video="FRAMES3"), r"video has 3 frames but the request makes num_frames=5"),
     (dict(video="SMALL"), r"video frame 0 is 16x48 \(HxW\) but the request is 32x48"),
-    (dict(mask="GREY"), r"mask frame 0 is not binary \(a value 0.502\)"),
-    (dict(mask="FRAMES3"), r"mask has 3 frames but the request makes num_frames=5"),
+    (dict(video="FRAMES5", mask="GREY"), r"mask frame 0 is not binary \(a value 0.502\)"),
+    (dict(video="FRAMES5", mask="FRAMES3"),
+     r"mask has 3 frames but the request makes num_frames=5"),
     (dict(conditioning_scale=[1.0, 2.0, 3.0]), r"conditioning_scale=\[1.0, 2.0, 3.0\] must be"),
     (dict(image="IMG"), r"image= / last_image= are for image-to-video folders"),
 ], ids=["frames", "size", "grey-mask", "mask-frames", "scales", "image"])
 def test_bad_control_inputs(built, kw, match):
     pipe = built[2]
-    value = {"FRAMES3": _frames(0, 3), "SMALL": [f.crop((0, 0, 48, 16)) for f in _frames(0)],
+    value = {"FRAMES3": _frames(0, 3), "FRAMES5": _frames(0),
+             "SMALL": [f.crop((0, 0, 48, 16)) for f in _frames(0)],
              "GREY": [np.full((32, 48), 0.502, np.float32)] * 5, "IMG": image(0, 32, 48)}
     kw = {k: value.get(v, v) if isinstance(v, str) else v for k, v in kw.items()}
     with pytest.raises(RequestError, match=match):
         pipe(PROMPT["prompt"], **SIZE, num_inference_steps=1, progress=False, **kw)
+
+
+def test_cli_preflight_refuses_before_weights(built):
+    """What ``ditax generate`` checks before any weights load (the family's preflight):
+    VACE inputs on another folder, and a control video / mask that does not fit."""
+    from ditax.pipelines.wan.family import check_images_fit
+
+    folder = built[1]
+    call = dict(prompt="x", **SIZE, num_inference_steps=1)
+    with pytest.raises(RequestError, match=r"VACE inputs \(reference_images given\), but t2v "
+                                           r"is a WanPipeline folder"):
+        check_images_fit("t2v", {"_class_name": "WanPipeline"},
+                         dict(call, reference_images=[image(0, 32, 48)]))
+    index = {"_class_name": "WanVACEPipeline"}
+    frames = np.stack([np.asarray(f, np.float32) / 255 for f in _frames(0)])
+    check_images_fit(folder, index, dict(call, video=frames, mask=np.ones((5, 32, 48, 3))))
+    with pytest.raises(RequestError, match=r"video has 4 frames but the request makes "
+                                           r"num_frames=5"):
+        check_images_fit(folder, index, dict(call, video=frames[:4]))
+    with pytest.raises(RequestError, match=r"mask= needs video="):
+        check_images_fit(folder, index, dict(call, mask=np.ones((5, 32, 48))))

@@ -115,7 +115,7 @@ class WanVace(WanTextToVideo):
         n_ref = len(reference_frames(reference_images, height, width,
                                      self.vae.scale_factor_spatial))
         video_frames(video, num_frames, height, width)
-        mask_frames(mask, num_frames, height, width)
+        mask_frames(mask, num_frames, height, width, video)
         tc = self.transformer.config
         conditioning_scales(conditioning_scale, len(tc.vace_layers))
         check_grid(height, width, num_frames + n_ref * tf, tc.rope_max_seq_len, sf, tf,

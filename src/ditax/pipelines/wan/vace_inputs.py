@@ -77,7 +77,7 @@ def _frames(frames, name: str, num_frames: int, height: int, width: int, fix: st
         if tuple(size) != (height, width):
             raise RequestError(f"{name} frame {i} is {size[0]}x{size[1]} (HxW) but the request "
                                f"is {height}x{width}; resize the frames to {height}x{width} or "
-                               f"pass height={size[0]}, width={size[1]}")
+                               f"ask for height={size[0]}, width={size[1]} (--height, --width)")
     return items
 
 
@@ -86,15 +86,20 @@ def video_frames(video, num_frames: int, height: int, width: int) -> np.ndarray:
     if video is None:
         return np.zeros((3, num_frames, height, width), np.float32)
     items = _frames(video, "video", num_frames, height, width,
-                    f"pass {num_frames} frames or num_frames={'4k+1'}")
+                    f"pass {num_frames} frames, or num_frames (--frames) = the video's "
+                    f"frame count if it is 4k+1")
     return np.stack([to_frame(f, height, width, f"video frame {i}")
                      for i, f in enumerate(items)], axis=1)
 
 
-def mask_frames(mask, num_frames: int, height: int, width: int) -> np.ndarray:
-    """``[F, H, W]`` float32 in {0, 1} (ones for no mask; 1 = generate)."""
+def mask_frames(mask, num_frames: int, height: int, width: int, video=True) -> np.ndarray:
+    """``[F, H, W]`` float32 in {0, 1} (ones for no mask; 1 = generate); a mask needs a
+    ``video`` (as diffusers)."""
     if mask is None:
         return np.ones((num_frames, height, width), np.float32)
+    if video is None:
+        raise RequestError("mask= needs video= (the frames it keeps or regenerates; CLI: "
+                           "--mask with --control-video)")
     items = _frames(mask, "mask", num_frames, height, width,
                     "the mask needs one frame per video frame")
     out = []
