@@ -1,5 +1,5 @@
-"""FLUX.1 LoRAs: diffusers / PEFT, kohya (fused qkv and linear1 split onto their layers) and XLabs
-files equal to diffusers' ``FluxPipeline.lora_state_dict`` + ``load_lora_adapter`` +
+"""FLUX.1 LoRAs: diffusers / PEFT, kohya (fused qkv and linear1 split onto their layers; also
+kohya keys over diffusers names, ``lora_transformer_``) and XLabs files equal to diffusers' ``FluxPipeline.lora_state_dict`` + ``load_lora_adapter`` +
 ``fuse_lora`` on a tiny random transformer (two double and three single blocks: stacks of
 different depths), merged and unmerged (training and export: test_flux_lora_train.py)."""
 
@@ -103,6 +103,26 @@ def _xlabs(rng):
     return t
 
 
+def _kohya_diffusers(rng):
+    """kohya keys over diffusers names (``lora_transformer_``, diffusers' "mixture" files):
+    the layers diffusers' reader maps (attention projections of both block kinds, the
+    embedders, the final modulation and projection; it names the MLPs and modulations of the
+    blocks wrongly, so those are checked by name in :func:`test_text_encoder_keys_refused`)."""
+    t, m = {}, 4 * D
+    names = [(f"transformer_blocks_{i}_attn_{n}", D, D) for i in range(CFG["num_layers"])
+             for n in ("to_q", "to_k", "add_v_proj", "to_out_0", "to_add_out")]
+    names += [(f"single_transformer_blocks_{i}_attn_{n}", D, D)
+              for i in range(CFG["num_single_layers"]) for n in ("to_q", "to_v")]
+    names += [("context_embedder", CFG["joint_attention_dim"], D), ("norm_out_linear", D, 2 * D),
+              ("x_embedder", CFG["in_channels"], D), ("proj_out", D, CFG["in_channels"]),
+              ("time_text_embed_timestep_embedder_linear_2", D, D)]
+    for j, (name, din, dout) in enumerate(names):
+        k = f"lora_transformer_{name}"
+        t[k + ".lora_down.weight"], t[k + ".lora_up.weight"] = pair(rng, 2 + j % 3, din, dout)
+        t[k + ".alpha"] = np.asarray(1.0 + j % 4, np.float32)
+    return t
+
+
 def _peft(rng):
     t, m = {}, 4 * D
     blocks = [(f"transformer_blocks.{i}.{n}", din, dout) for i in range(CFG["num_layers"])
@@ -120,14 +140,16 @@ def _peft(rng):
     return t
 
 
-@pytest.mark.parametrize("fmt", ["peft", "kohya", "xlabs"])
+@pytest.mark.parametrize("fmt", ["peft", "kohya", "xlabs", "kohya_diffusers"])
 def test_format_matches_diffusers(tmp_path, base, fmt):
     folder, fresh, inputs, plain = base
-    rng = np.random.default_rng({"peft": 1, "kohya": 2, "xlabs": 3}[fmt])
-    make = {"peft": _peft, "kohya": _kohya, "xlabs": _xlabs}[fmt]
+    rng = np.random.default_rng({"peft": 1, "kohya": 2, "xlabs": 3, "kohya_diffusers": 6}[fmt])
+    make = {"peft": _peft, "kohya": _kohya, "xlabs": _xlabs,
+            "kohya_diffusers": _kohya_diffusers}[fmt]
     path = save(tmp_path / f"{fmt}.safetensors", make(rng))
     assert read_lora(path, names=LORA_NAMES).format == \
-        {"peft": "peft", "kohya": "musubi", "xlabs": "original"}[fmt]
+        {"peft": "peft", "kohya": "musubi", "xlabs": "original",
+         "kohya_diffusers": "kohya_diffusers"}[fmt]
     want = diffusers_run(fresh, inputs, path, 0.7)
     assert rel_err(want, plain) > 1e-2          # the LoRA really changes the output
     got = ours(folder, inputs, loras=[(path, 0.7)])
@@ -167,6 +189,31 @@ def test_fused_linear1_top_layers_unmerged_and_strengths(tmp_path, base):
     tr.set_lora_strengths([1.1, 0.3])
     again = ours(folder, inputs, loras=[(path, 1.1), (other, 0.3)])
     assert rel_err(np.asarray(tr(**inputs)), again) <= TOL
+
+
+def test_text_encoder_keys_refused(tmp_path):
+    """A kohya file with CLIP text-encoder rows (``lora_te1_``) is refused in one line naming
+    them (ditax has no text-encoder LoRA); strict=False skips them and keeps the transformer's
+    rows, the blocks' MLP / modulation names of ``lora_transformer_`` files included."""
+    rng = np.random.default_rng(8)
+    t = {}
+    for name, din, dout in (("lora_transformer_transformer_blocks_1_ff_net_0_proj", D, 4 * D),
+                            ("lora_transformer_single_transformer_blocks_2_proj_mlp", D, 4 * D),
+                            ("lora_transformer_transformer_blocks_0_norm1_context_linear", D,
+                             6 * D),
+                            ("lora_te1_text_model_encoder_layers_0_self_attn_q_proj", 8, 8)):
+        t[name + ".lora_down.weight"], t[name + ".lora_up.weight"] = pair(rng, 2, din, dout)
+    path = save(tmp_path / "te.safetensors", t)
+    with pytest.raises(WeightError) as e:
+        read_lora(path, names=LORA_NAMES)
+    msg = str(e.value)
+    assert "2 text-encoder LoRA key(s)" in msg and "lora_te1_text_model_encoder_layers_0" in msg
+    assert "\n" not in msg and "strict=False" in msg
+    lora = read_lora(path, strict=False, names=LORA_NAMES)
+    assert lora.format == "kohya_diffusers" and len(lora.unknown) == 2
+    assert sorted(r.key for r in lora.rows) == [
+        "single_transformer_blocks.2.proj_mlp", "transformer_blocks.0.norm1_context.linear",
+        "transformer_blocks.1.ff.net.0.proj"]
 
 
 def test_bad_files(tmp_path, base):

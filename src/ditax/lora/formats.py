@@ -10,6 +10,11 @@ names exist and how original names map to module names (Wan in the examples):
   delta), ``diff`` (full delta);
 - ``musubi`` — musubi-tuner / kohya: ``lora_unet_`` + the original name with ``_`` for ``.``
   (``lora_unet_blocks_3_self_attn_q``), ``lora_down``/``lora_up`` ``.weight`` and ``alpha``;
+- ``kohya_diffusers`` — kohya keys over the diffusers module names (diffusers' "mixture"
+  files): ``lora_transformer_`` + the module name with ``_`` for ``.``
+  (``lora_transformer_single_transformer_blocks_0_attn_to_q``), ``lora_down``/``lora_up``
+  ``.weight`` and ``alpha``; only for a family whose names read such names back
+  (``names.underscored``);
 - ``peft`` — diffusers / PEFT: ``transformer.`` (or ``base_model.model.``) + the module name
   (``transformer.blocks.3.attn1.to_q``), ``lora_A.weight``, ``lora_B.weight``,
   ``lora_B.bias``.
@@ -68,6 +73,29 @@ def musubi(key: str, names: LoraNames):
     return None if name is None else (name, split[1])
 
 
+def kohya_diffusers(key: str, names: LoraNames):
+    """``lora_transformer_transformer_blocks_0_attn_to_q.lora_down.weight`` →
+    (``transformer_blocks.0.attn.to_q``, ``down``)."""
+    if names.underscored is None or not key.startswith("lora_transformer_"):
+        return None
+    split = _split(key[len("lora_transformer_"):], _MUSUBI_PARTS)
+    if split is None:
+        return None
+    name = names.underscored(split[0])
+    return None if name is None else (name, split[1])
+
+
+#: kohya / sd-scripts text-encoder keys (CLIP-L ``lora_te1_``, a second tower ``lora_te2_``)
+#: and diffusers' ``text_encoder.`` ones: LoRA rows for a text tower, not the transformer
+TEXT_ENCODER_PREFIXES = ("lora_te_", "lora_te1_", "lora_te2_", "text_encoder.",
+                         "text_encoder_2.")
+
+
+def text_encoder_keys(keys) -> list[str]:
+    """The keys of ``keys`` that update a text encoder (:data:`TEXT_ENCODER_PREFIXES`)."""
+    return [k for k in keys if k.startswith(TEXT_ENCODER_PREFIXES)]
+
+
 def peft(key: str, names: LoraNames):
     """``transformer.blocks.3.attn1.to_q.lora_A.weight`` → (``blocks.3.attn1.to_q``, ``down``)."""
     split = _split(_strip(key, ("transformer.", "base_model.model.")), _PEFT_PARTS)
@@ -76,7 +104,8 @@ def peft(key: str, names: LoraNames):
     return split
 
 
-FORMATS = {"original": original, "musubi": musubi, "peft": peft}
+FORMATS = {"original": original, "musubi": musubi, "kohya_diffusers": kohya_diffusers,
+           "peft": peft}
 
 
 def detect(keys, names: LoraNames) -> str | None:

@@ -9,6 +9,7 @@ as diffusers keeps one LoRA key converter per family:
   *original* names other trainers write (Wan / ComfyUI ``blocks.3.self_attn.q``);
 - which module names exist (a diffusers / PEFT key is recognised only for a real module);
 - the key prefixes of original-name files, and the one written on export;
+- how a module name spelt with ``_`` for ``.`` reads back (kohya files in diffusers names);
 - its fused layers, if any: one original layer that is several modules stacked along the
   output (Flux's ``img_attn.qkv``); LoRA rows on them are split on reading and assembled on
   export;
@@ -40,6 +41,9 @@ class LoraNames:
     # a fused original layer's name → its pieces ((module, start, stop), ...) in the stored
     # rows' order, start:stop in units of the rows per unit (Flux: q, k, v in one); None: none
     fused: "Callable[[str], tuple | None] | None" = None
+    # a module name spelt with "_" for "." (diffusers-kohya ``lora_transformer_`` keys) → the
+    # module name; None: the family has no such files
+    underscored: "Callable[[str], str | None] | None" = None
     targets: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     description: str = ""                         # the formats, with examples (messages)
     mismatch_hint: str = "is it a LoRA for another model?"

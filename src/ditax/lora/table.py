@@ -169,6 +169,13 @@ def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the L
             raise WeightError(f"{source}: {key} and {g['_keys'][part]} are the same tensor of "
                               f"{module}; keep one")
         g[part], g["_keys"][part] = tensors[key], key
+    text = formats.text_encoder_keys(unknown)
+    if text and strict:
+        raise WeightError(f"{source}: {len(text)} text-encoder LoRA key(s) ({listing(text)}); "
+                          f"ditax applies LoRAs to {names.model} only — use a LoRA without "
+                          f"text-encoder weights, or pass strict=False (ditax generate: "
+                          f"--no-lora-strict) to skip them (the image then differs from one "
+                          f"made with the text encoder's LoRA)")
     if unknown:
         msg = (f"{source} ({fmt} format): {len(unknown)} key(s) match no layer of "
                f"{names.model}: {listing(unknown)}")

@@ -5,7 +5,9 @@ BFL's names (ComfyUI ``diffusion_model.double_blocks.0.img_attn.qkv.lora_down.we
 sd-scripts' (``lora_unet_double_blocks_0_img_attn_qkv``) and XLabs'
 (``double_blocks.0.processor.qkv_lora1.down.weight``) map to them through
 :mod:`.original_names`, whose fused layers (q / k / v in one, ``linear1``'s q / k / v / MLP,
-the final modulation's swapped halves) are split into their diffusers layers. Export writes
+the final modulation's swapped halves) are split into their diffusers layers; kohya files in
+diffusers names (``lora_transformer_transformer_blocks_0_attn_to_q``) read back through
+:func:`~ditax.models.flux.original_names.from_underscored`. Export writes
 kohya names (``lora_unet_`` + BFL names with ``_``), the fused layers assembled again.
 
 Target groups (``lora.targets``) are patterns over our module paths: ``attn`` every attention
@@ -16,7 +18,8 @@ blocks' ``proj_mlp``; ``proj_out`` reads attention and MLP, so it is in both gro
 from __future__ import annotations
 
 from ditax.lora.names import LoraNames
-from ditax.models.flux.original_names import fused, is_module, to_module, to_original
+from ditax.models.flux.original_names import (from_underscored, fused, is_module, to_module,
+                                              to_original)
 
 _DOUBLE_ATTN = (r"transformer_blocks\.attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|"
                 r"add_v_proj|to_add_out)")
@@ -35,9 +38,11 @@ LORA_NAMES = LoraNames(
     export_prefix="lora_unet_",
     export_sep="_",
     fused=fused,
+    underscored=from_underscored,
     targets=TARGETS,
     description=("diffusers / PEFT (transformer.transformer_blocks.N.attn.to_q.lora_A.weight), "
-                 "kohya (lora_unet_double_blocks_N_img_attn_qkv.lora_down.weight), BFL / "
+                 "kohya (lora_unet_double_blocks_N_img_attn_qkv.lora_down.weight, or "
+                 "lora_transformer_transformer_blocks_N_attn_to_q.lora_down.weight), BFL / "
                  "ComfyUI (diffusion_model.double_blocks.N.img_attn.qkv.lora_down.weight) or "
                  "XLabs (double_blocks.N.processor.qkv_lora1.down.weight)"),
     mismatch_hint="is it a LoRA for another FLUX.1 model size, or for FLUX.2?",

@@ -81,12 +81,21 @@ PAIRS = NameMap(_ONE_TO_ONE + _ALIASES + tuple((f, f) for f in FUSED))
 _FUSED_NAMES = NameMap(tuple((f, f) for f in FUSED))
 _MEMBER_OF = {m: f for f, pieces in FUSED.items() if "processor" not in f for m, _, _ in pieces}
 _MEMBERS = NameMap(tuple((f, m) for m, f in _MEMBER_OF.items()))
+# every diffusers module name (one-to-one and fused members) → itself, for the "_" spelling
+_DIFFUSERS = NameMap(tuple((d, d) for _, d in _ONE_TO_ONE) + tuple((m, m) for m in _MEMBER_OF))
 
 
 def to_module(name: str, sep: str = ".") -> str | None:
     """An original module name (``sep="_"``: kohya) → the diffusers module, or for a fused
     layer its canonical original name (split by :func:`fused`); None: not a Flux name."""
     return PAIRS.to_diffusers(name, sep)
+
+
+def from_underscored(name: str) -> str | None:
+    """A diffusers module name spelt with ``_`` for ``.`` (diffusers-kohya
+    ``lora_transformer_`` keys: ``transformer_blocks_0_attn_to_q``) → the module name; None:
+    no Flux module."""
+    return _DIFFUSERS.to_diffusers(name, "_")
 
 
 def to_original(module: str) -> str | None:
@@ -124,4 +133,4 @@ def tensor_key(module_key: str) -> tuple[str, str]:
     return orig, suffix
 
 
-__all__ = ["FUSED", "PAIRS", "fused", "is_module", "tensor_key", "to_module", "to_original"]
+__all__ = ["FUSED", "PAIRS", "from_underscored", "fused", "is_module", "tensor_key", "to_module", "to_original"]
