@@ -11,6 +11,7 @@ register(FamilySpec(
     name="wan",
     config="ditax.models.wan.config:ModelConfig",
     family="ditax.models.wan.family:WanFamily",
-    transformer_classes=("WanTransformer3DModel", "WanVACETransformer3DModel"),
+    transformer_classes=("WanTransformer3DModel", "WanVACETransformer3DModel",
+                         "WanAnimateTransformer3DModel"),
     pipeline_classes=("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline"),
 ))

@@ -29,6 +29,9 @@ from ditax.models.wan.transformer import WanTransformer
 from ditax.models.wan import vace_convert
 from ditax.models.wan.vace import VACE_CLASS, WanVaceConfig, check_vace
 from ditax.models.wan.vace_loaded import VaceTransformer
+from ditax.models.wan import animate_convert
+from ditax.models.wan.animate import ANIMATE_CLASS, WanAnimateConfig, check_animate
+from ditax.models.wan.animate_loaded import AnimateTransformer
 from ditax.models.loaded import LoadedTransformer, param_sharding
 from ditax.models.loaded import check_architecture as check_arch
 from ditax.nn import quant
@@ -42,9 +45,9 @@ LORA_MODES = ("merged", "unmerged")
 def read_config(folder) -> dict:
     cfg = read_model_json(folder / "config.json", "transformer config")
     cls = cfg.get("_class_name", "WanTransformer3DModel")
-    if cls not in ("WanTransformer3DModel", VACE_CLASS):
+    if cls not in ("WanTransformer3DModel", VACE_CLASS, ANIMATE_CLASS):
         raise ConfigError(f"{folder}/config.json is a {cls}, not a WanTransformer3DModel "
-                          f"(or {VACE_CLASS})")
+                          f"(or {VACE_CLASS}, {ANIMATE_CLASS})")
     return cfg
 
 
@@ -52,6 +55,8 @@ def _tables(cfg):
     """(weight table, parameter axes) of ``cfg``'s architecture: Wan's, or VACE's."""
     if isinstance(cfg, WanVaceConfig):
         return vace_convert.config_weight_table(cfg), vace_convert.config_param_axes(cfg)
+    if isinstance(cfg, WanAnimateConfig):
+        return animate_convert.config_weight_table(cfg), animate_convert.config_param_axes(cfg)
     return convert.config_weight_table(cfg), convert.config_param_axes(cfg)
 
 
@@ -198,7 +203,8 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
     else:
         source = resolve_folder(path, subfolder)
         raw = read_config(source)
-        cls = WanVaceConfig if raw.get("_class_name") == VACE_CLASS else WanConfig
+        cls = {VACE_CLASS: WanVaceConfig, ANIMATE_CLASS: WanAnimateConfig}.get(
+            raw.get("_class_name"), WanConfig)
         cfg = cls.from_diffusers(raw, param_dtype=dtype, dtype=dtype, **model_overrides)
     acfg = as_attention_config(attention)
     quant.check_lora_mode(cfg, loras, lora_mode)
@@ -209,7 +215,11 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
     if vace:
         check_vace(cfg)
     merged = loras if lora_mode == "merged" else None
-    build = vace_convert.abstract_model if vace else abstract_model
+    animate = isinstance(cfg, WanAnimateConfig)
+    if animate:
+        check_animate(cfg)
+    build = (vace_convert.abstract_model if vace else
+             animate_convert.abstract_model if animate else abstract_model)
     model = load_weights_into(build(cfg, acfg, mesh), source, cfg, mesh, merged, lora_strict)
     if loras and lora_mode == "unmerged":
         from ditax.lora import resolve_loras
@@ -219,4 +229,4 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                _tables(cfg)[0], mesh, names=LORA_NAMES)
     log.info("loaded %s (%d layers, D=%d) in %.1fs", source, cfg.num_layers, cfg.inner_dim,
              time.perf_counter() - t0)
-    return (VaceTransformer if vace else Transformer)(model)
+    return (VaceTransformer if vace else AnimateTransformer if animate else Transformer)(model)
