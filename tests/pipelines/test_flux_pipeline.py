@@ -68,6 +68,39 @@ def test_generate_writes_a_png_and_refuses_video_flags(pipes, tmp_path, capsys, 
     assert np.abs(png.astype(np.float32) / 255 - want).max() <= 0.5 / 255 + 1e-6
 
 
+def test_generate_true_cfg_equals_the_python_call(pipes, tmp_path, capsys, monkeypatch):
+    """``ditax generate --negative-prompt N --true-cfg S`` on the dev folder writes the PNG of
+    ``pipe(prompt, negative_prompt=N, true_cfg_scale=S)`` from the same seed; either flag alone
+    and ``--true-cfg`` on a video model are refused in one line (exit 2)."""
+    import imageio.v2 as imageio
+
+    from ditax.cli import main
+
+    monkeypatch.setattr(ditax, "load_pipeline", lambda path, **kw: pipes["dev"][1])
+    out = tmp_path / "cfg.png"
+    base = ["generate", "--model", str(pipes["dev_folder"]), "--prompt", "a cat", "--height",
+            str(SIZE), "--width", str(SIZE), "--steps", "2", "--seed", "4", "--no-progress",
+            "--output", str(out), "sample.max_sequence_length=16"]
+    for flags in (["--negative-prompt", "blurry"], ["--true-cfg", "2"]):
+        assert main(base + flags) == 2
+        err = capsys.readouterr().err.strip()
+        assert "--negative-prompt and --true-cfg go together" in err, err
+        assert len(err.splitlines()) == 1
+    assert main(base + ["--negative-prompt", "blurry", "--true-cfg", "2"]) == 0
+    want = pipes["dev"][1]("a cat", height=SIZE, width=SIZE, num_inference_steps=2, seed=4,
+                           negative_prompt="blurry", true_cfg_scale=2.0,
+                           max_sequence_length=16, progress=False)
+    # the negative prompt matters (the same program: the prompt itself as negative = no CFG)
+    plain = pipes["dev"][1]("a cat", height=SIZE, width=SIZE, num_inference_steps=2, seed=4,
+                            negative_prompt="a cat", true_cfg_scale=2.0,
+                            max_sequence_length=16, progress=False)
+    png = imageio.imread(out).astype(np.float32) / 255
+    assert np.abs(png - want).max() <= 0.5 / 255 + 1e-6
+    assert np.abs(want - plain).max() > 10 / 255
+    assert main(["generate", "--model", "demo", "--prompt", "a cat", "--true-cfg", "2"]) == 2
+    assert "--true-cfg is an image model's flag" in capsys.readouterr().err
+
+
 def _latents(seed=0):
     return np.random.default_rng(seed).standard_normal((1, TOKENS, CH)).astype(np.float32)
 

@@ -1,6 +1,7 @@
 """``ditax generate``: prompt → mp4 with a diffusers-format Wan pipeline folder (or hub id),
 or → PNG with an image model's folder (FLUX.1 ``FluxPipeline``: ``--output x.png``; the video
-flags refused in one line).
+flags refused in one line; true CFG with ``--negative-prompt TEXT --true-cfg SCALE``, the
+pipeline's ``negative_prompt=`` / ``true_cfg_scale=``).
 
     ditax generate --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --prompt "a cat on a skateboard" \\
         --height 480 --width 832 --frames 81 --steps 50 --guidance 5 --output cat.mp4 \\
@@ -82,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--guidance", type=float, default=None, help="CFG scale; <= 1 = off (5.0)")
     p.add_argument("--guidance-2", type=float, default=None,
                    help="low-noise expert's CFG scale (Wan 2.2 two-expert folders)")
+    p.add_argument("--true-cfg", type=float, default=None, metavar="SCALE",
+                   help="image models (FLUX.1): true CFG scale > 1 against --negative-prompt "
+                        "(the pipeline's true_cfg_scale; --guidance stays the embedded "
+                        "guidance); off by default")
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
                    help="LoRA for the transformer (repeatable; any Wan LoRA format; merged "
                         "unless --lora-mode unmerged)")
@@ -122,6 +127,9 @@ def parse_request(args):
     req = sample_request(args.model, args.overrides)
     if req.pipelines.makes == "image":
         return image_request(args, req)
+    if getattr(args, "true_cfg", None) is not None:
+        raise RequestError(f"--true-cfg is an image model's flag (FLUX.1 true CFG); "
+                           f"{args.model} is a video model — use --guidance (its CFG scale)")
     cfg, given, chosen, defaults = req.cfg, req.given, req.chosen, req.defaults
     s = cfg.sample
     args.model = req.model
@@ -196,9 +204,7 @@ VIDEO_FLAGS = {"frames": "--frames", "image": "--image", "last_image": "--last-i
                "video": "--video", "strength": "--strength",
                "guidance_2": "--guidance-2", "frames_dir": "--frames-dir", "fps": "--fps",
                "lora_2": "--lora-2", "mask": "--mask", "reference_image": "--reference-image",
-               "conditioning_scale": "--conditioning-scale",
-               "negative_prompt": "--negative-prompt (true CFG: the Python API's "
-                                  "negative_prompt= with true_cfg_scale=)"}
+               "conditioning_scale": "--conditioning-scale"}
 
 
 def image_request(args, req):
@@ -214,6 +220,11 @@ def image_request(args, req):
         if getattr(args, key, None) not in (None, []):   # ditax serve has no --video
             raise RequestError(f"{flag} is a video flag; {args.model} is an image model "
                                f"({name}) — drop it")
+    true_cfg = getattr(args, "true_cfg", None)     # ditax serve's requests have none
+    if (args.negative_prompt is None) != (true_cfg is None):
+        raise RequestError("--negative-prompt and --true-cfg go together (true CFG against "
+                           "the negative prompt), e.g. --negative-prompt 'blurry' --true-cfg 4;"
+                           " give both or neither")
     cfg, given, d = req.cfg, req.given, req.defaults
     if req.cfg.sample.cache or req.cfg.sample.cfg_cache or req.cfg.sample.sigmas is not None:
         raise RequestError(f"sample.cache / sample.cfg_cache / sample.sigmas are not read by "
@@ -227,10 +238,14 @@ def image_request(args, req):
                 guidance_scale=args.guidance if args.guidance is not None
                 else d["guidance_scale"],
                 max_sequence_length=d["max_sequence_length"])
+    if true_cfg is not None:
+        call.update(negative_prompt=args.negative_prompt, true_cfg_scale=true_cfg)
     with request_errors():
         req.pipelines.check_request(call["prompt"], call["height"], call["width"], 1,
                                     call["num_inference_steps"], call["guidance_scale"],
-                                    seed=call["seed"])
+                                    seed=call["seed"], **({} if true_cfg is None else dict(
+                                        negative_prompt=args.negative_prompt,
+                                        true_cfg_scale=true_cfg)))
     check_output_file(args.output, "--output", example="out.png")
     if pathlib.Path(args.output).suffix.lower() != ".png":
         raise RequestError(f"--output {args.output!r} must end in .png ({args.model} is an "

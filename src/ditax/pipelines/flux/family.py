@@ -21,7 +21,9 @@ class FluxPipelines(PipelineFamily):
 
     def check_request(self, prompt, height, width, num_frames, num_inference_steps,
                       guidance_scale, guidance_scale_2=None, negative_prompt=None,
-                      seed=0) -> None:
+                      seed=0, true_cfg_scale=None) -> None:
+        """The request checks of :func:`ditax.pipelines.flux.request.check_request`;
+        ``true_cfg_scale`` None: 4.0 with a negative prompt, else 1 (off)."""
         from ditax.pipelines.flux.request import check_request
 
         if num_frames not in (None, 1):
@@ -30,7 +32,8 @@ class FluxPipelines(PipelineFamily):
             raise RequestError("guidance_scale_2 is a two-expert video model's; FLUX.1 has one "
                                "transformer — drop it")
         check_request(prompt, None, height, width, num_inference_steps, guidance_scale,
-                      negative_prompt, 4.0 if negative_prompt is not None else 1.0, 512, seed)
+                      negative_prompt, true_cfg_scale if true_cfg_scale is not None
+                      else 4.0 if negative_prompt is not None else 1.0, 512, seed)
 
     def preflight(self, root, load: dict, call: dict | None = None, mesh=None) -> None:
         """The folder has a Flux transformer, the request takes no image, and the attention
