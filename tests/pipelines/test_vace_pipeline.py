@@ -1,8 +1,9 @@
-"""Wan VACE pipeline vs diffusers' ``WanVACEPipeline`` on a tiny random folder saved in
-diffusers' format (same initial latents, whole videos within 1e-3): a control video with a
-mask (inpainting) and a reference image of another size at conditioning_scale 0.5, then
-reference-to-video alone (same shapes: no new step compile); bad control inputs refused in
-one line before anything is encoded."""
+"""Wan VACE pipeline vs diffusers' ``WanVACEPipeline`` on a tiny random Wan 2.2-style folder
+(two VACE experts, boundary_ratio) saved in diffusers' format (same initial latents, whole
+videos within 1e-3): a control video with a mask (inpainting) and a reference image of another
+size at conditioning_scale 0.5, then reference-to-video alone (same shapes: no new step
+compile); bad control inputs refused in one line before anything is encoded, and by the CLI's
+preflight before any weights."""
 
 import numpy as np
 import pytest
@@ -20,24 +21,34 @@ SIZE = dict(height=32, width=48, num_frames=5)
 TOL = 1e-3
 
 
-def make_tiny_vace(tmp_path, seed=0):
-    """A tiny random ``WanVACEPipeline`` (Wan 2.1 VAE with z=4: 2*4 + 64 control channels),
-    saved; returns (pipeline, folder)."""
-    from diffusers import WanVACEPipeline, WanVACETransformer3DModel
+def _vace_transformer(seed):
+    from diffusers import WanVACETransformer3DModel
 
-    tok, enc = make_text_parts(tmp_path, seed)
-    torch.manual_seed(seed + 3)
+    torch.manual_seed(seed)
     tr = WanVACETransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=8, in_channels=Z,
         out_channels=Z, text_dim=TEXT_DIM, freq_dim=32, ffn_dim=48, num_layers=2,
         vace_layers=[0, 1], vace_in_channels=2 * Z + 64)
-    g = torch.Generator().manual_seed(seed + 4)
+    g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in tr.named_parameters():
             p.copy_(torch.randn(p.shape, generator=g) * (0.5 / max(1, p.shape[-1]) ** 0.5)
                     + (1.0 if "norm" in name and name.endswith("weight") else 0.0))
+    return tr.eval()
+
+
+def make_tiny_vace(tmp_path, seed=0, two_experts=True):
+    """A tiny random ``WanVACEPipeline`` (Wan 2.1 VAE with z=4: 2*4 + 64 control channels;
+    two experts switching at t = 800: with 3 UniPC steps, t = 1000, 857 / 600), saved;
+    returns (pipeline, folder)."""
+    from diffusers import WanVACEPipeline
+
+    tok, enc = make_text_parts(tmp_path, seed)
+    extra = dict(transformer_2=_vace_transformer(seed + 5), boundary_ratio=0.8) \
+        if two_experts else {}
     pipe = WanVACEPipeline(tokenizer=tok, text_encoder=enc, vae=_vae21(seed + 2),
-                           scheduler=_scheduler(), transformer=tr.eval())
+                           scheduler=_scheduler(), transformer=_vace_transformer(seed + 3),
+                           **extra)
     pipe.set_progress_bar_config(disable=True)
     folder = tmp_path / "vace"
     pipe.save_pretrained(folder)
@@ -83,17 +94,17 @@ def _compare(name, got, want):
 
 def test_vace_matches_diffusers(built):
     ref, _, pipe = built
-    assert type(pipe).__name__ == "WanVace"
+    assert type(pipe).__name__ == "WanVace" and pipe.transformer_2 is not None
     refimg = image(9, 40, 32)       # another aspect: fitted on a white canvas, bilinear
     shape = pipe.latent_shape(SIZE["height"], SIZE["width"], SIZE["num_frames"] + 4)
     lat = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
-    kw = dict(PROMPT, **SIZE, num_inference_steps=3, guidance_scale=5.0)
+    kw = dict(PROMPT, **SIZE, num_inference_steps=3, guidance_scale=5.0, guidance_scale_2=3.0)
     control = dict(video=_frames(1), mask=_mask(), reference_images=[refimg],
                    conditioning_scale=0.5)
     with compiles() as log:
         got = pipe(latents=lat, progress=False, **control, **kw)
     assert log.count("_denoise_step") <= 1, log.names
-    _compare("vace inpaint + reference, scale 0.5", got, _reference(ref, lat, **control, **kw))
+    _compare("vace 2 experts, inpaint + reference, scale 0.5", got, _reference(ref, lat, **control, **kw))
     # reference-to-video alone: the same shapes, so the same compiled step
     with compiles() as again:
         r2v = pipe(latents=lat, reference_images=refimg, progress=False, **kw)

@@ -49,13 +49,12 @@ jax.tree_util.register_dataclass(VaceCondition, data_fields=["control", "scale"]
 
 def vace_inputs(model, condition, latents, t):
     """The denoiser's inputs at ``t`` (:class:`~ditax.models.base.ModelInputs`): the latents in
-    the model dtype, ``[B]`` timesteps and the control context / scales as keywords."""
+    the model dtype, ``[B]`` timesteps and the control context / scales as keywords, with the
+    condition's batch (doubled with the latents for a batched CFG forward)."""
     b = latents.shape[0]
-    c = condition.control
     return (latents.astype(jnp.dtype(model.cfg.dtype)), jnp.full((b,), t),
-            {"control_hidden_states": jnp.broadcast_to(c, (b, *c.shape[1:])),
-             "control_hidden_states_scale": jnp.broadcast_to(
-                 condition.scale, (b, condition.scale.shape[-1]))})
+            {"control_hidden_states": condition.control,
+             "control_hidden_states_scale": condition.scale})
 
 
 def vace_final(condition, latents):
