@@ -14,39 +14,19 @@ equal parameters in the same graph give the same outputs. Bad input: ``--quantiz
 import json
 import logging
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
-from safetensors.numpy import save_file
 
 import ditax
 from ditax.cli import main as cli_main
 from ditax.errors import ConfigError
-from ditax.io.convert import export
 from ditax.io.fp8 import read_header
-
-WAN = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, num_layers=2,
-           in_channels=4, out_channels=4, text_dim=32, freq_dim=32)
-
+from quant_folders import write_wan_folder
 
 @pytest.fixture(scope="module")
 def float_folder(tmp_path_factory):
-    from ditax.models.wan.build import abstract_model
-    from ditax.models.wan.config import WanConfig
-    from ditax.models.wan.convert import config_weight_table
-
-    cfg = WanConfig(**WAN)
-    gen = np.random.default_rng(0)
-    params = jax.tree.map(lambda a: (0.2 * gen.standard_normal(a.shape)).astype(np.float32),
-                          nnx.to_pure_dict(nnx.state(abstract_model(cfg))))
-    folder = tmp_path_factory.mktemp("cq") / "wan"
-    folder.mkdir()
-    save_file({k: np.ascontiguousarray(v) for k, v in
-               export(config_weight_table(cfg), params).items()},
-              str(folder / "diffusion_pytorch_model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(cfg.to_diffusers()))
-    return folder
+    return write_wan_folder(tmp_path_factory.mktemp("cq") / "wan")
 
 
 def _flat(tr):
