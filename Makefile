@@ -13,7 +13,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo demo-model test test-fast bench install install-test clean
+.PHONY: demo demo-model flux-demo-model test test-fast bench install install-test clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,7 +35,8 @@ install: $(STAMP)
 install-test: $(TEST_STAMP) $(TPU_STAMP)
 
 # The main job: three prompts -> videos + contact sheet with the demo model ditax trained
-# itself (shipped in src/ditax/assets/demo_model), scored for prompt following.
+# itself (shipped in src/ditax/assets/demo_model), then three prompts -> images + sheet with
+# the small Flux (src/ditax/assets/flux_demo_model), each scored for prompt following.
 demo: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.demo
 
@@ -43,6 +44,12 @@ demo: $(STAMP)
 # into demo_model/; `cp -r demo_model/pipeline/. src/ditax/assets/demo_model/` ships it.
 demo-model: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.demo_model --out demo_model
+
+# Train the small Flux from nothing (images, Flux VAE, text towers, latents, transformer,
+# folder, score) into flux_demo_model/;
+# `cp -r flux_demo_model/pipeline/. src/ditax/assets/flux_demo_model/` ships it.
+flux-demo-model: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.flux_demo_model --out flux_demo_model
 
 # The whole test suite on CPU (8 fake devices), TPU compiles included (deviceless).
 test: $(TEST_STAMP) $(TPU_STAMP)
@@ -52,4 +59,4 @@ bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/transformer_cpu.py
 
 clean:
-	rm -rf $(VENV) demo_out demo_model out .pytest_cache
+	rm -rf $(VENV) demo_out demo_model flux_demo_model out .pytest_cache

@@ -180,12 +180,18 @@ def write_sample_defaults(folder, values: dict):
 def __getattr__(name: str):
     """``SAMPLE``: keyword arguments of the pipeline call the shipped demo model is meant to be
     sampled with, read from its folder's ``ditax_sample.json`` (one source: what
-    ``load_pipeline(model_path())`` then ``pipe(prompt)`` uses too). A fresh dict each time."""
+    ``load_pipeline(model_path())`` then ``pipe(prompt)`` uses too). ``FLUX_SAMPLE``: the
+    same for the small Flux (:func:`flux_model_path`; the Flux pipeline call's keywords). A
+    fresh dict each time."""
     if name == "SAMPLE":
         from ditax.pipelines.wan.sample_defaults import CALL_KEYS, read_sample_defaults
 
         values = read_sample_defaults(model_path())
         return {k: v for k, v in values.items() if k in CALL_KEYS}
+    if name == "FLUX_SAMPLE":
+        from ditax.io.files import read_model_json
+
+        return dict(read_model_json(flux_model_path() / "ditax_sample.json", "ditax_sample.json"))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -197,6 +203,18 @@ def model_path() -> pathlib.Path:
 
         raise ModelNotFound(f"the demo model is missing from {path}; reinstall ditax, or "
                             "train it with `make demo-model`")
+    return path
+
+
+def flux_model_path() -> pathlib.Path:
+    """The shipped small Flux (a diffusers ``FluxPipeline`` folder inside the installed
+    package, trained by ``make flux-demo-model``: :mod:`ditax.recipes.flux_demo_model`)."""
+    path = pathlib.Path(__file__).parent / "assets" / "flux_demo_model"
+    if not (path / "model_index.json").is_file():
+        from ditax.errors import ModelNotFound
+
+        raise ModelNotFound(f"the small Flux demo model is missing from {path}; reinstall "
+                            "ditax, or train it with `make flux-demo-model`")
     return path
 
 
@@ -257,6 +275,55 @@ def run_demo(out=OUT, prompts=DEMO_PROMPTS, seed: int = 0, path=None, say=print)
             "total": time.perf_counter() - t0}
 
 
+FLUX_PROMPTS = ("a red circle on the left", "a blue square on the top",
+                "a yellow circle on the right")     # the last one is a held-out combination
+
+
+def run_flux_demo(out=OUT, prompts=FLUX_PROMPTS, seed: int = 0, path=None, say=print) -> dict:
+    """Generate ``prompts`` with the small Flux; write ``flux_*.png`` and
+    ``flux_contact_sheet.png`` into ``out``; return the record (seconds, scores)."""
+    import time
+
+    import numpy as np
+    import PIL.Image
+
+    from ditax.compile_cache import compile_cache
+    from ditax.pipelines.flux.loading import load_pipeline
+    from ditax.synthetic.images import HELD_OUT, parse_image_prompt, score_image
+    from ditax.synthetic.sheet import contact_sheet
+
+    t0 = time.perf_counter()
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sample = __getattr__("FLUX_SAMPLE")
+    images, rows = [], []
+    with compile_cache("auto"):
+        pipe = load_pipeline(path or flux_model_path())
+        for i, prompt in enumerate(prompts):
+            image = pipe(prompt, seed=seed + i, progress=False, **sample)
+            png = out / f"flux_{_slug(prompt)}.png"
+            PIL.Image.fromarray(np.round(np.clip(image, 0, 1) * 255).astype(np.uint8)).save(png)
+            sc = score_image(image, prompt)
+            held = parse_image_prompt(prompt) in HELD_OUT
+            rows.append({"prompt": prompt, "held_out": held, "file": str(png),
+                         **{k: sc[k] for k in ("colour_correct", "shape_correct",
+                                               "position_correct", "colour", "shape",
+                                               "position")}})
+            images.append(image)
+            mark = lambda ok: "ok" if ok else "MISS"   # noqa: E731
+            say(f"  {prompt!r}{' (held out of training)' if held else ''}: colour "
+                f"{sc['colour'] or '-'} {mark(sc['colour_correct'])}, shape "
+                f"{sc['shape'] or '-'} {mark(sc['shape_correct'])}, position "
+                f"{sc['position'] or '-'} {mark(sc['position_correct'])} -> {png}")
+    labels = [p + ("  [held out]" if r["held_out"] else "") for p, r in zip(prompts, rows)]
+    sheet = contact_sheet([im[None] for im in images], labels, out / "flux_contact_sheet.png",
+                          frames=1, scale=4)
+    summary = {k: sum(r[f"{k}_correct"] for r in rows) / len(rows)
+               for k in ("colour", "shape", "position")}
+    return {"images": rows, "score": summary, "sheet": str(sheet),
+            "total": time.perf_counter() - t0}
+
+
 def main(argv=None) -> int:
     import time
 
@@ -272,6 +339,14 @@ def main(argv=None) -> int:
     print(f"prompt following (ditax.synthetic.score) over {len(rec['videos'])} videos: colour "
           f"{sc['colour']:.0%}, shape {sc['shape']:.0%}, direction {sc['direction']:.0%}")
     print(f"wrote {', '.join(r['file'] for r in rec['videos'])} and {rec['sheet']}")
+    print(f"ditax demo: the small Flux trained by `make flux-demo-model` ({flux_model_path()})")
+    print(f"sampling with {__getattr__('FLUX_SAMPLE')}")
+    rec = run_flux_demo()
+    sc = rec["score"]
+    print(f"prompt following (ditax.synthetic.images.score_image) over {len(rec['images'])} "
+          f"images: colour {sc['colour']:.0%}, shape {sc['shape']:.0%}, position "
+          f"{sc['position']:.0%} ({rec['total']:.1f} s)")
+    print(f"wrote {', '.join(r['file'] for r in rec['images'])} and {rec['sheet']}")
     return 0
 
 

@@ -5,9 +5,11 @@ earlier run into the same ``out`` finished is kept)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import pathlib
 import time
 
@@ -96,4 +98,33 @@ class StagedRecipe:
         return self.record
 
 
-__all__ = ["MANIFEST", "StagedRecipe", "check_manifest", "sha256", "write_manifest"]
+def recipe_main(argv, recipe: type[StagedRecipe], sizes: dict, *, prog: str, description: str,
+                default_out: str) -> int:
+    """The command line of a recipe module (``python -m ditax.recipes.NAME``): ``--out``,
+    ``--folder``, ``--sizes`` (a key of ``sizes``), ``--seed``, ``--devices``, ``--stages``,
+    ``--no-progress``."""
+    stages_all = recipe.STAGES
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--out", default=default_out, help=f"work folder (default {default_out}/)")
+    p.add_argument("--folder", default=None, help="pipeline folder (default OUT/pipeline)")
+    p.add_argument("--sizes", default="full", choices=sorted(sizes))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--devices", type=int, default=1,
+                   help="devices (XLA_FLAGS host device count when unset): the VAE trains "
+                   "data-parallel on this many, the transformer on all")
+    p.add_argument("--stages", default=",".join(stages_all),
+                   help="comma list of stages to run (finished ones in OUT are kept)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    stages = [x for x in a.stages.split(",") if x]
+    bad = [x for x in stages if x not in stages_all]
+    if bad:
+        p.error(f"--stages: unknown {bad}; stages are {', '.join(stages_all)}")
+    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={a.devices}")
+    recipe(a.out, sizes[a.sizes], seed=a.seed, folder=a.folder, devices=a.devices,
+           progress=not a.no_progress).run(stages)
+    return 0
+
+
+__all__ = ["MANIFEST", "StagedRecipe", "check_manifest", "recipe_main", "sha256",
+           "write_manifest"]

@@ -22,15 +22,13 @@ model (``python -m ditax.recipes.demo_model``); ``SMOKE`` the same recipe at toy
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import os
 import shutil
 from dataclasses import dataclass
 
-from ditax.recipes.common import (MANIFEST, StagedRecipe, check_manifest, sha256,  # noqa: F401
-                                  write_manifest)
+from ditax.recipes.common import (MANIFEST, StagedRecipe, check_manifest,  # noqa: F401
+                                  recipe_main, sha256, write_manifest)
 
 SCHEDULER = {"_class_name": "UniPCMultistepScheduler", "num_train_timesteps": 1000,
              "prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0,
@@ -303,27 +301,8 @@ class Recipe(StagedRecipe):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ditax.recipes.demo_model",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="demo_model", help="work folder (default demo_model/)")
-    p.add_argument("--folder", default=None, help="pipeline folder (default OUT/pipeline)")
-    p.add_argument("--sizes", default="full", choices=sorted(SIZES))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--devices", type=int, default=1,
-                   help="devices (XLA_FLAGS host device count when unset): the VAE trains "
-                   "data-parallel on this many, the transformer on all")
-    p.add_argument("--stages", default=",".join(STAGES),
-                   help="comma list of stages to run (finished ones in OUT are kept)")
-    p.add_argument("--no-progress", action="store_true")
-    a = p.parse_args(argv)
-    stages = [x for x in a.stages.split(",") if x]
-    bad = [x for x in stages if x not in STAGES]
-    if bad:
-        p.error(f"--stages: unknown {bad}; stages are {', '.join(STAGES)}")
-    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={a.devices}")
-    Recipe(a.out, SIZES[a.sizes], seed=a.seed, folder=a.folder, devices=a.devices,
-           progress=not a.no_progress).run(stages)
-    return 0
+    return recipe_main(argv, Recipe, SIZES, prog="python -m ditax.recipes.demo_model",
+                       description=__doc__.split("\n\n")[0], default_out="demo_model")
 
 
 if __name__ == "__main__":

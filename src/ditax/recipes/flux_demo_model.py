@@ -26,14 +26,12 @@ Everything is a function of the seed. ``FULL`` is the shipped model
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import os
 import shutil
 from dataclasses import dataclass
 
-from ditax.recipes.common import StagedRecipe, write_manifest
+from ditax.recipes.common import StagedRecipe, recipe_main, write_manifest
 from ditax.recipes.flux_parts import write_encoders, write_pipeline_files, write_transformer
 
 STAGES = ("data", "vae", "text", "latents", "transformer", "assemble", "score")
@@ -49,6 +47,8 @@ class Sizes:
     vae: dict                    # AutoencoderKL config (architecture part)
     vae_steps: int
     vae_batch: int
+    vae_crop: int                # square crop of VAE training (0 = whole images): 1/4 the cost
+    vae_focus: float             # data.crop_focus: the share of crops that are the busiest of 4
     vae_lr: float
     transformer: dict            # FluxTransformer2DModel config
     transformer_steps: int
@@ -67,7 +67,7 @@ class Sizes:
 
 # FLUX.1's VAE factor 8 (the family's) and 16 latent channels; 64 x 64 images → 8 x 8 latents
 # → 16 packed tokens of 64 values
-_VAE = dict(block_out_channels=[16, 32, 64, 64], layers_per_block=1, norm_num_groups=8,
+_VAE = dict(block_out_channels=[8, 16, 32, 32], layers_per_block=1, norm_num_groups=4,
             latent_channels=16, sample_size=64, mid_block_add_attention=True,
             use_quant_conv=False, use_post_quant_conv=False)
 _CLIP = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -88,18 +88,21 @@ def _transformer(heads: int, head_dim: int, double: int, single: int, rope) -> d
 _SAMPLE = dict(height=64, width=64, num_inference_steps=20, guidance_scale=3.5,
                true_cfg_scale=4.0, negative_prompt="", max_sequence_length=8)
 
-FULL = Sizes(images=2800, vae_eval_images=40, size=64, vae=_VAE, vae_steps=1200, vae_batch=16,
-             vae_lr=1e-3, transformer=_transformer(4, 32, 2, 2, (8, 12, 12)),
-             transformer_steps=3000, transformer_batch=32, transformer_lr=5e-4,
+FULL = Sizes(images=2800, vae_eval_images=40, size=64, vae=_VAE, vae_steps=600, vae_batch=8,
+             vae_crop=32, vae_focus=0.5, vae_lr=2e-3,
+             transformer=_transformer(4, 32, 2, 1, (8, 12, 12)),
+             transformer_steps=2000, transformer_batch=16, transformer_lr=7e-4,
              flow_shift=3.0, transformer_dtype="bfloat16", text_dropout=0.1, clip=_CLIP,
              t5=_T5, text_len=8, sample=_SAMPLE, score_seeds=(0, 1, 2), checkpoint_every=500)
 SMOKE = dataclasses.replace(
-    FULL, images=48, vae_eval_images=4, size=32, vae_steps=8, vae_batch=4,
-    vae=dict(_VAE, block_out_channels=[8, 8, 8, 8], sample_size=32),
+    FULL, images=48, vae_eval_images=4, size=32, vae_steps=8, vae_batch=4, vae_crop=0,
+    vae_focus=0.0,
+    vae=dict(_VAE, block_out_channels=[8, 8, 8, 8], sample_size=32,
+             mid_block_add_attention=False),
     transformer=_transformer(2, 16, 1, 1, (4, 4, 8)), transformer_steps=10,
     transformer_batch=8, transformer_lr=2e-3, transformer_dtype="float32",
     sample=dict(_SAMPLE, height=32, width=32, num_inference_steps=2), score_seeds=(0,),
-    checkpoint_every=5)
+    checkpoint_every=1000)
 SIZES = {"full": FULL, "smoke": SMOKE}
 
 
@@ -127,10 +130,12 @@ class Recipe(StagedRecipe):
         cfg = load_flux_vae_config(None, **{f"vae.{k}": v for k, v in s.vae.items()}, **{
             "data.source": str(self.out / "images"), "data.num_frames": 1,
             "data.crop_frames": 1, "data.height": s.size, "data.width": s.size,
-            "data.eval_clips": s.vae_eval_images, "steps": s.vae_steps,
+            "data.eval_clips": s.vae_eval_images, "data.crop": s.vae_crop,
+            "data.crop_focus": s.vae_focus, "steps": s.vae_steps,
             "batch_size": s.vae_batch, "seed": self.seed, "optim.learning_rate": s.vae_lr,
             "optim.warmup_steps": min(20, s.vae_steps // 4), "optim.schedule": "cosine",
-            "checkpoint.every": s.checkpoint_every, "log_every": 5,
+            "checkpoint.every": s.checkpoint_every,
+            "log_every": max(1, min(5, s.vae_steps // 4)),
             "output_dir": str(self.out / "vae")})
         res = train_flux_vae(cfg, devices=jax.devices()[:self.devices],
                              progress=self.progress, say=self.say)
@@ -170,7 +175,8 @@ class Recipe(StagedRecipe):
             f"batch_size={s.transformer_batch}", f"seed={self.seed}",
             f"optim.learning_rate={s.transformer_lr}",
             f"optim.warmup_steps={min(50, s.transformer_steps // 4)}",
-            "optim.schedule=cosine", "optim.weight_decay=0.0", "log_every=10",
+            "optim.schedule=cosine", "optim.weight_decay=0.0",
+            f"log_every={max(1, min(10, s.transformer_steps // 5))}",
             f"checkpoint.every={s.checkpoint_every}", f"output_dir={self.out / 'transformer'}",
             "flow.timestep_sampler=uniform", "flow.dynamic_shift=false",
             f"flow.shift={s.flow_shift}"])
@@ -208,27 +214,8 @@ class Recipe(StagedRecipe):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ditax.recipes.flux_demo_model",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="flux_demo_model", help="work folder")
-    p.add_argument("--folder", default=None, help="pipeline folder (default OUT/pipeline)")
-    p.add_argument("--sizes", default="full", choices=sorted(SIZES))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--devices", type=int, default=1,
-                   help="devices (XLA_FLAGS host device count when unset): the VAE trains "
-                   "data-parallel on this many, the transformer on all")
-    p.add_argument("--stages", default=",".join(STAGES),
-                   help="comma list of stages to run (finished ones in OUT are kept)")
-    p.add_argument("--no-progress", action="store_true")
-    a = p.parse_args(argv)
-    stages = [x for x in a.stages.split(",") if x]
-    bad = [x for x in stages if x not in STAGES]
-    if bad:
-        p.error(f"--stages: unknown {bad}; stages are {', '.join(STAGES)}")
-    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={a.devices}")
-    Recipe(a.out, SIZES[a.sizes], seed=a.seed, folder=a.folder, devices=a.devices,
-           progress=not a.no_progress).run(stages)
-    return 0
+    return recipe_main(argv, Recipe, SIZES, prog="python -m ditax.recipes.flux_demo_model",
+                       description=__doc__.split("\n\n")[0], default_out="flux_demo_model")
 
 
 if __name__ == "__main__":

@@ -62,30 +62,28 @@ def write_clip_tokenizer(folder, max_length: int, vocab_size: int = 400) -> dict
 
 def write_clip_text(folder, config: dict, vocab: dict, seed: int) -> None:
     """A random CLIP text tower (transformers ``CLIPTextModel`` folder) over ``vocab``."""
-    from flax import nnx
-
     from ditax.io.export import module_params, save_folder
     from ditax.models.clip.text import CLIPTextConfig, CLIPTextEncoder
     from ditax.models.clip.text_loading import text_weight_table
+    from ditax.train.vae import init_replicated
 
     hf = dict(config, vocab_size=len(vocab), eos_token_id=vocab[EOS],
               bos_token_id=vocab[BOS], pad_token_id=vocab[EOS])
     cfg = CLIPTextConfig.from_hf(hf)
     save_folder(folder, "model.safetensors", text_weight_table(cfg),
-                module_params(CLIPTextEncoder(cfg, rngs=nnx.Rngs(seed))),
+                module_params(init_replicated(lambda r: CLIPTextEncoder(cfg, rngs=r), seed)),
                 {"architectures": ["CLIPTextModel"], "model_type": "clip_text_model", **hf})
 
 
 def write_t5(folder, config: dict, seed: int) -> None:
     """A random T5 encoder (transformers ``T5EncoderModel`` folder)."""
-    from flax import nnx
-
     from ditax.io.export import module_params, save_folder
     from ditax.models.t5 import T5Config, T5Encoder, weight_table
+    from ditax.train.vae import init_replicated
 
     cfg = T5Config.from_hf(config)
     save_folder(folder, "model.safetensors", weight_table(cfg),
-                module_params(T5Encoder(cfg, rngs=nnx.Rngs(seed))),
+                module_params(init_replicated(lambda r: T5Encoder(cfg, rngs=r), seed)),
                 {"architectures": ["T5EncoderModel"], "model_type": "t5", **config})
 
 

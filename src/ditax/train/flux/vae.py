@@ -79,7 +79,8 @@ class FluxVAETrainer(shared.VAETrainer):
     """The Flux VAE on the shared trainer: batches ``[B, 1, H, W, 3]`` train on their frame."""
 
     def build(self, cfg: FluxVAETrainConfig) -> FluxVAE:
-        return FluxVAE(cfg.vae, rngs=nnx.Rngs(cfg.seed))
+        return shared.init_replicated(lambda rngs: FluxVAE(cfg.vae, rngs=rngs), cfg.seed,
+                                      self.mesh)
 
     def load_init(self, cfg: FluxVAETrainConfig) -> FluxVAE:
         from ditax.models.flux.vae import load_vae
