@@ -13,5 +13,6 @@ register(FamilySpec(
     family="ditax.models.wan.family:WanFamily",
     transformer_classes=("WanTransformer3DModel", "WanVACETransformer3DModel",
                          "WanAnimateTransformer3DModel"),
-    pipeline_classes=("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline"),
+    pipeline_classes=("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline",
+                      "WanAnimatePipeline"),
 ))

@@ -22,7 +22,8 @@ from ditax.io.hub import resolve_folder
 from ditax.models.wan.conditioning import I2V_PIPELINE, folder_kind
 
 REQUIRED = ("tokenizer", "text_encoder", "vae", "scheduler")  # besides transformer
-CLASSES = ("WanPipeline", I2V_PIPELINE, "WanVACEPipeline")
+ANIMATE_PIPELINE = "WanAnimatePipeline"   # Wan 2.2 Animate: an image-conditioned (i2v) folder
+CLASSES = ("WanPipeline", I2V_PIPELINE, "WanVACEPipeline", ANIMATE_PIPELINE)
 IMAGE_PARTS = ("image_encoder", "image_processor")  # Wan 2.1 I2V / FLF2V: both or neither
 
 
@@ -44,6 +45,8 @@ class PipelineFolder:
         """``"t2v"`` (text only), ``"i2v"`` (an image is required: noise, mask and condition
         latents as transformer channels) or ``"ti2v"`` (``expand_timesteps``: an optional
         image replaces the first latent frame, whose tokens run at t=0)."""
+        if self.index.get("_class_name") == ANIMATE_PIPELINE:
+            return "i2v"
         return folder_kind(self.index)
 
     @property
@@ -96,7 +99,7 @@ def read_pipeline_folder(path) -> PipelineFolder:
                                 f"{' and '.join(CLASSES)} folders")
     subs = {n: _need(root, index, n) for n in REQUIRED}
     image_parts = [n for n in IMAGE_PARTS if _component_present(index, n)]
-    if image_parts and cls != I2V_PIPELINE:
+    if image_parts and cls not in (I2V_PIPELINE, ANIMATE_PIPELINE):
         raise PipelineLoadError(f"{root}/model_index.json is a {cls} with {image_parts[0]!r}; "
                                 f"image encoders belong to WanImageToVideoPipeline folders")
     if len(image_parts) == 1:

@@ -13,7 +13,7 @@ from ditax.phases import phase
 from ditax.pipelines.options import CFG_MODES
 from ditax.pipelines.wan.components import load_components
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
-from ditax.pipelines.wan.folder import read_pipeline_folder
+from ditax.pipelines.wan.folder import ANIMATE_PIPELINE, read_pipeline_folder
 from ditax.pipelines.wan.image_to_video import WanImageToVideo
 from ditax.pipelines.wan.request import check_load_args
 from ditax.pipelines.wan.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
@@ -86,6 +86,10 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
             parts["expand_timesteps"] = folder.kind == "ti2v"
         if folder.index.get("_class_name") == VACE_PIPELINE:
             cls = WanVace
+        if folder.index.get("_class_name") == ANIMATE_PIPELINE:
+            from ditax.pipelines.wan.animate import WanAnimate
+
+            cls = WanAnimate
         pipe = cls(**parts, boundary_ratio=folder.boundary_ratio, cfg_mode=cfg_mode,
                    vae_tiling=vae_tiling, max_sequence_length=max_sequence_length,
                    sample_defaults=defaults)

@@ -1,0 +1,209 @@
+"""Wan 2.2 Animate pipeline (diffusers ``WanAnimatePipeline``): a character image driven by a
+pose video and a face video (``mode="animate"``), or put into a background video where a mask
+says (``mode="replace"``), in segments of ``segment_frame_length`` frames.
+
+The inputs are prepared outside ditax (the upstream preprocessing uses its own detectors):
+``pose_video`` the rendered skeleton frames at the output size, ``face_video`` the face crops
+(resized to the transformer's ``motion_encoder_size``), for ``replace`` the ``background_video``
+(the source with the person removed) and ``mask_video`` (white = the person's region,
+generated; black = background kept). Each is a list of PIL images or float ``[H, W, 3]``
+frames in [0, 1] (the mask: grey or RGB, 0 / 1).
+
+Per segment (``start`` advancing by ``segment_frame_length - prev_segment_conditioning_frames``;
+pose / face / background / mask reflect-padded to whole segments) the generic loop
+(:func:`~ditax.pipelines.sampling.sample`) denoises latents ``[1, z, 1 + F', Y, X]`` (frame 0
+the reference image) with Wan I2V's channel condition — the reference image's latents (mask 1),
+then the segment's condition video (the previous segment's last decoded frames, mask 1, then
+zeros; ``replace``: the background, mask ``1 - mask_video``) — the CLIP features of the image,
+the pose latents and the face crops. Frames 1.. are decoded; segments after the first drop
+their ``prev_segment_conditioning_frames`` overlap; the video is cut to the pose video's length.
+
+Classifier-free guidance is not wired (its unconditional branch feeds a blank face, which the
+one batched forward of the loop cannot carry yet): ``guidance_scale`` must be <= 1 (diffusers'
+default 1.0).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ditax.errors import RequestError
+from ditax.pipelines.programs import in_compile_cache
+from ditax.pipelines.sampling import Expert, Timings, sample
+from ditax.pipelines.wan.animate_inputs import (AnimateCondition, animate_inputs,
+                                                final_animate_latents, pad_frames, segment_mask)
+from ditax.pipelines.wan.conditioning import Condition
+from ditax.pipelines.wan.image_to_video import WanImageToVideo
+from ditax.pipelines.wan.images import check_image, to_frame
+
+MODES = ("animate", "replace")
+
+
+def _frames(video, name: str) -> list:
+    if video is None:
+        return None
+    if isinstance(video, np.ndarray) and video.ndim == 4:
+        video = list(video)
+    if not isinstance(video, (list, tuple)) or not video:
+        raise RequestError(f"{name} must be a non-empty list of frames (PIL images or float "
+                           f"[H, W, 3] arrays in [0, 1]); got {type(video).__name__}")
+    return [check_image(f, f"{name} frame {i}") for i, f in enumerate(video)]
+
+
+def _mask_frame(frame, height: int, width: int) -> np.ndarray:
+    """A mask frame as ``[height, width]`` float32 in [0, 1] (grey)."""
+    import PIL.Image
+
+    if isinstance(frame, PIL.Image.Image):
+        g = frame.convert("L").resize((width, height), resample=PIL.Image.LANCZOS,
+                                      reducing_gap=None)
+        return np.asarray(g, np.float32) / np.float32(255.0)
+    return (to_frame(frame, height, width, "mask_video frame")[0] + 1.0) / 2.0
+
+
+class WanAnimate(WanImageToVideo):
+    """A loaded Wan 2.2 Animate pipeline (``WanAnimatePipeline`` folders; module docstring)."""
+
+    def check_animate(self, image, pose, face, background, mask, mode, segment_frame_length,
+                      prev, guidance_scale) -> None:
+        """Refuse, in one line naming the value, what this pipeline cannot take."""
+        if pose is None:
+            raise RequestError("Wan Animate needs pose_video= (the rendered pose frames at the "
+                               "output size; CLI --pose-video POSE.mp4)")
+        if face is None:
+            raise RequestError("Wan Animate needs face_video= (the face crops, one per pose "
+                               "frame; CLI --face-video FACE.mp4)")
+        if image is None:
+            raise RequestError("Wan Animate needs image= (the character; CLI --image)")
+        if mode not in MODES:
+            raise RequestError(f"mode={mode!r} must be 'animate' or 'replace'")
+        if mode == "replace" and (background is None or mask is None):
+            raise RequestError("mode='replace' needs background_video= and mask_video=")
+        if mode == "animate" and (background is not None or mask is not None):
+            raise RequestError("background_video= / mask_video= are for mode='replace'; drop "
+                               "them or set mode='replace'")
+        tf = self.vae.scale_factor_temporal
+        if (not isinstance(segment_frame_length, int) or segment_frame_length < tf + 1
+                or (segment_frame_length - 1) % tf):
+            raise RequestError(f"segment_frame_length={segment_frame_length!r} must be of the "
+                               f"form {tf}k+1 with k >= 1 (e.g. 77)")
+        if not isinstance(prev, int) or not 1 <= prev < segment_frame_length:
+            raise RequestError(f"prev_segment_conditioning_frames={prev!r} must be an int in "
+                               f"1..{segment_frame_length - 1} (1 or 5 as upstream)")
+        if guidance_scale > 1.0:
+            raise RequestError(f"guidance_scale={guidance_scale} > 1: classifier-free guidance "
+                               f"is not wired for Wan Animate in ditax yet (its unconditional "
+                               f"branch uses a blank face); use guidance_scale=1.0")
+
+    @in_compile_cache
+    def __call__(self, image=None, pose_video=None, face_video=None, background_video=None,
+                 mask_video=None, prompt=None, negative_prompt=None, height: int | None = None,
+                 width: int | None = None, segment_frame_length: int = 77,
+                 num_inference_steps: int = 20, mode: str = "animate",
+                 prev_segment_conditioning_frames: int = 1, guidance_scale: float = 1.0,
+                 seed: int = 0, latents=None, progress: bool = True,
+                 max_sequence_length: int | None = None):
+        """One video ``[F, H, W, 3]`` in [0, 1], ``F = len(pose_video)`` (module docstring);
+        ``latents``: the first segment's initial noise ``[1, z, 1 + F', Y, X]`` (later
+        segments draw theirs from ``seed``). ``height`` / ``width`` default to the image's."""
+        pose, face = _frames(pose_video, "pose_video"), _frames(face_video, "face_video")
+        bg, mask = _frames(background_video, "background_video"), _frames(mask_video,
+                                                                          "mask_video")
+        prev = prev_segment_conditioning_frames
+        self.check_animate(image, pose, face, bg, mask, mode, segment_frame_length, prev,
+                           guidance_scale)
+        image = check_image(image, "image")
+        ih, iw = (image.height, image.width) if hasattr(image, "height") else image.shape[:2]
+        height, width = height or ih, width or iw
+        if (ih, iw) != (height, width):
+            raise RequestError(f"image is {iw}x{ih} but the video is {width}x{height}; resize "
+                               f"the character image to the output size")
+        from ditax.pipelines.wan.request import check_request
+
+        sf = self.vae.scale_factor_spatial * self.transformer.config.patch_size[1]
+        check_request(prompt, height, width, segment_frame_length, num_inference_steps,
+                      guidance_scale, None, negative_prompt, spatial=sf,
+                      temporal=self.vae.scale_factor_temporal, seed=seed)
+        n, seg = len(pose), segment_frame_length
+        eff = seg - prev
+        target = n + (-(n - prev)) % eff
+        pose, face = pad_frames(pose, target), pad_frames(face, target)
+        p = self.transformer.config.motion_encoder_size
+        to = lambda fr, h, w, nm: np.stack([to_frame(f, h, w, nm) for f in fr], 1)  # noqa: E731
+        pose = to(pose, height, width, "pose_video frame")                  # [3, T, H, W]
+        face = to(face, p, p, "face_video frame")[None]                      # [1, 3, T, P, P]
+        if mode == "replace":
+            bg = to(pad_frames(bg, target), height, width, "background_video frame")
+            keep = 1.0 - np.stack([_mask_frame(m, height, width)
+                                   for m in pad_frames(mask, target)])      # [T, H, W]
+        return self._segments(image, prompt, negative_prompt, pose, face, bg if mode ==
+                              "replace" else None, keep if mode == "replace" else None,
+                              n, seg, prev, num_inference_steps, seed, latents, progress,
+                              max_sequence_length)
+
+    def _segments(self, image, prompt, negative_prompt, pose, face, bg, keep, n, seg, prev,
+                  steps, seed, latents, progress, max_sequence_length):
+        from ditax.models.wan.conditioning import clip_features, encode_normalized
+
+        vae, tf = self.vae, self.vae.scale_factor_temporal
+        _, _, height, width = pose.shape
+        grid = vae.config.latent_grid(seg, height, width)                    # (F', Y, X)
+        shape = (1, vae.z_dim, grid[0] + 1, grid[1], grid[2])
+        tc = self.transformer.config
+        emb = self.encode_text(prompt, negative_prompt, False, max_sequence_length)
+        clip = clip_features(self.image_encoder, self.image_processor, [image])
+        clip = clip.astype(jnp.dtype(tc.dtype))
+        ref = to_frame(image, height, width, "image")[None, :, None]
+        ref = jnp.concatenate([jnp.asarray(segment_mask(1, (1,) + grid[1:], tf, 1)),
+                               encode_normalized(vae, ref)], axis=1)          # [1, tf+z, 1, ..]
+        expert = Expert(self.transformer._gdef, self.transformer._state, tc)
+        out, frames = [], None
+        for seg_i in range((n + (-(n - prev)) % (seg - prev)) // (seg - prev)):
+            start = seg_i * (seg - prev)
+            end = start + seg
+            if start == 0:
+                head = bg[:, :prev] if bg is not None else np.zeros((3, prev, height, width),
+                                                                     np.float32)
+            else:
+                head = frames[:, -prev:]
+            rest = (bg[:, start + prev:end] if bg is not None
+                    else np.zeros((3, seg - prev, height, width), np.float32))
+            cond_video = np.concatenate([head, rest], axis=1)[None]
+            mask = segment_mask(seg, grid, tf, prev if start > 0 else 0,
+                                None if keep is None else keep[start:end])
+            cond = jnp.concatenate([jnp.asarray(mask), encode_normalized(vae, cond_video)], 1)
+            condition = AnimateCondition(
+                base=Condition(channels=jnp.concatenate([ref, cond], axis=2), image=clip),
+                pose=encode_normalized(vae, pose[None, :, start:end]), face=face[:, :, start:end])
+            noise = latents if (start == 0 and latents is not None) else segment_noise(
+                seed, seg_i, shape)
+            res = sample(programs=self.programs, experts=[expert], inputs=animate_inputs,
+                         scheduler=self.scheduler, latent_shape=shape, mesh=self.mesh,
+                         cfg_mode=self.cfg_mode, num_inference_steps=steps, guidance_scale=1.0,
+                         text=lambda use_cfg: emb, condition=lambda: condition,
+                         finalize=final_animate_latents, latents=noise, seed=seed,
+                         progress=progress, size=f"for a segment of {seg} frames at "
+                                                 f"{height}x{width}")
+            z = vae.denormalize_latents(jnp.asarray(res.output[:, :, 1:], vae.dtype))
+            frames = np.asarray(vae.decode(z, tiled=self.vae_tiling), np.float32)[0]
+            out.append(frames if start == 0 else frames[:, prev:])
+            self.last_stats, self.timings = res.stats, Timings(load=self.load_time, **res.timings)
+        video = np.concatenate(out, axis=1)[:, :n]
+        video = np.clip(video * np.float32(0.5) + np.float32(0.5), 0.0, 1.0)
+        return np.ascontiguousarray(np.transpose(video, (1, 2, 3, 0)))
+
+
+def segment_noise(seed: int, segment: int, shape) -> jax.Array:
+    """Segment ``segment``'s initial noise: N(0, 1) from ``PRNGKey(seed)`` folded with the
+    segment index (segment 0: exactly :func:`~ditax.pipelines.sampling.initial_noise`)."""
+    from ditax.pipelines.sampling import initial_noise
+
+    if segment == 0:
+        return initial_noise(seed, shape)
+    key = jax.random.fold_in(jax.random.PRNGKey(int(seed)), segment)
+    return jax.random.normal(key, (int(np.prod(shape)),), jnp.float32).reshape(shape)
+
+
+__all__ = ["MODES", "WanAnimate", "segment_noise"]

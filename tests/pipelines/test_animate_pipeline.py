@@ -1,0 +1,127 @@
+"""Wan 2.2 Animate pipeline vs diffusers' WanAnimatePipeline on a tiny random folder saved in
+its own format (UMT5, Wan 2.1 VAE, CLIP, the Animate transformer): ``mode="animate"`` over two
+segments (the second conditioned on the first's last decoded frame) and ``mode="replace"``
+(background + mask), the same noise per segment; the bad requests (no pose video, CFG, replace
+without its videos, a segment length that is not 4k+1)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+import ditax  # noqa: E402
+from ditax.errors import RequestError  # noqa: E402
+from ditax.pipelines.wan.animate import WanAnimate, segment_noise  # noqa: E402
+from i2v_reference import CLIP, Z, _clip, _scheduler, _vae21, image  # noqa: E402
+from pipeline_reference import TEXT_DIM, make_text_parts  # noqa: E402
+
+H = W = 32
+SEG = 5
+REQ = dict(prompt="a cat walks on the grass", height=H, width=W, segment_frame_length=SEG,
+           num_inference_steps=3, guidance_scale=1.0, prev_segment_conditioning_frames=1)
+TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from diffusers import WanAnimatePipeline, WanAnimateTransformer3DModel
+
+    tmp = tmp_path_factory.mktemp("animate")
+    tok, enc = make_text_parts(tmp, 0)
+    torch.manual_seed(3)
+    tr = WanAnimateTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
+        in_channels=2 * Z + 4, latent_channels=Z, out_channels=Z, text_dim=TEXT_DIM,
+        freq_dim=32, ffn_dim=64, num_layers=2, image_dim=CLIP["hidden_size"],
+        added_kv_proj_dim=32, motion_encoder_channel_sizes={"16": 8, "8": 12, "4": 8},
+        motion_encoder_size=16, motion_style_dim=16, motion_dim=4, motion_encoder_dim=16,
+        face_encoder_hidden_dim=8, face_encoder_num_heads=2, inject_face_latents_blocks=1,
+        motion_encoder_batch_size=4)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, p in tr.named_parameters():
+            gain = 1.0 if "norm" in name and name.endswith("weight") else 0.0
+            scale = 1.0 if "motion_encoder" in name else 0.5 / max(1, p.shape[-1]) ** 0.5
+            p.copy_(torch.randn(p.shape, generator=g) * scale + gain)
+    clip, proc = _clip(tmp, 5)
+    ref = WanAnimatePipeline(tokenizer=tok, text_encoder=enc, vae=_vae21(2), scheduler=_scheduler(),
+                             image_processor=proc, image_encoder=clip, transformer=tr.eval())
+    ref.set_progress_bar_config(disable=True)
+    ref.save_pretrained(tmp / "pipe")
+    return ref, ditax.load_pipeline(tmp / "pipe")
+
+
+def _videos(n, seed=0):
+    rng = np.random.default_rng(seed)
+    pose = [image(int(s), H, W) for s in rng.integers(0, 1000, n)]
+    face = [image(int(s), 16, 16) for s in rng.integers(0, 1000, n)]
+    return pose, face
+
+
+def _diffusers(ref, shape, seed, noises, **kw):
+    import diffusers
+
+    mod = diffusers.pipelines.wan.pipeline_wan_animate
+    draws = [torch.from_numpy(np.array(segment_noise(seed, s, shape))) for s in noises]
+    orig = mod.randn_tensor
+    mod.randn_tensor = lambda s, **_: draws.pop(0).reshape(s)
+    try:
+        with torch.no_grad():
+            out = ref(output_type="np", **kw)
+    finally:
+        mod.randn_tensor = orig
+    return np.asarray(out.frames[0], np.float32)
+
+
+def test_animate_two_segments_and_replace_match_diffusers(tiny):
+    ref, pipe = tiny
+    assert isinstance(pipe, WanAnimate)
+    shape = (1, Z, 3, H // 8, W // 8)
+    char = image(7, H, W)
+    pose, face = _videos(9)                      # 9 frames: two segments of 5, 1 overlapping
+    got = pipe(image=char, pose_video=pose, face_video=face, seed=2, progress=False, **REQ)
+    want = _diffusers(ref, shape, 2, [0, 1], image=char, pose_video=pose, face_video=face,
+                      **REQ)
+    err = float(np.abs(got - want).max())
+    print(f"animate, 2 segments: max abs diff vs diffusers {err:.2e}")
+    assert got.shape == want.shape == (9, H, W, 3)
+    assert err < TOL, err
+    # replace: a background video and a mask (white = the person, generated)
+    bg = [image(50 + i, H, W) for i in range(5)]
+    mask = np.zeros((H, W, 3), np.float32)
+    mask[8:24, 8:20] = 1.0
+    masks = [PIL_image(mask)] * 5
+    kw = dict(REQ, image=char, pose_video=pose[:5], face_video=face[:5], mode="replace",
+              background_video=bg, mask_video=masks)
+    got_r = pipe(seed=4, progress=False, **kw)
+    want_r = _diffusers(ref, shape, 4, [0], **kw)
+    err_r = float(np.abs(got_r - want_r).max())
+    print(f"replace, 1 segment: max abs diff vs diffusers {err_r:.2e}")
+    assert err_r < TOL, err_r
+    assert np.abs(got_r - got[:5]).max() > 1e-2        # the background changes the video
+
+
+def PIL_image(x):
+    import PIL.Image
+
+    return PIL.Image.fromarray((np.asarray(x) * 255).round().astype(np.uint8))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(pose_video=None), "Wan Animate needs pose_video="),
+    (dict(face_video=None), "Wan Animate needs face_video="),
+    (dict(guidance_scale=5.0), "guidance_scale=5.0 > 1: classifier-free guidance is not wired"),
+    (dict(mode="replace"), "mode='replace' needs background_video= and mask_video="),
+    (dict(mode="swap"), "mode='swap' must be 'animate' or 'replace'"),
+    (dict(segment_frame_length=6), r"segment_frame_length=6 must be of the form 4k\+1"),
+    (dict(prev_segment_conditioning_frames=5), r"prev_segment_conditioning_frames=5 must be"),
+    (dict(image=image(1, 48, 32)), "image is 32x48 but the video is 32x32"),
+])
+def test_bad_requests(tiny, change, match):
+    _, pipe = tiny
+    pose, face = _videos(5)
+    kw = dict(REQ, image=image(7, H, W), pose_video=pose, face_video=face, progress=False)
+    kw.update(change)
+    with pytest.raises(RequestError, match=match):
+        pipe(**kw)
