@@ -2,7 +2,8 @@
 
 :func:`audit` returns per-call, per-device totals (loop trip counts included) and, for each
 ``while`` loop, what one iteration does — for a model whose layers run under ``scan`` the
-loop with ``num_layers`` iterations is "per layer".
+loop with ``num_layers`` iterations is "per layer". XLA:TPU's reduce-scatters (an all-reduce
+whose fusion keeps one slice) count as ``reduce-scatter``.
 """
 
 from __future__ import annotations
@@ -101,10 +102,19 @@ def _real_users(comp: Computation, users: dict, name: str) -> list[Instr]:
     return out
 
 
+def _scatters(comp: Computation, ins: Instr) -> bool:
+    """``ins`` (an all-reduce) is a reduce-scatter as XLA:TPU writes one: the body of a
+    ``kCustom`` fusion (``%all-reduce-scatter…``) whose root keeps only this device's slice
+    of the all-reduce (a ``dynamic-slice`` by partition id)."""
+    root = _through(comp, comp.root)
+    return (root is not None and root.opcode == "dynamic-slice" and bool(root.operands)
+            and _through(comp, comp.instrs.get(root.operands[0])) is ins)
+
+
 def _collective_bytes(comp: Computation, ins: Instr, kind: str) -> int:
     """Bytes a collective moves per device: its output, except reduce-scatter (its input:
-    the output is one shard of what is sent)."""
-    if kind != "reduce-scatter":
+    the output is one shard of what is sent; an all-reduce + slice: the all-reduce's)."""
+    if kind != "reduce-scatter" or ins.opcode.startswith("all-reduce"):
         return ins.nbytes
     src = comp.instrs.get(ins.operands[0]) if ins.opcode.endswith("-done") else ins
     if src is None:
@@ -215,6 +225,8 @@ class _Program:
                 out[f"{key}_ops"] += m
                 out[f"{key}_bytes"] += m * ins.nbytes
             kind = _collective_kind(ins.opcode)
+            if kind == "all-reduce" and _scatters(comp, ins):
+                kind = "reduce-scatter"
             if kind is not None:
                 out["collective_bytes"][kind] = out["collective_bytes"].get(kind, 0) + (
                     m * _collective_bytes(comp, ins, kind))

@@ -75,20 +75,24 @@ def _train_step(cfg, mesh, family):
     for k, cshape in family.condition_shapes(shape).items():
         batch[k] = jax.ShapeDtypeStruct((B, *cshape), jnp.float32, sharding=sh[k])
     fl = family.flops_per_sample(shape, T) * B
-    if getattr(cfg.model, "remat", "none") == "full":
+    recompute = getattr(family, "recompute_flops_per_sample", None)
+    if recompute is not None:    # what the family's remat policy runs again in the backward
+        fl += recompute(shape, T) * B
+    elif getattr(cfg.model, "remat", "none") == "full":
         fl *= 4.0 / 3.0          # the forward runs again inside the backward
     return trainer.lower(batch), [B, *shape], fl / mesh.size
 
 
 def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
-         hlo_path=None) -> dict:
+         hlo_path=None, train_hlo_path=None) -> dict:
     """Parameter count, bytes in total and per device, and every parameter's sharding on
     ``mesh``. With ``compile_``, ``"forward"``: the compiled forward for latents
     ``[B, C, F, Y, X]`` (``latent = (F, Y, X)``, default from ``cfg.sample``; B = the mesh's
     batch shards) measured by :func:`ditax.plan.measure.measure` (per-device memory, copies,
     collectives, FLOPs; a roofline on ``chip``, a :class:`~ditax.plan.targets.Chip`). With
     ``train``, ``"train_step"``: the same for one optimiser step on ``cfg.batch_size`` samples
-    of ``cfg.data``'s size. ``hlo_path``: write the forward's compiled HLO text there.
+    of ``cfg.data``'s size. ``hlo_path`` / ``train_hlo_path``: write the forward's / the
+    training step's compiled HLO text there.
     Returns a JSON-ready dict.
     """
     from flax import nnx
@@ -112,7 +116,8 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
         out["forward"] = {"latent": shape, **_compiled(lowered, fl, layers, chip, hlo_path)}
     if train:
         lowered, shape, fl = _train_step(cfg, mesh, family)
-        out["train_step"] = {"latents": shape, **_compiled(lowered, fl, layers, chip, None)}
+        out["train_step"] = {"latents": shape,
+                             **_compiled(lowered, fl, layers, chip, train_hlo_path)}
     return out
 
 

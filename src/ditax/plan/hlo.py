@@ -116,11 +116,47 @@ def _instr(line: str) -> Instr | None:
     return Instr(m.group(2), shape, op.group(1), operands, rest[close:], bool(m.group(1)), args)
 
 
+def _brace_depth(line: str) -> int:
+    """``{`` minus ``}`` of ``line`` outside double-quoted strings."""
+    if '"' not in line:
+        return line.count("{") - line.count("}")
+    depth, quoted, escaped = 0, False, False
+    for c in line:
+        if quoted:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                quoted = False
+        elif c == '"':
+            quoted = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+    return depth
+
+
 def parse(text: str) -> dict[str, Computation]:
-    """Computations by name (the entry has ``entry=True``)."""
+    """Computations by name (the entry has ``entry=True``).
+
+    One instruction may span several lines: a Mosaic kernel's ``frontend_attributes=
+    {kernel_metadata={ … }}`` holds line breaks, and its continuation lines start with ``}``
+    — an instruction is read until its braces close, so such a line does not end the
+    computation (which would drop every instruction after the kernel: a layer loop's
+    gradient matmuls and reduce-scatters after its attention kernels)."""
     comps: dict[str, Computation] = {}
-    cur = None
+    cur, pending, depth = None, None, 0
     for line in text.splitlines():
+        if pending is not None:
+            pending, depth = pending + "\n" + line, depth + _brace_depth(line)
+            if depth <= 0:
+                ins = _instr(pending)
+                if ins is not None:
+                    cur.instrs[ins.name] = ins
+                pending = None
+            continue
         h = _HEADER.match(line)
         if h:
             cur = comps.setdefault(h.group(2), Computation(h.group(2), entry=bool(h.group(1))))
@@ -128,7 +164,11 @@ def parse(text: str) -> dict[str, Computation]:
         if line.startswith("}"):
             cur = None
             continue
-        if cur is not None:
+        if cur is not None and _INSTR.match(line):
+            depth = _brace_depth(line)
+            if depth > 0:
+                pending = line
+                continue
             ins = _instr(line)
             if ins is not None:
                 cur.instrs[ins.name] = ins
