@@ -14,7 +14,8 @@ from typing import Literal, get_args
 from ditax.errors import ConfigError
 
 DType = Literal["float32", "bfloat16", "float16"]
-Remat = Literal["none", "full", "save_dots", "save_dots_no_batch", "save_attn_out"]
+Remat = Literal["none", "full", "save_dots", "save_dots_no_batch", "save_attn_out",
+                "save_proj"]
 Quantize = Literal["none", "int8", "fp8"]   # 8-bit block weights (ditax.nn.quant)
 DTYPES = get_args(DType)
 QUANTIZE_MODES = get_args(Quantize)

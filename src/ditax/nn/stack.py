@@ -21,6 +21,11 @@ REMAT = {
     "save_dots": jax.checkpoint_policies.dots_saveable,
     "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "save_attn_out": jax.checkpoint_policies.save_only_these_names("attn_out"),
+    # the projections a family names: "proj_out" (output projections: the most FLOPs per
+    # saved byte) and "proj_in" (input projections it chooses to keep); the rest (attention
+    # kernels, elementwise work, unnamed dots) runs again in the backward. Flux names every
+    # block's output projections and its double blocks' q/k/v and MLP inputs; Wan none.
+    "save_proj": jax.checkpoint_policies.save_only_these_names("proj_out", "proj_in"),
 }
 
 

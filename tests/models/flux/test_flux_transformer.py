@@ -25,7 +25,8 @@ GRAD_INPUTS = ("hidden_states", "encoder_hidden_states", "pooled_projections")
 
 
 @pytest.mark.parametrize("config,shape,numerics", [
-    (TINY, dict(), dict()),                                  # diffusers' test config
+    # diffusers' test config; scanned stacks under the save_proj remat policy (named saves)
+    (TINY, dict(), dict(remat="save_proj")),
     # guidance, 2 + 2 blocks, odd T; unrolled blocks under full remat
     (DEV, dict(text=5, image=12, guidance=True), dict(scan_layers=False, remat="full")),
 ], ids=["tiny", "dev-unrolled-remat"])
@@ -33,7 +34,7 @@ def test_forward_and_gradient_match_diffusers(tmp_path, rng, fast_compile, confi
                                               numerics):
     """The loaded model's output and its gradient (w.r.t. the inputs and every parameter, in
     diffusers' keys and layouts) against torch autograd, from one compiled program: scanned
-    stacks (the default) and unrolled ones under full remat alike."""
+    stacks (the default) under save_proj remat and unrolled ones under full remat alike."""
     m, folder = make_diffusers_flux(tmp_path, **config)
     inputs = flux_inputs(rng, config, **shape)
     tr = ditax.load_transformer(folder, **numerics)

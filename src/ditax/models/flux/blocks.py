@@ -11,6 +11,12 @@ Tokens are ``[B, S, D]``; attention I/O ``[B, S, N, K]``. The joint sequence is 
 :class:`~ditax.models.flux.layout.JointLayout` (shard-major over the context shards); blocks
 only see it through ``layout.join`` / ``layout.split``. Norms, modulation and the gated
 residuals run in float32 and are cast back to the compute dtype (as Wan's blocks do).
+
+Remat names (:data:`ditax.nn.stack.REMAT`): ``attn_out`` (the attention output, both kinds),
+``proj_out`` (every output projection: ``to_out``, ``to_add_out``, the MLPs' ``net.2``, the
+single blocks' ``proj_out``) and ``proj_in`` (the double blocks' q / k / v and MLP input
+projections; the single blocks' are left unnamed, so ``model.remat=save_proj`` recomputes
+them and stays within memory at FLUX.1-dev's 1024² training).
 """
 
 from __future__ import annotations
@@ -68,9 +74,12 @@ class FeedForward(nnx.Module):
         self.proj_out = Linear(mlp_dim, dim, **kw)    # diffusers: net.2
 
     def __call__(self, x, sharding: ShardingContext):
-        h = sharding.constrain(jax.nn.gelu(self.proj_in(x), approximate=True),
+        """``x [B, S, D]`` → ``[B, S, D]``; the two projections' outputs are named
+        ``proj_in`` / ``proj_out`` for remat (the double blocks' only user)."""
+        h = checkpoint_name(self.proj_in(x), "proj_in")
+        h = sharding.constrain(jax.nn.gelu(h, approximate=True),
                                ("act_batch", "act_seq", "act_mlp"))
-        return self.proj_out(h)
+        return checkpoint_name(self.proj_out(h), "proj_out")
 
 
 class Attention(nnx.Module):
@@ -97,19 +106,23 @@ class Attention(nnx.Module):
     def _heads(self, x):
         return x.reshape(x.shape[:2] + (self.heads, -1))
 
-    def qkv(self, x, sharding: ShardingContext):
-        """``x [B, S, D]`` → normed q, k and v ``[B, S, N, K]``."""
-        q = self.norm_q(self._heads(self.to_q(x)))
-        k = self.norm_k(self._heads(self.to_k(x)))
-        v = self._heads(self.to_v(x))
+    def qkv(self, x, sharding: ShardingContext, name: str | None = None):
+        """``x [B, S, D]`` → normed q, k and v ``[B, S, N, K]``; ``name``: the remat name of
+        the three projections' outputs (None: unnamed)."""
+        q, k, v = (_named(self._heads(p(x)), name) for p in (self.to_q, self.to_k, self.to_v))
+        q, k = self.norm_q(q), self.norm_k(k)
         return tuple(sharding.constrain(a, HEADS) for a in (q, k, v))
 
-    def added_qkv(self, x, sharding: ShardingContext):
+    def added_qkv(self, x, sharding: ShardingContext, name: str | None = None):
         """Text tokens ``[B, T', D]`` → their normed q, k and v (double blocks)."""
-        q = self.norm_added_q(self._heads(self.add_q_proj(x)))
-        k = self.norm_added_k(self._heads(self.add_k_proj(x)))
-        v = self._heads(self.add_v_proj(x))
+        q, k, v = (_named(self._heads(p(x)), name)
+                   for p in (self.add_q_proj, self.add_k_proj, self.add_v_proj))
+        q, k = self.norm_added_q(q), self.norm_added_k(k)
         return tuple(sharding.constrain(a, HEADS) for a in (q, k, v))
+
+
+def _named(x, name: str | None):
+    return x if name is None else checkpoint_name(x, name)
 
 
 def attend_joint(q, k, v, rope, kv_mask, attn: AttentionCall, sharding: ShardingContext):
@@ -142,18 +155,20 @@ class DoubleBlock(nnx.Module):
         img, txt = streams
         shift, scale, gate, m_shift, m_scale, m_gate = self.norm1.terms(temb)
         c_shift, c_scale, c_gate, cm_shift, cm_scale, cm_gate = self.norm1_context.terms(temb)
-        q_i, k_i, v_i = self.attn.qkv(self.norm1.modulate(img, shift, scale), sharding)
+        q_i, k_i, v_i = self.attn.qkv(self.norm1.modulate(img, shift, scale), sharding,
+                                      "proj_in")
         q_t, k_t, v_t = self.attn.added_qkv(self.norm1_context.modulate(txt, c_shift, c_scale),
-                                            sharding)
+                                            sharding, "proj_in")
         q, k, v = (layout.join(a, b) for a, b in ((q_i, q_t), (k_i, k_t), (v_i, v_t)))
         o_i, o_t = layout.split(attend_joint(q, k, v, rope, kv_mask, attn, sharding))
 
-        img = sharding.constrain(gated(img, gate, self.attn.to_out.from_heads(o_i)), TOKENS)
+        out_i = checkpoint_name(self.attn.to_out.from_heads(o_i), "proj_out")
+        img = sharding.constrain(gated(img, gate, out_i), TOKENS)
         h = (self.norm2(img) * (1 + m_scale) + m_shift).astype(img.dtype)
         img = sharding.constrain(gated(img, m_gate, self.ff(h, sharding)), TOKENS)
 
-        txt = sharding.constrain(gated(txt, c_gate, self.attn.to_add_out.from_heads(o_t)),
-                                 TOKENS)
+        out_t = checkpoint_name(self.attn.to_add_out.from_heads(o_t), "proj_out")
+        txt = sharding.constrain(gated(txt, c_gate, out_t), TOKENS)
         h = (self.norm2_context(txt) * (1 + cm_scale) + cm_shift).astype(txt.dtype)
         txt = sharding.constrain(gated(txt, cm_gate, self.ff_context(h, sharding), clip=True),
                                  TOKENS)
@@ -192,6 +207,7 @@ class SingleBlock(nnx.Module):
             #     on the joined input
             out = self.proj_out(jnp.concatenate([o.reshape(o.shape[:-2] + (n * k,)),
                                                  mlp.astype(o.dtype)], -1))
+        out = checkpoint_name(out, "proj_out")
         return sharding.constrain(gated(x, gate, out, clip=True), TOKENS)
 
 

@@ -12,8 +12,23 @@ from flax import nnx
 from ditax.errors import ConfigError
 from ditax.models.base import ModelFamily, register_family
 
-VAE_FACTOR = 8    # the Flux VAE's spatial downsampling
+VAE_FACTOR = 8    # FLUX.1's VAE: spatial downsampling (four levels)
 PACK = 2          # 2 x 2 latent patches are packed into one token (C_in = 4 x latent C)
+
+
+def vae_factor(vae=None) -> int:
+    """Pixels per latent pixel of a Flux VAE (diffusers ``AutoencoderKL``): 2 per level but
+    the last, ``2 ** (len(block_out_channels) - 1)``. ``vae``: its ``config.json`` dict, or
+    any object with ``block_out_channels`` (a :class:`~ditax.models.flux.vae.config.
+    FluxVAEConfig`); None: FLUX.1's (8)."""
+    if vae is None:
+        return VAE_FACTOR
+    widths = vae.get("block_out_channels") if isinstance(vae, dict) else getattr(
+        vae, "block_out_channels", None)
+    if not widths:
+        raise ConfigError(f"the VAE config has no block_out_channels ({vae!r}); give the "
+                          f"folder's vae/config.json")
+    return 2 ** (len(widths) - 1)
 
 
 @register_family
@@ -37,36 +52,64 @@ class FluxFamily(ModelFamily):
     text_dim = property(lambda self: self.model.joint_attention_dim)   # Dt of the T5 text
 
     @classmethod
-    def latent_grid(cls, num_frames, height, width):
-        f = VAE_FACTOR * PACK
+    def latent_grid(cls, num_frames, height, width, vae=None):
+        """Latent ``(1, Y, X)`` of one image; ``vae``: the VAE's config (dict or object with
+        ``block_out_channels``, :func:`vae_factor`; None: FLUX.1's 8x)."""
+        s = vae_factor(vae)
+        f = s * PACK
         if num_frames != 1:
             raise ConfigError(f"{num_frames} frames: Flux makes still images; use 1 frame")
         if height < f or width < f or height % f or width % f:
             raise ConfigError(f"height x width = {height}x{width} must be multiples of {f} "
-                              f"(the VAE's {VAE_FACTOR}x and the 2x2 token packing)")
-        return 1, height // VAE_FACTOR, width // VAE_FACTOR
+                              f"(the VAE's {s}x and the 2x2 token packing)")
+        return 1, height // s, width // s
 
     def tokens_per_sample(self, latent_shape) -> int:
         _, _, y, x = latent_shape
         return (y // PACK) * (x // PACK)
 
-    def flops_per_sample(self, latent_shape, text_len: int) -> float:
-        """Forward + backward = 3 × forward matmul FLOPs (no remat recompute).
-
-        With L image and T text tokens, S = L + T, width D, MLP width M: a double block
-        8·S·D² (q, k, v, out of both streams) + 4·S²·D (attention) + 4·S·D·M (both MLPs); a
-        single block 6·S·D² + 4·S²·D + 2·S·D·M + 2·S·(D + M)·D; plus the embedders and the
-        output projection.
-        """
+    def _forward_flops(self, latent_shape, text_len: int) -> dict:
+        """Forward matmul FLOPs of one sample by part: with L image and T text tokens,
+        S = L + T, width D, MLP width M, per double block q / k / v of both streams 6·S·D²,
+        attention 4·S²·D, the MLP inputs 2·S·D·M, the output projections 2·S·D² + 2·S·M·D,
+        the modulation 12·D² (two streams, 6·D each); per single block 6·S·D², 4·S²·D,
+        2·S·D·M (``proj_mlp``), 2·S·(D + M)·D (``proj_out``), 6·D²; the embedders and the
+        output head besides."""
         m = self.model
         L, T = self.tokens_per_sample(latent_shape), text_len
         S, D, M = L + T, m.inner_dim, m.mlp_dim
-        double = 8 * S * D * D + 4 * S * S * D + 4 * S * D * M + 24 * D * D
-        single = 6 * S * D * D + 4 * S * S * D + 2 * S * D * M + 2 * S * (D + M) * D + 6 * D * D
+        double = dict(qkv=6 * S * D * D, attn=4 * S * S * D, mlp_in=2 * S * D * M,
+                      proj_out=2 * S * D * D + 2 * S * M * D, mod=24 * D * D)
+        single = dict(qkv=6 * S * D * D, attn=4 * S * S * D, mlp_in=2 * S * D * M,
+                      proj_out=2 * S * (D + M) * D, mod=6 * D * D)
         embed = (2 * L * m.in_channels * D + 2 * T * m.joint_attention_dim * D
                  + 2 * m.pooled_projection_dim * D + 8 * D * D)
         head = 4 * D * D + 2 * L * D * m.output_channels
-        return 3.0 * (m.num_layers * double + m.num_single_layers * single + embed + head)
+        return {"double": {k: m.num_layers * v for k, v in double.items()},
+                "single": {k: m.num_single_layers * v for k, v in single.items()},
+                "rest": embed + head}
+
+    def flops_per_sample(self, latent_shape, text_len: int) -> float:
+        """Forward + backward = 3 × forward matmul FLOPs (no remat recompute; the parts:
+        :meth:`_forward_flops`)."""
+        f = self._forward_flops(latent_shape, text_len)
+        return 3.0 * (sum(f["double"].values()) + sum(f["single"].values()) + f["rest"])
+
+    def recompute_flops_per_sample(self, latent_shape, text_len: int) -> float:
+        """The forward FLOPs ``model.remat`` runs again in the backward, per sample: the
+        parts of the blocks that its policy does not save (``full``: all of them; ``save_proj``:
+        the single blocks' q / k / v, MLP inputs and attention, the double blocks' attention;
+        ``save_attn_out``: all but the attention; ``save_dots*``: the attention kernels,
+        which are no dots)."""
+        recompute = {"none": (), "full": ("qkv", "attn", "mlp_in", "proj_out", "mod"),
+                     "save_attn_out": ("qkv", "mlp_in", "proj_out", "mod"),
+                     "save_dots": ("attn",), "save_dots_no_batch": ("attn",)}
+        f = self._forward_flops(latent_shape, text_len)
+        if self.model.remat == "save_proj":
+            return float(f["double"]["attn"] + f["double"]["mod"]
+                         + sum(f["single"][k] for k in ("qkv", "attn", "mlp_in", "mod")))
+        parts = recompute[self.model.remat]
+        return float(sum(f[s][k] for s in ("double", "single") for k in parts))
 
     # -- module ---------------------------------------------------------------------------------
 
