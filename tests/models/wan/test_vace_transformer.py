@@ -1,7 +1,8 @@
 """Wan VACE transformer vs diffusers' ``WanVACETransformer3DModel`` (tiny random model saved
 with save_pretrained, loaded with ditax): forward within 1e-5 relative in float32 (control
-context shorter than the latents: zero-padded tokens; per-layer scales), context-ulysses on 8
-devices equal to one device, strict key checks, bad control inputs."""
+context shorter than the latents: zero-padded tokens; per-layer scales), context-ulysses x fsdp
+on 8 devices equal to one device with its gradients (inputs and every parameter) equal to
+torch autograd, strict key checks, bad control inputs."""
 
 import json
 
@@ -88,17 +89,46 @@ def test_forward_matches_diffusers(vace, single):
     assert rel_err(outs[(1.0, 1.0)], outs[(0.5, 1.5)]) > 1e-3
 
 
-def test_context_ulysses_equals_one_device(vace, single):
+def test_context_ulysses_equals_one_device_and_gradients_match(vace, single):
     """The control tokens' attention goes through the model's attention plan: ulysses on
-    context 4 x fsdp 2 (L = 45 tokens: padded to the 4 shards) equals one device."""
-    _, folder = vace
+    context 4 x fsdp 2 (L = 45 tokens: padded to the 4 shards) equals one device; its gradient
+    w.r.t. the latents, the control context and every parameter (VACE blocks included)
+    matches torch autograd."""
+    import jax
+    import jax.numpy as jnp
+
+    from ditax.io.convert import export
+    from ditax.models.wan.vace_convert import config_weight_table
+
+    m, folder = vace
     _, (lat, t, text, ctrl), outs = single
     tr = ditax.load_transformer(folder, mesh=make_mesh({"context": 4, "fsdp": 2}),
                                 attention=AttentionConfig(backend="ulysses", local="xla"))
     k = tr.module.vace_blocks.attn1.to_q.kernel[...]
     assert k.sharding.shard_shape(k.shape) != k.shape     # the VACE blocks are sharded too
-    out = np.asarray(tr(lat, t, text, control_hidden_states=ctrl))   # scale None: ones
+    ct = np.random.default_rng(5).standard_normal(lat.shape).astype(np.float32)
+
+    @jax.jit
+    def out_and_grads(tr, lat, ctrl):
+        out, pull = jax.vjp(lambda tr, lat, ctrl: tr(lat, t, text, control_hidden_states=ctrl),
+                            tr, lat, ctrl)                # scale None: ones
+        return out, pull(jnp.asarray(ct))
+
+    out, grads = out_and_grads(tr, jnp.asarray(lat), jnp.asarray(ctrl))
     assert rel_err(out, outs[(1.0, 1.0)]) <= 1e-5, rel_err(out, outs[(1.0, 1.0)])
+    m.zero_grad()
+    leaves = [torch.from_numpy(lat).requires_grad_(), torch.from_numpy(ctrl).requires_grad_()]
+    ref = m(leaves[0], torch.from_numpy(t), torch.from_numpy(text),
+            control_hidden_states=leaves[1], return_dict=False)[0]
+    (ref * torch.from_numpy(ct)).sum().backward()
+    for name, g, want in zip(("latents", "control"), grads[1:], leaves):
+        assert rel_err(g, want.grad.numpy()) <= 1e-5, name
+    ours = export(config_weight_table(tr.config), grads[0]._state)
+    theirs = {k: p.grad.numpy() for k, p in m.named_parameters() if p.grad is not None}
+    assert any(k.startswith("vace_blocks.1.") for k in theirs) and set(theirs) <= set(ours)
+    errs = {k: rel_err(ours[k], theirs[k]) for k in theirs}
+    print(f"VACE gradients vs torch (ulysses mesh): max rel err {max(errs.values()):.2e}")
+    assert max(errs.values()) <= 1e-5, {k: e for k, e in errs.items() if e > 1e-5}
 
 
 def test_strict_keys_and_bad_inputs(vace, tmp_path):
