@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -69,6 +70,29 @@ class Linear(nnx.Module):
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
+
+    def out_columns(self, x, start, size: int, place=None):
+        """Output columns ``[start, start + size)`` of the layer on ``x [..., in]`` (bias
+        included): ``x @ kernel[:, start:start+size]``; ``start`` may be traced (a loop
+        index), ``size`` static; ``place`` (optional) maps the kernel's ``[in, size]`` slice
+        before the dot (e.g. a sharding constraint: where it is gathered). For an unheaded
+        kernel only."""
+        self._check_plain("out_columns")
+        cut = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size, axis=a.ndim - 1)  # noqa: E731
+        place = place or (lambda w: w)
+        if self.quant is not None:
+            y = self.quant.einsum("...i,io->...o", x, place(cut(self.kernel[...])),
+                                  cut(self.kernel_scale[...]), self.dtype)
+        else:
+            y = jnp.einsum("...i,io->...o", x.astype(self.dtype),
+                           place(cut(self.kernel[...]).astype(self.dtype)))
+        if self.bias is not None:
+            y = y + cut(self.bias[...].astype(self.dtype))
+        return y
+
+    def _check_plain(self, what):
+        if self.out_heads:
+            raise ValueError(f"Linear.{what}: the kernel is stored head-major")
 
     def from_heads(self, x):
         """The layer on ``x [..., N, K]`` flattened to ``[..., N·K]``, contracting ``(N, K)``

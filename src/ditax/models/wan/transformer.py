@@ -33,26 +33,68 @@ from ditax.models.wan.image_embedder import check_image
 from ditax.nn import FP32LayerNorm, Linear
 from ditax.models.dit import DiT
 from ditax.nn.stack import make_stack, run_stack
+from ditax.parallel.platform import platform_of
+from ditax.parallel.rules import param_spec
 from ditax.parallel.sharding import ShardingContext
 
 
 class FeedForward(nnx.Module):
-    """``net.0.proj → GELU(tanh) → net.2`` (diffusers ``FeedForward``, gelu-approximate)."""
+    """``net.0.proj → GELU(tanh) → net.2`` (diffusers ``FeedForward``, gelu-approximate).
+
+    On TPU, with ``proj_in``'s kernel split over its input dim (fsdp / context) and not over
+    its columns (no tensor axis), ``proj_in`` runs in :data:`TPU_COLUMN_CHUNKS` column chunks,
+    one after another in a loop: each chunk's kernel slice is gathered whole, one dot, GELU,
+    written into its columns of the hidden. Unchunked, XLA gathers that kernel by a windowed
+    dot over its input dim whose partial product and accumulator are each the size of the
+    output, and the GELU writes a third: 3 × ``[L, ffn_dim]`` set the forward's peak memory
+    (14B 720p context8 on v6e: 3 × 249 MiB; ``docs/architecture.md``, "TPU relayout
+    copies"). Same values (each column is one dot over the whole input, GELU is elementwise).
+    """
 
     def __init__(self, dim, ffn_dim, *, dtype, param_dtype, rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.proj_in = Linear(dim, ffn_dim, **kw)     # diffusers: ffn.net.0.proj
         self.proj_out = Linear(ffn_dim, dim, **kw)    # diffusers: ffn.net.2
 
-    def __call__(self, x, sharding: ShardingContext):
-        chunks = 2
-        m = self.proj_in.dims()[2] // chunks
-        def body(c, acc):
-            h = jax.nn.gelu(self.proj_in.out_columns(x, c * m, m), approximate=True)
-            h = sharding.constrain(h, ("act_batch", "act_seq", "act_mlp"))
-            return acc + self.proj_out.in_rows(h, c * m, m)
-        acc = jnp.zeros(x.shape[:-1] + (self.proj_out.dims()[2],), jnp.float32)
-        return self.proj_out.bias_add(jax.lax.fori_loop(0, chunks, body, acc))
+    def __call__(self, x, sharding: ShardingContext, chunks: int | None = None):
+        """x ``[B, L, D]`` → ``[B, L, D]``; ``chunks`` (None: :func:`ffn_chunks`) column chunks
+        of ``proj_in``."""
+        _, din, width = self.proj_in.dims()
+        chunks = ffn_chunks(sharding, din, width) if chunks is None else chunks
+        if chunks == 1:
+            h = jax.nn.gelu(self.proj_in(x), approximate=True)
+        else:
+            m = width // chunks
+            # each chunk's kernel slice gathered whole before its dot (the barrier keeps XLA
+            # from hoisting one gather of the whole kernel out of the loop)
+            gather = lambda w: sharding.constrain(jax.lax.optimization_barrier(w),  # noqa: E731
+                                                  (None, None))
+
+            def body(c, h):
+                part = jax.nn.gelu(self.proj_in.out_columns(x, c * m, m, gather),
+                                   approximate=True)
+                return jax.lax.dynamic_update_slice_in_dim(h, part, c * m, axis=h.ndim - 1)
+
+            h = jnp.zeros(x.shape[:-1] + (width,), self.proj_in.dtype)
+            h = jax.lax.fori_loop(0, chunks, body, h)
+        h = sharding.constrain(h, ("act_batch", "act_seq", "act_mlp"))
+        return self.proj_out(h)
+
+
+#: proj_in column chunks on TPU (see FeedForward): the hidden plus one ``[L, ffn_dim / 4]``
+#: chunk and its ``[D, ffn_dim / 4]`` kernel slice live at a time.
+TPU_COLUMN_CHUNKS = 4
+
+
+def ffn_chunks(sharding: ShardingContext, din: int, width: int) -> int:
+    """:data:`TPU_COLUMN_CHUNKS` where the chunked ``proj_in`` pays (TPU, kernel ``[din,
+    width]`` split over its input dim only, columns in whole 128-lane tiles per chunk), else 1."""
+    mesh = sharding.mesh
+    c = TPU_COLUMN_CHUNKS
+    if mesh is None or platform_of(mesh).name != "tpu" or width % (128 * c):
+        return 1
+    spec_in, spec_out = param_spec(("embed", "mlp"), mesh, (din, width))
+    return c if spec_in is not None and spec_out is None else 1
 
 
 def modulation(table, mod) -> list:
