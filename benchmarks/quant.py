@@ -21,6 +21,18 @@ split into int8 and bf16 halves, XLA's temp bytes (the quantization pre-pass) �
 error per mode (int8 / fp8 weights, with and without 8-bit activations) against float32.
 ``--tpu-linears`` (needs libtpu): a 1.3B-width Wan compiled deviceless for v6e per mode —
 argument / temp bytes and the dots XLA emits (s32 results of s8 x s8 = native int8).
+``--quality`` (CPU, ~3 s a video): the shipped demo model (``ditax.demo.model_path()``, sampled
+as ``ditax.demo.SAMPLE``) per mode — full precision, int8 W, int8 W+A, fp8 W, fp8 W+A, 8-bit
+attention (``sage_xla``: the ``sage`` kernel's numbers), all together — over the 40
+combinations x ``--seeds``: the prompt-following score (:mod:`ditax.synthetic.score`) and PSNR /
+SSIM of each video against the full-precision (float32) one from the same seed (same noise).
+One summary line per mode (``--out`` also appends them to a file: docs/quant_quality.jsonl).
+``--tpu-14b`` (needs libtpu; minutes per case): the Wan 2.1 14B 720p / 81-frame forward compiled
+deviceless for v6e-8 (context 8, ``ulysses``, blocks 512: the ``benchmarks/tpu_aot.py`` case;
+``out_a2a=shard_major`` with ``flash``, ``flat`` with ``sage``, which has no shard-major path) per mode — bf16 + ``flash``, int8 W+A + ``flash``, bf16 +
+``sage``, int8 W+A + ``sage`` — at ``--layers`` layers scaled to 40 as tpu_aot does: argument /
+temp bytes, s32 dots (native int8), HBM bytes, and the roofline with the 8-bit FLOPs (the block
+linears' with int8 activations, self-attention's Q·Kᵀ with ``sage``) at twice the bf16 rate.
 """
 
 from __future__ import annotations
@@ -209,6 +221,128 @@ def tpu_linears(layers: int = 2) -> None:
              native=describe(mode, act, [dev]))
 
 
+INT8_WA = ["model.quantize=int8", "model.quantize_activations=true"]
+# case: (overrides, local kernel, ulysses out_a2a); sage has no shard-major path (flash only)
+TPU_14B = {"bf16-flash": ([], "flash", "shard_major"),
+           "int8wa-flash": (INT8_WA, "flash", "shard_major"),
+           "bf16-sage": ([], "sage", "flat"), "int8wa-sage": (INT8_WA, "sage", "flat")}
+
+
+def tpu_14b(layers: int, cases, hlo_dir: str = "/tmp") -> None:
+    """Wan 2.1 14B 720p on v6e-8 per mode (module docstring): one JSON line per case."""
+    import re
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from tpu_aot import FULL_LAYERS, scale
+
+    from ditax.config import load_config
+    from ditax.parallel import make_mesh
+    from ditax.plan import plan
+    from ditax.plan.measure import roofline
+    from ditax.plan.targets import parse_target, topology_devices
+
+    target = parse_target("tpu-v6e-8")
+    devices = topology_devices(target)
+    base = None
+    for name in cases:
+        over, local, a2a = TPU_14B[name]
+        cfg = load_config("wan2.1-t2v-14b", over + [
+            "mesh.context=8", "attention.backend=ulysses", f"attention.local={local}",
+            f"attention.out_a2a={a2a}", "attention.block_q=512", "attention.block_kv=512",
+            f"model.num_layers={layers}"])
+        mesh = make_mesh(cfg.mesh, devices)
+        hlo = os.path.join(hlo_dir, f"quant_14b_{name}.hlo")
+        res = plan(cfg, mesh, compile_=True, chip=target.chip, hlo_path=hlo)
+        full = plan(dataclasses.replace(cfg, model=dataclasses.replace(
+            cfg.model, num_layers=FULL_LAYERS)), mesh)["param_bytes_per_device"]
+        p = scale(res["forward"], layers, 1, (res["param_bytes_per_device"], full))
+        # analytic forward FLOPs per device of the 40 layers' dots (one sample, 8 devices)
+        f, y, x = p["latent"][2], p["latent"][3] // 2, p["latent"][4] // 2
+        L, T, D, M = f * y * x, cfg.sample.max_sequence_length, 5120, 13824
+        linear = FULL_LAYERS * (12 * L * D * D + 4 * T * D * D + 4 * L * D * M) / mesh.size
+        qk = FULL_LAYERS * 2 * L * L * D / mesh.size
+        int8 = (linear if over else 0.0) + (qk if local == "sage" else 0.0)
+        r = roofline(p["flops"], p["hbm_bytes"], p["collective_bytes"], target.chip)
+        r8 = dict(r, compute_s=(p["flops"] - int8) / target.chip.bf16_flops
+                  + int8 / (2 * target.chip.bf16_flops))
+        r8["estimate_s"] = max(r8["compute_s"], r8["hbm_s"], r8["ici_s"])
+        r8["bound"] = max(("compute_s", "hbm_s", "ici_s"), key=r8.get)[:-2]
+        text = open(hlo).read()
+        s32 = len(re.findall(r"= s32\[[0-9,]*\]\{[^}]*\} convolution\(", text))
+        row = {"bench": "quant", "case": f"v6e8_wan14b_720p_{name}", "metric": "forward",
+               "layers_compiled": layers, "argument_bytes": p["argument_bytes"],
+               "temp_bytes": p["temp_bytes"], "param_bytes_per_device": full,
+               "copy_ops": p["copy_ops"], "copy_bytes": p["copy_bytes"],
+               "hbm_bytes": p["hbm_bytes"], "flops": p["flops"], "int8_flops": int8,
+               "s32_dots_in_hlo": s32, "tpu_custom_calls": p["tpu_custom_calls"],
+               "quantize": res.get("quantize"), "roofline": r, "roofline_8bit": r8}
+        if name == "bf16-flash":
+            base = r8["estimate_s"]
+        row.update(out_a2a=a2a, local=local)
+        if base is not None:
+            row["vs_bf16_flash"] = round(r8["estimate_s"] / base, 3)
+        print(json.dumps(row), flush=True)
+
+
+QUALITY_MODES = (("none", dict()), ("int8_w", dict(quantize="int8")),
+                 ("int8_wa", dict(quantize="int8", quantize_activations=True)),
+                 ("fp8_w", dict(quantize="fp8")),
+                 ("fp8_wa", dict(quantize="fp8", quantize_activations=True)),
+                 ("sage_attention", dict(attention="sage_xla")),
+                 ("all", dict(quantize="int8", quantize_activations=True, attention="sage_xla")))
+
+
+def quality(seeds: int, modes, out=None) -> None:
+    """The demo model per mode (module docstring): score and PSNR / SSIM vs full precision."""
+    import statistics
+    import time
+
+    from speed_cache import psnr, ssim
+
+    import ditax
+    from ditax.demo import SAMPLE, model_path
+    from ditax.synthetic.score import score
+    from ditax.synthetic.vocab import all_combinations
+
+    combos = all_combinations()
+    ref = {}
+    for name, options in QUALITY_MODES:
+        if name not in modes and name != "none":
+            continue
+        pipe = ditax.load_pipeline(model_path(), **options)
+        rows, t0 = [], time.perf_counter()
+        for combo in combos:
+            for seed in range(seeds):
+                video = np.asarray(pipe(combo.prompt, seed=seed, progress=False, **SAMPLE))
+                s = score(video, combo.prompt)
+                row = {k: s[f"{k}_correct"] for k in ("colour", "shape", "direction", "all")}
+                if name == "none":
+                    ref[combo.prompt, seed] = video
+                else:
+                    row["psnr"] = psnr(video, ref[combo.prompt, seed])
+                    row["ssim"] = ssim(video, ref[combo.prompt, seed])
+                rows.append(row)
+        n = len(rows)
+        line = {"bench": "quant", "case": "demo_quality", "mode": name, **options,
+                "videos": n, "seeds": seeds, "sample": dict(SAMPLE),
+                "score_all": round(100 * sum(r["all"] for r in rows) / n, 2),
+                **{f"{k}_accuracy": round(sum(r[k] for r in rows) / n, 4)
+                   for k in ("colour", "shape", "direction")},
+                "seconds": round(time.perf_counter() - t0, 1)}
+        if name != "none":
+            finite = [r["psnr"] for r in rows if r["psnr"] is not None]
+            line.update(psnr_db_mean=round(statistics.mean(finite), 2) if finite else None,
+                        psnr_db_min=round(min(finite), 2) if finite else None,
+                        identical_videos=n - len(finite),
+                        ssim_mean=round(statistics.mean(r["ssim"] for r in rows), 4),
+                        ssim_min=round(min(r["ssim"] for r in rows), 4))
+        print(json.dumps(line), flush=True)
+        if out:
+            with open(out, "a") as f:
+                f.write(json.dumps(line) + "\n")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--attention", action="store_true", help="8-bit attention error (CPU)")
@@ -223,9 +357,25 @@ def main(argv=None):
                    help="random 1.3B-width Wan: output relative error per mode (CPU)")
     p.add_argument("--tpu-linears", action="store_true",
                    help="deviceless v6e: the 8-bit dots of a 1.3B-width Wan per mode")
+    p.add_argument("--quality", action="store_true",
+                   help="demo model: score and PSNR / SSIM per mode vs full precision (CPU)")
+    p.add_argument("--seeds", type=int, default=3, help="--quality: seeds per combination")
+    p.add_argument("--modes", nargs="+", default=[m for m, _ in QUALITY_MODES],
+                   help="--quality: which modes (full precision always runs: the reference)")
+    p.add_argument("--out", default=None, help="--quality: also append the lines here")
+    p.add_argument("--tpu-14b", action="store_true",
+                   help="deviceless v6e-8: Wan 14B 720p forward per mode, 8-bit roofline")
+    p.add_argument("--layers", type=int, default=2, help="--tpu-14b: layers compiled")
+    p.add_argument("--cases", nargs="+", default=list(TPU_14B), help="--tpu-14b cases")
     a = p.parse_args(argv)
-    if not (a.attention or a.tpu_hlo or a.weights or a.weights_error or a.tpu_linears):
-        p.error("choose --attention, --tpu-hlo, --weights, --weights-error, --tpu-linears")
+    if not (a.attention or a.tpu_hlo or a.weights or a.weights_error or a.tpu_linears
+            or a.quality or a.tpu_14b):
+        p.error("choose --attention, --tpu-hlo, --weights, --weights-error, --tpu-linears, "
+                "--quality")
+    if a.quality:
+        quality(a.seeds, a.modes, a.out)
+    if a.tpu_14b:
+        tpu_14b(a.layers, a.cases)
     if a.tpu_linears:
         tpu_linears()
     if a.weights:
