@@ -4,7 +4,7 @@ training step), relayout copies per layer and per forward, collective bytes, com
 roofline estimates, from :func:`ditax.plan.plan` on a deviceless topology mesh.
 
   PYTHONPATH=src python benchmarks/tpu_aot.py [--target tpu-v6e-8] [--cases NAME,...]
-      [--layers 40] [--train] [--steps 50] [--dump-hlo DIR]
+      [--layers 40] [--train] [--steps 50] [--dump-hlo DIR] [--label TEXT]
 
 Prints one JSON object per case. ``--layers n`` (< 40) compiles an n-layer model (the layer
 scan compiles once, so per-layer numbers are exact) and scales the per-forward counts to 40
@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--train", action="store_true", help="also one training step (remat full)")
     ap.add_argument("--steps", type=int, default=50, help="denoising steps of the video")
     ap.add_argument("--block", type=int, default=512)
+    ap.add_argument("--label", default=None,
+                    help='tag every row with "code": LABEL (which code state it measures)')
     ap.add_argument("--dump-hlo", default=None, metavar="DIR",
                     help="write each case's compiled forward HLO to DIR/<case>.hlo")
     a = ap.parse_args()
@@ -119,7 +121,8 @@ def main():
             p = scale(res[prog], a.layers, loops, (res["param_bytes_per_device"], full))
             p["roofline"] = roofline(p["flops"], p["hbm_bytes"], p["collective_bytes"],
                                      target.chip)
-            row = {"bench": "tpu_aot", "case": name, "program": prog, "target": a.target,
+            row = {"bench": "tpu_aot", **({"code": a.label} if a.label else {}),
+                   "case": name, "program": prog, "target": a.target,
                    "mesh": res["mesh"], "attention": attn, "block": a.block,
                    "param_bytes_per_device": full, **p}
             row.pop("loops", None)
