@@ -125,3 +125,15 @@ def test_bad_requests(tiny, change, match):
     kw.update(change)
     with pytest.raises(RequestError, match=match):
         pipe(**kw)
+
+
+def test_cli_refuses_animate_folders(tmp_path, capsys):
+    """``ditax generate`` on an Animate folder says what to use, before any weights load."""
+    from ditax.cli import main
+
+    (tmp_path / "model_index.json").write_text('{"_class_name": "WanAnimatePipeline"}')
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "a cat",
+               "--output", str(tmp_path / "o.mp4")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1, err
+    assert "is a Wan Animate folder; ditax generate does not drive it yet" in err[0], err

@@ -89,6 +89,10 @@ def check_images_fit(root, index: dict, call: dict) -> None:
     needs a two-expert folder (``boundary_ratio``)."""
     from ditax.models.wan.conditioning import folder_kind
 
+    if index.get("_class_name") == "WanAnimatePipeline":
+        raise RequestError(f"{root} is a Wan Animate folder; ditax generate does not drive it "
+                           f"yet (no --pose-video / --face-video flags) — use the Python API: "
+                           f"ditax.load_pipeline(folder)(image=, pose_video=, face_video=, ...)")
     kind = folder_kind(index)
     given = "image" in call
     check_control_fits(root, index, call)
