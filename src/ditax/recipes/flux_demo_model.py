@@ -88,8 +88,8 @@ def _transformer(heads: int, head_dim: int, double: int, single: int, rope) -> d
 _SAMPLE = dict(height=64, width=64, num_inference_steps=20, guidance_scale=3.5,
                true_cfg_scale=4.0, negative_prompt="", max_sequence_length=8)
 
-FULL = Sizes(images=2800, vae_eval_images=40, size=64, vae=_VAE, vae_steps=600, vae_batch=8,
-             vae_crop=32, vae_focus=0.5, vae_lr=2e-3,
+FULL = Sizes(images=2800, vae_eval_images=40, size=64, vae=_VAE, vae_steps=1800, vae_batch=8,
+             vae_crop=32, vae_focus=0.8, vae_lr=2e-3,
              transformer=_transformer(4, 32, 2, 1, (8, 12, 12)),
              transformer_steps=2000, transformer_batch=16, transformer_lr=7e-4,
              flow_shift=3.0, transformer_dtype="bfloat16", text_dropout=0.1, clip=_CLIP,
