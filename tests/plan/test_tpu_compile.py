@@ -202,7 +202,6 @@ def _shape_dims(shape: str) -> set[int]:
     return {int(d) for d in shape.split("[", 1)[1].split("]", 1)[0].split(",") if d}
 
 
-@needs_libtpu
 # splash-flat: the kernel's output [1, N/8, L, K] is relaid out to token-major [L, 1, 1, K]
 # (one activation, 158 KiB here) once per layer before the exchange back; the audit hid it
 # until cae7af4 (a Mosaic kernel's multi-line metadata ended the computation, so nothing after
@@ -211,6 +210,7 @@ SPLASH_FLAT_COPY = pytest.mark.xfail(strict=True, reason="splash output relayout
                                      "kernel (seen since the audit reads whole loop bodies)")
 
 
+@needs_libtpu
 @pytest.mark.parametrize("attention", [pytest.param(["local=splash"], marks=SPLASH_FLAT_COPY),
                                        ["local=flash", "out_a2a=shard_major"]],
                          ids=["splash-flat", "flash-shard_major"])
