@@ -168,6 +168,8 @@ def test_wan21_i2v_on_8_devices(built):
     ("i2v22", dict(image="first.png"), r"is a path; pass the image itself"),
     ("i2v22", dict(num_frames=1, last_image="LAST"), r"more than one frame; num_frames=1"),
     ("ti2v", dict(height=48), r"height=48 must be a positive multiple of 32"),
+    ("i2v22", dict(mask=np.ones((5, 32, 32))),
+     r"mask= is a VACE control input; this WanImageToVideo .*load a VACE folder"),
 ])
 def test_bad_requests(built, kind, change, match):
     _, _, pipe = built(kind)

@@ -13,6 +13,7 @@ pytest.importorskip("diffusers")
 
 import ditax  # noqa: E402
 from ditax.config import AttentionConfig  # noqa: E402
+from ditax.errors import DitaxError  # noqa: E402
 from ditax.parallel import make_mesh  # noqa: E402
 from ditax.pipelines.wan.text_to_video import PipelineLoadError  # noqa: E402
 from compiles import compiles  # noqa: E402
@@ -138,12 +139,15 @@ def test_mesh_equals_single_device(tiny):
     (dict(prompt="   "), "prompt is empty"),
     (dict(guidance_scale_2=2.0), "guidance_scale_2 applies only to two-expert"),
     (dict(latents=np.zeros((1, 4, 3, 4, 4), np.float32)), r"latents shape \(1, 4, 3, 4, 4\)"),
+    (dict(reference_images=[np.zeros((8, 8, 3))]),
+     r"reference_images= is a VACE control input; this WanTextToVideo .*load a VACE folder"),
+    (dict(conditioning_scale=0.5), r"conditioning_scale= is a VACE control input"),
 ])
 def test_bad_requests(tiny, change, match):
     _, _, pipe = tiny
     kw = dict(REQ, num_inference_steps=2, guidance_scale=5.0, progress=False)
     kw.update(change)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(DitaxError, match=match):
         pipe(**kw)
 
 

@@ -41,6 +41,24 @@ from ditax.pipelines.wan.inputs import wan_inputs
 # ----------------------------------------------------------------------------------------------
 # the pipeline
 
+VACE_ARGS = ("mask", "reference_images", "conditioning_scale")
+
+
+def refuse_extra(pipe, extra: dict) -> None:
+    """A :class:`RequestError` naming the first argument in ``extra`` the pipeline's call does
+    not take (VACE's control inputs: load a VACE folder) — instead of Python's TypeError."""
+    if not extra:
+        return
+    name, kind = sorted(extra)[0], type(pipe).__name__
+    if name in VACE_ARGS or name == "video":
+        alt = (" or, for a source video, a video-to-video pipeline (strength=; "
+               "load_pipeline(folder, video_to_video=True))" if name == "video" else "")
+        raise RequestError(f"{name}= is a VACE control input; this {kind} pipeline takes none "
+                           f"— load a VACE folder (WanVACEPipeline, e.g. "
+                           f"Wan2.1-VACE-1.3B-diffusers){alt}, or drop {name}=")
+    raise RequestError(f"{name}= is not an argument of {kind}(...); see "
+                       f"help({kind}.__call__) for the ones it takes")
+
 
 class WanTextToVideo:
     """A loaded Wan text-to-video pipeline; call it with a prompt. See
@@ -128,7 +146,7 @@ class WanTextToVideo:
                  output: str = "video", sigmas=None, cache: str | None = None,
                  cache_threshold: float | None = None, cfg_cache: bool = False,
                  cache_coefficients=None, image=None, last_image=None,
-                 max_sequence_length: int | None = None):
+                 max_sequence_length: int | None = None, **extra):
         """Generate one video. Returns float32 ``[F, H, W, 3]`` in [0, 1]
         (``output="latent"``: the denoised latents ``[1, C, F', Y, X]`` instead).
 
@@ -154,7 +172,10 @@ class WanTextToVideo:
         Sizes, steps, guidance and the negative prompt left at None come from the folder's
         ``ditax_sample.json`` (``self.sample_defaults``), else Wan's (480x832, 81 frames, 50
         steps, guidance 5.0). ``seed``: an int in [0, 2**32) (``jax.random.PRNGKey``).
+        Any other keyword (VACE's ``mask`` / ``reference_images`` / ``conditioning_scale``) is
+        a :class:`RequestError` naming it.
         """
+        refuse_extra(self, extra)
         # what neither the caller nor the folder's ditax_sample.json gives: Wan's defaults
         d = {**SAMPLE_DEFAULTS, **self.sample_defaults}
         height = d["height"] if height is None else height
@@ -206,4 +227,4 @@ class WanTextToVideo:
         return out.output
 
 
-__all__ = ["PipelineLoadError", "Timings", "WanTextToVideo", "check_request"]
+__all__ = ["PipelineLoadError", "Timings", "WanTextToVideo", "check_request", "refuse_extra"]
