@@ -19,7 +19,7 @@ from pipeline_reference import TEXT_DIM, make_text_parts  # noqa: E402
 H = W = 32
 SEG = 5
 REQ = dict(prompt="a cat walks on the grass", height=H, width=W, segment_frame_length=SEG,
-           num_inference_steps=3, guidance_scale=1.0, prev_segment_conditioning_frames=1)
+           num_inference_steps=2, guidance_scale=1.0, prev_segment_conditioning_frames=1)
 TOL = 1e-3
 
 
