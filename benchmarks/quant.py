@@ -225,6 +225,7 @@ INT8_WA = ["model.quantize=int8", "model.quantize_activations=true"]
 # case: (overrides, local kernel, ulysses out_a2a); sage has no shard-major path (flash only)
 TPU_14B = {"bf16-flash": ([], "flash", "shard_major"),
            "int8wa-flash": (INT8_WA, "flash", "shard_major"),
+           "bf16-flash-flat": ([], "flash", "flat"),
            "bf16-sage": ([], "sage", "flat"), "int8wa-sage": (INT8_WA, "sage", "flat")}
 
 
