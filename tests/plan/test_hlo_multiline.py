@@ -1,7 +1,7 @@
 """The HLO reader on XLA:TPU's spellings that once hid work: a Mosaic kernel whose
 ``kernel_metadata`` spans lines (a continuation line starting with ``}`` used to end the
 computation, dropping what followed it in a layer loop's body), and a reduce-scatter written as
-an all-reduce whose ``kCustom`` fusion keeps one slice."""
+an all-reduce whose ``kCustom`` fusion keeps one slice; a loop counter stepping by 2."""
 
 from ditax.plan.audit import audit
 
@@ -63,3 +63,12 @@ def test_multiline_kernel_and_reduce_scatter_inside_a_loop():
     assert a["xla_flops"] == 5 * 2 * 64 * 32 * 32          # the dot after the kernel
     # the all-reduce + slice is a reduce-scatter of its 64x32 input, per trip
     assert a["collective_bytes"] == {"reduce-scatter": 5 * 64 * 32 * 2}
+
+
+def test_a_loop_counting_by_two_runs_half_as_often():
+    """XLA:TPU's windowed einsum loops (an all-gather matmul as a ring of permutes) count
+    their iterations by 2: ``i < 4`` stepping 2 is two trips."""
+    text = (_HLO.replace("%n = s32[] constant(5)", "%n = s32[] constant(4)")
+            .replace("%one = s32[] constant(1)", "%one = s32[] constant(2)"))
+    a = audit(text)
+    assert a["loops"][0]["trip"] == 2 and a["tpu_custom_calls"] == 2

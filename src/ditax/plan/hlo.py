@@ -13,8 +13,8 @@ the audit needs: name, shape, opcode, operands, called computations); :func:`aud
 - the ``tpu_custom_call`` (Mosaic kernel) calls;
 
 each weighted by how often it runs per call of the program: a ``while`` body counts its trip
-count times (read from the loop condition ``i < N`` and the counter's initial value; nested
-loops multiply). The HLO text is the recount: ``ditax plan --dump-hlo FILE`` writes it.
+count times (read from the loop condition ``i < N``, the counter's initial value and its
+step; nested loops multiply). The HLO text is the recount: ``ditax plan --dump-hlo FILE`` writes it.
 """
 
 from __future__ import annotations
@@ -230,13 +230,29 @@ def trip_count(comps: dict[str, Computation], caller: Computation, loop: Instr) 
             bound = _const(cond, name)
     if index is None or bound is None or direction is None:
         return None
-    init = 0
+    init, step = 0, _step(comps, roles.get("body", ""), index)
     tup = caller.instrs.get(loop.operands[0]) if loop.operands else None
     if tup is not None and tup.opcode == "tuple" and index < len(tup.operands):
         value = _const(caller, tup.operands[index])
         init = 0 if value is None else value
-    n = {"LT": bound - init, "LE": bound - init + 1, "NE": bound - init}.get(direction.group(1))
+    span = bound - init
+    n = {"LT": -(-span // step), "LE": span // step + 1,
+         "NE": span // step if span % step == 0 else None}.get(direction.group(1))
     return None if n is None else max(n, 0)
+
+
+def _step(comps, body_name: str, index: int) -> int:
+    """How much the body adds to tuple element ``index`` per iteration: ``c`` for a root
+    tuple element ``add(…, constant c)`` (XLA's windowed einsum loops count by 2), else 1."""
+    body = comps.get(body_name)
+    root = body.root if body is not None else None
+    if root is None or root.opcode != "tuple" or index >= len(root.operands):
+        return 1
+    upd = body.instrs.get(root.operands[index])
+    if upd is None or upd.opcode != "add":
+        return 1
+    steps = [c for c in (_const(body, o) for o in upd.operands) if c is not None and c > 0]
+    return steps[0] if len(steps) == 1 else 1
 
 
 def multiplicities(comps: dict[str, Computation], roots=None) -> tuple[dict[str, int], dict,
