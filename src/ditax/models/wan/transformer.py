@@ -64,21 +64,44 @@ class FeedForward(nnx.Module):
         if chunks == 1:
             h = jax.nn.gelu(self.proj_in(x), approximate=True)
         else:
-            m = width // chunks
             # each chunk's kernel slice gathered whole before its dot (the barrier keeps XLA
             # from hoisting one gather of the whole kernel out of the loop)
             gather = lambda w: sharding.constrain(jax.lax.optimization_barrier(w),  # noqa: E731
                                                   (None, None))
-
-            def body(c, h):
-                part = jax.nn.gelu(self.proj_in.out_columns(x, c * m, m, gather),
-                                   approximate=True)
-                return jax.lax.dynamic_update_slice_in_dim(h, part, c * m, axis=h.ndim - 1)
-
-            h = jnp.zeros(x.shape[:-1] + (width,), self.proj_in.dtype)
-            h = jax.lax.fori_loop(0, chunks, body, h)
+            h = gelu_columns(self.proj_in, x, chunks, gather)
         h = sharding.constrain(h, ("act_batch", "act_seq", "act_mlp"))
         return self.proj_out(h)
+
+
+def gelu_columns(lin: Linear, x, chunks: int, place):
+    """``gelu(lin(x))`` computed in ``chunks`` column chunks in a loop (``place`` maps each
+    ``[in, width / chunks]`` kernel slice before its dot), written into one ``[..., width]``
+    hidden. The gradient is the one-dot formula's (:func:`_gelu_dense`; the loop's own
+    backward stacks every iteration's residuals: +1.2 GiB on the 14B 720p training step)."""
+    width = lin.dims()[2]
+    m = width // chunks
+
+    def loop(x, w, b):
+        def body(c, h):
+            part = lin.out_columns(x, c * m, m, place) if w is None else (
+                jnp.einsum("...i,io->...o", x, place(jax.lax.dynamic_slice_in_dim(
+                    w, c * m, m, axis=w.ndim - 1))) + jax.lax.dynamic_slice_in_dim(b, c * m, m))
+            part = jax.nn.gelu(part, approximate=True)
+            return jax.lax.dynamic_update_slice_in_dim(h, part, c * m, axis=h.ndim - 1)
+
+        return jax.lax.fori_loop(0, chunks, body, jnp.zeros(x.shape[:-1] + (width,), lin.dtype))
+
+    if lin.quant is not None:                   # 8-bit kernels: inference only
+        return loop(x, None, None)
+    dense = jax.custom_vjp(lambda x, w, b: loop(x, w, b))
+    dense.defvjp(lambda x, w, b: (loop(x, w, b), (x, w, b)),
+                 lambda res, g: jax.vjp(_gelu_dense, *res)[1](g))
+    b = lin.bias[...] if lin.bias is not None else jnp.zeros((width,), lin.dtype)
+    return dense(x.astype(lin.dtype), lin.kernel[...].astype(lin.dtype), b.astype(lin.dtype))
+
+
+def _gelu_dense(x, w, b):
+    return jax.nn.gelu(jnp.einsum("...i,io->...o", x, w) + b, approximate=True)
 
 
 #: proj_in column chunks on TPU (see FeedForward): the hidden plus one ``[L, ffn_dim / 4]``
