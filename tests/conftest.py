@@ -34,9 +34,6 @@ def jax_platforms(preset: str | None, gpu: bool) -> str:
     return "cpu,cuda" if gpu else "cpu"
 
 
-os.environ.setdefault("XLA_FLAGS", "")
-if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = jax_platforms(os.environ.get("JAX_PLATFORMS"), gpu_present())
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,6 +46,14 @@ os.environ.setdefault("DITAX_CACHE_DIR", "none")
 # it. The modules in FULL_OPTIMIZATION_MODULES (what a TPU's compiler writes: copies, memory)
 # compile with every optimisation on. JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs everything so.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# and XLA:CPU's elemental emitters for fusions (tests/refs/xla_test_flags.py says why)
+from xla_test_flags import FAST_CPU_CODEGEN, fast  # noqa: E402
+
+os.environ.setdefault("XLA_FLAGS", "")
+if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+if fast() and "--xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + FAST_CPU_CODEGEN
 FULL_OPTIMIZATION_MODULES = {"test_tpu_compile.py", "test_plan.py"}
 
 import jax  # noqa: E402

@@ -10,12 +10,14 @@ import pathlib
 import subprocess
 import sys
 
+from xla_test_flags import xla_flags
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_gpu_check_dry_run_prints_every_check():
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT / "src"))
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags(1)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry",
                            "--budget", "600"],
                           capture_output=True, text=True, env=env, timeout=900)

@@ -11,11 +11,12 @@ import pytest
 from ditax.attention import registry
 from ditax.cli.config import render
 from ditax.demo import model_path
+from xla_test_flags import xla_flags
 
 
 def _ditax(*argv):
     env = dict(os.environ, JAX_PLATFORMS="cpu", DITAX_CACHE_DIR="none",
-               XLA_FLAGS="--xla_force_host_platform_device_count=1")
+               XLA_FLAGS=xla_flags(1))
     env.pop("PYTEST_CURRENT_TEST", None)
     return subprocess.run([sys.executable, "-m", "ditax.cli", *map(str, argv)], env=env,
                           capture_output=True, text=True, timeout=240)

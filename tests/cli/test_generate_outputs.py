@@ -21,6 +21,7 @@ import pytest
 
 import ditax
 from ditax.cli import main
+from xla_test_flags import xla_flags
 
 DEMO = pathlib.Path(ditax.__file__).parent / "assets" / "demo_model"
 pytestmark = pytest.mark.skipif(not (DEMO / "model_index.json").is_file(),
@@ -30,7 +31,7 @@ LONG = " ".join(["a red circle moves right and a blue square moves up"] * 3)
 
 def _env():
     env = dict(os.environ, JAX_PLATFORMS="cpu", DITAX_CACHE_DIR="none",
-               XLA_FLAGS="--xla_force_host_platform_device_count=1")
+               XLA_FLAGS=xla_flags(1))
     env.pop("PYTEST_CURRENT_TEST", None)
     return env
 

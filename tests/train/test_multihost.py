@@ -12,6 +12,7 @@ import pytest
 
 from ditax.train.loop import train
 from latent_datasets import run_cfg, write_dataset
+from xla_test_flags import xla_flags
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -26,8 +27,7 @@ def test_two_processes_match_one(tmp_path):
     ds = write_dataset(tmp_path / "ds", n=16, seed=7)
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4 "
-                         "--xla_backend_optimization_level=0")
+               XLA_FLAGS=xla_flags(4) + " --xla_backend_optimization_level=0")
     out = tmp_path / "mh"
     procs = []
     for pid in range(2):

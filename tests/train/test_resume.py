@@ -26,13 +26,14 @@ from ditax.train.checkpoint import CheckpointError, Checkpointer
 from ditax.train.metrics import MetricsWriter
 from ditax.train.resume import ResumeMismatch, check_output_dir
 from ditax.errors import ConfigError
+from xla_test_flags import xla_flags
 
 LONG = 100_000          # "run for a long time": every stage below is stopped by hand
 
 
 def _env(cache):
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONUNBUFFERED="1")
+               XLA_FLAGS=xla_flags(8), PYTHONUNBUFFERED="1")
     env.pop("DITAX_CACHE_DIR", None)
     return env
 
