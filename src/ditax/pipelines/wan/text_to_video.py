@@ -24,6 +24,9 @@ compilation cache (:mod:`ditax.compile_cache`; ``pipe.compile_cache``, default `
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -42,6 +45,20 @@ from ditax.pipelines.wan.inputs import wan_inputs
 # the pipeline
 
 VACE_ARGS = ("mask", "reference_images", "conditioning_scale")
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestPlan:
+    """What a request adds to the text-to-video loop (:meth:`WanTextToVideo.plan_request`, the
+    hook subclasses such as VACE override): ``condition()`` builds the step's condition in the
+    ``phase`` of the timing line; ``extra_frames`` video frames' worth of latents come before
+    the output's (VACE's reference images; dropped by the pipeline's ``finalize``); ``note``
+    ends the size line."""
+
+    condition: Callable[[], object]
+    phase: str = "condition"
+    extra_frames: int = 0
+    note: str = ""
 
 
 def refuse_extra(pipe, extra: dict) -> None:
@@ -137,6 +154,16 @@ class WanTextToVideo:
         video-to-video pipeline's start step and source); none for text-to-video."""
         return {}
 
+    def plan_request(self, height: int, width: int, num_frames: int, image, last_image,
+                     extra: dict) -> RequestPlan:
+        """The request's :class:`RequestPlan` once sizes are known (checks here run before any
+        encoding): the image condition of :meth:`condition`; keywords the call does not take
+        (``extra``) refused by :func:`refuse_extra`."""
+        refuse_extra(self, extra)
+        return RequestPlan(
+            condition=lambda: self.condition(image, last_image, height, width, num_frames),
+            phase="condition" if image is None and last_image is None else "image")
+
     @in_compile_cache
     def __call__(self, prompt, negative_prompt=None, height: int | None = None,
                  width: int | None = None, num_frames: int | None = None,
@@ -172,10 +199,9 @@ class WanTextToVideo:
         Sizes, steps, guidance and the negative prompt left at None come from the folder's
         ``ditax_sample.json`` (``self.sample_defaults``), else Wan's (480x832, 81 frames, 50
         steps, guidance 5.0). ``seed``: an int in [0, 2**32) (``jax.random.PRNGKey``).
-        Any other keyword (VACE's ``mask`` / ``reference_images`` / ``conditioning_scale``) is
-        a :class:`RequestError` naming it.
+        Any other keyword goes to :meth:`plan_request` (VACE's control inputs; here a
+        :class:`RequestError` naming it).
         """
-        refuse_extra(self, extra)
         # what neither the caller nor the folder's ditax_sample.json gives: Wan's defaults
         d = {**SAMPLE_DEFAULTS, **self.sample_defaults}
         height = d["height"] if height is None else height
@@ -193,19 +219,21 @@ class WanTextToVideo:
         check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                       guidance_scale_2, negative_prompt, spatial=sf,
                       temporal=self.vae.scale_factor_temporal, seed=seed)
-        tc = self.transformer.config
-        check_grid(height, width, num_frames, tc.rope_max_seq_len, sf,
-                   self.vae.scale_factor_temporal, tc.patch_size[0])
         if guidance_scale_2 is not None and self.boundary_ratio is None:
             raise RequestError("guidance_scale_2 applies only to two-expert (Wan 2.2) pipelines "
                              "with boundary_ratio set; this folder has none — drop it")
-        shape = self.latent_shape(height, width, num_frames)
+        plan = self.plan_request(height, width, num_frames, image, last_image, extra)
+        tc, tf = self.transformer.config, self.vae.scale_factor_temporal
+        check_grid(height, width, num_frames + plan.extra_frames, tc.rope_max_seq_len, sf, tf,
+                   tc.patch_size[0])
+        shape = self.latent_shape(height, width, num_frames + plan.extra_frames)
+        out_shape = self.latent_shape(height, width, num_frames)
         experts = [Expert(tr._gdef, tr._state, tr.config)
                    for tr in (self.transformer, self.transformer_2) if tr is not None]
         sharding = None if self.mesh is None else NamedSharding(self.mesh, P())
 
         out = sample(
-            programs=self.programs, experts=experts, inputs=wan_inputs,
+            programs=self.programs, experts=experts, inputs=self.model_inputs,
             scheduler=self.scheduler, latent_shape=shape, mesh=self.mesh,
             cfg_mode=self.cfg_mode, num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale, guidance_scale_2=guidance_scale_2,
@@ -213,18 +241,18 @@ class WanTextToVideo:
                       else self.boundary_ratio * self.scheduler.num_train_timesteps),
             text=lambda use_cfg: self.encode_text(prompt, negative_prompt, use_cfg,
                                                   max_sequence_length),
-            condition=lambda: self.condition(image, last_image, height, width, num_frames),
-            condition_phase="condition" if image is None and last_image is None else "image",
-            finalize=final_latents, latents=latents, seed=seed, sigmas=sigmas,
+            condition=plan.condition, condition_phase=plan.phase,
+            finalize=self.finalize, latents=latents, seed=seed, sigmas=sigmas,
             cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
             cache_coefficients=cache_coefficients, progress=progress,
-            size=f"for {num_frames} frames at {height}x{width}",
+            size=f"for {num_frames} frames at {height}x{width}{plan.note}",
             decode=None if output == "latent" else self.decode_video,
             prepare_decode=lambda: None if self.vae_tiling else self.programs.decode(
-                self.vae, shape, sharding), **self.sample_options(num_inference_steps))
+                self.vae, out_shape, sharding), **self.sample_options(num_inference_steps))
         self.last_stats = out.stats
         self.timings = Timings(load=self.load_time, **out.timings)
         return out.output
 
 
-__all__ = ["PipelineLoadError", "Timings", "WanTextToVideo", "check_request", "refuse_extra"]
+__all__ = ["PipelineLoadError", "RequestPlan", "Timings", "WanTextToVideo", "check_request",
+           "refuse_extra"]

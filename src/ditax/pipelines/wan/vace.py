@@ -12,15 +12,10 @@ they are dropped before decoding.
 
 from __future__ import annotations
 
-from jax.sharding import NamedSharding, PartitionSpec as P
-
 from ditax.errors import RequestError
-from ditax.pipelines.programs import in_compile_cache
-from ditax.pipelines.sampling import Expert, Timings, sample
-from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
 from ditax.pipelines.wan.folder import PipelineLoadError
-from ditax.pipelines.wan.request import check_grid, check_max_sequence_length, check_request
-from ditax.pipelines.wan.text_to_video import WanTextToVideo
+from ditax.pipelines.wan.text_to_video import (VACE_ARGS, RequestPlan, WanTextToVideo,
+                                               refuse_extra)
 from ditax.pipelines.wan.vace_inputs import (VaceCondition, conditioning_scales, control_context,
                                              mask_frames, reference_frames, vace_final,
                                              vace_inputs, video_frames)
@@ -69,16 +64,28 @@ class WanVace(WanTextToVideo):
                                                                    len(tc.vace_layers))),
                              references=len(refs))
 
-    @in_compile_cache
+    def plan_request(self, height, width, num_frames, image, last_image, extra) -> RequestPlan:
+        """The control inputs checked (before any encoding) and planned: their context built
+        in the condition phase, one latent frame per reference image before the video's."""
+        if image is not None or last_image is not None:
+            raise RequestError("image= / last_image= are for image-to-video folders; a VACE "
+                               "folder takes the frames as video= with a mask= (black = keep) "
+                               "or as reference_images=")
+        control = {k: extra.pop(k) for k in ("video", *VACE_ARGS)}
+        refuse_extra(self, extra)
+        video, mask, refs, scale = (control[k] for k in ("video", *VACE_ARGS))
+        n_ref = len(reference_frames(refs, height, width, self.vae.scale_factor_spatial))
+        video_frames(video, num_frames, height, width)
+        mask_frames(mask, num_frames, height, width, video)
+        conditioning_scales(scale, len(self.transformer.config.vace_layers))
+        return RequestPlan(
+            condition=lambda: self.vace_condition(video, mask, refs, scale, height, width,
+                                                  num_frames),
+            phase="image", extra_frames=n_ref * self.vae.scale_factor_temporal,
+            note=f" with {n_ref} reference images")
+
     def __call__(self, prompt, negative_prompt=None, video=None, mask=None,
-                 reference_images=None, conditioning_scale=1.0, height: int | None = None,
-                 width: int | None = None, num_frames: int | None = None,
-                 num_inference_steps: int | None = None, guidance_scale: float | None = None,
-                 guidance_scale_2: float | None = None, seed: int = 0, latents=None,
-                 progress: bool = True, output: str = "video", sigmas=None,
-                 cache: str | None = None, cache_threshold: float | None = None,
-                 cfg_cache: bool = False, cache_coefficients=None,
-                 max_sequence_length: int | None = None, image=None, last_image=None):
+                 reference_images=None, conditioning_scale=1.0, **kw):
         """Generate one video (float32 ``[F, H, W, 3]`` in [0, 1]; ``output="latent"``: the
         denoised latents without the reference frames).
 
@@ -86,67 +93,13 @@ class WanVace(WanTextToVideo):
         the same frames, white = generate, black = keep; ``reference_images``: one image or a
         list, each a latent frame before the video; ``conditioning_scale``: the hints' scale,
         one number or one per VACE layer. ``latents`` ``[1, z, n + F', Y, X]`` (n = reference
-        images) replace the initial noise. The other arguments are the text-to-video call's.
+        images) replace the initial noise. Every other argument (keywords) is the
+        text-to-video call's (:meth:`WanTextToVideo.__call__`; the same loop and checks,
+        :meth:`plan_request` adds the control inputs).
         """
-        if image is not None or last_image is not None:
-            raise RequestError("image= / last_image= are for image-to-video folders; a VACE "
-                               "folder takes the frames as video= with a mask= (black = keep) "
-                               "or as reference_images=")
-        d = {**SAMPLE_DEFAULTS, **self.sample_defaults}
-        height = d["height"] if height is None else height
-        width = d["width"] if width is None else width
-        num_frames = d["num_frames"] if num_frames is None else num_frames
-        num_inference_steps = (d["num_inference_steps"] if num_inference_steps is None
-                               else num_inference_steps)
-        guidance_scale = d["guidance_scale"] if guidance_scale is None else guidance_scale
-        if guidance_scale_2 is None:
-            guidance_scale_2 = d.get("guidance_scale_2")
-        if negative_prompt is None:
-            negative_prompt = d.get("negative_prompt")
-        check_max_sequence_length(max_sequence_length, RequestError)
-        tf = self.vae.scale_factor_temporal
-        sf = self.vae.scale_factor_spatial * self.transformer.config.patch_size[1]
-        check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
-                      guidance_scale_2, negative_prompt, spatial=sf, temporal=tf, seed=seed)
-        if guidance_scale_2 is not None and self.boundary_ratio is None:
-            raise RequestError("guidance_scale_2 applies only to two-expert (Wan 2.2) pipelines "
-                               "with boundary_ratio set; this folder has none — drop it")
-        # checked here, before any encoding; encoded in the condition phase
-        n_ref = len(reference_frames(reference_images, height, width,
-                                     self.vae.scale_factor_spatial))
-        video_frames(video, num_frames, height, width)
-        mask_frames(mask, num_frames, height, width, video)
-        tc = self.transformer.config
-        conditioning_scales(conditioning_scale, len(tc.vace_layers))
-        check_grid(height, width, num_frames + n_ref * tf, tc.rope_max_seq_len, sf, tf,
-                   tc.patch_size[0])
-        shape = self.latent_shape(height, width, num_frames + n_ref * tf)
-        out_shape = self.latent_shape(height, width, num_frames)
-        experts = [Expert(tr._gdef, tr._state, tr.config)
-                   for tr in (self.transformer, self.transformer_2) if tr is not None]
-        sharding = None if self.mesh is None else NamedSharding(self.mesh, P())
-        out = sample(
-            programs=self.programs, experts=experts, inputs=vace_inputs,
-            scheduler=self.scheduler, latent_shape=shape, mesh=self.mesh,
-            cfg_mode=self.cfg_mode, num_inference_steps=num_inference_steps,
-            guidance_scale=guidance_scale, guidance_scale_2=guidance_scale_2,
-            boundary=(None if self.boundary_ratio is None
-                      else self.boundary_ratio * self.scheduler.num_train_timesteps),
-            text=lambda use_cfg: self.encode_text(prompt, negative_prompt, use_cfg,
-                                                  max_sequence_length),
-            condition=lambda: self.vace_condition(video, mask, reference_images,
-                                                  conditioning_scale, height, width,
-                                                  num_frames),
-            condition_phase="image", finalize=vace_final, latents=latents, seed=seed,
-            sigmas=sigmas, cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
-            cache_coefficients=cache_coefficients, progress=progress,
-            size=f"for {num_frames} frames at {height}x{width} with {n_ref} reference images",
-            decode=None if output == "latent" else self.decode_video,
-            prepare_decode=lambda: None if self.vae_tiling else self.programs.decode(
-                self.vae, out_shape, sharding))
-        self.last_stats = out.stats
-        self.timings = Timings(load=self.load_time, **out.timings)
-        return out.output
+        return super().__call__(prompt, negative_prompt, video=video, mask=mask,
+                                reference_images=reference_images,
+                                conditioning_scale=conditioning_scale, **kw)
 
 
 __all__ = ["VACE_PIPELINE", "WanVace", "check_vace_fit"]
