@@ -153,3 +153,37 @@ def test_strict_keys_and_bad_inputs(vace, tmp_path):
         tr(lat, t, text)
     with pytest.raises(ValueError, match=r"control_hidden_states_scale must be \[2\]"):
         tr(lat, t, text, control_hidden_states=ctrl, control_hidden_states_scale=np.ones(3))
+
+
+def test_lora_on_vace_blocks_merges_as_diffusers(vace, tmp_path):
+    """A diffusers / PEFT LoRA on the VACE blocks (``vace_blocks.N.*``: attention, FFN, block
+    0's proj_in, proj_out) and a main block loads merged; every updated weight equals the one
+    diffusers' loader fuses (weights only: no forward to compile)."""
+    import copy
+
+    from lora_reference import load_into_diffusers, random_lora, write_peft
+
+    m, folder = vace
+    lora = random_lora(m, ["vace_blocks.0.proj_in", "vace_blocks.1.proj_out",
+                           "vace_blocks.1.attn1.to_q", "vace_blocks.0.ffn.net.2",
+                           "blocks.1.attn2.to_v"], rank=2, alpha=1.0)
+    path = write_peft(tmp_path / "vace_lora.safetensors", lora)
+    mod = ditax.load_transformer(folder, loras=[str(path)]).module
+    ref = copy.deepcopy(m)
+    load_into_diffusers(ref, path, "vace")
+    ref.fuse_lora()
+    want = {k.replace(".base_layer", ""): v.detach().numpy()
+            for k, v in ref.state_dict().items()}
+    got = {"vace_blocks.0.proj_in": mod.vace_proj_in.kernel[...],
+           "vace_blocks.1.proj_out": mod.vace_blocks.proj_out.kernel[1],
+           "vace_blocks.1.attn1.to_q": mod.vace_blocks.attn1.to_q.kernel[1],
+           "vace_blocks.0.ffn.net.2": mod.vace_blocks.ffn.proj_out.kernel[0],
+           "blocks.1.attn2.to_v": mod.blocks.attn2.to_v.kernel[1]}
+    base = dict(m.named_parameters())
+    for name, k in got.items():
+        w, k = want[name + ".weight"], np.asarray(k)
+        if k.ndim == 3:   # attention kernels are head-major [heads, in, head_dim]
+            k = k.transpose(1, 0, 2).reshape(k.shape[1], -1)
+        assert rel_err(k.T, w) <= 1e-6, name
+        assert rel_err(w, base[name + ".weight"].detach().numpy()) > 1e-2, name  # it changed
+

@@ -4,10 +4,13 @@ Module names are the diffusers ``WanTransformer3DModel`` names of :mod:`.convert
 original names (Wan / ComfyUI, musubi-tuner) map to them through :mod:`.original_names`.
 The fine-tuning target groups (``lora.targets``) are patterns over our module paths: the
 stacked blocks' ``attn1`` (self-attention), ``attn2`` (cross-attention, image K/V included)
-and ``ffn`` Linear layers.
+and ``ffn`` Linear layers. A VACE transformer's LoRA names its VACE blocks
+``vace_blocks.N.…`` (diffusers / PEFT naming only; original Wan names for them are not read).
 """
 
 from __future__ import annotations
+
+import re
 
 from ditax.lora.names import LoraNames
 from ditax.models.wan.original_names import NAME_MAP, to_diffusers, to_original
@@ -17,8 +20,18 @@ TARGETS = {"attn": (_SELF, _CROSS), "self_attn": (_SELF,), "cross_attn": (_CROSS
            "ffn": (_FFN,)}
 
 
+#: the VACE transformer's blocks (``WanVACETransformer3DModel.vace_blocks``): a Wan block's
+#: modules, plus block 0's ``proj_in`` and every block's ``proj_out``
+_VACE_BLOCK = re.compile(r"vace_(blocks\.\d+\..+)")
+_VACE_PROJ = re.compile(r"blocks\.\d+\.proj_(in|out)")
+
+
 def is_module(name: str) -> bool:
-    """Whether ``name`` is a diffusers module (or bare parameter) name of the Wan transformer."""
+    """Whether ``name`` is a diffusers module (or bare parameter) name of the Wan transformer
+    (the VACE transformer's ``vace_blocks.N.*`` included)."""
+    vace = _VACE_BLOCK.fullmatch(name)
+    if vace is not None:
+        return _VACE_PROJ.fullmatch(vace[1]) is not None or is_module(vace[1])
     return NAME_MAP.diffusers_pattern().fullmatch(name) is not None
 
 
