@@ -187,3 +187,20 @@ def test_lora_on_vace_blocks_merges_as_diffusers(vace, tmp_path):
         assert rel_err(k.T, w) <= 1e-6, name
         assert rel_err(w, base[name + ".weight"].detach().numpy()) > 1e-2, name  # it changed
 
+
+def test_convert_checks_a_vace_folder(vace, tmp_path, capsys):
+    """``ditax convert FOLDER`` reads a VACE folder as VACE (its ``_class_name``): its VACE keys
+    are expected (OK); a VACE block missing from the weights is named (exit 2)."""
+    from ditax.cli import main as cli_main
+
+    _, folder = vace
+    assert cli_main(["convert", str(folder)]) == 0
+    assert "OK — 3 layers, D=32, 4 heads x 8" in capsys.readouterr().out
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for p in folder.iterdir():
+        (bad / p.name).write_bytes(p.read_bytes())
+    cfg = json.loads((folder / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "vace_layers": [0, 1, 2]}))
+    assert cli_main(["convert", str(bad)]) == 2
+    assert "vace_blocks.2." in capsys.readouterr().err

@@ -2,7 +2,8 @@
 
 Reads ``config.json`` and the safetensors headers only: every expected key is present, none is
 unexpected, and every tensor has the shape the model built from that config expects (after the
-table's transform). What ``ditax convert`` reports before a long load is attempted.
+table's transform). What ``ditax convert`` reports before a long load is attempted. The
+architecture is the config's ``_class_name`` (Wan, VACE or Animate), as when loading.
 """
 
 from __future__ import annotations
@@ -39,16 +40,24 @@ def check_folder(path, subfolder: str = "transformer") -> FolderSummary:
     from ditax.io.convert import check_weights, param_shapes
     from ditax.io.hub import resolve_folder
     from ditax.io.weights import Weights
-    from ditax.models.wan import convert
-    from ditax.models.wan.build import abstract_model
+    from ditax.models.wan import animate, animate_convert, build, convert, vace, vace_convert
     from ditax.models.wan.config import WanConfig
     from ditax.models.wan.loading import read_config
 
     folder = resolve_folder(path, subfolder)
-    cfg = WanConfig.from_diffusers(read_config(folder))
+    raw = read_config(folder)
+    # by _class_name, as load_transformer: (config class, its table and builder, its check)
+    config_cls, tables, builder, check = {
+        vace.VACE_CLASS: (vace.WanVaceConfig, vace_convert, vace_convert, vace.check_vace),
+        animate.ANIMATE_CLASS: (animate.WanAnimateConfig, animate_convert, animate_convert,
+                                animate.check_animate),
+    }.get(raw.get("_class_name"), (WanConfig, convert, build, None))
+    cfg = config_cls.from_diffusers(raw)
+    if check is not None:
+        check(cfg)
     weights = Weights.open(folder)
-    shapes = param_shapes(nnx.state(abstract_model(cfg)))
-    check_weights(convert.config_weight_table(cfg), weights, shapes)
+    shapes = param_shapes(nnx.state(builder.abstract_model(cfg)))
+    check_weights(tables.config_weight_table(cfg), weights, shapes)
     return FolderSummary(folder, cfg.num_layers, cfg.inner_dim, cfg.num_attention_heads,
                          cfg.attention_head_dim, sum(math.prod(s) for s in shapes.values()),
                          len(weights))
