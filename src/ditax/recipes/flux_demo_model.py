@@ -93,7 +93,7 @@ _SAMPLE = dict(height=64, width=64, num_inference_steps=20, guidance_scale=3.5,
 FULL = Sizes(images=2800, vae_eval_images=40, size=64, vae=_VAE, vae_steps=1800, vae_batch=8,
              vae_crop=32, vae_focus=0.8, vae_lr=2e-3,
              transformer=_transformer(4, 32, 2, 1, (8, 12, 12)),
-             transformer_steps=2000, transformer_batch=16, transformer_lr=7e-4,
+             transformer_steps=4000, transformer_batch=16, transformer_lr=7e-4,
              flow_shift=3.0, transformer_dtype="bfloat16", text_dropout=0.1, clip=_CLIP,
              t5=_T5, text_len=8, sample=_SAMPLE, score_seeds=(0, 1, 2), checkpoint_every=500)
 SMOKE = dataclasses.replace(
