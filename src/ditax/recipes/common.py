@@ -98,6 +98,20 @@ class StagedRecipe:
         return self.record
 
 
+def transformer_summary(folder, title: str) -> dict:
+    """``folder/loss.png`` from ``folder/metrics.jsonl`` and the stage's record: the first,
+    last and mean of the last 10 logged losses (every ``log_every`` steps, so a resumed or
+    finished run reports too)."""
+    from ditax.train.plots import loss_curve, read_metrics
+
+    metrics = pathlib.Path(folder) / "metrics.jsonl"
+    loss_curve(metrics, pathlib.Path(folder) / "loss.png", title=title, keys=("loss",),
+               smooth=10)
+    losses = [r["loss"] for r in read_metrics(metrics) if "loss" in r]
+    return {"first_loss": losses[0], "last_loss": losses[-1],
+            "mean_last_10_logged": sum(losses[-10:]) / len(losses[-10:])}
+
+
 def recipe_main(argv, recipe: type[StagedRecipe], sizes: dict, *, prog: str, description: str,
                 default_out: str) -> int:
     """The command line of a recipe module (``python -m ditax.recipes.NAME``): ``--out``,
@@ -127,4 +141,4 @@ def recipe_main(argv, recipe: type[StagedRecipe], sizes: dict, *, prog: str, des
 
 
 __all__ = ["MANIFEST", "StagedRecipe", "check_manifest", "recipe_main", "sha256",
-           "write_manifest"]
+           "transformer_summary", "write_manifest"]

@@ -28,7 +28,8 @@ import shutil
 from dataclasses import dataclass
 
 from ditax.recipes.common import (MANIFEST, StagedRecipe, check_manifest,  # noqa: F401
-                                  recipe_main, sha256, write_manifest)
+                                  recipe_main, sha256, transformer_summary,
+                                  write_manifest)
 
 SCHEDULER = {"_class_name": "UniPCMultistepScheduler", "num_train_timesteps": 1000,
              "prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0,
@@ -252,16 +253,9 @@ class Recipe(StagedRecipe):
             f"flow.timestep_sampler={s.timestep_sampler}", f"flow.shift={s.flow_shift}",
             f"model.remat={s.transformer_remat}"])
         res = train(cfg, progress=self.progress, say=self.say)
-        from ditax.train.plots import loss_curve, read_metrics
-
-        metrics = self.out / "transformer" / "metrics.jsonl"
-        loss_curve(metrics, self.out / "transformer" / "loss.png",
-                   title="transformer training (flow matching)", keys=("loss",), smooth=10)
         self._transformer_params = res.state["params"]
-        # the logged losses (every log_every steps), so a resumed or finished run reports too
-        losses = [r["loss"] for r in read_metrics(metrics) if "loss" in r]
-        return {"first_loss": losses[0], "last_loss": losses[-1],
-                "mean_last_10_logged": sum(losses[-10:]) / len(losses[-10:])}
+        return transformer_summary(self.out / "transformer",
+                                   "transformer training (flow matching)")
 
     def assemble(self):
         from ditax.demo import sample_defaults, write_sample_defaults

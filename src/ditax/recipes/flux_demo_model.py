@@ -31,7 +31,7 @@ import json
 import shutil
 from dataclasses import dataclass
 
-from ditax.recipes.common import StagedRecipe, recipe_main, write_manifest
+from ditax.recipes.common import StagedRecipe, recipe_main, transformer_summary, write_manifest
 from ditax.recipes.flux_parts import write_encoders, write_pipeline_files, write_transformer
 
 STAGES = ("data", "vae", "text", "latents", "transformer", "assemble", "score")
@@ -165,7 +165,6 @@ class Recipe(StagedRecipe):
     def transformer(self):
         from ditax.config import load_config
         from ditax.train.loop import train
-        from ditax.train.plots import loss_curve, read_metrics
 
         s = self.sizes
         model = {f"model.{k}": json.dumps(v) if isinstance(v, list) else v
@@ -183,13 +182,9 @@ class Recipe(StagedRecipe):
             "flow.timestep_sampler=uniform", "flow.dynamic_shift=false",
             f"flow.shift={s.flow_shift}"])
         res = train(cfg, progress=self.progress, say=self.say)
-        metrics = self.out / "transformer" / "metrics.jsonl"
-        loss_curve(metrics, self.out / "transformer" / "loss.png",
-                   title="Flux transformer training (flow matching)", keys=("loss",), smooth=10)
         self._transformer_params = res.state["params"]
-        losses = [r["loss"] for r in read_metrics(metrics) if "loss" in r]
-        return {"first_loss": losses[0], "last_loss": losses[-1],
-                "mean_last_10_logged": sum(losses[-10:]) / len(losses[-10:])}
+        return transformer_summary(self.out / "transformer",
+                                   "Flux transformer training (flow matching)")
 
     def assemble(self):
         f = self.folder

@@ -182,5 +182,5 @@ def score_folder(folder, sample: dict, seeds=(0, 1, 2), prompts=None, pipe=None)
 
 
 __all__ = ["SCHEDULER", "MODEL_INDEX", "corpus", "write_clip_tokenizer", "write_clip_text",
-           "write_t5", "write_t5_tokenizer", "write_encoders", "write_pipeline_files", "write_transformer",
-           "score_folder"]
+           "write_t5", "write_t5_tokenizer", "write_encoders", "write_pipeline_files",
+           "write_transformer", "score_folder"]

@@ -383,4 +383,5 @@ def train_vae(cfg, trainer_class: type[VAETrainer], *, devices=None, progress: b
 
 
 __all__ = ["VAETrainer", "VAETrainResult", "ClipBank", "ClipError", "VAE_RESUME_POLICY",
-           "check_devices", "init_replicated", "list_videos", "psnr", "reconstruction_losses", "train_vae"]
+           "check_devices", "init_replicated", "list_videos", "psnr", "reconstruction_losses",
+           "train_vae"]
