@@ -29,8 +29,8 @@ from flax import nnx
 from ditax.errors import ConfigError
 from ditax.models.wan.animate_encoders import (FaceAdapter, FaceEncoder, MotionEncoder,
                                                face_frames_out)
-from ditax.models.wan.config import DIFFUSERS_FIELDS, WanConfig
-from ditax.models.wan.transformer import WanTransformer
+from ditax.models.wan.config import WanConfig
+from ditax.models.wan.transformer import WanTransformer, patch_embedding
 from ditax.nn.stack import make_stack
 
 ANIMATE_CLASS = "WanAnimateTransformer3DModel"
@@ -121,15 +121,10 @@ class WanAnimateTransformer(WanTransformer):
 
     def __init__(self, cfg: WanAnimateConfig, attention=None, mesh=None, *, rngs: nnx.Rngs):
         super().__init__(cfg, attention, mesh, rngs=rngs)
-        d = cfg.inner_dim
-        pt, ph, pw = cfg.patch_size
         pd = jnp.dtype(cfg.param_dtype)
         kw = dict(dtype=cfg.dtype, param_dtype=pd, rngs=rngs)
-        fan_in = cfg.latent_channels * pt * ph * pw
-        self.pose_patch_embedding_kernel = nnx.Param(
-            jax.random.normal(rngs.params(), (pt, ph, pw, cfg.latent_channels, d), pd)
-            / fan_in ** 0.5)
-        self.pose_patch_embedding_bias = nnx.Param(jnp.zeros((d,), pd))
+        self.pose_patch_embedding_kernel, self.pose_patch_embedding_bias = patch_embedding(
+            cfg, cfg.latent_channels, rngs)
         self.motion_encoder = MotionEncoder(cfg, param_dtype=pd, rngs=rngs)
         self.face_encoder = FaceEncoder(cfg, **kw)
         self.face_adapter = make_stack(lambda r: FaceAdapter(cfg, dtype=cfg.dtype,

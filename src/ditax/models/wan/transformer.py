@@ -173,6 +173,18 @@ class WanBlock(nnx.Module):
         return sharding.constrain(x, ("act_batch", "act_seq", "act_embed"))
 
 
+
+def patch_embedding(cfg: WanConfig, channels: int, rngs: nnx.Rngs) -> tuple[nnx.Param, nnx.Param]:
+    """A patch embedding's kernel ``[pt, ph, pw, channels, D]`` (normal / sqrt(fan in)) and
+    bias ``[D]`` (zeros), in ``cfg.param_dtype``: the latents', VACE's control and Animate's
+    pose embeddings."""
+    pt, ph, pw = cfg.patch_size
+    d, pd = cfg.inner_dim, jnp.dtype(cfg.param_dtype)
+    fan_in = channels * pt * ph * pw
+    kernel = nnx.Param(jax.random.normal(rngs.params(), (pt, ph, pw, channels, d), pd)
+                       / fan_in ** 0.5)
+    return kernel, nnx.Param(jnp.zeros((d,), pd))
+
 class WanTransformer(DiT):
     """Wan text-to-video DiT. ``model(latents [B,C,F,Y,X], t [B], text [B,T,Dt]) → [B,C,F,Y,X]``.
 
@@ -194,11 +206,8 @@ class WanTransformer(DiT):
         pt, ph, pw = cfg.patch_size
         pd = jnp.dtype(cfg.param_dtype)
         kw = dict(dtype=cfg.dtype, param_dtype=pd, rngs=rngs)
-        fan_in = cfg.in_channels * pt * ph * pw
-        self.patch_embedding_kernel = nnx.Param(
-            jax.random.normal(rngs.params(), (pt, ph, pw, cfg.in_channels, d), pd)
-            / fan_in ** 0.5)
-        self.patch_embedding_bias = nnx.Param(jnp.zeros((d,), pd))
+        self.patch_embedding_kernel, self.patch_embedding_bias = patch_embedding(
+            cfg, cfg.in_channels, rngs)
         self.condition_embedder = ConditionEmbedder(
             d, cfg.freq_dim, cfg.text_dim, image_dim=cfg.image_dim,
             pos_embed_seq_len=cfg.pos_embed_seq_len, **kw)

@@ -28,7 +28,7 @@ from flax import nnx
 
 from ditax.errors import ConfigError
 from ditax.models.wan.config import DIFFUSERS_FIELDS, WanConfig
-from ditax.models.wan.transformer import WanBlock, WanTransformer
+from ditax.models.wan.transformer import WanBlock, WanTransformer, patch_embedding
 from ditax.nn import Linear
 from ditax.nn.stack import REMAT, make_stack, run_stack
 
@@ -105,13 +105,9 @@ class WanVaceTransformer(WanTransformer):
     def __init__(self, cfg: WanVaceConfig, attention=None, mesh=None, *, rngs: nnx.Rngs):
         super().__init__(cfg, attention, mesh, rngs=rngs)
         d = cfg.inner_dim
-        pt, ph, pw = cfg.patch_size
         pd = jnp.dtype(cfg.param_dtype)
-        fan_in = cfg.vace_in_channels * pt * ph * pw
-        self.vace_patch_embedding_kernel = nnx.Param(
-            jax.random.normal(rngs.params(), (pt, ph, pw, cfg.vace_in_channels, d), pd)
-            / fan_in ** 0.5)
-        self.vace_patch_embedding_bias = nnx.Param(jnp.zeros((d,), pd))
+        self.vace_patch_embedding_kernel, self.vace_patch_embedding_bias = patch_embedding(
+            cfg, cfg.vace_in_channels, rngs)
         self.vace_proj_in = Linear(d, d, dtype=cfg.dtype, param_dtype=pd, rngs=rngs)
         self.vace_blocks = make_stack(lambda r: VaceBlock(cfg, rngs=r), len(cfg.vace_layers),
                                       rngs)
