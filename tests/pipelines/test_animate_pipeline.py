@@ -49,7 +49,7 @@ def tiny(tmp_path_factory):
                              image_processor=proc, image_encoder=clip, transformer=tr.eval())
     ref.set_progress_bar_config(disable=True)
     ref.save_pretrained(tmp / "pipe")
-    return ref, ditax.load_pipeline(tmp / "pipe")
+    return ref, ditax.load_pipeline(tmp / "pipe"), tmp / "pipe"
 
 
 def _videos(n, seed=0):
@@ -75,7 +75,7 @@ def _diffusers(ref, shape, seed, noises, **kw):
 
 
 def test_animate_two_segments_and_replace_match_diffusers(tiny):
-    ref, pipe = tiny
+    ref, pipe, _ = tiny
     assert isinstance(pipe, WanAnimate)
     shape = (1, Z, 3, H // 8, W // 8)
     char = image(7, H, W)
@@ -119,7 +119,7 @@ def PIL_image(x):
     (dict(image=image(1, 48, 32)), "image is 32x48 but the video is 32x32"),
 ])
 def test_bad_requests(tiny, change, match):
-    _, pipe = tiny
+    _, pipe, _ = tiny
     pose, face = _videos(5)
     kw = dict(REQ, image=image(7, H, W), pose_video=pose, face_video=face, progress=False)
     kw.update(change)
@@ -127,13 +127,64 @@ def test_bad_requests(tiny, change, match):
         pipe(**kw)
 
 
-def test_cli_refuses_animate_folders(tmp_path, capsys):
-    """``ditax generate`` on an Animate folder says what to use, before any weights load."""
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """The character PNG and 5-frame pose (32x32) / face (16x16) mp4s the CLI reads."""
+    from ditax.io.video import write_mp4
+
+    tmp = tmp_path_factory.mktemp("animate_clips")
+    image(7, H, W).save(tmp / "ref.png")
+    pose, face = _videos(5)
+    for name, fr in (("pose", pose), ("face", face)):
+        write_mp4(tmp / f"{name}.mp4", np.stack([np.asarray(f, np.float32) / 255 for f in fr]))
+    return tmp
+
+
+def test_cli_animate_equals_the_python_call(tiny, clips, tmp_path, capsys):
+    """``ditax generate --image --pose-video --face-video`` writes the video the pipeline call
+    gives on the same (mp4-decoded) inputs and seed: the PNG frames to one grey level, the
+    mp4 within H.264's loss."""
+    from ditax.cli import main
+    from ditax.io.images import read_image
+    from ditax.io.video import read_video, to_uint8
+
+    _, pipe, folder = tiny
+    out, frames = tmp_path / "o.mp4", tmp_path / "frames"
+    rc = main(["generate", "--model", str(folder), "--prompt", REQ["prompt"], "--image",
+               str(clips / "ref.png"), "--pose-video", str(clips / "pose.mp4"), "--face-video",
+               str(clips / "face.mp4"), "--segment-frame-length", str(SEG),
+               "--prev-segment-frames", "1", "--steps", "2", "--seed", "2", "--no-progress",
+               "--output", str(out), "--frames-dir", str(frames)])
+    assert rc == 0, capsys.readouterr().err
+    want = to_uint8(pipe(image=read_image(clips / "ref.png"), seed=2, progress=False,
+                         pose_video=read_video(clips / "pose.mp4") / 255.0,
+                         face_video=read_video(clips / "face.mp4") / 255.0, **REQ))
+    import imageio.v2 as imageio
+
+    png = np.stack([imageio.imread(f) for f in sorted(frames.glob("frame_*.png"))])
+    assert png.shape == want.shape == (5, H, W, 3)
+    assert np.abs(png.astype(int) - want.astype(int)).max() <= 1
+    assert np.abs(read_video(out).astype(np.float32) - want).mean() < 6.0
+
+
+@pytest.mark.parametrize("index,extra,match", [
+    ("WanAnimatePipeline", [], "is a Wan Animate folder; it needs --pose-video"),
+    ("WanAnimatePipeline", ["--pose-video", "pose.mp4"], "it needs --face-video"),
+    ("WanPipeline", ["--pose-video", "pose.mp4"], "--pose-video is a Wan Animate input, but"),
+    ("WanPipeline", ["--segment-frame-length", "5"], "--segment-frame-length is a Wan Animate"),
+    ("WanAnimatePipeline", ["--pose-video", "pose.mp4", "--frames", "5"],
+     "--frames is not taken by Wan Animate"),
+])
+def test_cli_animate_refusals(clips, tmp_path, capsys, index, extra, match):
+    """The Animate flags' refusals, in one line (exit 2) before any weights load (the folder
+    has only its model_index.json)."""
     from ditax.cli import main
 
-    (tmp_path / "model_index.json").write_text('{"_class_name": "WanAnimatePipeline"}')
-    rc = main(["generate", "--model", str(tmp_path), "--prompt", "a cat",
+    (tmp_path / "model_index.json").write_text(f'{{"_class_name": "{index}"}}')
+    extra = [str(clips / a) if a.endswith(".mp4") else a for a in extra]
+    rc = main(["generate", "--model", str(tmp_path), "--prompt", "a cat", "--image",
+               str(clips / "ref.png"), *extra,
                "--output", str(tmp_path / "o.mp4")])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 2 and len(err) == 1, err
-    assert "is a Wan Animate folder; ditax generate does not drive it yet" in err[0], err
+    assert match in err[0], err

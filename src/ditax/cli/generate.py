@@ -11,7 +11,8 @@ pipeline's ``negative_prompt=`` / ``true_cfg_scale=``).
 
 Image-to-video folders (``WanImageToVideoPipeline``; ``expand_timesteps`` TI2V) take
 ``--image FIRST`` (required for I2V, optional for TI2V) and ``--last-image LAST``
-(first-last-frame models and Wan 2.2 I2V); a text-to-video folder refuses them.
+(first-last-frame models and Wan 2.2 I2V); a text-to-video folder refuses them. Wan 2.2
+Animate folders take ``--image REF --pose-video --face-video`` (:mod:`ditax.cli.animate_flags`).
 
     # a 4-step distillation LoRA on each Wan 2.2 expert, sampled as it was distilled
     ditax generate --model Wan-AI/Wan2.2-T2V-A14B-Diffusers --prompt "..." \
@@ -51,6 +52,7 @@ import pathlib
 import time
 
 from ditax.cli import request_errors
+from ditax.cli.animate_flags import ANIMATE_FLAGS, add_animate_arguments, read_animate
 from ditax.errors import ConfigError, RequestError
 
 
@@ -76,6 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "fitted on a white frame before the video")
     p.add_argument("--conditioning-scale", type=float, default=None, metavar="S",
                    help="VACE folders: scale of the control hints (1.0)")
+    add_animate_arguments(p)
     p.add_argument("--height", type=int, default=None, help="pixels, multiple of 16 (480)")
     p.add_argument("--width", type=int, default=None, help="pixels, multiple of 16 (832)")
     p.add_argument("--frames", type=int, default=None, help="4k+1 frames (81)")
@@ -179,6 +182,7 @@ def parse_request(args):
     call.update(read_images(args.image, args.last_image))
     call.update(read_control(args))
     call.update(read_source_video(args, call, req.pipelines.check_request))
+    call = read_animate(args, call, s)
     use_mesh = "mesh" in given
     validate(cfg, jax.device_count() if use_mesh else None)
     dtype = cfg.model.dtype
@@ -204,7 +208,8 @@ VIDEO_FLAGS = {"frames": "--frames", "image": "--image", "last_image": "--last-i
                "video": "--video", "strength": "--strength",
                "guidance_2": "--guidance-2", "frames_dir": "--frames-dir", "fps": "--fps",
                "lora_2": "--lora-2", "mask": "--mask", "reference_image": "--reference-image",
-               "conditioning_scale": "--conditioning-scale"}
+               "conditioning_scale": "--conditioning-scale",
+               **{k: "--" + k.replace("_", "-") for k in ANIMATE_FLAGS}}
 
 
 def image_request(args, req):

@@ -72,7 +72,9 @@ class WanPipelines(PipelineFamily):
                 resolve_folder(root, "vae") / "config.json", "VAE config"))
             patch = tuple(load.get("patch_size") or tc.get("patch_size", (1, 2, 2)))
             rope = load.get("rope_max_seq_len") or tc.get("rope_max_seq_len", 1024)
-            check_grid(call["height"], call["width"], call["num_frames"], rope,
+            frames = call.get("num_frames") or (    # Animate: a segment after the reference
+                call.get("segment_frame_length", 77) + vae.temporal_factor)
+            check_grid(call["height"], call["width"], frames, rope,
                        vae.spatial_factor * patch[1], vae.temporal_factor, patch[0])
         head_dim = load.get("attention_head_dim") or tc["attention_head_dim"]
         check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)
@@ -89,10 +91,8 @@ def check_images_fit(root, index: dict, call: dict) -> None:
     needs a two-expert folder (``boundary_ratio``)."""
     from ditax.models.wan.conditioning import folder_kind
 
-    if index.get("_class_name") == "WanAnimatePipeline":
-        raise RequestError(f"{root} is a Wan Animate folder; ditax generate does not drive it "
-                           f"yet (no --pose-video / --face-video flags) — use the Python API: "
-                           f"ditax.load_pipeline(folder)(image=, pose_video=, face_video=, ...)")
+    if check_animate_fits(root, index, call):
+        return
     kind = folder_kind(index)
     given = "image" in call
     check_control_fits(root, index, call)
@@ -111,6 +111,35 @@ def check_images_fit(root, index: dict, call: dict) -> None:
         raise RequestError(f"--guidance-2 is the low-noise expert's scale, but {root} is a "
                            f"one-expert folder (no boundary_ratio in model_index.json); drop "
                            f"--guidance-2 and set --guidance only")
+
+
+def check_animate_fits(root, index: dict, call: dict) -> bool:
+    """Whether the folder is Wan Animate (``WanAnimatePipeline``); there the call has
+    ``pose_video`` and ``face_video`` and no other folder's inputs, elsewhere no Animate input
+    (:class:`RequestError` in one line)."""
+    cls = index.get("_class_name")
+    animate = [k for k in ("pose_video", "face_video", "mode", "background_video", "mask_video",
+                           "segment_frame_length", "prev_segment_conditioning_frames")
+               if k in call]
+    flag = lambda k: "--" + k.replace("_conditioning", "").replace("_", "-")  # noqa: E731
+    if cls != "WanAnimatePipeline":
+        if animate:
+            raise RequestError(f"{flag(animate[0])} is a Wan Animate input, but {root} is a "
+                               f"{cls} folder; drop it or use an Animate model (a "
+                               f"WanAnimatePipeline folder, e.g. Wan-AI/Wan2.2-Animate-14B-"
+                               f"Diffusers)")
+        return False
+    for key in ("pose_video", "face_video", "image"):
+        if key not in call:
+            raise RequestError(f"{root} is a Wan Animate folder; it needs {flag(key)} "
+                               f"(--image REF.png --pose-video POSE.mp4 --face-video FACE.mp4)")
+    other = [k for k in ("last_image", "video", "strength", "mask", "reference_images",
+                         "conditioning_scale") if k in call]
+    if other:
+        raise RequestError(f"{flag(other[0]).replace('-images', '-image')} is not a Wan Animate "
+                           f"input ({root}); drop it (replace mode: --mode replace "
+                           f"--background-video BG.mp4 --mask-video MASK.mp4)")
+    return True
 
 
 def check_source_video_fits(root, index: dict, call: dict) -> None:
@@ -153,5 +182,5 @@ def check_control_fits(root, index: dict, call: dict) -> None:
     reference_frames(call.get("reference_images"), h, w, 8)
 
 
-__all__ = ["CALL_DEFAULTS", "WanPipelines", "check_control_fits", "check_images_fit",
+__all__ = ["CALL_DEFAULTS", "WanPipelines", "check_animate_fits", "check_control_fits", "check_images_fit",
            "check_source_video_fits"]
