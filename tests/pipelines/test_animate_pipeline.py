@@ -135,7 +135,11 @@ def clips(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("animate_clips")
     image(7, H, W).save(tmp / "ref.png")
     pose, face = _videos(5)
-    for name, fr in (("pose", pose), ("face", face)):
+    mask = np.zeros((5, H, W, 3), np.float32)
+    mask[:, 8:24, 8:20] = 1.0
+    bg = [image(50 + i, H, W) for i in range(5)]
+    write_mp4(tmp / "mask.mp4", mask)
+    for name, fr in (("pose", pose), ("face", face), ("bg", bg)):
         write_mp4(tmp / f"{name}.mp4", np.stack([np.asarray(f, np.float32) / 255 for f in fr]))
     return tmp
 
@@ -165,6 +169,24 @@ def test_cli_animate_equals_the_python_call(tiny, clips, tmp_path, capsys):
     assert png.shape == want.shape == (5, H, W, 3)
     assert np.abs(png.astype(int) - want.astype(int)).max() <= 1
     assert np.abs(read_video(out).astype(np.float32) - want).mean() < 6.0
+    # --mode replace: the background and mask videos reach the call as background_video= /
+    # mask_video= (the PNG frames, as above)
+    rc = main(["generate", "--model", str(folder), "--prompt", REQ["prompt"], "--image",
+               str(clips / "ref.png"), "--pose-video", str(clips / "pose.mp4"), "--face-video",
+               str(clips / "face.mp4"), "--mode", "replace", "--background-video",
+               str(clips / "bg.mp4"), "--mask-video", str(clips / "mask.mp4"),
+               "--segment-frame-length", str(SEG), "--steps", "2", "--seed", "4",
+               "--no-progress", "--output", str(tmp_path / "r.mp4"), "--frames-dir",
+               str(tmp_path / "r")])
+    assert rc == 0, capsys.readouterr().err
+    want_r = to_uint8(pipe(image=read_image(clips / "ref.png"), seed=4, progress=False,
+                           pose_video=read_video(clips / "pose.mp4") / 255.0,
+                           face_video=read_video(clips / "face.mp4") / 255.0, mode="replace",
+                           background_video=read_video(clips / "bg.mp4") / 255.0,
+                           mask_video=read_video(clips / "mask.mp4") / 255.0, **REQ))
+    png_r = np.stack([imageio.imread(f) for f in sorted((tmp_path / "r").glob("frame_*.png"))])
+    assert np.abs(png_r.astype(int) - want_r.astype(int)).max() <= 1
+    assert np.abs(want_r.astype(int) - want.astype(int)).max() > 2     # replace differs
 
 
 @pytest.mark.parametrize("index,extra,match", [
