@@ -132,6 +132,13 @@ class Row:
         return "{i}" in self.key
 
 
+def logical_axes(rows) -> dict[tuple[str, ...], tuple]:
+    """Our parameter path → logical axis names of each row (a stacked row's get a leading
+    ``"layers"``): what a model's sharding rules read."""
+    return {r.path: (("layers",) + tuple(r.axes)) if r.stacked else tuple(r.axes)
+            for r in rows}
+
+
 @dataclasses.dataclass(frozen=True)
 class Table:
     """A model's rows, the layer count of its stacked rows, and what to say in messages.

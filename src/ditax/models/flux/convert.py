@@ -10,7 +10,7 @@ sharded reads: :mod:`ditax.io.convert`) and the parameter PartitionSpecs
 
 from __future__ import annotations
 
-from ditax.io.convert import ID, TRANSPOSE, Row, Table
+from ditax.io.convert import ID, TRANSPOSE, Row, Table, logical_axes
 from ditax.models.flux.config import FluxConfig
 
 DOUBLE, SINGLE = "transformer_blocks", "single_transformer_blocks"
@@ -94,8 +94,7 @@ def weight_table(cfg: FluxConfig) -> Table:
 
 def param_axes(cfg: FluxConfig) -> dict[tuple[str, ...], tuple]:
     """Our parameter path → logical axis names (stacked blocks: a leading "layers")."""
-    return {r.path: (("layers",) + tuple(r.axes)) if r.stacked else tuple(r.axes)
-            for r in table(cfg)}
+    return logical_axes(table(cfg))
 
 
 __all__ = ["table", "weight_table", "param_axes"]

@@ -7,7 +7,8 @@ are one stack of ``num_layers / inject_face_latents_blocks`` layers.
 
 from __future__ import annotations
 
-from ditax.io.convert import CONV2D, CONV3D, ID, TRANSPOSE, Row, Table, Transform
+from ditax.io.convert import (CONV2D, CONV3D, ID, TRANSPOSE, Row, Table, Transform,
+                              logical_axes)
 from ditax.models import loaded
 from ditax.models.wan import convert
 from ditax.models.wan.animate import WanAnimateTransformer
@@ -89,8 +90,7 @@ def config_weight_table(cfg) -> Table:
 
 def config_param_axes(cfg) -> dict[tuple[str, ...], tuple]:
     """Our parameter path → logical axes (stacked rows get a leading "layers")."""
-    return {r.path: (("layers",) + tuple(r.axes)) if r.stacked else tuple(r.axes)
-            for r in table(cfg)}
+    return logical_axes(table(cfg))
 
 
 _BUILD = loaded.Builder(WanAnimateTransformer, config_param_axes)

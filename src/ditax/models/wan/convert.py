@@ -8,7 +8,7 @@ the parameter PartitionSpecs (:func:`param_axes`).
 
 from __future__ import annotations
 
-from ditax.io.convert import CONV3D, ID, TRANSPOSE, Row, Table, heads_out
+from ditax.io.convert import CONV3D, ID, TRANSPOSE, Row, Table, heads_out, logical_axes
 
 
 def _linear(path, key, axes_in, axes_out):
@@ -110,8 +110,7 @@ def weight_table(num_layers: int, cross_attn_norm: bool = True, image: bool = Fa
 def param_axes(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = False, *,
                head_dim: int) -> dict[tuple[str, ...], tuple]:
     """Our parameter path → logical axis names (the stacked blocks get a leading "layers")."""
-    return {r.path: (("layers",) + tuple(r.axes)) if r.stacked else tuple(r.axes)
-            for r in table(cross_attn_norm, image, pos_embed, head_dim=head_dim)}
+    return logical_axes(table(cross_attn_norm, image, pos_embed, head_dim=head_dim))
 
 
 def table_options(cfg) -> dict:

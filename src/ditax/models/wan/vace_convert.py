@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ditax.io.convert import CONV3D, ID, TRANSPOSE, Row, Table
+from ditax.io.convert import CONV3D, ID, TRANSPOSE, Row, Table, logical_axes
 from ditax.models import loaded
 from ditax.models.wan import convert
 from ditax.models.wan.vace import WanVaceTransformer
@@ -52,8 +52,7 @@ def config_weight_table(cfg) -> Table:
 
 def config_param_axes(cfg) -> dict[tuple[str, ...], tuple]:
     """Our parameter path → logical axes (stacked rows get a leading "layers")."""
-    return {r.path: (("layers",) + tuple(r.axes)) if r.stacked else tuple(r.axes)
-            for r in table(cfg)}
+    return logical_axes(table(cfg))
 
 
 _BUILD = loaded.Builder(WanVaceTransformer, config_param_axes)
