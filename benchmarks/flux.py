@@ -34,16 +34,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DITAX_CACHE_DIR", "none")   # a cold first call
 
+from pipeline import emit, phase_timer  # noqa: E402  (benchmarks/pipeline.py, this folder)
+
 GIB = 2 ** 30
 #: maxdiffusion's FLUX.1-dev train step at 1024², global batch 8, fsdp 4 on v5p-8, compiled
 #: deviceless the same way (issue 26: per chip per step)
 MAXDIFFUSION_V5P8 = dict(peak_gib=37.3, argument_gib=16.8, temp_gib=20.5, dot_tflop=590,
                          copy_gib=118, copy_ops=2340, all_gather_gib=46.9,
                          reduce_scatter_gib=22.1, roofline_s=1.29, published_step_s=1.769)
-
-
-def emit(**kw):
-    print(json.dumps(kw), flush=True)
 
 
 def _median_s(fn, repeats: int) -> float:
@@ -123,14 +121,7 @@ def bench_pipeline(args):
     d_load = time.perf_counter() - t0
     spent = {"text": 0.0, "decode": 0.0}
 
-    def timed(fn, name):
-        def wrap(*a, **k):
-            s = time.perf_counter()
-            out = fn(*a, **k)
-            spent[name] += time.perf_counter() - s
-            return out
-        return wrap
-
+    timed = phase_timer(spent)
     theirs_pipe.encode_prompt = timed(theirs_pipe.encode_prompt, "text")
     theirs_pipe.vae.decode = timed(theirs_pipe.vae.decode, "decode")
     with torch.no_grad():

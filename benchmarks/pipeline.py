@@ -35,6 +35,18 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
+def phase_timer(spent: dict):
+    """``timed(fn, name)``: ``fn`` wrapped so that its wall time adds to ``spent[name]`` (a
+    reference pipeline's phases: its text encoder, VAE decode, ... methods replaced by these)."""
+    def timed(fn, name):
+        def wrap(*a, **k):
+            s = time.perf_counter()
+            out = fn(*a, **k)
+            spent[name] += time.perf_counter() - s
+            return out
+        return wrap
+    return timed
+
 def bench_phases(folder, args, case="t2v", ref_cls="WanPipeline", image=None,
                  ref_image=None):
     """Per-phase seconds of ditax (cold, warm) vs diffusers' ``ref_cls`` loaded from the same
@@ -68,14 +80,7 @@ def bench_phases(folder, args, case="t2v", ref_cls="WanPipeline", image=None,
     d_load = time.perf_counter() - t0
     spent = {"text": 0.0, "decode": 0.0, "image": 0.0}
 
-    def timed(fn, name):
-        def wrap(*a, **k):
-            s = time.perf_counter()
-            out = fn(*a, **k)
-            spent[name] += time.perf_counter() - s
-            return out
-        return wrap
-
+    timed = phase_timer(spent)
     ref.encode_prompt = timed(ref.encode_prompt, "text")
     ref.vae.decode = timed(ref.vae.decode, "decode")
     if image is not None:   # the condition: CLIP (Wan 2.1) and the VAE encode in prepare_latents
