@@ -81,7 +81,7 @@ def test_sage_kernel_compiles_for_v6e_with_int8_mxu_matmul():
                                                        block_q=512, block_kv=512))
         hlo = fn.lower(x, x, x, m).compile().as_text()
     calls = [ln for ln in hlo.splitlines() if 'custom_call_target="tpu_custom_call"' in ln]
-    assert len(calls) == 1 and calls[0].count("s8[1,2,1024,128]") == 2
+    assert len(calls) == 1 and calls[0].count("s8[1,1,2,1024,128]") == 2
     matmuls = [ln for ln in modules[0].splitlines() if "tpu.matmul" in ln]
     assert any("vector<512x128xi8>, vector<512x128xi8>, vector<512x512xi32>" in ln
                for ln in matmuls), matmuls

@@ -50,40 +50,83 @@ NO_GRADIENT = ("attention backend 'sage' / 'sage_xla' has no gradient (8-bit for
                "inference); train with backend='flash', 'splash', 'blockwise' or 'xla'")
 
 
-def quantize_blocks(x, block: int):
-    """x ``[B, N, L, K]`` float32 → (int8 ``[B, N, n·block, K]`` zero-padded, float32 scales
-    ``[B, N, n]``): symmetric, one scale per block of ``block`` tokens and head (1 for an
-    all-zero block, so a valid key's scale is always > 0)."""
-    B, N, L, K = x.shape
-    n = ceil_div(L, block)
-    x = jnp.pad(x, ((0, 0), (0, 0), (0, n * block - L), (0, 0))).reshape(B, N, n, block, K)
-    amax = jnp.max(jnp.abs(x), axis=(3, 4))
-    scale = jnp.where(amax > 0, amax / QMAX, 1.0)
-    x8 = jnp.clip(jnp.round(x / scale[..., None, None]), -QMAX, QMAX).astype(jnp.int8)
-    return x8.reshape(B, N, n * block, K), scale
+def _blocked(x, n: int, block: int):
+    """``[U, B, N, l, K]`` → float32 ``[U, B, N, n, block, K]``, each shard zero-padded to
+    ``n`` whole blocks."""
+    U, B, N, l, K = x.shape
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, n * block - l), (0, 0)))
+    return x.reshape(U, B, N, n, block, K).astype(jnp.float32)
 
 
-def prepare(q, k, kv_mask, scale: float, bq: int, bkv: int):
-    """The quantization both backends share, head-major q ``[B, N, Lq, K]``, k
-    ``[B, N, Lk, K]``, kv_mask ``[B, Lk]`` bool or None.
+def _scale(amax):
+    """Symmetric int8 scale of a block from its max magnitude (1 for an all-zero block, so a
+    valid key's scale is always > 0)."""
+    return jnp.where(amax > 0, amax / QMAX, 1.0)
 
-    Returns ``(q8, k8, q_rows [B, N, Lq_p], k_rows [B, N, Lk_p], shift [B, N, Lq])``:
-    per-token dequantization factors (softmax scale folded into q's; 0 marks a masked or
-    padded key) and the smoothing shift of the scores, ``scale · q·μ``."""
-    B, N, Lk, K = k.shape
-    qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
-    keep = jnp.ones((B, Lk), bool) if kv_mask is None else kv_mask.astype(bool)
-    w = keep.astype(jnp.float32)[:, None, :, None]
-    mu = jnp.sum(kf * w, axis=2, keepdims=True) / jnp.maximum(jnp.sum(w, axis=2, keepdims=True),
-                                                              1.0)
-    q8, qs = quantize_blocks(qf, bq)
-    k8, ks = quantize_blocks((kf - mu) * w, bkv)
-    Lk_p = k8.shape[2]
-    keep_p = jnp.pad(keep, ((0, 0), (0, Lk_p - Lk)))
-    q_rows = jnp.repeat(qs * scale, bq, axis=-1)
-    k_rows = jnp.where(keep_p[:, None, :], jnp.repeat(ks, bkv, axis=-1), 0.0)
-    shift = scale * jnp.einsum("bnlk,bnk->bnl", qf, mu[:, :, 0])
-    return q8, k8, q_rows, k_rows, shift
+
+def _int8(x, scale):
+    return jnp.clip(jnp.round(x / scale), -QMAX, QMAX).astype(jnp.int8)
+
+
+def _block_extreme(k, keep, masked: bool, block: int, op, init):
+    """Per block of ``block`` tokens and channel, the max (``op=lax.max``, ``init=-inf``) or
+    min of the valid keys of k ``[U, B, N, l, K]`` (keep ``[U, B, 1, n, 1, block]``; only
+    read when ``masked``: otherwise every key of the ``l`` is valid) as a
+    strided ``reduce_window`` whose padding covers the partial last block: no padded copy of
+    K (a pad before a blocked reduction was written out by XLA TPU in float32)."""
+    l, n = k.shape[3], keep.shape[3]
+    x = k
+    if masked:      # (XLA TPU writes the selected K out for reduce_window: only with a mask)
+        valid = jnp.swapaxes(keep, -1, -2).reshape(keep.shape[:3] + (-1, 1))[:, :, :, :l]
+        x = jnp.where(valid, k, jnp.asarray(init, k.dtype))
+    out = lax.reduce_window(x, jnp.asarray(init, k.dtype), op, (1, 1, 1, block, 1),
+                            (1, 1, 1, block, 1),
+                            ((0, 0), (0, 0), (0, 0), (0, n * block - l), (0, 0)))
+    return out.astype(jnp.float32)
+
+
+def prepare(q, k, keep, scale: float, bq: int, bkv: int):
+    """The quantization both backends share, on the shard-major layout (a plain head-major
+    call is one shard): q ``[U, B, N, Lc, K]``, k ``[Uk, B, N, Lk_c, K]``, keep
+    ``[B, Uk, Lk_c]`` bool or None. Each shard is quantized in ``cdiv`` whole blocks, so
+    shards of whole blocks give the blocks, means and scales of the un-sharded sequence.
+
+    K's statistics come from one pass over K: per block and channel the sum, max and min
+    of the valid keys. The mean ``μ`` is the sum of the block sums over the count; a block's
+    scale is ``max_c max(max_t k - μ_c, μ_c - min_t k) / 127`` — exactly ``max |k - μ|``
+    (float32 subtraction is monotone and rounds symmetrically), so the smoothed keys
+    ``k - μ`` are formed only inside the int8 conversion and never written in float32.
+
+    Returns ``(q8 [U, B, N, nq·bq, K], k8 [Uk, B, N, nk·bkv, K], q_rows [U, B, N, nq, 1, bq],
+    k_rows [Uk, B, N, nk, 1, bkv], shift [U, B, N, Lc])``: per-token dequantization factors
+    as lane rows (softmax scale folded into q's; 0 marks a masked or padded key) and the
+    smoothing shift of the scores, ``scale · q·μ``."""
+    U, B, N, Lc, K = q.shape
+    Uk, Lkc = k.shape[0], k.shape[3]
+    nq, nk = ceil_div(Lc, bq), ceil_div(Lkc, bkv)
+    masked = keep is not None
+    keep = jnp.ones((B, Uk, Lkc), bool) if keep is None else keep.astype(bool)
+    keep = jnp.pad(keep, ((0, 0), (0, 0), (0, nk * bkv - Lkc)))
+    keep = jnp.moveaxis(keep.reshape(B, Uk, nk, 1, bkv), 1, 0)[:, :, None]  # [Uk,B,1,nk,1,bkv]
+    w = jnp.swapaxes(keep, -1, -2)                                           # [.., bkv, 1]
+    kb = _blocked(k, nk, bkv)
+    ksum = jnp.sum(jnp.where(w, kb, 0.0), axis=4)                            # [Uk,B,N,nk,K]
+    kmax = _block_extreme(k, keep, masked, bkv, lax.max, -jnp.inf)                    # [Uk,B,N,nk,K]
+    kmin = _block_extreme(k, keep, masked, bkv, lax.min, jnp.inf)
+    count = jnp.sum(keep, axis=(0, 3, 4, 5), dtype=jnp.float32)              # [B, 1]
+    mu = jnp.sum(ksum, axis=(0, 3)) / jnp.maximum(count, 1.0)[..., None]     # [B, N, K]
+    mu_b = mu[None, :, :, None]
+    amax = jnp.maximum(jnp.max(jnp.maximum(kmax - mu_b, mu_b - kmin), axis=-1), 0.0)
+    ks = _scale(amax)                                                        # [Uk,B,N,nk]
+    k8 = jnp.where(w, _int8(kb - mu_b[..., None, :], ks[..., None, None]), 0)
+    qb = _blocked(q, nq, bq)
+    qs = _scale(jnp.max(jnp.abs(qb), axis=(4, 5)))                           # [U,B,N,nq]
+    q8 = _int8(qb, qs[..., None, None])
+    q_rows = jnp.broadcast_to((qs * scale)[..., None, None], (U, B, N, nq, 1, bq))
+    k_rows = jnp.where(keep, ks[..., None, None], 0.0)
+    shift = scale * jnp.einsum("ubnlk,bnk->ubnl", q.astype(jnp.float32), mu)
+    return (q8.reshape(U, B, N, nq * bq, K), k8.reshape(Uk, B, N, nk * bkv, K), q_rows,
+            k_rows, shift)
 
 
 def xla_forward(q8, k8, v, q_rows, k_rows, *, block_kv: int):
@@ -125,25 +168,28 @@ def xla_forward(q8, k8, v, q_rows, k_rows, *, block_kv: int):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _sage(q, k, v, mask, scale, bq, bkv, interpret, kernel):
-    """Head-major 8-bit attention → ``(o [B, N, Lq, K] in q's dtype, lse [B, N, Lq])``."""
-    Lq = q.shape[2]
-    q8, k8, q_rows, k_rows, shift = prepare(q, k, mask, scale, bq, bkv)
+def _sage(q, k, v, keep, scale, bq, bkv, interpret, kernel):
+    """Shard-major 8-bit attention: q ``[U, B, N, Lc, K]``, k/v ``[Uk, B, N, Lk_c, K]``,
+    keep ``[B, Uk, Lk_c]`` or None → ``(o [U, B, N, Lc, K] in q's dtype, lse
+    [U, B, N, Lc])``. The XLA twin (``kernel=False``) takes one shard (``U = Uk = 1``)."""
+    U, B, N, Lc, K = q.shape
+    q8, k8, q_rows, k_rows, shift = prepare(q, k, keep, scale, bq, bkv)
     if kernel:
         from ditax.attention.kernels.sage_fwd import sage_forward
 
-        nq, nk = q8.shape[2] // bq, k8.shape[2] // bkv
-        o, lse = sage_forward(q8, k8, v, q_rows.reshape(q8.shape[:2] + (nq, 1, bq)),
-                              k_rows.reshape(k8.shape[:2] + (nk, 1, bkv)), block_q=bq,
+        o, lse = sage_forward(q8, k8, v, q_rows, k_rows, out_len=Lc, block_q=bq,
                               block_kv=bkv, interpret=interpret)
     else:
-        v_p = jnp.pad(v, ((0, 0), (0, 0), (0, k8.shape[2] - v.shape[2]), (0, 0)))
-        o, lse = xla_forward(q8, k8, v_p, q_rows, k_rows, block_kv=bkv)
-    return o[:, :, :Lq].astype(q.dtype), lse[:, :, :Lq] + shift
+        Lk_p = k8.shape[3]
+        v_p = jnp.pad(v[0], ((0, 0), (0, 0), (0, Lk_p - v.shape[3]), (0, 0)))
+        o, lse = xla_forward(q8[0], k8[0], v_p, q_rows[0].reshape(B, N, -1),
+                             k_rows[0].reshape(B, N, -1), block_kv=bkv)
+        o, lse = o[None, :, :, :Lc], lse[None]
+    return o.astype(q.dtype), lse[..., :Lc] + shift
 
 
-def _sage_fwd(q, k, v, mask, scale, bq, bkv, interpret, kernel):
-    return _sage(q, k, v, mask, scale, bq, bkv, interpret, kernel), None
+def _sage_fwd(q, k, v, keep, scale, bq, bkv, interpret, kernel):
+    return _sage(q, k, v, keep, scale, bq, bkv, interpret, kernel), None
 
 
 def _sage_bwd(*_):
@@ -173,7 +219,9 @@ def _run(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, head_major, int
         q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     bq, bkv = _blocks(block_q, block_kv, q.shape[2], k.shape[2], kernel and not interpret)
-    o, lse = _sage(q, k, v, kv_mask, scale, bq, bkv, bool(interpret), kernel)
+    keep = None if kv_mask is None else kv_mask[:, None, :]
+    o, lse = _sage(q[None], k[None], v[None], keep, scale, bq, bkv, bool(interpret), kernel)
+    o, lse = o[0], lse[0]
     if not head_major:
         o = jnp.swapaxes(o, 1, 2)
     return (o, lse) if return_lse else o

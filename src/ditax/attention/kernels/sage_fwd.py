@@ -1,23 +1,25 @@
-"""Pallas forward kernel of 8-bit (SageAttention-style) attention, head-major.
+"""Pallas forward kernel of 8-bit (SageAttention-style) attention, head-major and shard-major.
 
-Inputs (q / k quantized by :func:`ditax.attention.sage.prepare` and padded to whole blocks
-there: the quantized copies are new arrays anyway, so padding costs no extra pass):
+Layout: that of the flash kernel (:mod:`.flash_fwd`): ``[U, B, N, L, K]``, the sequence shard
+leading (what Ulysses' leading-axis ``all_to_all`` delivers and takes back); the plain
+head-major call is one shard. Inputs (q / k quantized by :func:`ditax.attention.sage.prepare`,
+each shard in whole blocks: the int8 copies are new arrays anyway, so padding costs no pass):
 
-- q8 ``[B, N, Lq_p, K]`` int8, k8 ``[B, N, Lk_p, K]`` int8 (K smoothed by its mean over
-  tokens, masked keys zeroed); v ``[B, N, Lk, K]`` as given, in its own dtype (bf16 on TPU),
-  not padded: its partial last block reads past the array (unspecified rows), so the value
-  rows of masked keys are zeroed in the kernel (``0 · NaN`` would reach the output) — the
-  values of a zero-padded v, without the padded copy;
-- q_rows ``[B, N, nq, 1, block_q]`` float32: each query's dequantization factor (its block's
-  scale times the softmax scale); k_rows ``[B, N, nk, 1, block_kv]`` float32: each key's
-  block scale, **0 for a masked key** (a valid key's scale is > 0), so the rows are the key
-  mask too. Both travel as lane rows (:mod:`.mosaic`).
+- q8 ``[U, B, N, nq·block_q, K]`` int8, k8 ``[Uk, B, N, nk·block_kv, K]`` int8 (K smoothed by
+  its mean over tokens, masked keys zeroed); v ``[Uk, B, N, Lk_c, K]`` as given, in its own
+  dtype (bf16 on TPU), not padded: a partial last block reads past the shard (unspecified
+  rows), so the value rows of masked keys are zeroed in the kernel (``0 · NaN`` would reach
+  the output) — the values of a zero-padded v, without the padded copy;
+- q_rows ``[U, B, N, nq, 1, block_q]`` float32: each query's dequantization factor (its
+  block's scale times the softmax scale); k_rows ``[Uk, B, N, nk, 1, block_kv]`` float32:
+  each key's block scale, **0 for a masked key** (a valid key's scale is > 0), so the rows
+  are the key mask too. Both travel as lane rows (:mod:`.mosaic`).
 
 Per (query block, key block) tile: ``s = (int32(q8 · k8ᵀ) · q_row) · k_row`` — the
 ``s8 × s8 → s32`` product the MXU of v5e / v6e runs at twice its bf16 rate — then the float32
-online softmax of the flash kernel (:mod:`.flash_fwd`, whose ``pallas_call`` this reuses),
-``P`` cast to v's dtype for ``P·V`` with float32 accumulation. Outputs ``o [B, N, Lq_p, K]``
-in v's dtype and the float32 log-sum-exp rows of the *smoothed* scores.
+online softmax of the flash kernel (whose ``pallas_call`` this reuses), ``P`` cast to v's
+dtype for ``P·V`` with float32 accumulation. Outputs ``o`` in v's dtype, unpadded, and the
+float32 log-sum-exp rows of the *smoothed* scores.
 """
 
 from __future__ import annotations
@@ -67,24 +69,46 @@ def _kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, o_ref, lse_ref, m_sc, l_sc, acc
         online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc)
 
 
-def sage_forward(q8, k8, v, q_rows, k_rows, *, block_q: int, block_kv: int, interpret: bool):
-    """Run the kernel (shapes in the module docstring; v may be shorter than k8: its last
-    block partial). Returns ``(o [B, N, Lq_p, K] in v's
-    dtype, lse [B, N, Lq_p] float32)``."""
-    B, N, Lq_p, K = q8.shape
-    nq, nk = Lq_p // block_q, k8.shape[2] // block_kv
+def sage_forward(q8, k8, v, q_rows, k_rows, *, out_len: int, block_q: int, block_kv: int,
+                 interpret: bool):
+    """Run the kernel on the shard-major layout of :mod:`.flash_fwd` (the plain head-major
+    call is one shard, ``U = 1``):
+
+    - q8 ``[U, B, N, nq·block_q, K]`` int8, k8 ``[Uk, B, N, nk·block_kv, K]`` int8 (each
+      shard quantized in whole blocks); v ``[Uk, B, N, Lk_c, K]`` as given (its last block
+      per shard may be partial: read past the shard, rows of masked keys zeroed);
+    - q_rows ``[U, B, N, nq, 1, block_q]``, k_rows ``[Uk, B, N, nk, 1, block_kv]`` float32
+      (module docstring).
+
+    The grid walks the query blocks shard-major (shard ``i // nq``, block ``i % nq``) and the
+    key blocks likewise, so with ``Lc`` a block multiple it visits the blocks of the plain
+    ``[B, N, U·Lc, K]`` call in the same order: the same values, bit for bit. The output
+    ``o [U, B, N, out_len, K]`` (v's dtype) is written in place, each shard's rows past
+    ``out_len`` never written (no padded copy to slice); lse ``[U, B, N, nq·block_q]``."""
+    U, B, N, Lq_p, K = q8.shape
+    Uk, nk = k8.shape[0], k8.shape[3] // block_kv
+    nq = Lq_p // block_q
     sq = pl.squeezed
-    q_spec = pl.BlockSpec((sq, sq, block_q, K), lambda b, h, i, j: (b, h, i, 0))
-    kv_spec = pl.BlockSpec((sq, sq, block_kv, K), lambda b, h, i, j: (b, h, j, 0))
-    qs_spec = pl.BlockSpec((sq, sq, sq, 1, block_q), lambda b, h, i, j: (b, h, i, 0, 0))
-    ks_spec = pl.BlockSpec((sq, sq, sq, 1, block_kv), lambda b, h, i, j: (b, h, j, 0, 0))
-    rows = (B, N, nq, 1, block_q)
-    kernel = functools.partial(_kernel, mask_v=v.shape[2] % block_kv != 0)
-    o, lse = run_forward(kernel, (B, N, nq, nk), [q_spec, kv_spec, kv_spec, qs_spec, ks_spec],
-                         q_spec, qs_spec, (q8, k8, v, q_rows, k_rows),
-                         jax.ShapeDtypeStruct(q8.shape, v.dtype), rows, block_q, K,
-                         interpret=interpret, name="ditax_sage_fwd")
-    return o, lse.reshape(B, N, Lq_p)
+    div, rem = jax.lax.div, jax.lax.rem
+
+    def q_map(b, h, i, j):
+        return div(i, nq), b, h, rem(i, nq), 0
+
+    def kv_map(b, h, i, j):
+        return div(j, nk), b, h, rem(j, nk), 0
+
+    q_spec = pl.BlockSpec((sq, sq, sq, block_q, K), q_map)
+    kv_spec = pl.BlockSpec((sq, sq, sq, block_kv, K), kv_map)
+    qs_spec = pl.BlockSpec((sq, sq, sq, sq, 1, block_q), lambda *g: q_map(*g) + (0,))
+    ks_spec = pl.BlockSpec((sq, sq, sq, sq, 1, block_kv), lambda *g: kv_map(*g) + (0,))
+    rows = (U, B, N, nq, 1, block_q)
+    kernel = functools.partial(_kernel, mask_v=v.shape[3] % block_kv != 0)
+    o, lse = run_forward(kernel, (B, N, U * nq, Uk * nk),
+                         [q_spec, kv_spec, kv_spec, qs_spec, ks_spec], q_spec, qs_spec,
+                         (q8, k8, v, q_rows, k_rows),
+                         jax.ShapeDtypeStruct((U, B, N, out_len, K), v.dtype), rows, block_q,
+                         K, interpret=interpret, name="ditax_sage_fwd")
+    return o, lse.reshape(U, B, N, Lq_p)
 
 
 __all__ = ["sage_forward"]
