@@ -39,13 +39,26 @@ def register_config_family(config_cls: type) -> None:
     registry.register(dataclasses.replace(current, config=config_cls))
 
 
-def config_family(name: str) -> ConfigFamily:
-    """The family called ``name`` with its config class (imported on first use)."""
+def config_family(name: str, keys=()) -> ConfigFamily:
+    """The family called ``name`` with its config class (imported on first use): the family's
+    own, or the variant (:meth:`~ditax.models.registry.FamilySpec.variant_classes`, Wan 2.2
+    Animate's) whose own fields ``keys`` (the ``model:`` section's field names) name."""
     found = registry.lookup(name)
     if found is None or found.config is None:
         check_choice("model.family", name, family_names())
         raise ConfigError(f"model.family={name!r}: its module did not register it")
-    return ConfigFamily(found.name, found.config_class())
+    base = found.config_class()
+    extra = set(keys) - {f.name for f in dataclasses.fields(base)}
+    if not extra:       # the family's own fields only: its variants are not even imported
+        return ConfigFamily(found.name, base)
+    hits = [(v, sorted(extra & {f.name for f in dataclasses.fields(v)}))
+            for v in found.variant_classes()]
+    hits = [(v, k) for v, k in hits if k]
+    if len(hits) > 1:
+        raise ConfigError(f"model.{hits[0][1][0]} ({hits[0][0].__name__}) and model."
+                          f"{hits[1][1][0]} ({hits[1][0].__name__}) belong to different "
+                          f"{name} variants; keep the fields of one")
+    return ConfigFamily(found.name, hits[0][0] if hits else base)
 
 
 def family_names() -> list[str]:

@@ -106,8 +106,10 @@ def split_overrides(overrides: list[str] | None) -> list[tuple[str, str]]:
 
 
 def _family(flat: dict[str, Any], pairs: list[tuple[str, str]]) -> ConfigFamily:
+    """The family (and its config class: the variant whose fields the model keys name)."""
     name = dict(pairs).get("model.family", flat.get("model.family", DEFAULT_FAMILY))
-    return config_family(str(name).strip())
+    keys = {k.split(".", 1)[1] for k in [*flat, *dict(pairs)] if k.startswith("model.")}
+    return config_family(str(name).strip(), keys)
 
 
 def _apply(flat: dict[str, Any], pairs, types_: dict[str, Any]) -> dict[str, Any]:

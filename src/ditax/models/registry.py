@@ -4,9 +4,10 @@ A family is described by a :class:`FamilySpec`: its name (what a config's ``mode
 says), its config class (the dataclass a ``model:`` section is read into), its runtime
 interface (a :class:`ditax.models.base.ModelFamily` subclass), and the diffusers
 ``_class_name`` s of the transformer folders (``config.json``) and pipeline folders
-(``model_index.json``) it reads. Config class and interface are given as ``"module:Name"``
-strings (imported on first use, so registering stays cheap) or as the objects themselves (a
-test registers a toy family it defines).
+(``model_index.json``) it reads, and the config subclasses a ``model:`` section may be read
+into (``variants``: chosen by the fields the section names). Config class and interface are
+given as ``"module:Name"`` strings (imported on first use, so registering stays cheap) or as
+the objects themselves (a test registers a toy family it defines).
 
 Discovery — one rule:
 
@@ -47,6 +48,7 @@ class FamilySpec:
     family: Any = None
     transformer_classes: tuple[str, ...] = ()
     pipeline_classes: tuple[str, ...] = ()
+    variants: tuple = ()     # subclasses of ``config`` a model: section may be read into
 
     def config_class(self) -> type:
         """The config dataclass (imported on first use)."""
@@ -54,6 +56,11 @@ class FamilySpec:
             raise ConfigError(f"model family {self.name!r} declares no config class, so a "
                               f"model: section cannot be read for it")
         return resolve(self.config)
+
+    def variant_classes(self) -> tuple[type, ...]:
+        """The config subclasses (``variants``, imported on first use): a ``model:`` section
+        that names a field only a variant has is read into that variant (Wan: VACE, Animate)."""
+        return tuple(resolve(v) for v in self.variants)
 
     def family_class(self) -> type:
         """The :class:`~ditax.models.base.ModelFamily` subclass (imported on first use)."""
@@ -90,7 +97,7 @@ def register(spec: FamilySpec) -> FamilySpec:
         raise TypeError(f"FamilySpec.name must be a non-empty string, got {spec.name!r}")
     _SPECS[spec.name] = dataclasses.replace(
         spec, transformer_classes=tuple(spec.transformer_classes),
-        pipeline_classes=tuple(spec.pipeline_classes))
+        pipeline_classes=tuple(spec.pipeline_classes), variants=tuple(spec.variants))
     return _SPECS[spec.name]
 
 

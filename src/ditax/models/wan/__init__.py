@@ -15,4 +15,5 @@ register(FamilySpec(
                          "WanAnimateTransformer3DModel"),
     pipeline_classes=("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline",
                       "WanAnimatePipeline"),
+    variants=("ditax.models.wan.animate:WanAnimateConfig",),   # VACE: WanConfig.vace_layers
 ))
