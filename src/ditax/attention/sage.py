@@ -247,6 +247,70 @@ def sage_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = SageOpti
                 interpret, True)
 
 
+def check_shard_major_supported(block_q: int, block_kv: int, dtype, ring: int = 1,
+                                platform=None, interpret: bool | None = None) -> list[str]:
+    """Reasons the shard-major sage path cannot take these inputs (empty = it can), each
+    naming the value and the fix (as :func:`ditax.attention.flash.check_shard_major_supported`
+    for flash): the platform, the ring (no in-kernel merge: the lse merge of ring steps runs
+    on the exchange path), compiled blocks that are no multiple of 32, the dtype."""
+    entry = BACKENDS["sage"]
+    platform = platform or platform_of()
+    reasons = []
+    why = entry.platform_reason(platform, interpret)
+    if why is not None:
+        reasons.append(why)
+    if ring > 1:
+        reasons.append(f"local='sage' with a ring of {ring}: the shard-major path has no ring "
+                       f"merge for sage; use out_a2a='chunked' or 'flat'")
+    compiled = not (entry.default_interpret(platform) if interpret is None else interpret)
+    for name, b in (("block_q", block_q), ("block_kv", block_kv)):
+        if compiled and b % INT8_SUBLANE:
+            reasons.append(f"{name}={b} is not a multiple of {INT8_SUBLANE} (TPU int8 tiles); "
+                           f"set {name} to a multiple of {INT8_SUBLANE}")
+    if jnp.dtype(dtype).name not in entry.dtypes:
+        reasons.append(f"dtype {jnp.dtype(dtype).name} is not supported by sage "
+                       f"({', '.join(entry.dtypes)}); cast q/k/v")
+    return reasons
+
+
+def sage_blocks(block_q: int, block_kv: int, length: int) -> tuple[int, int]:
+    """The blocks sage uses on ``length`` tokens (shard length under Ulysses): each clipped
+    to the length rounded up to 32."""
+    return _blocks(block_q, block_kv, length, length, False)
+
+
+def sage_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
+                               block_q: int = SageOptions.block_q,
+                               block_kv: int = SageOptions.block_kv, return_lse: bool = False,
+                               interpret: bool | None = None, whole_blocks: bool = True):
+    """8-bit attention (the ``sage`` kernel) in the shard-major layout Ulysses uses, as
+    :func:`ditax.attention.flash.flash_attention_shard_major`: q ``[U, B, N, Lc, K]``, k/v
+    ``[Uk, B, N, Lk_c, K]`` (shard index leading), kv_keep ``[B, Uk, Lk_c]`` bool → output
+    ``[U, B, N, Lc, K]`` in q's dtype (and lse ``[U, B, N, Lc]``), written shard-major.
+
+    K's mean is over every shard's valid keys; each shard is quantized in ``cdiv`` blocks
+    (a partial last block when ``whole_blocks=False``, its rows past the shard padded in the
+    int8 copies and masked), so for shards of whole blocks the blocks, means and scales are
+    those of the plain ``[B, N, U·Lc, K]`` call and the values equal it bit for bit."""
+    U, B, N, Lc, K = q.shape
+    if k.ndim != 5 or k.shape != v.shape or k.shape[1:3] != (B, N) or k.shape[4] != K:
+        raise ValueError(f"shard-major sage expects q [U, B, N, Lc, K] and k/v [Uk, B, N, "
+                         f"Lk_c, K]; got q{q.shape} k{k.shape} v{v.shape}")
+    if whole_blocks and (Lc % block_q or k.shape[3] % block_kv):
+        raise ValueError(f"shard-major sage: shard length Lc={Lc} (keys {k.shape[3]}) must be "
+                         f"a multiple of block_q={block_q} / block_kv={block_kv}; pad the "
+                         f"sequence so each shard is a block multiple")
+    entry = BACKENDS["sage"]
+    interpret = entry.default_interpret(platform_of()) if interpret is None else interpret
+    why = entry.refusal(platform_of(), interpret=bool(interpret))
+    if why is not None:
+        raise AttentionUnavailable(why)
+    _blocks(block_q, block_kv, Lc, k.shape[3], not interpret)
+    scale = float(K ** -0.5 if scale is None else scale)
+    o, lse = _sage(q, k, v, kv_keep, scale, block_q, block_kv, bool(interpret), True)
+    return (o, lse) if return_lse else o
+
+
 def sage_xla_attention(q, k, v, *, kv_mask=None, scale=None,
                        block_q: int = SageOptions.block_q,
                        block_kv: int = SageOptions.block_kv, return_lse: bool = False,
@@ -257,5 +321,6 @@ def sage_xla_attention(q, k, v, *, kv_mask=None, scale=None,
                 False)
 
 
-__all__ = ["sage_attention", "sage_xla_attention", "prepare", "quantize_blocks",
-           "xla_forward", "NO_GRADIENT"]
+__all__ = ["sage_attention", "sage_xla_attention", "sage_attention_shard_major",
+           "check_shard_major_supported", "sage_blocks", "prepare", "xla_forward",
+           "NO_GRADIENT"]

@@ -172,10 +172,14 @@ def _exchange_body(plan: SequencePlan, scale, head_major: bool, q, k, v, *maybe_
 
 
 def _kernel_path_body(plan: SequencePlan, scale, head_major: bool, q, k, v, *maybe_mask):
-    """Per device, shard-major path: q/k/v enter the flash kernel as ``[U, b, h, Lc, K]`` and
-    its output leaves through one leading-axis all_to_all (head-major shards unpadded: the
-    kernel masks their partial last blocks)."""
-    from ditax.attention.flash import flash_attention_shard_major
+    """Per device, shard-major path: q/k/v enter the flash (or sage) kernel as
+    ``[U, b, h, Lc, K]`` and its output leaves through one leading-axis all_to_all
+    (head-major shards unpadded: the kernel masks their partial last blocks; sage, planned
+    for R = 1 only, quantizes each shard in ``cdiv`` blocks)."""
+    if plan.local.name == "sage":
+        from ditax.attention.sage import sage_attention_shard_major as shard_major_kernel
+    else:
+        from ditax.attention.flash import flash_attention_shard_major as shard_major_kernel
 
     log.debug("%s: shard-major kernel path (%s)", plan.backend, plan.describe())
     m = maybe_mask[0] if maybe_mask else None
@@ -191,7 +195,7 @@ def _kernel_path_body(plan: SequencePlan, scale, head_major: bool, q, k, v, *may
         q5, k5, v5 = ((x if head_major else jnp.transpose(x, (0, 2, 1, 3)))[None]
                       for x in (q, k, v))
         keep = None if m is None else m[:, None, :]
-    fl = functools.partial(flash_attention_shard_major, scale=scale, block_q=plan.block_q,
+    fl = functools.partial(shard_major_kernel, scale=scale, block_q=plan.block_q,
                            block_kv=plan.block_kv, interpret=plan.interpret,
                            whole_blocks=not head_major)
     if R == 1:

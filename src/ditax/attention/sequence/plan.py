@@ -32,7 +32,7 @@ from ditax.parallel.axes import (
 from ditax.parallel.collectives import ContextGrid, context_grid
 from ditax.parallel.platform import Platform, platform_of
 
-SHARD_MAJOR_LOCAL = "flash"   # the kernel that reads and writes the shard-major layout
+SHARD_MAJOR_LOCALS = ("flash", "sage")   # the kernels that read and write the shard-major layout
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ class SequencePlan:
 
     ``ring`` R × ``ulysses`` U = the context size; ``length`` L tokens padded to
     ``padded_length`` = R·U·``shard_length``; ``local`` the kernel with its resolved options
-    (for flash the effective ``block_q``/``block_kv``); ``kernel_path``: the shard-major flash
-    path runs (``reasons`` lists why not, each naming the fix); ``cross``: K/V are text
+    (for flash / sage the effective ``block_q``/``block_kv``); ``kernel_path``: the shard-major
+    kernel path runs (``reasons`` lists why not, each naming the fix); ``cross``: K/V are text
     (``Lk != Lq``) — no exchange, queries sequence-sharded, K/V replicated; ``grid``: the mesh
     (view) and axes the engine runs on.
     """
@@ -72,7 +72,7 @@ class SequencePlan:
         if self.cross:
             return f"{self.backend} cross-attention: local={self.local.name}, no exchange"
         if self.kernel_path:
-            path = "shard-major flash kernel path"
+            path = f"shard-major {self.local.name} kernel path"
         elif self.ulysses > 1:
             path = f"{self.out_a2a} exchange around local={self.local.name}"
         else:
@@ -126,14 +126,18 @@ def _local_entry(name: str) -> registry.Backend:
     return entry
 
 
-def _shard_major_reasons(local: str, head_dim, bq, bkv, dtype, platform, interpret):
+def _shard_major_reasons(local: str, head_dim, bq, bkv, dtype, platform, interpret, ring):
+    if local == "sage":
+        from ditax.attention.sage import check_shard_major_supported as sage_supported
+
+        return sage_supported(bq, bkv, dtype, ring, platform, interpret)
     from ditax.attention.flash import check_shard_major_supported
 
     reasons = []
-    if local != SHARD_MAJOR_LOCAL:
-        reasons.append(f"local={local!r}: the shard-major path needs local='flash' (the kernel "
-                       f"that reads q and writes its output shard-major); set local='flash' or "
-                       f"use out_a2a='chunked'/'flat'")
+    if local not in SHARD_MAJOR_LOCALS:
+        reasons.append(f"local={local!r}: the shard-major path needs local='flash' or 'sage' "
+                       f"(the kernels that read q and write their output shard-major); set "
+                       f"local='flash' or use out_a2a='chunked'/'flat'")
     return reasons + check_shard_major_supported(head_dim, bq, bkv, dtype, platform, interpret)
 
 
@@ -186,18 +190,24 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
     if R > 1:
         entry = registry.ring_kernel(entry, backend)      # cudnn / te: blockwise, said once
 
-    # Shard length Lc; on flash, the effective blocks and Lc a block multiple, identical for
-    # every out_a2a mode so the modes compute bit-identical values.
+    # Shard length Lc; on flash / sage, the effective blocks and Lc a block multiple,
+    # identical for every out_a2a mode so the modes compute bit-identical values (sage: the
+    # same quantization blocks, means and scales).
     Lc = ceil_div(L, R * U)
     bq = bkv = None
-    if entry.name == SHARD_MAJOR_LOCAL:
+    if entry.name == "flash":
         bq, bkv = effective_block(o.block_q, Lc), effective_block(o.block_kv, Lc)
+    elif entry.name == "sage":
+        from ditax.attention.sage import sage_blocks
+
+        bq, bkv = sage_blocks(o.block_q, o.block_kv, Lc)
+    if bq is not None:
         Lc = round_up(Lc, math.lcm(bq, bkv))
 
     reasons: list[str] = []
     if o.out_a2a != "flat":
         reasons = _shard_major_reasons(entry.name, K, bq or o.block_q, bkv or o.block_kv,
-                                       dtype, platform, o.interpret)
+                                       dtype, platform, o.interpret, R)
         if o.out_a2a == "shard_major" and reasons:
             raise ValueError(f"{backend}: out_a2a='shard_major' cannot run: "
                              + "; ".join(reasons))
@@ -211,4 +221,4 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
                         interpret=o.interpret)
 
 
-__all__ = ["SequencePlan", "plan_sequence_parallel", "ring_ulysses", "SHARD_MAJOR_LOCAL"]
+__all__ = ["SequencePlan", "plan_sequence_parallel", "ring_ulysses", "SHARD_MAJOR_LOCALS"]
