@@ -25,7 +25,7 @@ from ditax.errors import DitaxError, RequestError
 COMMANDS = {
     "generate": "text → video with a Wan pipeline folder",
     "train": "flow-matching training / fine-tuning",
-    "train-vae": "train a Wan VAE (AutoencoderKLWan) on clips",
+    "train-vae": "train a VAE (Wan AutoencoderKLWan; --family flux: AutoencoderKL) on clips",
     "preprocess": "videos + captions → latent dataset",
     "convert": "check a transformer folder; single-file checkpoint → diffusers folder",
     "bench": "quick forward benchmark of a config",

@@ -3,9 +3,10 @@ and defaults, and the presets.
 
 Without CONFIG it lists every key of ``ditax train`` with its default; with a preset name or
 YAML path (and overrides) the values that config resolves to, the default beside each value
-that differs. ``--vae``: the keys of ``ditax train-vae`` instead. Everything shown is read from
+that differs. ``--vae``: the keys of ``ditax train-vae`` instead (``--family``: that family's
+VAE trainer, as ``ditax train-vae --family``; default Wan). Everything shown is read from
 the config dataclasses (:class:`ditax.config.Config`, the model family's config,
-:class:`ditax.train.wan.vae_config.VAETrainConfig`): names, types, defaults, and the comment
+the family VAE trainer's config class): names, types, defaults, and the comment
 written beside a field in its source, so the listing cannot go stale. Nothing heavy loads.
 """
 
@@ -35,13 +36,23 @@ def add_arguments(p) -> None:
     p.add_argument("overrides", nargs="*", default=[], help="key=value overrides to apply")
     p.add_argument("--vae", action="store_true",
                    help="the keys of `ditax train-vae` instead of `ditax train`")
+    p.add_argument("--family", default=None,
+                   help="with --vae: the model family whose VAE trainer's keys are listed "
+                   "(default: wan; as `ditax train-vae --family`)")
 
 
 def run(args) -> int:
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config:          # no config, only overrides
         config, overrides = None, [config, *overrides]
-    print(render_vae(config, overrides) if args.vae else render(config, overrides))
+    if args.family and not args.vae:
+        from ditax.errors import RequestError
+
+        raise RequestError(f"--family {args.family} goes with --vae (the keys of `ditax "
+                           f"train-vae --family {args.family}`); `ditax train` reads the family "
+                           f"from the config's model.family")
+    print(render_vae(config, overrides, family=args.family) if args.vae
+          else render(config, overrides))
     return 0
 
 
@@ -58,15 +69,17 @@ def render(config: str | None = None, overrides: list[str] | None = None) -> str
     return "\n".join([*textwrap.wrap(head, WIDTH), "", *_rows(cfg, default), "", *_presets()])
 
 
-def render_vae(config: str | None = None, overrides: list[str] | None = None) -> str:
-    """The listing of ``ditax config --vae [CONFIG] [overrides]`` for ``ditax train-vae``."""
+def render_vae(config: str | None = None, overrides: list[str] | None = None,
+               family: str | None = None) -> str:
+    """The listing of ``ditax config --vae [--family F] [CONFIG] [overrides]`` for ``ditax
+    train-vae --family F`` (default family: Wan)."""
     import pathlib
 
     from ditax.config import preset_names
     from ditax.errors import RequestError
     from ditax.models.base import DEFAULT_FAMILY, family_class
 
-    trainer = family_class(DEFAULT_FAMILY).trainer("vae")     # the Wan VAE's trainer
+    trainer = family_class(family or DEFAULT_FAMILY).trainer("vae")
     VAETrainConfig = trainer.config_class
 
     if config and config in preset_names() and not pathlib.Path(config).is_file():
@@ -75,7 +88,8 @@ def render_vae(config: str | None = None, overrides: list[str] | None = None) ->
     shown = config or overrides
     cfg = (trainer.load_config(config, overrides, listing=True) if shown
            else VAETrainConfig())
-    head = (f"ditax train-vae {config or '[CONFIG.yaml]'}: " + ("the values of this config "
+    fam = f"--family {family} " if family else ""
+    head = (f"ditax train-vae {fam}{config or '[CONFIG.yaml]'}: " + ("the values of this config "
             "(default in brackets where it differs)" if shown else "every config key and its "
             "default") + "; set them as key=value or in a YAML file")
     return "\n".join([*textwrap.wrap(head, WIDTH), "", *_rows(cfg, VAETrainConfig())])

@@ -45,7 +45,8 @@ def run(args) -> int:
         family = folder_family(args.model)
         frames = default_frames(family) if args.frames is None else args.frames
         check_request(height=args.height, width=args.width, frames=frames,
-                      text_len=args.text_len, dtype=args.dtype, batch=args.batch, family=family)
+                      text_len=args.text_len, dtype=args.dtype, batch=args.batch, family=family,
+                      model=args.model)
         check_output(args.output)
         check_model(args.model)
         find_samples(args.videos)

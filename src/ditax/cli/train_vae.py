@@ -1,13 +1,16 @@
-"""``ditax train-vae [CONFIG.yaml] [key=value ...]``: train a Wan VAE on a folder of clips.
+"""``ditax train-vae [CONFIG.yaml] [key=value ...]``: train a model family's VAE (``--family``:
+Wan's ``AutoencoderKLWan`` by default, Flux's ``AutoencoderKL``) on a folder of clips or images.
 
 The trainer is the model family's (``--family``, default Wan: its
-:meth:`~ditax.models.base.ModelFamily.trainers` ``"vae"`` entry, here
-:class:`ditax.train.wan.trainers.WanVAETraining`). Wan's keys (see
-:mod:`ditax.train.wan.vae_config`): ``vae.*`` (diffusers ``AutoencoderKLWan`` config:
-``base_dim``, ``z_dim``, ``dim_mult``, ``num_res_blocks``, ``temperal_downsample`` …),
-``data.source`` (folder of videos), ``data.num_frames / height / width`` (what is read per
-clip), ``data.crop_frames`` / ``data.crop`` (training windows), ``data.eval_clips`` (held out
-for the PSNR), ``loss.l1 / l2 / kl``, ``optim.*``, ``checkpoint.*``, ``steps``,
+:meth:`~ditax.models.base.ModelFamily.trainers` ``"vae"`` entry: Wan's
+:class:`ditax.train.wan.trainers.WanVAETraining`, Flux's :mod:`ditax.train.flux.trainers`; both
+run the shared :mod:`ditax.train.vae`). Keys (``ditax config --vae --family F`` lists them):
+``vae.*`` (the family's diffusers VAE config: Wan's ``AutoencoderKLWan`` ``base_dim``,
+``z_dim``, ``dim_mult`` …; Flux's ``AutoencoderKL`` ``block_out_channels``,
+``latent_channels`` …), ``data.source`` (folder of videos or images), ``data.num_frames /
+height / width`` (what is read per clip), ``data.crop_frames`` / ``data.crop`` (training
+windows), ``data.eval_clips`` (held out for the PSNR), ``loss.l1 / l2 / kl``, ``optim.*``,
+``checkpoint.*``, ``steps``,
 ``batch_size``, ``seed``, ``eval_every``, ``output_dir``. Rerunning with the same
 ``output_dir`` resumes. The result is ``{output_dir}/vae/`` (diffusers folder),
 ``metrics.jsonl``, ``loss.png`` and ``summary.json`` (held-out PSNR, latent statistics).

@@ -153,6 +153,12 @@ class ModelFamily(abc.ABC):
         """Latent ``(F, Y, X)`` of a ``num_frames × height × width`` video; :class:`ConfigError`
         (naming the sizes and the rule) when the family's video encoder cannot take it."""
 
+    @classmethod
+    def folder_latent_grid(cls, root, num_frames: int, height: int, width: int):
+        """:meth:`latent_grid` for the VAE of pipeline folder ``root`` (what ``ditax
+        preprocess`` encodes with); by default the family's own rule, whatever the folder."""
+        return cls.latent_grid(num_frames, height, width)
+
     def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, ...]:
         """Latent ``[C, F, Y, X]`` of one video."""
         return (self.latent_channels,) + tuple(self.latent_grid(num_frames, height, width))

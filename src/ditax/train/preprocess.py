@@ -191,10 +191,12 @@ def default_frames(family: str) -> int:
     return family_class(family).default_frames
 
 
-def check_request(*, height, width, frames, text_len, dtype, batch, family="wan") -> None:
+def check_request(*, height, width, frames, text_len, dtype, batch, family="wan",
+                  model=None) -> None:
     """Raise :class:`~ditax.errors.RequestError` for sizes, dtype or batch that cannot be
     encoded: each at least 1 and below 2**31, the family's latent grid (Wan: 4k+1 frames,
-    multiples of 8), one decoded clip (float32) within this machine's memory."""
+    multiples of 8; Flux: multiples of twice the factor of ``model``'s VAE), one decoded clip
+    (float32) within this machine's memory."""
     from ditax.numbers import INT_LIMIT
     from ditax.errors import ConfigError, RequestError, check_choice
     from ditax.models.base import family_class
@@ -210,7 +212,7 @@ def check_request(*, height, width, frames, text_len, dtype, batch, family="wan"
     except ConfigError as e:
         raise RequestError(str(e)) from None
     try:
-        family_class(family).latent_grid(frames, height, width)
+        family_class(family).folder_latent_grid(model, frames, height, width)
     except ConfigError as e:
         raise RequestError(f"--frames / --height / --width = {frames} / {height} / {width}: "
                            f"{e}") from None
@@ -274,7 +276,7 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=None, tex
     family = folder_family(model) if family is None else family
     frames = default_frames(family) if frames is None else frames
     check_request(height=height, width=width, frames=frames, text_len=text_len, dtype=dtype,
-                  batch=batch, family=family)
+                  batch=batch, family=family, model=model)
     out = check_output(output)
     check_model(model)
     fam = family_class(family)

@@ -64,6 +64,18 @@ class FluxFamily(ModelFamily):
                               f"(the VAE's {s}x and the 2x2 token packing)")
         return 1, height // s, width // s
 
+    @classmethod
+    def folder_latent_grid(cls, root, num_frames, height, width):
+        """:meth:`latent_grid` with the factor of ``root/vae/config.json`` (FLUX.1's 8 when the
+        folder has none, e.g. a hub id)."""
+        import pathlib
+
+        from ditax.io.files import read_model_json
+
+        cfg = pathlib.Path(root) / "vae" / "config.json" if root is not None else None
+        vae = read_model_json(cfg, "vae/config.json") if cfg and cfg.is_file() else None
+        return cls.latent_grid(num_frames, height, width, vae)
+
     def tokens_per_sample(self, latent_shape) -> int:
         _, _, y, x = latent_shape
         return (y // PACK) * (x // PACK)

@@ -1,0 +1,25 @@
+"""``ditax preprocess`` checks a Flux folder's sizes with the factor of that folder's VAE
+(``vae/config.json``), not FLUX.1's default 8."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ditax.errors import RequestError
+from ditax.train.preprocess import check_request
+
+
+def test_flux_sizes_are_checked_with_the_folders_vae_factor(tmp_path):
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "vae" / "config.json").write_text(json.dumps(
+        {"_class_name": "AutoencoderKL", "block_out_channels": [8, 8, 8]}))     # factor 4
+    kw = dict(frames=1, text_len=8, dtype="float32", batch=1, family="flux")
+    check_request(height=24, width=40, model=tmp_path, **kw)       # multiples of 4 x 2
+    with pytest.raises(RequestError, match="multiples of 8"):
+        check_request(height=20, width=40, model=tmp_path, **kw)
+    # a folder without a VAE config (a hub id): FLUX.1's factor 8, multiples of 16
+    with pytest.raises(RequestError, match="multiples of 16"):
+        check_request(height=24, width=40, model=tmp_path / "hub", **kw)
+    check_request(height=32, width=48, model=None, **kw)
