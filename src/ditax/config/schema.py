@@ -22,11 +22,13 @@ from ditax.config.training import (
     FlowConfig,
     LoraConfig,
     OptimConfig,
+    TrainConfig,
     check_checkpoint,
     check_data,
     check_flow,
     check_lora,
     check_optim,
+    check_train,
 )
 from ditax.errors import ConfigError
 from ditax.parallel.mesh import MeshConfig, check_batch, resolve_mesh_shape
@@ -49,6 +51,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     name: str = "custom"
     steps: int = 100
     batch_size: int = 1               # global batch
@@ -75,6 +78,7 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     check_data(cfg.data)
     check_checkpoint(cfg.checkpoint)
     check_lora(cfg.lora)
+    check_train(cfg.train)
     check_sample(cfg.sample, cfg.model.family)   # the presets are the family's
     check_compile_cache(cfg.compile_cache)
     if cfg.steps < 0:

@@ -109,6 +109,25 @@ def check_checkpoint(c: CheckpointConfig) -> None:
     _at_least("checkpoint", c, ("every", "keep"), 1)
 
 
+VaceTrainable = Literal["vace", "all"]
+VACE_TRAINABLE = get_args(VaceTrainable)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Which weights a full (non-LoRA) run trains: ``vace_trainable`` for a VACE model
+    (``model.vace_layers`` set): ``vace`` = its VACE branch only, the base frozen (no gradient,
+    no optimiser state), as VACE was trained; ``all`` = every weight. Other models train
+    every weight."""
+
+    vace_trainable: VaceTrainable = "vace"
+
+
+def check_train(t: TrainConfig) -> None:
+    """Raise :class:`ConfigError` for an unknown choice."""
+    check_choice("train.vace_trainable", t.vace_trainable, VACE_TRAINABLE)
+
+
 LORA_TARGETS = ("attn", "self_attn", "cross_attn", "ffn")
 
 
@@ -138,6 +157,6 @@ def check_lora(c: LoraConfig) -> None:
         check_choice("lora.targets", t, LORA_TARGETS)
 
 
-__all__ = ["LoraConfig", "LORA_TARGETS", "lora_targets", "check_lora", "OptimConfig", "FlowConfig", "DataConfig", "CheckpointConfig", "check_optim",
+__all__ = ["TrainConfig", "check_train", "VACE_TRAINABLE", "LoraConfig", "LORA_TARGETS", "lora_targets", "check_lora", "OptimConfig", "FlowConfig", "DataConfig", "CheckpointConfig", "check_optim",
            "check_flow", "check_data", "check_checkpoint", "SCHEDULES", "TIMESTEP_SAMPLERS",
            "WEIGHTINGS"]

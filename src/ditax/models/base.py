@@ -213,6 +213,12 @@ class ModelFamily(abc.ABC):
         family's size-dependent form of it (Flux: the shift of the image's token count)."""
         return self.flow
 
+    def trained_params(self, train):
+        """An ``nnx`` filter of the parameters a full (non-LoRA) run trains, the rest frozen
+        (no gradient, no optimiser state), for the run's ``train`` section; None (default):
+        every parameter."""
+        return None
+
     def training_inputs(self, x_t, x0, timestep, condition):
         """``(x_t, timestep, loss mask or None)`` the loss feeds the denoiser for noisy
         latents ``x_t`` of clean ``x0`` at ``timestep [B]``; unchanged by default."""

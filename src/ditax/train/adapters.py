@@ -1,4 +1,6 @@
-"""LoRA fine-tuning's split of the model: trainable adapters vs frozen base weights.
+"""Partly frozen training's split of the model (:class:`ParamSplit`): LoRA's trainable
+adapters vs frozen base weights, or the parameters a model family trains (a VACE model: its
+VACE branch, :meth:`~ditax.models.base.ModelFamily.trained_params`) vs the frozen rest.
 
 With ``cfg.lora.rank > 0`` the :class:`~ditax.train.step.Trainer` trains only the adapters
 that :func:`ditax.lora.adapters.add_adapters` puts on the family's Linear layers: the train
@@ -27,9 +29,57 @@ def _overlay(tree: dict, new: dict) -> dict:
     return out
 
 
-class AdapterSplit:
-    """The model with adapters as (graphdef, trainable tree, frozen tree), their shardings,
-    initialisation and re-assembly."""
+def _pick(tree: dict, like: dict) -> dict:
+    """The entries of ``tree`` at the paths ``like`` has (those ``tree`` holds)."""
+    out = {}
+    for k, v in like.items():
+        if k in tree:
+            out[k] = _pick(tree[k], v) if isinstance(v, dict) else tree[k]
+    return out
+
+
+class ParamSplit:
+    """A model as (graphdef, trainable tree, frozen tree) by an ``nnx`` filter ``trained``,
+    their shardings, initialisation and re-assembly: the train state's ``params`` holds only
+    the trained leaves (so gradients and optimiser state exist only for them), ``frozen`` the
+    rest. ``build(seed)`` makes the module; ``train_sh(train_abstract, frozen_sh)`` the trained
+    leaves' shardings (None: the family's parameter shardings)."""
+
+    def __init__(self, family, cfg, mesh, build, trained, train_sh=None):
+        self.graphdef, train_abs, frozen_abs = nnx.split(nnx.eval_shape(lambda: build(0)),
+                                                         trained, ...)
+        self._abs = (train_abs, frozen_abs)
+        self.train_abstract = nnx.to_pure_dict(train_abs)
+        self.frozen_abstract = nnx.to_pure_dict(frozen_abs)
+        self.frozen_sh = family.param_shardings(self.frozen_abstract, mesh)
+        self.train_sh = (family.param_shardings(self.train_abstract, mesh) if train_sh is None
+                         else train_sh(self.train_abstract, self.frozen_sh))
+
+        def fresh(base):
+            _, t, f = nnx.split(build(cfg.seed), trained, ...)
+            t, f = nnx.to_pure_dict(t), nnx.to_pure_dict(f)
+            return _overlay(t, _pick(base, t)), _overlay(f, _pick(base, f))
+
+        # weights given (init_from) go in as an argument: their random draws are dead code XLA
+        # removes, so the program compiles only the init of what the base does not hold
+        self._fresh = jax.jit(fresh, out_shardings=(self.train_sh, self.frozen_sh))
+
+    def init(self, base: dict | None = None) -> tuple[dict, dict]:
+        """(trained, frozen) from the seed; ``base``: a pure dict of the model's weights to
+        start from instead (e.g. from ``init_from``; LoRA: the model without adapters)."""
+        return self._fresh({} if base is None else base)
+
+    def model(self, params: dict, frozen: dict):
+        """An NNX module bound to the trained ``params`` and the ``frozen`` rest."""
+        t, f = (jax.tree.map(lambda x: x, s) for s in self._abs)
+        nnx.replace_by_pure_dict(t, params)
+        nnx.replace_by_pure_dict(f, frozen)
+        return nnx.merge(self.graphdef, t, f)
+
+
+class AdapterSplit(ParamSplit):
+    """LoRA: the adapters trained, the base weights (and the adapters' fixed scales and
+    strengths) frozen; the adapters sharded like their kernels."""
 
     def __init__(self, family, cfg, mesh):
         self.table = family.lora_table()
@@ -48,33 +98,8 @@ class AdapterSplit:
                          names=self.names)
             return model
 
-        self.graphdef, train_abs, frozen_abs = nnx.split(nnx.eval_shape(lambda: build(0)),
-                                                         LoraFactor, ...)
-        self._abs = (train_abs, frozen_abs)
-        self.train_abstract = nnx.to_pure_dict(train_abs)
-        self.frozen_abstract = nnx.to_pure_dict(frozen_abs)
-        self.frozen_sh = family.param_shardings(self.frozen_abstract, mesh)
-        self.train_sh = adapter_shardings(self.train_abstract, self.frozen_sh, mesh)
-
-        def fresh(base):
-            _, t, f = nnx.split(build(cfg.seed), LoraFactor, ...)
-            return nnx.to_pure_dict(t), _overlay(nnx.to_pure_dict(f), base)
-
-        # base weights given (init_from) go in as an argument: their random draws are dead
-        # code XLA removes, so the program compiles only the adapters' init (the same values)
-        self._fresh = jax.jit(fresh, out_shardings=(self.train_sh, self.frozen_sh))
-
-    def init(self, base: dict | None = None) -> tuple[dict, dict]:
-        """(adapters, frozen) from the seed; ``base``: base weights to freeze instead (a pure
-        dict of the model without adapters, e.g. from ``init_from``)."""
-        return self._fresh({} if base is None else base)
-
-    def model(self, params: dict, frozen: dict):
-        """An NNX module bound to adapters ``params`` and the ``frozen`` rest."""
-        t, f = (jax.tree.map(lambda x: x, s) for s in self._abs)
-        nnx.replace_by_pure_dict(t, params)
-        nnx.replace_by_pure_dict(f, frozen)
-        return nnx.merge(self.graphdef, t, f)
+        super().__init__(family, cfg, mesh, build, LoraFactor,
+                         lambda t, f: adapter_shardings(t, f, mesh))
 
     def save(self, folder, params: dict):
         """Write the adapters as LoRA files (:func:`ditax.lora.export.save_lora`) from process 0;

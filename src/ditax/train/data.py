@@ -171,6 +171,15 @@ def check_condition(meta: dict, family, source) -> None:
     want = family.condition_shapes(tuple(meta["latent_shape"]))
     have = {k: tuple(v) for k, v in meta.get("condition", {}).items()}
     missing = [k for k in want if k not in have]
+    if "control" in missing:
+        raise DataSourceError(f"dataset {source} has no control entries (the control context), "
+                              f"which this VACE model (model.vace_layers) trains with; "
+                              f"preprocess the videos with a VACE pipeline folder (`ditax "
+                              f"preprocess ... --model VACE_FOLDER`)")
+    if "control" in have and "control" not in want:
+        raise DataSourceError(f"dataset {source} stores VACE control entries, which this model "
+                              f"does not take (model.vace_layers is empty); train a VACE model "
+                              f"config or use a dataset preprocessed without a VACE folder")
     if missing:
         raise DataSourceError(f"dataset {source} has no {', '.join(missing)} entries, which this "
                               f"model trains with; preprocess the videos with its pipeline folder "
@@ -189,7 +198,11 @@ def check_condition(meta: dict, family, source) -> None:
             raise DataSourceError(f"dataset {source}: image features {have[k][-1]} wide, "
                                   f"the model's image_dim is {shape[-1]}; preprocess with its "
                                   f"CLIP encoder")
-        if k not in ("condition", "image") and have[k] != shape:   # e.g. a pooled text vector
+        if k == "control" and have[k] != shape:
+            raise DataSourceError(f"dataset {source}: control shape {list(have[k])} != the "
+                                  f"model's {list(shape)} (vace_in_channels, the latents' "
+                                  f"grid); preprocess with the model's VACE pipeline folder")
+        if k not in ("condition", "image", "control") and have[k] != shape:   # e.g. pooled
             raise DataSourceError(f"dataset {source}: {k} shape {list(have[k])} != the "
                                   f"model's {list(shape)}; preprocess with its pipeline folder")
 

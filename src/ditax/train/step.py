@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ditax.config import Config, ConfigError, OptimConfig
 from ditax.models.base import model_family
 from ditax.parallel.axes import batch_entry
-from ditax.train.adapters import AdapterSplit
+from ditax.train.adapters import AdapterSplit, ParamSplit
 from ditax.train.loss import flow_loss
 
 
@@ -103,7 +103,8 @@ def program_fields(cfg: Config) -> dict:
     o = cfg.optim
     steps = cfg.steps if (o.schedule != "constant" and not o.decay_steps) else None
     return {"model": cfg.model, "attention": cfg.attention, "optim": o, "flow": cfg.flow,
-            "seed": cfg.seed, "steps (sets the decay schedule)": steps, "lora": cfg.lora}
+            "seed": cfg.seed, "steps (sets the decay schedule)": steps, "lora": cfg.lora,
+            "train": cfg.train}
 
 
 class Trainer:
@@ -121,11 +122,24 @@ class Trainer:
         self.mesh = mesh
         self.family = model_family(cfg.model, cfg.attention, cfg.flow)
         self.family.check_flow()
-        self.adapters = None
-        if cfg.lora.rank > 0:      # LoRA: params = the adapters, the rest frozen
-            self.adapters = AdapterSplit(self.family, cfg, mesh)
-            self.params_abstract = self.adapters.train_abstract
-            self.params_sh = self.adapters.train_sh
+        # a split: params = what trains (LoRA: the adapters; a family's choice: e.g. a VACE
+        # model's VACE branch), the rest frozen; ``adapters``: the LoRA one (saved as files)
+        self.adapters = self.split = None
+        trained = self.family.trained_params(cfg.train)
+        if cfg.lora.rank > 0 and trained is not None:
+            raise ConfigError(f"lora.rank={cfg.lora.rank} trains adapters on the base blocks, "
+                              f"but train.vace_trainable={cfg.train.vace_trainable!r} trains "
+                              f"the VACE branch; set train.vace_trainable=all with LoRA, or "
+                              f"lora.rank=0")
+        if cfg.lora.rank > 0:
+            self.split = self.adapters = AdapterSplit(self.family, cfg, mesh)
+        elif trained is not None:
+            self.split = ParamSplit(self.family, cfg, mesh,
+                                    lambda seed: self.family.create(mesh, nnx.Rngs(seed)),
+                                    trained)
+        if self.split is not None:
+            self.params_abstract = self.split.train_abstract
+            self.params_sh = self.split.train_sh
         else:
             self.graphdef, abs_state = nnx.split(self.family.abstract(mesh))
             self._abs_state = abs_state
@@ -137,8 +151,8 @@ class Trainer:
         self.state_sh = {"params": self.params_sh,
                          "opt": opt_shardings(opt_abs, self.params_sh, mesh),
                          "step": rep, "key": rep}
-        if self.adapters is not None:
-            self.state_sh["frozen"] = self.adapters.frozen_sh
+        if self.split is not None:
+            self.state_sh["frozen"] = self.split.frozen_sh
         # names only (the shapes follow the data): a one-pixel latent asks which entries exist
         self.condition_keys = tuple(self.family.condition_shapes(
             (self.family.latent_channels, 1, 1, 1)))
@@ -167,9 +181,9 @@ class Trainer:
                "opt": jax.tree.map(sds, opt_abs, self.state_sh["opt"]),
                "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.state_sh["step"]),
                "key": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.state_sh["key"])}
-        if self.adapters is not None:
-            out["frozen"] = jax.tree.map(sds, self.adapters.frozen_abstract,
-                                         self.adapters.frozen_sh)
+        if self.split is not None:
+            out["frozen"] = jax.tree.map(sds, self.split.frozen_abstract,
+                                         self.split.frozen_sh)
         return out
 
     def _random_params(self) -> dict:
@@ -178,10 +192,10 @@ class Trainer:
 
     def init(self, params: dict | None = None) -> dict:
         """Fresh state from ``cfg.seed`` (or from given parameters, e.g. ``init_from``; with
-        LoRA these are the base weights to freeze)."""
+        a split their frozen part is frozen, LoRA's adapters start fresh)."""
         frozen = None
-        if self.adapters is not None:
-            params, frozen = self.adapters.init(params)
+        if self.split is not None:
+            params, frozen = self.split.init(params)
         elif params is None:
             params = self._init_params()
         else:
@@ -197,9 +211,9 @@ class Trainer:
         return state
 
     def model(self, params: dict, frozen: dict | None = None):
-        """An NNX module bound to ``params`` (and, with LoRA, the ``frozen`` base weights)."""
-        if self.adapters is not None:
-            return self.adapters.model(params, frozen)
+        """An NNX module bound to ``params`` (and, with a split, the ``frozen`` weights)."""
+        if self.split is not None:
+            return self.split.model(params, frozen)
         st = jax.tree.map(lambda x: x, self._abs_state)
         nnx.replace_by_pure_dict(st, params)
         return nnx.merge(self.graphdef, st)
@@ -231,7 +245,7 @@ class Trainer:
 
     def _step_fn(self, state, batch):
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])
-        frozen = state.get("frozen")   # LoRA: no gradient for the base weights
+        frozen = state.get("frozen")   # a split: no gradient for the frozen weights
         loss, grads = jax.value_and_grad(self.loss_fn)(state["params"], batch, key, frozen)
         grad_norm = optax.tree.norm(grads)
         updates, opt = self.tx.update(grads, state["opt"], state["params"])

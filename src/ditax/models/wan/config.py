@@ -59,6 +59,10 @@ class WanConfig:
     # (wan2.2: the TI2V-5B VAE, 16x spatial) and Wan 2.2 TI2V's per-token timesteps
     vae: Vae = "wan2.1"
     expand_timesteps: bool = False
+    # VACE (diffusers ``WanVACETransformer3DModel``): the blocks after which a control hint is
+    # added and the control context's channels; () = no VACE branch (rules: models.wan.vace)
+    vace_layers: tuple[int, ...] = ()
+    vace_in_channels: int = 96
 
     @property
     def inner_dim(self) -> int:
@@ -78,8 +82,9 @@ class WanConfig:
         """Build from a diffusers ``config.json`` dict (unknown keys ignored)."""
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in cfg.items() if k in names}
-        if "patch_size" in kw:
-            kw["patch_size"] = tuple(kw["patch_size"])
+        for k in ("patch_size", "vace_layers"):    # JSON lists
+            if k in kw:
+                kw[k] = tuple(int(i) for i in kw[k])
         if kw.get("qk_norm") is None and "qk_norm" in cfg:
             raise ConfigError("qk_norm=None is not supported; Wan uses 'rms_norm_across_heads'")
         check_overrides(cls, overrides)

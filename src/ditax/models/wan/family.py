@@ -24,6 +24,28 @@ class WanFamily(ModelFamily):
         from ditax.models.wan.config import check_transformer
 
         check_transformer(self.model, self.attention, mesh_sizes)
+        if self.vace:
+            self.vace.check(self.model)
+        if self.animate:
+            self.animate.check(self.model)
+
+    @property
+    def vace(self):
+        """The VACE hooks (:mod:`ditax.models.wan.vace_family`) of a VACE config (non-empty
+        ``model.vace_layers``), else None."""
+        if not getattr(self.model, "vace_layers", ()):
+            return None
+        from ditax.models.wan import vace_family
+
+        return vace_family
+
+    @property
+    def animate(self):
+        """The Animate hooks (:mod:`ditax.models.wan.animate_family`) of a Wan 2.2 Animate
+        config (the ``wan2.2-animate-14b`` preset), else None."""
+        from ditax.models.wan import animate_family
+
+        return animate_family if animate_family.is_animate(self.model) else None
 
     latent_channels = property(lambda self: self.model.out_channels)    # C of the latents
     text_dim = property(lambda self: self.model.text_dim)               # Dt of the text
@@ -54,10 +76,16 @@ class WanFamily(ModelFamily):
         """Per-sample batch entries of an image condition: ``condition`` ``[tf + z, F, Y, X]``
         (mask and condition latents, Wan I2V) and ``image`` ``[S, image_dim]`` (CLIP features,
         Wan 2.1 I2V: S = 257, first-last-frame 514); none for T2V and TI2V (whose condition is
-        the clip's own first latent frame)."""
+        the clip's own first latent frame). A VACE model: ``control`` ``[vace_in_channels, F,
+        Y, X]``, the control context (:mod:`ditax.models.wan.vace_family`)."""
         from ditax.models.wan.conditioning import condition_shapes
 
-        return condition_shapes(self.model, latent_shape)
+        out = condition_shapes(self.model, latent_shape)
+        if self.animate:    # pose latents and face crops
+            out.update(self.animate.condition_shapes(self.model, latent_shape))
+        if self.vace:       # the control context
+            out.update(self.vace.condition_shapes(self.model, latent_shape))
+        return out
 
     def training_inputs(self, x_t, x0, timestep, condition):
         from ditax.models.wan.conditioning import training_inputs
@@ -68,9 +96,17 @@ class WanFamily(ModelFamily):
         from ditax.models.wan.conditioning import model_input
 
         x, image = model_input(self.model, latents, condition)
-        if image is None:
-            return module(x, timestep, text, text_mask)
-        return module(x, timestep, text, text_mask, image)
+        extra = {} if image is None else {"encoder_hidden_states_image": image}
+        if self.vace:
+            extra.update(self.vace.call_inputs(condition, x.dtype))
+        if self.animate:
+            extra.update(self.animate.call_inputs(condition, x.dtype))
+        return module(x, timestep, text, text_mask, **extra)
+
+    def trained_params(self, train):
+        """A VACE model: its VACE branch by default (:func:`~ditax.models.wan.vace_family.
+        trained`); every other model: everything (None)."""
+        return self.vace.trained(self.model, train) if self.vace else None
 
     def tokens_per_sample(self, latent_shape) -> int:
         _, f, y, x = latent_shape
@@ -97,16 +133,28 @@ class WanFamily(ModelFamily):
                  + 4 * L * D * M)
         fwd = (m.num_layers * block + 2 * L * patch * D + 2 * T * m.text_dim * D + 2 * T * D * D
                + 2 * L * D * m.out_channels * pt * ph * pw)
+        if self.vace:
+            fwd += self.vace.forward_flops(m, L, block)
+        if self.animate:
+            fwd += self.animate.forward_flops(m, latent_shape, L)
         return 3.0 * fwd
 
     # -- module ---------------------------------------------------------------------------------
 
     def create(self, mesh, rngs: nnx.Rngs):
+        if self.animate:
+            return self.animate.create(self.model, self.attention, mesh, rngs)
+        if self.vace:
+            return self.vace.create(self.model, self.attention, mesh, rngs)
         from ditax.models.wan.transformer import WanTransformer
 
         return WanTransformer(self.model, self.attention, mesh, rngs=rngs)
 
     def param_shardings(self, params, mesh):
+        if self.animate:
+            return self.animate.param_shardings(params, self.model, mesh)
+        if self.vace:
+            return self.vace.param_shardings(params, self.model, mesh)
         from ditax.models.wan.build import param_shardings
 
         return param_shardings(params, self.model, mesh)
@@ -119,7 +167,12 @@ class WanFamily(ModelFamily):
                             head_dim=self.model.attention_head_dim)
 
     def weight_table(self):
-        """Every row of the architecture (image / position-embedding rows included)."""
+        """Every row of the architecture (image / position-embedding / VACE / Animate rows
+        included)."""
+        if self.animate:
+            return self.animate.weight_table(self.model)
+        if self.vace:
+            return self.vace.weight_table(self.model)
         from ditax.models.wan.convert import config_weight_table
 
         return config_weight_table(self.model)
@@ -139,8 +192,10 @@ class WanFamily(ModelFamily):
 
     def load_params(self, folder, mesh) -> dict:
         from ditax.models.wan.loading import load_weights_into
+        from ditax.models.wan.vace import vace_config
 
-        model = load_weights_into(self.abstract(mesh), folder, self.model, mesh)
+        cfg = vace_config(self.model) if self.vace else self.model   # its tables
+        model = load_weights_into(self.abstract(mesh), folder, cfg, mesh)
         return nnx.to_pure_dict(nnx.split(model)[1])
 
     @classmethod
@@ -157,6 +212,10 @@ class WanFamily(ModelFamily):
         return load_transformer(path, **kwargs)
 
     def random_transformer(self, mesh, seed: int = 0):
+        if self.vace:
+            from ditax.models.wan.vace_loaded import VaceTransformer
+
+            return VaceTransformer(self.vace.init_model(self.model, self.attention, mesh, seed))
         from ditax.models.wan.build import init_model
         from ditax.models.wan.loading import Transformer
 

@@ -102,7 +102,8 @@ def check_architecture(cfg: WanConfig, path) -> "pathlib.Path":
     """
     folder = resolve_folder(path, "transformer")
     theirs = WanConfig.from_diffusers(read_config(folder))
-    check_arch(path, [(f, getattr(cfg, f), getattr(theirs, f)) for f in ARCH_FIELDS
+    fields = ARCH_FIELDS + ("vace_layers",) + (("vace_in_channels",) if cfg.vace_layers else ())
+    check_arch(path, [(f, getattr(cfg, f), getattr(theirs, f)) for f in fields
                       if getattr(cfg, f) != getattr(theirs, f)])
     return folder
 

@@ -19,6 +19,7 @@ works) with its ``proj_out``. The main blocks run as Wan's; after block ``vace_l
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -44,13 +45,6 @@ class WanVaceConfig(WanConfig):
     vace_layers: tuple[int, ...] = (0, 5, 10, 15, 20, 25, 30, 35)
     vace_in_channels: int = 96
 
-    @classmethod
-    def from_diffusers(cls, cfg: dict, **overrides) -> "WanVaceConfig":
-        cfg = dict(cfg)
-        if "vace_layers" in cfg:
-            cfg["vace_layers"] = tuple(int(i) for i in cfg["vace_layers"])
-        return super().from_diffusers(cfg, **overrides)
-
     def to_diffusers(self) -> dict:
         out = super().to_diffusers()
         out["_class_name"] = VACE_CLASS
@@ -64,6 +58,14 @@ class WanVaceConfig(WanConfig):
 
 
 VACE_FIELDS = DIFFUSERS_FIELDS + ("vace_layers", "vace_in_channels")
+
+
+def vace_config(m: WanConfig) -> WanVaceConfig:
+    """``m`` as a :class:`WanVaceConfig` (a run config's ``model:`` section is a
+    :class:`WanConfig`; its non-empty ``vace_layers`` make it a VACE model)."""
+    if isinstance(m, WanVaceConfig):
+        return m
+    return WanVaceConfig(**{f.name: getattr(m, f.name) for f in dataclasses.fields(WanConfig)})
 
 
 def check_vace(m: WanVaceConfig) -> None:
@@ -221,4 +223,4 @@ class WanVaceTransformer(WanTransformer):
 
 
 __all__ = ["VACE_CLASS", "VACE_FIELDS", "VaceBlock", "WanVaceConfig", "WanVaceTransformer",
-           "check_vace"]
+           "check_vace", "vace_config"]

@@ -1,0 +1,142 @@
+"""Training a VACE model (``model.vace_layers``): the flow loss of a training step equals the
+same loss computed with diffusers' ``WanVACETransformer3DModel`` (same weights, noise and
+timesteps); by default only the VACE branch trains (the base frozen: no optimiser state, not
+changed); a step on fsdp 2 x context 4 (Ulysses) equals one device; the control context
+through a dataset, and datasets that do not fit refused in one line; `ditax preprocess` of a
+VACE folder stores the context the pipeline builds, and `ditax train` trains on it."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from ditax.config import load_config
+from ditax.errors import ConfigError
+from ditax.parallel import make_mesh
+from ditax.train.data import BatchIterator, DataError, DatasetWriter
+from ditax.train.step import Trainer
+
+pytestmark = pytest.mark.usefixtures("fast_compile")
+ONE = dict(data=1, fsdp=1, context=1, tensor=1)
+# 4 heads x 8, 3 blocks, hints after blocks 2 and 0 (unsorted, as a config may list them),
+# 12 control channels; 32 px clips of 5 frames: latents [4, 2, 4, 4], 8 tokens
+ARCH = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=8, in_channels=4,
+            out_channels=4, text_dim=32, freq_dim=32, ffn_dim=48, num_layers=3,
+            vace_layers=[2, 0], vace_in_channels=12)
+VACE = ["model.num_attention_heads=4", "model.attention_head_dim=8", "model.in_channels=4",
+        "model.out_channels=4", "model.text_dim=32", "model.freq_dim=32", "model.ffn_dim=48",
+        "model.num_layers=3", "model.vace_layers=2,0", "model.vace_in_channels=12",
+        "data.height=32", "data.width=32", "data.text_len=8", "batch_size=2"]
+
+
+def _diff(a, b) -> float:
+    return max(jax.tree.leaves(jax.tree.map(
+        lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))), a, b)), default=0.0)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """The diffusers reference model, saved (its weights are the runs' init_from)."""
+    pytest.importorskip("diffusers")
+    from vace_reference import vace_transformer
+
+    m = vace_transformer(0, **ARCH)
+    path = tmp_path_factory.mktemp("vace") / "transformer"
+    m.save_pretrained(path)
+    return m, path
+
+
+@pytest.fixture(scope="module")
+def one(folder):
+    """One device: the trainer, its batch (text mask all ones: diffusers takes no mask), the
+    weights from the folder and one step's state and metrics."""
+    cfg = load_config(None, VACE)
+    tr = Trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
+    batch = next(BatchIterator(cfg))
+    batch = dict(batch, text_mask=np.ones_like(batch["text_mask"]))
+    weights = jax.tree.map(np.asarray, tr.family.load_params(folder[1], tr.mesh))
+    st = tr.init(weights)
+    before = {k: jax.tree.map(np.asarray, st[k]) for k in ("params", "frozen", "key")}
+    after, metrics = tr.step(st, tr.put_batch(batch))
+    return tr, batch, weights, before, after, metrics
+
+
+def test_loss_equals_diffusers(folder, one):
+    """The step's loss equals mean((transformer(x_t, 1000 sigma, text, control) - (eps - x0))^2)
+    with the torch model, sigma and eps drawn from the step's key as the loss draws them."""
+    import torch
+
+    from ditax.train.loss import sample_sigmas
+    from wan_reference import rel_err
+
+    tr, batch, _, before, _, metrics = one
+    key = jax.random.fold_in(jax.random.wrap_key_data(before["key"]), 0)
+    k_sigma, k_noise = jax.random.split(key)
+    x0 = batch["latents"]
+    sigma = np.asarray(sample_sigmas(k_sigma, x0.shape[0], tr.cfg.flow))
+    noise = np.asarray(jax.random.normal(k_noise, x0.shape))
+    s = sigma[:, None, None, None, None]
+    x_t = (1 - s) * x0 + s * noise
+    with torch.no_grad():
+        pred = folder[0](torch.from_numpy(x_t.astype(np.float32)),
+                         torch.from_numpy((sigma * 1000).astype(np.float32)),
+                         torch.from_numpy(batch["text"]),
+                         control_hidden_states=torch.from_numpy(batch["control"]),
+                         return_dict=False)[0].numpy()
+    want = np.mean((pred - (noise - x0)) ** 2)
+    assert rel_err(np.asarray(metrics["loss"]), want) < 1e-5, (float(metrics["loss"]), want)
+
+
+def test_default_trains_the_vace_branch_only(one):
+    tr, _, weights, before, after, _ = one
+    assert tr.cfg.train.vace_trainable == "vace"
+    assert sorted(tr.params_abstract) == ["vace_blocks", "vace_patch_embedding_bias",
+                                          "vace_patch_embedding_kernel", "vace_proj_in"]
+    # optimiser moments exist for the trained leaves only
+    n_params = len(jax.tree.leaves(tr.params_abstract))
+    assert len(jax.tree.leaves(after["opt"])) <= 2 * n_params + 4
+    assert _diff(after["frozen"], before["frozen"]) == 0.0       # the base: not changed
+    assert _diff(before["frozen"]["blocks"], weights["blocks"]) == 0.0
+    assert _diff(after["params"], before["params"]) > 0          # the VACE branch: trained
+    # "all": every parameter trains; anything else refused in one line
+    full = Trainer(load_config(None, [*VACE, "train.vace_trainable=all"]), tr.mesh)
+    assert "blocks" in full.params_abstract and full.split is None
+    with pytest.raises(ConfigError, match=r"train.vace_trainable.*vace.*all"):
+        load_config(None, [*VACE, "train.vace_trainable=base"])
+    with pytest.raises(ConfigError, match=r"lora.rank=4 .*train.vace_trainable=all"):
+        Trainer(load_config(None, [*VACE, "lora.rank=4"]), tr.mesh)
+
+
+def test_mesh_step_equals_one_device(folder, one):
+    """fsdp 2 x context 4 (Ulysses over the 4 heads) from the same weights and batch: the same
+    loss and the same updated VACE branch."""
+    tr, batch, weights, _, after, metrics = one
+    cfg = load_config(None, [*VACE, "attention.backend=ulysses"])
+    many = Trainer(cfg, make_mesh({**ONE, "fsdp": 2, "context": 4}))
+    assert many.batch_sh["control"].spec == many.batch_sh["latents"].spec
+    st, m = many.step(many.init(weights), many.put_batch(batch))
+    assert abs(float(m["loss"]) - float(metrics["loss"])) < 1e-5 * float(metrics["loss"])
+    assert _diff(st["params"], after["params"]) < 1e-5
+    assert _diff(st["frozen"], after["frozen"]) == 0.0
+
+
+def test_datasets_that_do_not_fit_are_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    lat, text = rng.standard_normal((4, 2, 4, 4)), rng.standard_normal((8, 32))
+    plain = DatasetWriter(tmp_path / "plain")
+    plain.add(lat, text)
+    plain.close()
+    with pytest.raises(DataError, match=r"no control entries.*VACE model.*--model VACE_FOLDER"):
+        BatchIterator(load_config(None, [*VACE, f"data.source={tmp_path / 'plain'}"]))
+    ctl = DatasetWriter(tmp_path / "ctl")
+    ctl.add(lat, text, control=rng.standard_normal((12, 2, 4, 4)))
+    ctl.close()
+    assert json.loads((tmp_path / "ctl" / "meta.json").read_text())["condition"] == {
+        "control": [12, 2, 4, 4]}
+    plain_cfg = [k for k in VACE if "vace" not in k]
+    with pytest.raises(DataError, match=r"stores VACE control entries.*model.vace_layers"):
+        BatchIterator(load_config(None, [*plain_cfg, f"data.source={tmp_path / 'ctl'}"]))
+    wide = [k.replace("vace_in_channels=12", "vace_in_channels=20") for k in VACE]
+    with pytest.raises(DataError, match=r"control shape \[12, 2, 4, 4\] != .*\[20, 2, 4, 4\]"):
+        BatchIterator(load_config(None, [*wide, f"data.source={tmp_path / 'ctl'}"]))
