@@ -40,9 +40,11 @@ def add_animate_arguments(p: argparse.ArgumentParser) -> None:
 def read_animate(args, call: dict, s) -> dict:
     """Wan Animate's flags as its call (``pose_video=`` ... frames in [0, 1]); without any,
     ``call`` unchanged. The call has the Animate pipeline's keys only: its length is the pose
-    video's (``--frames`` refused), ``--guidance`` defaults to 1 (no CFG), ``--height`` /
+    video's (``--frames`` refused), ``--guidance`` defaults to diffusers' 1 (no CFG; above 1
+    the unconditional branch takes ``--negative-prompt`` and a blank face), ``--height`` /
     ``--width`` to the image's; the folder's preflight checks the rest."""
     from ditax.io.video import read_video
+    from ditax.pipelines.wan.animate import GUIDANCE_SCALE
 
     given = {k: getattr(args, k, None) for k in ANIMATE_FLAGS}
     given = {k: v for k, v in given.items() if v is not None}
@@ -57,7 +59,7 @@ def read_animate(args, call: dict, s) -> dict:
     out = {k: call[k] for k in ("prompt", "negative_prompt", "num_inference_steps", "seed",
                                 "image", "last_image", "video", "mask", "reference_images",
                                 "conditioning_scale", "strength") if k in call}
-    out["guidance_scale"] = args.guidance if args.guidance is not None else 1.0
+    out["guidance_scale"] = args.guidance if args.guidance is not None else GUIDANCE_SCALE
     for key, v in given.items():
         out[ANIMATE_FLAGS[key]] = read_video(v) / 255.0 if key.endswith("_video") else v
     img = out.get("image")

@@ -3,12 +3,13 @@
 One sampling step is: the denoiser's inputs at this step's timestep (the family's
 :class:`~ditax.models.base.ModelInputs` rule folds its condition in, :func:`step_inputs`), the
 denoiser on the conditional and (with guidance) the unconditional text (:func:`cfg_branches`:
-both in one batch-2 forward or one after the other), classifier-free guidance (:func:`guide`)
-and the scheduler update (:func:`scheduler_update`). :func:`_denoise_step` is that step,
-jitted; the step-cached step (:mod:`ditax.pipelines.cache.cached_step`) is the same step with a
-forward that may reuse a cached residual, built from the same parts. Nothing here knows a
-family: the denoiser is reached through the protocol of :mod:`ditax.models.base`
-(:class:`~ditax.models.base.Denoiser`).
+both in one batch-2 forward or one after the other; a family whose unconditional branch also
+drops a non-text input says how with its rule's ``uncond``, :func:`uncond_rule`),
+classifier-free guidance (:func:`guide`) and the scheduler update (:func:`scheduler_update`).
+:func:`_denoise_step` is that step, jitted; the step-cached step
+(:mod:`ditax.pipelines.cache.cached_step`) is the same step with a forward that may reuse a
+cached residual, built from the same parts. Nothing here knows a family: the denoiser is
+reached through the protocol of :mod:`ditax.models.base` (:class:`~ditax.models.base.Denoiser`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ def batch_twice(inputs):
     return jax.tree.map(lambda a: jnp.concatenate([a, a]), inputs)
 
 
+def uncond_rule(inputs):
+    """The family's rule for the unconditional branch's extras: ``inputs.uncond(extras) ->
+    extras`` (an optional attribute of its :class:`~ditax.models.base.ModelInputs` rule; Wan
+    Animate's blanks the face crops, as diffusers' ``WanAnimatePipeline``), or None: both
+    branches take the same extras and differ by their text only."""
+    return getattr(inputs, "uncond", None)
+
+
 # forward(x, timestep, text, extras, rows, carry) -> (output, carry): the denoiser on the CFG
 # branches ``rows`` (COND, UNCOND or BOTH); ``carry`` is threaded through (the step cache's
 # state; None for the plain step)
@@ -55,18 +64,23 @@ def cond_branch(forward: Forward, inputs, text, carry=None):
     return forward(x, tb, text_rows(text, slice(0, x.shape[0])), extras, COND, carry)
 
 
-def cfg_branches(forward: Forward, cfg_mode: str, inputs, text, carry=None):
+def cfg_branches(forward: Forward, cfg_mode: str, inputs, text, carry=None, uncond=None):
     """Both CFG branches, ``(cond, uncond, carry)``: ``"batched"`` stacks them in one batch-2
-    forward (text ``[2, T, Dt]`` = cond, uncond), ``"sequential"`` runs them one by one."""
+    forward (text ``[2, T, Dt]`` = cond, uncond), ``"sequential"`` runs them one by one.
+    ``uncond``: the unconditional branch's extras from the conditional's (:func:`uncond_rule`;
+    None: the same)."""
     x, tb, extras = inputs
     b = x.shape[0]
+    extras_u = extras if uncond is None else uncond(extras)
     if cfg_mode == "batched":
-        x2, tb2, extras2 = batch_twice((x, tb, extras))
+        x2, tb2 = batch_twice((x, tb))
+        extras2 = jax.tree.map(lambda a, u: jnp.concatenate([a, u]), extras, extras_u)
         out, carry = forward(x2, tb2, text, extras2, BOTH, carry)
         return out[:b], out[b:], carry
     cond, carry = forward(x, tb, text_rows(text, slice(0, b)), extras, COND, carry)
-    uncond, carry = forward(x, tb, text_rows(text, slice(b, None)), extras, UNCOND, carry)
-    return cond, uncond, carry
+    uncond_out, carry = forward(x, tb, text_rows(text, slice(b, None)), extras_u, UNCOND,
+                                carry)
+    return cond, uncond_out, carry
 
 
 def guide(cond, uncond, guidance):
@@ -109,10 +123,11 @@ def _denoise_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params,
     if not use_cfg:
         v, _ = cond_branch(forward, step_in, text)
     else:
-        cond, uncond, _ = cfg_branches(forward, cfg_mode, step_in, text)
+        cond, uncond, _ = cfg_branches(forward, cfg_mode, step_in, text,
+                                       uncond=uncond_rule(inputs))
         v = guide(cond, uncond, guidance)
     return scheduler_update(scheduler, sched_state, v, latents)
 
 
 __all__ = ["BOTH", "COND", "UNCOND", "batch_twice", "cfg_branches", "cond_branch", "guide",
-           "model_forward", "scheduler_update", "step_inputs", "text_rows"]
+           "model_forward", "scheduler_update", "step_inputs", "text_rows", "uncond_rule"]

@@ -21,7 +21,7 @@ from ditax.pipelines.cache.carry import constrain_carry
 from ditax.pipelines.cache.policy import CALIBRATE, METHODS, RAN, REUSED, SKIPPED, Policy
 from ditax.models.base import num_blocks
 from ditax.pipelines.denoise import (UNCOND, cfg_branches, cond_branch, guide,
-                                     scheduler_update, step_inputs)
+                                     scheduler_update, step_inputs, uncond_rule)
 
 
 def rel_l1(new, old):
@@ -141,6 +141,7 @@ def cached_denoise_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, p
     ``tables`` and the ``carry``, returns ``(latents, sched_state, carry)``."""
     model = nnx.merge(gdef, params)
     i = sched_state.step_index
+    uncond_extras = uncond_rule(inputs)
     _, inputs = step_inputs(model, inputs, sched_state, latents, condition)
     if not use_cfg:
         v, carry = cond_branch(cached_forward(gdef, policy, tables, params, i), inputs, text,
@@ -149,7 +150,7 @@ def cached_denoise_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, p
         def both(ops):
             params, carry = ops
             cond, uncond, carry = cfg_branches(cached_forward(gdef, policy, tables, params, i),
-                                               cfg_mode, inputs, text, carry)
+                                               cfg_mode, inputs, text, carry, uncond_extras)
             if policy.cfg_cache:
                 carry = dict(carry, cfg_diff=(uncond.astype(jnp.float32)
                                               - cond.astype(jnp.float32)))

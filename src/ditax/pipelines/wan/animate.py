@@ -18,9 +18,10 @@ zeros; ``replace``: the background, mask ``1 - mask_video``) — the CLIP featur
 the pose latents and the face crops. Frames 1.. are decoded; segments after the first drop
 their ``prev_segment_conditioning_frames`` overlap; the video is cut to the pose video's length.
 
-Classifier-free guidance is not wired (its unconditional branch feeds a blank face, which the
-one batched forward of the loop cannot carry yet): ``guidance_scale`` must be <= 1 (diffusers'
-default 1.0).
+Classifier-free guidance (``guidance_scale > 1``; diffusers' default 1.0 runs without it) is
+diffusers': the unconditional branch takes the negative prompt and a blank face (every crop
+pixel -1; :func:`~ditax.pipelines.wan.animate_inputs.blank_face`), the same image, pose and
+condition.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ditax.pipelines.wan.image_to_video import WanImageToVideo
 from ditax.pipelines.wan.images import check_image, to_frame
 
 MODES = ("animate", "replace")
+GUIDANCE_SCALE = 1.0   # diffusers' WanAnimatePipeline default: no classifier-free guidance
 
 
 def _frames(video, name: str) -> list:
@@ -67,7 +69,7 @@ class WanAnimate(WanImageToVideo):
     """A loaded Wan 2.2 Animate pipeline (``WanAnimatePipeline`` folders; module docstring)."""
 
     def check_animate(self, image, pose, face, background, mask, mode, segment_frame_length,
-                      prev, guidance_scale) -> None:
+                      prev) -> None:
         """Refuse, in one line naming the value, what this pipeline cannot take."""
         if pose is None:
             raise RequestError("Wan Animate needs pose_video= (the rendered pose frames at the "
@@ -92,17 +94,14 @@ class WanAnimate(WanImageToVideo):
         if not isinstance(prev, int) or not 1 <= prev < segment_frame_length:
             raise RequestError(f"prev_segment_conditioning_frames={prev!r} must be an int in "
                                f"1..{segment_frame_length - 1} (1 or 5 as upstream)")
-        if guidance_scale > 1.0:
-            raise RequestError(f"guidance_scale={guidance_scale} > 1: classifier-free guidance "
-                               f"is not wired for Wan Animate in ditax yet (its unconditional "
-                               f"branch uses a blank face); use guidance_scale=1.0")
 
     @in_compile_cache
     def __call__(self, image=None, pose_video=None, face_video=None, background_video=None,
                  mask_video=None, prompt=None, negative_prompt=None, height: int | None = None,
                  width: int | None = None, segment_frame_length: int = 77,
                  num_inference_steps: int = 20, mode: str = "animate",
-                 prev_segment_conditioning_frames: int = 1, guidance_scale: float = 1.0,
+                 prev_segment_conditioning_frames: int = 1,
+                 guidance_scale: float = GUIDANCE_SCALE,
                  seed: int = 0, latents=None, progress: bool = True,
                  max_sequence_length: int | None = None):
         """One video ``[F, H, W, 3]`` in [0, 1], ``F = len(pose_video)`` (module docstring);
@@ -112,8 +111,7 @@ class WanAnimate(WanImageToVideo):
         bg, mask = _frames(background_video, "background_video"), _frames(mask_video,
                                                                           "mask_video")
         prev = prev_segment_conditioning_frames
-        self.check_animate(image, pose, face, bg, mask, mode, segment_frame_length, prev,
-                           guidance_scale)
+        self.check_animate(image, pose, face, bg, mask, mode, segment_frame_length, prev)
         image = check_image(image, "image")
         ih, iw = (image.height, image.width) if hasattr(image, "height") else image.shape[:2]
         height, width = height or ih, width or iw
@@ -140,11 +138,11 @@ class WanAnimate(WanImageToVideo):
                                    for m in pad_frames(mask, target)])      # [T, H, W]
         return self._segments(image, prompt, negative_prompt, pose, face, bg if mode ==
                               "replace" else None, keep if mode == "replace" else None,
-                              n, seg, prev, num_inference_steps, seed, latents, progress,
-                              max_sequence_length)
+                              n, seg, prev, num_inference_steps, guidance_scale, seed, latents,
+                              progress, max_sequence_length)
 
     def _segments(self, image, prompt, negative_prompt, pose, face, bg, keep, n, seg, prev,
-                  steps, seed, latents, progress, max_sequence_length):
+                  steps, guidance_scale, seed, latents, progress, max_sequence_length):
         from ditax.models.wan.conditioning import clip_features, encode_normalized
 
         vae, tf = self.vae, self.vae.scale_factor_temporal
@@ -152,7 +150,8 @@ class WanAnimate(WanImageToVideo):
         grid = vae.config.latent_grid(seg, height, width)                    # (F', Y, X)
         shape = (1, vae.z_dim, grid[0] + 1, grid[1], grid[2])
         tc = self.transformer.config
-        emb = self.encode_text(prompt, negative_prompt, False, max_sequence_length)
+        emb = self.encode_text(prompt, negative_prompt, guidance_scale > 1.0,
+                               max_sequence_length)
         clip = clip_features(self.image_encoder, self.image_processor, [image])
         clip = clip.astype(jnp.dtype(tc.dtype))
         ref = to_frame(image, height, width, "image")[None, :, None]
@@ -181,7 +180,8 @@ class WanAnimate(WanImageToVideo):
                 seed, seg_i, shape)
             res = sample(programs=self.programs, experts=[expert], inputs=animate_inputs,
                          scheduler=self.scheduler, latent_shape=shape, mesh=self.mesh,
-                         cfg_mode=self.cfg_mode, num_inference_steps=steps, guidance_scale=1.0,
+                         cfg_mode=self.cfg_mode, num_inference_steps=steps,
+                         guidance_scale=guidance_scale,
                          text=lambda use_cfg: emb, condition=lambda: condition,
                          finalize=final_animate_latents, latents=noise, seed=seed,
                          progress=progress, size=f"for a segment of {seg} frames at "
@@ -206,4 +206,4 @@ def segment_noise(seed: int, segment: int, shape) -> jax.Array:
     return jax.random.normal(key, (int(np.prod(shape)),), jnp.float32).reshape(shape)
 
 
-__all__ = ["MODES", "WanAnimate", "segment_noise"]
+__all__ = ["GUIDANCE_SCALE", "MODES", "WanAnimate", "segment_noise"]

@@ -4,7 +4,8 @@
   latents of the reference frame and of the segment's condition video) and CLIP features, plus
   the pose latents and the face crops the Animate transformer reads;
 - :func:`animate_inputs`: the :class:`~ditax.models.base.ModelInputs` rule of the generic
-  loop (Wan's, plus ``pose_hidden_states`` / ``face_pixel_values``);
+  loop (Wan's, plus ``pose_hidden_states`` / ``face_pixel_values``); its ``uncond``
+  (:func:`blank_face`) is the classifier-free guidance branch's: the face crops all -1;
 - :func:`pad_frames` (diffusers' "reflect" padding of a frame list to a length) and
   :func:`segment_mask` (the folded condition mask of a segment).
 """
@@ -48,6 +49,17 @@ def animate_inputs(model, condition, latents, t):
                          "face_pixel_values": grow(condition.face)}
 
 
+def blank_face(extras: dict) -> dict:
+    """The unconditional branch's extras: the face crops all -1 (a blank face; diffusers'
+    ``WanAnimatePipeline`` feeds ``face * 0 - 1`` with the negative prompt), the rest the
+    same (:func:`ditax.pipelines.denoise.uncond_rule`)."""
+    face = extras["face_pixel_values"]
+    return {**extras, "face_pixel_values": jnp.full_like(face, -1)}
+
+
+animate_inputs.uncond = blank_face
+
+
 def final_animate_latents(cond, latents):
     """The latents to decode are the sampled ones (frame 0, the reference, is cut later)."""
     return latents
@@ -83,5 +95,5 @@ def segment_mask(frames: int, grid, temporal: int, given: int, keep=None) -> np.
     return np.ascontiguousarray(m.reshape(f, temporal, y, x).transpose(1, 0, 2, 3)[None])
 
 
-__all__ = ["AnimateCondition", "animate_inputs", "final_animate_latents", "pad_frames",
-           "segment_mask"]
+__all__ = ["AnimateCondition", "animate_inputs", "blank_face", "final_animate_latents",
+           "pad_frames", "segment_mask"]
