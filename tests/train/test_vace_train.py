@@ -140,3 +140,59 @@ def test_datasets_that_do_not_fit_are_refused(tmp_path):
     wide = [k.replace("vace_in_channels=12", "vace_in_channels=20") for k in VACE]
     with pytest.raises(DataError, match=r"control shape \[12, 2, 4, 4\] != .*\[20, 2, 4, 4\]"):
         BatchIterator(load_config(None, [*wide, f"data.source={tmp_path / 'ctl'}"]))
+
+
+def test_preprocess_stores_the_context_the_pipeline_builds(tmp_path):
+    """`ditax preprocess` with a VACE folder: per clip the control context the pipeline builds
+    from the clip's sidecars (control video, mask video: frames 0-1 kept, 2-4 generated, a
+    reference image of another size), the reference's latent frame before the clip's; the
+    dataset feeds a VACE config; a plain Wan folder refuses the sidecars in one line."""
+    pytest.importorskip("diffusers")
+    import PIL.Image
+
+    import ditax
+    from ditax.cli import main as cli_main
+    from ditax.errors import RequestError
+    from ditax.io.video import write_mp4
+    from ditax.train.preprocess import read_sidecars, read_video
+    from vace_reference import make_tiny_vace
+
+    _, folder = make_tiny_vace(tmp_path / "model", two_experts=False)
+    vids = tmp_path / "videos"
+    vids.mkdir()
+    rng = np.random.default_rng(3)
+    write_mp4(vids / "a.mp4", np.clip(0.5 + 0.3 * rng.standard_normal((5, 32, 48, 3)), 0, 1))
+    write_mp4(vids / "a.control.mp4", np.clip(0.5 + 0.2 * rng.standard_normal((5, 32, 48, 3)),
+                                              0, 1))
+    write_mp4(vids / "a.mask.mp4", np.repeat(np.array([0, 0, 1, 1, 1.0])[:, None, None, None],
+                                             32, 1).repeat(48, 2).repeat(3, 3))
+    ref = PIL.Image.fromarray(rng.integers(0, 256, (20, 40, 3), dtype=np.uint8))
+    ref.save(vids / "a.ref.png")
+    (vids / "a.txt").write_text("a cat walks on the grass")
+    ds = tmp_path / "ds"
+    assert cli_main(["preprocess", str(vids), str(ds), "--model", str(folder), "--height", "32",
+                     "--width", "48", "--frames", "5", "--text-len", "8"]) == 0
+    meta = json.loads((ds / "meta.json").read_text())
+    assert meta["num_samples"] == 1       # the sidecars are no samples
+    assert meta["condition"] == {"control": [72, 3, 4, 6]} and meta["latent_shape"] == [4, 3, 4, 6]
+    from array_record.python.array_record_module import ArrayRecordReader
+    from safetensors.numpy import load
+
+    rec = load(ArrayRecordReader(str(ds / meta["files"][0])).read([0])[0])
+    control = read_video(vids / "a.control.mp4", 5, 32, 48).transpose(1, 2, 3, 0)
+    mask = (read_video(vids / "a.mask.mp4", 5, 32, 48)[0] + 1) / 2
+    pipe = ditax.load_pipeline(folder)
+    want = np.asarray(pipe.vace_condition((control + 1) / 2, mask, [ref], 1.0, 32, 48, 5)
+                      .control)[0]
+    np.testing.assert_allclose(rec["control"], want, atol=1e-5)
+    np.testing.assert_allclose(rec["latents"][:, :1], want[:4, :1], atol=1e-6)   # reference
+    cfg = load_config(None, ["model.num_attention_heads=4", "model.attention_head_dim=8",
+                             "model.in_channels=4", "model.out_channels=4",
+                             "model.text_dim=32", "model.freq_dim=32", "model.ffn_dim=48",
+                             "model.num_layers=2", "model.vace_layers=0,1",
+                             "model.vace_in_channels=72", f"data.source={ds}"])
+    assert next(BatchIterator(cfg))["control"].shape == (1, 72, 3, 4, 6)
+    # encoders that take no sidecars (a plain Wan folder's): refused, naming one
+    with pytest.raises(RequestError, match=r"a.control.mp4: control / mask / reference "
+                                           r"sidecars are for a VACE pipeline folder"):
+        read_sidecars(vids / "a.mp4", (), 5, 32, 48)

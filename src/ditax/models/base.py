@@ -52,10 +52,21 @@ class Encoders(abc.ABC):
     def encode_text(self, captions: list[str], text_len: int) -> TextEncoding:
         """Captions → :class:`TextEncoding` (embeddings ``[B, T, Dt]``, ``T = text_len``)."""
 
-    def encode_condition(self, video) -> dict:
+    # the per-clip sidecar files ``ditax preprocess`` reads for :meth:`encode_condition`
+    # (``NAME.control.mp4``, ``NAME.mask.mp4``: ``control`` / ``mask`` videos; ``NAME.ref.png``,
+    # ``NAME.ref2.png``...: ``references`` images); none by default
+    sidecars: tuple[str, ...] = ()
+
+    def encode_condition(self, video, **sidecars) -> dict:
         """Per-clip condition entries (name → array) for one clip ``[3, F, H, W]`` in [-1, 1],
-        as :meth:`ModelFamily.condition_shapes` declares them; none by default."""
+        as :meth:`ModelFamily.condition_shapes` declares them, from the clip and its
+        :attr:`sidecars` (videos ``[3, F, H, W]`` in [-1, 1], images as PIL); none by default."""
         return {}
+
+    def sample_latents(self, latents, condition: dict):
+        """The latents ``[C, F', Y, X]`` stored for a clip with its ``condition`` entries (a
+        family whose condition adds latent frames prepends them here); unchanged by default."""
+        return latents
 
 
 # -- the denoiser protocol: what a sampler and the step cache may call -------------------------

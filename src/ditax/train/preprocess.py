@@ -10,7 +10,14 @@ and its UMT5, captions padded to ``--text-len`` tokens, zeros past the prompt, m
 turn them into training samples. An image-to-video folder (Wan I2V) also stores each clip's
 first-frame condition: mask + condition latents, and for Wan 2.1 the CLIP features of the
 first frame (the family's :meth:`~ditax.models.base.Encoders.encode_condition`); Wan 2.2 TI2V
-needs nothing extra (its condition is the clip's first latent frame). Extra text outputs of a
+needs nothing extra (its condition is the clip's first latent frame). A VACE folder
+(``WanVACEPipeline``) stores each clip's control context (``control``: inactive / reactive
+latents, the folded mask, reference latents, as the pipeline builds them) from the clip's
+sidecar files, read like the clip: ``NAME.control.mp4`` (the control video; none: the clip
+itself when there is a mask, else no control), ``NAME.mask.mp4`` (white = generate, black =
+keep; binary at ``--width x --height``), ``NAME.ref.png``, ``NAME.ref2.png``... (reference
+images, whose latent frames also go before the clip's latents: the frames VACE denoises; every
+clip of a dataset needs the same number). Extra text outputs of a
 family's encoder (:class:`~ditax.models.base.TextEncoding` ``extra``, e.g. a pooled vector) are
 stored with each sample like its condition entries. The result is the ArrayRecord dataset of
 :mod:`ditax.train.data`.
@@ -18,13 +25,67 @@ stored with each sample like its condition entries. The result is the ArrayRecor
 
 from __future__ import annotations
 
+import glob
 import os
 import pathlib
+import re
 
 import numpy as np
 
 VIDEO_EXT = (".mp4", ".mov", ".webm", ".mkv", ".avi")
 IMAGE_EXT = (".png", ".jpg", ".jpeg", ".webp", ".bmp")   # a still image: one frame
+# a clip's sidecar files NAME.KIND.EXT (KIND: control / mask videos, ref / ref2 / ... images):
+# the control inputs a family's encoders take (VACE), not samples themselves
+SIDECAR_VIDEOS = ("control", "mask")
+SIDECAR_IMAGE = re.compile(r"ref\d*")
+
+
+def sidecar_kind(path) -> str | None:
+    """``"control"``, ``"mask"`` or ``"references"`` for a sidecar file name, else None."""
+    p = pathlib.Path(path)
+    kind = pathlib.Path(p.stem).suffix[1:]
+    if kind in SIDECAR_VIDEOS and p.suffix.lower() in VIDEO_EXT:
+        return kind
+    if SIDECAR_IMAGE.fullmatch(kind) and p.suffix.lower() in IMAGE_EXT:
+        return "references"
+    return None
+
+
+def clip_sidecars(path) -> dict:
+    """The sidecar files of the clip at ``path``: ``{"control": p, "mask": p, "references":
+    [p, ...]}`` (those present; references in name order: ``NAME.ref.png``, ``NAME.ref2.png``)."""
+    path = pathlib.Path(path)
+    out: dict = {}
+    for p in sorted(path.parent.glob(f"{glob.escape(path.stem)}.*.*")):
+        kind = sidecar_kind(p)
+        if kind is None or pathlib.Path(p.stem).stem != path.stem:
+            continue
+        if kind == "references":
+            out.setdefault(kind, []).append(p)
+        else:
+            out[kind] = p
+    return out
+
+
+def read_sidecars(path, accepted, num_frames: int, height: int, width: int) -> dict:
+    """The clip's sidecars read for its encoders (videos ``[3, F, H, W]`` in [-1, 1] like the
+    clip, images as PIL); a sidecar the family's encoders do not take (``accepted``) is a
+    :class:`~ditax.errors.RequestError` naming it."""
+    from ditax.errors import RequestError
+    from ditax.io.images import read_image
+
+    found = clip_sidecars(path)
+    extra = [k for k in found if k not in accepted]
+    if extra:
+        names = [p.name for k in extra for p in (found[k] if k == "references" else [found[k]])]
+        raise RequestError(f"{names[0]}: control / mask / reference sidecars are for a VACE "
+                           f"pipeline folder (--model WanVACEPipeline); remove them or "
+                           f"preprocess with a VACE folder")
+    out = {k: read_video(p, num_frames, height, width) for k, p in found.items()
+           if k != "references"}
+    if "references" in found:
+        out["references"] = [read_image(p, "reference image") for p in found["references"]]
+    return out
 
 
 def read_video(path, num_frames: int, height: int, width: int) -> np.ndarray:
@@ -129,7 +190,8 @@ def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
                                    f"\"caption\"; {fix}")
             table[row["file"]] = row["caption"]
     out, missing = [], []
-    for v in sorted(p for p in folder.iterdir() if p.suffix.lower() in VIDEO_EXT + IMAGE_EXT):
+    for v in sorted(p for p in folder.iterdir() if p.suffix.lower() in VIDEO_EXT + IMAGE_EXT
+                    and sidecar_kind(p) is None):
         if not v.is_file() or v.stat().st_size == 0:      # cheap to see before any model loads
             raise video_error(v)
         side = v.with_suffix(".txt")
@@ -310,7 +372,9 @@ def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, mod
         te = enc.encode_text([caption for (_, caption), _ in group], text_len)
         for i, (((path, _), video), lat) in enumerate(zip(group, lats)):
             text, mask = te.embeddings[i], te.mask[i]
-            cond = enc.encode_condition(video)
+            cond = enc.encode_condition(video, **read_sidecars(path, enc.sidecars, frames,
+                                                               height, width))
+            lat = enc.sample_latents(lat, cond)     # VACE: the reference frames first
             extra_text = {k: v[i] for k, v in te.extra.items()}   # e.g. a pooled text vector
             clash = sorted(set(cond) & set(extra_text))
             if clash:

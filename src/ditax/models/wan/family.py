@@ -250,7 +250,8 @@ class WanFamily(ModelFamily):
 class WanEncoders(Encoders):
     """A Wan pipeline folder's VAE (``vae/``), UMT5 (``text_encoder/``) and ``tokenizer/``;
     for a Wan I2V folder (``WanImageToVideoPipeline`` without ``expand_timesteps``) also its
-    image condition (:meth:`encode_condition`; CLIP from ``image_encoder/`` for Wan 2.1)."""
+    image condition (:meth:`encode_condition`; CLIP from ``image_encoder/`` for Wan 2.1); for
+    a VACE folder (``WanVACEPipeline``) each clip's control context from its sidecars."""
 
     def __init__(self, folder, dtype: str = "float32"):
         from ditax.io.files import read_model_json
@@ -267,7 +268,11 @@ class WanEncoders(Encoders):
         index = read_model_json(index, "model_index.json") if index.is_file() else {}
         from ditax.models.wan.conditioning import folder_kind
 
+        from ditax.models.wan.vace_context import VACE_PIPELINE
+
         self.image_condition = folder_kind(index) == "i2v"
+        self.vace = index.get("_class_name") == VACE_PIPELINE   # per clip: its control context
+        self.sidecars = ("control", "mask", "references") if self.vace else ()
         self.image_encoder = self.image_processor = None
         if self.image_condition and (folder / "image_encoder").is_dir():
             from ditax.models.clip import load_image_encoder, load_image_processor
@@ -275,16 +280,23 @@ class WanEncoders(Encoders):
             self.image_encoder = load_image_encoder(folder / "image_encoder", dtype=dtype)
             self.image_processor = load_image_processor(folder / "image_processor")
 
-    def encode_condition(self, video) -> dict:
+    def encode_condition(self, video, **sidecars) -> dict:
         """The first-frame condition of one clip ``[3, F, H, W]`` in [-1, 1] (module
         :mod:`ditax.models.wan.conditioning`): ``condition`` ``[tf + z, F', Y, X]`` and, with a
         CLIP encoder, ``image`` ``[S, Di]`` — CLIP sees the first frame as the 8-bit RGB image
-        a user would pass at inference. Empty for folders without an image condition."""
+        a user would pass at inference. A VACE folder: ``control`` ``[2z + 64, n + F', Y, X]``
+        from the ``sidecars`` (:func:`~ditax.models.wan.vace_context.clip_context`). Empty
+        for folders without a condition."""
         import numpy as np
         import PIL.Image
 
         from ditax.models.wan.conditioning import channel_condition, clip_features
 
+        if self.vace:   # the control context (sidecars: control / mask videos, references)
+            from ditax.models.wan.vace_context import clip_context
+
+            return {"control": clip_context(self.vae, np.asarray(video, np.float32),
+                                            **sidecars)}
         if not self.image_condition:
             return {}
         video = np.asarray(video, np.float32)
@@ -294,6 +306,15 @@ class WanEncoders(Encoders):
             image = PIL.Image.fromarray(rgb.astype(np.uint8))
             out["image"] = clip_features(self.image_encoder, self.image_processor, [image])[0]
         return out
+
+    def sample_latents(self, latents, condition: dict):
+        """VACE: the reference images' latent frames first (:func:`~ditax.models.wan.
+        vace_context.with_references`)."""
+        if "control" not in condition:
+            return latents
+        from ditax.models.wan.vace_context import with_references
+
+        return with_references(latents, condition["control"])
 
     def encode_video(self, video):
         """Posterior mean, normalised with the VAE's latents mean / std."""

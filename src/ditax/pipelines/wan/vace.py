@@ -13,6 +13,7 @@ they are dropped before decoding.
 from __future__ import annotations
 
 from ditax.errors import RequestError
+from ditax.models.wan.vace_context import VACE_PIPELINE
 from ditax.pipelines.wan.folder import PipelineLoadError
 from ditax.pipelines.wan.text_to_video import (VACE_ARGS, RequestPlan, WanTextToVideo,
                                                refuse_extra)
@@ -20,7 +21,6 @@ from ditax.pipelines.wan.vace_inputs import (VaceCondition, conditioning_scales,
                                              mask_frames, reference_frames, vace_final,
                                              vace_inputs, video_frames)
 
-VACE_PIPELINE = "WanVACEPipeline"
 
 
 def check_vace_fit(vae, tc) -> None:
