@@ -82,6 +82,10 @@ class LoraLinear(Linear):
         d = jnp.broadcast_to(self._delta(x), y.shape[:-1] + (self.dims()[2],))
         return y + jax.lax.dynamic_slice_in_dim(d, start, size, axis=d.ndim - 1)
 
+    def column_input(self, x):
+        """``x`` as is: the LoRA terms read the full-precision input."""
+        return x
+
     def from_heads(self, x):
         """``x [..., N, K]`` flattened to ``[..., N·K]`` through :meth:`__call__` (base and
         LoRA terms; the base layer's relayout-free contraction is for the merged case)."""

@@ -90,6 +90,11 @@ class Linear(nnx.Module):
             y = y + cut(self.bias[...].astype(self.dtype))
         return y
 
+    def column_input(self, x):
+        """``x`` as :meth:`out_columns` reads it in every chunk of one layer: with 8-bit
+        activations quantized once (:meth:`~ditax.nn.quant.QuantSpec.quantize_input`)."""
+        return x if self.quant is None else self.quant.quantize_input(x)
+
     def _check_plain(self, what):
         if self.out_heads:
             raise ValueError(f"Linear.{what}: the kernel is stored head-major")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -115,6 +116,13 @@ def _letters(spec: str, x_ndim: int) -> tuple[str, str, str]:
     return lhs, rhs, out
 
 
+class QuantizedInput(NamedTuple):
+    """An activation quantized per token (:meth:`QuantSpec.quantize_input`): 8-bit ``values``
+    (x's shape), float32 ``scale`` (x's shape without the contracted axes)."""
+    values: jax.Array
+    scale: jax.Array
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantSpec:
     """How one :class:`~ditax.nn.Linear` computes: ``mode`` (int8 | fp8), ``activations``
@@ -125,11 +133,22 @@ class QuantSpec:
     activations: bool = False
     native: bool = False
 
+    def quantize_input(self, x, contracted: int = 1):
+        """``x`` quantized per token over its last ``contracted`` axes once, for several dots
+        (a layer's column chunks; :meth:`einsum` takes it as ``x``); without activations x."""
+        if not self.activations:
+            return x
+        axes, xf = tuple(range(x.ndim - contracted, x.ndim)), x.astype(jnp.float32)
+        sx = channel_scale(xf, self.mode, axis=axes)
+        return QuantizedInput(quantize_values(xf, jnp.expand_dims(sx, axes), self.mode), sx)
+
     def einsum(self, spec: str, x, q, scale, dtype):
         """``einsum(spec, x, q * scale)`` in ``dtype``; ``q`` the 8-bit kernel viewed as the
         spec's right operand, ``scale`` its per-output-channel scales (any shape with the
-        operand's output axes' size)."""
-        lhs, rhs, out = _letters(spec, x.ndim)
+        operand's output axes' size); ``x`` may be :meth:`quantize_input`'s result (its
+        contracted axes the spec's, last)."""
+        pre = x if isinstance(x, QuantizedInput) else None
+        lhs, rhs, out = _letters(spec, (x if pre is None else pre.values).ndim)
         spec = f"{lhs},{rhs}->{out}"
         w_out = "".join(c for c in rhs if c in out)
         sw = _place(w_out, out, scale.reshape([q.shape[rhs.index(c)] for c in w_out]))
@@ -137,9 +156,12 @@ class QuantSpec:
             y = jnp.einsum(spec, x.astype(dtype), q.astype(dtype))
             return (y * sw.astype(dtype)).astype(dtype)
         contracted = tuple(i for i, c in enumerate(lhs) if c not in out)
-        xf = x.astype(jnp.float32)
-        sx = channel_scale(xf, self.mode, axis=contracted)        # per token
-        xq = quantize_values(xf, jnp.expand_dims(sx, contracted), self.mode)
+        if pre is None:
+            xf = x.astype(jnp.float32)
+            sx = channel_scale(xf, self.mode, axis=contracted)        # per token
+            pre = QuantizedInput(quantize_values(xf, jnp.expand_dims(sx, contracted),
+                                                 self.mode), sx)
+        xq, sx = pre
         if self.mode == "int8":
             y = jnp.einsum(spec, xq, q, preferred_element_type=jnp.int32)
         elif self.native:

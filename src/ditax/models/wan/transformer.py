@@ -78,7 +78,7 @@ def gelu_columns(lin: Linear, x, chunks: int, place):
     ``[in, width / chunks]`` kernel slice before its dot), written into one ``[..., width]``
     hidden. The gradient is the one-dot formula's (:func:`_gelu_dense`; the loop's own
     backward stacks every iteration's residuals: +1.2 GiB on the 14B 720p training step)."""
-    width = lin.dims()[2]
+    width, lead = lin.dims()[2], x.shape[:-1]
     m = width // chunks
 
     def loop(x, w, b):
@@ -89,10 +89,12 @@ def gelu_columns(lin: Linear, x, chunks: int, place):
             part = jax.nn.gelu(part, approximate=True)
             return jax.lax.dynamic_update_slice_in_dim(h, part, c * m, axis=h.ndim - 1)
 
-        return jax.lax.fori_loop(0, chunks, body, jnp.zeros(x.shape[:-1] + (width,), lin.dtype))
+        return jax.lax.fori_loop(0, chunks, body, jnp.zeros(lead + (width,), lin.dtype))
 
     if lin.quant is not None:                   # 8-bit kernels: inference only
-        return loop(x, None, None)
+        # 8-bit activations quantized once, before the loop (in it, XLA re-quantized the
+        # loop-invariant bf16 input in every chunk)
+        return loop(lin.column_input(x), None, None)
     dense = jax.custom_vjp(lambda x, w, b: loop(x, w, b))
     dense.defvjp(lambda x, w, b: (loop(x, w, b), (x, w, b)),
                  lambda res, g: jax.vjp(_gelu_dense, *res)[1](g))
