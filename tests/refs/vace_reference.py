@@ -26,16 +26,18 @@ def vace_transformer(seed, **arch):
     return tr.eval()
 
 
-def make_tiny_vace(tmp_path, seed=0, two_experts=True):
+def make_tiny_vace(tmp_path, seed=0, two_experts=True, arch=None):
     """A tiny random ``WanVACEPipeline`` (two experts switching at t = 800: with 3 UniPC
-    steps, t = 1000, 857 / 600), saved; returns (pipeline, folder)."""
+    steps, t = 1000, 857 / 600; transformers of ``arch``, default :data:`PIPELINE_ARCH`),
+    saved; returns (pipeline, folder)."""
     from diffusers import WanVACEPipeline
 
     tok, enc = make_text_parts(tmp_path, seed)
-    extra = dict(transformer_2=vace_transformer(seed + 5), boundary_ratio=0.8) \
+    extra = dict(transformer_2=vace_transformer(seed + 5, **(arch or {})), boundary_ratio=0.8) \
         if two_experts else {}
     pipe = WanVACEPipeline(tokenizer=tok, text_encoder=enc, vae=_vae21(seed + 2),
-                           scheduler=_scheduler(), transformer=vace_transformer(seed + 3),
+                           scheduler=_scheduler(),
+                           transformer=vace_transformer(seed + 3, **(arch or {})),
                            **extra)
     pipe.set_progress_bar_config(disable=True)
     folder = tmp_path / "vace"

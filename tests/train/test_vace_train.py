@@ -1,9 +1,11 @@
-"""Training a VACE model (``model.vace_layers``): the flow loss of a training step equals the
-same loss computed with diffusers' ``WanVACETransformer3DModel`` (same weights, noise and
-timesteps); by default only the VACE branch trains (the base frozen: no optimiser state, not
-changed); a step on fsdp 2 x context 4 (Ulysses) equals one device; the control context
-through a dataset, and datasets that do not fit refused in one line; `ditax preprocess` of a
-VACE folder stores the context the pipeline builds, and `ditax train` trains on it."""
+"""Training a VACE model (``model.vace_layers``) on what `ditax preprocess` stores for a tiny
+random diffusers ``WanVACEPipeline`` folder: per clip the control context the pipeline builds
+from the clip's sidecars (control video, mask video, a reference image), the reference's
+latent frame before the clip's; the flow loss of a training step on that dataset equals the
+same loss computed with the folder's diffusers ``WanVACETransformer3DModel`` (same weights,
+noise and timesteps); by default only the VACE branch trains (the base frozen: no optimiser
+state, not changed); a step on fsdp 2 x context 4 (Ulysses) equals one device; datasets and
+sidecars that do not fit are refused in one line."""
 
 import json
 
@@ -12,22 +14,23 @@ import numpy as np
 import pytest
 
 from ditax.config import load_config
-from ditax.errors import ConfigError
+from ditax.errors import ConfigError, RequestError
 from ditax.parallel import make_mesh
 from ditax.train.data import BatchIterator, DataError, DatasetWriter
 from ditax.train.step import Trainer
 
+pytest.importorskip("diffusers")
 pytestmark = pytest.mark.usefixtures("fast_compile")
 ONE = dict(data=1, fsdp=1, context=1, tensor=1)
-# 4 heads x 8, 3 blocks, hints after blocks 2 and 0 (unsorted, as a config may list them),
-# 12 control channels; 32 px clips of 5 frames: latents [4, 2, 4, 4], 8 tokens
-ARCH = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=8, in_channels=4,
-            out_channels=4, text_dim=32, freq_dim=32, ffn_dim=48, num_layers=3,
-            vace_layers=[2, 0], vace_in_channels=12)
+# the folder's transformer: 4 heads x 8, 3 blocks, hints after blocks 2 and 0 (unsorted, as a
+# config may list them), 2 x 4 + 64 control channels; clips 32 x 48 px, 5 frames + a reference:
+# latents [4, 3, 4, 6]
+ARCH = dict(num_layers=3, vace_layers=[2, 0])
 VACE = ["model.num_attention_heads=4", "model.attention_head_dim=8", "model.in_channels=4",
         "model.out_channels=4", "model.text_dim=32", "model.freq_dim=32", "model.ffn_dim=48",
-        "model.num_layers=3", "model.vace_layers=2,0", "model.vace_in_channels=12",
-        "data.height=32", "data.width=32", "data.text_len=8", "batch_size=2"]
+        "model.num_layers=3", "model.vace_layers=2,0", "model.vace_in_channels=72",
+        "data.text_len=8", "data.shuffle=false", "batch_size=2"]
+SIZE = ["--height", "32", "--width", "48", "--frames", "5", "--text-len", "8"]
 
 
 def _diff(a, b) -> float:
@@ -36,35 +39,85 @@ def _diff(a, b) -> float:
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    """The diffusers reference model, saved (its weights are the runs' init_from)."""
-    pytest.importorskip("diffusers")
-    from vace_reference import vace_transformer
+def dataset(tmp_path_factory):
+    """The folder, two captioned clips with sidecars (a: control + mask + reference; b: mask
+    + reference, so its control is the clip itself) and `ditax preprocess`'s dataset."""
+    import PIL.Image
 
-    m = vace_transformer(0, **ARCH)
-    path = tmp_path_factory.mktemp("vace") / "transformer"
-    m.save_pretrained(path)
-    return m, path
+    from ditax.cli import main as cli_main
+    from ditax.io.video import write_mp4
+    from vace_reference import PIPELINE_ARCH, make_tiny_vace
+
+    tmp = tmp_path_factory.mktemp("vace_train")
+    pipe, folder = make_tiny_vace(tmp, two_experts=False, arch={**PIPELINE_ARCH, **ARCH})
+    vids = tmp / "videos"
+    vids.mkdir()
+    rng = np.random.default_rng(3)
+    keep = np.repeat(np.array([0, 0, 1, 1, 1.0])[:, None, None, None], 32, 1)
+    for name in ("a", "b"):
+        write_mp4(vids / f"{name}.mp4", np.clip(0.5 + 0.3 * rng.standard_normal((5, 32, 48, 3)),
+                                                0, 1))
+        write_mp4(vids / f"{name}.mask.mp4", keep.repeat(48, 2).repeat(3, 3))
+        PIL.Image.fromarray(rng.integers(0, 256, (20, 40, 3), dtype=np.uint8)).save(
+            vids / f"{name}.ref.png")
+        (vids / f"{name}.txt").write_text(f"a cat walks on the grass, take {name}")
+    write_mp4(vids / "a.control.mp4", np.clip(0.5 + 0.2 * rng.standard_normal((5, 32, 48, 3)),
+                                              0, 1))
+    ds = tmp / "ds"
+    assert cli_main(["preprocess", str(vids), str(ds), "--model", str(folder), *SIZE]) == 0
+    return pipe, folder, vids, ds
 
 
 @pytest.fixture(scope="module")
-def one(folder):
-    """One device: the trainer, its batch (text mask all ones: diffusers takes no mask), the
-    weights from the folder and one step's state and metrics."""
-    cfg = load_config(None, VACE)
+def one(dataset):
+    """One device on the dataset: the trainer, its batch (text mask all ones: diffusers takes
+    none; the embeddings are zero past each prompt either way), the folder's weights and one
+    step's state and metrics."""
+    _, folder, _, ds = dataset
+    cfg = load_config(None, [*VACE, f"data.source={ds}"])
     tr = Trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
     batch = next(BatchIterator(cfg))
     batch = dict(batch, text_mask=np.ones_like(batch["text_mask"]))
-    weights = jax.tree.map(np.asarray, tr.family.load_params(folder[1], tr.mesh))
+    weights = jax.tree.map(np.asarray, tr.family.load_params(
+        tr.family.weights_folder(folder), tr.mesh))
     st = tr.init(weights)
     before = {k: jax.tree.map(np.asarray, st[k]) for k in ("params", "frozen", "key")}
     after, metrics = tr.step(st, tr.put_batch(batch))
     return tr, batch, weights, before, after, metrics
 
 
-def test_loss_equals_diffusers(folder, one):
+def test_preprocess_stores_the_context_the_pipeline_builds(dataset):
+    import ditax
+    from ditax.train.preprocess import read_sidecars, read_video
+
+    _, folder, vids, ds = dataset
+    meta = json.loads((ds / "meta.json").read_text())
+    assert meta["num_samples"] == 2       # the sidecars are no samples
+    assert meta["condition"] == {"control": [72, 3, 4, 6]} and meta["latent_shape"] == [4, 3, 4, 6]
+    from array_record.python.array_record_module import ArrayRecordReader
+    from safetensors.numpy import load
+
+    rec = load(ArrayRecordReader(str(ds / meta["files"][0])).read([0])[0])   # clip a
+    control = read_video(vids / "a.control.mp4", 5, 32, 48).transpose(1, 2, 3, 0)
+    mask = (read_video(vids / "a.mask.mp4", 5, 32, 48)[0] + 1) / 2
+    import PIL.Image
+
+    pipe = ditax.load_pipeline(folder)
+    want = np.asarray(pipe.vace_condition((control + 1) / 2, mask,
+                                          [PIL.Image.open(vids / "a.ref.png")], 1.0, 32, 48, 5)
+                      .control)[0]
+    np.testing.assert_allclose(rec["control"], want, atol=1e-5)
+    np.testing.assert_allclose(rec["latents"][:, :1], want[:4, :1], atol=1e-6)   # reference
+    # encoders that take no sidecars (a plain Wan folder's): refused, naming one
+    with pytest.raises(RequestError, match=r"a.control.mp4: control / mask / reference "
+                                           r"sidecars are for a VACE pipeline folder"):
+        read_sidecars(vids / "a.mp4", (), 5, 32, 48)
+
+
+def test_loss_equals_diffusers(dataset, one):
     """The step's loss equals mean((transformer(x_t, 1000 sigma, text, control) - (eps - x0))^2)
-    with the torch model, sigma and eps drawn from the step's key as the loss draws them."""
+    with the folder's torch transformer, sigma and eps drawn from the step's key as the loss
+    draws them."""
     import torch
 
     from ditax.train.loss import sample_sigmas
@@ -79,13 +132,14 @@ def test_loss_equals_diffusers(folder, one):
     s = sigma[:, None, None, None, None]
     x_t = (1 - s) * x0 + s * noise
     with torch.no_grad():
-        pred = folder[0](torch.from_numpy(x_t.astype(np.float32)),
-                         torch.from_numpy((sigma * 1000).astype(np.float32)),
-                         torch.from_numpy(batch["text"]),
-                         control_hidden_states=torch.from_numpy(batch["control"]),
-                         return_dict=False)[0].numpy()
-    want = np.mean((pred - (noise - x0)) ** 2)
-    assert rel_err(np.asarray(metrics["loss"]), want) < 1e-5, (float(metrics["loss"]), want)
+        pred = dataset[0].transformer(
+            torch.from_numpy(x_t.astype(np.float32)),
+            torch.from_numpy((sigma * 1000).astype(np.float32)), torch.from_numpy(batch["text"]),
+            control_hidden_states=torch.from_numpy(batch["control"]), return_dict=False)[0]
+    want = np.mean((pred.numpy() - (noise - x0)) ** 2)
+    err = rel_err(np.asarray(metrics["loss"]), want)
+    print(f"VACE training loss {float(metrics['loss']):.7g} vs diffusers {want:.7g}: {err:.2e}")
+    assert err < 1e-5
 
 
 def test_default_trains_the_vace_branch_only(one):
@@ -94,8 +148,8 @@ def test_default_trains_the_vace_branch_only(one):
     assert sorted(tr.params_abstract) == ["vace_blocks", "vace_patch_embedding_bias",
                                           "vace_patch_embedding_kernel", "vace_proj_in"]
     # optimiser moments exist for the trained leaves only
-    n_params = len(jax.tree.leaves(tr.params_abstract))
-    assert len(jax.tree.leaves(after["opt"])) <= 2 * n_params + 4
+    moments = sorted(x.shape for x in jax.tree.leaves(after["opt"]) if x.ndim)
+    assert moments == sorted([x.shape for x in jax.tree.leaves(tr.params_abstract)] * 2)
     assert _diff(after["frozen"], before["frozen"]) == 0.0       # the base: not changed
     assert _diff(before["frozen"]["blocks"], weights["blocks"]) == 0.0
     assert _diff(after["params"], before["params"]) > 0          # the VACE branch: trained
@@ -108,91 +162,33 @@ def test_default_trains_the_vace_branch_only(one):
         Trainer(load_config(None, [*VACE, "lora.rank=4"]), tr.mesh)
 
 
-def test_mesh_step_equals_one_device(folder, one):
+def test_mesh_step_equals_one_device(one):
     """fsdp 2 x context 4 (Ulysses over the 4 heads) from the same weights and batch: the same
     loss and the same updated VACE branch."""
     tr, batch, weights, _, after, metrics = one
-    cfg = load_config(None, [*VACE, "attention.backend=ulysses"])
+    cfg = load_config(None, [*VACE, f"data.source={tr.cfg.data.source}",
+                             "attention.backend=ulysses"])
     many = Trainer(cfg, make_mesh({**ONE, "fsdp": 2, "context": 4}))
     assert many.batch_sh["control"].spec == many.batch_sh["latents"].spec
     st, m = many.step(many.init(weights), many.put_batch(batch))
-    assert abs(float(m["loss"]) - float(metrics["loss"])) < 1e-5 * float(metrics["loss"])
+    loss_err = abs(float(m["loss"]) - float(metrics["loss"])) / float(metrics["loss"])
+    print(f"fsdp2 x context4 vs one device: loss {loss_err:.2e} rel, "
+          f"params {_diff(st['params'], after['params']):.2e} max abs")
+    assert loss_err < 1e-5
     assert _diff(st["params"], after["params"]) < 1e-5
     assert _diff(st["frozen"], after["frozen"]) == 0.0
 
 
-def test_datasets_that_do_not_fit_are_refused(tmp_path):
+def test_datasets_that_do_not_fit_are_refused(tmp_path, dataset):
     rng = np.random.default_rng(0)
-    lat, text = rng.standard_normal((4, 2, 4, 4)), rng.standard_normal((8, 32))
     plain = DatasetWriter(tmp_path / "plain")
-    plain.add(lat, text)
+    plain.add(rng.standard_normal((4, 3, 4, 6)), rng.standard_normal((8, 32)))
     plain.close()
     with pytest.raises(DataError, match=r"no control entries.*VACE model.*--model VACE_FOLDER"):
         BatchIterator(load_config(None, [*VACE, f"data.source={tmp_path / 'plain'}"]))
-    ctl = DatasetWriter(tmp_path / "ctl")
-    ctl.add(lat, text, control=rng.standard_normal((12, 2, 4, 4)))
-    ctl.close()
-    assert json.loads((tmp_path / "ctl" / "meta.json").read_text())["condition"] == {
-        "control": [12, 2, 4, 4]}
     plain_cfg = [k for k in VACE if "vace" not in k]
     with pytest.raises(DataError, match=r"stores VACE control entries.*model.vace_layers"):
-        BatchIterator(load_config(None, [*plain_cfg, f"data.source={tmp_path / 'ctl'}"]))
-    wide = [k.replace("vace_in_channels=12", "vace_in_channels=20") for k in VACE]
-    with pytest.raises(DataError, match=r"control shape \[12, 2, 4, 4\] != .*\[20, 2, 4, 4\]"):
-        BatchIterator(load_config(None, [*wide, f"data.source={tmp_path / 'ctl'}"]))
-
-
-def test_preprocess_stores_the_context_the_pipeline_builds(tmp_path):
-    """`ditax preprocess` with a VACE folder: per clip the control context the pipeline builds
-    from the clip's sidecars (control video, mask video: frames 0-1 kept, 2-4 generated, a
-    reference image of another size), the reference's latent frame before the clip's; the
-    dataset feeds a VACE config; a plain Wan folder refuses the sidecars in one line."""
-    pytest.importorskip("diffusers")
-    import PIL.Image
-
-    import ditax
-    from ditax.cli import main as cli_main
-    from ditax.errors import RequestError
-    from ditax.io.video import write_mp4
-    from ditax.train.preprocess import read_sidecars, read_video
-    from vace_reference import make_tiny_vace
-
-    _, folder = make_tiny_vace(tmp_path / "model", two_experts=False)
-    vids = tmp_path / "videos"
-    vids.mkdir()
-    rng = np.random.default_rng(3)
-    write_mp4(vids / "a.mp4", np.clip(0.5 + 0.3 * rng.standard_normal((5, 32, 48, 3)), 0, 1))
-    write_mp4(vids / "a.control.mp4", np.clip(0.5 + 0.2 * rng.standard_normal((5, 32, 48, 3)),
-                                              0, 1))
-    write_mp4(vids / "a.mask.mp4", np.repeat(np.array([0, 0, 1, 1, 1.0])[:, None, None, None],
-                                             32, 1).repeat(48, 2).repeat(3, 3))
-    ref = PIL.Image.fromarray(rng.integers(0, 256, (20, 40, 3), dtype=np.uint8))
-    ref.save(vids / "a.ref.png")
-    (vids / "a.txt").write_text("a cat walks on the grass")
-    ds = tmp_path / "ds"
-    assert cli_main(["preprocess", str(vids), str(ds), "--model", str(folder), "--height", "32",
-                     "--width", "48", "--frames", "5", "--text-len", "8"]) == 0
-    meta = json.loads((ds / "meta.json").read_text())
-    assert meta["num_samples"] == 1       # the sidecars are no samples
-    assert meta["condition"] == {"control": [72, 3, 4, 6]} and meta["latent_shape"] == [4, 3, 4, 6]
-    from array_record.python.array_record_module import ArrayRecordReader
-    from safetensors.numpy import load
-
-    rec = load(ArrayRecordReader(str(ds / meta["files"][0])).read([0])[0])
-    control = read_video(vids / "a.control.mp4", 5, 32, 48).transpose(1, 2, 3, 0)
-    mask = (read_video(vids / "a.mask.mp4", 5, 32, 48)[0] + 1) / 2
-    pipe = ditax.load_pipeline(folder)
-    want = np.asarray(pipe.vace_condition((control + 1) / 2, mask, [ref], 1.0, 32, 48, 5)
-                      .control)[0]
-    np.testing.assert_allclose(rec["control"], want, atol=1e-5)
-    np.testing.assert_allclose(rec["latents"][:, :1], want[:4, :1], atol=1e-6)   # reference
-    cfg = load_config(None, ["model.num_attention_heads=4", "model.attention_head_dim=8",
-                             "model.in_channels=4", "model.out_channels=4",
-                             "model.text_dim=32", "model.freq_dim=32", "model.ffn_dim=48",
-                             "model.num_layers=2", "model.vace_layers=0,1",
-                             "model.vace_in_channels=72", f"data.source={ds}"])
-    assert next(BatchIterator(cfg))["control"].shape == (1, 72, 3, 4, 6)
-    # encoders that take no sidecars (a plain Wan folder's): refused, naming one
-    with pytest.raises(RequestError, match=r"a.control.mp4: control / mask / reference "
-                                           r"sidecars are for a VACE pipeline folder"):
-        read_sidecars(vids / "a.mp4", (), 5, 32, 48)
+        BatchIterator(load_config(None, [*plain_cfg, f"data.source={dataset[3]}"]))
+    wide = [k.replace("vace_in_channels=72", "vace_in_channels=96") for k in VACE]
+    with pytest.raises(DataError, match=r"control shape \[72, 3, 4, 6\] != .*\[96, 3, 4, 6\]"):
+        BatchIterator(load_config(None, [*wide, f"data.source={dataset[3]}"]))
