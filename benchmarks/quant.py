@@ -17,19 +17,22 @@ split into int8 and bf16 halves, XLA's temp bytes (the quantization pre-pass) �
 
 ``--weights``: the transformer weight bytes per mode (bf16, int8, fp8 block linears) of Wan 2.1
 14B, Wan 2.2 A14B (both experts) and FLUX.1-dev from their abstract models (no weights).
-``--weights-error`` (CPU, a minute): a random 1.3B-width Wan transformer's output relative
-error per mode (int8 / fp8 weights, with and without 8-bit activations) against float32.
+``--weights-error`` (CPU, a few minutes): a random 1.3B-width Wan transformer's and a random
+FLUX.1-dev-width Flux's (one double, one single block) output relative error per mode (int8 /
+fp8 weights, with and without 8-bit activations) against float32.
 ``--tpu-linears`` (needs libtpu): a 1.3B-width Wan compiled deviceless for v6e per mode —
 argument / temp bytes and the dots XLA emits (s32 results of s8 x s8 = native int8).
-``--quality`` (CPU, ~3 s a video): the shipped demo model (``ditax.demo.model_path()``, sampled
-as ``ditax.demo.SAMPLE``) per mode — full precision, int8 W, int8 W+A, fp8 W, fp8 W+A, 8-bit
-attention (``sage_xla``: the ``sage`` kernel's numbers), all together — over the 40
-combinations x ``--seeds``: the prompt-following score (:mod:`ditax.synthetic.score`) and PSNR /
+``--quality`` (CPU, ~1 s a video; ``benchmarks/quant_quality.py``): the shipped demo model
+(``ditax.demo.model_path()``, sampled as ``ditax.demo.SAMPLE``) per mode — full precision, int8
+W, int8 W+A, fp8 W, fp8 W+A, 8-bit attention (``sage_xla``: the ``sage`` kernel's numbers), all
+together — over the 40 combinations x ``--seeds`` (``--batch`` videos per run of one compiled
+step program per mode): the prompt-following score (:mod:`ditax.synthetic.score`) and PSNR /
 SSIM of each video against the full-precision (float32) one from the same seed (same noise).
-One summary line per mode (``--out`` also appends them to a file: docs/quant_quality.jsonl).
+One line per mode and seed, then one summary line per mode (``--out`` also appends them to a
+file: docs/quant_quality.jsonl).
 ``--tpu-14b`` (needs libtpu; minutes per case): the Wan 2.1 14B 720p / 81-frame forward compiled
 deviceless for v6e-8 (context 8, ``ulysses``, blocks 512: the ``benchmarks/tpu_aot.py`` case;
-``out_a2a=shard_major`` with ``flash``, ``flat`` with ``sage``, which has no shard-major path) per mode — bf16 + ``flash``, int8 W+A + ``flash``, bf16 +
+``out_a2a=shard_major`` with ``flash``; ``sage`` with ``flat`` and, ``-sm`` cases, ``shard_major``) per mode — bf16 + ``flash``, int8 W+A + ``flash``, bf16 +
 ``sage``, int8 W+A + ``sage`` — at ``--layers`` layers scaled to 40 as tpu_aot does: argument /
 temp bytes, s32 dots (native int8), HBM bytes, and the roofline with the 8-bit FLOPs (the block
 linears' with int8 activations, self-attention's Q·Kᵀ with ``sage``) at twice the bf16 rate.
@@ -178,6 +181,38 @@ def weights_error(layers: int = 2, seed: int = 0) -> None:
              activations=act)
 
 
+def flux_weights_error(double: int = 1, single: int = 1, seed: int = 0) -> None:
+    """As :func:`weights_error` for a random Flux of FLUX.1-dev's width (D = 3072, 24 heads,
+    MLP 12288, text 4096, guidance embedded; ``double`` + ``single`` blocks, float32) on 256
+    image tokens (a 16 x 16 packed grid, ids ``(0, row, col)``) and 64 text tokens, t = 0.7,
+    guidance 3.5; the double / single block linears quantized (modulation stays float)."""
+    from ditax.models.flux.build import init_model
+    from ditax.models.flux.config import FluxConfig
+    from ditax.nn.quant import quantize_linear, quantized_linears
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    cfg = FluxConfig(num_layers=double, num_single_layers=single, guidance_embeds=True)
+    g = np.random.default_rng(seed)
+    rows, cols = np.divmod(np.arange(256), 16)
+    x = dict(hidden_states=jnp.asarray(g.standard_normal((1, 256, 64)), jnp.float32),
+             encoder_hidden_states=jnp.asarray(g.standard_normal((1, 64, 4096)), jnp.float32),
+             pooled_projections=jnp.asarray(g.standard_normal((1, 768)), jnp.float32),
+             timestep=jnp.asarray([0.7]), guidance=jnp.asarray([3.5]),
+             img_ids=jnp.asarray(np.stack([0 * rows, rows, cols], 1), jnp.float32),
+             txt_ids=jnp.zeros((64, 3), jnp.float32))
+    run = jax.jit(lambda m, x: m(**x))
+    ref = np.asarray(run(init_model(cfg, seed=seed), x))
+    for mode, act in MODES:
+        m = init_model(cfg, seed=seed)
+        for _, lin in list(quantized_linears(m, [n for n, _ in m.block_stacks])):
+            quantize_linear(lin, mode, act)
+        y = np.asarray(run(m, x))
+        del m
+        emit(f"flux_D3072_double{double}_single{single}", "rel_err_vs_f32",
+             float(np.linalg.norm(y - ref) / np.linalg.norm(ref)), "ratio", mode=mode,
+             activations=act)
+
+
 def tpu_linears(layers: int = 2) -> None:
     """Deviceless v6e compile of a bf16 Wan of 1.3B width (``layers`` blocks, 1 x 16 x 4 x 16
     x 16 latents, 64 text tokens) per mode: argument bytes and the dots XLA emits — s32
@@ -222,11 +257,13 @@ def tpu_linears(layers: int = 2) -> None:
 
 
 INT8_WA = ["model.quantize=int8", "model.quantize_activations=true"]
-# case: (overrides, local kernel, ulysses out_a2a); sage has no shard-major path (flash only)
+# case: (overrides, local kernel, ulysses out_a2a)
 TPU_14B = {"bf16-flash": ([], "flash", "shard_major"),
            "int8wa-flash": (INT8_WA, "flash", "shard_major"),
            "bf16-flash-flat": ([], "flash", "flat"),
-           "bf16-sage": ([], "sage", "flat"), "int8wa-sage": (INT8_WA, "sage", "flat")}
+           "bf16-sage": ([], "sage", "flat"), "int8wa-sage": (INT8_WA, "sage", "flat"),
+           "bf16-sage-sm": ([], "sage", "shard_major"),
+           "int8wa-sage-sm": (INT8_WA, "sage", "shard_major")}
 
 
 def tpu_14b(layers: int, cases, hlo_dir: str = "/tmp") -> None:
@@ -286,62 +323,14 @@ def tpu_14b(layers: int, cases, hlo_dir: str = "/tmp") -> None:
         print(json.dumps(row), flush=True)
 
 
-QUALITY_MODES = (("none", dict()), ("int8_w", dict(quantize="int8")),
-                 ("int8_wa", dict(quantize="int8", quantize_activations=True)),
-                 ("fp8_w", dict(quantize="fp8")),
-                 ("fp8_wa", dict(quantize="fp8", quantize_activations=True)),
-                 ("sage_attention", dict(attention="sage_xla")),
-                 ("all", dict(quantize="int8", quantize_activations=True, attention="sage_xla")))
+def quality(seeds: int, modes, out=None, batch: int = 8) -> None:
+    """The demo model per mode (module docstring; benchmarks/quant_quality.py)."""
+    import sys
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from quant_quality import quality as run
 
-def quality(seeds: int, modes, out=None) -> None:
-    """The demo model per mode (module docstring): score and PSNR / SSIM vs full precision."""
-    import statistics
-    import time
-
-    from speed_cache import psnr, ssim
-
-    import ditax
-    from ditax.demo import SAMPLE, model_path
-    from ditax.synthetic.score import score
-    from ditax.synthetic.vocab import all_combinations
-
-    combos = all_combinations()
-    ref = {}
-    for name, options in QUALITY_MODES:
-        if name not in modes and name != "none":
-            continue
-        pipe = ditax.load_pipeline(model_path(), **options)
-        rows, t0 = [], time.perf_counter()
-        for combo in combos:
-            for seed in range(seeds):
-                video = np.asarray(pipe(combo.prompt, seed=seed, progress=False, **SAMPLE))
-                s = score(video, combo.prompt)
-                row = {k: s[f"{k}_correct"] for k in ("colour", "shape", "direction", "all")}
-                if name == "none":
-                    ref[combo.prompt, seed] = video
-                else:
-                    row["psnr"] = psnr(video, ref[combo.prompt, seed])
-                    row["ssim"] = ssim(video, ref[combo.prompt, seed])
-                rows.append(row)
-        n = len(rows)
-        line = {"bench": "quant", "case": "demo_quality", "mode": name, **options,
-                "videos": n, "seeds": seeds, "sample": dict(SAMPLE),
-                "score_all": round(100 * sum(r["all"] for r in rows) / n, 2),
-                **{f"{k}_accuracy": round(sum(r[k] for r in rows) / n, 4)
-                   for k in ("colour", "shape", "direction")},
-                "seconds": round(time.perf_counter() - t0, 1)}
-        if name != "none":
-            finite = [r["psnr"] for r in rows if r["psnr"] is not None]
-            line.update(psnr_db_mean=round(statistics.mean(finite), 2) if finite else None,
-                        psnr_db_min=round(min(finite), 2) if finite else None,
-                        identical_videos=n - len(finite),
-                        ssim_mean=round(statistics.mean(r["ssim"] for r in rows), 4),
-                        ssim_min=round(min(r["ssim"] for r in rows), 4))
-        print(json.dumps(line), flush=True)
-        if out:
-            with open(out, "a") as f:
-                f.write(json.dumps(line) + "\n")
+    run(seeds, modes, out, batch)
 
 
 def main(argv=None):
@@ -355,14 +344,17 @@ def main(argv=None):
     p.add_argument("--weights", action="store_true",
                    help="weight memory per mode (Wan 2.1 14B, Wan 2.2 A14B, FLUX.1-dev)")
     p.add_argument("--weights-error", action="store_true",
-                   help="random 1.3B-width Wan: output relative error per mode (CPU)")
+                   help="random 1.3B-width Wan and FLUX.1-dev-width Flux: output relative "
+                   "error per mode (CPU)")
     p.add_argument("--tpu-linears", action="store_true",
                    help="deviceless v6e: the 8-bit dots of a 1.3B-width Wan per mode")
     p.add_argument("--quality", action="store_true",
                    help="demo model: score and PSNR / SSIM per mode vs full precision (CPU)")
     p.add_argument("--seeds", type=int, default=3, help="--quality: seeds per combination")
-    p.add_argument("--modes", nargs="+", default=[m for m, _ in QUALITY_MODES],
+    p.add_argument("--modes", nargs="+", default=["int8_w", "int8_wa", "fp8_w", "fp8_wa",
+                                                  "sage_attention", "all"],
                    help="--quality: which modes (full precision always runs: the reference)")
+    p.add_argument("--batch", type=int, default=8, help="--quality: videos per step program")
     p.add_argument("--out", default=None, help="--quality: also append the lines here")
     p.add_argument("--tpu-14b", action="store_true",
                    help="deviceless v6e-8: Wan 14B 720p forward per mode, 8-bit roofline")
@@ -374,7 +366,7 @@ def main(argv=None):
         p.error("choose --attention, --tpu-hlo, --weights, --weights-error, --tpu-linears, "
                 "--quality")
     if a.quality:
-        quality(a.seeds, a.modes, a.out)
+        quality(a.seeds, a.modes, a.out, a.batch)
     if a.tpu_14b:
         tpu_14b(a.layers, a.cases)
     if a.tpu_linears:
@@ -383,6 +375,7 @@ def main(argv=None):
         weight_memory()
     if a.weights_error:
         weights_error()
+        flux_weights_error()
     if a.attention:
         attention_error(a.L, a.heads, a.K, a.score_std)
     if a.tpu_hlo:

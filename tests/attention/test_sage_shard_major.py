@@ -2,6 +2,8 @@
 the output written ``[U, b, h, Lc, K]``; flat / chunked / shard_major bit-identical (the same
 blocks, means and scales per shard), and equal to ``sage_xla`` on the shard-padded sequence."""
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,3 +63,36 @@ def test_sage_shard_major_refusals():
     with pytest.raises(ValueError, match="block_q=8 is not a multiple of 32"):
         plan_sequence_parallel("ulysses", mesh, options=dict(
             local="sage", block_q=8, block_kv=32, out_a2a="shard_major", interpret=False), **kw)
+
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason=f'libtpu is not installed: pip install "jax[tpu]=={jax.__version__}" '
+           f'(deviceless TPU compile)')
+
+
+@needs_libtpu
+def test_sage_shard_major_compiles_for_v6e_with_fewer_copies_than_flat():
+    """Deviceless v6e-8, context 8, head-major bf16 (Wan's layout), 408 tokens (shards of 51,
+    a partial block of 64 each): shard_major is one Mosaic kernel reading int8 q / k
+    ``[U, 1, 1, 64, 128]``, and materialises fewer relayout bytes than flat's exchange."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import ditax
+    from ditax.plan.audit import KERNEL_TARGET, audit
+    from ditax.plan.targets import parse_target, topology_devices
+
+    mesh = make_mesh({"context": 8}, topology_devices(parse_target("tpu-v6e-8")))
+    x = jax.ShapeDtypeStruct((1, 8, 408, 128), jnp.bfloat16,
+                             sharding=NamedSharding(mesh, P(None, None, "context")))
+    found = {}
+    with ditax.target_platform("tpu"):
+        for mode in ("flat", "shard_major"):
+            call = resolve("ulysses", dict(local="sage", out_a2a=mode), mesh=mesh)
+            hlo = jax.jit(lambda q, k, v: call(q, k, v, head_major=True)).lower(
+                x, x, x).compile().as_text()
+            kernels = [ln for ln in hlo.splitlines() if KERNEL_TARGET in ln]
+            found[mode] = (audit(hlo)["copy_bytes"], kernels)
+    copies, kernels = found["shard_major"]
+    assert len(kernels) == 1 and kernels[0].count("s8[8,1,1,64,128]") == 2, kernels
+    assert copies < found["flat"][0], (copies, found["flat"][0])
