@@ -47,7 +47,7 @@ def _conv(x, kernel, stride, padding, groups=1, dims=("NHWC", "HWIO", "NHWC")):
 
 def fused_leaky_relu(x, bias):
     """``leaky_relu(x + bias, 0.2) * sqrt(2)`` (bias over the channels, the last axis)."""
-    return jax.nn.leaky_relu(x + bias.astype(x.dtype), 0.2) * np.float32(math.sqrt(2.0))
+    return jax.nn.leaky_relu(x + bias.astype(x.dtype), 0.2) * math.sqrt(2.0)   # weak: x's dtype
 
 
 class MotionConv(nnx.Module):
@@ -74,7 +74,7 @@ class MotionConv(nnx.Module):
             k2 = jnp.asarray(np.broadcast_to(k2[:, :, None, None], k2.shape + (1, self.cin)),
                              x.dtype)
             x = _conv(x, k2, 1, [self.blur_pad, self.blur_pad], groups=self.cin)
-        w = self.kernel[...].astype(x.dtype) * np.float32(self.scale)
+        w = self.kernel[...].astype(x.dtype) * self.scale     # a Python float keeps x's dtype
         x = _conv(x, w, self.stride, (self.padding, self.padding))
         if self.act_bias is not None:
             return fused_leaky_relu(x, self.act_bias[...])
@@ -90,7 +90,7 @@ class MotionLinear(nnx.Module):
         self.scale = 1.0 / math.sqrt(din)
 
     def __call__(self, x):
-        w = self.weight[...].astype(x.dtype) * np.float32(self.scale)
+        w = self.weight[...].astype(x.dtype) * self.scale
         return x @ w.T + self.bias[...].astype(x.dtype)
 
 
@@ -105,7 +105,7 @@ class ResBlock(nnx.Module):
                                     **kw)
 
     def __call__(self, x):
-        return (self.conv2(self.conv1(x)) + self.conv_skip(x)) / np.float32(math.sqrt(2.0))
+        return (self.conv2(self.conv1(x)) + self.conv_skip(x)) / math.sqrt(2.0)
 
 
 class MotionEncoder(nnx.Module):
