@@ -53,6 +53,15 @@ def roofline(flops: float, hbm_bytes: float, collective_bytes: dict, chip: Chip)
     return {**parts, "estimate_s": parts[bound], "bound": bound[:-2], "chip": chip.name}
 
 
+def layer_loop(loops: list[dict], num_layers: int | None) -> dict | None:
+    """The layer scan among :func:`~ditax.plan.audit.audit`'s ``loops``: of those with
+    ``num_layers`` trips (windowed-einsum loops inside a two-layer compile have 2 too), the
+    one whose iteration holds the most HBM traffic (its body holds theirs) — the first one
+    found was a windowed loop in the 14B context8 shard_major compile. None without one."""
+    same = [lp for lp in loops if num_layers and lp["trip"] == num_layers]
+    return max(same, key=lambda lp: (lp["hbm_bytes"], lp["tpu_custom_calls"]), default=None)
+
+
 def measure(compiled, *, compile_s: float, model_flops: float, num_layers: int | None = None,
             chip: Chip | None = None, hlo_path=None) -> dict:
     """Everything ``ditax plan`` reports about one compiled program (per device, per call).
@@ -75,11 +84,7 @@ def measure(compiled, *, compile_s: float, model_flops: float, num_layers: int |
     out["model_flops"] = float(model_flops)
     out["flops"] = float(max(model_flops, a["xla_flops"]))
     out["unknown_trip_counts"] = a["unknown_trip_counts"]
-    # the layer scan: of the loops with num_layers trips (windowed-einsum loops inside a
-    # two-layer compile have 2 too), the one whose iteration holds the most (its body holds
-    # theirs); the first one found was a windowed loop in the 14B context8 shard_major compile
-    layer = [lp for lp in a["loops"] if num_layers and lp["trip"] == num_layers]
-    layer = max(layer, key=lambda lp: (lp["hbm_bytes"], lp["tpu_custom_calls"]), default=None)
+    layer = layer_loop(a["loops"], num_layers)
     out["per_layer"] = ({k: layer[k] for k in _AUDIT_KEYS} if layer else None)
     out["loops"] = [{"trip": lp["trip"], "copy_ops": lp["copy_ops"],
                      "copy_bytes": lp["copy_bytes"]} for lp in a["loops"]]
@@ -90,4 +95,4 @@ def measure(compiled, *, compile_s: float, model_flops: float, num_layers: int |
     return out
 
 
-__all__ = ["measure", "memory", "roofline", "compile_timed", "WIRE_FACTOR"]
+__all__ = ["measure", "memory", "roofline", "compile_timed", "layer_loop", "WIRE_FACTOR"]
