@@ -9,6 +9,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 TPU_STAMP := $(VENV)/.installed-tpu
+# pip install, done by uv with pip's configured package sources (pip where uv fails): tools/install.py
+INSTALL = $(BIN)/python tools/install.py
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1
@@ -17,18 +19,17 @@ export HF_HUB_OFFLINE ?= 1
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e .
+	$(INSTALL) -c constraints.txt -e .
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	$(INSTALL) -c constraints.txt -e ".[test]"
 	touch $(TEST_STAMP)
 
 # libtpu (the [tpu] extra, pinned to the jax version): the TPU test group compiles ditax for a
 # TPU v6e topology without a TPU (deviceless). Linux only; elsewhere those tests skip.
 $(TPU_STAMP): $(TEST_STAMP)
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[tpu]"
+	$(INSTALL) -c constraints.txt -e ".[tpu]"
 	touch $(TPU_STAMP)
 
 install: $(STAMP)

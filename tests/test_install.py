@@ -26,12 +26,13 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make he
 
 
 def dry_run(target: str, venv: pathlib.Path) -> list[str]:
-    """The pip install lines ``make -n TARGET VENV=venv`` would run, in order."""
+    """The install lines (``tools/install.py``: pip install by uv) ``make -n TARGET VENV=venv``
+    would run, in order."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     out = subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, env=env)   # (not the flags of a `make test`)
     assert out.returncode == 0, out.stderr
-    return [line for line in out.stdout.splitlines() if "pip install" in line]
+    return [line for line in out.stdout.splitlines() if "tools/install.py" in line]
 
 
 def extras(line: str) -> set[str]:
@@ -65,6 +66,33 @@ def test_make_test_adds_the_test_and_tpu_extras_fresh_or_after_make_demo(tmp_pat
     os.utime(stamp, (newest + 10, newest + 10))
     assert editable_installs(dry_run("demo", venv)) == []
     assert editable_installs(dry_run("test", venv)) == [{"test"}, {"tpu"}]
+
+
+def test_the_installer_passes_pips_package_sources_on_to_uv():
+    """uv reads no pip configuration: the installer hands pip's sources (config files and
+    ``PIP_*`` variables, as ``pip config list`` shows them) to uv, every index searched."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import install
+    finally:
+        sys.path.pop(0)
+    env = dict(os.environ, PIP_CONFIG_FILE=os.devnull, PIP_FIND_LINKS="/w1 /w2",
+               PIP_EXTRA_INDEX_URL="file:///idx/simple", PIP_CONSTRAINT="/c.txt")
+    for k in ("PIP_INDEX_URL", "PIP_CERT"):
+        env.pop(k, None)
+    old = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        settings = install.pip_settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    flags = install.uv_flags(settings)
+    pairs = list(zip(flags[::2], flags[1::2]))
+    assert pairs == [("--index-strategy", "unsafe-best-match"),
+                     ("--extra-index-url", "file:///idx/simple"), ("--find-links", "/w1"),
+                     ("--find-links", "/w2"), ("--constraint", "/c.txt")], flags
 
 
 def test_the_test_extra_holds_the_heavy_references_and_the_runtime_does_not():
