@@ -77,9 +77,11 @@ def describe(mode: str, activations: bool, devices=None) -> str:
 
 def channel_scale(w, mode: str, axis: int = -2):
     """Per-output-channel scale ``max|w| / qmax`` over the input ``axis`` (numpy or jax;
-    float32; 1 where a channel is all zeros)."""
+    float32; 1 where a channel is all zeros). On jax arrays ``max |w|`` is taken in w's dtype
+    (exact), so XLA reads w itself (from a float32 cast it wrote a float32 copy)."""
     xp = jnp if isinstance(w, jax.Array) else np
-    amax = xp.max(xp.abs(w.astype(xp.float32)), axis=axis)
+    amax = (jnp.max(jnp.abs(w), axis=axis).astype(jnp.float32) if xp is jnp
+            else np.max(np.abs(w.astype(np.float32)), axis=axis))
     return xp.where(amax > 0, amax / QMAX[mode], 1.0).astype(xp.float32)
 
 
@@ -138,9 +140,9 @@ class QuantSpec:
         (a layer's column chunks; :meth:`einsum` takes it as ``x``); without activations x."""
         if not self.activations:
             return x
-        axes, xf = tuple(range(x.ndim - contracted, x.ndim)), x.astype(jnp.float32)
-        sx = channel_scale(xf, self.mode, axis=axes)
-        return QuantizedInput(quantize_values(xf, jnp.expand_dims(sx, axes), self.mode), sx)
+        axes = tuple(range(x.ndim - contracted, x.ndim))
+        sx = channel_scale(x, self.mode, axis=axes)
+        return QuantizedInput(quantize_values(x, jnp.expand_dims(sx, axes), self.mode), sx)
 
     def einsum(self, spec: str, x, q, scale, dtype):
         """``einsum(spec, x, q * scale)`` in ``dtype``; ``q`` the 8-bit kernel viewed as the
@@ -156,11 +158,9 @@ class QuantSpec:
             y = jnp.einsum(spec, x.astype(dtype), q.astype(dtype))
             return (y * sw.astype(dtype)).astype(dtype)
         contracted = tuple(i for i, c in enumerate(lhs) if c not in out)
-        if pre is None:
-            xf = x.astype(jnp.float32)
-            sx = channel_scale(xf, self.mode, axis=contracted)        # per token
-            pre = QuantizedInput(quantize_values(xf, jnp.expand_dims(sx, contracted),
-                                                 self.mode), sx)
+        if pre is None:     # per token
+            sx = channel_scale(x, self.mode, axis=contracted)
+            pre = QuantizedInput(quantize_values(x, jnp.expand_dims(sx, contracted), self.mode), sx)
         xq, sx = pre
         if self.mode == "int8":
             y = jnp.einsum(spec, xq, q, preferred_element_type=jnp.int32)
