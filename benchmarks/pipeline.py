@@ -10,9 +10,16 @@
 3. ``--cases i2v,ti2v``: the same per-phase comparison (plus ``image``: VAE encode of the
    condition, CLIP) for image-to-video on the tests' tiny random folders (Wan 2.1 I2V with CLIP;
    Wan 2.2 TI2V with an image) against diffusers' WanImageToVideoPipeline.
+4. ``--cases vace,v2v,animate``: control, on the tests' tiny random folders, against diffusers'
+   WanVACEPipeline (two experts; control video + mask + a reference image, scale 0.5; the same
+   initial latents), WanVideoToVideoPipeline (strength 0.6) and WanAnimatePipeline (two
+   segments; the same noise per segment, diffusers' draws replaced by ditax's). Phases:
+   ``image`` is the condition (every VAE encode of control / source / reference / pose frames,
+   CLIP); diffusers' are timed around its ``encode_prompt``, ``encode_image``, ``vae.encode``
+   and ``vae.decode``, its denoise is the rest of the call.
 
     python benchmarks/pipeline.py [--steps 8] [--height 64] [--width 96] [--frames 17]
-                                  [--cases t2v,i2v,ti2v]
+                                  [--cases t2v,i2v,ti2v,vace,v2v,animate]
 """
 
 from __future__ import annotations
@@ -146,7 +153,8 @@ def main() -> int:
     p.add_argument("--width", type=int, default=96)
     p.add_argument("--frames", type=int, default=17)
     p.add_argument("--folder", default=None, help="pipeline folder (default: build the demo one)")
-    p.add_argument("--cases", default="t2v", help="comma list of t2v, i2v, ti2v")
+    p.add_argument("--cases", default="t2v",
+                   help="comma list of t2v, i2v, ti2v, vace, v2v, animate")
     args = p.parse_args()
     import jax
 
@@ -162,6 +170,10 @@ def main() -> int:
         bench_vae_memory(folder, args)
     if "i2v" in cases or "ti2v" in cases:
         bench_image_to_video(args, cases)
+    if {"vace", "v2v", "animate"} & set(cases):
+        from pipeline_control import bench_control
+
+        bench_control(args, cases, emit, phase_timer)
     return 0
 
 

@@ -13,9 +13,9 @@ pytest.importorskip("diffusers")
 
 import ditax  # noqa: E402
 from ditax.errors import RequestError  # noqa: E402
-from ditax.pipelines.wan.animate import WanAnimate, segment_noise  # noqa: E402
-from i2v_reference import CLIP, Z, _clip, _scheduler, _vae21, image  # noqa: E402
-from pipeline_reference import TEXT_DIM, make_text_parts  # noqa: E402
+from ditax.pipelines.wan.animate import WanAnimate  # noqa: E402
+from animate_reference import diffusers_animate, make_tiny_animate  # noqa: E402
+from i2v_reference import Z, image  # noqa: E402
 
 H = W = 32
 SEG = 5
@@ -26,31 +26,8 @@ TOL = 1e-3
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from diffusers import WanAnimatePipeline, WanAnimateTransformer3DModel
-
-    tmp = tmp_path_factory.mktemp("animate")
-    tok, enc = make_text_parts(tmp, 0)
-    torch.manual_seed(3)
-    tr = WanAnimateTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
-        in_channels=2 * Z + 4, latent_channels=Z, out_channels=Z, text_dim=TEXT_DIM,
-        freq_dim=32, ffn_dim=64, num_layers=2, image_dim=CLIP["hidden_size"],
-        added_kv_proj_dim=32, motion_encoder_channel_sizes={"16": 8, "8": 12, "4": 8},
-        motion_encoder_size=16, motion_style_dim=16, motion_dim=4, motion_encoder_dim=16,
-        face_encoder_hidden_dim=8, face_encoder_num_heads=2, inject_face_latents_blocks=1,
-        motion_encoder_batch_size=4)
-    g = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for name, p in tr.named_parameters():
-            gain = 1.0 if "norm" in name and name.endswith("weight") else 0.0
-            scale = 1.0 if "motion_encoder" in name else 0.5 / max(1, p.shape[-1]) ** 0.5
-            p.copy_(torch.randn(p.shape, generator=g) * scale + gain)
-    clip, proc = _clip(tmp, 5)
-    ref = WanAnimatePipeline(tokenizer=tok, text_encoder=enc, vae=_vae21(2), scheduler=_scheduler(),
-                             image_processor=proc, image_encoder=clip, transformer=tr.eval())
-    ref.set_progress_bar_config(disable=True)
-    ref.save_pretrained(tmp / "pipe")
-    return ref, ditax.load_pipeline(tmp / "pipe"), tmp / "pipe"
+    ref, folder = make_tiny_animate(tmp_path_factory.mktemp("animate"))
+    return ref, ditax.load_pipeline(folder), folder
 
 
 def _videos(n, seed=0):
@@ -60,21 +37,6 @@ def _videos(n, seed=0):
     return pose, face
 
 
-def _diffusers(ref, shape, seed, noises, **kw):
-    import diffusers
-
-    mod = diffusers.pipelines.wan.pipeline_wan_animate
-    draws = [torch.from_numpy(np.array(segment_noise(seed, s, shape))) for s in noises]
-    orig = mod.randn_tensor
-    mod.randn_tensor = lambda s, **_: draws.pop(0).reshape(s)
-    try:
-        with torch.no_grad():
-            out = ref(output_type="np", **kw)
-    finally:
-        mod.randn_tensor = orig
-    return np.asarray(out.frames[0], np.float32)
-
-
 def test_animate_two_segments_and_replace_match_diffusers(tiny):
     ref, pipe, _ = tiny
     assert isinstance(pipe, WanAnimate)
@@ -82,7 +44,7 @@ def test_animate_two_segments_and_replace_match_diffusers(tiny):
     char = image(7, H, W)
     pose, face = _videos(9)                      # 9 frames: two segments of 5, 1 overlapping
     got = pipe(image=char, pose_video=pose, face_video=face, seed=2, progress=False, **REQ)
-    want = _diffusers(ref, shape, 2, [0, 1], image=char, pose_video=pose, face_video=face,
+    want = diffusers_animate(ref, shape, 2, [0, 1], image=char, pose_video=pose, face_video=face,
                       **REQ)
     err = float(np.abs(got - want).max())
     print(f"animate, 2 segments: max abs diff vs diffusers {err:.2e}")
@@ -96,7 +58,7 @@ def test_animate_two_segments_and_replace_match_diffusers(tiny):
     kw = dict(REQ, image=char, pose_video=pose[:5], face_video=face[:5], mode="replace",
               background_video=bg, mask_video=masks)
     got_r = pipe(seed=4, progress=False, **kw)
-    want_r = _diffusers(ref, shape, 4, [0], **kw)
+    want_r = diffusers_animate(ref, shape, 4, [0], **kw)
     err_r = float(np.abs(got_r - want_r).max())
     print(f"replace, 1 segment: max abs diff vs diffusers {err_r:.2e}")
     assert err_r < TOL, err_r
@@ -113,10 +75,12 @@ def test_animate_guidance_matches_diffusers(tiny):
     kw = dict(REQ, image=image(7, H, W), pose_video=pose, face_video=face, guidance_scale=3.0,
               negative_prompt="blurry")
     got = pipe(seed=5, progress=False, **kw)
-    want = _diffusers(ref, shape, 5, [0], **kw)
+    want = diffusers_animate(ref, shape, 5, [0], **kw)
     err = float(np.abs(got - want).max())
     print(f"animate, guidance 3: max abs diff vs diffusers {err:.2e}")
     assert err < TOL, err
+    t = pipe.timings     # the whole call's phases (CLIP / VAE encodes are "image")
+    assert min(t.text, t.image, t.denoise, t.decode) > 0, t
 
 
 def PIL_image(x):

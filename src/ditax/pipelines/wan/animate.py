@@ -26,11 +26,14 @@ condition.
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ditax.errors import RequestError
+from ditax.phases import phase
 from ditax.pipelines.programs import in_compile_cache
 from ditax.pipelines.sampling import Expert, Timings, sample
 from ditax.pipelines.wan.animate_inputs import (AnimateCondition, animate_inputs,
@@ -150,46 +153,66 @@ class WanAnimate(WanImageToVideo):
         grid = vae.config.latent_grid(seg, height, width)                    # (F', Y, X)
         shape = (1, vae.z_dim, grid[0] + 1, grid[1], grid[2])
         tc = self.transformer.config
-        emb = self.encode_text(prompt, negative_prompt, guidance_scale > 1.0,
-                               max_sequence_length)
-        clip = clip_features(self.image_encoder, self.image_processor, [image])
-        clip = clip.astype(jnp.dtype(tc.dtype))
-        ref = to_frame(image, height, width, "image")[None, :, None]
-        ref = jnp.concatenate([jnp.asarray(segment_mask(1, (1,) + grid[1:], tf, 1)),
-                               encode_normalized(vae, ref)], axis=1)          # [1, tf+z, 1, ..]
+        t0 = time.perf_counter()
+        with phase("text"):
+            emb = jax.block_until_ready(self.encode_text(prompt, negative_prompt,
+                                                         guidance_scale > 1.0,
+                                                         max_sequence_length))
+        t1 = time.perf_counter()
+        with phase("image"):
+            clip = clip_features(self.image_encoder, self.image_processor, [image])
+            clip = clip.astype(jnp.dtype(tc.dtype))
+            ref = to_frame(image, height, width, "image")[None, :, None]
+            ref = jax.block_until_ready(jnp.concatenate(
+                [jnp.asarray(segment_mask(1, (1,) + grid[1:], tf, 1)),
+                 encode_normalized(vae, ref)], axis=1))                       # [1, tf+z, 1, ..]
+        # the whole call's seconds per phase (the segments' summed)
+        spent = dict(text=t1 - t0, image=time.perf_counter() - t1, compile=0.0, denoise=0.0,
+                     decode=0.0)
         expert = Expert(self.transformer._gdef, self.transformer._state, tc)
         out, frames = [], None
         for seg_i in range((n + (-(n - prev)) % (seg - prev)) // (seg - prev)):
             start = seg_i * (seg - prev)
             end = start + seg
-            if start == 0:
-                head = bg[:, :prev] if bg is not None else np.zeros((3, prev, height, width),
-                                                                     np.float32)
-            else:
-                head = frames[:, -prev:]
-            rest = (bg[:, start + prev:end] if bg is not None
-                    else np.zeros((3, seg - prev, height, width), np.float32))
-            cond_video = np.concatenate([head, rest], axis=1)[None]
-            mask = segment_mask(seg, grid, tf, prev if start > 0 else 0,
-                                None if keep is None else keep[start:end])
-            cond = jnp.concatenate([jnp.asarray(mask), encode_normalized(vae, cond_video)], 1)
-            condition = AnimateCondition(
-                base=Condition(channels=jnp.concatenate([ref, cond], axis=2), image=clip),
-                pose=encode_normalized(vae, pose[None, :, start:end]), face=face[:, :, start:end])
+
+            def condition(start=start, end=end, frames=frames):
+                """This segment's :class:`AnimateCondition` (timed as the ``image`` phase)."""
+                if start == 0:
+                    head = bg[:, :prev] if bg is not None else np.zeros(
+                        (3, prev, height, width), np.float32)
+                else:
+                    head = frames[:, -prev:]
+                rest = (bg[:, start + prev:end] if bg is not None
+                        else np.zeros((3, seg - prev, height, width), np.float32))
+                cond_video = np.concatenate([head, rest], axis=1)[None]
+                mask = segment_mask(seg, grid, tf, prev if start > 0 else 0,
+                                    None if keep is None else keep[start:end])
+                cond = jnp.concatenate([jnp.asarray(mask), encode_normalized(vae, cond_video)],
+                                       1)
+                return AnimateCondition(
+                    base=Condition(channels=jnp.concatenate([ref, cond], axis=2), image=clip),
+                    pose=encode_normalized(vae, pose[None, :, start:end]),
+                    face=face[:, :, start:end])
+
             noise = latents if (start == 0 and latents is not None) else segment_noise(
                 seed, seg_i, shape)
             res = sample(programs=self.programs, experts=[expert], inputs=animate_inputs,
                          scheduler=self.scheduler, latent_shape=shape, mesh=self.mesh,
                          cfg_mode=self.cfg_mode, num_inference_steps=steps,
                          guidance_scale=guidance_scale,
-                         text=lambda use_cfg: emb, condition=lambda: condition,
+                         text=lambda use_cfg: emb, condition=condition, condition_phase="image",
                          finalize=final_animate_latents, latents=noise, seed=seed,
                          progress=progress, size=f"for a segment of {seg} frames at "
                                                  f"{height}x{width}")
-            z = vae.denormalize_latents(jnp.asarray(res.output[:, :, 1:], vae.dtype))
-            frames = np.asarray(vae.decode(z, tiled=self.vae_tiling), np.float32)[0]
+            for k in ("image", "compile", "denoise"):
+                spent[k] += res.timings[k]
+            t0 = time.perf_counter()
+            with phase("decode"):
+                z = vae.denormalize_latents(jnp.asarray(res.output[:, :, 1:], vae.dtype))
+                frames = np.asarray(vae.decode(z, tiled=self.vae_tiling), np.float32)[0]
+            spent["decode"] += time.perf_counter() - t0
             out.append(frames if start == 0 else frames[:, prev:])
-            self.last_stats, self.timings = res.stats, Timings(load=self.load_time, **res.timings)
+            self.last_stats, self.timings = res.stats, Timings(load=self.load_time, **spent)
         video = np.concatenate(out, axis=1)[:, :n]
         video = np.clip(video * np.float32(0.5) + np.float32(0.5), 0.0, 1.0)
         return np.ascontiguousarray(np.transpose(video, (1, 2, 3, 0)))
