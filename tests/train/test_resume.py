@@ -33,7 +33,7 @@ LONG = 100_000          # "run for a long time": every stage below is stopped by
 
 def _env(cache):
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1",
-               XLA_FLAGS=xla_flags(8), PYTHONUNBUFFERED="1")
+               XLA_FLAGS=xla_flags(1), PYTHONUNBUFFERED="1")
     env.pop("DITAX_CACHE_DIR", None)
     return env
 
