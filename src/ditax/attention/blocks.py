@@ -27,5 +27,20 @@ def effective_block(block: int, length: int) -> int:
     return min(block, round_up(max(length, 1), SUBLANE))
 
 
+def check_shard_major(name: str, q, k, v, block_q: int, block_kv: int,
+                      whole_blocks: bool) -> None:
+    """The shapes a shard-major kernel (flash, sage) takes: q ``[U, B, N, Lc, K]``, k/v
+    ``[Uk, B, N, Lk_c, K]``; with ``whole_blocks`` shards of whole blocks (ValueError naming
+    the shapes and the fix)."""
+    U, B, N, Lc, K = q.shape
+    if k.ndim != 5 or k.shape != v.shape or k.shape[1:3] != (B, N) or k.shape[4] != K:
+        raise ValueError(f"shard-major {name} expects q [U, B, N, Lc, K] and k/v [Uk, B, N, "
+                         f"Lk_c, K]; got q{q.shape} k{k.shape} v{v.shape}")
+    if whole_blocks and (Lc % block_q or k.shape[3] % block_kv):
+        raise ValueError(f"shard-major {name}: shard length Lc={Lc} (keys {k.shape[3]}) must be "
+                         f"a multiple of block_q={block_q} / block_kv={block_kv}; pad the "
+                         f"sequence so each shard is a block multiple")
+
+
 __all__ = ["SUBLANE", "LANES", "TPU_BLOCK", "OTHER_BLOCK", "default_block", "round_up",
-           "effective_block"]
+           "effective_block", "check_shard_major"]

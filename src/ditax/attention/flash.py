@@ -43,7 +43,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ditax.attention.blocks import SUBLANE, effective_block, round_up
+from ditax.attention.blocks import SUBLANE, check_shard_major, effective_block, round_up
 from ditax.attention.kernels.flash_bwd import flash_core_bwd
 from ditax.attention.kernels.flash_fwd import flash_forward_shard_major
 from ditax.attention.kernels.flash_packed import flash_forward_packed, packable
@@ -188,14 +188,8 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
     Returns ``[U, B, N, Lc, K]`` in q's dtype, or o_prev's when given (and lse
     ``[U, B, N, Lc]`` float32).
     """
+    check_shard_major("flash", q, k, v, block_q, block_kv, whole_blocks)
     U, B, N, Lc, K = q.shape
-    if k.ndim != 5 or k.shape != v.shape or k.shape[1:3] != (B, N) or k.shape[4] != K:
-        raise ValueError(f"shard-major flash expects q [U, B, N, Lc, K] and k/v [Uk, B, N, Lk_c, "
-                         f"K]; got q{q.shape} k{k.shape} v{v.shape}")
-    if whole_blocks and (Lc % block_q or k.shape[3] % block_kv):
-        raise ValueError(f"shard-major flash: shard length Lc={Lc} (keys {k.shape[3]}) must be a "
-                         f"multiple of block_q={block_q} / block_kv={block_kv}; pad the sequence "
-                         f"so each shard is a block multiple")
     scale = K ** -0.5 if scale is None else float(scale)
     interpret = default_interpret() if interpret is None else interpret
     check_platform(bool(interpret))

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ditax.attention.blocks import check_shard_major
 from ditax.attention.options import SageOptions
 from ditax.attention.registry import BACKENDS
 from ditax.errors import AttentionUnavailable
@@ -292,14 +293,8 @@ def sage_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
     (a partial last block when ``whole_blocks=False``, its rows past the shard padded in the
     int8 copies and masked), so for shards of whole blocks the blocks, means and scales are
     those of the plain ``[B, N, U·Lc, K]`` call and the values equal it bit for bit."""
-    U, B, N, Lc, K = q.shape
-    if k.ndim != 5 or k.shape != v.shape or k.shape[1:3] != (B, N) or k.shape[4] != K:
-        raise ValueError(f"shard-major sage expects q [U, B, N, Lc, K] and k/v [Uk, B, N, "
-                         f"Lk_c, K]; got q{q.shape} k{k.shape} v{v.shape}")
-    if whole_blocks and (Lc % block_q or k.shape[3] % block_kv):
-        raise ValueError(f"shard-major sage: shard length Lc={Lc} (keys {k.shape[3]}) must be "
-                         f"a multiple of block_q={block_q} / block_kv={block_kv}; pad the "
-                         f"sequence so each shard is a block multiple")
+    check_shard_major("sage", q, k, v, block_q, block_kv, whole_blocks)
+    Lc, K = q.shape[3], q.shape[4]
     entry = BACKENDS["sage"]
     interpret = entry.default_interpret(platform_of()) if interpret is None else interpret
     why = entry.refusal(platform_of(), interpret=bool(interpret))

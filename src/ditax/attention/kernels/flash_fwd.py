@@ -128,14 +128,7 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
                          f"{q.shape} / {(U, B, N, Lc, 1)}")
     nq, nkv = ceil_div(Lc, block_q), ceil_div(Lkc, block_kv)
     sq = pl.squeezed
-    div, rem = jax.lax.div, jax.lax.rem   # (no floor-division sign fix-ups in index maps)
-
-    def q_map(b, h, i, j):
-        return div(i, nq), b, h, rem(i, nq), 0
-
-    def kv_map(b, h, i, j):
-        return div(j, nkv), b, h, rem(j, nkv), 0
-
+    q_map, kv_map = shard_major_maps(nq, nkv)
     q_spec = pl.BlockSpec((sq, sq, sq, block_q, K), q_map)
     kv_spec = pl.BlockSpec((sq, sq, sq, block_kv, K), kv_map)
     # Mask and lse as lane rows [..., n, 1, block] (kernels.mosaic): the former mask block
@@ -160,6 +153,21 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
                          jax.ShapeDtypeStruct(q.shape, out_dtype), rows, block_q, K,
                          interpret=interpret, name="ditax_flash_fwd")
     return o, lse.reshape(U, B, N, nq * block_q)[..., :Lc, None]
+
+
+def shard_major_maps(nq: int, nkv: int):
+    """Index maps ``(q_map, kv_map)`` of grid ``(b, h, i, j)`` into ``[U, B, N, L, K]``:
+    query block ``i`` is block ``i % nq`` of shard ``i // nq``, key block ``j`` likewise
+    (``nq`` / ``nkv`` blocks a shard; the flash and sage forward kernels)."""
+    div, rem = jax.lax.div, jax.lax.rem   # (no floor-division sign fix-ups in index maps)
+
+    def q_map(b, h, i, j):
+        return div(i, nq), b, h, rem(i, nq), 0
+
+    def kv_map(b, h, i, j):
+        return div(j, nkv), b, h, rem(j, nkv), 0
+
+    return q_map, kv_map
 
 
 def pad_rows(x, n: int, value):

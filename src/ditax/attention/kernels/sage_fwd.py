@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ditax.attention.kernels.flash_fwd import run_forward
+from ditax.attention.kernels.flash_fwd import run_forward, shard_major_maps
 from ditax.attention.kernels.mosaic import (
     NT,
     as_column,
@@ -89,14 +89,7 @@ def sage_forward(q8, k8, v, q_rows, k_rows, *, out_len: int, block_q: int, block
     Uk, nk = k8.shape[0], k8.shape[3] // block_kv
     nq = Lq_p // block_q
     sq = pl.squeezed
-    div, rem = jax.lax.div, jax.lax.rem
-
-    def q_map(b, h, i, j):
-        return div(i, nq), b, h, rem(i, nq), 0
-
-    def kv_map(b, h, i, j):
-        return div(j, nk), b, h, rem(j, nk), 0
-
+    q_map, kv_map = shard_major_maps(nq, nk)
     q_spec = pl.BlockSpec((sq, sq, sq, block_q, K), q_map)
     kv_spec = pl.BlockSpec((sq, sq, sq, block_kv, K), kv_map)
     qs_spec = pl.BlockSpec((sq, sq, sq, sq, 1, block_q), lambda *g: q_map(*g) + (0,))
