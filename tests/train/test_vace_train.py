@@ -86,9 +86,9 @@ def one(dataset):
     return tr, batch, weights, before, after, metrics
 
 
-def test_preprocess_stores_the_context_the_pipeline_builds(dataset):
+def test_preprocess_stores_the_context_the_pipeline_builds(dataset, tmp_path):
     import ditax
-    from ditax.train.preprocess import read_sidecars, read_video
+    from ditax.train.preprocess import find_samples, read_sidecars, read_video
 
     _, folder, vids, ds = dataset
     meta = json.loads((ds / "meta.json").read_text())
@@ -112,6 +112,12 @@ def test_preprocess_stores_the_context_the_pipeline_builds(dataset):
     with pytest.raises(RequestError, match=r"a.control.mp4: control / mask / reference "
                                            r"sidecars are for a VACE pipeline folder"):
         read_sidecars(vids / "a.mp4", (), 5, 32, 48)
+    # a sidecar-named file without its clip is refused, not dropped
+    (tmp_path / "c.ref.png").write_bytes((vids / "a.ref.png").read_bytes())
+    (tmp_path / "d.png").write_bytes((vids / "a.ref.png").read_bytes())
+    (tmp_path / "d.txt").write_text("a dog")
+    with pytest.raises(RequestError, match=r"c.ref.png is named as a sidecar of a clip c\.\* "):
+        find_samples(tmp_path)
 
 
 def test_loss_equals_diffusers(dataset, one):

@@ -25,46 +25,13 @@ stored with each sample like its condition entries. The result is the ArrayRecor
 
 from __future__ import annotations
 
-import glob
 import os
 import pathlib
-import re
 
 import numpy as np
 
-VIDEO_EXT = (".mp4", ".mov", ".webm", ".mkv", ".avi")
-IMAGE_EXT = (".png", ".jpg", ".jpeg", ".webp", ".bmp")   # a still image: one frame
-# a clip's sidecar files NAME.KIND.EXT (KIND: control / mask videos, ref / ref2 / ... images):
-# the control inputs a family's encoders take (VACE), not samples themselves
-SIDECAR_VIDEOS = ("control", "mask")
-SIDECAR_IMAGE = re.compile(r"ref\d*")
-
-
-def sidecar_kind(path) -> str | None:
-    """``"control"``, ``"mask"`` or ``"references"`` for a sidecar file name, else None."""
-    p = pathlib.Path(path)
-    kind = pathlib.Path(p.stem).suffix[1:]
-    if kind in SIDECAR_VIDEOS and p.suffix.lower() in VIDEO_EXT:
-        return kind
-    if SIDECAR_IMAGE.fullmatch(kind) and p.suffix.lower() in IMAGE_EXT:
-        return "references"
-    return None
-
-
-def clip_sidecars(path) -> dict:
-    """The sidecar files of the clip at ``path``: ``{"control": p, "mask": p, "references":
-    [p, ...]}`` (those present; references in name order: ``NAME.ref.png``, ``NAME.ref2.png``)."""
-    path = pathlib.Path(path)
-    out: dict = {}
-    for p in sorted(path.parent.glob(f"{glob.escape(path.stem)}.*.*")):
-        kind = sidecar_kind(p)
-        if kind is None or pathlib.Path(p.stem).stem != path.stem:
-            continue
-        if kind == "references":
-            out.setdefault(kind, []).append(p)
-        else:
-            out[kind] = p
-    return out
+from ditax.train.clip_files import (IMAGE_EXT, VIDEO_EXT, check_sidecars,  # noqa: F401
+                                    clip_sidecars, sidecar_kind)
 
 
 def read_sidecars(path, accepted, num_frames: int, height: int, width: int) -> dict:
@@ -204,6 +171,7 @@ def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
     if missing:
         raise RequestError(f"no caption for {missing[:5]}{'…' if len(missing) > 5 else ''}: add "
                            f"name.txt next to each video or a line in {cj}")
+    check_sidecars(folder, {v.stem for v, _ in out})
     if not out:
         raise RequestError(f"no videos or images ({', '.join(VIDEO_EXT + IMAGE_EXT)}) in "
                            f"{folder}")
