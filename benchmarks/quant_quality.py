@@ -23,7 +23,8 @@ Lines (``out`` also appends them to a file: docs/quant_quality.jsonl):
 - ``demo_quality``, one per mode after the last seed (:func:`summarize`): the score over all
   videos, per seed, and against full precision paired video by video (``gained`` / ``lost``:
   videos right only in this mode / only in full precision; the score difference is
-  ``(gained - lost) / videos``).
+  ``(gained - lost) / videos``, ``vs_full_precision_ci95`` its half-width at 95% from the paired
+  standard error ``sqrt(gained + lost - (gained - lost)² / n) / n``).
 """
 
 from __future__ import annotations
@@ -120,7 +121,10 @@ def summarize(lines: list[dict]) -> list[dict]:
             lost = sum(a == "0" and b == "1" for a, b in zip(cor, fp))
             psnr = [p for s in seeds for p in rows[s]["psnr"]]
             ssim = [v for s in seeds for v in rows[s]["ssim"]]
+            # paired (McNemar) standard error of the score difference, in points
+            se = 100 * max(gained + lost - (gained - lost) ** 2 / n, 0.0) ** 0.5 / n
             line.update(vs_full_precision=round(100 * (gained - lost) / n, 2),
+                        vs_full_precision_ci95=round(1.96 * se, 2),
                         gained=gained, lost=lost, **_psnr_stats(psnr),
                         psnr_db_mean_per_seed=[rows[s]["psnr_db_mean"] for s in seeds],
                         ssim_mean=round(statistics.mean(ssim), 4), ssim_min=round(min(ssim), 4))
