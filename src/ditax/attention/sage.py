@@ -8,6 +8,10 @@ Two backends over one quantization (:func:`prepare`) and one arithmetic:
 - ``sage_xla``: the XLA reference, every platform: a ``lax.scan`` over key blocks with an
   online softmax, so it holds ``O(Lq · block_kv)`` scores like ``blockwise``.
 
+Under Ulysses the kernel also runs shard-major (:func:`sage_attention_shard_major`: q read and
+the output written ``[U, B, N, Lc, K]`` as the leading-axis all-to-all moves them, like
+flash's), bit-identical to the flat and chunked exchanges.
+
 Quantization, per batch row and head:
 
 1. K is smoothed: its mean over the (unmasked) tokens is subtracted. ``q·(k - μ) = q·k - q·μ``

@@ -13,8 +13,9 @@ Per device, on the plan's ``ring × ulysses`` grid:
    ``chunked``, so they agree too).
 3. Ulysses heads→sequence exchange in the plan's ``out_a2a`` mode.
 
-On the shard-major kernel path q/k/v enter the flash kernel as ``[U, b, h, Lc, K]`` and its
-output leaves through one leading-axis all_to_all (no relayout around the exchange itself).
+On the shard-major kernel path q/k/v enter the flash (or, for ``R = 1``, the sage) kernel as
+``[U, b, h, Lc, K]`` and its output leaves through one leading-axis all_to_all (no relayout
+around the exchange itself).
 (A packed ``[U, b, Lc, h·K]`` variant, reading heads as column blocks like the BSHD flash
 path, was measured and not kept: at Wan 14B 720p on v6e XLA laid the exchanged arrays out
 token-minor around it, 923 MiB of copies per layer against 692 MiB here.)
