@@ -121,20 +121,30 @@ def test_shipped_folder_matches_its_manifest_and_size_budget():
 
 @needs_shipped
 def test_shipped_flux_draws_the_prompted_colour_and_position(tmp_path):
-    """Four seen prompts (one per position, seed 0) and the demo's run: the shipped model puts
-    the object where the prompt says in at least 3 of 4 and draws at least 2 of the 4 colours
-    right (a chance draw gets 1 in 5; its score over every combination at three seeds is in
-    the README: the position ~99%, the colour its weak point)."""
+    """Ten seen prompts at seed 0, one per colour and shape (the positions in turn), and the
+    demo's run: the shipped model draws 7 of the 10 colours and 9 of the 10 positions right
+    (one of each allowed to differ across machines; a chance draw gets 1 in 5 colours). Its
+    score over every combination at three seeds is in the README: position ~99%, colour ~69%,
+    its weak point (the target is 95%)."""
     from ditax.demo import FLUX_SAMPLE, run_flux_demo
     from ditax.pipelines.flux.loading import load_pipeline
     from ditax.recipes.flux_parts import score_folder
+    from ditax.synthetic.images import HELD_OUT, POSITIONS, Placed
+    from ditax.synthetic.vocab import COLOURS
 
-    prompts = ["a red circle on the left", "a green square on the right",
-               "a blue circle on the top", "a white circle on the bottom"]
+    prompts = []
+    for i, colour in enumerate(COLOURS):
+        for j, shape in enumerate(("circle", "square")):
+            k = i + 2 * j
+            placed = Placed(colour, shape, POSITIONS[k % 4])
+            if placed in HELD_OUT:
+                placed = placed._replace(position=POSITIONS[(k + 1) % 4])
+            prompts.append(placed.prompt)
     pipe = load_pipeline(SHIPPED)
     res = score_folder(SHIPPED, FLUX_SAMPLE, seeds=(0,), prompts=prompts, pipe=pipe)
-    assert res["seen"]["colour"] >= 0.5, res
-    assert res["seen"]["position"] >= 0.75, res
+    assert res["seen"]["images"] == 10, res
+    assert res["seen"]["colour"] >= 0.6, res
+    assert res["seen"]["position"] >= 0.8, res
     rec = run_flux_demo(out=tmp_path, prompts=prompts[:1], say=lambda m: None)
     assert pathlib.Path(rec["sheet"]).stat().st_size > 0
     assert pathlib.Path(rec["images"][0]["file"]).name == "flux_red_circle_on_the_left.png"

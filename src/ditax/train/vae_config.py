@@ -37,12 +37,16 @@ class VAEDataConfig:
 @dataclass(frozen=True)
 class VAELossConfig:
     """``l1 * mean|x̂ - x| + l2 * mean (x̂ - x)^2 + kl * KL(q(z|x) || N(0, 1))`` (per element
-    means, pixels in [-1, 1]; the KL is the mean over latent elements). Training starts
-    from a posterior of log-variance ``init_logvar``."""
+    means, pixels in [-1, 1]; the KL is the mean over latent elements) ``+ colour * mean
+    |B(x̂ - x)|``, ``B`` the means over ``colour_block`` x ``colour_block`` pixel squares: the
+    error of a region's colour, which a small object's edges do not dilute (0: off). Training
+    starts from a posterior of log-variance ``init_logvar``."""
 
     l1: float = 1.0
     l2: float = 1.0
     kl: float = 1e-6
+    colour: float = 0.0
+    colour_block: int = 4          # side of the pixel squares of the colour term
     init_logvar: float = -8.0      # initial posterior log-variance (bias of quant_conv)
 
 
@@ -91,6 +95,13 @@ def check_vae_common(c, spatial: int, temporal: int = 1, require_source: bool = 
     for k in ("l1", "l2", "kl"):
         if getattr(c.loss, k) < 0:
             raise ConfigError(f"loss.{k}={getattr(c.loss, k)} must be >= 0")
+    if c.loss.colour < 0:
+        raise ConfigError(f"loss.colour={c.loss.colour} must be >= 0 (0: no colour term)")
+    side = d.crop or min(d.height, d.width)
+    if c.loss.colour and (c.loss.colour_block < 1 or d.height % c.loss.colour_block
+                          or d.width % c.loss.colour_block or side % c.loss.colour_block):
+        raise ConfigError(f"loss.colour_block={c.loss.colour_block} must divide data.height, "
+                          f"data.width and data.crop ({d.height}, {d.width}, {d.crop}); e.g. 4")
     if c.loss.l1 == 0 and c.loss.l2 == 0:
         raise ConfigError("loss.l1 and loss.l2 are both 0: nothing to reconstruct; set one > 0")
     check_optim(c.optim)
