@@ -128,23 +128,15 @@ def psnr(a, b) -> float:
 
 
 def reconstruction_losses(recon, mean, logvar, x, loss_cfg) -> tuple[jax.Array, dict]:
-    """Loss and its parts of a reconstruction ``recon`` of ``x`` (any layout, the same;
-    channels-last ``[..., H, W, C]`` for the colour term) from the posterior ``(mean,
-    logvar)``."""
+    """Loss and its parts of a reconstruction ``recon`` of ``x`` (any layout, the same) from
+    the posterior ``(mean, logvar)``."""
     err = recon.astype(jnp.float32) - x
     l1 = jnp.mean(jnp.abs(err))
     mse = jnp.mean(err ** 2)
     mean, logvar = mean.astype(jnp.float32), logvar.astype(jnp.float32)
     kl = 0.5 * jnp.mean(mean ** 2 + jnp.exp(logvar) - 1.0 - logvar)
     loss = loss_cfg.l1 * l1 + loss_cfg.l2 * mse + loss_cfg.kl * kl
-    parts = {"l1": l1, "mse": mse, "kl": kl}
-    if loss_cfg.colour:          # channels-last batches: [..., H, W, C]
-        k = loss_cfg.colour_block
-        *lead, h, w, c = err.shape
-        blocks = err.reshape(*lead, h // k, k, w // k, k, c).mean(axis=(-4, -2))
-        parts["colour"] = jnp.mean(jnp.abs(blocks))
-        loss = loss + loss_cfg.colour * parts["colour"]
-    return loss, parts
+    return loss, {"l1": l1, "mse": mse, "kl": kl}
 
 
 @dataclass
@@ -193,6 +185,9 @@ class VAETrainer(abc.ABC):
         self.replicated = NamedSharding(self.mesh, P())
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
         self._step = jax.jit(self._train_step, donate_argnums=0)
+        # the inference paths as whole programs (op by op, each op compiles on its own)
+        self._encode = jax.jit(lambda params, x: self.encode(self.module(params), x))
+        self._decode = jax.jit(lambda params, z: self.decode(self.module(params), z))
 
     # --- the family's hooks
     @abc.abstractmethod
@@ -265,16 +260,14 @@ class VAETrainer(abc.ABC):
 
     def reconstruct(self, params, x: np.ndarray, batch: int = 4) -> np.ndarray:
         """Inference-path reconstruction (posterior mean) of ``x`` (:meth:`to_input` layout)."""
-        vae = self.module(params)
-        out = [np.asarray(self.decode(vae, self.encode(vae, jnp.asarray(x[i:i + batch]))))
+        out = [np.asarray(self._decode(params, self._encode(params, jnp.asarray(x[i:i + batch]))))
                for i in range(0, len(x), batch)]
         return np.concatenate(out)
 
     def latent_stats(self, params, clips_u8: np.ndarray, batch: int = 4, max_clips: int = 128):
         """Per-channel mean and std of the posterior means of the first ``max_clips`` clips."""
-        vae = self.module(params)
         clips_u8 = clips_u8[:max_clips]
-        z = np.concatenate([np.asarray(self.encode(vae, jnp.asarray(
+        z = np.concatenate([np.asarray(self._encode(params, jnp.asarray(
             self.to_input(clips_u8[i:i + batch]))), np.float64)
             for i in range(0, len(clips_u8), batch)])
         axes = (0,) + tuple(range(2, z.ndim))
@@ -358,8 +351,7 @@ def train_vae(cfg, trainer_class: type[VAETrainer], *, devices=None, progress: b
             run.check_loss(loss, step, "Lower optim.learning_rate or loss.kl")
             result.losses.append(loss)
             row = {"step": step, "loss": loss, **{k: float(m[k]) for k in
-                                                  ("l1", "mse", "kl", "colour", "grad_norm",
-                                                   "lr") if k in m},
+                                                  ("l1", "mse", "kl", "grad_norm", "lr")},
                    "psnr_train": 10 * math.log10(4.0 / max(float(m["mse"]), 1e-12)),
                    "step_time": dt}
             if step == start + 1:
