@@ -128,15 +128,23 @@ def psnr(a, b) -> float:
 
 
 def reconstruction_losses(recon, mean, logvar, x, loss_cfg) -> tuple[jax.Array, dict]:
-    """Loss and its parts of a reconstruction ``recon`` of ``x`` (any layout, the same) from
-    the posterior ``(mean, logvar)``."""
+    """Loss and its parts of a reconstruction ``recon`` of ``x`` (any layout, the same;
+    channels-last ``[..., H, W, C]`` for the colour term) from the posterior ``(mean,
+    logvar)``."""
     err = recon.astype(jnp.float32) - x
     l1 = jnp.mean(jnp.abs(err))
     mse = jnp.mean(err ** 2)
     mean, logvar = mean.astype(jnp.float32), logvar.astype(jnp.float32)
     kl = 0.5 * jnp.mean(mean ** 2 + jnp.exp(logvar) - 1.0 - logvar)
     loss = loss_cfg.l1 * l1 + loss_cfg.l2 * mse + loss_cfg.kl * kl
-    return loss, {"l1": l1, "mse": mse, "kl": kl}
+    parts = {"l1": l1, "mse": mse, "kl": kl}
+    if loss_cfg.colour:          # channels-last batches: [..., H, W, C]
+        k = loss_cfg.colour_block
+        *lead, h, w, c = err.shape
+        blocks = err.reshape(*lead, h // k, k, w // k, k, c).mean(axis=(-4, -2))
+        parts["colour"] = jnp.mean(jnp.abs(blocks))
+        loss = loss + loss_cfg.colour * parts["colour"]
+    return loss, parts
 
 
 @dataclass
@@ -351,7 +359,8 @@ def train_vae(cfg, trainer_class: type[VAETrainer], *, devices=None, progress: b
             run.check_loss(loss, step, "Lower optim.learning_rate or loss.kl")
             result.losses.append(loss)
             row = {"step": step, "loss": loss, **{k: float(m[k]) for k in
-                                                  ("l1", "mse", "kl", "grad_norm", "lr")},
+                                                  ("l1", "mse", "kl", "colour", "grad_norm",
+                                                   "lr") if k in m},
                    "psnr_train": 10 * math.log10(4.0 / max(float(m["mse"]), 1e-12)),
                    "step_time": dt}
             if step == start + 1:
