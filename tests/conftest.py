@@ -109,7 +109,7 @@ SLOWEST_FIRST = (
     "train/test_multihost.py",
     "benchmarks/test_gpu_check.py", "serve/test_serve_faults.py", "serve/test_serve_api.py",
     "serve/test_serve_browser.py", "serve/test_serve_image.py", "train/test_train.py",
-    "train/test_train_image.py",
+    "train/test_train_image.py", "train/test_vace_train.py",
     "train/test_train_e2e.py", "lora/test_lora_train.py", "models/wan/test_transformer.py",
     "train/test_flux_train.py", "lora/test_flux_lora_train.py", "test_compile_cache.py",
     "cli/test_cli.py", "attention/test_sage.py", "models/test_quantized_load.py",
