@@ -83,6 +83,26 @@ def test_animate_guidance_matches_diffusers(tiny):
     assert min(t.text, t.image, t.denoise, t.decode) > 0, t
 
 
+def test_first_block_cache_carries_pose_and_face(tiny):
+    """Step caching on Animate: ``cache="first_block"`` with threshold 0 skips nothing and
+    gives the plain video (the cached step's forward gets the pose latents and face crops);
+    a threshold nothing reaches reuses step 0's residual after it (another video)."""
+    _, pipe, _ = tiny
+    pose, face = _videos(5, seed=2)
+    kw = dict(REQ, image=image(7, H, W), pose_video=pose, face_video=face, seed=3,
+              progress=False)
+    plain = pipe(**kw)
+    none_skipped = pipe(cache="first_block", cache_threshold=0.0, **kw)
+    assert pipe.last_stats["transformer_calls"] == 2, pipe.last_stats
+    assert pipe.last_stats["skipped_steps"] == {"cond": []}, pipe.last_stats
+    err = float(np.abs(none_skipped - plain).max())
+    print(f"animate first_block threshold 0 vs plain: max abs diff {err:.2e}")
+    assert err < 1e-5, err
+    skipped = pipe(cache="first_block", cache_threshold=1e9, **kw)
+    assert pipe.last_stats["skipped_steps"] == {"cond": [1]}, pipe.last_stats
+    assert np.abs(skipped - plain).max() > 1e-3
+
+
 def PIL_image(x):
     import PIL.Image
 

@@ -106,10 +106,15 @@ class WanAnimate(WanImageToVideo):
                  prev_segment_conditioning_frames: int = 1,
                  guidance_scale: float = GUIDANCE_SCALE,
                  seed: int = 0, latents=None, progress: bool = True,
-                 max_sequence_length: int | None = None):
+                 max_sequence_length: int | None = None, cache: str | None = None,
+                 cache_threshold: float | None = None, cfg_cache: bool = False,
+                 cache_coefficients=None):
         """One video ``[F, H, W, 3]`` in [0, 1], ``F = len(pose_video)`` (module docstring);
         ``latents``: the first segment's initial noise ``[1, z, 1 + F', Y, X]`` (later
-        segments draw theirs from ``seed``). ``height`` / ``width`` default to the image's."""
+        segments draw theirs from ``seed``). ``height`` / ``width`` default to the image's.
+        ``cache`` / ``cache_threshold`` / ``cfg_cache`` / ``cache_coefficients``: step caching
+        as in text-to-video (:mod:`ditax.pipelines.cache.step_cache`; the cached step gets the
+        pose latents and face crops as the plain one), per segment."""
         pose, face = _frames(pose_video, "pose_video"), _frames(face_video, "face_video")
         bg, mask = _frames(background_video, "background_video"), _frames(mask_video,
                                                                           "mask_video")
@@ -142,10 +147,13 @@ class WanAnimate(WanImageToVideo):
         return self._segments(image, prompt, negative_prompt, pose, face, bg if mode ==
                               "replace" else None, keep if mode == "replace" else None,
                               n, seg, prev, num_inference_steps, guidance_scale, seed, latents,
-                              progress, max_sequence_length)
+                              progress, max_sequence_length,
+                              dict(cache=cache, cache_threshold=cache_threshold,
+                                   cfg_cache=cfg_cache, cache_coefficients=cache_coefficients))
 
     def _segments(self, image, prompt, negative_prompt, pose, face, bg, keep, n, seg, prev,
-                  steps, guidance_scale, seed, latents, progress, max_sequence_length):
+                  steps, guidance_scale, seed, latents, progress, max_sequence_length,
+                  caching):
         from ditax.models.wan.conditioning import clip_features, encode_normalized
 
         vae, tf = self.vae, self.vae.scale_factor_temporal
@@ -203,7 +211,7 @@ class WanAnimate(WanImageToVideo):
                          text=lambda use_cfg: emb, condition=condition, condition_phase="image",
                          finalize=final_animate_latents, latents=noise, seed=seed,
                          progress=progress, size=f"for a segment of {seg} frames at "
-                                                 f"{height}x{width}")
+                                                 f"{height}x{width}", **caching)
             for k in ("image", "compile", "denoise"):
                 spent[k] += res.timings[k]
             t0 = time.perf_counter()
