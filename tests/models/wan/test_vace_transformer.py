@@ -131,6 +131,23 @@ def test_context_ulysses_equals_one_device_and_gradients_match(vace, single):
     assert max(errs.values()) <= 1e-5, {k: e for k, e in errs.items() if e > 1e-5}
 
 
+
+def test_tensor_heads_and_mlp_equal_one_device(vace, single):
+    """tensor 2 (heads and MLPs split, the VACE blocks' too) x ulysses on context 2 x fsdp 2:
+    the forward with control tokens equals one device."""
+    import jax
+
+    _, folder = vace
+    _, (lat, t, text, ctrl), outs = single
+    tr = ditax.load_transformer(folder, mesh=make_mesh({"tensor": 2, "context": 2, "fsdp": 2}),
+                                attention=AttentionConfig(backend="ulysses", local="xla"))
+    k = tr.module.vace_blocks.attn1.to_q.kernel[...]
+    assert "tensor" in jax.tree.leaves(tuple(k.sharding.spec))   # VACE heads split too
+    out = np.asarray(tr(lat, t, text, control_hidden_states=ctrl))
+    err = rel_err(out, outs[(1.0, 1.0)])
+    print(f"VACE tensor2 x ulysses2 x fsdp2 vs one device: rel err {err:.2e}")
+    assert err <= 1e-5, err
+
 def test_strict_keys_and_bad_inputs(vace, tmp_path):
     m, folder = vace
     cfg = json.loads((folder / "config.json").read_text())
