@@ -117,3 +117,34 @@ def test_cli_preflight_refuses_before_weights(built):
         check_images_fit(folder, index, dict(call, video=frames[:4]))
     with pytest.raises(RequestError, match=r"mask= needs video="):
         check_images_fit(folder, index, dict(call, mask=np.ones((5, 32, 48))))
+
+
+def test_a_fresh_pipeline_takes_every_vace_program_from_the_compile_cache(built, tmp_path):
+    """The control inputs are arguments of the compiled programs, not constants: a second
+    pipeline from the same folder (jax's in-memory caches cleared) reads every program it
+    needs from the persistent compile cache the first one wrote, writes nothing, and makes the
+    same video."""
+    import jax
+
+    hits, writes = [], []
+
+    def event(name, **kw):
+        if name == "/jax/compilation_cache/cache_hits":
+            hits.append(name)
+        elif name == "/jax/compilation_cache/cache_misses":
+            writes.append(name)
+
+    jax.monitoring.register_event_listener(event)
+    folder = built[1]
+    kw = dict(PROMPT, **SIZE, num_inference_steps=2, guidance_scale=4.0, video=_frames(5),
+              mask=_mask(), reference_images=image(7, 32, 48), seed=3, progress=False)
+    runs = []
+    for _ in range(2):
+        jax.clear_caches()
+        pipe = ditax.load_pipeline(folder)
+        pipe.compile_cache = str(tmp_path / "cc")
+        del hits[:], writes[:]
+        runs.append((pipe(**kw), len(hits), len(writes)))
+    (first, _, wrote), (second, hit, rewrote) = runs
+    assert wrote > 0 and rewrote == 0 and hit >= wrote, (wrote, hit, rewrote)
+    np.testing.assert_array_equal(first, second)
