@@ -94,6 +94,8 @@ def _row(module: str, parts: dict, source: str, peft_scale) -> LoraRow:
         raise WeightError(f"{source}: {names[have]} has no matching lora_{lack} tensor; the "
                           f"file is incomplete")
     scale = 1.0
+    if down is not None and down.ndim > 2:
+        return _conv_row(module, parts, names, source, peft_scale)
     if down is not None:
         if down.ndim != 2 or up.ndim != 2 or up.shape[1] != down.shape[0]:
             raise WeightError(f"{source}: {names['down']} {tuple(down.shape)} and {names['up']} "
@@ -106,6 +108,27 @@ def _row(module: str, parts: dict, source: str, peft_scale) -> LoraRow:
     elif "alpha" in parts:
         raise WeightError(f"{source}: {names['alpha']} has no lora_down/lora_up pair")
     return LoraRow(module, down, up, scale, parts.get("bias"), parts.get("diff"))
+
+
+def _conv_row(module: str, parts: dict, keys: dict, source: str, peft_scale) -> LoraRow:
+    """A PEFT convolution LoRA (``lora_A`` ``[r, in, *k]``, ``lora_B`` ``[out, r, 1, ...]``)
+    as a full delta ``scale * B @ A`` of the conv weight ``[out, in, *k]`` (conv weights are
+    small; a merged-only update, as ``diff``)."""
+    down, up = parts["down"], parts["up"]
+    if (up.ndim != down.ndim or up.shape[1] != down.shape[0]
+            or any(int(d) != 1 for d in up.shape[2:])):
+        raise WeightError(f"{source}: {keys['down']} {tuple(down.shape)} and {keys['up']} "
+                          f"{tuple(up.shape)} are not a convolution LoRA pair ([r, in, *k] "
+                          f"and [out, r, 1, ...])")
+    rank = down.shape[0]
+    scale = (float(np.asarray(parts["alpha"], np.float64).reshape(-1)[0]) / rank
+             if "alpha" in parts else peft_scale(module, rank) if peft_scale else 1.0)
+    delta = (up.reshape(up.shape[0], rank).astype(np.float32)
+             @ down.reshape(rank, -1).astype(np.float32)) * np.float32(scale)
+    delta = delta.reshape((up.shape[0],) + tuple(down.shape[1:]))
+    if parts.get("diff") is not None:
+        delta = delta + parts["diff"].astype(np.float32)
+    return LoraRow(module, None, None, 1.0, parts.get("bias"), delta)
 
 
 def _unfused(grouped: dict, names: LoraNames, source: str):

@@ -5,7 +5,11 @@ original names (Wan / ComfyUI, musubi-tuner) map to them through :mod:`.original
 The fine-tuning target groups (``lora.targets``) are patterns over our module paths: the
 stacked blocks' ``attn1`` (self-attention), ``attn2`` (cross-attention, image K/V included)
 and ``ffn`` Linear layers. A VACE transformer's LoRA names its VACE blocks
-``vace_blocks.N.…`` (diffusers / PEFT naming only; original Wan names for them are not read).
+``vace_blocks.N.…`` (diffusers / PEFT naming only; original Wan names for them are not read);
+an Animate transformer's adds the modules of its own that PEFT can wrap (Linear / Conv):
+``face_adapter.N.to_q|to_k|to_v|to_out``, ``face_encoder.out_proj|conv1_local|conv2|conv3``
+and ``pose_patch_embedding`` (the motion encoder's layers are custom modules PEFT does not
+wrap, so no LoRA names them).
 """
 
 from __future__ import annotations
@@ -24,11 +28,16 @@ TARGETS = {"attn": (_SELF, _CROSS), "self_attn": (_SELF,), "cross_attn": (_CROSS
 #: modules, plus block 0's ``proj_in`` and every block's ``proj_out``
 _VACE_BLOCK = re.compile(r"vace_(blocks\.\d+\..+)")
 _VACE_PROJ = re.compile(r"blocks\.\d+\.proj_(in|out)")
+#: the Animate transformer's own LoRA-able modules (``WanAnimateTransformer3DModel``)
+_ANIMATE = re.compile(r"face_adapter\.\d+\.to_(q|k|v|out)|face_encoder\.(out_proj|conv1_local"
+                      r"|conv2|conv3)|pose_patch_embedding")
 
 
 def is_module(name: str) -> bool:
     """Whether ``name`` is a diffusers module (or bare parameter) name of the Wan transformer
-    (the VACE transformer's ``vace_blocks.N.*`` included)."""
+    (the VACE transformer's ``vace_blocks.N.*`` and the Animate one's modules included)."""
+    if _ANIMATE.fullmatch(name):
+        return True
     vace = _VACE_BLOCK.fullmatch(name)
     if vace is not None:
         return _VACE_PROJ.fullmatch(vace[1]) is not None or is_module(vace[1])
