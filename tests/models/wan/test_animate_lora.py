@@ -2,7 +2,8 @@
 on the Animate modules PEFT can wrap (face adapters' and the face encoder's Linear layers, the
 face encoder's Conv1d, the pose patch embedding's Conv3d), merged by ``ditax.load_transformer``,
 gives diffusers' output with the same LoRA loaded (``load_lora_adapter``) within 1e-5 relative
-on one forward; names the Animate model lacks are refused as for Wan."""
+on one forward; unmerged on the Linear ones equals merged (convs: merged only); names the
+Animate model lacks are refused as for Wan."""
 
 import numpy as np
 import pytest
@@ -53,6 +54,25 @@ def test_lora_on_animate_modules_matches_diffusers(animate, tmp_path):
                           {k: v for k, v in lora.items() if k != name})
         w = ditax.load_transformer(folder, loras=[str(less)]).module
         assert not np.allclose(_weight(w, name), _weight(tr.module, name)), name
+
+
+def test_unmerged_on_animate_linears(animate, tmp_path):
+    """``lora_mode="unmerged"``: the face adapters' and face encoder's Linear layers take
+    run-time LoRAs equal to the merged ones; a conv LoRA is refused (merged only)."""
+    m, folder, _ = animate
+    lora = random_lora(m, ["blocks.0.attn1.to_q", "face_adapter.0.to_out",
+                           "face_adapter.1.to_k", "face_encoder.out_proj"], rank=2)
+    path = write_peft(tmp_path / "linears.safetensors", lora)
+    inp = _inputs(4, b=1)
+    merged = _ours(ditax.load_transformer(folder, loras=[str(path)]), inp)
+    unmerged = _ours(ditax.load_transformer(folder, loras=[str(path)], lora_mode="unmerged"),
+                     inp)
+    assert rel_err(unmerged, merged) < 1e-5, rel_err(unmerged, merged)
+    lora["pose_patch_embedding"] = _conv_lora(m, "pose_patch_embedding", 2, 1)
+    conv = write_peft(tmp_path / "conv.safetensors", lora)
+    with pytest.raises(WeightError, match=r"pose_patch_embedding.weight is a full delta.*"
+                                          r"load it merged"):
+        ditax.load_transformer(folder, loras=[str(conv)], lora_mode="unmerged")
 
 
 def _weight(module, name):
