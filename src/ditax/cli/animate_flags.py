@@ -42,7 +42,8 @@ def read_animate(args, call: dict, s) -> dict:
     ``call`` unchanged. The call has the Animate pipeline's keys only: its length is the pose
     video's (``--frames`` refused), ``--guidance`` defaults to diffusers' 1 (no CFG; above 1
     the unconditional branch takes ``--negative-prompt`` and a blank face), ``--height`` /
-    ``--width`` to the image's; the folder's preflight checks the rest."""
+    ``--width`` to the image's; step caching (``sample.cache*``) passes through; the folder's
+    preflight checks the rest."""
     from ditax.io.video import read_video
     from ditax.pipelines.wan.animate import GUIDANCE_SCALE
 
@@ -51,14 +52,14 @@ def read_animate(args, call: dict, s) -> dict:
     if not given:
         return call
     bad = [f for f, v in (("--frames", args.frames), ("--guidance-2", args.guidance_2),
-                          ("sample.cache", s.cache), ("sample.cfg_cache", s.cfg_cache or None),
                           ("sample.sigmas", s.sigmas)) if v is not None]
     if bad:
         raise RequestError(f"{bad[0]} is not taken by Wan Animate (--pose-video given; the "
                            f"video is the pose video's length); drop it")
     out = {k: call[k] for k in ("prompt", "negative_prompt", "num_inference_steps", "seed",
                                 "image", "last_image", "video", "mask", "reference_images",
-                                "conditioning_scale", "strength") if k in call}
+                                "conditioning_scale", "strength", "cache", "cache_threshold",
+                                "cfg_cache", "cache_coefficients") if k in call}
     out["guidance_scale"] = args.guidance if args.guidance is not None else GUIDANCE_SCALE
     for key, v in given.items():
         out[ANIMATE_FLAGS[key]] = read_video(v) / 255.0 if key.endswith("_video") else v
