@@ -42,6 +42,8 @@ def test_lora_on_animate_modules_matches_diffusers(animate, tmp_path):
     tr = ditax.load_transformer(folder, loras=[str(path)])
     ref = copy.deepcopy(m)
     load_into_diffusers(ref, path, "animate")
+    wrapped = dict(ref.named_modules())
+    assert all(hasattr(wrapped[k], "lora_A") for k in lora), "diffusers dropped a module"
     inp = _inputs(3, b=1)
     want, got = _diffusers(ref, inp), _ours(tr, inp)
     err = rel_err(got, want)
