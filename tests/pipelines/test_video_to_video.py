@@ -143,3 +143,19 @@ def test_cli_refuses_before_loading(clips, capsys, monkeypatch, flags, says):
     rc = main(["generate", "--prompt", "a cat", "--output", "o.mp4", *model, *flags])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 2 and len(err) == 1 and re.search(says, err[0]), err
+
+
+
+def test_step_cache_carries_the_source(tiny):
+    """first_block step caching on video-to-video starts from the noised source and runs only
+    the kept steps: with a huge threshold every step after the first reuses the cached
+    residual. The tiny model has one block, so the first block is the whole model and the
+    reuse is exact: the cached video equals the plain one (a cached path that lost the source
+    or the start step would not)."""
+    pipe = tiny[2]
+    kw = dict(video=_video(4), strength=0.8, progress=False, output="latent", **REQ)
+    plain = pipe(**kw)
+    cached = pipe(cache="first_block", cache_threshold=1e9, **kw)
+    stats = pipe.last_stats
+    assert stats["steps"] == 4 and stats["skipped_steps"]["cond"] == [1, 2, 3], stats
+    np.testing.assert_allclose(cached, plain, atol=1e-5)
