@@ -75,10 +75,11 @@ class LoraLinear(Linear):
             y = y + jnp.einsum("j,jo->o", s, self.lora_bias[...].astype(dt))
         return y
 
-    def out_columns(self, x, start, size: int):
+    def out_columns(self, x, start, size: int, place=None):
         """Output columns ``[start, start + size)`` of :meth:`__call__` (base and LoRA terms),
-        for a layer computed in column chunks; the base's own slice plus the LoRA terms'."""
-        y = super().out_columns(x, start, size)
+        for a layer computed in column chunks; the base's own slice (``place`` as for
+        :meth:`Linear.out_columns`) plus the LoRA terms'."""
+        y = super().out_columns(x, start, size, place)
         d = jnp.broadcast_to(self._delta(x), y.shape[:-1] + (self.dims()[2],))
         return y + jax.lax.dynamic_slice_in_dim(d, start, size, axis=d.ndim - 1)
 

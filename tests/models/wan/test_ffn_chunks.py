@@ -50,3 +50,33 @@ def test_chunks_only_on_tpu_with_the_kernel_split_over_its_input():
                           13824) == 1
         assert ffn_chunks(ctx8, 5120, 640) == 1                     # 160 columns a chunk
         assert ffn_chunks(ShardingContext(None), 5120, 13824) == 1
+
+
+def test_chunked_proj_in_keeps_an_unmerged_lora(rng):
+    """An unmerged LoRA on ``proj_in`` (ditax.lora.unmerged.LoraLinear, as LoRA inference and
+    training put it there): the chunked path adds its terms like the one-dot path, forward and
+    gradient w.r.t. the LoRA factors (the chunked dense shortcut read only the base kernel)."""
+    from ditax.lora.unmerged import LoraLinear
+
+    ffn = FeedForward(32, 512, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    r = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)  # noqa: E731
+    ffn.proj_in = LoraLinear(ffn.proj_in, r(2, 32) * 0.3, r(2, 512) * 0.3, jnp.ones((2,)),
+                             (0, 0), None, jnp.ones((1,)))
+    gdef, state = nnx.split(ffn)
+    ctx = ShardingContext(make_mesh({"context": 8}))
+    x, ct = r(1, 16, 32), r(1, 16, 32)
+
+    def loss(state, chunks):
+        y = nnx.merge(gdef, state)(x, ctx, chunks=chunks)
+        return jnp.sum(y * ct), y
+
+    run = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+    (_, y1), g1 = run(state, 1)
+    (_, y4), g4 = run(state, TPU_COLUMN_CHUNKS)
+    plain = nnx.merge(*nnx.split(FeedForward(32, 512, dtype=jnp.float32,
+                                             param_dtype=jnp.float32, rngs=nnx.Rngs(0))))
+    assert rel_err(y1, plain(x, ctx, chunks=1)) > 1e-2          # the LoRA changes the output
+    assert rel_err(y4, y1) < 1e-6
+    for name in ("lora_down", "lora_up"):
+        a, b = g4["proj_in"][name][...], g1["proj_in"][name][...]
+        assert rel_err(a, b) < 1e-6, name

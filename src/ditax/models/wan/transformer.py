@@ -91,8 +91,10 @@ def gelu_columns(lin: Linear, x, chunks: int, place):
 
         return jax.lax.fori_loop(0, chunks, body, jnp.zeros(lead + (width,), lin.dtype))
 
-    if lin.quant is not None:                   # 8-bit kernels: inference only
-        # 8-bit activations quantized once, before the loop (in it, XLA re-quantized the
+    if lin.quant is not None or type(lin).out_columns is not Linear.out_columns:
+        # 8-bit kernels (inference only) and layers with terms of their own (unmerged LoRA)
+        # go through the layer's out_columns, differentiated through the loop; 8-bit
+        # activations quantized once, before the loop (in it, XLA re-quantized the
         # loop-invariant bf16 input in every chunk)
         return loop(lin.column_input(x), None, None)
     dense = jax.custom_vjp(lambda x, w, b: loop(x, w, b))
