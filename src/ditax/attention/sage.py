@@ -243,13 +243,20 @@ def sage_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = SageOpti
     zeros and -inf). ``interpret``: Pallas interpret mode; None = from the target platform
     (compiled on TPU, interpreted on CPU, refused on GPUs: use ``sage_xla`` there).
     """
+    interpret = _kernel_interpret(interpret)
+    return _run(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, head_major,
+                interpret, True)
+
+
+def _kernel_interpret(interpret: bool | None) -> bool:
+    """Whether the kernel runs interpreted (None: from the target platform), refusing a
+    platform sage's kernel does not run on."""
     entry = BACKENDS["sage"]
     interpret = entry.default_interpret(platform_of()) if interpret is None else interpret
     why = entry.refusal(platform_of(), interpret=bool(interpret))
     if why is not None:
         raise AttentionUnavailable(why)
-    return _run(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, head_major,
-                interpret, True)
+    return bool(interpret)
 
 
 def check_shard_major_supported(block_q: int, block_kv: int, dtype, ring: int = 1,
@@ -299,11 +306,7 @@ def sage_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
     those of the plain ``[B, N, U·Lc, K]`` call and the values equal it bit for bit."""
     check_shard_major("sage", q, k, v, block_q, block_kv, whole_blocks)
     Lc, K = q.shape[3], q.shape[4]
-    entry = BACKENDS["sage"]
-    interpret = entry.default_interpret(platform_of()) if interpret is None else interpret
-    why = entry.refusal(platform_of(), interpret=bool(interpret))
-    if why is not None:
-        raise AttentionUnavailable(why)
+    interpret = _kernel_interpret(interpret)
     _blocks(block_q, block_kv, Lc, k.shape[3], not interpret)
     scale = float(K ** -0.5 if scale is None else scale)
     o, lse = _sage(q, k, v, kv_keep, scale, block_q, block_kv, bool(interpret), True)

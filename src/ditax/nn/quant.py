@@ -140,7 +140,10 @@ class QuantSpec:
         (a layer's column chunks; :meth:`einsum` takes it as ``x``); without activations x."""
         if not self.activations:
             return x
-        axes = tuple(range(x.ndim - contracted, x.ndim))
+        return self._per_token(x, tuple(range(x.ndim - contracted, x.ndim)))
+
+    def _per_token(self, x, axes) -> "QuantizedInput":
+        """``x`` in 8 bits with one scale per token (the max over the contracted ``axes``)."""
         sx = channel_scale(x, self.mode, axis=axes)
         return QuantizedInput(quantize_values(x, jnp.expand_dims(sx, axes), self.mode), sx)
 
@@ -158,10 +161,7 @@ class QuantSpec:
             y = jnp.einsum(spec, x.astype(dtype), q.astype(dtype))
             return (y * sw.astype(dtype)).astype(dtype)
         contracted = tuple(i for i, c in enumerate(lhs) if c not in out)
-        if pre is None:     # per token
-            sx = channel_scale(x, self.mode, axis=contracted)
-            pre = QuantizedInput(quantize_values(x, jnp.expand_dims(sx, contracted), self.mode), sx)
-        xq, sx = pre
+        xq, sx = self._per_token(x, contracted) if pre is None else pre
         if self.mode == "int8":
             y = jnp.einsum(spec, xq, q, preferred_element_type=jnp.int32)
         elif self.native:
