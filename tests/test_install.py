@@ -68,7 +68,7 @@ def test_make_test_adds_the_test_and_tpu_extras_fresh_or_after_make_demo(tmp_pat
     assert editable_installs(dry_run("test", venv)) == [{"test"}, {"tpu"}]
 
 
-def test_the_installer_passes_pips_package_sources_on_to_uv():
+def test_the_installer_passes_pips_package_sources_on_to_uv(tmp_path):
     """uv reads no pip configuration: the installer hands pip's sources (config files and
     ``PIP_*`` variables, as ``pip config list`` shows them) to uv, every index searched."""
     sys.path.insert(0, str(ROOT / "tools"))
@@ -93,6 +93,24 @@ def test_the_installer_passes_pips_package_sources_on_to_uv():
     assert pairs == [("--index-strategy", "unsafe-best-match"),
                      ("--extra-index-url", "file:///idx/simple"), ("--find-links", "/w1"),
                      ("--find-links", "/w2"), ("--constraint", "/c.txt")], flags
+    # a config file's multi-line value (printed with "\n" escapes) and an index-url in both
+    # the file and the environment: each URL on its own, one index-url (the environment's)
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nindex-url = https://file/simple\n"
+                    "extra-index-url =\n    https://a/simple\n    https://b/simple\n")
+    env.update(PIP_CONFIG_FILE=str(conf), PIP_INDEX_URL="https://env/simple")
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        settings = install.pip_settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    flags = install.uv_flags(settings)
+    pairs = list(zip(flags[::2], flags[1::2]))
+    assert [v for f, v in pairs if f == "--index-url"] == ["https://env/simple"], flags
+    assert [v for f, v in pairs if f == "--extra-index-url"] == [
+        "https://a/simple", "https://b/simple", "file:///idx/simple"], flags
 
 
 def test_the_test_extra_holds_the_heavy_references_and_the_runtime_does_not():

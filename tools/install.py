@@ -11,6 +11,7 @@ install fails, the same install runs with pip, and a line says so.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -31,7 +32,11 @@ def pip_settings() -> dict[str, list[str]]:
         if not sep:
             continue
         name = key.rpartition(".")[2]
-        for v in value.strip().strip("'\"").split():
+        try:                        # printed as a Python literal (multi-line values: "\n")
+            value = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            value = value.strip().strip("'\"")
+        for v in str(value).split():
             if v not in found.setdefault(name, []):
                 found[name].append(v)
     return found
@@ -40,7 +45,10 @@ def pip_settings() -> dict[str, list[str]]:
 def uv_flags(settings: dict[str, list[str]]) -> list[str]:
     flags = ["--index-strategy", "unsafe-best-match"]
     for name, flag in _SOURCES.items():
-        for value in settings.get(name, []):
+        values = settings.get(name, [])
+        if name == "index-url":     # pip takes one: the last (environment over files)
+            values = values[-1:]
+        for value in values:
             flags += [flag, value]
     return flags
 
