@@ -139,12 +139,15 @@ def test_a_fresh_pipeline_takes_every_vace_program_from_the_compile_cache(built,
     kw = dict(PROMPT, **SIZE, num_inference_steps=2, guidance_scale=4.0, video=_frames(5),
               mask=_mask(), reference_images=image(7, 32, 48), seed=3, progress=False)
     runs = []
-    for _ in range(2):
-        jax.clear_caches()
-        pipe = ditax.load_pipeline(folder)
-        pipe.compile_cache = str(tmp_path / "cc")
-        del hits[:], writes[:]
-        runs.append((pipe(**kw), len(hits), len(writes)))
+    try:
+        for _ in range(2):
+            jax.clear_caches()
+            pipe = ditax.load_pipeline(folder)
+            pipe.compile_cache = str(tmp_path / "cc")
+            del hits[:], writes[:]
+            runs.append((pipe(**kw), len(hits), len(writes)))
+    finally:
+        jax.monitoring.unregister_event_listener(event)
     (first, _, wrote), (second, hit, rewrote) = runs
     assert wrote > 0 and rewrote == 0 and hit >= wrote, (wrote, hit, rewrote)
     np.testing.assert_array_equal(first, second)

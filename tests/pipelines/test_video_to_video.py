@@ -145,7 +145,6 @@ def test_cli_refuses_before_loading(clips, capsys, monkeypatch, flags, says):
     assert rc == 2 and len(err) == 1 and re.search(says, err[0]), err
 
 
-
 def test_step_cache_carries_the_source(tiny):
     """first_block step caching on video-to-video starts from the noised source and runs only
     the kept steps: with a huge threshold every step after the first reuses the cached

@@ -131,7 +131,6 @@ def test_context_ulysses_equals_one_device_and_gradients_match(vace, single):
     assert max(errs.values()) <= 1e-5, {k: e for k, e in errs.items() if e > 1e-5}
 
 
-
 def test_tensor_heads_and_mlp_equal_one_device(vace, single):
     """tensor 2 (heads and MLPs split, the VACE blocks' too) x ulysses on context 2 x fsdp 2:
     the forward with control tokens equals one device."""
@@ -147,6 +146,7 @@ def test_tensor_heads_and_mlp_equal_one_device(vace, single):
     err = rel_err(out, outs[(1.0, 1.0)])
     print(f"VACE tensor2 x ulysses2 x fsdp2 vs one device: rel err {err:.2e}")
     assert err <= 1e-5, err
+
 
 def test_strict_keys_and_bad_inputs(vace, tmp_path):
     m, folder = vace
