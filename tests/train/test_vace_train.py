@@ -198,3 +198,14 @@ def test_datasets_that_do_not_fit_are_refused(tmp_path, dataset):
     wide = [k.replace("vace_in_channels=72", "vace_in_channels=96") for k in VACE]
     with pytest.raises(DataError, match=r"control shape \[72, 3, 4, 6\] != .*\[96, 3, 4, 6\]"):
         BatchIterator(load_config(None, [*wide, f"data.source={dataset[3]}"]))
+
+
+def test_vae_training_takes_a_vace_clip_folder_without_its_sidecars(tmp_path):
+    """``ditax train-vae`` on a VACE clip folder: the clips, not their mask / control videos or
+    reference images (as ``ditax preprocess`` reads the folder)."""
+    from ditax.train.vae import list_videos
+
+    for name in ("a.mp4", "a.mask.mp4", "a.control.mp4", "a.ref.png", "a.ref2.png", "b.png",
+                 "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    assert [p.name for p in list_videos(tmp_path)] == ["a.mp4", "b.png"]

@@ -30,7 +30,7 @@ import pathlib
 
 import numpy as np
 
-from ditax.train.clip_files import (IMAGE_EXT, VIDEO_EXT, check_sidecars,  # noqa: F401
+from ditax.train.clip_files import (IMAGE_EXT, VIDEO_EXT, check_sidecars,
                                     clip_sidecars, sidecar_kind)
 
 

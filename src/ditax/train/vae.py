@@ -38,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ditax.errors import ConfigError
 from ditax.train.checkpoint import Checkpointer
-from ditax.train.preprocess import IMAGE_EXT, VIDEO_EXT
+from ditax.train.clip_files import IMAGE_EXT, VIDEO_EXT, sidecar_kind
 from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, read_saved_config,
                                 write_config)
 from ditax.train.session import RunSession
@@ -50,13 +50,16 @@ class ClipError(ValueError):
 
 
 def list_videos(folder) -> list[pathlib.Path]:
-    """The videos and still images of ``folder``, sorted by name."""
+    """The videos and still images of ``folder``, sorted by name; a VACE clip's sidecars
+    (``NAME.mask.mp4``, ``NAME.control.mp4``, ``NAME.ref.png``: :mod:`ditax.train.clip_files`)
+    are not clips, as for ``ditax preprocess``."""
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise ClipError(f"data.source={str(folder)!r} is not a folder of clips; write one with "
                         "`python -m ditax.synthetic` or point data.source at your videos")
     ext = VIDEO_EXT + IMAGE_EXT
-    videos = sorted(p for p in folder.iterdir() if p.suffix.lower() in ext)
+    videos = sorted(p for p in folder.iterdir()
+                    if p.suffix.lower() in ext and sidecar_kind(p) is None)
     if not videos:
         raise ClipError(f"data.source={str(folder)!r} holds no videos or images "
                         f"({', '.join(ext)})")
