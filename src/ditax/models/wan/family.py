@@ -33,11 +33,9 @@ class WanFamily(ModelFamily):
     def vace(self):
         """The VACE hooks (:mod:`ditax.models.wan.vace_family`) of a VACE config (non-empty
         ``model.vace_layers``), else None."""
-        if not getattr(self.model, "vace_layers", ()):
-            return None
         from ditax.models.wan import vace_family
 
-        return vace_family
+        return vace_family if vace_family.is_vace(self.model) else None
 
     @property
     def animate(self):
@@ -46,6 +44,12 @@ class WanFamily(ModelFamily):
         from ditax.models.wan import animate_family
 
         return animate_family if animate_family.is_animate(self.model) else None
+
+    @property
+    def variant(self):
+        """The hooks of the architecture variant (Animate, else VACE) that builds, shards and
+        names this model's transformer, else None (plain Wan)."""
+        return self.animate or self.vace
 
     latent_channels = property(lambda self: self.model.out_channels)    # C of the latents
     text_dim = property(lambda self: self.model.text_dim)               # Dt of the text
@@ -142,19 +146,15 @@ class WanFamily(ModelFamily):
     # -- module ---------------------------------------------------------------------------------
 
     def create(self, mesh, rngs: nnx.Rngs):
-        if self.animate:
-            return self.animate.create(self.model, self.attention, mesh, rngs)
-        if self.vace:
-            return self.vace.create(self.model, self.attention, mesh, rngs)
+        if self.variant:
+            return self.variant.create(self.model, self.attention, mesh, rngs)
         from ditax.models.wan.transformer import WanTransformer
 
         return WanTransformer(self.model, self.attention, mesh, rngs=rngs)
 
     def param_shardings(self, params, mesh):
-        if self.animate:
-            return self.animate.param_shardings(params, self.model, mesh)
-        if self.vace:
-            return self.vace.param_shardings(params, self.model, mesh)
+        if self.variant:
+            return self.variant.param_shardings(params, self.model, mesh)
         from ditax.models.wan.build import param_shardings
 
         return param_shardings(params, self.model, mesh)
@@ -169,10 +169,8 @@ class WanFamily(ModelFamily):
     def weight_table(self):
         """Every row of the architecture (image / position-embedding / VACE / Animate rows
         included)."""
-        if self.animate:
-            return self.animate.weight_table(self.model)
-        if self.vace:
-            return self.vace.weight_table(self.model)
+        if self.variant:
+            return self.variant.weight_table(self.model)
         from ditax.models.wan.convert import config_weight_table
 
         return config_weight_table(self.model)
