@@ -40,7 +40,7 @@ from ditax.pipelines.wan.animate_inputs import (AnimateCondition, animate_inputs
                                                 final_animate_latents, pad_frames, segment_mask)
 from ditax.pipelines.wan.conditioning import Condition
 from ditax.pipelines.wan.image_to_video import WanImageToVideo
-from ditax.pipelines.wan.images import check_image, to_frame
+from ditax.io.images import check_image, to_frame
 
 MODES = ("animate", "replace")
 GUIDANCE_SCALE = 1.0   # diffusers' WanAnimatePipeline default: no classifier-free guidance

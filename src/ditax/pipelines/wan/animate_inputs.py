@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ditax.pipelines.wan.conditioning import Condition, model_inputs
-from ditax.pipelines.wan.images import nearest_indices
+from ditax.io.images import nearest_indices
 
 
 @dataclass(frozen=True)

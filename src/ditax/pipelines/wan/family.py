@@ -165,7 +165,7 @@ def check_control_fits(root, index: dict, call: dict) -> None:
     """VACE's inputs: ``mask`` / ``reference_images`` / ``conditioning_scale`` only for a
     ``WanVACEPipeline`` folder; there, they and ``video`` fit the request (frames, size, a
     binary mask), checked before any weights load."""
-    from ditax.pipelines.wan.vace_inputs import mask_frames, reference_frames, video_frames
+    from ditax.models.wan.vace_context import mask_frames, reference_frames, video_frames
 
     vace = index.get("_class_name") == "WanVACEPipeline"
     only = [k for k in ("mask", "reference_images", "conditioning_scale") if k in call]

@@ -25,7 +25,7 @@ import numpy as np
 
 from ditax.errors import RequestError
 from ditax.pipelines.wan.conditioning import Condition
-from ditax.pipelines.wan.images import to_frame
+from ditax.io.images import to_frame
 from ditax.pipelines.wan.text_to_video import WanTextToVideo
 
 

@@ -17,9 +17,10 @@ from ditax.models.wan.vace_context import VACE_PIPELINE
 from ditax.pipelines.wan.folder import PipelineLoadError
 from ditax.pipelines.wan.text_to_video import (VACE_ARGS, RequestPlan, WanTextToVideo,
                                                refuse_extra)
-from ditax.pipelines.wan.vace_inputs import (VaceCondition, conditioning_scales, control_context,
-                                             mask_frames, reference_frames, vace_final,
-                                             vace_inputs, video_frames)
+from ditax.models.wan.vace_context import (control_context, mask_frames, reference_frames,
+                                           video_frames)
+from ditax.pipelines.wan.vace_inputs import (VaceCondition, conditioning_scales, vace_final,
+                                             vace_inputs)
 
 
 

@@ -1,7 +1,7 @@
 """VACE's request in the pipeline: the condition pytree every step hands the transformer
 (:class:`VaceCondition`), the denoiser's inputs and the latents to decode, the per-layer scales.
 The control inputs' host rules and the control context (module docstring there) are
-:mod:`ditax.models.wan.vace_context`'s, shared with ``ditax preprocess``; re-exported here.
+:mod:`ditax.models.wan.vace_context`'s, shared with ``ditax preprocess``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ditax.errors import RequestError
-from ditax.models.wan.vace_context import (SNAP, control_context, mask_channels,  # noqa: F401
-                                           mask_frames, reference_frames, video_frames)
 
 
 @dataclass(frozen=True)
@@ -57,5 +55,4 @@ def conditioning_scales(conditioning_scale, n: int) -> np.ndarray:
     return s.astype(np.float32)[None]
 
 
-__all__ = ["VaceCondition", "conditioning_scales", "control_context", "mask_channels",
-           "mask_frames", "reference_frames", "vace_final", "vace_inputs", "video_frames"]
+__all__ = ["VaceCondition", "conditioning_scales", "vace_final", "vace_inputs"]

@@ -4,7 +4,7 @@ The behaviour of diffusers' ``WanVideoToVideoPipeline`` on a text-to-video folde
 
 1. the source frames (float ``[F, H, W, 3]`` in [0, 1] or PIL images, ``F = 4k + 1``) become
    VAE frames in [-1, 1] as ``VideoProcessor.preprocess_video`` makes them (each resized to
-   ``height x width``: :func:`~ditax.pipelines.wan.images.to_frame`), then the normalised
+   ``height x width``: :func:`~ditax.io.images.to_frame`), then the normalised
    posterior mean ``z`` ``[1, C, F', Y, X]``;
 2. of the scheduler's ``N`` steps the first ``N - int(N * strength)`` are cut (the scheduler's
    ``from_step``; ``strength`` in (0, 1], 1 = the whole schedule);
@@ -27,7 +27,7 @@ import PIL.Image
 
 from ditax.errors import RequestError
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
-from ditax.pipelines.wan.images import to_frame
+from ditax.io.images import to_frame
 from ditax.pipelines.wan.text_to_video import WanTextToVideo
 
 
