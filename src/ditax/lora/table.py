@@ -93,21 +93,25 @@ def _row(module: str, parts: dict, source: str, peft_scale) -> LoraRow:
         have, lack = ("down", "up") if up is None else ("up", "down")
         raise WeightError(f"{source}: {names[have]} has no matching lora_{lack} tensor; the "
                           f"file is incomplete")
-    scale = 1.0
     if down is not None and down.ndim > 2:
         return _conv_row(module, parts, names, source, peft_scale)
+    scale = 1.0
     if down is not None:
         if down.ndim != 2 or up.ndim != 2 or up.shape[1] != down.shape[0]:
             raise WeightError(f"{source}: {names['down']} {tuple(down.shape)} and {names['up']} "
                               f"{tuple(up.shape)} are not a LoRA pair ([r, in] and [out, r])")
-        rank = down.shape[0]
-        if "alpha" in parts:
-            scale = float(np.asarray(parts["alpha"], np.float64).reshape(-1)[0]) / rank
-        elif peft_scale is not None:
-            scale = peft_scale(module, rank)
+        scale = _pair_scale(module, parts, down.shape[0], peft_scale)
     elif "alpha" in parts:
         raise WeightError(f"{source}: {names['alpha']} has no lora_down/lora_up pair")
     return LoraRow(module, down, up, scale, parts.get("bias"), parts.get("diff"))
+
+
+def _pair_scale(module: str, parts: dict, rank: int, peft_scale) -> float:
+    """A pair's scale: ``alpha / rank`` from the file's alpha, else the PEFT config's rule
+    (``peft_scale(module, rank)``), else 1."""
+    if "alpha" in parts:
+        return float(np.asarray(parts["alpha"], np.float64).reshape(-1)[0]) / rank
+    return peft_scale(module, rank) if peft_scale is not None else 1.0
 
 
 def _conv_row(module: str, parts: dict, keys: dict, source: str, peft_scale) -> LoraRow:
@@ -121,8 +125,7 @@ def _conv_row(module: str, parts: dict, keys: dict, source: str, peft_scale) -> 
                           f"{tuple(up.shape)} are not a convolution LoRA pair ([r, in, *k] "
                           f"and [out, r, 1, ...])")
     rank = down.shape[0]
-    scale = (float(np.asarray(parts["alpha"], np.float64).reshape(-1)[0]) / rank
-             if "alpha" in parts else peft_scale(module, rank) if peft_scale else 1.0)
+    scale = _pair_scale(module, parts, rank, peft_scale)
     delta = (up.reshape(up.shape[0], rank).astype(np.float32)
              @ down.reshape(rank, -1).astype(np.float32)) * np.float32(scale)
     delta = delta.reshape((up.shape[0],) + tuple(down.shape[1:]))
