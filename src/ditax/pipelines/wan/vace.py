@@ -52,18 +52,25 @@ class WanVace(WanTextToVideo):
     def vace_condition(self, video, mask, reference_images, conditioning_scale, height, width,
                        num_frames) -> VaceCondition:
         """The request's control context (:mod:`.vace_inputs`), in the transformer's dtype."""
+        return self._condition(*self._control_inputs(video, mask, reference_images,
+                                                     conditioning_scale, height, width,
+                                                     num_frames))
+
+    def _control_inputs(self, video, mask, reference_images, conditioning_scale, height, width,
+                        num_frames) -> tuple:
+        """The control inputs checked and converted on the host, once per request: (video
+        frames, mask frames, reference frames, per-layer scales)."""
+        return (video_frames(video, num_frames, height, width),
+                mask_frames(mask, num_frames, height, width, video),
+                reference_frames(reference_images, height, width, self.vae.scale_factor_spatial),
+                conditioning_scales(conditioning_scale, len(self.transformer.config.vace_layers)))
+
+    def _condition(self, video, mask, references, scales) -> VaceCondition:
         import jax.numpy as jnp
 
-        v = video_frames(video, num_frames, height, width)
-        m = mask_frames(mask, num_frames, height, width)
-        refs = reference_frames(reference_images, height, width,
-                                self.vae.scale_factor_spatial)
-        ctx = control_context(self.vae, v, m, refs)
-        tc = self.transformer.config
-        return VaceCondition(control=jnp.asarray(ctx, jnp.dtype(tc.dtype)),
-                             scale=jnp.asarray(conditioning_scales(conditioning_scale,
-                                                                   len(tc.vace_layers))),
-                             references=len(refs))
+        ctx = control_context(self.vae, video, mask, references)
+        return VaceCondition(control=jnp.asarray(ctx, jnp.dtype(self.transformer.config.dtype)),
+                             scale=jnp.asarray(scales), references=len(references))
 
     def plan_request(self, height, width, num_frames, image, last_image, extra) -> RequestPlan:
         """The control inputs checked (before any encoding) and planned: their context built
@@ -74,14 +81,11 @@ class WanVace(WanTextToVideo):
                                "or as reference_images=")
         control = {k: extra.pop(k) for k in ("video", *VACE_ARGS)}
         refuse_extra(self, extra)
-        video, mask, refs, scale = (control[k] for k in ("video", *VACE_ARGS))
-        n_ref = len(reference_frames(refs, height, width, self.vae.scale_factor_spatial))
-        video_frames(video, num_frames, height, width)
-        mask_frames(mask, num_frames, height, width, video)
-        conditioning_scales(scale, len(self.transformer.config.vace_layers))
+        inputs = self._control_inputs(*(control[k] for k in ("video", *VACE_ARGS)), height,
+                                      width, num_frames)
+        n_ref = len(inputs[2])
         return RequestPlan(
-            condition=lambda: self.vace_condition(video, mask, refs, scale, height, width,
-                                                  num_frames),
+            condition=lambda: self._condition(*inputs),
             phase="image", extra_frames=n_ref * self.vae.scale_factor_temporal,
             note=f" with {n_ref} reference images")
 
