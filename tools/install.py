@@ -27,7 +27,10 @@ def pip_settings() -> dict[str, list[str]]:
     out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
                          text=True).stdout
     found: dict[str, list[str]] = {}
-    for line in out.splitlines():
+    # the environment's values last (pip's precedence: they override the files'), whatever
+    # order pip prints them in
+    lines = sorted(out.splitlines(), key=lambda line: line.startswith(":env:"))
+    for line in lines:
         key, sep, value = line.partition("=")
         if not sep:
             continue
