@@ -63,6 +63,11 @@ def test_recipe_trains_vae_and_transformer_into_a_flux_folder(recipe):
     assert vae["shift_factor"] == pytest.approx(np.mean(summary["latents_mean"]))
     index = json.loads((folder / "model_index.json").read_text())
     assert index["_class_name"] == "FluxPipeline"
+    # the demo VAE has 3 levels (4x, not FLUX.1's 8x): preprocess encoded 32 x 32 images to
+    # 8 x 8 latents, and training read that shape from the dataset
+    assert len(vae["block_out_channels"]) == 3
+    meta = json.loads((out / "latents" / "meta.json").read_text())
+    assert meta["latent_shape"] == [16, 1, 8, 8], meta["latent_shape"]
 
 
 def test_recipe_folder_samples_and_scores_in_ditax_and_loads_in_diffusers(recipe):
@@ -73,7 +78,14 @@ def test_recipe_folder_samples_and_scores_in_ditax_and_loads_in_diffusers(recipe
     from ditax.recipes.flux_parts import score_folder
 
     folder = recipe[0] / "pipeline"
+    from ditax.errors import RequestError
+
     pipe = load_pipeline(folder)
+    # the sizes follow the folder's 4x VAE: 8 x 8 latents, 16 tokens; multiples of 4 x 2
+    assert pipe.vae.scale_factor_spatial == 4 and pipe.packed_shape(32, 32) == (1, 16, 64)
+    with pytest.raises(RequestError, match=r"height=36 must be a positive multiple of 8 "
+                                           r"\(the VAE's 4x"):
+        pipe("a red circle", **{**SMOKE.sample, "height": 36})
     prompts = ["a red circle on the left", "a green circle on the left"]   # seen, held out
     res = score_folder(folder, SMOKE.sample, seeds=(0,), prompts=prompts, pipe=pipe)
     assert res["seen"]["images"] == 1 and res["held_out"]["images"] == 1

@@ -67,11 +67,18 @@ class Sizes:
     checkpoint_every: int
 
 
-# FLUX.1's VAE factor 8 (the family's) and 16 latent channels; 64 x 64 images → 8 x 8 latents
-# → 16 packed tokens of 64 values
-_VAE = dict(block_out_channels=[8, 16, 32, 32], layers_per_block=1, norm_num_groups=4,
-            latent_channels=16, sample_size=64, mid_block_add_attention=True,
-            use_quant_conv=False, use_post_quant_conv=False)
+# FLUX.1's 16 latent channels but 4x spatial compression (three levels; FLUX.1 has four, 8x):
+# 64 x 64 images → 16 x 16 latents → 64 packed tokens of 64 values (8 x 8 pixels a token, as
+# the Wan demo's 4x VAE; see the colour note below for why not 8x)
+def _vae(*widths: int, attention: bool = True) -> dict:
+    n = len(widths)
+    return dict(block_out_channels=list(widths), down_block_types=["DownEncoderBlock2D"] * n,
+                up_block_types=["UpDecoderBlock2D"] * n, layers_per_block=1, norm_num_groups=4,
+                latent_channels=16, sample_size=64, mid_block_add_attention=attention,
+                use_quant_conv=False, use_post_quant_conv=False)
+
+
+_VAE = _vae(8, 16, 32)
 _CLIP = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=16, hidden_act="quick_gelu", layer_norm_eps=1e-5)
 _T5 = dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
@@ -102,7 +109,7 @@ def _transformer(heads: int, head_dim: int, double: int, single: int, rope) -> d
 _SAMPLE = dict(height=64, width=64, num_inference_steps=20, guidance_scale=3.5,
                max_sequence_length=8)
 
-FULL = Sizes(images=2800, vae_eval_images=40, size=64, vae=_VAE, vae_steps=1800, vae_batch=8,
+FULL = Sizes(images=2800, vae_eval_images=40, size=64, vae=_VAE, vae_steps=1200, vae_batch=8,
              vae_crop=32, vae_focus=0.8, vae_lr=2e-3, vae_kl=1e-6, vae_colour=0.0,
              transformer=_transformer(4, 32, 2, 1, (8, 12, 12)),
              transformer_steps=4000, transformer_batch=16, transformer_lr=3e-3,
@@ -111,8 +118,7 @@ FULL = Sizes(images=2800, vae_eval_images=40, size=64, vae=_VAE, vae_steps=1800,
 SMOKE = dataclasses.replace(
     FULL, images=48, vae_eval_images=4, size=32, vae_steps=8, vae_batch=4, vae_crop=0,
     vae_focus=0.0,
-    vae=dict(_VAE, block_out_channels=[8, 8, 8, 8], sample_size=32,
-             mid_block_add_attention=False),
+    vae=dict(_vae(8, 8, 8, attention=False), sample_size=32),
     transformer=_transformer(2, 16, 1, 1, (4, 4, 8)), transformer_steps=10,
     transformer_batch=8, transformer_lr=2e-3, transformer_dtype="float32",
     sample=dict(_SAMPLE, height=32, width=32, num_inference_steps=2), score_seeds=(0,),

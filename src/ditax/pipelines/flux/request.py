@@ -21,7 +21,7 @@ def check_request(prompt, prompt_2, height, width, num_inference_steps, guidance
         if not isinstance(v, int) or v < factor or v % factor:
             near = max(factor, round(v / factor) * factor) if isinstance(v, int) else 1024
             raise RequestError(f"{name}={v!r} must be a positive multiple of {factor} (the VAE's "
-                               f"8x and the 2x2 token packing); e.g. {near}")
+                               f"{factor // 2}x and the 2x2 token packing); e.g. {near}")
     if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
         raise RequestError(f"num_inference_steps={num_inference_steps!r} must be a positive int "
                            f"(dev: 28, schnell: 4)")

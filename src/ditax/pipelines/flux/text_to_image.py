@@ -7,8 +7,8 @@ pipeline's sampling:
    ``prompt``), padded to ``max_sequence_length`` and attended unmasked; with true CFG
    (``true_cfg_scale > 1``) the same of ``negative_prompt`` as a second row;
 2. latents in the packed layout ``[1, (h/2)(w/2), 4C]`` (:mod:`ditax.models.flux.packing`;
-   ``h, w`` = the size / 8) drawn from N(0, 1) (``jax.random``, from ``seed``) unless given; position ids of the
-   token grid, zero ids for the text;
+   ``h, w`` = the size / the VAE's factor, 8 for FLUX.1) drawn from N(0, 1) (``jax.random``,
+   from ``seed``) unless given; position ids of the token grid, zero ids for the text;
 3. denoise on flow-match Euler with ``sigmas = linspace(1, 1/N, N)`` shifted by the
    scheduler (FLUX.1-dev: the dynamic shift ``mu`` of the image token count; schnell: none),
    the transformer fed ``t / 1000`` and, for a model with a guidance embedding (dev),
@@ -99,10 +99,11 @@ class FluxTextToImage:
         """Generate one image: float32 ``[H, W, 3]`` in [0, 1] (``output="latent"``: the
         denoised packed latents ``[1, L, 4C]``).
 
-        ``latents`` (optional, diffusers' packed ``[1, (h/2)(w/2), 4C]``, ``h, w`` = size / 8)
-        replace the initial noise, so the same latents give diffusers' image; otherwise they
-        are ``jax.random.normal(PRNGKey(seed))``. ``guidance_scale`` is the embedded guidance
-        of a dev model (a schnell model takes none and ignores it, as diffusers);
+        ``latents`` (optional, diffusers' packed ``[1, (h/2)(w/2), 4C]``, ``h, w`` = size /
+        the VAE's factor) replace the initial noise, so the same latents give diffusers'
+        image; otherwise they are ``jax.random.normal(PRNGKey(seed))``. ``guidance_scale`` is
+        the embedded guidance of a dev model (a schnell model takes none and ignores it, as
+        diffusers);
         ``true_cfg_scale > 1`` runs true CFG against ``negative_prompt`` (required then).
         """
         tc = self.transformer.config
