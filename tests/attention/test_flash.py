@@ -38,10 +38,11 @@ def test_flash_matches_reference_forward_and_grad(rng, K, Lq, Lk, masked):
     q, k, v = _qkv(rng, 1, Lq, Lk, 2, K)
     mask = jnp.asarray(rng.random((1, Lk)) > 0.3) if masked else None
     fl = lambda *a, **kw: flash_attention(*a, block_q=16, block_kv=16, **kw)  # noqa: E731
-    (_, (o, lse)), g = jax.value_and_grad(_loss(fl, mask), argnums=(0, 1, 2),
-                                          has_aux=True)(q, k, v)
-    (_, (o_ref, lse_ref)), g_ref = jax.value_and_grad(
-        _loss(reference_attention, mask), argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    # jitted: one program each instead of one per eager op (the kernel is the same)
+    (_, (o, lse)), g = jax.jit(jax.value_and_grad(_loss(fl, mask), argnums=(0, 1, 2),
+                                                  has_aux=True))(q, k, v)
+    (_, (o_ref, lse_ref)), g_ref = jax.jit(jax.value_and_grad(
+        _loss(reference_attention, mask), argnums=(0, 1, 2), has_aux=True))(q, k, v)
     assert o.shape == q.shape and lse.shape == (1, 2, Lq) and lse.dtype == jnp.float32
     np.testing.assert_allclose(o, o_ref, atol=2e-6, rtol=1e-5)
     np.testing.assert_allclose(lse, lse_ref, atol=2e-6, rtol=1e-6)
@@ -52,9 +53,11 @@ def test_flash_matches_reference_forward_and_grad(rng, K, Lq, Lk, masked):
 def test_flash_fully_masked_rows_are_zero_and_dispatch(rng):
     q, k, v = _qkv(rng, 2, 8, 12, 2, 32)
     mask = jnp.asarray(rng.random((2, 12)) > 0.5).at[1].set(False)
-    o, lse = flash_attention(q, k, v, kv_mask=mask, return_lse=True)
+    o, lse = jax.jit(lambda q, k, v, m: flash_attention(q, k, v, kv_mask=m, return_lse=True))(
+        q, k, v, mask)
     assert np.all(np.asarray(o[1]) == 0) and np.all(np.isneginf(np.asarray(lse[1])))
-    o2 = attend(q, k, v, backend="flash", kv_mask=mask, block_q=8, block_kv=8)
+    o2 = jax.jit(lambda q, k, v, m: attend(q, k, v, backend="flash", kv_mask=m, block_q=8,
+                                           block_kv=8))(q, k, v, mask)
     np.testing.assert_allclose(o2, reference_attention(q, k, v, kv_mask=mask), atol=2e-6)
 
 
@@ -64,15 +67,15 @@ def test_shard_major_blockspecs_bit_exact_vs_plain_layout(rng):
     U, B, N, Lc, K = 4, 1, 2, 16, 32
     q, k, v = _qkv(rng, B, U * Lc, U * Lc, N, K)
     mask = jnp.asarray(rng.random((B, U * Lc)) > 0.25)
-    o_plain, lse_plain = flash_attention(q, k, v, kv_mask=mask, block_q=8, block_kv=8,
-                                         return_lse=True)
+    o_plain, lse_plain = jax.jit(lambda q, k, v, m: flash_attention(
+        q, k, v, kv_mask=m, block_q=8, block_kv=8, return_lse=True))(q, k, v, mask)
 
     def shard_major(x):  # [B, U*Lc, N, K] -> [U, B, N, Lc, K]
         return jnp.transpose(x.reshape(B, U, Lc, N, K), (1, 0, 3, 2, 4))
 
-    o5, lse5 = flash_attention_shard_major(shard_major(q), shard_major(k), shard_major(v),
-                                           kv_keep=mask.reshape(B, U, Lc), block_q=8,
-                                           block_kv=8, return_lse=True)
+    o5, lse5 = jax.jit(lambda q, k, v, m: flash_attention_shard_major(
+        q, k, v, kv_keep=m, block_q=8, block_kv=8, return_lse=True))(
+        shard_major(q), shard_major(k), shard_major(v), mask.reshape(B, U, Lc))
     assert o5.shape == (U, B, N, Lc, K) and lse5.shape == (U, B, N, Lc)
     o_back = jnp.transpose(o5, (1, 0, 3, 2, 4)).reshape(B, U * Lc, N, K)
     lse_back = jnp.transpose(lse5, (1, 2, 0, 3)).reshape(B, N, U * Lc)
@@ -111,25 +114,29 @@ def test_flash_continues_from_previous_partial_forward_and_grad(rng):
 
     def chained(q, ka, va, kb, vb):
         o_a, lse_a = fl(q, ka, va, kv_mask=ma)
-        assert np.all(np.isneginf(np.asarray(jax.lax.stop_gradient(lse_a))[1]))
-        return fl(q, kb, vb, kv_mask=mb, o_prev=o_a.astype(jnp.float32), lse_prev=lse_a)
+        o, lse = fl(q, kb, vb, kv_mask=mb, o_prev=o_a.astype(jnp.float32), lse_prev=lse_a)
+        return o, lse, jax.lax.stop_gradient(lse_a)
 
     def whole(q, ka, va, kb, vb):
         cat = lambda a, b: jnp.concatenate([a, b], axis=1)  # noqa: E731
-        return reference_attention(q, cat(ka, kb), cat(va, vb), kv_mask=cat(ma, mb),
-                                   return_lse=True)
+        return (*reference_attention(q, cat(ka, kb), cat(va, vb), kv_mask=cat(ma, mb),
+                                     return_lse=True), None)
 
     def loss(fn):
         def f(*args):
-            o, lse = fn(*args)
+            o, lse, lse_a = fn(*args)
             w = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
-            return jnp.sum(o * w) + 0.3 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)), (o, lse)
+            return (jnp.sum(o * w) + 0.3 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)),
+                    (o, lse, lse_a))
         return f
 
     args = (q, ka, va, kb, vb)
-    (_, (o, lse)), g = jax.value_and_grad(loss(chained), argnums=range(5), has_aux=True)(*args)
-    (_, (o_ref, lse_ref)), g_ref = jax.value_and_grad(loss(whole), argnums=range(5),
-                                                      has_aux=True)(*args)
+    # jitted: one program each instead of one per eager op (the kernel is the same)
+    (_, (o, lse, lse_a)), g = jax.jit(jax.value_and_grad(loss(chained), argnums=range(5),
+                                                         has_aux=True))(*args)
+    (_, (o_ref, lse_ref, _)), g_ref = jax.jit(jax.value_and_grad(loss(whole), argnums=range(5),
+                                                                 has_aux=True))(*args)
+    assert np.all(np.isneginf(np.asarray(lse_a)[1]))   # batch 1: the empty start
     assert o.dtype == jnp.float32 and o.shape == q.shape and lse.shape == (B, N, Lq)
     np.testing.assert_allclose(o, o_ref, atol=2e-6, rtol=1e-5)
     np.testing.assert_allclose(lse, lse_ref, atol=2e-6, rtol=1e-6)
