@@ -15,6 +15,9 @@ from ditax.attention.plan import resolve
 from ditax.attention.reference import reference_attention
 from ditax.parallel import make_mesh
 
+# the jnp reference, jitted: one program per shape instead of one per eager op
+_reference = jax.jit(lambda q, k, v, m: reference_attention(q, k, v, kv_mask=m))
+
 
 def _t(x):
     """``[B, L, N, K]`` ↔ ``[B, N, L, K]``."""
@@ -48,7 +51,7 @@ def test_sequence_parallel_head_major_is_bit_identical(rng, mesh8):
     token-major call (whose modes agree: test_sequence_parallel); ulysses_ring and splash
     inside Ulysses (the chunked exchange) against the reference."""
     q, k, v, mask = _qkv(rng, 1, 50, 8, 32)
-    ref = reference_attention(q, k, v, kv_mask=mask)
+    ref = _reference(q, k, v, mask)
     blocks = dict(block_q=8, block_kv=8)
 
     def head_major(backend, **opts):
@@ -82,7 +85,7 @@ def test_local_kernels_and_cross_attention_head_major(rng, mesh8):
     call = resolve("ulysses", dict(local="flash", block_q=8, block_kv=8), mesh=mesh8)
     hm = jax.jit(lambda q, k, v, m: call(q, k, v, kv_mask=m, head_major=True))(
         _t(q), _t(k), _t(v), mask)
-    np.testing.assert_allclose(_t(hm), reference_attention(q, k, v, kv_mask=mask), atol=3e-6)
+    np.testing.assert_allclose(_t(hm), _reference(q, k, v, mask), atol=3e-6)
 
 
 def test_head_major_ring_gradient_on_a_tensor_parallel_mesh(rng):
@@ -94,14 +97,14 @@ def test_head_major_ring_gradient_on_a_tensor_parallel_mesh(rng):
     q, k, v, mask = _qkv(rng, 1, 45, 8, 32)
     w = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
     ref_loss = lambda q, k, v: jnp.sum(reference_attention(q, k, v, kv_mask=mask) * w)  # noqa
-    g_ref = jax.grad(ref_loss, argnums=(0, 1, 2))(q, k, v)
+    g_ref = jax.jit(jax.grad(ref_loss, argnums=(0, 1, 2)))(q, k, v)
     call = resolve("ring", dict(local="flash", block_q=8, block_kv=8), mesh=mesh)
 
     def loss(q, k, v):
         return jnp.sum(_t(call(_t(q), _t(k), _t(v), kv_mask=mask, head_major=True)) * w)
 
     value, g = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
-    np.testing.assert_allclose(value, ref_loss(q, k, v), rtol=1e-5)
+    np.testing.assert_allclose(value, jax.jit(ref_loss)(q, k, v), rtol=1e-5)
     for a, b in zip(g, g_ref):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
 
@@ -135,10 +138,11 @@ def test_flash_partial_shards_equal_zero_padded_shards(rng):
         return s, (o, lse)
 
     argnums = tuple(range(3 + len(extra)))
-    (_, (o1, l1)), g1 = jax.value_and_grad(lambda *a: run(False, *a), argnums, has_aux=True)(
-        q, k, v, *extra)
-    (_, (o0, l0)), g0 = jax.value_and_grad(lambda *a: run(True, *a), argnums, has_aux=True)(
-        q, k, v, *extra)
+    # jitted: one program each instead of one per eager op (the kernel is the same)
+    (_, (o1, l1)), g1 = jax.jit(jax.value_and_grad(lambda *a: run(False, *a), argnums,
+                                                   has_aux=True))(q, k, v, *extra)
+    (_, (o0, l0)), g0 = jax.jit(jax.value_and_grad(lambda *a: run(True, *a), argnums,
+                                                   has_aux=True))(q, k, v, *extra)
     assert jnp.array_equal(o1, o0) and jnp.array_equal(l1, l0)
     for i, (a, b) in enumerate(zip(g1, g0)):
         assert bool(jnp.all(jnp.isfinite(a)))
