@@ -23,6 +23,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# one layer: the property is the 2-process run's losses equal the 1-process run's, any depth
+SMALL = ["model.num_layers=1"]
+
+
 def test_two_processes_match_one(tmp_path):
     ds = write_dataset(tmp_path / "ds", n=16, seed=7)
     port = _free_port()
@@ -31,14 +35,14 @@ def test_two_processes_match_one(tmp_path):
     out = tmp_path / "mh"
     procs = []
     for pid in range(2):
-        cmd = [sys.executable, "-m", "ditax.cli", "train", "--no-progress", "tiny",
+        cmd = [sys.executable, "-m", "ditax.cli", "train", "--no-progress", "tiny", *SMALL,
                f"data.source={ds}", f"output_dir={out}", "checkpoint.every=2", "steps=3",
                f"mesh.coordinator_address=127.0.0.1:{port}", "mesh.num_processes=2",
                f"mesh.process_id={pid}"]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     # the single-process reference runs here (8 devices from conftest) while they compile
-    ref = train(run_cfg(tmp_path / "one", ds, "steps=3"), progress=False)
+    ref = train(run_cfg(tmp_path / "one", ds, "steps=3", *SMALL), progress=False)
     logs = []
     for p in procs:
         try:
