@@ -27,12 +27,13 @@ def _first_last(losses):
 def recipe(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo_model")
     lines = []
-    rec = Recipe(out, SMOKE, seed=0, say=lines.append, progress=False).run()
-    return out, rec, lines
+    run = Recipe(out, SMOKE, seed=0, say=lines.append, progress=False)
+    rec = run.run()
+    return out, rec, lines, run
 
 
 def test_recipe_trains_both_models_and_writes_a_pipeline_folder(recipe):
-    out, rec, _ = recipe
+    out, rec = recipe[:2]
     assert set(rec["stages"]) == set(STAGES)
     assert rec["seconds"] > 0
     vae_rows = [json.loads(x) for x in (out / "vae" / "metrics.jsonl").read_text().splitlines()]
@@ -76,28 +77,27 @@ def test_recipe_folder_loads_in_ditax_and_diffusers_with_the_same_video(recipe):
 
 
 def test_vae_training_resumes_bit_exactly_and_writes_a_diffusers_folder(recipe, tmp_path):
-    """From the recipe's VAE (``init_from``): two steps, stop, resume to four: the same losses
-    and weights as four in one go."""
+    """The recipe's second VAE stage again (from its first stage's VAE, ``init_from``; its
+    trainer, so its compiled programs): two steps, stop, resume to four: the same losses and
+    weights as four in one go."""
+    import dataclasses
+
     from diffusers import AutoencoderKLWan
 
-    from ditax.train.wan.vae_config import load_vae_config
-    from ditax.train.wan.vae import ClipBank, VAETrainer, train_vae
+    from ditax.train.wan.vae import ClipBank, train_vae
 
     out = recipe[0]
-    sizes = json.loads((out / "recipe.json").read_text())["sizes"]
-    common = {**{f"vae.{k}": v for k, v in sizes["vae"].items()},
-              "data.source": str(out / "clips"), "data.num_frames": FRAMES, "data.height": H,
-              "data.width": W, "data.crop_frames": FRAMES, "data.eval_clips": 4,
-              "batch_size": 2, "optim.learning_rate": 1e-3, "optim.decay_steps": 4,
-              "optim.schedule": "cosine", "checkpoint.every": 2, "log_every": 1,
-              "init_from": str(out / "vae" / "vae")}
+    trainer = recipe[3].vae_trainers["vae_long"]
+    base = trainer.cfg
+    assert base.init_from == str(out / "vae" / "vae") and base.optim.decay_steps == 4
+    assert (base.data.crop_frames, base.data.height, base.data.width) == (FRAMES, H, W)
     quiet = dict(progress=False, say=lambda m: None)
 
     def cfg(steps, name):
-        return load_vae_config(None, **common, steps=steps, output_dir=str(tmp_path / name))
+        return dataclasses.replace(base, steps=steps, output_dir=str(tmp_path / name), log_every=1,
+                                   checkpoint=dataclasses.replace(base.checkpoint, every=2))
 
-    trainer = VAETrainer(cfg(4, "a"))
-    bank = ClipBank(cfg(4, "a").data, say=lambda m: None)
+    bank = ClipBank(base.data, say=lambda m: None)
     a = train_vae(cfg(4, "a"), trainer=trainer, bank=bank, **quiet)
     train_vae(cfg(2, "b"), trainer=trainer, bank=bank, **quiet)
     b = train_vae(cfg(4, "b"), trainer=trainer, bank=bank, **quiet)
@@ -114,7 +114,7 @@ def test_vae_training_resumes_bit_exactly_and_writes_a_diffusers_folder(recipe, 
 
     from ditax.train.wan.vae import to_video
 
-    clip = to_video(bank.eval[:1])
+    clip = to_video(bank.eval)      # the held-out clips, as the trainer's own PSNR reads them
     ours = trainer.reconstruct(b.state["params"], clip)
     with torch.no_grad():
         theirs = ref.decode(ref.encode(torch.from_numpy(clip)).latent_dist.mode()).sample
@@ -249,18 +249,25 @@ def test_shipped_model_follows_colour_and_direction_better_than_random_weights(t
     another CPU's rounding), and does better on both than the same pipeline with its
     transformer's weights shuffled."""
     from ditax.demo import SAMPLE, model_path
+    from ditax.serve.batch import generate_batch
     from ditax.synthetic.score import score
 
     prompts = ["a red circle moves left", "a green square moves right",
                "a blue circle moves down", "a yellow square moves up",
                "a white circle moves right"]
+    pipe = ditax.load_pipeline(model_path())
+    # the five calls ``pipe(p, seed=0, **SAMPLE)`` as one batch through the same step program
+    # (ditax serve's batching: each video equal to its own call within float rounding, 3e-5
+    # here, the same scores); the folder's text length is the pipeline's default
+    sample = dict(SAMPLE)
+    assert sample.pop("max_sequence_length") == pipe.max_sequence_length
+    calls = [dict(sample, prompt=p, seed=0, guidance_scale_2=None) for p in prompts]
 
     def right(pipe):
-        rows = [score(pipe(p, seed=0, progress=False, **SAMPLE), p) for p in prompts]
+        rows = [score(v, p) for v, p in zip(generate_batch(pipe, calls), prompts)]
         return ([p for p, r in zip(prompts, rows) if r["colour_correct"]],
                 [p for p, r in zip(prompts, rows) if r["direction_correct"]])
 
-    pipe = ditax.load_pipeline(model_path())
     colour, direction = right(pipe)
     # the same pipeline with each transformer weight's entries shuffled (the same statistics,
     # no learned structure; same shapes, dtypes and placement, so the compiled programs, which

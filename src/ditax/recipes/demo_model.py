@@ -121,7 +121,7 @@ SMOKE = dataclasses.replace(
     FULL, clips=24, vae_eval_clips=4, height=32, width=32, frames=5,
     vae=dict(_VAE, base_dim=8), vae_steps=12, vae_batch=2, vae_crop=0, vae_focus=0.0,
     vae_lr=2e-3, vae_evals=0,
-    vae_long_steps=2, vae_long_batch=2,
+    vae_long_steps=4, vae_long_batch=2,
     transformer=_transformer(2, 16, 64, 1), transformer_steps=12, transformer_batch=8,
     transformer_lr=2e-3, transformer_dtype="float32", checkpoint_every=6)
 SIZES = {"full": FULL, "smoke": SMOKE}
@@ -161,6 +161,12 @@ class Recipe(StagedRecipe):
                "vae_long": "vae_long/vae/config.json",
                "text": "encoders/text_encoder/config.json", "latents": "latents/meta.json"}
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        #: each VAE stage's trainer (its compiled train step, encode and decode), for runs of
+        #: its config at another length or output (``train_vae(..., trainer=)``: the tests)
+        self.vae_trainers: dict = {}
+
     # --- stages
     def data(self):
         from ditax.synthetic.clips import write_dataset
@@ -185,7 +191,9 @@ class Recipe(StagedRecipe):
             "seed": self.seed + long,
             "optim.learning_rate": s.vae_long_lr if long else s.vae_lr,
             "optim.warmup_steps": 0 if long else min(20, steps // 4),
-            "optim.schedule": "cosine", "checkpoint.every": s.checkpoint_every,
+            # explicit (the default is ``steps``: the same schedule), so that a run of another
+            # length may reuse the stage's trainer (``vae_trainers``) and resume
+            "optim.decay_steps": steps, "optim.schedule": "cosine", "checkpoint.every": s.checkpoint_every,
             "log_every": 5,
             "eval_every": steps // s.vae_evals if s.vae_evals and not long else 0,
             "init_from": str(self.out / "vae" / "vae") if long else "",
@@ -194,10 +202,12 @@ class Recipe(StagedRecipe):
     def _train_vae(self, long: bool):
         import jax
 
-        from ditax.train.wan.vae import train_vae
+        from ditax.train.wan.vae import VAETrainer, train_vae
 
-        res = train_vae(self._vae_config(long), devices=jax.devices()[:self.devices],
-                        progress=self.progress, say=self.say)
+        cfg = self._vae_config(long)
+        trainer = VAETrainer(cfg, jax.devices()[:self.devices])
+        self.vae_trainers["vae_long" if long else "vae"] = trainer
+        res = train_vae(cfg, trainer=trainer, progress=self.progress, say=self.say)
         return {"eval_psnr_db": round(res.eval_psnr, 2), "first_loss": res.losses[0] if
                 res.losses else None, "last_loss": res.losses[-1] if res.losses else None}
 
