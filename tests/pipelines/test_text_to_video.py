@@ -65,7 +65,8 @@ def test_matches_diffusers_with_cfg_and_compiles_once(tiny):
 def test_sequential_cfg_equals_batched(tiny):
     _, _, pipe = tiny
     lat = _latents(pipe, 2)
-    kw = dict(REQ, num_inference_steps=3, guidance_scale=4.0, latents=lat, progress=False)
+    # 4 steps, as test_matches_diffusers_with_cfg_and_compiles_once: the batched step is reused
+    kw = dict(REQ, num_inference_steps=4, guidance_scale=4.0, latents=lat, progress=False)
     batched = pipe(**kw)
     pipe.cfg_mode = "sequential"
     try:
@@ -126,7 +127,8 @@ def test_mesh_equals_single_device(tiny):
     k = pipe.transformer.module.blocks.attn1.to_q.kernel[...]
     assert k.sharding.shard_shape(k.shape) != k.shape  # parameters really sharded
     lat = _latents(single, 5)
-    kw = dict(REQ, num_inference_steps=3, guidance_scale=5.0, latents=lat, progress=False)
+    # 4 steps: the single-device step is the one compiled above
+    kw = dict(REQ, num_inference_steps=4, guidance_scale=5.0, latents=lat, progress=False)
     np.testing.assert_allclose(pipe(**kw), single(**kw), atol=1e-5)
 
 
