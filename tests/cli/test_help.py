@@ -12,8 +12,6 @@ import dataclasses
 import pathlib
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 
@@ -74,22 +72,25 @@ def test_the_top_level_help_and_the_readme_name_every_command(capsys):
     assert not missing, f"README's command list lacks {missing}"
 
 
-def run_config(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "ditax.cli", "config", *args],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+def run_config(capsys, *args: str) -> str:
+    """``ditax config ARGS``'s stdout (in-process: ``python -m ditax.cli`` itself is tested in
+    test_cli.py; a process per call here only paid interpreter and import start-up)."""
+    capsys.readouterr()
+    rc = main(["config", *args])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return out.out
 
 
 def shown_keys(text: str) -> dict[str, str]:
     return dict(re.findall(r"^  ([\w.]+) = (\S*)", text, flags=re.M))
 
 
-def test_ditax_config_lists_every_key_with_its_default_and_the_presets():
+def test_ditax_config_lists_every_key_with_its_default_and_the_presets(capsys):
     from ditax.config import PRESET_DIR, Config, to_dict
     from ditax.config.loader import flatten_keys
 
-    text = run_config()
+    text = run_config(capsys)
     shown = shown_keys(text)
     expected = leaf_keys(Config())
     assert expected <= set(shown), sorted(expected - set(shown))
@@ -102,10 +103,10 @@ def test_ditax_config_lists_every_key_with_its_default_and_the_presets():
         assert re.search(rf"^  {re.escape(preset)}\s", presets, flags=re.M), preset
 
 
-def test_ditax_config_preset_shows_its_values_against_the_defaults():
+def test_ditax_config_preset_shows_its_values_against_the_defaults(capsys):
     from ditax.config import load_config
 
-    text = run_config("tiny", "mesh.fsdp=8", "checkpoint.every=5")
+    text = run_config(capsys, "tiny", "mesh.fsdp=8", "checkpoint.every=5")
     cfg = load_config("tiny", ["mesh.fsdp=8", "checkpoint.every=5"])
     assert re.search(r"^  checkpoint\.every = 5  \[100\]", text, flags=re.M), text
     assert re.search(rf"^  checkpoint\.keep = {cfg.checkpoint.keep}\s", text, flags=re.M)
@@ -113,9 +114,9 @@ def test_ditax_config_preset_shows_its_values_against_the_defaults():
     assert re.search(rf"^  model\.num_layers = {cfg.model.num_layers}  \[30\]", text, flags=re.M)
 
 
-def test_ditax_config_vae_lists_every_train_vae_key():
+def test_ditax_config_vae_lists_every_train_vae_key(capsys):
     from ditax.train.wan.vae_config import VAETrainConfig
 
-    shown = shown_keys(run_config("--vae"))
+    shown = shown_keys(run_config(capsys, "--vae"))
     expected = leaf_keys(VAETrainConfig())
     assert expected <= set(shown), sorted(expected - set(shown))
