@@ -2,8 +2,9 @@
 (two VACE experts, boundary_ratio) saved in diffusers' format (same initial latents, whole
 videos within 1e-3): a control video with a mask (inpainting) and a reference image of another
 size at conditioning_scale 0.5, then reference-to-video alone (same shapes: no new step
-compile); bad control inputs refused in one line before anything is encoded, and by the CLI's
-preflight before any weights."""
+compile), and a fresh pipeline reading every program of the control request from the
+persistent compile cache; bad control inputs refused in one line before anything is
+encoded, and by the CLI's preflight before any weights."""
 
 import numpy as np
 import pytest
@@ -58,25 +59,61 @@ def _compare(name, got, want):
     assert got.std() > 1e-3
 
 
-def test_vace_matches_diffusers(built):
-    ref, _, pipe = built
-    assert type(pipe).__name__ == "WanVace" and pipe.transformer_2 is not None
+def test_vace_matches_diffusers_and_a_fresh_pipeline_takes_its_programs_from_the_cache(
+        built, tmp_path):
+    """The control request against diffusers, written to a persistent compile cache; then
+    reference-to-video alone (same shapes, same compiled step); then a fresh pipeline from the
+    same folder (jax's in-memory caches cleared) makes the control request again: the control
+    inputs are arguments of the compiled programs, not constants, so it reads every program it
+    needs from the cache the first one wrote, writes nothing, and makes the same video."""
+    import jax
+
+    ref, folder, loaded = built
     refimg = image(9, 40, 32)       # another aspect: fitted on a white canvas, bilinear
-    shape = pipe.latent_shape(SIZE["height"], SIZE["width"], SIZE["num_frames"] + 4)
+    shape = loaded.latent_shape(SIZE["height"], SIZE["width"], SIZE["num_frames"] + 4)
     lat = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     kw = dict(PROMPT, **SIZE, num_inference_steps=3, guidance_scale=5.0, guidance_scale_2=3.0)
     control = dict(video=_frames(1), mask=_mask(), reference_images=[refimg],
                    conditioning_scale=0.5)
-    with compiles() as log:
-        got = pipe(latents=lat, progress=False, **control, **kw)
-    assert log.count("_denoise_step") <= 1, log.names
-    _compare("vace 2 experts, inpaint + reference, scale 0.5", got, _reference(ref, lat, **control, **kw))
-    # reference-to-video alone: the same shapes, so the same compiled step
-    with compiles() as again:
-        r2v = pipe(latents=lat, reference_images=refimg, progress=False, **kw)
-    assert again.count("_denoise_step") == 0, again.names
-    _compare("vace reference-to-video", r2v, _reference(ref, lat, reference_images=refimg, **kw))
-    assert np.abs(r2v - got).max() > 1e-2
+    hits, writes = [], []
+
+    def event(name, **kw):
+        if name == "/jax/compilation_cache/cache_hits":
+            hits.append(name)
+        elif name == "/jax/compilation_cache/cache_misses":
+            writes.append(name)
+
+    jax.monitoring.register_event_listener(event)
+    cc = str(tmp_path / "cc")
+    try:
+        jax.clear_caches()              # both pipelines loaded after it, as a fresh process
+        pipe = ditax.load_pipeline(folder)
+        assert type(pipe).__name__ == "WanVace" and pipe.transformer_2 is not None
+        pipe.compile_cache = cc
+        del hits[:], writes[:]
+        with compiles() as log:
+            got = pipe(latents=lat, progress=False, **control, **kw)
+        wrote = len(writes)
+        assert log.count("_denoise_step") <= 1, log.names
+        _compare("vace 2 experts, inpaint + reference, scale 0.5", got,
+                 _reference(ref, lat, **control, **kw))
+        # reference-to-video alone: the same shapes, so the same compiled step
+        with compiles() as again:
+            r2v = pipe(latents=lat, reference_images=refimg, progress=False, **kw)
+        assert again.count("_denoise_step") == 0, again.names
+        _compare("vace reference-to-video", r2v,
+                 _reference(ref, lat, reference_images=refimg, **kw))
+        assert np.abs(r2v - got).max() > 1e-2
+        jax.clear_caches()
+        fresh = ditax.load_pipeline(folder)
+        fresh.compile_cache = cc
+        del hits[:], writes[:]
+        second = fresh(latents=lat, progress=False, **control, **kw)
+        hit, rewrote = len(hits), len(writes)
+    finally:
+        jax.monitoring.unregister_event_listener(event)
+    assert wrote > 0 and rewrote == 0 and hit >= wrote, (wrote, hit, rewrote)
+    np.testing.assert_array_equal(second, got)
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -117,37 +154,3 @@ def test_cli_preflight_refuses_before_weights(built):
         check_images_fit(folder, index, dict(call, video=frames[:4]))
     with pytest.raises(RequestError, match=r"mask= needs video="):
         check_images_fit(folder, index, dict(call, mask=np.ones((5, 32, 48))))
-
-
-def test_a_fresh_pipeline_takes_every_vace_program_from_the_compile_cache(built, tmp_path):
-    """The control inputs are arguments of the compiled programs, not constants: a second
-    pipeline from the same folder (jax's in-memory caches cleared) reads every program it
-    needs from the persistent compile cache the first one wrote, writes nothing, and makes the
-    same video."""
-    import jax
-
-    hits, writes = [], []
-
-    def event(name, **kw):
-        if name == "/jax/compilation_cache/cache_hits":
-            hits.append(name)
-        elif name == "/jax/compilation_cache/cache_misses":
-            writes.append(name)
-
-    jax.monitoring.register_event_listener(event)
-    folder = built[1]
-    kw = dict(PROMPT, **SIZE, num_inference_steps=2, guidance_scale=4.0, video=_frames(5),
-              mask=_mask(), reference_images=image(7, 32, 48), seed=3, progress=False)
-    runs = []
-    try:
-        for _ in range(2):
-            jax.clear_caches()
-            pipe = ditax.load_pipeline(folder)
-            pipe.compile_cache = str(tmp_path / "cc")
-            del hits[:], writes[:]
-            runs.append((pipe(**kw), len(hits), len(writes)))
-    finally:
-        jax.monitoring.unregister_event_listener(event)
-    (first, _, wrote), (second, hit, rewrote) = runs
-    assert wrote > 0 and rewrote == 0 and hit >= wrote, (wrote, hit, rewrote)
-    np.testing.assert_array_equal(first, second)
