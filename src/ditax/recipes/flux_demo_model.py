@@ -8,7 +8,9 @@ Stages (each timed; the run's record is ``{out}/recipe.json``):
    ``captions.jsonl``, the layout ``ditax preprocess`` reads.
 2. **vae** — ``ditax train-vae --family flux`` (:mod:`ditax.train.flux.vae`, the shared VAE
    trainer) on those images; PSNR on held-out images; a diffusers ``AutoencoderKL`` folder
-   (FLUX.1's factor 8, 16 channels) with measured ``shift_factor`` / ``scaling_factor``.
+   (16 channels as FLUX.1's, but 3 levels: factor 4, not 8) with measured ``shift_factor`` /
+   ``scaling_factor``; every consumer (pipeline, preprocess, training) takes the factor from
+   its ``block_out_channels``, as diffusers' ``FluxPipeline`` does.
 3. **text** — CLIP and T5 tokenizers trained on the vocabulary and small random CLIP text and
    T5 towers, frozen (:mod:`ditax.recipes.flux_parts`).
 4. **latents** — ``ditax preprocess`` of the images with that VAE, T5 and CLIP (the empty
@@ -94,18 +96,19 @@ def _transformer(heads: int, head_dim: int, double: int, single: int, rope) -> d
                 axes_dims_rope=list(rope))
 
 
-# The colour is the weak point (seen colour 70% against the 95% target; position 99%). The
-# colours the transformer confuses are the ones the VAE keeps close in its normalised latents
-# (green-blue ~6, red-blue / red-yellow ~11, against ~30 between an object on the left and on
-# the right; white, 20-46 from the rest, is never confused), and its flow-matching MSE weights
-# a latent direction by its length. Tried: lr 7e-4 -> 2e-3 -> 3e-3 (seen colour 63 -> 69 ->
-# 70%); loss.kl 1e-3 (green and blue merge: the VAE round trip keeps 89 of 120 colours, not
-# 114); loss.colour 4 (27.2 dB instead of 23.4, 118 / 120 colours, but red-blue 3.5 apart:
-# seen colour 53% at lr 2e-3); a linear reparametrisation of the latents (colour directions
-# stretched, folded into the VAE's first / last convs) leaves the colour-to-place ratio where
-# it is (~0.2).
-# no true CFG: at true_cfg_scale 2 / 4 the colour went wrong more often (7 / 5 of 12 seen
-# prompts against 9 / 12 without; the position right in all 12 each way)
+# Why 4x and not FLUX.1's 8x: with the 8x VAE (4 levels, 8 x 8 latents, 16 tokens) the seen
+# colour stopped at 70% (position 99%). The colours it confused were the ones that VAE kept
+# close in its normalised latents (green-blue ~5, red-blue / red-yellow ~9, against ~28
+# between an object on the left and on the right: ratio ~0.2), and flow matching's MSE weights
+# a latent direction by its length; its round trip kept 141 of 160 colours. Tried there
+# without success: lr 7e-4 -> 3e-3 (63 -> 70%), loss.kl 1e-3 (green and blue merge),
+# loss.colour 4 (27 dB but red-blue closer still: 53%), a linear latent reparametrisation
+# (ratio unchanged), true CFG. The 4x VAE (1,200 steps, 3 min, 29.5 dB held out) keeps every
+# colour through its round trip (160 / 160) and puts the nearest pair 34 apart against 63 for
+# left-right (ratio ~0.54); the same transformer then draws the prompted colour in 94% of the
+# seen images at seed 0 after 2,000 steps and 99% over seeds 0-2 after 4,000 (position 99%).
+# no true CFG (measured with the 8x VAE): at true_cfg_scale 2 / 4 the colour went wrong more
+# often (7 / 5 of 12 seen prompts against 9 / 12 without; the position right in all 12 each way)
 _SAMPLE = dict(height=64, width=64, num_inference_steps=20, guidance_scale=3.5,
                max_sequence_length=8)
 
