@@ -128,26 +128,47 @@ def test_sequence_parallel_flash_compiles_and_shard_major_copies_less(v6e, sizes
     assert copies["chunked"] == copies["shard_major"]      # chunked takes the kernel path
 
 
+# the two-layer bf16 Wan of the plan and copy-budget tests: 8 heads of 128 (D = 1024) on
+# context=8, over 3 x 15 x 14 = 630 latent tokens (79 per shard: not a multiple of 8, like 14B
+# 720p's 9,450)
+LAYERS = 2
+LATENT = (3, 30, 28)
+WAN = ["mesh.fsdp=1", "mesh.context=8", "batch_size=1", "model.num_attention_heads=8",
+       "model.attention_head_dim=128", "model.ffn_dim=2048", f"model.num_layers={LAYERS}",
+       "model.dtype=bfloat16", "model.param_dtype=bfloat16", "attention.backend=ulysses"]
+SHARD_MAJOR = ["local=flash", "out_a2a=shard_major"]
+
+
+@pytest.fixture(scope="module")
+def v6e_plan(tmp_path_factory):
+    """``ditax plan --target tpu-v6e-8 --compile --train --json`` of that Wan with flash
+    kernels and the shard-major exchange: ``(rc, JSON text, stderr, forward HLO text)``; its
+    forward is also the shard-major case of the copy budget (one compile for both)."""
+    import contextlib
+    import io
+
+    hlo = tmp_path_factory.mktemp("v6e_plan") / "forward.hlo"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["plan", "tiny", "--target", "tpu-v6e-8", "--compile", "--train", "--json",
+                   "--dump-hlo", str(hlo), "--latent", ",".join(map(str, LATENT)), *WAN,
+                   *(f"attention.{a}" for a in SHARD_MAJOR)])
+    return rc, out.getvalue(), err.getvalue(), hlo.read_text() if hlo.exists() else ""
+
+
 @needs_libtpu
-def test_wan_layer_plan_for_v6e(tmp_path, capsys):
+def test_wan_layer_plan_for_v6e(v6e_plan):
     """``ditax plan --target tpu-v6e-8`` on a two-layer Wan model (small widths, real head
     dim): forward and train step compile deviceless with the flash kernels in their layer
     loop (per call: two trips of self- and cross-attention)."""
-    hlo = tmp_path / "forward.hlo"
-    rc = main(["plan", "tiny", "--target", "tpu-v6e-8", "--compile", "--train", "--json",
-               "--dump-hlo", str(hlo), "mesh.fsdp=1", "mesh.context=8",
-               "attention.backend=ulysses", "attention.local=flash",
-               "attention.out_a2a=shard_major", "model.num_attention_heads=8",
-               "model.attention_head_dim=128", "model.num_layers=2", "model.dtype=bfloat16",
-               "model.param_dtype=bfloat16", "batch_size=1"])
-    out, err = capsys.readouterr()
+    rc, out, err, hlo = v6e_plan
     assert rc == 0, err
     res = json.loads(out)
     fwd, step = res["forward"], res["train_step"]
     assert res["platform"] == "tpu" and res["mesh"]["context"] == 8
     assert fwd["per_layer"]["tpu_custom_calls"] == 2      # self- and cross-attention
     assert fwd["tpu_custom_calls"] == 2 * 2
-    assert hlo.read_text().count(KERNEL_TARGET) == 2      # the loop body, written once
+    assert hlo.count(KERNEL_TARGET) == 2                  # the loop body, written once
     assert step["tpu_custom_calls"] == 2 * 2 * 3          # + dq and dk/dv for each
     for p in (fwd, step):
         assert p["fits"] and p["roofline"]["estimate_s"] > 0
@@ -170,29 +191,24 @@ def test_plan_reports_a_program_that_does_not_fit(capsys):
 
 # ---------------------------------------------------------------- relayout copy budget
 
-LAYERS = 2
-
-
-def _layer_copies(v6e, tmp_path, attention: list[str]) -> tuple[list[dict], int]:
-    """The materialised copies of a two-layer bf16 Wan forward (8 heads of 128, D = 1024)
-    compiled for v6e-8 with ``context=8``, over 3 x 15 x 14 = 630 latent tokens (79 per
-    shard: not a multiple of 8, like 14B 720p's 9,450), that run once per layer; and the
-    bytes of one activation ``[L/8, D]`` bf16 on a device."""
-    from ditax.config import load_config
-    from ditax.plan import plan
+def _layer_copies(hlo: str) -> tuple[list[dict], int]:
+    """The materialised copies of the Wan forward above (``hlo``, compiled for v6e-8) that
+    run once per layer, and the bytes of one activation ``[L/8, D]`` bf16 on a device."""
     from ditax.plan.audit import copy_list
 
-    cfg = load_config("tiny", ["mesh.fsdp=1", "mesh.context=8", "batch_size=1",
-                               "model.num_attention_heads=8", "model.attention_head_dim=128",
-                               "model.ffn_dim=2048", f"model.num_layers={LAYERS}",
-                               "model.dtype=bfloat16", "model.param_dtype=bfloat16",
-                               "attention.backend=ulysses"]
-                      + [f"attention.{a}" for a in attention])
-    hlo = tmp_path / "forward.hlo"
-    plan(cfg, make_mesh({"context": 8}, v6e), latent=(3, 30, 28), compile_=True,
-         hlo_path=str(hlo))
-    rows = [r for r in copy_list(hlo.read_text()) if r["runs"] == LAYERS]
+    rows = [r for r in copy_list(hlo) if r["runs"] == LAYERS]
     return rows, 79 * 1024 * 2
+
+
+def _forward_hlo(v6e, tmp_path, attention: list[str]) -> str:
+    """That Wan's forward HLO with ``attention.*`` settings, compiled by :func:`plan`."""
+    from ditax.config import load_config
+    from ditax.plan import plan
+
+    cfg = load_config("tiny", WAN + [f"attention.{a}" for a in attention])
+    hlo = tmp_path / "forward.hlo"
+    plan(cfg, make_mesh({"context": 8}, v6e), latent=LATENT, compile_=True, hlo_path=str(hlo))
+    return hlo.read_text()
 
 
 TOKEN_DIMS = {79, 80, 632, 640}     # a shard's tokens (79, to 80), the sequence (632, 640)
@@ -212,9 +228,9 @@ SPLASH_FLAT_COPY = pytest.mark.xfail(strict=True, reason="splash output relayout
 
 @needs_libtpu
 @pytest.mark.parametrize("attention", [pytest.param(["local=splash"], marks=SPLASH_FLAT_COPY),
-                                       ["local=flash", "out_a2a=shard_major"]],
+                                       SHARD_MAJOR],
                          ids=["splash-flat", "flash-shard_major"])
-def test_wan_layer_relayout_copy_budget(v6e, tmp_path, attention):
+def test_wan_layer_relayout_copy_budget(v6e, tmp_path, request, attention):
     """Nothing of a layer's size is relaid out in a layer (at Wan 14B 720p one activation copy
     is 92 MiB per device, one weight shard 6.25 MiB; libtpu 0.0.42.1): the projections write
     q / k / v head-major, RMSNorm across heads and RoPE run in that layout (before issue 11:
@@ -225,7 +241,12 @@ def test_wan_layer_relayout_copy_budget(v6e, tmp_path, attention):
     ``[N, D, K]`` (before: each ``[D/8, D]`` shard relaid out for the head-major dot, 10 / 6
     shards here, 14 at 14B). What may be left: copies under a tenth of an activation (the key
     mask's)."""
-    rows, act = _layer_copies(v6e, tmp_path, attention)
+    if attention == SHARD_MAJOR:      # the program `ditax plan` compiled for the test above
+        rc, _, err, hlo = request.getfixturevalue("v6e_plan")
+        assert rc == 0, err
+    else:
+        hlo = _forward_hlo(v6e, tmp_path, attention)
+    rows, act = _layer_copies(hlo)
     big = [r for r in rows if r["bytes"] >= 0.1 * act]
     assert not big, big
     acts = [r for r in rows if _shape_dims(r["shape"]) & TOKEN_DIMS]
