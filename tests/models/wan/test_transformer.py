@@ -101,7 +101,9 @@ def test_condition_embedder_and_block_match_diffusers(tmp_path, rng):
     with torch.no_grad():
         temb_r, proj_r, text_r, _ = m.condition_embedder(torch.from_numpy(t),
                                                          torch.from_numpy(text))
-    temb, proj, text_o = mod.condition_embedder(jnp.asarray(t), jnp.asarray(text))
+    # jitted: one program instead of one per eager op
+    temb, proj, text_o = nnx.jit(lambda mod, t, c: mod.condition_embedder(t, c))(
+        mod, jnp.asarray(t), jnp.asarray(text))
     assert rel_err(temb, temb_r.numpy()) < 1e-6
     assert rel_err(proj, proj_r.numpy().reshape(2, 6, -1)) < 1e-6
     assert rel_err(text_o, text_r.numpy()) < 1e-6
@@ -116,8 +118,9 @@ def test_condition_embedder_and_block_match_diffusers(tmp_path, rng):
         want = m.blocks[0](torch.from_numpy(h), text_r, proj_r.reshape(2, 6, -1), rope_r).numpy()
     blk_gdef, blk_state = nnx.split(mod.blocks)
     blk = nnx.merge(blk_gdef, jax.tree.map(lambda p: p[0], blk_state))
-    got = blk(jnp.asarray(h), text_o, proj, (cos, sin), None, None, mod.attention_plan,
-              mod.sharding)
+    got = nnx.jit(lambda blk, h, c, p, cs: blk(h, c, p, cs, None, None, mod.attention_plan,
+                                                mod.sharding))(blk, jnp.asarray(h), text_o,
+                                                               proj, (cos, sin))
     assert rel_err(got, want) < 1e-5
 
 
@@ -132,21 +135,35 @@ def test_scan_and_remat_do_not_change_values(rng):
         gdef, state = nnx.split(model)
 
         def loss(st):
-            return jnp.mean(nnx.merge(gdef, st)(lat, t, text) ** 2)
+            out = nnx.merge(gdef, st)(lat, t, text)
+            return jnp.mean(out ** 2), out
 
-        outs.append(np.asarray(jax.jit(lambda st: nnx.merge(gdef, st)(lat, t, text))(state)))
-        g = jax.jit(jax.grad(loss))(state)
+        # one program per config: the forward's output is the primal of the gradient's
+        (_, out), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(state)
+        outs.append(np.asarray(out))
         grads.append(np.asarray(g["blocks"]["attn1"]["to_q"]["kernel"][...]))
     for o, g in zip(outs[1:], grads[1:]):
         np.testing.assert_allclose(o, outs[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(g, grads[0], rtol=1e-4, atol=1e-7)
 
 
+@pytest.fixture(scope="module")
+def wan_h4(tmp_path_factory):
+    """One random diffusers model (4 heads, 2 layers) for the mesh cases: built and saved once."""
+    return make_diffusers_wan(tmp_path_factory.mktemp("wan_h4"), heads=4, head_dim=16, layers=2)
+
+
+@pytest.fixture(scope="module")
+def wan_h8(tmp_path_factory):
+    """One random diffusers model (8 heads, 2 layers) for the backend cases: built once."""
+    return make_diffusers_wan(tmp_path_factory.mktemp("wan_h8"), heads=8, head_dim=16, layers=2)
+
+
 @pytest.mark.parametrize("mesh_kw", [
     dict(fsdp=8), dict(context=8), dict(fsdp=2, context=2, tensor=2), dict(data=2, fsdp=4),
 ])
-def test_mesh_equals_single_device(tmp_path, rng, mesh_kw):
-    m, folder = make_diffusers_wan(tmp_path, heads=4, head_dim=16, layers=2)
+def test_mesh_equals_single_device(wan_h4, rng, mesh_kw):
+    m, folder = wan_h4
     lat, t, text = _inputs(rng, b=8, f=3, y=6, x=10)   # L = 45: padded for context sharding
     single = np.asarray(ditax.load_transformer(folder)(lat, t, text))
     mesh = make_mesh(dict(mesh_kw))
@@ -247,9 +264,9 @@ def test_text_mask_reaches_cross_attention(tmp_path, rng):
     ({"context": 8}, AttentionConfig(backend="ulysses_ring", local="xla", ulysses_shards=2)),
 ], ids=["flash", "splash", "blockwise", "ulysses-ctx8", "ulysses-shard_major-ctx4xfsdp2",
         "ring-ctx4xfsdp2", "ulysses_ring-U2"])
-def test_attention_backends_in_the_model_match_diffusers(tmp_path, rng, mesh_kw, acfg):
+def test_attention_backends_in_the_model_match_diffusers(wan_h8, rng, mesh_kw, acfg):
     """Every backend (local and sequence-parallel) keeps diffusers parity (L=45: padded)."""
-    m, folder = make_diffusers_wan(tmp_path, heads=8, head_dim=16, layers=2)
+    m, folder = wan_h8
     lat, t, text = _inputs(rng)
     ref = run_diffusers(m, lat, t, text)
     mesh = make_mesh(dict(mesh_kw)) if mesh_kw else None
