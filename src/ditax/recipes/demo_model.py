@@ -193,7 +193,8 @@ class Recipe(StagedRecipe):
             "optim.warmup_steps": 0 if long else min(20, steps // 4),
             # explicit (the default is ``steps``: the same schedule), so that a run of another
             # length may reuse the stage's trainer (``vae_trainers``) and resume
-            "optim.decay_steps": steps, "optim.schedule": "cosine", "checkpoint.every": s.checkpoint_every,
+            "optim.decay_steps": steps, "optim.schedule": "cosine",
+            "checkpoint.every": s.checkpoint_every,
             "log_every": 5,
             "eval_every": steps // s.vae_evals if s.vae_evals and not long else 0,
             "init_from": str(self.out / "vae" / "vae") if long else "",
