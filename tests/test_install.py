@@ -68,6 +68,21 @@ def test_make_test_adds_the_test_and_tpu_extras_fresh_or_after_make_demo(tmp_pat
     assert editable_installs(dry_run("test", venv)) == [{"test"}, {"tpu"}]
 
 
+def _uv_flags_under(install, env: dict):
+    """``install.uv_flags`` of the pip settings seen with exactly ``env`` as the environment
+    (restored after), and those flags as (flag, value) pairs."""
+    old = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        settings = install.pip_settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    flags = install.uv_flags(settings)
+    return flags, list(zip(flags[::2], flags[1::2]))
+
+
 def test_the_installer_passes_pips_package_sources_on_to_uv(tmp_path):
     """uv reads no pip configuration: the installer hands pip's sources (config files and
     ``PIP_*`` variables, as ``pip config list`` shows them) to uv, every index searched."""
@@ -80,16 +95,7 @@ def test_the_installer_passes_pips_package_sources_on_to_uv(tmp_path):
                PIP_EXTRA_INDEX_URL="file:///idx/simple", PIP_CONSTRAINT="/c.txt")
     for k in ("PIP_INDEX_URL", "PIP_CERT"):
         env.pop(k, None)
-    old = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        settings = install.pip_settings()
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-    flags = install.uv_flags(settings)
-    pairs = list(zip(flags[::2], flags[1::2]))
+    flags, pairs = _uv_flags_under(install, env)
     assert pairs == [("--index-strategy", "unsafe-best-match"),
                      ("--extra-index-url", "file:///idx/simple"), ("--find-links", "/w1"),
                      ("--find-links", "/w2"), ("--constraint", "/c.txt")], flags
@@ -99,15 +105,7 @@ def test_the_installer_passes_pips_package_sources_on_to_uv(tmp_path):
     conf.write_text("[global]\nindex-url = https://file/simple\n"
                     "extra-index-url =\n    https://a/simple\n    https://b/simple\n")
     env.update(PIP_CONFIG_FILE=str(conf), PIP_INDEX_URL="https://env/simple")
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        settings = install.pip_settings()
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-    flags = install.uv_flags(settings)
-    pairs = list(zip(flags[::2], flags[1::2]))
+    flags, pairs = _uv_flags_under(install, env)
     assert [v for f, v in pairs if f == "--index-url"] == ["https://env/simple"], flags
     assert [v for f, v in pairs if f == "--extra-index-url"] == [
         "https://a/simple", "https://b/simple", "file:///idx/simple"], flags
