@@ -417,7 +417,8 @@ def diffusers_model(run, case, torch, dev):
         lat, T = (1, 16, 3, 60, 104), 512
     torch.manual_seed(0)
     m = WanTransformer3DModel(patch_size=(1, 2, 2), in_channels=16, out_channels=16,
-                              num_layers=1 if run.dry else 2, cross_attn_norm=True, rope_max_seq_len=1024, **kw)
+                              num_layers=1 if run.dry else 2, cross_attn_norm=True,
+                              rope_max_seq_len=1024, **kw)
     x = np.asarray(normal(5, lat), np.float32)
     text = np.asarray(normal(6, (1, T, kw["text_dim"])), np.float32)
     with tempfile.TemporaryDirectory() as folder:

@@ -45,7 +45,8 @@ os.environ.setdefault("DITAX_CACHE_DIR", "none")
 # so that the suite's own subprocesses (CLI runs, multi-host, the GPU script's dry run) inherit
 # it. The modules in FULL_OPTIMIZATION_MODULES (what a TPU's compiler writes: copies, memory)
 # compile with every optimisation on (``ditax plan``'s CPU compiles in test_plan.py need not: the
-# HLO passes, so what its audit counts, are the same; 27 -> 13 CPU s). JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs everything so.
+# HLO passes, so what its audit counts, are the same; 27 -> 13 CPU s).
+# JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs everything so.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # and XLA:CPU's elemental emitters for fusions (tests/refs/xla_test_flags.py says why)
 from xla_test_flags import FAST_CPU_CODEGEN, fast  # noqa: E402
