@@ -22,8 +22,9 @@ class FluxPipelines(PipelineFamily):
     def check_request(self, prompt, height, width, num_frames, num_inference_steps,
                       guidance_scale, guidance_scale_2=None, negative_prompt=None,
                       seed=0, true_cfg_scale=None) -> None:
-        """The request checks of :func:`ditax.pipelines.flux.request.check_request`;
-        ``true_cfg_scale`` None: 4.0 with a negative prompt, else 1 (off)."""
+        """The request checks of :func:`ditax.pipelines.flux.request.check_request` but the
+        size grid, which is the folder's VAE's (:meth:`preflight`); ``true_cfg_scale`` None:
+        4.0 with a negative prompt, else 1 (off)."""
         from ditax.pipelines.flux.request import check_request
 
         if num_frames not in (None, 1):
@@ -33,18 +34,28 @@ class FluxPipelines(PipelineFamily):
                                "transformer — drop it")
         check_request(prompt, None, height, width, num_inference_steps, guidance_scale,
                       negative_prompt, true_cfg_scale if true_cfg_scale is not None
-                      else 4.0 if negative_prompt is not None else 1.0, 512, seed)
+                      else 4.0 if negative_prompt is not None else 1.0, 512, seed,
+                      factor=None)
 
     def preflight(self, root, load: dict, call: dict | None = None, mesh=None) -> None:
-        """The folder has a Flux transformer, the request takes no image, and the attention
+        """The folder has a Flux transformer, the request takes no image and fits the size
+        grid of the folder's VAE (its factor from ``vae/config.json``), and the attention
         backend runs here with the folder's head dim."""
         from ditax.attention import check_available
+        from ditax.io.files import read_model_json
         from ditax.io.hub import resolve_folder
+        from ditax.models.flux.family import vae_factor
         from ditax.models.flux.loading import read_config
+        from ditax.models.flux.packing import PACK
+        from ditax.pipelines.flux.request import check_size
 
         if call is not None and ("image" in call or "last_image" in call):
             raise RequestError(f"--image / --last-image given but {root} is a text-to-image "
                                f"folder (FluxPipeline); drop them")
+        sizes = {k: call[k] for k in ("height", "width") if k in call} if call else {}
+        if sizes:
+            vae = read_model_json(resolve_folder(root, "vae") / "config.json", "VAE config")
+            check_size(vae_factor(vae) * PACK, **sizes)
         tc = read_config(resolve_folder(root, "transformer"))
         head_dim = load.get("attention_head_dim") or tc["attention_head_dim"]
         check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)

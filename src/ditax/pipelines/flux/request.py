@@ -9,19 +9,28 @@ FACTOR = 16          # FLUX.1: the VAE's 8x and the 2x2 token packing
 MAX_TEXT_TOKENS = 512
 
 
-def check_request(prompt, prompt_2, height, width, num_inference_steps, guidance_scale,
-                  negative_prompt, true_cfg_scale, max_sequence_length, seed,
-                  factor: int = FACTOR) -> None:
-    """Raise :class:`RequestError` for a request no FLUX.1 folder takes."""
-    for name, p in (("prompt", prompt), ("prompt_2", prompt_2),
-                    ("negative_prompt", negative_prompt)):
-        if p is not None and not isinstance(p, str) or (name == "prompt" and p is None):
-            raise RequestError(f"{name} must be one string; got {type(p).__name__}")
-    for name, v in (("height", height), ("width", width)):
+def check_size(factor: int, **sizes) -> None:
+    """Raise :class:`RequestError` unless every size given (``height=``, ``width=``) is a
+    positive multiple of ``factor`` (the VAE's spatial factor times the 2x2 token packing)."""
+    for name, v in sizes.items():
         if not isinstance(v, int) or v < factor or v % factor:
             near = max(factor, round(v / factor) * factor) if isinstance(v, int) else 1024
             raise RequestError(f"{name}={v!r} must be a positive multiple of {factor} (the VAE's "
                                f"{factor // 2}x and the 2x2 token packing); e.g. {near}")
+
+
+def check_request(prompt, prompt_2, height, width, num_inference_steps, guidance_scale,
+                  negative_prompt, true_cfg_scale, max_sequence_length, seed,
+                  factor: int | None = FACTOR) -> None:
+    """Raise :class:`RequestError` for a request no FLUX.1 folder takes. ``factor``: the size
+    grid (:func:`check_size`); None leaves it to the folder's check (a Flux VAE may have
+    fewer levels than FLUX.1's: ``PipelineFamily.preflight`` reads its factor)."""
+    for name, p in (("prompt", prompt), ("prompt_2", prompt_2),
+                    ("negative_prompt", negative_prompt)):
+        if p is not None and not isinstance(p, str) or (name == "prompt" and p is None):
+            raise RequestError(f"{name} must be one string; got {type(p).__name__}")
+    if factor is not None:
+        check_size(factor, height=height, width=width)
     if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
         raise RequestError(f"num_inference_steps={num_inference_steps!r} must be a positive int "
                            f"(dev: 28, schnell: 4)")
@@ -42,4 +51,4 @@ def check_request(prompt, prompt_2, height, width, num_inference_steps, guidance
         raise RequestError(f"seed={seed!r} must be an int in [0, 2**32)")
 
 
-__all__ = ["FACTOR", "MAX_TEXT_TOKENS", "check_request"]
+__all__ = ["FACTOR", "MAX_TEXT_TOKENS", "check_request", "check_size"]
