@@ -275,6 +275,9 @@ def test_cli_generate_reads_flux_loras(tmp_path, monkeypatch, capsys):
     (tmp_path / "m" / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
     (tmp_path / "m" / "transformer" / "config.json").write_text(json.dumps(
         dict(TINY, _class_name="FluxTransformer2DModel")))
+    (tmp_path / "m" / "vae").mkdir()       # the preflight reads the size grid's factor from it
+    (tmp_path / "m" / "vae" / "config.json").write_text(json.dumps(
+        {"_class_name": "AutoencoderKL", "block_out_channels": [128, 256, 512, 512]}))
     down, up = pair(np.random.default_rng(9), 2, D, 3 * D)
     path = save(tmp_path / "k.safetensors",
                 {"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight": down,
