@@ -52,9 +52,14 @@ demo-model: $(STAMP)
 flux-demo-model: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.flux_demo_model --out flux_demo_model
 
-# The whole test suite on CPU (8 fake devices), TPU compiles included (deviceless).
+# The whole test suite on CPU (8 fake devices), TPU compiles included (deviceless), on two
+# pytest-xdist workers. Under tcmalloc where it is installed (Debian: libtcmalloc-minimal4;
+# .ci/run installs it): XLA's compiles of the suite's many small programs allocate heavily,
+# and it takes ~6% less CPU than glibc's malloc. The suite passes either way.
+TCMALLOC := $(firstword $(wildcard /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4))
 test: $(TEST_STAMP) $(TPU_STAMP)
-	$(BIN)/python -m pytest tests -q -ra -n 2 --dist loadscope --no-loadscope-reorder --durations=25
+	$(if $(TCMALLOC),LD_PRELOAD="$(TCMALLOC)") $(BIN)/python -m pytest tests -q -ra -n 2 \
+	  --dist loadscope --no-loadscope-reorder --durations=25
 
 bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/transformer_cpu.py

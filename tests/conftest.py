@@ -7,6 +7,7 @@ arrays on it with the :func:`on_gpu` fixture. An explicit JAX_PLATFORMS is respe
 """
 
 import contextlib
+import gc
 import glob
 import importlib.util
 import os
@@ -63,6 +64,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# Python's cyclic collector less often (a young generation of 100,000 objects, not 2,000):
+# tracing and lowering allocate millions of short-lived objects, and the default thresholds
+# walk jax's whole object graph again and again; measured 10-13% less CPU on the transformer
+# and image-to-video modules, peak memory unchanged (1.65 GB). Collection still runs.
+gc.set_threshold(100_000, 50, 50)
 
 
 @pytest.fixture
