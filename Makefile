@@ -56,7 +56,8 @@ flux-demo-model: $(STAMP)
 # pytest-xdist workers. Under tcmalloc where it is installed (Debian: libtcmalloc-minimal4;
 # .ci/run installs it): XLA's compiles of the suite's many small programs allocate heavily,
 # and it takes ~6% less CPU than glibc's malloc. The suite passes either way.
-TCMALLOC := $(firstword $(wildcard /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4))
+TCMALLOC := $(firstword $(wildcard /usr/lib/*/libtcmalloc_minimal.so.4 \
+  /usr/lib64/libtcmalloc_minimal.so.4))
 test: $(TEST_STAMP) $(TPU_STAMP)
 	$(if $(TCMALLOC),LD_PRELOAD="$(TCMALLOC)") $(BIN)/python -m pytest tests -q -ra -n 2 \
 	  --dist loadscope --no-loadscope-reorder --durations=25
