@@ -154,9 +154,19 @@ def _preset_summary(path) -> str:
                             placeholder=" ...")
 
 
-@functools.cache
 def _comments(cls) -> dict[str, str]:
-    """The comment written beside each field in ``cls``'s source (``name: T = v  # this``)."""
+    """The comment written beside each field (``name: T = v  # this``) in the source of the
+    class that declares it: ``cls`` or a class it extends (a family's config takes its shared
+    fields from :class:`ditax.models.fields.TransformerNumerics`)."""
+    out: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        out.update(_own_comments(base))
+    return out
+
+
+@functools.cache
+def _own_comments(cls) -> dict[str, str]:
+    """The comments beside the fields written in ``cls``'s own source."""
     out: dict[str, str] = {}
     try:
         source = inspect.getsource(cls)

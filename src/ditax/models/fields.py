@@ -1,5 +1,8 @@
-"""What every family's model config shares: the dtype and remat choices (as ``Literal`` types
-the config loader checks) and the rule for keyword overrides of a config dataclass.
+"""What every family's model config shares: the numeric fields (:class:`TransformerNumerics`:
+dtypes, remat, 8-bit weights, layer scan) with their rules, the dtype and remat choices (as
+``Literal`` types the config loader checks), the rule for keyword overrides of a config
+dataclass, the diffusers ``config.json`` a config writes, and the part of ``check_transformer``
+every family runs (:func:`check_transformer`).
 
 Light on purpose (no JAX, no flax): a family's config module imports it, and configs are read
 before anything heavy loads. The remat policies themselves (jax objects) are in
@@ -9,9 +12,10 @@ before anything heavy loads. The remat policies themselves (jax objects) are in
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args
+from dataclasses import dataclass
+from typing import Callable, Literal, get_args
 
-from ditax.errors import ConfigError
+from ditax.errors import ConfigError, check_choice
 
 DType = Literal["float32", "bfloat16", "float16"]
 Remat = Literal["none", "full", "save_dots", "save_dots_no_batch", "save_attn_out",
@@ -20,6 +24,70 @@ Quantize = Literal["none", "int8", "fp8"]   # 8-bit block weights (ditax.nn.quan
 DTYPES = get_args(DType)
 QUANTIZE_MODES = get_args(Quantize)
 REMAT_POLICIES = get_args(Remat)
+
+
+@dataclass(frozen=True)
+class TransformerNumerics:
+    """The fields every family's transformer config has, with one meaning and one set of rules
+    (:func:`check_numerics`): how the weights are stored and computed, checkpointed and
+    scanned. ditax's own: a diffusers ``config.json`` does not hold them.
+
+    A family's config lists it between its architecture fields and its own extras, so the
+    config keys keep their order (a dataclass orders its fields from the last base to the
+    class itself): ``class WanConfig(TransformerNumerics, WanShape)`` has ``WanShape``'s
+    fields, these, then its own.
+    """
+
+    param_dtype: DType = "float32"   # storage dtype of the weights
+    dtype: DType = "float32"         # compute dtype of matmuls / attention
+    remat: Remat = "none"            # activation checkpointing policy of each block
+    quantize: Quantize = "none"      # block linears' weights in 8 bits (ditax.nn.quant)
+    quantize_activations: bool = False   # and their inputs per token (8-bit x 8-bit dots)
+    scan_layers: bool = True
+
+
+def check_numerics(m) -> None:
+    """The rules of :class:`TransformerNumerics`' fields of model config ``m`` (a
+    :class:`ConfigError` naming the ``model.`` key, its value and the choices)."""
+    check_choice("model.param_dtype", m.param_dtype, DTYPES)
+    check_choice("model.dtype", m.dtype, DTYPES)
+    check_choice("model.remat", m.remat, REMAT_POLICIES)
+    check_quantize(m)
+
+
+def check_transformer(m, cls: type, check_model: Callable, attention=None,
+                      mesh_sizes: dict[str, int] | None = None) -> None:
+    """What every family's ``check_transformer`` runs, in this order: ``m`` is a ``cls`` (the
+    family's config class), every number is finite and in range
+    (:func:`ditax.numbers.check_numbers`), the family's ``check_model(m, mesh_sizes)`` holds,
+    and ``attention`` (an :class:`~ditax.attention.config.AttentionConfig`; None: the default)
+    runs with the model's heads on the mesh (``mesh_sizes``: the resolved mesh sizes)."""
+    from ditax.attention.config import AttentionConfig, check_attention
+    from ditax.numbers import check_numbers
+
+    if not isinstance(m, cls):
+        raise ConfigError(f"model={m!r} is not a {cls.__name__}")
+    check_numbers(m, "model.")
+    check_model(m, mesh_sizes)
+    check_attention(attention or AttentionConfig(), num_heads=m.num_attention_heads,
+                    mesh_sizes=mesh_sizes)
+
+
+def with_overrides(cls, kw: dict, overrides: dict):
+    """``cls(**kw)`` with the keyword ``overrides`` (dtypes, remat …) replacing ``kw``'s
+    values, each checked to be a field first (:func:`check_overrides`)."""
+    check_overrides(cls, overrides)
+    return cls(**{**kw, **overrides})
+
+
+def diffusers_config(m, class_name: str, names) -> dict:
+    """The diffusers ``config.json`` dict of ``m``'s architecture: ``_class_name`` and the
+    fields ``names`` (tuples as JSON lists); the numerics are ditax's own, not written."""
+    out = {"_class_name": class_name}
+    for f in names:
+        v = getattr(m, f)
+        out[f] = list(v) if isinstance(v, tuple) else v
+    return out
 
 
 def check_quantize(m) -> None:
@@ -49,4 +117,5 @@ def check_overrides(cls, overrides: dict) -> None:
 
 
 __all__ = ["DType", "Remat", "Quantize", "DTYPES", "REMAT_POLICIES", "QUANTIZE_MODES",
-           "check_quantize", "check_overrides"]
+           "TransformerNumerics", "check_numerics", "check_transformer", "check_quantize",
+           "check_overrides", "with_overrides", "diffusers_config"]

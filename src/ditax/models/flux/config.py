@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from ditax.attention.config import AttentionConfig, check_attention
-from ditax.errors import ConfigError, check_choice
-from ditax.models.fields import (DTYPES, REMAT_POLICIES, DType, Quantize, Remat, check_overrides,
-                                 check_quantize)
-from ditax.numbers import check_numbers
+from ditax.errors import ConfigError
+from ditax.models import fields
+from ditax.models.fields import (TransformerNumerics, check_numerics, diffusers_config,
+                                 with_overrides)
 from ditax.parallel.mesh import check_tensor_split
 
 CLASS_NAME = "FluxTransformer2DModel"
@@ -25,14 +24,9 @@ DIFFUSERS_FIELDS = ("patch_size", "in_channels", "out_channels", "num_layers",
 
 
 @dataclass(frozen=True)
-class FluxConfig:
-    """Flux transformer shape (diffusers names; defaults are diffusers' = FLUX.1-schnell) and
-    ditax's numerics (dtypes, remat, layer scan).
-
-    ``num_layers`` double-stream blocks (text and image with their own weights, one joint
-    attention) then ``num_single_layers`` single-stream blocks over the joint sequence.
-    ``out_channels=None`` means ``in_channels`` (as in diffusers' config.json).
-    """
+class FluxShape:
+    """The first fields of :class:`FluxConfig`: the family's name and the architecture (a
+    diffusers ``FluxTransformer2DModel`` config.json's fields)."""
 
     family: Literal["flux"] = "flux"
     patch_size: int = 1
@@ -46,12 +40,17 @@ class FluxConfig:
     pooled_projection_dim: int = 768
     guidance_embeds: bool = False
     axes_dims_rope: tuple[int, ...] = (16, 56, 56)
-    param_dtype: DType = "float32"   # storage dtype of the weights
-    dtype: DType = "float32"         # compute dtype of matmuls / attention
-    remat: Remat = "none"            # activation checkpointing policy of each block
-    quantize: Quantize = "none"      # block linears' weights in 8 bits (ditax.nn.quant)
-    quantize_activations: bool = False   # and their inputs per token (8-bit x 8-bit dots)
-    scan_layers: bool = True
+
+
+@dataclass(frozen=True)
+class FluxConfig(TransformerNumerics, FluxShape):
+    """Flux transformer shape (diffusers names; defaults are diffusers' = FLUX.1-schnell) and
+    ditax's numerics (dtypes, remat, layer scan).
+
+    ``num_layers`` double-stream blocks (text and image with their own weights, one joint
+    attention) then ``num_single_layers`` single-stream blocks over the joint sequence.
+    ``out_channels=None`` means ``in_channels`` (as in diffusers' config.json).
+    """
 
     @property
     def inner_dim(self) -> int:
@@ -74,26 +73,17 @@ class FluxConfig:
         kw = {k: cfg[k] for k in DIFFUSERS_FIELDS if k in cfg}
         if isinstance(kw.get("axes_dims_rope"), list):
             kw["axes_dims_rope"] = tuple(kw["axes_dims_rope"])
-        check_overrides(cls, overrides)
-        kw.update(overrides)
-        return cls(**kw)
+        return with_overrides(cls, kw, overrides)
 
     def to_diffusers(self) -> dict:
         """The diffusers ``config.json`` dict of this architecture (``_class_name`` included)."""
-        out = {"_class_name": CLASS_NAME}
-        for f in DIFFUSERS_FIELDS:
-            v = getattr(self, f)
-            out[f] = list(v) if isinstance(v, tuple) else v
-        return out
+        return diffusers_config(self, CLASS_NAME, DIFFUSERS_FIELDS)
 
 
 def check_model(m: FluxConfig, mesh_sizes: dict[str, int] | None = None) -> None:
     """Raise :class:`ConfigError` for a model config that cannot be built (``mesh_sizes``: the
     resolved mesh sizes, for the tensor-parallel divisibility rules)."""
-    check_choice("model.param_dtype", m.param_dtype, DTYPES)
-    check_choice("model.dtype", m.dtype, DTYPES)
-    check_choice("model.remat", m.remat, REMAT_POLICIES)
-    check_quantize(m)
+    check_numerics(m)
     for k in ("patch_size", "in_channels", "num_layers", "num_single_layers",
               "attention_head_dim", "num_attention_heads", "joint_attention_dim",
               "pooled_projection_dim"):
@@ -121,13 +111,9 @@ def check_transformer(m: FluxConfig, attention=None,
     """Every rule of one Flux transformer run with ``attention`` (an
     :class:`~ditax.attention.config.AttentionConfig`; None: the default), checked once by the
     entry points before anything is built: every number finite and in range, the model's
-    (:func:`check_model`) and attention's with the model's heads."""
-    if not isinstance(m, FluxConfig):
-        raise ConfigError(f"model={m!r} is not a FluxConfig")
-    check_numbers(m, "model.")
-    check_model(m, mesh_sizes)
-    check_attention(attention or AttentionConfig(), num_heads=m.num_attention_heads,
-                    mesh_sizes=mesh_sizes)
+    (:func:`check_model`) and attention's with the model's heads
+    (:func:`ditax.models.fields.check_transformer`, every family's order)."""
+    fields.check_transformer(m, FluxConfig, check_model, attention, mesh_sizes)
 
 
 def same_architecture(a: FluxConfig, b: FluxConfig) -> list[tuple[str, object, object]]:

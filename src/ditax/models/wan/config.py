@@ -6,16 +6,17 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional, get_args
 
-from ditax.attention.config import AttentionConfig, check_attention
 from ditax.errors import ConfigError, check_choice
+from ditax.models import fields
 from ditax.models.fields import (DTYPES, REMAT_POLICIES, DType, Quantize, Remat,  # noqa: F401
-                                 check_overrides, check_quantize)
-from ditax.numbers import check_numbers
+                                 TransformerNumerics, check_numerics, check_overrides,
+                                 diffusers_config, with_overrides)
 from ditax.parallel.mesh import check_tensor_split
 
 QKNorm = Literal["rms_norm_across_heads"]
 Vae = Literal["wan2.1", "wan2.2"]
 
+CLASS_NAME = "WanTransformer3DModel"
 # the fields of a diffusers ``WanTransformer3DModel`` config.json (the architecture)
 DIFFUSERS_FIELDS = ("patch_size", "num_attention_heads", "attention_head_dim", "in_channels",
                     "out_channels", "text_dim", "freq_dim", "ffn_dim", "num_layers",
@@ -24,12 +25,9 @@ DIFFUSERS_FIELDS = ("patch_size", "num_attention_heads", "attention_head_dim", "
 
 
 @dataclass(frozen=True)
-class WanConfig:
-    """Wan transformer shape (diffusers ``WanTransformer3DModel`` config names) and numerics.
-
-    ``family`` names the model family in a config file (``model.family``; the family registry
-    :mod:`ditax.models.registry`). ``ModelConfig`` is the same class under its older name.
-    """
+class WanShape:
+    """The first fields of :class:`WanConfig`: the family's name and the text-to-video
+    architecture; :class:`~ditax.models.fields.TransformerNumerics` follows them."""
 
     family: Literal["wan"] = "wan"
     patch_size: tuple[int, int, int] = (1, 2, 2)
@@ -45,12 +43,16 @@ class WanConfig:
     qk_norm: QKNorm = "rms_norm_across_heads"
     eps: float = 1e-6
     rope_max_seq_len: int = 1024
-    param_dtype: DType = "float32"   # storage dtype of the weights
-    dtype: DType = "float32"         # compute dtype of matmuls / attention
-    remat: Remat = "none"            # activation checkpointing policy of each block
-    quantize: Quantize = "none"      # block linears' weights in 8 bits (ditax.nn.quant)
-    quantize_activations: bool = False   # and their inputs per token (8-bit x 8-bit dots)
-    scan_layers: bool = True
+
+
+@dataclass(frozen=True)
+class WanConfig(TransformerNumerics, WanShape):
+    """Wan transformer shape (diffusers ``WanTransformer3DModel`` config names) and numerics.
+
+    ``family`` names the model family in a config file (``model.family``; the family registry
+    :mod:`ditax.models.registry`). ``ModelConfig`` is the same class under its older name.
+    """
+
     # image-to-video (Wan 2.1 I2V / FLF2V); None = text-to-video
     image_dim: Optional[int] = None          # CLIP feature width fed to the image embedder
     added_kv_proj_dim: Optional[int] = None  # input width of attn2.add_k_proj / add_v_proj
@@ -87,18 +89,12 @@ class WanConfig:
                 kw[k] = tuple(int(i) for i in kw[k])
         if kw.get("qk_norm") is None and "qk_norm" in cfg:
             raise ConfigError("qk_norm=None is not supported; Wan uses 'rms_norm_across_heads'")
-        check_overrides(cls, overrides)
-        kw.update(overrides)
-        return cls(**kw)
+        return with_overrides(cls, kw, overrides)
 
     def to_diffusers(self) -> dict:
         """The diffusers ``config.json`` dict of this architecture (``_class_name`` included;
         numerics such as dtypes and remat are ditax's own and not written)."""
-        out = {"_class_name": "WanTransformer3DModel"}
-        for f in DIFFUSERS_FIELDS:
-            v = getattr(self, f)
-            out[f] = list(v) if isinstance(v, tuple) else v
-        return out
+        return diffusers_config(self, CLASS_NAME, DIFFUSERS_FIELDS)
 
 
 # the class's older name, kept for the public surface (ditax.config.ModelConfig) and configs
@@ -108,10 +104,7 @@ ModelConfig = WanConfig
 def check_model(m: WanConfig, mesh_sizes: dict[str, int] | None = None) -> None:
     """Raise :class:`ConfigError` for a model config that cannot be built (``mesh_sizes``: the
     resolved mesh sizes, for the tensor-parallel divisibility rules)."""
-    check_choice("model.param_dtype", m.param_dtype, DTYPES)
-    check_choice("model.dtype", m.dtype, DTYPES)
-    check_choice("model.remat", m.remat, REMAT_POLICIES)
-    check_quantize(m)
+    check_numerics(m)
     check_choice("model.qk_norm", m.qk_norm, get_args(QKNorm))
     for k in ("num_attention_heads", "attention_head_dim", "in_channels", "out_channels",
               "text_dim", "freq_dim", "ffn_dim", "num_layers"):
@@ -137,15 +130,12 @@ def check_model(m: WanConfig, mesh_sizes: dict[str, int] | None = None) -> None:
 def check_transformer(m: WanConfig, attention=None,
                       mesh_sizes: dict[str, int] | None = None) -> None:
     """Every rule of one Wan transformer run with ``attention`` (an
-    :class:`~ditax.attention.config.AttentionConfig`; None: the default): the model's
-    (:func:`check_model`) and attention's with the model's heads. What an entry point checks
-    once, before building anything (``ditax.validate`` through the family, ``load_transformer``):
-    every number finite and in range (:func:`ditax.numbers.check_numbers`), then the model's
-    (:func:`check_model`) and attention's with the model's heads."""
-    check_numbers(m, "model.")
-    check_model(m, mesh_sizes)
-    check_attention(attention or AttentionConfig(), num_heads=m.num_attention_heads,
-                    mesh_sizes=mesh_sizes)
+    :class:`~ditax.attention.config.AttentionConfig`; None: the default), what an entry point
+    checks once before building anything (``ditax.validate`` through the family,
+    ``load_transformer``): every number finite and in range, then the model's
+    (:func:`check_model`) and attention's with the model's heads
+    (:func:`ditax.models.fields.check_transformer`, every family's order)."""
+    fields.check_transformer(m, WanConfig, check_model, attention, mesh_sizes)
 
 
 def _check_image(m: WanConfig) -> None:

@@ -3,35 +3,17 @@
 
 from __future__ import annotations
 
-from ditax.errors import ConfigError
-from ditax.models.base import FamilyTrainer
-from ditax.train.flux.vae import FluxVAETrainConfig
+from ditax.train.flux.vae import FluxVAETrainConfig, load_flux_vae_config, train_flux_vae
+from ditax.train.vae_training import VAETraining
 
 
-class FluxVAETraining(FamilyTrainer):
+class FluxVAETraining(VAETraining):
     """The Flux VAE (diffusers ``AutoencoderKL``) trained on a folder of images
     (:func:`ditax.train.flux.vae.train_flux_vae`)."""
 
     config_class = FluxVAETrainConfig
-
-    def load_config(self, config, overrides, listing: bool = False) -> FluxVAETrainConfig:
-        from ditax.train.flux.vae import load_flux_vae_config
-
-        return load_flux_vae_config(config, overrides, require_source=not listing)
-
-    def check_devices(self, cfg, devices: int) -> None:
-        from ditax.train.vae import check_devices
-
-        check_devices(cfg, devices)
-
-    def train(self, cfg, *, devices, progress: bool = True):
-        from ditax.train.flux.vae import train_flux_vae
-        from ditax.train.vae import ClipError
-
-        try:
-            return train_flux_vae(cfg, devices=devices, progress=progress)
-        except ClipError as e:              # the image folder is the user's to fix
-            raise ConfigError(str(e)) from e
+    read_config = staticmethod(load_flux_vae_config)
+    run = staticmethod(train_flux_vae)
 
 
 __all__ = ["FluxVAETraining"]

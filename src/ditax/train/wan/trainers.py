@@ -3,34 +3,18 @@
 
 from __future__ import annotations
 
-from ditax.errors import ConfigError
-from ditax.models.base import FamilyTrainer
-from ditax.train.wan.vae_config import VAETrainConfig
+from ditax.train.vae_training import VAETraining
+from ditax.train.wan.vae import train_vae
+from ditax.train.wan.vae_config import VAETrainConfig, load_vae_config
 
 
-class WanVAETraining(FamilyTrainer):
+class WanVAETraining(VAETraining):
     """The Wan VAE (diffusers ``AutoencoderKLWan``) trained on a folder of clips
     (:func:`ditax.train.wan.vae.train_vae`)."""
 
     config_class = VAETrainConfig
-
-    def load_config(self, config, overrides, listing: bool = False) -> VAETrainConfig:
-        from ditax.train.wan.vae_config import load_vae_config
-
-        return load_vae_config(config, overrides, require_source=not listing)
-
-    def check_devices(self, cfg, devices: int) -> None:
-        from ditax.train.wan.vae import check_devices
-
-        check_devices(cfg, devices)
-
-    def train(self, cfg, *, devices, progress: bool = True):
-        from ditax.train.wan.vae import ClipError, train_vae
-
-        try:
-            return train_vae(cfg, devices=devices, progress=progress)
-        except ClipError as e:              # the clip folder is the user's to fix
-            raise ConfigError(str(e)) from e
+    read_config = staticmethod(load_vae_config)
+    run = staticmethod(train_vae)
 
 
 __all__ = ["WanVAETraining"]
