@@ -172,7 +172,7 @@ def sample_defaults(height: int, width: int, frames: int, text_len: int) -> dict
 
 def write_sample_defaults(folder, values: dict):
     """Write ``values`` as ``folder``'s ``ditax_sample.json`` (checked); returns the path."""
-    from ditax.pipelines.wan.sample_defaults import write_sample_defaults as write
+    from ditax.pipelines.sample_defaults import write_sample_defaults as write
 
     return write(folder, values)
 
@@ -184,7 +184,7 @@ def __getattr__(name: str):
     same for the small Flux (:func:`flux_model_path`; the Flux pipeline call's keywords). A
     fresh dict each time."""
     if name == "SAMPLE":
-        from ditax.pipelines.wan.sample_defaults import CALL_KEYS, read_sample_defaults
+        from ditax.pipelines.sample_defaults import CALL_KEYS, read_sample_defaults
 
         values = read_sample_defaults(model_path())
         return {k: v for k, v in values.items() if k in CALL_KEYS}

@@ -29,6 +29,11 @@ class ModelNotFound(DitaxError, FileNotFoundError):
     """A path is not a model folder and could not be fetched from the hub."""
 
 
+class PipelineLoadError(DitaxError, ValueError):
+    """A pipeline folder is incomplete, its components do not fit together, or a file of it
+    (``ditax_sample.json``) holds a bad value."""
+
+
 class AttentionUnavailable(DitaxError, RuntimeError):
     """The requested attention backend cannot run with these inputs on this platform."""
 
@@ -44,4 +49,4 @@ def check_choice(key: str, value, allowed) -> None:
 
 
 __all__ = ["check_choice", "DitaxError", "ConfigError", "RequestError", "WeightError", "ModelNotFound",
-           "AttentionUnavailable"]
+           "PipelineLoadError", "AttentionUnavailable"]

@@ -42,11 +42,33 @@ class PipelineFamily:
     sample_defaults: ClassVar[dict[str, Any]] = {}
     sample_presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
+    # the keys a folder's ditax_sample.json may hold (None: every key of sample_defaults);
+    # their rules: ditax.pipelines.sample_defaults
+    sample_file_keys: ClassVar[tuple[str, ...] | None] = None
+
+    def sample_file_rules(self) -> dict:
+        """``{key: (kind, rule)}`` of the keys this family's ``ditax_sample.json`` may hold
+        (:attr:`sample_file_keys`; :func:`ditax.pipelines.sample_defaults.rules_for`)."""
+        from ditax.pipelines.sample_defaults import rules_for
+
+        keys = self.sample_defaults if self.sample_file_keys is None else self.sample_file_keys
+        return rules_for(keys, self.sample_defaults)
+
+    def folder_defaults(self, root) -> dict:
+        """The checked values of folder ``root``'s ``ditax_sample.json`` (``{}``: none), read
+        before any weights (:class:`~ditax.errors.PipelineLoadError` naming the file and the
+        key). A family may add checks that need no weights (Wan: its size grid)."""
+        from ditax.pipelines.sample_defaults import read_sample_defaults
+
+        return read_sample_defaults(root, self.sample_file_rules())
+
     def request_defaults(self, root: pathlib.Path | None, sample, chosen: set) -> dict:
         """Per key of :attr:`sample_defaults`: the ``sample`` config's value where the user chose
-        it (``chosen``: ``sample.KEY=`` or set by ``sample.preset``), else the family's default.
+        it (``chosen``: ``sample.KEY=`` or set by ``sample.preset``), else the folder's
+        ``ditax_sample.json`` (:meth:`folder_defaults`), else the family's default.
         ``root``: the resolved folder (None: not found yet; reported by :meth:`preflight`)."""
-        return {k: getattr(sample, k) if k in chosen and hasattr(sample, k) else v
+        own = {} if root is None else self.folder_defaults(root)
+        return {k: getattr(sample, k) if k in chosen and hasattr(sample, k) else own.get(k, v)
                 for k, v in self.sample_defaults.items()}
 
     def check_request(self, prompt, height, width, num_frames, num_inference_steps,

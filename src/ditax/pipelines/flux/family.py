@@ -18,6 +18,10 @@ class FluxPipelines(PipelineFamily):
     name = "flux"
     makes = "image"
     sample_defaults = SAMPLE_DEFAULTS
+    # a still image, no second expert, no video writer; a negative prompt turns on true CFG,
+    # which a folder's defaults do not choose
+    sample_file_keys = ("height", "width", "num_inference_steps", "guidance_scale",
+                        "max_sequence_length")
 
     def check_request(self, prompt, height, width, num_frames, num_inference_steps,
                       guidance_scale, guidance_scale_2=None, negative_prompt=None,

@@ -1,6 +1,8 @@
 """Loading a diffusers ``FluxPipeline`` folder: ``tokenizer/`` + ``text_encoder/`` (CLIP),
 ``tokenizer_2/`` + ``text_encoder_2/`` (T5), ``vae/`` (``AutoencoderKL``), ``transformer/``
-(``FluxTransformer2DModel``) and ``scheduler/`` (``FlowMatchEulerDiscreteScheduler``)."""
+(``FluxTransformer2DModel``) and ``scheduler/`` (``FlowMatchEulerDiscreteScheduler``); the
+folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`) is read and checked
+against the folder's size grid before any weights."""
 
 from __future__ import annotations
 
@@ -17,13 +19,17 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     ``path``. The transformer runs ``attention`` in ``dtype`` over ``mesh``; the text
     encoders and the VAE run in ``dtype`` on one device. ``cfg_mode`` ("batched" |
     "sequential"): how true CFG runs its two branches; ``model_overrides``: other
-    :class:`~ditax.models.flux.config.FluxConfig` fields (e.g. ``remat``)."""
+    :class:`~ditax.models.flux.config.FluxConfig` fields (e.g. ``remat``).
+
+    A folder's ``ditax_sample.json`` becomes ``pipe.sample_defaults``: the size, steps,
+    guidance and text tokens a call uses where it is given none (then FLUX.1's)."""
     from ditax.io.files import read_model_json
     from ditax.models.clip import load_clip_text
     from ditax.models.flux.loading import load_transformer
     from ditax.models.flux.vae import load_vae
     from ditax.models.t5 import load_t5
     from ditax.pipelines.family import resolve
+    from ditax.pipelines.flux.family import FluxPipelines
     from ditax.pipelines.flux.text_to_image import FluxTextToImage
     from ditax.schedulers import FlowMatchEulerScheduler, load_scheduler
 
@@ -35,6 +41,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     if cls not in PIPELINE_CLASSES:
         raise ConfigError(f"{root}: model_index.json _class_name={cls!r}; the Flux loader reads "
                           f"{list(PIPELINE_CLASSES)} folders (text-to-image)")
+    defaults = FluxPipelines().folder_defaults(root)      # checked before any weights
+    check_defaults_fit(defaults, root)
     try:
         scheduler = load_scheduler(root)
     except ValueError as e:
@@ -51,7 +59,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     pipe = FluxTextToImage(tokenizer=tokenizer, text_encoder=text_encoder,
                            tokenizer_2=tokenizer_2, text_encoder_2=text_encoder_2, vae=vae,
                            transformer=transformer, scheduler=scheduler, cfg_mode=cfg_mode,
-                           vae_tiling=vae_tiling)
+                           vae_tiling=vae_tiling, sample_defaults=defaults)
     pipe.load_time = time.perf_counter() - t0
     return pipe
 
@@ -70,4 +78,27 @@ def check_fit(tc, clip, t5, vae, root) -> None:
                               f"the folder mixes components of different models")
 
 
-__all__ = ["PIPELINE_CLASSES", "check_fit", "load_pipeline"]
+def check_defaults_fit(defaults: dict, root) -> None:
+    """The sizes and text length of folder ``root``'s ``ditax_sample.json`` (``defaults``) fit
+    its size grid (``vae/config.json``'s factor x the 2x2 packing) and T5's limit; else a
+    :class:`~ditax.errors.PipelineLoadError` naming the file."""
+    from ditax.errors import PipelineLoadError, RequestError
+    from ditax.io.files import read_model_json
+    from ditax.models.flux.family import vae_factor
+    from ditax.models.flux.packing import PACK
+    from ditax.pipelines.flux.request import MAX_TEXT_TOKENS, check_size
+    from ditax.pipelines.sample_defaults import FILE
+
+    sizes = {k: defaults[k] for k in ("height", "width") if k in defaults}
+    try:
+        if sizes:
+            vae = read_model_json(root / "vae" / "config.json", "VAE config")
+            check_size(vae_factor(vae) * PACK, **sizes)
+        if defaults.get("max_sequence_length", 1) > MAX_TEXT_TOKENS:
+            raise RequestError(f"max_sequence_length={defaults['max_sequence_length']} must be "
+                               f"at most {MAX_TEXT_TOKENS} (T5 text tokens)")
+    except RequestError as e:
+        raise PipelineLoadError(f"{root / FILE}: {e}") from None
+
+
+__all__ = ["PIPELINE_CLASSES", "check_defaults_fit", "check_fit", "load_pipeline"]

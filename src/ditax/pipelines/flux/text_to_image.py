@@ -39,7 +39,8 @@ class FluxTextToImage:
     :func:`ditax.pipelines.flux.loading.load_pipeline`."""
 
     def __init__(self, *, tokenizer, text_encoder, tokenizer_2, text_encoder_2, vae,
-                 transformer, scheduler, cfg_mode: str = "batched", vae_tiling: bool = False):
+                 transformer, scheduler, cfg_mode: str = "batched", vae_tiling: bool = False,
+                 sample_defaults: dict | None = None):
         self.tokenizer, self.text_encoder = tokenizer, text_encoder          # CLIP
         self.tokenizer_2, self.text_encoder_2 = tokenizer_2, text_encoder_2  # T5
         self.vae = vae
@@ -47,12 +48,21 @@ class FluxTextToImage:
         self.scheduler = scheduler
         self.cfg_mode = cfg_mode
         self.vae_tiling = vae_tiling
+        self.sample_defaults = dict(sample_defaults or {})   # the folder's ditax_sample.json
         self.load_time = 0.0
         self.timings = Timings()
         self.compile_cache = "auto"   # see ditax.compile_cache; "none" = off
         self.programs = Programs()
         self.last_stats: dict = {}
         self._expert = Expert(*nnx.split(FluxDenoiser(transformer.module)), transformer.config)
+
+    def call_defaults(self, **call) -> dict:
+        """``call`` with each value left at None taken from the folder's ``ditax_sample.json``
+        (``self.sample_defaults``), else the family's (FLUX.1: 1024x1024, 28 steps, 3.5, 512)."""
+        from ditax.pipelines.flux.family import SAMPLE_DEFAULTS
+        from ditax.pipelines.sample_defaults import with_defaults
+
+        return with_defaults(call, self.sample_defaults, SAMPLE_DEFAULTS)
 
     @property
     def mesh(self):
@@ -91,10 +101,11 @@ class FluxTextToImage:
         return np.ascontiguousarray(np.transpose(image[0], (1, 2, 0)))
 
     @in_compile_cache
-    def __call__(self, prompt, prompt_2=None, height: int = 1024, width: int = 1024,
-                 num_inference_steps: int = 28, guidance_scale: float = 3.5, seed: int = 0,
+    def __call__(self, prompt, prompt_2=None, height: int | None = None,
+                 width: int | None = None, num_inference_steps: int | None = None,
+                 guidance_scale: float | None = None, seed: int = 0,
                  latents=None, negative_prompt=None, true_cfg_scale: float = 1.0,
-                 max_sequence_length: int = 512, progress: bool = True,
+                 max_sequence_length: int | None = None, progress: bool = True,
                  output: str = "image"):
         """Generate one image: float32 ``[H, W, 3]`` in [0, 1] (``output="latent"``: the
         denoised packed latents ``[1, L, 4C]``).
@@ -105,7 +116,15 @@ class FluxTextToImage:
         the embedded guidance of a dev model (a schnell model takes none and ignores it, as
         diffusers);
         ``true_cfg_scale > 1`` runs true CFG against ``negative_prompt`` (required then).
+        ``height``, ``width``, ``num_inference_steps``, ``guidance_scale`` and
+        ``max_sequence_length`` left at None come from the folder's ``ditax_sample.json``
+        (``self.sample_defaults``), else FLUX.1's (1024x1024, 28 steps, guidance 3.5, 512).
         """
+        height, width, num_inference_steps, guidance_scale, max_sequence_length = (
+            self.call_defaults(height=height, width=width,
+                               num_inference_steps=num_inference_steps,
+                               guidance_scale=guidance_scale,
+                               max_sequence_length=max_sequence_length).values())
         tc = self.transformer.config
         check_request(prompt, prompt_2, height, width, num_inference_steps, guidance_scale,
                       negative_prompt, true_cfg_scale, max_sequence_length, seed,

@@ -10,11 +10,6 @@ from ditax.errors import RequestError
 from ditax.pipelines.family import PipelineFamily
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS, SAMPLE_PRESETS
 
-# the call's keys a folder's ditax_sample.json or a sample.KEY= override may set
-CALL_DEFAULTS = ("height", "width", "num_frames", "num_inference_steps", "guidance_scale",
-                 "guidance_scale_2", "max_sequence_length")
-
-
 class WanPipelines(PipelineFamily):
     """Wan 2.1 / 2.2 T2V, I2V / FLF2V and TI2V folders (``WanPipeline``,
     ``WanImageToVideoPipeline``)."""
@@ -23,23 +18,17 @@ class WanPipelines(PipelineFamily):
     sample_defaults = SAMPLE_DEFAULTS
     sample_presets = SAMPLE_PRESETS
 
-    def request_defaults(self, root, sample, chosen: set) -> dict:
-        """Per key, the ``sample`` config's value where the user chose it (``sample.KEY=`` or
-        ``sample.preset``), else the folder's ``ditax_sample.json`` (:mod:`.sample_defaults`;
-        checked against Wan's grid here, the loaded model's own as it loads), else Wan's."""
+    def folder_defaults(self, root) -> dict:
+        """The folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`), its
+        sizes checked against Wan's grid here (the loaded model's own as it loads)."""
+        from ditax.pipelines.sample_defaults import FILE
         from ditax.pipelines.wan.request import SPATIAL, TEMPORAL
-        from ditax.pipelines.wan.sample_defaults import FILE, check_fits, read_sample_defaults
+        from ditax.pipelines.wan.sample_defaults import check_fits
 
-        own = {} if root is None else read_sample_defaults(root)
+        own = super().folder_defaults(root)
         if own:
             check_fits(own, pathlib.Path(root) / FILE, SPATIAL, TEMPORAL)
-        d = self.sample_defaults
-        out = {"negative_prompt": own.get("negative_prompt", d["negative_prompt"]),
-               "fps": own.get("fps", d["fps"])}
-        for key in CALL_DEFAULTS:
-            out[key] = (getattr(sample, key) if key in chosen else own[key] if key in own
-                        else d[key])
-        return out
+        return own
 
     def check_request(self, prompt, height, width, num_frames, num_inference_steps,
                       guidance_scale, guidance_scale_2=None, negative_prompt=None,
@@ -182,5 +171,5 @@ def check_control_fits(root, index: dict, call: dict) -> None:
     reference_frames(call.get("reference_images"), h, w, 8)
 
 
-__all__ = ["CALL_DEFAULTS", "WanPipelines", "check_animate_fits", "check_control_fits", "check_images_fit",
+__all__ = ["WanPipelines", "check_animate_fits", "check_control_fits", "check_images_fit",
            "check_source_video_fits"]

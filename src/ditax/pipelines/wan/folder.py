@@ -16,7 +16,7 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass
 
-from ditax.errors import DitaxError, ModelNotFound
+from ditax.errors import ModelNotFound, PipelineLoadError
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.models.wan.conditioning import I2V_PIPELINE, folder_kind
@@ -25,10 +25,6 @@ REQUIRED = ("tokenizer", "text_encoder", "vae", "scheduler")  # besides transfor
 ANIMATE_PIPELINE = "WanAnimatePipeline"   # Wan 2.2 Animate: an image-conditioned (i2v) folder
 CLASSES = ("WanPipeline", I2V_PIPELINE, "WanVACEPipeline", ANIMATE_PIPELINE)
 IMAGE_PARTS = ("image_encoder", "image_processor")  # Wan 2.1 I2V / FLF2V: both or neither
-
-
-class PipelineLoadError(DitaxError, ValueError):
-    """A pipeline folder is incomplete or its components do not fit together."""
 
 
 @dataclass(frozen=True)

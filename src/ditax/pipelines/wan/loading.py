@@ -11,12 +11,14 @@ import time
 from ditax.errors import ConfigError
 from ditax.phases import phase
 from ditax.pipelines.options import CFG_MODES
+from ditax.pipelines.sample_defaults import FILE as SAMPLE_FILE, read_sample_defaults
 from ditax.pipelines.wan.components import load_components
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
+from ditax.pipelines.wan.family import WanPipelines
 from ditax.pipelines.wan.folder import ANIMATE_PIPELINE, read_pipeline_folder
 from ditax.pipelines.wan.image_to_video import WanImageToVideo
 from ditax.pipelines.wan.request import check_load_args
-from ditax.pipelines.wan.sample_defaults import FILE as SAMPLE_FILE, check_fits, read_sample_defaults
+from ditax.pipelines.wan.sample_defaults import check_fits
 from ditax.pipelines.wan.text_to_video import WanTextToVideo
 from ditax.pipelines.wan.vace import VACE_PIPELINE, WanVace
 from ditax.pipelines.wan.video_to_video import WanVideoToVideo
@@ -59,8 +61,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         :class:`~ditax.pipelines.wan.video_to_video.WanVideoToVideo` (``video=``,
         ``strength=``); another kind of folder is a :class:`ConfigError` before any weights.
 
-    A folder's ``ditax_sample.json`` (:mod:`.sample_defaults`) becomes ``pipe.sample_defaults``:
-    the sizes, steps, guidance, ... a call uses where it is given none.
+    A folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`) becomes
+    ``pipe.sample_defaults``: the sizes, steps, guidance, ... a call uses where it is given none.
     """
     if cfg_mode not in CFG_MODES:
         raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
@@ -69,7 +71,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
     t0 = time.perf_counter()
     with phase("load"):
         folder = read_pipeline_folder(path)
-        defaults = read_sample_defaults(folder.root)      # checked before any weights
+        # checked before any weights; the grid against the loaded model's below
+        defaults = read_sample_defaults(folder.root, WanPipelines().sample_file_rules())
         if video_to_video and (folder.kind != "t2v"
                                or folder.index.get("_class_name") != "WanPipeline"):
             raise ConfigError(f"video-to-video needs a text-to-video folder (WanPipeline); "
