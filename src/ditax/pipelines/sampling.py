@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import jax
@@ -256,5 +256,63 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
     return Sampled(out, stats, timings)
 
 
-__all__ = ["Expert", "Sampled", "Timings", "check_cfg_batch", "check_latents", "initial_noise",
-           "replicate", "sample", "set_timesteps"]
+@dataclass(frozen=True)
+class Prepared:
+    """One request's parts of :func:`sample`, as a pipeline's ``prepare(**call)`` hands them
+    out after checking the call: the fields are :func:`sample`'s keyword arguments (their
+    meaning is there), less ``progress`` and ``on_step``, which belong to the run.
+
+    The pipeline's own call is ``prepare(...).run(progress)``; a batch of requests
+    (:func:`ditax.pipelines.batch.sample_batch`) stacks several of these on the batch axis —
+    the one-request contract it relies on: ``latent_shape`` is ``[1, ...]``, ``text(use_cfg)``
+    gives rows (cond[, uncond]) on axis 0 of each leaf, and every array of ``condition()``
+    starts with this request's own batch axis (1, or 2 for Wan's first-last image pairs)."""
+
+    programs: Programs
+    experts: Sequence[Expert]
+    inputs: Any
+    scheduler: Any
+    latent_shape: tuple[int, ...]
+    text: Callable[[bool], Any]
+    num_inference_steps: int
+    guidance_scale: float
+    guidance_scale_2: float | None = None
+    boundary: float | None = None
+    condition: Callable[[], Any] = lambda: None
+    condition_phase: str = "condition"
+    latents: Any = None
+    seed: int = 0
+    sigmas: Any = None
+    mesh: Any = None
+    cfg_mode: str = "batched"
+    cache: str | None = None
+    cache_threshold: float | None = None
+    cfg_cache: bool = False
+    cache_coefficients: Any = None
+    finalize: Callable[[Any, Any], Any] | None = None
+    prepare_decode: Callable[[], Any] | None = None
+    decode: Callable[[Any, Any], Any] | None = None
+    size: str = ""
+    start_step: int = 0
+    source: Callable[[], Any] | None = None
+
+    def arguments(self) -> dict:
+        """The fields as :func:`sample`'s keyword arguments (not copied: the same objects)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def run(self, progress: bool = True,
+            on_step: Callable[[int], None] | None = None) -> Sampled:
+        """This request alone through :func:`sample`."""
+        return sample(**self.arguments(), progress=progress, on_step=on_step)
+
+
+def record(pipe, out: Sampled):
+    """Keep a run's stats and timings on ``pipe`` (``pipe.last_stats``, ``pipe.timings`` with
+    its ``load_time``), as every pipeline's call does; returns ``out.output``."""
+    pipe.last_stats = out.stats
+    pipe.timings = Timings(load=pipe.load_time, **out.timings)
+    return out.output
+
+
+__all__ = ["Expert", "Prepared", "Sampled", "Timings", "check_cfg_batch", "check_latents",
+           "initial_noise", "record", "replicate", "sample", "set_timesteps"]

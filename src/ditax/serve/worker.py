@@ -6,12 +6,13 @@ job of a shape compiles nothing — :class:`Metrics` counts the programs handed 
 or read from the persistent cache: those are counted apart too) through jax's public monitoring
 events, per job and in total (``/metrics``). The thread claims up to ``max_batch``
 queued jobs of one batch key (:meth:`~ditax.serve.jobs.JobStore.claim`) and runs them as one
-batch (:mod:`ditax.serve.batch`; padded to a power of two, so batch sizes share programs);
-image-to-video and step-cached requests run one at a time
-through the pipeline's call, as do an image model's (FLUX.1: a PNG, :func:`ditax.io.images.
-write_png`). Each video is written to a temporary file and renamed
-(:func:`ditax.io.video.write_mp4`), then the job is marked completed: a file a client may
-download is always whole.
+batch through the generic loop (:mod:`ditax.serve.batch`, :mod:`ditax.pipelines.batch`; padded
+to a power of two, so batch sizes share programs), whatever the family: text- and
+image-to-video, an image model's (FLUX.1: a PNG, :func:`ditax.io.images.write_png`);
+step-cached requests have no batch key and run alone, as does every request of a pipeline
+that hands out no loop parts (its own call). Each output is written to a temporary file and
+renamed (:func:`ditax.io.video.write_mp4`), then the job is marked completed: a file a client
+may download is always whole.
 
 Cancelling a running job (``DELETE``) drops its video; a batch whose every job is cancelled
 stops at the next step. :meth:`Worker.stop` (SIGTERM) stops at the next step and puts the
@@ -167,8 +168,7 @@ class Worker(threading.Thread):
             strengths = jobs[0]["request"].get("lora_strengths")
             if strengths is not None:     # unmerged LoRAs: only values change, no compile
                 self.pipe.transformer.set_lora_strengths(strengths)
-            if self.batching and not any(k in calls[0] and calls[0][k] for k in
-                                                ("image", "last_image", "cache", "cfg_cache")):
+            if self.batching:         # any family's: the generic loop's batch
                 videos = generate_batch(self.pipe, calls, on_step,
                                         pad_to=bucket(len(calls), self.max_batch))
             else:

@@ -71,6 +71,8 @@ def _mask_frame(frame, height: int, width: int) -> np.ndarray:
 class WanAnimate(WanImageToVideo):
     """A loaded Wan 2.2 Animate pipeline (``WanAnimatePipeline`` folders; module docstring)."""
 
+    batches = False   # its call runs the loop once per segment: requests run one by one
+
     def check_animate(self, image, pose, face, background, mask, mode, segment_frame_length,
                       prev) -> None:
         """Refuse, in one line naming the value, what this pipeline cannot take."""

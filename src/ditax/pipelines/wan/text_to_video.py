@@ -37,7 +37,7 @@ from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
 from ditax.pipelines.wan.folder import PipelineLoadError
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.wan.request import check_grid, check_max_sequence_length, check_request
-from ditax.pipelines.sampling import Expert, Timings, sample
+from ditax.pipelines.sampling import Expert, Prepared, Timings, record
 from ditax.pipelines.wan.inputs import wan_inputs
 
 
@@ -84,6 +84,7 @@ class WanTextToVideo:
     # the family's parts of the generic loop (also what ditax.serve's batches run with)
     model_inputs = staticmethod(wan_inputs)
     finalize = staticmethod(final_latents)
+    batches = True   # requests of one shape stack (ditax.pipelines.batch): see prepare
 
     def __init__(self, *, tokenizer, text_encoder, vae, transformer, scheduler,
                  transformer_2=None, boundary_ratio=None, cfg_mode="batched",
@@ -174,7 +175,8 @@ class WanTextToVideo:
                  cache_threshold: float | None = None, cfg_cache: bool = False,
                  cache_coefficients=None, image=None, last_image=None,
                  max_sequence_length: int | None = None, **extra):
-        """Generate one video. Returns float32 ``[F, H, W, 3]`` in [0, 1]
+        """Generate one video: :meth:`prepare` (the same arguments but ``progress``), then the
+        loop. Returns float32 ``[F, H, W, 3]`` in [0, 1]
         (``output="latent"``: the denoised latents ``[1, C, F', Y, X]`` instead).
 
         ``latents`` (optional, ``[1, C, F', H/8, W/8]`` or without the batch axis) replaces the
@@ -202,6 +204,27 @@ class WanTextToVideo:
         Any other keyword goes to :meth:`plan_request` (VACE's control inputs; here a
         :class:`RequestError` naming it).
         """
+        prepared = self.prepare(
+            prompt, negative_prompt, height, width, num_frames, num_inference_steps,
+            guidance_scale, seed, latents, guidance_scale_2, output=output, sigmas=sigmas,
+            cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
+            cache_coefficients=cache_coefficients, image=image, last_image=last_image,
+            max_sequence_length=max_sequence_length, **extra)
+        return record(self, prepared.run(progress))
+
+    def prepare(self, prompt, negative_prompt=None, height: int | None = None,
+                width: int | None = None, num_frames: int | None = None,
+                num_inference_steps: int | None = None,
+                guidance_scale: float | None = None, seed: int = 0, latents=None,
+                guidance_scale_2: float | None = None, output: str = "video", sigmas=None,
+                cache: str | None = None, cache_threshold: float | None = None,
+                cfg_cache: bool = False, cache_coefficients=None, image=None,
+                last_image=None, max_sequence_length: int | None = None,
+                **extra) -> Prepared:
+        """One request checked and laid out as the loop's parts
+        (:class:`~ditax.pipelines.sampling.Prepared`; nothing is encoded or compiled yet):
+        what :meth:`__call__` runs, and what a server's batch stacks with other requests of
+        the same shape (:func:`ditax.pipelines.batch.sample_batch`). Arguments: the call's."""
         # what neither the caller nor the folder's ditax_sample.json gives: Wan's defaults
         d = {**SAMPLE_DEFAULTS, **self.sample_defaults}
         height = d["height"] if height is None else height
@@ -232,7 +255,7 @@ class WanTextToVideo:
                    for tr in (self.transformer, self.transformer_2) if tr is not None]
         sharding = None if self.mesh is None else NamedSharding(self.mesh, P())
 
-        out = sample(
+        return Prepared(
             programs=self.programs, experts=experts, inputs=self.model_inputs,
             scheduler=self.scheduler, latent_shape=shape, mesh=self.mesh,
             cfg_mode=self.cfg_mode, num_inference_steps=num_inference_steps,
@@ -244,14 +267,11 @@ class WanTextToVideo:
             condition=plan.condition, condition_phase=plan.phase,
             finalize=self.finalize, latents=latents, seed=seed, sigmas=sigmas,
             cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
-            cache_coefficients=cache_coefficients, progress=progress,
+            cache_coefficients=cache_coefficients,
             size=f"for {num_frames} frames at {height}x{width}{plan.note}",
             decode=None if output == "latent" else self.decode_video,
             prepare_decode=lambda: None if self.vae_tiling else self.programs.decode(
                 self.vae, out_shape, sharding), **self.sample_options(num_inference_steps))
-        self.last_stats = out.stats
-        self.timings = Timings(load=self.load_time, **out.timings)
-        return out.output
 
 
 __all__ = ["PipelineLoadError", "RequestPlan", "Timings", "WanTextToVideo", "check_request",

@@ -76,6 +76,7 @@ class WanVideoToVideo(WanTextToVideo):
     """A Wan text-to-video pipeline that starts from a source video (module docstring)."""
 
     _request = None   # (frames [1, 3, F, H, W], start step) of the call in progress
+    batches = False   # prepare() holds only inside the call (its source): one by one
 
     @classmethod
     def from_pipeline(cls, pipe: WanTextToVideo) -> "WanVideoToVideo":
