@@ -213,10 +213,11 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
         stored["lora_strengths"] = strengths
     for k in images:
         stored[k] = body[k]
-    plain = not images and not call.get("cache") and not call.get("cfg_cache")
-    key = None if not plain else "|".join(str(stored[k]) for k in (
-        "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
-        "guidance_scale_2", "lora_strengths") if k in stored)
+    # every stored value that shapes the program, none of a row's own (texts, seed, image
+    # contents: only whether each is given; fps: its own file's), for any family
+    from ditax.pipelines.batch import batch_key
+
+    key = batch_key({k: v for k, v in stored.items() if k != "fps"}, given=tuple(images))
     return Checked(call, stored, key, load)
 
 
