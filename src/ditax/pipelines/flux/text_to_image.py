@@ -31,12 +31,14 @@ from ditax.pipelines.flux.denoiser import FluxDenoiser, flux_inputs
 from ditax.models.flux.packing import PACK, image_ids, text_ids, unpack
 from ditax.pipelines.flux.request import check_request
 from ditax.pipelines.programs import Programs, in_compile_cache
-from ditax.pipelines.sampling import Expert, Timings, sample
+from ditax.pipelines.sampling import Expert, Prepared, Timings, record
 
 
 class FluxTextToImage:
     """A loaded FLUX.1 (dev or schnell) text-to-image pipeline; call it with a prompt. See
     :func:`ditax.pipelines.flux.loading.load_pipeline`."""
+
+    batches = True   # requests of one shape stack (ditax.pipelines.batch): see prepare
 
     def __init__(self, *, tokenizer, text_encoder, tokenizer_2, text_encoder_2, vae,
                  transformer, scheduler, cfg_mode: str = "batched", vae_tiling: bool = False,
@@ -119,7 +121,23 @@ class FluxTextToImage:
         ``height``, ``width``, ``num_inference_steps``, ``guidance_scale`` and
         ``max_sequence_length`` left at None come from the folder's ``ditax_sample.json``
         (``self.sample_defaults``), else FLUX.1's (1024x1024, 28 steps, guidance 3.5, 512).
+        The request is checked and laid out by :meth:`prepare` (same arguments but
+        ``progress``), then runs through the generic loop.
         """
+        return record(self, self.prepare(
+            prompt, prompt_2, height, width, num_inference_steps, guidance_scale, seed, latents,
+            negative_prompt, true_cfg_scale, max_sequence_length, output).run(progress))
+
+    def prepare(self, prompt, prompt_2=None, height: int | None = None,
+                width: int | None = None, num_inference_steps: int | None = None,
+                guidance_scale: float | None = None, seed: int = 0, latents=None,
+                negative_prompt=None, true_cfg_scale: float = 1.0,
+                max_sequence_length: int | None = None, output: str = "image") -> Prepared:
+        """One request checked and laid out as the loop's parts
+        (:class:`~ditax.pipelines.sampling.Prepared`; nothing encoded or compiled yet): what
+        :meth:`__call__` runs, and what a server's batch stacks with other requests of the same
+        shape (:func:`ditax.pipelines.batch.sample_batch`; the condition's ids and embedded
+        guidance carry this request's batch axis). Arguments: the call's."""
         height, width, num_inference_steps, guidance_scale, max_sequence_length = (
             self.call_defaults(height=height, width=width,
                                num_inference_steps=num_inference_steps,
@@ -133,12 +151,14 @@ class FluxTextToImage:
             raise RequestError(f"output={output!r}; use 'image' or 'latent'")
         shape = self.packed_shape(height, width)
         h, w = self.latent_size(height, width)
-        guidance = (jnp.full((1,), guidance_scale, jnp.float32) if tc.guidance_embeds
-                    else None)
-        condition = dict(img_ids=jnp.asarray(image_ids(h, w))[None],
-                         txt_ids=jnp.asarray(text_ids(max_sequence_length))[None],
-                         guidance=guidance)
-        out = sample(
+
+        def condition():
+            guidance = (jnp.full((1,), guidance_scale, jnp.float32) if tc.guidance_embeds
+                        else None)
+            return dict(img_ids=jnp.asarray(image_ids(h, w))[None],
+                        txt_ids=jnp.asarray(text_ids(max_sequence_length))[None],
+                        guidance=guidance)
+        return Prepared(
             programs=self.programs, experts=[self._expert], inputs=flux_inputs,
             scheduler=self.scheduler.with_mu(shape[1]), latent_shape=shape, mesh=self.mesh,
             cfg_mode=self.cfg_mode, num_inference_steps=num_inference_steps,
@@ -146,13 +166,10 @@ class FluxTextToImage:
             sigmas=np.linspace(1.0, 1.0 / num_inference_steps, num_inference_steps),
             text=lambda use_cfg: self.encode_text(prompt, prompt_2, negative_prompt, use_cfg,
                                                   max_sequence_length),
-            condition=lambda: condition, latents=latents, seed=seed, progress=progress,
+            condition=condition, latents=latents, seed=seed,
             size=f"for {height}x{width} (diffusers' packed layout)",
             decode=None if output == "latent" else (
                 lambda x, _: self.decode(x, height, width)))
-        self.last_stats = out.stats
-        self.timings = Timings(load=self.load_time, **out.timings)
-        return out.output
 
 
 __all__ = ["FluxTextToImage"]
