@@ -93,8 +93,14 @@ def test_python_m_and_help_do_not_start_jax():
                          text=True)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "ditax generate: error: the following arguments are required: --model, --prompt "
+        "ditax generate: error: the following arguments are required: --model "
         "(see ditax generate --help)"]
+    # the request's flags come from every family's fields, read without starting JAX
+    code = ("import sys; from ditax.cli import main; rc = main(['generate', '--help']); "
+            "assert 'jax' not in sys.modules, 'jax imported'; sys.exit(rc)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0 and "--true-cfg" in res.stdout and "--frames" in res.stdout, \
+        res.stderr
 
 
 # ----------------------------------------------------------------------------------------------

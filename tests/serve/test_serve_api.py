@@ -68,6 +68,8 @@ def test_submit_poll_download_equals_generate(server, tmp_path, capsys):
 
 
 def test_bad_requests_get_generates_words(server, capsys):
+    """A bad value gets generate's rule, worded for the API: the JSON field named (never a CLI
+    flag), the same rule and fix as ``ditax generate`` prints for its flag."""
     cases = [({"size": "33x32"}, ["--width", "33", "--height", "32"], "size"),
              ({"num_frames": 6}, ["--frames", "6"], "num_frames"),
              ({"seed": -1}, ["--seed", "-1"], "seed"),
@@ -76,7 +78,9 @@ def test_bad_requests_get_generates_words(server, capsys):
     for body, flags, param in cases:
         status, _, data = server.call("POST", "/v1/videos", {"prompt": PROMPT, **body})
         assert status == 400, data
-        assert data["error"]["message"] == generate_words(capsys, *flags)
+        api, cli = data["error"]["message"], generate_words(capsys, *flags)
+        assert "--" not in api and api.split(" must ", 1)[1] == cli.split(" must ", 1)[1], (
+            api, cli)
         assert data["error"]["param"] == param
     status, _, data = server.call("POST", "/v1/videos", {"prompt": " "})
     assert status == 400 and data["error"]["param"] == "prompt"

@@ -33,14 +33,20 @@ def test_image_model_jobs_are_pngs_equal_to_the_pipeline(tmp_path_factory, capsy
     try:
         job = srv.call("POST", "/v1/videos", {**BODY, "seed": 3})[2]
         assert job["status"] == "queued" and job["object"] == "image", job
-        # a video-only field: generate's words for its flag, 400, the field named
+        # a video family's field: refused naming the family whose it is, in the API's words
+        # (the JSON field) on the server and the flag's on the CLI
         status, _, data = srv.call("POST", "/v1/videos", {**BODY, "num_frames": 5})
         rc = main(["generate", "--model", str(folder), "--prompt", "a cat", "--frames", "5",
                    "--output", str(tmp / "x.png"), "--no-progress", SEQ])
         words = capsys.readouterr().err.strip().splitlines()[-1].removeprefix(
             "ditax generate: error: ")
         assert rc == 2 and status == 400, data
-        assert data["error"]["message"] == words and data["error"]["param"] == "num_frames"
+        api = data["error"]["message"]
+        assert data["error"]["param"] == "num_frames" and "--" not in api, data
+        assert api.startswith("num_frames is not taken by flux models"), api
+        assert words.startswith("--frames is not taken by flux models"), words
+        assert api.split("); ", 1)[1] == words.split("); ", 1)[1] == "it is for wan models " \
+            "— drop it"
         done = srv.wait(job["id"])
         assert done["status"] == "completed" and done["url"].endswith("/content"), done
         status, head, png = srv.call("GET", done["url"])

@@ -21,6 +21,7 @@ import os
 import pathlib
 
 from ditax.errors import ConfigError
+from ditax.serve.requests import Limits
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +42,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="offer the LoRAs *.safetensors in DIR (by file name without the "
                         "suffix; GET /v1/loras), loaded unmerged: a request's strengths "
                         "switch them without compiling")
+    p.add_argument("--max-steps", type=int, default=Limits.max_steps,
+                   help=f"most denoising steps one request may ask for "
+                        f"({Limits.max_steps}); more is a 400")
+    p.add_argument("--max-pixels", type=int, default=Limits.max_pixels,
+                   help=f"most pixels (width x height) of one output ({Limits.max_pixels}, "
+                        f"2048x2048); more is a 400")
+    p.add_argument("--max-frames", type=int, default=Limits.max_frames,
+                   help=f"most frames of one video ({Limits.max_frames}); more is a 400")
     p.add_argument("--no-progress", action="store_true", help="hide the loading status line")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides, as for ditax generate")
@@ -62,7 +71,9 @@ def lora_files(lora_dir) -> list[tuple[str, str]]:
 
 def check_args(args) -> None:
     for flag, v, lo in (("--port", args.port, 0), ("--max-queue", args.max_queue, 1),
-                        ("--max-batch", args.max_batch, 1)):
+                        ("--max-batch", args.max_batch, 1), ("--max-steps", args.max_steps, 1),
+                        ("--max-pixels", args.max_pixels, 1),
+                        ("--max-frames", args.max_frames, 1)):
         if v < lo or (flag == "--port" and v > 65535):
             raise ConfigError(f"{flag}={v} must be >= {lo}" + (" and <= 65535"
                                                                if flag == "--port" else ""))
@@ -86,21 +97,29 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     args.model = model_arg(args.model)
     loras = lora_files(args.lora_dir)
-    makes = sample_request(args.model, args.overrides).pipelines.makes    # video | image
+    pipelines = sample_request(args.model, args.overrides).pipelines
+    limits = Limits(max_steps=args.max_steps, max_pixels=args.max_pixels,
+                    max_frames=args.max_frames)
     try:           # the model folder, overrides and LoRAs, checked as generate checks them
         load = dict(check_body({"prompt": "a check of the server's settings"}, args.model,
                                args.overrides, str(out / "request.mp4"), parse_request,
-                               loras=tuple(n for n, _ in loras),
-                               lora_files=tuple(f for _, f in loras), makes=makes).load)
+                               limits, loras=tuple(n for n, _ in loras),
+                               lora_files=tuple(f for _, f in loras),
+                               pipelines=pipelines).load)
     except BadRequest as e:
         raise ConfigError(str(e)) from None
-    serve(args, db, out, load, loras)
+    serve(args, db, out, load, loras, limits, pipelines)
     return 0
 
 
-def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list) -> None:
+def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list,
+          limits: Limits = Limits(), pipelines=None) -> None:
     """Load the model once (``load``: generate's load arguments), recover the store, run
-    uvicorn until SIGTERM / SIGINT."""
+    uvicorn until SIGTERM / SIGINT (``limits``: what a request may ask; ``pipelines``: the
+    folder's family, whose request fields ``/health`` lists for the page)."""
+    from ditax.pipelines.request import fields_of
+    from ditax.serve.requests import HTTP_FIELDS
+
     import jax
     import uvicorn
 
@@ -134,9 +153,12 @@ def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list) ->
                            parse_request=parse_request, store=store,
                            worker=worker, output_dir=out, max_queue=args.max_queue,
                            max_batch=args.max_batch, api_key=args.api_key, loras=loras,
-                           makes=makes,
+                           makes=makes, limits=limits,
                            health={"model": str(path), "platform": devices[0].platform,
-                                   "devices": len(devices)})
+                                   "devices": len(devices), "makes": makes,
+                                   "fields": [f.api for f in fields_of(pipelines) if f.api]
+                                   + [k for k in HTTP_FIELDS if k not in ("image", "last_image")
+                                      or k in pipelines.cli_inputs]})
         app = create_app(state)
         print(f"serving {path} on http://{args.host}:{args.port} (jobs: {db}, videos: {out})",
               flush=True)

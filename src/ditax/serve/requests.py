@@ -1,14 +1,16 @@
 """A ``POST /v1/videos`` body → the checked pipeline call, by ``ditax generate``'s own checks.
 
-The JSON fields are mapped onto ``generate``'s flags and the request goes through the same
-functions ``ditax generate`` runs before it loads anything — its ``parse_request`` (handed in
-by :mod:`ditax.cli.serve`, the composition root, so this package does not import the CLI: the
-folder's sample defaults, the family's request checks, seed, sigmas, ``sample.*`` overrides)
-and the family's :func:`~ditax.pipelines.family.preflight` (images vs
-the folder's kind, the latent grid, the attention backend) — so a bad request gets the very
-words ``generate`` prints. Only what HTTP adds is checked here: the JSON shape, unknown fields,
-``size`` as ``"WxH"``, the limits of :class:`Limits` (413) and base64 images. No field becomes a
-path or a shell argument: images are decoded in memory, ``cache`` must be a plain word.
+The JSON fields are the request fields of the served model's family
+(:mod:`ditax.pipelines.request`: the common ones and the family's own, each by its JSON name)
+plus what only HTTP has (``size`` as ``"WxH"``, base64 ``image`` / ``last_image``, ``loras``,
+``cache``, ``model``). Each value is checked for its type and limits first (a bool is not a
+number, ``"17"`` is not an int, NaN is not finite; :class:`Limits` bound the work), with a
+message naming the JSON field; then the request goes through the functions ``ditax generate``
+runs before it loads anything — its ``parse_request`` (handed in by :mod:`ditax.cli.serve`, the
+composition root, so this package does not import the CLI: the folder's sample defaults, the
+family's request checks, ``sample.*`` overrides), told to name fields as the API does — and
+the family's :func:`~ditax.pipelines.family.preflight`. No field becomes a path or a shell
+argument: images are decoded in memory, ``cache`` must be a plain word.
 """
 
 from __future__ import annotations
@@ -23,11 +25,8 @@ from dataclasses import dataclass
 
 from ditax.errors import RequestError
 
-FIELDS = ("prompt", "negative_prompt", "size", "num_frames", "num_inference_steps",
-          "guidance_scale", "seed", "image", "last_image", "loras", "cache", "model")
-# the request values a job stores (and shows back), besides the images
-CALL_KEYS = ("prompt", "negative_prompt", "height", "width", "num_frames",
-             "num_inference_steps", "guidance_scale", "guidance_scale_2", "seed")
+# the fields every server takes besides its family's request fields (by JSON name)
+HTTP_FIELDS = ("size", "image", "last_image", "loras", "cache", "model")
 # the words of generate's check messages -> the JSON field they are about
 _PARAMS = (("negative_prompt", "negative_prompt"), ("prompt", "prompt"),
            ("height", "size"), ("width", "size"), ("num_frames", "num_frames"),
@@ -48,11 +47,36 @@ class BadRequest(RequestError):
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may hold (413 past it)."""
+    """What one request may hold (413 past the sizes of its text and images; 400 past the
+    work it asks for: ``ditax serve --max-steps / --max-pixels / --max-frames``)."""
 
     prompt_chars: int = 2000
     image_bytes: int = 8 << 20         # one decoded image
     body_bytes: int = 24 << 20         # the whole JSON body
+    max_steps: int = 200               # denoising steps of one request
+    max_pixels: int = 2048 * 2048      # height x width of one output
+    max_frames: int = 241              # frames of one video
+
+
+def check_limits(values: dict, fields, limits: Limits) -> None:
+    """The request's work within the server's :class:`Limits` (each field names the limit
+    that bounds it); a :class:`BadRequest` naming the field, the limit and its flag."""
+    for f in fields:
+        v = values.get(f.name)
+        if f.limit is None or v is None:
+            continue
+        if f.limit == "max_pixels":
+            h, w = values.get("height"), values.get("width")
+            if h is not None and w is not None and h * w > limits.max_pixels:
+                raise BadRequest(f"size={w}x{h} is {h * w} pixels, more than this server's "
+                                 f"--max-pixels {limits.max_pixels}; ask for a smaller size",
+                                 "size")
+            continue
+        most = getattr(limits, f.limit)
+        if v > most:
+            flag = "--" + f.limit.replace("_", "-")
+            raise BadRequest(f"{f.api}={v} is more than this server's {flag} {most}; ask for "
+                             f"at most {most}", f.api)
 
 
 @dataclass(frozen=True)
@@ -96,9 +120,13 @@ def lora_strengths(given, names: tuple) -> list[float]:
     return list(out.values())
 
 
-def param_of(message: str) -> str | None:
-    """The JSON field a check message of ``generate`` names (its first word that is one)."""
-    head = message.split(" ", 1)[0]
+def param_of(message: str, fields=()) -> str | None:
+    """The JSON field a check message of ``generate`` names: a request field's name (``fields``,
+    the family's) or one of generate's words (its first word that is one)."""
+    head = re.split(r"[= ]", message, maxsplit=1)[0]
+    for f in fields:
+        if head in (f.name, f.api, f.cli):
+            return "size" if f.name in ("height", "width") else f.api or None
     for word, param in _PARAMS:
         if head.startswith(word):
             return param
@@ -138,26 +166,35 @@ def decode_image(text, name: str, limit: int):
 
 def check_body(body, model: str, overrides: list[str], output: str, parse_request,
                limits: Limits = Limits(), loras: tuple = (), lora_files: tuple = (),
-               makes: str = "video") -> Checked:
+               makes: str | None = None, pipelines=None) -> Checked:
     """Check a request body against the served ``model`` (path) and the server's ``key=value``
     ``overrides``; ``output`` names a writable file of the output folder (generate checks its
     ``--output``); ``parse_request``: ``ditax generate``'s (:func:`ditax.cli.generate.
     parse_request`: ``args`` → ``(load, call)``); ``loras``: the names of the LoRAs the
     server holds (unmerged, in order; a request's ``loras`` become one strength per name,
     ``stored["lora_strengths"]``); ``lora_files``: their files, read and checked by generate's
-    ``--lora`` rules (the server's startup check); ``makes``: ``"video"`` or ``"image"`` (the
-    folder family's ``makes``: an image model's request is ``generate``'s PNG request, and its
-    video-only fields — ``num_frames``, ``image``, ``last_image``, ``negative_prompt`` — are
-    refused with the words of ``generate``'s video flags). Raises :class:`BadRequest`."""
+    ``--lora`` rules (the server's startup check); ``pipelines``: the served folder's family
+    (:class:`~ditax.pipelines.family.PipelineFamily`; None: read from the folder), whose
+    request fields the body may hold and whose ``makes`` names the output (``makes``, if given,
+    must agree). Raises :class:`BadRequest`."""
     from ditax.errors import DitaxError
-    from ditax.pipelines.family import preflight
+    from ditax.pipelines.family import folder_pipelines, preflight
+    from ditax.pipelines.request import all_fields, fields_of
 
+    if pipelines is None:
+        pipelines = folder_pipelines(model)[1]
+    makes = makes or pipelines.makes
+    fields = {f.api: f for f in fields_of(pipelines) if f.api}
+    allowed = (*fields, *HTTP_FIELDS)
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object, e.g. {\"prompt\": \"a cat\"}")
-    unknown = sorted(set(body) - set(FIELDS))
-    if unknown:
-        raise BadRequest(f"unknown field {unknown[0]!r}; the fields are {', '.join(FIELDS)}",
-                         unknown[0])
+    for key in sorted(set(body) - set(allowed)):
+        other = next((fam for f, fam in all_fields().values() if f.api == key), None)
+        if other:
+            raise BadRequest(f"{key} is not taken by {pipelines.name} models (this server's "
+                             f"model makes {makes}s); it is for {', '.join(other)} models — "
+                             f"drop it", key)
+        raise BadRequest(f"unknown field {key!r}; the fields are {', '.join(allowed)}", key)
     if "prompt" not in body:
         raise BadRequest("prompt is missing; send {\"prompt\": \"a cat walks on the grass\"}",
                          "prompt")
@@ -166,10 +203,11 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
         if isinstance(text, str) and len(text) > limits.prompt_chars:
             raise BadRequest(f"{name} has {len(text)} characters, more than this server's "
                              f"{limits.prompt_chars}; shorten it", name, 413)
+    # the values as sent: generate's parse_request checks their types (naming the JSON field)
+    values = {f.name: body[name] for name, f in fields.items() if name in body}
     strengths = lora_strengths(body.get("loras"), loras)
-    height = width = None
     if body.get("size") is not None:
-        height, width = parse_size(body["size"])
+        values["height"], values["width"] = parse_size(body["size"])
     cache = body.get("cache")
     extra = []
     if cache is not None:
@@ -179,36 +217,39 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
         extra = [f"sample.cache={cache}"]
     images = {k: decode_image(body[k], k, limits.image_bytes)
               for k in ("image", "last_image") if body.get(k) is not None}
+    for k in images:
+        if k not in pipelines.cli_inputs:
+            raise BadRequest(f"{k} is not taken by {pipelines.name} models (this server's "
+                             f"model makes {makes}s from text) — drop it", k)
     if "last_image" in images and "image" not in images:
         raise BadRequest("last_image needs image (the first frame) too", "last_image")
-    image_model = makes == "image"
-    output = str(pathlib.Path(output).with_suffix(".png" if image_model else ".mp4"))
-    args = argparse.Namespace(   # an image model's generate refuses --image / --last-image
-        model=model, prompt=body["prompt"], negative_prompt=body.get("negative_prompt"),
-        image="image" if image_model and "image" in images else None,
-        last_image="last_image" if image_model and "last_image" in images else None,
-        height=height, width=width,
-        frames=body.get("num_frames"), steps=body.get("num_inference_steps"),
-        guidance=body.get("guidance_scale"), guidance_2=None,
-        lora=[f"{f}:0" for f in lora_files], lora_2=[],
-        lora_mode="unmerged" if loras else "merged", lora_strict=True,
-        seed=body.get("seed", 0) if body.get("seed") is not None else 0,
-        output=output, frames_dir=None, fps=None, no_progress=True,
+    output = str(pathlib.Path(output).with_suffix(".png" if makes == "image" else ".mp4"))
+    args = argparse.Namespace(
+        model=model, prompt=values.get("prompt"), prompts=None,
+        **{f.dest: values.get(f.name) for f in fields_of(pipelines)
+           if f.cli and f.name != "prompt"},
+        lora=[f"{f}:0" for f in lora_files], lora_mode="unmerged" if loras else "merged",
+        lora_strict=True, output=output, no_progress=True, surface="api",
         overrides=[*overrides, *extra])
+    if "fps" in pipelines.cli_inputs:
+        args.fps = None
+    if "frames_dir" in pipelines.cli_inputs:
+        args.frames_dir = None
     try:
         load, call = parse_request(args)
-        if load.get("makes", "video") != makes:
+        if load.get("makes") != makes:
             raise BadRequest(f"{model} makes {load.get('makes', 'video')}s, not {makes}s; "
                              f"restart ditax serve on it")
+        check_limits(call, fields_of(pipelines), limits)
         call.update(images)
         preflight(load["path"], load, call, None)
     except BadRequest:
         raise
     except DitaxError as e:
-        raise BadRequest(str(e), param_of(str(e))) from None
+        raise BadRequest(str(e), param_of(str(e), fields.values())) from None
     stored = {k: list(v) if isinstance(v, tuple) else v for k, v in call.items()
               if k not in images}
-    stored["fps"] = args.fps
+    stored["fps"] = getattr(args, "fps", None)
     if loras:
         stored["lora_strengths"] = strengths
     for k in images:
@@ -230,5 +271,5 @@ def call_of(stored: dict, limits: Limits = Limits()) -> dict:
     return call
 
 
-__all__ = ["BadRequest", "CALL_KEYS", "Checked", "FIELDS", "Limits", "call_of", "check_body",
+__all__ = ["BadRequest", "Checked", "HTTP_FIELDS", "Limits", "call_of", "check_body", "check_limits",
            "decode_image", "param_of", "parse_size"]

@@ -9,13 +9,27 @@ gives the penultimate hidden states ``[B, 257, 1280]`` Wan's transformer conditi
 ``tokenizer/``; ``encode_clip_pooled(tokenizer, encoder, prompts)`` gives the pooled ``[B, 768]``.
 """
 
-from ditax.models.clip.encoder import ACTIVATIONS, CLIPVisionConfig, CLIPVisionEncoder
-from ditax.models.clip.loading import encode_image, load_image_encoder, weight_table
-from ditax.models.clip.text import CLIPTextConfig, CLIPTextEncoder
-from ditax.models.clip.text_loading import (encode_clip_pooled, load_clip_text,
-                                            load_clip_text_encoder, text_weight_table)
-from ditax.models.clip.preprocess import (CLIPImageProcessorConfig, load_image_processor,
-                                          preprocess_image, preprocess_images)
+import importlib
+
+# name -> its module; imported on first use, so that importing the package (the family
+# registry's discovery imports every subpackage of ditax.models) does not start JAX
+_HOMES = {
+    "encoder": ("ACTIVATIONS", "CLIPVisionConfig", "CLIPVisionEncoder"),
+    "loading": ("encode_image", "load_image_encoder", "weight_table"),
+    "text": ("CLIPTextConfig", "CLIPTextEncoder"),
+    "text_loading": ("encode_clip_pooled", "load_clip_text", "load_clip_text_encoder",
+                     "text_weight_table"),
+    "preprocess": ("CLIPImageProcessorConfig", "load_image_processor", "preprocess_image",
+                   "preprocess_images"),
+}
+_MODULE = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name):
+    if name not in _MODULE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE[name]}"), name)
+
 
 __all__ = ["ACTIVATIONS", "CLIPVisionConfig", "CLIPVisionEncoder", "CLIPImageProcessorConfig",
            "encode_image", "load_image_encoder", "load_image_processor", "preprocess_image",

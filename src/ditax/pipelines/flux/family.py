@@ -6,10 +6,20 @@ from __future__ import annotations
 
 from ditax.errors import RequestError
 from ditax.pipelines.family import PipelineFamily
+from ditax.pipelines.request import Field
 
 SAMPLE_DEFAULTS = dict(height=1024, width=1024, num_frames=1, num_inference_steps=28,
                        guidance_scale=3.5, guidance_scale_2=None, negative_prompt=None,
-                       max_sequence_length=512, fps=None)
+                       max_sequence_length=512, fps=None, true_cfg_scale=1.0)
+
+
+# FLUX.1's own request fields, beside the common ones (ditax.pipelines.request.COMMON)
+FIELDS = (
+    Field("true_cfg_scale", "float", "true CFG scale > 1 against the negative prompt (the "
+          "pipeline's true_cfg_scale; the guidance stays the embedded guidance); off by "
+          "default", optional=True, minimum=0.0, flag="--true-cfg", example=4.0,
+          metavar="SCALE"),
+)
 
 
 class FluxPipelines(PipelineFamily):
@@ -22,10 +32,11 @@ class FluxPipelines(PipelineFamily):
     # which a folder's defaults do not choose
     sample_file_keys = ("height", "width", "num_inference_steps", "guidance_scale",
                         "max_sequence_length")
+    fields = FIELDS
 
-    def check_request(self, prompt, height, width, num_frames, num_inference_steps,
-                      guidance_scale, guidance_scale_2=None, negative_prompt=None,
-                      seed=0, true_cfg_scale=None) -> None:
+    def check_request(self, prompt, height, width, num_frames=None,
+                      num_inference_steps=28, guidance_scale=3.5, guidance_scale_2=None,
+                      negative_prompt=None, seed=0, true_cfg_scale=None) -> None:
         """The request checks of :func:`ditax.pipelines.flux.request.check_request` but the
         size grid, which is the folder's VAE's (:meth:`preflight`); ``true_cfg_scale`` None:
         4.0 with a negative prompt, else 1 (off)."""

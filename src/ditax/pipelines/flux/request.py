@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 from ditax.errors import RequestError
+from ditax.pipelines.request import check_prompt
 
 FACTOR = 16          # FLUX.1: the VAE's 8x and the 2x2 token packing
 MAX_TEXT_TOKENS = 512
@@ -13,7 +17,7 @@ def check_size(factor: int, **sizes) -> None:
     """Raise :class:`RequestError` unless every size given (``height=``, ``width=``) is a
     positive multiple of ``factor`` (the VAE's spatial factor times the 2x2 token packing)."""
     for name, v in sizes.items():
-        if not isinstance(v, int) or v < factor or v % factor:
+        if isinstance(v, bool) or not isinstance(v, int) or v < factor or v % factor:
             near = max(factor, round(v / factor) * factor) if isinstance(v, int) else 1024
             raise RequestError(f"{name}={v!r} must be a positive multiple of {factor} (the VAE's "
                                f"{factor // 2}x and the 2x2 token packing); e.g. {near}")
@@ -29,14 +33,18 @@ def check_request(prompt, prompt_2, height, width, num_inference_steps, guidance
                     ("negative_prompt", negative_prompt)):
         if p is not None and not isinstance(p, str) or (name == "prompt" and p is None):
             raise RequestError(f"{name} must be one string; got {type(p).__name__}")
+    check_prompt(prompt)
     if factor is not None:
         check_size(factor, height=height, width=width)
-    if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+    if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) \
+            or num_inference_steps < 1:
         raise RequestError(f"num_inference_steps={num_inference_steps!r} must be a positive int "
                            f"(dev: 28, schnell: 4)")
     for name, v in (("guidance_scale", guidance_scale), ("true_cfg_scale", true_cfg_scale)):
-        if not isinstance(v, (int, float)) or v < 0:
-            raise RequestError(f"{name}={v!r} must be a number >= 0")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) \
+                or v < 0:
+            raise RequestError(f"{name}={v!r} must be a finite number >= 0 (FLUX.1-dev: "
+                               f"guidance 3.5; true CFG off: 1)")
     if true_cfg_scale > 1 and negative_prompt is None:
         raise RequestError(f"true_cfg_scale={true_cfg_scale} runs true CFG against a negative "
                            f"prompt; pass negative_prompt= (or set true_cfg_scale=1)")
@@ -47,7 +55,7 @@ def check_request(prompt, prompt_2, height, width, num_inference_steps, guidance
             or not 1 <= max_sequence_length <= MAX_TEXT_TOKENS):
         raise RequestError(f"max_sequence_length={max_sequence_length!r} must be an int in "
                            f"1..{MAX_TEXT_TOKENS} (T5 text tokens; schnell uses 256)")
-    if not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
         raise RequestError(f"seed={seed!r} must be an int in [0, 2**32)")
 
 

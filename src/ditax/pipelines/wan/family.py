@@ -8,7 +8,24 @@ import pathlib
 
 from ditax.errors import RequestError
 from ditax.pipelines.family import PipelineFamily
+from ditax.intmath import INT_LIMIT
+from ditax.pipelines.request import Field
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS, SAMPLE_PRESETS
+
+# Wan's own request fields, beside the common ones (ditax.pipelines.request.COMMON)
+FIELDS = (
+    Field("num_frames", "int", "video frames, 4k+1 (default: the folder's, else 81)",
+          minimum=1, maximum=INT_LIMIT - 1, flag="--frames", limit="max_frames", example=81),
+    Field("guidance_scale_2", "float", "the low-noise expert's CFG scale (Wan 2.2 two-expert "
+          "folders; default: --guidance)", optional=True, minimum=0.0, flag="--guidance-2",
+          example=3.0),
+)
+# generate's input flags Wan reads beyond its fields (argparse names)
+CLI_INPUTS = ("image", "last_image", "video", "strength", "mask", "reference_image",
+              "conditioning_scale", "lora_2", "frames_dir", "fps", "pose_video", "face_video",
+              "mode", "background_video", "mask_video", "segment_frame_length",
+              "prev_segment_frames")
+
 
 class WanPipelines(PipelineFamily):
     """Wan 2.1 / 2.2 T2V, I2V / FLF2V and TI2V folders (``WanPipeline``,
@@ -17,6 +34,9 @@ class WanPipelines(PipelineFamily):
     name = "wan"
     sample_defaults = SAMPLE_DEFAULTS
     sample_presets = SAMPLE_PRESETS
+    step_cache = True
+    fields = FIELDS
+    cli_inputs = CLI_INPUTS
 
     def folder_defaults(self, root) -> dict:
         """The folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`), its

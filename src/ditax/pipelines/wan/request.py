@@ -37,7 +37,10 @@ def check_request(prompt, height: int, width: int, num_frames: int, num_inferenc
         raise RequestError(f"negative_prompt must be a string or None, got "
                            f"{type(negative_prompt).__name__}")
     for name, v in (("height", height), ("width", width), ("num_frames", num_frames),
-                    ("num_inference_steps", num_inference_steps)):
+                    ("num_inference_steps", num_inference_steps),
+                    ("guidance_scale", guidance_scale), ("guidance_scale_2", guidance_scale_2)):
+        if isinstance(v, (bool, np.bool_)):      # True is an int to Python, not a size
+            raise RequestError(f"{name}={v!r} must be a number, not a boolean")
         if isinstance(v, (int, np.integer)) and not v < INT_LIMIT:       # no int32 overflow
             raise RequestError(f"{name}={v} is out of range; it must be below 2**31")
     for name, v in (("height", height), ("width", width)):

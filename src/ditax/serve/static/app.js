@@ -87,6 +87,12 @@ async function refresh() {
   try {
     const health = await (await fetch("/health")).json();
     $("model").textContent = `${health.model} · ${health.platform} × ${health.devices} · queue ${health.queue_depth}`;
+    // only the inputs the served model's family takes (an image model has no frames)
+    if (health.fields) for (const id of ["negative_prompt", "num_frames", "num_inference_steps", "guidance_scale", "seed", "image"]) {
+      const on = health.fields.includes(id);
+      $(id).closest("label").hidden = !on;
+      if (!on) $(id).value = "";
+    }
     const loras = await api("GET", "/v1/loras");
     const select = $("lora");
     if (select.options.length !== loras.data.length + 1) {

@@ -1,0 +1,112 @@
+"""``ditax generate --prompts FILE``: many requests on one loaded pipeline, one output each.
+
+The file holds one request a line: a plain line is a prompt; a line starting with ``{`` is a JSON
+object of a request in ``ditax serve``'s field names (``{"prompt": "a cat", "seed": 3,
+"num_inference_steps": 20}``; ``size`` as ``"WxH"``). Blank lines and lines starting with ``#``
+are skipped. The command's flags give every request's defaults. Every request is checked — and
+every output path — before the model loads, each error naming its line; then the pipeline loads
+once and the requests run in order, request ``i`` written to ``--output`` with ``_i`` before the
+suffix (``out.mp4`` → ``out_0.mp4``, ``out_1.mp4``…; zero-padded to the count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+from ditax.cli import request_errors
+from ditax.errors import RequestError
+from ditax.io.files import read_text
+
+
+def read_prompts(path) -> list[tuple[int, dict]]:
+    """``[(line number, request)]`` of the file (module docstring); a request is a dict of
+    JSON field names (a plain line: ``{"prompt": line}``)."""
+    text = read_text(path, what="--prompts file", fix="one prompt a line", error=RequestError)
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("{"):
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RequestError(f"--prompts {path} line {n}: not a JSON object ({e.msg} at "
+                                   f"column {e.colno}); write one request a line, e.g. "
+                                   f'{{"prompt": "a cat", "seed": 1}}') from None
+            if not isinstance(item, dict):
+                raise RequestError(f"--prompts {path} line {n}: a JSON line must be an object "
+                                   f"with a \"prompt\"")
+            out.append((n, item))
+        else:
+            out.append((n, {"prompt": line}))
+    if not out:
+        raise RequestError(f"--prompts {path} has no prompt (one a line; # starts a comment)")
+    return out
+
+
+def request_args(args, item: dict, pipelines, where: str) -> argparse.Namespace:
+    """``args`` with the request ``item`` (JSON field names) over its flags."""
+    from ditax.pipelines.request import fields_of
+    from ditax.serve.requests import parse_size
+
+    by_json = {f.api: f for f in fields_of(pipelines) if f.api}
+    one = argparse.Namespace(**vars(args))
+    one.prompts, one.surface = None, "api"
+    for key, value in item.items():
+        if key == "size":
+            try:
+                one.height, one.width = parse_size(value)
+            except RequestError as e:
+                raise RequestError(f"{where}: {e}") from None
+        elif key in by_json:
+            setattr(one, by_json[key].dest, value)
+        else:
+            raise RequestError(f"{where}: unknown field {key!r}; a {pipelines.name} request's "
+                               f"fields are {', '.join(['size', *by_json])}")
+    return one
+
+
+def output_of(output: str, i: int, n: int) -> str:
+    """Output ``i`` of ``n``: ``output`` with ``_i`` (zero-padded) before the suffix."""
+    p = pathlib.Path(output)
+    return str(p.with_name(f"{p.stem}_{i:0{len(str(n - 1))}d}{p.suffix}"))
+
+
+def run_many(args, items: list[tuple[int, dict]], *, parse_request, loaded, write_output,
+             suffix: dict) -> int:
+    """Check every request of ``items`` (``[(line, request)]``), then run them on one loaded
+    pipeline, writing each as it finishes — by ``ditax generate``'s own steps (handed in by
+    :func:`ditax.cli.generate.run`): ``parse_request``, ``loaded``, ``write_output`` and the
+    output ``suffix`` of each output kind."""
+    from ditax.cli.sample_request import sample_request
+
+    pipelines = sample_request(args.model, args.overrides).pipelines
+    base = args.output or "out" + suffix.get(pipelines.makes, ".mp4")
+    runs = []
+    for i, (line, item) in enumerate(items):
+        where = f"--prompts {args.prompts} line {line}"
+        one = request_args(args, item, pipelines, where)
+        one.output = output_of(base, i, len(items))
+        if one.frames_dir is not None:
+            one.frames_dir = output_of(one.frames_dir, i, len(items))
+        if runs:       # the LoRA files were read once, for the first request
+            one.lora, one.lora_2 = [], []
+        try:
+            load, call = parse_request(one)
+        except RequestError as e:
+            raise RequestError(f"{where}: {e}") from None
+        runs.append((one, load, call))
+    load = runs[0][1]
+    with loaded(load, runs[0][2], args.no_progress) as pipe:
+        for one, _, call in runs:
+            with request_errors():
+                out = pipe(progress=not args.no_progress, **call)
+            write_output(one, out, pipe, load["makes"])
+    print(f"wrote {len(runs)} outputs ({runs[0][0].output} .. {runs[-1][0].output})")
+    return 0
+
+
+__all__ = ["output_of", "read_prompts", "request_args", "run_many"]
