@@ -1,8 +1,9 @@
 """``ditax serve`` batches any family's jobs of one shape through the generic loop: an image
 model (a tiny random FLUX.1 folder, dev-style, true CFG on when the API takes it) and a Wan 2.2
-TI2V folder with images (other images, one shape; the image replaces the first latent frame). While a first job of another shape runs, two
-jobs of one shape queue and run as one batch (``batch_size`` 2); each output equals its request
-run alone (``batch_size`` 1) within float rounding, and the two differ."""
+TI2V folder with images (other images, one shape; the image replaces the first latent frame).
+While a first job of another shape runs, two jobs of one shape queue and run as one batch
+(``batch_size`` 2); each output equals its request run alone (``batch_size`` 1) within float
+rounding, and the two differ."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """The one sampling loop every family's pipeline runs: prompt parts in, latents (or the decoded
 output) out.
 
-A family's pipeline checks its request (sizes, defaults, what its folder takes) and calls
-:func:`sample` with its parts; the loop does the rest, the same for every family:
+A family's pipeline checks its request (sizes, defaults, what its folder takes) and hands its
+parts out as one :class:`Prepared` (its ``prepare(**call)``; its call is
+``prepare(...).run()``, and :mod:`ditax.pipelines.batch` stacks several of one shape);
+:func:`sample` does the rest, the same for every family:
 
 1. checks that hold for any model: the per-forward batch of CFG fits the mesh, the step-cache
    request (:mod:`ditax.pipelines.cache`), the shape of given ``latents``;
