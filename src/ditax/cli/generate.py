@@ -224,7 +224,7 @@ def parse_request(args):
                            f"{makes}s){fix}")
     if video:
         if args.fps is None:
-            args.fps = defaults["fps"]
+            args.fps = defaults.get("fps") or 16
         call.update(sigmas=s.sigmas, cache=s.cache, cache_threshold=s.cache_threshold,
                     cfg_cache=s.cfg_cache, cache_coefficients=s.cache_coefficients)
         if args.frames_dir is not None:
@@ -303,23 +303,35 @@ def loaded(load: dict, call: dict, no_progress: bool):
         yield ditax.load_pipeline(load.pop("path"), mesh=mesh, **load)
 
 
+def _timing(pipe) -> str:
+    """The pipeline's timing line of its last call and a separator (empty: it keeps none)."""
+    timings = getattr(pipe, "timings", None)
+    return f"{timings.line()} | " if timings is not None else ""
+
+
 def write_output(args, out, pipe, makes: str) -> None:
     """Write one result (a PNG for an image family, else the mp4 and ``--frames-dir``) and print
     the timing, step-cache and wrote lines."""
     from ditax.io.images import write_png
+    from ditax.io.outputs import write_extras
     from ditax.io.video import write_frames, write_mp4
 
     t0 = time.perf_counter()
+    if isinstance(out, dict):          # a family with further outputs (PipelineFamily.outputs)
+        extras = {k: v for k, v in out.items() if k != makes}
+        for path in write_extras(args.output, extras):
+            print(f"wrote {path}")
+        out = out[makes]
     if makes == "image":
         path = write_png(args.output, out)
-        print(f"{pipe.timings.line()} | write {time.perf_counter() - t0:.2f}s")
+        print(f"{_timing(pipe)}write {time.perf_counter() - t0:.2f}s")
         print(f"wrote {path} ({out.shape[1]}x{out.shape[0]} image)")
         return
     path = write_mp4(args.output, out, fps=args.fps)
     if args.frames_dir:
         write_frames(args.frames_dir, out)
-    print(f"{pipe.timings.line()} | write {time.perf_counter() - t0:.2f}s")
-    st = pipe.last_stats
+    print(f"{_timing(pipe)}write {time.perf_counter() - t0:.2f}s")
+    st = getattr(pipe, "last_stats", {})
     if st.get("cache") or st.get("cfg_cache"):
         skipped = sum(len(v) for v in st["skipped_steps"].values())
         reused = len(st.get("cfg_reused_steps", []))

@@ -113,5 +113,29 @@ def atomic_folder(path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+
+def extra_path(main, kind: str) -> pathlib.Path:
+    """Where a request's extra output ``kind`` goes beside its main output ``main``:
+    ``out.mp4`` → ``out.<kind>.npy``."""
+    main = pathlib.Path(main)
+    return main.with_name(f"{main.stem}.{kind}.npy")
+
+
+def write_extras(main, outputs: dict) -> list[pathlib.Path]:
+    """Write each extra output (``{kind: array}``, beside the main output ``main``) whole, as a
+    ``.npy`` array at :func:`extra_path`; returns the paths. (A family whose extra output has a
+    file format of its own — audio — adds its writer here.)"""
+    import numpy as np
+
+    paths = []
+    for kind, array in outputs.items():
+        path = extra_path(main, kind)
+        with atomic_file(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, np.asarray(array))
+        paths.append(path)
+    return paths
+
+
 __all__ = ["atomic_file", "atomic_folder", "check_output_file", "check_output_folder",
-           "check_writable_parent"]
+           "check_writable_parent", "extra_path", "write_extras"]

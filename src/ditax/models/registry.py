@@ -18,7 +18,12 @@ Discovery — one rule:
   under that same dotted name when imported (``model.family=my_pkg.toy`` imports ``my_pkg.toy``,
   which calls ``register(FamilySpec("my_pkg.toy", ...))``), so a run config names its family
   fully and a fresh process finds it again;
-- :func:`register` also takes a spec directly (a family defined in a test or a notebook).
+- :func:`register` also takes a spec directly (a family defined in a test or a notebook);
+- families outside ditax that a FOLDER names (its ``_class_name``) are found when their module
+  is imported at discovery: the modules named by the environment variable ``DITAX_FAMILIES``
+  (comma-separated dotted paths) and those of the ``ditax.families`` entry-point group of the
+  installed packages (a plug-in package declares ``[project.entry-points."ditax.families"]
+  my_family = "my_pkg.family"``).
 
 This module imports nothing heavy (no JAX, no flax): the ``ditax`` command and config loading
 use it before any platform is chosen.
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import pkgutil
 from dataclasses import dataclass
 from typing import Any
@@ -130,7 +136,21 @@ def _discover() -> None:
     for info in pkgutil.iter_modules(ditax.models.__path__):
         if info.ispkg:
             importlib.import_module(f"ditax.models.{info.name}")
+    for module in plugin_modules():
+        if not import_if_present(module):
+            raise ConfigError(f"DITAX_FAMILIES names {module!r}, which is not an importable "
+                              f"module; fix the dotted path or remove it from DITAX_FAMILIES")
     _discovered = True
+
+
+def plugin_modules() -> list[str]:
+    """The modules of families outside ditax that discovery imports: ``$DITAX_FAMILIES``
+    (comma-separated dotted paths), then the ``ditax.families`` entry points' modules."""
+    from importlib.metadata import entry_points
+
+    names = [m.strip() for m in os.environ.get("DITAX_FAMILIES", "").split(",") if m.strip()]
+    names += [ep.value.partition(":")[0] for ep in entry_points(group="ditax.families")]
+    return list(dict.fromkeys(names))
 
 
 def lookup(name: str) -> FamilySpec | None:
@@ -177,4 +197,4 @@ def family_names() -> list[str]:
 
 
 __all__ = ["FamilySpec", "register", "lookup", "resolve", "spec", "spec_for_class", "family_names",
-           "import_if_present", "DEFAULT_FAMILY"]
+           "import_if_present", "plugin_modules", "DEFAULT_FAMILY"]
