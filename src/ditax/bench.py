@@ -11,11 +11,13 @@ import statistics
 import time
 
 
-def forward_benchmark(cfg, mesh, latent=(5, 32, 32), text_len: int = 512,
-                      repeats: int = 5) -> dict:
-    """Time the transformer forward on random inputs: latents ``[B, C, F, Y, X]`` with
-    ``(F, Y, X) = latent`` and ``B`` = the mesh's batch shards, text ``[B, T, text_dim]`` with
-    ``T = text_len``. Returns one benchmark row (DESIGN "Benchmarks")."""
+def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int = 5) -> dict:
+    """Time the family's inference transformer (randomly initialised) on the family's random
+    inputs (:meth:`~ditax.models.base.ModelFamily.random_inputs`): ``B`` = the mesh's batch
+    shards samples of latent grid ``latent = (F, Y, X)`` (None: the family's default; Wan:
+    latents ``[B, C, F, Y, X]``, Flux: packed tokens of one frame) and ``text_len`` text
+    tokens. Returns one benchmark row (DESIGN "Benchmarks"); ``latent`` in it is the shape of
+    the transformer's first input."""
     from ditax.errors import RequestError
 
     if not (isinstance(repeats, int) and repeats >= 1):    # a median of no runs is no number
@@ -24,31 +26,24 @@ def forward_benchmark(cfg, mesh, latent=(5, 32, 32), text_len: int = 512,
         raise RequestError(f"--text-len {text_len}: the text needs at least 1 token")
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from ditax.models.base import model_family
     from ditax.parallel.axes import batch_shards
 
-    f, y, x = latent
     b = batch_shards(mesh)
-    # the family's inference transformer, randomly initialised (Wan: ditax.Transformer)
-    tr = model_family(cfg.model, cfg.attention).random_transformer(mesh, seed=cfg.seed)
-    rng = np.random.default_rng(0)
-    dt = jnp.dtype(cfg.model.dtype)
-    lat = jnp.asarray(rng.standard_normal((b, cfg.model.in_channels, f, y, x)), dt)
-    text = jnp.asarray(rng.standard_normal((b, text_len, cfg.model.text_dim)), dt)
-    t = jnp.full((b,), 500.0)
+    family = model_family(cfg.model, cfg.attention)
+    args, kwargs = family.random_inputs(b, latent, text_len, np.random.default_rng(0))
+    tr = family.random_transformer(mesh, seed=cfg.seed)
     t0 = time.perf_counter()
-    jax.block_until_ready(tr(lat, t, text))
+    jax.block_until_ready(tr(*args, **kwargs))
     first = time.perf_counter() - t0
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        jax.block_until_ready(tr(lat, t, text))
+        jax.block_until_ready(tr(*args, **kwargs))
         times.append(time.perf_counter() - t0)
     return {"bench": "ditax_bench", "case": cfg.name, "metric": "forward",
             "value": statistics.median(times), "unit": "s", "compile_plus_first_s": first,
             "mesh": dict(mesh.shape), "attention": cfg.attention.backend,
-            "latent": [b, cfg.model.in_channels, f, y, x],
-            "platform": mesh.devices.flat[0].platform}
+            "latent": list(args[0].shape), "platform": mesh.devices.flat[0].platform}

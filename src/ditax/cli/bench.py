@@ -1,6 +1,7 @@
 """``ditax bench CONFIG [key=value ...]``: forward time of a config with random weights.
 
-Prints one JSON line (median of ``--repeats`` runs after a compile run) on whatever devices
+The model family of the config (``model.family``; e.g. ``ditax bench flux-tiny``) supplies its
+random transformer and its inputs. Prints one JSON line (median of ``--repeats`` runs after a compile run) on whatever devices
 JAX sees, with the mesh and attention backend from the config
 (:func:`ditax.bench.forward_benchmark`). For comparisons against a peer use the scripts in
 ``benchmarks/``. The compile run uses jax's persistent compilation cache
@@ -19,9 +20,10 @@ from ditax.cli import latent_arg
 def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", default=[])
-    p.add_argument("--latent", type=latent_arg, default=(5, 32, 32),
-                   help="latent F,Y,X (default 5,32,32)")
-    p.add_argument("--text-len", type=int, default=512)
+    p.add_argument("--latent", type=latent_arg, default=None,
+                   help="latent F,Y,X (default: the model family's; Wan 5,32,32, Flux one "
+                        "frame 1,32,32)")
+    p.add_argument("--text-len", type=int, default=512, help="text tokens (default 512)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-progress", action="store_true", help="no status line on stderr")
 

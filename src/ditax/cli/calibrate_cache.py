@@ -13,8 +13,10 @@ Sizes, steps and guidance default to the ``sample`` config (``--steps`` / sizes 
 ``--into FILE`` puts the entry into an existing numbers file instead (replacing the entry of the
 same name or model): ``--into src/ditax/pipelines/cache/step_cache_numbers.json`` ships it.
 
-A folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.wan.sample_defaults`) gives the defaults of
-the sizes, steps, guidance and negative prompt, as for ``ditax generate``.
+A folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`) gives the defaults of
+the sizes, steps, guidance and negative prompt, as for ``ditax generate``. A folder whose family
+has no step cache (:attr:`ditax.pipelines.family.PipelineFamily.step_cache`; FLUX.1 today) is
+refused in one line (exit 2) before anything loads.
 ``MODEL`` = ``demo``: the shipped demo model (sampled as its ``ditax_sample.json`` says),
 prompts of its vocabulary unless ``--prompts`` are given, entry name ``ditax-demo``; its shipped
 numbers are regenerated with ``ditax calibrate-cache demo --into
@@ -98,6 +100,11 @@ def run(args) -> int:
                            f"numbers are their mean) — pass between {MIN_PROMPTS} and "
                            f"{MAX_PROMPTS} quoted prompts")
     sr = sample_request(args.model, args.overrides)
+    if not sr.pipelines.step_cache:     # before any request rule of a family it cannot run
+        raise RequestError(f"calibrate-cache measures step-cache numbers, but {sr.model} is a "
+                           f"{sr.pipelines.name} folder, whose pipelines have no step cache; "
+                           f"calibrate a folder of a family that has one (e.g. "
+                           f"`ditax calibrate-cache demo`)")
     cfg, given, defaults = sr.cfg, sr.given, sr.defaults
     s = cfg.sample
     args.model = sr.model

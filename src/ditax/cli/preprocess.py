@@ -1,7 +1,9 @@
 """``ditax preprocess VIDEOS OUT --model PIPELINE``: videos + captions → latent dataset.
 
 Calls :func:`ditax.train.preprocess.preprocess` (the pipeline's VAE and UMT5 encode every
-video and caption). The sizes, ``--dtype``, the output folder (new or empty, creatable), the
+video and caption). The sizes, frames and text length not given are the folder's
+``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`; the Wan demo: 64x64, 17 frames,
+16 tokens; the small Flux: 64x64, 1 frame, 8 tokens), else the family's. The sizes, ``--dtype``, the output folder (new or empty, creatable), the
 ``--model`` path and every video's caption are checked before any model loads (exit 2); a
 video that cannot be decoded is named (exit 2). The dataset is written into a temporary folder
 beside OUT and renamed to OUT when complete, so a failure leaves no half-written dataset.
@@ -19,11 +21,14 @@ def add_arguments(p) -> None:
     p.add_argument("--model", required=True, type=model_arg, help="diffusers Wan pipeline "
                    "folder (vae/, text_encoder/, tokenizer/), hub id, or 'demo' (the shipped "
                    "demo model)")
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
-    p.add_argument("--frames", type=int, default=None, help="pixel frames (Wan: 4k+1, default "
-                   "81; an image model such as FLUX.1: 1, the default)")
-    p.add_argument("--text-len", type=int, default=512)
+    p.add_argument("--height", type=int, default=None, help="pixels (default: the folder's "
+                   "ditax_sample.json, else the family's: Wan 480, FLUX.1 1024)")
+    p.add_argument("--width", type=int, default=None, help="pixels (default: the folder's "
+                   "ditax_sample.json, else the family's: Wan 832, FLUX.1 1024)")
+    p.add_argument("--frames", type=int, default=None, help="pixel frames (Wan: 4k+1; default: "
+                   "the folder's ditax_sample.json, else 81; an image model such as FLUX.1: 1)")
+    p.add_argument("--text-len", type=int, default=None, help="text tokens (default: the "
+                   "folder's ditax_sample.json max_sequence_length, else 512)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch", type=int, default=1, help="clips per encoder call (default 1; "
                    "small clips encode faster in groups, e.g. 8)")
@@ -35,17 +40,19 @@ def run(args) -> int:
         check_model,
         check_output,
         check_request,
-        default_frames,
         find_samples,
         folder_family,
         preprocess,
+        request_defaults,
     )
 
     with request_errors(FileNotFoundError):
         family = folder_family(args.model)
-        frames = default_frames(family) if args.frames is None else args.frames
-        check_request(height=args.height, width=args.width, frames=frames,
-                      text_len=args.text_len, dtype=args.dtype, batch=args.batch, family=family,
+        given = dict(height=args.height, width=args.width, frames=args.frames,
+                     text_len=args.text_len)
+        d = request_defaults(args.model, family) if None in given.values() else {}
+        size = {k: d[k] if v is None else v for k, v in given.items()}
+        check_request(**size, dtype=args.dtype, batch=args.batch, family=family,
                       model=args.model)
         check_output(args.output)
         check_model(args.model)
@@ -54,8 +61,7 @@ def run(args) -> int:
     from ditax.phases import phase
 
     with status_line(not args.no_progress), phase("preprocess"):
-        out = preprocess(args.videos, args.output, args.model, height=args.height,
-                         width=args.width, frames=frames, text_len=args.text_len,
-                         dtype=args.dtype, batch=args.batch, family=family)
+        out = preprocess(args.videos, args.output, args.model, **size, dtype=args.dtype,
+                         batch=args.batch, family=family)
     print(f"ditax preprocess: wrote {out}; train with data.source={out}")
     return 0

@@ -282,6 +282,13 @@ class ModelFamily(abc.ABC):
         ``seed`` (sharded over ``mesh``), for ``ditax bench``."""
         raise ConfigError(f"model family {self.name!r} has no random transformer for bench")
 
+    def random_inputs(self, batch: int, latent=None, text_len: int = 512, rng=None):
+        """``(args, kwargs)`` of one call of :meth:`random_transformer`'s transformer on random
+        inputs (numpy ``rng``): ``batch`` samples of latent grid ``latent = (F, Y, X)`` (None:
+        the family's bench default) and ``text_len`` text tokens, for ``ditax bench``;
+        :class:`ConfigError` naming a grid the family cannot take."""
+        raise ConfigError(f"model family {self.name!r} has no random inputs for bench")
+
     @classmethod
     def check_folder(cls, path, subfolder: str | None = "transformer") -> str:
         """Check a transformer folder (or pipeline folder / hub id) from its ``config.json`` and

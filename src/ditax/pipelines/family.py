@@ -45,6 +45,9 @@ class PipelineFamily:
     # the keys a folder's ditax_sample.json may hold (None: every key of sample_defaults);
     # their rules: ditax.pipelines.sample_defaults
     sample_file_keys: ClassVar[tuple[str, ...] | None] = None
+    # whether the pipelines take step caching (``cache=``, ``cfg_cache=``, ``cache="calibrate"``
+    # for ``ditax calibrate-cache``); a family without it is refused there in one line
+    step_cache: ClassVar[bool] = False
 
     def sample_file_rules(self) -> dict:
         """``{key: (kind, rule)}`` of the keys this family's ``ditax_sample.json`` may hold

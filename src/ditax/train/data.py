@@ -166,6 +166,18 @@ def open_source(cfg: Config):
     return src, lat, txt
 
 
+def _preprocess_hint(family) -> str:
+    """The fix of a dataset made for another model: preprocess with a pipeline folder of the
+    model's family (its classes from the family's declaration) and kind."""
+    from ditax.models.registry import lookup
+
+    spec = lookup(family.name)
+    classes = ", ".join(spec.pipeline_classes) if spec is not None else ""
+    return (f"preprocess the videos with a {family.name} pipeline folder of this model's kind"
+            + (f" ({classes})" if classes else "")
+            + ": `ditax preprocess VIDEOS OUT --model FOLDER`")
+
+
 def check_condition(meta: dict, family, source) -> None:
     """The dataset stores the image condition the model trains with (and no other)."""
     want = family.condition_shapes(tuple(meta["latent_shape"]))
@@ -182,14 +194,12 @@ def check_condition(meta: dict, family, source) -> None:
                               f"config or use a dataset preprocessed without a VACE folder")
     if missing:
         raise DataSourceError(f"dataset {source} has no {', '.join(missing)} entries, which this "
-                              f"model trains with; preprocess the videos with its pipeline folder "
-                              f"(an image-to-video model: `ditax preprocess ... --model "
-                              f"I2V_FOLDER`)")
+                              f"{family.name} model trains with; {_preprocess_hint(family)}")
     extra = [k for k in have if k not in want]
     if extra:
-        raise DataSourceError(f"dataset {source} stores an image condition ({', '.join(extra)}) "
-                              f"this model does not take; use a text-to-video dataset or an "
-                              f"image-to-video model config")
+        raise DataSourceError(f"dataset {source} stores {', '.join(extra)} entries, which this "
+                              f"{family.name} model does not take (the dataset was made for "
+                              f"another model); {_preprocess_hint(family)}")
     for k, shape in want.items():
         if k == "condition" and have[k] != shape:
             raise DataSourceError(f"dataset {source}: condition shape {list(have[k])} != the "

@@ -221,6 +221,24 @@ def default_frames(family: str) -> int:
     return family_class(family).default_frames
 
 
+def request_defaults(model, family: str) -> dict:
+    """``height``, ``width``, ``frames`` and ``text_len`` a preprocess of pipeline folder
+    ``model`` (of model family ``family``) uses where none is given: the folder's
+    ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`; checked, a bad file is a
+    :class:`~ditax.errors.PipelineLoadError` naming it), else the family's sample defaults
+    (Wan: 480x832, 512 tokens; FLUX.1: 1024x1024, 512), frames else the family's
+    (:func:`default_frames`: Wan 81, Flux 1). A hub id (no local folder): the family's."""
+    from ditax.pipelines.family import pipelines_of
+
+    pipes = pipelines_of(family)
+    root = pathlib.Path(model)
+    own = pipes.folder_defaults(root) if (root / "model_index.json").is_file() else {}
+    d = {**pipes.sample_defaults, **own}
+    return {"height": d["height"], "width": d["width"],
+            "frames": own.get("num_frames", default_frames(family)),
+            "text_len": d["max_sequence_length"]}
+
+
 def check_request(*, height, width, frames, text_len, dtype, batch, family="wan",
                   model=None) -> None:
     """Raise :class:`~ditax.errors.RequestError` for sizes, dtype or batch that cannot be
@@ -289,12 +307,13 @@ def check_model(model) -> None:
                             f"text_encoder/, tokenizer/) or a hub id org/name")
 
 
-def preprocess(videos, output, model, *, height=480, width=832, frames=None, text_len=512,
+def preprocess(videos, output, model, *, height=None, width=None, frames=None, text_len=None,
                dtype="float32", family=None, batch=1, say=print) -> pathlib.Path:
     """Encode every (video, caption) of ``videos`` into a dataset at ``output`` with the
     encoders of the pipeline folder ``model`` (of model family ``family``; None: the folder's,
     :func:`folder_family`), ``batch`` clips per encoder call (small clips: 8 is ~20% faster
-    on CPU than 1, same latents); ``frames`` None: the family's default (:func:`default_frames`).
+    on CPU than 1, same latents). ``height``, ``width``, ``frames``, ``text_len`` left at None:
+    the folder's ``ditax_sample.json``, else the family's (:func:`request_defaults`).
 
     Every argument is checked before a model loads (:func:`check_request`,
     :func:`check_output`, :func:`find_samples`). The dataset is written into a hidden
@@ -304,7 +323,10 @@ def preprocess(videos, output, model, *, height=480, width=832, frames=None, tex
     from ditax.models.base import family_class
 
     family = folder_family(model) if family is None else family
-    frames = default_frames(family) if frames is None else frames
+    given = dict(height=height, width=width, frames=frames, text_len=text_len)
+    if None in given.values():
+        d = request_defaults(model, family)
+        height, width, frames, text_len = (d[k] if v is None else v for k, v in given.items())
     check_request(height=height, width=width, frames=frames, text_len=text_len, dtype=dtype,
                   batch=batch, family=family, model=model)
     out = check_output(output)

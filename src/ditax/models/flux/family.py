@@ -221,6 +221,31 @@ class FluxFamily(ModelFamily):
 
         return FluxTransformerModel(init_model(self.model, self.attention, mesh, seed=seed))
 
+    def random_inputs(self, batch: int, latent=None, text_len: int = 512, rng=None):
+        """diffusers' ``FluxTransformer2DModel`` call: packed tokens ``[B, (Y/2)(X/2), 4C]`` of
+        one latent frame (default grid 1x32x32), T5 text ``[B, T, Dt]``, pooled CLIP
+        ``[B, Dp]``, timestep 0.5, the position ids, guidance 3.5 where embedded."""
+        import jax.numpy as jnp
+        import numpy as np
+
+        from ditax.models.flux.packing import image_ids, text_ids
+
+        rng = np.random.default_rng(0) if rng is None else rng
+        f, y, x = (1, 32, 32) if latent is None else latent
+        if f != 1 or y < PACK or x < PACK or y % PACK or x % PACK:
+            raise ConfigError(f"--latent {f},{y},{x}: a Flux latent is one frame whose height "
+                              f"and width are positive multiples of {PACK} (the token "
+                              f"packing); e.g. --latent 1,32,32")
+        m = self.model
+        dt = jnp.dtype(m.dtype)
+        rand = lambda *shape: jnp.asarray(rng.standard_normal(shape), dt)  # noqa: E731
+        hidden = rand(batch, (y // PACK) * (x // PACK), m.in_channels)
+        text, pooled = rand(batch, text_len, m.joint_attention_dim), rand(
+            batch, m.pooled_projection_dim)
+        guidance = jnp.full((batch,), 3.5) if m.guidance_embeds else None
+        return (hidden, text, pooled, jnp.full((batch,), 0.5), image_ids(y, x),
+                text_ids(text_len), guidance), {}
+
     @classmethod
     def check_folder(cls, path, subfolder="transformer") -> str:
         from ditax.models.flux.loading import check_folder

@@ -219,6 +219,19 @@ class WanFamily(ModelFamily):
 
         return Transformer(init_model(self.model, self.attention, mesh, seed=seed))
 
+    def random_inputs(self, batch: int, latent=None, text_len: int = 512, rng=None):
+        """``ditax.Transformer``'s call: latents ``[B, C, F, Y, X]`` (default grid 5x32x32),
+        timestep 500, text ``[B, T, text_dim]``."""
+        import jax.numpy as jnp
+        import numpy as np
+
+        rng = np.random.default_rng(0) if rng is None else rng
+        f, y, x = (5, 32, 32) if latent is None else latent
+        dt = jnp.dtype(self.model.dtype)
+        lat = jnp.asarray(rng.standard_normal((batch, self.model.in_channels, f, y, x)), dt)
+        text = jnp.asarray(rng.standard_normal((batch, text_len, self.model.text_dim)), dt)
+        return (lat, jnp.full((batch,), 500.0), text), {}
+
     @classmethod
     def check_folder(cls, path, subfolder="transformer") -> str:
         from ditax.models.wan.folder_check import check_folder

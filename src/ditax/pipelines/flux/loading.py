@@ -28,8 +28,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     from ditax.models.flux.loading import load_transformer
     from ditax.models.flux.vae import load_vae
     from ditax.models.t5 import load_t5
-    from ditax.pipelines.family import resolve
-    from ditax.pipelines.flux.family import FluxPipelines
+    from ditax.pipelines.family import pipelines_of, resolve
     from ditax.pipelines.flux.text_to_image import FluxTextToImage
     from ditax.schedulers import FlowMatchEulerScheduler, load_scheduler
 
@@ -41,7 +40,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     if cls not in PIPELINE_CLASSES:
         raise ConfigError(f"{root}: model_index.json _class_name={cls!r}; the Flux loader reads "
                           f"{list(PIPELINE_CLASSES)} folders (text-to-image)")
-    defaults = FluxPipelines().folder_defaults(root)      # checked before any weights
+    # the family's declaration by the registry (its module imports this one to load)
+    defaults = pipelines_of("flux").folder_defaults(root)      # checked before any weights
     check_defaults_fit(defaults, root)
     try:
         scheduler = load_scheduler(root)

@@ -61,10 +61,10 @@ class FluxTextToImage:
     def call_defaults(self, **call) -> dict:
         """``call`` with each value left at None taken from the folder's ``ditax_sample.json``
         (``self.sample_defaults``), else the family's (FLUX.1: 1024x1024, 28 steps, 3.5, 512)."""
-        from ditax.pipelines.flux.family import SAMPLE_DEFAULTS
+        from ditax.pipelines.family import pipelines_of   # the family module imports this one
         from ditax.pipelines.sample_defaults import with_defaults
 
-        return with_defaults(call, self.sample_defaults, SAMPLE_DEFAULTS)
+        return with_defaults(call, self.sample_defaults, pipelines_of("flux").sample_defaults)
 
     @property
     def mesh(self):

@@ -35,6 +35,7 @@ class WanPipelines(PipelineFamily):
     sample_defaults = SAMPLE_DEFAULTS
     sample_presets = SAMPLE_PRESETS
     step_cache = True
+    step_cache = True
     fields = FIELDS
     cli_inputs = CLI_INPUTS
 

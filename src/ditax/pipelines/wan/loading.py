@@ -10,11 +10,11 @@ import time
 
 from ditax.errors import ConfigError
 from ditax.phases import phase
+from ditax.pipelines.family import pipelines_of
 from ditax.pipelines.options import CFG_MODES
 from ditax.pipelines.sample_defaults import FILE as SAMPLE_FILE, read_sample_defaults
 from ditax.pipelines.wan.components import load_components
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
-from ditax.pipelines.wan.family import WanPipelines
 from ditax.pipelines.wan.folder import ANIMATE_PIPELINE, read_pipeline_folder
 from ditax.pipelines.wan.image_to_video import WanImageToVideo
 from ditax.pipelines.wan.request import check_load_args
@@ -72,7 +72,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
     with phase("load"):
         folder = read_pipeline_folder(path)
         # checked before any weights; the grid against the loaded model's below
-        defaults = read_sample_defaults(folder.root, WanPipelines().sample_file_rules())
+        defaults = read_sample_defaults(folder.root, pipelines_of("wan").sample_file_rules())
         if video_to_video and (folder.kind != "t2v"
                                or folder.index.get("_class_name") != "WanPipeline"):
             raise ConfigError(f"video-to-video needs a text-to-video folder (WanPipeline); "
