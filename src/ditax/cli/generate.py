@@ -223,11 +223,11 @@ def parse_request(args):
         raise RequestError(f"--output {args.output!r} must end in {suffix} ({args.model} makes "
                            f"{makes}s){fix}")
     if video:
-        if args.fps is None:
+        if getattr(args, "fps", None) is None:
             args.fps = defaults.get("fps") or 16
         call.update(sigmas=s.sigmas, cache=s.cache, cache_threshold=s.cache_threshold,
                     cfg_cache=s.cfg_cache, cache_coefficients=s.cache_coefficients)
-        if args.frames_dir is not None:
+        if getattr(args, "frames_dir", None) is not None:
             check_output_folder(args.frames_dir, "--frames-dir")
             if pathlib.Path(args.frames_dir).absolute() == pathlib.Path(args.output).absolute():
                 raise RequestError(f"--frames-dir {args.frames_dir} is the --output path; give "

@@ -153,7 +153,7 @@ def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list,
                            parse_request=parse_request, store=store,
                            worker=worker, output_dir=out, max_queue=args.max_queue,
                            max_batch=args.max_batch, api_key=args.api_key, loras=loras,
-                           makes=makes, limits=limits,
+                           makes=makes, limits=limits, outputs=tuple(pipelines.outputs),
                            health={"model": str(path), "platform": devices[0].platform,
                                    "devices": len(devices), "makes": makes,
                                    "fields": [f.api for f in fields_of(pipelines) if f.api]

@@ -9,6 +9,7 @@ Routes (JSON unless said; errors are ``{"error": {"message", "param", "type"}}``
 - ``GET /v1/videos/{id}`` — the job: ``status`` queued | in_progress | completed | failed |
   cancelled, ``progress`` 0-100 (steps done), ``error.message`` when failed, the request;
 - ``GET /v1/videos/{id}/content`` — ``video/mp4`` once completed (404 before, with a message);
+  ``?variant=KIND``: a further output of the family (``PipelineFamily.outputs``, a ``.npy``);
   ``image/png`` when the served folder is an image model (FLUX.1: the same job routes answer
   it — its jobs have ``"object": "image"``, no ``num_frames``; their fields are ``ditax
   generate``'s for a PNG, so ``num_frames``, ``image``, ``negative_prompt`` get a 400 with its
@@ -40,6 +41,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from ditax.serve.jobs import FINISHED, JobStore, QueueFull
+from ditax.io.outputs import extra_path
 from ditax.serve.requests import BadRequest, Limits, check_body
 from ditax.serve.worker import Metrics, Worker
 
@@ -66,6 +68,7 @@ class ServeState:
     health: dict = field(default_factory=dict)
     loras: list = field(default_factory=list)      # [(name, file)] of --lora-dir, in order
     makes: str = "video"                           # or "image" (the folder family's makes)
+    outputs: tuple = ()                            # its further outputs (GET ...?variant=)
 
     @property
     def metrics(self) -> Metrics:
@@ -168,10 +171,14 @@ def create_app(state: ServeState):
         return err or job_json(job)
 
     @app.get("/v1/videos/{job_id}/content")
-    def content(job_id: str):
+    def content(job_id: str, variant: str | None = None):
         job, err = find(job_id)
         if err:
             return err
+        main = "image" if state.makes == "image" else "video"
+        if variant not in (None, main, *state.outputs):
+            return error(400, f"variant={variant!r}: this server's jobs have "
+                              f"{', '.join((main, *state.outputs))}", "variant")
         if job["status"] != "completed":
             return error(404, f"video {job_id} is {job['status']}"
                          + (f" ({job['progress']}%)" if job["status"] == "in_progress" else "")
@@ -179,6 +186,12 @@ def create_app(state: ServeState):
         path = state.output_dir / (job["file"] or "")
         if not job["file"] or not path.is_file():
             return error(404, f"video {job_id}'s file was deleted", "id")
+        if variant not in (None, main):      # a further output, written beside the main one
+            path = extra_path(path, variant)
+            if not path.is_file():
+                return error(404, f"video {job_id} has no {variant} file", "variant")
+            return FileResponse(path, media_type="application/octet-stream",
+                                filename=f"{job_id}.{variant}.npy")
         kind = "image/png" if path.suffix == ".png" else "video/mp4"
         return FileResponse(path, media_type=kind, filename=f"{job_id}{path.suffix}")
 
@@ -189,7 +202,9 @@ def create_app(state: ServeState):
             return err
         if job["status"] in FINISHED:
             if job["file"]:
-                (state.output_dir / job["file"]).unlink(missing_ok=True)
+                for path in [state.output_dir / job["file"], *(
+                        extra_path(state.output_dir / job["file"], k) for k in state.outputs)]:
+                    path.unlink(missing_ok=True)
                 state.store.forget_file(job_id)
             return {"id": job_id, "object": "video.deleted", "deleted": True}
         state.worker.cancel(job_id)

@@ -137,6 +137,7 @@ class Worker(threading.Thread):
 
     def run_jobs(self, jobs: list[dict]) -> None:
         from ditax.io.images import write_png
+        from ditax.io.outputs import write_extras
         from ditax.io.video import write_mp4
         from ditax.serve.batch import bucket, generate_batch
 
@@ -194,6 +195,12 @@ class Worker(threading.Thread):
             if job["id"] in self.cancelled:
                 self.store.finish(job["id"], "cancelled")
                 continue
+            extras = []
+            if isinstance(video, dict):   # a family's further outputs (PipelineFamily.outputs)
+                main = next(k for k in ("video", "image") if k in video)
+                extras = write_extras(self.output_dir / f"{job['id']}.{main}",
+                                      {k: v for k, v in video.items() if k != main})
+                video = video[main]
             if video.ndim == 3:           # an image model's [H, W, 3]: a PNG
                 name = f"{job['id']}.png"
                 write_png(self.output_dir / name, video)
@@ -204,8 +211,11 @@ class Worker(threading.Thread):
                 done = self.store.get(job["id"])
                 self.metrics.add(jobs=1, job_seconds=done["finished_at"] - done["created_at"])
             else:                         # cancelled while it was written
-                (self.output_dir / name).unlink(missing_ok=True)
-        self.say(f"{len(jobs)} job(s) done ({self.pipe.timings.line()}; {compiles} compiles)")
+                for path in [self.output_dir / name, *extras]:
+                    path.unlink(missing_ok=True)
+        timings = getattr(self.pipe, "timings", None)
+        self.say(f"{len(jobs)} job(s) done ({timings.line() if timings else 'no timings'}; "
+                 f"{compiles} compiles)")
 
 
 __all__ = ["Cancelled", "Metrics", "Stopping", "Worker"]
