@@ -37,10 +37,20 @@ class PipelineFamily:
     family has (each default below says what a family without it gets)."""
 
     name: ClassVar[str]
-    # "video", or "image": ``ditax generate`` writes a PNG and refuses the video flags
+    # the main output's kind: "video" (``ditax generate`` writes an mp4) or "image" (a PNG)
     makes: ClassVar[str] = "video"
+    # further outputs of a call, by kind (e.g. "audio" beside a video): the pipeline's call
+    # returns ``{makes: main, kind: array, ...}``, each extra written beside the main output
+    # (:func:`ditax.io.outputs.write_extras`)
+    outputs: ClassVar[tuple[str, ...]] = ()
     sample_defaults: ClassVar[dict[str, Any]] = {}
     sample_presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    # the family's own request fields (:class:`ditax.pipelines.request.Field`), beside the
+    # common ones: ``ditax generate`` shows each as a flag, ``ditax serve`` takes it as JSON
+    fields: ClassVar[tuple] = ()
+    # the argparse names of ``ditax generate``'s input flags this family reads beyond its
+    # fields (files: ``image``, ``video``...); any other given flag is refused naming the family
+    cli_inputs: ClassVar[tuple[str, ...]] = ()
 
     # the keys a folder's ditax_sample.json may hold (None: every key of sample_defaults);
     # their rules: ditax.pipelines.sample_defaults
@@ -74,10 +84,11 @@ class PipelineFamily:
         return {k: getattr(sample, k) if k in chosen and hasattr(sample, k) else own.get(k, v)
                 for k, v in self.sample_defaults.items()}
 
-    def check_request(self, prompt, height, width, num_frames, num_inference_steps,
-                      guidance_scale, guidance_scale_2=None, negative_prompt=None,
-                      seed=0) -> None:
-        """Raise :class:`~ditax.errors.RequestError` for a request no model of the family takes."""
+    def check_request(self, prompt, height, width, num_frames=None, num_inference_steps=None,
+                      guidance_scale=None, guidance_scale_2=None, negative_prompt=None,
+                      seed=0, **fields) -> None:
+        """Raise :class:`~ditax.errors.RequestError` for a request no model of the family takes
+        (``fields``: the values of the family's own request fields, already type-checked)."""
 
     def preflight(self, root: pathlib.Path, load: dict, call: dict | None = None,
                   mesh=None) -> None:
@@ -112,14 +123,89 @@ def pipelines_of(name: str) -> PipelineFamily:
     return ref()
 
 
-def family_name(root: pathlib.Path) -> str:
-    """The family of pipeline folder ``root``, by its ``model_index.json`` ``_class_name``
-    (none: the default family); :class:`ModelNotFound` for a class no family reads."""
+def pipeline_class(root: pathlib.Path) -> str | None:
+    """The ``_class_name`` of pipeline folder ``root``'s ``model_index.json`` (None: none)."""
     from ditax.io.files import read_model_json
 
     index = read_model_json(pathlib.Path(root) / "model_index.json", "model_index.json")
     cls = index.get("_class_name") if isinstance(index, dict) else None
-    return registry.DEFAULT_FAMILY if cls is None else registry.spec_for_class(cls).name
+    return None if cls is None else str(cls)
+
+
+def family_name(root: pathlib.Path) -> str:
+    """The family of pipeline folder ``root``, by its ``model_index.json`` ``_class_name``
+    (none: the default family); :class:`ModelNotFound` for a class no family's pipelines
+    read, naming the file and the classes ditax runs."""
+    cls = pipeline_class(root)
+    if cls is None:
+        return registry.DEFAULT_FAMILY
+    for name in registry.family_names():
+        if cls in registry.spec(name).pipeline_classes:
+            return name
+    runs = sorted({c for n in registry.family_names() for c in registry.spec(n).pipeline_classes})
+    raise ModelNotFound(f"_class_name {cls!r} in {pathlib.Path(root) / 'model_index.json'} is "
+                        f"not a pipeline ditax runs; it runs {', '.join(runs)}")
+
+
+def _what_it_is(p: pathlib.Path) -> str | None:
+    """Why the existing path ``p`` is no pipeline folder, as ``"is ...; <fix>"``; None when it
+    has a ``model_index.json``."""
+    if p.is_file():
+        return ("is a file, not a pipeline folder (model_index.json beside its component "
+                "folders); pass the folder (a single-file checkpoint loads with "
+                "ditax.load_transformer(FILE, config=...))")
+    if (p / "model_index.json").is_file():
+        return None
+    run = [n for n in ("config.yaml", "checkpoints") if (p / n).exists()]
+    if run:
+        made = [f.name for f in p.glob("lora*.safetensors")]
+        fix = (f"pass the pipeline folder it was trained from, with --lora {p / made[0]}"
+               if made else "export it as a diffusers pipeline folder, or pass the pipeline "
+               "folder it was trained from")
+        shown = ", ".join(n + ("/" if (p / n).is_dir() else "") for n in run)
+        return (f"is a training run folder ({shown}), not a pipeline folder "
+                f"(model_index.json); {fix}")
+    if (p / "config.json").is_file():
+        from ditax.io.files import read_model_json
+
+        cfg = read_model_json(p / "config.json", "config.json")
+        cls = cfg.get("_class_name", "model") if isinstance(cfg, dict) else "model"
+        up = p.parent if (p.parent / "model_index.json").is_file() else None
+        fix = (f"pass the pipeline folder that holds it, {up}" if up is not None else
+               "pass the diffusers pipeline folder that holds it (model_index.json)")
+        return (f"is a {cls} folder (config.json), one component, not a pipeline folder "
+                f"(model_index.json); {fix}")
+    return ("has no model_index.json, so it is no diffusers pipeline folder; pass a folder "
+            "written by a diffusers pipeline's save_pretrained (model_index.json, "
+            "transformer/, vae/, ...) or a hub id")
+
+
+def model_folder(path, what: str = "model path") -> pathlib.Path:
+    """The pipeline folder ``path`` names (a local folder with ``model_index.json``, or a hub
+    id fetched or read from the cache), checked to be one before any family rule: a missing
+    path, an uncached hub id, a training run folder, a component folder, a file or a pipeline
+    class no family runs is one :class:`ModelNotFound` line naming ``what`` (``"--model"``),
+    the path, what it is or lacks, and the fix."""
+    from ditax.io.files import path_arg
+    from ditax.io.hub import split_hub_id
+
+    p = path_arg(path, "model path", ModelNotFound, "a pipeline folder or a hub id").expanduser()
+    if p.exists():
+        why = _what_it_is(p)
+        if why is not None:
+            raise ModelNotFound(f"{what} {path} {why}")
+        root = p
+    else:
+        if split_hub_id(path)[0] is None:
+            raise ModelNotFound(f"{what} {path}: no such folder (nor a hub id like "
+                                f"'Wan-AI/Wan2.1-T2V-1.3B-Diffusers'); pass a diffusers "
+                                f"pipeline folder (model_index.json) or a hub id")
+        try:
+            root = resolve(path)
+        except ModelNotFound as e:
+            raise ModelNotFound(f"{what} {path}: no such folder, and as a hub id: {e}") from None
+    family_name(root)             # a class no family runs: named here, before its rules
+    return root
 
 
 def resolve(path) -> pathlib.Path:
@@ -130,10 +216,14 @@ def resolve(path) -> pathlib.Path:
     return resolve_folder(path, None, required=("model_index.json",))
 
 
-def folder_pipelines(path) -> tuple[pathlib.Path | None, PipelineFamily]:
+def folder_pipelines(path, strict: bool = False) -> tuple[pathlib.Path | None, PipelineFamily]:
     """``(root, pipelines)`` of a pipeline folder or hub id, reading only its
-    ``model_index.json``; ``(None, the default family's)`` when there is no such folder or no
-    family reads its class (either is reported by :func:`preflight`)."""
+    ``model_index.json``. ``strict``: a path that is no pipeline folder is
+    :func:`model_folder`'s one-line :class:`ModelNotFound`; else ``(None, the default
+    family's)`` (``ditax.load_pipeline``: the default loader names what it takes)."""
+    if strict:
+        root = model_folder(path)
+        return root, pipelines_of(family_name(root))
     try:
         root = resolve(path)
         return root, pipelines_of(family_name(root))
@@ -149,6 +239,18 @@ def preflight(path, load: dict, call: dict | None = None, mesh=None) -> pathlib.
     return root
 
 
+def known_pipelines() -> list[tuple[str, PipelineFamily]]:
+    """``(name, pipelines)`` of every registered family that has pipelines (the built-in ones
+    discovered, those registered in this process too)."""
+    out = []
+    for name in registry.family_names():
+        try:
+            out.append((name, pipelines_of(name)))
+        except ConfigError:        # a family without pipelines (training only)
+            continue
+    return out
+
+
 def sample_defaults(name: str = registry.DEFAULT_FAMILY) -> dict[str, Any]:
     """Family ``name``'s :attr:`PipelineFamily.sample_defaults` (a copy)."""
     return dict(pipelines_of(name).sample_defaults)
@@ -159,5 +261,6 @@ def sample_presets(name: str = registry.DEFAULT_FAMILY) -> dict[str, dict[str, A
     return dict(pipelines_of(name).sample_presets)
 
 
-__all__ = ["PipelineFamily", "family_name", "folder_pipelines", "pipelines_of", "preflight",
+__all__ = ["PipelineFamily", "family_name", "folder_pipelines", "known_pipelines", "pipelines_of",
+           "preflight", "model_folder", "pipeline_class",
            "register_pipelines", "resolve", "sample_defaults", "sample_presets"]
