@@ -4,9 +4,11 @@ It stands above the config loader and the families, so neither has to reach the 
 single-file checkpoint's ``config=`` (a preset name or a YAML path) is read here into its
 model config (:func:`ditax.config.load_config`), and the family comes from that config's
 ``family`` or from the folder's ``config.json`` ``_class_name`` (the registry,
-:mod:`ditax.models.registry`). The family's own loader
-(:meth:`ditax.models.base.ModelFamily.load_transformer`) then checks the model, attention and
-mesh once and loads.
+:mod:`ditax.models.registry`). The family's loader
+(:meth:`ditax.models.base.ModelFamily.load_transformer`: the one loader,
+:class:`ditax.models.common.loader.TransformerLoader`, with the family's data) then coerces
+``attention=`` (a name or an ``AttentionConfig``), checks the model, attention and mesh once
+and loads.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ def model_config(config, path):
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                      subfolder: str = "transformer", *, config=None, **kwargs):
     """Load a transformer — a diffusers folder (or pipeline folder / hub id), or one
-    ``.safetensors`` file with ``config=`` — with its family's loader (Wan:
-    :func:`ditax.models.wan.loading.load_transformer`, whose docstring lists every argument:
-    ``loras``, ``lora_strict``, ``lora_mode`` and model overrides such as ``remat="full"``).
+    ``.safetensors`` file with ``config=`` — with its family's loader
+    (:meth:`ditax.models.common.loader.TransformerLoader.load` lists every argument:
+    ``loras``, ``lora_strict``, ``lora_mode``, ``quantize`` and model overrides such as
+    ``remat="full"``).
 
     ``config``: the architecture of a single-file checkpoint — a preset name
     (``"wan2.1-t2v-1.3b"``), a YAML path or a model config; folders have their own

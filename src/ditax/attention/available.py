@@ -5,7 +5,7 @@ registry's declared capabilities — nothing is traced or compiled.
 
 from __future__ import annotations
 
-from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig, as_attention_config
+from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig
 from ditax.attention import registry
 from ditax.attention.plan import cross_backend, plan_attention
 from ditax.attention.sequence.plan import ring_ulysses
@@ -18,9 +18,9 @@ def check_available(acfg: AttentionConfig, *, mesh=None, dtype, head_dim: int) -
     (self, cross, or the local kernel of a sequence backend) cannot run on the target
     platform (:func:`~ditax.parallel.platform.platform_of` of ``mesh``) with ``dtype``
     q/k/v of head dim ``head_dim``. The message names the config key and value, the
-    platform, the unmet condition and the fix.
+    platform, the unmet condition and the fix. ``acfg`` is the entry point's config, already
+    coerced and checked (:func:`~ditax.attention.config.check_attention`).
     """
-    acfg = as_attention_config(acfg)
     plan = plan_attention(acfg, mesh, head_dim=head_dim, dtype=dtype)
     cross, cross_key = cross_backend(acfg)
     sites = (("backend", acfg.backend, plan.self_attn), (cross_key, cross, plan.cross_attn))

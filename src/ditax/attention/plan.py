@@ -21,12 +21,7 @@ from jax.sharding import Mesh
 
 from ditax.attention import registry
 from ditax.attention.blocks import TPU_BLOCK, default_block
-from ditax.attention.config import (
-    PARALLEL_BACKENDS,
-    AttentionConfig,
-    as_attention_config,
-    given_options,
-)
+from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig, given_options
 from ditax.attention.options import Options, pick
 from ditax.attention.local import LocalRun
 from ditax.attention.sharded import sharded_local_attention
@@ -211,16 +206,21 @@ def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
     moment (so build it inside ``ditax.target_platform(...)`` to target another platform);
     ``auto`` is decided for it and for ``dtype`` / ``head_dim`` (the model's compute dtype
     and head dim).
+
+    ``acfg`` is the entry point's config, checked there once
+    (:func:`~ditax.attention.config.check_attention`); what is new here is what ``auto``
+    decides, so only then are the options checked again against the kernel it chose.
     """
-    acfg = as_attention_config(acfg)
+    acfg = AttentionConfig() if acfg is None else acfg
     sharding = sharding_context(mesh)
     platform = platform_of(sharding.mesh)
+    configured = (acfg.backend, cross_backend(acfg)[0])
     names = [registry.auto_backend(platform, dtype=dtype, head_dim=head_dim) if n == "auto"
-             else n for n in (acfg.backend, cross_backend(acfg)[0])]
+             else n for n in configured]
     given = given_options(acfg)
-    # the config's rule again with `auto` decided: an option no kernel that runs takes
-    registry.check_options(names[0], given, cross=names[1] if acfg.cross_backend else None,
-                           local=acfg.local if acfg.backend in PARALLEL_BACKENDS else None)
+    if "auto" in configured:    # the config's rule with `auto` decided: no kernel may ignore one
+        registry.check_options(names[0], given, cross=names[1] if acfg.cross_backend else None,
+                               local=acfg.local if acfg.backend in PARALLEL_BACKENDS else None)
     values = {**given, "local": acfg.local, "out_a2a": acfg.out_a2a,
               "ulysses_shards": acfg.ulysses_shards}
     for k in ("block_q", "block_kv"):

@@ -1,10 +1,11 @@
 """The head every family's DiT module starts with.
 
-:meth:`DiT.setup` stores the model config, the attention config (coerced once, from a backend
-name or ``None`` = ``xla``), the one :class:`~ditax.parallel.sharding.ShardingContext` that holds
-the mesh, and the attention plan for the model's heads (static: part of the compiled program,
-:func:`ditax.attention.plan_attention`). The configs are the caller's, checked once at its entry
-point, not here.
+:meth:`DiT.setup` stores the model config, the attention config (an
+:class:`~ditax.attention.config.AttentionConfig`, or ``None`` = ``xla`` everywhere), the one
+:class:`~ditax.parallel.sharding.ShardingContext` that holds the mesh, and the attention plan
+for the model's heads (static: part of the compiled program,
+:func:`ditax.attention.plan_attention`). The configs are the caller's, coerced and checked once
+at its entry point (the loader, ``ditax.validate``), not here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from flax import nnx
 
 from ditax.attention import plan_attention
-from ditax.attention.config import as_attention_config
+from ditax.attention.config import AttentionConfig
 from ditax.parallel.sharding import ShardingContext
 
 
@@ -22,7 +23,7 @@ class DiT(nnx.Module):
 
     def setup(self, cfg, attention, mesh) -> None:
         self.cfg = cfg
-        self.attention = as_attention_config(attention)
+        self.attention = AttentionConfig() if attention is None else attention
         self.sharding = ShardingContext(mesh)   # the one holder of the mesh
         self.attention_plan = plan_attention(
             self.attention, self.sharding, num_heads=cfg.num_attention_heads,

@@ -2,7 +2,7 @@
 dtypes, remat, 8-bit weights, layer scan) with their rules, the dtype and remat choices (as
 ``Literal`` types the config loader checks), the rule for keyword overrides of a config
 dataclass, the diffusers ``config.json`` a config writes, and the part of ``check_transformer``
-every family runs (:func:`check_transformer`).
+every family runs (:func:`transformer_check`).
 
 Light on purpose (no JAX, no flax): a family's config module imports it, and configs are read
 before anything heavy loads. The remat policies themselves (jax objects) are in
@@ -55,22 +55,42 @@ def check_numerics(m) -> None:
     check_quantize(m)
 
 
-def check_transformer(m, cls: type, check_model: Callable, attention=None,
-                      mesh_sizes: dict[str, int] | None = None) -> None:
-    """What every family's ``check_transformer`` runs, in this order: ``m`` is a ``cls`` (the
-    family's config class), every number is finite and in range
-    (:func:`ditax.numbers.check_numbers`), the family's ``check_model(m, mesh_sizes)`` holds,
-    and ``attention`` (an :class:`~ditax.attention.config.AttentionConfig`; None: the default)
-    runs with the model's heads on the mesh (``mesh_sizes``: the resolved mesh sizes)."""
-    from ditax.attention.config import AttentionConfig, check_attention
-    from ditax.numbers import check_numbers
+def transformer_check(cls: type, check_model: Callable) -> Callable:
+    """A family's ``check_transformer(m, attention=None, mesh_sizes=None)``: every rule of one
+    run, in the order every family keeps — ``m`` is a ``cls`` (the family's config class),
+    every number is finite and in range (:func:`ditax.numbers.check_numbers`), the family's
+    ``check_model(m, mesh_sizes)`` holds, and ``attention`` (an
+    :class:`~ditax.attention.config.AttentionConfig`; None: the default) runs with the
+    model's heads on the mesh (``mesh_sizes``: the resolved mesh sizes). What an entry point
+    (``ditax.validate`` through the family, the transformer loader) checks once, before
+    anything is built."""
+    def check_transformer(m, attention=None, mesh_sizes: dict[str, int] | None = None) -> None:
+        from ditax.attention.config import AttentionConfig, check_attention
+        from ditax.numbers import check_numbers
 
-    if not isinstance(m, cls):
-        raise ConfigError(f"model={m!r} is not a {cls.__name__}")
-    check_numbers(m, "model.")
-    check_model(m, mesh_sizes)
-    check_attention(attention or AttentionConfig(), num_heads=m.num_attention_heads,
-                    mesh_sizes=mesh_sizes)
+        if not isinstance(m, cls):
+            raise ConfigError(f"model={m!r} is not a {cls.__name__}")
+        check_numbers(m, "model.")
+        check_model(m, mesh_sizes)
+        check_attention(attention or AttentionConfig(), num_heads=m.num_attention_heads,
+                        mesh_sizes=mesh_sizes)
+
+    check_transformer.__doc__ = (f"Every rule of one {cls.__name__} run, checked once at the "
+                                 f"entry point (:func:`ditax.models.fields.transformer_check`).")
+    return check_transformer
+
+
+def check_tensor_splits(m, mesh_sizes: dict[str, int] | None, mlp_width: int,
+                        mlp_key: str) -> None:
+    """With a mesh (``mesh_sizes``: its resolved sizes), the heads of ``m`` and its MLP
+    width (``mlp_width``, named ``mlp_key`` in the message) split evenly over
+    ``mesh.tensor``."""
+    if mesh_sizes is None:
+        return
+    from ditax.parallel.mesh import check_tensor_split
+
+    check_tensor_split(m.num_attention_heads, mesh_sizes, "model.num_attention_heads")
+    check_tensor_split(mlp_width, mesh_sizes, mlp_key)
 
 
 def with_overrides(cls, kw: dict, overrides: dict):
@@ -117,5 +137,6 @@ def check_overrides(cls, overrides: dict) -> None:
 
 
 __all__ = ["DType", "Remat", "Quantize", "DTYPES", "REMAT_POLICIES", "QUANTIZE_MODES",
-           "TransformerNumerics", "check_numerics", "check_transformer", "check_quantize",
+           "TransformerNumerics", "check_numerics", "transformer_check", "check_tensor_splits",
+           "check_quantize",
            "check_overrides", "with_overrides", "diffusers_config"]

@@ -140,6 +140,14 @@ class LoadedTransformer:
         tr._state, tr._module = children[0], None
         return tr
 
+    def set_lora_strengths(self, strengths) -> None:
+        """New strengths for LoRAs loaded with ``lora_mode="unmerged"`` (one per LoRA, in
+        order). Only values change, so nothing recompiles."""
+        from ditax.lora.unmerged import set_strengths
+
+        set_strengths(self.module, strengths, self.mesh)
+        self._gdef, self._state = nnx.split(self.module)
+
     def _place(self, x, batch_axis=0):
         """``x`` split over the module's batch shards (unchanged without a mesh / for None)."""
         return self.module.sharding.put_batch(x, batch_axis)

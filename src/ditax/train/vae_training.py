@@ -17,16 +17,24 @@ from ditax.train.vae import ClipError, check_devices
 
 
 class VAETraining(FamilyTrainer):
-    """Subclass with the family's data:
+    """A family's VAE trainer, declared with its data as class keywords::
 
-    - ``config_class``: the trainer config dataclass (``ditax config --vae`` lists it);
-    - ``read_config(path, overrides, require_source=...)`` → a checked config;
-    - ``run(cfg, devices=..., progress=...)`` → the run's result.
+        class WanVAETraining(VAETraining, config=VAETrainConfig, read=load_vae_config,
+                             run=train_vae):
+
+    ``config``: the trainer config dataclass (``ditax config --vae`` lists it);
+    ``read(path, overrides, require_source=...)`` → a checked config; ``run(cfg,
+    devices=..., progress=...)`` → the run's result.
     """
 
     config_class: ClassVar[type]
     read_config: ClassVar[Callable]
     run: ClassVar[Callable]
+
+    def __init_subclass__(cls, *, config: type, read: Callable, run: Callable, **kw):
+        super().__init_subclass__(**kw)
+        cls.config_class = config
+        cls.read_config, cls.run = staticmethod(read), staticmethod(run)
 
     def load_config(self, config, overrides, listing: bool = False):
         # a listing shows every key, so it does not need the data folder a run does

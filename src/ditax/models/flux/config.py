@@ -7,9 +7,8 @@ from typing import Literal, Optional
 
 from ditax.errors import ConfigError
 from ditax.models import fields
-from ditax.models.fields import (TransformerNumerics, check_numerics, diffusers_config,
-                                 with_overrides)
-from ditax.parallel.mesh import check_tensor_split
+from ditax.models.fields import (TransformerNumerics, check_numerics, check_tensor_splits,
+                                 diffusers_config, with_overrides)
 
 CLASS_NAME = "FluxTransformer2DModel"
 MLP_RATIO = 4        # both block kinds: MLP width = 4 x model width (fixed in diffusers)
@@ -101,19 +100,11 @@ def check_model(m: FluxConfig, mesh_sizes: dict[str, int] | None = None) -> None
         raise ConfigError(f"model.axes_dims_rope={list(axes)} sums to {sum(axes)}; the axes "
                           f"split the head dim, so they must sum to attention_head_dim="
                           f"{m.attention_head_dim}")
-    if mesh_sizes is not None:
-        check_tensor_split(m.num_attention_heads, mesh_sizes, "model.num_attention_heads")
-        check_tensor_split(m.mlp_dim, mesh_sizes, "model MLP width (4 x inner_dim)")
+    check_tensor_splits(m, mesh_sizes, m.mlp_dim, "model MLP width (4 x inner_dim)")
 
 
-def check_transformer(m: FluxConfig, attention=None,
-                      mesh_sizes: dict[str, int] | None = None) -> None:
-    """Every rule of one Flux transformer run with ``attention`` (an
-    :class:`~ditax.attention.config.AttentionConfig`; None: the default), checked once by the
-    entry points before anything is built: every number finite and in range, the model's
-    (:func:`check_model`) and attention's with the model's heads
-    (:func:`ditax.models.fields.check_transformer`, every family's order)."""
-    fields.check_transformer(m, FluxConfig, check_model, attention, mesh_sizes)
+# every rule of one run, in every family's order, checked once at its entry point
+check_transformer = fields.transformer_check(FluxConfig, check_model)
 
 
 def same_architecture(a: FluxConfig, b: FluxConfig) -> list[tuple[str, object, object]]:

@@ -4,46 +4,50 @@ The folder's ``config.json`` (``_class_name: FluxTransformer2DModel``) gives the
 architecture; its safetensors (one file or a sharded index) are read through the table of
 :mod:`.convert` with the strict key and shape checks of :mod:`ditax.io.convert` (one error
 listing every missing / unexpected key, every tensor of the wrong shape) before any tensor is
-read. With a mesh each parameter is created straight into its sharding, each device reading
-its own slice.
+read. The steps are the one loader's (:class:`~ditax.models.common.loader.TransformerLoader`,
+:data:`LOADER`); what is Flux's own here: its architecture's data, BFL single files, the
+``ditax convert`` folder check and :class:`FluxTransformerModel`'s call.
 """
 
 from __future__ import annotations
 
-import logging
 import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.attention.config import as_attention_config
-from ditax.errors import ConfigError, check_choice
-from ditax.io.convert import load_params, param_shapes
-from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights, is_single_file
+from ditax.models import loaded
+from ditax.models.common.loader import Architecture, TransformerLoader, plain_weights
 from ditax.models.flux.build import abstract_model
 from ditax.models.flux.config import (CLASS_NAME, FluxConfig, check_transformer,
                                       same_architecture)
 from ditax.models.flux.convert import param_axes, weight_table
 from ditax.models.flux.lora_names import LORA_NAMES
-from ditax.models import loaded
-from ditax.models.loaded import LoadedTransformer, param_sharding
-from ditax.nn import quant
-from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
-
-log = logging.getLogger(__name__)
+from ditax.models.loaded import LoadedTransformer
 
 
 def read_config(folder) -> dict:
     """``folder/config.json``, which must describe a ``FluxTransformer2DModel``."""
-    cfg = read_model_json(pathlib.Path(folder) / "config.json", "transformer config")
-    cls = cfg.get("_class_name")
-    if cls != CLASS_NAME:
-        raise ConfigError(f"{folder}/config.json is a {cls}, not a {CLASS_NAME}")
-    return cfg
+    return LOADER.read_config(folder)
+
+
+def _open_weights(source, cfg, table, shapes):
+    """A diffusers source as stored; one file with BFL's names (:mod:`.single_file`) as a
+    view under the diffusers keys of ``table``."""
+    if not is_single_file(source):
+        return plain_weights(source, cfg, table, shapes)
+    from ditax.models.flux.single_file import open_single_file
+
+    return open_single_file(source, cfg, table, shapes), table, None
+
+
+def _single_file_config(path, config, **overrides) -> FluxConfig:
+    from ditax.models.flux.single_file import single_file_config
+
+    return single_file_config(path, config, **overrides)
 
 
 def load_weights_into(model_abs, source, cfg: FluxConfig, mesh=None, loras=None,
@@ -52,26 +56,9 @@ def load_weights_into(model_abs, source, cfg: FluxConfig, mesh=None, loras=None,
     (BFL's names too: :mod:`.single_file`); with a mesh, each parameter is read slice by
     slice straight into its NamedSharding. ``loras`` (see :func:`ditax.lora.resolve_loras`)
     are merged into each slice as it is read, then (``cfg.quantize``) the block linears
-    quantized to 8 bits (:mod:`ditax.nn.quant`)."""
-    gdef, state = nnx.split(model_abs)
-    table = weight_table(cfg)
-    if is_single_file(source):
-        from ditax.models.flux.single_file import open_single_file
-
-        weights = open_single_file(source, cfg, table, param_shapes(state))
-    else:
-        weights = Weights.open(source)
-    quantizers = quant.prepare(model_abs, cfg, weights, source, mesh)   # {} unquantized
-    gdef, state = nnx.split(model_abs)
-    if loras:
-        from ditax.lora import merged_weights
-
-        weights = merged_weights(weights, loras, table, param_shapes(state), names=LORA_NAMES,
-                                 strict=lora_strict)
-    state = load_params(table, weights, state, jnp.dtype(cfg.param_dtype),
-                        param_sharding(quant.with_scale_axes(param_axes(cfg)), mesh),
-                        quantizers)
-    return nnx.merge(gdef, state)
+    quantized to 8 bits (:mod:`ditax.nn.quant`;
+    :meth:`ditax.models.common.loader.TransformerLoader.load_weights_into`)."""
+    return LOADER.load_weights_into(model_abs, source, cfg, mesh, loras, lora_strict)
 
 
 def check_architecture(cfg: FluxConfig, path) -> pathlib.Path:
@@ -142,80 +129,34 @@ class FluxTransformerModel(LoadedTransformer):
         return _forward_jit(self._gdef, self._state, *args, img_ids, txt_ids, self._place(g),
                             self._place(mask))
 
-    def set_lora_strengths(self, strengths) -> None:
-        """New strengths for LoRAs loaded with ``lora_mode="unmerged"`` (one per LoRA, in
-        order). Only values change, so nothing recompiles."""
-        from ditax.lora.unmerged import set_strengths
-
-        set_strengths(self.module, strengths, self.mesh)
-        self._gdef, self._state = nnx.split(self.module)
-
-
-LORA_MODES = ("merged", "unmerged")
-
 
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                      subfolder: str | None = "transformer", *, config=None, loras=None,
                      lora_strict: bool = True, lora_mode: str = "merged",
                      **model_overrides) -> FluxTransformerModel:
-    """Load a Flux transformer from a diffusers folder (a ``transformer/`` folder with
-    config.json + safetensors [+ index], a pipeline folder that has ``transformer/``, or a hub
-    id when online), or one ``.safetensors`` file (BFL's ``flux1-dev.safetensors`` names, or
-    diffusers') with ``config=``.
+    """Load a Flux transformer from a diffusers folder (a ``transformer/`` folder, a pipeline
+    folder that has one, or a hub id when online), or one ``.safetensors`` file (BFL's
+    ``flux1-dev.safetensors`` names, or diffusers') with ``config=``. Every argument is the one
+    loader's (:meth:`ditax.models.common.loader.TransformerLoader.load`); Flux's own:
 
-    Args:
-      config: the architecture of a single-file checkpoint, a :class:`FluxConfig` (the public
-        ``ditax.load_transformer`` also takes a preset name such as ``"flux.1-dev"`` or a YAML
-        path); folders have their own ``config.json``.
-      dtype: parameter and compute dtype ("float32" | "bfloat16" | "float16").
-      mesh: optional ``jax.sharding.Mesh`` with axes (data, fsdp, context, tensor).
-      attention: a backend name or an :class:`~ditax.attention.config.AttentionConfig`.
-      loras: ``[(file, strength), ...]`` (a bare file = 1.0; a parsed
-        :class:`ditax.lora.Lora`): diffusers / PEFT, kohya, BFL / ComfyUI or XLabs keys
-        (:mod:`.lora_names`); ``lora_strict=False`` skips keys that match no layer (warning).
-      lora_mode: "merged" (folded into the weights while they load) or "unmerged" (low-rank
-        updates at run time; :meth:`FluxTransformerModel.set_lora_strengths`; Linear layers
-        only).
-      quantize / quantize_activations (model config fields, passed as keywords): "int8" |
-        "fp8" stores the block attention / FFN linears in 8 bits with per-output-channel
-        scales, quantized slice by slice as each device reads its slice (merged LoRAs first);
-        ``quantize_activations=True`` makes their dots 8-bit x 8-bit (:mod:`ditax.nn.quant`;
-        the load log says whether they are native on this platform).
-      model_overrides: other :class:`FluxConfig` fields (e.g. ``remat="full"``).
-
-    The model, attention and mesh are checked here, once, before anything is built.
+    - ``config``: a :class:`FluxConfig` (``ditax.load_transformer``: also a preset such as
+      ``"flux.1-dev"``); ``model_overrides``: other :class:`FluxConfig` fields;
+    - ``loras``: diffusers / PEFT, kohya, BFL / ComfyUI or XLabs keys (:mod:`.lora_names`).
     """
-    t0 = time.perf_counter()
-    check_choice("lora_mode", lora_mode, LORA_MODES)
-    if is_single_file(path):
-        from ditax.models.flux.single_file import single_file_config
+    return LOADER.load(path, dtype, mesh, attention, subfolder, config=config, loras=loras,
+                       lora_strict=lora_strict, lora_mode=lora_mode, **model_overrides)
 
-        source = pathlib.Path(path)
-        cfg = single_file_config(path, config, param_dtype=dtype, dtype=dtype,
-                                 **model_overrides)
-    elif config is not None:
-        raise ConfigError(f"config= is for single-file checkpoints; {path} is read with its own "
-                          f"config.json (pass model overrides as keywords instead)")
-    else:
-        source = resolve_folder(path, subfolder)
-        cfg = FluxConfig.from_diffusers(read_config(source), param_dtype=dtype, dtype=dtype,
-                                        **model_overrides)
-    acfg = as_attention_config(attention)
-    quant.check_lora_mode(cfg, loras, lora_mode)
-    check_mesh_axes(mesh)
-    check_transformer(cfg, acfg, None if mesh is None else
-                      {a: int(mesh.shape[a]) for a in MESH_AXES})
-    model = load_weights_into(abstract_model(cfg, acfg, mesh), source, cfg, mesh,
-                              loras if lora_mode == "merged" else None, lora_strict)
-    if loras and lora_mode == "unmerged":
-        from ditax.lora import resolve_loras
-        from ditax.lora.unmerged import attach
 
-        attach(model, resolve_loras(loras, lora_strict, names=LORA_NAMES), weight_table(cfg),
-               mesh, names=LORA_NAMES)
-    log.info("loaded %s (%d + %d layers, D=%d) in %.1fs", source, cfg.num_layers,
-             cfg.num_single_layers, cfg.inner_dim, time.perf_counter() - t0)
-    return FluxTransformerModel(model)
+LOADER = TransformerLoader(
+    family="Flux",
+    architectures=(Architecture(CLASS_NAME, FluxConfig, abstract_model, weight_table,
+                                param_axes, FluxTransformerModel),),
+    check_transformer=check_transformer,
+    single_file_config=_single_file_config,
+    lora_names=LORA_NAMES,
+    describe=lambda c: f"{c.num_layers} + {c.num_single_layers} layers, D={c.inner_dim}",
+    open_weights=_open_weights,
+)
 
 
 __all__ = ["FluxTransformerModel", "load_transformer", "load_weights_into", "read_config",

@@ -10,8 +10,8 @@ from ditax.errors import ConfigError, check_choice
 from ditax.models import fields
 from ditax.models.fields import (DTYPES, REMAT_POLICIES, DType, Quantize, Remat,  # noqa: F401
                                  TransformerNumerics, check_numerics, check_overrides,
+                                 check_tensor_splits,
                                  diffusers_config, with_overrides)
-from ditax.parallel.mesh import check_tensor_split
 
 QKNorm = Literal["rms_norm_across_heads"]
 Vae = Literal["wan2.1", "wan2.2"]
@@ -122,20 +122,11 @@ def check_model(m: WanConfig, mesh_sizes: dict[str, int] | None = None) -> None:
         raise ConfigError(f"model.expand_timesteps (Wan 2.2 TI2V) replaces the first latent "
                           f"frame instead of adding channels: in_channels={m.in_channels} must "
                           f"equal out_channels={m.out_channels}")
-    if mesh_sizes is not None:
-        check_tensor_split(m.num_attention_heads, mesh_sizes, "model.num_attention_heads")
-        check_tensor_split(m.ffn_dim, mesh_sizes, "model.ffn_dim")
+    check_tensor_splits(m, mesh_sizes, m.ffn_dim, "model.ffn_dim")
 
 
-def check_transformer(m: WanConfig, attention=None,
-                      mesh_sizes: dict[str, int] | None = None) -> None:
-    """Every rule of one Wan transformer run with ``attention`` (an
-    :class:`~ditax.attention.config.AttentionConfig`; None: the default), what an entry point
-    checks once before building anything (``ditax.validate`` through the family,
-    ``load_transformer``): every number finite and in range, then the model's
-    (:func:`check_model`) and attention's with the model's heads
-    (:func:`ditax.models.fields.check_transformer`, every family's order)."""
-    fields.check_transformer(m, WanConfig, check_model, attention, mesh_sizes)
+# every rule of one run, in every family's order, checked once at its entry point
+check_transformer = fields.transformer_check(WanConfig, check_model)
 
 
 def _check_image(m: WanConfig) -> None:

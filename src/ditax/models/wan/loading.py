@@ -1,63 +1,49 @@
 """Load the Wan transformer (built by :mod:`.build`); the callable ``load_transformer`` returns.
 
-With a mesh, every parameter is created straight into its sharding: each device's slice is read
-from the safetensors file on its own (``ditax.io.convert.load_params`` with
-``jax.make_array_from_callback``) — no full copy of the model on any device.
+What is Wan's own: its three architectures (Wan, VACE, Animate: config class, tables, builder,
+callable), the original / ComfyUI single-file names, and :class:`Transformer`'s call. The
+steps (config, checks, abstract build, sharded reads, 8 bits, LoRA) are the one loader's,
+:class:`~ditax.models.common.loader.TransformerLoader` (:data:`LOADER`): with a mesh, every
+parameter is created straight into its sharding, each device reading its own slice — no full
+copy of the model on any device.
 """
 
 from __future__ import annotations
 
 import pathlib
-import logging
-import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.attention.config import as_attention_config
-from ditax.errors import ConfigError, check_choice
-from ditax.io.convert import load_params, param_shapes
-from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
-from ditax.io.weights import Weights, is_single_file
-from ditax.models.wan import convert, single_file
-from ditax.models.wan.build import abstract_model
-from ditax.models.wan.config import WanConfig, check_transformer
-from ditax.models.wan.lora_names import LORA_NAMES
-from ditax.models.wan.transformer import WanTransformer
-from ditax.models.wan import vace_convert
-from ditax.models.wan.vace import VACE_CLASS, WanVaceConfig, check_vace
-from ditax.models.wan.vace_loaded import VaceTransformer
-from ditax.models.wan import animate_convert
+from ditax.io.weights import Weights
+from ditax.models.common.loader import Architecture, TransformerLoader
+from ditax.models.loaded import LoadedTransformer
+from ditax.models.loaded import check_architecture as check_arch
+from ditax.models.wan import animate_convert, convert, single_file, vace_convert
 from ditax.models.wan.animate import ANIMATE_CLASS, WanAnimateConfig, check_animate
 from ditax.models.wan.animate_loaded import AnimateTransformer
-from ditax.models.loaded import LoadedTransformer, param_sharding
-from ditax.models.loaded import check_architecture as check_arch
-from ditax.nn import quant
-from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
-
-log = logging.getLogger(__name__)
-
-LORA_MODES = ("merged", "unmerged")
-
+from ditax.models.wan.build import abstract_model
+from ditax.models.wan.config import CLASS_NAME, WanConfig, check_transformer
+from ditax.models.wan.lora_names import LORA_NAMES
+from ditax.models.wan.transformer import WanTransformer
+from ditax.models.wan.vace import VACE_CLASS, WanVaceConfig, check_vace
+from ditax.models.wan.vace_loaded import VaceTransformer
 
 def read_config(folder) -> dict:
-    cfg = read_model_json(folder / "config.json", "transformer config")
-    cls = cfg.get("_class_name", "WanTransformer3DModel")
-    if cls not in ("WanTransformer3DModel", VACE_CLASS, ANIMATE_CLASS):
-        raise ConfigError(f"{folder}/config.json is a {cls}, not a WanTransformer3DModel "
-                          f"(or {VACE_CLASS}, {ANIMATE_CLASS})")
-    return cfg
+    """``folder/config.json``, which must describe a Wan, VACE or Animate transformer."""
+    return LOADER.read_config(folder)
 
 
-def _tables(cfg):
-    """(weight table, parameter axes) of ``cfg``'s architecture: Wan's, or VACE's."""
-    if isinstance(cfg, WanVaceConfig):
-        return vace_convert.config_weight_table(cfg), vace_convert.config_param_axes(cfg)
-    if isinstance(cfg, WanAnimateConfig):
-        return animate_convert.config_weight_table(cfg), animate_convert.config_param_axes(cfg)
-    return convert.config_weight_table(cfg), convert.config_param_axes(cfg)
+def _open_weights(source, cfg, table, shapes):
+    """A diffusers source as stored; a single file with the original Wan / ComfyUI names
+    (:mod:`.single_file`) through the table renamed to them, LoRA keys renamed alike."""
+    weights = Weights.open(source)
+    if not single_file.is_original(weights.keys()):
+        return weights, table, None
+    prefix = single_file.key_prefix(weights.keys())
+    return weights, single_file.original_table(table, prefix), single_file.renamer(prefix)
 
 
 def load_weights_into(model_abs, source, cfg: WanConfig, mesh=None, loras=None,
@@ -67,25 +53,10 @@ def load_weights_into(model_abs, source, cfg: WanConfig, mesh=None, loras=None,
 
     With a mesh, each parameter is read slice by slice straight into its NamedSharding.
     ``loras`` (see :func:`ditax.lora.resolve_loras`) are merged into each slice as it is read,
-    then (``cfg.quantize``) the block linears quantized to 8 bits (:mod:`ditax.nn.quant`).
+    then (``cfg.quantize``) the block linears quantized to 8 bits (:mod:`ditax.nn.quant`;
+    :meth:`ditax.models.common.loader.TransformerLoader.load_weights_into`).
     """
-    weights = Weights.open(source)
-    quantizers = quant.prepare(model_abs, cfg, weights, source, mesh)   # {} unquantized
-    gdef, state = nnx.split(model_abs)
-    table, axes = _tables(cfg)
-    sharding = param_sharding(quant.with_scale_axes(axes), mesh)
-    read_table, rename = table, None
-    if single_file.is_original(weights.keys()):
-        prefix = single_file.key_prefix(weights.keys())
-        read_table, rename = single_file.original_table(table, prefix), single_file.renamer(prefix)
-    if loras:
-        from ditax.lora import merged_weights
-
-        weights = merged_weights(weights, loras, table, param_shapes(state), names=LORA_NAMES,
-                                 strict=lora_strict, rename=rename)
-    state = load_params(read_table, weights, state, jnp.dtype(cfg.param_dtype), sharding,
-                        quantizers)
-    return nnx.merge(gdef, state)
+    return LOADER.load_weights_into(model_abs, source, cfg, mesh, loras, lora_strict)
 
 
 ARCH_FIELDS = ("patch_size", "num_attention_heads", "attention_head_dim", "in_channels",
@@ -146,88 +117,41 @@ class Transformer(LoadedTransformer):
                 self._place(image)]
         return _forward_jit(self._gdef, self._state, *args)
 
-    def set_lora_strengths(self, strengths) -> None:
-        """New strengths for LoRAs loaded with ``lora_mode="unmerged"`` (one per LoRA, in
-        order). Only values change, so nothing recompiles."""
-        from ditax.lora.unmerged import set_strengths
-
-        set_strengths(self.module, strengths, self.mesh)
-        self._gdef, self._state = nnx.split(self.module)
-
 
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                      subfolder: str = "transformer", *, config=None, loras=None,
                      lora_strict: bool = True, lora_mode: str = "merged",
                      **model_overrides) -> Transformer:
     """Load a Wan transformer: a diffusers folder (or pipeline folder / hub id), or a single
-    original Wan / ComfyUI ``.safetensors`` file with ``config=``.
+    original Wan / ComfyUI ``.safetensors`` file with ``config=``. Every argument is the one
+    loader's (:meth:`ditax.models.common.loader.TransformerLoader.load`); Wan's own:
 
-    Args:
-      path: ``transformer/`` folder (config.json + *.safetensors [+ index]; a
-        ``WanVACETransformer3DModel`` one loads as :class:`VaceTransformer`), a pipeline folder
-        that has ``transformer/`` (or ``subfolder``), a hub id when online, or one
-        ``.safetensors`` file with original Wan / ComfyUI key names
-        (``wan2.1_t2v_1.3B_bf16.safetensors``).
-      config: the architecture of a single-file checkpoint, a :class:`WanConfig` (the public
-        ``ditax.load_transformer`` also takes a preset name such as ``"wan2.1-t2v-1.3b"`` or a
-        YAML path); folders have their own ``config.json``.
-      dtype: parameter and compute dtype ("float32" | "bfloat16" | "float16").
-      mesh: optional ``jax.sharding.Mesh`` with axes (data, fsdp, context, tensor).
-      attention: a backend name or an :class:`AttentionConfig`.
-      loras: LoRAs merged into the weights as they load: ``[(file, strength), ...]`` (a bare
-        file = strength 1.0; a parsed :class:`ditax.lora.Lora` instead of a file); any format
-        of :mod:`ditax.lora`.
-      lora_strict: False = LoRA keys that match no layer are skipped with a warning instead of
-        an error.
-      lora_mode: "merged" (folded into the weights while they load: no run-time cost) or
-        "unmerged" (low-rank updates at run time; ``Transformer.set_lora_strengths`` changes
-        strengths without recompiling; Linear layers only).
-      quantize / quantize_activations (model config fields, passed as keywords): "int8" |
-        "fp8" stores the block attention / FFN linears in 8 bits with per-output-channel
-        scales, quantized slice by slice as each device reads its slice (merged LoRAs first);
-        ``quantize_activations=True`` makes their dots 8-bit x 8-bit (:mod:`ditax.nn.quant`;
-        the load log says whether they are native on this platform).
-      model_overrides: other :class:`WanConfig` fields (e.g. ``remat="full"``).
-
-    The model, attention and mesh are checked here, once (:func:`check_transformer` with the
-    mesh's sizes), before anything is built.
+    - ``path``: a ``WanVACETransformer3DModel`` folder loads as :class:`VaceTransformer`, a
+      ``WanAnimateTransformer3DModel`` one as :class:`AnimateTransformer`; a single file may
+      have the original Wan / ComfyUI key names (``wan2.1_t2v_1.3B_bf16.safetensors``);
+    - ``config``: a :class:`WanConfig` (``ditax.load_transformer``: also a preset such as
+      ``"wan2.1-t2v-1.3b"``); ``model_overrides``: other :class:`WanConfig` fields;
+    - ``loras``: any format of :mod:`ditax.lora` (Wan's names: :mod:`.lora_names`).
     """
-    t0 = time.perf_counter()
-    check_choice("lora_mode", lora_mode, LORA_MODES)
-    if is_single_file(path):
-        source = pathlib.Path(path)
-        cfg = single_file.single_file_config(path, config, param_dtype=dtype, dtype=dtype,
-                                             **model_overrides)
-    elif config is not None:
-        raise ConfigError(f"config= is for single-file checkpoints; {path} is read with its own "
-                          f"config.json (pass model overrides as keywords instead)")
-    else:
-        source = resolve_folder(path, subfolder)
-        raw = read_config(source)
-        cls = {VACE_CLASS: WanVaceConfig, ANIMATE_CLASS: WanAnimateConfig}.get(
-            raw.get("_class_name"), WanConfig)
-        cfg = cls.from_diffusers(raw, param_dtype=dtype, dtype=dtype, **model_overrides)
-    acfg = as_attention_config(attention)
-    quant.check_lora_mode(cfg, loras, lora_mode)
-    check_mesh_axes(mesh)
-    check_transformer(cfg, acfg, None if mesh is None else
-                      {a: int(mesh.shape[a]) for a in MESH_AXES})
-    vace = isinstance(cfg, WanVaceConfig)
-    if vace:
-        check_vace(cfg)
-    merged = loras if lora_mode == "merged" else None
-    animate = isinstance(cfg, WanAnimateConfig)
-    if animate:
-        check_animate(cfg)
-    build = (vace_convert.abstract_model if vace else
-             animate_convert.abstract_model if animate else abstract_model)
-    model = load_weights_into(build(cfg, acfg, mesh), source, cfg, mesh, merged, lora_strict)
-    if loras and lora_mode == "unmerged":
-        from ditax.lora import resolve_loras
-        from ditax.lora.unmerged import attach
+    return LOADER.load(path, dtype, mesh, attention, subfolder, config=config, loras=loras,
+                       lora_strict=lora_strict, lora_mode=lora_mode, **model_overrides)
 
-        attach(model, resolve_loras(loras, lora_strict, names=LORA_NAMES),
-               _tables(cfg)[0], mesh, names=LORA_NAMES)
-    log.info("loaded %s (%d layers, D=%d) in %.1fs", source, cfg.num_layers, cfg.inner_dim,
-             time.perf_counter() - t0)
-    return (VaceTransformer if vace else AnimateTransformer if animate else Transformer)(model)
+
+LOADER = TransformerLoader(
+    family="Wan",
+    architectures=(
+        Architecture(CLASS_NAME, WanConfig, abstract_model, convert.config_weight_table,
+                     convert.config_param_axes, Transformer),
+        Architecture(VACE_CLASS, WanVaceConfig, vace_convert.abstract_model,
+                     vace_convert.config_weight_table, vace_convert.config_param_axes,
+                     VaceTransformer, check=check_vace),
+        Architecture(ANIMATE_CLASS, WanAnimateConfig, animate_convert.abstract_model,
+                     animate_convert.config_weight_table, animate_convert.config_param_axes,
+                     AnimateTransformer, check=check_animate)),
+    check_transformer=check_transformer,
+    single_file_config=single_file.single_file_config,
+    lora_names=LORA_NAMES,
+    describe=lambda c: f"{c.num_layers} layers, D={c.inner_dim}",
+    default_class=CLASS_NAME,
+    open_weights=_open_weights,
+)

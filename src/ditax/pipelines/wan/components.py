@@ -10,7 +10,6 @@ channels, expert shapes) raise :class:`PipelineLoadError` before any sampling.
 
 from __future__ import annotations
 
-from ditax.attention.config import as_attention_config
 from ditax.pipelines.wan.folder import PipelineFolder, PipelineLoadError
 
 
@@ -35,7 +34,8 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
     """Keyword arguments for :class:`~ditax.pipelines.wan.text_to_video.WanTextToVideo`:
     ``tokenizer``, ``text_encoder``, ``vae``, ``transformer``, ``transformer_2`` (or None),
     ``scheduler``. Transformers are sharded over ``mesh`` and run ``attention``
-    (a backend name or :class:`AttentionConfig`); ``model_overrides`` go to both.
+    (a backend name or :class:`AttentionConfig`, passed as it is: the transformer loader
+    coerces and checks it); ``model_overrides`` go to both.
     ``loras`` go to ``transformer``, ``loras_2`` to ``transformer_2``, merged or unmerged
     by ``lora_mode`` (see :func:`ditax.load_transformer`)."""
     from ditax.models.tokenizer import load_tokenizer
@@ -48,16 +48,15 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
         raise PipelineLoadError(f"loras_2 is for Wan 2.2's low-noise expert, but {folder.root} "
                                 f"has no transformer_2; pass the LoRAs as loras=")
     sched = load_sampler(folder, scheduler, flow_shift)
-    acfg = as_attention_config(attention)
     tok = load_tokenizer(subs["tokenizer"])
     enc = load_text_encoder(subs["text_encoder"], dtype=dtype)
     vae = load_vae(subs["vae"], dtype=vae_dtype)
-    tr = load_transformer(subs["transformer"], dtype=dtype, mesh=mesh, attention=acfg,
+    tr = load_transformer(subs["transformer"], dtype=dtype, mesh=mesh, attention=attention,
                           subfolder=None, loras=loras, lora_strict=lora_strict,
                           lora_mode=lora_mode, **model_overrides)
     tr2 = None
     if "transformer_2" in subs:
-        tr2 = load_transformer(subs["transformer_2"], dtype=dtype, mesh=mesh, attention=acfg,
+        tr2 = load_transformer(subs["transformer_2"], dtype=dtype, mesh=mesh, attention=attention,
                                subfolder=None, loras=loras_2, lora_strict=lora_strict,
                                lora_mode=lora_mode, **model_overrides)
     parts = dict(tokenizer=tok, text_encoder=enc, vae=vae, transformer=tr, transformer_2=tr2,

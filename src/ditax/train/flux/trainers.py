@@ -7,13 +7,10 @@ from ditax.train.flux.vae import FluxVAETrainConfig, load_flux_vae_config, train
 from ditax.train.vae_training import VAETraining
 
 
-class FluxVAETraining(VAETraining):
+class FluxVAETraining(VAETraining, config=FluxVAETrainConfig, read=load_flux_vae_config,
+                      run=train_flux_vae):
     """The Flux VAE (diffusers ``AutoencoderKL``) trained on a folder of images
     (:func:`ditax.train.flux.vae.train_flux_vae`)."""
-
-    config_class = FluxVAETrainConfig
-    read_config = staticmethod(load_flux_vae_config)
-    run = staticmethod(train_flux_vae)
 
 
 __all__ = ["FluxVAETraining"]

@@ -8,13 +8,9 @@ from ditax.train.wan.vae import train_vae
 from ditax.train.wan.vae_config import VAETrainConfig, load_vae_config
 
 
-class WanVAETraining(VAETraining):
+class WanVAETraining(VAETraining, config=VAETrainConfig, read=load_vae_config, run=train_vae):
     """The Wan VAE (diffusers ``AutoencoderKLWan``) trained on a folder of clips
     (:func:`ditax.train.wan.vae.train_vae`)."""
-
-    config_class = VAETrainConfig
-    read_config = staticmethod(load_vae_config)
-    run = staticmethod(train_vae)
 
 
 __all__ = ["WanVAETraining"]
