@@ -61,8 +61,17 @@ def test_generate_writes_mp4_and_frames(folder, tmp_path, capsys):
 def test_bad_requests_fail_before_loading(tmp_path, capsys, extra, match):
     import re
 
-    # the model path does not exist: a request reaching the folder check would name the folder
-    argv = ["generate", "--model", str(tmp_path / "missing"), "--prompt", "a cat",
+    # a Wan pipeline folder without weights or components (the folder itself is checked
+    # first, issue 40): a request reaching the folder's preflight would name what it lacks
+    import json
+
+    model = tmp_path / "configs-only"
+    (model / "transformer").mkdir(parents=True)
+    (model / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    (model / "transformer" / "config.json").write_text(json.dumps(
+        {"_class_name": "WanTransformer3DModel", "num_attention_heads": 2,
+         "attention_head_dim": 8, "ffn_dim": 32, "num_layers": 1}))
+    argv = ["generate", "--model", str(model), "--prompt", "a cat",
             "--output", str(tmp_path / "o.mp4")]
     flags, overrides = [], []
     for a in extra:

@@ -138,7 +138,17 @@ def test_damaged_model_json_names_file_and_line(tmp_path):
         ditax.load_transformer(folder)
 
 
+def _pipeline_without_weights(folder):
+    """A Wan pipeline folder that is one (``model_index.json``) but holds nothing else: the
+    folder passes the first check (issue 40: the model folder is checked before any request
+    rule), a request reaching its preflight would be told what it lacks."""
+    folder.mkdir()
+    (folder / "model_index.json").write_text('{"_class_name": "WanPipeline"}')
+    return folder
+
+
 def test_bad_lora_strength_is_a_bad_request(tmp_path, capsys):
+    _pipeline_without_weights(tmp_path / "none")
     lora = tmp_path / "style.safetensors"
     lora.write_bytes(b"")
     for spec, words in [(f"{lora}:abc", ["strength 'abc' is not a number"]),
@@ -151,6 +161,7 @@ def test_bad_lora_strength_is_a_bad_request(tmp_path, capsys):
 
 
 def test_huge_generate_size_is_a_bad_request(tmp_path, capsys):
+    _pipeline_without_weights(tmp_path / "none")
     rc, err = run_cli(capsys, "generate", "--model", tmp_path / "none", "--prompt", "a cat",
                       "--height", 16 * 10**30, "--output", tmp_path / "o.mp4", "--no-progress")
     assert rc == 2

@@ -98,6 +98,7 @@ def test_generate_reads_the_preset(tmp_path):
     from ditax.cli import build_parser
     from ditax.cli.generate import parse_request
 
+    (tmp_path / "model_index.json").write_text('{"_class_name": "WanPipeline"}')
     _, parser, _ = build_parser("generate")
     args = parser.parse_intermixed_args(["--model", str(tmp_path), "--prompt", "a cat",
                                          *PRESET])
@@ -111,6 +112,7 @@ def test_generate_reads_the_preset(tmp_path):
 
 
 def test_generate_refuses_steps_that_do_not_fit_the_preset(tmp_path, capsys):
+    (tmp_path / "model_index.json").write_text('{"_class_name": "WanPipeline"}')
     rc = main(["generate", "--model", str(tmp_path), "--prompt", "a cat", "--steps", "8",
                "--output", str(tmp_path / "o.mp4"), *PRESET])
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]

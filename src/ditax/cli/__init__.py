@@ -66,14 +66,20 @@ def request_errors(*kinds: type[Exception]):
         raise RequestError(str(e)) from e
 
 
-def model_arg(text: str) -> str:
-    """``--model`` as a path: ``demo`` is the shipped demo model folder (every command that
-    takes ``--model`` accepts it the same way), anything else is returned as given."""
-    if text != "demo":
-        return text
-    from ditax.demo import model_path
+# the names ``--model`` takes for the models shipped in the package -> the function of
+# :mod:`ditax.demo` that returns the folder (one entry a shipped model, whatever its family)
+SHIPPED_MODELS = {"demo": "model_path", "flux-demo": "flux_model_path"}
 
-    return str(model_path())
+
+def model_arg(text: str) -> str:
+    """``--model`` as a path: ``demo`` is the shipped Wan demo folder, ``flux-demo`` the
+    shipped small Flux (:data:`SHIPPED_MODELS`; every command that takes ``--model`` accepts
+    them the same way), anything else is returned as given."""
+    if text not in SHIPPED_MODELS:
+        return text
+    import ditax.demo
+
+    return str(getattr(ditax.demo, SHIPPED_MODELS[text])())
 
 
 def latent_arg(text: str) -> tuple[int, int, int]:

@@ -1,10 +1,19 @@
-"""What ``ditax generate`` and ``ditax calibrate-cache`` do first, written once: the config
-from the ``key=value`` overrides, ``--model demo`` as the shipped demo folder, the family of the
-folder (its ``model_index.json`` ``_class_name``, :mod:`ditax.pipelines.family`) and the
-request's defaults — per key the ``sample.*`` override or preset the user chose, else the
-folder's ``ditax_sample.json``, else the family's. Reads only those small files (a hub id is
-resolved here, as it would be next); a path that is no model folder falls back to the default
-family's defaults and is reported after the request's own checks, by the family's preflight."""
+"""What ``ditax generate``, ``ditax calibrate-cache`` and ``ditax serve`` do first, written once,
+in this order:
+
+1. the model folder: ``--model demo`` / ``flux-demo`` as the shipped folders
+   (:func:`ditax.cli.model_arg`), a hub id resolved (or read from the cache), and a path that
+   is no pipeline folder refused in one line naming what it is or lacks
+   (:func:`ditax.pipelines.family.model_folder`) — before any family's rule;
+2. its family, from ``model_index.json``'s ``_class_name``;
+3. the config of that family, loaded and type-checked once: its ``model.*`` keys (another
+   family's refused naming the folder's), its sample presets, and under the overrides the
+   folder's own transformer fields (:meth:`ditax.models.base.ModelFamily.folder_config`), so
+   the rules the caller's :func:`ditax.config.validate` applies see the folder's heads;
+4. the request's defaults — per key the ``sample.*`` override or preset the user chose, else
+   the folder's ``ditax_sample.json``, else the family's.
+
+Reads only those small JSON files (no weights)."""
 
 from __future__ import annotations
 
@@ -17,10 +26,12 @@ from ditax.cli import model_arg
 
 @dataclass(frozen=True)
 class SampleRequest:
-    """``cfg`` (the loaded config), ``given`` (the overrides as nested dicts), ``chosen`` (the
-    ``sample`` keys the user set or the preset set), ``model`` (the path, ``demo`` resolved),
-    ``root`` (the folder, None when not found), ``pipelines`` (its family's
-    :class:`~ditax.pipelines.family.PipelineFamily`), ``defaults`` (the request's defaults)."""
+    """``cfg`` (the loaded config, ``model`` section = the folder's family with the folder's
+    transformer fields under the overrides), ``given`` (the overrides as nested dicts),
+    ``chosen`` (the ``sample`` keys the user set or the preset set), ``model`` (the path,
+    ``demo`` / ``flux-demo`` resolved), ``root`` (the resolved folder), ``pipelines`` (its
+    family's :class:`~ditax.pipelines.family.PipelineFamily`), ``defaults`` (the request's
+    defaults)."""
 
     cfg: Any
     given: dict
@@ -31,20 +42,34 @@ class SampleRequest:
     defaults: dict
 
 
+def folder_model_fields(family: str, root: pathlib.Path) -> dict:
+    """The model config fields folder ``root`` fixes, by its family's runtime interface
+    (``{}`` for a family that declares none)."""
+    from ditax.models import registry
+
+    spec = registry.spec(family)
+    return {} if spec.family is None else spec.family_class().folder_config(root)
+
+
 def sample_request(model: str, overrides: list[str]) -> SampleRequest:
     """The config and defaults of a sampling command on ``model`` (module docstring)."""
     from ditax.config import load_config, parse_overrides
-    from ditax.pipelines.family import folder_pipelines, sample_presets
+    from ditax.pipelines.family import (family_name, model_folder, pipeline_class,
+                                        pipelines_of, sample_presets)
 
-    cfg = load_config(None, overrides)
-    given = parse_overrides(overrides)
+    model = model_arg(model)       # 'demo' / 'flux-demo': the shipped folders
+    root = model_folder(model, "--model")
+    family = family_name(root)
+    pipelines = pipelines_of(family)
+    origin = f"{model} is a {pipeline_class(root) or family + ' pipeline'} folder"
+    fields = folder_model_fields(family, root)
+    cfg = load_config(None, overrides, family=family, model=fields, origin=origin)
+    given = parse_overrides(overrides, family=family, model=fields, origin=origin)
     s = cfg.sample
-    presets = sample_presets(cfg.model.family) if s.preset else {}
+    presets = sample_presets(family) if s.preset else {}
     chosen = set(given.get("sample", {})) | set(presets.get(s.preset, {}))
-    model = model_arg(model)       # 'demo': the shipped demo model
-    root, pipelines = folder_pipelines(model)
     return SampleRequest(cfg, given, chosen, model, root, pipelines,
                          pipelines.request_defaults(root, s, chosen))
 
 
-__all__ = ["SampleRequest", "sample_request"]
+__all__ = ["SampleRequest", "sample_request", "folder_model_fields"]

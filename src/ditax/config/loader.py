@@ -10,6 +10,7 @@ the key, the value and what fits. Rules beyond types are :func:`~ditax.config.va
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import pathlib
 from typing import Any
@@ -105,26 +106,74 @@ def split_overrides(overrides: list[str] | None) -> list[tuple[str, str]]:
     return out
 
 
-def _family(flat: dict[str, Any], pairs: list[tuple[str, str]]) -> ConfigFamily:
-    """The family (and its config class: the variant whose fields the model keys name)."""
-    name = dict(pairs).get("model.family", flat.get("model.family", DEFAULT_FAMILY))
+@dataclasses.dataclass(frozen=True)
+class _Fixed:
+    """A family decided before the config is read (a model folder's), with ``origin``: why,
+    for messages (``"X is a FluxPipeline folder"``)."""
+
+    name: str
+    origin: str
+
+
+def _fixed(family: str | None, origin: str | None) -> _Fixed | None:
+    return None if family is None else _Fixed(family, origin or f"model family {family!r}")
+
+
+def _family(flat: dict[str, Any], pairs: list[tuple[str, str]],
+            fixed: _Fixed | None = None) -> ConfigFamily:
+    """The family (and its config class: the variant whose fields the model keys name);
+    ``fixed``: the family the config is read for, which a ``model.family`` may only repeat."""
+    asked = dict(pairs).get("model.family", flat.get("model.family"))
+    if fixed is not None and asked is not None and str(asked).strip() != fixed.name:
+        raise ConfigError(f"model.family={str(asked).strip()!r} contradicts the model: "
+                          f"{fixed.origin}, a {fixed.name} model; drop model.family (it is "
+                          f"read from the folder)")
+    name = fixed.name if fixed is not None else DEFAULT_FAMILY if asked is None else asked
     keys = {k.split(".", 1)[1] for k in [*flat, *dict(pairs)] if k.startswith("model.")}
     return config_family(str(name).strip(), keys)
 
 
-def _apply(flat: dict[str, Any], pairs, types_: dict[str, Any]) -> dict[str, Any]:
+def _check_key(key: str, types_: dict[str, Any], fixed: _Fixed | None) -> None:
+    """:func:`check_key`; with a ``fixed`` family an unknown ``model.*`` key is named as not
+    one of that family's, with its keys."""
+    if fixed is None or not key.startswith("model.") or key in types_:
+        return check_key(key, types_)
+    own = sorted(k for k in types_ if k.startswith("model."))
+    if any(k.startswith(key + ".") for k in types_):
+        check_key(key, types_)          # a section named as a key: check_key's message
+    close = difflib.get_close_matches(key, own, n=2, cutoff=0.9)     # a typo, not a stranger
+    raise ConfigError(f"{key} is not a key of {fixed.name} models ({fixed.origin})"
+                      + (f"; did you mean {' or '.join(close)}?" if close else "")
+                      + f"; its model keys are {', '.join(k[6:] for k in own)}")
+
+
+def _apply(flat: dict[str, Any], pairs, types_: dict[str, Any],
+           fixed: _Fixed | None = None) -> dict[str, Any]:
     flat = dict(flat)
     for key, raw in pairs:
-        check_key(key, types_)
+        _check_key(key, types_, fixed)
         flat[key] = parse_text(raw, types_[key])
     return flat
 
 
-def parse_overrides(overrides: list[str] | None) -> dict:
+def _folder_flat(family: str | None, model: dict | None) -> dict[str, Any]:
+    """The dotted ``model.*`` values a folder fixes (``model``), with its ``family``."""
+    if family is None:
+        if model:
+            raise TypeError("model= (a folder's model fields) needs family=")
+        return {}
+    return {"model.family": family, **{f"model.{k}": v for k, v in (model or {}).items()}}
+
+
+def parse_overrides(overrides: list[str] | None, *, family: str | None = None,
+                    model: dict | None = None, origin: str | None = None) -> dict:
     """``["mesh.fsdp=8", "model.remat=full"]`` → ``{"mesh": {"fsdp": 8}, "model": {...}}``
-    (keys checked, values parsed for their field types, not yet validated)."""
+    (keys checked, values parsed for their field types, not yet validated). ``family``,
+    ``model``, ``origin``: as :func:`load_config`'s (the keys are that family's)."""
     pairs = split_overrides(overrides)
-    return nest_keys(_apply({}, pairs, key_types(_family({}, pairs).config)))
+    fixed = _fixed(family, origin)
+    kind = _family(_folder_flat(family, model), pairs, fixed)
+    return nest_keys(_apply({}, pairs, key_types(kind.config), fixed))
 
 
 @functools.cache
@@ -190,15 +239,29 @@ def load_dataclass(cls: type, path: str | None = None, overrides: list[str] | No
     return cfg
 
 
-def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a preset name or YAML path, apply ``key=value`` overrides, return a frozen Config."""
+def load_config(name_or_path: str | None = None, overrides: list[str] | None = None, *,
+                family: str | None = None, model: dict | None = None,
+                origin: str | None = None) -> Config:
+    """Load a preset name or YAML path, apply ``key=value`` overrides, return a frozen Config.
+
+    ``family``: the model family the config is read for, when a model folder decided it first
+    (``ditax generate --model FOLDER``): the ``model.*`` keys are that family's (another
+    family's key is refused naming it) and a ``model.family`` that names another is refused.
+    ``model``: the folder's own model fields (:meth:`ditax.models.base.ModelFamily.
+    folder_config`), the values under the YAML's and the overrides', so the rules check the
+    folder's heads and shapes. ``origin``: why the family is fixed, for those messages."""
+    fixed = _fixed(family, origin)
     flat = flatten_keys(load_yaml(name_or_path)) if name_or_path else {}
     pairs = split_overrides(overrides)
-    family = _family(flat, pairs)
-    flat = _apply(flat, pairs, key_types(family.config))
+    kind = _family(flat, pairs, fixed)       # a contradicting model.family: refused here
+    flat = {**_folder_flat(family, model), **flat}
+    kind = _family(flat, pairs, fixed) if model else kind
+    for key in flat:
+        _check_key(key, key_types(kind.config), fixed)
+    flat = _apply(flat, pairs, key_types(kind.config), fixed)
     # a sample preset fills its fields over the YAML's; the overrides given keep theirs
     flat = expand_preset(flat, {k for k, _ in pairs})
-    return from_flat(flat, family, dict(pairs))
+    return from_flat(flat, kind, dict(pairs))
 
 
 def to_dict(cfg) -> dict:

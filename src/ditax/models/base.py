@@ -170,6 +170,30 @@ class ModelFamily(abc.ABC):
         preprocess`` encodes with); by default the family's own rule, whatever the folder."""
         return cls.latent_grid(num_frames, height, width)
 
+    @classmethod
+    def folder_config(cls, root) -> dict:
+        """The fields of the family's model config that pipeline folder ``root`` fixes (its
+        transformer's architecture, read from ``transformer/config.json``: heads, head dim,
+        layers...), so a sampling command's config is validated against the folder's own model
+        rather than the family's defaults; reads no weights. ``{}`` (the default): nothing
+        read from the folder (a family's own checks then see its config defaults)."""
+        return {}
+
+    @staticmethod
+    def transformer_json(root, classes) -> dict | None:
+        """Pipeline folder ``root``'s ``transformer/config.json`` as a dict when it exists and
+        its ``_class_name`` (if any) is one of ``classes``; None otherwise (a missing or
+        foreign file is the family's preflight's to report, with its own words)."""
+        from ditax.io.files import read_model_json
+
+        f = pathlib.Path(root) / "transformer" / "config.json"
+        if not f.is_file():
+            return None
+        raw = read_model_json(f, "transformer config")
+        if not isinstance(raw, dict) or raw.get("_class_name", classes[0]) not in classes:
+            return None
+        return raw
+
     def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, ...]:
         """Latent ``[C, F, Y, X]`` of one video."""
         return (self.latent_channels,) + tuple(self.latent_grid(num_frames, height, width))

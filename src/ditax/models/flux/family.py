@@ -44,6 +44,20 @@ class FluxFamily(ModelFamily):
 
         check_transformer(self.model, self.attention, mesh_sizes)
 
+    @classmethod
+    def folder_config(cls, root) -> dict:
+        """The architecture fields of the folder's ``transformer/config.json`` (the loader's own
+        reading of it: :meth:`~ditax.models.flux.config.FluxConfig.from_diffusers`), as
+        :class:`~ditax.models.flux.config.FluxConfig` fields."""
+        from ditax.models.flux.config import FluxConfig
+        from ditax.models.registry import spec
+
+        raw = cls.transformer_json(root, spec(cls.name).transformer_classes)
+        if raw is None:
+            return {}
+        m = FluxConfig.from_diffusers(raw)
+        return {k: getattr(m, k) for k in m.to_diffusers() if k != "_class_name"}
+
     @property
     def latent_channels(self) -> int:
         """The VAE latent channels: one token packs ``2 x 2`` latent pixels."""

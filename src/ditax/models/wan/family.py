@@ -29,6 +29,27 @@ class WanFamily(ModelFamily):
         if self.animate:
             self.animate.check(self.model)
 
+    @classmethod
+    def folder_config(cls, root) -> dict:
+        """The architecture fields of the folder's ``transformer/config.json`` (Wan, VACE or
+        Animate; the loader's own reading of it, so the values are those a load would build),
+        as :class:`~ditax.models.wan.config.WanConfig` / ``WanAnimateConfig`` fields."""
+        from dataclasses import fields
+
+        from ditax.models.registry import spec
+        from ditax.models.wan.animate import ANIMATE_CLASS, WanAnimateConfig
+        from ditax.models.wan.config import WanConfig
+
+        raw = cls.transformer_json(root, spec(cls.name).transformer_classes)
+        if raw is None:
+            return {}
+        config = WanAnimateConfig if raw.get("_class_name") == ANIMATE_CLASS else WanConfig
+        m = config.from_diffusers(raw)
+        names = {f.name for f in fields(config)}
+        # the diffusers fields (derived ones included) and those the file itself names (VACE's)
+        keys = (set(m.to_diffusers()) | set(raw)) & names
+        return {k: getattr(m, k) for k in sorted(keys)}
+
     @property
     def vace(self):
         """The VACE hooks (:mod:`ditax.models.wan.vace_family`) of a VACE config (non-empty
