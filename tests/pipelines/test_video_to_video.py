@@ -129,7 +129,7 @@ def clips(tmp_path_factory):
      r"--video .*in6.mp4 \(48x32, 6 frames\): num_frames=6 must be of the form 4k\+1"),
     (["--video", "in5.mp4", "--strength", "0.5", "--frames", "9"], "fewer than --frames 9"),
     (["--model", "flux", "--video", "in5.mp4", "--output", "x.png"],
-     r"--video is a video flag; .*flux is an image model"),
+     r"--video is not taken by flux models \(.*flux is a flux folder, it makes images\)"),
 ])
 def test_cli_refuses_before_loading(clips, capsys, monkeypatch, flags, says):
     """``ditax generate --video IN --strength S``: each bad request exits 2 in one line before
