@@ -25,7 +25,8 @@ from ditax.serve.requests import Limits
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="pipeline folder, hub id, or 'demo'")
+    p.add_argument("--model", required=True, help="pipeline folder, hub id, 'demo' (the "
+                   "shipped Wan demo) or 'flux-demo' (the shipped small Flux)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--db", default="ditax_serve/jobs.sqlite",
@@ -105,7 +106,7 @@ def run(args) -> int:
                                args.overrides, str(out / "request.mp4"), parse_request,
                                limits, loras=tuple(n for n, _ in loras),
                                lora_files=tuple(f for _, f in loras),
-                               pipelines=pipelines).load)
+                               pipelines=pipelines, startup=True).load)
     except BadRequest as e:
         raise ConfigError(str(e)) from None
     serve(args, db, out, load, loras, limits, pipelines)

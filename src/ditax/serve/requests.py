@@ -166,7 +166,7 @@ def decode_image(text, name: str, limit: int):
 
 def check_body(body, model: str, overrides: list[str], output: str, parse_request,
                limits: Limits = Limits(), loras: tuple = (), lora_files: tuple = (),
-               makes: str | None = None, pipelines=None) -> Checked:
+               makes: str | None = None, pipelines=None, startup: bool = False) -> Checked:
     """Check a request body against the served ``model`` (path) and the server's ``key=value``
     ``overrides``; ``output`` names a writable file of the output folder (generate checks its
     ``--output``); ``parse_request``: ``ditax generate``'s (:func:`ditax.cli.generate.
@@ -176,7 +176,9 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
     ``--lora`` rules (the server's startup check); ``pipelines``: the served folder's family
     (:class:`~ditax.pipelines.family.PipelineFamily`; None: read from the folder), whose
     request fields the body may hold and whose ``makes`` names the output (``makes``, if given,
-    must agree). Raises :class:`BadRequest`."""
+    must agree); ``startup``: the server's own check of its settings with a prompt-only body
+    (the folder and the attention backend are checked, not the request's fit — an
+    image-to-video folder needs each request's image). Raises :class:`BadRequest`."""
     from ditax.errors import DitaxError
     from ditax.pipelines.family import folder_pipelines, preflight
     from ditax.pipelines.request import all_fields, fields_of
@@ -242,7 +244,7 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
                              f"restart ditax serve on it")
         check_limits(call, fields_of(pipelines), limits)
         call.update(images)
-        preflight(load["path"], load, call, None)
+        preflight(load["path"], load, None if startup else call, None)
     except BadRequest:
         raise
     except DitaxError as e:
