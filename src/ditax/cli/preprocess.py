@@ -18,9 +18,9 @@ def add_arguments(p) -> None:
     p.description = __doc__.split("\n\n")[0]
     p.add_argument("videos", help="folder of videos (+ name.txt captions or captions.jsonl)")
     p.add_argument("output", help="new dataset folder (must not exist, or be empty)")
-    p.add_argument("--model", required=True, type=model_arg, help="diffusers Wan pipeline "
-                   "folder (vae/, text_encoder/, tokenizer/), hub id, or 'demo' (the shipped "
-                   "demo model)")
+    p.add_argument("--model", required=True, type=model_arg, help="diffusers pipeline "
+                   "folder (vae/, text_encoder/, tokenizer/), hub id, 'demo' (the shipped Wan "
+                   "demo model) or 'flux-demo' (the shipped small Flux)")
     p.add_argument("--height", type=int, default=None, help="pixels (default: the folder's "
                    "ditax_sample.json, else the family's: Wan 480, FLUX.1 1024)")
     p.add_argument("--width", type=int, default=None, help="pixels (default: the folder's "

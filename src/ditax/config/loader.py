@@ -256,7 +256,7 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     kind = _family(flat, pairs, fixed)       # a contradicting model.family: refused here
     flat = {**_folder_flat(family, model), **flat}
     kind = _family(flat, pairs, fixed) if model else kind
-    for key in flat:
+    for key in flat if fixed is not None else ():   # else from_flat checks them, as always
         _check_key(key, key_types(kind.config), fixed)
     flat = _apply(flat, pairs, key_types(kind.config), fixed)
     # a sample preset fills its fields over the YAML's; the overrides given keep theirs
