@@ -165,7 +165,7 @@ def test_huge_generate_size_is_a_bad_request(tmp_path, capsys):
     rc, err = run_cli(capsys, "generate", "--model", tmp_path / "none", "--prompt", "a cat",
                       "--height", 16 * 10**30, "--output", tmp_path / "o.mp4", "--no-progress")
     assert rc == 2
-    one_line(err, "generate", "height=", "2**31")
+    one_line(err, "generate", "--height 16", "below 2**31")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import traceback
 from ditax.errors import DitaxError, RequestError
 
 COMMANDS = {
-    "generate": "text → video with a Wan pipeline folder",
+    "generate": "text → video (Wan) or image (FLUX.1) with a model folder; --prompts FILE",
     "train": "flow-matching training / fine-tuning",
     "train-vae": "train a VAE (Wan AutoencoderKLWan; --family flux: AutoencoderKL) on clips",
     "preprocess": "videos + captions → latent dataset",
@@ -99,8 +99,9 @@ def build_parser(wanted: str | None) -> tuple[Parser, Parser | None, object]:
     module imported)."""
     from ditax.cli.examples import epilog, top_epilog
 
-    parser = Parser(prog="ditax", description="Wan video diffusion transformers in JAX: "
-                    f"{', '.join(COMMANDS)}.", epilog=top_epilog(COMMANDS),
+    parser = Parser(prog="ditax", description="Video and image diffusion transformers in JAX "
+                    f"(Wan 2.1 / 2.2, FLUX.1): {', '.join(COMMANDS)}.",
+                    epilog=top_epilog(COMMANDS),
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of an error")

@@ -91,6 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of requests ({\"prompt\": ..., \"seed\": ...} with the server's field "
                         "names); the flags give the defaults; output i is --output with _i "
                         "before the suffix")
+    p.add_argument("--batch", type=int, default=4, metavar="N",
+                   help="--prompts: consecutive requests of one shape run as one batch of up "
+                        "to N (4; 1 = one by one)")
     p.add_argument("--image", default=None, metavar="FIRST.png",
                    help="first frame (image-to-video folders; optional for Wan 2.2 TI2V)")
     p.add_argument("--last-image", default=None, metavar="LAST.png",
@@ -134,7 +137,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # generate's flags every family takes (besides the request fields)
-_GENERIC = {"model", "prompts", "lora", "lora_mode", "lora_strict", "output", "no_progress",
+_GENERIC = {"model", "prompts", "batch", "lora", "lora_mode", "lora_strict", "output", "no_progress",
             "overrides", "command", "debug", "surface"}
 
 
@@ -271,6 +274,8 @@ def run(args) -> int:
     if args.prompts is None and args.prompt is None:
         raise RequestError("no prompt: give --prompt 'a cat walks on the grass' (or --prompts "
                            "FILE, one prompt a line)")
+    if args.batch < 1:
+        raise RequestError(f"--batch {args.batch} must be >= 1 (1: the prompts one by one)")
     if args.prompts is not None:
         return run_many(args, read_prompts(args.prompts), parse_request=parse_request,
                         loaded=loaded, write_output=write_output, suffix=SUFFIX)

@@ -5,8 +5,11 @@ object of a request in ``ditax serve``'s field names (``{"prompt": "a cat", "see
 "num_inference_steps": 20}``; ``size`` as ``"WxH"``). Blank lines and lines starting with ``#``
 are skipped. The command's flags give every request's defaults. Every request is checked — and
 every output path — before the model loads, each error naming its line; then the pipeline loads
-once and the requests run in order, request ``i`` written to ``--output`` with ``_i`` before the
-suffix (``out.mp4`` → ``out_0.mp4``, ``out_1.mp4``…; zero-padded to the count).
+once and the requests run in order — consecutive requests of one program shape (size, steps,
+guidance…) as one batch of up to ``--batch`` rows through the generic loop
+(:func:`ditax.pipelines.batch.sample_batch`: each row equals its request alone within float
+rounding) — request ``i`` written to ``--output`` with ``_i`` before the suffix (``out.mp4`` →
+``out_0.mp4``, ``out_1.mp4``…; zero-padded to the count).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import json
 import pathlib
 
 from ditax.cli import request_errors
+from ditax.compile_cache import compile_cache
+from ditax.pipelines.batch import sample_batch
 from ditax.errors import RequestError
 from ditax.io.files import read_text
 
@@ -49,7 +54,7 @@ def read_prompts(path) -> list[tuple[int, dict]]:
 
 def request_args(args, item: dict, pipelines, where: str) -> argparse.Namespace:
     """``args`` with the request ``item`` (JSON field names) over its flags."""
-    from ditax.pipelines.request import fields_of
+    from ditax.pipelines.request import all_fields, fields_of
     from ditax.serve.requests import parse_size
 
     by_json = {f.api: f for f in fields_of(pipelines) if f.api}
@@ -64,6 +69,10 @@ def request_args(args, item: dict, pipelines, where: str) -> argparse.Namespace:
         elif key in by_json:
             setattr(one, by_json[key].dest, value)
         else:
+            other = next((fam for f, fam in all_fields().values() if f.api == key), None)
+            if other:
+                raise RequestError(f"{where}: {key} is not taken by {pipelines.name} models; "
+                                   f"it is for {', '.join(other)} models — drop it")
             raise RequestError(f"{where}: unknown field {key!r}; a {pipelines.name} request's "
                                f"fields are {', '.join(['size', *by_json])}")
     return one
@@ -101,12 +110,38 @@ def run_many(args, items: list[tuple[int, dict]], *, parse_request, loaded, writ
         runs.append((one, load, call))
     load = runs[0][1]
     with loaded(load, runs[0][2], args.no_progress) as pipe:
-        for one, _, call in runs:
+        for group in batches(pipe, runs, args.batch):
+            calls = [call for _, _, call in group]
             with request_errors():
-                out = pipe(progress=not args.no_progress, **call)
-            write_output(one, out, pipe, load["makes"])
+                if len(group) == 1:
+                    outs = [pipe(progress=not args.no_progress, **calls[0])]
+                else:
+                    with compile_cache(pipe.compile_cache):
+                        outs = sample_batch(pipe, calls, progress=not args.no_progress)
+                    print(f"ran {len(group)} requests as one batch")
+            for (one, _, _), out in zip(group, outs):
+                write_output(one, out, pipe, load["makes"])
     print(f"wrote {len(runs)} outputs ({runs[0][0].output} .. {runs[-1][0].output})")
     return 0
+
+
+def batches(pipe, runs: list, size: int) -> list[list]:
+    """``runs`` in order, consecutive requests of one program shape (their batch key:
+    :func:`ditax.pipelines.batch.batch_key`) grouped up to ``size`` a batch, for a pipeline
+    that batches; one a group otherwise (and for a step-cached request)."""
+    from ditax.pipelines.batch import batch_key, batchable
+
+    if not batchable(pipe) or size <= 1:
+        return [[r] for r in runs]
+    groups, last = [], None
+    for run in runs:
+        key = batch_key({k: v for k, v in run[2].items()})
+        if key is not None and key == last and len(groups[-1]) < size:
+            groups[-1].append(run)
+        else:
+            groups.append([run])
+        last = key
+    return groups
 
 
 __all__ = ["output_of", "read_prompts", "request_args", "run_many"]

@@ -176,7 +176,8 @@ def check_value(f: Field, value, surface: str = "python", example=None):
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         big = hi == INT_LIMIT - 1       # a bound only against int32 overflow: not shown
         span = (f">= {lo}" if hi is None else f"<= {hi}" if lo is None else
-                f">= {lo}" if big and value < lo else f"in [{lo}, {hi}]")
+                f">= {lo}" if big and value < lo else "below 2**31 (int32)" if big else
+                f"in [{lo}, {hi}]")
         raise RequestError(f"{said} must be {span}{example}")
     return value
 
