@@ -237,7 +237,7 @@ def test_cli_lora_arguments(tmp_path, capsys):
     assert parse_lora_arg("c:/x.safetensors") == ("c:/x.safetensors", 1.0)
     bad = _save(tmp_path / "bad.safetensors", {"foo.bar": np.ones(2)})
     for flag, path in (("--lora", bad), ("--lora-2", tmp_path / "missing.safetensors:0.5")):
-        rc = main(["generate", "--model", str(tmp_path), "--prompt", "x", flag, str(path)])
+        rc = main(["generate", "--model", "demo", "--prompt", "x", flag, str(path)])
         err = capsys.readouterr().err.strip()
         assert rc == 2 and len(err.splitlines()) == 1, err
         assert ("not a Wan LoRA" in err) if flag == "--lora" else ("no such weights file" in err)
@@ -256,7 +256,7 @@ def test_cli_lora_mode_and_strict(tmp_path, capsys, caplog):
                   {f"{q}.lora_down.weight": np.ones((2, 32)), f"{q}.lora_up.weight":
                    np.ones((32, 2)), "diffusion_model.foo.lora_down.weight": np.ones((2, 2))})
     _, parser, _ = build_parser("generate")
-    base_args = ["--model", str(tmp_path), "--prompt", "x", "--lora", f"{extra}:0.5"]
+    base_args = ["--model", "demo", "--prompt", "x", "--lora", f"{extra}:0.5"]
     with caplog.at_level(logging.WARNING):
         load, _ = parse_request(parser.parse_intermixed_args(
             base_args + ["--lora-mode", "unmerged", "--no-lora-strict"]))
