@@ -7,8 +7,6 @@ programs included. The outputs are checked against loops written out by hand bel
 
 import dataclasses
 import json
-import zlib
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +17,9 @@ from flax import nnx
 import ditax
 from compiles import compiles
 from family_scope import families_restored
-from toy_family import ToyFamilyBase
+from toy_family import ToyDenoiser, ToyFamilyBase, toy_inputs
+from toy_family import toy_text as shared_toy_text
 from ditax.models import registry
-from ditax.nn import Linear, TimestepEmbedding, timestep_embedding
 from ditax.pipelines.family import PipelineFamily, register_pipelines
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.sampling import Expert, sample
@@ -43,61 +41,6 @@ class ToySampleConfig:
     num_layers: int = 3
 
 
-class ToyEmbedded(NamedTuple):
-    """The toy's context: what the step cache may read (seq, mod, temb) and the grid."""
-
-    seq: int
-    mod: Any
-    temb: Any
-    shape: tuple
-
-
-class ToyDenoiser(nnx.Module):
-    """Per-token residual MLP blocks over the latent channels, modulated by the timestep and
-    the mean text; speaks :class:`ditax.models.base.Denoiser`."""
-
-    def __init__(self, cfg: ToySampleConfig, rngs: nnx.Rngs):
-        kw = dict(dtype="float32", param_dtype="float32", rngs=rngs)
-        self.cfg = cfg
-        self.mesh = None
-        self.proj_in = Linear(cfg.channels, cfg.width, **kw)
-        self.time = TimestepEmbedding(cfg.freq_dim, cfg.width, **kw)
-        self.text = Linear(cfg.text_dim, cfg.width, **kw)
-        self.blocks = nnx.Param(jax.random.normal(rngs.params(), (cfg.num_layers, cfg.width,
-                                                                  cfg.width)) / cfg.width ** 0.5)
-        self.proj_out = Linear(cfg.width, cfg.channels, **kw)
-
-    @property
-    def block_stacks(self):
-        return (("blocks", self.cfg.num_layers),)
-
-    def embed(self, x, timestep, text):
-        b, c, f, y, xx = x.shape
-        h = self.proj_in(jnp.moveaxis(x, 1, -1).reshape(b, f * y * xx, c))     # [B, L, D]
-        temb = self.time(timestep_embedding(timestep, self.cfg.freq_dim))     # [B, D]
-        mod = temb + self.text(text.mean(1))
-        return h, ToyEmbedded(seq=f * y * xx, mod=mod, temb=temb, shape=(b, c, f, y, xx))
-
-    def run_blocks(self, h, ctx, start=0, stop=None):
-        stop = self.cfg.num_layers if stop is None else stop
-        for i in range(start, stop):
-            h = h + jnp.tanh(h @ self.blocks[...][i] + ctx.mod[:, None])
-        return h
-
-    def head(self, h, ctx):
-        b, c, f, y, xx = ctx.shape
-        return jnp.moveaxis(self.proj_out(h).reshape(b, f, y, xx, c), -1, 1)
-
-    def __call__(self, x, timestep, text):
-        h, ctx = self.embed(x, timestep, text)
-        return self.head(self.run_blocks(h, ctx), ctx)
-
-
-def toy_inputs(model, condition, latents, t):
-    """The toy's ModelInputs: the latents as they are, one timestep per sample, no extras."""
-    return latents, jnp.full((latents.shape[0],), t), {}
-
-
 class ToySampleFamily(ToyFamilyBase):
     name = FAMILY
 
@@ -109,11 +52,7 @@ class ToySampleFamily(ToyFamilyBase):
 
 
 def toy_text(prompt: str) -> np.ndarray:
-    """The toy's text encoder: ``[T, Dt]`` drawn from the prompt's CRC (empty: zeros)."""
-    if not prompt:
-        return np.zeros((TEXT_LEN, ToySampleConfig.text_dim), np.float32)
-    rng = np.random.default_rng(zlib.crc32(prompt.encode()))
-    return rng.standard_normal((TEXT_LEN, ToySampleConfig.text_dim)).astype(np.float32)
+    return shared_toy_text(prompt, TEXT_LEN, ToySampleConfig.text_dim)
 
 
 class ToyTextToImage:

@@ -5,7 +5,8 @@ it through ``DITAX_FAMILIES=toy_third`` (with ``tests/refs`` on ``PYTHONPATH``).
 It declares, through ditax's public mechanisms only:
 
 - its config class (:class:`ToyThirdConfig`) and runtime interface (:class:`ToyThirdFamily`:
-  build, shardings, FLOPs, the flow loss's call) — ``ditax train`` trains it;
+  build, shardings, FLOPs, the flow loss's call; its denoiser is the toy denoiser the test
+  families share, ``toy_family.ToyDenoiser``) — ``ditax train`` trains it;
 - its folders' ``_class_name`` s (``ToyThirdPipeline``, ``ToyThirdTransformer``);
 - its pipelines (:class:`ToyThirdPipelines`): sample defaults, one request field of its own
   (``toy_sharpness``: the ``--toy-sharpness`` flag, the ``toy_sharpness`` JSON field, a float
@@ -21,8 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import zlib
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,12 +30,12 @@ from flax import nnx
 
 from ditax.errors import RequestError
 from ditax.models import registry
-from ditax.nn import Linear, TimestepEmbedding, timestep_embedding
 from ditax.pipelines.family import PipelineFamily, register_pipelines
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.request import Field
 from ditax.pipelines.sampling import Expert, Prepared, Timings, record
-from toy_family import ToyFamilyBase
+from toy_family import ToyDenoiser, ToyFamilyBase, toy_inputs
+from toy_family import toy_text as shared_toy_text
 
 FAMILY = "toythird"
 TEXT_LEN = 3
@@ -54,52 +53,6 @@ class ToyThirdConfig:
     param_dtype: str = "float32"
 
 
-class ToyEmbedded(NamedTuple):
-    seq: int
-    mod: Any
-    temb: Any
-    shape: tuple
-
-
-class ToyThirdDenoiser(nnx.Module):
-    """Per-token residual blocks over the latent channels, modulated by time and the mean
-    text; speaks :class:`ditax.models.base.Denoiser`."""
-
-    def __init__(self, cfg: ToyThirdConfig, rngs: nnx.Rngs):
-        kw = dict(dtype="float32", param_dtype="float32", rngs=rngs)
-        self.cfg, self.mesh = cfg, None
-        self.proj_in = Linear(cfg.channels, cfg.width, **kw)
-        self.time = TimestepEmbedding(cfg.freq_dim, cfg.width, **kw)
-        self.text = Linear(cfg.text_dim, cfg.width, **kw)
-        self.blocks = nnx.Param(jax.random.normal(rngs.params(), (cfg.num_layers, cfg.width,
-                                                                  cfg.width)) / cfg.width ** 0.5)
-        self.proj_out = Linear(cfg.width, cfg.channels, **kw)
-
-    @property
-    def block_stacks(self):
-        return (("blocks", self.cfg.num_layers),)
-
-    def embed(self, x, timestep, text, text_mask=None):
-        b, c, f, y, xx = x.shape
-        h = self.proj_in(jnp.moveaxis(x, 1, -1).reshape(b, f * y * xx, c))
-        temb = self.time(timestep_embedding(timestep, self.cfg.freq_dim))
-        return h, ToyEmbedded(f * y * xx, temb + self.text(text.mean(1)), temb,
-                              (b, c, f, y, xx))
-
-    def run_blocks(self, h, ctx, start=0, stop=None):
-        for i in range(start, self.cfg.num_layers if stop is None else stop):
-            h = h + jnp.tanh(h @ self.blocks[...][i] + ctx.mod[:, None])
-        return h
-
-    def head(self, h, ctx):
-        b, c, f, y, xx = ctx.shape
-        return jnp.moveaxis(self.proj_out(h).reshape(b, f, y, xx, c), -1, 1)
-
-    def __call__(self, x, timestep, text, text_mask=None):
-        h, ctx = self.embed(x, timestep, text)
-        return self.head(self.run_blocks(h, ctx), ctx)
-
-
 class ToyThirdFamily(ToyFamilyBase):
     name = FAMILY
 
@@ -107,20 +60,11 @@ class ToyThirdFamily(ToyFamilyBase):
         return 6.0 * self.tokens_per_sample(latent_shape) * self.model.width ** 2
 
     def create(self, mesh, rngs):
-        return ToyThirdDenoiser(self.model, rngs)
-
-
-def toy_inputs(model, condition, latents, t):
-    """The family's ModelInputs: the latents, one timestep a row, no extras."""
-    return latents, jnp.full((latents.shape[0],), t), {}
+        return ToyDenoiser(self.model, rngs)
 
 
 def toy_text(prompt: str) -> np.ndarray:
-    """The family's text encoder: ``[T, Dt]`` drawn from the prompt's CRC (empty: zeros)."""
-    if not prompt:
-        return np.zeros((TEXT_LEN, ToyThirdConfig.text_dim), np.float32)
-    rng = np.random.default_rng(zlib.crc32(prompt.encode()))
-    return rng.standard_normal((TEXT_LEN, ToyThirdConfig.text_dim)).astype(np.float32)
+    return shared_toy_text(prompt, TEXT_LEN, ToyThirdConfig.text_dim)
 
 
 def decode(latents, sharpness: float) -> dict:
@@ -139,9 +83,7 @@ class ToyThirdVideo:
 
     batches = True
 
-    def __init__(self, module: ToyThirdDenoiser, scheduler, defaults: dict):
-        from ditax.schedulers import load_scheduler  # noqa: F401  (the loader's)
-
+    def __init__(self, module: ToyDenoiser, scheduler, defaults: dict):
         self.module, self.scheduler, self.defaults = module, scheduler, defaults
         self._expert = Expert(*nnx.split(module), module.cfg)
         self.programs, self.compile_cache = Programs(), "auto"
@@ -207,7 +149,7 @@ class ToyThirdPipelines(PipelineFamily):
         path = pathlib.Path(path)
         raw = read_model_json(path / "transformer" / "config.json")
         cfg = ToyThirdConfig(**{k: v for k, v in raw.items() if not k.startswith("_")})
-        module = ToyThirdDenoiser(cfg, nnx.Rngs(0))
+        module = ToyDenoiser(cfg, nnx.Rngs(0))
         state = nnx.state(module, nnx.Param)
         weights = np.load(path / "transformer" / "weights.npz")
         flat = flat_params(state)
@@ -230,7 +172,7 @@ def write_folder(root, seed: int = 7) -> pathlib.Path:
     scheduler/."""
     root = pathlib.Path(root)
     cfg = ToyThirdConfig()
-    module = ToyThirdDenoiser(cfg, nnx.Rngs(seed))
+    module = ToyDenoiser(cfg, nnx.Rngs(seed))
     (root / "transformer").mkdir(parents=True)
     (root / "scheduler").mkdir()
     (root / "model_index.json").write_text(json.dumps({
