@@ -35,6 +35,25 @@ def model_config(config, path):
     return config
 
 
+def require(name: str, path, kwargs: dict, single: bool = False) -> None:
+    """The capabilities loading ``path`` with ``kwargs`` asks of family ``name``, each
+    undeclared one refused in one line (:func:`ditax.models.registry.require`) before any
+    weights are read: a transformer loader, single files, 8-bit (``quantize=``), LoRA
+    (``loras=``)."""
+    from ditax.models import registry
+
+    what = f"ditax.load_transformer({str(path)!r})"
+    registry.require(name, "transformer", what, "load a folder of a family that has one")
+    if single:
+        registry.require(name, "single_file", what, "load a diffusers folder (config.json "
+                         "beside the weights) instead")
+    if kwargs.get("quantize") not in (None, "none"):
+        registry.require(name, "quantize", f"{what} with quantize={kwargs['quantize']!r}",
+                         "load it without quantize=")
+    if kwargs.get("loras"):
+        registry.require(name, "lora", f"{what} with loras=", "load it without loras=")
+
+
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                      subfolder: str = "transformer", *, config=None, **kwargs):
     """Load a transformer — a diffusers folder (or pipeline folder / hub id), or one
@@ -53,6 +72,7 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
 
     if is_single_file(path):
         model = model_config(config, path)
+        require(getattr(model, "family", registry.DEFAULT_FAMILY), path, kwargs, single=True)
         return model_family(model).load_transformer(path, dtype=dtype, mesh=mesh,
                                                     attention=attention, config=model, **kwargs)
     from ditax.io.files import read_model_json
@@ -61,9 +81,10 @@ def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
     folder = resolve_folder(path, subfolder)
     cls = read_model_json(folder / "config.json", "transformer config").get("_class_name")
     name = registry.DEFAULT_FAMILY if cls is None else registry.spec_for_class(cls).name
+    require(name, path, kwargs)
     return family_class(name).load_transformer(folder, dtype=dtype, mesh=mesh,
                                                attention=attention, subfolder=None,
                                                config=config, **kwargs)
 
 
-__all__ = ["load_transformer", "model_config"]
+__all__ = ["load_transformer", "model_config", "require"]

@@ -34,9 +34,14 @@ def run(args) -> int:
     from ditax.bench import forward_benchmark
     from ditax.cli.run import run_context
     from ditax.config import load_config, validate
+    from ditax.config.families import check_capabilities
+    from ditax.models import registry
     from ditax.parallel import make_mesh
 
     cfg = load_config(args.config, args.overrides)
+    registry.require(cfg.model.family, "bench", f"ditax bench {args.config}",
+                     "bench a config of a family that has one (e.g. ditax bench tiny)")
+    check_capabilities(cfg, "ditax bench")
     validate(cfg, jax.device_count())
     mesh = make_mesh(cfg.mesh)
     with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache,

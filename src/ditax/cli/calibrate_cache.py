@@ -15,7 +15,7 @@ same name or model): ``--into src/ditax/pipelines/cache/step_cache_numbers.json`
 
 A folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`) gives the defaults of
 the sizes, steps, guidance and negative prompt, as for ``ditax generate``. A folder whose family
-has no step cache (:attr:`ditax.pipelines.family.PipelineFamily.step_cache`; FLUX.1 today) is
+has no step cache (its spec declares no capability ``step_cache``; FLUX.1 today) is
 refused in one line (exit 2) before anything loads.
 ``MODEL`` = ``demo``: the shipped demo model (sampled as its ``ditax_sample.json`` says),
 prompts of its vocabulary unless ``--prompts`` are given, entry name ``ditax-demo``; its shipped
@@ -81,6 +81,7 @@ def run(args) -> int:
     from ditax.cli.sample_request import sample_request
     from ditax.cli.run import run_context
     from ditax.config import validate
+    from ditax.models import registry
     from ditax.pipelines.cache.calibrate import calibrate
     from ditax.pipelines.cache.numbers import merge_numbers, read_numbers, write_numbers
     from ditax.pipelines.family import preflight
@@ -100,11 +101,10 @@ def run(args) -> int:
                            f"numbers are their mean) — pass between {MIN_PROMPTS} and "
                            f"{MAX_PROMPTS} quoted prompts")
     sr = sample_request(args.model, args.overrides)
-    if not sr.pipelines.step_cache:     # before any request rule of a family it cannot run
-        raise RequestError(f"calibrate-cache measures step-cache numbers, but {sr.model} is a "
-                           f"{sr.pipelines.name} folder, whose pipelines have no step cache; "
-                           f"calibrate a folder of a family that has one (e.g. "
-                           f"`ditax calibrate-cache demo`)")
+    registry.require(           # before any request rule of a family it cannot run
+        sr.cfg.model.family, "step_cache", f"calibrate-cache measures step-cache numbers, but "
+        f"{sr.model} is a {sr.pipelines.name} folder", "calibrate a folder of a family that "
+        "has one (e.g. `ditax calibrate-cache demo`)")
     cfg, given, defaults = sr.cfg, sr.given, sr.defaults
     s = cfg.sample
     args.model = sr.model

@@ -59,6 +59,22 @@ def folder_family(path, subfolder):
     return family_class(name), folder
 
 
+def require(family: str, capability: str, args, lora: bool = True) -> None:
+    """What ``ditax convert`` asks of ``family`` before any work, each undeclared capability
+    one line (:func:`ditax.models.registry.require`): ``capability``; the folder check of
+    what it writes (``--out``); LoRA names for ``--lora`` (``lora``)."""
+    from ditax.models import registry
+
+    what = f"ditax convert {args.path}"
+    registry.require(family, capability, what, "convert a model of a family that has it, or "
+                     "load it with that family's own tools")
+    if args.out is not None:
+        registry.require(family, "folder_check", f"{what} --out {args.out}",
+                         "convert a model of a family that can check what is written")
+    if lora and args.lora:
+        registry.require(family, "lora", f"{what} --lora {args.lora[0]}", "drop --lora")
+
+
 def run(args) -> int:
     from ditax.errors import ConfigError
     from ditax.io.weights import is_single_file
@@ -75,6 +91,7 @@ def run(args) -> int:
                                   f"file); {args.path} is read as a diffusers folder with its "
                                   f"own config.json")
         family, folder = folder_family(args.path, args.subfolder)
+        require(family.name, "folder_check", args, lora=False)
         print(family.check_folder(folder, None))
         return 0
     from ditax.models.base import model_family
@@ -83,12 +100,14 @@ def run(args) -> int:
         if args.lora or args.dtype:
             raise ConfigError("--lora and --dtype change what --out writes; pass --out FOLDER")
         family = model_family(model_config(args.config, args.path))
+        require(family.name, "single_file", args, lora=False)
         print(f"{family.check_single_file(args.path)}; --out FOLDER writes it as a diffusers "
               f"folder")
         return 0
     from ditax.lora import parse_lora_arg, resolve_loras
 
     family = model_family(model_config(args.config, args.path))
+    require(family.name, "single_file", args)
     loras = resolve_loras([parse_lora_arg(s) for s in args.lora], names=family.lora_names())
     folder = family.convert_single_file(args.path, args.out, dtype=args.dtype, loras=loras)
     print(f"wrote {folder}")
@@ -100,7 +119,9 @@ def write_quantized(args, single: bool) -> int:
     """``--quantize``: load with 8-bit block linears, write ditax's 8-bit folder, check it."""
     import ditax
     from ditax.errors import ConfigError
+    from ditax.load import model_config
     from ditax.lora import parse_lora_arg
+    from ditax.models import registry
     from ditax.models.base import model_family
     from ditax.models.single_files import check_out, write_folder
     from ditax.nn.quant_folder import QuantizedTensors, folder_config
@@ -111,6 +132,9 @@ def write_quantized(args, single: bool) -> int:
         raise ConfigError(f"--config is for single-file checkpoints (one .safetensors file); "
                           f"{args.path} is read as a diffusers folder with its own config.json")
     out = check_out(args.out, args.dtype)
+    family = (getattr(model_config(args.config, args.path), "family", None) if single else
+              folder_family(args.path, args.subfolder)[0].name)
+    require(family or registry.DEFAULT_FAMILY, "quantize", args)
     where = dict(config=args.config) if single else dict(subfolder=args.subfolder)
     tr = ditax.load_transformer(args.path, dtype=args.dtype or "float32",
                                 quantize=args.quantize,

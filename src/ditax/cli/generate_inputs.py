@@ -79,13 +79,16 @@ def read_loras(specs: list[str], strict: bool = True, family: str | None = None)
     """``--lora FILE[:STRENGTH]`` values → ``[(Lora, strength)]``, each file read and its
     format checked here (a bad file is a :class:`~ditax.errors.WeightError`: exit 2; with
     ``strict=False`` unknown keys are skipped with a warning). Files are named by ``family``'s
-    LoRA names (:meth:`~ditax.models.base.ModelFamily.lora_names`; None: the default
-    family's)."""
+    LoRA names (its spec's ``lora_names``; None: the default family's); a family without
+    the capability ``lora`` is refused in one line."""
     from ditax.lora import parse_lora_arg, resolve_loras
-    from ditax.models.base import DEFAULT_FAMILY, family_class
+    from ditax.models import registry
 
+    name = family or registry.DEFAULT_FAMILY
+    if specs:       # a family that reads no LoRA files: one line, before any file is read
+        registry.require(name, "lora", f"--lora {specs[0]}", "drop --lora")
     return resolve_loras([parse_lora_arg(s) for s in specs], strict,
-                         names=family_class(family or DEFAULT_FAMILY).lora_names())
+                         names=registry.spec(name).lora_names_object())
 
 
 __all__ = ["read_control", "read_images", "read_loras", "read_source_video"]

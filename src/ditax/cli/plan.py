@@ -88,11 +88,13 @@ def run(args) -> int:
 
     from ditax.cli.run import run_context
     from ditax.config import load_config, validate
+    from ditax.config.families import check_capabilities
     from ditax.parallel import make_mesh
     from ditax.plan import plan
 
     devices = jax.devices() if devices is None else devices
     cfg = load_config(args.config, args.overrides)
+    check_capabilities(cfg, "ditax plan", training=args.train)
     validate(cfg, len(devices), training=args.train)
     mesh = make_mesh(cfg.mesh, devices)
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print  # noqa: E731

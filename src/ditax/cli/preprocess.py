@@ -36,6 +36,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from ditax.models import registry
     from ditax.train.preprocess import (
         check_model,
         check_output,
@@ -48,6 +49,9 @@ def run(args) -> int:
 
     with request_errors(FileNotFoundError):
         family = folder_family(args.model)
+        registry.require(family, "preprocess", f"ditax preprocess --model {args.model}",
+                         "preprocess with a folder of a family that has encoders (e.g. "
+                         "--model demo)")
         given = dict(height=args.height, width=args.width, frames=args.frames,
                      text_len=args.text_len)
         d = request_defaults(args.model, family) if None in given.values() else {}

@@ -27,8 +27,10 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ditax.config import load_config, validate
+    from ditax.config.families import check_capabilities
 
     cfg = load_config(args.config, args.overrides)
+    check_capabilities(cfg, "ditax train", training=True)   # before the data is read
     if cfg.data.source != "synthetic":      # a bad data.source is a config error: say so now
         from ditax.train.data import read_meta
 

@@ -39,9 +39,13 @@ def run(args) -> int:
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config:          # no YAML, only overrides
         config, overrides = None, [config, *overrides]
+    from ditax.models import registry
     from ditax.models.base import DEFAULT_FAMILY, family_class
 
-    trainer = family_class(args.family or DEFAULT_FAMILY).trainer("vae")
+    family = args.family or DEFAULT_FAMILY
+    registry.require(family, "train_vae", f"ditax train-vae --family {family}",
+                     "train the VAE of a family that has a VAE trainer (--family wan|flux)")
+    trainer = family_class(family).trainer("vae")
     cfg = trainer.load_config(config, overrides)
 
     import jax

@@ -28,15 +28,16 @@ class ConfigFamily:
 
 
 def register_config_family(config_cls: type) -> None:
-    """Make ``config_cls`` the config class of the family its ``family`` field names (a
-    ``Literal`` of one name), in :mod:`ditax.models.registry`."""
+    """Thin wrapper kept for tests and families outside ditax: fill the ``config`` part of the
+    one declaration (:func:`ditax.models.registry.update`) of the family that ``config_cls``'s
+    ``family`` field names (a ``Literal`` of one name). A family's own
+    ``FamilySpec(config=...)`` is the usual way."""
     if not dataclasses.is_dataclass(config_cls):
         raise TypeError(f"{config_cls!r} is not a dataclass")
     names = get_args(get_type_hints(config_cls).get("family"))
     if len(names) != 1:
         raise TypeError(f"{config_cls.__name__} needs a field family: Literal['<name>']")
-    current = registry.lookup(names[0]) or registry.FamilySpec(names[0])
-    registry.register(dataclasses.replace(current, config=config_cls))
+    registry.update(names[0], config=config_cls)
 
 
 def config_family(name: str, keys=()) -> ConfigFamily:
@@ -49,6 +50,9 @@ def config_family(name: str, keys=()) -> ConfigFamily:
         raise ConfigError(f"model.family={name!r}: its module did not register it")
     base = found.config_class()
     extra = set(keys) - {f.name for f in dataclasses.fields(base)}
+    for key in sorted(extra & set(registry.CAPABILITY_FIELDS)):    # before "unknown key"
+        registry.require(name, registry.CAPABILITY_FIELDS[key], f"model.{key}",
+                         f"remove model.{key}")
     if not extra:       # the family's own fields only: its variants are not even imported
         return ConfigFamily(found.name, base)
     hits = [(v, sorted(extra & {f.name for f in dataclasses.fields(v)}))
@@ -61,6 +65,23 @@ def config_family(name: str, keys=()) -> ConfigFamily:
     return ConfigFamily(found.name, hits[0][0] if hits else base)
 
 
+def check_capabilities(cfg, command: str, training: bool = False) -> None:
+    """The capabilities run config ``cfg`` asks of its model family, each refused in one line
+    (:func:`ditax.models.registry.require`) before any work: 8-bit weights
+    (``model.quantize``), and for a training run LoRA (``lora.rank`` > 0) and a weights
+    loader (``init_from``). ``command``: what the messages name (``"ditax train"``)."""
+    name = getattr(cfg.model, "family", registry.DEFAULT_FAMILY)
+    if getattr(cfg.model, "quantize", "none") not in ("none", None):
+        registry.require(name, "quantize", f"{command}: model.quantize={cfg.model.quantize}",
+                         "remove model.quantize")
+    if training and getattr(getattr(cfg, "lora", None), "rank", 0):
+        registry.require(name, "lora", f"{command}: lora.rank={cfg.lora.rank}",
+                         "use lora.rank=0 (full training)")
+    if training and getattr(cfg, "init_from", None):
+        registry.require(name, "init_from", f"{command}: init_from={cfg.init_from}",
+                         "remove init_from to start from random weights")
+
+
 def family_names() -> list[str]:
     """The families a ``model:`` section can name (those that declare a config class)."""
     return [n for n in registry.family_names() if registry.spec(n).config is not None]
@@ -71,5 +92,5 @@ def default_config_class() -> type:
     return registry.spec(registry.DEFAULT_FAMILY).config_class()
 
 
-__all__ = ["ConfigFamily", "register_config_family", "config_family", "family_names",
-           "default_config_class"]
+__all__ = ["ConfigFamily", "register_config_family", "config_family", "check_capabilities",
+           "family_names", "default_config_class"]

@@ -1,12 +1,15 @@
 """The model interface of training and preprocessing, and the registry of model families.
 
-A *model family* (Wan today) is a :class:`ModelFamily` subclass bound to one model config
+A *model family* (Wan, Flux) is a :class:`ModelFamily` subclass bound to one model config
 (and an attention config). ``ditax.train`` reaches a model only through it: build the module
 (randomly, or abstractly under a mesh), the parameter shardings, the denoiser call inside the
-loss, the latent shape of a video, FLOPs and tokens per sample for the metrics, weights for
-``init_from``, and the encoders ``ditax preprocess`` runs. A second family plugs in by
-subclassing, registering with :func:`register_family`, and carrying ``family = "<name>"`` in
-its model config; nothing in ``train/`` changes.
+loss, the latent shape of a video, FLOPs and tokens per sample for the metrics. Those are
+abstract: every family supplies them. The rest are optional, each needing a capability the
+family declares in its one :class:`~ditax.models.registry.FamilySpec` (weights for
+``init_from``, the encoders ``ditax preprocess`` runs, LoRA, single files, bench...): the
+commands ask :func:`ditax.models.registry.require` before calling them. A family plugs in by
+subclassing and naming the subclass in its spec (``family="module:Name"``); nothing in
+``train/`` changes.
 
 Shapes: latents ``[B, C, F, Y, X]``, timestep ``[B]`` (0…1000), text ``[B, T, Dt]``, text mask
 ``[B, T]`` bool (True = token).
@@ -17,12 +20,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import pathlib
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from flax import nnx
 
 from ditax.errors import ConfigError
 from ditax.models import registry
+from ditax.models.denoiser import Denoiser, Embedded, ModelInputs, num_blocks  # re-exported
 from ditax.models.registry import DEFAULT_FAMILY
 
 
@@ -67,67 +71,6 @@ class Encoders(abc.ABC):
         """The latents ``[C, F', Y, X]`` stored for a clip with its ``condition`` entries (a
         family whose condition adds latent frames prepends them here); unchanged by default."""
         return latents
-
-
-# -- the denoiser protocol: what a sampler and the step cache may call -------------------------
-
-
-class Embedded(Protocol):
-    """What a denoiser's :meth:`Denoiser.embed` hands its blocks and head (any object; a
-    ``NamedTuple`` in Wan). The step cache reads these three fields and nothing else."""
-
-    seq: int    # static: the tokens h[:, :seq] that are real (the rest padding), compared
-    mod: Any    # the timestep modulation the blocks read (TeaCache input "modulation")
-    temb: Any   # the time embedding (TeaCache input "time_embedding")
-
-
-class Denoiser(Protocol):
-    """A family's denoiser module as the generic sampling loop (:mod:`ditax.pipelines.sampling`)
-    and the step cache (:mod:`ditax.pipelines.cache`) use it: an ``nnx.Module`` whose forward is
-    ``head(run_blocks(*embed(...)))``.
-
-    ``x``: the denoiser input ``[B, C_in, ...]`` (what :class:`ModelInputs` returns), timestep
-    ``[B]`` (or per token ``[B, L]``), text ``[B, T, Dt]``; ``extras``: the family's further
-    inputs as keyword arguments (Wan: ``encoder_hidden_states_image``). Tokens ``h`` are one
-    array ``[B, L', D]`` (``L'`` may include padding past ``ctx.seq``), so a cached residual
-    is ``h_after - h_before``. Blocks are numbered across :attr:`block_stacks` in order.
-    """
-
-    mesh: Any   # the device mesh the module is sharded over (None: one device)
-
-    @property
-    def block_stacks(self) -> tuple[tuple[str, int], ...]:
-        """The stacks of blocks, in the order they run: ``((attribute name, depth), ...)``
-        (Wan: ``(("blocks", num_layers),)``; a model with two kinds of block lists both)."""
-
-    def __call__(self, x, timestep, text, **extras):
-        """The prediction ``[B, C_out, ...]``; equals ``head(run_blocks(h, ctx), ctx)``."""
-
-    def embed(self, x, timestep, text, **extras) -> tuple[Any, Embedded]:
-        """Tokens ``h [B, L', D]`` and the context (:class:`Embedded`) blocks and head read."""
-
-    def run_blocks(self, h, ctx: Embedded, start: int = 0, stop: int | None = None):
-        """Blocks ``start .. stop-1`` (default all, numbered across the stacks) on ``h``."""
-
-    def head(self, h, ctx: Embedded):
-        """Tokens → the prediction ``[B, C_out, ...]`` in the input's dtype."""
-
-
-class ModelInputs(Protocol):
-    """A family's rule for the denoiser's inputs at one sampling step: ``inputs(model,
-    condition, latents [B, C, ...] float32, t float32 []) → (x, timestep, extras)`` —
-    ``condition`` is the family's per-request pytree (None: text only), ``extras`` a dict of
-    keyword arguments for :meth:`Denoiser.embed` whose arrays have the condition's batch
-    (doubled, like ``x``, for a batched CFG forward). A module-level function: it is a static
-    argument of the compiled step (hashed by identity)."""
-
-    def __call__(self, model, condition, latents, t) -> tuple[Any, Any, dict]:
-        ...
-
-
-def num_blocks(model: Denoiser) -> int:
-    """All blocks of ``model``: the sum of its :attr:`~Denoiser.block_stacks` depths."""
-    return sum(depth for _, depth in model.block_stacks)
 
 
 class ModelFamily(abc.ABC):
@@ -259,94 +202,106 @@ class ModelFamily(abc.ABC):
         latents ``x_t`` of clean ``x0`` at ``timestep [B]``; unchanged by default."""
         return x_t, timestep, None
 
-    # -- weights and preprocessing ------------------------------------------------------------
+    # -- optional: each needs a capability the family declares in its FamilySpec -------------
+    # (ditax.models.registry.CAPABILITIES; commands ask registry.require before calling them)
 
     def weights_folder(self, path) -> pathlib.Path:
-        """The folder at ``path`` holding weights of this architecture (for ``init_from``);
-        :class:`ConfigError` listing what differs."""
-        raise ConfigError(f"init_from={str(path)!r}: model family {self.name!r} has no weights "
-                          f"loader; remove init_from to start from random weights")
+        """Needs capability ``init_from``. The folder at ``path`` holding weights of this
+        architecture (for ``init_from``); :class:`ConfigError` listing what differs."""
+        _lacks(self, "init_from", "weights_folder")
 
     def load_params(self, folder, mesh) -> dict:
-        """Parameters (pure dict, sharded like :meth:`param_shardings`) read from ``folder``."""
-        raise ConfigError(f"model family {self.name!r} cannot load weights from {folder}")
+        """Needs capability ``init_from``. Parameters (pure dict, sharded like
+        :meth:`param_shardings`) read from ``folder``."""
+        _lacks(self, "init_from", "load_params")
 
     @classmethod
     def load_encoders(cls, folder, dtype: str = "float32") -> Encoders:
-        """The video and text encoders of a pipeline folder (for ``ditax preprocess``)."""
-        raise ConfigError(f"model family {cls.name!r} has no encoders for preprocessing")
+        """Needs capability ``preprocess``. The video and text encoders of a pipeline folder."""
+        _lacks(cls, "preprocess", "load_encoders")
 
     def lora_table(self):
-        """The weight table LoRA adapters are placed and named by (diffusers names, a
-        :mod:`ditax.lora.table` table); None: the family has no LoRA support."""
-        return None
+        """Needs capability ``lora``. The weight table LoRA adapters are placed and named by
+        (diffusers names, a :mod:`ditax.lora.table` table)."""
+        _lacks(self, "lora", "lora_table")
 
     def weight_table(self):
-        """The transformer's full conversion table (diffusers names; what ``ditax convert
-        --quantize`` writes through); by default :meth:`lora_table`."""
+        """Needs capability ``quantize``. The transformer's full conversion table (diffusers
+        names; what ``ditax convert --quantize`` writes through); by default
+        :meth:`lora_table`."""
         return self.lora_table()
 
     @classmethod
     def lora_names(cls):
-        """The family's names for the LoRA machinery (a :class:`ditax.lora.names.LoraNames`:
-        name maps, key prefixes, target groups); None: the family reads no LoRA files."""
-        return None
-
-    # -- inference and family trainers ----------------------------------------------------------
+        """The family's names for the LoRA machinery: its spec's ``lora_names`` (a
+        :class:`ditax.lora.names.LoraNames`; None: the family reads no LoRA files)."""
+        return registry.spec(cls.name).lora_names_object()
 
     @classmethod
     def load_transformer(cls, path, **kwargs):
-        """The family's inference transformer from ``path`` (a folder whose ``config.json``
-        ``_class_name`` is one of the family's ``transformer_classes``, or a pipeline folder);
-        what :func:`ditax.load_transformer` returns for it."""
-        raise ConfigError(f"model family {cls.name!r} has no transformer loader")
+        """Needs capability ``transformer``. The family's inference transformer from ``path``
+        (a folder whose ``config.json`` ``_class_name`` is one of the family's
+        ``transformer_classes``, or a pipeline folder); what :func:`ditax.load_transformer`
+        returns for it."""
+        _lacks(cls, "transformer", "load_transformer")
 
     def random_transformer(self, mesh, seed: int = 0):
-        """The inference transformer of :meth:`load_transformer`, randomly initialised from
-        ``seed`` (sharded over ``mesh``), for ``ditax bench``."""
-        raise ConfigError(f"model family {self.name!r} has no random transformer for bench")
+        """Needs capability ``bench``. The inference transformer of :meth:`load_transformer`,
+        randomly initialised from ``seed`` (sharded over ``mesh``)."""
+        _lacks(self, "bench", "random_transformer")
 
     def random_inputs(self, batch: int, latent=None, text_len: int = 512, rng=None):
-        """``(args, kwargs)`` of one call of :meth:`random_transformer`'s transformer on random
-        inputs (numpy ``rng``): ``batch`` samples of latent grid ``latent = (F, Y, X)`` (None:
-        the family's bench default) and ``text_len`` text tokens, for ``ditax bench``;
-        :class:`ConfigError` naming a grid the family cannot take."""
-        raise ConfigError(f"model family {self.name!r} has no random inputs for bench")
+        """Needs capability ``bench``. ``(args, kwargs)`` of one call of
+        :meth:`random_transformer`'s transformer on random inputs (numpy ``rng``): ``batch``
+        samples of latent grid ``latent = (F, Y, X)`` (None: the family's bench default) and
+        ``text_len`` text tokens; :class:`ConfigError` naming a grid the family cannot take."""
+        _lacks(self, "bench", "random_inputs")
 
     @classmethod
     def check_folder(cls, path, subfolder: str | None = "transformer") -> str:
-        """Check a transformer folder (or pipeline folder / hub id) from its ``config.json`` and
-        the safetensors headers (no tensor data) for ``ditax convert FOLDER``; returns a
-        one-line summary, raises :class:`~ditax.errors.WeightError` naming what does not fit."""
-        raise ConfigError(f"model family {cls.name!r} has no folder check")
+        """Needs capability ``folder_check``. Check a transformer folder (or pipeline folder /
+        hub id) from its ``config.json`` and the safetensors headers (no tensor data); returns
+        a one-line summary, raises :class:`~ditax.errors.WeightError` naming what does not fit."""
+        _lacks(cls, "folder_check", "check_folder")
 
     def check_single_file(self, path) -> str:
-        """Check the single-file checkpoint ``path`` against this family's ``model`` config
-        (headers only); returns a one-line summary."""
-        raise ConfigError(f"model family {self.name!r} reads no single-file checkpoints")
+        """Needs capability ``single_file``. Check the single-file checkpoint ``path`` against
+        this family's ``model`` config (headers only); returns a one-line summary."""
+        _lacks(self, "single_file", "check_single_file")
 
     def convert_single_file(self, path, out, *, dtype: str | None = None, loras=None):
-        """Write the single-file checkpoint ``path`` as a diffusers transformer folder ``out``
-        (``loras``: resolved LoRAs fused in); returns ``out``."""
-        raise ConfigError(f"model family {self.name!r} reads no single-file checkpoints")
+        """Needs capability ``single_file``. Write the single-file checkpoint ``path`` as a
+        diffusers transformer folder ``out`` (``loras``: resolved LoRAs fused in)."""
+        _lacks(self, "single_file", "convert_single_file")
+
+    # -- family trainers (named by the spec's ``trainers``) ------------------------------------
 
     @classmethod
     def trainers(cls) -> dict[str, str]:
         """The family's own trainers beside ``ditax.train`` (kind → ``"module:Name"`` of a
-        :class:`FamilyTrainer`; a string, since a model never imports ``ditax.train``), e.g.
-        ``{"vae": ...}`` for ``ditax train-vae``; none by default."""
-        return {}
+        :class:`FamilyTrainer`, as its spec names them), e.g. ``{"vae": ...}``."""
+        return dict(registry.spec(cls.name).trainers)
 
     @classmethod
     def trainer(cls, kind: str) -> FamilyTrainer:
         """The family's :class:`FamilyTrainer` of ``kind`` (see :meth:`trainers`);
         :class:`ConfigError` naming the kinds it has."""
-        found = cls.trainers().get(kind)
+        found = registry.spec(cls.name).trainer_class(kind)
         if found is None:
             have = ", ".join(sorted(cls.trainers())) or "none"
             raise ConfigError(f"model family {cls.name!r} has no {kind} trainer (it has: "
                               f"{have})")
-        return registry.resolve(found)()
+        return found()
+
+
+def _lacks(family, capability: str, method: str):
+    """The default body of an optional method of ``family`` (a ModelFamily or its class): the
+    one-line refusal when ``capability`` is undeclared (:func:`ditax.models.registry.require`);
+    a family that declares it but does not override ``method`` is a bug in the family."""
+    cls = family if isinstance(family, type) else type(family)
+    registry.require(cls.name, capability, f"{cls.__name__}.{method}")
+    raise NotImplementedError(f"model family {cls.name!r} declares capability {capability!r} "
+                              f"but {cls.__name__} does not override {method}")
 
 
 class FamilyTrainer(abc.ABC):
@@ -370,11 +325,11 @@ class FamilyTrainer(abc.ABC):
 
 
 def register_family(cls: type[ModelFamily]) -> type[ModelFamily]:
-    """Class decorator: make ``cls`` the runtime interface of the family named ``cls.name`` in
-    :mod:`ditax.models.registry` (its :class:`~ditax.models.registry.FamilySpec` keeps its
-    config and folder classes; a name not registered yet gets a spec with only ``cls``)."""
-    current = registry.lookup(cls.name) or registry.FamilySpec(cls.name)
-    registry.register(dataclasses.replace(current, family=cls))
+    """Thin wrapper kept for tests and families outside ditax (a class decorator): fill the
+    ``family`` part of the one declaration of the family named ``cls.name``
+    (:func:`ditax.models.registry.update`; its other parts stay, a name not registered yet
+    gets a spec with only ``cls``). A family's own ``FamilySpec(family=...)`` is the usual way."""
+    registry.update(cls.name, family=cls)
     return cls
 
 

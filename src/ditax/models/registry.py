@@ -1,13 +1,21 @@
-"""The one registry of model families, and its one discovery rule.
+"""The one registry of model families, its one discovery rule, and the capability vocabulary.
 
-A family is described by a :class:`FamilySpec`: its name (what a config's ``model.family``
-says), its config class (the dataclass a ``model:`` section is read into), its runtime
-interface (a :class:`ditax.models.base.ModelFamily` subclass), and the diffusers
-``_class_name`` s of the transformer folders (``config.json``) and pipeline folders
-(``model_index.json``) it reads, and the config subclasses a ``model:`` section may be read
-into (``variants``: chosen by the fields the section names). Config class and interface are
-given as ``"module:Name"`` strings (imported on first use, so registering stays cheap) or as
-the objects themselves (a test registers a toy family it defines).
+A family is ONE declaration, a :class:`FamilySpec` that names all of its parts: its name
+(what a config's ``model.family`` says), its config class (the dataclass a ``model:`` section
+is read into) and config ``variants``, its runtime interface (a
+:class:`ditax.models.base.ModelFamily` subclass), its pipelines (a
+:class:`ditax.pipelines.family.PipelineFamily` subclass), its own trainers (kind →
+:class:`ditax.models.base.FamilyTrainer`), its LoRA names (a :class:`ditax.lora.LoraNames`),
+the diffusers ``_class_name`` s of the transformer folders (``config.json``) and pipeline
+folders (``model_index.json``) it reads, and its ``capabilities``. Every part is a
+``"module:Name"`` string (imported on first use, so registering stays cheap and JAX-free) or
+the object itself (a test registers a toy family it defines).
+
+Capabilities — what a family MAY have beyond what every family must supply — come from one
+vocabulary, :data:`CAPABILITIES`. A family declares the ones it has; a command or API that
+needs one asks :func:`require` before any work, which answers an undeclared capability in one
+line naming the family, the capability and what to do. Nothing is discovered by calling a
+method and catching its error, nor by ``getattr``.
 
 Discovery — one rule:
 
@@ -44,10 +52,70 @@ DEFAULT_FAMILY = "wan"   # the family of a config that names none
 
 
 @dataclass(frozen=True)
+class Capability:
+    """One entry of the vocabulary: ``noun`` completes "model family X has no ...", ``needs``
+    says what uses it, ``methods`` the :class:`~ditax.models.base.ModelFamily` methods a family
+    that declares it overrides (``part``: the :class:`FamilySpec` field it must fill)."""
+
+    noun: str
+    needs: str
+    methods: tuple[str, ...] = ()
+    part: str | None = None
+
+
+# The one vocabulary of optional capabilities (what the commands and APIs branch on). Every
+# family supplies the abstract ModelFamily methods (so ditax plan and ditax train run for all);
+# these are the rest.
+CAPABILITIES: dict[str, Capability] = {
+    "transformer": Capability(
+        "transformer loader", "ditax.load_transformer, ditax convert --quantize",
+        ("load_transformer",)),
+    "single_file": Capability(
+        "single-file checkpoint reader",
+        "ditax convert FILE, ditax.load_transformer(FILE, config=)",
+        ("check_single_file", "convert_single_file")),
+    "folder_check": Capability(
+        "transformer folder check", "ditax convert FOLDER and the check of what it writes",
+        ("check_folder",)),
+    "quantize": Capability(
+        "8-bit loading", "model.quantize=int8|fp8, quantize=, ditax convert --quantize"),
+    "lora": Capability(
+        "LoRA support", "--lora, loras=, lora.rank and ditax convert --lora",
+        ("lora_table",), part="lora_names"),
+    "step_cache": Capability(
+        "step cache", "ditax calibrate-cache and the pipelines' cache=, cfg_cache=",
+        part="pipelines"),
+    "bench": Capability(
+        "random transformer for bench", "ditax bench",
+        ("random_transformer", "random_inputs")),
+    "preprocess": Capability(
+        "encoders for preprocessing", "ditax preprocess", ("load_encoders",)),
+    "init_from": Capability(
+        "weights loader for training", "ditax train init_from=",
+        ("weights_folder", "load_params")),
+    "train_vae": Capability(
+        "VAE trainer", "ditax train-vae", part="trainers"),
+}
+
+# model-section fields that only a family with the capability has (refused, naming the
+# capability, when a config of a family without it names them)
+CAPABILITY_FIELDS: dict[str, str] = {"quantize": "quantize",
+                                     "quantize_activations": "quantize"}
+
+
+class MissingCapability(ConfigError):
+    """A command or API needs a capability the family does not declare (exit 2)."""
+
+
+@dataclass(frozen=True)
 class FamilySpec:
-    """One model family: ``config`` and ``family`` are ``"module:Name"`` strings or the
-    classes; ``transformer_classes`` / ``pipeline_classes`` the diffusers ``_class_name`` s of
-    the folders it reads (empty for a family that loads no folders)."""
+    """One model family, all of its parts. Each part is a ``"module:Name"`` string or the
+    object: ``config`` (model config dataclass), ``family`` (``ModelFamily`` subclass),
+    ``pipelines`` (``PipelineFamily`` subclass; None: loads no pipeline folders), ``trainers``
+    (kind → ``FamilyTrainer`` subclass, e.g. ``{"vae": ...}``), ``lora_names`` (a ``LoraNames``
+    object; None: reads no LoRA files); ``transformer_classes`` / ``pipeline_classes`` the
+    diffusers ``_class_name`` s of the folders it reads; ``variants`` config subclasses;
+    ``capabilities`` names from :data:`CAPABILITIES`."""
 
     name: str
     config: Any = None
@@ -55,6 +123,10 @@ class FamilySpec:
     transformer_classes: tuple[str, ...] = ()
     pipeline_classes: tuple[str, ...] = ()
     variants: tuple = ()     # subclasses of ``config`` a model: section may be read into
+    pipelines: Any = None
+    trainers: Any = dataclasses.field(default_factory=dict)
+    lora_names: Any = None
+    capabilities: frozenset = frozenset()
 
     def config_class(self) -> type:
         """The config dataclass (imported on first use)."""
@@ -74,6 +146,26 @@ class FamilySpec:
             raise ConfigError(f"model family {self.name!r} declares no runtime interface "
                               f"(FamilySpec.family)")
         return resolve(self.family)
+
+    def pipelines_class(self) -> type | None:
+        """The :class:`~ditax.pipelines.family.PipelineFamily` subclass (None: none)."""
+        return None if self.pipelines is None else resolve(self.pipelines)
+
+    def trainer_class(self, kind: str) -> type | None:
+        """The family's trainer of ``kind`` (None: none)."""
+        ref = self.trainers.get(kind)
+        return None if ref is None else resolve(ref)
+
+    def lora_names_object(self):
+        """The family's :class:`~ditax.lora.LoraNames` (None: it reads no LoRA files)."""
+        return None if self.lora_names is None else resolve(self.lora_names)
+
+    def has(self, capability: str) -> bool:
+        """Whether the family declares ``capability`` (a name of :data:`CAPABILITIES`)."""
+        if capability not in CAPABILITIES:
+            raise KeyError(f"{capability!r} is no capability; the vocabulary: "
+                           f"{', '.join(CAPABILITIES)}")
+        return capability in self.capabilities
 
     @property
     def class_names(self) -> tuple[str, ...]:
@@ -96,15 +188,53 @@ def resolve(ref):
 
 def register(spec: FamilySpec) -> FamilySpec:
     """Make ``spec`` the family called ``spec.name`` (a second call with the name replaces it).
-    Returns ``spec``."""
+    Returns ``spec``; :class:`TypeError` for a capability outside the vocabulary or one whose
+    part (``lora_names``, ``pipelines``, ``trainers['vae']``) the spec does not name."""
     if not isinstance(spec, FamilySpec):
         raise TypeError(f"register() takes a FamilySpec, got {type(spec).__name__}")
     if not isinstance(spec.name, str) or not spec.name:
         raise TypeError(f"FamilySpec.name must be a non-empty string, got {spec.name!r}")
+    caps = frozenset(spec.capabilities)
+    unknown = sorted(caps - set(CAPABILITIES))
+    if unknown:
+        raise TypeError(f"family {spec.name!r}: capabilities {unknown} are not in the "
+                        f"vocabulary ({', '.join(CAPABILITIES)})")
+    trainers = dict(spec.trainers or {})
+    for cap in sorted(caps):
+        part = CAPABILITIES[cap].part
+        filled = ("vae" in trainers) if part == "trainers" else (
+            part is None or getattr(spec, part) is not None)
+        if not filled:
+            raise TypeError(f"family {spec.name!r} declares capability {cap!r} but names no "
+                            f"{part}{'[vae]' if part == 'trainers' else ''}")
     _SPECS[spec.name] = dataclasses.replace(
         spec, transformer_classes=tuple(spec.transformer_classes),
-        pipeline_classes=tuple(spec.pipeline_classes), variants=tuple(spec.variants))
+        pipeline_classes=tuple(spec.pipeline_classes), variants=tuple(spec.variants),
+        trainers=trainers, capabilities=caps)
     return _SPECS[spec.name]
+
+
+def update(name: str, **parts) -> FamilySpec:
+    """Fill ``parts`` of family ``name``'s spec (a new spec with only them when ``name`` is not
+    registered yet): what the thin registration wrappers (``register_family``,
+    ``register_config_family``, ``register_pipelines``) do."""
+    current = lookup(name) or FamilySpec(name)
+    return register(dataclasses.replace(current, **parts))
+
+
+def require(name: str, capability: str, what: str, fix: str | None = None) -> FamilySpec:
+    """Family ``name``'s spec when it declares ``capability``; else one
+    :class:`MissingCapability` line: ``"<what>: model family 'x' has no <noun> (capability
+    '<capability>' not declared); <fix>"`` — asked by a command or API before any work."""
+    found = spec(name)
+    if not found.has(capability):
+        c = CAPABILITIES[capability]
+        if fix is None:
+            have = [n for n in family_names() if _SPECS[n].has(capability)]
+            fix = f"use a model of a family that has it ({', '.join(have) or 'none'})"
+        raise MissingCapability(f"{what}: model family {name!r} has no {c.noun} (capability "
+                                f"{capability!r}, used by {c.needs}, is not declared); {fix}")
+    return found
 
 
 def _module_of(name: str) -> str:
@@ -125,16 +255,21 @@ def import_if_present(module: str) -> bool:
     return True
 
 
+# the shared rooms of models/ (the building floor, the encoders, the VAEs): subpackages that
+# register no family, so discovery does not import them
+SHARED_ROOMS = ("common", "encoders", "vae")
+
+
 def _discover() -> None:
-    """Import every subpackage of :mod:`ditax.models` once (the built-in families register on
-    import)."""
+    """Import every subpackage of :mod:`ditax.models` but the :data:`SHARED_ROOMS` once (the
+    built-in families register on import)."""
     global _discovered
     if _discovered:
         return
     import ditax.models
 
     for info in pkgutil.iter_modules(ditax.models.__path__):
-        if info.ispkg:
+        if info.ispkg and info.name not in SHARED_ROOMS:
             importlib.import_module(f"ditax.models.{info.name}")
     for module in plugin_modules():
         if not import_if_present(module):
@@ -196,5 +331,6 @@ def family_names() -> list[str]:
     return sorted(_SPECS)
 
 
-__all__ = ["FamilySpec", "register", "lookup", "resolve", "spec", "spec_for_class", "family_names",
-           "import_if_present", "plugin_modules", "DEFAULT_FAMILY"]
+__all__ = ["FamilySpec", "Capability", "CAPABILITIES", "CAPABILITY_FIELDS", "MissingCapability",
+           "register", "update", "require", "lookup", "resolve", "spec", "spec_for_class",
+           "family_names", "import_if_present", "plugin_modules", "DEFAULT_FAMILY"]

@@ -15,10 +15,9 @@ they ask the family of a pipeline folder for what is its own —
 
 Discovery follows the one rule of :mod:`ditax.models.registry`: a folder's
 ``model_index.json`` ``_class_name`` names the family (:func:`~ditax.models.registry.spec_for_class`;
-none: the default family); the pipelines of a built-in family ``NAME`` are registered by the
-package ``ditax.pipelines.NAME`` when it is imported, those of a family outside ditax by the
-module of its dotted name (the same module that registers its spec), or directly with
-:func:`register_pipelines` (a family defined in a test).
+none: the default family), and the family's one declaration (its
+:class:`~ditax.models.registry.FamilySpec`) names its pipelines (``pipelines=``).
+:func:`register_pipelines` is a thin wrapper that fills that field (a family defined in a test).
 
 Light on purpose (no JAX): the config loader reads the default family's defaults through it.
 """
@@ -55,9 +54,8 @@ class PipelineFamily:
     # the keys a folder's ditax_sample.json may hold (None: every key of sample_defaults);
     # their rules: ditax.pipelines.sample_defaults
     sample_file_keys: ClassVar[tuple[str, ...] | None] = None
-    # whether the pipelines take step caching (``cache=``, ``cfg_cache=``, ``cache="calibrate"``
-    # for ``ditax calibrate-cache``); a family without it is refused there in one line
-    step_cache: ClassVar[bool] = False
+    # (whether the pipelines take step caching is the family's capability "step_cache",
+    # declared in its FamilySpec: ditax.models.registry.require)
 
     def sample_file_rules(self) -> dict:
         """``{key: (kind, rule)}`` of the keys this family's ``ditax_sample.json`` may hold
@@ -101,26 +99,22 @@ class PipelineFamily:
         raise ConfigError(f"model family {self.name!r} has no pipelines to load {path}")
 
 
-_PIPELINES: dict[str, Any] = {}   # family name -> PipelineFamily subclass or "module:Name"
-
-
 def register_pipelines(name: str, pipelines) -> None:
-    """Make ``pipelines`` (a :class:`PipelineFamily` subclass, or its ``"module:Name"``) the
-    pipelines of family ``name`` (a second call replaces the first)."""
-    _PIPELINES[name] = pipelines
+    """Thin wrapper kept for tests and families outside ditax: fill the ``pipelines`` part of
+    family ``name``'s one declaration (:func:`ditax.models.registry.update`) with ``pipelines``
+    (a :class:`PipelineFamily` subclass, or its ``"module:Name"``); a second call replaces the
+    first. A family's own ``FamilySpec(pipelines=...)`` is the usual way."""
+    registry.update(name, pipelines=pipelines)
 
 
 def pipelines_of(name: str) -> PipelineFamily:
-    """The pipelines of family ``name`` (its package imported on first use);
-    :class:`ConfigError` when the family has none."""
-    if name not in _PIPELINES:
-        registry.import_if_present(name if "." in name else f"ditax.pipelines.{name}")
-    ref = _PIPELINES.get(name)
-    if ref is None:
-        raise ConfigError(f"model family {name!r} has no pipelines (nothing registered them "
-                          f"with ditax.pipelines.family.register_pipelines)")
-    ref = _PIPELINES[name] = registry.resolve(ref)
-    return ref()
+    """The pipelines of family ``name``, as its spec names them (:func:`ditax.models.registry.spec`:
+    imported on first use); :class:`ConfigError` when the family declares none."""
+    cls = registry.spec(name).pipelines_class()
+    if cls is None:
+        raise ConfigError(f"model family {name!r} has no pipelines (its FamilySpec names no "
+                          f"pipelines=)")
+    return cls()
 
 
 def pipeline_class(root: pathlib.Path) -> str | None:

@@ -4,13 +4,11 @@ Dataset format (written by ``ditax preprocess`` or :class:`DatasetWriter`): a fo
 
 - ``meta.json``: ``{"format": "ditax-latents", "version": 1, "num_samples": N,
   "latent_shape": [C, F, Y, X], "text_shape": [T, Dt], "files": [...]}``
-- one or more ArrayRecord files; each record is a safetensors-serialised dict
-  ``{"latents": [C, F, Y, X], "text": [T, Dt], "text_mask": uint8 [T]}`` (one video), plus
-  for image-to-video models the image condition (``meta.json`` lists its entries and shapes
-  under ``"condition"``; Wan I2V: ``condition`` ``[tf + z, F, Y, X]`` mask and condition
-  latents, Wan 2.1 also ``image`` ``[S, Di]`` CLIP features).
-
-All samples of a dataset share one latent shape (one resolution bucket), so batches stack.
+- ArrayRecord files; a record is a safetensors-serialised dict ``{"latents": [C, F, Y, X],
+  "text": [T, Dt], "text_mask": uint8 [T]}`` (one video) plus the family's condition entries
+  (``meta.json`` ``"condition"`` lists them and their shapes; Wan I2V: ``condition`` ``[tf + z,
+  F, Y, X]`` mask and latents, Wan 2.1 also ``image`` ``[S, Di]`` CLIP features). All samples
+  share one latent shape (one resolution bucket), so batches stack.
 
 Iteration order does not depend on the number of processes: the global stream is a
 per-epoch shuffle of the records (grain ``MapDataset``), cut into per-process chunks of
@@ -167,15 +165,12 @@ def open_source(cfg: Config):
 
 
 def _preprocess_hint(family) -> str:
-    """The fix of a dataset made for another model: preprocess with a pipeline folder of the
-    model's family (its classes from the family's declaration) and kind."""
+    """The fix of a dataset made for another model (the family's folder classes named)."""
     from ditax.models.registry import lookup
 
-    spec = lookup(family.name)
-    classes = ", ".join(spec.pipeline_classes) if spec is not None else ""
+    classes = ", ".join(getattr(lookup(family.name), "pipeline_classes", ()))
     return (f"preprocess the videos with a {family.name} pipeline folder of this model's kind"
-            + (f" ({classes})" if classes else "")
-            + ": `ditax preprocess VIDEOS OUT --model FOLDER`")
+            f"{f' ({classes})' if classes else ''}: `ditax preprocess VIDEOS OUT --model FOLDER`")
 
 
 def check_condition(meta: dict, family, source) -> None:

@@ -10,7 +10,7 @@ import dataclasses
 from flax import nnx
 
 from ditax.errors import ConfigError
-from ditax.models.base import ModelFamily, register_family
+from ditax.models.base import ModelFamily
 
 VAE_FACTOR = 8    # FLUX.1's VAE: spatial downsampling (four levels)
 PACK = 2          # 2 x 2 latent patches are packed into one token (C_in = 4 x latent C)
@@ -31,7 +31,6 @@ def vae_factor(vae=None) -> int:
     return 2 ** (len(widths) - 1)
 
 
-@register_family
 class FluxFamily(ModelFamily):
     """``model``: :class:`ditax.models.flux.config.FluxConfig`; ``attention``: an
     :class:`~ditax.attention.config.AttentionConfig` (None: ``xla``)."""
@@ -282,13 +281,3 @@ class FluxFamily(ModelFamily):
         from ditax.models.flux.convert import weight_table
 
         return weight_table(self.model)
-
-    @classmethod
-    def lora_names(cls):
-        from ditax.models.flux.lora_names import LORA_NAMES
-
-        return LORA_NAMES
-
-    @classmethod
-    def trainers(cls) -> dict[str, str]:
-        return {"vae": "ditax.train.flux.trainers:FluxVAETraining"}  # train-vae --family flux

@@ -9,11 +9,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ditax.errors import ConfigError
-from ditax.models.base import Encoders, ModelFamily, TextEncoding, register_family
+from ditax.models.base import Encoders, ModelFamily, TextEncoding
 
 
-
-@register_family
 class WanFamily(ModelFamily):
     """``model``: :class:`ditax.models.wan.config.ModelConfig`; ``attention``: an
     :class:`~ditax.attention.config.AttentionConfig` (None: ``xla`` everywhere)."""
@@ -196,12 +194,6 @@ class WanFamily(ModelFamily):
 
         return config_weight_table(self.model)
 
-    @classmethod
-    def lora_names(cls):
-        from ditax.models.wan.lora_names import LORA_NAMES
-
-        return LORA_NAMES
-
     # -- weights and encoders -------------------------------------------------------------------
 
     def weights_folder(self, path) -> pathlib.Path:
@@ -273,10 +265,6 @@ class WanFamily(ModelFamily):
         from ditax.models.wan.single_file import write_diffusers_folder
 
         return write_diffusers_folder(path, self.model, out, dtype=dtype, loras=loras)
-
-    @classmethod
-    def trainers(cls) -> dict[str, str]:
-        return {"vae": "ditax.train.wan.trainers:WanVAETraining"}    # ditax train-vae
 
 
 class WanEncoders(Encoders):

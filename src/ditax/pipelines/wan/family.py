@@ -34,8 +34,6 @@ class WanPipelines(PipelineFamily):
     name = "wan"
     sample_defaults = SAMPLE_DEFAULTS
     sample_presets = SAMPLE_PRESETS
-    step_cache = True
-    step_cache = True
     fields = FIELDS
     cli_inputs = CLI_INPUTS
 
