@@ -188,13 +188,12 @@ def check_condition(meta: dict, family, source) -> None:
                               f"does not take (model.vace_layers is empty); train a VACE model "
                               f"config or use a dataset preprocessed without a VACE folder")
     if missing:
-        raise DataSourceError(f"dataset {source} has no {', '.join(missing)} entries, which this "
-                              f"{family.name} model trains with; {_preprocess_hint(family)}")
-    extra = [k for k in have if k not in want]
-    if extra:
+        raise DataSourceError(f"dataset {source} has no {', '.join(missing)} entries, which "
+                              f"this {family.name} model trains with; {_preprocess_hint(family)}")
+    if extra := [k for k in have if k not in want]:
         raise DataSourceError(f"dataset {source} stores {', '.join(extra)} entries, which this "
-                              f"{family.name} model does not take (the dataset was made for "
-                              f"another model); {_preprocess_hint(family)}")
+                              f"{family.name} model does not take (made for another model); "
+                              f"{_preprocess_hint(family)}")
     for k, shape in want.items():
         if k == "condition" and have[k] != shape:
             raise DataSourceError(f"dataset {source}: condition shape {list(have[k])} != the "
