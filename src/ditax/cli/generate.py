@@ -197,9 +197,14 @@ def parse_request(args):
     args.model = req.model
     makes = pipes.makes
     video = makes == "video"
-    if not video and (s.cache or s.cfg_cache or s.sigmas is not None):
-        raise RequestError(f"sample.cache / sample.cfg_cache / sample.sigmas are not read by "
-                           f"{pipes.name} folders yet; drop them")
+    if s.cache or s.cfg_cache:      # the family declares step caching, or it is refused
+        from ditax.models.registry import require
+
+        require(pipes.name, "step_cache", "sample.cache" if s.cache else "sample.cfg_cache",
+                "drop it (the step cache is not wired into this family's pipelines)")
+    if not video and s.sigmas is not None:
+        raise RequestError(f"sample.sigmas is not read by {pipes.name} folders (it sets its "
+                           f"own schedule); drop it")
     _pair_true_cfg(args, pipes, surface)
     request = build_request(
         pipes, {f.name: getattr(args, f.dest, None) for f in fields_of(pipes)
