@@ -30,7 +30,7 @@ from flax import nnx
 
 from ditax.errors import RequestError
 from ditax.models import registry
-from ditax.pipelines.family import PipelineFamily, register_pipelines
+from ditax.pipelines.family import PipelineFamily
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.request import Field
 from ditax.pipelines.sampling import Expert, Prepared, Timings, record
@@ -194,7 +194,8 @@ def _apply(self, module, latents, timestep, text, text_mask, condition=None):
 
 ToyThirdFamily.apply = _apply
 
+# the family's one declaration (no capability declared: it has no LoRA names, no 8-bit path,
+# no single files, ...; each is refused in one line where a command needs it)
 registry.register(registry.FamilySpec(
-    FAMILY, config=ToyThirdConfig, family=ToyThirdFamily,
+    FAMILY, config=ToyThirdConfig, family=ToyThirdFamily, pipelines=ToyThirdPipelines,
     transformer_classes=("ToyThirdTransformer",), pipeline_classes=("ToyThirdPipeline",)))
-register_pipelines(FAMILY, ToyThirdPipelines)
