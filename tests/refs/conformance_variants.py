@@ -16,7 +16,7 @@ Capability names (one row each in the conformance test):
   step cache skips transformer calls). A variant may lack one its family declares (VACE and
   Animate: 8-bit loading is refused, and single files with their extra modules are not read);
   no variant has one its family does not declare;
-- ``plan``: ``ditax plan PRESET --target cpu:8`` (variants that have a preset).
+- ``plan``: ``ditax plan PRESET --target cpu:8`` (the toy: a YAML of its config).
 
 Sizes: the smallest each variant's grid takes, one latent frame, one step (two for
 video-to-video, whose strength skips one).
@@ -25,7 +25,6 @@ video-to-video, whose strength skips one).
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Callable
 
@@ -46,7 +45,7 @@ class Variant:
     keywords and JSON fields (``inputs``: the fixture folder of test images and clips);
     ``makes``: the output files generate writes (suffixes of --output's stem);
     ``refusals``: ``(generate flags, words)`` a capability this variant lacks, each exit 2
-    with one line holding ``words``; ``plan``: its preset."""
+    with one line holding ``words``; ``plan``: its preset, or ``plan(tmp) -> YAML path``."""
 
     build: Callable
     family: str
@@ -57,7 +56,7 @@ class Variant:
     call: Callable = lambda inputs: {}
     body: Callable = lambda inputs: {}
     refusals: tuple = ()
-    plan: str | None = None
+    plan: str | Callable | None = None
     load: dict = dataclasses.field(default_factory=dict)
 
 
@@ -97,6 +96,17 @@ def _toy(tmp, inputs):
     import toy_third
 
     return toy_third.write_folder(tmp / "toy")
+
+
+def _toy_plan(tmp) -> str:
+    """A YAML of the toy's config (it ships no preset): ``ditax plan`` reads any family's."""
+    import yaml
+
+    import toy_third
+
+    path = pathlib.Path(tmp) / "toy.yaml"
+    path.write_text(yaml.safe_dump({"model": dataclasses.asdict(toy_third.ToyThirdConfig())}))
+    return str(path)
 
 
 def write_inputs(folder: pathlib.Path) -> pathlib.Path:
@@ -205,9 +215,9 @@ VARIANTS = {
                                             "face_video": "face.mp4"}),
                             segment_frame_length=5, prev_segment_conditioning_frames=1)),
     "wan-v2v": Variant(
-        _demo, "wan", WAN_CAPS,
+        _demo, "wan", WAN_CAPS | {"plan"},
         dict(height=32, width=32, num_frames=1, num_inference_steps=2, guidance_scale=2.0),
-        load=dict(video_to_video=True),
+        load=dict(video_to_video=True), plan="tiny",     # its model is a text-to-video one
         flags=lambda d: ["--video", str(d / "src.mp4"), "--strength", "0.5"],
         call=lambda d: dict(read_inputs(d, {"video": "src.mp4"}), strength=0.5)),
     "flux": Variant(
@@ -219,12 +229,11 @@ VARIANTS = {
                   (["--video", "{inputs}/src.mp4", "--strength", "0.5"],
                    "is not taken by flux models"))),
     "toy": Variant(
-        _toy, "toythird", frozenset({"load", "generate", "serve", "batch"}),
+        _toy, "toythird", frozenset({"load", "generate", "serve", "batch", "plan"}),
         dict(height=16, width=16, **SMALL), makes=(".mp4", ".aux.npy"),   # 1 frame: its own
+        plan=_toy_plan,
         refusals=((["--true-cfg", "3", "--negative-prompt", "x"], "--true-cfg is not taken by "
-                   "toythird models"),
-                  (["--lora", "{lora}"], "lora"),
-                  (["model.quantize=int8"], "quantize"))),
+                   "toythird models"),)),   # its lacking LoRA, 8-bit, ...: test_lacking
 }
 
 
