@@ -20,13 +20,7 @@ from family_scope import families_restored
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
-# real gaps in src/ (reported): the variant should have the capability and does not
-GAPS = {("wan-vace", "batch"): "WanVace.plan_request pops video= / mask= / ... from a "
-                               "prepare() call that names none of them (KeyError 'video'): the "
-                               "server's call of a VACE request has no control keys"}
-HAS = [pytest.param(v, c, marks=[pytest.mark.xfail(reason=GAPS[v, c], raises=KeyError, strict=True)]
-                    if (v, c) in GAPS else []) for v, row in VARIANTS.items()
-       for c in ALL_CAPS if c in row.caps]
+HAS = [(v, c) for v, row in VARIANTS.items() for c in ALL_CAPS if c in row.caps]
 LACKS = [(v, c) for v, row in VARIANTS.items() for c in ("serve", "batch", *FAMILY_CAPS)
          if c not in row.caps]
 TORCH_BUILT = {"wan-i2v", "wan-ti2v", "wan-vace", "wan-animate"}

@@ -79,7 +79,11 @@ class WanVace(WanTextToVideo):
             raise RequestError("image= / last_image= are for image-to-video folders; a VACE "
                                "folder takes the frames as video= with a mask= (black = keep) "
                                "or as reference_images=")
-        control = {k: extra.pop(k) for k in ("video", *VACE_ARGS)}
+        # the call's defaults where a request leaves one out (a server's job, a batch's rows
+        # come as prepare(**call) with only what was given)
+        defaults = {"video": None, "mask": None, "reference_images": None,
+                    "conditioning_scale": 1.0}
+        control = {k: extra.pop(k, defaults[k]) for k in ("video", *VACE_ARGS)}
         refuse_extra(self, extra)
         inputs = self._control_inputs(*(control[k] for k in ("video", *VACE_ARGS)), height,
                                       width, num_frames)
