@@ -122,8 +122,8 @@ def bench_vae_memory(folder, args):
     import jax.numpy as jnp
     from flax import nnx
 
-    from ditax.models.wan.vae.chunks import decode_chunk
-    from ditax.models.wan.vae_convert import load_vae
+    from ditax.models.vae.wan.chunks import decode_chunk
+    from ditax.models.vae.wan.convert import load_vae
 
     vae = load_vae(pathlib.Path(folder) / "vae")
     gdef, state = nnx.split(vae)

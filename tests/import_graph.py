@@ -1,6 +1,7 @@
 """ditax's import graph (every ``import`` statement, function-level ones included, read by
 grimp) and the rules the package keeps: no cycle between packages (``ditax.X``) or between
-files, models/ importing none of the floors above it, and Wan reached only from its own folders.
+files, models/ importing none of the floors above it, every built-in family reached only from
+its own folders, and the shared rooms of models/ importing no family.
 
 ``python tests/import_graph.py`` prints what breaks a rule (nothing when all hold);
 ``tests/test_imports.py`` asserts each rule.
@@ -13,15 +14,41 @@ import sys
 
 import grimp
 
-# what may import ditax.models.wan: the Wan family's own folders (models/, pipelines/, train/
-# wan), the demo and its recipe
-WAN = "ditax.models.wan"
-WAN_HOMES = ("ditax.models.wan", "ditax.pipelines.wan", "ditax.train.wan", "ditax.demo",
-             "ditax.recipes")
+from ditax.models import registry
+
+# where a family F's code lives: ditax.models.F, ditax.pipelines.F, ditax.train.F
+FAMILY_FLOORS = ("ditax.models", "ditax.pipelines", "ditax.train")
+# besides its own folders, what may import a family: the demo and its recipes (packages), and
+# the top-level ``ditax`` itself (the curated public surface re-exports a family's pipelines;
+# the module only, not every ``ditax.*``)
+FAMILY_GUESTS = ("ditax.demo", "ditax.recipes")
+PUBLIC_SURFACE = "ditax"
+# edges into a family from outside its folders that are known and still open (each is a seam a
+# later change closes by moving the code into the family's folders); the test asserts that the
+# graph holds exactly these, so a new one fails and a closed one must be struck from the list
+OPEN_SEAMS = {
+    # generate's Wan Animate flags (and their default guidance) live in cli/, not in the Wan
+    # family's request fields
+    ("ditax.cli.animate_flags", "ditax.pipelines.wan.animate"),
+}
+# the shared rooms of models/ (building floor, encoders, VAEs): any family may import them,
+# they import no family
+SHARED_ROOMS = tuple(f"ditax.models.{room}" for room in registry.SHARED_ROOMS)
 # packages models/ stands below: a model never imports them (lora/ is machinery below the
 # families: it takes their name maps, and a family's loader may call it)
 ABOVE_MODELS = ("ditax.config", "ditax.pipelines", "ditax.train", "ditax.cli", "ditax.plan",
                 "ditax.serve", "ditax.recipes", "ditax.demo", "ditax.bench")
+
+
+def builtin_families() -> list[str]:
+    """Names of the families ditax ships (a subpackage of ``ditax.models`` each; families
+    outside ditax have dotted names and are not part of this graph)."""
+    return [f for f in registry.family_names() if "." not in f]
+
+
+def family_folders(family: str) -> tuple[str, ...]:
+    """The packages that are ``family``'s own: ``ditax.{models,pipelines,train}.<family>``."""
+    return tuple(f"{floor}.{family}" for floor in FAMILY_FLOORS)
 
 
 def build():
@@ -88,9 +115,26 @@ def file_edges(edges):
     return {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in edges.items()}
 
 
-def wan_importers(edges) -> list[tuple[str, str]]:
+def family_importers(edges, families=None) -> list[tuple[str, str]]:
+    """``(importer, imported)`` edges into a family's folders from outside them (its own
+    folders, the demo, the recipes and the top-level ``ditax`` may import it; the
+    :data:`OPEN_SEAMS` included); ``families``: the built-in ones."""
+    found = []
+    for family in builtin_families() if families is None else families:
+        own = family_folders(family)
+        found += [(m, t) for m, ts in edges.items() for t in ts
+                  if _within(t, own) and m != PUBLIC_SURFACE
+                  and not _within(m, own + FAMILY_GUESTS)]
+    return sorted(found)
+
+
+def shared_rooms_importing_families(edges, families=None) -> list[tuple[str, str]]:
+    """``(importer, imported)`` edges from a shared room of models/ (``common``, ``encoders``,
+    ``vae``) into any family's folders."""
+    homes = [p for f in (builtin_families() if families is None else families)
+             for p in family_folders(f)]
     return sorted((m, t) for m, ts in edges.items() for t in ts
-                  if _within(t, (WAN,)) and not _within(m, WAN_HOMES))
+                  if _within(m, SHARED_ROOMS) and _within(t, homes))
 
 
 def models_upward(edges) -> list[tuple[str, str]]:
@@ -105,8 +149,15 @@ def main() -> int:
         print("package cycle:", " ↔ ".join(c)); problems += 1
     for c in cycles(file_edges(edges)):
         print("file cycle:", " ↔ ".join(c)); problems += 1
-    for m, t in wan_importers(edges):
-        print(f"imports Wan from outside its folders: {m} → {t}"); problems += 1
+    for m, t in family_importers(edges):
+        if (m, t) in OPEN_SEAMS:
+            print(f"(known open seam) {m} → {t}")
+        else:
+            print(f"imports a family from outside its folders: {m} → {t}"); problems += 1
+    for m, t in sorted(OPEN_SEAMS - set(family_importers(edges))):
+        print(f"open seam closed, strike it from OPEN_SEAMS: {m} → {t}"); problems += 1
+    for m, t in shared_rooms_importing_families(edges):
+        print(f"a shared room of models/ imports a family: {m} → {t}"); problems += 1
     for m, t in models_upward(edges):
         print(f"models/ imports a floor above it: {m} → {t}"); problems += 1
     print(f"{problems} problem(s) in {len(edges)} modules")

@@ -65,8 +65,8 @@ def write_vae(folder: pathlib.Path, seed: int = 1):
     from flax import nnx
 
     from ditax.io.export import module_params, save_folder
-    from ditax.models.wan.vae import WanVAE, WanVAEConfig
-    from ditax.models.wan.vae_convert import weight_table
+    from ditax.models.vae.wan import WanVAE, WanVAEConfig
+    from ditax.models.vae.wan.convert import weight_table
 
     vae = WanVAE(WanVAEConfig.from_diffusers(VAE), rngs=nnx.Rngs(seed))
     save_folder(folder, "diffusion_pytorch_model.safetensors", weight_table(vae),
@@ -79,8 +79,8 @@ def write_text_encoder(folder: pathlib.Path, seed: int = 2, config: dict | None 
     from flax import nnx
 
     from ditax.io.export import module_params, save_folder
-    from ditax.models.t5 import weight_table
-    from ditax.models.umt5 import UMT5Config, UMT5Encoder
+    from ditax.models.encoders.t5 import weight_table
+    from ditax.models.encoders.umt5 import UMT5Config, UMT5Encoder
 
     config = config or UMT5
     cfg = UMT5Config.from_hf(config)

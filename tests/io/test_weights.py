@@ -243,9 +243,9 @@ def _random_params(abstract, rng):
 def test_vae_and_umt5_ditax_to_upstream_to_ditax(tmp_path, rng, model):
     """Random params → export (upstream layout) → save → load: bit for bit, every parameter."""
     from ditax import demo
-    from ditax.models import t5, umt5
-    from ditax.models.wan import vae_convert
-    from ditax.models.wan.vae import WanVAE, WanVAEConfig
+    from ditax.models.encoders import t5, umt5
+    from ditax.models.vae.wan import convert as vae_convert
+    from ditax.models.vae.wan import WanVAE, WanVAEConfig
 
     if model == "vae":
         abstract = nnx.eval_shape(lambda: WanVAE(WanVAEConfig.from_diffusers(demo.VAE),

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ditax.errors import ConfigError
-from ditax.models.fields import TransformerNumerics
+from ditax.models.common.fields import TransformerNumerics
 from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.config import check_transformer as flux_check
 from ditax.models.wan.animate import WanAnimateConfig

@@ -179,7 +179,7 @@ def test_vae_focused_crop_config_errors():
 @pytest.mark.parametrize("kernel", [(3, 3, 3), (3, 1, 1), (1, 1, 1)])
 def test_cpu_conv3d_by_frames_equals_the_3d_convolution(kernel, stride, rng):
     """The CPU fast path of CausalConv3d against XLA's 3-D convolution, values and grads."""
-    from ditax.models.wan.vae.layers import conv3d_by_frames
+    from ditax.models.vae.wan.layers import conv3d_by_frames
 
     x = jnp.asarray(rng.standard_normal((2, 7, 10, 12, 5)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((*kernel, 5, 6)) / 10, jnp.float32)

@@ -39,7 +39,7 @@ def make_autoencoder_kl(cfg: dict, seed: int):
 
 def saved_pair(name: str, folder):
     """(diffusers model, ditax FluxVAE loaded from its save_pretrained folder) of ``CONFIGS[name]``."""
-    from ditax.models.flux.vae import load_vae
+    from ditax.models.vae.kl import load_vae
 
     ref = make_autoencoder_kl(CONFIGS[name], seed=len(name))
     ref.save_pretrained(folder)

@@ -157,7 +157,7 @@ def _preset_summary(path) -> str:
 def _comments(cls) -> dict[str, str]:
     """The comment written beside each field (``name: T = v  # this``) in the source of the
     class that declares it: ``cls`` or a class it extends (a family's config takes its shared
-    fields from :class:`ditax.models.fields.TransformerNumerics`)."""
+    fields from :class:`ditax.models.common.fields.TransformerNumerics`)."""
     out: dict[str, str] = {}
     for base in reversed(cls.__mro__):
         out.update(_own_comments(base))

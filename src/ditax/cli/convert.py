@@ -123,7 +123,7 @@ def write_quantized(args, single: bool) -> int:
     from ditax.lora import parse_lora_arg
     from ditax.models import registry
     from ditax.models.base import model_family
-    from ditax.models.single_files import check_out, write_folder
+    from ditax.models.common.single_files import check_out, write_folder
     from ditax.nn.quant_folder import QuantizedTensors, folder_config
 
     if args.out is None:

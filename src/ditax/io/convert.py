@@ -10,8 +10,8 @@ explicit :class:`Transform` between the two layouts. The same table is used both
 - ditax → upstream: :func:`export` gives ``{key: array}`` in the upstream layout, ready for
   ``safetensors.numpy.save_file``.
 
-The model tables live with their models (``models/wan/convert.py``, ``models/wan/vae_convert.py``,
-``models/t5.py``).
+The model tables live with their models (``models/wan/convert.py``, ``models/vae/wan/convert.py``,
+``models/encoders/t5.py``).
 """
 
 from __future__ import annotations

@@ -333,7 +333,7 @@ def folder_mode(source) -> str:
 
 
 def prepare(model, cfg, weights, source, mesh=None) -> dict:
-    """At load (``cfg`` checked by its family: :func:`ditax.models.fields.check_quantize`):
+    """At load (``cfg`` checked by its family: :func:`ditax.models.common.fields.check_quantize`):
     refuse an 8-bit source in another format (:func:`check_source`), quantize the
     abstract ``model``'s block linears in place (:func:`quantize_module`) and return the
     kernel path → quantizer map for :func:`ditax.io.convert.load_params` ({} unquantized).

@@ -40,7 +40,7 @@ def folder_config(config: dict, mode: str) -> dict:
 
 class QuantizedTensors:
     """The folder's tensors from a module loaded with ``quantize=mode``: ``keys()``,
-    ``shape(k)``, ``dtype(k)``, ``get(k)`` (what :func:`ditax.models.single_files.write_folder`
+    ``shape(k)``, ``dtype(k)``, ``get(k)`` (what :func:`ditax.models.common.single_files.write_folder`
     reads). ``table``: the model's full conversion table (diffusers names); ``dtype``: the
     float tensors' dtype (None: as loaded)."""
 

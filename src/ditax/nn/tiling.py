@@ -5,7 +5,7 @@ whole image's, bound the memory. Each output tile is cross-faded linearly with t
 blended) tile above it and then with the one to its left, over a fixed number of rows /
 columns, and cropped; the crops are concatenated. The VAEs differ only in where the tiles start,
 how far they overlap and how much of each is kept, so those are arguments here
-(``models/wan/vae/tiling.py``, ``models/flux/vae/model.py``).
+(``models/vae/wan/tiling.py``, ``models/vae/kl/model.py``).
 """
 
 from __future__ import annotations

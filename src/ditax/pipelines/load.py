@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ditax.models.fields import check_quantize
+from ditax.models.common.fields import check_quantize
 from ditax.pipelines.family import folder_pipelines
 
 

@@ -63,8 +63,8 @@ def write_clip_tokenizer(folder, max_length: int, vocab_size: int = 400) -> dict
 def write_clip_text(folder, config: dict, vocab: dict, seed: int) -> None:
     """A random CLIP text tower (transformers ``CLIPTextModel`` folder) over ``vocab``."""
     from ditax.io.export import module_params, save_folder
-    from ditax.models.clip.text import CLIPTextConfig, CLIPTextEncoder
-    from ditax.models.clip.text_loading import text_weight_table
+    from ditax.models.encoders.clip.text import CLIPTextConfig, CLIPTextEncoder
+    from ditax.models.encoders.clip.text_loading import text_weight_table
     from ditax.train.vae import init_replicated
 
     hf = dict(config, vocab_size=len(vocab), eos_token_id=vocab[EOS],
@@ -78,7 +78,7 @@ def write_clip_text(folder, config: dict, vocab: dict, seed: int) -> None:
 def write_t5(folder, config: dict, seed: int) -> None:
     """A random T5 encoder (transformers ``T5EncoderModel`` folder)."""
     from ditax.io.export import module_params, save_folder
-    from ditax.models.t5 import T5Config, T5Encoder, weight_table
+    from ditax.models.encoders.t5 import T5Config, T5Encoder, weight_table
     from ditax.train.vae import init_replicated
 
     cfg = T5Config.from_hf(config)

@@ -289,7 +289,7 @@ def init_replicated(build, seed: int, mesh=None) -> nnx.Module:
     """``build(rngs)`` randomly initialised from ``seed`` in one compiled program, parameters
     replicated over ``mesh`` (default: the first device) — an eager init compiles once per
     parameter shape, which for a small VAE or text tower is most of its cost on CPU."""
-    from ditax.models.loaded import init_module
+    from ditax.models.common.loaded import init_module
 
     mesh = mesh or Mesh(np.array(jax.devices()[:1]), ("data",))
     rep = NamedSharding(mesh, P())

@@ -5,7 +5,7 @@ import pytest
 
 from ditax.errors import ConfigError
 from ditax.models.flux.family import FluxFamily, vae_factor
-from ditax.models.flux.vae.config import FluxVAEConfig
+from ditax.models.vae.kl.config import FluxVAEConfig
 
 
 def test_latent_grid_follows_the_vae_depth():

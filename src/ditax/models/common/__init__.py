@@ -1,8 +1,15 @@
-"""The building floor every model family stands on: :mod:`.loader`, the one transformer loader
-(a family gives it data — its architectures' config classes, weight tables, parameter axes,
-builders and wrapper classes — and it reads, checks, shards, quantizes and LoRA-merges once).
+"""The building floor every model family stands on (a shared room: it registers no family and
+imports none; ``models/encoders/`` and ``models/vae/`` are the other two).
 
-The shared config fields and rules are in :mod:`ditax.models.fields`, the module head in
-:mod:`ditax.models.dit`, shardings and the loaded-transformer pytree in
-:mod:`ditax.models.loaded`. Nothing is imported here, so reading a family's config stays light.
+- :mod:`.loader`: the one transformer loader (a family gives it data — its architectures'
+  config classes, weight tables, parameter axes, builders and wrapper classes — and it reads,
+  checks, shards, quantizes and LoRA-merges once);
+- :mod:`.fields`: the numeric config fields and rules every family's config shares;
+- :mod:`.dit`: ``DiT``, the head of a family's transformer module;
+- :mod:`.loaded`: parameter shardings and the loaded-transformer pytree;
+- :mod:`.single_files`: single-file checkpoints' key prefixes and the diffusers-folder writer;
+- :mod:`.name_map`: original ↔ diffusers name templates (LoRA and single-file names).
+
+Nothing is imported here: the family registry's discovery and the reading of a family's config
+stay light (no JAX).
 """

@@ -16,7 +16,7 @@ one :class:`Architecture` per ``config.json`` ``_class_name``), and the steps ar
    read, then ``model.quantize`` stores the block linears in 8 bits (:mod:`ditax.nn.quant`);
 5. unmerged LoRAs attached as run-time updates (:mod:`ditax.lora.unmerged`);
 6. the module wrapped in the architecture's callable (a
-   :class:`~ditax.models.loaded.LoadedTransformer` with the family's call signature).
+   :class:`~ditax.models.common.loaded.LoadedTransformer` with the family's call signature).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ditax.io.convert import load_params, param_shapes
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights, is_single_file
-from ditax.models.loaded import param_sharding
+from ditax.models.common.loaded import param_sharding
 from ditax.nn import quant
 from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
 
@@ -55,7 +55,7 @@ class Architecture:
     - ``abstract_model(cfg, attention, mesh)``: the module with shape-only parameters;
     - ``weight_table(cfg)``: the :class:`~ditax.io.convert.Table` its weights are read with;
     - ``param_axes(cfg)``: each parameter's logical axes (its sharding);
-    - ``wrapper``: the :class:`~ditax.models.loaded.LoadedTransformer` subclass returned;
+    - ``wrapper``: the :class:`~ditax.models.common.loaded.LoadedTransformer` subclass returned;
     - ``check(cfg)``: rules of its own, after the family's ``check_transformer`` (or None).
     """
 

@@ -1,11 +1,11 @@
 """Build the Flux transformer: abstractly, randomly initialised, and its parameter shardings
-(the table's logical axes, :func:`ditax.models.loaded.param_shardings`). The configs are the
+(the table's logical axes, :func:`ditax.models.common.loaded.param_shardings`). The configs are the
 caller's, checked once at its entry point (:func:`ditax.models.flux.config.check_transformer`).
 """
 
 from __future__ import annotations
 
-from ditax.models import loaded
+from ditax.models.common import loaded
 from ditax.models.flux.convert import param_axes
 from ditax.models.flux.transformer import FluxTransformer
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from ditax.errors import ConfigError
-from ditax.models import fields
-from ditax.models.fields import (TransformerNumerics, check_numerics, check_tensor_splits,
+from ditax.models.common import fields
+from ditax.models.common.fields import (TransformerNumerics, check_numerics, check_tensor_splits,
                                  diffusers_config, with_overrides)
 
 CLASS_NAME = "FluxTransformer2DModel"

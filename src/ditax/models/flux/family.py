@@ -19,7 +19,7 @@ PACK = 2          # 2 x 2 latent patches are packed into one token (C_in = 4 x l
 def vae_factor(vae=None) -> int:
     """Pixels per latent pixel of a Flux VAE (diffusers ``AutoencoderKL``): 2 per level but
     the last, ``2 ** (len(block_out_channels) - 1)``. ``vae``: its ``config.json`` dict, or
-    any object with ``block_out_channels`` (a :class:`~ditax.models.flux.vae.config.
+    any object with ``block_out_channels`` (a :class:`~ditax.models.vae.kl.config.
     FluxVAEConfig`); None: FLUX.1's (8)."""
     if vae is None:
         return VAE_FACTOR

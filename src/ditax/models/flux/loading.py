@@ -19,14 +19,14 @@ from flax import nnx
 
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights, is_single_file
-from ditax.models import loaded
+from ditax.models.common import loaded
 from ditax.models.common.loader import Architecture, TransformerLoader, plain_weights
 from ditax.models.flux.build import abstract_model
 from ditax.models.flux.config import (CLASS_NAME, FluxConfig, check_transformer,
                                       same_architecture)
 from ditax.models.flux.convert import param_axes, weight_table
 from ditax.models.flux.lora_names import LORA_NAMES
-from ditax.models.loaded import LoadedTransformer
+from ditax.models.common.loaded import LoadedTransformer
 
 
 def read_config(folder) -> dict:
@@ -108,7 +108,7 @@ class FluxTransformerModel(LoadedTransformer):
     [B, Dp], timestep [B] in [0, 1], img_ids [L, n], txt_ids [T, n], guidance [B] | None)
     → [B, L, C_out]``, plus ``text_mask=[B, T]`` (optional, True = token).
 
-    A pytree of its parameters (:class:`~ditax.models.loaded.LoadedTransformer`), so it
+    A pytree of its parameters (:class:`~ditax.models.common.loaded.LoadedTransformer`), so it
     composes with a user's ``jax.jit`` / ``jax.grad``.
     """
 

@@ -21,7 +21,7 @@ RMSNorm gains are ``.scale`` where diffusers has ``.weight``.
 
 from __future__ import annotations
 
-from ditax.models.name_map import NameMap, split_suffix
+from ditax.models.common.name_map import NameMap, split_suffix
 
 _D, _S = "double_blocks.{i}", "single_blocks.{i}"
 _TD, _TS = "transformer_blocks.{i}", "single_transformer_blocks.{i}"

@@ -26,8 +26,8 @@ from ditax.io.convert import key_mismatch, param_shapes
 from ditax.lora.merge import upstream_shapes
 from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.original_names import fused, tensor_key
-from ditax.models.single_files import SHARD_BYTES, check_out, key_prefix, write_folder
-from ditax.models.single_files import single_file_config as shared_config
+from ditax.models.common.single_files import SHARD_BYTES, check_out, key_prefix, write_folder
+from ditax.models.common.single_files import single_file_config as shared_config
 
 def is_bfl(keys) -> bool:
     """Whether a checkpoint's keys use BFL's names (``double_blocks.`` / ``img_in.``)."""
@@ -181,7 +181,7 @@ def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras
     """Write the single-file checkpoint ``path`` (BFL's names or diffusers') as a diffusers
     ``FluxTransformer2DModel`` folder ``out`` (``ditax convert FILE --config NAME --out DIR``),
     after the same checks as loading; ``dtype`` casts every tensor, ``loras`` are fused in as
-    each tensor is read (:func:`ditax.models.single_files.write_folder` for the rest)."""
+    each tensor is read (:func:`ditax.models.common.single_files.write_folder` for the rest)."""
     out = check_out(out, dtype)
     cfg, weights, table, shapes = _checked(path, config)
     if loras:

@@ -70,9 +70,9 @@ class FluxEncoders(Encoders):
     them; each caption goes to both text towers (the pipeline's ``prompt_2`` default)."""
 
     def __init__(self, folder, dtype: str = "float32"):
-        from ditax.models.clip import load_clip_text
-        from ditax.models.flux.vae import load_vae
-        from ditax.models.t5 import load_t5
+        from ditax.models.encoders.clip import load_clip_text
+        from ditax.models.vae.kl import load_vae
+        from ditax.models.encoders.t5 import load_t5
 
         folder = pathlib.Path(folder)
         self.dtype = dtype
@@ -99,8 +99,8 @@ class FluxEncoders(Encoders):
     def encode_text(self, captions, text_len: int) -> TextEncoding:
         """T5 embeddings ``[B, text_len, Dt]`` (every token encoded unmasked, as the pipeline),
         the T5 token mask, and the pooled CLIP vectors ``extra["pooled"] [B, Dp]``."""
-        from ditax.models.clip import encode_clip_pooled
-        from ditax.models.t5 import encode_t5_prompt
+        from ditax.models.encoders.clip import encode_clip_pooled
+        from ditax.models.encoders.t5 import encode_t5_prompt
 
         captions = list(captions)
         _, mask = self.t5_tokenizer.encode(captions, text_len)

@@ -37,7 +37,7 @@ from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.embeddings import TimeTextEmbed, rope_cos_sin
 from ditax.models.flux.layout import JointLayout, check_length_masks
 from ditax.nn import Linear
-from ditax.models.dit import DiT
+from ditax.models.common.dit import DiT
 from ditax.nn.stack import make_stack, run_stack
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ditax.io.convert import (CONV2D, CONV3D, ID, TRANSPOSE, Row, Table, Transform,
                               logical_axes)
-from ditax.models import loaded
+from ditax.models.common import loaded
 from ditax.models.wan import convert
 from ditax.models.wan.animate import WanAnimateTransformer
 

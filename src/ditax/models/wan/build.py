@@ -7,7 +7,7 @@ once at its entry point (:func:`ditax.models.wan.config.check_transformer`).
 
 from __future__ import annotations
 
-from ditax.models import loaded
+from ditax.models.common import loaded
 from ditax.models.wan import convert
 from ditax.models.wan.transformer import WanTransformer
 

@@ -124,7 +124,7 @@ def channel_condition(vae, first, last, num_frames: int) -> jnp.ndarray:
 def clip_features(encoder, processor, images) -> jnp.ndarray:
     """CLIP penultimate features ``[n, S, Di]`` of the images (PIL / float ``[H, W, 3]`` in
     [0, 1]), preprocessed with the folder's ``CLIPImageProcessor`` settings."""
-    from ditax.models.clip import encode_image
+    from ditax.models.encoders.clip import encode_image
 
     return encode_image(encoder, list(images), processor)
 

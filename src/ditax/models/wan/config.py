@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Literal, Optional, get_args
 
 from ditax.errors import ConfigError, check_choice
-from ditax.models import fields
-from ditax.models.fields import (DTYPES, REMAT_POLICIES, DType, Quantize, Remat,  # noqa: F401
+from ditax.models.common import fields
+from ditax.models.common.fields import (DTYPES, REMAT_POLICIES, DType, Quantize, Remat,  # noqa: F401
                                  TransformerNumerics, check_numerics, check_overrides,
                                  check_tensor_splits,
                                  diffusers_config, with_overrides)
@@ -27,7 +27,7 @@ DIFFUSERS_FIELDS = ("patch_size", "num_attention_heads", "attention_head_dim", "
 @dataclass(frozen=True)
 class WanShape:
     """The first fields of :class:`WanConfig`: the family's name and the text-to-video
-    architecture; :class:`~ditax.models.fields.TransformerNumerics` follows them."""
+    architecture; :class:`~ditax.models.common.fields.TransformerNumerics` follows them."""
 
     family: Literal["wan"] = "wan"
     patch_size: tuple[int, int, int] = (1, 2, 2)

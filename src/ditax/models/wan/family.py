@@ -77,7 +77,7 @@ class WanFamily(ModelFamily):
     def latent_grid(cls, num_frames, height, width, vae: str = "wan2.1"):
         """Latent ``(F, Y, X)``; ``vae``: ``model.vae`` (the class-level default is the Wan
         2.1 VAE; a bound family uses its model's, see :meth:`latent_shape`)."""
-        from ditax.models.wan.vae.config import vae_preset
+        from ditax.models.vae.wan.config import vae_preset
 
         cfg = vae_preset(vae)
         tf, sf = cfg.temporal_factor, cfg.spatial_factor
@@ -275,9 +275,9 @@ class WanEncoders(Encoders):
 
     def __init__(self, folder, dtype: str = "float32"):
         from ditax.io.files import read_model_json
-        from ditax.models.tokenizer import load_tokenizer
-        from ditax.models.umt5 import load_text_encoder
-        from ditax.models.wan.vae_convert import load_vae
+        from ditax.models.encoders.tokenizer import load_tokenizer
+        from ditax.models.encoders.umt5 import load_text_encoder
+        from ditax.models.vae.wan.convert import load_vae
 
         folder = pathlib.Path(folder)
         self.dtype = dtype
@@ -295,7 +295,7 @@ class WanEncoders(Encoders):
         self.sidecars = ("control", "mask", "references") if self.vace else ()
         self.image_encoder = self.image_processor = None
         if self.image_condition and (folder / "image_encoder").is_dir():
-            from ditax.models.clip import load_image_encoder, load_image_processor
+            from ditax.models.encoders.clip import load_image_encoder, load_image_processor
 
             self.image_encoder = load_image_encoder(folder / "image_encoder", dtype=dtype)
             self.image_processor = load_image_processor(folder / "image_processor")
@@ -342,7 +342,7 @@ class WanEncoders(Encoders):
 
     def encode_text(self, captions, text_len: int) -> TextEncoding:
         """UMT5 embeddings padded to ``text_len`` (zeros past each prompt) and the token mask."""
-        from ditax.models.umt5 import encode_prompt
+        from ditax.models.encoders.umt5 import encode_prompt
 
         _, mask = self.tokenizer.encode(captions, text_len)
         return TextEncoding(encode_prompt(self.tokenizer, self.text_encoder, captions, text_len),

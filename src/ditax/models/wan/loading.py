@@ -19,8 +19,8 @@ from flax import nnx
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
 from ditax.models.common.loader import Architecture, TransformerLoader
-from ditax.models.loaded import LoadedTransformer
-from ditax.models.loaded import check_architecture as check_arch
+from ditax.models.common.loaded import LoadedTransformer
+from ditax.models.common.loaded import check_architecture as check_arch
 from ditax.models.wan import animate_convert, convert, single_file, vace_convert
 from ditax.models.wan.animate import ANIMATE_CLASS, WanAnimateConfig, check_animate
 from ditax.models.wan.animate_loaded import AnimateTransformer
@@ -99,7 +99,7 @@ class Transformer(LoadedTransformer):
     ``jax.jit(lambda tr, x, t, c: tr(x, t, c))(tr, x, t, c)`` takes the parameters as
     arguments (closing over ``tr`` instead bakes them into the program as constants), and
     ``jax.grad`` of a function of ``tr`` gives a ``Transformer`` of gradients (the pytree half
-    is :class:`~ditax.models.loaded.LoadedTransformer`; ``config``: its :class:`WanConfig`).
+    is :class:`~ditax.models.common.loaded.LoadedTransformer`; ``config``: its :class:`WanConfig`).
     """
 
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None,

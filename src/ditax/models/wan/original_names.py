@@ -13,7 +13,7 @@ A full tensor key is a name of the table plus an optional ``.weight`` / ``.bias`
 
 from __future__ import annotations
 
-from ditax.models.name_map import NameMap, split_suffix
+from ditax.models.common.name_map import NameMap, split_suffix
 
 _ATTN = (("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"),
          ("norm_q", "norm_q"), ("norm_k", "norm_k"))

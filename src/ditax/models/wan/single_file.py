@@ -21,8 +21,8 @@ import dataclasses
 import pathlib
 
 from ditax.io.convert import Table
-from ditax.models.single_files import SHARD_BYTES, key_prefix, write_folder
-from ditax.models.single_files import single_file_config as shared_config
+from ditax.models.common.single_files import SHARD_BYTES, key_prefix, write_folder
+from ditax.models.common.single_files import single_file_config as shared_config
 from ditax.models.wan.config import WanConfig
 from ditax.models.wan.original_names import key_to_original
 
@@ -98,7 +98,7 @@ def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras
     its parent writable: checked first) is written as a hidden folder beside it and renamed
     when complete, so a failure leaves no half-written folder.
     """
-    from ditax.models.single_files import check_out
+    from ditax.models.common.single_files import check_out
 
     out = check_out(out, dtype)
     cfg, weights, source, table, shapes, rename = check_single_file(path, config)

@@ -31,7 +31,7 @@ from ditax.models.wan.config import WanConfig
 from ditax.models.wan.embeddings import ConditionEmbedder, rope_cos_sin
 from ditax.models.wan.image_embedder import check_image
 from ditax.nn import FP32LayerNorm, Linear
-from ditax.models.dit import DiT
+from ditax.models.common.dit import DiT
 from ditax.nn.stack import make_stack, run_stack
 from ditax.parallel.platform import platform_of
 from ditax.parallel.rules import param_spec

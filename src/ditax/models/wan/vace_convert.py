@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ditax.io.convert import CONV3D, ID, TRANSPOSE, Row, Table, logical_axes
-from ditax.models import loaded
+from ditax.models.common import loaded
 from ditax.models.wan import convert
 from ditax.models.wan.vace import WanVaceTransformer
 

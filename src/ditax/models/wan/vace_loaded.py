@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.models.loaded import LoadedTransformer
+from ditax.models.common.loaded import LoadedTransformer
 
 
 def _forward(gdef, state, latents, t, text, text_mask, control, scale):

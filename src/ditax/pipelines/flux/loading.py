@@ -24,10 +24,10 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     A folder's ``ditax_sample.json`` becomes ``pipe.sample_defaults``: the size, steps,
     guidance and text tokens a call uses where it is given none (then FLUX.1's)."""
     from ditax.io.files import read_model_json
-    from ditax.models.clip import load_clip_text
+    from ditax.models.encoders.clip import load_clip_text
     from ditax.models.flux.loading import load_transformer
-    from ditax.models.flux.vae import load_vae
-    from ditax.models.t5 import load_t5
+    from ditax.models.vae.kl import load_vae
+    from ditax.models.encoders.t5 import load_t5
     from ditax.pipelines.family import pipelines_of, resolve
     from ditax.pipelines.flux.text_to_image import FluxTextToImage
     from ditax.schedulers import FlowMatchEulerScheduler, load_scheduler

@@ -74,8 +74,8 @@ class FluxTextToImage:
                     use_cfg: bool, max_sequence_length: int):
         """``(T5 embeddings [n, T, Dt], pooled CLIP [n, Dp])`` in the transformer dtype; ``n``
         = 2 (prompt, negative prompt) with true CFG, else 1."""
-        from ditax.models.clip import encode_clip_pooled
-        from ditax.models.t5 import encode_t5_prompt
+        from ditax.models.encoders.clip import encode_clip_pooled
+        from ditax.models.encoders.t5 import encode_t5_prompt
 
         clip = [prompt] + ([negative_prompt] if use_cfg else [])
         t5 = [prompt_2 or prompt] + ([negative_prompt] if use_cfg else [])

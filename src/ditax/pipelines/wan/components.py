@@ -38,10 +38,10 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
     coerces and checks it); ``model_overrides`` go to both.
     ``loras`` go to ``transformer``, ``loras_2`` to ``transformer_2``, merged or unmerged
     by ``lora_mode`` (see :func:`ditax.load_transformer`)."""
-    from ditax.models.tokenizer import load_tokenizer
-    from ditax.models.umt5 import load_text_encoder
+    from ditax.models.encoders.tokenizer import load_tokenizer
+    from ditax.models.encoders.umt5 import load_text_encoder
     from ditax.models.wan.loading import load_transformer
-    from ditax.models.wan.vae_convert import load_vae
+    from ditax.models.vae.wan.convert import load_vae
 
     subs = folder.components
     if loras_2 and "transformer_2" not in subs:
@@ -62,7 +62,7 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
     parts = dict(tokenizer=tok, text_encoder=enc, vae=vae, transformer=tr, transformer_2=tr2,
                  scheduler=sched)
     if "image_encoder" in subs:
-        from ditax.models.clip import load_image_encoder, load_image_processor
+        from ditax.models.encoders.clip import load_image_encoder, load_image_processor
 
         parts["image_processor"] = load_image_processor(subs["image_processor"])
         parts["image_encoder"] = load_image_encoder(subs["image_encoder"], dtype=dtype)

@@ -73,7 +73,7 @@ class WanPipelines(PipelineFamily):
                                                    "model_index.json"), call)
         tc = read_config(resolve_folder(root, "transformer"))
         if call is not None:        # the latent grid against the folder's RoPE table
-            from ditax.models.wan.vae.config import WanVAEConfig
+            from ditax.models.vae.wan.config import WanVAEConfig
             from ditax.pipelines.wan.request import check_grid
 
             vae = WanVAEConfig.from_diffusers(read_model_json(

@@ -14,7 +14,7 @@ import numpy as np
 from ditax.errors import RequestError
 from ditax.intmath import INT_LIMIT
 from ditax.models.wan.config import ModelConfig
-from ditax.models.wan.vae.config import WanVAEConfig
+from ditax.models.vae.wan.config import WanVAEConfig
 from ditax.pipelines.seeds import check_seed
 
 _VAE = WanVAEConfig()

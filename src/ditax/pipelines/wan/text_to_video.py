@@ -119,7 +119,7 @@ class WanTextToVideo:
                     max_sequence_length: int | None = None):
         """``[2, T, Dt]`` (cond, uncond) with guidance, else ``[1, T, Dt]``; transformer dtype.
         ``T`` = ``max_sequence_length``, default the pipeline's."""
-        from ditax.models.umt5 import encode_prompt
+        from ditax.models.encoders.umt5 import encode_prompt
 
         prompts = [prompt, negative_prompt or ""] if use_cfg else [prompt]
         emb = encode_prompt(self.tokenizer, self.text_encoder, prompts,

@@ -3,7 +3,7 @@ images (or one frame of clips) — the shared VAE trainer (:mod:`ditax.train.vae
 Flux VAE's hooks.
 
 Keys: ``vae.*`` are the diffusers ``AutoencoderKL`` config names
-(:class:`~ditax.models.flux.vae.FluxVAEConfig`: ``block_out_channels``, ``layers_per_block``,
+(:class:`~ditax.models.vae.kl.FluxVAEConfig`: ``block_out_channels``, ``layers_per_block``,
 ``latent_channels``, ``norm_num_groups`` …); ``data.*``, ``loss.*``, ``optim.*`` … as for
 the Wan VAE (:mod:`ditax.train.vae_config`), with ``data.num_frames = data.crop_frames = 1``.
 The written folder's ``shift_factor`` / ``scaling_factor`` are measured on the training
@@ -23,7 +23,7 @@ from flax import nnx
 
 from ditax.config.loader import load_dataclass
 from ditax.config.training import CheckpointConfig, OptimConfig
-from ditax.models.flux.vae import FluxVAE, FluxVAEConfig
+from ditax.models.vae.kl import FluxVAE, FluxVAEConfig
 from ditax.train import vae as shared
 from ditax.train.vae import ClipBank, VAETrainResult
 from ditax.train.vae_config import DEFAULTS as COMMON_DEFAULTS
@@ -83,7 +83,7 @@ class FluxVAETrainer(shared.VAETrainer):
                                       self.mesh)
 
     def load_init(self, cfg: FluxVAETrainConfig) -> FluxVAE:
-        from ditax.models.flux.vae import load_vae
+        from ditax.models.vae.kl import load_vae
 
         vae = load_vae(cfg.init_from)
         free = dict(scaling_factor=1.0, shift_factor=None)       # measured, not architecture
@@ -115,7 +115,7 @@ class FluxVAETrainer(shared.VAETrainer):
 
     def write_folder(self, folder, params, mean, std, dtype="float32") -> pathlib.Path:
         from ditax.io.export import save_folder
-        from ditax.models.flux.vae.convert import weight_table
+        from ditax.models.vae.kl.convert import weight_table
 
         shift = float(np.mean(mean))
         spread = float(np.sqrt(np.mean(std ** 2 + (mean - shift) ** 2)))

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from ditax.models.wan.vae import WanVAE, WanVAEConfig
+from ditax.models.vae.wan import WanVAE, WanVAEConfig
 from ditax.train import vae as shared
 from ditax.train.vae import (VAE_RESUME_POLICY, ClipBank, ClipError, VAETrainResult,
                              check_devices, psnr, reconstruction_losses)
@@ -52,7 +52,7 @@ class VAETrainer(shared.VAETrainer):
     def load_init(self, cfg: VAETrainConfig) -> WanVAE:
         """The weights of the diffusers VAE folder ``cfg.init_from``, whose architecture must
         be ``cfg.vae``'s (latent statistics aside)."""
-        from ditax.models.wan.vae_convert import load_vae
+        from ditax.models.vae.wan.convert import load_vae
 
         vae = load_vae(cfg.init_from)
         arch = dataclasses.replace(vae.config, latents_mean=(), latents_std=())
@@ -82,7 +82,7 @@ class VAETrainer(shared.VAETrainer):
     def write_folder(self, folder, params, mean, std, dtype="float32") -> pathlib.Path:
         """The trained VAE as a diffusers ``AutoencoderKLWan`` folder with the measured stats."""
         from ditax.io.export import save_folder
-        from ditax.models.wan.vae_convert import weight_table
+        from ditax.models.vae.wan.convert import weight_table
 
         cfg = dataclasses.replace(self.cfg.vae,
                                   latents_mean=tuple(float(m) for m in mean),

@@ -4,7 +4,7 @@ A :class:`VAETrainConfig` is read by the one config loader
 (:func:`ditax.config.loader.load_dataclass`): a YAML file (optional) plus ``key=value``
 overrides, through pydantic (types, ``Literal`` choices, unknown keys refused), then
 :func:`check_vae_training` for the rules beyond types. ``vae.*`` are the diffusers
-``AutoencoderKLWan`` config names (:class:`~ditax.models.wan.vae.WanVAEConfig`), so the folder
+``AutoencoderKLWan`` config names (:class:`~ditax.models.vae.wan.WanVAEConfig`), so the folder
 the run writes is loadable by diffusers as it is.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from ditax.config.loader import load_dataclass, to_dict
 from ditax.config.training import CheckpointConfig, OptimConfig
 from ditax.errors import ConfigError
-from ditax.models.wan.vae.config import WanVAEConfig
+from ditax.models.vae.wan.config import WanVAEConfig
 from ditax.train.vae_config import DEFAULTS as COMMON_DEFAULTS
 from ditax.train.vae_config import VAEDataConfig, VAELossConfig, check_vae_common
 

@@ -1,0 +1,68 @@
+"""diffusers ``AutoencoderKL`` weights ↔ :class:`~ditax.models.vae.kl.FluxVAE` parameters,
+and loading a VAE folder.
+
+The table is derived from the model: an NNX parameter path joined with dots is the diffusers
+key, except that :class:`ditax.nn.Linear`'s ``kernel`` is torch's ``weight``. Transforms:
+4-D conv ``[O, I, kh, kw]`` → ``[kh, kw, I, O]``; the attention projections (torch ``Linear``
+``[O, I]``) → ``[I, O]``; GroupNorm gains and every bias unchanged. The mid-block attention
+also reads the names of diffusers' deprecated attention block (``query`` / ``key`` /
+``value`` / ``proj_attn``), which diffusers itself converts on load.
+
+Loading goes through :mod:`ditax.io.convert` (every key and every shape checked against the
+folder's ``config.json`` before anything is read; one :class:`~ditax.errors.WeightError`).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from ditax.errors import WeightError
+from ditax.io import convert
+from ditax.io.files import read_model_json
+from ditax.io.hub import resolve_folder
+from ditax.io.weights import Weights
+from ditax.models.vae.kl.config import FluxVAEConfig
+from ditax.models.vae.kl.model import FluxVAE
+
+CLASS_NAME = "AutoencoderKL"
+_DEPRECATED = (("to_q", "query"), ("to_k", "key"), ("to_v", "value"), ("to_out.0", "proj_attn"))
+
+
+def _row(path: tuple, ndim: int) -> convert.Row:
+    names = tuple(str(p) for p in path)
+    linear = names[-1] == "kernel"                          # nn.Linear: torch [O, I]
+    key = ".".join(names[:-1] + ("weight",) if linear else names)
+    alt = tuple(key.replace(f".{new}.", f".{old}.") for new, old in _DEPRECATED
+                if ".attentions." in key and f".{new}." in key)
+    transform = convert.TRANSPOSE if linear else convert.CONV2D if ndim == 4 else convert.ID
+    return convert.Row(names, key, transform, alt=alt)
+
+
+def weight_table(model: FluxVAE) -> convert.Table:
+    """The VAE's table, from a (possibly abstract) :class:`FluxVAE`."""
+    return convert.Table("VAE", tuple(
+        _row(path, len(var.get_value().shape))
+        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))))
+
+
+def load_vae(path, dtype="float32", *, attention: str = "xla") -> FluxVAE:
+    """Read a diffusers ``AutoencoderKL`` folder (``config.json`` +
+    ``diffusion_pytorch_model.safetensors``, or a pipeline folder's ``vae/``) into a
+    :class:`FluxVAE` with parameters in ``dtype`` (float32 or bfloat16)."""
+    folder = resolve_folder(path, "vae")
+    raw = read_model_json(folder / "config.json", "VAE config")
+    name = raw.get("_class_name", CLASS_NAME)
+    if name != CLASS_NAME:
+        raise WeightError(f"{folder}: config.json is a {name!r}, not an {CLASS_NAME!r}; point at "
+                          "the FLUX.1 (or SD-style) VAE folder")
+    cfg = FluxVAEConfig.from_diffusers(raw)
+    jdtype = jnp.dtype(dtype)
+    abstract = nnx.eval_shape(lambda: FluxVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0),
+                                              attention=attention))
+    graphdef, state = nnx.split(abstract)
+    state = convert.load_params(weight_table(abstract), Weights.open(folder), state, jdtype)
+    return nnx.merge(graphdef, state)
+
+
+__all__ = ["load_vae", "weight_table"]
