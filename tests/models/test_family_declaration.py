@@ -191,3 +191,14 @@ def test_apis_refuse_an_undeclared_capability(toy, folder):
         assert "toythird" in str(e.value) and "\n" not in str(e.value)
         if capability:
             assert f"capability {capability!r}" in str(e.value)
+
+
+def test_load_pipeline_refuses_what_the_family_does_not_declare(toy, folder):
+    import ditax
+
+    for kwargs, capability in ((dict(quantize="int8"), "quantize"),
+                               (dict(loras=[("any.safetensors", 1.0)]), "lora")):
+        with pytest.raises(MissingCapability, match=rf"model family 'toythird' has no .* "
+                                                    rf"\(capability '{capability}'"):
+            ditax.load_pipeline(folder, **kwargs)
+    assert ditax.load_pipeline(folder) is not None      # without them it loads

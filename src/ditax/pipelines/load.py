@@ -14,6 +14,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ditax.models.common.fields import check_quantize
+from ditax.models.registry import require
 from ditax.pipelines.family import folder_pipelines
 
 
@@ -31,6 +32,11 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **op
                                        quantize_activations=options.get("quantize_activations",
                                                                         False)))
     _, pipelines = folder_pipelines(path)
+    if options.get("quantize", "none") != "none" or options.get("quantize_activations"):
+        require(pipelines.name, "quantize", f"quantize={options.get('quantize')!r}",
+                "load it without quantize=")
+    if options.get("loras") or options.get("loras_2"):
+        require(pipelines.name, "lora", "loras=", "load it without loras=")
     return pipelines.load(path, dtype=dtype, mesh=mesh, attention=attention, **options)
 
 
