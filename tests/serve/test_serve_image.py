@@ -47,6 +47,10 @@ def test_image_model_jobs_are_pngs_equal_to_the_pipeline(tmp_path_factory, capsy
         assert words.startswith("--frames is not taken by flux models"), words
         assert api.split("); ", 1)[1] == words.split("); ", 1)[1] == "it is for wan models " \
             "— drop it"
+        # the page shows the fields /health lists: an image family's, no frames, no image
+        fields = srv.call("GET", "/health")[2]["fields"]
+        assert "true_cfg_scale" in fields and "guidance_scale" in fields, fields
+        assert not {"num_frames", "image", "last_image", "cache"} & set(fields), fields
         done = srv.wait(job["id"])
         assert done["status"] == "completed" and done["url"].endswith("/content"), done
         status, head, png = srv.call("GET", done["url"])

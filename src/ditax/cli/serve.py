@@ -158,8 +158,7 @@ def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list,
                            health={"model": str(path), "platform": devices[0].platform,
                                    "devices": len(devices), "makes": makes,
                                    "fields": [f.api for f in fields_of(pipelines) if f.api]
-                                   + [k for k in HTTP_FIELDS if k not in ("image", "last_image")
-                                      or k in pipelines.cli_inputs]})
+                                   + [k for k in HTTP_FIELDS if takes(pipelines, k)]})
         app = create_app(state)
         print(f"serving {path} on http://{args.host}:{args.port} (jobs: {db}, videos: {out})",
               flush=True)
@@ -168,6 +167,16 @@ def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list,
             timeout_graceful_shutdown=30)).run()
     store.close()
     print(f"stopped; queued jobs stay in {db} (the same --db runs them)", flush=True)
+
+
+def takes(pipelines, field: str) -> bool:
+    """Whether the served family takes HTTP field ``field``: the images only where its
+    pipelines read them, ``cache`` only with the step-cache capability."""
+    from ditax.models.registry import spec
+
+    if field in ("image", "last_image"):
+        return field in pipelines.cli_inputs
+    return field != "cache" or spec(pipelines.name).has("step_cache")
 
 
 def quiet_exit_server(uvicorn):

@@ -48,7 +48,7 @@ $("form").addEventListener("submit", async (ev) => {
   if ($("negative_prompt").value) body.negative_prompt = $("negative_prompt").value;
   if ($("width").value || $("height").value) body.size = `${$("width").value || 0}x${$("height").value || 0}`;
   for (const k of ["num_frames", "num_inference_steps", "seed"]) if ($(k).value !== "") body[k] = parseInt($(k).value, 10);
-  if ($("guidance_scale").value !== "") body.guidance_scale = parseFloat($("guidance_scale").value);
+  for (const k of ["guidance_scale", "true_cfg_scale"]) if ($(k).value !== "") body[k] = parseFloat($(k).value);
   if ($("image").files.length) body.image = await readImage($("image").files[0]);
   if ($("lora").value) body.loras = [{ name: $("lora").value, strength: parseFloat($("lora_strength").value || "1") }];
   $("submit").disabled = true;
@@ -88,9 +88,9 @@ async function refresh() {
     const health = await (await fetch("/health")).json();
     $("model").textContent = `${health.model} · ${health.platform} × ${health.devices} · queue ${health.queue_depth}`;
     // only the inputs the served model's family takes (an image model has no frames)
-    if (health.fields) for (const id of ["negative_prompt", "num_frames", "num_inference_steps", "guidance_scale", "seed", "image"]) {
+    if (health.fields) for (const id of ["negative_prompt", "num_frames", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "image"]) {
       const on = health.fields.includes(id);
-      $(id).closest("label").hidden = !on;
+      $(id).closest("label").style.display = on ? "" : "none";   // the stylesheet sets display
       if (!on) $(id).value = "";
     }
     const loras = await api("GET", "/v1/loras");
