@@ -77,7 +77,7 @@ def run(args) -> int:
     import jax
 
     import ditax
-    from ditax.cli.generate import read_images
+    from ditax.io.images import read_image
     from ditax.cli.sample_request import sample_request
     from ditax.cli.run import run_context
     from ditax.config import validate
@@ -145,7 +145,7 @@ def run(args) -> int:
                                    scheduler=(s.scheduler if "scheduler" in given.get("sample", {})
                                               else None))
         with request_errors():
-            image = read_images(args.image, None).get("image")
+            image = read_image(args.image, "--image") if args.image is not None else None
             entry = calibrate(pipe, list(args.prompts), negative_prompt=negative, name=name,
                               seed=args.seed,
                               teacache_input=args.teacache_input, image=image,

@@ -16,7 +16,8 @@ requests) on one loaded pipeline, one output each.
 Image-to-video folders (``WanImageToVideoPipeline``; ``expand_timesteps`` TI2V) take
 ``--image FIRST`` (required for I2V, optional for TI2V) and ``--last-image LAST``
 (first-last-frame models and Wan 2.2 I2V); a text-to-video folder refuses them. Wan 2.2
-Animate folders take ``--image REF --pose-video --face-video`` (:mod:`ditax.cli.animate_flags`).
+Animate folders take ``--image REF --pose-video --face-video`` (Wan's input flags:
+:mod:`ditax.pipelines.wan.cli_inputs`, added and read through its family).
 
     # a 4-step distillation LoRA on each Wan 2.2 expert, sampled as it was distilled
     ditax generate --model Wan-AI/Wan2.2-T2V-A14B-Diffusers --prompt "..." \
@@ -57,9 +58,6 @@ import pathlib
 import time
 
 from ditax.cli import request_errors
-from ditax.cli.animate_flags import add_animate_arguments, read_animate
-from ditax.cli.generate_inputs import (read_control, read_images, read_loras,
-                                       read_source_video)
 from ditax.errors import ConfigError, RequestError
 
 # what each output kind (PipelineFamily.makes) is written as
@@ -81,6 +79,8 @@ def add_request_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ditax.pipelines.family import known_pipelines
+
     p.add_argument("--model", required=True, help="pipeline folder (model_index.json), hub id, "
                    "'demo' (the shipped Wan demo) or 'flux-demo' (the shipped small Flux); a "
                    "folder's ditax_sample.json gives the defaults of the size, steps and "
@@ -94,23 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=4, metavar="N",
                    help="--prompts: consecutive requests of one shape run as one batch of up "
                         "to N (4; 1 = one by one)")
-    p.add_argument("--image", default=None, metavar="FIRST.png",
-                   help="first frame (image-to-video folders; optional for Wan 2.2 TI2V)")
-    p.add_argument("--last-image", default=None, metavar="LAST.png",
-                   help="last frame (first-last-frame models, Wan 2.2 I2V A14B)")
-    p.add_argument("--video", default=None, metavar="IN.mp4",
-                   help="source video: video-to-video with --strength (text-to-video folders)")
-    p.add_argument("--strength", type=float, default=None,
-                   help="video-to-video: how much of the schedule runs, in (0, 1] (0.7)")
-    p.add_argument("--mask", default=None, metavar="MASK.mp4",
-                   help="VACE folders: binary mask video, one frame per control video frame "
-                        "(white = generate, black = keep)")
-    p.add_argument("--reference-image", "--reference", action="append", default=[],
-                   metavar="REF.png", help="VACE folders: reference image (repeatable), "
-                   "fitted on a white frame before the video")
-    p.add_argument("--conditioning-scale", type=float, default=None, metavar="S",
-                   help="VACE folders: scale of the control hints (1.0)")
-    add_animate_arguments(p)
+    for _, pipelines in known_pipelines():     # each family's own input flags (files)
+        pipelines.add_cli_inputs(p)
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
                    help="LoRA for the transformer (repeatable; any of the family's LoRA "
                         "formats; merged unless --lora-mode unmerged)")
@@ -246,10 +231,7 @@ def parse_request(args):
         call["max_sequence_length"] = defaults["max_sequence_length"]
     loras = read_loras(args.lora, args.lora_strict, family=pipes.name)
     loras_2 = read_loras(getattr(args, "lora_2", []) or [], args.lora_strict, family=pipes.name)
-    call.update(read_images(getattr(args, "image", None), getattr(args, "last_image", None)))
-    call.update(read_control(args))
-    call.update(read_source_video(args, call, pipes.check_request))
-    call = read_animate(args, call, s)
+    call = pipes.read_cli_inputs(args, call, s)      # the family's files (images, videos)
     use_mesh = "mesh" in given
     validate(cfg, jax.device_count() if use_mesh else None)
     dtype = cfg.model.dtype
@@ -268,6 +250,22 @@ def parse_request(args):
     if "strength" in call:
         load["video_to_video"] = True
     return load, call
+
+
+def read_loras(specs: list[str], strict: bool = True, family: str | None = None) -> list:
+    """``--lora FILE[:STRENGTH]`` values → ``[(Lora, strength)]``, each file read and its
+    format checked here (a bad file is a :class:`~ditax.errors.WeightError`: exit 2; with
+    ``strict=False`` unknown keys are skipped with a warning). Files are named by ``family``'s
+    LoRA names (its spec's ``lora_names``; None: the default family's); a family without
+    the capability ``lora`` is refused in one line."""
+    from ditax.lora import parse_lora_arg, resolve_loras
+    from ditax.models import registry
+
+    name = family or registry.DEFAULT_FAMILY
+    if specs:       # a family that reads no LoRA files: one line, before any file is read
+        registry.require(name, "lora", f"--lora {specs[0]}", "drop --lora")
+    return resolve_loras([parse_lora_arg(s) for s in specs], strict,
+                         names=registry.spec(name).lora_names_object())
 
 
 def run(args) -> int:

@@ -82,6 +82,18 @@ class PipelineFamily:
         return {k: getattr(sample, k) if k in chosen and hasattr(sample, k) else own.get(k, v)
                 for k, v in self.sample_defaults.items()}
 
+    @classmethod
+    def add_cli_inputs(cls, parser) -> None:
+        """Add the family's own input flags of ``ditax generate`` (files and their knobs: images,
+        videos), each with :func:`ditax.pipelines.request.add_flag`; their argparse names are
+        :attr:`cli_inputs`. None by default."""
+
+    def read_cli_inputs(self, args, call: dict, sample) -> dict:
+        """The pipeline call with the family's input flags of ``args`` read into it (files
+        decoded and checked; ``sample``: the config's sample section); unchanged by
+        default."""
+        return call
+
     def check_request(self, prompt, height, width, num_frames=None, num_inference_steps=None,
                       guidance_scale=None, guidance_scale_2=None, negative_prompt=None,
                       seed=0, **fields) -> None:

@@ -255,5 +255,17 @@ def build_request(pipelines, given: dict, defaults: dict, surface: str = "python
     return SampleRequest(family, values, frozenset(set_))
 
 
-__all__ = ["COMMON", "Field", "SampleRequest", "all_fields", "build_request",
+def add_flag(parser, family: str, *names: str, help: str = "", **kwargs) -> None:
+    """Add family ``family``'s input flag ``names`` to ``ditax generate``'s parser (its help
+    ends with the family, as the request fields' do); a flag another family added already
+    gets this family's name in its help instead of a second definition."""
+    known = parser._option_string_actions
+    if any(n in known for n in names):
+        action = known[next(n for n in names if n in known)]
+        action.help = (action.help or "").replace(" models]", f", {family} models]")
+        return
+    parser.add_argument(*names, help=f"{help} [{family} models]", **kwargs)
+
+
+__all__ = ["COMMON", "Field", "SampleRequest", "add_flag", "all_fields", "build_request",
            "check_prompt", "check_value", "fields_of"]

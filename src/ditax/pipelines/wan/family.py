@@ -49,6 +49,17 @@ class WanPipelines(PipelineFamily):
             check_fits(own, pathlib.Path(root) / FILE, SPATIAL, TEMPORAL)
         return own
 
+    @classmethod
+    def add_cli_inputs(cls, parser) -> None:
+        from ditax.pipelines.wan.cli_inputs import add_arguments
+
+        add_arguments(parser, cls.name)
+
+    def read_cli_inputs(self, args, call: dict, sample) -> dict:
+        from ditax.pipelines.wan.cli_inputs import read
+
+        return read(args, call, sample, self.check_request)
+
     def check_request(self, prompt, height, width, num_frames, num_inference_steps,
                       guidance_scale, guidance_scale_2=None, negative_prompt=None,
                       seed=0) -> None:
