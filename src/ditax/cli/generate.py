@@ -99,8 +99,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
                    help="LoRA for the transformer (repeatable; any of the family's LoRA "
                         "formats; merged unless --lora-mode unmerged)")
-    p.add_argument("--lora-2", action="append", default=[], metavar="FILE[:STRENGTH]",
-                   help="LoRA for the low-noise expert transformer_2 (Wan 2.2; repeatable)")
     p.add_argument("--lora-mode", choices=("merged", "unmerged"), default="merged",
                    help="merged: folded into the weights as they load (no run-time cost); "
                         "unmerged: low-rank updates at run time (Linear layers only)")
@@ -171,6 +169,7 @@ def parse_request(args):
     from ditax.cli.sample_request import sample_request
     from ditax.config import validate
     from ditax.io.outputs import check_output_file, check_output_folder
+    from ditax.models.registry import require, spec
     from ditax.pipelines.request import build_request, fields_of
 
     surface = getattr(args, "surface", "cli")
@@ -183,13 +182,8 @@ def parse_request(args):
     makes = pipes.makes
     video = makes == "video"
     if s.cache or s.cfg_cache:      # the family declares step caching, or it is refused
-        from ditax.models.registry import require
-
         require(pipes.name, "step_cache", "sample.cache" if s.cache else "sample.cfg_cache",
                 "drop it (the step cache is not wired into this family's pipelines)")
-    if not video and s.sigmas is not None:
-        raise RequestError(f"sample.sigmas is not read by {pipes.name} folders (it sets its "
-                           f"own schedule); drop it")
     _pair_true_cfg(args, pipes, surface)
     request = build_request(
         pipes, {f.name: getattr(args, f.dest, None) for f in fields_of(pipes)
@@ -215,11 +209,12 @@ def parse_request(args):
         fix = "; use --frames-dir for PNG frames" if video else ""
         raise RequestError(f"--output {args.output!r} must end in {suffix} ({args.model} makes "
                            f"{makes}s){fix}")
-    if video:
+    if spec(pipes.name).has("step_cache"):    # the generic loop's step cache
+        call.update(cache=s.cache, cache_threshold=s.cache_threshold, cfg_cache=s.cfg_cache,
+                    cache_coefficients=s.cache_coefficients)
+    if video:                                  # the written video's own flags
         if getattr(args, "fps", None) is None:
             args.fps = defaults.get("fps") or 16
-        call.update(sigmas=s.sigmas, cache=s.cache, cache_threshold=s.cache_threshold,
-                    cfg_cache=s.cfg_cache, cache_coefficients=s.cache_coefficients)
         if getattr(args, "frames_dir", None) is not None:
             check_output_folder(args.frames_dir, "--frames-dir")
             if pathlib.Path(args.frames_dir).absolute() == pathlib.Path(args.output).absolute():
@@ -227,11 +222,13 @@ def parse_request(args):
                                    f"the PNG frames their own folder")
         if args.fps < 1:
             raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
-    else:
-        call["max_sequence_length"] = defaults["max_sequence_length"]
     loras = read_loras(args.lora, args.lora_strict, family=pipes.name)
-    loras_2 = read_loras(getattr(args, "lora_2", []) or [], args.lora_strict, family=pipes.name)
     call = pipes.read_cli_inputs(args, call, s)      # the family's files (images, videos)
+    own_call, own_load = pipes.sample_options(args, s, chosen, defaults, call)
+    if s.sigmas is not None and "sigmas" not in own_call:
+        raise RequestError(f"sample.sigmas is not read by {pipes.name} folders (they set "
+                           f"their own schedule); drop it")
+    call.update(own_call)
     use_mesh = "mesh" in given
     validate(cfg, jax.device_count() if use_mesh else None)
     dtype = cfg.model.dtype
@@ -244,11 +241,7 @@ def parse_request(args):
                 vae_tiling=s.vae_tiling, mesh_config=cfg.mesh if use_mesh else None,
                 loras=loras, lora_mode=args.lora_mode, lora_strict=args.lora_strict,
                 compile_cache=cfg.compile_cache, makes=makes, **model_over)
-    if video:
-        load.update(flow_shift=s.flow_shift, max_sequence_length=defaults["max_sequence_length"],
-                    scheduler=s.scheduler if "scheduler" in chosen else None, loras_2=loras_2)
-    if "strength" in call:
-        load["video_to_video"] = True
+    load.update(own_load)
     return load, call
 
 

@@ -94,6 +94,15 @@ class PipelineFamily:
         default."""
         return call
 
+    def sample_options(self, args, sample, chosen: set, defaults: dict,
+                       call: dict) -> tuple[dict, dict]:
+        """``(call, load)``: the family's own keyword arguments of its pipeline call and of its
+        loader beyond the request fields, from the config's ``sample`` section (``chosen``: the
+        keys the user set), the request's ``defaults``, ``ditax generate``'s ``args`` (its input
+        flags) and the ``call`` so far; none by default. (The step cache's arguments are the
+        generic loop's: added for a family that declares ``step_cache``.)"""
+        return {}, {}
+
     def check_request(self, prompt, height, width, num_frames=None, num_inference_steps=None,
                       guidance_scale=None, guidance_scale_2=None, negative_prompt=None,
                       seed=0, **fields) -> None:

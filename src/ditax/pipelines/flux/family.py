@@ -52,6 +52,10 @@ class FluxPipelines(PipelineFamily):
                       else 4.0 if negative_prompt is not None else 1.0, 512, seed,
                       factor=None)
 
+    def sample_options(self, args, sample, chosen, defaults, call):
+        """The call's text length (the folder's, else FLUX.1's 512 T5 tokens)."""
+        return {"max_sequence_length": defaults["max_sequence_length"]}, {}
+
     def preflight(self, root, load: dict, call: dict | None = None, mesh=None) -> None:
         """The folder has a Flux transformer, the request takes no image and fits the size
         grid of the folder's VAE (its factor from ``vae/config.json``), and the attention

@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser, family: str = "wan") -> None:
                    "fitted on a white frame before the video")
     add_flag(p, family, "--conditioning-scale", type=float, default=None, metavar="S",
                    help="VACE folders: scale of the control hints (1.0)")
+    add_flag(p, family, "--lora-2", action="append", default=[], metavar="FILE[:STRENGTH]",
+             help="LoRA for the low-noise expert transformer_2 (Wan 2.2; repeatable)")
     add_animate_arguments(p, family)
 
 
@@ -65,6 +67,19 @@ def add_animate_arguments(p: argparse.ArgumentParser, family: str = "wan") -> No
                    help="Wan Animate folders: frames per segment, 4k+1 (77)")
     add_flag(p, family, "--prev-segment-frames", type=int, default=None, metavar="N",
                    help="Wan Animate folders: frames a segment takes from the one before (1)")
+
+
+def read_loras_2(args, family: str = "wan") -> list:
+    """``--lora-2 FILE[:STRENGTH]`` (the low-noise expert's LoRAs) read and checked as
+    ``--lora`` is (``--lora-strict``), named by the family's LoRA names."""
+    from ditax.lora import parse_lora_arg, resolve_loras
+    from ditax.models import registry
+
+    specs = getattr(args, "lora_2", None) or []
+    if not specs:
+        return []
+    return resolve_loras([parse_lora_arg(s) for s in specs], getattr(args, "lora_strict", True),
+                         names=registry.spec(family).lora_names_object())
 
 
 def read(args, call: dict, sample, check) -> dict:
@@ -175,5 +190,5 @@ def read_animate(args, call: dict, s) -> dict:
     return out
 
 
-__all__ = ["ANIMATE_FLAGS", "add_arguments", "read", "read_control", "read_images",
+__all__ = ["ANIMATE_FLAGS", "add_arguments", "read", "read_control", "read_images", "read_loras_2",
            "read_source_video"]

@@ -60,6 +60,20 @@ class WanPipelines(PipelineFamily):
 
         return read(args, call, sample, self.check_request)
 
+    def sample_options(self, args, sample, chosen, defaults, call):
+        """The call's ``sigmas``; the loader's flow shift, text length, sampler (when chosen),
+        the low-noise expert's LoRAs (``--lora-2``) and video-to-video (``--strength``)."""
+        from ditax.pipelines.wan.cli_inputs import read_loras_2
+
+        load = dict(flow_shift=sample.flow_shift,
+                    max_sequence_length=defaults["max_sequence_length"],
+                    scheduler=sample.scheduler if "scheduler" in chosen else None,
+                    loras_2=read_loras_2(args, self.name))
+        if "strength" in call:
+            load["video_to_video"] = True
+        animate = "pose_video" in call     # Animate's segments run its own schedule (no sigmas)
+        return ({} if animate else {"sigmas": sample.sigmas}), load
+
     def check_request(self, prompt, height, width, num_frames, num_inference_steps,
                       guidance_scale, guidance_scale_2=None, negative_prompt=None,
                       seed=0) -> None:
