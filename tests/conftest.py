@@ -117,14 +117,17 @@ SLOWEST_FIRST = (
     "recipes/test_demo_model.py", "recipes/test_flux_demo_model.py", "train/test_resume.py",
     "train/test_multihost.py",
     "benchmarks/test_gpu_check.py", "serve/test_serve_faults.py", "serve/test_serve_api.py",
-    "serve/test_serve_browser.py", "serve/test_serve_image.py", "train/test_train.py",
+    "serve/test_serve_browser.py", "serve/test_serve_image.py",
+    "serve/test_serve_batch_families.py", "test_conformance.py", "train/test_train.py",
     "train/test_train_image.py", "train/test_vace_train.py",
     "train/test_train_e2e.py", "lora/test_lora_train.py", "models/wan/test_transformer.py",
     "train/test_flux_train.py", "lora/test_flux_lora_train.py", "test_compile_cache.py",
     "cli/test_cli.py", "attention/test_sage.py", "models/test_quantized_load.py",
     "pipelines/test_image_to_video.py", "models/wan/test_vace_transformer.py",
     "pipelines/test_vace_pipeline.py", "pipelines/test_video_to_video.py",
-    "pipelines/test_animate_pipeline.py", "cli/test_generate_outputs.py")
+    "pipelines/test_animate_pipeline.py", "cli/test_generate_outputs.py",
+    "pipelines/test_batch_families.py", "serve/test_serve_third_family.py",
+    "cli/test_generate_prompts.py")
 
 
 def pytest_collection_modifyitems(items):
