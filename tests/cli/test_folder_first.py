@@ -177,12 +177,17 @@ def test_unsupported_pipeline_class_is_named(tmp_path, capsys):
 
 
 def test_uncached_hub_id_offline_is_named(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache"),
-           "HF_ENDPOINT": "http://10.255.255.1:9", "JAX_PLATFORMS": "cpu"}
-    res = subprocess.run([sys.executable, "-m", "ditax.cli", "generate", "--model",
-                          "someorg/missing-model", "--prompt", "x", "--output", "x.png",
-                          "--height", "72"], env=env, capture_output=True, text=True,
-                         timeout=240, cwd=tmp_path)
+    from loopback import silent_endpoint
+
+    with silent_endpoint() as (url, hits):
+        env = {**os.environ, "HF_HUB_OFFLINE": "1",
+               "HF_HUB_CACHE": str(tmp_path / "empty-cache"), "HF_ENDPOINT": url,
+               "JAX_PLATFORMS": "cpu"}
+        res = subprocess.run([sys.executable, "-m", "ditax.cli", "generate", "--model",
+                              "someorg/missing-model", "--prompt", "x", "--output", "x.png",
+                              "--height", "72"], env=env, capture_output=True, text=True,
+                             timeout=240, cwd=tmp_path)
+    assert hits == [], "the offline check connected to the hub endpoint"
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert "--model someorg/missing-model: no such folder" in lines[0], lines
