@@ -34,6 +34,11 @@ class PipelineLoadError(DitaxError, ValueError):
     (``ditax_sample.json``) holds a bad value."""
 
 
+class NonFiniteOutput(RuntimeError):
+    """A run's latents or decoded frames hold NaN / inf: a failure (exit 1, nothing written),
+    never a black video called a success; the message names the phase and the likely causes."""
+
+
 class AttentionUnavailable(DitaxError, RuntimeError):
     """The requested attention backend cannot run with these inputs on this platform."""
 

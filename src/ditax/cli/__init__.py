@@ -20,7 +20,7 @@ import importlib
 import sys
 import traceback
 
-from ditax.errors import DitaxError, RequestError
+from ditax.errors import DitaxError, NonFiniteOutput, RequestError
 
 COMMANDS = {
     "generate": "text → video (Wan) or image (FLUX.1) with a model folder; --prompts FILE",
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         return _report(prog, f"{e} (see {prog} --help)", USAGE, debug)
     except DitaxError as e:
         return _report(prog, str(e), USAGE, debug)
-    except CommandFailed as e:
+    except (CommandFailed, NonFiniteOutput) as e:   # failures their message explains
         return _report(prog, str(e), FAILURE, debug)
     except KeyboardInterrupt:
         return _report(prog, "interrupted", 130, debug)

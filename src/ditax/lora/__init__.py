@@ -28,6 +28,10 @@ from ditax.lora.table import Lora, LoraRow, parse_lora, read_lora
 LoraSpec = Union[str, os.PathLike, Lora, tuple]
 
 
+# the largest |strength| a LoRA is applied with (typical: 0.5-1.5; 10 is far past any use)
+MAX_STRENGTH = 10.0
+
+
 def resolve_loras(specs: Iterable[LoraSpec] | None, strict: bool = True, *,
                   names: LoraNames | None = None) -> list[tuple[Lora, float]]:
     """``[path | Lora | (path | Lora, strength)]`` → ``[(Lora, strength)]`` (strength 1.0 when
@@ -42,6 +46,9 @@ def resolve_loras(specs: Iterable[LoraSpec] | None, strict: bool = True, *,
             raise WeightError(f"LoRA {item!s}: strength {strength!r} is not a number") from None
         if strength != strength or strength in (float("inf"), float("-inf")):
             raise WeightError(f"LoRA {item!s}: strength {strength} is not a finite number")
+        if abs(strength) > MAX_STRENGTH:
+            raise WeightError(f"LoRA {item!s}: strength {strength:g} is beyond "
+                              f"±{MAX_STRENGTH:g} (it would overflow the weights); use e.g. 0.8")
         if not isinstance(item, Lora):
             if names is None:
                 raise TypeError(f"LoRA {item!s}: a file is parsed with its model family's "
@@ -104,9 +111,13 @@ def parse_lora_arg(text: str) -> tuple[str, float]:
     if not math.isfinite(strength):
         raise RequestError(f"--lora {text!r}: strength {tail} is not a finite number; use e.g. "
                            f"{path}:0.8")
+    if abs(strength) > MAX_STRENGTH:
+        raise RequestError(f"--lora {text!r}: strength {tail} is beyond ±{MAX_STRENGTH:g} (a "
+                           f"LoRA at such a strength overflows the weights); use e.g. "
+                           f"{path}:0.8")
     return path, strength
 
 
-__all__ = ["Lora", "LoraNames", "LoraRow", "LoraSpec", "Patch", "PatchedWeights", "merged_weights",
+__all__ = ["MAX_STRENGTH", "Lora", "LoraNames", "LoraRow", "LoraSpec", "Patch", "PatchedWeights", "merged_weights",
            "parse_lora", "parse_lora_arg", "plan_patches", "read_lora", "resolve_loras",
            "upstream_shapes"]

@@ -115,6 +115,23 @@ def check_cfg_batch(use_cfg: bool, cfg_mode: str, mesh) -> None:
         f"cfg_mode=batched with mesh.data*mesh.fsdp <= 2")
 
 
+def check_finite(tree, phase_name: str, what: str, guidance_scale=None) -> None:
+    """Every float array of ``tree`` is finite; else :class:`~ditax.errors.NonFiniteOutput`
+    naming the phase and the likely causes — a black video is never a success."""
+    from ditax.errors import NonFiniteOutput
+
+    for leaf in jax.tree.leaves(tree):
+        if not hasattr(leaf, "dtype") or not jnp.issubdtype(leaf.dtype, jnp.floating):
+            continue
+        ok = jnp.isfinite(leaf).all() if isinstance(leaf, jax.Array) else np.isfinite(leaf).all()
+        if not bool(ok):
+            g = f" (it is {guidance_scale:g})" if guidance_scale is not None else ""
+            raise NonFiniteOutput(
+                f"{phase_name}: {what} hold NaN / inf, so nothing is written; likely causes: a "
+                f"weight file with a non-finite tensor, a LoRA strength too large, or a "
+                f"guidance scale too large{g}")
+
+
 def set_timesteps(scheduler, num_steps: int, shape, sigmas=None):
     """The scheduler's fresh state; explicit ``sigmas`` only on the Euler sampler."""
     if sigmas is None:
@@ -245,6 +262,7 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
             if on_step is not None:
                 on_step(i + 1)
         x = jax.block_until_ready(x if finalize is None else finalize(cond, x))
+        check_finite(x, "denoise", f"the latents after {len(timesteps)} steps", guidance_scale)
     stats = (uncached_stats(len(timesteps), use_cfg) if step_cache is None
              else step_cache.stats())
     t2 = time.perf_counter()
@@ -254,6 +272,7 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
         return Sampled(np.asarray(x), stats, timings)
     with phase("decode"):
         out = decode(x, prepared)
+        check_finite(out, "decode", "the decoded output", guidance_scale)
     timings["decode"] = time.perf_counter() - t2
     return Sampled(out, stats, timings)
 
@@ -316,5 +335,5 @@ def record(pipe, out: Sampled):
     return out.output
 
 
-__all__ = ["Expert", "Prepared", "Sampled", "Timings", "check_cfg_batch", "check_latents",
-           "initial_noise", "record", "replicate", "sample", "set_timesteps"]
+__all__ = ["Expert", "Prepared", "Sampled", "Timings", "check_cfg_batch", "check_finite",
+           "check_latents", "initial_noise", "record", "replicate", "sample", "set_timesteps"]

@@ -97,6 +97,8 @@ def lora_strengths(given, names: tuple) -> list[float]:
     (0 for those not named)."""
     import math
 
+    from ditax.lora import MAX_STRENGTH
+
     if not given:
         return [0.0] * len(names)
     if not names:
@@ -107,15 +109,20 @@ def lora_strengths(given, names: tuple) -> list[float]:
                          "loras")
     out = dict.fromkeys(names, 0.0)
     for item in given:
-        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(item, dict):
+            raise BadRequest(f"loras item {item!r}: each item must be an object "
+                             f"{{\"name\": str, \"strength\": number}}, e.g. "
+                             f"{{\"name\": \"{names[0]}\", \"strength\": 0.8}}", "loras")
+        name = item.get("name")
         strength = item.get("strength", 1.0) if isinstance(item, dict) else None
         if name not in out:
             raise BadRequest(f"lora {name!r} is not held by this server; GET /v1/loras lists "
                              f"{', '.join(names)}", "loras")
         if isinstance(strength, bool) or not isinstance(strength, (int, float)) or \
-                not math.isfinite(strength):
-            raise BadRequest(f"lora {name!r} strength={strength!r} must be a finite number "
-                             f"(1 = as trained, 0 = off)", "loras")
+                not math.isfinite(strength) or abs(strength) > MAX_STRENGTH:
+            raise BadRequest(f"lora {name!r} strength={strength!r} must be a finite number in "
+                             f"[-{MAX_STRENGTH:g}, {MAX_STRENGTH:g}] (1 = as trained, 0 = off)",
+                             "loras")
         out[name] = float(strength)
     return list(out.values())
 
