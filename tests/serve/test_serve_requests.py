@@ -104,3 +104,15 @@ def test_an_image_to_video_server_starts_and_asks_each_request_for_its_image(tmp
     with pytest.raises(BadRequest) as e:
         check({"prompt": "a cat"}, model=folder, tmp=tmp_path)
     assert e.value.param == "image" and "image-to-video folder" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("loras, words", [
+    (["style"], "loras item 'style': each item must be an object"),
+    ([{"name": "style", "strength": 1e30}], "must be a finite number in [-10, 10]"),
+    ([{"name": "style", "strength": True}], "must be a finite number"),
+    ([{"name": "other"}], "is not held by this server"),
+])
+def test_loras_items_are_objects_with_bounded_strengths(tmp_path, loras, words):
+    with pytest.raises(BadRequest) as e:
+        check({"prompt": "a cat", "loras": loras}, tmp=tmp_path, loras=("style",))
+    assert e.value.param == "loras" and words in str(e.value), str(e.value)
