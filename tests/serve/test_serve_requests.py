@@ -116,3 +116,25 @@ def test_loras_items_are_objects_with_bounded_strengths(tmp_path, loras, words):
     with pytest.raises(BadRequest) as e:
         check({"prompt": "a cat", "loras": loras}, tmp=tmp_path, loras=("style",))
     assert e.value.param == "loras" and words in str(e.value), str(e.value)
+
+
+def test_a_request_for_another_model_is_refused(tmp_path):
+    ok = check({"prompt": "a cat", "model": "demo_model"}, tmp=tmp_path)     # its folder name
+    assert ok.call["prompt"] == "a cat"
+    with pytest.raises(BadRequest) as e:
+        check({"prompt": "a cat", "model": "Wan-AI/Wan2.1-T2V-14B-Diffusers"}, tmp=tmp_path)
+    assert e.value.param == "model" and "this server serves demo_model" in str(e.value)
+
+
+def test_serve_refuses_a_bad_store_before_loading(tmp_path, capsys):
+    from ditax.cli import main
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "junk.db").write_text("not a database")
+    for db, words in ((tmp_path / "folder", "is a folder; give the job store's file"),
+                      (tmp_path / "junk.db", "not a ditax job store"),
+                      ("postgresql://user@127.0.0.1:5432/jobs", "a database URL")):
+        rc = main(["serve", "--model", "demo", "--db", str(db), "--no-progress"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "postgresql:").exists()

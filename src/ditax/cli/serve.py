@@ -70,6 +70,19 @@ def lora_files(lora_dir) -> list[tuple[str, str]]:
     return [(f.stem, str(f)) for f in files]
 
 
+def check_host(host: str, port: int) -> None:
+    """``--host`` resolves to an address to bind (one line otherwise, before the model
+    loads)."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"--host {host!r} does not resolve ({e}); give an address of this "
+                          f"machine, e.g. --host 127.0.0.1 (or 0.0.0.0 for every interface)") \
+            from None
+
+
 def check_args(args) -> None:
     for flag, v, lo in (("--port", args.port, 0), ("--max-queue", args.max_queue, 1),
                         ("--max-batch", args.max_batch, 1), ("--max-steps", args.max_steps, 1),
@@ -93,7 +106,11 @@ def run(args) -> int:
     from ditax.cli.sample_request import sample_request
     from ditax.serve.requests import BadRequest, check_body
 
-    db = pathlib.Path(args.db)
+    from ditax.serve.jobs import JobStore, check_store_path
+
+    db = check_store_path(args.db)
+    check_host(args.host, args.port)
+    JobStore(db).close()          # a job store (or a new one) before the model loads
     out = pathlib.Path(args.output_dir) if args.output_dir else db.parent / "videos"
     out.mkdir(parents=True, exist_ok=True)
     args.model = model_arg(args.model)

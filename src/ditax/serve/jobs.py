@@ -19,6 +19,8 @@ import threading
 import time
 import uuid
 
+from ditax.errors import ConfigError
+
 STATUSES = ("queued", "in_progress", "completed", "failed", "cancelled")
 FINISHED = ("completed", "failed", "cancelled")
 MAX_ATTEMPTS = 3         # runs of one job that a server stop may interrupt before it fails
@@ -49,20 +51,38 @@ class QueueFull(Exception):
     """The queue holds ``max_queue`` unfinished jobs (the server answers 429)."""
 
 
+def check_store_path(path) -> pathlib.Path:
+    """``--db`` as a SQLite path: not a URL (a shared store is not served yet), not a folder;
+    :class:`ConfigError` in one line naming the value otherwise."""
+    text = str(path)
+    if "://" in text:
+        raise ConfigError(f"--db {text}: a database URL; ditax serve keeps its jobs in a SQLite "
+                          f"file for now — give a path, e.g. --db serve/jobs.sqlite")
+    p = pathlib.Path(text).expanduser()
+    if p.is_dir():
+        raise ConfigError(f"--db {text} is a folder; give the job store's file, e.g. "
+                          f"--db {p / 'jobs.sqlite'}")
+    return p
+
+
 class JobStore:
     """Jobs in the SQLite file ``path`` (created with its folder). One connection shared by
     the server's threads behind a lock: each method is one short transaction."""
 
     def __init__(self, path):
-        self.path = pathlib.Path(path)
+        self.path = check_store_path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False,
-                                   isolation_level=None, timeout=30)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")     # a committed job survives power loss
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False,
+                                       isolation_level=None, timeout=30)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")     # a committed job survives power loss
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as e:      # OperationalError too: not a job store
+            raise ConfigError(f"--db {self.path}: not a ditax job store ({e}); give a new "
+                              f"file or a store an earlier ditax serve made") from None
 
     def _tx(self, fn):
         with self._lock:

@@ -204,6 +204,11 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
                              f"model makes {makes}s); it is for {', '.join(other)} models — "
                              f"drop it", key)
         raise BadRequest(f"unknown field {key!r}; the fields are {', '.join(allowed)}", key)
+    served = body.get("model")
+    if served is not None and served not in (str(model), pathlib.Path(str(model)).name):
+        raise BadRequest(f"model={served!r}: this server serves {pathlib.Path(str(model)).name} "
+                         f"({model}); drop model or send {pathlib.Path(str(model)).name!r}",
+                         "model")
     if "prompt" not in body:
         raise BadRequest("prompt is missing; send {\"prompt\": \"a cat walks on the grass\"}",
                          "prompt")
