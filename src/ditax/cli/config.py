@@ -60,7 +60,8 @@ def render(config: str | None = None, overrides: list[str] | None = None) -> str
     """The listing of ``ditax config [CONFIG] [overrides]`` for ``ditax train``."""
     from ditax.config import Config, load_config, validate
 
-    cfg = validate(load_config(config, overrides))     # a listing never shows a bad value
+    # a listing never shows a value ditax train would refuse
+    cfg = validate(load_config(config, overrides), training=True)
     default = dataclasses.replace(Config(), model=type(cfg.model)())
     head = (f"ditax train {config or 'CONFIG'}: " + ("the values of this config (default "
             "in brackets where it differs)" if config or overrides else "every config key "

@@ -68,7 +68,7 @@ def mask_frames(mask, num_frames: int, height: int, width: int, video=True) -> n
         return np.ones((num_frames, height, width), np.float32)
     if video is None:
         raise RequestError("mask= needs video= (the frames it keeps or regenerates; CLI: "
-                           "--mask with --control-video)")
+                           "--mask with --video)")
     items = _frames(mask, "mask", num_frames, height, width,
                     "the mask needs one frame per video frame")
     out = []
