@@ -29,3 +29,15 @@ def test_config_refuses_what_train_refuses(capsys):
     rc = main(["config", "flux-tiny", "model.quantize=int8"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "model.quantize=int8 is for inference" in err[0], err
+
+
+def test_training_says_what_it_would_ignore(tmp_path, capsys):
+    """Issue 41 class 7: lora.alpha without lora.rank is refused; lora.rank without init_from
+    says in one line that the adapters train on a random base."""
+    rc = main(["config", "tiny", "lora.alpha=8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "lora.alpha=8 scales LoRA adapters" in err[0], err
+    assert main(["train", "tiny", "lora.rank=4", "steps=0", f"output_dir={tmp_path / 'run'}",
+                 "--no-progress"]) == 0
+    warned = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning:")]
+    assert len(warned) == 1 and "lora.rank=4 without init_from" in warned[0], warned

@@ -46,6 +46,10 @@ def run(args) -> int:
 
         initialize_distributed(cfg.mesh)
     validate(cfg, jax.device_count(), training=True)
+    if cfg.lora.rank and cfg.init_from is None and jax.process_index() == 0:
+        print(f"warning: lora.rank={cfg.lora.rank} without init_from: the adapters train on a "
+              f"randomly initialised base, which no released model has; set "
+              f"init_from=FOLDER (the model the adapters are for)", flush=True)
 
     from ditax.attention.plan import needs_entry_context
     from ditax.cli.run import run_context

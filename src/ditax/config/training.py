@@ -150,6 +150,10 @@ def lora_targets(c: LoraConfig) -> tuple[str, ...]:
 def check_lora(c: LoraConfig) -> None:
     """Raise :class:`ConfigError` for adapters that cannot be built."""
     _at_least("lora", c, ("rank", "alpha"), 0)
+    if c.alpha and not c.rank:
+        raise ConfigError(f"lora.alpha={c.alpha:g} scales LoRA adapters, but lora.rank=0 is a "
+                          f"full fine-tune (no adapters); set lora.rank=R too, or drop "
+                          f"lora.alpha")
     if c.rank and not lora_targets(c):
         raise ConfigError(f"lora.targets={c.targets!r} names no layers; use a comma list of "
                           f"{', '.join(LORA_TARGETS)}")
