@@ -220,9 +220,11 @@ def create_app(state: ServeState):
     @app.get("/health")
     def health():
         counts = state.store.counts()
-        return {"status": "ok", **state.health, "queue_depth": counts["queued"],
-                "in_progress": counts["in_progress"], "max_queue": state.max_queue,
-                "max_batch": state.max_batch}
+        alive = state.worker.is_alive() or not state.worker.started
+        body = {"status": "ok" if alive else "worker stopped", **state.health,
+                "queue_depth": counts["queued"], "in_progress": counts["in_progress"],
+                "max_queue": state.max_queue, "max_batch": state.max_batch}
+        return body if alive else JSONResponse(body, status_code=503)
 
     @app.get("/metrics")
     def metrics():

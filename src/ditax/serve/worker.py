@@ -98,6 +98,7 @@ class Worker(threading.Thread):
         self.cancelled: set[str] = set()
         self.batching = False            # set when the loop starts (serve.batch.batchable)
         self.running: list[str] = []
+        self.started = False             # /health: a started worker that is not alive died
         jax.monitoring.register_event_duration_secs_listener(self.metrics.on_event)
         jax.monitoring.register_event_listener(self.metrics.on_plain_event)
 
@@ -112,6 +113,7 @@ class Worker(threading.Thread):
         self.join(timeout)
 
     def run(self) -> None:
+        self.started = True
         with self.context():
             self.loop()
 
@@ -132,8 +134,19 @@ class Worker(threading.Thread):
                 for j in jobs:
                     self.store.requeue(j["id"])
                 self.say(f"stopping: {len(jobs)} running job(s) back in the queue")
+            except Exception as e:  # noqa: BLE001 — a job's failure never ends the worker
+                self.fail_unfinished(jobs, f"{type(e).__name__}: {e}")
+                traceback.print_exc()
             finally:
                 self.running = []
+
+    def fail_unfinished(self, jobs: list[dict], message: str) -> None:
+        """Fail each of ``jobs`` still in progress with ``message`` (the worker goes on)."""
+        self.say(f"jobs {', '.join(j['id'] for j in jobs)} failed: {message}")
+        for j in jobs:
+            row = self.store.get(j["id"])
+            if row is not None and row["status"] == "in_progress":
+                self.store.finish(j["id"], "failed", error=message)
 
     def run_jobs(self, jobs: list[dict]) -> None:
         from ditax.io.images import write_png
@@ -195,18 +208,21 @@ class Worker(threading.Thread):
             if job["id"] in self.cancelled:
                 self.store.finish(job["id"], "cancelled")
                 continue
-            extras = []
+            extras, more = [], {}
             if isinstance(video, dict):   # a family's further outputs (PipelineFamily.outputs)
                 main = next(k for k in ("video", "image") if k in video)
-                extras = write_extras(self.output_dir / f"{job['id']}.{main}",
-                                      {k: v for k, v in video.items() if k != main})
+                more = {k: v for k, v in video.items() if k != main}
                 video = video[main]
-            if video.ndim == 3:           # an image model's [H, W, 3]: a PNG
-                name = f"{job['id']}.png"
-                write_png(self.output_dir / name, video)
-            else:
-                name = f"{job['id']}.mp4"
-                write_mp4(self.output_dir / name, video, fps=job["request"].get("fps") or 16)
+            name = f"{job['id']}.{'png' if video.ndim == 3 else 'mp4'}"   # [H, W, 3]: a PNG
+            try:
+                extras = write_extras(self.output_dir / name, more)
+                if video.ndim == 3:
+                    write_png(self.output_dir / name, video)
+                else:
+                    write_mp4(self.output_dir / name, video, fps=job["request"].get("fps") or 16)
+            except OSError as e:          # a full disk, the folder replaced by a file, ...
+                self.fail_unfinished([job], f"could not write {self.output_dir / name}: {e}")
+                continue
             if self.store.finish(job["id"], "completed", file=name, compiles=compiles):
                 done = self.store.get(job["id"])
                 self.metrics.add(jobs=1, job_seconds=done["finished_at"] - done["created_at"])
