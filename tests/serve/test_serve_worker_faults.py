@@ -3,6 +3,8 @@ output folder replaced by a file) fails with a message naming the path, the work
 with the next jobs, and ``/health`` says ok while the worker lives."""
 
 import shutil
+import subprocess
+import sys
 
 from serve_fixtures import PROMPT, Server, shared_cache
 
@@ -27,3 +29,35 @@ def test_an_unwritable_output_fails_the_job_not_the_worker(tmp_path, tmp_path_fa
         assert srv.call("GET", done["url"])[0] == 200
     finally:
         srv.stop()
+
+
+def test_a_job_belongs_to_its_model_and_a_store_to_one_server(tmp_path, tmp_path_factory):
+    """Two servers on one --db: the second is refused before it loads or claims anything (the
+    first's jobs run once); a server on a port in use is refused before it claims anything; a
+    restart with another model leaves the first model's queued jobs queued."""
+    import pytest
+
+    cache = shared_cache(tmp_path_factory)
+    db = tmp_path / "jobs.sqlite"
+    first = Server(tmp_path / "a", db=db, cache=cache).start()
+    try:
+        job = first.submit(seed=1)
+        with pytest.raises(RuntimeError, match=r"is served by another ditax serve \(pid \d+\)"):
+            Server(tmp_path / "b", db=db, cache=cache).start()
+        busy = subprocess.run(
+            [sys.executable, "-m", "ditax.cli", "serve", "--model", "demo", "--port",
+             str(first.port), "--db", str(tmp_path / "c.sqlite"), "--no-progress"],
+            capture_output=True, text=True, timeout=120)
+        assert busy.returncode == 2 and "cannot listen there" in busy.stderr, busy.stderr
+        assert first.wait(job["id"])["status"] == "completed"
+        assert first.wait(job["id"])["attempts"] == 1          # run once, by its server
+        queued = first.submit(seed=2, num_inference_steps=200)
+    finally:
+        first.stop()
+    other = Server(tmp_path / "d", db=db, cache=cache, model="flux-demo").start()
+    try:
+        status, _, row = other.call("GET", f"/v1/videos/{queued['id']}")
+        assert status == 200 and row["status"] == "queued", row
+        assert "another model's; they stay queued" in other.log.read_text()
+    finally:
+        other.stop()

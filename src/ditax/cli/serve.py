@@ -110,12 +110,15 @@ def run(args) -> int:
 
     db = check_store_path(args.db)
     check_host(args.host, args.port)
-    JobStore(db).close()          # a job store (or a new one) before the model loads
+    args.model = model_arg(args.model)
+    req = sample_request(args.model, args.overrides)   # the folder, before anything heavy
+    pipelines = req.pipelines
+    # the store's one server, its jobs this model's, before the model loads
+    store = JobStore(db, model=str(pathlib.Path(req.root).resolve()))
+    store.own()
     out = pathlib.Path(args.output_dir) if args.output_dir else db.parent / "videos"
     out.mkdir(parents=True, exist_ok=True)
-    args.model = model_arg(args.model)
     loras = lora_files(args.lora_dir)
-    pipelines = sample_request(args.model, args.overrides).pipelines
     limits = Limits(max_steps=args.max_steps, max_pixels=args.max_pixels,
                     max_frames=args.max_frames)
     try:           # the model folder, overrides and LoRAs, checked as generate checks them
@@ -126,15 +129,16 @@ def run(args) -> int:
                                pipelines=pipelines, startup=True).load)
     except BadRequest as e:
         raise ConfigError(str(e)) from None
-    serve(args, db, out, load, loras, limits, pipelines)
+    serve(args, store, out, load, loras, limits, pipelines)
     return 0
 
 
-def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list,
+def serve(args, store, out: pathlib.Path, load: dict, loras: list,
           limits: Limits = Limits(), pipelines=None) -> None:
-    """Load the model once (``load``: generate's load arguments), recover the store, run
-    uvicorn until SIGTERM / SIGINT (``limits``: what a request may ask; ``pipelines``: the
-    folder's family, whose request fields ``/health`` lists for the page)."""
+    """Load the model once (``load``: generate's load arguments), recover the store (``store``:
+    owned by this process), bind the port, then start the worker and run uvicorn until
+    SIGTERM / SIGINT (``limits``: what a request may ask; ``pipelines``: the folder's family,
+    whose request fields ``/health`` lists for the page)."""
     from ditax.pipelines.request import fields_of
     from ditax.serve.requests import HTTP_FIELDS
 
@@ -145,14 +149,14 @@ def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list,
     from ditax.cli.generate import parse_request
     from ditax.cli.run import run_context
     from ditax.serve.app import ServeState, create_app
-    from ditax.serve.jobs import JobStore
     from ditax.serve.worker import Worker
 
     mesh_cfg, cache = load.pop("mesh_config"), load.pop("compile_cache")
     makes = load.pop("makes", "video")
     mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
-    store = JobStore(db)
-    requeued, failed = store.recover()
+    db = store.path
+    sock = bind(args.host, args.port)        # a port in use ends here, before any claim
+    requeued, failed = store.recover()       # this process owns the store: their owner is gone
     for partial in out.glob("*.partial*"):        # a write cut by a kill: never served
         partial.unlink(missing_ok=True)
     with run_context(load["attention"], mesh, compile_cache=cache,
@@ -177,13 +181,35 @@ def serve(args, db: pathlib.Path, out: pathlib.Path, load: dict, loras: list,
                                    "fields": [f.api for f in fields_of(pipelines) if f.api]
                                    + [k for k in HTTP_FIELDS if takes(pipelines, k)]})
         app = create_app(state)
-        print(f"serving {path} on http://{args.host}:{args.port} (jobs: {db}, videos: {out})",
+        if store.others():
+            print(f"{store.others()} queued job(s) in {db} are another model's; they stay "
+                  f"queued for it (this server runs {path}'s)")
+        port = sock.getsockname()[1]          # --port 0: the one the system chose
+        print(f"serving {path} on http://{args.host}:{port} (jobs: {db}, videos: {out})",
               flush=True)
         quiet_exit_server(uvicorn)(uvicorn.Config(
-            app, host=args.host, port=args.port, log_level="warning",
-            timeout_graceful_shutdown=30)).run()
+            app, host=args.host, port=port, log_level="warning",
+            timeout_graceful_shutdown=30)).run(sockets=[sock])
     store.close()
     print(f"stopped; queued jobs stay in {db} (the same --db runs them)", flush=True)
+
+
+def bind(host: str, port: int):
+    """A listening-ready socket bound to ``host:port`` (one :class:`ConfigError` line when
+    the port is taken or the address is not this machine's)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                         socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e});"
+                          f" choose a free --port (0: any) or an address of this machine") \
+            from None
+    return sock
 
 
 def takes(pipelines, field: str) -> bool:

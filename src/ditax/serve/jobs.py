@@ -69,10 +69,12 @@ class JobStore:
     """Jobs in the SQLite file ``path`` (created with its folder). One connection shared by
     the server's threads behind a lock: each method is one short transaction."""
 
-    def __init__(self, path):
+    def __init__(self, path, model: str | None = None):
         self.path = check_store_path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.model = model               # jobs added carry it; claim takes only its jobs
         self._lock = threading.Lock()
+        self._owner = None               # the store's lock file, while this server owns it
         try:
             self._db = sqlite3.connect(str(self.path), check_same_thread=False,
                                        isolation_level=None, timeout=30)
@@ -80,9 +82,41 @@ class JobStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")     # a committed job survives power loss
             self._db.executescript(_SCHEMA)
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+            if "model" not in columns:     # a store an earlier ditax serve made
+                self._db.execute("ALTER TABLE jobs ADD COLUMN model TEXT")
         except sqlite3.DatabaseError as e:      # OperationalError too: not a job store
             raise ConfigError(f"--db {self.path}: not a ditax job store ({e}); give a new "
                               f"file or a store an earlier ditax serve made") from None
+
+    def own(self) -> None:
+        """Make this process the store's one server (an exclusive lock on ``<db>.lock``, held
+        until it exits); a second server on the same store is one :class:`ConfigError` line,
+        before it loads or claims anything."""
+        import fcntl
+        import os
+
+        f = open(self.path.with_name(self.path.name + ".lock"), "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            pid = f.read().strip() or "?"
+            f.close()
+            raise ConfigError(f"--db {self.path} is served by another ditax serve (pid {pid}); "
+                              f"stop it, or give this server its own --db") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._owner = f
+
+    def others(self) -> int:
+        """Queued jobs of another model (left queued for it)."""
+        with self._lock:
+            return self._db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE status = 'queued' AND model IS NOT NULL AND "
+                "model != ?", (self.model or "",)).fetchone()[0]
 
     def _tx(self, fn):
         with self._lock:
@@ -98,6 +132,9 @@ class JobStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        if self._owner is not None:
+            self._owner.close()          # the lock goes with the file
+            self._owner = None
 
     # --- writes
     def add(self, request: dict, batch_key: str | None, max_queue: int) -> dict:
@@ -110,23 +147,26 @@ class JobStore:
             if n >= max_queue:
                 raise QueueFull(n)
             job_id = f"video_{uuid.uuid4().hex}"
-            db.execute("INSERT INTO jobs (id, created_at, status, request, batch_key) VALUES "
-                       "(?, ?, 'queued', ?, ?)",
-                       (job_id, time.time(), json.dumps(request), batch_key or job_id))
+            db.execute("INSERT INTO jobs (id, created_at, status, request, batch_key, model) "
+                       "VALUES (?, ?, 'queued', ?, ?, ?)",
+                       (job_id, time.time(), json.dumps(request), batch_key or job_id,
+                        self.model))
             return job_id
         return self.get(self._tx(add))
 
     def claim(self, max_batch: int) -> list[dict]:
         """Up to ``max_batch`` queued jobs of the oldest queued job's batch key, oldest first,
         now ``in_progress`` (their ``attempts`` + 1); ``[]`` when none is queued."""
+        mine = "status = 'queued' AND (model IS NULL OR model = ?)"   # another model's: left
+
         def claim(db):
-            first = db.execute("SELECT batch_key FROM jobs WHERE status = 'queued' ORDER BY seq "
-                               "LIMIT 1").fetchone()
+            first = db.execute(f"SELECT batch_key FROM jobs WHERE {mine} ORDER BY seq LIMIT 1",
+                               (self.model or "",)).fetchone()
             if first is None:
                 return []
             ids = [r[0] for r in db.execute(
-                "SELECT id FROM jobs WHERE status = 'queued' AND batch_key = ? ORDER BY seq "
-                "LIMIT ?", (first[0], max_batch))]
+                f"SELECT id FROM jobs WHERE {mine} AND batch_key = ? ORDER BY seq LIMIT ?",
+                (self.model or "", first[0], max_batch))]
             now = time.time()
             db.executemany("UPDATE jobs SET status = 'in_progress', progress = 0, attempts = "
                            "attempts + 1, started_at = ?, batch_size = ? WHERE id = ?",
