@@ -40,3 +40,19 @@ def test_lora_strength_past_ten_is_refused_before_any_work(tmp_path, capsys, str
                str(tmp_path / "o.mp4"), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "is beyond ±10" in err[0], err
+
+
+def test_a_nan_in_a_weight_file_is_named_at_load(tmp_path):
+    from quant_folders import write_wan_folder
+    from safetensors.numpy import load_file, save_file
+
+    from ditax.errors import WeightError
+
+    folder = write_wan_folder(tmp_path / "transformer")
+    file = folder / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(str(file))
+    key = next(k for k in sorted(tensors) if k.endswith("ffn.net.0.proj.weight"))
+    tensors[key][0, 0] = np.nan
+    save_file(tensors, str(file))
+    with pytest.raises(WeightError, match=r"parameter .*ffn.* holds NaN / inf after loading"):
+        ditax.load_transformer(folder)

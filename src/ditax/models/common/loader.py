@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -71,6 +72,20 @@ class Architecture:
 def plain_weights(source, cfg, table, shapes):
     """The default ``open_weights``: the source's tensors as stored, read with ``table``."""
     return Weights.open(source), table, None
+
+
+def check_finite_params(state, source, merged_loras: bool = False) -> None:
+    """Every float parameter read from ``source`` is finite (one reduction a tensor, on the
+    devices that hold it); else :class:`~ditax.errors.WeightError` naming the first
+    non-finite one — a NaN weight is named at load, not found as a black video."""
+    from ditax.errors import WeightError
+
+    for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]:
+        if jnp.issubdtype(leaf.dtype, jnp.floating) and not bool(jnp.isfinite(leaf).all()):
+            name = ".".join(str(getattr(k, "key", k)) for k in path)
+            cause = " (or a merged LoRA at too large a strength)" if merged_loras else ""
+            raise WeightError(f"{source}: parameter {name} holds NaN / inf after loading"
+                              f"{cause}; the weight file is damaged — re-download or re-save it")
 
 
 @dataclass(frozen=True)
@@ -158,6 +173,7 @@ class TransformerLoader:
         sharding = param_sharding(quant.with_scale_axes(arch.param_axes(cfg)), mesh)
         state = load_params(read_table, weights, state, jnp.dtype(cfg.param_dtype), sharding,
                             quantizers)
+        check_finite_params(state, source, bool(loras))
         return nnx.merge(gdef, state)
 
     # -- the loader ---------------------------------------------------------------------------
