@@ -146,7 +146,7 @@ def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
                            f"holds the videos and their captions")
     if not folder.is_dir():
         raise FileNotFoundError(f"videos folder {str(folder)!r} does not exist")
-    table = {}
+    table, lines, problems = {}, {}, []      # every problem, each with its file, in one pass
     cj = folder / "captions.jsonl"
     if cj.exists():
         fix = 'each line is {"file": "name.mp4", "caption": "..."}'
@@ -155,22 +155,33 @@ def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
                     and isinstance(row.get("caption"), str)):
                 raise RequestError(f"{cj}: line {n}: needs string entries \"file\" and "
                                    f"\"caption\"; {fix}")
-            table[row["file"]] = row["caption"]
+            table[row["file"]], lines[row["file"]] = row["caption"], n
     out, missing = [], []
     for v in sorted(p for p in folder.iterdir() if p.suffix.lower() in VIDEO_EXT + IMAGE_EXT
                     and sidecar_kind(p) is None):
         if not v.is_file() or v.stat().st_size == 0:      # cheap to see before any model loads
-            raise video_error(v)
+            problems.append(str(video_error(v)))
+            continue
         side = v.with_suffix(".txt")
         if v.name in table:
-            out.append((v, table[v.name]))
+            caption = table[v.name]
         elif side.is_file():
-            out.append((v, read_text(side, what="caption").strip()))
+            caption = read_text(side, what="caption").strip()
         else:
             missing.append(v.name)
+            continue
+        if not caption.strip():
+            problems.append(f"{v.name}: its caption is blank (a clip trained on no text)")
+        out.append((v, caption))
+    found = {v.name for v, _ in out}
+    problems += [f"{cj.name} line {n}: {name!r} is not in the folder" for name, n in
+                 lines.items() if name not in found and not (folder / name).exists()]
     if missing:
-        raise RequestError(f"no caption for {missing[:5]}{'…' if len(missing) > 5 else ''}: add "
-                           f"name.txt next to each video or a line in {cj}")
+        problems.append(f"no caption for {missing[:5]}{'…' if len(missing) > 5 else ''}: add "
+                        f"name.txt next to each video or a line in {cj}")
+    if problems:
+        raise RequestError(f"{folder}: {len(problems)} problem(s) before any encoding: "
+                           + "; ".join(problems[:10]) + ("; …" if len(problems) > 10 else ""))
     check_sidecars(folder, {v.stem for v, _ in out})
     if not out:
         raise RequestError(f"no videos or images ({', '.join(VIDEO_EXT + IMAGE_EXT)}) in "
