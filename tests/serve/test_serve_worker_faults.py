@@ -1,6 +1,8 @@
 """A worker never dies silently (issue 41, class 3): a job whose output cannot be written (the
 output folder replaced by a file) fails with a message naming the path, the worker goes on
-with the next jobs, and ``/health`` says ok while the worker lives."""
+with the next jobs, and ``/health`` says ok while the worker lives; a prompt cut to the text
+length completes with the warning in its job (class 4); a job belongs to its model and a store
+to one server (class 2)."""
 
 import shutil
 import subprocess
@@ -24,9 +26,14 @@ def test_an_unwritable_output_fails_the_job_not_the_worker(tmp_path, tmp_path_fa
         assert status == 200 and health["status"] == "ok", health
         srv.out.unlink()
         srv.out.mkdir()
-        done = srv.wait(srv.submit(prompt=PROMPT, seed=2, num_inference_steps=2)["id"])
+        # a prompt past the folder's text length (the demo's 16 tokens) completes and says so
+        long = PROMPT + " over a field of tall green grass while the sun sets slowly" * 2
+        done = srv.wait(srv.submit(prompt=long, seed=2, num_inference_steps=2)["id"])
         assert done["status"] == "completed", done
         assert srv.call("GET", done["url"])[0] == 200
+        assert len(done["warnings"]) == 1, done
+        assert "more than max_sequence_length=16" in done["warnings"][0], done
+        assert srv.wait(srv.submit(seed=3)["id"])["warnings"] == []
     finally:
         srv.stop()
 

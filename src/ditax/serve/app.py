@@ -82,10 +82,10 @@ def error(status: int, message: str, param: str | None = None, headers=None):
                         status_code=status, headers=headers)
 
 
-def job_json(job: dict) -> dict:
-    """The API view of a job row."""
+def job_json(job: dict, makes: str = "video") -> dict:
+    """The API view of a job row (``makes``: the served family's output kind, the object)."""
     req = {k: v for k, v in job["request"].items() if k not in ("image", "last_image")}
-    kind = "video" if "num_frames" in req else "image"
+    kind = "image" if makes == "image" else "video"
     out = {"id": job["id"], "object": kind, "status": job["status"],
            "progress": job["progress"], "created_at": int(job["created_at"]),
            "completed_at": None if job["finished_at"] is None else int(job["finished_at"]),
@@ -93,7 +93,8 @@ def job_json(job: dict) -> dict:
            "size": f"{req['width']}x{req['height']}", **req,
            "has_image": "image" in job["request"], "attempts": job["attempts"],
            "batch_size": job["batch_size"], "compiles": job["compiles"],
-           "seconds_to_finish": None if job["seconds"] is None else round(job["seconds"], 3)}
+           "seconds_to_finish": None if job["seconds"] is None else round(job["seconds"], 3),
+           "warnings": json.loads(job["warnings"]) if job.get("warnings") else []}
     if job["status"] == "completed" and job["file"]:
         out["url"] = f"/v1/videos/{job['id']}/content"
     return out
@@ -154,21 +155,21 @@ def create_app(state: ServeState):
                               f"{state.max_queue}); retry in {wait} s", headers={
                                   "Retry-After": str(wait)})
         state.worker.wake.set()
-        return job_json(job)
+        return job_json(job, state.makes)
 
     @app.get("/v1/videos")
     def list_videos(limit: int = 20, after: str | None = None):
         if not 1 <= limit <= 100:
             return error(400, f"limit={limit} must be in 1..100", "limit")
         jobs, more = state.store.list(limit, after)
-        data = [job_json(j) for j in jobs]
+        data = [job_json(j, state.makes) for j in jobs]
         return {"object": "list", "data": data, "has_more": more,
                 "last_id": data[-1]["id"] if data else None}
 
     @app.get("/v1/videos/{job_id}")
     def get_video(job_id: str):
         job, err = find(job_id)
-        return err or job_json(job)
+        return err or job_json(job, state.makes)
 
     @app.get("/v1/videos/{job_id}/content")
     def content(job_id: str, variant: str | None = None):
@@ -209,7 +210,7 @@ def create_app(state: ServeState):
             return {"id": job_id, "object": "video.deleted", "deleted": True}
         state.worker.cancel(job_id)
         state.store.finish(job_id, "cancelled")
-        return job_json(state.store.get(job_id))
+        return job_json(state.store.get(job_id), state.makes)
 
     @app.get("/v1/loras")
     def list_loras():

@@ -83,8 +83,9 @@ class JobStore:
             self._db.execute("PRAGMA synchronous=FULL")     # a committed job survives power loss
             self._db.executescript(_SCHEMA)
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
-            if "model" not in columns:     # a store an earlier ditax serve made
-                self._db.execute("ALTER TABLE jobs ADD COLUMN model TEXT")
+            for column in ("model", "warnings"):     # a store an earlier ditax serve made
+                if column not in columns:
+                    self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} TEXT")
         except sqlite3.DatabaseError as e:      # OperationalError too: not a job store
             raise ConfigError(f"--db {self.path}: not a ditax job store ({e}); give a new "
                               f"file or a store an earlier ditax serve made") from None
@@ -180,8 +181,10 @@ class JobStore:
             (int(progress), job_id)))
 
     def finish(self, job_id: str, status: str, *, error: str | None = None,
-               file: str | None = None, compiles: int | None = None) -> bool:
-        """Mark a running (or queued, for ``cancelled``) job finished; False when it was
+               file: str | None = None, compiles: int | None = None,
+               warnings: list[str] | None = None) -> bool:
+        """Mark a running (or queued, for ``cancelled``) job finished (``warnings``: what the
+        run said about this job, e.g. a prompt cut to the text length); False when it was
         already finished (e.g. cancelled while its batch ran)."""
         assert status in FINISHED, status
         now = time.time()
@@ -190,8 +193,10 @@ class JobStore:
             cur = db.execute(
                 "UPDATE jobs SET status = ?, error = ?, file = ?, compiles = ?, finished_at = ?,"
                 " seconds = ? - created_at, progress = CASE WHEN ? = 'completed' THEN 100 ELSE "
-                "progress END WHERE id = ? AND status IN ('queued', 'in_progress')",
-                (status, error, file, compiles, now, now, status, job_id))
+                "progress END, warnings = ? WHERE id = ? AND status IN ('queued', "
+                "'in_progress')",
+                (status, error, file, compiles, now, now, status,
+                 json.dumps(warnings) if warnings else None, job_id))
             return cur.rowcount == 1
         return self._tx(finish)
 

@@ -22,6 +22,7 @@ running jobs back in the queue; they run again at the next start.
 from __future__ import annotations
 
 import contextlib
+import logging
 import pathlib
 import threading
 import time
@@ -69,6 +70,32 @@ class Metrics:
         with self.lock:
             for k, v in amounts.items():
                 setattr(self, k, getattr(self, k) + v)
+
+
+@contextlib.contextmanager
+def warnings_said():
+    """The messages ditax's loggers warn with inside (a list, filled as they come)."""
+    said: list[str] = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    handler, logger = Handler(logging.WARNING), logging.getLogger("ditax")
+    logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
+
+
+def about(said: list[str], job: dict, batch: int) -> list[str]:
+    """The warnings of a run that are this job's: all of a job run alone; in a batch, those
+    that name its prompt (the tokenizer names the prompt it cut)."""
+    if batch == 1:
+        return list(said)
+    head = str(job["request"].get("prompt", ""))[:40]
+    return [m for m in said if head and head in m]
 
 
 class Stopping(Exception):
@@ -182,11 +209,12 @@ class Worker(threading.Thread):
             strengths = jobs[0]["request"].get("lora_strengths")
             if strengths is not None:     # unmerged LoRAs: only values change, no compile
                 self.pipe.transformer.set_lora_strengths(strengths)
-            if self.batching:         # any family's: the generic loop's batch
-                videos = generate_batch(self.pipe, calls, on_step,
-                                        pad_to=bucket(len(calls), self.max_batch))
-            else:
-                videos = [self.pipe(progress=False, **calls[0])]
+            with warnings_said() as said:     # e.g. a prompt cut to the text length
+                if self.batching:         # any family's: the generic loop's batch
+                    videos = generate_batch(self.pipe, calls, on_step,
+                                            pad_to=bucket(len(calls), self.max_batch))
+                else:
+                    videos = [self.pipe(progress=False, **calls[0])]
         except (Stopping, KeyboardInterrupt):
             raise Stopping() from None
         except Cancelled:
@@ -223,7 +251,8 @@ class Worker(threading.Thread):
             except OSError as e:          # a full disk, the folder replaced by a file, ...
                 self.fail_unfinished([job], f"could not write {self.output_dir / name}: {e}")
                 continue
-            if self.store.finish(job["id"], "completed", file=name, compiles=compiles):
+            if self.store.finish(job["id"], "completed", file=name, compiles=compiles,
+                                 warnings=about(said, job, len(jobs))):
                 done = self.store.get(job["id"])
                 self.metrics.add(jobs=1, job_seconds=done["finished_at"] - done["created_at"])
             else:                         # cancelled while it was written
