@@ -41,3 +41,48 @@ def test_training_says_what_it_would_ignore(tmp_path, capsys):
                  "--no-progress"]) == 0
     warned = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning:")]
     assert len(warned) == 1 and "lora.rank=4 without init_from" in warned[0], warned
+
+
+def _raised_texts():
+    """Every string constant inside a ``raise`` statement of src/ditax (the messages' text)."""
+    import ast
+    import pathlib
+
+    import ditax
+
+    for f in pathlib.Path(ditax.__file__).parent.rglob("*.py"):
+        for r in ast.walk(ast.parse(f.read_text())):
+            if isinstance(r, ast.Raise):
+                for node in ast.walk(r):
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                        yield f"{f.name}:{r.lineno}", node.value
+
+
+def test_every_flag_and_key_an_error_names_exists():
+    """Class 10's walker: each ``--flag`` an error message names is a flag of some ditax
+    command, and each ``section.key=`` it names is a key of the run config (any built-in
+    family's, its variants') or of a family trainer's config."""
+    from ditax.cli import COMMANDS
+    from ditax.config.families import config_family
+    from ditax.config.keys import key_types, leaf_types
+    from ditax.models.base import family_class
+    from ditax.models.registry import family_names, spec
+
+    flags = set()
+    for command in COMMANDS:
+        flags |= set(flags_of(command))
+    keys = set()
+    for name in family_names():
+        keys |= set(key_types(config_family(name).config))
+        for variant in spec(name).variant_classes():
+            keys |= set(key_types(variant))
+        for kind in spec(name).trainers:
+            keys |= set(leaf_types(family_class(name).trainer(kind).config_class))
+    sections = {k.split(".")[0] for k in keys}
+    bad = []
+    for where, text in _raised_texts():
+        bad += [(where, f) for f in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text)
+                if f not in flags]
+        bad += [(where, k) for k in re.findall(r"(?<![\w.])([a-z_]+\.[a-z_0-9]+)(?==)", text)
+                if k.split(".")[0] in sections and k not in keys]
+    assert not bad, bad
