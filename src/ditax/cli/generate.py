@@ -128,19 +128,14 @@ def refuse_other_flags(args, pipelines, model: str) -> None:
     """A given flag that neither the common request nor ``pipelines``' family takes (its
     :attr:`~ditax.pipelines.family.PipelineFamily.fields` and ``cli_inputs``) is refused in
     one line naming the family, before any work."""
-    from ditax.pipelines.request import all_fields, fields_of
+    from ditax.pipelines.request import fields_of, not_taken
 
     takes = {f.dest for f in fields_of(pipelines) if f.cli} | set(pipelines.cli_inputs)
-    dests = {f.dest: (f.cli, fam) for f, fam in all_fields().values() if f.cli}
     for key, value in sorted(vars(args).items()):
         if key in _GENERIC or key in takes or value in (None, []):
             continue
-        flag, families = dests.get(key, ("--" + key.replace("_", "-"), None))
-        whose = (f"; it is for {', '.join(families)} models" if families and
-                 families != ["*"] else "")
-        raise RequestError(f"{flag} is not taken by {pipelines.name} models ({model} is a "
-                           f"{pipelines.name} folder, it makes {pipelines.makes}s){whose} — "
-                           f"drop it")
+        raise not_taken(pipelines, "--" + key.replace("_", "-"), "dest", key,
+                        f"{model} is a {pipelines.name} folder, it makes {pipelines.makes}s")
 
 
 def _pair_true_cfg(args, pipelines, surface: str) -> None:

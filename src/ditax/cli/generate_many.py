@@ -54,7 +54,7 @@ def read_prompts(path) -> list[tuple[int, dict]]:
 
 def request_args(args, item: dict, pipelines, where: str) -> argparse.Namespace:
     """``args`` with the request ``item`` (JSON field names) over its flags."""
-    from ditax.pipelines.request import all_fields, fields_of
+    from ditax.pipelines.request import all_fields, fields_of, not_taken
     from ditax.serve.requests import parse_size
 
     by_json = {f.api: f for f in fields_of(pipelines) if f.api}
@@ -68,11 +68,9 @@ def request_args(args, item: dict, pipelines, where: str) -> argparse.Namespace:
                 raise RequestError(f"{where}: {e}") from None
         elif key in by_json:
             setattr(one, by_json[key].dest, value)
+        elif any(f.api == key for f, _ in all_fields().values()):
+            raise RequestError(f"{where}: {not_taken(pipelines, key, 'api', key)}")
         else:
-            other = next((fam for f, fam in all_fields().values() if f.api == key), None)
-            if other:
-                raise RequestError(f"{where}: {key} is not taken by {pipelines.name} models; "
-                                   f"it is for {', '.join(other)} models — drop it")
             raise RequestError(f"{where}: unknown field {key!r}; a {pipelines.name} request's "
                                f"fields are {', '.join(['size', *by_json])}")
     return one

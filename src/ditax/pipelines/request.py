@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
 from typing import Any
 
 from ditax.errors import RequestError
@@ -195,13 +195,11 @@ def check_prompt(prompt, surface: str = "python", name: str | None = None) -> No
 
 @dataclass(frozen=True)
 class SampleRequest:
-    """A checked request: ``family`` (the family's name), ``values`` (the pipeline call's
-    keyword values, every field of the family set: the caller's, else the defaults) and
-    ``given`` (the names the caller set)."""
+    """A checked request: ``family`` (the family's name) and ``values`` (the pipeline call's
+    keyword values, every field of the family set: the caller's, else the defaults)."""
 
     family: str
     values: dict
-    given: frozenset = dc_field(default_factory=frozenset)
 
     def call(self) -> dict:
         """The pipeline call's keyword arguments."""
@@ -225,6 +223,19 @@ def all_fields() -> dict[str, tuple[Field, list[str]]]:
     return out
 
 
+def not_taken(pipelines, shown: str, attr: str, value, context: str = "") -> RequestError:
+    """The one refusal of a field (or flag) ``pipelines``' family does not take: ``shown`` as
+    the user named it, ``context`` in brackets after the family, and — where another family
+    declares a field whose ``attr`` (``name``, ``api``, ``dest``) is ``value`` — the families
+    it belongs to."""
+    owners = next((fams for f, fams in all_fields().values()
+                   if getattr(f, attr) == value and fams != ["*"]), None)
+    whose = f"; it is for {', '.join(owners)} models" if owners else ""
+    context = f" ({context})" if context else ""
+    return RequestError(f"{shown} is not taken by {pipelines.name} models{context}{whose} — "
+                        f"drop it")
+
+
 def build_request(pipelines, given: dict, defaults: dict, surface: str = "python",
                   folder=None) -> SampleRequest:
     """The :class:`SampleRequest` of ``given`` (field name → value; None = not given) for
@@ -238,21 +249,17 @@ def build_request(pipelines, given: dict, defaults: dict, surface: str = "python
         if value is None or key in own:
             continue
         known = all_fields().get(key)
-        shown = known[0].shown(surface) if known else key
-        where = f" ({folder} is a {family} folder)" if folder else ""
-        others = ", ".join(known[1]) if known else "no family"
-        raise RequestError(f"{shown} is not a {family} request field{where}; it belongs to "
-                           f"{others} models — drop it")
-    values, set_ = {}, set()
+        raise not_taken(pipelines, known[0].shown(surface) if known else key, "name", key,
+                        f"{folder} is a {family} folder" if folder else "")
+    values = {}
     for name, f in own.items():
         if given.get(name) is not None:
             values[name] = check_value(f, given[name], surface, defaults.get(name))
-            set_.add(name)
         else:
             values[name] = check_value(f, defaults.get(name), "python") \
                 if defaults.get(name) is not None else None
     check_prompt(values.get("prompt"), surface)
-    return SampleRequest(family, values, frozenset(set_))
+    return SampleRequest(family, values)
 
 
 def add_flag(parser, family: str, *names: str, help: str = "", **kwargs) -> None:
@@ -268,4 +275,5 @@ def add_flag(parser, family: str, *names: str, help: str = "", **kwargs) -> None
 
 
 __all__ = ["COMMON", "Field", "SampleRequest", "add_flag", "all_fields", "build_request",
+           "not_taken",
            "check_prompt", "check_value", "fields_of"]

@@ -188,7 +188,7 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
     image-to-video folder needs each request's image). Raises :class:`BadRequest`."""
     from ditax.errors import DitaxError
     from ditax.pipelines.family import folder_pipelines, preflight
-    from ditax.pipelines.request import all_fields, fields_of
+    from ditax.pipelines.request import all_fields, fields_of, not_taken
 
     if pipelines is None:
         pipelines = folder_pipelines(model)[1]
@@ -198,11 +198,9 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object, e.g. {\"prompt\": \"a cat\"}")
     for key in sorted(set(body) - set(allowed)):
-        other = next((fam for f, fam in all_fields().values() if f.api == key), None)
-        if other:
-            raise BadRequest(f"{key} is not taken by {pipelines.name} models (this server's "
-                             f"model makes {makes}s); it is for {', '.join(other)} models — "
-                             f"drop it", key)
+        if any(f.api == key for f, _ in all_fields().values()):
+            raise BadRequest(str(not_taken(pipelines, key, "api", key,
+                                           f"this server's model makes {makes}s")), key)
         raise BadRequest(f"unknown field {key!r}; the fields are {', '.join(allowed)}", key)
     served = body.get("model")
     if served is not None and served not in (str(model), pathlib.Path(str(model)).name):
@@ -233,8 +231,8 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
               for k in ("image", "last_image") if body.get(k) is not None}
     for k in images:
         if k not in pipelines.cli_inputs:
-            raise BadRequest(f"{k} is not taken by {pipelines.name} models (this server's "
-                             f"model makes {makes}s from text) — drop it", k)
+            raise BadRequest(str(not_taken(pipelines, k, "api", k, f"this server's model "
+                                           f"makes {makes}s from text")), k)
     if "last_image" in images and "image" not in images:
         raise BadRequest("last_image needs image (the first frame) too", "last_image")
     output = str(pathlib.Path(output).with_suffix(".png" if makes == "image" else ".mp4"))
