@@ -31,7 +31,8 @@ from ditax.config.loader import (
 )
 from ditax.config.sample import SampleConfig
 from ditax.config.schema import Config, validate
-from ditax.config.training import CheckpointConfig, DataConfig, FlowConfig, OptimConfig
+from ditax.config.training import (CheckpointConfig, DataConfig, DistillConfig, FlowConfig,
+                                   OptimConfig)
 from ditax.errors import ConfigError
 from ditax.parallel.mesh import MeshConfig
 
@@ -39,7 +40,7 @@ __all__ = [
     "Config", "ConfigError", "validate", "load_config", "load_yaml", "parse_overrides",
     "from_flat", "preset_names", "PRESET_DIR", "replace", "to_dict", "ModelConfig",
     "MeshConfig", "AttentionConfig", "OptimConfig", "FlowConfig", "DataConfig",
-    "CheckpointConfig", "SampleConfig", "ConfigFamily", "config_family", "register_config_family",
+    "CheckpointConfig", "DistillConfig", "SampleConfig", "ConfigFamily", "config_family", "register_config_family",
 ]
 
 

@@ -19,12 +19,14 @@ from ditax.config.sample import SampleConfig, check_sample
 from ditax.config.training import (
     CheckpointConfig,
     DataConfig,
+    DistillConfig,
     FlowConfig,
     LoraConfig,
     OptimConfig,
     TrainConfig,
     check_checkpoint,
     check_data,
+    check_distill,
     check_flow,
     check_lora,
     check_optim,
@@ -52,6 +54,7 @@ class Config:
     sample: SampleConfig = field(default_factory=SampleConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     name: str = "custom"
     steps: int = 100
     batch_size: int = 1               # global batch
@@ -79,6 +82,7 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     check_checkpoint(cfg.checkpoint)
     check_lora(cfg.lora)
     check_train(cfg.train)
+    check_distill(cfg.distill)
     check_sample(cfg.sample, cfg.model.family)   # the presets are the family's
     check_compile_cache(cfg.compile_cache)
     if cfg.steps < 0:

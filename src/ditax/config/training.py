@@ -161,6 +161,65 @@ def check_lora(c: LoraConfig) -> None:
         check_choice("lora.targets", t, LORA_TARGETS)
 
 
-__all__ = ["TrainConfig", "check_train", "VACE_TRAINABLE", "LoraConfig", "LORA_TARGETS", "lora_targets", "check_lora", "OptimConfig", "FlowConfig", "DataConfig", "CheckpointConfig", "check_optim",
+DistillMethod = Literal["none", "dmd2"]
+DISTILL_METHODS = get_args(DistillMethod)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Few-step distillation (:mod:`ditax.train.distill`). ``method=dmd2``: the run's model is
+    the student, initialised from the teacher (``init_from``), trained with distribution
+    matching against the frozen teacher (the real score, classifier-free guided at
+    ``guidance``) and a critic (the fake score) that learns the student's samples with the
+    flow-matching loss, ``critic_updates`` critic steps per student step.
+
+    The student samples with Euler on ``steps`` flow sigmas: ``sigmas`` (before the shift;
+    None: 1, (K-1)/K, ..., 1/K) shifted by ``shift`` (0: the family's training shift at the
+    data's resolution, FLUX.1's resolution shift included). ``backward_simulation``: the
+    student trains on inputs its own earlier steps made (else on noised data latents).
+    The critic's noise levels are uniform in ``[t_min, t_max]`` before the training shift.
+    ``critic_learning_rate`` 0: ``optim.learning_rate``."""
+
+    method: DistillMethod = "none"
+    steps: int = 4
+    sigmas: Optional[tuple[float, ...]] = None
+    shift: float = 0.0
+    guidance: float = 5.0
+    critic_updates: int = 5
+    critic_learning_rate: float = 0.0
+    t_min: float = 0.02
+    t_max: float = 0.98
+    backward_simulation: bool = True
+
+
+def check_distill(d: DistillConfig) -> None:
+    """Raise :class:`ConfigError` for a distillation that cannot run."""
+    check_choice("distill.method", d.method, DISTILL_METHODS)
+    _at_least("distill", d, ("steps", "critic_updates"), 1)
+    _at_least("distill", d, ("shift", "critic_learning_rate"), 0)
+    if d.guidance < 1:
+        raise ConfigError(f"distill.guidance={d.guidance:g} must be >= 1 (the teacher's "
+                          f"classifier-free guidance scale; 1 = no guidance)")
+    if not 0 <= d.t_min < d.t_max <= 1:
+        raise ConfigError(f"distill.t_min={d.t_min:g}, distill.t_max={d.t_max:g}: need "
+                          f"0 <= t_min < t_max <= 1 (the critic's noise levels)")
+    if d.sigmas is not None:
+        s = [float(x) for x in d.sigmas]
+        if len(s) != d.steps:
+            raise ConfigError(f"distill.sigmas has {len(s)} values for distill.steps="
+                              f"{d.steps}; give one per step or distill.sigmas=none")
+        if not all(0 < x <= 1 for x in s) or any(a <= b for a, b in zip(s, s[1:])):
+            raise ConfigError(f"distill.sigmas={list(s)} must decrease within (0, 1], e.g. "
+                              f"1,0.75,0.5,0.25")
+
+
+def distill_sigmas(d: DistillConfig) -> tuple[float, ...]:
+    """The student's flow sigmas before the shift, one per step."""
+    if d.sigmas is not None:
+        return tuple(float(x) for x in d.sigmas)
+    return tuple(1.0 - i / d.steps for i in range(d.steps))
+
+
+__all__ = ["DistillConfig", "DISTILL_METHODS", "check_distill", "distill_sigmas", "TrainConfig", "check_train", "VACE_TRAINABLE", "LoraConfig", "LORA_TARGETS", "lora_targets", "check_lora", "OptimConfig", "FlowConfig", "DataConfig", "CheckpointConfig", "check_optim",
            "check_flow", "check_data", "check_checkpoint", "SCHEDULES", "TIMESTEP_SAMPLERS",
            "WEIGHTINGS"]

@@ -215,7 +215,8 @@ def check_condition(meta: dict, family, source) -> None:
 # iteration
 
 
-def null_text(cfg: Config, text_shape) -> tuple[np.ndarray, np.ndarray, dict]:
+def null_text(cfg: Config, text_shape, needed_by: str | None = None
+              ) -> tuple[np.ndarray, np.ndarray, dict]:
     """The empty prompt's ``(text, mask, extra)`` for ``data.text_dropout``: stored by ``ditax
     preprocess`` with the dataset, ``extra`` its further text outputs (Flux: ``pooled``);
     zeros (and no extra) for the synthetic source."""
@@ -223,10 +224,11 @@ def null_text(cfg: Config, text_shape) -> tuple[np.ndarray, np.ndarray, dict]:
         return np.zeros(text_shape, np.float32), np.zeros(text_shape[:1], np.uint8), {}
     p = pathlib.Path(cfg.data.source) / NULL_TEXT
     if not p.is_file():
-        raise DataSourceError(f"data.text_dropout={cfg.data.text_dropout} needs the empty prompt's "
-                              f"embedding, {p}, which this dataset lacks (written by an older "
-                              "`ditax preprocess`); re-run `ditax preprocess` or set "
-                              "data.text_dropout=0")
+        need = needed_by or f"data.text_dropout={cfg.data.text_dropout}"
+        off = "distill.guidance=1" if needed_by else "data.text_dropout=0"
+        raise DataSourceError(f"{need} needs the empty prompt's embedding, {p}, which this "
+                              f"dataset lacks (written by an older `ditax preprocess`); re-run "
+                              f"`ditax preprocess` or set {off}")
     from safetensors.numpy import load_file
 
     d = load_file(str(p))

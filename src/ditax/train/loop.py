@@ -27,6 +27,7 @@ from ditax.train.metrics import MetricsWriter, peak_tflops
 from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, read_saved_config,
                                 write_config)
 from ditax.train.session import NonFiniteLoss, RunSession  # noqa: F401 (public here too)
+from ditax.train.distill import make_trainer
 from ditax.train.step import Trainer
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,9 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
     family = model_family(cfg.model, cfg.attention)
     if cfg.init_from:
         init_folder = family.weights_folder(cfg.init_from)
-    trainer = trainer if trainer is not None else Trainer(cfg, mesh)
+    trainer = trainer if trainer is not None else make_trainer(cfg, mesh)
+    if hasattr(trainer, "bind_data"):       # distillation: the empty prompt's embedding
+        trainer.bind_data(data)
 
     restored = ckpt.restore_latest(trainer.abstract_state())
     if restored is not None:
@@ -108,7 +111,8 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
         result.state = state
         return result
 
-    flops = family.flops_per_sample(data.latent_shape, data.text_shape[0]) * cfg.batch_size
+    flops = (family.flops_per_sample(data.latent_shape, data.text_shape[0]) * cfg.batch_size
+             * getattr(trainer, "flops_factor", 1.0))
     peak = peak_tflops()
     tokens_per_sample = family.tokens_per_sample(data.latent_shape)
     writer = MetricsWriter(out, enabled=pid == 0, resume_step=start)
@@ -137,6 +141,7 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
                    "tokens_per_s": cfg.batch_size * tokens_per_sample / dt,
                    "tflops_per_device": flops / dt / mesh.devices.size / 1e12,
                    "mfu": (flops / dt / mesh.devices.size / (peak * 1e12)) if peak else None}
+            row.update({k: float(v) for k, v in m.items() if k not in row})   # e.g. distill
             if step == start + 1:
                 row["includes_compile"] = True
             if step % cfg.log_every == 0 or step == cfg.steps:

@@ -104,7 +104,7 @@ def program_fields(cfg: Config) -> dict:
     steps = cfg.steps if (o.schedule != "constant" and not o.decay_steps) else None
     return {"model": cfg.model, "attention": cfg.attention, "optim": o, "flow": cfg.flow,
             "seed": cfg.seed, "steps (sets the decay schedule)": steps, "lora": cfg.lora,
-            "train": cfg.train}
+            "train": cfg.train, "distill": cfg.distill}
 
 
 class Trainer:

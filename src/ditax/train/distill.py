@@ -1,0 +1,462 @@
+"""Few-step distillation: DMD2 (distribution matching distillation, with the two-time-scale
+critic rule and backward simulation) of any model family's denoiser into a K-step student.
+
+Three denoisers take part, all the family's transformer:
+
+- the **student** (generator ``G``), initialised from the teacher; the train state's
+  ``params`` (a LoRA run: its adapters);
+- the **real score**: the frozen teacher, classifier-free guided at ``distill.guidance``
+  with the empty prompt's embedding as the unconditional branch (the dataset's
+  ``null_text``, what the pipelines' negative branch sees);
+- the **fake score** (critic ``F``), initialised from the teacher; ``fake`` in the state,
+  trained with the flow-matching loss on the student's samples.
+
+With LoRA (``lora.rank > 0``) the student and the critic are two adapter sets on **one**
+frozen copy of the base weights (``frozen``), which with its adapters zeroed is the real
+score: distillation holds one model's weights. A full-weight student holds three copies
+(student, critic, and the frozen teacher in ``frozen``).
+
+The student samples with Euler on the flow sigmas ``s_0 > ... > s_{K-1} > s_K = 0``
+(:func:`student_schedule`, the very table the pipelines' Euler scheduler builds from
+``sigmas`` and the shift): ``x_{j+1} = x_j + (s_{j+1} - s_j)·G(x_j, s_j)``. Its clean
+estimate at step ``k`` is ``x̂0 = x_k - s_k·G(x_k, s_k)``.
+
+One train step (one student update) is:
+
+1. ``distill.critic_updates`` critic updates, each on a fresh student sample: the plain
+   flow-matching loss of :func:`ditax.train.loss.flow_loss` with the student's ``x̂0`` (no
+   gradient to the student) as the clean latents;
+2. one student update. A step index ``k`` is drawn uniformly from ``0..K-1``; with backward
+   simulation the student runs its own steps ``0..k-1`` from pure noise (no gradient) to make
+   ``x_k``, else ``x_k`` is the data latents noised to ``s_k``. Then ``x̂0`` (with gradient),
+   noised again to a critic level ``σ`` (uniform in ``[t_min, t_max]``, then the training
+   shift): ``x_σ = (1-σ)·x̂0 + σ·ε``. The real and fake scores give clean estimates
+   ``r = x_σ - σ·v_real`` and ``f = x_σ - σ·F(x_σ)``; the distribution-matching gradient is
+   ``g = (f - r) / mean|x̂0 - r|`` (per sample) and the loss ``½·mean((x̂0 - sg(x̂0 - g))²)``,
+   whose gradient with respect to ``x̂0`` is ``g`` over the element count.
+
+Every draw comes from ``fold_in(key, step)``, so a resumed run repeats the stream bit for bit.
+A family's ``training_inputs`` (Wan 2.2 TI2V: the clean first frame, per-token timesteps,
+a loss mask) apply to every denoiser call, the data latents giving the condition frame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ditax.config import Config, ConfigError
+from ditax.config.training import distill_sigmas
+from ditax.models.base import model_family
+from ditax.schedulers.flow import shift_sigma
+from ditax.train.adapters import AdapterSplit
+from ditax.train.loss import NUM_TRAIN_TIMESTEPS, flow_loss
+from ditax.train.step import batch_shardings, make_optimizer, opt_shardings, program_fields
+
+_TAG_CRITIC, _TAG_STUDENT = 1, 2
+
+
+def student_schedule(sigmas, shift: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(timesteps [K], sigmas [K+1])`` float32 of a student sampled with Euler on the
+    unshifted ``sigmas`` shifted by ``shift`` (the table
+    :class:`~ditax.schedulers.flow_match.FlowMatchEulerScheduler` builds for the same call)."""
+    from ditax.schedulers.flow_match import FlowMatchEulerScheduler
+
+    return FlowMatchEulerScheduler(shift=float(shift)).schedule(len(sigmas), tuple(sigmas))
+
+
+def student_shift(cfg: Config, family, latent_shape) -> float:
+    """``distill.shift``, or (0) the family's training shift at this resolution."""
+    if cfg.distill.shift:
+        return float(cfg.distill.shift)
+    flow = family.training_flow(tuple(latent_shape))
+    return float(flow.shift)
+
+
+def sample_settings(cfg: Config, family, latent_shape) -> dict:
+    """The pipeline call that samples the student as it was trained: Euler on the student's
+    sigmas with its shift, no classifier-free guidance (``ditax_sample.json`` keys)."""
+    return {"num_inference_steps": cfg.distill.steps, "guidance_scale": 1.0,
+            "scheduler": "euler", "flow_shift": student_shift(cfg, family, latent_shape),
+            "sigmas": list(distill_sigmas(cfg.distill))}
+
+
+def dmd_gradient(x0, real, fake, mask=None):
+    """The distribution-matching gradient ``(fake - real) / mean|x0 - real|`` per sample
+    (the mean over the elements ``mask`` keeps), non-finite entries zeroed."""
+    axes = tuple(range(1, x0.ndim))
+    diff = jnp.abs(x0 - real)
+    if mask is None:
+        scale = jnp.mean(diff, axis=axes, keepdims=True)
+    else:
+        m = jnp.broadcast_to(mask.astype(diff.dtype), diff.shape)
+        scale = jnp.sum(diff * m, axis=axes, keepdims=True) / jnp.sum(m, axis=axes,
+                                                                     keepdims=True)
+    return jnp.nan_to_num((fake - real) / scale)
+
+
+def dmd_loss(x0, grad, mask=None):
+    """``½·mean((x0 - sg(x0 - grad))²)``: its gradient with respect to ``x0`` is ``grad``
+    over the element count (the elements ``mask`` keeps)."""
+    sq = jnp.square(x0 - jax.lax.stop_gradient(x0 - grad))
+    if mask is None:
+        return 0.5 * jnp.mean(sq)
+    m = jnp.broadcast_to(mask.astype(sq.dtype), sq.shape)
+    return 0.5 * jnp.sum(sq * m) / jnp.sum(m)
+
+
+class DistillTrainer:
+    """The :class:`~ditax.train.step.Trainer` of a distillation run: same interface
+    (``init``, ``step``, ``put_batch``, ``abstract_state``, ``adapters``), a state with the
+    critic (``fake``, ``fake_opt``) beside the student (``params``, ``opt``) and the frozen
+    teacher or base (``frozen``)."""
+
+    def __init__(self, cfg: Config, mesh):
+        if cfg.distill.method != "dmd2":
+            raise ConfigError(f"distill.method={cfg.distill.method!r}: DistillTrainer runs "
+                              f"distill.method=dmd2")
+        self.cfg = cfg
+        self.mesh = mesh
+        self.family = model_family(cfg.model, cfg.attention, cfg.flow)
+        self.family.check_flow()
+        if self.family.trained_params(cfg.train) is not None:
+            raise ConfigError(f"distill.method=dmd2 distils the whole denoiser; this model "
+                              f"trains a part of it (train.vace_trainable="
+                              f"{cfg.train.vace_trainable}); set train.vace_trainable=all")
+        self.adapters = self.split = None
+        if cfg.lora.rank > 0:
+            self.split = self.adapters = AdapterSplit(self.family, cfg, mesh)
+            self.params_abstract = self.split.train_abstract
+            self.params_sh = self.split.train_sh
+            frozen_abstract, self.frozen_sh = self.split.frozen_abstract, self.split.frozen_sh
+        else:
+            self.graphdef, abs_state = nnx.split(self.family.abstract(mesh))
+            self._abs_state = abs_state
+            self.params_abstract = nnx.to_pure_dict(abs_state)
+            self.params_sh = self.family.param_shardings(self.params_abstract, mesh)
+            frozen_abstract, self.frozen_sh = self.params_abstract, self.params_sh
+        self.frozen_abstract = frozen_abstract
+        d = cfg.distill
+        self.tx, self.schedule = make_optimizer(cfg.optim, cfg.steps)
+        critic_optim = dataclasses.replace(
+            cfg.optim, learning_rate=d.critic_learning_rate or cfg.optim.learning_rate,
+            decay_steps=(cfg.optim.decay_steps or cfg.steps) * d.critic_updates,
+            warmup_steps=cfg.optim.warmup_steps * d.critic_updates)
+        self.critic_tx, self.critic_schedule = make_optimizer(critic_optim,
+                                                              cfg.steps * d.critic_updates)
+        rep = NamedSharding(mesh, P())
+        opt_abs = jax.eval_shape(self.tx.init, self.params_abstract)
+        opt_sh = opt_shardings(opt_abs, self.params_sh, mesh)
+        critic_abs = jax.eval_shape(self.critic_tx.init, self.params_abstract)
+        self.state_sh = {"params": self.params_sh, "opt": opt_sh,
+                         "fake": self.params_sh,
+                         "fake_opt": opt_shardings(critic_abs, self.params_sh, mesh),
+                         "frozen": self.frozen_sh, "step": rep, "key": rep}
+        self.condition_keys = tuple(self.family.condition_shapes(
+            (self.family.latent_channels, 1, 1, 1)))
+        self.batch_sh = batch_shardings(mesh, self.condition_keys)
+        self.null = None      # the empty prompt's embedding, read with the first batch
+        self._step = jax.jit(self._step_fn, in_shardings=(self.state_sh, self.batch_sh, rep),
+                             out_shardings=(self.state_sh, rep), donate_argnums=(0,))
+
+    @property
+    def flops_factor(self) -> float:
+        """Transformer work of one step over one training step's (forward + backward = 3
+        forwards): per critic update the rollout (on average (K-1)/2 forwards), the
+        student's estimate and the critic's forward + backward; per student update the
+        rollout, the student's forward + backward, the teacher (2 forwards with guidance)
+        and the critic."""
+        d = self.cfg.distill
+        sim = (d.steps - 1) / 2 if d.backward_simulation else 0.0
+        critic = sim + 1 + 3
+        student = sim + 3 + (2 if d.guidance != 1 else 1) + 1
+        return (d.critic_updates * critic + student) / 3
+
+    def check_serves(self, cfg: Config) -> None:
+        mine, theirs = program_fields(self.cfg), program_fields(cfg)
+        diff = [k for k in mine if mine[k] != theirs[k]]
+        if diff:
+            raise ConfigError(f"the given Trainer was built for a config that differs in "
+                              f"{', '.join(diff)}; build a trainer for this config")
+
+    # -- state -------------------------------------------------------------------------------
+
+    def abstract_state(self) -> dict:
+        def sds(x, s):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+
+        opt_abs = jax.eval_shape(self.tx.init, self.params_abstract)
+        critic_abs = jax.eval_shape(self.critic_tx.init, self.params_abstract)
+        return {"params": jax.tree.map(sds, self.params_abstract, self.params_sh),
+                "opt": jax.tree.map(sds, opt_abs, self.state_sh["opt"]),
+                "fake": jax.tree.map(sds, self.params_abstract, self.params_sh),
+                "fake_opt": jax.tree.map(sds, critic_abs, self.state_sh["fake_opt"]),
+                "frozen": jax.tree.map(sds, self.frozen_abstract, self.frozen_sh),
+                "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.state_sh["step"]),
+                "key": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.state_sh["key"])}
+
+    def init(self, params: dict | None = None) -> dict:
+        """Fresh state: the student and the critic both start as the teacher (``params``: its
+        weights, e.g. ``init_from``; None: random from ``cfg.seed``); LoRA: two fresh adapter
+        sets (zero update) on the frozen base."""
+        copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=self.params_sh)
+        if self.split is not None:
+            student, frozen = self.split.init(params)
+        else:
+            if params is None:
+                params = jax.jit(self._random_params, out_shardings=self.params_sh)()
+            else:
+                params = jax.device_put(params, self.params_sh)
+            student = copy(params)
+            frozen = params
+        fake = copy(student)
+        key = jax.random.key_data(jax.random.PRNGKey(self.cfg.seed ^ 0x5EED)).astype(jnp.uint32)
+        rep = self.state_sh["step"]
+        return {"params": student,
+                "opt": jax.jit(self.tx.init, out_shardings=self.state_sh["opt"])(student),
+                "fake": fake,
+                "fake_opt": jax.jit(self.critic_tx.init,
+                                    out_shardings=self.state_sh["fake_opt"])(fake),
+                "frozen": frozen,
+                "step": jax.device_put(jnp.zeros((), jnp.int32), rep),
+                "key": jax.device_put(key, rep)}
+
+    def _random_params(self) -> dict:
+        model = self.family.create(self.mesh, nnx.Rngs(self.cfg.seed))
+        return nnx.to_pure_dict(nnx.split(model)[1])
+
+    def model(self, params: dict, frozen: dict):
+        """The module of a student or critic (``params``) over the frozen weights; LoRA's real
+        score is ``model(zeros_like(adapters), frozen)``; a full-weight run's is
+        ``model(frozen, frozen)``."""
+        if self.split is not None:
+            return self.split.model(params, frozen)
+        st = jax.tree.map(lambda x: x, self._abs_state)
+        nnx.replace_by_pure_dict(st, params)
+        return nnx.merge(self.graphdef, st)
+
+    def teacher(self, state_params: dict, frozen: dict):
+        """A thunk building the real score's module (the frozen teacher)."""
+        if self.split is not None:
+            zeros = jax.tree.map(jnp.zeros_like, state_params)
+            return lambda: self.model(zeros, frozen)
+        return lambda: self.model(frozen, frozen)
+
+    # -- batches -----------------------------------------------------------------------------
+
+    def bind_data(self, data) -> None:
+        """Read the empty prompt's embedding of ``data`` (a :class:`BatchIterator`): the
+        teacher's unconditional branch; before anything loads or compiles."""
+        from ditax.train.data import null_text
+
+        d = self.cfg.distill
+        if d.guidance == 1.0:
+            self.null = {}
+            return
+        text, mask, extra = null_text(self.cfg, data.text_shape,
+                                      needed_by=f"distill.guidance={d.guidance:g}")
+        self.null = jax.device_put({"text": text, "text_mask": mask, **extra},
+                                   NamedSharding(self.mesh, P()))
+
+    def put_batch(self, local: dict) -> dict:
+        out = {}
+        n_proc = jax.process_count()
+        for k, v in local.items():
+            gshape = (v.shape[0] * n_proc,) + v.shape[1:]
+            out[k] = jax.make_array_from_process_local_data(self.batch_sh[k], v, gshape)
+        return out
+
+    # -- the pieces of a step (each a function of explicit inputs, tested one by one) --------
+
+    def denoiser(self, module, batch):
+        """``v(x, sigma [B]) -> (velocity, loss mask or None)`` of ``module`` on the batch's
+        text and condition, the family's training inputs applied (the data latents give a
+        condition frame). ``module``: a thunk that builds the NNX module, called inside each
+        call (a module must not cross into a loop's trace)."""
+        condition = {k: batch[k] for k in self.condition_keys} or None
+        x_data = batch["latents"]
+        text, mask = batch["text"], batch["text_mask"].astype(bool)
+
+        def v(x, sigma):
+            t = sigma * NUM_TRAIN_TIMESTEPS
+            x_in, t_in, loss_mask = self.family.training_inputs(x, x_data, t, condition)
+            return self.family.apply(module(), x_in, t_in, text, mask, condition), loss_mask
+        return v
+
+    def guided(self, module, batch, null, guidance: float):
+        """The teacher's classifier-free guided velocity ``v_u + g·(v_c - v_u)``, ``v_u`` on
+        the empty prompt (``null``: its text, mask and extra condition entries)."""
+        cond = self.denoiser(module, batch)
+        if guidance == 1.0:
+            return cond
+        b = batch["latents"].shape[0]
+        uncond_batch = dict(batch)
+        for k, val in null.items():
+            if k in batch:
+                uncond_batch[k] = jnp.broadcast_to(val[None], (b,) + val.shape).astype(
+                    batch[k].dtype)
+        uncond = self.denoiser(module, uncond_batch)
+
+        def v(x, sigma):
+            vc, m = cond(x, sigma)
+            vu, _ = uncond(x, sigma)
+            return vu + guidance * (vc - vu), m
+        return v
+
+    def clean(self, x, v, sigma, mask, x_data):
+        """``x - σ·v``, the elements outside the loss mask (a given frame) from the data."""
+        x0 = x - sigma.reshape((-1,) + (1,) * (x.ndim - 1)) * v
+        if mask is None:
+            return x0
+        m = jnp.broadcast_to(mask.astype(x0.dtype), x0.shape)
+        return m * x0 + (1 - m) * x_data
+
+    def rollout(self, student_v, noise, sig, k):
+        """The student's Euler steps ``0..k-1`` from ``noise`` (``k`` traced): ``x_k``."""
+        b = noise.shape[0]
+
+        def body(j, x):
+            v, _ = student_v(x, jnp.full((b,), sig[j], jnp.float32))
+            return (x.astype(jnp.float32) + (sig[j + 1] - sig[j]) * v.astype(jnp.float32)
+                    ).astype(x.dtype)
+        return jax.lax.fori_loop(0, k, body, noise)
+
+    def student_sample(self, params, frozen, batch, key, sig):
+        """``(x̂0, x_k, k, loss mask)``: the student's clean estimate at a random step ``k``
+        from its own earlier steps (backward simulation) or from noised data; ``x̂0`` carries
+        the gradient with respect to ``params``, the input ``x_k`` none."""
+        k_step, k_noise = jax.random.split(key)
+        n = self.cfg.distill.steps
+        k = jax.random.randint(k_step, (), 0, n)
+        x_data = batch["latents"]
+        noise = jax.random.normal(k_noise, x_data.shape, jnp.float32).astype(x_data.dtype)
+        if self.cfg.distill.backward_simulation:
+            fixed = jax.lax.stop_gradient(params)
+            frozen_v = self.denoiser(lambda: self.model(fixed, frozen), batch)
+            x_k = self.rollout(frozen_v, noise, sig, k)
+        else:
+            s = sig[k]
+            x_k = ((1 - s) * x_data.astype(jnp.float32) + s * noise.astype(jnp.float32)
+                   ).astype(x_data.dtype)
+        x_k = jax.lax.stop_gradient(x_k)
+        b = x_data.shape[0]
+        s_k = jnp.full((b,), sig[k], jnp.float32)
+        v, mask = self.denoiser(lambda: self.model(params, frozen), batch)(x_k, s_k)
+        return self.clean(x_k.astype(jnp.float32), v.astype(jnp.float32), s_k, mask,
+                          x_data.astype(jnp.float32)), x_k, k, mask
+
+    def critic_sigma(self, key, b, latent_shape):
+        d = self.cfg.distill
+        u = jax.random.uniform(key, (b,), jnp.float32, d.t_min, d.t_max)
+        return shift_sigma(u, float(self.family.training_flow(tuple(latent_shape)).shift))
+
+    def generator_loss(self, params, fake, frozen, batch, null, key, sig):
+        """The student's distribution-matching loss and its parts."""
+        k_sample, k_sigma, k_noise = jax.random.split(key, 3)
+        x0, _, k, mask = self.student_sample(params, frozen, batch, k_sample, sig)
+        b = x0.shape[0]
+        sigma = self.critic_sigma(k_sigma, b, x0.shape[1:])
+        eps = jax.random.normal(k_noise, x0.shape, jnp.float32)
+        s = sigma.reshape((-1,) + (1,) * (x0.ndim - 1))
+        x_t = jax.lax.stop_gradient((1 - s) * x0 + s * eps)
+        dtype = batch["latents"].dtype
+        real_v = self.guided(self.teacher(params, frozen), batch, null, self.cfg.distill.guidance)
+        fake_fixed = jax.lax.stop_gradient(fake)
+        fake_v = self.denoiser(lambda: self.model(fake_fixed, frozen), batch)
+        x_in = x_t.astype(dtype)
+        vr, _ = real_v(x_in, sigma)
+        vf, _ = fake_v(x_in, sigma)
+        x_data = batch["latents"].astype(jnp.float32)
+        real = jax.lax.stop_gradient(self.clean(x_t, vr.astype(jnp.float32), sigma, mask, x_data))
+        fake_x0 = jax.lax.stop_gradient(self.clean(x_t, vf.astype(jnp.float32), sigma, mask,
+                                                   x_data))
+        grad = dmd_gradient(jax.lax.stop_gradient(x0), real, fake_x0, mask)
+        loss = dmd_loss(x0, grad, mask)
+        return loss, {"student_step": k, "dmd_scale": jnp.mean(jnp.abs(grad))}
+
+    def critic_loss(self, fake, params, frozen, batch, key, sig):
+        """The critic's flow-matching loss on a student sample (no gradient to the student)."""
+        k_sample, k_flow = jax.random.split(key)
+        x0, _, _, _ = self.student_sample(jax.lax.stop_gradient(params), frozen, batch,
+                                          k_sample, sig)
+        x0 = jax.lax.stop_gradient(x0).astype(batch["latents"].dtype)
+        model = self.model(fake, frozen)
+        condition = {k: batch[k] for k in self.condition_keys} or None
+
+        def apply(x, t, text, mask):
+            return self.family.apply(model, x, t, text, mask, condition)
+
+        def inputs(x_t, x0_, t):
+            return self.family.training_inputs(x_t, x0_, t, condition)
+
+        flow = self.family.training_flow(tuple(x0.shape[1:]))
+        return flow_loss(apply, x0, batch["text"], batch["text_mask"].astype(bool), k_flow,
+                         flow, inputs)
+
+    def schedule_table(self, latent_shape):
+        _, sig = student_schedule(distill_sigmas(self.cfg.distill),
+                                  student_shift(self.cfg, self.family, latent_shape))
+        return jnp.asarray(sig, jnp.float32)
+
+    def _step_fn(self, state, batch, null):
+        key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])
+        sig = self.schedule_table(batch["latents"].shape[1:])
+        frozen = state["frozen"]
+        d = self.cfg.distill
+
+        def critic_update(i, carry):
+            fake, fake_opt, total, _ = carry
+            k = jax.random.fold_in(jax.random.fold_in(key, _TAG_CRITIC), i)
+            loss, grads = jax.value_and_grad(self.critic_loss)(fake, state["params"], frozen,
+                                                               batch, k, sig)
+            updates, fake_opt = self.critic_tx.update(grads, fake_opt, fake)
+            return (optax.apply_updates(fake, updates), fake_opt, total + loss,
+                    optax.tree.norm(grads))
+
+        zero = jnp.zeros((), jnp.float32)
+        fake, fake_opt, critic_total, critic_norm = jax.lax.fori_loop(
+            0, d.critic_updates, critic_update, (state["fake"], state["fake_opt"], zero, zero))
+        (loss, parts), grads = jax.value_and_grad(self.generator_loss, has_aux=True)(
+            state["params"], fake, frozen, batch, null, jax.random.fold_in(key, _TAG_STUDENT),
+            sig)
+        updates, opt = self.tx.update(grads, state["opt"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+                   "lr": jnp.asarray(self.schedule(state["step"]), jnp.float32),
+                   "critic_loss": critic_total / d.critic_updates,
+                   "critic_grad_norm": critic_norm, **parts}
+        return {"params": params, "opt": opt, "fake": fake, "fake_opt": fake_opt,
+                "frozen": frozen, "step": state["step"] + 1, "key": state["key"]}, metrics
+
+    def step(self, state: dict, batch: dict):
+        """One student update after its critic updates; ``state`` is donated."""
+        if self.null is None:
+            raise RuntimeError("bind_data(data) first: it reads the empty prompt's embedding")
+        return self._step(state, batch, self.null)
+
+    def lower(self, batch_abstract: dict, null_abstract: dict | None = None):
+        """``jit(...).lower`` on abstract state and batch (no allocation)."""
+        if null_abstract is None:
+            null_abstract = self.null
+        return self._step.lower(self.abstract_state(), batch_abstract, null_abstract)
+
+
+def make_trainer(cfg: Config, mesh):
+    """The trainer a config asks for: :class:`DistillTrainer` for ``distill.method=dmd2``,
+    else :class:`~ditax.train.step.Trainer`."""
+    if cfg.distill.method == "dmd2":
+        return DistillTrainer(cfg, mesh)
+    from ditax.train.step import Trainer
+
+    return Trainer(cfg, mesh)
+
+
+__all__ = ["DistillTrainer", "make_trainer", "student_schedule", "student_shift",
+           "sample_settings", "dmd_gradient", "dmd_loss"]
