@@ -282,11 +282,12 @@ def test_failed_preprocess_leaves_no_dataset(tmp_path, capsys, videos):
     from ditax.demo import model_path
 
     model = model_path()                 # the shipped demo pipeline: small, nothing to build
-    (videos / "b.mp4").write_text("not a video")
+    # a readable header (the pre-pass probes sizes) but too few frames: found while decoding
+    _clip(videos / "b.mp4", frames=3)
     (videos / "b.txt").write_text("a dog")
     out = tmp_path / "data" / "ds"
     rc, err = run_cli(capsys, "preprocess", videos, out, "--model", model, *SMALL)
     assert rc == 2
-    one_line(err, "preprocess", "b.mp4", "cannot be read as a video")
+    one_line(err, "preprocess", "b.mp4", "has 3 frames, fewer than --frames=5")
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["videos"]  # no partial folder

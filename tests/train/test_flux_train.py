@@ -52,7 +52,7 @@ def flux(tmp_path_factory):
     ds = tmp / "ds"
     assert main(["preprocess", str(tmp / "images"), str(ds), "--model", str(folder),
                  "--height", str(SIZE), "--width", str(SIZE), "--text-len", "8",
-                 "--batch", "1", "--no-progress"]) == 0
+                 "--batch", "1", "--resize", "stretch", "--no-progress"]) == 0   # as resize()
     return pipe, folder, ds, tmp
 
 

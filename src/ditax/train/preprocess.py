@@ -3,21 +3,31 @@
 Each video in ``VIDEOS`` (``.mp4 .mov .webm .mkv .avi``; a still image ``.png .jpg .jpeg
 .webp .bmp`` is a clip of one frame, read with PIL and resized bicubic) needs a caption: a sidecar
 ``name.txt`` or a line ``{"file": "name.mp4", "caption": "..."}`` in ``VIDEOS/captions.jsonl``.
-Frames are read with ffmpeg (imageio-ffmpeg), scaled to ``--width × --height``, the first
-``--frames`` (Wan: 4k+1) kept; the model family's encoders (Wan: the pipeline's VAE, posterior
-mean normalised with the VAE's latents mean/std — the space the transformer is trained in —
-and its UMT5, captions padded to ``--text-len`` tokens, zeros past the prompt, mask saved)
-turn them into training samples. An image-to-video folder (Wan I2V) also stores each clip's
-first-frame condition: mask + condition latents, and for Wan 2.1 the CLIP features of the
-first frame (the family's :meth:`~ditax.models.base.Encoders.encode_condition`); Wan 2.2 TI2V
-needs nothing extra (its condition is the clip's first latent frame). A VACE folder
+Frames are read with ffmpeg (imageio-ffmpeg), brought to ``--width × --height`` by the resize
+policy ``--resize`` (:data:`RESIZE`: ``crop``, the default, scales the frame to cover the target
+with its aspect ratio kept and keeps the center, as common trainers do; ``stretch`` scales each
+side on its own, distorting a file of another aspect ratio), the first ``--frames`` (Wan: 4k+1)
+kept. The policy and the files of another aspect ratio are recorded in ``meta.json``
+(``resize``, ``other_aspect_ratio``) and said in the closing line. A file more than
+:data:`TINY` times smaller than the target on a side is refused before any encoding (an
+upscale that large trains on blur). The model family's encoders (Wan: the pipeline's VAE,
+posterior mean normalised with the VAE's latents mean/std — the space the transformer is
+trained in — and its UMT5, captions padded to ``--text-len`` tokens, zeros past the prompt,
+mask saved) turn them into training samples. An image-to-video folder (Wan I2V) also stores
+each clip's first-frame condition: mask + condition latents, and for Wan 2.1 the CLIP features
+of the first frame (the family's :meth:`~ditax.models.base.Encoders.encode_condition`); Wan 2.2
+TI2V needs nothing extra (its condition is the clip's first latent frame). A VACE folder
 (``WanVACEPipeline``) stores each clip's control context (``control``: inactive / reactive
 latents, the folded mask, reference latents, as the pipeline builds them) from the clip's
-sidecar files, read like the clip: ``NAME.control.mp4`` (the control video; none: the clip
-itself when there is a mask, else no control), ``NAME.mask.mp4`` (white = generate, black =
-keep; binary at ``--width x --height``), ``NAME.ref.png``, ``NAME.ref2.png``... (reference
-images, whose latent frames also go before the clip's latents: the frames VACE denoises; every
-clip of a dataset needs the same number). Extra text outputs of a
+sidecar files, read like the clip (the same resize policy): ``NAME.control.mp4`` (the control
+video; none: the clip itself when there is a mask, else no control), ``NAME.mask.mp4`` (white =
+generate, black = keep; binary as a file, and resized nearest-neighbour — never blended — so it
+stays binary), ``NAME.ref.png``, ``NAME.ref2.png``... (reference images, whose latent frames
+also go before the clip's latents: the frames VACE denoises; every clip of a dataset needs the
+same number; whatever the policy, each is fitted inside the target on a white canvas, aspect
+kept, as the VACE pipeline fits them at inference). Reference counts that differ and a mask
+frame that is not binary are named with their files before any encoding
+(:func:`~ditax.train.clip_files.sidecar_problems`). Extra text outputs of a
 family's encoder (:class:`~ditax.models.base.TextEncoding` ``extra``, e.g. a pooled vector) are
 stored with each sample like its condition entries. The result is the ArrayRecord dataset of
 :mod:`ditax.train.data`.
@@ -31,13 +41,18 @@ import pathlib
 import numpy as np
 
 from ditax.train.clip_files import (IMAGE_EXT, VIDEO_EXT, check_sidecars,
-                                    clip_sidecars, sidecar_kind)
+                                    clip_sidecars, sidecar_kind, sidecar_problems)
+
+RESIZE = ("crop", "stretch")     # --resize: the first is the default
+TINY = 4     # a file more than this many times smaller than the target on a side is refused
 
 
-def read_sidecars(path, accepted, num_frames: int, height: int, width: int) -> dict:
+def read_sidecars(path, accepted, num_frames: int, height: int, width: int, *,
+                  resize: str = "stretch") -> dict:
     """The clip's sidecars read for its encoders (videos ``[3, F, H, W]`` in [-1, 1] like the
-    clip, images as PIL); a sidecar the family's encoders do not take (``accepted``) is a
-    :class:`~ditax.errors.RequestError` naming it."""
+    clip, by the ``resize`` policy; the mask nearest-neighbour, so a binary mask stays binary;
+    images as PIL, fitted by the encoders); a sidecar the family's encoders do not take
+    (``accepted``) is a :class:`~ditax.errors.RequestError` naming it."""
     from ditax.errors import RequestError
     from ditax.io.images import read_image
 
@@ -48,26 +63,38 @@ def read_sidecars(path, accepted, num_frames: int, height: int, width: int) -> d
         raise RequestError(f"{names[0]}: control / mask / reference sidecars are for a VACE "
                            f"pipeline folder (--model WanVACEPipeline); remove them or "
                            f"preprocess with a VACE folder")
-    out = {k: read_video(p, num_frames, height, width) for k, p in found.items()
-           if k != "references"}
+    out = {k: read_video(p, num_frames, height, width, resize=resize, nearest=k == "mask")
+           for k, p in found.items() if k != "references"}
     if "references" in found:
         out["references"] = [read_image(p, "reference image") for p in found["references"]]
     return out
 
 
-def read_video(path, num_frames: int, height: int, width: int) -> np.ndarray:
-    """First ``num_frames`` frames scaled to ``height × width``: float32 ``[3, F, H, W]`` in [-1, 1]."""
+def read_video(path, num_frames: int, height: int, width: int, *, resize: str = "stretch",
+               nearest: bool = False) -> np.ndarray:
+    """First ``num_frames`` frames brought to ``height × width`` by the ``resize`` policy
+    (:data:`RESIZE`; ``crop``: scaled to cover, center kept; ``stretch``: each side scaled on
+    its own — the default here, which ``ditax train-vae`` reads with; ``ditax preprocess``
+    passes its ``--resize``), bicubic, or nearest-neighbour with ``nearest`` (masks): float32
+    ``[3, F, H, W]`` in [-1, 1]."""
     from ditax.io.video import _ffmpeg_subprocess
 
     with _ffmpeg_subprocess():
-        return _decode(path, num_frames, height, width)
+        return _decode(path, num_frames, height, width, resize, nearest)[0]
 
 
 def read_videos(paths, num_frames: int, height: int, width: int, *, workers: int = 4,
-                ahead: int = 16):
+                ahead: int = 16, resize: str = "stretch"):
     """:func:`read_video` of every path, in order, decoded ``workers`` at a time (each by its
     own ffmpeg process, so they overlap with the caller's work); at most ``ahead`` decoded
     clips wait in memory."""
+    for video, _ in _read_clips(paths, num_frames, height, width, workers=workers,
+                                ahead=ahead, resize=resize):
+        yield video
+
+
+def _read_clips(paths, num_frames, height, width, *, workers=4, ahead=16, resize="stretch"):
+    """:func:`read_videos`, each clip with its source size ``(w, h)``."""
     import collections
     from concurrent.futures import ThreadPoolExecutor
 
@@ -79,27 +106,41 @@ def read_videos(paths, num_frames: int, height: int, width: int, *, workers: int
     with _ffmpeg_subprocess(), ThreadPoolExecutor(max(1, workers)) as pool:
         pending = collections.deque()
         for p in paths:
-            pending.append(pool.submit(_decode, p, num_frames, height, width))
+            pending.append(pool.submit(_decode, p, num_frames, height, width, resize))
             if len(pending) >= max(1, ahead):
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
 
 
-def _decode(path, num_frames: int, height: int, width: int) -> np.ndarray:
-    """One clip decoded; a file ffmpeg cannot read, an empty file or a clip shorter than
-    ``num_frames`` is a :class:`~ditax.io.files.VideoReadError` naming the clip."""
+def _scale_filter(height: int, width: int, resize: str, nearest: bool) -> str:
+    """The ffmpeg ``-vf`` of a policy: ``crop`` scales to cover (aspect kept) and crops the
+    center (``crop``'s default offsets are centered); ``stretch`` scales to the size."""
+    flags = ":flags=neighbor" if nearest else ""     # else ffmpeg's default, bicubic
+    if resize == "crop":
+        return (f"scale={width}:{height}:force_original_aspect_ratio=increase{flags},"
+                f"crop={width}:{height}")
+    return f"scale={width}:{height}{flags}"
+
+
+def _decode(path, num_frames: int, height: int, width: int, resize: str = "stretch",
+            nearest: bool = False) -> tuple[np.ndarray, tuple[int, int]]:
+    """One clip decoded, and its source size ``(w, h)``; a file ffmpeg cannot read, an empty
+    file or a clip shorter than ``num_frames`` is a :class:`~ditax.io.files.VideoReadError`
+    naming the clip."""
     import imageio_ffmpeg
 
     from ditax.io.files import video_error
 
+    if resize not in RESIZE:
+        raise ValueError(f"resize={resize!r} is not one of {', '.join(RESIZE)}")
     if pathlib.Path(path).suffix.lower() in IMAGE_EXT:
-        return _decode_image(path, num_frames, height, width)
+        return _decode_image(path, num_frames, height, width, resize, nearest)
     frames = []
     try:
-        gen = imageio_ffmpeg.read_frames(str(path),
-                                         output_params=["-vf", f"scale={width}:{height}"])
-        next(gen)  # metadata (starts ffmpeg)
+        gen = imageio_ffmpeg.read_frames(str(path), output_params=[
+            "-vf", _scale_filter(height, width, resize, nearest)])
+        source = _source_size(next(gen))    # metadata (starts ffmpeg)
         for raw in gen:
             frames.append(np.frombuffer(raw, np.uint8).reshape(height, width, 3))
             if len(frames) == num_frames:
@@ -111,32 +152,108 @@ def _decode(path, num_frames: int, height: int, width: int) -> np.ndarray:
         raise video_error(path, problem=f"has {len(frames)} frames, fewer than --frames="
                           f"{num_frames}", fix="lower --frames (4k+1) or remove the clip")
     v = np.stack(frames).astype(np.float32) / 127.5 - 1.0      # [F, H, W, 3]
-    return v.transpose(3, 0, 1, 2)
+    return v.transpose(3, 0, 1, 2), source
 
 
-def _decode_image(path, num_frames: int, height: int, width: int) -> np.ndarray:
-    """A still image as a clip of one frame ``[3, 1, H, W]`` in [-1, 1] (``--frames 1``)."""
+def _source_size(meta: dict) -> tuple[int, int]:
+    """``(w, h)`` of the frames ffmpeg decodes (before the filter), as displayed: a clip
+    stored rotated by 90 or 270 degrees is turned upright by ffmpeg."""
+    w, h = meta.get("source_size") or meta["size"]
+    return (h, w) if meta.get("rotate", 0) % 180 == 90 else (w, h)
+
+
+def _decode_image(path, num_frames: int, height: int, width: int, resize: str = "stretch",
+                  nearest: bool = False) -> tuple[np.ndarray, tuple[int, int]]:
+    """A still image as a clip of one frame ``[3, 1, H, W]`` in [-1, 1] (``--frames 1``),
+    and its size ``(w, h)``; ``crop``: ``PIL.ImageOps.fit`` (the centered region of the
+    target's aspect ratio, scaled)."""
     import PIL.Image
+    import PIL.ImageOps
 
     from ditax.io.files import video_error
 
     if num_frames != 1:
         raise video_error(path, problem=f"is a still image (1 frame), fewer than --frames="
                           f"{num_frames}", fix="use --frames 1 for images")
+    how = PIL.Image.Resampling.NEAREST if nearest else PIL.Image.Resampling.BICUBIC
     try:
         with PIL.Image.open(path) as im:
-            im = im.convert("RGB").resize((width, height), PIL.Image.Resampling.BICUBIC)
+            source = im.size
+            im = im.convert("RGB")
+            im = (PIL.ImageOps.fit(im, (width, height), method=how) if resize == "crop"
+                  else im.resize((width, height), how))
             v = np.asarray(im, np.float32) / 127.5 - 1.0            # [H, W, 3]
     except (OSError, ValueError) as e:
         raise video_error(path, problem=f"cannot be read as an image ({e})",
                           fix="re-save it as PNG or remove it") from None
-    return v.transpose(2, 0, 1)[:, None]
+    return v.transpose(2, 0, 1)[:, None], source
 
 
-def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
+def source_size(path) -> tuple[int, int]:
+    """``(w, h)`` of an image (its header, PIL) or a video (ffmpeg's metadata; the frames are
+    not decoded); an unreadable file is a :class:`~ditax.io.files.VideoReadError` naming it."""
+    import imageio_ffmpeg
+    import PIL.Image
+
+    from ditax.io.files import video_error
+
+    if pathlib.Path(path).suffix.lower() in IMAGE_EXT:
+        try:
+            with PIL.Image.open(path) as im:
+                return im.size
+        except (OSError, ValueError) as e:
+            raise video_error(path, problem=f"cannot be read as an image ({e})",
+                              fix="re-save it as PNG or remove it") from None
+    try:
+        gen = imageio_ffmpeg.read_frames(str(path))
+        try:
+            return _source_size(next(gen))
+        finally:
+            gen.close()
+    except (OSError, RuntimeError, StopIteration, ValueError) as e:
+        raise video_error(path, e) from None
+
+
+def other_aspect(size, height: int, width: int) -> bool:
+    """Whether a source ``(w, h)`` has another aspect ratio than ``width : height`` (then
+    ``crop`` cuts some of it, ``stretch`` distorts it)."""
+    w, h = size
+    return w * height != h * width
+
+
+def size_problems(paths, height: int, width: int, workers: int = 4) -> list[str]:
+    """One line per file of ``paths`` more than :data:`TINY` times smaller than ``width x
+    height`` on a side (its size and the target), read from headers only, ``workers`` at a
+    time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ditax.io.files import VideoReadError
+    from ditax.io.video import _ffmpeg_subprocess
+
+    def one(p):
+        try:
+            w, h = source_size(p)
+        except VideoReadError as e:
+            return str(e)
+        if w * TINY < width or h * TINY < height:
+            return (f"{pathlib.Path(p).name} is {w}x{h} (WxH), more than {TINY}x smaller than "
+                    f"the target {width}x{height} on a side (an upscale that trains on blur); "
+                    f"remove it, or lower --width / --height")
+        return None
+
+    with _ffmpeg_subprocess(), ThreadPoolExecutor(max(1, workers)) as pool:
+        return [r for r in pool.map(one, list(paths)) if r]
+
+
+def find_samples(folder, *, height: int | None = None, width: int | None = None,
+                 frames: int | None = None) -> list[tuple[pathlib.Path, str]]:
     """``(video path, caption)`` pairs; a video without a caption, an empty video file, an
-    unreadable caption or ``captions.jsonl`` line is a :class:`~ditax.errors.RequestError`
-    (or :class:`~ditax.io.files.UnreadableFile`) naming the file and line."""
+    unreadable caption or ``captions.jsonl`` line, clips whose reference-image counts differ,
+    a mask video with a non-binary frame (of the first ``frames``;
+    :func:`~ditax.train.clip_files.sidecar_problems`) and, given ``height`` and ``width``, a
+    file more than :data:`TINY` times smaller than them on a side (:func:`size_problems`) are
+    listed, each with its file, in one :class:`~ditax.errors.RequestError` (or
+    :class:`~ditax.io.files.UnreadableFile`) — all before any encoding."""
     from ditax.errors import RequestError
     from ditax.io.files import read_json_lines, read_text, video_error
 
@@ -179,6 +296,9 @@ def find_samples(folder) -> list[tuple[pathlib.Path, str]]:
     if missing:
         problems.append(f"no caption for {missing[:5]}{'…' if len(missing) > 5 else ''}: add "
                         f"name.txt next to each video or a line in {cj}")
+    if height is not None and width is not None:
+        problems += size_problems([v for v, _ in out], height, width)
+    problems += sidecar_problems([v for v, _ in out], frames)
     if problems:
         raise RequestError(f"{folder}: {len(problems)} problem(s) before any encoding: "
                            + "; ".join(problems[:10]) + ("; …" if len(problems) > 10 else ""))
@@ -251,11 +371,11 @@ def request_defaults(model, family: str) -> dict:
 
 
 def check_request(*, height, width, frames, text_len, dtype, batch, family="wan",
-                  model=None) -> None:
-    """Raise :class:`~ditax.errors.RequestError` for sizes, dtype or batch that cannot be
-    encoded: each at least 1 and below 2**31, the family's latent grid (Wan: 4k+1 frames,
-    multiples of 8; Flux: multiples of twice the factor of ``model``'s VAE), one decoded clip
-    (float32) within this machine's memory."""
+                  model=None, resize="crop") -> None:
+    """Raise :class:`~ditax.errors.RequestError` for sizes, dtype, resize policy
+    (:data:`RESIZE`) or batch that cannot be encoded: each at least 1 and below 2**31, the
+    family's latent grid (Wan: 4k+1 frames, multiples of 8; Flux: multiples of twice the
+    factor of ``model``'s VAE), one decoded clip (float32) within this machine's memory."""
     from ditax.numbers import INT_LIMIT
     from ditax.errors import ConfigError, RequestError, check_choice
     from ditax.models.base import family_class
@@ -268,6 +388,7 @@ def check_request(*, height, width, frames, text_len, dtype, batch, family="wan"
                                + (" (clips per encoder call)" if flag == "--batch" else ""))
     try:
         check_choice("--dtype", dtype, DTYPES)
+        check_choice("--resize", resize, RESIZE)
     except ConfigError as e:
         raise RequestError(str(e)) from None
     try:
@@ -319,17 +440,22 @@ def check_model(model) -> None:
 
 
 def preprocess(videos, output, model, *, height=None, width=None, frames=None, text_len=None,
-               dtype="float32", family=None, batch=1, say=print) -> pathlib.Path:
+               dtype="float32", family=None, batch=1, resize="crop", say=print) -> pathlib.Path:
     """Encode every (video, caption) of ``videos`` into a dataset at ``output`` with the
     encoders of the pipeline folder ``model`` (of model family ``family``; None: the folder's,
     :func:`folder_family`), ``batch`` clips per encoder call (small clips: 8 is ~20% faster
     on CPU than 1, same latents). ``height``, ``width``, ``frames``, ``text_len`` left at None:
     the folder's ``ditax_sample.json``, else the family's (:func:`request_defaults`).
+    ``resize`` (:data:`RESIZE`): how a file of another aspect ratio meets ``width x height``
+    — ``crop`` (scale to cover, keep the center) or ``stretch``; ``meta.json`` records it
+    (``resize``) with the names of the clips of another aspect ratio (``other_aspect_ratio``),
+    and the last line ``say`` gets counts them.
 
     Every argument is checked before a model loads (:func:`check_request`,
-    :func:`check_output`, :func:`find_samples`). The dataset is written into a hidden
-    temporary folder beside ``output`` and renamed to ``output`` when complete, so a failure
-    or an interrupt leaves no half-written dataset (the temporary folder is removed)."""
+    :func:`check_output`, :func:`find_samples` with the sizes: tiny files, sidecars). The
+    dataset is written into a hidden temporary folder beside ``output`` and renamed to
+    ``output`` when complete, so a failure or an interrupt leaves no half-written dataset (the
+    temporary folder is removed)."""
     from ditax.io.outputs import atomic_folder
     from ditax.models.base import family_class
 
@@ -339,18 +465,18 @@ def preprocess(videos, output, model, *, height=None, width=None, frames=None, t
         d = request_defaults(model, family)
         height, width, frames, text_len = (d[k] if v is None else v for k, v in given.items())
     check_request(height=height, width=width, frames=frames, text_len=text_len, dtype=dtype,
-                  batch=batch, family=family, model=model)
+                  batch=batch, family=family, model=model, resize=resize)
     out = check_output(output)
     check_model(model)
     fam = family_class(family)
-    samples = find_samples(videos)
+    samples = find_samples(videos, height=height, width=width, frames=frames)
     target = out.absolute()
     created = [p for p in target.parents if not p.exists()]      # nearest first
     try:
         with atomic_folder(target) as tmp:
             _encode(samples, tmp, fam.load_encoders(pathlib.Path(model), dtype=dtype),
                     height=height, width=width, frames=frames, text_len=text_len, batch=batch,
-                    model=model, say=say)
+                    model=model, resize=resize, say=say)
     except BaseException:
         for p in created:            # and the parent folders made for it, while still empty
             try:
@@ -361,20 +487,24 @@ def preprocess(videos, output, model, *, height=None, width=None, frames=None, t
     return out
 
 
-def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, model, say):
-    """Write the dataset of ``samples`` into ``folder`` with the encoders ``enc``."""
+def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, model, resize,
+            say):
+    """Write the dataset of ``samples`` into ``folder`` with the encoders ``enc``, each clip
+    and its sidecars brought to ``width x height`` by ``resize``."""
     from ditax.train.data import DatasetWriter
 
     w = DatasetWriter(folder)
-    videos = read_videos([path for path, _ in samples], frames, height, width)
-    done = 0
-    for group in _groups(zip(samples, videos), batch):
-        lats = enc.encode_video(np.stack([video for _, video in group]))
+    clips = _read_clips([path for path, _ in samples], frames, height, width, resize=resize)
+    done, reshaped = 0, []
+    for group in _groups(zip(samples, clips), batch):
+        lats = enc.encode_video(np.stack([video for _, (video, _) in group]))
         te = enc.encode_text([caption for (_, caption), _ in group], text_len)
-        for i, (((path, _), video), lat) in enumerate(zip(group, lats)):
+        for i, (((path, _), (video, size)), lat) in enumerate(zip(group, lats)):
+            if other_aspect(size, height, width):
+                reshaped.append(path.name)
             text, mask = te.embeddings[i], te.mask[i]
-            cond = enc.encode_condition(video, **read_sidecars(path, enc.sidecars, frames,
-                                                               height, width))
+            cond = enc.encode_condition(video, **read_sidecars(
+                path, enc.sidecars, frames, height, width, resize=resize))
             lat = enc.sample_latents(lat, cond)     # VACE: the reference frames first
             extra_text = {k: v[i] for k, v in te.extra.items()}   # e.g. a pooled text vector
             clash = sorted(set(cond) & set(extra_text))
@@ -388,6 +518,11 @@ def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, mod
             done += 1
             say(f"[{done}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}{extra}")
     null = enc.encode_text([""], text_len)       # the unconditional branch's prompt
-    w.close({"height": height, "width": width, "frames": frames, "model": str(model)},
+    w.close({"height": height, "width": width, "frames": frames, "model": str(model),
+             "resize": resize, "other_aspect_ratio": reshaped},
             null_text=(np.asarray(null.embeddings[0], np.float32), null.mask[0]),
             null_extra={k: v[0] for k, v in null.extra.items()})
+    how = "crop (center)" if resize == "crop" else resize
+    verb = "cropped" if resize == "crop" else "stretched"
+    say(f"{done} samples at {width}x{height}, {frames} frame(s): resize={how}, "
+        f"{len(reshaped)} of {done} files {verb} from another aspect ratio")
