@@ -27,7 +27,7 @@ def test_auth_queue_full_kill9_restart_sigterm(tmp_path_factory, tmp_path, capsy
     (folder / "loras").mkdir()
     write_lora(folder / "loras" / "tiny.safetensors")
     srv = Server(folder, "--api-key", "s3cret", "--max-queue", "3", "--max-batch", "1",
-                 "--lora-dir", str(folder / "loras"),
+                 "--drain", "0", "--lora-dir", str(folder / "loras"),
                  cache=shared_cache(tmp_path_factory)).start()
     try:
         # auth: every route but /health needs the key
@@ -87,15 +87,16 @@ def test_auth_queue_full_kill9_restart_sigterm(tmp_path_factory, tmp_path, capsy
         served = srv.call("GET", lora["url"], headers=KEY)[2]
         np.testing.assert_array_equal(styled, mp4_frames(out.read_bytes(), tmp_path))
         assert served == out.read_bytes()
-        # SIGTERM mid-job: exit 0, the running job back in the queue (the next start runs it)
+        # SIGTERM mid-job (--drain 0): exit 0, the running job back in the queue at its next
+        # step (the next start runs it)
         last = srv.submit(headers=KEY, seed=9, **LONG)["id"]
         srv.wait(last, ("in_progress",), headers=KEY, poll=0.01)
         assert srv.stop(signal.SIGTERM) == 0, srv.log.read_text()[-2000:]
         after_term = statuses(srv.db)
         assert after_term[last] in ("queued", "completed"), after_term
         assert "in_progress" not in after_term.values(), after_term
-        assert ("1 running job(s) back in the queue" in srv.log.read_text()
-                or after_term[last] == "completed")
+        assert (f"stopping: job {last} handed back to the queue after the 0 s drain"
+                in srv.log.read_text() or after_term[last] == "completed")
     finally:
         srv.stop()
 

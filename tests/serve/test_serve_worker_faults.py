@@ -46,7 +46,7 @@ def test_a_job_belongs_to_its_model_and_a_store_to_one_server(tmp_path, tmp_path
 
     cache = shared_cache(tmp_path_factory)
     db = tmp_path / "jobs.sqlite"
-    first = Server(tmp_path / "a", db=db, cache=cache).start()
+    first = Server(tmp_path / "a", "--drain", "0", db=db, cache=cache).start()
     try:
         job = first.submit(seed=1)
         with pytest.raises(RuntimeError, match=r"is served by another ditax serve \(pid \d+\)"):
@@ -58,7 +58,7 @@ def test_a_job_belongs_to_its_model_and_a_store_to_one_server(tmp_path, tmp_path
         assert busy.returncode == 2 and "cannot listen there" in busy.stderr, busy.stderr
         assert first.wait(job["id"])["status"] == "completed"
         assert first.wait(job["id"])["attempts"] == 1          # run once, by its server
-        queued = first.submit(seed=2, num_inference_steps=200)
+        queued = first.submit(seed=2, num_inference_steps=200)   # handed back (--drain 0)
     finally:
         first.stop()
     other = Server(tmp_path / "d", db=db, cache=cache, model="flux-demo").start()

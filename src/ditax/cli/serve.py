@@ -11,7 +11,15 @@ Jobs live in the SQLite file ``--db``: after a crash the same ``--db`` runs the 
 interrupted jobs. Binds 127.0.0.1 unless ``--host`` says otherwise; ``--api-key KEY`` (or
 ``$DITAX_API_KEY``) makes every route but ``/health`` and the page need ``Authorization: Bearer
 KEY``. ``key=value`` overrides as for ``generate`` (mesh, attention, model.dtype, sample.*).
-SIGTERM / Ctrl-C stop at the next step and put the running jobs back in the queue.
+SIGTERM / Ctrl-C (SIGINT) stop the server: it takes no more connections or jobs, and the
+running batch has ``--drain`` seconds (10) to finish; past them it goes back to the queue after
+the step it is in (queued, progress 0: the next server on the ``--db`` runs it), and the
+process says so in one line and exits 0. A second signal ends the drain at once; a third, while
+a step still runs, exits without waiting for it (the job is handed back all the same). The
+process waits for the worker thread before it exits (at most :data:`STEP_WAIT` seconds past the
+drain): jax's thread torn down inside XLA would abort it.
+Each job records the model folder and a hash of its files; a server on a folder whose files
+changed since (weights replaced) leaves the old files' queued jobs queued and says so.
 """
 
 from __future__ import annotations
@@ -22,6 +30,10 @@ import pathlib
 
 from ditax.errors import ConfigError
 from ditax.serve.requests import Limits
+
+#: seconds past the drain the process waits for the worker's step (or compile) to end before it
+#: exits without it, the running jobs handed back to the queue
+STEP_WAIT = 300.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"2048x2048); more is a 400")
     p.add_argument("--max-frames", type=int, default=Limits.max_frames,
                    help=f"most frames of one video ({Limits.max_frames}); more is a 400")
+    p.add_argument("--drain", type=float, default=10.0, metavar="SECONDS",
+                   help="on SIGTERM / Ctrl-C, the seconds the running jobs (and open "
+                        "requests) may go on to finish; past them the jobs go back to the "
+                        "queue after their current step (10; 0: at once)")
     p.add_argument("--no-progress", action="store_true", help="hide the loading status line")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides, as for ditax generate")
@@ -91,6 +107,9 @@ def check_args(args) -> None:
         if v < lo or (flag == "--port" and v > 65535):
             raise ConfigError(f"{flag}={v} must be >= {lo}" + (" and <= 65535"
                                                                if flag == "--port" else ""))
+    if not 0 <= args.drain < float("inf"):      # NaN too
+        raise ConfigError(f"--drain={args.drain} must be a finite number of seconds >= 0, e.g. "
+                          f"--drain 10 (0: hand the running jobs back at the next step)")
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
@@ -106,7 +125,7 @@ def run(args) -> int:
     from ditax.cli.sample_request import sample_request
     from ditax.serve.requests import BadRequest, check_body
 
-    from ditax.serve.jobs import JobStore, check_store_path
+    from ditax.serve.jobs import JobStore, check_store_path, folder_hash
 
     db = check_store_path(args.db)
     check_host(args.host, args.port)
@@ -114,7 +133,8 @@ def run(args) -> int:
     req = sample_request(args.model, args.overrides)   # the folder, before anything heavy
     pipelines = req.pipelines
     # the store's one server, its jobs this model's, before the model loads
-    store = JobStore(db, model=str(pathlib.Path(req.root).resolve()))
+    store = JobStore(db, model=str(pathlib.Path(req.root).resolve()),
+                     model_hash=folder_hash(req.root))
     store.own()
     out = pathlib.Path(args.output_dir) if args.output_dir else db.parent / "videos"
     out.mkdir(parents=True, exist_ok=True)
@@ -167,7 +187,8 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
         if requeued or failed:
             print(f"recovered {db}: {len(requeued)} interrupted job(s) queued again, "
                   f"{len(failed)} failed (interrupted too often)")
-        worker = Worker(pipe, store, out, max_batch=args.max_batch,
+        worker = Worker(pipe, store, out, max_batch=args.max_batch, drain=args.drain,
+                        say=lambda line: print(line, flush=True),
                         context=lambda: run_context(load["attention"], mesh,
                                                     compile_cache=cache))
         devices = jax.devices()
@@ -184,12 +205,23 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
         if store.others():
             print(f"{store.others()} queued job(s) in {db} are another model's; they stay "
                   f"queued for it (this server runs {path}'s)")
+        changed = store.changed()
+        if changed:
+            print(f"{sum(changed.values())} queued job(s) in {db} were submitted to "
+                  f"{store.model} when its files were different (folder hash "
+                  f"{', '.join(sorted(changed))}, now {store.model_hash}: weights or configs "
+                  f"replaced); they stay queued for those files — put them back to run the "
+                  f"jobs, or cancel them (DELETE /v1/videos/ID)")
         port = sock.getsockname()[1]          # --port 0: the one the system chose
         print(f"serving {path} on http://{args.host}:{port} (jobs: {db}, videos: {out})",
               flush=True)
-        quiet_exit_server(uvicorn)(uvicorn.Config(
+        server = stopping_server(uvicorn, worker)(uvicorn.Config(
             app, host=args.host, port=port, log_level="warning",
-            timeout_graceful_shutdown=30)).run(sockets=[sock])
+            # open requests (a download) get the drain too, at least a second
+            timeout_graceful_shutdown=max(args.drain, 1.0)))
+        with server.signals():                # until the worker has ended, not just uvicorn
+            server.run(sockets=[sock])
+            wait_for(worker, store, server.forced)
     store.close()
     print(f"stopped; queued jobs stay in {db} (the same --db runs them)", flush=True)
 
@@ -222,15 +254,37 @@ def takes(pipelines, field: str) -> bool:
     return field != "cache" or spec(pipelines.name).has("step_cache")
 
 
-def quiet_exit_server(uvicorn):
-    """uvicorn's ``Server``, except that the SIGTERM / SIGINT that stopped it is not raised
-    again once it has shut down: the jobs are safe in the store, so the exit status is 0."""
+def stopping_server(uvicorn, worker):
+    """uvicorn's ``Server``, whose SIGTERM / SIGINT also stop ``worker``: the first begins the
+    drain (:meth:`~ditax.serve.worker.Worker.begin_stop`) and stops uvicorn, a second ends the
+    drain (:meth:`~ditax.serve.worker.Worker.hurry`), a later one, once the drain is over, sets
+    ``forced`` (exit without waiting for the running step). The handlers stay from
+    :meth:`signals` until its end, so they cover the wait for the worker after uvicorn has
+    shut down, and no signal is raised again: the jobs are safe in the store, the exit status
+    is 0. uvicorn's own second-signal exit is not used: it skips the app's shutdown and leaves
+    the worker running into the interpreter's end."""
     import contextlib
     import signal
+    import threading
 
     class Server(uvicorn.Server):
+        forced = threading.Event()
+
+        def handle_exit(self, sig, frame) -> None:
+            if not worker.stopping:
+                worker.begin_stop()
+            elif not worker.overdue():
+                worker.hurry()
+            else:
+                self.forced.set()
+            self.should_exit = True
+
         @contextlib.contextmanager
-        def capture_signals(self):
+        def capture_signals(self):        # signals() holds them
+            yield
+
+        @contextlib.contextmanager
+        def signals(self):
             old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT,
                                                                     signal.SIGTERM)}
             try:
@@ -240,3 +294,35 @@ def quiet_exit_server(uvicorn):
                     signal.signal(s, handler)
 
     return Server
+
+
+def wait_for(worker, store, forced) -> None:
+    """Stop ``worker`` (its drain, if no signal began it) and wait for its thread to end: at
+    most :data:`STEP_WAIT` seconds past the drain, less if ``forced`` is set. A thread still in
+    a step then (one long XLA call cannot be interrupted) would abort the interpreter at its
+    end, so the running jobs are handed back from here and the process ends at once
+    (``os._exit(0)``, the output flushed; the store's transactions are committed)."""
+    import os
+    import sys
+    import time
+
+    worker.begin_stop()
+    worker.wake.set()                     # an idle worker ends at once
+    told = False
+    while worker.is_alive() and not forced.is_set() \
+            and time.monotonic() < worker.deadline + STEP_WAIT:
+        if not told and time.monotonic() > worker.deadline + 5 and worker.running:
+            told = True
+            print(f"stopping: waiting up to {STEP_WAIT:g} s for the step of "
+                  f"{', '.join(worker.running)} to end (signal again to exit without it)",
+                  flush=True)
+        worker.join(0.1)
+    if not worker.is_alive():
+        return
+    back = [i for i in list(worker.running) if store.requeue(i)]
+    waited = time.monotonic() - worker.deadline
+    print((worker.handed_back(back) if back else "stopping: no job running")
+          + f"; its step had not ended {waited:.0f} s after the drain, so the process exits "
+          f"without it", flush=True)
+    sys.stderr.flush()
+    os._exit(0)

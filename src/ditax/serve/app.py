@@ -101,14 +101,15 @@ def job_json(job: dict, makes: str = "video") -> dict:
 
 
 def create_app(state: ServeState):
-    """The FastAPI application over ``state`` (the worker is started and stopped with it)."""
+    """The FastAPI application over ``state``: the worker starts with it and begins to stop
+    with it (:meth:`~ditax.serve.worker.Worker.begin_stop`; whoever runs the app joins it)."""
     import contextlib
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         state.worker.start()
         yield
-        state.worker.stop()
+        state.worker.begin_stop()     # the process joins it (ditax.cli.serve)
 
     app = FastAPI(title="ditax serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

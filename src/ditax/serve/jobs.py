@@ -8,11 +8,17 @@ change is one committed transaction, so a ``kill -9`` loses nothing that was acc
 next start :meth:`JobStore.recover` puts the jobs that were running back in the queue (their
 ``attempts`` counted), and marks one failed with the reason once it has been interrupted
 :data:`MAX_ATTEMPTS` times (a request that kills the server must not kill it forever).
+
+A job records its model (the folder's resolved path) and the hash of that folder's files
+(:func:`folder_hash`); a server claims only the jobs of its model as its files are now, so
+weights replaced under the same path never run a job submitted to the old ones.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import pathlib
 import sqlite3
 import threading
@@ -47,6 +53,30 @@ CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq);
 """
 
 
+#: files of a model folder at most this large are hashed by content (configs, tokenizer files);
+#: larger ones (weights) by name, size and modification time
+CONTENT_BYTES = 1 << 20
+
+
+def folder_hash(root) -> str:
+    """A short hash of model folder ``root``'s files, cheap for any size: every file's path
+    (relative), size and modification time, and the content of the small ones (configs) —
+    so replaced weights or an edited config give another hash. Hidden files and folders
+    (``.cache``, locks) are left out; a symlinked file counts as its target."""
+    root = pathlib.Path(root)
+    h = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(f for f in files if not f.startswith(".")):
+            path = pathlib.Path(folder, name)
+            st = path.stat()
+            h.update(f"{path.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\0"
+                     .encode())
+            if st.st_size <= CONTENT_BYTES:
+                h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 class QueueFull(Exception):
     """The queue holds ``max_queue`` unfinished jobs (the server answers 429)."""
 
@@ -69,10 +99,11 @@ class JobStore:
     """Jobs in the SQLite file ``path`` (created with its folder). One connection shared by
     the server's threads behind a lock: each method is one short transaction."""
 
-    def __init__(self, path, model: str | None = None):
+    def __init__(self, path, model: str | None = None, model_hash: str | None = None):
         self.path = check_store_path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.model = model               # jobs added carry it; claim takes only its jobs
+        self.model_hash = model_hash     # its files' (folder_hash): the same, for its jobs
         self._lock = threading.Lock()
         self._owner = None               # the store's lock file, while this server owns it
         try:
@@ -83,9 +114,14 @@ class JobStore:
             self._db.execute("PRAGMA synchronous=FULL")     # a committed job survives power loss
             self._db.executescript(_SCHEMA)
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
-            for column in ("model", "warnings"):     # a store an earlier ditax serve made
+            # a store an earlier ditax serve made lacks the newer columns
+            for column in ("model", "warnings", "model_hash"):
                 if column not in columns:
-                    self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} TEXT")
+                    try:
+                        self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} TEXT")
+                    except sqlite3.OperationalError as e:   # another process added it first
+                        if "duplicate column" not in str(e):
+                            raise
         except sqlite3.DatabaseError as e:      # OperationalError too: not a job store
             raise ConfigError(f"--db {self.path}: not a ditax job store ({e}); give a new "
                               f"file or a store an earlier ditax serve made") from None
@@ -119,6 +155,16 @@ class JobStore:
                 "SELECT COUNT(*) FROM jobs WHERE status = 'queued' AND model IS NOT NULL AND "
                 "model != ?", (self.model or "",)).fetchone()[0]
 
+    def changed(self) -> dict[str, int]:
+        """Queued jobs of this model submitted when its files hashed otherwise (left queued for
+        those files): ``{their hash: count}``."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT model_hash, COUNT(*) FROM jobs WHERE status = 'queued' AND model = ? "
+                "AND model_hash IS NOT NULL AND model_hash != ? GROUP BY model_hash",
+                (self.model or "", self.model_hash or "")).fetchall()
+        return {r[0]: r[1] for r in rows}
+
     def _tx(self, fn):
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -148,26 +194,30 @@ class JobStore:
             if n >= max_queue:
                 raise QueueFull(n)
             job_id = f"video_{uuid.uuid4().hex}"
-            db.execute("INSERT INTO jobs (id, created_at, status, request, batch_key, model) "
-                       "VALUES (?, ?, 'queued', ?, ?, ?)",
+            db.execute("INSERT INTO jobs (id, created_at, status, request, batch_key, model, "
+                       "model_hash) VALUES (?, ?, 'queued', ?, ?, ?, ?)",
                        (job_id, time.time(), json.dumps(request), batch_key or job_id,
-                        self.model))
+                        self.model, self.model_hash))
             return job_id
         return self.get(self._tx(add))
 
     def claim(self, max_batch: int) -> list[dict]:
         """Up to ``max_batch`` queued jobs of the oldest queued job's batch key, oldest first,
-        now ``in_progress`` (their ``attempts`` + 1); ``[]`` when none is queued."""
-        mine = "status = 'queued' AND (model IS NULL OR model = ?)"   # another model's: left
+        now ``in_progress`` (their ``attempts`` + 1); ``[]`` when none is queued. Only this
+        model's jobs, submitted to its files as they are (another model's, or its files' before
+        they changed, are left queued); a job without a model (or hash) is anyone's."""
+        mine = ("status = 'queued' AND (model IS NULL OR model = ?) AND (model_hash IS NULL OR "
+                "model_hash = ?)")
+        ours = (self.model or "", self.model_hash or "")
 
         def claim(db):
             first = db.execute(f"SELECT batch_key FROM jobs WHERE {mine} ORDER BY seq LIMIT 1",
-                               (self.model or "",)).fetchone()
+                               ours).fetchone()
             if first is None:
                 return []
             ids = [r[0] for r in db.execute(
                 f"SELECT id FROM jobs WHERE {mine} AND batch_key = ? ORDER BY seq LIMIT ?",
-                (self.model or "", first[0], max_batch))]
+                (*ours, first[0], max_batch))]
             now = time.time()
             db.executemany("UPDATE jobs SET status = 'in_progress', progress = 0, attempts = "
                            "attempts + 1, started_at = ?, batch_size = ? WHERE id = ?",
@@ -200,12 +250,12 @@ class JobStore:
             return cur.rowcount == 1
         return self._tx(finish)
 
-    def requeue(self, job_id: str) -> None:
+    def requeue(self, job_id: str) -> bool:
         """A running job back to the queue (the server stops; it runs again at the next
-        start)."""
-        self._tx(lambda db: db.execute(
+        start, or on the next server of the store); False when it was not running."""
+        return self._tx(lambda db: db.execute(
             "UPDATE jobs SET status = 'queued', progress = 0 WHERE id = ? AND status = "
-            "'in_progress'", (job_id,)))
+            "'in_progress'", (job_id,)).rowcount == 1)
 
     def forget_file(self, job_id: str) -> None:
         self._tx(lambda db: db.execute("UPDATE jobs SET file = NULL WHERE id = ?", (job_id,)))
@@ -266,4 +316,4 @@ def _job(row: sqlite3.Row) -> dict:
     return job
 
 
-__all__ = ["FINISHED", "JobStore", "MAX_ATTEMPTS", "QueueFull", "STATUSES"]
+__all__ = ["FINISHED", "JobStore", "MAX_ATTEMPTS", "QueueFull", "STATUSES", "folder_hash"]

@@ -15,8 +15,13 @@ renamed (:func:`ditax.io.video.write_mp4`), then the job is marked completed: a 
 may download is always whole.
 
 Cancelling a running job (``DELETE``) drops its video; a batch whose every job is cancelled
-stops at the next step. :meth:`Worker.stop` (SIGTERM) stops at the next step and puts the
-running jobs back in the queue; they run again at the next start.
+stops at the next step. Stopping is cooperative, as jax cannot be interrupted inside a step:
+:meth:`Worker.begin_stop` (SIGTERM) claims nothing more and gives the running batch ``drain``
+seconds to finish; past them (or at once after :meth:`Worker.hurry`) the step callback raises
+:class:`Stopping` after the step it ends, and the batch goes back to the queue (queued,
+progress 0) for the next server on the store. The process joins the thread before it exits: a
+thread still inside XLA when the interpreter ends aborts it (``FATAL: exception not
+rethrown``).
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ def about(said: list[str], job: dict, batch: int) -> list[str]:
 
 
 class Stopping(Exception):
-    """The server is stopping: the running batch goes back to the queue."""
+    """The server is stopping and the drain is over: the running batch goes back to the
+    queue (raised from the step callback, between two steps)."""
 
 
 class Cancelled(Exception):
@@ -108,10 +114,10 @@ class Cancelled(Exception):
 
 class Worker(threading.Thread):
     """Runs the store's jobs on ``pipe`` until :meth:`stop`; videos go to ``output_dir`` as
-    ``<job id>.mp4``."""
+    ``<job id>.mp4``. ``drain``: the seconds a running batch may go on once stopping begins."""
 
     def __init__(self, pipe, store: JobStore, output_dir, max_batch: int = 4,
-                 metrics: Metrics | None = None, say=print, context=None):
+                 metrics: Metrics | None = None, say=print, context=None, drain: float = 0.0):
         super().__init__(name="ditax-serve-worker", daemon=True)
         # entered in this thread around the loop (jax's config scopes, such as the compile
         # cache's, are per thread): run_context(...) of the served model
@@ -121,7 +127,10 @@ class Worker(threading.Thread):
         self.metrics = metrics or Metrics()
         self.say = say
         self.wake = threading.Event()
-        self._stopping = threading.Event()
+        self.drain = drain
+        # plain attributes, no locks: a signal handler sets them (begin_stop, hurry)
+        self.deadline = None             # monotonic time the drain ends; None: not stopping
+        self.hurried = False             # a second signal ended the drain
         self.cancelled: set[str] = set()
         self.batching = False            # set when the loop starts (serve.batch.batchable)
         self.running: list[str] = []
@@ -133,11 +142,43 @@ class Worker(threading.Thread):
         """Drop a running job's video (its batch stops once all its jobs are cancelled)."""
         self.cancelled.add(job_id)
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """Stop at the next step; the running jobs go back to the queue."""
-        self._stopping.set()
+    @property
+    def stopping(self) -> bool:
+        return self.deadline is not None
+
+    def begin_stop(self) -> None:
+        """Claim no more jobs; the running batch may finish within ``drain`` seconds from the
+        first call, else it goes back to the queue after the step that ends past them. Safe in
+        a signal handler (it takes no lock: an idle worker sees it within half a second, or at
+        once after ``wake.set()``)."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.drain
+
+    def hurry(self) -> None:
+        """End the drain now: the running batch goes back to the queue after its step (safe in
+        a signal handler)."""
+        now = time.monotonic()
+        if self.deadline is None or now < self.deadline:
+            self.hurried = self.drain > 0
+            self.deadline = now
+
+    def overdue(self) -> bool:
+        """Stopping and the drain is over: the running batch must go back to the queue."""
+        deadline = self.deadline
+        return deadline is not None and time.monotonic() >= deadline
+
+    def stop(self, timeout: float | None = None) -> None:
+        """:meth:`begin_stop`, then wait up to ``timeout`` seconds for the thread to end."""
+        self.begin_stop()
         self.wake.set()
         self.join(timeout)
+
+    def handed_back(self, ids: list[str]) -> str:
+        """The line that says ``ids`` went back to the queue, and why then."""
+        jobs = f"job {ids[0]}" if len(ids) == 1 else f"jobs {', '.join(ids)}"
+        why = (f"(a second signal ended the {self.drain:g} s drain)" if self.hurried
+               else f"after the {self.drain:g} s drain")
+        return f"stopping: {jobs} handed back to the queue {why}"
 
     def run(self) -> None:
         self.started = True
@@ -148,7 +189,7 @@ class Worker(threading.Thread):
         from ditax.serve.batch import batchable
 
         self.batching = batchable(self.pipe)
-        while not self._stopping.is_set():
+        while not self.stopping:
             jobs = self.store.claim(self.max_batch if self.batching else 1)
             if not jobs:
                 self.wake.wait(0.5)
@@ -158,9 +199,9 @@ class Worker(threading.Thread):
             try:
                 self.run_jobs(jobs)
             except Stopping:
-                for j in jobs:
-                    self.store.requeue(j["id"])
-                self.say(f"stopping: {len(jobs)} running job(s) back in the queue")
+                back = [j["id"] for j in jobs if self.store.requeue(j["id"])]
+                if back:
+                    self.say(self.handed_back(back))
             except Exception as e:  # noqa: BLE001 — a job's failure never ends the worker
                 self.fail_unfinished(jobs, f"{type(e).__name__}: {e}")
                 traceback.print_exc()
@@ -198,13 +239,13 @@ class Worker(threading.Thread):
             t_last[0] = now
             for i in ids:
                 self.store.set_progress(i, min(99, done * 100 // steps))
-            if self._stopping.is_set():
+            if self.overdue():
                 raise Stopping()
             if all(i in self.cancelled for i in ids):
                 raise Cancelled()
 
         try:
-            if self._stopping.is_set():
+            if self.overdue():
                 raise Stopping()
             strengths = jobs[0]["request"].get("lora_strengths")
             if strengths is not None:     # unmerged LoRAs: only values change, no compile
