@@ -10,12 +10,26 @@ interrupted save never looks like a checkpoint. :meth:`Checkpointer.restore_late
 guards against damaged finalised checkpoints: it tries the newest step first and, when that
 fails to read, says so and falls back to the previous one; a checkpoint of another model
 (other shapes or dtypes) is refused instead, with nothing renamed.
+
+A save that cannot be written (the disk or quota full, a file past ``ulimit -f``, or any other
+write error) raises :class:`CheckpointSaveError` where it surfaces — saves are async, so at
+:meth:`Checkpointer.wait`, the next :meth:`~Checkpointer.save` or :meth:`~Checkpointer.close`
+— with one line naming the folder, the space a checkpoint needs, what is free and the save's
+partial folder to delete; the newest finished checkpoint stays as it was. Orbax's own reports of
+the failure (hundreds of log lines and tracebacks from its writer threads) are held back while
+a save is in flight (:class:`_HeldBack`) and dropped when it fails.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import pathlib
+import re
+import shutil
+import sys
+import threading
 from typing import Any, Callable
 
 import orbax.checkpoint as ocp
@@ -30,6 +44,145 @@ class CheckpointError(RuntimeError):
     """No usable checkpoint could be restored; the message lists what was tried."""
 
 
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written; the message names the folder, the space it needs and
+    the newest finished checkpoint (left as it was), from which the same command resumes."""
+
+
+# the os errors that mean "no room to write", and what each says (tensorstore reports them
+# in a ValueError's text: ``RESOURCE_EXHAUSTED: ... No space left on device [os_error_code='28']``)
+NO_ROOM = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+           errno.EFBIG: "a file outgrew this process's file-size limit (ulimit -f{limit})"}
+
+
+def no_room(e: BaseException) -> int | None:
+    """The errno of ``e`` (or of an exception it was raised from) when it is one of
+    :data:`NO_ROOM`; None for any other failure."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_ROOM:
+            return e.errno
+        code = re.search(r"os_error_code='?(\d+)", str(e))
+        if code and int(code.group(1)) in NO_ROOM:
+            return int(code.group(1))
+        for code, words in ((errno.ENOSPC, "No space left on device"),
+                            (errno.EDQUOT, "Disk quota exceeded"), (errno.EFBIG, "File too large")):
+            if words in str(e):
+                return code
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def folder_bytes(folder: pathlib.Path) -> int:
+    """Bytes of the files under ``folder`` (0 when it is gone)."""
+    total = 0
+    for f in pathlib.Path(folder).rglob("*"):
+        with contextlib.suppress(OSError):
+            if f.is_file():
+                total += f.stat().st_size
+    return total
+
+
+def size_text(n: float) -> str:
+    """``n`` bytes as ``df -h`` would say it (``6.3 MiB``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+class _HeldBack(logging.Filter):
+    """Orbax's reports while a save is in flight: its warnings and errors (the ``absl``
+    logger, from orbax's own files), asyncio's "Task exception was never retrieved" of its
+    write tasks, and the "Event loop is closed" reports (``sys.unraisablehook``) of its writes
+    that end after another failed. They are held back, then passed on as they were when the
+    save completes (:meth:`release`), or dropped when it fails (:meth:`drop`): the
+    :class:`CheckpointSaveError` says in one line what they say in hundreds. Anything else
+    passes untouched. Installed by the first save, removed by :meth:`uninstall` — except
+    after a failed save: the failed writes' tasks are reported when they are garbage collected
+    (at exit, once the error is printed), so the filter stays for those (asyncio reports
+    naming the failed save's folder, and "Event loop is closed") and nothing else."""
+
+    LOGGERS = ("absl", "asyncio")
+
+    def __init__(self, folder: pathlib.Path):
+        super().__init__()
+        self.folder = str(folder)
+        self.lock = threading.Lock()
+        self.held: list = []
+        self.installed = self.holding = self.failed = False
+        self._prev_hook = None
+
+    @staticmethod
+    def _orbax_record(record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return False
+        if record.name == "asyncio":
+            return "orbax" in record.getMessage()
+        return "orbax" in pathlib.PurePath(record.pathname).parts
+
+    def filter(self, record) -> bool:
+        if not self._orbax_record(record):
+            return True
+        with self.lock:
+            if self.holding:
+                self.held.append(record)
+                return False
+        return not (self.failed and record.name == "asyncio"
+                    and self.folder in record.getMessage())
+
+    def _unraisable(self, u) -> None:
+        if (self.installed and (self.holding or self.failed)
+                and isinstance(u.exc_value, RuntimeError)
+                and str(u.exc_value) == "Event loop is closed"):
+            with self.lock:
+                if self.holding:
+                    self.held.append(u)
+        else:
+            self._prev_hook(u)
+
+    def hold(self) -> None:
+        """Start holding back (from a save's start to its end)."""
+        if not self.installed:
+            for name in self.LOGGERS:
+                logging.getLogger(name).addFilter(self)
+            self._prev_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+            self.installed = True
+        self.holding = True
+
+    def release(self) -> None:
+        """The save completed: pass on what was held back, as it would have gone."""
+        with self.lock:
+            held, self.held, self.holding = self.held, [], False
+        for item in held:
+            if isinstance(item, logging.LogRecord):
+                logging.getLogger(item.name).callHandlers(item)
+            else:
+                self._prev_hook(item)
+
+    def drop(self) -> None:
+        """The save failed: forget what was held back (the error says it), and keep dropping
+        the failed writes' late reports."""
+        with self.lock:
+            self.held, self.holding, self.failed = [], False, True
+
+    def uninstall(self) -> None:
+        """Stop holding back (anything still held is passed on); after a failure, only the
+        failed writes' late reports are dropped from here on."""
+        if not self.installed:
+            return
+        self.release()
+        if self.failed:
+            return
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+        if sys.unraisablehook == self._unraisable:
+            sys.unraisablehook = self._prev_hook
+        # else another hook was put over ours since: ours stays in its chain, passing all on
+        self.installed = False
+
+
 class Checkpointer:
     """Thin wrapper over ``ocp.CheckpointManager`` for the train state and data state."""
 
@@ -42,6 +195,10 @@ class Checkpointer:
         self.mgr = ocp.CheckpointManager(   # handlers named up front: metadata reads need them
             self.dir, options=opts, item_handlers={"state": ocp.StandardCheckpointHandler(),
                                                    "data": ocp.JsonCheckpointHandler()})
+        self._in_flight: int | None = None   # the step of the save not yet known to be done
+        self._state_bytes = 0                 # of the last state saved (the first save's need)
+        self._failed = False
+        self._held = _HeldBack(self.dir)
 
     def steps(self) -> list[int]:
         return sorted(self.mgr.all_steps())
@@ -53,13 +210,92 @@ class Checkpointer:
         return sorted(p.name for p in self.dir.iterdir() if "tmp" in p.name)
 
     def save(self, step: int, state: Any, data_state: dict, force: bool = True) -> None:
-        """Start an (async) save of ``state`` and the JSON ``data_state`` at ``step``."""
-        self.mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    data=ocp.args.JsonSave(data_state)),
-                      force=force)
+        """Start an (async) save of ``state`` and the JSON ``data_state`` at ``step``; the
+        previous save is finished first (its failure: :class:`CheckpointSaveError`)."""
+        import jax
+
+        self.wait()
+        self._state_bytes = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(state))
+        self._held.hold()
+        self._in_flight = step
+        with self._save_failure():
+            self.mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                        data=ocp.args.JsonSave(data_state)),
+                          force=force)
 
     def wait(self) -> None:
-        self.mgr.wait_until_finished()
+        """Block until the save in flight is written; :class:`CheckpointSaveError` (one line)
+        when it could not be."""
+        if self._in_flight is None:      # after a failure, the manager's echo of it is not news
+            with contextlib.suppress(Exception) if self._failed else contextlib.nullcontext():
+                self.mgr.wait_until_finished()
+            return
+        with self._save_failure():
+            self.mgr.wait_until_finished()
+        self._in_flight = None
+        self._held.release()
+
+    @contextlib.contextmanager
+    def _save_failure(self):
+        """Inside, a failure of the save in flight becomes :class:`CheckpointSaveError`."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - any write failure: said in one line
+            self._failed = True
+            self._held.drop()
+            step, self._in_flight = self._in_flight, None
+            raise CheckpointSaveError(self._save_message(step, e)) from e
+
+    def finished_steps(self) -> list[int]:
+        """The steps whose checkpoint folder is finished (read from the folder itself, which
+        stays right after a failed save, whatever the manager's view)."""
+        if not self.dir.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.dir.iterdir() if p.name.isdigit())
+
+    def _save_message(self, step: int, e: BaseException) -> str:
+        """The one line of a failed save of ``step``: what happened, the space a checkpoint
+        needs and what is free, the fix, and the checkpoint the same command resumes from.
+        The save's partial folder is named, not removed: writes of the failed save still in
+        flight would create it again (a rerun's save of that step replaces it)."""
+        partial = sorted(self.dir.glob(f"{step}.orbax-checkpoint-tmp*"))
+        drop = (f"delete its partial folder {', '.join(p.name for p in partial)}, "
+                if partial else "")
+        done = self.finished_steps()
+        resume = (f"it resumes from checkpoint step {done[-1]}, which is intact" if done else
+                  "no checkpoint was finished yet, so it starts from step 0")
+        code = no_room(e)
+        if code is None:
+            first = str(e).splitlines()[0][:300] if str(e) else ""
+            return (f"checkpoint step {step} could not be written to {self.dir} "
+                    f"({type(e).__name__}: {first}); {drop}fix that and rerun the same "
+                    f"command: {resume}")
+        free = shutil.disk_usage(self.dir if self.dir.exists() else self.dir.parent).free
+        freed = free + sum(folder_bytes(p) for p in partial)    # once the partial one is gone
+        need, basis = self._state_bytes, "the train state's size"
+        if done:    # the last one's size on disk is the closer estimate, unless it would fit
+            last = folder_bytes(self.dir / str(done[-1]))
+            if last > freed or last >= need:
+                need, basis = last, f"step {done[-1]}'s size"
+        have = f"{size_text(free)} is free there" + (
+            f", {size_text(freed)} once the partial folder is deleted" if partial else "")
+        limit = ""
+        if code == errno.EFBIG:
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+            limit = "" if soft == resource.RLIM_INFINITY else f" = {size_text(soft)}"
+            fix = "raise the limit (ulimit -f unlimited)"
+        elif code == errno.EDQUOT:
+            fix = "raise the quota or free space under it"
+        else:
+            more = size_text(need - freed) if need > freed else size_text(need)
+            fix = (f"free at least {more} more there or set output_dir to a disk with room "
+                   f"(checkpoint.keep=N keeps fewer)")
+        return (f"checkpoint step {step} could not be written to {self.dir}: "
+                f"{NO_ROOM[code].format(limit=limit)}; a checkpoint needs about "
+                f"{size_text(need)} ({basis}) and {have}. To go on, {drop}{fix}, and rerun "
+                f"the same command: {resume}")
 
     def moved_aside(self) -> list[str]:
         """Names of step folders an earlier run moved aside as unreadable (``4.corrupt``)."""
@@ -146,5 +382,15 @@ class Checkpointer:
         return dst
 
     def close(self) -> None:
-        self.mgr.wait_until_finished()
-        self.mgr.close()
+        """Finish the save in flight (:class:`CheckpointSaveError` if it fails) and close.
+        After a failed save, the manager's own reports of it are not raised again."""
+        try:
+            self.wait()
+        finally:
+            try:
+                self.mgr.close()
+            except Exception:  # noqa: BLE001
+                if not self._failed:
+                    raise
+            finally:
+                self._held.uninstall()

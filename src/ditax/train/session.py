@@ -68,12 +68,14 @@ class RunSession:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        self.writer.close()
-        self.ckpt.close()
-        for sig, prev in self._prev.items():
-            signal.signal(sig, prev)
+        try:
+            if self._bar is not None:
+                self._bar.close()
+            self.writer.close()
+            self.ckpt.close()       # may raise: the last save failed (CheckpointSaveError)
+        finally:
+            for sig, prev in self._prev.items():
+                signal.signal(sig, prev)
 
     def check_loss(self, loss: float, step: int, fix: str) -> None:
         """Raise :class:`NonFiniteLoss` (naming the step, the checkpoint kept and ``fix``)
