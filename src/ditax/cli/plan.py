@@ -123,12 +123,27 @@ def run(args) -> int:
     return 0
 
 
+def _size(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2 ** 20:.2f} MiB"
+
+
 def _print_program(name: str, p: dict, what: str) -> None:
     mib = 2 ** 20
     if "error" in p:
         print(f"{name} {what} {p[what]}: does NOT fit: {p['error']}")
+    else:
+        print(f"{name} {what} {p[what]} (compiled in {p['compile_s']:.1f} s), per device:")
+    if "distill" in p:
+        d = p["distill"]
+        kind = f"LoRA rank {d['lora_rank']}" if d["lora_rank"] else "full weights"
+        print(f"  distill {d['method']}: {d['steps']}-step student ({kind}), "
+              f"{d['critic_updates']} critic updates a step, teacher guidance "
+              f"{d['guidance']:g}; {d['flops_factor']:.2f}x a training step's transformer work")
+    if "state_bytes_per_device" in p:
+        print("  state: " + ", ".join(f"{k} {_size(v)}" for k, v in
+                                      p["state_bytes_per_device"].items() if v >= 1024))
+    if "error" in p:
         return
-    print(f"{name} {what} {p[what]} (compiled in {p['compile_s']:.1f} s), per device:")
     fits = "" if "fits" not in p else (" (fits)" if p["fits"] else
                                        f" (does NOT fit {p['hbm_capacity_bytes'] / GIB:.0f} GiB)")
     print(f"  memory: arguments {p['argument_bytes'] / GIB:.2f} GiB, temp "

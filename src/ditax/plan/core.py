@@ -60,11 +60,15 @@ def _forward(cfg, mesh, family, gdef, state, shardings, latent):
 
 
 def _train_step(cfg, mesh, family):
-    """Lowered training step of :class:`~ditax.train.step.Trainer` on one global batch."""
+    """Lowered training step of the trainer ``cfg`` asks for
+    (:func:`~ditax.train.distill.make_trainer`: the flow-matching
+    :class:`~ditax.train.step.Trainer`, or with ``distill.method=dmd2`` the
+    :class:`~ditax.train.distill.DistillTrainer`) on one global batch; returns
+    ``(lowered, latents shape, model FLOPs per device, what the step is)``."""
     from ditax.train.data import latent_shape_for
-    from ditax.train.step import Trainer
+    from ditax.train.distill import make_trainer
 
-    trainer = Trainer(cfg, mesh)
+    trainer = make_trainer(cfg, mesh)
     shape = tuple(latent_shape_for(cfg))
     B, T = cfg.batch_size, cfg.data.text_len
     sh = trainer.batch_sh
@@ -74,13 +78,60 @@ def _train_step(cfg, mesh, family):
              "text_mask": jax.ShapeDtypeStruct((B, T), jnp.uint8, sharding=sh["text_mask"])}
     for k, cshape in family.condition_shapes(shape).items():
         batch[k] = jax.ShapeDtypeStruct((B, *cshape), jnp.float32, sharding=sh[k])
-    fl = family.flops_per_sample(shape, T) * B
+    distill = cfg.distill.method != "none"
+    fl = train_step_flops(cfg, family, shape, getattr(trainer, "flops_factor", 1.0))
+    about = {"state_bytes_per_device": _state_bytes(trainer.abstract_state())}
+    if distill:
+        d = cfg.distill
+        about["distill"] = {"method": d.method, "steps": d.steps,
+                            "critic_updates": d.critic_updates, "guidance": d.guidance,
+                            "lora_rank": cfg.lora.rank, "flops_factor": trainer.flops_factor}
+        lowered = trainer.lower(batch, _null_text(cfg, family, mesh))
+    else:
+        lowered = trainer.lower(batch)
+    return lowered, [B, *shape], fl / mesh.size, about
+
+
+def train_step_flops(cfg, family, shape, factor: float = 1.0) -> float:
+    """Model FLOPs of one training step on ``cfg.batch_size`` latents ``[C, F, Y, X]``
+    (all devices): ``factor`` forward + backward passes' worth of the family's transformer
+    work (a trainer's ``flops_factor``: 1 for flow matching), plus what the remat policy runs
+    again in each backward pass (DMD2: one a critic update and one for the student)."""
+    B, T = cfg.batch_size, cfg.data.text_len
+    backwards = cfg.distill.critic_updates + 1 if cfg.distill.method != "none" else 1
+    fl = family.flops_per_sample(shape, T) * B * factor
     recompute = getattr(family, "recompute_flops_per_sample", None)
     if recompute is not None:    # what the family's remat policy runs again in the backward
-        fl += recompute(shape, T) * B
+        fl += recompute(shape, T) * B * backwards
     elif getattr(cfg.model, "remat", "none") == "full":
-        fl *= 4.0 / 3.0          # the forward runs again inside the backward
-    return trainer.lower(batch), [B, *shape], fl / mesh.size
+        fl += family.flops_per_sample(shape, T) * B / 3.0 * backwards   # the forward again
+    return fl
+
+
+def _null_text(cfg, family, mesh) -> dict:
+    """The abstract empty-prompt embedding a distillation step takes (the teacher's
+    unconditional branch, replicated): ``text [T, Dt]`` and ``text_mask [T]``, none without
+    guidance. A dataset's extra text outputs (Flux's pooled vector) are left out: the
+    unconditional branch then keeps the sample's, the same work and memory."""
+    if cfg.distill.guidance == 1.0:
+        return {}
+    rep = NamedSharding(mesh, P())
+    T = cfg.data.text_len
+    return {"text": jax.ShapeDtypeStruct((T, family.text_dim), jnp.float32, sharding=rep),
+            "text_mask": jax.ShapeDtypeStruct((T,), jnp.uint8, sharding=rep)}
+
+
+def _state_bytes(abstract_state: dict) -> dict:
+    """Bytes per device of each top-level entry of a train state (``params``, ``opt``; a
+    distillation's ``fake``, ``fake_opt``, ``frozen``): each leaf's shard as its sharding
+    places it (a replicated leaf counts whole on every device)."""
+    out = {}
+    for name, tree in abstract_state.items():
+        out[name] = 0
+        for leaf in jax.tree.leaves(tree):
+            size = jnp.dtype(leaf.dtype).itemsize
+            out[name] += int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * size
+    return out
 
 
 def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
@@ -91,7 +142,9 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
     batch shards) measured by :func:`ditax.plan.measure.measure` (per-device memory, copies,
     collectives, FLOPs; a roofline on ``chip``, a :class:`~ditax.plan.targets.Chip`). With
     ``train``, ``"train_step"``: the same for one optimiser step on ``cfg.batch_size`` samples
-    of ``cfg.data``'s size. ``hlo_path`` / ``train_hlo_path``: write the forward's / the
+    of ``cfg.data``'s size (``distill.method=dmd2``: one student update with its critic
+    updates; ``"distill"`` says which), with the train state's bytes per device by entry
+    (``"state_bytes_per_device"``). ``hlo_path`` / ``train_hlo_path``: write the forward's / the
     training step's compiled HLO text there.
     Returns a JSON-ready dict.
     """
@@ -115,8 +168,8 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
         lowered, shape, fl = _forward(cfg, mesh, family, gdef, state, sh, latent)
         out["forward"] = {"latent": shape, **_compiled(lowered, fl, layers, chip, hlo_path)}
     if train:
-        lowered, shape, fl = _train_step(cfg, mesh, family)
-        out["train_step"] = {"latents": shape,
+        lowered, shape, fl, about = _train_step(cfg, mesh, family)
+        out["train_step"] = {"latents": shape, **about,
                              **_compiled(lowered, fl, layers, chip, train_hlo_path)}
     return out
 
