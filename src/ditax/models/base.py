@@ -191,6 +191,16 @@ class ModelFamily(abc.ABC):
         family's size-dependent form of it (Flux: the shift of the image's token count)."""
         return self.flow
 
+    def few_step_sample(self, steps: int, sigmas: list, shift: float | None) -> dict:
+        """The pipeline settings (generate's names) that sample a few-step student trained
+        on Euler with these unshifted ``sigmas`` and ``shift`` (None: the pipeline's own
+        resolution-dependent shift) and no classifier-free guidance."""
+        out = {"num_inference_steps": steps, "sigmas": list(sigmas), "guidance_scale": 1.0,
+               "scheduler": "euler"}
+        if shift is not None:
+            out["flow_shift"] = float(shift)
+        return out
+
     def trained_params(self, train):
         """An ``nnx`` filter of the parameters a full (non-LoRA) run trains, the rest frozen
         (no gradient, no optimiser state), for the run's ``train`` section; None (default):

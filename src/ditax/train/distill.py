@@ -81,11 +81,15 @@ def student_shift(cfg: Config, family, latent_shape) -> float:
 
 
 def sample_settings(cfg: Config, family, latent_shape) -> dict:
-    """The pipeline call that samples the student as it was trained: Euler on the student's
-    sigmas with its shift, no classifier-free guidance (``ditax_sample.json`` keys)."""
-    return {"num_inference_steps": cfg.distill.steps, "guidance_scale": 1.0,
-            "scheduler": "euler", "flow_shift": student_shift(cfg, family, latent_shape),
-            "sigmas": list(distill_sigmas(cfg.distill))}
+    """The pipeline settings that sample the student as it was trained (``ditax_sample``
+    keys, the family's :meth:`~ditax.models.base.ModelFamily.few_step_sample`): Euler on the
+    student's sigmas with its shift, no classifier-free guidance. With ``distill.shift`` 0 and
+    a resolution-dependent training shift (``flow.dynamic_shift``), no shift is written: the
+    pipeline applies the same shift at the sampled resolution."""
+    d = cfg.distill
+    dynamic = family.flow is not None and bool(getattr(family.flow, "dynamic_shift", False))
+    shift = None if (dynamic and not d.shift) else student_shift(cfg, family, latent_shape)
+    return family.few_step_sample(d.steps, list(distill_sigmas(d)), shift)
 
 
 def dmd_gradient(x0, real, fake, mask=None):

@@ -176,6 +176,16 @@ class FluxFamily(ModelFamily):
         given = None if self.flow is None else self.flow.guidance
         return DEFAULT_GUIDANCE if given is None else float(given)
 
+    def few_step_sample(self, steps: int, sigmas: list, shift: float | None) -> dict:
+        """FLUX.1's pipeline: Euler already; the embedded guidance the student was trained
+        with (none for schnell-like models), true CFG off."""
+        out = {"num_inference_steps": steps, "sigmas": list(sigmas), "true_cfg_scale": 1.0}
+        if self.guidance is not None:
+            out["guidance_scale"] = float(self.guidance)
+        if shift is not None:
+            out["flow_shift"] = float(shift)
+        return out
+
     def training_flow(self, latent_shape):
         """``flow.dynamic_shift``: the flow with ``shift = e^mu`` of the image's token count
         (:func:`ditax.models.flux.training.resolution_shift`)."""
