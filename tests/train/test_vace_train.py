@@ -168,6 +168,30 @@ def test_default_trains_the_vace_branch_only(one):
         Trainer(load_config(None, [*VACE, "lora.rank=4"]), tr.mesh)
 
 
+def test_checkpoints_leave_the_frozen_base_out_and_resume_is_exact(dataset, one, tmp_path):
+    """``init_from`` the folder: a checkpoint holds the VACE branch (and its optimiser state),
+    not the frozen base, which a resume rebuilds from the folder: 2 + 2 steps = 4 steps."""
+    from ditax.train.checkpoint import Checkpointer
+    from ditax.train.loop import train
+
+    tr, folder = one[0], dataset[1]
+
+    def run(out, steps):
+        cfg = load_config(None, [*VACE, f"data.source={dataset[3]}", f"init_from={folder}",
+                                 f"output_dir={tmp_path / out}", f"steps={steps}",
+                                 "checkpoint.every=2", "checkpoint.async_save=false",
+                                 "mesh.fsdp=1", "mesh.context=-1"])   # (the Trainer's: one)
+        return train(cfg, trainer=tr, progress=False, say=lambda m: None)
+
+    a, b1, b2 = run("a", 4), run("b", 2), run("b", 4)
+    assert b2.resumed_from == 2 and a.losses == b1.losses + b2.losses
+    assert _diff(a.state, b2.state) == 0.0
+    ckpt = Checkpointer(tmp_path / "b" / "checkpoints", tr.cfg.checkpoint)
+    stored = ckpt.mgr.item_metadata(4)["state"]
+    ckpt.close()
+    assert sorted(getattr(stored, "tree", stored)) == ["key", "opt", "params", "step"]
+
+
 def test_mesh_step_equals_one_device(one):
     """fsdp 2 x context 4 (Ulysses over the 4 heads) from the same weights and batch: the same
     loss and the same updated VACE branch."""

@@ -4,7 +4,10 @@
 from the newest usable checkpoint (params, optimiser, data position, RNG, step) and runs until
 ``steps``; what may change between the runs is :data:`RESUME_POLICY` (see
 :mod:`ditax.train.resume`): a change of the model, LoRA, data, batch size or seed is refused
-before anything is restored or written. ``metrics.jsonl`` and TensorBoard keep each step once.
+before anything is restored or written. A partly frozen run (LoRA, a VACE branch) checkpoints
+only what trains and a reference to its frozen base, which a resume rebuilds from ``init_from``
+(or the seed) after checking it is unchanged (:mod:`ditax.train.frozen_base`).
+``metrics.jsonl`` and TensorBoard keep each step once.
 SIGTERM or SIGINT (Ctrl-C) finishes the current step, saves, and returns. A non-finite loss
 stops the run before anything is saved, so the newest checkpoint stays the last good one.
 """
@@ -21,6 +24,7 @@ import jax
 from ditax.config import Config, ConfigError, to_dict, validate
 from ditax.models.base import model_family
 from ditax.parallel.mesh import make_mesh
+from ditax.train import frozen_base
 from ditax.train.checkpoint import Checkpointer
 from ditax.train.data import BatchIterator
 from ditax.train.metrics import MetricsWriter, peak_tflops
@@ -78,28 +82,55 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
     check_output_dir(cfg.output_dir)   # before anything loads: a file, an unwritable or foreign folder
     saved = read_saved_config(out)
     ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
+    # the newest checkpoint's JSON item: a partly frozen run's reference to its base
+    stored = frozen_base.stored_data(ckpt) if ckpt.steps() else None
     if ckpt.steps():            # a rerun must ask for the run the folder holds
-        check_resume(out, saved, to_dict(cfg), RESUME_POLICY, say=say)
+        check_resume(out, saved, to_dict(cfg), frozen_base.resume_policy(RESUME_POLICY, stored),
+                     say=say)
     data = BatchIterator(cfg, pid, nproc)       # checks the dataset before anything compiles
     family = model_family(cfg.model, cfg.attention)
+    # a missing or changed frozen base: refused before anything is restored
+    base_files = frozen_base.check_base(stored, cfg, family, ckpt.dir, say=say)
     if cfg.init_from:
         init_folder = family.weights_folder(cfg.init_from)
     trainer = trainer if trainer is not None else make_trainer(cfg, mesh)
     if hasattr(trainer, "bind_data"):       # distillation: the empty prompt's embedding
         trainer.bind_data(data)
 
-    restored = ckpt.restore_latest(trainer.abstract_state())
-    if restored is not None:
-        start, state, data_state = restored
-        data.set_state(data_state["iterator"])
-        say(f"resuming from checkpoint step {start} in {ckpt.dir}")
-    else:
-        start = 0
+    # a partly frozen run's checkpoints leave out its frozen weights: rebuilt here from the
+    # base (init_from or the seed) as at step 0, their checksum checked against the stored one
+    rebuilt = getattr(trainer, "rebuilt", ())
+    if rebuilt and frozen_base.legacy(stored):
+        rebuilt = ()
+        say(f"checkpoints in {ckpt.dir} hold the frozen base (written before ditax left it "
+            f"out): restoring it from them, and this run's checkpoints keep holding it")
+    restored = ckpt.restore_latest(frozen_base.without(trainer.abstract_state(), rebuilt))
+    if restored is None or rebuilt:
         params = None
         if cfg.init_from:
             params = family.load_params(init_folder, mesh)
+        fresh = trainer.init(params)
+        del params                  # a split copies the base into its frozen tree
+    if restored is not None:
+        start, state, data_state = restored
+        data.set_state(data_state["iterator"])
+        state = {**state, **{k: fresh[k] for k in rebuilt}}
+        base = (f"; the frozen base rebuilt from {init_folder if cfg.init_from else 'the seed'}"
+                if rebuilt else "")
+        say(f"resuming from checkpoint step {start} in {ckpt.dir}{base}")
+    else:
+        start, state = 0, fresh
+        if cfg.init_from:
             say(f"initialised weights from {init_folder}")
-        state = trainer.init(params)
+    base_ref = None
+    if rebuilt:
+        checksum = frozen_base.tree_checksum({k: state[k] for k in rebuilt}, mesh)
+        if restored is not None:
+            frozen_base.check_rebuilt(data_state["base"], checksum, start, ckpt.dir)
+        if cfg.init_from and base_files is None:
+            base_files = frozen_base.fingerprint(init_folder)
+        base_ref = frozen_base.reference(cfg, cfg.init_from and init_folder, base_files,
+                                         checksum)
     if pid == 0:                # the config the run goes on with (the next resume's reference)
         out.mkdir(parents=True, exist_ok=True)
         write_config(out, to_dict(cfg))
@@ -121,6 +152,8 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
             f"{writer.path} (written after the last checkpoint; those steps run again)")
 
     data_tag = {"source": cfg.data.source, "batch_size": cfg.batch_size}
+    if base_ref is not None:
+        data_tag["base"] = base_ref
     step = start
     with RunSession(ckpt, writer, total=cfg.steps, start=start, desc="train",
                     every=cfg.checkpoint.every, progress=progress and pid == 0,

@@ -153,6 +153,9 @@ class Trainer:
                          "step": rep, "key": rep}
         if self.split is not None:
             self.state_sh["frozen"] = self.split.frozen_sh
+        # state keys a checkpoint leaves out: the frozen weights, rebuilt on resume by init()
+        # from the base (init_from or the seed) and checked (ditax.train.frozen_base)
+        self.rebuilt = ("frozen",) if self.split is not None else ()
         # names only (the shapes follow the data): a one-pixel latent asks which entries exist
         self.condition_keys = tuple(self.family.condition_shapes(
             (self.family.latent_channels, 1, 1, 1)))
