@@ -101,9 +101,10 @@ class AdapterSplit(ParamSplit):
         super().__init__(family, cfg, mesh, build, LoraFactor,
                          lambda t, f: adapter_shardings(t, f, mesh))
 
-    def save(self, folder, params: dict):
+    def save(self, folder, params: dict, sample: dict | None = None):
         """Write the adapters as LoRA files (:func:`ditax.lora.export.save_lora`) from process 0;
-        every process takes part in gathering sharded adapters."""
+        every process takes part in gathering sharded adapters. ``sample``: the sampling
+        settings they were trained for (a few-step student's), carried by the files."""
         from ditax.lora.export import save_lora
 
         if jax.process_count() > 1:
@@ -113,5 +114,5 @@ class AdapterSplit(ParamSplit):
         params = jax.tree.map(jax.device_get, params)
         if jax.process_index() == 0:
             return save_lora(folder, params, self.table, self.rank, self.alpha,
-                             names=self.names)
+                             names=self.names, sample=sample)
         return []

@@ -147,6 +147,9 @@ class DistillTrainer:
             self.params_sh = self.family.param_shardings(self.params_abstract, mesh)
             frozen_abstract, self.frozen_sh = self.params_abstract, self.params_sh
         self.frozen_abstract = frozen_abstract
+        # a checkpoint leaves the frozen teacher / base out: a resume rebuilds it from
+        # init_from (or the seed) and checks it (ditax.train.frozen_base)
+        self.rebuilt = ("frozen",)
         d = cfg.distill
         self.tx, self.schedule = make_optimizer(cfg.optim, cfg.steps)
         critic_optim = dataclasses.replace(
@@ -182,6 +185,10 @@ class DistillTrainer:
         critic = sim + 1 + 3
         student = sim + 3 + (2 if d.guidance != 1 else 1) + 1
         return (d.critic_updates * critic + student) / 3
+
+    def sample_settings(self, latent_shape) -> dict:
+        """How the student is sampled (:func:`sample_settings`), saved with its LoRA."""
+        return sample_settings(self.cfg, self.family, latent_shape)
 
     def check_serves(self, cfg: Config) -> None:
         mine, theirs = program_fields(self.cfg), program_fields(cfg)
