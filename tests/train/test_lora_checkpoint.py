@@ -39,9 +39,9 @@ def args(out, ds, base, *extra):
         f"data.source={ds}", f"output_dir={out}", *LORA, *extra]
 
 
-def write_base(folder) -> pathlib.Path:
+def write_base(folder, seed: int = 0) -> pathlib.Path:
     """A diffusers Wan transformer folder of the ``tiny`` preset's shape, weights drawn
-    ``N(0, 1) / sqrt(fan-in)``."""
+    ``N(0, 1) / sqrt(fan-in)`` from ``seed``."""
     from flax import nnx
 
     from ditax.io.export import save_folder
@@ -49,7 +49,7 @@ def write_base(folder) -> pathlib.Path:
     from ditax.models.wan.convert import config_weight_table
 
     cfg = load_config("tiny").model
-    gen = np.random.default_rng(0)
+    gen = np.random.default_rng(seed)
     params = jax.tree.map(
         lambda a: (gen.standard_normal(a.shape) / np.sqrt(max(a.shape[0], 1)) if a.ndim else
                    gen.standard_normal(())).astype(np.float32),
@@ -159,6 +159,28 @@ def test_a_random_base_resumes_bit_exact_from_the_seed(setup):
         run(setup, tmp / "rb", 6)
 
 
+def test_checkpoints_that_hold_the_base_resume_whole_and_keep_holding_it(setup, runs, tmp_path,
+                                                                         monkeypatch):
+    """A run whose checkpoints hold the frozen base (as ditax wrote them before; here the
+    Trainer told to rebuild nothing) resumes from them, exactly, said in a line, and goes on
+    saving the base: its checkpoints never mix the two forms."""
+    tr = setup[3]
+    with monkeypatch.context() as m:
+        m.setattr(tr, "rebuilt", ())
+        run(setup, tmp_path / "r", 6, on_step=_stop_at(2))
+    ckpt = Checkpointer(tmp_path / "r" / "checkpoints", load_config("tiny").checkpoint)
+    assert "base" not in frozen_base.stored_data(ckpt)[1]
+    ckpt.close()
+    b2 = run(setup, tmp_path / "r", 6)
+    assert b2.resumed_from == 2 and any("hold the frozen base" in s for s in b2.said), b2.said
+    _same(runs[0].state, b2.state)
+    ckpt = Checkpointer(tmp_path / "r" / "checkpoints", load_config("tiny").checkpoint)
+    stored = ckpt.mgr.item_metadata(6)["state"]
+    assert "frozen" in getattr(stored, "tree", stored)
+    assert "base" not in frozen_base.stored_data(ckpt)[1]
+    ckpt.close()
+
+
 def _edit_middle(file: pathlib.Path) -> str:
     """Add 1 to the middle element of the largest tensor of a safetensors file, in place (same
     size, same header); returns the tensor's name."""
@@ -215,8 +237,14 @@ def test_a_changed_moved_or_missing_base_is_refused_in_one_line(setup, tmp_path,
     moved = tmp_path / "moved"
     mine.rename(moved)
     err = refused()
-    assert f"init_from={mine}: the frozen base of checkpoint step 3" in err and "missing" in err
+    assert f"init_from={mine}: the frozen base of checkpoint step 3" in err and "not there" in err
     assert "set init_from to where it moved" in err
+    # another folder of the same architecture: other weights, named
+    other = write_base(tmp_path / "other", seed=1)
+    err = refused(f"init_from={other}")
+    assert (f"the frozen base in {other} holds other weights than the base checkpoint step 3 "
+            f"in {tmp_path / 'r' / 'checkpoints'} was trained on ({mine})") in err
+    assert f"or set init_from={mine}" in err
     # init_from dropped: refused, naming the folder to set
     no_base = [a for a in cli if not a.startswith("init_from=")]
     err = refused(argv=no_base)

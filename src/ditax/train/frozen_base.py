@@ -203,7 +203,7 @@ def check_base(stored, cfg, family, out, say=print) -> dict | None:
         folder = family.weights_folder(cfg.init_from)
     except ModelNotFound as e:
         raise ResumeMismatch(
-            f"init_from={cfg.init_from}: the frozen base of {where} is missing "
+            f"init_from={cfg.init_from}: the frozen base of {where} is not there "
             f"({str(e).splitlines()[0]}); {keep} (trained on {old}). Put the folder back, or "
             f"set init_from to where it moved, or choose a new output_dir") from None
     except DitaxError as e:             # e.g. its config.json now holds another architecture
@@ -213,12 +213,15 @@ def check_base(stored, cfg, family, out, say=print) -> dict | None:
             f"or choose a new output_dir") from None
     now = fingerprint(folder)
     changed = file_changes(ref["files"], now)
+    moved = str(folder.absolute()) != old
     if changed:
+        what = (f"holds other weights than the base {where} was trained on ({old})" if moved
+                else f"changed since {where} was saved")
         raise ResumeMismatch(
-            f"init_from={cfg.init_from}: the frozen base in {folder} changed since {where} was "
-            f"saved ({'; '.join(changed)}); {keep} (trained on {old}). Put the old weights "
-            f"back, or choose a new output_dir")
-    if str(folder.absolute()) != old:
+            f"init_from={cfg.init_from}: the frozen base in {folder} {what} "
+            f"({'; '.join(changed)}); {keep}. Put the old weights back"
+            f"{f' or set init_from={old}' if moved else ''}, or choose a new output_dir")
+    if moved:
         say(f"the frozen base moved: {old} → {folder.absolute()} (the same files); resuming "
             f"on it")
     return now

@@ -182,7 +182,8 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
             if on_step is not None:
                 on_step(step, row)
             run.tick(loss=f"{loss:.4f}", s_per_step=f"{dt:.2f}")
-            if run.end_step(step, state, {"iterator": data.get_state(), **data_tag}):
+            if run.end_step(step, frozen_base.without(state, rebuilt),
+                            {"iterator": data.get_state(), **data_tag}):
                 break
     result.interrupted, result.signal = run.interrupted, run.signal if run.interrupted else None
     if trainer.adapters is not None and (step == cfg.steps or result.interrupted):
