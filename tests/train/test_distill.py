@@ -364,3 +364,35 @@ def test_every_family_distils(name):
         assert mask is not None
         np.testing.assert_array_equal(np.asarray(x0)[:, :, 0],
                                       np.asarray(batch["latents"])[:, :, 0])
+
+
+def test_two_experts_each_train_their_own_steps_and_noise_levels(one, dataset):
+    """Wan 2.2 A14B: the high-noise expert's student trains the steps at / above the
+    boundary (timesteps 1000, 937.5 of 1000, 937.5, 833.3, 625 with shift 5) and critic levels
+    there; the low-noise one the rest, on noised data."""
+    _, state, batch = one
+    common = ("distill.shift=5", "distill.sigmas=1,0.75,0.5,0.25")
+    high = D.DistillTrainer(cfg_for(dataset, "x", *common, "distill.expert=high"),
+                            make_mesh(ONE, jax.devices()[:1]))
+    low = D.DistillTrainer(cfg_for(dataset, "x", *common, "distill.expert=low",
+                                   "distill.backward_simulation=false"),
+                           make_mesh(ONE, jax.devices()[:1]))
+    sig = high.schedule_table(batch["latents"].shape[1:])
+    assert high.expert_steps(sig) == (0, 1) and low.expert_steps(sig) == (2, 3)
+    lo, hi = high.critic_range(3.0)          # the critic's levels use flow.shift=3
+    assert abs(float(shift_sigma(lo, 3.0)) - 0.875) < 1e-6 and hi == 0.98
+    assert abs(float(shift_sigma(low.critic_range(3.0)[1], 3.0)) - 0.875) < 1e-6
+    b = high.put_batch(batch)
+    drawn = {int(high.student_sample(state["params"], state["frozen"], b, jax.random.PRNGKey(i),
+                                     jnp.asarray(sig))[2]) for i in range(12)}
+    assert drawn == {0, 1}
+    sigmas = np.asarray(high.critic_sigma(jax.random.PRNGKey(0), 256, (16, 2, 8, 8)))
+    assert sigmas.min() >= 0.875 - 1e-6
+    with pytest.raises(ConfigError, match="distill.backward_simulation=false"):
+        from ditax.config import validate
+        validate(load_config("tiny", ["distill.method=dmd2", "distill.expert=low"]))
+    none = D.DistillTrainer(cfg_for(dataset, "x", "distill.shift=1", "distill.steps=2",
+                                    "distill.sigmas=0.8,0.4", "distill.expert=high"),
+                            make_mesh(ONE, jax.devices()[:1]))
+    with pytest.raises(ConfigError, match="none of the student's timesteps"):
+        none.expert_steps(none.schedule_table((16, 2, 8, 8)))

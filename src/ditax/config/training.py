@@ -178,7 +178,14 @@ class DistillConfig:
     data's resolution, FLUX.1's resolution shift included). ``backward_simulation``: the
     student trains on inputs its own earlier steps made (else on noised data latents).
     The critic's noise levels are uniform in ``[t_min, t_max]`` before the training shift.
-    ``critic_learning_rate`` 0: ``optim.learning_rate``."""
+    ``critic_learning_rate`` 0: ``optim.learning_rate``.
+
+    Two experts (Wan 2.2 A14B): one student per expert, as the published 4-step LoRAs are.
+    ``expert=high`` distils the high-noise expert (``init_from=FOLDER``, its ``transformer``)
+    on the student steps whose timestep is at or above ``boundary`` x 1000 and critic noise
+    levels there; ``expert=low`` the low-noise one (``init_from=FOLDER/transformer_2``) below
+    it, on noised data latents (``backward_simulation=false``: the steps before are the other
+    expert's)."""
 
     method: DistillMethod = "none"
     steps: int = 4
@@ -190,6 +197,8 @@ class DistillConfig:
     t_min: float = 0.02
     t_max: float = 0.98
     backward_simulation: bool = True
+    expert: Literal["all", "high", "low"] = "all"
+    boundary: float = 0.875
 
 
 def check_distill(d: DistillConfig) -> None:
@@ -203,6 +212,14 @@ def check_distill(d: DistillConfig) -> None:
     if not 0 <= d.t_min < d.t_max <= 1:
         raise ConfigError(f"distill.t_min={d.t_min:g}, distill.t_max={d.t_max:g}: need "
                           f"0 <= t_min < t_max <= 1 (the critic's noise levels)")
+    check_choice("distill.expert", d.expert, ("all", "high", "low"))
+    if not 0 < d.boundary < 1:
+        raise ConfigError(f"distill.boundary={d.boundary:g} must be in (0, 1) (Wan 2.2: "
+                          f"0.875, the folder's boundary_ratio)")
+    if d.expert == "low" and d.backward_simulation:
+        raise ConfigError("distill.expert=low trains the steps after the high-noise expert's, "
+                          "which this run does not have; set distill.backward_simulation=false "
+                          "(its inputs are noised data latents)")
     if d.sigmas is not None:
         s = [float(x) for x in d.sigmas]
         if len(s) != d.steps:

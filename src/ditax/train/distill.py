@@ -268,6 +268,7 @@ class DistillTrainer:
         from ditax.train.data import null_text
 
         d = self.cfg.distill
+        self.expert_steps(self.schedule_table(data.latent_shape))  # an expert has steps
         if d.guidance == 1.0:
             self.null = {}
             return
@@ -344,8 +345,10 @@ class DistillTrainer:
         from its own earlier steps (backward simulation) or from noised data; ``x̂0`` carries
         the gradient with respect to ``params``, the input ``x_k`` none."""
         k_step, k_noise = jax.random.split(key)
-        n = self.cfg.distill.steps
-        k = jax.random.randint(k_step, (), 0, n)
+        sig = jnp.asarray(sig, jnp.float32)
+        steps = jnp.asarray(self.expert_steps(self.schedule_table(batch["latents"].shape[1:])),
+                            jnp.int32)
+        k = steps[jax.random.randint(k_step, (), 0, steps.shape[0])]
         x_data = batch["latents"]
         noise = jax.random.normal(k_noise, x_data.shape, jnp.float32).astype(x_data.dtype)
         if self.cfg.distill.backward_simulation:
@@ -363,10 +366,39 @@ class DistillTrainer:
         return self.clean(x_k.astype(jnp.float32), v.astype(jnp.float32), s_k, mask,
                           x_data.astype(jnp.float32)), x_k, k, mask
 
-    def critic_sigma(self, key, b, latent_shape):
+    def expert_steps(self, sig) -> tuple[int, ...]:
+        """The student steps this run trains: all, or (two experts) those whose timestep is
+        at / above (``high``) or below (``low``) the boundary."""
         d = self.cfg.distill
-        u = jax.random.uniform(key, (b,), jnp.float32, d.t_min, d.t_max)
-        return shift_sigma(u, float(self.family.training_flow(tuple(latent_shape)).shift))
+        n = d.steps
+        if d.expert == "all":
+            return tuple(range(n))
+        sig = np.asarray(sig)
+        high = tuple(k for k in range(n) if sig[k] * NUM_TRAIN_TIMESTEPS
+                     >= d.boundary * NUM_TRAIN_TIMESTEPS)
+        steps = high if d.expert == "high" else tuple(k for k in range(n) if k not in high)
+        if not steps:
+            raise ConfigError(f"distill.expert={d.expert}: none of the student's timesteps "
+                              f"{[round(float(x) * 1000, 1) for x in sig[:-1]]} is "
+                              f"{'at or above' if d.expert == 'high' else 'below'} "
+                              f"distill.boundary={d.boundary:g} x 1000; change distill.sigmas "
+                              f"or distill.shift")
+        return steps
+
+    def critic_range(self, shift: float) -> tuple[float, float]:
+        """The critic's noise levels before the shift: ``[t_min, t_max]``, cut at the
+        boundary for an expert (the boundary's unshifted level ``b / (s - (s-1)·b)``)."""
+        d = self.cfg.distill
+        if d.expert == "all":
+            return d.t_min, d.t_max
+        b = d.boundary / (shift - (shift - 1.0) * d.boundary)
+        return (max(d.t_min, b), d.t_max) if d.expert == "high" else (d.t_min, min(d.t_max, b))
+
+    def critic_sigma(self, key, b, latent_shape):
+        shift = float(self.family.training_flow(tuple(latent_shape)).shift)
+        lo, hi = self.critic_range(shift)
+        u = jax.random.uniform(key, (b,), jnp.float32, lo, hi)
+        return shift_sigma(u, shift)
 
     def generator_loss(self, params, fake, frozen, batch, null, key, sig):
         """The student's distribution-matching loss and its parts."""
@@ -412,13 +444,14 @@ class DistillTrainer:
                          flow, inputs)
 
     def schedule_table(self, latent_shape):
+        """The student's sigma table ``[K+1]`` (host numpy, float32)."""
         _, sig = student_schedule(distill_sigmas(self.cfg.distill),
                                   student_shift(self.cfg, self.family, latent_shape))
-        return jnp.asarray(sig, jnp.float32)
+        return np.asarray(sig, np.float32)
 
     def _step_fn(self, state, batch, null):
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])
-        sig = self.schedule_table(batch["latents"].shape[1:])
+        sig = jnp.asarray(self.schedule_table(batch["latents"].shape[1:]))
         frozen = state["frozen"]
         d = self.cfg.distill
 
