@@ -9,7 +9,6 @@ the capability; skipped elsewhere), with the checkpointer on its own.
 """
 
 import os
-import pathlib
 import resource
 import signal
 import subprocess

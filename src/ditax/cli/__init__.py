@@ -1,10 +1,10 @@
 """``ditax`` command line: thin commands that parse into config and call library functions.
 
 One module a command (``ditax.cli.generate``, ``train``, ``train_vae`` for ``train-vae``,
-``preprocess``, ``convert``, ``bench``, ``plan``, ``calibrate_cache`` for ``calibrate-cache``,
-``config``), each exposing ``add_arguments(parser)`` and ``run(args) -> int``; their ``--help``
-ends with the examples of :mod:`ditax.cli.examples`. Only the module of the command asked for
-is imported, so ``ditax --help`` does not start JAX.
+``preprocess``, ``convert``, ``export``, ``bench``, ``plan``, ``calibrate_cache`` for
+``calibrate-cache``, ``config``), each exposing ``add_arguments(parser)`` and ``run(args) ->
+int``; their ``--help`` ends with the examples of :mod:`ditax.cli.examples`. Only the module
+of the command asked for is imported, so ``ditax --help`` does not start JAX.
 
 Exit codes: 0 ok; 2 a bad request or config (any :class:`ditax.errors.DitaxError`, or a usage
 error), checked before anything heavy loads where it can be; 1 a runtime failure. A mistake the
@@ -28,6 +28,7 @@ COMMANDS = {
     "train-vae": "train a VAE (Wan AutoencoderKLWan; --family flux: AutoencoderKL) on clips",
     "preprocess": "videos + captions → latent dataset",
     "convert": "check a transformer folder; single-file checkpoint → diffusers folder",
+    "export": "a training run's checkpoint → diffusers pipeline folder",
     "bench": "quick forward benchmark of a config",
     "plan": "show mesh, shardings and per-device memory for a config",
     "calibrate-cache": "measure a model's step-cache numbers (TeaCache, MagCache)",

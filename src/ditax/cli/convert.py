@@ -25,6 +25,7 @@ which ``load_transformer(DIR, quantize=MODE)`` reads back bit-equal, without qua
 from __future__ import annotations
 
 import argparse
+import pathlib
 
 
 def add_arguments(p: argparse.ArgumentParser):
@@ -81,6 +82,12 @@ def run(args) -> int:
     from ditax.load import model_config
 
     single = is_single_file(args.path)
+    run_dir = pathlib.Path(args.path)      # a training run: ditax export is the command
+    if (not single and (run_dir / "config.yaml").is_file()
+            and not (run_dir / "config.json").is_file()):
+        raise ConfigError(f"{args.path} is a training run folder (config.yaml), not a "
+                          f"transformer folder; ditax export {args.path} --out FOLDER writes "
+                          f"its checkpoint as a diffusers pipeline folder")
     if args.quantize:
         return write_quantized(args, single)
     if not single:

@@ -64,6 +64,14 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
          "ditax convert wan2.1_t2v_1.3B_bf16.safetensors --config wan2.1-t2v-1.3b "
          "--out Wan-1.3B-style/transformer --lora style.safetensors:0.8 --dtype bfloat16"),
     ],
+    "export": [
+        ("a fine-tune's newest checkpoint → a pipeline folder (the VAE, text encoder, tokenizer "
+         "and scheduler copied from the run's init_from)",
+         "ditax export runs/a --out Wan-1.3B-tuned"),
+        ("checkpoint step 500 in bf16, the other components linked from a given pipeline",
+         "ditax export runs/a --out Wan-1.3B-tuned-500 --step 500 --dtype bfloat16 "
+         "--base Wan-AI/Wan2.1-T2V-1.3B-Diffusers --link"),
+    ],
     "bench": [
         ("the tiny model's forward at a 5x32x32 latent", "ditax bench tiny --latent 5,32,32 "
          "--repeats 3"),

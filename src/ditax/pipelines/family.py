@@ -175,8 +175,8 @@ def _what_it_is(p: pathlib.Path) -> str | None:
     if run:
         made = [f.name for f in p.glob("lora*.safetensors")]
         fix = (f"pass the pipeline folder it was trained from, with --lora {p / made[0]}"
-               if made else "export it as a diffusers pipeline folder, or pass the pipeline "
-               "folder it was trained from")
+               if made else f"write its checkpoint as a pipeline folder with ditax export {p} "
+               f"--out FOLDER, or pass the pipeline folder it was trained from")
         shown = ", ".join(n + ("/" if (p / n).is_dir() else "") for n in run)
         return (f"is a training run folder ({shown}), not a pipeline folder "
                 f"(model_index.json); {fix}")
