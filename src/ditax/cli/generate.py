@@ -121,7 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # generate's flags every family takes (besides the request fields)
 _GENERIC = {"model", "prompts", "batch", "lora", "lora_mode", "lora_strict", "output", "no_progress",
-            "overrides", "command", "debug", "surface"}
+            "overrides", "command", "debug", "surface", "lora_sample"}
 
 
 def refuse_other_flags(args, pipelines, model: str) -> None:
@@ -180,6 +180,11 @@ def parse_request(args):
         require(pipes.name, "step_cache", "sample.cache" if s.cache else "sample.cfg_cache",
                 "drop it (the step cache is not wired into this family's pipelines)")
     _pair_true_cfg(args, pipes, surface)
+    loras = read_loras(args.lora, args.lora_strict, family=pipes.name)
+    lora_sample = read_lora_sample_args(args, pipes, loras)
+    if lora_sample is not None:     # the LoRA's steps / guidance over the folder's, under chosen
+        defaults = {**defaults, **{k: v for k, v in lora_sample.call_defaults().items()
+                                   if k in defaults and k not in chosen}}
     request = build_request(
         pipes, {f.name: getattr(args, f.dest, None) for f in fields_of(pipes)
                 if f.cli or f.name in ("height", "width")},
@@ -217,9 +222,10 @@ def parse_request(args):
                                    f"the PNG frames their own folder")
         if args.fps < 1:
             raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
-    loras = read_loras(args.lora, args.lora_strict, family=pipes.name)
     call = pipes.read_cli_inputs(args, call, s)      # the family's files (images, videos)
     own_call, own_load = pipes.sample_options(args, s, chosen, defaults, call)
+    if lora_sample is not None:
+        lora_options(lora_sample, own_call, own_load, chosen, call["num_inference_steps"])
     if s.sigmas is not None and "sigmas" not in own_call:
         raise RequestError(f"sample.sigmas is not read by {pipes.name} folders (they set "
                            f"their own schedule); drop it")
@@ -238,6 +244,40 @@ def parse_request(args):
                 compile_cache=cfg.compile_cache, makes=makes, **model_over)
     load.update(own_load)
     return load, call
+
+
+def read_lora_sample_args(args, pipelines, loras: list):
+    """The sampling settings the ``--lora`` files (``loras``: read by :func:`read_loras`) and
+    the ``--lora-2`` files (their headers) carry
+    (:func:`ditax.pipelines.lora_sample.read_lora_sample`), read once: kept in
+    ``args.lora_sample`` (``--prompts`` hands them to the requests after the first) and
+    announced in one line when read."""
+    from ditax.lora import parse_lora_arg
+    from ditax.pipelines.lora_sample import read_lora_sample
+
+    if getattr(args, "lora_sample", None) is not None:
+        return args.lora_sample
+    args.lora_sample = read_lora_sample(pipelines, loras, [
+        parse_lora_arg(a) for a in getattr(args, "lora_2", None) or []])
+    if args.lora_sample is not None:
+        print(args.lora_sample.line("flags override"))
+    return args.lora_sample
+
+
+def lora_options(lora_sample, call: dict, load: dict, chosen: set, steps: int) -> None:
+    """The family's own call and load arguments (``call``, ``load``: of
+    :meth:`~ditax.pipelines.family.PipelineFamily.sample_options`) with the LoRA's sampler and
+    shift where the user chose none (``chosen``: the ``sample`` keys set) and its sigmas where
+    the call takes sigmas, the user gave none and the request has their ``steps`` on Euler."""
+    from ditax.pipelines.lora_sample import LOAD_KEYS, default_sigmas
+
+    values = lora_sample.values
+    for key in LOAD_KEYS:
+        if key in values and key not in chosen:
+            load[key] = values[key]
+    euler = load.get("scheduler") in (None, "euler")
+    if "sigmas" in call and call["sigmas"] is None and "sigmas" not in chosen and euler:
+        call["sigmas"] = default_sigmas(values, steps)
 
 
 def read_loras(specs: list[str], strict: bool = True, family: str | None = None) -> list:

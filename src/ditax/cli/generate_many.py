@@ -101,6 +101,7 @@ def run_many(args, items: list[tuple[int, dict]], *, parse_request, loaded, writ
             one.frames_dir = output_of(one.frames_dir, i, len(items))
         if runs:       # the LoRA files were read once, for the first request
             one.lora, one.lora_2 = [], []
+            one.lora_sample = getattr(runs[0][0], "lora_sample", None)   # and their settings
         try:
             load, call = parse_request(one)
         except RequestError as e:

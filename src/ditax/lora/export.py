@@ -11,6 +11,12 @@ one per layer). Two files are written:
   through the family's ``names.to_original``, ``export_prefix`` and ``export_sep``
   (:class:`~ditax.lora.names.LoraNames`); a fused original layer gets its members' factors
   in one (:func:`_fuse`).
+
+``sample`` (a few-step student's sampling settings, e.g. ``{"num_inference_steps": 4,
+"guidance_scale": 1.0, "scheduler": "euler", "flow_shift": 5.0, "sigmas": [1.0, 0.75, 0.5,
+0.25]}``) goes into both files' safetensors metadata as JSON under ``ditax_sample`` and into
+``ditax_sample.json`` beside them; a pipeline that loads such a file samples with them where
+the caller gives none (:mod:`ditax.pipelines.lora_sample`).
 """
 
 from __future__ import annotations
@@ -96,16 +102,30 @@ def original_tensors(factors: dict, alpha: float, names: LoraNames) -> dict[str,
 
 
 def save_lora(folder, params: dict, table: Table, rank: int, alpha: float, *,
-              names: LoraNames) -> list[pathlib.Path]:
+              names: LoraNames, sample: dict | None = None) -> list[pathlib.Path]:
     """Write :data:`PEFT_FILE` and :data:`ORIGINAL_FILE` (original names from ``names``, the
-    family's) into ``folder``; returns their paths."""
+    family's) into ``folder``; returns their paths. ``sample``: the sampling settings the
+    adapters were trained for (module docstring), checked before anything is written
+    (:func:`ditax.pipelines.lora_sample.check_sample_settings`), stored in both files'
+    metadata and written as ``ditax_sample.json`` beside them."""
+    import json
+
     from safetensors.numpy import save_file
 
+    from ditax.pipelines.lora_sample import META_KEY, check_sample_settings
+    from ditax.pipelines.sample_defaults import FILE as SAMPLE_FILE
+
     folder = pathlib.Path(folder)
+    if sample is not None:
+        sample = check_sample_settings(sample, "save_lora(sample=...)")
     folder.mkdir(parents=True, exist_ok=True)
     factors = adapter_factors(params, table)
     meta = {"format": "pt", "ditax_lora_rank": str(rank), "ditax_lora_alpha": str(alpha)}
+    if sample is not None:
+        meta[META_KEY] = json.dumps(sample)
     paths = [folder / PEFT_FILE, folder / ORIGINAL_FILE]
     save_file(peft_tensors(factors, alpha / rank), str(paths[0]), metadata=meta)
     save_file(original_tensors(factors, alpha, names), str(paths[1]), metadata=meta)
+    if sample is not None:
+        (folder / SAMPLE_FILE).write_text(json.dumps(sample, indent=2) + "\n")
     return paths

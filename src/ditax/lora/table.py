@@ -52,12 +52,14 @@ class LoraRow:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Lora:
-    """A parsed LoRA file: its rows, format, source and the keys no format recognised."""
+    """A parsed LoRA file: its rows, format, source, the keys no format recognised and the
+    file's safetensors metadata (e.g. ``ditax_sample``: :mod:`ditax.pipelines.lora_sample`)."""
 
     source: str
     format: str
     rows: tuple[LoraRow, ...]
     unknown: tuple[str, ...] = ()
+    metadata: dict = dataclasses.field(default_factory=dict)
 
     def __repr__(self):
         ranks = sorted({r.rank for r in self.rows if r.rank})
@@ -211,7 +213,7 @@ def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the L
         log.warning("%s; skipped (strict=False)", msg)
     peft_scale = _peft_scales(metadata or {}) if fmt == "peft" else None
     rows = tuple(_row(m, g, source, peft_scale) for m, g in _unfused(grouped, names, source))
-    return Lora(source, fmt, rows, tuple(unknown))
+    return Lora(source, fmt, rows, tuple(unknown), dict(metadata or {}))
 
 
 def read_lora(path: str | os.PathLike, strict: bool = True, *, names: LoraNames) -> Lora:

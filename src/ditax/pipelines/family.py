@@ -54,6 +54,9 @@ class PipelineFamily:
     # the keys a folder's ditax_sample.json may hold (None: every key of sample_defaults);
     # their rules: ditax.pipelines.sample_defaults
     sample_file_keys: ClassVar[tuple[str, ...] | None] = None
+    # the sampling settings a LoRA file may carry for these pipelines (its ``ditax_sample``
+    # metadata: :mod:`ditax.pipelines.lora_sample`); none by default
+    lora_sample_keys: ClassVar[tuple[str, ...]] = ()
     # (whether the pipelines take step caching is the family's capability "step_cache",
     # declared in its FamilySpec: ditax.models.registry.require)
 
@@ -64,6 +67,14 @@ class PipelineFamily:
 
         keys = self.sample_defaults if self.sample_file_keys is None else self.sample_file_keys
         return rules_for(keys, self.sample_defaults)
+
+    def lora_sample_rules(self) -> dict:
+        """``{key: (kind, rule)}`` of :attr:`lora_sample_keys`
+        (:data:`ditax.pipelines.sample_defaults.RULES` and ``SAMPLER_RULES``)."""
+        from ditax.pipelines.sample_defaults import RULES, SAMPLER_RULES
+
+        rules = {**RULES, **SAMPLER_RULES}
+        return {k: rules[k] for k in self.lora_sample_keys}
 
     def folder_defaults(self, root) -> dict:
         """The checked values of folder ``root``'s ``ditax_sample.json`` (``{}``: none), read

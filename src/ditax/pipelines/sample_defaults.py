@@ -54,6 +54,14 @@ RULES = {
     "max_sequence_length": ("int", "a positive int (text tokens)"),
     "fps": ("int", "a positive int (frames per second of the written video)"),
 }
+# the sampler settings a LoRA's ``ditax_sample`` may carry beside the keys above (a folder's
+# file does not: they are the loader's or need their steps; :mod:`ditax.pipelines.lora_sample`)
+SAMPLER_RULES = {
+    "true_cfg_scale": ("float", "a finite number >= 0"),
+    "scheduler": ("scheduler", "one of euler, unipc"),
+    "flow_shift": ("float+", "a finite number > 0"),
+    "sigmas": ("sigmas", "a list of numbers, one per step"),
+}
 # the writers' keys: not arguments of a pipeline call
 WRITER_KEYS = ("fps",)
 # the pipeline call's keyword arguments among the known keys
@@ -92,6 +100,16 @@ def _valid(kind: str, v) -> bool:
         return isinstance(v, int) and v >= 1
     if kind in ("float", "float?"):
         return isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+    if kind == "float+":
+        return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+    if kind == "sigmas":
+        return isinstance(v, (list, tuple)) and bool(v) and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            for x in v)
+    if kind == "scheduler":
+        from ditax.schedulers.overrides import SCHEDULER_NAMES
+
+        return v in SCHEDULER_NAMES
     return isinstance(v, str)
 
 
@@ -115,7 +133,8 @@ def check_sample_defaults(values, source, rules: dict | None = None) -> dict:
         kind, rule = rules[key]
         if not _valid(kind, v):
             raise PipelineLoadError(f"{source}: {key}={json.dumps(v)} must be {rule}")
-        out[key] = float(v) if kind.startswith("float") and v is not None else v
+        out[key] = (float(v) if kind.startswith("float") and v is not None else
+                    [float(x) for x in v] if kind == "sigmas" else v)
     return out
 
 
@@ -156,5 +175,5 @@ def with_defaults(call: dict, *layers: dict) -> dict:
     return out
 
 
-__all__ = ["CALL_KEYS", "FILE", "RULES", "WRITER_KEYS", "check_sample_defaults",
+__all__ = ["CALL_KEYS", "FILE", "RULES", "SAMPLER_RULES", "WRITER_KEYS", "check_sample_defaults",
            "read_sample_defaults", "rules_for", "with_defaults", "write_sample_defaults"]

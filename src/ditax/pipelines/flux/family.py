@@ -33,6 +33,10 @@ class FluxPipelines(PipelineFamily):
     sample_file_keys = ("height", "width", "num_inference_steps", "guidance_scale",
                         "max_sequence_length")
     fields = FIELDS
+    # a few-step student's schedule (ditax.pipelines.lora_sample): always Euler; a flow_shift
+    # replaces the folder's resolution-dependent shift
+    lora_sample_keys = ("num_inference_steps", "guidance_scale", "true_cfg_scale",
+                        "flow_shift", "sigmas")
 
     def check_request(self, prompt, height, width, num_frames=None,
                       num_inference_steps=28, guidance_scale=3.5, guidance_scale_2=None,
@@ -53,8 +57,11 @@ class FluxPipelines(PipelineFamily):
                       factor=None)
 
     def sample_options(self, args, sample, chosen, defaults, call):
-        """The call's text length (the folder's, else FLUX.1's 512 T5 tokens)."""
-        return {"max_sequence_length": defaults["max_sequence_length"]}, {}
+        """The call's text length (the folder's, else FLUX.1's 512 T5 tokens) and ``sigmas``;
+        the loader's flow shift (``sample.flow_shift``: a fixed shift instead of the folder's
+        resolution-dependent one)."""
+        return ({"max_sequence_length": defaults["max_sequence_length"],
+                 "sigmas": sample.sigmas}, {"flow_shift": sample.flow_shift})
 
     def preflight(self, root, load: dict, call: dict | None = None, mesh=None) -> None:
         """The folder has a Flux transformer, the request takes no image and fits the size

@@ -6,23 +6,33 @@ against the folder's size grid before any weights."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
 import time
 
 from ditax.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 PIPELINE_CLASSES = ("FluxPipeline",)
 
 
 def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
-                  cfg_mode: str = "batched", vae_tiling: bool = False, **model_overrides):
+                  cfg_mode: str = "batched", vae_tiling: bool = False,
+                  flow_shift: float | None = None, **model_overrides):
     """The :class:`~ditax.pipelines.flux.text_to_image.FluxTextToImage` of folder (or hub id)
     ``path``. The transformer runs ``attention`` in ``dtype`` over ``mesh``; the text
     encoders and the VAE run in ``dtype`` on one device. ``cfg_mode`` ("batched" |
-    "sequential"): how true CFG runs its two branches; ``model_overrides``: other
-    :class:`~ditax.models.flux.config.FluxConfig` fields (e.g. ``remat``).
+    "sequential"): how true CFG runs its two branches; ``flow_shift``: a fixed shift of the
+    sigmas instead of the folder's scheduler's (FLUX.1-dev: resolution-dependent);
+    ``model_overrides``: other :class:`~ditax.models.flux.config.FluxConfig` fields (e.g.
+    ``remat``) and ``loras=`` (see :func:`ditax.models.flux.loading.load_transformer`).
 
     A folder's ``ditax_sample.json`` becomes ``pipe.sample_defaults``: the size, steps,
-    guidance and text tokens a call uses where it is given none (then FLUX.1's)."""
+    guidance and text tokens a call uses where it is given none (then FLUX.1's); a LoRA's
+    sampling settings (:mod:`ditax.pipelines.lora_sample`) go over it, its ``flow_shift``
+    where ``flow_shift`` is None."""
     from ditax.io.files import read_model_json
     from ditax.models.encoders.clip import load_clip_text
     from ditax.models.flux.loading import load_transformer
@@ -30,11 +40,16 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     from ditax.models.encoders.t5 import load_t5
     from ditax.pipelines.family import pipelines_of, resolve
     from ditax.pipelines.flux.text_to_image import FluxTextToImage
+    from ditax.pipelines.lora_sample import read_lora_sample
     from ditax.schedulers import FlowMatchEulerScheduler, load_scheduler
 
     t0 = time.perf_counter()
     if cfg_mode not in ("batched", "sequential"):
         raise ConfigError(f"cfg_mode={cfg_mode!r}; use 'batched' or 'sequential'")
+    if flow_shift is not None and (isinstance(flow_shift, bool) or not isinstance(
+            flow_shift, (int, float)) or not math.isfinite(flow_shift) or flow_shift <= 0):
+        raise ConfigError(f"flow_shift={flow_shift!r} must be a finite number > 0 (or None: "
+                          f"the folder's shift)")
     root = resolve(path)
     cls = read_model_json(root / "model_index.json", "model_index.json").get("_class_name")
     if cls not in PIPELINE_CLASSES:
@@ -43,6 +58,11 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     # the family's declaration by the registry (its module imports this one to load)
     defaults = pipelines_of("flux").folder_defaults(root)      # checked before any weights
     check_defaults_fit(defaults, root)
+    lora_sample = read_lora_sample(pipelines_of("flux"), model_overrides.get("loras"))
+    if lora_sample is not None:
+        log.info("%s", lora_sample.line())
+        flow_shift = lora_sample.load_args(flow_shift=flow_shift)["flow_shift"]
+        defaults = {**defaults, **lora_sample.call_defaults()}
     try:
         scheduler = load_scheduler(root)
     except ValueError as e:
@@ -50,6 +70,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     if not isinstance(scheduler, FlowMatchEulerScheduler):
         raise ConfigError(f"{root / 'scheduler'}: FLUX.1 samples with "
                           f"FlowMatchEulerDiscreteScheduler; got {type(scheduler).__name__}")
+    if flow_shift is not None:
+        scheduler = dataclasses.replace(scheduler, shift=float(flow_shift),
+                                        use_dynamic_shifting=False)
     transformer = load_transformer(root, dtype=dtype, mesh=mesh, attention=attention,
                                    **model_overrides)
     text_encoder, tokenizer = load_clip_text(root, dtype)

@@ -9,8 +9,9 @@ pipeline's sampling:
 2. latents in the packed layout ``[1, (h/2)(w/2), 4C]`` (:mod:`ditax.models.flux.packing`;
    ``h, w`` = the size / the VAE's factor, 8 for FLUX.1) drawn from N(0, 1) (``jax.random``,
    from ``seed``) unless given; position ids of the token grid, zero ids for the text;
-3. denoise on flow-match Euler with ``sigmas = linspace(1, 1/N, N)`` shifted by the
-   scheduler (FLUX.1-dev: the dynamic shift ``mu`` of the image token count; schnell: none),
+3. denoise on flow-match Euler with ``sigmas = linspace(1, 1/N, N)`` (or the call's
+   ``sigmas``) shifted by the scheduler (FLUX.1-dev: the dynamic shift ``mu`` of the image
+   token count; schnell: none; a loader's ``flow_shift``: that fixed shift),
    the transformer fed ``t / 1000`` and, for a model with a guidance embedding (dev),
    ``guidance_scale``; true CFG ``v = v_neg + s (v - v_neg)``;
 4. decode: unpack, ``z / scaling_factor + shift_factor``, VAE decode, ``x / 2 + 0.5`` clipped.
@@ -59,8 +60,9 @@ class FluxTextToImage:
         self._expert = Expert(*nnx.split(FluxDenoiser(transformer.module)), transformer.config)
 
     def call_defaults(self, **call) -> dict:
-        """``call`` with each value left at None taken from the folder's ``ditax_sample.json``
-        (``self.sample_defaults``), else the family's (FLUX.1: 1024x1024, 28 steps, 3.5, 512)."""
+        """``call`` with each value left at None taken from ``self.sample_defaults`` (the
+        folder's ``ditax_sample.json``, a LoRA's settings over it), else the family's (FLUX.1:
+        1024x1024, 28 steps, 3.5, 512, true CFG off)."""
         from ditax.pipelines.family import pipelines_of   # the family module imports this one
         from ditax.pipelines.sample_defaults import with_defaults
 
@@ -106,9 +108,9 @@ class FluxTextToImage:
     def __call__(self, prompt, prompt_2=None, height: int | None = None,
                  width: int | None = None, num_inference_steps: int | None = None,
                  guidance_scale: float | None = None, seed: int = 0,
-                 latents=None, negative_prompt=None, true_cfg_scale: float = 1.0,
+                 latents=None, negative_prompt=None, true_cfg_scale: float | None = None,
                  max_sequence_length: int | None = None, progress: bool = True,
-                 output: str = "image"):
+                 output: str = "image", sigmas=None):
         """Generate one image: float32 ``[H, W, 3]`` in [0, 1] (``output="latent"``: the
         denoised packed latents ``[1, L, 4C]``).
 
@@ -118,37 +120,53 @@ class FluxTextToImage:
         the embedded guidance of a dev model (a schnell model takes none and ignores it, as
         diffusers);
         ``true_cfg_scale > 1`` runs true CFG against ``negative_prompt`` (required then).
-        ``height``, ``width``, ``num_inference_steps``, ``guidance_scale`` and
-        ``max_sequence_length`` left at None come from the folder's ``ditax_sample.json``
-        (``self.sample_defaults``), else FLUX.1's (1024x1024, 28 steps, guidance 3.5, 512).
+        ``sigmas``: the noise level of each step before the shift, one per step (diffusers'
+        ``FluxPipeline(sigmas=)``; default ``linspace(1, 1/N, N)``).
+        ``height``, ``width``, ``num_inference_steps``, ``guidance_scale``,
+        ``true_cfg_scale``, ``max_sequence_length`` and ``sigmas`` left at None come from
+        ``self.sample_defaults`` (the folder's ``ditax_sample.json``, a LoRA's sampling
+        settings over it: :mod:`ditax.pipelines.lora_sample`), else FLUX.1's (1024x1024, 28
+        steps, guidance 3.5, true CFG 1 = off, 512; ``sigmas`` only with their step count).
         The request is checked and laid out by :meth:`prepare` (same arguments but
         ``progress``), then runs through the generic loop.
         """
         return record(self, self.prepare(
             prompt, prompt_2, height, width, num_inference_steps, guidance_scale, seed, latents,
-            negative_prompt, true_cfg_scale, max_sequence_length, output).run(progress))
+            negative_prompt, true_cfg_scale, max_sequence_length, output, sigmas).run(progress))
 
     def prepare(self, prompt, prompt_2=None, height: int | None = None,
                 width: int | None = None, num_inference_steps: int | None = None,
                 guidance_scale: float | None = None, seed: int = 0, latents=None,
-                negative_prompt=None, true_cfg_scale: float = 1.0,
-                max_sequence_length: int | None = None, output: str = "image") -> Prepared:
+                negative_prompt=None, true_cfg_scale: float | None = None,
+                max_sequence_length: int | None = None, output: str = "image",
+                sigmas=None) -> Prepared:
         """One request checked and laid out as the loop's parts
         (:class:`~ditax.pipelines.sampling.Prepared`; nothing encoded or compiled yet): what
         :meth:`__call__` runs, and what a server's batch stacks with other requests of the same
         shape (:func:`ditax.pipelines.batch.sample_batch`; the condition's ids and embedded
         guidance carry this request's batch axis). Arguments: the call's."""
-        height, width, num_inference_steps, guidance_scale, max_sequence_length = (
-            self.call_defaults(height=height, width=width,
-                               num_inference_steps=num_inference_steps,
-                               guidance_scale=guidance_scale,
-                               max_sequence_length=max_sequence_length).values())
+        from ditax.pipelines.lora_sample import default_sigmas
+        from ditax.schedulers.flow_match import check_sigmas
+
+        (height, width, num_inference_steps, guidance_scale, true_cfg_scale,
+         max_sequence_length) = self.call_defaults(
+            height=height, width=width, num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale, true_cfg_scale=true_cfg_scale,
+            max_sequence_length=max_sequence_length).values()
         tc = self.transformer.config
         check_request(prompt, prompt_2, height, width, num_inference_steps, guidance_scale,
                       negative_prompt, true_cfg_scale, max_sequence_length, seed,
                       factor=self.vae.scale_factor_spatial * PACK)
         if output not in ("image", "latent"):
             raise RequestError(f"output={output!r}; use 'image' or 'latent'")
+        if sigmas is None:
+            sigmas = default_sigmas(self.sample_defaults, num_inference_steps)
+        if sigmas is None:
+            sigmas = np.linspace(1.0, 1.0 / num_inference_steps, num_inference_steps)
+        try:
+            check_sigmas(sigmas, num_inference_steps)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
         shape = self.packed_shape(height, width)
         h, w = self.latent_size(height, width)
 
@@ -163,7 +181,7 @@ class FluxTextToImage:
             scheduler=self.scheduler.with_mu(shape[1]), latent_shape=shape, mesh=self.mesh,
             cfg_mode=self.cfg_mode, num_inference_steps=num_inference_steps,
             guidance_scale=float(true_cfg_scale),
-            sigmas=np.linspace(1.0, 1.0 / num_inference_steps, num_inference_steps),
+            sigmas=np.asarray(sigmas, np.float64),
             text=lambda use_cfg: self.encode_text(prompt, prompt_2, negative_prompt, use_cfg,
                                                   max_sequence_length),
             condition=condition, latents=latents, seed=seed,

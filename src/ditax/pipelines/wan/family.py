@@ -36,6 +36,9 @@ class WanPipelines(PipelineFamily):
     sample_presets = SAMPLE_PRESETS
     fields = FIELDS
     cli_inputs = CLI_INPUTS
+    # a few-step student's schedule (ditax.pipelines.lora_sample)
+    lora_sample_keys = ("num_inference_steps", "guidance_scale", "scheduler", "flow_shift",
+                        "sigmas")
 
     def folder_defaults(self, root) -> dict:
         """The folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`), its

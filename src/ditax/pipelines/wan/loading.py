@@ -11,6 +11,7 @@ import time
 from ditax.errors import ConfigError
 from ditax.phases import phase
 from ditax.pipelines.family import pipelines_of
+from ditax.pipelines.lora_sample import read_lora_sample
 from ditax.pipelines.options import CFG_MODES
 from ditax.pipelines.sample_defaults import FILE as SAMPLE_FILE, read_sample_defaults
 from ditax.pipelines.wan.components import load_components
@@ -63,6 +64,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
 
     A folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`) becomes
     ``pipe.sample_defaults``: the sizes, steps, guidance, ... a call uses where it is given none.
+    A LoRA's sampling settings (:mod:`ditax.pipelines.lora_sample`) go over it (steps,
+    guidance, sigmas), its ``scheduler`` / ``flow_shift`` where those arguments are None.
     """
     if cfg_mode not in CFG_MODES:
         raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
@@ -73,6 +76,11 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         folder = read_pipeline_folder(path)
         # checked before any weights; the grid against the loaded model's below
         defaults = read_sample_defaults(folder.root, pipelines_of("wan").sample_file_rules())
+        lora_sample = read_lora_sample(pipelines_of("wan"), loras, loras_2)
+        if lora_sample is not None:
+            log.info("%s", lora_sample.line())
+            scheduler, flow_shift = lora_sample.load_args(scheduler=scheduler,
+                                                          flow_shift=flow_shift).values()
         if video_to_video and (folder.kind != "t2v"
                                or folder.index.get("_class_name") != "WanPipeline"):
             raise ConfigError(f"video-to-video needs a text-to-video folder (WanPipeline); "
@@ -99,6 +107,11 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         check_fits(defaults, folder.root / SAMPLE_FILE,
                    pipe.vae.scale_factor_spatial * pipe.transformer.config.patch_size[1],
                    pipe.vae.scale_factor_temporal)
+        if lora_sample is not None:       # sigmas only where the sampler takes them
+            from ditax.schedulers.flow_match import FlowMatchEulerScheduler
+
+            pipe.sample_defaults.update(lora_sample.call_defaults(
+                euler=isinstance(pipe.scheduler, FlowMatchEulerScheduler)))
     pipe.load_time = time.perf_counter() - t0
     log.info("loaded pipeline %s in %.1fs", folder.root, pipe.load_time)
     return pipe

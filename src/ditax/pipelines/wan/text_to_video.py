@@ -36,6 +36,7 @@ from ditax.pipelines.wan.conditioning import final_latents
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
 from ditax.pipelines.wan.folder import PipelineLoadError
 from ditax.pipelines.programs import Programs, in_compile_cache
+from ditax.pipelines.lora_sample import default_sigmas
 from ditax.pipelines.wan.request import check_grid, check_max_sequence_length, check_request
 from ditax.pipelines.sampling import Expert, Prepared, Timings, record
 from ditax.pipelines.wan.inputs import wan_inputs
@@ -198,9 +199,10 @@ class WanTextToVideo:
         step caching works there too). ``max_sequence_length``: text
         tokens for this call (diffusers' argument of that name; default the pipeline's, 512).
 
-        Sizes, steps, guidance and the negative prompt left at None come from the folder's
-        ``ditax_sample.json`` (``self.sample_defaults``), else Wan's (480x832, 81 frames, 50
-        steps, guidance 5.0). ``seed``: an int in [0, 2**32) (``jax.random.PRNGKey``).
+        Sizes, steps, guidance, the negative prompt and ``sigmas`` left at None come from
+        ``self.sample_defaults`` (the folder's ``ditax_sample.json``, a LoRA's sampling
+        settings over it: :mod:`ditax.pipelines.lora_sample`; ``sigmas`` only with their step
+        count), else Wan's (480x832, 81 frames, 50 steps, guidance 5.0). ``seed``: an int in [0, 2**32) (``jax.random.PRNGKey``).
         Any other keyword goes to :meth:`plan_request` (VACE's control inputs; here a
         :class:`RequestError` naming it).
         """
@@ -237,6 +239,8 @@ class WanTextToVideo:
             guidance_scale_2 = d.get("guidance_scale_2")
         if negative_prompt is None:
             negative_prompt = d.get("negative_prompt")
+        if sigmas is None:
+            sigmas = default_sigmas(d, num_inference_steps)
         check_max_sequence_length(max_sequence_length, RequestError)
         sf = self.vae.scale_factor_spatial * self.transformer.config.patch_size[1]
         check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
