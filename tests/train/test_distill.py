@@ -396,3 +396,28 @@ def test_two_experts_each_train_their_own_steps_and_noise_levels(one, dataset):
                             make_mesh(ONE, jax.devices()[:1]))
     with pytest.raises(ConfigError, match="none of the student's timesteps"):
         none.expert_steps(none.schedule_table((16, 2, 8, 8)))
+
+
+def test_gan_term_trains_a_head_on_the_critics_features(dataset, tmp_path):
+    """distill.gan_weight: the student's loss is the DMD loss + w·softplus(-D); the critic's
+    head and weights move; a resumed run continues the head bit for bit."""
+    cfg = cfg_for(dataset, tmp_path / "g", "distill.gan_weight=0.5", "steps=2",
+                  "checkpoint.every=1", "distill.critic_updates=1")
+    tr = D.DistillTrainer(cfg, make_mesh(cfg.mesh))
+    first = train(cfg, trainer=tr, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        assert abs(r["loss"] - (r["dmd_loss"] + 0.5 * r["gan_generator"])) < 1e-5
+        assert 0 < r["gan_generator"] < 5
+    head = jax.tree.map(np.asarray, first.state["head"])
+    assert float(np.abs(head["w2"]).max()) > 0          # it starts at zero: it trained
+    more = train(cfg_for(dataset, tmp_path / "g", "distill.gan_weight=0.5", "steps=3",
+                         "checkpoint.every=1", "distill.critic_updates=1"),
+                 trainer=tr, progress=False)
+    assert more.resumed_from == 2 and len(more.losses) == 1
+    # a VACE model's call runs more than the blocks: refused, before anything compiles
+    from ditax.models.base import model_family
+    vace = load_config("tiny", ["model.vace_layers=0"])
+    fam = model_family(vace.model, vace.attention)
+    with pytest.raises(ConfigError, match="distill.gan_weight=0"):
+        fam.apply_with_features(None, None, None, None, None)

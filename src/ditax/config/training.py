@@ -180,6 +180,12 @@ class DistillConfig:
     The critic's noise levels are uniform in ``[t_min, t_max]`` before the training shift.
     ``critic_learning_rate`` 0: ``optim.learning_rate``.
 
+    ``gan_weight`` > 0 adds DMD2's GAN term: a small head on the critic's block features
+    (the mean token the blocks hand the output head) tells the student's noised samples from
+    noised data latents; the student's loss gets ``gan_weight``·softplus(-D(student)), the
+    critic's (features and head) ``gan_critic_weight``·(softplus(D(student)) +
+    softplus(-D(data))).
+
     Two experts (Wan 2.2 A14B): one student per expert, as the published 4-step LoRAs are.
     ``expert=high`` distils the high-noise expert (``init_from=FOLDER``, its ``transformer``)
     on the student steps whose timestep is at or above ``boundary`` x 1000 and critic noise
@@ -199,13 +205,16 @@ class DistillConfig:
     backward_simulation: bool = True
     expert: Literal["all", "high", "low"] = "all"
     boundary: float = 0.875
+    gan_weight: float = 0.0
+    gan_critic_weight: float = 1.0
 
 
 def check_distill(d: DistillConfig) -> None:
     """Raise :class:`ConfigError` for a distillation that cannot run."""
     check_choice("distill.method", d.method, DISTILL_METHODS)
     _at_least("distill", d, ("steps", "critic_updates"), 1)
-    _at_least("distill", d, ("shift", "critic_learning_rate"), 0)
+    _at_least("distill", d, ("shift", "critic_learning_rate", "gan_weight",
+                             "gan_critic_weight"), 0)
     if d.guidance < 1:
         raise ConfigError(f"distill.guidance={d.guidance:g} must be >= 1 (the teacher's "
                           f"classifier-free guidance scale; 1 = no guidance)")

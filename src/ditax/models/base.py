@@ -22,6 +22,7 @@ import dataclasses
 import pathlib
 from typing import Any, ClassVar
 
+import jax.numpy as jnp
 from flax import nnx
 
 from ditax.errors import ConfigError
@@ -201,6 +202,16 @@ class ModelFamily(abc.ABC):
             out["flow_shift"] = float(shift)
         return out
 
+    def apply_with_features(self, module, latents, timestep, text, text_mask, condition=None):
+        """``(prediction, features [B, D])``: :meth:`apply` with the mean of the tokens the
+        blocks hand the head (float32), for a discriminator on the denoiser's features
+        (distillation's GAN term). By default through the :class:`Denoiser` protocol: the
+        module's call is ``head(run_blocks(embed(...)))``; a family whose module calls more
+        refuses (:class:`ConfigError`)."""
+        capture = _FeatureCapture(module)
+        out = self.apply(capture, latents, timestep, text, text_mask, condition)
+        return out, capture.features
+
     def trained_params(self, train):
         """An ``nnx`` filter of the parameters a full (non-LoRA) run trains, the rest frozen
         (no gradient, no optimiser state), for the run's ``train`` section; None (default):
@@ -353,6 +364,24 @@ def model_family(model, attention=None, flow=None) -> ModelFamily:
     """The family of model config ``model`` (its ``family`` field, default Wan), bound to it
     (and to ``attention`` and the flow objective ``flow``)."""
     return family_class(getattr(model, "family", DEFAULT_FAMILY))(model, attention, flow)
+
+
+class _FeatureCapture:
+    """A denoiser module whose call also keeps the mean of the blocks' output tokens."""
+
+    def __init__(self, module):
+        self.module = module
+        self.features = None
+
+    def __call__(self, *args, **kwargs):
+        m = self.module
+        h, ctx = m.embed(*args, **kwargs)
+        h = m.run_blocks(h, ctx)
+        self.features = jnp.mean(h[:, :ctx.seq].astype(jnp.float32), axis=1)
+        return m.head(h, ctx)
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
 
 
 __all__ = ["ModelFamily", "Encoders", "Denoiser", "Embedded", "ModelInputs", "num_blocks",

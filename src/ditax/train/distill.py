@@ -161,17 +161,41 @@ class DistillTrainer:
         rep = NamedSharding(mesh, P())
         opt_abs = jax.eval_shape(self.tx.init, self.params_abstract)
         opt_sh = opt_shardings(opt_abs, self.params_sh, mesh)
-        critic_abs = jax.eval_shape(self.critic_tx.init, self.params_abstract)
+        self.gan = d.gan_weight > 0
+        self._shapes = None     # (latent_shape, text_shape), from bind_data
         self.state_sh = {"params": self.params_sh, "opt": opt_sh,
-                         "fake": self.params_sh,
-                         "fake_opt": opt_shardings(critic_abs, self.params_sh, mesh),
+                         "fake": self.params_sh, "fake_opt": None,     # set by _critic_opt
                          "frozen": self.frozen_sh, "step": rep, "key": rep}
+        if self.gan:            # the discriminator head: small, replicated; its optimiser
+            self.state_sh["head"] = rep     # state is the critic's (one state for the pair)
+        if not self.gan:
+            self._critic_opt()
         self.condition_keys = tuple(self.family.condition_shapes(
             (self.family.latent_channels, 1, 1, 1)))
         self.batch_sh = batch_shardings(mesh, self.condition_keys)
         self.null = None      # the empty prompt's embedding, read with the first batch
-        self._step = jax.jit(self._step_fn, in_shardings=(self.state_sh, self.batch_sh, rep),
-                             out_shardings=(self.state_sh, rep), donate_argnums=(0,))
+        self._jit = None
+
+    def _critic_trained_abstract(self):
+        """What the critic's optimiser trains: its weights, with the GAN term (weights, head)."""
+        if not self.gan:
+            return self.params_abstract
+        return (self.params_abstract, jax.eval_shape(self._head_init))
+
+    def _critic_opt(self):
+        """The critic optimiser state's shardings (the head's leaves replicated)."""
+        abs_ = jax.eval_shape(self.critic_tx.init, self._critic_trained_abstract())
+        self.state_sh["fake_opt"] = opt_shardings(abs_, self.params_sh, self.mesh)
+
+    @property
+    def _step(self):
+        if self._jit is None:
+            if self.state_sh["fake_opt"] is None:
+                self._critic_opt()
+            rep = NamedSharding(self.mesh, P())
+            self._jit = jax.jit(self._step_fn, in_shardings=(self.state_sh, self.batch_sh, rep),
+                                out_shardings=(self.state_sh, rep), donate_argnums=(0,))
+        return self._jit
 
     @property
     def flops_factor(self) -> float:
@@ -204,14 +228,67 @@ class DistillTrainer:
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
 
         opt_abs = jax.eval_shape(self.tx.init, self.params_abstract)
-        critic_abs = jax.eval_shape(self.critic_tx.init, self.params_abstract)
+        critic_abs = jax.eval_shape(self.critic_tx.init, self._critic_trained_abstract())
+        if self.state_sh["fake_opt"] is None:
+            self._critic_opt()
         return {"params": jax.tree.map(sds, self.params_abstract, self.params_sh),
                 "opt": jax.tree.map(sds, opt_abs, self.state_sh["opt"]),
                 "fake": jax.tree.map(sds, self.params_abstract, self.params_sh),
                 "fake_opt": jax.tree.map(sds, critic_abs, self.state_sh["fake_opt"]),
                 "frozen": jax.tree.map(sds, self.frozen_abstract, self.frozen_sh),
                 "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.state_sh["step"]),
-                "key": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.state_sh["key"])}
+                "key": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.state_sh["key"]),
+                **self._head_abstract()}
+
+    # -- the GAN head -------------------------------------------------------------------------
+
+    def _feature_dim(self) -> int:
+        """The width of the critic's block features, traced abstractly on one sample."""
+        if self._shapes is None:
+            raise RuntimeError("bind_data(data) first: the GAN head's width follows the data")
+        latent_shape, text_shape = self._shapes
+        n = self.mesh.shape["data"] * self.mesh.shape["fsdp"]     # one sample per batch shard
+        condition = {k: jnp.zeros((n, *v), jnp.float32)
+                     for k, v in self.family.condition_shapes(latent_shape).items()} or None
+
+        def feats(params, frozen):
+            module = self.model(params, frozen)
+            return self.family.apply_with_features(
+                module, jnp.zeros((n, *latent_shape), jnp.float32), jnp.zeros((n,)),
+                jnp.zeros((n, *text_shape), jnp.float32), jnp.ones((n, text_shape[0]), bool),
+                condition)[1]
+        return int(jax.eval_shape(feats, self.params_abstract, self.frozen_abstract).shape[-1])
+
+    def _head_init(self) -> dict:
+        d, hidden = self._feature_dim(), 256
+        k = jax.random.PRNGKey(self.cfg.seed ^ 0x6A17)
+        return {"w1": jax.random.normal(k, (d, hidden), jnp.float32) / np.sqrt(d),
+                "b1": jnp.zeros((hidden,), jnp.float32),
+                "w2": jnp.zeros((hidden, 1), jnp.float32), "b2": jnp.zeros((1,), jnp.float32)}
+
+    def _head_abstract(self) -> dict:
+        if not self.gan:
+            return {}
+        rep = self.state_sh["head"]
+        head = jax.eval_shape(self._head_init)
+        return {"head": jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), head)}
+
+    @staticmethod
+    def discriminate(head: dict, features):
+        """Logits ``[B]`` of the head on features ``[B, D]`` (RMS-normalised)."""
+        f = features * jax.lax.rsqrt(jnp.mean(jnp.square(features), -1, keepdims=True) + 1e-6)
+        return (jax.nn.silu(f @ head["w1"] + head["b1"]) @ head["w2"] + head["b2"])[:, 0]
+
+    def fake_features(self, fake, frozen, batch, x, sigma):
+        """``(velocity, features, loss mask)`` of the critic on ``x`` at ``sigma [B]``."""
+        condition = {k: batch[k] for k in self.condition_keys} or None
+        t = sigma * NUM_TRAIN_TIMESTEPS
+        x_in, t_in, mask = self.family.training_inputs(x, batch["latents"], t, condition)
+        v, f = self.family.apply_with_features(self.model(fake, frozen), x_in, t_in,
+                                               batch["text"],
+                                               batch["text_mask"].astype(bool), condition)
+        return v, f, mask
 
     def init(self, params: dict | None = None) -> dict:
         """Fresh state: the student and the critic both start as the teacher (``params``: its
@@ -228,16 +305,19 @@ class DistillTrainer:
             student = copy(params)
             frozen = params
         fake = copy(student)
+        head = jax.device_put(self._head_init(), self.state_sh["head"]) if self.gan else None
+        if self.state_sh["fake_opt"] is None:
+            self._critic_opt()
         key = jax.random.key_data(jax.random.PRNGKey(self.cfg.seed ^ 0x5EED)).astype(jnp.uint32)
         rep = self.state_sh["step"]
         return {"params": student,
                 "opt": jax.jit(self.tx.init, out_shardings=self.state_sh["opt"])(student),
                 "fake": fake,
-                "fake_opt": jax.jit(self.critic_tx.init,
-                                    out_shardings=self.state_sh["fake_opt"])(fake),
+                "fake_opt": jax.jit(self.critic_tx.init, out_shardings=self.state_sh["fake_opt"])(
+                    (fake, head) if self.gan else fake),
                 "frozen": frozen,
                 "step": jax.device_put(jnp.zeros((), jnp.int32), rep),
-                "key": jax.device_put(key, rep)}
+                "key": jax.device_put(key, rep), **({"head": head} if self.gan else {})}
 
     def _random_params(self) -> dict:
         model = self.family.create(self.mesh, nnx.Rngs(self.cfg.seed))
@@ -268,6 +348,7 @@ class DistillTrainer:
         from ditax.train.data import null_text
 
         d = self.cfg.distill
+        self._shapes = (tuple(data.latent_shape), tuple(data.text_shape))
         self.expert_steps(self.schedule_table(data.latent_shape))  # an expert has steps
         if d.guidance == 1.0:
             self.null = {}
@@ -400,8 +481,9 @@ class DistillTrainer:
         u = jax.random.uniform(key, (b,), jnp.float32, lo, hi)
         return shift_sigma(u, shift)
 
-    def generator_loss(self, params, fake, frozen, batch, null, key, sig):
-        """The student's distribution-matching loss and its parts."""
+    def generator_loss(self, params, fake, frozen, batch, null, key, sig, head=None):
+        """The student's distribution-matching loss (plus, with ``head``, the GAN term) and
+        its parts."""
         k_sample, k_sigma, k_noise = jax.random.split(key, 3)
         x0, _, k, mask = self.student_sample(params, frozen, batch, k_sample, sig)
         b = x0.shape[0]
@@ -412,24 +494,54 @@ class DistillTrainer:
         dtype = batch["latents"].dtype
         real_v = self.guided(self.teacher(params, frozen), batch, null, self.cfg.distill.guidance)
         fake_fixed = jax.lax.stop_gradient(fake)
-        fake_v = self.denoiser(lambda: self.model(fake_fixed, frozen), batch)
         x_in = x_t.astype(dtype)
         vr, _ = real_v(x_in, sigma)
-        vf, _ = fake_v(x_in, sigma)
+        parts = {}
+        if head is None:
+            fake_v = self.denoiser(lambda: self.model(fake_fixed, frozen), batch)
+            vf, _ = fake_v(x_in, sigma)
+        else:   # one critic call: its features carry the gradient to x0, its score does not
+            x_g = ((1 - s) * x0 + s * eps).astype(dtype)
+            vf, feats, _ = self.fake_features(fake_fixed, frozen, batch, x_g, sigma)
+            vf = jax.lax.stop_gradient(vf)
+            logits = self.discriminate(jax.lax.stop_gradient(head), feats)
+            parts["gan_generator"] = jnp.mean(jax.nn.softplus(-logits))
         x_data = batch["latents"].astype(jnp.float32)
         real = jax.lax.stop_gradient(self.clean(x_t, vr.astype(jnp.float32), sigma, mask, x_data))
         fake_x0 = jax.lax.stop_gradient(self.clean(x_t, vf.astype(jnp.float32), sigma, mask,
                                                    x_data))
         grad = dmd_gradient(jax.lax.stop_gradient(x0), real, fake_x0, mask)
         loss = dmd_loss(x0, grad, mask)
-        return loss, {"student_step": k, "dmd_scale": jnp.mean(jnp.abs(grad))}
+        parts.update(student_step=k, dmd_scale=jnp.mean(jnp.abs(grad)), dmd_loss=loss)
+        if head is not None:
+            loss = loss + self.cfg.distill.gan_weight * parts["gan_generator"]
+        return loss, parts
 
-    def critic_loss(self, fake, params, frozen, batch, key, sig):
-        """The critic's flow-matching loss on a student sample (no gradient to the student)."""
-        k_sample, k_flow = jax.random.split(key)
+    def critic_loss(self, fake, params, frozen, batch, key, sig, head=None):
+        """The critic's flow-matching loss on a student sample (no gradient to the student);
+        with ``head`` (``fake`` then a pair ``(critic, head)``), plus the GAN term's
+        classification of the student's noised sample against the noised data."""
+        if head is not None:
+            fake, head = fake
+        k_sample, k_flow, k_gan = jax.random.split(key, 3)
         x0, _, _, _ = self.student_sample(jax.lax.stop_gradient(params), frozen, batch,
                                           k_sample, sig)
         x0 = jax.lax.stop_gradient(x0).astype(batch["latents"].dtype)
+        gan = 0.0
+        if head is not None:
+            k_sigma, k_noise = jax.random.split(k_gan)
+            b = x0.shape[0]
+            sigma = self.critic_sigma(k_sigma, b, x0.shape[1:])
+            s = sigma.reshape((-1,) + (1,) * (x0.ndim - 1))
+            eps = jax.random.normal(k_noise, x0.shape, jnp.float32)
+            data = batch["latents"].astype(jnp.float32)
+            both = jnp.concatenate([(1 - s) * x0 + s * eps, (1 - s) * data + s * eps])
+            pair = {k: jnp.concatenate([v, v]) for k, v in batch.items()}
+            _, feats, _ = self.fake_features(fake, frozen, pair, both.astype(x0.dtype),
+                                             jnp.concatenate([sigma, sigma]))
+            logits = self.discriminate(head, feats)
+            gan = self.cfg.distill.gan_critic_weight * (
+                jnp.mean(jax.nn.softplus(logits[:b])) + jnp.mean(jax.nn.softplus(-logits[b:])))
         model = self.model(fake, frozen)
         condition = {k: batch[k] for k in self.condition_keys} or None
 
@@ -441,7 +553,7 @@ class DistillTrainer:
 
         flow = self.family.training_flow(tuple(x0.shape[1:]))
         return flow_loss(apply, x0, batch["text"], batch["text_mask"].astype(bool), k_flow,
-                         flow, inputs)
+                         flow, inputs) + gan
 
     def schedule_table(self, latent_shape):
         """The student's sigma table ``[K+1]`` (host numpy, float32)."""
@@ -455,29 +567,37 @@ class DistillTrainer:
         frozen = state["frozen"]
         d = self.cfg.distill
 
+        gan = self.gan
+
         def critic_update(i, carry):
             fake, fake_opt, total, _ = carry
             k = jax.random.fold_in(jax.random.fold_in(key, _TAG_CRITIC), i)
+            head = fake[1] if gan else None     # with the GAN term: (critic, head) train
             loss, grads = jax.value_and_grad(self.critic_loss)(fake, state["params"], frozen,
-                                                               batch, k, sig)
+                                                               batch, k, sig, head)
             updates, fake_opt = self.critic_tx.update(grads, fake_opt, fake)
             return (optax.apply_updates(fake, updates), fake_opt, total + loss,
                     optax.tree.norm(grads))
 
         zero = jnp.zeros((), jnp.float32)
-        fake, fake_opt, critic_total, critic_norm = jax.lax.fori_loop(
-            0, d.critic_updates, critic_update, (state["fake"], state["fake_opt"], zero, zero))
+        trained = (state["fake"], state["head"]) if gan else state["fake"]
+        trained, fake_opt, critic_total, critic_norm = jax.lax.fori_loop(
+            0, d.critic_updates, critic_update, (trained, state["fake_opt"], zero, zero))
+        fake, head = trained if gan else (trained, None)
         (loss, parts), grads = jax.value_and_grad(self.generator_loss, has_aux=True)(
             state["params"], fake, frozen, batch, null, jax.random.fold_in(key, _TAG_STUDENT),
-            sig)
+            sig, head)
         updates, opt = self.tx.update(grads, state["opt"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                    "lr": jnp.asarray(self.schedule(state["step"]), jnp.float32),
                    "critic_loss": critic_total / d.critic_updates,
                    "critic_grad_norm": critic_norm, **parts}
-        return {"params": params, "opt": opt, "fake": fake, "fake_opt": fake_opt,
-                "frozen": frozen, "step": state["step"] + 1, "key": state["key"]}, metrics
+        new = {"params": params, "opt": opt, "fake": fake, "fake_opt": fake_opt,
+               "frozen": frozen, "step": state["step"] + 1, "key": state["key"]}
+        if gan:
+            new["head"] = head
+        return new, metrics
 
     def step(self, state: dict, batch: dict):
         """One student update after its critic updates; ``state`` is donated."""

@@ -126,6 +126,16 @@ class WanFamily(ModelFamily):
             extra.update(self.animate.call_inputs(condition, x.dtype))
         return module(x, timestep, text, text_mask, **extra)
 
+    def apply_with_features(self, module, latents, timestep, text, text_mask, condition=None):
+        """Plain Wan, I2V and TI2V (the protocol's call); a VACE or Animate model's call runs
+        more than the blocks and is refused."""
+        if self.variant is not None:
+            raise ConfigError("distill.gan_weight > 0 reads the denoiser's block features, "
+                              "which a VACE / Animate model's call extends; set "
+                              "distill.gan_weight=0 for this model")
+        return super().apply_with_features(module, latents, timestep, text, text_mask,
+                                           condition)
+
     def trained_params(self, train):
         """A VACE model: its VACE branch by default (:func:`~ditax.models.wan.vace_family.
         trained`); every other model: everything (None)."""
