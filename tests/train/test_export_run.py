@@ -111,12 +111,13 @@ def test_a_wan_run_exports_a_folder_ditax_and_diffusers_load(wan, capsys):
     assert rel_err(ours, theirs) <= 1e-5
 
 
-def test_step_dtype_and_link(wan, capsys):
+def test_step_dtype_and_link(wan, capsys, monkeypatch):
     """``--step 1`` is step 1's weights; ``--dtype bfloat16`` casts them; ``--link`` links the
-    base's components instead of copying them."""
+    base's components instead of copying them; paths relative to the current folder."""
     root, pipe, run, cfg = wan
     out = root / "step1"
-    assert main(["export", str(run), "--out", str(out), "--step", "1", "--dtype", "bfloat16",
+    monkeypatch.chdir(root)
+    assert main(["export", run.name, "--out", out.name, "--step", "1", "--dtype", "bfloat16",
                  "--link"]) == 0
     assert "linked from" in capsys.readouterr().out
     assert (out / "vae").is_symlink() and (out / "vae").resolve() == (pipe / "vae").resolve()

@@ -212,7 +212,7 @@ def read_params(directory, step: int, abstract: dict) -> tuple[dict, list[str]]:
 
     from ditax.train.resume import check_structure
 
-    folder = pathlib.Path(directory) / str(step) / "state"
+    folder = pathlib.Path(directory).absolute() / str(step) / "state"   # orbax: absolute
     handler = ocp.PyTreeCheckpointHandler()     # the item's own reader: no step metadata asked
     stored = handler.metadata(folder)
     stored = getattr(stored, "tree", stored)

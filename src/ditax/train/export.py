@@ -80,7 +80,7 @@ def plan_export(run, out, *, step: int | None = None, base=None, dtype: str | No
     """Check every input of an export (nothing heavy is read: the run's config, the
     checkpoint folder names, the base's JSON files) and return the plan."""
     from ditax.config import load_config
-    from ditax.io.files import read_yaml
+    from ditax.io.files import path_arg, read_yaml
     from ditax.models import registry
     from ditax.models.common.single_files import check_out
     from ditax.train.checkpoint import finished_steps
@@ -106,7 +106,9 @@ def plan_export(run, out, *, step: int | None = None, base=None, dtype: str | No
         raise ConfigError(f"--step {step}: {run} has checkpoints at steps "
                           f"{', '.join(map(str, steps))}; pass one of them (default: the "
                           f"newest, {steps[-1]})")
-    out = check_out(out, dtype)
+    out = check_out(path_arg(out, "--out", ConfigError, "a new folder for the pipeline"), dtype)
+    if base is not None:
+        path_arg(base, "--base", ConfigError, "a pipeline folder or a hub id")
     name = cfg.model.family
     what = f"ditax export {run}"
     for capability in ("init_from", "quantize", "folder_check"):
@@ -132,8 +134,8 @@ def _base_folder(run: pathlib.Path, cfg, base) -> pathlib.Path:
     except ModelNotFound as e:
         if base is not None:
             raise
-        raise ConfigError(f"{e}; pass --base FOLDER (the pipeline folder the run was trained "
-                          f"from)") from None
+        raise ConfigError(f"{e}. The other components come from the run's init_from (its "
+                          f"config.yaml): give them with --base FOLDER") from None
     theirs = family_name(root)
     if theirs != cfg.model.family:
         raise ConfigError(f"{flag} {given} is a {theirs} pipeline folder, but the run trained "
