@@ -142,6 +142,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(wan, tmp_path, capsys):
         return d
 
     lora = run_like("lora", lora={**saved["lora"], "rank": 4})
+    vae = run_like("vae")
+    (vae / "config.yaml").write_text(yaml.safe_dump({"vae": {"base_dim": 16}, "steps": 1}))
     for f in ("lora.safetensors", "lora_comfyui.safetensors"):
         (lora / f).write_bytes(b"")
     (tmp_path / "full").mkdir()
@@ -156,6 +158,8 @@ def test_bad_inputs_are_one_line_and_write_nothing(wan, tmp_path, capsys):
                                                            "has no pipeline"),
         ([str(run), "--base", str(ditax.demo.flux_model_path())],
          "is a flux pipeline folder, but the run trained a wan model"),
+        ([str(vae)], f"is a VAE run (ditax train-vae): its VAE is written as a diffusers "
+                     f"folder in {vae / 'vae'}"),
         ([str(lora)], f"is a LoRA run (lora.rank=4): its adapters are already written as "
                       f"LoRA files: {lora / 'lora.safetensors'}"),
     ]
