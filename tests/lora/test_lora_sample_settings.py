@@ -13,7 +13,9 @@ import pytest
 import ditax
 from ditax.demo import flux_model_path, model_path
 from ditax.errors import PipelineLoadError
-from ditax.lora.export import ORIGINAL_FILE, PEFT_FILE, save_lora
+from ditax.lora.export import ORIGINAL_FILE, PEFT_FILE, SAMPLE_FILE, save_lora
+from ditax.pipelines.lora_sample import save_student_lora
+from ditax.pipelines.sample_defaults import FILE
 from ditax.models import registry
 from ditax.models.wan.convert import weight_table
 from ditax.pipelines.family import pipelines_of
@@ -30,8 +32,11 @@ def student(folder, sample=STUDENT, seed=0, rank=4):
     params = {"blocks": {"attn1": {"to_q": {
         "lora_down": (0.05 * rng.standard_normal((4, rank, 320))).astype(np.float32),
         "lora_up": (0.05 * rng.standard_normal((4, rank, 320))).astype(np.float32)}}}}
-    return save_lora(folder, params, weight_table(4, True, head_dim=64), rank, 4.0,
-                     names=registry.spec("wan").lora_names_object(), sample=sample)
+    args = (folder, params, weight_table(4, True, head_dim=64), rank, 4.0)
+    names = registry.spec("wan").lora_names_object()
+    if sample is None:
+        return save_lora(*args, names=names)
+    return save_student_lora(*args, names=names, sample=sample)   # checks, then save_lora
 
 
 def with_meta(path, sample_text: str):
@@ -63,6 +68,7 @@ def test_save_lora_writes_the_settings_into_both_files_and_beside_them(files):
     for path in files:
         with safe_open(str(path), framework="np") as f:
             assert json.loads(f.metadata()[META_KEY]) == STUDENT
+    assert SAMPLE_FILE == FILE      # lora.export's name of the folder file (it cannot import it)
     assert json.loads((files[0].parent / "ditax_sample.json").read_text()) == STUDENT
     names = registry.spec("wan").lora_names_object()
     assert json.loads(ditax.lora.read_lora(files[1], names=names).metadata[META_KEY]) == STUDENT

@@ -18,6 +18,10 @@ import PIL.Image
 
 from ditax.errors import RequestError
 
+#: a mask pixel this close to 0 or 1 is that value (the VACE encoders' rule, and what the
+#: preprocess pre-pass checks a mask video against); further off, the mask is not binary
+MASK_SNAP = 0.1
+
 
 def read_image(path, what: str = "--image") -> PIL.Image.Image:
     """Open an image file fully (so a truncated file fails here, not later)."""

@@ -29,6 +29,8 @@ from ditax.io.convert import Table
 from ditax.lora.names import LoraNames
 
 PEFT_FILE = "lora.safetensors"
+META_KEY = "ditax_sample"              # the metadata key of the sampling settings
+SAMPLE_FILE = "ditax_sample.json"      # = ditax.pipelines.sample_defaults.FILE
 ORIGINAL_FILE = "lora_comfyui.safetensors"
 
 
@@ -105,19 +107,14 @@ def save_lora(folder, params: dict, table: Table, rank: int, alpha: float, *,
               names: LoraNames, sample: dict | None = None) -> list[pathlib.Path]:
     """Write :data:`PEFT_FILE` and :data:`ORIGINAL_FILE` (original names from ``names``, the
     family's) into ``folder``; returns their paths. ``sample``: the sampling settings the
-    adapters were trained for (module docstring), checked before anything is written
-    (:func:`ditax.pipelines.lora_sample.check_sample_settings`), stored in both files'
-    metadata and written as ``ditax_sample.json`` beside them."""
+    adapters were trained for (module docstring), already checked
+    (:func:`ditax.pipelines.lora_sample.save_student_lora` checks, then calls this), stored in
+    both files' metadata and written as :data:`SAMPLE_FILE` beside them."""
     import json
 
     from safetensors.numpy import save_file
 
-    from ditax.pipelines.lora_sample import META_KEY, check_sample_settings
-    from ditax.pipelines.sample_defaults import FILE as SAMPLE_FILE
-
     folder = pathlib.Path(folder)
-    if sample is not None:
-        sample = check_sample_settings(sample, "save_lora(sample=...)")
     folder.mkdir(parents=True, exist_ok=True)
     factors = adapter_factors(params, table)
     meta = {"format": "pt", "ditax_lora_rank": str(rank), "ditax_lora_alpha": str(alpha)}

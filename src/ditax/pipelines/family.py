@@ -62,11 +62,16 @@ class PipelineFamily:
 
     def sample_file_rules(self) -> dict:
         """``{key: (kind, rule)}`` of the keys this family's ``ditax_sample.json`` may hold
-        (:attr:`sample_file_keys`; :func:`ditax.pipelines.sample_defaults.rules_for`)."""
-        from ditax.pipelines.sample_defaults import rules_for
+        (:attr:`sample_file_keys`; :func:`ditax.pipelines.sample_defaults.rules_for`), and
+        ``sigmas`` where the pipelines take them (a few-step student's folder: its Euler
+        sigmas, used with their step count)."""
+        from ditax.pipelines.sample_defaults import SAMPLER_RULES, rules_for
 
         keys = self.sample_defaults if self.sample_file_keys is None else self.sample_file_keys
-        return rules_for(keys, self.sample_defaults)
+        rules = rules_for(keys, self.sample_defaults)
+        if "sigmas" in self.lora_sample_keys:
+            rules["sigmas"] = SAMPLER_RULES["sigmas"]
+        return rules
 
     def lora_sample_rules(self) -> dict:
         """``{key: (kind, rule)}`` of :attr:`lora_sample_keys`

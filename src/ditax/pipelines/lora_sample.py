@@ -32,9 +32,8 @@ import pathlib
 from dataclasses import dataclass
 
 from ditax.errors import PipelineLoadError
+from ditax.lora.export import META_KEY
 from ditax.pipelines.sample_defaults import RULES, SAMPLER_RULES, check_sample_defaults
-
-META_KEY = "ditax_sample"
 # every key a family may declare (its lora_sample_keys pick among them)
 KEYS = ("num_inference_steps", "guidance_scale", "true_cfg_scale", "scheduler", "flow_shift",
         "sigmas")
@@ -195,5 +194,16 @@ def read_lora_sample(pipelines, *lora_lists) -> LoraSample | None:
     return LoraSample(values, shown)
 
 
-__all__ = ["KEYS", "LOAD_KEYS", "LoraSample", "META_KEY", "check_sample_settings", "default_sigmas",
+__all__ = ["save_student_lora", "KEYS", "LOAD_KEYS", "LoraSample", "META_KEY", "check_sample_settings", "default_sigmas",
            "read_lora_sample"]
+
+
+def save_student_lora(folder, params: dict, table, rank: int, alpha: float, *, names,
+                      sample: dict) -> list[pathlib.Path]:
+    """:func:`ditax.lora.export.save_lora` of adapters trained for the sampling settings
+    ``sample``, checked first (nothing is written when a value is bad)."""
+    from ditax.lora.export import save_lora
+
+    sample = check_sample_settings(sample, "save_lora(sample=...)")
+    return save_lora(folder, params, table, rank, alpha, names=names, sample=sample)
+

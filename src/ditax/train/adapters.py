@@ -113,6 +113,11 @@ class AdapterSplit(ParamSplit):
             params = multihost_utils.process_allgather(params, tiled=True)
         params = jax.tree.map(jax.device_get, params)
         if jax.process_index() == 0:
+            if sample is not None:     # checked against the pipelines' rules first
+                from ditax.pipelines.lora_sample import save_student_lora
+
+                return save_student_lora(folder, params, self.table, self.rank, self.alpha,
+                                         names=self.names, sample=sample)
             return save_lora(folder, params, self.table, self.rank, self.alpha,
-                             names=self.names, sample=sample)
+                             names=self.names)
         return []

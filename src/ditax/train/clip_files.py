@@ -97,7 +97,7 @@ def _mask_problem(path, frames: int | None) -> str | None:
 
     from ditax.io.files import ffmpeg_problem
     from ditax.io.video import _ffmpeg_subprocess
-    from ditax.models.wan.vace_context import SNAP    # the rule the encoders apply
+    from ditax.io.images import MASK_SNAP as SNAP     # the rule the encoders apply
 
     n = 0
     try:

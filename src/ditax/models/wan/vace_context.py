@@ -26,9 +26,9 @@ import numpy as np
 import PIL.Image
 
 from ditax.errors import RequestError
+from ditax.io.images import MASK_SNAP as SNAP   # mask values this close to 0 or 1 are that value
 from ditax.io.images import check_image, to_frame
 
-SNAP = 0.1   # mask values this close to 0 or 1 are that value
 VACE_PIPELINE = "WanVACEPipeline"   # the diffusers class of VACE pipeline folders
 
 
