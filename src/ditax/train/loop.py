@@ -187,9 +187,16 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
                 break
     result.interrupted, result.signal = run.interrupted, run.signal if run.interrupted else None
     if trainer.adapters is not None and (step == cfg.steps or result.interrupted):
-        files = trainer.adapters.save(out, state["params"])
+        sample = (trainer.sample_settings(data.latent_shape)      # a few-step student's
+                  if hasattr(trainer, "sample_settings") else None)
+        files = trainer.adapters.save(out, state["params"], sample=sample)
         if files:
             say(f"saved the LoRA as {files[0]} (diffusers) and {files[1]} (ComfyUI)")
+    elif hasattr(trainer, "sample_settings") and pid == 0:   # a full-weight student: its
+        import json                                         # settings, for ditax export
+
+        (out / "ditax_sample.json").write_text(
+            json.dumps(trainer.sample_settings(data.latent_shape), indent=2) + "\n")
     result.step = step
     result.state = state
     return result
