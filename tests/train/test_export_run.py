@@ -192,3 +192,34 @@ def test_a_flux_run_exports_too(tmp_path, capsys):
     assert not (out / "manifest.json").exists()     # it lists the base's transformer files
     _assert_equal_trees(_params_of(ditax.load_pipeline(str(out))),
                         _checkpoint_params(run, cfg, 1))
+
+
+def test_a_full_weight_students_folder_samples_it_as_trained(wan, tmp_path):
+    """A full-weight DMD2 student (issue 42): its exported folder's scheduler is the student's
+    Euler with its shift, its ditax_sample.json the student's steps, guidance and sigmas;
+    ditax loads them as the folder's defaults; the base's files are untouched."""
+    root, pipe, _, _ = wan
+    family = load_config("tiny", []).model.family
+    base = load_config("tiny", []).model
+    fields = [f"model.{k}={json.dumps(list(v) if isinstance(v, tuple) else v)}"
+              for k, v in family_class(family).folder_config(pipe).items()
+              if getattr(base, k) != v]
+    run = tmp_path / "student"
+    assert main(["train", "tiny", *fields, f"init_from={pipe}", *DATA["tiny"], "steps=1",
+                 "batch_size=8", "distill.method=dmd2", "distill.critic_updates=1",
+                 "distill.shift=5", "distill.guidance=1", f"output_dir={run}",
+                 "--no-progress"]) == 0
+    want = json.loads((run / "ditax_sample.json").read_text())
+    assert want == {"num_inference_steps": 4, "sigmas": [1.0, 0.75, 0.5, 0.25],
+                    "guidance_scale": 1.0, "scheduler": "euler", "flow_shift": 5.0}
+    before = (pipe / "scheduler" / "scheduler_config.json").read_text()
+    assert main(["export", str(run), "--out", str(tmp_path / "folder"), "--link"]) == 0
+    sched = json.loads((tmp_path / "folder" / "scheduler" / "scheduler_config.json").read_text())
+    assert sched["_class_name"] == "FlowMatchEulerDiscreteScheduler" and sched["shift"] == 5.0
+    assert (pipe / "scheduler" / "scheduler_config.json").read_text() == before
+    own = json.loads((tmp_path / "folder" / "ditax_sample.json").read_text())
+    assert own["num_inference_steps"] == 4 and own["guidance_scale"] == 1.0
+    assert own["sigmas"] == [1.0, 0.75, 0.5, 0.25]
+    loaded = ditax.load_pipeline(tmp_path / "folder")
+    assert loaded.sample_defaults["sigmas"] == [1.0, 0.75, 0.5, 0.25]
+    assert loaded.sample_defaults["num_inference_steps"] == 4

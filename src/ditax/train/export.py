@@ -207,6 +207,37 @@ def _copy_component(src: pathlib.Path, dst: pathlib.Path, link: bool) -> None:
         shutil.copy2(src, dst)
 
 
+def _student_settings(folder: pathlib.Path, cfg, family, say) -> None:
+    """A few-step student's folder samples as it was trained: its scheduler config the
+    student's sampler and shift, its ``ditax_sample.json`` the student's steps, guidance and
+    sigmas over the base's (each written as a new file, never through a link to the base)."""
+    import json
+
+    from ditax.pipelines.family import pipelines_of
+    from ditax.pipelines.sample_defaults import FILE
+    from ditax.schedulers.overrides import override_config
+    from ditax.train.distill import sample_settings
+
+    settings = sample_settings(cfg, family, None)
+    sched = folder / "scheduler" / "scheduler_config.json"
+    if sched.exists() and ("scheduler" in settings or "flow_shift" in settings):
+        config = override_config(json.loads(sched.read_text()), settings.get("scheduler"),
+                                 settings.get("flow_shift"))
+        if (folder / "scheduler").is_symlink():
+            (folder / "scheduler").unlink()
+            (folder / "scheduler").mkdir()
+        sched.write_text(json.dumps(config, indent=2) + "\n")
+    rules = pipelines_of(family.name).sample_file_rules()
+    own = folder / FILE
+    values = json.loads(own.read_text()) if own.exists() else {}
+    values.update({k: v for k, v in settings.items() if k in rules})
+    if own.is_symlink():
+        own.unlink()
+    own.write_text(json.dumps(values, indent=2) + "\n")
+    say(f"a few-step student: its scheduler and {FILE} sample it as trained ("
+        + ", ".join(f"{k}={v}" for k, v in settings.items()) + ")")
+
+
 def export_run(plan: ExportPlan, say=print) -> pathlib.Path:
     """Write ``plan`` (:func:`plan_export`): the checkpoint's transformer and the base's other
     components, as one pipeline folder at ``plan.out``; returns it."""
@@ -247,6 +278,8 @@ def export_run(plan: ExportPlan, say=print) -> pathlib.Path:
                      dtype=plan.dtype)
         for src in others:
             _copy_component(src, tmp / src.name, plan.link)
+        if cfg.distill.method != "none":
+            _student_settings(tmp, cfg, family, say)
     how = "linked" if plan.link else "copied"
     say(f"wrote {plan.out}: transformer from checkpoint step {plan.step} of {plan.run}; "
         f"{', '.join(p.name for p in others)} {how} from {plan.base}")
