@@ -255,7 +255,15 @@ def test_resume_is_bit_exact_and_metrics_hold_each_term(one, dataset, tmp_path):
 
 
 def test_lora_students_share_one_base_which_is_the_real_score(dataset, tmp_path):
-    cfg = cfg_for(dataset, tmp_path / "lora", "lora.rank=4", "steps=2")
+    """A LoRA student on a diffusers Wan teacher: one base in the state, which with zeroed
+    adapters is the real score; the run's files (diffusers / PEFT and ComfyUI keys) load in
+    diffusers and in ditax as the same student, with its sampling settings."""
+    from wan_reference import make_diffusers_wan
+
+    _, teacher = make_diffusers_wan(tmp_path, heads=8, head_dim=16, layers=2, ffn=256,
+                                    text_dim=64, in_ch=16)
+    cfg = cfg_for(dataset, tmp_path / "lora", "lora.rank=4", "steps=2", f"init_from={teacher}",
+                  "optim.learning_rate=1e-2")
     tr = D.DistillTrainer(cfg, make_mesh(cfg.mesh))
     tr.bind_data(BatchIterator(cfg))
     state = tr.init()
@@ -276,9 +284,31 @@ def test_lora_students_share_one_base_which_is_the_real_score(dataset, tmp_path)
     again = tr.family.apply(tr.teacher(moved, state["frozen"])(), x, t, text, mask)
     np.testing.assert_array_equal(np.asarray(base), np.asarray(again))
     assert float(jnp.max(jnp.abs(student - base))) > 1e-3
+    state = tr.init(tr.family.load_params(teacher, tr.mesh))
     result = train(cfg, trainer=tr, progress=False)
     assert result.step == 2 and all(np.isfinite(result.losses))
     assert (tmp_path / "lora" / "lora.safetensors").is_file()
+    settings = json.loads((tmp_path / "lora" / "ditax_sample.json").read_text())
+    assert settings["num_inference_steps"] == 4 and settings["guidance_scale"] == 1.0
+    pytest.importorskip("peft")
+    from diffusers import WanTransformer3DModel
+    from lora_reference import load_into_diffusers
+    from wan_reference import rel_err, run_diffusers
+
+    import ditax
+
+    rng = np.random.default_rng(0)
+    inputs = (rng.standard_normal((1, 16, 2, 8, 8)).astype(np.float32),
+              np.array([700.0], np.float32), rng.standard_normal((1, 16, 64)).astype(np.float32))
+    plain = run_diffusers(WanTransformer3DModel.from_pretrained(teacher).eval(), *inputs)
+    for name in ("lora.safetensors", "lora_comfyui.safetensors"):
+        m = WanTransformer3DModel.from_pretrained(teacher).eval()
+        load_into_diffusers(m, tmp_path / "lora" / name, "student", 1.0)
+        want = run_diffusers(m, *inputs)
+        assert rel_err(want, plain) > 1e-4          # the student moved
+        got = np.asarray(ditax.load_transformer(
+            teacher, loras=[(tmp_path / "lora" / name, 1.0)])(*inputs))
+        assert rel_err(got, want) <= 1e-5, (name, rel_err(got, want))
     # the frozen base did not move
     same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
                         result.state["frozen"], state["frozen"])
