@@ -114,7 +114,9 @@ def on_gpu():
 # built once, not once per worker. The slowest modules (measured with --durations) go first, so
 # that the two workers finish together instead of one waiting on the last long module.
 SLOWEST_FIRST = (
+    "train/test_distill.py",
     "recipes/test_demo_model.py", "recipes/test_flux_demo_model.py", "train/test_resume.py",
+    "train/test_export_run.py", "serve/test_serve_signals.py",
     "train/test_multihost.py",
     "benchmarks/test_gpu_check.py", "serve/test_serve_faults.py", "serve/test_serve_api.py",
     "serve/test_serve_browser.py", "serve/test_serve_image.py",
@@ -128,7 +130,8 @@ SLOWEST_FIRST = (
     "pipelines/test_vace_pipeline.py", "pipelines/test_video_to_video.py",
     "pipelines/test_animate_pipeline.py", "cli/test_generate_outputs.py",
     "pipelines/test_batch_families.py", "serve/test_serve_third_family.py",
-    "cli/test_generate_prompts.py")
+    "cli/test_generate_prompts.py", "train/test_checkpoint_space.py",
+    "train/test_lora_checkpoint.py", "plan/test_plan_distill.py")
 
 
 def pytest_collection_modifyitems(items):
