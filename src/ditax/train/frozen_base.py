@@ -14,10 +14,10 @@ of it, and the checkpoint's JSON item holds a reference to the base instead (``"
   (every tensor's name, dtype, shape and offsets) and :data:`SAMPLES` blocks of
   :data:`SAMPLE_BYTES` evenly spaced over the tensor data (FLUX.1-dev's 3 shards: 12 MB read).
   Modification times are not used: a copied or moved folder keeps its weights, not its mtimes;
-- ``checksum``: of the frozen weights as they were on device (:func:`tree_checksum`: two
-  position-weighted wrapping integer sum a tensor, one reduction each, independent of the
-  mesh). It covers
-  every byte the fingerprint's samples skip, and a random base's draws.
+- ``checksum``: of the frozen weights as they are on device (:func:`tree_checksum`: one
+  position-weighted wrapping integer sum a tensor, independent of the mesh). It covers every
+  byte the fingerprint's samples skip, and a random base's draws. On GPU / TPU each sum is one
+  fused reduction; XLA:CPU materialises each tensor's uint32 view first (CPU runs are small).
 
 On resume (:func:`check_base`), before the checkpoint is restored, the requested ``init_from``
 is compared with the reference: a missing folder, changed files, or a random base asked to
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import pathlib
 import struct
 from dataclasses import replace
