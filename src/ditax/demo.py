@@ -181,7 +181,8 @@ def __getattr__(name: str):
     """``SAMPLE``: keyword arguments of the pipeline call the shipped demo model is meant to be
     sampled with, read from its folder's ``ditax_sample.json`` (one source: what
     ``load_pipeline(model_path())`` then ``pipe(prompt)`` uses too). ``FLUX_SAMPLE``: the
-    same for the small Flux (:func:`flux_model_path`; the Flux pipeline call's keywords). A
+    same for the small Flux (:func:`flux_model_path`; the Flux pipeline call's keywords);
+    ``FLUX_STUDENT_SAMPLE`` for its 4-step student LoRA (:func:`flux_student_lora_path`). A
     fresh dict each time."""
     if name == "SAMPLE":
         from ditax.pipelines.sample_defaults import CALL_KEYS, read_sample_defaults
@@ -192,6 +193,8 @@ def __getattr__(name: str):
         from ditax.io.files import read_model_json
 
         return dict(read_model_json(flux_model_path() / "ditax_sample.json", "ditax_sample.json"))
+    if name == "FLUX_STUDENT_SAMPLE":
+        return _flux_student_sample()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -216,6 +219,35 @@ def flux_model_path() -> pathlib.Path:
         raise ModelNotFound(f"the small Flux demo model is missing from {path}; reinstall "
                             "ditax, or train it with `make flux-demo-model`")
     return path
+
+
+def flux_student_lora_path() -> pathlib.Path:
+    """The small Flux's shipped 4-step student: a LoRA on :func:`flux_model_path` distilled by
+    DMD2 (``make flux-demo-student``: :mod:`ditax.recipes.flux_demo_student`), its sampling
+    settings in its metadata and in ``ditax_sample.json`` beside it."""
+    path = pathlib.Path(__file__).parent / "assets" / "flux_demo_student" / "lora.safetensors"
+    if not path.is_file():
+        from ditax.errors import ModelNotFound
+
+        raise ModelNotFound(f"the small Flux's student LoRA is missing: {path}; reinstall "
+                            "ditax, or distil it with `make flux-demo-student`")
+    return path
+
+
+def _flux_student_sample() -> dict:
+    """``FLUX_STUDENT_SAMPLE``: the pipeline call that samples the small Flux with its student
+    LoRA (``load_pipeline(flux_model_path(), loras=[(flux_student_lora_path(), 1.0)])``): the
+    teacher's size and text length (:data:`FLUX_SAMPLE`), the student's steps, sigmas and
+    guidance (the LoRA's ``ditax_sample.json``; its flow shift is the loader's, taken from the
+    LoRA at load)."""
+    from ditax.io.files import read_model_json
+    from ditax.pipelines.lora_sample import LOAD_KEYS
+
+    size = {k: v for k, v in __getattr__("FLUX_SAMPLE").items()
+            if k in ("height", "width", "max_sequence_length")}
+    own = read_model_json(flux_student_lora_path().parent / "ditax_sample.json",
+                          "ditax_sample.json")
+    return {**size, **{k: v for k, v in own.items() if k not in LOAD_KEYS}}
 
 
 def _slug(prompt: str) -> str:

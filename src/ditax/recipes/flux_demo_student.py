@@ -1,0 +1,253 @@
+"""``make flux-demo-student``: the small Flux's 4-step student, distilled with ditax's own tools.
+
+The teacher is the shipped small Flux (:func:`ditax.demo.flux_model_path`: Euler, 20 steps,
+shift 3, embedded guidance 3.5, no true CFG: :data:`ditax.demo.FLUX_SAMPLE`). The student is
+a LoRA on it, trained by DMD2 (:mod:`ditax.train.distill`) to sample in 4 Euler steps.
+
+Stages (each timed; the run's record is ``{out}/recipe.json``):
+
+1. **data** — still images of the seen combinations (:mod:`ditax.synthetic.images`, the
+   held-out ones left out as for the teacher), encoded by ``ditax preprocess`` with the
+   teacher's VAE, CLIP and T5: DMD2 reads the prompts' embeddings and pooled vectors, the empty
+   prompt's (the teacher's unconditional branch) and the latents' shape.
+2. **distill** — ``ditax train`` with ``init_from=TEACHER distill.method=dmd2 lora.rank=R``
+   (critic noise levels: the teacher's training flow, uniform then shift 3); the run's folder
+   gets ``lora.safetensors`` whose metadata (and ``ditax_sample.json`` beside it) says how the
+   student samples.
+3. **score** — :func:`ditax.recipes.flux_parts.score_folder` on every combination x
+   :attr:`Sizes.score_seeds`: the teacher as its ``ditax_sample.json`` says vs the student
+   with its LoRA's settings, seen and held-out combinations apart, per seed, with the median
+   seconds per image of each (the compiling first call left out).
+4. **ship** — ``lora.safetensors`` + ``ditax_sample.json`` + ``score.json`` +
+   ``manifest.json`` (every file's sha256) into the ship folder (``--folder``; default
+   ``OUT/student``; ``src/ditax/assets/flux_demo_student`` is the shipped one).
+
+``FULL`` is the shipped student (``python -m ditax.recipes.flux_demo_student``); ``SMOKE`` the
+same recipe at toy sizes on the same teacher (tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+
+from ditax.recipes.common import StagedRecipe, recipe_main, transformer_summary, write_manifest
+
+LORA_FILE = "lora.safetensors"
+SAMPLE_FILE = "ditax_sample.json"
+SCORE_FILE = "score.json"
+STAGES = ("data", "distill", "score", "ship")
+# the pipeline call's keys among the teacher's ditax_sample.json that the student keeps (the
+# image and its text length); steps, guidance and sigmas are the student's own
+SIZE_KEYS = ("height", "width", "max_sequence_length")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Everything that sets the cost (and the result) of the recipe."""
+
+    images: int                  # training images (prompts + latents; seen combinations)
+    size: int                    # height = width (the teacher's)
+    text_len: int                # T5 tokens (the teacher's max_sequence_length)
+    student_steps: int           # distill.steps
+    sigmas: tuple | None         # distill.sigmas (None: 1, 0.75, 0.5, 0.25)
+    shift: float                 # distill.shift (0: the teacher's training shift, 3)
+    guidance: float              # distill.guidance: the teacher's true-CFG scale (1 = none)
+    rank: int                    # lora.rank (alpha = rank)
+    steps: int                   # student updates
+    batch: int
+    lr: float
+    critic_lr: float             # distill.critic_learning_rate (0: lr)
+    critic_updates: int
+    warmup: int
+    checkpoint_every: int
+    score_seeds: tuple           # noise seeds of the score
+    score_prompts: int           # prompts scored (0: all 40; else the first n)
+
+
+FULL = Sizes(images=280, size=64, text_len=8, student_steps=4, sigmas=None, shift=0.0,
+             guidance=1.0, rank=16, steps=300, batch=16, lr=1e-3, critic_lr=0.0,
+             critic_updates=3, warmup=10, checkpoint_every=100, score_seeds=(0, 1, 2, 3, 4),
+             score_prompts=0)
+SMOKE = dataclasses.replace(FULL, images=8, size=32, rank=4, steps=2, batch=2, critic_updates=1,
+                            warmup=0, checkpoint_every=2, score_seeds=(0,), score_prompts=3)
+SIZES = {"full": FULL, "smoke": SMOKE}
+
+
+class _Timed:
+    """A pipeline whose calls are timed (``seconds``, one per call)."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.seconds: list[float] = []
+
+    def __call__(self, *a, **kw):
+        t0 = time.perf_counter()
+        out = self.pipe(*a, **kw)
+        self.seconds.append(time.perf_counter() - t0)
+        return out
+
+    @property
+    def last_stats(self):
+        return self.pipe.last_stats
+
+
+class Recipe(StagedRecipe):
+    """One run of the recipe into ``out`` (work files) and ``folder`` (the shipped student).
+    ``teacher``: the teacher's ``FluxPipeline`` folder (default the shipped small Flux)."""
+
+    NAME = "flux-demo-student"
+    STAGES = STAGES
+    MARKERS = {"data": "latents/meta.json", "distill": f"distill/{LORA_FILE}",
+               "score": SCORE_FILE}
+
+    def __init__(self, out, sizes, *, teacher=None, **kw):
+        super().__init__(out, sizes, **kw)
+        if kw.get("folder") is None:
+            self.folder = self.out / "student"
+        from ditax.demo import flux_model_path
+
+        self.teacher = pathlib.Path(teacher) if teacher else flux_model_path()
+        self.record["teacher"] = str(self.teacher)
+
+    def teacher_call(self) -> dict:
+        """The teacher's pipeline call: its folder's ``ditax_sample.json`` at the recipe's
+        size."""
+        from ditax.io.files import read_model_json
+
+        s = self.sizes
+        call = dict(read_model_json(self.teacher / SAMPLE_FILE, SAMPLE_FILE))
+        return {**call, "height": s.size, "width": s.size, "max_sequence_length": s.text_len}
+
+    def student_call(self) -> dict:
+        """The student's pipeline call: the teacher's size and text length, the steps,
+        guidance and sigmas its LoRA carries (its flow shift goes to the loader, from the
+        LoRA)."""
+        from ditax.pipelines.lora_sample import LOAD_KEYS
+
+        settings = json.loads((self.out / "distill" / SAMPLE_FILE).read_text())
+        size = {k: v for k, v in self.teacher_call().items() if k in SIZE_KEYS}
+        return {**size, **{k: v for k, v in settings.items() if k not in LOAD_KEYS}}
+
+    # --- stages
+    def data(self):
+        from ditax.synthetic.images import write_image_dataset
+        from ditax.train.preprocess import preprocess
+
+        s = self.sizes
+        for sub in ("images", "latents"):
+            if (self.out / sub).exists():
+                shutil.rmtree(self.out / sub)
+        # seed + 7: other images than the teacher's (seed 0), the same combinations
+        write_image_dataset(self.out / "images", s.images, self.seed + 7, s.size, s.size)
+        lines = []
+        preprocess(self.out / "images", self.out / "latents", self.teacher, height=s.size,
+                   width=s.size, frames=1, text_len=s.text_len, batch=16, say=lines.append)
+        return {"images": s.images}
+
+    def distill_config(self):
+        from ditax.config import load_config
+
+        s = self.sizes
+        t = json.loads((self.teacher / "transformer" / "config.json").read_text())
+        model = [f"model.{k}={json.dumps(v) if isinstance(v, list) else v}"
+                 for k, v in t.items() if not k.startswith("_") and v is not None]
+        sched = json.loads((self.teacher / "scheduler" / "scheduler_config.json").read_text())
+        sigmas = "none" if s.sigmas is None else ",".join(f"{x:g}" for x in s.sigmas)
+        return load_config("flux-tiny", model + [
+            "mesh.fsdp=-1", f"init_from={self.teacher}",
+            f"data.source={self.out / 'latents'}", "data.num_frames=1",
+            f"data.height={s.size}", f"data.width={s.size}", f"data.text_len={s.text_len}",
+            "data.text_dropout=0.0",
+            # the critic's noise levels: the teacher's training flow (uniform, fixed shift)
+            "flow.timestep_sampler=uniform", "flow.dynamic_shift=false",
+            f"flow.shift={sched.get('shift', 3.0)}",
+            "distill.method=dmd2", f"distill.steps={s.student_steps}",
+            f"distill.sigmas={sigmas}", f"distill.shift={s.shift}",
+            f"distill.guidance={s.guidance}", f"distill.critic_updates={s.critic_updates}",
+            f"distill.critic_learning_rate={s.critic_lr}",
+            f"lora.rank={s.rank}", "lora.targets=attn,ffn",
+            f"steps={s.steps}", f"batch_size={s.batch}", f"seed={self.seed}",
+            f"optim.learning_rate={s.lr}", f"optim.warmup_steps={s.warmup}",
+            "optim.schedule=constant", "optim.weight_decay=0.0",
+            f"log_every={max(1, min(10, s.steps // 5))}",
+            f"checkpoint.every={s.checkpoint_every}", "checkpoint.keep=1",
+            f"output_dir={self.out / 'distill'}"])
+
+    def distill(self):
+        from ditax.train.loop import train
+        from ditax.train.plots import read_metrics
+
+        out = self.out / "distill"
+        train(self.distill_config(), progress=self.progress, say=self.say)
+        info = transformer_summary(out, "small Flux student (DMD2 loss)")
+        critic = [r["critic_loss"] for r in read_metrics(out / "metrics.jsonl")
+                  if "critic_loss" in r]
+        return {**info, "last_critic_loss": critic[-1] if critic else None,
+                "sample": json.loads((out / SAMPLE_FILE).read_text())}
+
+    def student_pipeline(self, lora=None):
+        """The teacher's folder with the student's LoRA (``lora``: default the run's): the
+        LoRA's sampling settings become the pipeline's defaults (its flow shift at load)."""
+        from ditax.pipelines.flux.loading import load_pipeline
+
+        return load_pipeline(self.teacher,
+                             loras=[(str(lora or self.out / "distill" / LORA_FILE), 1.0)])
+
+    def score(self):
+        from ditax.pipelines.flux.loading import load_pipeline
+        from ditax.recipes.flux_parts import score_folder
+        from ditax.synthetic.images import all_placements
+
+        s = self.sizes
+        prompts = [p.prompt for p in all_placements()]
+        prompts = prompts[:s.score_prompts] if s.score_prompts else prompts
+        res = {}
+        for who, pipe, call in (("teacher", load_pipeline(self.teacher), self.teacher_call()),
+                                ("student", self.student_pipeline(), self.student_call())):
+            pipe(prompts[0], seed=s.score_seeds[0], progress=False, **call)     # compile
+            timed = _Timed(pipe)
+            sc = score_folder(None, call, s.score_seeds, prompts=prompts, pipe=timed)
+            res[who] = {"call": call, "transformer_calls": pipe.last_stats["transformer_calls"],
+                        "median_seconds_per_image": round(statistics.median(timed.seconds), 4),
+                        **sc}
+            self.say(f"  {who}: seen colour {sc['seen']['colour']:.1%} position "
+                     f"{sc['seen']['position']:.1%}; {res[who]['median_seconds_per_image']:.3f}"
+                     f" s/image, {res[who]['transformer_calls']} transformer calls")
+        (self.out / SCORE_FILE).write_text(json.dumps(res, indent=1))
+        summary = {who: {k: v for k, v in r.items() if k != "rows"} for who, r in res.items()}
+        t, st = res["teacher"], res["student"]
+        return {**summary, "speedup": round(t["median_seconds_per_image"] /
+                                            st["median_seconds_per_image"], 2)}
+
+    def ship(self):
+        f = self.folder
+        if f.exists():
+            shutil.rmtree(f)
+        f.mkdir(parents=True)
+        shutil.copy(self.out / "distill" / LORA_FILE, f / LORA_FILE)
+        shutil.copy(self.out / "distill" / SAMPLE_FILE, f / SAMPLE_FILE)
+        scores = json.loads((self.out / SCORE_FILE).read_text())
+        (f / SCORE_FILE).write_text(json.dumps(
+            {who: {k: v for k, v in r.items() if k != "rows"} for who, r in scores.items()},
+            indent=1) + "\n")
+        files = write_manifest(f)
+        png = self.out / "distill" / "loss.png"
+        if png.is_file():
+            shutil.copy(png, self.out / "loss_distill.png")
+        return {"folder": str(f), "files": len(files),
+                "bytes": sum((f / n).stat().st_size for n in files)}
+
+
+def main(argv=None) -> int:
+    return recipe_main(argv, Recipe, SIZES, prog="python -m ditax.recipes.flux_demo_student",
+                       description=__doc__.split("\n\n")[0], default_out="flux_demo_student")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
