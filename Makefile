@@ -15,7 +15,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo demo-model flux-demo-model test test-fast bench install install-test clean
+.PHONY: demo demo-model demo-student flux-demo-model test test-fast bench install install-test clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,7 +36,8 @@ install: $(STAMP)
 install-test: $(TEST_STAMP) $(TPU_STAMP)
 
 # The main job: three prompts -> videos + contact sheet with the demo model ditax trained
-# itself (shipped in src/ditax/assets/demo_model), then three prompts -> images + sheet with
+# itself (shipped in src/ditax/assets/demo_model) and its 4-step student (the LoRA in
+# src/ditax/assets/demo_student), then three prompts -> images + sheet with
 # the small Flux (src/ditax/assets/flux_demo_model), each scored for prompt following.
 demo: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.demo
@@ -45,6 +46,11 @@ demo: $(STAMP)
 # into demo_model/; `cp -r demo_model/pipeline/. src/ditax/assets/demo_model/` ships it.
 demo-model: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.demo_model --out demo_model
+
+# Distil the demo model into its 4-step student (data, DMD2 LoRA, score vs the teacher, ship)
+# into demo_student/; `cp -r demo_student/student/. src/ditax/assets/demo_student/` ships it.
+demo-student: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.demo_student --out demo_student
 
 # Train the small Flux from nothing (images, Flux VAE, text towers, latents, transformer,
 # folder, score) into flux_demo_model/;
@@ -67,4 +73,4 @@ bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/transformer_cpu.py
 
 clean:
-	rm -rf $(VENV) demo_out demo_model flux_demo_model out .pytest_cache
+	rm -rf $(VENV) demo_out demo_model demo_student flux_demo_model out .pytest_cache
