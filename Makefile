@@ -58,6 +58,13 @@ demo-student: $(STAMP)
 flux-demo-model: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.flux_demo_model --out flux_demo_model
 
+# Distil the small Flux's 4-step student (DMD2, a LoRA on src/ditax/assets/flux_demo_model)
+# into flux_demo_student/; `cp flux_demo_student/student/* src/ditax/assets/flux_demo_student/`
+# ships it.
+.PHONY: flux-demo-student
+flux-demo-student: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.flux_demo_student --out flux_demo_student
+
 # The whole test suite on CPU (8 fake devices), TPU compiles included (deviceless), on two
 # pytest-xdist workers. Under tcmalloc where it is installed (Debian: libtcmalloc-minimal4;
 # .ci/run installs it): XLA's compiles of the suite's many small programs allocate heavily,
@@ -73,4 +80,4 @@ bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/transformer_cpu.py
 
 clean:
-	rm -rf $(VENV) demo_out demo_model demo_student flux_demo_model out .pytest_cache
+	rm -rf $(VENV) demo_out demo_model demo_student flux_demo_model flux_demo_student out .pytest_cache
