@@ -432,7 +432,7 @@ def test_gan_term_trains_a_head_on_the_critics_features(dataset, tmp_path):
     """distill.gan_weight: the student's loss is the DMD loss + w·softplus(-D); the critic's
     head and weights move; a resumed run continues the head bit for bit."""
     cfg = cfg_for(dataset, tmp_path / "g", "distill.gan_weight=0.5", "steps=2",
-                  "checkpoint.every=1", "distill.critic_updates=1")
+                  "checkpoint.every=1", "distill.critic_updates=1", "distill.sample_every=1")
     tr = D.DistillTrainer(cfg, make_mesh(cfg.mesh))
     first = train(cfg, trainer=tr, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
@@ -445,6 +445,13 @@ def test_gan_term_trains_a_head_on_the_critics_features(dataset, tmp_path):
                          "checkpoint.every=1", "distill.critic_updates=1"),
                  trainer=tr, progress=False)
     assert more.resumed_from == 2 and len(more.losses) == 1
+    # the student's previews each step (sample_every is free on resume: none here)
+    import PIL.Image
+
+    pngs = sorted(p.name for p in (tmp_path / "g" / "samples").iterdir())
+    assert pngs == ["student_000001.png", "student_000002.png"]
+    img = np.asarray(PIL.Image.open(tmp_path / "g" / "samples" / pngs[1]))
+    assert img.shape[2] == 3 and img.shape[1] == 2 * img.shape[0] and img.std() > 10
     # a VACE model's call runs more than the blocks: refused, before anything compiles
     from ditax.models.base import model_family
     vace = load_config("tiny", ["model.vace_layers=0"])

@@ -186,6 +186,11 @@ class DistillConfig:
     critic's (features and head) ``gan_critic_weight``·(softplus(D(student)) +
     softplus(-D(data))).
 
+    ``sample_every`` N > 0: every N steps the student's K-step samples of the batch's first
+    prompts from fixed noise, as latent previews (the first three latent channels of the
+    middle frame, each stretched to its range), go to TensorBoard (``samples/student``) and to
+    ``{output_dir}/samples/student_{step}.png``.
+
     Two experts (Wan 2.2 A14B): one student per expert, as the published 4-step LoRAs are.
     ``expert=high`` distils the high-noise expert (``init_from=FOLDER``, its ``transformer``)
     on the student steps whose timestep is at or above ``boundary`` x 1000 and critic noise
@@ -207,12 +212,14 @@ class DistillConfig:
     boundary: float = 0.875
     gan_weight: float = 0.0
     gan_critic_weight: float = 1.0
+    sample_every: int = 0
 
 
 def check_distill(d: DistillConfig) -> None:
     """Raise :class:`ConfigError` for a distillation that cannot run."""
     check_choice("distill.method", d.method, DISTILL_METHODS)
     _at_least("distill", d, ("steps", "critic_updates"), 1)
+    _at_least("distill", d, ("sample_every",), 0)
     _at_least("distill", d, ("shift", "critic_learning_rate", "gan_weight",
                              "gan_critic_weight"), 0)
     if d.guidance < 1:

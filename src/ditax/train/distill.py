@@ -605,6 +605,29 @@ class DistillTrainer:
             raise RuntimeError("bind_data(data) first: it reads the empty prompt's embedding")
         return self._step(state, batch, self.null)
 
+    def preview(self, state: dict, batch: dict, n: int = 4) -> np.ndarray:
+        """The student's K-step samples of the batch's first ``n`` prompts from fixed noise
+        (the run's seed) as one ``[H, W, 3]`` uint8 strip of latent previews: the first three
+        latent channels of the middle frame, each stretched to its range over the strip,
+        nearest-upscaled to at least 64 pixels."""
+        if getattr(self, "_preview", None) is None:
+            def run(params, frozen, batch):
+                x = batch["latents"]
+                noise = jax.random.normal(jax.random.PRNGKey(self.cfg.seed), x.shape,
+                                          jnp.float32).astype(x.dtype)
+                sig = jnp.asarray(self.schedule_table(x.shape[1:]))
+                v = self.denoiser(lambda: self.model(params, frozen), batch)
+                return self.rollout(v, noise, sig, self.cfg.distill.steps)
+            self._preview = jax.jit(run)
+        lat = np.asarray(self._preview(state["params"], state["frozen"], batch), np.float32)
+        lat = lat[:n, :3, lat.shape[2] // 2]                      # [n, 3, Y, X]
+        lo = lat.min(axis=(0, 2, 3), keepdims=True)
+        hi = lat.max(axis=(0, 2, 3), keepdims=True)
+        img = ((lat - lo) / np.maximum(hi - lo, 1e-6) * 255).round().astype(np.uint8)
+        img = np.concatenate(list(img.transpose(0, 2, 3, 1)), axis=1)   # [Y, n*X, 3]
+        up = max(1, -(-64 // img.shape[0]))
+        return np.repeat(np.repeat(img, up, axis=0), up, axis=1)
+
     def lower(self, batch_abstract: dict, null_abstract: dict | None = None):
         """``jit(...).lower`` on abstract state and batch (no allocation)."""
         if null_abstract is None:

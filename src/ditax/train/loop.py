@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 #: config (model shapes and dtypes, LoRA, data, batch size, seed) must stay as it was.
 RESUME_POLICY = ResumePolicy(
     free=("steps", "log_every", "checkpoint.", "compile_cache", "name", "output_dir",
+          "distill.sample_every",
           "sample.", "mesh.", "attention.", "model.remat", "data.num_workers"),
     notice=("optim.", "flow.", "data.text_dropout", "model.dtype", "init_from"))
 
@@ -179,6 +180,9 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
                 row["includes_compile"] = True
             if step % cfg.log_every == 0 or step == cfg.steps:
                 writer.write(row)
+            every = cfg.distill.sample_every if hasattr(trainer, "preview") else 0
+            if every and (step % every == 0 or step == cfg.steps):  # every process computes
+                writer.image("samples/student", trainer.preview(state, batch), step)
             if on_step is not None:
                 on_step(step, row)
             run.tick(loss=f"{loss:.4f}", s_per_step=f"{dt:.2f}")

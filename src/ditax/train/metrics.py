@@ -110,6 +110,19 @@ class MetricsWriter:
         if self._tb is not None:
             self._scalars(row)
 
+    def image(self, tag: str, pixels, step: int) -> None:
+        """An ``[H, W, 3]`` uint8 image: TensorBoard (``tag``) and
+        ``{output_dir}/samples/{name}_{step}.png``."""
+        if not self.enabled:
+            return
+        import PIL.Image
+
+        folder = self.path.parent / "samples"
+        folder.mkdir(exist_ok=True)
+        PIL.Image.fromarray(pixels).save(folder / f"{tag.rsplit('/', 1)[-1]}_{step:06d}.png")
+        if self._tb is not None:
+            self._tb.add_image(tag, pixels, step, dataformats="HWC")
+
     def close(self) -> None:
         if self._f is not None:
             self._f.close()

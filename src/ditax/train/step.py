@@ -19,6 +19,7 @@ compiled step (e.g. ``train(cfg, trainer=tr)`` for runs that differ only in data
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -104,7 +105,8 @@ def program_fields(cfg: Config) -> dict:
     steps = cfg.steps if (o.schedule != "constant" and not o.decay_steps) else None
     return {"model": cfg.model, "attention": cfg.attention, "optim": o, "flow": cfg.flow,
             "seed": cfg.seed, "steps (sets the decay schedule)": steps, "lora": cfg.lora,
-            "train": cfg.train, "distill": cfg.distill}
+            "train": cfg.train,     # the previews' interval is not part of the program
+            "distill": dataclasses.replace(cfg.distill, sample_every=0)}
 
 
 class Trainer:
