@@ -129,15 +129,6 @@ def test_distill_refusal_is_one_line_before_any_compile():
     assert "train.vace_trainable=all" in lines[0] and "distill.method=dmd2" in lines[0]
 
 
-# train/distill.py's critic loop starts its gradient-norm carry in float32, but the norm of a
-# bfloat16 model's gradients is bfloat16: a full-weight DMD2 step of a bf16 model (Wan 14B's
-# param_dtype) does not trace ("scan body function carry input and carry output must have
-# equal types"); LoRA's float32 adapters hide it. The fix (the lead's file): the norm
-# .astype(jnp.float32) in critic_update.
-BF16_NORM = pytest.mark.xfail(strict=True, reason="distill critic loop: bf16 grad-norm carry")
-
-
-@BF16_NORM
 def test_full_weight_distill_step_of_a_bf16_model_plans(fast_compile):
     rc, out, err = _cli("plan", *SMALL, "lora.rank=0", "model.param_dtype=bfloat16",
                         "model.dtype=bfloat16", "--json")

@@ -576,8 +576,9 @@ class DistillTrainer:
             loss, grads = jax.value_and_grad(self.critic_loss)(fake, state["params"], frozen,
                                                                batch, k, sig, head)
             updates, fake_opt = self.critic_tx.update(grads, fake_opt, fake)
-            return (optax.apply_updates(fake, updates), fake_opt, total + loss,
-                    optax.tree.norm(grads))
+            return (optax.apply_updates(fake, updates), fake_opt,
+                    total + loss.astype(jnp.float32),
+                    optax.tree.norm(grads).astype(jnp.float32))   # bf16 weights: f32 carry
 
         zero = jnp.zeros((), jnp.float32)
         trained = (state["fake"], state["head"]) if gan else state["fake"]
