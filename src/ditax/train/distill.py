@@ -43,7 +43,6 @@ a loss mask) apply to every denoiser call, the data latents giving the condition
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
