@@ -7,9 +7,17 @@ moving left / right / up / down on a dark background; prompts ``a {colour} {shap
 {direction}``; five combinations held out of training. :data:`SAMPLE` is how it is meant to
 be sampled.
 
-``python -m ditax.demo`` generates three prompts (one held out), writes ``demo_out/*.mp4`` and
-``demo_out/contact_sheet.png``, prints per-phase timings and its own prompt-following score
-(:mod:`ditax.synthetic.score`). ``ditax generate --model demo --prompt ...`` samples it too.
+The model's 4-step student (``ditax.demo.student_lora_path()``, a LoRA distilled from it by
+``make demo-student``: :mod:`ditax.recipes.demo_student`) samples in 4 Euler steps without
+guidance (:data:`STUDENT_SAMPLE`; the loader's part, Euler and its shift, :data:`STUDENT_LOAD`,
+is also carried by the LoRA file, so ``load_pipeline(model_path(), loras=[(student_lora_path(),
+1.0)])`` applies it).
+
+``python -m ditax.demo`` generates three prompts (one held out) with the model and with its
+student, writes ``demo_out/*.mp4``, ``demo_out/student_*.mp4`` and
+``demo_out/contact_sheet.png`` (each teacher row above its student row), prints per-phase
+timings of both and their prompt-following scores (:mod:`ditax.synthetic.score`).
+``ditax generate --model demo --prompt ...`` samples it too.
 
 The random-weights folder builders below (:func:`build_pipeline_folder`) are what tests and
 benchmarks use for a small Wan pipeline of any shape.
@@ -189,6 +197,8 @@ def __getattr__(name: str):
 
         values = read_sample_defaults(model_path())
         return {k: v for k, v in values.items() if k in CALL_KEYS}
+    if name in ("STUDENT_SAMPLE", "STUDENT_LOAD"):
+        return student_settings(load=name == "STUDENT_LOAD")
     if name == "FLUX_SAMPLE":
         from ditax.io.files import read_model_json
 
@@ -207,6 +217,51 @@ def model_path() -> pathlib.Path:
         raise ModelNotFound(f"the demo model is missing from {path}; reinstall ditax, or "
                             "train it with `make demo-model`")
     return path
+
+
+STUDENT_DIR = "demo_student"
+STUDENT_LORA = "lora.safetensors"
+
+
+def student_lora_path() -> pathlib.Path:
+    """The demo model's shipped 4-step student: a LoRA (diffusers / PEFT keys) on
+    :func:`model_path`, distilled by ``make demo-student`` (:mod:`ditax.recipes.demo_student`).
+    Its file carries its sampling settings (safetensors metadata ``ditax_sample``), also
+    written beside it as ``ditax_sample.json``."""
+    path = pathlib.Path(__file__).parent / "assets" / STUDENT_DIR / STUDENT_LORA
+    if not path.is_file():
+        from ditax.errors import ModelNotFound
+
+        raise ModelNotFound(f"the demo model's student is missing from {path.parent}; "
+                            "reinstall ditax, or distil it with `make demo-student`")
+    return path
+
+
+def student_settings(load: bool = False, lora=None) -> dict:
+    """How the shipped student (or the student ``lora``, a LoRA file with its
+    ``ditax_sample.json`` beside it) samples: the pipeline call's keywords
+    (``num_inference_steps`` 4, ``guidance_scale`` 1: no classifier-free guidance, ``sigmas``:
+    the Euler steps' noise levels before the shift), or with ``load`` the loader's
+    (``scheduler="euler"``, ``flow_shift``). A fresh dict each time."""
+    from ditax.io.files import read_model_json
+    from ditax.pipelines.lora_sample import LOAD_KEYS
+
+    lora = pathlib.Path(lora) if lora else student_lora_path()
+    values = read_model_json(lora.parent / "ditax_sample.json", "ditax_sample.json")
+    return {k: v for k, v in values.items() if (k in LOAD_KEYS) == load}
+
+
+def load_student(path=None, lora=None, **kw):
+    """The demo model (``path``: default :func:`model_path`) with its 4-step student
+    (``lora``: default :func:`student_lora_path`) at strength 1, loaded with the student's
+    sampler and shift (:data:`STUDENT_LOAD`, or those beside ``lora``); sample it with
+    ``**STUDENT_SAMPLE``. ``kw``: more :func:`~ditax.pipelines.wan.loading.load_pipeline`
+    arguments."""
+    from ditax.pipelines.wan.loading import load_pipeline
+
+    lora = lora or student_lora_path()
+    return load_pipeline(path or model_path(), loras=[(str(lora), 1.0)],
+                         **{**student_settings(load=True, lora=lora), **kw})
 
 
 def flux_model_path() -> pathlib.Path:
@@ -254,57 +309,94 @@ def _slug(prompt: str) -> str:
     return "_".join(prompt.split()[1:])
 
 
-def run_demo(out=OUT, prompts=DEMO_PROMPTS, seed: int = 0, path=None, say=print) -> dict:
-    """Generate ``prompts`` with the demo model; write mp4s + contact sheet; return the record
-    (per-phase seconds, scores)."""
+def _sample_prompts(pipe, prompts, seed, sample, out, prefix, say, tag=""):
+    """``prompts`` through ``pipe(prompt, seed=seed + i, **sample)``: each written as
+    ``out/{prefix}{slug}.mp4`` and scored; ``(rows, videos, phases)``."""
+    import time
+
+    from ditax.io.video import write_mp4
+    from ditax.synthetic.score import score
+    from ditax.synthetic.vocab import is_held_out, parse_prompt
+
+    phases = {"load": pipe.load_time, "text": 0.0, "compile": 0.0, "denoise": 0.0,
+              "decode": 0.0, "write": 0.0}
+    videos, rows = [], []
+    for i, prompt in enumerate(prompts):
+        video = pipe(prompt, seed=seed + i, progress=False, **sample)
+        for k in ("text", "compile", "denoise", "decode"):
+            phases[k] += getattr(pipe.timings, k)
+        t1 = time.perf_counter()
+        mp4 = write_mp4(out / f"{prefix}{_slug(prompt)}.mp4", video)
+        phases["write"] += time.perf_counter() - t1
+        sc = score(video, prompt)
+        held = is_held_out(parse_prompt(prompt))
+        rows.append({"prompt": prompt, "held_out": held, "file": str(mp4),
+                     "transformer_calls": pipe.last_stats.get("transformer_calls"), **{
+                         k: sc[k] for k in ("colour_correct", "shape_correct",
+                                            "direction_correct", "colour", "shape",
+                                            "direction")}})
+        videos.append(video)
+        mark = lambda ok: "ok" if ok else "MISS"   # noqa: E731
+        say(f"  {tag}{prompt!r}{' (held out of training)' if held else ''}: colour "
+            f"{sc['colour'] or '-'} {mark(sc['colour_correct'])}, shape "
+            f"{sc['shape'] or '-'} {mark(sc['shape_correct'])}, direction "
+            f"{sc['direction'] or '-'} {mark(sc['direction_correct'])} -> {mp4}")
+    return rows, videos, phases
+
+
+def _summary(rows) -> dict:
+    return {k: sum(r[f"{k}_correct"] for r in rows) / len(rows)
+            for k in ("colour", "shape", "direction")}
+
+
+def run_demo(out=OUT, prompts=DEMO_PROMPTS, seed: int = 0, path=None, say=print,
+             student: bool = True) -> dict:
+    """Generate ``prompts`` with the demo model (as :data:`SAMPLE` says) and, with
+    ``student``, with its 4-step student (:func:`load_student`, :data:`STUDENT_SAMPLE`; the
+    same seeds); write mp4s (the student's ``student_*.mp4``) + one contact sheet (each
+    teacher row above its student row); return the record (per-phase seconds, scores; the
+    student's under ``"student"``)."""
     import time
 
     t0 = time.perf_counter()
     from ditax.compile_cache import compile_cache
-    from ditax.io.video import write_mp4
     from ditax.pipelines.wan.loading import load_pipeline
-    from ditax.synthetic.score import score
     from ditax.synthetic.sheet import contact_sheet
-    from ditax.synthetic.vocab import is_held_out, parse_prompt
 
     t_import = time.perf_counter() - t0
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    phases = {"import": t_import, "load": 0.0, "text": 0.0, "compile": 0.0, "denoise": 0.0,
-              "decode": 0.0, "write": 0.0}
-    videos, rows = [], []
     sample = __getattr__("SAMPLE")
     with compile_cache("auto") as cache_dir:
         pipe = load_pipeline(path or model_path())
-        phases["load"] = pipe.load_time
-        for i, prompt in enumerate(prompts):
-            video = pipe(prompt, seed=seed + i, progress=False, **sample)
-            for k in ("text", "compile", "denoise", "decode"):
-                phases[k] += getattr(pipe.timings, k)
-            t1 = time.perf_counter()
-            mp4 = write_mp4(out / f"{_slug(prompt)}.mp4", video)
-            phases["write"] += time.perf_counter() - t1
-            sc = score(video, prompt)
-            held = is_held_out(parse_prompt(prompt))
-            rows.append({"prompt": prompt, "held_out": held, "file": str(mp4), **{
-                k: sc[k] for k in ("colour_correct", "shape_correct", "direction_correct",
-                                   "colour", "shape", "direction")}})
-            videos.append(video)
-            mark = lambda ok: "ok" if ok else "MISS"   # noqa: E731
-            say(f"  {prompt!r}{' (held out of training)' if held else ''}: colour "
-                f"{sc['colour'] or '-'} {mark(sc['colour_correct'])}, shape "
-                f"{sc['shape'] or '-'} {mark(sc['shape_correct'])}, direction "
-                f"{sc['direction'] or '-'} {mark(sc['direction_correct'])} -> {mp4}")
+        rows, videos, phases = _sample_prompts(pipe, prompts, seed, sample, out, "", say,
+                                               "teacher " if student else "")
+        phases = {"import": t_import, **phases}
+        if student:
+            spipe = load_student(path)
+            s_sample = __getattr__("STUDENT_SAMPLE")
+            s_rows, s_videos, s_phases = _sample_prompts(spipe, prompts, seed, s_sample, out,
+                                                         "student_", say, "student ")
     t1 = time.perf_counter()
-    labels = [p + ("  [held out]" if r["held_out"] else "") for p, r in zip(prompts, rows)]
-    sheet = contact_sheet(videos, labels, out / "contact_sheet.png", frames=9, scale=2)
+    sheet_videos, labels = [], []
+    for i, (p, r) in enumerate(zip(prompts, rows)):
+        held = "  [held out]" if r["held_out"] else ""
+        sheet_videos.append(videos[i])
+        if not student:
+            labels.append(p + held)
+            continue
+        labels.append(f"teacher, {sample.get('num_inference_steps')} steps x CFG: {p}{held}")
+        sheet_videos.append(s_videos[i])
+        labels.append(f"student, {s_sample.get('num_inference_steps')} steps: {p}{held}")
+    sheet = contact_sheet(sheet_videos, labels, out / "contact_sheet.png", frames=9, scale=2)
     phases["write"] += time.perf_counter() - t1
-    n = len(rows)
-    summary = {k: sum(r[f"{k}_correct"] for r in rows) / n
-               for k in ("colour", "shape", "direction")}
-    return {"phases": phases, "videos": rows, "score": summary, "sheet": str(sheet),
-            "compile_cache": str(cache_dir) if cache_dir else None,
-            "total": time.perf_counter() - t0}
+    rec = {"phases": phases, "videos": rows, "score": _summary(rows), "sheet": str(sheet),
+           "compile_cache": str(cache_dir) if cache_dir else None,
+           "total": time.perf_counter() - t0}
+    if student:
+        rec["student"] = {"phases": s_phases, "videos": s_rows, "score": _summary(s_rows),
+                          "sample": s_sample, "lora": str(student_lora_path())}
+    return rec
 
 
 FLUX_PROMPTS = ("a red circle on the left", "a blue square on the top",
@@ -363,14 +455,22 @@ def main(argv=None) -> int:
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
     print(f"ditax demo: the demo model trained by `make demo-model` ({model_path()})")
     print(f"sampling with {__getattr__('SAMPLE')}")
+    print(f"its 4-step student ({student_lora_path()}) with {__getattr__('STUDENT_SAMPLE')}, "
+          f"loaded with {__getattr__('STUDENT_LOAD')}")
     rec = run_demo()
-    ph = rec["phases"]
-    print("timing: " + " | ".join(f"{k} {v:.2f}s" for k, v in ph.items())
-          + f" | total {time.perf_counter() - t0:.1f}s")
-    sc = rec["score"]
-    print(f"prompt following (ditax.synthetic.score) over {len(rec['videos'])} videos: colour "
-          f"{sc['colour']:.0%}, shape {sc['shape']:.0%}, direction {sc['direction']:.0%}")
-    print(f"wrote {', '.join(r['file'] for r in rec['videos'])} and {rec['sheet']}")
+    rows = [("teacher", rec)] + ([("student", rec["student"])] if "student" in rec else [])
+    for who, r in rows:
+        ph = r["phases"]
+        sampling = sum(ph[k] for k in ("text", "compile", "denoise", "decode"))
+        print(f"timing ({who}): " + " | ".join(f"{k} {v:.2f}s" for k, v in ph.items())
+              + f" | sampling {sampling:.2f}s ({ph['denoise']:.2f}s denoising)")
+    for who, r in rows:
+        sc = r["score"]
+        print(f"prompt following (ditax.synthetic.score), {who}, over {len(r['videos'])} "
+              f"videos: colour {sc['colour']:.0%}, shape {sc['shape']:.0%}, direction "
+              f"{sc['direction']:.0%}")
+    print(f"wrote {', '.join(v['file'] for _, r in rows for v in r['videos'])} and "
+          f"{rec['sheet']} ({time.perf_counter() - t0:.1f}s)")
     print(f"ditax demo: the small Flux trained by `make flux-demo-model` ({flux_model_path()})")
     print(f"sampling with {__getattr__('FLUX_SAMPLE')}")
     rec = run_flux_demo()

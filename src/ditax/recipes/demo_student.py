@@ -43,6 +43,7 @@ LORA_FILE = "lora.safetensors"
 SAMPLE_FILE = "ditax_sample.json"
 SCORE_FILE = "score.json"
 ATTRIBUTES = ("colour", "shape", "direction")
+PHASES = ("text", "denoise", "decode")      # of a pipeline call (pipe.timings)
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,9 @@ FULL = Sizes(clips=280, paraphrase_fraction=0.3, height=64, width=64, frames=17,
              critic_lr=0.0, critic_updates=3, warmup=10, remat="none", checkpoint_every=100,
              score_seeds=(1000, 1001, 1002), score_combos=0, teacher_steps=25)
 SMOKE = dataclasses.replace(
-    FULL, clips=6, height=32, width=32, frames=5, rank=4, steps=2, batch=2, critic_updates=1,
-    warmup=0, checkpoint_every=2, score_seeds=(1000,), score_combos=2, teacher_steps=2)
+    # batch 8: one sample per device of the tests' 8 fake devices (mesh.fsdp=-1)
+    FULL, clips=8, height=32, width=32, frames=5, rank=4, steps=1, batch=8, critic_updates=1,
+    warmup=0, checkpoint_every=1, score_seeds=(1000,), score_combos=2, teacher_steps=2)
 SIZES = {"full": FULL, "smoke": SMOKE}
 
 STAGES = ("data", "distill", "score", "ship")
@@ -98,7 +100,8 @@ def score_combinations(n: int = 0):
 
 def summarise(rows: list[dict]) -> dict:
     """Per split (``seen`` / ``held_out``) and per seed: videos and the share right of each
-    attribute; the median seconds per video (the first call, which compiles, left out)."""
+    attribute; the median seconds per video (of calls after a compiling one) and of each of
+    its :data:`PHASES`."""
     out = {}
     for split, held in (("seen", False), ("held_out", True)):
         sel = [r for r in rows if r["held_out"] == held]
@@ -110,14 +113,16 @@ def summarise(rows: list[dict]) -> dict:
                                       / sum(1 for r in sel if r["seed"] == s), 4)
                              for k in ATTRIBUTES} for s in seeds}
         out[split] = {"videos": len(sel), **acc, "per_seed": per_seed}
-    timed = [r["seconds"] for r in rows[1:]] or [r["seconds"] for r in rows]
-    out["median_seconds_per_video"] = round(statistics.median(timed), 3)
+    out["median_seconds_per_video"] = round(statistics.median(r["seconds"] for r in rows), 3)
+    out["median_seconds"] = {k: round(statistics.median(r[k] for r in rows), 3) for k in PHASES
+                             if all(k in r for r in rows)}
     return out
 
 
 def score_pipeline(pipe, call: dict, combos, seeds, say=print, tag: str = "") -> dict:
     """Each combination's canonical prompt x each seed through ``pipe(prompt, seed=s,
-    **call)``, scored (:func:`ditax.synthetic.score.score`); ``{"rows", "summary"}``."""
+    **call)`` (compiled: call it once before), scored (:func:`ditax.synthetic.score.score`);
+    ``{"rows", "summary"}``."""
     from ditax.synthetic.score import score
     from ditax.synthetic.vocab import is_held_out
 
@@ -130,6 +135,7 @@ def score_pipeline(pipe, call: dict, combos, seeds, say=print, tag: str = "") ->
             s = score(video, combo.prompt)
             rows.append({"prompt": combo.prompt, "seed": seed, "held_out": is_held_out(combo),
                          "seconds": round(dt, 3),
+                         **{k: round(getattr(pipe.timings, k), 3) for k in PHASES},
                          "transformer_calls": pipe.last_stats.get("transformer_calls"),
                          **{k: s[k] for k in ("colour_correct", "shape_correct",
                                               "direction_correct", "colour", "shape",
@@ -280,7 +286,7 @@ class Recipe(StagedRecipe):
         if f.exists():
             shutil.rmtree(f)
         f.mkdir(parents=True)
-        shutil.copy(self.out / "distill" / LORA_FILE, f / LORA_FILE)
+        shutil.copyfile(self.out / "distill" / LORA_FILE, f / LORA_FILE)   # not its 0600 mode
         (f / SAMPLE_FILE).write_text(json.dumps(self.sample_settings(), indent=2) + "\n")
         scores = json.loads((self.out / SCORE_FILE).read_text())
         (f / SCORE_FILE).write_text(json.dumps(
@@ -297,14 +303,17 @@ class Recipe(StagedRecipe):
 def student_load(settings: dict) -> dict:
     """The loader's arguments among a student's sampling settings (``scheduler``,
     ``flow_shift``)."""
-    return {k: settings[k] for k in ("scheduler", "flow_shift") if k in settings}
+    from ditax.pipelines.lora_sample import LOAD_KEYS
+
+    return {k: v for k, v in settings.items() if k in LOAD_KEYS}
 
 
 def student_call_args(settings: dict) -> dict:
     """The pipeline call's arguments among a student's sampling settings (steps, guidance,
     sigmas)."""
-    return {k: settings[k] for k in ("num_inference_steps", "guidance_scale", "sigmas")
-            if k in settings}
+    from ditax.pipelines.lora_sample import LOAD_KEYS
+
+    return {k: v for k, v in settings.items() if k not in LOAD_KEYS}
 
 
 def main(argv=None) -> int:
