@@ -34,11 +34,11 @@ _HOMES = {
     "AttentionConfig": "ditax.attention.config",
     "target_platform": "ditax.parallel.platform",
 }
-_SUBMODULES = ("attention",)
+_SUBMODULES = ("attention", "demo")
 
 if TYPE_CHECKING:  # what static tools see; at run time ``__getattr__`` imports on demand
     # (Transformer, Wan's, is named only in _HOMES: nothing outside Wan's folders imports it)
-    from ditax import attention
+    from ditax import attention, demo
     from ditax.attention.config import AttentionConfig
     from ditax.config import Config, load_config, validate
     from ditax.load import load_transformer
