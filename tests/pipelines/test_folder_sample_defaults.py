@@ -49,7 +49,7 @@ def test_each_family_declares_its_file_keys(flux_copy):
     root = flux_copy({"height": 64, "num_frames": 17})
     with pytest.raises(PipelineLoadError, match=r"ditax_sample.json: unknown key 'num_frames'; "
                        r"the sampling defaults are height, width, num_inference_steps, "
-                       r"guidance_scale, max_sequence_length$"):
+                       r"guidance_scale, max_sequence_length, sigmas$"):
         pipelines_of("flux").folder_defaults(root)
     with pytest.raises(PipelineLoadError, match="unknown key 'num_frames'"):
         ditax.load_pipeline(root)
