@@ -70,11 +70,18 @@ class Sizes:
     score_prompts: int           # prompts scored (0: all 40; else the first n)
 
 
+# Chosen by short runs (2 shared CPU cores; score over all 40 prompts x seeds 0-9, the
+# teacher's 20 steps: seen colour 98.0%, position 98.6%; the teacher itself in the student's
+# 4 Euler steps, no LoRA: 96.9%, 98.6%). Rank 16, batch 16, 3 critic updates, no true CFG
+# in the real score (the teacher is sampled without it), sigmas 1, 0.75, 0.5, 0.25 at the
+# teacher's shift 3: lr 1e-3 for 200 steps: 97.7%, 98.9% (5 min); for 600: 94.9%, 96.9% (more
+# empty images: it drifts); lr 3e-4 for 400 steps: 99.4%, 99.4% (10 min; held out 98%, 98%
+# against the teacher's 86%, 90%), with seed 1: 98.6%, 98.9%. DMD2's GAN term was not needed.
 FULL = Sizes(images=280, size=64, text_len=8, student_steps=4, sigmas=None, shift=0.0,
-             guidance=1.0, rank=16, steps=300, batch=16, lr=1e-3, critic_lr=0.0,
-             critic_updates=3, warmup=10, checkpoint_every=100, score_seeds=(0, 1, 2, 3, 4),
-             score_prompts=0)
-SMOKE = dataclasses.replace(FULL, images=8, size=32, rank=4, steps=2, batch=2, critic_updates=1,
+             guidance=1.0, rank=16, steps=400, batch=16, lr=3e-4, critic_lr=0.0,
+             critic_updates=3, warmup=10, checkpoint_every=100,
+             score_seeds=tuple(range(10)), score_prompts=0)
+SMOKE = dataclasses.replace(FULL, images=8, size=32, rank=4, steps=2, batch=8, critic_updates=1,
                             warmup=0, checkpoint_every=2, score_seeds=(0,), score_prompts=3)
 SIZES = {"full": FULL, "smoke": SMOKE}
 
