@@ -131,7 +131,8 @@ SLOWEST_FIRST = (
     "pipelines/test_animate_pipeline.py", "cli/test_generate_outputs.py",
     "pipelines/test_batch_families.py", "serve/test_serve_third_family.py",
     "cli/test_generate_prompts.py", "train/test_checkpoint_space.py",
-    "train/test_lora_checkpoint.py", "plan/test_plan_distill.py")
+    "train/test_lora_checkpoint.py", "plan/test_plan_distill.py",
+    "recipes/test_demo_student.py", "recipes/test_flux_demo_student.py")
 
 
 def pytest_collection_modifyitems(items):
