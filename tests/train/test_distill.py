@@ -163,17 +163,20 @@ def test_one_step_equals_critic_flow_matching_and_the_dmd_formula(one):
     flow = tr.family.training_flow(tuple(batch["latents"].shape[1:]))
     # critic: two flow-matching updates, each on a fresh student sample
     fake, fake_opt = state["fake"], state["fake_opt"]
+
+    @jax.jit
+    @jax.grad
+    def critic_grads(f, x0, k_flow):        # the plain flow-matching loss of the critic
+        model = tr.model(f, frozen)
+        return flow_loss(lambda x, t, text, mask: tr.family.apply(model, x, t, text, mask),
+                         x0, b["text"], b["text_mask"].astype(bool), k_flow, flow)
+
     for i in range(2):
         k_sample, k_flow = jax.random.split(
             jax.random.fold_in(jax.random.fold_in(key, 1), i))
         k, noise = draws(k_sample, 4, batch["latents"].shape)
         x0 = hand_rollout(tr, params, frozen, batch, noise, sig, k)
-
-        def loss(f):
-            model = tr.model(f, frozen)
-            return flow_loss(lambda x, t, text, mask: tr.family.apply(model, x, t, text, mask),
-                             x0, b["text"], b["text_mask"].astype(bool), k_flow, flow)
-        grads = jax.jit(jax.grad(loss))(fake)
+        grads = critic_grads(fake, x0, k_flow)
         upd, fake_opt = tr.critic_tx.update(grads, fake_opt, fake)
         fake = optax.apply_updates(fake, upd)
     err = jax.tree.map(lambda a, w: float(np.max(np.abs(np.asarray(a) - np.asarray(w)))),
