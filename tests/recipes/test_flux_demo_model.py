@@ -160,3 +160,9 @@ def test_shipped_flux_draws_the_prompted_colour_and_position(tmp_path):
     rec = run_flux_demo(out=tmp_path, prompts=prompts[:1], say=lambda m: None)
     assert pathlib.Path(rec["sheet"]).stat().st_size > 0
     assert pathlib.Path(rec["images"][0]["file"]).name == "flux_red_circle_on_the_left.png"
+    # its 4-step student beside it (the shipped LoRA), timed and scored the same way
+    st = rec["student"]
+    assert pathlib.Path(st["images"][0]["file"]).name == \
+        "flux_student_red_circle_on_the_left.png"
+    assert set(st["score"]) == {"colour", "shape", "position"}
+    assert st["seconds_per_image"] > 0 and rec["seconds_per_image"] > 0
