@@ -57,7 +57,7 @@ from ditax.models.base import model_family
 from ditax.schedulers.flow import shift_sigma
 from ditax.train.adapters import AdapterSplit
 from ditax.train.loss import NUM_TRAIN_TIMESTEPS, flow_loss
-from ditax.train.step import batch_shardings, make_optimizer, opt_shardings, program_fields
+from ditax.train.step import TrainerBase, batch_shardings, make_optimizer, opt_shardings
 
 _TAG_CRITIC, _TAG_STUDENT = 1, 2
 
@@ -115,7 +115,7 @@ def dmd_loss(x0, grad, mask=None):
     return 0.5 * jnp.sum(sq * m) / jnp.sum(m)
 
 
-class DistillTrainer:
+class DistillTrainer(TrainerBase):
     """The :class:`~ditax.train.step.Trainer` of a distillation run: same interface
     (``init``, ``step``, ``put_batch``, ``abstract_state``, ``adapters``), a state with the
     critic (``fake``, ``fake_opt``) beside the student (``params``, ``opt``) and the frozen
@@ -212,13 +212,6 @@ class DistillTrainer:
     def sample_settings(self, latent_shape) -> dict:
         """How the student is sampled (:func:`sample_settings`), saved with its LoRA."""
         return sample_settings(self.cfg, self.family, latent_shape)
-
-    def check_serves(self, cfg: Config) -> None:
-        mine, theirs = program_fields(self.cfg), program_fields(cfg)
-        diff = [k for k in mine if mine[k] != theirs[k]]
-        if diff:
-            raise ConfigError(f"the given Trainer was built for a config that differs in "
-                              f"{', '.join(diff)}; build a trainer for this config")
 
     # -- state -------------------------------------------------------------------------------
 
@@ -318,20 +311,6 @@ class DistillTrainer:
                 "step": jax.device_put(jnp.zeros((), jnp.int32), rep),
                 "key": jax.device_put(key, rep), **({"head": head} if self.gan else {})}
 
-    def _random_params(self) -> dict:
-        model = self.family.create(self.mesh, nnx.Rngs(self.cfg.seed))
-        return nnx.to_pure_dict(nnx.split(model)[1])
-
-    def model(self, params: dict, frozen: dict):
-        """The module of a student or critic (``params``) over the frozen weights; LoRA's real
-        score is ``model(zeros_like(adapters), frozen)``; a full-weight run's is
-        ``model(frozen, frozen)``."""
-        if self.split is not None:
-            return self.split.model(params, frozen)
-        st = jax.tree.map(lambda x: x, self._abs_state)
-        nnx.replace_by_pure_dict(st, params)
-        return nnx.merge(self.graphdef, st)
-
     def teacher(self, state_params: dict, frozen: dict):
         """A thunk building the real score's module (the frozen teacher)."""
         if self.split is not None:
@@ -356,14 +335,6 @@ class DistillTrainer:
                                       needed_by=f"distill.guidance={d.guidance:g}")
         self.null = jax.device_put({"text": text, "text_mask": mask, **extra},
                                    NamedSharding(self.mesh, P()))
-
-    def put_batch(self, local: dict) -> dict:
-        out = {}
-        n_proc = jax.process_count()
-        for k, v in local.items():
-            gshape = (v.shape[0] * n_proc,) + v.shape[1:]
-            out[k] = jax.make_array_from_process_local_data(self.batch_sh[k], v, gshape)
-        return out
 
     # -- the pieces of a step (each a function of explicit inputs, tested one by one) --------
 

@@ -109,7 +109,44 @@ def program_fields(cfg: Config) -> dict:
             "distill": dataclasses.replace(cfg.distill, sample_every=0)}
 
 
-class Trainer:
+class TrainerBase:
+    """What every trainer shares (:class:`Trainer`, :class:`~ditax.train.distill.DistillTrainer`):
+    the config check, the model bound to its weights, the seed's weights and the batch put on
+    the mesh. A subclass sets ``cfg``, ``mesh``, ``family``, ``split`` (None: every weight
+    trains; then ``graphdef`` and ``_abs_state``) and ``batch_sh``."""
+
+    def check_serves(self, cfg: Config) -> None:
+        """:class:`ConfigError` unless this Trainer runs the program ``cfg`` asks for."""
+        mine, theirs = program_fields(self.cfg), program_fields(cfg)
+        diff = [k for k in mine if mine[k] != theirs[k]]
+        if diff:
+            raise ConfigError(f"the given Trainer was built for a config that differs in "
+                              f"{', '.join(diff)}; build a trainer for this config "
+                              f"(make_trainer(cfg, mesh))")
+
+    def _random_params(self) -> dict:
+        model = self.family.create(self.mesh, nnx.Rngs(self.cfg.seed))
+        return nnx.to_pure_dict(nnx.split(model)[1])
+
+    def model(self, params: dict, frozen: dict | None = None):
+        """An NNX module bound to ``params`` (and, with a split, the ``frozen`` weights)."""
+        if self.split is not None:
+            return self.split.model(params, frozen)
+        st = jax.tree.map(lambda x: x, self._abs_state)
+        nnx.replace_by_pure_dict(st, params)
+        return nnx.merge(self.graphdef, st)
+
+    def put_batch(self, local: dict) -> dict:
+        """Per-process numpy batch → global arrays sharded over the batch axes."""
+        out = {}
+        n_proc = jax.process_count()
+        for k, v in local.items():
+            gshape = (v.shape[0] * n_proc,) + v.shape[1:]
+            out[k] = jax.make_array_from_process_local_data(self.batch_sh[k], v, gshape)
+        return out
+
+
+class Trainer(TrainerBase):
     """Holds the graph, optimiser, shardings and the jitted step; builds / inits / steps the
     train state.
 
@@ -166,14 +203,6 @@ class Trainer:
                              out_shardings=(self.state_sh, rep), donate_argnums=(0,))
         self._init_params = jax.jit(self._random_params, out_shardings=self.params_sh)
 
-    def check_serves(self, cfg: Config) -> None:
-        """:class:`ConfigError` unless this Trainer runs the program ``cfg`` asks for."""
-        mine, theirs = program_fields(self.cfg), program_fields(cfg)
-        diff = [k for k in mine if mine[k] != theirs[k]]
-        if diff:
-            raise ConfigError(f"the given Trainer was built for a config that differs in "
-                              f"{', '.join(diff)}; build Trainer(cfg, mesh) for this config")
-
     # -- state -------------------------------------------------------------------------------
 
     def abstract_state(self) -> dict:
@@ -190,10 +219,6 @@ class Trainer:
             out["frozen"] = jax.tree.map(sds, self.split.frozen_abstract,
                                          self.split.frozen_sh)
         return out
-
-    def _random_params(self) -> dict:
-        model = self.family.create(self.mesh, nnx.Rngs(self.cfg.seed))
-        return nnx.to_pure_dict(nnx.split(model)[1])
 
     def init(self, params: dict | None = None) -> dict:
         """Fresh state from ``cfg.seed`` (or from given parameters, e.g. ``init_from``; with
@@ -215,24 +240,7 @@ class Trainer:
             state["frozen"] = frozen
         return state
 
-    def model(self, params: dict, frozen: dict | None = None):
-        """An NNX module bound to ``params`` (and, with a split, the ``frozen`` weights)."""
-        if self.split is not None:
-            return self.split.model(params, frozen)
-        st = jax.tree.map(lambda x: x, self._abs_state)
-        nnx.replace_by_pure_dict(st, params)
-        return nnx.merge(self.graphdef, st)
-
     # -- step --------------------------------------------------------------------------------
-
-    def put_batch(self, local: dict) -> dict:
-        """Per-process numpy batch → global arrays sharded over the batch axes."""
-        out = {}
-        n_proc = jax.process_count()
-        for k, v in local.items():
-            gshape = (v.shape[0] * n_proc,) + v.shape[1:]
-            out[k] = jax.make_array_from_process_local_data(self.batch_sh[k], v, gshape)
-        return out
 
     def loss_fn(self, params, batch, key, frozen=None):
         model = self.model(params, frozen)
