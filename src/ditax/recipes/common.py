@@ -140,5 +140,45 @@ def recipe_main(argv, recipe: type[StagedRecipe], sizes: dict, *, prog: str, des
     return 0
 
 
-__all__ = ["MANIFEST", "StagedRecipe", "check_manifest", "recipe_main", "sha256",
+class StudentRecipe(StagedRecipe):
+    """A few-step student's recipe (stages data, distill, score, ship) into ``out`` (work
+    files) and ``folder`` (the shipped student, default ``out/student``); ``teacher``: the
+    teacher's pipeline folder (default :meth:`default_teacher`). A subclass sets ``NAME``,
+    ``WHAT`` (the loss curve's title), ``default_teacher`` and the stages but ``distill``."""
+
+    STAGES = ("data", "distill", "score", "ship")
+    MARKERS = {"data": "latents/meta.json", "distill": "distill/lora.safetensors",
+               "score": "score.json"}
+    WHAT = "student (DMD2 loss)"
+
+    def __init__(self, out, sizes, *, teacher=None, **kw):
+        super().__init__(out, sizes, **kw)
+        if kw.get("folder") is None:
+            self.folder = self.out / "student"
+        self.teacher = pathlib.Path(teacher) if teacher else self.default_teacher()
+        self.record["teacher"] = str(self.teacher)
+
+    @staticmethod
+    def default_teacher() -> pathlib.Path:
+        raise NotImplementedError
+
+    def distill_config(self):
+        raise NotImplementedError
+
+    def distill(self):
+        """``ditax train`` of :meth:`distill_config`; its summary, last critic loss and the
+        student's sampling settings (``distill/ditax_sample.json``, written with its LoRA)."""
+        from ditax.train.loop import train
+        from ditax.train.plots import read_metrics
+
+        out = self.out / "distill"
+        train(self.distill_config(), progress=self.progress, say=self.say)
+        info = transformer_summary(out, self.WHAT)
+        critic = [r["critic_loss"] for r in read_metrics(out / "metrics.jsonl")
+                  if "critic_loss" in r]
+        return {**info, "last_critic_loss": critic[-1] if critic else None,
+                "sample": json.loads((out / "ditax_sample.json").read_text())}
+
+
+__all__ = ["MANIFEST", "StagedRecipe", "StudentRecipe", "check_manifest", "recipe_main", "sha256",
            "transformer_summary", "write_manifest"]

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
 import shutil
 import statistics
 import time
 from dataclasses import dataclass
 
-from ditax.recipes.common import (MANIFEST, StagedRecipe, check_manifest,  # noqa: F401
-                                  recipe_main, transformer_summary, write_manifest)
+from ditax.recipes.common import (MANIFEST, StudentRecipe, check_manifest,  # noqa: F401
+                                  recipe_main, write_manifest)
 
 LORA_FILE = "lora.safetensors"
 SAMPLE_FILE = "ditax_sample.json"
@@ -84,7 +83,7 @@ SMOKE = dataclasses.replace(
     warmup=0, checkpoint_every=1, score_seeds=(1000,), score_combos=2, teacher_steps=2)
 SIZES = {"full": FULL, "smoke": SMOKE}
 
-STAGES = ("data", "distill", "score", "ship")
+STAGES = StudentRecipe.STAGES
 
 
 def score_combinations(n: int = 0):
@@ -148,23 +147,18 @@ def score_pipeline(pipe, call: dict, combos, seeds, say=print, tag: str = "") ->
     return {"rows": rows, "summary": summary}
 
 
-class Recipe(StagedRecipe):
+class Recipe(StudentRecipe):
     """One run of the recipe into ``out`` (work files) and ``folder`` (the shipped student).
     ``teacher``: the teacher's pipeline folder (default the shipped demo model)."""
 
     NAME = "demo-student"
-    STAGES = STAGES
-    MARKERS = {"data": "latents/meta.json", "distill": f"distill/{LORA_FILE}",
-               "score": SCORE_FILE}
+    WHAT = "demo student (DMD2 loss)"
 
-    def __init__(self, out, sizes, *, teacher=None, **kw):
-        super().__init__(out, sizes, **kw)
-        if kw.get("folder") is None:
-            self.folder = self.out / "student"
+    @staticmethod
+    def default_teacher():
         from ditax.demo import model_path
 
-        self.teacher = pathlib.Path(teacher) if teacher else model_path()
-        self.record["teacher"] = str(self.teacher)
+        return model_path()
 
     # --- the student's settings (what the distillation wrote; before it: what it will write)
     def sample_settings(self) -> dict:
@@ -231,21 +225,6 @@ class Recipe(StagedRecipe):
             "optim.schedule=constant", "optim.weight_decay=0.0", "log_every=5",
             f"checkpoint.every={s.checkpoint_every}", "checkpoint.keep=1",
             f"output_dir={self.out / 'distill'}", f"model.remat={s.remat}"])
-
-    def distill(self):
-        from ditax.train.loop import train
-
-        out = self.out / "distill"
-        train(self.distill_config(), progress=self.progress, say=self.say)
-        if not (out / SAMPLE_FILE).is_file():      # a trainer that does not write it yet
-            (out / SAMPLE_FILE).write_text(json.dumps(self.sample_settings(), indent=2) + "\n")
-        info = transformer_summary(out, "demo student (DMD2 loss)")
-        from ditax.train.plots import read_metrics
-
-        critic = [r["critic_loss"] for r in read_metrics(out / "metrics.jsonl")
-                  if "critic_loss" in r]
-        return {**info, "last_critic_loss": critic[-1] if critic else None,
-                "sample": self.sample_settings()}
 
     def student_pipeline(self, lora=None):
         """The teacher's folder with the student's LoRA (``lora``: default the run's) and its

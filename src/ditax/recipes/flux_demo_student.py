@@ -30,18 +30,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
 import shutil
 import statistics
 import time
 from dataclasses import dataclass
 
-from ditax.recipes.common import StagedRecipe, recipe_main, transformer_summary, write_manifest
+from ditax.recipes.common import StudentRecipe, recipe_main, write_manifest
 
 LORA_FILE = "lora.safetensors"
 SAMPLE_FILE = "ditax_sample.json"
 SCORE_FILE = "score.json"
-STAGES = ("data", "distill", "score", "ship")
+STAGES = StudentRecipe.STAGES
 # the pipeline call's keys among the teacher's ditax_sample.json that the student keeps (the
 # image and its text length); steps, guidance and sigmas are the student's own
 SIZE_KEYS = ("height", "width", "max_sequence_length")
@@ -104,23 +103,18 @@ class _Timed:
         return self.pipe.last_stats
 
 
-class Recipe(StagedRecipe):
+class Recipe(StudentRecipe):
     """One run of the recipe into ``out`` (work files) and ``folder`` (the shipped student).
     ``teacher``: the teacher's ``FluxPipeline`` folder (default the shipped small Flux)."""
 
     NAME = "flux-demo-student"
-    STAGES = STAGES
-    MARKERS = {"data": "latents/meta.json", "distill": f"distill/{LORA_FILE}",
-               "score": SCORE_FILE}
+    WHAT = "small Flux student (DMD2 loss)"
 
-    def __init__(self, out, sizes, *, teacher=None, **kw):
-        super().__init__(out, sizes, **kw)
-        if kw.get("folder") is None:
-            self.folder = self.out / "student"
+    @staticmethod
+    def default_teacher():
         from ditax.demo import flux_model_path
 
-        self.teacher = pathlib.Path(teacher) if teacher else flux_model_path()
-        self.record["teacher"] = str(self.teacher)
+        return flux_model_path()
 
     def teacher_call(self) -> dict:
         """The teacher's pipeline call: its folder's ``ditax_sample.json`` at the recipe's
@@ -185,18 +179,6 @@ class Recipe(StagedRecipe):
             f"log_every={max(1, min(10, s.steps // 5))}",
             f"checkpoint.every={s.checkpoint_every}", "checkpoint.keep=1",
             f"output_dir={self.out / 'distill'}"])
-
-    def distill(self):
-        from ditax.train.loop import train
-        from ditax.train.plots import read_metrics
-
-        out = self.out / "distill"
-        train(self.distill_config(), progress=self.progress, say=self.say)
-        info = transformer_summary(out, "small Flux student (DMD2 loss)")
-        critic = [r["critic_loss"] for r in read_metrics(out / "metrics.jsonl")
-                  if "critic_loss" in r]
-        return {**info, "last_critic_loss": critic[-1] if critic else None,
-                "sample": json.loads((out / SAMPLE_FILE).read_text())}
 
     def student_pipeline(self, lora=None):
         """The teacher's folder with the student's LoRA (``lora``: default the run's): the
