@@ -43,13 +43,25 @@ BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"   # compiled, or 
 CACHE_HIT = "/jax/compilation_cache/cache_hits"                   # read from the persistent cache
 
 
+#: upper bounds (seconds) of the step-time histogram's buckets (``ditax_step_seconds``)
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
 class Metrics:
     """Counters for ``/metrics``: programs handed to XLA (compiled or read from the persistent
     cache; the reads also counted alone) and their seconds, denoising steps and job seconds
-    (submit → finished), batches run."""
+    (submit → finished), batches run, jobs failed / retried (claimed again after a stop or an
+    expired lease) / cancelled, the rows of the running batch (a gauge) and a histogram of
+    step times (:data:`STEP_BUCKETS`; ``step_counts[i]``: steps of at most ``STEP_BUCKETS[i]``
+    seconds and more than the bound before, the last entry past every bound)."""
 
     def __init__(self):
         self.lock = threading.Lock()
+        self.failed = 0
+        self.retried = 0
+        self.cancelled = 0
+        self.running_rows = 0
+        self.step_counts = [0] * (len(STEP_BUCKETS) + 1)
         self.compiles = 0
         self.cache_hits = 0
         self.compile_seconds = 0.0
@@ -70,6 +82,14 @@ class Metrics:
         if event == CACHE_HIT:
             with self.lock:
                 self.cache_hits += 1
+
+    def observe_step(self, seconds: float) -> None:
+        """One denoising step of ``seconds`` (of the whole running batch)."""
+        i = next((k for k, b in enumerate(STEP_BUCKETS) if seconds <= b), len(STEP_BUCKETS))
+        with self.lock:
+            self.steps += 1
+            self.step_seconds += seconds
+            self.step_counts[i] += 1
 
     def add(self, **amounts) -> None:
         with self.lock:
@@ -235,7 +255,7 @@ class Worker(threading.Thread):
 
         def on_step(done: int) -> None:
             now = time.perf_counter()
-            self.metrics.add(steps=1, step_seconds=now - t_last[0])
+            self.metrics.observe_step(now - t_last[0])
             t_last[0] = now
             for i in ids:
                 self.store.set_progress(i, min(99, done * 100 // steps))
@@ -304,4 +324,4 @@ class Worker(threading.Thread):
                  f"{compiles} compiles)")
 
 
-__all__ = ["Cancelled", "Metrics", "Stopping", "Worker"]
+__all__ = ["Cancelled", "Metrics", "STEP_BUCKETS", "Stopping", "Worker"]
