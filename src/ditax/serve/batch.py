@@ -38,4 +38,20 @@ def generate_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] |
         return sample_batch(pipe, calls, on_step=on_step, pad_to=pad_to)
 
 
-__all__ = ["batchable", "bucket", "generate_batch"]
+def buckets(max_batch: int) -> list[int]:
+    """Every padded batch size a server with ``--max-batch max_batch`` may run."""
+    return sorted({bucket(n, max_batch) for n in range(1, max_batch + 1)})
+
+
+def warm_programs(pipe, calls: Sequence[dict], max_batch: int) -> None:
+    """Compile what serving ``calls`` runs, at every batch size of :func:`buckets` (each call
+    run once per size, its outputs dropped; a pipeline that does not batch: once alone)."""
+    for call in calls:
+        if not batchable(pipe):
+            pipe(progress=False, **call)
+            continue
+        for b in buckets(max_batch):
+            generate_batch(pipe, [call], pad_to=b)
+
+
+__all__ = ["batchable", "bucket", "buckets", "generate_batch", "warm_programs"]

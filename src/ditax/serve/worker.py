@@ -158,6 +158,20 @@ class Worker(threading.Thread):
         jax.monitoring.register_event_duration_secs_listener(self.metrics.on_event)
         jax.monitoring.register_event_listener(self.metrics.on_plain_event)
 
+    def warm(self, requests: list[dict]) -> float:
+        """Compile, before the first job, every program the worker runs for ``requests`` (stored
+        requests, as :func:`~ditax.serve.requests.check_body` makes them: one per configured
+        size) at each batch size it may run (:func:`~ditax.serve.batch.bucket`: 1, 2, 4, ...
+        up to ``max_batch``): text encoders, the denoise step, the decode; reading the
+        persistent compile cache where it holds them. Runs in the calling thread, inside the
+        worker's context; returns the seconds it took."""
+        from ditax.serve.batch import warm_programs
+
+        t0 = time.perf_counter()
+        with self.context():
+            warm_programs(self.pipe, [call_of(r) for r in requests], self.max_batch)
+        return time.perf_counter() - t0
+
     def cancel(self, job_id: str) -> None:
         """Drop a running job's video (its batch stops once all its jobs are cancelled)."""
         self.cancelled.add(job_id)
