@@ -51,8 +51,9 @@ class Denoiser(Protocol):
 
 class ModelInputs(Protocol):
     """A family's rule for the denoiser's inputs at one sampling step: ``inputs(model,
-    condition, latents [B, C, ...] float32, t float32 []) → (x, timestep, extras)`` —
-    ``condition`` is the family's per-request pytree (None: text only), ``extras`` a dict of
+    condition, latents [B, C, ...] float32, t float32 [] or [B]) → (x, timestep, extras)`` —
+    ``t`` is one timestep for every row, or one per row (a continuous batch, whose rows are at
+    their own steps: :mod:`ditax.pipelines.continuous`); ``condition`` is the family's per-request pytree (None: text only), ``extras`` a dict of
     keyword arguments for :meth:`Denoiser.embed` whose arrays have the condition's batch
     (doubled, like ``x``, for a batched CFG forward). A module-level function: it is a static
     argument of the compiled step (hashed by identity)."""

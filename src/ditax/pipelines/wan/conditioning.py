@@ -50,18 +50,20 @@ def blend_first_frame(cond: Condition, latents: jax.Array) -> jax.Array:
 
 
 def model_inputs(cond: Condition | None, latents: jax.Array, t: jax.Array, dtype):
-    """What the transformer is fed at timestep ``t`` (float32 ``[]``) for latents
+    """What the transformer is fed at timestep ``t`` (float32 ``[]``, or ``[B]``: one per row
+    of a continuous batch) for latents
     ``[B, z, F, Y, X]``: ``(x [B, C_in, F, Y, X] in dtype, timestep [B] or per token [B, L],
     image features or None)``."""
     b = latents.shape[0]
     if cond is None:
-        return latents.astype(dtype), jnp.full((b,), t), None
+        return latents.astype(dtype), jnp.broadcast_to(t, (b,)), None
     x = latents
     if cond.frame_mask is not None:
         x = blend_first_frame(cond, x)
-        timestep = jnp.broadcast_to(cond.token_mask * t, (b, cond.token_mask.shape[-1]))
+        per_row = jnp.reshape(t, (-1, 1))           # [] or [B] (rows at their own steps)
+        timestep = jnp.broadcast_to(cond.token_mask * per_row, (b, cond.token_mask.shape[-1]))
     else:
-        timestep = jnp.full((b,), t)
+        timestep = jnp.broadcast_to(t, (b,))
     if cond.channels is not None:
         x = jnp.concatenate([x, jnp.broadcast_to(cond.channels, (b, *cond.channels.shape[1:]))],
                             axis=1)

@@ -1,0 +1,336 @@
+"""Step-level continuous batching: requests join a running batch between two steps and leave it
+when their last step is done, each row at its own step.
+
+:func:`~ditax.pipelines.batch.sample_batch` runs requests of one program shape in lock step
+(they start together and end together). :class:`ContinuousBatch` keeps a set of rows instead,
+each a request at its own step: :meth:`~ContinuousBatch.add` prepares a request (the
+pipeline's ``prepare(**call)``: its checks, text, condition, noise and scheduler state) and
+puts it in the batch; :meth:`~ContinuousBatch.step` runs one denoising step for every row
+and hands back the outputs of the rows that just took their last step (finalized and decoded
+alone, as the pipeline's call does). A server adds waiting requests between two steps, so a
+request that arrives while a batch runs starts at the next step instead of after the batch.
+
+What a row keeps of its own: its latents, its scheduler state (step index and the sampler's
+history: UniPC's data predictions), its text (cond, uncond), its condition (image-to-video,
+control: each row's pytree concatenated on the batch axis), its guidance scale(s) and its LoRA
+strengths (``strengths``: one per LoRA the pipeline holds unmerged,
+:func:`ditax.lora.unmerged.row_strengths`). The step program
+(:func:`_rows_step`) is the plain step of :mod:`ditax.pipelines.denoise` with these per row:
+the timestep of row ``i`` is ``timesteps[i, step_index[i]]`` (a ``[B]`` timestep into the
+family's :class:`~ditax.models.base.ModelInputs` rule), guidance is ``[B]``, and the scheduler
+update is the one-row update mapped over the rows (``jax.vmap``), so a row's result equals its
+request run alone within the rounding of a wider matmul. Rows share what shapes the program:
+the latent shape, the number of steps and sigmas, guidance on or off and the CFG mode, the
+scheduler, the family's rule, the experts and the condition's structure
+(:meth:`ContinuousBatch.fits`).
+
+The batch runs padded to a power of two (:func:`pad_rows`; the padding repeats the first row
+and is dropped), so a server compiles one step program per padded size. With two experts
+(Wan 2.2), the rows of each expert run as their own padded group in a step. Step-cached
+requests and requests with a ``source`` (video-to-video) are refused here with one line:
+they run in lock step (:func:`~ditax.pipelines.batch.sample_batch`), as a pipeline that does
+not batch runs its requests alone.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ditax.parallel.axes import batch_shards
+from ditax.phases import phase
+from ditax.pipelines.batch import batchable
+from ditax.pipelines.denoise import (cfg_branches, cond_branch, model_forward, scheduler_update,
+                                     uncond_rule)
+from ditax.pipelines.sampling import (Prepared, check_finite, check_latents, initial_noise,
+                                      replicate, set_timesteps)
+
+
+def _per_row(g, like):
+    """``g [B]`` shaped to broadcast over ``like [B, ...]``."""
+    return g.reshape((-1,) + (1,) * (like.ndim - 1)).astype(like.dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _rows_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params, states, latents,
+               text, guidance, condition=None, strengths=None):
+    """One sampling step of ``B`` rows, each at its own step (module docstring).
+
+    ``states``: the rows' scheduler states stacked on axis 0 (each leaf ``[B, ...]``);
+    ``latents`` float32 ``[B, ...]``; ``text`` rows ``[cond_1..cond_B(, uncond_1..uncond_B)]``;
+    ``guidance`` float32 ``[B]``; ``condition`` the rows' pytrees concatenated (None: text
+    only); ``strengths`` float32 ``[B, J]`` (None: the LoRA strengths the model holds).
+    Returns ``(latents, states)``."""
+    model = nnx.merge(gdef, params)
+    if strengths is not None:
+        from ditax.lora.unmerged import row_strengths
+
+        row_strengths(model, strengths)
+    rows = latents.shape[0]
+    t = states.timesteps[jnp.arange(rows), states.step_index].astype(jnp.float32)   # [B]
+    step_in = inputs(model, condition, latents, t)
+    forward = model_forward(model)
+    if not use_cfg:
+        v, _ = cond_branch(forward, step_in, text)
+    else:
+        cond, uncond, _ = cfg_branches(forward, cfg_mode, step_in, text,
+                                       uncond=uncond_rule(inputs))
+        v = uncond + _per_row(guidance, cond) * (cond - uncond)
+
+    def one(state, v1, x1):          # the one-request update (its own history, step index)
+        new, state = scheduler_update(scheduler, state, v1[None], x1[None])
+        return new[0], state
+    return jax.vmap(one)(states, v, latents)
+
+
+def pad_rows(n: int, most: int, multiple: int = 1) -> int:
+    """The rows a group of ``n`` runs as: the next power of two, at most ``most`` (but at
+    least ``n``), rounded up to a ``multiple`` (the mesh's batch shards over the forward's
+    rows per request)."""
+    b = 1
+    while b < n:
+        b *= 2
+    b = max(n, min(b, most))
+    return -(-b // multiple) * multiple
+
+
+@dataclass
+class Row:
+    """One request in a :class:`ContinuousBatch` (module docstring): ``tag`` the caller's
+    name for it (a job id), ``done`` its steps run of ``len(timesteps)``."""
+
+    tag: Hashable
+    prepared: Prepared
+    x: Any
+    state: Any
+    text: Any
+    condition: Any
+    timesteps: np.ndarray
+    strengths: np.ndarray | None
+    done: int = 0
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return len(self.timesteps)
+
+    def low(self) -> bool:
+        """Whether this row's next step is the second expert's (below the boundary)."""
+        p = self.prepared
+        return (p.boundary is not None and len(p.experts) > 1
+                and bool(self.timesteps[self.done] < p.boundary))
+
+    def guidance(self) -> float:
+        p = self.prepared
+        g2 = p.guidance_scale if p.guidance_scale_2 is None else p.guidance_scale_2
+        return g2 if self.low() else p.guidance_scale
+
+
+def _leaf_shapes(tree) -> tuple:
+    leaves, structure = jax.tree.flatten(tree)
+    return structure, tuple((tuple(a.shape), str(a.dtype)) for a in leaves)
+
+
+def program_key(p: Prepared, text, condition) -> tuple:
+    """What rows must share to run in one step program (module docstring)."""
+    sigmas = None if p.sigmas is None else np.asarray(p.sigmas, np.float32).tobytes()
+    experts = tuple((id(e.graphdef), id(e.params)) for e in p.experts)
+    return (tuple(p.latent_shape), p.num_inference_steps, p.guidance_scale > 1.0, p.cfg_mode,
+            p.start_step, sigmas, p.boundary, p.inputs, p.scheduler, p.finalize,
+            p.decode is None, id(p.programs), id(p.mesh), experts, _leaf_shapes(text),
+            _leaf_shapes(condition))
+
+
+class ContinuousBatch:
+    """Rows of one program shape at their own steps (module docstring). ``pipe`` a batching
+    pipeline (:func:`~ditax.pipelines.batch.batchable`); ``max_rows`` the most rows a step
+    runs (the server's ``--max-batch``)."""
+
+    def __init__(self, pipe, max_rows: int = 4):
+        if not batchable(pipe):
+            raise ValueError(f"ContinuousBatch: {type(pipe).__name__} hands out no loop parts "
+                             f"(prepare); run its requests one by one through its call")
+        if max_rows < 1:
+            raise ValueError(f"max_rows={max_rows}; give at least 1")
+        self.pipe, self.max_rows = pipe, max_rows
+        self.rows: list[Row] = []
+        self.key: tuple | None = None          # the running rows' program_key
+        self.steps_run = 0                     # step programs run (one per expert group)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def free(self) -> int:
+        """Rows that may still join."""
+        return self.max_rows - len(self.rows)
+
+    # --- rows in
+    def prepare(self, tag: Hashable, call: dict, strengths=None) -> Row:
+        """A request as a row, ready to join (its checks, text, condition, noise, scheduler
+        state); ValueError for a request that cannot run here (step cache, a source)."""
+        p = self.pipe.prepare(**call)
+        if p.cache is not None or p.cfg_cache:
+            raise ValueError("ContinuousBatch: a step-cached request runs in lock step "
+                             "(sample_batch): the cache decides per batch step")
+        if p.source is not None:
+            raise ValueError("ContinuousBatch: a request with a source (video-to-video) runs "
+                             "alone")
+        use_cfg = p.guidance_scale > 1.0
+        shape = tuple(p.latent_shape)
+        with phase(p.condition_phase):
+            condition = jax.block_until_ready(replicate(p.condition(), p.mesh))
+        with phase("text"):
+            text = jax.block_until_ready(replicate(p.text(use_cfg), p.mesh))
+        x = (initial_noise(p.seed, shape) if p.latents is None
+             else jnp.asarray(check_latents(p.latents, shape, p.size)))
+        state = set_timesteps(p.scheduler, p.num_inference_steps, shape, p.sigmas)
+        if p.start_step:
+            state = p.scheduler.from_step(state, p.start_step)
+        s = None if strengths is None else np.asarray(strengths, np.float32).reshape(-1)
+        return Row(tag, p, replicate(jnp.asarray(x, jnp.float32), p.mesh),
+                   replicate(state, p.mesh), text, condition, np.asarray(state.timesteps), s)
+
+    def fits(self, row: Row) -> bool:
+        """Whether ``row`` may join the running rows (the same program shape, a free row)."""
+        if self.free < 1:
+            return False
+        return self.key is None or program_key(row.prepared, row.text, row.condition) == self.key
+
+    def join(self, row: Row) -> None:
+        """Put ``row`` in the batch (it runs from the next :meth:`step`); ValueError when it
+        does not :meth:`fit`."""
+        if not self.fits(row):
+            raise ValueError("ContinuousBatch: the request's program shape differs from the "
+                             "running rows' (size, frames, steps, guidance on/off, condition)"
+                             if self.free else "ContinuousBatch: the batch is full")
+        if (row.strengths is None) != (not self.rows or self.rows[0].strengths is None) \
+                and self.rows:
+            raise ValueError("ContinuousBatch: rows with and without LoRA strengths")
+        self.key = program_key(row.prepared, row.text, row.condition)
+        self.rows.append(row)
+
+    def add(self, tag: Hashable, call: dict, strengths=None) -> Row:
+        """:meth:`prepare` then :meth:`join`."""
+        row = self.prepare(tag, call, strengths)
+        self.join(row)
+        return row
+
+    def drop(self, tag: Hashable) -> bool:
+        """Take a row out (a cancelled request); False when no row has ``tag``."""
+        keep = [r for r in self.rows if r.tag != tag]
+        found = len(keep) != len(self.rows)
+        self.rows = keep
+        if not self.rows:
+            self.key = None
+        return found
+
+    # --- the step
+    def _group_args(self, rows: Sequence[Row], n: int):
+        """The step program's traced arguments for ``rows`` padded to ``n`` (the first row
+        repeated)."""
+        rows = list(rows) + [rows[0]] * (n - len(rows))
+        p = rows[0].prepared
+        use_cfg = p.guidance_scale > 1.0
+        cat = lambda *a: jnp.concatenate(a)           # noqa: E731
+        states = jax.tree.map(lambda *a: jnp.stack(a), *[r.state for r in rows])
+        x = jnp.concatenate([r.x for r in rows])
+        text = jax.tree.map(lambda *leaves: jnp.concatenate(
+            [a[0:1] for a in leaves] + ([a[1:2] for a in leaves] if use_cfg else [])),
+            *[r.text for r in rows])
+        conds = [r.condition for r in rows]
+        condition = None if all(c is None for c in conds) else jax.tree.map(cat, *conds)
+        guidance = jnp.asarray([r.guidance() for r in rows], jnp.float32)
+        strengths = (None if rows[0].strengths is None
+                     else jnp.asarray(np.stack([r.strengths for r in rows])))
+        mesh = p.mesh
+        return (replicate(states, mesh), replicate(x, mesh), text, replicate(guidance, mesh),
+                condition, replicate(strengths, mesh))
+
+    def _multiple(self, p: Prepared) -> int:
+        """The padded rows must split over the mesh's batch shards with the forward's rows per
+        request (2 for batched CFG)."""
+        shards = batch_shards(p.mesh) if p.mesh is not None else 1
+        per = 2 if (p.guidance_scale > 1.0 and p.cfg_mode == "batched") else 1
+        return max(1, shards // np.gcd(shards, per))
+
+    def program(self, rows: Sequence[Row], n: int, expert):
+        """The compiled step for ``rows`` padded to ``n`` running ``expert`` (compiled on first
+        use, in the pipeline's :class:`~ditax.pipelines.programs.Programs`)."""
+        p = rows[0].prepared
+        args = (expert.params, *self._group_args(rows, n))
+        static = (expert.graphdef, p.inputs, p.scheduler, p.cfg_mode, p.guidance_scale > 1.0)
+        return p.programs.step(_rows_step, static, args), args
+
+    def step(self) -> list[tuple[Hashable, Any]]:
+        """One step for every row; returns ``[(tag, output)]`` of the rows that finished (each
+        output what the pipeline's call returns: decoded alone, or its latents), in the order
+        they joined. An empty batch does nothing."""
+        if not self.rows:
+            return []
+        groups: dict[int, list[Row]] = {}
+        for r in self.rows:
+            groups.setdefault(1 if r.low() else 0, []).append(r)
+        for which, rows in sorted(groups.items()):
+            p = rows[0].prepared
+            expert = p.experts[which]
+            n = pad_rows(len(rows), self.max_rows, self._multiple(p))
+            run, args = self.program(rows, n, expert)
+            x, states = run(*args)
+            self.steps_run += 1
+            for i, r in enumerate(rows):
+                r.x = x[i:i + 1]
+                r.state = jax.tree.map(lambda a, i=i: a[i], states)
+                r.done += 1
+        jax.block_until_ready([r.x for r in self.rows])
+        done = [r for r in self.rows if r.done >= r.steps]
+        if not done:
+            return []
+        self.rows = [r for r in self.rows if r.done < r.steps]
+        if not self.rows:
+            self.key = None
+        return [(r.tag, self.finish(r)) for r in done]
+
+    def finish(self, row: Row):
+        """A finished row's output, as the pipeline's call gives it."""
+        p = row.prepared
+        x = row.x if p.finalize is None else p.finalize(row.condition, row.x)
+        x = jax.block_until_ready(x)
+        check_finite(x, "denoise", f"the latents after {row.steps} steps", p.guidance_scale)
+        if p.decode is None:
+            return np.asarray(x)
+        with phase("decode"):
+            prepared = None if p.prepare_decode is None else p.prepare_decode()
+            out = p.decode(x, prepared)
+            check_finite(out, "decode", "the decoded output", p.guidance_scale)
+        return out
+
+    # --- ahead of time
+    def warm(self, call: dict, sizes: Sequence[int] | None = None, strengths=None,
+             threads: int = 4) -> int:
+        """Compile, without running a step, what serving ``call`` needs: its text and condition
+        encoders (run once on it), the step program of each padded size in ``sizes`` (default:
+        every one up to ``max_rows``; with two experts, each expert's), in parallel threads,
+        and its decode. Returns how many step programs were compiled or found."""
+        row = self.prepare("warm", call, strengths)
+        p = row.prepared
+        m = self._multiple(p)
+        sizes = sorted({pad_rows(k, self.max_rows, m) for k in (
+            sizes or range(1, self.max_rows + 1))})
+        jobs = [(n, e) for n in sizes for e in p.experts[:2 if p.boundary is not None else 1]]
+        with ThreadPoolExecutor(max(1, min(threads, len(jobs)))) as pool:
+            list(pool.map(lambda job: self.program([row], *job), jobs))
+        if p.decode is not None and p.prepare_decode is not None:
+            p.prepare_decode()
+        return len(jobs)
+
+
+__all__ = ["ContinuousBatch", "Row", "pad_rows", "program_key"]

@@ -1,0 +1,154 @@
+"""Step-level continuous batching (:mod:`ditax.pipelines.continuous`): a request that joins a
+running batch at step k, and rows that leave it at their own last step, each give the output
+of the same request run alone (within the rounding of a wider matmul); for Wan text-to-video
+(UniPC: each row keeps its own sampler history), Wan 2.2's two experts (rows on both sides of
+the boundary run as two groups in one step), TI2V (per-token timesteps per row), FLUX.1 with
+true CFG, per-row guidance; requests of another shape do not fit; step-cached and
+video-to-video requests are refused in one line."""
+
+import numpy as np
+import pytest
+
+import ditax
+from ditax.pipelines.continuous import ContinuousBatch, pad_rows
+
+TOL = 2e-4   # float32 rounding of wider matmuls; a mixed-up row is off by far more
+
+
+def _alone(pipe, call):
+    return pipe(progress=False, **call)
+
+
+def _run(batch, schedule):
+    """``schedule``: {step number: [(tag, call), ...]} — requests added before that step of
+    the batch (0: at the start); returns {tag: output} once every row is done, and the rows
+    of each step."""
+    out, sizes, k = {}, [], 0
+    while True:
+        for tag, call in schedule.get(k, []):
+            batch.add(tag, call)
+        if not batch.rows and all(s <= k for s in schedule):
+            return out, sizes
+        sizes.append(len(batch))
+        for tag, o in batch.step():
+            out[tag] = o
+        k += 1
+
+
+def _close(got, want, tol=TOL):
+    assert got.shape == want.shape
+    err = float(np.abs(np.asarray(got) - np.asarray(want)).max())
+    assert err < tol, err
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from ditax.demo import model_path
+
+    return ditax.load_pipeline(model_path())
+
+
+SMALL = dict(height=32, width=32, num_frames=5)
+
+
+def test_rows_join_at_a_step_and_leave_at_their_last(demo):
+    a = dict(prompt="a red circle moves right", seed=1, num_inference_steps=4, **SMALL)
+    b = dict(prompt="a blue square moves up", negative_prompt="blurry", seed=2,
+             num_inference_steps=4, guidance_scale=3.0, **SMALL)
+    c = dict(prompt="a green ball falls", seed=3, num_inference_steps=4, guidance_scale=6.0,
+             **SMALL)
+    batch = ContinuousBatch(demo, max_rows=4)
+    out, sizes = _run(batch, {0: [("a", a)], 2: [("b", b)], 3: [("c", c)]})
+    # a alone for 2 steps, with b, then with b and c; a leaves after its 4th step (the 4th
+    # of the batch), b after the 6th, c after the 7th
+    assert sizes == [1, 1, 2, 3, 2, 2, 1], sizes
+    for tag, call in (("a", a), ("b", b), ("c", c)):
+        _close(out[tag], _alone(demo, call))
+    assert float(np.abs(out["a"] - out["b"]).max()) > 1e-2
+    assert batch.key is None and len(batch) == 0
+
+
+def test_other_shapes_do_not_fit_and_cached_rows_are_refused(demo):
+    a = dict(prompt="a cat", seed=1, num_inference_steps=2, **SMALL)
+    batch = ContinuousBatch(demo, max_rows=2)
+    batch.add("a", a)
+    for change in (dict(num_inference_steps=3), dict(height=48), dict(guidance_scale=1.0)):
+        row = batch.prepare("x", {**a, **change})
+        assert not batch.fits(row), change
+        with pytest.raises(ValueError, match="program shape"):
+            batch.join(row)
+    batch.add("b", dict(a, seed=2, guidance_scale=2.5))     # another scale: one program
+    assert not batch.fits(batch.prepare("c", a))             # full
+    with pytest.raises(ValueError, match="step-cached"):
+        batch.prepare("d", dict(a, cache="first_block"))
+    assert batch.drop("a") and not batch.drop("a") and len(batch) == 1
+
+
+def test_pad_rows():
+    assert [pad_rows(n, 8) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert pad_rows(3, 4, multiple=2) == 4 and pad_rows(1, 4, multiple=2) == 2
+    assert pad_rows(5, 4) == 5
+
+
+@pytest.fixture(scope="module")
+def i2v(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    from i2v_reference import make_tiny_i2v
+
+    cache = {}
+
+    def get(kind):
+        if kind not in cache:
+            cache[kind] = ditax.load_pipeline(make_tiny_i2v(tmp_path_factory.mktemp(kind),
+                                                            kind)[1])
+        return cache[kind]
+    return get
+
+
+def test_two_experts_rows_on_both_sides_of_the_boundary(i2v):
+    from i2v_reference import SIZE21, image
+
+    pipe = i2v("i2v22")
+    kw = dict(SIZE21, num_inference_steps=4, guidance_scale=4.0, guidance_scale_2=2.0)
+    a = dict(prompt="a cat", image=image(1, 32, 48), seed=1, **kw)
+    b = dict(prompt="a dog runs", image=image(2, 32, 48), seed=2, **kw)
+    batch = ContinuousBatch(pipe, max_rows=2)
+    out, _ = _run(batch, {0: [("a", a)], 2: [("b", b)]})
+    # a's low-noise steps ran beside b's high-noise ones: two expert groups in one step
+    assert batch.steps_run > 6
+    for tag, call in (("a", a), ("b", b)):
+        _close(out[tag], _alone(pipe, call))
+
+
+def test_ti2v_per_token_timesteps_per_row(i2v):
+    from i2v_reference import SIZE22, image
+
+    pipe = i2v("ti2v")
+    kw = dict(SIZE22, num_inference_steps=3, guidance_scale=5.0)
+    a = dict(prompt="a cat", image=image(7, 32, 64), seed=1, **kw)
+    b = dict(prompt="a cat", image=image(8, 32, 64), seed=2, **kw)
+    out, _ = _run(ContinuousBatch(pipe, max_rows=2), {0: [("a", a)], 1: [("b", b)]})
+    for tag, call in (("a", a), ("b", b)):
+        _close(out[tag], _alone(pipe, call))
+
+
+@pytest.fixture(scope="module")
+def flux(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    from flux_reference import make_tiny_flux_pipeline
+
+    _, folder = make_tiny_flux_pipeline(tmp_path_factory.mktemp("flux_continuous"),
+                                        guidance_embeds=True)
+    return ditax.load_pipeline(folder)
+
+
+def test_flux_true_cfg_rows_join(flux):
+    kw = dict(height=32, width=32, num_inference_steps=3, guidance_scale=3.5,
+              max_sequence_length=16, true_cfg_scale=2.0)
+    a = dict(prompt="a cat", negative_prompt="blurry", seed=1, **kw)
+    b = dict(prompt="a dog on a beach", negative_prompt="dark", seed=2, **kw)
+    out, _ = _run(ContinuousBatch(flux, max_rows=2), {0: [("a", a)], 1: [("b", b)]})
+    for tag, call in (("a", a), ("b", b)):
+        _close(out[tag], _alone(flux, call))
