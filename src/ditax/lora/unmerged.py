@@ -15,6 +15,16 @@ strength change needs no re-quantization. Strengths are variables: :func:`set_st
 changing any shape, so nothing recompiles. The same rows and checks as the merged path
 (:func:`~ditax.lora.merge.plan_patches`) decide what goes where; full weight deltas (``diff``)
 exist only merged.
+
+Per-row strengths (rows of one batch with different LoRAs / strengths): inside a traced
+step, :func:`row_strengths` sets every layer's strength to ``[(L,) Bf, J]``, one vector per
+row of the forward's batch ``Bf`` (the request rows ``[B, J]`` tiled ``Bf / B`` times: the
+classifier-free-guidance batch is ``[cond_1..cond_B, uncond_1..uncond_B]``). Then each
+row's LoRA terms use its own vector, broadcast over the token axes. A layer whose input
+folds an inner axis into the batch, batch-major (``[Bf·M, ...]``: Wan's per-token
+timestep embedding ``[Bf·L, ...]``, Animate's face encoder ``[Bf·heads, ...]``), gives each
+of its ``M`` rows its sample's vector; a leading axis that is not a multiple of ``Bf`` is an
+error at trace time.
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ class LoraFactor(LoraWeight):
 
 
 class LoraStrength(nnx.Variable):
-    """The strength of each LoRA, ``[(L,) J]``."""
+    """The strength of each LoRA, ``[(L,) J]``; per row of the batch ``[(L,) Bf, J]``
+    (:func:`row_strengths`, inside a traced step)."""
 
 
 class LoraLinear(Linear):
@@ -63,16 +74,27 @@ class LoraLinear(Linear):
         return super().__call__(x) + self._delta(x)
 
     def _delta(self, x):
-        """The LoRA terms on ``x [..., in]`` → ``[..., out]`` (0 when none)."""
+        """The LoRA terms on ``x [..., in]`` → ``[..., out]`` (0 when none). Strengths ``[J]``
+        (the layer scan has sliced the layer axis): shared by every row; ``[Bf, J]``: one
+        vector per row of the forward's batch (:func:`row_strengths`), ``x [Bf·M, ..., in]``."""
         dt = self.dtype
         s = self.lora_strength[...].astype(dt)
+        per_row = s.ndim == 2
+        if per_row:
+            s, lead = _rows_of(s, x), (x.shape[0],) + (1,) * (x.ndim - 2)
         y = jnp.zeros((), dt)
         if self.lora_owner:
             g = self.lora_scale[...].astype(dt) * jnp.take(s, jnp.asarray(self.lora_owner), -1)
+            if per_row:                                    # [N, R] → [N, 1.., R]
+                g = g.reshape(lead + g.shape[-1:])
             h = jnp.einsum("...i,ri->...r", x.astype(dt), self.lora_down[...].astype(dt))
             y = y + jnp.einsum("...r,ro->...o", h * g, self.lora_up[...].astype(dt))
         if self.lora_bias is not None:
-            y = y + jnp.einsum("j,jo->o", s, self.lora_bias[...].astype(dt))
+            if per_row:
+                b = jnp.einsum("nj,jo->no", s, self.lora_bias[...].astype(dt))
+                y = y + b.reshape(lead + b.shape[-1:])
+            else:
+                y = y + jnp.einsum("j,jo->o", s, self.lora_bias[...].astype(dt))
         return y
 
     def out_columns(self, x, start, size: int, place=None):
@@ -100,6 +122,20 @@ class LoraLinear(Linear):
     def from_head_major(self, x):
         """Head-major ``x [B, N, L, K]`` through :meth:`__call__` (base and LoRA terms)."""
         return self(jnp.swapaxes(x, 1, 2).reshape(x.shape[0], x.shape[2], -1))
+
+
+def _rows_of(s, x):
+    """Per-row strengths ``s [Bf, J]`` for each row of ``x [N, ..., in]``: ``N = Bf·M``
+    (an inner axis folded into the batch, batch-major) repeats each row ``M`` times."""
+    rows = s.shape[0]
+    if x.ndim < 2 or x.shape[0] % rows:
+        raise ValueError(
+            f"per-row LoRA strengths [{rows}, {s.shape[1]}] (row_strengths: one vector per row "
+            f"of a batch of {rows}) on a layer input of shape {tuple(x.shape)}: its leading "
+            f"axis must be the batch, or the batch with an inner axis folded in after it "
+            f"([{rows}·M, ...]); pass row_strengths the forward's batch size")
+    m = x.shape[0] // rows
+    return s if m == 1 else jnp.repeat(s, m, axis=0)
 
 
 def _by_module(table: Table) -> dict[str, tuple]:
@@ -198,14 +234,65 @@ def attach(module, loras: list[tuple[Lora, float]], table: Table, mesh=None, *,
     return len(found)
 
 
-def set_strengths(module, strengths, mesh=None) -> None:
-    """New strengths (one per attached LoRA, in order) for every :class:`LoraLinear`."""
-    s = np.asarray(strengths, np.float32).reshape(-1)
+def _lora_layers(module):
+    """Every :class:`LoraLinear` of ``module`` with its stack depth (None: not stacked)."""
     for _, m in nnx.iter_graph(module):
         if isinstance(m, LoraLinear):
-            old = m.lora_strength[...]
-            if old.shape[-1] != s.shape[0]:
-                raise ValueError(f"{s.shape[0]} strength(s) given; the model has "
-                                 f"{old.shape[-1]} LoRA(s)")
-            new = np.ascontiguousarray(np.broadcast_to(s, old.shape))
-            m.lora_strength.set_value(_place(jnp.asarray(new), mesh))
+            down = m.lora_down[...]             # [(L,) R, in]
+            yield m, (down.shape[0] if down.ndim == 3 else None)
+
+
+def lora_count(module) -> int:
+    """How many LoRAs are attached (``J``; 0 without any :class:`LoraLinear`)."""
+    for m, _ in _lora_layers(module):
+        return int(m.lora_strength[...].shape[-1])
+    return 0
+
+
+def _check_count(m: LoraLinear, j: int) -> None:
+    have = m.lora_strength[...].shape[-1]
+    if have != j:
+        raise ValueError(f"{j} strength(s) given; the model has {have} LoRA(s)")
+
+
+def set_strengths(module, strengths, mesh=None) -> None:
+    """New strengths (one per attached LoRA, in order) for every :class:`LoraLinear`, shared
+    by every row (``[(L,) J]``; undoes an eager :func:`row_strengths`)."""
+    s = np.asarray(strengths, np.float32).reshape(-1)
+    for m, layers in _lora_layers(module):
+        _check_count(m, s.shape[0])
+        shape = s.shape if layers is None else (layers,) + s.shape
+        new = np.ascontiguousarray(np.broadcast_to(s, shape))
+        m.lora_strength.set_value(_place(jnp.asarray(new), mesh))
+
+
+def row_strengths(module, s_rows, batch: int) -> None:
+    """Per-row strengths for one forward, set in place: ``s_rows [B, J]`` (float32, may be
+    traced) gives row ``i`` of the batch strength vector ``s_rows[i]``; ``batch`` (static) is
+    the batch of the forward that follows, ``Bf``: ``B``, or ``k·B`` for ``k`` stacked copies
+    of the rows (classifier-free guidance batched: ``[cond_1..cond_B, uncond_1..uncond_B]``,
+    ``Bf = 2B``), so row ``r`` takes ``s_rows[r mod B]``.
+
+    Called inside the traced / jitted step on the module ``nnx.merge`` built there, before
+    the forward; every :class:`LoraLinear` gets ``[Bf, J]`` (stacked layers ``[L, Bf, J]``,
+    sliced by the layer scan). The strengths are kept replicated on the module's mesh (they
+    are tiny; the activations' batch may be split over data / fsdp). Shapes change, so called
+    outside a trace the next call recompiles; :func:`set_strengths` restores shared ones."""
+    s = jnp.asarray(s_rows, jnp.float32)
+    if s.ndim != 2:
+        raise ValueError(f"row_strengths takes [B, J] strengths (one vector per row); got "
+                         f"shape {tuple(s.shape)}")
+    b, j = s.shape
+    if not isinstance(batch, (int, np.integer)) or batch < b or batch % b:
+        raise ValueError(f"row_strengths: batch={batch!r} must be the forward's batch size, "
+                         f"a multiple of the {b} rows given (2·{b} for a CFG-batched forward)")
+    s = jnp.tile(s, (int(batch) // b, 1))
+    mesh = getattr(module, "mesh", None)
+    if mesh is not None:
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        s = jax.lax.with_sharding_constraint(s, NamedSharding(mesh, P()))
+    for m, layers in _lora_layers(module):
+        _check_count(m, j)
+        m.lora_strength.set_value(s if layers is None
+                                  else jnp.broadcast_to(s, (layers,) + s.shape))
