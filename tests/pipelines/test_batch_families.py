@@ -53,16 +53,14 @@ def test_wan_text_to_video_batches(demo):
     assert demo.last_stats["steps"] == 2
 
 
-def test_requests_of_other_shapes_or_step_cached_are_refused(demo):
+def test_requests_of_other_shapes_or_cache_settings_are_refused(demo):
     a = dict(prompt="a red circle moves right", seed=1, **SMALL)
     for change, word in ((dict(num_inference_steps=3), "num_inference_steps"),
                          (dict(guidance_scale=2.0), "guidance_scale"),
-                         (dict(height=48), "latent_shape")):
+                         (dict(height=48), "latent_shape"),
+                         (dict(cache="first_block"), "cache")):
         with pytest.raises(ValueError, match=word):
             sample_batch(demo, [a, {**a, **change}])
-    cached = dict(a, cache="first_block")
-    with pytest.raises(ValueError, match="step-cached"):
-        sample_batch(demo, [cached, cached])
 
 
 def test_batch_key_keeps_the_program_shape_and_drops_a_rows_own():
@@ -84,8 +82,13 @@ def test_batch_key_keeps_the_program_shape_and_drops_a_rows_own():
                    dict(true_cfg_scale=4.0), dict(max_sequence_length=8),
                    dict(lora_strengths=[1.0, 1.0]), dict(sigmas=[1.0, 0.5])):
         assert batch_key({**base, **change}) != key, change
-    assert batch_key({**base, "cache": "teacache"}) is None
-    assert batch_key({**base, "cfg_cache": True}) is None
+    # step-cached requests batch with those of the same cache settings
+    # (tests/pipelines/test_cache_batch.py)
+    cached = batch_key({**base, "cache": "teacache"})
+    assert cached is not None and cached != key
+    assert batch_key({**base, "cache": "teacache", "prompt": "a dog", "seed": 4}) == cached
+    for change in (dict(cache="magcache"), dict(cache_threshold=0.3), dict(cfg_cache=True)):
+        assert batch_key({**base, "cache": "teacache", **change}) != cached, change
 
 
 @pytest.fixture(scope="module")

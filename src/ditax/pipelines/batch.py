@@ -24,11 +24,13 @@ A batch of one runs exactly what the pipeline's call runs (same noise values, te
 step program and decode: bit-identical output, tested); a larger batch runs the same arithmetic
 on more rows, equal to each request alone within the float rounding of wider matmuls.
 
-Step-cached rows are not stacked (one row runs, more are refused): the cache decides per step
-whether the *batch* runs the transformer or reuses its residual (one decision from a measure
-over all rows), so a row's result would depend on the others in its batch; deciding per row
-would mean a forward over a changing subset of rows each step, with no saving over running the
-requests one by one. Rows with a ``source`` (video-to-video's clean start) run one by one too.
+Step-cached requests stack like the others when their cache settings are equal (method,
+threshold, CFG reuse, numbers: part of the program's key): each request's rule decides per step
+for its own row from its own carry entries, the batch runs the blocks on the steps where any row
+needs them and a row that decided to skip takes its own cached residual
+(:mod:`ditax.pipelines.cache.step_cache`, "Batches"), so each row equals its request alone;
+``pipe.last_stats["rows"]`` holds each real row's cache stats. Rows with a ``source``
+(video-to-video's clean start) run one by one.
 """
 
 from __future__ import annotations
@@ -56,14 +58,12 @@ SHARED = ("latent_shape", "num_inference_steps", "guidance_scale", "guidance_sca
 SAME_OBJECT = ("programs", "mesh")
 
 
-def batch_key(call: dict, given: Sequence[str] = ()) -> str | None:
+def batch_key(call: dict, given: Sequence[str] = ()) -> str:
     """The key under which requests share one batch: every value of ``call`` but a row's own
     (:data:`ROW_FIELDS`), those named in ``given`` (per-row inputs such as images) reduced to
     their being given — so equal keys mean equal sizes, frames, steps, guidance values, LoRA
-    strengths, ... and one condition structure. None (the request runs alone) for a
-    step-cached request (module docstring)."""
-    if call.get("cache") or call.get("cfg_cache"):
-        return None
+    strengths, step-cache settings (method, threshold, CFG reuse, numbers), ... and one
+    condition structure."""
     shape = {k: (True if k in given else v) for k, v in call.items() if k not in ROW_FIELDS}
     return json.dumps(shape, sort_keys=True, default=repr)
 
@@ -87,7 +87,8 @@ def _same(name: str, a, b) -> bool:
 
 def check_rows(rows: Sequence[Prepared]) -> None:
     """Raise ValueError naming the first part in which ``rows`` differ (they cannot share one
-    program), or when a row cannot be stacked (step cache, a source) in a batch of more."""
+    program: the step-cache settings among them), or when a row cannot be stacked (a source)
+    in a batch of more."""
     first = rows[0]
     for p in rows[1:]:
         for name in (*SHARED, *SAME_OBJECT, "sigmas"):
@@ -100,9 +101,6 @@ def check_rows(rows: Sequence[Prepared]) -> None:
                 for a, b in zip(p.experts, first.experts)):
             raise ValueError("sample_batch: the requests run different experts")
     if len(rows) > 1:
-        if first.cache is not None or first.cfg_cache:
-            raise ValueError("sample_batch: step-cached requests run one at a time (the cache "
-                             "decides per batch, so a row would depend on the others)")
         if any((p.decode is None) != (first.decode is None) for p in rows):
             raise ValueError("sample_batch: some requests ask for latents, others for the "
                              "decoded output; batch only one kind")
@@ -177,7 +175,10 @@ def sample_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] | N
     args.update(latent_shape=(n, *one[1:]), latents=noise, text=stack_text(rows),
                 condition=stack_condition(rows),
                 decode=None if first.decode is None else decode)
-    out = record(pipe, sample(**args, progress=progress, on_step=on_step))
+    done = sample(**args, progress=progress, on_step=on_step)
+    if "rows" in done.stats:   # the step cache's per-row stats: the real rows'
+        done.stats["rows"] = done.stats["rows"][:real]
+    out = record(pipe, done)
     if first.decode is None:   # the final latents, one [1, ...] array a row
         return [out[i:i + 1] for i in range(real)]
     return out

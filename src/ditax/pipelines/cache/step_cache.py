@@ -42,6 +42,18 @@ Wan image-to-video the inputs, the per-token timesteps of Wan 2.2 TI2V (the modu
 only through :class:`~ditax.models.base.Denoiser` (``embed`` / ``run_blocks`` / ``head``, the
 context's ``seq`` / ``mod`` / ``temb``, ``block_stacks``).
 
+Batches (:func:`ditax.pipelines.batch.sample_batch`: requests of one program shape and the same
+cache settings, stacked): every request decides for itself. The carry keeps one entry per CFG
+branch and request (:mod:`.carry`), each request's rule reads and updates only its own, and in a
+batched CFG forward a request skips when both of its branches may. A step where every request
+skips runs no block (the saving); a step where any request needs the blocks runs them for the
+whole batch, and each request takes the computed tokens (it ran: its residual and accumulators
+are those of a computed step) or, where it decided to skip, its own cached residual — so each
+request's output is the one it gets alone, within the rounding of a wider matmul. MagCache
+(per-step table) and, for Wan, TeaCache (the modulation depends on the timestep only) decide
+alike for every request; first_block's measure is the request's own. The CFG-reuse schedule is
+by step index, which the requests of a lock-step batch share, and ``cfg_diff`` is per request.
+
 Where the parts live: :mod:`.policy` (method names, defaults, request checks, CFG-reuse
 schedule), :mod:`.carry` (the decision state), :mod:`.cached_step` (the compiled step: the
 plain step's inputs, guidance and scheduler update from :mod:`ditax.pipelines.denoise` around
@@ -50,7 +62,11 @@ a caching forward), this module (planning a call's cache and reading its stats).
 TeaCache and MagCache take per-model numbers (:mod:`.numbers`); the Wan 2.1 T2V 1.3B and
 14B ones are shipped, ``ditax calibrate-cache`` measures any other model. ``pipe.last_stats``
 reports, per call: ``steps``, ``transformer_calls`` (full evaluations, each CFG branch counted),
-the computed / skipped / CFG-reused steps per branch.
+the computed / skipped / CFG-reused steps per branch. For a batch these say what the batch ran
+(a call counts one forward over all of its requests; a step is computed for a branch when the
+blocks ran for it, skipped when every request skipped), and ``rows`` lists each request's own
+(``transformer_calls``, ``computed_steps``, ``skipped_steps``, ``cfg_reused_steps``: what it
+would report alone); a batch of one reports exactly what its call does.
 """
 
 from __future__ import annotations
@@ -120,23 +136,45 @@ class StepCache:
         return step
 
     def stats(self) -> dict:
-        """``pipe.last_stats`` of the call (one device read, after the loop)."""
-        per_step = np.asarray(self.carry["per_step"])          # [N, branches]
-        names = ("cond", "uncond")[:self.num_branches]
-        out = dict(steps=int(per_step.shape[0]),
-                   transformer_calls=int((per_step == RAN).sum()),
+        """``pipe.last_stats`` of the call (one device read, after the loop): what the batch
+        ran (module doc, "Batches"), and with more than one request each one's own in
+        ``rows``."""
+        nb = self.num_branches
+        per_step = np.asarray(self.carry["per_step"])          # [N, branches x requests]
+        steps = per_step.shape[0]
+        codes = per_step.reshape(steps, nb, -1)                 # [N, branch, request]
+        names = ("cond", "uncond")[:nb]
+        ran = _steps_of(_batch_codes(codes), names)
+        out = dict(steps=int(steps), transformer_calls=ran.pop("transformer_calls"),
                    cache=self.policy.method if self.policy.method != CALIBRATE else None,
                    cache_threshold=self.threshold, cfg_cache=self.policy.cfg_cache,
-                   cache_numbers=None if self.numbers is None else self.numbers.name,
-                   computed_steps={n: np.flatnonzero(per_step[:, b] == RAN).tolist()
-                                   for b, n in enumerate(names)},
-                   skipped_steps={n: np.flatnonzero(per_step[:, b] == SKIPPED).tolist()
-                                  for b, n in enumerate(names)})
-        if self.num_branches == 2:
-            out["cfg_reused_steps"] = np.flatnonzero(per_step[:, 1] == REUSED).tolist()
+                   cache_numbers=None if self.numbers is None else self.numbers.name, **ran)
+        if codes.shape[2] > 1:
+            out["rows"] = [_steps_of(codes[:, :, r], names) for r in range(codes.shape[2])]
         if self.policy.method == CALIBRATE:
             out["calibration"] = {k: np.asarray(self.carry[k]).tolist() for k in MEASURED}
         return out
+
+
+def _batch_codes(codes: np.ndarray) -> np.ndarray:
+    """``[N, branch]`` codes of the batch from ``[N, branch, request]``: ``RAN`` where the
+    blocks ran for some request, ``SKIPPED`` where every request skipped, else (CFG reuse: the
+    step index decides, so for every request alike) ``REUSED``."""
+    return np.where((codes == RAN).any(2), RAN,
+                    np.where((codes == SKIPPED).all(2), SKIPPED, REUSED))
+
+
+def _steps_of(codes: np.ndarray, names: tuple) -> dict:
+    """``transformer_calls`` and the computed / skipped (/ CFG-reused) steps of ``[N, branch]``
+    codes."""
+    out = dict(transformer_calls=int((codes == RAN).sum()),
+               computed_steps={n: np.flatnonzero(codes[:, b] == RAN).tolist()
+                               for b, n in enumerate(names)},
+               skipped_steps={n: np.flatnonzero(codes[:, b] == SKIPPED).tolist()
+                              for b, n in enumerate(names)})
+    if len(names) == 2:
+        out["cfg_reused_steps"] = np.flatnonzero(codes[:, 1] == REUSED).tolist()
+    return out
 
 
 def plan_step_cache(cache, cache_threshold, cfg_cache, *, use_cfg: bool, cfg_mode: str, mesh,
