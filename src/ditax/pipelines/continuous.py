@@ -70,11 +70,11 @@ def _rows_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params, st
     only); ``strengths`` float32 ``[B, J]`` (None: the LoRA strengths the model holds).
     Returns ``(latents, states)``."""
     model = nnx.merge(gdef, params)
-    if strengths is not None:
+    rows = latents.shape[0]
+    if strengths is not None:       # each row's LoRA strengths, for the forward's rows
         from ditax.lora.unmerged import row_strengths
 
-        row_strengths(model, strengths)
-    rows = latents.shape[0]
+        row_strengths(model, strengths, rows * (2 if use_cfg and cfg_mode == "batched" else 1))
     t = states.timesteps[jnp.arange(rows), states.step_index].astype(jnp.float32)   # [B]
     step_in = inputs(model, condition, latents, t)
     forward = model_forward(model)

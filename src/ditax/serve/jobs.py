@@ -12,6 +12,10 @@ next start :meth:`JobStore.recover` puts the jobs that were running back in the 
 A job records its model (the folder's resolved path) and the hash of that folder's files
 (:func:`folder_hash`); a server claims only the jobs of its model as its files are now, so
 weights replaced under the same path never run a job submitted to the old ones.
+
+:func:`open_store` opens the store ``--db`` names: this SQLite file (one server), or for a
+``postgresql://`` URL the shared store of :mod:`ditax.serve.pgstore` (replicas that claim jobs
+under leases, with the same methods).
 """
 
 from __future__ import annotations
@@ -81,18 +85,43 @@ class QueueFull(Exception):
     """The queue holds ``max_queue`` unfinished jobs (the server answers 429)."""
 
 
-def check_store_path(path) -> pathlib.Path:
-    """``--db`` as a SQLite path: not a URL (a shared store is not served yet), not a folder;
-    :class:`ConfigError` in one line naming the value otherwise."""
+PG_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_pg_url(db) -> bool:
+    """Whether ``--db`` names a PostgreSQL store (a ``postgresql://`` / ``postgres://`` URL)."""
+    return str(db).lower().startswith(PG_SCHEMES)
+
+
+def check_store_path(path) -> pathlib.Path | str:
+    """``--db`` as given: a PostgreSQL URL (returned as the string, for
+    :class:`~ditax.serve.pgstore.PgJobStore`) or a SQLite path (not a folder, not another
+    scheme's URL); :class:`ConfigError` in one line naming the value otherwise."""
     text = str(path)
+    if is_pg_url(text):
+        return text
     if "://" in text:
-        raise ConfigError(f"--db {text}: a database URL; ditax serve keeps its jobs in a SQLite "
-                          f"file for now — give a path, e.g. --db serve/jobs.sqlite")
+        raise ConfigError(f"--db {text}: ditax serve keeps its jobs in a SQLite file or in "
+                          f"PostgreSQL, not at a {text.split('://')[0]}:// URL; give a path "
+                          f"(e.g. --db serve/jobs.sqlite) or postgresql://USER@HOST:PORT/DB")
     p = pathlib.Path(text).expanduser()
     if p.is_dir():
         raise ConfigError(f"--db {text} is a folder; give the job store's file, e.g. "
                           f"--db {p / 'jobs.sqlite'}")
     return p
+
+
+def open_store(db, model: str | None = None, model_hash: str | None = None,
+               lease: float = 30.0):
+    """The job store ``--db`` names: :class:`JobStore` (SQLite, one server) for a path,
+    :class:`~ditax.serve.pgstore.PgJobStore` (PostgreSQL, shared by replicas whose claims hold
+    a ``lease`` of that many seconds) for a ``postgresql://`` URL."""
+    db = check_store_path(db)
+    if isinstance(db, str):
+        from ditax.serve.pgstore import PgJobStore
+
+        return PgJobStore(db, model=model, model_hash=model_hash, lease=lease)
+    return JobStore(db, model=model, model_hash=model_hash)
 
 
 class JobStore:
@@ -101,6 +130,9 @@ class JobStore:
 
     def __init__(self, path, model: str | None = None, model_hash: str | None = None):
         self.path = check_store_path(path)
+        if isinstance(self.path, str):
+            raise ConfigError(f"--db {path}: a PostgreSQL URL, not a SQLite file; open it with "
+                              f"open_store (ditax.serve.pgstore.PgJobStore)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.model = model               # jobs added carry it; claim takes only its jobs
         self.model_hash = model_hash     # its files' (folder_hash): the same, for its jobs
@@ -201,9 +233,10 @@ class JobStore:
             return job_id
         return self.get(self._tx(add))
 
-    def claim(self, max_batch: int) -> list[dict]:
-        """Up to ``max_batch`` queued jobs of the oldest queued job's batch key, oldest first,
-        now ``in_progress`` (their ``attempts`` + 1); ``[]`` when none is queued. Only this
+    def claim(self, max_batch: int, batch_key: str | None = None) -> list[dict]:
+        """Up to ``max_batch`` queued jobs of the oldest queued job's batch key (of
+        ``batch_key``, when given: rows for a running batch of that key), oldest first, now
+        ``in_progress`` (their ``attempts`` + 1); ``[]`` when none is queued. Only this
         model's jobs, submitted to its files as they are (another model's, or its files' before
         they changed, are left queued); a job without a model (or hash) is anyone's."""
         mine = ("status = 'queued' AND (model IS NULL OR model = ?) AND (model_hash IS NULL OR "
@@ -211,19 +244,25 @@ class JobStore:
         ours = (self.model or "", self.model_hash or "")
 
         def claim(db):
-            first = db.execute(f"SELECT batch_key FROM jobs WHERE {mine} ORDER BY seq LIMIT 1",
-                               ours).fetchone()
-            if first is None:
-                return []
+            key = batch_key
+            if key is None:
+                first = db.execute(f"SELECT batch_key FROM jobs WHERE {mine} ORDER BY seq "
+                                   f"LIMIT 1", ours).fetchone()
+                if first is None:
+                    return []
+                key = first[0]
             ids = [r[0] for r in db.execute(
                 f"SELECT id FROM jobs WHERE {mine} AND batch_key = ? ORDER BY seq LIMIT ?",
-                (*ours, first[0], max_batch))]
+                (*ours, key, max_batch))]
             now = time.time()
             db.executemany("UPDATE jobs SET status = 'in_progress', progress = 0, attempts = "
                            "attempts + 1, started_at = ?, batch_size = ? WHERE id = ?",
                            [(now, len(ids), i) for i in ids])
             return ids
         return [self.get(i) for i in self._tx(claim)]
+
+    def heartbeat(self) -> None:
+        """Nothing: a SQLite store has one server, whose claims need no lease."""
 
     def set_progress(self, job_id: str, progress: int) -> None:
         self._tx(lambda db: db.execute(
@@ -232,9 +271,10 @@ class JobStore:
 
     def finish(self, job_id: str, status: str, *, error: str | None = None,
                file: str | None = None, compiles: int | None = None,
-               warnings: list[str] | None = None) -> bool:
+               warnings: list[str] | None = None, batch_size: int | None = None) -> bool:
         """Mark a running (or queued, for ``cancelled``) job finished (``warnings``: what the
-        run said about this job, e.g. a prompt cut to the text length); False when it was
+        run said about this job, e.g. a prompt cut to the text length; ``batch_size``: the
+        most rows it ran beside in a continuous batch, None: as claimed); False when it was
         already finished (e.g. cancelled while its batch ran)."""
         assert status in FINISHED, status
         now = time.time()
@@ -243,10 +283,10 @@ class JobStore:
             cur = db.execute(
                 "UPDATE jobs SET status = ?, error = ?, file = ?, compiles = ?, finished_at = ?,"
                 " seconds = ? - created_at, progress = CASE WHEN ? = 'completed' THEN 100 ELSE "
-                "progress END, warnings = ? WHERE id = ? AND status IN ('queued', "
-                "'in_progress')",
+                "progress END, warnings = ?, batch_size = COALESCE(?, batch_size) WHERE id = ? "
+                "AND status IN ('queued', 'in_progress')",
                 (status, error, file, compiles, now, now, status,
-                 json.dumps(warnings) if warnings else None, job_id))
+                 json.dumps(warnings) if warnings else None, batch_size, job_id))
             return cur.rowcount == 1
         return self._tx(finish)
 
@@ -302,12 +342,28 @@ class JobStore:
                                     (() if seq is None else (seq,)) + (limit + 1,)).fetchall()
         return [_job(r) for r in rows[:limit]], len(rows) > limit
 
+    def waiting_since(self, batch_key: str) -> float | None:
+        """When the oldest queued job of this model with another batch key than ``batch_key``
+        was submitted (None: none waits) — the continuous batch's max-wait policy."""
+        mine = ("status = 'queued' AND (model IS NULL OR model = ?) AND (model_hash IS NULL OR "
+                "model_hash = ?) AND batch_key != ?")
+        with self._lock:
+            row = self._db.execute(f"SELECT MIN(created_at) FROM jobs WHERE {mine}",
+                                   (self.model or "", self.model_hash or "",
+                                    batch_key)).fetchone()
+        return None if row is None else row[0]
+
     def counts(self) -> dict[str, int]:
         """Jobs per status (every status present, 0 where none)."""
         with self._lock:
             rows = self._db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status")
             got = dict(rows.fetchall())
         return {s: int(got.get(s, 0)) for s in STATUSES}
+
+    def retried(self) -> int:
+        """Jobs claimed more than once (run again after a stop that interrupted them)."""
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM jobs WHERE attempts > 1").fetchone()[0]
 
 
 def _job(row: sqlite3.Row) -> dict:
@@ -316,4 +372,5 @@ def _job(row: sqlite3.Row) -> dict:
     return job
 
 
-__all__ = ["FINISHED", "JobStore", "MAX_ATTEMPTS", "QueueFull", "STATUSES", "folder_hash"]
+__all__ = ["FINISHED", "JobStore", "MAX_ATTEMPTS", "QueueFull", "STATUSES", "check_store_path",
+           "folder_hash", "is_pg_url", "open_store"]

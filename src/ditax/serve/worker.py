@@ -123,6 +123,11 @@ def about(said: list[str], job: dict, batch: int) -> list[str]:
     return [m for m in said if head and head in m]
 
 
+#: ``--batching``: rows join the running batch between steps (``continuous``), queued jobs of
+#: one key start and end together (``static``), or every job alone (``off``)
+BATCHING = ("continuous", "static", "off")
+
+
 class Stopping(Exception):
     """The server is stopping and the drain is over: the running batch goes back to the
     queue (raised from the step callback, between two steps)."""
@@ -137,8 +142,15 @@ class Worker(threading.Thread):
     ``<job id>.mp4``. ``drain``: the seconds a running batch may go on once stopping begins."""
 
     def __init__(self, pipe, store: JobStore, output_dir, max_batch: int = 4,
-                 metrics: Metrics | None = None, say=print, context=None, drain: float = 0.0):
+                 metrics: Metrics | None = None, say=print, context=None, drain: float = 0.0,
+                 batching: str = "continuous", max_wait: float = 10.0, group=None):
         super().__init__(name="ditax-serve-worker", daemon=True)
+        if batching not in BATCHING:
+            raise ValueError(f"batching={batching!r}; expected one of {', '.join(BATCHING)}")
+        self.mode, self.max_wait = batching, max_wait
+        # the other processes of a multi-process server (ditax.serve.group), or None
+        self.group = group
+        self.rows = None                 # the continuous batch (serve.rows.Rows), in the loop
         # entered in this thread around the loop (jax's config scopes, such as the compile
         # cache's, are per thread): run_context(...) of the served model
         self.context = context or contextlib.nullcontext
@@ -165,11 +177,19 @@ class Worker(threading.Thread):
         up to ``max_batch``): text encoders, the denoise step, the decode; reading the
         persistent compile cache where it holds them. Runs in the calling thread, inside the
         worker's context; returns the seconds it took."""
-        from ditax.serve.batch import warm_programs
+        from ditax.serve.batch import batchable, warm_programs
 
         t0 = time.perf_counter()
         with self.context():
-            warm_programs(self.pipe, [call_of(r) for r in requests], self.max_batch)
+            if self.mode == "continuous" and batchable(self.pipe):
+                from ditax.pipelines.continuous import ContinuousBatch
+
+                rows = ContinuousBatch(self.pipe, self.max_batch)
+                for r in requests:
+                    rows.warm(call_of(r), strengths=r.get("lora_strengths"))
+            else:
+                warm_programs(self.pipe, [call_of(r) for r in requests],
+                              self.max_batch if self.mode == "static" else 1)
         return time.perf_counter() - t0
 
     def cancel(self, job_id: str) -> None:
@@ -221,16 +241,33 @@ class Worker(threading.Thread):
 
     def loop(self) -> None:
         from ditax.serve.batch import batchable
+        from ditax.serve.rows import Rows
 
-        self.batching = batchable(self.pipe)
-        while not self.stopping:
+        self.batching = batchable(self.pipe) and self.mode != "off"
+        if self.batching and self.mode == "continuous":
+            self.rows = Rows(self, self.max_wait)
+        while True:
+            if self.rows is not None and self.rows.live:
+                self.running = list(self.rows.live)
+                self.rows.tick()
+                self.running = list(self.rows.live)
+                continue
+            if self.stopping:
+                break
             jobs = self.store.claim(self.max_batch if self.batching else 1)
             if not jobs:
                 self.wake.wait(0.5)
                 self.wake.clear()
                 continue
+            if self.rows is not None and all(self.rows.takes(j) for j in jobs):
+                self.running = [j["id"] for j in jobs]
+                self.rows.start(jobs)
+                self.running = list(self.rows.live)
+                continue
+            self.count_retried(jobs)
             self.running = [j["id"] for j in jobs]
             try:
+                self.share([("batch", [j["request"] for j in jobs])])
                 self.run_jobs(jobs)
             except Stopping:
                 back = [j["id"] for j in jobs if self.store.requeue(j["id"])]
@@ -241,6 +278,18 @@ class Worker(threading.Thread):
                 traceback.print_exc()
             finally:
                 self.running = []
+        self.share([("stop",)])
+
+    def share(self, ops: list) -> list:
+        """``ops`` (what this turn runs) handed to the other processes of a multi-process
+        server, which run the same (:mod:`ditax.serve.group`); ``ops`` as they are without."""
+        return ops if self.group is None else self.group.share(ops)
+
+    def count_retried(self, jobs: list[dict]) -> None:
+        """Jobs claimed again (after a stop, a failure of their server or an expired lease)."""
+        again = sum(1 for j in jobs if (j.get("attempts") or 1) > 1)
+        if again:
+            self.metrics.add(retried=again)
 
     def fail_unfinished(self, jobs: list[dict], message: str) -> None:
         """Fail each of ``jobs`` still in progress with ``message`` (the worker goes on)."""
@@ -307,35 +356,50 @@ class Worker(threading.Thread):
             return
         compiles = self.metrics.compiles - compiles0
         self.metrics.add(batches=1, batched_jobs=len(jobs))
-        for job, call, video in zip(jobs, calls, videos):
-            if job["id"] in self.cancelled:
-                self.store.finish(job["id"], "cancelled")
-                continue
-            extras, more = [], {}
-            if isinstance(video, dict):   # a family's further outputs (PipelineFamily.outputs)
-                main = next(k for k in ("video", "image") if k in video)
-                more = {k: v for k, v in video.items() if k != main}
-                video = video[main]
-            name = f"{job['id']}.{'png' if video.ndim == 3 else 'mp4'}"   # [H, W, 3]: a PNG
-            try:
-                extras = write_extras(self.output_dir / name, more)
-                if video.ndim == 3:
-                    write_png(self.output_dir / name, video)
-                else:
-                    write_mp4(self.output_dir / name, video, fps=job["request"].get("fps") or 16)
-            except OSError as e:          # a full disk, the folder replaced by a file, ...
-                self.fail_unfinished([job], f"could not write {self.output_dir / name}: {e}")
-                continue
-            if self.store.finish(job["id"], "completed", file=name, compiles=compiles,
-                                 warnings=about(said, job, len(jobs))):
-                done = self.store.get(job["id"])
-                self.metrics.add(jobs=1, job_seconds=done["finished_at"] - done["created_at"])
-            else:                         # cancelled while it was written
-                for path in [self.output_dir / name, *extras]:
-                    path.unlink(missing_ok=True)
+        for job, video in zip(jobs, videos):
+            self.publish(job, video, compiles, about(said, job, len(jobs)))
         timings = getattr(self.pipe, "timings", None)
         self.say(f"{len(jobs)} job(s) done ({timings.line() if timings else 'no timings'}; "
                  f"{compiles} compiles)")
+
+    def publish(self, job: dict, video, compiles: int, warnings: list[str],
+                rows: int | None = None) -> bool:
+        """Write a finished job's output (a temporary file renamed: a file a client may
+        download is always whole; a family's further outputs beside it) and mark it
+        completed; ``rows``: the most rows it ran beside (its ``batch_size``). False when it
+        was cancelled (or, on a shared store, re-claimed by another server) meanwhile: nothing
+        of it is kept."""
+        from ditax.io.images import write_png
+        from ditax.io.outputs import write_extras
+        from ditax.io.video import write_mp4
+
+        if job["id"] in self.cancelled:
+            self.store.finish(job["id"], "cancelled")
+            return False
+        extras, more = [], {}
+        if isinstance(video, dict):       # a family's further outputs (PipelineFamily.outputs)
+            main = next(k for k in ("video", "image") if k in video)
+            more = {k: v for k, v in video.items() if k != main}
+            video = video[main]
+        name = f"{job['id']}.{'png' if video.ndim == 3 else 'mp4'}"   # [H, W, 3]: a PNG
+        try:
+            extras = write_extras(self.output_dir / name, more)
+            if video.ndim == 3:
+                write_png(self.output_dir / name, video)
+            else:
+                write_mp4(self.output_dir / name, video, fps=job["request"].get("fps") or 16)
+        except OSError as e:              # a full disk, the folder replaced by a file, ...
+            self.fail_unfinished([job], f"could not write {self.output_dir / name}: {e}")
+            return False
+        extra = {} if rows is None else {"batch_size": rows}
+        if self.store.finish(job["id"], "completed", file=name, compiles=compiles,
+                             warnings=warnings, **extra):
+            done = self.store.get(job["id"])
+            self.metrics.add(jobs=1, job_seconds=done["finished_at"] - done["created_at"])
+            return True
+        for path in [self.output_dir / name, *extras]:   # cancelled while it was written
+            path.unlink(missing_ok=True)
+        return False
 
 
 __all__ = ["Cancelled", "Metrics", "STEP_BUCKETS", "Stopping", "Worker"]
