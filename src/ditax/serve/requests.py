@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 from ditax.errors import RequestError
 
+#: ``ditax serve --batching``: rows join the running batch between steps (``continuous``),
+#: queued jobs of one key start and end together (``static``), or every job alone (``off``)
+BATCHING = ("continuous", "static", "off")
 # the fields every server takes besides its family's request fields (by JSON name)
 HTTP_FIELDS = ("size", "image", "last_image", "loras", "cache", "model")
 # the words of generate's check messages -> the JSON field they are about
@@ -267,10 +270,12 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
     for k in images:
         stored[k] = body[k]
     # every stored value that shapes the program, none of a row's own (texts, seed, image
-    # contents: only whether each is given; fps: its own file's), for any family
+    # contents: only whether each is given; fps: its own file's; LoRA strengths: each row
+    # applies its own unmerged), for any family
     from ditax.pipelines.batch import batch_key
 
-    key = batch_key({k: v for k, v in stored.items() if k != "fps"}, given=tuple(images))
+    key = batch_key({k: v for k, v in stored.items() if k not in ("fps", "lora_strengths")},
+                    given=tuple(images))
     return Checked(call, stored, key, load)
 
 

@@ -37,7 +37,7 @@ import jax
 
 from ditax.errors import DitaxError
 from ditax.serve.jobs import JobStore
-from ditax.serve.requests import call_of
+from ditax.serve.requests import BATCHING, call_of
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"   # compiled, or read from disk
 CACHE_HIT = "/jax/compilation_cache/cache_hits"                   # read from the persistent cache
@@ -123,9 +123,13 @@ def about(said: list[str], job: dict, batch: int) -> list[str]:
     return [m for m in said if head and head in m]
 
 
-#: ``--batching``: rows join the running batch between steps (``continuous``), queued jobs of
-#: one key start and end together (``static``), or every job alone (``off``)
-BATCHING = ("continuous", "static", "off")
+def by_strengths(jobs: list[dict]) -> list[list[dict]]:
+    """``jobs`` in groups of equal LoRA strengths (first seen first; a lock-step batch runs
+    with one strength vector, a continuous batch with one per row)."""
+    groups: dict[str, list[dict]] = {}
+    for j in jobs:
+        groups.setdefault(repr(j["request"].get("lora_strengths")), []).append(j)
+    return list(groups.values())
 
 
 class Stopping(Exception):
@@ -265,19 +269,22 @@ class Worker(threading.Thread):
                 self.running = list(self.rows.live)
                 continue
             self.count_retried(jobs)
-            self.running = [j["id"] for j in jobs]
-            try:
-                self.share([("batch", [j["request"] for j in jobs])])
-                self.run_jobs(jobs)
-            except Stopping:
-                back = [j["id"] for j in jobs if self.store.requeue(j["id"])]
-                if back:
-                    self.say(self.handed_back(back))
-            except Exception as e:  # noqa: BLE001 — a job's failure never ends the worker
-                self.fail_unfinished(jobs, f"{type(e).__name__}: {e}")
-                traceback.print_exc()
-            finally:
-                self.running = []
+            for group in by_strengths(jobs):    # a lock-step batch shares its LoRA strengths
+                self.running = [j["id"] for j in group]
+                try:
+                    if self.overdue():
+                        raise Stopping()
+                    self.share([("batch", [j["request"] for j in group])])
+                    self.run_jobs(group)
+                except Stopping:
+                    back = [j["id"] for j in group if self.store.requeue(j["id"])]
+                    if back:
+                        self.say(self.handed_back(back))
+                except Exception as e:  # noqa: BLE001 — a job's failure never ends the worker
+                    self.fail_unfinished(group, f"{type(e).__name__}: {e}")
+                    traceback.print_exc()
+                finally:
+                    self.running = []
         self.share([("stop",)])
 
     def share(self, ops: list) -> list:
