@@ -29,7 +29,7 @@ import os
 import pathlib
 
 from ditax.errors import ConfigError
-from ditax.serve.requests import Limits
+from ditax.serve.requests import BATCHING, Limits
 
 #: seconds past the drain the process waits for the worker's step (or compile) to end before it
 #: exits without it, the running jobs handed back to the queue
@@ -55,7 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=64,
                    help="unfinished jobs accepted before 429 (64)")
     p.add_argument("--max-batch", type=int, default=4,
-                   help="queued jobs of one shape run as one batch, up to this many (4)")
+                   help="jobs of one shape run as one batch, up to this many rows (4)")
+    p.add_argument("--batching", choices=BATCHING, default="continuous",
+                   help="continuous: jobs join the running batch between two steps and leave "
+                        "at their last (default); static: queued jobs of one shape start and "
+                        "end together; off: every job alone")
+    p.add_argument("--max-wait", type=float, default=10.0, metavar="SECONDS",
+                   help="a job of another shape waits at most this long before the running "
+                        "batch stops taking new rows, so it runs next (10)")
     p.add_argument("--api-key", default=os.environ.get("DITAX_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $DITAX_API_KEY)")
     p.add_argument("--lora-dir", default=None,
@@ -74,9 +81,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="on SIGTERM / Ctrl-C, the seconds the running jobs (and open "
                         "requests) may go on to finish; past them the jobs go back to the "
                         "queue after their current step (10; 0: at once)")
+    p.add_argument("--warm", type=warm_specs, default=[], metavar="WxHxF[:STEPS],...",
+                   help="compile the programs of these request sizes (every batch size) "
+                        "after loading, before the first job: WIDTHxHEIGHTxFRAMES, or "
+                        "WIDTHxHEIGHT for an image model (a video model: the folder's frames), "
+                        "':STEPS' for other than the folder's steps; e.g. 832x480x81,480x832x81."
+                        " /health answers 503 'warming' until done")
     p.add_argument("--no-progress", action="store_true", help="hide the loading status line")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides, as for ditax generate")
+
+
+def warm_specs(text: str) -> list[str]:
+    """argparse type of ``--warm`` (:func:`ditax.serve.warm.parse_specs`; imported late:
+    the serve extra may be missing)."""
+    from ditax.serve.warm import parse_specs
+
+    return parse_specs(text)
 
 
 def lora_files(lora_dir) -> list[tuple[str, str]]:
@@ -114,6 +135,10 @@ def check_args(args) -> None:
         if v < lo or (flag == "--port" and v > 65535):
             raise ConfigError(f"{flag}={v} must be >= {lo}" + (" and <= 65535"
                                                                if flag == "--port" else ""))
+    if not 0 <= args.max_wait < float("inf"):
+        raise ConfigError(f"--max-wait={args.max_wait} must be a finite number of seconds >= 0, "
+                          f"e.g. --max-wait 10 (0: another shape's job runs as soon as the "
+                          f"running rows end)")
     if not 0 <= args.drain < float("inf"):      # NaN too
         raise ConfigError(f"--drain={args.drain} must be a finite number of seconds >= 0, e.g. "
                           f"--drain 10 (0: hand the running jobs back at the next step)")
@@ -185,11 +210,17 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
     import ditax
     from ditax.cli.generate import parse_request
     from ditax.cli.run import run_context
+    from ditax.serve import warm
     from ditax.serve.app import ServeState, create_app
+    from ditax.serve.requests import check_body
     from ditax.serve.worker import Worker
 
     mesh_cfg, cache = load.pop("mesh_config"), load.pop("compile_cache")
     makes = load.pop("makes", "video")
+    # --warm's sizes, each checked as its POST would be, before anything loads
+    warming = warm.warm_requests(getattr(args, "warm", None) or [], makes, lambda body: (
+        check_body(body, args.model, args.overrides, str(out / "request.mp4"), parse_request,
+                   limits, tuple(n for n, _ in loras), (), makes, pipelines)))
     mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
     db = store.path
     sock = bind(args.host, args.port)        # a port in use ends here, before any claim
@@ -205,6 +236,7 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
             print(f"recovered {db}: {len(requeued)} interrupted job(s) queued again, "
                   f"{len(failed)} failed (interrupted too often)")
         worker = Worker(pipe, store, out, max_batch=args.max_batch, drain=args.drain,
+                        batching=args.batching, max_wait=args.max_wait,
                         say=lambda line: print(line, flush=True),
                         context=lambda: run_context(load["attention"], mesh,
                                                     compile_cache=cache))
@@ -214,6 +246,7 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
                            worker=worker, output_dir=out, max_queue=args.max_queue,
                            max_batch=args.max_batch, api_key=args.api_key, loras=loras,
                            makes=makes, limits=limits, outputs=tuple(pipelines.outputs),
+                           warm=warming, say=lambda line: print(line, flush=True),
                            health={"model": str(path), "platform": devices[0].platform,
                                    "devices": len(devices), "makes": makes,
                                    "fields": [f.api for f in fields_of(pipelines) if f.api]
@@ -239,6 +272,8 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
         with server.signals():                # until the worker has ended, not just uvicorn
             server.run(sockets=[sock])
             wait_for(worker, store, server.forced)
+            warm.finish(state, args.drain, server.forced, store)    # a warm-up still compiling
+            wait_for(worker, store, server.forced)   # one it started as the stop began
     store.close()
     print(f"stopped; queued jobs stay in {db} (the same --db runs them)", flush=True)
 
