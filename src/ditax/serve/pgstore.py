@@ -51,6 +51,8 @@ _NOW = "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
 POOL_SIZE = 8
 #: seconds to wait for the database server when a connection opens (unless the URL says)
 CONNECT_TIMEOUT = 5
+#: seconds a pooled connection may sit idle before it is checked again before use
+PING_AFTER = 5.0
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -124,13 +126,23 @@ def check_url(url: str) -> None:
                           f"postgresql://ditax@127.0.0.1:5432/ditax") from None
 
 
+def _alive(conn) -> bool:
+    try:
+        conn.execute("SELECT 1")
+        return True
+    except Exception:  # noqa: BLE001 — any failure: the connection is replaced
+        return False
+
+
 class _Pool:
     """Up to ``size`` open connections made by ``connect``; :meth:`conn` lends one (waiting
-    while all are lent) and takes it back, dropping one that broke."""
+    while all are lent) and takes it back, dropping one that broke. A connection idle for
+    :data:`PING_AFTER` seconds is checked (``SELECT 1``) before it is lent and replaced if the
+    server dropped it (a restart, an idle timeout): a statement is never sent twice."""
 
     def __init__(self, connect, size: int):
         self._connect, self._size = connect, size
-        self._idle: list = []
+        self._idle: list = []            # (connection, monotonic time it came back)
         self._open = 0
         self._closed = False
         self._cv = threading.Condition()
@@ -142,10 +154,13 @@ class _Pool:
                 self._cv.wait()
             if self._closed:
                 raise RuntimeError("the job store is closed")
-            c = self._idle.pop() if self._idle else None
+            c, since = self._idle.pop() if self._idle else (None, 0.0)
             if c is None:
                 self._open += 1
         try:
+            if c is not None and time.monotonic() - since > PING_AFTER and not _alive(c):
+                c.close()
+                c = None
             if c is None:
                 c = self._connect()
             yield c
@@ -161,13 +176,13 @@ class _Pool:
                         c.close()
                     self._open -= 1
                 else:
-                    self._idle.append(c)
+                    self._idle.append((c, time.monotonic()))
                 self._cv.notify()
 
     def close(self) -> None:
         with self._cv:
             self._closed = True
-            for c in self._idle:
+            for c, _ in self._idle:
                 c.close()
             self._open -= len(self._idle)
             self._idle.clear()
