@@ -99,7 +99,11 @@ def test_an_expired_lease_hands_the_job_to_another_replica(url):
         assert a.heartbeat() == 0
         assert b.get(job)["progress"] == 0 and b.get(job)["status"] == "in_progress"
         b.set_progress(job, 40)
+        a.set_progress_many({job: 60})
         assert b.get(job)["progress"] == 40
+        b.set_progress_many({job: 45})
+        assert b.statuses([job, "video_none"]) == {job: "in_progress"}
+        assert b.get(job)["progress"] == 45
         time.sleep(1.5)                             # b's heartbeat thread holds it past 1 s
         assert a.claim(4) == [] and b.status_of(job) == "in_progress"
         assert b.finish(job, "completed", file=f"{job}.mp4")

@@ -357,6 +357,14 @@ class PgJobStore:
             f"UPDATE {TABLE} SET progress = %s WHERE id = %s AND status = 'in_progress' AND "
             f"owner = %s", (int(progress), job_id, self.owner)))
 
+    def set_progress_many(self, progress: dict[str, int]) -> None:
+        """:meth:`set_progress` of several jobs this replica runs, in one transaction (a
+        continuous batch's rows after a step)."""
+        if progress:
+            self._tx(lambda cur: cur.executemany(
+                f"UPDATE {TABLE} SET progress = %s WHERE id = %s AND status = 'in_progress' "
+                f"AND owner = %s", [(int(v), i, self.owner) for i, v in progress.items()]))
+
     def finish(self, job_id: str, status: str, *, error: str | None = None,
                file: str | None = None, compiles: int | None = None,
                warnings: list[str] | None = None, batch_size: int | None = None) -> bool:
@@ -398,6 +406,15 @@ class PgJobStore:
     def status_of(self, job_id: str) -> str | None:
         job = self.get(job_id)
         return None if job is None else job["status"]
+
+    def statuses(self, ids) -> dict[str, str]:
+        """``{id: status}`` of the jobs ``ids`` (those that exist), in one read."""
+        ids = list(ids)
+        if not ids:
+            return {}
+        rows = self._tx(lambda cur: cur.execute(
+            f"SELECT id, status FROM {TABLE} WHERE id = ANY(%s)", (ids,)).fetchall())
+        return {r["id"]: r["status"] for r in rows}
 
     def list(self, limit: int = 20, after: str | None = None) -> tuple[list[dict], bool]:
         """Newest first, ``limit`` jobs created before job ``after`` (a cursor; None: from the
