@@ -295,6 +295,8 @@ def test_two_replicas_one_killed_every_job_completes_once(postgres, tmp_path_fac
         alone = survivor.call("GET", again["url"])
         assert got[0] == alone[0] == 200
         assert_same_video(mp4_frames(got[2], tmp), mp4_frames(alone[2], tmp))
+        assert survivor.stop() == 0                  # SIGTERM: its store closes, exit 0
+        assert "stopped; queued jobs stay in postgresql://" in survivor.log.read_text()
     finally:
         for s in replicas:
             s.stop()
