@@ -1,6 +1,8 @@
 """The page of ``ditax serve`` in a real browser: headless Chromium (Debian's ``chromium`` and
 ``chromium-driver``, installed by ``.ci/run``) driven by selenium opens ``/``, submits a prompt,
-sees the progress bar move, a ``<video>`` that the browser can play (``readyState`` >= 1,
+sees the progress bar move — fed by the job's event stream (``EventSource`` on
+``/v1/videos/ID/events``, not polling), in the current-job bar and in the job's gallery card
+alike — end at 100 (completed), a ``<video>`` that the browser can play (``readyState`` >= 1,
 ``duration`` > 0), and the job in the gallery after a reload. A screenshot of the page is saved
 in the test's folder (``DITAX_UPDATE_SCREENSHOT=1`` also copies it to docs/serve_page.png, the
 README's)."""
@@ -78,11 +80,13 @@ def test_page_submit_progress_video_gallery(browser, server, tmp_path):
         box.send_keys(str(value))
     browser.find_element(By.ID, "submit").click()
     bar = browser.find_element(By.ID, "progress")
-    seen = set()
+    seen, in_card = set(), set()
     video = None
     t0 = time.monotonic()
     while time.monotonic() - t0 < 120:
         seen.add(int(float(bar.get_attribute("value"))))
+        in_card.update(int(float(p.get_attribute("value"))) for p in browser.find_elements(
+            By.CSS_SELECTOR, ".card progress"))
         found = browser.find_elements(By.CSS_SELECTOR, "#player video")
         if found:
             video = found[0]
@@ -90,6 +94,10 @@ def test_page_submit_progress_video_gallery(browser, server, tmp_path):
         time.sleep(0.02)
     assert video is not None, browser.find_element(By.ID, "message").text
     assert any(0 < p < 100 for p in seen), sorted(seen)      # the bar moved on the way
+    assert any(0 < p < 100 for p in in_card), sorted(in_card)   # the gallery card's too
+    assert bar.get_attribute("data-via") == "events"         # from the event stream
+    assert int(float(bar.get_attribute("value"))) == 100
+    assert browser.find_element(By.ID, "progress_text").text == "100% (completed)"
     state = wait_for(lambda: browser.execute_script(
         "const v = arguments[0]; return v.readyState >= 1 && v.duration > 0 ? "
         "[v.readyState, v.duration] : null", video), 30, "the video to load")
@@ -109,3 +117,35 @@ def test_page_submit_progress_video_gallery(browser, server, tmp_path):
         "return arguments[0].readyState >= 1 && arguments[0].duration > 0", card), 30,
         "the gallery video to load")
     assert browser.save_screenshot(str(tmp_path / "serve_page_reloaded.png"))
+
+
+def test_page_with_an_api_key_follows_events(browser, tmp_path_factory):
+    """With ``--api-key`` the page's event streams carry the key as ``?key=`` (EventSource
+    sends no header): the bar still follows the events, not polling."""
+    from selenium.webdriver.common.by import By
+
+    key = "page-key"
+    srv = Server(tmp_path_factory.mktemp("serve_browser_key"), "--max-batch", "1", "--api-key",
+                 key, cache=shared_cache(tmp_path_factory)).start()
+    try:
+        browser.get(srv.url + "/")
+        box = browser.find_element(By.ID, "api_key")
+        box.send_keys(key)
+        browser.execute_script("arguments[0].dispatchEvent(new Event('change'))", box)
+        width, height = LONG["size"].split("x")
+        for field, value in (("width", width), ("height", height),
+                             ("num_frames", LONG["num_frames"]),
+                             ("num_inference_steps", LONG["num_inference_steps"])):
+            box = browser.find_element(By.ID, field)
+            box.clear()
+            box.send_keys(str(value))
+        browser.find_element(By.ID, "submit").click()
+        text = browser.find_element(By.ID, "progress_text")
+        wait_for(lambda: text.text == "100% (completed)", 120,
+                 f"the job to complete (page says {text.text!r}, "
+                 f"{browser.find_element(By.ID, 'message').text!r})")
+        bar = browser.find_element(By.ID, "progress")
+        assert bar.get_attribute("data-via") == "events"
+        assert browser.find_elements(By.CSS_SELECTOR, "#player video")
+    finally:
+        srv.stop()

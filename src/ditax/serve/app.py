@@ -14,40 +14,55 @@ Routes (JSON unless said; errors are ``{"error": {"message", "param", "type"}}``
   it — its jobs have ``"object": "image"``, no ``num_frames``; their fields are ``ditax
   generate``'s for a PNG, so ``num_frames``, ``image``, ``negative_prompt`` get a 400 with its
   words);
+- ``GET /v1/videos/{id}/events`` — ``text/event-stream`` (Server-Sent Events): one event
+  (``data:`` the job's JSON) at once and at each change of its status or progress, read from
+  the store (so any server on a shared store answers it), the last one at completed, failed or
+  cancelled, after which the stream ends; a comment line every 15 s keeps proxies from closing
+  a quiet stream. With an API key it takes ``?key=KEY`` instead of the header (a browser's
+  ``EventSource`` sends no headers; this is the only route that does);
 - ``GET /v1/videos?limit=&after=`` — newest first (``after``: the last id of the previous page);
 - ``DELETE /v1/videos/{id}`` — cancels a queued or running job; a finished one's file is
   deleted (the record stays);
 - ``GET /v1/loras`` — the LoRAs of ``--lora-dir`` (a request names them in ``loras`` with a
   strength; unmerged, so switching compiles nothing);
-- ``GET /health`` (model, platform, devices, queue depth; never needs the key), ``GET /metrics``
-  (Prometheus text), ``GET /`` the page (``static/``; page and scripts need no key, the API
-  calls they make do).
+- ``GET /health`` (model, platform, devices, queue depth, ``ready``; never needs the key):
+  ``503`` with ``"status": "warming"`` while ``--warm`` compiles (:mod:`ditax.serve.warm`),
+  ``503`` ``"worker stopped"`` if the worker died; ``GET /metrics`` (Prometheus text,
+  :mod:`ditax.serve.metrics`), ``GET /`` the page (``static/``; page and scripts need no key,
+  the API calls they make do).
 
 With an API key every other route needs ``Authorization: Bearer KEY`` (401 otherwise).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import math
 import pathlib
 import re
+import threading
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
-from ditax.serve.jobs import FINISHED, JobStore, QueueFull
 from ditax.io.outputs import extra_path
+from ditax.serve import warm
+from ditax.serve.jobs import FINISHED, JobStore, QueueFull
+from ditax.serve.metrics import metrics_text
 from ditax.serve.requests import BadRequest, Limits, check_body
 from ditax.serve.worker import Metrics, Worker
 
 STATIC = pathlib.Path(__file__).parent / "static"
 _ID = re.compile(r"video_[0-9a-f]{32}")
+_EVENTS = re.compile(r"/v1/videos/[^/]+/events")
 OPEN_PATHS = ("/health", "/", "/static/")
+EVENT_POLL = 0.2          # seconds between two reads of a job an event stream follows
+KEEP_ALIVE = 15.0         # seconds of silence before an event stream sends a comment line
 
 
 @dataclass
@@ -69,6 +84,18 @@ class ServeState:
     loras: list = field(default_factory=list)      # [(name, file)] of --lora-dir, in order
     makes: str = "video"                           # or "image" (the folder family's makes)
     outputs: tuple = ()                            # its further outputs (GET ...?variant=)
+    warm: list = field(default_factory=list)       # [(spec, stored request)] of --warm
+    say: object = print                            # where the server's lines go
+    # set by ditax.serve.warm.start: False while the warm-up compiles (the worker not started)
+    ready: bool = field(default=False, init=False)
+    warming: threading.Thread | None = field(default=None, init=False)
+    warm_seconds: float | None = field(default=None, init=False)
+    warm_programs: int = field(default=0, init=False)
+    warm_cache_hits: int = field(default=0, init=False)
+    warm_error: str | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        self.ready = not self.warm
 
     @property
     def metrics(self) -> Metrics:
@@ -101,13 +128,15 @@ def job_json(job: dict, makes: str = "video") -> dict:
 
 
 def create_app(state: ServeState):
-    """The FastAPI application over ``state``: the worker starts with it and begins to stop
-    with it (:meth:`~ditax.serve.worker.Worker.begin_stop`; whoever runs the app joins it)."""
+    """The FastAPI application over ``state``: the worker starts with it (after the warm-up
+    of ``state.warm``, :func:`ditax.serve.warm.start`) and begins to stop with it
+    (:meth:`~ditax.serve.worker.Worker.begin_stop`; whoever runs the app joins it, and the
+    warm-up: :func:`ditax.serve.warm.finish`)."""
     import contextlib
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        state.worker.start()
+        warm.start(state)
         yield
         state.worker.begin_stop()     # the process joins it (ditax.cli.serve)
 
@@ -119,6 +148,8 @@ def create_app(state: ServeState):
         path = request.url.path
         if state.api_key and not (path in OPEN_PATHS or path.startswith("/static/")):
             given = request.headers.get("authorization", "")
+            if not given and _EVENTS.fullmatch(path) and "key" in request.query_params:
+                given = f"Bearer {request.query_params['key']}"     # EventSource: no headers
             if not hmac.compare_digest(given.encode(), f"Bearer {state.api_key}".encode()):
                 return error(401, "this server needs 'Authorization: Bearer KEY' (the key "
                              "given to ditax serve --api-key)", headers={"WWW-Authenticate":
@@ -172,6 +203,15 @@ def create_app(state: ServeState):
         job, err = find(job_id)
         return err or job_json(job, state.makes)
 
+    @app.get("/v1/videos/{job_id}/events")
+    async def events(job_id: str, request: Request):
+        job, err = await run_in_threadpool(find, job_id)
+        if err:
+            return err
+        return StreamingResponse(event_stream(state, job_id, request), headers={
+            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            media_type="text/event-stream")
+
     @app.get("/v1/videos/{job_id}/content")
     def content(job_id: str, variant: str | None = None):
         job, err = find(job_id)
@@ -223,10 +263,20 @@ def create_app(state: ServeState):
     def health():
         counts = state.store.counts()
         alive = state.worker.is_alive() or not state.worker.started
-        body = {"status": "ok" if alive else "worker stopped", **state.health,
+        ready = state.ready
+        body = {"status": "ok" if alive and ready else "warming" if alive else
+                "worker stopped", **state.health, "ready": ready and alive,
                 "queue_depth": counts["queued"], "in_progress": counts["in_progress"],
                 "max_queue": state.max_queue, "max_batch": state.max_batch}
-        return body if alive else JSONResponse(body, status_code=503)
+        if state.warm:
+            specs = [spec for spec, _ in state.warm]
+            body.update({"warmed": specs, "warm_seconds": state.warm_seconds,
+                         "warm_programs": state.warm_programs,
+                         "warm_cache_hits": state.warm_cache_hits} if ready else
+                        {"warming": specs})
+            if state.warm_error:
+                body["warm_error"] = state.warm_error
+        return body if alive and ready else JSONResponse(body, status_code=503)
 
     @app.get("/metrics")
     def metrics():
@@ -251,33 +301,28 @@ def retry_after(state: ServeState, waiting: int) -> int:
     return max(1, math.ceil(mean / max(1, state.max_batch)))
 
 
-def metrics_text(state: ServeState) -> str:
-    """Prometheus text exposition of the store's counts and the worker's counters."""
-    m, counts = state.metrics, state.store.counts()
-    lines = ["# HELP ditax_jobs Jobs in the store by status.", "# TYPE ditax_jobs gauge"]
-    lines += [f'ditax_jobs{{status="{s}"}} {n}' for s, n in counts.items()]
-    rows = (("queue_depth", "gauge", "Jobs waiting to run.", counts["queued"]),
-            ("compiles_total", "counter", "Programs handed to XLA since the server started: "
-             "compiled, or read from the persistent compile cache (a warm program in memory "
-             "counts nothing).", m.compiles),
-            ("compile_cache_hits_total", "counter", "Of those, the ones read from the "
-             "persistent compile cache.", m.cache_hits),
-            ("compile_seconds_total", "counter", "Seconds spent in XLA compilation.",
-             round(m.compile_seconds, 6)),
-            ("steps_total", "counter", "Denoising steps run (a batch's step counts once).",
-             m.steps),
-            ("step_seconds_total", "counter", "Seconds of denoising steps.",
-             round(m.step_seconds, 6)),
-            ("jobs_completed_total", "counter", "Jobs completed since the server started.",
-             m.jobs),
-            ("job_seconds_total", "counter", "Seconds from submit to completed, summed.",
-             round(m.job_seconds, 6)),
-            ("batches_total", "counter", "Batches run.", m.batches),
-            ("batched_jobs_total", "counter", "Jobs run in those batches.", m.batched_jobs))
-    for name, kind, text, value in rows:
-        lines += [f"# HELP ditax_{name} {text}", f"# TYPE ditax_{name} {kind}",
-                  f"ditax_{name} {value}"]
-    return "\n".join(lines) + "\n"
+async def event_stream(state: ServeState, job_id: str, request: Request):
+    """The Server-Sent Events of job ``job_id``: its JSON now and at each change of its status
+    or progress (the store read every :data:`EVENT_POLL` seconds), ending after a finished
+    status. A server that is stopping ends the streams of the jobs it does not run (a client's
+    ``EventSource`` reconnects, to the next server on the store)."""
+    last, quiet = None, 0.0
+    while True:
+        job = await run_in_threadpool(state.store.get, job_id)
+        if job is None:                   # gone from a shared store: nothing more to say
+            return
+        view = job_json(job, state.makes)
+        if (view["status"], view["progress"]) != last:
+            last, quiet = (view["status"], view["progress"]), 0.0
+            yield f"data: {json.dumps(view, separators=(',', ':'))}\n\n"
+        elif quiet >= KEEP_ALIVE:
+            quiet = 0.0
+            yield ": keep-alive\n\n"
+        if view["status"] in FINISHED or await request.is_disconnected() or (
+                state.worker.stopping and job_id not in state.worker.running):
+            return
+        await asyncio.sleep(EVENT_POLL)
+        quiet += EVENT_POLL
 
 
 __all__ = ["ServeState", "create_app", "job_json", "metrics_text"]

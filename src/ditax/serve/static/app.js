@@ -1,6 +1,10 @@
-// The page of `ditax serve`: submit a job (POST /v1/videos), poll it (GET /v1/videos/ID) into
-// the progress bar, play it when done, and list past jobs (GET /v1/videos) in the gallery, so a
-// reload shows them again. Videos are fetched with the API key (if any) as blobs.
+// The page of `ditax serve`: submit a job (POST /v1/videos), follow it live into the progress
+// bar (Server-Sent Events of GET /v1/videos/ID/events), play it when done, and list past jobs
+// (GET /v1/videos) in the gallery, so a reload shows them again; the gallery's unfinished jobs
+// follow their events too. Videos are fetched with the API key (if any) as blobs.
+// EventSource sends no headers, so with an API key the events URL carries it as ?key= (the
+// only route that takes it there); a stream that fails before its first event (a proxy that
+// drops event streams, an older server) falls back to polling GET /v1/videos/ID.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const keyInput = $("api_key");
@@ -62,31 +66,124 @@ $("form").addEventListener("submit", async (ev) => {
   }
 });
 
-async function follow(id) {
+const FINISHED = ["completed", "failed", "cancelled"];
+const GALLERY_STREAMS = 3;      // a browser opens 6 connections a host: leave some for the API
+const streams = new Map();      // job id -> { source, via, listeners: Map(role -> fn(job)) }
+
+// Call fn(job) now and at each change of job id's status or progress until it finishes; one
+// stream a job, whoever listens (role: "current" or "gallery", the later fn of a role wins).
+function watch(id, role, fn) {
+  let s = streams.get(id);
+  if (!s) {
+    s = { source: null, via: "events", got: false, listeners: new Map() };
+    streams.set(id, s);
+    const key = keyInput.value ? "?key=" + encodeURIComponent(keyInput.value) : "";
+    const source = new EventSource(`/v1/videos/${id}/events${key}`);
+    s.source = source;
+    source.onmessage = (ev) => { s.got = true; deliver(id, JSON.parse(ev.data)); };
+    source.onerror = () => {
+      // after its first event the browser reconnects by itself (a server restart); a stream
+      // refused outright (401, 404, not an event stream) or never started: poll instead
+      if (s.got && source.readyState !== EventSource.CLOSED) return;
+      source.close();
+      if (streams.get(id) === s) poll(id, s);
+    };
+  }
+  s.listeners.set(role, fn);
+}
+
+function unwatch(id, role) {
+  const s = streams.get(id);
+  if (!s) return;
+  s.listeners.delete(role);
+  if (s.listeners.size === 0) {
+    if (s.source) s.source.close();
+    streams.delete(id);
+  }
+}
+
+function deliver(id, job) {
+  const s = streams.get(id);
+  if (!s) return;
+  if (FINISHED.includes(job.status)) {
+    if (s.source) s.source.close();
+    streams.delete(id);
+  }
+  for (const fn of s.listeners.values()) fn(job, s.via);
+}
+
+async function poll(id, s) {
+  s.source = null;
+  s.via = "polling";
+  while (streams.get(id) === s) {
+    let job;
+    try {
+      job = await api("GET", "/v1/videos/" + id);
+    } catch (e) {
+      $("message").textContent = e.message;
+      streams.delete(id);
+      return;
+    }
+    deliver(id, job);
+    await new Promise((r) => setTimeout(r, 300));
+  }
+}
+
+let current = null;
+
+function follow(id) {
+  if (current) unwatch(current, "current");
+  current = id;
   $("current").hidden = false;
   $("current_id").textContent = id;
   $("player").textContent = "";
-  for (;;) {
-    const job = await api("GET", "/v1/videos/" + id);
+  $("progress").value = 0;
+  watch(id, "current", async (job, via) => {
+    if (current !== id) return;
     $("progress").value = job.progress;
+    $("progress").dataset.via = via;         // how the page hears of it (events | polling)
     $("progress_text").textContent = `${job.progress}% (${job.status})`;
-    if (job.status === "completed") {
-      $("player").appendChild(await videoElement(job));
-      break;
-    }
-    if (job.status === "failed" || job.status === "cancelled") {
+    if (job.status === "completed") $("player").appendChild(await videoElement(job));
+    else if (job.status === "failed" || job.status === "cancelled") {
       $("message").textContent = job.error ? job.error.message : job.status;
-      break;
     }
-    await new Promise((r) => setTimeout(r, 150));
-  }
+    if (FINISHED.includes(job.status)) refresh();
+  });
   refresh();
 }
 
-async function refresh() {
+// a gallery card's live part: its status line and, while unfinished, a progress bar
+function showCard(card, job) {
+  const status = card.querySelector(".status");
+  status.className = `status status-${job.status}`;
+  status.textContent = `${job.status}${job.status === "in_progress" ? " " + job.progress + "%" : ""}`;
+  let bar = card.querySelector("progress");
+  if (!FINISHED.includes(job.status)) {
+    if (!bar) {
+      bar = document.createElement("progress");
+      bar.max = 100;
+      card.insertBefore(bar, card.firstChild);
+    }
+    bar.value = job.progress;
+  } else if (bar) bar.remove();
+}
+
+// one refresh at a time (a second call while one runs: once more after it)
+let refreshing = null, again = false;
+function refresh() {
+  if (refreshing) { again = true; return refreshing; }
+  refreshing = render().finally(() => {
+    refreshing = null;
+    if (again) { again = false; refresh(); }
+  });
+  return refreshing;
+}
+
+async function render() {
   try {
     const health = await (await fetch("/health")).json();
-    $("model").textContent = `${health.model} · ${health.platform} × ${health.devices} · queue ${health.queue_depth}`;
+    $("model").textContent = `${health.model} · ${health.platform} × ${health.devices} · queue ${health.queue_depth}` +
+      (health.status === "ok" ? "" : ` · ${health.status}`);     // "warming": --warm compiles
     // only the inputs the served model's family takes (an image model has no frames)
     if (health.fields) for (const id of ["negative_prompt", "num_frames", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "image"]) {
       const on = health.fields.includes(id);
@@ -101,20 +198,34 @@ async function refresh() {
     }
     select.disabled = loras.data.length === 0;
     const list = await api("GET", "/v1/videos?limit=24");
-    const gallery = $("gallery");
-    gallery.textContent = "";
+    const cards = [];
     for (const job of list.data) {
       const card = document.createElement("div");
       card.className = "card";
       card.dataset.id = job.id;
       if (job.url) card.appendChild(await videoElement(job));
       const text = document.createElement("div");
-      text.innerHTML = `<span class="status-${job.status}"></span><br><span class="muted"></span>`;
-      text.children[0].textContent = `${job.status}${job.status === "in_progress" ? " " + job.progress + "%" : ""}`;
+      text.innerHTML = `<span class="status"></span><br><span class="muted"></span>`;
       text.children[2].textContent = `${job.prompt} · ${job.size} · ${job.object === "image" ? "image" : job.num_frames + " frames"} · seed ${job.seed}`;
       card.appendChild(text);
-      gallery.appendChild(card);
+      showCard(card, job);
+      cards.push([card, job]);
     }
+    // the unfinished jobs shown follow their events (the oldest first, a few at a time: the
+    // others are followed as those finish and the gallery is drawn again)
+    const live = cards.filter(([, job]) => !FINISHED.includes(job.status)).reverse()
+      .slice(0, GALLERY_STREAMS);
+    const ids = new Set(live.map(([, job]) => job.id));
+    for (const [id, s] of [...streams]) {
+      if (s.listeners.has("gallery") && !ids.has(id)) unwatch(id, "gallery");
+    }
+    for (const [card, job] of live) {
+      watch(job.id, "gallery", (j) => {
+        showCard(card, j);
+        if (FINISHED.includes(j.status)) refresh();
+      });
+    }
+    $("gallery").replaceChildren(...cards.map(([card]) => card));
   } catch (e) {
     $("message").textContent = e.message;
   }
