@@ -62,6 +62,7 @@ def test_rows_join_at_a_step_and_leave_at_their_last(demo):
     # a alone for 2 steps, with b, then with b and c; a leaves after its 4th step (the 4th
     # of the batch), b after the 6th, c after the 7th
     assert sizes == [1, 1, 2, 3, 2, 2, 1], sizes
+    assert batch.resizes == 4          # slots 1 -> 2 -> 4 (b, c join), 4 -> 2 -> 1 (leaving)
     for tag, call in (("a", a), ("b", b), ("c", c)):
         _close(out[tag], _alone(demo, call))
     assert float(np.abs(out["a"] - out["b"]).max()) > 1e-2
@@ -118,6 +119,20 @@ def test_two_experts_rows_on_both_sides_of_the_boundary(i2v):
     # a's low-noise steps ran beside b's high-noise ones: two expert groups in one step
     assert batch.steps_run > 6
     for tag, call in (("a", a), ("b", b)):
+        _close(out[tag], _alone(pipe, call))
+
+
+def test_first_last_frame_image_pairs_per_slot(i2v):
+    """Two CLIP images a request: each slot holds its pair (a condition leaf of 2 a row)."""
+    from i2v_reference import SIZE21, image
+
+    pipe = i2v("flf2v")
+    kw = dict(SIZE21, num_inference_steps=3, guidance_scale=4.0)
+    calls = [dict(prompt="a cat", image=image(3 + 2 * k, 32, 48),
+                  last_image=image(4 + 2 * k, 32, 48), seed=k, **kw) for k in range(3)]
+    batch = ContinuousBatch(pipe, max_rows=4)
+    out, _ = _run(batch, {0: [("a", calls[0])], 1: [("b", calls[1]), ("c", calls[2])]})
+    for tag, call in zip("abc", calls):
         _close(out[tag], _alone(pipe, call))
 
 

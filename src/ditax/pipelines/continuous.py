@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -116,7 +116,7 @@ class Row:
     timesteps: np.ndarray
     strengths: np.ndarray | None
     done: int = 0
-    seconds: dict = field(default_factory=dict)
+    slot: int = -1            # its place in the batch's arrays (-1: joins at the next step)
 
     @property
     def steps(self) -> int:
@@ -149,6 +149,83 @@ def program_key(p: Prepared, text, condition) -> tuple:
             _leaf_shapes(condition))
 
 
+class Slots:
+    """The batch's arrays: ``n`` slots, each one row's latents, scheduler state, text and
+    condition on the batch axis (the text in the CFG layout ``[cond_1..cond_n(,
+    uncond_1..uncond_n)]``; a condition leaf holds ``m`` entries a slot: Wan's first-last image
+    pairs 2). A step runs on them as they are, so nothing is copied while the rows stay; a
+    join writes one slot, a resize gathers the kept slots once. A free slot holds a copy of
+    some row and is computed like one (its output is never read)."""
+
+    def __init__(self, n: int, states, x, text, condition, use_cfg: bool, per: tuple):
+        self.n, self.states, self.x, self.text, self.condition = n, states, x, text, condition
+        self.use_cfg, self.per = use_cfg, per        # per: entries a slot, each condition leaf
+
+    @classmethod
+    def of(cls, rows: Sequence[Row], n: int, mesh) -> "Slots":
+        """Slots ``0..n-1`` from ``rows``' own arrays (the first row repeated past them)."""
+        rows = list(rows) + [rows[0]] * (n - len(rows))
+        use_cfg = rows[0].prepared.guidance_scale > 1.0
+        cat = lambda *a: jnp.concatenate(a)           # noqa: E731
+        states = jax.tree.map(lambda *a: jnp.stack(a), *[r.state for r in rows])
+        x = jnp.concatenate([r.x for r in rows])
+        text = jax.tree.map(lambda *leaves: jnp.concatenate(
+            [a[0:1] for a in leaves] + ([a[1:2] for a in leaves] if use_cfg else [])),
+            *[r.text for r in rows])
+        conds = [r.condition for r in rows]
+        condition = None if all(c is None for c in conds) else jax.tree.map(cat, *conds)
+        per = tuple(a.shape[0] for a in jax.tree.leaves(rows[0].condition))
+        return cls(n, replicate(states, mesh), replicate(x, mesh), text, condition, use_cfg,
+                   per)
+
+    def _text_rows(self, idx, n: int):
+        idx = np.asarray(idx)
+        return np.concatenate([idx, n + idx]) if self.use_cfg else idx
+
+    def _cond_rows(self, idx, m: int):
+        idx = np.asarray(idx)
+        return (idx[:, None] * m + np.arange(m)).reshape(-1)
+
+    def gather(self, idx) -> "Slots":
+        """New slots holding slots ``idx`` (in that order) of these."""
+        take = lambda a, rows: jnp.take(a, jnp.asarray(rows), axis=0)   # noqa: E731
+        idx = np.asarray(idx)
+        cond = None
+        if self.condition is not None:
+            leaves, tree = jax.tree.flatten(self.condition)
+            cond = jax.tree.unflatten(tree, [take(a, self._cond_rows(idx, m))
+                                             for a, m in zip(leaves, self.per)])
+        return Slots(len(idx), jax.tree.map(lambda a: take(a, idx), self.states),
+                     take(self.x, idx),
+                     jax.tree.map(lambda a: take(a, self._text_rows(idx, self.n)), self.text),
+                     cond, self.use_cfg, self.per)
+
+    def put(self, idx, other: "Slots") -> None:
+        """Slots ``idx`` of these set to the first ``len(idx)`` slots of ``other``."""
+        idx = np.asarray(idx)
+        k = len(idx)
+        mine = np.arange(k)
+        self.states = jax.tree.map(lambda a, b: a.at[idx].set(b[:k]), self.states, other.states)
+        self.x = self.x.at[idx].set(other.x[:k])
+        if self.condition is not None:
+            la, tree = jax.tree.flatten(self.condition)
+            lb = jax.tree.leaves(other.condition)
+            self.condition = jax.tree.unflatten(tree, [
+                a.at[self._cond_rows(idx, m)].set(b[self._cond_rows(mine, m)])
+                for a, b, m in zip(la, lb, self.per)])
+        self.text = jax.tree.map(
+            lambda a, b: a.at[self._text_rows(idx, self.n)].set(b[other._text_rows(mine, other.n)]),
+            self.text, other.text)
+
+    def write(self, k: int, row: Row) -> None:
+        """Slot ``k`` set to ``row``'s own arrays."""
+        self.put([k], Slots.of([row], 1, None))
+
+    def restart(self, k: int) -> None:
+        """A freed slot back at step 0 (its sampler state stays finite while it idles)."""
+        self.states = self.states._replace(step_index=self.states.step_index.at[k].set(0))
+
+
 class ContinuousBatch:
     """Rows of one program shape at their own steps (module docstring). ``pipe`` a batching
     pipeline (:func:`~ditax.pipelines.batch.batchable`); ``max_rows`` the most rows a step
@@ -163,7 +240,9 @@ class ContinuousBatch:
         self.pipe, self.max_rows = pipe, max_rows
         self.rows: list[Row] = []
         self.key: tuple | None = None          # the running rows' program_key
+        self.slots: Slots | None = None
         self.steps_run = 0                     # step programs run (one per expert group)
+        self.resizes = 0                       # times the slots were gathered anew
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -212,10 +291,10 @@ class ContinuousBatch:
             raise ValueError("ContinuousBatch: the request's program shape differs from the "
                              "running rows' (size, frames, steps, guidance on/off, condition)"
                              if self.free else "ContinuousBatch: the batch is full")
-        if (row.strengths is None) != (not self.rows or self.rows[0].strengths is None) \
-                and self.rows:
+        if self.rows and (row.strengths is None) != (self.rows[0].strengths is None):
             raise ValueError("ContinuousBatch: rows with and without LoRA strengths")
         self.key = program_key(row.prepared, row.text, row.condition)
+        row.slot = -1
         self.rows.append(row)
 
     def add(self, tag: Hashable, call: dict, strengths=None) -> Row:
@@ -226,35 +305,20 @@ class ContinuousBatch:
 
     def drop(self, tag: Hashable) -> bool:
         """Take a row out (a cancelled request); False when no row has ``tag``."""
-        keep = [r for r in self.rows if r.tag != tag]
-        found = len(keep) != len(self.rows)
-        self.rows = keep
+        gone = [r for r in self.rows if r.tag == tag]
+        for r in gone:
+            self._free(r)
+        self.rows = [r for r in self.rows if r.tag != tag]
         if not self.rows:
-            self.key = None
-        return found
+            self.key, self.slots = None, None
+        return bool(gone)
 
-    # --- the step
-    def _group_args(self, rows: Sequence[Row], n: int):
-        """The step program's traced arguments for ``rows`` padded to ``n`` (the first row
-        repeated)."""
-        rows = list(rows) + [rows[0]] * (n - len(rows))
-        p = rows[0].prepared
-        use_cfg = p.guidance_scale > 1.0
-        cat = lambda *a: jnp.concatenate(a)           # noqa: E731
-        states = jax.tree.map(lambda *a: jnp.stack(a), *[r.state for r in rows])
-        x = jnp.concatenate([r.x for r in rows])
-        text = jax.tree.map(lambda *leaves: jnp.concatenate(
-            [a[0:1] for a in leaves] + ([a[1:2] for a in leaves] if use_cfg else [])),
-            *[r.text for r in rows])
-        conds = [r.condition for r in rows]
-        condition = None if all(c is None for c in conds) else jax.tree.map(cat, *conds)
-        guidance = jnp.asarray([r.guidance() for r in rows], jnp.float32)
-        strengths = (None if rows[0].strengths is None
-                     else jnp.asarray(np.stack([r.strengths for r in rows])))
-        mesh = p.mesh
-        return (replicate(states, mesh), replicate(x, mesh), text, replicate(guidance, mesh),
-                condition, replicate(strengths, mesh))
+    def _free(self, row: Row) -> None:
+        if row.slot >= 0 and self.slots is not None:
+            self.slots.restart(row.slot)
+        row.slot = -1
 
+    # --- the slots
     def _multiple(self, p: Prepared) -> int:
         """The padded rows must split over the mesh's batch shards with the forward's rows per
         request (2 for batched CFG)."""
@@ -262,11 +326,53 @@ class ContinuousBatch:
         per = 2 if (p.guidance_scale > 1.0 and p.cfg_mode == "batched") else 1
         return max(1, shards // np.gcd(shards, per))
 
-    def program(self, rows: Sequence[Row], n: int, expert):
-        """The compiled step for ``rows`` padded to ``n`` running ``expert`` (compiled on first
-        use, in the pipeline's :class:`~ditax.pipelines.programs.Programs`)."""
-        p = rows[0].prepared
-        args = (expert.params, *self._group_args(rows, n))
+    def _place(self) -> None:
+        """Every row in a slot, the slots sized for the rows (:func:`pad_rows`): new rows
+        written into free slots; slots gathered anew when the rows outgrow them or fit in
+        half of them."""
+        p = self.rows[0].prepared
+        n = pad_rows(len(self.rows), self.max_rows, self._multiple(p))
+        new = [r for r in self.rows if r.slot < 0]
+        if self.slots is None:
+            self.slots = Slots.of(self.rows, n, p.mesh)
+            for k, r in enumerate(self.rows):
+                r.slot, r.x, r.state, r.text = k, None, None, None
+            return
+        if n != self.slots.n:                  # grow, or shrink to half
+            kept = [r for r in self.rows if r.slot >= 0]
+            idx = [r.slot for r in kept]
+            idx += [idx[0] if idx else 0] * (n - len(idx))
+            self.slots = self.slots.gather(idx)
+            self.resizes += 1
+            for k, r in enumerate(kept):
+                r.slot = k
+        used = {r.slot for r in self.rows if r.slot >= 0}
+        free = [k for k in range(self.slots.n) if k not in used]
+        for r, k in zip(new, free):
+            self.slots.write(k, r)
+            r.slot, r.x, r.state, r.text = k, None, None, None
+
+    def _extras(self, rows: Sequence[Row], n: int, slot_of):
+        """Guidance ``[n]`` and LoRA strengths ``[n, J]`` (None without) of ``rows`` at the
+        slots ``slot_of(row)``; a free slot takes the first row's."""
+        g = np.full((n,), rows[0].guidance(), np.float32)
+        s = None
+        if rows[0].strengths is not None:
+            s = np.tile(rows[0].strengths, (n, 1))
+        for r in rows:
+            g[slot_of(r)] = r.guidance()
+            if s is not None:
+                s[slot_of(r)] = r.strengths
+        mesh = rows[0].prepared.mesh
+        return replicate(jnp.asarray(g), mesh), (None if s is None
+                                                 else replicate(jnp.asarray(s), mesh))
+
+    def program(self, slots: Slots, p: Prepared, expert, extras):
+        """The compiled step for ``slots`` running ``expert`` (compiled on first use, in the
+        pipeline's :class:`~ditax.pipelines.programs.Programs`), and its arguments."""
+        guidance, strengths = extras
+        args = (expert.params, slots.states, slots.x, slots.text, guidance, slots.condition,
+                strengths)
         static = (expert.graphdef, p.inputs, p.scheduler, p.cfg_mode, p.guidance_scale > 1.0)
         return p.programs.step(_rows_step, static, args), args
 
@@ -276,33 +382,47 @@ class ContinuousBatch:
         they joined. An empty batch does nothing."""
         if not self.rows:
             return []
+        self._place()
+        slots, p = self.slots, self.rows[0].prepared
         groups: dict[int, list[Row]] = {}
         for r in self.rows:
             groups.setdefault(1 if r.low() else 0, []).append(r)
-        for which, rows in sorted(groups.items()):
-            p = rows[0].prepared
-            expert = p.experts[which]
-            n = pad_rows(len(rows), self.max_rows, self._multiple(p))
-            run, args = self.program(rows, n, expert)
-            x, states = run(*args)
+        if len(groups) == 1:                   # every row runs one expert: the slots as they are
+            which, rows = next(iter(groups.items()))
+            run, args = self.program(slots, p, p.experts[which],
+                                     self._extras(rows, slots.n, lambda r: r.slot))
+            slots.x, slots.states = run(*args)
             self.steps_run += 1
-            for i, r in enumerate(rows):
-                r.x = x[i:i + 1]
-                r.state = jax.tree.map(lambda a, i=i: a[i], states)
-                r.done += 1
-        jax.block_until_ready([r.x for r in self.rows])
+        else:                                  # each expert's rows gathered, run, put back
+            for which, rows in sorted(groups.items()):
+                n = pad_rows(len(rows), self.max_rows, self._multiple(p))
+                idx = [r.slot for r in rows]
+                sub = slots.gather(idx + [idx[0]] * (n - len(idx)))
+                pos = {r.tag: k for k, r in enumerate(rows)}
+                run, args = self.program(sub, p, p.experts[which],
+                                         self._extras(rows, n, lambda r: pos[r.tag]))
+                sub.x, sub.states = run(*args)
+                slots.put(idx, sub)
+                self.steps_run += 1
+        for r in self.rows:
+            r.done += 1
+        jax.block_until_ready(slots.x)
         done = [r for r in self.rows if r.done >= r.steps]
         if not done:
             return []
+        out = [(r.tag, self.finish(r)) for r in done]
+        for r in done:
+            self._free(r)
         self.rows = [r for r in self.rows if r.done < r.steps]
         if not self.rows:
-            self.key = None
-        return [(r.tag, self.finish(r)) for r in done]
+            self.key, self.slots = None, None
+        return out
 
     def finish(self, row: Row):
         """A finished row's output, as the pipeline's call gives it."""
         p = row.prepared
-        x = row.x if p.finalize is None else p.finalize(row.condition, row.x)
+        x = self.slots.x[row.slot:row.slot + 1]
+        x = x if p.finalize is None else p.finalize(row.condition, x)
         x = jax.block_until_ready(x)
         check_finite(x, "denoise", f"the latents after {row.steps} steps", p.guidance_scale)
         if p.decode is None:
@@ -325,12 +445,14 @@ class ContinuousBatch:
         m = self._multiple(p)
         sizes = sorted({pad_rows(k, self.max_rows, m) for k in (
             sizes or range(1, self.max_rows + 1))})
-        jobs = [(n, e) for n in sizes for e in p.experts[:2 if p.boundary is not None else 1]]
+        experts = p.experts[:2 if p.boundary is not None else 1]
+        jobs = [(Slots.of([row], n, p.mesh), e) for n in sizes for e in experts]
         with ThreadPoolExecutor(max(1, min(threads, len(jobs)))) as pool:
-            list(pool.map(lambda job: self.program([row], *job), jobs))
+            list(pool.map(lambda job: self.program(
+                job[0], p, job[1], self._extras([row], job[0].n, lambda r: 0)), jobs))
         if p.decode is not None and p.prepare_decode is not None:
             p.prepare_decode()
         return len(jobs)
 
 
-__all__ = ["ContinuousBatch", "Row", "pad_rows", "program_key"]
+__all__ = ["ContinuousBatch", "Row", "Slots", "pad_rows", "program_key"]

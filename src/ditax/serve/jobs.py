@@ -269,6 +269,24 @@ class JobStore:
             "UPDATE jobs SET progress = ? WHERE id = ? AND status = 'in_progress'",
             (int(progress), job_id)))
 
+    def set_progress_many(self, progress: dict[str, int]) -> None:
+        """:meth:`set_progress` of several running jobs in one transaction (a continuous
+        batch's rows after a step)."""
+        if progress:
+            self._tx(lambda db: db.executemany(
+                "UPDATE jobs SET progress = ? WHERE id = ? AND status = 'in_progress'",
+                [(int(p), i) for i, p in progress.items()]))
+
+    def statuses(self, ids) -> dict[str, str]:
+        """``{id: status}`` of the jobs ``ids`` (those that exist), in one read."""
+        ids = list(ids)
+        if not ids:
+            return {}
+        with self._lock:
+            rows = self._db.execute(f"SELECT id, status FROM jobs WHERE id IN "
+                                    f"({', '.join('?' * len(ids))})", ids).fetchall()
+        return {r[0]: r[1] for r in rows}
+
     def finish(self, job_id: str, status: str, *, error: str | None = None,
                file: str | None = None, compiles: int | None = None,
                warnings: list[str] | None = None, batch_size: int | None = None) -> bool:

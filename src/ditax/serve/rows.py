@@ -114,7 +114,8 @@ class Rows:
         jobs = list(claimed) if claimed is not None else self.claim()
         w.count_retried(jobs)
         ops: list = [("add", j["id"], j["request"]) for j in jobs]
-        gone = [i for i in self.live if i in w.cancelled or w.store.status_of(i) != "in_progress"]
+        now = w.store.statuses(self.live) if self.live else {}
+        gone = [i for i in self.live if i in w.cancelled or now.get(i) != "in_progress"]
         ops += [("drop", i) for i in gone]
         ops.append(("step",))
         compiles0 = w.metrics.compiles
@@ -149,18 +150,21 @@ class Rows:
         w.metrics.observe_step(time.perf_counter() - t0)
         n = len(self.batch) + len(got["finished"])
         w.metrics.running_rows = n
+        progress = {}
         for r in self.batch.rows:
             live = self.live.get(r.tag)
             if live is not None:
                 live["rows"] = max(live["rows"], n)
-                w.store.set_progress(r.tag, min(99, r.done * 100 // r.steps))
+                progress[r.tag] = min(99, r.done * 100 // r.steps)
+        w.store.set_progress_many(progress)
         for tag, output in got["finished"]:
             live = self.live.pop(tag, None)
             if live is None:
                 continue
             live["rows"] = max(live["rows"], n)
-            w.publish(live["job"], output, w.metrics.compiles - live["compiles"],
-                      live.get("warnings", []), rows=live["rows"])
+            # written by the worker's writer threads: the next step does not wait for it
+            w.publish_later(live["job"], output, w.metrics.compiles - live["compiles"],
+                            live.get("warnings", []), rows=live["rows"])
         if got["finished"]:
             timings = w.metrics
             w.say(f"{len(got['finished'])} job(s) done ({len(self.batch)} row(s) running; "

@@ -123,6 +123,12 @@ def about(said: list[str], job: dict, batch: int) -> list[str]:
     return [m for m in said if head and head in m]
 
 
+#: seconds the worker waits before it asks a store that did not answer again
+STORE_RETRY = 2.0
+#: threads that write finished outputs (mp4 encoding runs ffmpeg, off the model thread)
+WRITERS = 2
+
+
 def by_strengths(jobs: list[dict]) -> list[list[dict]]:
     """``jobs`` in groups of equal LoRA strengths (first seen first; a lock-step batch runs
     with one strength vector, a continuous batch with one per row)."""
@@ -155,6 +161,8 @@ class Worker(threading.Thread):
         # the other processes of a multi-process server (ditax.serve.group), or None
         self.group = group
         self.rows = None                 # the continuous batch (serve.rows.Rows), in the loop
+        self.writer = None               # threads writing finished outputs (publish_later)
+        self.pending: set[str] = set()   # jobs whose outputs are being written
         # entered in this thread around the loop (jax's config scopes, such as the compile
         # cache's, are per thread): run_context(...) of the served model
         self.context = context or contextlib.nullcontext
@@ -258,7 +266,13 @@ class Worker(threading.Thread):
                 continue
             if self.stopping:
                 break
-            jobs = self.store.claim(self.max_batch if self.batching else 1)
+            try:
+                jobs = self.store.claim(self.max_batch if self.batching else 1)
+            except Exception as e:  # noqa: BLE001 — a store that does not answer: wait, retry
+                self.say(f"the job store did not answer ({type(e).__name__}: {e}); retrying "
+                         f"in {STORE_RETRY:g} s")
+                self.wake.wait(STORE_RETRY)
+                continue
             if not jobs:
                 self.wake.wait(0.5)
                 self.wake.clear()
@@ -286,6 +300,8 @@ class Worker(threading.Thread):
                 finally:
                     self.running = []
         self.share([("stop",)])
+        if self.writer is not None:      # every finished output written before the end
+            self.writer.shutdown(wait=True)
 
     def share(self, ops: list) -> list:
         """``ops`` (what this turn runs) handed to the other processes of a multi-process
@@ -369,6 +385,32 @@ class Worker(threading.Thread):
         self.say(f"{len(jobs)} job(s) done ({timings.line() if timings else 'no timings'}; "
                  f"{compiles} compiles)")
 
+    def publish_later(self, job: dict, video, compiles: int, warnings: list[str],
+                      rows: int | None = None) -> None:
+        """:meth:`publish` in one of the worker's writer threads (an mp4's encoding is off the
+        model thread); the loop waits for them before it ends. ``video`` is copied to the host
+        first (the device buffers are the model thread's)."""
+        import concurrent.futures
+
+        import numpy as np
+
+        if self.writer is None:
+            self.writer = concurrent.futures.ThreadPoolExecutor(
+                WRITERS, thread_name_prefix="ditax-serve-writer")
+        host = ({k: np.asarray(v) for k, v in video.items()} if isinstance(video, dict)
+                else np.asarray(video))
+        self.pending.add(job["id"])
+
+        def write():
+            try:
+                self.publish(job, host, compiles, warnings, rows=rows)
+            except Exception as e:  # noqa: BLE001 — the job fails with the reason
+                traceback.print_exc()
+                self.fail_unfinished([job], f"{type(e).__name__}: {e}")
+            finally:
+                self.pending.discard(job["id"])
+        self.writer.submit(write)
+
     def publish(self, job: dict, video, compiles: int, warnings: list[str],
                 rows: int | None = None) -> bool:
         """Write a finished job's output (a temporary file renamed: a file a client may
@@ -404,8 +446,11 @@ class Worker(threading.Thread):
             done = self.store.get(job["id"])
             self.metrics.add(jobs=1, job_seconds=done["finished_at"] - done["created_at"])
             return True
-        for path in [self.output_dir / name, *extras]:   # cancelled while it was written
-            path.unlink(missing_ok=True)
+        if self.store.status_of(job["id"]) == "cancelled":   # cancelled while it was written
+            for path in [self.output_dir / name, *extras]:
+                path.unlink(missing_ok=True)
+        # else another server of a shared store completed it (this one's lease had expired):
+        # the file is that job's, written from the same request — it stays
         return False
 
 
