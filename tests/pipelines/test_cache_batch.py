@@ -1,5 +1,5 @@
 """Step-cached requests batch (:func:`ditax.pipelines.batch.sample_batch`), each row deciding
-for itself: on the tiny random Wan pipeline (first_block, TeaCache, MagCache, CFG reuse; CFG
+for itself: on the shipped demo Wan model (first_block, TeaCache, MagCache, CFG reuse; CFG
 batched and sequential) and on a toy denoiser whose modulation carries the text (TeaCache rows
 then decide differently), a batch of 3 requests (other prompts, seeds, negative prompts) equals
 each request run alone through the pipeline's call, each row's stats (``last_stats["rows"]``)
@@ -26,21 +26,20 @@ from ditax.schedulers.flow_match import FlowMatchEulerScheduler
 from toy_family import ToyDenoiser, toy_inputs, toy_text
 
 N = 6
-TOL = 1e-5    # float32 rounding of a wider matmul; a row given another's decision is far off
+# float32 rounding of a wider matmul: the demo's plain (uncached) batch of these rows is already
+# 1.3e-5 off alone (latents up to ~6); a row given another's decision is off by > 1e-3
+TOL = 3e-5
 ROWS = [dict(prompt="a cat walks on the grass", seed=1),
         dict(prompt="a red car drives through the rain", seed=2),
         dict(prompt="two birds fly over the sea at dawn", seed=3, negative_prompt="dark")]
 
 
 def numbers_file(path, config):
-    """A numbers entry for this model (made up, not measured: any numbers exercise the rules):
-    TeaCache's polynomial the identity, MagCache's ratios slowly falling."""
+    """TeaCache numbers for the toy (made up, not measured: any numbers exercise the rule): the
+    polynomial is the identity, so the accumulated change is the modulation's own."""
     return write_numbers(path, dict(
-        name="test", match={k: v for k, v in match_of(config).items() if v is not None},
-        experts=1,
-        teacache=dict(input="modulation", coefficients=[0, 0, 0, 1.0, 0], retention_ratio=0.1),
-        magcache=dict(ratios=[[1.0] + [0.97] * (N - 1), [1.0] + [0.96] * (N - 1)],
-                      retention_ratio=0.2, max_skip_steps=2)))
+        name="toy", match={k: v for k, v in match_of(config).items() if v is not None},
+        teacache=dict(input="modulation", coefficients=[0, 0, 0, 1.0, 0], retention_ratio=0.1)))
 
 
 def _check(pipe, calls, *, differ: bool):
@@ -82,30 +81,29 @@ def _check(pipe, calls, *, differ: bool):
 
 
 @pytest.fixture(scope="module")
-def wan(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("diffusers")
-    from pipeline_reference import make_tiny_pipeline
+def wan():
+    """The shipped demo model (a trained Wan 2.1 of 4 layers; its TeaCache / MagCache numbers
+    are shipped) and 3 requests of one program shape."""
+    from ditax.demo import model_path
 
-    _, folder = make_tiny_pipeline(tmp_path_factory.mktemp("cb"))
-    pipe = ditax.load_pipeline(folder)
+    pipe = ditax.load_pipeline(model_path())
     pipe.compile_cache = "none"
-    numbers = numbers_file(tmp_path_factory.mktemp("num") / "n.json", pipe.transformer.config)
     base = dict(negative_prompt="blurry", height=32, width=32, num_frames=5, guidance_scale=5.0,
-                num_inference_steps=N, cache_coefficients=str(numbers), output="latent")
+                num_inference_steps=N, output="latent")
     return pipe, [dict(base, **r) for r in ROWS]
 
 
-# (cache settings, whether the rows decide differently). first_block measures the row's own
+# (cache settings, whether the rows decide differently). Each threshold decides as it does 5 %
+# below and above it (far from float rounding). first_block measures the row's own
 # block-0 residual; MagCache's measure is a per-step table and Wan's modulation (TeaCache's)
 # depends on the timestep only, so their rows decide alike (the toy below has a text-dependent
 # modulation); CFG reuse is by step index
 WAN_CASES = {
-    "first_block": (dict(cache="first_block", cache_threshold=0.1), True),
-    "first_block_cfg_cache": (dict(cache="first_block", cache_threshold=0.1, cfg_cache=True),
+    "first_block": (dict(cache="first_block", cache_threshold=0.3), True),
+    "first_block_cfg_cache": (dict(cache="first_block", cache_threshold=0.3, cfg_cache=True),
                               True),
-    "teacache": (dict(cache="teacache", cache_threshold=1.5), False),
-    "magcache_cfg_cache": (dict(cache="magcache", cache_threshold=0.1, cfg_cache=True), False),
+    "teacache": (dict(cache="teacache", cache_threshold=0.25), False),
+    "magcache_cfg_cache": (dict(cache="magcache", cache_threshold=0.12, cfg_cache=True), False),
 }
 
 
@@ -128,13 +126,14 @@ def test_wan_cached_rows_equal_their_requests_alone(wan, case):
         assert len(padded) == 3 and len(pipe.last_stats["rows"]) == 3
         assert {k: v for k, v in pipe.last_stats.items() if k != "rows"} == {
             k: v for k, v in st.items() if k != "rows"}
-        assert float(np.abs(padded[2] - pipe(progress=False, **calls[2])).max()) < TOL
+        np.testing.assert_allclose(padded[2], pipe(progress=False, **calls[2]), rtol=0,
+                                   atol=TOL)
 
 
 def test_wan_sequential_cfg_each_branch_decides_per_row(wan):
     """With cfg_mode="sequential" each branch of each row decides alone."""
     pipe, calls = wan
-    calls = [dict(c, cache="first_block", cache_threshold=0.1) for c in calls]
+    calls = [dict(c, cache="first_block", cache_threshold=0.3) for c in calls]
     pipe.cfg_mode = "sequential"
     try:
         _check(pipe, calls, differ=True)
@@ -144,7 +143,7 @@ def test_wan_sequential_cfg_each_branch_decides_per_row(wan):
 
 def test_other_cache_settings_do_not_share_a_batch(wan):
     pipe, calls = wan
-    a = dict(calls[0], cache="first_block", cache_threshold=0.1)
+    a = dict(calls[0], cache="first_block", cache_threshold=0.3)
     for change in (dict(cache_threshold=0.2), dict(cfg_cache=True), dict(cache="magcache")):
         assert batch_key({**a, **change}) != batch_key(a), change
     with pytest.raises(ValueError, match="cache_threshold"):
@@ -208,13 +207,13 @@ def block_rows(monkeypatch):
     return rows
 
 
-@pytest.mark.parametrize("cfg_mode", ["batched", "sequential"])
-def test_toy_teacache_rows_decide_differently(tmp_path, block_rows, cfg_mode):
+@pytest.mark.parametrize("cfg_mode,threshold", [("batched", 1.0), ("sequential", 0.7)])
+def test_toy_teacache_rows_decide_differently(tmp_path, block_rows, cfg_mode, threshold):
     """A fresh pipeline (its programs traced with the counting blocks): rows skip on different
     steps, each equals its request alone, and the blocks ran on the batch's computed steps
     only, for every row of the forward."""
     pipe = ToyPipe(tmp_path, cfg_mode)
-    calls = [dict(r, cache="teacache", cache_threshold=1.0) for r in ROWS]
+    calls = [dict(r, cache="teacache", cache_threshold=threshold) for r in ROWS]
     alone = [pipe(**c) for c in calls]
     jax.effects_barrier()
     block_rows.clear()
@@ -224,5 +223,5 @@ def test_toy_teacache_rows_decide_differently(tmp_path, block_rows, cfg_mode):
     # each forward over one branch of the 3 rows (or both: 6 rows, counted as two calls)
     assert sum(block_rows) == st["transformer_calls"] * len(calls)
     for g, a in zip(got, alone):
-        assert float(np.abs(g - a).max()) < TOL
+        np.testing.assert_allclose(g, a, rtol=0, atol=TOL)
     _check(pipe, calls, differ=True)
