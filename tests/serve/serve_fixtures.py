@@ -61,13 +61,15 @@ class Server:
     """``ditax serve --model MODEL`` (the demo model unless told) with ``args``, its jobs in ``db``; :meth:`start` waits for
     ``/health``."""
 
-    def __init__(self, folder: pathlib.Path, *args: str, db=None, cache=None, model="demo"):
+    def __init__(self, folder: pathlib.Path, *args: str, db=None, cache=None, model="demo",
+                 env=None):
         self.model = str(model)
         self.folder = pathlib.Path(folder)
         self.db = pathlib.Path(db or self.folder / "jobs.sqlite")
         self.out = self.folder / "videos"
         self.cache = cache
         self.args = list(args)
+        self.env = dict(env or {})      # on top of the suite's environment
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -85,7 +87,7 @@ class Server:
         log = open(self.log, "ab")
         # the suite's matmul precision (tests/conftest.py sets it in jax's config), so that
         # the server's programs are the test process's: one compile cache serves both
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         if jax.config.jax_default_matmul_precision is not None:
             env["JAX_DEFAULT_MATMUL_PRECISION"] = str(jax.config.jax_default_matmul_precision)
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -29,6 +29,7 @@ import os
 import pathlib
 
 from ditax.errors import ConfigError
+from ditax.serve.group import check_mesh, is_group
 from ditax.serve.requests import BATCHING, Limits
 
 #: seconds past the drain the process waits for the worker's step (or compile) to end before it
@@ -87,6 +88,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "WIDTHxHEIGHT for an image model (a video model: the folder's frames), "
                         "':STEPS' for other than the folder's steps; e.g. 832x480x81,480x832x81."
                         " /health answers 503 'warming' until done")
+    p.add_argument("--process-timeout", type=float, default=15.0, metavar="SECONDS",
+                   help="one model across processes (mesh.num_processes=N mesh.process_id=K "
+                        "mesh.coordinator_address=HOST:PORT, process 0 serves HTTP): a process "
+                        "silent this long counts as lost and the group exits 1 for its "
+                        "supervisor to restart it (15)")
     p.add_argument("--no-progress", action="store_true", help="hide the loading status line")
     p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
                    help="config overrides, as for ditax generate")
@@ -139,6 +145,9 @@ def check_args(args) -> None:
         raise ConfigError(f"--max-wait={args.max_wait} must be a finite number of seconds >= 0, "
                           f"e.g. --max-wait 10 (0: another shape's job runs as soon as the "
                           f"running rows end)")
+    if not 0 < args.process_timeout < float("inf"):      # NaN too
+        raise ConfigError(f"--process-timeout={args.process_timeout} must be a finite number "
+                          f"of seconds > 0, e.g. --process-timeout 15")
     if not 0 <= args.drain < float("inf"):      # NaN too
         raise ConfigError(f"--drain={args.drain} must be a finite number of seconds >= 0, e.g. "
                           f"--drain 10 (0: hand the running jobs back at the next step)")
@@ -163,6 +172,12 @@ def run(args) -> int:
     if not 0 < args.lease < float("inf"):       # NaN too
         raise ConfigError(f"--lease={args.lease} must be a finite number of seconds > 0, e.g. "
                           f"--lease 30 (how long a replica holds a job past its heartbeat)")
+    args.model = model_arg(args.model)
+    req = sample_request(args.model, args.overrides)   # the folder, before anything heavy
+    if is_group(req.cfg.mesh):           # one model across processes (ditax.serve.group)
+        check_mesh(req.cfg.mesh)
+        if req.cfg.mesh.process_id != 0:
+            return follower(args, req)   # no store, no port: the leader's turns
     db = check_store_path(args.db)
     shared = isinstance(db, str)                 # a PostgreSQL URL: replicas share it
     if shared and not args.output_dir:
@@ -170,8 +185,6 @@ def run(args) -> int:
                           f"them all the same --output-dir, a folder each replica sees (e.g. "
                           f"--output-dir /shared/ditax_videos)")
     check_host(args.host, args.port)
-    args.model = model_arg(args.model)
-    req = sample_request(args.model, args.overrides)   # the folder, before anything heavy
     pipelines = req.pipelines
     # the store (a SQLite file's one server; PostgreSQL: one of its replicas), its jobs this
     # model's, before the model loads
@@ -183,24 +196,29 @@ def run(args) -> int:
     loras = lora_files(args.lora_dir)
     limits = Limits(max_steps=args.max_steps, max_pixels=args.max_pixels,
                     max_frames=args.max_frames)
-    try:           # the model folder, overrides and LoRAs, checked as generate checks them
-        load = dict(check_body({"prompt": "a check of the server's settings"}, args.model,
-                               args.overrides, str(out / "request.mp4"), parse_request,
-                               limits, loras=tuple(n for n, _ in loras),
-                               lora_files=tuple(f for _, f in loras),
-                               pipelines=pipelines, startup=True).load)
-    except BadRequest as e:
-        raise ConfigError(str(e)) from None
-    serve(args, store, out, load, loras, limits, pipelines)
+    # the other processes join (jax.distributed) before the first jax call: the checks below
+    # count the devices of every process
+    group = join_group(args, req, loras) if is_group(req.cfg.mesh) else None
+    with group_exit(group):
+        try:       # the model folder, overrides and LoRAs, checked as generate checks them
+            load = dict(check_body({"prompt": "a check of the server's settings"}, args.model,
+                                   args.overrides, str(out / "request.mp4"), parse_request,
+                                   limits, loras=tuple(n for n, _ in loras),
+                                   lora_files=tuple(f for _, f in loras),
+                                   pipelines=pipelines, startup=True).load)
+        except BadRequest as e:
+            raise ConfigError(str(e)) from None
+        serve(args, store, out, load, loras, limits, pipelines, group=group)
     return 0
 
 
 def serve(args, store, out: pathlib.Path, load: dict, loras: list,
-          limits: Limits = Limits(), pipelines=None) -> None:
+          limits: Limits = Limits(), pipelines=None, group=None) -> None:
     """Load the model once (``load``: generate's load arguments), recover the store (``store``:
     owned by this process), bind the port, then start the worker and run uvicorn until
     SIGTERM / SIGINT (``limits``: what a request may ask; ``pipelines``: the folder's family,
-    whose request fields ``/health`` lists for the page)."""
+    whose request fields ``/health`` lists for the page; ``group``: the leader's side of a
+    model served by several processes, :mod:`ditax.serve.group`)."""
     from ditax.pipelines.request import fields_of
     from ditax.serve.requests import HTTP_FIELDS
 
@@ -212,6 +230,7 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
     from ditax.cli.run import run_context
     from ditax.serve import warm
     from ditax.serve.app import ServeState, create_app
+    from ditax.serve.group import SettledStore
     from ditax.serve.requests import check_body
     from ditax.serve.worker import Worker
 
@@ -235,11 +254,13 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
         if requeued or failed:
             print(f"recovered {db}: {len(requeued)} interrupted job(s) queued again, "
                   f"{len(failed)} failed (interrupted too often)")
-        worker = Worker(pipe, store, out, max_batch=args.max_batch, drain=args.drain,
+        # in a group, a failure that a lost process caused fails no job (it runs again)
+        worker = Worker(pipe, store if group is None else SettledStore(store, group), out,
+                        max_batch=args.max_batch, drain=args.drain,
                         batching=args.batching, max_wait=args.max_wait,
                         say=lambda line: print(line, flush=True),
                         context=lambda: run_context(load["attention"], mesh,
-                                                    compile_cache=cache))
+                                                    compile_cache=cache), group=group)
         devices = jax.devices()
         state = ServeState(model=path, overrides=list(args.overrides),
                            parse_request=parse_request, store=store,
@@ -251,6 +272,8 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
                                    "devices": len(devices), "makes": makes,
                                    "fields": [f.api for f in fields_of(pipelines) if f.api]
                                    + [k for k in HTTP_FIELDS if takes(pipelines, k)]})
+        if group is not None:
+            state.health.update(group.health())
         app = create_app(state)
         if store.others():
             print(f"{store.others()} queued job(s) in {db} are another model's; they stay "
@@ -269,6 +292,8 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
             app, host=args.host, port=port, log_level="warning",
             # open requests (a download) get the drain too, at least a second
             timeout_graceful_shutdown=max(args.drain, 1.0)))
+        if group is not None:
+            lead(group, state, server, store)
         with server.signals():                # until the worker has ended, not just uvicorn
             server.run(sockets=[sock])
             wait_for(worker, store, server.forced)
@@ -378,3 +403,133 @@ def wait_for(worker, store, forced) -> None:
           f"without it", flush=True)
     sys.stderr.flush()
     os._exit(0)
+
+
+# --- one model across several processes (ditax.serve.group)
+
+def join_group(args, req, loras: list):
+    """This process joins the group of ``req``'s mesh (``jax.distributed``; before the first
+    jax call), starts its watchdog and agrees with the others on the model, the overrides and
+    the LoRAs (another one's are one line, exit 2); returns the
+    :class:`~ditax.serve.group.Group`."""
+    from ditax.serve import group as groups
+
+    settings = groups.fingerprint(req.root, args.overrides, loras, max_batch=args.max_batch,
+                                  batching=args.batching)
+    group = groups.start(req.cfg.mesh, args.process_timeout)
+    group.watch()
+    with group_exit(group, close=False):
+        group.theirs = group.agree(settings)
+    import jax
+
+    what = ("serves HTTP; the others follow its turns" if group.leader else
+            f"follows the leader at {req.cfg.mesh.coordinator_address}: it serves no HTTP and "
+            f"opens no --db")
+    print(f"{group.name()}: {group.processes} processes joined ({jax.device_count()} devices, "
+          f"{jax.local_device_count()} here); this one {what}", flush=True)
+    return group
+
+
+def group_exit(group, close: bool = True):
+    """Around a group's work: an error ends the process with its status at once, after ditax's
+    one line (jax's shutdown barrier would wait for processes that are not coming); at the end
+    the group closes (the leader tells the followers to stop)."""
+    import contextlib
+
+    from ditax.errors import DitaxError
+
+    @contextlib.contextmanager
+    def scope():
+        if group is None:
+            yield
+            return
+        try:
+            yield
+        except BaseException as e:
+            group.exit_code = (2 if isinstance(e, DitaxError) else
+                               130 if isinstance(e, KeyboardInterrupt) else 1)
+            raise
+        finally:
+            if close:
+                group.close()
+
+    return scope()
+
+
+def lead(group, state, server, store) -> None:
+    """The leader's answers to its group: a follower's stop request is this server's own
+    first signal; a lost follower (the process exits 1 just after) shows in ``/health``,
+    stops the worker and hands its running jobs back to the queue."""
+    import signal
+
+    worker = state.worker
+
+    def lost(message: str) -> None:
+        state.health.update(group.health())
+        worker.begin_stop()
+        worker.hurry()
+        worker.wake.set()
+        back = [i for i in list(worker.running) if store.requeue(i)]
+        if back:
+            print(f"jobs {', '.join(back)} handed back to the queue ({message})", flush=True)
+
+    group.on_lost = lost
+    group.on_stop = lambda: server.handle_exit(signal.SIGTERM, None)
+
+
+def follower(args, req) -> int:
+    """A follower process (``mesh.process_id`` > 0): join the group, load the same model on
+    the same mesh, then apply the leader's turns until it stops (:meth:`Group.follow
+    <ditax.serve.group.Group.follow>`). No store, no port: ``--db``, ``--port``, ``--host``,
+    ``--output-dir`` and the request limits are the leader's; ``--max-batch`` and
+    ``--batching`` are taken from it. A first SIGTERM / SIGINT asks the leader to stop the
+    group; a second one leaves at once (exit 1)."""
+    import signal
+    import tempfile
+
+    import ditax
+    from ditax.cli.generate import parse_request
+    from ditax.cli.run import run_context
+    from ditax.serve.requests import BadRequest, check_body
+    from ditax.serve.worker import Worker
+
+    loras = lora_files(args.lora_dir)
+    group = join_group(args, req, loras)
+
+    def on_signal(sig, frame):
+        name = signal.Signals(sig).name
+        if group.stop_asked:
+            print(f"{group.name()}: {name} again: leaving the group now (exit 1)", flush=True)
+            os._exit(1)
+        group.ask_stop()
+        print(f"{group.name()}: {name}: the leader is asked to stop the group (a second signal "
+              f"leaves at once)", flush=True)
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, on_signal)
+    with group_exit(group), tempfile.TemporaryDirectory(prefix="ditax_follower_") as tmp:
+        out = pathlib.Path(tmp)          # the request check's output path; nothing is written
+        try:
+            load = dict(check_body({"prompt": "a check of the server's settings"}, args.model,
+                                   args.overrides, str(out / "request.mp4"), parse_request,
+                                   Limits(), loras=tuple(n for n, _ in loras),
+                                   lora_files=tuple(f for _, f in loras),
+                                   pipelines=req.pipelines, startup=True).load)
+        except BadRequest as e:
+            raise ConfigError(str(e)) from None
+        mesh_cfg, cache = load.pop("mesh_config"), load.pop("compile_cache")
+        load.pop("makes", None)
+        mesh = ditax.make_mesh(mesh_cfg)
+        with run_context(load["attention"], mesh, compile_cache=cache,
+                         status=not args.no_progress) as folder:
+            path = load.pop("path")
+            pipe = ditax.load_pipeline(path, mesh=mesh, **load)
+            print(f"compile cache: {folder or 'off'}; loaded {path} in {pipe.load_time:.1f}s",
+                  flush=True)
+            worker = Worker(pipe, None, out, max_batch=group.theirs["max_batch"],
+                            batching=group.theirs["batching"], say=print,
+                            context=lambda: run_context(load["attention"], mesh,
+                                                        compile_cache=cache))
+            group.follow(worker)
+    print(f"{group.name()}: the leader stopped the group", flush=True)
+    return 0
