@@ -206,3 +206,22 @@ def test_rows_with_their_own_loras_equal_generate_with_those_loras(demo, tmp_pat
         _close(out[tag], _alone(merged, dict(call, seed=k)), tol=5e-4)
     plain = _alone(demo, dict(call, seed=0))
     assert float(np.abs(out["a"] - plain).max()) > 1e-2     # the LoRA reached its row
+
+
+@pytest.mark.parametrize("axes", [{"fsdp": 2, "context": 4}, {"data": 2, "context": 4}])
+def test_rows_on_a_mesh(axes):
+    """The demo model on 8 devices (the batch split over fsdp or data, the sequence over
+    context): rows joining and leaving equal their requests alone on the same mesh."""
+    from ditax.demo import model_path
+    from ditax.parallel import make_mesh
+
+    pipe = ditax.load_pipeline(model_path(), mesh=make_mesh(axes))
+    calls = [dict(prompt=p, seed=k, num_inference_steps=3, **SMALL)
+             for k, p in enumerate(("a red circle moves right", "a blue square", "a ball"))]
+    batch = ContinuousBatch(pipe, max_rows=4)
+    batch.warm(calls[0])
+    programs = len(pipe.programs._compiled)
+    out, _ = _run(batch, {0: [("a", calls[0])], 1: [("b", calls[1]), ("c", calls[2])]})
+    assert len(pipe.programs._compiled) == programs      # the warm-up's programs, no other
+    for tag, call in zip("abc", calls):
+        _close(out[tag], _alone(pipe, call))

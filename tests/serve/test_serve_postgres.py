@@ -20,7 +20,8 @@ from serve_fixtures import (LONG, PROMPT, SMALL, Server, assert_same_video, free
                             mp4_frames, shared_cache)
 
 from ditax.errors import ConfigError
-from ditax.serve.jobs import MAX_ATTEMPTS, JobStore, QueueFull, open_store
+from ditax.serve.jobs import MAX_ATTEMPTS, JobStore, QueueFull
+from ditax.serve.stores import open_store
 
 
 def pg(url, **kw):

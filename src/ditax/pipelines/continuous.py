@@ -376,6 +376,13 @@ class ContinuousBatch:
         static = (expert.graphdef, p.inputs, p.scheduler, p.cfg_mode, p.guidance_scale > 1.0)
         return p.programs.step(_rows_step, static, args), args
 
+    @staticmethod
+    def _settle(out, mesh):
+        """A step's ``(latents, states)`` laid out as its inputs were (replicated on the mesh),
+        so the next step runs the same compiled program (XLA may hand them back split over the
+        batch shards)."""
+        return out if mesh is None else replicate(out, mesh)
+
     def step(self) -> list[tuple[Hashable, Any]]:
         """One step for every row; returns ``[(tag, output)]`` of the rows that finished (each
         output what the pipeline's call returns: decoded alone, or its latents), in the order
@@ -391,7 +398,7 @@ class ContinuousBatch:
             which, rows = next(iter(groups.items()))
             run, args = self.program(slots, p, p.experts[which],
                                      self._extras(rows, slots.n, lambda r: r.slot))
-            slots.x, slots.states = run(*args)
+            slots.x, slots.states = self._settle(run(*args), p.mesh)
             self.steps_run += 1
         else:                                  # each expert's rows gathered, run, put back
             for which, rows in sorted(groups.items()):
@@ -401,7 +408,7 @@ class ContinuousBatch:
                 pos = {r.tag: k for k, r in enumerate(rows)}
                 run, args = self.program(sub, p, p.experts[which],
                                          self._extras(rows, n, lambda r: pos[r.tag]))
-                sub.x, sub.states = run(*args)
+                sub.x, sub.states = self._settle(run(*args), p.mesh)
                 slots.put(idx, sub)
                 self.steps_run += 1
         for r in self.rows:
@@ -450,8 +457,21 @@ class ContinuousBatch:
         with ThreadPoolExecutor(max(1, min(threads, len(jobs)))) as pool:
             list(pool.map(lambda job: self.program(
                 job[0], p, job[1], self._extras([row], job[0].n, lambda r: 0)), jobs))
-        if p.decode is not None and p.prepare_decode is not None:
-            p.prepare_decode()
+        # the small programs around the steps, at every size: a join's write, a freed slot's
+        # restart, a resize's gather (and a second expert's put back), a finished row's slice
+        for n in sizes:
+            slots = Slots.of([row], n, p.mesh)
+            slots.write(0, row)
+            slots.restart(0)
+            for n2 in sizes:
+                sub = slots.gather([0] * n2)
+                if len(experts) > 1:
+                    for k in range(1, min(n, n2) + 1):
+                        slots.put(list(range(k)), sub)
+            jax.block_until_ready(slots.x[0:1])   # a finished row's slice
+        self.slots, row.slot = Slots.of([row], 1, p.mesh), 0
+        jax.block_until_ready(self.finish(row))    # finalize, checks, decode: once
+        self.slots, row.slot = None, -1
         return len(jobs)
 
 

@@ -13,7 +13,7 @@ A job records its model (the folder's resolved path) and the hash of that folder
 (:func:`folder_hash`); a server claims only the jobs of its model as its files are now, so
 weights replaced under the same path never run a job submitted to the old ones.
 
-:func:`open_store` opens the store ``--db`` names: this SQLite file (one server), or for a
+:func:`ditax.serve.stores.open_store` opens the store ``--db`` names: this SQLite file (one server), or for a
 ``postgresql://`` URL the shared store of :mod:`ditax.serve.pgstore` (replicas that claim jobs
 under leases, with the same methods).
 """
@@ -111,19 +111,6 @@ def check_store_path(path) -> pathlib.Path | str:
     return p
 
 
-def open_store(db, model: str | None = None, model_hash: str | None = None,
-               lease: float = 30.0):
-    """The job store ``--db`` names: :class:`JobStore` (SQLite, one server) for a path,
-    :class:`~ditax.serve.pgstore.PgJobStore` (PostgreSQL, shared by replicas whose claims hold
-    a ``lease`` of that many seconds) for a ``postgresql://`` URL."""
-    db = check_store_path(db)
-    if isinstance(db, str):
-        from ditax.serve.pgstore import PgJobStore
-
-        return PgJobStore(db, model=model, model_hash=model_hash, lease=lease)
-    return JobStore(db, model=model, model_hash=model_hash)
-
-
 class JobStore:
     """Jobs in the SQLite file ``path`` (created with its folder). One connection shared by
     the server's threads behind a lock: each method is one short transaction."""
@@ -132,7 +119,7 @@ class JobStore:
         self.path = check_store_path(path)
         if isinstance(self.path, str):
             raise ConfigError(f"--db {path}: a PostgreSQL URL, not a SQLite file; open it with "
-                              f"open_store (ditax.serve.pgstore.PgJobStore)")
+                              f"ditax.serve.stores.open_store (a PgJobStore)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.model = model               # jobs added carry it; claim takes only its jobs
         self.model_hash = model_hash     # its files' (folder_hash): the same, for its jobs
@@ -391,4 +378,4 @@ def _job(row: sqlite3.Row) -> dict:
 
 
 __all__ = ["FINISHED", "JobStore", "MAX_ATTEMPTS", "QueueFull", "STATUSES", "check_store_path",
-           "folder_hash", "is_pg_url", "open_store"]
+           "folder_hash", "is_pg_url"]

@@ -23,11 +23,30 @@ programs in the same order.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 import traceback
 
 from ditax.errors import DitaxError
 from ditax.serve.requests import call_of
+
+
+@contextlib.contextmanager
+def warnings_said():
+    """The messages ditax's loggers warn with inside (a list, filled as they come)."""
+    said: list[str] = []
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    handler, logger = Handler(logging.WARNING), logging.getLogger("ditax")
+    logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
 
 
 def message(e: Exception) -> str:
@@ -57,8 +76,6 @@ class Rows:
     def apply(self, ops: list) -> dict:
         """Apply ``ops`` to the batch; returns ``{"failed": {id: message}, "finished": [(id,
         output)], "warnings": {id: [...]}, "error": exception or None}``."""
-        from ditax.serve.worker import warnings_said
-
         out = {"failed": {}, "finished": [], "warnings": {}, "error": None}
         for op in ops:
             if op[0] == "add":
@@ -124,7 +141,8 @@ class Rows:
         w.metrics.add(batched_jobs=len(jobs))
         for i in gone:
             self.live.pop(i, None)
-            w.metrics.add(cancelled=1)
+            if i in w.cancelled or now.get(i) == "cancelled":
+                w.metrics.add(cancelled=1)
         ops = w.share(ops)
         t0 = time.perf_counter()
         got = self.apply(ops)
@@ -190,4 +208,4 @@ class Rows:
             w.say(w.handed_back(back))
 
 
-__all__ = ["Rows", "message"]
+__all__ = ["Rows", "message", "warnings_said"]

@@ -27,7 +27,6 @@ rethrown``).
 from __future__ import annotations
 
 import contextlib
-import logging
 import pathlib
 import threading
 import time
@@ -38,6 +37,7 @@ import jax
 from ditax.errors import DitaxError
 from ditax.serve.jobs import JobStore
 from ditax.serve.requests import BATCHING, call_of
+from ditax.serve.rows import warnings_said
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"   # compiled, or read from disk
 CACHE_HIT = "/jax/compilation_cache/cache_hits"                   # read from the persistent cache
@@ -95,23 +95,6 @@ class Metrics:
         with self.lock:
             for k, v in amounts.items():
                 setattr(self, k, getattr(self, k) + v)
-
-
-@contextlib.contextmanager
-def warnings_said():
-    """The messages ditax's loggers warn with inside (a list, filled as they come)."""
-    said: list[str] = []
-
-    class Handler(logging.Handler):
-        def emit(self, record):
-            said.append(record.getMessage())
-
-    handler, logger = Handler(logging.WARNING), logging.getLogger("ditax")
-    logger.addHandler(handler)
-    try:
-        yield said
-    finally:
-        logger.removeHandler(handler)
 
 
 def about(said: list[str], job: dict, batch: int) -> list[str]:
@@ -320,12 +303,10 @@ class Worker(threading.Thread):
         for j in jobs:
             row = self.store.get(j["id"])
             if row is not None and row["status"] == "in_progress":
-                self.store.finish(j["id"], "failed", error=message)
+                if self.store.finish(j["id"], "failed", error=message):
+                    self.metrics.add(failed=1)
 
     def run_jobs(self, jobs: list[dict]) -> None:
-        from ditax.io.images import write_png
-        from ditax.io.outputs import write_extras
-        from ditax.io.video import write_mp4
         from ditax.serve.batch import bucket, generate_batch
 
         ids = [j["id"] for j in jobs]
@@ -334,6 +315,7 @@ class Worker(threading.Thread):
         except DitaxError as e:
             for i in ids:
                 self.store.finish(i, "failed", error=str(e))
+            self.metrics.add(failed=len(ids))
             return
         steps = calls[0]["num_inference_steps"]
         compiles0 = self.metrics.compiles
@@ -367,6 +349,7 @@ class Worker(threading.Thread):
         except Cancelled:
             for i in ids:
                 self.store.finish(i, "cancelled")
+            self.metrics.add(cancelled=len(ids))
             return
         except Exception as e:  # noqa: BLE001 — the job fails with the reason; the server goes on
             message = str(e) if isinstance(e, (DitaxError, ValueError)) else \
@@ -376,6 +359,7 @@ class Worker(threading.Thread):
                 traceback.print_exc()
             for i in ids:
                 self.store.finish(i, "failed", error=message)
+            self.metrics.add(failed=len(ids))
             return
         compiles = self.metrics.compiles - compiles0
         self.metrics.add(batches=1, batched_jobs=len(jobs))
@@ -424,6 +408,7 @@ class Worker(threading.Thread):
 
         if job["id"] in self.cancelled:
             self.store.finish(job["id"], "cancelled")
+            self.metrics.add(cancelled=1)
             return False
         extras, more = [], {}
         if isinstance(video, dict):       # a family's further outputs (PipelineFamily.outputs)
