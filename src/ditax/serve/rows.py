@@ -4,7 +4,9 @@ steps and leave it at their last (:class:`~ditax.pipelines.continuous.Continuous
 Each turn of the worker's loop (:meth:`Rows.tick`) is: claim queued jobs of the running
 batch's key into its free rows (``--max-batch`` rows at most), drop the rows of jobs cancelled
 since the last step (by this server or, on a shared store, another replica), run one step,
-write the outputs of the rows that took their last step. Rows of one key share one program
+write the outputs of the rows that took their last step. The store is asked (new rows,
+cancels, progress written) at most every :data:`SYNC_EVERY` seconds, and at once after a
+submission to this server: a small model's steps are shorter than a store's round trip. Rows of one key share one program
 shape (size, frames, steps, guidance, condition structure: the store's batch key); their texts,
 seeds, images and LoRA strengths are their own.
 
@@ -49,6 +51,11 @@ def warnings_said():
         logger.removeHandler(handler)
 
 
+#: seconds between two turns that ask the store for new rows, cancels and write progress
+#: (a job submitted to this server is taken at the next step)
+SYNC_EVERY = 0.2
+
+
 def message(e: Exception) -> str:
     """A job's failure as its error message (a ditax check's words as they are)."""
     return str(e) if isinstance(e, (DitaxError, ValueError)) else f"{type(e).__name__}: {e}"
@@ -65,6 +72,7 @@ class Rows:
         self.batch = ContinuousBatch(worker.pipe, worker.max_batch)
         self.live: dict[str, dict] = {}      # job id -> {job, compiles, warnings, rows}
         self.key: str | None = None          # the running rows' batch key
+        self.synced = 0.0                    # when a turn last asked the store (due)
 
     @staticmethod
     def takes(job: dict) -> bool:
@@ -116,6 +124,16 @@ class Rows:
         t = since(self.key)
         return t is not None and time.time() - t >= self.max_wait
 
+    def due(self) -> bool:
+        """Whether this turn asks the store (new rows, other servers' cancels, progress): at
+        most every :data:`SYNC_EVERY` seconds, or at once when a job was submitted here."""
+        w = self.worker
+        if w.wake.is_set() or time.monotonic() - self.synced >= SYNC_EVERY:
+            w.wake.clear()
+            self.synced = time.monotonic()
+            return True
+        return False
+
     def claim(self) -> list[dict]:
         w = self.worker
         free = self.batch.free
@@ -128,11 +146,13 @@ class Rows:
         w = self.worker
         if w.overdue():
             return self.hand_back()
-        jobs = list(claimed) if claimed is not None else self.claim()
+        sync = claimed is not None or self.due()
+        jobs = list(claimed) if claimed is not None else (self.claim() if sync else [])
         w.count_retried(jobs)
         ops: list = [("add", j["id"], j["request"]) for j in jobs]
-        now = w.store.statuses(self.live) if self.live else {}
-        gone = [i for i in self.live if i in w.cancelled or now.get(i) != "in_progress"]
+        now = w.store.statuses(self.live) if self.live and sync else {}
+        gone = [i for i in self.live if i in w.cancelled
+                or (sync and now.get(i) != "in_progress")]
         ops += [("drop", i) for i in gone]
         ops.append(("step",))
         compiles0 = w.metrics.compiles
@@ -174,7 +194,8 @@ class Rows:
             if live is not None:
                 live["rows"] = max(live["rows"], n)
                 progress[r.tag] = min(99, r.done * 100 // r.steps)
-        w.store.set_progress_many(progress)
+        if sync:
+            w.store.set_progress_many(progress)
         for tag, output in got["finished"]:
             live = self.live.pop(tag, None)
             if live is None:
