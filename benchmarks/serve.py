@@ -1,14 +1,26 @@
-"""``ditax serve`` under load: N clients × M jobs against the demo model, one JSON line a run.
+"""``ditax serve`` under load: batching modes, replicas on PostgreSQL, time to ready (JSON lines).
 
-    python benchmarks/serve.py --clients 4 --jobs 4 --max-batch 4 1
+    python benchmarks/serve.py                                  # everything below, the demo model
+    python benchmarks/serve.py --part batching --clients 16 --modes static continuous
+    python benchmarks/serve.py --part replicas                  # needs PostgreSQL (initdb, pg_ctl)
+    python benchmarks/serve.py --part ready
 
-For each ``--max-batch`` value a fresh server (its own job store, a persistent compile cache
-shared by the runs, so the second run reads what the first compiled) is started; one job
-measures the first job (compile included) against a second of the same shape; then two bursts,
-each client submitting its jobs at once and polling them to the end: ``cold_*`` the first (the
-batch sizes compile there), the rest the second. Printed: videos per minute over a burst, p50 /
-p95 latency from submit to completed, the batch sizes the server chose, the first job's seconds
-vs the second's, and how many accepted jobs did not complete (``lost``: must be 0).
+``batching``: for each ``--modes`` value (``off``: every job alone, ``static``: queued jobs of
+one shape start and end together, ``continuous``: jobs join the running batch between steps;
+``ditax serve --batching``) one server, warmed for the request's shape (``--warm``), then for
+each ``--clients`` count N: N clients, each submitting ``--jobs`` jobs one after the other with
+exponential think times between them (Poisson arrivals, mean ``--think`` s) and waiting for
+each to finish. Reported per (mode, N): videos per minute over the run, p50 / p95 latency
+(submit → completed, the store's clock), the mean rows a job ran beside, lost jobs (must be 0).
+
+``replicas``: one PostgreSQL server (as the tests start it), then one and then two ``ditax
+serve`` replicas on it (``--batching continuous``), clients spread over the replicas;
+throughput and latency as above. On a machine with few cores two replicas share them.
+
+``ready``: seconds from starting ``ditax serve --warm SIZE`` to ``/health`` ready, with an
+empty compile cache and again with the cache the first start filled.
+
+Medians and ratios: these machines are noisy; every row is one run of one configuration.
 """
 
 from __future__ import annotations
@@ -17,6 +29,9 @@ import argparse
 import concurrent.futures
 import json
 import pathlib
+import random
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -25,73 +40,160 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "
 from serve_fixtures import PROMPT, Server  # noqa: E402  (the tests' server runner and client)
 
 
+def emit(**kw) -> dict:
+    print(json.dumps(kw), flush=True)
+    return kw
+
+
 def percentile(values, q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-def burst(srv, body: dict, args, seed0: int) -> dict:
-    """Every client submits its jobs at once and polls them to the end."""
+def load(servers: list[Server], body: dict, clients: int, jobs: int, think: float,
+         seed0: int) -> dict:
+    """``clients`` closed-loop clients with Poisson arrivals (module docstring) against
+    ``servers`` (client c submits to server c mod len)."""
     def client(c: int) -> list[dict]:
-        ids = [srv.submit(seed=seed0 + c * args.jobs + j, **body)["id"] for j in range(args.jobs)]
-        return [srv.wait(i, timeout=900, poll=0.02) for i in ids]
+        rng = random.Random(seed0 + c)
+        srv, out = servers[c % len(servers)], []
+        for j in range(jobs):
+            time.sleep(rng.expovariate(1.0 / think) if think > 0 else 0.0)
+            job = srv.submit(seed=seed0 + c * jobs + j, **body)
+            out.append(srv.wait(job["id"], timeout=1800, poll=0.25))   # polls cost the server CPU
+        return out
 
     t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
-        results = [r for rs in pool.map(client, range(args.clients)) for r in rs]
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        results = [r for rs in pool.map(client, range(clients)) for r in rs]
     wall = time.perf_counter() - t0
-    done = [job for job in results if job["status"] == "completed"]
-    latency = [job["seconds_to_finish"] for job in done]        # submit -> completed
+    done = [j for j in results if j["status"] == "completed"]
+    latency = [j["seconds_to_finish"] for j in done]
     return {"videos_per_min": round(60 * len(done) / wall, 2),
             "p50_s": round(percentile(latency, 0.5), 3) if latency else None,
             "p95_s": round(percentile(latency, 0.95), 3) if latency else None,
-            "batch_sizes": sorted({job["batch_size"] for job in done}),
-            "accepted": len(results), "lost": len(results) - len(done)}
+            "mean_rows": round(statistics.mean(j["batch_size"] or 1 for j in done), 2)
+            if done else None,
+            "wall_s": round(wall, 2), "accepted": len(results), "lost": len(results) - len(done)}
 
 
-def one_run(folder: pathlib.Path, cache: pathlib.Path, max_batch: int, args) -> dict:
-    body = {"prompt": PROMPT, "size": args.size, "num_frames": args.frames,
+def body_of(args) -> dict:
+    return {"prompt": PROMPT, "size": args.size, "num_frames": args.frames,
             "num_inference_steps": args.steps}
-    srv = Server(folder, "--max-batch", str(max_batch), "--max-queue",
-                 str(args.clients * args.jobs + 8), cache=cache).start()
-    try:
-        t0 = time.perf_counter()
-        first = srv.wait(srv.submit(seed=0, **body)["id"])
-        t_first = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        second = srv.wait(srv.submit(seed=1, **body)["id"])
-        t_second = time.perf_counter() - t0
 
-        cold = burst(srv, body, args, 1000)     # new batch sizes compile here
-        warm = burst(srv, body, args, 5000)     # every program already there
-        _, _, metrics = srv.call("GET", "/metrics")
+
+def warm_spec(args) -> str:
+    return f"{args.size}x{args.frames}:{args.steps}"
+
+
+def server_args(args, mode: str) -> list[str]:
+    n = args.clients[-1] * args.jobs + 8
+    return ["--batching", mode, "--max-batch", str(args.max_batch), "--max-queue", str(n),
+            "--warm", warm_spec(args)]
+
+
+def batching(args, base: pathlib.Path) -> list[dict]:
+    rows = []
+    for mode in args.modes:
+        srv = Server(base / f"batching_{mode}", *server_args(args, mode),
+                     cache=base / "compile_cache").start(timeout=900)
+        try:
+            for n in args.clients:
+                rows.append(emit(bench="serve", part="batching", mode=mode, clients=n,
+                                 jobs_per_client=args.jobs, think_s=args.think,
+                                 max_batch=args.max_batch, size=args.size, frames=args.frames,
+                                 steps=args.steps, **load([srv], body_of(args), n, args.jobs,
+                                                          args.think, 1000 * n)))
+        finally:
+            srv.stop()
+    by = {(r["mode"], r["clients"]): r for r in rows}
+    for n in args.clients:
+        c, s = by.get(("continuous", n)), by.get(("static", n))
+        if c and s and s["videos_per_min"]:
+            emit(bench="serve", part="batching", ratio="continuous/static", clients=n,
+                 throughput=round(c["videos_per_min"] / s["videos_per_min"], 2),
+                 p95=round(c["p95_s"] / s["p95_s"], 2) if s["p95_s"] else None)
+    return rows
+
+
+def replicas(args, base: pathlib.Path) -> list[dict]:
+    from pg_fixtures import Postgres, pg_bin
+
+    if pg_bin() is None:
+        return [emit(bench="serve", part="replicas", skipped="no initdb / pg_ctl here")]
+    pg = Postgres(pg_bin()).start()
+    rows = []
+    try:
+        n = args.clients[-1]
+        for count in (1, 2):
+            url = pg.database()
+            out = base / f"replicas_{count}" / "videos"     # the replicas' shared folder
+            servers = [Server(base / f"replicas_{count}" / f"r{i}",
+                              *server_args(args, "continuous"), cache=base / "compile_cache")
+                       for i in range(count)]
+            for s in servers:
+                s.db, s.out = url, out
+            try:
+                for s in servers:
+                    s.start(timeout=900)
+                rows.append(emit(bench="serve", part="replicas", replicas=count, clients=n,
+                                 jobs_per_client=args.jobs, think_s=args.think,
+                                 **load(servers, body_of(args), n, args.jobs, args.think,
+                                        7000 + count)))
+            finally:
+                for s in servers:
+                    s.stop()
     finally:
-        srv.stop()
-    compiles = [ln for ln in metrics.decode().splitlines() if ln.startswith("ditax_compiles_total")]
-    return {"bench": "serve", "max_batch": max_batch, "clients": args.clients,
-            "jobs_per_client": args.jobs, "size": args.size, "frames": args.frames,
-            "steps": args.steps, **warm, **{f"cold_{k}": v for k, v in cold.items()
-                                            if k in ("videos_per_min", "p50_s", "p95_s")},
-            "first_job_s": round(t_first, 3), "first_job_compiles": first["compiles"],
-            "second_job_s": round(t_second, 3), "second_job_compiles": second["compiles"],
-            "compiles_total": int(compiles[0].split()[-1]) if compiles else None,
-            "accepted": warm["accepted"] + cold["accepted"], "lost": warm["lost"] + cold["lost"]}
+        pg.stop()
+    if len(rows) == 2 and rows[0]["videos_per_min"]:
+        emit(bench="serve", part="replicas", ratio="2 replicas / 1",
+             throughput=round(rows[1]["videos_per_min"] / rows[0]["videos_per_min"], 2))
+    return rows
+
+
+def ready(args, base: pathlib.Path) -> list[dict]:
+    cache = base / "ready_cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    rows = []
+    for which in ("cold", "warm"):
+        srv = Server(base / f"ready_{which}", *server_args(args, "continuous"), cache=cache)
+        t0 = time.perf_counter()
+        srv.start(timeout=900)
+        seconds = time.perf_counter() - t0
+        try:
+            _, _, health = srv.call("GET", "/health")
+            first = srv.wait(srv.submit(seed=1, **body_of(args))["id"])
+            second = srv.wait(srv.submit(seed=2, **body_of(args))["id"])
+        finally:
+            srv.stop()
+        rows.append(emit(bench="serve", part="ready", compile_cache=which,
+                         seconds_to_ready=round(seconds, 2),
+                         warm_seconds=health.get("warm_seconds"),
+                         first_job_s=first["seconds_to_finish"],
+                         first_job_compiles=first["compiles"],
+                         second_job_s=second["seconds_to_finish"]))
+    return rows
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--jobs", type=int, default=4, help="jobs per client")
-    p.add_argument("--size", default="64x64", help="WxH (the demo model's own: 64x64)")
-    p.add_argument("--frames", type=int, default=17)
+    p.add_argument("--part", nargs="+", choices=("batching", "replicas", "ready"),
+                   default=["batching", "replicas", "ready"])
+    p.add_argument("--modes", nargs="+", choices=("off", "static", "continuous"),
+                   default=["off", "static", "continuous"])
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--jobs", type=int, default=3, help="jobs per client")
+    p.add_argument("--think", type=float, default=0.5,
+                   help="mean seconds a client waits before its next job (exponential)")
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--size", default="32x32", help="WxH")
+    p.add_argument("--frames", type=int, default=5)
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--max-batch", type=int, nargs="+", default=[4, 1])
     p.add_argument("--folder", default=None, help="work folder (default: a temporary one)")
     args = p.parse_args(argv)
     base = pathlib.Path(args.folder or tempfile.mkdtemp(prefix="ditax_serve_bench_"))
-    for mb in args.max_batch:
-        rec = one_run(base / f"max_batch_{mb}", base / "compile_cache", mb, args)
-        print(json.dumps(rec), flush=True)
+    for part in args.part:
+        {"batching": batching, "replicas": replicas, "ready": ready}[part](args, base)
     return 0
 
 
