@@ -53,7 +53,9 @@ def test_two_processes_serve_the_one_process_video_and_a_lost_follower_ends_the_
         tmp_path):
     port = free_port()
     follower = start_follower(tmp_path / "group", port)
-    leader = Server(tmp_path / "group", *MESH, *group_args(port, 0), env=FOUR)
+    # --warm: the followers run the leader's warm-up, in the same order (else it never ends)
+    leader = Server(tmp_path / "group", "--max-batch", "1", "--warm", "64x64x5:2", *MESH,
+                    *group_args(port, 0), env=FOUR)
     alone = Server(tmp_path / "one", *MESH)            # the suite's 8 devices, one process
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -62,6 +64,7 @@ def test_two_processes_serve_the_one_process_video_and_a_lost_follower_ends_the_
         health = leader.call("GET", "/health")[2]
         assert health["devices"] == 8 and health["processes"] == 2, health
         assert health["process_lost"] is None, health
+        assert health["ready"] and health["warmed"] == ["64x64x5:2"], health
         jobs = [leader.submit(**REQUEST), alone.submit(**REQUEST)]
         done = [srv.wait(j["id"], timeout=150) for srv, j in zip((leader, alone), jobs)]
         assert [d["status"] for d in done] == ["completed"] * 2, done

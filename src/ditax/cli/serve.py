@@ -230,7 +230,7 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
     from ditax.cli.run import run_context
     from ditax.serve import warm
     from ditax.serve.app import ServeState, create_app
-    from ditax.serve.group import SettledStore
+    from ditax.serve.group import SettledStore, leader_worker
     from ditax.serve.requests import check_body
     from ditax.serve.worker import Worker
 
@@ -254,13 +254,15 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
         if requeued or failed:
             print(f"recovered {db}: {len(requeued)} interrupted job(s) queued again, "
                   f"{len(failed)} failed (interrupted too often)")
-        # in a group, a failure that a lost process caused fails no job (it runs again)
-        worker = Worker(pipe, store if group is None else SettledStore(store, group), out,
-                        max_batch=args.max_batch, drain=args.drain,
-                        batching=args.batching, max_wait=args.max_wait,
-                        say=lambda line: print(line, flush=True),
-                        context=lambda: run_context(load["attention"], mesh,
-                                                    compile_cache=cache), group=group)
+        # in a group, a failure that a lost process caused fails no job (it runs again), and
+        # the followers run the warm-up too
+        make = Worker if group is None else leader_worker
+        worker = make(pipe, store if group is None else SettledStore(store, group), out,
+                      max_batch=args.max_batch, drain=args.drain,
+                      batching=args.batching, max_wait=args.max_wait,
+                      say=lambda line: print(line, flush=True),
+                      context=lambda: run_context(load["attention"], mesh,
+                                                  compile_cache=cache), group=group)
         devices = jax.devices()
         state = ServeState(model=path, overrides=list(args.overrides),
                            parse_request=parse_request, store=store,

@@ -163,8 +163,6 @@ class Group:
         # and what a follower's stop request does (the server's first signal)
         self.on_lost: Callable[[str], None] | None = None
         self.on_stop: Callable[[], None] | None = None
-        # the leader's watchdog: each follower's last heartbeat value and when it changed
-        self.seen: dict[int, tuple[str | None, float]] = {}
         # set when this process ends by an error: its status, at once (at_exit)
         self.exit_code: int | None = None
         atexit.register(self.at_exit)
@@ -266,11 +264,20 @@ class Group:
                         self.apply_rows(rows, pending)
                         pending = []
                     if op[0] == "warm":
-                        worker.warm(op[1])
+                        self.warm(worker, op[1])
                     elif op[0] == "batch":
                         self.run_batch(worker, op[1], batching)
                     elif op[0] == "stop":
                         return
+
+    @staticmethod
+    def warm(worker, requests: list) -> None:
+        """The leader's warm-up: a request's check failing is said and passed, as the leader
+        does (:func:`ditax.serve.warm.warm_then_start`)."""
+        try:
+            warm_in_order(worker, requests)
+        except (DitaxError, ValueError) as e:
+            print(f"warm: failed ({type(e).__name__}: {e}); following without it", flush=True)
 
     def apply_rows(self, rows, ops: list) -> None:
         if rows is None:
@@ -284,8 +291,8 @@ class Group:
 
     def run_batch(self, worker, requests: list, batching: bool) -> None:
         """A lock-step batch, as :meth:`~ditax.serve.worker.Worker.run_jobs` runs it; where
-        the leader shares one ``("next",)`` / ``("halt",)`` turn per step (:data:`STEPPED`),
-        the batch ends where the leader's ends."""
+        the leader's worker shares one ``("next",)`` / ``("halt",)`` turn per step (its class
+        says so: ``SHARES_STEPS``), the batch ends where the leader's ends."""
         from ditax.serve.batch import bucket, generate_batch
         from ditax.serve.requests import call_of
 
@@ -297,8 +304,10 @@ class Group:
         if strengths is not None:
             worker.pipe.transformer.set_lora_strengths(strengths)
 
+        stepped = getattr(worker, "SHARES_STEPS", False)
+
         def on_step(done: int) -> None:
-            if STEPPED and self.receive()[0][0] == "halt":
+            if stepped and self.receive()[0][0] == "halt":
                 raise Halt()
 
         try:
@@ -336,15 +345,12 @@ class Group:
 
     def guard(self) -> None:
         start = time.monotonic()
-        seen = self.seen = {k: (None, start) for k in range(1, self.processes)}
+        seen = {k: (None, start) for k in range(1, self.processes)}
         stop_seen = False
         while not self.done.wait(self.period()):
             now = time.monotonic()
             for k, (value, at) in list(seen.items()):
-                try:
-                    got = self.client.key_value_try_get(f"{NS}/beat/{k}")
-                except Exception:  # noqa: BLE001 — NOT_FOUND: no beat yet
-                    got = None
+                got = self.beat_of(k)
                 if got is not None and got != value:
                     seen[k] = (got, now)
                 elif now - at > self.timeout and not self.stopped:
@@ -358,9 +364,14 @@ class Group:
                     self.on_stop()
 
     def lose(self, k: int, why: str) -> None:
-        """Follower ``k`` is lost: say so, let ``on_lost`` act, exit 1."""
-        self.lost = f"{self.name(k)} lost ({why})"
-        line = (f"ditax serve: error: {self.lost}: the group stops (exit 1); restart every "
+        """Follower ``k`` is lost: :meth:`end`."""
+        self.end(f"{self.name(k)} lost ({why})")
+
+    def end(self, what: str) -> None:
+        """The group cannot go on (``what``): say so in one line, let :attr:`on_lost` act
+        (``/health``, the running jobs back to the queue), exit 1 after :data:`LOST_GRACE`."""
+        self.lost = what
+        line = (f"ditax serve: error: {what}: the group stops (exit 1); restart every "
                 f"process — the store keeps the jobs, the running ones run again")
         print(line, file=sys.stderr, flush=True)
         try:
@@ -373,17 +384,36 @@ class Group:
             os._exit(1)
 
     def settle(self) -> None:
-        """The leader, before it fails a job: wait until every follower has been heard from
-        since the call (at most ``timeout`` seconds and a beat). A step that failed because a
-        process died (its collective broke) so ends the group here — the watchdog exits 1
-        and the job runs again after the restart — instead of failing the job."""
+        """The leader, before it fails a job: wait until each follower has written a heartbeat
+        since the call (a value other than the one read at the call: written after it), at
+        most ``timeout`` seconds and a beat. A step that failed because a process died (its
+        collective broke) so ends the group here — the watchdog exits 1 and the job runs
+        again after the restart — instead of failing the job."""
         if not self.leader or self.thread is None:
             return
-        t = time.monotonic()
-        while not self.done.is_set():
-            if self.lost is None and all(at > t for _, at in self.seen.values()):
-                return
+        first = {k: self.beat_of(k) for k in range(1, self.processes)}
+        while first and not self.done.is_set():
+            if self.lost is None:
+                first = {k: v for k, v in first.items() if self.beat_of(k) == v}
             time.sleep(self.period() / 4)       # lost: the watchdog is ending the process
+
+    def beat_of(self, k: int) -> str | None:
+        """Follower ``k``'s last heartbeat value (None before its first)."""
+        try:
+            return self.client.key_value_try_get(f"{NS}/beat/{k}")
+        except Exception:  # noqa: BLE001 — NOT_FOUND: no beat yet
+            return None
+
+    def after_error(self, e: BaseException) -> None:
+        """The leader, when a step (or the batch around it) raised ``e``: :meth:`settle`; then
+        a failure that is not a request's own check (which every process meets alike) may
+        have struck this process alone, so the processes may no longer run the same programs:
+        the group ends (:meth:`end`). Returns for a check's failure (the jobs fail)."""
+        self.settle()
+        if self.leader and not isinstance(e, (DitaxError, ValueError)):
+            self.end(f"a step failed on {self.name()} ({type(e).__name__}: "
+                     f"{str(e).splitlines()[0] if str(e) else ''}), so the processes may be "
+                     f"out of step")
 
     def ask_stop(self) -> None:
         """A follower's signal: ask the leader to stop the group (safe in a signal handler)."""
@@ -427,10 +457,39 @@ class Halt(Exception):
     """The leader ended the lock-step batch after this step (stopping, or cancelled)."""
 
 
-#: whether the leader's worker shares a ``("next",)`` / ``("halt",)`` turn after each step of
-#: a lock-step batch (:meth:`~ditax.serve.worker.Worker.run_jobs`)
-STEPPED = False
+def warm_in_order(worker, requests: list[dict]) -> float:
+    """:meth:`~ditax.serve.worker.Worker.warm` with its programs compiled one after the other:
+    a continuous batch's warm-up compiles the step programs in threads, and the arrays it puts
+    on the mesh there (``jax.device_put`` of host values checks them against every process's
+    with a collective) would meet the other processes' in another order. Returns seconds."""
+    from ditax.pipelines.continuous import ContinuousBatch
+    from ditax.serve.batch import batchable, warm_programs
+    from ditax.serve.requests import call_of
+
+    t0 = time.perf_counter()
+    with worker.context():
+        if worker.mode == "continuous" and batchable(worker.pipe):
+            rows = ContinuousBatch(worker.pipe, worker.max_batch)
+            for r in requests:
+                rows.warm(call_of(r), strengths=r.get("lora_strengths"), threads=1)
+        else:
+            warm_programs(worker.pipe, [call_of(r) for r in requests],
+                          worker.max_batch if worker.mode == "static" else 1)
+    return time.perf_counter() - t0
 
 
-__all__ = ["Group", "Halt", "LOST_GRACE", "SettledStore", "TIMEOUT", "check_mesh", "fingerprint", "is_group",
-           "start"]
+def leader_worker(*args, **kw):
+    """The leader's :class:`~ditax.serve.worker.Worker` (same arguments, ``group=`` among
+    them) whose warm-up (:meth:`~ditax.serve.worker.Worker.warm`, ``--warm``) is a turn: the
+    followers compile and run the same warm-up programs."""
+    from ditax.serve.worker import Worker
+
+    class LeaderWorker(Worker):
+        def warm(self, requests: list[dict]) -> float:
+            return warm_in_order(self, self.share([("warm", list(requests))])[0][1])
+
+    return LeaderWorker(*args, **kw)
+
+
+__all__ = ["Group", "Halt", "LOST_GRACE", "SettledStore", "TIMEOUT", "check_mesh", "fingerprint",
+           "is_group", "leader_worker", "start"]
