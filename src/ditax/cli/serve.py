@@ -421,7 +421,7 @@ def join_group(args, req, loras: list):
     group = groups.start(req.cfg.mesh, args.process_timeout)
     group.watch()
     with group_exit(group, close=False):
-        group.theirs = group.agree(settings)
+        group.agree(settings)
     import jax
 
     what = ("serves HTTP; the others follow its turns" if group.leader else

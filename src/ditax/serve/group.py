@@ -12,9 +12,13 @@ outputs.
 A turn is a list of operations, JSON: ``("add", id, request)``, ``("drop", id)``,
 ``("step",)`` (the continuous batch, :meth:`~ditax.serve.rows.Rows.apply`), ``("batch",
 [requests])`` (a lock-step batch, :meth:`~ditax.serve.worker.Worker.run_jobs`; where the
-worker shares it, one ``("next",)`` or ``("halt",)`` follows each of its steps), ``("warm",
-[requests])`` (:meth:`~ditax.serve.worker.Worker.warm`) and ``("stop",)``. The leader applies
-the turn as the followers read it (the JSON round trip), so no process sees other values.
+worker's class says ``SHARES_STEPS``, one ``("next",)`` or ``("halt",)`` follows each of its
+steps), ``("warm", [requests])`` (the leader's worker, :func:`leader_worker`: ``--warm``) and
+``("stop",)``. The leader applies the turn as the followers read it (the JSON round trip), so
+no process sees other values. A program on a mesh of several processes includes more
+collectives than its own: ``jax.device_put`` of a host value checks it against every
+process's (an all-gather), so nothing may put arrays on the mesh from threads whose order
+differs per process (:func:`warm_in_order`).
 
 Transport: jax's distributed key-value store (the coordination service that
 ``jax.distributed.initialize`` starts in process 0; ``jax._src.distributed.global_state.client``,
@@ -33,13 +37,16 @@ leader and ignores ``--db``, ``--port`` and the other HTTP flags.
 
 Failure: each follower writes a heartbeat key every second or so; the leader's watchdog thread
 counts a follower silent for ``timeout`` seconds (``--process-timeout``) as lost: ``/health``
-says so (``"process_lost"``, 503), the worker stops, the running jobs go back to the queue,
-and after :data:`LOST_GRACE` seconds the leader exits 1 with one line — whatever its worker
-thread is doing (a collective whose peer died may never return). A supervisor restarts the
-group; its jobs stay in the store. The leader's death ends every follower at once: jax's
-coordination service lives in the leader, and jax's client terminates the process that loses
-it (its own message, exit 134). jax's own heartbeat timeout is set to three times
-``timeout``: a backstop that also ends the leader (jax's message) if the watchdog could not.
+says so (``"process_lost"``; 503 once the worker has stopped), the worker stops, the running
+jobs go back to the queue, and after :data:`LOST_GRACE` seconds the leader exits 1 with one
+line — whatever its worker thread is doing (a collective whose peer died may never return,
+or fail: a job fails only after every follower has been heard from since,
+:class:`SettledStore`). A supervisor restarts the group; its jobs stay in the store. The
+leader's death ends every follower at once: jax's coordination service lives in the leader,
+and jax's client terminates the process that loses it (its own message, exit 134). jax's own
+heartbeat timeout is set to three times ``timeout``, a backstop: jax ends a process whose
+peer stopped beating with a fatal log and offers no hook (a Python ``missed_heartbeat_callback``
+crashes in this jax), hence the group's own heartbeats for the one-line message.
 
 Stop: a signal to the leader drains as for one process, then the leader sends ``("stop",)``
 and every process exits 0 (jax's shutdown barrier sees all of them). A signal to a follower
@@ -159,6 +166,7 @@ class Group:
         self.done = threading.Event()      # ends the watchdog
         self.thread: threading.Thread | None = None
         self.stop_asked = 0                # a follower's signals (ask_stop)
+        self.theirs: dict = {}             # the leader's settings (agree; a follower adopts some)
         # the leader's: what a lost follower does (message -> None; then the process exits 1)
         # and what a follower's stop request does (the server's first signal)
         self.on_lost: Callable[[str], None] | None = None
@@ -187,6 +195,7 @@ class Group:
         (exit 2). Returns the leader's settings (a follower adopts :data:`ADOPTED`)."""
         key = f"{NS}/settings"
         if self.leader:
+            self.theirs = settings
             self.client.key_value_set(key, json.dumps(settings))
             bad = []
             for k in range(1, self.processes):
@@ -208,6 +217,7 @@ class Group:
         if differ:
             raise ConfigError(f"{self.name()} differs from the leader: {words}; start every "
                               f"process with the same --model files and key=value overrides")
+        self.theirs = theirs
         return theirs
 
     # --- the turns
