@@ -182,18 +182,18 @@ def _lora(path, seed):
 
 
 def test_rows_with_their_own_loras_equal_generate_with_those_loras(demo, tmp_path):
-    """One batch, three rows: LoRA 1 alone, LoRA 2 at 0.7, both (0.5, -1): each equals the
-    folder loaded with those LoRAs merged at those strengths (``ditax generate --lora``)."""
+    """One batch, two rows: LoRA 1 alone, both LoRAs at (0.5, -1): each equals the folder
+    loaded with those LoRAs merged at those strengths (``ditax generate --lora``)."""
     from ditax.demo import model_path
 
     files = [_lora(tmp_path / "one.safetensors", 1), _lora(tmp_path / "two.safetensors", 2)]
     served = ditax.load_pipeline(model_path(), loras=[(f, 0.0) for f in files],
                                  lora_mode="unmerged")
-    rows = {"a": [1.0, 0.0], "b": [0.0, 0.7], "c": [0.5, -1.0]}
+    rows = {"a": [1.0, 0.0], "b": [0.5, -1.0]}
     call = dict(prompt="a red circle moves right", num_inference_steps=3, **SMALL)
     batch = ContinuousBatch(served, max_rows=4)
     out, k = {}, 0
-    for tag, s in rows.items():          # b joins at step 1, c at step 2
+    for tag, s in rows.items():          # b joins at step 1
         batch.add(tag, dict(call, seed=k), strengths=s)
         for t, o in batch.step():
             out[t] = o
@@ -208,14 +208,14 @@ def test_rows_with_their_own_loras_equal_generate_with_those_loras(demo, tmp_pat
     assert float(np.abs(out["a"] - plain).max()) > 1e-2     # the LoRA reached its row
 
 
-@pytest.mark.parametrize("axes", [{"fsdp": 2, "context": 4}, {"data": 2, "context": 4}])
-def test_rows_on_a_mesh(axes):
-    """The demo model on 8 devices (the batch split over fsdp or data, the sequence over
-    context): rows joining and leaving equal their requests alone on the same mesh."""
+def test_rows_on_a_mesh():
+    """The demo model on 8 devices (the batch split over fsdp, the sequence over context):
+    rows joining and leaving equal their requests alone on the same mesh, and run no program
+    the warm-up did not compile (XLA hands a step's outputs back split over fsdp)."""
     from ditax.demo import model_path
     from ditax.parallel import make_mesh
 
-    pipe = ditax.load_pipeline(model_path(), mesh=make_mesh(axes))
+    pipe = ditax.load_pipeline(model_path(), mesh=make_mesh({"fsdp": 2, "context": 4}))
     calls = [dict(prompt=p, seed=k, num_inference_steps=3, **SMALL)
              for k, p in enumerate(("a red circle moves right", "a blue square", "a ball"))]
     batch = ContinuousBatch(pipe, max_rows=4)

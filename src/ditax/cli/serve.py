@@ -166,7 +166,8 @@ def run(args) -> int:
     from ditax.cli.sample_request import sample_request
     from ditax.serve.requests import BadRequest, check_body
 
-    from ditax.serve.jobs import check_store_path, folder_hash, open_store
+    from ditax.serve.jobs import check_store_path, folder_hash
+    from ditax.serve.stores import open_store
     from ditax.serve.pgstore import mask_url
 
     if not 0 < args.lease < float("inf"):       # NaN too

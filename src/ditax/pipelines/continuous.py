@@ -453,10 +453,13 @@ class ContinuousBatch:
         sizes = sorted({pad_rows(k, self.max_rows, m) for k in (
             sizes or range(1, self.max_rows + 1))})
         experts = p.experts[:2 if p.boundary is not None else 1]
+        # every array put on the mesh here, in this thread (in a multi-process mesh each put
+        # is a collective, which the compile threads would order differently per process)
         jobs = [(Slots.of([row], n, p.mesh), e) for n in sizes for e in experts]
+        extras = {n: self._extras([row], n, lambda r: 0) for n in sizes}
         with ThreadPoolExecutor(max(1, min(threads, len(jobs)))) as pool:
-            list(pool.map(lambda job: self.program(
-                job[0], p, job[1], self._extras([row], job[0].n, lambda r: 0)), jobs))
+            list(pool.map(lambda job: self.program(job[0], p, job[1], extras[job[0].n]),
+                          jobs))
         # the small programs around the steps, at every size: a join's write, a freed slot's
         # restart, a resize's gather (and a second expert's put back), a finished row's slice
         for n in sizes:

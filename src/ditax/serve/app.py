@@ -262,7 +262,8 @@ def create_app(state: ServeState):
     @app.get("/health")
     def health():
         counts = state.store.counts()
-        alive = state.worker.is_alive() or not state.worker.started
+        alive = ((state.worker.is_alive() or not state.worker.started)
+                 and not state.health.get("process_lost"))
         ready = state.ready
         body = {"status": "ok" if alive and ready else "warming" if alive else
                 "worker stopped", **state.health, "ready": ready and alive,

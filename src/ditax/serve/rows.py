@@ -176,6 +176,8 @@ class Rows:
                 self.live[i]["warnings"] = said
         if got["error"] is not None:
             e = got["error"]
+            if w.group is not None:       # a lost process, or processes out of step: exit 1
+                w.group.after_error(e)
             ids = list(self.live)
             w.say(f"jobs {', '.join(ids)} failed: {message(e)}")
             if not isinstance(e, (DitaxError, ValueError)):

@@ -134,6 +134,9 @@ class Worker(threading.Thread):
     """Runs the store's jobs on ``pipe`` until :meth:`stop`; videos go to ``output_dir`` as
     ``<job id>.mp4``. ``drain``: the seconds a running batch may go on once stopping begins."""
 
+    #: a lock-step batch shares one ("next",) / ("halt",) turn after each step (serve.group)
+    SHARES_STEPS = True
+
     def __init__(self, pipe, store: JobStore, output_dir, max_batch: int = 4,
                  metrics: Metrics | None = None, say=print, context=None, drain: float = 0.0,
                  batching: str = "continuous", max_wait: float = 10.0, group=None):
@@ -271,7 +274,6 @@ class Worker(threading.Thread):
                 try:
                     if self.overdue():
                         raise Stopping()
-                    self.share([("batch", [j["request"] for j in group])])
                     self.run_jobs(group)
                 except Stopping:
                     back = [j["id"] for j in group if self.store.requeue(j["id"])]
@@ -327,14 +329,19 @@ class Worker(threading.Thread):
             t_last[0] = now
             for i in ids:
                 self.store.set_progress(i, min(99, done * 100 // steps))
-            if self.overdue():
+            stop, cancel = self.overdue(), all(i in self.cancelled for i in ids)
+            # the other processes end the batch where this one ends it (ditax.serve.group)
+            self.share([("halt",) if stop or cancel else ("next",)])
+            if stop:
                 raise Stopping()
-            if all(i in self.cancelled for i in ids):
+            if cancel:
                 raise Cancelled()
 
         try:
             if self.overdue():
                 raise Stopping()
+            # after the last check before it runs: the other processes run what this one runs
+            self.share([("batch", [j["request"] for j in jobs])])
             strengths = jobs[0]["request"].get("lora_strengths")
             if strengths is not None:     # unmerged LoRAs: only values change, no compile
                 self.pipe.transformer.set_lora_strengths(strengths)
@@ -352,6 +359,8 @@ class Worker(threading.Thread):
             self.metrics.add(cancelled=len(ids))
             return
         except Exception as e:  # noqa: BLE001 — the job fails with the reason; the server goes on
+            if self.group is not None:    # a lost process, or processes out of step: exit 1
+                self.group.after_error(e)
             message = str(e) if isinstance(e, (DitaxError, ValueError)) else \
                 f"{type(e).__name__}: {e}"
             self.say(f"jobs {', '.join(ids)} failed: {message}")
