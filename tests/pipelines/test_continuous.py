@@ -69,6 +69,13 @@ def test_rows_join_at_a_step_and_leave_at_their_last(demo):
     assert batch.key is None and len(batch) == 0
 
 
+def test_a_request_alone_is_the_call_bit_for_bit(demo):
+    call = dict(prompt="a red circle moves right", seed=5, num_inference_steps=3, **SMALL)
+    batch = ContinuousBatch(demo, max_rows=4)
+    out, sizes = _run(batch, {0: [("a", call)]})
+    assert sizes == [1, 1, 1] and np.array_equal(out["a"], _alone(demo, call))
+
+
 def test_other_shapes_do_not_fit_and_cached_rows_are_refused(demo):
     a = dict(prompt="a cat", seed=1, num_inference_steps=2, **SMALL)
     batch = ContinuousBatch(demo, max_rows=2)

@@ -48,8 +48,8 @@ from flax import nnx
 from ditax.parallel.axes import batch_shards
 from ditax.phases import phase
 from ditax.pipelines.batch import batchable
-from ditax.pipelines.denoise import (cfg_branches, cond_branch, model_forward, scheduler_update,
-                                     uncond_rule)
+from ditax.pipelines.denoise import (_denoise_step, cfg_branches, cond_branch, model_forward,
+                                     scheduler_update, uncond_rule)
 from ditax.pipelines.sampling import (Prepared, check_finite, check_latents, initial_noise,
                                       replicate, set_timesteps)
 
@@ -377,6 +377,25 @@ class ContinuousBatch:
         return p.programs.step(_rows_step, static, args), args
 
     @staticmethod
+    def alone(slots: Slots, rows: Sequence[Row]) -> bool:
+        """Whether the step runs one row in one slot without per-row LoRA strengths: then it is
+        the pipeline's own step (:func:`~ditax.pipelines.denoise._denoise_step`), so a request
+        that runs alone is its call bit for bit."""
+        return slots.n == 1 and len(rows) == 1 and rows[0].strengths is None
+
+    def step_alone(self, slots: Slots, row: Row, expert) -> None:
+        """One step of the lone row through the pipeline's own step program."""
+        p = row.prepared
+        state = jax.tree.map(lambda a: a[0], slots.states)
+        args = (expert.params, state, slots.x, slots.text, jnp.float32(row.guidance()),
+                slots.condition)
+        static = (expert.graphdef, p.inputs, p.scheduler, p.cfg_mode, p.guidance_scale > 1.0)
+        run = p.programs.step(_denoise_step, static, args)
+        x, state = self._settle(run(*args), p.mesh)
+        slots.x, slots.states = x, jax.tree.map(lambda a: a[None], state)
+        self.steps_run += 1
+
+    @staticmethod
     def _settle(out, mesh):
         """A step's ``(latents, states)`` laid out as its inputs were (replicated on the mesh),
         so the next step runs the same compiled program (XLA may hand them back split over the
@@ -394,7 +413,9 @@ class ContinuousBatch:
         groups: dict[int, list[Row]] = {}
         for r in self.rows:
             groups.setdefault(1 if r.low() else 0, []).append(r)
-        if len(groups) == 1:                   # every row runs one expert: the slots as they are
+        if len(groups) == 1 and self.alone(slots, rows := next(iter(groups.values()))):
+            self.step_alone(slots, rows[0], p.experts[1 if rows[0].low() else 0])
+        elif len(groups) == 1:                 # every row runs one expert: the slots as they are
             which, rows = next(iter(groups.items()))
             run, args = self.program(slots, p, p.experts[which],
                                      self._extras(rows, slots.n, lambda r: r.slot))
@@ -460,6 +481,15 @@ class ContinuousBatch:
         with ThreadPoolExecutor(max(1, min(threads, len(jobs)))) as pool:
             list(pool.map(lambda job: self.program(job[0], p, job[1], extras[job[0].n]),
                           jobs))
+        if 1 in sizes and row.strengths is None:   # a lone row: the pipeline's own step
+            one = Slots.of([row], 1, p.mesh)
+            for e in experts:
+                state = jax.tree.map(lambda a: a[0], one.states)
+                args = (e.params, state, one.x, one.text, jnp.float32(row.guidance()),
+                        one.condition)
+                p.programs.step(_denoise_step, (e.graphdef, p.inputs, p.scheduler, p.cfg_mode,
+                                                p.guidance_scale > 1.0), args)
+            jax.block_until_ready(jax.tree.map(lambda a: a[None], state))
         # the small programs around the steps, at every size: a join's write, a freed slot's
         # restart, a resize's gather (and a second expert's put back), a finished row's slice
         for n in sizes:
