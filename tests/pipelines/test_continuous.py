@@ -93,7 +93,8 @@ def test_other_shapes_do_not_fit_and_cached_rows_are_refused(demo):
 
 
 def test_pad_rows():
-    assert [pad_rows(n, 8) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert [pad_rows(n, 16) for n in range(1, 17)] == [1, 2, 4, 4] + [8] * 4 + [12] * 4 \
+        + [16] * 4
     assert pad_rows(3, 4, multiple=2) == 4 and pad_rows(1, 4, multiple=2) == 2
     assert pad_rows(5, 4) == 5
 

@@ -25,13 +25,18 @@ changed since (weights replaced) leaves the old files' queued jobs queued and sa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
+import time
 
 from ditax.errors import ConfigError
 from ditax.serve.group import check_mesh, is_group
 from ditax.serve.requests import BATCHING, Limits
 
+#: seconds after which a temporary output file in a shared --output-dir is a cut write (a
+#: replica starting removes those; its own store's server removes every one)
+PARTIAL_AGE = 3600.0
 #: seconds past the drain the process waits for the worker's step (or compile) to end before it
 #: exits without it, the running jobs handed back to the queue
 STEP_WAIT = 300.0
@@ -245,8 +250,15 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
     db = store.path
     sock = bind(args.host, args.port)        # a port in use ends here, before any claim
     requeued, failed = store.recover()       # this process owns the store: their owner is gone
-    for partial in out.glob("*.partial*"):        # a write cut by a kill: never served
-        partial.unlink(missing_ok=True)
+    # a write cut by a kill is never served; on a folder replicas share, another replica may be
+    # writing one now: only those an hour old go
+    from ditax.serve.jobs import JobStore
+
+    shared = not isinstance(store, JobStore)       # PostgreSQL: replicas share the folder
+    for partial in out.glob("*.partial*"):
+        with contextlib.suppress(OSError):
+            if not shared or time.time() - partial.stat().st_mtime > PARTIAL_AGE:
+                partial.unlink(missing_ok=True)
     with run_context(load["attention"], mesh, compile_cache=cache,
                      status=not args.no_progress) as folder:
         path = load.pop("path")

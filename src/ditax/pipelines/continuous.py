@@ -24,8 +24,8 @@ the latent shape, the number of steps and sigmas, guidance on or off and the CFG
 scheduler, the family's rule, the experts and the condition's structure
 (:meth:`ContinuousBatch.fits`).
 
-The batch runs padded to a power of two (:func:`pad_rows`; the padding repeats the first row
-and is dropped), so a server compiles one step program per padded size. With two experts
+The batch runs padded (:func:`pad_rows`: 1, 2, 4, then multiples of 4; the padding repeats the
+first row and is dropped), so a server compiles one step program per padded size. With two experts
 (Wan 2.2), the rows of each expert run as their own padded group in a step. Step-cached
 requests and requests with a ``source`` (video-to-video) are refused here with one line:
 they run in lock step (:func:`~ditax.pipelines.batch.sample_batch`), as a pipeline that does
@@ -91,13 +91,20 @@ def _rows_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params, st
     return jax.vmap(one)(states, v, latents)
 
 
+#: past this many rows a group pads to a multiple of it, not to the next power of two (12
+#: rows run as 12, not 16: a padded row costs a whole row's compute)
+PAD_STEP = 4
+
+
 def pad_rows(n: int, most: int, multiple: int = 1) -> int:
-    """The rows a group of ``n`` runs as: the next power of two, at most ``most`` (but at
-    least ``n``), rounded up to a ``multiple`` (the mesh's batch shards over the forward's
-    rows per request)."""
+    """The rows a group of ``n`` runs as: the next power of two up to :data:`PAD_STEP`, then
+    the next multiple of it; at most ``most`` (but at least ``n``), rounded up to a
+    ``multiple`` (the mesh's batch shards over the forward's rows per request)."""
     b = 1
-    while b < n:
+    while b < min(n, PAD_STEP):
         b *= 2
+    if n > PAD_STEP:
+        b = -(-n // PAD_STEP) * PAD_STEP
     b = max(n, min(b, most))
     return -(-b // multiple) * multiple
 
