@@ -93,18 +93,9 @@ def test_batch_key_keeps_the_program_shape_and_drops_a_rows_own():
 
 @pytest.fixture(scope="module")
 def i2v(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("diffusers")
-    from i2v_reference import make_tiny_i2v
+    from i2v_reference import tiny_i2v_pipelines
 
-    cache = {}
-
-    def get(kind):
-        if kind not in cache:
-            cache[kind] = ditax.load_pipeline(make_tiny_i2v(tmp_path_factory.mktemp(kind),
-                                                            kind)[1])
-        return cache[kind]
-    return get
+    return tiny_i2v_pipelines(tmp_path_factory)
 
 
 def test_wan22_two_expert_image_to_video_batches(i2v):

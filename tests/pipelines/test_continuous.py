@@ -101,18 +101,9 @@ def test_pad_rows():
 
 @pytest.fixture(scope="module")
 def i2v(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("diffusers")
-    from i2v_reference import make_tiny_i2v
+    from i2v_reference import tiny_i2v_pipelines
 
-    cache = {}
-
-    def get(kind):
-        if kind not in cache:
-            cache[kind] = ditax.load_pipeline(make_tiny_i2v(tmp_path_factory.mktemp(kind),
-                                                            kind)[1])
-        return cache[kind]
-    return get
+    return tiny_i2v_pipelines(tmp_path_factory)
 
 
 def test_two_experts_rows_on_both_sides_of_the_boundary(i2v):

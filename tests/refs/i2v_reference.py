@@ -164,3 +164,22 @@ def run_reference(pipe, latents, **kw):
     with torch.no_grad():
         out = pipe(latents=torch.from_numpy(np.asarray(latents)), output_type="np", **kw)
     return np.asarray(out.frames[0], np.float32)
+
+
+def tiny_i2v_pipelines(tmp_path_factory):
+    """``get(kind)`` → a loaded pipeline of :func:`make_tiny_i2v`'s ``kind`` folder, each
+    built once (a module fixture's body; skips without torch / diffusers)."""
+    import pytest
+
+    pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    import ditax
+
+    cache = {}
+
+    def get(kind):
+        if kind not in cache:
+            cache[kind] = ditax.load_pipeline(make_tiny_i2v(tmp_path_factory.mktemp(kind),
+                                                            kind)[1])
+        return cache[kind]
+    return get

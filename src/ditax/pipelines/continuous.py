@@ -48,15 +48,9 @@ from flax import nnx
 from ditax.parallel.axes import batch_shards
 from ditax.phases import phase
 from ditax.pipelines.batch import batchable
-from ditax.pipelines.denoise import (_denoise_step, cfg_branches, cond_branch, model_forward,
-                                     scheduler_update, uncond_rule)
+from ditax.pipelines.denoise import _denoise_step, scheduler_update, velocity
 from ditax.pipelines.sampling import (Prepared, check_finite, check_latents, initial_noise,
                                       replicate, set_timesteps)
-
-
-def _per_row(g, like):
-    """``g [B]`` shaped to broadcast over ``like [B, ...]``."""
-    return g.reshape((-1,) + (1,) * (like.ndim - 1)).astype(like.dtype)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
@@ -77,13 +71,8 @@ def _rows_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params, st
         row_strengths(model, strengths, rows * (2 if use_cfg and cfg_mode == "batched" else 1))
     t = states.timesteps[jnp.arange(rows), states.step_index].astype(jnp.float32)   # [B]
     step_in = inputs(model, condition, latents, t)
-    forward = model_forward(model)
-    if not use_cfg:
-        v, _ = cond_branch(forward, step_in, text)
-    else:
-        cond, uncond, _ = cfg_branches(forward, cfg_mode, step_in, text,
-                                       uncond=uncond_rule(inputs))
-        v = uncond + _per_row(guidance, cond) * (cond - uncond)
+    per_row = guidance.reshape((-1,) + (1,) * (latents.ndim - 1))     # [B, 1, ...]
+    v = velocity(model, inputs, cfg_mode, use_cfg, step_in, text, per_row)
 
     def one(state, v1, x1):          # the one-request update (its own history, step index)
         new, state = scheduler_update(scheduler, state, v1[None], x1[None])

@@ -103,6 +103,18 @@ def model_forward(model) -> Forward:
     return forward
 
 
+def velocity(model, inputs, cfg_mode: str, use_cfg: bool, step_in, text, guidance):
+    """The denoiser's guided output at one step: the conditional branch alone, or both CFG
+    branches (:func:`cfg_branches`, the family's ``uncond`` rule) and :func:`guide` with
+    ``guidance`` (``[]``, or one per row shaped to broadcast over the output's rows)."""
+    forward = model_forward(model)
+    if not use_cfg:
+        v, _ = cond_branch(forward, step_in, text)
+        return v
+    cond, uncond, _ = cfg_branches(forward, cfg_mode, step_in, text, uncond=uncond_rule(inputs))
+    return guide(cond, uncond, guidance)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
 def _denoise_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params, sched_state,
                   latents, text, guidance, condition=None):
@@ -119,15 +131,10 @@ def _denoise_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params,
     """
     model = nnx.merge(gdef, params)
     _, step_in = step_inputs(model, inputs, sched_state, latents, condition)
-    forward = model_forward(model)
-    if not use_cfg:
-        v, _ = cond_branch(forward, step_in, text)
-    else:
-        cond, uncond, _ = cfg_branches(forward, cfg_mode, step_in, text,
-                                       uncond=uncond_rule(inputs))
-        v = guide(cond, uncond, guidance)
+    v = velocity(model, inputs, cfg_mode, use_cfg, step_in, text, guidance)
     return scheduler_update(scheduler, sched_state, v, latents)
 
 
 __all__ = ["BOTH", "COND", "UNCOND", "batch_twice", "cfg_branches", "cond_branch", "guide",
-           "model_forward", "scheduler_update", "step_inputs", "text_rows", "uncond_rule"]
+           "model_forward", "scheduler_update", "step_inputs", "text_rows", "uncond_rule",
+           "velocity"]
