@@ -53,9 +53,9 @@ from starlette.concurrency import run_in_threadpool
 from ditax.io.outputs import extra_path
 from ditax.serve import warm
 from ditax.serve.jobs import FINISHED, JobStore, QueueFull
-from ditax.serve.metrics import metrics_text
+from ditax.serve.metrics import Metrics, metrics_text
 from ditax.serve.requests import BadRequest, Limits, check_body
-from ditax.serve.worker import Metrics, Worker
+from ditax.serve.worker import Worker
 
 STATIC = pathlib.Path(__file__).parent / "static"
 _ID = re.compile(r"video_[0-9a-f]{32}")

@@ -1,16 +1,74 @@
 """``GET /metrics`` of ``ditax serve``: the Prometheus text exposition (format 0.0.4) of the
-job store's counts and the worker's :class:`~ditax.serve.worker.Metrics`.
+job store's counts and the worker's :class:`Metrics` (counted here, from jax's monitoring events
+and the worker's calls).
 
 Every family has ``# HELP`` and ``# TYPE`` lines; counters end in ``_total``; the step-time
 histogram ``ditax_step_seconds`` has cumulative ``_bucket{le=...}`` lines over
-:data:`~ditax.serve.worker.STEP_BUCKETS` and ``+Inf``, then ``_sum`` and ``_count``. Numbers of
+:data:`STEP_BUCKETS` and ``+Inf``, then ``_sum`` and ``_count``. Numbers of
 the process (compiles, steps, jobs this server finished) are this server's since it started;
 ``ditax_jobs{status=...}`` and ``ditax_queue_depth`` are the store's (every server on it).
 """
 
 from __future__ import annotations
 
-from ditax.serve.worker import STEP_BUCKETS
+import threading
+
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"   # compiled, or read from disk
+CACHE_HIT = "/jax/compilation_cache/cache_hits"                   # read from the persistent cache
+
+
+#: upper bounds (seconds) of the step-time histogram's buckets (``ditax_step_seconds``)
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """Counters for ``/metrics``: programs handed to XLA (compiled or read from the persistent
+    cache; the reads also counted alone) and their seconds, denoising steps and job seconds
+    (submit → finished), batches run, jobs failed / retried (claimed again after a stop or an
+    expired lease) / cancelled, the rows of the running batch (a gauge) and a histogram of
+    step times (:data:`STEP_BUCKETS`; ``step_counts[i]``: steps of at most ``STEP_BUCKETS[i]``
+    seconds and more than the bound before, the last entry past every bound)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.failed = 0
+        self.retried = 0
+        self.cancelled = 0
+        self.running_rows = 0
+        self.step_counts = [0] * (len(STEP_BUCKETS) + 1)
+        self.compiles = 0
+        self.cache_hits = 0
+        self.compile_seconds = 0.0
+        self.steps = 0
+        self.step_seconds = 0.0
+        self.jobs = 0
+        self.job_seconds = 0.0
+        self.batches = 0
+        self.batched_jobs = 0
+
+    def on_event(self, event: str, duration: float, **kw) -> None:
+        if event == BACKEND_COMPILE:
+            with self.lock:
+                self.compiles += 1
+                self.compile_seconds += duration
+
+    def on_plain_event(self, event: str, **kw) -> None:
+        if event == CACHE_HIT:
+            with self.lock:
+                self.cache_hits += 1
+
+    def observe_step(self, seconds: float) -> None:
+        """One denoising step of ``seconds`` (of the whole running batch)."""
+        i = next((k for k, b in enumerate(STEP_BUCKETS) if seconds <= b), len(STEP_BUCKETS))
+        with self.lock:
+            self.steps += 1
+            self.step_seconds += seconds
+            self.step_counts[i] += 1
+
+    def add(self, **amounts) -> None:
+        with self.lock:
+            for k, v in amounts.items():
+                setattr(self, k, getattr(self, k) + v)
 
 
 def number(value) -> str:
@@ -81,4 +139,4 @@ def metrics_text(state) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["metrics_text"]
+__all__ = ["BACKEND_COMPILE", "CACHE_HIT", "Metrics", "STEP_BUCKETS", "metrics_text"]

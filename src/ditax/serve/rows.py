@@ -105,7 +105,7 @@ class Rows:
                     out["finished"] = self.batch.step()
                 except Exception as e:  # noqa: BLE001 — the rows fail, the worker goes on
                     out["error"] = e
-                    self.batch.rows, self.batch.key = [], None
+                    self.batch.clear()
         return out
 
     # --- the server's side: decide, apply, record

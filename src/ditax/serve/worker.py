@@ -4,15 +4,17 @@ The pipeline is loaded once; its compiled programs stay in it, one per request s
 (:class:`~ditax.pipelines.programs.Programs`, and jax's persistent cache on disk), so a second
 job of a shape compiles nothing — :class:`Metrics` counts the programs handed to XLA (compiled,
 or read from the persistent cache: those are counted apart too) through jax's public monitoring
-events, per job and in total (``/metrics``). The thread claims up to ``max_batch``
-queued jobs of one batch key (:meth:`~ditax.serve.jobs.JobStore.claim`) and runs them as one
-batch through the generic loop (:mod:`ditax.serve.batch`, :mod:`ditax.pipelines.batch`; padded
-to a power of two, so batch sizes share programs), whatever the family: text- and
-image-to-video, an image model's (FLUX.1: a PNG, :func:`ditax.io.images.write_png`);
-step-cached requests have no batch key and run alone, as does every request of a pipeline
-that hands out no loop parts (its own call). Each output is written to a temporary file and
-renamed (:func:`ditax.io.video.write_mp4`), then the job is marked completed: a file a client
-may download is always whole.
+events, per job and in total (``/metrics``, :mod:`ditax.serve.metrics`). With ``--batching
+continuous`` (the default) jobs join and leave the running batch between steps
+(:mod:`ditax.serve.rows`); with ``static`` the thread claims up to ``max_batch`` queued jobs of
+one batch key (:meth:`~ditax.serve.jobs.JobStore.claim`) and runs them as one lock-step batch
+through the generic loop (:mod:`ditax.serve.batch`, :mod:`ditax.pipelines.batch`; padded to a
+power of two, so batch sizes share programs), as it does step-cached requests in either mode,
+whatever the family: text- and image-to-video, an image model's (FLUX.1: a PNG,
+:func:`ditax.io.images.write_png`); every request of a pipeline that hands out no loop parts
+runs alone (its own call). Each output is written to a temporary file and renamed
+(:func:`ditax.io.video.write_mp4`; a continuous batch's by writer threads), then the job is
+marked completed: a file a client may download is always whole.
 
 Cancelling a running job (``DELETE``) drops its video; a batch whose every job is cancelled
 stops at the next step. Stopping is cooperative, as jax cannot be interrupted inside a step:
@@ -36,66 +38,9 @@ import jax
 
 from ditax.errors import DitaxError
 from ditax.serve.jobs import JobStore
+from ditax.serve.metrics import Metrics
 from ditax.serve.requests import BATCHING, call_of
 from ditax.serve.rows import warnings_said
-
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"   # compiled, or read from disk
-CACHE_HIT = "/jax/compilation_cache/cache_hits"                   # read from the persistent cache
-
-
-#: upper bounds (seconds) of the step-time histogram's buckets (``ditax_step_seconds``)
-STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-class Metrics:
-    """Counters for ``/metrics``: programs handed to XLA (compiled or read from the persistent
-    cache; the reads also counted alone) and their seconds, denoising steps and job seconds
-    (submit → finished), batches run, jobs failed / retried (claimed again after a stop or an
-    expired lease) / cancelled, the rows of the running batch (a gauge) and a histogram of
-    step times (:data:`STEP_BUCKETS`; ``step_counts[i]``: steps of at most ``STEP_BUCKETS[i]``
-    seconds and more than the bound before, the last entry past every bound)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.failed = 0
-        self.retried = 0
-        self.cancelled = 0
-        self.running_rows = 0
-        self.step_counts = [0] * (len(STEP_BUCKETS) + 1)
-        self.compiles = 0
-        self.cache_hits = 0
-        self.compile_seconds = 0.0
-        self.steps = 0
-        self.step_seconds = 0.0
-        self.jobs = 0
-        self.job_seconds = 0.0
-        self.batches = 0
-        self.batched_jobs = 0
-
-    def on_event(self, event: str, duration: float, **kw) -> None:
-        if event == BACKEND_COMPILE:
-            with self.lock:
-                self.compiles += 1
-                self.compile_seconds += duration
-
-    def on_plain_event(self, event: str, **kw) -> None:
-        if event == CACHE_HIT:
-            with self.lock:
-                self.cache_hits += 1
-
-    def observe_step(self, seconds: float) -> None:
-        """One denoising step of ``seconds`` (of the whole running batch)."""
-        i = next((k for k, b in enumerate(STEP_BUCKETS) if seconds <= b), len(STEP_BUCKETS))
-        with self.lock:
-            self.steps += 1
-            self.step_seconds += seconds
-            self.step_counts[i] += 1
-
-    def add(self, **amounts) -> None:
-        with self.lock:
-            for k, v in amounts.items():
-                setattr(self, k, getattr(self, k) + v)
-
 
 def about(said: list[str], job: dict, batch: int) -> list[str]:
     """The warnings of a run that are this job's: all of a job run alone; in a batch, those
@@ -448,4 +393,4 @@ class Worker(threading.Thread):
         return False
 
 
-__all__ = ["Cancelled", "Metrics", "STEP_BUCKETS", "Stopping", "Worker"]
+__all__ = ["Cancelled", "Stopping", "Worker"]
