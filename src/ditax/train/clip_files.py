@@ -57,17 +57,20 @@ def check_sidecars(folder, stems) -> None:
                                f"file (a sample's name has no .control / .mask / .ref part)")
 
 
-def sidecar_problems(clips, frames: int | None = None) -> list[str]:
+def sidecar_problems(clips, frames: int | dict | None = None, masked=None) -> list[str]:
     """The problems of the sidecars of ``clips`` (clip paths), each naming its file, found
     before any encoding: clips whose number of reference images differs from the most common
     number (every clip of a dataset needs the same: they are latent frames of its sample), and
-    mask videos with a frame (of the first ``frames``; None: all) that is not binary — a pixel
-    farther than VACE's snap (0.1) from black or white, or with differing R, G, B. The mask is
-    checked as the file holds it: resized nearest-neighbour (``ditax preprocess``) a binary
-    mask stays binary."""
+    mask videos with a frame (of the first ``frames``; None: all; a dict: each clip's own
+    count by path, as a bucketed run reads them) that is not binary — a pixel farther than
+    VACE's snap (0.1) from black or white, or with differing R, G, B. The mask is checked as
+    the file holds it: resized nearest-neighbour (``ditax preprocess``) a binary mask stays
+    binary. ``masked``: the clips whose masks are read (None: all of ``clips``; one process
+    of several reads its own part's, the reference counts being compared over all)."""
     import collections
 
     found = {pathlib.Path(c): clip_sidecars(c) for c in clips}
+    masked = None if masked is None else {pathlib.Path(c) for c in masked}
     problems = []
     refs = {c: s.get("references", []) for c, s in found.items()}
     counts = collections.Counter(len(r) for r in refs.values())
@@ -82,8 +85,9 @@ def sidecar_problems(clips, frames: int | None = None) -> list[str]:
                                 f"{counts[usual]} other clip(s) have {usual}{shown}; every "
                                 f"clip needs the same number of NAME.ref*.png")
     for c, s in found.items():
-        if "mask" in s:
-            bad = _mask_problem(s["mask"], frames)
+        if "mask" in s and (masked is None or c in masked):
+            own = frames.get(c) if isinstance(frames, dict) else frames
+            bad = _mask_problem(s["mask"], own)
             if bad:
                 problems.append(f"{s['mask'].name}: {bad}")
     return problems

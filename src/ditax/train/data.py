@@ -10,6 +10,13 @@ Dataset format (written by ``ditax preprocess`` or :class:`DatasetWriter`): a fo
   F, Y, X]`` mask and latents, Wan 2.1 also ``image`` ``[S, Di]`` CLIP features). All samples
   share one latent shape (one resolution bucket), so batches stack.
 
+A bucketed dataset (``ditax preprocess --buckets`` / ``--bucket-area``) is ``meta.json``
+version 2: several shapes, one subfolder of ArrayRecord files per bucket, the same record
+format; ``"buckets": [{"name": "832x480x81", "width", "height", "frames", "latent_shape",
+"num_samples", "files", "condition"?}, ...]`` plus ``text_shape``, ``files`` (all), ``null_text``,
+``resize``, ``bucket_policy``, ``skipped``, ``model``, ``num_processes``. :func:`read_meta` reads
+both versions; :func:`dataset_buckets` gives the buckets of either (v1: one).
+
 Iteration order does not depend on the number of processes: the global stream is a
 per-epoch shuffle of the records (grain ``MapDataset``), cut into per-process chunks of
 ``batch_size / process_count`` samples; global batch ``k`` is chunks ``k·P … k·P+P-1`` and
@@ -31,7 +38,8 @@ from ditax.config import Config, ConfigError
 from ditax.models.base import model_family
 
 FORMAT = "ditax-latents"
-VERSION = 1
+VERSION = 1           # one shape (what DatasetWriter writes)
+BUCKETED_VERSION = 2  # several shapes, one folder a bucket (BucketWriter, ditax preprocess --buckets)
 NULL_TEXT = "null_text.safetensors"
 
 
@@ -118,19 +126,22 @@ def read_meta(path) -> dict:
                               f"{path}`")
     meta = read_json_object(p / "meta.json", what="dataset meta.json", error=DataSourceError,
                             fix="re-run `ditax preprocess`")
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+    version = meta.get("version")
+    if (meta.get("format") != FORMAT or isinstance(version, bool)
+            or version not in (VERSION, BUCKETED_VERSION)):
         raise DataSourceError(f"{p}/meta.json: format {meta.get('format')!r} "
-                              f"v{meta.get('version')} is not {FORMAT!r} v{VERSION}; re-run "
-                              f"`ditax preprocess`")
+                              f"v{meta.get('version')} is not {FORMAT!r} v{VERSION} or "
+                              f"v{BUCKETED_VERSION}; re-run `ditax preprocess`")
+    damaged = "(damaged or hand-edited); re-run `ditax preprocess`"
     files, n = meta.get("files"), meta.get("num_samples")
-    shapes = [meta.get("latent_shape"), meta.get("text_shape")]
-    if (not isinstance(files, list) or not all(isinstance(f, str) for f in files)
-            or not isinstance(n, int) or isinstance(n, bool)
-            or not all(isinstance(s, list) and s and all(isinstance(d, int) and d > 0 for d in s)
-                       for s in shapes)):
+    shapes = [meta.get("text_shape")]
+    if meta["version"] == VERSION:
+        shapes.append(meta.get("latent_shape"))
+    if not (_str_list(files) and _count(n) and all(map(_shape, shapes))):
         raise DataSourceError(f"{p}/meta.json lacks a valid files / num_samples / latent_shape "
-                              f"/ text_shape entry (damaged or hand-edited); re-run "
-                              f"`ditax preprocess`")
+                              f"/ text_shape entry {damaged}")
+    if meta["version"] == BUCKETED_VERSION:
+        _check_buckets(meta, p, damaged)
     missing = [f for f in files if not (p / f).is_file()]
     if missing:
         raise DataSourceError(f"dataset {p}: files listed in meta.json are missing: {missing}; "
@@ -139,6 +150,72 @@ def read_meta(path) -> dict:
         raise DataSourceError(f"dataset {p} is empty (num_samples={n}); re-run `ditax "
                               f"preprocess` on a folder of captioned videos")
     return meta
+
+
+def _str_list(v) -> bool:
+    return isinstance(v, list) and all(isinstance(f, str) for f in v)
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _shape(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(_count(d) and d > 0 for d in v)
+
+
+def _check_buckets(meta: dict, p: pathlib.Path, damaged: str) -> None:
+    """A version-2 ``meta.json``'s buckets: a non-empty list; names unique; width, height,
+    frames, num_samples (>= 1) positive integers; latent_shape ``[C, F, Y, X]``; files that
+    exist; counts that sum to ``num_samples``; ``files`` every bucket's files."""
+    buckets = meta.get("buckets")
+    if not isinstance(buckets, list) or not buckets:
+        raise DataSourceError(f"{p}/meta.json (version 2) has no buckets list {damaged}")
+    names = set()
+    for i, b in enumerate(buckets):
+        ok = (isinstance(b, dict) and isinstance(b.get("name"), str)
+              and all(_count(b.get(k)) and b[k] > 0
+                      for k in ("width", "height", "frames", "num_samples"))
+              and _shape(b.get("latent_shape")) and len(b["latent_shape"]) == 4
+              and _str_list(b.get("files")) and b["files"]
+              and isinstance(b.get("condition", {}), dict))
+        if not ok:
+            raise DataSourceError(f"{p}/meta.json: bucket {i} lacks a valid name / width / "
+                                  f"height / frames / latent_shape [C, F, Y, X] / num_samples "
+                                  f"(>= 1) / files entry {damaged}")
+        if b["name"] in names:
+            raise DataSourceError(f"{p}/meta.json: bucket {b['name']!r} is listed twice "
+                                  f"{damaged}")
+        names.add(b["name"])
+        missing = [f for f in b["files"] if not (p / f).is_file()]
+        if missing:
+            raise DataSourceError(f"dataset {p}: files of bucket {b['name']} listed in "
+                                  f"meta.json are missing: {missing}; re-run `ditax preprocess`")
+    total = sum(b["num_samples"] for b in buckets)
+    every = [f for b in buckets for f in b["files"]]
+    if total != meta["num_samples"] or every != meta["files"]:
+        raise DataSourceError(f"{p}/meta.json: the buckets hold {total} samples in "
+                              f"{len(every)} files, the top level says {meta['num_samples']} in "
+                              f"{len(meta['files'])} {damaged}")
+
+
+def dataset_buckets(meta: dict) -> list[dict]:
+    """The shape buckets of a dataset's ``meta`` (as :func:`read_meta` returns it), each
+    ``{"name", "width", "height", "frames", "latent_shape": [C, F, Y, X], "num_samples",
+    "files", "condition": {name: shape}}``, ``files`` relative to the dataset folder, in record
+    order. Version 2: its buckets in their order; version 1: one bucket, named
+    ``WIDTHxHEIGHTxFRAMES`` from the meta's ``width`` / ``height`` / ``frames`` when present (what
+    ``ditax preprocess`` writes), else ``"default"`` (then those three are None)."""
+    if meta.get("version") == BUCKETED_VERSION:
+        return [{**b, "condition": dict(b.get("condition", {})), "files": list(b["files"])}
+                for b in meta["buckets"]]
+    size = [meta.get(k) for k in ("width", "height", "frames")]
+    known = all(_count(v) and v > 0 for v in size)
+    w, h, f = size if known else (None, None, None)
+    return [{"name": f"{w}x{h}x{f}" if known else "default", "width": w, "height": h,
+             "frames": f, "latent_shape": list(meta["latent_shape"]),
+             "num_samples": meta["num_samples"], "files": list(meta["files"]),
+             "condition": dict(meta.get("condition", {}))}]
 
 
 def open_source(cfg: Config):
@@ -265,14 +342,39 @@ class BatchIterator:
     """Per-process batches ``{"latents" [b, C, F, Y, X], "text" [b, T, Dt], "text_mask" [b, T]}``.
 
     ``b = batch_size / process_count``. ``get_state`` / ``set_state`` round-trip the position.
+    A bucketed dataset (meta.json version 2, :mod:`ditax.train.bucket_data`) gives batches of
+    its buckets' shapes, each batch from one bucket: ``bucket`` names the bucket of the batch
+    last returned (None for a single-shape source), ``buckets`` its
+    :class:`~ditax.train.bucket_data.BucketedData` (None likewise). ``latent_shapes``: every
+    shape the batches can have; ``latent_shape``: the one a single-shape consumer (previews, a
+    student's sample settings) assumes, the most drawn bucket's.
     """
 
     def __init__(self, cfg: Config, process_index: int = 0, process_count: int = 1):
         if cfg.batch_size % process_count:
             raise ConfigError(f"batch_size={cfg.batch_size} is not divisible by the "
                               f"{process_count} processes; use a multiple of {process_count}")
-        self.source, self.latent_shape, self.text_shape = open_source(cfg)
+        from ditax.train.bucket_data import open_buckets
+
         self.local_batch = cfg.batch_size // process_count
+        self.bucket = None
+        self.buckets = open_buckets(cfg)       # None: one shape, today's stream unchanged
+        if self.buckets is not None:
+            self.source = None
+            self.latent_shapes = self.buckets.latent_shapes
+            self.latent_shape = self.latent_shapes[self.buckets.main]
+            self.text_shape = self.buckets.text_shape
+            ds = self.buckets.batches(process_index, process_count, self.local_batch)
+        else:
+            ds = self._single_shape(cfg, process_index, process_count)
+            self.latent_shapes = (self.latent_shape,)
+        self._iter: Iterator = iter(ds.to_iter_dataset(
+            grain.ReadOptions(num_threads=max(1, cfg.data.num_workers), prefetch_buffer_size=2)))
+
+    def _single_shape(self, cfg: Config, process_index: int, process_count: int):
+        """The stream of one shape (synthetic, version 1): the records shuffled per epoch,
+        batched, every process taking its chunk of each batch."""
+        self.source, self.latent_shape, self.text_shape = open_source(cfg)
         ds = grain.MapDataset.source(self.source)
         if cfg.data.shuffle:
             ds = ds.shuffle(seed=cfg.seed)
@@ -286,15 +388,17 @@ class BatchIterator:
             ds = ds.map(_single)
         else:
             ds = ds.batch(self.local_batch, batch_fn=_stack)
-        ds = ds[process_index::process_count]
-        self._iter: Iterator = iter(ds.to_iter_dataset(
-            grain.ReadOptions(num_threads=max(1, cfg.data.num_workers), prefetch_buffer_size=2)))
+        return ds[process_index::process_count]
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        return next(self._iter)
+        if self.buckets is None:
+            return next(self._iter)
+        b, batch = next(self._iter)
+        self.bucket = self.buckets.names[b]
+        return batch
 
     def get_state(self) -> dict[str, Any]:
         return self._iter.get_state()
@@ -373,6 +477,11 @@ class DatasetWriter:
             self._w = None
             self._in_file = 0
 
+    def finish(self) -> None:
+        """Close the open ArrayRecord file; no ``meta.json`` (:class:`BucketWriter` writes one
+        over all its buckets)."""
+        self._close_file()
+
     def close(self, extra: dict | None = None, null_text=None,
               null_extra: dict | None = None) -> pathlib.Path:
         """Finish the dataset. ``null_text``: ``(text [T, Dt], mask [T])``, the embedding of
@@ -384,15 +493,7 @@ class DatasetWriter:
             raise DataError(f"no samples were written to {self.path}")
         extra = dict(extra or {})
         if null_text is not None:
-            from safetensors.numpy import save_file
-
-            text, mask = null_text
-            save_file({"text": np.asarray(text, np.float32),
-                       "text_mask": np.asarray(mask, np.uint8),
-                       **{k: np.ascontiguousarray(np.asarray(v, np.float32))
-                          for k, v in (null_extra or {}).items()}},
-                      str(self.path / NULL_TEXT))
-            extra["null_text"] = NULL_TEXT
+            extra["null_text"] = save_null_text(self.path, null_text, null_extra)
         meta = {"format": FORMAT, "version": VERSION, "num_samples": self.count,
                 "latent_shape": list(self.latent_shape), "text_shape": list(self.text_shape),
                 "files": self.files, **extra}
@@ -400,3 +501,16 @@ class DatasetWriter:
             meta["condition"] = self.condition_shapes
         (self.path / "meta.json").write_text(json.dumps(meta, indent=1))
         return self.path
+
+
+def save_null_text(folder, null_text, null_extra: dict | None = None) -> str:
+    """Write the empty prompt's ``(text [T, Dt], mask [T])`` and its further text outputs
+    (``null_extra``) as ``folder/null_text.safetensors``; returns the file name for meta.json."""
+    from safetensors.numpy import save_file
+
+    text, mask = null_text
+    save_file({"text": np.asarray(text, np.float32), "text_mask": np.asarray(mask, np.uint8),
+               **{k: np.ascontiguousarray(np.asarray(v, np.float32))
+                  for k, v in (null_extra or {}).items()}},
+              str(pathlib.Path(folder) / NULL_TEXT))
+    return NULL_TEXT

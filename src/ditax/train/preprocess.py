@@ -95,18 +95,26 @@ def read_videos(paths, num_frames: int, height: int, width: int, *, workers: int
 
 def _read_clips(paths, num_frames, height, width, *, workers=4, ahead=16, resize="stretch"):
     """:func:`read_videos`, each clip with its source size ``(w, h)``."""
+    return _read_jobs([(p, num_frames, height, width, resize) for p in paths],
+                      workers=workers, ahead=ahead)
+
+
+def _read_jobs(jobs, *, workers=4, ahead=16):
+    """``(video [3, F, H, W], source size (w, h))`` of each ``(path, frames, height, width,
+    resize)`` of ``jobs`` (each clip its own size: a bucketed run), in order, decoded
+    ``workers`` at a time; at most ``ahead`` decoded clips wait in memory."""
     import collections
     from concurrent.futures import ThreadPoolExecutor
 
     from ditax.io.video import _ffmpeg_subprocess
 
-    paths = list(paths)
+    jobs = list(jobs)
     # the warning filter is process-wide: set once here, not per thread (catch_warnings is not
     # thread-safe)
     with _ffmpeg_subprocess(), ThreadPoolExecutor(max(1, workers)) as pool:
         pending = collections.deque()
-        for p in paths:
-            pending.append(pool.submit(_decode, p, num_frames, height, width, resize))
+        for job in jobs:
+            pending.append(pool.submit(_decode, *job))
             if len(pending) >= max(1, ahead):
                 yield pending.popleft().result()
         while pending:
@@ -254,6 +262,19 @@ def find_samples(folder, *, height: int | None = None, width: int | None = None,
     file more than :data:`TINY` times smaller than them on a side (:func:`size_problems`) are
     listed, each with its file, in one :class:`~ditax.errors.RequestError` (or
     :class:`~ditax.io.files.UnreadableFile`) — all before any encoding."""
+    folder = pathlib.Path(folder)
+    out, problems = list_samples(folder)
+    if height is not None and width is not None:
+        problems += size_problems([v for v, _ in out], height, width)
+    problems += sidecar_problems([v for v, _ in out], frames)
+    return checked_samples(folder, out, problems)
+
+
+def list_samples(folder) -> tuple[list[tuple[pathlib.Path, str]], list[str]]:
+    """The cheap half of :func:`find_samples` (no file decoded): ``(video path, caption)``
+    pairs sorted by file name, and the problems found — a clip without a caption, an empty
+    file, a blank caption, a ``captions.jsonl`` line for a file not there — each naming its
+    file. A folder that is missing or a file, and an unreadable caption, raise at once."""
     from ditax.errors import RequestError
     from ditax.io.files import read_json_lines, read_text, video_error
 
@@ -296,17 +317,56 @@ def find_samples(folder, *, height: int | None = None, width: int | None = None,
     if missing:
         problems.append(f"no caption for {missing[:5]}{'…' if len(missing) > 5 else ''}: add "
                         f"name.txt next to each video or a line in {cj}")
-    if height is not None and width is not None:
-        problems += size_problems([v for v, _ in out], height, width)
-    problems += sidecar_problems([v for v, _ in out], frames)
+    return out, problems
+
+
+def checked_samples(folder, samples, problems) -> list[tuple[pathlib.Path, str]]:
+    """``samples`` when ``problems`` is empty, the folder's sidecars all belong to a clip and
+    there is a sample; else the :class:`~ditax.errors.RequestError` listing the problems (the
+    first ten), each with its file."""
+    from ditax.errors import RequestError
+
+    folder = pathlib.Path(folder)
     if problems:
         raise RequestError(f"{folder}: {len(problems)} problem(s) before any encoding: "
                            + "; ".join(problems[:10]) + ("; …" if len(problems) > 10 else ""))
-    check_sidecars(folder, {v.stem for v, _ in out})
-    if not out:
+    check_sidecars(folder, {v.stem for v, _ in samples})
+    if not samples:
         raise RequestError(f"no videos or images ({', '.join(VIDEO_EXT + IMAGE_EXT)}) in "
                            f"{folder}")
-    return out
+    return samples
+
+
+def encode_group(enc, group, *, frames, height, width, resize, text_len, pad: int = 1):
+    """Encode a group of clips in one encoder call: ``group`` holds ``((path, caption),
+    (video [3, F, H, W], source size))``; yields per clip ``(path, size, latents [C, F', Y, X],
+    text [T, Dt], mask [T], condition)`` as float32 (uint8 mask), the condition the family's
+    entries (read from the clip's sidecars at the clip's size) and its extra text outputs.
+    ``pad``: the call takes at least this many clips, the last repeated and its outputs
+    dropped (a bucketed run's calls all take ``--batch`` clips: one program a bucket, and a
+    clip's latents do not depend on how many neighbours it has)."""
+    videos = [video for _, (video, _) in group]
+    captions = [caption for (_, caption), _ in group]
+    more = max(0, pad - len(group))
+    lats = enc.encode_video(np.stack(videos + videos[-1:] * more))
+    te = enc.encode_text(captions + captions[-1:] * more, text_len)
+    for i, (((path, _), (video, size)), lat) in enumerate(zip(group, lats)):
+        cond = enc.encode_condition(video, **read_sidecars(
+            path, enc.sidecars, frames, height, width, resize=resize))
+        lat = enc.sample_latents(lat, cond)     # VACE: the reference frames first
+        extra_text = {k: v[i] for k, v in te.extra.items()}   # e.g. a pooled text vector
+        clash = sorted(set(cond) & set(extra_text))
+        if clash:
+            raise ValueError(f"the family's encoders give {clash[0]!r} both as a condition "
+                             f"and as a text output; rename one")
+        cond = {k: np.asarray(v, np.float32) for k, v in {**cond, **extra_text}.items()}
+        yield (path, size, np.asarray(lat, np.float32), np.asarray(te.embeddings[i], np.float32),
+               te.mask[i], cond)
+
+
+def shapes_said(cond: dict) -> str:
+    """``", condition (20, 2, 8, 8), image (257, 1280)"``: a progress line's condition shapes."""
+    return "".join(f", {k} {tuple(v.shape)}" for k, v in cond.items())
 
 
 def _groups(items, n: int):
@@ -497,26 +557,15 @@ def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, mod
     clips = _read_clips([path for path, _ in samples], frames, height, width, resize=resize)
     done, reshaped = 0, []
     for group in _groups(zip(samples, clips), batch):
-        lats = enc.encode_video(np.stack([video for _, (video, _) in group]))
-        te = enc.encode_text([caption for (_, caption), _ in group], text_len)
-        for i, (((path, _), (video, size)), lat) in enumerate(zip(group, lats)):
+        for path, size, lat, text, mask, cond in encode_group(
+                enc, group, frames=frames, height=height, width=width, resize=resize,
+                text_len=text_len):
             if other_aspect(size, height, width):
                 reshaped.append(path.name)
-            text, mask = te.embeddings[i], te.mask[i]
-            cond = enc.encode_condition(video, **read_sidecars(
-                path, enc.sidecars, frames, height, width, resize=resize))
-            lat = enc.sample_latents(lat, cond)     # VACE: the reference frames first
-            extra_text = {k: v[i] for k, v in te.extra.items()}   # e.g. a pooled text vector
-            clash = sorted(set(cond) & set(extra_text))
-            if clash:
-                raise ValueError(f"the family's encoders give {clash[0]!r} both as a condition "
-                                 f"and as a text output; rename one")
-            cond = {**cond, **extra_text}
-            w.add(np.asarray(lat, np.float32), np.asarray(text, np.float32), mask,
-                  **{k: np.asarray(v, np.float32) for k, v in cond.items()})
-            extra = "".join(f", {k} {tuple(v.shape)}" for k, v in cond.items())
+            w.add(lat, text, mask, **cond)
             done += 1
-            say(f"[{done}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}{extra}")
+            say(f"[{done}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}"
+                f"{shapes_said(cond)}")
     null = enc.encode_text([""], text_len)       # the unconditional branch's prompt
     w.close({"height": height, "width": width, "frames": frames, "model": str(model),
              "resize": resize, "other_aspect_ratio": reshaped},
