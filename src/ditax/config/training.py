@@ -3,6 +3,7 @@ rules each of them owns (checked by :func:`ditax.config.validate` before anythin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, Optional, get_args
 
@@ -86,15 +87,55 @@ class DataConfig:
     shuffle: bool = True
     num_workers: int = 0
     text_dropout: float = 0.0          # share of samples trained on the empty prompt (for CFG)
+    # a bucketed dataset (meta.json version 2): how often each bucket's batches are drawn,
+    # "NAME:WEIGHT,..." (e.g. "832x480x81:2,480x832x81:1"; buckets left out are not drawn);
+    # empty: in proportion to the buckets' sample counts
+    bucket_weights: str = ""
+
+
+_WEIGHTS_FIX = ("write NAME:WEIGHT pairs separated by commas, e.g. "
+                "data.bucket_weights=832x480x81:2,480x832x81:1 (weights >= 0, at least one > 0; "
+                "empty: by bucket size)")
+
+
+def parse_bucket_weights(text: str) -> dict[str, float]:
+    """``data.bucket_weights`` as ``{bucket name: weight}`` (empty: none given); one
+    :class:`ConfigError` line naming the value and the fix for a malformed one (a pair
+    without a weight, a weight that is not a finite number >= 0, a name twice, all zero)."""
+    out: dict[str, float] = {}
+    if not text.strip():
+        return out
+
+    def bad(why: str):
+        return ConfigError(f"data.bucket_weights={text!r}: {why}; {_WEIGHTS_FIX}")
+
+    for item in text.split(","):
+        name, sep, w = item.strip().rpartition(":")
+        name = name.strip()
+        if not sep or not name:
+            raise bad(f"{item.strip()!r} is not NAME:WEIGHT")
+        try:
+            weight = float(w)
+        except ValueError:
+            raise bad(f"the weight of {name} ({w.strip()!r}) is not a number") from None
+        if not math.isfinite(weight) or weight < 0:
+            raise bad(f"the weight of {name} is {w.strip()}, not a finite number >= 0")
+        if name in out:
+            raise bad(f"bucket {name} is named twice")
+        out[name] = weight
+    if not sum(out.values()) > 0:
+        raise bad("the weights sum to 0, so no bucket would be drawn")
+    return out
 
 
 def check_data(d: DataConfig) -> None:
-    """Raise :class:`ConfigError` for impossible sample sizes."""
+    """Raise :class:`ConfigError` for impossible sample sizes or bucket weights."""
     _at_least("data", d, ("num_frames", "height", "width", "text_len"), 1)
     _at_least("data", d, ("num_workers",), 0)
     if not 0 <= d.text_dropout < 1:
         raise ConfigError(f"data.text_dropout={d.text_dropout} must be in [0, 1) (the share of "
                           "samples trained on the empty prompt; 0.1 is usual)")
+    parse_bucket_weights(d.bucket_weights)
 
 
 @dataclass(frozen=True)
@@ -254,5 +295,5 @@ def distill_sigmas(d: DistillConfig) -> tuple[float, ...]:
 
 
 __all__ = ["DistillConfig", "DISTILL_METHODS", "check_distill", "distill_sigmas", "TrainConfig", "check_train", "VACE_TRAINABLE", "LoraConfig", "LORA_TARGETS", "lora_targets", "check_lora", "OptimConfig", "FlowConfig", "DataConfig", "CheckpointConfig", "check_optim",
-           "check_flow", "check_data", "check_checkpoint", "SCHEDULES", "TIMESTEP_SAMPLERS",
+           "check_flow", "check_data", "parse_bucket_weights", "check_checkpoint", "SCHEDULES", "TIMESTEP_SAMPLERS",
            "WEIGHTINGS"]

@@ -327,7 +327,10 @@ class DistillTrainer(TrainerBase):
 
         d = self.cfg.distill
         self._shapes = (tuple(data.latent_shape), tuple(data.text_shape))
-        self.expert_steps(self.schedule_table(data.latent_shape))  # an expert has steps
+        # an expert has steps at every shape the batches have (a resolution-dependent
+        # shift moves the student's timesteps per bucket)
+        for shape in getattr(data, "latent_shapes", (data.latent_shape,)):
+            self.expert_steps(self.schedule_table(shape))
         if d.guidance == 1.0:
             self.null = {}
             return

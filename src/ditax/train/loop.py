@@ -8,6 +8,11 @@ before anything is restored or written. A partly frozen run (LoRA, a VACE branch
 only what trains and a reference to its frozen base, which a resume rebuilds from ``init_from``
 (or the seed) after checking it is unchanged (:mod:`ditax.train.frozen_base`).
 ``metrics.jsonl`` and TensorBoard keep each step once.
+A bucketed dataset (:mod:`ditax.train.bucket_data`) gives batches of several shapes: the
+compiled step keeps one program a shape (the first step of each compiles or loads it from the
+persistent cache, ``includes_compile`` in its row), FLOPs and tokens per sample follow each
+batch's shape, each row names its ``bucket``, and the run ends with the loss per bucket. What
+needs one shape (a student's sample settings) takes the most drawn bucket's.
 SIGTERM or SIGINT (Ctrl-C) finishes the current step, saves, and returns. A non-finite loss
 stops the run before anything is saved, so the newest checkpoint stays the last good one.
 """
@@ -49,6 +54,7 @@ RESUME_POLICY = ResumePolicy(
 class TrainResult:
     step: int                       # completed steps
     losses: list[float] = field(default_factory=list)   # losses of the steps run here
+    buckets: list[str] = field(default_factory=list)    # their buckets (a bucketed dataset)
     state: dict | None = None       # final train state (global arrays)
     interrupted: bool = False       # stopped by SIGTERM / SIGINT (checkpoint saved)
     signal: int | None = None       # the signal that stopped it
@@ -58,6 +64,22 @@ class TrainResult:
 def _say(msg: str) -> None:
     if jax.process_index() == 0:
         print(msg, flush=True)
+
+
+def say_buckets(buckets, say) -> None:
+    """One line: the dataset's buckets, their sizes and how often each is drawn."""
+    w = buckets.weights / buckets.weights.sum()
+    parts = [f"{b.name} ({b.num_samples} samples, {p:.0%} of batches)" if p > 0
+             else f"{b.name} ({b.num_samples} samples, not drawn: data.bucket_weights)"
+             for b, p in zip(buckets.buckets, w)]
+    say(f"bucketed dataset, each batch from one bucket: {', '.join(parts)}")
+
+
+def bucket_summary(by_bucket: dict[str, list[float]], last: int = 10) -> str:
+    """The loss of each bucket over this run's steps: the mean of its last ``last``."""
+    parts = [f"{name} {sum(v[-last:]) / len(v[-last:]):.4f} ({len(v)} steps)"
+             for name, v in by_bucket.items()]
+    return f"loss per bucket (mean of each one's last {last} steps): {', '.join(parts)}"
 
 
 def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: bool = True,
@@ -143,10 +165,18 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
         result.state = state
         return result
 
-    flops = (family.flops_per_sample(data.latent_shape, data.text_shape[0]) * cfg.batch_size
-             * getattr(trainer, "flops_factor", 1.0))
+    costs: dict = {}        # latent shape -> (model FLOPs of a step, tokens of a sample)
+
+    def cost(shape):
+        if shape not in costs:
+            costs[shape] = (family.flops_per_sample(shape, data.text_shape[0]) * cfg.batch_size
+                            * getattr(trainer, "flops_factor", 1.0),
+                            family.tokens_per_sample(shape))
+        return costs[shape]
+
     peak = peak_tflops()
-    tokens_per_sample = family.tokens_per_sample(data.latent_shape)
+    if data.buckets is not None:
+        say_buckets(data.buckets, say)
     writer = MetricsWriter(out, enabled=pid == 0, resume_step=start)
     if writer.dropped:
         say(f"metrics: dropped {writer.dropped} rows after step {start} from "
@@ -156,12 +186,17 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
     if base_ref is not None:
         data_tag["base"] = base_ref
     step = start
+    by_bucket: dict[str, list[float]] = {}
     with RunSession(ckpt, writer, total=cfg.steps, start=start, desc="train",
                     every=cfg.checkpoint.every, progress=progress and pid == 0,
                     say=say) as run:
         while step < cfg.steps:
             t0 = time.perf_counter()
-            batch = trainer.put_batch(next(data))
+            local = next(data)
+            shape = tuple(local["latents"].shape[1:])     # the batch's bucket's
+            first_of_shape = shape not in costs         # its step compiles (or loads) now
+            flops, tokens_per_sample = cost(shape)
+            batch = trainer.put_batch(local)
             state, m = trainer.step(state, batch)
             loss = float(m["loss"])            # syncs: the step time below is real
             dt = time.perf_counter() - t0
@@ -169,14 +204,20 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
             run.check_loss(loss, step, "Lower optim.learning_rate, check the data for NaN/inf, "
                            "or use bfloat16/float32 consistently")
             result.losses.append(loss)
-            row = {"step": step, "loss": loss, "grad_norm": float(m["grad_norm"]),
-                   "lr": float(m["lr"]), "step_time": dt,
-                   "samples_per_s": cfg.batch_size / dt,
-                   "tokens_per_s": cfg.batch_size * tokens_per_sample / dt,
-                   "tflops_per_device": flops / dt / mesh.devices.size / 1e12,
-                   "mfu": (flops / dt / mesh.devices.size / (peak * 1e12)) if peak else None}
+            row = {"step": step}
+            if data.bucket is not None:
+                row["bucket"] = data.bucket
+                result.buckets.append(data.bucket)
+                by_bucket.setdefault(data.bucket, []).append(loss)
+            row.update({"loss": loss, "grad_norm": float(m["grad_norm"]),
+                        "lr": float(m["lr"]), "step_time": dt,
+                        "samples_per_s": cfg.batch_size / dt,
+                        "tokens_per_s": cfg.batch_size * tokens_per_sample / dt,
+                        "tflops_per_device": flops / dt / mesh.devices.size / 1e12,
+                        "mfu": (flops / dt / mesh.devices.size / (peak * 1e12)) if peak
+                        else None})
             row.update({k: float(v) for k, v in m.items() if k not in row})   # e.g. distill
-            if step == start + 1:
+            if first_of_shape:
                 row["includes_compile"] = True
             if step % cfg.log_every == 0 or step == cfg.steps:
                 writer.write(row)
@@ -185,13 +226,17 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
                 writer.image("samples/student", trainer.preview(state, batch), step)
             if on_step is not None:
                 on_step(step, row)
-            run.tick(loss=f"{loss:.4f}", s_per_step=f"{dt:.2f}")
+            run.tick(loss=f"{loss:.4f}", s_per_step=f"{dt:.2f}",
+                     **({"bucket": data.bucket} if data.bucket is not None else {}))
             if run.end_step(step, frozen_base.without(state, rebuilt),
                             {"iterator": data.get_state(), **data_tag}):
                 break
     result.interrupted, result.signal = run.interrupted, run.signal if run.interrupted else None
+    if by_bucket:
+        say(bucket_summary(by_bucket))
     if trainer.adapters is not None and (step == cfg.steps or result.interrupted):
-        sample = (trainer.sample_settings(data.latent_shape)      # a few-step student's
+        # a few-step student's; a bucketed dataset: at its most drawn bucket's shape
+        sample = (trainer.sample_settings(data.latent_shape)
                   if hasattr(trainer, "sample_settings") else None)
         files = trainer.adapters.save(out, state["params"], sample=sample)
         if files:

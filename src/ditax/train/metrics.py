@@ -37,6 +37,9 @@ def peak_tflops(device=None) -> float | None:
 class MetricsWriter:
     """Appends ``{"step", "loss", ...}`` lines to ``metrics.jsonl`` and scalars to TensorBoard.
 
+    A row of a bucketed dataset's step names its ``bucket``; its loss also goes to
+    TensorBoard as ``train/loss_by_bucket/{bucket}`` (one curve a shape).
+
     ``resume_step``: the step the run (re)starts from. Rows of later steps, left by a run that
     stopped after its last checkpoint (kill -9, SIGTERM, a damaged checkpoint), are dropped
     first, as is a last line cut short by a kill, so every step is in the file once; the
@@ -99,6 +102,9 @@ class MetricsWriter:
         for k, v in row.items():
             if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
                 self._tb.add_scalar(f"train/{k}", v, row["step"])
+        loss = row.get("loss")
+        if isinstance(row.get("bucket"), str) and isinstance(loss, (int, float)):
+            self._tb.add_scalar(f"train/loss_by_bucket/{row['bucket']}", loss, row["step"])
 
     def write(self, row: dict) -> None:
         if not self.enabled:
