@@ -264,7 +264,7 @@ def probe(path) -> tuple[tuple[int, int], int]:
 
     from ditax.io.files import video_error
     from ditax.train.clip_files import IMAGE_EXT
-    from ditax.train.preprocess import _source_size, source_size
+    from ditax.train.clip_reading import _source_size, source_size
 
     if pathlib.Path(path).suffix.lower() in IMAGE_EXT:
         return source_size(path), 1

@@ -37,220 +37,15 @@ from __future__ import annotations
 
 import os
 import pathlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ditax.train.clip_files import (IMAGE_EXT, VIDEO_EXT, check_sidecars,
-                                    clip_sidecars, sidecar_kind, sidecar_problems)
-
-RESIZE = ("crop", "stretch")     # --resize: the first is the default
-TINY = 4     # a file more than this many times smaller than the target on a side is refused
-
-
-def read_sidecars(path, accepted, num_frames: int, height: int, width: int, *,
-                  resize: str = "stretch") -> dict:
-    """The clip's sidecars read for its encoders (videos ``[3, F, H, W]`` in [-1, 1] like the
-    clip, by the ``resize`` policy; the mask nearest-neighbour, so a binary mask stays binary;
-    images as PIL, fitted by the encoders); a sidecar the family's encoders do not take
-    (``accepted``) is a :class:`~ditax.errors.RequestError` naming it."""
-    from ditax.errors import RequestError
-    from ditax.io.images import read_image
-
-    found = clip_sidecars(path)
-    extra = [k for k in found if k not in accepted]
-    if extra:
-        names = [p.name for k in extra for p in (found[k] if k == "references" else [found[k]])]
-        raise RequestError(f"{names[0]}: control / mask / reference sidecars are for a VACE "
-                           f"pipeline folder (--model WanVACEPipeline); remove them or "
-                           f"preprocess with a VACE folder")
-    out = {k: read_video(p, num_frames, height, width, resize=resize, nearest=k == "mask")
-           for k, p in found.items() if k != "references"}
-    if "references" in found:
-        out["references"] = [read_image(p, "reference image") for p in found["references"]]
-    return out
-
-
-def read_video(path, num_frames: int, height: int, width: int, *, resize: str = "stretch",
-               nearest: bool = False) -> np.ndarray:
-    """First ``num_frames`` frames brought to ``height × width`` by the ``resize`` policy
-    (:data:`RESIZE`; ``crop``: scaled to cover, center kept; ``stretch``: each side scaled on
-    its own — the default here, which ``ditax train-vae`` reads with; ``ditax preprocess``
-    passes its ``--resize``), bicubic, or nearest-neighbour with ``nearest`` (masks): float32
-    ``[3, F, H, W]`` in [-1, 1]."""
-    from ditax.io.video import _ffmpeg_subprocess
-
-    with _ffmpeg_subprocess():
-        return _decode(path, num_frames, height, width, resize, nearest)[0]
-
-
-def read_videos(paths, num_frames: int, height: int, width: int, *, workers: int = 4,
-                ahead: int = 16, resize: str = "stretch"):
-    """:func:`read_video` of every path, in order, decoded ``workers`` at a time (each by its
-    own ffmpeg process, so they overlap with the caller's work); at most ``ahead`` decoded
-    clips wait in memory."""
-    for video, _ in _read_clips(paths, num_frames, height, width, workers=workers,
-                                ahead=ahead, resize=resize):
-        yield video
-
-
-def _read_clips(paths, num_frames, height, width, *, workers=4, ahead=16, resize="stretch"):
-    """:func:`read_videos`, each clip with its source size ``(w, h)``."""
-    return _read_jobs([(p, num_frames, height, width, resize) for p in paths],
-                      workers=workers, ahead=ahead)
-
-
-def _read_jobs(jobs, *, workers=4, ahead=16):
-    """``(video [3, F, H, W], source size (w, h))`` of each ``(path, frames, height, width,
-    resize)`` of ``jobs`` (each clip its own size: a bucketed run), in order, decoded
-    ``workers`` at a time; at most ``ahead`` decoded clips wait in memory."""
-    import collections
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ditax.io.video import _ffmpeg_subprocess
-
-    jobs = list(jobs)
-    # the warning filter is process-wide: set once here, not per thread (catch_warnings is not
-    # thread-safe)
-    with _ffmpeg_subprocess(), ThreadPoolExecutor(max(1, workers)) as pool:
-        pending = collections.deque()
-        for job in jobs:
-            pending.append(pool.submit(_decode, *job))
-            if len(pending) >= max(1, ahead):
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-def _scale_filter(height: int, width: int, resize: str, nearest: bool) -> str:
-    """The ffmpeg ``-vf`` of a policy: ``crop`` scales to cover (aspect kept) and crops the
-    center (``crop``'s default offsets are centered); ``stretch`` scales to the size."""
-    flags = ":flags=neighbor" if nearest else ""     # else ffmpeg's default, bicubic
-    if resize == "crop":
-        return (f"scale={width}:{height}:force_original_aspect_ratio=increase{flags},"
-                f"crop={width}:{height}")
-    return f"scale={width}:{height}{flags}"
-
-
-def _decode(path, num_frames: int, height: int, width: int, resize: str = "stretch",
-            nearest: bool = False) -> tuple[np.ndarray, tuple[int, int]]:
-    """One clip decoded, and its source size ``(w, h)``; a file ffmpeg cannot read, an empty
-    file or a clip shorter than ``num_frames`` is a :class:`~ditax.io.files.VideoReadError`
-    naming the clip."""
-    import imageio_ffmpeg
-
-    from ditax.io.files import video_error
-
-    if resize not in RESIZE:
-        raise ValueError(f"resize={resize!r} is not one of {', '.join(RESIZE)}")
-    if pathlib.Path(path).suffix.lower() in IMAGE_EXT:
-        return _decode_image(path, num_frames, height, width, resize, nearest)
-    frames = []
-    try:
-        gen = imageio_ffmpeg.read_frames(str(path), output_params=[
-            "-vf", _scale_filter(height, width, resize, nearest)])
-        source = _source_size(next(gen))    # metadata (starts ffmpeg)
-        for raw in gen:
-            frames.append(np.frombuffer(raw, np.uint8).reshape(height, width, 3))
-            if len(frames) == num_frames:
-                break
-        gen.close()
-    except (OSError, RuntimeError, StopIteration, ValueError) as e:
-        raise video_error(path, e) from None
-    if len(frames) < num_frames:
-        raise video_error(path, problem=f"has {len(frames)} frames, fewer than --frames="
-                          f"{num_frames}", fix="lower --frames (4k+1) or remove the clip")
-    v = np.stack(frames).astype(np.float32) / 127.5 - 1.0      # [F, H, W, 3]
-    return v.transpose(3, 0, 1, 2), source
-
-
-def _source_size(meta: dict) -> tuple[int, int]:
-    """``(w, h)`` of the frames ffmpeg decodes (before the filter), as displayed: a clip
-    stored rotated by 90 or 270 degrees is turned upright by ffmpeg."""
-    w, h = meta.get("source_size") or meta["size"]
-    return (h, w) if meta.get("rotate", 0) % 180 == 90 else (w, h)
-
-
-def _decode_image(path, num_frames: int, height: int, width: int, resize: str = "stretch",
-                  nearest: bool = False) -> tuple[np.ndarray, tuple[int, int]]:
-    """A still image as a clip of one frame ``[3, 1, H, W]`` in [-1, 1] (``--frames 1``),
-    and its size ``(w, h)``; ``crop``: ``PIL.ImageOps.fit`` (the centered region of the
-    target's aspect ratio, scaled)."""
-    import PIL.Image
-    import PIL.ImageOps
-
-    from ditax.io.files import video_error
-
-    if num_frames != 1:
-        raise video_error(path, problem=f"is a still image (1 frame), fewer than --frames="
-                          f"{num_frames}", fix="use --frames 1 for images")
-    how = PIL.Image.Resampling.NEAREST if nearest else PIL.Image.Resampling.BICUBIC
-    try:
-        with PIL.Image.open(path) as im:
-            source = im.size
-            im = im.convert("RGB")
-            im = (PIL.ImageOps.fit(im, (width, height), method=how) if resize == "crop"
-                  else im.resize((width, height), how))
-            v = np.asarray(im, np.float32) / 127.5 - 1.0            # [H, W, 3]
-    except (OSError, ValueError) as e:
-        raise video_error(path, problem=f"cannot be read as an image ({e})",
-                          fix="re-save it as PNG or remove it") from None
-    return v.transpose(2, 0, 1)[:, None], source
-
-
-def source_size(path) -> tuple[int, int]:
-    """``(w, h)`` of an image (its header, PIL) or a video (ffmpeg's metadata; the frames are
-    not decoded); an unreadable file is a :class:`~ditax.io.files.VideoReadError` naming it."""
-    import imageio_ffmpeg
-    import PIL.Image
-
-    from ditax.io.files import video_error
-
-    if pathlib.Path(path).suffix.lower() in IMAGE_EXT:
-        try:
-            with PIL.Image.open(path) as im:
-                return im.size
-        except (OSError, ValueError) as e:
-            raise video_error(path, problem=f"cannot be read as an image ({e})",
-                              fix="re-save it as PNG or remove it") from None
-    try:
-        gen = imageio_ffmpeg.read_frames(str(path))
-        try:
-            return _source_size(next(gen))
-        finally:
-            gen.close()
-    except (OSError, RuntimeError, StopIteration, ValueError) as e:
-        raise video_error(path, e) from None
-
-
-def other_aspect(size, height: int, width: int) -> bool:
-    """Whether a source ``(w, h)`` has another aspect ratio than ``width : height`` (then
-    ``crop`` cuts some of it, ``stretch`` distorts it)."""
-    w, h = size
-    return w * height != h * width
-
-
-def size_problems(paths, height: int, width: int, workers: int = 4) -> list[str]:
-    """One line per file of ``paths`` more than :data:`TINY` times smaller than ``width x
-    height`` on a side (its size and the target), read from headers only, ``workers`` at a
-    time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ditax.io.files import VideoReadError
-    from ditax.io.video import _ffmpeg_subprocess
-
-    def one(p):
-        try:
-            w, h = source_size(p)
-        except VideoReadError as e:
-            return str(e)
-        if w * TINY < width or h * TINY < height:
-            return (f"{pathlib.Path(p).name} is {w}x{h} (WxH), more than {TINY}x smaller than "
-                    f"the target {width}x{height} on a side (an upscale that trains on blur); "
-                    f"remove it, or lower --width / --height")
-        return None
-
-    with _ffmpeg_subprocess(), ThreadPoolExecutor(max(1, workers)) as pool:
-        return [r for r in pool.map(one, list(paths)) if r]
+from ditax.train.clip_files import (IMAGE_EXT, VIDEO_EXT, check_sidecars, sidecar_kind,
+                                    sidecar_problems)
+from ditax.train.clip_reading import (RESIZE, TINY, _decode, _read_clips,  # noqa: F401
+                                      _read_jobs, _source_size, other_aspect, read_sidecars,
+                                      read_video, read_videos, size_problems, source_size)
 
 
 def find_samples(folder, *, height: int | None = None, width: int | None = None,
@@ -500,7 +295,9 @@ def check_model(model) -> None:
 
 
 def preprocess(videos, output, model, *, height=None, width=None, frames=None, text_len=None,
-               dtype="float32", family=None, batch=1, resize="crop", say=print) -> pathlib.Path:
+               dtype="float32", family=None, batch=1, resize="crop", say=print,
+               buckets=None, bucket_area=None, num_processes=None,
+               process_id=None) -> pathlib.Path:
     """Encode every (video, caption) of ``videos`` into a dataset at ``output`` with the
     encoders of the pipeline folder ``model`` (of model family ``family``; None: the folder's,
     :func:`folder_family`), ``batch`` clips per encoder call (small clips: 8 is ~20% faster
@@ -511,32 +308,148 @@ def preprocess(videos, output, model, *, height=None, width=None, frames=None, t
     (``resize``) with the names of the clips of another aspect ratio (``other_aspect_ratio``),
     and the last line ``say`` gets counts them.
 
-    Every argument is checked before a model loads (:func:`check_request`,
-    :func:`check_output`, :func:`find_samples` with the sizes: tiny files, sidecars). The
-    dataset is written into a hidden temporary folder beside ``output`` and renamed to
-    ``output`` when complete, so a failure or an interrupt leaves no half-written dataset (the
-    temporary folder is removed)."""
-    from ditax.io.outputs import atomic_folder
-    from ditax.models.base import family_class
+    ``buckets`` (``"832x480x81,480x832x81"``) or ``bucket_area`` (pixels, with ``frames`` a
+    list such as ``"81,49,17"``): a dataset of several shapes (``meta.json`` version 2;
+    :mod:`ditax.train.preprocess_buckets`). ``num_processes`` / ``process_id``: this process
+    writes its part of the dataset, and the one that completes the last part writes
+    ``meta.json`` (:mod:`ditax.train.preprocess_parts`).
+
+    Every argument is checked before a model loads (:func:`prepare`). The dataset (or part)
+    is written into a hidden temporary folder and renamed when complete, so a failure or an
+    interrupt leaves no half-written dataset (the temporary folder is removed)."""
+    job = prepare(videos, output, model, height=height, width=width, frames=frames,
+                  text_len=text_len, dtype=dtype, family=family, batch=batch, resize=resize,
+                  say=say, buckets=buckets, bucket_area=bucket_area,
+                  num_processes=num_processes, process_id=process_id)
+    return run(job, say=say)
+
+
+@dataclass
+class Job:
+    """A checked preprocess run (:func:`prepare`), ready to encode (:func:`run`).
+    ``samples``: the ``(path, caption)`` pairs this process encodes (one shape; a bucketed run:
+    ``plan``); ``part``: ``(K, N)`` (``(0, 1)``: one process); ``complete``: the parts'
+    ``meta.json`` is written already; ``settings``: what every part must share."""
+
+    videos: pathlib.Path
+    output: pathlib.Path
+    model: str
+    family: str
+    dtype: str
+    batch: int
+    text_len: int
+    resize: str
+    height: int | None = None
+    width: int | None = None
+    frames: int | None = None
+    buckets: object = None        # a BucketSet
+    plan: object = None           # a BucketPlan
+    samples: list = field(default_factory=list)
+    part: tuple[int, int] = (0, 1)
+    complete: bool = False
+    settings: dict | None = None
+
+
+def prepare(videos, output, model, *, height=None, width=None, frames=None, text_len=None,
+            dtype="float32", family=None, batch=1, resize="crop", say=print, buckets=None,
+            bucket_area=None, num_processes=None, process_id=None) -> Job:
+    """Check every argument and the clips before any model loads and return the :class:`Job`
+    (arguments of :func:`preprocess`): sizes (:func:`check_request`) or buckets
+    (:func:`~ditax.train.preprocess_buckets.resolve_buckets`), the processes
+    (:func:`~ditax.train.preprocess_parts.check_processes`), the output folder, the model
+    path and the pre-pass over the clips (:func:`find_samples`; a bucketed run:
+    :func:`~ditax.train.preprocess_buckets.plan_buckets`, whose skip lines ``say`` gets).
+    Each problem is a :class:`~ditax.errors.RequestError` naming it (exit 2)."""
+    from ditax.train import preprocess_parts as parts
+    from ditax.train.preprocess_buckets import (chunk, no_fit_error, plan_buckets,
+                                                resolve_buckets)
 
     family = folder_family(model) if family is None else family
-    given = dict(height=height, width=width, frames=frames, text_len=text_len)
-    if None in given.values():
-        d = request_defaults(model, family)
-        height, width, frames, text_len = (d[k] if v is None else v for k, v in given.items())
-    check_request(height=height, width=width, frames=frames, text_len=text_len, dtype=dtype,
-                  batch=batch, family=family, model=model, resize=resize)
-    out = check_output(output)
+    k, n = parts.check_processes(num_processes, process_id)
+    d = request_defaults(model, family) if None in (height, width, frames, text_len) else {}
+    text_len = d["text_len"] if text_len is None else text_len
+    bset = resolve_buckets(buckets=buckets, bucket_area=bucket_area, height=height,
+                           width=width, frames=frames, text_len=text_len, dtype=dtype,
+                           batch=batch, resize=resize, family=family, model=model)
+    job = Job(pathlib.Path(videos), pathlib.Path(output), model, family, dtype, batch,
+              text_len, resize, buckets=bset, part=(k, n))
+    if bset is None:
+        size = dict(height=height, width=width, frames=_int_arg(frames))
+        job.height, job.width, job.frames = (d[k2] if v is None else v for k2, v in size.items())
+        check_request(height=job.height, width=job.width, frames=job.frames,
+                      text_len=text_len, dtype=dtype, batch=batch, family=family, model=model,
+                      resize=resize)
+    if n == 1:
+        check_output(output)
+    else:
+        job.complete = parts.check_parts_output(output, n) == "complete"
     check_model(model)
-    fam = family_class(family)
-    samples = find_samples(videos, height=height, width=width, frames=frames)
-    target = out.absolute()
+    if job.complete:
+        return job
+    if bset is not None:
+        job.plan = plan_buckets(videos, bset, part=(k, n), say=say)
+        job.samples = job.plan.samples
+        if n == 1 and not job.plan.clips:
+            raise no_fit_error(job.plan.skipped)
+    elif n == 1:
+        job.samples = find_samples(videos, height=job.height, width=job.width,
+                                   frames=job.frames)
+    else:      # every caption and the reference counts; this process's chunk's files
+        listed, problems = list_samples(videos)
+        start, end = chunk(len(listed), k, n)
+        mine = [v for v, _ in listed[start:end]]
+        problems += size_problems(mine, job.height, job.width)
+        problems += sidecar_problems([v for v, _ in listed], job.frames, masked=mine)
+        job.samples = checked_samples(videos, listed, problems)[start:end]
+    if n > 1:
+        listed = job.plan.samples if job.plan else listed
+        job.settings = {"kind": "buckets" if bset else "single", "model": str(model),
+                        "family": family, "dtype": dtype, "text_len": text_len,
+                        "resize": resize, "clips": parts.clips_digest(listed),
+                        "num_clips": len(listed),
+                        **({"buckets": [b.name for b in bset.buckets]} if bset else
+                           {"size": [job.width, job.height, job.frames]})}
+        parts.check_settings(output, n, job.settings)
+    return job
+
+
+def _int_arg(v):
+    """``--frames`` of a single-shape run as an int when it is one (the CLI passes text)."""
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        return int(v)
+    return v
+
+
+def run(job: Job, say=print) -> pathlib.Path:
+    """Encode a :class:`Job`: one process writes the dataset into a hidden folder renamed to
+    the output when complete; process K of N writes its part, and the meta.json when all
+    parts are complete (:mod:`ditax.train.preprocess_parts`)."""
+    from ditax.io.outputs import atomic_folder
+    from ditax.train import preprocess_parts as parts
+
+    k, n = job.part
+    if job.complete:
+        say(f"{job.output} is complete (meta.json over {n} parts); nothing to do")
+        return job.output
+    if n > 1:
+        if parts.write_part(job.output, k, n, job.settings,
+                            lambda tmp: _write_part(job, tmp, say), say=say):
+            say(f"{parts.part_name(k, n)} written")
+        meta = parts.merge_parts(job.output, n, say=say)
+        if meta is not None:
+            _said_merged(meta, say)
+        return job.output
+    target = job.output.absolute()
     created = [p for p in target.parents if not p.exists()]      # nearest first
     try:
         with atomic_folder(target) as tmp:
-            _encode(samples, tmp, fam.load_encoders(pathlib.Path(model), dtype=dtype),
-                    height=height, width=width, frames=frames, text_len=text_len, batch=batch,
-                    model=model, resize=resize, say=say)
+            enc = _encoders(job)
+            if job.buckets is None:
+                _encode(job.samples, tmp, enc, height=job.height, width=job.width,
+                        frames=job.frames, text_len=job.text_len, batch=job.batch,
+                        model=job.model, resize=job.resize, say=say)
+            else:
+                _encode_buckets(job, tmp, enc, say)
     except BaseException:
         for p in created:            # and the parent folders made for it, while still empty
             try:
@@ -544,7 +457,78 @@ def preprocess(videos, output, model, *, height=None, width=None, frames=None, t
             except OSError:
                 break
         raise
-    return out
+    return job.output
+
+
+def _encoders(job: Job):
+    from ditax.models.base import family_class
+
+    return family_class(job.family).load_encoders(pathlib.Path(job.model), dtype=job.dtype)
+
+
+def _encode_buckets(job: Job, folder, enc, say, *, part: bool = False) -> dict:
+    """A bucketed run's records into ``folder`` (:func:`~ditax.train.preprocess_buckets.
+    encode_buckets`) and its meta: written as ``meta.json`` (one process), or returned (a
+    part: ``meta.json`` is the merge's)."""
+    from ditax.train.bucket_writer import BucketWriter, bucketed_meta
+    from ditax.train.data import save_null_text
+    from ditax.train.preprocess_buckets import closing_line, encode_buckets
+
+    w = BucketWriter(folder, [b.name for b in job.buckets.buckets])
+    k, n = job.part
+    encode_buckets(job.plan, w, enc, text_len=job.text_len, batch=job.batch, say=say,
+                   prefix=f"part {k} of {n}: " if part else "")
+    null = enc.encode_text([""], job.text_len)       # the unconditional branch's prompt
+    null = dict(null_text=(np.asarray(null.embeddings[0], np.float32), null.mask[0]),
+                null_extra={k2: v[0] for k2, v in null.extra.items()})
+    extra = {"resize": "crop", "bucket_policy": job.buckets.policy, "skipped": job.plan.skipped,
+             "model": str(job.model), "num_processes": 1}
+    counts = {b["name"]: b["num_samples"] for b in w.summary()}
+    say(closing_line(counts, job.plan.skipped, f"part {k} of {n}: " if part else ""))
+    if not part:
+        w.close(extra, **null)
+        return {}
+    buckets = w.finish()
+    name = save_null_text(folder, null["null_text"], null["null_extra"])
+    return bucketed_meta(buckets, w.text_shape, {"null_text": name, **extra})
+
+
+def _write_part(job: Job, tmp, say) -> dict:
+    """Process K's part into ``tmp``: ``num_samples``, ``meta`` (None: nothing to encode, and
+    no model loaded) and ``skipped`` for its ``part.json``."""
+    import json
+
+    if job.buckets is not None:
+        if not job.plan.clips:
+            return {"num_samples": 0, "meta": None, "skipped": job.plan.skipped}
+        meta = _encode_buckets(job, tmp, _encoders(job), say, part=True)
+        return {"num_samples": meta["num_samples"], "meta": meta,
+                "skipped": job.plan.skipped}
+    if not job.samples:
+        return {"num_samples": 0, "meta": None, "skipped": []}
+    _encode(job.samples, tmp, _encoders(job), height=job.height, width=job.width,
+            frames=job.frames, text_len=job.text_len, batch=job.batch, model=job.model,
+            resize=job.resize, say=say)
+    meta = json.loads((tmp / "meta.json").read_text())
+    (tmp / "meta.json").unlink()          # the dataset's meta.json is the merge's
+    return {"num_samples": meta["num_samples"], "meta": meta, "skipped": []}
+
+
+def _said_merged(meta_path, say) -> None:
+    """The closing line of a merged dataset: samples per bucket (one shape: its count)."""
+    import json
+
+    from ditax.train.data import dataset_buckets
+    from ditax.train.preprocess_buckets import closing_line
+
+    meta = json.loads(pathlib.Path(meta_path).read_text())
+    if meta["version"] == 1:
+        say(f"meta.json written over {meta['num_processes']} parts: {meta['num_samples']} "
+            f"samples at {meta['width']}x{meta['height']}, {meta['frames']} frame(s)")
+        return
+    counts = {b["name"]: b["num_samples"] for b in dataset_buckets(meta)}
+    say(closing_line(counts, meta["skipped"],
+                     f"meta.json written over {meta['num_processes']} parts: "))
 
 
 def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, model, resize,
