@@ -25,6 +25,7 @@ last part writes ``meta.json`` (:mod:`ditax.train.preprocess_parts`).
 from __future__ import annotations
 
 from ditax.cli import model_arg, request_errors
+from ditax.io.remote.urls import is_remote
 
 
 def add_arguments(p) -> None:
@@ -72,6 +73,14 @@ def run(args) -> int:
     from ditax.train.preprocess import folder_family, prepare
     from ditax.train.preprocess import run as encode
 
+    remote = None
+    if is_remote(args.output):      # a URL: written to a staging folder, then uploaded
+        from ditax.io.remote.dataset_output import DatasetUpload
+        from ditax.train.preprocess_parts import merge_parts
+
+        remote = DatasetUpload(args.output, args.num_processes, args.process_id,
+                               merge=merge_parts)
+        args.output = str(remote.local)
     with request_errors(FileNotFoundError):
         family = folder_family(args.model)
         registry.require(family, "preprocess", f"ditax preprocess --model {args.model}",
@@ -87,6 +96,9 @@ def run(args) -> int:
 
     with status_line(not args.no_progress), phase("preprocess"):
         out = encode(job)
+    if remote is not None:          # upload what this process wrote (ditax.io.remote)
+        print(f"ditax preprocess: {remote.finish()}")
+        return 0
     if job.part[1] > 1 and not (out / "meta.json").is_file():
         print(f"ditax preprocess: wrote {out}/part-{job.part[0]:05d}-of-{job.part[1]:05d}; "
               f"the dataset is complete when every part is")

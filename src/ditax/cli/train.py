@@ -32,9 +32,12 @@ def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     check_capabilities(cfg, "ditax train", training=True)   # before the data is read
     if cfg.data.source != "synthetic":      # a bad data.source is a config error: say so now
+        from ditax.io.remote.datasets import checked_source
         from ditax.train.data import read_meta
 
-        read_meta(cfg.data.source)
+        source = checked_source(cfg.data.source)    # a URL: checked there, no download yet
+        if source is not None:
+            read_meta(source)
 
     import jax
 

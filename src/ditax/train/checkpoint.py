@@ -18,6 +18,15 @@ write error) raises :class:`CheckpointSaveError` where it surfaces — saves are
 partial folder to delete; the newest finished checkpoint stays as it was. Orbax's own reports of
 the failure (hundreds of log lines and tracebacks from its writer threads) are held back while
 a save is in flight (:class:`_HeldBack`) and dropped when it fails.
+
+A run whose ``output_dir`` is a URL passes ``sync`` (:class:`ditax.io.remote.runs.StepSync`):
+orbax still writes the local (staging) folder, and each step it finishes is uploaded in a
+background thread, ``commit_success.txt`` last; the steps are then the *committed* ones at the
+URL (a half upload is reported and never restored from), older ones are downloaded when a
+fallback needs them, and a moved-aside step is moved aside at the URL too. The next save waits
+for the previous upload; :meth:`Checkpointer.wait` and :meth:`~Checkpointer.close` wait for it,
+and an upload that fails is a :class:`CheckpointSaveError` naming the URL and the step the same
+command resumes from.
 """
 
 from __future__ import annotations
@@ -186,7 +195,16 @@ class _HeldBack(logging.Filter):
 def finished_steps(directory) -> list[int]:
     """The steps of the finished checkpoints in ``directory`` (``{step}/`` folders; a save in
     progress or interrupted is a ``*.orbax-checkpoint-tmp*`` folder, a moved-aside one
-    ``{step}.corrupt``); read from the folder alone, no checkpoint manager made."""
+    ``{step}.corrupt``); read from the folder alone, no checkpoint manager made. A URL's are
+    its committed steps (``{step}/commit_success.txt``, :mod:`ditax.io.remote.runs`)."""
+    from ditax.io.remote.urls import is_remote
+
+    if is_remote(str(directory)):
+        from ditax.io.remote.runs import StepSync
+        from ditax.io.remote.urls import filesystem
+
+        fs, root = filesystem(str(directory), "checkpoints")
+        return StepSync(fs, root, pathlib.Path("."), keep=1).committed()
     d = pathlib.Path(directory)
     if not d.is_dir():
         return []
@@ -259,9 +277,17 @@ def _merge(a: dict, b: dict) -> dict:
 class Checkpointer:
     """Thin wrapper over ``ocp.CheckpointManager`` for the train state and data state."""
 
-    def __init__(self, directory, cfg: CheckpointConfig, say: Callable[[str], None] = print):
+    def __init__(self, directory, cfg: CheckpointConfig, say: Callable[[str], None] = print,
+                 sync=None):
         self.dir = pathlib.Path(directory).absolute()
         self.say = say
+        self.sync = sync            # a URL's StepSync: the local folder is its staging copy
+        self.where = sync.url if sync is not None else self.dir     # for messages
+        if sync is not None:
+            sync.prepare(say)
+        self._upload = None         # the upload in flight (a Future)
+        self._abort = threading.Event()
+        self._pool = None
         opts = ocp.CheckpointManagerOptions(max_to_keep=cfg.keep,
                                             enable_async_checkpointing=cfg.async_save,
                                             create=True)
@@ -274,10 +300,16 @@ class Checkpointer:
         self._held = _HeldBack(self.dir)
 
     def steps(self) -> list[int]:
+        """The finished steps (at a URL: the committed ones)."""
+        if self.sync is not None:
+            return self.sync.committed()
         return sorted(self.mgr.all_steps())
 
     def incomplete(self) -> list[str]:
-        """Names of leftover temporary folders of saves that never finished."""
+        """Names of leftover temporary folders of saves that never finished (at a URL: step
+        folders whose upload never committed)."""
+        if self.sync is not None:
+            return self.sync.partial()
         if not self.dir.exists():
             return []
         return sorted(p.name for p in self.dir.iterdir() if "tmp" in p.name)
@@ -295,6 +327,23 @@ class Checkpointer:
             self.mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         data=ocp.args.JsonSave(data_state)),
                           force=force)
+        if self.sync is not None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="ditax-upload")
+            self._abort.clear()
+            self._upload = (step, self._pool.submit(self._push_step, step))
+
+    def _push_step(self, step: int) -> None:
+        """(upload thread) Once orbax has finished ``step`` locally (its folder renamed into
+        place), upload it to the URL, commit file last."""
+        import time
+
+        while not (self.dir / str(step)).is_dir():
+            if self._abort.is_set():
+                return
+            time.sleep(0.05)
+        self.sync.upload(step)
 
     def wait(self) -> None:
         """Block until the save in flight is written; :class:`CheckpointSaveError` (one line)
@@ -307,6 +356,27 @@ class Checkpointer:
             self.mgr.wait_until_finished()
         self._in_flight = None
         self._held.release()
+        self._join_upload()
+
+    def _join_upload(self) -> None:
+        """Wait for the upload in flight; its failure is a :class:`CheckpointSaveError`."""
+        if self._upload is None:
+            return
+        (step, future), self._upload = self._upload, None
+        try:
+            future.result()
+        except Exception as e:  # noqa: BLE001 - network, permissions: one line
+            self._failed = True
+            done = self.steps()
+            resume = (f"it resumes from checkpoint step {done[-1]}, the newest committed there"
+                      if done else "no checkpoint was committed there yet, so it starts from "
+                      "step 0")
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            raise CheckpointSaveError(
+                f"checkpoint step {step} could not be uploaded to {self.where} "
+                f"({type(e).__name__}: {first}); it is not committed there (no "
+                f"commit_success.txt), so no run resumes from it. Fix that and rerun the same "
+                f"command: {resume}") from e
 
     @contextlib.contextmanager
     def _save_failure(self):
@@ -315,13 +385,17 @@ class Checkpointer:
             yield
         except Exception as e:  # noqa: BLE001 - any write failure: said in one line
             self._failed = True
+            self._abort.set()           # the upload waiting for this step: nothing to upload
+            self._upload = None
             self._held.drop()
             step, self._in_flight = self._in_flight, None
             raise CheckpointSaveError(self._save_message(step, e)) from e
 
     def finished_steps(self) -> list[int]:
         """The steps whose checkpoint folder is finished (read from the folder itself, which
-        stays right after a failed save, whatever the manager's view)."""
+        stays right after a failed save, whatever the manager's view; at a URL: committed)."""
+        if self.sync is not None:
+            return self.sync.committed()
         return finished_steps(self.dir)
 
     def _save_message(self, step: int, e: BaseException) -> str:
@@ -335,6 +409,8 @@ class Checkpointer:
         done = self.finished_steps()
         resume = (f"it resumes from checkpoint step {done[-1]}, which is intact" if done else
                   "no checkpoint was finished yet, so it starts from step 0")
+        if self.sync is not None:       # the local disk filled up, not the URL
+            resume = resume.replace("which is intact", f"committed at {self.where}")
         code = no_room(e)
         if code is None:
             first = str(e).splitlines()[0][:300] if str(e) else ""
@@ -370,6 +446,8 @@ class Checkpointer:
 
     def moved_aside(self) -> list[str]:
         """Names of step folders an earlier run moved aside as unreadable (``4.corrupt``)."""
+        if self.sync is not None:
+            return self.sync.aside()
         if not self.dir.exists():
             return []
         return sorted(p.name for p in self.dir.iterdir() if ".corrupt" in p.name)
@@ -388,21 +466,27 @@ class Checkpointer:
         from ditax.train.resume import check_structure
 
         for name in self.incomplete():
-            self.say(f"checkpoint: ignoring incomplete save {self.dir / name} "
-                     f"(interrupted before it finished)")
+            if self.sync is not None:
+                self.say(f"checkpoint: ignoring incomplete upload {self.where}/{name} (no "
+                         f"commit_success.txt: interrupted before it finished)")
+            else:
+                self.say(f"checkpoint: ignoring incomplete save {self.dir / name} "
+                         f"(interrupted before it finished)")
         steps, aside = self.steps(), self.moved_aside()
         if not steps and aside:
             raise CheckpointError(
-                f"{self.dir} holds no usable checkpoint, only ones an earlier run moved aside "
+                f"{self.where} holds no usable checkpoint, only ones an earlier run moved aside "
                 f"as unreadable ({', '.join(aside)}); not starting over from step 0. Inspect "
                 f"or delete them to start again, or choose a new output_dir")
         if aside:
-            self.say(f"checkpoint: {self.dir} also holds moved-aside unreadable checkpoints "
+            self.say(f"checkpoint: {self.where} also holds moved-aside unreadable checkpoints "
                      f"({', '.join(aside)}); they are not used")
         failures = []
         for step in reversed(steps):
             older = [s for s in steps if s < step]
             nxt = f"falling back to step {older[-1]}" if older else "no older checkpoint"
+            if self.sync is not None:
+                self._fetch(step)
             try:
                 stored = self.mgr.item_metadata(step)["state"]
                 check_structure(self.dir, step, getattr(stored, "tree", stored),
@@ -415,7 +499,7 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001 - any read failure: try the older one
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 failures.append((step, msg))
-                self.say(f"checkpoint: step {step} in {self.dir} is incomplete or corrupted "
+                self.say(f"checkpoint: step {step} in {self.where} is incomplete or corrupted "
                          f"({msg}); {nxt}")
                 continue
             for bad, _ in failures:
@@ -427,11 +511,23 @@ class Checkpointer:
             return step, out["state"], out["data"]
         if failures:
             raise CheckpointError(
-                f"no checkpoint in {self.dir} could be restored (tried steps "
+                f"no checkpoint in {self.where} could be restored (tried steps "
                 f"{[s for s, _ in failures]}: {failures[0][1]}); nothing was moved or "
                 f"deleted. If they are damaged, move them away to start over, or point "
                 f"output_dir elsewhere")
         return None
+
+    def _fetch(self, step: int) -> None:
+        """Bring committed ``step`` from the URL into the staging folder (a download that
+        fails is not a damaged checkpoint: :class:`CheckpointError`, nothing moved)."""
+        from ditax.io.remote.urls import RemoteError
+
+        try:
+            self.sync.fetch(step, self.say)
+        except RemoteError as e:
+            raise CheckpointError(f"{e}; nothing was moved or deleted, rerun the same command "
+                                  f"to resume") from None
+        self.mgr.reload()
 
     def _quarantine(self, step: int) -> pathlib.Path:
         """Rename a damaged step folder aside (nothing is deleted) so training can save that
@@ -446,6 +542,8 @@ class Checkpointer:
             dst = self.dir / f"{step}.corrupt{n}"
         if jax.process_index() == 0 and src.exists():
             src.rename(dst)
+        if self.sync is not None:
+            self.sync.move_aside(step, dst.name)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
@@ -458,6 +556,10 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            if self._pool is not None:
+                self._abort.set()
+                self._pool.shutdown(wait=True)
+                self._pool = None
             try:
                 self.mgr.close()
             except Exception:  # noqa: BLE001

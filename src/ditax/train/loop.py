@@ -20,7 +20,6 @@ stops the run before anything is saved, so the newest checkpoint stays the last 
 from __future__ import annotations
 
 import logging
-import pathlib
 import time
 from dataclasses import dataclass, field
 
@@ -33,8 +32,9 @@ from ditax.train import frozen_base
 from ditax.train.checkpoint import Checkpointer
 from ditax.train.data import BatchIterator
 from ditax.train.metrics import MetricsWriter, peak_tflops
-from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, read_saved_config,
-                                write_config)
+from ditax.io.remote.datasets import local_source
+from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, open_run_folder,
+                                read_saved_config, write_config)
 from ditax.train.session import NonFiniteLoss, RunSession  # noqa: F401 (public here too)
 from ditax.train.distill import make_trainer
 from ditax.train.step import Trainer
@@ -99,24 +99,27 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
                               "Trainer's; pass one of them")
         mesh = trainer.mesh
     mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
-    out = pathlib.Path(cfg.output_dir)
     pid, nproc = jax.process_index(), jax.process_count()
 
-    check_output_dir(cfg.output_dir)   # before anything loads: a file, an unwritable or foreign folder
+    check_output_dir(cfg.output_dir, urls=True)   # before anything loads: a file, an unwritable or foreign folder
+    # a URL: this host's staging folder, synced, and the dataset's mirror (ditax.io.remote)
+    run_dir, data_cfg = open_run_folder(cfg.output_dir, say), local_source(cfg, say)
+    out = run_dir.local
     saved = read_saved_config(out)
-    ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say)
+    ckpt = Checkpointer(out / "checkpoints", cfg.checkpoint, say=say,
+                        sync=run_dir.steps(cfg.checkpoint.keep))
     # the newest checkpoint's JSON item: a partly frozen run's reference to its base
     stored = frozen_base.stored_data(ckpt) if ckpt.steps() else None
     if ckpt.steps():            # a rerun must ask for the run the folder holds
         check_resume(out, saved, to_dict(cfg), frozen_base.resume_policy(RESUME_POLICY, stored),
                      say=say)
-    data = BatchIterator(cfg, pid, nproc)       # checks the dataset before anything compiles
+    data = BatchIterator(data_cfg, pid, nproc)  # checks the dataset before anything compiles
     family = model_family(cfg.model, cfg.attention)
     # a missing or changed frozen base: refused before anything is restored
-    base_files = frozen_base.check_base(stored, cfg, family, ckpt.dir, say=say)
+    base_files = frozen_base.check_base(stored, cfg, family, ckpt.where, say=say)
     if cfg.init_from:
         init_folder = family.weights_folder(cfg.init_from)
-    trainer = trainer if trainer is not None else make_trainer(cfg, mesh)
+    trainer = trainer if trainer is not None else make_trainer(data_cfg, mesh)
     if hasattr(trainer, "bind_data"):       # distillation: the empty prompt's embedding
         trainer.bind_data(data)
 
@@ -125,7 +128,7 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
     rebuilt = getattr(trainer, "rebuilt", ())
     if rebuilt and frozen_base.legacy(stored):
         rebuilt = ()
-        say(f"checkpoints in {ckpt.dir} hold the frozen base (written before ditax left it "
+        say(f"checkpoints in {ckpt.where} hold the frozen base (written before ditax left it "
             f"out): restoring it from them, and this run's checkpoints keep holding it")
     restored = ckpt.restore_latest(frozen_base.without(trainer.abstract_state(), rebuilt))
     if restored is None or rebuilt:
@@ -140,7 +143,7 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
         state = {**state, **{k: fresh[k] for k in rebuilt}}
         base = (f"; the frozen base rebuilt from {init_folder if cfg.init_from else 'the seed'}"
                 if rebuilt else "")
-        say(f"resuming from checkpoint step {start} in {ckpt.dir}{base}")
+        say(f"resuming from checkpoint step {start} in {ckpt.where}{base}")
     else:
         start, state = 0, fresh
         if cfg.init_from:
@@ -149,7 +152,7 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
     if rebuilt:
         checksum = frozen_base.tree_checksum({k: state[k] for k in rebuilt}, mesh)
         if restored is not None:
-            frozen_base.check_rebuilt(data_state["base"], checksum, start, ckpt.dir)
+            frozen_base.check_rebuilt(data_state["base"], checksum, start, ckpt.where)
         if cfg.init_from and base_files is None:
             base_files = frozen_base.fingerprint(init_folder)
         base_ref = frozen_base.reference(cfg, cfg.init_from and init_folder, base_files,
@@ -246,6 +249,7 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
 
         (out / "ditax_sample.json").write_text(
             json.dumps(trainer.sample_settings(data.latent_shape), indent=2) + "\n")
+    run_dir.close()         # a URL run: its last files uploaded
     result.step = step
     result.state = state
     return result

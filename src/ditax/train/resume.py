@@ -50,10 +50,27 @@ class ResumePolicy:
 
 
 def check_output_dir(path, *, what: str = "output_dir", run_files=("config.yaml",
-                                                                     "checkpoints")) -> None:
+                                                                     "checkpoints"),
+                     urls: bool = False) -> None:
     """:class:`ConfigError` unless ``path`` can hold a run: not a file, its parent creatable
     and writable, and, when it exists and is not empty, a folder holding a run (one of
-    ``run_files``) rather than something else a run would write into."""
+    ``run_files``) rather than something else a run would write into. ``urls``: the caller
+    runs remote URLs through :class:`~ditax.io.remote.runs.RunFolder` (``ditax train``);
+    else a URL is refused. A remote URL is checked by listing it (its filesystem package
+    installed, not a file, not a dataset or other files), a ``file://`` URL as its path."""
+    from ditax.io.remote.urls import check_path_or_url, is_remote, is_url, local_file
+
+    if is_url(path):
+        if not urls:
+            raise ConfigError(f"{what}={path}: this command writes a local folder only; give "
+                              f"a local path")
+        if is_remote(path):
+            from ditax.io.remote.runs import check_run_url
+
+            check_run_url(path.strip(), what, run_files=run_files)
+            return
+        path = local_file(path, what)
+    check_path_or_url(path, what)
     p = path_arg(path, what, ConfigError, "a folder path for the run")
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{what}={path} is a file, not a folder; choose a folder path "
@@ -67,6 +84,24 @@ def check_output_dir(path, *, what: str = "output_dir", run_files=("config.yaml"
     # an existing run folder must take new files; a new one must be creatable
     check_writable_parent(p / "config.yaml" if p.is_dir() else p, what, sep="=",
                           error=ConfigError)
+
+
+def open_run_folder(output_dir, say=print):
+    """The :class:`~ditax.io.remote.runs.RunFolder` a run writes (``.local``): the folder
+    itself for a local path, this host's staging folder, opened and pulled, for a URL. A
+    URL run of several processes is refused (orbax needs one folder all of them write)."""
+    import jax
+
+    from ditax.io.remote.runs import RunFolder
+
+    run = RunFolder(output_dir)
+    if run.remote and jax.process_count() > 1:
+        raise ConfigError(f"output_dir={output_dir}: a run of {jax.process_count()} processes "
+                          f"cannot checkpoint to a URL (orbax merges every process's shards "
+                          f"in one folder they all write, and a URL run writes a per-host "
+                          f"staging folder); give a folder all hosts share, e.g. a gcsfuse "
+                          f"mount /gcs/BUCKET/PATH")
+    return run.open(say)
 
 
 def read_saved_config(out) -> dict | None:
@@ -153,5 +188,5 @@ def write_config(out, cfg_dict: dict) -> None:
     os.replace(tmp, f)
 
 
-__all__ = ["ResumePolicy", "ResumeMismatch", "check_output_dir", "check_resume",
+__all__ = ["ResumePolicy", "ResumeMismatch", "check_output_dir", "check_resume", "open_run_folder",
            "check_structure", "structure_diff", "read_saved_config", "write_config"]

@@ -87,7 +87,7 @@ class RunSession:
         raise NonFiniteLoss(
             f"{self.prefix}loss is {loss} at step {step}; stopping without saving. The last "
             f"good checkpoint is {'step ' + str(kept[-1]) if kept else 'none'} in "
-            f"{self.ckpt.dir}. {fix}")
+            f"{self.ckpt.where}. {fix}")
 
     def tick(self, **postfix) -> None:
         """One step done: advance the bar, showing ``postfix``."""
@@ -104,7 +104,7 @@ class RunSession:
         if stop:
             self.ckpt.wait()
             self.say(f"{self.prefix}stopped by {signal.Signals(self.signal).name}: saved "
-                     f"checkpoint step {step} in {self.ckpt.dir}; the same command resumes "
+                     f"checkpoint step {step} in {self.ckpt.where}; the same command resumes "
                      f"from step {step}")
             self.interrupted = True
         return stop

@@ -1,0 +1,130 @@
+"""Moving files between a local folder and a remote folder (fsspec), checked by size.
+
+Downloads land under a hidden temporary name in the destination folder and are renamed into
+place once their size matches the remote one, so a local copy is never a cut-short file under
+its real name. Uploads are listed back and compared by size before the caller writes its
+commit file (a dataset's ``meta.json``, a checkpoint's ``commit_success.txt``): objects
+appear whole or not at all on object stores, and the commit file goes last, so a reader never
+takes a half upload for a finished one. :func:`host_lock` serialises processes of one host on
+a local folder (``fcntl.flock`` on a ``.lock`` file beside it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+
+from ditax.io.remote.urls import RemoteError, where
+
+
+def join(root: str, name: str) -> str:
+    return f"{root.rstrip('/')}/{name}" if name else root
+
+
+def listing(fs, root: str) -> dict[str, int]:
+    """Relative path → size of every file under ``root`` ({} when nothing is there)."""
+    try:
+        found = fs.find(root, detail=True)
+    except FileNotFoundError:
+        return {}
+    base = fs._strip_protocol(root).rstrip("/") + "/"
+    out = {}
+    for name, info in found.items():
+        name = fs._strip_protocol(name)
+        if info.get("type") != "directory" and name.startswith(base):
+            out[name[len(base):]] = int(info.get("size") or 0)
+    return out
+
+
+def local_listing(folder: pathlib.Path) -> dict[str, int]:
+    """Relative path → size of every file under ``folder`` (hidden temporaries left out)."""
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        return {}
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in
+                                       p.relative_to(folder).parts)}
+
+
+def download(fs, root: str, names, sizes: dict[str, int], folder: pathlib.Path,
+             what: str) -> int:
+    """Fetch ``names`` (relative to ``root``) into ``folder``; each checked against
+    ``sizes`` then renamed into place. Returns the bytes fetched."""
+    folder = pathlib.Path(folder)
+    names = list(names)
+    if not names:
+        return 0
+    tmps = []
+    for name in names:
+        dst = folder / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmps.append(dst.with_name(f".{dst.name}.partial-{os.getpid()}"))
+    try:
+        fs.get([join(root, n) for n in names], [str(t) for t in tmps])
+        for name, tmp in zip(names, tmps):
+            got = tmp.stat().st_size if tmp.exists() else -1
+            if got != sizes[name]:
+                raise RemoteError(f"{what}: {where(fs, join(root, name))} arrived with {got} "
+                                  f"bytes, not its {sizes[name]}; the copy was dropped. Check "
+                                  f"the connection and run again")
+            os.replace(tmp, folder / name)
+    except RemoteError:
+        raise
+    except Exception as e:  # noqa: BLE001 - network, permissions: one line
+        raise RemoteError(f"{what}: could not download from {where(fs, root)} "
+                          f"({type(e).__name__}: {str(e).strip()[:200]})") from None
+    finally:
+        for t in tmps:
+            t.unlink(missing_ok=True)
+    return sum(sizes[n] for n in names)
+
+
+def upload(fs, folder: pathlib.Path, names, root: str) -> None:
+    """Put ``names`` (relative to local ``folder``) under ``root`` and check each arrived
+    whole (sizes listed back); :class:`OSError` otherwise (the caller says what to do)."""
+    folder = pathlib.Path(folder)
+    names = list(names)
+    if not names:
+        return
+    fs.put([str(folder / n) for n in names], [join(root, n) for n in names])
+    there = listing(fs, root)
+    short = [n for n in names if there.get(n) != (folder / n).stat().st_size]
+    if short:
+        raise OSError(f"{len(short)} uploaded files are missing or of another size at "
+                      f"{where(fs, root)} (e.g. {short[0]})")
+
+
+def put_bytes(fs, path: str, data: bytes) -> None:
+    """One small object (a commit file), written whole."""
+    fs.pipe_file(path, data)
+
+
+def remove(fs, path: str) -> None:
+    """``path`` and everything under it, gone (nothing there is fine)."""
+    with contextlib.suppress(FileNotFoundError):
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+
+@contextlib.contextmanager
+def host_lock(folder: pathlib.Path, *, wait: bool = True, busy: str = ""):
+    """Hold an exclusive lock on ``folder`` among this host's processes; ``wait=False``
+    raises :class:`RemoteError` (``busy``) instead of waiting when another holds it."""
+    import fcntl
+
+    lock = pathlib.Path(f"{folder}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise RemoteError(busy or f"{folder} is in use by another process") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+__all__ = ["join", "listing", "local_listing", "download", "upload", "put_bytes", "remove",
+           "host_lock"]

@@ -1,0 +1,268 @@
+"""Datasets and runs at URLs (issue 44 part 4, ditax.io.remote): a dataset read through this
+host's mirror trains as the local copy does, ``ditax preprocess`` writes to a URL (meta.json
+last), a run whose output_dir is a URL checkpoints there (orbax writes a local staging folder;
+each finished step is uploaded, commit_success.txt last) and resumes from it bit for bit, a
+half-uploaded checkpoint is never restored from, and a dozen wrong URLs are one line each.
+
+``memory://`` is fsspec's in-process filesystem (no OS path: what orbax cannot write, so the
+staging design is what runs); ``file://`` URLs are the local paths they name.
+``flakymem://`` (registered here) is ``memory://``'s store with uploads that fail on demand.
+"""
+
+import json
+import os
+import shutil
+import uuid
+
+import fsspec
+import jax
+import numpy as np
+import PIL.Image
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from ditax.cli import main as cli_main
+from ditax.io.remote.dataset_output import upload_dataset
+from ditax.io.remote.urls import ENV
+from ditax.parallel.mesh import make_mesh
+from ditax.train.checkpoint import CheckpointSaveError
+from ditax.train.loop import train
+from ditax.train.step import Trainer
+from latent_datasets import run_cfg, write_dataset
+
+pytestmark = pytest.mark.usefixtures("fast_compile")
+
+
+class FlakyMemory(MemoryFileSystem):
+    """``memory://``'s store under another protocol; an upload whose path holds
+    ``fail_on`` fails halfway (the files before it arrived, it and those after did not)."""
+
+    protocol = "flakymem"
+    fail_on: str | None = None
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        if isinstance(path, str) and path.startswith("flakymem://"):
+            path = path[len("flakymem://"):]
+        return super()._strip_protocol(path)
+
+    def put_file(self, lpath, rpath, **kw):
+        if self.fail_on and self.fail_on in rpath:
+            raise ConnectionError("connection reset by peer (simulated)")
+        return super().put_file(lpath, rpath, **kw)
+
+
+fsspec.register_implementation("flakymem", FlakyMemory, clobber=True)
+MEM = fsspec.filesystem("memory")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory):
+    """This module's host cache (mirrors, staging folders), and memory:// emptied after."""
+    old = os.environ.get(ENV)
+    path = tmp_path_factory.mktemp("remote_cache")
+    os.environ[ENV] = str(path)
+    yield path
+    os.environ.pop(ENV) if old is None else os.environ.__setitem__(ENV, old)
+    MEM.store.clear()
+    MEM.pseudo_dirs[:] = [""]
+
+
+def url(name: str, proto: str = "memory") -> str:
+    return f"{proto}://t-{uuid.uuid4().hex[:8]}/{name}"
+
+
+def forget(cache):
+    """A fresh host: no mirror, no staging folder (what a rerun elsewhere starts from)."""
+    for sub in ("datasets", "runs"):
+        shutil.rmtree(cache / sub, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("ds") / "latents")
+
+
+@pytest.fixture(scope="module")
+def remote_ds(dataset):
+    u = url("latents")
+    upload_dataset(dataset, u)
+    return u
+
+
+@pytest.fixture(scope="module")
+def trainer(dataset):
+    cfg = run_cfg("unused", dataset)
+    return Trainer(cfg, make_mesh(cfg.mesh))
+
+
+@pytest.fixture(scope="module")
+def local_run(dataset, trainer, tmp_path_factory):
+    """The reference: 4 steps on the local dataset into a local folder."""
+    return train(run_cfg(tmp_path_factory.mktemp("local") / "run", dataset, "steps=4"),
+                 trainer=trainer, progress=False)
+
+
+def _same_state(a, b):
+    for x, y in zip(jax.tree.leaves(a.state), jax.tree.leaves(b.state)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _committed(run_url) -> list[int]:
+    root = run_url.split("://", 1)[1]
+    return sorted(int(p.split("/")[-2]) for p in MEM.find(f"/{root}/checkpoints")
+                  if p.endswith("/commit_success.txt") and p.split("/")[-2].isdigit())
+
+
+def test_url_dataset_and_url_run_match_the_local_ones_and_resume_bit_exactly(
+        local_run, remote_ds, trainer, cache, capsys):
+    run = url("run")
+    b1 = train(run_cfg(run, remote_ds, "steps=2"), trainer=trainer, progress=False)
+    said = capsys.readouterr().out
+    assert f"data.source={remote_ds}: downloading 3 files" in said     # 2 record files + meta
+    assert _committed(run) == [2]
+    forget(cache)                           # resume on a "new host": everything from the URL
+    b2 = train(run_cfg(run, remote_ds, "steps=4"), trainer=trainer, progress=False)
+    said = capsys.readouterr().out
+    assert f"resuming from checkpoint step 2 in {run}/checkpoints" in said, said
+    assert b2.resumed_from == 2
+    assert b1.losses + b2.losses == local_run.losses
+    _same_state(local_run, b2)
+    root = run.split("://", 1)[1]
+    rows = [json.loads(line) for line in MEM.cat_file(f"/{root}/metrics.jsonl").splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert MEM.isfile(f"/{root}/config.yaml") and MEM.find(f"/{root}/tb")
+    assert _committed(run) == [2, 4]
+    # the mirror is reused (verified by size, nothing downloaded) by a run on the same host
+    train(run_cfg(url("run2"), remote_ds, "steps=1"), trainer=trainer, progress=False)
+    assert "downloading" not in capsys.readouterr().out
+
+
+def test_file_urls_are_the_local_paths(local_run, dataset, trainer, tmp_path):
+    out = tmp_path / "run"
+    r = train(run_cfg(f"file://{out}", f"file://{os.path.abspath(dataset)}", "steps=4"),
+              trainer=trainer, progress=False)
+    assert r.losses == local_run.losses
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["2", "4"]
+
+
+def test_a_half_uploaded_checkpoint_is_never_resumed_from(local_run, remote_ds, trainer,
+                                                          cache, capsys):
+    run = url("run", "flakymem")
+    FlakyMemory.fail_on = "/checkpoints/4/state/"   # step 4's upload dies halfway
+    try:
+        with pytest.raises(CheckpointSaveError) as e:
+            train(run_cfg(run, remote_ds, "steps=4"), trainer=trainer, progress=False)
+    finally:
+        FlakyMemory.fail_on = None
+    msg = str(e.value)
+    assert f"checkpoint step 4 could not be uploaded to {run}/checkpoints" in msg, msg
+    assert "resumes from checkpoint step 2" in msg and len(msg.splitlines()) == 1
+    root = run.split("://", 1)[1]
+    assert MEM.isfile(f"/{root}/checkpoints/4/_CHECKPOINT_METADATA")    # half of it is there
+    assert _committed(run) == [2]
+    forget(cache)
+    capsys.readouterr()
+    r = train(run_cfg(run, remote_ds, "steps=4"), trainer=trainer, progress=False)
+    said = capsys.readouterr().out
+    assert f"ignoring incomplete upload {run}/checkpoints/4 (no commit_success.txt" in said
+    assert r.resumed_from == 2 and r.losses == local_run.losses[2:]
+    _same_state(local_run, r)
+    assert _committed(run) == [2, 4]
+
+
+def _preprocess(videos, out, *extra):
+    return cli_main(["preprocess", str(videos), out, "--model", "demo", "--height", "32",
+                     "--width", "32", "--frames", "1", "--text-len", "8", "--no-progress",
+                     *extra])
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    v = tmp_path_factory.mktemp("videos")
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        PIL.Image.fromarray(rng.integers(0, 255, (32, 32, 3), np.uint8)).save(v / f"{i}.png")
+        (v / f"{i}.txt").write_text(f"picture {i}")
+    return v
+
+
+def test_preprocess_to_a_url_then_train_from_it(images, trainer, cache, capsys):
+    out = url("latents")
+    assert _preprocess(images, out) == 0
+    said = capsys.readouterr().out
+    assert f"train with data.source={out}" in said, said
+    root = out.split("://", 1)[1]
+    meta = json.loads(MEM.cat_file(f"/{root}/meta.json"))
+    assert meta["num_samples"] == 3 and all(MEM.isfile(f"/{root}/{f}") for f in meta["files"])
+    assert not (cache / "preprocess").exists() or not any((cache / "preprocess").rglob("*.array_record"))
+    # the demo's latents (16 channels, 64-wide text) fit the tiny model: its trainer retraces
+    r = train(run_cfg(url("run"), out, "steps=1"), trainer=trainer, progress=False)
+    assert r.step == 1 and np.isfinite(r.losses).all()
+    # a URL that holds a dataset now: refused, one line, nothing encoded
+    assert _preprocess(images, out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"output {out} already holds a dataset (meta.json)" in err[0]
+
+
+def _refused(args, *needles):
+    """``ditax ARGS`` exits 2 with one line on stderr that holds every needle."""
+    import io
+    import contextlib
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = cli_main(args)
+    lines = err.getvalue().strip().splitlines()
+    assert rc == 2 and len(lines) == 1, (rc, lines)
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def test_wrong_urls_are_one_line_each_before_anything_loads(remote_ds, tmp_path):
+    bad = url("bad")
+    root = bad.split("://", 1)[1]
+    MEM.pipe_file(f"/{root}/nometa/data-00000.array_record", b"x")
+    MEM.pipe_file(f"/{root}/garbled/meta.json", b"{not json")
+    MEM.pipe_file(f"/{root}/short/meta.json", json.dumps(
+        {"format": "ditax-latents", "version": 1, "files": ["data-00000.array_record"]}).encode())
+    MEM.pipe_file(f"/{root}/other/photo.jpg", b"x")
+    MEM.pipe_file(f"/{root}/a-file", b"x")
+
+    def train_with(*kv):
+        return ["train", "tiny", "steps=1", *kv]
+
+    ok_out = f"output_dir={tmp_path / 'run'}"
+    cases = [
+        (train_with("data.source=gs://bucket/latents", ok_out),
+         ["data.source=gs://bucket/latents", "pip install gcsfs"]),
+        (train_with("data.source=s3://bucket/latents", ok_out), ["pip install s3fs"]),
+        (train_with("data.source=nosuchfs://bucket/latents", ok_out),
+         ["unknown protocol 'nosuchfs://'"]),
+        (train_with("data.source=memory://", ok_out), ["names no bucket or folder"]),
+        (train_with("data.source=gs:/bucket/latents", ok_out),
+         ["is no URL (one slash", "gs://bucket/latents"]),
+        (train_with("data.source=file://host/latents", ok_out), ["file:///ABSOLUTE/PATH"]),
+        (train_with(f"data.source={bad}/nothing", ok_out), ["does not exist"]),
+        (train_with(f"data.source={bad}/nometa", ok_out),
+         ["has no meta.json", "upload has not finished"]),
+        (train_with(f"data.source={bad}/garbled", ok_out), ["is not valid JSON"]),
+        (train_with(f"data.source={bad}/short", ok_out),
+         ["missing there: ['data-00000.array_record']"]),
+        (train_with(f"data.source={bad}/a-file", ok_out), ["is a file, not a dataset folder"]),
+        (train_with("output_dir=gs://bucket/run"), ["output_dir=gs://bucket/run",
+                                                    "pip install gcsfs"]),
+        (train_with(f"output_dir={remote_ds}"), ["holds a dataset (meta.json), not a run"]),
+        (train_with(f"output_dir={bad}/other"), ["non-empty folder that holds no run"]),
+        (train_with(f"output_dir={bad}/a-file"), ["is a file, not a folder"]),
+        (["train-vae", f"output_dir={bad}/vae", f"data.source={tmp_path}"],
+         ["writes a local folder only"]),
+        (["preprocess", str(tmp_path), "s3://bucket/latents", "--model", "demo"],
+         ["pip install s3fs"]),
+        (["preprocess", str(tmp_path), remote_ds, "--model", "demo"],
+         ["already holds a dataset (meta.json)"]),
+        (["preprocess", str(tmp_path), f"{bad}/other", "--model", "demo"], ["is not empty"]),
+    ]
+    for args, needles in cases:
+        _refused(args, *needles)
+    assert not MEM.exists(f"/{root}/vae")
