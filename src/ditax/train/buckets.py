@@ -136,7 +136,7 @@ def pixel_step(family: str, model) -> int:
     for s in range(1, 1025):
         if _side_ok(family, model, f, s):
             return s
-    raise _fail(f"no side up to 1024 pixels is on the {family} latent grid")    # not reached
+    raise _fail(f"no side up to 1024 pixels is on the {family} latent grid")   # never, today
 
 
 def _nearest(v: int, ok) -> int:
@@ -160,6 +160,7 @@ def check_bucket(b: Bucket, family: str, model, step: int, flag: str = "--bucket
 
     fix = Bucket(_nearest(b.width, side_ok), _nearest(b.height, side_ok),
                  _nearest(b.frames, frames_ok))
+    name = family.capitalize()
     if fix == b:
         g = _grid(family, model, b.frames, b.height, b.width)
         if not isinstance(g, Exception):
@@ -168,10 +169,12 @@ def check_bucket(b: Bucket, family: str, model, step: int, flag: str = "--bucket
     why = []
     if not frames_ok(b.frames):
         why.append(str(_grid(family, model, b.frames, step, step)).split(";")[0])
+    if flag == "--frames":
+        raise _fail(f"--frames {b.frames}: {why[0]}; the nearest valid count is {fix.frames}")
     if fix.size != b.size:
-        why.append(f"width and height must be multiples of {step} (the {family} VAE's factor "
+        why.append(f"width and height must be multiples of {step} (the {name} VAE's factor "
                    f"times the transformer's {PATCH}x{PATCH} patch)")
-    raise _fail(f"{flag} {b.name} is not on the {family} latent grid: {'; '.join(why)}; the "
+    raise _fail(f"{flag} {b.name} is not on the {name} latent grid: {'; '.join(why)}; the "
                 f"nearest valid bucket is {fix.name}")
 
 
