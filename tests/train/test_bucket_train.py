@@ -217,3 +217,65 @@ def test_resume_mid_epoch_is_bit_exact_across_a_bucket_change(two, full_run, tra
     assert b1.losses + b2.losses == r.losses and b1.buckets + b2.buckets == r.buckets
     for x, y in zip(jax.tree.leaves(r.state), jax.tree.leaves(b2.state)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+# ----------------------------------------------------------------------------------------------
+# other run kinds and families on buckets (a step of each shape)
+
+
+def test_flux_lora_run_on_image_buckets(tmp_path):
+    """FLUX.1 (image buckets of two aspect ratios, frame 1; its shift from each one's token
+    count) trains LoRA adapters on both."""
+    ds, _ = write_bucketed(tmp_path / "ds", {"64x64x1": 5, "128x64x1": 3}, text_shape=(8, 32),
+                           shapes={"64x64x1": (16, 1, 8, 8), "128x64x1": (16, 1, 8, 16)},
+                           condition=lambda shape: {"pooled": (32,)})
+    cfg = load_config("flux-tiny", [f"data.source={ds}", f"output_dir={tmp_path / 'run'}",
+                                    "batch_size=2", "steps=2", "lora.rank=4", *MESH])
+    r = train(cfg, mesh=make_mesh(ONE, jax.devices()[:1]), progress=False)
+    assert r.buckets == ["64x64x1", "128x64x1"] and np.all(np.isfinite(r.losses))
+    assert (tmp_path / "run" / "lora.safetensors").is_file()
+
+
+def test_distill_run_on_buckets(two, tmp_path):
+    """A DMD2 step on a bucketed dataset (its schedule and critic shift come from the batch's
+    shape, as the plain step's flow does); the student's sample settings at the most drawn
+    bucket's shape. One step: each further shape is one more compile of the same program."""
+    r = train(cfg_for(two[0], tmp_path, "steps=1", "distill.method=dmd2",
+                      "distill.critic_updates=1", "distill.steps=2", "distill.guidance=2",
+                      "distill.backward_simulation=false"),
+              mesh=make_mesh(ONE, jax.devices()[:1]), progress=False)
+    assert r.buckets == ["64x64x5"] and np.all(np.isfinite(r.losses))
+    sample = json.loads((tmp_path / "ditax_sample.json").read_text())
+    assert sample["num_inference_steps"] == 2 and sample["guidance_scale"] == 1.0
+
+
+def test_image_to_video_condition_per_bucket_and_refusals_name_the_bucket(tmp_path):
+    """Wan I2V: each bucket stores its condition entries (mask + latents on its grid, CLIP
+    features) and the batches carry them; a bucket that does not fit the model is refused in
+    the dataset's words, naming the bucket."""
+    i2v = ["model.in_channels=36", "model.image_dim=24", "model.added_kv_proj_dim=128",
+           "batch_size=2"]
+    cond = {"64x64x5": {"condition": (20, 2, 8, 8), "image": (257, 24)},
+            "128x64x5": {"condition": (20, 2, 8, 16), "image": (257, 24)}}
+    ds, _ = write_bucketed(tmp_path / "ok", {"64x64x5": 2, "128x64x5": 2},
+                           condition=lambda shape: cond["64x64x5" if shape[-1] == 8
+                                                        else "128x64x5"])
+    it = BatchIterator(load_config("tiny", [*i2v, f"data.source={ds}"]))
+    for _ in range(4):
+        batch = next(it)
+        assert batch["condition"].shape == (2, *cond[it.bucket]["condition"])
+        assert batch["image"].shape == (2, 257, 24)
+    bad, _ = write_bucketed(tmp_path / "bad", {"64x64x5": 2, "128x64x5": 2},
+                            condition=lambda shape: {"condition": (20, 2, 8, 8),
+                                                     "image": (257, 24)})
+    with pytest.raises(DataSourceError, match=r"\(bucket 128x64x5\): condition shape "
+                                              r"\[20, 2, 8, 8\] != the model's \[20, 2, 8, 16\]"):
+        BatchIterator(load_config("tiny", [*i2v, f"data.source={bad}"]))
+    with pytest.raises(DataSourceError, match=r"\(bucket 64x64x5\) has no condition, image "
+                                              r"entries"):
+        BatchIterator(load_config("tiny", [*i2v, f"data.source={tmp_path / 'plain'}"])
+                      if write_bucketed(tmp_path / "plain", {"64x64x5": 1}) else None)
+    wide, _ = write_bucketed(tmp_path / "wide", {"64x64x5": 1}, shapes={"64x64x5": (4, 2, 8, 8)})
+    with pytest.raises(DataSourceError, match=r"\(bucket 64x64x5\): latents have 4 channels but "
+                                              r"the wan model takes 16"):
+        BatchIterator(load_config("tiny", [f"data.source={wide}"]))

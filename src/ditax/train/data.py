@@ -23,6 +23,16 @@ per-epoch shuffle of the records (grain ``MapDataset``), cut into per-process ch
 process ``p`` reads only chunk ``k·P+p``. So 2 processes × 4 devices see exactly the batches of
 1 process × 8 devices, and the iterator state (``{"next_index": k}``) is the same number on
 every process, which makes it safe to save once in the checkpoint.
+
+A bucketed dataset's stream (:mod:`ditax.train.bucket_data`) keeps those properties with one
+bucket a batch: global batch ``k``'s bucket is a draw from the bucket weights
+(``data.bucket_weights``, by default the buckets' sample counts) seeded by ``(seed, k //
+1024)``; if it is bucket ``b``'s ``j``-th batch it holds records ``j·B … (j+1)·B-1`` of ``b``'s
+own per-epoch shuffled stream (its shuffle and text dropout seeded by the seed and the bucket's
+name), process ``p`` reading ``j·B + p·B/P …``; the state is still ``{"next_index": k}`` (the
+per-bucket positions are replayed from the draws). A bucket smaller than the batch repeats
+records within a batch (from two reshuffled epochs of its stream). A version-1 dataset and the
+synthetic source keep the single-shape stream above, unchanged.
 """
 
 from __future__ import annotations

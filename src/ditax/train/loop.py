@@ -77,7 +77,8 @@ def say_buckets(buckets, say) -> None:
 
 def bucket_summary(by_bucket: dict[str, list[float]], last: int = 10) -> str:
     """The loss of each bucket over this run's steps: the mean of its last ``last``."""
-    parts = [f"{name} {sum(v[-last:]) / len(v[-last:]):.4f} ({len(v)} steps)"
+    parts = [f"{name} {sum(v[-last:]) / len(v[-last:]):.4f} ({len(v)} step"
+             f"{'s' if len(v) > 1 else ''})"
              for name, v in by_bucket.items()]
     return f"loss per bucket (mean of each one's last {last} steps): {', '.join(parts)}"
 
