@@ -53,6 +53,11 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("four clips per encoder call, in bf16",
          "ditax preprocess videos/ data/latents-bf16 --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers "
          "--height 480 --width 832 --frames 81 --batch 4 --dtype bfloat16"),
+        ("landscape, portrait and square clips and stills in shape buckets, the clips split "
+         "over 4 machines (this one: --process-id 0; the last to finish writes meta.json)",
+         "ditax preprocess videos/ data/buckets --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers "
+         "--buckets 832x480x81,480x832x81,624x624x81,832x480x1 --num-processes 4 "
+         "--process-id 0"),
     ],
     "convert": [
         ("check a transformer folder: config.json against the safetensors headers",
