@@ -384,8 +384,18 @@ def prepare(videos, output, model, *, height=None, width=None, frames=None, text
     else:
         job.complete = parts.check_parts_output(output, n) == "complete"
     check_model(model)
-    if job.complete:
-        return job
+    if n > 1:      # every part must come from the same clips and settings: checked first
+        listed, problems = list_samples(videos)
+        job.settings = {"kind": "buckets" if bset else "single", "model": str(model),
+                        "family": family, "dtype": dtype, "text_len": text_len,
+                        "resize": resize, "clips": parts.clips_digest(listed),
+                        "num_clips": len(listed),
+                        **({"buckets": [b.name for b in bset.buckets]} if bset else
+                           {"size": [job.width, job.height, job.frames]})}
+        parts.check_settings(output, n, job.settings)
+        own = parts.read_part(pathlib.Path(output) / parts.part_name(k, n))
+        if job.complete or own is not None:
+            return job          # nothing to encode: run() says so (and merges if it can)
     if bset is not None:
         job.plan = plan_buckets(videos, bset, part=(k, n), say=say)
         job.samples = job.plan.samples
@@ -395,21 +405,11 @@ def prepare(videos, output, model, *, height=None, width=None, frames=None, text
         job.samples = find_samples(videos, height=job.height, width=job.width,
                                    frames=job.frames)
     else:      # every caption and the reference counts; this process's chunk's files
-        listed, problems = list_samples(videos)
         start, end = chunk(len(listed), k, n)
         mine = [v for v, _ in listed[start:end]]
         problems += size_problems(mine, job.height, job.width)
         problems += sidecar_problems([v for v, _ in listed], job.frames, masked=mine)
         job.samples = checked_samples(videos, listed, problems)[start:end]
-    if n > 1:
-        listed = job.plan.samples if job.plan else listed
-        job.settings = {"kind": "buckets" if bset else "single", "model": str(model),
-                        "family": family, "dtype": dtype, "text_len": text_len,
-                        "resize": resize, "clips": parts.clips_digest(listed),
-                        "num_clips": len(listed),
-                        **({"buckets": [b.name for b in bset.buckets]} if bset else
-                           {"size": [job.width, job.height, job.frames]})}
-        parts.check_settings(output, n, job.settings)
     return job
 
 
