@@ -31,6 +31,12 @@ frame that is not binary are named with their files before any encoding
 family's encoder (:class:`~ditax.models.base.TextEncoding` ``extra``, e.g. a pooled vector) are
 stored with each sample like its condition entries. The result is the ArrayRecord dataset of
 :mod:`ditax.train.data`.
+
+Mixed material (landscape and portrait clips, stills, different lengths) goes into one dataset
+of several shapes with ``--buckets`` / ``--bucket-area`` (:mod:`ditax.train.buckets`,
+:mod:`ditax.train.preprocess_buckets`; ``meta.json`` version 2), and N processes write one
+dataset with ``--num-processes N --process-id K`` (:mod:`ditax.train.preprocess_parts`).
+:func:`prepare` checks a run before any model loads; :func:`run` encodes it.
 """
 
 from __future__ import annotations
