@@ -99,8 +99,11 @@ def trainer(dataset):
 @pytest.fixture(scope="module")
 def local_run(dataset, trainer, tmp_path_factory):
     """The reference: 4 steps on the local dataset into a local folder."""
-    return train(run_cfg(tmp_path_factory.mktemp("local") / "run", dataset, "steps=4"),
-                 trainer=trainer, progress=False)
+    out = tmp_path_factory.mktemp("local") / "run"
+    r = train(run_cfg(out, dataset, "steps=4"), trainer=trainer, progress=False)
+    r.folder = out
+    return r
+
 
 
 def _same_state(a, b):
@@ -114,17 +117,26 @@ def _committed(run_url) -> list[int]:
                   if p.endswith("/commit_success.txt") and p.split("/")[-2].isdigit())
 
 
+@pytest.fixture(scope="module")
+def url_run(remote_ds, trainer, cache):
+    """2 steps into a run at a URL, then, as on a new host (no mirror, no staging folder),
+    the same run to 4 steps: ``(url, first, second, what each said)``."""
+    run, said = url("run"), ([], [])
+    b1 = train(run_cfg(run, remote_ds, "steps=2"), trainer=trainer, progress=False,
+               say=said[0].append)
+    committed = _committed(run)
+    forget(cache)
+    b2 = train(run_cfg(run, remote_ds, "steps=4"), trainer=trainer, progress=False,
+               say=said[1].append)
+    return run, b1, b2, ["\n".join(s) for s in said], committed
+
+
 def test_url_dataset_and_url_run_match_the_local_ones_and_resume_bit_exactly(
-        local_run, remote_ds, trainer, cache, capsys):
-    run = url("run")
-    b1 = train(run_cfg(run, remote_ds, "steps=2"), trainer=trainer, progress=False)
-    said = capsys.readouterr().out
-    assert f"data.source={remote_ds}: downloading 3 files" in said     # 2 record files + meta
-    assert _committed(run) == [2]
-    forget(cache)                           # resume on a "new host": everything from the URL
-    b2 = train(run_cfg(run, remote_ds, "steps=4"), trainer=trainer, progress=False)
-    said = capsys.readouterr().out
-    assert f"resuming from checkpoint step 2 in {run}/checkpoints" in said, said
+        local_run, url_run, remote_ds, trainer, capsys):
+    run, b1, b2, said, committed = url_run
+    assert f"data.source={remote_ds}: downloading 3 files" in said[0]   # 2 record files + meta
+    assert committed == [2]
+    assert f"resuming from checkpoint step 2 in {run}/checkpoints" in said[1], said[1]
     assert b2.resumed_from == 2
     assert b1.losses + b2.losses == local_run.losses
     _same_state(local_run, b2)
@@ -266,3 +278,43 @@ def test_wrong_urls_are_one_line_each_before_anything_loads(remote_ds, tmp_path)
     for args, needles in cases:
         _refused(args, *needles)
     assert not MEM.exists(f"/{root}/vae")
+
+
+def test_export_reads_a_url_run_and_writes_to_a_url(url_run, local_run, tmp_path, capsys):
+    """The URL run's step 4 exported to a URL: the base's components, the checkpoint's
+    transformer (the local reference run's weights, bit for bit: its resume was exact)."""
+    from ditax.demo import build_pipeline_folder
+
+    run = url_run[0]
+    base = build_pipeline_folder(tmp_path / "base")     # the tiny model's architecture:
+    config = json.loads((base / "transformer" / "config.json").read_text())
+    (base / "transformer" / "config.json").write_text(json.dumps({**config, "freq_dim": 32}))
+    out = url("exported")
+    assert cli_main(["export", run, "--out", out, "--base", str(base)]) == 0
+    said = capsys.readouterr().out
+    assert f"wrote {out}: transformer from checkpoint step 4 of {run}" in said, said
+    root = out.split("://", 1)[1]
+    got = sorted(p[len(root) + 2:] for p in MEM.find(f"/{root}"))
+    assert {"model_index.json", "transformer/config.json", "vae/config.json"} <= set(got), got
+    from safetensors.numpy import load
+
+    from ditax.io.convert import export
+    from ditax.models.base import model_family
+    from ditax.train.checkpoint import read_params
+    from ditax.train.export import _abstract_params
+
+    family = model_family(run_cfg("x", "y").model)      # step 4 of the URL run, bit for bit
+    want = export(family.weight_table(), read_params(
+        local_run.folder / "checkpoints", 4, _abstract_params(family)[0])[0])
+    have = {}
+    for name in got:
+        if name.startswith("transformer/") and name.endswith(".safetensors"):
+            have.update(load(MEM.cat_file(f"/{root}/{name}")))
+    assert have.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(have[k], np.asarray(want[k]), err_msg=k)
+    _refused(["export", run, "--out", out, "--base", str(base)],
+             f"--out {out} exists and is not an empty folder")
+    _refused(["export", run, "--out", url("x"), "--base", str(base), "--link"],
+             "drop --link or give a local --out")
+    _refused(["export", url("nothing"), "--out", str(tmp_path / "x")], "does not exist")

@@ -15,6 +15,12 @@ are its export; a ``ditax train-vae`` run naming its VAE folder), a finished che
 ``--step`` asked, ``--out`` new or empty, and a base that is a pipeline folder of the run's
 family and architecture. A partly frozen run (a VACE branch trained) whose checkpoints leave the
 frozen base out takes it from ``init_from``, as its resume does.
+
+``RUN_DIR`` may be a run at a URL (``ditax train ... output_dir=gs://...``): its
+``config.yaml`` and the one checkpoint step exported are downloaded into this host's cache
+(committed steps only, :mod:`ditax.io.remote.runs`). ``--out`` may be a URL: the folder is
+written locally as for a local ``--out``, checked, then uploaded with ``model_index.json``
+last (:mod:`ditax.io.remote.folders`); ``--link`` needs a local ``--out``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ class ExportPlan:
     cfg: object                 # the run's Config (its config.yaml)
     dtype: str | None
     link: bool
+    run_url: str | None = None  # RUN_DIR as given when a URL (``run``: its local copy)
+    out_url: str | None = None  # --out as given when a URL (``out``: the staging folder)
+    steps: object = None        # a URL run's StepSync (fetches the step exported)
 
 
 def _run_folder(run) -> pathlib.Path:
@@ -56,10 +65,13 @@ def _run_folder(run) -> pathlib.Path:
     return p
 
 
-def _lora_refusal(run: pathlib.Path, cfg) -> str:
+def _lora_refusal(run, cfg, names=None) -> str:
+    """``names``: the files at the top of the run (a URL run's; None: listed here)."""
     from ditax.lora.export import ORIGINAL_FILE, PEFT_FILE
 
-    files = [run / f for f in (PEFT_FILE, ORIGINAL_FILE) if (run / f).is_file()]
+    if names is None:
+        names = {f for f in (PEFT_FILE, ORIGINAL_FILE) if (pathlib.Path(run) / f).is_file()}
+    files = [f"{str(run).rstrip('/')}/{f}" for f in (PEFT_FILE, ORIGINAL_FILE) if f in names]
     base = cfg.init_from or "its base model"
     if files:
         have = (f"its adapters are already written as LoRA files: {files[0]} (diffusers) and "
@@ -85,38 +97,70 @@ def plan_export(run, out, *, step: int | None = None, base=None, dtype: str | No
     from ditax.models.common.single_files import check_out
     from ditax.train.checkpoint import finished_steps
 
+    from ditax.io.remote.urls import check_path_or_url, is_remote, is_url, local_file
+
+    run_url = sync = names = None
+    if is_remote(run):          # a run at a URL: read from a local copy (its config.yaml)
+        from ditax.io.remote.folders import run_copy
+
+        run_url = run.strip()
+        copy, sync, names = run_copy(run_url, "RUN_DIR", ConfigError)
+        if "config.yaml" not in names:
+            raise ConfigError(f"RUN_DIR {run_url} has no config.yaml, so it is no training "
+                              f"run; pass the output_dir of a ditax train run")
+        run = copy
+    elif is_url(run):
+        run = local_file(run, "RUN_DIR", ConfigError)
+    check_path_or_url(run, "RUN_DIR", ConfigError)
     run = _run_folder(run)
+    shown = run_url or run          # what messages name
     saved = read_yaml(run / "config.yaml", what="the run's saved config",
                       fix="it records the run; restore it")
     if isinstance(saved, dict) and "model" not in saved and "vae" in saved:
-        raise ConfigError(f"RUN_DIR {run} is a VAE run (ditax train-vae): its VAE is written "
-                          f"as a diffusers folder in {run / 'vae'} when it finishes; ditax "
-                          f"export writes transformer runs")
+        raise ConfigError(f"RUN_DIR {shown} is a VAE run (ditax train-vae): its VAE is "
+                          f"written as a diffusers folder in {shown}/vae when it finishes; "
+                          f"ditax export writes transformer runs")
     cfg = load_config(str(run / "config.yaml"), [])
     if cfg.lora.rank:
-        raise ConfigError(_lora_refusal(run, cfg))
-    steps = finished_steps(run / "checkpoints")
+        raise ConfigError(_lora_refusal(shown, cfg, names))
+    steps = sync.committed() if sync is not None else finished_steps(run / "checkpoints")
     if not steps:
-        raise ConfigError(f"RUN_DIR {run} holds no finished checkpoint in "
-                          f"{run / 'checkpoints'}; train it further (a checkpoint is written "
-                          f"every checkpoint.every steps and at the end), or pass another run")
+        raise ConfigError(f"RUN_DIR {shown} holds no finished checkpoint in "
+                          f"{str(shown).rstrip('/')}/checkpoints; train it further (a "
+                          f"checkpoint is written every checkpoint.every steps and at the "
+                          f"end), or pass another run")
     if step is None:
         step = steps[-1]
     elif step not in steps:
-        raise ConfigError(f"--step {step}: {run} has checkpoints at steps "
+        raise ConfigError(f"--step {step}: {shown} has checkpoints at steps "
                           f"{', '.join(map(str, steps))}; pass one of them (default: the "
                           f"newest, {steps[-1]})")
+    out_url = None
+    if is_remote(out):          # written here, then uploaded (model_index.json last)
+        from ditax.io.remote.folders import check_new_url, staging
+
+        if link:
+            raise ConfigError(f"--link links the base's files into --out, which a URL "
+                              f"({out}) cannot hold; drop --link or give a local --out")
+        out_url = out.strip()
+        check_new_url(out_url, "--out", ConfigError)
+        out = staging(out_url, "export-out")
+        shutil.rmtree(out, ignore_errors=True)      # an earlier, unfinished try
+    elif is_url(out):
+        out = local_file(out, "--out", ConfigError)
+    check_path_or_url(out, "--out", ConfigError)
     out = check_out(path_arg(out, "--out", ConfigError, "a new folder for the pipeline"), dtype)
     if base is not None:
         path_arg(base, "--base", ConfigError, "a pipeline folder or a hub id")
     name = cfg.model.family
-    what = f"ditax export {run}"
+    what = f"ditax export {shown}"
     for capability in ("init_from", "quantize", "folder_check"):
         registry.require(name, capability, what, "export a run of a family that has it")
-    return ExportPlan(run, out, step, _base_folder(run, cfg, base), cfg, dtype, link)
+    return ExportPlan(run, out, step, _base_folder(shown, cfg, base), cfg, dtype, link,
+                      run_url=run_url, out_url=out_url, steps=sync)
 
 
-def _base_folder(run: pathlib.Path, cfg, base) -> pathlib.Path:
+def _base_folder(run, cfg, base) -> pathlib.Path:
     """The pipeline folder the other components come from (``--base`` or the run's
     ``init_from``), checked to be one of the run's family and architecture."""
     from ditax.models.base import model_family
@@ -253,10 +297,13 @@ def export_run(plan: ExportPlan, say=print) -> pathlib.Path:
     cfg = plan.cfg
     family = model_family(cfg.model, cfg.attention)
     abstract, mesh = _abstract_params(family)
+    if plan.steps is not None:          # a URL run: the step exported, downloaded
+        plan.steps.fetch(plan.step, say)
     params, missing = read_params(plan.run / "checkpoints", plan.step, abstract)
+    shown = plan.run_url or plan.run
     if missing:     # a partly frozen run: its frozen base is init_from's, as on resume
         if not cfg.init_from:
-            raise ConfigError(f"checkpoint step {plan.step} of {plan.run} leaves out "
+            raise ConfigError(f"checkpoint step {plan.step} of {shown} leaves out "
                               f"{len(missing)} frozen weights (e.g. {missing[0]}), built from "
                               f"the seed at training time; ditax export takes them only from "
                               f"init_from, which the run had none of")
@@ -281,10 +328,16 @@ def export_run(plan: ExportPlan, say=print) -> pathlib.Path:
         if cfg.distill.method != "none":
             _student_settings(tmp, cfg, family, say)
     how = "linked" if plan.link else "copied"
-    say(f"wrote {plan.out}: transformer from checkpoint step {plan.step} of {plan.run}; "
-        f"{', '.join(p.name for p in others)} {how} from {plan.base}")
-    say(type(family).check_folder(plan.out / "transformer", None))
-    return plan.out
+    checked = type(family).check_folder(plan.out / "transformer", None)
+    if plan.out_url is not None:
+        from ditax.io.remote.folders import upload_folder
+
+        upload_folder(plan.out, plan.out_url, "model_index.json", ConfigError)
+        shutil.rmtree(plan.out, ignore_errors=True)
+    say(f"wrote {plan.out_url or plan.out}: transformer from checkpoint step {plan.step} of "
+        f"{shown}; {', '.join(p.name for p in others)} {how} from {plan.base}")
+    say(checked)
+    return plan.out if plan.out_url is None else plan.out_url
 
 
 __all__ = ["ExportPlan", "plan_export", "export_run"]
