@@ -192,7 +192,9 @@ def test_mixed_material_makes_one_dataset_of_several_shapes(clips, tmp_path, cap
     assert said[-2] == ("4 samples in 4 bucket(s): 48x32x9 1, 48x32x5 1, 32x48x5 1, 48x32x1 1; "
                         "1 clip(s) skipped (fit no bucket); resize=crop (center, cover), never "
                         "stretched"), said
-    assert "[1/4] land.mp4 -> 48x32x9: latents (16, 3, 8, 12)" in said, said
+    assert said[1] == ("4 clip(s) to encode: 48x32x9 1, 48x32x5 1, 32x48x5 1, 48x32x1 1; "
+                       "1 skipped"), said
+    assert said[2] == "[1/4] land.mp4 -> 48x32x9: latents (16, 3, 8, 12)", said
     meta = read_meta(out)
     assert meta["version"] == 2 and meta["num_samples"] == 4 and meta["num_processes"] == 1
     assert meta["text_shape"] == [8, 64] and meta["null_text"] == "null_text.safetensors"

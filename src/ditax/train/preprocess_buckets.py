@@ -97,6 +97,8 @@ def plan_buckets(videos, buckets: BucketSet, *, part: tuple[int, int] = (0, 1),
     checked_samples(folder, samples, problems)
     for s in plan.skipped:
         say(f"skip {s['file']}: {s['why']}")
+    per = ", ".join(f"{k} {v}" for k, v in plan.counts().items()) or "none"
+    say(f"{len(plan.clips)} clip(s) to encode: {per}; {len(plan.skipped)} skipped")
     return plan
 
 
