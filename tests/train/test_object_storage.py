@@ -199,10 +199,20 @@ def images(tmp_path_factory):
     return v
 
 
-def test_preprocess_to_a_url_then_train_from_it(images, trainer, cache, capsys):
-    out = url("latents")
-    assert _preprocess(images, out) == 0
-    said = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def preprocessed(images):
+    """``ditax preprocess`` (one process) of the three images to a URL: ``(url, stdout)``."""
+    import contextlib
+    import io
+
+    out, said = url("latents"), io.StringIO()
+    with contextlib.redirect_stdout(said):
+        assert _preprocess(images, out) == 0
+    return out, said.getvalue()
+
+
+def test_preprocess_to_a_url_then_train_from_it(preprocessed, images, trainer, cache, capsys):
+    out, said = preprocessed
     assert f"train with data.source={out}" in said, said
     root = out.split("://", 1)[1]
     meta = json.loads(MEM.cat_file(f"/{root}/meta.json"))
@@ -215,6 +225,62 @@ def test_preprocess_to_a_url_then_train_from_it(images, trainer, cache, capsys):
     assert _preprocess(images, out) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"output {out} already holds a dataset (meta.json)" in err[0]
+
+
+def _records(source) -> list[bytes]:
+    """Every record of the dataset at ``source`` (a URL: its mirror), in record order."""
+    import grain
+
+    from ditax.io.remote.datasets import local_dataset
+    from ditax.train.data import read_meta
+
+    folder = local_dataset(source)
+    meta = read_meta(folder)
+    src = grain.sources.ArrayRecordDataSource([os.path.join(folder, f) for f in meta["files"]])
+    return [src[i] for i in range(len(src))]
+
+
+def test_a_preprocess_of_two_processes_to_a_url_is_the_dataset_of_one(preprocessed, images,
+                                                                       capsys):
+    one, two = preprocessed[0], url("two")
+    parts = ("--num-processes", "2")
+    assert _preprocess(images, two, *parts, "--process-id", "1") == 0
+    said = capsys.readouterr().out
+    root = two.split("://", 1)[1]
+    assert f"wrote {two}/part-00001-of-00002 (1 of 2 parts there)" in said, said
+    assert MEM.isfile(f"/{root}/part-00001-of-00002/part.json")
+    assert not MEM.exists(f"/{root}/meta.json")         # no half dataset for a reader
+    _refused(["train", "tiny", f"data.source={two}"], "has no meta.json",
+             "upload has not finished")
+    _refused(["preprocess", str(images), two, "--model", "demo", "--num-processes", "3",
+              "--process-id", "0"], "a part of a 2-process run")
+    assert _preprocess(images, two, *parts, "--process-id", "0") == 0
+    assert f"wrote {two}; train with data.source={two}" in capsys.readouterr().out
+    assert json.loads(MEM.cat_file(f"/{root}/meta.json"))["num_processes"] == 2
+    assert _records(two) == _records(one)
+    assert _preprocess(images, two, *parts, "--process-id", "1") == 0    # complete: nothing
+    assert f"{two} is complete (meta.json over 2 parts)" in capsys.readouterr().out
+
+
+def test_a_bucketed_dataset_at_a_url_reads_as_the_local_one(tmp_path):
+    """A version-2 dataset (bucket subfolders, null text) through the mirror: the same
+    batches as the local copy."""
+    from bucket_datasets import write_bucketed
+
+    from ditax.io.remote.datasets import local_source
+    from ditax.train.data import BatchIterator
+
+    local, _ = write_bucketed(tmp_path / "b", {"64x64x5": 5, "128x64x5": 3}, null=True)
+    remote = url("buckets")
+    upload_dataset(local, remote)
+    cfg = run_cfg("unused", remote, "batch_size=2", "data.text_dropout=0.5")
+    got = BatchIterator(local_source(cfg), 0, 1)
+    want = BatchIterator(run_cfg("unused", local, "batch_size=2", "data.text_dropout=0.5"), 0, 1)
+    for _ in range(6):
+        a, b = next(got), next(want)
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
 
 
 def _refused(args, *needles):
