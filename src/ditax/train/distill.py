@@ -115,6 +115,10 @@ def dmd_loss(x0, grad, mask=None):
     return 0.5 * jnp.sum(sq * m) / jnp.sum(m)
 
 
+def _copy_tree(tree):
+    return jax.tree.map(jnp.copy, tree)
+
+
 class DistillTrainer(TrainerBase):
     """The :class:`~ditax.train.step.Trainer` of a distillation run: same interface
     (``init``, ``step``, ``put_batch``, ``abstract_state``, ``adapters``), a state with the
@@ -173,7 +177,7 @@ class DistillTrainer(TrainerBase):
             (self.family.latent_channels, 1, 1, 1)))
         self.batch_sh = batch_shardings(mesh, self.condition_keys)
         self.null = None      # the empty prompt's embedding, read with the first batch
-        self._jit = None
+        self._jit = self._init_jit = None
 
     def _critic_trained_abstract(self):
         """What the critic's optimiser trains: its weights, with the GAN term (weights, head)."""
@@ -286,12 +290,15 @@ class DistillTrainer(TrainerBase):
         """Fresh state: the student and the critic both start as the teacher (``params``: its
         weights, e.g. ``init_from``; None: random from ``cfg.seed``); LoRA: two fresh adapter
         sets (zero update) on the frozen base."""
-        copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=self.params_sh)
+        if self._init_jit is None:      # built once: each train() call (a resume) inits again
+            self._init_jit = (jax.jit(self._random_params, out_shardings=self.params_sh),
+                              jax.jit(_copy_tree, out_shardings=self.params_sh))
+        random_params, copy = self._init_jit
         if self.split is not None:
             student, frozen = self.split.init(params)
         else:
             if params is None:
-                params = jax.jit(self._random_params, out_shardings=self.params_sh)()
+                params = random_params()
             else:
                 params = jax.device_put(params, self.params_sh)
             student = copy(params)
