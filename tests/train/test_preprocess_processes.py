@@ -13,7 +13,6 @@ import sys
 
 import grain
 import numpy as np
-import PIL.Image
 import pytest
 
 from ditax.cli import main
