@@ -23,3 +23,21 @@ def test_flux_sizes_are_checked_with_the_folders_vae_factor(tmp_path):
     with pytest.raises(RequestError, match="multiples of 16"):
         check_request(height=24, width=40, model=tmp_path / "hub", **kw)
     check_request(height=32, width=48, model=None, **kw)
+
+
+def test_wan_sizes_are_checked_with_the_folders_vae_factor(tmp_path):
+    """A Wan 2.2 TI2V folder's VAE (2x2 patches, 16x spatial) refuses what 2.1's 8x takes;
+    a folder without a VAE config keeps the 2.1 rule."""
+    from ditax.models.vae.wan.config import vae_preset
+
+    cfg = vae_preset("wan2.2")
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "vae" / "config.json").write_text(json.dumps(
+        {"_class_name": "AutoencoderKLWan", "base_dim": cfg.base_dim,
+         "decoder_base_dim": cfg.decoder_base_dim, "z_dim": cfg.z_dim, "is_residual": True,
+         "patch_size": 2, "in_channels": 12, "out_channels": 12, "scale_factor_spatial": 16}))
+    kw = dict(frames=5, text_len=8, dtype="float32", batch=1, family="wan")
+    check_request(height=32, width=48, model=tmp_path, **kw)
+    with pytest.raises(RequestError, match="multiples of 16"):
+        check_request(height=24, width=48, model=tmp_path, **kw)
+    check_request(height=24, width=48, model=tmp_path / "hub", **kw)     # 2.1's 8x

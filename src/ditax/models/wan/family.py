@@ -79,7 +79,34 @@ class WanFamily(ModelFamily):
         2.1 VAE; a bound family uses its model's, see :meth:`latent_shape`)."""
         from ditax.models.vae.wan.config import vae_preset
 
-        cfg = vae_preset(vae)
+        return cls._grid(vae_preset(vae), vae, num_frames, height, width)
+
+    @classmethod
+    def folder_latent_grid(cls, root, num_frames, height, width):
+        """:meth:`latent_grid` with the factors of ``root/vae/config.json`` (a Wan 2.2 TI2V
+        folder's VAE is 16x spatial, not 2.1's 8x); the Wan 2.1 VAE when the folder has none
+        (a hub id) or its config is not a Wan VAE's (the loaders then name the problem)."""
+        import pathlib
+
+        from ditax.io.files import read_model_json
+        from ditax.models.vae.wan.config import WanVAEConfig
+
+        f = pathlib.Path(root) / "vae" / "config.json" if root is not None else None
+        raw = read_model_json(f, "vae/config.json") if f and f.is_file() else None
+        if isinstance(raw, dict) and raw.get("_class_name", "AutoencoderKLWan") == \
+                "AutoencoderKLWan":
+            try:
+                cfg = WanVAEConfig.from_diffusers(raw)
+            except (ConfigError, TypeError, ValueError):
+                cfg = None
+            if cfg is not None:
+                return cls._grid(cfg, f"the folder's {cfg.spatial_factor}x", num_frames,
+                                 height, width)
+        return cls.latent_grid(num_frames, height, width)
+
+    @staticmethod
+    def _grid(cfg, vae: str, num_frames, height, width):
+        """The latent grid of VAE config ``cfg`` (named ``vae`` in the messages), checked."""
         tf, sf = cfg.temporal_factor, cfg.spatial_factor
         if num_frames < 1 or (num_frames - 1) % tf:
             raise ConfigError(f"{num_frames} frames: the Wan VAE takes {tf}k+1 frames; e.g. "
