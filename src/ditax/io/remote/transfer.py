@@ -87,7 +87,8 @@ def upload(fs, folder: pathlib.Path, names, root: str) -> None:
     names = list(names)
     if not names:
         return
-    fs.put([str(folder / n) for n in names], [join(root, n) for n in names])
+    local, remote = [str(folder / n) for n in names], [join(root, n) for n in names]
+    _with_parents(fs, remote, lambda: fs.put(local, remote))
     there = listing(fs, root)
     short = [n for n in names if there.get(n) != (folder / n).stat().st_size]
     if short:
@@ -97,7 +98,20 @@ def upload(fs, folder: pathlib.Path, names, root: str) -> None:
 
 def put_bytes(fs, path: str, data: bytes) -> None:
     """One small object (a commit file), written whole."""
-    fs.pipe_file(path, data)
+    _with_parents(fs, [path], lambda: fs.pipe_file(path, data))
+
+
+def _with_parents(fs, paths, write) -> None:
+    """``write()``; where the filesystem has real folders (a local or SFTP path behind a
+    URL: no parent is made for a file as on object stores), the parents of ``paths`` are
+    made and it is tried again. Object stores never get a ``makedirs`` (on gs:// or s3:// it
+    could create a bucket a typo named)."""
+    try:
+        write()
+    except FileNotFoundError:
+        for parent in sorted({p.rsplit("/", 1)[0] for p in paths if "/" in p}):
+            fs.makedirs(parent, exist_ok=True)
+        write()
 
 
 def remove(fs, path: str) -> None:
