@@ -157,20 +157,20 @@ def trainer(two):
 @pytest.fixture(scope="module")
 def full_run(two, trainer, tmp_path_factory):
     """``STEPS`` steps on fsdp2 x context4 with the programs compiled per step recorded:
-    ``(result, output dir, compiled names per step)``; one checkpoint, after the last step
-    (a first save compiles its own small programs)."""
+    ``(result, output dir, compiled names per step, lines said)``; one checkpoint, after the
+    last step (a first save compiles its own small programs)."""
     out = tmp_path_factory.mktemp("runs") / "a"
-    marks = []
+    marks, said = [], []
     with compiles() as log:
         r = train(cfg_for(two[0], out, f"steps={STEPS}", "checkpoint.every=100"),
-                  trainer=trainer, progress=False,
+                  trainer=trainer, progress=False, say=said.append,
                   on_step=lambda step, row: marks.append(len(log.names)))
     per_step = [log.names[a:b] for a, b in zip([0] + marks, marks)]
-    return r, out, per_step
+    return r, out, per_step, said
 
 
 def test_nothing_compiles_after_the_first_step_of_each_shape(full_run):
-    r, _, per_step = full_run
+    r, _, per_step, _ = full_run
     assert set(r.buckets) == set(TWO)           # both shapes trained
     for i, names in enumerate(per_step):
         first = r.buckets[i] not in r.buckets[:i]
@@ -180,7 +180,7 @@ def test_nothing_compiles_after_the_first_step_of_each_shape(full_run):
 
 
 def test_metrics_name_the_bucket_and_the_summary_gives_each_loss(full_run):
-    r, out, _ = full_run
+    r, out, _, said = full_run
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [row["bucket"] for row in rows] == r.buckets
     assert [row["loss"] for row in rows] == r.losses
@@ -189,10 +189,17 @@ def test_metrics_name_the_bucket_and_the_summary_gives_each_loss(full_run):
         first.values())
     tokens = {row["bucket"]: row["tokens_per_s"] * row["step_time"] / 4 for row in rows}
     assert tokens == pytest.approx({"64x64x5": 32, "128x64x5": 64})
+    assert ("bucketed dataset, each batch from one bucket: 64x64x5 (10 samples, 62% of "
+            "batches), 128x64x5 (6 samples, 38% of batches)") in said
+    mean = {b: np.mean([x for x, y in zip(r.losses, r.buckets) if y == b]) for b in TWO}
+    assert (f"loss per bucket (mean of each one's last 10 steps): 64x64x5 {mean['64x64x5']:.4f} "
+            f"(4 steps), 128x64x5 {mean['128x64x5']:.4f} (2 steps)") in said
+    events = b"".join(f.read_bytes() for f in (out / "tb").glob("events.out.tfevents.*"))
+    assert all(f"train/loss_by_bucket/{b}".encode() in events for b in TWO)
 
 
 def test_mixed_run_on_fsdp2_context4_equals_one_device(two, full_run, trainer):
-    r, _, _ = full_run
+    r, _, _, _ = full_run
     cfg = load_config("tiny", [f"data.source={two[0]}", "batch_size=4"])
     one = Trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
     state = one.init(jax.tree.map(np.asarray, trainer.init()["params"]))
@@ -208,7 +215,7 @@ def test_mixed_run_on_fsdp2_context4_equals_one_device(two, full_run, trainer):
 
 def test_resume_mid_epoch_is_bit_exact_across_a_bucket_change(two, full_run, trainer,
                                                               tmp_path):
-    r, _, _ = full_run
+    r, _, _, _ = full_run
     half = STEPS // 2
     assert r.buckets[half - 1] != r.buckets[half]          # the resume changes bucket
     b1 = train(cfg_for(two[0], tmp_path, f"steps={half}"), trainer=trainer, progress=False)

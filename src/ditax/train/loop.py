@@ -12,7 +12,7 @@ A bucketed dataset (:mod:`ditax.train.bucket_data`) gives batches of several sha
 compiled step keeps one program a shape (the first step of each compiles or loads it from the
 persistent cache, ``includes_compile`` in its row), FLOPs and tokens per sample follow each
 batch's shape, each row names its ``bucket``, and the run ends with the loss per bucket. What
-needs one shape (a student's sample settings) takes the most drawn bucket's.
+needs one shape (a student's sample settings and previews) takes the most drawn bucket's.
 SIGTERM or SIGINT (Ctrl-C) finishes the current step, saves, and returns. A non-finite loss
 stops the run before anything is saved, so the newest checkpoint stays the last good one.
 """
@@ -191,6 +191,9 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
         data_tag["base"] = base_ref
     step = start
     by_bucket: dict[str, list[float]] = {}
+    # previews show the most drawn bucket's shape (one preview program, comparable images):
+    # its latest batch, or the step's own until that bucket came
+    preview_shape, preview_batch = tuple(data.latent_shape), None
     with RunSession(ckpt, writer, total=cfg.steps, start=start, desc="train",
                     every=cfg.checkpoint.every, progress=progress and pid == 0,
                     say=say) as run:
@@ -201,6 +204,8 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
             first_of_shape = shape not in costs         # its step compiles (or loads) now
             flops, tokens_per_sample = cost(shape)
             batch = trainer.put_batch(local)
+            if shape == preview_shape:
+                preview_batch = batch
             state, m = trainer.step(state, batch)
             loss = float(m["loss"])            # syncs: the step time below is real
             dt = time.perf_counter() - t0
@@ -227,7 +232,8 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
                 writer.write(row)
             every = cfg.distill.sample_every if hasattr(trainer, "preview") else 0
             if every and (step % every == 0 or step == cfg.steps):  # every process computes
-                writer.image("samples/student", trainer.preview(state, batch), step)
+                writer.image("samples/student", trainer.preview(
+                    state, batch if preview_batch is None else preview_batch), step)
             if on_step is not None:
                 on_step(step, row)
             run.tick(loss=f"{loss:.4f}", s_per_step=f"{dt:.2f}",
