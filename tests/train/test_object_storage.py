@@ -181,6 +181,17 @@ def test_a_half_uploaded_checkpoint_is_never_resumed_from(local_run, remote_ds, 
     assert r.resumed_from == 2 and r.losses == local_run.losses[2:]
     _same_state(local_run, r)
     assert _committed(run) == [2, 4]
+    # a committed step that no longer reads: the older one is fetched, the bad one moved aside
+    for f in MEM.find(f"/{root}/checkpoints/4/state"):
+        MEM.pipe_file(f, b"garbage")
+    forget(cache)
+    capsys.readouterr()
+    r = train(run_cfg(run, remote_ds, "steps=5"), trainer=trainer, progress=False)
+    said = capsys.readouterr().out
+    assert "step 4 in " + run + "/checkpoints is incomplete or corrupted" in said, said
+    assert "downloading step 2" in said and "moved it to 4.corrupt" in said
+    assert r.resumed_from == 2 and r.losses[:2] == local_run.losses[2:]
+    assert MEM.isdir(f"/{root}/checkpoints/4.corrupt") and _committed(run) == [4, 5]
 
 
 def _preprocess(videos, out, *extra):
