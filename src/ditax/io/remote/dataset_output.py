@@ -79,7 +79,8 @@ class DatasetUpload:
                             f"{self.n}: give --num-processes {int(m.group(1))}, or a new URL")
         base = cache_root() / "preprocess" / slug(self.url)
         self.local = base / (f"part-{self.k:05d}-of-{self.n:05d}" if self.n > 1 else "dataset")
-        shutil.rmtree(self.local, ignore_errors=True)      # an earlier, unfinished try
+        # an earlier, unfinished try (one process: a killed one's hidden folders beside it too)
+        shutil.rmtree(self.local if self.n > 1 else base, ignore_errors=True)
         self.fetched: set[str] = set()
         if self.n > 1:
             self.local.mkdir(parents=True)

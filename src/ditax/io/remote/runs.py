@@ -22,6 +22,12 @@ orbax, the metrics writer and the LoRA export write there exactly as for a local
   ``lora*.safetensors``, ``ditax_sample.json``): pushed (the changed ones) before each
   checkpoint's commit file and when the run ends.
 
+Why stage even ``gs://``, which orbax could write directly: every URL then behaves (and is
+tested) one way, a save returns at local-disk speed while the upload runs behind the training,
+and the commit file is orbax's own. The cost: the staging folder holds ``checkpoint.keep``
+checkpoints on the local disk (it stays after the run, so a rerun on this host downloads
+nothing; delete it to reclaim the space), and a checkpoint reaches the URL one upload later.
+
 One run per URL per host at a time (a lock file beside the staging folder). Runs of several
 processes (``mesh.num_processes > 1``) need one checkpoint folder that all processes write
 (orbax merges the processes' shards at the commit), so they are refused at a URL: give them a
