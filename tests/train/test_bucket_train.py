@@ -20,7 +20,6 @@ from ditax.config import ConfigError, load_config, validate
 from ditax.parallel.mesh import make_mesh
 from ditax.train.bucket_data import BLOCK, BucketDraws
 from ditax.train.data import BatchIterator, DataSourceError
-from ditax.train.distill import make_trainer
 from ditax.train.loop import train
 from ditax.train.step import Trainer
 

@@ -295,5 +295,5 @@ def distill_sigmas(d: DistillConfig) -> tuple[float, ...]:
 
 
 __all__ = ["DistillConfig", "DISTILL_METHODS", "check_distill", "distill_sigmas", "TrainConfig", "check_train", "VACE_TRAINABLE", "LoraConfig", "LORA_TARGETS", "lora_targets", "check_lora", "OptimConfig", "FlowConfig", "DataConfig", "CheckpointConfig", "check_optim",
-           "check_flow", "check_data", "parse_bucket_weights", "check_checkpoint", "SCHEDULES", "TIMESTEP_SAMPLERS",
-           "WEIGHTINGS"]
+           "check_flow", "check_data", "check_checkpoint", "SCHEDULES", "TIMESTEP_SAMPLERS",
+           "WEIGHTINGS", "parse_bucket_weights"]
