@@ -357,6 +357,16 @@ def test_wrong_urls_are_one_line_each_before_anything_loads(remote_ds, tmp_path)
     assert not MEM.exists(f"/{root}/vae")
 
 
+def test_a_run_of_several_processes_is_refused_at_a_url(monkeypatch):
+    from ditax.errors import ConfigError
+    from ditax.train.resume import open_run_folder
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"a run of 2 processes cannot checkpoint to a URL.*"
+                                          r"gcsfuse mount"):
+        open_run_folder(url("run"))
+
+
 def test_export_reads_a_url_run_and_writes_to_a_url(url_run, local_run, tmp_path, capsys):
     """The URL run's step 4 exported to a URL: the base's components, the checkpoint's
     transformer (the local reference run's weights, bit for bit: its resume was exact)."""
