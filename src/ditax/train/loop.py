@@ -250,7 +250,8 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
                   if hasattr(trainer, "sample_settings") else None)
         files = trainer.adapters.save(out, state["params"], sample=sample)
         if files:
-            say(f"saved the LoRA as {files[0]} (diffusers) and {files[1]} (ComfyUI)")
+            say(f"saved the LoRA as {run_dir.shown(files[0])} (diffusers) and "
+                f"{run_dir.shown(files[1])} (ComfyUI)")
     elif hasattr(trainer, "sample_settings") and pid == 0:   # a full-weight student: its
         import json                                         # settings, for ditax export
 

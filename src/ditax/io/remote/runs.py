@@ -221,6 +221,14 @@ class RunFolder:
         if f is not None:
             f.close()
 
+    def shown(self, path) -> str:
+        """How to name a file the run wrote, for messages: its place at the URL (it is
+        uploaded when the run ends), or the path itself for a local run."""
+        path = pathlib.Path(path)
+        if not self.remote or not path.is_relative_to(self.local):
+            return str(path)
+        return f"{self.url.rstrip('/')}/{path.relative_to(self.local).as_posix()}"
+
     def _stamp(self, name: str):
         st = (self.local / name).stat()
         return st.st_size, st.st_mtime_ns
