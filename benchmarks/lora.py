@@ -75,7 +75,7 @@ def run_train(steps: int):
     """Per mesh: a full and a LoRA Trainer side by side, their steps interleaved (A B A B ...)
     so that the load of a shared host falls on both alike."""
     from ditax.parallel.mesh import make_mesh
-    from ditax.train.data import BatchIterator
+    from ditax.train.batches import BatchIterator
     from ditax.train.step import Trainer
 
     meshes = [("fsdp8", {"fsdp": 8}, "xla"), ("fsdp2_context4", {"fsdp": 2, "context": 4},

@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 from ditax.config import load_config, replace  # noqa: E402
 from ditax.parallel.axes import batch_shards  # noqa: E402
 from ditax.parallel.mesh import make_mesh  # noqa: E402
-from ditax.train.data import BatchIterator  # noqa: E402
+from ditax.train.batches import BatchIterator  # noqa: E402
 from ditax.train.step import Trainer  # noqa: E402
 
 ONE = dict(data=1, fsdp=1, context=1, tensor=1)

@@ -15,7 +15,7 @@ import ditax  # noqa: E402
 from ditax.config import ConfigError, load_config  # noqa: E402
 from ditax.lora.export import ORIGINAL_FILE, PEFT_FILE  # noqa: E402
 from ditax.parallel.mesh import make_mesh  # noqa: E402
-from ditax.train.data import BatchIterator  # noqa: E402
+from ditax.train.batches import BatchIterator  # noqa: E402
 from ditax.train.loop import train  # noqa: E402
 from ditax.train.step import Trainer  # noqa: E402
 from lora_reference import load_into_diffusers  # noqa: E402

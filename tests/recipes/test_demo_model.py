@@ -202,7 +202,8 @@ def test_cpu_conv3d_by_frames_equals_the_3d_convolution(kernel, stride, rng):
 
 def test_text_dropout_uses_the_empty_prompt_deterministically(tmp_path):
     from ditax.config import load_config
-    from ditax.train.data import BatchIterator, DatasetWriter
+    from ditax.train.batches import BatchIterator
+    from ditax.train.data import DatasetWriter
 
     w = DatasetWriter(tmp_path / "ds")
     r = np.random.default_rng(0)

@@ -19,7 +19,8 @@ from compiles import compiles
 from ditax.config import ConfigError, load_config, validate
 from ditax.parallel.mesh import make_mesh
 from ditax.train.bucket_data import BLOCK, BucketDraws
-from ditax.train.data import BatchIterator, DataSourceError
+from ditax.train.batches import BatchIterator
+from ditax.train.data import DataSourceError
 from ditax.train.loop import train
 from ditax.train.step import Trainer
 

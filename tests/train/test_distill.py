@@ -18,7 +18,8 @@ from ditax.config import ConfigError, load_config
 from ditax.parallel.mesh import make_mesh
 from ditax.schedulers.flow import shift_sigma
 from ditax.train import distill as D
-from ditax.train.data import BatchIterator, DataSourceError
+from ditax.train.batches import BatchIterator
+from ditax.train.data import DataSourceError
 from ditax.train.loop import train
 from ditax.train.loss import flow_loss
 from latent_datasets import run_cfg, write_dataset

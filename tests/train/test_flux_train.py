@@ -16,7 +16,8 @@ from ditax.config import load_config
 from ditax.models.flux.packing import image_ids, pack, text_ids
 from ditax.parallel.mesh import make_mesh
 from ditax.schedulers.flow_match import flux_mu
-from ditax.train.data import BatchIterator, null_text, read_meta
+from ditax.train.batches import BatchIterator
+from ditax.train.data import null_text, read_meta
 from ditax.train.loss import sample_sigmas
 from ditax.train.step import Trainer
 

@@ -279,7 +279,7 @@ def test_a_bucketed_dataset_at_a_url_reads_as_the_local_one(tmp_path):
     from bucket_datasets import write_bucketed
 
     from ditax.io.remote.datasets import local_source
-    from ditax.train.data import BatchIterator
+    from ditax.train.batches import BatchIterator
 
     local, _ = write_bucketed(tmp_path / "b", {"64x64x5": 5, "128x64x5": 3}, null=True)
     remote = url("buckets")

@@ -16,7 +16,8 @@ from ditax.config import ConfigError, FlowConfig, load_config
 from ditax.parallel.mesh import make_mesh
 from ditax.train import loss as L
 from ditax.train.checkpoint import Checkpointer
-from ditax.train.data import BatchIterator, DataError
+from ditax.train.batches import BatchIterator
+from ditax.train.data import DataError
 from ditax.train.loop import NonFiniteLoss, train
 from ditax.train.step import Trainer
 from latent_datasets import run_cfg, write_dataset

@@ -12,7 +12,8 @@ import pytest
 from ditax.config import load_config
 from ditax.models.base import model_family
 from ditax.parallel import make_mesh
-from ditax.train.data import BatchIterator, DataError, DatasetWriter
+from ditax.train.batches import BatchIterator
+from ditax.train.data import DataError, DatasetWriter
 from ditax.train.loss import flow_loss
 from ditax.train.step import Trainer
 

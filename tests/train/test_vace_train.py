@@ -16,7 +16,8 @@ import pytest
 from ditax.config import load_config
 from ditax.errors import ConfigError, RequestError
 from ditax.parallel import make_mesh
-from ditax.train.data import BatchIterator, DataError, DatasetWriter
+from ditax.train.batches import BatchIterator
+from ditax.train.data import DataError, DatasetWriter
 from ditax.train.step import Trainer
 
 pytest.importorskip("diffusers")

@@ -30,7 +30,7 @@ from ditax.models.base import model_family
 from ditax.parallel.mesh import make_mesh
 from ditax.train import frozen_base
 from ditax.train.checkpoint import Checkpointer
-from ditax.train.data import BatchIterator
+from ditax.train.batches import BatchIterator
 from ditax.train.metrics import MetricsWriter, peak_tflops
 from ditax.io.remote.datasets import local_source
 from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, open_run_folder,

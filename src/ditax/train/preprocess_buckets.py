@@ -66,7 +66,7 @@ def plan_buckets(videos, buckets: BucketSet, *, part: tuple[int, int] = (0, 1),
     ``say``-ed per skipped clip."""
     from ditax.train.clip_files import sidecar_problems
     from ditax.train.clip_reading import TINY
-    from ditax.train.preprocess import checked_samples, list_samples
+    from ditax.train.preprocess_common import checked_samples, list_samples
 
     folder = pathlib.Path(videos)
     samples, problems = list_samples(folder)
@@ -107,13 +107,13 @@ def resolve_buckets(*, buckets=None, bucket_area=None, height=None, width=None, 
     """The bucket set of ``--buckets`` (a string ``"832x480x81,..."`` or a list of
     :class:`~ditax.train.buckets.Bucket`) or ``--bucket-area`` with ``frames`` (a list or
     ``"81,49,17"``; None: the folder's / family's frame count), each bucket checked as a
-    single-shape run's sizes are (:func:`~ditax.train.preprocess.check_request`: the grid,
+    single-shape run's sizes are (:func:`~ditax.train.preprocess_common.check_request`: the grid,
     memory, dtype, batch, text length); None without either (a single-shape run, where a
     list of frames is refused). Flags that do not go with buckets are refused, each in one
     :class:`~ditax.errors.RequestError` naming it and the fix."""
     from ditax.errors import RequestError
     from ditax.train.buckets import derive_buckets, given_buckets, parse_buckets, parse_frames
-    from ditax.train.preprocess import check_request, request_defaults
+    from ditax.train.preprocess_common import check_request, request_defaults
 
     if buckets is None and bucket_area is None:
         if isinstance(frames, (list, tuple)) or "," in str(frames):
@@ -175,7 +175,7 @@ def encode_buckets(plan: BucketPlan, writer, enc, *, text_len: int, batch: int, 
     one progress line a clip (``prefix`` before it, e.g. the part). Returns the count."""
     from ditax.io.files import VideoReadError
     from ditax.train.clip_reading import _read_jobs
-    from ditax.train.preprocess import _groups, encode_group, shapes_said
+    from ditax.train.preprocess_common import _groups, encode_group, shapes_said
 
     done, total = 0, len(plan.clips)
     for b in plan.buckets.buckets:
