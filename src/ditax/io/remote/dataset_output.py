@@ -27,21 +27,13 @@ import re
 import shutil
 
 from ditax.io.remote.datasets import META, _size
-from ditax.io.remote.transfer import download, join, listing, local_listing, put_bytes, upload
+from ditax.io.remote.transfer import (download, join, listed, listing, local_listing,
+                                      put_bytes, upload)
 from ditax.io.remote.urls import RemoteError, cache_root, filesystem, slug
 
 PART_JSON = "part.json"                   # ditax.train.preprocess_parts.PART_JSON
 NULL_TEXT = "null_text.safetensors"       # ditax.train.data.NULL_TEXT
 _PART = re.compile(r"part-\d{5}-of-(\d{5})")
-
-
-def _listed(fs, root, url, what, error):
-    try:
-        there = listing(fs, root)
-        return there, not there and fs.isfile(root)
-    except Exception as e:  # noqa: BLE001 - credentials, network: one line
-        raise error(f"{what} {url} cannot be listed ({type(e).__name__}: "
-                    f"{str(e).strip()[:200]})") from None
 
 
 class DatasetUpload:
@@ -56,7 +48,7 @@ class DatasetUpload:
         self.k = process_id if self.n > 1 and isinstance(process_id, int) else 0
         self.merge = merge              # merge_parts(folder, n, say): writes meta.json
         self.fs, self.root = filesystem(self.url, what, error)
-        there, is_file = _listed(self.fs, self.root, self.url, what, error)
+        there, is_file = listed(self.fs, self.root, self.url, what, error)
         if is_file:
             raise error(f"{what} {self.url} is a file; give a new folder URL for the dataset")
         self.complete = False

@@ -18,7 +18,6 @@ Writing a dataset to a URL (``ditax preprocess``): :mod:`ditax.io.remote.dataset
 
 from __future__ import annotations
 
-import json
 import pathlib
 import posixpath
 import shutil

@@ -14,24 +14,16 @@ from __future__ import annotations
 import pathlib
 
 from ditax.io.remote.runs import CHECKPOINTS, StepSync
-from ditax.io.remote.transfer import download, join, listing, local_listing, put_bytes, upload
+from ditax.io.remote.transfer import (download, join, listed, local_listing, put_bytes,
+                                      upload)
 from ditax.io.remote.urls import RemoteError, cache_root, filesystem, slug
-
-
-def _listed(fs, root: str, url: str, what: str, error) -> tuple[dict, bool]:
-    try:
-        there = listing(fs, root)
-        return there, not there and fs.isfile(root)
-    except Exception as e:  # noqa: BLE001 - credentials, network: one line
-        raise error(f"{what} {url} cannot be listed ({type(e).__name__}: "
-                    f"{str(e).strip()[:200]})") from None
 
 
 def check_new_url(url: str, what: str = "--out", error=RemoteError):
     """``url`` can take a new folder: its filesystem installed, nothing there. Returns
     ``(fs, root)``."""
     fs, root = filesystem(url, what, error)
-    there, is_file = _listed(fs, root, url, what, error)
+    there, is_file = listed(fs, root, url, what, error)
     if is_file or there:
         raise error(f"{what} {url} exists and is not an empty folder; pass a new folder "
                     f"(nothing is overwritten)")
@@ -64,7 +56,7 @@ def run_copy(url: str, what: str = "RUN_DIR", error=RemoteError):
     steps; ``steps.fetch(step)`` downloads one into ``folder/checkpoints``), and the names at
     the top of the URL (its other files are not fetched)."""
     fs, root = filesystem(url, what, error)
-    there, is_file = _listed(fs, root, url, what, error)
+    there, is_file = listed(fs, root, url, what, error)
     if is_file or not there:
         raise error(f"{what} {url} {'is a file' if is_file else 'does not exist'}; pass the "
                     f"output_dir of a ditax train run (the folder holding config.yaml and "

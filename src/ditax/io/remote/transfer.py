@@ -37,6 +37,17 @@ def listing(fs, root: str) -> dict[str, int]:
     return out
 
 
+def listed(fs, root: str, url: str, what: str, error) -> tuple[dict, bool]:
+    """``(listing(fs, root), whether root is a file)``; a filesystem that cannot list it
+    (credentials, network) is ``error`` in one line naming ``what`` and ``url``."""
+    try:
+        there = listing(fs, root)
+        return there, not there and fs.isfile(root)
+    except Exception as e:  # noqa: BLE001 - credentials, network: one line
+        raise error(f"{what} {url} cannot be listed ({type(e).__name__}: "
+                    f"{str(e).strip()[:200]})") from None
+
+
 def local_listing(folder: pathlib.Path) -> dict[str, int]:
     """Relative path → size of every file under ``folder`` (hidden temporaries left out)."""
     folder = pathlib.Path(folder)
@@ -140,5 +151,5 @@ def host_lock(folder: pathlib.Path, *, wait: bool = True, busy: str = ""):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-__all__ = ["join", "listing", "local_listing", "download", "upload", "put_bytes", "remove",
-           "host_lock"]
+__all__ = ["join", "listing", "listed", "local_listing", "download", "upload", "put_bytes",
+           "remove", "host_lock"]
