@@ -173,3 +173,17 @@ def test_plan_json_reports_forward_and_train_step(capsys, tmp_path):
     # the train step holds the optimiser state too: more arguments than the forward
     assert res["train_step"]["argument_bytes"] > res["forward"]["argument_bytes"]
     assert audit(hlo.read_text())["copy_ops"] == res["forward"]["copy_ops"]
+
+
+def test_train_plan_of_a_bucketed_dataset_sizes_its_largest_bucket(capsys, tmp_path):
+    """A dataset written with buckets (meta.json version 2): the train step is planned at its
+    largest bucket (the memory peak), named with the others in the report."""
+    from bucket_datasets import write_bucketed
+
+    ds, _ = write_bucketed(tmp_path / "ds", {"64x64x5": 2, "64x128x5": 2})
+    rc, out, err = run_cli(capsys, "plan", "tiny", "--target", "cpu:4", "mesh.fsdp=-1",
+                           "--train", "--json", f"data.source={ds}", "batch_size=4")
+    assert rc == 0, err
+    step = json.loads(out)["train_step"]
+    assert step["latents"] == [4, 16, 2, 16, 8]
+    assert step["bucket"] == "64x128x5" and step["buckets"] == ["64x64x5", "64x128x5"]

@@ -133,6 +133,9 @@ def _print_program(name: str, p: dict, what: str) -> None:
         print(f"{name} {what} {p[what]}: does NOT fit: {p['error']}")
     else:
         print(f"{name} {what} {p[what]} (compiled in {p['compile_s']:.1f} s), per device:")
+    if "bucket" in p:
+        print(f"  the dataset's largest bucket, {p['bucket']} (of {', '.join(p['buckets'])}; "
+              f"each compiles its own step)")
     if "distill" in p:
         d = p["distill"]
         kind = f"LoRA rank {d['lora_rank']}" if d["lora_rank"] else "full weights"

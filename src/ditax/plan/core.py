@@ -65,11 +65,10 @@ def _train_step(cfg, mesh, family):
     :class:`~ditax.train.step.Trainer`, or with ``distill.method=dmd2`` the
     :class:`~ditax.train.distill.DistillTrainer`) on one global batch; returns
     ``(lowered, latents shape, model FLOPs per device, what the step is)``."""
-    from ditax.train.data import latent_shape_for
     from ditax.train.distill import make_trainer
 
     trainer = make_trainer(cfg, mesh)
-    shape = tuple(latent_shape_for(cfg))
+    shape, buckets = train_shape(cfg)
     B, T = cfg.batch_size, cfg.data.text_len
     sh = trainer.batch_sh
     batch = {"latents": jax.ShapeDtypeStruct((B,) + shape, jnp.float32, sharding=sh["latents"]),
@@ -81,6 +80,8 @@ def _train_step(cfg, mesh, family):
     distill = cfg.distill.method != "none"
     fl = train_step_flops(cfg, family, shape, getattr(trainer, "flops_factor", 1.0))
     about = {"state_bytes_per_device": _state_bytes(trainer.abstract_state())}
+    if buckets:
+        about["bucket"], about["buckets"] = buckets[0], buckets[1]
     if distill:
         d = cfg.distill
         about["distill"] = {"method": d.method, "steps": d.steps,
@@ -90,6 +91,28 @@ def _train_step(cfg, mesh, family):
     else:
         lowered = trainer.lower(batch)
     return lowered, [B, *shape], fl / mesh.size, about
+
+
+def train_shape(cfg) -> tuple[tuple[int, ...], tuple | None]:
+    """The latents ``[C, F, Y, X]`` a training plan sizes, and ``(bucket, every bucket's
+    name)`` when they come from a bucketed dataset: a local ``data.source`` written with
+    buckets (``meta.json`` version 2) plans its largest bucket (most latent elements: the step's
+    memory peak; each bucket compiles its own program, the others are smaller); otherwise
+    ``data.num_frames x height x width`` (:func:`~ditax.train.data.latent_shape_for`), as for a
+    one-shape dataset or a dataset at a URL (not downloaded to plan)."""
+    import math
+    import pathlib
+
+    from ditax.train.data import dataset_buckets, latent_shape_for, read_meta
+
+    src = str(cfg.data.source)
+    if src != "synthetic" and "://" not in src and (pathlib.Path(src) / "meta.json").is_file():
+        meta = read_meta(src)
+        if meta.get("version") == 2:
+            found = dataset_buckets(meta)
+            big = max(found, key=lambda b: math.prod(b["latent_shape"]))
+            return tuple(big["latent_shape"]), (big["name"], [b["name"] for b in found])
+    return tuple(latent_shape_for(cfg)), None
 
 
 def train_step_flops(cfg, family, shape, factor: float = 1.0) -> float:
