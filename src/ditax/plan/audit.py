@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-from ditax.plan.hlo import _ARRAY, COLLECTIVES, Computation, Instr, multiplicities, parse
+from ditax.plan.hlo import (_ARRAY, COLLECTIVES, Computation, Instr, call_graph, multiplicities,
+                            parse)
 
 KERNEL_TARGET = 'custom_call_target="tpu_custom_call"'
 _VIEWS = ("bitcast", "get-tuple-element", "reshape")
@@ -122,11 +123,19 @@ def _collective_bytes(comp: Computation, ins: Instr, kind: str) -> int:
     return sum(comp.instrs[o].nbytes for o in src.operands if o in comp.instrs) or ins.nbytes
 
 
+def _zero() -> dict:
+    return {"xla_flops": 0, "hbm_bytes": 0, "copy_ops": 0, "copy_bytes": 0,
+            "fused_copy_ops": 0, "fused_copy_bytes": 0, "a2a_copy_ops": 0, "a2a_copy_bytes": 0,
+            "all_to_all_ops": 0, "collective_bytes": {}, "tpu_custom_calls": 0}
+
+
 class _Program:
     """Parsed computations and which of them are fusion bodies (top level or nested)."""
 
     def __init__(self, text: str):
         self.comps = parse(text)
+        self.graph = call_graph(self.comps)      # once: the audit counts from many roots
+        self._once: dict[str, dict] = {}         # each computation's counts for one run
         self.entry = next(c.name for c in self.comps.values() if c.entry)
         self.top_fused: set[str] = set()
         self.fused: set[str] = set()
@@ -210,7 +219,21 @@ class _Program:
         return found
 
     def count(self, name: str, m: int, out: dict) -> None:
-        """Add ``m`` runs of computation ``name`` into ``out``."""
+        """Add ``m`` runs of computation ``name`` into ``out`` (every count is ``m`` times
+        one run's, which is counted once per program)."""
+        once = self._once.get(name)
+        if once is None:
+            once = self._once[name] = _zero()
+            self._count(name, once)
+        for k, v in once.items():
+            if k == "collective_bytes":
+                for kind, b in v.items():
+                    out[k][kind] = out[k].get(kind, 0) + m * b
+            else:
+                out[k] += m * v
+
+    def _count(self, name: str, out: dict, m: int = 1) -> None:
+        """Add one run of computation ``name`` into ``out``."""
         comp = self.comps[name]
         root = _through(comp, comp.root)
         top = name not in self.fused
@@ -239,10 +262,8 @@ class _Program:
                 out["a2a_copy_bytes"] += m * c.nbytes
 
     def totals(self, roots) -> tuple[dict, dict, int]:
-        mult, loops, unknown = multiplicities(self.comps, roots)
-        out = {"xla_flops": 0, "hbm_bytes": 0, "copy_ops": 0, "copy_bytes": 0, "fused_copy_ops": 0, "fused_copy_bytes": 0,
-               "a2a_copy_ops": 0, "a2a_copy_bytes": 0, "all_to_all_ops": 0,
-               "collective_bytes": {}, "tpu_custom_calls": 0}
+        mult, loops, unknown = multiplicities(self.comps, roots, self.graph)
+        out = _zero()
         for name, m in mult.items():
             if m:
                 self.count(name, m, out)
@@ -279,7 +300,7 @@ def copy_list(text: str) -> list[dict]:
     it came from (metadata; may be empty)}`` — to see which copies a program makes, e.g.
     those of the layer loop (``computation`` its body)."""
     prog = _Program(text)
-    mult, _, _ = multiplicities(prog.comps, [prog.entry])
+    mult, _, _ = multiplicities(prog.comps, [prog.entry], prog.graph)
     rows = []
     for name, m in mult.items():
         if not m or name in prog.fused:

@@ -44,6 +44,7 @@ class Instr:
     attrs: str
     root: bool = False
     args: str = ""      # the raw text inside the parentheses (a constant's value)
+    _callees: list | None = field(default=None, repr=False, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -52,11 +53,15 @@ class Instr:
 
     def callees(self) -> list[tuple[str, str]]:
         """``(role, computation)`` pairs this instruction calls (reducers' ``to_apply`` are
-        scalar code and skipped)."""
-        out = [(m.group(1), m.group(2)) for m in _CALLS.finditer(self.attrs)]
-        for m in _LISTS.finditer(self.attrs):
-            out += [("branch", n.strip().lstrip("%")) for n in m.group(1).split(",") if n.strip()]
-        return out
+        scalar code and skipped). Read once (the audit asks for each instruction's callees
+        many times)."""
+        if self._callees is None:
+            out = [(m.group(1), m.group(2)) for m in _CALLS.finditer(self.attrs)]
+            for m in _LISTS.finditer(self.attrs):
+                out += [("branch", n.strip().lstrip("%")) for n in m.group(1).split(",")
+                        if n.strip()]
+            self._callees = out
+        return list(self._callees)
 
 
 @dataclass
@@ -116,26 +121,15 @@ def _instr(line: str) -> Instr | None:
     return Instr(m.group(2), shape, op.group(1), operands, rest[close:], bool(m.group(1)), args)
 
 
+# a double-quoted string (backslash escapes inside), or an unclosed one to the end of the line
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?$)')
+
+
 def _brace_depth(line: str) -> int:
     """``{`` minus ``}`` of ``line`` outside double-quoted strings."""
-    if '"' not in line:
-        return line.count("{") - line.count("}")
-    depth, quoted, escaped = 0, False, False
-    for c in line:
-        if quoted:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                quoted = False
-        elif c == '"':
-            quoted = True
-        elif c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-    return depth
+    if '"' in line:
+        line = _QUOTED.sub("", line)
+    return line.count("{") - line.count("}")
 
 
 def parse(text: str) -> dict[str, Computation]:
@@ -255,10 +249,11 @@ def _step(comps, body_name: str, index: int) -> int:
     return steps[0] if len(steps) == 1 else 1
 
 
-def multiplicities(comps: dict[str, Computation], roots=None) -> tuple[dict[str, int], dict,
-                                                                       int]:
-    """Times each computation runs per call of ``roots`` (default: the entry); the loops
-    ``{body: (trip, caller)}``; and how many loops had an unknown trip count (counted once)."""
+def call_graph(comps: dict[str, Computation]) -> tuple[dict, dict, int]:
+    """``(edges, loops, unknown)`` of :func:`multiplicities`: each computation's callees with
+    how often one run of it runs them (a loop body and condition: the trip count), the loops
+    ``{body: (trip, caller)}`` and the number of loops of unknown trip count. Computed once
+    per program and given to :func:`multiplicities` for each of its roots."""
     edges: dict[str, list[tuple[str, int]]] = {}
     loops: dict[str, tuple[int | None, str]] = {}
     unknown = 0
@@ -279,6 +274,16 @@ def multiplicities(comps: dict[str, Computation], roots=None) -> tuple[dict[str,
                 if callee in comps:
                     edges.setdefault(comp.name, []).append(
                         (callee, factor if role in ("body", "condition") else 1))
+    return edges, loops, unknown
+
+
+def multiplicities(comps: dict[str, Computation], roots=None, graph=None) -> tuple[
+        dict[str, int], dict, int]:
+    """Times each computation runs per call of ``roots`` (default: the entry); the loops
+    ``{body: (trip, caller)}``; and how many loops had an unknown trip count (counted once).
+    ``graph``: the program's :func:`call_graph`, when the caller has it already."""
+    edges, loops, unknown = graph if graph is not None else call_graph(comps)
+    loops = dict(loops)
     order: list[str] = []
     seen: set[str] = set()
 
