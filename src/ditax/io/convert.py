@@ -251,7 +251,9 @@ def read_param(weights, row: Row, keys: dict, shape: tuple, dtype, sharding=None
 
     full = (slice(None),) * len(shape)
     if sharding is None:
-        return jnp.asarray(convert(np.asarray(block(full)), full))
+        # device_put, not jnp.asarray: in this jax, jnp.asarray of a numpy array compiles an
+        # identity program per shape (lax.stage), ~25 ms a parameter shape at every load
+        return jax.device_put(convert(np.asarray(block(full)), full))
     seen = {}
 
     def shard(index):
