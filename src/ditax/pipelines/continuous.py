@@ -390,7 +390,8 @@ class ContinuousBatch:
              threads: int = 4) -> int:
         """Compile, without running a step, what serving ``call`` needs: its text and condition
         encoders (run once on it), the step program of each padded size in ``sizes`` (default:
-        every one up to ``max_rows``; with two experts, each expert's), in parallel threads,
+        every one up to ``max_rows``; with two experts, each expert's; a lone row runs the
+        pipeline's own step instead), in parallel threads,
         and its decode. Returns how many step programs were compiled or found."""
         row = self.prepare("warm", call, strengths)
         p = row.prepared
@@ -400,7 +401,11 @@ class ContinuousBatch:
         experts = p.experts[:2 if p.boundary is not None else 1]
         # every array put on the mesh here, in this thread (in a multi-process mesh each put
         # is a collective, which the compile threads would order differently per process)
-        jobs = [(Slots.of([row], n, p.mesh), e) for n in sizes for e in experts]
+        # one slot, one expert, no per-row strengths: a lone row, which runs the pipeline's
+        # own step (:meth:`alone`, compiled below), never this size's rows program
+        lone = len(experts) == 1 and row.strengths is None
+        jobs = [(Slots.of([row], n, p.mesh), e) for n in sizes for e in experts
+                if not (n == 1 and lone)]
         extras = {n: self._extras([row], n, lambda r: 0) for n in sizes}
         with ThreadPoolExecutor(max(1, min(threads, len(jobs)))) as pool:
             list(pool.map(lambda job: self.program(job[0], p, job[1], extras[job[0].n]),
