@@ -43,15 +43,25 @@ def cfg_for(dataset, out="unused", *extra):
 
 @pytest.fixture(scope="module")
 def one(dataset):
-    """A DistillTrainer on fsdp2 x context4 (the runs' program), its fresh state (as numpy)
-    and a batch."""
+    """A DistillTrainer on one device (the pieces are not about the mesh; its step is what
+    :func:`test_a_step_on_fsdp2_context4_equals_one_device` compares the mesh's with), its
+    fresh state (as numpy) and a batch."""
     cfg = cfg_for(dataset)
-    tr = D.DistillTrainer(cfg, make_mesh(cfg.mesh))
+    tr = D.DistillTrainer(cfg, make_mesh(ONE, jax.devices()[:1]))
     data = BatchIterator(cfg)
     tr.bind_data(data)
     batch = next(data)
     state = jax.tree.map(np.asarray, tr.init())
     return tr, state, batch
+
+
+@pytest.fixture(scope="module")
+def on_mesh(dataset, one):
+    """The DistillTrainer on fsdp2 x context4 (the runs' program), bound to the same data."""
+    cfg = cfg_for(dataset)
+    tr = D.DistillTrainer(cfg, make_mesh(cfg.mesh))
+    tr.bind_data(BatchIterator(cfg))
+    return tr
 
 
 def put(tr, state):
@@ -104,6 +114,11 @@ def test_student_schedule_is_the_pipelines_euler_table():
 _APPLY = {}
 
 
+def host(tree):
+    """``tree``'s arrays as numpy arrays (tracers, e.g. under ``jax.vjp``, as they are)."""
+    return jax.tree.map(lambda v: v if isinstance(v, jax.core.Tracer) else np.asarray(v), tree)
+
+
 def hand_velocity(tr, params, frozen, batch, x, sigma):
     """The family's denoiser on ``x`` at noise level ``sigma`` (one jitted call: only the
     reference's speed, not its arithmetic, differs from an eager call)."""
@@ -112,6 +127,9 @@ def hand_velocity(tr, params, frozen, batch, x, sigma):
             return tr.family.apply(tr.model(params, frozen), x, t, text, mask, None)
         _APPLY[id(tr)] = jax.jit(apply)
     t = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32) * 1000.0, (x.shape[0],))
+    # the inputs as host arrays: one placement on every call, so one compile (an output of the
+    # model comes back placed on the model's mesh, which would be another program's input)
+    params, frozen, x, t = (host(v) for v in (params, frozen, x, t))
     return _APPLY[id(tr)](params, frozen, x, t, jnp.asarray(batch["text"]),
                           jnp.asarray(batch["text_mask"]).astype(bool))
 
@@ -172,14 +190,18 @@ def test_one_step_equals_critic_flow_matching_and_the_dmd_formula(one):
         return flow_loss(lambda x, t, text, mask: tr.family.apply(model, x, t, text, mask),
                          x0, b["text"], b["text_mask"].astype(bool), k_flow, flow)
 
+    @jax.jit
+    def adamw(grads, opt, f):           # the critic's optimiser update (one program)
+        upd, opt = tr.critic_tx.update(grads, opt, f)
+        return optax.apply_updates(f, upd), opt
+
     for i in range(2):
         k_sample, k_flow = jax.random.split(
             jax.random.fold_in(jax.random.fold_in(key, 1), i))
         k, noise = draws(k_sample, 4, batch["latents"].shape)
         x0 = hand_rollout(tr, params, frozen, batch, noise, sig, k)
-        grads = critic_grads(fake, x0, k_flow)
-        upd, fake_opt = tr.critic_tx.update(grads, fake_opt, fake)
-        fake = optax.apply_updates(fake, upd)
+        grads = critic_grads(host(fake), host(x0), k_flow)
+        fake, fake_opt = adamw(host(grads), host(fake_opt), host(fake))
     err = jax.tree.map(lambda a, w: float(np.max(np.abs(np.asarray(a) - np.asarray(w)))),
                        st["fake"], fake)
     assert max(jax.tree.leaves(err)) < 2e-5
@@ -223,14 +245,13 @@ def test_one_step_equals_critic_flow_matching_and_the_dmd_formula(one):
 # meshes, runs, resume
 
 
-def test_a_step_on_fsdp2_context4_equals_one_device(one, dataset):
-    tr8, state, batch = one
+def test_a_step_on_fsdp2_context4_equals_one_device(one, on_mesh):
+    tr, state, batch = one
+    tr8 = on_mesh
     assert dict(tr8.mesh.shape) == {"data": 1, "fsdp": 2, "context": 4, "tensor": 1}
+    assert len(tr.mesh.devices.flat) == 1
     st1, m1 = tr8.step(put(tr8, state), tr8.put_batch(batch))
-    cfg = cfg_for(dataset)
-    tr = D.DistillTrainer(cfg, make_mesh(ONE, jax.devices()[:1]))
-    tr.bind_data(BatchIterator(cfg))
-    st, m = tr.step(jax.device_put(state, tr.state_sh), tr.put_batch(batch))
+    st, m = tr.step(put(tr, state), tr.put_batch(batch))
     assert abs(float(m["loss"]) - float(m1["loss"])) < 1e-5
     for part in ("params", "fake"):
         err = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
@@ -238,10 +259,10 @@ def test_a_step_on_fsdp2_context4_equals_one_device(one, dataset):
         assert max(jax.tree.leaves(err)) < 1e-5, part
 
 
-def test_resume_is_bit_exact_and_metrics_hold_each_term(one, dataset, tmp_path):
+def test_resume_is_bit_exact_and_metrics_hold_each_term(on_mesh, dataset, tmp_path):
     straight = cfg_for(dataset, tmp_path / "a", "steps=4")
-    assert isinstance(D.make_trainer(straight, one[0].mesh), D.DistillTrainer)
-    tr = one[0]             # its step is compiled: the runs reuse it
+    assert isinstance(D.make_trainer(straight, on_mesh.mesh), D.DistillTrainer)
+    tr = on_mesh            # its step is compiled: the runs reuse it
     full = train(straight, trainer=tr, progress=False)
     half = cfg_for(dataset, tmp_path / "b", "steps=2")
     first = train(half, trainer=tr, progress=False)
