@@ -48,15 +48,17 @@ class StagedRecipe:
     """One run of a recipe into ``out`` (work files) and ``folder`` (the pipeline). A
     subclass names its stages (methods, in order) in ``STAGES``, the file each one leaves
     when finished in ``MARKERS`` (stages without a marker always run), its log prefix in
-    ``NAME``."""
+    ``NAME``. ``train_devices``: how many devices (the first ones) the ``ditax train`` stages
+    (transformer, distillation) run on; None: all of them (``mesh.fsdp=-1``)."""
 
     NAME = "recipe"
     STAGES: tuple[str, ...] = ()
     MARKERS: dict[str, str] = {}
 
     def __init__(self, out, sizes, *, seed: int = 0, folder=None, devices: int = 1,
-                 say=print, progress: bool = True):
+                 train_devices: int | None = None, say=print, progress: bool = True):
         self.out = pathlib.Path(out)
+        self.train_devices = train_devices
         self.folder = pathlib.Path(folder) if folder else self.out / "pipeline"
         self.sizes = sizes
         self.seed = seed
@@ -73,6 +75,17 @@ class StagedRecipe:
         self.record["stages"][name] = {"seconds": round(wall, 1), **info}
         self.say(f"== {self.NAME}: {name} done in {wall:.0f} s {info if info else ''}")
         (self.out / "recipe.json").write_text(json.dumps(self.record, indent=1))
+
+    def train_mesh(self, cfg):
+        """The mesh of a ``ditax train`` stage of config ``cfg``: None (``cfg.mesh`` over every
+        device) or, with ``train_devices``, ``cfg.mesh`` over that many."""
+        if self.train_devices is None:
+            return None
+        import jax
+
+        from ditax.parallel.mesh import make_mesh
+
+        return make_mesh(cfg.mesh, jax.devices()[:self.train_devices])
 
     def done(self, name: str) -> bool:
         """Whether stage ``name`` finished in an earlier run into the same ``out``."""
@@ -126,6 +139,8 @@ def recipe_main(argv, recipe: type[StagedRecipe], sizes: dict, *, prog: str, des
     p.add_argument("--devices", type=int, default=1,
                    help="devices (XLA_FLAGS host device count when unset): the VAE trains "
                    "data-parallel on this many, the transformer on all")
+    p.add_argument("--train-devices", type=int, default=None,
+                   help="devices the transformer / student trains on (default all)")
     p.add_argument("--stages", default=",".join(stages_all),
                    help="comma list of stages to run (finished ones in OUT are kept)")
     p.add_argument("--no-progress", action="store_true")
@@ -136,7 +151,7 @@ def recipe_main(argv, recipe: type[StagedRecipe], sizes: dict, *, prog: str, des
         p.error(f"--stages: unknown {bad}; stages are {', '.join(stages_all)}")
     os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={a.devices}")
     recipe(a.out, sizes[a.sizes], seed=a.seed, folder=a.folder, devices=a.devices,
-           progress=not a.no_progress).run(stages)
+           train_devices=a.train_devices, progress=not a.no_progress).run(stages)
     return 0
 
 
@@ -172,7 +187,8 @@ class StudentRecipe(StagedRecipe):
         from ditax.train.plots import read_metrics
 
         out = self.out / "distill"
-        train(self.distill_config(), progress=self.progress, say=self.say)
+        cfg = self.distill_config()
+        train(cfg, mesh=self.train_mesh(cfg), progress=self.progress, say=self.say)
         info = transformer_summary(out, self.WHAT)
         critic = [r["critic_loss"] for r in read_metrics(out / "metrics.jsonl")
                   if "critic_loss" in r]

@@ -263,7 +263,8 @@ class Recipe(StagedRecipe):
             f"checkpoint.every={s.checkpoint_every}", f"output_dir={self.out / 'transformer'}",
             f"flow.timestep_sampler={s.timestep_sampler}", f"flow.shift={s.flow_shift}",
             f"model.remat={s.transformer_remat}"])
-        res = train(cfg, progress=self.progress, say=self.say)
+        res = train(cfg, mesh=self.train_mesh(cfg), progress=self.progress,
+                    say=self.say)
         self._transformer_params = res.state["params"]
         return transformer_summary(self.out / "transformer",
                                    "transformer training (flow matching)")

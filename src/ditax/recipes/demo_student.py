@@ -78,7 +78,7 @@ FULL = Sizes(clips=280, paraphrase_fraction=0.3, height=64, width=64, frames=17,
              critic_lr=0.0, critic_updates=3, warmup=10, remat="none", checkpoint_every=100,
              score_seeds=(1000, 1001, 1002), score_combos=0, teacher_steps=25)
 SMOKE = dataclasses.replace(
-    # batch 8: one sample per device of the tests' 8 fake devices (mesh.fsdp=-1)
+    # batch 8: one sample per device of 8 devices (mesh.fsdp=-1), or all on fewer
     FULL, clips=8, height=32, width=32, frames=5, rank=4, steps=1, batch=8, critic_updates=1,
     warmup=0, checkpoint_every=1, score_seeds=(1000,), score_combos=2, teacher_steps=2)
 SIZES = {"full": FULL, "smoke": SMOKE}

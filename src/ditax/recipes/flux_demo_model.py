@@ -203,7 +203,8 @@ class Recipe(StagedRecipe):
             f"checkpoint.every={s.checkpoint_every}", f"output_dir={self.out / 'transformer'}",
             "flow.timestep_sampler=uniform", "flow.dynamic_shift=false",
             f"flow.shift={s.flow_shift}"])
-        res = train(cfg, progress=self.progress, say=self.say)
+        res = train(cfg, mesh=self.train_mesh(cfg), progress=self.progress,
+                    say=self.say)
         self._transformer_params = res.state["params"]
         return transformer_summary(self.out / "transformer",
                                    "Flux transformer training (flow matching)")
