@@ -98,7 +98,8 @@ def test_vae_training_resumes_bit_exactly_and_writes_a_diffusers_folder(recipe, 
         return dataclasses.replace(base, steps=steps, output_dir=str(tmp_path / name), log_every=1,
                                    checkpoint=dataclasses.replace(base.checkpoint, every=2))
 
-    bank = ClipBank(base.data, say=lambda m: None)
+    bank = recipe[3].vae_banks["vae_long"]      # the stage's clips, read by the recipe
+    assert isinstance(bank, ClipBank) and bank.data == base.data
     a = train_vae(cfg(4, "a"), trainer=trainer, bank=bank, **quiet)
     train_vae(cfg(2, "b"), trainer=trainer, bank=bank, **quiet)
     b = train_vae(cfg(4, "b"), trainer=trainer, bank=bank, **quiet)

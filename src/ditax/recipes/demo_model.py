@@ -166,6 +166,8 @@ class Recipe(StagedRecipe):
         #: each VAE stage's trainer (its compiled train step, encode and decode), for runs of
         #: its config at another length or output (``train_vae(..., trainer=)``: the tests)
         self.vae_trainers: dict = {}
+        #: each VAE stage's clips in memory (both stages read the same clips: read once)
+        self.vae_banks: dict = {}
 
     # --- stages
     def data(self):
@@ -200,15 +202,32 @@ class Recipe(StagedRecipe):
             "init_from": str(self.out / "vae" / "vae") if long else "",
             "output_dir": str(self.out / ("vae_long" if long else "vae"))})
 
+    def _bank(self, data):
+        """The clips of VAE data config ``data``: those an earlier stage read when it read the
+        same clips (folder, sizes, how many, held out), with ``data``'s crops."""
+        import copy
+
+        from ditax.train.wan.vae import ClipBank
+
+        same = ("source", "num_frames", "height", "width", "max_clips", "eval_clips")
+        for bank in self.vae_banks.values():
+            if all(getattr(bank.data, k) == getattr(data, k) for k in same):
+                bank = copy.copy(bank)
+                bank.data = data
+                return bank
+        return ClipBank(data, say=self.say)
+
     def _train_vae(self, long: bool):
         import jax
 
         from ditax.train.wan.vae import VAETrainer, train_vae
 
         cfg = self._vae_config(long)
+        name = "vae_long" if long else "vae"
         trainer = VAETrainer(cfg, jax.devices()[:self.devices])
-        self.vae_trainers["vae_long" if long else "vae"] = trainer
-        res = train_vae(cfg, trainer=trainer, progress=self.progress, say=self.say)
+        self.vae_trainers[name] = trainer
+        bank = self.vae_banks[name] = self._bank(cfg.data)
+        res = train_vae(cfg, trainer=trainer, bank=bank, progress=self.progress, say=self.say)
         return {"eval_psnr_db": round(res.eval_psnr, 2), "first_loss": res.losses[0] if
                 res.losses else None, "last_loss": res.losses[-1] if res.losses else None}
 
