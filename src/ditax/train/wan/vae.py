@@ -47,7 +47,9 @@ class VAETrainer(shared.VAETrainer):
     """The Wan VAE on the shared trainer (:class:`ditax.train.vae.VAETrainer`)."""
 
     def build(self, cfg: VAETrainConfig) -> WanVAE:
-        return WanVAE(cfg.vae, rngs=nnx.Rngs(cfg.seed))
+        # one compiled init (an eager one compiles ~100 small programs, one per shape)
+        return shared.init_replicated(lambda rngs: WanVAE(cfg.vae, rngs=rngs), cfg.seed,
+                                      self.mesh)
 
     def load_init(self, cfg: VAETrainConfig) -> WanVAE:
         """The weights of the diffusers VAE folder ``cfg.init_from``, whose architecture must
