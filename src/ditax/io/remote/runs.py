@@ -239,8 +239,10 @@ class RunFolder:
         if not self.remote:
             return
         with self._lock:
-            now = {n: self._stamp(n) for n in local_listing(self.local)
-                   if n.split("/")[0] != CHECKPOINTS}
+            now = {}
+            for n in local_listing(self.local, skip=(CHECKPOINTS,)):
+                with contextlib.suppress(FileNotFoundError):    # removed since listed
+                    now[n] = self._stamp(n)
             todo = sorted(n for n, s in now.items() if self._pushed.get(n) != s)
             upload(self.fs, self.local, todo, self.root)
             gone = [n for n in self._pushed if n not in now and n.split("/")[0] in MIRRORED]

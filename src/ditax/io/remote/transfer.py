@@ -48,14 +48,27 @@ def listed(fs, root: str, url: str, what: str, error) -> tuple[dict, bool]:
                     f"{str(e).strip()[:200]})") from None
 
 
-def local_listing(folder: pathlib.Path) -> dict[str, int]:
-    """Relative path → size of every file under ``folder`` (hidden temporaries left out)."""
+def local_listing(folder: pathlib.Path, skip: tuple[str, ...] = ()) -> dict[str, int]:
+    """Relative path → size of every file under ``folder`` (hidden temporaries and the top
+    folders named in ``skip`` left out). A file removed while the folder is walked (orbax
+    pruning an old checkpoint beside a background upload) is left out, not an error."""
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         return {}
-    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in
-                                       p.relative_to(folder).parts)}
+    out = {}
+    for top in folder.iterdir():
+        if top.name.startswith(".") or top.name in skip:
+            continue
+        for p in ([top] if not top.is_dir() else top.rglob("*")):
+            rel = p.relative_to(folder)
+            if any(part.startswith(".") for part in rel.parts):
+                continue
+            try:
+                if p.is_file():
+                    out[str(rel)] = p.stat().st_size
+            except FileNotFoundError:
+                continue
+    return out
 
 
 def download(fs, root: str, names, sizes: dict[str, int], folder: pathlib.Path,
