@@ -36,6 +36,8 @@ import numpy as np
 from ditax.config import Config, ConfigError
 from ditax.config.training import parse_bucket_weights
 from ditax.models.base import model_family
+from ditax.train.data import (TextDropout, _decode, _stack, check_condition,
+                              check_sample_shapes, dataset_buckets, null_text, read_meta)
 
 #: batches drawn per generator: a resume at step k replays k / BLOCK small draws
 BLOCK = 1024
@@ -71,8 +73,6 @@ def meta_version(source) -> int | None:
 def read_buckets(source) -> tuple[dict, list[Bucket]]:
     """``(meta, buckets)`` of the dataset at ``source``, validated by
     :func:`~ditax.train.data.read_meta` (names unique, shapes, counts, files present)."""
-    from ditax.train.data import dataset_buckets, read_meta
-
     meta = read_meta(source)
     return meta, [Bucket(b["name"], tuple(b["latent_shape"]), b["num_samples"],
                          tuple(b["files"]), {k: tuple(v) for k, v in b["condition"].items()})
@@ -81,19 +81,9 @@ def read_buckets(source) -> tuple[dict, list[Bucket]]:
 
 def check_bucket(bucket: Bucket, text_shape, family, source) -> None:
     """The bucket's samples fit the model: latent channels, text width and condition
-    entries (the single-shape dataset's messages, naming the bucket)."""
-    from ditax.train.data import DataSourceError, check_condition
-
+    entries (the single-shape dataset's checks, naming the bucket)."""
     where = f"{source} (bucket {bucket.name})"
-    c = bucket.latent_shape[0]
-    if c != family.latent_channels:
-        raise DataSourceError(f"dataset {where}: latents have {c} channels but the "
-                              f"{family.name} model takes {family.latent_channels}; preprocess "
-                              f"with the model's VAE")
-    if text_shape[1] != family.text_dim:
-        raise DataSourceError(f"dataset {source}: text embeddings are {text_shape[1]} wide but "
-                              f"the {family.name} model takes {family.text_dim}; preprocess "
-                              f"with the model's text encoder")
+    check_sample_shapes(bucket.latent_shape, text_shape, family, where)
     check_condition({"latent_shape": list(bucket.latent_shape),
                      "condition": {k: list(v) for k, v in bucket.condition.items()}},
                     family, where)
@@ -165,8 +155,6 @@ class BucketedData:
     streams; :meth:`batches` is the process's batch dataset."""
 
     def __init__(self, cfg: Config, meta: dict, buckets: list[Bucket]):
-        from ditax.train.data import TextDropout, _decode, null_text
-
         source = cfg.data.source
         family = model_family(cfg.model)
         self.text_shape = tuple(meta["text_shape"])
@@ -205,8 +193,6 @@ class BucketedData:
     def batch(self, k: int, process_index: int, process_count: int, local_batch: int):
         """``(bucket index, batch)``: process ``process_index``'s chunk of global batch
         ``k``, records ``j·B + p·b … j·B + (p+1)·b - 1`` of its bucket's stream."""
-        from ditax.train.data import _stack
-
         b, j = self.draws(k)
         start = (j * process_count + process_index) * local_batch
         stream = self.streams[b]

@@ -238,16 +238,23 @@ def open_source(cfg: Config):
     meta = read_meta(cfg.data.source)
     lat, txt = tuple(meta["latent_shape"]), tuple(meta["text_shape"])
     check_condition(meta, family, cfg.data.source)
-    if lat[0] != family.latent_channels:
-        raise DataSourceError(f"dataset latents have {lat[0]} channels but the {family.name} model "
-                              f"takes {family.latent_channels}; preprocess with the model's VAE")
-    if txt[1] != family.text_dim:
-        raise DataSourceError(f"dataset text embeddings are {txt[1]} wide but the "
-                              f"{family.name} model takes {family.text_dim}; preprocess with "
-                              f"the model's text encoder")
+    check_sample_shapes(lat, txt, family, cfg.data.source)
     p = pathlib.Path(cfg.data.source)
     src = grain.sources.ArrayRecordDataSource([str(p / f) for f in meta["files"]])
     return src, lat, txt
+
+
+def check_sample_shapes(latent_shape, text_shape, family, where) -> None:
+    """The samples' latent channels and text width are the model's; ``where`` names the
+    dataset (and a bucketed dataset's bucket) in the :class:`DataSourceError`."""
+    if latent_shape[0] != family.latent_channels:
+        raise DataSourceError(f"dataset {where}: latents have {latent_shape[0]} channels but "
+                              f"the {family.name} model takes {family.latent_channels}; "
+                              f"preprocess with the model's VAE")
+    if text_shape[1] != family.text_dim:
+        raise DataSourceError(f"dataset {where}: text embeddings are {text_shape[1]} wide but "
+                              f"the {family.name} model takes {family.text_dim}; preprocess "
+                              f"with the model's text encoder")
 
 
 def _preprocess_hint(family) -> str:
