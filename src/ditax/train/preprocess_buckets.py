@@ -183,9 +183,9 @@ def encode_buckets(plan: BucketPlan, writer, enc, *, text_len: int, batch: int, 
         if not clips:
             continue
         videos = _read_jobs([(c.path, b.frames, b.height, b.width, "crop") for c in clips])
-        items = [((c.path, c.caption), None) for c in clips]
+        samples = ((c.path, c.caption) for c in clips)
         try:
-            for group in _groups(_paired(items, videos), batch):
+            for group in _groups(zip(samples, videos), batch):
                 for path, _, lat, text, mask, cond in encode_group(
                         enc, group, frames=b.frames, height=b.height, width=b.width,
                         resize="crop", text_len=text_len, pad=batch):
@@ -197,12 +197,6 @@ def encode_buckets(plan: BucketPlan, writer, enc, *, text_len: int, batch: int, 
             raise VideoReadError(f"{e} (bucket {b.name}: ffmpeg counted enough packets, the "
                                  f"decoder gives fewer frames; re-encode the clip)") from None
     return done
-
-
-def _paired(items, videos):
-    """``((path, caption), (video, size))`` of each item, its video decoded in order."""
-    for (sample, _), video in zip(items, videos):
-        yield sample, video
 
 
 def closing_line(counts: dict, skipped: list, what: str = "") -> str:
