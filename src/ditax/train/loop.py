@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 import jax
 
 from ditax.config import Config, ConfigError, to_dict, validate
+from ditax.io.remote.datasets import local_source
 from ditax.models.base import model_family
 from ditax.parallel.mesh import make_mesh
 from ditax.train import frozen_base
 from ditax.train.checkpoint import Checkpointer
 from ditax.train.batches import BatchIterator
 from ditax.train.metrics import MetricsWriter, peak_tflops
-from ditax.io.remote.datasets import local_source
 from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, open_run_folder,
                                 read_saved_config, write_config)
 from ditax.train.session import NonFiniteLoss, RunSession  # noqa: F401 (public here too)
@@ -102,7 +102,8 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
     mesh = mesh if mesh is not None else make_mesh(cfg.mesh)
     pid, nproc = jax.process_index(), jax.process_count()
 
-    check_output_dir(cfg.output_dir, urls=True)   # before anything loads: a file, an unwritable or foreign folder
+    # before anything loads: a file, an unwritable or foreign folder, a URL it cannot reach
+    check_output_dir(cfg.output_dir, urls=True)
     # a URL: this host's staging folder, synced, and the dataset's mirror (ditax.io.remote)
     run_dir, data_cfg = open_run_folder(cfg.output_dir, say), local_source(cfg, say)
     out = run_dir.local

@@ -263,4 +263,6 @@ def check_model(model) -> None:
                             f"text_encoder/, tokenizer/) or a hub id org/name")
 
 
-__all__ = ['find_samples', 'list_samples', 'checked_samples', 'encode_group', 'shapes_said', 'DTYPES', 'folder_family', 'default_frames', 'request_defaults', 'check_request', 'check_output', 'check_model']
+__all__ = ["find_samples", "list_samples", "checked_samples", "encode_group", "shapes_said",
+           "DTYPES", "folder_family", "default_frames", "request_defaults", "check_request",
+           "check_output", "check_model"]
