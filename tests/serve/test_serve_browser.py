@@ -141,11 +141,12 @@ def test_page_with_an_api_key_follows_events(browser, tmp_path_factory):
             box.send_keys(str(value))
         browser.find_element(By.ID, "submit").click()
         text = browser.find_element(By.ID, "progress_text")
-        wait_for(lambda: text.text == "100% (completed)", 120,
-                 f"the job to complete (page says {text.text!r}, "
+        # the page writes "completed" first, then fetches the video (with the key) and shows it
+        wait_for(lambda: text.text == "100% (completed)"
+                 and browser.find_elements(By.CSS_SELECTOR, "#player video"), 120,
+                 f"the job to complete and its video to show (page says {text.text!r}, "
                  f"{browser.find_element(By.ID, 'message').text!r})")
         bar = browser.find_element(By.ID, "progress")
         assert bar.get_attribute("data-via") == "events"
-        assert browser.find_elements(By.CSS_SELECTOR, "#player video")
     finally:
         srv.stop()
