@@ -48,6 +48,31 @@ def test_timesteps_match(steps, shift):
         np.testing.assert_array_equal(np.asarray(state.sigmas), ref.sigmas.numpy())
 
 
+#: LTX-2's scheduler: the dynamic shift of the video token count, stretched to end at 0.1
+LTX2 = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,
+        "shift": 1.0, "use_dynamic_shifting": True, "base_shift": 0.95, "max_shift": 2.05,
+        "base_image_seq_len": 1024, "max_image_seq_len": 4096, "shift_terminal": 0.1}
+
+
+@pytest.mark.parametrize("steps,tokens,explicit", [(8, 1536, True), (30, 6144, True),
+                                                   (5, 600, False)])
+def test_terminal_stretch_matches(steps, tokens, explicit):
+    """``shift_terminal`` (LTX-2's schedule) on the dynamic shift, with the pipeline's explicit
+    sigmas and with the even spacing: the same float32 tables as diffusers."""
+    from ditax.schedulers.flow_match import flux_mu
+
+    ref = _ref(LTX2)
+    mu = flux_mu(tokens, 1024, 4096, 0.95, 2.05)
+    sigmas = np.linspace(1.0, 1.0 / steps, steps) if explicit else None
+    ref.set_timesteps(steps, sigmas=sigmas, mu=mu)
+    state = from_config(LTX2).with_mu(tokens).set_timesteps(steps, SHAPE, sigmas=sigmas)
+    np.testing.assert_array_equal(np.asarray(state.sigmas), ref.sigmas.numpy())
+    np.testing.assert_array_equal(np.asarray(state.timesteps), ref.timesteps.numpy())
+    assert abs(float(state.sigmas[-2]) - 0.1) < 1e-6      # the last step's sigma is the terminal
+    with pytest.raises(ValueError, match="shift_terminal=1.5"):
+        from_config({**LTX2, "shift_terminal": 1.5})
+
+
 def _rollout_ref(ref, steps, x, outs):
     ref.set_timesteps(steps)
     xs = []

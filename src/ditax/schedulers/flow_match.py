@@ -3,7 +3,8 @@
 Matches diffusers' ``FlowMatchEulerDiscreteScheduler`` with a fixed ``shift``, or with
 ``use_dynamic_shifting`` (FLUX.1-dev: the exponential time shift
 ``e^mu / (e^mu + 1/s - 1)`` of each sigma, ``mu`` from the image token count, :func:`flux_mu`,
-given per request with :meth:`FlowMatchEulerScheduler.with_mu`); no stochastic sampling.
+given per request with :meth:`FlowMatchEulerScheduler.with_mu`), and ``shift_terminal``
+(LTX-2: the shifted schedule stretched to end at that sigma); no stochastic sampling.
 Its schedule has a quirk reproduced here on purpose: the
 smallest training sigma is shifted once when the scheduler is built, and the inference
 sigmas spaced down to it are shifted again.
@@ -39,7 +40,8 @@ _SUPPORTED = {
     "num_train_timesteps": (lambda v: int(v) > 0, "a positive int"),
     "time_shift_type": (lambda v: v == "exponential", "exponential"),
     "invert_sigmas": (lambda v: not v, "false"),
-    "shift_terminal": (lambda v: not v, "null"),
+    "shift_terminal": (lambda v: v is None or 0.0 <= float(v) < 1.0,
+                       "null or a number in [0, 1)"),
     "use_karras_sigmas": (lambda v: not v, "false"),
     "use_exponential_sigmas": (lambda v: not v, "false"),
     "use_beta_sigmas": (lambda v: not v, "false"),
@@ -91,6 +93,7 @@ class FlowMatchEulerScheduler:
     max_shift: float = 1.15
     base_image_seq_len: int = 256
     max_image_seq_len: int = 4096
+    shift_terminal: float | None = None   # the last sigma the schedule is stretched to
     mu: float | None = None   # the dynamic shift of this request (with_mu)
 
     def with_mu(self, image_seq_len: int) -> "FlowMatchEulerScheduler":
@@ -111,6 +114,15 @@ class FlowMatchEulerScheduler:
         e = math.exp(self.mu)
         return e / (e + (1.0 / sig - 1.0))
 
+    def _stretch(self, sig):
+        """With ``shift_terminal``: the shifted sigmas stretched so the last is that value
+        (``1 - (1 - s) (1 - terminal) / (1 - s_last)``, LTX's schedules); else unchanged."""
+        if not self.shift_terminal:
+            return sig
+        one = sig.dtype.type(1.0)   # in the sigmas' own precision, as the reference
+        one_minus = one - sig
+        return one - one_minus / (one_minus[-1] / sig.dtype.type(1.0 - self.shift_terminal))
+
     @classmethod
     def from_config(cls, cfg: dict) -> "FlowMatchEulerScheduler":
         """From a diffusers ``FlowMatchEulerDiscreteScheduler`` config; unsupported settings raise."""
@@ -119,7 +131,9 @@ class FlowMatchEulerScheduler:
                    use_dynamic_shifting=bool(c["use_dynamic_shifting"]),
                    base_shift=float(c["base_shift"]), max_shift=float(c["max_shift"]),
                    base_image_seq_len=int(c["base_image_seq_len"]),
-                   max_image_seq_len=int(c["max_image_seq_len"]))
+                   max_image_seq_len=int(c["max_image_seq_len"]),
+                   shift_terminal=(None if c["shift_terminal"] is None
+                                   else float(c["shift_terminal"])))
 
     def schedule(self, num_steps: int, sigmas=None) -> tuple[np.ndarray, np.ndarray]:
         """Host-side ``(timesteps float32 [N], sigmas float32 [N+1])`` as diffusers builds them;
@@ -129,7 +143,7 @@ class FlowMatchEulerScheduler:
         n = self.num_train_timesteps
         if sigmas is not None:
             check_sigmas(sigmas, num_steps)
-            sig = self._shift(np.asarray(sigmas, np.float32)).astype(np.float32)
+            sig = self._stretch(self._shift(np.asarray(sigmas, np.float32)).astype(np.float32))
             return sig * np.float32(n), np.concatenate([sig, [0.0]]).astype(np.float32)
         # Training-time extremes, in float32 like the reference's construction.
         train = np.float32(1.0) / np.float32(n), np.float32(n) / np.float32(n)
@@ -137,7 +151,7 @@ class FlowMatchEulerScheduler:
         s_min, s_max = (float(t if self.use_dynamic_shifting else shift_sigma(t, self.shift))
                         for t in train)
         t = np.linspace(s_max * n, s_min * n, num_steps)
-        sig = self._shift(t / n).astype(np.float32)
+        sig = self._stretch(self._shift(t / n)).astype(np.float32)
         timesteps = sig * np.float32(n)
         return timesteps.astype(np.float32), np.concatenate([sig, [0.0]]).astype(np.float32)
 
