@@ -32,6 +32,10 @@ def test_mp4_gets_its_sound_track_and_keeps_its_frames(tmp_path):
     for c, f in enumerate((440.0, 1000.0)):               # each channel its own tone
         assert abs(_peak_hz(back.samples[c], 16000) - f) < 10.0
     assert not list(tmp_path.glob(".*partial*"))
+    both = write_mp4(tmp_path / "w.mp4", video, fps=24, audio=track)   # in one write
+    np.testing.assert_array_equal(read_video(both), frames)
+    assert read_audio(both).channels == 2 and sorted(p.name for p in tmp_path.iterdir()) == [
+        "v.mp4", "w.mp4"]
 
 
 def test_wav_round_trip(tmp_path):

@@ -73,7 +73,8 @@ def test_generate_shows_checks_and_writes_both_outputs(toy, folder, tmp_path, ca
                                                      "[0.0, 10.0]"),
                          (["--toy-sharpness", "nan"], "--toy-sharpness nan must be a finite"),
                          (["--height", "18"], "height=18 must be a multiple of 4"),
-                         (["--true-cfg", "3"], "--true-cfg is not taken by toythird models")):
+                         (["--true-cfg", "3"], "--true-cfg is not taken by toythird models"),
+                         (["--no-audio"], "which makes no sound track; drop --no-audio")):
         rc = main(["generate", "--model", str(folder), "--prompt", "x", "--output",
                    str(tmp_path / "bad.mp4"), "--no-progress", *flags])
         err = capsys.readouterr().err.strip().splitlines()

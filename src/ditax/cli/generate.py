@@ -108,6 +108,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", default=None, help="output path: .mp4 (H.264) for a video "
                    "model (default out.mp4), .png for an image model (default out.png)")
     p.add_argument("--frames-dir", default=None, help="also write PNG frames here")
+    p.add_argument("--no-audio", action="store_true",
+                   help="a model that also makes sound (LTX-2): write the video without its "
+                        "sound track (and skip decoding it)")
     p.add_argument("--fps", type=int, default=None,
                    help="frames per second of the mp4 (default: the folder's, else 16)")
     p.add_argument("--no-progress", action="store_true",
@@ -121,7 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # generate's flags every family takes (besides the request fields)
 _GENERIC = {"model", "prompts", "batch", "lora", "lora_mode", "lora_strict", "output", "no_progress",
-            "overrides", "command", "debug", "surface", "lora_sample"}
+            "overrides", "command", "debug", "surface", "lora_sample", "no_audio"}
 
 
 def refuse_other_flags(args, pipelines, model: str) -> None:
@@ -222,6 +225,11 @@ def parse_request(args):
                                    f"the PNG frames their own folder")
         if args.fps < 1:
             raise RequestError(f"--fps={args.fps} must be >= 1 (Wan: 16)")
+    if "audio" in pipes.outputs:               # a family that makes a sound track
+        call["audio"] = not getattr(args, "no_audio", False)
+    elif getattr(args, "no_audio", False):
+        raise RequestError(f"--no-audio: {args.model} is a {pipes.name} folder, which makes no "
+                           f"sound track; drop --no-audio")
     call = pipes.read_cli_inputs(args, call, s)      # the family's files (images, videos)
     own_call, own_load = pipes.sample_options(args, s, chosen, defaults, call)
     if lora_sample is not None:
@@ -352,9 +360,16 @@ def write_output(args, out, pipe, makes: str) -> None:
     from ditax.io.outputs import write_extras
     from ditax.io.video import write_frames, write_mp4
 
+    from ditax.io.audio import AudioTrack
+
     t0 = time.perf_counter()
+    audio = None
     if isinstance(out, dict):          # a family with further outputs (PipelineFamily.outputs)
         extras = {k: v for k, v in out.items() if k != makes}
+        audio = extras.pop("audio", None)     # a sound track goes into the mp4
+        if audio is not None and not isinstance(audio, AudioTrack):
+            extras["audio"] = audio
+            audio = None
         for path in write_extras(args.output, extras):
             print(f"wrote {path}")
         out = out[makes]
@@ -363,7 +378,7 @@ def write_output(args, out, pipe, makes: str) -> None:
         print(f"{_timing(pipe)}write {time.perf_counter() - t0:.2f}s")
         print(f"wrote {path} ({out.shape[1]}x{out.shape[0]} image)")
         return
-    path = write_mp4(args.output, out, fps=args.fps)
+    path = write_mp4(args.output, out, fps=args.fps, audio=audio)
     if args.frames_dir:
         write_frames(args.frames_dir, out)
     print(f"{_timing(pipe)}write {time.perf_counter() - t0:.2f}s")
@@ -375,5 +390,7 @@ def write_output(args, out, pipe, makes: str) -> None:
               f"{'on' if st['cfg_cache'] else 'off'}: {st['transformer_calls']} transformer calls "
               f"for {st['steps']} steps ({skipped} skipped, {reused} unconditional reused)")
     f, h, w, _ = out.shape
-    print(f"wrote {path} ({f} frames, {w}x{h}, {args.fps} fps)"
+    sound = (f", {audio.channels}-channel {audio.sample_rate} Hz AAC sound track"
+             if audio is not None else "")
+    print(f"wrote {path} ({f} frames, {w}x{h}, {args.fps} fps{sound})"
           + (f" and {f} PNG frames in {args.frames_dir}" if args.frames_dir else ""))

@@ -2,7 +2,8 @@
 
 A family whose pipeline also makes sound (LTX-2) returns ``{"video": ..., "audio":
 AudioTrack(...)}``; ``ditax generate`` and ``ditax serve`` put the track into the video's mp4
-(:func:`mux_into_mp4`) unless asked for the video alone. ffmpeg is the one imageio-ffmpeg
+(:func:`ditax.io.video.write_mp4`'s ``audio=``, :func:`mux_audio`) unless asked for the video
+alone. ffmpeg is the one imageio-ffmpeg
 ships (its native ``aac`` encoder), so nothing new is installed.
 
 Waveforms are float ``[channels, samples]`` in [-1, 1] (what the vocoder returns); values
@@ -62,17 +63,23 @@ def _run(cmd: list[str], stdin: bytes | None = None) -> bytes:
     return done.stdout
 
 
-def mux_into_mp4(path, track: AudioTrack, bitrate: str = "192k") -> pathlib.Path:
-    """Add ``track`` to the (silent) mp4 at ``path`` as its AAC sound track; the video stream
-    is copied, not re-encoded. The file is replaced whole at the end (a failed mux leaves the
-    silent video as it was)."""
-    path = pathlib.Path(path)
+def mux_audio(video_path, track: AudioTrack, out_path, bitrate: str = "192k") -> None:
+    """Write ``out_path``: the mp4 at ``video_path`` (its video stream copied, not re-encoded)
+    with ``track`` as its AAC sound track. ``out_path`` is written in place: callers write to
+    a temporary name (:func:`ditax.io.video.write_mp4` does)."""
     raw = np.ascontiguousarray(np.clip(track.samples, -1.0, 1.0).T, "<f4").tobytes()
+    _run([_ffmpeg(), "-hide_banner", "-loglevel", "error", "-y", "-i", str(video_path),
+          "-f", "f32le", "-ar", str(track.sample_rate), "-ac", str(track.channels),
+          "-i", "pipe:0", "-map", "0:v:0", "-map", "1:a:0", "-c:v", "copy",
+          "-c:a", "aac", "-b:a", bitrate, "-f", "mp4", str(out_path)], stdin=raw)
+
+
+def mux_into_mp4(path, track: AudioTrack) -> pathlib.Path:
+    """Give the (silent) mp4 at ``path`` the sound track ``track``; the file is replaced whole
+    at the end (a failed mux leaves it as it was)."""
+    path = pathlib.Path(path)
     with atomic_file(path) as tmp:
-        _run([_ffmpeg(), "-hide_banner", "-loglevel", "error", "-y", "-i", str(path),
-              "-f", "f32le", "-ar", str(track.sample_rate), "-ac", str(track.channels),
-              "-i", "pipe:0", "-map", "0:v:0", "-map", "1:a:0", "-c:v", "copy",
-              "-c:a", "aac", "-b:a", bitrate, "-f", "mp4", str(tmp)], stdin=raw)
+        mux_audio(path, track, tmp)
     return path
 
 
@@ -107,4 +114,4 @@ def write_wav(path, track: AudioTrack) -> pathlib.Path:
     return path
 
 
-__all__ = ["AudioTrack", "mux_into_mp4", "read_audio", "write_wav"]
+__all__ = ["AudioTrack", "mux_audio", "mux_into_mp4", "read_audio", "write_wav"]

@@ -8,6 +8,7 @@ write never leaves a half-written mp4 or a partial set of frames under the reque
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 import warnings
 
@@ -37,8 +38,10 @@ def to_uint8(video) -> np.ndarray:
     return np.round(np.clip(v.astype(np.float32), 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
-def write_mp4(path, video, fps: int = 16, quality: float = 8.0) -> pathlib.Path:
-    """Encode ``video`` as H.264 (yuv420p, so height and width must be even) at ``fps``.
+def write_mp4(path, video, fps: float = 16, quality: float = 8.0,
+              audio=None) -> pathlib.Path:
+    """Encode ``video`` as H.264 (yuv420p, so height and width must be even) at ``fps``, with
+    ``audio`` (an :class:`~ditax.io.audio.AudioTrack`, None: silent) as its AAC sound track.
 
     Wan models are trained at 16 fps. ``quality`` is imageio-ffmpeg's 0-10 scale.
     """
@@ -50,12 +53,27 @@ def write_mp4(path, video, fps: int = 16, quality: float = 8.0) -> pathlib.Path:
         raise ValueError(f"H.264 (yuv420p) needs even height and width; got {h}x{w}")
     path = pathlib.Path(path)
     # macro_block_size=1: never let the writer resize frames behind our back
-    with atomic_file(path) as tmp, _ffmpeg_subprocess(), imageio.get_writer(
-            str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264", quality=quality,
-            pixelformat="yuv420p", macro_block_size=1) as writer:
-        for f in frames:
-            writer.append_data(f)
+    with atomic_file(path) as tmp, _ffmpeg_subprocess():
+        with imageio.get_writer(str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264",
+                                quality=quality, pixelformat="yuv420p",
+                                macro_block_size=1) as writer:
+            for f in frames:
+                writer.append_data(f)
+        if audio is not None:
+            _add_audio(tmp, audio)
     return path
+
+
+def _add_audio(tmp: pathlib.Path, audio) -> None:
+    """Mux ``audio`` into the just-written mp4 ``tmp`` (still under its temporary name)."""
+    from ditax.io.audio import mux_audio
+
+    silent = tmp.with_name(tmp.stem + ".silent.mp4")
+    os.replace(tmp, silent)
+    try:
+        mux_audio(silent, audio, tmp)
+    finally:
+        silent.unlink(missing_ok=True)
 
 
 def write_frames(folder, video, prefix: str = "frame") -> list[pathlib.Path]:

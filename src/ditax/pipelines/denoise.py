@@ -5,7 +5,8 @@ One sampling step is: the denoiser's inputs at this step's timestep (the family'
 denoiser on the conditional and (with guidance) the unconditional text (:func:`cfg_branches`:
 both in one batch-2 forward or one after the other; a family whose unconditional branch also
 drops a non-text input says how with its rule's ``uncond``, :func:`uncond_rule`),
-classifier-free guidance (:func:`guide`) and the scheduler update (:func:`scheduler_update`).
+classifier-free guidance (:func:`guide`, or the family's own rule: :func:`guide_rule`) and the
+scheduler update (:func:`scheduler_update`).
 :func:`_denoise_step` is that step, jitted; the step-cached step
 (:mod:`ditax.pipelines.cache.cached_step`) is the same step with a forward that may reuse a
 cached residual, built from the same parts. Nothing here knows a family: the denoiser is
@@ -83,6 +84,16 @@ def cfg_branches(forward: Forward, cfg_mode: str, inputs, text, carry=None, unco
     return cond, uncond_out, carry
 
 
+def guide_rule(inputs):
+    """The family's own guidance, ``inputs.guide(model, step_in, text, cond, uncond, guidance)
+    -> v`` (an optional attribute of its :class:`~ditax.models.base.ModelInputs` rule: LTX-2's
+    guides in the clean-sample space, per modality, with rescaling and further branches of its
+    own, calling ``model`` again on the conditional rows), or None: :func:`guide`. It sees the
+    branches' outputs (``uncond`` None without CFG), this step's inputs ``(x, timestep,
+    extras)`` and the text of both branches."""
+    return getattr(inputs, "guide", None)
+
+
 def guide(cond, uncond, guidance):
     """Classifier-free guidance: ``uncond + g (cond - uncond)`` in the output dtype."""
     return uncond + guidance.astype(cond.dtype) * (cond - uncond)
@@ -108,10 +119,13 @@ def velocity(model, inputs, cfg_mode: str, use_cfg: bool, step_in, text, guidanc
     branches (:func:`cfg_branches`, the family's ``uncond`` rule) and :func:`guide` with
     ``guidance`` (``[]``, or one per row shaped to broadcast over the output's rows)."""
     forward = model_forward(model)
+    own = guide_rule(inputs)
     if not use_cfg:
         v, _ = cond_branch(forward, step_in, text)
-        return v
+        return v if own is None else own(model, step_in, text, v, None, guidance)
     cond, uncond, _ = cfg_branches(forward, cfg_mode, step_in, text, uncond=uncond_rule(inputs))
+    if own is not None:
+        return own(model, step_in, text, cond, uncond, guidance)
     return guide(cond, uncond, guidance)
 
 
@@ -136,5 +150,5 @@ def _denoise_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params,
 
 
 __all__ = ["BOTH", "COND", "UNCOND", "batch_twice", "cfg_branches", "cond_branch", "guide",
-           "model_forward", "scheduler_update", "step_inputs", "text_rows", "uncond_rule",
-           "velocity"]
+           "guide_rule", "model_forward", "scheduler_update", "step_inputs", "text_rows",
+           "uncond_rule", "velocity"]

@@ -335,8 +335,10 @@ class Worker(threading.Thread):
         if self.writer is None:
             self.writer = concurrent.futures.ThreadPoolExecutor(
                 WRITERS, thread_name_prefix="ditax-serve-writer")
-        host = ({k: np.asarray(v) for k, v in video.items()} if isinstance(video, dict)
-                else np.asarray(video))
+        from ditax.io.audio import AudioTrack
+
+        host = ({k: v if isinstance(v, AudioTrack) else np.asarray(v) for k, v in video.items()}
+                if isinstance(video, dict) else np.asarray(video))
         self.pending.add(job["id"])
 
         def write():
@@ -364,10 +366,14 @@ class Worker(threading.Thread):
             self.store.finish(job["id"], "cancelled")
             self.metrics.add(cancelled=1)
             return False
-        extras, more = [], {}
+        from ditax.io.audio import AudioTrack
+
+        extras, more, audio = [], {}, None
         if isinstance(video, dict):       # a family's further outputs (PipelineFamily.outputs)
             main = next(k for k in ("video", "image") if k in video)
             more = {k: v for k, v in video.items() if k != main}
+            if isinstance(more.get("audio"), AudioTrack):   # a sound track: into the mp4
+                audio = more.pop("audio")
             video = video[main]
         name = f"{job['id']}.{'png' if video.ndim == 3 else 'mp4'}"   # [H, W, 3]: a PNG
         try:
@@ -375,7 +381,8 @@ class Worker(threading.Thread):
             if video.ndim == 3:
                 write_png(self.output_dir / name, video)
             else:
-                write_mp4(self.output_dir / name, video, fps=job["request"].get("fps") or 16)
+                write_mp4(self.output_dir / name, video, fps=job["request"].get("fps") or 16,
+                          audio=audio)
         except OSError as e:              # a full disk, the folder replaced by a file, ...
             self.fail_unfinished([job], f"could not write {self.output_dir / name}: {e}")
             return False
