@@ -31,14 +31,15 @@ AUDIO_VAE = {
                   mid_block_add_attention=True),
 }
 
-_RESNETS = dict(resnet_kernel_sizes=[3, 7, 11], resnet_dilations=[[1, 3, 5]] * 3)
+_RESNETS = dict(resnet_kernel_sizes=[3, 7, 11], resnet_dilations=[[1, 3, 5]] * 3)  # public
+_SMALL = dict(resnet_kernel_sizes=[3, 5], resnet_dilations=[[1, 3], [1, 2]])  # fewer compiles
 VOCODER = {
     "v20": dict(in_channels=32, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[16, 15, 4],
                 upsample_factors=[6, 5, 2], act_fn="leaky_relu", antialias=False,
                 final_act_fn="tanh", final_bias=True, output_sampling_rate=24000, **_RESNETS),
     "v23": dict(in_channels=32, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[11, 4],
                 upsample_factors=[5, 2], act_fn="snakebeta", antialias=True, final_act_fn=None,
-                final_bias=False, output_sampling_rate=16000, **_RESNETS),
+                final_bias=False, output_sampling_rate=16000, **_SMALL),
     "snake": dict(in_channels=16, hidden_channels=16, out_channels=1, upsample_kernel_sizes=[8],
                   upsample_factors=[4], act_fn="snake", antialias=False, final_act_fn="clamp",
                   final_bias=True, resnet_kernel_sizes=[3, 5], resnet_dilations=[[1, 2], [1, 3]]),
@@ -47,8 +48,8 @@ BWE = dict(in_channels=32, hidden_channels=16, out_channels=2, upsample_kernel_s
            upsample_factors=[5, 2], bwe_in_channels=16, bwe_hidden_channels=16,
            bwe_out_channels=2, bwe_upsample_kernel_sizes=[12, 11], bwe_upsample_factors=[6, 5],
            filter_length=32, hop_length=10, window_length=32, num_mel_channels=8,
-           input_sampling_rate=16000, output_sampling_rate=48000, **_RESNETS,
-           bwe_resnet_kernel_sizes=[3, 7, 11], bwe_resnet_dilations=[[1, 3, 5]] * 3)
+           input_sampling_rate=16000, output_sampling_rate=48000, **_SMALL,
+           bwe_resnet_kernel_sizes=[3], bwe_resnet_dilations=[[1, 3]])
 
 
 def rel_err(a, b) -> float:
