@@ -1,0 +1,18 @@
+"""LTX-2 / LTX-2.3 audio+video generation: the built-in family ``ltx2``.
+
+Importing this package registers the family (:mod:`ditax.models.registry`'s discovery rule):
+its one declaration, naming every part and capability. Everything is named by
+``"module:Name"`` so this import stays light (no JAX). So far the family has its transformer
+(``LTX2VideoTransformer3DModel`` folders, :mod:`ditax.models.ltx2.loading`) and the
+``ditax convert`` folder check; pipelines come later.
+"""
+
+from ditax.models.registry import FamilySpec, register
+
+register(FamilySpec(
+    name="ltx2",
+    config="ditax.models.ltx2.config:LTX2Config",
+    family="ditax.models.ltx2.family:LTX2Family",
+    transformer_classes=("LTX2VideoTransformer3DModel",),
+    capabilities=frozenset({"transformer", "folder_check"}),
+))

@@ -1,0 +1,155 @@
+"""The checks of one LTX-2 call: every argument's shape and the arguments ditax does not take
+yet, each refused in one :class:`~ditax.errors.RequestError` line naming the value and the
+fix, before anything is traced. Shapes use the module's letters: ``B`` batch, ``L`` / ``La``
+video / audio tokens, ``T`` / ``Ta`` text tokens."""
+
+from __future__ import annotations
+
+import math
+
+from ditax.errors import RequestError
+from ditax.models.ltx2.config import LTX2Config
+
+
+def _shape(x):
+    return None if x is None else tuple(getattr(x, "shape", ()))
+
+
+def timestep_tokens(name: str, t, b: int, n: int) -> int:
+    """How many timesteps a sample has in ``t`` (1, or ``n``: one per token); ``t``: a
+    scalar, ``[1]``, ``[B]``, ``[B, 1]`` or ``[B, n]``."""
+    s = _shape(t)
+    if len(s) == 0 or (len(s) == 1 and s[0] in (1, b)):
+        return 1
+    if len(s) == 2 and s[0] == b and s[1] in (1, n):
+        return s[1]
+    raise RequestError(f"{name} must be a scalar, [B={b}] or one per token [B={b}, {n}]; "
+                       f"got shape {s}")
+
+
+def _unsupported(name: str, value, what: str) -> None:
+    raise RequestError(f"{name}={value!r}: ditax does not support {what} yet (diffusers' "
+                       f"LTX2VideoTransformer3DModel does); pass {name}=None")
+
+
+def check_inputs(cfg: LTX2Config, x, a, text, audio_text, timestep, *, audio_timestep=None,
+                 sigma=None, audio_sigma=None, encoder_attention_mask=None,
+                 audio_encoder_attention_mask=None, num_frames=None, height=None, width=None,
+                 audio_num_frames=None, video_coords=None, audio_coords=None, positions=None,
+                 use_cross_timestep=False, spatio_temporal_guidance_blocks=None,
+                 perturbation_mask=None, attention_kwargs=None,
+                 video_self_attention_mask=None, video_keyframes_mask=None) -> None:
+    """Raise :class:`RequestError` for a call the model cannot take (module docstring)."""
+    if spatio_temporal_guidance_blocks:
+        _unsupported("spatio_temporal_guidance_blocks", list(spatio_temporal_guidance_blocks),
+                     "spatio-temporal guidance (perturbed self-attention blocks)")
+    if perturbation_mask is not None:
+        _unsupported("perturbation_mask", _shape(perturbation_mask),
+                     "spatio-temporal guidance (perturbed self-attention blocks)")
+    if attention_kwargs:
+        _unsupported("attention_kwargs", attention_kwargs, "attention processor keywords "
+                     "(LoRA scales)")
+    if video_self_attention_mask is not None:
+        _unsupported("video_self_attention_mask", _shape(video_self_attention_mask),
+                     "soft [B, L, L] video self-attention masks (IC-LoRA)")
+    xs = _shape(x)
+    if len(xs) != 3 or xs[-1] != cfg.in_channels:
+        raise RequestError(f"hidden_states must be packed video tokens [B, L, in_channels="
+                           f"{cfg.in_channels}]; got shape {xs}")
+    b, seq = xs[:2]
+    as_ = _shape(a)
+    if len(as_) != 3 or as_[0] != b or as_[-1] != cfg.audio_in_channels:
+        raise RequestError(f"audio_hidden_states must be packed audio tokens [B={b}, La, "
+                           f"audio_in_channels={cfg.audio_in_channels}]; got shape {as_}")
+    la = as_[1]
+    for name, t, dim in (("encoder_hidden_states", text, cfg.text_dim),
+                         ("audio_encoder_hidden_states", audio_text, cfg.audio_text_dim)):
+        s = _shape(t)
+        if len(s) != 3 or s[0] != b or s[-1] != dim:
+            raise RequestError(f"{name} must be [B={b}, T, {dim}]; got shape {s}")
+    for name, m, t in (("encoder_attention_mask", encoder_attention_mask, text),
+                       ("audio_encoder_attention_mask", audio_encoder_attention_mask,
+                        audio_text)):
+        if m is not None and _shape(m) != _shape(t)[:2]:
+            raise RequestError(f"{name} must be [B, T] = {_shape(t)[:2]} (1 = attend; "
+                               f"diffusers' additive [B, 1, T] biases are not taken); got "
+                               f"shape {_shape(m)}")
+    tv = timestep_tokens("timestep", timestep, b, seq)
+    if audio_timestep is None and tv > 1:
+        raise RequestError(f"timestep is one per video token [B, L={seq}], so audio_timestep "
+                           f"must be given ([B] or [B, La={la}]): the audio stream cannot take "
+                           f"the video tokens' timesteps")
+    if audio_timestep is not None:
+        timestep_tokens("audio_timestep", audio_timestep, b, la)
+    for name, s in (("sigma", sigma), ("audio_sigma", audio_sigma)):
+        if s is not None:
+            sh = _shape(s)
+            if len(sh) > 1 or (len(sh) == 1 and sh[0] not in (1, b)):
+                raise RequestError(f"{name} must be a scalar or [B={b}]; got shape {sh}")
+    if sigma is None and audio_sigma is None:
+        if cfg.prompt_adaln:
+            raise RequestError("sigma=None, but this model modulates its text keys by sigma "
+                               "(cross_attn_mod with use_prompt_adaln_single, LTX-2.3): pass "
+                               "sigma=[B] (diffusers' pipeline passes the timestep)")
+        if use_cross_timestep:
+            raise RequestError("use_cross_timestep=True takes each stream's a<->v modulation "
+                               "from the other stream's sigma: pass sigma (and audio_sigma)")
+    if cfg.prompt_adaln and sigma is None:
+        raise RequestError("sigma=None with audio_sigma given: the video stream's text "
+                           "modulation needs sigma=[B] too")
+    if video_keyframes_mask is not None:
+        if not cfg.use_keyframes_abs_pos_embedding:
+            raise RequestError("video_keyframes_mask is given, but this model has no keyframe "
+                               "embedding (use_keyframes_abs_pos_embedding=False); pass "
+                               "video_keyframes_mask=None")
+        s = _shape(video_keyframes_mask)
+        if s not in ((b, seq), (b, seq, 1)):
+            raise RequestError(f"video_keyframes_mask must be [B, L, 1] = {(b, seq, 1)} (or "
+                               f"[B, L]); got shape {s}")
+    if positions is None:
+        _check_video_positions(cfg, b, seq, num_frames, height, width, video_coords)
+        _check_audio_positions(cfg, b, la, audio_num_frames, audio_coords)
+
+
+def _check_video_positions(cfg, b, seq, num_frames, height, width, coords) -> None:
+    if coords is not None:
+        s = _shape(coords)
+        if len(s) not in (3, 4) or s[0] not in (1, b) or s[1] != 3 or s[2] != seq or (
+                len(s) == 4 and s[3] != 2):
+            raise RequestError(f"video_coords must be [B={b}, 3, L={seq}, 2] (each token's "
+                               f"[start, end) in seconds and pixels) or [B, 3, L]; got {s}")
+        return
+    sizes = dict(num_frames=num_frames, height=height, width=width)
+    missing = [k for k, v in sizes.items() if v is None]
+    if missing:
+        raise RequestError(f"{', '.join(missing)} not given: the video RoPE needs the latent "
+                           f"num_frames, height and width (or video_coords)")
+    for k, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise RequestError(f"{k}={v!r} must be an integer >= 1 (latent {k})")
+    n = (math.ceil(num_frames / cfg.patch_size_t) * math.ceil(height / cfg.patch_size)
+         * math.ceil(width / cfg.patch_size))
+    if n != seq:
+        raise RequestError(f"num_frames x height x width = {num_frames}x{height}x{width} "
+                           f"latents make {n} tokens (patch {cfg.patch_size_t}x{cfg.patch_size}"
+                           f"x{cfg.patch_size}), but hidden_states has L={seq}")
+
+
+def _check_audio_positions(cfg, b, la, audio_num_frames, coords) -> None:
+    if coords is not None:
+        s = _shape(coords)
+        if len(s) not in (3, 4) or s[0] not in (1, b) or s[1] != 1 or s[2] != la or (
+                len(s) == 4 and s[3] != 2):
+            raise RequestError(f"audio_coords must be [B={b}, 1, La={la}, 2] (each token's "
+                               f"[start, end) in seconds) or [B, 1, La]; got {s}")
+        return
+    n = audio_num_frames
+    if n is None or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise RequestError(f"audio_num_frames={n!r}: the audio RoPE needs the latent audio "
+                           f"frames (an integer >= 1), or audio_coords")
+    if math.ceil(n / cfg.audio_patch_size_t) != la:
+        raise RequestError(f"audio_num_frames={n} makes {math.ceil(n / cfg.audio_patch_size_t)}"
+                           f" audio tokens, but audio_hidden_states has La={la}")
+
+
+__all__ = ["check_inputs", "timestep_tokens"]

@@ -1,0 +1,165 @@
+"""Load the LTX-2 transformer from a diffusers folder; the callable ``load_transformer`` returns.
+
+The folder's ``config.json`` (``_class_name: LTX2VideoTransformer3DModel``) gives the
+architecture (a key this version does not know is refused,
+:func:`~ditax.models.ltx2.config.check_known_keys`); its safetensors (one file or a sharded
+index) are read through the table of :mod:`.convert` with the strict key and shape checks of
+:mod:`ditax.io.convert` before any tensor is read. The steps are the one loader's
+(:class:`~ditax.models.common.loader.TransformerLoader`, :data:`LOADER`); what is LTX-2's own
+here is :class:`LTX2TransformerModel`'s call and the ``ditax convert`` folder check.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ditax.errors import ConfigError
+from ditax.io.hub import resolve_folder
+from ditax.io.weights import Weights
+from ditax.models.common import loaded
+from ditax.models.common.loaded import LoadedTransformer
+from ditax.models.common.loader import Architecture, TransformerLoader
+from ditax.models.ltx2.build import abstract_model
+from ditax.models.ltx2.config import (CLASS_NAME, LTX2Config, check_transformer,
+                                      same_architecture)
+from ditax.models.ltx2.convert import param_axes, weight_table
+
+
+def read_config(folder) -> dict:
+    """``folder/config.json``, which must describe an ``LTX2VideoTransformer3DModel``."""
+    return LOADER.read_config(folder)
+
+
+def _forward(gdef, state, arrays: dict, isolate: bool, cross: bool):
+    return nnx.merge(gdef, state)(**arrays, isolate_modalities=isolate,
+                                  use_cross_timestep=cross)
+
+
+_forward_jit = jax.jit(_forward, static_argnums=(0, 3, 4))
+
+
+@jax.tree_util.register_pytree_node_class
+class LTX2TransformerModel(LoadedTransformer):
+    """What ``ditax.load_transformer`` returns for an LTX-2 folder: a jitted, mesh-aware
+    callable with diffusers' keyword names,
+
+    ``tr(hidden_states [B, L, C], audio_hidden_states [B, La, Ca], encoder_hidden_states
+    [B, T, Dt], audio_encoder_hidden_states [B, Ta, Dta], timestep [B] | [B, L],
+    audio_timestep=None, sigma=None, audio_sigma=None, encoder_attention_mask=None,
+    audio_encoder_attention_mask=None, num_frames=None, height=None, width=None, fps=24.0,
+    audio_num_frames=None, video_coords=None, audio_coords=None, isolate_modalities=False,
+    use_cross_timestep=False, video_keyframes_mask=None) → (video [B, L, C_out], audio
+    [B, La, Ca_out])`` — diffusers' ``return_dict=False`` tuple
+    (:mod:`ditax.models.ltx2.transformer` has the meanings). The RoPE positions are computed
+    on the host from the sizes or the coordinates before the compiled forward, so a call
+    with new sizes does not recompile for them alone.
+
+    A pytree of its parameters (:class:`~ditax.models.common.loaded.LoadedTransformer`), so it
+    composes with a user's ``jax.jit`` / ``jax.grad``.
+    """
+
+    def __call__(self, hidden_states, audio_hidden_states, encoder_hidden_states,
+                 audio_encoder_hidden_states, timestep, audio_timestep=None, sigma=None,
+                 audio_sigma=None, encoder_attention_mask=None,
+                 audio_encoder_attention_mask=None, num_frames=None, height=None, width=None,
+                 fps: float = 24.0, audio_num_frames=None, video_coords=None,
+                 audio_coords=None, isolate_modalities: bool = False,
+                 spatio_temporal_guidance_blocks=None, perturbation_mask=None,
+                 use_cross_timestep: bool = False, attention_kwargs=None,
+                 video_self_attention_mask=None, video_keyframes_mask=None):
+        module = self.module
+        as_array = lambda v, dt=None: None if v is None else jnp.asarray(v, dt)  # noqa: E731
+        x, a = as_array(hidden_states), as_array(audio_hidden_states)
+        text, audio_text = as_array(encoder_hidden_states), as_array(audio_encoder_hidden_states)
+        times = {k: as_array(v, jnp.float32) for k, v in (
+            ("timestep", timestep), ("audio_timestep", audio_timestep), ("sigma", sigma),
+            ("audio_sigma", audio_sigma))}
+        masks = dict(encoder_attention_mask=as_array(encoder_attention_mask),
+                     audio_encoder_attention_mask=as_array(audio_encoder_attention_mask),
+                     video_keyframes_mask=as_array(video_keyframes_mask))
+        module.check_inputs(
+            x, a, text, audio_text, times["timestep"], audio_timestep=times["audio_timestep"],
+            sigma=times["sigma"], audio_sigma=times["audio_sigma"], num_frames=num_frames,
+            height=height, width=width, audio_num_frames=audio_num_frames,
+            video_coords=video_coords, audio_coords=audio_coords,
+            use_cross_timestep=use_cross_timestep,
+            spatio_temporal_guidance_blocks=spatio_temporal_guidance_blocks,
+            perturbation_mask=perturbation_mask, attention_kwargs=attention_kwargs,
+            video_self_attention_mask=video_self_attention_mask, **masks)
+        b = x.shape[0]
+        for k, v in times.items():      # a scalar (or [1]) is every sample's
+            if v is not None and (v.ndim == 0 or (v.ndim == 1 and v.shape[0] == 1)):
+                times[k] = jnp.broadcast_to(v.reshape(-1), (b,))
+        positions = module.positions(b, num_frames, height, width, fps, audio_num_frames,
+                                     video_coords, audio_coords)
+        positions = jax.tree.map(lambda p: self._place(p) if p.shape[0] == b > 1 else p,
+                                 positions)
+        arrays = dict(hidden_states=x, audio_hidden_states=a, encoder_hidden_states=text,
+                      audio_encoder_hidden_states=audio_text, **times, **masks)
+        arrays = {k: self._place(v) for k, v in arrays.items()}
+        return _forward_jit(self._gdef, self._state, dict(arrays, positions=positions),
+                            bool(isolate_modalities), bool(use_cross_timestep))
+
+
+def check_architecture(cfg: LTX2Config, path) -> pathlib.Path:
+    """The transformer folder at ``path`` if its config.json has ``cfg``'s architecture;
+    else a :class:`ConfigError` listing every differing field."""
+    folder = resolve_folder(path, "transformer")
+    loaded.check_architecture(path, same_architecture(
+        cfg, LTX2Config.from_diffusers(read_config(folder))))
+    return folder
+
+
+def check_folder(path, subfolder: str | None = "transformer") -> str:
+    """Check an LTX-2 transformer folder from config.json and the safetensors headers only
+    (every key present, none unexpected, every shape right); returns a one-line summary,
+    raises :class:`~ditax.errors.WeightError` naming what does not fit."""
+    import math
+
+    from ditax.io.convert import check_weights, param_shapes
+
+    folder = resolve_folder(path, subfolder)
+    cfg = LTX2Config.from_diffusers(read_config(folder))
+    check_transformer(cfg)
+    weights = Weights.open(folder)
+    shapes = param_shapes(nnx.state(abstract_model(cfg)))
+    check_weights(weight_table(cfg), weights, shapes)
+    n = sum(math.prod(s) for s in shapes.values())
+    return (f"{folder}: OK — {cfg.num_layers} blocks, video D={cfg.inner_dim} "
+            f"({cfg.num_attention_heads} heads x {cfg.attention_head_dim}), audio "
+            f"Da={cfg.audio_inner_dim}, {n / 1e9:.3f} B params, {len(weights)} tensors")
+
+
+def _no_single_file(path, config, **overrides):
+    raise ConfigError(f"{path}: ditax reads LTX-2 transformers from diffusers folders "
+                      f"(config.json beside the weights) only, not single files, yet")
+
+
+def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
+                     subfolder: str | None = "transformer", *, config=None,
+                     **model_overrides) -> LTX2TransformerModel:
+    """Load an LTX-2 transformer from a diffusers folder (a ``transformer/`` folder, a
+    pipeline folder that has one, or a hub id when online). Every argument is the one
+    loader's (:meth:`ditax.models.common.loader.TransformerLoader.load`); ``model_overrides``
+    are :class:`LTX2Config` numerics such as ``remat="full"`` or ``scan_layers=False``."""
+    return LOADER.load(path, dtype, mesh, attention, subfolder, config=config,
+                       **model_overrides)
+
+
+LOADER = TransformerLoader(
+    family="LTX-2",
+    architectures=(Architecture(CLASS_NAME, LTX2Config, abstract_model, weight_table,
+                                param_axes, LTX2TransformerModel),),
+    check_transformer=check_transformer,
+    single_file_config=_no_single_file,
+    lora_names=None,
+    describe=lambda c: f"{c.num_layers} layers, D={c.inner_dim}, Da={c.audio_inner_dim}",
+)
+
+
+__all__ = ["LTX2TransformerModel", "load_transformer", "read_config", "check_architecture",
+           "check_folder", "LOADER"]

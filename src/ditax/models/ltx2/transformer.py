@@ -1,0 +1,361 @@
+"""LTX-2 / LTX-2.3 audio+video transformer in Flax NNX (diffusers
+``LTX2VideoTransformer3DModel``).
+
+``model(hidden_states [B, L, C], audio_hidden_states [B, La, Ca], encoder_hidden_states
+[B, T, Dt], audio_encoder_hidden_states [B, Ta, Dta], timestep, audio_timestep=None,
+sigma=None, audio_sigma=None, encoder_attention_mask=None, audio_encoder_attention_mask=None,
+num_frames=, height=, width=, fps=24.0, audio_num_frames=, video_coords=None,
+audio_coords=None, isolate_modalities=False, use_cross_timestep=False, video_keyframes_mask=
+None) → (video [B, L, C_out], audio [B, La, Ca_out])`` — diffusers' keyword names and
+meanings: packed latent tokens in and out, timesteps already scaled by
+``timestep_scale_multiplier`` (0…1000), ``timestep`` ``[B]`` or one per video token
+``[B, L]`` (then ``audio_timestep`` is needed), the text masks ``[B, T]`` (1 = attend; a
+row with no key attends to all, as diffusers' additive −10000 bias does), the latent sizes
+(or coordinates) for the RoPE. Arguments ditax does not take yet (spatio-temporal guidance,
+``video_self_attention_mask``, ``attention_kwargs``) are refused in one line
+(:mod:`ditax.models.ltx2.inputs`). ``positions=`` (a :class:`~ditax.models.ltx2.rope.
+Positions`) replaces the coordinates with the positions computed from them on the host
+(what :class:`~ditax.models.ltx2.loading.LTX2TransformerModel` passes).
+
+**Parallel layout.** Video tokens are the long sequence: padded to a multiple of the
+context shards (padded keys masked, padded queries dropped) and split over ``context``;
+video self-attention runs the configured backend — a local kernel, or ``ulysses`` /
+``ring`` / ``ulysses_ring`` over the context axis. The audio tokens (25 a second, a few
+hundred) and both texts are replicated over ``context``: their per-token work (projections,
+feed-forward) is repeated on each context shard, which is cheap beside the video stream,
+and it spares the audio stream its own padding and exchanges. Every audio-headed attention
+— audio self-attention, audio→text, audio→video (video queries, audio keys) and
+video→audio (audio queries, video keys) — and video→text runs the local kernel under a
+``shard_map`` whose queries are split over the context axis and whose keys are whole:
+video queries see all audio keys with no exchange; audio queries see the video keys
+all-gathered at the ``shard_map`` boundary (``L x Da`` keys and values per layer; a
+distributed log-sum-exp merge over the video shards would move only ``La x Da`` and is
+left for later). ``fsdp`` / ``tensor`` shard the parameters by the table's logical axes
+(:mod:`ditax.models.ltx2.convert`): heads and MLP columns over ``tensor``, audio heads
+included.
+
+Blocks are one stack with a leading layer axis, run scanned (or unrolled) under the
+configured remat policy (:mod:`ditax.nn.stack`); attention goes through two
+:class:`~ditax.attention.AttentionPlan` s sharing the model's one
+:class:`~ditax.parallel.sharding.ShardingContext`: the video heads' and the audio heads'.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ditax.attention import AttentionCall, plan_attention
+from ditax.attention.config import AttentionConfig
+from ditax.attention.registry import get as backend_entry
+from ditax.models.common.dit import DiT
+from ditax.models.ltx2 import rope as R
+from ditax.models.ltx2.blocks import AUDIO, VIDEO, Block, BlockContext, Calls
+from ditax.models.ltx2.config import OUT_EPS, LTX2Config
+from ditax.models.ltx2.embeddings import AdaLNSingle
+from ditax.models.ltx2.inputs import check_inputs
+from ditax.nn import FP32LayerNorm, Linear, TextProjection
+from ditax.nn.stack import make_stack, run_stack
+
+
+class Embedded(NamedTuple):
+    """What :meth:`LTX2Transformer.embed` hands the blocks and the head: the blocks'
+    :class:`~ditax.models.ltx2.blocks.BlockContext`, the timestep embeddings the output
+    layers modulate with (``temb [B, Tv, D]``, ``audio_temb [B, Ta, Da]``), ``mod`` (the
+    blocks' video terms), the real video tokens ``seq`` and the padding ``pad`` (static), and
+    the inputs' dtypes."""
+
+    block: BlockContext
+    temb: jax.Array
+    audio_temb: jax.Array
+    mod: jax.Array
+    seq: int
+    pad: int
+    dtype: Any
+    audio_dtype: Any
+
+
+def local_call(call: AttentionCall) -> AttentionCall:
+    """``call`` itself for a local kernel; a sequence backend's local kernel (with the options
+    it passes on) as its own call — the audio self-attention's under ulysses / ring."""
+    if call.entry.kind == "local":
+        return call
+    name, opts = call.local()
+    return AttentionCall(name, backend_entry(name).resolve(opts, call.platform), call.sharding,
+                         call.platform)
+
+
+def _timesteps(t, b: int):
+    """A timestep argument as ``[B, T]`` float32 (``T``: 1 or one per token)."""
+    t = jnp.asarray(t, jnp.float32)
+    return t.reshape(b, -1) if t.ndim == 2 else jnp.broadcast_to(t.reshape(-1), (b,))[:, None]
+
+
+def _pad_tokens(x, pad: int, axis: int = 1):
+    if not pad or x is None:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+class LTX2Transformer(DiT):
+    """LTX-2 DiT (see the module docstring for the call and the parallel layout).
+
+    Args:
+      cfg: model shape and numerics; checked by the entry points
+        (:func:`ditax.models.ltx2.config.check_transformer`), not here.
+      attention: attention backend / options (an :class:`AttentionConfig` or a name).
+      mesh: optional device mesh; activations are constrained by the logical rules.
+    """
+
+    def __init__(self, cfg: LTX2Config, attention: AttentionConfig | str | None = None,
+                 mesh=None, *, rngs: nnx.Rngs):
+        self.setup(cfg, attention, mesh)
+        self.audio_attention_plan = plan_attention(
+            self.attention, self.sharding, num_heads=cfg.audio_num_attention_heads,
+            head_dim=cfg.audio_attention_head_dim, dtype=cfg.dtype)
+        d, da = cfg.inner_dim, cfg.audio_inner_dim
+        pd = jnp.dtype(cfg.param_dtype)
+        kw = dict(dtype=cfg.dtype, param_dtype=pd, rngs=rngs)
+        self.proj_in = Linear(cfg.in_channels, d, **kw)
+        self.audio_proj_in = Linear(cfg.audio_in_channels, da, **kw)
+        self.keyframes_abs_pos_embedding = (nnx.Param(jnp.zeros((1, d), pd))
+                                            if cfg.use_keyframes_abs_pos_embedding else None)
+        if cfg.use_prompt_embeddings:
+            self.caption_projection = TextProjection(cfg.caption_channels, d, **kw)
+            self.audio_caption_projection = TextProjection(cfg.caption_channels, da, **kw)
+        else:
+            self.caption_projection = self.audio_caption_projection = None
+        self.time_embed = AdaLNSingle(d, cfg.video_mod_params, **kw)
+        self.audio_time_embed = AdaLNSingle(da, cfg.audio_mod_params, **kw)
+        self.av_cross_attn_video_scale_shift = AdaLNSingle(d, 4, **kw)
+        self.av_cross_attn_audio_scale_shift = AdaLNSingle(da, 4, **kw)
+        self.av_cross_attn_video_a2v_gate = AdaLNSingle(d, 1, **kw)
+        self.av_cross_attn_audio_v2a_gate = AdaLNSingle(da, 1, **kw)
+        self.scale_shift_table = nnx.Param(jax.random.normal(rngs.params(), (2, d), pd) / d ** .5)
+        self.audio_scale_shift_table = nnx.Param(
+            jax.random.normal(rngs.params(), (2, da), pd) / da ** .5)
+        if cfg.prompt_adaln:
+            self.prompt_adaln = AdaLNSingle(d, 2, **kw)
+            self.audio_prompt_adaln = AdaLNSingle(da, 2, **kw)
+        else:
+            self.prompt_adaln = self.audio_prompt_adaln = None
+        self.transformer_blocks = make_stack(lambda r: Block(cfg, rngs=r), cfg.num_layers, rngs)
+        self.norm_out = FP32LayerNorm(d, OUT_EPS, affine=False, param_dtype=pd)
+        self.proj_out = Linear(d, cfg.video_out_channels, **kw)
+        self.audio_norm_out = FP32LayerNorm(da, OUT_EPS, affine=False, param_dtype=pd)
+        self.audio_proj_out = Linear(da, cfg.audio_output_channels, **kw)
+
+    @property
+    def block_stacks(self) -> tuple[tuple[str, int], ...]:
+        """The one stack of blocks."""
+        return (("transformer_blocks", self.cfg.num_layers),)
+
+    @property
+    def calls(self) -> Calls:
+        """The attention sites of every block (:class:`~ditax.models.ltx2.blocks.Calls`)."""
+        video, audio = self.attention_plan, self.audio_attention_plan
+        return Calls(video.self_attn, video.cross_attn, local_call(audio.self_attn),
+                     audio.cross_attn)
+
+    # ------------------------------------------------------------------------------------------
+
+    def check_inputs(self, hidden_states, audio_hidden_states, encoder_hidden_states,
+                     audio_encoder_hidden_states, timestep, **kwargs) -> None:
+        """Raise :class:`~ditax.errors.RequestError` naming the shapes for a call the model
+        cannot take (:func:`ditax.models.ltx2.inputs.check_inputs`), and
+        :class:`~ditax.errors.ConfigError` for a batch / heads the mesh cannot split."""
+        check_inputs(self.cfg, hidden_states, audio_hidden_states, encoder_hidden_states,
+                     audio_encoder_hidden_states, timestep, **kwargs)
+        self.sharding.check_batch(hidden_states.shape[0])
+        self.sharding.check_heads(self.cfg.num_attention_heads)
+        self.sharding.check_heads(self.cfg.audio_num_attention_heads,
+                                  "model.audio_num_attention_heads")
+
+    def __call__(self, hidden_states, audio_hidden_states, encoder_hidden_states,
+                 audio_encoder_hidden_states, timestep, **kwargs):
+        """``(video [B, L, C_out], audio [B, La, Ca_out])`` (module docstring)."""
+        h, ctx = self.embed(hidden_states, audio_hidden_states, encoder_hidden_states,
+                            audio_encoder_hidden_states, timestep, **kwargs)
+        return self.head(self.run_blocks(h, ctx), ctx)
+
+    def positions(self, b: int, num_frames=None, height=None, width=None, fps: float = 24.0,
+                  audio_num_frames=None, video_coords=None, audio_coords=None) -> R.Positions:
+        """The call's four position grids (:func:`ditax.models.ltx2.rope.positions`) from its
+        coordinates, or from the latent sizes as diffusers computes them."""
+        cfg = self.cfg
+        if video_coords is None:
+            video_coords = R.video_coords(
+                num_frames, height, width, patch_size=cfg.patch_size,
+                patch_size_t=cfg.patch_size_t, scale_factors=cfg.vae_scale_factors,
+                causal_offset=cfg.causal_offset, fps=fps)
+        if audio_coords is None:
+            audio_coords = R.audio_coords(
+                audio_num_frames, patch_size_t=cfg.audio_patch_size_t,
+                scale_factor=cfg.audio_scale_factor, causal_offset=cfg.causal_offset,
+                hop_length=cfg.audio_hop_length, sampling_rate=cfg.audio_sampling_rate)
+        cross = (cfg.cross_pos_max,)
+        return R.Positions(
+            video=R.positions(video_coords, (cfg.pos_embed_max_pos, cfg.base_height,
+                                             cfg.base_width)),
+            video_cross=R.positions(video_coords, cross),
+            audio=R.positions(audio_coords, (cfg.audio_pos_embed_max_pos,)),
+            audio_cross=R.positions(audio_coords, cross))
+
+    def embed(self, hidden_states, audio_hidden_states, encoder_hidden_states,
+              audio_encoder_hidden_states, timestep, *, audio_timestep=None, sigma=None,
+              audio_sigma=None, encoder_attention_mask=None, audio_encoder_attention_mask=None,
+              num_frames=None, height=None, width=None, fps: float = 24.0,
+              audio_num_frames=None, video_coords=None, audio_coords=None,
+              isolate_modalities: bool = False, spatio_temporal_guidance_blocks=None,
+              perturbation_mask=None, use_cross_timestep: bool = False,
+              attention_kwargs=None, video_self_attention_mask=None, video_keyframes_mask=None,
+              positions: R.Positions | None = None):
+        """Tokens ``(video [B, L', D], audio [B, La, Da])`` and the blocks' and head's
+        context (:class:`Embedded`)."""
+        self.check_inputs(
+            hidden_states, audio_hidden_states, encoder_hidden_states,
+            audio_encoder_hidden_states, timestep, audio_timestep=audio_timestep, sigma=sigma,
+            audio_sigma=audio_sigma, encoder_attention_mask=encoder_attention_mask,
+            audio_encoder_attention_mask=audio_encoder_attention_mask, num_frames=num_frames,
+            height=height, width=width, audio_num_frames=audio_num_frames,
+            video_coords=video_coords, audio_coords=audio_coords, positions=positions,
+            use_cross_timestep=use_cross_timestep,
+            spatio_temporal_guidance_blocks=spatio_temporal_guidance_blocks,
+            perturbation_mask=perturbation_mask, attention_kwargs=attention_kwargs,
+            video_self_attention_mask=video_self_attention_mask,
+            video_keyframes_mask=video_keyframes_mask)
+        cfg, sharding = self.cfg, self.sharding
+        dt = jnp.dtype(cfg.dtype)
+        b, seq = hidden_states.shape[:2]
+        pad = (-seq) % sharding.seq_shards
+        if positions is None:
+            positions = self.positions(b, num_frames, height, width, fps, audio_num_frames,
+                                       video_coords, audio_coords)
+
+        # tokens
+        x = sharding.constrain(jnp.asarray(hidden_states).astype(dt), ("act_batch", "act_seq",
+                                                                        None))
+        x = self.proj_in(x)
+        if video_keyframes_mask is not None:
+            marker = (jnp.asarray(video_keyframes_mask).reshape(b, seq, 1) > 0).astype(dt)
+            x = x + marker * self.keyframes_abs_pos_embedding[...].astype(dt)
+        x = sharding.constrain(_pad_tokens(x, pad), VIDEO)
+        a = sharding.constrain(self.audio_proj_in(jnp.asarray(audio_hidden_states).astype(dt)),
+                               AUDIO)
+
+        # timestep terms
+        t = _timesteps(timestep, b)
+        ta = t if audio_timestep is None else _timesteps(audio_timestep, b)
+        sig = None if sigma is None else _timesteps(sigma, b)
+        asig = sig if audio_sigma is None else _timesteps(audio_sigma, b)
+        per_token = lambda v: _pad_tokens(v, pad) if v.shape[1] > 1 else v  # noqa: E731
+        temb, embedded = self.time_embed(t)
+        temb_audio, audio_embedded = self.audio_time_embed(ta)
+        ca_t, ca_ta = (asig, sig) if use_cross_timestep else (t, ta)
+        gate = cfg.cross_attn_timestep_scale_multiplier / cfg.timestep_scale_multiplier
+        ca_video = self.av_cross_attn_video_scale_shift(ca_t)[0]
+        gate_video = self.av_cross_attn_video_a2v_gate(ca_t * gate)[0]
+        ca_audio = self.av_cross_attn_audio_scale_shift(ca_ta)[0]
+        gate_audio = self.av_cross_attn_audio_v2a_gate(ca_ta * gate)[0]
+        prompt = prompt_audio = None
+        if self.prompt_adaln is not None:
+            prompt = self.prompt_adaln(sig)[0]
+            prompt_audio = self.audio_prompt_adaln(asig)[0]
+
+        # text
+        text = jnp.asarray(encoder_hidden_states).astype(dt)
+        audio_text = jnp.asarray(audio_encoder_hidden_states).astype(dt)
+        if self.caption_projection is not None:
+            text = self.caption_projection(text)
+            audio_text = self.audio_caption_projection(audio_text)
+        text_mask, audio_text_mask = (_key_mask(m) for m in (encoder_attention_mask,
+                                                             audio_encoder_attention_mask))
+
+        # RoPE
+        split = cfg.rope_type == "split"
+        tables = dict(theta=cfg.rope_theta, double=cfg.rope_double_precision, split=split)
+        n, na = cfg.num_attention_heads, cfg.audio_num_attention_heads
+        vpos = _pad_tokens(jnp.asarray(positions.video, jnp.float32), pad)
+        vcross = _pad_tokens(jnp.asarray(positions.video_cross, jnp.float32), pad)
+        video_rope = self._constrain_rope(R.rope_tables(vpos, cfg.inner_dim, n, **tables),
+                                          "act_seq")
+        cross_rope = self._constrain_rope(R.rope_tables(
+            vcross, cfg.audio_cross_attention_dim, n if split else na, **tables), "act_seq")
+        audio_rope = R.rope_tables(jnp.asarray(positions.audio, jnp.float32),
+                                   cfg.audio_inner_dim, na, **tables)
+        audio_cross_rope = R.rope_tables(jnp.asarray(positions.audio_cross, jnp.float32),
+                                         cfg.audio_cross_attention_dim, na, **tables)
+
+        token_mask = None
+        if pad:
+            token_mask = jnp.broadcast_to(jnp.arange(seq + pad) < seq, (b, seq + pad))
+        video_terms = lambda v: sharding.constrain(  # noqa: E731
+            per_token(v), ("act_batch", "act_seq" if v.shape[1] > 1 else None, None))
+        block = BlockContext(
+            temb=video_terms(temb), temb_audio=temb_audio, ca_video=video_terms(ca_video),
+            ca_audio=ca_audio, gate_video=video_terms(gate_video), gate_audio=gate_audio,
+            prompt=prompt, prompt_audio=prompt_audio,
+            text=sharding.constrain(text, AUDIO), audio_text=sharding.constrain(audio_text,
+                                                                                AUDIO),
+            text_mask=text_mask, audio_text_mask=audio_text_mask, rope=video_rope,
+            audio_rope=audio_rope, cross_rope=cross_rope, audio_cross_rope=audio_cross_rope,
+            token_mask=token_mask, isolate=bool(isolate_modalities))
+        ctx = Embedded(block=block, temb=video_terms(embedded), audio_temb=audio_embedded,
+                       mod=block.temb, seq=seq, pad=pad, dtype=jnp.asarray(hidden_states).dtype,
+                       audio_dtype=jnp.asarray(audio_hidden_states).dtype)
+        return (x, a), ctx
+
+    def _constrain_rope(self, rope: R.Rope, seq) -> R.Rope:
+        batch = "act_batch" if rope.cos.shape[0] > 1 else None
+        return R.Rope(*(self.sharding.constrain(t, (batch, seq, None, None)) for t in rope))
+
+    def run_blocks(self, h, ctx: Embedded, start: int = 0, stop: int | None = None):
+        """Blocks ``start .. stop-1`` (default all) on ``h = (video [B, L', D], audio [B, La,
+        Da])``."""
+        cfg, sharding, calls = self.cfg, self.sharding, self.calls
+
+        def body(streams, block):
+            return block(streams, ctx.block, calls, sharding)
+
+        return run_stack(self.transformer_blocks, body, tuple(h), depth=cfg.num_layers,
+                         start=start, stop=stop, remat=cfg.remat, scan=cfg.scan_layers)
+
+    def head(self, h, ctx: Embedded):
+        """Output norms and projections: ``(video [B, L, C_out], audio [B, La, Ca_out])`` in
+        the inputs' dtypes."""
+        sharding = self.sharding
+        x, a = h
+        if ctx.pad:
+            x = sharding.constrain(x[:, :ctx.seq], ("act_batch", None, "act_embed"))
+        temb = ctx.temb[:, :ctx.seq] if ctx.temb.shape[1] > 1 else ctx.temb
+        out = self._out(x, temb, self.scale_shift_table, self.norm_out, self.proj_out)
+        audio = self._out(a, ctx.audio_temb, self.audio_scale_shift_table, self.audio_norm_out,
+                          self.audio_proj_out)
+        out = sharding.constrain(out, ("act_batch", "act_seq", "act_channels"))
+        return out.astype(ctx.dtype), audio.astype(ctx.audio_dtype)
+
+    @staticmethod
+    def _out(x, temb, table, norm, proj):
+        """``proj(norm(x) · (1 + scale) + shift)`` with (shift, scale) = table + the
+        timestep embedding ``temb [B, T, D]``."""
+        terms = table[...].astype(jnp.float32)[None, None] + temb.astype(jnp.float32)[:, :, None]
+        shift, scale = terms[:, :, 0], terms[:, :, 1]
+        return proj((norm(x) * (1 + scale) + shift).astype(x.dtype))
+
+
+def _key_mask(mask):
+    """A ``[B, T]`` text mask as attention keys: True where ``mask > 0.5`` (diffusers' additive
+    ``(1 - mask) · -10000`` bias hides a key; a sample whose mask hides every key attends to
+    all of them, as that constant bias does); None: every key."""
+    if mask is None:
+        return None
+    keep = jnp.asarray(mask).astype(jnp.float32) > 0.5
+    return keep | ~jnp.any(keep, axis=1, keepdims=True)
+
+
+__all__ = ["LTX2Transformer", "Embedded", "local_call"]
