@@ -18,7 +18,10 @@ diffusers = pytest.importorskip("diffusers")
 from flax import nnx  # noqa: E402
 
 from ditax.errors import ConfigError, RequestError, WeightError  # noqa: E402
+from ditax.io import convert  # noqa: E402
 from ditax.models.vae.ltx2 import LTX2VideoVAEConfig, Tiles, load_ltx2_video_vae  # noqa: E402
+from ditax.models.vae.ltx2.convert import weight_table  # noqa: E402
+from ditax.parallel.platform import target_platform  # noqa: E402
 from ltx2_vae_reference import CONFIGS, rel, saved_pair  # noqa: E402
 
 TOL = 1e-5
@@ -90,6 +93,30 @@ def test_decode_gradient_matches_torch(ltx2, rng):
     assert rel(grad, cl(zt.grad.numpy())) < TOL
 
 
+def test_one_3d_convolution_off_cpu_gives_the_same(ltx2, rng):
+    """Off CPU every convolution is one 3-D convolution (on CPU: per-frame 2-D ones, which the
+    other tests run): lowered for CUDA here, encoder (zero padding) and decoder (reflect
+    padding) still equal diffusers."""
+    _, ref, vae, _ = ltx2
+    video = rng.uniform(-1, 1, (1, 3, 5, 16, 16)).astype(np.float32)
+    z = rng.standard_normal((1, 8, 2, 2, 2)).astype(np.float32)
+    t = np.array([0.1], np.float32)
+    with torch.no_grad():
+        post = ref.encode(torch.from_numpy(video)).latent_dist
+        dec = ref.decode(torch.from_numpy(z), torch.from_numpy(t)).sample.numpy()
+    graphdef, state = nnx.split(vae)
+    cl = lambda a: jnp.transpose(jnp.asarray(a), (0, 2, 3, 4, 1))  # noqa: E731
+
+    def both(state, x, zc):
+        m = nnx.merge(graphdef, state)
+        return m.moments(x), m.decode_latents(zc, jnp.asarray(t))
+
+    with target_platform("cuda", compute_capability=(9, 0)):
+        h, out = jax.jit(both)(state, cl(video), cl(z))
+    assert rel(h[..., :-1], cl(post.mean.numpy())) < TOL
+    assert rel(out, cl(dec)) < TOL
+
+
 def test_latent_normalisation_and_decode_inputs(pair, rng):
     """The LTX-2 pipeline's (z - mean) * scaling / std and inverse with the checkpoint's
     buffers, and its decode step: noise mixed in by decode_noise_scale (default: the decode
@@ -157,7 +184,8 @@ def test_config_rules():
             (dict(downsample_type=["spatial", "temporal", "conv"]), NotImplementedError, "'conv'"),
             (dict(decoder_inject_noise=True), NotImplementedError, "decoder_inject_noise"),
             (dict(timestep_conditioning=True), NotImplementedError, "timestep_conditioning"),
-            (dict(spatial_compression_ratio=None), ConfigError, "set \"spatial_compression_ratio\": 8"),
+            (dict(spatial_compression_ratio=None), ConfigError,
+             'set "spatial_compression_ratio": 8'),
             (dict(upsample_type=["spatiotemporal", "spatial", "spatial"]), ConfigError, "expands"),
             (dict(decoder_block_out_channels=[24, 16, 32]), ConfigError, "receives"),
             (dict(layers_per_block=[1, 1]), ConfigError, "layers_per_block has 2 entries")):
@@ -180,11 +208,19 @@ def test_config_rules():
         assert (cfg.spatial_factor, cfg.temporal_factor) == (32, 8)
 
 
-def test_loader_refuses_another_vae(ltx23, tmp_path):
-    folder = ltx23[3]
+def test_export_round_trip_and_loader_refuses_another_vae(ltx23, tmp_path):
+    """The weight table read back (ditax → diffusers) is diffusers' state dict, buffers and
+    all; a folder of another VAE class is refused by name."""
+    _, ref, vae, folder = ltx23
+    got = convert.export(weight_table(vae), vae)
+    want = {k: v.numpy() for k, v in ref.state_dict().items()}
+    assert set(got) == set(want) and "latents_std" in got and len(got) > 50
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
     cfg = json.loads((folder / "config.json").read_text())
     (tmp_path / "vae").mkdir()
-    (tmp_path / "vae" / "config.json").write_text(json.dumps({**cfg, "_class_name": "AutoencoderKLWan"}))
+    other = {**cfg, "_class_name": "AutoencoderKLWan"}
+    (tmp_path / "vae" / "config.json").write_text(json.dumps(other))
     (tmp_path / "vae" / "diffusion_pytorch_model.safetensors").symlink_to(
         folder / "diffusion_pytorch_model.safetensors")
     with pytest.raises(WeightError, match="not an 'AutoencoderKLLTX2Video'"):

@@ -22,7 +22,7 @@ from ditax.nn import FP32LayerNorm, TimestepEmbedding, timestep_embedding
 TIME_PROJ_DIM = 256   # diffusers' PixArtAlphaCombinedTimestepSizeEmbeddings sinusoid width
 
 
-def _table(rows: int, dim: int, dtype, rngs) -> nnx.Param:
+def shift_scale_table(rows: int, dim: int, dtype, rngs) -> nnx.Param:
     """A ``scale_shift_table`` ``[rows, dim]`` (diffusers' init: normal / sqrt(dim))."""
     w = jax.random.normal(rngs.params(), (rows, dim), jnp.float32) / dim ** 0.5
     return nnx.Param(w.astype(dtype))
@@ -57,7 +57,7 @@ class ResnetBlock(nnx.Module):
         wide = cin != cout
         self.norm3 = FP32LayerNorm(cin, eps, affine=True, param_dtype=dtype) if wide else None
         self.conv_shortcut = Pointwise(cin, cout, dtype=dtype, rngs=rngs) if wide else None
-        self.scale_shift_table = _table(4, cin, dtype, rngs) if timestep else None
+        self.scale_shift_table = shift_scale_table(4, cin, dtype, rngs) if timestep else None
 
     def __call__(self, x: jax.Array, temb: jax.Array | None, causal: bool) -> jax.Array:
         """``[B, F, Y, X, C_in]`` → ``[B, F, Y, X, C_out]``; ``temb`` ``[B, 4 C]`` (the block's
@@ -185,4 +185,4 @@ class UpBlock(nnx.Module):
 
 
 __all__ = ["DownBlock", "Downsampler", "MidBlock", "ResnetBlock", "TimeEmbedder", "UpBlock",
-           "Upsampler"]
+           "Upsampler", "modulate", "shift_scale_table"]

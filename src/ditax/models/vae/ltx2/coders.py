@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.models.vae.ltx2.blocks import DownBlock, MidBlock, TimeEmbedder, UpBlock, _table, modulate
+from ditax.models.vae.ltx2.blocks import (DownBlock, MidBlock, TimeEmbedder, UpBlock, modulate,
+                                          shift_scale_table)
 from ditax.models.vae.ltx2.config import LTX2VideoVAEConfig
 from ditax.models.vae.ltx2.layers import CausalConv3d, rms_norm
 from ditax.models.vae.ltx2.shuffle import patchify, unpatchify
@@ -73,7 +74,7 @@ class Decoder(nnx.Module):
         self.timestep_scale_multiplier = (nnx.Param(jnp.asarray(1000.0, jnp.float32))
                                           if cond else None)
         self.time_embedder = TimeEmbedder(2 * out, dtype=dtype, rngs=rngs) if cond else None
-        self.scale_shift_table = _table(2, out, dtype, rngs) if cond else None
+        self.scale_shift_table = shift_scale_table(2, out, dtype, rngs) if cond else None
 
     def __call__(self, z: jax.Array, timestep: jax.Array | None) -> jax.Array:
         x = self.conv_in(z, self.causal)

@@ -139,7 +139,8 @@ class LTX2VideoVAEConfig:
 
     # --- levels
     def encoder_levels(self) -> list[DownLevel]:
-        """The encoder's levels after ``conv_in`` (which maps the patches to ``latent_channels``)."""
+        """The encoder's levels after ``conv_in`` (which maps the patches to
+        ``latent_channels``)."""
         out, levels = self.latent_channels, []
         for i, cout in enumerate(self.block_out_channels):
             down = self.downsample_type[i] if self.spatio_temporal_scaling[i] else None
@@ -151,8 +152,8 @@ class LTX2VideoVAEConfig:
         """The decoder's levels after the mid block, in decoding order (diffusers reverses every
         per-level field but ``upsample_type``)."""
         rev = lambda v: tuple(reversed(v))  # noqa: E731
-        widths, scaling = rev(self.decoder_block_out_channels), rev(self.decoder_spatio_temporal_scaling)
-        layers, residual = rev(self.decoder_layers_per_block), rev(self.upsample_residual)
+        widths, layers = rev(self.decoder_block_out_channels), rev(self.decoder_layers_per_block)
+        scaling, residual = rev(self.decoder_spatio_temporal_scaling), rev(self.upsample_residual)
         factors = rev(self.upsample_factor)
         out, levels = widths[0], []
         for i, width in enumerate(widths):
@@ -237,10 +238,12 @@ class LTX2VideoVAEConfig:
             if lv.up and lv.up not in STRIDES:
                 raise ConfigError(f"LTX2VideoVAE: upsample_type[{i}]={lv.up!r} is not one of "
                                   f"{sorted(STRIDES)}")
-            if lv.up and lv.residual and (want % _prod(STRIDES[lv.up]) or _prod(STRIDES[lv.up]) % lv.factor):
+            n = _prod(STRIDES[lv.up]) if lv.up else 1
+            if lv.up and lv.residual and (want % n or n % lv.factor):
                 raise ConfigError(f"LTX2VideoVAE: decoder level {i}'s residual spreads {want} "
-                                  f"channels over {_prod(STRIDES[lv.up])} positions with "
-                                  f"upsample factor {lv.factor}, which does not divide")
+                                  f"channels over {n} positions with upsample factor "
+                                  f"{lv.factor}, which does not divide; change "
+                                  "decoder_block_out_channels / upsample_factor")
             have = lv.cout
 
     def _flow(self, i: int, have: int, want: int) -> str:

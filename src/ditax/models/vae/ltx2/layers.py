@@ -3,7 +3,8 @@
 - :class:`CausalConv3d` (diffusers ``LTX2VideoCausalConv3d``): a stride-1 3-D convolution whose
   time padding *repeats edge frames* (causal: the first frame ``k - 1`` times before the video;
   non-causal: the first and the last ``(k - 1) / 2`` times each side) and whose spatial padding
-  is zeros or reflection (the config's ``*_spatial_padding_mode``); the torch module keeps its
+  is zeros or reflection (the config's ``*_spatial_padding_mode``; a side of one pixel, which
+  torch refuses to reflect, reflects as its edge); the torch module keeps its
   ``nn.Conv3d`` as ``conv``, so does this one (state-dict keys ``....conv.weight``);
 - :class:`Pointwise`: the resnet shortcut's 1x1x1 ``nn.Conv3d`` as a matrix product;
 - :func:`rms_norm` (diffusers ``PerChannelRMSNorm``, no parameters) and :class:`Buffer`.

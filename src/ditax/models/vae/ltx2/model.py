@@ -110,12 +110,14 @@ class LTX2VideoVAE(nnx.Module):
                 self.latents_std[...].reshape(shape).astype(z.dtype))
 
     def normalize_latents(self, z: jax.Array) -> jax.Array:
-        """``(z - latents_mean) * scaling_factor / latents_std`` per channel; z ``[B, C, F, Y, X]``."""
+        """``(z - latents_mean) * scaling_factor / latents_std`` per channel; z ``[B, C, F, Y,
+        X]``."""
         mean, std = self._stats(z)
         return (z - mean) * self.config.scaling_factor / std
 
     def denormalize_latents(self, z: jax.Array) -> jax.Array:
-        """Inverse of :meth:`normalize_latents`: ``z * latents_std / scaling_factor + latents_mean``."""
+        """Inverse of :meth:`normalize_latents`: ``z * latents_std / scaling_factor +
+        latents_mean``."""
         mean, std = self._stats(z)
         return z * std / self.config.scaling_factor + mean
 
@@ -131,11 +133,13 @@ class LTX2VideoVAE(nnx.Module):
         an error (they would be ignored)."""
         b = latents.shape[0]
         if not self.timestep_conditioning:
-            if np.any(np.asarray(decode_timestep, np.float64) != 0) or decode_noise_scale is not None:
+            given = np.any(np.asarray(decode_timestep, np.float64) != 0)
+            if given or decode_noise_scale is not None:
                 raise RequestError(
-                    f"decode_timestep={decode_timestep!r}, decode_noise_scale={decode_noise_scale!r}:"
-                    " this VAE has no timestep conditioning (config.json timestep_conditioning="
-                    "false); leave decode_timestep at 0 and decode_noise_scale unset")
+                    f"decode_timestep={decode_timestep!r}, decode_noise_scale="
+                    f"{decode_noise_scale!r}: this VAE has no timestep conditioning (config.json "
+                    "timestep_conditioning=false); leave decode_timestep at 0 and "
+                    "decode_noise_scale unset")
             return self.denormalize_latents(latents), None
         t = self._per_sample("decode_timestep", decode_timestep, b)
         s = t if decode_noise_scale is None else self._per_sample("decode_noise_scale",
@@ -224,7 +228,8 @@ class LTX2VideoVAE(nnx.Module):
         return _first(mean), _first(logvar)
 
     def encode(self, video: jax.Array, **tiling) -> jax.Array:
-        """Posterior mean ``[B, latent_channels, F', Y, X]`` (keywords as :meth:`encode_moments`)."""
+        """Posterior mean ``[B, latent_channels, F', Y, X]`` (keywords as
+        :meth:`encode_moments`)."""
         return self.encode_moments(video, **tiling)[0]
 
     def sample(self, video: jax.Array, key: jax.Array, **tiling) -> jax.Array:

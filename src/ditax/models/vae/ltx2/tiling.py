@@ -26,6 +26,7 @@ call of a compiled program, so one tile's activations bound the memory.
 from __future__ import annotations
 
 import functools
+import numbers
 from dataclasses import dataclass
 from typing import Callable
 
@@ -57,7 +58,7 @@ class Tiles:
             lo = getattr(self, f"tile_sample_min_{axis}")
             st = getattr(self, f"tile_sample_stride_{axis}")
             for name, v in ((f"tile_sample_min_{axis}", lo), (f"tile_sample_stride_{axis}", st)):
-                if not isinstance(v, int) or v <= 0 or v % unit:
+                if not isinstance(v, numbers.Integral) or v <= 0 or v % unit:
                     raise RequestError(f"{where}: {name}={v!r} must be a positive multiple of "
                                        f"{unit}")
             if st > lo:
