@@ -34,9 +34,10 @@ AUDIO_VAE = {
 _RESNETS = dict(resnet_kernel_sizes=[3, 7, 11], resnet_dilations=[[1, 3, 5]] * 3)  # public
 _SMALL = dict(resnet_kernel_sizes=[3, 5], resnet_dilations=[[1, 3], [1, 2]])  # fewer compiles
 VOCODER = {
-    "v20": dict(in_channels=32, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[16, 15, 4],
-                upsample_factors=[6, 5, 2], act_fn="leaky_relu", antialias=False,
-                final_act_fn="tanh", final_bias=True, output_sampling_rate=24000, **_RESNETS),
+    "v20": dict(in_channels=32, hidden_channels=32, out_channels=2,
+                upsample_kernel_sizes=[16, 15, 4], upsample_factors=[6, 5, 2], act_fn="leaky_relu",
+                antialias=False, final_act_fn="tanh", final_bias=True, output_sampling_rate=24000,
+                **_RESNETS),
     "v23": dict(in_channels=32, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[11, 4],
                 upsample_factors=[5, 2], act_fn="snakebeta", antialias=True, final_act_fn=None,
                 final_bias=False, output_sampling_rate=16000, **_SMALL),

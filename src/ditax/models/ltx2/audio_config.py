@@ -137,7 +137,8 @@ class LTX2AudioVAEConfig:
 
     @property
     def latents_per_second(self) -> float:
-        """Latent frames per second of audio (``sample_rate / mel_hop_length / 4``: 25 for LTX-2)."""
+        """Latent frames per second of audio (``sample_rate / mel_hop_length / 4``: 25 for
+        LTX-2)."""
         return self.sample_rate / self.mel_hop_length / float(self.temporal_factor)
 
 

@@ -38,7 +38,8 @@ def audio_latent_frames(num_frames: int, frame_rate: float, sample_rate: int = 1
     ``round(num_frames / frame_rate * (sample_rate / hop_length / temporal_factor))``, the
     same float operations in the same order as diffusers (``sample_rate``, ``hop_length``:
     the audio VAE config's ``sample_rate`` / ``mel_hop_length``)."""
-    if isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral) or num_frames < 1:
+    if (isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral)
+            or num_frames < 1):
         raise RequestError(f"audio_latent_frames: num_frames={num_frames!r} must be a positive "
                            "int (video frames)")
     if (isinstance(frame_rate, bool) or not isinstance(frame_rate, numbers.Real)

@@ -139,7 +139,8 @@ class LTX2AudioVAE(nnx.Module):
 
     def encode_moments(self, mel: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Posterior (mean, log-variance clamped to [-30, 20]), each ``[B, latent_channels, F,
-        M']``, of a log-mel ``[B, in_channels, T, M]`` (see :func:`~.audio_mel.log_mel_spectrogram`)."""
+        M']``, of a log-mel ``[B, in_channels, T, M]`` (from a waveform:
+        :func:`~.audio_mel.log_mel_for_vae`)."""
         self._check_mel(mel)
         h = self._program(encode_program, mel)
         mean, logvar = jnp.split(h, 2, axis=1)

@@ -71,8 +71,9 @@ class LTX2VocoderConfig:
             raise ConfigError(f"{what}: upsample_kernel_sizes={list(self.upsample_kernel_sizes)} "
                               f"and upsample_factors={list(self.upsample_factors)} must be "
                               "non-empty lists of one length (one per upsampler)")
-        if not self.resnet_kernel_sizes or len(self.resnet_dilations) != len(self.resnet_kernel_sizes):
-            raise ConfigError(f"{what}: resnet_kernel_sizes={list(self.resnet_kernel_sizes)} and "
+        kernels = self.resnet_kernel_sizes
+        if not kernels or len(self.resnet_dilations) != len(kernels):
+            raise ConfigError(f"{what}: resnet_kernel_sizes={list(kernels)} and "
                               f"resnet_dilations={[list(d) for d in self.resnet_dilations]} need "
                               "one dilation list per kernel size")
         check_choice(f"{what} act_fn", self.act_fn, ACTIVATIONS)

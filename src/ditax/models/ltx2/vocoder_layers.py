@@ -49,9 +49,10 @@ class Conv1d(nnx.Module):
 
 
 def conv_transpose(x: jax.Array, w: jax.Array, stride: int, padding: int, groups: int = 1):
-    """torch's ``conv_transpose1d``: ``x`` ``[B, S, I]``, ``w`` ``[k, I / groups... , O]`` in the
-    torch tap order → ``[B, (S - 1) stride - 2 padding + k, O]`` (a stride-1 correlation of the
-    zero-stuffed input with the flipped kernel)."""
+    """torch's ``conv_transpose1d``: ``x`` ``[B, S, I]``, ``w`` ``[k, I / groups, O]`` with taps
+    in torch's order → ``[B, (S - 1) stride - 2 padding + k, O]`` (a stride-1 correlation of the
+    zero-stuffed input with the flipped kernel; ``groups=C`` with ``w`` ``[k, 1, C]``:
+    depthwise)."""
     k = w.shape[0]
     return jax.lax.conv_general_dilated(
         x, jnp.flip(w, 0), (1,), [(k - 1 - padding, k - 1 - padding)], lhs_dilation=(stride,),
