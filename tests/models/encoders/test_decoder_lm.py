@@ -17,6 +17,7 @@ from ditax.models.encoders.decoder_lm.config import FULL, SLIDING  # noqa: E402
 from ditax.models.encoders.decoder_lm.gemma3 import gemma3_config, load_gemma3  # noqa: E402
 from ditax.models.encoders.decoder_lm.model import hidden_states  # noqa: E402
 from ditax.models.encoders.decoder_lm.tokenizer import load_gemma_tokenizer  # noqa: E402
+from ditax.parallel.mesh import make_mesh  # noqa: E402
 
 T = 24
 
@@ -98,7 +99,7 @@ def test_text_model_folders_and_old_configs(tiny, batch, float_out, tmp_path):
     assert hub_12b.rope_sliding.theta == 1e4 and hub_12b.scale == 256 ** -0.5
 
 
-def test_int8_storage_close_to_float(tiny, batch, float_out):
+def test_int8_storage_close_to_float_and_shards(tiny, batch, float_out):
     folder = tiny[0]
     enc, out = float_out
     q = load_gemma3(folder, quantize="int8")
@@ -113,6 +114,13 @@ def test_int8_storage_close_to_float(tiny, batch, float_out):
     assert errs[0] == 0.0                                   # the embeddings are not quantized
     # per-channel int8 of 4 random layers: measured 0.4-0.9 %; 2 % leaves room for seeds
     assert max(errs) < 2e-2
+    # read straight into shardings (fsdp 4 x tensor 2): the same numbers
+    mesh = make_mesh({"fsdp": 4, "tensor": 2})
+    qs = load_gemma3(folder, quantize="int8", mesh=mesh)
+    kernel = qs.layers.mlp.gate_proj.kernel[...]
+    assert tuple(kernel.sharding.spec) == (None, "fsdp", "tensor") and kernel.dtype == jnp.int8
+    sharded = np.asarray(hidden_states(qs, jnp.asarray(ids), jnp.asarray(mask)))
+    assert G.rel_err(sharded, got) < 1e-6
 
 
 def test_tokenizer_matches_transformers(tiny, tmp_path):

@@ -79,14 +79,15 @@ def token_rms_norm(hidden):
 
 
 def _linspace(steps: int, dtype) -> np.ndarray:
-    """torch's ``linspace(0, 1, steps)``: the first half stepped up from 0, the second down
-    from 1 (so the two ends are exact), in ``dtype``."""
+    """torch's ``linspace(0, 1, steps)`` bit for bit: a step rounded to ``dtype``, the first
+    half stepped up from 0 and the second down from 1 (both ends exact), each value formed
+    from the exact product (torch fuses the multiply-add) and rounded once to ``dtype``."""
     if steps == 1:
         return np.zeros(1, dtype)
-    step = dtype(1.0) / dtype(steps - 1)
-    i = np.arange(steps)
-    return np.where(i < steps // 2, i.astype(dtype) * step,
-                    dtype(1.0) - (steps - 1 - i).astype(dtype) * step).astype(dtype)
+    wide = np.float64 if dtype == np.float32 else np.longdouble
+    step = wide(dtype(1.0) / dtype(steps - 1))
+    i = np.arange(steps).astype(wide)
+    return np.where(i < steps // 2, i * step, wide(1) - (steps - 1 - i) * step).astype(dtype)
 
 
 def rope_tables(width: int, heads: int, length: int, base_seq_len: int, theta: float,
@@ -95,9 +96,14 @@ def rope_tables(width: int, heads: int, length: int, base_seq_len: int, theta: f
     interleaved ``[T, D/2]`` (one frequency per channel pair ``(2i, 2i+1)``) or split
     ``[T, N, K/2]`` (head n's frequencies on its two halves). Frequencies
     ``theta**linspace(0, 1, D/2) · π/2`` in float64 (``double``) or float32, angles
-    ``(2p/base − 1)·freq`` in float32, as diffusers computes them."""
+    ``(2p/base − 1)·freq`` in float32, as diffusers computes them. With ``double`` the tables
+    equal diffusers' to an ulp of cos / sin; in float32 torch's ``pow`` differs from the
+    correctly rounded power by an ulp on ~2 % of the frequencies, which at LTX-2's width (the
+    largest frequencies ~1.6e4 rad) moves those angles by up to ~1e-3."""
     ft = np.float64 if double else np.float32
-    freqs = (ft(theta) ** _linspace(width // 2, ft) * ft(math.pi) / ft(2.0)).astype(np.float32)
+    # theta**x rounded once to ft (torch's float32 pow is within an ulp of that)
+    powers = (np.float64(theta) ** _linspace(width // 2, ft).astype(np.float64)).astype(ft)
+    freqs = (powers * ft(math.pi) / ft(2.0)).astype(np.float32)
     grid = np.arange(length, dtype=np.float32) / np.float32(base_seq_len)
     angles = ((grid[:, None] * np.float32(2) - np.float32(1)) * freqs).astype(np.float64)
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)

@@ -29,7 +29,7 @@ from ditax.models.encoders.decoder_lm.convert import load_decoder_lm
 DEFAULTS = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216,
                 num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
                 hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
-                query_pre_attn_scalar=256, sliding_window=4096, sliding_window_pattern=6,
+                query_pre_attn_scalar=256, sliding_window=4096,
                 rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, attention_bias=False,
                 attn_logit_softcapping=None, use_bidirectional_attention=False)
 
@@ -86,6 +86,7 @@ def gemma3_config(raw: dict, dtype: str = "float32") -> DecoderLMConfig:
     n = t["num_hidden_layers"]
     layer_types = t.get("layer_types")
     if not layer_types:
+        # every pattern-th layer is global (transformers' default pattern: 6)
         pattern = t.get("sliding_window_pattern") or t.get("_sliding_window_pattern") or 6
         layer_types = [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
     full, sliding = rope_of(t)
