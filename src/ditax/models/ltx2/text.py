@@ -39,9 +39,10 @@ MAX_SEQUENCE_LENGTH = 1024     # LTX2Pipeline's default
 
 
 class LTX2Text(NamedTuple):
-    """The text components of an LTX-2 pipeline folder: ``tokenizer`` (:class:`~ditax.models
-    .encoders.tokenizer.Tokenizer`), ``text_encoder`` (Gemma-3,
-    :class:`~ditax.models.encoders.decoder_lm.model.DecoderLM`), ``connectors``."""
+    """The text components of an LTX-2 pipeline folder: ``tokenizer``
+    (:class:`~ditax.models.encoders.tokenizer.Tokenizer`, left padding), ``text_encoder``
+    (Gemma-3, :class:`~ditax.models.encoders.decoder_lm.model.DecoderLM`), ``connectors``
+    (:class:`~ditax.models.ltx2.connectors.LTX2TextConnectors`)."""
 
     tokenizer: object
     text_encoder: object
