@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 #: LTX-2-like: split RoPE (padded tables), caption projections, no gates; 2 heads x 8 video,
-#: 2 heads x 8 audio, two blocks
+#: 2 heads x 8 audio, two blocks; perturbed-attention processors (for STG)
 LTX2 = dict(in_channels=4, out_channels=6, num_attention_heads=2, attention_head_dim=8,
             cross_attention_dim=16, audio_in_channels=4, audio_out_channels=3,
             audio_num_attention_heads=2, audio_attention_head_dim=8,
             audio_cross_attention_dim=16, num_layers=2, caption_channels=12,
-            rope_type="split", rope_double_precision=True)
+            rope_type="split", rope_double_precision=True, perturbed_attn=True)
 #: LTX-2.3-like: gated attention and text modulation in both streams (the static prompt
 #: tables: use_prompt_adaln_single=False), connector-width text, perturbed-attention
 #: processors, no video feed-forward biases, keyframe embedding, interleaved RoPE
@@ -18,9 +18,11 @@ LTX23 = dict(LTX2, gated_attn=True, audio_gated_attn=True, cross_attn_mod=True,
              audio_cross_attn_mod=True, use_prompt_embeddings=False, perturbed_attn=True,
              use_prompt_adaln_single=False, ff_bias=False, rope_type="interleaved",
              use_keyframes_abs_pos_embedding=True, pos_embed_max_pos=24)
-#: for meshes: 4 video heads (Ulysses over 4 context shards), sigma-dependent text modulation
-PAR = dict(LTX2, num_attention_heads=4, cross_attention_dim=32, gated_attn=True,
-           cross_attn_mod=True, use_prompt_embeddings=False)
+#: for meshes: LTX-2.3-like with 4 video heads (Ulysses over 4 context shards; the split
+#: RoPE of the audio<->video attentions then groups their 2 audio heads' channels in 4),
+#: sigma-dependent text modulation (use_prompt_adaln_single)
+PAR = dict(LTX23, num_attention_heads=4, cross_attention_dim=32, use_prompt_adaln_single=True,
+           rope_type="split", ff_bias=True)
 
 
 def make_diffusers_ltx2(tmp_path, seed: int = 0, name: str | None = None, **config):

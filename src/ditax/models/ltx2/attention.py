@@ -6,7 +6,9 @@ every attention of a block — self, text cross and audio↔video cross — is o
 normed across all heads (``[N·K]`` gains), rotated by their own RoPE tables (q's and k's
 differ in the audio↔video attentions), attention through the site's
 :class:`~ditax.attention.AttentionCall`, optionally gated per head by ``2·sigmoid(
-to_gate_logits(x))`` (``gated_attn``), then ``to_out``.
+to_gate_logits(x))`` (``gated_attn``), then ``to_out``. Under spatio-temporal guidance
+(diffusers ``LTX2PerturbedAttnProcessor``) a self-attention's output is blended back towards
+its values, ``lerp(v, o, m)`` per sample (``m = 0``: the values alone), before the gates.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ class Attention(nnx.Module):
 
     def __call__(self, x, context, call: AttentionCall, sharding: ShardingContext, *,
                  q_rope: Rope | None = None, k_rope: Rope | None = None, kv_mask=None,
-                 split_rope: bool = False, seq=("act_seq", "act_seq")):
+                 split_rope: bool = False, seq=("act_seq", "act_seq"), perturb=None):
         """``x [B, S, Dq]``, ``context [B, Sk, Dk]`` → ``[B, S, Dq]``; ``k_rope`` None: q's
         table (self-attention); ``kv_mask [B, Sk]`` (True = key); ``seq``: the logical axis
-        of q's and of k's tokens (``"act_seq"`` for video tokens, None for audio and text)."""
+        of q's and of k's tokens (``"act_seq"`` for video tokens, None for audio and text);
+        ``perturb [B]`` float32: the STG blend weight of each sample (None: none)."""
         b, s = x.shape[:2]
         sq, sk = seq
         q = self.norm_q(self.to_q(x))
@@ -61,10 +64,21 @@ class Attention(nnx.Module):
         k, v = (sharding.constrain(a, HEADS[:1] + (sk,) + HEADS[2:]) for a in (k, v))
         o = checkpoint_name(call(q, k, v, kv_mask=kv_mask), "attn_out")
         o = sharding.constrain(o, HEADS[:1] + (sq,) + HEADS[2:])
+        if perturb is not None:
+            o = lerp(v, o, perturb.reshape(-1, 1, 1, 1))
         if self.to_gate_logits is not None:
             gates = 2.0 * jax.nn.sigmoid(self.to_gate_logits(x).astype(jnp.float32))
             o = (o.astype(jnp.float32) * gates[..., None]).astype(o.dtype)
         return checkpoint_name(self.to_out.from_heads(o), "proj_out")
 
 
-__all__ = ["Attention"]
+def lerp(start, end, weight):
+    """``torch.lerp(start, end, weight)`` in float32, in ``end``'s dtype: ``start + w·(end −
+    start)`` below one half, ``end − (end − start)·(1 − w)`` from it (so ``w = 0`` / ``1``
+    give ``start`` / ``end`` exactly)."""
+    s, e = start.astype(jnp.float32), end.astype(jnp.float32)
+    w = jnp.asarray(weight, jnp.float32)
+    return jnp.where(w < 0.5, s + w * (e - s), e - (e - s) * (1 - w)).astype(end.dtype)
+
+
+__all__ = ["Attention", "lerp"]

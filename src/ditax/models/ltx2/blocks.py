@@ -66,6 +66,9 @@ class BlockContext(NamedTuple):
     - RoPE tables: ``rope`` (video), ``audio_rope``, ``cross_rope`` (video side of the a↔v
       attentions), ``audio_cross_rope``;
     - ``token_mask [B, L']``: the real video tokens (None: no padding);
+    - ``stg``: spatio-temporal guidance, ``(flags [num_layers] bool, weights [B] float32)``
+      — the blocks whose self-attentions are perturbed and each sample's blend weight
+      (0: the values alone); None: none;
     - ``isolate``: skip the a↔v attentions (static).
     """
 
@@ -86,6 +89,7 @@ class BlockContext(NamedTuple):
     cross_rope: Rope
     audio_cross_rope: Rope
     token_mask: Any
+    stg: Any = None
     isolate: bool = False
 
 
@@ -166,7 +170,10 @@ class Block(nnx.Module):
         self.audio_text_mod = cfg.audio_cross_attn_mod
         self.split_rope = cfg.rope_type == "split"
 
-    def __call__(self, streams, ctx: BlockContext, calls: Calls, sharding: ShardingContext):
+    def __call__(self, streams, ctx: BlockContext, calls: Calls, sharding: ShardingContext,
+                 perturb=None):
+        """``streams = (video, audio)`` after the block; ``perturb [B]``: this block's STG
+        blend weights of the self-attentions (None: not perturbed)."""
         x, a = streams
         c = ctx
         vm = mod_terms(self.scale_shift_table[...], c.temb)
@@ -176,11 +183,11 @@ class Block(nnx.Module):
         # 1. self-attention
         h = modulate(self.norm1(x), vm[0], vm[1]).astype(x.dtype)
         o = self.attn1(h, h, calls.video_self, sharding, q_rope=c.rope, kv_mask=c.token_mask,
-                       split_rope=split)
+                       split_rope=split, perturb=perturb)
         x = sharding.constrain(_residual(x, o, vm[2]), VIDEO)
         h = modulate(self.audio_norm1(a), am[0], am[1]).astype(a.dtype)
         o = self.audio_attn1(h, h, calls.audio_self, sharding, q_rope=c.audio_rope,
-                             split_rope=split, seq=(None, None))
+                             split_rope=split, seq=(None, None), perturb=perturb)
         a = sharding.constrain(_residual(a, o, am[2]), AUDIO)
 
         # 2. text cross-attention

@@ -247,6 +247,10 @@ def check_model(m: LTX2Config, mesh_sizes: dict[str, int] | None = None) -> None
         raise ConfigError(f"model.cross_attention_dim={m.cross_attention_dim} must equal the "
                           f"video width {m.inner_dim} when use_prompt_embeddings=true (the "
                           f"caption projection's output is the text keys' input)")
+    if m.prompt_modulation and m.cross_attention_dim != m.inner_dim:
+        raise ConfigError(f"model.cross_attention_dim={m.cross_attention_dim} must equal the "
+                          f"video width {m.inner_dim} with cross_attn_mod (the text is "
+                          f"modulated by {m.inner_dim}-wide tables before its keys)")
     if m.rope_type == "split":
         for what, width, heads in (
                 ("video self-attention", m.inner_dim, m.num_attention_heads),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ditax.errors import RequestError
 from ditax.models.ltx2.config import LTX2Config
 
@@ -40,12 +42,6 @@ def check_inputs(cfg: LTX2Config, x, a, text, audio_text, timestep, *, audio_tim
                  perturbation_mask=None, attention_kwargs=None,
                  video_self_attention_mask=None, video_keyframes_mask=None) -> None:
     """Raise :class:`RequestError` for a call the model cannot take (module docstring)."""
-    if spatio_temporal_guidance_blocks:
-        _unsupported("spatio_temporal_guidance_blocks", list(spatio_temporal_guidance_blocks),
-                     "spatio-temporal guidance (perturbed self-attention blocks)")
-    if perturbation_mask is not None:
-        _unsupported("perturbation_mask", _shape(perturbation_mask),
-                     "spatio-temporal guidance (perturbed self-attention blocks)")
     if attention_kwargs:
         _unsupported("attention_kwargs", attention_kwargs, "attention processor keywords "
                      "(LoRA scales)")
@@ -106,9 +102,55 @@ def check_inputs(cfg: LTX2Config, x, a, text, audio_text, timestep, *, audio_tim
         if s not in ((b, seq), (b, seq, 1)):
             raise RequestError(f"video_keyframes_mask must be [B, L, 1] = {(b, seq, 1)} (or "
                                f"[B, L]); got shape {s}")
+    _check_stg(cfg, b, spatio_temporal_guidance_blocks, perturbation_mask)
     if positions is None:
         _check_video_positions(cfg, b, seq, num_frames, height, width, video_coords)
         _check_audio_positions(cfg, b, la, audio_num_frames, audio_coords)
+
+
+def stg_flags(blocks, num_layers: int):
+    """``spatio_temporal_guidance_blocks`` as one flag per block ``[num_layers]`` (a list of
+    block indices, or already the flags: a bool array); None when no block is perturbed."""
+    if blocks is None:
+        return None
+    if getattr(blocks, "dtype", None) == bool:
+        return blocks
+    idx = [int(i) for i in blocks]
+    if not idx:
+        return None
+    flags = np.zeros(num_layers, bool)
+    flags[idx] = True
+    return flags
+
+
+def _check_stg(cfg: LTX2Config, b: int, blocks, mask) -> None:
+    """Spatio-temporal guidance: block indices of this model, a per-sample weight."""
+    n = cfg.num_layers
+    if getattr(blocks, "dtype", None) == bool:
+        if _shape(blocks) != (n,):
+            raise RequestError(f"spatio_temporal_guidance_blocks as flags must be [num_layers="
+                               f"{n}] bool; got shape {_shape(blocks)}")
+        given = True
+    else:
+        idx = [] if blocks is None else list(blocks)
+        bad = [i for i in idx if isinstance(i, bool) or not isinstance(i, (int, np.integer))
+               or not 0 <= i < n]
+        if bad:
+            raise RequestError(f"spatio_temporal_guidance_blocks={idx}: {bad} are no block "
+                               f"indices of this model (0..{n - 1})")
+        given = bool(idx)
+    if given and not cfg.perturbed_attn:
+        raise RequestError("spatio_temporal_guidance_blocks is given, but this model's config "
+                           "has perturbed_attn=false (diffusers then ignores it); pass None, "
+                           "or use a model with perturbed attention (LTX-2.3)")
+    if mask is not None:
+        if not given:
+            raise RequestError("perturbation_mask is given without spatio_temporal_guidance_"
+                               "blocks: it weighs the perturbed blocks' self-attention; name "
+                               "the blocks or pass perturbation_mask=None")
+        if _shape(mask) not in ((b,), (b, 1, 1)):
+            raise RequestError(f"perturbation_mask must be [B={b}] (or [B, 1, 1]); 0 = "
+                               f"perturbed, 1 = not; got shape {_shape(mask)}")
 
 
 def _check_video_positions(cfg, b, seq, num_frames, height, width, coords) -> None:
@@ -152,4 +194,4 @@ def _check_audio_positions(cfg, b, la, audio_num_frames, coords) -> None:
                            f" audio tokens, but audio_hidden_states has La={la}")
 
 
-__all__ = ["check_inputs", "timestep_tokens"]
+__all__ = ["check_inputs", "timestep_tokens", "stg_flags"]

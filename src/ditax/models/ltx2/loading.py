@@ -27,6 +27,7 @@ from ditax.models.ltx2.build import abstract_model
 from ditax.models.ltx2.config import (CLASS_NAME, LTX2Config, check_transformer,
                                       same_architecture)
 from ditax.models.ltx2.convert import param_axes, weight_table
+from ditax.models.ltx2.inputs import stg_flags
 
 
 def read_config(folder) -> dict:
@@ -52,11 +53,12 @@ class LTX2TransformerModel(LoadedTransformer):
     audio_timestep=None, sigma=None, audio_sigma=None, encoder_attention_mask=None,
     audio_encoder_attention_mask=None, num_frames=None, height=None, width=None, fps=24.0,
     audio_num_frames=None, video_coords=None, audio_coords=None, isolate_modalities=False,
-    use_cross_timestep=False, video_keyframes_mask=None) → (video [B, L, C_out], audio
-    [B, La, Ca_out])`` — diffusers' ``return_dict=False`` tuple
+    spatio_temporal_guidance_blocks=None, perturbation_mask=None, use_cross_timestep=False,
+    video_keyframes_mask=None) → (video [B, L, C_out], audio [B, La, Ca_out])`` — diffusers'
+    ``return_dict=False`` tuple
     (:mod:`ditax.models.ltx2.transformer` has the meanings). The RoPE positions are computed
-    on the host from the sizes or the coordinates before the compiled forward, so a call
-    with new sizes does not recompile for them alone.
+    on the host from the sizes or the coordinates before the compiled forward, and the
+    STG blocks become one flag per block (traced): another set of blocks does not recompile.
 
     A pytree of its parameters (:class:`~ditax.models.common.loaded.LoadedTransformer`), so it
     composes with a user's ``jax.jit`` / ``jax.grad``.
@@ -94,13 +96,18 @@ class LTX2TransformerModel(LoadedTransformer):
         for k, v in times.items():      # a scalar (or [1]) is every sample's
             if v is not None and (v.ndim == 0 or (v.ndim == 1 and v.shape[0] == 1)):
                 times[k] = jnp.broadcast_to(v.reshape(-1), (b,))
+        flags = stg_flags(spatio_temporal_guidance_blocks, module.cfg.num_layers)
+        stg = {} if flags is None else dict(perturbation_mask=as_array(perturbation_mask,
+                                                                         jnp.float32))
         positions = module.positions(b, num_frames, height, width, fps, audio_num_frames,
                                      video_coords, audio_coords)
         positions = jax.tree.map(lambda p: self._place(p) if p.shape[0] == b > 1 else p,
                                  positions)
         arrays = dict(hidden_states=x, audio_hidden_states=a, encoder_hidden_states=text,
-                      audio_encoder_hidden_states=audio_text, **times, **masks)
+                      audio_encoder_hidden_states=audio_text, **times, **masks, **stg)
         arrays = {k: self._place(v) for k, v in arrays.items()}
+        if flags is not None:       # one flag per block, on every device
+            arrays["spatio_temporal_guidance_blocks"] = jnp.asarray(flags)
         return _forward_jit(self._gdef, self._state, dict(arrays, positions=positions),
                             bool(isolate_modalities), bool(use_cross_timestep))
 

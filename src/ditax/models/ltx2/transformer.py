@@ -11,9 +11,10 @@ meanings: packed latent tokens in and out, timesteps already scaled by
 ``timestep_scale_multiplier`` (0…1000), ``timestep`` ``[B]`` or one per video token
 ``[B, L]`` (then ``audio_timestep`` is needed), the text masks ``[B, T]`` (1 = attend; a
 row with no key attends to all, as diffusers' additive −10000 bias does), the latent sizes
-(or coordinates) for the RoPE. Arguments ditax does not take yet (spatio-temporal guidance,
-``video_self_attention_mask``, ``attention_kwargs``) are refused in one line
-(:mod:`ditax.models.ltx2.inputs`). ``positions=`` (a :class:`~ditax.models.ltx2.rope.
+(or coordinates) for the RoPE, spatio-temporal guidance (``spatio_temporal_guidance_blocks``:
+block indices, or one bool flag per block; ``perturbation_mask [B]``) as diffusers'
+perturbed processors do it. Arguments ditax does not take yet (``video_self_attention_mask``,
+``attention_kwargs``) are refused in one line (:mod:`ditax.models.ltx2.inputs`). ``positions=`` (a :class:`~ditax.models.ltx2.rope.
 Positions`) replaces the coordinates with the positions computed from them on the host
 (what :class:`~ditax.models.ltx2.loading.LTX2TransformerModel` passes).
 
@@ -56,7 +57,7 @@ from ditax.models.ltx2 import rope as R
 from ditax.models.ltx2.blocks import AUDIO, VIDEO, Block, BlockContext, Calls
 from ditax.models.ltx2.config import OUT_EPS, LTX2Config
 from ditax.models.ltx2.embeddings import AdaLNSingle
-from ditax.models.ltx2.inputs import check_inputs
+from ditax.models.ltx2.inputs import check_inputs, stg_flags
 from ditax.nn import FP32LayerNorm, Linear, TextProjection
 from ditax.nn.stack import make_stack, run_stack
 
@@ -291,6 +292,12 @@ class LTX2Transformer(DiT):
         audio_cross_rope = R.rope_tables(jnp.asarray(positions.audio_cross, jnp.float32),
                                          cfg.audio_cross_attention_dim, na, **tables)
 
+        stg = None
+        flags = stg_flags(spatio_temporal_guidance_blocks, cfg.num_layers)
+        if flags is not None:       # diffusers: no mask given = every sample perturbed
+            weights = (jnp.zeros((b,), jnp.float32) if perturbation_mask is None
+                       else jnp.asarray(perturbation_mask, jnp.float32).reshape(b))
+            stg = (jnp.asarray(flags), weights)
         token_mask = None
         if pad:
             token_mask = jnp.broadcast_to(jnp.arange(seq + pad) < seq, (b, seq + pad))
@@ -304,7 +311,7 @@ class LTX2Transformer(DiT):
                                                                                 AUDIO),
             text_mask=text_mask, audio_text_mask=audio_text_mask, rope=video_rope,
             audio_rope=audio_rope, cross_rope=cross_rope, audio_cross_rope=audio_cross_rope,
-            token_mask=token_mask, isolate=bool(isolate_modalities))
+            token_mask=token_mask, stg=stg, isolate=bool(isolate_modalities))
         ctx = Embedded(block=block, temb=video_terms(embedded), audio_temb=audio_embedded,
                        mod=block.temb, seq=seq, pad=pad, dtype=jnp.asarray(hidden_states).dtype,
                        audio_dtype=jnp.asarray(audio_hidden_states).dtype)
@@ -319,11 +326,25 @@ class LTX2Transformer(DiT):
         Da])``."""
         cfg, sharding, calls = self.cfg, self.sharding, self.calls
 
-        def body(streams, block):
-            return block(streams, ctx.block, calls, sharding)
+        run = dict(depth=cfg.num_layers, start=start, stop=stop, remat=cfg.remat,
+                   scan=cfg.scan_layers)
+        if ctx.block.stg is None:
+            def body(streams, block):
+                return block(streams, ctx.block, calls, sharding)
 
-        return run_stack(self.transformer_blocks, body, tuple(h), depth=cfg.num_layers,
-                         start=start, stop=stop, remat=cfg.remat, scan=cfg.scan_layers)
+            return run_stack(self.transformer_blocks, body, tuple(h), **run)
+
+        flags, weights = ctx.block.stg
+
+        def perturbed(carry, block):     # the carry counts the layers: block i's STG flag
+            x, a, i = carry
+            x, a = block((x, a), ctx.block, calls, sharding,
+                         jnp.where(flags[i], weights, jnp.float32(1.0)))
+            return x, a, i + 1
+
+        x, a, _ = run_stack(self.transformer_blocks, perturbed,
+                            (*h, jnp.asarray(start, jnp.int32)), **run)
+        return x, a
 
     def head(self, h, ctx: Embedded):
         """Output norms and projections: ``(video [B, L, C_out], audio [B, La, Ca_out])`` in
