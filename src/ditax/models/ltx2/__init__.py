@@ -4,7 +4,8 @@ Importing this package registers the family (:mod:`ditax.models.registry`'s disc
 its one declaration, naming every part and capability. Everything is named by
 ``"module:Name"`` so this import stays light (no JAX). So far the family has its transformer
 (``LTX2VideoTransformer3DModel`` folders, :mod:`ditax.models.ltx2.loading`) and the
-``ditax convert`` folder check; pipelines come later.
+``ditax convert`` folder check, and its text-to-video-with-sound pipelines (``LTX2Pipeline``
+folders, :mod:`ditax.pipelines.ltx2`).
 """
 
 from ditax.models.registry import FamilySpec, register
@@ -14,5 +15,7 @@ register(FamilySpec(
     config="ditax.models.ltx2.config:LTX2Config",
     family="ditax.models.ltx2.family:LTX2Family",
     transformer_classes=("LTX2VideoTransformer3DModel",),
+    pipeline_classes=("LTX2Pipeline",),
+    pipelines="ditax.pipelines.ltx2.family:LTX2Pipelines",
     capabilities=frozenset({"transformer", "folder_check"}),
 ))

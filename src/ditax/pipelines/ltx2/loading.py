@@ -1,0 +1,126 @@
+"""Loading a diffusers ``LTX2Pipeline`` folder: ``tokenizer/`` + ``text_encoder/`` (Gemma-3)
++ ``connectors/`` (``LTX2TextConnectors``), ``transformer/`` (``LTX2VideoTransformer3DModel``),
+``vae/`` (``AutoencoderKLLTX2Video``), ``audio_vae/`` (``AutoencoderKLLTX2Audio``),
+``vocoder/`` (``LTX2Vocoder`` / ``LTX2VocoderWithBWE``) and ``scheduler/``
+(``FlowMatchEulerDiscreteScheduler``). The folder's ``ditax_sample.json`` is read and checked
+against the folder's grid before any weights."""
+
+from __future__ import annotations
+
+import time
+
+from ditax.errors import ConfigError
+
+PIPELINE_CLASSES = ("LTX2Pipeline",)
+COMPONENTS = ("tokenizer", "text_encoder", "connectors", "transformer", "vae", "audio_vae",
+              "vocoder", "scheduler")
+
+
+def _factors(root) -> tuple[int, int]:
+    """The video VAE's (spatial, temporal) factors, from ``vae/config.json`` (no weights)."""
+    from ditax.io.files import read_model_json
+    from ditax.models.vae.ltx2.config import LTX2VideoVAEConfig
+
+    cfg = LTX2VideoVAEConfig.from_diffusers(read_model_json(root / "vae" / "config.json",
+                                                            "VAE config"))
+    return cfg.spatial_factor, cfg.temporal_factor
+
+
+def check_folder(root) -> None:
+    """``root`` is an ``LTX2Pipeline`` folder with every component folder present."""
+    from ditax.io.files import read_model_json
+
+    index = read_model_json(root / "model_index.json", "model_index.json")
+    cls = index.get("_class_name") if isinstance(index, dict) else None
+    if cls not in PIPELINE_CLASSES:
+        raise ConfigError(f"{root}: model_index.json _class_name={cls!r}; the LTX-2 loader reads "
+                          f"{list(PIPELINE_CLASSES)} folders")
+    missing = [c for c in COMPONENTS if not (root / c).is_dir()]
+    if missing:
+        raise ConfigError(f"{root} lacks {', '.join(m + '/' for m in missing)}: an LTX2Pipeline "
+                          f"folder holds {', '.join(c + '/' for c in COMPONENTS)} (save it with "
+                          f"diffusers' LTX2Pipeline.save_pretrained)")
+
+
+def preflight(root, load: dict, call: dict | None = None, mesh=None) -> None:
+    """The folder's parts, the request's sizes on its VAE's grid, the attention backend with
+    both head dims; no weights read."""
+    from ditax.attention import check_available
+    from ditax.models.ltx2.loading import read_config
+    from ditax.pipelines.ltx2.request import check_frames, check_size
+
+    check_folder(root)
+    if call:
+        spatial, temporal = _factors(root)
+        check_size(call.get("height"), call.get("width"), spatial)
+        check_frames(call.get("num_frames"), temporal)
+    tc = read_config(root / "transformer")
+    for key, default in (("attention_head_dim", 128), ("audio_attention_head_dim", 64)):
+        check_available(load["attention"], mesh=mesh, dtype=load["dtype"],
+                        head_dim=tc.get(key, default))
+
+
+def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
+                  cfg_mode: str = "batched", vae_tiling: bool = False,
+                  text_quantize: str = "none", **model_overrides):
+    """The :class:`~ditax.pipelines.ltx2.text_to_video.LTX2TextToVideo` of folder (or hub id)
+    ``path``. The transformer runs ``attention`` in ``dtype`` over ``mesh``; the text encoder,
+    the VAEs and the vocoder run in ``dtype`` on one device (``text_quantize="int8"``: the
+    Gemma-3 weights stored in 8 bits). ``cfg_mode``: how CFG runs its two branches;
+    ``vae_tiling``: decode the video in tiles (diffusers' ``enable_tiling()``);
+    ``model_overrides``: :class:`~ditax.models.ltx2.config.LTX2Config` numerics (``remat``,
+    ``scan_layers``...)."""
+    from ditax.models.ltx2.audio_convert import load_audio_vae
+    from ditax.models.ltx2.loading import load_transformer
+    from ditax.models.ltx2.text import load_ltx2_text
+    from ditax.models.ltx2.vocoder_convert import load_vocoder
+    from ditax.models.vae.ltx2 import load_ltx2_video_vae
+    from ditax.pipelines.family import pipelines_of, resolve
+    from ditax.pipelines.ltx2.text_to_video import LTX2TextToVideo
+    from ditax.schedulers import FlowMatchEulerScheduler, load_scheduler
+
+    t0 = time.perf_counter()
+    if cfg_mode not in ("batched", "sequential"):
+        raise ConfigError(f"cfg_mode={cfg_mode!r}; use 'batched' or 'sequential'")
+    if model_overrides.pop("loras", None) or model_overrides.pop("loras_2", None):
+        raise ConfigError("LoRAs are not read for LTX-2 folders yet; drop loras= / --lora")
+    for key in ("lora_mode", "lora_strict"):
+        model_overrides.pop(key, None)
+    root = resolve(path)
+    check_folder(root)
+    defaults = pipelines_of("ltx2").folder_defaults(root)      # checked before any weights
+    try:
+        scheduler = load_scheduler(root)
+    except ValueError as e:
+        raise ConfigError(f"{root / 'scheduler'}: {e}") from None
+    if not isinstance(scheduler, FlowMatchEulerScheduler):
+        raise ConfigError(f"{root / 'scheduler'}: LTX-2 samples with "
+                          f"FlowMatchEulerDiscreteScheduler; got {type(scheduler).__name__}")
+    transformer = load_transformer(root, dtype=dtype, mesh=mesh, attention=attention,
+                                   **model_overrides)
+    text = load_ltx2_text(root, dtype, quantize=text_quantize)
+    vae = load_ltx2_video_vae(root, dtype)
+    audio_vae = load_audio_vae(root, dtype)
+    vocoder = load_vocoder(root, dtype)
+    check_fit(transformer.config, vae, audio_vae, root)
+    pipe = LTX2TextToVideo(text=text, transformer=transformer, vae=vae, audio_vae=audio_vae,
+                           vocoder=vocoder, scheduler=scheduler, cfg_mode=cfg_mode,
+                           vae_tiling=vae_tiling, sample_defaults=defaults)
+    pipe.load_time = time.perf_counter() - t0
+    return pipe
+
+
+def check_fit(tc, vae, audio_vae, root) -> None:
+    """The components' widths agree (a folder mixing models is one line naming both)."""
+    pairs = (("vae latent_channels", vae.latent_channels, "in_channels", tc.in_channels),
+             ("audio_vae latent_channels x latent mel bins",
+              audio_vae.latent_channels * audio_vae.config.latent_mel_bins,
+              "audio_in_channels", tc.audio_in_channels))
+    for what, got, field, want in pairs:
+        if got != want:
+            raise ConfigError(f"{root}: {what} = {got} but the transformer's {field} = {want}; "
+                              f"the folder mixes components of different models")
+
+
+__all__ = ["COMPONENTS", "PIPELINE_CLASSES", "check_fit", "check_folder", "load_pipeline",
+           "preflight"]

@@ -1,0 +1,268 @@
+"""LTX-2 text-to-video with sound: prompt → ``{"video": [F, H, W, 3] in [0, 1], "audio":
+AudioTrack}``.
+
+Built from a diffusers ``LTX2Pipeline`` folder (:mod:`.loading`), it reproduces that pipeline:
+
+1. text: Gemma-3's hidden states of the prompt (and of the negative prompt, "" by default,
+   with guidance), through the text connectors: video and audio text (:mod:`ditax.models.ltx2
+   .text`);
+2. latents: video tokens ``[1, L, C]`` (``L = F' Y X``, the VAE's 8x / 32x) and audio tokens
+   ``[1, La, Ca]`` (``La`` from the video's length in seconds at the audio VAE's rate), drawn
+   from N(0, 1) (``jax.random``, from ``seed``) unless given (``latents`` / ``audio_latents``:
+   unpacked ones are normalised and packed as diffusers does); both in one array for the
+   generic loop (:mod:`.denoiser`);
+3. denoise on flow-match Euler with ``sigmas = linspace(1, 1/N, N)`` shifted by the video
+   token count's ``mu`` and stretched to the scheduler's terminal sigma; LTX-2's guidance
+   (:mod:`.guidance`): per-stream CFG, spatio-temporal guidance (only for a model with
+   perturbed attention: for one without, diffusers' extra forward equals the conditional one
+   and the term is zero, so it is skipped), modality isolation, rescaling;
+4. decode: the video latents unpacked, denormalised (noised to ``decode_timestep`` for a
+   timestep-conditioned VAE) and decoded, ``x / 2 + 0.5`` clipped; the audio tokens
+   denormalised, unpacked, decoded to a mel spectrogram and voiced by the vocoder.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ditax.errors import RequestError
+from ditax.pipelines.ltx2.denoiser import SCALES, LTX2Denoiser, ltx2_inputs
+from ditax.pipelines.programs import Programs, in_compile_cache
+from ditax.pipelines.sampling import Expert, Prepared, Timings, check_finite, record
+
+#: diffusers' default spatio-temporal guidance blocks (LTX-2.3's 48-layer model)
+STG_BLOCKS = (28,)
+
+
+class LTX2TextToVideo:
+    """A loaded LTX-2 pipeline; call it with a prompt. See
+    :func:`ditax.pipelines.ltx2.loading.load_pipeline`."""
+
+    batches = True   # requests of one shape stack (ditax.pipelines.batch)
+
+    def __init__(self, *, text, transformer, vae, audio_vae, vocoder, scheduler,
+                 cfg_mode: str = "batched", vae_tiling: bool = False,
+                 sample_defaults: dict | None = None):
+        self.text = text                         # LTX2Text: tokenizer, Gemma-3, connectors
+        self.transformer, self.vae = transformer, vae
+        self.audio_vae, self.vocoder = audio_vae, vocoder
+        self.scheduler, self.cfg_mode, self.vae_tiling = scheduler, cfg_mode, vae_tiling
+        self.sample_defaults = dict(sample_defaults or {})
+        self.load_time = 0.0
+        self.timings = Timings()
+        self.compile_cache = "auto"
+        self.programs = Programs()
+        self.last_stats: dict = {}
+        self._expert = Expert(*nnx.split(LTX2Denoiser(transformer.module)), transformer.config)
+
+    @property
+    def mesh(self):
+        return self.transformer.mesh
+
+    def call_defaults(self, **call) -> dict:
+        """``call`` with each value left at None from ``self.sample_defaults`` (the folder's
+        ``ditax_sample.json``), else LTX-2's (:data:`~ditax.pipelines.ltx2.family
+        .SAMPLE_DEFAULTS`)."""
+        from ditax.pipelines.family import pipelines_of   # the family module imports this one
+        from ditax.pipelines.sample_defaults import with_defaults
+
+        return with_defaults(call, self.sample_defaults, pipelines_of("ltx2").sample_defaults)
+
+    # -- shapes ---------------------------------------------------------------------------------
+
+    def grid(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """Latent ``(F', Y, X)`` of a video (the VAE's factors)."""
+        return (num_frames - 1) // self.vae.temporal_compression_ratio + 1, \
+            height // self.vae.spatial_compression_ratio, \
+            width // self.vae.spatial_compression_ratio
+
+    def audio_frames(self, num_frames: int, frame_rate: float) -> int:
+        """Audio latent frames of a video of ``num_frames`` at ``frame_rate``."""
+        from ditax.models.ltx2.audio_latents import audio_latent_frames
+
+        a = self.audio_vae
+        return audio_latent_frames(num_frames, frame_rate, a.sample_rate, a.hop_length,
+                                   a.config.temporal_factor)
+
+    # -- the call -------------------------------------------------------------------------------
+
+    @in_compile_cache
+    def __call__(self, prompt, negative_prompt=None, height=None, width=None, num_frames=None,
+                 num_inference_steps=None, guidance_scale=None, seed: int = 0, latents=None,
+                 audio_latents=None, progress: bool = True, **call):
+        """Generate one video with its sound track: ``{"video": float32 [F, H, W, 3] in
+        [0, 1], "audio": AudioTrack}`` (``audio=False``: the video only; ``output="latent"``:
+        ``{"video": [1, C, F', Y, X], "audio": [1, Ca, La, M]}``, denormalised as diffusers'
+        ``output_type="latent"``). Arguments: :meth:`prepare`'s."""
+        return record(self, self.prepare(
+            prompt, negative_prompt, height, width, num_frames, num_inference_steps,
+            guidance_scale, seed, latents, audio_latents, **call).run(progress))
+
+    def prepare(self, prompt, negative_prompt=None, height=None, width=None, num_frames=None,
+                num_inference_steps=None, guidance_scale=None, seed: int = 0, latents=None,
+                audio_latents=None, frame_rate=None, audio_guidance_scale=None,
+                guidance_rescale=None, audio_guidance_rescale=None, stg_scale=None,
+                audio_stg_scale=None, modality_scale=None, audio_modality_scale=None,
+                decode_timestep=None, decode_noise_scale=None, max_sequence_length=None,
+                sigmas=None, stg_blocks=None, audio: bool = True,
+                output: str = "video") -> Prepared:
+        """One request checked and laid out as the generic loop's parts (nothing encoded or
+        compiled yet). diffusers' argument names and defaults (``LTX2Pipeline``); None takes
+        the folder's ``ditax_sample.json``, else LTX-2's. ``stg_blocks``: diffusers'
+        ``spatio_temporal_guidance_blocks``. A zero audio scale takes the video's, as
+        diffusers' ``audio_x or x``."""
+        from ditax.pipelines.ltx2.request import check_request
+        from ditax.schedulers.flow_match import check_sigmas
+
+        d = self.call_defaults(
+            height=height, width=width, num_frames=num_frames,
+            num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+            frame_rate=frame_rate, audio_guidance_scale=audio_guidance_scale,
+            guidance_rescale=guidance_rescale, audio_guidance_rescale=audio_guidance_rescale,
+            stg_scale=stg_scale, audio_stg_scale=audio_stg_scale, modality_scale=modality_scale,
+            audio_modality_scale=audio_modality_scale, decode_timestep=decode_timestep,
+            max_sequence_length=max_sequence_length)
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RequestError(f"prompt must be a non-empty string; got {prompt!r}")
+        if output not in ("video", "latent"):
+            raise RequestError(f"output={output!r}; use 'video' or 'latent'")
+        height, width, frames, steps = (d["height"], d["width"], d["num_frames"],
+                                        d["num_inference_steps"])
+        check_request(height=height, width=width, num_frames=frames,
+                      spatial=self.vae.spatial_compression_ratio,
+                      temporal=self.vae.temporal_compression_ratio)
+        g = float(d["guidance_scale"])
+        scales = {"guidance": g, "stg": float(d["stg_scale"]),
+                  "modality": float(d["modality_scale"]), "rescale": float(d["guidance_rescale"])}
+        for k, v in (("audio_guidance", d["audio_guidance_scale"]),
+                     ("audio_stg", d["audio_stg_scale"]),
+                     ("audio_modality", d["audio_modality_scale"]),
+                     ("audio_rescale", d["audio_guidance_rescale"])):
+            scales[k] = float(v or scales[k.removeprefix("audio_")])
+        layers = self.transformer.config.num_layers
+        if stg_blocks is None:
+            stg_blocks = tuple(i for i in STG_BLOCKS if i < layers)
+        bad = [i for i in stg_blocks if isinstance(i, bool) or not isinstance(i, int)
+               or not 0 <= i < layers]
+        if bad:
+            raise RequestError(f"stg_blocks={list(stg_blocks)}: {bad} are no block indices of "
+                               f"this model (0..{layers - 1})")
+        use_cfg = scales["guidance"] > 1.0 or scales["audio_guidance"] > 1.0
+        run_stg = bool((scales["stg"] > 0.0 or scales["audio_stg"] > 0.0) and stg_blocks
+                       and self.transformer.config.perturbed_attn)
+        run_modality = scales["modality"] > 1.0 or scales["audio_modality"] > 1.0
+        if sigmas is None:
+            sigmas = np.linspace(1.0, 1.0 / steps, steps)
+        try:
+            check_sigmas(sigmas, steps)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        grid = self.grid(frames, height, width)
+        la = self.audio_frames(frames, float(d["frame_rate"]))
+        tc = self.transformer.config
+        lv = int(np.prod(grid))
+        mel = self.audio_vae.config.latent_mel_bins
+        n = lv * tc.in_channels + la * tc.audio_in_channels
+        given = self._given_latents(latents, audio_latents, grid, la, mel)
+        positions = self.transformer.module.positions(
+            1, *grid, fps=float(d["frame_rate"]), audio_num_frames=la)
+        text_len = int(d["max_sequence_length"])
+
+        def text(cfg_rows):
+            from ditax.models.ltx2.text import encode_ltx2_prompt
+
+            rows = [prompt] + ([negative_prompt or ""] if cfg_rows else [])
+            video, audio_text, mask = encode_ltx2_prompt(self.text, rows, text_len)
+            dt = jnp.dtype(tc.dtype)
+            return video.astype(dt), audio_text.astype(dt), mask
+
+        def condition():
+            return dict(positions=jax.tree.map(jnp.asarray, positions),
+                        scales={k: jnp.full((1,), scales[k], jnp.float32) for k in SCALES})
+
+        def decode(x, _):
+            return self.decode(x, grid, la, seed, d, decode_noise_scale, audio, output)
+
+        return Prepared(
+            programs=self.programs, experts=[self._expert],
+            inputs=ltx2_inputs(tuple(stg_blocks) if run_stg else None, run_modality),
+            scheduler=self.scheduler.with_mu(lv), latent_shape=(1, n), mesh=self.mesh,
+            cfg_mode=self.cfg_mode, num_inference_steps=steps,
+            # the loop's CFG switch: on when either stream is guided (diffusers'); the scales
+            # themselves travel in the condition
+            guidance_scale=2.0 if use_cfg else 1.0, sigmas=np.asarray(sigmas, np.float64),
+            text=text, condition=condition, latents=given, seed=seed,
+            size=f"for {frames} frames at {height}x{width}", decode=decode)
+
+    def _given_latents(self, latents, audio_latents, grid, la: int, mel: int):
+        """Given latents as the joint array ``[1, N]`` (None: drawn from the seed). Video:
+        packed ``[1, L, C]`` as they are, unpacked ``[1, C, F', Y, X]`` normalised and packed
+        (diffusers' ``prepare_latents``); audio: packed ``[1, La, Ca]`` or unpacked
+        ``[1, c, La, M]`` packed, then normalised (``prepare_audio_latents``)."""
+        from ditax.models.ltx2.audio_latents import pack_audio_latents
+
+        if latents is None and audio_latents is None:
+            return None
+        if latents is None or audio_latents is None:
+            raise RequestError("latents and audio_latents go together (the two streams start "
+                               "from one draw); give both, or neither to draw them from seed")
+        tc = self.transformer.config
+        v = np.asarray(latents, np.float32)
+        f, y, x = grid
+        if v.ndim == 5:
+            if v.shape[1:] != (tc.in_channels, f, y, x):
+                raise RequestError(f"latents shape {v.shape} does not match "
+                                   f"{(1, tc.in_channels, f, y, x)} for this request")
+            z = np.asarray(self.vae.normalize_latents(jnp.asarray(v)))
+            v = z.transpose(0, 2, 3, 4, 1).reshape(z.shape[0], f * y * x, -1)
+        if v.shape[1:] != (f * y * x, tc.in_channels):
+            raise RequestError(f"latents shape {v.shape} does not match the packed "
+                               f"{(1, f * y * x, tc.in_channels)} for this request")
+        a = np.asarray(audio_latents, np.float32)
+        if a.ndim == 4:
+            a = np.asarray(pack_audio_latents(jnp.asarray(a)))
+        if a.shape[1:] != (la, tc.audio_in_channels):
+            raise RequestError(f"audio_latents shape {a.shape} does not match the packed "
+                               f"{(1, la, tc.audio_in_channels)} (or unpacked [1, C, {la}, "
+                               f"{mel}]) for this request")
+        a = np.asarray(self.audio_vae.normalize_latents(jnp.asarray(a)))
+        return np.concatenate([v.reshape(v.shape[0], -1), a.reshape(a.shape[0], -1)], 1)
+
+    def decode(self, x, grid, la: int, seed: int, d: dict, decode_noise_scale, audio: bool,
+               output: str):
+        """The joint latents ``[1, N]`` → ``{"video", "audio"}`` (module docstring, step 4)."""
+        from ditax.io.audio import AudioTrack
+        from ditax.models.ltx2.audio_latents import unpack_audio_latents
+
+        tc = self.transformer.config
+        f, y, xw = grid
+        x = jnp.asarray(x, jnp.float32)
+        lv = f * y * xw * tc.in_channels
+        video = x[:, :lv].reshape(1, f, y, xw, tc.in_channels).transpose(0, 4, 1, 2, 3)
+        tokens = x[:, lv:].reshape(1, la, tc.audio_in_channels)
+        mel_bins = self.audio_vae.config.latent_mel_bins
+        sound = unpack_audio_latents(self.audio_vae.denormalize_latents(tokens), mel_bins, la)
+        if output == "latent":
+            return {"video": np.asarray(self.vae.denormalize_latents(video)),
+                    "audio": np.asarray(sound)}
+        key = jax.random.fold_in(jax.random.PRNGKey(int(seed)), 1)   # the decode's noise
+        z, t = self.vae.decode_inputs(
+            video.astype(self.vae.dtype), decode_timestep=d["decode_timestep"],
+            decode_noise_scale=decode_noise_scale,
+            key=key if self.vae.timestep_conditioning else None)
+        frames = self.vae.decode(z, t, tiled=self.vae_tiling)            # [1, 3, F, H, W]
+        frames = np.clip(np.asarray(frames, np.float32) / np.float32(2) + np.float32(0.5),
+                         np.float32(0), np.float32(1))
+        out = {"video": np.ascontiguousarray(frames[0].transpose(1, 2, 3, 0))}
+        if audio:
+            mel = self.audio_vae.decode(sound.astype(self.audio_vae.dtype))
+            wave = np.asarray(self.vocoder(mel), np.float32)[0]         # [channels, samples]
+            check_finite(wave, "decode", "the sound track")
+            out["audio"] = AudioTrack(wave, self.vocoder.sample_rate)
+        return out
+
+
+__all__ = ["LTX2TextToVideo", "STG_BLOCKS"]

@@ -1,0 +1,68 @@
+"""LTX-2 text-to-video with sound: ``ditax.load_pipeline`` on a diffusers ``LTX2Pipeline``
+folder gives diffusers' video and waveform from the same latents (every guidance term on:
+per-stream CFG, spatio-temporal guidance, modality isolation, rescaling); bad requests are
+one line."""
+
+import numpy as np
+import pytest
+
+import ditax
+from ditax.errors import RequestError
+from ditax.io.audio import AudioTrack
+from ltx2_pipeline_reference import run_diffusers, write_ltx2_pipeline
+from wan_reference import rel_err
+
+PROMPT = "a drummer on a beach at sunset"
+SIZE = dict(height=32, width=32, num_frames=5, frame_rate=24.0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ltx2") / "pipe"
+    ref = write_ltx2_pipeline(root)
+    return root, ref, ditax.load_pipeline(root)
+
+
+def _latents(pipe, seed=0):
+    """Unpacked video ``[1, C, F', Y, X]`` and audio ``[1, c, La, M]`` latents for SIZE."""
+    rng = np.random.default_rng(seed)
+    f, y, x = pipe.grid(SIZE["num_frames"], SIZE["height"], SIZE["width"])
+    la = pipe.audio_frames(SIZE["num_frames"], SIZE["frame_rate"])
+    a = pipe.audio_vae
+    video = rng.standard_normal((1, pipe.vae.latent_channels, f, y, x)).astype(np.float32)
+    audio = rng.standard_normal((1, a.latent_channels, la, a.config.latent_mel_bins))
+    return video, audio.astype(np.float32)
+
+
+def test_same_latents_give_diffusers_video_and_sound(tiny):
+    """All of diffusers' guidance terms at once (its defaults but STG on block 1 of 2 and
+    3 steps) from the same unpacked latents: the video and the waveform within 1e-5 (measured
+    4e-7 / 6e-7; each term moves them by 1e-3 .. 2e-1, so none can be dropped unseen)."""
+    root, ref, pipe = tiny
+    video_latents, audio_latents = _latents(pipe)
+    call = dict(SIZE, num_inference_steps=3, guidance_scale=3.0, audio_guidance_scale=7.0,
+                stg_scale=1.0, modality_scale=3.0, guidance_rescale=0.7, max_sequence_length=16,
+                decode_timestep=0.05, decode_noise_scale=0.0)
+    want_video, want_audio = run_diffusers(ref, PROMPT, video_latents, audio_latents,
+                                           spatio_temporal_guidance_blocks=[1], **call)
+    out = pipe(PROMPT, latents=video_latents, audio_latents=audio_latents, stg_blocks=(1,),
+               progress=False, **call)
+    assert out["video"].shape == want_video.shape == (5, 32, 32, 3)
+    assert rel_err(out["video"], want_video) <= 1e-5, rel_err(out["video"], want_video)
+    track = out["audio"]
+    assert isinstance(track, AudioTrack) and track.sample_rate == 24000
+    assert track.samples.shape == want_audio.shape
+    assert rel_err(track.samples, want_audio) <= 1e-5, rel_err(track.samples, want_audio)
+    assert pipe.last_stats["steps"] == 3
+
+
+def test_bad_requests_are_one_line(tiny):
+    _, _, pipe = tiny
+    for kwargs, words in ((dict(num_frames=6), "num_frames=6 must be 4k+1"),
+                          (dict(height=20), "height=20 must be a positive multiple of 8"),
+                          (dict(stg_blocks=(5,)), "[5] are no block indices of this model"),
+                          (dict(latents=np.zeros((1, 8, 2, 4, 4), np.float32)),
+                           "latents and audio_latents go together")):
+        with pytest.raises(RequestError, match=r".*") as e:
+            pipe(PROMPT, progress=False, **{**SIZE, **kwargs})
+        assert words in str(e.value) and "\n" not in str(e.value), (kwargs, e.value)

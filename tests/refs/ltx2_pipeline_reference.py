@@ -1,0 +1,62 @@
+"""A tiny random diffusers ``LTX2Pipeline`` folder (every component random, saved with
+``save_pretrained``) and the pipeline object read back from it, for end-to-end parity."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gemma_reference import CONNECTORS, tiny_ltx2_text_folder
+from ltx2_audio_reference import AUDIO_VAE, make_audio_vae, make_vocoder
+from ltx2_reference import LTX2
+from ltx2_vae_reference import CONFIGS, make_ltx2_vae
+
+#: LTX-2's scheduler config (dynamic shift of the video token count, terminal sigma 0.1)
+SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True,
+                 base_shift=0.95, max_shift=2.05, base_image_seq_len=1024,
+                 max_image_seq_len=4096, shift_terminal=0.1)
+#: the transformer fitted to the other parts: 8 video latent channels, 2 x 4 audio latent
+#: channels x mel bins, the connectors' text width; perturbed attention (STG) on
+TRANSFORMER = dict(LTX2, in_channels=CONFIGS["ltx2"]["latent_channels"], out_channels=None,
+                   audio_in_channels=AUDIO_VAE["public"]["latent_channels"]
+                   * AUDIO_VAE["public"]["mel_bins"] // 4, audio_out_channels=None,
+                   caption_channels=CONNECTORS["caption_channels"],
+                   audio_sampling_rate=16000, audio_hop_length=160, audio_scale_factor=4)
+
+
+def write_ltx2_pipeline(root, seed: int = 0):
+    """Write a tiny ``LTX2Pipeline`` folder at ``root``; returns the diffusers pipeline."""
+    import shutil
+
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2Pipeline
+
+    from ltx2_reference import make_diffusers_ltx2
+
+    folder, encoder, tokenizer, connectors = tiny_ltx2_text_folder()
+    root.mkdir(parents=True, exist_ok=True)
+    transformer, tfolder = make_diffusers_ltx2(root.parent, seed, name=f"{root.name}_tr",
+                                               **TRANSFORMER)
+    vae = make_ltx2_vae(CONFIGS["ltx2"], seed)
+    audio_vae = make_audio_vae("public", seed)
+    vocoder = make_vocoder("v20", seed)
+    pipe = LTX2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER), vae=vae,
+                        audio_vae=audio_vae, text_encoder=encoder, tokenizer=tokenizer,
+                        connectors=connectors, transformer=transformer, vocoder=vocoder)
+    pipe.save_pretrained(root)
+    shutil.rmtree(tfolder)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run_diffusers(pipe, prompt, latents, audio_latents, **call):
+    """diffusers' video ``[F, H, W, 3]`` and waveform ``[channels, samples]`` (numpy) from
+    the given unpacked latents."""
+    import torch
+
+    with torch.no_grad():
+        video, audio = pipe(prompt, latents=torch.from_numpy(latents),
+                            audio_latents=torch.from_numpy(audio_latents), output_type="np",
+                            return_dict=False, **call)
+    return np.asarray(video[0], np.float32), audio[0].float().numpy()
+
+
+__all__ = ["SCHEDULER", "TRANSFORMER", "run_diffusers", "write_ltx2_pipeline"]
