@@ -50,7 +50,7 @@ def test_same_latents_give_diffusers_video_and_sound(tiny):
     assert out["video"].shape == want_video.shape == (5, 32, 32, 3)
     assert rel_err(out["video"], want_video) <= 1e-5, rel_err(out["video"], want_video)
     track = out["audio"]
-    assert isinstance(track, AudioTrack) and track.sample_rate == 24000
+    assert isinstance(track, AudioTrack) and track.sample_rate == 8000
     assert track.samples.shape == want_audio.shape
     assert rel_err(track.samples, want_audio) <= 1e-5, rel_err(track.samples, want_audio)
     assert pipe.last_stats["steps"] == 3
@@ -66,3 +66,36 @@ def test_bad_requests_are_one_line(tiny):
         with pytest.raises(RequestError, match=r".*") as e:
             pipe(PROMPT, progress=False, **{**SIZE, **kwargs})
         assert words in str(e.value) and "\n" not in str(e.value), (kwargs, e.value)
+
+
+def test_generate_writes_the_mp4_with_its_sound_track(tiny, tmp_path, capsys):
+    """``ditax generate`` on the folder: an mp4 whose AAC track ffmpeg reads back at the
+    vocoder's rate and the video's length; ``--no-audio``: the same frames, silent."""
+    from ditax.cli import main
+    from ditax.io.audio import read_audio
+    from ditax.io.video import read_video
+
+    root, _, _ = tiny
+    out = tmp_path / "drums.mp4"
+    flags = ["--height", "32", "--width", "32", "--frames", "9", "--steps", "2",
+             "--no-progress", "sample.max_sequence_length=16"]
+    rc = main(["generate", "--model", str(root), "--prompt", PROMPT, "--output", str(out),
+               *flags])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert "24 fps, 2-channel 8000 Hz AAC sound track" in printed.out, printed.out
+    frames = read_video(out)
+    track = read_audio(out)
+    assert frames.shape == (9, 32, 32, 3)
+    assert track.sample_rate == 8000 and track.channels == 2
+    assert abs(track.seconds - 9 / 24) < 0.1, track.seconds       # the video's length
+    silent = tmp_path / "silent.mp4"
+    rc = main(["generate", "--model", str(root), "--prompt", PROMPT, "--output", str(silent),
+               "--no-audio", *flags])
+    assert rc == 0, capsys.readouterr().err
+    assert read_audio(silent) is None
+    np.testing.assert_array_equal(read_video(silent), frames)
+    rc = main(["generate", "--model", str(root), "--prompt", PROMPT, "--output", str(silent),
+               "--frame-rate", "12", *flags])           # the mp4 at the rate it was made for
+    assert rc == 0 and "12 fps, 2-channel" in capsys.readouterr().out
+    assert abs(read_audio(silent).seconds - 9 / 12) < 0.1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from gemma_reference import CONNECTORS, tiny_ltx2_text_folder
-from ltx2_audio_reference import AUDIO_VAE, make_audio_vae, make_vocoder
+from ltx2_audio_reference import AUDIO_VAE, VOCODER, _randomize, make_audio_vae
 from ltx2_reference import LTX2
 from ltx2_vae_reference import CONFIGS, make_ltx2_vae
 
@@ -21,6 +21,10 @@ TRANSFORMER = dict(LTX2, in_channels=CONFIGS["ltx2"]["latent_channels"], out_cha
                    * AUDIO_VAE["public"]["mel_bins"] // 4, audio_out_channels=None,
                    caption_channels=CONNECTORS["caption_channels"],
                    audio_sampling_rate=16000, audio_hop_length=160, audio_scale_factor=4)
+#: LTX-2.0's vocoder kind, its upsampling matched to its rate as the real one's is: 100 mel
+#: frames a second (16 kHz, hop 160) x 80 = 8 kHz, so a track lasts as long as its video
+VOCODER_8K = dict(VOCODER["v20"], upsample_factors=[5, 4, 4], upsample_kernel_sizes=[10, 8, 8],
+                  output_sampling_rate=8000)
 
 
 def write_ltx2_pipeline(root, seed: int = 0):
@@ -37,7 +41,9 @@ def write_ltx2_pipeline(root, seed: int = 0):
                                                **TRANSFORMER)
     vae = make_ltx2_vae(CONFIGS["ltx2"], seed)
     audio_vae = make_audio_vae("public", seed)
-    vocoder = make_vocoder("v20", seed)
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    vocoder = _randomize(LTX2Vocoder(**VOCODER_8K), seed)
     pipe = LTX2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER), vae=vae,
                         audio_vae=audio_vae, text_encoder=encoder, tokenizer=tokenizer,
                         connectors=connectors, transformer=transformer, vocoder=vocoder)
@@ -59,4 +65,4 @@ def run_diffusers(pipe, prompt, latents, audio_latents, **call):
     return np.asarray(video[0], np.float32), audio[0].float().numpy()
 
 
-__all__ = ["SCHEDULER", "TRANSFORMER", "run_diffusers", "write_ltx2_pipeline"]
+__all__ = ["SCHEDULER", "TRANSFORMER", "VOCODER_8K", "run_diffusers", "write_ltx2_pipeline"]

@@ -216,8 +216,10 @@ def parse_request(args):
         call.update(cache=s.cache, cache_threshold=s.cache_threshold, cfg_cache=s.cfg_cache,
                     cache_coefficients=s.cache_coefficients)
     if video:                                  # the written video's own flags
-        if getattr(args, "fps", None) is None:
-            args.fps = defaults.get("fps") or 16
+        if getattr(args, "fps", None) is None:     # a model made for a frame rate: at it
+            rate = call.get("frame_rate")
+            args.fps = (int(rate) if float(rate).is_integer() else rate) if rate else \
+                defaults.get("fps") or 16
         if getattr(args, "frames_dir", None) is not None:
             check_output_folder(args.frames_dir, "--frames-dir")
             if pathlib.Path(args.frames_dir).absolute() == pathlib.Path(args.output).absolute():
