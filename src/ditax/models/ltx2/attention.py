@@ -19,6 +19,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import AttentionCall
+from ditax.attention.registry import get as backend_entry
 from ditax.models.ltx2.config import QK_EPS
 from ditax.models.ltx2.rope import Rope, apply_rope
 from ditax.nn import Linear, RMSNorm
@@ -81,4 +82,14 @@ def lerp(start, end, weight):
     return jnp.where(w < 0.5, s + w * (e - s), e - (e - s) * (1 - w)).astype(end.dtype)
 
 
-__all__ = ["Attention", "lerp"]
+def local_call(call: AttentionCall) -> AttentionCall:
+    """``call`` itself for a local kernel; a sequence backend's local kernel (with the options
+    it passes on) as its own call — the audio self-attention's under ulysses / ring."""
+    if call.entry.kind == "local":
+        return call
+    name, opts = call.local()
+    return AttentionCall(name, backend_entry(name).resolve(opts, call.platform), call.sharding,
+                         call.platform)
+
+
+__all__ = ["Attention", "lerp", "local_call"]

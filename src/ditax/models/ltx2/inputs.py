@@ -1,12 +1,14 @@
 """The checks of one LTX-2 call: every argument's shape and the arguments ditax does not take
 yet, each refused in one :class:`~ditax.errors.RequestError` line naming the value and the
-fix, before anything is traced. Shapes use the module's letters: ``B`` batch, ``L`` / ``La``
-video / audio tokens, ``T`` / ``Ta`` text tokens."""
+fix, before anything is traced; then the arrays the model builds from the arguments (timesteps
+``[B, T]``, padded tokens, text key masks, STG flags). Shapes use the module's letters: ``B``
+batch, ``L`` / ``La`` video / audio tokens, ``T`` / ``Ta`` text tokens."""
 
 from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 
 from ditax.errors import RequestError
@@ -194,4 +196,33 @@ def _check_audio_positions(cfg, b, la, audio_num_frames, coords) -> None:
                            f" audio tokens, but audio_hidden_states has La={la}")
 
 
-__all__ = ["check_inputs", "timestep_tokens", "stg_flags"]
+# -- the arrays the model builds from them --------------------------------------------------
+
+def timesteps(t, b: int):
+    """A timestep argument as ``[B, T]`` float32 (``T``: 1 or one per token)."""
+    t = jnp.asarray(t, jnp.float32)
+    return t.reshape(b, -1) if t.ndim == 2 else jnp.broadcast_to(t.reshape(-1), (b,))[:, None]
+
+
+def pad_tokens(x, pad: int, axis: int = 1):
+    """``x`` with ``pad`` zero tokens appended on ``axis`` (the video tokens' context-shard
+    padding)."""
+    if not pad or x is None:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def key_mask(mask):
+    """A ``[B, T]`` text mask as attention keys: True where ``mask > 0.5`` (diffusers' additive
+    ``(1 - mask) · -10000`` bias hides a key; a sample whose mask hides every key attends to
+    all of them, as that constant bias does); None: every key."""
+    if mask is None:
+        return None
+    keep = jnp.asarray(mask).astype(jnp.float32) > 0.5
+    return keep | ~jnp.any(keep, axis=1, keepdims=True)
+
+
+__all__ = ["check_inputs", "timestep_tokens", "stg_flags", "timesteps", "pad_tokens",
+           "key_mask"]

@@ -99,7 +99,7 @@ class LTX2TransformerModel(LoadedTransformer):
         flags = stg_flags(spatio_temporal_guidance_blocks, module.cfg.num_layers)
         stg = {} if flags is None else dict(perturbation_mask=as_array(perturbation_mask,
                                                                          jnp.float32))
-        positions = module.positions(b, num_frames, height, width, fps, audio_num_frames,
+        positions = module.positions(num_frames, height, width, fps, audio_num_frames,
                                      video_coords, audio_coords)
         positions = jax.tree.map(lambda p: self._place(p) if p.shape[0] == b > 1 else p,
                                  positions)

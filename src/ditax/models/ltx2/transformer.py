@@ -14,9 +14,12 @@ row with no key attends to all, as diffusers' additive −10000 bias does), the 
 (or coordinates) for the RoPE, spatio-temporal guidance (``spatio_temporal_guidance_blocks``:
 block indices, or one bool flag per block; ``perturbation_mask [B]``) as diffusers'
 perturbed processors do it. Arguments ditax does not take yet (``video_self_attention_mask``,
-``attention_kwargs``) are refused in one line (:mod:`ditax.models.ltx2.inputs`). ``positions=`` (a :class:`~ditax.models.ltx2.rope.
-Positions`) replaces the coordinates with the positions computed from them on the host
-(what :class:`~ditax.models.ltx2.loading.LTX2TransformerModel` passes).
+``attention_kwargs``) are refused in one line (:mod:`ditax.models.ltx2.inputs`).
+``positions=`` (a :class:`~ditax.models.ltx2.rope.Positions`) replaces the coordinates with
+the positions computed from them on the host (what
+:class:`~ditax.models.ltx2.loading.LTX2TransformerModel` passes). ``embed`` / ``run_blocks``
+/ ``head`` split the call as every family's denoiser does, but the tokens ``h`` are the pair
+``(video, audio)``, not one array.
 
 **Parallel layout.** Video tokens are the long sequence: padded to a multiple of the
 context shards (padded keys masked, padded queries dropped) and split over ``context``;
@@ -49,15 +52,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.attention import AttentionCall, plan_attention
+from ditax.attention import plan_attention
 from ditax.attention.config import AttentionConfig
-from ditax.attention.registry import get as backend_entry
 from ditax.models.common.dit import DiT
 from ditax.models.ltx2 import rope as R
+from ditax.models.ltx2.attention import local_call
 from ditax.models.ltx2.blocks import AUDIO, VIDEO, Block, BlockContext, Calls
 from ditax.models.ltx2.config import OUT_EPS, LTX2Config
 from ditax.models.ltx2.embeddings import AdaLNSingle
-from ditax.models.ltx2.inputs import check_inputs, stg_flags
+from ditax.models.ltx2.inputs import check_inputs, key_mask, pad_tokens, stg_flags, timesteps
 from ditax.nn import FP32LayerNorm, Linear, TextProjection
 from ditax.nn.stack import make_stack, run_stack
 
@@ -77,30 +80,6 @@ class Embedded(NamedTuple):
     pad: int
     dtype: Any
     audio_dtype: Any
-
-
-def local_call(call: AttentionCall) -> AttentionCall:
-    """``call`` itself for a local kernel; a sequence backend's local kernel (with the options
-    it passes on) as its own call — the audio self-attention's under ulysses / ring."""
-    if call.entry.kind == "local":
-        return call
-    name, opts = call.local()
-    return AttentionCall(name, backend_entry(name).resolve(opts, call.platform), call.sharding,
-                         call.platform)
-
-
-def _timesteps(t, b: int):
-    """A timestep argument as ``[B, T]`` float32 (``T``: 1 or one per token)."""
-    t = jnp.asarray(t, jnp.float32)
-    return t.reshape(b, -1) if t.ndim == 2 else jnp.broadcast_to(t.reshape(-1), (b,))[:, None]
-
-
-def _pad_tokens(x, pad: int, axis: int = 1):
-    if not pad or x is None:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(x, widths)
 
 
 class LTX2Transformer(DiT):
@@ -184,7 +163,7 @@ class LTX2Transformer(DiT):
                             audio_encoder_hidden_states, timestep, **kwargs)
         return self.head(self.run_blocks(h, ctx), ctx)
 
-    def positions(self, b: int, num_frames=None, height=None, width=None, fps: float = 24.0,
+    def positions(self, num_frames=None, height=None, width=None, fps: float = 24.0,
                   audio_num_frames=None, video_coords=None, audio_coords=None) -> R.Positions:
         """The call's four position grids (:func:`ditax.models.ltx2.rope.positions`) from its
         coordinates, or from the latent sizes as diffusers computes them."""
@@ -235,7 +214,7 @@ class LTX2Transformer(DiT):
         b, seq = hidden_states.shape[:2]
         pad = (-seq) % sharding.seq_shards
         if positions is None:
-            positions = self.positions(b, num_frames, height, width, fps, audio_num_frames,
+            positions = self.positions(num_frames, height, width, fps, audio_num_frames,
                                        video_coords, audio_coords)
 
         # tokens
@@ -245,28 +224,12 @@ class LTX2Transformer(DiT):
         if video_keyframes_mask is not None:
             marker = (jnp.asarray(video_keyframes_mask).reshape(b, seq, 1) > 0).astype(dt)
             x = x + marker * self.keyframes_abs_pos_embedding[...].astype(dt)
-        x = sharding.constrain(_pad_tokens(x, pad), VIDEO)
+        x = sharding.constrain(pad_tokens(x, pad), VIDEO)
         a = sharding.constrain(self.audio_proj_in(jnp.asarray(audio_hidden_states).astype(dt)),
                                AUDIO)
 
-        # timestep terms
-        t = _timesteps(timestep, b)
-        ta = t if audio_timestep is None else _timesteps(audio_timestep, b)
-        sig = None if sigma is None else _timesteps(sigma, b)
-        asig = sig if audio_sigma is None else _timesteps(audio_sigma, b)
-        per_token = lambda v: _pad_tokens(v, pad) if v.shape[1] > 1 else v  # noqa: E731
-        temb, embedded = self.time_embed(t)
-        temb_audio, audio_embedded = self.audio_time_embed(ta)
-        ca_t, ca_ta = (asig, sig) if use_cross_timestep else (t, ta)
-        gate = cfg.cross_attn_timestep_scale_multiplier / cfg.timestep_scale_multiplier
-        ca_video = self.av_cross_attn_video_scale_shift(ca_t)[0]
-        gate_video = self.av_cross_attn_video_a2v_gate(ca_t * gate)[0]
-        ca_audio = self.av_cross_attn_audio_scale_shift(ca_ta)[0]
-        gate_audio = self.av_cross_attn_audio_v2a_gate(ca_ta * gate)[0]
-        prompt = prompt_audio = None
-        if self.prompt_adaln is not None:
-            prompt = self.prompt_adaln(sig)[0]
-            prompt_audio = self.audio_prompt_adaln(asig)[0]
+        terms = self._timestep_terms(timestep, audio_timestep, sigma, audio_sigma, b,
+                                     use_cross_timestep)
 
         # text
         text = jnp.asarray(encoder_hidden_states).astype(dt)
@@ -274,23 +237,9 @@ class LTX2Transformer(DiT):
         if self.caption_projection is not None:
             text = self.caption_projection(text)
             audio_text = self.audio_caption_projection(audio_text)
-        text_mask, audio_text_mask = (_key_mask(m) for m in (encoder_attention_mask,
+        text_mask, audio_text_mask = (key_mask(m) for m in (encoder_attention_mask,
                                                              audio_encoder_attention_mask))
-
-        # RoPE
-        split = cfg.rope_type == "split"
-        tables = dict(theta=cfg.rope_theta, double=cfg.rope_double_precision, split=split)
-        n, na = cfg.num_attention_heads, cfg.audio_num_attention_heads
-        vpos = _pad_tokens(jnp.asarray(positions.video, jnp.float32), pad)
-        vcross = _pad_tokens(jnp.asarray(positions.video_cross, jnp.float32), pad)
-        video_rope = self._constrain_rope(R.rope_tables(vpos, cfg.inner_dim, n, **tables),
-                                          "act_seq")
-        cross_rope = self._constrain_rope(R.rope_tables(
-            vcross, cfg.audio_cross_attention_dim, n if split else na, **tables), "act_seq")
-        audio_rope = R.rope_tables(jnp.asarray(positions.audio, jnp.float32),
-                                   cfg.audio_inner_dim, na, **tables)
-        audio_cross_rope = R.rope_tables(jnp.asarray(positions.audio_cross, jnp.float32),
-                                         cfg.audio_cross_attention_dim, na, **tables)
+        video_rope, cross_rope, audio_rope, audio_cross_rope = self._ropes(positions, pad)
 
         stg = None
         flags = stg_flags(spatio_temporal_guidance_blocks, cfg.num_layers)
@@ -301,25 +250,76 @@ class LTX2Transformer(DiT):
         token_mask = None
         if pad:
             token_mask = jnp.broadcast_to(jnp.arange(seq + pad) < seq, (b, seq + pad))
-        video_terms = lambda v: sharding.constrain(  # noqa: E731
-            per_token(v), ("act_batch", "act_seq" if v.shape[1] > 1 else None, None))
+
+        def video_terms(v):      # per-token terms follow their (padded, split) tokens
+            if v.shape[1] == 1:
+                return v
+            return sharding.constrain(pad_tokens(v, pad), ("act_batch", "act_seq", None))
+
         block = BlockContext(
-            temb=video_terms(temb), temb_audio=temb_audio, ca_video=video_terms(ca_video),
-            ca_audio=ca_audio, gate_video=video_terms(gate_video), gate_audio=gate_audio,
-            prompt=prompt, prompt_audio=prompt_audio,
-            text=sharding.constrain(text, AUDIO), audio_text=sharding.constrain(audio_text,
-                                                                                AUDIO),
-            text_mask=text_mask, audio_text_mask=audio_text_mask, rope=video_rope,
-            audio_rope=audio_rope, cross_rope=cross_rope, audio_cross_rope=audio_cross_rope,
-            token_mask=token_mask, stg=stg, isolate=bool(isolate_modalities))
-        ctx = Embedded(block=block, temb=video_terms(embedded), audio_temb=audio_embedded,
-                       mod=block.temb, seq=seq, pad=pad, dtype=jnp.asarray(hidden_states).dtype,
+            temb=video_terms(terms["temb"]), temb_audio=terms["temb_audio"],
+            ca_video=video_terms(terms["ca_video"]), ca_audio=terms["ca_audio"],
+            gate_video=video_terms(terms["gate_video"]), gate_audio=terms["gate_audio"],
+            prompt=terms["prompt"], prompt_audio=terms["prompt_audio"],
+            text=sharding.constrain(text, AUDIO),
+            audio_text=sharding.constrain(audio_text, AUDIO), text_mask=text_mask,
+            audio_text_mask=audio_text_mask, rope=video_rope, audio_rope=audio_rope,
+            cross_rope=cross_rope, audio_cross_rope=audio_cross_rope, token_mask=token_mask,
+            stg=stg, isolate=bool(isolate_modalities))
+        ctx = Embedded(block=block, temb=video_terms(terms["embedded"]),
+                       audio_temb=terms["audio_embedded"], mod=block.temb, seq=seq, pad=pad,
+                       dtype=jnp.asarray(hidden_states).dtype,
                        audio_dtype=jnp.asarray(audio_hidden_states).dtype)
         return (x, a), ctx
 
-    def _constrain_rope(self, rope: R.Rope, seq) -> R.Rope:
+    def _timestep_terms(self, timestep, audio_timestep, sigma, audio_sigma, b: int,
+                        cross: bool) -> dict:
+        """Every timestep-derived term of one call (diffusers' step 3): each stream's block
+        terms and output embedding, the a↔v scale / shift and gate terms (from the other
+        stream's sigma with ``cross``, diffusers' ``use_cross_timestep``), and sigma's prompt
+        terms (None without ``prompt_adaln``); each ``[B, T, ·]``, ``T`` 1 or per token."""
+        cfg = self.cfg
+        t = timesteps(timestep, b)
+        ta = t if audio_timestep is None else timesteps(audio_timestep, b)
+        sig = None if sigma is None else timesteps(sigma, b)
+        asig = sig if audio_sigma is None else timesteps(audio_sigma, b)
+        out = {}
+        out["temb"], out["embedded"] = self.time_embed(t)
+        out["temb_audio"], out["audio_embedded"] = self.audio_time_embed(ta)
+        ca_t, ca_ta = (asig, sig) if cross else (t, ta)
+        gate = cfg.cross_attn_timestep_scale_multiplier / cfg.timestep_scale_multiplier
+        out["ca_video"] = self.av_cross_attn_video_scale_shift(ca_t)[0]
+        out["gate_video"] = self.av_cross_attn_video_a2v_gate(ca_t * gate)[0]
+        out["ca_audio"] = self.av_cross_attn_audio_scale_shift(ca_ta)[0]
+        out["gate_audio"] = self.av_cross_attn_audio_v2a_gate(ca_ta * gate)[0]
+        out["prompt"] = out["prompt_audio"] = None
+        if self.prompt_adaln is not None:
+            out["prompt"] = self.prompt_adaln(sig)[0]
+            out["prompt_audio"] = self.audio_prompt_adaln(asig)[0]
+        return out
+
+    def _ropes(self, positions: R.Positions, pad: int) -> tuple[R.Rope, ...]:
+        """The four RoPE tables (video, its a↔v side, audio, its a↔v side); the video ones
+        padded and split like the video tokens."""
+        cfg = self.cfg
+        split = cfg.rope_type == "split"
+        kw = dict(theta=cfg.rope_theta, double=cfg.rope_double_precision, split=split)
+        n, na = cfg.num_attention_heads, cfg.audio_num_attention_heads
+        video = pad_tokens(jnp.asarray(positions.video, jnp.float32), pad)
+        video_cross = pad_tokens(jnp.asarray(positions.video_cross, jnp.float32), pad)
+        # diffusers' split tables group the a<->v video side by the video heads
+        return (self._constrain_rope(R.rope_tables(video, cfg.inner_dim, n, **kw)),
+                self._constrain_rope(R.rope_tables(video_cross, cfg.audio_cross_attention_dim,
+                                                   n if split else na, **kw)),
+                R.rope_tables(jnp.asarray(positions.audio, jnp.float32), cfg.audio_inner_dim,
+                              na, **kw),
+                R.rope_tables(jnp.asarray(positions.audio_cross, jnp.float32),
+                              cfg.audio_cross_attention_dim, na, **kw))
+
+    def _constrain_rope(self, rope: R.Rope) -> R.Rope:
         batch = "act_batch" if rope.cos.shape[0] > 1 else None
-        return R.Rope(*(self.sharding.constrain(t, (batch, seq, None, None)) for t in rope))
+        return R.Rope(*(self.sharding.constrain(t, (batch, "act_seq", None, None))
+                        for t in rope))
 
     def run_blocks(self, h, ctx: Embedded, start: int = 0, stop: int | None = None):
         """Blocks ``start .. stop-1`` (default all) on ``h = (video [B, L', D], audio [B, La,
@@ -369,14 +369,4 @@ class LTX2Transformer(DiT):
         return proj((norm(x) * (1 + scale) + shift).astype(x.dtype))
 
 
-def _key_mask(mask):
-    """A ``[B, T]`` text mask as attention keys: True where ``mask > 0.5`` (diffusers' additive
-    ``(1 - mask) · -10000`` bias hides a key; a sample whose mask hides every key attends to
-    all of them, as that constant bias does); None: every key."""
-    if mask is None:
-        return None
-    keep = jnp.asarray(mask).astype(jnp.float32) > 0.5
-    return keep | ~jnp.any(keep, axis=1, keepdims=True)
-
-
-__all__ = ["LTX2Transformer", "Embedded", "local_call"]
+__all__ = ["LTX2Transformer", "Embedded"]
