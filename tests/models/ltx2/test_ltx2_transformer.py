@@ -156,6 +156,8 @@ def test_family_grid_tokens_flops_and_folder_check(tmp_path):
     with pytest.raises(ConfigError, match=r"500x768 must be multiples of 32"):
         family.latent_grid(121, 500, 768)
     assert spec("ltx2").capabilities == {"transformer", "folder_check"}
+    with pytest.raises(ConfigError, match=r"ditax does not train LTX-2 yet"):
+        family.apply(None, None, None, None, None)
     _, folder = make_diffusers_ltx2(tmp_path, **LTX2)
     assert "OK — 2 blocks, video D=16" in family.check_folder(folder, None)
 
