@@ -99,3 +99,45 @@ def test_generate_writes_the_mp4_with_its_sound_track(tiny, tmp_path, capsys):
                "--frame-rate", "12", *flags])           # the mp4 at the rate it was made for
     assert rc == 0 and "12 fps, 2-channel" in capsys.readouterr().out
     assert abs(read_audio(silent).seconds - 9 / 12) < 0.1
+
+
+def test_image_to_video_equals_diffusers(tiny):
+    """``LTX2ImageToVideoPipeline``: from the same latents the first latent frame stays the
+    given one (timestep 0 on its tokens, never stepped) and the video and sound equal
+    diffusers'; without latents the image's first frame is its VAE latent as diffusers' own
+    ``prepare_latents`` makes it (re-compression off: diffusers runs it through PyAV)."""
+    import PIL.Image
+    import torch
+    from diffusers import LTX2ImageToVideoPipeline
+
+    _, ref, pipe = tiny
+    i2v = LTX2ImageToVideoPipeline(**ref.components)
+    i2v.set_progress_bar_config(disable=True)
+    rng = np.random.default_rng(3)
+    image = PIL.Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    video_latents, audio_latents = _latents(pipe, seed=1)
+    call = dict(SIZE, num_inference_steps=2, guidance_scale=3.0, stg_scale=0.0,
+                modality_scale=2.0, max_sequence_length=16, decode_timestep=0.05,
+                decode_noise_scale=0.0)
+    want_video, want_audio = run_diffusers(i2v, PROMPT, video_latents, audio_latents,
+                                           image=image, image_crf=0, **call)
+    out = pipe(PROMPT, image=image, latents=video_latents, audio_latents=audio_latents,
+               image_crf=0, progress=False, **call)
+    assert rel_err(out["video"], want_video) <= 1e-5, rel_err(out["video"], want_video)
+    assert rel_err(out["audio"].samples, want_audio) <= 1e-5
+    t2v = pipe(PROMPT, latents=video_latents, audio_latents=audio_latents, progress=False,
+               **call)                                  # the same latents, no conditioning
+    assert rel_err(t2v["video"], want_video) > 1e-3
+
+    pixels = torch.from_numpy(np.asarray(image, np.float32)[None].transpose(0, 3, 1, 2)
+                              / 127.5 - 1.0)
+    with torch.no_grad():
+        want, _ = i2v.prepare_latents(pixels, 1, pipe.vae.latent_channels, 32, 32, 5,
+                                      generator=torch.Generator().manual_seed(0))
+    f, y, x = pipe.grid(5, 32, 32)
+    prepared = pipe.prepare(PROMPT, image=image, image_crf=0, **{
+        k: call[k] for k in ("height", "width", "num_frames")})
+    start = np.asarray(prepared.latents)[:, :y * x * pipe.vae.latent_channels]
+    assert rel_err(start, want.numpy()[:, :y * x].reshape(1, -1)) <= 1e-5
+    with pytest.raises(RequestError, match="image_crf=52 must be an int in 0..51"):
+        pipe.prepare(PROMPT, image=image, image_crf=52)

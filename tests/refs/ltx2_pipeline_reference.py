@@ -59,7 +59,7 @@ def run_diffusers(pipe, prompt, latents, audio_latents, **call):
     import torch
 
     with torch.no_grad():
-        video, audio = pipe(prompt, latents=torch.from_numpy(latents),
+        video, audio = pipe(prompt=prompt, latents=torch.from_numpy(latents),
                             audio_latents=torch.from_numpy(audio_latents), output_type="np",
                             return_dict=False, **call)
     return np.asarray(video[0], np.float32), audio[0].float().numpy()

@@ -15,7 +15,7 @@ register(FamilySpec(
     config="ditax.models.ltx2.config:LTX2Config",
     family="ditax.models.ltx2.family:LTX2Family",
     transformer_classes=("LTX2VideoTransformer3DModel",),
-    pipeline_classes=("LTX2Pipeline",),
+    pipeline_classes=("LTX2Pipeline", "LTX2ImageToVideoPipeline"),
     pipelines="ditax.pipelines.ltx2.family:LTX2Pipelines",
     capabilities=frozenset({"transformer", "folder_check"}),
 ))

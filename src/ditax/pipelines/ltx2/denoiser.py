@@ -11,8 +11,10 @@ family. :class:`LTX2Denoiser` splits ``x`` for the transformer and joins its two
 
 ``text`` is ``(video_text [n, T, D], audio_text [n, T, Da], mask [n, T])``, cond then uncond.
 The extras (a request's condition, with a leading batch axis): the RoPE positions of its
-sizes (computed on the host once) and its guidance scales (``[1]`` each, read by the guidance
-rule, not by the transformer).
+sizes (computed on the host once), its guidance scales (``[1]`` each, read by the guidance
+rule, not by the transformer) and, for image-to-video, ``cond_mask [1, L]`` (1 on the
+conditioning frame's tokens: their timestep is 0 and their velocity is zeroed, so the Euler
+step keeps them exactly, as diffusers steps only the other frames).
 
 The guidance is LTX-2's own (:mod:`ditax.pipelines.ltx2.guidance`): the rule
 (:func:`ltx2_inputs`) carries, as static facts of the step program, which extra branches run —
@@ -39,7 +41,8 @@ class LTX2Denoiser(nnx.Module):
     """:class:`~ditax.models.ltx2.transformer.LTX2Transformer` behind the denoiser protocol:
     ``x [B, L*C + La*Ca]`` (module docstring), ``timestep [B]`` (0..1000, also the prompt
     modulation's ``sigma``), ``text = (video_text, audio_text, mask)``, extras ``positions``
-    (:class:`~ditax.models.ltx2.rope.Positions`, batch 1 or B) and ``scales`` (ignored here).
+    (:class:`~ditax.models.ltx2.rope.Positions`, batch 1 or B), ``cond_mask`` (``[B, L]``
+    or None) and ``scales`` (ignored here).
     ``stg_blocks``: perturb these blocks' self-attention (a tuple; None: none);
     ``isolate``: no audio<->video attention. ``use_cross_timestep``: diffusers' pipeline
     flag (the a<->v attention modulated by the other stream's sigma)."""
@@ -71,12 +74,16 @@ class LTX2Denoiser(nnx.Module):
         b = video.shape[0]
         return jnp.concatenate([video.reshape(b, -1), audio.reshape(b, -1)], axis=1)
 
-    def __call__(self, x, timestep, text, *, positions, scales=None, stg_blocks=None,
-                 isolate: bool = False):
+    def __call__(self, x, timestep, text, *, positions, scales=None, cond_mask=None,
+                 stg_blocks=None, isolate: bool = False):
         video, audio = self.split(x, positions)
         video_text, audio_text, mask = text
+        video_t = timestep
+        if cond_mask is not None:     # image-to-video: the clean first frame at timestep 0
+            video_t = timestep[:, None] * (1.0 - cond_mask.astype(jnp.float32))
         out_v, out_a = self.transformer(
-            video, audio, video_text, audio_text, timestep, sigma=timestep,
+            video, audio, video_text, audio_text, video_t, audio_timestep=timestep,
+            sigma=timestep,
             encoder_attention_mask=mask, audio_encoder_attention_mask=mask,
             positions=positions, isolate_modalities=isolate,
             spatio_temporal_guidance_blocks=None if stg_blocks is None else list(stg_blocks),
@@ -114,6 +121,8 @@ def _guide(stg_blocks, modality: bool, model, step_in, text, cond, uncond, guida
     (xv, xa), (cv, ca), (uv, ua), (pv, pa), (iv, ia) = parts
     video = guided_velocity(xv, sigma, cv, Scales(s["guidance"], s["stg"], s["modality"],
                                                   s["rescale"]), uv, pv, iv)
+    if extras.get("cond_mask") is not None:    # the conditioning frame's tokens stay as given
+        video = video * (1.0 - extras["cond_mask"].astype(jnp.float32))[..., None]
     audio = guided_velocity(xa, sigma, ca, Scales(s["audio_guidance"], s["audio_stg"],
                                                   s["audio_modality"], s["audio_rescale"]),
                             ua, pa, ia)

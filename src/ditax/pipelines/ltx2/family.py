@@ -49,11 +49,15 @@ FIELDS = (
     Field("decode_noise_scale", "float", "noise mixed into the latents before that decode "
           "(default: the decode timestep)", optional=True, minimum=0.0, maximum=1.0,
           example=0.025),
+    Field("image_crf", "int", "H.264 CRF the --image is re-compressed at first, as LTX-2 saw "
+          "its training frames (0: none; default 33)", optional=True, minimum=0, maximum=51,
+          example=33),
 )
 
 
 class LTX2Pipelines(PipelineFamily):
-    """LTX-2 text-to-video-with-sound folders (diffusers ``LTX2Pipeline``)."""
+    """LTX-2 text- and image-to-video-with-sound folders (diffusers ``LTX2Pipeline``,
+    ``LTX2ImageToVideoPipeline``)."""
 
     name = "ltx2"
     makes = "video"
@@ -62,6 +66,21 @@ class LTX2Pipelines(PipelineFamily):
     fields = FIELDS
     sample_file_keys = ("height", "width", "num_frames", "num_inference_steps",
                         "guidance_scale", "max_sequence_length", "fps", "frame_rate")
+    cli_inputs = ("image",)
+
+    @classmethod
+    def add_cli_inputs(cls, parser) -> None:
+        from ditax.pipelines.request import add_flag
+
+        add_flag(parser, cls.name, "--image", default=None, metavar="FIRST.png",
+                 help="first frame (image-to-video)")
+
+    def read_cli_inputs(self, args, call: dict, sample) -> dict:
+        from ditax.io.images import read_image
+
+        if getattr(args, "image", None) is not None:
+            call = {**call, "image": read_image(args.image, "--image")}
+        return call
 
     def check_request(self, prompt, height, width, num_frames=None, num_inference_steps=None,
                       guidance_scale=None, guidance_scale_2=None, negative_prompt=None,
@@ -79,8 +98,9 @@ class LTX2Pipelines(PipelineFamily):
         return {"max_sequence_length": defaults["max_sequence_length"]}, {}
 
     def preflight(self, root, load: dict, call: dict | None = None, mesh=None) -> None:
-        """The folder has the parts of an ``LTX2Pipeline``, the request fits its grid, and the
-        attention backend runs here with the transformer's head dims."""
+        """The folder has the parts of an LTX-2 pipeline, the request fits its grid (an
+        image-to-video folder gets its image), and the attention backend runs here with the
+        transformer's head dims."""
         from ditax.pipelines.ltx2.loading import preflight
 
         preflight(root, load, call, mesh)

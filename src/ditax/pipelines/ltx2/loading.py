@@ -1,4 +1,4 @@
-"""Loading a diffusers ``LTX2Pipeline`` folder: ``tokenizer/`` + ``text_encoder/`` (Gemma-3)
+"""Loading a diffusers ``LTX2Pipeline`` / ``LTX2ImageToVideoPipeline`` folder: ``tokenizer/`` + ``text_encoder/`` (Gemma-3)
 + ``connectors/`` (``LTX2TextConnectors``), ``transformer/`` (``LTX2VideoTransformer3DModel``),
 ``vae/`` (``AutoencoderKLLTX2Video``), ``audio_vae/`` (``AutoencoderKLLTX2Audio``),
 ``vocoder/`` (``LTX2Vocoder`` / ``LTX2VocoderWithBWE``) and ``scheduler/``
@@ -11,7 +11,8 @@ import time
 
 from ditax.errors import ConfigError
 
-PIPELINE_CLASSES = ("LTX2Pipeline",)
+PIPELINE_CLASSES = ("LTX2Pipeline", "LTX2ImageToVideoPipeline")
+IMAGE_TO_VIDEO = "LTX2ImageToVideoPipeline"
 COMPONENTS = ("tokenizer", "text_encoder", "connectors", "transformer", "vae", "audio_vae",
               "vocoder", "scheduler")
 
@@ -26,8 +27,9 @@ def _factors(root) -> tuple[int, int]:
     return cfg.spatial_factor, cfg.temporal_factor
 
 
-def check_folder(root) -> None:
-    """``root`` is an ``LTX2Pipeline`` folder with every component folder present."""
+def check_folder(root) -> str:
+    """``root`` is an LTX-2 pipeline folder with every component folder present; returns its
+    class."""
     from ditax.io.files import read_model_json
 
     index = read_model_json(root / "model_index.json", "model_index.json")
@@ -40,6 +42,7 @@ def check_folder(root) -> None:
         raise ConfigError(f"{root} lacks {', '.join(m + '/' for m in missing)}: an LTX2Pipeline "
                           f"folder holds {', '.join(c + '/' for c in COMPONENTS)} (save it with "
                           f"diffusers' LTX2Pipeline.save_pretrained)")
+    return cls
 
 
 def preflight(root, load: dict, call: dict | None = None, mesh=None) -> None:
@@ -49,7 +52,13 @@ def preflight(root, load: dict, call: dict | None = None, mesh=None) -> None:
     from ditax.models.ltx2.loading import read_config
     from ditax.pipelines.ltx2.request import check_frames, check_size
 
-    check_folder(root)
+    cls = check_folder(root)
+    if call is not None and cls == IMAGE_TO_VIDEO and call.get("image") is None \
+            and call.get("latents") is None:
+        from ditax.errors import RequestError
+
+        raise RequestError(f"{root} is an image-to-video folder ({IMAGE_TO_VIDEO}); pass "
+                           f"--image FIRST.png (image=), the video's first frame")
     if call:
         spatial, temporal = _factors(root)
         check_size(call.get("height"), call.get("width"), spatial)
@@ -63,8 +72,9 @@ def preflight(root, load: dict, call: dict | None = None, mesh=None) -> None:
 def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
                   cfg_mode: str = "batched", vae_tiling: bool = False,
                   text_quantize: str = "none", **model_overrides):
-    """The :class:`~ditax.pipelines.ltx2.text_to_video.LTX2TextToVideo` of folder (or hub id)
-    ``path``. The transformer runs ``attention`` in ``dtype`` over ``mesh``; the text encoder,
+    """The :class:`~ditax.pipelines.ltx2.video.LTX2Video` of folder (or hub id) ``path``
+    (an ``LTX2Pipeline`` or ``LTX2ImageToVideoPipeline`` folder; the latter requires an
+    image). The transformer runs ``attention`` in ``dtype`` over ``mesh``; the text encoder,
     the VAEs and the vocoder run in ``dtype`` on one device (``text_quantize="int8"``: the
     Gemma-3 weights stored in 8 bits). ``cfg_mode``: how CFG runs its two branches;
     ``vae_tiling``: decode the video in tiles (diffusers' ``enable_tiling()``);
@@ -76,7 +86,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     from ditax.models.ltx2.vocoder_convert import load_vocoder
     from ditax.models.vae.ltx2 import load_ltx2_video_vae
     from ditax.pipelines.family import pipelines_of, resolve
-    from ditax.pipelines.ltx2.text_to_video import LTX2TextToVideo
+    from ditax.pipelines.ltx2.video import LTX2Video
     from ditax.schedulers import FlowMatchEulerScheduler, load_scheduler
 
     t0 = time.perf_counter()
@@ -87,7 +97,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     for key in ("lora_mode", "lora_strict"):
         model_overrides.pop(key, None)
     root = resolve(path)
-    check_folder(root)
+    cls = check_folder(root)
     defaults = pipelines_of("ltx2").folder_defaults(root)      # checked before any weights
     try:
         scheduler = load_scheduler(root)
@@ -103,9 +113,10 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     audio_vae = load_audio_vae(root, dtype)
     vocoder = load_vocoder(root, dtype)
     check_fit(transformer.config, vae, audio_vae, root)
-    pipe = LTX2TextToVideo(text=text, transformer=transformer, vae=vae, audio_vae=audio_vae,
+    pipe = LTX2Video(text=text, transformer=transformer, vae=vae, audio_vae=audio_vae,
                            vocoder=vocoder, scheduler=scheduler, cfg_mode=cfg_mode,
-                           vae_tiling=vae_tiling, sample_defaults=defaults)
+                           vae_tiling=vae_tiling, sample_defaults=defaults,
+                           needs_image=cls == IMAGE_TO_VIDEO)
     pipe.load_time = time.perf_counter() - t0
     return pipe
 
@@ -122,5 +133,5 @@ def check_fit(tc, vae, audio_vae, root) -> None:
                               f"the folder mixes components of different models")
 
 
-__all__ = ["COMPONENTS", "PIPELINE_CLASSES", "check_fit", "check_folder", "load_pipeline",
+__all__ = ["COMPONENTS", "IMAGE_TO_VIDEO", "PIPELINE_CLASSES", "check_fit", "check_folder", "load_pipeline",
            "preflight"]

@@ -115,6 +115,12 @@ class LTX2VideoVAE(nnx.Module):
         mean, std = self._stats(z)
         return (z - mean) * self.config.scaling_factor / std
 
+    def standardize_latents(self, z: jax.Array) -> jax.Array:
+        """``(z - latents_mean) / latents_std`` per channel, without ``scaling_factor``: how
+        diffusers' image-to-video pipeline normalises its image's latent."""
+        mean, std = self._stats(z)
+        return (z - mean) / std
+
     def denormalize_latents(self, z: jax.Array) -> jax.Array:
         """Inverse of :meth:`normalize_latents`: ``z * latents_std / scaling_factor +
         latents_mean``."""

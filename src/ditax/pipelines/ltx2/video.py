@@ -1,7 +1,8 @@
-"""LTX-2 text-to-video with sound: prompt → ``{"video": [F, H, W, 3] in [0, 1], "audio":
-AudioTrack}``.
+"""LTX-2 text- and image-to-video with sound: prompt (and an image) → ``{"video": [F, H, W, 3]
+in [0, 1], "audio": AudioTrack}``.
 
-Built from a diffusers ``LTX2Pipeline`` folder (:mod:`.loading`), it reproduces that pipeline:
+Built from a diffusers ``LTX2Pipeline`` or ``LTX2ImageToVideoPipeline`` folder (:mod:`.loading`;
+the two hold the same components), it reproduces those pipelines:
 
 1. text: Gemma-3's hidden states of the prompt (and of the negative prompt, "" by default,
    with guidance), through the text connectors: video and audio text (:mod:`ditax.models.ltx2
@@ -10,7 +11,9 @@ Built from a diffusers ``LTX2Pipeline`` folder (:mod:`.loading`), it reproduces 
    ``[1, La, Ca]`` (``La`` from the video's length in seconds at the audio VAE's rate), drawn
    from N(0, 1) (``jax.random``, from ``seed``) unless given (``latents`` / ``audio_latents``:
    unpacked ones are normalised and packed as diffusers does); both in one array for the
-   generic loop (:mod:`.denoiser`);
+   generic loop (:mod:`.denoiser`). With an ``image``: re-compressed, resized and encoded
+   (:mod:`.image`), its normalised latent is the first latent frame, kept clean (timestep 0
+   on its tokens, never stepped);
 3. denoise on flow-match Euler with ``sigmas = linspace(1, 1/N, N)`` shifted by the video
    token count's ``mu`` and stretched to the scheduler's terminal sigma; LTX-2's guidance
    (:mod:`.guidance`): per-stream CFG, spatio-temporal guidance (only for a model with
@@ -37,7 +40,7 @@ from ditax.pipelines.sampling import Expert, Prepared, Timings, check_finite, re
 STG_BLOCKS = (28,)
 
 
-class LTX2TextToVideo:
+class LTX2Video:
     """A loaded LTX-2 pipeline; call it with a prompt. See
     :func:`ditax.pipelines.ltx2.loading.load_pipeline`."""
 
@@ -45,12 +48,13 @@ class LTX2TextToVideo:
 
     def __init__(self, *, text, transformer, vae, audio_vae, vocoder, scheduler,
                  cfg_mode: str = "batched", vae_tiling: bool = False,
-                 sample_defaults: dict | None = None):
+                 sample_defaults: dict | None = None, needs_image: bool = False):
         self.text = text                         # LTX2Text: tokenizer, Gemma-3, connectors
         self.transformer, self.vae = transformer, vae
         self.audio_vae, self.vocoder = audio_vae, vocoder
         self.scheduler, self.cfg_mode, self.vae_tiling = scheduler, cfg_mode, vae_tiling
         self.sample_defaults = dict(sample_defaults or {})
+        self.needs_image = needs_image           # an LTX2ImageToVideoPipeline folder
         self.load_time = 0.0
         self.timings = Timings()
         self.compile_cache = "auto"
@@ -90,25 +94,25 @@ class LTX2TextToVideo:
     # -- the call -------------------------------------------------------------------------------
 
     @in_compile_cache
-    def __call__(self, prompt, negative_prompt=None, height=None, width=None, num_frames=None,
-                 num_inference_steps=None, guidance_scale=None, seed: int = 0, latents=None,
-                 audio_latents=None, progress: bool = True, **call):
+    def __call__(self, prompt, image=None, negative_prompt=None, height=None, width=None,
+                 num_frames=None, num_inference_steps=None, guidance_scale=None, seed: int = 0,
+                 latents=None, audio_latents=None, progress: bool = True, **call):
         """Generate one video with its sound track: ``{"video": float32 [F, H, W, 3] in
         [0, 1], "audio": AudioTrack}`` (``audio=False``: the video only; ``output="latent"``:
         ``{"video": [1, C, F', Y, X], "audio": [1, Ca, La, M]}``, denormalised as diffusers'
         ``output_type="latent"``). Arguments: :meth:`prepare`'s."""
         return record(self, self.prepare(
-            prompt, negative_prompt, height, width, num_frames, num_inference_steps,
+            prompt, image, negative_prompt, height, width, num_frames, num_inference_steps,
             guidance_scale, seed, latents, audio_latents, **call).run(progress))
 
-    def prepare(self, prompt, negative_prompt=None, height=None, width=None, num_frames=None,
-                num_inference_steps=None, guidance_scale=None, seed: int = 0, latents=None,
-                audio_latents=None, frame_rate=None, audio_guidance_scale=None,
+    def prepare(self, prompt, image=None, negative_prompt=None, height=None, width=None,
+                num_frames=None, num_inference_steps=None, guidance_scale=None, seed: int = 0,
+                latents=None, audio_latents=None, frame_rate=None, audio_guidance_scale=None,
                 guidance_rescale=None, audio_guidance_rescale=None, stg_scale=None,
                 audio_stg_scale=None, modality_scale=None, audio_modality_scale=None,
                 decode_timestep=None, decode_noise_scale=None, max_sequence_length=None,
-                sigmas=None, stg_blocks=None, audio: bool = True,
-                output: str = "video") -> Prepared:
+                sigmas=None, stg_blocks=None, image_crf: int | None = None,
+                audio: bool = True, output: str = "video") -> Prepared:
         """One request checked and laid out as the generic loop's parts (nothing encoded or
         compiled yet). diffusers' argument names and defaults (``LTX2Pipeline``); None takes
         the folder's ``ditax_sample.json``, else LTX-2's. ``stg_blocks``: diffusers'
@@ -166,9 +170,21 @@ class LTX2TextToVideo:
         lv = int(np.prod(grid))
         mel = self.audio_vae.config.latent_mel_bins
         n = lv * tc.in_channels + la * tc.audio_in_channels
+        image_to_video = image is not None or (self.needs_image and latents is not None)
+        if self.needs_image and image is None and latents is None:
+            raise RequestError("this is an image-to-video folder (LTX2ImageToVideoPipeline): "
+                               "pass image= (--image FILE), the video's first frame")
+        pixels = None
+        if image is not None and latents is None:
+            from ditax.pipelines.ltx2.image import DEFAULT_CRF, conditioning_image
+
+            pixels = conditioning_image(image, height, width,
+                                        DEFAULT_CRF if image_crf is None else image_crf)
         given = self._given_latents(latents, audio_latents, grid, la, mel)
+        if pixels is not None:      # the image's latent as the first frame over the noise
+            given = self._image_start(pixels, seed, n, grid, given)
         positions = self.transformer.module.positions(
-            1, *grid, fps=float(d["frame_rate"]), audio_num_frames=la)
+            *grid, fps=float(d["frame_rate"]), audio_num_frames=la)
         text_len = int(d["max_sequence_length"])
 
         def text(cfg_rows):
@@ -179,9 +195,15 @@ class LTX2TextToVideo:
             dt = jnp.dtype(tc.dtype)
             return video.astype(dt), audio_text.astype(dt), mask
 
+        first = grid[1] * grid[2]           # the tokens of the first latent frame
+
         def condition():
-            return dict(positions=jax.tree.map(jnp.asarray, positions),
-                        scales={k: jnp.full((1,), scales[k], jnp.float32) for k in SCALES})
+            out = dict(positions=jax.tree.map(jnp.asarray, positions),
+                       scales={k: jnp.full((1,), scales[k], jnp.float32) for k in SCALES})
+            if image_to_video:
+                out["cond_mask"] = (jnp.arange(lv) < first).astype(jnp.float32)[None]
+            return out
+
 
         def decode(x, _):
             return self.decode(x, grid, la, seed, d, decode_noise_scale, audio, output)
@@ -231,6 +253,21 @@ class LTX2TextToVideo:
         a = np.asarray(self.audio_vae.normalize_latents(jnp.asarray(a)))
         return np.concatenate([v.reshape(v.shape[0], -1), a.reshape(a.shape[0], -1)], 1)
 
+    def _image_start(self, pixels, seed: int, n: int, grid, given):
+        """The joint start ``[1, N]``: the given (or seed-drawn) latents with the first latent
+        frame's video tokens replaced by the image's normalised VAE latent (the encoder's
+        posterior mean, diffusers' ``argmax``). Normalised as diffusers' image-to-video
+        pipeline does it: ``(z - mean) / std``, without the VAE's ``scaling_factor`` (1 in
+        the published VAEs, where the two agree)."""
+        from ditax.pipelines.sampling import initial_noise
+
+        z = self.vae.standardize_latents(
+            self.vae.encode(jnp.asarray(pixels, self.vae.dtype)).astype(jnp.float32))
+        tokens = np.asarray(z, np.float32)[:, :, :1].transpose(0, 2, 3, 4, 1).reshape(1, -1)
+        start = np.array(initial_noise(seed, (1, n)) if given is None else given, np.float32)
+        start[:, :tokens.shape[1]] = tokens
+        return start
+
     def decode(self, x, grid, la: int, seed: int, d: dict, decode_noise_scale, audio: bool,
                output: str):
         """The joint latents ``[1, N]`` → ``{"video", "audio"}`` (module docstring, step 4)."""
@@ -265,4 +302,4 @@ class LTX2TextToVideo:
         return out
 
 
-__all__ = ["LTX2TextToVideo", "STG_BLOCKS"]
+__all__ = ["LTX2Video", "STG_BLOCKS"]
