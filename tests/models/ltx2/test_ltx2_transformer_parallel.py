@@ -1,8 +1,8 @@
 """LTX-2 on meshes: the video tokens over the context axis (18 tokens padded to 20 on 4
 shards) with ``ulysses`` (local splash, interpreted: every attention site of both streams
-runs it) and ``ring`` (local blockwise) beside fsdp and tensor sharding, both equal to
-diffusers (so to one device); one device with isolate_modalities and a text mask that hides
-every key of a sample."""
+runs it), ``ring`` (local blockwise) and ``ulysses_ring`` beside fsdp and tensor sharding,
+each equal to diffusers (so to one device); one device with isolate_modalities and a text
+mask that hides every key of a sample."""
 
 import numpy as np
 import pytest
@@ -41,7 +41,11 @@ def _check(out, ref):
     ({"fsdp": 2, "context": 4}, AttentionConfig(backend="ulysses", local="splash")),
     ({"context": 4, "tensor": 2}, AttentionConfig(backend="ring", local="blockwise",
                                                   block_kv=8)),
-], ids=["ulysses-splash-fsdp2-context4", "ring-blockwise-context4-tensor2"])
+    # the ring x Ulysses view of the context axis beside shard_maps over the mesh itself
+    ({"fsdp": 2, "context": 4}, AttentionConfig(backend="ulysses_ring", local="xla",
+                                                ulysses_shards=2)),
+], ids=["ulysses-splash-fsdp2-context4", "ring-blockwise-context4-tensor2",
+        "ulysses_ring-fsdp2-context4"])
 def test_sequence_parallel_equals_diffusers(model, inputs, reference, mesh_kw, acfg):
     tr = ditax.load_transformer(model[1], mesh=make_mesh(mesh_kw), attention=acfg)
     k = tr.module.transformer_blocks.audio_to_video_attn.to_q.kernel[...]   # [layers, D, Da]

@@ -218,27 +218,27 @@ class LTX2Transformer(DiT):
                                        video_coords, audio_coords)
 
         # tokens
-        x = sharding.constrain(jnp.asarray(hidden_states).astype(dt), ("act_batch", "act_seq",
-                                                                        None))
-        x = self.proj_in(x)
+        x = pad_tokens(self._entry(jnp.asarray(hidden_states).astype(dt)), pad)
+        x = self.proj_in(sharding.constrain(x, ("act_batch", "act_seq", None)))
         if video_keyframes_mask is not None:
-            marker = (jnp.asarray(video_keyframes_mask).reshape(b, seq, 1) > 0).astype(dt)
-            x = x + marker * self.keyframes_abs_pos_embedding[...].astype(dt)
-        x = sharding.constrain(pad_tokens(x, pad), VIDEO)
-        a = sharding.constrain(self.audio_proj_in(jnp.asarray(audio_hidden_states).astype(dt)),
-                               AUDIO)
+            marker = jnp.asarray(video_keyframes_mask).reshape(b, seq, 1) > 0
+            x = x + pad_tokens(marker.astype(dt), pad) * self.keyframes_abs_pos_embedding[
+                ...].astype(dt)
+        x = sharding.constrain(x, VIDEO)
+        a = self._entry(jnp.asarray(audio_hidden_states).astype(dt))
+        a = sharding.constrain(self.audio_proj_in(a), AUDIO)
 
         terms = self._timestep_terms(timestep, audio_timestep, sigma, audio_sigma, b,
                                      use_cross_timestep)
 
         # text
-        text = jnp.asarray(encoder_hidden_states).astype(dt)
-        audio_text = jnp.asarray(audio_encoder_hidden_states).astype(dt)
+        text = self._entry(jnp.asarray(encoder_hidden_states).astype(dt))
+        audio_text = self._entry(jnp.asarray(audio_encoder_hidden_states).astype(dt))
         if self.caption_projection is not None:
             text = self.caption_projection(text)
             audio_text = self.audio_caption_projection(audio_text)
-        text_mask, audio_text_mask = (key_mask(m) for m in (encoder_attention_mask,
-                                                             audio_encoder_attention_mask))
+        text_mask, audio_text_mask = (self._entry(key_mask(m)) for m in (
+            encoder_attention_mask, audio_encoder_attention_mask))
         video_rope, cross_rope, audio_rope, audio_cross_rope = self._ropes(positions, pad)
 
         stg = None
@@ -246,7 +246,7 @@ class LTX2Transformer(DiT):
         if flags is not None:       # diffusers: no mask given = every sample perturbed
             weights = (jnp.zeros((b,), jnp.float32) if perturbation_mask is None
                        else jnp.asarray(perturbation_mask, jnp.float32).reshape(b))
-            stg = (jnp.asarray(flags), weights)
+            stg = (sharding.constrain(jnp.asarray(flags), (None,)), self._entry(weights))
         token_mask = None
         if pad:
             token_mask = jnp.broadcast_to(jnp.arange(seq + pad) < seq, (b, seq + pad))
@@ -279,10 +279,10 @@ class LTX2Transformer(DiT):
         stream's sigma with ``cross``, diffusers' ``use_cross_timestep``), and sigma's prompt
         terms (None without ``prompt_adaln``); each ``[B, T, ·]``, ``T`` 1 or per token."""
         cfg = self.cfg
-        t = timesteps(timestep, b)
-        ta = t if audio_timestep is None else timesteps(audio_timestep, b)
-        sig = None if sigma is None else timesteps(sigma, b)
-        asig = sig if audio_sigma is None else timesteps(audio_sigma, b)
+        t = self._entry(timesteps(timestep, b))
+        ta = t if audio_timestep is None else self._entry(timesteps(audio_timestep, b))
+        sig = None if sigma is None else self._entry(timesteps(sigma, b))
+        asig = sig if audio_sigma is None else self._entry(timesteps(audio_sigma, b))
         out = {}
         out["temb"], out["embedded"] = self.time_embed(t)
         out["temb_audio"], out["audio_embedded"] = self.audio_time_embed(ta)
@@ -305,16 +305,27 @@ class LTX2Transformer(DiT):
         split = cfg.rope_type == "split"
         kw = dict(theta=cfg.rope_theta, double=cfg.rope_double_precision, split=split)
         n, na = cfg.num_attention_heads, cfg.audio_num_attention_heads
-        video = pad_tokens(jnp.asarray(positions.video, jnp.float32), pad)
-        video_cross = pad_tokens(jnp.asarray(positions.video_cross, jnp.float32), pad)
+        pos = R.Positions(*(self._entry(jnp.asarray(p, jnp.float32)) for p in positions))
+        video = pad_tokens(pos.video, pad)
+        video_cross = pad_tokens(pos.video_cross, pad)
         # diffusers' split tables group the a<->v video side by the video heads
         return (self._constrain_rope(R.rope_tables(video, cfg.inner_dim, n, **kw)),
                 self._constrain_rope(R.rope_tables(video_cross, cfg.audio_cross_attention_dim,
                                                    n if split else na, **kw)),
-                R.rope_tables(jnp.asarray(positions.audio, jnp.float32), cfg.audio_inner_dim,
+                R.rope_tables(pos.audio, cfg.audio_inner_dim,
                               na, **kw),
-                R.rope_tables(jnp.asarray(positions.audio_cross, jnp.float32),
+                R.rope_tables(pos.audio_cross,
                               cfg.audio_cross_attention_dim, na, **kw))
+
+    def _entry(self, x):
+        """An input as it enters: split over the batch shards only (``None`` as is). Said for
+        every input, so that no argument's layout is left to the partitioner, which can
+        derive it from a ring x Ulysses view of the context axis that no mesh sharding names
+        (an error when the compiled program's argument layouts are read back)."""
+        if x is None:
+            return None
+        batch = "act_batch" if x.shape[0] > 1 else None
+        return self.sharding.constrain(x, (batch,) + (None,) * (x.ndim - 1))
 
     def _constrain_rope(self, rope: R.Rope) -> R.Rope:
         batch = "act_batch" if rope.cos.shape[0] > 1 else None
@@ -357,7 +368,14 @@ class LTX2Transformer(DiT):
         out = self._out(x, temb, self.scale_shift_table, self.norm_out, self.proj_out)
         audio = self._out(a, ctx.audio_temb, self.audio_scale_shift_table, self.audio_norm_out,
                           self.audio_proj_out)
-        out = sharding.constrain(out, ("act_batch", "act_seq", "act_channels"))
+        # (split over the context axis only when the tokens split evenly: an uneven split of an
+        # output, or of an input, let the partitioner lay it out over the ring x Ulysses view
+        # of that axis, which no sharding of the mesh names)
+        out = sharding.constrain(out, ("act_batch", None if ctx.pad else "act_seq",
+                                       "act_channels"))
+        # the audio output's layout said too: left to the partitioner, it can come out split
+        # over a ring x Ulysses view of the context axis that no mesh sharding names
+        audio = sharding.constrain(audio, ("act_batch", None, "act_channels"))
         return out.astype(ctx.dtype), audio.astype(ctx.audio_dtype)
 
     @staticmethod
