@@ -42,6 +42,9 @@ class PipelineFamily:
     # returns ``{makes: main, kind: array, ...}``, each extra written beside the main output
     # (:func:`ditax.io.outputs.write_extras`)
     outputs: ClassVar[tuple[str, ...]] = ()
+    # those of ``outputs`` that go INTO the main file rather than beside it (a sound track,
+    # an :class:`~ditax.io.audio.AudioTrack`, muxed into the mp4): no file of their own
+    muxed: ClassVar[tuple[str, ...]] = ()
     sample_defaults: ClassVar[dict[str, Any]] = {}
     sample_presets: ClassVar[dict[str, dict[str, Any]]] = {}
     # the family's own request fields (:class:`ditax.pipelines.request.Field`), beside the

@@ -381,8 +381,9 @@ class Worker(threading.Thread):
             if video.ndim == 3:
                 write_png(self.output_dir / name, video)
             else:
-                write_mp4(self.output_dir / name, video, fps=job["request"].get("fps") or 16,
-                          audio=audio)
+                req = job["request"]      # a model made for a frame rate: at it
+                write_mp4(self.output_dir / name, video,
+                          fps=req.get("frame_rate") or req.get("fps") or 16, audio=audio)
         except OSError as e:              # a full disk, the folder replaced by a file, ...
             self.fail_unfinished([job], f"could not write {self.output_dir / name}: {e}")
             return False

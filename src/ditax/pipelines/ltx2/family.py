@@ -62,6 +62,7 @@ class LTX2Pipelines(PipelineFamily):
     name = "ltx2"
     makes = "video"
     outputs = ("audio",)           # an AudioTrack: muxed into the mp4 (--no-audio: none)
+    muxed = ("audio",)
     sample_defaults = SAMPLE_DEFAULTS
     fields = FIELDS
     sample_file_keys = ("height", "width", "num_frames", "num_inference_steps",
