@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pathlib
+import sys
 
 import jax
 
@@ -32,6 +33,28 @@ def peak_tflops(device=None) -> float | None:
         if name in kind:
             return v
     return None
+
+
+def summary_writer_class():
+    """tensorboardX's ``SummaryWriter``, imported without torch.
+
+    tensorboardX imports torch wherever it is installed (only to also accept torch tensors,
+    which ditax never passes): 1.5-2 s of CPU at every ``ditax train`` start that uses
+    nothing else of torch. Unless torch is already imported, ``sys.modules["torch"] = None``
+    while tensorboardX imports makes its ``import torch`` raise ImportError (Python's
+    documented way to block an import), which it handles by taking numpy arrays and numbers
+    only; the entry is removed right after, so a later ``import torch`` works as always.
+    """
+    if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
+        sys.modules["torch"] = None
+        try:
+            import tensorboardX  # noqa: F401
+        finally:
+            if "torch" in sys.modules and sys.modules["torch"] is None:
+                del sys.modules["torch"]
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter
 
 
 class MetricsWriter:
@@ -61,8 +84,7 @@ class MetricsWriter:
                 kept = self._truncate(resume_step)
             self._f = open(self.path, "a")
             if tensorboard:
-                from tensorboardX import SummaryWriter
-
+                SummaryWriter = summary_writer_class()
                 if kept is not None and self.tb_dir.is_dir():
                     for f in self.tb_dir.glob("events.out.tfevents.*"):
                         f.unlink()
