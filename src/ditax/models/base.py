@@ -43,10 +43,21 @@ class TextEncoding:
     extra: dict = dataclasses.field(default_factory=dict)
 
 
+class SkipClip(Exception):
+    """Raised by :meth:`Encoders.encode_condition` for a clip the family cannot train on (an
+    LTX-2 clip without a sound track): ``ditax preprocess`` says the message in one line
+    naming the clip and leaves the clip out of the dataset."""
+
+
 class Encoders(abc.ABC):
     """What preprocessing needs from a family: its latent encoder, its text encoder and the
     per-clip condition (image-to-video); a family's :meth:`ModelFamily.load_encoders` returns
     a subclass."""
+
+    # whether :meth:`encode_condition` also takes the clip's file (``clip=`` its path): a
+    # family whose condition reads more of the file than its decoded frames (LTX-2: the sound
+    # track over the frames' span)
+    reads_clip: bool = False
 
     @abc.abstractmethod
     def encode_video(self, video) -> Any:
@@ -65,7 +76,9 @@ class Encoders(abc.ABC):
     def encode_condition(self, video, **sidecars) -> dict:
         """Per-clip condition entries (name → array) for one clip ``[3, F, H, W]`` in [-1, 1],
         as :meth:`ModelFamily.condition_shapes` declares them, from the clip and its
-        :attr:`sidecars` (videos ``[3, F, H, W]`` in [-1, 1], images as PIL); none by default."""
+        :attr:`sidecars` (videos ``[3, F, H, W]`` in [-1, 1], images as PIL; with
+        :attr:`reads_clip` also ``clip=`` the clip's path); none by default. A clip the family
+        cannot train on raises :class:`SkipClip` (preprocess leaves it out, in one line)."""
         return {}
 
     def sample_latents(self, latents, condition: dict):
@@ -166,7 +179,9 @@ class ModelFamily(abc.ABC):
 
     def apply(self, module: nnx.Module, latents, timestep, text, text_mask, condition=None):
         """The prediction the flow loss compares with ``noise - latents`` (same shape);
-        ``condition``: the sample's :meth:`condition_shapes` entries (batched)."""
+        ``condition``: the sample's :meth:`condition_shapes` entries (batched; the
+        :meth:`noised_entries` noisy, and then the return is ``(prediction, {entry: its
+        prediction})``)."""
         return module(latents, timestep, text, text_mask)
 
     def condition_shapes(self, latent_shape) -> dict[str, tuple[int, ...]]:
@@ -222,6 +237,16 @@ class ModelFamily(abc.ABC):
         """``(x_t, timestep, loss mask or None)`` the loss feeds the denoiser for noisy
         latents ``x_t`` of clean ``x0`` at ``timestep [B]``; unchanged by default."""
         return x_t, timestep, None
+
+    def noised_entries(self) -> tuple[str, ...]:
+        """Condition entries (of :meth:`condition_shapes`) that are further latents the
+        denoiser denoises together with the main ones (LTX-2: ``audio_latents``), none by
+        default. For each, the flow loss draws its own noise, mixes it in at the sample's
+        ``σ`` (the same as the main latents'), hands :meth:`apply` the noisy entry in place
+        of the clean one, and adds the entry's velocity error to the main one
+        (:func:`ditax.train.loss.joint_flow_loss`); :meth:`apply` then returns
+        ``(prediction, {entry: its prediction})``."""
+        return ()
 
     # -- optional: each needs a capability the family declares in its FamilySpec -------------
     # (ditax.models.registry.CAPABILITIES; commands ask registry.require before calling them)
@@ -384,7 +409,7 @@ class _FeatureCapture:
         return getattr(self.module, name)
 
 
-__all__ = ["ModelFamily", "Encoders", "Denoiser", "Embedded", "ModelInputs", "num_blocks",
+__all__ = ["ModelFamily", "Encoders", "SkipClip", "Denoiser", "Embedded", "ModelInputs", "num_blocks",
            "TextEncoding", "FamilyTrainer", "register_family",
            "family_class", "model_family",
            "DEFAULT_FAMILY"]

@@ -137,6 +137,11 @@ class DistillTrainer(TrainerBase):
             raise ConfigError(f"distill.method=dmd2 distils the whole denoiser; this model "
                               f"trains a part of it (train.vace_trainable="
                               f"{cfg.train.vace_trainable}); set train.vace_trainable=all")
+        if self.family.noised_entries():
+            raise ConfigError(f"distill.method=dmd2: model family {self.family.name!r} "
+                              f"denoises {', '.join(self.family.noised_entries())} beside "
+                              f"its latents, which distillation does not draw yet; use "
+                              f"distill.method=none (flow matching on every stream)")
         self.adapters = self.split = None
         if cfg.lora.rank > 0:
             self.split = self.adapters = AdapterSplit(self.family, cfg, mesh)

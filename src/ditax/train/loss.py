@@ -60,6 +60,27 @@ def flow_loss(apply_fn, x0: jax.Array, text: jax.Array, text_mask, key: jax.Arra
     the denoiser sees (Wan 2.2 TI2V: the clean first frame, per-token timesteps); ``mask``
     (broadcastable to ``x0``, or None) keeps only those elements in the mean.
     """
+    loss, _ = joint_flow_loss(lambda x, t, text, mask, _: apply_fn(x, t, text, mask), x0, {},
+                              text, text_mask, key, cfg, inputs_fn)
+    return loss
+
+
+def joint_flow_loss(apply_fn, x0: jax.Array, streams: dict, text: jax.Array, text_mask,
+                    key: jax.Array, cfg: FlowConfig, inputs_fn=None):
+    """:func:`flow_loss` over the main latents ``x0`` and further ``streams`` (name → clean
+    latents ``[B, ...]``, a family's :meth:`~ditax.models.base.ModelFamily.noised_entries`)
+    denoised in the same call at the same ``σ`` (LTX-2: the audio latents beside the video's).
+
+    Draws: ``σ`` and the main noise as :func:`flow_loss` draws them (the two halves of
+    ``key``), stream ``i``'s noise from ``fold_in(noise key, i + 1)`` in ``streams``' order.
+    ``apply_fn(x_t, timestep, text, text_mask, noisy streams)`` returns the main prediction,
+    or with streams ``(prediction, {name: prediction})``. Per sample each stream's squared
+    error is averaged over its elements (the main one masked as :func:`flow_loss`), the
+    averages are summed (the LTX-2 trainer's ``video_loss + audio_loss``) and weighted by
+    ``flow.weighting``; the loss is the batch mean. Returns ``(loss, parts)``: ``parts`` maps
+    ``"latents"`` and each stream's name to its own weighted batch mean (empty without
+    streams), for the metrics.
+    """
     k_sigma, k_noise = jax.random.split(key)
     b = x0.shape[0]
     sigma = sample_sigmas(k_sigma, b, cfg)
@@ -68,12 +89,34 @@ def flow_loss(apply_fn, x0: jax.Array, text: jax.Array, text_mask, key: jax.Arra
     t, mask = sigma * NUM_TRAIN_TIMESTEPS, None
     if inputs_fn is not None:
         x_t, t, mask = inputs_fn(x_t, x0, t)
-    pred = apply_fn(x_t, t, text, text_mask)
+    noisy, targets = {}, {}
+    for i, (name, clean) in enumerate(streams.items()):
+        eps = jax.random.normal(jax.random.fold_in(k_noise, i + 1), clean.shape,
+                                jnp.float32).astype(clean.dtype)
+        noisy[name], targets[name] = noisy_input(clean, eps, sigma)
+    out = apply_fn(x_t, t, text, text_mask, noisy)
+    pred, preds = (out if streams else (out, {}))
+    if set(preds) != set(streams):
+        raise ValueError(f"the denoiser predicted {sorted(preds)} beside the latents; the "
+                         f"loss noised {sorted(streams)}")
+    weights = loss_weights(sigma, cfg.weighting)
+    err = _sample_error(pred, target, mask)
+    parts = {}
+    total = err
+    for name in streams:
+        e = _sample_error(preds[name], targets[name], None)
+        parts[name] = jnp.mean(e * weights)
+        total = total + e
+    if streams:
+        parts = {"latents": jnp.mean(err * weights), **parts}
+    return jnp.mean(total * weights), parts
+
+
+def _sample_error(pred, target, mask) -> jax.Array:
+    """Per-sample mean squared error ``[B]`` over every element (``mask``: only those)."""
     sq = jnp.square(pred.astype(jnp.float32) - target.astype(jnp.float32))
-    axes = tuple(range(1, x0.ndim))
+    axes = tuple(range(1, sq.ndim))
     if mask is None:
-        err = jnp.mean(sq, axis=axes)
-    else:
-        m = jnp.broadcast_to(mask.astype(jnp.float32), sq.shape)
-        err = jnp.sum(sq * m, axis=axes) / jnp.sum(m, axis=axes)
-    return jnp.mean(err * loss_weights(sigma, cfg.weighting))
+        return jnp.mean(sq, axis=axes)
+    m = jnp.broadcast_to(mask.astype(jnp.float32), sq.shape)
+    return jnp.sum(sq * m, axis=axes) / jnp.sum(m, axis=axes)

@@ -301,23 +301,35 @@ def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, mod
 
     w = DatasetWriter(folder)
     clips = _read_clips([path for path, _ in samples], frames, height, width, resize=resize)
-    done, reshaped = 0, []
+    done, reshaped, skipped = 0, [], []
     for group in _groups(zip(samples, clips), batch):
         for path, size, lat, text, mask, cond in encode_group(
                 enc, group, frames=frames, height=height, width=width, resize=resize,
                 text_len=text_len):
+            if lat is None:          # the encoders refused it (SkipClip): cond says why
+                skipped.append({"file": path.name, "why": cond})
+                say(f"{path.name}: skipped, {cond}")
+                continue
             if other_aspect(size, height, width):
                 reshaped.append(path.name)
             w.add(lat, text, mask, **cond)
             done += 1
             say(f"[{done}/{len(samples)}] {path.name}: latents {tuple(lat.shape)}"
                 f"{shapes_said(cond)}")
+    if skipped and not done:
+        from ditax.errors import RequestError
+
+        raise RequestError(f"every clip was skipped ({len(skipped)}: "
+                           + "; ".join(f"{s['file']}: {s['why']}" for s in skipped[:3])
+                           + ("; …" if len(skipped) > 3 else "") + "); nothing to write")
     null = enc.encode_text([""], text_len)       # the unconditional branch's prompt
     w.close({"height": height, "width": width, "frames": frames, "model": str(model),
-             "resize": resize, "other_aspect_ratio": reshaped},
+             "resize": resize, "other_aspect_ratio": reshaped,
+             **({"skipped": skipped} if skipped else {})},
             null_text=(np.asarray(null.embeddings[0], np.float32), null.mask[0]),
             null_extra={k: v[0] for k, v in null.extra.items()})
     how = "crop (center)" if resize == "crop" else resize
     verb = "cropped" if resize == "crop" else "stretched"
+    left = f", {len(skipped)} clip(s) skipped" if skipped else ""
     say(f"{done} samples at {width}x{height}, {frames} frame(s): resize={how}, "
-        f"{len(reshaped)} of {done} files {verb} from another aspect ratio")
+        f"{len(reshaped)} of {done} files {verb} from another aspect ratio{left}")

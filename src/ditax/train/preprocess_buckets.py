@@ -189,6 +189,10 @@ def encode_buckets(plan: BucketPlan, writer, enc, *, text_len: int, batch: int, 
                 for path, _, lat, text, mask, cond in encode_group(
                         enc, group, frames=b.frames, height=b.height, width=b.width,
                         resize="crop", text_len=text_len, pad=batch):
+                    if lat is None:     # the encoders refused it (SkipClip): cond says why
+                        plan.skipped.append({"file": path.name, "why": cond})
+                        say(f"{prefix}{path.name}: skipped, {cond}")
+                        continue
                     writer.add(b, lat, text, mask, **cond)
                     done += 1
                     say(f"{prefix}[{done}/{total}] {path.name} -> {b.name}: latents "

@@ -105,18 +105,29 @@ def encode_group(enc, group, *, frames, height, width, resize, text_len, pad: in
     """Encode a group of clips in one encoder call: ``group`` holds ``((path, caption),
     (video [3, F, H, W], source size))``; yields per clip ``(path, size, latents [C, F', Y, X],
     text [T, Dt], mask [T], condition)`` as float32 (uint8 mask), the condition the family's
-    entries (read from the clip's sidecars at the clip's size) and its extra text outputs.
+    entries (read from the clip's sidecars at the clip's size; the clip's path too for
+    encoders that read it, :attr:`~ditax.models.base.Encoders.reads_clip`) and its extra text
+    outputs. A clip the encoders refuse (:class:`~ditax.models.base.SkipClip`) yields
+    ``(path, size, None, None, None, why)``: the caller says ``why`` and leaves it out.
     ``pad``: the call takes at least this many clips, the last repeated and its outputs
     dropped (a bucketed run's calls all take ``--batch`` clips: one program a bucket, and a
     clip's latents do not depend on how many neighbours it has)."""
+    from ditax.models.base import SkipClip
+
     videos = [video for _, (video, _) in group]
     captions = [caption for (_, caption), _ in group]
     more = max(0, pad - len(group))
     lats = enc.encode_video(np.stack(videos + videos[-1:] * more))
     te = enc.encode_text(captions + captions[-1:] * more, text_len)
     for i, (((path, _), (video, size)), lat) in enumerate(zip(group, lats)):
-        cond = enc.encode_condition(video, **read_sidecars(
-            path, enc.sidecars, frames, height, width, resize=resize))
+        sidecars = read_sidecars(path, enc.sidecars, frames, height, width, resize=resize)
+        if enc.reads_clip:
+            sidecars["clip"] = path
+        try:
+            cond = enc.encode_condition(video, **sidecars)
+        except SkipClip as e:
+            yield path, size, None, None, None, str(e)
+            continue
         lat = enc.sample_latents(lat, cond)     # VACE: the reference frames first
         extra_text = {k: v[i] for k, v in te.extra.items()}   # e.g. a pooled text vector
         clash = sorted(set(cond) & set(extra_text))

@@ -32,7 +32,7 @@ from ditax.config import Config, ConfigError, OptimConfig
 from ditax.models.base import model_family
 from ditax.parallel.axes import batch_entry
 from ditax.train.adapters import AdapterSplit, ParamSplit
-from ditax.train.loss import flow_loss
+from ditax.train.loss import joint_flow_loss
 
 
 def learning_rate_schedule(o: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -243,28 +243,35 @@ class Trainer(TrainerBase):
     # -- step --------------------------------------------------------------------------------
 
     def loss_fn(self, params, batch, key, frozen=None):
+        """``(loss, parts)``: the flow loss of ``batch`` and, for a family that denoises
+        further streams (:meth:`~ditax.models.base.ModelFamily.noised_entries`), each
+        stream's own term (:func:`~ditax.train.loss.joint_flow_loss`; empty otherwise)."""
         model = self.model(params, frozen)
         condition = {k: batch[k] for k in self.condition_keys} or None
+        streams = {k: batch[k] for k in self.family.noised_entries()}
 
-        def apply(x, t, text, mask):
-            return self.family.apply(model, x, t, text, mask, condition)
+        def apply(x, t, text, mask, noisy):
+            return self.family.apply(model, x, t, text, mask,
+                                     {**condition, **noisy} if condition else None)
 
         def inputs(x_t, x0, t):
             return self.family.training_inputs(x_t, x0, t, condition)
 
         flow = self.family.training_flow(tuple(batch["latents"].shape[1:]))
-        return flow_loss(apply, batch["latents"], batch["text"],
-                         batch["text_mask"].astype(bool), key, flow, inputs)
+        return joint_flow_loss(apply, batch["latents"], streams, batch["text"],
+                               batch["text_mask"].astype(bool), key, flow, inputs)
 
     def _step_fn(self, state, batch):
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])
         frozen = state.get("frozen")   # a split: no gradient for the frozen weights
-        loss, grads = jax.value_and_grad(self.loss_fn)(state["params"], batch, key, frozen)
+        (loss, parts), grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
+            state["params"], batch, key, frozen)
         grad_norm = optax.tree.norm(grads)
         updates, opt = self.tx.update(grads, state["opt"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {"loss": loss, "grad_norm": grad_norm,
-                   "lr": jnp.asarray(self.schedule(state["step"]), jnp.float32)}
+                   "lr": jnp.asarray(self.schedule(state["step"]), jnp.float32),
+                   **{f"loss_{k}": v for k, v in parts.items()}}   # a stream's own term
         new = {"params": params, "opt": opt, "step": state["step"] + 1, "key": state["key"]}
         if frozen is not None:
             new["frozen"] = frozen

@@ -4,8 +4,9 @@ Importing this package registers the family (:mod:`ditax.models.registry`'s disc
 its one declaration, naming every part and capability. Everything is named by
 ``"module:Name"`` so this import stays light (no JAX). So far the family has its transformer
 (``LTX2VideoTransformer3DModel`` folders, :mod:`ditax.models.ltx2.loading`) and the
-``ditax convert`` folder check, and its text-to-video-with-sound pipelines (``LTX2Pipeline``
-folders, :mod:`ditax.pipelines.ltx2`).
+``ditax convert`` folder check, its text-to-video-with-sound pipelines (``LTX2Pipeline``
+folders, :mod:`ditax.pipelines.ltx2`), training on both streams (``ditax preprocess`` with the
+folder's encoders, ``init_from``, LoRA: :mod:`ditax.models.ltx2.training`) and LoRA loading.
 """
 
 from ditax.models.registry import FamilySpec, register
@@ -17,5 +18,6 @@ register(FamilySpec(
     transformer_classes=("LTX2VideoTransformer3DModel",),
     pipeline_classes=("LTX2Pipeline", "LTX2ImageToVideoPipeline"),
     pipelines="ditax.pipelines.ltx2.family:LTX2Pipelines",
-    capabilities=frozenset({"transformer", "folder_check"}),
+    lora_names="ditax.models.ltx2.lora_names:LORA_NAMES",
+    capabilities=frozenset({"transformer", "folder_check", "lora", "preprocess", "init_from"}),
 ))

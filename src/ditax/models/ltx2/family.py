@@ -1,13 +1,16 @@
 """LTX-2 as a :class:`~ditax.models.base.ModelFamily`: the transformer, its loader and
-shardings, and the video stream's shapes and FLOPs (the latent grid of LTX-2's VAE: 8 frames
-and 32 x 32 pixels per latent, the first frame alone).
-
-What training would need beyond these (the audio stream's inputs in ``apply``, encoders for
-``ditax preprocess``) is not declared: the family's spec lists what it has.
+shardings, the shapes and FLOPs of both streams (the latent grid of LTX-2's VAE: 8 frames and
+32 x 32 pixels per latent, the first frame alone; the audio tokens of the video's length at
+24 fps), and training (:mod:`ditax.models.ltx2.training`): flow matching on the video and
+audio latents at one noise level — the audio latents a condition entry the loss noises too
+(``noised_entries``), the video and audio text one text entry side by side — with the
+encoders ``ditax preprocess`` runs (:mod:`ditax.models.ltx2.training_encoders`) and LoRA
+(:mod:`ditax.models.ltx2.lora_names`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from flax import nnx
@@ -54,32 +57,55 @@ class LTX2Family(ModelFamily):
         """The video VAE's latent channels: one token packs ``pt x p x p`` latent pixels."""
         return self.model.in_channels // math.prod(self.patch)
 
-    text_dim = property(lambda self: self.model.text_dim)   # Dt of encoder_hidden_states
+    @property
+    def text_dim(self) -> int:
+        """``Dt`` of a training sample's text: the video text and the audio text side by side
+        (``Dv + Da``; :mod:`ditax.models.ltx2.training`)."""
+        return self.model.text_dim + self.model.audio_text_dim
 
     @classmethod
     def latent_grid(cls, num_frames, height, width):
         """Latent ``(F, Y, X)`` of a video: ``F = (num_frames - 1) / 8 + 1`` (the first frame
         is its own latent frame), ``Y, X = height / 32, width / 32``."""
-        if num_frames < 1 or (num_frames - 1) % TIME_FACTOR:
-            raise ConfigError(f"{num_frames} frames: LTX-2's VAE takes 8·k + 1 frames (e.g. "
-                              f"{max(1, (num_frames - 1) // TIME_FACTOR * TIME_FACTOR + 1)} or "
-                              f"{((num_frames - 1) // TIME_FACTOR + 1) * TIME_FACTOR + 1})")
-        if height < SPACE_FACTOR or width < SPACE_FACTOR or height % SPACE_FACTOR or (
-                width % SPACE_FACTOR):
-            raise ConfigError(f"height x width = {height}x{width} must be multiples of "
-                              f"{SPACE_FACTOR} (LTX-2's VAE)")
-        return (num_frames - 1) // TIME_FACTOR + 1, height // SPACE_FACTOR, width // SPACE_FACTOR
+        return _grid(num_frames, height, width, TIME_FACTOR, SPACE_FACTOR)
 
-    def tokens_per_sample(self, latent_shape) -> int:
+    @classmethod
+    def folder_latent_grid(cls, root, num_frames, height, width):
+        """:meth:`latent_grid` with the factors of ``root/vae/config.json`` (LTX-2's when the
+        folder has none, e.g. a hub id)."""
+        import pathlib
+
+        f = pathlib.Path(root) / "vae" / "config.json" if root is not None else None
+        if f is None or not f.is_file():
+            return cls.latent_grid(num_frames, height, width)
+        from ditax.io.files import read_model_json
+        from ditax.models.vae.ltx2.config import LTX2VideoVAEConfig
+
+        vae = LTX2VideoVAEConfig.from_diffusers(read_model_json(f, "VAE config"))
+        return _grid(num_frames, height, width, vae.temporal_factor, vae.spatial_factor)
+
+    def latent_shape(self, num_frames, height, width):
+        """Latent ``[C, F, Y, X]`` of one video on the grid of the model's
+        ``vae_scale_factors`` (LTX-2's 8 / 32 / 32)."""
+        t, y, _ = self.model.vae_scale_factors
+        return (self.latent_channels,) + _grid(num_frames, height, width, t, y)
+
+    def video_tokens(self, latent_shape) -> int:
+        """Video tokens ``L`` of latents ``[C, F, Y, X]``."""
         _, f, y, x = latent_shape
         pt, p, _ = self.patch
         return math.ceil(f / pt) * math.ceil(y / p) * math.ceil(x / p)
 
+    def tokens_per_sample(self, latent_shape) -> int:
+        """Both streams' tokens: video ``L`` and audio ``La``."""
+        return self.video_tokens(latent_shape) + self.audio_tokens(latent_shape)
+
     def audio_tokens(self, latent_shape) -> int:
         """Audio tokens of the video's duration at :data:`FPS` (diffusers' pipeline:
-        ``round(frames / fps · sampling_rate / hop / audio_scale_factor)``)."""
+        ``round(frames / fps · sampling_rate / hop / audio_scale_factor)``, the pixel frames
+        from the latent frames by the model's ``vae_scale_factors``)."""
         m = self.model
-        frames = (latent_shape[1] - 1) * TIME_FACTOR + 1
+        frames = (latent_shape[1] - 1) * m.vae_scale_factors[0] + 1
         return math.ceil(round(frames / FPS * m.audio_latents_per_second)
                          / m.audio_patch_size_t)
 
@@ -92,7 +118,7 @@ class LTX2Family(ModelFamily):
         8·L·La·Da), the feed-forwards (16·L·D² + 16·La·Da²); besides the blocks the input and
         output projections and the per-sample timestep MLPs."""
         m = self.model
-        L, La, T = self.tokens_per_sample(latent_shape), self.audio_tokens(latent_shape), text_len
+        L, La, T = self.video_tokens(latent_shape), self.audio_tokens(latent_shape), text_len
         D, Da = m.inner_dim, m.audio_inner_dim
         kv_v, kv_a = m.cross_attention_dim, m.audio_cross_attention_dim
         block = (8 * L * D * D + 8 * La * Da * Da
@@ -125,24 +151,116 @@ class LTX2Family(ModelFamily):
 
         return param_shardings(params, self.model, mesh)
 
+    # -- training -------------------------------------------------------------------------------
+
+    def check_flow(self) -> None:
+        """Each stream's output must be its input's width and the audio unpatched
+        (:func:`~ditax.models.ltx2.training.check_training`); ``flow.dynamic_shift`` (the
+        LTX-2 trainer's shift of the video token count) replaces ``flow.shift``, so not both;
+        no guidance is embedded."""
+        from ditax.models.ltx2.training import check_training
+
+        check_training(self.model)
+        f = self.flow
+        if f is None:
+            return
+        if f.guidance is not None:
+            raise ConfigError(f"flow.guidance={f.guidance}: LTX-2 embeds no guidance scale; "
+                              f"remove flow.guidance")
+        if f.dynamic_shift and f.shift != 1.0:
+            raise ConfigError(f"flow.shift={f.shift} with flow.dynamic_shift=true: the shift "
+                              f"then comes from the video token count; set flow.shift=1 or "
+                              f"flow.dynamic_shift=false")
+
+    def training_flow(self, latent_shape):
+        """``flow.dynamic_shift``: the flow with ``shift = e^mu`` of the video token count
+        (:func:`ditax.models.ltx2.training.resolution_shift`)."""
+        f = self.flow
+        if f is None or not f.dynamic_shift:
+            return f
+        from ditax.models.ltx2.training import resolution_shift
+
+        return dataclasses.replace(f, dynamic_shift=False,
+                                   shift=resolution_shift(self.video_tokens(latent_shape)))
+
+    def condition_shapes(self, latent_shape) -> dict:
+        """Each sample's packed, normalised audio latents ``audio_latents [La, Ca]`` (the
+        video's length at :data:`FPS`), stored by ``ditax preprocess``."""
+        from ditax.models.ltx2.training import AUDIO
+
+        return {AUDIO: (self.audio_tokens(latent_shape), self.model.audio_in_channels)}
+
+    def noised_entries(self) -> tuple[str, ...]:
+        """The audio latents: denoised with the video at the same noise level."""
+        from ditax.models.ltx2.training import AUDIO
+
+        return (AUDIO,)
+
     def apply(self, module, latents, timestep, text, text_mask, condition=None):
-        """Not yet: the denoiser call of training needs the audio stream's latents and text,
-        which no training input carries so far; refused in one line."""
-        raise ConfigError("model.family=ltx2: ditax does not train LTX-2 yet (its training "
-                          "inputs would need the audio latents and text); use the "
-                          "transformer for inference (ditax.load_transformer)")
+        """``(video prediction, {"audio_latents": audio prediction})`` of the noisy video
+        latents and the noisy audio latents of ``condition``
+        (:func:`ditax.models.ltx2.training.denoise`)."""
+        from ditax.models.ltx2.training import AUDIO, denoise
+
+        if not condition or AUDIO not in condition:
+            raise ConfigError(f"LTX-2 denoises its video and audio latents together; the batch "
+                              f"has no {AUDIO} entry (preprocess the clips with an LTX-2 "
+                              f"pipeline folder)")
+        video, audio = denoise(module, latents, timestep, text, text_mask, condition[AUDIO])
+        return video, {AUDIO: audio}
+
+    @classmethod
+    def load_encoders(cls, folder, dtype: str = "float32"):
+        """The video VAE, audio VAE and text path of an ``LTX2Pipeline`` folder
+        (:class:`ditax.models.ltx2.training_encoders.LTX2Encoders`)."""
+        from ditax.models.ltx2.training_encoders import LTX2Encoders
+
+        return LTX2Encoders(folder, dtype)
+
+    def weights_folder(self, path):
+        from ditax.models.ltx2.loading import check_architecture
+
+        return check_architecture(self.model, path)
+
+    def load_params(self, folder, mesh) -> dict:
+        from ditax.models.ltx2.loading import LOADER
+
+        model = LOADER.load_weights_into(self.abstract(mesh), folder, self.model, mesh)
+        return nnx.to_pure_dict(nnx.split(model)[1])
+
+    def lora_table(self):
+        from ditax.models.ltx2.convert import weight_table
+
+        return weight_table(self.model)
 
     # -- inference ------------------------------------------------------------------------------
 
     @classmethod
     def load_transformer(cls, path, **kwargs):
-        """:func:`ditax.models.ltx2.loading.load_transformer` (diffusers folders)."""
-        from ditax.models.ltx2.loading import load_transformer
+        """The LTX-2 loader (:data:`ditax.models.ltx2.loading.LOADER`, diffusers folders),
+        reading ``loras=`` in the family's key formats (:mod:`ditax.models.ltx2.lora_names`)."""
+        from ditax.models.ltx2.loading import LOADER
+        from ditax.models.ltx2.lora_names import LORA_NAMES
 
-        return load_transformer(path, **kwargs)
+        loader = LOADER if LOADER.lora_names is not None else dataclasses.replace(
+            LOADER, lora_names=LORA_NAMES)
+        return loader.load(path, **kwargs)
 
     @classmethod
     def check_folder(cls, path, subfolder="transformer") -> str:
         from ditax.models.ltx2.loading import check_folder
 
         return check_folder(path, subfolder)
+
+
+def _grid(num_frames: int, height: int, width: int, t: int, s: int) -> tuple[int, int, int]:
+    """Latent ``(F, Y, X)`` of a video on a VAE grid of ``t`` frames and ``s`` pixels per latent
+    (the first frame alone); :class:`ConfigError` naming sizes off the grid."""
+    if num_frames < 1 or (num_frames - 1) % t:
+        raise ConfigError(f"{num_frames} frames: LTX-2's VAE takes {t}·k + 1 frames (e.g. "
+                          f"{max(1, (num_frames - 1) // t * t + 1)} or "
+                          f"{((num_frames - 1) // t + 1) * t + 1})")
+    if height < s or width < s or height % s or width % s:
+        raise ConfigError(f"height x width = {height}x{width} must be multiples of {s} "
+                          f"(LTX-2's VAE)")
+    return (num_frames - 1) // t + 1, height // s, width // s

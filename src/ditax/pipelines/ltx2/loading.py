@@ -79,9 +79,11 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     Gemma-3 weights stored in 8 bits). ``cfg_mode``: how CFG runs its two branches;
     ``vae_tiling``: decode the video in tiles (diffusers' ``enable_tiling()``);
     ``model_overrides``: :class:`~ditax.models.ltx2.config.LTX2Config` numerics (``remat``,
-    ``scan_layers``...)."""
+    ``scan_layers``...) and the transformer's LoRAs (``loras=[(file, strength)]``,
+    ``lora_mode``, ``lora_strict``: :meth:`ditax.models.common.loader.TransformerLoader.load`;
+    diffusers / PEFT or the original LTX-2 keys, :mod:`ditax.models.ltx2.lora_names`)."""
     from ditax.models.ltx2.audio_convert import load_audio_vae
-    from ditax.models.ltx2.loading import load_transformer
+    from ditax.models.ltx2.family import LTX2Family
     from ditax.models.ltx2.text import load_ltx2_text
     from ditax.models.ltx2.vocoder_convert import load_vocoder
     from ditax.models.vae.ltx2 import load_ltx2_video_vae
@@ -92,10 +94,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     t0 = time.perf_counter()
     if cfg_mode not in ("batched", "sequential"):
         raise ConfigError(f"cfg_mode={cfg_mode!r}; use 'batched' or 'sequential'")
-    if model_overrides.pop("loras", None) or model_overrides.pop("loras_2", None):
-        raise ConfigError("LoRAs are not read for LTX-2 folders yet; drop loras= / --lora")
-    for key in ("lora_mode", "lora_strict"):
-        model_overrides.pop(key, None)
+    if model_overrides.pop("loras_2", None):
+        raise ConfigError("loras_2= / --lora-2 are for a second expert; an LTX-2 folder has "
+                          "one transformer: give its LoRAs with loras= / --lora")
     root = resolve(path)
     cls = check_folder(root)
     defaults = pipelines_of("ltx2").folder_defaults(root)      # checked before any weights
@@ -106,8 +107,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     if not isinstance(scheduler, FlowMatchEulerScheduler):
         raise ConfigError(f"{root / 'scheduler'}: LTX-2 samples with "
                           f"FlowMatchEulerDiscreteScheduler; got {type(scheduler).__name__}")
-    transformer = load_transformer(root, dtype=dtype, mesh=mesh, attention=attention,
-                                   **model_overrides)
+    # the family's loader: it reads loras= (lora_mode=, lora_strict=) in LTX-2's key formats
+    transformer = LTX2Family.load_transformer(root, dtype=dtype, mesh=mesh, attention=attention,
+                                              **model_overrides)
     text = load_ltx2_text(root, dtype, quantize=text_quantize)
     vae = load_ltx2_video_vae(root, dtype)
     audio_vae = load_audio_vae(root, dtype)
