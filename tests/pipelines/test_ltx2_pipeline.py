@@ -61,6 +61,7 @@ def test_bad_requests_are_one_line(tiny):
     for kwargs, words in ((dict(num_frames=6), "num_frames=6 must be 4k+1"),
                           (dict(height=20), "height=20 must be a positive multiple of 8"),
                           (dict(stg_blocks=(5,)), "[5] are no block indices of this model"),
+                          (dict(num_inference_steps=1), "use 2 steps or more"),
                           (dict(latents=np.zeros((1, 8, 2, 4, 4), np.float32)),
                            "latents and audio_latents go together")):
         with pytest.raises(RequestError, match=r".*") as e:

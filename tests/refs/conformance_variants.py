@@ -1,5 +1,5 @@
 """The table of tests/test_conformance.py: every registered family's variants (Wan T2V, I2V,
-TI2V, VACE, Animate, V2V, FLUX.1, the toy third family), each with the folder it is tested on,
+TI2V, VACE, Animate, V2V, FLUX.1, LTX-2, the toy third family), each with the folder it is tested on,
 the capabilities it has, the smallest request that runs it (as CLI flags, a pipeline call and a
 server body) and the requests of capabilities it lacks, each answered with exit 2.
 
@@ -96,6 +96,13 @@ def _toy(tmp, inputs):
     import toy_third
 
     return toy_third.write_folder(tmp / "toy")
+
+
+def _ltx2(tmp, inputs):
+    from ltx2_pipeline_reference import write_ltx2_pipeline
+
+    write_ltx2_pipeline(tmp / "ltx2")
+    return tmp / "ltx2"
 
 
 def _toy_plan(tmp) -> str:
@@ -228,6 +235,15 @@ VARIANTS = {
                   (["--image", "{inputs}/image32.png"], "--image is not taken by flux"),
                   (["--video", "{inputs}/src.mp4", "--strength", "0.5"],
                    "is not taken by flux models"))),
+    "ltx2": Variant(
+        _ltx2, "ltx2", frozenset({"load", "generate", "serve", "batch", "folder_check",
+                                  "lora"}),
+        # two steps: LTX-2's schedule ends at its terminal sigma, which one step cannot
+        dict(height=32, width=32, num_frames=1, num_inference_steps=2, guidance_scale=2.0),
+        refusals=((["--true-cfg", "3", "--negative-prompt", "x"], "--true-cfg is not taken by "
+                   "ltx2 models"),
+                  (["--video", "{inputs}/src.mp4", "--strength", "0.5"],
+                   "is not taken by ltx2 models"))),
     "toy": Variant(
         _toy, "toythird", frozenset({"load", "generate", "serve", "batch", "plan"}),
         dict(height=16, width=16, **SMALL), makes=(".mp4", ".aux.npy"),   # 1 frame: its own

@@ -121,6 +121,10 @@ class FlowMatchEulerScheduler:
             return sig
         one = sig.dtype.type(1.0)   # in the sigmas' own precision, as the reference
         one_minus = one - sig
+        if one_minus[-1] == 0:
+            raise ValueError(f"shift_terminal={self.shift_terminal} stretches the schedule to "
+                             f"end at that sigma, but its last sigma is 1 (a single step): "
+                             f"nothing to stretch; sample with 2 steps or more")
         return one - one_minus / (one_minus[-1] / sig.dtype.type(1.0 - self.shift_terminal))
 
     @classmethod

@@ -164,6 +164,10 @@ class LTX2Video:
             check_sigmas(sigmas, steps)
         except ValueError as e:
             raise RequestError(str(e)) from None
+        if self.scheduler.shift_terminal and float(np.min(sigmas)) >= 1.0:
+            raise RequestError(f"num_inference_steps={steps}: LTX-2's schedule is stretched to "
+                               f"end at sigma {self.scheduler.shift_terminal}, which a single "
+                               f"step at sigma 1 cannot; use 2 steps or more")
         grid = self.grid(frames, height, width)
         la = self.audio_frames(frames, float(d["frame_rate"]))
         tc = self.transformer.config
