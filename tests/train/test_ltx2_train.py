@@ -176,28 +176,33 @@ def test_one_step_on_fsdp2_context4_equals_one_device(first_step, many):
     assert abs(float(m["loss_audio_latents"]) - float(m1["loss_audio_latents"])) > 1e-4
 
 
-def test_train_from_the_folder_resumes_bit_exact(ltx2, many):
-    """``train`` from the folder's transformer on the preprocessed clips, on 8 devices: 2
-    steps straight equal 1 step + a resumed 1, bit for bit; the rows carry both terms."""
+def test_train_from_the_folder_resumes_bit_exact(ltx2, first_step, many):
+    """``train`` from the folder's transformer on the preprocessed clips, on 8 devices: 1
+    step and a resumed 1 equal 2 steps of the same Trainer straight, bit for bit; each row
+    of metrics.jsonl carries the two terms of its loss."""
     import json
 
     from ditax.train.loop import train
 
-    tmp = ltx2["tmp"]
+    tmp, params0 = ltx2["tmp"], first_step[1]
 
-    def cfg(out, steps):
-        return _cfg(ltx2, *MESH8, f"steps={steps}", f"output_dir={tmp / out}",
+    def cfg(steps):
+        return _cfg(ltx2, *MESH8, f"steps={steps}", f"output_dir={tmp / 'run'}",
                     "checkpoint.every=1", "checkpoint.async_save=false", "data.shuffle=true")
 
-    a = train(cfg("a", 2), trainer=many, progress=False)
-    b1 = train(cfg("b", 1), trainer=many, progress=False)
-    b2 = train(cfg("b", 2), trainer=many, progress=False)
-    assert b2.resumed_from == 1 and a.losses == b1.losses + b2.losses
-    for x, y in zip(jax.tree.leaves(a.state), jax.tree.leaves(b2.state)):
+    b1 = train(cfg(1), trainer=many, progress=False)
+    b2 = train(cfg(2), trainer=many, progress=False)
+    state, losses, data = many.init(params0), [], BatchIterator(cfg(2))
+    for _ in range(2):
+        state, m = many.step(state, many.put_batch(next(data)))
+        losses.append(float(m["loss"]))
+    assert b2.resumed_from == 1 and b1.losses + b2.losses == losses
+    for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(b2.state)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    rows = [json.loads(ln) for ln in (tmp / "a" / "metrics.jsonl").read_text().splitlines()]
-    assert all(abs(r["loss_latents"] + r["loss_audio_latents"] - r["loss"]) < 1e-5 * r["loss"]
-               for r in rows)
+    rows = [json.loads(ln) for ln in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(
+        abs(r["loss_latents"] + r["loss_audio_latents"] - r["loss"]) < 1e-5 * r["loss"]
+        for r in rows)
 
 
 def test_lora_training_writes_adapters_that_load_back(ltx2, first_step):
@@ -253,4 +258,96 @@ def test_distilling_ltx2_is_refused_in_one_line(ltx2):
 
     with pytest.raises(ConfigError, match="denoises audio_latents") as e:
         DistillTrainer(_cfg(ltx2, "distill.method=dmd2"), make_mesh(ONE, jax.devices()[:1]))
+    assert len(str(e.value).splitlines()) == 1
+
+
+def _published_lora(folder, rng):
+    """A rank-2 LoRA in diffusers / PEFT keys on block, stream-embedding and renamed modules
+    of the folder's transformer (each ``(A [r, in], B [out, r])``), and the same tensors under
+    the original LTX-2 names (``diffusion_model.``, ``patchify_proj``, ``adaln_single`` ...)."""
+    import json
+
+    cfg = json.loads((folder / "transformer" / "config.json").read_text())
+    d, da, c = (cfg["num_attention_heads"] * cfg["attention_head_dim"],
+                cfg["audio_num_attention_heads"] * cfg["audio_attention_head_dim"],
+                cfg["caption_channels"])
+    shapes = {"transformer_blocks.0.attn1.to_q": (d, d),
+              "transformer_blocks.1.audio_attn2.to_v": (da, da),
+              "transformer_blocks.1.video_to_audio_attn.to_out.0": (da, da),
+              "transformer_blocks.0.audio_ff.net.0.proj": (da, 4 * da),
+              "proj_in": (cfg["in_channels"], d),
+              "audio_caption_projection.linear_1": (c, da),
+              "time_embed.emb.timestep_embedder.linear_1": (256, d),
+              "av_cross_attn_audio_v2a_gate.linear": (da, da)}
+    peft, original = {}, {}
+    renames = {"proj_in": "patchify_proj", "time_embed.": "adaln_single.",
+               "av_cross_attn_audio_v2a_gate": "av_ca_v2a_gate_adaln_single"}
+    for name, (din, dout) in shapes.items():
+        a = rng.standard_normal((2, din)).astype(np.float32) * 0.1
+        b = rng.standard_normal((dout, 2)).astype(np.float32) * 0.1
+        orig = name
+        for new, old in renames.items():
+            orig = orig.replace(new, old) if orig.startswith(new) else orig
+        for part, x in (("lora_A", a), ("lora_B", b)):
+            peft[f"transformer.{name}.{part}.weight"] = x
+            original[f"diffusion_model.{orig}.{part}.weight"] = x
+    return peft, original
+
+
+def test_published_ltx2_loras_load_as_merged_weights(ltx2):
+    """A LoRA in the diffusers / PEFT keys and the same one in the original LTX-2 keys (which
+    diffusers' own converter maps back to the PEFT keys) load into
+    ``ditax.load_transformer`` as base + 0.7 · B @ A on every layer they name, and the
+    pipeline loader takes ``loras=`` the same way."""
+    from flax import nnx
+    from safetensors.numpy import save_file
+
+    import ditax
+    from diffusers.loaders.lora_conversion_utils import (
+        _convert_non_diffusers_ltx2_lora_to_diffusers as convert)
+
+    folder, tmp = ltx2["folder"], ltx2["tmp"]
+    peft, original = _published_lora(folder, np.random.default_rng(3))
+    assert sorted(convert({k: torch.from_numpy(v) for k, v in original.items()})) == sorted(peft)
+    save_file(peft, str(tmp / "peft.safetensors"))
+    save_file(original, str(tmp / "original.safetensors"))
+
+    def flat(tr):
+        return {".".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in
+                jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(tr.module)))[0]}
+
+    base = flat(ditax.load_transformer(folder))
+    want = dict(base)
+    for key, a in peft.items():
+        if ".lora_A." not in key:
+            continue
+        name = key[len("transformer."):key.index(".lora_A.")]
+        delta = 0.7 * (peft[key.replace("lora_A", "lora_B")] @ a).T       # [in, out]
+        path = name.replace("net.0.proj", "proj_in").replace("to_out.0", "to_out")
+        if path.startswith("transformer_blocks."):
+            i, rest = path.split(".", 2)[1:]
+            k = f"transformer_blocks.{rest}.kernel"
+            want[k] = want[k].copy()
+            want[k][int(i)] += delta.reshape(want[k][int(i)].shape)
+        else:
+            k = f"{path}.kernel"
+            want[k] = want[k] + delta.reshape(want[k].shape)
+    moved = [k for k in want if not np.array_equal(want[k], base[k])]
+    assert len(moved) == 8, moved
+    for f in ("peft", "original"):
+        got = flat(ditax.load_transformer(folder, loras=[(str(tmp / f"{f}.safetensors"), 0.7)]))
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=(f, k))
+    pipe = ditax.load_pipeline(folder, loras=[(str(tmp / "original.safetensors"), 0.7)])
+    got = flat(pipe.transformer)
+    for k in moved:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    # a LoRA of the text connectors (the original text_embedding_projection keys) names no
+    # transformer layer: refused in one line, before any weight is read
+    from ditax.errors import WeightError
+
+    save_file({**original, "text_embedding_projection.aggregate_embed.lora_A.weight":
+               np.zeros((2, 8), np.float32)}, str(tmp / "connectors.safetensors"))
+    with pytest.raises(WeightError, match="match no layer of the LTX-2 transformer") as e:
+        ditax.load_transformer(folder, loras=[str(tmp / "connectors.safetensors")])
     assert len(str(e.value).splitlines()) == 1
