@@ -81,7 +81,8 @@ def flow_loss(transformer, x0, a0, noise, audio_noise, sigma, text, mask, text_d
     loss.backward()
     norm = float(torch.sqrt(sum(torch.sum(p.grad ** 2) for p in transformer.parameters()
                                 if p.grad is not None)))
-    return float(loss), float(video.mean()), float(audio.mean()), norm
+    return (float(loss.detach()), float(video.mean().detach()), float(audio.mean().detach()),
+            norm)
 
 
 __all__ = ["FPS", "VAE_FACTORS", "flow_loss", "write_clips", "write_ltx2_train_folder"]

@@ -17,10 +17,10 @@ from flax import nnx
 
 from ditax.errors import ConfigError
 from ditax.models.base import ModelFamily
+from ditax.models.ltx2.training import FPS   # the frame rate of the audio length (24)
 
 TIME_FACTOR = 8      # LTX-2's video VAE: pixel frames per latent frame (the first alone)
 SPACE_FACTOR = 32    # and pixels per latent pixel
-FPS = 24.0           # the frame rate the audio length is taken at (diffusers' default)
 
 
 class LTX2Family(ModelFamily):
@@ -118,7 +118,8 @@ class LTX2Family(ModelFamily):
         8·L·La·Da), the feed-forwards (16·L·D² + 16·La·Da²); besides the blocks the input and
         output projections and the per-sample timestep MLPs."""
         m = self.model
-        L, La, T = self.video_tokens(latent_shape), self.audio_tokens(latent_shape), text_len
+        L, La, T = (self.video_tokens(latent_shape), self.audio_tokens(latent_shape),
+                    text_len)
         D, Da = m.inner_dim, m.audio_inner_dim
         kv_v, kv_a = m.cross_attention_dim, m.audio_cross_attention_dim
         block = (8 * L * D * D + 8 * La * Da * Da
