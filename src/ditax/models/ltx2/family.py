@@ -241,11 +241,8 @@ class LTX2Family(ModelFamily):
         """The LTX-2 loader (:data:`ditax.models.ltx2.loading.LOADER`, diffusers folders),
         reading ``loras=`` in the family's key formats (:mod:`ditax.models.ltx2.lora_names`)."""
         from ditax.models.ltx2.loading import LOADER
-        from ditax.models.ltx2.lora_names import LORA_NAMES
 
-        loader = LOADER if LOADER.lora_names is not None else dataclasses.replace(
-            LOADER, lora_names=LORA_NAMES)
-        return loader.load(path, **kwargs)
+        return LOADER.load(path, **kwargs)
 
     @classmethod
     def check_folder(cls, path, subfolder="transformer") -> str:

@@ -28,6 +28,7 @@ from ditax.models.ltx2.config import (CLASS_NAME, LTX2Config, check_transformer,
                                       same_architecture)
 from ditax.models.ltx2.convert import param_axes, weight_table
 from ditax.models.ltx2.inputs import stg_flags
+from ditax.models.ltx2.lora_names import LORA_NAMES
 
 
 def read_config(folder) -> dict:
@@ -163,7 +164,7 @@ LOADER = TransformerLoader(
                                 param_axes, LTX2TransformerModel),),
     check_transformer=check_transformer,
     single_file_config=_no_single_file,
-    lora_names=None,
+    lora_names=LORA_NAMES,
     describe=lambda c: f"{c.num_layers} layers, D={c.inner_dim}, Da={c.audio_inner_dim}",
 )
 
