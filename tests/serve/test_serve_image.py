@@ -45,7 +45,7 @@ def test_image_model_jobs_are_pngs_equal_to_the_pipeline(tmp_path_factory, capsy
         assert data["error"]["param"] == "num_frames" and "--" not in api, data
         assert api.startswith("num_frames is not taken by flux models"), api
         assert words.startswith("--frames is not taken by flux models"), words
-        assert api.split("); ", 1)[1] == words.split("); ", 1)[1] == "it is for wan models " \
+        assert api.split("); ", 1)[1] == words.split("); ", 1)[1] == "it is for ltx2, wan models " \
             "— drop it"
         # the page shows the fields /health lists: an image family's, no frames, no image
         fields = srv.call("GET", "/health")[2]["fields"]

@@ -72,7 +72,7 @@ def test_another_familys_field_names_the_family(tmp_path):
     assert e.param == "true_cfg_scale" and "it is for flux models" in str(e)
     with pytest.raises(BadRequest) as e:
         check({"prompt": "a cat", "num_frames": 5}, model=flux_model_path(), tmp=tmp_path)
-    assert e.value.param == "num_frames" and "it is for wan models" in str(e.value)
+    assert e.value.param == "num_frames" and "it is for ltx2, wan models" in str(e.value)
     with pytest.raises(BadRequest) as e:
         check({"prompt": "a cat", "colour": "red"}, tmp=tmp_path)
     assert e.value.param == "colour" and "unknown field" in str(e.value)
