@@ -99,10 +99,9 @@ def _toy(tmp, inputs):
 
 
 def _ltx2(tmp, inputs):
-    from ltx2_pipeline_reference import write_ltx2_pipeline
+    from ltx2_pipeline_reference import shared_ltx2_pipeline
 
-    write_ltx2_pipeline(tmp / "ltx2")
-    return tmp / "ltx2"
+    return shared_ltx2_pipeline()[0]
 
 
 def _toy_plan(tmp) -> str:

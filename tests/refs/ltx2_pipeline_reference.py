@@ -53,6 +53,25 @@ def write_ltx2_pipeline(root, seed: int = 0):
     return pipe
 
 
+_SHARED: dict = {}
+
+
+def shared_ltx2_pipeline():
+    """``(folder, diffusers pipeline)``: one tiny ``LTX2Pipeline`` folder per test process
+    (:func:`write_ltx2_pipeline` in a temporary folder removed at exit), for the tests that
+    only read it."""
+    if "pipe" not in _SHARED:
+        import atexit
+        import pathlib
+        import shutil
+        import tempfile
+
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix="ditax_ltx2_"))
+        atexit.register(shutil.rmtree, tmp, True)
+        _SHARED["pipe"] = (tmp / "pipe", write_ltx2_pipeline(tmp / "pipe"))
+    return _SHARED["pipe"]
+
+
 def run_diffusers(pipe, prompt, latents, audio_latents, **call):
     """diffusers' video ``[F, H, W, 3]`` and waveform ``[channels, samples]`` (numpy) from
     the given unpacked latents."""
@@ -65,4 +84,5 @@ def run_diffusers(pipe, prompt, latents, audio_latents, **call):
     return np.asarray(video[0], np.float32), audio[0].float().numpy()
 
 
-__all__ = ["SCHEDULER", "TRANSFORMER", "VOCODER_8K", "run_diffusers", "write_ltx2_pipeline"]
+__all__ = ["SCHEDULER", "TRANSFORMER", "VOCODER_8K", "run_diffusers", "shared_ltx2_pipeline",
+           "write_ltx2_pipeline"]

@@ -6,12 +6,11 @@ from serve_fixtures import Server
 
 from ditax.io.audio import read_audio
 from ditax.io.video import read_video
-from ltx2_pipeline_reference import write_ltx2_pipeline
+from ltx2_pipeline_reference import shared_ltx2_pipeline
 
 
 def test_job_returns_the_mp4_with_its_sound(tmp_path):
-    root = tmp_path / "ltx2"
-    write_ltx2_pipeline(root)
+    root, _ = shared_ltx2_pipeline()
     srv = Server(tmp_path / "srv", "--max-batch", "1", model=str(root)).start()
     try:
         body = {"prompt": "waves on a drum", "size": "32x32", "num_frames": 9, "seed": 2,
