@@ -81,6 +81,7 @@ def test_vae_training_resumes_bit_exactly_and_writes_a_diffusers_folder(recipe, 
     """The recipe's second VAE stage again (from its first stage's VAE, ``init_from``; its
     trainer, so its compiled programs): two steps, stop, resume to four: the same losses and
     weights as four in one go."""
+    import copy
     import dataclasses
 
     from diffusers import AutoencoderKLWan
@@ -91,6 +92,15 @@ def test_vae_training_resumes_bit_exactly_and_writes_a_diffusers_folder(recipe, 
     trainer = recipe[3].vae_trainers["vae_long"]
     base = trainer.cfg
     assert base.init_from == str(out / "vae" / "vae") and base.optim.decay_steps == 4
+    # the long stage ran the first stage's compiled programs (another learning rate: an
+    # argument of the step); a trainer whose programs would compute something else is refused
+    first = recipe[3].vae_trainers["vae"]
+    assert base.optim.learning_rate != first.cfg.optim.learning_rate
+    assert (trainer._step, trainer._decode) == (first._step, first._decode)
+    other = copy.copy(first)
+    other.cfg = dataclasses.replace(first.cfg, loss=dataclasses.replace(first.cfg.loss, l1=0.5))
+    with pytest.raises(ValueError, match="programs_from: that trainer's programs differ in loss"):
+        trainer.share_programs(other)
     assert (base.data.crop_frames, base.data.height, base.data.width) == (FRAMES, H, W)
     quiet = dict(progress=False, say=lambda m: None)
 

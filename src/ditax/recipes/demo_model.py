@@ -224,7 +224,10 @@ class Recipe(StagedRecipe):
 
         cfg = self._vae_config(long)
         name = "vae_long" if long else "vae"
-        trainer = VAETrainer(cfg, jax.devices()[:self.devices])
+        # the long stage runs the first stage's compiled step, encode and decode (the same VAE,
+        # loss and devices; the learning rate is an argument of the step)
+        trainer = VAETrainer(cfg, jax.devices()[:self.devices],
+                             programs_from=self.vae_trainers.get("vae") if long else None)
         self.vae_trainers[name] = trainer
         bank = self.vae_banks[name] = self._bank(cfg.data)
         res = train_vae(cfg, trainer=trainer, bank=bank, progress=self.progress, say=self.say)

@@ -59,12 +59,17 @@ def learning_rate_schedule(o: OptimConfig, total_steps: int) -> optax.Schedule:
     return optax.join_schedules([warm, main], [o.warmup_steps])
 
 
-def make_optimizer(o: OptimConfig, total_steps: int):
-    """``clip_by_global_norm → AdamW(schedule)``; returns (optimizer, schedule)."""
+def make_optimizer(o: OptimConfig, total_steps: int, rate=None):
+    """``clip_by_global_norm → AdamW(schedule)``; returns (optimizer, schedule).
+
+    ``rate``: the learning rate as a function of the update count, in place of ``o``'s
+    schedule (e.g. ``lambda count: lr`` with ``lr`` an argument of a compiled step, so that one
+    program serves every schedule); the optimizer state is the same either way."""
     sched = learning_rate_schedule(o, total_steps)
     tx = optax.chain(
         optax.clip_by_global_norm(o.grad_clip) if o.grad_clip > 0 else optax.identity(),
-        optax.adamw(sched, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay),
+        optax.adamw(sched if rate is None else rate, b1=o.b1, b2=o.b2, eps=o.eps,
+                    weight_decay=o.weight_decay),
     )
     return tx, sched
 

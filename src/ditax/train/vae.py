@@ -175,9 +175,15 @@ def check_devices(cfg, count: int) -> None:
 class VAETrainer(abc.ABC):
     """A family's VAE, its optimiser, and the jitted train step (state donated) on a 1-D data
     mesh: parameters replicated, the batch split over ``devices`` devices. Subclasses give the
-    VAE (the hooks below); everything else is shared."""
+    VAE (the hooks below); everything else is shared.
 
-    def __init__(self, cfg, devices=None):
+    The step takes the learning rate as an argument (the schedule's value at the step, from a
+    small program of its own), so its program is the same for every schedule: a trainer built
+    with ``programs_from=`` an earlier one whose :meth:`program_key` it shares runs that one's
+    compiled step, encode and decode (a recipe's second stage on its first stage's VAE at
+    another learning rate compiles nothing of them again)."""
+
+    def __init__(self, cfg, devices=None, programs_from: "VAETrainer | None" = None):
         self.cfg = cfg
         devs = list(devices if devices is not None else jax.devices()[:1])
         check_devices(cfg, len(devs))
@@ -195,10 +201,14 @@ class VAETrainer(abc.ABC):
         self.tx, self.schedule = make_optimizer(cfg.optim, cfg.steps)
         self.replicated = NamedSharding(self.mesh, P())
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
+        # the learning rate of step ``state["step"]``, handed to the step as an argument
+        self._rate = jax.jit(lambda step: jnp.asarray(self.schedule(step), jnp.float32))
         self._step = jax.jit(self._train_step, donate_argnums=0)
         # the inference paths as whole programs (op by op, each op compiles on its own)
         self._encode = jax.jit(lambda params, x: self.encode(self.module(params), x))
         self._decode = jax.jit(lambda params, z: self.decode(self.module(params), z))
+        if programs_from is not None:
+            self.share_programs(programs_from)
 
     # --- the family's hooks
     @abc.abstractmethod
@@ -239,6 +249,30 @@ class VAETrainer(abc.ABC):
     def module(self, params):
         return nnx.merge(self.graphdef, params, self.rest)
 
+    def program_key(self) -> dict:
+        """What the compiled step, encode and decode compute besides their arguments: the
+        family's hooks (``autoencode``, ``encode``, ``decode``: functions of their arguments),
+        the VAE's graph (its config included), its non-parameter variables (baked into the
+        programs: only trainers without any share), the loss, the optimiser less its schedule,
+        the devices."""
+        o = self.cfg.optim
+        rest = jax.tree.leaves(self.rest)
+        return {"family": type(self), "VAE graph": self.graphdef,
+                "non-parameter variables": tuple(map(id, rest)) if rest else (),
+                "loss": self.cfg.loss,
+                "optimiser": (o.b1, o.b2, o.eps, o.weight_decay, o.grad_clip),
+                "devices": tuple(self.mesh.devices.flat)}
+
+    def share_programs(self, other: "VAETrainer") -> None:
+        """Run ``other``'s jitted step, encode and decode (each compiled once for both);
+        :class:`ValueError` naming what differs where they would compute something else."""
+        mine, theirs = self.program_key(), other.program_key()
+        diff = [k for k in mine if mine[k] != theirs[k]]
+        if diff:
+            raise ValueError(f"programs_from: that trainer's programs differ in "
+                             f"{', '.join(diff)}; build this trainer without programs_from")
+        self._step, self._encode, self._decode = other._step, other._encode, other._decode
+
     def init(self) -> dict:
         # a copy: the step donates the state, and a reused trainer initialises again
         params = jax.tree.map(lambda a: jnp.array(a, copy=True), self._init_params)
@@ -251,7 +285,9 @@ class VAETrainer(abc.ABC):
                                                            sharding=self.replicated),
                             jax.eval_shape(self.init))
 
-    def _train_step(self, state, x):
+    def _train_step(self, state, x, lr):
+        """One update at learning rate ``lr`` (float32 ``[]``: the schedule's value at
+        ``state["step"]``, which is also the optimiser's count)."""
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])
 
         def loss_fn(params):
@@ -259,15 +295,16 @@ class VAETrainer(abc.ABC):
             return reconstruction_losses(recon, mean, logvar, target, self.cfg.loss)
 
         (loss, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-        updates, opt = self.tx.update(grads, state["opt"], state["params"])
+        tx, _ = make_optimizer(self.cfg.optim, self.cfg.steps, rate=lambda count: lr)
+        updates, opt = tx.update(grads, state["opt"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, **parts, "grad_norm": optax.global_norm(grads),
-                   "lr": self.schedule(state["step"])}
+        metrics = {"loss": loss, **parts, "grad_norm": optax.global_norm(grads), "lr": lr}
         return {"params": params, "opt": opt, "step": state["step"] + 1,
                 "key": state["key"]}, metrics
 
     def step(self, state, batch: np.ndarray):
-        return self._step(state, jax.device_put(batch, self.batch_sharding))
+        lr = self._rate(state["step"])
+        return self._step(state, jax.device_put(batch, self.batch_sharding), lr)
 
     def reconstruct(self, params, x: np.ndarray, batch: int = 4) -> np.ndarray:
         """Inference-path reconstruction (posterior mean) of ``x`` (:meth:`to_input` layout)."""

@@ -62,6 +62,10 @@ class VAETrainer(shared.VAETrainer):
         if arch != want:
             raise ValueError(f"init_from={cfg.init_from!r} holds a VAE of another architecture "
                              f"({arch}) than vae.* ({want}); set vae.* to match it")
+        # the run's vae.* (the folder's latent statistics are not used in training and are
+        # measured anew at the end): the graph of a VAE built from vae.*, so a trainer of
+        # either kind may share the other's programs (programs_from)
+        vae.config = cfg.vae
         return vae
 
     def init_posterior(self, vae: WanVAE, logvar: float) -> None:
