@@ -39,6 +39,7 @@ import re
 import shutil
 import sys
 import threading
+import warnings
 from typing import Any, Callable
 
 import orbax.checkpoint as ocp
@@ -418,6 +419,10 @@ class Checkpointer:
             self._upload = None
             self._held.drop()
             step, self._in_flight = self._in_flight, None
+            # orbax's writes of this save that never ran are reported, at interpreter exit, as
+            # coroutines never awaited: the failure they belong to is this error's one line
+            warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
+                                    category=RuntimeWarning)
             raise CheckpointSaveError(self._save_message(step, e)) from e
 
     def finished_steps(self) -> list[int]:
