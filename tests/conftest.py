@@ -36,6 +36,14 @@ def jax_platforms(preset: str | None, gpu: bool) -> str:
 
 
 os.environ["JAX_PLATFORMS"] = jax_platforms(os.environ.get("JAX_PLATFORMS"), gpu_present())
+# torch (the parity references), MKL and OpenBLAS on one thread each (read when torch / numpy's
+# BLAS first load, so before any test imports them): their OpenMP pools on the suite's tiny
+# tensors spend far more time synchronising than computing, worst with the other xdist worker
+# on the second core — one Wan 2.2 VAE encode in diffusers took 0.1-2 s on two threads and
+# 0.02 s on one; the VAE parity modules 53 -> 31 CPU s alone, five parity modules on two
+# workers 139 -> 89 CPU s. XLA's own thread pool is not OpenMP's and is unchanged. The
+# references' values agree to rounding (a reduction's order).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # no persistent compilation cache unless a test asks for one (hermetic runs, ~/.cache untouched)
