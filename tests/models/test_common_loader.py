@@ -112,17 +112,18 @@ def test_family_vae_trainers_share_one_base():
 
 
 def test_the_finite_check_names_a_nan_in_any_shard_on_host_and_in_one_program():
-    """On CPU the load-time finiteness check reads each distinct shard with numpy; it flags
-    what the fused program (the accelerators' path) flags: a NaN in one fsdp shard, an inf in
-    a replicated bias, a bfloat16 NaN, and nothing in clean tensors or integer leaves."""
+    """On CPU the finiteness checks (load, sampling) read each distinct shard with numpy;
+    they flag what the fused program (the accelerators' path) flags: a NaN in one fsdp shard,
+    an inf in a replicated bias, a bfloat16 NaN, and nothing in clean tensors or integer
+    leaves."""
     import jax
     import numpy as np
     from flax import nnx
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     from ditax.errors import WeightError
-    from ditax.models.common.loader import (_finite_flags, _host_finite_flags, _on_host,
-                                            check_finite_params)
+    from ditax.finite import _finite_flags, _host_finite_flags, all_finite, on_host
+    from ditax.models.common.loader import check_finite_params
 
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("fsdp", "tensor"))
     rows = NamedSharding(mesh, P("fsdp", "tensor"))
@@ -135,10 +136,12 @@ def test_the_finite_check_names_a_nan_in_any_shard_on_host_and_in_one_program():
               jax.device_put(bad_shard, rows), jax.device_put(bad_bias, rep),
               jax.device_put(np.ones(4, np.float32), rep),
               jax.device_put(np.array([1.0, np.nan], jax.numpy.bfloat16), rep)]
-    assert _on_host(leaves)
+    assert on_host(leaves)
     want = [True, False, False, True, False]
     assert _host_finite_flags(leaves) == want
     assert np.asarray(_finite_flags(leaves)).tolist() == want
+    assert [all_finite(x) for x in leaves] == want                    # the sampling checks'
+    assert all_finite(np.ones(3)) and not all_finite(bad_bias)
 
     state = nnx.State({"a": {"kernel": leaves[0], "steps": jax.device_put(np.arange(3), rep)},
                        "b": {"bias": leaves[2]}})

@@ -40,6 +40,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.errors import RequestError
+from ditax.finite import all_finite
 from ditax.parallel.axes import check_batch_divides
 from ditax.phases import phase
 from ditax.pipelines.cache.step_cache import check_cache_args, plan_step_cache, uncached_stats
@@ -116,15 +117,16 @@ def check_cfg_batch(use_cfg: bool, cfg_mode: str, mesh) -> None:
 
 
 def check_finite(tree, phase_name: str, what: str, guidance_scale=None) -> None:
-    """Every float array of ``tree`` is finite; else :class:`~ditax.errors.NonFiniteOutput`
-    naming the phase and the likely causes — a black video is never a success."""
+    """Every float array of ``tree`` is finite (:func:`ditax.finite.all_finite`: on CPU,
+    numpy where the values are; eager ``isfinite`` / ``all`` compiled two programs per
+    shape); else :class:`~ditax.errors.NonFiniteOutput` naming the phase and the likely
+    causes — a black video is never a success."""
     from ditax.errors import NonFiniteOutput
 
     for leaf in jax.tree.leaves(tree):
         if not hasattr(leaf, "dtype") or not jnp.issubdtype(leaf.dtype, jnp.floating):
             continue
-        ok = jnp.isfinite(leaf).all() if isinstance(leaf, jax.Array) else np.isfinite(leaf).all()
-        if not bool(ok):
+        if not all_finite(leaf):
             g = f" (it is {guidance_scale:g})" if guidance_scale is not None else ""
             raise NonFiniteOutput(
                 f"{phase_name}: {what} hold NaN / inf, so nothing is written; likely causes: a "

@@ -164,8 +164,8 @@ class FlowMatchEulerScheduler:
         """Fresh state for ``num_steps`` steps (``shape``/``dtype`` accepted for a common API;
         ``sigmas``: see :meth:`schedule`)."""
         timesteps, sigmas = self.schedule(num_steps, sigmas)
-        return FlowMatchEulerState(jnp.asarray(timesteps), jnp.asarray(sigmas),
-                                   jnp.zeros((), jnp.int32))
+        # host arrays put on the device as they are (jnp.asarray compiled a copy per shape)
+        return FlowMatchEulerState(*jax.device_put((timesteps, sigmas, np.zeros((), np.int32))))
 
     def step(self, state: FlowMatchEulerState, model_output, sample):
         """``(sample + (s_{i+1} - s_i) * v, new_state)``; jittable, step index traced.

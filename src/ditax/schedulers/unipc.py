@@ -141,11 +141,11 @@ class UniPCScheduler:
             if 0 <= i < num_steps:
                 on[i] = False
         shape = tuple(shape)
-        return UniPCState(timesteps=jnp.asarray(timesteps), sigmas=jnp.asarray(sigmas),
-                          step_index=jnp.zeros((), jnp.int32),
-                          x0_history=jnp.zeros((2,) + shape, jnp.float32),
-                          last_sample=jnp.zeros(shape, jnp.float32),
-                          corrector_on=jnp.asarray(on))
+        # host arrays put on the device as they are (jnp.asarray / jnp.zeros compiled a copy or
+        # a broadcast program per shape: ~5 small compiles a new step count or latent shape)
+        return UniPCState(*jax.device_put((
+            timesteps, sigmas, np.zeros((), np.int32), np.zeros((2,) + shape, np.float32),
+            np.zeros(shape, np.float32), on)))
 
     def _order(self, i, n):
         """Predictor order at step ``i`` of ``n`` (traced ``i``)."""

@@ -29,11 +29,11 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from ditax.attention.config import as_attention_config
 from ditax.errors import ConfigError, check_choice
+from ditax.finite import finite_flags
 from ditax.io.convert import load_params, param_shapes
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
@@ -75,32 +75,11 @@ def plain_weights(source, cfg, table, shapes):
     return Weights.open(source), table, None
 
 
-@jax.jit
-def _finite_flags(leaves: list) -> jax.Array:
-    """One flag a tensor (every value finite), all in one program: two eager ops a tensor
-    compiled once per shape and synced one by one (~2 s of compiles for a small model)."""
-    return jnp.stack([jnp.isfinite(x).all() for x in leaves])
-
-
-def _on_host(leaves: list) -> bool:
-    """Every shard of ``leaves`` is in this process's CPU memory (one process)."""
-    return jax.process_count() == 1 and all(
-        d.platform == "cpu" for leaf in leaves for d in leaf.sharding.device_set)
-
-
-def _host_finite_flags(leaves: list) -> list[bool]:
-    """:func:`_finite_flags` read where CPU arrays already are, in host memory: numpy over
-    each distinct shard (replicas once). Compiling the fused program for a model's set of
-    shapes and shardings costs ~0.2-0.3 s a load; numpy over a CPU model's bytes, far less."""
-    return [all(bool(np.isfinite(np.asarray(s.data)).all())
-                for s in leaf.addressable_shards if s.replica_id == 0) for leaf in leaves]
-
-
 def check_finite_params(state, source, merged_loras: bool = False) -> None:
     """Every float parameter read from ``source`` is finite (one reduction a tensor, on the
-    devices that hold it; on CPU devices, numpy over the shards in place); else
-    :class:`~ditax.errors.WeightError` naming the first non-finite one — a NaN weight is
-    named at load, not found as a black video."""
+    devices that hold it; on CPU devices, numpy over the shards in place:
+    :func:`ditax.finite.finite_flags`); else :class:`~ditax.errors.WeightError` naming the
+    first non-finite one — a NaN weight is named at load, not found as a black video."""
     from ditax.errors import WeightError
 
     floats = [(path, leaf) for path, leaf in
@@ -108,9 +87,7 @@ def check_finite_params(state, source, merged_loras: bool = False) -> None:
               if jnp.issubdtype(leaf.dtype, jnp.floating)]
     if not floats:
         return
-    leaves = [leaf for _, leaf in floats]
-    flags = (_host_finite_flags(leaves) if _on_host(leaves)
-             else np.asarray(_finite_flags(leaves)))
+    flags = finite_flags([leaf for _, leaf in floats])
     for (path, _), finite in zip(floats, flags):
         if not finite:
             name = ".".join(str(getattr(k, "key", k)) for k in path)

@@ -43,8 +43,12 @@ def load_text_encoder(path, dtype="float32") -> UMT5Encoder:
 
 
 @nnx.jit
-def _encode_jit(encoder: T5Encoder, ids, mask):
-    return encoder(ids, mask)
+def _encode_jit(encoder: T5Encoder, ids, mask, keep):
+    """Hidden states ``[B, T, D]`` of ``ids`` with every position where ``keep`` ``[B, T]`` is
+    False set to zero — one program (eager ``where`` / ``arange`` / comparisons compiled a
+    small program each per prompt shape)."""
+    hidden = encoder(ids, mask)
+    return jnp.where(keep[..., None], hidden, jnp.zeros((), hidden.dtype))
 
 
 def encode_prompt(tokenizer, encoder: T5Encoder, prompts, max_length: int = 512):
@@ -59,10 +63,10 @@ def encode_prompt(tokenizer, encoder: T5Encoder, prompts, max_length: int = 512)
     if isinstance(prompts, str):
         prompts = [prompts]
     ids, mask = tokenizer.encode([clean_prompt(p) for p in prompts], max_length)
-    hidden = _encode_jit(encoder, jnp.asarray(ids), jnp.asarray(mask))
     lengths = np.asarray(mask).astype(bool).sum(axis=1)
-    keep = jnp.arange(max_length)[None, :] < jnp.asarray(lengths)[:, None]
-    return jnp.where(keep[..., None], hidden, jnp.zeros((), hidden.dtype))
+    keep = np.arange(max_length)[None, :] < lengths[:, None]
+    # host arrays straight into the program (jnp.asarray of one compiles a copy per shape)
+    return _encode_jit(encoder, np.asarray(ids), np.asarray(mask), keep)
 
 
 __all__ = ["UMT5Config", "UMT5Encoder", "load_text_encoder", "encode_prompt"]
