@@ -99,7 +99,8 @@ def test_outputs_are_checked_before_anything_loads(tmp_path, capsys, case, flags
 _WRITER = """
 import sys, numpy as np
 from ditax.io.video import write_frames, write_mp4
-video = np.random.default_rng(0).random((2000, 128, 128, 3), dtype=np.float32)
+# uint8 frames (written as they are): the float video and its conversion took seconds
+video = np.random.default_rng(0).integers(0, 256, (2000, 128, 128, 3), dtype=np.uint8)
 print("start", flush=True)
 (write_mp4 if sys.argv[1] == "mp4" else write_frames)(sys.argv[2], video)
 """
