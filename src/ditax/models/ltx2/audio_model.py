@@ -13,7 +13,6 @@ at each downsampling level (``"height"``: T → ceil(T / 2), M → floor(M / 2))
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -25,27 +24,10 @@ from ditax.models.ltx2.audio_coders import Decoder, Encoder
 from ditax.models.ltx2.audio_config import LTX2AudioVAEConfig
 from ditax.models.ltx2.audio_latents import denormalize_audio_latents, normalize_audio_latents
 from ditax.models.ltx2.audio_layers import Buffer
-
-LOGVAR_RANGE = (-30.0, 20.0)   # diffusers' DiagonalGaussianDistribution clamp
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def encode_program(graphdef, state, x: jax.Array) -> jax.Array:
-    """Mel ``[B, T, M, C]`` → moments ``[B, F, M', 2 latent_channels]`` (before the clamp)."""
-    return nnx.merge(graphdef, state).moments(x)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def decode_program(graphdef, state, z: jax.Array) -> jax.Array:
-    """Latents ``[B, F, M', latent_channels]`` → mel ``[B, T, mel_bins, output_channels]``."""
-    return nnx.merge(graphdef, state).decode_latents(z)
-
-
-def split_moments(h: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Moments ``[..., 2C]`` → (mean, log-variance clamped to [-30, 20]), each ``[..., C]``."""
-    mean, logvar = jnp.split(h, 2, axis=-1)
-    return mean, jnp.clip(logvar, *LOGVAR_RANGE)
-
+# the diagonal-Gaussian VAE's programs and moments split, as FLUX.1's 2-D VAE has them (both
+# run ``moments`` / ``decode_latents`` on channels-last arrays)
+from ditax.models.vae.kl.model import (LOGVAR_RANGE, decode_program, encode_program,
+                                       split_moments)
 
 class LTX2AudioVAE(nnx.Module):
     """diffusers ``AutoencoderKLLTX2Audio`` in Flax NNX (``dtype``: parameters and compute;
