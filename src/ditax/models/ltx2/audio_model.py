@@ -13,7 +13,6 @@ at each downsampling level (``"height"``: T → ceil(T / 2), M → floor(M / 2))
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -28,6 +27,7 @@ from ditax.models.ltx2.audio_layers import Buffer
 # run ``moments`` / ``decode_latents`` on channels-last arrays)
 from ditax.models.vae.kl.model import (LOGVAR_RANGE, decode_program, encode_program,
                                        split_moments)
+
 
 class LTX2AudioVAE(nnx.Module):
     """diffusers ``AutoencoderKLLTX2Audio`` in Flax NNX (``dtype``: parameters and compute;
