@@ -4,7 +4,14 @@ A TPU target compiles deviceless: ``jax.experimental.topologies`` describes the 
 devices from libtpu alone (no TPU attached), and a mesh over those devices makes
 ``jax.jit(...).lower(...).compile()`` produce the real TPU executable. Target names follow
 Cloud TPU accelerator types (``v5p-8`` counts TensorCores: 4 chips; ``v5e-8`` / ``v6e-8``
-count chips). Chip figures are the vendor's published per-chip numbers (sources beside each).
+count chips; ``v7x-8`` counts TensorCores: 4 TPU7x chips). Chip figures are the vendor's
+published per-chip numbers (sources beside each), divided by the JAX devices a chip shows:
+a v5p chip is one device (its two TensorCores run as one "megacore"), a TPU7x (Ironwood) chip
+is two (libtpu's ``tpu7x`` topologies give one device per TensorCore), so a v7x "chip" in a
+plan is half a physical chip: 96 GiB of its 192, half its FLOP/s and bandwidths.
+
+Single-chip targets (``tpu-v5e-1``, ``tpu-v6e-1``, ``tpu-v5p-1``, ``tpu-v7x-2``) need libtpu told
+that a host holds one chip (``chips_per_host_bounds=(1, 1, 1)``); its default is a 2x2 host.
 """
 
 from __future__ import annotations
@@ -41,17 +48,30 @@ CHIPS = {
     # ICI 800 GBps bidirectional per chip.
     "v6e": Chip("TPU v6e (Trillium)", 918e12, 32e9, 1640e9, 800e9,
                 "https://cloud.google.com/tpu/docs/v6e"),
+    # https://cloud.google.com/tpu/docs/tpu7x: 2,307 TFLOPs bf16 and 192 GiB HBM per chip, two
+    # TensorCores per chip; https://blog.google/products/google-cloud/ironwood-tpu-age-of-inference/:
+    # 7.37 TB/s HBM and 1.2 TBps bidirectional ICI per chip. Per JAX device (one TensorCore):
+    # half of each. (Traffic between a chip's two devices takes the die-to-die link, not ICI:
+    # halving ICI is the conservative split.)
+    "v7x": Chip("TPU7x (Ironwood), one TensorCore", 2307e12 / 2, 192 * 2**30 / 2, 7.37e12 / 2,
+                1.2e12 / 2, "https://cloud.google.com/tpu/docs/tpu7x"),
 }
 
 #: ``--target`` name → (chip, libtpu topology name). Slice shapes from the pages above.
 TOPOLOGIES = {
+    "tpu-v5e-1": ("v5e", "v5e:1x1"), "tpu-v6e-1": ("v6e", "v6e:1x1"),
+    "tpu-v5p-1": ("v5p", "v5p:1x1x1"), "tpu-v7x-2": ("v7x", "tpu7x:1x1x1"),
     "tpu-v5e-4": ("v5e", "v5e:2x2"), "tpu-v5e-8": ("v5e", "v5e:2x4"),
     "tpu-v5e-16": ("v5e", "v5e:4x4"), "tpu-v5e-32": ("v5e", "v5e:4x8"),
     "tpu-v5p-8": ("v5p", "v5p:2x2x1"), "tpu-v5p-16": ("v5p", "v5p:2x2x2"),
     "tpu-v5p-32": ("v5p", "v5p:2x2x4"), "tpu-v5p-64": ("v5p", "v5p:2x4x4"),
     "tpu-v6e-4": ("v6e", "v6e:2x2"), "tpu-v6e-8": ("v6e", "v6e:2x4"),
     "tpu-v6e-16": ("v6e", "v6e:4x4"), "tpu-v6e-32": ("v6e", "v6e:4x8"),
+    "tpu-v7x-8": ("v7x", "tpu7x:2x2x1"), "tpu-v7x-16": ("v7x", "tpu7x:2x2x2"),
 }
+
+#: Targets of one chip: libtpu's default host is 2x2 chips, which a 1x1 slice does not divide.
+SINGLE_CHIP = frozenset({"tpu-v5e-1", "tpu-v6e-1", "tpu-v5p-1", "tpu-v7x-2"})
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,7 @@ class Target:
     num_devices: Optional[int] = None
     chip: Optional[Chip] = None
     topology: Optional[str] = None
+    chips_per_host: Optional[tuple] = None   # libtpu's chips_per_host_bounds, where not default
 
 
 def parse_target(text: str) -> Target:
@@ -79,7 +100,8 @@ def parse_target(text: str) -> Target:
         return Target(t, "cpu", num_devices=n)
     if t in TOPOLOGIES:
         chip, topo = TOPOLOGIES[t]
-        return Target(t, "tpu", chip=CHIPS[chip], topology=topo)
+        return Target(t, "tpu", chip=CHIPS[chip], topology=topo,
+                      chips_per_host=(1, 1, 1) if t in SINGLE_CHIP else None)
     raise RequestError(f"unknown --target {text!r}; choose one of {', '.join(TOPOLOGIES)} "
                        f"or cpu:N")
 
@@ -111,8 +133,11 @@ def topology_devices(target: Target) -> list:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
+    bounds = {} if target.chips_per_host is None else {"chips_per_host_bounds":
+                                                        target.chips_per_host}
     try:
-        topo = topologies.get_topology_desc(platform="tpu", topology_name=target.topology)
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
+                                            **bounds)
     except Exception as e:  # libtpu's own error (e.g. a version that lacks this chip)
         raise RequestError(f"--target {target.name}: libtpu cannot describe topology "
                            f"{target.topology!r} ({str(e).splitlines()[0]}); check that libtpu "
