@@ -53,12 +53,16 @@ def write_clips(folder, captions, sound, frames: int = 5, height: int = 16, widt
 
 
 def flow_loss(transformer, x0, a0, noise, audio_noise, sigma, text, mask, text_dim: int,
-              grid, fps: float = FPS):
+              grid, fps: float = FPS, first_frame: bool = False):
     """The LTX-2 trainer's loss with diffusers' model, forward and backward (zeroing the grads
     first): packed video tokens ``x0 [B, L, C]`` and audio tokens ``a0 [B, La, Ca]`` noised at
     ``sigma [B]`` with the given noises, the model fed ``1000 σ`` as timestep and sigma for
     both streams, the video / audio text split off ``text`` at ``text_dim``, one mask for
     both; per sample mean squared velocity error of the video plus the audio's, averaged.
+    ``first_frame``: every sample conditioned on its first latent frame as
+    ``LTX2ImageToVideoPipeline`` feeds it (those tokens clean, at timestep 0; the audio
+    timestep and sigma the sample's) and the LTX-2 trainer masks it (the video error
+    averaged over the other tokens).
     Returns ``(loss, video term, audio term, grad norm)`` as floats."""
     import torch
 
@@ -66,16 +70,23 @@ def flow_loss(transformer, x0, a0, noise, audio_noise, sigma, text, mask, text_d
     s = sigma[:, None, None]
     x_t, a_t = (1 - s) * x0 + s * noise, (1 - s) * a0 + s * audio_noise
     ts = t((sigma * 1000).astype(np.float32))
+    keep = np.ones(x0.shape[:2], np.float32)                   # [B, L]: 1 = noised, in the loss
+    if first_frame:
+        keep[:, :grid[1] * grid[2]] = 0
+        x_t = np.where(keep[..., None] > 0, x_t, x0)
+    video_ts = ts[:, None] * t(keep)
     transformer.zero_grad()
     v, a = transformer(hidden_states=t(x_t), audio_hidden_states=t(a_t),
                        encoder_hidden_states=t(text[..., :text_dim]),
-                       audio_encoder_hidden_states=t(text[..., text_dim:]), timestep=ts,
-                       sigma=ts, encoder_attention_mask=t(mask.astype(np.float32)),
+                       audio_encoder_hidden_states=t(text[..., text_dim:]), timestep=video_ts,
+                       audio_timestep=ts, sigma=ts,
+                       encoder_attention_mask=t(mask.astype(np.float32)),
                        audio_encoder_attention_mask=t(mask.astype(np.float32)),
                        num_frames=grid[0], height=grid[1], width=grid[2], fps=fps,
                        audio_num_frames=a0.shape[1], use_cross_timestep=True,
                        return_dict=False)
-    video = ((v - t(noise - x0)) ** 2).mean(dim=(1, 2))
+    w = t(keep)[..., None].expand_as(v)
+    video = (((v - t(noise - x0)) ** 2) * w).sum(dim=(1, 2)) / w.sum(dim=(1, 2))
     audio = ((a - t(audio_noise - a0)) ** 2).mean(dim=(1, 2))
     loss = (video + audio).mean()
     loss.backward()

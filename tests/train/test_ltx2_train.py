@@ -159,6 +159,34 @@ def test_loss_equals_diffusers_ltx2_loss(ltx2, first_step):
     assert got[2] > 0.05 * got[0]          # the audio term is there, not negligible
 
 
+def test_first_frame_conditioning_equals_the_i2v_loss(ltx2, first_step):
+    """``train.first_frame_p=1``: every sample keeps its first latent frame clean, at timestep
+    0, out of the video loss — the loss, its terms and the gradient norm equal the same
+    objective with diffusers' model fed as ``LTX2ImageToVideoPipeline`` feeds it; the draw
+    leaves the sigma and noise draws alone (the audio term's noise is p = 0's)."""
+    from ditax.models.ltx2.training import pack_video
+
+    _, params0, batch, key, m0, _ = first_step
+    tr = Trainer(_cfg(ltx2, "model.scan_layers=false", "train.first_frame_p=1"),
+                 make_mesh(ONE, jax.devices()[:1]))
+    _, metrics = tr.step(tr.init(params0), tr.put_batch(batch))
+    k_sigma, k_noise = jax.random.split(key)
+    sigma = np.asarray(sample_sigmas(k_sigma, 2, tr.family.training_flow((8, 2, 2, 3))))
+    x0, a0 = batch["latents"], batch["audio_latents"]
+    noise = np.asarray(jax.random.normal(k_noise, x0.shape, jnp.float32))
+    a_noise = np.asarray(jax.random.normal(jax.random.fold_in(k_noise, 1), a0.shape))
+    pack = lambda v: np.asarray(pack_video(jnp.asarray(v), 1, 1))  # noqa: E731
+    want = flow_loss(ltx2["transformer"], pack(x0), a0, pack(noise), a_noise, sigma,
+                     batch["text"], batch["text_mask"], 32, (2, 2, 3), first_frame=True)
+    got = [float(metrics[k]) for k in ("loss", "loss_latents", "loss_audio_latents",
+                                       "grad_norm")]
+    print("ltx2 first-frame loss (ours, diffusers)", list(zip(got, want)))
+    for g, w in zip(got[:3], want[:3]):
+        assert abs(g - w) <= 1e-5 * w, (got, want)
+    assert abs(got[3] - want[3]) <= 1e-4 * want[3], (got, want)
+    assert abs(got[1] - float(m0["loss_latents"])) > 1e-3 * got[1]   # the condition matters
+
+
 def test_one_step_on_fsdp2_context4_equals_one_device(first_step, many):
     """Same weights and batch: one step on fsdp 2 x context 4 (ring over the video tokens,
     full remat, scanned blocks) gives the loss, its terms, the gradient norm and the update
@@ -243,6 +271,8 @@ def test_lora_training_writes_adapters_that_load_back(ltx2, first_step):
     (["train", "ltx-2", "flow.dynamic_shift=true", "flow.shift=3"], "flow.dynamic_shift=true"),
     (["train", "ltx-2", "model.out_channels=64"], "flow loss compares"),
     (["train", "ltx-2", "data.num_frames=120", "batch_size=8"], "8·k + 1 frames"),
+    (["train", "ltx-2", "train.first_frame_p=1.5"], "train.first_frame_p=1.5 is a probability"),
+    (["train", "tiny", "train.first_frame_p=0.1"], "does not train first-frame"),
 ])
 def test_bad_ltx2_training_input_is_one_line(argv, words, capsys, tmp_path):
     from ditax.cli import main

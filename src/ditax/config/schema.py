@@ -76,6 +76,10 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     family = model_family(cfg.model, cfg.attention, cfg.flow)
     family.check(sizes)
     family.check_flow()
+    if cfg.train.first_frame_p and not family.first_frame_training:
+        raise ConfigError(f"train.first_frame_p={cfg.train.first_frame_p:g}: model family "
+                          f"{family.name!r} does not train first-frame conditioning; set "
+                          f"train.first_frame_p=0")
     check_optim(cfg.optim)
     check_flow(cfg.flow)
     check_data(cfg.data)

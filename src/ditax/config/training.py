@@ -159,14 +159,24 @@ class TrainConfig:
     """Which weights a full (non-LoRA) run trains: ``vace_trainable`` for a VACE model
     (``model.vace_layers`` set): ``vace`` = its VACE branch only, the base frozen (no gradient,
     no optimiser state), as VACE was trained; ``all`` = every weight. Other models train
-    every weight."""
+    every weight.
+
+    ``first_frame_p``: the probability that a training sample is conditioned on its first
+    frame (image-to-video): that latent frame stays clean, its tokens run at timestep 0 and
+    are left out of the loss — the LTX-2 trainer's ``first_frame_conditioning_p`` (0.1 in its
+    published configs). 0: text-to-video only. Only a family that declares it takes it
+    (``ModelFamily.first_frame_training``; LTX-2)."""
 
     vace_trainable: VaceTrainable = "vace"
+    first_frame_p: float = 0.0
 
 
 def check_train(t: TrainConfig) -> None:
-    """Raise :class:`ConfigError` for an unknown choice."""
+    """Raise :class:`ConfigError` for an unknown choice or a probability outside [0, 1]."""
     check_choice("train.vace_trainable", t.vace_trainable, VACE_TRAINABLE)
+    if not 0.0 <= t.first_frame_p <= 1.0:
+        raise ConfigError(f"train.first_frame_p={t.first_frame_p:g} is a probability; use a "
+                          f"value in [0, 1] (e.g. 0.1, the LTX-2 trainer's)")
 
 
 LORA_TARGETS = ("attn", "self_attn", "cross_attn", "ffn")

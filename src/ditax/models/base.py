@@ -248,6 +248,17 @@ class ModelFamily(abc.ABC):
         ``(prediction, {entry: its prediction})``."""
         return ()
 
+    #: whether the family trains first-frame conditioning (``train.first_frame_p`` > 0;
+    #: :meth:`first_frame_inputs`); the trainer refuses the key for a family without it
+    first_frame_training = False
+
+    def first_frame_inputs(self, x_t, x0, timestep, mask, key, p: float):
+        """``(x_t, timestep, mask)`` after :meth:`training_inputs` with each sample's first
+        latent frame kept clean with probability ``p`` (drawn from ``key``): those tokens at
+        timestep 0 and out of the loss ``mask``. Only where :attr:`first_frame_training`."""
+        raise ConfigError(f"train.first_frame_p={p:g}: model family {self.name!r} does not "
+                          f"train first-frame conditioning; set train.first_frame_p=0")
+
     # -- optional: each needs a capability the family declares in its FamilySpec -------------
     # (ditax.models.registry.CAPABILITIES; commands ask registry.require before calling them)
 

@@ -151,6 +151,10 @@ class TrainerBase:
         return out
 
 
+#: ``fold_in`` of the step key that draws which samples are first-frame conditioned
+FIRST_FRAME_DRAW = 0x1F1F
+
+
 class Trainer(TrainerBase):
     """Holds the graph, optimiser, shardings and the jitted step; builds / inits / steps the
     train state.
@@ -166,6 +170,10 @@ class Trainer(TrainerBase):
         self.mesh = mesh
         self.family = model_family(cfg.model, cfg.attention, cfg.flow)
         self.family.check_flow()
+        if cfg.train.first_frame_p and not self.family.first_frame_training:
+            raise ConfigError(f"train.first_frame_p={cfg.train.first_frame_p:g}: model family "
+                              f"{self.family.name!r} does not train first-frame conditioning; "
+                              f"set train.first_frame_p=0")
         # a split: params = what trains (LoRA: the adapters; a family's choice: e.g. a VACE
         # model's VACE branch), the rest frozen; ``adapters``: the LoRA one (saved as files)
         self.adapters = self.split = None
@@ -260,7 +268,12 @@ class Trainer(TrainerBase):
                                      {**condition, **noisy} if condition else None)
 
         def inputs(x_t, x0, t):
-            return self.family.training_inputs(x_t, x0, t, condition)
+            x_t, t, mask = self.family.training_inputs(x_t, x0, t, condition)
+            p = self.cfg.train.first_frame_p
+            if p:   # its own draw: the sigma and noise draws stay those of p = 0
+                k = jax.random.fold_in(key, FIRST_FRAME_DRAW)
+                x_t, t, mask = self.family.first_frame_inputs(x_t, x0, t, mask, k, p)
+            return x_t, t, mask
 
         flow = self.family.training_flow(tuple(batch["latents"].shape[1:]))
         return joint_flow_loss(apply, batch["latents"], streams, batch["text"],

@@ -197,6 +197,18 @@ class LTX2Family(ModelFamily):
 
         return (AUDIO,)
 
+    first_frame_training = True
+
+    def first_frame_inputs(self, x_t, x0, timestep, mask, key, p: float):
+        """The LTX-2 trainer's first-frame conditioning
+        (:func:`ditax.models.ltx2.training.first_frame_inputs`)."""
+        from ditax.models.ltx2.training import first_frame_inputs
+
+        _, _, y, x = x0.shape[1:]
+        pt, ps, _ = self.patch
+        return first_frame_inputs(x_t, x0, timestep, mask, key, p, pt,
+                                  (y // ps) * (x // ps))
+
     def apply(self, module, latents, timestep, text, text_mask, condition=None):
         """``(video prediction, {"audio_latents": audio prediction})`` of the noisy video
         latents and the noisy audio latents of ``condition``
@@ -249,6 +261,50 @@ class LTX2Family(ModelFamily):
         from ditax.models.ltx2.loading import check_folder
 
         return check_folder(path, subfolder)
+
+    # -- single files and bench (models/ltx2/single_file.py) ----------------------------------
+
+    def check_single_file(self, path) -> str:
+        """The key and shape check of an original (Lightricks) checkpoint's transformer part
+        (:func:`ditax.models.ltx2.single_file.summary`)."""
+        from ditax.models.ltx2.single_file import summary
+
+        return summary(path, self.model)
+
+    def convert_single_file(self, path, out, *, dtype=None, loras=None):
+        from ditax.models.ltx2.single_file import write_diffusers_folder
+
+        return write_diffusers_folder(path, self.model, out, dtype=dtype, loras=loras)
+
+    def random_transformer(self, mesh, seed: int = 0):
+        from ditax.models.ltx2.build import init_model
+        from ditax.models.ltx2.loading import LTX2TransformerModel
+
+        return LTX2TransformerModel(init_model(self.model, self.attention, mesh, seed=seed))
+
+    def random_inputs(self, batch: int, latent=None, text_len: int = 512, rng=None):
+        """diffusers' ``LTX2VideoTransformer3DModel`` call: packed video tokens ``[B, L, C]``
+        of latent grid ``latent = (F, Y, X)`` (default 4 x 16 x 16: 25 frames at 512 x 512),
+        the audio tokens of the same duration ``[B, La, Ca]``, the video and audio text
+        ``[B, T, Dt]`` / ``[B, T, Dta]``, timestep 500, and the latent sizes (24 fps)."""
+        import jax.numpy as jnp
+        import numpy as np
+
+        rng = np.random.default_rng(0) if rng is None else rng
+        f, y, x = (4, 16, 16) if latent is None else latent
+        if min(f, y, x) < 1:
+            raise ConfigError(f"--latent {f},{y},{x}: an LTX-2 latent grid has at least one "
+                              f"frame, row and column; e.g. --latent 4,16,16")
+        m = self.model
+        shape = (self.latent_channels, f, y, x)
+        la = self.audio_tokens(shape)
+        dt = jnp.dtype(m.dtype)
+        rand = lambda *s: jnp.asarray(rng.standard_normal(s), dt)  # noqa: E731
+        args = (rand(batch, self.video_tokens(shape), m.in_channels),
+                rand(batch, la, m.audio_in_channels), rand(batch, text_len, m.text_dim),
+                rand(batch, text_len, m.audio_text_dim), jnp.full((batch,), 500.0))
+        return args, dict(num_frames=f, height=y, width=x, fps=float(FPS),
+                          audio_num_frames=la * m.audio_patch_size_t)
 
 
 def _grid(num_frames: int, height: int, width: int, t: int, s: int) -> tuple[int, int, int]:

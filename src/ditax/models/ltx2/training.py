@@ -25,14 +25,21 @@ the video token count (0.95 at 1024 tokens, 2.05 at 4096 — the pipeline's sche
 ``flow.timestep_sampler=logit_normal`` with ``flow.dynamic_shift=true`` is that draw (a
 logit-normal shifted by ``e^mu`` is a logit-normal of mean ``mu``: :func:`resolution_shift`).
 The trainer's stretching of the draws between two percentiles and its 10 % of uniform draws
-are not reproduced, nor its first-frame conditioning (p = 0.1 by default): ditax trains
-text-to-video with sound.
+are not reproduced.
+
+First-frame conditioning (image-to-video; the trainer's ``first_frame_conditioning_p``,
+``train.first_frame_p`` here, 0 by default): a drawn sample keeps its first latent frame clean,
+its tokens run at timestep 0 (per-token video timesteps, as ``LTX2ImageToVideoPipeline`` feeds
+them) and leave the video loss (masked mean over the other frames); the audio stream and the
+prompt modulation's ``sigma`` keep the sample's timestep (:func:`first_frame_inputs`). A sample
+of one latent frame is never conditioned (nothing would be left to learn).
 """
 
 from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 
 from ditax.errors import ConfigError, RequestError
@@ -70,9 +77,30 @@ def unpack_video(tokens, shape, patch_t: int, patch: int):
     return z.reshape(b, c, f, y, x)
 
 
+def first_frame_inputs(x_t, x0, timestep, mask, key, p: float, patch_t: int, tokens: int):
+    """``(x_t, timestep [B, L], mask [B, 1, F, 1, 1])``: each sample of more than ``patch_t``
+    latent frames is drawn (``key``, probability ``p``) to keep its first latent frame clean —
+    ``x0`` there, timestep 0 on that frame's tokens (``tokens`` per latent frame after
+    ``patch_t`` packing), left out of the loss ``mask`` (combined with an incoming ``mask``)."""
+    b, f = x0.shape[0], x0.shape[2]
+    drawn = (jax.random.uniform(key, (b,)) < p) & (f > patch_t)            # [B]
+    clean = drawn[:, None] & (jnp.arange(f) < patch_t)[None, :]             # [B, F]
+    keep = clean[:, None, :, None, None]
+    x_t = jnp.where(keep, x0, x_t)
+    frame_mask = (~keep).astype(x_t.dtype)
+    mask = frame_mask if mask is None else mask * frame_mask
+    per_token = jnp.repeat(1.0 - clean[:, ::patch_t].astype(jnp.float32), tokens, axis=1)
+    t = jnp.asarray(timestep, jnp.float32)
+    if t.ndim == 1:
+        t = t[:, None]
+    return x_t, t * per_token, mask
+
+
 def denoise(module, latents, timestep, text, text_mask, audio):
     """Both streams' velocity predictions for the flow loss: video latents ``[B, C, F, Y, X]``,
-    ``timestep [B]`` (0..1000), ``text [B, T, Dv + Da]`` (video text, then audio text),
+    ``timestep [B]`` or per video token ``[B, L]`` (0..1000; first-frame conditioning: 0 on
+    the clean frame's tokens, the sample's timestep — their maximum — for the audio stream and
+    ``sigma``), ``text [B, T, Dv + Da]`` (video text, then audio text),
     ``text_mask [B, T]`` (or None: every token), audio tokens ``[B, La, Ca]`` →
     ``(video [B, C, F, Y, X], audio [B, La, Ca])`` in the inputs' dtypes."""
     cfg = module.cfg
@@ -90,8 +118,9 @@ def denoise(module, latents, timestep, text, text_mask, audio):
                            f"pipeline folder")
     positions = module.positions(f, y, x, fps=FPS, audio_num_frames=audio.shape[1])
     t = jnp.asarray(timestep, jnp.float32)
+    ts = t if t.ndim == 1 else jnp.max(t, axis=1)     # the sample's own (unconditioned tokens)
     video, sound = module(pack_video(latents, pt, p), audio, text[..., :dv], text[..., dv:], t,
-                          audio_timestep=t, sigma=t, encoder_attention_mask=text_mask,
+                          audio_timestep=ts, sigma=ts, encoder_attention_mask=text_mask,
                           audio_encoder_attention_mask=text_mask, positions=positions,
                           use_cross_timestep=True)
     return unpack_video(video, (c, f, y, x), pt, p).astype(latents.dtype), sound.astype(
@@ -115,5 +144,6 @@ def check_training(m) -> None:
                           f"latent frame (as the pipeline samples); use 1 and 1")
 
 
-__all__ = ["AUDIO", "FPS", "check_training", "denoise", "pack_video", "resolution_shift",
+__all__ = ["AUDIO", "FPS", "check_training", "denoise", "first_frame_inputs", "pack_video",
+           "resolution_shift",
            "unpack_video"]
