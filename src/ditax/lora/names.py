@@ -48,6 +48,10 @@ class LoraNames:
     description: str = ""                         # the formats, with examples (messages)
     mismatch_hint: str = "is it a LoRA for another model?"
     layer_key: str = r"^blocks\.(\d+)\."          # a block's module names (layer-count check)
+    # key prefix → another component of the family's pipelines that the file's keys under it
+    # update (LTX-2: "connectors." / "text_embedding_projection." → "connectors"); kept aside
+    # in Lora.components for the pipeline loader, not rows of this model
+    components: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def target_patterns(self, targets) -> tuple[re.Pattern, ...]:
         """The compiled module-path patterns of the target groups ``targets`` (names of

@@ -60,6 +60,8 @@ class Lora:
     rows: tuple[LoraRow, ...]
     unknown: tuple[str, ...] = ()
     metadata: dict = dataclasses.field(default_factory=dict)
+    # another component's keys (``names.components``): component → {key: tensor}, as stored
+    components: dict = dataclasses.field(default_factory=dict)
 
     def __repr__(self):
         ranks = sorted({r.rank for r in self.rows if r.rank})
@@ -176,8 +178,22 @@ def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the L
     """``{key: array}`` of a LoRA file → :class:`Lora` (rows named by ``names``, the family's).
 
     Keys that the detected format does not recognise raise one :class:`WeightError` listing
-    them; ``strict=False`` logs a warning with the list instead and skips them.
+    them; ``strict=False`` logs a warning with the list instead and skips them. Keys under a
+    prefix of ``names.components`` (another component of the family's pipelines) are kept in
+    :attr:`Lora.components` for the pipeline loader that holds that component.
     """
+    components: dict[str, dict] = {}
+    for prefix, component in names.components.items():
+        for key in [k for k in tensors if k.startswith(prefix)]:
+            components.setdefault(component, {})[key] = tensors[key]
+    if components:
+        taken = {k for part in components.values() for k in part}
+        tensors = {k: v for k, v in tensors.items() if k not in taken}
+        log.info("%s: %s (applied where the pipeline loads %s)", source,
+                 ", ".join(f"{len(v)} key(s) for the {c}" for c, v in components.items()),
+                 " / ".join(components))
+        if not tensors:
+            return Lora(source, "components", (), (), dict(metadata or {}), components)
     fmt = formats.detect(tensors, names)
     if fmt is None:
         raise WeightError(f"{source}: not a {names.family} LoRA — none of its {len(tensors)} "
@@ -213,7 +229,7 @@ def parse_lora(tensors: dict, metadata: dict | None = None, source: str = "the L
         log.warning("%s; skipped (strict=False)", msg)
     peft_scale = _peft_scales(metadata or {}) if fmt == "peft" else None
     rows = tuple(_row(m, g, source, peft_scale) for m, g in _unfused(grouped, names, source))
-    return Lora(source, fmt, rows, tuple(unknown), dict(metadata or {}))
+    return Lora(source, fmt, rows, tuple(unknown), dict(metadata or {}), components)
 
 
 def read_lora(path: str | os.PathLike, strict: bool = True, *, names: LoraNames) -> Lora:

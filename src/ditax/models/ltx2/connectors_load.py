@@ -50,17 +50,28 @@ def weight_table(cfg: LTX2ConnectorsConfig) -> Table:
                          f"{cfg.video.layers} video / {cfg.audio.layers} audio layers)")
 
 
-def load_connectors(path, dtype: str = "float32",
-                    subfolder: str = "connectors") -> LTX2TextConnectors:
+def load_connectors(path, dtype: str = "float32", subfolder: str = "connectors", *,
+                    loras=None) -> LTX2TextConnectors:
     """Load ``LTX2TextConnectors`` from its folder or a pipeline folder's ``subfolder/``
     (``config.json`` + ``diffusion_pytorch_model.safetensors``), cast to ``dtype``. Keys and
-    shapes are checked first: one :class:`~ditax.errors.WeightError` names every mismatch."""
+    shapes are checked first: one :class:`~ditax.errors.WeightError` names every mismatch.
+    ``loras``: ``[(Lora, strength)]`` in :data:`~ditax.models.ltx2.lora_names.CONNECTOR_NAMES`
+    (:func:`~ditax.models.ltx2.lora_names.connector_lora`), merged into the weights as they
+    are read (each checked to fit first)."""
+    from ditax.io.convert import param_shapes
+    from ditax.lora import merged_weights
+    from ditax.models.ltx2.lora_names import CONNECTOR_NAMES
+
     folder = resolve_folder(path, subfolder)
     raw = read_model_json(folder / "config.json", "LTX-2 connectors config")
     cfg = LTX2ConnectorsConfig.from_diffusers(raw, dtype)
     abstract = nnx.eval_shape(lambda: LTX2TextConnectors(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
-    state = load_params(weight_table(cfg), Weights.open(folder), state, jnp.dtype(cfg.dtype))
+    table, weights = weight_table(cfg), Weights.open(folder)
+    if loras:
+        weights = merged_weights(weights, loras, table, param_shapes(state),
+                                 names=CONNECTOR_NAMES)
+    state = load_params(table, weights, state, jnp.dtype(cfg.dtype))
     return nnx.merge(graphdef, state)
 
 

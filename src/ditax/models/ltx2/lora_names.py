@@ -10,9 +10,14 @@ renames (:data:`ORIGINAL`): the input projections (``patchify_proj``), the times
 diffusers / PEFT (``transformer.transformer_blocks.0.attn1.to_q.lora_A.weight``), the original
 form (``diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight`` or ``lora_down``) and
 its kohya spelling (``lora_unet_transformer_blocks_0_attn1_to_q``); export writes the original
-form, as the LTX-2 trainer saves its LoRAs. LoRAs on the text connectors (diffusers'
-``connectors.`` / the original ``text_embedding_projection.`` keys) name no transformer layer
-and are refused as keys that match none.
+form, as the LTX-2 trainer saves its LoRAs.
+
+A file's keys for the text connectors — diffusers' ``connectors.`` (PEFT names of
+``LTX2TextConnectors``) and the original ``text_embedding_projection.`` ones (its
+``aggregate_embed`` is diffusers' ``text_proj_in``, as diffusers' LoRA loader renames it) —
+are another component's (``LORA_NAMES.components``): the transformer's loader sets them aside
+and ``ditax.load_pipeline`` merges them into the connectors with :data:`CONNECTOR_NAMES`
+(:func:`connector_lora`); ``ditax.load_transformer`` alone logs that it left them.
 
 Target groups (``lora.targets``) are patterns over our module paths, both streams alike:
 ``self_attn`` the video and audio self-attentions (``attn1``, ``audio_attn1``), ``cross_attn``
@@ -25,6 +30,7 @@ ditax's default ``attn,ffn`` adds the feed-forwards).
 from __future__ import annotations
 
 import functools
+import re
 
 from ditax.lora.names import LoraNames
 
@@ -103,7 +109,67 @@ LORA_NAMES = LoraNames(
                  "(lora_unet_transformer_blocks_N_attn1_to_q.lora_down.weight)"),
     mismatch_hint="is it a LoRA for another LTX model (LTX-2 vs LTX-2.3, or LTX-Video)?",
     layer_key=r"^transformer_blocks\.(\d+)\.",
+    components={"connectors.": "connectors", "text_embedding_projection.": "connectors"},
 )
 
-__all__ = ["LORA_NAMES", "ORIGINAL", "TARGETS", "is_module", "name_map", "to_module",
-           "to_original"]
+#: the original (ltx_core) connector projection's name → diffusers' (per-modality LTX-2.3
+#: projections included: ``video_aggregate_embed`` → ``video_text_proj_in``)
+_CONNECTOR_ORIGINAL = ("aggregate_embed", "text_proj_in")
+
+
+#: every module name of ``LTX2TextConnectors`` (:mod:`.connectors_load`'s table, both
+#: projection layouts, any layer count)
+_CONNECTOR_MODULE = re.compile(
+    r"(?:video_|audio_)?text_proj_in|(?:video|audio)_connector\.(?:learnable_registers|"
+    r"transformer_blocks\.\d+\.(?:attn1\.(?:to_[qkv]|to_out\.0|to_gate_logits|norm_[qk])|"
+    r"ff\.net\.(?:0\.proj|2)))")
+
+
+def is_connector_module(name: str) -> bool:
+    """Whether ``name`` is a module name of the LTX-2 text connectors (diffusers' names)."""
+    return _CONNECTOR_MODULE.fullmatch(name) is not None
+
+
+def _connector_module(name: str, sep: str = ".") -> str | None:
+    if sep != ".":
+        return None
+    name = name.replace(*_CONNECTOR_ORIGINAL)
+    return name if is_connector_module(name) else None
+
+
+CONNECTOR_NAMES = LoraNames(
+    family="LTX-2 connector",
+    model="the LTX-2 text connectors",
+    to_module=_connector_module,
+    to_original=lambda m: m.replace(_CONNECTOR_ORIGINAL[1], _CONNECTOR_ORIGINAL[0]),
+    is_module=is_connector_module,
+    original_prefixes=("text_embedding_projection.",),
+    export_prefix="text_embedding_projection.",
+    description=("diffusers / PEFT (connectors.video_connector.transformer_blocks.N.attn1.to_q."
+                 "lora_A.weight) or original (text_embedding_projection.aggregate_embed."
+                 "lora_A.weight)"),
+    mismatch_hint="is it a LoRA for another LTX model (LTX-2 vs LTX-2.3)?",
+    layer_key=r"^(?:video|audio)_connector\.transformer_blocks\.(\d+)\.",
+)
+
+
+def connector_lora(loras) -> list:
+    """``[(Lora, strength)]`` of the transformer's LoRAs → ``[(Lora, strength)]`` of their
+    connector keys (:attr:`~ditax.lora.table.Lora.components` ``"connectors"``) parsed with
+    :data:`CONNECTOR_NAMES` (diffusers' ``connectors.`` prefix read as PEFT's
+    ``transformer.``, so the file's PEFT scale metadata applies); the files without such keys
+    left out."""
+    from ditax.lora.table import parse_lora
+
+    out = []
+    for lora, strength in loras:
+        keys = lora.components.get("connectors")
+        if keys:
+            tensors = {("transformer." + k.removeprefix("connectors.")
+                        if k.startswith("connectors.") else k): v for k, v in keys.items()}
+            out.append((parse_lora(tensors, lora.metadata, f"{lora.source} (connectors)",
+                                   names=CONNECTOR_NAMES), strength))
+    return out
+
+__all__ = ["CONNECTOR_NAMES", "LORA_NAMES", "ORIGINAL", "TARGETS", "connector_lora",
+           "is_connector_module", "is_module", "name_map", "to_module", "to_original"]

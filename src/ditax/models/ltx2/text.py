@@ -71,10 +71,12 @@ def check_fit(encoder_cfg, connectors_cfg, tokenizer=None) -> None:
 
 
 def load_ltx2_text(path, dtype: str = "float32", *, quantize: str = "none",
-                   mesh=None) -> LTX2Text:
+                   mesh=None, connector_loras=None) -> LTX2Text:
     """An LTX-2 pipeline folder's ``tokenizer/``, ``text_encoder/`` (Gemma-3; ``quantize``:
-    ``int8`` / ``fp8`` block linears, ``mesh``: sharded parameters) and ``connectors/``; the
-    three configs are checked to fit together (:func:`check_fit`) before any weight is read."""
+    ``int8`` / ``fp8`` block linears, ``mesh``: sharded parameters) and ``connectors/``
+    (``connector_loras``: :func:`~ditax.models.ltx2.connectors_load.load_connectors`'s
+    ``loras``); the three configs are checked to fit together (:func:`check_fit`) before any
+    weight is read."""
     tokenizer = load_gemma_tokenizer(path, "tokenizer", padding_side=PADDING_SIDE)
     te = resolve_folder(path, "text_encoder")
     co = resolve_folder(path, "connectors")
@@ -83,7 +85,7 @@ def load_ltx2_text(path, dtype: str = "float32", *, quantize: str = "none",
                   read_model_json(co / "config.json", "LTX-2 connectors config"), dtype),
               tokenizer)
     encoder = load_gemma3(te, dtype, quantize=quantize, mesh=mesh)
-    connectors = load_connectors(co, dtype)
+    connectors = load_connectors(co, dtype, loras=connector_loras)
     return LTX2Text(tokenizer, encoder, connectors)
 
 

@@ -34,6 +34,10 @@ def check_folder(root) -> str:
 
     index = read_model_json(root / "model_index.json", "model_index.json")
     cls = index.get("_class_name") if isinstance(index, dict) else None
+    if cls == "LTX2LatentUpsamplePipeline":
+        raise ConfigError(f"{root} is a latent upsampler folder ({cls}), which samples nothing "
+                          f"itself: give it as --upsampler (upsampler=) next to an LTX-2 "
+                          f"--model folder")
     if cls not in PIPELINE_CLASSES:
         raise ConfigError(f"{root}: model_index.json _class_name={cls!r}; the LTX-2 loader reads "
                           f"{list(PIPELINE_CLASSES)} folders")
@@ -107,10 +111,20 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     if not isinstance(scheduler, FlowMatchEulerScheduler):
         raise ConfigError(f"{root / 'scheduler'}: LTX-2 samples with "
                           f"FlowMatchEulerDiscreteScheduler; got {type(scheduler).__name__}")
-    # the family's loader: it reads loras= (lora_mode=, lora_strict=) in LTX-2's key formats
+    # the LoRA files read once: their transformer rows go to the family's loader (lora_mode=,
+    # lora_strict=), their connector keys merged into the connectors (always merged: the text
+    # path runs once per prompt)
+    connector_loras = None
+    if model_overrides.get("loras"):
+        from ditax.lora import resolve_loras
+        from ditax.models.ltx2.lora_names import LORA_NAMES, connector_lora
+
+        model_overrides["loras"] = resolve_loras(
+            model_overrides["loras"], model_overrides.get("lora_strict", True), names=LORA_NAMES)
+        connector_loras = connector_lora(model_overrides["loras"])
     transformer = LTX2Family.load_transformer(root, dtype=dtype, mesh=mesh, attention=attention,
                                               **model_overrides)
-    text = load_ltx2_text(root, dtype, quantize=text_quantize)
+    text = load_ltx2_text(root, dtype, quantize=text_quantize, connector_loras=connector_loras)
     vae = load_ltx2_video_vae(root, dtype)
     audio_vae = load_audio_vae(root, dtype)
     vocoder = load_vocoder(root, dtype)
