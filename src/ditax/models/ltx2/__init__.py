@@ -16,8 +16,10 @@ register(FamilySpec(
     config="ditax.models.ltx2.config:LTX2Config",
     family="ditax.models.ltx2.family:LTX2Family",
     transformer_classes=("LTX2VideoTransformer3DModel",),
-    pipeline_classes=("LTX2Pipeline", "LTX2ImageToVideoPipeline"),
+    pipeline_classes=("LTX2Pipeline", "LTX2ImageToVideoPipeline",
+                      "LTX2LatentUpsamplePipeline"),
     pipelines="ditax.pipelines.ltx2.family:LTX2Pipelines",
     lora_names="ditax.models.ltx2.lora_names:LORA_NAMES",
-    capabilities=frozenset({"transformer", "folder_check", "lora", "preprocess", "init_from"}),
+    capabilities=frozenset({"transformer", "single_file", "folder_check", "quantize", "lora",
+                            "bench", "preprocess", "init_from", "step_cache"}),
 ))

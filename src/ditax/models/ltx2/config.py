@@ -185,8 +185,12 @@ class LTX2Config(TransformerNumerics, LTX2Shape):
 
 def check_known_keys(raw: dict) -> None:
     """:class:`ConfigError` for a ``config.json`` key this version does not implement (a newer
-    diffusers' feature), naming it: refused, not silently left out."""
-    unknown = sorted(k for k in raw if not k.startswith("_") and k not in DIFFUSERS_FIELDS)
+    diffusers' feature), naming it: refused, not silently left out. A ditax 8-bit folder's
+    ``quantization_config`` (``quant_method: ditax``, written by ``ditax convert --quantize``)
+    is the loader's to read (:func:`ditax.nn.quant.folder_mode`); any other is refused."""
+    ours = (raw.get("quantization_config") or {}).get("quant_method") == "ditax"
+    unknown = sorted(k for k in raw if not k.startswith("_") and k not in DIFFUSERS_FIELDS
+                     and not (k == "quantization_config" and ours))
     if unknown:
         raise ConfigError(f"config.json key(s) {', '.join(unknown)}: ditax does not support "
                           f"{'them' if len(unknown) > 1 else 'it'} yet (it implements "

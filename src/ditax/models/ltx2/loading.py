@@ -6,7 +6,8 @@ architecture (a key this version does not know is refused,
 index) are read through the table of :mod:`.convert` with the strict key and shape checks of
 :mod:`ditax.io.convert` before any tensor is read. The steps are the one loader's
 (:class:`~ditax.models.common.loader.TransformerLoader`, :data:`LOADER`); what is LTX-2's own
-here is :class:`LTX2TransformerModel`'s call and the ``ditax convert`` folder check.
+here is :class:`LTX2TransformerModel`'s call, original single files (:mod:`.single_file`) and
+the ``ditax convert`` folder check.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.errors import ConfigError
 from ditax.io.hub import resolve_folder
-from ditax.io.weights import Weights
+from ditax.io.weights import Weights, is_single_file
 from ditax.models.common import loaded
 from ditax.models.common.loaded import LoadedTransformer
-from ditax.models.common.loader import Architecture, TransformerLoader
+from ditax.models.common.loader import Architecture, TransformerLoader, plain_weights
 from ditax.models.ltx2.build import abstract_model
 from ditax.models.ltx2.config import (CLASS_NAME, LTX2Config, check_transformer,
                                       same_architecture)
@@ -142,16 +142,30 @@ def check_folder(path, subfolder: str | None = "transformer") -> str:
             f"Da={cfg.audio_inner_dim}, {n / 1e9:.3f} B params, {len(weights)} tensors")
 
 
-def _no_single_file(path, config, **overrides):
-    raise ConfigError(f"{path}: ditax reads LTX-2 transformers from diffusers folders "
-                      f"(config.json beside the weights) only, not single files, yet")
+def _single_file_config(path, config, **overrides) -> LTX2Config:
+    from ditax.models.ltx2.single_file import single_file_config
+
+    return single_file_config(path, config, **overrides)
+
+
+def _open_weights(source, cfg, table, shapes):
+    """A diffusers folder as stored; one file (an original Lightricks checkpoint, or the
+    transformer under diffusers' names: :mod:`.single_file`) through the table renamed to its
+    keys, its other parts (VAEs, vocoder, connectors) skipped."""
+    if not is_single_file(source):
+        return plain_weights(source, cfg, table, shapes)
+    from ditax.models.ltx2.single_file import open_single_file
+
+    return open_single_file(source, table)
 
 
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
                      subfolder: str | None = "transformer", *, config=None,
                      **model_overrides) -> LTX2TransformerModel:
     """Load an LTX-2 transformer from a diffusers folder (a ``transformer/`` folder, a
-    pipeline folder that has one, or a hub id when online). Every argument is the one
+    pipeline folder that has one, or a hub id when online), or from one ``.safetensors`` file
+    (an original Lightricks checkpoint: its transformer only, :mod:`.single_file`) with
+    ``config=`` an :class:`LTX2Config`. Every argument is the one
     loader's (:meth:`ditax.models.common.loader.TransformerLoader.load`); ``model_overrides``
     are :class:`LTX2Config` numerics such as ``remat="full"`` or ``scan_layers=False``."""
     return LOADER.load(path, dtype, mesh, attention, subfolder, config=config,
@@ -163,9 +177,10 @@ LOADER = TransformerLoader(
     architectures=(Architecture(CLASS_NAME, LTX2Config, abstract_model, weight_table,
                                 param_axes, LTX2TransformerModel),),
     check_transformer=check_transformer,
-    single_file_config=_no_single_file,
+    single_file_config=_single_file_config,
     lora_names=LORA_NAMES,
     describe=lambda c: f"{c.num_layers} layers, D={c.inner_dim}, Da={c.audio_inner_dim}",
+    open_weights=_open_weights,
 )
 
 

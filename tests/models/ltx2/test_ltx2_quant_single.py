@@ -1,0 +1,179 @@
+"""LTX-2's 8-bit weights, original (Lightricks) single files and ``ditax bench``.
+
+One tiny random diffusers ``LTX2VideoTransformer3DModel`` (LTX-2-like: 2 blocks, 2 heads x 8
+in both streams) for every test.
+
+- 8 bits: ``quantize="int8" | "fp8"`` stores the 28 block linears (video and audio self- and
+  text attention, the a<->v attentions, both feed-forwards) in 8 bits with per-channel scales
+  (the embedders, modulation and output heads stay float); each stream's output against the
+  float model within the Wan / Flux bars of tests/models/test_quantized_load.py (int8 2e-2,
+  fp8 8e-2; measured 2.4e-3 / 2.5e-3 and 4.4e-3 / 8.0e-3 video / audio). A PEFT LoRA merged
+  then quantized, and unmerged on the very int8 kernels of the plain int8 model: the two
+  outputs within the int8 bar of each other, both far from the LoRA-less one.
+  ``ditax convert FOLDER --quantize int8 --out DIR`` loads back (``quantize="int8"``) equal
+  to quantize-on-read of the float folder, every parameter bit for bit.
+- single files: the transformer written under the original key names (the inverse of
+  diffusers' conversion map, tests/refs/ltx2_single_reference.py) with connectors, VAE and
+  vocoder stand-ins beside it loads with ``config=`` and matches diffusers within 1e-5;
+  ``ditax convert FILE --config YAML --out DIR`` writes the diffusers folder bit for bit. A
+  missing or unknown key: one ``WeightError`` line naming it.
+- ``ditax bench`` on a YAML of the tiny model prints its row.
+"""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from flax import nnx
+from safetensors.numpy import load_file
+
+import ditax
+from ditax.cli import main as cli_main
+from ditax.errors import WeightError
+from ditax.models.ltx2.config import LTX2Config
+from ditax.nn.quant import quantized_kernels
+from ltx2_reference import LTX2, ltx2_inputs, make_diffusers_ltx2, run_diffusers_ltx2
+from ltx2_single_reference import PREFIX, write_original
+from wan_reference import rel_err
+
+#: LTX-2-like, each output its input's width (``ditax bench`` validates the config as a
+#: training one would be: the flow loss compares the prediction with the latents)
+TINY = dict(LTX2, out_channels=LTX2["in_channels"], audio_out_channels=LTX2["audio_in_channels"])
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory, fast_compile):
+    """(torch model, its folder, inputs, the float ditax outputs, a YAML of its config)."""
+    root = tmp_path_factory.mktemp("ltx2q")
+    m, folder = make_diffusers_ltx2(root, **TINY)
+    inputs = ltx2_inputs(np.random.default_rng(3), TINY, b=1)
+    full = [np.asarray(o) for o in ditax.load_transformer(folder)(**inputs)]
+    cfg = LTX2Config.from_diffusers(json.loads((folder / "config.json").read_text()))
+    model = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.to_diffusers().items()
+             if k != "_class_name"}
+    spec = root / "ltx2-tiny.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "ltx2-tiny", "model": {"family": "ltx2", **model},
+        "mesh": {"data": 1, "fsdp": -1, "context": 1, "tensor": 1},
+        "attention": {"backend": "xla"}}))
+    return m, folder, inputs, full, spec
+
+
+def _errs(tr, inputs, full):
+    return [rel_err(np.asarray(o), f) for o, f in zip(tr(**inputs), full)]
+
+
+def test_int8_and_fp8_forward(ref):
+    _, folder, inputs, full, _ = ref
+    for mode, dtype, bar in (("int8", jnp.int8, 2e-2), ("fp8", jnp.float8_e4m3fn, 8e-2)):
+        q = ditax.load_transformer(folder, quantize=mode)
+        kernels = quantized_kernels(nnx.state(q.module))
+        # 6 attentions x q / k / v / out, 2 feed-forwards x in / out (stacked over blocks)
+        assert len(kernels) == 28, kernels
+        blocks = q.module.transformer_blocks
+        for lin in (blocks.audio_to_video_attn.to_k, blocks.video_to_audio_attn.to_out,
+                    blocks.audio_ff.proj_out, blocks.attn2.to_v):
+            assert lin.kernel[...].dtype == dtype
+        for lin in (q.module.proj_in, q.module.audio_proj_out, q.module.time_embed.linear):
+            assert lin.kernel[...].dtype == jnp.float32       # embedders, heads stay float
+        errs = _errs(q, inputs, full)
+        assert all(1e-4 < e < bar for e in errs), (mode, errs)
+        print(f"{mode}: rel err video {errs[0]:.2e}, audio {errs[1]:.2e}")
+
+
+def test_loras_merged_and_unmerged_on_int8(ref, tmp_path):
+    from lora_reference import write_peft
+
+    from ditax.lora.unmerged import LoraLinear
+
+    _, folder, inputs, full, _ = ref
+    gen = np.random.default_rng(7)
+    shapes = {"attn1.to_q": (16, 16), "audio_to_video_attn.to_k": (16, 16),
+              "ff.net.0.proj": (64, 16), "audio_ff.net.2": (16, 64)}
+    lora = {f"transformer_blocks.{i}.{m}": dict(
+        down=(0.3 * gen.standard_normal((4, s[1]))).astype(np.float32),
+        up=(0.3 * gen.standard_normal((s[0], 4))).astype(np.float32), alpha=None, bias=None)
+        for i in range(2) for m, s in shapes.items()}
+    loras = [(write_peft(tmp_path / "lora.safetensors", lora), 0.8)]
+    plain = ditax.load_transformer(folder, quantize="int8")
+    unmerged = ditax.load_transformer(folder, quantize="int8", loras=loras,
+                                      lora_mode="unmerged")
+    a, b = unmerged.module.transformer_blocks.ff.proj_in, plain.module.transformer_blocks.ff.proj_in
+    assert isinstance(a, LoraLinear) and a.kernel[...].dtype == jnp.int8
+    np.testing.assert_array_equal(np.asarray(a.kernel[...]), np.asarray(b.kernel[...]))
+    np.testing.assert_array_equal(np.asarray(a.kernel_scale[...]),
+                                  np.asarray(b.kernel_scale[...]))
+    merged = ditax.load_transformer(folder, quantize="int8", loras=loras)
+    assert merged.module.transformer_blocks.attn1.to_q.kernel[...].dtype == jnp.int8
+    y_un = [np.asarray(o) for o in unmerged(**inputs)]
+    y_merged = [np.asarray(o) for o in merged(**inputs)]
+    errs = [rel_err(u, m) for u, m in zip(y_un, y_merged)]
+    assert all(e < 2e-2 for e in errs), errs
+    moved = [rel_err(m, f) for m, f in zip(y_merged, full)]
+    assert all(e > 5e-2 for e in moved), moved          # the LoRA changes both streams
+    print(f"LoRA on int8: unmerged vs merged {errs}, vs no LoRA {moved}")
+
+
+def test_convert_quantize_loads_back_equal(ref, tmp_path, capsys):
+    _, folder, *_ = ref
+    out = tmp_path / "int8"
+    assert cli_main(["convert", str(folder), "--quantize", "int8", "--out", str(out)]) == 0
+    assert "OK" in capsys.readouterr().out
+    stored = ditax.load_transformer(out, quantize="int8")
+    fresh = ditax.load_transformer(folder, quantize="int8")
+    flat = lambda tr: {tuple(map(str, p)): np.asarray(v.get_value())  # noqa: E731
+                       for p, v in nnx.to_flat_state(nnx.state(tr.module, nnx.Param))}
+    a, b = flat(stored), flat(fresh)
+    assert a.keys() == b.keys() and len(quantized_kernels(nnx.state(stored.module))) == 28
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        np.testing.assert_array_equal(a[k].view(np.uint8), b[k].view(np.uint8), err_msg=str(k))
+
+
+def test_original_single_file(ref, tmp_path, capsys):
+    m, folder, inputs, _, spec = ref
+    path = tmp_path / "ltx-2-tiny.safetensors"
+    written = write_original(m, path)
+    assert PREFIX + "patchify_proj.weight" in written and "vae.decoder.conv_in.conv.weight" in written
+    cfg = LTX2Config.from_diffusers(json.loads((folder / "config.json").read_text()))
+    tr = ditax.load_transformer(path, config=cfg)
+    for o, r in zip(tr(**inputs), run_diffusers_ltx2(m, inputs)):
+        assert rel_err(o, r) <= 1e-5, rel_err(o, r)
+
+    assert cli_main(["convert", str(path), "--config", str(spec)]) == 0
+    assert "OK" in capsys.readouterr().out
+    out = tmp_path / "converted"
+    assert cli_main(["convert", str(path), "--config", str(spec), "--out", str(out)]) == 0
+    got = load_file(str(out / "diffusion_pytorch_model.safetensors"))
+    want = load_file(str(folder / "diffusion_pytorch_model.safetensors"))
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+@pytest.mark.parametrize("case", ["missing", "unknown_in_transformer", "unknown_part"])
+def test_single_file_key_errors(ref, tmp_path, case):
+    m, folder, *_ = ref
+    cfg = LTX2Config.from_diffusers(json.loads((folder / "config.json").read_text()))
+    key = {"missing": PREFIX + "transformer_blocks.1.attn1.q_norm.weight",
+           "unknown_in_transformer": PREFIX + "transformer_blocks.0.attn1.to_x.weight",
+           "unknown_part": "upsampler.conv.weight"}[case]
+    extra = {} if case == "missing" else {key: np.zeros((2, 2), np.float32)}
+    path = tmp_path / "bad.safetensors"
+    write_original(m, path, drop=[key] if case == "missing" else (), extra=extra)
+    with pytest.raises(WeightError) as e:
+        ditax.load_transformer(path, config=cfg)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and key in msg, msg
+    assert ("missing 1 key" if case == "missing" else "unexpected 1 key") in msg, msg
+
+
+def test_bench(ref, capsys):
+    spec = ref[4]
+    assert cli_main(["bench", str(spec), "--latent", "2,2,3", "--text-len", "3",
+                     "--repeats", "1", "--no-progress"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["case"] == "ltx2-tiny" and row["value"] > 0
+    assert row["latent"][1:] == [12, TINY["in_channels"]], row      # 2 x 2 x 3 video tokens
