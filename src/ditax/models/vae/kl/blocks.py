@@ -17,7 +17,7 @@ from flax import nnx
 
 from ditax.attention import attend
 from ditax.models.vae.kl.layers import Conv2d, GroupNorm
-from ditax.nn import Linear
+from ditax.nn import Linear, halo
 
 EPS = 1e-6  # every norm of diffusers' VAE encoder / decoder
 
@@ -58,8 +58,16 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, yy, xx, c = x.shape
-        h = self.group_norm(x).reshape(b, yy * xx, 1, c)       # [B, L, N=1, K=C]
-        o = attend(self.to_q(h), self.to_k(h), self.to_v(h), backend=self.attention)
+        h = self.group_norm(x)
+        if halo.active() is None:
+            h = h.reshape(b, yy * xx, 1, c)                     # [B, L, N=1, K=C]
+            o = attend(self.to_q(h), self.to_k(h), self.to_v(h), backend=self.attention)
+        else:  # rows split over devices: this device's queries, the whole image's keys
+            kv = halo.gather_rows(h).reshape(b, -1, 1, c)
+            keep = halo.key_mask(yy, xx)
+            o = attend(self.to_q(h.reshape(b, yy * xx, 1, c)), self.to_k(kv), self.to_v(kv),
+                       backend=self.attention,
+                       kv_mask=None if keep is None else jnp.broadcast_to(keep, (b, keep.size)))
         return self.to_out[0](o.reshape(b, yy, xx, c)) + x
 
 

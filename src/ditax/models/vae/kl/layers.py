@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ditax.nn import halo
+
 
 class Conv2d(nnx.Module):
     """``nn.Conv2d``: weight ``[kh, kw, C_in, C_out]`` (torch ``[O, I, kh, kw]`` transposed),
@@ -33,8 +35,10 @@ class Conv2d(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x ``[B, Y, X, C_in]`` → ``[B, Y', X', C_out]``."""
         w = self.weight[...]
+        x, pad_y = halo.rows(x, self.padding[0])  # neighbours' rows when the image is row-split
         y = jax.lax.conv_general_dilated(
-            x.astype(w.dtype), w, window_strides=self.stride, padding=self.padding,
+            x.astype(w.dtype), w, window_strides=self.stride,
+            padding=(pad_y, tuple(self.padding[1])),
             dimension_numbers=("NHWC", "HWIO", "NHWC"))
         return y + self.bias[...]
 
@@ -52,9 +56,15 @@ class GroupNorm(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b, c = x.shape[0], x.shape[-1]
-        xf = x.astype(jnp.float32).reshape(b, -1, self.groups, c // self.groups)
-        mean = jnp.mean(xf, axis=(1, 3), keepdims=True)
-        var = jnp.mean(jnp.square(xf - mean), axis=(1, 3), keepdims=True)
+        if halo.active() is None:
+            xf = x.astype(jnp.float32).reshape(b, -1, self.groups, c // self.groups)
+            mean = jnp.mean(xf, axis=(1, 3), keepdims=True)
+            var = jnp.mean(jnp.square(xf - mean), axis=(1, 3), keepdims=True)
+        else:  # rows split over devices: statistics of the whole image's real rows
+            xf = x.astype(jnp.float32).reshape(*x.shape[:-1], self.groups, c // self.groups)
+            axes = (1, 2, 4)
+            mean = halo.row_mean(xf, axes, row_axis=1)
+            var = halo.row_mean(jnp.square(xf - mean), axes, row_axis=1)
         y = ((xf - mean) * jax.lax.rsqrt(var + self.eps)).reshape(x.shape)
         y = y * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
         return y.astype(x.dtype)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ditax.models.vae.wan.layers import CACHE_FRAMES, Cache, CausalConv3d, Conv2d, Dense, RMSNorm
+from ditax.nn import halo
 
 
 class ResidualBlock(nnx.Module):
@@ -45,10 +46,17 @@ class AttentionBlock(nnx.Module):
         self.proj = Dense(dim, dim, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        """x ``[B, F, Y, X, C]`` → same shape; softmax in float32."""
+        """x ``[B, F, Y, X, C]`` → same shape; softmax in float32. With a row split
+        (:mod:`ditax.nn.halo`) each device's pixels attend to the keys of the whole frame."""
         b, f, yy, xx, c = x.shape
-        q, k, v = jnp.split(self.to_qkv(self.norm(x)).reshape(b * f, yy * xx, 3 * c), 3, axis=-1)
+        q, kv = jnp.split(self.to_qkv(self.norm(x)), [c], axis=-1)
+        kv = halo.gather_rows(kv)  # [B, F, Y_all, X, 2C]
+        q = q.reshape(b * f, yy * xx, c)
+        k, v = jnp.split(kv.reshape(b * f, -1, 2 * c), 2, axis=-1)
         s = jnp.einsum("blc,bmc->blm", q, k, preferred_element_type=jnp.float32) / math.sqrt(c)
+        keep = halo.key_mask(yy, xx)
+        if keep is not None:
+            s = jnp.where(keep, s, -jnp.inf)
         p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
         o = jnp.einsum("blm,bmc->blc", p, v)
         return x + self.proj(o).reshape(b, f, yy, xx, c)

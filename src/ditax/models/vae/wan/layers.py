@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ditax.nn import halo
 from ditax.parallel.platform import platform_of
 
 CACHE_FRAMES = 2  # frames of left context kept per causal conv (diffusers CACHE_T)
@@ -52,12 +53,13 @@ class CausalConv3d(nnx.Module):
         (:func:`conv3d_by_frames`): XLA's CPU 3-D convolution is 2.5-4x slower than that,
         forward and backward (measured at 8-64 channels). Elsewhere one 3-D convolution."""
         py, px = self.pad_yx
+        x, pad_y = halo.rows(x, (py, py))  # neighbours' rows when the frame is row-split
         if platform_of().name == "cpu":
-            y = conv3d_by_frames(x, self.weight[...], self.stride, (py, px))
+            y = conv3d_by_frames(x, self.weight[...], self.stride, (pad_y, (px, px)))
         else:
             y = jax.lax.conv_general_dilated(
                 x, self.weight[...], window_strides=self.stride,
-                padding=[(0, 0), (py, py), (px, px)], dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
+                padding=[(0, 0), pad_y, (px, px)], dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
         return y + self.bias[...]
 
     def __call__(self, x: jax.Array, cache: jax.Array | None = None):
@@ -73,7 +75,8 @@ class CausalConv3d(nnx.Module):
 def conv3d_by_frames(x: jax.Array, w: jax.Array, stride, pad_yx) -> jax.Array:
     """Valid-in-time 3-D convolution as a sum over the kernel's ``kt`` time taps of 2-D
     convolutions of strided frame slices (frames folded into the batch). x ``[B, F, Y, X, C]``,
-    w ``[kt, kh, kw, C, C_out]``; the same sums as one 3-D convolution in another order."""
+    w ``[kt, kh, kw, C, C_out]``, ``pad_yx`` ``((top, bottom), (left, right))``; the same sums
+    as one 3-D convolution in another order."""
     kt = w.shape[0]
     st, sy, sx = stride
     b, f = x.shape[:2]
@@ -83,7 +86,7 @@ def conv3d_by_frames(x: jax.Array, w: jax.Array, stride, pad_yx) -> jax.Array:
         xt = x[:, t:t + st * (fo - 1) + 1:st]
         yt = jax.lax.conv_general_dilated(
             xt.reshape(b * fo, *x.shape[2:]), w[t], window_strides=(sy, sx),
-            padding=[(pad_yx[0], pad_yx[0]), (pad_yx[1], pad_yx[1])],
+            padding=[tuple(pad_yx[0]), tuple(pad_yx[1])],
             dimension_numbers=("NHWC", "HWIO", "NHWC"))
         out = yt if out is None else out + yt
     return out.reshape(b, fo, *out.shape[1:])
@@ -101,9 +104,10 @@ class Conv2d(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x ``[B, F, Y, X, C]`` → ``[B, F, Y', X', C_out]``."""
         b, f = x.shape[:2]
+        x, pad_y = halo.rows(x, self.padding[0])  # neighbours' rows when the frame is row-split
         y = jax.lax.conv_general_dilated(
             x.reshape(b * f, *x.shape[2:]), self.weight[...], window_strides=self.stride,
-            padding=self.padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            padding=(pad_y, tuple(self.padding[1])), dimension_numbers=("NHWC", "HWIO", "NHWC"))
         y = y + self.bias[...]
         return y.reshape(b, f, *y.shape[1:])
 
