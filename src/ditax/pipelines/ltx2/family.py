@@ -67,7 +67,7 @@ class LTX2Pipelines(PipelineFamily):
     fields = FIELDS
     sample_file_keys = ("height", "width", "num_frames", "num_inference_steps",
                         "guidance_scale", "max_sequence_length", "fps", "frame_rate")
-    cli_inputs = ("image",)
+    cli_inputs = ("image", "upsampler")
 
     @classmethod
     def add_cli_inputs(cls, parser) -> None:
@@ -75,12 +75,18 @@ class LTX2Pipelines(PipelineFamily):
 
         add_flag(parser, cls.name, "--image", default=None, metavar="FIRST.png",
                  help="first frame (image-to-video)")
+        add_flag(parser, cls.name, "--upsampler", default=None, metavar="FOLDER",
+                 help="an LTX2LatentUpsamplePipeline folder: two-stage sampling, stage 1 at "
+                      "the size over its factor, upsampled, refined on LTX-2's distilled "
+                      "sigmas at the full size")
 
     def read_cli_inputs(self, args, call: dict, sample) -> dict:
         from ditax.io.images import read_image
 
         if getattr(args, "image", None) is not None:
             call = {**call, "image": read_image(args.image, "--image")}
+        if getattr(args, "upsampler", None) is not None:
+            call = {**call, "upsampler": args.upsampler}
         return call
 
     def check_request(self, prompt, height, width, num_frames=None, num_inference_steps=None,
@@ -107,8 +113,13 @@ class LTX2Pipelines(PipelineFamily):
         preflight(root, load, call, mesh)
 
     def load(self, path, **kwargs):
+        from ditax.pipelines.family import resolve
         from ditax.pipelines.ltx2.loading import load_pipeline
+        from ditax.pipelines.ltx2.upsample import (PIPELINE_CLASS, folder_class,
+                                                   load_upsample_pipeline)
 
+        if folder_class(resolve(path)) == PIPELINE_CLASS:     # the two-stage recipe's middle
+            return load_upsample_pipeline(path, **kwargs)
         return load_pipeline(path, **kwargs)
 
 

@@ -26,6 +26,8 @@ the two hold the same components), it reproduces those pipelines:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,11 +98,20 @@ class LTX2Video:
     @in_compile_cache
     def __call__(self, prompt, image=None, negative_prompt=None, height=None, width=None,
                  num_frames=None, num_inference_steps=None, guidance_scale=None, seed: int = 0,
-                 latents=None, audio_latents=None, progress: bool = True, **call):
+                 latents=None, audio_latents=None, progress: bool = True, upsampler=None,
+                 stage_2: dict | None = None, **call):
         """Generate one video with its sound track: ``{"video": float32 [F, H, W, 3] in
         [0, 1], "audio": AudioTrack}`` (``audio=False``: the video only; ``output="latent"``:
         ``{"video": [1, C, F', Y, X], "audio": [1, Ca, La, M]}``, denormalised as diffusers'
-        ``output_type="latent"``). Arguments: :meth:`prepare`'s."""
+        ``output_type="latent"``). Arguments: :meth:`prepare`'s. ``upsampler``: an
+        ``LTX2LatentUpsamplePipeline`` folder (or its loaded pipeline) for LTX-2's two-stage
+        sampling, ``stage_2`` its second stage's arguments (:mod:`.two_stage`)."""
+        if upsampler is not None or stage_2 is not None:
+            from ditax.pipelines.ltx2.two_stage import two_stage
+
+            return two_stage(self, upsampler, prompt, image, negative_prompt, height, width,
+                             num_frames, num_inference_steps, guidance_scale, seed, latents,
+                             audio_latents, progress=progress, stage_2=stage_2, **call)
         return record(self, self.prepare(
             prompt, image, negative_prompt, height, width, num_frames, num_inference_steps,
             guidance_scale, seed, latents, audio_latents, **call).run(progress))
@@ -112,6 +123,7 @@ class LTX2Video:
                 audio_stg_scale=None, modality_scale=None, audio_modality_scale=None,
                 decode_timestep=None, decode_noise_scale=None, max_sequence_length=None,
                 sigmas=None, stg_blocks=None, image_crf: int | None = None,
+                noise_scale: float | None = None, shift_sigmas: bool = True, upsampler=None,
                 audio: bool = True, output: str = "video") -> Prepared:
         """One request checked and laid out as the generic loop's parts (nothing encoded or
         compiled yet). diffusers' argument names and defaults (``LTX2Pipeline``); None takes
@@ -164,9 +176,25 @@ class LTX2Video:
             check_sigmas(sigmas, steps)
         except ValueError as e:
             raise RequestError(str(e)) from None
-        if self.scheduler.shift_terminal and float(np.min(sigmas)) >= 1.0:
+        if upsampler is not None:
+            raise RequestError("upsampler= (two-stage sampling) runs as two calls of the "
+                               "pipeline, one request at a time: call it (no --batch)")
+        # stage 2 of two-stage sampling (.two_stage): noise_scale mixes noise from seed into the
+        # given (normalised) latents of both streams, s noise + (1 - s) latents (diffusers'
+        # noise_scale); shift_sigmas=False takes sigmas as they are (diffusers' recipe rebuilds
+        # the scheduler with use_dynamic_shifting=False, shift_terminal=None)
+        if noise_scale is not None and not 0.0 <= float(noise_scale) <= 1.0:
+            raise RequestError(f"noise_scale={noise_scale} is outside [0, 1] (the share of "
+                               f"fresh noise mixed into the given latents)")
+        if noise_scale and latents is None:
+            raise RequestError(f"noise_scale={noise_scale} re-noises given latents (stage 2 of "
+                               f"two-stage sampling); give latents= and audio_latents=, or "
+                               f"drop noise_scale")
+        scheduler = self.scheduler if shift_sigmas else dataclasses.replace(
+            self.scheduler, use_dynamic_shifting=False, shift_terminal=None)
+        if scheduler.shift_terminal and float(np.min(sigmas)) >= 1.0:
             raise RequestError(f"num_inference_steps={steps}: LTX-2's schedule is stretched to "
-                               f"end at sigma {self.scheduler.shift_terminal}, which a single "
+                               f"end at sigma {scheduler.shift_terminal}, which a single "
                                f"step at sigma 1 cannot; use 2 steps or more")
         grid = self.grid(frames, height, width)
         la = self.audio_frames(frames, float(d["frame_rate"]))
@@ -185,6 +213,8 @@ class LTX2Video:
             pixels = conditioning_image(image, height, width,
                                         DEFAULT_CRF if image_crf is None else image_crf)
         given = self._given_latents(latents, audio_latents, grid, la, mel)
+        if noise_scale:
+            given = self._renoised(given, float(noise_scale), seed, n)
         if pixels is not None:      # the image's latent as the first frame over the noise
             given = self._image_start(pixels, seed, n, grid, given)
         positions = self.transformer.module.positions(
@@ -215,7 +245,7 @@ class LTX2Video:
         return Prepared(
             programs=self.programs, experts=[self._expert],
             inputs=ltx2_inputs(tuple(stg_blocks) if run_stg else None, run_modality),
-            scheduler=self.scheduler.with_mu(lv), latent_shape=(1, n), mesh=self.mesh,
+            scheduler=scheduler.with_mu(lv), latent_shape=(1, n), mesh=self.mesh,
             cfg_mode=self.cfg_mode, num_inference_steps=steps,
             # the loop's CFG switch: on when either stream is guided (diffusers'); the scales
             # themselves travel in the condition
@@ -256,6 +286,16 @@ class LTX2Video:
                                f"{mel}]) for this request")
         a = np.asarray(self.audio_vae.normalize_latents(jnp.asarray(a)))
         return np.concatenate([v.reshape(v.shape[0], -1), a.reshape(a.shape[0], -1)], 1)
+
+    @staticmethod
+    def _renoised(given, noise_scale: float, seed: int, n: int):
+        """diffusers' ``_create_noised_state`` on the joint start ``[1, N]``: ``s noise + (1 -
+        s) given``, the noise drawn as a fresh start from ``seed``."""
+        from ditax.pipelines.sampling import initial_noise
+
+        noise = np.asarray(initial_noise(seed, (1, n)), np.float32)
+        s = np.float32(noise_scale)
+        return s * noise + (np.float32(1) - s) * np.asarray(given, np.float32)
 
     def _image_start(self, pixels, seed: int, n: int, grid, given):
         """The joint start ``[1, N]``: the given (or seed-drawn) latents with the first latent
