@@ -141,7 +141,8 @@ def test_bad_requests_are_one_line(tiny):
 
 
 def test_generate_with_upsampler(tiny, tmp_path, capsys):
-    """``ditax generate --upsampler FOLDER``: the mp4 at the full size asked for."""
+    """``ditax generate --upsampler FOLDER`` with the upsampler model's folder alone (run with
+    the LTX-2 folder's VAE, as diffusers' docs load it): the mp4 at the full size asked for."""
     from ditax.cli import main
     from ditax.io.video import read_video
 
@@ -150,7 +151,7 @@ def test_generate_with_upsampler(tiny, tmp_path, capsys):
     out = tmp_path / "two.mp4"
     rc = main(["generate", "--model", str(root), "--prompt", PROMPT, "--output", str(out),
                "--height", "64", "--width", "64", "--frames", "9", "--steps", "2",
-               "--upsampler", str(up_root), "--no-audio", "--no-progress",
+               "--upsampler", str(up_root / "latent_upsampler"), "--no-audio", "--no-progress",
                "sample.max_sequence_length=16"])
     assert rc == 0, capsys.readouterr().err
     assert read_video(out).shape == (9, 64, 64, 3)

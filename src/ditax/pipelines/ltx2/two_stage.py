@@ -34,16 +34,34 @@ UPSAMPLE_KEYS = ("adain_factor", "tone_map_compression_ratio")
 
 
 def _upsampler(pipe, upsampler):
-    """The loaded upsample pipeline of ``upsampler`` (a folder / hub id, or one already
-    loaded), in the LTX-2 pipeline's dtype."""
-    from ditax.pipelines.ltx2.upsample import LTX2LatentUpsample, load_upsample_pipeline
+    """The loaded upsample pipeline of ``upsampler``: one already loaded; an
+    ``LTX2LatentUpsamplePipeline`` folder (or hub id); or a folder holding the upsampler model
+    alone (``latent_upsampler/`` of an LTX-2 folder, as diffusers' docs load it, or the model
+    folder itself), run with the LTX-2 pipeline's own VAE. In the pipeline's dtype."""
+    from ditax.errors import ConfigError, ModelNotFound
+    from ditax.models.ltx2.upsampler_convert import load_latent_upsampler
+    from ditax.pipelines.family import resolve
+    from ditax.pipelines.ltx2.upsample import (PIPELINE_CLASS, LTX2LatentUpsample, folder_class,
+                                               load_upsample_pipeline)
 
     if isinstance(upsampler, LTX2LatentUpsample):
         return upsampler
     if upsampler is None:
         raise RequestError("stage_2= is the second stage of two-stage sampling: give "
                            "upsampler= (an LTX2LatentUpsamplePipeline folder) too")
-    return load_upsample_pipeline(upsampler, str(pipe.vae.dtype), vae_tiling=pipe.vae_tiling)
+    dtype = str(pipe.vae.dtype)
+    try:
+        root = resolve(upsampler)
+    except ModelNotFound:            # no pipeline folder: the model folder itself
+        root = None
+    if root is not None and folder_class(root) == PIPELINE_CLASS:
+        return load_upsample_pipeline(root, dtype, vae_tiling=pipe.vae_tiling)
+    model = load_latent_upsampler(upsampler if root is None else root, dtype)
+    if model.config.in_channels != pipe.vae.latent_channels:
+        raise ConfigError(f"{upsampler}: the latent upsampler takes {model.config.in_channels} "
+                          f"latent channels, this pipeline's VAE makes "
+                          f"{pipe.vae.latent_channels}; use the upsampler of the same model")
+    return LTX2LatentUpsample(upsampler=model, vae=pipe.vae, vae_tiling=pipe.vae_tiling)
 
 
 def stage_1_size(pipe, up, height: int, width: int) -> tuple[int, int]:
@@ -73,8 +91,6 @@ def two_stage(pipe, upsampler, prompt, image=None, negative_prompt=None, height=
     """What ``pipe(prompt, ..., upsampler=, stage_2=)`` returns, made in two stages (module
     docstring). ``latents`` / ``audio_latents``: stage 1's start at its size; ``call``: the
     pipeline's other arguments for both stages (``output``, ``audio`` apply to stage 2)."""
-    from ditax.pipelines.ltx2.upsample import LTX2LatentUpsample
-
     if image is not None or pipe.needs_image:
         raise RequestError("two-stage sampling (upsampler=) is text-to-video here; an image's "
                            "first frame is not carried into stage 2 — drop image= / --upsampler")
@@ -86,8 +102,6 @@ def two_stage(pipe, upsampler, prompt, image=None, negative_prompt=None, height=
         raise RequestError(f"stage_2 {bad}: stage 2 takes these from stage 1 (and the "
                            f"upsampled latents); set them on the call itself")
     up = _upsampler(pipe, upsampler)
-    if not isinstance(up, LTX2LatentUpsample):
-        raise RequestError(f"upsampler={upsampler!r} is no latent upsampler")
     d = pipe.call_defaults(height=height, width=width, num_frames=num_frames,
                            frame_rate=call.get("frame_rate"))
     height, width = int(d["height"]), int(d["width"])
