@@ -126,6 +126,8 @@ def test_bad_requests_are_one_line(tiny):
                                                       "stage 1 at height x 1/2"),
             (dict(height=64, width=64, upsampler=up, stage_2=dict(height=64)),
              "stage_2 ['height']"),
+            (dict(height=64, width=64, upsampler=up, stage_2=dict(adain=1.0)),
+             "stage_2 ['adain']: no argument"),
             (dict(height=32, width=32, noise_scale=0.5), "noise_scale=0.5 re-noises given"),
             (dict(height=32, width=32, noise_scale=1.5), "noise_scale=1.5 is outside [0, 1]")):
         with pytest.raises(RequestError) as e:

@@ -20,6 +20,7 @@ noise's first values).
 
 from __future__ import annotations
 
+import inspect
 import math
 
 from ditax.errors import RequestError
@@ -101,6 +102,11 @@ def two_stage(pipe, upsampler, prompt, image=None, negative_prompt=None, height=
     if bad:
         raise RequestError(f"stage_2 {bad}: stage 2 takes these from stage 1 (and the "
                            f"upsampled latents); set them on the call itself")
+    known = set(inspect.signature(pipe.prepare).parameters) | set(UPSAMPLE_KEYS)
+    unknown = sorted(k for k in stage_2 if k not in known)
+    if unknown:
+        raise RequestError(f"stage_2 {unknown}: no argument of the LTX-2 pipeline's call or "
+                           f"of the upsampler ({', '.join(UPSAMPLE_KEYS)})")
     up = _upsampler(pipe, upsampler)
     d = pipe.call_defaults(height=height, width=width, num_frames=num_frames,
                            frame_rate=call.get("frame_rate"))
@@ -111,7 +117,9 @@ def two_stage(pipe, upsampler, prompt, image=None, negative_prompt=None, height=
                  **{**call, "output": "latent", "audio": True})
     upsampled = up(first["video"], **{k: stage_2.pop(k) for k in UPSAMPLE_KEYS
                                       if k in stage_2})
-    second = {**call, **STAGE_2_DEFAULTS, "seed": (int(seed) + 1) % INT_LIMIT, **stage_2}
+    # stage 1's noise_scale (re-noising its own given latents) is no stage-2 setting
+    shared = {k: v for k, v in call.items() if k != "noise_scale"}
+    second = {**shared, **STAGE_2_DEFAULTS, "seed": (int(seed) + 1) % INT_LIMIT, **stage_2}
     sigmas = second["sigmas"]
     second.setdefault("num_inference_steps", len(sigmas))
     second.setdefault("noise_scale", float(sigmas[0]))
