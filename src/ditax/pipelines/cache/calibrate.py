@@ -11,8 +11,9 @@ plain computation, plus per-step measurements taken on the device, per CFG branc
 
 TeaCache's polynomial is the least-squares fit (``numpy.polyfit``, degree 4 as published, less
 when there are fewer distinct points) of the output change on the input change over every step
-> 0, prompt and branch; MagCache's ratios are the per-step means over prompts, per branch
-(without guidance the one branch's ratios serve both). Retention and K are the published
+> 0, prompt and branch (a family's extra guidance branches, LTX-2's, included); MagCache's
+ratios are the per-step means over prompts, per CFG branch (without guidance the one branch's
+ratios serve both). Retention and K are the published
 methods' (TeaCache: the first 10 % of steps always run; MagCache: the first 20 %, K = 2).
 The result is one numbers entry (:mod:`.numbers`) for this model.
 """
@@ -65,16 +66,18 @@ def calibrate(pipe, prompts: list[str], *, name: str, negative_prompt: str | Non
              num_frames=num_frames, num_inference_steps=num_inference_steps,
              guidance_scale=guidance_scale, seed=seed + k, progress=progress, output="latent",
              cache=CALIBRATE, image=image)
-        runs.append({k: np.asarray(v, np.float64)
-                     for k, v in pipe.last_stats["calibration"].items()})
+        measured = dict(pipe.last_stats["calibration"])
+        names = measured.pop("branches")
+        runs.append({k: np.asarray(v, np.float64) for k, v in measured.items()})
     x = np.stack([r[f"m_{teacache_input}"][1:] for r in runs])   # [P, N-1, branches]
     y = np.stack([r["m_output"][1:] for r in runs])
     ratios = np.mean(np.stack([r["m_ratio"] for r in runs]), axis=0)   # [N, branches]
     ratios[0] = 1.0
-    per_branch = [ratios[:, b] for b in range(ratios.shape[1])]
+    # the CFG branches' ratios (a family's extra guidance branches take the conditional one's)
+    per_branch = [ratios[:, names.index(n)] for n in ("cond", "uncond") if n in names]
     if len(per_branch) == 1:
         per_branch = per_branch * 2
-    experts = 1 if pipe.transformer_2 is None else 2
+    experts = 1 if getattr(pipe, "transformer_2", None) is None else 2
     return {
         "name": name,
         "source": source,

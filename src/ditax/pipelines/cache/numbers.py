@@ -171,18 +171,24 @@ def find_numbers(config, experts: int, path=None) -> ModelNumbers | None:
     return None
 
 
+# the config fields an entry matches on, those a family's config has (Wan's; LTX-2's audio
+# stream's, which no other family's config has, so an entry of one never matches the other)
 MATCH_FIELDS = ("inner_dim", "num_layers", "num_attention_heads", "ffn_dim", "in_channels",
-                "out_channels", "text_dim", "image_dim")
+                "out_channels", "text_dim", "image_dim", "audio_inner_dim",
+                "audio_num_attention_heads", "audio_in_channels")
 
 
 def describe(config) -> str:
     """The config fields an entry matches on, as ``k=v`` text."""
-    return " ".join(f"{k}={getattr(config, k, None)}" for k in MATCH_FIELDS)
+    return " ".join(f"{k}={v}" for k, v in match_of(config).items())
 
 
 def match_of(config) -> dict:
-    """The ``match`` object that identifies ``config`` (what calibration writes)."""
-    return {k: getattr(config, k, None) for k in MATCH_FIELDS}
+    """The ``match`` object that identifies ``config`` (what calibration writes): the
+    :data:`MATCH_FIELDS` it has."""
+    missing = object()
+    return {k: v for k in MATCH_FIELDS
+            if (v := getattr(config, k, missing)) is not missing}
 
 
 def write_numbers(path, entry: dict) -> pathlib.Path:

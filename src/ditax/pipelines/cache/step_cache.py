@@ -1,10 +1,14 @@
 """Step caching: skip transformer evaluations inside the one compiled denoise step.
 
 ``pipe(..., cache=None | "first_block" | "teacache" | "magcache", cache_threshold=None,
-cfg_cache=False)``. Every method caches, per CFG branch, the *residual* of the transformer
-blocks (tokens after the blocks minus tokens before) of the last step that ran them; a skipped
-step embeds its inputs, adds that residual and runs the output head (the embedding and head
-are a few percent of the work). The choice is made on the device with ``lax.cond``; the
+cfg_cache=False)``. Every method caches, per branch (the CFG branches, and the further
+forwards of a family's own guidance, below), the *residual* of the transformer blocks (tokens
+after the blocks minus tokens before) of the last step that ran them; a skipped step embeds its
+inputs, adds that residual and runs the output head (the embedding and head are a few percent
+of the work). Tokens that are a pytree of streams (LTX-2: ``(video [B, L', D], audio [B, La,
+Da])``) have a residual of the same pytree: a skipped step re-applies each stream's own, and
+the changes the rules measure (first_block's, calibration's) are taken over every stream's real
+tokens together, as if concatenated. The choice is made on the device with ``lax.cond``; the
 decision state (cached residual, accumulators, counters) is a carry that goes into and comes
 out of the compiled step, so the same program serves every step, every threshold and every
 prompt: nothing recompiles between steps.
@@ -35,7 +39,19 @@ Methods (threshold ``None`` = the default in :data:`DEFAULT_THRESHOLD`):
 With ``cfg_mode="batched"`` both branches run in one batch-2 forward, so a step is skipped
 only when both branches' rules say so (each branch keeps its own accumulators); with
 ``"sequential"`` each branch decides alone. Steps where a Wan 2.2 pipeline switches expert
-always run (the cached residual is the other expert's). A family's condition goes into the
+always run (the cached residual is the other expert's).
+
+A family with its own guidance rule (LTX-2: per-stream CFG in the clean-sample space,
+spatio-temporal guidance, modality isolation, rescaling) is guided by it as in the plain step.
+Its further forwards of the conditional rows (its rule's ``extra_branches``: LTX-2's
+``"stg"`` pass, with self-attention perturbed in the chosen blocks, and ``"modality"`` pass,
+without the audio<->video attention) are branches of their own: each keeps its own residual and
+accumulators and decides alone, as a sequential CFG branch does (first_block measures its own
+block 0; TeaCache reads the same modulation as the conditional branch; MagCache uses the
+conditional branch's ratios, the numbers holding only cond / uncond ones). So a skipped step
+of such a branch is exactly that branch's cached residual re-applied, never another branch's
+output; ``last_stats`` counts and lists them under their names, and CFG reuse
+(``cfg_cache``) replaces only the unconditional branch. A family's condition goes into the
 cached step as into the plain one (its :class:`~ditax.models.base.ModelInputs` rule), so for
 Wan image-to-video the inputs, the per-token timesteps of Wan 2.2 TI2V (the modulation is then
 ``[B, L, 6, D]``) and the CLIP tokens are those of the plain step. The denoiser is reached
@@ -61,7 +77,7 @@ a caching forward), this module (planning a call's cache and reading its stats).
 
 TeaCache and MagCache take per-model numbers (:mod:`.numbers`); the Wan 2.1 T2V 1.3B and
 14B ones are shipped, ``ditax calibrate-cache`` measures any other model. ``pipe.last_stats``
-reports, per call: ``steps``, ``transformer_calls`` (full evaluations, each CFG branch counted),
+reports, per call: ``steps``, ``transformer_calls`` (full evaluations, each branch counted),
 the computed / skipped / CFG-reused steps per branch. For a batch these say what the batch ran
 (a call counts one forward over all of its requests; a step is computed for a branch when the
 blocks ran for it, skipped when every request skipped), and ``rows`` lists each request's own
@@ -84,7 +100,7 @@ from ditax.pipelines.cache.policy import (CALIBRATE, CFG_REFRESH_EVERY, CFG_REUS
                                           DEFAULT_THRESHOLD, METHODS, RAN, REUSED, SKIPPED,
                                           Policy, check_cache_args, cfg_reuse_steps,
                                           uncached_stats)
-from ditax.pipelines.cache.cached_step import cached_denoise_step
+from ditax.pipelines.cache.cached_step import cached_denoise_step, extra_branches
 
 
 class StepCache:
@@ -96,13 +112,18 @@ class StepCache:
     """
 
     def __init__(self, policy: Policy, tables: dict, *, threshold: float | None,
-                 numbers: ModelNumbers | None, num_branches: int):
+                 numbers: ModelNumbers | None, use_cfg: bool):
         self.policy = policy
         self.tables = tables
         self.threshold = threshold
         self.numbers = numbers
-        self.num_branches = num_branches
+        self.names = ("cond", "uncond") if use_cfg else ("cond",)   # + the extra branches
         self.carry = None
+        self.axes = None
+
+    @property
+    def num_branches(self) -> int:
+        return len(self.names)
 
     @staticmethod
     def _place(tree, spec_of, mesh):
@@ -119,9 +140,16 @@ class StepCache:
         ``inputs``: the family's :class:`~ditax.models.base.ModelInputs` rule; ``mesh``: the
         denoiser's (the carry and tables are placed on it)."""
         if self.carry is None:
-            self.carry = init_carry(expert, inputs, self.policy, x, text, condition,
-                                    self.num_branches, len(self.tables["force"]))
-            self.carry = self._place(self.carry, lambda t: carry_specs(t, mesh), mesh)
+            cfg = self.names
+            self.names = cfg + extra_branches(inputs)
+            if "mag" in self.tables:    # each branch's ratios: an extra one takes cond's
+                self.tables["mag"] = self.tables["mag"][:, [cfg.index(n) if n in cfg else 0
+                                                            for n in self.names]]
+            self.carry, self.axes = init_carry(expert, inputs, self.policy, x, text,
+                                               condition, len(cfg), self.num_branches,
+                                               len(self.tables["force"]))
+            self.carry = self._place(self.carry, lambda t: carry_specs(t, mesh, self.axes),
+                                     mesh)
             self.tables = self._place(self.tables, lambda t: jax.tree.map(lambda _: P(), t),
                                       mesh)
         static = (expert.graphdef, inputs, scheduler, cfg_mode, use_cfg, self.policy)
@@ -143,7 +171,7 @@ class StepCache:
         per_step = np.asarray(self.carry["per_step"])          # [N, branches x requests]
         steps = per_step.shape[0]
         codes = per_step.reshape(steps, nb, -1)                 # [N, branch, request]
-        names = ("cond", "uncond")[:nb]
+        names = self.names
         ran = _steps_of(_batch_codes(codes), names)
         out = dict(steps=int(steps), transformer_calls=ran.pop("transformer_calls"),
                    cache=self.policy.method if self.policy.method != CALIBRATE else None,
@@ -151,8 +179,9 @@ class StepCache:
                    cache_numbers=None if self.numbers is None else self.numbers.name, **ran)
         if codes.shape[2] > 1:
             out["rows"] = [_steps_of(codes[:, :, r], names) for r in range(codes.shape[2])]
-        if self.policy.method == CALIBRATE:
+        if self.policy.method == CALIBRATE:    # [N, entries] each, entries branch-major
             out["calibration"] = {k: np.asarray(self.carry[k]).tolist() for k in MEASURED}
+            out["calibration"]["branches"] = list(names)
         return out
 
 
@@ -172,8 +201,9 @@ def _steps_of(codes: np.ndarray, names: tuple) -> dict:
                                for b, n in enumerate(names)},
                skipped_steps={n: np.flatnonzero(codes[:, b] == SKIPPED).tolist()
                               for b, n in enumerate(names)})
-    if len(names) == 2:
-        out["cfg_reused_steps"] = np.flatnonzero(codes[:, 1] == REUSED).tolist()
+    if "uncond" in names:
+        out["cfg_reused_steps"] = np.flatnonzero(
+            codes[:, names.index("uncond")] == REUSED).tolist()
     return out
 
 
@@ -230,8 +260,7 @@ def plan_step_cache(cache, cache_threshold, cfg_cache, *, use_cfg: bool, cfg_mod
     tables["force"] = force
     threshold = None if cache in (None, CALIBRATE) else float(
         DEFAULT_THRESHOLD[cache] if cache_threshold is None else cache_threshold)
-    return StepCache(policy, tables, threshold=threshold, numbers=numbers,
-                     num_branches=2 if use_cfg else 1)
+    return StepCache(policy, tables, threshold=threshold, numbers=numbers, use_cfg=use_cfg)
 
 
 __all__ = ["CALIBRATE", "CFG_REFRESH_EVERY", "CFG_REUSE_BELOW", "DEFAULT_THRESHOLD", "METHODS",

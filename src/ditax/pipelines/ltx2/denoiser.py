@@ -25,16 +25,30 @@ conditional rows.
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 from flax import nnx
 
+from ditax.models.ltx2.blocks import AUDIO, VIDEO
 from ditax.pipelines.denoise import text_rows
 from ditax.pipelines.ltx2.guidance import Scales, guided_velocity
 
 #: the per-request guidance scales the condition carries (``[1]`` float32 each)
 SCALES = ("guidance", "audio_guidance", "stg", "audio_stg", "modality", "audio_modality",
           "rescale", "audio_rescale")
+
+
+class Context(NamedTuple):
+    """What :meth:`LTX2Denoiser.embed` hands its blocks and head: the transformer's own
+    context (``inner``), and the fields the step cache reads (:class:`~ditax.models.base
+    .Embedded`): ``seq`` the real tokens of each stream ``(L, La)`` (the video's padding past
+    ``L``), ``mod`` the blocks' video timestep terms, ``temb`` the video time embedding."""
+
+    inner: Any
+    seq: tuple[int, int]
+    mod: Any
+    temb: Any
 
 
 class LTX2Denoiser(nnx.Module):
@@ -45,7 +59,14 @@ class LTX2Denoiser(nnx.Module):
     or None) and ``scales`` (ignored here).
     ``stg_blocks``: perturb these blocks' self-attention (a tuple; None: none);
     ``isolate``: no audio<->video attention. ``use_cross_timestep``: diffusers' pipeline
-    flag (the a<->v attention modulated by the other stream's sigma)."""
+    flag (the a<->v attention modulated by the other stream's sigma).
+
+    Its forward is ``head(run_blocks(*embed(...)))`` (the protocol of
+    :class:`~ditax.models.base.Denoiser`, so the step cache reaches it): the tokens are the
+    pair ``(video, audio)``, laid out by :attr:`token_axes`."""
+
+    #: the logical axes of the tokens ``(video, audio)`` (audio replicated over ``context``)
+    token_axes = (VIDEO, AUDIO)
 
     def __init__(self, transformer, use_cross_timestep: bool = True):
         self.transformer = transformer
@@ -76,18 +97,35 @@ class LTX2Denoiser(nnx.Module):
 
     def __call__(self, x, timestep, text, *, positions, scales=None, cond_mask=None,
                  stg_blocks=None, isolate: bool = False):
+        h, ctx = self.embed(x, timestep, text, positions=positions, scales=scales,
+                            cond_mask=cond_mask, stg_blocks=stg_blocks, isolate=isolate)
+        return self.head(self.run_blocks(h, ctx), ctx)
+
+    def embed(self, x, timestep, text, *, positions, scales=None, cond_mask=None,
+              stg_blocks=None, isolate: bool = False):
+        """Tokens ``h = (video [B, L', D], audio [B, La, Da])`` and the context
+        (:class:`Context`) of the call's arguments (the class docstring)."""
         video, audio = self.split(x, positions)
         video_text, audio_text, mask = text
         video_t = timestep
         if cond_mask is not None:     # image-to-video: the clean first frame at timestep 0
             video_t = timestep[:, None] * (1.0 - cond_mask.astype(jnp.float32))
-        out_v, out_a = self.transformer(
+        h, inner = self.transformer.embed(
             video, audio, video_text, audio_text, video_t, audio_timestep=timestep,
             sigma=timestep,
             encoder_attention_mask=mask, audio_encoder_attention_mask=mask,
             positions=positions, isolate_modalities=isolate,
             spatio_temporal_guidance_blocks=None if stg_blocks is None else list(stg_blocks),
             use_cross_timestep=self.use_cross_timestep)
+        return h, Context(inner, (inner.seq, audio.shape[1]), inner.mod, inner.temb)
+
+    def run_blocks(self, h, ctx, start: int = 0, stop: int | None = None):
+        """Blocks ``start .. stop-1`` (default all) on both streams."""
+        return self.transformer.run_blocks(h, ctx.inner, start, stop)
+
+    def head(self, h, ctx):
+        """Both streams' output layers, joined: ``[B, L*C + La*Ca]`` float32."""
+        out_v, out_a = self.transformer.head(h, ctx.inner)
         out = self.join(out_v.astype(jnp.float32), out_a.astype(jnp.float32))
         # replicated over the mesh, as the loop keeps its latents (one sharding every step)
         return self.transformer.sharding.constrain(out, (None, None))
@@ -138,8 +176,12 @@ def ltx2_inputs(stg_blocks: tuple[int, ...] | None, modality: bool):
     def inputs(model, condition, latents, t):
         return _inputs(model, condition, latents, t)
     inputs.guide = functools.partial(_guide, stg_blocks, modality)
+    # the further forwards of the conditional rows the guide runs, in its order (the step
+    # cache keeps a cache entry for each, as for a CFG branch)
+    inputs.extra_branches = (("stg",) if stg_blocks is not None else ()) + (
+        ("modality",) if modality else ())
     inputs.__qualname__ = f"ltx2_inputs(stg={stg_blocks}, modality={modality})"
     return inputs
 
 
-__all__ = ["LTX2Denoiser", "SCALES", "ltx2_inputs"]
+__all__ = ["Context", "LTX2Denoiser", "SCALES", "ltx2_inputs"]

@@ -124,12 +124,17 @@ class LTX2Video:
                 decode_timestep=None, decode_noise_scale=None, max_sequence_length=None,
                 sigmas=None, stg_blocks=None, image_crf: int | None = None,
                 noise_scale: float | None = None, shift_sigmas: bool = True, upsampler=None,
-                audio: bool = True, output: str = "video") -> Prepared:
+                audio: bool = True, output: str = "video", cache: str | None = None,
+                cache_threshold: float | None = None, cfg_cache: bool = False,
+                cache_coefficients=None) -> Prepared:
         """One request checked and laid out as the generic loop's parts (nothing encoded or
         compiled yet). diffusers' argument names and defaults (``LTX2Pipeline``); None takes
         the folder's ``ditax_sample.json``, else LTX-2's. ``stg_blocks``: diffusers'
         ``spatio_temporal_guidance_blocks``. A zero audio scale takes the video's, as
-        diffusers' ``audio_x or x``."""
+        diffusers' ``audio_x or x``. Step caching (``cache``, ``cache_threshold``,
+        ``cfg_cache``, ``cache_coefficients``) as for Wan (:mod:`ditax.pipelines.cache
+        .step_cache`): the spatio-temporal-guidance and modality-isolation passes are branches
+        with cache entries of their own."""
         from ditax.pipelines.ltx2.request import check_request
         from ditax.schedulers.flow_match import check_sigmas
 
@@ -251,6 +256,8 @@ class LTX2Video:
             # themselves travel in the condition
             guidance_scale=2.0 if use_cfg else 1.0, sigmas=np.asarray(sigmas, np.float64),
             text=text, condition=condition, latents=given, seed=seed,
+            cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
+            cache_coefficients=cache_coefficients,
             size=f"for {frames} frames at {height}x{width}", decode=decode)
 
     def _given_latents(self, latents, audio_latents, grid, la: int, mel: int):
