@@ -190,3 +190,33 @@ def test_bench(ref):
     row = forward_benchmark(cfg, mesh, (2, 2, 3), text_len=3, repeats=1)
     assert row["case"] == "ltx2-tiny" and row["value"] > 0
     assert row["latent"] == [1, 12, TINY["in_channels"]], row      # 2 x 2 x 3 video tokens
+
+
+def test_ltx23_original_names_headers_only():
+    """LTX-2.3's parts (gated attention, sigma-dependent text modulation ``prompt_adaln_single``,
+    keyframe embedding) under their original names fit the renamed table: headers only."""
+    import torch
+    from diffusers import LTX2VideoTransformer3DModel
+
+    from ditax.io.convert import check_weights, param_shapes
+    from ditax.models.ltx2.build import abstract_model
+    from ditax.models.ltx2.convert import weight_table
+    from ditax.models.ltx2.single_file import file_table
+    from ltx2_reference import LTX23
+    from ltx2_single_reference import original_key, other_parts
+
+    config = dict(LTX23, use_prompt_adaln_single=True)
+    with torch.device("meta"):
+        sd = LTX2VideoTransformer3DModel(**config).state_dict()
+    shapes = {original_key(k): tuple(v.shape) for k, v in sd.items()}
+    shapes.update({k: v.shape for k, v in other_parts(np.random.default_rng(0)).items()})
+    assert PREFIX + "prompt_adaln_single.linear.weight" in shapes
+    assert PREFIX + "transformer_blocks.0.attn1.to_gate_logits.weight" in shapes
+
+    class Header:
+        keys = shapes.keys
+        shape = shapes.__getitem__
+
+    cfg = LTX2Config.from_diffusers(config)
+    table, _ = file_table(weight_table(cfg), shapes)
+    check_weights(table, Header(), param_shapes(nnx.state(abstract_model(cfg))))

@@ -58,11 +58,23 @@ def file_table(table: Table, keys) -> tuple[Table, Callable]:
 
 def open_single_file(path, table: Table):
     """``(weights, the table to read them with, renamer)`` of the file at ``path``
-    (:func:`file_table`); the loader's ``open_weights`` for single files."""
+    (:func:`file_table`); the loader's ``open_weights`` for single files. Raises one
+    :class:`~ditax.errors.WeightError` line naming every missing and unexpected key (the
+    file's own names) with the single file's fix, from the headers alone."""
+    from ditax.io.convert import key_mismatch
     from ditax.io.weights import Weights
 
     weights = Weights.open(path)
     read_table, rename = file_table(table, weights.keys())
+    have, want = set(weights.keys()), read_table.expected_keys()
+    skipped = [re.compile(p) for p in read_table.ignore]
+    missing = [k for k in want if k not in have]
+    unexpected = sorted(k for k in have.difference(want) if not any(p.search(k) for p in skipped))
+    if missing or unexpected:
+        raise key_mismatch(f"LTX-2 transformer weights in {path} do not match {table.context}",
+                           missing, unexpected, "check config= (the ltx-2 or ltx-2.3 preset, "
+                           "or a YAML of the model's architecture) and that the file "
+                           "downloaded completely")
     return weights, read_table, rename
 
 
