@@ -38,6 +38,15 @@ One train step (one student update) is:
 Every draw comes from ``fold_in(key, step)``, so a resumed run repeats the stream bit for bit.
 A family's ``training_inputs`` (Wan 2.2 TI2V: the clean first frame, per-token timesteps,
 a loss mask) apply to every denoiser call, the data latents giving the condition frame.
+
+A family that denoises further streams beside its latents (``noised_entries``; LTX-2's audio
+latents) is distilled on all of them at once (:mod:`ditax.train.distill_streams`): the
+student's noise, Euler steps and clean estimates, the noising to ``σ`` and the scores cover
+every stream at one ``σ`` per sample; the distribution-matching gradient and loss are per
+stream and summed, as the flow loss sums its streams; the critic's flow loss is
+:func:`~ditax.train.loss.joint_flow_loss` on the student's estimates of every stream. The
+student's sigma table and sampling settings: :mod:`ditax.train.distill_schedule`; the GAN
+head: :mod:`ditax.train.distill_gan`.
 """
 
 from __future__ import annotations
@@ -55,71 +64,23 @@ from ditax.config import Config, ConfigError
 from ditax.config.training import distill_sigmas
 from ditax.models.base import model_family
 from ditax.schedulers.flow import shift_sigma
+from ditax.train import distill_streams as S
 from ditax.train.adapters import AdapterSplit
-from ditax.train.loss import NUM_TRAIN_TIMESTEPS, flow_loss
+from ditax.train.distill_gan import GanHead
+from ditax.train.distill_schedule import (sample_settings, sampling_terminal, student_schedule,
+                                          student_shift)
+from ditax.train.distill_streams import dmd_gradient, dmd_loss
+from ditax.train.loss import NUM_TRAIN_TIMESTEPS, flow_loss, joint_flow_loss
 from ditax.train.step import TrainerBase, batch_shardings, make_optimizer, opt_shardings
 
 _TAG_CRITIC, _TAG_STUDENT = 1, 2
-
-
-def student_schedule(sigmas, shift: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(timesteps [K], sigmas [K+1])`` float32 of a student sampled with Euler on the
-    unshifted ``sigmas`` shifted by ``shift`` (the table
-    :class:`~ditax.schedulers.flow_match.FlowMatchEulerScheduler` builds for the same call)."""
-    from ditax.schedulers.flow_match import FlowMatchEulerScheduler
-
-    return FlowMatchEulerScheduler(shift=float(shift)).schedule(len(sigmas), tuple(sigmas))
-
-
-def student_shift(cfg: Config, family, latent_shape) -> float:
-    """``distill.shift``, or (0) the family's training shift at this resolution."""
-    if cfg.distill.shift:
-        return float(cfg.distill.shift)
-    flow = family.training_flow(tuple(latent_shape))
-    return float(flow.shift)
-
-
-def sample_settings(cfg: Config, family, latent_shape) -> dict:
-    """The pipeline settings that sample the student as it was trained (``ditax_sample``
-    keys, the family's :meth:`~ditax.models.base.ModelFamily.few_step_sample`): Euler on the
-    student's sigmas with its shift, no classifier-free guidance. With ``distill.shift`` 0 and
-    a resolution-dependent training shift (``flow.dynamic_shift``), no shift is written: the
-    pipeline applies the same shift at the sampled resolution."""
-    d = cfg.distill
-    dynamic = family.flow is not None and bool(getattr(family.flow, "dynamic_shift", False))
-    shift = None if (dynamic and not d.shift) else student_shift(cfg, family, latent_shape)
-    return family.few_step_sample(d.steps, list(distill_sigmas(d)), shift)
-
-
-def dmd_gradient(x0, real, fake, mask=None):
-    """The distribution-matching gradient ``(fake - real) / mean|x0 - real|`` per sample
-    (the mean over the elements ``mask`` keeps), non-finite entries zeroed."""
-    axes = tuple(range(1, x0.ndim))
-    diff = jnp.abs(x0 - real)
-    if mask is None:
-        scale = jnp.mean(diff, axis=axes, keepdims=True)
-    else:
-        m = jnp.broadcast_to(mask.astype(diff.dtype), diff.shape)
-        scale = jnp.sum(diff * m, axis=axes, keepdims=True) / jnp.sum(m, axis=axes,
-                                                                     keepdims=True)
-    return jnp.nan_to_num((fake - real) / scale)
-
-
-def dmd_loss(x0, grad, mask=None):
-    """``½·mean((x0 - sg(x0 - grad))²)``: its gradient with respect to ``x0`` is ``grad``
-    over the element count (the elements ``mask`` keeps)."""
-    sq = jnp.square(x0 - jax.lax.stop_gradient(x0 - grad))
-    if mask is None:
-        return 0.5 * jnp.mean(sq)
-    m = jnp.broadcast_to(mask.astype(sq.dtype), sq.shape)
-    return 0.5 * jnp.sum(sq * m) / jnp.sum(m)
 
 
 def _copy_tree(tree):
     return jax.tree.map(jnp.copy, tree)
 
 
-class DistillTrainer(TrainerBase):
+class DistillTrainer(GanHead, TrainerBase):
     """The :class:`~ditax.train.step.Trainer` of a distillation run: same interface
     (``init``, ``step``, ``put_batch``, ``abstract_state``, ``adapters``), a state with the
     critic (``fake``, ``fake_opt``) beside the student (``params``, ``opt``) and the frozen
@@ -137,11 +98,19 @@ class DistillTrainer(TrainerBase):
             raise ConfigError(f"distill.method=dmd2 distils the whole denoiser; this model "
                               f"trains a part of it (train.vace_trainable="
                               f"{cfg.train.vace_trainable}); set train.vace_trainable=all")
-        if self.family.noised_entries():
-            raise ConfigError(f"distill.method=dmd2: model family {self.family.name!r} "
-                              f"denoises {', '.join(self.family.noised_entries())} beside "
-                              f"its latents, which distillation does not draw yet; use "
-                              f"distill.method=none (flow matching on every stream)")
+        # further streams denoised with the latents (LTX-2's audio): distilled alike
+        # (ditax.train.distill_streams)
+        self.streams = tuple(self.family.noised_entries())
+        if self.streams and cfg.distill.gan_weight > 0:
+            raise ConfigError(f"distill.gan_weight={cfg.distill.gan_weight:g}: the GAN head "
+                              f"reads one stream's block features, but model family "
+                              f"{self.family.name!r} denoises {', '.join(self.streams)} beside "
+                              f"its latents; set distill.gan_weight=0")
+        if getattr(cfg.train, "first_frame_p", 0.0):
+            raise ConfigError(f"train.first_frame_p={cfg.train.first_frame_p:g}: distillation "
+                              f"samples text-to-video students and draws no first-frame "
+                              f"conditioning; set train.first_frame_p=0")
+        self.terminal = sampling_terminal(cfg, self.family)
         self.adapters = self.split = None
         if cfg.lora.rank > 0:
             self.split = self.adapters = AdapterSplit(self.family, cfg, mesh)
@@ -241,56 +210,6 @@ class DistillTrainer(TrainerBase):
                 "key": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.state_sh["key"]),
                 **self._head_abstract()}
 
-    # -- the GAN head -------------------------------------------------------------------------
-
-    def _feature_dim(self) -> int:
-        """The width of the critic's block features, traced abstractly on one sample."""
-        if self._shapes is None:
-            raise RuntimeError("bind_data(data) first: the GAN head's width follows the data")
-        latent_shape, text_shape = self._shapes
-        n = self.mesh.shape["data"] * self.mesh.shape["fsdp"]     # one sample per batch shard
-        condition = {k: jnp.zeros((n, *v), jnp.float32)
-                     for k, v in self.family.condition_shapes(latent_shape).items()} or None
-
-        def feats(params, frozen):
-            module = self.model(params, frozen)
-            return self.family.apply_with_features(
-                module, jnp.zeros((n, *latent_shape), jnp.float32), jnp.zeros((n,)),
-                jnp.zeros((n, *text_shape), jnp.float32), jnp.ones((n, text_shape[0]), bool),
-                condition)[1]
-        return int(jax.eval_shape(feats, self.params_abstract, self.frozen_abstract).shape[-1])
-
-    def _head_init(self) -> dict:
-        d, hidden = self._feature_dim(), 256
-        k = jax.random.PRNGKey(self.cfg.seed ^ 0x6A17)
-        return {"w1": jax.random.normal(k, (d, hidden), jnp.float32) / np.sqrt(d),
-                "b1": jnp.zeros((hidden,), jnp.float32),
-                "w2": jnp.zeros((hidden, 1), jnp.float32), "b2": jnp.zeros((1,), jnp.float32)}
-
-    def _head_abstract(self) -> dict:
-        if not self.gan:
-            return {}
-        rep = self.state_sh["head"]
-        head = jax.eval_shape(self._head_init)
-        return {"head": jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), head)}
-
-    @staticmethod
-    def discriminate(head: dict, features):
-        """Logits ``[B]`` of the head on features ``[B, D]`` (RMS-normalised)."""
-        f = features * jax.lax.rsqrt(jnp.mean(jnp.square(features), -1, keepdims=True) + 1e-6)
-        return (jax.nn.silu(f @ head["w1"] + head["b1"]) @ head["w2"] + head["b2"])[:, 0]
-
-    def fake_features(self, fake, frozen, batch, x, sigma):
-        """``(velocity, features, loss mask)`` of the critic on ``x`` at ``sigma [B]``."""
-        condition = {k: batch[k] for k in self.condition_keys} or None
-        t = sigma * NUM_TRAIN_TIMESTEPS
-        x_in, t_in, mask = self.family.training_inputs(x, batch["latents"], t, condition)
-        v, f = self.family.apply_with_features(self.model(fake, frozen), x_in, t_in,
-                                               batch["text"],
-                                               batch["text_mask"].astype(bool), condition)
-        return v, f, mask
-
     def init(self, params: dict | None = None) -> dict:
         """Fresh state: the student and the critic both start as the teacher (``params``: its
         weights, e.g. ``init_from``; None: random from ``cfg.seed``); LoRA: two fresh adapter
@@ -354,23 +273,32 @@ class DistillTrainer(TrainerBase):
     # -- the pieces of a step (each a function of explicit inputs, tested one by one) --------
 
     def denoiser(self, module, batch):
-        """``v(x, sigma [B]) -> (velocity, loss mask or None)`` of ``module`` on the batch's
-        text and condition, the family's training inputs applied (the data latents give a
-        condition frame). ``module``: a thunk that builds the NNX module, called inside each
-        call (a module must not cross into a loop's trace)."""
+        """``v(z, sigma [B]) -> (velocity, loss mask or None)`` of ``module`` on joint latents
+        ``z`` (:mod:`ditax.train.distill_streams`: the latents, or with further streams the
+        dict of them all, velocities alike), the batch's text and condition, the family's
+        training inputs applied (the data latents give a condition frame). ``module``: a
+        thunk that builds the NNX module, called inside each call (a module must not cross
+        into a loop's trace)."""
         condition = {k: batch[k] for k in self.condition_keys} or None
         x_data = batch["latents"]
         text, mask = batch["text"], batch["text_mask"].astype(bool)
+        streams = self.streams
 
-        def v(x, sigma):
+        def v(z, sigma):
             t = sigma * NUM_TRAIN_TIMESTEPS
-            x_in, t_in, loss_mask = self.family.training_inputs(x, x_data, t, condition)
-            return self.family.apply(module(), x_in, t_in, text, mask, condition), loss_mask
+            x_in, t_in, loss_mask = self.family.training_inputs(S.main(z), x_data, t, condition)
+            if not streams:
+                return self.family.apply(module(), x_in, t_in, text, mask, condition), loss_mask
+            # the noisy streams in place of the batch's clean ones
+            noisy = {**condition, **{n: z[n] for n in streams}}
+            out, more = self.family.apply(module(), x_in, t_in, text, mask, noisy)
+            return {S.MAIN: out, **{n: more[n] for n in streams}}, loss_mask
         return v
 
     def guided(self, module, batch, null, guidance: float):
-        """The teacher's classifier-free guided velocity ``v_u + g·(v_c - v_u)``, ``v_u`` on
-        the empty prompt (``null``: its text, mask and extra condition entries)."""
+        """The teacher's classifier-free guided velocity ``v_u + g·(v_c - v_u)`` (every
+        stream at the one scale), ``v_u`` on the empty prompt (``null``: its text, mask and
+        extra condition entries)."""
         cond = self.denoiser(module, batch)
         if guidance == 1.0:
             return cond
@@ -385,52 +313,49 @@ class DistillTrainer(TrainerBase):
         def v(x, sigma):
             vc, m = cond(x, sigma)
             vu, _ = uncond(x, sigma)
-            return vu + guidance * (vc - vu), m
+            return jax.tree.map(lambda c, u: u + guidance * (c - u), vc, vu), m
         return v
 
     def clean(self, x, v, sigma, mask, x_data):
-        """``x - σ·v``, the elements outside the loss mask (a given frame) from the data."""
-        x0 = x - sigma.reshape((-1,) + (1,) * (x.ndim - 1)) * v
-        if mask is None:
-            return x0
-        m = jnp.broadcast_to(mask.astype(x0.dtype), x0.shape)
-        return m * x0 + (1 - m) * x_data
+        """``x - σ·v`` on every stream; the main latents' elements outside the loss mask (a
+        given frame) from the data."""
+        return S.clean(x, v, sigma, mask, x_data)
 
     def rollout(self, student_v, noise, sig, k):
         """The student's Euler steps ``0..k-1`` from ``noise`` (``k`` traced): ``x_k``."""
-        b = noise.shape[0]
+        b = S.main(noise).shape[0]
 
         def body(j, x):
             v, _ = student_v(x, jnp.full((b,), sig[j], jnp.float32))
-            return (x.astype(jnp.float32) + (sig[j + 1] - sig[j]) * v.astype(jnp.float32)
-                    ).astype(x.dtype)
+            return S.euler(x, v, sig[j + 1] - sig[j])
         return jax.lax.fori_loop(0, k, body, noise)
 
     def student_sample(self, params, frozen, batch, key, sig):
         """``(x̂0, x_k, k, loss mask)``: the student's clean estimate at a random step ``k``
         from its own earlier steps (backward simulation) or from noised data; ``x̂0`` carries
-        the gradient with respect to ``params``, the input ``x_k`` none."""
+        the gradient with respect to ``params``, the input ``x_k`` none. ``x̂0`` and ``x_k``
+        are joint latents (every stream the family denoises)."""
         k_step, k_noise = jax.random.split(key)
         sig = jnp.asarray(sig, jnp.float32)
         steps = jnp.asarray(self.expert_steps(self.schedule_table(batch["latents"].shape[1:])),
                             jnp.int32)
         k = steps[jax.random.randint(k_step, (), 0, steps.shape[0])]
-        x_data = batch["latents"]
-        noise = jax.random.normal(k_noise, x_data.shape, jnp.float32).astype(x_data.dtype)
+        z_data = S.joint_data(batch, self.streams)
+        noise = S.normal(k_noise, z_data, self.streams, cast=True)
         if self.cfg.distill.backward_simulation:
             fixed = jax.lax.stop_gradient(params)
             frozen_v = self.denoiser(lambda: self.model(fixed, frozen), batch)
             x_k = self.rollout(frozen_v, noise, sig, k)
         else:
             s = sig[k]
-            x_k = ((1 - s) * x_data.astype(jnp.float32) + s * noise.astype(jnp.float32)
-                   ).astype(x_data.dtype)
+            x_k = jax.tree.map(lambda d, n: ((1 - s) * d.astype(jnp.float32)
+                                             + s * n.astype(jnp.float32)).astype(d.dtype),
+                               z_data, noise)
         x_k = jax.lax.stop_gradient(x_k)
-        b = x_data.shape[0]
+        b = batch["latents"].shape[0]
         s_k = jnp.full((b,), sig[k], jnp.float32)
         v, mask = self.denoiser(lambda: self.model(params, frozen), batch)(x_k, s_k)
-        return self.clean(x_k.astype(jnp.float32), v.astype(jnp.float32), s_k, mask,
-                          x_data.astype(jnp.float32)), x_k, k, mask
+        return self.clean(S.f32(x_k), S.f32(v), s_k, mask, S.f32(z_data)), x_k, k, mask
 
     def expert_steps(self, sig) -> tuple[int, ...]:
         """The student steps this run trains: all, or (two experts) those whose timestep is
@@ -468,50 +393,57 @@ class DistillTrainer(TrainerBase):
 
     def generator_loss(self, params, fake, frozen, batch, null, key, sig, head=None):
         """The student's distribution-matching loss (plus, with ``head``, the GAN term) and
-        its parts."""
+        its parts; with further streams the sum of each stream's
+        (:func:`ditax.train.distill_streams.joint_dmd`), each stream's term and gradient
+        scale among the parts (``dmd_loss_<stream>``, ``dmd_scale_<stream>``)."""
         k_sample, k_sigma, k_noise = jax.random.split(key, 3)
         x0, _, k, mask = self.student_sample(params, frozen, batch, k_sample, sig)
-        b = x0.shape[0]
-        sigma = self.critic_sigma(k_sigma, b, x0.shape[1:])
-        eps = jax.random.normal(k_noise, x0.shape, jnp.float32)
-        s = sigma.reshape((-1,) + (1,) * (x0.ndim - 1))
-        x_t = jax.lax.stop_gradient((1 - s) * x0 + s * eps)
-        dtype = batch["latents"].dtype
+        x0_main = S.main(x0)
+        b = x0_main.shape[0]
+        sigma = self.critic_sigma(k_sigma, b, x0_main.shape[1:])
+        eps = S.normal(k_noise, x0, self.streams)
+        x_t = jax.lax.stop_gradient(S.mix(x0, eps, sigma))
+        z_data = S.joint_data(batch, self.streams)
         real_v = self.guided(self.teacher(params, frozen), batch, null, self.cfg.distill.guidance)
         fake_fixed = jax.lax.stop_gradient(fake)
-        x_in = x_t.astype(dtype)
+        x_in = S.cast_like(x_t, z_data)
         vr, _ = real_v(x_in, sigma)
         parts = {}
         if head is None:
             fake_v = self.denoiser(lambda: self.model(fake_fixed, frozen), batch)
             vf, _ = fake_v(x_in, sigma)
         else:   # one critic call: its features carry the gradient to x0, its score does not
-            x_g = ((1 - s) * x0 + s * eps).astype(dtype)
+            s = S.per_sample(sigma, x0)         # (no further streams: refused with a head)
+            x_g = ((1 - s) * x0 + s * eps).astype(batch["latents"].dtype)
             vf, feats, _ = self.fake_features(fake_fixed, frozen, batch, x_g, sigma)
             vf = jax.lax.stop_gradient(vf)
             logits = self.discriminate(jax.lax.stop_gradient(head), feats)
             parts["gan_generator"] = jnp.mean(jax.nn.softplus(-logits))
-        x_data = batch["latents"].astype(jnp.float32)
-        real = jax.lax.stop_gradient(self.clean(x_t, vr.astype(jnp.float32), sigma, mask, x_data))
-        fake_x0 = jax.lax.stop_gradient(self.clean(x_t, vf.astype(jnp.float32), sigma, mask,
-                                                   x_data))
-        grad = dmd_gradient(jax.lax.stop_gradient(x0), real, fake_x0, mask)
-        loss = dmd_loss(x0, grad, mask)
-        parts.update(student_step=k, dmd_scale=jnp.mean(jnp.abs(grad)), dmd_loss=loss)
+        data = S.f32(z_data)
+        real = jax.lax.stop_gradient(self.clean(x_t, S.f32(vr), sigma, mask, data))
+        fake_x0 = jax.lax.stop_gradient(self.clean(x_t, S.f32(vf), sigma, mask, data))
+        loss, per = S.joint_dmd(x0, real, fake_x0, mask)
+        parts.update(student_step=k, dmd_scale=jnp.mean(jnp.abs(per[S.MAIN][1])), dmd_loss=loss)
+        if self.streams:
+            for name, (term, grad) in per.items():
+                parts[f"dmd_loss_{name}"] = term
+                parts[f"dmd_scale_{name}"] = jnp.mean(jnp.abs(grad))
         if head is not None:
             loss = loss + self.cfg.distill.gan_weight * parts["gan_generator"]
         return loss, parts
 
     def critic_loss(self, fake, params, frozen, batch, key, sig, head=None):
-        """The critic's flow-matching loss on a student sample (no gradient to the student);
-        with ``head`` (``fake`` then a pair ``(critic, head)``), plus the GAN term's
-        classification of the student's noised sample against the noised data."""
+        """The critic's flow-matching loss on a student sample (no gradient to the student),
+        on every stream (:func:`~ditax.train.loss.joint_flow_loss`: the student's ``x̂0`` of
+        each stream its clean latents); with ``head`` (``fake`` then a pair ``(critic,
+        head)``), plus the GAN term's classification of the student's noised sample against
+        the noised data."""
         if head is not None:
             fake, head = fake
         k_sample, k_flow, k_gan = jax.random.split(key, 3)
         x0, _, _, _ = self.student_sample(jax.lax.stop_gradient(params), frozen, batch,
                                           k_sample, sig)
-        x0 = jax.lax.stop_gradient(x0).astype(batch["latents"].dtype)
+        x0 = S.cast_like(jax.lax.stop_gradient(x0), S.joint_data(batch, self.streams))
         gan = 0.0
         if head is not None:
             k_sigma, k_noise = jax.random.split(k_gan)
@@ -530,20 +462,32 @@ class DistillTrainer(TrainerBase):
         model = self.model(fake, frozen)
         condition = {k: batch[k] for k in self.condition_keys} or None
 
-        def apply(x, t, text, mask):
-            return self.family.apply(model, x, t, text, mask, condition)
-
         def inputs(x_t, x0_, t):
             return self.family.training_inputs(x_t, x0_, t, condition)
 
-        flow = self.family.training_flow(tuple(x0.shape[1:]))
-        return flow_loss(apply, x0, batch["text"], batch["text_mask"].astype(bool), k_flow,
-                         flow, inputs) + gan
+        x0_main = S.main(x0)
+        flow = self.family.training_flow(tuple(x0_main.shape[1:]))
+        text, mask = batch["text"], batch["text_mask"].astype(bool)
+        if not self.streams:
+            def apply(x, t, text, mask):
+                return self.family.apply(model, x, t, text, mask, condition)
+
+            return flow_loss(apply, x0, text, mask, k_flow, flow, inputs) + gan
+
+        def joint_apply(x, t, text, mask, noisy):
+            return self.family.apply(model, x, t, text, mask, {**condition, **noisy})
+
+        loss, _ = joint_flow_loss(joint_apply, x0_main, {n: x0[n] for n in self.streams}, text,
+                                  mask, k_flow, flow, inputs)
+        return loss + gan
 
     def schedule_table(self, latent_shape):
-        """The student's sigma table ``[K+1]`` (host numpy, float32)."""
+        """The student's sigma table ``[K+1]`` (host numpy, float32;
+        :func:`~ditax.train.distill_schedule.student_schedule`, stretched to the sampler's
+        terminal sigma where it has one)."""
         _, sig = student_schedule(distill_sigmas(self.cfg.distill),
-                                  student_shift(self.cfg, self.family, latent_shape))
+                                  student_shift(self.cfg, self.family, latent_shape),
+                                  self.terminal)
         return np.asarray(sig, np.float32)
 
     def _step_fn(self, state, batch, null):
@@ -598,12 +542,11 @@ class DistillTrainer(TrainerBase):
         nearest-upscaled to at least 64 pixels."""
         if getattr(self, "_preview", None) is None:
             def run(params, frozen, batch):
-                x = batch["latents"]
-                noise = jax.random.normal(jax.random.PRNGKey(self.cfg.seed), x.shape,
-                                          jnp.float32).astype(x.dtype)
-                sig = jnp.asarray(self.schedule_table(x.shape[1:]))
+                noise = S.normal(jax.random.PRNGKey(self.cfg.seed),
+                                 S.joint_data(batch, self.streams), self.streams, cast=True)
+                sig = jnp.asarray(self.schedule_table(batch["latents"].shape[1:]))
                 v = self.denoiser(lambda: self.model(params, frozen), batch)
-                return self.rollout(v, noise, sig, self.cfg.distill.steps)
+                return S.main(self.rollout(v, noise, sig, self.cfg.distill.steps))
             self._preview = jax.jit(run)
         lat = np.asarray(self._preview(state["params"], state["frozen"], batch), np.float32)
         lat = lat[:n, :3, lat.shape[2] // 2]                      # [n, 3, Y, X]

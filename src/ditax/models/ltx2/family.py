@@ -197,6 +197,18 @@ class LTX2Family(ModelFamily):
 
         return (AUDIO,)
 
+    def few_step_sample(self, steps: int, sigmas: list, shift: float | None) -> dict:
+        """LTX-2's pipeline (Euler already, its shift the video token count's): the student's
+        steps and sigmas, and every guidance of the pipeline off — CFG on both streams,
+        spatio-temporal and modality guidance (each an extra forward the student was not
+        trained with); a fixed ``shift`` as ``flow_shift``."""
+        out = {"num_inference_steps": steps, "sigmas": list(sigmas), "guidance_scale": 1.0,
+               "audio_guidance_scale": 1.0, "stg_scale": 0.0, "audio_stg_scale": 0.0,
+               "modality_scale": 1.0, "audio_modality_scale": 1.0}
+        if shift is not None:
+            out["flow_shift"] = float(shift)
+        return out
+
     first_frame_training = True
 
     def first_frame_inputs(self, x_t, x0, timestep, mask, key, p: float):
