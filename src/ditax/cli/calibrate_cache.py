@@ -136,20 +136,20 @@ def run(args) -> int:
     mesh = ditax.make_mesh(cfg.mesh) if use_mesh else None
     load = dict(path=args.model, dtype=cfg.model.dtype, attention=cfg.attention)
     preflight(args.model, load, None, mesh)   # the folder's family checks it, before weights
+    # the family's own options of its call and loader from the sample section (Wan: the flow
+    # shift, text length and sampler of its loader; LTX-2: the text length of its call)
+    own_call, own_load = sr.pipelines.sample_options(args, s, sr.chosen, defaults, dict(req))
     with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache,
                      status=not args.no_progress):
         pipe = ditax.load_pipeline(args.model, dtype=cfg.model.dtype, mesh=mesh,
-                                   attention=cfg.attention, cfg_mode=s.cfg_mode,
-                                   flow_shift=s.flow_shift,
-                                   max_sequence_length=defaults["max_sequence_length"],
-                                   scheduler=(s.scheduler if "scheduler" in given.get("sample", {})
-                                              else None))
+                                   attention=cfg.attention, cfg_mode=s.cfg_mode, **own_load)
         with request_errors():
             image = read_image(args.image, "--image") if args.image is not None else None
             entry = calibrate(pipe, list(args.prompts), negative_prompt=negative, name=name,
                               seed=args.seed,
                               teacache_input=args.teacache_input, image=image,
-                              progress=not args.no_progress, **req)
+                              progress=not args.no_progress, **req,
+                              **{k: v for k, v in own_call.items() if v is not None})
     path = (write_numbers(args.output, entry) if args.into is None
             else merge_numbers(args.into, entry))
     mag = entry["magcache"]["ratios"]

@@ -13,6 +13,7 @@ class Embedded(Protocol):
     ``NamedTuple`` in Wan). The step cache reads these three fields and nothing else."""
 
     seq: int    # static: the tokens h[:, :seq] that are real (the rest padding), compared
+    #             (tokens that are a pytree of streams: a pytree of ints, one a stream)
     mod: Any    # the timestep modulation the blocks read (TeaCache input "modulation")
     temb: Any   # the time embedding (TeaCache input "time_embedding")
 
@@ -25,8 +26,11 @@ class Denoiser(Protocol):
     ``x``: the denoiser input ``[B, C_in, ...]`` (what :class:`ModelInputs` returns), timestep
     ``[B]`` (or per token ``[B, L]``), text ``[B, T, Dt]``; ``extras``: the family's further
     inputs as keyword arguments (Wan: ``encoder_hidden_states_image``). Tokens ``h`` are one
-    array ``[B, L', D]`` (``L'`` may include padding past ``ctx.seq``), so a cached residual
-    is ``h_after - h_before``. Blocks are numbered across :attr:`block_stacks` in order.
+    array ``[B, L', D]`` (``L'`` may include padding past ``ctx.seq``), or a pytree of such
+    streams (LTX-2: ``(video, audio)``; ``ctx.seq`` then a pytree of each stream's real
+    tokens, and an optional ``token_axes`` attribute gives each stream's logical axes, default
+    ``("act_batch", "act_seq", "act_embed")``), so a cached residual is ``h_after - h_before``
+    leaf by leaf. Blocks are numbered across :attr:`block_stacks` in order.
     """
 
     mesh: Any   # the device mesh the module is sharded over (None: one device)

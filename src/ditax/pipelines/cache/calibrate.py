@@ -48,10 +48,12 @@ def fit_teacache(x: np.ndarray, y: np.ndarray, degree: int = TEACACHE_DEGREE) ->
 def calibrate(pipe, prompts: list[str], *, name: str, negative_prompt: str | None = None,
               height: int, width: int, num_frames: int, num_inference_steps: int,
               guidance_scale: float, seed: int = 0, teacache_input: str = "modulation",
-              progress: bool = False, image=None) -> dict:
+              progress: bool = False, image=None, **call) -> dict:
     """Generate each prompt (seed ``seed + k``) with every step computed and return the numbers
     entry for ``pipe``'s model (write it with :func:`~.numbers.write_numbers`).
-    ``image``: the first frame every prompt is conditioned on (image-to-video models)."""
+    ``image``: the first frame every prompt is conditioned on (image-to-video models);
+    ``call``: further arguments of the pipeline's call (a family's own, e.g. LTX-2's text
+    length)."""
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     if num_inference_steps < 3:
@@ -65,7 +67,7 @@ def calibrate(pipe, prompts: list[str], *, name: str, negative_prompt: str | Non
         pipe(prompt, negative_prompt=negative_prompt, height=height, width=width,
              num_frames=num_frames, num_inference_steps=num_inference_steps,
              guidance_scale=guidance_scale, seed=seed + k, progress=progress, output="latent",
-             cache=CALIBRATE, image=image)
+             cache=CALIBRATE, image=image, **call)
         measured = dict(pipe.last_stats["calibration"])
         names = measured.pop("branches")
         runs.append({k: np.asarray(v, np.float64) for k, v in measured.items()})
