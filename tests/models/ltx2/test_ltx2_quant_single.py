@@ -5,11 +5,13 @@ in both streams) for every test, compiled with most XLA optimisations off.
 
 - 8 bits: ``quantize="int8" | "fp8"`` stores the 28 block linears (video and audio self- and
   text attention, the a<->v attentions, both feed-forwards) in 8 bits with per-channel scales
-  (the embedders, modulation and output heads stay float); each stream's output against the
-  float model within the Wan / Flux bars of tests/models/test_quantized_load.py (int8 2e-2,
-  fp8 8e-2; measured 3.0e-3 / 9.4e-4 and 6.5e-3 / 3.7e-3 video / audio). A PEFT LoRA merged
-  then quantized, and unmerged on the very int8 kernels of the plain int8 model: the two
-  outputs within the int8 bar of each other, both far from the LoRA-less one.
+  (the embedders, modulation and output heads stay float); against the float model, each
+  block's update of both streams (``block(h) - h`` on the float model's block inputs) and
+  each stream's output within the Wan / Flux bars of tests/models/test_quantized_load.py
+  (int8 2e-2, fp8 8e-2; measured: updates int8 <= 4.4e-3, fp8 <= 1.6e-2; outputs int8
+  3.0e-3 / 9.4e-4 video / audio; fp8's outputs, 6.5e-3 / 3.7e-3, are not compiled here). A
+  PEFT LoRA merged then quantized, and unmerged on the very int8 kernels of the plain int8
+  model: the two outputs within the int8 bar of each other, both far from the LoRA-less one.
   ``ditax convert FOLDER --quantize int8 --out DIR`` loads back (``quantize="int8"``) equal
   to quantize-on-read of the float folder, every parameter bit for bit.
 - single files: the transformer written under the original key names (the inverse of
@@ -23,6 +25,7 @@ in both streams) for every test, compiled with most XLA optimisations off.
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -66,8 +69,25 @@ def _errs(tr, inputs, full):
     return [rel_err(np.asarray(o), f) for o, f in zip(tr(**inputs), full)]
 
 
+@jax.jit
+def _block_updates(float_module, q_module, arrays, positions):
+    """Each block's update ``block(h) - h`` of both streams, float and 8-bit, on the float
+    model's own block inputs ``h``: ``[(float (video, audio), 8-bit (video, audio))]``."""
+    h, ctx = float_module.embed(**arrays, positions=positions)
+    out = []
+    for i in range(float_module.cfg.num_layers):
+        hf, hq = (m.run_blocks(h, ctx, i, i + 1) for m in (float_module, q_module))
+        out.append((jax.tree.map(jnp.subtract, hf, h), jax.tree.map(jnp.subtract, hq, h)))
+        h = hf
+    return out
+
+
 def test_int8_and_fp8_forward(ref):
     _, folder, inputs, full, _ = ref
+    sizes = ("num_frames", "height", "width", "fps", "audio_num_frames")
+    arrays = {k: jnp.asarray(v) for k, v in inputs.items() if k not in sizes}
+    float_module = ditax.load_transformer(folder).module
+    positions = float_module.positions(**{k: inputs[k] for k in sizes})
     for mode, dtype, bar in (("int8", jnp.int8, 2e-2), ("fp8", jnp.float8_e4m3fn, 8e-2)):
         q = ditax.load_transformer(folder, quantize=mode)
         kernels = quantized_kernels(nnx.state(q.module))
@@ -79,9 +99,15 @@ def test_int8_and_fp8_forward(ref):
             assert lin.kernel[...].dtype == dtype
         for lin in (q.module.proj_in, q.module.audio_proj_out, q.module.time_embed.linear):
             assert lin.kernel[...].dtype == jnp.float32       # embedders, heads stay float
-        errs = _errs(q, inputs, full)
-        assert all(1e-4 < e < bar for e in errs), (mode, errs)
-        print(f"{mode}: rel err video {errs[0]:.2e}, audio {errs[1]:.2e}")
+        blocks = [[rel_err(np.asarray(b), np.asarray(a)) for a, b in zip(*pair)]
+                  for pair in _block_updates(float_module, q.module, arrays, positions)]
+        assert all(1e-4 < e < bar for e in sum(blocks, [])), (mode, blocks)
+        print(f"{mode}: rel err of each block's update (video, audio) "
+              f"{[[f'{e:.1e}' for e in b] for b in blocks]}")
+        if mode == "int8":      # its program is the LoRA test's merged one (compiled once)
+            errs = _errs(q, inputs, full)
+            assert all(1e-4 < e < bar for e in errs), (mode, errs)
+            print(f"int8: rel err of the outputs (video, audio) {errs}")
 
 
 def test_loras_merged_and_unmerged_on_int8(ref, tmp_path):
