@@ -236,7 +236,7 @@ VARIANTS = {
                    "is not taken by flux models"))),
     "ltx2": Variant(
         _ltx2, "ltx2", frozenset({"load", "generate", "serve", "batch", "folder_check",
-                                  "lora", "quantize", "single_file"}),
+                                  "lora", "quantize", "single_file", "step_cache"}),
         # two steps: LTX-2's schedule ends at its terminal sigma, which one step cannot
         dict(height=32, width=32, num_frames=1, num_inference_steps=2, guidance_scale=2.0),
         refusals=((["--true-cfg", "3", "--negative-prompt", "x"], "--true-cfg is not taken by "
