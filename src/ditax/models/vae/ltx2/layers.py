@@ -61,7 +61,8 @@ class Conv3d(nnx.Module):
         w = self.weight[...]
         x = x.astype(w.dtype)
         if platform_of().name == "cpu":
-            y = conv3d_by_frames(x, w, (1, 1, 1), pad_yx)
+            py, px = pad_yx
+            y = conv3d_by_frames(x, w, (1, 1, 1), ((py, py), (px, px)))
         else:
             py, px = pad_yx
             y = jax.lax.conv_general_dilated(
