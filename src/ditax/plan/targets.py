@@ -8,7 +8,8 @@ count chips; ``v7x-8`` counts TensorCores: 4 TPU7x chips). Chip figures are the 
 published per-chip numbers (sources beside each), divided by the JAX devices a chip shows:
 a v5p chip is one device (its two TensorCores run as one "megacore"), a TPU7x (Ironwood) chip
 is two (libtpu's ``tpu7x`` topologies give one device per TensorCore), so a v7x "chip" in a
-plan is half a physical chip: 96 GiB of its 192, half its FLOP/s and bandwidths.
+plan is half a physical chip: 96 GiB of its 192, half its FLOP/s and bandwidths. libtpu
+(0.0.42) names TPU7x slices ``tpu7x:AxBxC``; it refuses ``v7x:...`` ("Invalid TPU external name").
 
 Single-chip targets (``tpu-v5e-1``, ``tpu-v6e-1``, ``tpu-v5p-1``, ``tpu-v7x-2``) need libtpu told
 that a host holds one chip (``chips_per_host_bounds=(1, 1, 1)``); its default is a 2x2 host.
@@ -49,9 +50,9 @@ CHIPS = {
     "v6e": Chip("TPU v6e (Trillium)", 918e12, 32e9, 1640e9, 800e9,
                 "https://cloud.google.com/tpu/docs/v6e"),
     # https://cloud.google.com/tpu/docs/tpu7x: 2,307 TFLOPs bf16 and 192 GiB HBM per chip, two
-    # TensorCores per chip; https://blog.google/products/google-cloud/ironwood-tpu-age-of-inference/:
-    # 7.37 TB/s HBM and 1.2 TBps bidirectional ICI per chip. Per JAX device (one TensorCore):
-    # half of each. (Traffic between a chip's two devices takes the die-to-die link, not ICI:
+    # TensorCores per chip;
+    # https://blog.google/products/google-cloud/ironwood-tpu-age-of-inference/: 7.37 TB/s HBM
+    # and 1.2 TBps bidirectional ICI per chip. Per JAX device (one TensorCore): half of each. (Traffic between a chip's two devices takes the die-to-die link, not ICI:
     # halving ICI is the conservative split.)
     "v7x": Chip("TPU7x (Ironwood), one TensorCore", 2307e12 / 2, 192 * 2**30 / 2, 7.37e12 / 2,
                 1.2e12 / 2, "https://cloud.google.com/tpu/docs/tpu7x"),
