@@ -52,8 +52,9 @@ CHIPS = {
     # https://cloud.google.com/tpu/docs/tpu7x: 2,307 TFLOPs bf16 and 192 GiB HBM per chip, two
     # TensorCores per chip;
     # https://blog.google/products/google-cloud/ironwood-tpu-age-of-inference/: 7.37 TB/s HBM
-    # and 1.2 TBps bidirectional ICI per chip. Per JAX device (one TensorCore): half of each. (Traffic between a chip's two devices takes the die-to-die link, not ICI:
-    # halving ICI is the conservative split.)
+    # and 1.2 TBps bidirectional ICI per chip. Per JAX device (one TensorCore): half of each
+    # (traffic between a chip's two devices takes the die-to-die link, not ICI: halving ICI is
+    # the conservative split).
     "v7x": Chip("TPU7x (Ironwood), one TensorCore", 2307e12 / 2, 192 * 2**30 / 2, 7.37e12 / 2,
                 1.2e12 / 2, "https://cloud.google.com/tpu/docs/tpu7x"),
 }
