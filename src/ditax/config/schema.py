@@ -65,6 +65,15 @@ class Config:
     compile_cache: str = "auto"       # compiled-program folder | auto | none (ditax.compile_cache)
 
 
+def check_offload(cfg) -> None:
+    """``model.offload=host`` trains LoRA adapters on a frozen base streamed from the host;
+    a full run would update host arrays (:class:`ConfigError` naming the fix)."""
+    if getattr(cfg.model, "offload", "none") == "host" and cfg.lora.rank == 0:
+        raise ConfigError("model.offload=host keeps the blocks' weights in host memory, which "
+                          "a full fine-tune would update there; train LoRA adapters on the "
+                          "streamed base (lora.rank=16, say) or set model.offload=none")
+
+
 def validate(cfg: Config, num_devices: int | None = None, *, training: bool = False) -> Config:
     """Check every value that can be checked before tracing; each section's owner holds its
     rules. ``num_devices`` adds the mesh rules, ``training`` the batch split. Returns ``cfg``."""
@@ -97,6 +106,8 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
         raise ConfigError(f"log_every={cfg.log_every} must be >= 1 (log every this many steps)")
     if training and sizes is not None:
         check_batch(cfg.batch_size, sizes)
+    if training:
+        check_offload(cfg)
     if training and getattr(cfg.model, "quantize", "none") != "none":
         raise ConfigError(f"model.quantize={cfg.model.quantize} is for inference (8-bit weights "
                           f"are not trained); train with model.quantize=none and quantize "
@@ -104,4 +115,4 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     return cfg
 
 
-__all__ = ["Config", "validate"]
+__all__ = ["Config", "check_offload", "validate"]

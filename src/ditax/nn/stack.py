@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ditax.nn.offload import is_host, scan_prefetched, to_device
+
 # remat policy name (a model config's ``remat``; "none" = no remat) -> jax policy
 REMAT = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -42,29 +44,44 @@ def make_stack(make_block: Callable[[nnx.Rngs], nnx.Module], depth: int,
 
 def run_stack(blocks: nnx.Module, body: Callable[[Any, nnx.Module], Any], carry, *,
               depth: int, start: int = 0, stop: int | None = None, remat: str = "none",
-              scan: bool = True, what: str = "blocks"):
+              scan: bool = True, prefetch: int = 0, what: str = "blocks"):
     """``carry = body(carry, block)`` for blocks ``start .. stop-1`` (default all) of the
     stack ``blocks`` (``depth`` layers); ``carry`` any pytree of arrays.
 
     ``remat``: a :data:`REMAT` policy name, or ``"none"``; ``scan``: run under a scan (the
     whole stack: ``nnx.scan`` over the stacked module; a sub-range: ``lax.scan`` over layer
     indices) instead of unrolled Python. ``what`` names the stack in the range error.
+
+    Weights in host memory (``model.offload=host``, :mod:`ditax.nn.offload`): each block's are
+    put in device memory for it. ``prefetch`` k > 0: a scan carries the next k blocks' device
+    copies, block ``i + k``'s copy issued before block ``i`` runs (:func:`~ditax.nn.offload.
+    scan_prefetched`; for programs without a backward pass: the carried copies would be kept
+    for it); 0: each block's copy inside its own step (under remat a backward copies again).
     """
     stop = depth if stop is None else stop
     if not 0 <= start <= stop <= depth:
         raise ValueError(f"{what} {start}..{stop} outside 0..{depth}")
     if start == stop:
         return carry
+    offloaded = any(is_host(x) for x in jax.tree.leaves(nnx.state(blocks)))
+    if offloaded:
+        inner = body
+        body = lambda c, block: inner(c, to_device(block))   # noqa: E731  (no-op if there)
     if remat != "none":
         body = nnx.remat(body, policy=REMAT[remat], prevent_cse=not scan)
 
-    if scan and (start, stop) == (0, depth):
+    # host weights scan over layer indices (below): nnx.scan would also return the stack's
+    # state, a host array the program must not hand back
+    if scan and (start, stop) == (0, depth) and not offloaded:
         @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
         def run(c, block):
             return body(c, block)
 
         return run(carry, blocks)
     gdef, stacked = nnx.split(blocks)
+    if scan and offloaded and prefetch > 0:
+        return scan_prefetched(lambda c, layer: body(c, nnx.merge(gdef, layer)), stacked,
+                               carry, start, stop, prefetch)
     if scan:
         def step(c, i):
             layer = jax.tree.map(lambda p: jax.lax.dynamic_index_in_dim(p, i, 0, False),

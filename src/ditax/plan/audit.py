@@ -14,6 +14,7 @@ from ditax.plan.hlo import (_ARRAY, COLLECTIVES, Computation, Instr, call_graph,
                             parse)
 
 KERNEL_TARGET = 'custom_call_target="tpu_custom_call"'
+HOST_SPACE = "S(5)"      # a layout's memory space of host memory (model.offload=host)
 _VIEWS = ("bitcast", "get-tuple-element", "reshape")
 
 
@@ -126,7 +127,19 @@ def _collective_bytes(comp: Computation, ins: Instr, kind: str) -> int:
 def _zero() -> dict:
     return {"xla_flops": 0, "hbm_bytes": 0, "copy_ops": 0, "copy_bytes": 0,
             "fused_copy_ops": 0, "fused_copy_bytes": 0, "a2a_copy_ops": 0, "a2a_copy_bytes": 0,
-            "all_to_all_ops": 0, "collective_bytes": {}, "tpu_custom_calls": 0}
+            "all_to_all_ops": 0, "collective_bytes": {}, "tpu_custom_calls": 0,
+            "host_to_device_bytes": 0}
+
+
+def _host_to_device(comp: Computation, ins: Instr) -> int:
+    """Bytes an async copy's ``*-done`` brings from host memory (memory space ``S(5)``) to
+    the device: its start reads a host array and the done's result is not one (0 else)."""
+    if ins.opcode not in ("dynamic-slice-done", "copy-done") or not ins.operands:
+        return 0
+    start = comp.instrs.get(ins.operands[0])
+    if start is None or HOST_SPACE not in start.shape or HOST_SPACE in ins.shape:
+        return 0
+    return ins.nbytes
 
 
 class _Program:
@@ -256,6 +269,7 @@ class _Program:
                 out["all_to_all_ops"] += m * (kind == "all-to-all")
             if ins.opcode == "custom-call" and KERNEL_TARGET in ins.attrs:
                 out["tpu_custom_calls"] += m
+            out["host_to_device_bytes"] += m * _host_to_device(comp, ins)
         if name not in self.fused:
             for c in self.a2a_copies(comp).values():
                 out["a2a_copy_ops"] += m

@@ -52,6 +52,10 @@ def _forward(cfg, mesh, family, gdef, state, shardings, latent):
         lat, t, _ = family.training_inputs(lat, lat, t, cond or None)
         return family.apply(nnx.merge(gdef, state), lat, t, text, None, cond or None)
 
+    # the parameters as ShapeDtypeStructs with their shardings, so their memory kinds (host
+    # under model.offload=host) are the traced values' too
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                         state, shardings)
     lowered = jax.jit(fwd, in_shardings=(shardings, bsh, bsh, bsh, bsh)).lower(
         state, lat, t, text, cond)
     fl = family.flops_per_sample((family.latent_channels, f, y, x),

@@ -18,7 +18,11 @@ from ditax.plan.targets import Chip
 WIRE_FACTOR = {"all-reduce": 2.0}
 _AUDIT_KEYS = ("copy_ops", "copy_bytes", "fused_copy_ops", "fused_copy_bytes", "a2a_copy_ops",
                "a2a_copy_bytes", "all_to_all_ops", "collective_bytes", "tpu_custom_calls",
-               "xla_flops", "hbm_bytes")
+               "xla_flops", "hbm_bytes", "host_to_device_bytes")
+#: the host link assumed per chip for ``model.offload=host`` transfers: PCIe 4.0 x16 one way
+#: (about 32 GB/s; no per-chip host bandwidth is published for these TPUs — a real machine
+#: must confirm it)
+HOST_LINK_BYTES_PER_S = 32e9
 
 
 def compile_timed(lowered):
@@ -34,7 +38,8 @@ def memory(compiled) -> dict:
     get = lambda k: int(getattr(ma, k, 0) or 0)  # noqa: E731
     out = {"argument_bytes": get("argument_size_in_bytes"),
            "output_bytes": get("output_size_in_bytes"), "temp_bytes": get("temp_size_in_bytes"),
-           "alias_bytes": get("alias_size_in_bytes")}
+           "alias_bytes": get("alias_size_in_bytes"),
+           "host_argument_bytes": get("host_argument_size_in_bytes")}   # offloaded weights
     peak = get("peak_memory_in_bytes")
     out["peak_bytes"] = peak or (out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"]
                                  - out["alias_bytes"])
@@ -45,10 +50,14 @@ def wire_bytes(collective_bytes: dict) -> float:
     return sum(WIRE_FACTOR.get(k, 1.0) * v for k, v in collective_bytes.items())
 
 
-def roofline(flops: float, hbm_bytes: float, collective_bytes: dict, chip: Chip) -> dict:
-    """Seconds bound by compute, HBM and ICI on ``chip``, and the largest of them."""
+def roofline(flops: float, hbm_bytes: float, collective_bytes: dict, chip: Chip,
+             host_bytes: float = 0.0) -> dict:
+    """Seconds bound by compute, HBM and ICI on ``chip`` (and, with ``host_bytes`` copied
+    from host memory, the host link: :data:`HOST_LINK_BYTES_PER_S`), and the largest."""
     parts = {"compute_s": flops / chip.bf16_flops, "hbm_s": hbm_bytes / chip.hbm_bandwidth,
              "ici_s": wire_bytes(collective_bytes) / chip.ici_bandwidth}
+    if host_bytes:
+        parts["host_s"] = host_bytes / HOST_LINK_BYTES_PER_S
     bound = max(parts, key=parts.get)
     return {**parts, "estimate_s": parts[bound], "bound": bound[:-2], "chip": chip.name}
 
@@ -91,8 +100,10 @@ def measure(compiled, *, compile_s: float, model_flops: float, num_layers: int |
     if chip is not None:
         out["hbm_capacity_bytes"] = int(chip.hbm_bytes)
         out["fits"] = out["peak_bytes"] <= chip.hbm_bytes
-        out["roofline"] = roofline(out["flops"], a["hbm_bytes"], a["collective_bytes"], chip)
+        out["roofline"] = roofline(out["flops"], a["hbm_bytes"], a["collective_bytes"], chip,
+                                   a["host_to_device_bytes"])
     return out
 
 
-__all__ = ["measure", "memory", "roofline", "compile_timed", "layer_loop", "WIRE_FACTOR"]
+__all__ = ["measure", "memory", "roofline", "compile_timed", "layer_loop", "WIRE_FACTOR",
+           "HOST_LINK_BYTES_PER_S"]

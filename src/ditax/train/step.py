@@ -29,7 +29,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import Config, ConfigError, OptimConfig
+from ditax.config.schema import check_offload
 from ditax.models.base import model_family
+from ditax.models.common.fields import for_training
 from ditax.parallel.axes import batch_entry
 from ditax.train.adapters import AdapterSplit, ParamSplit
 from ditax.train.loss import joint_flow_loss
@@ -168,7 +170,10 @@ class Trainer(TrainerBase):
     def __init__(self, cfg: Config, mesh):
         self.cfg = cfg
         self.mesh = mesh
-        self.family = model_family(cfg.model, cfg.attention, cfg.flow)
+        check_offload(cfg)
+        # offloaded weights: each block copied in its own step (a carried prefetch would be
+        # kept for the backward pass)
+        self.family = model_family(for_training(cfg.model), cfg.attention, cfg.flow)
         self.family.check_flow()
         if cfg.train.first_frame_p and not self.family.first_frame_training:
             raise ConfigError(f"train.first_frame_p={cfg.train.first_frame_p:g}: model family "

@@ -21,7 +21,10 @@ DType = Literal["float32", "bfloat16", "float16"]
 Remat = Literal["none", "full", "save_dots", "save_dots_no_batch", "save_attn_out",
                 "save_proj"]
 Quantize = Literal["none", "int8", "fp8"]   # 8-bit block weights (ditax.nn.quant)
+Offload = Literal["none", "host"]           # where the stacked blocks' weights live
 DTYPES = get_args(DType)
+OFFLOAD_MODES = get_args(Offload)
+MAX_PREFETCH = 8      # blocks whose weights are copied ahead (each one more block in HBM)
 QUANTIZE_MODES = get_args(Quantize)
 REMAT_POLICIES = get_args(Remat)
 
@@ -44,6 +47,11 @@ class TransformerNumerics:
     quantize: Quantize = "none"      # block linears' weights in 8 bits (ditax.nn.quant)
     quantize_activations: bool = False   # and their inputs per token (8-bit x 8-bit dots)
     scan_layers: bool = True
+    # "host": the stacked blocks' weights in host memory, each block's streamed to the device
+    # as the blocks run (ditax.nn.offload); offload_prefetch: blocks copied ahead in forward
+    # programs (sampling; training copies each block in its own step)
+    offload: Offload = "none"
+    offload_prefetch: int = 1
 
 
 def check_numerics(m) -> None:
@@ -52,6 +60,12 @@ def check_numerics(m) -> None:
     check_choice("model.param_dtype", m.param_dtype, DTYPES)
     check_choice("model.dtype", m.dtype, DTYPES)
     check_choice("model.remat", m.remat, REMAT_POLICIES)
+    check_choice("model.offload", m.offload, OFFLOAD_MODES)
+    if (not isinstance(m.offload_prefetch, int) or isinstance(m.offload_prefetch, bool)
+            or not 0 <= m.offload_prefetch <= MAX_PREFETCH):
+        raise ConfigError(f"model.offload_prefetch={m.offload_prefetch!r}: the blocks copied "
+                          f"ahead must be an int in 0..{MAX_PREFETCH} (1: the next block's "
+                          f"weights arrive while this one runs)")
     check_quantize(m)
 
 
@@ -110,6 +124,15 @@ def diffusers_config(m, class_name: str, names) -> dict:
     return out
 
 
+def for_training(m):
+    """``m`` as a training program runs it: with offloaded weights each block's copy in its
+    own step (``offload_prefetch=0``), since a scan's carried copies would be kept for the
+    backward pass (every block's weights in device memory)."""
+    if getattr(m, "offload", "none") == "host" and m.offload_prefetch:
+        return dataclasses.replace(m, offload_prefetch=0)
+    return m
+
+
 def check_quantize(m) -> None:
     """``m.quantize`` is a mode of :data:`QUANTIZE_MODES`; ``m.quantize_activations`` needs
     one (a :class:`ConfigError` naming the value and the fix)."""
@@ -136,7 +159,8 @@ def check_overrides(cls, overrides: dict) -> None:
                               f"(fields: {', '.join(names)})")
 
 
-__all__ = ["DType", "Remat", "Quantize", "DTYPES", "REMAT_POLICIES", "QUANTIZE_MODES",
+__all__ = ["DType", "Remat", "Quantize", "Offload", "DTYPES", "REMAT_POLICIES", "QUANTIZE_MODES",
+           "OFFLOAD_MODES", "MAX_PREFETCH", "for_training",
            "TransformerNumerics", "check_numerics", "transformer_check", "check_tensor_splits",
            "check_quantize",
            "check_overrides", "with_overrides", "diffusers_config"]

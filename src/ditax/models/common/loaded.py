@@ -29,9 +29,12 @@ def _path_str(path) -> tuple[str, ...]:
     return tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
 
 
-def param_shardings(state, axes: Axes, mesh) -> Any:
+def param_shardings(state, axes: Axes, mesh, offload: str = "none") -> Any:
     """NamedShardings (same tree as ``state``, an ``nnx.State`` or its pure dict) from the
-    logical ``axes`` of each parameter path; a variable without axes is replicated."""
+    logical ``axes`` of each parameter path; a variable without axes is replicated.
+    ``offload="host"``: the stacked blocks' in host memory (:func:`ditax.nn.offload.on_host`)."""
+    from ditax.nn.offload import on_host
+
     def one(path, leaf):
         key = _path_str(path)
         if key and key[-1] == "value":
@@ -39,19 +42,26 @@ def param_shardings(state, axes: Axes, mesh) -> Any:
         names = axes.get(key)
         if names is None:
             return NamedSharding(mesh, P())
-        return NamedSharding(mesh, param_spec(names, mesh, leaf.shape))
+        return on_host(NamedSharding(mesh, param_spec(names, mesh, leaf.shape)), names,
+                       leaf.shape, offload)
 
     return jax.tree_util.tree_map_with_path(one, state)
 
 
-def param_sharding(axes: Axes, mesh) -> Optional[Callable]:
+def param_sharding(axes: Axes, mesh, offload: str = "none") -> Optional[Callable]:
     """``sharding(path, shape)`` for :func:`ditax.io.convert.load_params` (None without a
-    mesh: plain arrays)."""
+    mesh and offload: plain arrays). ``offload="host"``: the stacked blocks' in host memory
+    (:func:`ditax.nn.offload.on_host`; without a mesh, the first device's host memory)."""
+    from ditax.nn.offload import on_host
+
     if mesh is None:
-        return None
+        if offload == "none":
+            return None
+        return lambda path, shape: on_host(None, axes[path], shape, offload)
 
     def sharding(path, shape):
-        return NamedSharding(mesh, param_spec(axes[path], mesh, shape))
+        return on_host(NamedSharding(mesh, param_spec(axes[path], mesh, shape)), axes[path],
+                       shape, offload)
 
     return sharding
 
@@ -80,7 +90,8 @@ class Builder:
         (:func:`param_shardings`; other variables replicated)."""
         from ditax.nn.quant import with_scale_axes   # 8-bit kernels' scales shard with them
 
-        return param_shardings(state, with_scale_axes(self.axes(cfg)), mesh)
+        return param_shardings(state, with_scale_axes(self.axes(cfg)), mesh,
+                               getattr(cfg, "offload", "none"))
 
     def abstract_model(self, cfg, attention=None, mesh=None):
         """The model with ``ShapeDtypeStruct`` parameters (nothing allocated)."""

@@ -178,7 +178,8 @@ class TransformerLoader:
 
             weights = merged_weights(weights, loras, table, param_shapes(state),
                                      names=self.lora_names, strict=lora_strict, rename=rename)
-        sharding = param_sharding(quant.with_scale_axes(arch.param_axes(cfg)), mesh)
+        sharding = param_sharding(quant.with_scale_axes(arch.param_axes(cfg)), mesh,
+                                  getattr(cfg, "offload", "none"))
         state = load_params(read_table, weights, state, jnp.dtype(cfg.param_dtype), sharding,
                             quantizers)
         check_finite_params(state, source, bool(loras))

@@ -193,7 +193,7 @@ class FluxTransformer(DiT):
         if not 0 <= start <= stop <= nd + ns:
             raise ValueError(f"blocks {start}..{stop} outside 0..{nd + ns}")
         attn, sharding, layout = self.attention_plan.self_attn, self.sharding, ctx.layout
-        run = dict(remat=cfg.remat, scan=cfg.scan_layers)
+        run = dict(remat=cfg.remat, scan=cfg.scan_layers, prefetch=cfg.offload_prefetch)
 
         def double(streams, block):
             return block(streams, ctx.temb, ctx.rope, ctx.kv_mask, layout, attn, sharding)

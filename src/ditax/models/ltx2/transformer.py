@@ -338,7 +338,7 @@ class LTX2Transformer(DiT):
         cfg, sharding, calls = self.cfg, self.sharding, self.calls
 
         run = dict(depth=cfg.num_layers, start=start, stop=stop, remat=cfg.remat,
-                   scan=cfg.scan_layers)
+                   scan=cfg.scan_layers, prefetch=cfg.offload_prefetch)
         if ctx.block.stg is None:
             def body(streams, block):
                 return block(streams, ctx.block, calls, sharding)

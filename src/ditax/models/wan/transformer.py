@@ -339,7 +339,7 @@ class WanTransformer(DiT):
         # scanned (a sub-range: over layer indices, weights read in place) or unrolled, each
         # block under the remat policy (ditax.nn.stack)
         return run_stack(self.blocks, body, h, depth=cfg.num_layers, start=start, stop=stop,
-                         remat=cfg.remat, scan=cfg.scan_layers)
+                         remat=cfg.remat, scan=cfg.scan_layers, prefetch=cfg.offload_prefetch)
 
     def head(self, h, ctx: "Embedded"):
         """Output norm, projection and unpatchify: tokens ``[B, L', D]`` → ``[B, C_out, F, Y,

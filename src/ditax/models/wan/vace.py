@@ -219,7 +219,8 @@ class WanVaceTransformer(WanTransformer):
             return hs, i + 1
 
         return run_stack(self.blocks, body, (h, jnp.int32(start)), depth=depth, start=start,
-                         stop=stop, remat=cfg.remat, scan=cfg.scan_layers)[0]
+                         stop=stop, remat=cfg.remat, scan=cfg.scan_layers,
+                         prefetch=cfg.offload_prefetch)[0]
 
 
 __all__ = ["VACE_CLASS", "VACE_FIELDS", "VaceBlock", "WanVaceConfig", "WanVaceTransformer",

@@ -1,0 +1,117 @@
+"""Block weights in host memory (``model.offload=host``): where they live and how each block's
+weights reach the device.
+
+Every matrix of a block stack (a leading ``layers`` logical axis: Wan's and VACE's blocks,
+FLUX.1's double and single blocks, LTX-2's blocks) is placed in the host memory of its devices
+(JAX memory kind ``pinned_host``), with the sharding it has on the device (under ``fsdp`` each
+device keeps its own shard on its host): nearly all of a model's bytes. Everything else — the
+blocks' vectors (:func:`offloaded` says why), embeddings, the output head, LoRA adapters being
+trained — stays in device memory.
+
+:func:`ditax.nn.stack.run_stack` puts the host-resident weights of the block it is about to
+run in device memory (:func:`to_device`) inside the scan body; under ``jit`` that is a
+host-to-device copy of one layer's slice. On TPU, XLA's host-offload pass turns the per-layer
+slice of a host array inside the layer loop into an asynchronous copy
+(``dynamic-slice-start`` / ``-done`` from memory space ``S(5)``) and software-pipelines it:
+layer ``i + 1``'s copy is issued before layer ``i``'s compute (one layer of prefetch, a
+double buffer: two layers' weights in device memory at a time). The plan tests check this in
+the compiled program. On CPU the host and device memories are the same RAM: the program moves
+nothing and the results equal the resident model's bit for bit.
+
+Gradients: LoRA training keeps the frozen base on the host and the adapters on the device
+(the copies run again in the backward pass under remat). Full training with offloaded weights
+is refused: the update of a host array would need the optimizer on the host too.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import SingleDeviceSharding
+
+HOST = "pinned_host"
+
+
+def offloaded(names, shard_shape) -> bool:
+    """Whether a parameter of logical axes ``names`` and per-device shape ``shard_shape``
+    lives on the host under offload: a stacked block's (a leading ``layers`` axis) matrix or
+    larger whose every other dimension is more than 1 — every kernel, nearly all the bytes.
+    A block's vectors (biases, norm gains, 8-bit scales: ``[layers, n]``) and tables with a
+    unit dimension (``[layers, 1, 6, D]``) stay on the device: a TPU tiles the two minor
+    dimensions of an array's layout, and XLA may lay a unit dimension out anywhere, so one
+    layer's slice of such a host array is not a copy the TPU can start on its own."""
+    return (bool(names) and names[0] == "layers" and len(shard_shape) >= 3
+            and min(shard_shape[1:]) > 1)
+
+
+def on_host(sharding, names, shape, offload: str):
+    """``sharding`` with memory kind ``pinned_host`` where ``offload == "host"`` and the
+    parameter is one :func:`offloaded` puts there; else ``sharding`` unchanged. A ``None``
+    sharding (no mesh) becomes the first device's host memory."""
+    if offload != "host":
+        return sharding
+    if not offloaded(names, shape if sharding is None else sharding.shard_shape(shape)):
+        return sharding
+    if sharding is None:
+        return SingleDeviceSharding(jax.devices()[0], memory_kind=HOST)
+    return sharding.with_memory_kind(HOST)
+
+
+def is_host(x) -> bool:
+    """Whether ``x`` (an array or a traced value) is in host memory."""
+    return getattr(jax.typeof(x), "memory_space", None) == jax.memory.Space.Host
+
+
+def to_device(block: nnx.Module) -> nnx.Module:
+    """``block`` with its host-memory weights put in device memory (the same module when none
+    is on the host)."""
+    gdef, state = nnx.split(block)
+    if not any(is_host(x) for x in jax.tree.leaves(state)):
+        return block
+    state = jax.tree.map(lambda x: jax.device_put(x, jax.memory.Space.Device)
+                         if is_host(x) else x, state)
+    return nnx.merge(gdef, state)
+
+
+def fetch(stacked, i):
+    """Layer ``i`` of the stacked state ``stacked`` (leaves ``[layers, ...]``), its
+    host-memory leaves put in device memory."""
+    def one(p):
+        x = jax.lax.dynamic_index_in_dim(p, i, 0, False)
+        return jax.device_put(x, jax.memory.Space.Device) if is_host(p) else x
+
+    return jax.tree.map(one, stacked)
+
+
+def scan_prefetched(step, stacked, carry, start: int, stop: int, depth: int):
+    """``carry = step(carry, layer i)`` for ``i`` in ``start .. stop-1`` under a scan whose
+    carry holds the device copies of the next ``depth`` layers: iteration ``i`` issues layer
+    ``i + depth``'s host-to-device copy (the last layer's again past the end), then runs layer
+    ``i`` from the copy made ``depth`` iterations before — so each copy has ``depth`` blocks'
+    compute to hide behind, at the cost of ``depth + 1`` layers' weights in device memory.
+    Forward programs only: a backward pass would keep every iteration's carried copies."""
+    last = stop - 1
+    ring = tuple(fetch(stacked, min(start + j, last)) for j in range(depth))
+
+    def one(c, i):
+        c, ring = c
+        nxt = fetch(stacked, jnp.minimum(i + depth, last))
+        return (step(c, ring[0]), ring[1:] + (nxt,)), None
+
+    return jax.lax.scan(one, (carry, ring), jnp.arange(start, stop))[0][0]
+
+
+def host_bytes(state) -> int:
+    """Bytes of the arrays of ``state`` (any pytree of arrays) held in host memory, summed over
+    every shard (a replicated array counted once per device)."""
+    total = 0
+    for x in jax.tree.leaves(state):
+        sh = getattr(x, "sharding", None)
+        if sh is not None and sh.memory_kind == HOST:
+            total += sum(s.data.nbytes for s in x.addressable_shards)
+    return total
+
+
+__all__ = ["HOST", "fetch", "host_bytes", "is_host", "offloaded", "on_host", "scan_prefetched",
+           "to_device"]
