@@ -53,6 +53,9 @@ def test_same_latents_give_diffusers_video_and_sound(tiny):
     assert track.samples.shape == want_audio.shape
     assert rel_err(track.samples, want_audio) <= 1e-5, rel_err(track.samples, want_audio)
     assert pipe.last_stats["steps"] == 3
+    # four forwards a step: conditional, unconditional, STG-perturbed, modality-isolated
+    assert pipe.last_stats["transformer_calls"] == 3 * 4
+    assert set(pipe.last_stats["computed_steps"]) == {"cond", "uncond", "stg", "modality"}
 
 
 def test_bad_requests_are_one_line(tiny):

@@ -43,6 +43,7 @@ from ditax.errors import RequestError
 from ditax.finite import all_finite
 from ditax.parallel.axes import check_batch_divides
 from ditax.phases import phase
+from ditax.pipelines.cache.cached_step import extra_branches
 from ditax.pipelines.cache.step_cache import check_cache_args, plan_step_cache, uncached_stats
 from ditax.pipelines.denoise import _denoise_step
 from ditax.pipelines.programs import Programs
@@ -265,7 +266,8 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
                 on_step(i + 1)
         x = jax.block_until_ready(x if finalize is None else finalize(cond, x))
         check_finite(x, "denoise", f"the latents after {len(timesteps)} steps", guidance_scale)
-    stats = (uncached_stats(len(timesteps), use_cfg) if step_cache is None
+    stats = (uncached_stats(len(timesteps), use_cfg, extra_branches(inputs))
+             if step_cache is None
              else step_cache.stats())
     t2 = time.perf_counter()
     timings = dict(text=t1 - t0, compile=t_compile, denoise=t2 - t1 - t_compile, image=t_image,

@@ -66,9 +66,10 @@ def cfg_reuse_steps(timesteps: np.ndarray, num_train_timesteps: int) -> np.ndarr
     return out
 
 
-def uncached_stats(num_steps: int, use_cfg: bool) -> dict:
-    """``pipe.last_stats`` of a call without step caching."""
-    names = ("cond", "uncond") if use_cfg else ("cond",)
+def uncached_stats(num_steps: int, use_cfg: bool, extra: tuple = ()) -> dict:
+    """``pipe.last_stats`` of a call without step caching; ``extra``: the further forwards
+    each step runs (a family's guidance rule's branches: LTX-2's ``stg``, ``modality``)."""
+    names = (("cond", "uncond") if use_cfg else ("cond",)) + tuple(extra)
     every = list(range(num_steps))
     return dict(steps=num_steps, transformer_calls=num_steps * len(names), cache=None,
                 cache_threshold=None, cfg_cache=False, cache_numbers=None,
