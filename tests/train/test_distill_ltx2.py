@@ -63,8 +63,7 @@ def _cfg(ltx2, *extra):
                               "flow.timestep_sampler=logit_normal", "flow.dynamic_shift=true",
                               "distill.method=dmd2", "distill.critic_updates=1",
                               f"distill.guidance={GUIDANCE:g}",
-                              "distill.backward_simulation=false", "model.scan_layers=false",
-                              *extra],
+                              "distill.backward_simulation=false", *extra],
                        family="ltx2", model=LTX2Family.folder_config(ltx2["folder"]))
 
 
@@ -224,28 +223,32 @@ def test_resume_is_bit_exact_and_the_export_samples_as_trained(one, ltx2):
     from ditax.train.export import export_run, plan_export
     from ditax.train.loop import train
 
-    tr, tmp = one[0], ltx2["tmp"]
+    tr, state0, _ = one
+    tmp = ltx2["tmp"]
 
-    def cfg(out, steps):
+    def cfg(steps):
         # the run's config names 8 devices (as a config must); the trainer runs on one
-        return _cfg(ltx2, f"steps={steps}", f"output_dir={tmp / out}", "checkpoint.every=1",
+        return _cfg(ltx2, f"steps={steps}", f"output_dir={tmp / 'run'}", "checkpoint.every=1",
                     "checkpoint.async_save=false", "mesh.fsdp=2", "mesh.context=4")
 
-    full = train(cfg("a", 2), trainer=tr, progress=False)
-    first = train(cfg("b", 1), trainer=tr, progress=False)
-    rest = train(cfg("b", 2), trainer=tr, progress=False)
-    assert rest.resumed_from == 1 and first.losses + rest.losses == full.losses
+    first = train(cfg(1), trainer=tr, progress=False)
+    rest = train(cfg(2), trainer=tr, progress=False)
+    state, losses, data = jax.device_put(state0, tr.state_sh), [], BatchIterator(cfg(2))
+    for _ in range(2):
+        state, m = tr.step(state, tr.put_batch(next(data)))
+        losses.append(float(m["loss"]))
+    assert rest.resumed_from == 1 and first.losses + rest.losses == losses
     for part in ("params", "fake", "opt", "fake_opt"):
         same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
-                            full.state[part], rest.state[part])
+                            state[part], rest.state[part])
         assert all(jax.tree.leaves(same)), part
-    rows = [json.loads(x) for x in (tmp / "a" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     print("ltx2 distill losses", [(r["loss"], r["dmd_loss_audio_latents"], r["critic_loss"])
                                   for r in rows])
     assert all(abs(r["dmd_loss_latents"] + r["dmd_loss_audio_latents"] - r["loss"])
                <= 1e-5 * r["loss"] for r in rows)
     # the exported student
-    out = export_run(plan_export(tmp / "a", tmp / "student"), say=lambda *_: None)
+    out = export_run(plan_export(tmp / "run", tmp / "student"), say=lambda *_: None)
     sample = json.loads((out / "ditax_sample.json").read_text())
     assert sample["num_inference_steps"] == 4 and sample["guidance_scale"] == 1.0
     pipe = ditax.load_pipeline(out)
@@ -268,7 +271,7 @@ def test_resume_is_bit_exact_and_the_export_samples_as_trained(one, ltx2):
     batch = {"latents": jnp.asarray(nx), "audio_latents": jnp.asarray(na),
              "text": jnp.concatenate([video, audio_text], -1).astype(jnp.float32),
              "text_mask": jnp.asarray(mask)}
-    params, frozen = full.state["params"], full.state["frozen"]
+    params, frozen = rest.state["params"], rest.state["frozen"]
     v = tr.denoiser(lambda: tr.model(params, frozen), batch)
     want = tr.rollout(v, {"latents": batch["latents"], "audio_latents": batch["audio_latents"]},
                       jnp.asarray(tr.schedule_table(LATENT)), 4)
@@ -278,3 +281,25 @@ def test_resume_is_bit_exact_and_the_export_samples_as_trained(one, ltx2):
         err = float(np.linalg.norm(g - w) / np.linalg.norm(w))
         print(f"exported student vs trainer rollout, {name}: rel err {err:.1e}")
         assert err < 1e-4 and math.isfinite(err), (name, err)
+
+
+def test_sampling_settings_lora_students_and_refusals(one, ltx2):
+    """The student's settings turn every LTX-2 guidance off; a LoRA student (two adapter
+    sets on one base, as for Wan) saves none with its adapters (LTX-2's pipelines read no
+    settings from a LoRA, and would refuse a file that had them); the GAN head and
+    first-frame conditioning are refused in one line."""
+    from ditax.errors import ConfigError
+
+    tr = one[0]
+    assert tr.sample_settings(LATENT) == {
+        "num_inference_steps": 4, "sigmas": [1.0, 0.75, 0.5, 0.25], "guidance_scale": 1.0,
+        "audio_guidance_scale": 1.0, "stg_scale": 0.0, "audio_stg_scale": 0.0,
+        "modality_scale": 1.0, "audio_modality_scale": 1.0}
+    mesh = make_mesh(ONE, jax.devices()[:1])
+    lora = D.DistillTrainer(_cfg(ltx2, "lora.rank=2"), mesh)
+    assert lora.streams == ("audio_latents",) and lora.sample_settings(LATENT) is None
+    for extra, words in ((("distill.gan_weight=0.5",), "distill.gan_weight=0"),
+                         (("train.first_frame_p=0.1",), "train.first_frame_p=0")):
+        with pytest.raises(ConfigError, match=words) as e:
+            D.DistillTrainer(_cfg(ltx2, *extra), mesh)
+        assert len(str(e.value).splitlines()) == 1

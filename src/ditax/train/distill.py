@@ -187,9 +187,18 @@ class DistillTrainer(GanHead, TrainerBase):
         student = sim + 3 + (2 if d.guidance != 1 else 1) + 1
         return (d.critic_updates * critic + student) / 3
 
-    def sample_settings(self, latent_shape) -> dict:
-        """How the student is sampled (:func:`sample_settings`), saved with its LoRA."""
-        return sample_settings(self.cfg, self.family, latent_shape)
+    def sample_settings(self, latent_shape) -> dict | None:
+        """How the student is sampled (:func:`sample_settings`), saved with its LoRA: there
+        only the keys the family's pipelines read from a LoRA (``lora_sample_keys``; None
+        where they read none, LTX-2's: its student LoRA is saved without settings, which a
+        pipeline would refuse, and is sampled with :func:`sample_settings` given)."""
+        settings = sample_settings(self.cfg, self.family, latent_shape)
+        if self.adapters is None:
+            return settings
+        from ditax.pipelines.family import pipelines_of
+
+        keys = pipelines_of(self.family.name).lora_sample_keys
+        return {k: v for k, v in settings.items() if k in keys} or None
 
     # -- state -------------------------------------------------------------------------------
 
