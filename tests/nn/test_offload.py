@@ -56,17 +56,9 @@ def test_offloaded_wan_equals_resident(mesh):
         _same(no_prefetch(x, t, text), want)
 
 
-def test_offloaded_flux_and_int8_equal_resident():
-    """The Flux demo transformer (double and single stacks) offloaded equals resident; an int8
-    Wan offloaded (its 8-bit kernels on the host, scales on the device) equals int8 resident."""
-    from ditax.models.base import model_family
-
-    resident = ditax.load_transformer(FLUX)
-    streamed = ditax.load_transformer(FLUX, offload="host")
-    assert host_bytes(jax.tree.leaves(streamed)) > 0
-    args, kw = model_family(resident.config).random_inputs(1, latent=(1, 4, 4), text_len=8,
-                                                           rng=np.random.default_rng(1))
-    _same(streamed(*args, **kw), resident(*args, **kw))
+def test_offloaded_int8_equals_resident():
+    """An int8 Wan offloaded (its 8-bit kernels on the host, scales on the device) equals int8
+    resident."""
     q = ditax.load_transformer(DEMO, quantize="int8")
     qs = ditax.load_transformer(DEMO, quantize="int8", offload="host")
     assert any(x.dtype == jnp.int8 and x.sharding.memory_kind == HOST
@@ -134,14 +126,43 @@ def test_every_stack_path_equals_resident(kw):
                                rtol=1e-6, atol=1e-6)
 
 
+def _encoder_memory(path, pipe) -> set:
+    from ditax.pipelines.family import folder_pipelines
+
+    encoders = folder_pipelines(path)[1].text_encoders(pipe)
+    assert encoders
+    return {x.sharding.memory_kind for e in encoders for x in jax.tree.leaves(nnx.state(e))}
+
+
 def test_sampling_with_offload_equals_resident():
     """``load_pipeline(..., offload="host")``: the demo video from the same seed equals the
-    resident pipeline's."""
+    resident pipeline's; the text encoder's weights (``text_offload`` follows ``offload``)
+    stay in host memory through the call — on the device only inside its encode program."""
     a = ditax.load_pipeline(DEMO)
     b = ditax.load_pipeline(DEMO, offload="host")
+    assert _encoder_memory(DEMO, a) == {"device"} and _encoder_memory(DEMO, b) == {HOST}
     call = dict(num_inference_steps=2, seed=0, num_frames=5, height=32, width=32,
                 progress=False)
     _same(b("a red ball", **call), a("a red ball", **call))
+    assert _encoder_memory(DEMO, b) == {HOST}
+
+
+def test_flux_offloaded_gives_the_same_image():
+    """FLUX.1 (double and single block stacks) with ``offload="host"``: its blocks and its
+    CLIP and T5 weights in host memory, the image equal to the resident pipeline's;
+    ``text_offload="none"`` keeps the encoders on the device; a bad value is one line."""
+    from ditax.errors import ConfigError
+
+    call = dict(num_inference_steps=2, seed=0, height=32, width=32, progress=False)
+    a = ditax.load_pipeline(FLUX)
+    b = ditax.load_pipeline(FLUX, offload="host")
+    assert _encoder_memory(FLUX, b) == {HOST}
+    assert host_bytes(jax.tree.leaves(nnx.state(b.transformer.module))) > 0
+    _same(b("a red ball", **call), a("a red ball", **call))
+    c = ditax.load_pipeline(FLUX, offload="host", text_offload="none")
+    assert _encoder_memory(FLUX, c) == {"device"}
+    with pytest.raises(ConfigError, match="text_offload='gpu'"):
+        ditax.load_pipeline(FLUX, text_offload="gpu")
 
 
 def test_lora_step_with_offload_equals_resident(tmp_path):
@@ -155,8 +176,7 @@ def test_lora_step_with_offload_equals_resident(tmp_path):
     from ditax.train.step import Trainer
 
     ds = write_dataset(tmp_path / "ds", n=4)
-    common = ["lora.rank=2", f"data.source={ds}", "data.shuffle=false", "batch_size=1",
-              "model.remat=full"]
+    common = ["lora.rank=2", f"data.source={ds}", "data.shuffle=false", "batch_size=1"]
     runs = []
     for extra in ([], ["model.offload=host"]):
         cfg = load_config("tiny", common + extra)

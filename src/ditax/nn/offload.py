@@ -102,6 +102,18 @@ def scan_prefetched(step, stacked, carry, start: int, stop: int, depth: int):
     return jax.lax.scan(one, (carry, ring), jnp.arange(start, stop))[0][0]
 
 
+def keep_on_host(module: nnx.Module) -> nnx.Module:
+    """Put every array of ``module`` (an encoder: its weights are read whole by one program)
+    in the host memory of the devices it is on, in place; returns ``module``. The programs
+    that run it put it in device memory first (:func:`to_device`): device memory only while
+    they run."""
+    gdef, state = nnx.split(module)
+    state = jax.tree.map(lambda x: jax.device_put(x, x.sharding.with_memory_kind(HOST))
+                         if isinstance(x, jax.Array) else x, state)
+    nnx.update(module, state)
+    return module
+
+
 def host_bytes(state) -> int:
     """Bytes of the arrays of ``state`` (any pytree of arrays) held in host memory, summed over
     every shard (a replicated array counted once per device)."""
@@ -113,5 +125,5 @@ def host_bytes(state) -> int:
     return total
 
 
-__all__ = ["HOST", "fetch", "host_bytes", "is_host", "offloaded", "on_host", "scan_prefetched",
+__all__ = ["HOST", "fetch", "host_bytes", "is_host", "keep_on_host", "offloaded", "on_host", "scan_prefetched",
            "to_device"]

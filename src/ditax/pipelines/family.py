@@ -63,6 +63,13 @@ class PipelineFamily:
     # (whether the pipelines take step caching is the family's capability "step_cache",
     # declared in its FamilySpec: ditax.models.registry.require)
 
+    def text_encoders(self, pipe) -> list:
+        """The loaded pipeline ``pipe``'s encoder modules (text and image) that
+        ``text_offload="host"`` keeps in host memory (:func:`ditax.nn.offload.keep_on_host`);
+        by default its ``text_encoder``, ``text_encoder_2`` and ``image_encoder``."""
+        names = ("text_encoder", "text_encoder_2", "image_encoder")
+        return [m for m in (getattr(pipe, n, None) for n in names) if m is not None]
+
     def sample_file_rules(self) -> dict:
         """``{key: (kind, rule)}`` of the keys this family's ``ditax_sample.json`` may hold
         (:attr:`sample_file_keys`; :func:`ditax.pipelines.sample_defaults.rules_for`), and

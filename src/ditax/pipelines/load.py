@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ditax.models.common.fields import check_quantize
+from ditax.errors import ConfigError
+from ditax.models.common.fields import OFFLOAD_MODES, check_quantize
 from ditax.models.registry import require
 from ditax.pipelines.family import folder_pipelines
 
@@ -26,7 +27,11 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **op
     family loader's own (Wan: :func:`ditax.pipelines.wan.loading.load_pipeline` — ``cfg_mode``,
     ``scheduler``, ``loras``, ...) and model config fields handed to the transformer's loader,
     e.g. ``quantize="int8" | "fp8"`` and ``quantize_activations=True`` (8-bit block linears,
-    :mod:`ditax.nn.quant`; Wan 2.2's two experts both)."""
+    :mod:`ditax.nn.quant`; Wan 2.2's two experts both), ``offload="host"`` (the blocks'
+    weights streamed from host memory, :mod:`ditax.nn.offload`). ``text_offload="host"`` (the
+    default with ``offload="host"``): the text and image encoders' weights kept in host memory
+    and put on the device only inside their encode programs, so between prompts the
+    transformer has the device's memory to itself."""
     if "quantize" in options or "quantize_activations" in options:   # before any file is read
         check_quantize(SimpleNamespace(quantize=options.get("quantize", "none"),
                                        quantize_activations=options.get("quantize_activations",
@@ -37,7 +42,18 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **op
                 "load it without quantize=")
     if options.get("loras") or options.get("loras_2"):
         require(pipelines.name, "lora", "loras=", "load it without loras=")
-    return pipelines.load(path, dtype=dtype, mesh=mesh, attention=attention, **options)
+    text_offload = options.pop("text_offload", options.get("offload", "none"))
+    if text_offload not in OFFLOAD_MODES:
+        raise ConfigError(f"text_offload={text_offload!r}; use one of "
+                          f"{', '.join(OFFLOAD_MODES)} (host: the encoders' weights in host "
+                          f"memory, on the device only while a prompt is encoded)")
+    pipe = pipelines.load(path, dtype=dtype, mesh=mesh, attention=attention, **options)
+    if text_offload == "host":
+        from ditax.nn.offload import keep_on_host
+
+        for encoder in pipelines.text_encoders(pipe):
+            keep_on_host(encoder)
+    return pipe
 
 
 __all__ = ["load_pipeline"]

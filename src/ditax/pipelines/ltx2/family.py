@@ -70,6 +70,10 @@ class LTX2Pipelines(PipelineFamily):
     cli_inputs = ("image", "upsampler")
 
     @classmethod
+    def text_encoders(self, pipe) -> list:
+        """Gemma-3 (the connectors are small and stay on the device)."""
+        return [pipe.text.text_encoder]
+
     def add_cli_inputs(cls, parser) -> None:
         from ditax.pipelines.request import add_flag
 
