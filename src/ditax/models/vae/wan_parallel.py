@@ -56,23 +56,6 @@ def encode_chunk(graphdef, state, x, cache, *, first: bool, mesh, split):
     return sharded(body, mesh, split, (P(), rows, rows), (rows, rows))(state, x, cache)
 
 
-def decode_programs(vae: WanVAE, shape, mesh, dtype=None) -> tuple:
-    """Ahead-of-time lowered (not compiled) row-split decode programs for latents of ``shape``
-    ``[B, z_dim, F, Y, X]``: ``(first, rest)`` (``rest`` None for one frame) — for memory and
-    compile measurements, e.g. on a deviceless TPU mesh with abstract weights."""
-    b, _, f, y, x = shape
-    split = make_split(mesh, y, "WanVAE parallel decode")
-    graphdef, state = nnx.split(vae)
-    dtype = dtype or vae.dtype
-    chunk = jax.ShapeDtypeStruct((b, 1, split.devices * split.local_rows, x, vae.z_dim), dtype)
-    first = decode_chunk.lower(graphdef, state, chunk, None, first=True, mesh=mesh, split=split)
-    if f == 1:
-        return first, None
-    cache = first.out_info[1]
-    rest = decode_chunk.lower(graphdef, state, chunk, cache, first=False, mesh=mesh, split=split)
-    return first, rest
-
-
 def decode(vae: WanVAE, z: jax.Array, mesh) -> jax.Array:
     """:meth:`WanVAE.decode` (untiled) with every frame's rows split over ``mesh``'s devices:
     latents ``[B, z_dim, F, Y, X]`` → video ``[B, C, 1 + 4 (F - 1), sY, sX]`` in [-1, 1]. Any
@@ -120,4 +103,4 @@ def encode_moments(vae: WanVAE, video: jax.Array, mesh) -> tuple[jax.Array, jax.
     return mean, jnp.clip(logvar, -30.0, 20.0)
 
 
-__all__ = ["decode", "decode_chunk", "decode_programs", "encode_chunk", "encode_moments"]
+__all__ = ["decode", "decode_chunk", "encode_chunk", "encode_moments"]
