@@ -105,6 +105,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-strict", action=argparse.BooleanOptionalAction, default=True,
                    help="LoRA keys that match no layer are an error (--no-lora-strict: "
                         "skipped with a warning listing them)")
+    p.add_argument("--text-quantize", choices=("none", "int8", "fp8"), default="none",
+                   help="the text encoder's block linears in 8 bits (UMT5, T5, Gemma-3)")
+    p.add_argument("--text-offload", choices=("none", "host"), default=None,
+                   help="host: the encoders' weights in host memory, on the device only while "
+                        "a prompt is encoded (default: as model.offload)")
     p.add_argument("--output", default=None, help="output path: .mp4 (H.264) for a video "
                    "model (default out.mp4), .png for an image model (default out.png)")
     p.add_argument("--frames-dir", default=None, help="also write PNG frames here")
@@ -124,7 +129,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # generate's flags every family takes (besides the request fields)
 _GENERIC = {"model", "prompts", "batch", "lora", "lora_mode", "lora_strict", "output", "no_progress",
-            "overrides", "command", "debug", "surface", "lora_sample", "no_audio"}
+            "overrides", "command", "debug", "surface", "lora_sample", "no_audio",
+            "text_quantize", "text_offload"}
 
 
 def refuse_other_flags(args, pipelines, model: str) -> None:
@@ -252,6 +258,10 @@ def parse_request(args):
                 vae_tiling=s.vae_tiling, mesh_config=cfg.mesh if use_mesh else None,
                 loras=loras, lora_mode=args.lora_mode, lora_strict=args.lora_strict,
                 compile_cache=cfg.compile_cache, makes=makes, **model_over)
+    if getattr(args, "text_quantize", "none") != "none":
+        load["text_quantize"] = args.text_quantize
+    if getattr(args, "text_offload", None) is not None:
+        load["text_offload"] = args.text_offload
     load.update(own_load)
     return load, call
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ditax.errors import ConfigError
-from ditax.models.common.fields import OFFLOAD_MODES, check_quantize
+from ditax.models.common.fields import OFFLOAD_MODES, QUANTIZE_MODES, check_quantize
 from ditax.models.registry import require
 from ditax.pipelines.family import folder_pipelines
 
@@ -42,6 +42,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **op
                 "load it without quantize=")
     if options.get("loras") or options.get("loras_2"):
         require(pipelines.name, "lora", "loras=", "load it without loras=")
+    if options.get("text_quantize", "none") not in QUANTIZE_MODES:
+        raise ConfigError(f"text_quantize={options['text_quantize']!r} is not a quantization "
+                          f"mode; use one of {', '.join(QUANTIZE_MODES)}")
     text_offload = options.pop("text_offload", options.get("offload", "none"))
     if text_offload not in OFFLOAD_MODES:
         raise ConfigError(f"text_offload={text_offload!r}; use one of "

@@ -146,14 +146,26 @@ def relative_position_buckets(q_len: int, k_len: int, num_buckets: int,
 
 
 class _Dense(nnx.Module):
-    """Bias-free linear; ``weight`` is ``[in, out]`` (the transpose of torch's)."""
+    """Bias-free linear; ``weight`` is ``[in, out]`` (the transpose of torch's). Loaded with
+    ``quantize=`` (:func:`load_encoder`): ``weight`` 8-bit and ``kernel_scale`` ``[out]``
+    float32 (per output channel, :mod:`ditax.nn.quant`'s scales), ``y = (x @ q) * scale``."""
 
     def __init__(self, din: int, dout: int, dtype, rngs: nnx.Rngs):
         init = nnx.initializers.normal(stddev=din ** -0.5)
         self.weight = nnx.Param(init(rngs.params(), (din, dout), dtype))
 
     def __call__(self, x):
-        return jnp.einsum("...i,io->...o", x, self.weight[...].astype(x.dtype))
+        y = jnp.einsum("...i,io->...o", x, self.weight[...].astype(x.dtype))
+        scale = getattr(self, "kernel_scale", None)     # set on 8-bit loading only
+        return y if scale is None else y * scale[...].astype(x.dtype)
+
+    def make_8bit(self, mode: str) -> None:
+        """Abstract 8-bit ``weight`` and ``kernel_scale`` in place (the loader fills them)."""
+        from ditax.nn.quant import STORED
+
+        din, dout = self.weight.shape
+        self.weight = nnx.Param(jax.ShapeDtypeStruct((din, dout), STORED[mode]))
+        self.kernel_scale = nnx.Param(jax.ShapeDtypeStruct((dout,), jnp.float32))
 
 
 class T5RMSNorm(nnx.Module):
@@ -324,36 +336,50 @@ def weight_table(cfg: T5Config) -> Table:
 
 
 def load_encoder(path, dtype="float32", *, config_class=T5Config, module_class=T5Encoder,
-                 subfolder: str = "text_encoder_2"):
+                 subfolder: str = "text_encoder_2", quantize: str = "none"):
     """Load a transformers encoder folder (or a pipeline folder's ``subfolder/``) into
     ``module_class`` built from ``config_class.from_hf(config.json)``.
 
     Every tensor goes through :func:`weight_table` (key check, shape check, torch ``[out, in]``
     linears transposed; sharded ``model.safetensors.index.json`` folders too) and is cast to
     ``dtype``; a mismatch raises one :class:`~ditax.errors.WeightError` naming the keys or
-    shapes.
+    shapes. ``quantize`` (``int8`` | ``fp8``): every block linear stored in 8 bits with
+    per-output-channel scales, quantized as each tensor is read (the float encoder is never
+    whole in memory); the embedding, norms and position biases stay in ``dtype``.
     """
+    from ditax.nn import quant
+
+    if quantize not in quant.MODES:
+        raise ConfigError(f"text_quantize={quantize!r} is not a quantization mode; use one of "
+                          f"{', '.join(quant.MODES)}")
     folder = resolve_folder(path, subfolder)
     raw = read_model_json(folder / "config.json", f"{config_class.__name__} config")
     cfg = config_class.from_hf(raw, dtype=dtype)
     abstract = nnx.eval_shape(lambda: module_class(cfg, rngs=nnx.Rngs(0)))
+    quantizers = {}
+    if quantize != "none":
+        for path_, module in nnx.iter_modules(abstract):
+            if isinstance(module, _Dense):
+                module.make_8bit(quantize)
+                quantizers[tuple(str(p) for p in path_) + ("weight",)] = quant.reader(quantize)
     graphdef, state = nnx.split(abstract)
-    state = load_params(weight_table(cfg), Weights.open(folder), state, _dtype(dtype))
+    state = load_params(weight_table(cfg), Weights.open(folder), state, _dtype(dtype),
+                        quantize=quantizers)
     return nnx.merge(graphdef, state)
 
 
-def load_t5_encoder(path, dtype="float32") -> T5Encoder:
+def load_t5_encoder(path, dtype="float32", quantize: str = "none") -> T5Encoder:
     """Load a transformers ``T5EncoderModel`` folder (t5-v1_1-xxl) or a FLUX.1 pipeline
-    folder's ``text_encoder_2/``; see :func:`load_encoder` for the checks."""
-    return load_encoder(path, dtype, subfolder="text_encoder_2")
+    folder's ``text_encoder_2/``; see :func:`load_encoder` for the checks and ``quantize``."""
+    return load_encoder(path, dtype, subfolder="text_encoder_2", quantize=quantize)
 
 
-def load_t5(path, dtype="float32"):
+def load_t5(path, dtype="float32", quantize: str = "none"):
     """A FLUX.1 pipeline folder → ``(T5Encoder, Tokenizer)`` from its ``text_encoder_2/`` and
     ``tokenizer_2/`` (:func:`ditax.models.encoders.tokenizer.load_t5_tokenizer`)."""
     from ditax.models.encoders.tokenizer import load_t5_tokenizer
 
-    return load_t5_encoder(path, dtype), load_t5_tokenizer(path)
+    return load_t5_encoder(path, dtype, quantize), load_t5_tokenizer(path)
 
 
 @nnx.jit

@@ -31,15 +31,16 @@ class UMT5Encoder(T5Encoder):
     (:class:`~ditax.models.encoders.t5.T5Encoder` built from a :class:`UMT5Config`)."""
 
 
-def load_text_encoder(path, dtype="float32") -> UMT5Encoder:
+def load_text_encoder(path, dtype="float32", quantize: str = "none") -> UMT5Encoder:
     """Load a transformers ``UMT5EncoderModel`` folder (or a pipeline's ``text_encoder/``).
 
     Every tensor goes through :func:`ditax.models.encoders.t5.weight_table` (key check, shape check,
     torch ``[out, in]`` linears transposed) and is cast to ``dtype``; a mismatch raises one
-    :class:`~ditax.errors.WeightError` naming the keys or shapes.
+    :class:`~ditax.errors.WeightError` naming the keys or shapes. ``quantize`` (``int8`` |
+    ``fp8``): the block linears in 8 bits (:func:`ditax.models.encoders.t5.load_encoder`).
     """
     return load_encoder(path, dtype, config_class=UMT5Config, module_class=UMT5Encoder,
-                        subfolder="text_encoder")
+                        subfolder="text_encoder", quantize=quantize)
 
 
 @nnx.jit

@@ -20,12 +20,14 @@ PIPELINE_CLASSES = ("FluxPipeline",)
 
 def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
                   cfg_mode: str = "batched", vae_tiling: bool = False,
-                  flow_shift: float | None = None, **model_overrides):
+                  flow_shift: float | None = None, text_quantize: str = "none",
+                  **model_overrides):
     """The :class:`~ditax.pipelines.flux.text_to_image.FluxTextToImage` of folder (or hub id)
     ``path``. The transformer runs ``attention`` in ``dtype`` over ``mesh``; the text
     encoders and the VAE run in ``dtype`` on one device. ``cfg_mode`` ("batched" |
     "sequential"): how true CFG runs its two branches; ``flow_shift``: a fixed shift of the
     sigmas instead of the folder's scheduler's (FLUX.1-dev: resolution-dependent);
+    ``text_quantize`` ("int8" | "fp8"): the T5 encoder's block linears in 8 bits;
     ``model_overrides``: other :class:`~ditax.models.flux.config.FluxConfig` fields (e.g.
     ``remat``) and ``loras=`` (see :func:`ditax.models.flux.loading.load_transformer`).
 
@@ -76,7 +78,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     transformer = load_transformer(root, dtype=dtype, mesh=mesh, attention=attention,
                                    **model_overrides)
     text_encoder, tokenizer = load_clip_text(root, dtype)
-    text_encoder_2, tokenizer_2 = load_t5(root, dtype)
+    text_encoder_2, tokenizer_2 = load_t5(root, dtype, text_quantize)
     vae = load_vae(root, dtype)
     check_fit(transformer.config, text_encoder, text_encoder_2, vae, root)
     pipe = FluxTextToImage(tokenizer=tokenizer, text_encoder=text_encoder,

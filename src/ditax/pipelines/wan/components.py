@@ -30,7 +30,8 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
                     attention="xla", scheduler: str | None = None,
                     flow_shift: float | None = None, vae_dtype: str = "float32",
                     loras=None, loras_2=None, lora_strict: bool = True,
-                    lora_mode: str = "merged", **model_overrides) -> dict:
+                    lora_mode: str = "merged", text_quantize: str = "none",
+                    **model_overrides) -> dict:
     """Keyword arguments for :class:`~ditax.pipelines.wan.text_to_video.WanTextToVideo`:
     ``tokenizer``, ``text_encoder``, ``vae``, ``transformer``, ``transformer_2`` (or None),
     ``scheduler``. Transformers are sharded over ``mesh`` and run ``attention``
@@ -49,7 +50,7 @@ def load_components(folder: PipelineFolder, *, dtype: str = "float32", mesh=None
                                 f"has no transformer_2; pass the LoRAs as loras=")
     sched = load_sampler(folder, scheduler, flow_shift)
     tok = load_tokenizer(subs["tokenizer"])
-    enc = load_text_encoder(subs["text_encoder"], dtype=dtype)
+    enc = load_text_encoder(subs["text_encoder"], dtype=dtype, quantize=text_quantize)
     vae = load_vae(subs["vae"], dtype=vae_dtype)
     tr = load_transformer(subs["transformer"], dtype=dtype, mesh=mesh, attention=attention,
                           subfolder=None, loras=loras, lora_strict=lora_strict,

@@ -34,7 +34,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
                   vae_tiling: bool = False, max_sequence_length: int | None = None,
                   loras=None, loras_2=None, lora_strict: bool = True,
                   lora_mode: str = "merged", video_to_video: bool = False,
-                  **model_overrides) -> "WanTextToVideo":
+                  text_quantize: str = "none", **model_overrides) -> "WanTextToVideo":
     """Load a diffusers Wan pipeline folder (or hub id): a text-to-video ``WanPipeline`` into
     :class:`WanTextToVideo`; a ``WanImageToVideoPipeline`` (Wan 2.1 I2V / FLF2V, Wan 2.2 I2V
     A14B) or an ``expand_timesteps`` folder (Wan 2.2 TI2V-5B) into
@@ -58,6 +58,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         format of :mod:`ditax.lora`); ``loras_2``: the same for Wan 2.2's ``transformer_2``
         (the low-noise expert); ``lora_strict=False`` skips unknown LoRA keys with a warning;
         ``lora_mode="unmerged"`` keeps them as run-time updates (see ``load_transformer``).
+      text_quantize: "int8" | "fp8": the UMT5 encoder's block linears stored in 8 bits
+        (:func:`ditax.models.encoders.t5.load_encoder`); "none" keeps ``dtype``.
       video_to_video: a text-to-video folder as
         :class:`~ditax.pipelines.wan.video_to_video.WanVideoToVideo` (``video=``,
         ``strength=``); another kind of folder is a :class:`ConfigError` before any weights.
@@ -90,7 +92,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
                                 scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
                                 loras=loras, loras_2=loras_2, lora_strict=lora_strict,
-                                lora_mode=lora_mode, **model_overrides)
+                                lora_mode=lora_mode, text_quantize=text_quantize,
+                                **model_overrides)
         cls = WanVideoToVideo if video_to_video else WanTextToVideo
         if folder.kind != "t2v":
             cls = WanImageToVideo
