@@ -65,15 +65,19 @@ class LTX2Pipelines(PipelineFamily):
     muxed = ("audio",)
     sample_defaults = SAMPLE_DEFAULTS
     fields = FIELDS
+    # a folder's ditax_sample.json: the size and steps, and every guidance term (a few-step
+    # student's folder turns them all off: ditax export of a distillation run)
     sample_file_keys = ("height", "width", "num_frames", "num_inference_steps",
-                        "guidance_scale", "max_sequence_length", "fps", "frame_rate")
+                        "guidance_scale", "max_sequence_length", "fps", "frame_rate",
+                        "audio_guidance_scale", "guidance_rescale", "audio_guidance_rescale",
+                        "stg_scale", "audio_stg_scale", "modality_scale", "audio_modality_scale")
     cli_inputs = ("image", "upsampler")
 
-    @classmethod
     def text_encoders(self, pipe) -> list:
         """Gemma-3 (the connectors are small and stay on the device)."""
         return [pipe.text.text_encoder]
 
+    @classmethod
     def add_cli_inputs(cls, parser) -> None:
         from ditax.pipelines.request import add_flag
 
