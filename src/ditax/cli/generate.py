@@ -258,6 +258,8 @@ def parse_request(args):
                 vae_tiling=s.vae_tiling, mesh_config=cfg.mesh if use_mesh else None,
                 loras=loras, lora_mode=args.lora_mode, lora_strict=args.lora_strict,
                 compile_cache=cfg.compile_cache, makes=makes, **model_over)
+    if s.vae_parallel:
+        load["vae_parallel"] = True
     if getattr(args, "text_quantize", "none") != "none":
         load["text_quantize"] = args.text_quantize
     if getattr(args, "text_offload", None) is not None:

@@ -42,6 +42,7 @@ class SampleConfig:
     flow_shift: Optional[float] = None  # None = from the scheduler config
     max_sequence_length: int = _D["max_sequence_length"]
     vae_tiling: bool = False
+    vae_parallel: bool = False          # decode with each frame's rows split over the mesh
     # the Euler sampler's sigmas before the shift, one per step (None = evenly spaced)
     sigmas: Optional[tuple[float, ...]] = None
     preset: Optional[str] = None  # a bundle of the fields above (the family's sample presets)

@@ -60,6 +60,9 @@ class PipelineFamily:
     # the sampling settings a LoRA file may carry for these pipelines (its ``ditax_sample``
     # metadata: :mod:`ditax.pipelines.lora_sample`); none by default
     lora_sample_keys: ClassVar[tuple[str, ...]] = ()
+    # whether the pipelines decode with the rows split over the mesh (vae_parallel=True;
+    # ditax.models.vae.parallel has their VAE)
+    parallel_vae: ClassVar[bool] = False
     # (whether the pipelines take step caching is the family's capability "step_cache",
     # declared in its FamilySpec: ditax.models.registry.require)
 

@@ -31,7 +31,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **op
     weights streamed from host memory, :mod:`ditax.nn.offload`). ``text_offload="host"`` (the
     default with ``offload="host"``): the text and image encoders' weights kept in host memory
     and put on the device only inside their encode programs, so between prompts the
-    transformer has the device's memory to itself."""
+    transformer has the device's memory to itself. ``vae_parallel=True``: the VAE decode with
+    each frame's rows split over ``mesh`` (Wan, FLUX.1; :mod:`ditax.models.vae.parallel`)."""
     if "quantize" in options or "quantize_activations" in options:   # before any file is read
         check_quantize(SimpleNamespace(quantize=options.get("quantize", "none"),
                                        quantize_activations=options.get("quantize_activations",
@@ -45,6 +46,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **op
     if options.get("text_quantize", "none") not in QUANTIZE_MODES:
         raise ConfigError(f"text_quantize={options['text_quantize']!r} is not a quantization "
                           f"mode; use one of {', '.join(QUANTIZE_MODES)}")
+    vae_parallel = bool(options.pop("vae_parallel", False))
+    if vae_parallel:
+        check_vae_parallel(pipelines, mesh, options)
     text_offload = options.pop("text_offload", options.get("offload", "none"))
     if text_offload not in OFFLOAD_MODES:
         raise ConfigError(f"text_offload={text_offload!r}; use one of "
@@ -56,7 +60,26 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", **op
 
         for encoder in pipelines.text_encoders(pipe):
             keep_on_host(encoder)
+    if vae_parallel:
+        pipe.vae_parallel = mesh
     return pipe
+
+
+def check_vae_parallel(pipelines, mesh, options: dict) -> None:
+    """``vae_parallel=True`` (the decode's rows split over the mesh,
+    :mod:`ditax.models.vae.parallel`): the family's pipelines have a row-split decode
+    (``PipelineFamily.parallel_vae``), there is a mesh of more than one device, and no tiled
+    decode was asked too (:class:`ConfigError` naming the fix, before any weights)."""
+    if not pipelines.parallel_vae:
+        raise ConfigError(f"vae_parallel=True: {pipelines.name} pipelines have no row-split "
+                          f"VAE decode yet (Wan and FLUX.1 do); decode on one device or with "
+                          f"vae_tiling=True")
+    if mesh is None or mesh.size < 2:
+        raise ConfigError("vae_parallel=True splits the decode's rows over a mesh's devices; "
+                          "pass a mesh of several devices (mesh.fsdp=8, say) or drop it")
+    if options.get("vae_tiling"):
+        raise ConfigError("vae_parallel=True and vae_tiling=True: choose one (parallel splits "
+                          "each frame over the devices; tiling decodes it in pieces on one)")
 
 
 __all__ = ["load_pipeline"]

@@ -26,6 +26,7 @@ class FluxPipelines(PipelineFamily):
     """FLUX.1-dev / schnell text-to-image folders (``FluxPipeline``)."""
 
     name = "flux"
+    parallel_vae = True        # vae_parallel=True: ditax.models.vae.parallel
     makes = "image"
     sample_defaults = SAMPLE_DEFAULTS
     # a still image, no second expert, no video writer; a negative prompt turns on true CFG,

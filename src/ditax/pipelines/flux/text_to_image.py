@@ -51,6 +51,7 @@ class FluxTextToImage:
         self.scheduler = scheduler
         self.cfg_mode = cfg_mode
         self.vae_tiling = vae_tiling
+        self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
         self.sample_defaults = dict(sample_defaults or {})   # the folder's ditax_sample.json
         self.load_time = 0.0
         self.timings = Timings()
@@ -100,7 +101,12 @@ class FluxTextToImage:
         """Packed latents → float32 image ``[H, W, 3]`` in [0, 1]."""
         h, w = self.latent_size(height, width)
         z = self.vae.denormalize_latents(unpack(jnp.asarray(tokens, self.vae.dtype), h, w))
-        image = np.asarray(self.vae.decode(z, tiled=self.vae_tiling), np.float32)  # [1,3,H,W]
+        if self.vae_parallel is not None:     # rows over the mesh (ditax.models.vae.parallel)
+            from ditax.models.vae.parallel import decode
+
+            image = np.asarray(decode(self.vae, z, mesh=self.vae_parallel), np.float32)
+        else:
+            image = np.asarray(self.vae.decode(z, tiled=self.vae_tiling), np.float32)  # [1,3,H,W]
         image = np.clip(image / np.float32(2) + np.float32(0.5), np.float32(0), np.float32(1))
         return np.ascontiguousarray(np.transpose(image[0], (1, 2, 0)))
 

@@ -219,7 +219,12 @@ class WanAnimate(WanImageToVideo):
             t0 = time.perf_counter()
             with phase("decode"):
                 z = vae.denormalize_latents(jnp.asarray(res.output[:, :, 1:], vae.dtype))
-                frames = np.asarray(vae.decode(z, tiled=self.vae_tiling), np.float32)[0]
+                if self.vae_parallel is not None:     # rows over the mesh (vae_parallel)
+                    from ditax.models.vae.parallel import decode
+
+                    frames = np.asarray(decode(vae, z, mesh=self.vae_parallel), np.float32)[0]
+                else:
+                    frames = np.asarray(vae.decode(z, tiled=self.vae_tiling), np.float32)[0]
             spent["decode"] += time.perf_counter() - t0
             out.append(frames if start == 0 else frames[:, prev:])
             self.last_stats, self.timings = res.stats, Timings(load=self.load_time, **spent)

@@ -32,6 +32,7 @@ class WanPipelines(PipelineFamily):
     ``WanImageToVideoPipeline``)."""
 
     name = "wan"
+    parallel_vae = True        # vae_parallel=True: ditax.models.vae.parallel
     sample_defaults = SAMPLE_DEFAULTS
     sample_presets = SAMPLE_PRESETS
     fields = FIELDS

@@ -102,6 +102,7 @@ class WanTextToVideo:
         self.boundary_ratio = boundary_ratio
         self.cfg_mode = cfg_mode
         self.vae_tiling = vae_tiling
+        self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
         self.max_sequence_length = max_sequence_length
         self.sample_defaults = dict(sample_defaults or {})   # the folder's ditax_sample.json
         self.load_time = 0.0
@@ -145,7 +146,12 @@ class WanTextToVideo:
         """Final latents ``[1, C, F', Y, X]`` → float32 video ``[F, H, W, 3]`` in [0, 1]
         (``programs``: the decode's compiled programs, :meth:`Programs.decode`)."""
         z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
-        video = self.vae.decode(z, tiled=self.vae_tiling, programs=programs)  # [1, 3, F, H, W]
+        if self.vae_parallel is not None:     # rows over the mesh (ditax.models.vae.parallel)
+            from ditax.models.vae.parallel import decode
+
+            video = decode(self.vae, z, mesh=self.vae_parallel)
+        else:
+            video = self.vae.decode(z, tiled=self.vae_tiling, programs=programs)  # [1,3,F,H,W]
         # on the host: the same float32 arithmetic, without compiling four more programs
         video = np.clip(np.asarray(video, np.float32) * np.float32(0.5) + np.float32(0.5),
                         np.float32(0.0), np.float32(1.0))
@@ -274,7 +280,8 @@ class WanTextToVideo:
             cache_coefficients=cache_coefficients,
             size=f"for {num_frames} frames at {height}x{width}{plan.note}",
             decode=None if output == "latent" else self.decode_video,
-            prepare_decode=lambda: None if self.vae_tiling else self.programs.decode(
+            prepare_decode=lambda: None if (self.vae_tiling or self.vae_parallel is not None)
+            else self.programs.decode(
                 self.vae, out_shape, sharding), **self.sample_options(num_inference_steps))
 
 
