@@ -1,6 +1,8 @@
 """``ditax plan CONFIG [key=value ...] [--target tpu-v6e-8 | cpu:N] [--compile] [--train]
 [--json] [--dump-hlo FILE]``: mesh, parameter shardings, and the compiled programs' per-device
-memory, relayout copies, FLOPs, collective bytes and roofline time.
+memory, relayout copies, FLOPs, collective bytes and roofline time. ``--fit`` (one-chip
+targets): what fits the chip, phase by phase, and the smallest change that does
+(:mod:`ditax.plan.fit`).
 
 Nothing is allocated (:func:`ditax.plan.plan`). ``--target tpu-v6e-8`` compiles for that TPU
 slice without a TPU (deviceless, through libtpu: ``pip install "jax[tpu]==<jax version>"``);
@@ -39,6 +41,28 @@ def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--dump-hlo", default=None, metavar="FILE",
                    help="write the compiled forward's HLO text to FILE (implies --compile)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    f = p.add_argument_group(
+        "fit (single-chip targets: tpu-v5e-1, tpu-v6e-1, tpu-v5p-1)",
+        "--fit reports, per phase of the pipeline (text encoding, one denoising step, the VAE "
+        "decode), the bytes on the chip next to its HBM with what the other phases leave "
+        "resident, the host->device bytes a step streams under model.offload=host and their "
+        "time at an ASSUMED 32 GB/s host link next to the step's compute time, and the "
+        "smallest change that fits, tried in order: model.offload=host, + model.quantize="
+        "int8, + text_quantize=int8, else more chips / a tiled or parallel decode. Measured: "
+        "the compiled denoise forward (deviceless) and the compiled VAE decode of one latent "
+        "frame; analytic: the text encoder (published config) and any layer scaling.")
+    f.add_argument("--fit", action="store_true", help="report what fits one chip (see above)")
+    f.add_argument("--fit-layers", type=int, default=None, metavar="N",
+                   help="compile N transformer layers and scale to model.num_layers (a 40-layer "
+                        "720p compile takes minutes on a small CPU)")
+    f.add_argument("--fit-all", action="store_true",
+                   help="compile every rung of the ladder, not only until everything fits")
+    f.add_argument("--fit-no-decode", action="store_true",
+                   help="skip the VAE decode compile (reported as not measured)")
+    f.add_argument("--text-offload", choices=("none", "host"), default=None,
+                   help="the text encoders' weights in host memory (default: model.offload)")
+    f.add_argument("--text-quantize", choices=("none", "int8", "fp8"), default="none",
+                   help="the text encoders' block linears in 8 bits")
 
 
 def simulated_cpu_devices(n: int) -> list:
@@ -98,6 +122,8 @@ def run(args) -> int:
     validate(cfg, len(devices), training=args.train)
     mesh = make_mesh(cfg.mesh, devices)
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print  # noqa: E731
+    if getattr(args, "fit", False):
+        return _run_fit(args, cfg, mesh, chip, say)
     with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache, say=say):
         out = plan(cfg, mesh, args.latent, args.compile or args.dump_hlo is not None,
                    train=args.train, chip=chip, hlo_path=args.dump_hlo)
@@ -169,3 +195,54 @@ def _print_program(name: str, p: dict, what: str) -> None:
         print(f"  roofline on {r['chip']}: {r['estimate_s'] * 1e3:.1f} ms ({r['bound']}-bound; "
               f"compute {r['compute_s'] * 1e3:.1f} ms, HBM {r['hbm_s'] * 1e3:.1f} ms, ICI "
               f"{r['ici_s'] * 1e3:.1f} ms)")
+
+
+def _run_fit(args, cfg, mesh, chip, say) -> int:
+    """``--fit``: :func:`ditax.plan.fit.fit` printed as a table (or ``--json``)."""
+    from ditax.cli.run import run_context
+    from ditax.plan.fit import fit
+
+    if chip is None or mesh.size != 1:
+        raise RequestError("--fit plans one TPU chip: give --target tpu-v5e-1, tpu-v6e-1 or "
+                           "tpu-v5p-1")
+    with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache, say=say):
+        out = fit(cfg, mesh, chip, latent=args.latent, layers=args.fit_layers,
+                  text_offload=args.text_offload, text_quantize=args.text_quantize,
+                  decode_=not args.fit_no_decode, every_rung=args.fit_all, say=say)
+    out = {"config": cfg.name, "target": args.target, **out}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(fit_table(out))
+    return 0
+
+
+def fit_table(out: dict) -> str:
+    """The ``--fit`` report as text: one block per rung, then the verdict per phase."""
+    def g(n):
+        if n is None:
+            return "-"
+        return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
+
+    lines = [f"{out['config']} on {out['target']} ({out['chip']}, {g(out['hbm_bytes'])} HBM); "
+             f"batch {out['batch']} a step, {out['experts']} transformer(s) held"
+             + (f"; {out['compiled_layers']} of {out['layers']} layers compiled, scaled"
+                if out["compiled_layers"] != out["layers"] else ""),
+             f"  measured: {out['measured']}", f"  analytic: {out['analytic']}"]
+    for r in out["rungs"]:
+        lines.append(f"{r['changes']} (offload={r['offload']} quantize={r['quantize']} "
+                     f"text_offload={r['text_offload']} text_quantize={r['text_quantize']}):")
+        for phase in ("text", "denoise", "decode"):
+            if phase in r:
+                ok = "fits" if r[phase]["fits"] else "does NOT fit"
+                lines.append(f"  {phase:8s} {g(r[phase].get('bytes')):>9s}  {ok}"
+                             + (f" ({r[phase]['error']})" if "error" in r[phase] else ""))
+        d = r["denoise"]["step"]
+        if "host_s" in d:
+            lines.append(f"  step: host->device {g(d['host_to_device_bytes'])} "
+                         f"({d['host_s'] * 1e3:.0f} ms at 32 GB/s) vs compute "
+                         f"{d['compute_s'] * 1e3:.0f} ms: ratio {d['host_over_compute']:.2f}; "
+                         f"host holds {g(d['host_argument_bytes'] * out['experts'])}")
+    for phase, v in out["verdict"].items():
+        lines.append(f"{phase:8s}: {v['suggestion']}")
+    return "\n".join(lines)

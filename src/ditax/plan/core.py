@@ -29,16 +29,17 @@ def _params(state, shardings) -> tuple[int, int, int, list]:
     return count, total, per_dev, rows
 
 
-def _forward(cfg, mesh, family, gdef, state, shardings, latent):
-    """Lowered forward on latents ``[B, C, F, Y, X]`` (B = the mesh's batch shards), with the
-    family's image condition (image-to-video: condition channels, CLIP tokens, per-token
-    timesteps) as the pipeline feeds it."""
+def _forward(cfg, mesh, family, gdef, state, shardings, latent, batch=None):
+    """Lowered forward on latents ``[B, C, F, Y, X]`` (B = ``batch``, default the mesh's batch
+    shards; 2 is a batched-CFG denoising step), with the family's image condition
+    (image-to-video: condition channels, CLIP tokens, per-token timesteps) as the pipeline
+    feeds it."""
     from flax import nnx
 
     from ditax.parallel.axes import batch_entry, batch_shards
 
     f, y, x = latent
-    b = batch_shards(mesh)
+    b = batch or batch_shards(mesh)
     bsh = NamedSharding(mesh, P(batch_entry(mesh)))
     dt = jnp.dtype(cfg.model.dtype)
     lat = jax.ShapeDtypeStruct((b, family.latent_channels, f, y, x), dt, sharding=bsh)
@@ -162,7 +163,7 @@ def _state_bytes(abstract_state: dict) -> dict:
 
 
 def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
-         hlo_path=None, train_hlo_path=None) -> dict:
+         hlo_path=None, train_hlo_path=None, batch=None) -> dict:
     """Parameter count, bytes in total and per device, and every parameter's sharding on
     ``mesh``. With ``compile_``, ``"forward"``: the compiled forward for latents
     ``[B, C, F, Y, X]`` (``latent = (F, Y, X)``, default from ``cfg.sample``; B = the mesh's
@@ -172,7 +173,8 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
     of ``cfg.data``'s size (``distill.method=dmd2``: one student update with its critic
     updates; ``"distill"`` says which), with the train state's bytes per device by entry
     (``"state_bytes_per_device"``). ``hlo_path`` / ``train_hlo_path``: write the forward's / the
-    training step's compiled HLO text there.
+    training step's compiled HLO text there. ``batch``: the forward's batch instead of the
+    mesh's batch shards (:mod:`ditax.plan.fit` compiles a batched-CFG step with 2).
     Returns a JSON-ready dict.
     """
     from flax import nnx
@@ -192,7 +194,7 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
     if compile_:
         latent = latent or family.latent_shape(cfg.sample.num_frames, cfg.sample.height,
                                                cfg.sample.width)[1:]
-        lowered, shape, fl = _forward(cfg, mesh, family, gdef, state, sh, latent)
+        lowered, shape, fl = _forward(cfg, mesh, family, gdef, state, sh, latent, batch)
         out["forward"] = {"latent": shape, **_compiled(lowered, fl, layers, chip, hlo_path)}
     if train:
         lowered, shape, fl, about = _train_step(cfg, mesh, family)

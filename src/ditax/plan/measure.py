@@ -33,7 +33,8 @@ def compile_timed(lowered):
 
 
 def memory(compiled) -> dict:
-    """Per-device bytes from XLA's buffer assignment (``memory_analysis``)."""
+    """Per-device bytes from XLA's buffer assignment (``memory_analysis``); ``peak_bytes``
+    in device memory (host-memory arguments, ``host_argument_bytes``, left out)."""
     ma = compiled.memory_analysis()
     get = lambda k: int(getattr(ma, k, 0) or 0)  # noqa: E731
     out = {"argument_bytes": get("argument_size_in_bytes"),
@@ -41,6 +42,11 @@ def memory(compiled) -> dict:
            "alias_bytes": get("alias_size_in_bytes"),
            "host_argument_bytes": get("host_argument_size_in_bytes")}   # offloaded weights
     peak = get("peak_memory_in_bytes")
+    if peak:
+        # XLA:TPU's peak counts the host-memory arguments too (a model.offload=host forward's
+        # peak equals the resident one's, growing by each layer's host bytes): device memory
+        # is the rest
+        peak -= out["host_argument_bytes"]
     out["peak_bytes"] = peak or (out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"]
                                  - out["alias_bytes"])
     return out

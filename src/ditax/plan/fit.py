@@ -1,0 +1,434 @@
+"""What fits one chip (``ditax plan CONFIG --target tpu-v5e-1 --fit``): each phase of a video
+pipeline — text encoding, one denoising step, the VAE decode — against the chip's HBM, and the
+smallest change that makes all of them fit.
+
+A pipeline's phases share the device: while the text encoder runs, the transformer's
+device-resident weights are there too; while the transformer denoises, the encoder's weights
+(unless ``text_offload=host``) and the VAE's are; while the VAE decodes, the transformer's
+(and with Wan 2.2 A14B, both experts') are. Each phase's bytes are therefore its own program's
+peak plus what the other phases leave resident.
+
+How each number is got (the report says it again, phase by phase):
+
+- denoise: the transformer forward compiled for the target (deviceless, :func:`ditax.plan.plan`)
+  at the batch a step runs (2 with batched CFG), once per rung of the ladder below:
+  ``peak_bytes``, device / host argument bytes and ``host_to_device_bytes`` (the async copies
+  out of host memory space ``S(5)`` in the compiled program) are measured. When fewer layers
+  than the model has are compiled (``layers=``), the rest is scaled: the weights' bytes exactly
+  from the full abstract model, each further layer's weights streamed once more per step, the
+  temporaries unchanged (the layer loop's body is the same), compute in proportion to the
+  model's FLOPs. ``host_s`` is the streamed bytes over :data:`~ditax.plan.measure.
+  HOST_LINK_BYTES_PER_S` (32 GB/s, an ASSUMED host link: no per-chip figure is published);
+  ``compute_s`` the FLOPs over the chip's peak bf16 rate (a floor).
+- text: analytic, from the encoder's published config (UMT5-XXL for Wan, T5-XXL for FLUX.1):
+  its weights' bytes from the abstract module (8-bit block linears under ``text_quantize``),
+  its activations from the prompt length (``sample.max_sequence_length``, two prompts with CFG).
+- decode: the Wan VAE's later-frame program (one latent frame in, ``temporal_factor`` frames
+  out, the feature cache carried; the whole decode's peak, :mod:`ditax.models.vae.wan.chunks`)
+  compiled at the config's size, or skipped (``decode=False``: reported as not measured).
+
+The ladder of changes, each added to the ones before, skipping what the config already has:
+``model.offload=host`` (with ``text_offload=host``, its default), ``model.quantize=int8``,
+``text_quantize=int8``; past it, more chips (a larger slice of the same chip, to plan with
+``--target``) or, for the decode, the tiled / row-split parallel decode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ditax.errors import ConfigError
+from ditax.plan.measure import HOST_LINK_BYTES_PER_S
+
+#: the ladder: (what the change says, model fields, pipeline options), tried in this order
+LADDER = (("model.offload=host", {"offload": "host"}, {"text_offload": "host"}),
+          ("model.quantize=int8", {"quantize": "int8"}, {}),
+          ("text_quantize=int8", {}, {"text_quantize": "int8"}))
+#: the slices "more chips" suggests, smallest first, per chip generation
+MORE_CHIPS = {"v5e": (4, 8, 16, 32), "v6e": (4, 8, 16, 32), "v5p": (8, 16, 32, 64),
+              "v7x": (8, 16)}
+
+
+# -- text ------------------------------------------------------------------------------------
+
+def _text_configs(family, dtype: str):
+    """``[(name, encoder config)]`` of a family's prompt encoders (the published sizes), or
+    None for a family whose encoders this report does not model, or a model whose text width
+    is not the published encoder's (a small test model's encoder is its own)."""
+    from ditax.models.encoders.t5 import T5Config
+    from ditax.models.encoders.umt5 import UMT5Config
+
+    table = {"wan": [("UMT5-XXL", UMT5Config(dtype=dtype))],
+             "flux": [("T5-XXL", T5Config(dtype=dtype))]}
+    found = table.get(family.name)
+    if found is None or found[-1][1].d_model != family.text_dim:
+        return None
+    return found
+
+
+def encoder_bytes(enc_cfg, quantize: str = "none") -> int:
+    """Bytes of a T5 / UMT5 encoder's weights: the abstract module's, with every block linear
+    8-bit plus its float32 scales under ``quantize`` (as
+    :func:`~ditax.models.encoders.t5.load_encoder` loads it); nothing is allocated."""
+    from flax import nnx
+
+    from ditax.models.encoders.t5 import T5Encoder, _Dense
+
+    enc = nnx.eval_shape(lambda: T5Encoder(enc_cfg, rngs=nnx.Rngs(0)))
+    if quantize != "none":
+        for _, module in nnx.iter_modules(enc):
+            if isinstance(module, _Dense):
+                module.make_8bit(quantize)
+    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(nnx.state(enc)))
+
+
+def encoder_activation_bytes(enc_cfg, prompts: int, tokens: int) -> int:
+    """Analytic activation bytes of one encoder layer on ``prompts`` x ``tokens``: the hidden
+    state, q / k / v / output and the gated MLP's two inner tensors in the compute dtype, and
+    the float32 attention scores with their softmax — what is live at a layer's widest point."""
+    act = jnp.dtype(enc_cfg.dtype).itemsize
+    inner = enc_cfg.num_heads * enc_cfg.d_kv
+    hidden = prompts * tokens * (2 * enc_cfg.d_model + 4 * inner + 2 * enc_cfg.d_ff) * act
+    scores = 2 * prompts * enc_cfg.num_heads * tokens * tokens * 4
+    return int(hidden + scores)
+
+
+# -- denoise ---------------------------------------------------------------------------------
+
+def _with(cfg, **model_fields):
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model_fields))
+
+
+def param_split(cfg, mesh) -> tuple[int, int]:
+    """``(device, host)`` bytes per device of the transformer's parameters under ``cfg`` (its
+    ``model.offload`` and ``model.quantize``), from the abstract model: nothing compiles."""
+    from flax import nnx
+
+    from ditax.models.base import model_family
+    from ditax.plan.core import _quantize
+
+    family = model_family(cfg.model, cfg.attention)
+    model = family.abstract(mesh)
+    _quantize(cfg.model, model, list(mesh.devices.flat))
+    state = nnx.state(model)
+    dev = host = 0
+    for leaf, s in zip(jax.tree.leaves(state), jax.tree.leaves(family.param_shardings(state,
+                                                                                      mesh))):
+        n = int(np.prod(s.shard_shape(leaf.shape))) * jnp.dtype(leaf.dtype).itemsize
+        if s.memory_kind == "pinned_host":
+            host += n
+        else:
+            dev += n
+    return dev, host
+
+
+def denoise(cfg, mesh, chip, *, latent=None, batch: int = 1, full_layers=None) -> dict:
+    """One denoising step's forward compiled for ``mesh`` (see the module docstring), scaled
+    from ``cfg.model.num_layers`` compiled layers to ``full_layers`` when given."""
+    from ditax.plan.core import plan
+
+    p = plan(cfg, mesh, latent, True, chip=chip, batch=batch)
+    f = p["forward"]
+    n = cfg.model.num_layers
+    if "error" in f:       # XLA itself refused: more than the chip holds
+        return {"fits": False, "compiled_layers": n, "error": f["error"]}
+    r = f["roofline"]
+    out = {"compiled_layers": n, "latent": f["latent"], "peak_bytes": f["peak_bytes"],
+           "temp_bytes": f["temp_bytes"], "device_argument_bytes": f["argument_bytes"],
+           "host_argument_bytes": f["host_argument_bytes"],
+           "host_to_device_bytes": f["host_to_device_bytes"], "compute_s": r["compute_s"],
+           "hbm_s": r["hbm_s"], "compile_s": f["compile_s"]}
+    dev_n, host_n = param_split(cfg, mesh)
+    out["device_param_bytes"], out["host_param_bytes"] = dev_n, host_n
+    if full_layers and full_layers != n:
+        from ditax.models.base import model_family
+
+        full = _with(cfg, num_layers=full_layers)
+        dev_f, host_f = param_split(full, mesh)
+        shape = tuple(f["latent"][1:])
+        T = cfg.sample.max_sequence_length
+        ratio = (model_family(full.model).flops_per_sample(shape, T)
+                 / model_family(cfg.model).flops_per_sample(shape, T))
+        out.update(scaled_from_layers=n, compiled_layers=n, layers=full_layers,
+                   peak_bytes=f["peak_bytes"] + dev_f - dev_n,
+                   device_argument_bytes=f["argument_bytes"] + dev_f - dev_n,
+                   host_argument_bytes=f["host_argument_bytes"] + host_f - host_n,
+                   host_to_device_bytes=f["host_to_device_bytes"] + host_f - host_n,
+                   compute_s=r["compute_s"] * ratio, hbm_s=r["hbm_s"] * ratio,
+                   device_param_bytes=dev_f, host_param_bytes=host_f)
+    else:
+        out["layers"] = n
+    out["host_s"] = out["host_to_device_bytes"] / HOST_LINK_BYTES_PER_S
+    out["host_over_compute"] = out["host_s"] / out["compute_s"] if out["compute_s"] else None
+    out["step_s_overlapped"] = max(out["host_s"], out["compute_s"], out["hbm_s"])
+    return out
+
+
+# -- decode ----------------------------------------------------------------------------------
+
+def decode(cfg, mesh, vae_cfg=None) -> dict:
+    """The Wan VAE's later-frame decode program (``[1, 1, Y, X, z]`` latents → its frames, the
+    feature cache carried and donated) compiled on ``mesh``'s first device at the config's
+    ``sample`` size; ``vae_cfg`` defaults to ``model.vae``'s (:func:`~ditax.models.vae.wan.
+    config.vae_preset`)."""
+    from flax import nnx
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from ditax.models.vae.wan import WanVAE
+    from ditax.models.vae.wan.chunks import decode_chunk
+    from ditax.models.vae.wan.config import vae_preset
+    from ditax.parallel.platform import target_platform
+    from ditax.plan.measure import compile_timed, memory
+
+    vae_cfg = vae_cfg or vae_preset(getattr(cfg.model, "vae", "wan2.1"))
+    dt = jnp.dtype(cfg.model.dtype)
+    s = cfg.sample
+    sf = vae_cfg.spatial_factor
+    y, x = s.height // sf, s.width // sf
+    vae = nnx.eval_shape(lambda: WanVAE(vae_cfg, dtype=dt, rngs=nnx.Rngs(0)))
+    gdef, state = nnx.split(vae)
+    weights = sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize
+                  for a in jax.tree.leaves(state))
+    one = Mesh(np.array(list(mesh.devices.flat)[:1]), ("d",))
+    rep = NamedSharding(one, P())
+    state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), state)
+    chunk = jax.ShapeDtypeStruct((1, 1, y, x, vae_cfg.z_dim), dt, sharding=rep)
+    with target_platform(one.devices.flat[0].platform):
+        first = decode_chunk.lower(gdef, state, chunk, None, first=True)
+        lowered = decode_chunk.lower(gdef, state, chunk, first.out_info[1], first=False)
+        try:
+            compiled, secs = compile_timed(lowered)
+        except Exception as e:  # XlaRuntimeError; its type is not public API
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            return {"method": "compiled", "latent_chunk": [1, 1, y, x, vae_cfg.z_dim],
+                    "vae_weight_bytes": weights, "error": str(e).strip().splitlines()[0]}
+    m = memory(compiled)
+    return {"method": "compiled", "latent_chunk": [1, 1, y, x, vae_cfg.z_dim],
+            "frames_per_clip": vae_cfg.temporal_factor, "vae_weight_bytes": weights,
+            "peak_bytes": m["peak_bytes"], "temp_bytes": m["temp_bytes"],
+            "compile_s": round(secs, 2)}
+
+
+def vae_weight_bytes(cfg, vae_cfg=None) -> int:
+    """Bytes of the Wan VAE's weights in ``model.dtype`` (abstract; nothing compiles)."""
+    from flax import nnx
+
+    from ditax.models.vae.wan import WanVAE
+    from ditax.models.vae.wan.config import vae_preset
+
+    vae_cfg = vae_cfg or vae_preset(getattr(cfg.model, "vae", "wan2.1"))
+    dt = jnp.dtype(cfg.model.dtype)
+    vae = nnx.eval_shape(lambda: WanVAE(vae_cfg, dtype=dt, rngs=nnx.Rngs(0)))
+    return sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize
+               for a in jax.tree.leaves(nnx.state(vae)))
+
+
+# -- the report ------------------------------------------------------------------------------
+
+def rungs(cfg, text_offload=None, text_quantize: str = "none") -> list[tuple[str, dict]]:
+    """``[(changes so far, settings)]``: the config as given, then each change of
+    :data:`LADDER` it does not have yet, added to the ones before. Settings: ``offload``,
+    ``quantize`` (the model's), ``text_offload`` (default: the model's ``offload``, as
+    :func:`ditax.load_pipeline` defaults it) and ``text_quantize``."""
+    now = {"offload": cfg.model.offload, "quantize": cfg.model.quantize,
+           "text_offload": text_offload or cfg.model.offload, "text_quantize": text_quantize}
+    out, said = [("as configured", dict(now))], []
+    for label, model, pipe in LADDER:
+        change = {**model, **pipe}
+        if text_offload is not None:       # given: the user's, not the offload's default
+            change.pop("text_offload", None)
+        if all(now[k] != "none" for k in model or pipe):    # has it (or another 8-bit mode)
+            continue
+        now = {**now, **change}
+        said.append(label)
+        out.append((" + ".join(said), dict(now)))
+    return out
+
+
+def more_chips(chip_key: str, need: float, hbm: float) -> str:
+    """The smallest slice of ``chip_key`` chips whose summed HBM holds ``need`` bytes: a rough
+    count (weights and activations split evenly), to check with ``--target``."""
+    for n in MORE_CHIPS.get(chip_key, ()):
+        if n * hbm >= need:
+            return f"tpu-{chip_key}-{n}"
+    return f"tpu-{chip_key}-{MORE_CHIPS.get(chip_key, (0,))[-1]}+"
+
+
+def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
+        text_quantize: str = "none", decode_: bool = True, every_rung: bool = False,
+        vae_cfg=None, text_encoders=None, experts=None, batch=None, say=None) -> dict:
+    """Per phase (text, denoise, decode) the bytes on one chip of ``mesh`` (one device) under
+    each rung of :func:`rungs`, whether they fit ``chip.hbm_bytes``, the host traffic of a
+    denoising step next to its compute, and the smallest change that fits. Compiles one
+    forward per rung until everything fits (``every_rung``: every rung) and the decode once.
+
+    ``layers``: compile this many transformer layers and scale to ``model.num_layers`` (the
+    module docstring says how). ``experts``: transformers the pipeline holds (default 2 when
+    ``sample.guidance_scale_2`` is set: Wan 2.2 A14B; one runs per step, both stay loaded).
+    ``batch``: the forward's batch per step (default 2 with classifier-free guidance, batched
+    as the pipelines run it; 1 without, or with a guidance-embedding model). ``say``: called
+    with a progress line before each compile. ``vae_cfg`` / ``text_encoders`` (``[(name,
+    T5Config)]``): instead of the published ones (the tests' small models)."""
+    from ditax.models.base import model_family
+
+    if mesh.size != 1:
+        raise ConfigError(f"--fit plans one chip; the mesh has {mesh.size} devices: use a "
+                          f"single-chip target (tpu-v5e-1, tpu-v6e-1, tpu-v5p-1)")
+    family = model_family(cfg.model, cfg.attention)
+    full = cfg.model.num_layers
+    if layers is not None and not 1 <= layers <= full:
+        raise ConfigError(f"--fit-layers={layers} must be in 1..{full} (model.num_layers)")
+    small = _with(cfg, num_layers=layers) if layers and layers < full else cfg
+    s = cfg.sample
+    if batch is None:
+        cfg_on = s.guidance_scale > 1.0 and not getattr(cfg.model, "guidance_embeds", False)
+        batch = 2 if cfg_on else 1
+    experts = experts or (2 if s.guidance_scale_2 is not None else 1)
+    say = say or (lambda line: None)
+    hbm = float(chip.hbm_bytes)
+    chip_key = next((k for k, c in _chips().items() if c == chip), "")
+
+    encoders = text_encoders or _text_configs(family, cfg.model.dtype)
+    text_act = (sum(encoder_activation_bytes(c, batch, s.max_sequence_length)
+                    for _, c in encoders) if encoders else 0)
+    enc_bytes = {}
+
+    def text_weights(q):
+        if encoders is None:
+            return 0
+        if q not in enc_bytes:
+            enc_bytes[q] = sum(encoder_bytes(c, q) for _, c in encoders)
+        return enc_bytes[q]
+
+    dec = None
+    if decode_ and family.name == "wan":
+        say(f"compiling the VAE decode ({s.height}x{s.width}, one latent frame a call)")
+        dec = decode(cfg, mesh, vae_cfg)
+    vae_w = (dec or {}).get("vae_weight_bytes") or (
+        vae_weight_bytes(cfg, vae_cfg) if family.name == "wan" else 0)
+
+    compiled: dict = {}
+    rows = []
+    for label, st in rungs(cfg, text_offload, text_quantize):
+        key = (st["offload"], st["quantize"])
+        if key not in compiled:
+            say(f"compiling the denoise step: model.offload={key[0]} model.quantize={key[1]}"
+                + (f" ({small.model.num_layers} of {full} layers)" if small is not cfg else ""))
+            compiled[key] = denoise(_with(small, offload=key[0], quantize=key[1]), mesh, chip,
+                                    latent=latent, batch=batch,
+                                    full_layers=full if small is not cfg else None)
+        d = compiled[key]
+        tw = text_weights(st["text_quantize"])
+        kept_text = tw if st["text_offload"] == "none" else 0
+        if "error" in d:
+            den = {"fits": False, "error": d["error"]}
+            dev_params = None
+        else:
+            dev_params = d["device_param_bytes"]
+            den_b = d["peak_bytes"] + (experts - 1) * dev_params + kept_text + vae_w
+            den = {"bytes": den_b}
+        row = {"changes": label, **st, "denoise": {**den, "step": d}}
+        if encoders is not None and dev_params is not None:
+            tb = tw + text_act + experts * dev_params + vae_w
+            row["text"] = {"bytes": tb, "encoder_weight_bytes": tw,
+                           "activation_bytes": text_act}
+        if dec is not None and "error" in dec:
+            row["decode"] = {"fits": False, "error": dec["error"]}
+        elif dec is not None and dev_params is not None:
+            row["decode"] = {"bytes": dec["peak_bytes"] + experts * dev_params + kept_text}
+        rows.append(row)
+        if _fits_all(_judge_row(row, hbm)) and not every_rung:
+            break
+
+    out = {"chip": chip.name, "chip_key": chip_key, "batch": batch, "experts": experts,
+           "layers": full, "compiled_layers": small.model.num_layers,
+           "host_link_bytes_per_s": HOST_LINK_BYTES_PER_S,
+           "measured": "denoise: compiled forward (peak, arguments, host->device copies); "
+                       "decode: compiled VAE later-frame program" + (
+                           "" if dec else " (skipped)"),
+           "analytic": "text encoder (weights from the abstract module, activations from the "
+                       "prompt length); host link 32 GB/s ASSUMED; compute_s = FLOPs / peak"
+                       + ("" if small is cfg else f"; layers {small.model.num_layers} -> "
+                          f"{full} scaled"),
+           "text_encoders": [n for n, _ in encoders] if encoders else None,
+           "decode": dec, "rungs": rows}
+    return judge(out, hbm)
+
+
+PHASES = ("text", "denoise", "decode")
+
+
+def _judge_row(row: dict, hbm: float) -> dict:
+    for k in PHASES:
+        if k in row and "bytes" in row[k]:
+            row[k]["fits"] = row[k]["bytes"] <= hbm
+    return row
+
+
+def _fits_all(row: dict) -> bool:
+    return all(row[k]["fits"] for k in PHASES if k in row)
+
+
+def judge(out: dict, hbm: float) -> dict:
+    """``out`` (:func:`fit`'s report) judged against ``hbm`` bytes a chip: each phase's
+    ``fits`` and the :func:`verdict`; in place, returned. The bytes do not depend on the
+    capacity, so one report can be judged against several."""
+    out["hbm_bytes"] = int(hbm)
+    for row in out["rungs"]:
+        _judge_row(row, hbm)
+    out["verdict"] = verdict(out["rungs"], out["decode"], hbm, out["chip_key"])
+    return out
+
+
+def _chips():
+    from ditax.plan.targets import CHIPS
+
+    return CHIPS
+
+
+def verdict(rows: list[dict], dec, hbm: float, chip_key: str) -> dict:
+    """Per phase: whether it fits as configured and the first rung at which it does (its
+    changes), else what to try past the ladder; and the first rung where all phases fit."""
+    out = {}
+    for phase in PHASES:
+        have = [r for r in rows if phase in r]
+        if not have:
+            out[phase] = {"fits": None, "suggestion": "not measured"}
+            continue
+        first = next((r for r in have if r[phase]["fits"]), None)
+        v = {"fits": have[0][phase]["fits"], "bytes": have[0][phase].get("bytes")}
+        if first is rows[0]:
+            v["suggestion"] = "fits as configured"
+        elif first is not None:
+            v["suggestion"] = first["changes"]
+        elif phase == "decode":
+            frac = (dec or {}).get("temp_bytes", 0)
+            room = hbm - (have[-1][phase].get("bytes", frac) - frac)
+            n = math.ceil(frac / room) if room > 0 else None
+            v["suggestion"] = ("tiled decode (WanVAE.decode tile_sample_min) or the row-split "
+                               "parallel decode (ditax.models.vae.parallel)"
+                               + (f" over about {n} chips: {more_chips(chip_key, n * hbm, hbm)}"
+                                  if n else ", with the transformer's weights off the device"))
+        else:
+            need = have[0][phase].get("bytes") or 0
+            v["suggestion"] = (f"more chips: {more_chips(chip_key, need, hbm)} (rough: the "
+                               f"bytes as configured over the chip's HBM; plan it with --target)")
+        out[phase] = v
+    first_all = next((r for r in rows if _fits_all(r)), None)
+    out["all"] = {"fits": first_all is rows[0],
+                  "suggestion": ("fits as configured" if first_all is rows[0] else
+                                 first_all["changes"] if first_all else
+                                 "; ".join(f"{k}: {out[k]['suggestion']}" for k in PHASES
+                                           if out[k]["fits"] is False))}
+    return out
+
+
+__all__ = ["LADDER", "PHASES", "decode", "denoise", "encoder_activation_bytes", "encoder_bytes", "fit",
+           "judge", "more_chips", "param_split", "rungs", "vae_weight_bytes", "verdict"]
