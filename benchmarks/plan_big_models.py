@@ -6,10 +6,12 @@ compiled deviceless (libtpu, no TPU attached, ``TPU_SKIP_MDS_QUERY=1``) for
   chip (32 GB);
 
 every rung of the ladder (as configured, + model.offload=host, + model.quantize=int8,
-+ text_quantize=int8) and the VAE decode. A 40-layer 720p compile on a 2-core CPU takes many
-minutes, so ``--layers`` (default 2) transformer layers are compiled and the rest is scaled
++ text_quantize=int8) and the VAE decode. Every layer is compiled (the layer loop is one
+scanned body: a 40-layer 720p compile takes about as long as a 2-layer one, 80 s here, while
+the VAE decode's takes 3-4 minutes); ``--layers N`` compiles N and scales
 (:mod:`ditax.plan.fit` says how). Prints one JSON object per rung and one per case summary:
-``python benchmarks/plan_big_models.py --case wan21-14b-v5e [--layers 2] [--out FILE]``.
+``python benchmarks/plan_big_models.py --case wan21-14b-v5e [--layers 2] [--out FILE]``;
+``--table FILE`` prints the markdown table of such lines.
 """
 
 from __future__ import annotations
@@ -27,13 +29,45 @@ CASES = {"wan21-14b-v5e": ("wan2.1-t2v-14b", "tpu-v5e-1"),
          "wan22-a14b-v6e": ("wan2.2-t2v-a14b", "tpu-v6e-1")}
 
 
+def table(path) -> str:
+    """The markdown table of docs/plan_big_models.md from the JSON lines in ``path``."""
+    gb = lambda n: "-" if n is None else f"{n / 1e9:.1f}"  # noqa: E731
+    ok = lambda r, p: "" if f"{p}_fits" not in r else (" ✓" if r[f"{p}_fits"] else " ✗")  # noqa: E731
+    rows = ["| model, chip (HBM) | changes | text GB | denoise step GB | decode GB | host holds "
+            "GB | host→device a step GB | host_s (32 GB/s, assumed) | compute_s | ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("metric") != "rung":
+                continue
+            d = r["step"]
+            rows.append(
+                f"| {r['config']}, {r['target']} ({r['hbm_bytes'] / 1e9:.0f} GB) | {r['changes']} "
+                f"| {gb(r.get('text_bytes'))}{ok(r, 'text')} "
+                f"| {gb(r.get('denoise_bytes'))}{ok(r, 'denoise')} "
+                f"| {gb(r.get('decode_bytes'))}{ok(r, 'decode')} "
+                f"| {gb(d['host_argument_bytes'] * r['experts'])} "
+                f"| {gb(d['host_to_device_bytes'])} | {d['host_s']:.2f} s | {d['compute_s']:.1f} s "
+                f"| {d['host_over_compute']:.3f} |")
+    return "\n".join(rows)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", choices=sorted(CASES), required=True)
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--case", choices=sorted(CASES))
+    ap.add_argument("--table", default=None, metavar="JSONL",
+                    help="print the markdown table of these JSON lines and exit")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="compile this many layers and scale (default: all of them)")
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     a = ap.parse_args()
+    if a.table:
+        print(table(a.table))
+        return
+    if a.case is None:
+        ap.error("--case is required (or --table FILE)")
 
     from ditax.cli.run import run_context
     from ditax.config import load_config, validate

@@ -117,6 +117,7 @@ def test_host_traffic_is_the_compiled_programs_and_scales_with_layers(report, tp
     assert step["host_argument_bytes"] == host > 0
     # each layer's weights stream once a step, and (prefetch 1) the last once more
     assert step["host_to_device_bytes"] * LAYERS == host * (LAYERS + 1)
+    assert step["streams_each_layer_once"]
     assert step["host_s"] == step["host_to_device_bytes"] / HOST_LINK_BYTES_PER_S
     assert step["host_over_compute"] == step["host_s"] / step["compute_s"]
     # two layers compiled, scaled to four: the four-layer compile's numbers

@@ -241,8 +241,13 @@ def fit_table(out: dict) -> str:
         if "host_s" in d:
             lines.append(f"  step: host->device {g(d['host_to_device_bytes'])} "
                          f"({d['host_s'] * 1e3:.0f} ms at 32 GB/s) vs compute "
-                         f"{d['compute_s'] * 1e3:.0f} ms: ratio {d['host_over_compute']:.2f}; "
+                         f"{d['compute_s'] * 1e3:.0f} ms: ratio {d['host_over_compute']:.3f}, "
+                         f"step {d['step_s_overlapped']:.2f} s overlapped .. "
+                         f"{d['step_s_serial']:.2f} s serial; "
                          f"host holds {g(d['host_argument_bytes'] * out['experts'])}")
+        if not d.get("streams_each_layer_once", True):
+            lines.append(f"  WARNING: the program copies more than each offloaded layer once a "
+                         f"step" + (f"; layer scaling {d['scaling']}" if "scaling" in d else ""))
     for phase, v in out["verdict"].items():
         lines.append(f"{phase:8s}: {v['suggestion']}")
     return "\n".join(lines)

@@ -146,6 +146,12 @@ def denoise(cfg, mesh, chip, *, latent=None, batch: int = 1, full_layers=None) -
            "hbm_s": r["hbm_s"], "compile_s": f["compile_s"]}
     dev_n, host_n = param_split(cfg, mesh)
     out["device_param_bytes"], out["host_param_bytes"] = dev_n, host_n
+    # each offloaded layer copied in once, and the prefetch's k layers once more: what the
+    # layer loop should stream; a program that copies more (a whole stacked array brought in
+    # per layer) breaks the per-layer scaling below, which says so
+    k = getattr(cfg.model, "offload_prefetch", 0)
+    expected = host_n * (n + k) / n if n else 0
+    out["streams_each_layer_once"] = f["host_to_device_bytes"] <= expected * 1.001 + 1
     if full_layers and full_layers != n:
         from ditax.models.base import model_family
 
@@ -162,11 +168,18 @@ def denoise(cfg, mesh, chip, *, latent=None, batch: int = 1, full_layers=None) -
                    host_to_device_bytes=f["host_to_device_bytes"] + host_f - host_n,
                    compute_s=r["compute_s"] * ratio, hbm_s=r["hbm_s"] * ratio,
                    device_param_bytes=dev_f, host_param_bytes=host_f)
+        if not out["streams_each_layer_once"]:
+            out["scaling"] = (f"unreliable: the {n}-layer program copies "
+                              f"{f['host_to_device_bytes'] / max(expected, 1):.2f}x the "
+                              f"offloaded layers' bytes from the host; compile every layer")
     else:
         out["layers"] = n
     out["host_s"] = out["host_to_device_bytes"] / HOST_LINK_BYTES_PER_S
     out["host_over_compute"] = out["host_s"] / out["compute_s"] if out["compute_s"] else None
+    # both bounds: the copies hidden behind compute (the prefetch's aim), or not at all (the
+    # v6e programs compiled here issue the next block's copy after this block's compute)
     out["step_s_overlapped"] = max(out["host_s"], out["compute_s"], out["hbm_s"])
+    out["step_s_serial"] = out["host_s"] + max(out["compute_s"], out["hbm_s"])
     return out
 
 
@@ -267,7 +280,8 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
     """Per phase (text, denoise, decode) the bytes on one chip of ``mesh`` (one device) under
     each rung of :func:`rungs`, whether they fit ``chip.hbm_bytes``, the host traffic of a
     denoising step next to its compute, and the smallest change that fits. Compiles one
-    forward per rung until everything fits (``every_rung``: every rung) and the decode once.
+    forward per rung until everything fits (``every_rung``: every rung, and the step without
+    offload when the config has it) and the decode once.
 
     ``layers``: compile this many transformer layers and scale to ``model.num_layers`` (the
     module docstring says how). ``experts``: transformers the pipeline holds (default 2 when
@@ -347,6 +361,12 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
         if _fits_all(_judge_row(row, hbm)) and not every_rung:
             break
 
+    if every_rung and cfg.model.offload != "none" and not any(
+            k[0] == "none" for k in compiled):        # the step without offload, to compare
+        say("compiling the denoise step without model.offload, to compare")
+        rows[0]["denoise"]["without_offload"] = denoise(
+            _with(small, offload="none"), mesh, chip, latent=latent, batch=batch,
+            full_layers=full if small is not cfg else None)
     out = {"chip": chip.name, "chip_key": chip_key, "batch": batch, "experts": experts,
            "layers": full, "compiled_layers": small.model.num_layers,
            "host_link_bytes_per_s": HOST_LINK_BYTES_PER_S,
