@@ -42,6 +42,12 @@ def table(path) -> str:
             if r.get("metric") != "rung":
                 continue
             d = r["step"]
+            if "error" in d:
+                rows.append(f"| {r['config']}, {r['target']} ({r['hbm_bytes'] / 1e9:.0f} GB) "
+                            f"| {r['changes']} | {gb(r.get('text_bytes'))}{ok(r, 'text')} "
+                            f"| XLA: RESOURCE_EXHAUSTED ✗ | {gb(r.get('decode_bytes'))}"
+                            f"{ok(r, 'decode')} | 0 | 0 | - | - | - |")
+                continue
             rows.append(
                 f"| {r['config']}, {r['target']} ({r['hbm_bytes'] / 1e9:.0f} GB) | {r['changes']} "
                 f"| {gb(r.get('text_bytes'))}{ok(r, 'text')} "

@@ -137,7 +137,9 @@ def denoise(cfg, mesh, chip, *, latent=None, batch: int = 1, full_layers=None) -
     f = p["forward"]
     n = cfg.model.num_layers
     if "error" in f:       # XLA itself refused: more than the chip holds
-        return {"fits": False, "compiled_layers": n, "error": f["error"]}
+        dev, host = param_split(_with(cfg, num_layers=full_layers) if full_layers else cfg, mesh)
+        return {"fits": False, "compiled_layers": n, "layers": full_layers or n,
+                "error": f["error"], "device_param_bytes": dev, "host_param_bytes": host}
     r = f["roofline"]
     out = {"compiled_layers": n, "latent": f["latent"], "peak_bytes": f["peak_bytes"],
            "temp_bytes": f["temp_bytes"], "device_argument_bytes": f["argument_bytes"],
@@ -341,21 +343,20 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
         d = compiled[key]
         tw = text_weights(st["text_quantize"])
         kept_text = tw if st["text_offload"] == "none" else 0
+        dev_params = d["device_param_bytes"]
         if "error" in d:
             den = {"fits": False, "error": d["error"]}
-            dev_params = None
         else:
-            dev_params = d["device_param_bytes"]
             den_b = d["peak_bytes"] + (experts - 1) * dev_params + kept_text + vae_w
             den = {"bytes": den_b}
         row = {"changes": label, **st, "denoise": {**den, "step": d}}
-        if encoders is not None and dev_params is not None:
+        if encoders is not None:
             tb = tw + text_act + experts * dev_params + vae_w
             row["text"] = {"bytes": tb, "encoder_weight_bytes": tw,
                            "activation_bytes": text_act}
         if dec is not None and "error" in dec:
             row["decode"] = {"fits": False, "error": dec["error"]}
-        elif dec is not None and dev_params is not None:
+        elif dec is not None:
             row["decode"] = {"bytes": dec["peak_bytes"] + experts * dev_params + kept_text}
         rows.append(row)
         if _fits_all(_judge_row(row, hbm)) and not every_rung:
@@ -423,7 +424,8 @@ def verdict(rows: list[dict], dec, hbm: float, chip_key: str) -> dict:
             out[phase] = {"fits": None, "suggestion": "not measured"}
             continue
         first = next((r for r in have if r[phase]["fits"]), None)
-        v = {"fits": have[0][phase]["fits"], "bytes": have[0][phase].get("bytes")}
+        v = {"fits": have[0][phase]["fits"] if have[0] is rows[0] else None,
+             "bytes": have[0][phase].get("bytes")}
         if first is rows[0]:
             v["suggestion"] = "fits as configured"
         elif first is not None:
@@ -437,7 +439,8 @@ def verdict(rows: list[dict], dec, hbm: float, chip_key: str) -> dict:
                                + (f" over about {n} chips: {more_chips(chip_key, n * hbm, hbm)}"
                                   if n else ", with the transformer's weights off the device"))
         else:
-            need = have[0][phase].get("bytes") or 0
+            need = have[0][phase].get("bytes") or rows[0]["denoise"]["step"].get(
+                "device_param_bytes", 0)
             v["suggestion"] = (f"more chips: {more_chips(chip_key, need, hbm)} (rough: the "
                                f"bytes as configured over the chip's HBM; plan it with --target)")
         out[phase] = v
