@@ -203,7 +203,7 @@ def test_cpu_conv3d_by_frames_equals_the_3d_convolution(kernel, stride, rng):
             dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
 
     def fast(x, w):
-        return conv3d_by_frames(x, w, stride, pad)
+        return conv3d_by_frames(x, w, stride, ((pad[0], pad[0]), (pad[1], pad[1])))
 
     np.testing.assert_allclose(fast(x, w), ref(x, w), rtol=1e-5, atol=1e-5)
     g_ref = jax.grad(lambda x, w: jnp.sum(ref(x, w) ** 2), (0, 1))(x, w)

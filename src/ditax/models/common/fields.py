@@ -47,11 +47,8 @@ class TransformerNumerics:
     quantize: Quantize = "none"      # block linears' weights in 8 bits (ditax.nn.quant)
     quantize_activations: bool = False   # and their inputs per token (8-bit x 8-bit dots)
     scan_layers: bool = True
-    # "host": the stacked blocks' weights in host memory, each block's streamed to the device
-    # as the blocks run (ditax.nn.offload); offload_prefetch: blocks copied ahead in forward
-    # programs (sampling; training copies each block in its own step)
-    offload: Offload = "none"
-    offload_prefetch: int = 1
+    offload: Offload = "none"        # host: the blocks' weights streamed from host memory
+    offload_prefetch: int = 1        # blocks copied ahead while one runs (forward programs)
 
 
 def check_numerics(m) -> None:
