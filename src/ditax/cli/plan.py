@@ -53,8 +53,9 @@ def add_arguments(p: argparse.ArgumentParser):
         "frame; analytic: the text encoder (published config) and any layer scaling.")
     f.add_argument("--fit", action="store_true", help="report what fits one chip (see above)")
     f.add_argument("--fit-layers", type=int, default=None, metavar="N",
-                   help="compile N transformer layers and scale to model.num_layers (a 40-layer "
-                        "720p compile takes minutes on a small CPU)")
+                   help="compile N transformer layers and scale to model.num_layers (rarely "
+                        "needed: the layer loop is scanned, and all 40 layers of Wan 14B at "
+                        "720p compile in about a minute, as 2 do)")
     f.add_argument("--fit-all", action="store_true",
                    help="compile every rung of the ladder, not only until everything fits")
     f.add_argument("--fit-no-decode", action="store_true",
