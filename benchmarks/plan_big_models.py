@@ -32,7 +32,9 @@ CASES = {"wan21-14b-v5e": ("wan2.1-t2v-14b", "tpu-v5e-1"),
 def table(path) -> str:
     """The markdown table of docs/plan_big_models.md from the JSON lines in ``path``."""
     gb = lambda n: "-" if n is None else f"{n / 1e9:.1f}"  # noqa: E731
-    ok = lambda r, p: "" if f"{p}_fits" not in r else (" ✓" if r[f"{p}_fits"] else " ✗")  # noqa: E731
+    def ok(r, p):
+        return "" if f"{p}_fits" not in r else (" ✓" if r[f"{p}_fits"] else " ✗")
+
     rows = ["| model, chip (HBM) | changes | text GB | denoise step GB | decode GB | host holds "
             "GB | host→device a step GB | host_s (32 GB/s, assumed) | compute_s | ratio |",
             "|---|---|---|---|---|---|---|---|---|---|"]

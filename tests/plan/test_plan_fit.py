@@ -17,6 +17,7 @@ from ditax.config import load_config
 from ditax.models.encoders.umt5 import UMT5Config
 from ditax.models.vae.wan import WanVAEConfig
 from ditax.plan import fit as fitmod
+from ditax.plan import fit_phases
 from ditax.plan.measure import HOST_LINK_BYTES_PER_S
 
 needs_libtpu = pytest.mark.skipif(
@@ -121,8 +122,8 @@ def test_host_traffic_is_the_compiled_programs_and_scales_with_layers(report, tp
     assert step["host_s"] == step["host_to_device_bytes"] / HOST_LINK_BYTES_PER_S
     assert step["host_over_compute"] == step["host_s"] / step["compute_s"]
     # two layers compiled, scaled to four: the four-layer compile's numbers
-    small = fitmod._with(cfg, num_layers=2, offload="host")
-    scaled = fitmod.denoise(small, mesh, chip, batch=2, full_layers=LAYERS)
+    small = fit_phases.with_model(cfg, num_layers=2, offload="host")
+    scaled = fit_phases.denoise(small, mesh, chip, batch=2, full_layers=LAYERS)
     assert scaled["compiled_layers"] == 2 and scaled["layers"] == LAYERS
     for k in ("host_to_device_bytes", "host_argument_bytes", "device_argument_bytes",
               "host_param_bytes", "device_param_bytes"):

@@ -247,8 +247,8 @@ def fit_table(out: dict) -> str:
                          f"{d['step_s_serial']:.2f} s serial; "
                          f"host holds {g(d['host_argument_bytes'] * out['experts'])}")
         if not d.get("streams_each_layer_once", True):
-            lines.append(f"  WARNING: the program copies more than each offloaded layer once a "
-                         f"step" + (f"; layer scaling {d['scaling']}" if "scaling" in d else ""))
+            lines.append("  WARNING: the program copies more than each offloaded layer once a "
+                         "step" + (f"; layer scaling {d['scaling']}" if "scaling" in d else ""))
     for phase, v in out["verdict"].items():
         lines.append(f"{phase:8s}: {v['suggestion']}")
     return "\n".join(lines)

@@ -8,7 +8,8 @@ device-resident weights are there too; while the transformer denoises, the encod
 (and with Wan 2.2 A14B, both experts') are. Each phase's bytes are therefore its own program's
 peak plus what the other phases leave resident.
 
-How each number is got (the report says it again, phase by phase):
+How each number is got (the report says it again, phase by phase; the phases' estimators are
+in :mod:`ditax.plan.fit_phases`):
 
 - denoise: the transformer forward compiled for the target (deviceless, :func:`ditax.plan.plan`)
   at the batch a step runs (2 with batched CFG), once per rung of the ladder below:
@@ -35,14 +36,11 @@ The ladder of changes, each added to the ones before, skipping what the config a
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
 from ditax.errors import ConfigError
+from ditax.plan.fit_phases import (decode, denoise, encoder_activation_bytes, encoder_bytes,
+                                   text_configs, vae_weight_bytes, with_model)
 from ditax.plan.measure import HOST_LINK_BYTES_PER_S
 
 #: the ladder: (what the change says, model fields, pipeline options), tried in this order
@@ -52,197 +50,6 @@ LADDER = (("model.offload=host", {"offload": "host"}, {"text_offload": "host"}),
 #: the slices "more chips" suggests, smallest first, per chip generation
 MORE_CHIPS = {"v5e": (4, 8, 16, 32), "v6e": (4, 8, 16, 32), "v5p": (8, 16, 32, 64),
               "v7x": (8, 16)}
-
-
-# -- text ------------------------------------------------------------------------------------
-
-def _text_configs(family, dtype: str):
-    """``[(name, encoder config)]`` of a family's prompt encoders (the published sizes), or
-    None for a family whose encoders this report does not model, or a model whose text width
-    is not the published encoder's (a small test model's encoder is its own)."""
-    from ditax.models.encoders.t5 import T5Config
-    from ditax.models.encoders.umt5 import UMT5Config
-
-    table = {"wan": [("UMT5-XXL", UMT5Config(dtype=dtype))],
-             "flux": [("T5-XXL", T5Config(dtype=dtype))]}
-    found = table.get(family.name)
-    if found is None or found[-1][1].d_model != family.text_dim:
-        return None
-    return found
-
-
-def encoder_bytes(enc_cfg, quantize: str = "none") -> int:
-    """Bytes of a T5 / UMT5 encoder's weights: the abstract module's, with every block linear
-    8-bit plus its float32 scales under ``quantize`` (as
-    :func:`~ditax.models.encoders.t5.load_encoder` loads it); nothing is allocated."""
-    from flax import nnx
-
-    from ditax.models.encoders.t5 import T5Encoder, _Dense
-
-    enc = nnx.eval_shape(lambda: T5Encoder(enc_cfg, rngs=nnx.Rngs(0)))
-    if quantize != "none":
-        for _, module in nnx.iter_modules(enc):
-            if isinstance(module, _Dense):
-                module.make_8bit(quantize)
-    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
-               for x in jax.tree.leaves(nnx.state(enc)))
-
-
-def encoder_activation_bytes(enc_cfg, prompts: int, tokens: int) -> int:
-    """Analytic activation bytes of one encoder layer on ``prompts`` x ``tokens``: the hidden
-    state, q / k / v / output and the gated MLP's two inner tensors in the compute dtype, and
-    the float32 attention scores with their softmax — what is live at a layer's widest point."""
-    act = jnp.dtype(enc_cfg.dtype).itemsize
-    inner = enc_cfg.num_heads * enc_cfg.d_kv
-    hidden = prompts * tokens * (2 * enc_cfg.d_model + 4 * inner + 2 * enc_cfg.d_ff) * act
-    scores = 2 * prompts * enc_cfg.num_heads * tokens * tokens * 4
-    return int(hidden + scores)
-
-
-# -- denoise ---------------------------------------------------------------------------------
-
-def _with(cfg, **model_fields):
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model_fields))
-
-
-def param_split(cfg, mesh) -> tuple[int, int]:
-    """``(device, host)`` bytes per device of the transformer's parameters under ``cfg`` (its
-    ``model.offload`` and ``model.quantize``), from the abstract model: nothing compiles."""
-    from flax import nnx
-
-    from ditax.models.base import model_family
-    from ditax.plan.core import _quantize
-
-    family = model_family(cfg.model, cfg.attention)
-    model = family.abstract(mesh)
-    _quantize(cfg.model, model, list(mesh.devices.flat))
-    state = nnx.state(model)
-    dev = host = 0
-    for leaf, s in zip(jax.tree.leaves(state), jax.tree.leaves(family.param_shardings(state,
-                                                                                      mesh))):
-        n = int(np.prod(s.shard_shape(leaf.shape))) * jnp.dtype(leaf.dtype).itemsize
-        if s.memory_kind == "pinned_host":
-            host += n
-        else:
-            dev += n
-    return dev, host
-
-
-def denoise(cfg, mesh, chip, *, latent=None, batch: int = 1, full_layers=None) -> dict:
-    """One denoising step's forward compiled for ``mesh`` (see the module docstring), scaled
-    from ``cfg.model.num_layers`` compiled layers to ``full_layers`` when given."""
-    from ditax.plan.core import plan
-
-    p = plan(cfg, mesh, latent, True, chip=chip, batch=batch)
-    f = p["forward"]
-    n = cfg.model.num_layers
-    if "error" in f:       # XLA itself refused: more than the chip holds
-        dev, host = param_split(_with(cfg, num_layers=full_layers) if full_layers else cfg, mesh)
-        return {"fits": False, "compiled_layers": n, "layers": full_layers or n,
-                "error": f["error"], "device_param_bytes": dev, "host_param_bytes": host}
-    r = f["roofline"]
-    out = {"compiled_layers": n, "latent": f["latent"], "peak_bytes": f["peak_bytes"],
-           "temp_bytes": f["temp_bytes"], "device_argument_bytes": f["argument_bytes"],
-           "host_argument_bytes": f["host_argument_bytes"],
-           "host_to_device_bytes": f["host_to_device_bytes"], "compute_s": r["compute_s"],
-           "hbm_s": r["hbm_s"], "compile_s": f["compile_s"]}
-    dev_n, host_n = param_split(cfg, mesh)
-    out["device_param_bytes"], out["host_param_bytes"] = dev_n, host_n
-    # each offloaded layer copied in once, and the prefetch's k layers once more: what the
-    # layer loop should stream; a program that copies more (a whole stacked array brought in
-    # per layer) breaks the per-layer scaling below, which says so
-    k = getattr(cfg.model, "offload_prefetch", 0)
-    expected = host_n * (n + k) / n if n else 0
-    out["streams_each_layer_once"] = f["host_to_device_bytes"] <= expected * 1.001 + 1
-    if full_layers and full_layers != n:
-        from ditax.models.base import model_family
-
-        full = _with(cfg, num_layers=full_layers)
-        dev_f, host_f = param_split(full, mesh)
-        shape = tuple(f["latent"][1:])
-        T = cfg.sample.max_sequence_length
-        ratio = (model_family(full.model).flops_per_sample(shape, T)
-                 / model_family(cfg.model).flops_per_sample(shape, T))
-        out.update(scaled_from_layers=n, compiled_layers=n, layers=full_layers,
-                   peak_bytes=f["peak_bytes"] + dev_f - dev_n,
-                   device_argument_bytes=f["argument_bytes"] + dev_f - dev_n,
-                   host_argument_bytes=f["host_argument_bytes"] + host_f - host_n,
-                   host_to_device_bytes=f["host_to_device_bytes"] + host_f - host_n,
-                   compute_s=r["compute_s"] * ratio, hbm_s=r["hbm_s"] * ratio,
-                   device_param_bytes=dev_f, host_param_bytes=host_f)
-        if not out["streams_each_layer_once"]:
-            out["scaling"] = (f"unreliable: the {n}-layer program copies "
-                              f"{f['host_to_device_bytes'] / max(expected, 1):.2f}x the "
-                              f"offloaded layers' bytes from the host; compile every layer")
-    else:
-        out["layers"] = n
-    out["host_s"] = out["host_to_device_bytes"] / HOST_LINK_BYTES_PER_S
-    out["host_over_compute"] = out["host_s"] / out["compute_s"] if out["compute_s"] else None
-    # both bounds: the copies hidden behind compute (the prefetch's aim), or not at all (the
-    # v6e programs compiled here issue the next block's copy after this block's compute)
-    out["step_s_overlapped"] = max(out["host_s"], out["compute_s"], out["hbm_s"])
-    out["step_s_serial"] = out["host_s"] + max(out["compute_s"], out["hbm_s"])
-    return out
-
-
-# -- decode ----------------------------------------------------------------------------------
-
-def decode(cfg, mesh, vae_cfg=None) -> dict:
-    """The Wan VAE's later-frame decode program (``[1, 1, Y, X, z]`` latents → its frames, the
-    feature cache carried and donated) compiled on ``mesh``'s first device at the config's
-    ``sample`` size; ``vae_cfg`` defaults to ``model.vae``'s (:func:`~ditax.models.vae.wan.
-    config.vae_preset`)."""
-    from flax import nnx
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-    from ditax.models.vae.wan import WanVAE
-    from ditax.models.vae.wan.chunks import decode_chunk
-    from ditax.models.vae.wan.config import vae_preset
-    from ditax.parallel.platform import target_platform
-    from ditax.plan.measure import compile_timed, memory
-
-    vae_cfg = vae_cfg or vae_preset(getattr(cfg.model, "vae", "wan2.1"))
-    dt = jnp.dtype(cfg.model.dtype)
-    s = cfg.sample
-    sf = vae_cfg.spatial_factor
-    y, x = s.height // sf, s.width // sf
-    vae = nnx.eval_shape(lambda: WanVAE(vae_cfg, dtype=dt, rngs=nnx.Rngs(0)))
-    gdef, state = nnx.split(vae)
-    weights = sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize
-                  for a in jax.tree.leaves(state))
-    one = Mesh(np.array(list(mesh.devices.flat)[:1]), ("d",))
-    rep = NamedSharding(one, P())
-    state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), state)
-    chunk = jax.ShapeDtypeStruct((1, 1, y, x, vae_cfg.z_dim), dt, sharding=rep)
-    with target_platform(one.devices.flat[0].platform):
-        first = decode_chunk.lower(gdef, state, chunk, None, first=True)
-        lowered = decode_chunk.lower(gdef, state, chunk, first.out_info[1], first=False)
-        try:
-            compiled, secs = compile_timed(lowered)
-        except Exception as e:  # XlaRuntimeError; its type is not public API
-            if "RESOURCE_EXHAUSTED" not in str(e):
-                raise
-            return {"method": "compiled", "latent_chunk": [1, 1, y, x, vae_cfg.z_dim],
-                    "vae_weight_bytes": weights, "error": str(e).strip().splitlines()[0]}
-    m = memory(compiled)
-    return {"method": "compiled", "latent_chunk": [1, 1, y, x, vae_cfg.z_dim],
-            "frames_per_clip": vae_cfg.temporal_factor, "vae_weight_bytes": weights,
-            "peak_bytes": m["peak_bytes"], "temp_bytes": m["temp_bytes"],
-            "compile_s": round(secs, 2)}
-
-
-def vae_weight_bytes(cfg, vae_cfg=None) -> int:
-    """Bytes of the Wan VAE's weights in ``model.dtype`` (abstract; nothing compiles)."""
-    from flax import nnx
-
-    from ditax.models.vae.wan import WanVAE
-    from ditax.models.vae.wan.config import vae_preset
-
-    vae_cfg = vae_cfg or vae_preset(getattr(cfg.model, "vae", "wan2.1"))
-    dt = jnp.dtype(cfg.model.dtype)
-    vae = nnx.eval_shape(lambda: WanVAE(vae_cfg, dtype=dt, rngs=nnx.Rngs(0)))
-    return sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize
-               for a in jax.tree.leaves(nnx.state(vae)))
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -301,7 +108,7 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
     full = cfg.model.num_layers
     if layers is not None and not 1 <= layers <= full:
         raise ConfigError(f"--fit-layers={layers} must be in 1..{full} (model.num_layers)")
-    small = _with(cfg, num_layers=layers) if layers and layers < full else cfg
+    small = with_model(cfg, num_layers=layers) if layers and layers < full else cfg
     s = cfg.sample
     if batch is None:
         cfg_on = s.guidance_scale > 1.0 and not getattr(cfg.model, "guidance_embeds", False)
@@ -311,7 +118,7 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
     hbm = float(chip.hbm_bytes)
     chip_key = next((k for k, c in _chips().items() if c == chip), "")
 
-    encoders = text_encoders or _text_configs(family, cfg.model.dtype)
+    encoders = text_encoders or text_configs(family, cfg.model.dtype)
     text_act = (sum(encoder_activation_bytes(c, batch, s.max_sequence_length)
                     for _, c in encoders) if encoders else 0)
     enc_bytes = {}
@@ -337,8 +144,8 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
         if key not in compiled:
             say(f"compiling the denoise step: model.offload={key[0]} model.quantize={key[1]}"
                 + (f" ({small.model.num_layers} of {full} layers)" if small is not cfg else ""))
-            compiled[key] = denoise(_with(small, offload=key[0], quantize=key[1]), mesh, chip,
-                                    latent=latent, batch=batch,
+            compiled[key] = denoise(with_model(small, offload=key[0], quantize=key[1]), mesh,
+                                    chip, latent=latent, batch=batch,
                                     full_layers=full if small is not cfg else None)
         d = compiled[key]
         tw = text_weights(st["text_quantize"])
@@ -366,7 +173,7 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
             k[0] == "none" for k in compiled):        # the step without offload, to compare
         say("compiling the denoise step without model.offload, to compare")
         rows[0]["denoise"]["without_offload"] = denoise(
-            _with(small, offload="none"), mesh, chip, latent=latent, batch=batch,
+            with_model(small, offload="none"), mesh, chip, latent=latent, batch=batch,
             full_layers=full if small is not cfg else None)
     out = {"chip": chip.name, "chip_key": chip_key, "batch": batch, "experts": experts,
            "layers": full, "compiled_layers": small.model.num_layers,
@@ -453,5 +260,4 @@ def verdict(rows: list[dict], dec, hbm: float, chip_key: str) -> dict:
     return out
 
 
-__all__ = ["LADDER", "PHASES", "decode", "denoise", "encoder_activation_bytes", "encoder_bytes", "fit",
-           "judge", "more_chips", "param_split", "rungs", "vae_weight_bytes", "verdict"]
+__all__ = ["LADDER", "PHASES", "fit", "judge", "more_chips", "rungs", "verdict"]
