@@ -47,10 +47,10 @@ def _kernels(pipe):
     return np.asarray(t)[0].T, np.asarray(proj).T, np.asarray(to_k).T
 
 
-@pytest.mark.parametrize("form", ["original", "diffusers"])
-def test_connector_rows_merge_into_the_connectors(base, tmp_path, form):
-    root, sd_t, sd_c = base
-    rng = np.random.default_rng(3)
+def _lora_file(path, form, rng, sd_t, sd_c):
+    """A LoRA on the transformer's block-0 ``attn1.to_q``, the connectors' ``text_proj_in``
+    and the video connector's block-0 ``to_k``, in the original keys or diffusers' PEFT keys;
+    returns the path and ``{(part, key): up @ down}``."""
     q = "transformer_blocks.0.attn1.to_q.weight"
     p = "text_proj_in.weight"
     k = "video_connector.transformer_blocks.0.attn1.to_k.weight"
@@ -62,22 +62,32 @@ def test_connector_rows_merge_into_the_connectors(base, tmp_path, form):
                  "text_embedding_projection.aggregate_embed": (dp, up),
                  "text_embedding_projection.video_connector.transformer_blocks.0.attn1.to_k":
                      (dk, uk)}
-        tensors = {f"{n}.lora_down.weight": d for n, (d, _) in names.items()}
-        tensors |= {f"{n}.lora_up.weight": u for n, (_, u) in names.items()}
+        parts = ("lora_down", "lora_up")
     else:
         names = {"transformer.transformer_blocks.0.attn1.to_q": (dq, uq),
                  "connectors.text_proj_in": (dp, up),
                  "connectors.video_connector.transformer_blocks.0.attn1.to_k": (dk, uk)}
-        tensors = {f"{n}.lora_A.weight": d for n, (d, _) in names.items()}
-        tensors |= {f"{n}.lora_B.weight": u for n, (_, u) in names.items()}
-    lora = _write(tmp_path / f"{form}.safetensors", tensors)
-    pipe = ditax.load_pipeline(root, loras=[(str(lora), STRENGTH)])
+        parts = ("lora_A", "lora_B")
+    tensors = {f"{n}.{parts[0]}.weight": d for n, (d, _) in names.items()}
+    tensors |= {f"{n}.{parts[1]}.weight": u for n, (_, u) in names.items()}
+    deltas = {("t", q): uq @ dq, ("c", p): up @ dp, ("c", k): uk @ dk}
+    return _write(path, tensors), deltas
+
+
+def test_connector_rows_merge_into_the_connectors(base, tmp_path):
+    """Both forms at once (strengths 0.7 and -0.4): each row lands in its own component as
+    ``W + s1 · BA (original) + s2 · BA (diffusers)``."""
+    root, sd_t, sd_c = base
+    rng = np.random.default_rng(3)
+    f1, d1 = _lora_file(tmp_path / "original.safetensors", "original", rng, sd_t, sd_c)
+    f2, d2 = _lora_file(tmp_path / "diffusers.safetensors", "diffusers", rng, sd_t, sd_c)
+    pipe = ditax.load_pipeline(root, loras=[(str(f1), STRENGTH), (str(f2), -0.4)])
     got = _kernels(pipe)
-    want = (sd_t[q] + STRENGTH * uq @ dq, sd_c[p] + STRENGTH * up @ dp,
-            sd_c[k] + STRENGTH * uk @ dk)
-    for g, w, what in zip(got, want, ("transformer to_q", "text_proj_in", "connector to_k")):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=what)
-    assert np.abs(got[1] - sd_c[p]).max() > 1e-3          # the connector rows did change
+    sd = {"t": sd_t, "c": sd_c}
+    for g, key in zip(got, d1):
+        want = sd[key[0]][key[1]] + STRENGTH * d1[key] - 0.4 * d2[key]
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=key[1])
+    assert np.abs(got[1] - sd_c["text_proj_in.weight"]).max() > 1e-3   # the connector moved
 
 
 def test_a_connector_key_that_fits_nothing_is_one_line(base, tmp_path):
