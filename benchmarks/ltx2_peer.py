@@ -63,27 +63,6 @@ def cost_flops(compiled) -> float:
     return float((ca or {}).get("flops", 0.0))
 
 
-def dilated_overcount(text: str) -> float:
-    """FLOPs that ditax's audit (``xla_flops``) over-counts in base-dilated convolutions, per
-    call. XLA:TPU writes some batched dots (maxdiffusion's ``dot_product`` attention scores,
-    heads batched) as a convolution with ``window size=N lhs_dilate=N``: each output reads one
-    real input of its window, the audit counts all N. Trip counts weigh it as the audit does."""
-    from ditax.plan.audit import matmul_flops
-    from ditax.plan.hlo import multiplicities, parse
-
-    comps = parse(text)
-    mult = multiplicities(comps)[0]
-    over = 0.0
-    for name, comp in comps.items():
-        for ins in comp.instrs.values():
-            if ins.opcode != "convolution" or "lhs_dilate" not in ins.attrs:
-                continue
-            w = re.search(r"size=(\d+)", ins.attrs)
-            n = int(w.group(1)) if w else 1
-            over += mult.get(name, 0) * matmul_flops(comp, ins) * (1 - 1 / n)
-    return over
-
-
 def summary(compiled, secs, model_flops, layers, chip, hlo_path=None) -> dict:
     from ditax.plan.measure import measure
 
@@ -92,20 +71,7 @@ def summary(compiled, secs, model_flops, layers, chip, hlo_path=None) -> dict:
     m.pop("loops", None)
     m["args_plus_temp_bytes"] = m["argument_bytes"] + m["temp_bytes"]
     m["cost_flops"] = cost_flops(compiled)
-    correct(m, compiled.as_text(), chip)
     return m
-
-
-def correct(m: dict, text: str, chip) -> None:
-    """``xla_flops`` without :func:`dilated_overcount`, and ``flops`` / ``roofline`` from it."""
-    from ditax.plan.measure import roofline
-
-    over = dilated_overcount(text)
-    m["xla_flops_audit"] = m["xla_flops"]
-    m["xla_flops"] = m["xla_flops_audit"] - over
-    m["flops"] = max(m["model_flops"], m["xla_flops"])
-    if chip is not None:
-        m["roofline"] = roofline(m["flops"], m["hbm_bytes"], m["collective_bytes"], chip)
 
 
 def ditax_forward(cfg, mesh, chip, hlo_path=None):

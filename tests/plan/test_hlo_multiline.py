@@ -72,3 +72,21 @@ def test_a_loop_counting_by_two_runs_half_as_often():
             .replace("%one = s32[] constant(1)", "%one = s32[] constant(2)"))
     a = audit(text)
     assert a["loops"][0]["trip"] == 2 and a["tpu_custom_calls"] == 2
+
+
+def test_a_convolution_over_a_dilated_input_counts_its_real_taps():
+    """A dot XLA writes as a convolution with ``lhs_dilate=4`` and a window of 4 (seen in an
+    attention's scores): only one tap in 4 meets an input element, so its FLOPs are those of
+    a window of 1 — the same as the plain dot."""
+    text = """
+HloModule m
+
+ENTRY %main (a: bf16[8,16,32], b: bf16[4,32,16]) -> bf16[8,61,16] {
+  %a = bf16[8,16,32]{2,1,0} parameter(0)
+  %b = bf16[4,32,16]{2,1,0} parameter(1)
+  ROOT %c = bf16[8,61,16]{2,1,0} convolution(%a, %b), window={size=4 pad=0_0 lhs_dilate=4}, dim_labels=b0f_0io->b0f
+}
+"""
+    plain = text.replace(" lhs_dilate=4", "")
+    assert audit(plain)["xla_flops"] == 2 * 8 * 61 * 16 * 32 * 4
+    assert audit(text)["xla_flops"] == 2 * 8 * 61 * 16 * 32

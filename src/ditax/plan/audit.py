@@ -71,9 +71,15 @@ def matmul_flops(comp: Computation, ins: Instr) -> int:
         return 0
     ll, rl = m.group(1), m.group(2)
     per_out = rhs[rl.index("i")]
+    dil = re.search(r"lhs_dilate=([\dx]+)", ins.attrs)
+    dilate = [int(v) for v in dil.group(1).split("x")] if dil else []
     for d, w in zip(rl, rhs):        # a window over a padded input reads at most its length
         if d.isdigit():
-            per_out *= min(w, lhs[ll.index(d)]) if d in ll else w
+            w = min(w, lhs[ll.index(d)]) if d in ll else w
+            # over an input dilated by n only every n-th tap meets a real element (XLA
+            # writes some dots this way: lhs_dilate=n with a window of n)
+            n = dilate[int(d)] if int(d) < len(dilate) else 1
+            per_out *= -(-w // n)
     return 2 * _prod(_dims(ins.shape)) * per_out
 
 
