@@ -68,6 +68,31 @@ def _shards(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
     return out + ([run] if run else [])
 
 
+def file_sources(table, read_table, chosen: dict) -> dict[str, str]:
+    """``{diffusers key: the key in the file}`` of a single file read through ``read_table``
+    (row for row ``table`` under the file's names), ``chosen``: the keys
+    :func:`ditax.io.convert.check_weights` picked (a row's alternative spellings)."""
+    source = {}
+    for ours, theirs in zip(table.rows, read_table.rows):
+        source.update({d: chosen[o] for d, o in zip(table.names(ours), read_table.names(theirs))})
+    return source
+
+
+def write_checked(out, cfg, weights, source: dict[str, str], table, shapes: dict, names, *,
+                  dtype: str | None = None, loras=None, lora_strict: bool = True,
+                  rename=None, shard_bytes: int = SHARD_BYTES) -> pathlib.Path:
+    """``ditax convert FILE --out DIR``'s last step for a file the family has checked: its
+    ``loras`` (the family's LoRA ``names``) merged into ``weights`` as each tensor is read
+    (``rename``: diffusers key → the file's), then :func:`write_folder` with ``cfg``'s
+    diffusers ``config.json``. ``out`` has passed :func:`check_out`."""
+    if loras:
+        from ditax.lora import merged_weights
+
+        weights = merged_weights(weights, loras, table, shapes, names=names,
+                                 strict=lora_strict, rename=rename)
+    return write_folder(out, weights, source, cfg.to_diffusers(), dtype, shard_bytes)
+
+
 def write_folder(out, weights, source: dict[str, str], config: dict, dtype: str | None = None,
                  shard_bytes: int = SHARD_BYTES) -> pathlib.Path:
     """Write ``weights`` (checked already; ``source``: diffusers key → the key ``weights``
@@ -111,5 +136,5 @@ def write_folder(out, weights, source: dict[str, str], config: dict, dtype: str 
     return out
 
 
-__all__ = ["PREFIXES", "SHARD_BYTES", "WEIGHTS_NAME", "check_out", "key_prefix",
-           "single_file_config", "write_folder"]
+__all__ = ["PREFIXES", "SHARD_BYTES", "WEIGHTS_NAME", "check_out", "file_sources", "key_prefix",
+           "single_file_config", "write_checked", "write_folder"]

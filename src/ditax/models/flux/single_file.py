@@ -26,7 +26,7 @@ from ditax.io.convert import key_mismatch, param_shapes
 from ditax.lora.merge import upstream_shapes
 from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.original_names import fused, tensor_key
-from ditax.models.common.single_files import SHARD_BYTES, check_out, key_prefix, write_folder
+from ditax.models.common.single_files import SHARD_BYTES, check_out, key_prefix, write_checked
 from ditax.models.common.single_files import single_file_config as shared_config
 
 def is_bfl(keys) -> bool:
@@ -182,16 +182,13 @@ def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras
     ``FluxTransformer2DModel`` folder ``out`` (``ditax convert FILE --config NAME --out DIR``),
     after the same checks as loading; ``dtype`` casts every tensor, ``loras`` are fused in as
     each tensor is read (:func:`ditax.models.common.single_files.write_folder` for the rest)."""
+    from ditax.models.flux.lora_names import LORA_NAMES
+
     out = check_out(out, dtype)
     cfg, weights, table, shapes = _checked(path, config)
-    if loras:
-        from ditax.lora import merged_weights
-        from ditax.models.flux.lora_names import LORA_NAMES
-
-        weights = merged_weights(weights, loras, table, shapes, names=LORA_NAMES,
-                                 strict=lora_strict)
-    source = {k: k for k in table.expected_keys()}
-    return write_folder(out, weights, source, cfg.to_diffusers(), dtype, shard_bytes)
+    return write_checked(out, cfg, weights, {k: k for k in table.expected_keys()}, table,
+                         shapes, LORA_NAMES, dtype=dtype, loras=loras, lora_strict=lora_strict,
+                         shard_bytes=shard_bytes)
 
 
 __all__ = ["BflWeights", "check_single_file", "is_bfl", "key_prefix", "open_single_file",

@@ -28,7 +28,8 @@ import re
 from typing import Callable
 
 from ditax.io.convert import Table
-from ditax.models.common.single_files import SHARD_BYTES, check_out, key_prefix, write_folder
+from ditax.models.common.single_files import (SHARD_BYTES, check_out, file_sources, key_prefix,
+                                              write_checked)
 from ditax.models.common.single_files import single_file_config as shared_config
 from ditax.models.ltx2.config import LTX2Config
 from ditax.models.ltx2.original_names import (CONNECTOR_PARTS, OTHER_PARTS, PREFIXES,
@@ -93,10 +94,7 @@ def check_single_file(path, config):
     table = weight_table(cfg)
     weights, read_table, rename = open_single_file(path, table)
     shapes = param_shapes(nnx.state(abstract_model(cfg)))
-    chosen = check_weights(read_table, weights, shapes)
-    source = {}
-    for ours, theirs in zip(table.rows, read_table.rows):
-        source.update({d: chosen[o] for d, o in zip(table.names(ours), read_table.names(theirs))})
+    source = file_sources(table, read_table, check_weights(read_table, weights, shapes))
     return cfg, weights, source, table, shapes, rename
 
 
@@ -122,15 +120,13 @@ def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras
     is written for a file that does not fit); ``dtype`` casts every tensor (None: each keeps
     its stored dtype); ``loras`` are merged in as each tensor is read. Tensors are read one
     shard at a time (:func:`ditax.models.common.single_files.write_folder`)."""
+    from ditax.models.ltx2.lora_names import LORA_NAMES
+
     out = check_out(out, dtype)
     cfg, weights, source, table, shapes, rename = check_single_file(path, config)
-    if loras:
-        from ditax.lora import merged_weights
-        from ditax.models.ltx2.lora_names import LORA_NAMES
-
-        weights = merged_weights(weights, loras, table, shapes, names=LORA_NAMES,
-                                 strict=lora_strict, rename=rename)
-    return write_folder(out, weights, source, cfg.to_diffusers(), dtype, shard_bytes)
+    return write_checked(out, cfg, weights, source, table, shapes, LORA_NAMES, dtype=dtype,
+                         loras=loras, lora_strict=lora_strict, rename=rename,
+                         shard_bytes=shard_bytes)
 
 
 __all__ = ["check_single_file", "file_table", "open_single_file", "single_file_config",

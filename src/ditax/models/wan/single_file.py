@@ -21,7 +21,8 @@ import dataclasses
 import pathlib
 
 from ditax.io.convert import Table
-from ditax.models.common.single_files import SHARD_BYTES, key_prefix, write_folder
+from ditax.models.common.single_files import (SHARD_BYTES, check_out, file_sources, key_prefix,
+                                              write_checked)
 from ditax.models.common.single_files import single_file_config as shared_config
 from ditax.models.wan.config import WanConfig
 from ditax.models.wan.original_names import key_to_original
@@ -76,10 +77,7 @@ def check_single_file(path, config):
         prefix = key_prefix(weights.keys())
         read_table, rename = original_table(table, prefix), renamer(prefix)
     shapes = param_shapes(nnx.state(abstract_model(cfg)))
-    chosen = check_weights(read_table, weights, shapes)
-    source = {}
-    for ours, theirs in zip(table.rows, read_table.rows):
-        source.update({d: chosen[o] for d, o in zip(table.names(ours), read_table.names(theirs))})
+    source = file_sources(table, read_table, check_weights(read_table, weights, shapes))
     return cfg, weights, source, table, shapes, rename
 
 
@@ -98,15 +96,10 @@ def write_diffusers_folder(path, config, out, *, dtype: str | None = None, loras
     its parent writable: checked first) is written as a hidden folder beside it and renamed
     when complete, so a failure leaves no half-written folder.
     """
-    from ditax.models.common.single_files import check_out
+    from ditax.models.wan.lora_names import LORA_NAMES
 
     out = check_out(out, dtype)
     cfg, weights, source, table, shapes, rename = check_single_file(path, config)
-    if loras:
-        from ditax.lora import merged_weights
-
-        from ditax.models.wan.lora_names import LORA_NAMES
-
-        weights = merged_weights(weights, loras, table, shapes, names=LORA_NAMES,
-                                 strict=lora_strict, rename=rename)
-    return write_folder(out, weights, source, cfg.to_diffusers(), dtype, shard_bytes)
+    return write_checked(out, cfg, weights, source, table, shapes, LORA_NAMES, dtype=dtype,
+                         loras=loras, lora_strict=lora_strict, rename=rename,
+                         shard_bytes=shard_bytes)
