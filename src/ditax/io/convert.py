@@ -337,6 +337,18 @@ def load_params(table: Table, weights, state, dtype, sharding=None, quantize=Non
     return state
 
 
+def load_module(make: Callable, table_of: Callable, folder, dtype) -> nnx.Module:
+    """The module ``make()`` with its parameters read from the safetensors of ``folder``
+    through ``table_of(module)`` (its weight table, from the abstract module: no weights are
+    allocated before they are read) and cast to ``dtype`` (:func:`load_params`'s checks)."""
+    from ditax.io.weights import Weights
+
+    abstract = nnx.eval_shape(make)
+    graphdef, state = nnx.split(abstract)
+    state = load_params(table_of(abstract), Weights.open(folder), state, jnp.dtype(dtype))
+    return nnx.merge(graphdef, state)
+
+
 def export(table: Table, params) -> dict[str, np.ndarray]:
     """Our parameters (a module, an ``nnx.State`` or its pure dict) → ``{upstream key: array}``
     in the upstream layout and the parameters' dtype."""

@@ -19,7 +19,6 @@ from ditax.errors import WeightError
 from ditax.io import convert
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
-from ditax.io.weights import Weights
 from ditax.models.ltx2.audio_config import LTX2AudioVAEConfig
 from ditax.models.ltx2.audio_layers import Buffer
 from ditax.models.ltx2.audio_model import LTX2AudioVAE
@@ -56,11 +55,9 @@ def load_audio_vae(path, dtype="float32", *, attention: str = "xla") -> LTX2Audi
                           f"the LTX-2 pipeline folder or its {SUBFOLDER}/")
     cfg = LTX2AudioVAEConfig.from_diffusers(raw)
     jdtype = jnp.dtype(dtype)
-    abstract = nnx.eval_shape(lambda: LTX2AudioVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0),
-                                                   attention=attention))
-    graphdef, state = nnx.split(abstract)
-    state = convert.load_params(weight_table(abstract), Weights.open(folder), state, jdtype)
-    return nnx.merge(graphdef, state)
+    return convert.load_module(
+        lambda: LTX2AudioVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0), attention=attention), weight_table,
+        folder, jdtype)
 
 
 __all__ = ["CLASS_NAME", "SUBFOLDER", "load_audio_vae", "loaded_state", "weight_table"]

@@ -17,7 +17,6 @@ from ditax.errors import WeightError
 from ditax.io import convert
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
-from ditax.io.weights import Weights
 from ditax.models.ltx2.upsampler import LatentUpsampler
 from ditax.models.ltx2.upsampler_config import LatentUpsamplerConfig
 from ditax.models.vae.ltx2.layers import Buffer
@@ -57,10 +56,7 @@ def load_latent_upsampler(path, dtype="float32") -> LatentUpsampler:
                           f"at the LTX-2 latent upsampler's folder (latent_upsampler/)")
     cfg = LatentUpsamplerConfig.from_diffusers(raw)
     jdtype = jnp.dtype(dtype)
-    abstract = nnx.eval_shape(lambda: LatentUpsampler(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    state = convert.load_params(weight_table(abstract), Weights.open(folder), state, jdtype)
-    return nnx.merge(graphdef, state)
+    return convert.load_module(lambda: LatentUpsampler(cfg, dtype=jdtype, rngs=nnx.Rngs(0)), weight_table, folder, jdtype)
 
 
 __all__ = ["CLASS_NAME", "CLASS_NAMES", "load_latent_upsampler", "weight_table"]

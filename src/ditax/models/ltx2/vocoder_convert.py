@@ -18,7 +18,6 @@ from ditax.errors import WeightError
 from ditax.io import convert
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
-from ditax.io.weights import Weights
 from ditax.models.ltx2.audio_layers import Buffer
 from ditax.models.ltx2.vocoder_bwe import LTX2VocoderWithBWE
 from ditax.models.ltx2.vocoder_config import LTX2VocoderBWEConfig, LTX2VocoderConfig
@@ -61,10 +60,7 @@ def load_vocoder(path, dtype="float32") -> LTX2Vocoder | LTX2VocoderWithBWE:
     config_cls, model_cls = CLASSES[name]
     cfg = config_cls.from_diffusers(raw)
     jdtype = jnp.dtype(dtype)
-    abstract = nnx.eval_shape(lambda: model_cls(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    state = convert.load_params(weight_table(abstract), Weights.open(folder), state, jdtype)
-    return nnx.merge(graphdef, state)
+    return convert.load_module(lambda: model_cls(cfg, dtype=jdtype, rngs=nnx.Rngs(0)), weight_table, folder, jdtype)
 
 
 __all__ = ["CLASSES", "SUBFOLDER", "load_vocoder", "weight_table"]

@@ -21,7 +21,6 @@ from ditax.errors import WeightError
 from ditax.io import convert
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
-from ditax.io.weights import Weights
 from ditax.models.vae.kl.config import FluxVAEConfig
 from ditax.models.vae.kl.model import FluxVAE
 
@@ -58,11 +57,9 @@ def load_vae(path, dtype="float32", *, attention: str = "xla") -> FluxVAE:
                           "the FLUX.1 (or SD-style) VAE folder")
     cfg = FluxVAEConfig.from_diffusers(raw)
     jdtype = jnp.dtype(dtype)
-    abstract = nnx.eval_shape(lambda: FluxVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0),
-                                              attention=attention))
-    graphdef, state = nnx.split(abstract)
-    state = convert.load_params(weight_table(abstract), Weights.open(folder), state, jdtype)
-    return nnx.merge(graphdef, state)
+    return convert.load_module(
+        lambda: FluxVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0), attention=attention), weight_table,
+        folder, jdtype)
 
 
 __all__ = ["load_vae", "weight_table"]

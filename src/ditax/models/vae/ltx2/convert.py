@@ -21,7 +21,6 @@ from ditax.errors import WeightError
 from ditax.io import convert
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
-from ditax.io.weights import Weights
 from ditax.models.vae.ltx2.config import LTX2VideoVAEConfig
 from ditax.models.vae.ltx2.layers import Buffer
 from ditax.models.vae.ltx2.model import LTX2VideoVAE
@@ -61,10 +60,7 @@ def load_ltx2_video_vae(path, dtype="float32") -> LTX2VideoVAE:
                           "the LTX-2 pipeline's vae/ folder")
     cfg = LTX2VideoVAEConfig.from_diffusers(raw)
     jdtype = jnp.dtype(dtype)
-    abstract = nnx.eval_shape(lambda: LTX2VideoVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    state = convert.load_params(weight_table(abstract), Weights.open(folder), state, jdtype)
-    return nnx.merge(graphdef, state)
+    return convert.load_module(lambda: LTX2VideoVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0)), weight_table, folder, jdtype)
 
 
 __all__ = ["CLASS_NAME", "load_ltx2_video_vae", "weight_table"]

@@ -26,7 +26,6 @@ from flax import nnx
 from ditax.io import convert
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
-from ditax.io.weights import Weights
 from ditax.models.vae.wan import WanVAE, WanVAEConfig
 
 _RENAMES = (("resample_conv", "resample.1"),)
@@ -63,7 +62,4 @@ def load_vae(path, dtype="float32") -> WanVAE:
     folder = resolve_folder(path, "vae")
     cfg = WanVAEConfig.from_diffusers(read_model_json(folder / "config.json", "VAE config"))
     jdtype = jnp.dtype(dtype)
-    abstract = nnx.eval_shape(lambda: WanVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    state = convert.load_params(weight_table(abstract), Weights.open(folder), state, jdtype)
-    return nnx.merge(graphdef, state)
+    return convert.load_module(lambda: WanVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0)), weight_table, folder, jdtype)
