@@ -9,7 +9,7 @@ import pytest
 import ditax
 from ditax.errors import RequestError
 from ditax.io.audio import AudioTrack
-from ltx2_pipeline_reference import run_diffusers, shared_ltx2_pipeline
+from ltx2_pipeline_reference import random_latents, run_diffusers, shared_ltx2_pipeline
 from wan_reference import rel_err
 
 PROMPT = "a drummer on a beach at sunset"
@@ -24,13 +24,8 @@ def tiny():
 
 def _latents(pipe, seed=0):
     """Unpacked video ``[1, C, F', Y, X]`` and audio ``[1, c, La, M]`` latents for SIZE."""
-    rng = np.random.default_rng(seed)
-    f, y, x = pipe.grid(SIZE["num_frames"], SIZE["height"], SIZE["width"])
-    la = pipe.audio_frames(SIZE["num_frames"], SIZE["frame_rate"])
-    a = pipe.audio_vae
-    video = rng.standard_normal((1, pipe.vae.latent_channels, f, y, x)).astype(np.float32)
-    audio = rng.standard_normal((1, a.latent_channels, la, a.config.latent_mel_bins))
-    return video, audio.astype(np.float32)
+    return random_latents(pipe, SIZE["num_frames"], SIZE["height"], SIZE["width"],
+                          SIZE["frame_rate"], seed)
 
 
 def test_same_latents_give_diffusers_video_and_sound(tiny):

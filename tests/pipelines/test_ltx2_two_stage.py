@@ -11,7 +11,7 @@ import pytest
 
 import ditax
 from ditax.errors import RequestError
-from ltx2_pipeline_reference import shared_ltx2_pipeline
+from ltx2_pipeline_reference import random_latents, shared_ltx2_pipeline
 from ltx2_upsampler_reference import write_upsample_pipeline
 from wan_reference import rel_err
 
@@ -28,17 +28,6 @@ def tiny(tmp_path_factory):
     up_root = tmp_path_factory.mktemp("ltx2_up") / "up"
     ref_up = write_upsample_pipeline(up_root, ref.vae, seed=2)
     return ref, ref_up, ditax.load_pipeline(root), ditax.load_pipeline(up_root), up_root
-
-
-def _start(pipe, height, width, seed=0):
-    """Unpacked video and audio latents of a CALL-sized request at ``height x width``."""
-    rng = np.random.default_rng(seed)
-    f, y, x = pipe.grid(CALL["num_frames"], height, width)
-    la = pipe.audio_frames(CALL["num_frames"], CALL["frame_rate"])
-    a = pipe.audio_vae
-    video = rng.standard_normal((1, pipe.vae.latent_channels, f, y, x)).astype(np.float32)
-    audio = rng.standard_normal((1, a.latent_channels, la, a.config.latent_mel_bins))
-    return video, audio.astype(np.float32)
 
 
 def test_upsample_pipeline_equals_diffusers(tiny):
@@ -77,7 +66,8 @@ def test_two_stages_equal_diffusers_chain(tiny):
 
     assert list(STAGE_2_SIGMAS) == STAGE_2_DISTILLED_SIGMA_VALUES
     ref, ref_up, pipe, up, _ = tiny
-    video_latents, audio_latents = _start(pipe, 32, 32)
+    video_latents, audio_latents = random_latents(pipe, CALL["num_frames"], 32, 32,
+                                                  CALL["frame_rate"])
     out = pipe(PROMPT, height=64, width=64, seed=0, latents=video_latents,
                audio_latents=audio_latents, upsampler=up, progress=False, **CALL)
     assert out["video"].shape == (9, 64, 64, 3)

@@ -72,6 +72,18 @@ def shared_ltx2_pipeline():
     return _SHARED["pipe"]
 
 
+def random_latents(pipe, num_frames, height, width, frame_rate, seed=0):
+    """Unpacked video ``[1, C, F', Y, X]`` and audio ``[1, c, La, M]`` latents (float32,
+    standard normal from ``seed``) of a request of that size to the ditax pipeline ``pipe``."""
+    rng = np.random.default_rng(seed)
+    f, y, x = pipe.grid(num_frames, height, width)
+    la = pipe.audio_frames(num_frames, frame_rate)
+    a = pipe.audio_vae
+    video = rng.standard_normal((1, pipe.vae.latent_channels, f, y, x)).astype(np.float32)
+    audio = rng.standard_normal((1, a.latent_channels, la, a.config.latent_mel_bins))
+    return video, audio.astype(np.float32)
+
+
 def run_diffusers(pipe, prompt, latents, audio_latents, **call):
     """diffusers' video ``[F, H, W, 3]`` and waveform ``[channels, samples]`` (numpy) from
     the given unpacked latents."""
