@@ -8,15 +8,17 @@ device keeps its own shard on its host): nearly all of a model's bytes. Everythi
 blocks' vectors (:func:`offloaded` says why), embeddings, the output head, LoRA adapters being
 trained — stays in device memory.
 
-:func:`ditax.nn.stack.run_stack` puts the host-resident weights of the block it is about to
-run in device memory (:func:`to_device`) inside the scan body; under ``jit`` that is a
-host-to-device copy of one layer's slice. On TPU, XLA's host-offload pass turns the per-layer
-slice of a host array inside the layer loop into an asynchronous copy
-(``dynamic-slice-start`` / ``-done`` from memory space ``S(5)``) and software-pipelines it:
-layer ``i + 1``'s copy is issued before layer ``i``'s compute (one layer of prefetch, a
-double buffer: two layers' weights in device memory at a time). The plan tests check this in
-the compiled program. On CPU the host and device memories are the same RAM: the program moves
-nothing and the results equal the resident model's bit for bit.
+:func:`ditax.nn.stack.run_stack` scans over layer indices and puts each block's host-resident
+weights in device memory: in forward programs ahead of the block (:func:`scan_prefetched`:
+``model.offload_prefetch`` blocks carried, layer ``i + k``'s copy made in iteration ``i``),
+in training inside the block's own step (:func:`to_device`). On TPU, XLA's host-offload pass
+makes each per-layer slice of a host array an asynchronous copy (``dynamic-slice-start`` /
+``-done`` from memory space ``S(5)``); the plan tests check in the compiled program that each
+copy leaves the loop body through its carry, brought for the next block. Where XLA's
+scheduler starts that copy is its choice: in the v6e programs compiled here, after the
+current block's compute, so on paper the copy is not hidden behind it. On CPU the host and
+device memories are the same RAM: the program moves nothing and the results equal the
+resident model's bit for bit.
 
 Gradients: LoRA training keeps the frozen base on the host and the adapters on the device
 (the copies run again in the backward pass under remat). Full training with offloaded weights
@@ -125,5 +127,5 @@ def host_bytes(state) -> int:
     return total
 
 
-__all__ = ["HOST", "fetch", "host_bytes", "is_host", "keep_on_host", "offloaded", "on_host", "scan_prefetched",
-           "to_device"]
+__all__ = ["HOST", "fetch", "host_bytes", "is_host", "keep_on_host", "offloaded", "on_host",
+           "scan_prefetched", "to_device"]
