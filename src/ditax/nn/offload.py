@@ -27,6 +27,8 @@ is refused: the update of a host array would need the optimizer on the host too.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -74,6 +76,17 @@ def to_device(block: nnx.Module) -> nnx.Module:
     state = jax.tree.map(lambda x: jax.device_put(x, jax.memory.Space.Device)
                          if is_host(x) else x, state)
     return nnx.merge(gdef, state)
+
+
+def on_device(method):
+    """Decorate a module method (an encoder's call) so it runs on the module with its
+    host-kept weights (:func:`keep_on_host`) put in device memory for that call only
+    (:func:`to_device`; the module itself when none is on the host)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        return method(to_device(self), *args, **kwargs)
+
+    return call
 
 
 def fetch(stacked, i):
@@ -127,5 +140,5 @@ def host_bytes(state) -> int:
     return total
 
 
-__all__ = ["HOST", "fetch", "host_bytes", "is_host", "keep_on_host", "offloaded", "on_host",
-           "scan_prefetched", "to_device"]
+__all__ = ["HOST", "fetch", "host_bytes", "is_host", "keep_on_host", "offloaded", "on_device",
+           "on_host", "scan_prefetched", "to_device"]

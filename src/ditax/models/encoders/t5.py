@@ -37,7 +37,7 @@ from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
 from ditax.nn.activations import ACTIVATIONS
-from ditax.nn.offload import to_device
+from ditax.nn.offload import on_device
 
 # config.json model_type → whether every layer owns its relative position bias
 MODEL_TYPES = {"t5": False, "mt5": False, "umt5": True}
@@ -278,10 +278,8 @@ class T5Encoder(nnx.Module):
                                 for i in range(cfg.num_layers)])
         self.final_layer_norm = T5RMSNorm(cfg.d_model, cfg.layer_norm_epsilon, dt)
 
+    @on_device     # weights kept in host memory (text_offload): on the device for the call
     def __call__(self, input_ids, attention_mask=None):
-        device = to_device(self)   # weights kept in host memory (text_offload): on the device
-        if device is not self:     # for this call only
-            return device(input_ids, attention_mask)
         input_ids = jnp.asarray(input_ids)
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be [B, T]; got shape {input_ids.shape}")

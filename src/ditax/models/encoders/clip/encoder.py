@@ -29,7 +29,7 @@ from ditax.attention import attend
 from ditax.errors import ConfigError, RequestError, check_choice
 from ditax.nn import FP32LayerNorm, Linear
 from ditax.nn.activations import ACTIVATIONS  # transformers' hidden_act names
-from ditax.nn.offload import to_device
+from ditax.nn.offload import on_device
 
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
@@ -225,12 +225,10 @@ class CLIPVisionEncoder(nnx.Module):
         self.layers = stack_layers(cfg, rngs, attention)
         self.post_layernorm = _layer_norm(cfg.hidden_size, cfg)
 
+    @on_device     # weights kept in host memory (text_offload): on the device for the call
     def __call__(self, pixel_values, layers: int | None = None):
         """Hidden states after the first ``layers`` encoder layers (default: all), without
         the post-layernorm: transformers' ``hidden_states[layers]``."""
-        device = to_device(self)   # weights kept in host memory (text_offload): on the device
-        if device is not self:     # for this call only
-            return device(pixel_values, layers)
         n = self.cfg.num_hidden_layers if layers is None else int(layers)
         if not 0 <= n <= self.cfg.num_hidden_layers:
             raise RequestError(f"layers={layers} is outside 0..{self.cfg.num_hidden_layers} "
@@ -247,9 +245,9 @@ class CLIPVisionEncoder(nnx.Module):
         (diffusers' ``image_encoder(...).hidden_states[-2]``)."""
         return self(pixel_values, layers=self.cfg.num_hidden_layers - 1)
 
+    @on_device
     def pooled(self, pixel_values):
         """``[B, D]``: post-layernorm of the last layer's class token (upstream
         ``pooler_output``)."""
-        model = to_device(self)
-        h = model(pixel_values)
-        return model.post_layernorm(h[:, 0]).astype(h.dtype)
+        h = self(pixel_values)
+        return self.post_layernorm(h[:, 0]).astype(h.dtype)

@@ -24,7 +24,7 @@ from ditax.errors import ConfigError, RequestError
 from ditax.models.encoders.clip.encoder import (check_layer_shape, read_tower_config, run_layers,
                                        stack_layers)
 from ditax.nn import FP32LayerNorm
-from ditax.nn.offload import to_device
+from ditax.nn.offload import on_device
 
 # transformers' CLIPTextConfig default, used when a config.json does not name the id
 DEFAULT_EOS_TOKEN_ID = 49407
@@ -103,10 +103,8 @@ class CLIPTextEncoder(nnx.Module):
         self.final_layer_norm = FP32LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, affine=True,
                                               param_dtype=jnp.dtype(cfg.dtype))
 
+    @on_device     # weights kept in host memory (text_offload): on the device for the call
     def __call__(self, input_ids, attention_mask=None):
-        device = to_device(self)   # weights kept in host memory (text_offload): on the device
-        if device is not self:     # for this call only
-            return device(input_ids, attention_mask)
         ids = jnp.asarray(input_ids)
         if ids.ndim != 2:
             raise RequestError(f"input_ids must be [B, T]; got shape {ids.shape}")

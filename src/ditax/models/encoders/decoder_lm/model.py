@@ -32,7 +32,7 @@ from ditax.models.encoders.decoder_lm.config import DecoderLMConfig, compute_dty
 from ditax.models.encoders.decoder_lm.rope import apply_rotate_half, rotate_half_tables
 from ditax.nn.activations import ACTIVATIONS
 from ditax.nn.linear import Linear
-from ditax.nn.offload import to_device
+from ditax.nn.offload import on_device
 from ditax.nn.stack import make_stack
 
 
@@ -166,10 +166,8 @@ class DecoderLM(nnx.Module):
             x = x * jnp.asarray(np.float32(self.cfg.hidden_size ** 0.5)).astype(table.dtype)
         return x
 
+    @on_device     # weights kept in host memory (text_offload): on the device for the call
     def __call__(self, input_ids, attention_mask=None):
-        device = to_device(self)   # weights kept in host memory (text_offload): on the device
-        if device is not self:     # for this call only
-            return device(input_ids, attention_mask)
         input_ids = jnp.asarray(input_ids)
         if input_ids.ndim != 2 or not jnp.issubdtype(input_ids.dtype, jnp.integer):
             raise ValueError(f"input_ids must be integer [B, T]; got {input_ids.dtype} "
