@@ -85,10 +85,7 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     family = model_family(cfg.model, cfg.attention, cfg.flow)
     family.check(sizes)
     family.check_flow()
-    if cfg.train.first_frame_p and not family.first_frame_training:
-        raise ConfigError(f"train.first_frame_p={cfg.train.first_frame_p:g}: model family "
-                          f"{family.name!r} does not train first-frame conditioning; set "
-                          f"train.first_frame_p=0")
+    family.check_first_frame(cfg.train.first_frame_p)
     check_optim(cfg.optim)
     check_flow(cfg.flow)
     check_data(cfg.data)

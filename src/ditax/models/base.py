@@ -252,12 +252,20 @@ class ModelFamily(abc.ABC):
     #: :meth:`first_frame_inputs`); the trainer refuses the key for a family without it
     first_frame_training = False
 
+    def check_first_frame(self, p: float) -> None:
+        """:class:`ConfigError` for ``train.first_frame_p`` > 0 on a family without
+        :attr:`first_frame_training` (the config check and the trainer ask it)."""
+        if p and not self.first_frame_training:
+            raise ConfigError(f"train.first_frame_p={p:g}: model family {self.name!r} does "
+                              f"not train first-frame conditioning; set train.first_frame_p=0")
+
     def first_frame_inputs(self, x_t, x0, timestep, mask, key, p: float):
         """``(x_t, timestep, mask)`` after :meth:`training_inputs` with each sample's first
         latent frame kept clean with probability ``p`` (drawn from ``key``): those tokens at
         timestep 0 and out of the loss ``mask``. Only where :attr:`first_frame_training`."""
-        raise ConfigError(f"train.first_frame_p={p:g}: model family {self.name!r} does not "
-                          f"train first-frame conditioning; set train.first_frame_p=0")
+        self.check_first_frame(p)
+        raise NotImplementedError(f"{type(self).__name__} declares first_frame_training "
+                                  f"without first_frame_inputs")
 
     # -- optional: each needs a capability the family declares in its FamilySpec -------------
     # (ditax.models.registry.CAPABILITIES; commands ask registry.require before calling them)

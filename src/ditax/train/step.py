@@ -175,10 +175,7 @@ class Trainer(TrainerBase):
         # kept for the backward pass)
         self.family = model_family(for_training(cfg.model), cfg.attention, cfg.flow)
         self.family.check_flow()
-        if cfg.train.first_frame_p and not self.family.first_frame_training:
-            raise ConfigError(f"train.first_frame_p={cfg.train.first_frame_p:g}: model family "
-                              f"{self.family.name!r} does not train first-frame conditioning; "
-                              f"set train.first_frame_p=0")
+        self.family.check_first_frame(cfg.train.first_frame_p)
         # a split: params = what trains (LoRA: the adapters; a family's choice: e.g. a VACE
         # model's VACE branch), the rest frozen; ``adapters``: the LoRA one (saved as files)
         self.adapters = self.split = None
