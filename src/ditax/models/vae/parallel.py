@@ -44,6 +44,14 @@ def decode(vae, latents: jax.Array, *, mesh, parallel: str = "spatial") -> jax.A
     return _impl(vae, parallel, "parallel VAE decode").decode(vae, latents, mesh)
 
 
+def decode_on(vae, latents: jax.Array, mesh=None, **one_device) -> jax.Array:
+    """The pipelines' decode: rows split over ``mesh`` (:func:`decode`), or with ``mesh``
+    None the VAE's own ``decode(latents, **one_device)`` (``tiled=``, ``programs=``)."""
+    if mesh is None:
+        return vae.decode(latents, **one_device)
+    return decode(vae, latents, mesh=mesh)
+
+
 def encode_moments(vae, x: jax.Array, *, mesh, parallel: str = "spatial"
                    ) -> tuple[jax.Array, jax.Array]:
     """The VAE's ``encode_moments(x)`` (posterior mean, clamped log-variance) with rows split."""
@@ -55,4 +63,4 @@ def encode(vae, x: jax.Array, *, mesh, parallel: str = "spatial") -> jax.Array:
     return encode_moments(vae, x, mesh=mesh, parallel=parallel)[0]
 
 
-__all__ = ["MODES", "decode", "encode", "encode_moments"]
+__all__ = ["MODES", "decode", "decode_on", "encode", "encode_moments"]

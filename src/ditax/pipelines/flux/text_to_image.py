@@ -101,12 +101,10 @@ class FluxTextToImage:
         """Packed latents → float32 image ``[H, W, 3]`` in [0, 1]."""
         h, w = self.latent_size(height, width)
         z = self.vae.denormalize_latents(unpack(jnp.asarray(tokens, self.vae.dtype), h, w))
-        if self.vae_parallel is not None:     # rows over the mesh (ditax.models.vae.parallel)
-            from ditax.models.vae.parallel import decode
+        from ditax.models.vae.parallel import decode_on      # vae_parallel: rows over the mesh
 
-            image = np.asarray(decode(self.vae, z, mesh=self.vae_parallel), np.float32)
-        else:
-            image = np.asarray(self.vae.decode(z, tiled=self.vae_tiling), np.float32)  # [1,3,H,W]
+        image = np.asarray(decode_on(self.vae, z, self.vae_parallel, tiled=self.vae_tiling),
+                           np.float32)                                     # [1, 3, H, W]
         image = np.clip(image / np.float32(2) + np.float32(0.5), np.float32(0), np.float32(1))
         return np.ascontiguousarray(np.transpose(image[0], (1, 2, 0)))
 

@@ -218,13 +218,11 @@ class WanAnimate(WanImageToVideo):
                 spent[k] += res.timings[k]
             t0 = time.perf_counter()
             with phase("decode"):
-                z = vae.denormalize_latents(jnp.asarray(res.output[:, :, 1:], vae.dtype))
-                if self.vae_parallel is not None:     # rows over the mesh (vae_parallel)
-                    from ditax.models.vae.parallel import decode
+                from ditax.models.vae.parallel import decode_on    # vae_parallel: row-split
 
-                    frames = np.asarray(decode(vae, z, mesh=self.vae_parallel), np.float32)[0]
-                else:
-                    frames = np.asarray(vae.decode(z, tiled=self.vae_tiling), np.float32)[0]
+                z = vae.denormalize_latents(jnp.asarray(res.output[:, :, 1:], vae.dtype))
+                frames = np.asarray(decode_on(vae, z, self.vae_parallel, tiled=self.vae_tiling),
+                                    np.float32)[0]
             spent["decode"] += time.perf_counter() - t0
             out.append(frames if start == 0 else frames[:, prev:])
             self.last_stats, self.timings = res.stats, Timings(load=self.load_time, **spent)

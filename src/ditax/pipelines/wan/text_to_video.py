@@ -146,12 +146,10 @@ class WanTextToVideo:
         """Final latents ``[1, C, F', Y, X]`` → float32 video ``[F, H, W, 3]`` in [0, 1]
         (``programs``: the decode's compiled programs, :meth:`Programs.decode`)."""
         z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
-        if self.vae_parallel is not None:     # rows over the mesh (ditax.models.vae.parallel)
-            from ditax.models.vae.parallel import decode
+        from ditax.models.vae.parallel import decode_on      # vae_parallel: rows over the mesh
 
-            video = decode(self.vae, z, mesh=self.vae_parallel)
-        else:
-            video = self.vae.decode(z, tiled=self.vae_tiling, programs=programs)  # [1,3,F,H,W]
+        video = decode_on(self.vae, z, self.vae_parallel, tiled=self.vae_tiling,
+                          programs=programs)                              # [1, 3, F, H, W]
         # on the host: the same float32 arithmetic, without compiling four more programs
         video = np.clip(np.asarray(video, np.float32) * np.float32(0.5) + np.float32(0.5),
                         np.float32(0.0), np.float32(1.0))
