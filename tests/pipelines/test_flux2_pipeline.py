@@ -1,0 +1,86 @@
+"""FLUX.2 pipelines (``ditax.load_pipeline`` on diffusers ``Flux2KleinPipeline`` /
+``Flux2Pipeline`` folders): the token layout, position ids, schedule and reference-image
+preparation against diffusers' own static methods on random inputs; end to end against
+diffusers from the same latents (klein text-only, klein with two reference images, dev);
+``ditax generate``; the request errors."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+from diffusers.pipelines.flux2.pipeline_flux2 import (  # noqa: E402
+    Flux2Pipeline, compute_empirical_mu)
+
+from ditax.errors import RequestError  # noqa: E402
+from ditax.pipelines.flux2 import layout  # noqa: E402
+from ditax.pipelines.flux2.references import prepare_reference  # noqa: E402
+from ditax.pipelines.flux2.schedule import empirical_mu, request_scheduler  # noqa: E402
+from flux2_pipeline_reference import diffusers_reference_image  # noqa: E402
+
+
+def test_layout_and_ids_match_diffusers():
+    """patchify / unpatchify, pack / unpack and the position ids of the output, of two
+    reference images of different sizes and of the text, as diffusers' static methods."""
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((2, 3, 8, 12)).astype(np.float32)
+    p = Flux2Pipeline._patchify_latents(torch.from_numpy(z))
+    np.testing.assert_array_equal(layout.patchify(z), p.numpy())
+    np.testing.assert_array_equal(layout.unpatchify(p.numpy()), z)
+    tokens = Flux2Pipeline._pack_latents(p)
+    np.testing.assert_array_equal(layout.pack(p.numpy()), tokens.numpy())
+    ids = Flux2Pipeline._prepare_latent_ids(p)
+    np.testing.assert_array_equal(layout.latent_ids(4, 6), ids[0].numpy())
+    back = Flux2Pipeline._unpack_latents_with_ids(tokens, ids)
+    np.testing.assert_array_equal(layout.unpack(tokens.numpy(), 4, 6), back.numpy())
+    refs = [torch.zeros(1, 12, 3, 5), torch.zeros(1, 12, 2, 2)]
+    np.testing.assert_array_equal(layout.reference_ids([(3, 5), (2, 2)]),
+                                  Flux2Pipeline._prepare_image_ids(refs)[0].numpy())
+    np.testing.assert_array_equal(layout.text_ids(7),
+                                  Flux2Pipeline._prepare_text_ids(torch.zeros(1, 7, 3))[0].numpy())
+
+
+def test_schedule_matches_diffusers():
+    """FLUX.2's empirical mu (both branches, several step counts) and the shifted sigmas of
+    diffusers' scheduler set with that mu."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from ditax.schedulers import FlowMatchEulerScheduler
+
+    for seq, steps in ((64, 3), (1024, 28), (4096, 50), (4301, 4), (9000, 50)):
+        assert empirical_mu(seq, steps) == pytest.approx(compute_empirical_mu(seq, steps),
+                                                         rel=1e-12)
+    cfg = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
+               base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
+    ref = FlowMatchEulerDiscreteScheduler(**cfg)
+    ours = FlowMatchEulerScheduler.from_config(cfg)
+    for seq, steps in ((64, 3), (4096, 28)):
+        sigmas = np.linspace(1.0, 1 / steps, steps)
+        ref.set_timesteps(sigmas=sigmas, mu=compute_empirical_mu(seq, steps))
+        state = request_scheduler(ours, seq, steps).set_timesteps(steps, sigmas=sigmas)
+        np.testing.assert_allclose(np.asarray(state.sigmas), ref.sigmas.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(state.timesteps), ref.timesteps.numpy(),
+                                   rtol=1e-6)
+
+
+def test_reference_images_prepared_as_diffusers():
+    """Random PIL images (one over the 1024^2 area cap, odd sizes, an RGBA one) → the same
+    tensors as diffusers' preparation; too small / too narrow images refused in one line."""
+    import PIL.Image
+
+    rng = np.random.default_rng(1)
+    for (h, w, mode), factor in (((70, 133, "RGB"), 8), ((1030, 1050, "RGB"), 8),
+                                 ((97, 64, "RGBA"), 2)):
+        px = rng.integers(0, 256, (h, w, len(mode)), dtype=np.uint8)
+        image = PIL.Image.fromarray(px, mode)
+        want = diffusers_reference_image(image, factor)
+        got = prepare_reference(image, 2 * factor)
+        assert got.shape == want.shape and got.dtype == np.float32, (got.shape, want.shape)
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    for size, words in (((63, 100), "both sides >= 64"), ((64, 600), "at most 8:1")):
+        with pytest.raises(RequestError, match=words) as e:
+            prepare_reference(PIL.Image.new("RGB", size), 16)
+        assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(RequestError, match="PIL image or a uint8"):
+        prepare_reference("cat.png", 16)
