@@ -73,3 +73,18 @@ def test_offloaded_forward_streams_each_layer_once_ahead_of_its_compute(capsys, 
     assert fwd["roofline"]["host_s"] > 0
     copies, carried = _carried_only(hlo)
     assert copies > 0 and carried == copies, (copies, carried)
+
+
+@needs_libtpu
+def test_offloaded_int8_kernels_stream_one_layer_at_a_time(capsys, tmp_path):
+    """8-bit kernels on the host get the TPU layout of one layer's device copy
+    (ditax.nn.offload.placement): each layer's int8 weights cross once per forward (one more
+    for the prefetch), not the whole stack every layer (9x the weights per forward with XLA's
+    default host layout for s8 at 8 layers)."""
+    bf16, _ = _plan(capsys, tmp_path, "model.offload=host")
+    plan, hlo = _plan(capsys, tmp_path, "model.offload=host", "model.quantize=int8")
+    int8_bytes = bf16["forward"]["host_argument_bytes"] / 2     # the same kernels, 1 byte each
+    streamed = plan["forward"]["host_to_device_bytes"]
+    # small tiny-model kernels pad to the tiles a little; the whole stack per layer is 8x
+    assert int8_bytes * (LAYERS + 1) / LAYERS <= streamed < 1.1 * int8_bytes * (LAYERS + 1) / LAYERS
+    assert "s8[" in hlo and "T(8,128)(4,1)S(5)" in hlo

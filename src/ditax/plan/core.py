@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
+from ditax.nn.offload import placement
 
 
 def _params(state, shardings) -> tuple[int, int, int, list]:
@@ -55,8 +56,9 @@ def _forward(cfg, mesh, family, gdef, state, shardings, latent, batch=None):
 
     # the parameters as ShapeDtypeStructs with their shardings, so their memory kinds (host
     # under model.offload=host) are the traced values' too
-    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                         state, shardings)
+    # (8-bit host kernels in the layout the loader gives them: ditax.nn.offload.placement)
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(
+        a.shape, a.dtype, sharding=placement(s, a.dtype, len(a.shape))), state, shardings)
     lowered = jax.jit(fwd, in_shardings=(shardings, bsh, bsh, bsh, bsh)).lower(
         state, lat, t, text, cond)
     fl = family.flops_per_sample((family.latent_channels, f, y, x),

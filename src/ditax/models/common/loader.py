@@ -40,6 +40,7 @@ from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights, is_single_file
 from ditax.models.common.loaded import param_sharding
 from ditax.nn import quant
+from ditax.nn.offload import streamable
 from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ class TransformerLoader:
         state = load_params(read_table, weights, state, jnp.dtype(cfg.param_dtype), sharding,
                             quantizers)
         check_finite_params(state, source, bool(loras))
-        return nnx.merge(gdef, state)
+        return nnx.merge(gdef, streamable(state))   # 8-bit host kernels' layout on TPU
 
     # -- the loader ---------------------------------------------------------------------------
 
