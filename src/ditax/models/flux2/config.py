@@ -1,0 +1,151 @@
+"""FLUX.2 transformer configuration (diffusers ``Flux2Transformer2DModel`` names) and its rules.
+
+The presets' architectures (``src/ditax/config/presets/flux.2-*.yaml``) are the values of
+diffusers' ``scripts/convert_flux2_to_diffusers.py`` (``get_flux2_transformer_config``):
+
+=================  ======  ========  =====  =====  =====  ======  ========
+preset             layers  singles   heads  K      Dt     D       guidance
+=================  ======  ========  =====  =====  =====  ======  ========
+flux.2-dev         8       48        48     128    15360  6144    yes
+flux.2-klein-9b    8       24        32     128    12288  4096    no
+flux.2-klein-4b    5       20        24     128    7680   3072    no
+=================  ======  ========  =====  =====  =====  ======  ========
+
+and for all: ``in_channels=128`` (32 latent channels packed 2 x 2), ``mlp_ratio=3``,
+``axes_dims_rope=(32, 32, 32, 32)``, ``rope_theta=2000``, ``eps=1e-6``,
+``timestep_guidance_channels=256``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from ditax.errors import ConfigError
+from ditax.models.common import fields
+from ditax.models.common.fields import (TransformerNumerics, check_numerics, check_tensor_splits,
+                                        diffusers_config, with_overrides)
+
+CLASS_NAME = "Flux2Transformer2DModel"
+
+# the fields of a diffusers ``Flux2Transformer2DModel`` config.json (the architecture)
+DIFFUSERS_FIELDS = ("patch_size", "in_channels", "out_channels", "num_layers",
+                    "num_single_layers", "attention_head_dim", "num_attention_heads",
+                    "joint_attention_dim", "timestep_guidance_channels", "mlp_ratio",
+                    "axes_dims_rope", "rope_theta", "eps", "guidance_embeds")
+
+
+@dataclass(frozen=True)
+class Flux2Shape:
+    """The first fields of :class:`Flux2Config`: the family's name and the architecture (a
+    diffusers ``Flux2Transformer2DModel`` config.json's fields; defaults are diffusers' =
+    FLUX.2-dev)."""
+
+    family: Literal["flux2"] = "flux2"
+    patch_size: int = 1
+    in_channels: int = 128
+    out_channels: Optional[int] = None
+    num_layers: int = 8
+    num_single_layers: int = 48
+    attention_head_dim: int = 128
+    num_attention_heads: int = 48
+    joint_attention_dim: int = 15360
+    timestep_guidance_channels: int = 256
+    mlp_ratio: float = 3.0
+    axes_dims_rope: tuple[int, ...] = (32, 32, 32, 32)
+    rope_theta: float = 2000.0
+    eps: float = 1e-6
+    guidance_embeds: bool = True
+
+
+@dataclass(frozen=True)
+class Flux2Config(TransformerNumerics, Flux2Shape):
+    """FLUX.2 transformer shape (diffusers names) and ditax's numerics (dtypes, remat, layer
+    scan, 8-bit weights).
+
+    ``num_layers`` double-stream blocks (image and text with their own weights, one joint
+    attention; the modulation of each stream shared by every block) then
+    ``num_single_layers`` single-stream blocks (attention and SwiGLU MLP in parallel, one
+    fused input and one fused output projection). No linear layer has a bias.
+    ``out_channels=None`` means ``in_channels``.
+    """
+
+    @property
+    def inner_dim(self) -> int:
+        """``D``, the model width."""
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def mlp_dim(self) -> int:
+        """``M``, the SwiGLU hidden width of both block kinds (``int(D · mlp_ratio)``; the
+        input projections write ``2M``: gate and value)."""
+        return int(self.inner_dim * self.mlp_ratio)
+
+    @property
+    def output_channels(self) -> int:
+        """Width of the output tokens: ``patch_size² · (out_channels or in_channels)``."""
+        return self.patch_size ** 2 * (self.out_channels or self.in_channels)
+
+    @classmethod
+    def from_diffusers(cls, cfg: dict, **overrides) -> "Flux2Config":
+        """Build from a diffusers ``config.json`` dict (unknown keys ignored)."""
+        kw = {k: cfg[k] for k in DIFFUSERS_FIELDS if k in cfg}
+        if isinstance(kw.get("axes_dims_rope"), list):
+            kw["axes_dims_rope"] = tuple(kw["axes_dims_rope"])
+        for k in ("mlp_ratio", "rope_theta", "eps"):
+            if isinstance(kw.get(k), int) and not isinstance(kw.get(k), bool):
+                kw[k] = float(kw[k])
+        return with_overrides(cls, kw, overrides)
+
+    def to_diffusers(self) -> dict:
+        """The diffusers ``config.json`` dict of this architecture (``_class_name`` included)."""
+        return diffusers_config(self, CLASS_NAME, DIFFUSERS_FIELDS)
+
+
+def check_model(m: Flux2Config, mesh_sizes: dict[str, int] | None = None) -> None:
+    """Raise :class:`ConfigError` for a model config that cannot be built (``mesh_sizes``: the
+    resolved mesh sizes, for the tensor-parallel divisibility rules)."""
+    check_numerics(m)
+    for k in ("patch_size", "in_channels", "num_layers", "num_single_layers",
+              "attention_head_dim", "num_attention_heads", "joint_attention_dim",
+              "timestep_guidance_channels"):
+        v = getattr(m, k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"model.{k}={v!r} must be an integer >= 1")
+    if m.timestep_guidance_channels % 2:
+        raise ConfigError(f"model.timestep_guidance_channels={m.timestep_guidance_channels} "
+                          f"must be even (cos and sin halves of the sinusoid), e.g. 256")
+    if m.out_channels is not None and m.out_channels < 1:
+        raise ConfigError(f"model.out_channels={m.out_channels} must be >= 1 (or none: "
+                          f"in_channels)")
+    for k in ("mlp_ratio", "rope_theta", "eps"):
+        v = getattr(m, k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ConfigError(f"model.{k}={v!r} must be a number > 0")
+    if m.mlp_dim < 1:
+        raise ConfigError(f"model.mlp_ratio={m.mlp_ratio} gives an MLP width "
+                          f"int({m.inner_dim} x {m.mlp_ratio}) = {m.mlp_dim}; use a ratio "
+                          f"that gives >= 1 (FLUX.2: 3.0)")
+    axes = tuple(m.axes_dims_rope)
+    if not axes or any(d < 2 or d % 2 for d in axes):
+        raise ConfigError(f"model.axes_dims_rope={list(axes)} must be even sizes >= 2, one per "
+                          f"position-id axis (RoPE pairs), e.g. [32, 32, 32, 32]")
+    if sum(axes) != m.attention_head_dim:
+        raise ConfigError(f"model.axes_dims_rope={list(axes)} sums to {sum(axes)}; the axes "
+                          f"split the head dim, so they must sum to attention_head_dim="
+                          f"{m.attention_head_dim}")
+    check_tensor_splits(m, mesh_sizes, m.mlp_dim, "model MLP width (int(D x mlp_ratio))")
+
+
+# every rule of one run, in every family's order, checked once at its entry point
+check_transformer = fields.transformer_check(Flux2Config, check_model)
+
+
+def same_architecture(a: Flux2Config, b: Flux2Config) -> list[tuple[str, object, object]]:
+    """``(field, a's, b's)`` for every architecture field where ``a`` and ``b`` differ."""
+    return [(f, getattr(a, f), getattr(b, f)) for f in DIFFUSERS_FIELDS
+            if getattr(a, f) != getattr(b, f)]
+
+
+__all__ = ["Flux2Config", "check_model", "check_transformer", "same_architecture",
+           "DIFFUSERS_FIELDS", "CLASS_NAME"]

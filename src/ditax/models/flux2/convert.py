@@ -1,0 +1,84 @@
+"""diffusers ``Flux2Transformer2DModel`` weights ↔ ditax parameters: one table.
+
+Each row: our parameter path, the diffusers key (``{i}`` = block index of a stacked row; the
+double and single stacks have their own depths, :attr:`ditax.io.convert.Row.layers`), the
+explicit transform, and the logical axes used for sharding (``embed`` over fsdp / context,
+``heads`` / ``mlp`` over tensor). No FLUX.2 linear has a bias, so every linear is one row.
+The fused projections (the single blocks' ``to_qkv_mlp_proj`` / ``to_out``, the SwiGLU
+inputs ``linear_in``) hold blocks of columns / rows of different kinds, so they stay whole
+over ``tensor`` (``None``) and are sharded over ``embed`` only.
+"""
+
+from __future__ import annotations
+
+from ditax.io.convert import ID, TRANSPOSE, Row, Table, logical_axes
+from ditax.models.flux2.config import Flux2Config
+
+DOUBLE, SINGLE = "transformer_blocks", "single_transformer_blocks"
+
+
+def _linear(path, key, axes_in, axes_out, layers=None):
+    return [Row(path + ("kernel",), key + ".weight", TRANSPOSE, (axes_in, axes_out),
+                layers=layers)]
+
+
+def _norm(path, key, layers=None):
+    return [Row(path + ("scale",), key + ".weight", ID, ("norm",), layers=layers)]
+
+
+def _double_rows(depth: int) -> list[Row]:
+    path, key = (DOUBLE, "attn"), f"{DOUBLE}.{{i}}.attn"
+    rows = []
+    for p in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"):
+        rows += _linear(path + (p,), f"{key}.{p}", "embed", "heads", depth)
+    for n in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
+        rows += _norm(path + (n,), f"{key}.{n}", depth)
+    rows += _linear(path + ("to_out",), f"{key}.to_out.0", "heads", "embed", depth)
+    rows += _linear(path + ("to_add_out",), f"{key}.to_add_out", "heads", "embed", depth)
+    for ff in ("ff", "ff_context"):
+        rows += _linear((DOUBLE, ff, "linear_in"), f"{DOUBLE}.{{i}}.{ff}.linear_in", "embed",
+                        None, depth)
+        rows += _linear((DOUBLE, ff, "linear_out"), f"{DOUBLE}.{{i}}.{ff}.linear_out", "mlp",
+                        "embed", depth)
+    return rows
+
+
+def _single_rows(depth: int) -> list[Row]:
+    path, key = (SINGLE, "attn"), f"{SINGLE}.{{i}}.attn"
+    rows = _linear(path + ("to_qkv_mlp_proj",), f"{key}.to_qkv_mlp_proj", "embed", None, depth)
+    rows += _norm(path + ("norm_q",), f"{key}.norm_q", depth)
+    rows += _norm(path + ("norm_k",), f"{key}.norm_k", depth)
+    rows += _linear(path + ("to_out",), f"{key}.to_out", None, "embed", depth)
+    return rows
+
+
+def table(cfg: Flux2Config) -> list[Row]:
+    """The rows (our path, diffusers key, transform, logical axes) of ``cfg``'s model."""
+    tge = "time_guidance_embed"
+    embedders = ["timestep_embedder"] + (["guidance_embedder"] if cfg.guidance_embeds else [])
+    rows = _linear(("x_embedder",), "x_embedder", "in_channels", "embed")
+    rows += _linear(("context_embedder",), "context_embedder", "text_embed", None)
+    for e in embedders:
+        rows += _linear((tge, e, "linear_1"), f"{tge}.{e}.linear_1", "freq", "embed")
+        rows += _linear((tge, e, "linear_2"), f"{tge}.{e}.linear_2", "embed", None)
+    for m in ("double_stream_modulation_img", "double_stream_modulation_txt",
+              "single_stream_modulation", "norm_out"):
+        rows += _linear((m, "linear"), f"{m}.linear", "embed", None)
+    rows += _double_rows(cfg.num_layers) + _single_rows(cfg.num_single_layers)
+    rows += _linear(("proj_out",), "proj_out", "embed", "out_channels")
+    return rows
+
+
+def weight_table(cfg: Flux2Config) -> Table:
+    """The transformer's :class:`~ditax.io.convert.Table` for ``cfg``."""
+    return Table("transformer", tuple(table(cfg)), cfg.num_layers, (),
+                 f"the config (num_layers={cfg.num_layers}, num_single_layers="
+                 f"{cfg.num_single_layers}, guidance_embeds={cfg.guidance_embeds})")
+
+
+def param_axes(cfg: Flux2Config) -> dict[tuple[str, ...], tuple]:
+    """Our parameter path → logical axis names (stacked blocks: a leading "layers")."""
+    return logical_axes(table(cfg))
+
+
+__all__ = ["table", "weight_table", "param_axes"]
