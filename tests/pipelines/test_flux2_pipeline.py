@@ -21,13 +21,11 @@ from flux2_pipeline_reference import diffusers_reference_image  # noqa: E402
 
 
 def test_layout_and_ids_match_diffusers():
-    """patchify / unpatchify, pack / unpack and the position ids of the output, of two
+    """pack / unpack and the position ids of the output, of two
     reference images of different sizes and of the text, as diffusers' static methods."""
     rng = np.random.default_rng(0)
     z = rng.standard_normal((2, 3, 8, 12)).astype(np.float32)
     p = Flux2Pipeline._patchify_latents(torch.from_numpy(z))
-    np.testing.assert_array_equal(layout.patchify(z), p.numpy())
-    np.testing.assert_array_equal(layout.unpatchify(p.numpy()), z)
     tokens = Flux2Pipeline._pack_latents(p)
     np.testing.assert_array_equal(layout.pack(p.numpy()), tokens.numpy())
     ids = Flux2Pipeline._prepare_latent_ids(p)
@@ -84,3 +82,83 @@ def test_reference_images_prepared_as_diffusers():
         assert len(str(e.value).splitlines()) == 1
     with pytest.raises(RequestError, match="PIL image or a uint8"):
         prepare_reference("cat.png", 16)
+
+
+# --- end to end, against diffusers from the same latents -------------------------------------
+
+import json  # noqa: E402
+
+import ditax  # noqa: E402
+from flux2_pipeline_reference import (  # noqa: E402
+    TEXT_LAYERS, random_latents, run_diffusers, write_flux2_pipeline)
+
+SIZE = 32          # pixels; the tiny VAE's 2x and the 2x2 patch: 8 x 8 tokens
+PROMPT = "a cat walks on the grass"
+CALL = dict(height=SIZE, width=SIZE, num_inference_steps=2, max_sequence_length=24)
+
+
+def _refs():
+    """Two reference images of different sizes (64 px is the smallest diffusers takes)."""
+    import PIL.Image
+
+    rng = np.random.default_rng(5)
+    return [PIL.Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)),
+            PIL.Image.fromarray(rng.integers(0, 256, (72, 96, 3), dtype=np.uint8))]
+
+
+def _distilled_twin(base, folder):
+    """``folder``: the klein base folder's components (linked) under a model_index.json that
+    says ``is_distilled``."""
+    folder.mkdir()
+    for part in base.iterdir():
+        if part.is_dir():
+            (folder / part.name).symlink_to(part)
+    index = json.loads((base / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "is_distilled": True}))
+
+
+@pytest.fixture(scope="module")
+def klein(tmp_path_factory):
+    """``(diffusers Flux2KleinPipeline (base), ditax base pipeline, ditax distilled pipeline,
+    base folder)``: one tiny klein folder and its distilled twin."""
+    tmp = tmp_path_factory.mktemp("flux2_pipe")
+    ref = write_flux2_pipeline(tmp / "klein", "klein-base")
+    _distilled_twin(tmp / "klein", tmp / "klein_distilled")
+    base, distilled = (ditax.load_pipeline(tmp / n) for n in ("klein", "klein_distilled"))
+    for pipe in (base, distilled):
+        pipe.text_encoder_out_layers = TEXT_LAYERS
+    return ref, base, distilled, tmp / "klein"
+
+
+def _compare(name, got, want, tol=1e-3):
+    err = float(np.abs(got - want).max())
+    inside = float(np.mean((want > 0.01) & (want < 0.99)))
+    print(f"flux2 {name}: image {got.shape} max abs err {err:.2e} ({inside:.0%} unclipped)")
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert inside > 0.5 and err < tol
+    return err
+
+
+def test_klein_distilled_text_to_image_matches_diffusers(klein):
+    """A distilled klein folder: one forward a step (no CFG, as diffusers switches it)."""
+    ref, _, pipe, _ = klein
+    assert pipe.kind == "klein-distilled"
+    lat = random_latents(pipe, SIZE, SIZE)
+    ref.register_to_config(is_distilled=True)
+    try:
+        want = run_diffusers(ref, PROMPT, lat, guidance_scale=1.0, **CALL)
+    finally:
+        ref.register_to_config(is_distilled=False)
+    _compare("klein distilled", pipe(PROMPT, latents=lat, progress=False, **CALL), want)
+    assert pipe.last_stats["transformer_calls"] == CALL["num_inference_steps"]
+
+
+def test_klein_base_two_references_with_cfg_matches_diffusers(klein):
+    """klein base, true CFG (against "", as diffusers) and two reference images of different
+    sizes, from diffusers' latent layout."""
+    ref, pipe, _, _ = klein
+    lat = random_latents(pipe, SIZE, SIZE, seed=1)
+    want = run_diffusers(ref, PROMPT, lat, image=_refs(), guidance_scale=3.0, **CALL)
+    got = pipe(PROMPT, image=_refs(), latents=lat, guidance_scale=3.0, progress=False, **CALL)
+    _compare("klein base + 2 references", got, want)
+    assert pipe.last_stats["transformer_calls"] == 2 * CALL["num_inference_steps"]

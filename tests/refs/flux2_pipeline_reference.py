@@ -23,4 +23,67 @@ def diffusers_reference_image(image, vae_scale_factor: int) -> np.ndarray:
     return proc.preprocess(image, height=h, width=w, resize_mode="crop").numpy()
 
 
-__all__ = ["diffusers_reference_image"]
+
+
+#: FLUX.2's scheduler config (the hub folders': dynamic shift, mu from the pipeline)
+SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
+                 base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096,
+                 time_shift_type="exponential")
+#: the text encoders' hidden states the tiny pipelines read (the tiny models have 4 layers;
+#: 3 x their width 32 = the transformer's joint_attention_dim)
+TEXT_LAYERS = (1, 2, 4)
+
+
+def write_flux2_pipeline(root, kind: str, seed: int = 0):
+    """Write a tiny diffusers FLUX.2 pipeline folder at ``root``: ``kind`` ``"dev"``
+    (``Flux2Pipeline``: tiny Mistral-3, guidance embedding) or ``"klein"`` / ``"klein-base"``
+    (``Flux2KleinPipeline`` distilled / base: tiny Qwen3); every component random (the
+    transformer, VAE and text builders of the FLUX.2 engineers' references), saved with
+    ``save_pretrained``. Returns the diffusers pipeline."""
+    import shutil
+
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Pipeline
+
+    from decoder_lm_flux2_reference import TEXT, tiny_flux2_text_folders
+    from flux2_reference import TINY, make_diffusers_flux2
+    from flux2_vae_reference import TINY as VAE, make_flux2_vae
+
+    _, encoder, tokenizer = tiny_flux2_text_folders()["dev" if kind == "dev" else "klein"]
+    root.mkdir(parents=True, exist_ok=True)
+    transformer, tfolder = make_diffusers_flux2(
+        root.parent, seed, name=f"{root.name}_tr",
+        **dict(TINY, in_channels=4 * VAE["latent_channels"],
+               joint_attention_dim=len(TEXT_LAYERS) * TEXT["hidden_size"],
+               guidance_embeds=kind == "dev"))
+    parts = dict(scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER),
+                 vae=make_flux2_vae(VAE, seed), text_encoder=encoder, tokenizer=tokenizer,
+                 transformer=transformer)
+    pipe = (Flux2Pipeline(**parts) if kind == "dev" else
+            Flux2KleinPipeline(**parts, is_distilled=kind == "klein"))
+    pipe.save_pretrained(root)
+    shutil.rmtree(tfolder)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def random_latents(pipe, height: int, width: int, seed: int = 0) -> np.ndarray:
+    """diffusers' ``latents`` ``[1, 4C, H/g, W/g]`` (float32 standard normal from ``seed``) of
+    a request of that size to the ditax pipeline ``pipe`` (``g``: its size grid)."""
+    c, g = pipe.transformer.config.in_channels, pipe.grid
+    shape = (1, c, height // g, width // g)
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def run_diffusers(pipe, prompt, latents, **call) -> np.ndarray:
+    """diffusers' image ``[H, W, 3]`` (numpy, in [0, 1]) from the given latents
+    (``[1, 4C, h, w]``, the layout its ``prepare_latents`` takes)."""
+    import torch
+
+    with torch.no_grad():
+        out = pipe(prompt=prompt, latents=torch.from_numpy(latents), output_type="np",
+                   text_encoder_out_layers=TEXT_LAYERS, return_dict=False, **call)
+    return np.asarray(out[0][0], np.float32)
+
+
+__all__ = ["SCHEDULER", "TEXT_LAYERS", "diffusers_reference_image", "random_latents",
+           "run_diffusers", "write_flux2_pipeline"]

@@ -1,12 +1,11 @@
 """FLUX.2's latent token layout and position ids, as diffusers' ``Flux2Pipeline`` /
 ``Flux2KleinPipeline`` build them.
 
-A VAE latent ``[B, C, y, x]`` is *patchified*: each 2 x 2 patch becomes one pixel of ``4C``
-channels (channel-major, then the patch row, then the column) on a ``[B, 4C, y/2, x/2]`` grid.
-The latent BatchNorm statistics of the VAE live in that ``4C`` space, so a latent is
-normalised between patchify and *pack*, which lays the grid out as tokens
-``[B, (y/2)(x/2), 4C]`` in row-major order. (The order of the 4C values equals FLUX.1's packing;
-the BatchNorm between the two steps is FLUX.2's own.)
+A VAE latent ``[B, C, y, x]`` is *patchified* (each 2 x 2 patch one pixel of ``4C`` channels on
+a ``[B, 4C, y/2, x/2]`` grid) and normalised by the VAE's latent BatchNorm statistics, which
+live in that ``4C`` space — both the VAE's own (:class:`~ditax.models.vae.flux2.Flux2VAE`'s
+``patchify_latents`` / ``normalize_latents``) — and then *packed* here: the grid laid out as
+tokens ``[B, (y/2)(x/2), 4C]`` in row-major order.
 
 Every token has a 4-D position id ``(t, h, w, l)``:
 
@@ -24,23 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-PATCH = 2            # latent pixels per token side
 REFERENCE_T0 = 10    # the time coordinate of the first reference image (and the step between)
-
-
-def patchify(z):
-    """``[B, C, y, x]`` → ``[B, 4C, y/2, x/2]`` (each 2 x 2 patch's values channel-major)."""
-    b, c, h, w = z.shape
-    z = z.reshape(b, c, h // PATCH, PATCH, w // PATCH, PATCH).transpose(0, 1, 3, 5, 2, 4)
-    return z.reshape(b, c * PATCH * PATCH, h // PATCH, w // PATCH)
-
-
-def unpatchify(z):
-    """``[B, 4C, y/2, x/2]`` → ``[B, C, y, x]``; the inverse of :func:`patchify`."""
-    b, d, h, w = z.shape
-    c = d // (PATCH * PATCH)
-    z = z.reshape(b, c, PATCH, PATCH, h, w).transpose(0, 1, 4, 2, 5, 3)
-    return z.reshape(b, c, h * PATCH, w * PATCH)
 
 
 def pack(z):
@@ -85,5 +68,5 @@ def text_ids(length: int) -> np.ndarray:
     return ids
 
 
-__all__ = ["PATCH", "REFERENCE_T0", "grid_ids", "latent_ids", "pack", "patchify",
-           "reference_ids", "text_ids", "unpack", "unpatchify"]
+__all__ = ["REFERENCE_T0", "grid_ids", "latent_ids", "pack", "reference_ids", "text_ids",
+           "unpack"]

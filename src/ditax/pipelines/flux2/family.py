@@ -1,0 +1,110 @@
+"""FLUX.2's pipelines as the shared entry points see them
+(:class:`~ditax.pipelines.family.PipelineFamily`): still images, its sample defaults, its input
+flags (reference images), the request checks and loading."""
+
+from __future__ import annotations
+
+from ditax.errors import RequestError
+from ditax.pipelines.family import PipelineFamily
+
+#: diffusers' ``Flux2Pipeline`` / ``Flux2KleinPipeline`` defaults (0.42): 1024x1024, 50 steps,
+#: 512 text tokens; the guidance scale None: the folder's kind decides (4 for dev and klein
+#: base, none for a distilled klein: :func:`ditax.pipelines.flux2.request.guidance_for`)
+SAMPLE_DEFAULTS = dict(height=1024, width=1024, num_frames=1, num_inference_steps=50,
+                       guidance_scale=None, guidance_scale_2=None, negative_prompt=None,
+                       max_sequence_length=512, fps=None)
+
+
+class Flux2Pipelines(PipelineFamily):
+    """FLUX.2 dev (``Flux2Pipeline``) and klein (``Flux2KleinPipeline``, distilled or base)
+    folders: text-to-image and image-conditioned generation from reference images."""
+
+    name = "flux2"
+    makes = "image"
+    sample_defaults = SAMPLE_DEFAULTS
+    # a still image, one transformer; the guidance default is the folder's kind's unless the
+    # file sets it
+    sample_file_keys = ("height", "width", "num_inference_steps", "guidance_scale",
+                        "max_sequence_length")
+    cli_inputs = ("image", "ref_image")
+
+    def text_encoders(self, pipe) -> list:
+        """The Qwen3 / Mistral-3 text model."""
+        return [pipe.text_encoder]
+
+    @classmethod
+    def add_cli_inputs(cls, parser) -> None:
+        from ditax.pipelines.request import add_flag
+
+        add_flag(parser, cls.name, "--image", default=None, metavar="REF.png",
+                 help="a reference image (image-conditioned generation)")
+        add_flag(parser, cls.name, "--ref-image", action="append", default=None,
+                 metavar="REF.png", help="a further reference image (repeatable; after "
+                 "--image)")
+
+    def read_cli_inputs(self, args, call: dict, sample) -> dict:
+        """``--image`` then each ``--ref-image``, read into the call's ``image=`` (a list)."""
+        from ditax.io.images import read_image
+
+        paths = [("--image", getattr(args, "image", None))] + [
+            ("--ref-image", p) for p in (getattr(args, "ref_image", None) or [])]
+        images = [read_image(p, flag) for flag, p in paths if p is not None]
+        return {**call, "image": images} if images else call
+
+    def check_request(self, prompt, height, width, num_frames=None, num_inference_steps=None,
+                      guidance_scale=None, guidance_scale_2=None, negative_prompt=None,
+                      seed=0, **fields) -> None:
+        """The checks of :func:`ditax.pipelines.flux2.request.check_request` that hold for
+        every FLUX.2 folder (the size grid and the guidance's fit to the folder's kind are
+        :meth:`preflight`'s)."""
+        from ditax.pipelines.flux2.request import check_request
+
+        if num_frames not in (None, 1):
+            raise RequestError(f"{num_frames} frames: FLUX.2 makes still images; drop --frames")
+        if guidance_scale_2 is not None:
+            raise RequestError("guidance_scale_2 is a two-expert video model's; FLUX.2 has one "
+                               "transformer — drop it")
+        check_request(prompt, height, width, num_inference_steps, guidance_scale,
+                      negative_prompt, 512, seed, kind=None, grid=None)
+
+    def sample_options(self, args, sample, chosen, defaults, call):
+        """The call's text length (the folder's, else 512) and ``sigmas``; with reference
+        images and no size given, the size None: the first reference's (diffusers' rule)."""
+        own = {"max_sequence_length": defaults["max_sequence_length"], "sigmas": sample.sigmas}
+        if call.get("image"):
+            for k in ("height", "width"):
+                if getattr(args, k, None) is None and k not in chosen:
+                    own[k] = None
+        return own, {}
+
+    def preflight(self, root, load: dict, call: dict | None = None, mesh=None) -> None:
+        """The folder is a FLUX.2 one with every part, the request fits its kind (guidance,
+        negative prompt) and its size grid (the VAE's factor from ``vae/config.json``), its
+        reference images are usable, and the attention backend runs here with the
+        transformer's head dim."""
+        from ditax.attention import check_available
+        from ditax.io.files import read_model_json
+        from ditax.pipelines.flux2.folder import folder_kind, size_grid
+        from ditax.pipelines.flux2.references import check_references, reference_list
+        from ditax.pipelines.flux2.request import check_guidance, check_size
+
+        kind = folder_kind(root)
+        if call:
+            if "last_image" in call:
+                raise RequestError(f"--last-image given but {root} is a FLUX.2 folder (still "
+                                   f"images); pass reference images with --image / --ref-image")
+            check_guidance(kind, call.get("guidance_scale"), call.get("negative_prompt"))
+            grid = size_grid(root)
+            check_size(grid, height=call.get("height"), width=call.get("width"))
+            check_references(reference_list(call.get("image")), grid)
+        tc = read_model_json(root / "transformer" / "config.json", "transformer config")
+        head_dim = load.get("attention_head_dim") or tc.get("attention_head_dim", 128)
+        check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)
+
+    def load(self, path, **kwargs):
+        from ditax.pipelines.flux2.loading import load_pipeline
+
+        return load_pipeline(path, **kwargs)
+
+
+__all__ = ["Flux2Pipelines", "SAMPLE_DEFAULTS"]

@@ -1,0 +1,271 @@
+"""FLUX.2 image pipeline (dev and klein): prompt [+ reference images] → image ``[H, W, 3]`` in
+[0, 1].
+
+Built from a diffusers ``Flux2Pipeline`` / ``Flux2KleinPipeline`` folder (:mod:`.loading`), it
+reproduces that pipeline's sampling:
+
+1. text: the prompt rendered in the text encoder's chat template, padded to
+   ``max_sequence_length``, and three of its hidden states side by side ``[1, T, 3 D]``
+   (:mod:`ditax.models.encoders.decoder_lm.flux2_text`: Qwen3 layers 9, 18, 27 for klein,
+   Mistral-3 layers 10, 20, 30 for dev; ``text_encoder_out_layers`` chooses others); a klein
+   base folder with ``guidance_scale > 1`` adds the negative prompt's (default ``""``) as a
+   second row for true CFG;
+2. reference images (``image=``, one or several; :mod:`.references`): each VAE-encoded (the
+   posterior mean), patchified, normalised by the VAE's latent BatchNorm statistics and
+   packed, with position ids at its own time offset (:mod:`.layout`); appended to the noisy
+   tokens on every step and cut from the prediction (:mod:`.denoiser`);
+3. latents ``[1, (H/16)(W/16), 4C]`` (packed; given ``latents`` as diffusers'
+   ``[1, 4C, H/16, W/16]`` or packed) drawn from N(0, 1) (``jax.random``, from ``seed``)
+   unless given;
+4. denoise on flow-match Euler with ``sigmas = linspace(1, 1/N, N)`` (or the call's) shifted
+   with FLUX.2's empirical ``mu`` (:mod:`.schedule`), the transformer fed ``t / 1000`` and,
+   for dev, the embedded ``guidance_scale``;
+5. decode: unpack, denormalise, unpatchify, VAE decode, ``x / 2 + 0.5`` clipped.
+
+Step 4 is the generic loop (:func:`ditax.pipelines.sampling.sample`): one compiled step program
+per request signature, in jax's persistent compilation cache (``pipe.compile_cache``).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ditax.errors import RequestError
+from ditax.pipelines.flux2 import layout
+from ditax.pipelines.flux2.denoiser import Flux2Denoiser, flux2_inputs
+from ditax.pipelines.flux2.references import (check_references, prepare_reference,
+                                              reference_list)
+from ditax.pipelines.flux2.request import (DEV, KLEIN_BASE, check_request, check_text_length,
+                                           guidance_for)
+from ditax.pipelines.flux2.schedule import default_sigmas, request_scheduler
+from ditax.pipelines.programs import Programs, in_compile_cache
+from ditax.pipelines.sampling import Expert, Prepared, Timings, record
+
+# the hidden states each kind's pipeline reads (diffusers' text_encoder_out_layers)
+TEXT_LAYERS = {DEV: (10, 20, 30), "klein": (9, 18, 27)}
+
+
+class Flux2ImagePipeline:
+    """A loaded FLUX.2 pipeline (dev, klein base or klein distilled); call it with a prompt.
+    See :func:`ditax.pipelines.flux2.loading.load_pipeline`."""
+
+    batches = True   # requests of one shape stack (ditax.pipelines.batch): see prepare
+
+    def __init__(self, *, kind: str, tokenizer, text_encoder, embed_prompts, vae, transformer,
+                 scheduler, cfg_mode: str = "batched", vae_tiling: bool = False,
+                 sample_defaults: dict | None = None):
+        self.kind = kind                     # ditax.pipelines.flux2.request.KINDS
+        self.tokenizer, self.text_encoder = tokenizer, text_encoder
+        self.embed_prompts = embed_prompts   # (model, tokenizer, prompts, max_len, layers)
+        self.vae = vae
+        self.transformer = transformer
+        self.scheduler = scheduler
+        self.cfg_mode = cfg_mode
+        self.vae_tiling = vae_tiling
+        self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
+        self.sample_defaults = dict(sample_defaults or {})   # the folder's ditax_sample.json
+        # the hidden states read where a call names none (diffusers' per-pipeline default)
+        self.text_encoder_out_layers = TEXT_LAYERS[DEV if kind == DEV else "klein"]
+        self.load_time = 0.0
+        self.timings = Timings()
+        self.compile_cache = "auto"   # see ditax.compile_cache; "none" = off
+        self.programs = Programs()
+        self.last_stats: dict = {}
+        self._expert = Expert(*nnx.split(Flux2Denoiser(transformer.module)), transformer.config)
+
+    @property
+    def mesh(self):
+        return self.transformer.mesh
+
+    @property
+    def grid(self) -> int:
+        """Sizes are multiples of this: the VAE's factor x the 2x2 patch (16 for FLUX.2)."""
+        return self.vae.scale_factor_spatial * 2
+
+    def call_defaults(self, **call) -> dict:
+        """``call`` with each value left at None taken from ``self.sample_defaults`` (the
+        folder's ``ditax_sample.json``), else FLUX.2's (1024x1024, 50 steps, 512 tokens; the
+        guidance scale stays None: the folder's kind decides, :func:`guidance_for`)."""
+        from ditax.pipelines.family import pipelines_of   # the family module imports this one
+        from ditax.pipelines.sample_defaults import with_defaults
+
+        return with_defaults(call, self.sample_defaults, pipelines_of("flux2").sample_defaults)
+
+    # --- the parts of a request
+    def encode_text(self, prompts: list[str], max_sequence_length: int, layers):
+        """``[len(prompts), T, D_joint]`` in the transformer dtype (module docstring, 1)."""
+        emb = self.embed_prompts(self.text_encoder, self.tokenizer, prompts,
+                                 max_sequence_length, layers)
+        return jnp.asarray(emb).astype(jnp.dtype(self.transformer.config.dtype))
+
+    def encode_references(self, images: list[np.ndarray]):
+        """Prepared reference images (each ``[1, 3, H_i, W_i]`` in [-1, 1]) → ``(tokens
+        [1, R, 4C], ids [1, R, 4])`` (module docstring, 2)."""
+        vae, parts, grids = self.vae, [], []
+        for x in images:
+            z = vae.normalize_latents(vae.patchify_latents(vae.encode(jnp.asarray(x,
+                                                                                  vae.dtype))))
+            grids.append(z.shape[2:])
+            parts.append(layout.pack(z))
+        dt = jnp.dtype(self.transformer.config.dtype)
+        tokens = jnp.concatenate(parts, axis=1).astype(dt)
+        return tokens, jnp.asarray(layout.reference_ids(grids))[None]
+
+    def decode(self, tokens, height: int, width: int) -> np.ndarray:
+        """Packed latents ``[1, L, 4C]`` → float32 image ``[H, W, 3]`` in [0, 1]."""
+        from ditax.models.vae.parallel import decode_on      # vae_parallel: rows over the mesh
+
+        vae = self.vae
+        z = layout.unpack(jnp.asarray(tokens, vae.dtype), height // self.grid,
+                          width // self.grid)
+        z = vae.unpatchify_latents(vae.denormalize_latents(z))
+        image = np.asarray(decode_on(vae, z, self.vae_parallel, tiled=self.vae_tiling),
+                           np.float32)                                     # [1, 3, H, W]
+        image = np.clip(image / np.float32(2) + np.float32(0.5), np.float32(0), np.float32(1))
+        return np.ascontiguousarray(np.transpose(image[0], (1, 2, 0)))
+
+    def packed_shape(self, height: int, width: int) -> tuple[int, int, int]:
+        """The packed latents ``[1, (H/16)(W/16), 4C]`` of an image of this size."""
+        tokens = (height // self.grid) * (width // self.grid)
+        return 1, tokens, self.transformer.config.in_channels
+
+    def initial_latents(self, latents, height: int, width: int):
+        """Given ``latents`` as the loop's packed float32 ``[1, L, 4C]``: diffusers' grid form
+        ``[1, 4C, H/16, W/16]`` is packed, the packed form taken as it is (a missing batch axis
+        of either added); any other shape is one :class:`RequestError`."""
+        b, n, c = self.packed_shape(height, width)
+        h, w = height // self.grid, width // self.grid
+        x = np.asarray(latents, np.float32)
+        if x.ndim == 3 and x.shape == (c, h, w) or x.ndim == 4 and x.shape == (1, c, h, w):
+            return layout.pack(x.reshape(1, c, h, w))
+        if x.shape in ((n, c), (1, n, c)):
+            return x.reshape(1, n, c)
+        raise RequestError(f"latents shape {x.shape} does not match {height}x{width}: give "
+                           f"diffusers' [1, {c}, {h}, {w}] or the packed [1, {n}, {c}]")
+
+    # --- a call
+    @in_compile_cache
+    def __call__(self, prompt=None, *, image=None, height: int | None = None,
+                 width: int | None = None, num_inference_steps: int | None = None,
+                 guidance_scale: float | None = None, seed: int = 0, generator=None,
+                 latents=None, negative_prompt: str | None = None,
+                 max_sequence_length: int | None = None, text_encoder_out_layers=None,
+                 sigmas=None, output: str = "image", progress: bool = True):
+        """Generate one image: float32 ``[H, W, 3]`` in [0, 1] (``output="latent"``: the
+        denoised packed latents ``[1, L, 4C]``). diffusers' argument names:
+
+        - ``image``: one reference image or a list (PIL, or uint8 ``[H, W, 3]``): generation
+          conditioned on them (module docstring, 2); the size then defaults to the first
+          one's (after its preparation), as diffusers';
+        - ``height``, ``width`` (multiples of 16), ``num_inference_steps``,
+          ``max_sequence_length`` left at None: the folder's ``ditax_sample.json``, else
+          FLUX.2's (1024x1024, 50, 512);
+        - ``guidance_scale``: dev's embedded guidance; klein base's true CFG scale (> 1: CFG
+          against ``negative_prompt``, default ``""``); a distilled klein takes none. None:
+          the folder's file, else 4 (dev, klein base) / off (distilled);
+        - ``latents``: diffusers' ``[1, 4C, H/16, W/16]`` (or packed ``[1, L, 4C]``) instead
+          of the noise drawn from ``seed`` (``generator``: an int, the same as ``seed``; the
+          noise is jax's, so only given latents reproduce diffusers' image);
+        - ``text_encoder_out_layers``: the text encoder's hidden states read (default: the
+          kind's, ``pipe.text_encoder_out_layers``); ``sigmas``: one per step, unshifted.
+        """
+        return record(self, self.prepare(
+            prompt, image=image, height=height, width=width,
+            num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
+            generator=generator, latents=latents, negative_prompt=negative_prompt,
+            max_sequence_length=max_sequence_length,
+            text_encoder_out_layers=text_encoder_out_layers, sigmas=sigmas,
+            output=output).run(progress))
+
+    def _check_layers(self, layers) -> tuple[int, ...]:
+        """The hidden-state layers: ints, whose widths fill the transformer's text width."""
+        if isinstance(layers, int) or not isinstance(layers, (list, tuple)) or not layers \
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise RequestError(f"text_encoder_out_layers={layers!r} must be a non-empty tuple "
+                               f"of ints (hidden-state indices, e.g. "
+                               f"{self.text_encoder_out_layers})")
+        d, joint = self.text_encoder.cfg.hidden_size, self.transformer.config.joint_attention_dim
+        if len(layers) * d != joint:
+            raise RequestError(f"text_encoder_out_layers={tuple(layers)}: {len(layers)} layers "
+                               f"x the text width {d} = {len(layers) * d}, but the "
+                               f"transformer reads {joint} (joint_attention_dim); pick "
+                               f"{joint // d} layers")
+        return tuple(layers)
+
+    def prepare(self, prompt=None, *, image=None, height=None, width=None,
+                num_inference_steps=None, guidance_scale=None, seed=0, generator=None,
+                latents=None, negative_prompt=None, max_sequence_length=None,
+                text_encoder_out_layers=None, sigmas=None, output="image") -> Prepared:
+        """One request checked and laid out as the loop's parts
+        (:class:`~ditax.pipelines.sampling.Prepared`; nothing encoded or compiled yet): what
+        :meth:`__call__` runs, and what a server's batch stacks with other requests of the
+        same shape (the condition's arrays carry this request's batch axis). Arguments: the
+        call's."""
+        from ditax.schedulers.flow_match import check_sigmas
+
+        if generator is not None:
+            if isinstance(generator, bool) or not isinstance(generator, int):
+                raise RequestError(f"generator={type(generator).__name__}: ditax draws its noise "
+                                   f"with jax.random; pass an int seed (seed=) or latents=")
+            seed = generator
+        images = reference_list(image)
+        sizes = check_references(images, self.grid)          # before any work
+        if images and height is None and width is None:     # diffusers: the first one's size
+            height, width = sizes[0]
+        (height, width, num_inference_steps, guidance_scale,
+         max_sequence_length) = self.call_defaults(
+            height=height, width=width, num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale, max_sequence_length=max_sequence_length).values()
+        check_request(prompt, height, width, num_inference_steps, guidance_scale,
+                      negative_prompt, max_sequence_length, seed, kind=self.kind,
+                      grid=self.grid)
+        check_text_length(max_sequence_length)
+        layers = self._check_layers(self.text_encoder_out_layers
+                                    if text_encoder_out_layers is None
+                                    else text_encoder_out_layers)
+        if output not in ("image", "latent"):
+            raise RequestError(f"output={output!r}; use 'image' or 'latent'")
+        if sigmas is None:
+            sigmas = default_sigmas(num_inference_steps)
+        try:
+            check_sigmas(sigmas, num_inference_steps)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        shape = self.packed_shape(height, width)
+        if latents is not None:
+            latents = self.initial_latents(latents, height, width)
+        g = guidance_for(self.kind, guidance_scale)
+        cfg_scale = g if self.kind == KLEIN_BASE else 1.0      # true CFG: klein base only
+        embedded = self.transformer.config.guidance_embeds
+        h, w = height // self.grid, width // self.grid
+
+        def condition():
+            ref = ref_ids = None
+            if images:
+                ref, ref_ids = self.encode_references(
+                    [prepare_reference(im, self.grid, f"image[{i}]")
+                     for i, im in enumerate(images)])
+            return dict(img_ids=jnp.asarray(layout.latent_ids(h, w))[None],
+                        txt_ids=jnp.asarray(layout.text_ids(max_sequence_length))[None],
+                        guidance=jnp.full((1,), g, jnp.float32) if embedded else None,
+                        ref=ref, ref_ids=ref_ids)
+
+        def text(use_cfg):
+            prompts = [prompt] + ([negative_prompt or ""] if use_cfg else [])
+            return self.encode_text(prompts, max_sequence_length, layers)
+
+        return Prepared(
+            programs=self.programs, experts=[self._expert], inputs=flux2_inputs,
+            scheduler=request_scheduler(self.scheduler, shape[1], num_inference_steps),
+            latent_shape=shape, mesh=self.mesh, cfg_mode=self.cfg_mode,
+            num_inference_steps=num_inference_steps, guidance_scale=float(cfg_scale),
+            sigmas=np.asarray(sigmas, np.float64), text=text, condition=condition,
+            condition_phase="image" if images else "condition", latents=latents, seed=seed,
+            size=f"for {height}x{width} (packed [1, L, 4C])",
+            decode=None if output == "latent" else (
+                lambda x, _: self.decode(x, height, width)))
+
+
+__all__ = ["Flux2ImagePipeline", "TEXT_LAYERS"]
