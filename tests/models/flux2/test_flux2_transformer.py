@@ -1,0 +1,139 @@
+"""FLUX.2 transformer: parity with diffusers' ``Flux2Transformer2DModel`` (forward and gradient
+w.r.t. the inputs and every parameter; scanned under save_proj remat, and unrolled under full
+remat without guidance), loaded from ``save_pretrained`` folders; int8 weights; the presets'
+architectures; bad configs and inputs refused in one line before tracing."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import ditax
+from ditax.errors import ConfigError, RequestError, WeightError
+from ditax.io.convert import export
+from ditax.models.flux2.config import Flux2Config, check_transformer
+from ditax.models.flux2.convert import weight_table
+from flux2_reference import (KLEIN, TINY, flux2_inputs, make_diffusers_flux2,
+                             run_diffusers_flux2)
+from wan_reference import rel_err
+
+GRAD_INPUTS = ("hidden_states", "encoder_hidden_states")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """diffusers' test config (2 + 2 blocks, guidance embedding) saved with save_pretrained."""
+    return make_diffusers_flux2(tmp_path_factory.mktemp("flux2"), **TINY)
+
+
+@pytest.mark.parametrize("config,shape,numerics", [
+    # diffusers' test config with its 4 x 4 grid; scanned stacks under save_proj remat
+    ("tiny", dict(), dict(remat="save_proj")),
+    # klein-like (no guidance, out != in, mlp_ratio 2), odd T, 3 x 5 grid; unrolled, full remat
+    ("klein", dict(text=5, grid=(3, 5), guidance=False), dict(scan_layers=False, remat="full")),
+], ids=["tiny", "klein-unrolled-remat"])
+def test_forward_and_gradient_match_diffusers(tiny, tmp_path, rng, fast_compile, config, shape,
+                                              numerics):
+    """The loaded model's output and its gradient (w.r.t. the inputs and every parameter, in
+    diffusers' keys and layouts) against torch autograd, from one compiled program."""
+    cfg = TINY if config == "tiny" else KLEIN
+    m, folder = tiny if config == "tiny" else make_diffusers_flux2(tmp_path, **KLEIN)
+    inputs = flux2_inputs(rng, cfg, **shape)
+    tr = ditax.load_transformer(folder, **numerics)
+    assert type(tr).__name__ == "Flux2TransformerModel"
+    ref = run_diffusers_flux2(m, inputs)
+    ct = rng.standard_normal(ref.shape).astype(np.float32)
+
+    @jax.jit
+    def out_and_grads(tr, *xs):
+        out, pull = jax.vjp(lambda tr, *xs: tr(**{**inputs, **dict(zip(GRAD_INPUTS, xs))}),
+                            tr, *xs)
+        return out, pull(jnp.asarray(ct))
+
+    out, grads = out_and_grads(tr, *(inputs[n] for n in GRAD_INPUTS))
+    errs = {"out": rel_err(out, ref)}
+    leaves = {k: torch.from_numpy(v).requires_grad_(k in GRAD_INPUTS) for k, v in inputs.items()}
+    (m(**leaves, return_dict=False)[0] * torch.from_numpy(ct)).sum().backward()
+    for name, g in zip(GRAD_INPUTS, grads[1:]):
+        errs[name] = rel_err(g, leaves[name].grad.numpy())
+    ours = export(weight_table(tr.config), grads[0]._state)     # diffusers keys and layouts
+    theirs = {k: p.grad.numpy() for k, p in m.named_parameters()}
+    m.zero_grad()
+    assert set(ours) == set(theirs)
+    errs["params"] = max(rel_err(ours[k], theirs[k]) for k in theirs)
+    print(f"flux2 {config} rel err", {k: f"{v:.1e}" for k, v in errs.items()})
+    assert max(errs.values()) <= 1e-5, errs
+
+
+def test_int8_weights_stay_close(tiny, rng):
+    """``quantize="int8"`` stores the block linears in 8 bits: the output stays within int8's
+    error of the float model (and is not the float model's)."""
+    m, folder = tiny
+    inputs = flux2_inputs(rng, TINY, b=1)
+    ref = run_diffusers_flux2(m, inputs)
+    tr = ditax.load_transformer(folder, quantize="int8")
+    k = tr.module.single_transformer_blocks.attn.to_qkv_mlp_proj.kernel[...]
+    assert k.dtype == jnp.int8
+    err = rel_err(tr(**inputs), ref)
+    assert 1e-6 < err < 2e-2, err
+
+
+def test_presets_are_diffusers_architectures():
+    """The presets hold the values of diffusers' convert_flux2_to_diffusers.py and pass the
+    model rules; their diffusers config.json round-trips."""
+    from ditax.config import load_config
+
+    want = {"flux.2-dev": (8, 48, 48, 15360, True), "flux.2-klein-9b": (8, 24, 32, 12288, False),
+            "flux.2-klein-4b": (5, 20, 24, 7680, False)}
+    for name, (nl, ns, nh, dt, g) in want.items():
+        m = load_config(name, []).model
+        assert (m.num_layers, m.num_single_layers, m.num_attention_heads,
+                m.joint_attention_dim, m.guidance_embeds) == (nl, ns, nh, dt, g), name
+        assert (m.in_channels, m.mlp_ratio, m.axes_dims_rope, m.rope_theta) == (
+            128, 3.0, (32, 32, 32, 32), 2000.0)
+        raw = json.loads(json.dumps(m.to_diffusers()))
+        assert Flux2Config.from_diffusers(raw).to_diffusers() == m.to_diffusers()
+    assert Flux2Config().inner_dim == 6144 and Flux2Config().mlp_dim == 18432
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("axes_dims_rope", (4, 4, 4, 2), "sums to 14"),
+    ("axes_dims_rope", (4, 4, 5, 3), "even sizes"),
+    ("num_single_layers", 0, "num_single_layers=0"),
+    ("mlp_ratio", -1.0, "mlp_ratio=-1.0"),
+    ("timestep_guidance_channels", 255, "must be even"),
+])
+def test_bad_config_is_one_line(field, value, words):
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
+        check_transformer(Flux2Config(**{**{k: v for k, v in TINY.items()
+                                            if k != "axes_dims_rope"},
+                                         "axes_dims_rope": (4, 4, 4, 4), field: value}))
+
+
+def test_bad_inputs_and_folders_are_one_line(tiny, tmp_path, rng):
+    """Shapes, guidance on a model without it (and none on one with it) and a folder missing
+    a tensor are refused before anything compiles, naming what to pass."""
+    _, folder = tiny
+    tr = ditax.load_transformer(folder)
+    good = flux2_inputs(rng, TINY, b=1)
+    bad = [(dict(hidden_states=good["hidden_states"][..., :3]), "in_channels=4"),
+           (dict(img_ids=good["img_ids"][:, :, :3]), "img_ids must be"),
+           (dict(txt_ids=good["txt_ids"][:, :4]), "txt_ids must be"),
+           (dict(guidance=None), "guidance=None"),
+           (dict(timestep=np.zeros((3,), np.float32)), "timestep must be")]
+    for change, words in bad:
+        with pytest.raises(RequestError, match=words):
+            tr(**{**good, **change})
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((folder / "config.json").read_text())
+    from safetensors.numpy import load_file, save_file
+
+    sd = load_file(str(folder / "diffusion_pytorch_model.safetensors"))
+    sd.pop("single_transformer_blocks.1.attn.to_out.weight")
+    save_file(sd, str(broken / "diffusion_pytorch_model.safetensors"))
+    with pytest.raises(WeightError, match="single_transformer_blocks.1.attn.to_out.weight"):
+        ditax.load_transformer(broken)
