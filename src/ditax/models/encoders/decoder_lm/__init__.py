@@ -1,6 +1,6 @@
 """The decoder-LM text-encoder floor: a decoder-only language model's text stack run as a
 text encoder — every layer's hidden states for a padded batch of prompts — that the newer
-families share (LTX-2 reads Gemma-3's; FLUX.2 reads Mistral's or Qwen3's).
+families share (LTX-2 reads Gemma-3's; FLUX.2 dev reads Mistral Small 3.1's, klein Qwen3's).
 
 - :mod:`.config`: :class:`DecoderLMConfig`, one frozen dataclass whose switches are the ways
   the models differ (norm kind, embedding scale, q/k norms, sandwich norms, sliding / full
@@ -11,7 +11,17 @@ families share (LTX-2 reads Gemma-3's; FLUX.2 reads Mistral's or Qwen3's).
   class writes) and :func:`load_decoder_lm`, with ``quantize="int8"`` / ``"fp8"`` through
   :mod:`ditax.nn.quant` like the transformers' loaders;
 - :mod:`.gemma3`: Gemma-3's ``config.json`` → config, :func:`load_gemma3`;
-- :mod:`.tokenizer`: Gemma's tokenizer as transformers 5 builds it, through ``tokenizers``.
+- :mod:`.tokenizer`: Gemma's tokenizer as transformers 5 builds it, through ``tokenizers``;
+- :mod:`.llama_style`: the config reading Qwen3 and Mistral share (rotary kinds, GQA, head_dim);
+- :mod:`.qwen3`: Qwen3's ``config.json`` → config, :func:`load_qwen3` (FLUX.2 klein);
+- :mod:`.mistral`: the text model of ``Mistral3ForConditionalGeneration`` (or a
+  ``MistralForCausalLM``), :func:`load_mistral3_text` (FLUX.2 dev);
+- :mod:`.chat_template`: chat templates rendered with jinja2 as transformers'
+  ``apply_chat_template`` renders them (:func:`render_chat_template`);
+- :mod:`.chat_tokenizer`: Qwen3's and Mistral's tokenizers with their chat templates
+  (:func:`load_qwen3_tokenizer`, :func:`load_mistral_tokenizer`);
+- :mod:`.flux2_text`: FLUX.2's prompt embeddings as diffusers' pipelines build them
+  (:func:`qwen3_prompt_embeds`, :func:`mistral3_prompt_embeds`).
 
 Why the house's own floor and not Google DeepMind's JAX ``gemma`` package: the contract is
 transformers' numerics within 1e-5 in float32 on the checkpoints the pipelines ship
@@ -37,6 +47,12 @@ _HOMES = {
     "convert": ("weight_table", "load_decoder_lm", "text_prefix"),
     "gemma3": ("gemma3_config", "load_gemma3"),
     "tokenizer": ("load_gemma_tokenizer",),
+    "qwen3": ("qwen3_config", "load_qwen3"),
+    "mistral": ("mistral_config", "load_mistral3_text"),
+    "chat_template": ("render_chat_template",),
+    "chat_tokenizer": ("ChatTokenizer", "load_qwen3_tokenizer", "load_mistral_tokenizer"),
+    "flux2_text": ("qwen3_prompt_embeds", "mistral3_prompt_embeds", "qwen3_prompt_ids",
+                   "mistral3_prompt_ids", "SYSTEM_MESSAGE", "QWEN3_LAYERS", "MISTRAL3_LAYERS"),
 }
 _MODULE = {name: module for module, names in _HOMES.items() for name in names}
 
