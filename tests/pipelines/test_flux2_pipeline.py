@@ -162,3 +162,79 @@ def test_klein_base_two_references_with_cfg_matches_diffusers(klein):
     got = pipe(PROMPT, image=_refs(), latents=lat, guidance_scale=3.0, progress=False, **CALL)
     _compare("klein base + 2 references", got, want)
     assert pipe.last_stats["transformer_calls"] == 2 * CALL["num_inference_steps"]
+
+
+def test_generate_writes_the_png_of_the_call(klein, tmp_path, capsys, monkeypatch):
+    """``ditax generate`` on a klein folder with ``--image`` + ``--reference-image``: the PNG
+    of ``pipe(prompt, image=[both], seed=...)``; flags the family does not take and bad
+    values refused in one line (exit 2) before any work. (The folder's pipeline is the one
+    loaded above: load_pipeline's dispatch is tested there.)"""
+    import imageio.v2 as imageio
+    import PIL.Image
+
+    from ditax.cli import main
+
+    _, pipe, _, folder = klein
+    monkeypatch.setattr(ditax, "load_pipeline", lambda path, **kw: pipe)
+    files = []
+    for i, im in enumerate(_refs()):
+        files.append(tmp_path / f"ref{i}.png")
+        im.save(files[-1])
+    PIL.Image.new("RGB", (40, 64)).save(tmp_path / "small.png")
+    out = tmp_path / "x.png"
+    base = ["generate", "--model", str(folder), "--prompt", PROMPT, "--height", str(SIZE),
+            "--width", str(SIZE), "--steps", "2", "--seed", "3", "--guidance", "3",
+            "--no-progress", "sample.max_sequence_length=24"]
+    refs = ["--image", str(files[0]), "--reference-image", str(files[1])]
+    for flags, words in ((["--frames", "5"], "--frames is not taken by flux2 models"),
+                         (["--true-cfg", "2"], "--true-cfg is not taken by flux2 models"),
+                         (["--height", "30"], "height=30 must be a positive multiple of 4"),
+                         (["--last-image", str(files[0])], "--last-image"),
+                         (["--image", str(tmp_path / "no.png")], "is not a file"),
+                         (["--reference-image", str(tmp_path / "small.png")],
+                          "needs both sides >= 64"),
+                         (["--guidance", "1", "--negative-prompt", "blurry"],
+                          "negative_prompt is read only with CFG"),
+                         (["--output", str(tmp_path / "x.mp4")], "must end in .png")):
+        rc = main(base + flags + ([] if words == "must end in .png" else
+                                  ["--output", str(out)]))
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and words in err and len(err.splitlines()) == 1, (flags, err)
+    assert main(base + refs + ["--output", str(out)]) == 0
+    png = imageio.imread(out).astype(np.float32) / 255
+    want = pipe(PROMPT, image=_refs(), seed=3, guidance_scale=3.0, progress=False, **CALL)
+    assert png.shape == (SIZE, SIZE, 3)
+    assert np.abs(png - want).max() <= 0.5 / 255 + 1e-6
+
+
+def test_bad_calls_are_one_line_request_errors(klein):
+    """A dozen wrong inputs to the Python call: each one RequestError line naming the value,
+    before any encoding or compiling."""
+    import PIL.Image
+
+    _, base, distilled, _ = klein
+    lat = random_latents(base, SIZE, SIZE)
+    cases = [
+        (base, dict(prompt=None), "prompt must be one string"),
+        (base, dict(prompt="  "), "prompt is empty"),
+        (base, dict(height=30), "height=30 must be a positive multiple of 4"),
+        (base, dict(num_inference_steps=0), "num_inference_steps=0"),
+        (base, dict(guidance_scale=float("nan")), "guidance_scale=nan"),
+        (base, dict(guidance_scale=1.0, negative_prompt="blurry"), "read only with CFG"),
+        (distilled, dict(guidance_scale=4.0), "step-distilled"),
+        (distilled, dict(negative_prompt="blurry"), "runs no CFG"),
+        (base, dict(latents=lat[:, :, :4]), "latents shape (1, 32, 4, 8) does not match"),
+        (base, dict(text_encoder_out_layers=(1, 2)), "joint_attention_dim"),
+        (base, dict(max_sequence_length=0), "max_sequence_length=0"),
+        (base, dict(image=PIL.Image.new("RGB", (64, 600))), "at most 8:1"),
+        (base, dict(image=["a.png"]), "got a path"),
+        (base, dict(sigmas=[1.0, 0.5, 0.2]), "sigmas has 3 values"),
+        (base, dict(generator=object()), "pass an int seed"),
+        (base, dict(output="pil"), "output='pil'"),
+    ]
+    for pipe, kw, words in cases:
+        call = {**CALL, "prompt": PROMPT, **kw}
+        with pytest.raises(RequestError) as e:
+            pipe.prepare(**call)
+        msg = str(e.value)
+        assert words in msg and len(msg.splitlines()) == 1, (kw, msg)

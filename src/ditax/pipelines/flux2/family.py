@@ -26,7 +26,7 @@ class Flux2Pipelines(PipelineFamily):
     # file sets it
     sample_file_keys = ("height", "width", "num_inference_steps", "guidance_scale",
                         "max_sequence_length")
-    cli_inputs = ("image", "ref_image")
+    cli_inputs = ("image", "reference_image")
 
     def text_encoders(self, pipe) -> list:
         """The Qwen3 / Mistral-3 text model."""
@@ -34,20 +34,26 @@ class Flux2Pipelines(PipelineFamily):
 
     @classmethod
     def add_cli_inputs(cls, parser) -> None:
+        """``--image`` and the repeatable ``--reference-image`` (flags the video families
+        share, with their own meaning there; whichever family adds one first writes its
+        help, so the help says both)."""
         from ditax.pipelines.request import add_flag
 
-        add_flag(parser, cls.name, "--image", default=None, metavar="REF.png",
-                 help="a reference image (image-conditioned generation)")
-        add_flag(parser, cls.name, "--ref-image", action="append", default=None,
-                 metavar="REF.png", help="a further reference image (repeatable; after "
-                 "--image)")
+        add_flag(parser, cls.name, "--image", default=None, metavar="IMAGE.png",
+                 help="input image: the first frame (image-to-video folders) or a reference "
+                      "image (FLUX.2)")
+        add_flag(parser, cls.name, "--reference-image", "--reference", action="append",
+                 default=[], metavar="REF.png",
+                 help="reference image (repeatable): FLUX.2 generates from them (after "
+                      "--image); VACE folders fit each on a white frame before the video")
 
     def read_cli_inputs(self, args, call: dict, sample) -> dict:
-        """``--image`` then each ``--ref-image``, read into the call's ``image=`` (a list)."""
+        """``--image`` then each ``--reference-image``, read into the call's ``image=`` (a
+        list; diffusers' multi-reference argument)."""
         from ditax.io.images import read_image
 
         paths = [("--image", getattr(args, "image", None))] + [
-            ("--ref-image", p) for p in (getattr(args, "ref_image", None) or [])]
+            ("--reference-image", p) for p in (getattr(args, "reference_image", None) or [])]
         images = [read_image(p, flag) for flag, p in paths if p is not None]
         return {**call, "image": images} if images else call
 
@@ -92,7 +98,7 @@ class Flux2Pipelines(PipelineFamily):
         if call:
             if "last_image" in call:
                 raise RequestError(f"--last-image given but {root} is a FLUX.2 folder (still "
-                                   f"images); pass reference images with --image / --ref-image")
+                                   f"images); pass reference images with --image / --reference-image")
             check_guidance(kind, call.get("guidance_scale"), call.get("negative_prompt"))
             grid = size_grid(root)
             check_size(grid, height=call.get("height"), width=call.get("width"))
