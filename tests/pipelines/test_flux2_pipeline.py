@@ -238,3 +238,20 @@ def test_bad_calls_are_one_line_request_errors(klein):
             pipe.prepare(**call)
         msg = str(e.value)
         assert words in msg and len(msg.splitlines()) == 1, (kw, msg)
+
+
+def test_dev_text_to_image_matches_diffusers(tmp_path):
+    """FLUX.2 dev (Mistral-3 text with its system message, embedded guidance, one forward a
+    step) from diffusers' latents; its text long enough to hold the prompt after the system
+    message. A negative prompt is refused (dev runs no CFG)."""
+    ref = write_flux2_pipeline(tmp_path / "dev", "dev")
+    pipe = ditax.load_pipeline(tmp_path / "dev")
+    pipe.text_encoder_out_layers = TEXT_LAYERS
+    assert pipe.kind == "dev"
+    call = dict(CALL, max_sequence_length=128, guidance_scale=2.5)
+    lat = random_latents(pipe, SIZE, SIZE, seed=2)
+    want = run_diffusers(ref, PROMPT, lat, **call)
+    _compare("dev", pipe(PROMPT, latents=lat, progress=False, **call), want)
+    assert pipe.last_stats["transformer_calls"] == CALL["num_inference_steps"]
+    with pytest.raises(RequestError, match="guidance-distilled"):
+        pipe.prepare(PROMPT, negative_prompt="blurry", **CALL)

@@ -13,20 +13,16 @@ from ditax.pipelines.flux2.request import DEV
 
 
 def text_parts(kind: str):
-    """``(load_model(folder, quantize, dtype), load_tokenizer(folder), embed_prompts)`` of
-    a folder's text encoder: Mistral-3 for dev, Qwen3 for klein
-    (:mod:`ditax.models.encoders.decoder_lm`)."""
-    from ditax.models.encoders.decoder_lm import chat_tokenizer, flux2_text
+    """``(load_model(folder, quantize, dtype), load_tokenizer(folder), embed_prompts,
+    layers)`` of a folder's text encoder (:mod:`ditax.models.encoders.decoder_lm`): Mistral-3
+    for dev, Qwen3 for klein; ``layers``: the hidden states the kind's pipeline reads."""
+    from ditax.models.encoders import decoder_lm as lm
 
     if kind == DEV:
-        from ditax.models.encoders.decoder_lm.mistral import load_mistral3_text
-
-        return (lambda root, q, dt: load_mistral3_text(root, q, dtype=dt),
-                chat_tokenizer.load_mistral_tokenizer, flux2_text.mistral3_prompt_embeds)
-    from ditax.models.encoders.decoder_lm.qwen3 import load_qwen3
-
-    return (lambda root, q, dt: load_qwen3(root, q, dtype=dt),
-            chat_tokenizer.load_qwen3_tokenizer, flux2_text.qwen3_prompt_embeds)
+        return (lambda root, q, dt: lm.load_mistral3_text(root, q, dtype=dt),
+                lm.load_mistral_tokenizer, lm.mistral3_prompt_embeds, lm.MISTRAL3_LAYERS)
+    return (lambda root, q, dt: lm.load_qwen3(root, q, dtype=dt), lm.load_qwen3_tokenizer,
+            lm.qwen3_prompt_embeds, lm.QWEN3_LAYERS)
 
 
 def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
@@ -66,7 +62,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     if not isinstance(scheduler, FlowMatchEulerScheduler):
         raise ConfigError(f"{root / 'scheduler'}: FLUX.2 samples with "
                           f"FlowMatchEulerDiscreteScheduler; got {type(scheduler).__name__}")
-    load_text, load_tokenizer, embed_prompts = text_parts(kind)
+    load_text, load_tokenizer, embed_prompts, layers = text_parts(kind)
     transformer = load_flux2_transformer(root, dtype=dtype, mesh=mesh, attention=attention,
                                          **model_overrides)
     text_encoder = load_text(root, text_quantize, dtype)
@@ -74,7 +70,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     vae = load_flux2_vae(root, dtype)
     check_fit(transformer.config, vae, root)
     pipe = Flux2ImagePipeline(kind=kind, tokenizer=tokenizer, text_encoder=text_encoder,
-                              embed_prompts=embed_prompts, vae=vae, transformer=transformer,
+                              embed_prompts=embed_prompts, text_layers=layers, vae=vae,
+                              transformer=transformer,
                               scheduler=scheduler, cfg_mode=cfg_mode, vae_tiling=vae_tiling,
                               sample_defaults=defaults)
     pipe.load_time = time.perf_counter() - t0

@@ -37,15 +37,11 @@ from ditax.pipelines.flux2 import layout
 from ditax.pipelines.flux2.denoiser import Flux2Denoiser, flux2_inputs
 from ditax.pipelines.flux2.references import (check_references, prepare_reference,
                                               reference_list)
-from ditax.pipelines.flux2.request import (DEV, KLEIN_BASE, check_request, check_text_length,
+from ditax.pipelines.flux2.request import (KLEIN_BASE, check_request, check_text_length,
                                            guidance_for)
 from ditax.pipelines.flux2.schedule import default_sigmas, request_scheduler
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.sampling import Expert, Prepared, Timings, record
-
-# the hidden states each kind's pipeline reads (diffusers' text_encoder_out_layers)
-TEXT_LAYERS = {DEV: (10, 20, 30), "klein": (9, 18, 27)}
-
 
 class Flux2ImagePipeline:
     """A loaded FLUX.2 pipeline (dev, klein base or klein distilled); call it with a prompt.
@@ -53,8 +49,8 @@ class Flux2ImagePipeline:
 
     batches = True   # requests of one shape stack (ditax.pipelines.batch): see prepare
 
-    def __init__(self, *, kind: str, tokenizer, text_encoder, embed_prompts, vae, transformer,
-                 scheduler, cfg_mode: str = "batched", vae_tiling: bool = False,
+    def __init__(self, *, kind: str, tokenizer, text_encoder, embed_prompts, text_layers, vae,
+                 transformer, scheduler, cfg_mode: str = "batched", vae_tiling: bool = False,
                  sample_defaults: dict | None = None):
         self.kind = kind                     # ditax.pipelines.flux2.request.KINDS
         self.tokenizer, self.text_encoder = tokenizer, text_encoder
@@ -67,7 +63,7 @@ class Flux2ImagePipeline:
         self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
         self.sample_defaults = dict(sample_defaults or {})   # the folder's ditax_sample.json
         # the hidden states read where a call names none (diffusers' per-pipeline default)
-        self.text_encoder_out_layers = TEXT_LAYERS[DEV if kind == DEV else "klein"]
+        self.text_encoder_out_layers = tuple(text_layers)
         self.load_time = 0.0
         self.timings = Timings()
         self.compile_cache = "auto"   # see ditax.compile_cache; "none" = off
@@ -268,4 +264,4 @@ class Flux2ImagePipeline:
                 lambda x, _: self.decode(x, height, width)))
 
 
-__all__ = ["Flux2ImagePipeline", "TEXT_LAYERS"]
+__all__ = ["Flux2ImagePipeline"]
