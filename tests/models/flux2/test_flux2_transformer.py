@@ -137,3 +137,62 @@ def test_bad_inputs_and_folders_are_one_line(tiny, tmp_path, rng):
     save_file(sd, str(broken / "diffusion_pytorch_model.safetensors"))
     with pytest.raises(WeightError, match="single_transformer_blocks.1.attn.to_out.weight"):
         ditax.load_transformer(broken)
+
+
+def _lora_pair(rng, r, din, dout):
+    return (0.1 * rng.standard_normal((r, din))).astype(np.float32), (
+        0.1 * rng.standard_normal((dout, r))).astype(np.float32)
+
+
+def test_peft_and_bfl_loras_merge_as_w_plus_s_ba(tiny, tmp_path, rng):
+    """A diffusers / PEFT LoRA file (``transformer.`` keys) loads merged as ``W + s·B·A`` into
+    double- and single-block layers (the fused single-block projection included); a BFL / ai-toolkit
+    file (fused ``img_attn.qkv``, ``single_blocks.N.linear1``) merges as diffusers' own
+    converter (``_convert_non_diffusers_flux2_lora_to_diffusers``) reads it."""
+    from diffusers.loaders.lora_conversion_utils import (
+        _convert_non_diffusers_flux2_lora_to_diffusers)
+    from safetensors.numpy import load_file, save_file
+
+    _, folder = tiny
+    base = load_file(str(folder / "diffusion_pytorch_model.safetensors"))
+    d, m2 = 32, 2 * 96
+    r, s = 4, 0.7
+    mods = {"transformer_blocks.1.attn.to_q": (d, d),
+            "transformer_blocks.0.ff_context.linear_in": (d, m2),
+            "single_transformer_blocks.0.attn.to_qkv_mlp_proj": (d, 3 * d + m2)}
+    peft, pairs = {}, {}
+    for name, (din, dout) in mods.items():
+        a, b = pairs[name] = _lora_pair(rng, r, din, dout)
+        peft[f"transformer.{name}.lora_A.weight"], peft[f"transformer.{name}.lora_B.weight"] = a, b
+    save_file(peft, str(tmp_path / "peft.safetensors"))
+    tr = ditax.load_transformer(folder, loras=[(tmp_path / "peft.safetensors", s)])
+
+    def kernel(name, tr):
+        stack, i, *rest = name.split(".")
+        node = getattr(tr.module, stack)
+        for p in rest:
+            node = getattr(node, {"0": "to_out"}.get(p, p))
+        return np.asarray(node.kernel[...][int(i)])
+
+    for name, (a, b) in pairs.items():
+        want = base[name + ".weight"] + s * b @ a
+        np.testing.assert_allclose(kernel(name, tr), want.T, rtol=1e-5, atol=1e-6)
+
+    a, b = _lora_pair(rng, r, d, 3 * d)
+    a1, b1 = _lora_pair(rng, r, d, 3 * d + m2)
+    bfl = {"diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight": a,
+           "diffusion_model.double_blocks.0.img_attn.qkv.lora_B.weight": b,
+           "diffusion_model.single_blocks.1.linear1.lora_A.weight": a1,
+           "diffusion_model.single_blocks.1.linear1.lora_B.weight": b1}
+    save_file(bfl, str(tmp_path / "bfl.safetensors"))
+    theirs = _convert_non_diffusers_flux2_lora_to_diffusers(
+        {k: torch.from_numpy(v) for k, v in bfl.items()})
+    save_file({k: v.numpy() for k, v in theirs.items()}, str(tmp_path / "theirs.safetensors"))
+    got = ditax.load_transformer(folder, loras=[(tmp_path / "bfl.safetensors", s)])
+    want = ditax.load_transformer(folder, loras=[(tmp_path / "theirs.safetensors", s)])
+    names = ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.to_v",
+             "single_transformer_blocks.1.attn.to_qkv_mlp_proj"]
+    for n in names:
+        g = kernel(n, got)
+        np.testing.assert_allclose(g, kernel(n, want), rtol=1e-6, atol=1e-7, err_msg=n)
+        assert np.abs(g - base[n + ".weight"].T).max() > 1e-3, n      # the LoRA is in it
