@@ -52,6 +52,21 @@ def test_same_latents_give_diffusers_video_and_sound(tiny):
     assert pipe.last_stats["transformer_calls"] == 3 * 4
     assert set(pipe.last_stats["computed_steps"]) == {"cond", "uncond", "stg", "modality"}
 
+    # vae_parallel (what load_pipeline sets from vae_parallel=True with a mesh): the video
+    # decoded with its rows split over 4 devices, the reflection-padded decoder's frame edges
+    # mirrored, equals the one-device decode
+    import jax
+
+    from ditax.parallel.mesh import make_mesh
+
+    pipe.vae_parallel = make_mesh(dict(context=4), devices=jax.devices()[:4])
+    try:
+        split = pipe(PROMPT, latents=video_latents, audio_latents=audio_latents,
+                     stg_blocks=(1,), progress=False, **call)["video"]
+    finally:
+        pipe.vae_parallel = None
+    np.testing.assert_allclose(split, out["video"], atol=2e-6)
+
 
 def test_bad_requests_are_one_line(tiny):
     _, _, pipe = tiny

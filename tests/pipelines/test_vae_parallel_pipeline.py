@@ -38,8 +38,11 @@ def test_what_parallel_decode_cannot_do_is_one_line(kw, words):
 
 
 def test_a_family_without_a_row_split_decode_is_refused():
-    from ditax.pipelines.family import pipelines_of
+    from ditax.pipelines.family import PipelineFamily
     from ditax.pipelines.load import check_vae_parallel
 
-    with pytest.raises(ConfigError, match="ltx2 pipelines have no row-split VAE decode"):
-        check_vae_parallel(pipelines_of("ltx2"), make_mesh(dict(context=8)), {})
+    class NoSplit(PipelineFamily):     # a family that declares no row-split decode
+        name = "toy"
+
+    with pytest.raises(ConfigError, match="toy pipelines have no row-split VAE decode"):
+        check_vae_parallel(NoSplit, make_mesh(dict(context=8)), {})

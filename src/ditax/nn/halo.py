@@ -8,7 +8,8 @@ C]``). Layers ask this module, never the mesh:
 - :func:`rows` — before a convolution: ``(x, (top, bottom))`` becomes ``x`` with ``top`` rows of
   the device above and ``bottom`` rows of the device below attached (``jax.lax.ppermute``; the
   first and last devices get zeros, the convolution's own zero padding) and padding ``(0, 0)``,
-  so a VALID convolution of it equals the unsplit convolution's rows exactly;
+  so a VALID convolution of it equals the unsplit convolution's rows exactly (``mode=
+  "reflect"``: a reflection-padded convolution's, the frame's edge rows mirrored);
 - :func:`row_mean` — global statistics (GroupNorm): masked sums ``psum``-ed over the split;
 - :func:`gather_rows` / :func:`key_mask` — attention over a whole frame: keys and values of all
   rows (``all_gather``), padding rows masked out.
@@ -91,11 +92,14 @@ def _mask_rows(x: jax.Array, keep: jax.Array | None) -> jax.Array:
     return jnp.where(keep[:, None, None], x, jnp.zeros((), x.dtype))
 
 
-def rows(x: jax.Array, pad: tuple[int, int]) -> tuple[jax.Array, tuple[int, int]]:
+def rows(x: jax.Array, pad: tuple[int, int], mode: str = "zeros"
+         ) -> tuple[jax.Array, tuple[int, int]]:
     """``x`` ``[..., y, X, C]`` and the row padding a convolution wants → the input and row
     padding to give it instead: unchanged without a split; with one, padding rows zeroed and
     ``pad[0]`` rows from the device above / ``pad[1]`` from the device below attached, padding
-    ``(0, 0)``."""
+    ``(0, 0)``. ``mode="reflect"``: the frame's own padding is a reflection (``jnp.pad``'s
+    ``reflect``, the edge row not repeated), so the rows beyond the frame's top and its last
+    real row are mirrored ones (:func:`_reflect`) instead of zeros."""
     split = active()
     top, bottom = int(pad[0]), int(pad[1])
     if split is None or not (top or bottom):
@@ -114,7 +118,24 @@ def rows(x: jax.Array, pad: tuple[int, int]) -> tuple[jax.Array, tuple[int, int]
     if bottom:
         parts.append(jax.lax.ppermute(x[..., :bottom, :, :], split.axis,
                                       [(i + 1, i) for i in range(n - 1)]))
-    return jnp.concatenate(parts, axis=ROW_AXIS), (0, 0)
+    x = jnp.concatenate(parts, axis=ROW_AXIS)
+    if mode == "reflect":
+        x = _reflect(x, split, local, top)
+    return x, (0, 0)
+
+
+def _reflect(x: jax.Array, split: RowSplit, local: int, top: int) -> jax.Array:
+    """A device's haloed rows ``x`` (``top`` halo rows above its ``local`` own) with the rows
+    outside the frame — global row ``-k`` and row ``total - 1 + k`` past the last real one —
+    replaced by their mirror images (rows ``k`` and ``total - 1 - k``; a one-row frame repeats
+    its row). Every mirror a real output row's window reads lies in ``x`` itself: a window
+    reaching ``k`` rows past an edge starts at most ``k`` rows inside it."""
+    total = split.valid(local)
+    g0 = jax.lax.axis_index(split.axis) * local - top       # global row of x's first row
+    g = g0 + jnp.arange(x.shape[ROW_AXIS])
+    src = jnp.where(g < 0, -g, jnp.where(g >= total, 2 * (total - 1) - g, g))
+    src = jnp.clip(src, 0, total - 1)
+    return jnp.take(x, jnp.clip(src - g0, 0, x.shape[ROW_AXIS] - 1), axis=x.ndim + ROW_AXIS)
 
 
 def row_mean(x: jax.Array, axes: tuple[int, ...], row_axis: int) -> jax.Array:

@@ -72,8 +72,7 @@ def check_vae_parallel(pipelines, mesh, options: dict) -> None:
     decode was asked too (:class:`ConfigError` naming the fix, before any weights)."""
     if not pipelines.parallel_vae:
         raise ConfigError(f"vae_parallel=True: {pipelines.name} pipelines have no row-split "
-                          f"VAE decode yet (Wan and FLUX.1 do); decode on one device or with "
-                          f"vae_tiling=True")
+                          f"VAE decode; decode on one device or with vae_tiling=True")
     if mesh is None or mesh.size < 2:
         raise ConfigError("vae_parallel=True splits the decode's rows over a mesh's devices; "
                           "pass a mesh of several devices (mesh.fsdp=8, say) or drop it")

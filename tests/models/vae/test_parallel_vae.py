@@ -1,7 +1,8 @@
 """Row-split (spatially parallel) VAE decode and encode (ditax.models.vae.parallel) on 2, 4 and 8
-fake CPU devices against the same VAE's one-device decode / encode: Wan 2.1, Wan 2.2 and the
-Flux KL VAE, tiny random models, heights that do not divide by the device count (padding rows
-must never reach a real row), two-axis meshes (the split runs over all axes together)."""
+fake CPU devices against the same VAE's one-device decode / encode: Wan 2.1, Wan 2.2, the Flux
+KL VAE and LTX-2's video VAE (reflection-padded rows), tiny random models, heights that do not
+divide by the device count (padding rows must never reach a real row), two-axis meshes (the
+split runs over all axes together)."""
 
 import jax
 import jax.numpy as jnp
@@ -113,3 +114,36 @@ def test_errors(kl):
         parallel.decode(kl, z, mesh=_mesh((2,)), parallel="tiles")
     with pytest.raises(RequestError, match="no row-split program for object"):
         parallel.decode(object(), z, mesh=_mesh((2,)))
+
+
+@pytest.fixture(scope="module")
+def ltx2_vaes():
+    """LTX-2.0's decoder (reflection padding, timestep-conditioned, residual upsamplers) and
+    LTX-2.3's (zero padding), tiny and random."""
+    from ltx2_vae_reference import CONFIGS
+
+    from ditax.models.vae.ltx2 import LTX2VideoVAE, LTX2VideoVAEConfig
+
+    return {name: _randomise(LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers(CONFIGS[name]),
+                                          rngs=nnx.Rngs(6)), 7)
+            for name in ("ltx2", "ltx23")}
+
+
+# LTX-2.0: rows 5 on 4 devices (two padding rows, the bottom reflection falls inside a device)
+# and rows 3 on 3 (every device an edge or next to one); LTX-2.3 zero padding, and the encoder
+@pytest.mark.parametrize("name,mesh_shape,y", [("ltx2", (4,), 5), ("ltx2", (3,), 3),
+                                               ("ltx23", (2,), 3)])
+def test_ltx2_decode_matches_one_device(ltx2_vaes, name, mesh_shape, y):
+    vae = ltx2_vaes[name]
+    mesh = _mesh(mesh_shape)
+    k1, k2 = jax.random.split(jax.random.key(11))
+    z = jax.random.normal(k1, (1, vae.latent_channels, 2, y, 2))
+    t = 0.05 if vae.timestep_conditioning else None
+    _check(parallel.decode(vae, z, t, mesh=mesh), vae.decode(z, t))
+    if name == "ltx23":
+        s = vae.spatial_compression_ratio
+        video = jax.random.uniform(k2, (1, 3, 5, y * s, 2 * s), minval=-1, maxval=1)
+        mean, logvar = parallel.encode_moments(vae, video, mesh=mesh)
+        want_mean, want_logvar = vae.encode_moments(video)
+        _check(mean, want_mean)
+        _check(logvar, want_logvar)

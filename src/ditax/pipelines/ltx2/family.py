@@ -72,6 +72,7 @@ class LTX2Pipelines(PipelineFamily):
                         "audio_guidance_scale", "guidance_rescale", "audio_guidance_rescale",
                         "stg_scale", "audio_stg_scale", "modality_scale", "audio_modality_scale")
     cli_inputs = ("image", "upsampler")
+    parallel_vae = True        # vae_parallel=True: ditax.models.vae.parallel (the video decode)
 
     def text_encoders(self, pipe) -> list:
         """Gemma-3 (the connectors are small and stay on the device)."""

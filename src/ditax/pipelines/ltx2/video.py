@@ -55,6 +55,7 @@ class LTX2Video:
         self.transformer, self.vae = transformer, vae
         self.audio_vae, self.vocoder = audio_vae, vocoder
         self.scheduler, self.cfg_mode, self.vae_tiling = scheduler, cfg_mode, vae_tiling
+        self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
         self.sample_defaults = dict(sample_defaults or {})
         self.needs_image = needs_image           # an LTX2ImageToVideoPipeline folder
         self.load_time = 0.0
@@ -341,7 +342,9 @@ class LTX2Video:
             video.astype(self.vae.dtype), decode_timestep=d["decode_timestep"],
             decode_noise_scale=decode_noise_scale,
             key=key if self.vae.timestep_conditioning else None)
-        frames = self.vae.decode(z, t, tiled=self.vae_tiling)            # [1, 3, F, H, W]
+        from ditax.models.vae.parallel import decode_on      # vae_parallel: rows over the mesh
+
+        frames = decode_on(self.vae, z, self.vae_parallel, t, tiled=self.vae_tiling)  # [1,3,F,H,W]
         frames = np.clip(np.asarray(frames, np.float32) / np.float32(2) + np.float32(0.5),
                          np.float32(0), np.float32(1))
         out = {"video": np.ascontiguousarray(frames[0].transpose(1, 2, 3, 0))}

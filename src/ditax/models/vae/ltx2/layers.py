@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ditax.models.vae.wan.layers import conv3d_by_frames
+from ditax.nn import halo
 from ditax.parallel.platform import platform_of
 
 RMS_EPS = 1e-8   # diffusers' PerChannelRMSNorm default, used everywhere in this VAE
@@ -87,10 +88,13 @@ class CausalConv3d(nnx.Module):
         if before or after:
             x = jnp.pad(x, ((0, 0), (before, after), (0, 0), (0, 0), (0, 0)), mode="edge")
         p = k // 2
+        # rows split over devices (ditax.nn.halo; a no-op on one device): the neighbours' rows
+        # attached, the frame's edges padded as this layer pads them
+        x, (py, _) = halo.rows(x, (p, p), self.padding_mode)
         if p and self.padding_mode == "reflect":
-            x = jnp.pad(x, ((0, 0), (0, 0), (p, p), (p, p), (0, 0)), mode="reflect")
+            x = jnp.pad(x, ((0, 0), (0, 0), (py, py), (p, p), (0, 0)), mode="reflect")
             return self.conv(x)
-        return self.conv(x, (p, p))
+        return self.conv(x, (py, p))
 
 
 class Pointwise(nnx.Module):
