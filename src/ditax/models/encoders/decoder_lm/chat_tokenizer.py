@@ -6,11 +6,14 @@ jinja2 (no transformers at run time): Qwen3's (klein) and Mistral's Tekken token
   NFC, Qwen's split regex then byte-level (no prefix space, no second regex), byte-level
   decoding — adds the special tokens (the file's ``added_tokens``, the config's
   ``added_tokens_decoder``, the named ones, ``<|endoftext|>`` by default) and keeps the file's
-  post-processor. :func:`qwen2_backend` does the same.
+  post-processor (none where the file has none). :func:`qwen2_backend` does the same.
 - Mistral (Mistral Small 3.x's Tekken, a byte-level BPE): without ``mistral_common``
   transformers 5 loads the ``tokenizer.json`` as written (``TokenizersBackend``; a pipeline's
   ``tokenizer/`` folder holds no ``config.json``, so no regex patch applies), and so does
   :func:`load_mistral_tokenizer`.
+
+Both keep the file's post-processor: with a ``tokenizer.json`` present, transformers 5 ignores
+the config's ``add_bos_token`` / ``add_eos_token`` (checked against it), and so do these.
 
 Each is a :class:`ChatTokenizer`: the pipelines' padding / truncation contract of
 :class:`ditax.models.encoders.tokenizer.Tokenizer`, plus the folder's chat template rendered by
@@ -128,7 +131,7 @@ def qwen2_backend(raw: dict, meta: dict, source: str):
     folder's ``meta``, built as the module docstring says."""
     from tokenizers import AddedToken, Regex
     from tokenizers import Tokenizer as _Backend
-    from tokenizers import decoders, normalizers, pre_tokenizers, processors
+    from tokenizers import decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
 
     model = raw.get("model") or {}
@@ -158,18 +161,7 @@ def qwen2_backend(raw: dict, meta: dict, source: str):
              or []]
     tok.add_tokens([AddedToken(t, special=True) for t in dict.fromkeys(names + extra)
                     if t and t not in known])
-    bos, eos = _token(meta, "bos_token"), _token(meta, "eos_token", "<|endoftext|>")
-    add_bos = bool(meta.get("add_bos_token")) and bos is not None
-    add_eos = bool(meta.get("add_eos_token")) and eos is not None
-    if add_bos or add_eos or not raw.get("post_processor"):
-        # the config asks for them (transformers then rewrites the post-processor)
-        single = " ".join(([f"{bos}:0"] if add_bos else []) + ["$A:0"]
-                          + ([f"{eos}:0"] if add_eos else []))
-        specials = ([(bos, tok.token_to_id(bos))] if add_bos else []) + (
-            [(eos, tok.token_to_id(eos))] if add_eos else [])
-        tok.post_processor = processors.TemplateProcessing(
-            single=single, pair=f"{single} $B:1", special_tokens=specials)
-    else:
+    if raw.get("post_processor"):
         small = {**raw, "model": {**model, "vocab": {}, "merges": []}, "added_tokens": []}
         tok.post_processor = _Backend.from_str(json.dumps(small)).post_processor
     return tok
@@ -215,10 +207,11 @@ def load_mistral_tokenizer(path, subfolder: str = "tokenizer") -> ChatTokenizer:
     source = str(p / "tokenizer.json")
     raw = read_model_json(p / "tokenizer.json", "tokenizer.json")   # a damaged file: named
     backend = _Backend.from_file(source)
+    meta = _meta(p)
     padding = raw.get("padding") or {}
     side = {"Right": "right", "Left": "left"}.get(padding.get("direction"), "right")
     defaults = {"pad_token": padding.get("pad_token") or "<pad>"}
-    return _chat_tokenizer(backend, _meta(p), p, source, defaults, side)
+    return _chat_tokenizer(backend, meta, p, source, defaults, side)
 
 
 __all__ = ["ChatTokenizer", "read_chat_template", "qwen2_backend", "load_qwen3_tokenizer",
