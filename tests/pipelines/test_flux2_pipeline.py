@@ -255,3 +255,33 @@ def test_dev_text_to_image_matches_diffusers(tmp_path):
     assert pipe.last_stats["transformer_calls"] == CALL["num_inference_steps"]
     with pytest.raises(RequestError, match="guidance-distilled"):
         pipe.prepare(PROMPT, negative_prompt="blurry", **CALL)
+
+
+def test_serve_requests_take_a_reference_image(klein, tmp_path):
+    """``ditax serve``'s request check on a klein folder: a base64 ``image`` becomes the call's
+    reference image (a PIL image), the job an image job; a video field and a negative prompt
+    without CFG are 400s naming the JSON field."""
+    import base64
+    import io
+
+    from ditax.cli.generate import parse_request
+    from ditax.serve.requests import BadRequest, check_body
+
+    buf = io.BytesIO()
+    _refs()[0].save(buf, format="PNG")
+    b64 = base64.b64encode(buf.getvalue()).decode()
+    folder = str(klein[3])
+
+    def check(body):
+        return check_body({"prompt": PROMPT, "size": f"{SIZE}x{SIZE}", **body}, folder,
+                          ["sample.max_sequence_length=24"], str(tmp_path / "x.png"),
+                          parse_request)
+
+    got = check({"image": b64, "guidance_scale": 3.0})
+    assert got.load["makes"] == "image" and got.call["image"].size == (64, 64)
+    assert got.call["guidance_scale"] == 3.0 and got.stored["image"] == b64
+    for body, param in (({"num_frames": 5}, "num_frames"),
+                        ({"negative_prompt": "x", "guidance_scale": 1.0}, "negative_prompt")):
+        with pytest.raises(BadRequest) as e:
+            check(body)
+        assert e.value.param == param and len(str(e.value).splitlines()) == 1, str(e.value)
