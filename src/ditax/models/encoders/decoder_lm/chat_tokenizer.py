@@ -178,6 +178,8 @@ def _chat_tokenizer(backend, meta: dict, p, source: str, defaults: dict,
         raise ConfigError(f"pad token {pad!r} is not in the vocabulary of {source!r}; name one "
                           f"it has as pad_token in tokenizer_config.json")
     side = meta.get("padding_side") or side_default
+    # split_special_tokens: special tokens written in the text are split like any text
+    backend.encode_special_tokens = bool(meta.get("split_special_tokens", False))
     specials = {k: _token(meta, k, defaults.get(k)) for k in NAMED}
     return ChatTokenizer(backend, pad_id, pad, side, _max_length(meta),
                          read_chat_template(p, meta),

@@ -1,9 +1,9 @@
 """The decoder-LM floor's configuration: one frozen dataclass whose switches are the ways
 Gemma-3, Qwen3 and Mistral differ, checked before anything is built.
 
-A family module (:mod:`.gemma3`) reads its transformers ``config.json`` into a
-:class:`DecoderLMConfig`; the model (:mod:`.model`) and the weight table (:mod:`.convert`)
-read only this class.
+A family module (:mod:`.gemma3`, :mod:`.qwen3`, :mod:`.mistral`) reads its transformers
+``config.json`` into a :class:`DecoderLMConfig`; the model (:mod:`.model`) and the weight
+table (:mod:`.convert`) read only this class.
 """
 
 from __future__ import annotations
