@@ -285,3 +285,19 @@ def test_serve_requests_take_a_reference_image(klein, tmp_path):
         with pytest.raises(BadRequest) as e:
             check(body)
         assert e.value.param == param and len(str(e.value).splitlines()) == 1, str(e.value)
+
+
+def test_klein_references_on_a_mesh(klein):
+    """fsdp2 x context2 with ulysses (the reference tokens in the sharded sequence), CFG
+    batched over fsdp, the decode's rows split over the mesh (vae_parallel): diffusers'
+    image."""
+    import jax
+
+    ref, _, _, folder = klein
+    mesh = ditax.make_mesh(dict(fsdp=2, context=2), devices=jax.devices()[:4])
+    pipe = ditax.load_pipeline(folder, mesh=mesh, attention="ulysses", vae_parallel=True)
+    pipe.text_encoder_out_layers = TEXT_LAYERS
+    lat = random_latents(pipe, SIZE, SIZE, seed=1)
+    want = run_diffusers(ref, PROMPT, lat, image=_refs(), guidance_scale=3.0, **CALL)
+    got = pipe(PROMPT, image=_refs(), latents=lat, guidance_scale=3.0, progress=False, **CALL)
+    _compare("klein base + 2 references on fsdp2 x context2 (ulysses, vae_parallel)", got, want)

@@ -21,6 +21,7 @@ class Flux2Pipelines(PipelineFamily):
 
     name = "flux2"
     makes = "image"
+    parallel_vae = True        # vae_parallel=True: ditax.models.vae.parallel (a FluxVAE)
     sample_defaults = SAMPLE_DEFAULTS
     # a still image, one transformer; the guidance default is the folder's kind's unless the
     # file sets it
