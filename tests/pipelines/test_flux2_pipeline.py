@@ -120,13 +120,12 @@ def _distilled_twin(base, folder):
 @pytest.fixture(scope="module")
 def klein(tmp_path_factory):
     """``(diffusers Flux2KleinPipeline (base), ditax base pipeline, ditax distilled pipeline,
-    base folder)``: one tiny klein folder and its distilled twin."""
+    base folder)``: one tiny klein folder (its Qwen3 deep enough for klein's own text layers
+    9, 18, 27: every call on the defaults) and its distilled twin."""
     tmp = tmp_path_factory.mktemp("flux2_pipe")
-    ref = write_flux2_pipeline(tmp / "klein", "klein-base")
+    ref = write_flux2_pipeline(tmp / "klein", "klein-base", deep_text=True)
     _distilled_twin(tmp / "klein", tmp / "klein_distilled")
     base, distilled = (ditax.load_pipeline(tmp / n) for n in ("klein", "klein_distilled"))
-    for pipe in (base, distilled):
-        pipe.text_encoder_out_layers = TEXT_LAYERS
     return ref, base, distilled, tmp / "klein"
 
 
@@ -146,7 +145,7 @@ def test_klein_distilled_text_to_image_matches_diffusers(klein):
     lat = random_latents(pipe, SIZE, SIZE)
     ref.register_to_config(is_distilled=True)
     try:
-        want = run_diffusers(ref, PROMPT, lat, guidance_scale=1.0, **CALL)
+        want = run_diffusers(ref, PROMPT, lat, None, guidance_scale=1.0, **CALL)
     finally:
         ref.register_to_config(is_distilled=False)
     _compare("klein distilled", pipe(PROMPT, latents=lat, progress=False, **CALL), want)
@@ -158,24 +157,23 @@ def test_klein_base_two_references_with_cfg_matches_diffusers(klein):
     sizes, from diffusers' latent layout."""
     ref, pipe, _, _ = klein
     lat = random_latents(pipe, SIZE, SIZE, seed=1)
-    want = run_diffusers(ref, PROMPT, lat, image=_refs(), guidance_scale=3.0, **CALL)
+    want = run_diffusers(ref, PROMPT, lat, None, image=_refs(), guidance_scale=3.0, **CALL)
     got = pipe(PROMPT, image=_refs(), latents=lat, guidance_scale=3.0, progress=False, **CALL)
     _compare("klein base + 2 references", got, want)
     assert pipe.last_stats["transformer_calls"] == 2 * CALL["num_inference_steps"]
 
 
-def test_generate_writes_the_png_of_the_call(klein, tmp_path, capsys, monkeypatch):
-    """``ditax generate`` on a klein folder with ``--image`` + ``--reference-image``: the PNG
-    of ``pipe(prompt, image=[both], seed=...)``; flags the family does not take and bad
-    values refused in one line (exit 2) before any work. (The folder's pipeline is the one
-    loaded above: load_pipeline's dispatch is tested there.)"""
+def test_generate_writes_the_png_of_the_call(klein, tmp_path, capsys):
+    """``ditax generate`` on a klein folder (on its defaults: klein's own text layers) with
+    ``--image`` + ``--reference-image``: the PNG of ``pipe(prompt, image=[both], seed=...)``;
+    flags the family does not take and bad values refused in one line (exit 2) before any
+    work."""
     import imageio.v2 as imageio
     import PIL.Image
 
     from ditax.cli import main
 
     _, pipe, _, folder = klein
-    monkeypatch.setattr(ditax, "load_pipeline", lambda path, **kw: pipe)
     files = []
     for i, im in enumerate(_refs()):
         files.append(tmp_path / f"ref{i}.png")
@@ -296,8 +294,7 @@ def test_klein_references_on_a_mesh(klein):
     ref, _, _, folder = klein
     mesh = ditax.make_mesh(dict(fsdp=2, context=2), devices=jax.devices()[:4])
     pipe = ditax.load_pipeline(folder, mesh=mesh, attention="ulysses", vae_parallel=True)
-    pipe.text_encoder_out_layers = TEXT_LAYERS
     lat = random_latents(pipe, SIZE, SIZE, seed=1)
-    want = run_diffusers(ref, PROMPT, lat, image=_refs(), guidance_scale=3.0, **CALL)
+    want = run_diffusers(ref, PROMPT, lat, None, image=_refs(), guidance_scale=3.0, **CALL)
     got = pipe(PROMPT, image=_refs(), latents=lat, guidance_scale=3.0, progress=False, **CALL)
     _compare("klein base + 2 references on fsdp2 x context2 (ulysses, vae_parallel)", got, want)

@@ -29,17 +29,22 @@ def diffusers_reference_image(image, vae_scale_factor: int) -> np.ndarray:
 SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
                  base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096,
                  time_shift_type="exponential")
-#: the text encoders' hidden states the tiny pipelines read (the tiny models have 4 layers;
-#: 3 x their width 32 = the transformer's joint_attention_dim)
+#: the text encoders' hidden states the tiny pipelines read (the shared tiny models have 4
+#: layers; 3 x their width 32 = the transformer's joint_attention_dim)
 TEXT_LAYERS = (1, 2, 4)
+#: a klein text encoder deep enough for klein's own layers (9, 18, 27): what a folder needs to
+#: run on its defaults (ditax generate, ditax serve)
+KLEIN_DEPTH = 27
 
 
-def write_flux2_pipeline(root, kind: str, seed: int = 0):
+def write_flux2_pipeline(root, kind: str, seed: int = 0, deep_text: bool = False):
     """Write a tiny diffusers FLUX.2 pipeline folder at ``root``: ``kind`` ``"dev"``
     (``Flux2Pipeline``: tiny Mistral-3, guidance embedding) or ``"klein"`` / ``"klein-base"``
     (``Flux2KleinPipeline`` distilled / base: tiny Qwen3); every component random (the
     transformer, VAE and text builders of the FLUX.2 engineers' references), saved with
-    ``save_pretrained``. Returns the diffusers pipeline."""
+    ``save_pretrained``. ``deep_text`` (klein): a Qwen3 of :data:`KLEIN_DEPTH` layers, read at
+    klein's default layers, instead of the shared 4-layer one read at :data:`TEXT_LAYERS`.
+    Returns the diffusers pipeline."""
     import shutil
 
     from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Pipeline
@@ -48,7 +53,13 @@ def write_flux2_pipeline(root, kind: str, seed: int = 0):
     from flux2_reference import TINY, make_diffusers_flux2
     from flux2_vae_reference import TINY as VAE, make_flux2_vae
 
-    _, encoder, tokenizer = tiny_flux2_text_folders()["dev" if kind == "dev" else "klein"]
+    if deep_text and kind != "dev":
+        from decoder_lm_flux2_reference import make_qwen3, save_qwen3_tokenizer
+
+        tokenizer = save_qwen3_tokenizer(root.parent / f"{root.name}_tok")
+        encoder = make_qwen3(len(tokenizer), seed, num_hidden_layers=KLEIN_DEPTH)
+    else:
+        _, encoder, tokenizer = tiny_flux2_text_folders()["dev" if kind == "dev" else "klein"]
     root.mkdir(parents=True, exist_ok=True)
     transformer, tfolder = make_diffusers_flux2(
         root.parent, seed, name=f"{root.name}_tr",
@@ -62,6 +73,7 @@ def write_flux2_pipeline(root, kind: str, seed: int = 0):
             Flux2KleinPipeline(**parts, is_distilled=kind == "klein"))
     pipe.save_pretrained(root)
     shutil.rmtree(tfolder)
+    shutil.rmtree(root.parent / f"{root.name}_tok", ignore_errors=True)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -74,16 +86,19 @@ def random_latents(pipe, height: int, width: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def run_diffusers(pipe, prompt, latents, **call) -> np.ndarray:
+def run_diffusers(pipe, prompt, latents, layers=TEXT_LAYERS, **call) -> np.ndarray:
     """diffusers' image ``[H, W, 3]`` (numpy, in [0, 1]) from the given latents
-    (``[1, 4C, h, w]``, the layout its ``prepare_latents`` takes)."""
+    (``[1, 4C, h, w]``, the layout its ``prepare_latents`` takes), reading the text
+    encoder's ``layers`` (None: the pipeline's default)."""
     import torch
 
+    if layers is not None:
+        call["text_encoder_out_layers"] = layers
     with torch.no_grad():
         out = pipe(prompt=prompt, latents=torch.from_numpy(latents), output_type="np",
-                   text_encoder_out_layers=TEXT_LAYERS, return_dict=False, **call)
+                   return_dict=False, **call)
     return np.asarray(out[0][0], np.float32)
 
 
-__all__ = ["SCHEDULER", "TEXT_LAYERS", "diffusers_reference_image", "random_latents",
+__all__ = ["KLEIN_DEPTH", "SCHEDULER", "TEXT_LAYERS", "diffusers_reference_image", "random_latents",
            "run_diffusers", "write_flux2_pipeline"]
