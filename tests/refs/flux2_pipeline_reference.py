@@ -78,6 +78,29 @@ def write_flux2_pipeline(root, kind: str, seed: int = 0, deep_text: bool = False
     return pipe
 
 
+_SHARED: dict = {}
+
+
+def shared_klein_folder():
+    """One tiny klein base folder per test process that runs on its defaults (a Qwen3 of
+    :data:`KLEIN_DEPTH` layers; a ``ditax_sample.json`` of 24 text tokens, so a plain
+    ``ditax generate`` / server request stays small), in a temporary folder removed at exit:
+    for the tests that only read a FLUX.2 folder (the conformance table's row)."""
+    if "klein" not in _SHARED:
+        import atexit
+        import json
+        import pathlib
+        import shutil
+        import tempfile
+
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix="ditax_flux2_"))
+        atexit.register(shutil.rmtree, tmp, True)
+        write_flux2_pipeline(tmp / "klein", "klein-base", deep_text=True)
+        (tmp / "klein" / "ditax_sample.json").write_text(json.dumps({"max_sequence_length": 24}))
+        _SHARED["klein"] = tmp / "klein"
+    return _SHARED["klein"]
+
+
 def random_latents(pipe, height: int, width: int, seed: int = 0) -> np.ndarray:
     """diffusers' ``latents`` ``[1, 4C, H/g, W/g]`` (float32 standard normal from ``seed``) of
     a request of that size to the ditax pipeline ``pipe`` (``g``: its size grid)."""
@@ -101,4 +124,4 @@ def run_diffusers(pipe, prompt, latents, layers=TEXT_LAYERS, **call) -> np.ndarr
 
 
 __all__ = ["KLEIN_DEPTH", "SCHEDULER", "TEXT_LAYERS", "diffusers_reference_image", "random_latents",
-           "run_diffusers", "write_flux2_pipeline"]
+           "run_diffusers", "shared_klein_folder", "write_flux2_pipeline"]
