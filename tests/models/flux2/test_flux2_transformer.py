@@ -1,6 +1,5 @@
 """FLUX.2 transformer: parity with diffusers' ``Flux2Transformer2DModel`` (forward and gradient
-w.r.t. the inputs and every parameter; scanned under save_proj remat, and unrolled under full
-remat without guidance), loaded from ``save_pretrained`` folders; int8 weights; the presets'
+w.r.t. the inputs and every parameter; scanned under save_proj remat), loaded from ``save_pretrained`` folders; int8 weights; the presets'
 architectures; bad configs and inputs refused in one line before tracing."""
 
 import json
@@ -16,8 +15,7 @@ from ditax.errors import ConfigError, RequestError, WeightError
 from ditax.io.convert import export
 from ditax.models.flux2.config import Flux2Config, check_transformer
 from ditax.models.flux2.convert import weight_table
-from flux2_reference import (KLEIN, TINY, flux2_inputs, make_diffusers_flux2,
-                             run_diffusers_flux2)
+from flux2_reference import TINY, flux2_inputs, make_diffusers_flux2, run_diffusers_flux2
 from wan_reference import rel_err
 
 GRAD_INPUTS = ("hidden_states", "encoder_hidden_states")
@@ -29,20 +27,15 @@ def tiny(tmp_path_factory):
     return make_diffusers_flux2(tmp_path_factory.mktemp("flux2"), **TINY)
 
 
-@pytest.mark.parametrize("config,shape,numerics", [
-    # diffusers' test config with its 4 x 4 grid; scanned stacks under save_proj remat
-    ("tiny", dict(), dict(remat="save_proj")),
-    # klein-like (no guidance, out != in, mlp_ratio 2), odd T, 3 x 5 grid; unrolled, full remat
-    ("klein", dict(text=5, grid=(3, 5), guidance=False), dict(scan_layers=False, remat="full")),
-], ids=["tiny", "klein-unrolled-remat"])
-def test_forward_and_gradient_match_diffusers(tiny, tmp_path, rng, fast_compile, config, shape,
-                                              numerics):
+def test_forward_and_gradient_match_diffusers(tiny, rng, fast_compile):
     """The loaded model's output and its gradient (w.r.t. the inputs and every parameter, in
-    diffusers' keys and layouts) against torch autograd, from one compiled program."""
-    cfg = TINY if config == "tiny" else KLEIN
-    m, folder = tiny if config == "tiny" else make_diffusers_flux2(tmp_path, **KLEIN)
-    inputs = flux2_inputs(rng, cfg, **shape)
-    tr = ditax.load_transformer(folder, **numerics)
+    diffusers' keys and layouts) against torch autograd, from one compiled program: diffusers'
+    test config and 4 x 4 grid, scanned stacks under save_proj remat (the klein-like config
+    is compared in test_flux2_parallel.py, unrolled blocks under full remat in
+    test_flux2_train.py)."""
+    m, folder = tiny
+    inputs = flux2_inputs(rng, TINY)
+    tr = ditax.load_transformer(folder, remat="save_proj")
     assert type(tr).__name__ == "Flux2TransformerModel"
     ref = run_diffusers_flux2(m, inputs)
     ct = rng.standard_normal(ref.shape).astype(np.float32)
@@ -63,8 +56,11 @@ def test_forward_and_gradient_match_diffusers(tiny, tmp_path, rng, fast_compile,
     theirs = {k: p.grad.numpy() for k, p in m.named_parameters()}
     m.zero_grad()
     assert set(ours) == set(theirs)
+    # the largest parameter errors (~7e-6) come from the 1000 x t sinusoid: ditax's float32
+    # frequency table is the correctly rounded one, torch's exp is an ulp off in 2 of its 128
+    # entries (with torch's table the errors are ~1.5e-6, torch float32 vs float64's level)
     errs["params"] = max(rel_err(ours[k], theirs[k]) for k in theirs)
-    print(f"flux2 {config} rel err", {k: f"{v:.1e}" for k, v in errs.items()})
+    print("flux2 rel err", {k: f"{v:.1e}" for k, v in errs.items()})
     assert max(errs.values()) <= 1e-5, errs
 
 
