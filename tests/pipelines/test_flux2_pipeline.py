@@ -236,6 +236,10 @@ def test_bad_calls_are_one_line_request_errors(klein):
             pipe.prepare(**call)
         msg = str(e.value)
         assert words in msg and len(msg.splitlines()) == 1, (kw, msg)
+    for kw, words in ((dict(prompt_embeds=np.zeros((1, 24, 96))), "pass prompt="),
+                      (dict(num_images_per_prompt=2), "its own seed"), (dict(steps=2), "steps=")):
+        with pytest.raises(RequestError, match=words):
+            base(PROMPT, **kw)
 
 
 def test_dev_text_to_image_matches_diffusers(tmp_path):

@@ -43,6 +43,37 @@ from ditax.pipelines.flux2.schedule import default_sigmas, request_scheduler
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.sampling import Expert, Prepared, Timings, record
 
+# diffusers' call arguments a ditax call does not take -> the fix
+_NOT_TAKEN = {
+    "prompt_embeds": "pass prompt= (the text is encoded here)",
+    "negative_prompt_embeds": "pass negative_prompt= (klein base with CFG)",
+    "num_images_per_prompt": "call once per image with its own seed (or generate --prompts "
+                             "for a batch)",
+    "output_type": "the call returns a float32 numpy image; output='latent' for the latents",
+    "return_dict": "the call returns the image itself",
+    "caption_upsample_temperature": "prompt upsampling by the text model is not run; pass "
+                                    "the prompt as it should be read",
+    "callback_on_step_end": "progress=True shows the steps",
+    "callback_on_step_end_tensor_inputs": "progress=True shows the steps",
+    "attention_kwargs": "choose the attention at load time (attention=)",
+}
+
+
+def refuse_unsupported(given: dict) -> None:
+    """One :class:`RequestError` for keyword arguments the call does not take, naming each
+    and, for diffusers' own, the fix (:data:`_NOT_TAKEN`)."""
+    if not given:
+        return
+    name = sorted(given)[0]
+    fix = _NOT_TAKEN.get(name)
+    if fix is None:
+        raise RequestError(f"{name}= is not an argument of the FLUX.2 pipeline call (it takes "
+                           f"prompt, image, height, width, num_inference_steps, guidance_scale, "
+                           f"seed / generator, latents, negative_prompt, max_sequence_length, "
+                           f"text_encoder_out_layers, sigmas, output, progress)")
+    raise RequestError(f"{name}= (diffusers') is not taken here: {fix}")
+
+
 class Flux2ImagePipeline:
     """A loaded FLUX.2 pipeline (dev, klein base or klein distilled); call it with a prompt.
     See :func:`ditax.pipelines.flux2.loading.load_pipeline`."""
@@ -148,7 +179,7 @@ class Flux2ImagePipeline:
                  guidance_scale: float | None = None, seed: int = 0, generator=None,
                  latents=None, negative_prompt: str | None = None,
                  max_sequence_length: int | None = None, text_encoder_out_layers=None,
-                 sigmas=None, output: str = "image", progress: bool = True):
+                 sigmas=None, output: str = "image", progress: bool = True, **unsupported):
         """Generate one image: float32 ``[H, W, 3]`` in [0, 1] (``output="latent"``: the
         denoised packed latents ``[1, L, 4C]``). diffusers' argument names:
 
@@ -166,7 +197,12 @@ class Flux2ImagePipeline:
           noise is jax's, so only given latents reproduce diffusers' image);
         - ``text_encoder_out_layers``: the text encoder's hidden states read (default: the
           kind's, ``pipe.text_encoder_out_layers``); ``sigmas``: one per step, unshifted.
+
+        diffusers' arguments this call does not take (``prompt_embeds``,
+        ``num_images_per_prompt``, ``output_type``, ``caption_upsample_temperature``...) are
+        one :class:`RequestError` naming them (:func:`refuse_unsupported`).
         """
+        refuse_unsupported(unsupported)
         return record(self, self.prepare(
             prompt, image=image, height=height, width=width,
             num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, seed=seed,
