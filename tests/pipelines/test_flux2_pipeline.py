@@ -223,6 +223,7 @@ def test_bad_calls_are_one_line_request_errors(klein):
         (distilled, dict(negative_prompt="blurry"), "runs no CFG"),
         (base, dict(latents=lat[:, :, :4]), "latents shape (1, 32, 4, 8) does not match"),
         (base, dict(text_encoder_out_layers=(1, 2)), "joint_attention_dim"),
+        (base, dict(text_encoder_out_layers=(9, 18, 28)), "hidden states 0..27"),
         (base, dict(max_sequence_length=0), "max_sequence_length=0"),
         (base, dict(image=PIL.Image.new("RGB", (64, 600))), "at most 8:1"),
         (base, dict(image=["a.png"]), "got a path"),

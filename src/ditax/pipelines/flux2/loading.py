@@ -32,7 +32,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     ``path``. The transformer runs ``attention`` in ``dtype`` over ``mesh``; the text encoder
     and the VAE run in ``dtype`` on one device (``text_quantize="int8" | "fp8"``: the text
     encoder's block linears in 8 bits). ``cfg_mode`` ("batched" | "sequential"): how klein
-    base's true CFG runs its two branches; ``vae_tiling``: decode in tiles;
+    base's true CFG runs its two branches; ``vae_tiling``: encode (the references) and
+    decode in tiles, as diffusers' ``enable_tiling()``;
     ``model_overrides``: :class:`~ditax.models.flux2.config.Flux2Config` numerics (``remat``,
     ``quantize``...) and ``loras=`` (:func:`ditax.models.flux2.loading.load_transformer`).
 

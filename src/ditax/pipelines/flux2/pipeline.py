@@ -115,7 +115,7 @@ class Flux2ImagePipeline:
         """``call`` with each value left at None taken from ``self.sample_defaults`` (the
         folder's ``ditax_sample.json``), else FLUX.2's (1024x1024, 50 steps, 512 tokens; the
         guidance scale stays None: the folder's kind decides, :func:`guidance_for`)."""
-        from ditax.pipelines.family import pipelines_of   # the family module imports this one
+        from ditax.pipelines.family import pipelines_of   # the family, as the registry names it
         from ditax.pipelines.sample_defaults import with_defaults
 
         return with_defaults(call, self.sample_defaults, pipelines_of("flux2").sample_defaults)
@@ -132,8 +132,8 @@ class Flux2ImagePipeline:
         [1, R, 4C], ids [1, R, 4])`` (module docstring, 2)."""
         vae, parts, grids = self.vae, [], []
         for x in images:
-            z = vae.normalize_latents(vae.patchify_latents(vae.encode(jnp.asarray(x,
-                                                                                  vae.dtype))))
+            z = vae.encode(jnp.asarray(x, vae.dtype), tiled=self.vae_tiling)   # the mean
+            z = vae.normalize_latents(vae.patchify_latents(z))
             grids.append(z.shape[2:])
             parts.append(layout.pack(z))
         dt = jnp.dtype(self.transformer.config.dtype)
@@ -218,7 +218,12 @@ class Flux2ImagePipeline:
             raise RequestError(f"text_encoder_out_layers={layers!r} must be a non-empty tuple "
                                f"of ints (hidden-state indices, e.g. "
                                f"{self.text_encoder_out_layers})")
-        d, joint = self.text_encoder.cfg.hidden_size, self.transformer.config.joint_attention_dim
+        cfg, joint = self.text_encoder.cfg, self.transformer.config.joint_attention_dim
+        d, n = cfg.hidden_size, cfg.num_layers
+        if not all(0 <= i <= n for i in layers):
+            raise RequestError(f"text_encoder_out_layers={tuple(layers)}: the text encoder has "
+                               f"hidden states 0..{n} ({n} layers); e.g. "
+                               f"{self.text_encoder_out_layers}")
         if len(layers) * d != joint:
             raise RequestError(f"text_encoder_out_layers={tuple(layers)}: {len(layers)} layers "
                                f"x the text width {d} = {len(layers) * d}, but the "
