@@ -303,3 +303,16 @@ def test_klein_references_on_a_mesh(klein):
     want = run_diffusers(ref, PROMPT, lat, None, image=_refs(), guidance_scale=3.0, **CALL)
     got = pipe(PROMPT, image=_refs(), latents=lat, guidance_scale=3.0, progress=False, **CALL)
     _compare("klein base + 2 references on fsdp2 x context2 (ulysses, vae_parallel)", got, want)
+
+
+def test_size_not_given_is_the_first_references(klein):
+    """diffusers' rule: each side not given is the first reference image's (after its crop to
+    the grid); given sides stay (no work is done: the request's layout only)."""
+    _, pipe, _, _ = klein
+    refs = _refs()[::-1]                              # 72x96 first: 72 rows, 96 columns
+    c = pipe.transformer.config.in_channels
+    for size, (h, w) in ((dict(), (72, 96)), (dict(width=32), (72, 32)),
+                         (dict(height=32, width=32), (32, 32))):
+        p = pipe.prepare(PROMPT, image=refs, **size)
+        assert p.latent_shape == (1, (h // 4) * (w // 4), c), (size, p.latent_shape)
+    assert pipe.prepare(PROMPT).latent_shape == (1, (1024 // 4) ** 2, c)   # FLUX.2's 1024^2

@@ -249,8 +249,9 @@ class Flux2ImagePipeline:
             seed = generator
         images = reference_list(image)
         sizes = check_references(images, self.grid)          # before any work
-        if images and height is None and width is None:     # diffusers: the first one's size
-            height, width = sizes[0]
+        if images:     # diffusers: a size not given is the first reference's
+            height = sizes[0][0] if height is None else height
+            width = sizes[0][1] if width is None else width
         (height, width, num_inference_steps, guidance_scale,
          max_sequence_length) = self.call_defaults(
             height=height, width=width, num_inference_steps=num_inference_steps,
