@@ -245,8 +245,9 @@ def test_bad_calls_are_one_line_request_errors(klein):
 
 def test_dev_text_to_image_matches_diffusers(tmp_path):
     """FLUX.2 dev (Mistral-3 text with its system message, embedded guidance, one forward a
-    step) from diffusers' latents; its text long enough to hold the prompt after the system
-    message. A negative prompt is refused (dev runs no CFG)."""
+    step) from diffusers' latents, text-only and with one reference image; its text long
+    enough to hold the prompt after the system message. A negative prompt is refused (dev
+    runs no CFG)."""
     ref = write_flux2_pipeline(tmp_path / "dev", "dev")
     pipe = ditax.load_pipeline(tmp_path / "dev")
     pipe.text_encoder_out_layers = TEXT_LAYERS
@@ -256,6 +257,10 @@ def test_dev_text_to_image_matches_diffusers(tmp_path):
     want = run_diffusers(ref, PROMPT, lat, **call)
     _compare("dev", pipe(PROMPT, latents=lat, progress=False, **call), want)
     assert pipe.last_stats["transformer_calls"] == CALL["num_inference_steps"]
+    one = _refs()[1]                     # one reference, given alone (not in a list)
+    want = run_diffusers(ref, PROMPT, lat, image=one, **call)
+    _compare("dev + 1 reference", pipe(PROMPT, image=one, latents=lat, progress=False, **call),
+             want)
     with pytest.raises(RequestError, match="guidance-distilled"):
         pipe.prepare(PROMPT, negative_prompt="blurry", **CALL)
 
