@@ -37,8 +37,7 @@ from ditax.pipelines.flux2 import layout
 from ditax.pipelines.flux2.denoiser import Flux2Denoiser, flux2_inputs
 from ditax.pipelines.flux2.references import (check_references, prepare_reference,
                                               reference_list)
-from ditax.pipelines.flux2.request import (KLEIN_BASE, check_request, check_text_length,
-                                           guidance_for)
+from ditax.pipelines.flux2.request import KLEIN_BASE, check_request, guidance_for
 from ditax.pipelines.flux2.schedule import default_sigmas, request_scheduler
 from ditax.pipelines.programs import Programs, in_compile_cache
 from ditax.pipelines.sampling import Expert, Prepared, Timings, record
@@ -259,7 +258,6 @@ class Flux2ImagePipeline:
         check_request(prompt, height, width, num_inference_steps, guidance_scale,
                       negative_prompt, max_sequence_length, seed, kind=self.kind,
                       grid=self.grid)
-        check_text_length(max_sequence_length)
         layers = self._check_layers(self.text_encoder_out_layers
                                     if text_encoder_out_layers is None
                                     else text_encoder_out_layers)
