@@ -98,3 +98,49 @@ def test_one_step_on_fsdp2_context4_equals_one_device(folder, first_step):
                          s8["params"], s1["params"])
     print("flux2 8-device step: max |param diff|", max(jax.tree.leaves(diffs)))
     assert max(jax.tree.leaves(diffs)) < 3e-5
+
+
+def test_preprocess_stores_what_diffusers_prepares(tmp_path):
+    """``ditax preprocess`` of captioned images with a klein folder stores, per sample, the
+    latents diffusers' training script makes (``vae.encode(x).latent_dist.mode()``,
+    ``_patchify_latents``, ``(z - bn.running_mean) / sqrt(bn.running_var + eps)``) and the
+    pipeline's ``encode_prompt`` embeddings (Qwen3 layers 9, 18, 27)."""
+    import contextlib
+    import io
+
+    import PIL.Image
+    from diffusers import Flux2KleinPipeline
+
+    from ditax.cli import main
+    from ditax.train.data import read_meta
+    from flux2_pipeline_reference import shared_klein_folder
+    from wan_reference import rel_err
+
+    folder, size, text = shared_klein_folder(), 32, 32
+    (tmp_path / "images").mkdir()
+    rgb = np.random.default_rng(0).uniform(0, 255, (size, size, 3)).astype(np.uint8)
+    PIL.Image.fromarray(rgb).save(tmp_path / "images" / "img0.png")
+    (tmp_path / "images" / "img0.txt").write_text("a red fox in the snow")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["preprocess", str(tmp_path / "images"), str(tmp_path / "ds"), "--model",
+                     str(folder), "--height", str(size), "--width", str(size), "--text-len",
+                     str(text), "--batch", "1", "--no-progress"]) == 0
+    pipe = Flux2KleinPipeline.from_pretrained(folder)
+    c = pipe.transformer.config.in_channels
+    assert read_meta(tmp_path / "ds")["latent_shape"] == [c, 1, size // 4, size // 4]   # VAE 2x
+    from ditax.models.flux2.family import Flux2Family
+
+    sample = next(BatchIterator(load_config(None, [
+        f"data.source={tmp_path / 'ds'}", "batch_size=1", f"data.text_len={text}",
+        f"data.height={size}", f"data.width={size}", "data.num_frames=1"], family="flux2",
+        model=Flux2Family.folder_config(folder))))
+    with torch.no_grad():
+        x = torch.from_numpy(rgb.astype(np.float32).transpose(2, 0, 1)[None] / 127.5 - 1)
+        z = pipe._patchify_latents(pipe.vae.encode(x).latent_dist.mode())
+        std = torch.sqrt(pipe.vae.bn.running_var + pipe.vae.config.batch_norm_eps)
+        z = (z - pipe.vae.bn.running_mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
+        emb, _ = pipe.encode_prompt("a red fox in the snow", max_sequence_length=text)
+    errs = (rel_err(sample["latents"][0, :, 0], z[0].numpy()),
+            rel_err(sample["text"][0], emb[0].numpy()))
+    print("flux2 preprocess rel err (latents, text)", errs)
+    assert max(errs) <= 1e-5, errs

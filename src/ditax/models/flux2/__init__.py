@@ -19,5 +19,5 @@ register(FamilySpec(
     pipelines="ditax.pipelines.flux2.family:Flux2Pipelines",
     lora_names="ditax.models.flux2.lora_names:LORA_NAMES",
     capabilities=frozenset({"transformer", "folder_check", "quantize", "lora", "bench",
-                            "init_from"}),
+                            "init_from", "preprocess"}),
 ))

@@ -51,15 +51,36 @@ class Flux2Family(ModelFamily):
     text_dim = property(lambda self: self.model.joint_attention_dim)
 
     @classmethod
-    def latent_grid(cls, num_frames, height, width):
-        """Latent ``(1, Y, X)`` of one image: ``H/16 x W/16`` (VAE 8x, 2x2 patchify)."""
-        f = VAE_FACTOR * PATCH
+    def latent_grid(cls, num_frames, height, width, vae=None):
+        """Latent ``(1, Y, X)`` of one image: ``H/(2s) x W/(2s)`` for a VAE of factor ``s``
+        (``vae``: its ``config.json`` dict, ``2 ** (len(block_out_channels) - 1)``; None:
+        FLUX.2's 8) and the 2x2 patchify."""
+        s = VAE_FACTOR
+        if vae is not None:
+            widths = vae.get("block_out_channels")
+            if not widths:
+                raise ConfigError(f"the VAE config has no block_out_channels ({vae!r}); give "
+                                  f"the folder's vae/config.json")
+            s = 2 ** (len(widths) - 1)
+        f = s * PATCH
         if num_frames != 1:
             raise ConfigError(f"{num_frames} frames: FLUX.2 makes still images; use 1 frame")
         if height < f or width < f or height % f or width % f:
             raise ConfigError(f"height x width = {height}x{width} must be multiples of {f} "
-                              f"(the VAE's {VAE_FACTOR}x and the 2x2 patchify)")
+                              f"(the VAE's {s}x and the 2x2 patchify)")
         return 1, height // f, width // f
+
+    @classmethod
+    def folder_latent_grid(cls, root, num_frames, height, width):
+        """:meth:`latent_grid` with the factor of ``root/vae/config.json`` (FLUX.2's 8 when the
+        folder has none, e.g. a hub id)."""
+        import pathlib
+
+        from ditax.io.files import read_model_json
+
+        cfg = pathlib.Path(root) / "vae" / "config.json" if root is not None else None
+        vae = read_model_json(cfg, "vae/config.json") if cfg and cfg.is_file() else None
+        return cls.latent_grid(num_frames, height, width, vae)
 
     def tokens_per_sample(self, latent_shape) -> int:
         _, _, y, x = latent_shape
@@ -153,6 +174,14 @@ class Flux2Family(ModelFamily):
         from ditax.models.flux2.training import denoise
 
         return denoise(module, latents, timestep, text, self.guidance)
+
+    @classmethod
+    def load_encoders(cls, folder, dtype: str = "float32"):
+        """The VAE and text encoder of a FLUX.2 pipeline folder
+        (:class:`ditax.models.flux2.training_encoders.Flux2Encoders`)."""
+        from ditax.models.flux2.training_encoders import Flux2Encoders
+
+        return Flux2Encoders(folder, dtype)
 
     # -- weights and inference ------------------------------------------------------------------
 
