@@ -104,6 +104,12 @@ def _ltx2(tmp, inputs):
     return shared_ltx2_pipeline()[0]
 
 
+def _flux2(tmp, inputs):
+    from flux2_pipeline_reference import shared_klein_folder
+
+    return shared_klein_folder()
+
+
 def _toy_plan(tmp) -> str:
     """A YAML of the toy's config (it ships no preset): ``ditax plan`` reads any family's."""
     import yaml
@@ -243,6 +249,15 @@ VARIANTS = {
                    "ltx2 models"),
                   (["--video", "{inputs}/src.mp4", "--strength", "0.5"],
                    "is not taken by ltx2 models"))),
+    "flux2-klein": Variant(
+        _flux2, "flux2", frozenset({"load", "generate", "serve", "batch", "plan", "lora",
+                                    "quantize", "folder_check"}),
+        dict(height=32, width=32, **SMALL), makes=(".png",), plan="flux2-tiny",
+        refusals=((["--frames", "5"], "--frames is not taken by flux2 models"),
+                  (["--true-cfg", "3", "--negative-prompt", "x"], "--true-cfg is not taken by "
+                   "flux2"),
+                  (["--video", "{inputs}/src.mp4", "--strength", "0.5"],
+                   "is not taken by flux2 models"))),
     "toy": Variant(
         _toy, "toythird", frozenset({"load", "generate", "serve", "batch", "plan"}),
         dict(height=16, width=16, **SMALL), makes=(".mp4", ".aux.npy"),   # 1 frame: its own
