@@ -1,6 +1,7 @@
 """FLUX.2 transformer: parity with diffusers' ``Flux2Transformer2DModel`` (forward and gradient
-w.r.t. the inputs and every parameter; scanned under save_proj remat), loaded from ``save_pretrained`` folders; int8 weights; the presets'
-architectures; bad configs and inputs refused in one line before tracing."""
+w.r.t. the inputs and every parameter; scanned under save_proj remat), loaded from
+``save_pretrained`` folders; int8 weights; PEFT and BFL LoRAs merged; the presets'
+architectures; bad configs, inputs and folders refused in one line before tracing."""
 
 import json
 

@@ -69,7 +69,8 @@ def swiglu(h):
 
 
 class FeedForward(nnx.Module):
-    """``linear_in [D → 2M] → SwiGLU → linear_out [M → D]`` (diffusers ``Flux2FeedForward``)."""
+    """``linear_in [D → 2M] → SwiGLU → linear_out [M → D]`` (diffusers
+    ``Flux2FeedForward``)."""
 
     def __init__(self, dim, mlp_dim, *, dtype, param_dtype, rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs, bias=False)

@@ -114,5 +114,5 @@ def rope_cos_sin(ids, axes_dims, theta: float):
     return jnp.cos(angles), jnp.sin(angles)
 
 
-__all__ = ["sinusoid", "sinusoid_frequencies", "TimestepMLP", "TimeGuidanceEmbed", "Modulation", "mod_terms", "rope_cos_sin",
-           "rope_frequencies"]
+__all__ = ["sinusoid", "sinusoid_frequencies", "TimestepMLP", "TimeGuidanceEmbed", "Modulation",
+           "mod_terms", "rope_cos_sin", "rope_frequencies"]
