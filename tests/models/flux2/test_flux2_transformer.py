@@ -134,6 +134,27 @@ def test_bad_inputs_and_folders_are_one_line(tiny, tmp_path, rng):
     save_file(sd, str(broken / "diffusion_pytorch_model.safetensors"))
     with pytest.raises(WeightError, match="single_transformer_blocks.1.attn.to_out.weight"):
         ditax.load_transformer(broken)
+    # ditax convert's folder check (headers only) says the same
+    from ditax.models.flux2.family import Flux2Family
+
+    assert "OK — 2 double + 2 single blocks" in Flux2Family.check_folder(folder, None)
+    with pytest.raises(WeightError, match="single_transformer_blocks.1.attn.to_out.weight"):
+        Flux2Family.check_folder(broken, None)
+
+
+def test_bench_inputs_fit_the_random_transformer():
+    """ditax bench's random transformer takes its random inputs (traced, not compiled):
+    tokens of the latent grid, text, timestep, ids, guidance where embedded."""
+    from ditax.models.flux2.family import Flux2Family
+
+    for guidance in (True, False):
+        cfg = Flux2Config.from_diffusers(dict(TINY, guidance_embeds=guidance))
+        fam = Flux2Family(cfg)
+        args, kw = fam.random_inputs(2, (1, 3, 5), text_len=7)
+        out = jax.eval_shape(lambda a: fam.random_transformer(None)(*a, **kw), args)
+        assert out.shape == (2, 15, 4) and (args[-1] is not None) == guidance
+    with pytest.raises(ConfigError, match="one frame"):
+        fam.random_inputs(1, (2, 4, 4))
 
 
 def _lora_pair(rng, r, din, dout):
