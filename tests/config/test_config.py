@@ -44,7 +44,7 @@ def test_overrides_are_typed():
     ("model.patch_size=1,2", r"model.patch_size='1,2': expected a list of 3 values"),
     ("model.num_layers=2.5", r"model.num_layers='2.5': expected an integer"),
     ("sample.flow_shift=big", r"sample.flow_shift='big': expected a number or none"),
-    ("model.family=nope", r"model.family='nope' is not one of flux, ltx2, wan"),
+    ("model.family=nope", r"model.family='nope' is not one of flux, flux2, ltx2, wan"),
 ])
 def test_override_errors(override, msg):
     with pytest.raises(C.ConfigError, match=msg):
@@ -154,7 +154,7 @@ def test_model_family_registry(monkeypatch):
         C.validate(C.load_config(None, ["model.family=toy", "model.width=3"]))
     with pytest.raises(C.ConfigError, match=r"unknown config key 'model.remat'"):
         C.load_config(None, ["model.family=toy", "model.remat=full"])
-    with pytest.raises(C.ConfigError, match=r"model.family='toys' is not one of flux, ltx2, toy, wan"):
+    with pytest.raises(C.ConfigError, match=r"model.family='toys' is not one of flux, flux2, ltx2, toy, wan"):
         C.load_config(None, ["model.family=toys"])
 
 
