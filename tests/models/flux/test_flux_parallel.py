@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import ditax
 from ditax.config import AttentionConfig
-from ditax.models.flux.layout import JointLayout
+from ditax.models.common.joint_layout import JointLayout
 from ditax.parallel import make_mesh
 from flux_reference import TINY, flux_inputs, make_diffusers_flux, run_diffusers_flux
 from wan_reference import rel_err

@@ -8,7 +8,7 @@
   and the MLP in parallel; one ``proj_out`` reads both.
 
 Tokens are ``[B, S, D]``; attention I/O ``[B, S, N, K]``. The joint sequence is laid out by
-:class:`~ditax.models.flux.layout.JointLayout` (shard-major over the context shards); blocks
+:class:`~ditax.models.common.joint_layout.JointLayout` (shard-major over the context shards); blocks
 only see it through ``layout.join`` / ``layout.split``. Norms, modulation and the gated
 residuals run in float32 and are cast back to the compute dtype (as Wan's blocks do).
 
@@ -28,7 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import AttentionCall
 from ditax.models.flux.config import EPS, FluxConfig
-from ditax.models.flux.layout import JointLayout
+from ditax.models.common.joint_layout import JointLayout
 from ditax.nn import FP32LayerNorm, Linear, RMSNorm, apply_rope
 from ditax.parallel.sharding import ShardingContext
 

@@ -9,7 +9,7 @@ own order (:class:`ditax.models.flux.loading.FluxTransformerModel`).
 
 Inside, ``num_layers`` double-stream blocks run on (image, text) and then
 ``num_single_layers`` single-stream blocks on the joint sequence, laid out by
-:class:`~ditax.models.flux.layout.JointLayout`: on ``c`` context shards text and image are
+:class:`~ditax.models.common.joint_layout.JointLayout`: on ``c`` context shards text and image are
 each padded to a multiple of ``c`` and placed shard-major (each shard: its image tokens, then
 its text tokens), so joining and splitting the streams moves nothing between devices and
 ``ulysses`` / ``ring`` / ``ulysses_ring`` see one evenly split sequence; the pad tokens are
@@ -35,7 +35,7 @@ from ditax.errors import RequestError
 from ditax.models.flux.blocks import TOKENS, AdaNorm, DoubleBlock, SingleBlock
 from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.embeddings import TimeTextEmbed, rope_cos_sin
-from ditax.models.flux.layout import JointLayout, check_length_masks
+from ditax.models.common.joint_layout import JointLayout, check_length_masks
 from ditax.nn import Linear
 from ditax.models.common.dit import DiT
 from ditax.nn.stack import make_stack, run_stack
@@ -132,7 +132,7 @@ class FluxTransformer(DiT):
 
     def _check_length_masks(self, layout: JointLayout, text_mask) -> None:
         """A kernel that takes key masks as lengths (cudnn, te) gets a prefix joint mask, or
-        :func:`~ditax.models.flux.layout.check_length_masks` refuses before tracing."""
+        :func:`~ditax.models.common.joint_layout.check_length_masks` refuses before tracing."""
         call = self.attention_plan.self_attn
         kernel = call.local()[0]
         if registry.BACKENDS[kernel].masks != "prefix":

@@ -15,7 +15,7 @@ block, ``[B, 3D]`` for a single block). The norms are non-affine LayerNorms. No 
 bias.
 
 Tokens are ``[B, S, D]``; attention I/O ``[B, S, N, K]``. The joint sequence is laid out by
-:class:`~ditax.models.flux2.layout.JointLayout` (shard-major over the context shards, image
+:class:`~ditax.models.common.joint_layout.JointLayout` (shard-major over the context shards, image
 first; attention does not depend on token order). Norms, modulation and the gated residuals
 run in float32 and are cast back to the compute dtype.
 
@@ -37,7 +37,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import AttentionCall
-from ditax.models.flux2.layout import JointLayout
+from ditax.models.common.joint_layout import JointLayout
 from ditax.models.flux2.config import Flux2Config
 from ditax.models.flux2.embeddings import mod_terms
 from ditax.nn import FP32LayerNorm, Linear, RMSNorm, apply_rope

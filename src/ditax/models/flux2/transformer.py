@@ -9,7 +9,7 @@ tokens with their own ids (the pipeline appends them and drops their outputs).
 Inside: the time (+ guidance) embedding, three shared modulations of it (image and text
 stream of the double blocks, the single blocks), ``num_layers`` double-stream blocks on
 (image, text), then ``num_single_layers`` single-stream blocks on the joint sequence, laid out
-by :class:`~ditax.models.flux2.layout.JointLayout` (on ``c`` context shards each stream padded
+by :class:`~ditax.models.common.joint_layout.JointLayout` (on ``c`` context shards each stream padded
 to a multiple of ``c`` and placed shard-major, so joining and splitting the streams moves
 nothing between devices and ``ulysses`` / ``ring`` / ``ulysses_ring`` see one evenly split
 sequence; pad tokens are masked as keys). Each stack is one module with a leading layer axis,
@@ -31,7 +31,7 @@ from ditax.attention.config import AttentionConfig
 from ditax.attention.sequence.plan import ring_ulysses
 from ditax.errors import RequestError
 from ditax.models.common.dit import DiT
-from ditax.models.flux2.layout import JointLayout, check_length_masks
+from ditax.models.common.joint_layout import JointLayout, check_length_masks
 from ditax.models.flux2.blocks import TOKENS, DoubleBlock, SingleBlock, modulate
 from ditax.models.flux2.config import Flux2Config
 from ditax.models.flux2.embeddings import (Modulation, TimeGuidanceEmbed, mod_terms,
@@ -138,7 +138,7 @@ class Flux2Transformer(DiT):
 
     def _check_length_masks(self, layout: JointLayout, text_mask) -> None:
         """A kernel that takes key masks as lengths (cudnn, te) gets a prefix joint mask, or
-        :func:`~ditax.models.flux2.layout.check_length_masks` refuses before tracing."""
+        :func:`~ditax.models.common.joint_layout.check_length_masks` refuses before tracing."""
         call = self.attention_plan.self_attn
         kernel = call.local()[0]
         if registry.BACKENDS[kernel].masks != "prefix":

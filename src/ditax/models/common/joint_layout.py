@@ -1,4 +1,5 @@
-"""Where the image and text tokens of Flux's joint sequence are placed.
+"""Where the image and text tokens of a dual-stream DiT's joint sequence are placed (FLUX.1's
+and FLUX.2's blocks: :mod:`ditax.models.flux`, :mod:`ditax.models.flux2`).
 
 Flux attends over one joint sequence of ``L`` image and ``T`` text tokens (diffusers
 concatenates ``[text; image]``). Attention does not depend on the order of its tokens (each
@@ -126,7 +127,7 @@ def check_length_masks(layout: JointLayout, kernel: str, masked_text: bool,
         why.append("a text_mask is given")
     if why:
         raise RequestError(f"attention kernel {kernel!r} takes key masks as lengths (valid keys "
-                           f"first), but Flux's joint sequence on {layout.shards} context shards "
+                           f"first), but the joint image + text sequence on {layout.shards} context shards "
                            f"would have masked keys between valid ones ({'; '.join(why)}); use an "
                            f"image size whose tokens divide by the shards and no text_mask, or "
                            f"a kernel that takes any mask (xla, blockwise, flash, splash)")
