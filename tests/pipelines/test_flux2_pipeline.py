@@ -267,7 +267,8 @@ def test_dev_text_to_image_matches_diffusers(tmp_path):
 
 def test_serve_requests_take_a_reference_image(klein, tmp_path):
     """``ditax serve``'s request check on a klein folder: a base64 ``image`` becomes the call's
-    reference image (a PIL image), the job an image job; a video field and a negative prompt
+    reference image (a PIL image; a list: several, the batch key holding their sizes), the job
+    an image job; an empty list, a non-image entry, a video field and a negative prompt
     without CFG are 400s naming the JSON field."""
     import base64
     import io
@@ -288,7 +289,17 @@ def test_serve_requests_take_a_reference_image(klein, tmp_path):
     got = check({"image": b64, "guidance_scale": 3.0})
     assert got.load["makes"] == "image" and got.call["image"].size == (64, 64)
     assert got.call["guidance_scale"] == 3.0 and got.stored["image"] == b64
+    # several references: a list; the batch key holds their sizes (their token counts)
+    small = io.BytesIO()
+    _refs()[0].resize((64, 96)).save(small, format="PNG")
+    b64_small = base64.b64encode(small.getvalue()).decode()
+    two = check({"image": [b64, b64_small], "guidance_scale": 3.0})
+    assert [im.size for im in two.call["image"]] == [(64, 64), (64, 96)]
+    assert two.stored["image"] == [b64, b64_small] and two.batch_key != got.batch_key
+    assert check({"image": [b64_small, b64], "guidance_scale": 3.0}).batch_key != two.batch_key
+    assert check({"image": [b64, b64_small], "guidance_scale": 3.0}).batch_key == two.batch_key
     for body, param in (({"num_frames": 5}, "num_frames"),
+                        ({"image": []}, "image"), ({"image": [b64, 7]}, "image[1]"),
                         ({"negative_prompt": "x", "guidance_scale": 1.0}, "negative_prompt")):
         with pytest.raises(BadRequest) as e:
             check(body)

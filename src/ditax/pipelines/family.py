@@ -63,6 +63,11 @@ class PipelineFamily:
     # whether the pipelines decode with the rows split over the mesh (vae_parallel=True;
     # ditax.models.vae.parallel has their VAE)
     parallel_vae: ClassVar[bool] = False
+    # whether ``image`` is one or several reference images whose sizes shape the program (their
+    # tokens join the sequence: FLUX.2): ditax serve then takes a list of them and batches only
+    # requests whose images have the same sizes; else ``image`` is one picture the pipeline
+    # resizes to the output (Wan's first frame)
+    reference_images: ClassVar[bool] = False
     # (whether the pipelines take step caching is the family's capability "step_cache",
     # declared in its FamilySpec: ditax.models.registry.require)
 

@@ -2,7 +2,8 @@
 
 The JSON fields are the request fields of the served model's family
 (:mod:`ditax.pipelines.request`: the common ones and the family's own, each by its JSON name)
-plus what only HTTP has (``size`` as ``"WxH"``, base64 ``image`` / ``last_image``, ``loras``,
+plus what only HTTP has (``size`` as ``"WxH"``, base64 ``image`` / ``last_image`` — ``image`` a
+list of them for a family whose ``image`` is its reference images, FLUX.2's — ``loras``,
 ``cache``, ``model``). Each value is checked for its type and limits first (a bool is not a
 number, ``"17"`` is not an int, NaN is not finite; :class:`Limits` bound the work), with a
 message naming the JSON field; then the request goes through the functions ``ditax generate``
@@ -55,6 +56,7 @@ class Limits:
 
     prompt_chars: int = 2000
     image_bytes: int = 8 << 20         # one decoded image
+    reference_images: int = 10         # images in one request's list (FLUX.2's references)
     body_bytes: int = 24 << 20         # the whole JSON body
     max_steps: int = 200               # denoising steps of one request
     max_pixels: int = 2048 * 2048      # height x width of one output
@@ -230,7 +232,7 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
             raise BadRequest(f"cache={cache!r} must be a step-cache name (first_block, "
                              f"teacache, magcache) or omitted", "cache")
         extra = [f"sample.cache={cache}"]
-    images = {k: decode_image(body[k], k, limits.image_bytes)
+    images = {k: _decode_images(body[k], k, limits, pipelines.reference_images)
               for k in ("image", "last_image") if body.get(k) is not None}
     for k in images:
         if k not in pipelines.cli_inputs:
@@ -274,9 +276,23 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
     # applies its own unmerged), for any family
     from ditax.pipelines.batch import batch_key
 
-    key = batch_key({k: v for k, v in stored.items() if k not in ("fps", "lora_strengths")},
-                    given=tuple(images))
+    # (reference images: their sizes, which set their token counts)
+    sizes = {k: [list(im.size) for im in (v if isinstance(v, list) else [v])]
+             for k, v in images.items()} if pipelines.reference_images else {}
+    key = batch_key({**{k: v for k, v in stored.items() if k not in ("fps", "lora_strengths")},
+                     **sizes}, given=tuple(k for k in images if k not in sizes))
     return Checked(call, stored, key, load)
+
+
+def _decode_images(value, name: str, limits: Limits, several: bool):
+    """A request's image field: one base64 image, or with ``several`` (a family whose
+    ``image`` is its reference images) a non-empty list of them, each decoded."""
+    if not several or not isinstance(value, list):
+        return decode_image(value, name, limits.image_bytes)
+    if not value or len(value) > limits.reference_images:
+        raise BadRequest(f"{name} holds {len(value)} images; send 1 to "
+                         f"{limits.reference_images} base64 images", name)
+    return [decode_image(v, f"{name}[{i}]", limits.image_bytes) for i, v in enumerate(value)]
 
 
 def call_of(stored: dict, limits: Limits = Limits()) -> dict:
@@ -284,7 +300,9 @@ def call_of(stored: dict, limits: Limits = Limits()) -> dict:
     call = {k: v for k, v in stored.items() if k not in ("fps", "lora_strengths")}
     for k in ("image", "last_image"):
         if stored.get(k) is not None:
-            call[k] = decode_image(stored[k], k, limits.image_bytes)
+            v = stored[k]
+            call[k] = ([decode_image(t, k, limits.image_bytes) for t in v] if isinstance(v, list)
+                       else decode_image(v, k, limits.image_bytes))
     return call
 
 

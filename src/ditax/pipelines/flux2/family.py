@@ -22,6 +22,7 @@ class Flux2Pipelines(PipelineFamily):
     name = "flux2"
     makes = "image"
     parallel_vae = True        # vae_parallel=True: ditax.models.vae.parallel (a FluxVAE)
+    reference_images = True    # image=: a list of references, their sizes part of the program
     sample_defaults = SAMPLE_DEFAULTS
     # a still image, one transformer; the guidance default is the folder's kind's unless the
     # file sets it
