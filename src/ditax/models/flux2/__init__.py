@@ -3,7 +3,8 @@
 Importing this package registers the family (:mod:`ditax.models.registry`'s discovery rule):
 its one declaration, naming every part and capability. Everything is named by
 ``"module:Name"`` so this import stays light (no JAX). The transformer
-(``Flux2Transformer2DModel`` folders: :mod:`ditax.models.flux2.loading`), its training
+(``Flux2Transformer2DModel`` folders: :mod:`ditax.models.flux2.loading`; BFL's single files:
+:mod:`ditax.models.flux2.single_file`), its training
 (:mod:`ditax.models.flux2.training`) and LoRA names are here; pipeline folders
 (``Flux2Pipeline``, ``Flux2KleinPipeline``) load with :mod:`ditax.pipelines.flux2`.
 """
@@ -18,6 +19,6 @@ register(FamilySpec(
     pipeline_classes=("Flux2Pipeline", "Flux2KleinPipeline"),
     pipelines="ditax.pipelines.flux2.family:Flux2Pipelines",
     lora_names="ditax.models.flux2.lora_names:LORA_NAMES",
-    capabilities=frozenset({"transformer", "folder_check", "quantize", "lora", "bench",
-                            "init_from", "preprocess"}),
+    capabilities=frozenset({"transformer", "single_file", "folder_check", "quantize", "lora",
+                            "bench", "init_from", "preprocess"}),
 ))

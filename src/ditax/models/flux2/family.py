@@ -198,9 +198,15 @@ class Flux2Family(ModelFamily):
 
     @classmethod
     def load_transformer(cls, path, **kwargs):
-        """:func:`ditax.models.flux2.loading.load_transformer` (diffusers folders)."""
-        from ditax.models.flux2.loading import load_transformer
+        """:func:`ditax.models.flux2.loading.load_transformer` (diffusers folders); one
+        ``.safetensors`` file with ``config=`` (BFL's names or diffusers'):
+        :func:`ditax.models.flux2.single_file.load_transformer`."""
+        from ditax.io.weights import is_single_file
 
+        if is_single_file(path):
+            from ditax.models.flux2.single_file import load_transformer
+        else:
+            from ditax.models.flux2.loading import load_transformer
         return load_transformer(path, **kwargs)
 
     def random_transformer(self, mesh, seed: int = 0):
@@ -237,6 +243,18 @@ class Flux2Family(ModelFamily):
         from ditax.models.flux2.loading import check_folder
 
         return check_folder(path, subfolder)
+
+    # -- single files and LoRA names (models/flux2/single_file.py, lora_names.py) -----------
+
+    def check_single_file(self, path) -> str:
+        from ditax.models.flux2.single_file import check_single_file
+
+        return check_single_file(path, self.model)
+
+    def convert_single_file(self, path, out, *, dtype=None, loras=None):
+        from ditax.models.flux2.single_file import write_diffusers_folder
+
+        return write_diffusers_folder(path, self.model, out, dtype=dtype, loras=loras)
 
     def lora_table(self):
         from ditax.models.flux2.convert import weight_table

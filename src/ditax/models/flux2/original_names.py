@@ -14,12 +14,14 @@ diffusers layers in one:
 The single blocks' fused projections are fused in diffusers too (``linear1`` =
 ``attn.to_qkv_mlp_proj``, ``linear2`` = ``attn.to_out``), so they map one to one. Pieces are
 ``(diffusers module, start, stop)`` in units of the layer's input width D, as FLUX.1's
-(:mod:`ditax.models.flux.original_names`).
+(:mod:`ditax.models.flux.original_names`). The same table reads BFL's single-file checkpoints
+(:mod:`.single_file`; :func:`tensor_key`: BFL's RMSNorm gains are ``.scale`` where diffusers
+has ``.weight``).
 """
 
 from __future__ import annotations
 
-from ditax.models.common.name_map import NameMap
+from ditax.models.common.name_map import NameMap, split_suffix
 
 _D, _S = "double_blocks.{i}", "single_blocks.{i}"
 _TD, _TS = "transformer_blocks.{i}", "single_transformer_blocks.{i}"
@@ -108,5 +110,18 @@ def is_module(name: str) -> bool:
             or _MEMBERS.diffusers_pattern().fullmatch(name) is not None)
 
 
-__all__ = ["FUSED", "PAIRS", "from_underscored", "fused", "is_module", "to_module",
-           "to_original"]
+def tensor_key(module_key: str) -> tuple[str, str]:
+    """A diffusers tensor key → (BFL module name, BFL suffix): the module may be a fused
+    layer's member (:func:`to_original`: ``transformer_blocks.0.attn.to_k.weight`` →
+    ``double_blocks.0.img_attn.qkv``), an RMSNorm gain's ``.weight`` is BFL's ``.scale``."""
+    name, suffix = split_suffix(module_key)
+    orig = to_original(name)
+    if orig is None:
+        raise KeyError(f"no original FLUX.2 name for {module_key}")
+    if orig.endswith(("query_norm", "key_norm")) and suffix == ".weight":
+        suffix = ".scale"
+    return orig, suffix
+
+
+__all__ = ["FUSED", "PAIRS", "from_underscored", "fused", "is_module", "tensor_key",
+           "to_module", "to_original"]
