@@ -251,7 +251,7 @@ VARIANTS = {
                    "is not taken by ltx2 models"))),
     "flux2-klein": Variant(
         _flux2, "flux2", frozenset({"load", "generate", "serve", "batch", "plan", "lora",
-                                    "quantize", "folder_check"}),
+                                    "quantize", "single_file", "folder_check"}),
         dict(height=32, width=32, **SMALL), makes=(".png",), plan="flux2-tiny",
         refusals=((["--frames", "5"], "--frames is not taken by flux2 models"),
                   (["--true-cfg", "3", "--negative-prompt", "x"], "--true-cfg is not taken by "
