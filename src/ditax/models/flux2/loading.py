@@ -38,9 +38,9 @@ def read_config(folder) -> dict:
 
 
 def _single_file_config(path, config, **overrides):
-    raise ConfigError(f"{path}: FLUX.2 single-file checkpoints (BFL's flux2-*.safetensors) are "
-                      f"not read by ditax yet; convert it with diffusers' "
-                      f"scripts/convert_flux2_to_diffusers.py and load the folder")
+    raise ConfigError(f"{path}: this loader reads diffusers folders; load a FLUX.2 single file "
+                      f"(BFL's flux2-*.safetensors) with ditax.load_transformer(path, "
+                      f"config='flux.2-klein-4b') or ditax convert FILE --config PRESET")
 
 
 def load_weights_into(model_abs, source, cfg: Flux2Config, mesh=None, loras=None,
