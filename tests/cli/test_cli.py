@@ -15,7 +15,8 @@ import pytest
 import ditax
 import ditax.attention
 from ditax.cli import main
-from ditax.demo import TRANSFORMER, build_pipeline_folder, write_transformer
+from ditax.demo import TRANSFORMER, write_transformer
+from random_pipeline import random_pipeline_folder
 
 def run_cli(capsys, *argv):
     """``main(argv)`` → (exit code, stdout, stderr lines)."""
@@ -34,7 +35,7 @@ def assert_one_line(err, prog, *words):
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    return build_pipeline_folder(tmp_path_factory.mktemp("cli") / "pipeline")
+    return random_pipeline_folder(tmp_path_factory.mktemp("cli") / "pipeline")
 
 
 def truncated_copy(folder, dest):

@@ -69,10 +69,10 @@ def _assert_equal_trees(a, b):
 
 @pytest.fixture(scope="module")
 def wan(tmp_path_factory):
-    from ditax.demo import build_pipeline_folder
+    from random_pipeline import random_pipeline_folder
 
     root = tmp_path_factory.mktemp("export")
-    pipe = build_pipeline_folder(root / "pipe")
+    pipe = random_pipeline_folder(root / "pipe")
     run, cfg = _run(root, "tiny", pipe, 2)
     return root, pipe, run, cfg
 

@@ -370,10 +370,10 @@ def test_a_run_of_several_processes_is_refused_at_a_url(monkeypatch):
 def test_export_reads_a_url_run_and_writes_to_a_url(url_run, local_run, tmp_path, capsys):
     """The URL run's step 4 exported to a URL: the base's components, the checkpoint's
     transformer (the local reference run's weights, bit for bit: its resume was exact)."""
-    from ditax.demo import build_pipeline_folder
+    from random_pipeline import random_pipeline_folder
 
     run = url_run[0]
-    base = build_pipeline_folder(tmp_path / "base")     # the tiny model's architecture:
+    base = random_pipeline_folder(tmp_path / "base")    # the tiny model's architecture:
     config = json.loads((base / "transformer" / "config.json").read_text())
     (base / "transformer" / "config.json").write_text(json.dumps({**config, "freq_dim": 32}))
     out = url("exported")

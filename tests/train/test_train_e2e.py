@@ -8,7 +8,8 @@ import pytest
 
 from ditax.cli import main as cli_main
 from ditax.config import ConfigError, load_config
-from ditax.demo import TRANSFORMER, build_pipeline_folder
+from ditax.demo import TRANSFORMER
+from random_pipeline import random_pipeline_folder
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -30,7 +31,7 @@ def _write_video(path, rng, frames=9, size=32):
 
 @pytest.fixture(scope="module")
 def pipe_dir(tmp_path_factory):
-    return build_pipeline_folder(tmp_path_factory.mktemp("e2e") / "pipeline")
+    return random_pipeline_folder(tmp_path_factory.mktemp("e2e") / "pipeline")
 
 
 @pytest.fixture(scope="module")

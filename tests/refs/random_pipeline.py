@@ -1,0 +1,32 @@
+"""The demo's random Wan pipeline folder (:func:`ditax.demo.build_pipeline_folder`), built once
+per test process and copied for each module that asks.
+
+The folder is seeded (tokenizer, UMT5, VAE and transformer weights), so a copy is the folder a
+fresh build writes; building it is ~4 CPU s (mostly the VAE's eager init, one compile per
+parameter shape), a copy a few milliseconds. Each caller gets its own copy, so a module may edit
+its folder (a config, a truncated weight file) without touching another's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import pathlib
+import shutil
+import tempfile
+
+
+@functools.lru_cache(maxsize=None)
+def _built() -> pathlib.Path:
+    from ditax.demo import build_pipeline_folder
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="ditax_random_pipeline_"))
+    atexit.register(shutil.rmtree, root, True)
+    return build_pipeline_folder(root / "pipeline")
+
+
+def random_pipeline_folder(dest) -> pathlib.Path:
+    """A copy of the random pipeline folder at ``dest`` (which must not exist yet)."""
+    dest = pathlib.Path(dest)
+    shutil.copytree(_built(), dest)
+    return dest
