@@ -304,8 +304,9 @@ def test_generate_cli_takes_the_demo_model(tmp_path):
     from ditax.cli import main
 
     out = tmp_path / "v.mp4"
+    # 5 frames: the folder's own size is test_demo_by_path_samples_at_its_own_size's
     assert main(["generate", "--model", "demo", "--prompt", "a red square moves left",
-                 "--steps", "4", "--output", str(out), "--no-progress"]) == 0
+                 "--steps", "4", "--frames", "5", "--output", str(out), "--no-progress"]) == 0
     assert out.stat().st_size > 0
 
 
