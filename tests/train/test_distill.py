@@ -292,7 +292,7 @@ def test_lora_students_share_one_base_which_is_the_real_score(dataset, tmp_path)
     # one device: the mesh's step is test_a_step_on_fsdp2_context4_equals_one_device's
     tr = D.DistillTrainer(cfg, make_mesh(ONE, jax.devices()[:1]))
     tr.bind_data(BatchIterator(cfg))
-    state = tr.init()
+    state = tr.init(tr.family.load_params(teacher, tr.mesh))     # what the run starts from
     base_bytes = sum(x.nbytes for x in jax.tree.leaves(state["frozen"]))
     adapter_bytes = sum(x.nbytes for x in jax.tree.leaves(state["params"]))
     total = sum(x.nbytes for x in jax.tree.leaves(state))
@@ -310,7 +310,6 @@ def test_lora_students_share_one_base_which_is_the_real_score(dataset, tmp_path)
     again = tr.family.apply(tr.teacher(moved, state["frozen"])(), x, t, text, mask)
     np.testing.assert_array_equal(np.asarray(base), np.asarray(again))
     assert float(jnp.max(jnp.abs(student - base))) > 1e-3
-    state = tr.init(tr.family.load_params(teacher, tr.mesh))
     result = train(cfg, trainer=tr, progress=False)
     assert result.step == 2 and all(np.isfinite(result.losses))
     assert (tmp_path / "lora" / "lora.safetensors").is_file()
