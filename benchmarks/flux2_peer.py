@@ -138,11 +138,19 @@ def tensor_mesh(mesh):
     return Mesh(devs, ("data", "fsdp", "context", "tensor"))
 
 
-def maxdiffusion_forward(cfg, mesh, src, batch, vmem_kib=0):
+def maxdiffusion_forward(cfg, mesh, src, batch, vmem_kib=0, shardings="written"):
     """maxdiffusion's klein transformer, abstract, one forward compiled for ``mesh``'s
-    devices (with ``vmem_kib``, XLA's scoped VMEM limit raised to it, as maxdiffusion's README
-    sets ``--xla_tpu_scoped_vmem_limit_kib=65536`` for its other models; its klein command
-    sets none); ``(compiled, seconds, parameter count, what was built)``."""
+    devices; ``(compiled, seconds, parameter count, what was built)``.
+
+    ``vmem_kib``: XLA's scoped VMEM limit raised to it, as maxdiffusion's README sets
+    ``--xla_tpu_scoped_vmem_limit_kib=65536`` for its other models (its klein command sets
+    none). ``shardings``: ``written`` = the parameter shardings exactly as
+    ``generate_flux2klein.py`` computes them (``nnx.get_partition_spec`` inside
+    ``nn_partitioning.axis_rules``, then ``nn.logical_to_mesh_sharding`` with the same rules:
+    flax >= 0.12.6, which maxdiffusion requires, already resolves the rules in the first call,
+    so the second maps mesh-axis names such as ``'fsdp'`` as if they were logical ones, finds
+    no rule and leaves every parameter replicated); ``intended`` = the logical names mapped
+    once (``get_partition_spec`` outside the rules), the sharding its rules describe."""
     sys.path.insert(0, src)
     _stub_gcs()
     import flax.linen as nn
@@ -180,8 +188,12 @@ def maxdiffusion_forward(cfg, mesh, src, batch, vmem_kib=0):
         model = nnx.eval_shape(lambda: tff.NNXFlux2KleinTransformer2DModel(
             rngs=nnx.Rngs(0), **kw))
         gdef, params, rest = nnx.split(model, nnx.Param, ...)
-        logical = nnx.get_partition_spec(params)
-        shard = nn.logical_to_mesh_sharding(logical, mesh, rules)
+        if shardings == "written":
+            shard = nn.logical_to_mesh_sharding(nnx.get_partition_spec(params), mesh, rules)
+    if shardings == "intended":
+        logical = nnx.get_partition_spec(params)   # no rules active: the logical names
+        with mesh, nn_partitioning.axis_rules(rules):
+            shard = nn.logical_to_mesh_sharding(logical, mesh, rules)
 
     def abstract(path, leaf, s):
         name = ".".join(str(getattr(k, "key", k)) for k in path)
@@ -224,7 +236,7 @@ def maxdiffusion_forward(cfg, mesh, src, batch, vmem_kib=0):
         secs = time.perf_counter() - t0
     else:
         compiled, secs = compile_timed(lowered)
-    return compiled, secs, counted, {"rules": [[k, str(v)] for k, v in rules],
+    return compiled, secs, counted, {"shardings": shardings, "rules": [[k, str(v)] for k, v in rules],
                                      "attention": mdc["attention"],
                                      "flash_block_sizes": mdc["flash_block_sizes"]}
 
@@ -244,12 +256,18 @@ def main():
                     help="maxdiffusion's scoped VMEM limit(s) in KiB, comma-separated, each "
                          "tried on each --md-mesh: 0 = XLA's default (its klein command), "
                          "65536 = what its README passes for its other models")
+    ap.add_argument("--md-shardings", default="written",
+                    help="maxdiffusion's parameter shardings, comma-separated: written (as its "
+                         "klein generator computes them) and/or intended (its rules applied "
+                         "once); see maxdiffusion_forward")
     ap.add_argument("--skip", default="", help="ditax and/or maxdiffusion, comma-separated")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     md_meshes = [x for x in a.md_mesh.split(",") if x]
     if any(x not in ("ditax", "tensor") for x in md_meshes):
         ap.error(f"--md-mesh {a.md_mesh!r}: use ditax and/or tensor")
+    if any(x not in ("written", "intended") for x in a.md_shardings.split(",")):
+        ap.error(f"--md-shardings {a.md_shardings!r}: use written and/or intended")
     if "maxdiffusion" not in skip and not a.maxdiffusion:
         ap.error("--maxdiffusion SRC (or MAXDIFFUSION_SRC) is needed unless "
                  "--skip maxdiffusion")
@@ -285,14 +303,16 @@ def main():
         fl = family.flops_per_sample((family.latent_channels, *latent), a.text) / 3.0 \
             * batch / mesh.size
     failed = 0
-    for which, vmem in [(m, int(v)) for m in md_meshes for v in a.md_vmem_kib.split(",")]:
+    variants = [(sh, m, int(v)) for sh in a.md_shardings.split(",") for m in md_meshes
+                for v in a.md_vmem_kib.split(",")]
+    for shardings, which, vmem in variants:
         md_mesh = mesh if which == "ditax" else tensor_mesh(mesh)
         row = {**base, "impl": "maxdiffusion", "md_mesh": which, "mesh": dict(md_mesh.shape),
-               "scoped_vmem_limit_kib": vmem or "default"}
+               "md_shardings": shardings, "scoped_vmem_limit_kib": vmem or "default"}
         t0 = time.process_time()
         try:
-            compiled, secs, params, about = maxdiffusion_forward(cfg, md_mesh, a.maxdiffusion,
-                                                                 batch, vmem)
+            compiled, secs, params, about = maxdiffusion_forward(
+                cfg, md_mesh, a.maxdiffusion, batch, vmem, shardings)
         except Exception as e:   # say what refused, in one row, and go on to the next
             msg = str(e)
             lines = [x.strip() for x in msg.strip().splitlines() if x.strip()]
