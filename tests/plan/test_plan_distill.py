@@ -2,8 +2,9 @@
 ``distill.method=dmd2`` is planned as the step :func:`ditax.train.distill.make_trainer` builds
 (student, critic and teacher), its state told by entry, its FLOPs the step's transformer work.
 
-On a one-layer tiny Wan over 4 CPU devices (``fsdp=4``), compiled with most XLA optimisations
-off (the arguments are the state and the batch either way): a LoRA student holds one base and
+On a one-layer tiny Wan in bfloat16 over 4 CPU devices (``fsdp=4``; bf16 weights: what a
+14B student is distilled in), compiled with most XLA optimisations off (the arguments are the
+state and the batch either way): a LoRA student holds one base and
 two small adapter sets (student and critic, each with Adam's two moments); a full-weight
 student holds three weight sets (student, critic, teacher) and the moments of two. The 14B
 numbers are in docs/plan_distill.md."""
@@ -22,7 +23,8 @@ from ditax.train.data import latent_shape_for
 
 RANK = 4
 SMALL = ["tiny", "--target", "cpu:4", "--train", "mesh.fsdp=4", "batch_size=4",
-         "model.num_layers=1", "data.text_len=8", "distill.method=dmd2"]
+         "model.num_layers=1", "data.text_len=8", "distill.method=dmd2",
+         "model.param_dtype=bfloat16", "model.dtype=bfloat16"]
 
 
 def _cli(*argv) -> tuple[int, str, str]:
@@ -127,11 +129,3 @@ def test_distill_refusal_is_one_line_before_any_compile():
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2 and len(lines) == 1, err
     assert "train.vace_trainable=all" in lines[0] and "distill.method=dmd2" in lines[0]
-
-
-def test_full_weight_distill_step_of_a_bf16_model_plans(fast_compile):
-    rc, out, err = _cli("plan", *SMALL, "lora.rank=0", "model.param_dtype=bfloat16",
-                        "model.dtype=bfloat16", "--json")
-    assert rc == 0, err
-    state = json.loads(out)["train_step"]["state_bytes_per_device"]
-    assert state["params"] == state["fake"] == state["frozen"] > 0
