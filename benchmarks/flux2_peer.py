@@ -23,12 +23,19 @@ arguments that script passes (``guidance_embeds=True``, ``pooled_projection_dim=
 ``configs/base_flux2klein_9B.yml``; the q/k RMSNorm scales float32 as its loader
 (``load_and_convert_flux_klein_nnx_weights``) casts them; latents float32 and batch-sharded
 (``_get_dynamic_batch_sharding``), prompt embeddings bf16 on its context sharding, as its
-``compile_aot_async`` feeds ``transformer_step``. Two meshes (``--md-mesh``):
+``compile_aot_async`` feeds ``transformer_step``. Variants, each combination one row (a
+compile that XLA refuses is a row with ``error`` / ``detail``, and the run goes on):
 
-- ``ditax`` (default): ditax's mesh and device order (``data, fsdp, context, tensor`` =
-  1, 8, 1, 1 on 8 chips), shared by both rows — the like-for-like comparison;
-- ``tensor``: maxdiffusion's own default for its klein generator on N chips (no
-  ``ici_*_parallelism`` given: ``ici_tensor_parallelism = N``), same devices, same batch.
+- ``--md-mesh``: ``ditax`` (default) = ditax's mesh and device order (``data, fsdp, context,
+  tensor`` = 1, 8, 1, 1 on 8 chips), the like-for-like comparison; ``tensor`` =
+  maxdiffusion's own default for its klein generator on N chips (no ``ici_*_parallelism``
+  given: ``ici_tensor_parallelism = N``), same devices, same batch;
+- ``--md-vmem-kib``: ``0`` = XLA's default scoped VMEM limit (its klein command sets none; its
+  ``block_q: 4608`` splash forward needs more at 1024x1024), ``65536`` = the limit its README
+  passes for its other models;
+- ``--md-shardings``: ``written`` = its parameter shardings as its generator computes them
+  (every parameter replicated under flax >= 0.12.6, see :func:`maxdiffusion_forward`),
+  ``intended`` = its logical-axis rules applied once.
 
 maxdiffusion is not a ditax dependency: point ``--maxdiffusion`` at the ``src`` folder of a
 checkout (github.com/AI-Hypercomputer/maxdiffusion) and put the few packages its model
@@ -39,8 +46,11 @@ stands in (nothing here touches GCS).
 
     TPU_SKIP_MDS_QUERY=1 PYTHONPATH=/tmp/mdpkgs python benchmarks/flux2_peer.py \\
         --maxdiffusion /tmp/md/src [--target tpu-v6e-8] [--height 1024 --width 1024] \\
-        [--text 512] [--md-mesh ditax,tensor] [--skip ditax|maxdiffusion] \\
-        > docs/flux2_peer_v6e8.jsonl
+        [--text 512] [--md-mesh ditax,tensor] [--md-vmem-kib 0,65536] \\
+        [--md-shardings written,intended] [--skip ditax|maxdiffusion] > rows.jsonl
+
+(docs/flux2_peer_v6e8.jsonl: ``--md-mesh ditax,tensor --md-vmem-kib 0,65536 --md-shardings
+written``, then ``--md-vmem-kib 65536 --md-shardings intended`` appended; docs/flux2_plan.md.)
 """
 
 from __future__ import annotations
@@ -236,7 +246,8 @@ def maxdiffusion_forward(cfg, mesh, src, batch, vmem_kib=0, shardings="written")
         secs = time.perf_counter() - t0
     else:
         compiled, secs = compile_timed(lowered)
-    return compiled, secs, counted, {"shardings": shardings, "rules": [[k, str(v)] for k, v in rules],
+    return compiled, secs, counted, {"shardings": shardings,
+                                     "rules": [[k, str(v)] for k, v in rules],
                                      "attention": mdc["attention"],
                                      "flash_block_sizes": mdc["flash_block_sizes"]}
 
