@@ -59,12 +59,16 @@ def test_same_latents_give_diffusers_video_and_sound(tiny):
 
     from ditax.parallel.mesh import make_mesh
 
+    from ditax.models.vae import ltx2_parallel
+
     pipe.vae_parallel = make_mesh(dict(context=4), devices=jax.devices()[:4])
+    programs = ltx2_parallel.decode_program._cache_size()
     try:
         split = pipe(PROMPT, latents=video_latents, audio_latents=audio_latents,
                      stg_blocks=(1,), progress=False, **call)["video"]
     finally:
         pipe.vae_parallel = None
+    assert ltx2_parallel.decode_program._cache_size() == programs + 1   # the row-split ran
     np.testing.assert_allclose(split, out["video"], atol=2e-6)
 
 

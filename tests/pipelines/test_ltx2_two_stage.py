@@ -32,7 +32,8 @@ def tiny(tmp_path_factory):
 
 def test_upsample_pipeline_equals_diffusers(tiny):
     """Normalised latents in, AdaIN 0.5 and tone mapping 0.6 on: the upsampled latents
-    within 1e-5 (measured 8e-7); ``output="video"``: the decoded frames within 1e-5 (5e-7)."""
+    within 1e-5 (measured 8e-7); ``output="video"``: the decoded frames within 1e-5 (5e-7),
+    and the same with the decode's rows split over 4 devices."""
     import torch
 
     _, ref_up, pipe, up, _ = tiny
@@ -49,6 +50,20 @@ def test_upsample_pipeline_equals_diffusers(tiny):
     video = up(z, output="video", decode_timestep=0.05, decode_noise_scale=0.0, **opts)
     assert video.shape == want_video[0].shape == (9, 64, 64, 3)
     assert rel_err(video, want_video[0]) <= 1e-5, rel_err(video, want_video[0])
+    # vae_parallel (load_pipeline's vae_parallel=True with a mesh): the rows split over 4
+    # devices give the same video
+    import jax
+
+    from ditax.models.vae import ltx2_parallel
+
+    up.vae_parallel = ditax.make_mesh(dict(context=4), devices=jax.devices()[:4])
+    programs = ltx2_parallel.decode_program._cache_size()
+    try:
+        split = up(z, output="video", decode_timestep=0.05, decode_noise_scale=0.0, **opts)
+    finally:
+        up.vae_parallel = None
+    assert ltx2_parallel.decode_program._cache_size() == programs + 1   # the row-split ran
+    np.testing.assert_allclose(split, video, atol=2e-6)
 
 
 def test_two_stages_equal_diffusers_chain(tiny):

@@ -77,6 +77,7 @@ class LTX2LatentUpsample:
 
     def __init__(self, *, upsampler, vae, vae_tiling: bool = False):
         self.upsampler, self.vae, self.vae_tiling = upsampler, vae, vae_tiling
+        self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
         self.config = upsampler.config
         self.load_time = 0.0
         graphdef, state = nnx.split(upsampler)
@@ -134,7 +135,10 @@ class LTX2LatentUpsample:
             s = float(decode_timestep if decode_noise_scale is None else decode_noise_scale)
             noise = jax.random.normal(jax.random.PRNGKey(int(seed)), latents.shape, jnp.float32)
             latents = (1.0 - s) * latents + s * noise
-        frames = self.vae.decode(latents.astype(self.vae.dtype), t, tiled=self.vae_tiling)
+        from ditax.models.vae.parallel import decode_on      # vae_parallel: rows over the mesh
+
+        frames = decode_on(self.vae, latents.astype(self.vae.dtype), self.vae_parallel, t,
+                           tiled=self.vae_tiling)
         frames = np.clip(np.asarray(frames, np.float32) / np.float32(2) + np.float32(0.5),
                          np.float32(0), np.float32(1)).transpose(0, 2, 3, 4, 1)
         return np.ascontiguousarray(frames[0] if frames.shape[0] == 1 else frames)
