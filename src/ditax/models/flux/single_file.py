@@ -18,14 +18,14 @@ reads, merged LoRAs) is the folders' own.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from ditax.io.convert import key_mismatch, param_shapes
 from ditax.lora.merge import upstream_shapes
 from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.original_names import fused, tensor_key
+from ditax.models.common.fused_rows import FusedRowsView as BflWeights
+from ditax.models.common.fused_rows import mismatch, plan_rows
 from ditax.models.common.single_files import SHARD_BYTES, check_out, key_prefix, write_checked
 from ditax.models.common.single_files import single_file_config as shared_config
 
@@ -42,89 +42,6 @@ def single_file_config(path, config, **overrides) -> FluxConfig:
     return shared_config(path, config, FluxConfig, "Flux", "flux.1-dev", **overrides)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Source:
-    """A diffusers tensor as segments ``(module rows start, stored key, stored rows start, n)``
-    of stored tensors (one segment unless the module is split over a fused layer's rows)."""
-
-    shape: tuple[int, ...]
-    segments: tuple[tuple[int, str, int, int], ...]
-
-
-def _plan(expected: dict[str, tuple], prefix: str):
-    """Diffusers key → :class:`_Source`, and the stored keys with the shapes they must have."""
-    sources, stored = {}, {}
-    for key, shape in expected.items():
-        orig, suffix = tensor_key(key)
-        pieces = fused(orig)
-        if pieces is None:
-            sources[key] = _Source(shape, ((0, prefix + orig + suffix, 0, shape[0] if shape
-                                            else 0),))
-            stored[prefix + orig + suffix] = tuple(shape)
-            continue
-        name = key[:-len(suffix)] if suffix else key
-        mine = sum(b - a for m, a, b in pieces if m == name)
-        d = shape[0] // mine
-        segs, at = [], 0
-        for m, a, b in pieces:
-            if m == name:
-                segs.append((a * d, prefix + orig + suffix, at, (b - a) * d))
-            at += (b - a) * d
-        sources[key] = _Source(shape, tuple(sorted(segs)))
-        stored[prefix + orig + suffix] = (at,) + tuple(shape[1:])
-    return sources, stored
-
-
-class BflWeights:
-    """A BFL checkpoint (a :class:`~ditax.io.weights.Weights`) shown under diffusers keys:
-    ``keys()``, ``shape``, ``dtype``, ``get``, ``read(key, index)`` (module docstring)."""
-
-    def __init__(self, weights, sources: dict[str, _Source]):
-        self._inner, self._sources = weights, sources
-        self.source = weights.source
-
-    def keys(self) -> list[str]:
-        return list(self._sources)
-
-    def __contains__(self, key) -> bool:
-        return key in self._sources
-
-    def __len__(self) -> int:
-        return len(self._sources)
-
-    def metadata(self) -> dict:
-        return self._inner.metadata()
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        return self._sources[key].shape
-
-    def dtype(self, key: str) -> np.dtype:
-        return self._inner.dtype(self._sources[key].segments[0][1])
-
-    def get(self, key: str) -> np.ndarray:
-        return self.read(key, ())
-
-    def read(self, key: str, index: tuple) -> np.ndarray:
-        """``tensor[index]`` (slices) of the diffusers tensor ``key``, reading only the rows
-        of the stored tensor(s) it needs."""
-        src = self._sources[key]
-        if not src.shape:
-            return self._inner.read(src.segments[0][1], index)
-        rows, rest = (tuple(index) + (slice(None),))[0], tuple(index[1:])
-        start, stop, step = rows.indices(src.shape[0])
-        if step != 1:
-            raise ValueError(f"{key}: strided reads are not supported")
-        parts = []
-        for at, stored, off, n in src.segments:
-            lo, hi = max(start, at), min(stop, at + n)
-            if lo < hi:
-                parts.append(self._inner.read(stored, (slice(off + lo - at, off + hi - at),)
-                                              + rest))
-        if not parts:   # an empty slice (dtype probes)
-            return self._inner.read(src.segments[0][1], (slice(0, 0),) + rest)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-
-
 def open_single_file(path, cfg: FluxConfig, table, shapes: dict):
     """The file at ``path`` as :class:`BflWeights` (diffusers keys of ``table``, our
     parameter ``shapes``), or the file itself when it already has diffusers keys; raises one
@@ -135,12 +52,8 @@ def open_single_file(path, cfg: FluxConfig, table, shapes: dict):
     if not is_bfl(weights.keys()):
         return weights
     prefix = key_prefix(weights.keys())
-    sources, stored = _plan(upstream_shapes(table, shapes), prefix)
-    have = set(weights.keys())
-    missing = [k for k in stored if k not in have]
-    unexpected = sorted(have - set(stored))
-    bad = [f"{k}: shape {tuple(weights.shape(k))} but the model expects {want}"
-           for k, want in stored.items() if k in have and tuple(weights.shape(k)) != want]
+    sources, stored = plan_rows(upstream_shapes(table, shapes), prefix, tensor_key, fused)
+    missing, unexpected, bad = mismatch(weights, stored)
     if missing or unexpected or bad:
         raise key_mismatch(
             f"transformer weights in {path} (BFL names) do not match {table.context}",

@@ -33,6 +33,8 @@ from ditax.io.convert import key_mismatch, param_shapes
 from ditax.io.weights import Weights, is_single_file
 from ditax.lora.merge import upstream_shapes
 from ditax.models.common.loader import plain_weights
+from ditax.models.common.fused_rows import FusedRowsView as BflWeights
+from ditax.models.common.fused_rows import mismatch, plan_rows
 from ditax.models.common.single_files import SHARD_BYTES, check_out, key_prefix, write_checked
 from ditax.models.common.single_files import single_file_config as shared_config
 from ditax.models.flux2 import loading
@@ -56,93 +58,6 @@ def single_file_config(path, config, **overrides) -> Flux2Config:
     return shared_config(path, config, Flux2Config, "FLUX.2", "flux.2-klein-4b", **overrides)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Source:
-    """A diffusers tensor of ``shape`` as segments ``(its first row, stored key, the stored
-    tensor's first row, rows)``: one segment unless it is a fused layer's member or, for the
-    final modulation, two swapped halves."""
-
-    shape: tuple[int, ...]
-    segments: tuple[tuple[int, str, int, int], ...]
-
-
-def _plan(expected: dict[str, tuple], prefix: str, bfl: bool):
-    """Diffusers key → :class:`_Source`, and the stored keys with the shapes they must have
-    (``expected``: diffusers key → shape; ``bfl``: the file has BFL's names)."""
-    sources, stored = {}, {}
-    for key, shape in expected.items():
-        rows = shape[0] if shape else 0
-        orig, suffix = tensor_key(key) if bfl else (key, "")
-        pieces = fused(orig)
-        name = prefix + orig + suffix
-        if pieces is None:
-            sources[key] = _Source(shape, ((0, name, 0, rows),))
-            stored[name] = tuple(shape)
-            continue
-        module = key[:len(key) - len(suffix)]
-        width = rows // sum(b - a for m, a, b in pieces if m == module)   # D of the pieces
-        segments, at = [], 0
-        for m, a, b in pieces:        # in the fused tensor's row order
-            if m == module:
-                segments.append((a * width, name, at, (b - a) * width))
-            at += (b - a) * width
-        sources[key] = _Source(shape, tuple(sorted(segments)))
-        stored[name] = (at,) + tuple(shape[1:])
-    return sources, stored
-
-
-class BflWeights:
-    """A BFL checkpoint (a :class:`~ditax.io.weights.Weights`) shown under diffusers keys, with
-    the protocol the loader reads: ``keys()``, ``shape``, ``dtype``, ``get``, ``read(key,
-    index)``, ``metadata()``, ``source``."""
-
-    def __init__(self, weights, sources: dict[str, _Source]):
-        self._inner, self._sources = weights, sources
-        self.source = weights.source
-
-    def keys(self) -> list[str]:
-        return list(self._sources)
-
-    def __contains__(self, key) -> bool:
-        return key in self._sources
-
-    def __len__(self) -> int:
-        return len(self._sources)
-
-    def metadata(self) -> dict:
-        return self._inner.metadata()
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        return self._sources[key].shape
-
-    def dtype(self, key: str) -> np.dtype:
-        return self._inner.dtype(self._sources[key].segments[0][1])
-
-    def get(self, key: str) -> np.ndarray:
-        return self.read(key, ())
-
-    def read(self, key: str, index: tuple) -> np.ndarray:
-        """``tensor[index]`` (slices, step 1 on the rows) of the diffusers tensor ``key``,
-        reading only the stored rows it covers."""
-        src = self._sources[key]
-        if not src.shape:
-            return self._inner.read(src.segments[0][1], index)
-        index = tuple(index)
-        rows, rest = (index or (slice(None),))[0], index[1:]
-        start, stop, step = rows.indices(src.shape[0])
-        if step != 1:
-            raise ValueError(f"{key}: a strided row read {rows} is not supported")
-        parts = []
-        for first, stored, offset, n in src.segments:
-            lo, hi = max(start, first), min(stop, first + n)
-            if lo < hi:
-                part = slice(offset + lo - first, offset + hi - first)
-                parts.append(self._inner.read(stored, (part,) + rest))
-        if not parts:   # an empty range (the dtype probes read one)
-            return self._inner.read(src.segments[0][1], (slice(0, 0),) + rest)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-
-
 def _hint(unexpected) -> str:
     """The fix of a file that does not fit the config."""
     if any(m in k for k in unexpected for m in _FLUX1_MARKS):
@@ -161,12 +76,9 @@ def open_single_file(path, cfg: Flux2Config, table, shapes: dict):
     weights = Weights.open(path)
     keys = weights.keys()
     prefix, bfl = key_prefix(keys), is_bfl(keys)
-    sources, stored = _plan(upstream_shapes(table, shapes), prefix, bfl)
-    have = set(keys)
-    missing = [k for k in stored if k not in have]
-    unexpected = sorted(have - set(stored))
-    bad = [f"{k}: shape {tuple(weights.shape(k))} but the model expects {want}"
-           for k, want in stored.items() if k in have and tuple(weights.shape(k)) != want]
+    names = tensor_key if bfl else (lambda key: (key, ""))   # diffusers' own names as stored
+    sources, stored = plan_rows(upstream_shapes(table, shapes), prefix, names, fused)
+    missing, unexpected, bad = mismatch(weights, stored)
     if missing or unexpected or bad:
         names = "BFL names" if bfl else "diffusers names"
         raise key_mismatch(f"FLUX.2 transformer weights in {path} ({names}) do not match "
