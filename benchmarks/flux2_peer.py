@@ -56,7 +56,6 @@ written``, then ``--md-vmem-kib 65536 --md-shardings intended`` appended; docs/f
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -65,79 +64,13 @@ import types
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")   # the host's own backend; the target is a topology
 
+from peer_common import ditax_forward, emit, md_config, stub_gcs, summary  # noqa: E402
+
 PRESET = "flux.2-klein-9b"
 #: maxdiffusion's klein loader keeps these parameters float32 (``is_norm=True``)
 KEEP_F32 = re.compile(r"(^|\.)(query_norm|key_norm|encoder_query_norm|encoder_key_norm)\.")
 #: maxdiffusion's klein config (the 9B's)
 MD_CONFIG = "base_flux2klein_9B.yml"
-
-
-def emit(row: dict) -> None:
-    print(json.dumps(row), flush=True)
-
-
-def cost_flops(compiled) -> float:
-    ca = compiled.cost_analysis()
-    if isinstance(ca, (list, tuple)):
-        ca = ca[0] if ca else {}
-    return float((ca or {}).get("flops", 0.0))
-
-
-def summary(compiled, secs, model_flops, layers, chip) -> dict:
-    from ditax.plan.measure import measure
-
-    m = measure(compiled, compile_s=secs, model_flops=model_flops, num_layers=layers, chip=chip)
-    m.pop("loops", None)
-    m["args_plus_temp_bytes"] = m["argument_bytes"] + m["temp_bytes"]
-    m["cost_flops"] = cost_flops(compiled)
-    return m
-
-
-def ditax_forward(cfg, mesh, chip):
-    """ditax's compiled forward, exactly as ``ditax plan --compile`` builds it."""
-    import jax
-    from flax import nnx
-
-    from ditax.models.base import model_family
-    from ditax.plan.core import _forward
-    from ditax.plan.measure import compile_timed
-
-    family = model_family(cfg.model, cfg.attention)
-    gdef, state = nnx.split(family.abstract(mesh))
-    sh = family.param_shardings(state, mesh)
-    latent = family.latent_shape(cfg.sample.num_frames, cfg.sample.height, cfg.sample.width)[1:]
-    lowered, shape, fl = _forward(cfg, mesh, family, gdef, state, sh, latent)
-    compiled, secs = compile_timed(lowered)
-    params = sum(int(x.size) for x in jax.tree.leaves(state))
-    # as ditax plan: per_layer = one iteration of the double-block scan (num_layers trips)
-    return {"latent": shape, "params": params,
-            **summary(compiled, secs, fl, cfg.model.num_layers, chip)}, fl
-
-
-def _stub_gcs() -> None:
-    """maxdiffusion's ``max_utils`` imports ``google.cloud.storage`` at import time."""
-    try:
-        import google.cloud.storage  # noqa: F401
-        return
-    except ImportError:
-        pass
-    storage = types.ModuleType("google.cloud.storage")
-    cloud = sys.modules.get("google.cloud") or types.ModuleType("google.cloud")
-    cloud.storage = storage
-    sys.modules["google.cloud"], sys.modules["google.cloud.storage"] = cloud, storage
-    try:
-        import google
-        google.cloud = cloud
-    except ImportError:
-        sys.modules["google"] = types.ModuleType("google")
-        sys.modules["google"].cloud = cloud
-
-
-def _md_config(src: str) -> dict:
-    import yaml
-
-    with open(os.path.join(src, "maxdiffusion", "configs", MD_CONFIG)) as f:
-        return yaml.safe_load(f)
 
 
 def tensor_mesh(mesh):
@@ -162,7 +95,7 @@ def maxdiffusion_forward(cfg, mesh, src, batch, vmem_kib=0, shardings="written")
     no rule and leaves every parameter replicated); ``intended`` = the logical names mapped
     once (``get_partition_spec`` outside the rules), the sharding its rules describe."""
     sys.path.insert(0, src)
-    _stub_gcs()
+    stub_gcs()
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -174,7 +107,7 @@ def maxdiffusion_forward(cfg, mesh, src, batch, vmem_kib=0, shardings="written")
     from maxdiffusion.models.flux.transformers import transformer_flux_flax as tff
     from ditax.plan.measure import compile_timed
 
-    mdc = _md_config(src)
+    mdc = md_config(src, MD_CONFIG)
     rules = tuple((r[0], tuple(r[1]) if isinstance(r[1], list) else r[1])
                   for r in mdc["logical_axis_rules"])
     if batch % (mesh.shape["data"] * mesh.shape["fsdp"]):   # as generate_flux2klein falls back

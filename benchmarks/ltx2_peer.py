@@ -37,14 +37,14 @@ stands in (nothing here touches GCS).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 import time
-import types
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")   # the host's own backend; the target is a topology
+
+from peer_common import ditax_forward, emit, md_config, stub_gcs, summary  # noqa: E402
 
 AUDIO_TOKENS = 126      # 121 frames at 24 fps = 5.04 s of 16 kHz audio, hop 160, 4x: 126 latents
 #: maxdiffusion's loader keeps these parameters float32 (its ``_CAST_EXCLUSION_PATTERN``)
@@ -52,78 +52,10 @@ KEEP_F32 = re.compile(r"(^|\.)(norm[0-9]*|.*_norm[0-9]*|norm_out|condition_embed
                       r"scale_shift_table)(\.|$)")
 
 
-def emit(row: dict) -> None:
-    print(json.dumps(row), flush=True)
-
-
-def cost_flops(compiled) -> float:
-    ca = compiled.cost_analysis()
-    if isinstance(ca, (list, tuple)):
-        ca = ca[0] if ca else {}
-    return float((ca or {}).get("flops", 0.0))
-
-
-def summary(compiled, secs, model_flops, layers, chip, hlo_path=None) -> dict:
-    from ditax.plan.measure import measure
-
-    m = measure(compiled, compile_s=secs, model_flops=model_flops, num_layers=layers, chip=chip,
-                hlo_path=hlo_path)
-    m.pop("loops", None)
-    m["args_plus_temp_bytes"] = m["argument_bytes"] + m["temp_bytes"]
-    m["cost_flops"] = cost_flops(compiled)
-    return m
-
-
-def ditax_forward(cfg, mesh, chip, hlo_path=None):
-    """ditax's compiled forward, exactly as ``ditax plan --compile`` builds it."""
-    import jax
-    from flax import nnx
-
-    from ditax.models.base import model_family
-    from ditax.plan.core import _forward
-    from ditax.plan.measure import compile_timed
-
-    family = model_family(cfg.model, cfg.attention)
-    gdef, state = nnx.split(family.abstract(mesh))
-    sh = family.param_shardings(state, mesh)
-    latent = family.latent_shape(cfg.sample.num_frames, cfg.sample.height, cfg.sample.width)[1:]
-    lowered, shape, fl = _forward(cfg, mesh, family, gdef, state, sh, latent)
-    compiled, secs = compile_timed(lowered)
-    params = sum(int(x.size) for x in jax.tree.leaves(state))
-    return {"latent": shape, "params": params,
-            **summary(compiled, secs, fl, cfg.model.num_layers, chip, hlo_path)}, fl
-
-
-def _stub_gcs() -> None:
-    """maxdiffusion's ``max_utils`` imports ``google.cloud.storage`` at import time."""
-    try:
-        import google.cloud.storage  # noqa: F401
-        return
-    except ImportError:
-        pass
-    storage = types.ModuleType("google.cloud.storage")
-    cloud = sys.modules.get("google.cloud") or types.ModuleType("google.cloud")
-    cloud.storage = storage
-    sys.modules["google.cloud"], sys.modules["google.cloud.storage"] = cloud, storage
-    try:
-        import google
-        google.cloud = cloud
-    except ImportError:
-        sys.modules["google"] = types.ModuleType("google")
-        sys.modules["google"].cloud = cloud
-
-
-def _md_config(src: str) -> dict:
-    import yaml
-
-    with open(os.path.join(src, "maxdiffusion", "configs", "ltx2_video.yml")) as f:
-        return yaml.safe_load(f)
-
-
 def maxdiffusion_forward(cfg, mesh, chip, src, latent):
     """maxdiffusion's LTX-2 transformer, abstract, compiled for ``mesh``'s devices."""
     sys.path.insert(0, src)
-    _stub_gcs()
+    stub_gcs()
     import inspect
 
     import flax.linen as nn
@@ -146,7 +78,7 @@ def maxdiffusion_forward(cfg, mesh, chip, src, latent):
         if name.startswith("maxdiffusion") and hasattr(mod, "get_tpu_type"):
             mod.get_tpu_type = lambda: tpu
 
-    mdc = _md_config(src)
+    mdc = md_config(src, "ltx2_video.yml")
     rules = tuple(tuple(r) if isinstance(r, list) else r for r in mdc["logical_axis_rules"])
     rules = tuple((r[0], tuple(r[1]) if isinstance(r[1], list) else r[1]) for r in rules)
     fbs = mdc["flash_block_sizes"]
