@@ -106,7 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="LoRA keys that match no layer are an error (--no-lora-strict: "
                         "skipped with a warning listing them)")
     p.add_argument("--text-quantize", choices=("none", "int8", "fp8"), default="none",
-                   help="the text encoder's block linears in 8 bits (UMT5, T5, Gemma-3)")
+                   help="the text encoder's block linears in 8 bits (UMT5, T5, Gemma-3, Qwen3, "
+                        "Mistral-3)")
     p.add_argument("--text-offload", choices=("none", "host"), default=None,
                    help="host: the encoders' weights in host memory, on the device only while "
                         "a prompt is encoded (default: as model.offload)")
