@@ -76,8 +76,11 @@ TCMALLOC := $(firstword $(wildcard /usr/lib/*/libtcmalloc_minimal.so.4 \
 # without byte-compiling, so under it every Python process the tests start (a CLI run, a
 # server, a second host) compiles jax and its dependencies from source again: 3.8 s to import
 # them instead of 1.3 s; without it the first import writes the .pyc files.
+# --max-worker-restart=0: a worker that dies (an XLA abort) fails its test and the run ends;
+# pytest-xdist 3.8's loadscope scheduler can wait forever after replacing a crashed worker
+# (pytest-dev/pytest-xdist#1378), which once held CI until its 90-minute limit.
 test: $(TEST_STAMP) $(TPU_STAMP)
-	$(if $(TCMALLOC),LD_PRELOAD="$(TCMALLOC)") env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest tests -q -ra -n 2 \
+	$(if $(TCMALLOC),LD_PRELOAD="$(TCMALLOC)") env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest tests -q -ra -n 2 --max-worker-restart=0 \
 	  --dist loadscope --no-loadscope-reorder --durations=25
 
 bench: $(TEST_STAMP)
