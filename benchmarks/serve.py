@@ -72,6 +72,8 @@ def load(servers: list[Server], body: dict, clients: int, jobs: int, think: floa
     return {"videos_per_min": round(60 * len(done) / wall, 2),
             "p50_s": round(percentile(latency, 0.5), 3) if latency else None,
             "p95_s": round(percentile(latency, 0.95), 3) if latency else None,
+            "p50_queued_s": round(percentile([j["seconds_queued"] for j in done], 0.5), 3)
+            if done else None,
             "mean_rows": round(statistics.mean(j["batch_size"] or 1 for j in done), 2)
             if done else None,
             "wall_s": round(wall, 2), "accepted": len(results), "lost": len(results) - len(done)}

@@ -121,6 +121,9 @@ def job_json(job: dict, makes: str = "video") -> dict:
            "has_image": "image" in job["request"], "attempts": job["attempts"],
            "batch_size": job["batch_size"], "compiles": job["compiles"],
            "seconds_to_finish": None if job["seconds"] is None else round(job["seconds"], 3),
+           # from submitted to claimed by a server (its last attempt's start)
+           "seconds_queued": None if job.get("started_at") is None
+           else round(job["started_at"] - job["created_at"], 3),
            "warnings": json.loads(job["warnings"]) if job.get("warnings") else []}
     if job["status"] == "completed" and job["file"]:
         out["url"] = f"/v1/videos/{job['id']}/content"
