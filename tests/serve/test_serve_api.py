@@ -128,6 +128,8 @@ def test_twenty_concurrent_jobs_batched_equal_unbatched(server, tmp_path):
     assert [d["status"] for d in done] == ["completed"] * 20, [d["error"] for d in done]
     sizes = [d["batch_size"] for d in done]
     assert max(sizes) > 1 and max(sizes) <= 4, sizes
+    # the time each waited before a server took it: part of its time to finish
+    assert all(0 <= d["seconds_queued"] <= d["seconds_to_finish"] for d in done), done
     listed, more, after = [], True, None
     while more:
         _, _, page = server.call("GET", "/v1/videos?limit=7" + (f"&after={after}" if after
