@@ -33,19 +33,19 @@ def _run(root, preset, folder, steps, one_device=False):
     ``one_device``: the same run through ``ditax.train.loop.train`` on one device (its step
     compiles cheaper than the 8-device one: the Flux test took 6.9 CPU s that way, ~5 s this;
     export reads either checkpoint)."""
-    family = load_config(preset, []).model.family
     base = load_config(preset, []).model
     fields = [f"model.{k}={json.dumps(list(v) if isinstance(v, tuple) else v)}"
-              for k, v in family_class(family).folder_config(folder).items()
+              for k, v in family_class(base.family).folder_config(folder).items()
               if getattr(base, k) != v]
     out = root / f"run-{preset}"
     args = [*fields, f"init_from={folder}", *DATA[preset], f"steps={steps}", "batch_size=8",
             "checkpoint.every=1", "checkpoint.keep=5", f"output_dir={out}"]
+    cfg = load_config(preset, args)
     if one_device:
-        train(load_config(preset, args), mesh=make_mesh(ONE, jax.devices()[:1]), progress=False)
+        train(cfg, mesh=make_mesh(ONE, jax.devices()[:1]), progress=False)
     else:
         assert main(["train", preset, *args, "--no-progress"]) == 0
-    return out, load_config(preset, args)
+    return out, cfg
 
 
 def _checkpoint_params(run, cfg, step):

@@ -39,6 +39,9 @@ from ditax.models.flux2.embeddings import (Modulation, TimeGuidanceEmbed, mod_te
 from ditax.nn import FP32LayerNorm, Linear
 from ditax.nn.stack import make_stack, run_stack
 
+#: a per-sample vector ``[B, ·]`` (the time embedding, the modulations): split over the batch
+ROWS = ("act_batch", None)
+
 
 class Embedded(NamedTuple):
     """What :meth:`Flux2Transformer.embed` hands the blocks and the head: ``temb [B, D]``,
@@ -172,14 +175,13 @@ class Flux2Transformer(DiT):
         t = jnp.broadcast_to(timestep.astype(dt), (b,)) * 1000
         g = None if guidance is None else jnp.broadcast_to(guidance.astype(dt), (b,)) * 1000
         # The shared modulations are computed once, outside the blocks' loops: pinned to the
-        # batch sharding, so the partitioner gathers their fsdp-sharded kernels rather than
-        # resharding the (small) activations with collective permutes at the program's top
-        # level, which XLA:CPU may run beside a loop's collectives (a rendezvous deadlock).
-        batch = lambda a: sharding.constrain(a, ("act_batch", None))  # noqa: E731
-        temb = batch(self.time_guidance_embed(t, g, dt))
-        mod = tuple(batch(m(temb)) for m in (self.double_stream_modulation_img,
-                                             self.double_stream_modulation_txt,
-                                             self.single_stream_modulation))
+        # batch sharding (ROWS), so the partitioner gathers their fsdp-sharded kernels rather
+        # than resharding the (small) activations with collective permutes at the program's
+        # top level, which XLA:CPU may run beside a loop's collectives (a rendezvous deadlock).
+        temb = sharding.constrain(self.time_guidance_embed(t, g, dt), ROWS)
+        mod = tuple(sharding.constrain(m(temb), ROWS)
+                    for m in (self.double_stream_modulation_img,
+                              self.double_stream_modulation_txt, self.single_stream_modulation))
 
         x = sharding.constrain(x.astype(dt), ("act_batch", "act_seq", None))
         img = layout.pad(self.x_embedder(x), 1, image=True)
@@ -230,8 +232,7 @@ class Flux2Transformer(DiT):
         if layout.image_padded != layout.image:
             img = sharding.constrain(img[:, :layout.image], ("act_batch", None, "act_embed"))
         # diffusers' AdaLayerNormContinuous: scale first, then shift
-        scale, shift = mod_terms(sharding.constrain(self.norm_out(ctx.temb), ("act_batch", None)),
-                                 2)
+        scale, shift = mod_terms(sharding.constrain(self.norm_out(ctx.temb), ROWS), 2)
         img = sharding.constrain(modulate(self.norm_out_ln, img, shift, scale), TOKENS)
         out = self.proj_out(img)
         return sharding.constrain(out, ("act_batch", "act_seq", "act_channels")).astype(ctx.dtype)
