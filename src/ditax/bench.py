@@ -11,13 +11,16 @@ import statistics
 import time
 
 
-def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int = 5) -> dict:
+def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int = 5,
+                      after=None) -> dict:
     """Time the family's inference transformer (randomly initialised) on the family's random
     inputs (:meth:`~ditax.models.base.ModelFamily.random_inputs`): ``B`` = the mesh's batch
     shards samples of latent grid ``latent = (F, Y, X)`` (None: the family's default; Wan:
     latents ``[B, C, F, Y, X]``, Flux: packed tokens of one frame) and ``text_len`` text
     tokens. Returns one benchmark row (DESIGN "Benchmarks"); ``latent`` in it is the shape of
-    the transformer's first input."""
+    the transformer's first input. ``after(call)``, when given, is called once the timing is
+    done with ``call()`` running one more forward to completion (e.g. to profile it); what
+    it returns is the row's ``"after"``."""
     from ditax.errors import RequestError
 
     if not (isinstance(repeats, int) and repeats >= 1):    # a median of no runs is no number
@@ -43,7 +46,10 @@ def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int 
         t0 = time.perf_counter()
         jax.block_until_ready(tr(*args, **kwargs))
         times.append(time.perf_counter() - t0)
-    return {"bench": "ditax_bench", "case": cfg.name, "metric": "forward",
-            "value": statistics.median(times), "unit": "s", "compile_plus_first_s": first,
-            "mesh": dict(mesh.shape), "attention": cfg.attention.backend,
-            "latent": list(args[0].shape), "platform": mesh.devices.flat[0].platform}
+    row = {"bench": "ditax_bench", "case": cfg.name, "metric": "forward",
+           "value": statistics.median(times), "unit": "s", "compile_plus_first_s": first,
+           "mesh": dict(mesh.shape), "attention": cfg.attention.backend,
+           "latent": list(args[0].shape), "platform": mesh.devices.flat[0].platform}
+    if after is not None:
+        row["after"] = after(lambda: jax.block_until_ready(tr(*args, **kwargs)))
+    return row

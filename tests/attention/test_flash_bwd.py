@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 
 from ditax.attention.kernels.flash_bwd import flash_core_bwd
-from ditax.attention.kernels.flash_fwd import flash_forward_shard_major
+from ditax.attention.kernels.flash_fwd import Tune, flash_forward_shard_major
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _core(q, k, v, keep, o_prev, lse_prev, scale, bq, bkv, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _core(q, k, v, keep, o_prev, lse_prev, scale, bq, bkv, interpret, tune=Tune()):
     return flash_forward_shard_major(q, k, v, keep, o_prev, lse_prev, scale=scale, block_q=bq,
-                                     block_kv=bkv, interpret=interpret)
+                                     block_kv=bkv, interpret=interpret, tune=tune)
 
 
-def _core_fwd(q, k, v, keep, o_prev, lse_prev, scale, bq, bkv, interpret):
-    o, lse = _core(q, k, v, keep, o_prev, lse_prev, scale, bq, bkv, interpret)
+def _core_fwd(q, k, v, keep, o_prev, lse_prev, scale, bq, bkv, interpret, tune=Tune()):
+    o, lse = _core(q, k, v, keep, o_prev, lse_prev, scale, bq, bkv, interpret, tune)
     return (o, lse), (q, k, v, keep, o_prev, lse_prev, o, lse)
 
 
@@ -164,8 +164,8 @@ def _compile(device, L, U, *, block=512, N=2, K=128, bwd_only=False):
 
     if bwd_only:
         def bwd(q, k, v, keep, o, lse, do, dlse):
-            return flash_core_bwd(K ** -0.5, b, b, False, (q, k, v, keep, None, None, o, lse),
-                                  (do, dlse))[:3]
+            return flash_core_bwd(K ** -0.5, b, b, False, Tune(),
+                                  (q, k, v, keep, None, None, o, lse), (do, dlse))[:3]
 
         return jax.jit(bwd).lower(x, x, x, keep, x, lse, x, lse).compile().as_text()
 

@@ -44,7 +44,8 @@ def test_registry_names_are_the_config_names():
 def test_option_errors_name_what_the_backend_takes(rng):
     q = jnp.zeros((1, 8, 2, 32))
     with pytest.raises(TypeError, match=r"'flash' does not take option\(s\) \['local'\]; "
-                                        r"it takes \['block_kv', 'block_q', 'interpret'\]"):
+                                        r"it takes \['block_kv', 'block_kv_bwd', 'block_kv_compute', "
+                                        r"'block_q', 'block_q_bwd', 'interpret'\]"):
         attend(q, q, q, backend="flash", local="xla")
     with pytest.raises(TypeError, match=r"'ring' does not take .*\['ulysses_shards'\]"):
         attend(q, q, q, backend="ring", ulysses_shards=2)
@@ -133,12 +134,13 @@ def test_plan_from_config_routes_self_and_cross():
     acfg = AttentionConfig(backend="ulysses_ring", local="flash", ulysses_shards=2, block_q=16)
     plan = plan_attention(acfg, mesh, num_heads=8, head_dim=32, dtype="bfloat16")
     assert isinstance(plan, AttentionPlan) and plan.mesh is mesh and plan.dtype == "bfloat16"
-    assert plan.self_attn.options == UlyssesRingOptions(local="flash", block_q=16,
+    assert plan.self_attn.options == UlyssesRingOptions(local="flash", block_q=16, block_kv=128,
                                                         ulysses_shards=2, interpret=True)
     assert plan.cross_attn.backend == "flash"          # text K/V: the local kernel, no exchange
-    assert plan.cross_attn.options == FlashOptions(block_q=16, interpret=True)
+    assert plan.cross_attn.options == FlashOptions(block_q=16, block_kv=128, interpret=True)
     xla = plan_attention(AttentionConfig(backend="ulysses"), mesh)
-    assert xla.self_attn.options == SequenceOptions() and xla.cross_attn.backend == "xla"
+    assert xla.self_attn.options == SequenceOptions(block_q=128, block_kv=128)   # CPU default
+    assert xla.cross_attn.backend == "xla"
     assert hash(plan) == hash(plan_attention(acfg, mesh, num_heads=8, head_dim=32,
                                              dtype="bfloat16"))
 

@@ -38,21 +38,28 @@ L, N, K = 405, 8, 128          # 405 tokens: shards of 51 / 102, blocks of 56 / 
 # ---------------------------------------------------------------- block sizes (no libtpu)
 
 
-def test_tpu_default_blocks_are_512_tunable_and_clipped():
+def test_tpu_blocks_come_from_the_table_per_call_tunable_and_clipped():
+    """On a TPU an unset block stays unset in the plan (the kernels take the table's for each
+    call's lengths, ditax.attention.tuning); a configured one is kept; the shard-major flash
+    blocks of a sequence plan are the table's for the shard (clipped: 51 -> 56 tokens)."""
     mesh = make_mesh({"context": 8})
     acfg = AttentionConfig(backend="ulysses", local="flash")
     assert plan_attention(acfg, mesh).self_attn.options.block_q == 128     # CPU: unchanged
-    with ditax.target_platform("tpu"):
+    with ditax.target_platform("tpu", device_kind="TPU v5 lite"):
         opts = plan_attention(acfg, mesh).self_attn.options
-        assert (opts.block_q, opts.block_kv) == (512, 512)
+        assert (opts.block_q, opts.block_kv) == (None, None)
         tuned = plan_attention(dataclasses.replace(acfg, block_q=1024), mesh).self_attn.options
-        assert (tuned.block_q, tuned.block_kv) == (1024, 512)
-        assert resolve("flash", {}).options.block_q == 512
+        assert (tuned.block_q, tuned.block_kv) == (1024, None)
+        assert resolve("flash", {}).options.block_q is None
         assert resolve("flash", {"block_kv": 64}).options.block_kv == 64
         assert resolve("blockwise", {}).options.block_kv == 512
         sp = plan_sequence_parallel("ulysses", mesh, q_shape=(1, L, N, K), dtype=jnp.bfloat16,
-                                    options=opts)
+                                    options=dataclasses.replace(opts, interpret=False))
         assert (sp.block_q, sp.block_kv, sp.shard_length) == (56, 56, 56)   # 51 -> 56
+        sp = plan_sequence_parallel("ulysses", mesh, q_shape=(1, 8 * 4000, N, K),
+                                    dtype=jnp.bfloat16,
+                                    options=dataclasses.replace(opts, interpret=False))
+        assert (sp.block_q, sp.block_kv) == (2048, 2048)   # the v5e row's query block
 
 
 # ---------------------------------------------------------------- deviceless v6e compiles

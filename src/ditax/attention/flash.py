@@ -45,7 +45,7 @@ import jax.numpy as jnp
 
 from ditax.attention.blocks import SUBLANE, check_shard_major, effective_block, round_up
 from ditax.attention.kernels.flash_bwd import flash_core_bwd
-from ditax.attention.kernels.flash_fwd import flash_forward_shard_major
+from ditax.attention.kernels.flash_fwd import Tune, flash_forward_shard_major
 from ditax.attention.kernels.flash_packed import flash_forward_packed, packable
 from ditax.attention.options import FlashOptions
 from ditax.attention.registry import BACKENDS
@@ -70,33 +70,38 @@ def check_platform(interpret: bool) -> None:
 # ---------------------------------------------------------------- custom_vjp core
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _flash_core(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _flash_core(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpret, tune):
     return flash_forward_shard_major(q, k, v, keep, o_prev, lse_prev, scale=scale,
-                                     block_q=block_q, block_kv=block_kv, interpret=interpret)
+                                     block_q=block_q, block_kv=block_kv, interpret=interpret,
+                                     tune=tune)
 
 
-def _core_fwd(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpret):
-    o, lse = _flash_core(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpret)
+def _core_fwd(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpret, tune):
+    o, lse = _flash_core(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpret,
+                         tune)
     return (o, lse), (q, k, v, keep, o_prev, lse_prev, o, lse)
 
 
 _flash_core.defvjp(_core_fwd, flash_core_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
-def _packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
+def _packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret,
+                 tune):
     return flash_forward_packed(q, k, v, keep, o_prev, lse_prev, heads=heads, scale=scale,
-                                block_q=block_q, block_kv=block_kv, interpret=interpret)
+                                block_q=block_q, block_kv=block_kv, interpret=interpret,
+                                tune=tune)
 
 
-def _packed_fwd(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret):
+def _packed_fwd(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret,
+                tune):
     o, lse = _packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv,
-                          interpret)
+                          interpret, tune)
     return (o, lse), (q, k, v, keep, o_prev, lse_prev, o, lse)
 
 
-def _packed_bwd(heads, scale, block_q, block_kv, interpret, res, cts):
+def _packed_bwd(heads, scale, block_q, block_kv, interpret, tune, res, cts):
     """The backward of the packed forward through the shard-major backward kernels
     (:func:`flash_core_bwd`): every shard padded to whole blocks and made head-major (zero
     rows; lse rows past a shard's ``Lc`` set to -inf so they contribute exact zeros, as the
@@ -124,7 +129,8 @@ def _packed_bwd(heads, scale, block_q, block_kv, interpret, res, cts):
         prev = (to5(o_prev, Lq_p), rows5(lse_prev, -jnp.inf))
     res5 = (to5(q, Lq_p), to5(k, Lk_p), to5(v, Lk_p), keep.reshape(B, Uk, Lk_p), *prev,
             to5(o, Lq_p), rows5(lse, -jnp.inf))
-    dq, dk, dv, _, d_op, d_lp = flash_core_bwd(scale, block_q, block_kv, interpret, res5,
+    tune = tune._replace(masked=tune.masked or Lk_p != Lkc)   # zero-padded keys: masked
+    dq, dk, dv, _, d_op, d_lp = flash_core_bwd(scale, block_q, block_kv, interpret, tune, res5,
                                                (to5(do, Lq_p), rows5(dlse, 0.0)))
     if o_prev is not None:
         d_op, d_lp = from5(d_op, Lc), d_lp[..., 0].reshape(lse_prev.shape)
@@ -165,11 +171,10 @@ def check_shard_major_supported(head_dim: int, block_q: int, block_kv: int, dtyp
     return reasons
 
 
-def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
-                                block_q: int = FlashOptions.block_q,
-                                block_kv: int = FlashOptions.block_kv,
-                                return_lse: bool = False, o_prev=None, lse_prev=None,
-                                interpret: bool | None = None, whole_blocks: bool = True):
+def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None, block_q: int = 128,
+                                block_kv: int = 128, return_lse: bool = False, o_prev=None,
+                                lse_prev=None, interpret: bool | None = None,
+                                whole_blocks: bool = True, tune: Tune | None = None):
     """Flash attention in the shard-major layout (no padding here).
 
     Args:
@@ -181,6 +186,9 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
         ``whole_blocks=False``: then each shard's last block may be partial (read past the
         shard and masked, :mod:`.kernels.flash_fwd`) — the values of zero-padded shards of
         ``cdiv`` whole blocks, bit for bit, without the padded copies.
+      tune: the kernels' compute block, backward blocks and VMEM limit
+        (:class:`~ditax.attention.kernels.flash_fwd.Tune`; default: the table's for the
+        target TPU, :func:`tuned`); its ``masked`` is set here from ``kv_keep``.
       o_prev, lse_prev: optional ``[U, B, N, Lc, K]`` / ``[U, B, N, Lc]`` partial result over
         other keys (normalised output and its log-sum-exp; an earlier ring step). The online
         softmax continues from it, so the result covers both key sets (the ring merge done
@@ -197,9 +205,11 @@ def flash_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
         keep = jnp.ones((B, k.shape[0], k.shape[3]), jnp.int32)
     else:
         keep = kv_keep.astype(jnp.int32)
+    tune = tuned(block_q, block_kv, K, q.dtype, interpret, tune)._replace(
+        masked=kv_keep is not None)
     o_prev, lse_prev = _check_prev(o_prev, lse_prev, q.shape, q.shape[:-1])
     o, lse = _flash_core(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv,
-                         bool(interpret))
+                         bool(interpret), tune)
     return (o, lse[..., 0]) if return_lse else o
 
 
@@ -217,18 +227,68 @@ def _check_prev(o_prev, lse_prev, o_shape, lse_shape):
     return o_prev, lse_prev.astype(jnp.float32)[..., None]
 
 
-def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOptions.block_q,
-                    block_kv: int = FlashOptions.block_kv, return_lse: bool = False,
-                    o_prev=None, lse_prev=None, interpret: bool | None = None,
-                    head_major: bool = False):
+def tuned(block_q: int, block_kv: int, head_dim: int, dtype, interpret, tune=None,
+          block_kv_compute=None, block_q_bwd=None, block_kv_bwd=None) -> Tune:
+    """The :class:`Tune` of a call with forward blocks ``(block_q, block_kv)``: ``tune`` as
+    given, else the compute block given or the table's (:mod:`ditax.attention.tuning`; none
+    in interpret mode), backward blocks given or the table's (divisors of the forward
+    blocks), and the VMEM limit both kernels need on the target TPU."""
+    if tune is not None:
+        return tune
+    from ditax.attention import tuning
+
+    kind = "" if interpret else platform_of().device_kind
+    r = tuning.row("flash", kind)
+    if block_kv_compute is None and kind:
+        block_kv_compute = tuning.fit_block(block_kv, r.block_kv_compute, divides=block_kv)
+    bq_b = block_q_bwd or (tuning.fit_block(block_q, r.block_q_bwd, SUBLANE, block_q)
+                           if kind else None)
+    bkv_b = block_kv_bwd or (tuning.fit_block(block_kv, r.block_kv_bwd, SUBLANE, block_kv)
+                             if kind else None)
+    for name, b, f in (("block_q_bwd", bq_b, block_q), ("block_kv_bwd", bkv_b, block_kv)):
+        if b is not None and f % b:
+            raise ValueError(f"flash: {name}={b} must divide the forward block {f}")
+    item = jnp.dtype(dtype).itemsize
+    limits = [tuning.vmem_limit(kind, block_q, block_kv, head_dim, block_kv_compute, item),
+              tuning.vmem_limit(kind, bq_b or block_q, bkv_b or block_kv, head_dim, None,
+                                item, backward=True)]
+    limit = None if None in limits else max(limits)
+    return Tune(True, block_kv_compute, limit, bq_b, bkv_b)
+
+
+def _blocks(block_q, block_kv, Lq: int, Lk: int, interpret: bool) -> tuple[int, int]:
+    """The forward blocks of a call: given ones as they are, unset ones the table's for the
+    target TPU fitted to the lengths (:func:`ditax.attention.tuning.flash_blocks`), or 128 in
+    interpret mode; then clipped to the lengths (:func:`effective_block`)."""
+    if block_q is None or block_kv is None:
+        from ditax.attention import tuning
+
+        if interpret:
+            block_q, block_kv = block_q or FlashOptions.DEFAULT, block_kv or FlashOptions.DEFAULT
+        else:
+            block_q, block_kv, _ = tuning.flash_blocks(Lq, Lk, platform_of().device_kind,
+                                                       block_q, block_kv)
+    return effective_block(block_q, Lq), effective_block(block_kv, Lk)
+
+
+def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None = None,
+                    block_kv: int | None = None, block_kv_compute: int | None = None,
+                    block_q_bwd: int | None = None, block_kv_bwd: int | None = None,
+                    return_lse: bool = False, o_prev=None, lse_prev=None,
+                    interpret: bool | None = None, head_major: bool = False):
     """Flash attention, BSHD layout (or head-major ``[B, N, L, K]`` with ``head_major``).
 
     Args:
       q: ``[B, Lq, N, K]``; k, v: ``[B, Lk, N, K]``; kv_mask: ``[B, Lk]`` bool (True = attend).
       scale: softmax scale, default ``1/sqrt(K)``.
-      block_q, block_kv: tile sizes; clipped to the length rounded up to 8
-        (:func:`effective_block`), and the lengths are padded to block multiples (padded keys
-        masked, padded queries dropped), so the result equals unpadded attention.
+      block_q, block_kv: tile sizes (None: the table's for the target TPU,
+        :mod:`ditax.attention.tuning`, fitted to the lengths; 128 in interpret mode); clipped
+        to the length rounded up to 8 (:func:`effective_block`), and the lengths are padded
+        to block multiples (padded keys masked, padded queries dropped), so the result
+        equals unpadded attention.
+      block_kv_compute: keys per inner step of the forward (divides block_kv; None: the
+        table's). block_q_bwd / block_kv_bwd: the backward's tiles (divide the forward
+        ones; None: the table's, or the forward ones in interpret mode).
       return_lse: also return the log-sum-exp ``[B, N, Lq]`` float32 (for ring merges).
       o_prev, lse_prev: optional ``[B, Lq, N, K]`` / ``[B, N, Lq]`` partial result over other
         keys to continue from (see :func:`flash_attention_shard_major`).
@@ -240,16 +300,21 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOp
         the padded head-major call, bit for bit).
     Returns ``[B, Lq, N, K]`` in q's dtype, or o_prev's when given (and lse).
     """
+    interpret = default_interpret() if interpret is None else bool(interpret)
+    check_platform(interpret)
+    t = (2, 3) if head_major else (1, 3)
+    Lq, Lk, K = q.shape[t[0]], k.shape[t[0]], q.shape[3]
+    bq, bkv = _blocks(block_q, block_kv, Lq, Lk, interpret)
+    tune = tuned(bq, bkv, K, q.dtype, interpret, None, block_kv_compute and min(
+        block_kv_compute, bkv), block_q_bwd, block_kv_bwd)
     if head_major:
-        return _flash_head_major(q, k, v, kv_mask, scale, block_q, block_kv, return_lse,
-                                 o_prev, lse_prev, interpret)
+        return _flash_head_major(q, k, v, kv_mask, scale, bq, bkv, return_lse,
+                                 o_prev, lse_prev, interpret, tune)
     B, Lq, N, K = q.shape
-    Lk = k.shape[1]
-    bq, bkv = effective_block(block_q, Lq), effective_block(block_kv, Lk)
     Lq_p, Lk_p = round_up(Lq, bq), round_up(Lk, bkv)
     if packable(N, K):
         return _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev,
-                             interpret)
+                             interpret, tune)
     if Lk_p != Lk and kv_mask is None:
         kv_mask = jnp.ones((B, Lk), bool)
     _check_prev(o_prev, lse_prev, q.shape, (B, N, Lq))
@@ -269,43 +334,40 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = FlashOp
 
     keep = None if kv_mask is None else kv_mask[:, None, :]
     scale = K ** -0.5 if scale is None else float(scale)
-    interpret = default_interpret() if interpret is None else interpret
-    check_platform(bool(interpret))
+    tune = tune._replace(masked=keep is not None)
     keep = jnp.ones((B, 1, Lk_p), jnp.int32) if keep is None else keep.astype(jnp.int32)
     prev = (None, None)
     if o_prev is not None:
         prev = (to5(o_prev), lse_prev.astype(jnp.float32)[None, ..., None])
-    o, lse = _flash_core(to5(q), to5(k), to5(v), keep, *prev, scale, bq, bkv, bool(interpret))
+    o, lse = _flash_core(to5(q), to5(k), to5(v), keep, *prev, scale, bq, bkv, interpret, tune)
     o = jnp.swapaxes(o[0], 1, 2)[:, :Lq]
     if return_lse:
         return o, lse[0, ..., 0][:, :, :Lq]
     return o
 
 
-def _flash_head_major(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, o_prev,
-                      lse_prev, interpret):
+def _flash_head_major(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev,
+                      interpret, tune):
     """:func:`flash_attention` on head-major ``[B, N, L, K]``: the shard-major kernel with one
     shard (a free leading axis), partial last blocks."""
-    B, N, Lq, K = q.shape
-    bq, bkv = effective_block(block_q, Lq), effective_block(block_kv, k.shape[2])
     lead = (lambda x: None if x is None else x[None])   # noqa: E731
     o, lse = flash_attention_shard_major(
         q[None], k[None], v[None], kv_keep=None if kv_mask is None else kv_mask[:, None, :],
         scale=scale, block_q=bq, block_kv=bkv, return_lse=True, o_prev=lead(o_prev),
-        lse_prev=lead(lse_prev), interpret=interpret, whole_blocks=False)
+        lse_prev=lead(lse_prev), interpret=interpret, whole_blocks=False, tune=tune)
     return (o[0], lse[0]) if return_lse else o[0]
 
 
-def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev, interpret):
+def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev, interpret,
+                  tune):
     """:func:`flash_attention` through the packed-layout kernel (:mod:`.kernels.flash_packed`):
     ``[B, L, N, K]`` is read as ``[B, L, N·K]`` (the projections' own layout), no padding."""
     B, Lq, N, K = q.shape
     Lk = k.shape[1]
     _check_prev(o_prev, lse_prev, q.shape, (B, N, Lq))
     scale = K ** -0.5 if scale is None else float(scale)
-    interpret = default_interpret() if interpret is None else interpret
-    check_platform(bool(interpret))
     nq, Lk_p = -(-Lq // bq), round_up(Lk, bkv)
+    tune = tune._replace(masked=kv_mask is not None)
     keep = jnp.arange(Lk_p)[None, :] < Lk
     if kv_mask is not None:
         keep = jnp.pad(kv_mask.astype(bool), ((0, 0), (0, Lk_p - Lk)))
@@ -317,7 +379,7 @@ def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev
         prev = (o_prev.reshape(1, B, Lq, N * K), lp.reshape(1, B, N, nq, 1, bq))
     o, lse = _packed_core(q.reshape(1, B, Lq, N * K), k.reshape(1, B, Lk, N * K),
                           v.reshape(1, B, Lk, N * K), keep, *prev, N, scale, bq, bkv,
-                          bool(interpret))
+                          bool(interpret), tune)
     o = o.reshape(B, Lq, N, K)
     if return_lse:
         return o, lse.reshape(B, N, nq * bq)[:, :, :Lq]

@@ -45,21 +45,32 @@ class BlockwiseOptions(Options):
 
 @dataclass(frozen=True)
 class FlashOptions(Options):
-    block_q: int = 128                 # query tile (clipped to the 8-rounded length)
-    block_kv: int = 128                # key tile
+    # tiles; None = the table's for the target TPU (ditax.attention.tuning, fitted to the
+    # lengths), DEFAULT in interpret mode; clipped to the 8-rounded length
+    block_q: Optional[int] = None            # query tile
+    block_kv: Optional[int] = None           # key tile
+    block_kv_compute: Optional[int] = None   # keys per inner forward step (divides block_kv)
+    block_q_bwd: Optional[int] = None        # backward tiles (divide the forward ones)
+    block_kv_bwd: Optional[int] = None
     interpret: Optional[bool] = None   # Pallas interpret mode; None = from the platform
+
+    DEFAULT = 128                      # the blocks of an interpreted (CPU) run
 
 
 @dataclass(frozen=True)
 class SplashOptions(Options):
-    block_q: int = 512                 # forward tiles (multiples of 128, clipped to L)
-    block_kv: int = 512
+    # forward tiles (multiples of 128, clipped to L); None = the table's for the target TPU
+    # (ditax.attention.tuning, fitted to the lengths), else 512
+    block_q: Optional[int] = None
+    block_kv: Optional[int] = None
     block_kv_compute: Optional[int] = None   # inner kv step (divides block_kv)
     block_q_bwd: Optional[int] = None        # backward tiles (default: the forward ones)
     block_kv_bwd: Optional[int] = None
     fused_bwd: bool = False                  # the kernel's fused dq/dkv backward
     interpret: Optional[bool] = None         # None = from the platform (compiled on TPU)
     pad_head_dim: Optional[bool] = None      # zero-pad K to 128; None = when compiled
+
+    DEFAULT = 512                            # the blocks of an interpreted (CPU) run
 
 
 @dataclass(frozen=True)
@@ -83,8 +94,8 @@ class SequenceOptions(Options):
 
     local: str = "xla"                 # local kernel: reference | xla | blockwise | splash | flash
     out_a2a: str = "flat"              # flat | chunked | shard_major (Ulysses only)
-    block_q: int = 128                 # given to a local kernel that takes it
-    block_kv: int = 128
+    block_q: Optional[int] = None      # given to a local kernel that takes it; None: the
+    block_kv: Optional[int] = None     # kernel's (TPU: the table's for the shard's length)
     interpret: Optional[bool] = None   # given to a Pallas local kernel; None = from platform
     # the local kernel's further options (e.g. splash's fused_bwd) as (name, value) pairs,
     # sorted; attend() / the config set them by their own names, next to these

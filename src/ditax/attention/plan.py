@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from ditax.attention import registry
-from ditax.attention.blocks import TPU_BLOCK, default_block
+from ditax.attention.blocks import default_block
 from ditax.attention.config import PARALLEL_BACKENDS, AttentionConfig, given_options
 from ditax.attention.options import Options, pick
 from ditax.attention.local import LocalRun
@@ -69,7 +69,7 @@ class AttentionCall:
         platform = self.platform or platform_of(self.mesh)
         # Kernels decide interpret / refusal from platform_of(); inside the call that is this
         # call's platform (the mesh's devices), not the process's jax.devices().
-        with target_platform(platform.name, platform.compute_capability):
+        with target_platform(platform.name, platform.compute_capability, platform.device_kind):
             return self._run(platform, q, k, v, kv_mask, scale, head_major)
 
     @property
@@ -114,9 +114,8 @@ def resolve(backend: str, options: dict, *, mesh=None, platform: Optional[Platfo
     name = (registry.auto_backend(platform, dtype=dtype, head_dim=head_dim)
             if backend == "auto" else backend)
     entry = registry.get(name)
-    if platform.name == "tpu":      # unset blocks: the TPU default, not the options' 128
-        blocks = {k: TPU_BLOCK for k in ("block_q", "block_kv") if k in entry.options.names()}
-        options = {**blocks, **options}
+    # unset blocks stay unset: on a TPU the kernels take the table's for each call's lengths
+    # (ditax.attention.tuning); elsewhere the options' defaults
     opts = registry.backend_options(name, options)
     return AttentionCall(name, entry.resolve(opts, platform), ShardingContext(mesh), platform)
 
@@ -223,8 +222,9 @@ def plan_attention(acfg: Optional[AttentionConfig] = None, mesh=None, *,
                                local=acfg.local if acfg.backend in PARALLEL_BACKENDS else None)
     values = {**given, "local": acfg.local, "out_a2a": acfg.out_a2a,
               "ulysses_shards": acfg.ulysses_shards}
-    for k in ("block_q", "block_kv"):
-        values[k] = default_block(platform.name) if values.get(k) is None else values[k]
+    if platform.name != "tpu":      # a TPU's kernels fit the table's blocks to each call
+        for k in ("block_q", "block_kv"):
+            values[k] = default_block(platform.name) if values.get(k) is None else values[k]
     calls = [_config_call(name, values, sharding, platform) for name in names]
     return AttentionPlan(*calls, sharding, platform,
                          num_heads, head_dim, None if dtype is None else jnp.dtype(dtype).name)

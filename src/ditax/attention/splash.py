@@ -40,8 +40,8 @@ from ditax.attention.registry import BACKENDS
 from ditax.parallel.platform import platform_of
 
 
-def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.block_q,
-                     block_kv: int = _O.block_kv, block_kv_compute: int | None = None,
+def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None = None,
+                     block_kv: int | None = None, block_kv_compute: int | None = None,
                      block_q_bwd: int | None = None, block_kv_bwd: int | None = None,
                      fused_bwd: bool = _O.fused_bwd, interpret: bool | None = None,
                      pad_head_dim: bool | None = None, return_lse: bool = False,
@@ -52,8 +52,11 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.blo
 
     Args:
       block_q, block_kv: forward tile sizes (clipped to the 128-rounded sequence lengths;
-        multiples of 128). block_kv_compute: inner kv step (divides block_kv; default
-        block_kv). block_q_bwd / block_kv_bwd: backward tiles (default: the forward ones).
+        multiples of 128). block_kv_compute: inner kv step (divides block_kv).
+        block_q_bwd / block_kv_bwd: backward tiles. Unset ones: compiled on a TPU the
+        table's (:func:`ditax.attention.tuning.splash_blocks`, fitted to the lengths; a given
+        forward block also sets its unset backward one); in interpret mode 512, block_kv
+        and the forward ones.
       fused_bwd: use the kernel's fused dq/dkv backward.
       interpret: run Pallas in interpret mode; None → on CPU (compiled on TPU, refused on
         GPUs).
@@ -81,6 +84,15 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = _O.blo
         B, Lq, N, K = q.shape
         Lk = k.shape[1]
     scale = float(K ** -0.5 if scale is None else scale)
+    given = dict(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
+                 block_q_bwd=block_q_bwd, block_kv_bwd=block_kv_bwd)
+    if not interpret:
+        from ditax.attention.tuning import splash_blocks
+
+        given = splash_blocks(Lq, Lk, platform.device_kind, given)
+    block_q, block_kv = given["block_q"] or _O.DEFAULT, given["block_kv"] or _O.DEFAULT
+    block_kv_compute, block_q_bwd, block_kv_bwd = (
+        given["block_kv_compute"], given["block_q_bwd"], given["block_kv_bwd"])
 
     bq = _clip_block("block_q", block_q, Lq)
     bkv = _clip_block("block_kv", block_kv, Lk)

@@ -36,6 +36,9 @@ class Platform:
     name: str
     compute_capability: tuple[int, int] | None = None
     source: str = field(default="jax.devices()", compare=False)
+    # jax's device_kind ("TPU v5 lite", ...) when known: what per-generation tables
+    # (ditax.attention.tuning) read; "" for a platform named without devices
+    device_kind: str = field(default="", compare=False)
 
     @property
     def is_gpu(self) -> bool:
@@ -72,14 +75,16 @@ def _capability(cc) -> tuple[int, int] | None:
 
 
 @contextlib.contextmanager
-def target_platform(name: str, compute_capability=None):
+def target_platform(name: str, compute_capability=None, device_kind: str = ""):
     """Build for ``name`` (``cpu`` | ``cuda`` | ``rocm`` | ``tpu``) inside the ``with`` block.
 
     ``compute_capability``: CUDA only, ``(major, minor)`` or ``"9.0"`` (e.g. H100/H200 =
-    (9, 0)); it decides kernel limits such as cuDNN's head-dim limit. Nested blocks override
-    the outer one and restore it on exit. Yields the :class:`Platform`.
+    (9, 0)); it decides kernel limits such as cuDNN's head-dim limit. ``device_kind``: the
+    chip as jax names it (e.g. ``"TPU v5 lite"``), for per-generation kernel tables. Nested
+    blocks override the outer one and restore it on exit. Yields the :class:`Platform`.
     """
-    plat = Platform(_normalise(name), _capability(compute_capability), "target_platform")
+    plat = Platform(_normalise(name), _capability(compute_capability), "target_platform",
+                    str(device_kind or ""))
     if plat.compute_capability is not None and plat.name != "cuda":
         raise ValueError(f"compute_capability={compute_capability!r} applies to cuda, not "
                          f"{plat.name!r}; drop it or use target_platform('cuda', ...)")
@@ -101,7 +106,7 @@ def device_platform(device, source: str = "jax.devices()") -> Platform:
     if kind not in PLATFORMS:
         kind = _ALIASES.get(kind, kind)
     cc = _capability(getattr(device, "compute_capability", None)) if kind == "cuda" else None
-    return Platform(kind, cc, source)
+    return Platform(kind, cc, source, str(getattr(device, "device_kind", "") or ""))
 
 
 def platform_of(mesh=None) -> Platform:

@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ditax.attention.kernels.flash_fwd import pad_rows
-from ditax.attention.kernels.mosaic import NN, NT, as_column, mxu_dot
+from ditax.attention.kernels.flash_fwd import Tune, compiler_params, mask_kind, pad_rows
+from ditax.attention.kernels.mosaic import LOG2E, NN, NT, as_column, mxu_dot
 from ditax.intmath import ceil_div
 
 NEG_INF = float("-inf")
@@ -43,7 +43,7 @@ NEG_INF = float("-inf")
 
 def _dq_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, dlse_ref, o_ref, dq_ref,
                delta_ref, acc_sc, delta_sc, *, scale: float, mask_kv: bool = False,
-               q_len: int | None = None, nq: int = 1):
+               mask: str = "all", nkv: int = 1, q_len: int | None = None, nq: int = 1):
     """One (query block, key block) tile; grid axis 3 walks the keys, dq accumulates.
 
     At the first key block the block's softmax delta ``rowsum(dO · o) - dlse`` is computed
@@ -64,23 +64,43 @@ def _dq_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, dlse_ref, o_ref, 
             d = jnp.where(_rows(i, nq, d.shape[0]) < q_len, d, 0.0)
         delta_sc[...] = d
 
-    q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]   # [bq|bkv, K]
-    if mask_kv:
-        kept = as_column(keep_ref) != 0
-        k, v = jnp.where(kept, k, jnp.zeros_like(k)), jnp.where(kept, v, jnp.zeros_like(v))
+    q, do = q_ref[...], do_ref[...]                                 # [bq, K]
     lse = as_column(lse_ref)                                        # [bq, 1]
-    lse = jnp.where(lse == NEG_INF, jnp.inf, lse)                   # empty row: P = 0
-    s = mxu_dot(q, k, NT) * scale
-    s = jnp.where(keep_ref[...] != 0, s, NEG_INF)                   # keep [1, bkv]
-    p = jnp.exp(s - lse)                                            # [bq, bkv]
-    dp = mxu_dot(do, v, NT)
-    ds = p * (dp - delta_sc[...])
-    acc_sc[...] += mxu_dot(ds.astype(k.dtype), k, NN)
+    lse2 = jnp.where(lse == NEG_INF, jnp.inf, lse) * LOG2E          # empty row: P = 0
+    c = scale * LOG2E
+
+    def tile(masked: bool):
+        k, v = k_ref[...], v_ref[...]                               # [bkv, K]
+        if masked and mask_kv:
+            kept = as_column(keep_ref) != 0
+            k, v = jnp.where(kept, k, jnp.zeros_like(k)), jnp.where(kept, v, jnp.zeros_like(v))
+        s = mxu_dot(q, k, NT)                                       # unscaled [bq, bkv]
+        if masked:
+            s = jnp.where(keep_ref[...] != 0, s, NEG_INF)           # keep [1, bkv]
+        p = jnp.exp2(s * c - lse2)                                  # exp(s·scale - lse)
+        dp = mxu_dot(do, v, NT)
+        ds = p * (dp - delta_sc[...])
+        acc_sc[...] += mxu_dot(ds.astype(k.dtype), k, NN)
+
+    _by_mask(tile, mask, j, nkv)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
         dq_ref[...] = (acc_sc[...] * scale).astype(dq_ref.dtype)
         delta_ref[...] = delta_sc[...].T                            # [bq, 1] -> lane row
+
+
+def _by_mask(tile, mask: str, j, nkv: int) -> None:
+    """Run ``tile(masked)`` for key block ``j``: masked on every block (``"all"``), on each
+    shard's last of ``nkv`` blocks only (``"last"``), or never (``"none"``)."""
+    if mask == "all":
+        tile(True)
+    elif mask == "last":
+        edge = jax.lax.rem(j, nkv) == nkv - 1
+        pl.when(jnp.logical_not(edge))(lambda: tile(False))
+        pl.when(edge)(lambda: tile(True))
+    else:
+        tile(False)
 
 
 def _rows(i, nq: int, block: int):
@@ -90,7 +110,8 @@ def _rows(i, nq: int, block: int):
 
 
 def _dkv_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
-                dk_sc, dv_sc, *, scale: float, q_len: int | None = None, nq: int = 1):
+                dk_sc, dv_sc, *, scale: float, mask: str = "all", nkv: int = 1,
+                q_len: int | None = None, nq: int = 1):
     """One (key block, query block) tile, transposed; grid axis 3 walks the queries.
     ``q_len``: the shard length when it is no multiple of the query block — the query and
     dO rows of a partial last block past it are zeroed (unspecified values read past the
@@ -108,14 +129,20 @@ def _dkv_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_re
         q = jnp.where(valid, q, jnp.zeros_like(q))
         do = jnp.where(valid, do, jnp.zeros_like(do))
     lse = lse_ref[...]                                              # [1, bq]
-    lse = jnp.where(lse == NEG_INF, jnp.inf, lse)                   # empty row: P = 0
-    st = mxu_dot(k, q, NT) * scale
-    st = jnp.where(as_column(keep_ref) != 0, st, NEG_INF)           # keep [bkv, 1]
-    pt = jnp.exp(st - lse)                                          # [bkv, bq]
-    dv_sc[...] += mxu_dot(pt.astype(do.dtype), do, NN)
-    dpt = mxu_dot(v, do, NT)
-    dst = pt * (dpt - delta_ref[...])                               # delta [1, bq]
-    dk_sc[...] += mxu_dot(dst.astype(q.dtype), q, NN)
+    lse2 = jnp.where(lse == NEG_INF, jnp.inf, lse) * LOG2E          # empty row: P = 0
+    c = scale * LOG2E
+
+    def tile(masked: bool):
+        st = mxu_dot(k, q, NT)                                      # unscaled [bkv, bq]
+        if masked:
+            st = jnp.where(as_column(keep_ref) != 0, st, NEG_INF)   # keep [bkv, 1]
+        pt = jnp.exp2(st * c - lse2)                                # exp(sᵀ·scale - lse)
+        dv_sc[...] += mxu_dot(pt.astype(do.dtype), do, NN)
+        dpt = mxu_dot(v, do, NT)
+        dst = pt * (dpt - delta_ref[...])                           # delta [1, bq]
+        dk_sc[...] += mxu_dot(dst.astype(q.dtype), q, NN)
+
+    _by_mask(tile, mask, pl.program_id(2), nkv)
 
     @pl.when(i == pl.num_programs(3) - 1)
     def _finish():
@@ -140,7 +167,8 @@ def _cost(*, q, k, n_q, n_kv, matmuls, resident_q):
 
 
 def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: float,
-                               block_q: int, block_kv: int, interpret: bool):
+                               block_q: int, block_kv: int, interpret: bool,
+                               tune: Tune = Tune()):
     """Gradients of the flash forward w.r.t. q, k, v (two Pallas kernels).
 
     Args: the forward's inputs and outputs in its layouts (module docstring) plus the
@@ -178,8 +206,8 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
 
     q_blk, kv_blk = (sq, sq, sq, block_q, K), (sq, sq, sq, block_kv, K)
     row_blk, keep_blk = (sq, sq, sq, sq, 1, block_q), (sq, sq, 1, block_kv)
-    params = pltpu.CompilerParams(
-        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+    params = compiler_params(tune)
+    mask = dict(mask=mask_kind(tune.masked, Lkc % block_kv != 0), nkv=nkv)
     cost = functools.partial(_cost, q=q, k=k, n_q=U * nq, n_kv=Uk * nkv)
 
     # dq: grid (b, h, i = query block, j = key block)
@@ -189,7 +217,7 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
     keep_spec = pl.BlockSpec(keep_blk, lambda b, h, i, j: (b, j, 0, 0))
     dq, delta_row = pl.pallas_call(
         functools.partial(_dq_kernel, scale=float(scale), mask_kv=Lkc % block_kv != 0,
-                          **partial_q),
+                          **mask, **partial_q),
         grid=(B, N, U * nq, Uk * nkv),
         in_specs=[q_spec, kv_spec, kv_spec, keep_spec, q_spec, row_spec, row_spec, q_spec],
         out_specs=[q_spec, row_spec],
@@ -209,7 +237,7 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
     row_spec = pl.BlockSpec(row_blk, lambda b, h, j, i: q_at(b, h, i) + (0,))
     keep_spec = pl.BlockSpec(keep_blk, lambda b, h, j, i: (b, j, 0, 0))
     dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, scale=float(scale), **partial_q),
+        functools.partial(_dkv_kernel, scale=float(scale), **mask, **partial_q),
         grid=(B, N, Uk * nkv, U * nq),
         in_specs=[q_spec, kv_spec, kv_spec, keep_spec, q_spec, row_spec, row_spec],
         out_specs=[kv_spec, kv_spec],
@@ -240,14 +268,15 @@ def prev_cotangents(o_prev, lse_prev, lse, do, delta):
     return d_o_prev.astype(o_prev.dtype), d_lse_prev.astype(lse_prev.dtype)
 
 
-def flash_core_bwd(scale, block_q, block_kv, interpret, res, cts):
-    """Drop-in for ``flash._core_bwd`` (same arguments, same residuals and return tuple):
+def flash_core_bwd(scale, block_q, block_kv, interpret, tune, res, cts):
+    """Drop-in for ``flash._core_bwd`` (same arguments, same residuals and return tuple; the
+    tiles ``tune``'s backward blocks, which divide the forward's, else the forward's):
     ``(dq, dk, dv, None[keep], d_o_prev, d_lse_prev)``, the last two None without o_prev."""
     q, k, v, keep, o_prev, lse_prev, o, lse = res
     do, dlse = cts
-    dq, dk, dv, delta = flash_backward_shard_major(q, k, v, keep, o, lse, do, dlse,
-                                                   scale=scale, block_q=block_q,
-                                                   block_kv=block_kv, interpret=interpret)
+    dq, dk, dv, delta = flash_backward_shard_major(
+        q, k, v, keep, o, lse, do, dlse, scale=scale, block_q=tune.block_q_bwd or block_q,
+        block_kv=tune.block_kv_bwd or block_kv, interpret=interpret, tune=tune)
     d_prev = (None, None)
     if o_prev is not None:
         d_prev = prev_cotangents(o_prev, lse_prev, lse.astype(jnp.float32), do, delta)

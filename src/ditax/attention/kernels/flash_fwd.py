@@ -34,6 +34,7 @@ kernel does not apply (Mosaic-TPU scratch and grid semantics): ``flash`` refuses
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +45,7 @@ from ditax.attention.kernels.mosaic import (
     as_column,
     mxu_dot,
     online_softmax_finish,
+    online_softmax_start,
     online_softmax_step,
 )
 from ditax.intmath import ceil_div
@@ -51,14 +53,23 @@ from ditax.intmath import ceil_div
 NEG_INF = float("-inf")
 
 
-def _kernel(*refs, scale: float, has_prev: bool, mask_v: bool = False):
+def _kernel(*refs, scale: float, has_prev: bool, mask: str = "none", partial: bool = False,
+            nkv: int = 1, block_kv_compute: int | None = None):
     """One (query block, key block) tile of the online softmax; grid axis 3 walks the keys.
 
     The running max ``m``, denominator ``l`` and accumulator ``acc`` live in VMEM scratch
     across the key axis (``arbitrary``, innermost); the output block stays resident and is
-    written once, at the last key block. ``mask_v``: zero the value rows of masked keys (a
-    partial last block reads past the array: unspecified values, maybe NaN, and ``0 * NaN``
-    would reach the output; zeroed rows add exact zeros, as zero padding did).
+    written once, at the last key block. The key block is consumed in sub-blocks of
+    ``block_kv_compute`` keys (default: all of it): large key blocks mean few grid steps and
+    long DMAs, small compute blocks keep the ``[block_q, block_kv_compute]`` float32 scores
+    in VMEM.
+
+    ``mask``: where keys are masked — ``"none"`` (every key valid, no select at all),
+    ``"last"`` (only each shard's last key block, of ``nkv``, holds masked keys: the lengths'
+    padding; the other blocks run unmasked), ``"all"`` (a caller's key mask: every block). ``partial``: the last
+    key block reads past the array (unspecified values, maybe NaN, and ``0 * NaN`` would reach
+    the output), so its masked keys' value rows are zeroed: they add exact zeros, as zero
+    padding did.
     """
     if has_prev:
         (q_ref, k_ref, v_ref, keep_ref, o_prev_ref, lse_prev_ref, o_ref, lse_ref,
@@ -66,40 +77,97 @@ def _kernel(*refs, scale: float, has_prev: bool, mask_v: bool = False):
     else:
         q_ref, k_ref, v_ref, keep_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
     j = pl.program_id(3)
+    last = pl.num_programs(3) - 1
 
     @pl.when(j == 0)
     def _init():
         if has_prev:
-            # Continue an online softmax over earlier keys: the normalised partial o_prev with
-            # log-sum-exp lse_prev is the state (m = lse_prev, l = 1, acc = o_prev); a row with
-            # no earlier visible key (lse_prev = -inf) starts empty (m = -inf, l = 0, acc = 0).
-            lse_prev = as_column(lse_prev_ref)           # [bq, 1]
-            seen = lse_prev > NEG_INF
-            m_sc[...] = jnp.where(seen, lse_prev, NEG_INF)
-            l_sc[...] = jnp.where(seen, 1.0, 0.0)
-            acc_sc[...] = jnp.where(seen, o_prev_ref[...].astype(jnp.float32), 0.0)
+            online_softmax_start(m_sc, l_sc, acc_sc, scale, as_column(lse_prev_ref),
+                                 o_prev_ref[...])
         else:
-            m_sc[...] = jnp.full(m_sc.shape, NEG_INF, jnp.float32)
-            l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
-            acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+            online_softmax_start(m_sc, l_sc, acc_sc)
 
+    bkv = k_ref.shape[0]
+    bc = bkv if block_kv_compute is None else block_kv_compute
     q = q_ref[...]                                   # [bq, K]
-    k = k_ref[...]                                   # [bkv, K]
-    v = v_ref[...]
-    keep = keep_ref[...]                             # [1, bkv]
-    if mask_v:
-        v = jnp.where(as_column(keep_ref) != 0, v, jnp.zeros_like(v))
-    s = mxu_dot(q, k, NT) * scale
-    s = jnp.where(keep != 0, s, NEG_INF)
-    online_softmax_step(s, v, m_sc, l_sc, acc_sc)
 
-    @pl.when(j == pl.num_programs(3) - 1)
+    def tiles(masked: bool):
+        def sub(c, carry):
+            rows = pl.ds(pl.multiple_of(c * bc, bc), bc)
+            k, v = k_ref[rows, :], v_ref[rows, :]    # [bc, K]
+            s = mxu_dot(q, k, NT)                    # unscaled scores [bq, bc]
+            if masked:
+                keep = keep_ref[:, rows]             # [1, bc]
+                if partial:
+                    v = jnp.where(jnp.expand_dims(keep[0], -1) != 0, v, jnp.zeros_like(v))
+                s = jnp.where(keep != 0, s, NEG_INF)
+            online_softmax_step(s, v, m_sc, l_sc, acc_sc, scale)
+            return carry
+
+        if bkv == bc:
+            sub(0, 0)
+        else:                                        # a loop, not unrolled: compile time
+            jax.lax.fori_loop(0, bkv // bc, sub, 0)
+
+    if mask == "all":
+        tiles(True)
+    elif mask == "last":
+        edge = jax.lax.rem(j, nkv) == nkv - 1
+        pl.when(jnp.logical_not(edge))(lambda: tiles(False))
+        pl.when(edge)(lambda: tiles(True))
+    else:
+        tiles(False)
+
+    @pl.when(j == last)
     def _finish():
-        online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc)
+        online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc, scale)
+
+
+def mask_kind(masked_keys: bool, partial: bool) -> str:
+    """The kernel's ``mask``: ``"all"`` with a caller's key mask, ``"last"`` when only the
+    lengths' padding (the last key block) masks keys, else ``"none"``."""
+    return "all" if masked_keys else "last" if partial else "none"
+
+
+def compute_block(block_kv: int, block_kv_compute: int | None) -> int | None:
+    """``block_kv_compute`` as the kernels take it: None (the whole key block) unless it is
+    smaller than ``block_kv`` and divides it (ValueError naming both otherwise)."""
+    if block_kv_compute is None or block_kv_compute >= block_kv:
+        return None
+    if block_kv % block_kv_compute or block_kv_compute % 8:
+        raise ValueError(f"flash: block_kv_compute={block_kv_compute} must divide "
+                         f"block_kv={block_kv} and be a multiple of 8")
+    return block_kv_compute
+
+
+class Tune(NamedTuple):
+    """How the flash kernels run, beside their blocks (hashable: a static argument).
+
+    ``masked``: whether a caller's key mask may mask any key (False: only the lengths'
+    padding does, so only each shard's last key block needs a select); ``block_kv_compute``:
+    keys per inner step of the forward (None: the whole key block); ``vmem_limit``: the
+    kernels' scoped-VMEM limit in bytes (None: the compiler's default, 16 MiB on v5e);
+    ``block_q_bwd`` / ``block_kv_bwd``: the backward's tiles."""
+
+    masked: bool = True
+    block_kv_compute: Optional[int] = None
+    vmem_limit: Optional[int] = None
+    block_q_bwd: Optional[int] = None    # the backward kernels' tiles (None: the forward's;
+    block_kv_bwd: Optional[int] = None   # they must divide them)
+
+
+def compiler_params(tune: Tune, semantics=("parallel", "parallel", "parallel", "arbitrary")):
+    """The Mosaic compiler parameters of a flash kernel: the grid's semantics and the
+    scoped-VMEM limit its blocks need."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.CompilerParams(dimension_semantics=semantics,
+                                vmem_limit_bytes=tune.vmem_limit)
 
 
 def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, scale: float,
-                              block_q: int, block_kv: int, interpret: bool):
+                              block_q: int, block_kv: int, interpret: bool,
+                              tune: Tune = Tune()):
     """Run the kernel. q ``[U, B, N, Lc, K]``, k/v ``[Uk, B, N, Lk_c, K]``,
     kv_keep ``[B, Uk, Lk_c]`` int32.
 
@@ -139,8 +207,11 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
     # tiled (8, 128) in HBM: 128x its size, written per call.
     keep_spec = pl.BlockSpec((sq, sq, 1, block_kv), lambda b, h, i, j: (b, j, 0, 0))
     lse_spec = pl.BlockSpec((sq, sq, sq, sq, 1, block_q), lambda *g: q_map(*g) + (0,))
+    partial = Lkc % block_kv != 0
     kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev,
-                               mask_v=Lkc % block_kv != 0)
+                               mask=mask_kind(tune.masked, partial), partial=partial,
+                               nkv=nkv, block_kv_compute=compute_block(
+                                   block_kv, tune.block_kv_compute))
     in_specs = [q_spec, kv_spec, kv_spec, keep_spec] + ([q_spec, lse_spec] if has_prev else [])
     keep = pad_rows(kv_keep, nkv * block_kv, 0).reshape(B, Uk * nkv, 1, block_kv)
     rows = (U, B, N, nq, 1, block_q)
@@ -151,7 +222,7 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
     out_dtype = o_prev.dtype if has_prev else q.dtype
     o, lse = run_forward(kernel, (B, N, U * nq, Uk * nkv), in_specs, q_spec, lse_spec, args,
                          jax.ShapeDtypeStruct(q.shape, out_dtype), rows, block_q, K,
-                         interpret=interpret, name="ditax_flash_fwd")
+                         interpret=interpret, name="ditax_flash_fwd", tune=tune)
     return o, lse.reshape(U, B, N, nq * block_q)[..., :Lc, None]
 
 
@@ -181,7 +252,7 @@ def pad_rows(x, n: int, value):
 
 
 def run_forward(kernel, grid, in_specs, q_spec, lse_spec, args, out, rows, block_q: int,
-                K: int, *, interpret: bool, name: str):
+                K: int, *, interpret: bool, name: str, tune: Tune = Tune()):
     """The forward ``pallas_call`` both layouts share: grid ``(B, N, query blocks, key
     blocks)`` (the last one sequential: the online softmax), outputs ``out`` (o's
     ``ShapeDtypeStruct``, tiled like q) and float32 lse ``rows``, scratch for the running max,
@@ -202,8 +273,7 @@ def run_forward(kernel, grid, in_specs, q_spec, lse_spec, args, out, rows, block
         scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32),
                         pltpu.VMEM((block_q, 1), jnp.float32),
                         pltpu.VMEM((block_q, K), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+        compiler_params=compiler_params(tune),
         interpret=interpret,
         name=name,
         input_output_aliases=aliases,

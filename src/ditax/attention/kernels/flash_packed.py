@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ditax.attention.kernels.flash_fwd import _kernel, run_forward
+from ditax.attention.kernels.flash_fwd import Tune, _kernel, compute_block, mask_kind, run_forward
 from ditax.intmath import ceil_div
 
 
@@ -40,7 +40,8 @@ def packable(num_heads: int, head_dim: int) -> bool:
 
 
 def flash_forward_packed(q, k, v, keep, o_prev=None, lse_prev=None, *, heads: int,
-                         scale: float, block_q: int, block_kv: int, interpret: bool):
+                         scale: float, block_q: int, block_kv: int, interpret: bool,
+                         tune: Tune = Tune()):
     """q ``[U, B, Lc, N·K]``, k/v ``[Uk, B, Lk_c, N·K]`` (``U`` sequence shards of ``Lc``
     tokens, shard index leading: what a leading-axis all_to_all delivers in Ulysses; the
     plain case has ``U = Uk = 1``), keep ``[B, Uk·nkv·block_kv]`` int32 (1 = attend; each
@@ -80,8 +81,12 @@ def flash_forward_packed(q, k, v, keep, o_prev=None, lse_prev=None, *, heads: in
     args = (q, k, v, keep.reshape(B, Uk * nkv, 1, block_kv))
     if has_prev:
         args += (o_prev, lse_prev.astype(jnp.float32))
-    kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev, mask_v=True)
+    partial = Lkc % block_kv != 0
+    kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev,
+                               mask=mask_kind(tune.masked, partial), partial=partial, nkv=nkv,
+                               block_kv_compute=compute_block(block_kv, tune.block_kv_compute))
     o, lse = run_forward(kernel, (B, heads, U * nq, Uk * nkv), in_specs, q_spec, lse_spec, args,
                          jax.ShapeDtypeStruct(q.shape, o_prev.dtype if has_prev else q.dtype),
-                         rows, block_q, K, interpret=interpret, name="ditax_flash_fwd_packed")
+                         rows, block_q, K, interpret=interpret, name="ditax_flash_fwd_packed",
+                         tune=tune)
     return o, lse

@@ -50,31 +50,55 @@ def as_column(row_ref):
 
 
 NEG_INF = float("-inf")
+LOG2E = 1.4426950408889634   # log2(e): exp(x) = exp2(x * LOG2E)
 
 
-def online_softmax_step(s, v, m_sc, l_sc, acc_sc) -> None:
-    """Fold one tile of float32 scores ``s [bq, bkv]`` (masked keys -inf) and values
-    ``v [bkv, K]`` into the running max / sum / accumulator scratch (``P`` cast to v's dtype
-    for the MXU)."""
+def online_softmax_step(s, v, m_sc, l_sc, acc_sc, scale: float = 1.0) -> None:
+    """Fold one tile of float32 *unscaled* scores ``s [bq, bkv]`` (masked keys -inf) and
+    values ``v [bkv, K]`` into the running max / sum / accumulator scratch (``P`` cast to v's
+    dtype for the MXU).
+
+    The softmax scale is folded into the exponent: the running max ``m`` is kept in score
+    units and ``P = exp2((s - m) · scale·log2 e)``, one multiply per score where
+    ``exp(s·scale - m')`` takes two (the explicit scale, and the exp's own change of base);
+    on a TPU the per-score vector work, not the MXU, bounds this kernel (v5e: K = 128)."""
+    c = scale * LOG2E
     m = m_sc[...]
     m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-    p = jnp.exp(s - m_safe)
-    alpha = jnp.exp(m - m_safe)
+    p = jnp.exp2((s - m_safe) * c)
+    alpha = jnp.exp2((m - m_safe) * c)
     l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
     pv = mxu_dot(p.astype(v.dtype), v, NN)
     acc_sc[...] = alpha * acc_sc[...] + pv
     m_sc[...] = m_new
 
 
-def online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc) -> None:
-    """Write the normalised output and the log-sum-exp lane row (rows with every key masked:
-    zeros and -inf)."""
+def online_softmax_start(m_sc, l_sc, acc_sc, scale: float = 1.0, lse_prev=None,
+                         o_prev=None) -> None:
+    """Empty running state, or the state of a normalised partial ``o_prev`` with log-sum-exp
+    ``lse_prev [bq, 1]`` (natural log, scaled scores): ``m = lse_prev / scale`` (score units,
+    as :func:`online_softmax_step` keeps it), ``l = 1``, ``acc = o_prev``; a row with no
+    earlier visible key (lse_prev = -inf) starts empty."""
+    if lse_prev is None:
+        m_sc[...] = jnp.full(m_sc.shape, NEG_INF, jnp.float32)
+        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+        return
+    seen = lse_prev > NEG_INF
+    m_sc[...] = jnp.where(seen, lse_prev / scale, NEG_INF)
+    l_sc[...] = jnp.where(seen, 1.0, 0.0)
+    acc_sc[...] = jnp.where(seen, o_prev.astype(jnp.float32), 0.0)
+
+
+def online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc, scale: float = 1.0) -> None:
+    """Write the normalised output and the log-sum-exp lane row of the scaled scores
+    (``m·scale + log l``; rows with every key masked: zeros and -inf)."""
     m, l = m_sc[...], l_sc[...]
     empty = l == 0.0                             # every key of this row masked
     o_ref[...] = (acc_sc[...] / jnp.where(empty, 1.0, l)).astype(o_ref.dtype)
     m_safe = jnp.where(m == NEG_INF, 0.0, m)
-    lse = jnp.where(empty, NEG_INF, m_safe + jnp.log(jnp.where(empty, 1.0, l)))
+    lse = jnp.where(empty, NEG_INF, m_safe * scale + jnp.log(jnp.where(empty, 1.0, l)))
     lse_ref[...] = lse.T                         # [bq, 1] column -> [1, bq] lane row
 
 

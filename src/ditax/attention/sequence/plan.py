@@ -196,17 +196,20 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
     Lc = ceil_div(L, R * U)
     bq = bkv = None
     if entry.name == "flash":
-        bq, bkv = effective_block(o.block_q, Lc), effective_block(o.block_kv, Lc)
+        bq, bkv = _flash_blocks(o, Lc, platform)
     elif entry.name == "sage":
+        from ditax.attention.options import SageOptions
         from ditax.attention.sage import sage_blocks
 
-        bq, bkv = sage_blocks(o.block_q, o.block_kv, Lc)
+        bq, bkv = sage_blocks(o.block_q or SageOptions.block_q,
+                              o.block_kv or SageOptions.block_kv, Lc)
     if bq is not None:
         Lc = round_up(Lc, math.lcm(bq, bkv))
 
     reasons: list[str] = []
     if o.out_a2a != "flat":
-        reasons = _shard_major_reasons(entry.name, K, bq or o.block_q, bkv or o.block_kv,
+        reasons = _shard_major_reasons(entry.name, K, bq or o.block_q or 128,
+                                       bkv or o.block_kv or 128,
                                        dtype, platform, o.interpret, R)
         if o.out_a2a == "shard_major" and reasons:
             raise ValueError(f"{backend}: out_a2a='shard_major' cannot run: "
@@ -219,6 +222,24 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
     return SequencePlan(backend, mesh, R, U, L, Lc, local, o.out_a2a, kernel_path,
                         tuple(reasons), context_grid(mesh, R, U), block_q=bq, block_kv=bkv,
                         interpret=o.interpret)
+
+
+def _flash_blocks(o, Lc: int, platform: Platform) -> tuple[int, int]:
+    """The shard-major flash blocks for shards of ``Lc`` tokens: the options' (the configured
+    ones), unset ones compiled on a TPU the table's query block (:mod:`ditax.attention.tuning`)
+    for both — the shards are padded to a multiple of both blocks, so they share one —, else
+    128; clipped to the shard (:func:`effective_block`)."""
+    from ditax.attention.options import FlashOptions
+    from ditax.attention.tuning import flash_blocks
+
+    bq, bkv = o.block_q, o.block_kv
+    if bq is None or bkv is None:
+        if platform.name == "tpu" and not o.interpret:
+            b = flash_blocks(Lc, Lc, platform.device_kind)[0]
+            bq, bkv = bq or bkv or b, bkv or bq or b
+        else:
+            bq, bkv = bq or FlashOptions.DEFAULT, bkv or FlashOptions.DEFAULT
+    return effective_block(bq, Lc), effective_block(bkv, Lc)
 
 
 __all__ = ["SequencePlan", "plan_sequence_parallel", "ring_ulysses", "SHARD_MAJOR_LOCALS"]

@@ -1,0 +1,38 @@
+# Source on the lent TPU machine (no internet, ditax not installed) from the repository root:
+#   source benchmarks/tpu_setup.sh
+# Installs ditax's runtime dependencies into /tmp/site from the machine's own package index
+# (file:///opt/pypi/simple), then what that index lacks from .whl-tpu/ (carried with the
+# checkout: grain, array_record, and imageio-ffmpeg as its Python files plus an xz-compressed
+# ffmpeg, since its wheel alone is over the 64 MiB the checkout may carry), and puts src/ first
+# and /tmp/site last on PYTHONPATH, so the machine's own JAX stays the one imported.
+# Skipped when /tmp/site/.ditax-ready exists (a warm machine keeps /tmp between calls).
+# Preparing .whl-tpu here (once): see docs/tpu_v5e.md, "Running it".
+SITE=/tmp/site
+if [ ! -f "$SITE/.ditax-ready" ]; then
+  t0=$(date +%s)
+  PIP="env PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: \
+--disable-pip-version-check --index-url file:///opt/pypi/simple --target $SITE"
+  $PIP flax optax safetensors pyyaml pydantic tqdm tokenizers jinja2 huggingface_hub pillow \
+    imageio fsspec 2>&1 | grep -v "WARNING: Target directory" | tail -3
+  for p in orbax-checkpoint tensorboardX matplotlib fastapi uvicorn absl-py etils cloudpickle \
+      protobuf portpicker; do
+    $PIP "$p" 2>&1 | grep -v "WARNING: Target directory" | tail -1 || true
+  done
+  if ls .whl-tpu/*.whl >/dev/null 2>&1; then
+    env PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps \
+      --no-compile --target "$SITE" .whl-tpu/*.whl 2>&1 | grep -v "WARNING: Target" | tail -1
+  fi
+  if [ -d .whl-tpu/imageio_ffmpeg_pkg ]; then
+    rm -rf "$SITE/imageio_ffmpeg"
+    cp -r .whl-tpu/imageio_ffmpeg_pkg/imageio_ffmpeg "$SITE/"
+    for x in .whl-tpu/imageio_ffmpeg_pkg/*.xz; do
+      out="$SITE/imageio_ffmpeg/binaries/$(basename "${x%.xz}")"
+      python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" "$x" "$out"
+      chmod +x "$out"
+    done
+  fi
+  touch "$SITE/.ditax-ready"
+  echo "tpu_setup: installed into $SITE in $(( $(date +%s) - t0 )) s"
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}:$SITE"
+export PYTHONUNBUFFERED=1

@@ -1,0 +1,207 @@
+"""Attention tiles and kernel variants swept on a real TPU chip (what chose the rows of
+``ditax.attention.tuning``), plus the two measurements that decide the 8-bit path: an int8 x
+int8 GEMM against bf16 at the model's shapes. One JSON line per case (``bench``, ``case``,
+``metric``, ``value``, ``unit`` and the settings), written to stdout and appended to
+``--out``.
+
+    source benchmarks/tpu_setup.sh
+    python benchmarks/tpu_sweep.py --part attention --out $OUT/sweep.jsonl --budget-s 300
+
+Each case is compiled, run once, then timed ``--repeats`` times (median). ``--budget-s``
+stops starting new cases once spent, so a call on a lent chip ends inside its limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+PEAK = {"v5e": (197e12, 394e12), "v6e": (918e12, 1836e12)}   # bf16 FLOP/s, int8 OP/s
+
+
+def _gen() -> str:
+    from ditax.attention.tuning import generation
+
+    return generation(jax.devices()[0].device_kind) or "cpu"
+
+
+def timed(fn, args, repeats: int) -> tuple[float, float]:
+    """(compile + first run s, median of ``repeats`` runs s) of ``jax.jit(fn)(*args)``."""
+    f = jax.jit(fn)
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times)
+
+
+class Sweep:
+    def __init__(self, out: str | None, budget_s: float, repeats: int):
+        self.out, self.deadline, self.repeats = out, time.time() + budget_s, repeats
+
+    def emit(self, row: dict) -> None:
+        row = {"device_kind": jax.devices()[0].device_kind, **row}
+        line = json.dumps(row)
+        print(line, flush=True)
+        if self.out:
+            with open(self.out, "a") as f:
+                f.write(line + "\n")
+
+    def case(self, name: str, fn, args, flops: float, peak: float, **settings) -> None:
+        if time.time() > self.deadline:
+            self.emit({"bench": "tpu_sweep", "case": name, "skipped": "budget", **settings})
+            return
+        try:
+            first, med = timed(fn, args, self.repeats)
+        except Exception as e:   # one failed variant must not end the sweep
+            self.emit({"bench": "tpu_sweep", "case": name, "error": str(e).splitlines()[0][:300],
+                       **settings})
+            return
+        self.emit({"bench": "tpu_sweep", "case": name, "metric": "time", "value": med,
+                   "unit": "s", "compile_plus_first_s": round(first, 2), "flops": flops,
+                   "tflops": round(flops / med / 1e12, 1), "mfu": round(flops / med / peak, 3),
+                   **settings})
+
+
+def attention_cases(sw: Sweep, shape, variants, grad: bool) -> None:
+    """Each ``(backend, options)`` of ``variants`` at q/k/v ``shape`` ``[B, L, N, K]`` bf16,
+    forward (and with ``grad`` forward + backward)."""
+    from ditax.attention import attend
+
+    B, L, N, K = shape
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    q, k, v = (jax.random.normal(x, shape, jnp.bfloat16) for x in keys)
+    fwd = 4.0 * B * N * L * L * K
+    peak = PEAK.get(_gen(), (197e12,))[0]
+    for backend, opts in variants:
+        def f(q, k, v, backend=backend, opts=opts):
+            return attend(q, k, v, backend=backend, **opts)
+
+        tag = f"{backend} " + " ".join(f"{a}={b}" for a, b in sorted(opts.items()))
+        sw.case(f"attention fwd L={L} N={N} K={K} {tag}", f, (q, k, v), fwd, peak,
+                backend=backend, options=opts, shape=list(shape), direction="fwd")
+        if grad:
+            def g(q, k, v, f=f):
+                loss = lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32))  # noqa: E731
+                return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+            sw.case(f"attention fwd+bwd L={L} N={N} K={K} {tag}", g, (q, k, v), 3.5 * fwd,
+                    peak, backend=backend, options=opts, shape=list(shape),
+                    direction="fwd+bwd")
+
+
+def int8_cases(sw: Sweep, shapes) -> None:
+    """``[M, Kd] x [Kd, Nd]`` as bf16 x bf16 -> bf16 and int8 x int8 -> int32 (and the int8
+    path with a per-token quantization of x and the rescale, as ditax's W+A Linear runs it)."""
+    peaks = PEAK.get(_gen(), (197e12, 394e12))
+    for M, Kd, Nd in shapes:
+        x = jax.random.normal(jax.random.PRNGKey(1), (M, Kd), jnp.bfloat16)
+        w = jax.random.normal(jax.random.PRNGKey(2), (Kd, Nd), jnp.bfloat16)
+        x8 = jnp.clip(jnp.round(x * 40), -127, 127).astype(jnp.int8)
+        w8 = jnp.clip(jnp.round(w * 40), -127, 127).astype(jnp.int8)
+        s = jnp.ones((Nd,), jnp.float32)
+        flops = 2.0 * M * Kd * Nd
+        sw.case(f"gemm bf16 {M}x{Kd}x{Nd}", lambda a, b: a @ b, (x, w), flops, peaks[0],
+                dtype="bf16")
+        sw.case(f"gemm int8 {M}x{Kd}x{Nd}",
+                lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.int32), (x8, w8),
+                flops, peaks[1], dtype="int8")
+
+        def wa(a, b, s):
+            sa = jnp.max(jnp.abs(a.astype(jnp.float32)), axis=1, keepdims=True) / 127.0
+            a8 = jnp.clip(jnp.round(a / sa), -127, 127).astype(jnp.int8)
+            y = jax.lax.dot(a8, b, preferred_element_type=jnp.int32)
+            return (y.astype(jnp.float32) * sa * s).astype(jnp.bfloat16)
+
+        sw.case(f"gemm int8 W+A quantized {M}x{Kd}x{Nd}", wa, (x, w8, s), flops, peaks[1],
+                dtype="int8+quant")
+
+
+def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: int = 512,
+               profile: bool = False) -> None:
+    """``ditax bench``'s forward of ``config`` with ``overrides`` at ``latent`` (F, Y, X)."""
+    from ditax.bench import forward_benchmark
+    from ditax.config import load_config
+    from ditax.models.base import model_family
+    from ditax.parallel import make_mesh
+
+    if time.time() > sw.deadline:
+        sw.emit({"bench": "tpu_sweep", "case": name, "skipped": "budget"})
+        return
+    try:
+        cfg = load_config(config, list(overrides))
+        mesh = make_mesh(cfg.mesh)
+        from chip_profile import op_breakdown
+
+        row = forward_benchmark(cfg, mesh, latent, text_len, sw.repeats,
+                                after=op_breakdown if profile else None)
+        fam = model_family(cfg.model, cfg.attention)
+        flops = fam.flops_per_sample(tuple(row["latent"][1:]), text_len) / 3.0
+        peak = PEAK.get(_gen(), (197e12,))[0]
+        row.update(case=name, overrides=list(overrides), flops=flops,
+                   mfu=round(flops / row["value"] / peak, 3),
+                   peak_hbm_bytes=(jax.devices()[0].memory_stats() or {}).get(
+                       "peak_bytes_in_use"))
+        sw.emit(row)
+    except Exception as e:
+        sw.emit({"bench": "tpu_sweep", "case": name, "error": str(e).splitlines()[0][:300]})
+
+
+WAN = (1, 32760, 12, 128)        # Wan 2.1 1.3B, 480x832x81: 21 x 30 x 52 tokens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", nargs="+", default=["attention", "int8"],
+                   choices=["attention", "attention_bwd", "int8", "wan", "wan_splash"])
+    p.add_argument("--out", default=None)
+    p.add_argument("--budget-s", type=float, default=300)
+    p.add_argument("--repeats", type=int, default=5)
+    a = p.parse_args()
+    sw = Sweep(a.out, a.budget_s, a.repeats)
+    if "attention" in a.part:
+        attention_cases(sw, WAN, [
+            ("splash", {}),
+            ("splash", dict(block_q=1024, block_kv=2048, block_kv_compute=1024)),
+            ("flash", {}),
+            ("flash", dict(block_q=1024, block_kv=2048, block_kv_compute=1024)),
+            ("flash", dict(block_q=2048, block_kv=2048, block_kv_compute=1024)),
+            ("flash", dict(block_q=1024, block_kv=1024, block_kv_compute=1024)),
+            ("flash", dict(block_q=2048, block_kv=4096, block_kv_compute=512)),
+            ("flash", dict(block_q=512, block_kv=512, block_kv_compute=512)),
+        ], grad=False)
+    if "attention_bwd" in a.part:
+        attention_cases(sw, WAN, [
+            ("splash", {}),
+            ("splash", dict(block_q_bwd=512, block_kv_bwd=512)),
+            ("splash", dict(block_q_bwd=1024, block_kv_bwd=2048)),
+            ("splash", dict(fused_bwd=True)),
+            ("flash", {}),
+            ("flash", dict(block_q_bwd=512, block_kv_bwd=1024)),
+            ("flash", dict(block_q_bwd=1024, block_kv_bwd=512)),
+        ], grad=True)
+    if "int8" in a.part:
+        int8_cases(sw, [(32768, 1536, 1536), (32768, 1536, 8960), (8192, 3072, 9216)])
+    lat = (21, 60, 104)
+    for part, backends in (("wan", ("splash", "flash")), ("wan_splash", ("splash",))):
+        if part not in a.part:
+            continue
+        for b in backends:
+            model_case(sw, "wan2.1-t2v-1.3b", ["model.dtype=bfloat16", f"attention.backend={b}"],
+                       lat, f"wan2.1-1.3b 480x832x81 {b}", profile=b == "splash")
+
+
+if __name__ == "__main__":
+    main()
