@@ -166,41 +166,43 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["attention", "int8"],
                    choices=["attention", "attention_bwd", "int8", "wan", "wan_splash"])
+    # (PARTS, below, holds what each part runs)
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=300)
     p.add_argument("--repeats", type=int, default=5)
     a = p.parse_args()
     sw = Sweep(a.out, a.budget_s, a.repeats)
-    if "attention" in a.part:
-        attention_cases(sw, WAN, [
-            ("splash", {}),
-            ("splash", dict(block_q=1024, block_kv=2048, block_kv_compute=1024)),
-            ("flash", {}),
-            ("flash", dict(block_q=1024, block_kv=2048, block_kv_compute=1024)),
-            ("flash", dict(block_q=2048, block_kv=2048, block_kv_compute=1024)),
-            ("flash", dict(block_q=1024, block_kv=1024, block_kv_compute=1024)),
-            ("flash", dict(block_q=2048, block_kv=4096, block_kv_compute=512)),
-            ("flash", dict(block_q=512, block_kv=512, block_kv_compute=512)),
-        ], grad=False)
-    if "attention_bwd" in a.part:
-        attention_cases(sw, WAN, [
-            ("splash", {}),
-            ("splash", dict(block_q_bwd=512, block_kv_bwd=512)),
-            ("splash", dict(block_q_bwd=1024, block_kv_bwd=2048)),
-            ("splash", dict(fused_bwd=True)),
-            ("flash", {}),
-            ("flash", dict(block_q_bwd=512, block_kv_bwd=1024)),
-            ("flash", dict(block_q_bwd=1024, block_kv_bwd=512)),
-        ], grad=True)
-    if "int8" in a.part:
-        int8_cases(sw, [(32768, 1536, 1536), (32768, 1536, 8960), (8192, 3072, 9216)])
-    lat = (21, 60, 104)
-    for part, backends in (("wan", ("splash", "flash")), ("wan_splash", ("splash",))):
-        if part not in a.part:
-            continue
-        for b in backends:
-            model_case(sw, "wan2.1-t2v-1.3b", ["model.dtype=bfloat16", f"attention.backend={b}"],
-                       lat, f"wan2.1-1.3b 480x832x81 {b}", profile=b == "splash")
+    for part in a.part:              # in the order given: the budget cuts the last ones
+        PARTS[part](sw)
+
+
+def _wan(sw: Sweep, backends) -> None:
+    for b in backends:
+        model_case(sw, "wan2.1-t2v-1.3b", ["model.dtype=bfloat16", f"attention.backend={b}"],
+                   (21, 60, 104), f"wan2.1-1.3b 480x832x81 {b}", profile=b == "splash")
+
+
+PARTS = {
+    "attention": lambda sw: attention_cases(sw, WAN, [
+        ("splash", {}),
+        ("splash", dict(block_q=1024, block_kv=2048, block_kv_compute=1024)),
+        ("flash", {}),
+        ("flash", dict(block_q=1024, block_kv=2048, block_kv_compute=1024)),
+        ("flash", dict(block_q=2048, block_kv=2048, block_kv_compute=1024)),
+        ("flash", dict(block_q=2048, block_kv=4096, block_kv_compute=512)),
+        ("flash", dict(block_q=512, block_kv=512, block_kv_compute=512)),
+    ], grad=False),
+    "attention_bwd": lambda sw: attention_cases(sw, WAN, [
+        ("splash", {}),
+        ("splash", dict(block_q_bwd=512, block_kv_bwd=512)),
+        ("splash", dict(fused_bwd=True)),
+        ("flash", {}),
+        ("flash", dict(block_q_bwd=512, block_kv_bwd=1024)),
+    ], grad=True),
+    "int8": lambda sw: int8_cases(sw, [(32768, 1536, 1536), (32768, 1536, 8960)]),
+    "wan": lambda sw: _wan(sw, ("splash", "flash")),
+    "wan_splash": lambda sw: _wan(sw, ("splash",)),
+}
 
 
 if __name__ == "__main__":
