@@ -130,8 +130,10 @@ def int8_cases(sw: Sweep, shapes) -> None:
 
 
 def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: int = 512,
-               profile: bool = False) -> None:
-    """``ditax bench``'s forward of ``config`` with ``overrides`` at ``latent`` (F, Y, X)."""
+               profile: bool = False, flops_shape=None) -> dict:
+    """``ditax bench``'s forward of ``config`` with ``overrides`` at ``latent`` (F, Y, X; None:
+    the family's bench default); ``flops_shape``: the latent ``(C, F, Y, X)`` the family's
+    FLOP count takes (default: the transformer input's shape after its batch)."""
     from ditax.bench import forward_benchmark
     from ditax.config import load_config
     from ditax.models.base import model_family
@@ -139,7 +141,7 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
 
     if time.time() > sw.deadline:
         sw.emit({"bench": "tpu_sweep", "case": name, "skipped": "budget"})
-        return
+        return {}
     try:
         cfg = load_config(config, list(overrides))
         mesh = make_mesh(cfg.mesh)
@@ -148,15 +150,18 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
         row = forward_benchmark(cfg, mesh, latent, text_len, sw.repeats,
                                 after=op_breakdown if profile else None)
         fam = model_family(cfg.model, cfg.attention)
-        flops = fam.flops_per_sample(tuple(row["latent"][1:]), text_len) / 3.0
+        shape = tuple(flops_shape or row["latent"][1:])
+        flops = fam.flops_per_sample(shape, text_len) / 3.0
         peak = PEAK.get(_gen(), (197e12,))[0]
         row.update(case=name, overrides=list(overrides), flops=flops,
                    mfu=round(flops / row["value"] / peak, 3),
                    peak_hbm_bytes=(jax.devices()[0].memory_stats() or {}).get(
                        "peak_bytes_in_use"))
         sw.emit(row)
+        return row
     except Exception as e:
         sw.emit({"bench": "tpu_sweep", "case": name, "error": str(e).splitlines()[0][:300]})
+        return {}
 
 
 WAN = (1, 32760, 12, 128)        # Wan 2.1 1.3B, 480x832x81: 21 x 30 x 52 tokens
@@ -165,7 +170,8 @@ WAN = (1, 32760, 12, 128)        # Wan 2.1 1.3B, 480x832x81: 21 x 30 x 52 tokens
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["attention", "int8"],
-                   choices=["attention", "attention_bwd", "int8", "wan", "wan_splash"])
+                   choices=["attention", "attention_bwd", "attention_quick",
+                            "attention_quick_bwd", "flux2", "int8", "wan", "wan_splash"])
     # (PARTS, below, holds what each part runs)
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=300)
@@ -200,6 +206,16 @@ PARTS = {
         ("flash", dict(block_q_bwd=512, block_kv_bwd=1024)),
     ], grad=True),
     "int8": lambda sw: int8_cases(sw, [(32768, 1536, 1536), (32768, 1536, 8960)]),
+    "attention_quick": lambda sw: attention_cases(sw, WAN, [
+        ("splash", {}), ("flash", {}),
+        ("flash", dict(block_q=1024, block_kv=2048, block_kv_compute=1024)),
+    ], grad=False),
+    "attention_quick_bwd": lambda sw: attention_cases(sw, WAN, [("splash", {}), ("flash", {})],
+                                                      grad=True),
+    "flux2": lambda sw: model_case(sw, "flux.2-klein-4b", ["model.dtype=bfloat16",
+                                                           "attention.backend=splash"], None,
+                                   "FLUX.2-klein-4B forward 1024x1024 splash",
+                                   flops_shape=(128, 1, 64, 64)),
     "wan": lambda sw: _wan(sw, ("splash", "flash")),
     "wan_splash": lambda sw: _wan(sw, ("splash",)),
 }

@@ -1,0 +1,160 @@
+"""The chip's table: ditax measured on one real TPU chip, written as ``docs/tpu_v5e.jsonl``
+rows (ditax bench's ``bench``, ``case``, ``metric``, ``value``, ``unit`` plus ``flops``,
+``mfu``, ``peak_hbm_bytes``, ``device_kind``, ``jax``, ``commit`` and the settings) and the
+table ``docs/tpu_v5e.md`` (:func:`write_table`, also runnable here on a fetched jsonl).
+
+On the lent chip (one call; DEVELOPERS.md "The chip"):
+
+    source benchmarks/tpu_setup.sh
+    python benchmarks/tpu_chip.py --out $OUT/tpu_v5e.jsonl --budget-s 480 [--part ...]
+
+then here: ``python benchmarks/tpu_chip.py --table docs/tpu_v5e.jsonl`` renders the table.
+
+Parts (run in the order given; ``--budget-s`` stops starting new cases once spent, each
+case prints its row as it finishes): ``forward`` (the families' transformers at their standard
+sizes, random weights, ``ditax bench``'s forward), ``attention`` (each kernel alone at Wan
+1.3B's shape, forward and forward + backward), ``int8`` (W+A int8 against bf16 where the
+linears dominate), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``).
+
+``peak_hbm_bytes`` is ``memory_stats()["peak_bytes_in_use"]`` after the case, a peak since
+the process started (the cases run from small to large within a part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+PEAK_BF16 = 197e12    # TPU v5e, per chip (cloud.google.com/tpu/docs/v5e)
+
+
+def _commit() -> str:
+    env = os.environ.get("DITAX_COMMIT")
+    if env:
+        return env
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except Exception:   # no git on the chip's machine: the caller passes DITAX_COMMIT
+        return "unknown"
+
+
+def run(parts, out: str, budget_s: float, repeats: int) -> None:
+    import jax
+
+    from tpu_sweep import WAN, Sweep, attention_cases, int8_cases, model_case
+
+    base = {"jax": jax.__version__, "commit": _commit()}
+
+    class Chip(Sweep):
+        def emit(self, row: dict) -> None:
+            if row.get("bench") == "tpu_sweep":
+                row = {**row, "bench": "tpu_chip"}
+            super().emit({**base, **row})
+
+    sw = Chip(out, budget_s, repeats)
+    bf = ["model.dtype=bfloat16"]
+    for part in parts:
+        if part == "forward":
+            wan = "wan2.1-t2v-1.3b"
+            model_case(sw, wan, bf + ["attention.backend=splash"], (21, 60, 104),
+                       "Wan 2.1 1.3B forward 480x832x81 splash", flops_shape=(16, 21, 60, 104),
+                       profile=True)
+            model_case(sw, wan, bf + ["attention.backend=flash"], (21, 60, 104),
+                       "Wan 2.1 1.3B forward 480x832x81 flash", flops_shape=(16, 21, 60, 104))
+            model_case(sw, "flux.2-klein-4b", bf + ["attention.backend=splash"], None,
+                       "FLUX.2-klein-4B forward 1024x1024 splash", flops_shape=(128, 1, 64, 64))
+            model_case(sw, wan, bf + ["attention.backend=splash"], (21, 90, 160),
+                       "Wan 2.1 1.3B forward 720x1280x81 splash",
+                       flops_shape=(16, 21, 90, 160))
+        elif part == "int8":
+            for name, cfg, lat, shape in (
+                    ("FLUX.2-klein-4B 1024x1024", "flux.2-klein-4b", None, (128, 1, 64, 64)),
+                    ("Wan 2.1 1.3B 480x832x17", "wan2.1-t2v-1.3b", (5, 60, 104),
+                     (16, 5, 60, 104))):
+                for q in ([], ["model.quantize=int8"],
+                          ["model.quantize=int8", "model.quantize_activations=true"]):
+                    tag = "+".join(x.split("=")[0].split(".")[1] for x in q) or "bf16"
+                    model_case(sw, cfg, bf + ["attention.backend=splash"] + q, lat,
+                               f"{name} forward {tag}", flops_shape=shape)
+        elif part == "attention":
+            attention_cases(sw, WAN, [("splash", {}), ("flash", {})], grad=True)
+        elif part == "int8_gemm":
+            int8_cases(sw, [(32768, 1536, 8960)])
+        elif part == "vae":
+            _vae(sw)
+
+
+def _vae(sw) -> None:
+    """The Wan 2.1 decode at 480p and 720p x 81 frames (``benchmarks/vae_decode.py``'s
+    ``measure``: the streaming decode before and after, side by side)."""
+    try:
+        import vae_decode
+    except ImportError as e:
+        sw.emit({"bench": "tpu_chip", "case": "Wan 2.1 VAE decode", "error": str(e)})
+        return
+    for h, w in ((480, 832), (720, 1280)):
+        if time.time() > sw.deadline:
+            sw.emit({"bench": "tpu_chip", "case": f"Wan 2.1 VAE decode {h}x{w}x81",
+                     "skipped": "budget"})
+            continue
+        try:
+            for row in vae_decode.measure(h, w, 81, "bfloat16"):
+                sw.emit(row)
+        except Exception as e:
+            sw.emit({"bench": "tpu_chip", "case": f"Wan 2.1 VAE decode {h}x{w}x81",
+                     "error": str(e).splitlines()[0][:300]})
+
+
+def write_table(jsonl: str, md: str) -> None:
+    """``docs/tpu_v5e.md`` from the rows of ``jsonl``: one table line per timed row (median
+    s, analytic FLOPs, TFLOP/s and MFU against the chip's bf16 peak, peak HBM)."""
+    rows = [json.loads(x) for x in open(jsonl) if x.strip()]
+    lines = ["| case | median s | FLOPs | TFLOP/s | MFU | peak HBM GiB | compile+first s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "value" not in r:
+            why = r.get("error") or r.get("skipped")
+            lines.append(f"| {r.get('case')} | — ({why}) | | | | | |")
+            continue
+        f = r.get("flops") or 0.0
+        tf = f"{f / r['value'] / 1e12:.0f}" if f else ""
+        mfu = f"{r['mfu']:.0%}" if r.get("mfu") is not None else ""
+        hbm = r.get("peak_hbm_bytes")
+        lines.append(f"| {r.get('case')} | {r['value']:.3f} | {f:.3g} | {tf} | {mfu} | "
+                     f"{hbm / 2**30:.2f} | {r.get('compile_plus_first_s', 0):.0f} |"
+                     if hbm else
+                     f"| {r.get('case')} | {r['value']:.3f} | {f:.3g} | {tf} | {mfu} | | "
+                     f"{r.get('compile_plus_first_s', 0):.0f} |")
+    kinds = sorted({r.get("device_kind", "") for r in rows})
+    commits = sorted({r.get("commit", "") for r in rows})
+    head = (f"Measured on {', '.join(kinds)} (JAX {rows[0].get('jax', '?')}), commit "
+            f"{', '.join(commits)}, by `benchmarks/tpu_chip.py`; rows in "
+            f"`{os.path.basename(jsonl)}`. MFU against {PEAK_BF16 / 1e12:.0f} TFLOP/s bf16.")
+    with open(md, "w") as f:
+        f.write("# ditax on one TPU v5e chip\n\n" + head + "\n\n" + "\n".join(lines) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
+                   choices=["forward", "attention", "int8", "int8_gemm", "vae"])
+    p.add_argument("--out", default="docs/tpu_v5e.jsonl")
+    p.add_argument("--budget-s", type=float, default=480)
+    p.add_argument("--repeats", type=int, default=4)
+    p.add_argument("--table", default=None, help="render docs/tpu_v5e.md from this jsonl")
+    a = p.parse_args()
+    if a.table:
+        write_table(a.table, os.path.splitext(a.table)[0] + ".md")
+        return
+    run(a.part, a.out, a.budget_s, a.repeats)
+
+
+if __name__ == "__main__":
+    main()
