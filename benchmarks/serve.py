@@ -4,6 +4,8 @@
     python benchmarks/serve.py --part batching --clients 16 --modes static continuous
     python benchmarks/serve.py --part replicas                  # needs PostgreSQL (initdb, pg_ctl)
     python benchmarks/serve.py --part ready
+    python benchmarks/serve.py --part batching --uds --model Wan-1.3B-random --size 480x832x81 \
+        --steps 4 --max-batch 2 --clients 1 4 16 --override model.dtype=bfloat16   # no TCP
 
 ``batching``: for each ``--modes`` value (``off``: every job alone, ``static``: queued jobs of
 one shape start and end together, ``continuous``: jobs join the running batch between steps;
@@ -12,6 +14,12 @@ each ``--clients`` count N: N clients, each submitting ``--jobs`` jobs one after
 exponential think times between them (Poisson arrivals, mean ``--think`` s) and waiting for
 each to finish. Reported per (mode, N): videos per minute over the run, p50 / p95 latency
 (submit → completed, the store's clock), the mean rows a job ran beside, lost jobs (must be 0).
+
+``--model DIR`` serves another pipeline folder (default the demo model; e.g. the random 1.3B
+of ``python -m ditax.recipes.random_pipeline``), ``--size HxWxF`` (or ``HxW`` with
+``--frames``) and ``--steps`` set the request; jobs take the folder's other sample defaults
+(its guidance). ``--uds``: every server listens on a Unix domain socket and the clients talk
+HTTP over it (``ditax serve --uds``; machines where TCP, even on the loopback, is closed).
 
 ``replicas``: one PostgreSQL server (as the tests start it), then one and then two ``ditax
 serve`` replicas on it (``--batching continuous``), clients spread over the replicas;
@@ -79,33 +87,50 @@ def load(servers: list[Server], body: dict, clients: int, jobs: int, think: floa
             "wall_s": round(wall, 2), "accepted": len(results), "lost": len(results) - len(done)}
 
 
+def parse_size(text: str) -> tuple[int, int, int | None]:
+    """``--size HxWxF`` or ``HxW`` (height first) → (height, width, frames or None)."""
+    try:
+        dims = [int(v) for v in text.lower().split("x")]
+    except ValueError:
+        dims = []
+    if len(dims) not in (2, 3) or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HEIGHTxWIDTHxFRAMES or "
+                                         f"HEIGHTxWIDTH, e.g. 256x256x17")
+    return dims[0], dims[1], dims[2] if len(dims) == 3 else None
+
+
 def body_of(args) -> dict:
-    return {"prompt": PROMPT, "size": args.size, "num_frames": args.frames,
-            "num_inference_steps": args.steps}
+    return {"prompt": PROMPT, "size": f"{args.width}x{args.height}",    # the API's WxH
+            "num_frames": args.frames, "num_inference_steps": args.steps}
 
 
 def warm_spec(args) -> str:
-    return f"{args.size}x{args.frames}:{args.steps}"
+    return f"{args.width}x{args.height}x{args.frames}:{args.steps}"     # --warm's WxHxF
+
+
+def server(args, folder: pathlib.Path, *extra: str, cache) -> Server:
+    """A :class:`Server` of ``--model`` (on a Unix socket with ``--uds``)."""
+    return Server(folder, *extra, cache=cache, model=args.model, uds=True if args.uds else None)
 
 
 def server_args(args, mode: str) -> list[str]:
     n = args.clients[-1] * args.jobs + 8
     return ["--batching", mode, "--max-batch", str(args.max_batch), "--max-queue", str(n),
-            "--warm", warm_spec(args)]
+            "--warm", warm_spec(args), *args.override]
 
 
 def batching(args, base: pathlib.Path) -> list[dict]:
     rows = []
     for mode in args.modes:
-        srv = Server(base / f"batching_{mode}", *server_args(args, mode),
-                     cache=base / "compile_cache").start(timeout=900)
+        srv = server(args, base / f"batching_{mode}", *server_args(args, mode),
+                     cache=base / "compile_cache").start(timeout=args.start_timeout)
         try:
             for n in args.clients:
                 rows.append(emit(bench="serve", part="batching", mode=mode, clients=n,
                                  jobs_per_client=args.jobs, think_s=args.think,
-                                 max_batch=args.max_batch, size=args.size, frames=args.frames,
-                                 steps=args.steps, **load([srv], body_of(args), n, args.jobs,
-                                                          args.think, 1000 * n)))
+                                 max_batch=args.max_batch, **request_fields(args),
+                                 **load([srv], body_of(args), n, args.jobs, args.think,
+                                        1000 * n)))
         finally:
             srv.stop()
     by = {(r["mode"], r["clients"]): r for r in rows}
@@ -118,9 +143,18 @@ def batching(args, base: pathlib.Path) -> list[dict]:
     return rows
 
 
+def request_fields(args) -> dict:
+    """What the rows say about the request (``size`` is the API's WxH, as before)."""
+    return dict(model=args.model, size=f"{args.width}x{args.height}", frames=args.frames,
+                steps=args.steps, transport="uds" if args.uds else "tcp")
+
+
 def replicas(args, base: pathlib.Path) -> list[dict]:
     from pg_fixtures import Postgres, pg_bin
 
+    if args.uds:
+        return [emit(bench="serve", part="replicas", skipped="--uds: the PostgreSQL store "
+                     "needs TCP")]
     if pg_bin() is None:
         return [emit(bench="serve", part="replicas", skipped="no initdb / pg_ctl here")]
     pg = Postgres(pg_bin()).start()
@@ -130,14 +164,14 @@ def replicas(args, base: pathlib.Path) -> list[dict]:
         for count in (1, 2):
             url = pg.database()
             out = base / f"replicas_{count}" / "videos"     # the replicas' shared folder
-            servers = [Server(base / f"replicas_{count}" / f"r{i}",
+            servers = [server(args, base / f"replicas_{count}" / f"r{i}",
                               *server_args(args, "continuous"), cache=base / "compile_cache")
                        for i in range(count)]
             for s in servers:
                 s.db, s.out = url, out
             try:
                 for s in servers:
-                    s.start(timeout=900)
+                    s.start(timeout=args.start_timeout)
                 rows.append(emit(bench="serve", part="replicas", replicas=count, clients=n,
                                  jobs_per_client=args.jobs, think_s=args.think,
                                  **load(servers, body_of(args), n, args.jobs, args.think,
@@ -158,9 +192,10 @@ def ready(args, base: pathlib.Path) -> list[dict]:
     shutil.rmtree(cache, ignore_errors=True)
     rows = []
     for which in ("cold", "warm"):
-        srv = Server(base / f"ready_{which}", *server_args(args, "continuous"), cache=cache)
+        srv = server(args, base / f"ready_{which}", *server_args(args, "continuous"),
+                     cache=cache)
         t0 = time.perf_counter()
-        srv.start(timeout=900)
+        srv.start(timeout=args.start_timeout)
         seconds = time.perf_counter() - t0
         try:
             _, _, health = srv.call("GET", "/health")
@@ -168,7 +203,7 @@ def ready(args, base: pathlib.Path) -> list[dict]:
             second = srv.wait(srv.submit(seed=2, **body_of(args))["id"])
         finally:
             srv.stop()
-        rows.append(emit(bench="serve", part="ready", compile_cache=which,
+        rows.append(emit(bench="serve", part="ready", compile_cache=which, **request_fields(args),
                          seconds_to_ready=round(seconds, 2),
                          warm_seconds=health.get("warm_seconds"),
                          first_job_s=first["seconds_to_finish"],
@@ -188,11 +223,23 @@ def main(argv=None) -> int:
     p.add_argument("--think", type=float, default=0.5,
                    help="mean seconds a client waits before its next job (exponential)")
     p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--size", default="32x32", help="WxH")
-    p.add_argument("--frames", type=int, default=5)
+    p.add_argument("--model", default="demo",
+                   help="pipeline folder the servers serve (default: the demo model)")
+    p.add_argument("--size", type=parse_size, default="32x32", metavar="HxWxF",
+                   help="request size, height first: HxWxF, or HxW with --frames (32x32)")
+    p.add_argument("--frames", type=int, default=5, help="frames when --size has none (5)")
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--uds", action="store_true",
+                   help="servers on Unix domain sockets, the clients' HTTP over them (no TCP)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every server (repeatable), e.g. "
+                        "--override model.dtype=bfloat16")
+    p.add_argument("--start-timeout", type=float, default=900.0,
+                   help="seconds a server may take to load and warm up (900)")
     p.add_argument("--folder", default=None, help="work folder (default: a temporary one)")
     args = p.parse_args(argv)
+    args.height, args.width, frames = args.size
+    args.frames = frames or args.frames
     base = pathlib.Path(args.folder or tempfile.mkdtemp(prefix="ditax_serve_bench_"))
     for part in args.part:
         {"batching": batching, "replicas": replicas, "ready": ready}[part](args, base)

@@ -14,10 +14,14 @@ if [ ! -f "$SITE/.ditax-ready" ]; then
 --disable-pip-version-check --index-url file:///opt/pypi/simple --target $SITE"
   $PIP flax optax safetensors pyyaml pydantic tqdm tokenizers jinja2 huggingface_hub pillow \
     imageio fsspec 2>&1 | grep -v "WARNING: Target directory" | tail -3
-  for p in orbax-checkpoint tensorboardX matplotlib fastapi uvicorn absl-py etils cloudpickle \
-      protobuf portpicker; do
-    $PIP "$p" 2>&1 | grep -v "WARNING: Target directory" | tail -1 || true
-  done
+  # what training, serving and the demo sheets need besides (one at a time: one the index
+  # lacks must not stop the others); DITAX_SETUP=minimal skips them
+  if [ "${DITAX_SETUP:-full}" != minimal ]; then
+    for p in orbax-checkpoint tensorboardX matplotlib fastapi uvicorn absl-py etils cloudpickle \
+        protobuf portpicker; do
+      $PIP "$p" 2>&1 | grep -v "WARNING: Target directory" | tail -1 || true
+    done
+  fi
   if ls .whl-tpu/*.whl >/dev/null 2>&1; then
     env PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps \
       --no-compile --target "$SITE" .whl-tpu/*.whl 2>&1 | grep -v "WARNING: Target" | tail -1

@@ -1,5 +1,7 @@
-"""A real ``ditax serve`` process on 127.0.0.1 (a free port) for the serve tests, and a small
-HTTP client (stdlib ``urllib``; no client library the server does not itself need).
+"""A real ``ditax serve`` process on 127.0.0.1 (a free port) — or on a Unix domain socket
+(``uds=``: machines without TCP) — for the serve tests and ``benchmarks/serve.py``, and a small
+HTTP client (stdlib ``urllib`` / ``http.client``; no client library the server does not itself
+need).
 
 The server runs the shipped demo model at a tiny size (:data:`SMALL`: 32x32, 5 frames, 2
 steps) in a subprocess that inherits the suite's environment (CPU, optimisations off); each
@@ -9,6 +11,7 @@ test module starts its own and shares it between its tests.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import pathlib
@@ -16,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -57,12 +61,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def short_socket_path() -> pathlib.Path:
+    """A fresh Unix socket path short enough for ``sockaddr_un`` (pytest's folders may not
+    be)."""
+    return pathlib.Path(tempfile.mkdtemp(prefix="ditax_uds_")) / "serve.sock"
+
+
 class Server:
-    """``ditax serve --model MODEL`` (the demo model unless told) with ``args``, its jobs in ``db``; :meth:`start` waits for
-    ``/health``."""
+    """``ditax serve --model MODEL`` (the demo model unless told) with ``args``, its jobs in
+    ``db``; :meth:`start` waits for ``/health``. ``uds``: serve on a Unix domain socket
+    (a path, or True for a fresh short one) instead of a free TCP port; :attr:`url` is then
+    ``unix:PATH``, which :func:`request` understands."""
 
     def __init__(self, folder: pathlib.Path, *args: str, db=None, cache=None, model="demo",
-                 env=None):
+                 env=None, uds=None):
         self.model = str(model)
         self.folder = pathlib.Path(folder)
         self.db = pathlib.Path(db or self.folder / "jobs.sqlite")
@@ -70,17 +82,30 @@ class Server:
         self.cache = cache
         self.args = list(args)
         self.env = dict(env or {})      # on top of the suite's environment
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.uds = (short_socket_path() if uds is True else
+                    pathlib.Path(uds) if uds else None)
+        self.made_uds_dir = uds is True         # stop() removes the folder it made
+        self.port = None
+        self.url = self._address()
         self.proc: subprocess.Popen | None = None
         self.log = self.folder / "server.log"
 
-    def start(self, timeout: float = 90.0) -> "Server":
+    def _address(self) -> str:
+        """``unix:PATH``, or a fresh free port's URL (no TCP socket is opened in uds mode:
+        machines without TCP)."""
+        if self.uds is not None:
+            self.uds.parent.mkdir(parents=True, exist_ok=True)     # again after a stop()
+            return f"unix:{self.uds}"
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "ditax.cli", "serve", "--model", self.model, "--port",
-               str(self.port), "--db", str(self.db), "--output-dir", str(self.out),
-               "--no-progress", *self.args]
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 90.0) -> "Server":
+        self.url = self._address()
+        where = (["--uds", str(self.uds)] if self.uds is not None else
+                 ["--port", str(self.port)])
+        cmd = [sys.executable, "-m", "ditax.cli", "serve", "--model", self.model, *where,
+               "--db", str(self.db), "--output-dir", str(self.out), "--no-progress",
+               *self.args]
         if self.cache is not None:
             cmd.append(f"compile_cache={self.cache}")
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -114,6 +139,10 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
+        finally:
+            if self.made_uds_dir and self.proc.poll() is not None:
+                with contextlib.suppress(OSError):   # empty once the server removed its file
+                    self.uds.parent.rmdir()
 
     def call(self, method: str, path: str, body=None, headers=None):
         return request(self.url, method, path, body, headers)
@@ -137,17 +166,44 @@ class Server:
                              f"{self.log.read_text()[-3000:]}")
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` over a Unix domain socket (the standard library has no such class)."""
+
+    def __init__(self, socket_path, timeout: float = 60.0):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = str(socket_path)
+
+    def connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 def request(url: str, method: str, path: str, body=None, headers=None):
-    """``(status, headers, JSON or bytes)`` of one HTTP call; ``body``: a dict (sent as JSON),
-    bytes, or None."""
+    """``(status, headers, JSON or bytes)`` of one HTTP call to ``url`` (``http://HOST:PORT``
+    or ``unix:SOCKET_PATH``); ``body``: a dict (sent as JSON), bytes, or None."""
     data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            status, head, raw = r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        status, head, raw = e.code, dict(e.headers), e.read()
+    head = {"Content-Type": "application/json", **(headers or {})}
+    if url.startswith("unix:"):
+        conn = UnixHTTPConnection(url[len("unix:"):])
+        try:
+            conn.request(method, path, body=data, headers=head)
+            r = conn.getresponse()
+            status, head, raw = r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        finally:
+            conn.close()
+    else:
+        req = urllib.request.Request(url + path, data=data, method=method, headers=head)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                status, head, raw = r.status, dict(r.headers), r.read()
+        except urllib.error.HTTPError as e:
+            status, head, raw = e.code, dict(e.headers), e.read()
     kind = head.get("content-type", "")
     return status, head, json.loads(raw) if kind.startswith("application/json") else raw
 

@@ -24,11 +24,15 @@ row's that does not pad the sequence by much (FLUX's 4,608 tokens take 1,536 rat
 
 from __future__ import annotations
 
-import os
-import re
 from typing import NamedTuple, Optional
 
 from ditax.intmath import round_up
+from ditax.tpu_env import (  # noqa: F401  (re-exported: the limits live beside the flag)
+    DEFAULT_SCOPED_MIB,
+    RAISED_SCOPED_MIB,
+    raise_scoped_vmem,
+    scoped_vmem_mib,
+)
 
 LANES = 128
 MIB = 1 << 20
@@ -42,12 +46,8 @@ class Row(NamedTuple):
     block_kv_bwd: int
 
 
-#: scoped VMEM the compiler allows a kernel without a limit of its own, per generation
-DEFAULT_SCOPED_MIB = {"v4": 16, "v5e": 16, "v5p": 16, "v6e": 32, "v7x": 32}
 #: physical VMEM per core: the most a limit may ask
 VMEM_MIB = {"v4": 32, "v5e": 128, "v5p": 95, "v6e": 128, "v7x": 64}
-#: the scoped limit ditax commands ask for (LIBTPU_INIT_ARGS), per generation
-RAISED_SCOPED_MIB = {"v5e": 96, "v6e": 96}
 
 _GENERIC = Row(512, 512, 512, 512, 512)
 #: (kernel, generation, needs a raised scoped limit) -> row
@@ -76,30 +76,6 @@ def generation(device_kind: str) -> Optional[str]:
     if "7x" in kind or "v7" in kind:
         return "v7x"
     return None
-
-
-def scoped_vmem_mib(gen: Optional[str], env: Optional[str] = None) -> int:
-    """The compiler's scoped-VMEM limit in this process (MiB): ``LIBTPU_INIT_ARGS``'s
-    ``--xla_tpu_scoped_vmem_limit_kib`` when set, else the generation's default."""
-    args = os.environ.get("LIBTPU_INIT_ARGS", "") if env is None else env
-    m = re.search(r"--xla_tpu_scoped_vmem_limit_kib=(\d+)", args)
-    if m:
-        return int(m.group(1)) // 1024
-    return DEFAULT_SCOPED_MIB.get(gen, 16)
-
-
-def raise_scoped_vmem(device_kind_hint: str = "") -> Optional[str]:
-    """For entry points, before JAX starts its TPU backend: add the generation's raised
-    scoped-VMEM limit to ``LIBTPU_INIT_ARGS`` unless the user set one. Returns the flag added
-    (None: none, e.g. set already). The generation is not known before the backend starts,
-    so the flag is the one every generation in :data:`RAISED_SCOPED_MIB` shares."""
-    args = os.environ.get("LIBTPU_INIT_ARGS", "")
-    if "xla_tpu_scoped_vmem_limit_kib" in args:
-        return None
-    mib = min(RAISED_SCOPED_MIB.values())
-    flag = f"--xla_tpu_scoped_vmem_limit_kib={mib * 1024}"
-    os.environ["LIBTPU_INIT_ARGS"] = (args + " " + flag).strip()
-    return flag
 
 
 def row(kernel: str, device_kind: str) -> Row:

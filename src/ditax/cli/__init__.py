@@ -130,8 +130,8 @@ def main(argv=None) -> int:
     """Run ``ditax`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # before JAX starts a TPU backend: the scoped-VMEM limit the attention kernels' large
-    # tiles need (unless LIBTPU_INIT_ARGS sets one; ditax.attention.tuning)
-    from ditax.attention.tuning import raise_scoped_vmem
+    # tiles need (unless LIBTPU_INIT_ARGS sets one; ditax.tpu_env, ditax.attention.tuning)
+    from ditax.tpu_env import raise_scoped_vmem
 
     raise_scoped_vmem()
     wanted = next((a for a in argv if not a.startswith("-")), None)

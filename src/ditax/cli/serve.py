@@ -8,7 +8,8 @@ request is a 400 with generate's words), ``GET /v1/videos/ID`` polls it, ``GET
 /v1/videos/ID/content`` downloads the mp4 (a PNG for an image model's folder, FLUX.1), ``GET /``
 is a web page; see :mod:`ditax.serve.app`.
 Jobs live in the SQLite file ``--db``: after a crash the same ``--db`` runs the queued and the
-interrupted jobs. Binds 127.0.0.1 unless ``--host`` says otherwise; ``--api-key KEY`` (or
+interrupted jobs. Binds 127.0.0.1:8000 unless ``--host`` / ``--port`` say otherwise, or listens on
+a Unix domain socket with ``--uds PATH`` (:mod:`ditax.cli.serve_listen`); ``--api-key KEY`` (or
 ``$DITAX_API_KEY``) makes every route but ``/health`` and the page need ``Authorization: Bearer
 KEY``. ``key=value`` overrides as for ``generate`` (mesh, attention, model.dtype, sample.*).
 SIGTERM / Ctrl-C (SIGINT) stop the server: it takes no more connections or jobs, and the
@@ -30,6 +31,8 @@ import os
 import pathlib
 import time
 
+from ditax.cli import serve_listen as listen
+from ditax.cli.serve_group import follower, group_exit, join_group, lead
 from ditax.errors import ConfigError
 from ditax.serve.group import check_mesh, is_group
 from ditax.serve.requests import BATCHING, Limits
@@ -45,8 +48,7 @@ STEP_WAIT = 300.0
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="pipeline folder, hub id, 'demo' (the "
                    "shipped Wan demo) or 'flux-demo' (the shipped small Flux)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
+    listen.add_arguments(p)
     p.add_argument("--db", default="ditax_serve/jobs.sqlite",
                    help="SQLite job store (created; reused after a restart), or "
                         "postgresql://USER[:PASSWORD]@HOST:PORT/DB: a PostgreSQL store that "
@@ -125,27 +127,13 @@ def lora_files(lora_dir) -> list[tuple[str, str]]:
     return [(f.stem, str(f)) for f in files]
 
 
-def check_host(host: str, port: int) -> None:
-    """``--host`` resolves to an address to bind (one line otherwise, before the model
-    loads)."""
-    import socket
-
-    try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as e:
-        raise ConfigError(f"--host {host!r} does not resolve ({e}); give an address of this "
-                          f"machine, e.g. --host 127.0.0.1 (or 0.0.0.0 for every interface)") \
-            from None
-
-
 def check_args(args) -> None:
-    for flag, v, lo in (("--port", args.port, 0), ("--max-queue", args.max_queue, 1),
-                        ("--max-batch", args.max_batch, 1), ("--max-steps", args.max_steps, 1),
-                        ("--max-pixels", args.max_pixels, 1),
-                        ("--max-frames", args.max_frames, 1)):
-        if v < lo or (flag == "--port" and v > 65535):
-            raise ConfigError(f"{flag}={v} must be >= {lo}" + (" and <= 65535"
-                                                               if flag == "--port" else ""))
+    listen.address_args(args)
+    for flag, v in (("--max-queue", args.max_queue), ("--max-batch", args.max_batch),
+                    ("--max-steps", args.max_steps), ("--max-pixels", args.max_pixels),
+                    ("--max-frames", args.max_frames)):
+        if v < 1:
+            raise ConfigError(f"{flag}={v} must be >= 1")
     if not 0 <= args.max_wait < float("inf"):
         raise ConfigError(f"--max-wait={args.max_wait} must be a finite number of seconds >= 0, "
                           f"e.g. --max-wait 10 (0: another shape's job runs as soon as the "
@@ -180,17 +168,18 @@ def run(args) -> int:
                           f"--lease 30 (how long a replica holds a job past its heartbeat)")
     args.model = model_arg(args.model)
     req = sample_request(args.model, args.overrides)   # the folder, before anything heavy
+    loras = lora_files(args.lora_dir)
     if is_group(req.cfg.mesh):           # one model across processes (ditax.serve.group)
         check_mesh(req.cfg.mesh)
         if req.cfg.mesh.process_id != 0:
-            return follower(args, req)   # no store, no port: the leader's turns
+            return follower(args, req, loras)   # no store, no port: the leader's turns
     db = check_store_path(args.db)
     shared = isinstance(db, str)                 # a PostgreSQL URL: replicas share it
     if shared and not args.output_dir:
         raise ConfigError(f"--db {mask_url(db)} is a database URL that replicas share: give "
                           f"them all the same --output-dir, a folder each replica sees (e.g. "
                           f"--output-dir /shared/ditax_videos)")
-    check_host(args.host, args.port)
+    listen.check_address(args)
     pipelines = req.pipelines
     # the store (a SQLite file's one server; PostgreSQL: one of its replicas), its jobs this
     # model's, before the model loads
@@ -199,7 +188,6 @@ def run(args) -> int:
     store.own()
     out = pathlib.Path(args.output_dir) if args.output_dir else db.parent / "videos"
     out.mkdir(parents=True, exist_ok=True)
-    loras = lora_files(args.lora_dir)
     limits = Limits(max_steps=args.max_steps, max_pixels=args.max_pixels,
                     max_frames=args.max_frames)
     # the other processes join (jax.distributed) before the first jax call: the checks below
@@ -248,7 +236,7 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
                    limits, tuple(n for n, _ in loras), (), makes, pipelines)))
     mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
     db = store.path
-    sock = bind(args.host, args.port)        # a port in use ends here, before any claim
+    sock = listen.listen(args)     # a port (socket) in use ends here, before any claim
     requeued, failed = store.recover()       # this process owns the store: their owner is gone
     # a write cut by a kill is never served; on a folder replicas share, another replica may be
     # writing one now: only those an hour old go
@@ -301,11 +289,10 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
                   f"{', '.join(sorted(changed))}, now {store.model_hash}: weights or configs "
                   f"replaced); they stay queued for those files — put them back to run the "
                   f"jobs, or cancel them (DELETE /v1/videos/ID)")
-        port = sock.getsockname()[1]          # --port 0: the one the system chose
-        print(f"serving {path} on http://{args.host}:{port} (jobs: {db}, videos: {out})",
+        print(f"serving {path} on {listen.where(args, sock)} (jobs: {db}, videos: {out})",
               flush=True)
         server = stopping_server(uvicorn, worker)(uvicorn.Config(
-            app, host=args.host, port=port, log_level="warning",
+            app, **listen.uvicorn_address(args, sock), log_level="warning",
             # open requests (a download) get the drain too, at least a second
             timeout_graceful_shutdown=max(args.drain, 1.0)))
         if group is not None:
@@ -315,26 +302,9 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
             wait_for(worker, store, server.forced)
             warm.finish(state, args.drain, server.forced, store)    # a warm-up still compiling
             wait_for(worker, store, server.forced)   # one it started as the stop began
+    listen.close(args, sock)
     store.close()
     print(f"stopped; queued jobs stay in {db} (the same --db runs them)", flush=True)
-
-
-def bind(host: str, port: int):
-    """A listening-ready socket bound to ``host:port`` (one :class:`ConfigError` line when
-    the port is taken or the address is not this machine's)."""
-    import socket
-
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
-                         socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e});"
-                          f" choose a free --port (0: any) or an address of this machine") \
-            from None
-    return sock
 
 
 def takes(pipelines, field: str) -> bool:
@@ -419,133 +389,3 @@ def wait_for(worker, store, forced) -> None:
           f"without it", flush=True)
     sys.stderr.flush()
     os._exit(0)
-
-
-# --- one model across several processes (ditax.serve.group)
-
-def join_group(args, req, loras: list):
-    """This process joins the group of ``req``'s mesh (``jax.distributed``; before the first
-    jax call), starts its watchdog and agrees with the others on the model, the overrides and
-    the LoRAs (another one's are one line, exit 2); returns the
-    :class:`~ditax.serve.group.Group`."""
-    from ditax.serve import group as groups
-
-    settings = groups.fingerprint(req.root, args.overrides, loras, max_batch=args.max_batch,
-                                  batching=args.batching)
-    group = groups.start(req.cfg.mesh, args.process_timeout)
-    group.watch()
-    with group_exit(group, close=False):
-        group.agree(settings)
-    import jax
-
-    what = ("serves HTTP; the others follow its turns" if group.leader else
-            f"follows the leader at {req.cfg.mesh.coordinator_address}: it serves no HTTP and "
-            f"opens no --db")
-    print(f"{group.name()}: {group.processes} processes joined ({jax.device_count()} devices, "
-          f"{jax.local_device_count()} here); this one {what}", flush=True)
-    return group
-
-
-def group_exit(group, close: bool = True):
-    """Around a group's work: an error ends the process with its status at once, after ditax's
-    one line (jax's shutdown barrier would wait for processes that are not coming); at the end
-    the group closes (the leader tells the followers to stop)."""
-    import contextlib
-
-    from ditax.errors import DitaxError
-
-    @contextlib.contextmanager
-    def scope():
-        if group is None:
-            yield
-            return
-        try:
-            yield
-        except BaseException as e:
-            group.exit_code = (2 if isinstance(e, DitaxError) else
-                               130 if isinstance(e, KeyboardInterrupt) else 1)
-            raise
-        finally:
-            if close:
-                group.close()
-
-    return scope()
-
-
-def lead(group, state, server, store) -> None:
-    """The leader's answers to its group: a follower's stop request is this server's own
-    first signal; a lost follower (the process exits 1 just after) shows in ``/health``,
-    stops the worker and hands its running jobs back to the queue."""
-    import signal
-
-    worker = state.worker
-
-    def lost(message: str) -> None:
-        state.health.update(group.health())
-        worker.begin_stop()
-        worker.hurry()
-        worker.wake.set()
-        back = [i for i in list(worker.running) if store.requeue(i)]
-        if back:
-            print(f"jobs {', '.join(back)} handed back to the queue ({message})", flush=True)
-
-    group.on_lost = lost
-    group.on_stop = lambda: server.handle_exit(signal.SIGTERM, None)
-
-
-def follower(args, req) -> int:
-    """A follower process (``mesh.process_id`` > 0): join the group, load the same model on
-    the same mesh, then apply the leader's turns until it stops (:meth:`Group.follow
-    <ditax.serve.group.Group.follow>`). No store, no port: ``--db``, ``--port``, ``--host``,
-    ``--output-dir`` and the request limits are the leader's; ``--max-batch`` and
-    ``--batching`` are taken from it. A first SIGTERM / SIGINT asks the leader to stop the
-    group; a second one leaves at once (exit 1)."""
-    import signal
-    import tempfile
-
-    import ditax
-    from ditax.cli.generate import parse_request
-    from ditax.cli.run import run_context
-    from ditax.serve.requests import BadRequest, check_body
-    from ditax.serve.worker import Worker
-
-    loras = lora_files(args.lora_dir)
-    group = join_group(args, req, loras)
-
-    def on_signal(sig, frame):
-        name = signal.Signals(sig).name
-        if group.stop_asked:
-            print(f"{group.name()}: {name} again: leaving the group now (exit 1)", flush=True)
-            os._exit(1)
-        group.ask_stop()
-        print(f"{group.name()}: {name}: the leader is asked to stop the group (a second signal "
-              f"leaves at once)", flush=True)
-
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, on_signal)
-    with group_exit(group), tempfile.TemporaryDirectory(prefix="ditax_follower_") as tmp:
-        out = pathlib.Path(tmp)          # the request check's output path; nothing is written
-        try:
-            load = dict(check_body({"prompt": "a check of the server's settings"}, args.model,
-                                   args.overrides, str(out / "request.mp4"), parse_request,
-                                   Limits(), loras=tuple(n for n, _ in loras),
-                                   lora_files=tuple(f for _, f in loras),
-                                   pipelines=req.pipelines, startup=True).load)
-        except BadRequest as e:
-            raise ConfigError(str(e)) from None
-        mesh_cfg, cache = load.pop("mesh_config"), load.pop("compile_cache")
-        load.pop("makes", None)
-        mesh = ditax.make_mesh(mesh_cfg)
-        with run_context(load["attention"], mesh, compile_cache=cache,
-                         status=not args.no_progress) as folder:
-            path = load.pop("path")
-            pipe = ditax.load_pipeline(path, mesh=mesh, **load)
-            print(f"compile cache: {folder or 'off'}; loaded {path} in {pipe.load_time:.1f}s",
-                  flush=True)
-            worker = Worker(pipe, None, out, max_batch=group.theirs["max_batch"],
-                            batching=group.theirs["batching"], say=print,
-                            context=lambda: run_context(load["attention"], mesh,
-                                                        compile_cache=cache))
-            group.follow(worker)
-    print(f"{group.name()}: the leader stopped the group", flush=True)
-    return 0
