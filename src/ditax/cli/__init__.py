@@ -36,6 +36,11 @@ COMMANDS = {
     "serve": "serve a model over HTTP: /v1/videos jobs, a durable queue, a web page",
 }
 
+#: commands that set JAX's platform up themselves before it starts (``plan``: N simulated
+#: CPUs or a deviceless topology) or never start it (``config``); the others start the
+#: backends quietly first (:mod:`ditax.cli.quiet`)
+SETS_UP_JAX = frozenset({"plan", "config"})
+
 USAGE, FAILURE = 2, 1
 
 
@@ -146,6 +151,10 @@ def main(argv=None) -> int:
         # flags and key=value overrides may come in any order after the command
         args = cmd_parser.parse_intermixed_args(argv[at + 1:])
         args.command, args.debug = wanted, debug
+        if wanted not in SETS_UP_JAX:      # libtpu's chip probing kept off a CPU's stderr
+            from ditax.cli.quiet import start_backends
+
+            start_backends()
         return int(module.run(args) or 0)
     except SystemExit as e:            # --help / --version print and stop here
         return 0 if e.code is None else e.code if isinstance(e.code, int) else FAILURE
