@@ -12,8 +12,10 @@ The dot (:meth:`QuantSpec.einsum`): weights only — ``(x @ q) * s`` in the comp
 contraction). With activations — ``x`` quantized per token (the scale ``max|x| / qmax`` over
 the contracted axes), then ``int8 x int8 -> int32`` (``preferred_element_type``; XLA runs
 integer dots on every backend) or ``fp8 x fp8 -> float32`` where the platform has fp8 dots
-(:func:`native_dots`; elsewhere the fp8 values are widened to the compute dtype first: the
-same numbers, no speed-up), and both scales applied to the result.
+(:func:`~ditax.nn.quant_target.native_dots`; elsewhere the fp8 values are widened to the
+compute dtype first: the same numbers, no speed-up; on a TPU without fp8 matrix units the
+mode is refused, :func:`~ditax.nn.quant_target.check_dots`), and both scales applied to the
+result.
 
 Quantization is a property of the module (``Linear.quant``, static in the graph), set on the
 abstract model by :func:`quantize_module`; the loader quantizes each device's slice as it is
@@ -35,6 +37,7 @@ from flax import nnx
 
 from ditax.errors import ConfigError
 from ditax.nn.linear import Linear
+from ditax.nn.quant_target import check_dots, describe, dots_target, native_dots
 
 MODES = ("none", "int8", "fp8")
 QMAX = {"int8": 127.0, "fp8": 448.0}
@@ -42,35 +45,6 @@ STORED = {"int8": jnp.dtype(jnp.int8), "fp8": jnp.dtype(jnp.float8_e4m3fn)}
 SCALE = "kernel_scale"
 
 log = logging.getLogger(__name__)
-
-
-def native_dots(mode: str, activations: bool, platform: str, device_kind: str = "") -> bool:
-    """Whether ``mode``'s dots run natively in 8 bits on ``platform`` (``jax.devices()[0]
-    .platform``; ``device_kind`` e.g. ``"TPU v6 lite"``, ``"NVIDIA H200"``). Weights-only
-    modes never do (the other operand is the compute dtype); int8 x int8 does on TPU v5e /
-    v6e, fp8 x fp8 on Hopper (H100 / H200) and later; CPU emulates every mode."""
-    if not activations or mode == "none":
-        return False
-    kind = device_kind.lower()
-    if mode == "int8":
-        return platform == "tpu" and any(v in kind for v in ("v5 lite", "v5e", "v6"))
-    return platform == "gpu" and any(g in kind for g in ("h100", "h200", "h800", "gh200",
-                                                         "b100", "b200"))
-
-
-def describe(mode: str, activations: bool, devices=None) -> str:
-    """One log phrase: the mode and whether its dots are native 8-bit on ``devices``."""
-    if mode == "none":
-        return "full precision"
-    d = (devices or jax.devices())[0]
-    native = native_dots(mode, activations, d.platform, getattr(d, "device_kind", ""))
-    what = f"{mode} weights" + (f" x {mode} activations" if activations else "")
-    how = ("native 8-bit dots" if native else
-           "dots in the compute dtype (8-bit storage: memory only)" if not activations else
-           "8-bit dots emulated (no native 8-bit matmul for this mode)")
-    kind = getattr(d, "device_kind", "")
-    where = d.platform if kind.lower() in ("", d.platform) else f"{d.platform} {kind}"
-    return f"{what} on {where}: {how}"
 
 
 # --- the numbers --------------------------------------------------------------------------
@@ -193,12 +167,13 @@ def quantized_linears(model, stacks, exclude=r"norm"):
 def quantize_module(model, mode: str, activations: bool = False, devices=None):
     """Give the block linears of the abstract ``model`` 8-bit kernels (``mode``) and float32
     ``kernel_scale`` s, in place; returns ``model``. ``model.block_stacks`` names the
-    stacks. Values come from the loader (:func:`reader`)."""
+    stacks. Values come from the loader (:func:`reader`) or a random init
+    (:func:`ditax.nn.quant_random.random_kernel`). First refuses what the target (``devices``)
+    cannot run well (:func:`~ditax.nn.quant_target.check_dots`)."""
     if mode == "none":
         return model
-    d = (devices or jax.devices())[0]
-    spec = QuantSpec(mode, activations,
-                     native_dots(mode, activations, d.platform, getattr(d, "device_kind", "")))
+    check_dots(mode, activations, devices)
+    spec = QuantSpec(mode, activations, native_dots(mode, activations, *dots_target(devices)))
     stacks = [name for name, _ in model.block_stacks]
     for _, lin in list(quantized_linears(model, stacks)):
         shape = tuple(lin.kernel.shape)
@@ -394,7 +369,7 @@ def weight_bytes(state) -> int:
                for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
 
 
-__all__ = ["MODES", "QuantSpec", "native_dots", "describe", "channel_scale", "quantize_values",
-           "dequantize", "quantize_module", "quantize_linear", "quantized_kernels",
-           "with_scale_axes", "reader", "stored_reader", "folder_mode", "prepare",
-           "check_lora_mode", "check_source", "weight_bytes"]
+__all__ = ["MODES", "QuantSpec", "native_dots", "dots_target", "check_dots", "describe",
+           "channel_scale", "quantize_values", "dequantize", "quantize_module", "quantize_linear",
+           "quantized_kernels", "with_scale_axes", "reader", "stored_reader", "folder_mode",
+           "prepare", "check_lora_mode", "check_source", "weight_bytes"]

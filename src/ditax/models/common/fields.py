@@ -5,7 +5,8 @@ dataclass, the diffusers ``config.json`` a config writes, and the part of ``chec
 every family runs (:func:`transformer_check`).
 
 Light on purpose (no JAX, no flax): a family's config module imports it, and configs are read
-before anything heavy loads. The remat policies themselves (jax objects) are in
+before anything heavy loads (one exception, inside :func:`check_quantize`: fp8 activations
+ask the target platform). The remat policies themselves (jax objects) are in
 :mod:`ditax.nn.stack`, keyed by these names.
 """
 
@@ -132,7 +133,9 @@ def for_training(m):
 
 def check_quantize(m) -> None:
     """``m.quantize`` is a mode of :data:`QUANTIZE_MODES`; ``m.quantize_activations`` needs
-    one (a :class:`ConfigError` naming the value and the fix)."""
+    one (a :class:`ConfigError` naming the value and the fix); fp8 activations need fp8
+    matrix units where the target is a TPU (:func:`ditax.nn.quant_target.check_dots`), the
+    one rule that asks JAX (the platform), so JAX is imported for it alone."""
     if m.quantize not in QUANTIZE_MODES:
         raise ConfigError(f"model.quantize={m.quantize!r} is not a quantization mode; use one "
                           f"of {', '.join(QUANTIZE_MODES)} (e.g. model.quantize=int8, or "
@@ -140,6 +143,10 @@ def check_quantize(m) -> None:
     if m.quantize_activations and m.quantize == "none":
         raise ConfigError("model.quantize_activations=true needs 8-bit weights: set "
                           "model.quantize=int8 or model.quantize=fp8")
+    if m.quantize == "fp8" and m.quantize_activations:
+        from ditax.nn.quant_target import check_dots
+
+        check_dots(m.quantize, m.quantize_activations)
 
 
 def check_overrides(cls, overrides: dict) -> None:

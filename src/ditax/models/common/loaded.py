@@ -5,7 +5,8 @@ A family's conversion table names each parameter's logical axes (:mod:`ditax.io.
 rows); :func:`param_shardings` turns them into ``NamedSharding`` s for a whole state and
 :func:`param_sharding` into the per-parameter rule :func:`ditax.io.convert.load_params` reads
 each device's slice with; :func:`init_module` creates a random module straight into them
-(:class:`Builder`: a family's abstract / random / sharding builders in one).
+(:class:`Builder`: a family's abstract / random / sharding builders in one; under
+``model.quantize`` the random model's block linears are drawn in 8 bits).
 :class:`LoadedTransformer` is the wrapper's shared half (a pytree whose leaves are the
 parameters); each family subclasses it with its own call. :func:`check_architecture` is the
 one ``init_from`` message for a folder of another architecture.
@@ -13,6 +14,7 @@ one ``init_from`` message for a folder of another architecture.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Optional
 
 import jax
@@ -23,6 +25,8 @@ from ditax.errors import ConfigError
 from ditax.parallel.rules import param_spec
 
 Axes = dict   # parameter path (strings) -> logical axis names
+
+log = logging.getLogger(__name__)
 
 
 def _path_str(path) -> tuple[str, ...]:
@@ -66,15 +70,47 @@ def param_sharding(axes: Axes, mesh, offload: str = "none") -> Optional[Callable
     return sharding
 
 
-def init_module(build: Callable, mesh, seed: int, shardings: Callable):
+def init_module(build: Callable, mesh, seed: int, shardings: Callable,
+                quantize: Optional[Callable] = None):
     """``build(mesh, rngs)`` randomly initialised from ``seed``; with a mesh, its parameters
-    are created straight into ``shardings(abstract_state)`` (no full copy on any device)."""
-    if mesh is None:
+    are created straight into ``shardings(abstract_state)`` (no full copy on any device).
+    ``quantize``: see :func:`init_program`."""
+    if quantize is None and mesh is None:
         return build(None, nnx.Rngs(seed))
-    gdef, abstract = nnx.split(nnx.eval_shape(lambda: build(mesh, nnx.Rngs(0))))
-    state = jax.jit(lambda: nnx.split(build(mesh, nnx.Rngs(seed)))[1],
-                    out_shardings=shardings(abstract))()
-    return nnx.merge(gdef, state)
+    gdef, program = init_program(build, mesh, seed, shardings, quantize)
+    return nnx.merge(gdef, program())
+
+
+def init_program(build: Callable, mesh, seed: int, shardings: Callable,
+                 quantize: Optional[Callable] = None):
+    """``(graphdef, init)``: the jitted program (no arguments) that draws
+    :func:`init_module`'s state, created in ``shardings(abstract_state)`` with a mesh.
+
+    ``quantize(model)`` (optional; :func:`ditax.nn.quant.quantize_module`) makes linears of
+    the abstract model 8-bit in place: their kernels and scales are drawn in 8 bits inside
+    this program (:func:`ditax.nn.quant_random.random_quantized`), where the float kernels
+    the build draws go unused and are dropped, so no full-precision copy of a quantized
+    kernel is ever written; 8-bit host arrays (``model.offload=host``) are created in the
+    layout their per-layer copies need (:func:`ditax.nn.offload.placement`)."""
+    from ditax.nn.offload import placement
+    from ditax.nn.quant_random import random_quantized
+
+    model = nnx.eval_shape(lambda: build(mesh, nnx.Rngs(0)))
+    gdef, abstract = nnx.split(model if quantize is None else quantize(model))
+
+    def init():
+        state = nnx.split(build(mesh, nnx.Rngs(seed)))[1]
+        if quantize is None:
+            return state
+        values = random_quantized(abstract, nnx.to_pure_dict(state), seed)
+        state = jax.tree.map(lambda x: x, abstract)      # the quantized tree, filled here
+        nnx.replace_by_pure_dict(state, values)
+        return state
+
+    out = None if mesh is None else shardings(abstract)
+    if out is not None and quantize is not None:
+        out = jax.tree.map(lambda sh, a: placement(sh, a.dtype, a.ndim), out, abstract)
+    return gdef, jax.jit(init, out_shardings=out)
 
 
 class Builder:
@@ -98,9 +134,30 @@ class Builder:
         return nnx.eval_shape(lambda: self.module(cfg, attention, mesh, rngs=nnx.Rngs(0)))
 
     def init_model(self, cfg, attention=None, mesh=None, seed: int = 0):
-        """Randomly initialised model; with a mesh, parameters are created already sharded."""
-        return init_module(lambda mesh, rngs: self.module(cfg, attention, mesh, rngs=rngs),
-                           mesh, seed, lambda state: self.param_shardings(state, cfg, mesh))
+        """Randomly initialised model; with a mesh, parameters are created already sharded.
+        ``cfg.quantize``: its block linears in 8 bits as the loader stores them (with
+        ``cfg.quantize_activations``' dots), drawn in 8 bits (:func:`init_program`)."""
+        return init_module(*self._init(cfg, attention, mesh, seed))
+
+    def init_program(self, cfg, attention=None, mesh=None, seed: int = 0):
+        """:meth:`init_model`'s ``(graphdef, jitted init program)`` (:func:`init_program`;
+        e.g. to read its compiled memory)."""
+        return init_program(*self._init(cfg, attention, mesh, seed))
+
+    def _init(self, cfg, attention, mesh, seed):
+        mode = getattr(cfg, "quantize", "none")
+        quantize = None
+        if mode != "none":
+            from ditax.nn.quant import check_dots, describe, quantize_module
+
+            devices = None if mesh is None else list(mesh.devices.flat)
+            check_dots(mode, cfg.quantize_activations, devices)     # before any work
+            log.info("random init: block linears in %s", describe(
+                mode, cfg.quantize_activations, devices))
+            quantize = lambda model: quantize_module(  # noqa: E731
+                model, mode, cfg.quantize_activations, devices)
+        return (lambda mesh, rngs: self.module(cfg, attention, mesh, rngs=rngs), mesh, seed,
+                lambda state: self.param_shardings(state, cfg, mesh), quantize)
 
 
 def check_architecture(path, diff) -> None:
@@ -164,5 +221,5 @@ class LoadedTransformer:
         return self.module.sharding.put_batch(x, batch_axis)
 
 
-__all__ = ["param_shardings", "param_sharding", "init_module", "check_architecture",
-           "LoadedTransformer"]
+__all__ = ["param_shardings", "param_sharding", "init_module", "init_program",
+           "check_architecture", "LoadedTransformer"]
