@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ditax.cli.quiet import filter_probing
+from ditax.cli.quiet import filter_probing, quiet_libtpu
 
 PROBE = ("Failed to find host bounds for accelerator type: WARNING: could not determine TPU "
          "accelerator type, please set env var `TPU_ACCELERATOR_TYPE` manually, otherwise "
@@ -26,6 +26,17 @@ def test_filter_drops_only_the_probing_lines():
     kept = "UserWarning: something a user should see\n"
     assert filter_probing(PROBE + kept) == kept
     assert filter_probing(PROBE) == ""
+
+
+def test_the_filter_passes_partial_lines_at_once_and_drops_probing(capfd):
+    """What a command writes to fd 2 comes through (a progress bar's ``\r`` line without its
+    newline too); libtpu's probing lines, written from C the same way, do not."""
+    with quiet_libtpu():
+        os.write(2, b"step 1/4\r")
+        os.write(2, PROBE.encode())
+        os.write(2, b"done\n")
+    err = capfd.readouterr().err
+    assert err == "step 1/4\rdone\n"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,

@@ -187,7 +187,7 @@ def test_train_from_the_folder_resumes_bit_exact(flux, many):
 @pytest.mark.parametrize("argv,words", [
     (["train", "flux.1-schnell", "flow.guidance=3.5"], "no guidance embedding"),
     (["train", "flux.1-dev", "flow.shift=3"], "flow.dynamic_shift=true"),
-    (["train", "flux-tiny", "data.height=40"], "multiples of 16"),
+    (["train", "flux-tiny", "data.height=40"], "height=40 must be a positive multiple of 16"),
 ])
 def test_bad_flux_training_input_is_one_line(argv, words, capsys, tmp_path):
     from ditax.cli import main

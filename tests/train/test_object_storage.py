@@ -4,9 +4,11 @@ last), a run whose output_dir is a URL checkpoints there (orbax writes a local s
 each finished step is uploaded, commit_success.txt last) and resumes from it bit for bit, a
 half-uploaded checkpoint is never restored from, and a dozen wrong URLs are one line each.
 
-``memory://`` is fsspec's in-process filesystem (no OS path: what orbax cannot write, so the
-staging design is what runs); ``file://`` URLs are the local paths they name.
-``flakymem://`` (registered here) is ``memory://``'s store with uploads that fail on demand.
+``keptmem://`` (registered here) is ``memory://``'s in-process store standing for a bucket (no
+OS path: what orbax cannot write, so the staging design is what runs; ``memory://`` itself is
+refused for what another process reads, its store dying with the process); ``file://`` URLs
+are the local paths they name. ``flakymem://`` is the same store with uploads that fail on
+demand.
 """
 
 import json
@@ -33,18 +35,24 @@ from latent_datasets import run_cfg, write_dataset
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
-class FlakyMemory(MemoryFileSystem):
-    """``memory://``'s store under another protocol; an upload whose path holds
-    ``fail_on`` fails halfway (the files before it arrived, it and those after did not)."""
+class KeptMemory(MemoryFileSystem):
+    """``memory://``'s store under another protocol: a bucket, as far as ditax can tell."""
 
-    protocol = "flakymem"
-    fail_on: str | None = None
+    protocol = "keptmem"
 
     @classmethod
     def _strip_protocol(cls, path):
-        if isinstance(path, str) and path.startswith("flakymem://"):
-            path = path[len("flakymem://"):]
+        if isinstance(path, str) and path.startswith(f"{cls.protocol}://"):
+            path = path[len(f"{cls.protocol}://"):]
         return super()._strip_protocol(path)
+
+
+class FlakyMemory(KeptMemory):
+    """:class:`KeptMemory` whose upload of a path that holds ``fail_on`` fails halfway (the
+    files before it arrived, it and those after did not)."""
+
+    protocol = "flakymem"
+    fail_on: str | None = None
 
     def put_file(self, lpath, rpath, **kw):
         if self.fail_on and self.fail_on in rpath:
@@ -52,6 +60,7 @@ class FlakyMemory(MemoryFileSystem):
         return super().put_file(lpath, rpath, **kw)
 
 
+fsspec.register_implementation("keptmem", KeptMemory, clobber=True)
 fsspec.register_implementation("flakymem", FlakyMemory, clobber=True)
 MEM = fsspec.filesystem("memory")
 
@@ -68,7 +77,7 @@ def cache(tmp_path_factory):
     MEM.pseudo_dirs[:] = [""]
 
 
-def url(name: str, proto: str = "memory") -> str:
+def url(name: str, proto: str = "keptmem") -> str:
     return f"{proto}://t-{uuid.uuid4().hex[:8]}/{name}"
 
 

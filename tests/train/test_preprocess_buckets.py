@@ -52,7 +52,7 @@ def _run(v, out, *extra):
 
 def test_the_pixel_step_is_the_familys_grid_times_the_patch():
     assert pixel_step("wan", None) == 16                        # Wan 2.1: 8x VAE, 2x2 patch
-    assert pixel_step("wan", model_path()) == 8                 # the demo's 4x VAE
+    assert pixel_step("wan", model_path()) == 16                # the demo's 4x VAE, 4x4 patch
     assert pixel_step("flux", None) == 16                       # FLUX.1: 8x VAE, 2x2 packing
     assert pixel_step("flux", flux_model_path()) == 8           # the small Flux's 4x VAE
 
@@ -96,7 +96,9 @@ BAD = [
     (["--buckets", "0x480x81"], "--buckets 0x480x81: width, height and frames must be at "
                                 "least 1"),
     (["--buckets", "833x480x81"], "--buckets 833x480x81 is not on the Wan latent grid: width "
-                                  "and height must be multiples of 8"),
+                                  "and height must be multiples of 16 (the VAE's 4x and the "
+                                  "transformer's 4x4 patch)"),
+    (["--buckets", "72x64x17"], "the nearest valid bucket is 64x64x17"),     # issue 57
     (["--buckets", "833x480x81"], "the nearest valid bucket is 832x480x81"),
     (["--buckets", "832x480x80"], "80 frames: the Wan VAE takes 4k+1 frames; the nearest "
                                   "valid bucket is 832x480x81"),
@@ -107,7 +109,7 @@ BAD = [
     (["--buckets", "48x32x5", "--frames", "5"], "--frames 5 with --buckets"),
     (["--buckets", "48x32x5", "--resize", "stretch"], "never stretches; drop --resize"),
     (["--bucket-area", "0"], "--bucket-area 0: must be an integer from 1"),
-    (["--bucket-area", "50"], "--bucket-area 50: holds no bucket; the smallest is 8x8"),
+    (["--bucket-area", "50"], "--bucket-area 50: holds no bucket; the smallest is 16x16"),
     (["--bucket-area", "1536", "--frames", "5,6"], "--frames 6: 6 frames: the Wan VAE takes "
                                                    "4k+1 frames; the nearest valid count is 5"),
     (["--bucket-area", "1536", "--frames", "5,a"], "--frames 'a': not a positive integer"),
@@ -202,7 +204,7 @@ def test_mixed_material_makes_one_dataset_of_several_shapes(clips, tmp_path, cap
     assert meta["resize"] == "crop" and meta["model"] == str(model_path())
     assert meta["skipped"] == [{"file": "short.mp4", "why": said[0].split(": ", 1)[1]}]
     pol = meta["bucket_policy"]
-    assert pol["kind"] == "given" and pol["step"] == 8 and pol["buckets"] == [
+    assert pol["kind"] == "given" and pol["step"] == 16 and pol["buckets"] == [
         "48x32x9", "48x32x5", "32x48x5", "48x32x1"]
     assert {"assign", "resize", "frame_count"} <= set(pol)
     buckets = dataset_buckets(meta)
@@ -240,8 +242,8 @@ def test_bucket_area_derives_frame_1_buckets_only_when_asked(clips, tmp_path, ca
     said = capsys.readouterr().out
     meta = read_meta(out)
     assert meta["bucket_policy"]["kind"] == "area" and meta["bucket_policy"]["area"] == 1536
-    # the demo's 4x VAE: sides multiples of 8, so 40x32 too
-    assert meta["bucket_policy"]["buckets"] == ["32x48x5", "32x32x5", "40x32x5", "48x32x5"]
+    # the demo's 4x VAE and 4x4 patch: sides multiples of 16
+    assert meta["bucket_policy"]["buckets"] == ["32x48x5", "32x32x5", "48x32x5"]
     assert {b["name"]: b["num_samples"] for b in dataset_buckets(meta)} == {
         "32x48x5": 1, "48x32x5": 2}
     # the still (no frame-1 bucket without 1 in --frames) and the short clip are skipped

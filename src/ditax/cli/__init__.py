@@ -2,9 +2,10 @@
 
 One module a command (``ditax.cli.generate``, ``train``, ``train_vae`` for ``train-vae``,
 ``preprocess``, ``convert``, ``export``, ``bench``, ``plan``, ``calibrate_cache`` for
-``calibrate-cache``, ``config``), each exposing ``add_arguments(parser)`` and ``run(args) ->
-int``; their ``--help`` ends with the examples of :mod:`ditax.cli.examples`. Only the module
-of the command asked for is imported, so ``ditax --help`` does not start JAX.
+``calibrate-cache``, ``config``, ``init_random`` for ``init-random``), each exposing
+``add_arguments(parser)`` and ``run(args) -> int``; their ``--help`` ends with the examples
+of :mod:`ditax.cli.examples`. Only the module of the command asked for is imported, so
+``ditax --help`` does not start JAX.
 
 Exit codes: 0 ok; 2 a bad request or config (any :class:`ditax.errors.DitaxError`, or a usage
 error), checked before anything heavy loads where it can be; 1 a runtime failure. A mistake the
@@ -21,6 +22,7 @@ import sys
 import traceback
 
 from ditax.errors import DitaxError, NonFiniteOutput, RequestError
+from ditax.io.outputs import WriteFailed   # light: no JAX (ditax --help starts none)
 
 COMMANDS = {
     "generate": "text → video (Wan) or image (FLUX.1) with a model folder; --prompts FILE",
@@ -34,12 +36,8 @@ COMMANDS = {
     "calibrate-cache": "measure a model's step-cache numbers (TeaCache, MagCache)",
     "config": "list the config keys with their defaults (or a preset's values) and the presets",
     "serve": "serve a model over HTTP: /v1/videos jobs, a durable queue, a web page",
+    "init-random": "a random-weight pipeline folder of any family (no download, no torch)",
 }
-
-#: commands that set JAX's platform up themselves before it starts (``plan``: N simulated
-#: CPUs or a deviceless topology) or never start it (``config``); the others start the
-#: backends quietly first (:mod:`ditax.cli.quiet`)
-SETS_UP_JAX = frozenset({"plan", "config"})
 
 USAGE, FAILURE = 2, 1
 
@@ -151,18 +149,17 @@ def main(argv=None) -> int:
         # flags and key=value overrides may come in any order after the command
         args = cmd_parser.parse_intermixed_args(argv[at + 1:])
         args.command, args.debug = wanted, debug
-        if wanted not in SETS_UP_JAX:      # libtpu's chip probing kept off a CPU's stderr
-            from ditax.cli.quiet import start_backends
+        from ditax.cli.quiet import quiet_libtpu
 
-            start_backends()
-        return int(module.run(args) or 0)
+        with quiet_libtpu():               # libtpu's chip probing kept off a CPU's stderr
+            return int(module.run(args) or 0)
     except SystemExit as e:            # --help / --version print and stop here
         return 0 if e.code is None else e.code if isinstance(e.code, int) else FAILURE
     except UsageError as e:
         return _report(prog, f"{e} (see {prog} --help)", USAGE, debug)
     except DitaxError as e:
         return _report(prog, str(e), USAGE, debug)
-    except (CommandFailed, NonFiniteOutput) as e:   # failures their message explains
+    except (CommandFailed, NonFiniteOutput, WriteFailed) as e:   # failures their message explains
         return _report(prog, str(e), FAILURE, debug)
     except KeyboardInterrupt:
         return _report(prog, "interrupted", 130, debug)

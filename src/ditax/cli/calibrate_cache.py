@@ -78,7 +78,7 @@ def run(args) -> int:
 
     import ditax
     from ditax.io.images import read_image
-    from ditax.cli.sample_request import sample_request
+    from ditax.cli.sample_request import check_sizes, sample_request
     from ditax.cli.run import run_context
     from ditax.config import validate
     from ditax.models import registry
@@ -117,6 +117,7 @@ def run(args) -> int:
     negative = pick(args.negative_prompt, defaults["negative_prompt"])
     with request_errors():
         check_seed(args.seed, len(args.prompts), "--seed")
+        check_sizes(sr, req)            # the folder's one size rule, as generate / serve
         for prompt in args.prompts:
             sr.pipelines.check_request(prompt, req["height"], req["width"], req["num_frames"],
                                        req["num_inference_steps"], req["guidance_scale"], None,

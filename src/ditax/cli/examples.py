@@ -98,6 +98,13 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
          'ditax calibrate-cache Wan-AI/Wan2.1-T2V-1.3B-Diffusers --prompts "a cat walks on '
          'the grass" "a red car drives through the rain" --steps 50 --into cache_numbers.json'),
     ],
+    "init-random": [
+        ("a small random LTX-2 folder (seconds, no download), then a video from it",
+         "ditax init-random ltx2-tiny --out ltx2-random"),
+        ("the small presets of every family", "ditax init-random --list"),
+        ("Wan 2.1 1.3B at its real size with random weights (speed and memory measurements)",
+         "ditax init-random wan2.1-t2v-1.3b --out wan-1.3b-random --text-layers 2"),
+    ],
     "config": [
         ("every section and key with its default, and the presets", "ditax config"),
         ("a preset's values with overrides applied (what `ditax train` would run)",

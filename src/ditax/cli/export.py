@@ -10,6 +10,10 @@ already its LoRA files, named when one is given), the VAE, text encoders, tokeni
 and model_index.json from the run's init_from or --base (copied; --link: linked). The folder
 loads with ditax.load_pipeline and diffusers' from_pretrained (:mod:`ditax.train.export`).
 Every input is checked before a weight is read: exit 2 with one line naming it and the fix.
+RUN_DIR and --out may be file:///ABSOLUTE/PATH (that local folder) or a bucket URL; a
+memory:// --out is refused (its store dies with the command). The folder is written hidden
+beside --out and renamed when complete: a write that fails (the disk full, a quota, no
+permission) is one line naming --out and the cause, exit 1, and nothing is left at --out.
 """
 
 from __future__ import annotations
@@ -35,9 +39,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from ditax.cli import CommandFailed
+    from ditax.io.outputs import WriteFailed
     from ditax.train.export import export_run, plan_export
 
     plan = plan_export(args.run, args.out, step=args.step, base=args.base, dtype=args.dtype,
                        link=args.link)
-    export_run(plan)
+    try:
+        export_run(plan)
+    except WriteFailed as e:        # a full disk, a quota, no permission: exit 1, one line
+        raise CommandFailed(str(e)) from e
     return 0

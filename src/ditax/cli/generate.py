@@ -67,15 +67,14 @@ SUFFIX = {"video": ".mp4", "image": ".png"}
 def add_request_flags(p: argparse.ArgumentParser) -> None:
     """One flag per request field of every known family (:func:`ditax.pipelines.request.
     all_fields`); a family's own field says whose it is. All default to None (not given)."""
-    from ditax.pipelines.request import all_fields
+    from ditax.pipelines.request import all_fields, flag_help
 
     kinds = {"int": int, "float": float, "str": str}
     for name, (f, families) in all_fields().items():
         if not f.cli:
-            continue
-        whose = "" if families == ["*"] else f" [{', '.join(families)} models]"
+            continue       # a field several families declare: each one's help (their rules)
         p.add_argument(f.cli, type=kinds[f.kind], default=None, metavar=f.metavar,
-                       help=f"{f.help}{whose}")
+                       help=flag_help(name))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -171,7 +170,7 @@ def parse_request(args):
     server's ``"api"``) says how messages name the fields. Nothing here reads a model."""
     import jax
 
-    from ditax.cli.sample_request import sample_request
+    from ditax.cli.sample_request import check_sizes, sample_request
     from ditax.config import validate
     from ditax.io.outputs import check_output_file, check_output_folder
     from ditax.models.registry import require, spec
@@ -205,6 +204,7 @@ def parse_request(args):
 
         read_numbers(s.cache_coefficients)      # a readable numbers file, before any weights
     with request_errors():
+        check_sizes(req, call)      # the folder's one size rule, before the family's checks
         pipes.check_request(**call)
     if s.sigmas is not None and len(s.sigmas) != call["num_inference_steps"]:
         origin = f" (sample.preset={s.preset})" if s.preset else ""
@@ -214,7 +214,7 @@ def parse_request(args):
     suffix = SUFFIX.get(makes, ".mp4")
     if args.output is None:
         args.output = "out" + suffix
-    check_output_file(args.output, "--output", example="out" + suffix)
+    args.output = str(check_output_file(args.output, "--output", example="out" + suffix))
     if pathlib.Path(args.output).suffix.lower() != suffix:
         fix = "; use --frames-dir for PNG frames" if video else ""
         raise RequestError(f"--output {args.output!r} must end in {suffix} ({args.model} makes "
@@ -228,7 +228,7 @@ def parse_request(args):
             args.fps = (int(rate) if float(rate).is_integer() else rate) if rate else \
                 defaults.get("fps") or 16
         if getattr(args, "frames_dir", None) is not None:
-            check_output_folder(args.frames_dir, "--frames-dir")
+            args.frames_dir = str(check_output_folder(args.frames_dir, "--frames-dir"))
             if pathlib.Path(args.frames_dir).absolute() == pathlib.Path(args.output).absolute():
                 raise RequestError(f"--frames-dir {args.frames_dir} is the --output path; give "
                                    f"the PNG frames their own folder")
@@ -369,33 +369,34 @@ def _timing(pipe) -> str:
 
 
 def write_output(args, out, pipe, makes: str) -> None:
-    """Write one result (a PNG for an image family, else the mp4 and ``--frames-dir``) and print
-    the timing, step-cache and wrote lines."""
-    from ditax.io.images import write_png
-    from ditax.io.outputs import write_extras
-    from ditax.io.video import write_frames, write_mp4
-
+    """Write one result, renamed whole (:func:`ditax.io.results.write_result`; a failed write
+    is one line naming the file and the cause, exit 1); print the timing and wrote lines."""
+    from ditax.cli import CommandFailed
     from ditax.io.audio import AudioTrack
+    from ditax.io.outputs import WriteFailed
+    from ditax.io.results import write_result
 
     t0 = time.perf_counter()
-    audio = None
+    audio, extras = None, {}
     if isinstance(out, dict):          # a family with further outputs (PipelineFamily.outputs)
         extras = {k: v for k, v in out.items() if k != makes}
         audio = extras.pop("audio", None)     # a sound track goes into the mp4
         if audio is not None and not isinstance(audio, AudioTrack):
             extras["audio"] = audio
             audio = None
-        for path in write_extras(args.output, extras):
-            print(f"wrote {path}")
         out = out[makes]
+    try:
+        for path in write_result(args.output, out, fps=getattr(args, "fps", None) or 16,
+                                 audio=audio, extras=extras,
+                                 frames_dir=getattr(args, "frames_dir", None)):
+            print(f"wrote {path}")
+    except WriteFailed as e:
+        raise CommandFailed(str(e)) from e
+    path = args.output      # as it was checked (a file:// URL: its local path)
     if makes == "image":
-        path = write_png(args.output, out)
         print(f"{_timing(pipe)}write {time.perf_counter() - t0:.2f}s")
         print(f"wrote {path} ({out.shape[1]}x{out.shape[0]} image)")
         return
-    path = write_mp4(args.output, out, fps=args.fps, audio=audio)
-    if args.frames_dir:
-        write_frames(args.frames_dir, out)
     print(f"{_timing(pipe)}write {time.perf_counter() - t0:.2f}s")
     st = getattr(pipe, "last_stats", {})
     if st.get("cache") or st.get("cfg_cache"):

@@ -121,6 +121,8 @@ def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     check_capabilities(cfg, "ditax plan", training=args.train)
     validate(cfg, len(devices), training=args.train)
+    if args.compile or args.dump_hlo is not None or getattr(args, "fit", False):
+        check_sizes(cfg, args.latent)
     mesh = make_mesh(cfg.mesh, devices)
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print  # noqa: E731
     if getattr(args, "fit", False):
@@ -148,6 +150,26 @@ def run(args) -> int:
         if key in out:
             _print_program(key, out[key], what)
     return 0
+
+
+def check_sizes(cfg, latent) -> None:
+    """What the plan compiles on the family's one size rule
+    (:meth:`~ditax.models.base.ModelFamily.size_rule` of the config's model), before anything
+    compiles: ``--latent F,Y,X`` on its latent grid (its patch), else ``sample.*``'s sizes and
+    frames; one :class:`~ditax.errors.ConfigError` line with the nearest valid values."""
+    from ditax.models.base import model_family
+
+    family = model_family(cfg.model)
+    if latent is not None:
+        family.check_latents((family.latent_channels, *latent), f"--latent {latent_str(latent)}",
+                             say=lambda near: f"use --latent {latent_str(near[-3:])}")
+    else:
+        s = cfg.sample
+        family.check_size(s.num_frames, s.height, s.width, names="sample")
+
+
+def latent_str(latent) -> str:
+    return ",".join(map(str, latent))
 
 
 def _size(n: int) -> str:

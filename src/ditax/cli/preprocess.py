@@ -10,7 +10,11 @@ model loads (exit 2, each problem with its file); a video that cannot be decoded
 (exit 2). ``--resize crop`` (default) scales a file of another aspect ratio to cover the target
 and keeps the center; ``--resize stretch`` squeezes it; ``meta.json`` and the last line say
 which, and how many files it changed. The dataset is written into a temporary folder
-beside OUT and renamed to OUT when complete, so a failure leaves no half-written dataset.
+beside OUT and renamed to OUT when complete, so a failure leaves no half-written dataset; a
+write that fails (the disk full, a quota, no permission) is one line naming OUT and the cause
+(exit 1). OUT may be ``file:///ABSOLUTE/PATH`` (that local folder) or a bucket URL (written
+locally, then uploaded, :mod:`ditax.io.remote`); ``memory://`` is refused (its store dies
+with the command).
 
 ``--buckets 832x480x81,480x832x81`` or ``--bucket-area PIXELS --frames 81,49,17``: one dataset
 of several shapes (``meta.json`` version 2): each clip goes to the bucket nearest its aspect
@@ -24,8 +28,8 @@ last part writes ``meta.json`` (:mod:`ditax.train.preprocess_parts`).
 
 from __future__ import annotations
 
-from ditax.cli import model_arg, request_errors
-from ditax.io.remote.urls import is_remote
+from ditax.cli import CommandFailed, model_arg, request_errors
+from ditax.io.remote.urls import resolve
 
 
 def add_arguments(p) -> None:
@@ -74,13 +78,19 @@ def run(args) -> int:
     from ditax.train.preprocess import run as encode
 
     remote = None
-    if is_remote(args.output):      # a URL: written to a staging folder, then uploaded
+    # the one rule for paths and URLs (ditax.io.remote.urls.resolve): file:// is the local
+    # path; memory:// (gone when this command ends) is refused for the dataset
+    args.videos = str(resolve(args.videos, "VIDEOS", remote=False, output=False,
+                              expected="a folder of videos"))
+    out = resolve(args.output, "output", expected="a new folder for the dataset")
+    if isinstance(out, str):        # a URL: written to a staging folder, then uploaded
         from ditax.io.remote.dataset_output import DatasetUpload
         from ditax.train.preprocess_parts import merge_parts
 
-        remote = DatasetUpload(args.output, args.num_processes, args.process_id,
-                               merge=merge_parts)
+        remote = DatasetUpload(out, args.num_processes, args.process_id, merge=merge_parts)
         args.output = str(remote.local)
+    else:
+        args.output = str(out)
     with request_errors(FileNotFoundError):
         family = folder_family(args.model)
         registry.require(family, "preprocess", f"ditax preprocess --model {args.model}",
@@ -94,8 +104,13 @@ def run(args) -> int:
     from ditax.cli.status import status_line
     from ditax.phases import phase
 
-    with status_line(not args.no_progress), phase("preprocess"):
-        out = encode(job)
+    from ditax.io.outputs import WriteFailed
+
+    try:
+        with status_line(not args.no_progress), phase("preprocess"):
+            out = encode(job)
+    except WriteFailed as e:        # a full disk, a quota, no permission: exit 1, one line
+        raise CommandFailed(str(e)) from e
     if remote is not None:          # upload what this process wrote (ditax.io.remote)
         print(f"ditax preprocess: {remote.finish()}")
         return 0

@@ -11,7 +11,8 @@ in this order:
    folder's own transformer fields (:meth:`ditax.models.base.ModelFamily.folder_config`), so
    the rules the caller's :func:`ditax.config.validate` applies see the folder's heads;
 4. the request's defaults — per key the ``sample.*`` override or preset the user chose, else
-   the folder's ``ditax_sample.json``, else the family's.
+   the folder's ``ditax_sample.json``, else the family's;
+5. (:func:`check_sizes`, once the request is built) its sizes on the folder's one size rule.
 
 Reads only those small JSON files (no weights)."""
 
@@ -72,4 +73,20 @@ def sample_request(model: str, overrides: list[str]) -> SampleRequest:
                          pipelines.request_defaults(root, s, chosen))
 
 
-__all__ = ["SampleRequest", "sample_request", "folder_model_fields"]
+def check_sizes(req: SampleRequest, call: dict) -> None:
+    """The call's sizes and frames on the folder's one rule (its family's
+    :meth:`~ditax.models.base.ModelFamily.size_rule`: the folder's VAE and the transformer's
+    patch under the config's model fields), before any weights:
+    :class:`~ditax.errors.RequestError` naming the value (the same words for ``ditax
+    generate`` and ``ditax serve``) and the nearest valid ones. Sizes not given (None) are
+    the pipeline's to choose."""
+    from ditax.models import registry
+
+    spec = registry.spec(req.pipelines.name)
+    if spec.family is None:
+        return
+    rule = spec.family_class().size_rule(req.root, req.cfg.model)
+    rule.check(call.get("height"), call.get("width"), call.get("num_frames"))
+
+
+__all__ = ["SampleRequest", "check_sizes", "sample_request", "folder_model_fields"]

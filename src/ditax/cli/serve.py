@@ -179,6 +179,10 @@ def run(args) -> int:
         raise ConfigError(f"--db {mask_url(db)} is a database URL that replicas share: give "
                           f"them all the same --output-dir, a folder each replica sees (e.g. "
                           f"--output-dir /shared/ditax_videos)")
+    from ditax.io.remote.urls import resolve   # the one rule for paths and URLs
+
+    given_out = (resolve(args.output_dir, "--output-dir", error=ConfigError, remote=False)
+                 if args.output_dir else None)
     listen.check_address(args)
     pipelines = req.pipelines
     # the store (a SQLite file's one server; PostgreSQL: one of its replicas), its jobs this
@@ -186,7 +190,7 @@ def run(args) -> int:
     store = open_store(db, model=str(pathlib.Path(req.root).resolve()),
                        model_hash=folder_hash(req.root), lease=args.lease)
     store.own()
-    out = pathlib.Path(args.output_dir) if args.output_dir else db.parent / "videos"
+    out = given_out or db.parent / "videos"
     out.mkdir(parents=True, exist_ok=True)
     limits = Limits(max_steps=args.max_steps, max_pixels=args.max_pixels,
                     max_frames=args.max_frames)

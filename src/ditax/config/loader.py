@@ -57,14 +57,22 @@ def nest_keys(flat: dict[str, Any]) -> dict:
     return out
 
 
+#: the run config a model folder may carry (``ditax init-random`` writes one): a folder given
+#: where a config goes means it
+FOLDER_CONFIG = "ditax_config.yaml"
+
+
 def load_yaml(name_or_path: str, _chain: tuple = ()) -> dict:
-    """A preset name or YAML path as a nested dict, with its ``base:`` chain merged in
+    """A preset name, YAML path or folder holding :data:`FOLDER_CONFIG` as a nested dict, with
+    its ``base:`` chain merged in
     (an unreadable file, a top level that is not a mapping or a ``base:`` cycle is a
     :class:`ConfigError` naming the file)."""
     if not isinstance(name_or_path, (str, pathlib.Path)) or not str(name_or_path).strip():
         raise ConfigError(f"config {name_or_path!r} is neither a YAML file nor a preset; "
                           f"presets: {', '.join(preset_names())}")
     p = pathlib.Path(name_or_path)
+    if p.is_dir() and (p / FOLDER_CONFIG).is_file():   # a folder that carries its config
+        p = p / FOLDER_CONFIG
     if not p.is_file() and (PRESET_DIR / f"{name_or_path}.yaml").is_file():
         p = PRESET_DIR / f"{name_or_path}.yaml"
     if not p.exists():

@@ -4,7 +4,8 @@ A family whose pipeline also makes sound (LTX-2) returns ``{"video": ..., "audio
 AudioTrack(...)}``; ``ditax generate`` and ``ditax serve`` put the track into the video's mp4
 (:func:`ditax.io.video.write_mp4`'s ``audio=``, :func:`mux_audio`) unless asked for the video
 alone. ffmpeg is the one imageio-ffmpeg
-ships (its native ``aac`` encoder), so nothing new is installed.
+ships (its native ``aac`` encoder), so nothing new is installed; its exit status and error
+lines are read (:mod:`ditax.io.ffmpeg`): a mux that failed is never a file reported written.
 
 Waveforms are float ``[channels, samples]`` in [-1, 1] (what the vocoder returns); values
 outside are clipped by the encoder's input conversion, as every player would.
@@ -50,13 +51,14 @@ class AudioTrack:
 
 
 def _ffmpeg() -> str:
-    import imageio_ffmpeg
+    from ditax.io.ffmpeg import exe
 
-    return imageio_ffmpeg.get_ffmpeg_exe()
+    return exe()
 
 
-def _run(cmd: list[str], stdin: bytes | None = None) -> bytes:
-    done = subprocess.run(cmd, input=stdin, capture_output=True, check=False)
+def _run(cmd: list[str]) -> bytes:
+    """ffmpeg reading (the sound track of a file): its output; a failure is an ``OSError``."""
+    done = subprocess.run(cmd, capture_output=True, check=False)
     if done.returncode:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
         raise OSError(f"ffmpeg failed ({done.returncode}): {tail[0]}")
@@ -66,12 +68,16 @@ def _run(cmd: list[str], stdin: bytes | None = None) -> bytes:
 def mux_audio(video_path, track: AudioTrack, out_path, bitrate: str = "192k") -> None:
     """Write ``out_path``: the mp4 at ``video_path`` (its video stream copied, not re-encoded)
     with ``track`` as its AAC sound track. ``out_path`` is written in place: callers write to
-    a temporary name (:func:`ditax.io.video.write_mp4` does)."""
-    raw = np.ascontiguousarray(np.clip(track.samples, -1.0, 1.0).T, "<f4").tobytes()
-    _run([_ffmpeg(), "-hide_banner", "-loglevel", "error", "-y", "-i", str(video_path),
-          "-f", "f32le", "-ar", str(track.sample_rate), "-ac", str(track.channels),
-          "-i", "pipe:0", "-map", "0:v:0", "-map", "1:a:0", "-c:v", "copy",
-          "-c:a", "aac", "-b:a", bitrate, "-f", "mp4", str(out_path)], stdin=raw)
+    a temporary name (:func:`ditax.io.video.write_mp4` does). ffmpeg's exit status and error
+    lines are read (:func:`ditax.io.ffmpeg.write`): a failed mux is
+    :class:`~ditax.io.outputs.WriteFailed` naming ``out_path``."""
+    from ditax.io import ffmpeg
+
+    raw = np.ascontiguousarray(np.clip(track.samples, -1.0, 1.0).T, "<f4")
+    ffmpeg.write(["-i", str(video_path), "-f", "f32le", "-ar", str(track.sample_rate),
+                  "-ac", str(track.channels), "-i", "pipe:0", "-map", "0:v:0", "-map",
+                  "1:a:0", "-c:v", "copy", "-c:a", "aac", "-b:a", bitrate, "-f", "mp4",
+                  str(out_path)], out_path, [raw])
 
 
 def mux_into_mp4(path, track: AudioTrack) -> pathlib.Path:
@@ -100,13 +106,14 @@ def read_audio(path, sample_rate: int | None = None) -> AudioTrack | None:
     return AudioTrack(samples.copy(), rate)
 
 
-def write_wav(path, track: AudioTrack) -> pathlib.Path:
-    """``track`` as a 16-bit PCM WAV file (the sound alone; written whole at the end)."""
+def write_wav(path, track: AudioTrack, stage=None) -> pathlib.Path:
+    """``track`` as a 16-bit PCM WAV file (the sound alone; written whole at the end, with
+    the other outputs of ``stage``, a :class:`~ditax.io.outputs.Staging`, when given)."""
     import wave
 
     path = pathlib.Path(path)
     pcm = np.round(np.clip(track.samples, -1.0, 1.0).T * 32767.0).astype("<i2")
-    with atomic_file(path) as tmp, wave.open(str(tmp), "wb") as w:
+    with atomic_file(path, stage) as tmp, wave.open(str(tmp), "wb") as w:
         w.setnchannels(track.channels)
         w.setsampwidth(2)
         w.setframerate(track.sample_rate)

@@ -3,7 +3,10 @@
 The parameters go through the model's conversion :class:`~ditax.io.convert.Table` in the ditax
 → upstream direction (names, layouts), are cast to ``dtype`` and written with
 ``safetensors.numpy`` (``metadata={"format": "pt"}``, as diffusers / transformers write), so
-diffusers' or transformers' ``from_pretrained`` reads the folder as it is.
+diffusers' or transformers' ``from_pretrained`` reads the folder as it is. Both files are
+written under temporary names and renamed together when both are whole
+(:func:`ditax.io.outputs.staged`): a failed write (the disk full) is
+:class:`~ditax.io.outputs.WriteFailed` naming the file, and what was there stays as it was.
 """
 
 from __future__ import annotations
@@ -29,14 +32,16 @@ def save_folder(folder, filename: str, table, params: dict, config: dict,
 
     from ditax.io.convert import export
 
+    from ditax.io.outputs import staged
+
     dt = np.dtype(ml_dtypes.bfloat16) if str(dtype) == "bfloat16" else np.dtype(dtype)
     tensors = export(table, _numpy(params, dt))
     folder = pathlib.Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / filename
-    save_file({k: np.ascontiguousarray(v).astype(dt) for k, v in tensors.items()}, str(path),
-              metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    with staged() as stage:     # both files whole, renamed together (or neither)
+        save_file({k: np.ascontiguousarray(v).astype(dt) for k, v in tensors.items()},
+                  str(stage.file(path)), metadata={"format": "pt"})
+        stage.file(folder / "config.json").write_text(json.dumps(config, indent=2))
     return path
 
 

@@ -186,6 +186,13 @@ def video_error(path, err: BaseException | None = None, problem: str | None = No
                                                   "-c:v libx264 OUT.mp4) or remove it"))
 
 
-__all__ = ["MODEL_FIX", "read_model_json", "UnreadableFile", "VideoReadError", "read_bytes", "read_text", "parse_json",
-           "read_json", "read_json_object", "read_json_lines", "read_yaml", "ffmpeg_problem",
+def folder_vae_json(root) -> dict | None:
+    """``root/vae/config.json`` as a dict (None: no folder, or no such file: a hub id); the
+    families read their VAE factor from it (FLUX.1 and FLUX.2 alike)."""
+    cfg = pathlib.Path(root) / "vae" / "config.json" if root is not None else None
+    return read_model_json(cfg, "vae/config.json") if cfg and cfg.is_file() else None
+
+
+__all__ = ["MODEL_FIX", "read_model_json", "folder_vae_json", "UnreadableFile", "VideoReadError",
+           "read_bytes", "read_text", "parse_json", "read_json", "read_json_object", "read_json_lines", "read_yaml", "ffmpeg_problem",
            "video_error"]

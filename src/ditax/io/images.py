@@ -37,17 +37,19 @@ def read_image(path, what: str = "--image") -> PIL.Image.Image:
                            f"JPEG / WebP file") from None
 
 
-def write_png(path, image) -> pathlib.Path:
+def write_png(path, image, stage=None) -> pathlib.Path:
     """``image [H, W, 3]`` float in [0, 1] written as an 8-bit PNG (a temporary file beside
-    ``path``, renamed at the end: a failed write leaves no half-written file). Used by
-    ``ditax generate`` and ``ditax serve`` for image models."""
+    ``path``, renamed at the end — with the other outputs of ``stage``, a
+    :class:`~ditax.io.outputs.Staging`, when given: a failed write leaves no half-written
+    file, and is :class:`~ditax.io.outputs.WriteFailed` naming it). Used by ``ditax
+    generate`` and ``ditax serve`` for image models."""
     import imageio.v2 as imageio
 
     from ditax.io.outputs import atomic_file
     from ditax.io.video import to_uint8
 
     path = pathlib.Path(path)
-    with atomic_file(path) as tmp:
+    with atomic_file(path, stage) as tmp:
         imageio.imwrite(str(tmp), to_uint8(image[None])[0], format="png")
     return path
 

@@ -1,31 +1,25 @@
-"""Writing generated videos: H.264 mp4 (imageio + imageio-ffmpeg) and PNG frames.
+"""Writing generated videos: H.264 mp4 (the ffmpeg imageio-ffmpeg ships) and PNG frames.
 
 Videos are float ``[F, H, W, 3]`` in [0, 1] (what the pipeline returns) or uint8. Both writers
-write beside the target and rename at the end (:mod:`ditax.io.outputs`): a failed or killed
-write never leaves a half-written mp4 or a partial set of frames under the requested name.
+write beside the target and rename at the end (:func:`ditax.io.outputs.staged`): a failed or
+killed write never leaves a half-written mp4 or a partial set of frames under the requested
+name, and a file that was there stays as it was. ffmpeg's exit status and error lines are
+read (:mod:`ditax.io.ffmpeg`): an mp4 ffmpeg could not finish (the disk full, a file-size
+limit) is :class:`~ditax.io.outputs.WriteFailed` naming it, never a file reported written.
+Both take ``stage=``: the :class:`~ditax.io.outputs.Staging` of one request's outputs (the mp4,
+its frames, its extra arrays), renamed together when all of them are written.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
-import warnings
+from fractions import Fraction
 
 import numpy as np
 
-from ditax.io.outputs import atomic_file, atomic_folder, check_output_folder
-
-
-@contextlib.contextmanager
-def _ffmpeg_subprocess():
-    """imageio-ffmpeg starts ffmpeg with subprocess (fork + immediate exec), which Python
-    flags as unsafe in a multithreaded (JAX) process. The child only execs ffmpeg, so the
-    warning does not apply; it is silenced here and only here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
-                                category=RuntimeWarning)
-        yield
+from ditax.io.ffmpeg import quiet_fork as _ffmpeg_subprocess  # noqa: F401 - readers use it
+from ditax.io.outputs import check_output_folder, staged
 
 
 def to_uint8(video) -> np.ndarray:
@@ -39,29 +33,41 @@ def to_uint8(video) -> np.ndarray:
 
 
 def write_mp4(path, video, fps: float = 16, quality: float = 8.0,
-              audio=None) -> pathlib.Path:
+              audio=None, stage=None) -> pathlib.Path:
     """Encode ``video`` as H.264 (yuv420p, so height and width must be even) at ``fps``, with
     ``audio`` (an :class:`~ditax.io.audio.AudioTrack`, None: silent) as its AAC sound track.
 
-    Wan models are trained at 16 fps. ``quality`` is imageio-ffmpeg's 0-10 scale.
+    Wan models are trained at 16 fps. ``quality`` is imageio-ffmpeg's 1-10 scale (CRF
+    ``(1 - quality / 10) * 51``, as imageio-ffmpeg maps it). ``stage``: module docstring.
     """
-    import imageio.v2 as imageio
-
     frames = to_uint8(video)
     _, h, w, _ = frames.shape
     if h % 2 or w % 2:
         raise ValueError(f"H.264 (yuv420p) needs even height and width; got {h}x{w}")
+    if not 1 <= quality <= 10:
+        raise ValueError(f"quality={quality} must be in [1, 10]")
     path = pathlib.Path(path)
-    # macro_block_size=1: never let the writer resize frames behind our back
-    with atomic_file(path) as tmp, _ffmpeg_subprocess():
-        with imageio.get_writer(str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264",
-                                quality=quality, pixelformat="yuv420p",
-                                macro_block_size=1) as writer:
-            for f in frames:
-                writer.append_data(f)
+    with staged(stage) as s:
+        tmp = s.file(path)
+        encode_mp4(tmp, frames, fps, quality)
         if audio is not None:
             _add_audio(tmp, audio)
     return path
+
+
+def encode_mp4(tmp: pathlib.Path, frames: np.ndarray, fps: float, quality: float) -> None:
+    """uint8 ``frames`` as an H.264 mp4 at ``tmp`` (the file written in place; ffmpeg's
+    failure is :class:`~ditax.io.outputs.WriteFailed`). The frames are written as they are:
+    never resized (imageio's ``macro_block_size=1``)."""
+    from ditax.io import ffmpeg
+
+    _, h, w, _ = frames.shape
+    rate = str(Fraction(fps).limit_denominator())
+    crf = int((1 - quality / 10.0) * 51)
+    ffmpeg.write(["-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{w}x{h}", "-pix_fmt",
+                  "rgb24", "-r", rate, "-i", "-", "-an", "-vcodec", "libx264", "-pix_fmt",
+                  "yuv420p", "-crf", str(crf), "-f", "mp4", str(tmp)], tmp,
+                 (np.ascontiguousarray(f) for f in frames))
 
 
 def _add_audio(tmp: pathlib.Path, audio) -> None:
@@ -76,15 +82,16 @@ def _add_audio(tmp: pathlib.Path, audio) -> None:
         silent.unlink(missing_ok=True)
 
 
-def write_frames(folder, video, prefix: str = "frame") -> list[pathlib.Path]:
+def write_frames(folder, video, prefix: str = "frame", stage=None) -> list[pathlib.Path]:
     """One PNG per frame: ``folder/frame_00000.png`` ...; returns the paths. ``folder`` must
     be new or empty (:func:`~ditax.io.outputs.check_output_folder`); the frames appear there
-    all at once, when the last one is written."""
+    all at once, when the last one is written. ``stage``: module docstring."""
     import imageio.v2 as imageio
 
     frames = to_uint8(video)
     folder = check_output_folder(folder, "folder")
-    with atomic_folder(folder) as tmp:
+    with staged(stage) as s:
+        tmp = s.folder(folder)
         for i, f in enumerate(frames):
             imageio.imwrite(str(tmp / f"{prefix}_{i:05d}.png"), f)
     return [folder / f"{prefix}_{i:05d}.png" for i in range(len(frames))]

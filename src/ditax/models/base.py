@@ -29,6 +29,7 @@ from ditax.models import registry
 from ditax.models.denoiser import Denoiser, Embedded, ModelInputs, num_blocks  # re-exported
 from ditax.models.encoding import Encoders, SkipClip, TextEncoding  # re-exported
 from ditax.models.registry import DEFAULT_FAMILY
+from ditax.models.size_rule import SizeRule
 
 
 class ModelFamily(abc.ABC):
@@ -68,7 +69,10 @@ class ModelFamily(abc.ABC):
     @classmethod
     def folder_latent_grid(cls, root, num_frames: int, height: int, width: int):
         """:meth:`latent_grid` for the VAE of pipeline folder ``root`` (what ``ditax
-        preprocess`` encodes with); by default the family's own rule, whatever the folder."""
+        preprocess`` encodes with), its sides first checked against the folder's
+        :meth:`size_rule` (frames: by the grid, on the same rule); by default the family's
+        own grid, whatever the folder."""
+        cls.size_rule(root).check(height, width, None, error=ConfigError)
         return cls.latent_grid(num_frames, height, width)
 
     @classmethod
@@ -95,8 +99,25 @@ class ModelFamily(abc.ABC):
             return None
         return raw
 
+    @classmethod
+    def size_rule(cls, root=None, model=None) -> SizeRule:
+        """The family's one rule for the sizes its models take (:mod:`ditax.models.size_rule`:
+        VAE factors x the transformer's patch, the frame rule) for pipeline folder ``root``
+        (None: none) under model config ``model`` (None: the folder's, else the defaults);
+        every entry checks sizes with it first. Default: any size (:meth:`latent_grid`'s)."""
+        return SizeRule(cls.name, 1, 1, "no size rule declared")
+
+    def check_size(self, num_frames, height, width, names: str = "request") -> None:
+        """:class:`ConfigError` for sizes off the bound model's :meth:`size_rule`."""
+        self.size_rule(model=self.model).check(height, width, num_frames, names, ConfigError)
+
+    def check_latents(self, latent_shape, where: str, **fix) -> None:
+        """:class:`ConfigError` for latents ``[C, F, Y, X]`` (``where``'s) off the grid."""
+        self.size_rule(model=self.model).check_latents(latent_shape, where, ConfigError, **fix)
+
     def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, ...]:
-        """Latent ``[C, F, Y, X]`` of one video."""
+        """Latent ``[C, F, Y, X]`` of one video (its sizes on :meth:`size_rule`)."""
+        self.check_size(None, height, width)     # frames: the grid's, on the same rule
         return (self.latent_channels,) + tuple(self.latent_grid(num_frames, height, width))
 
     @abc.abstractmethod
@@ -373,6 +394,6 @@ class _FeatureCapture:
 
 
 __all__ = ["ModelFamily", "Encoders", "SkipClip", "Denoiser", "Embedded", "ModelInputs", "num_blocks",
-           "TextEncoding", "FamilyTrainer", "register_family",
+           "SizeRule", "TextEncoding", "FamilyTrainer", "register_family",
            "family_class", "model_family",
            "DEFAULT_FAMILY"]

@@ -115,7 +115,9 @@ class FamilySpec:
     (kind → ``FamilyTrainer`` subclass, e.g. ``{"vae": ...}``), ``lora_names`` (a ``LoraNames``
     object; None: reads no LoRA files); ``transformer_classes`` / ``pipeline_classes`` the
     diffusers ``_class_name`` s of the folders it reads; ``variants`` config subclasses;
-    ``capabilities`` names from :data:`CAPABILITIES`."""
+    ``capabilities`` names from :data:`CAPABILITIES`; ``random_folders`` the family's
+    :class:`ditax.recipes.random_folders.RandomFolders` (``ditax init-random``: its small
+    presets and the random-weight pipeline folder of a model config; None: it has none)."""
 
     name: str
     config: Any = None
@@ -127,6 +129,7 @@ class FamilySpec:
     trainers: Any = dataclasses.field(default_factory=dict)
     lora_names: Any = None
     capabilities: frozenset = frozenset()
+    random_folders: Any = None
 
     def config_class(self) -> type:
         """The config dataclass (imported on first use)."""
@@ -159,6 +162,10 @@ class FamilySpec:
     def lora_names_object(self):
         """The family's :class:`~ditax.lora.LoraNames` (None: it reads no LoRA files)."""
         return None if self.lora_names is None else resolve(self.lora_names)
+
+    def random_folders_object(self):
+        """The family's random-folder hook (``ditax init-random``; None: it has none)."""
+        return None if self.random_folders is None else resolve(self.random_folders)
 
     def has(self, capability: str) -> bool:
         """Whether the family declares ``capability`` (a name of :data:`CAPABILITIES`)."""

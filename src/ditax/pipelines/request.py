@@ -223,6 +223,23 @@ def all_fields() -> dict[str, tuple[Field, list[str]]]:
     return out
 
 
+def flag_help(name: str) -> str:
+    """The ``ditax generate`` help of field ``name``: its help and, for a family's own field,
+    whose it is; where the families declaring it say different things (their own rules:
+    Wan's ``4k+1`` frames, LTX-2's ``8k+1``), each family's help, named."""
+    from ditax.pipelines.family import known_pipelines
+
+    f, families = all_fields()[name]
+    if families == ["*"]:
+        return f.help
+    own = [(fam, g.help) for fam, pipes in known_pipelines()
+           for g in getattr(pipes, "fields", ()) if g.name == name]
+    whose = f" [{', '.join(families)} models]"
+    if len({h for _, h in own}) <= 1:
+        return f"{f.help}{whose}"
+    return "; ".join(f"{fam}: {h}" for fam, h in own) + whose
+
+
 def not_taken(pipelines, shown: str, attr: str, value, context: str = "") -> RequestError:
     """The one refusal of a field (or flag) ``pipelines``' family does not take: ``shown`` as
     the user named it, ``context`` in brackets after the family, and — where another family
@@ -275,5 +292,5 @@ def add_flag(parser, family: str, *names: str, help: str = "", **kwargs) -> None
 
 
 __all__ = ["COMMON", "Field", "SampleRequest", "add_flag", "all_fields", "build_request",
-           "not_taken",
+           "flag_help", "not_taken",
            "check_prompt", "check_value", "fields_of"]

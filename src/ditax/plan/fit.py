@@ -21,12 +21,18 @@ in :mod:`ditax.plan.fit_phases`):
   model's FLOPs. ``host_s`` is the streamed bytes over :data:`~ditax.plan.measure.
   HOST_LINK_BYTES_PER_S` (32 GB/s, an ASSUMED host link: no per-chip figure is published);
   ``compute_s`` the FLOPs over the chip's peak bf16 rate (a floor).
-- text: analytic, from the encoder's published config (UMT5-XXL for Wan, T5-XXL for FLUX.1):
-  its weights' bytes from the abstract module (8-bit block linears under ``text_quantize``),
+- text: analytic, from the encoders' published configs (UMT5-XXL for Wan, CLIP-L and T5-XXL
+  for FLUX.1, Qwen3-4B / 8B or Mistral Small 3.1 for FLUX.2, Gemma-3 12B for LTX-2):
+  its weights' bytes from the abstract module (T5s) or the published sizes (the decoder LMs,
+  CLIP), 8-bit block linears under ``text_quantize``,
   its activations from the prompt length (``sample.max_sequence_length``, two prompts with CFG).
 - decode: the Wan VAE's later-frame program (one latent frame in, ``temporal_factor`` frames
   out, the feature cache carried; the whole decode's peak, :mod:`ditax.models.vae.wan.chunks`)
-  compiled at the config's size, or skipped (``decode=False``: reported as not measured).
+  compiled at the config's size, or skipped (``decode=False``).
+
+A phase not measured (the decode of a family other than Wan, or skipped; the text of a model
+whose encoder is no published one) is "not known" in the verdict, and so is the verdict on all
+phases: a plan never says "fits" for a phase it did not measure.
 
 The ladder of changes, each added to the ones before, skipping what the config already has:
 ``model.offload=host`` (with ``text_offload=host``, its default), ``model.quantize=int8``,
@@ -130,6 +136,14 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
             enc_bytes[q] = sum(encoder_bytes(c, q) for _, c in encoders)
         return enc_bytes[q]
 
+    missing = {}            # the phases not measured, and why: the verdict says "not known"
+    if encoders is None:
+        missing["text"] = (f"this {family.name} model's text width {family.text_dim} is no "
+                           f"published text encoder's that --fit knows")
+    if family.name != "wan":
+        missing["decode"] = f"--fit compiles only the Wan VAE's decode, not {family.name}'s"
+    elif not decode_:
+        missing["decode"] = "skipped (--fit-no-decode)"
     dec = None
     if decode_ and family.name == "wan":
         say(f"compiling the VAE decode ({s.height}x{s.width}, one latent frame a call)")
@@ -179,14 +193,16 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
            "layers": full, "compiled_layers": small.model.num_layers,
            "host_link_bytes_per_s": HOST_LINK_BYTES_PER_S,
            "measured": "denoise: compiled forward (peak, arguments, host->device copies); "
-                       "decode: compiled VAE later-frame program" + (
-                           "" if dec else " (skipped)"),
-           "analytic": "text encoder (weights from the abstract module, activations from the "
-                       "prompt length); host link 32 GB/s ASSUMED; compute_s = FLOPs / peak"
+                       "decode: " + ("compiled VAE later-frame program" if dec else
+                                     f"NOT measured ({missing.get('decode')})"),
+           "analytic": ("text encoders " + ", ".join(n for n, _ in encoders) + " (weights "
+                        "from their published sizes, activations from the prompt length)"
+                        if encoders else f"text: NOT measured ({missing.get('text')})")
+                       + "; host link 32 GB/s ASSUMED; compute_s = FLOPs / peak"
                        + ("" if small is cfg else f"; layers {small.model.num_layers} -> "
                           f"{full} scaled"),
            "text_encoders": [n for n, _ in encoders] if encoders else None,
-           "decode": dec, "rungs": rows}
+           "decode": dec, "not_measured": missing, "rungs": rows}
     return judge(out, hbm)
 
 
@@ -211,7 +227,8 @@ def judge(out: dict, hbm: float) -> dict:
     out["hbm_bytes"] = int(hbm)
     for row in out["rungs"]:
         _judge_row(row, hbm)
-    out["verdict"] = verdict(out["rungs"], out["decode"], hbm, out["chip_key"])
+    out["verdict"] = verdict(out["rungs"], out["decode"], hbm, out["chip_key"],
+                             out.get("not_measured"))
     return out
 
 
@@ -221,14 +238,19 @@ def _chips():
     return CHIPS
 
 
-def verdict(rows: list[dict], dec, hbm: float, chip_key: str) -> dict:
+def verdict(rows: list[dict], dec, hbm: float, chip_key: str,
+            missing: dict | None = None) -> dict:
     """Per phase: whether it fits as configured and the first rung at which it does (its
-    changes), else what to try past the ladder; and the first rung where all phases fit."""
+    changes), else what to try past the ladder; and the first rung where all phases fit.
+    A phase not measured (``missing``: phase → why) is not known, and so is ``all`` while
+    one is: never "fits" for what was not measured."""
     out = {}
+    unknown = {p: (missing or {}).get(p) or "not measured" for p in PHASES
+               if not any(p in r for r in rows)}
     for phase in PHASES:
         have = [r for r in rows if phase in r]
         if not have:
-            out[phase] = {"fits": None, "suggestion": "not measured"}
+            out[phase] = {"fits": None, "suggestion": f"not known: {unknown[phase]}"}
             continue
         first = next((r for r in have if r[phase]["fits"]), None)
         v = {"fits": have[0][phase]["fits"] if have[0] is rows[0] else None,
@@ -252,11 +274,16 @@ def verdict(rows: list[dict], dec, hbm: float, chip_key: str) -> dict:
                                f"bytes as configured over the chip's HBM; plan it with --target)")
         out[phase] = v
     first_all = next((r for r in rows if _fits_all(r)), None)
-    out["all"] = {"fits": first_all is rows[0],
-                  "suggestion": ("fits as configured" if first_all is rows[0] else
-                                 first_all["changes"] if first_all else
-                                 "; ".join(f"{k}: {out[k]['suggestion']}" for k in PHASES
-                                           if out[k]["fits"] is False))}
+    said = ("fits as configured" if first_all is rows[0] else first_all["changes"]
+            if first_all else "; ".join(f"{k}: {out[k]['suggestion']}" for k in PHASES
+                                        if out[k]["fits"] is False))
+    if unknown:
+        what = ", ".join(f"{k} ({why})" for k, why in unknown.items())
+        known = ("fit as configured" if first_all is rows[0] else
+                 f"fit with {first_all['changes']}" if first_all else f"do not: {said}")
+        said = f"not known: {what} not measured; the measured phases {known}"
+    out["all"] = {"fits": None if unknown and first_all is not None else first_all is rows[0],
+                  "suggestion": said}
     return out
 
 

@@ -1,7 +1,9 @@
 """The phases ``ditax plan --fit`` measures on one chip (:mod:`ditax.plan.fit` puts them
 together): the text encoder's bytes (analytic, from its config), one denoising step's forward
 (compiled for the target, optionally a few layers scaled to all) and the Wan VAE's decode
-(compiled). Each returns a JSON-ready dict; nothing is allocated.
+(compiled). Each returns a JSON-ready dict; nothing is allocated. The text encoders are every
+family's published ones: UMT5-XXL (Wan), CLIP-L and T5-XXL (FLUX.1), Qwen3-4B / 8B or Mistral
+Small 3.1 (FLUX.2), Gemma-3 12B (LTX-2).
 """
 
 from __future__ import annotations
@@ -17,25 +19,99 @@ from ditax.plan.measure import HOST_LINK_BYTES_PER_S
 
 # -- text ------------------------------------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class TextLM:
+    """A transformer text encoder by its published sizes, for its bytes without building it:
+    ``vocab`` x ``width`` embeddings, ``layers`` blocks of ``heads`` query / ``kv_heads``
+    key-value heads of ``head_dim``, an MLP of ``mlp`` (``gated``: gate, up and down; else
+    in and out, with biases), ``positions`` learned positions (CLIP's 77: its token count
+    too), ``all_hidden``: the call returns every layer's hidden states (a decoder LM read
+    at several layers: FLUX.2, LTX-2)."""
+
+    vocab: int
+    width: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: int
+    dtype: str = "bfloat16"
+    gated: bool = True
+    positions: int = 0
+    all_hidden: bool = True
+
+    @property
+    def d_model(self) -> int:
+        return self.width
+
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """``(in, out)`` of one block's linears (what 8-bit loading stores in 8 bits)."""
+        d, q, kv = self.width, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        mlp = [(d, self.mlp)] * (2 if self.gated else 1) + [(self.mlp, d)]
+        return [(d, q), (d, kv), (d, kv), (q, d)] + mlp
+
+
+# the published text encoders of each family, by the text width its transformer reads
+# (Qwen3-4B / 8B, Mistral Small 3.1's language model, Gemma-3 12B, CLIP ViT-L/14's text)
+_QWEN3 = dict(vocab=151_936, layers=36, heads=32, kv_heads=8, head_dim=128)
+PUBLISHED_TEXT = {
+    "Qwen3-4B": TextLM(width=2560, mlp=9728, **_QWEN3),
+    "Qwen3-8B": TextLM(width=4096, mlp=12_288, **_QWEN3),
+    "Mistral-Small-3.1": TextLM(vocab=131_072, width=5120, layers=40, heads=32, kv_heads=8,
+                                head_dim=128, mlp=32_768),
+    "Gemma-3-12B": TextLM(vocab=262_208, width=3840, layers=48, heads=16, kv_heads=8,
+                          head_dim=256, mlp=15_360),
+    "CLIP-L": TextLM(vocab=49_408, width=768, layers=12, heads=12, kv_heads=12, head_dim=64,
+                     mlp=3072, gated=False, positions=77, all_hidden=False),
+}
+
+
 def text_configs(family, dtype: str):
-    """``[(name, encoder config)]`` of a family's prompt encoders (the published sizes), or
-    None for a family whose encoders this report does not model, or a model whose text width
-    is not the published encoder's (a small test model's encoder is its own)."""
+    """``[(name, encoder config)]`` of a family's prompt encoders (the published sizes: a
+    T5 config, or a :class:`TextLM`), or None for a family whose encoders this report does
+    not model, or a model whose text width is not a published encoder's (a small test
+    model's encoder is its own)."""
     from ditax.models.encoders.t5 import T5Config
     from ditax.models.encoders.umt5 import UMT5Config
 
-    table = {"wan": [("UMT5-XXL", UMT5Config(dtype=dtype))],
-             "flux": [("T5-XXL", T5Config(dtype=dtype))]}
-    found = table.get(family.name)
-    if found is None or found[-1][1].d_model != family.text_dim:
+    lm = {k: dataclasses.replace(v, dtype=dtype) for k, v in PUBLISHED_TEXT.items()}
+    d = family.text_dim
+    if family.name == "wan":
+        found = [("UMT5-XXL", UMT5Config(dtype=dtype))]
+    elif family.name == "flux":
+        found = [("CLIP-L", lm["CLIP-L"]), ("T5-XXL", T5Config(dtype=dtype))]
+    elif family.name == "flux2":     # three hidden states stacked: 3 x the LM's width
+        found = [(k, lm[k]) for k in ("Qwen3-4B", "Qwen3-8B", "Mistral-Small-3.1")
+                 if 3 * lm[k].width == d][:1] or None
+        return found
+    elif family.name == "ltx2":      # Gemma-3's hidden states, through the connectors
+        found = [("Gemma-3-12B", lm["Gemma-3-12B"])]
+        return found if getattr(family.model, "caption_channels", None) == 3840 else None
+    else:
         return None
-    return found
+    return found if found[-1][1].d_model == d else None
+
+
+def _lm_bytes(c: TextLM, quantize: str) -> int:
+    """A :class:`TextLM`'s weights: every tensor in ``c.dtype``, the block linears 8-bit plus
+    a float32 scale per output channel under ``quantize`` (embeddings and norms as they are)."""
+    item = jnp.dtype(c.dtype).itemsize
+    lin = c.linear_shapes()
+    per = sum(i * o for i, o in lin)
+    rest = (c.vocab + c.positions) * c.width + c.width + c.layers * (
+        4 * c.width + (0 if c.gated else sum(o for _, o in lin)))      # norms (+ biases)
+    if quantize == "none":
+        return (rest + c.layers * per) * item
+    return rest * item + c.layers * (per + 4 * sum(o for _, o in lin))
 
 
 def encoder_bytes(enc_cfg, quantize: str = "none") -> int:
-    """Bytes of a T5 / UMT5 encoder's weights: the abstract module's, with every block linear
-    8-bit plus its float32 scales under ``quantize`` (as
-    :func:`~ditax.models.encoders.t5.load_encoder` loads it); nothing is allocated."""
+    """Bytes of a text encoder's weights: a :class:`TextLM`'s from its sizes; a T5 / UMT5
+    encoder's from the abstract module, with every block linear 8-bit plus its float32 scales
+    under ``quantize`` (as :func:`~ditax.models.encoders.t5.load_encoder` loads it); nothing
+    is allocated."""
+    if isinstance(enc_cfg, TextLM):
+        return _lm_bytes(enc_cfg, quantize)
     from flax import nnx
 
     from ditax.models.encoders.t5 import T5Encoder, _Dense
@@ -52,8 +128,16 @@ def encoder_bytes(enc_cfg, quantize: str = "none") -> int:
 def encoder_activation_bytes(enc_cfg, prompts: int, tokens: int) -> int:
     """Analytic activation bytes of one encoder layer on ``prompts`` x ``tokens``: the hidden
     state, q / k / v / output and the gated MLP's two inner tensors in the compute dtype, and
-    the float32 attention scores with their softmax — what is live at a layer's widest point."""
+    the float32 attention scores with their softmax — what is live at a layer's widest point;
+    a :class:`TextLM` that returns every layer's hidden states keeps them all besides."""
     act = jnp.dtype(enc_cfg.dtype).itemsize
+    if isinstance(enc_cfg, TextLM):       # CLIP reads its own 77 tokens
+        c = enc_cfg
+        tokens = c.positions or tokens
+        kept = (c.layers + 1) * prompts * tokens * c.width * act if c.all_hidden else 0
+        widest = prompts * tokens * (2 * c.width + sum(o for _, o in c.linear_shapes())
+                                     + c.mlp) * act
+        return int(kept + widest + 2 * prompts * c.heads * tokens * tokens * 4)
     inner = enc_cfg.num_heads * enc_cfg.d_kv
     hidden = prompts * tokens * (2 * enc_cfg.d_model + 4 * inner + 2 * enc_cfg.d_ff) * act
     scores = 2 * prompts * enc_cfg.num_heads * tokens * tokens * 4
@@ -208,5 +292,5 @@ def vae_weight_bytes(cfg, vae_cfg=None) -> int:
                for a in jax.tree.leaves(nnx.state(vae)))
 
 
-__all__ = ["decode", "denoise", "encoder_activation_bytes", "encoder_bytes", "param_split",
-           "text_configs", "vae_weight_bytes", "with_model"]
+__all__ = ["PUBLISHED_TEXT", "TextLM", "decode", "denoise", "encoder_activation_bytes",
+           "encoder_bytes", "param_split", "text_configs", "vae_weight_bytes", "with_model"]

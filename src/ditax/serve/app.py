@@ -1,7 +1,8 @@
 """The HTTP API of ``ditax serve`` (FastAPI): OpenAI-style ``/v1/videos`` jobs, health, metrics,
 the web page.
 
-Routes (JSON unless said; errors are ``{"error": {"message", "param", "type"}}``):
+Routes (JSON unless said; every error, a refused query parameter or an unknown route
+included, is ``{"error": {"message", "param", "type"}}``):
 
 - ``POST /v1/videos`` — body of :mod:`ditax.serve.requests` → ``200`` the queued job; ``400``
   a request ``ditax generate`` would refuse (its words), ``413`` over a limit, ``429`` with
@@ -21,11 +22,15 @@ Routes (JSON unless said; errors are ``{"error": {"message", "param", "type"}}``
   a quiet stream. With an API key it takes ``?key=KEY`` instead of the header (a browser's
   ``EventSource`` sends no headers; this is the only route that does);
 - ``GET /v1/videos?limit=&after=`` — newest first (``after``: the last id of the previous page);
+  each job as what it is (``object`` video / image, its ``model``), whichever model submitted it
+  to a store that servers of several models used over time;
 - ``DELETE /v1/videos/{id}`` — cancels a queued or running job; a finished one's file is
   deleted (the record stays);
 - ``GET /v1/loras`` — the LoRAs of ``--lora-dir`` (a request names them in ``loras`` with a
   strength; unmerged, so switching compiles nothing);
-- ``GET /health`` (model, platform, devices, queue depth, ``ready``; never needs the key):
+- ``GET /health`` (model, platform, devices, ``queue_depth``: the queued jobs this server can
+  run, ``queued_for_others``: those left for another model or its files before they changed;
+  ``ready``; never needs the key):
   ``503`` with ``"status": "warming"`` while ``--warm`` compiles (:mod:`ditax.serve.warm`),
   ``503`` ``"worker stopped"`` if the worker died; ``GET /metrics`` (Prometheus text,
   :mod:`ditax.serve.metrics`), ``GET /`` the page (``static/``; page and scripts need no key,
@@ -46,9 +51,11 @@ import threading
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ditax.io.outputs import extra_path
 from ditax.serve import warm
@@ -103,17 +110,26 @@ class ServeState:
 
 
 def error(status: int, message: str, param: str | None = None, headers=None):
+    """The API's one error body, ``{"error": {"message", "param", "type"}}``."""
     kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found",
-            413: "request_too_large", 429: "queue_full"}.get(status, "server_error")
+            405: "method_not_allowed", 413: "request_too_large",
+            429: "queue_full"}.get(status, "server_error")
     return JSONResponse({"error": {"message": message, "param": param, "type": kind}},
                         status_code=status, headers=headers)
 
 
-def job_json(job: dict, makes: str = "video") -> dict:
-    """The API view of a job row (``makes``: the served family's output kind, the object)."""
+def job_kind(job: dict) -> str:
+    """A job's output kind, as it was submitted (``video`` / ``image``): the row's own; a row
+    of a store written before jobs kept it is a video when its request has frames."""
+    return job.get("kind") or ("video" if "num_frames" in job["request"] else "image")
+
+
+def job_json(job: dict) -> dict:
+    """The API view of a job row: the object its own kind (:func:`job_kind`, whichever model
+    the server now serves), its model (the folder it was submitted to)."""
     req = {k: v for k, v in job["request"].items() if k not in ("image", "last_image")}
-    kind = "image" if makes == "image" else "video"
-    out = {"id": job["id"], "object": kind, "status": job["status"],
+    out = {"id": job["id"], "object": job_kind(job), "model": job.get("model"),
+           "status": job["status"],
            "progress": job["progress"], "created_at": int(job["created_at"]),
            "completed_at": None if job["finished_at"] is None else int(job["finished_at"]),
            "error": None if not job["error"] else {"message": job["error"]},
@@ -181,7 +197,8 @@ def create_app(state: ServeState):
                 check_body, body, state.model, state.overrides,
                 str(state.output_dir / "request.mp4"), state.parse_request, state.limits,
                 tuple(name for name, _ in state.loras), (), state.makes)
-            job = state.store.add(checked.stored, checked.batch_key, state.max_queue)
+            job = state.store.add(checked.stored, checked.batch_key, state.max_queue,
+                                  kind=state.makes)
         except BadRequest as e:
             return error(e.status, str(e), e.param)
         except QueueFull as e:
@@ -190,21 +207,23 @@ def create_app(state: ServeState):
                               f"{state.max_queue}); retry in {wait} s", headers={
                                   "Retry-After": str(wait)})
         state.worker.wake.set()
-        return job_json(job, state.makes)
+        return job_json(job)
 
     @app.get("/v1/videos")
-    def list_videos(limit: int = 20, after: str | None = None):
-        if not 1 <= limit <= 100:
-            return error(400, f"limit={limit} must be in 1..100", "limit")
+    def list_videos(limit: str = "20", after: str | None = None):
+        if not re.fullmatch(r"[0-9]{1,4}", limit) or not 1 <= int(limit) <= 100:
+            return error(400, f"limit={limit} must be an integer in 1..100, e.g. limit=20",
+                         "limit")
+        limit = int(limit)
         jobs, more = state.store.list(limit, after)
-        data = [job_json(j, state.makes) for j in jobs]
+        data = [job_json(j) for j in jobs]
         return {"object": "list", "data": data, "has_more": more,
                 "last_id": data[-1]["id"] if data else None}
 
     @app.get("/v1/videos/{job_id}")
     def get_video(job_id: str):
         job, err = find(job_id)
-        return err or job_json(job, state.makes)
+        return err or job_json(job)
 
     @app.get("/v1/videos/{job_id}/events")
     async def events(job_id: str, request: Request):
@@ -254,7 +273,7 @@ def create_app(state: ServeState):
             return {"id": job_id, "object": "video.deleted", "deleted": True}
         state.worker.cancel(job_id)
         state.store.finish(job_id, "cancelled")
-        return job_json(state.store.get(job_id), state.makes)
+        return job_json(state.store.get(job_id))
 
     @app.get("/v1/loras")
     def list_loras():
@@ -264,13 +283,15 @@ def create_app(state: ServeState):
 
     @app.get("/health")
     def health():
-        counts = state.store.counts()
+        counts, queued = state.store.counts(), state.store.queued()
         alive = ((state.worker.is_alive() or not state.worker.started)
                  and not state.health.get("process_lost"))
         ready = state.ready
         body = {"status": "ok" if alive and ready else "warming" if alive else
                 "worker stopped", **state.health, "ready": ready and alive,
-                "queue_depth": counts["queued"], "in_progress": counts["in_progress"],
+                # the jobs this server can run; the rest wait for another model (or files)
+                "queue_depth": queued["mine"], "queued_for_others": queued["others"],
+                "in_progress": counts["in_progress"],
                 "max_queue": state.max_queue, "max_batch": state.max_batch}
         if state.warm:
             specs = [spec for spec, _ in state.warm]
@@ -290,10 +311,26 @@ def create_app(state: ServeState):
     def page():
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc):      # a query or path parameter FastAPI refused
+        first = (exc.errors() or [{}])[0]
+        where = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body")]
+        param = where[-1] if where else None
+        said = f"{param}={first.get('input')}" if param else "the request"
+        return error(400, f"{said}: {first.get('msg', 'invalid').lower()}", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc):   # no such route (404), or method (405)
+        what = {404: f"no route {request.url.path}; the API is POST /v1/videos, GET "
+                     f"/v1/videos[/ID[/content|/events]], DELETE /v1/videos/ID, GET "
+                     f"/v1/loras, GET /health, GET /metrics",
+                405: f"{request.method} is not a method of {request.url.path}"}
+        return error(exc.status_code, what.get(exc.status_code, str(exc.detail)),
+                     headers=getattr(exc, "headers", None))
+
     @app.exception_handler(Exception)
     async def failure(request, exc):
-        return JSONResponse({"error": {"message": f"{type(exc).__name__}: {exc}",
-                                       "type": "server_error"}}, status_code=500)
+        return error(500, f"{type(exc).__name__}: {exc}")
 
     return app
 
@@ -315,7 +352,7 @@ async def event_stream(state: ServeState, job_id: str, request: Request):
         job = await run_in_threadpool(state.store.get, job_id)
         if job is None:                   # gone from a shared store: nothing more to say
             return
-        view = job_json(job, state.makes)
+        view = job_json(job)
         if (view["status"], view["progress"]) != last:
             last, quiet = (view["status"], view["progress"]), 0.0
             yield f"data: {json.dumps(view, separators=(',', ':'))}\n\n"

@@ -9,9 +9,10 @@ next start :meth:`JobStore.recover` puts the jobs that were running back in the 
 ``attempts`` counted), and marks one failed with the reason once it has been interrupted
 :data:`MAX_ATTEMPTS` times (a request that kills the server must not kill it forever).
 
-A job records its model (the folder's resolved path) and the hash of that folder's files
-(:func:`folder_hash`); a server claims only the jobs of its model as its files are now, so
-weights replaced under the same path never run a job submitted to the old ones.
+A job records its model (the folder's resolved path), its output kind (video / image: what
+the listings show it as) and the hash of that folder's files (:func:`folder_hash`); a server
+claims only the jobs of its model as its files are now (:meth:`JobStore.queued` counts them
+apart), so weights replaced under the same path never run a job submitted to the old ones.
 
 :func:`ditax.serve.stores.open_store` opens the store ``--db`` names: this SQLite file (one server), or for a
 ``postgresql://`` URL the shared store of :mod:`ditax.serve.pgstore` (replicas that claim jobs
@@ -56,6 +57,9 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq);
 """
 
+
+#: a job this server runs: its model's (as its files are now), or anyone's (no model / hash)
+_MINE = "(model IS NULL OR model = ?) AND (model_hash IS NULL OR model_hash = ?)"
 
 #: files of a model folder at most this large are hashed by content (configs, tokenizer files);
 #: larger ones (weights) by name, size and modification time
@@ -134,7 +138,7 @@ class JobStore:
             self._db.executescript(_SCHEMA)
             columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
             # a store an earlier ditax serve made lacks the newer columns
-            for column in ("model", "warnings", "model_hash"):
+            for column in ("model", "warnings", "model_hash", "kind"):
                 if column not in columns:
                     try:
                         self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} TEXT")
@@ -166,6 +170,17 @@ class JobStore:
         f.write(str(os.getpid()))
         f.flush()
         self._owner = f
+
+    def queued(self) -> dict[str, int]:
+        """Queued jobs: ``mine`` (this model's as its files are now, or anyone's: what
+        :meth:`claim` takes) and ``others`` (another model's, or this one's before its files
+        changed: left queued for them)."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {_MINE} THEN 1 ELSE 0 END), 0) FROM "
+                f"jobs WHERE status = 'queued'", (self.model or "", self.model_hash or "")
+            ).fetchone()
+        return {"mine": int(row[1]), "others": int(row[0] - row[1])}
 
     def others(self) -> int:
         """Queued jobs of another model (left queued for it)."""
@@ -203,10 +218,12 @@ class JobStore:
             self._owner = None
 
     # --- writes
-    def add(self, request: dict, batch_key: str | None, max_queue: int) -> dict:
-        """A new queued job of ``request``; :class:`QueueFull` when ``max_queue`` unfinished
-        jobs are waiting or running. ``batch_key`` None: the job runs alone (its id is its
-        key)."""
+    def add(self, request: dict, batch_key: str | None, max_queue: int,
+            kind: str | None = None) -> dict:
+        """A new queued job of ``request``, kept with its model and output ``kind`` (``video``
+        / ``image``: what the listings show it as, whichever model serves the store later);
+        :class:`QueueFull` when ``max_queue`` unfinished jobs are waiting or running.
+        ``batch_key`` None: the job runs alone (its id is its key)."""
         def add(db):
             n = db.execute("SELECT COUNT(*) FROM jobs WHERE status IN ('queued', "
                            "'in_progress')").fetchone()[0]
@@ -214,9 +231,9 @@ class JobStore:
                 raise QueueFull(n)
             job_id = f"video_{uuid.uuid4().hex}"
             db.execute("INSERT INTO jobs (id, created_at, status, request, batch_key, model, "
-                       "model_hash) VALUES (?, ?, 'queued', ?, ?, ?, ?)",
+                       "model_hash, kind) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?)",
                        (job_id, time.time(), json.dumps(request), batch_key or job_id,
-                        self.model, self.model_hash))
+                        self.model, self.model_hash, kind))
             return job_id
         return self.get(self._tx(add))
 
@@ -226,8 +243,7 @@ class JobStore:
         ``in_progress`` (their ``attempts`` + 1); ``[]`` when none is queued. Only this
         model's jobs, submitted to its files as they are (another model's, or its files' before
         they changed, are left queued); a job without a model (or hash) is anyone's."""
-        mine = ("status = 'queued' AND (model IS NULL OR model = ?) AND (model_hash IS NULL OR "
-                "model_hash = ?)")
+        mine = f"status = 'queued' AND {_MINE}"
         ours = (self.model or "", self.model_hash or "")
 
         def claim(db):
@@ -350,8 +366,7 @@ class JobStore:
     def waiting_since(self, batch_key: str) -> float | None:
         """When the oldest queued job of this model with another batch key than ``batch_key``
         was submitted (None: none waits) — the continuous batch's max-wait policy."""
-        mine = ("status = 'queued' AND (model IS NULL OR model = ?) AND (model_hash IS NULL OR "
-                "model_hash = ?) AND batch_key != ?")
+        mine = f"status = 'queued' AND {_MINE} AND batch_key != ?"
         with self._lock:
             row = self._db.execute(f"SELECT MIN(created_at) FROM jobs WHERE {mine}",
                                    (self.model or "", self.model_hash or "",

@@ -77,6 +77,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
   owner TEXT,
   lease_until DOUBLE PRECISION
 );
+ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS kind TEXT;
 CREATE INDEX IF NOT EXISTS {TABLE}_status ON {TABLE} (status, seq);
 """
 
@@ -302,10 +303,11 @@ class PgJobStore:
                     f"lease_until = NULL WHERE id IN ({expired})")
 
     # --- writes
-    def add(self, request: dict, batch_key: str | None, max_queue: int) -> dict:
-        """A new queued job of ``request``; :class:`QueueFull` when ``max_queue`` unfinished
-        jobs (of all replicas) are waiting or running. ``batch_key`` None: the job runs alone
-        (its id is its key)."""
+    def add(self, request: dict, batch_key: str | None, max_queue: int,
+            kind: str | None = None) -> dict:
+        """A new queued job of ``request``, kept with its model and output ``kind``;
+        :class:`QueueFull` when ``max_queue`` unfinished jobs (of all replicas) are waiting or
+        running. ``batch_key`` None: the job runs alone (its id is its key)."""
         def add(cur):
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_ADD_LOCK,))   # count + insert
             n = cur.execute(f"SELECT COUNT(*) AS n FROM {TABLE} WHERE status IN ('queued', "
@@ -315,9 +317,9 @@ class PgJobStore:
             job_id = f"video_{uuid.uuid4().hex}"
             return cur.execute(
                 f"INSERT INTO {TABLE} (id, created_at, status, request, batch_key, model, "
-                f"model_hash) VALUES (%s, {_NOW}, 'queued', %s, %s, %s, %s) RETURNING *",
-                (job_id, json.dumps(request), batch_key or job_id, self.model,
-                 self.model_hash)).fetchone()
+                f"model_hash, kind) VALUES (%s, {_NOW}, 'queued', %s, %s, %s, %s, %s) "
+                f"RETURNING *", (job_id, json.dumps(request), batch_key or job_id, self.model,
+                                 self.model_hash, kind)).fetchone()
         return _job(self._tx(add))
 
     def claim(self, max_batch: int, batch_key: str | None = None) -> list[dict]:
@@ -451,6 +453,14 @@ class PgJobStore:
         """Jobs claimed more than once (run again after a replica stopped or its lease ran
         out)."""
         return int(self._one(f"SELECT COUNT(*) AS n FROM {TABLE} WHERE attempts > 1")["n"])
+
+    def queued(self) -> dict[str, int]:
+        """Queued jobs: ``mine`` (what :meth:`claim` takes) and ``others`` (another model's,
+        or this one's before its files changed)."""
+        row = self._one(f"SELECT COUNT(*) AS n, COALESCE(SUM(CASE WHEN {_MINE} THEN 1 ELSE 0 "
+                        f"END), 0) AS mine FROM {TABLE} WHERE status = 'queued'",
+                        (self.model or "", self.model_hash or ""))
+        return {"mine": int(row["mine"]), "others": int(row["n"] - row["mine"])}
 
     def others(self) -> int:
         """Queued jobs of another model (left queued for it)."""

@@ -13,8 +13,8 @@ power of two, so batch sizes share programs), as it does step-cached requests in
 whatever the family: text- and image-to-video, an image model's (FLUX.1: a PNG,
 :func:`ditax.io.images.write_png`); every request of a pipeline that hands out no loop parts
 runs alone (its own call). Each output is written to a temporary file and renamed
-(:func:`ditax.io.video.write_mp4`; a continuous batch's by writer threads), then the job is
-marked completed: a file a client may download is always whole.
+(:func:`ditax.io.results.write_result`; a continuous batch's by writer threads), then the job
+is marked completed: a file a client may download is always whole (a failed write: failed).
 
 Cancelling a running job (``DELETE``) drops its video; a batch whose every job is cancelled
 stops at the next step. Stopping is cooperative, as jax cannot be interrupted inside a step:
@@ -358,9 +358,8 @@ class Worker(threading.Thread):
         completed; ``rows``: the most rows it ran beside (its ``batch_size``). False when it
         was cancelled (or, on a shared store, re-claimed by another server) meanwhile: nothing
         of it is kept."""
-        from ditax.io.images import write_png
-        from ditax.io.outputs import write_extras
-        from ditax.io.video import write_mp4
+        from ditax.io.outputs import WriteFailed
+        from ditax.io.results import write_result
 
         if job["id"] in self.cancelled:
             self.store.finish(job["id"], "cancelled")
@@ -376,16 +375,13 @@ class Worker(threading.Thread):
                 audio = more.pop("audio")
             video = video[main]
         name = f"{job['id']}.{'png' if video.ndim == 3 else 'mp4'}"   # [H, W, 3]: a PNG
-        try:
-            extras = write_extras(self.output_dir / name, more)
-            if video.ndim == 3:
-                write_png(self.output_dir / name, video)
-            else:
-                req = job["request"]      # a model made for a frame rate: at it
-                write_mp4(self.output_dir / name, video,
-                          fps=req.get("frame_rate") or req.get("fps") or 16, audio=audio)
+        req = job["request"]              # a model made for a frame rate: at it
+        try:                              # every file renamed when all are whole
+            extras = write_result(self.output_dir / name, video, audio=audio, extras=more,
+                                  fps=req.get("frame_rate") or req.get("fps") or 16)
         except OSError as e:              # a full disk, the folder replaced by a file, ...
-            self.fail_unfinished([job], f"could not write {self.output_dir / name}: {e}")
+            self.fail_unfinished([job], str(e) if isinstance(e, WriteFailed) else
+                                 f"could not write {self.output_dir / name}: {e}")
             return False
         extra = {} if rows is None else {"batch_size": rows}
         if self.store.finish(job["id"], "completed", file=name, compiles=compiles,

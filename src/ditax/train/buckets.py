@@ -128,10 +128,16 @@ def _valid_frames(family, model) -> int:
 
 
 def pixel_step(family: str, model) -> int:
-    """The side step of a family's buckets: the smallest side (pixels) that the latent grid of
-    ``model``'s VAE takes (:meth:`~ditax.models.base.ModelFamily.folder_latent_grid`) and whose
-    latent side is a multiple of :data:`PATCH` (the transformer's 2x2 patch). Wan (8x VAE):
-    16; FLUX.1 (8x VAE, 2x2 packing): 16; a Flux folder with a 4x VAE: 8."""
+    """The side step of a family's buckets: its size rule's for ``model``'s folder
+    (:meth:`~ditax.models.base.ModelFamily.size_rule`: the VAE's factor x the transformer's
+    patch; Wan 2.1: 16, the Wan demo's 4x VAE and 4x4 patch: 16, FLUX.1: 16, a Flux folder
+    with a 4x VAE: 8, LTX-2: 32). A family that declares no rule: the smallest side its
+    latent grid takes whose latent side is a multiple of :data:`PATCH`."""
+    from ditax.models.base import family_class
+
+    rule = family_class(family).size_rule(model)
+    if rule.spatial > 1:
+        return rule.spatial
     f = _valid_frames(family, model)
     for s in range(1, 1025):
         if _side_ok(family, model, f, s):
@@ -172,8 +178,12 @@ def check_bucket(b: Bucket, family: str, model, step: int, flag: str = "--bucket
     if flag == "--frames":
         raise _fail(f"--frames {b.frames}: {why[0]}; the nearest valid count is {fix.frames}")
     if fix.size != b.size:
-        why.append(f"width and height must be multiples of {step} (the {name} VAE's factor "
-                   f"times the transformer's {PATCH}x{PATCH} patch)")
+        from ditax.models.base import family_class
+
+        rule = family_class(family).size_rule(model)
+        why.append(f"width and height must be multiples of {step} ("
+                   + (rule.why if rule.spatial == step else f"the {name} VAE's factor times "
+                      f"the transformer's {PATCH}x{PATCH} patch") + ")")
     raise _fail(f"{flag} {b.name} is not on the {name} latent grid: {'; '.join(why)}; the "
                 f"nearest valid bucket is {fix.name}")
 

@@ -245,8 +245,9 @@ def open_source(cfg: Config):
 
 
 def check_sample_shapes(latent_shape, text_shape, family, where) -> None:
-    """The samples' latent channels and text width are the model's; ``where`` names the
-    dataset (and a bucketed dataset's bucket) in the :class:`DataSourceError`."""
+    """The samples' latent channels and text width are the model's, their latent grid on its
+    size rule (its patch); ``where`` names the dataset (and a bucketed dataset's bucket) in
+    the :class:`DataSourceError`."""
     if latent_shape[0] != family.latent_channels:
         raise DataSourceError(f"dataset {where}: latents have {latent_shape[0]} channels but "
                               f"the {family.name} model takes {family.latent_channels}; "
@@ -255,6 +256,10 @@ def check_sample_shapes(latent_shape, text_shape, family, where) -> None:
         raise DataSourceError(f"dataset {where}: text embeddings are {text_shape[1]} wide but "
                               f"the {family.name} model takes {family.text_dim}; preprocess "
                               f"with the model's text encoder")
+    try:
+        family.check_latents(latent_shape, f"dataset {where}", dataset=True)
+    except ConfigError as e:
+        raise DataSourceError(str(e)) from None
 
 
 def _preprocess_hint(family) -> str:

@@ -20,7 +20,9 @@ frozen base out takes it from ``init_from``, as its resume does.
 ``config.yaml`` and the one checkpoint step exported are downloaded into this host's cache
 (committed steps only, :mod:`ditax.io.remote.runs`). ``--out`` may be a URL: the folder is
 written locally as for a local ``--out``, checked, then uploaded with ``model_index.json``
-last (:mod:`ditax.io.remote.folders`); ``--link`` needs a local ``--out``.
+last (:mod:`ditax.io.remote.folders`); ``--link`` needs a local ``--out``; ``memory://``, whose
+store dies with the command, is refused (:func:`ditax.io.remote.urls.resolve`). A write that
+fails (the disk full) is :class:`~ditax.io.outputs.WriteFailed` naming ``--out``.
 """
 
 from __future__ import annotations
@@ -97,21 +99,20 @@ def plan_export(run, out, *, step: int | None = None, base=None, dtype: str | No
     from ditax.models.common.single_files import check_out
     from ditax.train.checkpoint import finished_steps
 
-    from ditax.io.remote.urls import check_path_or_url, is_remote, is_url, local_file
+    from ditax.io.remote.urls import resolve
 
     run_url = sync = names = None
-    if is_remote(run):          # a run at a URL: read from a local copy (its config.yaml)
+    run = resolve(run, "RUN_DIR", error=ConfigError, output=False,
+                  expected="the output_dir of a ditax train run")
+    if isinstance(run, str):    # a run at a URL: read from a local copy (its config.yaml)
         from ditax.io.remote.folders import run_copy
 
-        run_url = run.strip()
+        run_url = run
         copy, sync, names = run_copy(run_url, "RUN_DIR", ConfigError)
         if "config.yaml" not in names:
             raise ConfigError(f"RUN_DIR {run_url} has no config.yaml, so it is no training "
                               f"run; pass the output_dir of a ditax train run")
         run = copy
-    elif is_url(run):
-        run = local_file(run, "RUN_DIR", ConfigError)
-    check_path_or_url(run, "RUN_DIR", ConfigError)
     run = _run_folder(run)
     shown = run_url or run          # what messages name
     saved = read_yaml(run / "config.yaml", what="the run's saved config",
@@ -136,20 +137,18 @@ def plan_export(run, out, *, step: int | None = None, base=None, dtype: str | No
                           f"{', '.join(map(str, steps))}; pass one of them (default: the "
                           f"newest, {steps[-1]})")
     out_url = None
-    if is_remote(out):          # written here, then uploaded (model_index.json last)
+    out = resolve(out, "--out", error=ConfigError, expected="a new folder for the pipeline")
+    if isinstance(out, str):    # a URL: written here, then uploaded (model_index.json last)
         from ditax.io.remote.folders import check_new_url, staging
 
         if link:
             raise ConfigError(f"--link links the base's files into --out, which a URL "
                               f"({out}) cannot hold; drop --link or give a local --out")
-        out_url = out.strip()
+        out_url = out
         check_new_url(out_url, "--out", ConfigError)
         out = staging(out_url, "export-out")
         shutil.rmtree(out, ignore_errors=True)      # an earlier, unfinished try
-    elif is_url(out):
-        out = local_file(out, "--out", ConfigError)
-    check_path_or_url(out, "--out", ConfigError)
-    out = check_out(path_arg(out, "--out", ConfigError, "a new folder for the pipeline"), dtype)
+    out = check_out(out, dtype)
     if base is not None:
         path_arg(base, "--base", ConfigError, "a pipeline folder or a hub id")
     name = cfg.model.family

@@ -78,7 +78,9 @@ def preprocess(videos, output, model, *, height=None, width=None, frames=None, t
 
     Every argument is checked before a model loads (:func:`prepare`). The dataset (or part)
     is written into a hidden temporary folder and renamed when complete, so a failure or an
-    interrupt leaves no half-written dataset (the temporary folder is removed)."""
+    interrupt leaves no half-written dataset (the temporary folder is removed); a write that
+    fails (the disk full, a quota, no permission) is :class:`~ditax.io.outputs.WriteFailed`
+    naming ``output`` and the cause."""
     job = prepare(videos, output, model, height=height, width=width, frames=frames,
                   text_len=text_len, dtype=dtype, family=family, batch=batch, resize=resize,
                   say=say, buckets=buckets, bucket_area=bucket_area,

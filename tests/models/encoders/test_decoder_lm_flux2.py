@@ -250,7 +250,7 @@ def test_bad_inputs_one_line(klein, dev, tmp_path):
         (lambda: load_qwen3(qfolder, quantize="int4"), ConfigError, "int4"),
         (lambda: load_mistral_tokenizer(tmp_path), ModelNotFound, "tokenizer.json"),
         (lambda: F.qwen3_prompt_embeds(qenc, qtok, ["a"], 8, (9, 18, 27)), RequestError,
-         r"outside 0\.\.4"),
+         r"has hidden states 0\.\.4 .*e\.g\. text_encoder_out_layers=\(1, 2, 3\)"),
         (lambda: dev[4].apply_chat_template([[{"role": "tool", "content": "x"}]]),
          RequestError, "Only user, system and assistant roles"),
     ]

@@ -1,4 +1,4 @@
-"""Datasets, runs and exports at URLs (``gs://``, ``s3://``, ``memory://``, any fsspec
+"""Datasets, runs and exports at URLs (``gs://``, ``s3://``, any fsspec
 filesystem whose package is installed).
 
 - :mod:`~ditax.io.remote.urls`: which paths are URLs, their filesystem, one-line refusals
@@ -12,6 +12,8 @@ filesystem whose package is installed).
   are resumed from.
 - :mod:`~ditax.io.remote.transfer`: the size-checked copies and the host lock they share.
 
-Local paths never reach this package (``file:///x`` is the local path ``/x``); fsspec is
+Every path-or-URL a user gives goes through :func:`~ditax.io.remote.urls.resolve`: a local
+path stays one (``file:///x`` is the local path ``/x``), and ``memory://`` — this process's own
+store — is refused for what another process reads (a dataset, a run, an export); fsspec is
 imported only for a remote URL.
 """

@@ -29,7 +29,7 @@ import shutil
 from ditax.io.remote.datasets import META, _size
 from ditax.io.remote.transfer import (download, join, listed, listing, local_listing,
                                       put_bytes, upload)
-from ditax.io.remote.urls import RemoteError, cache_root, filesystem, slug
+from ditax.io.remote.urls import RemoteError, cache_root, filesystem, resolve, slug
 
 PART_JSON = "part.json"                   # ditax.train.preprocess_parts.PART_JSON
 NULL_TEXT = "null_text.safetensors"       # ditax.train.data.NULL_TEXT
@@ -47,6 +47,7 @@ class DatasetUpload:
         self.n = num_processes if isinstance(num_processes, int) and num_processes > 1 else 1
         self.k = process_id if self.n > 1 and isinstance(process_id, int) else 0
         self.merge = merge              # merge_parts(folder, n, say): writes meta.json
+        resolve(self.url, what, error=error)     # memory:// dies with the process: refused
         self.fs, self.root = filesystem(self.url, what, error)
         there, is_file = listed(self.fs, self.root, self.url, what, error)
         if is_file:

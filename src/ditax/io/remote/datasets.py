@@ -23,8 +23,8 @@ import posixpath
 import shutil
 
 from ditax.io.remote.transfer import download, host_lock, join, listing, local_listing
-from ditax.io.remote.urls import (RemoteError, cache_root, filesystem, is_remote, is_url,
-                                  local_file, slug)
+from ditax.io.remote.urls import (RemoteError, cache_root, check_path_or_url, filesystem,
+                                  is_url, resolve, slug)
 
 META = "meta.json"
 FORMAT = "ditax-latents"        # ditax.train.data.FORMAT (io does not import train)
@@ -130,9 +130,10 @@ def mirror_dataset(url: str, say=None, what: str = "data.source",
                 say(f"{what}={url}: downloading {len(todo)} files ({_size(need)}) to this "
                     f"host's mirror {folder}")
             download(fs, root, todo, sizes, folder, f"{what}={url}")
-            tmp = folder / f".{META}.partial"
-            tmp.write_bytes(meta_bytes)
-            tmp.replace(meta)
+            from ditax.io.outputs import atomic_file
+
+            with atomic_file(meta) as tmp:
+                tmp.write_bytes(meta_bytes)
     return folder
 
 
@@ -141,24 +142,24 @@ def local_dataset(source, say=None, what: str = "data.source", error=RemoteError
     ``file://`` URL's path, a remote URL's mirror (:func:`mirror_dataset`)."""
     if not is_url(source):
         return source
-    if not is_remote(source):
-        return str(local_file(source, what, error))
-    return str(mirror_dataset(source, say=say, what=what, error=error))
+    where = resolve(source, what, error=error, output=False)
+    if not isinstance(where, str):      # file://: the local path
+        return str(where)
+    return str(mirror_dataset(where, say=say, what=what, error=error))
 
 
 def checked_source(source, what: str = "data.source"):
     """The CLI's early check of a dataset path: a remote URL is checked there
     (:func:`check_dataset`, nothing downloaded) and None returned; otherwise the local path
     to check with ``read_meta`` (a ``file://`` URL's path, a path as given)."""
-    from ditax.io.remote.urls import check_path_or_url
-
-    if is_remote(source):
-        check_dataset(source.strip(), what)
+    if not is_url(source):
+        check_path_or_url(source, what)     # a URL typed with one slash: refused
+        return source
+    where = resolve(source, what, output=False)
+    if isinstance(where, str):
+        check_dataset(where, what)
         return None
-    if is_url(source):
-        return str(local_file(source, what))
-    check_path_or_url(source, what)
-    return source
+    return str(where)
 
 
 def local_source(cfg, say=None):

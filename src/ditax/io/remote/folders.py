@@ -16,12 +16,13 @@ import pathlib
 from ditax.io.remote.runs import CHECKPOINTS, StepSync
 from ditax.io.remote.transfer import (download, join, listed, local_listing, put_bytes,
                                       upload)
-from ditax.io.remote.urls import RemoteError, cache_root, filesystem, slug
+from ditax.io.remote.urls import RemoteError, cache_root, filesystem, resolve, slug
 
 
 def check_new_url(url: str, what: str = "--out", error=RemoteError):
     """``url`` can take a new folder: its filesystem installed, nothing there. Returns
-    ``(fs, root)``."""
+    ``(fs, root)``; a URL whose storage dies with this process (``memory://``) is refused."""
+    resolve(url, what, error=error)
     fs, root = filesystem(url, what, error)
     there, is_file = listed(fs, root, url, what, error)
     if is_file or there:

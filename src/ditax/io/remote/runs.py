@@ -43,8 +43,7 @@ import threading
 
 from ditax.io.remote.transfer import (download, join, listing, local_listing, put_bytes,
                                       remove, upload)
-from ditax.io.remote.urls import (RemoteError, cache_root, filesystem, is_remote, local_file,
-                                  slug, where)
+from ditax.io.remote.urls import RemoteError, cache_root, filesystem, resolve, slug, where
 
 COMMIT = "commit_success.txt"       # orbax's atomicity_types.COMMIT_SUCCESS_FILE
 CHECKPOINTS = "checkpoints"
@@ -163,13 +162,13 @@ class RunFolder:
     is this host's staging folder, synced with the URL (module docstring)."""
 
     def __init__(self, output_dir: str, what: str = "output_dir", error=RemoteError):
-        self.url = output_dir.strip() if is_remote(output_dir) else None
+        at = resolve(output_dir, what, error=error, expected="a folder for the run")
+        self.url = at if isinstance(at, str) else None
         self.fs = self.root = None
         self._pushed: dict[str, tuple] = {}
         self._lock = threading.Lock()
         if self.url is None:
-            self.local = (local_file(output_dir, what, error) if "://" in str(output_dir)
-                          else pathlib.Path(output_dir))
+            self.local = at
             return
         self.fs, self.root = filesystem(self.url, what, error)
         self.local = cache_root() / "runs" / slug(self.url)
@@ -273,6 +272,7 @@ def check_run_url(url: str, what: str = "output_dir", error=RemoteError,
     """A remote ``output_dir`` can hold a run: its filesystem installed, not a file, and when
     something is there, a run (``run_files``) — a dataset (``meta.json``) or other files are
     refused."""
+    resolve(url, what, error=error)         # memory:// dies with the process: refused
     fs, root = filesystem(url, what, error)
     try:
         there = listing(fs, root)

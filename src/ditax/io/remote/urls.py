@@ -13,6 +13,13 @@ fsspec's own table: ``gs://`` → ``gcsfs``, ``s3://`` → ``s3fs``, ``az://`` �
 URL with no bucket or folder, an empty bucket (``gs:///x``), a filesystem that cannot be
 opened. :func:`check_path_or_url` also catches ``gs:/bucket`` (one slash), which would
 otherwise silently become a local folder named ``gs:``.
+
+:func:`resolve` is the one rule every path-or-URL a user gives goes through (dataset folders:
+``ditax preprocess`` OUT, ``data.source``; runs: ``output_dir``; exports: ``--out``; served
+and generated outputs): a local path is itself, ``file://`` is the local path, another URL is
+handed to the remote code — refused where only a local folder can work, and for an output
+another process must read when its storage dies with this process (``memory://``,
+:data:`IN_PROCESS`).
 """
 
 from __future__ import annotations
@@ -56,6 +63,42 @@ def local_file(url: str, what: str, error=RemoteError) -> pathlib.Path:
         raise error(f"{what}={url}: a file URL names an absolute local path, "
                     f"file:///ABSOLUTE/PATH (three slashes); or give the path itself")
     return pathlib.Path(rest)
+
+
+#: protocols whose storage lives in this process only (fsspec's in-process store): what is
+#: written there is gone when the command ends
+IN_PROCESS = ("memory",)
+
+
+def resolve(value, what: str, *, error=RemoteError, expected: str = "a path",
+            remote: bool = True, output: bool = True):
+    """Where ``value`` (a path or URL the user gave as ``what``) is, by the one rule for them
+    all: a local path is that ``pathlib.Path`` (``gs:/x``, a URL with one slash, refused);
+    ``file:///abs/path`` is the local ``Path("/abs/path")``; any other URL is returned as
+    text (stripped), for the remote code to check and use. Refused, in one line of
+    ``error`` naming ``what``, the value and the fix: a URL where only a local path works
+    (``remote=False``: a video written, a folder served), and, for an ``output`` (what
+    another process reads: a dataset, a run, an export), a URL whose storage does not outlive
+    this process (:data:`IN_PROCESS`)."""
+    from ditax.io.files import path_arg
+
+    path_arg(value, what, error, expected)
+    if not is_url(value):
+        check_path_or_url(value, what, error)
+        return pathlib.Path(value)
+    if not is_remote(value):
+        return local_file(value, what, error)
+    url = value.strip()
+    if not remote:
+        raise error(f"{what}={url}: this is written and read as a local path, not at a URL; "
+                    f"give a local path (or file:///ABSOLUTE/PATH), e.g. a mounted bucket's")
+    gone = [p for p in protocols(url) if p in IN_PROCESS]
+    if output and gone:
+        raise error(f"{what}={url}: {gone[0]}:// is this process's own in-memory store, gone "
+                    f"when the command ends, so no other process (ditax train, generate, "
+                    f"serve) could read what is written there; give a local folder, "
+                    f"file:///ABSOLUTE/PATH or a bucket URL (gs://, s3://)")
+    return url
 
 
 def check_path_or_url(value, what: str, error=RemoteError) -> None:
@@ -157,5 +200,6 @@ def where(fs, path: str) -> str:
     return fs.unstrip_protocol(path)
 
 
-__all__ = ["RemoteError", "is_url", "is_remote", "local_file", "check_path_or_url",
+__all__ = ["RemoteError", "IN_PROCESS", "is_url", "is_remote", "local_file", "resolve",
+           "check_path_or_url",
            "filesystem", "package_for", "protocols", "slug", "cache_root", "where", "ENV"]

@@ -20,4 +20,5 @@ register(FamilySpec(
     # no step_cache: its pipeline takes no cache= (ditax calibrate-cache refuses a Flux folder)
     capabilities=frozenset({"transformer", "single_file", "folder_check", "quantize", "lora",
                             "bench", "preprocess", "init_from", "train_vae"}),
+    random_folders="ditax.recipes.random_flux:RANDOM",                # ditax init-random
 ))

@@ -10,6 +10,7 @@ import dataclasses
 from flax import nnx
 
 from ditax.errors import ConfigError
+from ditax.io.files import folder_vae_json
 from ditax.models.base import ModelFamily
 
 VAE_FACTOR = 8    # FLUX.1's VAE: spatial downsampling (four levels)
@@ -78,16 +79,22 @@ class FluxFamily(ModelFamily):
         return 1, height // s, width // s
 
     @classmethod
+    def size_rule(cls, root=None, model=None):
+        """Sides: multiples of the VAE's factor (``root/vae/config.json``'s, FLUX.1's 8 when
+        the folder has none) x the 2x2 token packing; still images (one frame)."""
+        from ditax.models.size_rule import SizeRule
+
+        s = vae_factor(folder_vae_json(root))
+        return SizeRule(cls.name, s * PACK, None,
+                        f"the VAE's {s}x and the {PACK}x{PACK} token packing",
+                        latent=(1, PACK, PACK))
+
+    @classmethod
     def folder_latent_grid(cls, root, num_frames, height, width):
         """:meth:`latent_grid` with the factor of ``root/vae/config.json`` (FLUX.1's 8 when the
-        folder has none, e.g. a hub id)."""
-        import pathlib
-
-        from ditax.io.files import read_model_json
-
-        cfg = pathlib.Path(root) / "vae" / "config.json" if root is not None else None
-        vae = read_model_json(cfg, "vae/config.json") if cfg and cfg.is_file() else None
-        return cls.latent_grid(num_frames, height, width, vae)
+        folder has none, e.g. a hub id), the sizes on the folder's :meth:`size_rule`."""
+        cls.size_rule(root).check(height, width, None, error=ConfigError)
+        return cls.latent_grid(num_frames, height, width, folder_vae_json(root))
 
     def tokens_per_sample(self, latent_shape) -> int:
         _, _, y, x = latent_shape

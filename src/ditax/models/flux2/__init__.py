@@ -21,4 +21,5 @@ register(FamilySpec(
     lora_names="ditax.models.flux2.lora_names:LORA_NAMES",
     capabilities=frozenset({"transformer", "single_file", "folder_check", "quantize", "lora",
                             "bench", "init_from", "preprocess"}),
+    random_folders="ditax.recipes.random_flux2:RANDOM",               # ditax init-random
 ))

@@ -67,8 +67,13 @@ class Flux2Config(TransformerNumerics, Flux2Shape):
     attention; the modulation of each stream shared by every block) then
     ``num_single_layers`` single-stream blocks (attention and SwiGLU MLP in parallel, one
     fused input and one fused output projection). No linear layer has a bias.
-    ``out_channels=None`` means ``in_channels``.
+    ``out_channels=None`` means ``in_channels``. ``text_encoder_out_layers``: the text
+    encoder's hidden states a pipeline stacks into the prompt embeddings (None: the folder
+    kind's, Qwen3 (9, 18, 27) for klein, Mistral-3 (10, 20, 30) for dev; a folder whose text
+    encoder is shallower needs its own, e.g. ``model.text_encoder_out_layers=[1,2,3]``).
     """
+
+    text_encoder_out_layers: Optional[tuple[int, ...]] = None  # text layers read (none: kind's)
 
     @property
     def inner_dim(self) -> int:
@@ -135,6 +140,11 @@ def check_model(m: Flux2Config, mesh_sizes: dict[str, int] | None = None) -> Non
                           f"split the head dim, so they must sum to attention_head_dim="
                           f"{m.attention_head_dim}")
     check_tensor_splits(m, mesh_sizes, m.mlp_dim, "model MLP width (int(D x mlp_ratio))")
+    layers = m.text_encoder_out_layers
+    if layers is not None and (not layers or any(
+            isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers)):
+        raise ConfigError(f"model.text_encoder_out_layers={layers!r} must be hidden-state "
+                          f"indices >= 0, e.g. [9,18,27] (klein's), or none (the folder's kind's)")
 
 
 # every rule of one run, in every family's order, checked once at its entry point

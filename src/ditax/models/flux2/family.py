@@ -71,16 +71,27 @@ class Flux2Family(ModelFamily):
         return 1, height // f, width // f
 
     @classmethod
+    def size_rule(cls, root=None, model=None):
+        """Sides: multiples of the VAE's factor (``root/vae/config.json``'s, FLUX.2's 8 when
+        the folder has none) x the 2x2 patchify; still images (one frame). The latents are
+        patchified already: their grid takes any size."""
+        from ditax.io.files import folder_vae_json
+        from ditax.models.size_rule import SizeRule
+
+        vae = folder_vae_json(root)
+        s = 2 ** (len(vae["block_out_channels"]) - 1) if isinstance(vae, dict) and \
+            vae.get("block_out_channels") else VAE_FACTOR
+        return SizeRule(cls.name, s * PATCH, None,
+                        f"the VAE's {s}x and the {PATCH}x{PATCH} patchify")
+
+    @classmethod
     def folder_latent_grid(cls, root, num_frames, height, width):
         """:meth:`latent_grid` with the factor of ``root/vae/config.json`` (FLUX.2's 8 when the
-        folder has none, e.g. a hub id)."""
-        import pathlib
+        folder has none, e.g. a hub id), the sizes on the folder's :meth:`size_rule`."""
+        from ditax.io.files import folder_vae_json
 
-        from ditax.io.files import read_model_json
-
-        cfg = pathlib.Path(root) / "vae" / "config.json" if root is not None else None
-        vae = read_model_json(cfg, "vae/config.json") if cfg and cfg.is_file() else None
-        return cls.latent_grid(num_frames, height, width, vae)
+        cls.size_rule(root).check(height, width, None, error=ConfigError)
+        return cls.latent_grid(num_frames, height, width, folder_vae_json(root))
 
     def tokens_per_sample(self, latent_shape) -> int:
         _, _, y, x = latent_shape

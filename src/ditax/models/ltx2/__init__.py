@@ -22,4 +22,5 @@ register(FamilySpec(
     lora_names="ditax.models.ltx2.lora_names:LORA_NAMES",
     capabilities=frozenset({"transformer", "single_file", "folder_check", "quantize", "lora",
                             "bench", "preprocess", "init_from", "step_cache"}),
+    random_folders="ditax.recipes.random_ltx2:RANDOM",                # ditax init-random
 ))

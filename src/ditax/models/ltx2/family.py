@@ -70,23 +70,45 @@ class LTX2Family(ModelFamily):
         return _grid(num_frames, height, width, TIME_FACTOR, SPACE_FACTOR)
 
     @classmethod
-    def folder_latent_grid(cls, root, num_frames, height, width):
-        """:meth:`latent_grid` with the factors of ``root/vae/config.json`` (LTX-2's when the
-        folder has none, e.g. a hub id)."""
+    def _folder_factors(cls, root):
+        """``(temporal, spatial)`` of ``root/vae/config.json`` (None: no such file)."""
         import pathlib
 
         f = pathlib.Path(root) / "vae" / "config.json" if root is not None else None
         if f is None or not f.is_file():
-            return cls.latent_grid(num_frames, height, width)
+            return None
         from ditax.io.files import read_model_json
         from ditax.models.vae.ltx2.config import LTX2VideoVAEConfig
 
         vae = LTX2VideoVAEConfig.from_diffusers(read_model_json(f, "VAE config"))
-        return _grid(num_frames, height, width, vae.temporal_factor, vae.spatial_factor)
+        return vae.temporal_factor, vae.spatial_factor
+
+    @classmethod
+    def size_rule(cls, root=None, model=None):
+        """Sides: multiples of the video VAE's spatial factor (the folder's, else
+        ``model.vae_scale_factors``, else 32) x the patch (1); frames: ``8k+1`` (its temporal
+        factor x the time patch, the first frame alone)."""
+        from ditax.models.size_rule import SizeRule
+
+        t, s = cls._folder_factors(root) or (
+            tuple(model.vae_scale_factors[:2]) if model is not None else
+            (TIME_FACTOR, SPACE_FACTOR))
+        pt, p = (getattr(model, "patch_size_t", 1), getattr(model, "patch_size", 1))
+        return SizeRule(cls.name, s * p, t * pt, f"the VAE's {s}x and the {p}x{p} patch",
+                        f"the VAE's {t}x in time, the first frame alone", latent=(pt, p, p))
+
+    @classmethod
+    def folder_latent_grid(cls, root, num_frames, height, width):
+        """:meth:`latent_grid` with the factors of ``root/vae/config.json`` (LTX-2's when the
+        folder has none, e.g. a hub id), the sizes on the folder's :meth:`size_rule`."""
+        cls.size_rule(root).check(height, width, None, error=ConfigError)
+        t, s = cls._folder_factors(root) or (TIME_FACTOR, SPACE_FACTOR)
+        return _grid(num_frames, height, width, t, s)
 
     def latent_shape(self, num_frames, height, width):
         """Latent ``[C, F, Y, X]`` of one video on the grid of the model's
         ``vae_scale_factors`` (LTX-2's 8 / 32 / 32)."""
+        self.check_size(None, height, width)     # frames: the grid's, on the same rule
         t, y, _ = self.model.vae_scale_factors
         return (self.latent_channels,) + _grid(num_frames, height, width, t, y)
 

@@ -15,11 +15,12 @@ register(FamilySpec(
     transformer_classes=("WanTransformer3DModel", "WanVACETransformer3DModel",
                          "WanAnimateTransformer3DModel"),
     pipeline_classes=("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline",
-                      "WanAnimatePipeline"),
+                      "WanAnimatePipeline", "WanVideoToVideoPipeline"),
     variants=("ditax.models.wan.animate:WanAnimateConfig",),   # VACE: WanConfig.vace_layers
     pipelines="ditax.pipelines.wan.family:WanPipelines",
     trainers={"vae": "ditax.train.wan.trainers:WanVAETraining"},       # ditax train-vae
     lora_names="ditax.models.wan.lora_names:LORA_NAMES",
     capabilities=frozenset({"transformer", "single_file", "folder_check", "quantize", "lora",
                             "step_cache", "bench", "preprocess", "init_from", "train_vae"}),
+    random_folders="ditax.recipes.random_wan:RANDOM",                 # ditax init-random
 ))

@@ -82,26 +82,23 @@ class WanFamily(ModelFamily):
         return cls._grid(vae_preset(vae), vae, num_frames, height, width)
 
     @classmethod
+    def size_rule(cls, root=None, model=None):
+        """Wan's (:func:`ditax.models.wan.sizes.size_rule`): the VAE's factors x the patch."""
+        from ditax.models.wan.sizes import size_rule
+
+        return size_rule(cls.name, root, model)
+
+    @classmethod
     def folder_latent_grid(cls, root, num_frames, height, width):
-        """:meth:`latent_grid` with the factors of ``root/vae/config.json`` (a Wan 2.2 TI2V
-        folder's VAE is 16x spatial, not 2.1's 8x); the Wan 2.1 VAE when the folder has none
-        (a hub id) or its config is not a Wan VAE's (the loaders then name the problem)."""
-        import pathlib
+        """:meth:`latent_grid` with the factors of the folder's VAE (Wan 2.2 TI2V's: 16x),
+        the sizes on the folder's :meth:`size_rule`."""
+        from ditax.models.wan.sizes import folder_vae
 
-        from ditax.io.files import read_model_json
-        from ditax.models.vae.wan.config import WanVAEConfig
-
-        f = pathlib.Path(root) / "vae" / "config.json" if root is not None else None
-        raw = read_model_json(f, "vae/config.json") if f and f.is_file() else None
-        if isinstance(raw, dict) and raw.get("_class_name", "AutoencoderKLWan") == \
-                "AutoencoderKLWan":
-            try:
-                cfg = WanVAEConfig.from_diffusers(raw)
-            except (ConfigError, TypeError, ValueError):
-                cfg = None
-            if cfg is not None:
-                return cls._grid(cfg, f"the folder's {cfg.spatial_factor}x", num_frames,
-                                 height, width)
+        cls.size_rule(root).check(height, width, None, error=ConfigError)
+        cfg = folder_vae(root)
+        if cfg is not None:
+            return cls._grid(cfg, f"the folder's {cfg.spatial_factor}x", num_frames, height,
+                             width)
         return cls.latent_grid(num_frames, height, width)
 
     @staticmethod
@@ -117,6 +114,7 @@ class WanFamily(ModelFamily):
         return cfg.latent_grid(num_frames, height, width)
 
     def latent_shape(self, num_frames, height, width):
+        self.check_size(None, height, width)     # frames: the grid's, on the same rule
         return (self.latent_channels,
                 *self.latent_grid(num_frames, height, width, self.model.vae))
 

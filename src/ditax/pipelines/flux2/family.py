@@ -106,6 +106,7 @@ class Flux2Pipelines(PipelineFamily):
             check_size(grid, height=call.get("height"), width=call.get("width"))
             check_references(reference_list(call.get("image")), grid)
         tc = read_model_json(root / "transformer" / "config.json", "transformer config")
+        check_text_layers_fit(root, kind, load.get("text_encoder_out_layers"), tc)
         head_dim = load.get("attention_head_dim") or tc.get("attention_head_dim", 128)
         check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)
 
@@ -115,4 +116,29 @@ class Flux2Pipelines(PipelineFamily):
         return load_pipeline(path, **kwargs)
 
 
-__all__ = ["Flux2Pipelines", "SAMPLE_DEFAULTS"]
+def check_text_layers_fit(root, kind: str, layers, tc: dict) -> None:
+    """The hidden states the calls read by default (``layers``: ``model.
+    text_encoder_out_layers``, None: the kind's) exist in the folder's text encoder
+    (``text_encoder/config.json``: its layers and width) and fill the transformer's
+    ``joint_attention_dim`` (``tc``), before any weights; else one line suggesting layers
+    that do, with the key that sets them."""
+    import pathlib
+
+    from ditax.io.files import read_model_json
+    from ditax.models.encoders.decoder_lm.flux2_text import check_text_layers
+    from ditax.pipelines.flux2.loading import text_parts
+
+    f = pathlib.Path(root) / "text_encoder" / "config.json"
+    raw = read_model_json(f, "text encoder config") if f.is_file() else None
+    raw = raw.get("text_config", raw) if isinstance(raw, dict) else {}
+    n, width = raw.get("num_hidden_layers"), raw.get("hidden_size")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, width)):
+        return                           # the loader names what the file lacks
+    joint = tc.get("joint_attention_dim") if isinstance(tc, dict) else None
+    said = ("model.text_encoder_out_layers" if layers is not None else
+            f"FLUX.2 {kind}'s default text_encoder_out_layers")
+    check_text_layers(layers if layers is not None else text_parts(kind)[3], n, width, joint,
+                      where=f"{root}'s text encoder", said=said)
+
+
+__all__ = ["Flux2Pipelines", "SAMPLE_DEFAULTS", "check_text_layers_fit"]

@@ -35,7 +35,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     base's true CFG runs its two branches; ``vae_tiling``: encode (the references) and
     decode in tiles, as diffusers' ``enable_tiling()``;
     ``model_overrides``: :class:`~ditax.models.flux2.config.Flux2Config` numerics (``remat``,
-    ``quantize``...) and ``loras=`` (:func:`ditax.models.flux2.loading.load_transformer`).
+    ``quantize``...) and ``loras=`` (:func:`ditax.models.flux2.loading.load_transformer`);
+    ``text_encoder_out_layers``: the text encoder's hidden states the calls read by default
+    (None: the kind's, :func:`text_parts`).
 
     A folder's ``ditax_sample.json`` becomes ``pipe.sample_defaults``: the size, steps,
     guidance and text tokens a call uses where it is given none."""
@@ -64,6 +66,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
         raise ConfigError(f"{root / 'scheduler'}: FLUX.2 samples with "
                           f"FlowMatchEulerDiscreteScheduler; got {type(scheduler).__name__}")
     load_text, load_tokenizer, embed_prompts, layers = text_parts(kind)
+    layers = model_overrides.pop("text_encoder_out_layers", None) or layers   # model.* key
     transformer = load_flux2_transformer(root, dtype=dtype, mesh=mesh, attention=attention,
                                          **model_overrides)
     text_encoder = load_text(root, text_quantize, dtype)

@@ -211,24 +211,13 @@ class Flux2ImagePipeline:
             output=output).run(progress))
 
     def _check_layers(self, layers) -> tuple[int, ...]:
-        """The hidden-state layers: ints, whose widths fill the transformer's text width."""
-        if isinstance(layers, int) or not isinstance(layers, (list, tuple)) or not layers \
-                or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
-            raise RequestError(f"text_encoder_out_layers={layers!r} must be a non-empty tuple "
-                               f"of ints (hidden-state indices, e.g. "
-                               f"{self.text_encoder_out_layers})")
-        cfg, joint = self.text_encoder.cfg, self.transformer.config.joint_attention_dim
-        d, n = cfg.hidden_size, cfg.num_layers
-        if not all(0 <= i <= n for i in layers):
-            raise RequestError(f"text_encoder_out_layers={tuple(layers)}: the text encoder has "
-                               f"hidden states 0..{n} ({n} layers); e.g. "
-                               f"{self.text_encoder_out_layers}")
-        if len(layers) * d != joint:
-            raise RequestError(f"text_encoder_out_layers={tuple(layers)}: {len(layers)} layers "
-                               f"x the text width {d} = {len(layers) * d}, but the "
-                               f"transformer reads {joint} (joint_attention_dim); pick "
-                               f"{joint // d} layers")
-        return tuple(layers)
+        """The hidden-state layers: ints, whose widths fill the transformer's text width
+        (the refusal suggests layers this text encoder has, and the keys that set them)."""
+        from ditax.models.encoders.decoder_lm.flux2_text import check_text_layers
+
+        cfg = self.text_encoder.cfg
+        return check_text_layers(layers, cfg.num_layers, cfg.hidden_size,
+                                 self.transformer.config.joint_attention_dim)
 
     def prepare(self, prompt=None, *, image=None, height=None, width=None,
                 num_inference_steps=None, guidance_scale=None, seed=0, generator=None,

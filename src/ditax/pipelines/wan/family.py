@@ -181,18 +181,24 @@ def check_animate_fits(root, index: dict, call: dict) -> bool:
 
 def check_source_video_fits(root, index: dict, call: dict) -> None:
     """``--strength`` (video-to-video) needs a plain text-to-video folder (``WanPipeline``)
-    and keeps at least one step; ``--video`` without it is a VACE folder's control video."""
+    and keeps at least one step; ``--video`` without it is a VACE folder's control video. A
+    ``WanVideoToVideoPipeline`` folder needs ``--video`` (``--strength``: diffusers' 0.8)."""
+    from ditax.pipelines.wan.folder import V2V_PIPELINE
+
     cls = index.get("_class_name")
+    if cls == V2V_PIPELINE and "video" not in call:
+        raise RequestError(f"{root} is a video-to-video folder ({V2V_PIPELINE}); pass the "
+                           f"source with --video IN.mp4 (and --strength S, 0 < S <= 1; 0.8)")
     if "strength" in call:
         from ditax.models.wan.conditioning import folder_kind
         from ditax.pipelines.wan.video_to_video import start_step
 
-        if cls != "WanPipeline" or folder_kind(index) != "t2v":
+        if cls not in ("WanPipeline", V2V_PIPELINE) or folder_kind(index) != "t2v":
             raise RequestError(f"--strength is video-to-video, which runs on a Wan "
                                f"text-to-video folder (WanPipeline); {root} is a {cls} "
                                f"({folder_kind(index)}) — drop --strength or use a T2V model")
         start_step(call["num_inference_steps"], call["strength"])
-    elif "video" in call and cls != "WanVACEPipeline":
+    elif "video" in call and cls not in ("WanVACEPipeline", V2V_PIPELINE):
         raise RequestError(f"--video on {root} ({cls}) is video-to-video: add --strength S "
                            f"(0 < S <= 1, e.g. 0.7; a text-to-video folder), or use a VACE "
                            f"model for a control video")

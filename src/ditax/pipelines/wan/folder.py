@@ -6,6 +6,8 @@ Wan 2.2 A14B ``boundary_ratio``) next to one subfolder per component: ``tokenize
 ``transformer_2/``. ``WanImageToVideoPipeline`` folders add ``image_encoder/`` and
 ``image_processor/`` (Wan 2.1 I2V / FLF2V; Wan 2.2 I2V A14B has none), and either class may set
 ``expand_timesteps`` (Wan 2.2 TI2V-5B: per-token timesteps, the image optional).
+``WanVideoToVideoPipeline`` folders hold a text-to-video model's components (loaded as
+video-to-video: a source video required).
 :func:`read_pipeline_folder` resolves a path or hub id (through
 :func:`ditax.io.hub.resolve_folder`), reads the index and returns the component folders, or
 raises :class:`PipelineLoadError` naming what is missing and how to fix it.
@@ -23,7 +25,8 @@ from ditax.models.wan.conditioning import I2V_PIPELINE, folder_kind
 
 REQUIRED = ("tokenizer", "text_encoder", "vae", "scheduler")  # besides transformer
 ANIMATE_PIPELINE = "WanAnimatePipeline"   # Wan 2.2 Animate: an image-conditioned (i2v) folder
-CLASSES = ("WanPipeline", I2V_PIPELINE, "WanVACEPipeline", ANIMATE_PIPELINE)
+V2V_PIPELINE = "WanVideoToVideoPipeline"  # a text-to-video model's parts, run video-to-video
+CLASSES = ("WanPipeline", I2V_PIPELINE, "WanVACEPipeline", ANIMATE_PIPELINE, V2V_PIPELINE)
 IMAGE_PARTS = ("image_encoder", "image_processor")  # Wan 2.1 I2V / FLF2V: both or neither
 
 
@@ -113,4 +116,5 @@ def read_pipeline_folder(path) -> PipelineFolder:
     return PipelineFolder(root=root, index=index, components=subs)
 
 
-__all__ = ["PipelineFolder", "PipelineLoadError", "read_pipeline_folder", "resolve_pipeline_folder"]
+__all__ = ["PipelineFolder", "PipelineLoadError", "V2V_PIPELINE", "read_pipeline_folder",
+           "resolve_pipeline_folder"]

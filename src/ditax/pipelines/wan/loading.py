@@ -16,7 +16,7 @@ from ditax.pipelines.options import CFG_MODES
 from ditax.pipelines.sample_defaults import FILE as SAMPLE_FILE, read_sample_defaults
 from ditax.pipelines.wan.components import load_components
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
-from ditax.pipelines.wan.folder import ANIMATE_PIPELINE, read_pipeline_folder
+from ditax.pipelines.wan.folder import ANIMATE_PIPELINE, V2V_PIPELINE, read_pipeline_folder
 from ditax.pipelines.wan.image_to_video import WanImageToVideo
 from ditax.pipelines.wan.request import check_load_args
 from ditax.pipelines.wan.sample_defaults import check_fits
@@ -63,6 +63,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
       video_to_video: a text-to-video folder as
         :class:`~ditax.pipelines.wan.video_to_video.WanVideoToVideo` (``video=``,
         ``strength=``); another kind of folder is a :class:`ConfigError` before any weights.
+        A ``WanVideoToVideoPipeline`` folder (diffusers' ``save_pretrained`` of one) loads
+        as video-to-video whatever this says.
 
     A folder's ``ditax_sample.json`` (:mod:`ditax.pipelines.sample_defaults`) becomes
     ``pipe.sample_defaults``: the sizes, steps, guidance, ... a call uses where it is given none.
@@ -83,8 +85,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
             log.info("%s", lora_sample.line())
             scheduler, flow_shift = lora_sample.load_args(scheduler=scheduler,
                                                           flow_shift=flow_shift).values()
-        if video_to_video and (folder.kind != "t2v"
-                               or folder.index.get("_class_name") != "WanPipeline"):
+        video_to_video = video_to_video or folder.index.get("_class_name") == V2V_PIPELINE
+        if video_to_video and (folder.kind != "t2v" or folder.index.get("_class_name")
+                               not in ("WanPipeline", V2V_PIPELINE)):
             raise ConfigError(f"video-to-video needs a text-to-video folder (WanPipeline); "
                               f"{folder.root} is {folder.kind} — load a Wan T2V model")
         if max_sequence_length is None:

@@ -76,14 +76,45 @@ def mistral3_prompt_ids(tokenizer, prompts, max_len: int = 512,
     return tokenizer.encode(texts, max_len, add_special_tokens=add)
 
 
-def _check_layers(model, layers) -> tuple[int, ...]:
-    layers = tuple(int(i) for i in layers)
-    n = model.cfg.num_layers
-    if not layers or any(not 0 <= i <= n for i in layers):
-        raise RequestError(f"hidden-state layers {layers} are outside 0..{n} of "
-                           f"{model.cfg.name}'s {n} layers; FLUX.2 reads (9, 18, 27) from "
-                           f"Qwen3 and (10, 20, 30) from Mistral Small 3.1")
+def spread_layers(num_layers: int, count: int) -> tuple[int, ...]:
+    """``count`` hidden states spread over a text model of ``num_layers`` layers as FLUX.2's
+    own are (at ``i / (count + 1)`` of its depth: Qwen3-4B's 36 layers give (9, 18, 27),
+    Mistral Small 3.1's 40 give (10, 20, 30)): a choice a smaller encoder can read."""
+    return tuple(num_layers * (i + 1) // (count + 1) for i in range(count))
+
+
+def check_text_layers(layers, num_layers: int, width: int, joint: int | None = None,
+                      where: str = "the text encoder",
+                      said: str = "text_encoder_out_layers") -> tuple[int, ...]:
+    """The hidden-state ``layers`` FLUX.2 reads from ``where`` (a text model of
+    ``num_layers`` layers, ``width`` wide; ``joint``: the transformer's
+    ``joint_attention_dim``, which ``len(layers) · width`` must fill; None: not checked).
+    :class:`RequestError` naming the value and a choice that works, with the keys that set it
+    (``text_encoder_out_layers=`` of the call, ``model.text_encoder_out_layers`` of ditax
+    generate / serve; ``said``: how the message names the value)."""
+    given = len(layers) if isinstance(layers, (list, tuple)) and layers else 3
+    count = joint // width if joint and width and joint % width == 0 else given
+    good = spread_layers(num_layers, count)
+    fix = (f"e.g. text_encoder_out_layers={good} in the call, or model.text_encoder_out_layers="
+           f"[{','.join(map(str, good))}] for ditax generate / serve")
+    if isinstance(layers, int) or not isinstance(layers, (list, tuple)) or not layers \
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise RequestError(f"{said}={layers!r} must be a non-empty tuple of ints "
+                           f"(hidden-state indices); {fix}")
+    layers = tuple(layers)
+    if not all(0 <= i <= num_layers for i in layers):
+        raise RequestError(f"{said}={layers}: {where} has hidden states "
+                           f"0..{num_layers} ({num_layers} layers); {fix}")
+    if joint is not None and len(layers) * width != joint:
+        raise RequestError(f"{said}={layers}: {len(layers)} layers x the text "
+                           f"width {width} = {len(layers) * width}, but the transformer reads "
+                           f"{joint} (joint_attention_dim); pick {count} layers, {fix}")
     return layers
+
+
+def _check_layers(model, layers) -> tuple[int, ...]:
+    return check_text_layers(layers, model.cfg.num_layers, model.cfg.hidden_size,
+                             where=f"{model.cfg.name}")
 
 
 @nnx.jit(static_argnums=3)
@@ -117,6 +148,7 @@ def mistral3_prompt_embeds(model, tokenizer, prompts, max_len: int = 512,
     return stacked_hidden_states(model, jnp.asarray(ids), jnp.asarray(mask), layers)
 
 
-__all__ = ["QWEN3_LAYERS", "MISTRAL3_LAYERS", "SYSTEM_MESSAGE", "qwen3_conversations",
+__all__ = ["QWEN3_LAYERS", "MISTRAL3_LAYERS", "SYSTEM_MESSAGE", "check_text_layers",
+           "spread_layers", "qwen3_conversations",
            "mistral3_conversations", "qwen3_prompt_ids", "mistral3_prompt_ids",
            "stacked_hidden_states", "qwen3_prompt_embeds", "mistral3_prompt_embeds"]

@@ -1,0 +1,98 @@
+"""Writing media with the ffmpeg that imageio-ffmpeg ships, its failure never taken for success.
+
+imageio-ffmpeg's writer neither reads ffmpeg's exit status nor its error lines: an mp4 whose
+trailer could not be written (``Error writing trailer: No space left on device``) was
+reported written. :func:`write` runs ffmpeg itself, at ``-v error`` (every line it prints is
+an error), its standard error kept in a temporary file (no pipe to fill up), and the input
+fed through its standard input: the write failed when ffmpeg exits non-zero, or prints an
+error line, or stops reading its input (a broken pipe: its error line says why). That is
+:class:`~ditax.io.outputs.WriteFailed` naming the file, the os error ffmpeg met (the disk
+full, a file-size limit, no permission) and ffmpeg's own line. ``IMAGEIO_FFMPEG_EXE`` picks
+another ffmpeg, as for imageio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import sys
+import tempfile
+import warnings
+
+from ditax.io.outputs import WriteFailed, write_code
+
+# the words of ffmpeg's error lines (at -v error nothing else should be printed; a line
+# without them is shown as a note and not taken for a failure)
+_ERROR = re.compile(r"error|fail|could not|cannot|can't|invalid|denied|no space|too large|"
+                    r"quota|read-only|unable", re.IGNORECASE)
+
+
+def exe() -> str:
+    """The ffmpeg executable (imageio-ffmpeg's, or ``$IMAGEIO_FFMPEG_EXE``)."""
+    import imageio_ffmpeg
+
+    return imageio_ffmpeg.get_ffmpeg_exe()
+
+
+@contextlib.contextmanager
+def quiet_fork():
+    """imageio-ffmpeg and this module start ffmpeg with subprocess (fork + immediate exec),
+    which Python flags as unsafe in a multithreaded (JAX) process. The child only execs
+    ffmpeg, so the warning does not apply; it is silenced here and only here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                category=RuntimeWarning)
+        yield
+
+
+def problem(lines: list[str]) -> str:
+    """The line of ffmpeg's errors that says what went wrong: the first naming an os error
+    (``... No space left on device``), else the first error line, else the last; without
+    the ``[out#0/mp4 @ 0x...]`` prefix."""
+    text = (next((ln for ln in lines if write_code(ln) is not None), None)
+            or next((ln for ln in lines if _ERROR.search(ln)), None)
+            or (lines[-1] if lines else "no message"))
+    text = text.strip()
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text
+
+
+def write(args: list[str], target, chunks=None) -> None:
+    """Run ``ffmpeg -v error -y ARGS``, which write the file ``target`` (the temporary path a
+    :func:`~ditax.io.outputs.staged` write gave), feeding it ``chunks`` (bytes-like objects:
+    raw frames, samples) on its standard input; :class:`~ditax.io.outputs.WriteFailed`
+    naming ``target`` unless it exits 0 without an error line (module docstring)."""
+    cmd = [exe(), "-hide_banner", "-nostats", "-v", "error", "-y", *args]
+    with tempfile.TemporaryFile() as err:
+        with quiet_fork():
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if chunks is not None else
+                                    subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            for chunk in chunks or ():
+                proc.stdin.write(chunk)
+        except BrokenPipeError:
+            pass                    # ffmpeg stopped reading: its exit and error say why
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            if proc.stdin is not None:
+                with contextlib.suppress(BrokenPipeError):
+                    proc.stdin.close()
+        status = proc.wait()
+        err.seek(0)
+        lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if _ERROR.search(ln)]
+    if status != 0 or errors:
+        line = problem(lines)
+        code = write_code("\n".join(lines))
+        raise WriteFailed(target, code, f"ffmpeg: {line}" +
+                          (f" (exit status {status})" if status else ""))
+    for ln in lines:                # notes at the error level that name no error
+        print(f"ffmpeg: {ln}", file=sys.stderr)
+
+
+__all__ = ["exe", "problem", "quiet_fork", "write"]
