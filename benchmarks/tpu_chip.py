@@ -1,14 +1,15 @@
 """The chip's table: ditax measured on one real TPU chip, written as ``docs/tpu_v5e.jsonl``
 rows (ditax bench's ``bench``, ``case``, ``metric``, ``value``, ``unit`` plus ``flops``,
-``mfu``, ``peak_hbm_bytes``, ``device_kind``, ``jax``, ``commit`` and the settings) and the
-table ``docs/tpu_v5e.md`` (:func:`write_table`, also runnable here on a fetched jsonl).
+``mfu``, ``peak_hbm_bytes``, ``device_kind``, ``jax``, ``commit`` and the settings), and a
+markdown table of them for ``docs/tpu_v5e.md`` (:func:`table`, runnable here on a fetched
+jsonl).
 
 On the lent chip (one call; DEVELOPERS.md "The chip"):
 
     source benchmarks/tpu_setup.sh
     python benchmarks/tpu_chip.py --out $OUT/tpu_v5e.jsonl --budget-s 480 [--part ...]
 
-then here: ``python benchmarks/tpu_chip.py --table docs/tpu_v5e.jsonl`` renders the table.
+then here: ``python benchmarks/tpu_chip.py --table docs/tpu_v5e.jsonl`` prints the table.
 
 Parts (run in the order given; ``--budget-s`` stops starting new cases once spent, each
 case prints its row as it finishes): ``forward`` (the families' transformers at their standard
@@ -112,9 +113,10 @@ def _vae(sw) -> None:
                      "error": str(e).splitlines()[0][:300]})
 
 
-def write_table(jsonl: str, md: str) -> None:
-    """``docs/tpu_v5e.md`` from the rows of ``jsonl``: one table line per timed row (median
-    s, analytic FLOPs, TFLOP/s and MFU against the chip's bf16 peak, peak HBM)."""
+def table(jsonl: str) -> str:
+    """A markdown table of the rows of ``jsonl``: one line per timed row (median s, analytic
+    FLOPs, TFLOP/s and MFU against the chip's bf16 peak, peak HBM), a line per skipped or
+    failed case, under a line naming the chip, JAX and commits."""
     rows = [json.loads(x) for x in open(jsonl) if x.strip()]
     lines = ["| case | median s | FLOPs | TFLOP/s | MFU | peak HBM GiB | compile+first s |",
              "|---|---|---|---|---|---|---|"]
@@ -127,18 +129,19 @@ def write_table(jsonl: str, md: str) -> None:
         tf = f"{f / r['value'] / 1e12:.0f}" if f else ""
         mfu = f"{r['mfu']:.0%}" if r.get("mfu") is not None else ""
         hbm = r.get("peak_hbm_bytes")
-        lines.append(f"| {r.get('case')} | {r['value']:.3f} | {f:.3g} | {tf} | {mfu} | "
-                     f"{hbm / 2**30:.2f} | {r.get('compile_plus_first_s', 0):.0f} |"
-                     if hbm else
-                     f"| {r.get('case')} | {r['value']:.3f} | {f:.3g} | {tf} | {mfu} | | "
-                     f"{r.get('compile_plus_first_s', 0):.0f} |")
+        hbm = f"{hbm / 2**30:.2f}" if hbm else ""
+        first = r.get("compile_plus_first_s")
+        first = f"{first:.0f}" if first is not None else ""
+        flops = f"{f:.3g}" if f else ""
+        lines.append(f"| {r.get('case')} | {r['value']:.3f} | {flops} | {tf} | {mfu} | {hbm} | "
+                     f"{first} |")
     kinds = sorted({r.get("device_kind", "") for r in rows})
     commits = sorted({r.get("commit", "") for r in rows})
     head = (f"Measured on {', '.join(kinds)} (JAX {rows[0].get('jax', '?')}), commit "
-            f"{', '.join(commits)}, by `benchmarks/tpu_chip.py`; rows in "
-            f"`{os.path.basename(jsonl)}`. MFU against {PEAK_BF16 / 1e12:.0f} TFLOP/s bf16.")
-    with open(md, "w") as f:
-        f.write("# ditax on one TPU v5e chip\n\n" + head + "\n\n" + "\n".join(lines) + "\n")
+            f"{', '.join(commits)}; rows in `{os.path.basename(jsonl)}` (a row's `source`, "
+            f"where present, says how it was measured; else `benchmarks/tpu_chip.py`). MFU "
+            f"against {PEAK_BF16 / 1e12:.0f} TFLOP/s bf16.")
+    return head + "\n\n" + "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -148,10 +151,10 @@ def main() -> None:
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
     p.add_argument("--repeats", type=int, default=4)
-    p.add_argument("--table", default=None, help="render docs/tpu_v5e.md from this jsonl")
+    p.add_argument("--table", default=None, help="print a markdown table of this jsonl's rows")
     a = p.parse_args()
     if a.table:
-        write_table(a.table, os.path.splitext(a.table)[0] + ".md")
+        print(table(a.table), end="")
         return
     run(a.part, a.out, a.budget_s, a.repeats)
 
