@@ -15,7 +15,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo demo-model demo-student flux-demo-model test test-fast bench install install-test clean
+.PHONY: demo demo-model demo-student flux-demo-model test test-fast test-tpu bench install install-test clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -82,6 +82,13 @@ TCMALLOC := $(firstword $(wildcard /usr/lib/*/libtcmalloc_minimal.so.4 \
 test: $(TEST_STAMP) $(TPU_STAMP)
 	$(if $(TCMALLOC),LD_PRELOAD="$(TCMALLOC)") env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest tests -q -ra -n 2 --max-worker-restart=0 \
 	  --dist loadscope --no-loadscope-reorder --durations=25
+
+# The TPU group (tests/tpu: kernels, a training step, the demo video on the chip against the
+# CPU) on a TPU machine, in one process (one program holds a chip; no xdist). Without a TPU its
+# tests skip; DITAX_TPU_TESTS=cpu runs them with the CPU standing in (to check the tests).
+test-tpu: $(TEST_STAMP)
+	JAX_PLATFORMS=tpu,cpu JAX_DISABLE_MOST_OPTIMIZATIONS=0 $(BIN)/python -m pytest tests/tpu -q -ra \
+	  -p no:xdist -p no:cacheprovider
 
 bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/transformer_cpu.py

@@ -1,0 +1,113 @@
+"""Every Pallas kernel on the chip against its jnp reference on the CPU (fresh random inputs):
+splash and flash forward and backward (the table's tiles, and tiles with compute sub-blocks,
+backward tiles of their own and masked keys), sage, the int8 x int8 Linear, and host
+offload's streamed forward against the resident one, bit for bit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import on
+
+import ditax
+from ditax.attention import attend
+from ditax.attention.reference import reference_attention
+
+
+def _qkv(rng, B=1, L=640, N=2, K=128):
+    f = lambda: rng.standard_normal((B, L, N, K)).astype(np.float32)  # noqa: E731
+    return f(), f(), f()
+
+
+def _platform(device):
+    kind = getattr(device, "device_kind", "")
+    return ditax.target_platform(device.platform, device_kind=kind)
+
+
+def _run(device, fn, *arrays):
+    """``jax.jit(fn)`` on ``arrays`` committed to ``device``, traced for its platform."""
+    with _platform(device):
+        return jax.jit(fn)(*[jax.device_put(a, device) for a in arrays])
+
+
+def _loss_grads(att, mask):
+    def loss(q, k, v):
+        o = att(q, k, v, mask)
+        w = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
+        return jnp.sum(o.astype(jnp.float32) * w)
+    return jax.grad(loss, argnums=(0, 1, 2))
+
+
+CASES = [("splash", {}), ("flash", {}),
+         ("flash", dict(block_q=256, block_kv=512, block_kv_compute=128, block_q_bwd=128,
+                        block_kv_bwd=256))]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("backend,opts", CASES)
+def test_attention_kernels_forward_and_backward(chip, host, rng, backend, opts, masked):
+    q, k, v = _qkv(rng)
+    mask = (rng.random((1, q.shape[1])) > 0.2) if masked else np.ones((1, q.shape[1]), bool)
+    bf = lambda x: x.astype(jnp.bfloat16)   # noqa: E731
+
+    def kernel(q, k, v, m):
+        return attend(bf(q), bf(k), bf(v), backend=backend, kv_mask=m, **opts)
+
+    def ref(q, k, v, m):   # the same bf16-rounded inputs, float32 arithmetic
+        up = lambda x: bf(x).astype(jnp.float32)   # noqa: E731
+        return reference_attention(up(q), up(k), up(v), kv_mask=m)
+
+    o = np.asarray(_run(chip, kernel, q, k, v, mask), np.float32)
+    np.testing.assert_allclose(o, np.asarray(_run(host, ref, q, k, v, mask)), atol=2e-2)
+    g = _run(chip, _loss_grads(kernel, mask), q, k, v)
+    g_ref = _run(host, _loss_grads(ref, mask), q, k, v)
+    for a, b in zip(g, g_ref):
+        b = np.asarray(b)
+        np.testing.assert_allclose(np.asarray(a, np.float32), b, atol=5e-2 * np.abs(b).max())
+
+
+def test_sage_kernel_against_the_reference(chip, host, rng):
+    q, k, v = _qkv(rng)
+    bf = lambda x: x.astype(jnp.bfloat16)   # noqa: E731
+    o = _run(chip, lambda q, k, v: attend(bf(q), bf(k), bf(v), backend="sage"), q, k, v)
+    ref = _run(host, lambda q, k, v: reference_attention(q, k, v), q, k, v)
+    np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(ref), atol=6e-2)
+
+
+def test_int8_linear_on_the_mxu_equals_the_cpu(chip, host, rng):
+    """W+A int8 in float32: the s8 x s8 -> s32 products are exact on both, so the chip's
+    output equals the CPU's emulation to float32 rounding of the rescale."""
+    from flax import nnx
+
+    from ditax.nn.linear import Linear
+    from ditax.nn.quant import quantize_linear
+
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    lin = Linear(256, 384, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    quantize_linear(lin, "int8", activations=True)
+    gdef, state = nnx.split(lin)
+
+    def fwd(state, x):
+        return nnx.merge(gdef, state)(x)
+
+    outs = [np.asarray(jax.jit(fwd)(jax.device_put(state, d), on(d, x))) for d in (chip, host)]
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_offloaded_forward_equals_resident_bit_for_bit(chip, rng):
+    """The tiny Wan with its blocks' weights in host memory, streamed a block at a time,
+    against the same weights resident on the chip."""
+    from ditax.config import load_config
+    from ditax.models.base import model_family
+    from ditax.parallel import make_mesh
+
+    outs = []
+    for offload in ("none", "host"):
+        cfg = load_config("tiny", [f"model.offload={offload}", "attention.backend=xla"])
+        mesh = make_mesh(cfg.mesh, [chip])
+        fam = model_family(cfg.model, cfg.attention)
+        args, kw = fam.random_inputs(1, (3, 8, 8), 16, np.random.default_rng(0))
+        with _platform(chip):
+            tr = fam.random_transformer(mesh, seed=0)
+            outs.append(np.asarray(tr(*on(chip, *args), **kw)))
+    np.testing.assert_array_equal(outs[0], outs[1])
