@@ -262,7 +262,11 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     flat = flatten_keys(load_yaml(name_or_path)) if name_or_path else {}
     pairs = split_overrides(overrides)
     kind = _family(flat, pairs, fixed)       # a contradicting model.family: refused here
-    flat = {**_folder_flat(family, model), **flat}
+    # a model folder's run (generate / serve / calibrate-cache on FOLDER): attention "auto",
+    # the platform's kernel (TPU: splash; CUDA: cudnn; CPU: xla), where the dataclass default
+    # xla would hold a 480p video's 32k x 32k scores (51 GB) on a TPU; a YAML or override wins
+    folder = {"attention.backend": "auto"} if model is not None and not name_or_path else {}
+    flat = {**folder, **_folder_flat(family, model), **flat}
     kind = _family(flat, pairs, fixed) if model else kind
     for key in flat if fixed is not None else ():   # else from_flat checks them, as always
         _check_key(key, key_types(kind.config), fixed)

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.models.vae.wan.layers import CACHE_FRAMES, Cache, CausalConv3d, Conv2d, Dense, RMSNorm
+from ditax.models.vae.wan.layers import (CACHE_FRAMES, Cache, CausalConv3d, Conv2d, Dense, RMSNorm,
+                                         fast, pad_axis)
 from ditax.nn import halo
 
 
@@ -29,12 +30,14 @@ class ResidualBlock(nnx.Module):
         self.conv_shortcut = CausalConv3d(cin, cout, 1, dtype=dtype, rngs=rngs) if cin != cout else None
 
     def __call__(self, x: jax.Array, cache: Cache = None):
-        """x ``[B, F, Y, X, C_in]`` → (``[B, F, Y, X, C_out]``, cache)."""
+        """x ``[B, F, Y, X, C_in]`` → (``[B, F, Y, X, C_out]``, cache). The second norm and
+        the shortcut's sum ride on the convolutions (:meth:`CausalConv3d.fused`: one kernel
+        each on the TPU fast path)."""
         cache = cache or {}
         h = x if self.conv_shortcut is None else self.conv_shortcut(x)[0]
-        y, c1 = self.conv1(jax.nn.silu(self.norm1(x)), cache.get("conv1"))
-        y, c2 = self.conv2(jax.nn.silu(self.norm2(y)), cache.get("conv2"))
-        return y + h, {"conv1": c1, "conv2": c2}
+        y, c1 = self.conv1.fused(jax.nn.silu(self.norm1(x)), cache.get("conv1"), act=self.norm2)
+        y, c2 = self.conv2.fused(y, cache.get("conv2"), residual=h)
+        return y, {"conv1": c1, "conv2": c2}
 
 
 class AttentionBlock(nnx.Module):
@@ -48,6 +51,9 @@ class AttentionBlock(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """x ``[B, F, Y, X, C]`` → same shape; softmax in float32. With a row split
         (:mod:`ditax.nn.halo`) each device's pixels attend to the keys of the whole frame."""
+        c = self.proj.weight.shape[-1]
+        if x.shape[-1] != c:  # the fast path's zero-padded channels: attend over the real ones
+            return pad_axis(self(x[..., :c]), -1, x.shape[-1])
         b, f, yy, xx, c = x.shape
         q, kv = jnp.split(self.to_qkv(self.norm(x)), [c], axis=-1)
         kv = halo.gather_rows(kv)  # [B, F, Y_all, X, 2C]
@@ -95,9 +101,11 @@ class Resample(nnx.Module):
             if first:
                 new_cache = jnp.zeros((b, CACHE_FRAMES, yy, xx, c), x.dtype)
             else:
-                y, new_cache = self.time_conv(x, cache)
+                y, new_cache = self._time_conv(x, cache)
                 # channel halves (h0, h1) of frame i become frames 2i, 2i+1
                 x = y.reshape(b, f, yy, xx, 2, c).transpose(0, 1, 4, 2, 3, 5).reshape(b, 2 * f, yy, xx, c)
+        if self.mode.startswith("upsample") and fast() is not None:
+            return self.resample_conv.upsampled(x), new_cache
         if self.mode.startswith("upsample"):
             x = jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)
         x = self.resample_conv(x)
@@ -108,6 +116,25 @@ class Resample(nnx.Module):
                 new_cache = x[:, -1:]
                 x = self.time_conv.conv(jnp.concatenate([cache.astype(x.dtype), x], axis=1))
         return x, new_cache
+
+    def _time_conv(self, x: jax.Array, cache):
+        """The upsampler's time conv (C → 2C: two frames' channels); on the fast path three
+        products (a 3x1x1 kernel needs no convolution), each half of the output padded to
+        the input's (padded) channels, so the halves stay two whole frames."""
+        conv, c = self.time_conv, x.shape[-1]
+        dim = conv.weight.shape[3]
+        if fast() is None:
+            return conv(x, cache)
+        w = pad_axis(pad_axis(conv.weight[...].reshape(3, 1, 1, dim, 2, dim), 3, c), 5, c)
+        b = pad_axis(conv.bias[...].reshape(2, dim), 1, c)
+        if cache is None:
+            cache = jnp.zeros((x.shape[0], CACHE_FRAMES, *x.shape[2:]), x.dtype)
+        xc = jnp.concatenate([cache.astype(x.dtype), x], 1)
+        w = w.reshape(3, c, 2 * c)
+        f = x.shape[1]   # three products (one per time tap) instead of a convolution
+        y = sum(jnp.einsum("bfyxc,cd->bfyxd", xc[:, t:t + f], w[t],
+                           preferred_element_type=jnp.float32) for t in range(3))
+        return (y + b.reshape(2 * c)).astype(x.dtype), xc[:, -CACHE_FRAMES:]
 
 
 class MidBlock(nnx.Module):

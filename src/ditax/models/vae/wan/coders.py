@@ -89,11 +89,11 @@ class Decoder(nnx.Module):
 
     def __call__(self, x: jax.Array, cache: Cache, first: bool):
         cache = cache or {"up_blocks": [None] * len(self.up_blocks)}
-        x, c_in = self.conv_in(x, cache.get("conv_in"))
+        x, c_in = self.conv_in.fused(x, cache.get("conv_in"))
         x, c_mid = self.mid_block(x, cache.get("mid_block"))
         c_up = []
         for block, c in zip(self.up_blocks, cache["up_blocks"]):
             x, c = block(x, c, first)
             c_up.append(c)
-        x, c_out = self.conv_out(jax.nn.silu(self.norm_out(x)), cache.get("conv_out"))
+        x, c_out = self.conv_out.fused(jax.nn.silu(self.norm_out(x)), cache.get("conv_out"))
         return x, {"conv_in": c_in, "mid_block": c_mid, "up_blocks": c_up, "conv_out": c_out}

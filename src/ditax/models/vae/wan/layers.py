@@ -3,23 +3,88 @@
 Causal 3-D convolution (with the feature cache that lets a video be processed in chunks),
 per-frame 2-D convolution, pointwise projection and the VAE's RMS norm. Parameter names match
 the diffusers state-dict keys (see ``convert.py``).
+
+The decoder's TPU fast path (:func:`fast_path`, made active by :mod:`.chunks` for one-device
+TPU decodes) changes how these layers compute, not what: activations carry their channels
+padded with zeros to a multiple of 128 where they are not one (Wan 2.1's 96- and 192-channel
+levels; :func:`padded`), weights are zero-padded to match at trace time (the padded channels
+stay exactly zero through norms, SiLU and convolutions), and :meth:`CausalConv3d.fused` runs the
+3x3x3 convolutions as :mod:`.conv_tpu` kernels with the norm / residual that follows them fused.
+Inside a row split (:mod:`ditax.nn.halo`) the fast path is off.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ditax.models.vae.wan import conv_tpu
 from ditax.nn import halo
 from ditax.parallel.platform import platform_of
 
 CACHE_FRAMES = 2  # frames of left context kept per causal conv (diffusers CACHE_T)
 
 Cache = Any  # nested dict/list of arrays [B, frames, Y, X, C] or None
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """The decoder's TPU fast path; ``interpret``: run its kernels in Pallas' interpret mode
+    (CPU tests of the TPU program)."""
+
+    interpret: bool = False
+
+
+_FAST: contextvars.ContextVar[FastPath | None] = contextvars.ContextVar("wan_vae_fast",
+                                                                        default=None)
+
+
+@contextlib.contextmanager
+def fast_path(path: FastPath | None):
+    """Trace the layers inside with ``path`` (None: the plain layers)."""
+    token = _FAST.set(path)
+    try:
+        yield path
+    finally:
+        _FAST.reset(token)
+
+
+def fast() -> FastPath | None:
+    """The active fast path; None without one or inside a row split."""
+    path = _FAST.get()
+    return None if path is None or halo.active() is not None else path
+
+
+def padded(c: int) -> int:
+    """Channels an activation of ``c`` channels carries: on the fast path a width of at least
+    64 that is not a multiple of 128 is rounded up to one (video and latent channels stay)."""
+    if fast() is None or c < 64 or c % conv_tpu.LANES == 0:
+        return c
+    return -(-c // conv_tpu.LANES) * conv_tpu.LANES
+
+
+def pad_axis(a: jax.Array, axis: int, size: int) -> jax.Array:
+    """``a`` zero-padded at the end of ``axis`` to ``size``."""
+    extra = size - a.shape[axis]
+    if not extra:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(a, widths)
+
+
+def _tail(cache: jax.Array, x: jax.Array, n: int) -> jax.Array:
+    """The last ``n`` frames of ``concatenate([cache, x])`` without concatenating all of x."""
+    if x.shape[1] >= n:
+        return x[:, -n:]
+    return jnp.concatenate([cache[:, x.shape[1] - n:], x], axis=1)
 
 
 def _triple(v) -> tuple[int, int, int]:
@@ -46,6 +111,13 @@ class CausalConv3d(nnx.Module):
         self.weight = _init(rngs, (*kernel, cin, cout), cin * math.prod(kernel), dtype)
         self.bias = nnx.Param(jnp.zeros((cout,), dtype))
 
+    def weights(self, cin: int, cout: int | None = None) -> tuple[jax.Array, jax.Array]:
+        """(weight, bias) for an input of ``cin`` channels: zero-padded to it and to
+        ``cout`` (default :func:`padded` of the layer's) output channels."""
+        w, b = self.weight[...], self.bias[...]
+        cout = padded(w.shape[-1]) if cout is None else cout
+        return pad_axis(pad_axis(w, 3, cin), 4, cout), pad_axis(b, 0, cout)
+
     def conv(self, x: jax.Array) -> jax.Array:
         """Plain convolution with no temporal padding. x ``[B, F, Y, X, C]``.
 
@@ -53,14 +125,17 @@ class CausalConv3d(nnx.Module):
         (:func:`conv3d_by_frames`): XLA's CPU 3-D convolution is 2.5-4x slower than that,
         forward and backward (measured at 8-64 channels). Elsewhere one 3-D convolution."""
         py, px = self.pad_yx
+        w, b = self.weights(x.shape[-1])
+        if fast() is not None and w.shape[:3] == (1, 1, 1) and self.stride == (1, 1, 1):
+            return jnp.einsum("bfyxc,cd->bfyxd", x, w[0, 0, 0]) + b   # a product, not a conv
         x, pad_y = halo.rows(x, (py, py))  # neighbours' rows when the frame is row-split
         if platform_of().name == "cpu":
-            y = conv3d_by_frames(x, self.weight[...], self.stride, (pad_y, (px, px)))
+            y = conv3d_by_frames(x, w, self.stride, (pad_y, (px, px)))
         else:
             y = jax.lax.conv_general_dilated(
-                x, self.weight[...], window_strides=self.stride,
+                x, w, window_strides=self.stride,
                 padding=[(0, 0), pad_y, (px, px)], dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
-        return y + self.bias[...]
+        return y + b
 
     def __call__(self, x: jax.Array, cache: jax.Array | None = None):
         """x ``[B, F, Y, X, C]``, cache ``[B, context, Y, X, C]`` or None → (y, new cache)."""
@@ -70,6 +145,38 @@ class CausalConv3d(nnx.Module):
             cache = jnp.zeros((x.shape[0], self.context, *x.shape[2:]), x.dtype)
         xc = jnp.concatenate([cache.astype(x.dtype), x], axis=1)
         return self.conv(xc), xc[:, -self.context:]
+
+    def fused(self, x: jax.Array, cache: jax.Array | None, *, act=None,
+              residual: jax.Array | None = None):
+        """:meth:`__call__` followed by ``+ residual`` and then ``silu(act(.))`` (``act``: an
+        :class:`RMSNorm`), each when given → (result, new cache). On the fast path a 3x3x3
+        convolution with one pixel of padding runs as one :mod:`.conv_tpu` kernel with both
+        fused."""
+        path = fast()
+        if path is not None and self._kernel_fits(x, act is None and residual is None):
+            c = -(-x.shape[-1] // conv_tpu.LANES) * conv_tpu.LANES   # conv_in's latent: 16 → 128
+            x = pad_axis(x, 4, c)
+            w, b = self.weights(c)
+            cache = (jnp.zeros((x.shape[0], self.context, *x.shape[2:]), x.dtype) if cache is None
+                     else pad_axis(cache.astype(x.dtype), 4, c))
+            norm = None if act is None else (act.gamma_for(w.shape[-1]), act.scale)
+            y = conv_tpu.causal_conv3x3(x, cache, w, b, act=norm, residual=residual,
+                                        interpret=path.interpret)
+            return y, _tail(cache, x, self.context)
+        y, cache = self(x, cache)
+        if residual is not None:
+            y = y + residual
+        if act is not None:
+            y = jax.nn.silu(act(y))
+        return y, cache
+
+    def _kernel_fits(self, x: jax.Array, plain: bool) -> bool:
+        """A 3x3x3 conv the kernel takes; fused epilogues want whole lanes of outputs."""
+        cout = padded(self.weight.shape[-1])
+        return (tuple(self.weight.shape[:3]) == (3, 3, 3) and self.stride == (1, 1, 1)
+                and self.context == CACHE_FRAMES and self.pad_yx == (1, 1)
+                and (plain or cout % conv_tpu.LANES == 0)
+                and conv_tpu.supported((*x.shape[:4], conv_tpu.LANES), cout))
 
 
 def conv3d_by_frames(x: jax.Array, w: jax.Array, stride, pad_yx) -> jax.Array:
@@ -101,15 +208,46 @@ class Conv2d(nnx.Module):
         self.weight = _init(rngs, (kernel, kernel, cin, cout), cin * kernel * kernel, dtype)
         self.bias = nnx.Param(jnp.zeros((cout,), dtype))
 
+    def weights(self, cin: int) -> tuple[jax.Array, jax.Array]:
+        """(weight, bias) zero-padded to ``cin`` input and :func:`padded` output channels."""
+        w, b = self.weight[...], self.bias[...]
+        cout = padded(w.shape[-1])
+        return pad_axis(pad_axis(w, 2, cin), 3, cout), pad_axis(b, 0, cout)
+
     def __call__(self, x: jax.Array) -> jax.Array:
         """x ``[B, F, Y, X, C]`` → ``[B, F, Y', X', C_out]``."""
         b, f = x.shape[:2]
+        w, bias = self.weights(x.shape[-1])
         x, pad_y = halo.rows(x, self.padding[0])  # neighbours' rows when the frame is row-split
         y = jax.lax.conv_general_dilated(
-            x.reshape(b * f, *x.shape[2:]), self.weight[...], window_strides=self.stride,
+            x.reshape(b * f, *x.shape[2:]), w, window_strides=self.stride,
             padding=(pad_y, tuple(self.padding[1])), dimension_numbers=("NHWC", "HWIO", "NHWC"))
-        y = y + self.bias[...]
+        y = y + bias
         return y.reshape(b, f, *y.shape[1:])
+
+    def upsampled(self, x: jax.Array) -> jax.Array:
+        """This 3x3, stride-1, one-pixel-padded conv of ``x`` upsampled 2x (nearest) in Y and X,
+        computed on ``x`` itself: each output pixel's parity (a, b) sees a 2x2 window of input
+        pixels with the 3x3 kernel's taps summed per input pixel (weights combined in float32),
+        so one 3x3 conv with ``4 C_out`` outputs (zero taps included) gives all four phases;
+        no 4x upsampled input is made. ``[B, F, Y, X, C]`` → ``[B, F, 2Y, 2X, C_out]``."""
+        w, bias = self.weights(x.shape[-1])
+        kh, kw, cin, cout = w.shape
+        # taps[a, r, d]: kernel row d feeds output parity a from input row offset r - 1
+        taps = jnp.asarray([[[1, 0, 0], [0, 1, 1], [0, 0, 0]],
+                            [[0, 0, 0], [1, 1, 0], [0, 0, 1]]], jnp.float32)
+        w4 = jnp.einsum("ard,bse,deio->rsiabo", taps, taps, w.astype(jnp.float32))
+        w4 = w4.reshape(3, 3, cin, 4 * cout).astype(w.dtype)
+        path = fast()
+        if path is not None and conv_tpu.supported(x.shape, 4 * cout) and cout % conv_tpu.LANES == 0:
+            return conv_tpu.causal_conv3x3(x, None, w4[None], jnp.tile(bias, 4), phases=True,
+                                           interpret=path.interpret)
+        b, f, yy, xx, _ = x.shape
+        y = jax.lax.conv_general_dilated(
+            x.reshape(b * f, yy, xx, cin), w4, window_strides=(1, 1), padding=((1, 1), (1, 1)),
+            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = y.reshape(b, f, yy, xx, 2, 2, cout).transpose(0, 1, 2, 4, 3, 5, 6)
+        return y.reshape(b, f, 2 * yy, 2 * xx, cout) + bias
 
 
 class Dense(nnx.Module):
@@ -133,9 +271,13 @@ class RMSNorm(nnx.Module):
         self.scale = dim ** 0.5
         self.gamma = nnx.Param(jnp.ones((dim,), dtype))
 
+    def gamma_for(self, c: int) -> jax.Array:
+        """gamma zero-padded to ``c`` channels (zeros keep padded channels zero)."""
+        return pad_axis(self.gamma[...], 0, c)
+
     def __call__(self, x: jax.Array) -> jax.Array:
         xf = x.astype(jnp.float32)
         norm = jnp.sqrt(jnp.sum(xf * xf, axis=-1, keepdims=True))
         y = (xf / jnp.maximum(norm, 1e-12)).astype(x.dtype)
-        return y * self.scale * self.gamma[...]
+        return y * self.scale * self.gamma_for(x.shape[-1])
 

@@ -17,7 +17,7 @@ from flax import nnx
 
 from ditax.models.vae.wan.blocks import Resample, ResidualBlock
 from ditax.models.vae.wan.config import WanVAEConfig
-from ditax.models.vae.wan.layers import Cache
+from ditax.models.vae.wan.layers import Cache, pad_axis
 from ditax.models.vae.wan.shuffle import avg_down, dup_up
 
 
@@ -79,7 +79,9 @@ class ResidualUpBlock(nnx.Module):
         if self.upsampler is None:
             return x, {"resnets": c_res, "upsampler": None}
         x, c_up = self.upsampler(x, cache.get("upsampler"), first)
-        return x + dup_up(x0, self.cout, self.ft, 2, first), {"resnets": c_res, "upsampler": c_up}
+        cin = self.resnets[0].norm1.gamma.shape[0]   # the fast path pads channels: the real ones
+        shortcut = pad_axis(dup_up(x0[..., :cin], self.cout, self.ft, 2, first), 4, x.shape[-1])
+        return x + shortcut, {"resnets": c_res, "upsampler": c_up}
 
 
 def down_blocks(cfg: WanVAEConfig, dims: list[int], *, dtype, rngs) -> list[ResidualDownBlock]:

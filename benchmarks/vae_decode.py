@@ -1,0 +1,229 @@
+"""Wan 2.1 VAE decode, measured: today's path next to the TPU fast path, one JSON line each.
+
+Builds the real-size Wan 2.1 VAE (``WanVAEConfig()``: z_dim 16, base 96, dim_mult 1-2-4-4)
+with random weights (biases and norm gains randomised too, ``conv_out`` scaled so that most
+pixels stay inside the clip), decodes random latents of a ``--height`` x ``--width`` x
+``--frames`` video and prints, per variant::
+
+    {"bench": "vae_decode", "case": "480x832x81 bfloat16", "variant": "fast", "metric": "decode",
+     "value": <median seconds>, "unit": "s", "compile_s": ..., "first_call_s": ..., "flops": ...,
+     "bytes_accessed": ..., "programs": ..., "frames_per_chunk": ..., "peak_hbm_bytes": ...,
+     "max_abs_diff": <vs the first variant, unclipped frames>, ...}
+
+Variants (``--variants``, comma-separated): ``old`` (``path="plain"``, one latent frame a
+chunk: the decode before the fast path), ``fast`` (``path="fast"`` with automatic chunking;
+``"interpret"`` off a TPU), ``fast:N`` / ``plain:N`` (N latent frames a chunk); a suffix
+``/float32`` runs a variant on the same (``--dtype``-rounded) weights and latents in float32:
+as the first variant (``--variants old/float32,old,fast``) it is the reference that both
+bf16 decodes' ``max_abs_diff`` measure against (bf16 rounding alone moves frames by a few
+hundredths; the fast path's differences from the old one are of that size). Each variant
+runs in a fresh child process (``--timeout`` seconds at most), so ``compile_s`` is a cold
+compile (``--cache DIR``: jax's persistent compilation cache there; ``--warm`` reruns each
+variant once more to time the compile read back from it) and ``peak_hbm_bytes``
+(``device.memory_stats()["peak_bytes_in_use"]``, null where a backend has none) is the
+variant's own. Children write their unclipped frames (``.npy``) to a temporary folder; the
+parent compares every variant with the first. ``flops`` / ``bytes_accessed``: XLA's cost
+analysis of the compiled programs times their calls (Pallas kernels report their own
+estimates).
+
+``measure(height, width, frames, dtype, variant)`` runs one variant in this process and
+returns the row (without ``max_abs_diff``). On a TPU v5e:
+``python benchmarks/vae_decode.py --height 480 --width 832 --frames 81 --dtype bfloat16``;
+on a CPU (``fast`` interprets its kernels: slow) ``--height 64 --width 64 --frames 9``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def build_vae(dtype: str, seed: int = 0, values: str | None = None):
+    """The Wan 2.1 VAE at full size with random weights in ``dtype`` (rounded to ``values``
+    first: the same weights held in a wider type)."""
+    from flax import nnx
+
+    from ditax.models.vae.wan import WanVAE, WanVAEConfig
+
+    vae = WanVAE(WanVAEConfig(), dtype=jnp.float32, rngs=nnx.Rngs(seed))
+    graphdef, state = nnx.split(vae)
+    leaves, tree = jax.tree_util.tree_flatten_with_path(state)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    out = []
+    for (path, leaf), key in zip(leaves, keys):
+        name = "/".join(str(p) for p in path)
+        if "['bias']" in name:
+            leaf = 0.05 * jax.random.normal(key, leaf.shape, leaf.dtype)
+        elif "['gamma']" in name:
+            leaf = 1.0 + 0.2 * jax.random.normal(key, leaf.shape, leaf.dtype)
+        elif "['decoder']/['conv_out']/['weight']" in name:
+            leaf = 0.3 * leaf
+        out.append(leaf.astype(values or dtype).astype(dtype))
+    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(tree, out))
+
+
+def _variant(name: str) -> tuple[str, int | None]:
+    """``old`` / ``fast`` / ``fast:N`` / ``plain:N`` (a ``/dtype`` suffix aside) → (decode
+    path, latent frames a chunk)."""
+    base, _, n = name.split("/")[0].partition(":")
+    frames = int(n) if n else None
+    if base == "old":
+        return "plain", frames or 1
+    if base == "fast":
+        return ("fast" if jax.devices()[0].platform == "tpu" else "interpret"), frames
+    if base == "plain":
+        return "plain", frames
+    raise SystemExit(f"unknown variant {name!r}: use old, fast, fast:N, plain:N")
+
+
+def _cost(compiled) -> tuple[float, float]:
+    ca = compiled.cost_analysis()
+    ca = (ca[0] if ca else {}) if isinstance(ca, (list, tuple)) else (ca or {})
+    return float(ca.get("flops", 0.0) or 0.0), float(ca.get("bytes accessed", 0.0) or 0.0)
+
+
+def measure(height: int, width: int, frames: int, dtype: str = "bfloat16", variant: str = "fast",
+            repeats: int = 3, seed: int = 0, save: str | None = None) -> dict:
+    """One variant's row: compile (timed), one first call, ``repeats`` timed decodes."""
+    t_start = time.perf_counter()
+    path, chunk = _variant(variant)
+    wide = variant.partition("/")[2]   # "old/float32": the same values, computed wider
+    run_dtype = wide or dtype
+    if wide:   # a reference: full float32 products (a TPU's default is one bf16 pass), one run
+        jax.config.update("jax_default_matmul_precision", "highest")
+        repeats = 1
+    vae = build_vae(run_dtype, seed, values=dtype)
+    cfg = vae.config
+    f_lat, y, x = cfg.latent_grid(frames, height, width)
+    z = jax.random.normal(jax.random.key(seed + 7), (1, cfg.z_dim, f_lat, y, x), jnp.float32)
+    z = z.astype(dtype).astype(run_dtype)
+    jax.block_until_ready((z, jax.tree.leaves(vae)))
+    t = time.perf_counter()
+    programs = vae.compile_decode(z.shape, path=path, frames_per_chunk=chunk)
+    compile_s = time.perf_counter() - t
+    later = f_lat - 1
+    calls = [(programs.first, 1)] + ([(programs.rest, -(-later // programs.frames))] if later else [])
+    flops = sum(_cost(p)[0] * n for p, n in calls)
+    nbytes = sum(_cost(p)[1] * n for p, n in calls)
+    temp = max(int(p.memory_analysis().temp_size_in_bytes) for p, _ in calls)
+
+    latents = jnp.transpose(z, (0, 2, 3, 4, 1))
+    run = lambda: vae._decode_frames(latents, programs)  # noqa: E731  (unclipped frames)
+    t = time.perf_counter()
+    video = jax.block_until_ready(run())
+    first_call_s = time.perf_counter() - t
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(run())
+        times.append(time.perf_counter() - t)
+    if save:
+        np.save(save, np.asarray(video.astype(jnp.float32)))
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"bench": "vae_decode", "case": f"{height}x{width}x{frames} {dtype}",
+            "variant": variant, "path": path, "dtype": run_dtype, "metric": "decode",
+            "value": round(statistics.median(times), 4), "unit": "s",
+            "times_s": [round(v, 4) for v in times], "compile_s": round(compile_s, 2),
+            "first_call_s": round(first_call_s, 3), "flops": flops, "bytes_accessed": nbytes,
+            "compute_floor_s": round(flops / 197e12, 4), "hbm_floor_s": round(nbytes / 819e9, 4),
+            "programs": sum(n for _, n in calls), "frames_per_chunk": programs.frames,
+            "program_temp_bytes": temp, "peak_hbm_bytes": stats.get("peak_bytes_in_use"),
+            "device": jax.devices()[0].device_kind, "wall_s": round(time.perf_counter() - t_start, 1)}
+
+
+def _child(args, variant: str, out: str, cache: str | None) -> dict:
+    """Run one variant in a fresh process (bounded by ``args.timeout``); its JSON row."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--save", out,
+           "--height", str(args.height), "--width", str(args.width), "--frames", str(args.frames),
+           "--dtype", args.dtype, "--repeats", str(args.repeats)]
+    for flag, value in (("--block-elems", args.block_elems), ("--mxu-rows", args.mxu_rows)):
+        if value:
+            cmd += [flag, str(value)]
+    env = dict(os.environ)
+    if cache:
+        env["JAX_COMPILATION_CACHE_DIR"] = cache
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    case = f"{args.height}x{args.width}x{args.frames} {args.dtype}"
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"bench": "vae_decode", "case": case, "variant": variant,
+                "error": f"timed out after {args.timeout} s"}
+    rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not rows:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"bench": "vae_decode", "case": case, "variant": variant,
+                "error": f"exit {done.returncode}: {' | '.join(tail)[:600]}"}
+    return json.loads(rows[-1])
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--height", type=int, default=480)
+    ap.add_argument("--width", type=int, default=832)
+    ap.add_argument("--frames", type=int, default=81)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--variants", default="old,fast")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per variant process")
+    ap.add_argument("--block-elems", type=int, default=None,
+                    help="the fast path's kernel block size (rows * X * C per step; "
+                         "conv_tpu._TARGET_ELEMS, default 2^20) in every variant")
+    ap.add_argument("--mxu-rows", type=int, default=None,
+                    help="pixels per MXU product in the fast path's kernels "
+                         "(conv_tpu._MXU_ROWS, default 2048; larger compiles slower)")
+    ap.add_argument("--cache", default=None, help="persistent compilation cache folder")
+    ap.add_argument("--warm", action="store_true", help="rerun each variant with --cache filled")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--save", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    from ditax.models.vae.wan import conv_tpu
+
+    if args.block_elems:
+        conv_tpu._TARGET_ELEMS = args.block_elems
+    if args.mxu_rows:
+        conv_tpu._MXU_ROWS = args.mxu_rows
+    if args.child:
+        row = measure(args.height, args.width, args.frames, args.dtype, args.child,
+                      args.repeats, save=args.save)
+        row["block_elems"] = conv_tpu._TARGET_ELEMS
+        row["mxu_rows"] = conv_tpu._MXU_ROWS
+        print(json.dumps(row), flush=True)
+        return
+    if args.warm and not args.cache:
+        args.cache = tempfile.mkdtemp(prefix="vae_decode_cache_")
+    with tempfile.TemporaryDirectory(prefix="vae_decode_") as tmp:
+        reference = ref_value = None
+        for i, variant in enumerate(v.strip() for v in args.variants.split(",") if v.strip()):
+            out = os.path.join(tmp, f"v{i}.npy")
+            row = _child(args, variant, out, args.cache)
+            if "error" not in row and os.path.exists(out):
+                frames = np.load(out)
+                if reference is None:
+                    reference, ref_value, row["reference"] = frames, row["value"], True
+                else:
+                    row["max_abs_diff"] = float(np.max(np.abs(frames - reference)))
+                    row["max_abs_diff_clipped"] = float(np.max(np.abs(
+                        np.clip(frames, -1, 1) - np.clip(reference, -1, 1))))
+                    row["speedup"] = round(ref_value / row["value"], 3)
+                os.remove(out)
+            print(json.dumps(row), flush=True)
+            if args.warm and "error" not in row:
+                warm = _child(args, variant, out, args.cache)
+                warm["metric"] = "decode_warm_cache"
+                print(json.dumps(warm), flush=True)
+
+
+if __name__ == "__main__":
+    main()
