@@ -7,11 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import on
+from tpu_fixtures import chip, host, on  # noqa: F401  (fixtures)
 
 import ditax
 from ditax.attention import attend
 from ditax.attention.reference import reference_attention
+
+pytestmark = pytest.mark.tpu
 
 
 def _qkv(rng, B=1, L=640, N=2, K=128):

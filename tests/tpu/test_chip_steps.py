@@ -3,8 +3,11 @@ float32 at the highest matmul precision (the suite's ``jax_default_matmul_precis
 
 import jax
 import numpy as np
+import pytest
 from latent_datasets import run_cfg, write_dataset
+from tpu_fixtures import chip, host  # noqa: F401  (fixtures)
 
+pytestmark = pytest.mark.tpu
 ONE = dict(data=1, fsdp=1, context=1, tensor=1)
 
 

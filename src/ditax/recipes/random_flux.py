@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from ditax.recipes.flux_parts import MODEL_INDEX
 from ditax.recipes.random_folders import Folder, Preset, RandomFolders, sample_size
 from ditax.recipes.random_parts import module_part
 
@@ -31,15 +32,7 @@ VAE_SMALL = dict(VAE, block_out_channels=[8, 16, 32, 32], layers_per_block=1, no
 #: CLIP ViT-L/14's text tower shape (FLUX.1's text_encoder), without its depth and vocabulary
 CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
               max_position_embeddings=77, hidden_act="quick_gelu", layer_norm_eps=1e-5)
-INDEX = {"_class_name": "FluxPipeline", "_diffusers_version": "0.35.0",
-         "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-         "text_encoder": ["transformers", "CLIPTextModel"],
-         "text_encoder_2": ["transformers", "T5EncoderModel"],
-         "tokenizer": ["transformers", "CLIPTokenizer"],
-         "tokenizer_2": ["transformers", "T5TokenizerFast"],
-         "transformer": ["diffusers", "FluxTransformer2DModel"],
-         "vae": ["diffusers", "AutoencoderKL"],
-         "image_encoder": [None, None], "feature_extractor": [None, None]}
+INDEX = {**MODEL_INDEX, "image_encoder": [None, None], "feature_extractor": [None, None]}
 PRESETS = {"flux-tiny": Preset("flux-tiny", (), "FLUX.1-dev-shaped (FluxPipeline, embedded "
                                                 "guidance): 1 + 1 blocks of 2 heads x 16")}
 

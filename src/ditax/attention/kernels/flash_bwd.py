@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ditax.attention.kernels.flash_fwd import Tune, compiler_params, mask_kind, pad_rows
+from ditax.attention.kernels.flash_fwd import Tune, by_mask, compiler_params, mask_kind, pad_rows
 from ditax.attention.kernels.mosaic import LOG2E, NN, NT, as_column, mxu_dot
 from ditax.intmath import ceil_div
 
@@ -82,25 +82,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, dlse_ref, o_ref, 
         ds = p * (dp - delta_sc[...])
         acc_sc[...] += mxu_dot(ds.astype(k.dtype), k, NN)
 
-    _by_mask(tile, mask, j, nkv)
+    by_mask(tile, mask, j, nkv)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
         dq_ref[...] = (acc_sc[...] * scale).astype(dq_ref.dtype)
         delta_ref[...] = delta_sc[...].T                            # [bq, 1] -> lane row
-
-
-def _by_mask(tile, mask: str, j, nkv: int) -> None:
-    """Run ``tile(masked)`` for key block ``j``: masked on every block (``"all"``), on each
-    shard's last of ``nkv`` blocks only (``"last"``), or never (``"none"``)."""
-    if mask == "all":
-        tile(True)
-    elif mask == "last":
-        edge = jax.lax.rem(j, nkv) == nkv - 1
-        pl.when(jnp.logical_not(edge))(lambda: tile(False))
-        pl.when(edge)(lambda: tile(True))
-    else:
-        tile(False)
 
 
 def _rows(i, nq: int, block: int):
@@ -142,7 +129,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_re
         dst = pt * (dpt - delta_ref[...])                           # delta [1, bq]
         dk_sc[...] += mxu_dot(dst.astype(q.dtype), q, NN)
 
-    _by_mask(tile, mask, pl.program_id(2), nkv)
+    by_mask(tile, mask, pl.program_id(2), nkv)
 
     @pl.when(i == pl.num_programs(3) - 1)
     def _finish():

@@ -66,10 +66,10 @@ def _kernel(*refs, scale: float, has_prev: bool, mask: str = "none", partial: bo
 
     ``mask``: where keys are masked — ``"none"`` (every key valid, no select at all),
     ``"last"`` (only each shard's last key block, of ``nkv``, holds masked keys: the lengths'
-    padding; the other blocks run unmasked), ``"all"`` (a caller's key mask: every block). ``partial``: the last
-    key block reads past the array (unspecified values, maybe NaN, and ``0 * NaN`` would reach
-    the output), so its masked keys' value rows are zeroed: they add exact zeros, as zero
-    padding did.
+    padding; the other blocks run unmasked), ``"all"`` (a caller's key mask: every block).
+    ``partial``: the last key block reads past the array (unspecified values, maybe NaN, and
+    ``0 * NaN`` would reach the output), so its masked keys' value rows are zeroed: they add
+    exact zeros, as zero padding did.
     """
     if has_prev:
         (q_ref, k_ref, v_ref, keep_ref, o_prev_ref, lse_prev_ref, o_ref, lse_ref,
@@ -109,18 +109,25 @@ def _kernel(*refs, scale: float, has_prev: bool, mask: str = "none", partial: bo
         else:                                        # a loop, not unrolled: compile time
             jax.lax.fori_loop(0, bkv // bc, sub, 0)
 
-    if mask == "all":
-        tiles(True)
-    elif mask == "last":
-        edge = jax.lax.rem(j, nkv) == nkv - 1
-        pl.when(jnp.logical_not(edge))(lambda: tiles(False))
-        pl.when(edge)(lambda: tiles(True))
-    else:
-        tiles(False)
+    by_mask(tiles, mask, j, nkv)
 
     @pl.when(j == last)
     def _finish():
         online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc, scale)
+
+
+def by_mask(tile, mask: str, j, nkv: int) -> None:
+    """Run ``tile(masked)`` for key block ``j`` (the forward's and backward's kernels alike):
+    masked on every block (``"all"``), on each shard's last of ``nkv`` blocks only
+    (``"last"``), or never (``"none"``)."""
+    if mask == "all":
+        tile(True)
+    elif mask == "last":
+        edge = jax.lax.rem(j, nkv) == nkv - 1
+        pl.when(jnp.logical_not(edge))(lambda: tile(False))
+        pl.when(edge)(lambda: tile(True))
+    else:
+        tile(False)
 
 
 def mask_kind(masked_keys: bool, partial: bool) -> str:

@@ -1,6 +1,8 @@
-"""The TPU group: kernels, steps and videos on a real chip against references (``make
-test-tpu``, one process on a TPU machine). Every test here is marked ``tpu`` and skips
-without a TPU, so ``make test`` (CPU) passes over them.
+"""Fixtures of the TPU group (tests/tpu: kernels, steps and videos on a real chip against
+references; ``make test-tpu``, one process on a TPU machine). Its modules import ``chip``,
+``host`` and ``on`` from here and mark themselves ``tpu``; without a TPU they skip, so ``make
+test`` (CPU) passes over them. (A module, not a second ``conftest.py``: the suite's modules
+import names from the root one as ``conftest``.)
 
 ``DITAX_TPU_TESTS=cpu`` runs the group with the CPU standing in for the chip (the Pallas
 kernels in interpret mode): a check of the tests themselves, not of a chip.
@@ -22,13 +24,6 @@ def tpu_devices() -> list:
         return [d for d in jax.devices("tpu") if d.platform == "tpu"]
     except RuntimeError:
         return []
-
-
-def pytest_collection_modifyitems(config, items):
-    here = os.path.dirname(os.path.abspath(__file__))
-    for item in items:
-        if str(item.fspath).startswith(here):
-            item.add_marker(pytest.mark.tpu)
 
 
 @pytest.fixture(scope="session")
