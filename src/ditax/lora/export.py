@@ -17,6 +17,11 @@ one per layer). Two files are written:
 0.25]}``) goes into both files' safetensors metadata as JSON under ``ditax_sample`` and into
 ``ditax_sample.json`` beside them; a pipeline that loads such a file samples with them where
 the caller gives none (:mod:`ditax.pipelines.lora_sample`).
+
+The files are written under temporary names and renamed together when all are whole
+(:func:`ditax.io.outputs.staged`): a failed write (the disk full, a quota) is
+:class:`~ditax.io.outputs.WriteFailed` naming the file, and the files that were there before
+stay as they were.
 """
 
 from __future__ import annotations
@@ -114,15 +119,34 @@ def save_lora(folder, params: dict, table: Table, rank: int, alpha: float, *,
 
     from safetensors.numpy import save_file
 
+    from ditax.io.outputs import staged
+
     folder = pathlib.Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     factors = adapter_factors(params, table)
     meta = {"format": "pt", "ditax_lora_rank": str(rank), "ditax_lora_alpha": str(alpha)}
     if sample is not None:
         meta[META_KEY] = json.dumps(sample)
     paths = [folder / PEFT_FILE, folder / ORIGINAL_FILE]
-    save_file(peft_tensors(factors, alpha / rank), str(paths[0]), metadata=meta)
-    save_file(original_tensors(factors, alpha, names), str(paths[1]), metadata=meta)
-    if sample is not None:
-        (folder / SAMPLE_FILE).write_text(json.dumps(sample, indent=2) + "\n")
+    with staged() as stage:     # every file whole, renamed together (or none)
+        save_file(peft_tensors(factors, alpha / rank), str(stage.file(paths[0])), metadata=meta)
+        save_file(original_tensors(factors, alpha, names), str(stage.file(paths[1])),
+                  metadata=meta)
+        if sample is not None:
+            write_sample(folder, sample, stage)
     return paths
+
+
+def write_sample(folder, sample: dict, stage=None) -> pathlib.Path:
+    """Write the sampling settings ``sample`` as ``folder/``:data:`SAMPLE_FILE` whole
+    (:func:`~ditax.io.outputs.atomic_file`; renamed with the other outputs of ``stage``, a
+    :class:`~ditax.io.outputs.Staging`, when given); returns its path. A failed write is
+    :class:`~ditax.io.outputs.WriteFailed` naming it."""
+    import json
+
+    from ditax.io.outputs import atomic_file
+
+    path = pathlib.Path(folder) / SAMPLE_FILE
+    text = json.dumps(sample, indent=2) + "\n"
+    with atomic_file(path, stage) as tmp:
+        tmp.write_text(text)
+    return path

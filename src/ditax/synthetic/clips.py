@@ -11,7 +11,12 @@ Frames are float32 ``[F, H, W, 3]`` in [0, 1]:
   of the frame's extent along that axis between the first and the last frame.
 
 :func:`write_dataset` writes ``clip_00000.mp4 ...`` plus ``captions.jsonl`` (one row per clip
-with ``file``, ``caption`` and the combination), the layout ``ditax preprocess`` reads.
+with ``file``, ``caption`` and the combination), the layout ``ditax preprocess`` reads. Every
+file is written under a temporary name, by an ffmpeg whose exit status and error lines are read
+(:mod:`ditax.io.ffmpeg`), and all are renamed together at the end
+(:func:`ditax.io.outputs.staged`): a failed write (the disk full) is
+:class:`~ditax.io.outputs.WriteFailed` naming the file, no file of the dataset is left under
+its name and the files that were there stay as they were.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import dataclasses
 import json
 import pathlib
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 from typing import Iterator
 
 import numpy as np
@@ -153,30 +159,38 @@ def write_dataset(folder, n: int, seed: int, height: int = 64, width: int = 64,
     4:4:4 H.264 (:func:`write_clip`).
     Returns ``folder``.
     """
+    from ditax.io.outputs import staged
     from ditax.io.video import _ffmpeg_subprocess
 
     folder = pathlib.Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     cap_rng = np.random.default_rng([seed, 0xCA9])
     rows = []
     clips = generate(n, seed, height=height, width=width, num_frames=num_frames,
                      include_held_out=include_held_out)
-    # each clip is encoded by its own ffmpeg process, while the next ones are drawn
-    with _ffmpeg_subprocess(), ThreadPoolExecutor(workers) as pool:
+    # each clip is encoded by its own ffmpeg process, while the next ones are drawn; the
+    # pool ends (its ffmpegs done) before the staging removes what a failure left
+    with staged() as stage, _ffmpeg_subprocess(), ThreadPoolExecutor(workers) as pool:
         pending = collections.deque()
-        for i, (video, spec) in enumerate(clips):
-            name = f"clip_{i:05d}.mp4"
-            pending.append(pool.submit(_encode_clip, folder / name, video, fps))
-            while len(pending) > 2 * workers:
+        try:
+            for i, (video, spec) in enumerate(clips):
+                name = f"clip_{i:05d}.mp4"
+                pending.append(pool.submit(_encode_clip, stage.file(folder / name), video,
+                                           fps))
+                while len(pending) > 2 * workers:
+                    pending.popleft().result()
+                para = cap_rng.random() < paraphrase_fraction
+                k = int(cap_rng.integers(1 << 16))
+                caption = paraphrase(spec.combo, k) if para else spec.combo.prompt
+                rows.append({"file": name, "caption": caption, "prompt": spec.combo.prompt,
+                             **spec.combo._asdict(), "seed": [seed, i]})
+            while pending:
                 pending.popleft().result()
-            para = cap_rng.random() < paraphrase_fraction
-            k = int(cap_rng.integers(1 << 16))
-            caption = paraphrase(spec.combo, k) if para else spec.combo.prompt
-            rows.append({"file": name, "caption": caption, "prompt": spec.combo.prompt,
-                         **spec.combo._asdict(), "seed": [seed, i]})
-        while pending:
-            pending.popleft().result()
-    (folder / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        except BaseException:
+            for f in pending:       # a clip failed: the ones not started are not encoded
+                f.cancel()
+            raise
+        stage.file(folder / "captions.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
 
@@ -188,29 +202,30 @@ def write_clip(path, video, fps: int = 16) -> pathlib.Path:
     edge. yuv444p at crf 0 decodes within 2/255 of the uint8 frames everywhere (8-bit YUV
     rounding only). ffmpeg (hence ``ditax preprocess``) reads it; some browsers do not play
     4:4:4 H.264, which does not matter for training data.
+    Written whole (:func:`~ditax.io.outputs.atomic_file`): a failed write is
+    :class:`~ditax.io.outputs.WriteFailed` naming ``path``, and a file that was there stays.
     """
-    from ditax.io.video import _ffmpeg_subprocess
+    from ditax.io.outputs import atomic_file
 
-    with _ffmpeg_subprocess():
-        return _encode_clip(path, video, fps)
+    path = pathlib.Path(path)
+    with atomic_file(path) as tmp:
+        _encode_clip(tmp, video, fps)
+    return path
 
 
-def _encode_clip(path, video, fps: int) -> pathlib.Path:
-    import imageio_ffmpeg
-
+def _encode_clip(tmp: pathlib.Path, video, fps: int) -> None:
+    """``video`` as a lossless 4:4:4 H.264 mp4 at ``tmp`` (a staged write's temporary path);
+    ffmpeg's failure is :class:`~ditax.io.outputs.WriteFailed` naming ``tmp``."""
+    from ditax.io import ffmpeg
     from ditax.io.video import to_uint8
 
     frames = to_uint8(video)
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    gen = imageio_ffmpeg.write_frames(str(path), (frames.shape[2], frames.shape[1]), fps=fps,
-                                      codec="libx264", pix_fmt_out="yuv444p", quality=None,
-                                      output_params=["-crf", "0"], macro_block_size=1)
-    gen.send(None)                                      # starts ffmpeg
-    for f in frames:
-        gen.send(np.ascontiguousarray(f))
-    gen.close()
-    return path
+    _, h, w, _ = frames.shape
+    rate = str(Fraction(fps).limit_denominator())
+    ffmpeg.write(["-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{w}x{h}", "-pix_fmt",
+                  "rgb24", "-r", rate, "-i", "-", "-an", "-vcodec", "libx264", "-pix_fmt",
+                  "yuv444p", "-crf", "0", "-f", "mp4", str(tmp)], tmp,
+                 (np.ascontiguousarray(f) for f in frames))
 
 
 __all__ = ["ClipSpec", "sample_spec", "coverage", "render", "make_clip", "dataset_combos",

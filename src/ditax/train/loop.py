@@ -254,10 +254,9 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
             say(f"saved the LoRA as {run_dir.shown(files[0])} (diffusers) and "
                 f"{run_dir.shown(files[1])} (ComfyUI)")
     elif hasattr(trainer, "sample_settings") and pid == 0:   # a full-weight student: its
-        import json                                         # settings, for ditax export
+        from ditax.lora.export import write_sample          # settings, for ditax export
 
-        (out / "ditax_sample.json").write_text(
-            json.dumps(trainer.sample_settings(data.latent_shape), indent=2) + "\n")
+        write_sample(out, trainer.sample_settings(data.latent_shape))     # whole, or raises
     run_dir.close()         # a URL run: its last files uploaded
     result.step = step
     result.state = state

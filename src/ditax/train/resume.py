@@ -19,7 +19,6 @@ default) is refused the same way instead of being taken for a damaged checkpoint
 
 from __future__ import annotations
 
-import os
 import pathlib
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from ditax.config.keys import value_text
 from ditax.config.loader import flatten_keys
 from ditax.errors import ConfigError
 from ditax.io.files import path_arg
-from ditax.io.outputs import check_writable_parent
+from ditax.io.outputs import atomic_file, check_writable_parent
 
 
 class ResumeMismatch(ConfigError):
@@ -178,14 +177,18 @@ def check_structure(ckpt_dir, step: int, stored, abstract) -> None:
             f"output_dir")
 
 
-def write_config(out, cfg_dict: dict) -> None:
-    """Write ``config.yaml`` atomically (a temp file renamed), so it is never half written."""
+def write_config(out, cfg_dict: dict) -> pathlib.Path:
+    """Write the run's ``config.yaml`` whole (:func:`~ditax.io.outputs.atomic_file`: a
+    temporary sibling, flushed to the disk, renamed), so it is never half written; a failed
+    write (the disk full) is :class:`~ditax.io.outputs.WriteFailed` naming it, and the
+    ``config.yaml`` that was there stays as it was. Returns its path."""
     import yaml
 
     f = pathlib.Path(out) / "config.yaml"
-    tmp = f.with_name(f".config.yaml.tmp{os.getpid()}")
-    tmp.write_text(yaml.safe_dump(cfg_dict, sort_keys=False), encoding="utf-8")
-    os.replace(tmp, f)
+    text = yaml.safe_dump(cfg_dict, sort_keys=False)
+    with atomic_file(f) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return f
 
 
 __all__ = ["ResumePolicy", "ResumeMismatch", "check_output_dir", "check_resume", "open_run_folder",

@@ -102,18 +102,20 @@ class StepSync:
 
     def fetch(self, step: int, say=print) -> None:
         """Download committed ``step`` into the local folder (a hidden folder renamed once
-        every file arrived whole), unless it is there already."""
+        every file arrived whole: :func:`~ditax.io.outputs.atomic_folder`; the local disk
+        full is :class:`~ditax.io.outputs.WriteFailed` naming the step's folder), unless it
+        is there already."""
+        from ditax.io.outputs import atomic_folder
+
         if self._matches(step):
             return
         files = self._remote[str(step)]
-        tmp = self.local / f".fetch-{step}"
-        shutil.rmtree(tmp, ignore_errors=True)
         say(f"checkpoint: downloading step {step} from {self.url}")
-        download(self.fs, join(self.root, str(step)), sorted(files), files, tmp,
-                 f"checkpoint step {step} of {self.url}")
         dst = self.local / str(step)
-        shutil.rmtree(dst, ignore_errors=True)
-        tmp.rename(dst)
+        with atomic_folder(dst) as tmp:
+            download(self.fs, join(self.root, str(step)), sorted(files), files, tmp,
+                     f"checkpoint step {step} of {self.url}")
+            shutil.rmtree(dst, ignore_errors=True)      # another copy of it (not the URL's)
 
     def upload(self, step: int) -> None:
         """Upload the local finished ``step`` (commit file last), then prune past ``keep``."""

@@ -1,18 +1,22 @@
 """Moving files between a local folder and a remote folder (fsspec), checked by size.
 
 Downloads land under a hidden temporary name in the destination folder and are renamed into
-place once their size matches the remote one, so a local copy is never a cut-short file under
-its real name. Uploads are listed back and compared by size before the caller writes its
-commit file (a dataset's ``meta.json``, a checkpoint's ``commit_success.txt``): objects
-appear whole or not at all on object stores, and the commit file goes last, so a reader never
-takes a half upload for a finished one. :func:`host_lock` serialises processes of one host on
+place together once every size matches the remote one (:func:`ditax.io.outputs.staged`), so a
+local copy is never a cut-short file under its real name. A local write that fails (the cache's
+disk full, a quota, no permission) is :class:`~ditax.io.outputs.WriteFailed` naming the local
+file (exit 1), a file that was there stays as it was; the network's and the store's failures
+are :class:`~ditax.io.remote.urls.RemoteError`.
+
+Uploads are listed back and compared by size before the caller writes its commit file (a
+dataset's ``meta.json``, a checkpoint's ``commit_success.txt``): objects appear whole or not
+at all on object stores, and the commit file goes last, so a reader never takes a half upload
+for a finished one. :func:`host_lock` serialises processes of one host on
 a local folder (``fcntl.flock`` on a ``.lock`` file beside it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import pathlib
 
 from ditax.io.remote.urls import RemoteError, where
@@ -74,33 +78,28 @@ def local_listing(folder: pathlib.Path, skip: tuple[str, ...] = ()) -> dict[str,
 def download(fs, root: str, names, sizes: dict[str, int], folder: pathlib.Path,
              what: str) -> int:
     """Fetch ``names`` (relative to ``root``) into ``folder``; each checked against
-    ``sizes`` then renamed into place. Returns the bytes fetched."""
+    ``sizes``, then all renamed into place (module docstring). Returns the bytes fetched."""
+    from ditax.io.outputs import staged
+
     folder = pathlib.Path(folder)
     names = list(names)
     if not names:
         return 0
-    tmps = []
-    for name in names:
-        dst = folder / name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmps.append(dst.with_name(f".{dst.name}.partial-{os.getpid()}"))
-    try:
-        fs.get([join(root, n) for n in names], [str(t) for t in tmps])
+    with staged() as stage:
+        tmps = [stage.file(folder / name) for name in names]
+        try:
+            fs.get([join(root, n) for n in names], [str(t) for t in tmps])
+        except Exception as e:  # noqa: BLE001 - network, permissions: one line
+            if stage.failure(e) is not None:
+                raise           # a local write's: WriteFailed naming the file (staged)
+            raise RemoteError(f"{what}: could not download from {where(fs, root)} "
+                              f"({type(e).__name__}: {str(e).strip()[:200]})") from None
         for name, tmp in zip(names, tmps):
             got = tmp.stat().st_size if tmp.exists() else -1
             if got != sizes[name]:
                 raise RemoteError(f"{what}: {where(fs, join(root, name))} arrived with {got} "
                                   f"bytes, not its {sizes[name]}; the copy was dropped. Check "
                                   f"the connection and run again")
-            os.replace(tmp, folder / name)
-    except RemoteError:
-        raise
-    except Exception as e:  # noqa: BLE001 - network, permissions: one line
-        raise RemoteError(f"{what}: could not download from {where(fs, root)} "
-                          f"({type(e).__name__}: {str(e).strip()[:200]})") from None
-    finally:
-        for t in tmps:
-            t.unlink(missing_ok=True)
     return sum(sizes[n] for n in names)
 
 
