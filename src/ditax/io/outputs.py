@@ -170,34 +170,68 @@ class Staging:
         """:class:`WriteFailed` naming the output ``e`` broke, when ``e`` (or an error it was
         raised from) is a write's failure: an os error nothing but a write has
         (:data:`ONLY_WRITES`), any os error of a file being written here, another
-        :class:`WriteFailed`; None for anything else (a bad request, an interrupt)."""
-        if not self.items or (isinstance(e, WriteFailed) and
-                              e.path in [p for _, p, _ in self.items]):
-            return None
-        seen = set()
-        while e is not None and id(e) not in seen:
+        :class:`WriteFailed`; None for anything else (a bad request, an interrupt) and for a
+        :class:`WriteFailed` that already names its own file (one of this stage's, or one it
+        could not begin: ``e`` is raised as it is).
+
+        The output named: the one whose temporary the error names; for an error that names
+        none (Python's ``write`` on a full disk, a writer's text), the one being written when
+        it failed (:meth:`_writing`), and another file the error names (a cache the writer
+        fills) is said too."""
+        top, seen = e, set()
+        while self.items and e is not None and id(e) not in seen:
             seen.add(id(e))
             if isinstance(e, WriteFailed):
-                return self._failed(str(e.path), e.errno, e.detail)
+                item = self._mine(str(e.path))
+                if item is not None:        # a writer named the temporary it was given
+                    return self._failed(item, e.errno, e.detail)
+                return None if e is top else WriteFailed(e.path, e.errno, e.detail, e.kept)
             names = " ".join(str(n) for n in (getattr(e, "filename", None),
                                                getattr(e, "filename2", None)) if n)
             code = getattr(e, "errno", None) if isinstance(e, OSError) else None
             text = names if code is not None else str(e)
             code = code if code is not None else write_code(text)
-            if code is not None and (code in ONLY_WRITES or self._mine(text)):
-                # an os error of another file (a cache the writer fills): named too
-                other = names if names and not self._mine(names) else ""
-                return self._failed(text, code, f"writing {other}" if other else "")
+            item = self._mine(text)
+            if code is not None and item is not None:
+                return self._failed(item, code)
+            if code in ONLY_WRITES:
+                return self._failed(self._writing(), code, f"writing {names}" if names else "")
             e = e.__cause__ or e.__context__
         return None
 
     def _mine(self, text: str) -> tuple | None:
-        """The output (tmp, final, folder) whose temporary ``text`` names, or None."""
-        return next((i for i in self.items if str(i[0]) in text), None)
+        """The output (tmp, final, folder) whose temporary ``text`` names (the longest such
+        name: ``.a.partial-7`` is inside ``.a.partial-7.bin``), or None."""
+        hits = [i for i in self.items if str(i[0]) in text]
+        return max(hits, key=lambda i: len(str(i[0]))) if hits else None
 
-    def _failed(self, text: str, code, detail: str = "") -> WriteFailed:
-        _, path, _ = self._mine(text) or self.items[-1]
+    def _writing(self) -> tuple:
+        """The output being written when an error that names no file came: of the temporaries
+        there, the one modified last (a tie, as coarse file-system clocks give: the one begun
+        later); none there yet: the one begun last."""
+        made = [(t, n, i) for n, i in enumerate(self.items)
+                if (t := _modified(i[0])) is not None]
+        return max(made)[2] if made else self.items[-1]
+
+    @staticmethod
+    def _failed(item: tuple, code, detail: str = "") -> WriteFailed:
+        _, path, _ = item
         return WriteFailed(path, code, detail, path.exists())
+
+
+def _modified(path: pathlib.Path) -> int | None:
+    """The newest modification time (ns) of ``path`` or of anything under it; None when it
+    is not there."""
+    try:
+        times = [path.lstat().st_mtime_ns]
+    except OSError:
+        return None
+    if path.is_dir() and not path.is_symlink():
+        for folder, dirs, files in os.walk(path):
+            for name in dirs + files:
+                with contextlib.suppress(OSError):
+                    times.append(os.lstat(os.path.join(folder, name)).st_mtime_ns)
+    return max(times)
 
 
 @contextlib.contextmanager

@@ -55,18 +55,22 @@ def write_mp4(path, video, fps: float = 16, quality: float = 8.0,
     return path
 
 
-def encode_mp4(tmp: pathlib.Path, frames: np.ndarray, fps: float, quality: float) -> None:
+def encode_mp4(tmp: pathlib.Path, frames: np.ndarray, fps: float, quality: float = 8.0, *,
+               pix_fmt: str = "yuv420p", crf: int | None = None) -> None:
     """uint8 ``frames`` as an H.264 mp4 at ``tmp`` (the file written in place; ffmpeg's
     failure is :class:`~ditax.io.outputs.WriteFailed`). The frames are written as they are:
-    never resized (imageio's ``macro_block_size=1``)."""
+    never resized (imageio's ``macro_block_size=1``). ``pix_fmt``: the stored chroma layout
+    (``yuv444p`` keeps full-resolution colour; ``yuv420p`` plays everywhere but needs an even
+    height and width); ``crf``: x264's rate factor (0: lossless; None: from ``quality`` as
+    :func:`write_mp4` says)."""
     from ditax.io import ffmpeg
 
     _, h, w, _ = frames.shape
     rate = str(Fraction(fps).limit_denominator())
-    crf = int((1 - quality / 10.0) * 51)
+    crf = int((1 - quality / 10.0) * 51) if crf is None else crf
     ffmpeg.write(["-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{w}x{h}", "-pix_fmt",
                   "rgb24", "-r", rate, "-i", "-", "-an", "-vcodec", "libx264", "-pix_fmt",
-                  "yuv420p", "-crf", str(crf), "-f", "mp4", str(tmp)], tmp,
+                  pix_fmt, "-crf", str(crf), "-f", "mp4", str(tmp)], tmp,
                  (np.ascontiguousarray(f) for f in frames))
 
 

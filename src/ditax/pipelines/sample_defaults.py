@@ -155,13 +155,19 @@ def read_sample_defaults(folder, rules: dict | None = None) -> dict:
     return check_sample_defaults(values, path, rules)
 
 
-def write_sample_defaults(folder, values: dict, rules: dict | None = None) -> pathlib.Path:
+def write_sample_defaults(folder, values: dict, rules: dict | None = None,
+                          stage=None) -> pathlib.Path:
     """Check ``values`` (against ``rules``, as :func:`read_sample_defaults`) and write them as
-    ``folder/ditax_sample.json``; returns the path."""
+    ``folder/ditax_sample.json`` whole (:func:`~ditax.io.outputs.atomic_file`; renamed with
+    the other outputs of ``stage``, a :class:`~ditax.io.outputs.Staging`, when given);
+    returns the path. A failed write is :class:`~ditax.io.outputs.WriteFailed` naming it, and
+    a file that was there stays."""
+    from ditax.io.outputs import atomic_file
+
     path = pathlib.Path(folder) / FILE
-    values = check_sample_defaults(dict(values), path, rules)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(values, indent=2) + "\n")
+    text = json.dumps(check_sample_defaults(dict(values), path, rules), indent=2) + "\n"
+    with atomic_file(path, stage) as tmp:
+        tmp.write_text(text)
     return path
 
 

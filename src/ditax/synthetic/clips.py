@@ -26,7 +26,6 @@ import dataclasses
 import json
 import pathlib
 from concurrent.futures import ThreadPoolExecutor
-from fractions import Fraction
 from typing import Iterator
 
 import numpy as np
@@ -216,16 +215,9 @@ def write_clip(path, video, fps: int = 16) -> pathlib.Path:
 def _encode_clip(tmp: pathlib.Path, video, fps: int) -> None:
     """``video`` as a lossless 4:4:4 H.264 mp4 at ``tmp`` (a staged write's temporary path);
     ffmpeg's failure is :class:`~ditax.io.outputs.WriteFailed` naming ``tmp``."""
-    from ditax.io import ffmpeg
-    from ditax.io.video import to_uint8
+    from ditax.io.video import encode_mp4, to_uint8
 
-    frames = to_uint8(video)
-    _, h, w, _ = frames.shape
-    rate = str(Fraction(fps).limit_denominator())
-    ffmpeg.write(["-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{w}x{h}", "-pix_fmt",
-                  "rgb24", "-r", rate, "-i", "-", "-an", "-vcodec", "libx264", "-pix_fmt",
-                  "yuv444p", "-crf", "0", "-f", "mp4", str(tmp)], tmp,
-                 (np.ascontiguousarray(f) for f in frames))
+    encode_mp4(tmp, to_uint8(video), fps, pix_fmt="yuv444p", crf=0)
 
 
 __all__ = ["ClipSpec", "sample_spec", "coverage", "render", "make_clip", "dataset_combos",

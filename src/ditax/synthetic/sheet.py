@@ -40,13 +40,19 @@ def sheet_size(shapes, frames: int = 8, scale: int = 2) -> tuple[int, int]:
     return width, height
 
 
-def contact_sheet(videos, prompts, path, *, frames: int = 8, scale: int = 2) -> pathlib.Path:
+def contact_sheet(videos, prompts, path, *, frames: int = 8, scale: int = 2,
+                  stage=None) -> pathlib.Path:
     """Write a PNG with one row per ``(video, prompt)`` and return its path.
 
     ``videos``: sequence of ``[F, H, W, 3]`` (float in [0, 1] or uint8); ``prompts``: one
-    label each; ``frames``: frames shown per row; ``scale``: integer enlargement.
+    label each; ``frames``: frames shown per row; ``scale``: integer enlargement. Written
+    whole (:func:`~ditax.io.outputs.atomic_file`; renamed with the other outputs of
+    ``stage``, a :class:`~ditax.io.outputs.Staging`, when given): a failed write is
+    :class:`~ditax.io.outputs.WriteFailed` naming ``path``, and a sheet that was there stays.
     """
     from PIL import Image, ImageDraw, ImageFont
+
+    from ditax.io.outputs import atomic_file
 
     videos = list(videos)
     prompts = [str(p) for p in prompts]
@@ -68,8 +74,8 @@ def contact_sheet(videos, prompts, path, *, frames: int = 8, scale: int = 2) -> 
             canvas.paste(img, (PAD + j * (w + PAD), y))
         y += h + PAD
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path)
+    with atomic_file(path, stage) as tmp:     # its suffix is path's: the format PIL picks
+        canvas.save(tmp)
     return path
 
 
