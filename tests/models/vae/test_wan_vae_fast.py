@@ -73,10 +73,10 @@ def test_one_latent_frame(small):
     np.testing.assert_allclose(small.decode(z, path="plain", frames_per_chunk=4), ref, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("frames", [1, 2, 3])
+@pytest.mark.parametrize("frames", [3])
 def test_fast_path_equals_plain(padded, frames):
-    """The TPU program (kernels interpreted) decodes the plain path's frames: one latent frame,
-    two (one later chunk) and three (a later chunk of two, and chunks of one)."""
+    """The TPU program (kernels interpreted) decodes the plain path's frames: three latent
+    frames (the first chunk of one, then a later chunk of two; and chunks of one each)."""
     z = _latents(padded, frames, 4, 4, seed=frames)
     ref = np.asarray(padded.decode(z, path="plain", frames_per_chunk=1))
     got = np.asarray(padded.decode(z, path="interpret"))
@@ -207,8 +207,8 @@ def test_fast_path_equals_plain_wan22():
                        is_residual=True, patch_size=2, in_channels=12, out_channels=12,
                        scale_factor_spatial=16)
     vae = _randomise(WanVAE(cfg, rngs=nnx.Rngs(0)), 5)
-    z = _latents(vae, 2, 1, 8)
+    z = _latents(vae, 2, 1, 2)
     ref = np.asarray(vae.decode(z, path="plain"))
     got = np.asarray(vae.decode(z, path="interpret"))
-    assert got.shape == ref.shape == (1, 3, 5, 16, 128)
+    assert got.shape == ref.shape == (1, 3, 5, 16, 32)
     np.testing.assert_allclose(got, ref, rtol=0, atol=TOL)
