@@ -254,7 +254,8 @@ def wan2(run, case):
     """A 2-layer Wan at 1.3B width: cuDNN in bf16 and XLA in bf16, each against XLA in float32
     on the same weights (bf16 values held in float32): output and parameter gradients, with
     and without a text mask. cuDNN must be as close to float32 as XLA's own bf16 is."""
-    from ditax import AttentionConfig, Transformer
+    from ditax import AttentionConfig
+    from ditax.models.wan.loading import Transformer
     from ditax.models.wan.build import abstract_model, init_model
 
     cfg = wan_config(run, 2)
@@ -305,7 +306,8 @@ def wan_full(run, case):
     (32,760 tokens, 512 text tokens) in bf16: ditax with cuDNN attention vs diffusers'
     WanTransformer3DModel (torch SDPA) on the same card. Random weights, each its own: this
     times the graph; the 2-layer checks above compare the values."""
-    from ditax import AttentionConfig, Transformer
+    from ditax import AttentionConfig
+    from ditax.models.wan.loading import Transformer
     from ditax.models.wan.build import init_model
 
     cfg = wan_config(run, 30)

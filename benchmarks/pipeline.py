@@ -161,7 +161,7 @@ def main() -> int:
     jax.config.update("jax_default_matmul_precision", "highest")
     folder = args.folder
     if folder is None:
-        from ditax.demo import build_pipeline_folder
+        from ditax.demo.folders import build_pipeline_folder
 
         folder = str(build_pipeline_folder(pathlib.Path(tempfile.mkdtemp()) / "pipe"))
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]

@@ -77,7 +77,7 @@ def main():
     if a.case is None:
         ap.error("--case is required (or --table FILE)")
 
-    from ditax.cli.run import run_context
+    from ditax.front.run import run_context
     from ditax.config import load_config, validate
     from ditax.parallel import make_mesh
     from ditax.plan.fit import fit

@@ -174,7 +174,7 @@ def main() -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="ditax-speed-"))
     folder = args.model
     if folder is None:
-        from ditax.demo import build_pipeline_folder
+        from ditax.demo.folders import build_pipeline_folder
 
         folder = str(build_pipeline_folder(work / "pipe"))
     if args.only in (None, "first_video"):

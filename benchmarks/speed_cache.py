@@ -178,7 +178,7 @@ def wide_transformer(like, layers: int, seed: int = 0):
     """A random-weights transformer of Wan 2.1 1.3B's width with ``layers`` blocks that reads
     the latents and text of the transformer config ``like`` (patch 1x2x2 as Wan)."""
     from ditax.config import ModelConfig
-    from ditax.demo import TRANSFORMER
+    from ditax.demo.folders import TRANSFORMER
     from ditax.models.wan.build import init_model
     from ditax.models.wan.loading import Transformer
 

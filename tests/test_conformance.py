@@ -85,13 +85,11 @@ def body_of(name, inputs, prompt, seed):
 
 
 def checked(name, folder, inputs, tmp, prompt="a red circle moves right", seed=1):
-    """The server's check of a body (ditax.serve.requests.check_body), with generate's
-    parse_request as the server runs it."""
-    from ditax.cli.generate import parse_request
+    """The server's check of a body (ditax.serve.requests.check_body: the front door, as the
+    server runs it)."""
     from ditax.serve.requests import check_body
 
-    return check_body(body_of(name, inputs, prompt, seed), str(folder), [], str(tmp / "x.mp4"),
-                      parse_request)
+    return check_body(body_of(name, inputs, prompt, seed), str(folder), [], str(tmp / "x.mp4"))
 
 
 def _latents(out) -> np.ndarray:
@@ -279,14 +277,13 @@ def test_lacking(variant, capability, folders, pipes, inputs, tmp_path, capsys):
             sample_batch(pipe, [dict(prompt="x")] * 2)
         assert len(str(e.value).splitlines()) == 1
     elif capability == "serve":
-        from ditax.cli.generate import parse_request
         from ditax.serve.requests import BadRequest, check_body
 
         body = body_of(variant, inputs, "x", 1)
         for k in v.call(inputs):            # its inputs, as a client would try to send them
             body.setdefault(k, b64(inputs / "src.mp4"))
         with pytest.raises(BadRequest) as e:
-            check_body(body, str(folder), [], str(tmp_path / "x.mp4"), parse_request)
+            check_body(body, str(folder), [], str(tmp_path / "x.mp4"))
         assert len(str(e.value).splitlines()) == 1, str(e.value)
     elif capability == "lora":
         lora = peft_lora(folders("wan-t2v"), tmp_path / "lora.safetensors")
@@ -296,7 +293,7 @@ def test_lacking(variant, capability, folders, pipes, inputs, tmp_path, capsys):
         one_line_exit_2(capsys, generate_argv(v, folder, inputs, tmp_path / "o.mp4",
                                               ["model.quantize=int8"]), "quantiz")
     elif capability == "step_cache":
-        one_line_exit_2(capsys, ["calibrate-cache", str(folder), "--prompts", "a cat", "a dog"],
+        one_line_exit_2(capsys, ["calibrate-cache", "--model", str(folder), "--prompts", "a cat", "a dog"],
                         "step cache")
     elif capability == "folder_check":
         one_line_exit_2(capsys, ["convert", str(folder)], v.family)

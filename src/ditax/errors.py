@@ -8,6 +8,8 @@ the builtin a caller would expect (``ValueError``, ``FileNotFoundError``, ``Runt
 
 from __future__ import annotations
 
+import contextlib
+
 
 class DitaxError(Exception):
     """Base of the user-fixable errors; the message is meant to be shown as is."""
@@ -53,5 +55,18 @@ def check_choice(key: str, value, allowed) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}{hint}")
 
 
-__all__ = ["check_choice", "DitaxError", "ConfigError", "RequestError", "WeightError", "ModelNotFound",
+@contextlib.contextmanager
+def request_errors(*kinds: type[Exception]):
+    """Inside, a ``ValueError`` (or one of ``kinds``) raised by a check of the user's request
+    is that bad request: it becomes :class:`RequestError` (one line; exit 2 on the CLI, HTTP
+    400 on the server)."""
+    try:
+        yield
+    except DitaxError:
+        raise
+    except (ValueError, *kinds) as e:
+        raise RequestError(str(e)) from e
+
+
+__all__ = ["request_errors", "check_choice", "DitaxError", "ConfigError", "RequestError", "WeightError", "ModelNotFound",
            "PipelineLoadError", "AttentionUnavailable"]

@@ -5,7 +5,7 @@ Library code marks its phases with ``with phase("compile"): ...``; that is a con
 and a loop over (usually no) listeners, so it costs nothing measurable. Two things use it:
 
 - a listener (:func:`listening`) is told when a phase starts and ends: the CLI's status line
-  (:mod:`ditax.cli.status`) shows "compiling …" there;
+  (:mod:`ditax.front.status`) shows "compiling …" there;
 - an exception leaving a phase carries that phase's name (the innermost one): :func:`phase_of`
   reads it, so the CLI's out-of-memory report (:mod:`ditax.cli.oom`) can say "out of memory
   while compiling" and what to lower for that phase.

@@ -119,7 +119,7 @@ def test_ring_local_cudnn_runs_blockwise_steps(h200, caplog, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    from ditax.demo import write_transformer
+    from ditax.demo.folders import write_transformer
 
     folder = tmp_path_factory.mktemp("tiny") / "transformer"
     write_transformer(folder)

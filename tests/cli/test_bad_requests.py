@@ -110,7 +110,7 @@ def test_numbers_file_with_bad_utf8_is_named(capsys, tmp_path):
     line = _fails(capsys, ["generate", "--model", "demo", "--prompt", "cat",
                            f"sample.cache_coefficients={bad}"])
     assert str(bad) in line and "not UTF-8" in line
-    line = _fails(capsys, ["calibrate-cache", "demo", "--into", bad])
+    line = _fails(capsys, ["calibrate-cache", "--model", "demo", "--into", bad])
     assert str(bad) in line and "not UTF-8" in line
 
 

@@ -15,7 +15,7 @@ import pytest
 import ditax
 import ditax.attention
 from ditax.cli import main
-from ditax.demo import TRANSFORMER, write_transformer
+from ditax.demo.folders import TRANSFORMER, write_transformer
 from random_pipeline import random_pipeline_folder
 
 def run_cli(capsys, *argv):

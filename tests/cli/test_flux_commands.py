@@ -35,10 +35,10 @@ def test_bench_runs_a_flux_config(capsys):
 
 def test_calibrate_cache_refuses_a_flux_folder_before_loading(capsys, tmp_path):
     out = tmp_path / "numbers.json"
-    assert main(["calibrate-cache", str(flux_model_path()), "--prompts", "a red circle",
+    assert main(["calibrate-cache", "--model", str(flux_model_path()), "--prompts", "a red circle",
                  "a blue square", "--output", str(out), "--no-progress"]) == 2
     line = one_line(capsys)
-    assert "flux folder" in line and "no step cache" in line and "calibrate-cache demo" in line
+    assert "flux folder" in line and "no step cache" in line and "calibrate-cache --model demo" in line
     assert not out.exists()
 
 

@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from ditax.cli import main
-from ditax.cli.sample_request import sample_request
+from ditax.front.folder import folder_request
 from ditax.demo import flux_model_path, model_path
 
 pytestmark = pytest.mark.skipif(
@@ -66,7 +66,7 @@ def _edit_transformer(folder: pathlib.Path, src: pathlib.Path, **changes) -> Non
 def test_flux_folder_takes_its_own_model_keys(tmp_path, capsys):
     own = json.loads((flux_model_path() / "transformer" / "config.json").read_text())
     value = str(own["guidance_embeds"]).lower()
-    req = sample_request("flux-demo", [f"model.guidance_embeds={value}"])
+    req = folder_request("flux-demo", [f"model.guidance_embeds={value}"])
     assert req.root == flux_model_path() and req.pipelines.name == "flux"
     assert req.cfg.model.family == "flux"
     assert req.cfg.model.guidance_embeds is own["guidance_embeds"]
@@ -98,7 +98,7 @@ def test_a_model_family_that_contradicts_the_folder_is_refused(capsys):
                            "--output", "x.png", "model.family=wan"])
     assert "model.family='wan' contradicts the model" in line and "FluxPipeline" in line, line
     # repeating the folder's own family is fine
-    assert sample_request("flux-demo", ["model.family=flux"]).cfg.model.family == "flux"
+    assert folder_request("flux-demo", ["model.family=flux"]).cfg.model.family == "flux"
 
 
 # -- the config is validated against the folder's transformer -------------------------------
@@ -112,7 +112,7 @@ def test_mesh_tensor_8_runs_on_an_8_head_wan_folder(tmp_path, capsys):
     folder = _linked_copy(demo, tmp_path / "wan8")
     # the same weights read as 8 heads (Wan's projections and q/k norms span the whole width)
     _edit_transformer(folder, demo, num_attention_heads=8, attention_head_dim=width // 8)
-    assert sample_request(str(folder), ["mesh.tensor=8"]).cfg.model.num_attention_heads == 8
+    assert folder_request(str(folder), ["mesh.tensor=8"]).cfg.model.num_attention_heads == 8
     out = tmp_path / "v.mp4"
     rc = main(["generate", "--model", str(folder), "--prompt", "a red circle moves right",
                "--steps", "2", "--frames", "5", "--height", "32", "--width", "32",

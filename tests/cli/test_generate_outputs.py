@@ -185,14 +185,14 @@ def test_largest_seed_runs(pipe):
 ])
 def test_calibrate_cache_enforces_its_prompt_count(tmp_path, capsys, prompts, match):
     out = tmp_path / "n.json"
-    rc = main(["calibrate-cache", "demo", "--prompts", *prompts, "--output", str(out)])
+    rc = main(["calibrate-cache", "--model", "demo", "--prompts", *prompts, "--output", str(out)])
     err = capsys.readouterr().err
     assert rc == 2 and re.search(match, err), err
     assert not out.exists()
 
 
 def test_calibrate_cache_checks_every_prompts_seed(capsys, tmp_path):
-    rc = main(["calibrate-cache", "demo", "--seed", str(2 ** 32 - 2), "--output",
+    rc = main(["calibrate-cache", "--model", "demo", "--seed", str(2 ** 32 - 2), "--output",
                str(tmp_path / "n.json")])           # 4 demo prompts: seeds up to 2**32 + 1
     err = capsys.readouterr().err
     assert rc == 2 and "one per prompt" in err, err

@@ -6,7 +6,6 @@ one line naming the file and the cause, and the video that was there stays (the 
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 import pytest
@@ -38,16 +37,17 @@ def test_an_mp4_ffmpeg_could_not_finish_is_exit_1_in_one_line(tmp_path, monkeypa
     assert (out / "v.mp4").read_bytes() == OLD
 
 
-def _args(tmp_path, **kw):
-    return argparse.Namespace(output=str(tmp_path / "v.mp4"), fps=16, frames_dir=None, **kw)
+def _output(tmp_path, **kw):
+    from ditax.front import Output
+
+    return Output(**{"path": str(tmp_path / "v.mp4"), "fps": 16, **kw})
 
 
 def test_frames_that_fail_leave_no_mp4_at_its_name(tmp_path, monkeypatch, capsys):
-    from ditax.cli.generate import write_output
+    from ditax.cli.generate_output import write_output
 
     video = np.random.default_rng(0).random((5, 32, 32, 3)).astype(np.float32)
-    args = _args(tmp_path)
-    args.frames_dir = str(tmp_path / "frames")
+    args = _output(tmp_path, frames_dir=str(tmp_path / "frames"))
     fill_disk(monkeypatch, after=100, match=".frames.partial")
     with pytest.raises(CommandFailed, match=rf"^could not write {tmp_path / 'frames'}: no "
                                             rf"space left on device"):
@@ -61,11 +61,10 @@ def test_frames_that_fail_leave_no_mp4_at_its_name(tmp_path, monkeypatch, capsys
 
 
 def test_an_image_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
-    from ditax.cli.generate import write_output
+    from ditax.cli.generate_output import write_output
 
     image = np.zeros((16, 16, 3), np.float32)
-    args = _args(tmp_path)
-    args.output = str(tmp_path / "x.png")
+    args = _output(tmp_path, path=str(tmp_path / "x.png"))
     fill_disk(monkeypatch, after=10)
     with pytest.raises(CommandFailed, match=r"x\.png: no space left on device .* \(nothing "
                                             r"was left under that name\)$"):

@@ -68,7 +68,7 @@ def test_preprocess_takes_the_demos_own_grid(flags, words, tmp_path, capsys, no_
 
 
 def test_train_refuses_a_dataset_off_the_models_patch(tmp_path, capsys):
-    from ditax.train.data import DatasetWriter
+    from ditax.train.data_writer import DatasetWriter
 
     r = np.random.default_rng(0)
     w = DatasetWriter(tmp_path / "ds", samples_per_file=4)
@@ -107,23 +107,22 @@ def test_calibrate_cache_refuses_off_the_folders_rule(tmp_path, capsys, monkeypa
     def no_load(*a, **k):
         raise AssertionError("a model loaded")
     monkeypatch.setattr(ditax, "load_pipeline", no_load)
-    rc = main(["calibrate-cache", "demo", "--width", "72", "--output",
+    rc = main(["calibrate-cache", "--model", "demo", "--width", "72", "--output",
                str(tmp_path / "n.json")])
     assert rc == 2 and "width=72 must be a positive multiple of 16" in _one_line(capsys)
 
 
 def test_serve_refuses_with_the_same_words(tmp_path):
-    from ditax.cli.generate import parse_request
     from ditax.serve.requests import BadRequest, check_body
 
     with pytest.raises(BadRequest) as e:
         check_body({"prompt": "a cat", "size": "72x64"}, str(model_path()), [],
-                   str(tmp_path / "r.mp4"), parse_request)
+                   str(tmp_path / "r.mp4"))
     assert e.value.param == "size" and "use 64 or 80" in str(e.value)
     assert "4x4 patch" in str(e.value) and "--" not in str(e.value)
     with pytest.raises(BadRequest) as e:
         check_body({"prompt": "a cat", "num_frames": 18}, str(model_path()), [],
-                   str(tmp_path / "r.mp4"), parse_request)
+                   str(tmp_path / "r.mp4"))
     assert e.value.param == "num_frames" and "use 17 or 21" in str(e.value)
 
 

@@ -102,12 +102,14 @@ def test_generate_reads_the_preset(tmp_path):
     _, parser, _ = build_parser("generate")
     args = parser.parse_intermixed_args(["--model", str(tmp_path), "--prompt", "a cat",
                                          *PRESET])
-    load, call = parse_request(args)
+    req = parse_request(args)
+    load, call = req.load.kwargs(), req.call
     assert (load["scheduler"], load["flow_shift"]) == ("euler", 5.0)
     assert (call["num_inference_steps"], call["guidance_scale"], call["sigmas"]) == \
         (4, 1.0, (1.0, 0.75, 0.5, 0.25))
-    load, call = parse_request(parser.parse_intermixed_args(
+    req = parse_request(parser.parse_intermixed_args(
         ["--model", str(tmp_path), "--prompt", "a cat"]))
+    load, call = req.load.kwargs(), req.call
     assert load["scheduler"] is None and call["sigmas"] is None
 
 

@@ -242,7 +242,7 @@ def _random_params(abstract, rng):
 @pytest.mark.parametrize("model", ["vae", "text_encoder"])
 def test_vae_and_umt5_ditax_to_upstream_to_ditax(tmp_path, rng, model):
     """Random params → export (upstream layout) → save → load: bit for bit, every parameter."""
-    from ditax import demo
+    from ditax.demo import folders as demo
     from ditax.models.encoders import t5, umt5
     from ditax.models.vae.wan import convert as vae_convert
     from ditax.models.vae.wan import WanVAE, WanVAEConfig

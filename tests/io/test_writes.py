@@ -186,7 +186,7 @@ def test_c_and_rust_writers_past_a_file_size_limit(tmp_path):
     """A real kernel failure (EFBIG) inside ArrayRecord (C++) and safetensors (Rust): the
     dataset folder and the weights folder are named, nothing is left."""
     from ditax.io.outputs import atomic_folder
-    from ditax.train.data import DatasetWriter
+    from ditax.train.data_writer import DatasetWriter
 
     rng = np.random.default_rng(0)
     with pytest.raises(WriteFailed) as e, file_size_limit(8192):

@@ -258,14 +258,14 @@ def test_cli_lora_mode_and_strict(tmp_path, capsys, caplog):
     _, parser, _ = build_parser("generate")
     base_args = ["--model", "demo", "--prompt", "x", "--lora", f"{extra}:0.5"]
     with caplog.at_level(logging.WARNING):
-        load, _ = parse_request(parser.parse_intermixed_args(
-            base_args + ["--lora-mode", "unmerged", "--no-lora-strict"]))
+        load = parse_request(parser.parse_intermixed_args(
+            base_args + ["--lora-mode", "unmerged", "--no-lora-strict"])).load.kwargs()
     assert "diffusion_model.foo.lora_down.weight" in caplog.text
     assert (load["lora_mode"], load["lora_strict"]) == ("unmerged", False)
     assert [r.key for r in load["loras"][0][0].rows] == ["blocks.0.attn1.to_q"]
     assert load["loras"][0][1] == 0.5
-    inspect.signature(ditax.load_pipeline).bind(**load)   # every key is a load_pipeline argument
-    load, _ = parse_request(parser.parse_intermixed_args(base_args[:4]))
+    inspect.signature(ditax.load_pipeline).bind("demo", **load)   # each key: an argument
+    load = parse_request(parser.parse_intermixed_args(base_args[:4])).load.kwargs()
     assert (load["lora_mode"], load["lora_strict"], load["loras"]) == ("merged", True, [])
     for extra_args, words in ((["--lora-strict"], ("foo.lora_down.weight", "--no-lora-strict")),
                               (["--lora-mode", "fused"], ("--lora-mode", "'fused'"))):

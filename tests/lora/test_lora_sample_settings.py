@@ -180,23 +180,29 @@ def test_generate_takes_the_settings_under_its_flags(files, capsys):
     _, parser, _ = build_parser("generate")
     base = ["--model", "demo", "--prompt", "x", "--lora", f"{files[0]}:0.9"]
     args = parser.parse_intermixed_args(base)
-    load, call = parse_request(args)
+    req = parse_request(args)
+    load, call = req.load.kwargs(), req.call
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [f"{PEFT_FILE} carries its sampling settings: 4 steps, euler, shift 5, "
                    f"sigmas 1,0.75,0.5,0.25, guidance 1 (flags override)"]
     assert (load["scheduler"], load["flow_shift"]) == ("euler", 5.0)
     assert (call["num_inference_steps"], call["guidance_scale"], list(call["sigmas"])) == \
         (4, 1.0, STUDENT["sigmas"])
-    # read once: a second parse of the same request (--prompts) prints nothing more
-    assert parse_request(args)[1]["num_inference_steps"] == 4
-    assert capsys.readouterr().out == ""
+    # read once: a later request of the same run (--prompts) takes the first one's settings
+    # and prints nothing more
+    from ditax.cli.generate import given_of
+
+    again = parse_request(args, {**given_of(args), "lora_sample": req.lora_sample})
+    assert again.call["num_inference_steps"] == 4 and capsys.readouterr().out == ""
     # flags and sample.* win; the sigmas go only with their own step count
-    load, call = parse_request(parser.parse_intermixed_args(
+    req = parse_request(parser.parse_intermixed_args(
         base + ["--steps", "8", "--guidance", "3", "sample.flow_shift=3"]))
+    load, call = req.load.kwargs(), req.call
     assert (load["scheduler"], load["flow_shift"]) == ("euler", 3.0)
     assert (call["num_inference_steps"], call["guidance_scale"], call["sigmas"]) == \
         (8, 3.0, None)
-    load, call = parse_request(parser.parse_intermixed_args(base + ["sample.scheduler=unipc"]))
+    req = parse_request(parser.parse_intermixed_args(base + ["sample.scheduler=unipc"]))
+    load, call = req.load.kwargs(), req.call
     assert (load["scheduler"], call["num_inference_steps"], call["sigmas"]) == ("unipc", 4, None)
     # --lora-2 is read too: a conflict is exit 2 in one line naming both files
     from ditax.cli import main

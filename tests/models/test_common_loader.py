@@ -25,7 +25,7 @@ def test_numeric_fields_are_one_definition_in_their_old_place(cls, after):
     names = [f.name for f in dataclasses.fields(cls)]
     assert issubclass(cls, TransformerNumerics)
     assert NUMERICS == ["param_dtype", "dtype", "remat", "quantize", "quantize_activations",
-                        "scan_layers", "offload", "offload_prefetch"]
+                        "scan_layers", "offload", "offload_prefetch", "precision"]
     at = names.index(after) + 1              # the config keys keep their order
     assert names[at:at + len(NUMERICS)] == NUMERICS
 

@@ -52,7 +52,7 @@ def numbers(tiny, tmp_path_factory):
     """This model's numbers, measured by the command line."""
     folder, pipe, _ = tiny
     out = tmp_path_factory.mktemp("num") / "tiny.json"
-    rc = main(["calibrate-cache", str(folder), "--prompts", "a cat walks on the grass",
+    rc = main(["calibrate-cache", "--model", str(folder), "--prompts", "a cat walks on the grass",
                "a red car drives through the rain", "--negative-prompt", "blurry",
                "--height", str(H), "--width", str(W), "--frames", str(FRAMES), "--steps",
                str(N), "--guidance", "5", "--output", str(out), "--no-progress",
@@ -105,7 +105,7 @@ def test_merge_numbers_replaces_by_name(numbers, tmp_path):
 
 
 def test_shipped_numbers_cover_the_demo_model():
-    """`ditax calibrate-cache demo --into src/ditax/pipelines/cache/step_cache_numbers.json`."""
+    """`ditax calibrate-cache --model demo --into src/ditax/pipelines/cache/step_cache_numbers.json`."""
     from ditax.config import ModelConfig
     from ditax.demo import SAMPLE, model_path
     from ditax.models.wan.loading import read_config

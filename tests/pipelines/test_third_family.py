@@ -93,7 +93,7 @@ def test_the_family_trains_through_ditax_train(toy, tmp_path, capsys):
     import yaml
 
     from ditax.cli import main
-    from ditax.train.data import DatasetWriter
+    from ditax.train.data_writer import DatasetWriter
 
     r = np.random.default_rng(0)
     w = DatasetWriter(tmp_path / "latents", samples_per_file=8)

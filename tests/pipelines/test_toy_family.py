@@ -22,7 +22,7 @@ from toy_family import toy_text as shared_toy_text
 from ditax.models import registry
 from ditax.pipelines.family import PipelineFamily, register_pipelines
 from ditax.pipelines.programs import Programs, in_compile_cache
-from ditax.pipelines.sampling import Expert, sample
+from ditax.pipelines.sampling import Expert, Prepared, sample
 from ditax.schedulers import load_scheduler
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
@@ -74,16 +74,17 @@ class ToyTextToImage:
                  num_inference_steps=4, guidance_scale=3.0, seed=0, latents=None, cache=None,
                  cache_threshold=None, output="image"):
         grid = ToySampleFamily.latent_grid(1, height, width)
-        out = sample(
+        out = sample(Prepared(
             programs=self.programs, experts=[Expert(self._gdef, self._state, self.module.cfg)],
             inputs=toy_inputs, scheduler=self.scheduler,
             latent_shape=(1, self.module.cfg.channels, *grid),
             text=lambda use_cfg: self.encode_text(prompt, negative_prompt, use_cfg),
             num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
             latents=latents, seed=seed, cache=cache, cache_threshold=cache_threshold,
-            progress=False, size=f"at {height}x{width}",
+            size=f"at {height}x{width}",
             decode=None if output == "latent" else lambda x, _: np.clip(
-                np.asarray(x)[0, :, 0].transpose(1, 2, 0) * 0.5 + 0.5, 0.0, 1.0))
+                np.asarray(x)[0, :, 0].transpose(1, 2, 0) * 0.5 + 0.5, 0.0, 1.0)),
+            progress=False)
         self.last_stats = out.stats
         return out.output
 
@@ -249,7 +250,7 @@ def test_the_toy_family_trains_through_ditax_train(tmp_path, capsys):
     import yaml
 
     from ditax.cli import main
-    from ditax.train.data import DatasetWriter
+    from ditax.train.data_writer import DatasetWriter
 
     r = np.random.default_rng(0)
     w = DatasetWriter(tmp_path / "latents", samples_per_file=8)

@@ -56,7 +56,7 @@ def test_fit_refuses_a_target_that_is_not_one_chip(capsys):
 
 @pytest.fixture(scope="module")
 def tpu():
-    from ditax.cli.run import run_context
+    from ditax.front.run import run_context
     from ditax.parallel import make_mesh
     from ditax.plan.targets import parse_target, topology_devices
 

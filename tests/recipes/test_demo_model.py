@@ -216,7 +216,7 @@ def test_cpu_conv3d_by_frames_equals_the_3d_convolution(kernel, stride, rng):
 def test_text_dropout_uses_the_empty_prompt_deterministically(tmp_path):
     from ditax.config import load_config
     from ditax.train.batches import BatchIterator
-    from ditax.train.data import DatasetWriter
+    from ditax.train.data_writer import DatasetWriter
 
     w = DatasetWriter(tmp_path / "ds")
     r = np.random.default_rng(0)
@@ -313,7 +313,8 @@ def test_generate_cli_takes_the_demo_model(tmp_path):
 
 @needs_shipped
 def test_run_demo_writes_videos_sheet_and_scores(tmp_path):
-    from ditax.demo import DEMO_PROMPTS, run_demo
+    from ditax.demo import DEMO_PROMPTS
+    from ditax.demo.run import run_demo
 
     # one prompt: the teacher's and the student's video of it, the sheet's two rows
     rec = run_demo(out=tmp_path, prompts=DEMO_PROMPTS[:1], say=lambda m: None)

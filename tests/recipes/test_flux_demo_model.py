@@ -139,7 +139,8 @@ def test_shipped_flux_draws_the_prompted_colour_and_position(tmp_path):
     each allowed to differ across machines; a chance draw gets 1 in 5 colours, 1 in 4
     positions). Its score over every combination at three seeds is in the README: colour 98%,
     position 99% seen (targets 95 / 90%)."""
-    from ditax.demo import FLUX_SAMPLE, run_flux_demo
+    from ditax.demo import FLUX_SAMPLE
+    from ditax.demo.run import run_flux_demo
     from ditax.pipelines.flux.loading import load_pipeline
     from ditax.recipes.flux_parts import score_folder
     from ditax.synthetic.images import HELD_OUT, POSITIONS, Placed

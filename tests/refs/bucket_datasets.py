@@ -8,7 +8,8 @@ import pathlib
 
 import numpy as np
 
-from ditax.train.data import FORMAT, NULL_TEXT, DatasetWriter
+from ditax.train.data import FORMAT, NULL_TEXT
+from ditax.train.data_writer import DatasetWriter
 
 #: the ``tiny`` preset's buckets: name (WIDTHxHEIGHTxFRAMES) -> latent [C, F, Y, X]
 TINY_BUCKETS = {"64x64x5": (16, 2, 8, 8), "128x64x5": (16, 2, 8, 16),

@@ -3,7 +3,7 @@
 import numpy as np
 
 from ditax.config import load_config
-from ditax.train.data import DatasetWriter
+from ditax.train.data_writer import DatasetWriter
 
 
 def write_dataset(path, n=24, nan_at=None, seed=0, null=False):

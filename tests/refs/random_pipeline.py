@@ -18,7 +18,7 @@ import tempfile
 
 @functools.lru_cache(maxsize=None)
 def _built() -> pathlib.Path:
-    from ditax.demo import build_pipeline_folder
+    from ditax.demo.folders import build_pipeline_folder
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="ditax_random_pipeline_"))
     atexit.register(shutil.rmtree, root, True)

@@ -38,7 +38,7 @@ def app_state(store, model: str = "demo", makes: str = "video"):
 
     from ditax.serve.app import ServeState
 
-    return ServeState(model=model, overrides=[], parse_request=None, store=store,
+    return ServeState(model=model, overrides=[], store=store,
                       worker=IdleWorker(), output_dir=pathlib.Path(str(store.path)).parent,
                       makes=makes)
 

@@ -8,14 +8,12 @@ import json
 import math
 
 import pytest
-
-from ditax.cli.generate import parse_request
 from ditax.demo import flux_model_path, model_path
 from ditax.serve.requests import BadRequest, Limits, check_body
 
 
 def check(body, model=None, tmp=None, **kw):
-    return check_body(body, str(model or model_path()), [], str(tmp / "x.mp4"), parse_request,
+    return check_body(body, str(model or model_path()), [], str(tmp / "x.mp4"),
                       **kw)
 
 
@@ -100,7 +98,7 @@ def test_an_image_to_video_server_starts_and_asks_each_request_for_its_image(tmp
     _, folder = make_tiny_i2v(tmp_path, "i2v")
     started = check({"prompt": "a check of the server's settings"}, model=folder, tmp=tmp_path,
                     startup=True)
-    assert started.load["path"] == str(folder)
+    assert started.load.path == str(folder)
     with pytest.raises(BadRequest) as e:
         check({"prompt": "a cat"}, model=folder, tmp=tmp_path)
     assert e.value.param == "image" and "image-to-video folder" in str(e.value), str(e.value)

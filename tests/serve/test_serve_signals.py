@@ -118,7 +118,8 @@ def test_sigterm_past_the_drain_hands_the_job_back(tmp_path, tmp_path_factory):
 def test_a_store_without_the_hash_column_opens_and_its_jobs_run(tmp_path):
     """A store an earlier ditax serve made (no ``model_hash`` column) opens; its jobs carry no
     files hash and are claimed by the server of their model."""
-    from ditax.serve.jobs import JobStore, folder_hash
+    from ditax.serve.jobs import JobStore
+    from ditax.serve.model_hash import folder_hash
 
     db = tmp_path / "old.sqlite"
     with sqlite3.connect(db) as con:

@@ -41,7 +41,7 @@ GUIDANCE = 1.0
 def ltx2(tmp_path_factory):
     """The tiny pipeline folder (the teacher) and a dataset of random normalised latents of
     both streams, texts (video + audio text side by side) and the empty prompt's text."""
-    from ditax.train.data import DatasetWriter
+    from ditax.train.data_writer import DatasetWriter
 
     tmp = tmp_path_factory.mktemp("ltx2_distill")
     write_ltx2_train_folder(tmp / "pipe")
@@ -222,8 +222,8 @@ def test_resume_is_bit_exact_and_the_export_samples_as_trained(one, ltx2):
     ``ditax_sample.json`` samples the student in 4 steps without guidance, and its 4-step
     latents of a prompt (both streams) are the trainer's own rollout from the same noise."""
     import ditax
-    from ditax.models.ltx2.audio_latents import pack_audio_latents
-    from ditax.models.ltx2.text import encode_ltx2_prompt
+    from ditax.models.ltx2.audio.latents import pack_audio_latents
+    from ditax.models.ltx2.text.encoder import encode_ltx2_prompt
     from ditax.train.export import export_run, plan_export
     from ditax.train.loop import train
 

@@ -46,7 +46,7 @@ def zero_checkpoint(monkeypatch):
     def read_params(directory, step, abstract):
         return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract), []
 
-    monkeypatch.setattr("ditax.train.checkpoint.read_params", read_params)
+    monkeypatch.setattr("ditax.train.checkpoint_read.read_params", read_params)
 
 
 def test_a_full_disk_is_exit_1_in_one_line_and_nothing_at_out(run, tmp_path, monkeypatch,

@@ -396,7 +396,7 @@ def test_export_reads_a_url_run_and_writes_to_a_url(url_run, local_run, tmp_path
 
     from ditax.io.convert import export
     from ditax.models.base import model_family
-    from ditax.train.checkpoint import read_params
+    from ditax.train.checkpoint_read import read_params
     from ditax.train.export import _abstract_params
 
     family = model_family(run_cfg("x", "y").model)      # step 4 of the URL run, bit for bit

@@ -258,7 +258,8 @@ def test_bucket_area_derives_frame_1_buckets_only_when_asked(clips, tmp_path, ca
 
 def test_read_meta_checks_version_2_and_dataset_buckets_reads_both(tmp_path):
     from ditax.train.bucket_writer import BucketWriter
-    from ditax.train.data import DatasetWriter, DataSourceError, dataset_buckets, read_meta
+    from ditax.train.data import DataSourceError, dataset_buckets, read_meta
+    from ditax.train.data_writer import DatasetWriter
 
     r = np.random.default_rng(0)
     w = BucketWriter(tmp_path / "v2", ["64x32x5", "32x64x5"], samples_per_file=2)

@@ -8,7 +8,7 @@ import pytest
 
 from ditax.cli import main as cli_main
 from ditax.config import ConfigError, load_config
-from ditax.demo import TRANSFORMER
+from ditax.demo.folders import TRANSFORMER
 from random_pipeline import random_pipeline_folder
 
 pytestmark = pytest.mark.usefixtures("fast_compile")

@@ -13,7 +13,8 @@ from ditax.config import load_config
 from ditax.models.base import model_family
 from ditax.parallel import make_mesh
 from ditax.train.batches import BatchIterator
-from ditax.train.data import DataError, DatasetWriter
+from ditax.train.data import DataError
+from ditax.train.data_writer import DatasetWriter
 from ditax.train.loss import flow_loss
 from ditax.train.step import Trainer
 

@@ -17,7 +17,8 @@ from ditax.config import load_config
 from ditax.errors import ConfigError, RequestError
 from ditax.parallel import make_mesh
 from ditax.train.batches import BatchIterator
-from ditax.train.data import DataError, DatasetWriter
+from ditax.train.data import DataError
+from ditax.train.data_writer import DatasetWriter
 from ditax.train.step import Trainer
 
 pytest.importorskip("diffusers")
@@ -228,7 +229,7 @@ def test_datasets_that_do_not_fit_are_refused(tmp_path, dataset):
 def test_vae_training_takes_a_vace_clip_folder_without_its_sidecars(tmp_path):
     """``ditax train-vae`` on a VACE clip folder: the clips, not their mask / control videos or
     reference images (as ``ditax preprocess`` reads the folder)."""
-    from ditax.train.vae import list_videos
+    from ditax.train.vae_clips import list_videos
 
     for name in ("a.mp4", "a.mask.mp4", "a.control.mp4", "a.ref.png", "a.ref2.png", "b.png",
                  "notes.txt"):

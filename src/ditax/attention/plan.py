@@ -186,7 +186,7 @@ def needs_entry_context(acfg: AttentionConfig) -> bool:
 def entry_context(acfg: AttentionConfig, mesh=None, say=print) -> ContextManager:
     """The entry contexts (:attr:`~ditax.attention.registry.Backend.entry_context`) of every
     backend the config runs, entered together (a no-op context when none declares one);
-    ``say`` announces each. For entry points (``ditax.cli.run.run_context``), not layers."""
+    ``say`` announces each. For entry points (``ditax.front.run.run_context``), not layers."""
     stack = contextlib.ExitStack()
     for entry in _entries(acfg):
         if entry.entry_context is not None:

@@ -16,18 +16,19 @@ user can fix prints one line ``ditax COMMAND: error: MESSAGE`` on stderr and no 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import sys
 import traceback
 
-from ditax.errors import DitaxError, NonFiniteOutput, RequestError
+from ditax.errors import DitaxError, NonFiniteOutput, RequestError, request_errors  # noqa: F401
+from ditax.front.folder import SHIPPED_MODELS, model_path  # noqa: F401  (light: no JAX)
 from ditax.io.outputs import WriteFailed   # light: no JAX (ditax --help starts none)
 
 COMMANDS = {
-    "generate": "text → video (Wan) or image (FLUX.1) with a model folder; --prompts FILE",
+    "generate": "prompt → video (Wan, LTX-2 with sound) or image (FLUX.1, FLUX.2) with a model "
+                "folder; --prompts FILE",
     "train": "flow-matching training / fine-tuning",
-    "train-vae": "train a VAE (Wan AutoencoderKLWan; --family flux: AutoencoderKL) on clips",
+    "train-vae": "train a VAE (Wan's AutoencoderKLWan; --family flux: AutoencoderKL) on clips",
     "preprocess": "videos + captions → latent dataset",
     "convert": "check a transformer folder; single-file checkpoint → diffusers folder",
     "export": "a training run's checkpoint → diffusers pipeline folder",
@@ -35,7 +36,8 @@ COMMANDS = {
     "plan": "show mesh, shardings and per-device memory for a config",
     "calibrate-cache": "measure a model's step-cache numbers (TeaCache, MagCache)",
     "config": "list the config keys with their defaults (or a preset's values) and the presets",
-    "serve": "serve a model over HTTP: /v1/videos jobs, a durable queue, a web page",
+    "serve": "serve a model over HTTP: /v1/videos jobs (videos or images), a durable queue, "
+             "a web page",
     "init-random": "a random-weight pipeline folder of any family (no download, no torch)",
 }
 
@@ -58,32 +60,8 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-@contextlib.contextmanager
-def request_errors(*kinds: type[Exception]):
-    """Inside, a ``ValueError`` (or one of ``kinds``) raised by a check of the user's request
-    is that bad request: it becomes :class:`RequestError` (exit 2, one line)."""
-    try:
-        yield
-    except DitaxError:
-        raise
-    except (ValueError, *kinds) as e:
-        raise RequestError(str(e)) from e
-
-
-# the names ``--model`` takes for the models shipped in the package -> the function of
-# :mod:`ditax.demo` that returns the folder (one entry a shipped model, whatever its family)
-SHIPPED_MODELS = {"demo": "model_path", "flux-demo": "flux_model_path"}
-
-
-def model_arg(text: str) -> str:
-    """``--model`` as a path: ``demo`` is the shipped Wan demo folder, ``flux-demo`` the
-    shipped small Flux (:data:`SHIPPED_MODELS`; every command that takes ``--model`` accepts
-    them the same way), anything else is returned as given."""
-    if text not in SHIPPED_MODELS:
-        return text
-    import ditax.demo
-
-    return str(getattr(ditax.demo, SHIPPED_MODELS[text])())
+# ``--model`` as a path (``demo`` / ``flux-demo``: the shipped folders), the front door's rule
+model_arg = model_path
 
 
 def latent_arg(text: str) -> tuple[int, int, int]:
@@ -104,7 +82,8 @@ def build_parser(wanted: str | None) -> tuple[Parser, Parser | None, object]:
     from ditax.cli.examples import epilog, top_epilog
 
     parser = Parser(prog="ditax", description="Video and image diffusion transformers in JAX "
-                    f"(Wan 2.1 / 2.2, FLUX.1): {', '.join(COMMANDS)}.",
+                    f"(Wan 2.1 / 2.2 and LTX-2 video, FLUX.1 and FLUX.2 images): "
+                    f"{', '.join(COMMANDS)}.",
                     epilog=top_epilog(COMMANDS),
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true",

@@ -32,7 +32,8 @@ def run(args) -> int:
     import jax
 
     from ditax.bench import forward_benchmark
-    from ditax.cli.run import run_context
+    from ditax.front.run import run_context
+    from ditax.models.common.fields import matmul_precision
     from ditax.config import load_config, validate
     from ditax.config.families import check_capabilities
     from ditax.models import registry
@@ -45,7 +46,8 @@ def run(args) -> int:
     validate(cfg, jax.device_count())
     mesh = make_mesh(cfg.mesh)
     with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache,
-                     status=not args.no_progress, phase="bench"):
+                     status=not args.no_progress, phase="bench",
+                     precision=matmul_precision(cfg.model)):
         row = forward_benchmark(cfg, mesh, args.latent, args.text_len, args.repeats)
     print(json.dumps(row))
     return 0

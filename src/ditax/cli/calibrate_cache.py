@@ -1,4 +1,4 @@
-"""``ditax calibrate-cache MODEL --prompts "..." "..." [--output numbers.json]``: measure the
+"""``ditax calibrate-cache --model MODEL --prompts "..." "..." [--output numbers.json]``: measure the
 step-cache numbers of a pipeline folder (TeaCache polynomial, MagCache ratios).
 
 Generates each prompt with every step computed, measures per step and CFG branch how the
@@ -19,7 +19,7 @@ has no step cache (its spec declares no capability ``step_cache``; FLUX.1 today)
 refused in one line (exit 2) before anything loads.
 ``MODEL`` = ``demo``: the shipped demo model (sampled as its ``ditax_sample.json`` says),
 prompts of its vocabulary unless ``--prompts`` are given, entry name ``ditax-demo``; its shipped
-numbers are regenerated with ``ditax calibrate-cache demo --into
+numbers are regenerated with ``ditax calibrate-cache --model demo --into
 src/ditax/pipelines/cache/step_cache_numbers.json``.
 """
 
@@ -45,9 +45,9 @@ def demo_prompts(n: int = DEMO_PROMPTS) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="pipeline folder (model_index.json), hub id, or 'demo' (the "
-                                 "shipped demo model); a folder's ditax_sample.json gives the "
-                                 "defaults of the size, steps and guidance flags")
+    p.add_argument("--model", required=True, help="pipeline folder (model_index.json), hub "
+                   "id, or 'demo' (the shipped demo model); a folder's ditax_sample.json gives "
+                   "the defaults of the size, steps and guidance flags")
     p.add_argument("--prompts", nargs="+", default=None,
                    help="prompts to generate (2-8; required unless MODEL is demo)")
     p.add_argument("--negative-prompt", default=None)
@@ -78,8 +78,9 @@ def run(args) -> int:
 
     import ditax
     from ditax.io.images import read_image
-    from ditax.cli.sample_request import check_sizes, sample_request
-    from ditax.cli.run import run_context
+    from ditax.front.folder import check_sizes, folder_request
+    from ditax.front.run import run_context
+    from ditax.models.common.fields import matmul_precision
     from ditax.config import validate
     from ditax.models import registry
     from ditax.pipelines.cache.calibrate import calibrate
@@ -100,11 +101,11 @@ def run(args) -> int:
                            f"{MIN_PROMPTS}-{MAX_PROMPTS} (each is one full generation; the "
                            f"numbers are their mean) — pass between {MIN_PROMPTS} and "
                            f"{MAX_PROMPTS} quoted prompts")
-    sr = sample_request(args.model, args.overrides)
+    sr = folder_request(args.model, args.overrides)
     registry.require(           # before any request rule of a family it cannot run
         sr.cfg.model.family, "step_cache", f"calibrate-cache measures step-cache numbers, but "
         f"{sr.model} is a {sr.pipelines.name} folder", "calibrate a folder of a family that "
-        "has one (e.g. `ditax calibrate-cache demo`)")
+        "has one (e.g. `ditax calibrate-cache --model demo`)")
     cfg, given, defaults = sr.cfg, sr.given, sr.defaults
     s = cfg.sample
     args.model = sr.model
@@ -139,9 +140,11 @@ def run(args) -> int:
     preflight(args.model, load, None, mesh)   # the folder's family checks it, before weights
     # the family's own options of its call and loader from the sample section (Wan: the flow
     # shift, text length and sampler of its loader; LTX-2: the text length of its call)
-    own_call, own_load = sr.pipelines.sample_options(args, s, sr.chosen, defaults, dict(req))
+    given_sizes = {"height": args.height, "width": args.width, "num_frames": args.frames}
+    own_call, own_load = sr.pipelines.sample_options(given_sizes, s, sr.chosen, defaults,
+                                                     dict(req))
     with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache,
-                     status=not args.no_progress):
+                     status=not args.no_progress, precision=matmul_precision(cfg.model)):
         pipe = ditax.load_pipeline(args.model, dtype=cfg.model.dtype, mesh=mesh,
                                    attention=cfg.attention, cfg_mode=s.cfg_mode, **own_load)
         with request_errors():

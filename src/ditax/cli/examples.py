@@ -93,9 +93,9 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     ],
     "calibrate-cache": [
         ("the demo model, with prompts of its own vocabulary",
-         "ditax calibrate-cache demo --output demo_cache.json"),
+         "ditax calibrate-cache --model demo --output demo_cache.json"),
         ("a hub model with your prompts, put into an existing numbers file",
-         'ditax calibrate-cache Wan-AI/Wan2.1-T2V-1.3B-Diffusers --prompts "a cat walks on '
+         'ditax calibrate-cache --model Wan-AI/Wan2.1-T2V-1.3B-Diffusers --prompts "a cat walks on '
          'the grass" "a red car drives through the rain" --steps 50 --into cache_numbers.json'),
     ],
     "init-random": [

@@ -14,14 +14,10 @@ rounding) — request ``i`` written to ``--output`` with ``_i`` before the suffi
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 
-from ditax.cli import request_errors
-from ditax.compile_cache import compile_cache
-from ditax.pipelines.batch import sample_batch
-from ditax.errors import RequestError
+from ditax.errors import RequestError, request_errors
 from ditax.io.files import read_text
 
 
@@ -52,22 +48,21 @@ def read_prompts(path) -> list[tuple[int, dict]]:
     return out
 
 
-def request_args(args, item: dict, pipelines, where: str) -> argparse.Namespace:
-    """``args`` with the request ``item`` (JSON field names) over its flags."""
+def request_given(given: dict, item: dict, pipelines, where: str) -> dict:
+    """The command's mapping ``given`` with the request ``item`` (JSON field names) over it."""
     from ditax.pipelines.request import all_fields, fields_of, not_taken
     from ditax.serve.requests import parse_size
 
     by_json = {f.api: f for f in fields_of(pipelines) if f.api}
-    one = argparse.Namespace(**vars(args))
-    one.prompts, one.surface = None, "api"
+    one = dict(given)
     for key, value in item.items():
         if key == "size":
             try:
-                one.height, one.width = parse_size(value)
+                one["height"], one["width"] = parse_size(value)
             except RequestError as e:
                 raise RequestError(f"{where}: {e}") from None
         elif key in by_json:
-            setattr(one, by_json[key].dest, value)
+            one[by_json[key].name] = value
         elif any(f.api == key for f, _ in all_fields().values()):
             raise RequestError(f"{where}: {not_taken(pipelines, key, 'api', key)}")
         else:
@@ -82,35 +77,38 @@ def output_of(output: str, i: int, n: int) -> str:
     return str(p.with_name(f"{p.stem}_{i:0{len(str(n - 1))}d}{p.suffix}"))
 
 
-def run_many(args, items: list[tuple[int, dict]], *, parse_request, loaded, write_output,
-             suffix: dict) -> int:
-    """Check every request of ``items`` (``[(line, request)]``), then run them on one loaded
-    pipeline, writing each as it finishes — by ``ditax generate``'s own steps (handed in by
-    :func:`ditax.cli.generate.run`): ``parse_request``, ``loaded``, ``write_output`` and the
-    output ``suffix`` of each output kind."""
-    from ditax.cli.sample_request import sample_request
+def run_many(args, given: dict, items: list[tuple[int, dict]]) -> int:
+    """Check every request of ``items`` (``[(line, request)]``: each over the command's mapping
+    ``given``, by the front door, :func:`ditax.front.resolve`, its values named as the server
+    names them), then run them on one loaded pipeline, writing each as it finishes."""
+    from ditax.cli.generate_output import write_output
+    from ditax.compile_cache import compile_cache
+    from ditax.front import open as open_pipeline
+    from ditax.front import resolve
+    from ditax.front.folder import folder_request
+    from ditax.front.resolver import SUFFIX
+    from ditax.pipelines.batch import sample_batch
 
-    pipelines = sample_request(args.model, args.overrides).pipelines
-    base = args.output or "out" + suffix.get(pipelines.makes, ".mp4")
+    pipelines = folder_request(args.model, args.overrides).pipelines
+    base = given.get("output")
+    base = "out" + SUFFIX.get(pipelines.makes, ".mp4") if base is None else base
     runs = []
     for i, (line, item) in enumerate(items):
         where = f"--prompts {args.prompts} line {line}"
-        one = request_args(args, item, pipelines, where)
-        one.output = output_of(base, i, len(items))
-        if one.frames_dir is not None:
-            one.frames_dir = output_of(one.frames_dir, i, len(items))
-        if runs:       # the LoRA files were read once, for the first request
-            one.lora, one.lora_2 = [], []
-            one.lora_sample = getattr(runs[0][0], "lora_sample", None)   # and their settings
+        one = request_given(given, item, pipelines, where)
+        one["output"] = output_of(base, i, len(items))
+        if one.get("frames_dir") is not None:
+            one["frames_dir"] = output_of(one["frames_dir"], i, len(items))
+        if runs:       # the LoRA files were read once, for the first request, and their settings
+            one.update(lora=[], lora_2=[], lora_sample=runs[0].lora_sample)
         try:
-            load, call = parse_request(one)
+            runs.append(resolve(args.model, args.overrides, one, "api"))
         except RequestError as e:
             raise RequestError(f"{where}: {e}") from None
-        runs.append((one, load, call))
-    load = runs[0][1]
-    with loaded(load, runs[0][2], args.no_progress) as pipe:
+    first = runs[0]
+    with open_pipeline(first.load, first.call, progress=not args.no_progress) as pipe:
         for group in batches(pipe, runs, args.batch):
-            calls = [call for _, _, call in group]
+            calls = [r.kwargs() for r in group]
             with request_errors():
                 if len(group) == 1:
                     outs = [pipe(progress=not args.no_progress, **calls[0])]
@@ -118,9 +116,9 @@ def run_many(args, items: list[tuple[int, dict]], *, parse_request, loaded, writ
                     with compile_cache(pipe.compile_cache):
                         outs = sample_batch(pipe, calls, progress=not args.no_progress)
                     print(f"ran {len(group)} requests as one batch")
-            for (one, _, _), out in zip(group, outs):
-                write_output(one, out, pipe, load["makes"])
-    print(f"wrote {len(runs)} outputs ({runs[0][0].output} .. {runs[-1][0].output})")
+            for r, out in zip(group, outs):
+                write_output(r.output, out, pipe, first.makes)
+    print(f"wrote {len(runs)} outputs ({runs[0].output.path} .. {runs[-1].output.path})")
     return 0
 
 
@@ -134,7 +132,7 @@ def batches(pipe, runs: list, size: int) -> list[list]:
         return [[r] for r in runs]
     groups, last = [], None
     for run in runs:
-        key = batch_key({k: v for k, v in run[2].items()})
+        key = batch_key(run.kwargs())
         if key is not None and key == last and len(groups[-1]) < size:
             groups[-1].append(run)
         else:
@@ -143,4 +141,4 @@ def batches(pipe, runs: list, size: int) -> list[list]:
     return groups
 
 
-__all__ = ["output_of", "read_prompts", "request_args", "run_many"]
+__all__ = ["output_of", "read_prompts", "request_given", "run_many"]

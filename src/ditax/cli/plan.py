@@ -111,7 +111,8 @@ def run(args) -> int:
     devices, chip = target_devices(args)
     import jax
 
-    from ditax.cli.run import run_context
+    from ditax.front.run import run_context
+    from ditax.models.common.fields import matmul_precision
     from ditax.config import load_config, validate
     from ditax.config.families import check_capabilities
     from ditax.parallel import make_mesh
@@ -127,7 +128,8 @@ def run(args) -> int:
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print  # noqa: E731
     if getattr(args, "fit", False):
         return _run_fit(args, cfg, mesh, chip, say)
-    with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache, say=say):
+    with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache, say=say,
+                     precision=matmul_precision(cfg.model)):
         out = plan(cfg, mesh, args.latent, args.compile or args.dump_hlo is not None,
                    train=args.train, chip=chip, hlo_path=args.dump_hlo)
     if args.target is not None:
@@ -222,13 +224,15 @@ def _print_program(name: str, p: dict, what: str) -> None:
 
 def _run_fit(args, cfg, mesh, chip, say) -> int:
     """``--fit``: :func:`ditax.plan.fit.fit` printed as a table (or ``--json``)."""
-    from ditax.cli.run import run_context
+    from ditax.front.run import run_context
+    from ditax.models.common.fields import matmul_precision
     from ditax.plan.fit import fit
 
     if chip is None or mesh.size != 1:
         raise RequestError("--fit plans one TPU chip: give --target tpu-v5e-1, tpu-v6e-1 or "
                            "tpu-v5p-1")
-    with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache, say=say):
+    with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache, say=say,
+                     precision=matmul_precision(cfg.model)):
         out = fit(cfg, mesh, chip, latent=args.latent, layers=args.fit_layers,
                   text_offload=args.text_offload, text_quantize=args.text_quantize,
                   decode_=not args.fit_no_decode, every_rung=args.fit_all, say=say)

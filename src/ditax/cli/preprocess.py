@@ -101,7 +101,7 @@ def run(args) -> int:
                       dtype=args.dtype, family=family, batch=args.batch, resize=args.resize,
                       buckets=args.buckets, bucket_area=args.bucket_area,
                       num_processes=args.num_processes, process_id=args.process_id)
-    from ditax.cli.status import status_line
+    from ditax.front.status import status_line
     from ditax.phases import phase
 
     from ditax.io.outputs import WriteFailed

@@ -34,7 +34,7 @@ import time
 from ditax.cli import serve_listen as listen
 from ditax.cli.serve_group import follower, group_exit, join_group, lead
 from ditax.errors import ConfigError
-from ditax.serve.group import check_mesh, is_group
+from ditax.serve.group_start import check_mesh, is_group
 from ditax.serve.requests import BATCHING, Limits
 
 #: seconds after which a temporary output file in a shared --output-dir is a cut write (a
@@ -110,7 +110,10 @@ def warm_specs(text: str) -> list[str]:
     the serve extra may be missing)."""
     from ditax.serve.warm import parse_specs
 
-    return parse_specs(text)
+    try:
+        return parse_specs(text)
+    except ValueError as e:      # its message, as argparse shows a type's error
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def lora_files(lora_dir) -> list[tuple[str, str]]:
@@ -155,19 +158,19 @@ def check_args(args) -> None:
 def run(args) -> int:
     check_args(args)
     from ditax.cli import model_arg
-    from ditax.cli.generate import parse_request
-    from ditax.cli.sample_request import sample_request
+    from ditax.front.folder import folder_request
     from ditax.serve.requests import BadRequest, check_body
 
-    from ditax.serve.jobs import check_store_path, folder_hash
+    from ditax.serve.jobs import check_store_path
+    from ditax.serve.model_hash import folder_hash
     from ditax.serve.stores import open_store
-    from ditax.serve.pgstore import mask_url
+    from ditax.serve.pgpool import mask_url
 
     if not 0 < args.lease < float("inf"):       # NaN too
         raise ConfigError(f"--lease={args.lease} must be a finite number of seconds > 0, e.g. "
                           f"--lease 30 (how long a replica holds a job past its heartbeat)")
     args.model = model_arg(args.model)
-    req = sample_request(args.model, args.overrides)   # the folder, before anything heavy
+    req = folder_request(args.model, args.overrides)   # the folder, before anything heavy
     loras = lora_files(args.lora_dir)
     if is_group(req.cfg.mesh):           # one model across processes (ditax.serve.group)
         check_mesh(req.cfg.mesh)
@@ -199,20 +202,20 @@ def run(args) -> int:
     group = join_group(args, req, loras) if is_group(req.cfg.mesh) else None
     with group_exit(group):
         try:       # the model folder, overrides and LoRAs, checked as generate checks them
-            load = dict(check_body({"prompt": "a check of the server's settings"}, args.model,
-                                   args.overrides, str(out / "request.mp4"), parse_request,
-                                   limits, loras=tuple(n for n, _ in loras),
-                                   lora_files=tuple(f for _, f in loras),
-                                   pipelines=pipelines, startup=True).load)
+            load = check_body({"prompt": "a check of the server's settings"}, args.model,
+                              args.overrides, str(out / "request.mp4"), limits,
+                              loras=tuple(n for n, _ in loras),
+                              lora_files=tuple(f for _, f in loras), pipelines=pipelines,
+                              startup=True).load
         except BadRequest as e:
             raise ConfigError(str(e)) from None
         serve(args, store, out, load, loras, limits, pipelines, group=group)
     return 0
 
 
-def serve(args, store, out: pathlib.Path, load: dict, loras: list,
+def serve(args, store, out: pathlib.Path, load, loras: list,
           limits: Limits = Limits(), pipelines=None, group=None) -> None:
-    """Load the model once (``load``: generate's load arguments), recover the store (``store``:
+    """Load the model once (``load``: its :class:`~ditax.front.LoadRequest`), recover the store (``store``:
     owned by this process), bind the port, then start the worker and run uvicorn until
     SIGTERM / SIGINT (``limits``: what a request may ask; ``pipelines``: the folder's family,
     whose request fields ``/health`` lists for the page; ``group``: the leader's side of a
@@ -224,21 +227,20 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
     import uvicorn
 
     import ditax
-    from ditax.cli.generate import parse_request
-    from ditax.cli.run import run_context
+    from ditax.front.run import run_context
     from ditax.serve import warm
     from ditax.serve.app import ServeState, create_app
-    from ditax.serve.group import SettledStore, leader_worker
+    from ditax.serve.group import SettledStore
+    from ditax.serve.group_follow import leader_worker
     from ditax.serve.requests import check_body
     from ditax.serve.worker import Worker
 
-    mesh_cfg, cache = load.pop("mesh_config"), load.pop("compile_cache")
-    makes = load.pop("makes", "video")
+    cache, makes = load.compile_cache, load.makes
     # --warm's sizes, each checked as its POST would be, before anything loads
     warming = warm.warm_requests(getattr(args, "warm", None) or [], makes, lambda body: (
-        check_body(body, args.model, args.overrides, str(out / "request.mp4"), parse_request,
-                   limits, tuple(n for n, _ in loras), (), makes, pipelines)))
-    mesh = None if mesh_cfg is None else ditax.make_mesh(mesh_cfg)
+        check_body(body, args.model, args.overrides, str(out / "request.mp4"), limits,
+                   tuple(n for n, _ in loras), (), makes, pipelines)))
+    mesh = load.make_mesh()
     db = store.path
     sock = listen.listen(args)     # a port (socket) in use ends here, before any claim
     requeued, failed = store.recover()       # this process owns the store: their owner is gone
@@ -251,10 +253,10 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
         with contextlib.suppress(OSError):
             if not shared or time.time() - partial.stat().st_mtime > PARTIAL_AGE:
                 partial.unlink(missing_ok=True)
-    with run_context(load["attention"], mesh, compile_cache=cache,
-                     status=not args.no_progress) as folder:
-        path = load.pop("path")
-        pipe = ditax.load_pipeline(path, mesh=mesh, **load)
+    with run_context(load.attention, mesh, compile_cache=cache, status=not args.no_progress,
+                     precision=load.precision) as folder:
+        path = load.path
+        pipe = ditax.load_pipeline(path, mesh=mesh, **load.kwargs())
         print(f"compile cache: {folder or 'off'}; loaded {path} in {pipe.load_time:.1f}s")
         if requeued or failed:
             print(f"recovered {db}: {len(requeued)} interrupted job(s) queued again, "
@@ -266,11 +268,12 @@ def serve(args, store, out: pathlib.Path, load: dict, loras: list,
                       max_batch=args.max_batch, drain=args.drain,
                       batching=args.batching, max_wait=args.max_wait,
                       say=lambda line: print(line, flush=True),
-                      context=lambda: run_context(load["attention"], mesh,
+                      context=lambda: run_context(load.attention, mesh,
+                                                  precision=load.precision,
                                                   compile_cache=cache), group=group)
         devices = jax.devices()
         state = ServeState(model=path, overrides=list(args.overrides),
-                           parse_request=parse_request, store=store,
+                           store=store,
                            worker=worker, output_dir=out, max_queue=args.max_queue,
                            max_batch=args.max_batch, api_key=args.api_key, loras=loras,
                            makes=makes, limits=limits,

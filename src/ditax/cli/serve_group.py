@@ -16,7 +16,7 @@ def join_group(args, req, loras: list):
     jax call), starts its watchdog and agrees with the others on the model, the overrides and
     the LoRAs (another one's are one line, exit 2); returns the
     :class:`~ditax.serve.group.Group`."""
-    from ditax.serve import group as groups
+    from ditax.serve import group_start as groups
 
     settings = groups.fingerprint(req.root, args.overrides, loras, max_batch=args.max_batch,
                                   batching=args.batching)
@@ -92,8 +92,7 @@ def follower(args, req, loras: list) -> int:
     import tempfile
 
     import ditax
-    from ditax.cli.generate import parse_request
-    from ditax.cli.run import run_context
+    from ditax.front.run import run_context
     from ditax.serve.requests import BadRequest, check_body
     from ditax.serve.worker import Worker
 
@@ -113,25 +112,24 @@ def follower(args, req, loras: list) -> int:
     with group_exit(group), tempfile.TemporaryDirectory(prefix="ditax_follower_") as tmp:
         out = pathlib.Path(tmp)          # the request check's output path; nothing is written
         try:
-            load = dict(check_body({"prompt": "a check of the server's settings"}, args.model,
-                                   args.overrides, str(out / "request.mp4"), parse_request,
-                                   Limits(), loras=tuple(n for n, _ in loras),
-                                   lora_files=tuple(f for _, f in loras),
-                                   pipelines=req.pipelines, startup=True).load)
+            load = check_body({"prompt": "a check of the server's settings"}, args.model,
+                              args.overrides, str(out / "request.mp4"), Limits(),
+                              loras=tuple(n for n, _ in loras),
+                              lora_files=tuple(f for _, f in loras), pipelines=req.pipelines,
+                              startup=True).load
         except BadRequest as e:
             raise ConfigError(str(e)) from None
-        mesh_cfg, cache = load.pop("mesh_config"), load.pop("compile_cache")
-        load.pop("makes", None)
-        mesh = ditax.make_mesh(mesh_cfg)
-        with run_context(load["attention"], mesh, compile_cache=cache,
-                         status=not args.no_progress) as folder:
-            path = load.pop("path")
-            pipe = ditax.load_pipeline(path, mesh=mesh, **load)
+        cache, mesh = load.compile_cache, load.make_mesh()
+        with run_context(load.attention, mesh, compile_cache=cache,
+                         status=not args.no_progress, precision=load.precision) as folder:
+            path = load.path
+            pipe = ditax.load_pipeline(path, mesh=mesh, **load.kwargs())
             print(f"compile cache: {folder or 'off'}; loaded {path} in {pipe.load_time:.1f}s",
                   flush=True)
             worker = Worker(pipe, None, out, max_batch=group.theirs["max_batch"],
                             batching=group.theirs["batching"], say=print,
-                            context=lambda: run_context(load["attention"], mesh,
+                            context=lambda: run_context(load.attention, mesh,
+                                                        precision=load.precision,
                                                         compile_cache=cache))
             group.follow(worker)
     print(f"{group.name()}: the leader stopped the group", flush=True)

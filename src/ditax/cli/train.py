@@ -55,7 +55,8 @@ def run(args) -> int:
               f"init_from=FOLDER (the model the adapters are for)", flush=True)
 
     from ditax.attention.plan import needs_entry_context
-    from ditax.cli.run import run_context
+    from ditax.front.run import run_context
+    from ditax.models.common.fields import matmul_precision
     from ditax.parallel.mesh import make_mesh
     from ditax.train.checkpoint import CheckpointError
     from ditax.train.data import DataError
@@ -64,7 +65,8 @@ def run(args) -> int:
     # train() builds its own mesh; an entry context (TE's MeshResource) needs one here too
     mesh = make_mesh(cfg.mesh) if needs_entry_context(cfg.attention) else None
     try:        # the phase: an out-of-memory names it (ditax.cli.oom)
-        with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache, phase="train"):
+        with run_context(cfg.attention, mesh, compile_cache=cfg.compile_cache, phase="train",
+                         precision=matmul_precision(cfg.model)):
             res = train(cfg, progress=not args.no_progress)
     except (DataError, CheckpointError, NonFiniteLoss) as e:
         if isinstance(e, DitaxError):       # a data.source that does not fit: exit 2

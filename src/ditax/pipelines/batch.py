@@ -35,6 +35,7 @@ needs them and a row that decided to skip takes its own cached residual
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 
@@ -42,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ditax.pipelines.sampling import Prepared, check_latents, initial_noise, record, sample
+from ditax.pipelines.sampling import Prepared, record, sample
 
 # what each row of a batch takes from its own request: its texts and its noise (the image
 # contents too, which reach the loop inside its condition); every other value of a call shapes
@@ -161,9 +162,7 @@ def sample_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] | N
         return [record(pipe, rows[0].run(progress, on_step))]
     first = rows[0]
     one = tuple(first.latent_shape)
-    noise = jnp.concatenate([
-        initial_noise(p.seed, one) if p.latents is None
-        else jnp.asarray(check_latents(p.latents, one, p.size)) for p in rows])
+    noise = jnp.concatenate([p.noise(p.checked_latents()) for p in rows])
     n = len(rows)
 
     def decode(x, prepared):
@@ -171,11 +170,10 @@ def sample_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] | N
         xs = [x] if n == 1 else [x[i:i + 1] for i in range(real)]
         return [p.decode(xi, prepared) for p, xi in zip(rows, xs)]
 
-    args = first.arguments()
-    args.update(latent_shape=(n, *one[1:]), latents=noise, text=stack_text(rows),
-                condition=stack_condition(rows),
-                decode=None if first.decode is None else decode)
-    done = sample(**args, progress=progress, on_step=on_step)
+    stacked = dataclasses.replace(first, latent_shape=(n, *one[1:]), latents=noise,
+                                  text=stack_text(rows), condition=stack_condition(rows),
+                                  decode=None if first.decode is None else decode)
+    done = sample(stacked, progress=progress, on_step=on_step)
     if "rows" in done.stats:   # the step cache's per-row stats: the real rows'
         done.stats["rows"] = done.stats["rows"][:real]
     out = record(pipe, done)

@@ -50,8 +50,12 @@ class PipelineFamily:
     # the family's own request fields (:class:`ditax.pipelines.request.Field`), beside the
     # common ones: ``ditax generate`` shows each as a flag, ``ditax serve`` takes it as JSON
     fields: ClassVar[tuple] = ()
-    # the argparse names of ``ditax generate``'s input flags this family reads beyond its
-    # fields (files: ``image``, ``video``...); any other given flag is refused naming the family
+    # the family's inputs beyond its fields (files and their knobs: images, videos), declared
+    # as data (:class:`ditax.pipelines.inputs.Input`); ``ditax generate`` shows each as a flag
+    inputs: ClassVar[tuple] = ()
+    # the names of the request's mapping this family reads beyond its fields (its ``inputs``
+    # and the output options it takes: ``fps``, ``frames_dir``...); any other given one is
+    # refused naming the family
     cli_inputs: ClassVar[tuple[str, ...]] = ()
 
     # the keys a folder's ditax_sample.json may hold (None: every key of sample_defaults);
@@ -116,24 +120,18 @@ class PipelineFamily:
         return {k: getattr(sample, k) if k in chosen and hasattr(sample, k) else own.get(k, v)
                 for k, v in self.sample_defaults.items()}
 
-    @classmethod
-    def add_cli_inputs(cls, parser) -> None:
-        """Add the family's own input flags of ``ditax generate`` (files and their knobs: images,
-        videos), each with :func:`ditax.pipelines.request.add_flag`; their argparse names are
-        :attr:`cli_inputs`. None by default."""
-
-    def read_cli_inputs(self, args, call: dict, sample) -> dict:
-        """The pipeline call with the family's input flags of ``args`` read into it (files
-        decoded and checked; ``sample``: the config's sample section); unchanged by
-        default."""
+    def read_inputs(self, given, call: dict, sample) -> dict:
+        """The pipeline call with the family's inputs of ``given`` (the request's plain mapping,
+        by name: :attr:`inputs`) read into it (files decoded and checked; ``sample``: the
+        config's sample section); unchanged by default."""
         return call
 
-    def sample_options(self, args, sample, chosen: set, defaults: dict,
+    def sample_options(self, given, sample, chosen: set, defaults: dict,
                        call: dict) -> tuple[dict, dict]:
         """``(call, load)``: the family's own keyword arguments of its pipeline call and of its
         loader beyond the request fields, from the config's ``sample`` section (``chosen``: the
-        keys the user set), the request's ``defaults``, ``ditax generate``'s ``args`` (its input
-        flags) and the ``call`` so far; none by default. (The step cache's arguments are the
+        keys the user set), the request's ``defaults``, the request's mapping ``given`` (its
+        inputs) and the ``call`` so far; none by default. (The step cache's arguments are the
         generic loop's: added for a family that declares ``step_cache``.)"""
         return {}, {}
 

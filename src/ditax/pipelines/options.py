@@ -9,4 +9,15 @@ from typing import Literal, get_args
 CfgMode = Literal["batched", "sequential"]
 CFG_MODES = get_args(CfgMode)
 
-__all__ = ["CFG_MODES", "CfgMode"]
+
+def check_cfg_mode(cfg_mode) -> None:
+    """The one check of a pipeline's ``cfg_mode`` (its loader, before any file is read, and
+    :class:`ditax.pipelines.base.Pipeline`): a :class:`~ditax.errors.ConfigError` naming the
+    value and the choices."""
+    from ditax.errors import ConfigError
+
+    if cfg_mode not in CFG_MODES:
+        raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
+
+
+__all__ = ["CFG_MODES", "CfgMode", "check_cfg_mode"]

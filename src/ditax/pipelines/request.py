@@ -102,8 +102,9 @@ COMMON: tuple[Field, ...] = (
     Field("num_inference_steps", "int", "denoising steps (default: the folder's, else the "
           "family's)", minimum=1, maximum=INT_LIMIT - 1, flag="--steps", limit="max_steps",
           example=20),
-    Field("guidance_scale", "float", "CFG scale (Wan; <= 1 = off) or the embedded guidance "
-          "(FLUX.1-dev)", minimum=0.0, flag="--guidance", example=5.0),
+    Field("guidance_scale", "float", "CFG scale (<= 1: off), or a guidance-distilled model's "
+          "embedded guidance (FLUX.1-dev, FLUX.2-dev); the folder's family says which",
+          minimum=0.0, flag="--guidance", example=5.0),
     Field("seed", "int", "noise seed, 0 <= SEED < 2**32 (jax's PRNGKey keeps 32 bits)",
           per_row=True, example=0, rule=check_seed),
 )
@@ -279,18 +280,6 @@ def build_request(pipelines, given: dict, defaults: dict, surface: str = "python
     return SampleRequest(family, values)
 
 
-def add_flag(parser, family: str, *names: str, help: str = "", **kwargs) -> None:
-    """Add family ``family``'s input flag ``names`` to ``ditax generate``'s parser (its help
-    ends with the family, as the request fields' do); a flag another family added already
-    gets this family's name in its help instead of a second definition."""
-    known = parser._option_string_actions
-    if any(n in known for n in names):
-        action = known[next(n for n in names if n in known)]
-        action.help = (action.help or "").replace(" models]", f", {family} models]")
-        return
-    parser.add_argument(*names, help=f"{help} [{family} models]", **kwargs)
-
-
-__all__ = ["COMMON", "Field", "SampleRequest", "add_flag", "all_fields", "build_request",
+__all__ = ["COMMON", "Field", "SampleRequest", "all_fields", "build_request",
            "flag_help", "not_taken",
            "check_prompt", "check_value", "fields_of"]

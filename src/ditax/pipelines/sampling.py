@@ -4,7 +4,8 @@ output) out.
 A family's pipeline checks its request (sizes, defaults, what its folder takes) and hands its
 parts out as one :class:`Prepared` (its ``prepare(**call)``; its call is
 ``prepare(...).run()``, and :mod:`ditax.pipelines.batch` stacks several of one shape);
-:func:`sample` does the rest, the same for every family:
+:func:`sample` (``sample(prepared, progress=, on_step=)``) does the rest, the same for every
+family:
 
 1. checks that hold for any model: the per-forward batch of CFG fits the mesh, the step-cache
    request (:mod:`ditax.pipelines.cache`), the shape of given ``latents``;
@@ -31,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -163,25 +164,26 @@ def check_latents(latents, shape: tuple[int, ...], size: str):
     return latents
 
 
-def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
-           latent_shape: tuple[int, ...], text: Callable[[bool], Any], num_inference_steps: int,
-           guidance_scale: float, guidance_scale_2: float | None = None,
-           boundary: float | None = None, condition: Callable[[], Any] = lambda: None,
-           condition_phase: str = "condition", latents=None, seed: int = 0, sigmas=None,
-           mesh=None, cfg_mode: str = "batched", cache=None, cache_threshold=None,
-           cfg_cache: bool = False, cache_coefficients=None,
-           finalize: Callable[[Any, Any], Any] | None = None,
-           prepare_decode: Callable[[], Any] | None = None,
-           decode: Callable[[Any, Any], Any] | None = None, progress: bool = True,
-           size: str = "", on_step: Callable[[int], None] | None = None,
-           start_step: int = 0, source: Callable[[], Any] | None = None) -> Sampled:
-    """Run one request through the loop of the module docstring.
+@dataclass(frozen=True)
+class Prepared:
+    """One request as a pipeline hands it to :func:`sample`, after checking it (its
+    ``prepare(**call)``; the runtime fields ``programs``, ``experts``, ``mesh`` and ``cfg_mode``
+    come from the pipeline, :meth:`ditax.pipelines.base.Pipeline.prepared`). Nothing in it is
+    encoded or compiled yet: ``text``, ``condition``, ``source`` and the decode are callables
+    that :func:`sample` runs in their phases.
 
-    Args:
+    The pipeline's own call is ``prepare(...).run(progress)``; a batch of requests
+    (:func:`ditax.pipelines.batch.sample_batch`) stacks several of these on the batch axis —
+    the one-request contract it relies on: ``latent_shape`` is ``[1, ...]``, ``text(use_cfg)``
+    gives rows (cond[, uncond]) on axis 0 of each leaf, and every array of ``condition()``
+    starts with this request's own batch axis (1, or 2 for Wan's first-last image pairs).
+
+    Fields:
       programs: the pipeline's compiled programs (:class:`~ditax.pipelines.programs.Programs`).
       experts: one or two :class:`Expert` s; the second runs the steps whose timestep is below
         ``boundary`` (two-expert models; None: the first runs every step).
       inputs: the family's :class:`~ditax.models.base.ModelInputs` rule (module level).
+      scheduler: the request's sampler (static: part of the step program's key).
       latent_shape: the initial latents ``[1, C, ...]``; ``size`` names the request's size in
         the error for ``latents`` of another shape.
       text: ``text(use_cfg)`` → the text embeddings in the denoiser's dtype.
@@ -189,109 +191,18 @@ def sample(*, programs: Programs, experts: Sequence[Expert], inputs, scheduler,
         (guidance is on when ``guidance_scale > 1``; ``guidance_scale_2`` None = the same).
       condition: ``condition()`` → the family's condition pytree (None: text only), run in
         phase ``condition_phase``; ``finalize(condition, latents)`` → the latents to decode.
+      latents / seed: the start latents, else ``seed``'s draw (:func:`initial_noise`);
+        ``sigmas``: explicit ones (Euler only, :func:`set_timesteps`).
+      mesh / cfg_mode: where and how the CFG branches run.
       cache, cache_threshold, cfg_cache, cache_coefficients: step caching
         (:mod:`ditax.pipelines.cache.step_cache`).
       prepare_decode: ``prepare_decode()`` → the decode's compiled programs (timed as compile);
         ``decode(latents, prepared)`` → the output; no ``decode``: the output is the latents.
-      on_step: ``on_step(steps_done)`` after each step has finished on the device (a server's
-        progress; an exception it raises stops the loop).
       start_step: the first ``start_step`` of the ``num_inference_steps`` steps are cut (the
         scheduler's ``from_step``; video-to-video's strength); ``source()`` → clean latents of
         ``latent_shape`` (run in phase ``condition_phase``) that the noise is added to at the
         first kept step; given ``latents`` are that noised start instead, as diffusers'.
     """
-    if guidance_scale_2 is None:
-        guidance_scale_2 = guidance_scale
-    use_cfg = guidance_scale > 1.0
-    check_cfg_batch(use_cfg, cfg_mode, mesh)
-    check_cache_args(cache, cache_threshold, cfg_cache)
-    shape = tuple(latent_shape)
-    if latents is not None:
-        latents = check_latents(latents, shape, size)
-
-    t0 = time.perf_counter()
-    with phase(condition_phase):
-        cond = jax.block_until_ready(replicate(condition(), mesh))
-        src = None if source is None or latents is not None else jax.block_until_ready(source())
-    t_image = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with phase("text"):
-        emb = jax.block_until_ready(replicate(text(use_cfg), mesh))
-    t1 = time.perf_counter()
-
-    with phase("denoise"):   # compile nests inside (Programs)
-        if latents is None:
-            latents = initial_noise(seed, shape)
-        x = jnp.asarray(latents, jnp.float32)
-        state = set_timesteps(scheduler, num_inference_steps, shape, sigmas)
-        if start_step:
-            state = scheduler.from_step(state, start_step)
-        if src is not None:   # the source noised to the first kept step
-            x = scheduler.add_noise(state, jnp.asarray(src, jnp.float32), x, 0)
-        x, state = replicate(x, mesh), replicate(state, mesh)
-        timesteps = np.asarray(state.timesteps)
-        # ahead of time, before the first step: one step program per expert signature, decode
-        programs.seconds = 0.0
-        per_step = [experts[1] if (boundary is not None and t < boundary and len(experts) > 1)
-                    else experts[0] for t in timesteps]
-        step_cache = plan_step_cache(
-            cache, cache_threshold, cfg_cache, use_cfg=use_cfg, cfg_mode=cfg_mode, mesh=mesh,
-            timesteps=timesteps, config=experts[0].config,
-            num_train_timesteps=scheduler.num_train_timesteps, experts=per_step,
-            coefficients=cache_coefficients)
-        # each expert's own graph (equal for two plain experts: one program; an expert with
-        # unmerged LoRAs has its own)
-        if step_cache is None:
-            steps = {id(e): programs.step(
-                         _denoise_step, (e.graphdef, inputs, scheduler, cfg_mode, use_cfg),
-                         (e.params, state, x, emb, jnp.float32(0), cond))
-                     for e in per_step}
-        else:
-            steps = {id(e): step_cache.compile(programs, e, inputs, scheduler, cfg_mode,
-                                               use_cfg, state, x, emb, cond, mesh=mesh)
-                     for e in per_step}
-        prepared = None if decode is None or prepare_decode is None else prepare_decode()
-        t_compile = programs.seconds
-        from tqdm.auto import tqdm
-
-        for i in tqdm(range(len(timesteps)), disable=not progress, desc="denoise",
-                      unit="step"):
-            low = boundary is not None and timesteps[i] < boundary
-            g = guidance_scale_2 if low else guidance_scale
-            e = per_step[i]
-            x, state = steps[id(e)](e.params, state, x, emb, jnp.float32(g), cond)
-            if progress or on_step is not None:   # a step counts once done on the device
-                jax.block_until_ready(x)
-            if on_step is not None:
-                on_step(i + 1)
-        x = jax.block_until_ready(x if finalize is None else finalize(cond, x))
-        check_finite(x, "denoise", f"the latents after {len(timesteps)} steps", guidance_scale)
-    stats = (uncached_stats(len(timesteps), use_cfg, extra_branches(inputs))
-             if step_cache is None
-             else step_cache.stats())
-    t2 = time.perf_counter()
-    timings = dict(text=t1 - t0, compile=t_compile, denoise=t2 - t1 - t_compile, image=t_image,
-                   decode=0.0)
-    if decode is None:
-        return Sampled(np.asarray(x), stats, timings)
-    with phase("decode"):
-        out = decode(x, prepared)
-        check_finite(out, "decode", "the decoded output", guidance_scale)
-    timings["decode"] = time.perf_counter() - t2
-    return Sampled(out, stats, timings)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """One request's parts of :func:`sample`, as a pipeline's ``prepare(**call)`` hands them
-    out after checking the call: the fields are :func:`sample`'s keyword arguments (their
-    meaning is there), less ``progress`` and ``on_step``, which belong to the run.
-
-    The pipeline's own call is ``prepare(...).run(progress)``; a batch of requests
-    (:func:`ditax.pipelines.batch.sample_batch`) stacks several of these on the batch axis —
-    the one-request contract it relies on: ``latent_shape`` is ``[1, ...]``, ``text(use_cfg)``
-    gives rows (cond[, uncond]) on axis 0 of each leaf, and every array of ``condition()``
-    starts with this request's own batch axis (1, or 2 for Wan's first-last image pairs)."""
 
     programs: Programs
     experts: Sequence[Expert]
@@ -321,14 +232,131 @@ class Prepared:
     start_step: int = 0
     source: Callable[[], Any] | None = None
 
-    def arguments(self) -> dict:
-        """The fields as :func:`sample`'s keyword arguments (not copied: the same objects)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    @property
+    def use_cfg(self) -> bool:
+        """Whether the steps run classifier-free guidance (``guidance_scale > 1``)."""
+        return self.guidance_scale > 1.0
+
+    def low(self, t) -> bool:
+        """Whether timestep ``t`` is below the two-expert boundary."""
+        return self.boundary is not None and t < self.boundary
+
+    def expert_at(self, t) -> Expert:
+        """The expert that runs the step at timestep ``t``."""
+        return self.experts[1] if self.low(t) and len(self.experts) > 1 else self.experts[0]
+
+    def guidance_at(self, t) -> float:
+        """The CFG scale of the step at timestep ``t``."""
+        if self.low(t) and self.guidance_scale_2 is not None:
+            return self.guidance_scale_2
+        return self.guidance_scale
+
+    def step_static(self, expert: Expert) -> tuple:
+        """The static arguments of the step programs (:func:`~ditax.pipelines.denoise
+        ._denoise_step`'s first five) for ``expert``."""
+        return expert.graphdef, self.inputs, self.scheduler, self.cfg_mode, self.use_cfg
+
+    def checked_latents(self):
+        """The given ``latents`` as float32 ``latent_shape`` (:func:`check_latents`), or None."""
+        if self.latents is None:
+            return None
+        return check_latents(self.latents, tuple(self.latent_shape), self.size)
+
+    def noise(self, latents=None) -> jax.Array:
+        """The start latents: ``latents`` (checked ones) as float32, else ``seed``'s draw."""
+        if latents is None:
+            return initial_noise(self.seed, tuple(self.latent_shape))
+        return jnp.asarray(latents, jnp.float32)
+
+    def schedule(self):
+        """The scheduler's fresh state for this request (its first ``start_step`` cut)."""
+        state = set_timesteps(self.scheduler, self.num_inference_steps,
+                              tuple(self.latent_shape), self.sigmas)
+        if self.start_step:
+            state = self.scheduler.from_step(state, self.start_step)
+        return state
 
     def run(self, progress: bool = True,
             on_step: Callable[[int], None] | None = None) -> Sampled:
         """This request alone through :func:`sample`."""
-        return sample(**self.arguments(), progress=progress, on_step=on_step)
+        return sample(self, progress=progress, on_step=on_step)
+
+
+def sample(prepared: Prepared, *, progress: bool = True,
+           on_step: Callable[[int], None] | None = None) -> Sampled:
+    """Run one prepared request (:class:`Prepared`; its fields say what each part is) through
+    the loop of the module docstring. ``progress``: a progress bar of the steps;
+    ``on_step(steps_done)`` after each step has finished on the device (a server's progress;
+    an exception it raises stops the loop)."""
+    p = prepared
+    use_cfg = p.use_cfg
+    check_cfg_batch(use_cfg, p.cfg_mode, p.mesh)
+    check_cache_args(p.cache, p.cache_threshold, p.cfg_cache)
+    latents = p.checked_latents()
+
+    t0 = time.perf_counter()
+    with phase(p.condition_phase):
+        cond = jax.block_until_ready(replicate(p.condition(), p.mesh))
+        src = (None if p.source is None or latents is not None
+               else jax.block_until_ready(p.source()))
+    t_image = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with phase("text"):
+        emb = jax.block_until_ready(replicate(p.text(use_cfg), p.mesh))
+    t1 = time.perf_counter()
+
+    with phase("denoise"):   # compile nests inside (Programs)
+        x, state = p.noise(latents), p.schedule()
+        if src is not None:   # the source noised to the first kept step
+            x = p.scheduler.add_noise(state, jnp.asarray(src, jnp.float32), x, 0)
+        x, state = replicate(x, p.mesh), replicate(state, p.mesh)
+        timesteps = np.asarray(state.timesteps)
+        # ahead of time, before the first step: one step program per expert signature, decode
+        p.programs.seconds = 0.0
+        per_step = [p.expert_at(t) for t in timesteps]
+        step_cache = plan_step_cache(
+            p.cache, p.cache_threshold, p.cfg_cache, use_cfg=use_cfg, cfg_mode=p.cfg_mode,
+            mesh=p.mesh, timesteps=timesteps, config=p.experts[0].config,
+            num_train_timesteps=p.scheduler.num_train_timesteps, experts=per_step,
+            coefficients=p.cache_coefficients)
+        # each expert's own graph (equal for two plain experts: one program; an expert with
+        # unmerged LoRAs has its own)
+        if step_cache is None:
+            steps = {id(e): p.programs.step(_denoise_step, p.step_static(e),
+                                            (e.params, state, x, emb, jnp.float32(0), cond))
+                     for e in per_step}
+        else:
+            steps = {id(e): step_cache.compile(p.programs, e, p.inputs, p.scheduler, p.cfg_mode,
+                                               use_cfg, state, x, emb, cond, mesh=p.mesh)
+                     for e in per_step}
+        decoding = None if p.decode is None or p.prepare_decode is None else p.prepare_decode()
+        t_compile = p.programs.seconds
+        from tqdm.auto import tqdm
+
+        for i in tqdm(range(len(timesteps)), disable=not progress, desc="denoise",
+                      unit="step"):
+            e = per_step[i]
+            x, state = steps[id(e)](e.params, state, x, emb, jnp.float32(p.guidance_at(
+                timesteps[i])), cond)
+            if progress or on_step is not None:   # a step counts once done on the device
+                jax.block_until_ready(x)
+            if on_step is not None:
+                on_step(i + 1)
+        x = jax.block_until_ready(x if p.finalize is None else p.finalize(cond, x))
+        check_finite(x, "denoise", f"the latents after {len(timesteps)} steps", p.guidance_scale)
+    stats = (uncached_stats(len(timesteps), use_cfg, extra_branches(p.inputs))
+             if step_cache is None
+             else step_cache.stats())
+    t2 = time.perf_counter()
+    timings = dict(text=t1 - t0, compile=t_compile, denoise=t2 - t1 - t_compile, image=t_image,
+                   decode=0.0)
+    if p.decode is None:
+        return Sampled(np.asarray(x), stats, timings)
+    with phase("decode"):
+        out = p.decode(x, decoding)
+        check_finite(out, "decode", "the decoded output", p.guidance_scale)
+    timings["decode"] = time.perf_counter() - t2
+    return Sampled(out, stats, timings)
 
 
 def record(pipe, out: Sampled):

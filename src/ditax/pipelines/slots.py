@@ -59,7 +59,7 @@ class Slots:
     def of(cls, rows: Sequence, n: int, mesh) -> "Slots":
         """Slots ``0..n-1`` from ``rows``' own arrays (the first row repeated past them)."""
         rows = list(rows) + [rows[0]] * (n - len(rows))
-        use_cfg = rows[0].prepared.guidance_scale > 1.0
+        use_cfg = rows[0].prepared.use_cfg
         states, x, text, condition = _join_rows(
             [r.state for r in rows], [r.x for r in rows], [r.text for r in rows],
             [r.condition for r in rows], use_cfg)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shutil
 import time
 
 MANIFEST = "manifest.json"
@@ -87,6 +88,44 @@ class StagedRecipe:
 
         return make_mesh(cfg.mesh, jax.devices()[:self.train_devices])
 
+    def transformer_args(self, frames: int, height: int, width: int, log_every: int) -> list[str]:
+        """The ``ditax train`` overrides of the transformer stage every recipe shares: flow
+        matching from random weights on the recipe's latents (``frames x height x width``) with
+        its sizes (steps, batch, cosine learning rate, text dropout, the flow shift), into
+        ``out/transformer``; the family's model and flow keys come with them."""
+        s = self.sizes
+        return ["mesh.fsdp=-1", f"data.source={self.out / 'latents'}",
+                f"data.num_frames={frames}", f"data.height={height}", f"data.width={width}",
+                f"data.text_len={s.text_len}", f"data.text_dropout={s.text_dropout}",
+                f"steps={s.transformer_steps}", f"batch_size={s.transformer_batch}",
+                f"seed={self.seed}", f"optim.learning_rate={s.transformer_lr}",
+                f"optim.warmup_steps={min(50, s.transformer_steps // 4)}",
+                "optim.schedule=cosine", "optim.weight_decay=0.0", f"log_every={log_every}",
+                f"checkpoint.every={s.checkpoint_every}",
+                f"output_dir={self.out / 'transformer'}", f"flow.shift={s.flow_shift}"]
+
+    def train_transformer(self, cfg, title: str) -> dict:
+        """``ditax train`` of config ``cfg`` (the transformer stage); its parameters are kept
+        for the folder, its summary (:func:`transformer_summary`) is the stage's record."""
+        from ditax.train.loop import train
+
+        res = train(cfg, mesh=self.train_mesh(cfg), progress=self.progress, say=self.say)
+        self._transformer_params = res.state["params"]
+        return transformer_summary(self.out / "transformer", title)
+
+    def finish_folder(self, folder, stages) -> dict:
+        """``folder``'s manifest (:func:`write_manifest`), and the loss curve of each of
+        ``stages`` copied beside the work files (``out/loss_{stage}.png``); the stage's record
+        (the folder, its bytes and files)."""
+        folder = pathlib.Path(folder)
+        files = write_manifest(folder)
+        size = sum((folder / n).stat().st_size for n in files)
+        for stage in stages:
+            png = self.out / stage / "loss.png"
+            if png.is_file():
+                shutil.copy(png, self.out / f"loss_{stage}.png")
+        return {"folder": str(folder), "bytes": size, "files": len(files)}
+
     def done(self, name: str) -> bool:
         """Whether stage ``name`` finished in an earlier run into the same ``out``."""
         return name in self.MARKERS and (self.out / self.MARKERS[name]).is_file()
@@ -155,16 +194,40 @@ def recipe_main(argv, recipe: type[StagedRecipe], sizes: dict, *, prog: str, des
     return 0
 
 
+@dataclasses.dataclass(frozen=True)
+class StudentSizes:
+    """The sizes every student recipe has (:meth:`StudentRecipe.distill_args` reads them); a
+    recipe's ``Sizes`` adds its data and score sizes."""
+
+    text_len: int                # text tokens (the teacher's)
+    student_steps: int           # distill.steps: the student's Euler steps
+    shift: float                 # distill.shift (0: the family's training shift)
+    guidance: float              # distill.guidance: the teacher's CFG scale (1 = none)
+    rank: int                    # lora.rank (alpha = rank)
+    steps: int                   # student updates
+    batch: int
+    lr: float
+    critic_lr: float             # distill.critic_learning_rate (0: lr)
+    critic_updates: int
+    warmup: int
+    checkpoint_every: int
+    score_seeds: tuple           # noise seeds of the score (never drawn by the training)
+
+
 class StudentRecipe(StagedRecipe):
     """A few-step student's recipe (stages data, distill, score, ship) into ``out`` (work
     files) and ``folder`` (the shipped student, default ``out/student``); ``teacher``: the
     teacher's pipeline folder (default :meth:`default_teacher`). A subclass sets ``NAME``,
-    ``WHAT`` (the loss curve's title), ``default_teacher`` and the stages but ``distill``."""
+    ``WHAT`` (the loss curve's title), ``TEACHER``, ``distill_config``, ``ship_files`` and
+    the stages ``data`` and ``score``; its sizes are a :class:`StudentSizes`."""
 
     STAGES = ("data", "distill", "score", "ship")
     MARKERS = {"data": "latents/meta.json", "distill": "distill/lora.safetensors",
                "score": "score.json"}
     WHAT = "student (DMD2 loss)"
+
+    #: the :mod:`ditax.demo` function whose shipped folder is the default teacher
+    TEACHER = "model_path"
 
     def __init__(self, out, sizes, *, teacher=None, **kw):
         super().__init__(out, sizes, **kw)
@@ -173,12 +236,49 @@ class StudentRecipe(StagedRecipe):
         self.teacher = pathlib.Path(teacher) if teacher else self.default_teacher()
         self.record["teacher"] = str(self.teacher)
 
-    @staticmethod
-    def default_teacher() -> pathlib.Path:
-        raise NotImplementedError
+    def default_teacher(self) -> pathlib.Path:
+        """The shipped teacher (:data:`TEACHER`)."""
+        import ditax.demo
+
+        return getattr(ditax.demo, self.TEACHER)()
 
     def distill_config(self):
         raise NotImplementedError
+
+    def distill_args(self, frames: int, height: int, width: int, log_every: int) -> list[str]:
+        """The ``ditax train`` overrides every student's distillation shares: from the teacher
+        (``init_from``) on the recipe's latents (``frames x height x width``, no text dropout),
+        DMD2 with the recipe's sizes, a LoRA on attention and FFN, a constant learning rate,
+        one checkpoint kept, into ``out/distill``; the family's model, flow and further
+        ``distill.*`` keys come with them."""
+        s = self.sizes
+        return ["mesh.fsdp=-1", f"init_from={self.teacher}",
+                f"data.source={self.out / 'latents'}", f"data.num_frames={frames}",
+                f"data.height={height}", f"data.width={width}", f"data.text_len={s.text_len}",
+                "data.text_dropout=0.0",
+                "distill.method=dmd2", f"distill.steps={s.student_steps}",
+                f"distill.shift={s.shift}", f"distill.guidance={s.guidance}",
+                f"distill.critic_updates={s.critic_updates}",
+                f"distill.critic_learning_rate={s.critic_lr}",
+                f"lora.rank={s.rank}", "lora.targets=attn,ffn",
+                f"steps={s.steps}", f"batch_size={s.batch}", f"seed={self.seed}",
+                f"optim.learning_rate={s.lr}", f"optim.warmup_steps={s.warmup}",
+                "optim.schedule=constant", "optim.weight_decay=0.0", f"log_every={log_every}",
+                f"checkpoint.every={s.checkpoint_every}", "checkpoint.keep=1",
+                f"output_dir={self.out / 'distill'}"]
+
+    def ship_files(self, folder: pathlib.Path) -> None:
+        """Write the student's files into the (new, empty) ship ``folder``."""
+        raise NotImplementedError
+
+    def ship(self):
+        """The ship folder, new: the student's files (:meth:`ship_files`) and its manifest."""
+        f = self.folder
+        if f.exists():
+            shutil.rmtree(f)
+        f.mkdir(parents=True)
+        self.ship_files(f)
+        return self.finish_folder(f, ("distill",))
 
     def distill(self):
         """``ditax train`` of :meth:`distill_config`; its summary, last critic loss and the
@@ -196,5 +296,5 @@ class StudentRecipe(StagedRecipe):
                 "sample": json.loads((out / "ditax_sample.json").read_text())}
 
 
-__all__ = ["MANIFEST", "StagedRecipe", "StudentRecipe", "check_manifest", "recipe_main", "sha256",
-           "transformer_summary", "write_manifest"]
+__all__ = ["MANIFEST", "StagedRecipe", "StudentRecipe", "StudentSizes", "check_manifest",
+           "recipe_main", "sha256", "transformer_summary", "write_manifest"]

@@ -28,8 +28,7 @@ import shutil
 from dataclasses import dataclass
 
 from ditax.recipes.common import (MANIFEST, StagedRecipe, check_manifest,  # noqa: F401
-                                  recipe_main, sha256, transformer_summary,
-                                  write_manifest)
+                                  recipe_main, sha256, write_manifest)
 
 SCHEDULER = {"_class_name": "UniPCMultistepScheduler", "num_train_timesteps": 1000,
              "prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0,
@@ -243,7 +242,7 @@ class Recipe(StagedRecipe):
         return self._train_vae(long=True)
 
     def text(self):
-        from ditax.demo import write_text_encoder, write_tokenizer
+        from ditax.demo.folders import write_text_encoder, write_tokenizer
 
         s = self.sizes
         work = self.out / "encoders"
@@ -266,7 +265,6 @@ class Recipe(StagedRecipe):
 
     def transformer(self):
         from ditax.config import load_config
-        from ditax.train.loop import train
 
         s = self.sizes
         t = s.transformer
@@ -274,22 +272,10 @@ class Recipe(StagedRecipe):
                 if k not in ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len")}
         over["model.patch_size"] = tuple(t["patch_size"])
         cfg = load_config("tiny", [f"{k}={json.dumps(list(v)) if isinstance(v, tuple) else v}"
-                                   for k, v in over.items()] + [
-            "mesh.fsdp=-1", f"data.source={self.out / 'latents'}",
-            f"data.num_frames={s.frames}", f"data.height={s.height}", f"data.width={s.width}",
-            f"data.text_len={s.text_len}", f"data.text_dropout={s.text_dropout}",
-            f"steps={s.transformer_steps}", f"batch_size={s.transformer_batch}",
-            f"seed={self.seed}", f"optim.learning_rate={s.transformer_lr}",
-            f"optim.warmup_steps={min(50, s.transformer_steps // 4)}",
-            "optim.schedule=cosine", "optim.weight_decay=0.0", "log_every=10",
-            f"checkpoint.every={s.checkpoint_every}", f"output_dir={self.out / 'transformer'}",
-            f"flow.timestep_sampler={s.timestep_sampler}", f"flow.shift={s.flow_shift}",
-            f"model.remat={s.transformer_remat}"])
-        res = train(cfg, mesh=self.train_mesh(cfg), progress=self.progress,
-                    say=self.say)
-        self._transformer_params = res.state["params"]
-        return transformer_summary(self.out / "transformer",
-                                   "transformer training (flow matching)")
+                                   for k, v in over.items()]
+                          + self.transformer_args(s.frames, s.height, s.width, 10) + [
+            f"flow.timestep_sampler={s.timestep_sampler}", f"model.remat={s.transformer_remat}"])
+        return self.train_transformer(cfg, "transformer training (flow matching)")
 
     def assemble(self):
         from ditax.demo import sample_defaults, write_sample_defaults
@@ -319,13 +305,7 @@ class Recipe(StagedRecipe):
         (f / "model_index.json").write_text(json.dumps(_model_index(), indent=2))
         z = self.sizes   # ditax_sample.json: sampled at its training size
         write_sample_defaults(f, sample_defaults(z.height, z.width, z.frames, z.text_len))
-        files = write_manifest(f)
-        size = sum((f / n).stat().st_size for n in files)
-        for stage in ("vae", "vae_long", "transformer"):
-            png = self.out / stage / "loss.png"
-            if png.is_file():
-                shutil.copy(png, self.out / f"loss_{stage}.png")
-        return {"folder": str(f), "bytes": size, "files": len(files)}
+        return self.finish_folder(f, ("vae", "vae_long", "transformer"))
 
 
 def main(argv=None) -> int:

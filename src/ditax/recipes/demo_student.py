@@ -35,8 +35,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ditax.recipes.common import (MANIFEST, StudentRecipe, check_manifest,  # noqa: F401
-                                  recipe_main, write_manifest)
+from ditax.recipes.common import (MANIFEST, StudentRecipe, StudentSizes,  # noqa: F401
+                                  check_manifest, recipe_main)
 
 LORA_FILE = "lora.safetensors"
 SAMPLE_FILE = "ditax_sample.json"
@@ -46,28 +46,16 @@ PHASES = ("text", "denoise", "decode")      # of a pipeline call (pipe.timings)
 
 
 @dataclass(frozen=True)
-class Sizes:
-    """Everything that sets the cost (and the result) of the recipe."""
+class Sizes(StudentSizes):
+    """Everything that sets the cost (and the result) of the recipe: the student's sizes
+    (guidance: the teacher's SAMPLE's) and these."""
 
     clips: int                   # training clips (their prompts and latents; seen combinations)
     paraphrase_fraction: float   # share of paraphrased captions (as the teacher's data)
     height: int
     width: int
     frames: int
-    text_len: int
-    student_steps: int           # distill.steps: the student's Euler steps
-    shift: float                 # distill.shift: the student's flow shift
-    guidance: float              # distill.guidance: the teacher's CFG scale (its SAMPLE's)
-    rank: int                    # lora.rank (alpha = rank)
-    steps: int                   # student updates
-    batch: int
-    lr: float
-    critic_lr: float             # distill.critic_learning_rate (0: lr)
-    critic_updates: int
-    warmup: int
     remat: str                   # model.remat of the training step
-    checkpoint_every: int
-    score_seeds: tuple           # noise seeds of the score (never drawn by the training)
     score_combos: int            # combinations scored (0: all 40; else the first n seen and
                                  # the first held-out one)
     teacher_steps: int           # the teacher's steps in the score (its SAMPLE's)
@@ -153,12 +141,7 @@ class Recipe(StudentRecipe):
 
     NAME = "demo-student"
     WHAT = "demo student (DMD2 loss)"
-
-    @staticmethod
-    def default_teacher():
-        from ditax.demo import model_path
-
-        return model_path()
+    TEACHER = "model_path"
 
     # --- the student's settings (what the distillation wrote; before it: what it will write)
     def sample_settings(self) -> dict:
@@ -208,23 +191,10 @@ class Recipe(StudentRecipe):
                                    .read_text()).get("flow_shift", 3.0)
         args = [f"{k}={json.dumps(v) if isinstance(v, (list, tuple)) else v}"
                 for k, v in over.items()]
-        return load_config("tiny", args + [
-            "mesh.fsdp=-1", f"init_from={self.teacher}",
-            f"data.source={self.out / 'latents'}", f"data.num_frames={s.frames}",
-            f"data.height={s.height}", f"data.width={s.width}", f"data.text_len={s.text_len}",
-            "data.text_dropout=0.0",
+        return load_config("tiny", args + self.distill_args(s.frames, s.height, s.width, 5) + [
             # the critic's noise levels: the teacher's training shift (uniform, then shifted)
             "flow.timestep_sampler=uniform", f"flow.shift={teacher_shift}",
-            "distill.method=dmd2", f"distill.steps={s.student_steps}",
-            f"distill.shift={s.shift}", f"distill.guidance={s.guidance}",
-            f"distill.critic_updates={s.critic_updates}",
-            f"distill.critic_learning_rate={s.critic_lr}",
-            f"lora.rank={s.rank}", "lora.targets=attn,ffn",
-            f"steps={s.steps}", f"batch_size={s.batch}", f"seed={self.seed}",
-            f"optim.learning_rate={s.lr}", f"optim.warmup_steps={s.warmup}",
-            "optim.schedule=constant", "optim.weight_decay=0.0", "log_every=5",
-            f"checkpoint.every={s.checkpoint_every}", "checkpoint.keep=1",
-            f"output_dir={self.out / 'distill'}", f"model.remat={s.remat}"])
+            f"model.remat={s.remat}"])
 
     def student_pipeline(self, lora=None):
         """The teacher's folder with the student's LoRA (``lora``: default the run's) and its
@@ -260,23 +230,13 @@ class Recipe(StudentRecipe):
                 "speedup": round(t["median_seconds_per_video"] /
                                  st["median_seconds_per_video"], 2)}
 
-    def ship(self):
-        f = self.folder
-        if f.exists():
-            shutil.rmtree(f)
-        f.mkdir(parents=True)
+    def ship_files(self, f):
         shutil.copyfile(self.out / "distill" / LORA_FILE, f / LORA_FILE)   # not its 0600 mode
         (f / SAMPLE_FILE).write_text(json.dumps(self.sample_settings(), indent=2) + "\n")
         scores = json.loads((self.out / SCORE_FILE).read_text())
         (f / SCORE_FILE).write_text(json.dumps(
             {who: {"call": v["call"], "summary": v["summary"]} for who, v in scores.items()},
             indent=1) + "\n")
-        files = write_manifest(f)
-        png = self.out / "distill" / "loss.png"
-        if png.is_file():
-            shutil.copy(png, self.out / "loss_distill.png")
-        return {"folder": str(f), "files": len(files),
-                "bytes": sum((f / n).stat().st_size for n in files)}
 
 
 def student_load(settings: dict) -> dict:

@@ -33,7 +33,7 @@ import json
 import shutil
 from dataclasses import dataclass
 
-from ditax.recipes.common import StagedRecipe, recipe_main, transformer_summary, write_manifest
+from ditax.recipes.common import StagedRecipe, recipe_main
 from ditax.recipes.flux_parts import write_encoders, write_pipeline_files, write_transformer
 
 STAGES = ("data", "vae", "text", "latents", "transformer", "assemble", "score")
@@ -186,28 +186,15 @@ class Recipe(StagedRecipe):
 
     def transformer(self):
         from ditax.config import load_config
-        from ditax.train.loop import train
 
         s = self.sizes
         model = {f"model.{k}": json.dumps(v) if isinstance(v, list) else v
                  for k, v in s.transformer.items() if v is not None}
-        cfg = load_config("flux-tiny", [f"{k}={v}" for k, v in model.items()] + [
-            "mesh.fsdp=-1", f"data.source={self.out / 'latents'}", "data.num_frames=1",
-            f"data.height={s.size}", f"data.width={s.size}", f"data.text_len={s.text_len}",
-            f"data.text_dropout={s.text_dropout}", f"steps={s.transformer_steps}",
-            f"batch_size={s.transformer_batch}", f"seed={self.seed}",
-            f"optim.learning_rate={s.transformer_lr}",
-            f"optim.warmup_steps={min(50, s.transformer_steps // 4)}",
-            "optim.schedule=cosine", "optim.weight_decay=0.0",
-            f"log_every={max(1, min(10, s.transformer_steps // 5))}",
-            f"checkpoint.every={s.checkpoint_every}", f"output_dir={self.out / 'transformer'}",
-            "flow.timestep_sampler=uniform", "flow.dynamic_shift=false",
-            f"flow.shift={s.flow_shift}"])
-        res = train(cfg, mesh=self.train_mesh(cfg), progress=self.progress,
-                    say=self.say)
-        self._transformer_params = res.state["params"]
-        return transformer_summary(self.out / "transformer",
-                                   "Flux transformer training (flow matching)")
+        log_every = max(1, min(10, s.transformer_steps // 5))
+        cfg = load_config("flux-tiny", [f"{k}={v}" for k, v in model.items()]
+                          + self.transformer_args(1, s.size, s.size, log_every)
+                          + ["flow.timestep_sampler=uniform", "flow.dynamic_shift=false"])
+        return self.train_transformer(cfg, "Flux transformer training (flow matching)")
 
     def assemble(self):
         f = self.folder
@@ -217,13 +204,7 @@ class Recipe(StagedRecipe):
         write_transformer(f / "transformer", self.sizes.transformer,
                           self._transformer_params, self.sizes.transformer_dtype)
         (f / "ditax_sample.json").write_text(json.dumps(self.sizes.sample, indent=2))
-        files = write_manifest(f)
-        size = sum((f / n).stat().st_size for n in files)
-        for stage in ("vae", "transformer"):
-            png = self.out / stage / "loss.png"
-            if png.is_file():
-                shutil.copy(png, self.out / f"loss_{stage}.png")
-        return {"folder": str(f), "bytes": size, "files": len(files)}
+        return self.finish_folder(f, ("vae", "transformer"))
 
     def score(self):
         from ditax.recipes.flux_parts import score_folder

@@ -35,7 +35,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ditax.recipes.common import StudentRecipe, recipe_main, write_manifest
+from ditax.recipes.common import StudentRecipe, StudentSizes, recipe_main
 
 LORA_FILE = "lora.safetensors"
 SAMPLE_FILE = "ditax_sample.json"
@@ -47,25 +47,14 @@ SIZE_KEYS = ("height", "width", "max_sequence_length")
 
 
 @dataclass(frozen=True)
-class Sizes:
-    """Everything that sets the cost (and the result) of the recipe."""
+class Sizes(StudentSizes):
+    """Everything that sets the cost (and the result) of the recipe: the student's sizes
+    (text_len: T5 tokens, the teacher's max_sequence_length; shift 0: the teacher's training
+    shift, 3; guidance: the teacher's true-CFG scale) and these."""
 
     images: int                  # training images (prompts + latents; seen combinations)
     size: int                    # height = width (the teacher's)
-    text_len: int                # T5 tokens (the teacher's max_sequence_length)
-    student_steps: int           # distill.steps
     sigmas: tuple | None         # distill.sigmas (None: 1, 0.75, 0.5, 0.25)
-    shift: float                 # distill.shift (0: the teacher's training shift, 3)
-    guidance: float              # distill.guidance: the teacher's true-CFG scale (1 = none)
-    rank: int                    # lora.rank (alpha = rank)
-    steps: int                   # student updates
-    batch: int
-    lr: float
-    critic_lr: float             # distill.critic_learning_rate (0: lr)
-    critic_updates: int
-    warmup: int
-    checkpoint_every: int
-    score_seeds: tuple           # noise seeds of the score
     score_prompts: int           # prompts scored (0: all 40; else the first n)
 
 
@@ -109,12 +98,7 @@ class Recipe(StudentRecipe):
 
     NAME = "flux-demo-student"
     WHAT = "small Flux student (DMD2 loss)"
-
-    @staticmethod
-    def default_teacher():
-        from ditax.demo import flux_model_path
-
-        return flux_model_path()
+    TEACHER = "flux_model_path"
 
     def teacher_call(self) -> dict:
         """The teacher's pipeline call: its folder's ``ditax_sample.json`` at the recipe's
@@ -160,25 +144,11 @@ class Recipe(StudentRecipe):
                  for k, v in t.items() if not k.startswith("_") and v is not None]
         sched = json.loads((self.teacher / "scheduler" / "scheduler_config.json").read_text())
         sigmas = "none" if s.sigmas is None else ",".join(f"{x:g}" for x in s.sigmas)
-        return load_config("flux-tiny", model + [
-            "mesh.fsdp=-1", f"init_from={self.teacher}",
-            f"data.source={self.out / 'latents'}", "data.num_frames=1",
-            f"data.height={s.size}", f"data.width={s.size}", f"data.text_len={s.text_len}",
-            "data.text_dropout=0.0",
+        log_every = max(1, min(10, s.steps // 5))
+        return load_config("flux-tiny", model + self.distill_args(1, s.size, s.size, log_every) + [
             # the critic's noise levels: the teacher's training flow (uniform, fixed shift)
             "flow.timestep_sampler=uniform", "flow.dynamic_shift=false",
-            f"flow.shift={sched.get('shift', 3.0)}",
-            "distill.method=dmd2", f"distill.steps={s.student_steps}",
-            f"distill.sigmas={sigmas}", f"distill.shift={s.shift}",
-            f"distill.guidance={s.guidance}", f"distill.critic_updates={s.critic_updates}",
-            f"distill.critic_learning_rate={s.critic_lr}",
-            f"lora.rank={s.rank}", "lora.targets=attn,ffn",
-            f"steps={s.steps}", f"batch_size={s.batch}", f"seed={self.seed}",
-            f"optim.learning_rate={s.lr}", f"optim.warmup_steps={s.warmup}",
-            "optim.schedule=constant", "optim.weight_decay=0.0",
-            f"log_every={max(1, min(10, s.steps // 5))}",
-            f"checkpoint.every={s.checkpoint_every}", "checkpoint.keep=1",
-            f"output_dir={self.out / 'distill'}"])
+            f"flow.shift={sched.get('shift', 3.0)}", f"distill.sigmas={sigmas}"])
 
     def student_pipeline(self, lora=None):
         """The teacher's folder with the student's LoRA (``lora``: default the run's): the
@@ -214,23 +184,13 @@ class Recipe(StudentRecipe):
         return {**summary, "speedup": round(t["median_seconds_per_image"] /
                                             st["median_seconds_per_image"], 2)}
 
-    def ship(self):
-        f = self.folder
-        if f.exists():
-            shutil.rmtree(f)
-        f.mkdir(parents=True)
+    def ship_files(self, f):
         shutil.copy(self.out / "distill" / LORA_FILE, f / LORA_FILE)
         shutil.copy(self.out / "distill" / SAMPLE_FILE, f / SAMPLE_FILE)
         scores = json.loads((self.out / SCORE_FILE).read_text())
         (f / SCORE_FILE).write_text(json.dumps(
             {who: {k: v for k, v in r.items() if k != "rows"} for who, r in scores.items()},
             indent=1) + "\n")
-        files = write_manifest(f)
-        png = self.out / "distill" / "loss.png"
-        if png.is_file():
-            shutil.copy(png, self.out / "loss_distill.png")
-        return {"folder": str(f), "files": len(files),
-                "bytes": sum((f / n).stat().st_size for n in files)}
 
 
 def main(argv=None) -> int:

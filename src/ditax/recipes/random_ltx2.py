@@ -106,14 +106,15 @@ def parts(m, options, vocab: int) -> list:
     from flax import nnx
 
     from ditax.models.encoders.decoder_lm.gemma3 import gemma3_config
-    from ditax.models.ltx2 import audio_convert, vocoder_convert
-    from ditax.models.ltx2.audio_config import LTX2AudioVAEConfig
-    from ditax.models.ltx2.audio_model import LTX2AudioVAE
-    from ditax.models.ltx2.connectors import LTX2TextConnectors
-    from ditax.models.ltx2.connectors_config import LTX2ConnectorsConfig
-    from ditax.models.ltx2.connectors_load import weight_table as connectors_table
-    from ditax.models.ltx2.vocoder_config import LTX2VocoderConfig
-    from ditax.models.ltx2.vocoder_model import LTX2Vocoder
+    from ditax.models.ltx2.audio import convert as audio_convert
+    from ditax.models.ltx2.vocoder import convert as vocoder_convert
+    from ditax.models.ltx2.audio.config import LTX2AudioVAEConfig
+    from ditax.models.ltx2.audio.model import LTX2AudioVAE
+    from ditax.models.ltx2.text.connectors import LTX2TextConnectors
+    from ditax.models.ltx2.text.config import LTX2ConnectorsConfig
+    from ditax.models.ltx2.text.convert import weight_table as connectors_table
+    from ditax.models.ltx2.vocoder.config import LTX2VocoderConfig
+    from ditax.models.ltx2.vocoder.model import LTX2Vocoder
     from ditax.models.vae.ltx2 import LTX2VideoVAEConfig
     from ditax.models.vae.ltx2.convert import weight_table as video_table
     from ditax.models.vae.ltx2.model import LTX2VideoVAE

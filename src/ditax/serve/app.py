@@ -79,7 +79,6 @@ class ServeState:
 
     model: str
     overrides: list
-    parse_request: object          # ditax generate's (args -> (load, call)), see .requests
     store: JobStore
     worker: Worker
     output_dir: pathlib.Path
@@ -195,7 +194,7 @@ def create_app(state: ServeState):
         try:
             checked = await run_in_threadpool(
                 check_body, body, state.model, state.overrides,
-                str(state.output_dir / "request.mp4"), state.parse_request, state.limits,
+                str(state.output_dir / "request.mp4"), state.limits,
                 tuple(name for name, _ in state.loras), (), state.makes)
             job = state.store.add(checked.stored, checked.batch_key, state.max_queue,
                                   kind=state.makes)

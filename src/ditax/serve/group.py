@@ -13,12 +13,14 @@ A turn is a list of operations, JSON: ``("add", id, request)``, ``("drop", id)``
 ``("step",)`` (the continuous batch, :meth:`~ditax.serve.rows.Rows.apply`), ``("batch",
 [requests])`` (a lock-step batch, :meth:`~ditax.serve.worker.Worker.run_jobs`; where the
 worker's class says ``SHARES_STEPS``, one ``("next",)`` or ``("halt",)`` follows each of its
-steps), ``("warm", [requests])`` (the leader's worker, :func:`leader_worker`: ``--warm``) and
+steps), ``("warm", [requests])`` (the leader's worker,
+:func:`~ditax.serve.group_follow.leader_worker`: ``--warm``) and
 ``("stop",)``. The leader applies the turn as the followers read it (the JSON round trip), so
 no process sees other values. A program on a mesh of several processes includes more
 collectives than its own: ``jax.device_put`` of a host value checks it against every
 process's (an all-gather), so nothing may put arrays on the mesh from threads whose order
-differs per process (:func:`warm_in_order`).
+differs per process (:func:`~ditax.serve.group_follow.warm_in_order`). Joining the group:
+:mod:`ditax.serve.group_start`; what a follower runs: :mod:`ditax.serve.group_follow`.
 
 Transport: jax's distributed key-value store (the coordination service that
 ``jax.distributed.initialize`` starts in process 0; ``jax._src.distributed.global_state.client``,
@@ -57,16 +59,15 @@ once (exit 1; the leader then finds it lost).
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import os
-import pathlib
 import sys
 import threading
 import time
 from collections.abc import Callable
 
 from ditax.errors import ConfigError, DitaxError
+from ditax.serve.group_follow import Following
 
 #: seconds a follower may be silent before the leader counts it lost (``--process-timeout``)
 TIMEOUT = 15.0
@@ -75,82 +76,9 @@ LOST_GRACE = 1.0
 NS = "ditax/serve"
 #: settings every process must share (the followers adopt ``ADOPTED``; the rest must match)
 ADOPTED = ("max_batch", "batching")
-SMALL_FILE = 1 << 16          # files up to this size count by their content (configs)
 
 
-def is_group(mesh) -> bool:
-    """Whether ``mesh`` (a :class:`~ditax.parallel.mesh.MeshConfig`) asks for several
-    processes (``mesh.num_processes`` > 1, or a coordinator named)."""
-    return ((mesh.num_processes or 1) > 1 or mesh.coordinator_address is not None
-            or mesh.process_id is not None)
-
-
-def check_mesh(mesh) -> None:
-    """The multi-process keys of ``mesh``, checked before anything starts (one
-    :class:`ConfigError` line each)."""
-    n, k, address = mesh.num_processes, mesh.process_id, mesh.coordinator_address
-    example = "mesh.num_processes=2 mesh.process_id=0 mesh.coordinator_address=HOST:PORT"
-    if n is not None and n < 1:
-        raise ConfigError(f"mesh.num_processes={n} must be >= 1 (the processes serving the "
-                          f"model), e.g. {example}")
-    if n is None:
-        given = (f"mesh.coordinator_address={address}" if address is not None else
-                 f"mesh.process_id={k}")
-        raise ConfigError(f"{given} needs mesh.num_processes=N (the processes serving the "
-                          f"model, >= 1), e.g. {example}")
-    if address is None:
-        raise ConfigError(f"mesh.num_processes={n} needs mesh.coordinator_address=HOST:PORT: "
-                          f"process 0's address and a free port, the same on every process, "
-                          f"e.g. {example}")
-    host, _, port = str(address).rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"mesh.coordinator_address={address} is not HOST:PORT (process 0's "
-                          f"address and a free port), e.g. mesh.coordinator_address="
-                          f"10.0.0.1:4567")
-    if k is None:
-        raise ConfigError(f"mesh.num_processes={n} needs mesh.process_id=K on each process: 0 "
-                          f"for the leader (it serves HTTP), 1 to {n - 1} for the others")
-    if not 0 <= k < n:
-        raise ConfigError(f"mesh.process_id={k} is out of range: with mesh.num_processes={n} "
-                          f"it is 0 (the leader) to {n - 1}")
-
-
-def start(mesh, timeout: float = TIMEOUT) -> "Group":
-    """Join the group of ``mesh`` (checked by :func:`check_mesh`): jax's distributed runtime
-    (gloo collectives on CPU; jax's heartbeat timeout three times ``timeout``), before any jax
-    computation. Blocks until every process has joined (jax's initialization timeout, 300 s)."""
-    import jax
-
-    # a CPU group's collectives; chosen before initialize, ignored by GPU / TPU clients
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(mesh.coordinator_address, num_processes=mesh.num_processes,
-                               process_id=mesh.process_id,
-                               heartbeat_timeout_seconds=max(10, int(3 * timeout)))
-    return Group(mesh.process_id, mesh.num_processes, timeout)
-
-
-def fingerprint(root, overrides: list[str], loras: list[tuple[str, str]], **more) -> dict:
-    """What every process of a group must share: the model folder's files (relative paths,
-    sizes and the content of the small ones: another host's copy of the same folder has the
-    same fingerprint), the overrides but the process's own keys, the LoRAs (names, sizes) and
-    ``more`` (``max_batch``, ``batching``: the followers adopt the leader's)."""
-    h = hashlib.sha256()
-    root = pathlib.Path(root)
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(f for f in files if not f.startswith(".")):
-            path = pathlib.Path(folder, name)
-            size = path.stat().st_size
-            h.update(f"{path.relative_to(root).as_posix()}\0{size}\0".encode())
-            if size <= SMALL_FILE:
-                h.update(path.read_bytes())
-    own = ("mesh.process_id=", "mesh.coordinator_address=")
-    return {"model": h.hexdigest()[:16],
-            "overrides": [o for o in overrides if not o.startswith(own)],
-            "loras": [[name, pathlib.Path(f).stat().st_size] for name, f in loras], **more}
-
-
-class Group:
+class Group(Following):
     """This process's side of a group of ``processes`` (module docstring); ``client``: jax's
     distributed client (default: the one ``jax.distributed.initialize`` made)."""
 
@@ -189,10 +117,11 @@ class Group:
 
     # --- start
     def agree(self, settings: dict, wait: float = 600.0) -> dict:
-        """The leader publishes ``settings`` (:func:`fingerprint`) and waits (at most
-        ``wait`` seconds) for each follower's answer; a follower compares its own with the
-        leader's. Another model or other overrides: :class:`ConfigError` on both sides
-        (exit 2). Returns the leader's settings (a follower adopts :data:`ADOPTED`)."""
+        """The leader publishes ``settings`` (:func:`~ditax.serve.group_start.fingerprint`)
+        and waits (at most ``wait`` seconds) for each follower's answer; a follower compares
+        its own with the leader's. Another model or other overrides: :class:`ConfigError` on
+        both sides (exit 2). Returns the leader's settings (a follower adopts
+        :data:`ADOPTED`)."""
         key = f"{NS}/settings"
         if self.leader:
             self.theirs = settings
@@ -250,86 +179,6 @@ class Group:
         if any(op[0] == "stop" for op in ops):
             self.stopped = True
         return ops
-
-    def follow(self, worker) -> None:
-        """A follower's loop: apply the leader's turns to ``worker``'s pipeline (a
-        :class:`~ditax.serve.worker.Worker` without store or group, its ``max_batch`` and
-        ``mode`` the leader's) until ``("stop",)``; outputs are dropped (the leader writes
-        them). A failure that is not a request's own check (which every process meets alike)
-        ends the process: the group cannot stay in step past it."""
-        from ditax.serve.batch import batchable
-        from ditax.serve.rows import Rows
-
-        batching = batchable(worker.pipe) and worker.mode != "off"
-        with worker.context():
-            rows = Rows(worker) if batching and worker.mode == "continuous" else None
-            while True:
-                ops = self.receive()
-                pending: list = []
-                for op in ops + [("end",)]:
-                    if op[0] in ("add", "drop", "step"):
-                        pending.append(op)
-                        continue
-                    if pending:
-                        self.apply_rows(rows, pending)
-                        pending = []
-                    if op[0] == "warm":
-                        self.warm(worker, op[1])
-                    elif op[0] == "batch":
-                        self.run_batch(worker, op[1], batching)
-                    elif op[0] == "stop":
-                        return
-
-    @staticmethod
-    def warm(worker, requests: list) -> None:
-        """The leader's warm-up: a request's check failing is said and passed, as the leader
-        does (:func:`ditax.serve.warm.warm_then_start`)."""
-        try:
-            warm_in_order(worker, requests)
-        except (DitaxError, ValueError) as e:
-            print(f"warm: failed ({type(e).__name__}: {e}); following without it", flush=True)
-
-    def apply_rows(self, rows, ops: list) -> None:
-        if rows is None:
-            raise RuntimeError(f"the leader sent continuous-batch operations "
-                               f"({', '.join(sorted({op[0] for op in ops}))}) to a follower "
-                               f"without a continuous batch")
-        got = rows.apply(ops)
-        e = got["error"]
-        if e is not None and not isinstance(e, (DitaxError, ValueError)):
-            raise e
-
-    def run_batch(self, worker, requests: list, batching: bool) -> None:
-        """A lock-step batch, as :meth:`~ditax.serve.worker.Worker.run_jobs` runs it; where
-        the leader's worker shares one ``("next",)`` / ``("halt",)`` turn per step (its class
-        says so: ``SHARES_STEPS``), the batch ends where the leader's ends."""
-        from ditax.serve.batch import bucket, generate_batch
-        from ditax.serve.requests import call_of
-
-        try:
-            calls = [call_of(r) for r in requests]
-        except DitaxError:              # the leader fails them before any jax work
-            return
-        strengths = requests[0].get("lora_strengths")
-        if strengths is not None:
-            worker.pipe.transformer.set_lora_strengths(strengths)
-
-        stepped = getattr(worker, "SHARES_STEPS", False)
-
-        def on_step(done: int) -> None:
-            if stepped and self.receive()[0][0] == "halt":
-                raise Halt()
-
-        try:
-            if batching:
-                generate_batch(worker.pipe, calls, on_step,
-                               pad_to=bucket(len(calls), worker.max_batch))
-            else:
-                worker.pipe(progress=False, **calls[0])
-        except Halt:
-            pass
-        except (DitaxError, ValueError):
-            pass                        # the leader fails the jobs with the same words
 
     # --- health
     def watch(self) -> None:
@@ -463,43 +312,4 @@ class SettledStore:
         return getattr(self._store, name)
 
 
-class Halt(Exception):
-    """The leader ended the lock-step batch after this step (stopping, or cancelled)."""
-
-
-def warm_in_order(worker, requests: list[dict]) -> float:
-    """:meth:`~ditax.serve.worker.Worker.warm` with its programs compiled one after the other:
-    a continuous batch's warm-up compiles the step programs in threads, and the arrays it puts
-    on the mesh there (``jax.device_put`` of host values checks them against every process's
-    with a collective) would meet the other processes' in another order. Returns seconds."""
-    from ditax.pipelines.continuous import ContinuousBatch
-    from ditax.serve.batch import batchable, warm_programs
-    from ditax.serve.requests import call_of
-
-    t0 = time.perf_counter()
-    with worker.context():
-        if worker.mode == "continuous" and batchable(worker.pipe):
-            rows = ContinuousBatch(worker.pipe, worker.max_batch)
-            for r in requests:
-                rows.warm(call_of(r), strengths=r.get("lora_strengths"), threads=1)
-        else:
-            warm_programs(worker.pipe, [call_of(r) for r in requests],
-                          worker.max_batch if worker.mode == "static" else 1)
-    return time.perf_counter() - t0
-
-
-def leader_worker(*args, **kw):
-    """The leader's :class:`~ditax.serve.worker.Worker` (same arguments, ``group=`` among
-    them) whose warm-up (:meth:`~ditax.serve.worker.Worker.warm`, ``--warm``) is a turn: the
-    followers compile and run the same warm-up programs."""
-    from ditax.serve.worker import Worker
-
-    class LeaderWorker(Worker):
-        def warm(self, requests: list[dict]) -> float:
-            return warm_in_order(self, self.share([("warm", list(requests))])[0][1])
-
-    return LeaderWorker(*args, **kw)
-
-
-__all__ = ["Group", "Halt", "LOST_GRACE", "SettledStore", "TIMEOUT", "check_mesh", "fingerprint",
-           "is_group", "leader_worker", "start"]
+__all__ = ["ADOPTED", "Group", "LOST_GRACE", "NS", "SettledStore", "TIMEOUT"]

@@ -10,9 +10,10 @@ next start :meth:`JobStore.recover` puts the jobs that were running back in the 
 :data:`MAX_ATTEMPTS` times (a request that kills the server must not kill it forever).
 
 A job records its model (the folder's resolved path), its output kind (video / image: what
-the listings show it as) and the hash of that folder's files (:func:`folder_hash`); a server
-claims only the jobs of its model as its files are now (:meth:`JobStore.queued` counts them
-apart), so weights replaced under the same path never run a job submitted to the old ones.
+the listings show it as) and the hash of that folder's files
+(:func:`~ditax.serve.model_hash.folder_hash`); a server claims only the jobs of its model as
+its files are now (:meth:`JobStore.queued` counts them apart), so weights replaced under the
+same path never run a job submitted to the old ones.
 
 :func:`ditax.serve.stores.open_store` opens the store ``--db`` names: this SQLite file (one server), or for a
 ``postgresql://`` URL the shared store of :mod:`ditax.serve.pgstore` (replicas that claim jobs
@@ -21,9 +22,7 @@ under leases, with the same methods).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import pathlib
 import sqlite3
 import threading
@@ -36,11 +35,15 @@ STATUSES = ("queued", "in_progress", "completed", "failed", "cancelled")
 FINISHED = ("completed", "failed", "cancelled")
 MAX_ATTEMPTS = 3         # runs of one job that a server stop may interrupt before it fails
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+
+
+def job_columns(real: str, key: str) -> str:
+    """The columns of a job store's table, in order, as SQL (each store's ``CREATE TABLE``:
+    this SQLite one and the PostgreSQL one of :mod:`ditax.serve.pgstore`), with the dialect's
+    floating-point type ``real`` and auto-numbered primary key ``key``."""
+    return f"""  seq {key},
   id TEXT UNIQUE NOT NULL,
-  created_at REAL NOT NULL,
+  created_at {real} NOT NULL,
   status TEXT NOT NULL,
   progress INTEGER NOT NULL DEFAULT 0,
   request TEXT NOT NULL,
@@ -50,9 +53,14 @@ CREATE TABLE IF NOT EXISTS jobs (
   attempts INTEGER NOT NULL DEFAULT 0,
   batch_size INTEGER,
   compiles INTEGER,
-  started_at REAL,
-  finished_at REAL,
-  seconds REAL
+  started_at {real},
+  finished_at {real},
+  seconds {real}"""
+
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS jobs (
+{job_columns("REAL", "INTEGER PRIMARY KEY AUTOINCREMENT")}
 );
 CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq);
 """
@@ -60,30 +68,6 @@ CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status, seq);
 
 #: a job this server runs: its model's (as its files are now), or anyone's (no model / hash)
 _MINE = "(model IS NULL OR model = ?) AND (model_hash IS NULL OR model_hash = ?)"
-
-#: files of a model folder at most this large are hashed by content (configs, tokenizer files);
-#: larger ones (weights) by name, size and modification time
-CONTENT_BYTES = 1 << 20
-
-
-def folder_hash(root) -> str:
-    """A short hash of model folder ``root``'s files, cheap for any size: every file's path
-    (relative), size and modification time, and the content of the small ones (configs) —
-    so replaced weights or an edited config give another hash. Hidden files and folders
-    (``.cache``, locks) are left out; a symlinked file counts as its target."""
-    root = pathlib.Path(root)
-    h = hashlib.sha256()
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(f for f in files if not f.startswith(".")):
-            path = pathlib.Path(folder, name)
-            st = path.stat()
-            h.update(f"{path.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\0"
-                     .encode())
-            if st.st_size <= CONTENT_BYTES:
-                h.update(path.read_bytes())
-    return h.hexdigest()[:16]
-
 
 class QueueFull(Exception):
     """The queue holds ``max_queue`` unfinished jobs (the server answers 429)."""
@@ -344,7 +328,7 @@ class JobStore:
     def get(self, job_id: str) -> dict | None:
         with self._lock:
             row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else _job(row)
+        return None if row is None else job_of(row)
 
     def status_of(self, job_id: str) -> str | None:
         job = self.get(job_id)
@@ -361,7 +345,7 @@ class JobStore:
             q = "SELECT * FROM jobs" + ("" if seq is None else " WHERE seq < ?")
             rows = self._db.execute(q + " ORDER BY seq DESC LIMIT ?",
                                     (() if seq is None else (seq,)) + (limit + 1,)).fetchall()
-        return [_job(r) for r in rows[:limit]], len(rows) > limit
+        return [job_of(r) for r in rows[:limit]], len(rows) > limit
 
     def waiting_since(self, batch_key: str) -> float | None:
         """When the oldest queued job of this model with another batch key than ``batch_key``
@@ -386,11 +370,13 @@ class JobStore:
             return self._db.execute("SELECT COUNT(*) FROM jobs WHERE attempts > 1").fetchone()[0]
 
 
-def _job(row: sqlite3.Row) -> dict:
+def job_of(row) -> dict:
+    """A job as the stores return it: its row (SQLite's or PostgreSQL's) as a dict, the request
+    read back from its JSON."""
     job = dict(row)
     job["request"] = json.loads(job["request"])
     return job
 
 
 __all__ = ["FINISHED", "JobStore", "MAX_ATTEMPTS", "QueueFull", "STATUSES", "check_store_path",
-           "folder_hash", "is_pg_url"]
+           "is_pg_url", "job_columns", "job_of"]

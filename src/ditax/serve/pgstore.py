@@ -21,12 +21,11 @@ or running job of any owner.
 
 Every method is one short transaction on a connection of a small pool (the FastAPI threads,
 the worker and the heartbeat use the store at once). Times are the database server's epoch
-seconds.
+seconds. The URL's checks and the connection pool: :mod:`ditax.serve.pgpool`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -34,11 +33,12 @@ import secrets
 import socket
 import threading
 import time
-import urllib.parse
 import uuid
 
 from ditax.errors import ConfigError
-from ditax.serve.jobs import FINISHED, MAX_ATTEMPTS, STATUSES, QueueFull
+from ditax.serve.jobs import (FINISHED, MAX_ATTEMPTS, STATUSES, QueueFull, job_columns,
+                              job_of)
+from ditax.serve.pgpool import USAGE, Pool, check_url, mask_url, url_password
 
 log = logging.getLogger(__name__)
 
@@ -51,26 +51,10 @@ _NOW = "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
 POOL_SIZE = 8
 #: seconds to wait for the database server when a connection opens (unless the URL says)
 CONNECT_TIMEOUT = 5
-#: seconds a pooled connection may sit idle before it is checked again before use
-PING_AFTER = 5.0
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
-  seq BIGSERIAL PRIMARY KEY,
-  id TEXT UNIQUE NOT NULL,
-  created_at DOUBLE PRECISION NOT NULL,
-  status TEXT NOT NULL,
-  progress INTEGER NOT NULL DEFAULT 0,
-  request TEXT NOT NULL,
-  batch_key TEXT NOT NULL,
-  error TEXT,
-  file TEXT,
-  attempts INTEGER NOT NULL DEFAULT 0,
-  batch_size INTEGER,
-  compiles INTEGER,
-  started_at DOUBLE PRECISION,
-  finished_at DOUBLE PRECISION,
-  seconds DOUBLE PRECISION,
+{job_columns("DOUBLE PRECISION", "BIGSERIAL PRIMARY KEY")},
   model TEXT,
   warnings TEXT,
   model_hash TEXT,
@@ -84,110 +68,6 @@ CREATE INDEX IF NOT EXISTS {TABLE}_status ON {TABLE} (status, seq);
 #: this model's jobs, as the SQLite store's claim reads them (parameters: model, hash)
 _MINE = ("status = 'queued' AND (model IS NULL OR model = %s) AND (model_hash IS NULL OR "
          "model_hash = %s)")
-
-_USAGE = "postgresql://USER[:PASSWORD]@HOST:PORT/DB"
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its password (in the address or a ``password=`` parameter) as ``***``."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, host = netloc.rsplit("@", 1)
-        if ":" in user:
-            netloc = f"{user.split(':', 1)[0]}:***@{host}"
-    query = "&".join("password=***" if q.partition("=")[0] == "password" else q
-                     for q in parts.query.split("&") if q)
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def _password(url: str) -> str | None:
-    with contextlib.suppress(ValueError):
-        parts = urllib.parse.urlsplit(url)
-        if parts.password:
-            return urllib.parse.unquote(parts.password)
-        found = urllib.parse.parse_qs(parts.query).get("password")
-        if found:
-            return found[0]
-    return None
-
-
-def check_url(url: str) -> None:
-    """The parts of ``url`` ditax can check before connecting (one :class:`ConfigError` line
-    naming the masked URL otherwise): a host or socket, a port that is a number."""
-    shown = mask_url(url)
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port                                     # noqa: B018 — raises if not a number
-    except ValueError as e:
-        raise ConfigError(f"--db {shown}: not a PostgreSQL URL ({e}); give {_USAGE}, e.g. "
-                          f"postgresql://ditax@127.0.0.1:5432/ditax") from None
-
-
-def _alive(conn) -> bool:
-    try:
-        conn.execute("SELECT 1")
-        return True
-    except Exception:  # noqa: BLE001 — any failure: the connection is replaced
-        return False
-
-
-class _Pool:
-    """Up to ``size`` open connections made by ``connect``; :meth:`conn` lends one (waiting
-    while all are lent) and takes it back, dropping one that broke. A connection idle for
-    :data:`PING_AFTER` seconds is checked (``SELECT 1``) before it is lent and replaced if the
-    server dropped it (a restart, an idle timeout): a statement is never sent twice."""
-
-    def __init__(self, connect, size: int):
-        self._connect, self._size = connect, size
-        self._idle: list = []            # (connection, monotonic time it came back)
-        self._open = 0
-        self._closed = False
-        self._cv = threading.Condition()
-
-    @contextlib.contextmanager
-    def conn(self):
-        with self._cv:
-            while not self._idle and self._open >= self._size and not self._closed:
-                self._cv.wait()
-            if self._closed:
-                raise RuntimeError("the job store is closed")
-            c, since = self._idle.pop() if self._idle else (None, 0.0)
-            if c is None:
-                self._open += 1
-        try:
-            if c is not None and time.monotonic() - since > PING_AFTER and not _alive(c):
-                c.close()
-                c = None
-            if c is None:
-                c = self._connect()
-            yield c
-        except BaseException:
-            if c is not None and (c.closed or c.broken):
-                c.close()
-                c = None
-            raise
-        finally:
-            with self._cv:
-                if c is None or c.closed or c.broken or self._closed:
-                    if c is not None:
-                        c.close()
-                    self._open -= 1
-                else:
-                    self._idle.append((c, time.monotonic()))
-                self._cv.notify()
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            for c, _ in self._idle:
-                c.close()
-            self._open -= len(self._idle)
-            self._idle.clear()
-            self._cv.notify_all()
 
 
 class PgJobStore:
@@ -216,7 +96,7 @@ class PgJobStore:
             raise ConfigError(f"--db {self.path}: a PostgreSQL store needs psycopg 3 ({e}); "
                               f"install it with pip install 'ditax[serve]'") from None
         self._psycopg = psycopg
-        self._pool = _Pool(self._connect, POOL_SIZE)
+        self._pool = Pool(self._connect, POOL_SIZE)
         try:
             with self._pool.conn() as conn, conn.transaction(), conn.cursor() as cur:
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
@@ -224,11 +104,11 @@ class PgJobStore:
         except psycopg.Error as e:
             self._pool.close()
             reason = " ".join(str(e).split())
-            secret = _password(self.url)
+            secret = url_password(self.url)
             if secret:
                 reason = reason.replace(secret, "***")
             raise ConfigError(f"--db {self.path}: cannot use this PostgreSQL job store "
-                              f"({reason}); start the server or fix the URL ({_USAGE}; the "
+                              f"({reason}); start the server or fix the URL ({USAGE}; the "
                               f"user needs CREATE on the database, or an existing {TABLE} "
                               f"table)") from None
         self._stop = threading.Event()
@@ -320,7 +200,7 @@ class PgJobStore:
                 f"model_hash, kind) VALUES (%s, {_NOW}, 'queued', %s, %s, %s, %s, %s) "
                 f"RETURNING *", (job_id, json.dumps(request), batch_key or job_id, self.model,
                                  self.model_hash, kind)).fetchone()
-        return _job(self._tx(add))
+        return job_of(self._tx(add))
 
     def claim(self, max_batch: int, batch_key: str | None = None) -> list[dict]:
         """Up to ``max_batch`` queued jobs of the oldest queued job's batch key (of
@@ -352,7 +232,7 @@ class PgJobStore:
                 f"+ 1, started_at = {_NOW}, batch_size = %s, owner = %s, lease_until = {_NOW} + "
                 f"%s WHERE id = ANY(%s) RETURNING *",
                 (len(ids), self.owner, self.lease, ids)).fetchall()
-        return [_job(r) for r in sorted(self._tx(claim), key=lambda r: r["seq"])]
+        return [job_of(r) for r in sorted(self._tx(claim), key=lambda r: r["seq"])]
 
     def set_progress(self, job_id: str, progress: int) -> None:
         self._tx(lambda cur: cur.execute(
@@ -403,7 +283,7 @@ class PgJobStore:
     # --- reads
     def get(self, job_id: str) -> dict | None:
         row = self._one(f"SELECT * FROM {TABLE} WHERE id = %s", (job_id,))
-        return None if row is None else _job(row)
+        return None if row is None else job_of(row)
 
     def status_of(self, job_id: str) -> str | None:
         job = self.get(job_id)
@@ -430,7 +310,7 @@ class PgJobStore:
             return cur.execute(q + " ORDER BY seq DESC LIMIT %s",
                                (() if seq is None else (seq,)) + (limit + 1,)).fetchall()
         rows = self._tx(page)
-        return [_job(r) for r in rows[:limit]], len(rows) > limit
+        return [job_of(r) for r in rows[:limit]], len(rows) > limit
 
     def counts(self) -> dict[str, int]:
         """Jobs per status (every status present, 0 where none), of all replicas."""
@@ -478,10 +358,4 @@ class PgJobStore:
         return {r["model_hash"]: int(r["n"]) for r in rows}
 
 
-def _job(row: dict) -> dict:
-    job = dict(row)
-    job["request"] = json.loads(job["request"])
-    return job
-
-
-__all__ = ["PgJobStore", "mask_url"]
+__all__ = ["PgJobStore"]

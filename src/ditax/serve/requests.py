@@ -6,17 +6,15 @@ plus what only HTTP has (``size`` as ``"WxH"``, base64 ``image`` / ``last_image`
 list of them for a family whose ``image`` is its reference images, FLUX.2's — ``loras``,
 ``cache``, ``model``). Each value is checked for its type and limits first (a bool is not a
 number, ``"17"`` is not an int, NaN is not finite; :class:`Limits` bound the work), with a
-message naming the JSON field; then the request goes through the functions ``ditax generate``
-runs before it loads anything — its ``parse_request`` (handed in by :mod:`ditax.cli.serve`, the
-composition root, so this package does not import the CLI: the folder's sample defaults, the
-family's request checks, ``sample.*`` overrides), told to name fields as the API does — and
-the family's :func:`~ditax.pipelines.family.preflight`. No field becomes a path or a shell
+message naming the JSON field; then the request goes through the front door as ``ditax
+generate``'s flags do (:func:`ditax.front.resolve`: the folder's sample defaults, the family's
+request checks, ``sample.*`` overrides), told to name fields as the API does, and the family's
+:func:`~ditax.pipelines.family.preflight`. No field becomes a path or a shell
 argument: images are decoded in memory, ``cache`` must be a plain word.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import io
@@ -89,12 +87,12 @@ class Checked:
     """A request that passed: ``call`` (the pipeline call's keyword arguments, images as PIL
     images), ``stored`` (what the job row keeps: the call's values, images as base64),
     ``batch_key`` (jobs with equal keys may share one batch; None: this one runs alone) and
-    ``load`` (generate's load arguments of the served model: what the server loads)."""
+    ``load`` (the served model's :class:`~ditax.front.LoadRequest`: what the server loads)."""
 
     call: dict
     stored: dict
     batch_key: str | None
-    load: dict
+    load: object
 
 
 def lora_strengths(given, names: tuple) -> list[float]:
@@ -176,13 +174,12 @@ def decode_image(text, name: str, limit: int):
                          name) from None
 
 
-def check_body(body, model: str, overrides: list[str], output: str, parse_request,
+def check_body(body, model: str, overrides: list[str], output: str,
                limits: Limits = Limits(), loras: tuple = (), lora_files: tuple = (),
                makes: str | None = None, pipelines=None, startup: bool = False) -> Checked:
     """Check a request body against the served ``model`` (path) and the server's ``key=value``
     ``overrides``; ``output`` names a writable file of the output folder (generate checks its
-    ``--output``); ``parse_request``: ``ditax generate``'s (:func:`ditax.cli.generate.
-    parse_request`: ``args`` → ``(load, call)``); ``loras``: the names of the LoRAs the
+    ``--output``); ``loras``: the names of the LoRAs the
     server holds (unmerged, in order; a request's ``loras`` become one strength per name,
     ``stored["lora_strengths"]``); ``lora_files``: their files, read and checked by generate's
     ``--lora`` rules (the server's startup check); ``pipelines``: the served folder's family
@@ -192,6 +189,7 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
     (the folder and the attention backend are checked, not the request's fit — an
     image-to-video folder needs each request's image). Raises :class:`BadRequest`."""
     from ditax.errors import DitaxError
+    from ditax.front import resolve
     from ditax.pipelines.family import folder_pipelines, preflight
     from ditax.pipelines.request import all_fields, fields_of, not_taken
 
@@ -220,7 +218,7 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
         if isinstance(text, str) and len(text) > limits.prompt_chars:
             raise BadRequest(f"{name} has {len(text)} characters, more than this server's "
                              f"{limits.prompt_chars}; shorten it", name, 413)
-    # the values as sent: generate's parse_request checks their types (naming the JSON field)
+    # the values as sent: the front door checks their types (naming the JSON field)
     values = {f.name: body[name] for name, f in fields.items() if name in body}
     strengths = lora_strengths(body.get("loras"), loras)
     if body.get("size") is not None:
@@ -241,32 +239,24 @@ def check_body(body, model: str, overrides: list[str], output: str, parse_reques
     if "last_image" in images and "image" not in images:
         raise BadRequest("last_image needs image (the first frame) too", "last_image")
     output = str(pathlib.Path(output).with_suffix(".png" if makes == "image" else ".mp4"))
-    args = argparse.Namespace(
-        model=model, prompt=values.get("prompt"), prompts=None,
-        **{f.dest: values.get(f.name) for f in fields_of(pipelines)
-           if f.cli and f.name != "prompt"},
-        lora=[f"{f}:0" for f in lora_files], lora_mode="unmerged" if loras else "merged",
-        lora_strict=True, output=output, no_progress=True, surface="api",
-        overrides=[*overrides, *extra])
-    if "fps" in pipelines.cli_inputs:
-        args.fps = None
-    if "frames_dir" in pipelines.cli_inputs:
-        args.frames_dir = None
+    given = dict(values, lora=[f"{f}:0" for f in lora_files],
+                 lora_mode="unmerged" if loras else "merged", lora_strict=True, output=output)
     try:
-        load, call = parse_request(args)
-        if load.get("makes") != makes:
-            raise BadRequest(f"{model} makes {load.get('makes', 'video')}s, not {makes}s; "
-                             f"restart ditax serve on it")
+        req = resolve(model, [*overrides, *extra], given, "api")
+        load, call = req.load, req.kwargs()
+        if load.makes != makes:
+            raise BadRequest(f"{model} makes {load.makes}s, not {makes}s; restart ditax serve "
+                             f"on it")
         check_limits(call, fields_of(pipelines), limits)
         call.update(images)
-        preflight(load["path"], load, None if startup else call, None)
+        preflight(load.path, load.kwargs(), None if startup else call, None)
     except BadRequest:
         raise
     except DitaxError as e:
         raise BadRequest(str(e), param_of(str(e), fields.values())) from None
     stored = {k: list(v) if isinstance(v, tuple) else v for k, v in call.items()
               if k not in images}
-    stored["fps"] = getattr(args, "fps", None)
+    stored["fps"] = req.output.fps
     if loras:
         stored["lora_strengths"] = strengths
     for k in images:

@@ -16,7 +16,6 @@ claims nothing (submitted jobs queue) until the warm-up has ended; then the work
 
 from __future__ import annotations
 
-import argparse
 import re
 import threading
 import time
@@ -28,12 +27,12 @@ EXAMPLE = "e.g. --warm 832x480x81 or --warm 832x480x81:30,480x832x81 (an image m
 
 
 def parse_specs(text: str) -> list[str]:
-    """argparse ``type`` of ``--warm``: the comma-separated specs (repeats dropped), each
-    ``WxHxF[:STEPS]`` or ``WxH[:STEPS]``."""
+    """``--warm``'s comma-separated specs (repeats dropped), each ``WxHxF[:STEPS]`` or
+    ``WxH[:STEPS]``; a :class:`ValueError` naming a bad one."""
     specs = [s.strip() for s in str(text).split(",")]
     for s in specs:
         if not SPEC.fullmatch(s):
-            raise argparse.ArgumentTypeError(
+            raise ValueError(
                 f"{s!r} is not WIDTHxHEIGHTxFRAMES[:STEPS] (an image model: "
                 f"WIDTHxHEIGHT[:STEPS]); {EXAMPLE}")
     return list(dict.fromkeys(specs))

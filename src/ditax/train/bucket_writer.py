@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import pathlib
 
-from ditax.train.data import (BUCKETED_VERSION, FORMAT, DataError, DatasetWriter,
-                              save_null_text)
+from ditax.train.data import BUCKETED_VERSION, FORMAT, DataError
+from ditax.train.data_writer import DatasetWriter, save_null_text
 
 
 class BucketWriter:

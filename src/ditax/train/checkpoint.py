@@ -17,7 +17,8 @@ write error) raises :class:`CheckpointSaveError` where it surfaces — saves are
 — with one line naming the folder, the space a checkpoint needs, what is free and the save's
 partial folder to delete; the newest finished checkpoint stays as it was. Orbax's own reports of
 the failure (hundreds of log lines and tracebacks from its writer threads) are held back while
-a save is in flight (:class:`_HeldBack`) and dropped when it fails.
+a save is in flight (:class:`~ditax.train.orbax_reports.HeldBack`) and dropped when it
+fails; the space check and its message: :mod:`ditax.train.checkpoint_space`.
 
 A run whose ``output_dir`` is a URL passes ``sync`` (:class:`ditax.io.remote.runs.StepSync`):
 orbax still writes the local (staging) folder, and each step it finishes is uploaded in a
@@ -32,12 +33,8 @@ command resumes from.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import pathlib
-import re
-import shutil
-import sys
 import threading
 import warnings
 from typing import Any, Callable
@@ -46,6 +43,9 @@ import orbax.checkpoint as ocp
 
 from ditax.config import CheckpointConfig
 from ditax.errors import DitaxError
+from ditax.train.checkpoint_read import finished_steps
+from ditax.train.checkpoint_space import save_failure
+from ditax.train.orbax_reports import HeldBack
 
 log = logging.getLogger(__name__)
 
@@ -57,222 +57,6 @@ class CheckpointError(RuntimeError):
 class CheckpointSaveError(CheckpointError):
     """A checkpoint could not be written; the message names the folder, the space it needs and
     the newest finished checkpoint (left as it was), from which the same command resumes."""
-
-
-# the os errors that mean "no room to write", and what each says (tensorstore reports them
-# in a ValueError's text: ``RESOURCE_EXHAUSTED: ... No space left on device [os_error_code='28']``)
-NO_ROOM = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-           errno.EFBIG: "a file outgrew this process's file-size limit (ulimit -f{limit})"}
-
-
-def no_room(e: BaseException) -> int | None:
-    """The errno of ``e`` (or of an exception it was raised from) when it is one of
-    :data:`NO_ROOM`; None for any other failure."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in NO_ROOM:
-            return e.errno
-        code = re.search(r"os_error_code='?(\d+)", str(e))
-        if code and int(code.group(1)) in NO_ROOM:
-            return int(code.group(1))
-        for code, words in ((errno.ENOSPC, "No space left on device"),
-                            (errno.EDQUOT, "Disk quota exceeded"), (errno.EFBIG, "File too large")):
-            if words in str(e):
-                return code
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def folder_bytes(folder: pathlib.Path) -> int:
-    """Bytes of the files under ``folder`` (0 when it is gone)."""
-    total = 0
-    for f in pathlib.Path(folder).rglob("*"):
-        with contextlib.suppress(OSError):
-            if f.is_file():
-                total += f.stat().st_size
-    return total
-
-
-def size_text(n: float) -> str:
-    """``n`` bytes as ``df -h`` would say it (``6.3 MiB``)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
-class _HeldBack(logging.Filter):
-    """Orbax's reports while a save is in flight: its warnings and errors (the ``absl``
-    logger, from orbax's own files), asyncio's "Task exception was never retrieved" of its
-    write tasks, and the "Event loop is closed" reports (``sys.unraisablehook``) of its writes
-    that end after another failed. They are held back, then passed on as they were when the
-    save completes (:meth:`release`), or dropped when it fails (:meth:`drop`): the
-    :class:`CheckpointSaveError` says in one line what they say in hundreds. Anything else
-    passes untouched. Installed by the first save, removed by :meth:`uninstall` — except
-    after a failed save: the failed writes' tasks are reported when they are garbage collected
-    (at exit, once the error is printed), so the filter stays for those (asyncio reports
-    naming the failed save's folder, and "Event loop is closed") and nothing else."""
-
-    LOGGERS = ("absl", "asyncio")
-
-    def __init__(self, folder: pathlib.Path):
-        super().__init__()
-        self.folder = str(folder)
-        self.lock = threading.Lock()
-        self.held: list = []
-        self.installed = self.holding = self.failed = False
-        self._prev_hook = None
-
-    @staticmethod
-    def _orbax_record(record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return False
-        if record.name == "asyncio":
-            return "orbax" in record.getMessage()
-        return "orbax" in pathlib.PurePath(record.pathname).parts
-
-    def filter(self, record) -> bool:
-        if not self._orbax_record(record):
-            return True
-        with self.lock:
-            if self.holding:
-                self.held.append(record)
-                return False
-        return not (self.failed and record.name == "asyncio"
-                    and self.folder in record.getMessage())
-
-    def _unraisable(self, u) -> None:
-        if (self.installed and (self.holding or self.failed)
-                and isinstance(u.exc_value, RuntimeError)
-                and str(u.exc_value) == "Event loop is closed"):
-            with self.lock:
-                if self.holding:
-                    self.held.append(u)
-        else:
-            self._prev_hook(u)
-
-    def hold(self) -> None:
-        """Start holding back (from a save's start to its end)."""
-        if not self.installed:
-            for name in self.LOGGERS:
-                logging.getLogger(name).addFilter(self)
-            self._prev_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
-            self.installed = True
-        self.holding = True
-
-    def release(self) -> None:
-        """The save completed: pass on what was held back, as it would have gone."""
-        with self.lock:
-            held, self.held, self.holding = self.held, [], False
-        for item in held:
-            if isinstance(item, logging.LogRecord):
-                logging.getLogger(item.name).callHandlers(item)
-            else:
-                self._prev_hook(item)
-
-    def drop(self) -> None:
-        """The save failed: forget what was held back (the error says it), and keep dropping
-        the failed writes' late reports."""
-        with self.lock:
-            self.held, self.holding, self.failed = [], False, True
-
-    def uninstall(self) -> None:
-        """Stop holding back (anything still held is passed on); after a failure, only the
-        failed writes' late reports are dropped from here on."""
-        if not self.installed:
-            return
-        self.release()
-        if self.failed:
-            return
-        for name in self.LOGGERS:
-            logging.getLogger(name).removeFilter(self)
-        if sys.unraisablehook == self._unraisable:
-            sys.unraisablehook = self._prev_hook
-        # else another hook was put over ours since: ours stays in its chain, passing all on
-        self.installed = False
-
-
-def finished_steps(directory) -> list[int]:
-    """The steps of the finished checkpoints in ``directory`` (``{step}/`` folders; a save in
-    progress or interrupted is a ``*.orbax-checkpoint-tmp*`` folder, a moved-aside one
-    ``{step}.corrupt``); read from the folder alone, no checkpoint manager made. A URL's are
-    its committed steps (``{step}/commit_success.txt``, :mod:`ditax.io.remote.runs`)."""
-    from ditax.io.remote.urls import is_remote
-
-    if is_remote(str(directory)):
-        from ditax.io.remote.runs import StepSync
-        from ditax.io.remote.urls import filesystem
-
-        fs, root = filesystem(str(directory), "checkpoints")
-        return StepSync(fs, root, pathlib.Path("."), keep=1).committed()
-    d = pathlib.Path(directory)
-    if not d.is_dir():
-        return []
-    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and p.is_dir())
-
-
-# the parts of a train state that hold model parameters: what trains, and a partly frozen run's
-# frozen rest when its checkpoints hold it
-PARAM_PARTS = ("params", "frozen")
-
-
-def read_params(directory, step: int, abstract: dict) -> tuple[dict, list[str]]:
-    """The model's parameters at checkpoint ``step`` of ``directory``, as numpy arrays on the
-    host: the entries of ``abstract`` (the model's parameter tree, a pure dict of
-    ``ShapeDtypeStruct`` or arrays) that the train state's ``params`` or ``frozen`` hold;
-    nothing else is read (no optimiser state) and no device placement is asked, so any
-    checkpoint reads on one process whatever mesh wrote it. Returns ``(tree, missing)``:
-    ``missing`` the dotted paths of ``abstract`` it does not hold (a partly frozen run's base,
-    which its checkpoints leave out). Stored shapes and dtypes are compared first
-    (:class:`~ditax.train.resume.ResumeMismatch` naming the first that differ)."""
-    import jax
-    import numpy as np
-
-    from ditax.train.resume import check_structure
-
-    folder = pathlib.Path(directory).absolute() / str(step) / "state"   # orbax: absolute
-    handler = ocp.PyTreeCheckpointHandler()     # the item's own reader: no step metadata asked
-    stored = handler.metadata(folder)
-    stored = getattr(stored, "tree", stored)
-    item, missing = {}, []
-
-    def pick(like, have):       # the entries of ``like`` at the paths ``have`` holds
-        out = {}
-        for k, v in like.items():
-            got = have.get(k, have.get(str(k))) if isinstance(have, dict) else None
-            if got is not None:
-                out[k] = pick(v, got) if isinstance(v, dict) else v
-        return out
-
-    for part in PARAM_PARTS:
-        if isinstance(stored.get(part), dict):
-            item[part] = pick(abstract, stored[part])
-            check_structure(directory, step, stored[part], item[part])
-    held = set()
-    for part in item.values():
-        held |= {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(part)[0]}
-    for k, _ in jax.tree_util.tree_flatten_with_path(abstract)[0]:
-        if jax.tree_util.keystr(k) not in held:
-            missing.append(".".join(str(getattr(e, "key", e)) for e in k))
-    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-    try:
-        got = handler.restore(folder, args=ocp.args.PyTreeRestore(
-            item=item, restore_args=args, partial_restore=True))
-    finally:
-        handler.close()
-    tree: dict = {}
-    for part in PARAM_PARTS:
-        tree = _merge(tree, got.get(part, {}))
-    return tree, missing
-
-
-def _merge(a: dict, b: dict) -> dict:
-    """``a`` with ``b``'s entries put in (nested dicts merged)."""
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else v
-    return out
 
 
 # orbax writes a replicated array "replica-parallel": each replica slices out its part of the
@@ -327,7 +111,7 @@ class Checkpointer:
         self._in_flight: int | None = None   # the step of the save not yet known to be done
         self._state_bytes = 0                 # of the last state saved (the first save's need)
         self._failed = False
-        self._held = _HeldBack(self.dir)
+        self._held = HeldBack(self.dir)
 
     def steps(self) -> list[int]:
         """The finished steps (at a URL: the committed ones)."""
@@ -433,50 +217,10 @@ class Checkpointer:
         return finished_steps(self.dir)
 
     def _save_message(self, step: int, e: BaseException) -> str:
-        """The one line of a failed save of ``step``: what happened, the space a checkpoint
-        needs and what is free, the fix, and the checkpoint the same command resumes from.
-        The save's partial folder is named, not removed: writes of the failed save still in
-        flight would create it again (a rerun's save of that step replaces it)."""
-        partial = sorted(self.dir.glob(f"{step}.orbax-checkpoint-tmp*"))
-        drop = (f"delete its partial folder {', '.join(p.name for p in partial)}, "
-                if partial else "")
-        done = self.finished_steps()
-        resume = (f"it resumes from checkpoint step {done[-1]}, which is intact" if done else
-                  "no checkpoint was finished yet, so it starts from step 0")
-        if self.sync is not None:       # the local disk filled up, not the URL
-            resume = resume.replace("which is intact", f"committed at {self.where}")
-        code = no_room(e)
-        if code is None:
-            first = str(e).splitlines()[0][:300] if str(e) else ""
-            return (f"checkpoint step {step} could not be written to {self.dir} "
-                    f"({type(e).__name__}: {first}); {drop}fix that and rerun the same "
-                    f"command: {resume}")
-        free = shutil.disk_usage(self.dir if self.dir.exists() else self.dir.parent).free
-        freed = free + sum(folder_bytes(p) for p in partial)    # once the partial one is gone
-        need, basis = self._state_bytes, "the train state's size"
-        if done:    # the last one's size on disk is the closer estimate, unless it would fit
-            last = folder_bytes(self.dir / str(done[-1]))
-            if last > freed or last >= need:
-                need, basis = last, f"step {done[-1]}'s size"
-        have = f"{size_text(free)} is free there" + (
-            f", {size_text(freed)} once the partial folder is deleted" if partial else "")
-        limit = ""
-        if code == errno.EFBIG:
-            import resource
-
-            soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-            limit = "" if soft == resource.RLIM_INFINITY else f" = {size_text(soft)}"
-            fix = "raise the limit (ulimit -f unlimited)"
-        elif code == errno.EDQUOT:
-            fix = "raise the quota or free space under it"
-        else:
-            more = size_text(need - freed) if need > freed else size_text(need)
-            fix = (f"free at least {more} more there or set output_dir to a disk with room "
-                   f"(checkpoint.keep=N keeps fewer)")
-        return (f"checkpoint step {step} could not be written to {self.dir}: "
-                f"{NO_ROOM[code].format(limit=limit)}; a checkpoint needs about "
-                f"{size_text(need)} ({basis}) and {have}. To go on, {drop}{fix}, and rerun "
-                f"the same command: {resume}")
+        """The one line of a failed save of ``step`` (:func:`~ditax.train.checkpoint_space.
+        save_failure`)."""
+        return save_failure(self.dir, step, e, self.finished_steps(), self._state_bytes,
+                            committed_at=self.where if self.sync is not None else None)
 
     def moved_aside(self) -> list[str]:
         """Names of step folders an earlier run moved aside as unreadable (``4.corrupt``)."""

@@ -97,7 +97,7 @@ def plan_export(run, out, *, step: int | None = None, base=None, dtype: str | No
     from ditax.io.files import path_arg, read_yaml
     from ditax.models import registry
     from ditax.models.common.single_files import check_out
-    from ditax.train.checkpoint import finished_steps
+    from ditax.train.checkpoint_read import finished_steps
 
     from ditax.io.remote.urls import resolve
 
@@ -291,7 +291,7 @@ def export_run(plan: ExportPlan, say=print) -> pathlib.Path:
     from ditax.io.outputs import atomic_folder
     from ditax.models.base import model_family
     from ditax.models.common.single_files import write_folder
-    from ditax.train.checkpoint import read_params
+    from ditax.train.checkpoint_read import read_params
 
     cfg = plan.cfg
     family = model_family(cfg.model, cfg.attention)

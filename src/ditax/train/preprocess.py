@@ -235,7 +235,7 @@ def _encode_buckets(job: Job, folder, enc, say, *, part: bool = False) -> dict:
     encode_buckets`) and its meta: written as ``meta.json`` (one process), or returned (a
     part: ``meta.json`` is the merge's)."""
     from ditax.train.bucket_writer import BucketWriter, bucketed_meta
-    from ditax.train.data import save_null_text
+    from ditax.train.data_writer import save_null_text
     from ditax.train.preprocess_buckets import closing_line, encode_buckets
 
     w = BucketWriter(folder, [b.name for b in job.buckets.buckets])
@@ -299,7 +299,7 @@ def _encode(samples, folder, enc, *, height, width, frames, text_len, batch, mod
             say):
     """Write the dataset of ``samples`` into ``folder`` with the encoders ``enc``, each clip
     and its sidecars brought to ``width x height`` by ``resize``."""
-    from ditax.train.data import DatasetWriter
+    from ditax.train.data_writer import DatasetWriter
 
     w = DatasetWriter(folder)
     clips = _read_clips([path for path, _ in samples], frames, height, width, resize=resize)

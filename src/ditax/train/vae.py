@@ -8,7 +8,8 @@ Objective: reconstruction (L1 + L2 on pixels in [-1, 1]) plus a small KL term to
 N(0, 1), on a posterior draw ``z = mean + exp(logvar / 2) * eps`` (:func:`reconstruction_losses`).
 
 Training samples are random windows (``data.crop_frames`` frames, ``data.crop`` pixels square)
-of clips held in memory as uint8 (a still image is a clip of one frame); sample ``i`` of step
+of clips held in memory as uint8 (a still image is a clip of one frame;
+:mod:`ditax.train.vae_clips`); sample ``i`` of step
 ``s`` is a function of ``(seed, s)`` only, so a resumed run draws the same batches and ends
 bit-identical to an uninterrupted one. The train state is ``{"params", "opt", "step", "key"}``
 like the transformer's and goes through the same orbax
@@ -23,6 +24,7 @@ and ``summary.json``.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
 import math
 import pathlib
@@ -38,90 +40,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ditax.errors import ConfigError
 from ditax.train.checkpoint import Checkpointer
-from ditax.train.clip_files import IMAGE_EXT, VIDEO_EXT, sidecar_kind
 from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, read_saved_config,
                                 write_config)
 from ditax.train.session import RunSession
 from ditax.train.step import make_optimizer
-
-
-class ClipError(ValueError):
-    """The clip folder cannot feed VAE training; the message names the folder and the fix."""
-
-
-def list_videos(folder) -> list[pathlib.Path]:
-    """The videos and still images of ``folder``, sorted by name; a VACE clip's sidecars
-    (``NAME.mask.mp4``, ``NAME.control.mp4``, ``NAME.ref.png``: :mod:`ditax.train.clip_files`)
-    are not clips, as for ``ditax preprocess``."""
-    folder = pathlib.Path(folder)
-    if not folder.is_dir():
-        raise ClipError(f"data.source={str(folder)!r} is not a folder of clips; write one with "
-                        "`python -m ditax.synthetic` or point data.source at your videos")
-    ext = VIDEO_EXT + IMAGE_EXT
-    videos = sorted(p for p in folder.iterdir()
-                    if p.suffix.lower() in ext and sidecar_kind(p) is None)
-    if not videos:
-        raise ClipError(f"data.source={str(folder)!r} holds no videos or images "
-                        f"({', '.join(ext)})")
-    return videos
-
-
-class ClipBank:
-    """Every clip of a folder as uint8 ``[N, F, H, W, 3]`` in memory (an image: ``F = 1``);
-    the last ``eval_clips`` (sorted by file name) are held out."""
-
-    def __init__(self, data, say=print):
-        from ditax.train.preprocess import read_videos
-
-        videos = list_videos(data.source)
-        if data.max_clips:
-            videos = videos[:data.max_clips]
-        if len(videos) <= data.eval_clips:
-            raise ClipError(f"data.source={data.source!r} has {len(videos)} clips; with "
-                            f"data.eval_clips={data.eval_clips} held out none is left to train "
-                            "on; add clips or lower data.eval_clips")
-        clips = np.empty((len(videos), data.num_frames, data.height, data.width, 3), np.uint8)
-        t0 = time.perf_counter()
-        for i, x in enumerate(read_videos(videos, data.num_frames, data.height, data.width)):
-            # x: [3, F, H, W] in [-1, 1]
-            clips[i] = np.round((x.transpose(1, 2, 3, 0) + 1.0) * 127.5).clip(0, 255)
-        say(f"train-vae: read {len(videos)} clips ({data.num_frames}x{data.height}x"
-            f"{data.width}) from {data.source} in {time.perf_counter() - t0:.1f} s")
-        self.train = clips[:-data.eval_clips]
-        self.eval = clips[-data.eval_clips:]
-        self.data = data
-
-    def batch(self, seed: int, step: int, batch_size: int) -> np.ndarray:
-        """Step ``step``'s batch: float32 ``[B, crop_frames, c, c, 3]`` in [-1, 1]."""
-        d = self.data
-        rng = np.random.default_rng([seed, step, 0xAE])
-        idx = rng.integers(len(self.train), size=batch_size)
-        f0 = rng.integers(d.num_frames - d.crop_frames + 1, size=batch_size)
-        ch, cw = (d.crop, d.crop) if d.crop else (d.height, d.width)
-        y0 = rng.integers(d.height - ch + 1, size=batch_size)
-        x0 = rng.integers(d.width - cw + 1, size=batch_size)
-        if d.crop_focus:
-            y0, x0 = self._focus(rng, idx, f0, y0, x0)
-        out = np.stack([self.train[i, f:f + d.crop_frames, y:y + ch, x:x + cw]
-                        for i, f, y, x in zip(idx, f0, y0, x0)])
-        return out.astype(np.float32) / 127.5 - 1.0
-
-    def _focus(self, rng, idx, f0, y0, x0):
-        """Foreground oversampling: with probability ``crop_focus`` a sample's square becomes
-        the one of largest pixel standard deviation among its drawn square and
-        ``crop_candidates - 1`` more random ones (the same window of frames)."""
-        d = self.data
-        n, k, c = len(idx), d.crop_candidates, d.crop
-        focus = rng.random(n) < d.crop_focus
-        ys = np.concatenate([y0[:, None], rng.integers(d.height - c + 1, size=(n, k - 1))], 1)
-        xs = np.concatenate([x0[:, None], rng.integers(d.width - c + 1, size=(n, k - 1))], 1)
-        y0, x0 = y0.copy(), x0.copy()
-        for b in np.flatnonzero(focus):
-            window = self.train[idx[b], f0[b]:f0[b] + d.crop_frames]
-            spread = [window[:, y:y + c, x:x + c].std() for y, x in zip(ys[b], xs[b])]
-            j = int(np.argmax(spread))
-            y0[b], x0[b] = ys[b, j], xs[b, j]
-        return y0, x0
+from ditax.train.vae_clips import ClipBank
 
 
 def psnr(a, b) -> float:
@@ -210,10 +133,17 @@ class VAETrainer(abc.ABC):
         if programs_from is not None:
             self.share_programs(programs_from)
 
+    #: the family's VAE module class, built as ``vae_class(cfg.vae, rngs=...)``
+    vae_class: type
+    #: the ``_class_name`` of the written folder's diffusers ``config.json``
+    diffusers_class: str
+
     # --- the family's hooks
-    @abc.abstractmethod
     def build(self, cfg) -> nnx.Module:
-        """A random VAE of ``cfg.vae`` (seed ``cfg.seed``)."""
+        """A random VAE of ``cfg.vae`` (seed ``cfg.seed``), in one compiled init (an eager one
+        compiles ~100 small programs, one per shape)."""
+        return init_replicated(lambda rngs: self.vae_class(cfg.vae, rngs=rngs), cfg.seed,
+                               self.mesh)
 
     @abc.abstractmethod
     def load_init(self, cfg) -> nnx.Module:
@@ -232,9 +162,9 @@ class VAETrainer(abc.ABC):
     def to_input(self, clips_u8: np.ndarray) -> np.ndarray:
         """uint8 clips ``[N, F, H, W, 3]`` → float32 in [-1, 1] in the VAE's public layout."""
 
-    @abc.abstractmethod
     def encode(self, vae, x) -> np.ndarray:
         """Posterior means of ``x`` (:meth:`to_input` layout), channels on axis 1."""
+        return vae.encode(x)
 
     @abc.abstractmethod
     def decode(self, vae, z) -> np.ndarray:
@@ -248,6 +178,16 @@ class VAETrainer(abc.ABC):
     # --- shared
     def module(self, params):
         return nnx.merge(self.graphdef, params, self.rest)
+
+    def save_folder(self, folder, params, vae_cfg, weight_table, dtype) -> pathlib.Path:
+        """``params`` as a diffusers VAE folder of config ``vae_cfg`` (the measured latent
+        statistics in it), the weights named by the family's ``weight_table``."""
+        from ditax.io.export import save_folder
+
+        save_folder(folder, "diffusion_pytorch_model.safetensors",
+                    weight_table(self.module(params)), nnx.to_pure_dict(params),
+                    diffusers_config(vae_cfg, self.diffusers_class), dtype=dtype)
+        return pathlib.Path(folder)
 
     def program_key(self) -> dict:
         """What the compiled step, encode and decode compute besides their arguments: the
@@ -320,6 +260,12 @@ class VAETrainer(abc.ABC):
             for i in range(0, len(clips_u8), batch)])
         axes = (0,) + tuple(range(2, z.ndim))
         return z.mean(axis=axes), z.std(axis=axes)
+
+
+def diffusers_config(c, class_name: str) -> dict:
+    """The diffusers ``config.json`` (``_class_name`` ``class_name``) of VAE config ``c``."""
+    d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(c).items()}
+    return {"_class_name": class_name, **d}
 
 
 def init_replicated(build, seed: int, mesh=None) -> nnx.Module:
@@ -432,6 +378,5 @@ def train_vae(cfg, trainer_class: type[VAETrainer], *, devices=None, progress: b
     return result
 
 
-__all__ = ["VAETrainer", "VAETrainResult", "ClipBank", "ClipError", "VAE_RESUME_POLICY",
-           "check_devices", "init_replicated", "list_videos", "psnr", "reconstruction_losses",
-           "train_vae"]
+__all__ = ["VAETrainer", "VAETrainResult", "VAE_RESUME_POLICY", "check_devices",
+           "diffusers_config", "init_replicated", "psnr", "reconstruction_losses", "train_vae"]

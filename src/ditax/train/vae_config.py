@@ -1,12 +1,14 @@
-"""What every family's ``ditax train-vae`` config shares: the clip data, the losses, and the
-rules on them beyond types (:func:`check_vae_common`); a family's config adds its ``vae.*``
-(the Wan one: :mod:`ditax.train.wan.vae_config`, the Flux one: :mod:`ditax.train.flux.vae`)."""
+"""What every family's ``ditax train-vae`` config shares: the clip data, the losses, the run's
+keys (:class:`VAERunConfig`), and the rules on them beyond types (:func:`check_vae_common`); a
+family's config adds its ``vae.*`` (the Wan one: :mod:`ditax.train.wan.vae_config`, the Flux
+one: :mod:`ditax.train.flux.vae`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from ditax.config.training import check_checkpoint, check_optim
+from ditax.config.training import CheckpointConfig, OptimConfig, check_checkpoint, check_optim
 from ditax.errors import ConfigError
 from ditax.numbers import check_numbers
 
@@ -48,6 +50,26 @@ class VAELossConfig:
     colour: float = 0.0
     colour_block: int = 4          # side of the pixel squares of the colour term
     init_logvar: float = -8.0      # initial posterior log-variance (bias of quant_conv)
+
+
+@dataclass(frozen=True)
+class VAERunConfig:
+    """A family's ``ditax train-vae`` config: its ``vae.*`` (a subclass declares ``vae`` with
+    the family's VAE config class; the field stays first) and the keys every family's run has
+    (a subclass may give ``batch_size`` and ``output_dir`` its own defaults)."""
+
+    vae: Any
+    data: VAEDataConfig = field(default_factory=VAEDataConfig)
+    loss: VAELossConfig = field(default_factory=VAELossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    steps: int = 1000
+    batch_size: int = 4
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0              # 0: evaluate only at the end
+    output_dir: str = "out/vae"
+    init_from: str = ""              # a diffusers VAE folder to start from ("" = random init)
 
 
 # what a run gets for keys nobody set besides the family's own: the VAE's optimiser (the
@@ -113,4 +135,4 @@ def check_vae_common(c, spatial: int, temporal: int = 1, require_source: bool = 
         raise ConfigError(f"eval_every={c.eval_every} must be >= 0 (0: at the end only)")
 
 
-__all__ = ["VAEDataConfig", "VAELossConfig", "DEFAULTS", "check_vae_common"]
+__all__ = ["VAEDataConfig", "VAELossConfig", "VAERunConfig", "DEFAULTS", "check_vae_common"]

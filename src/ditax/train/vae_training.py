@@ -13,7 +13,8 @@ from typing import Callable, ClassVar
 
 from ditax.errors import ConfigError
 from ditax.models.base import FamilyTrainer
-from ditax.train.vae import ClipError, check_devices
+from ditax.train.vae import check_devices
+from ditax.train.vae_clips import ClipError
 
 
 class VAETraining(FamilyTrainer):

@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 from ditax.errors import RequestError  # noqa: E402
-from ditax.models.ltx2.audio_convert import load_audio_vae  # noqa: E402
-from ditax.models.ltx2.audio_latents import (audio_latent_frames, audio_latent_shape,  # noqa: E402
+from ditax.models.ltx2.audio.convert import load_audio_vae  # noqa: E402
+from ditax.models.ltx2.audio.latents import (audio_latent_frames, audio_latent_shape,  # noqa: E402
                                              denormalize_audio_latents, latent_mel_bins,
                                              pack_audio_latents, unpack_audio_latents)
 from ltx2_audio_reference import make_audio_vae, rel_err  # noqa: E402

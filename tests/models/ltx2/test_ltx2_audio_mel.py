@@ -10,8 +10,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from ditax.errors import RequestError  # noqa: E402
-from ditax.models.ltx2.audio_config import LTX2AudioVAEConfig  # noqa: E402
-from ditax.models.ltx2.audio_mel import (hz_to_mel, log_mel_for_vae,  # noqa: E402
+from ditax.models.ltx2.audio.config import LTX2AudioVAEConfig  # noqa: E402
+from ditax.models.ltx2.audio.mel import (hz_to_mel, log_mel_for_vae,  # noqa: E402
                                          log_mel_spectrogram, mel_filterbank, mel_to_hz)
 from ltx2_audio_reference import reference_log_mel, rel_err  # noqa: E402
 

@@ -15,9 +15,9 @@ from flax import nnx  # noqa: E402
 
 from ditax.errors import ConfigError, RequestError, WeightError  # noqa: E402
 from ditax.io import convert  # noqa: E402
-from ditax.models.ltx2.audio_config import LTX2AudioVAEConfig  # noqa: E402
-from ditax.models.ltx2.audio_convert import load_audio_vae, loaded_state, weight_table  # noqa: E402
-from ditax.models.ltx2.audio_model import LTX2AudioVAE  # noqa: E402
+from ditax.models.ltx2.audio.config import LTX2AudioVAEConfig  # noqa: E402
+from ditax.models.ltx2.audio.convert import load_audio_vae, loaded_state, weight_table  # noqa: E402
+from ditax.models.ltx2.audio.model import LTX2AudioVAE  # noqa: E402
 from ltx2_audio_reference import AUDIO_VAE, make_audio_vae, rel_err  # noqa: E402
 
 TOL = 1e-5

@@ -225,9 +225,9 @@ def test_ltx23_original_names_headers_only():
     from diffusers import LTX2VideoTransformer3DModel
 
     from ditax.io.convert import check_weights, param_shapes
-    from ditax.models.ltx2.build import abstract_model
-    from ditax.models.ltx2.convert import weight_table
-    from ditax.models.ltx2.single_file import file_table
+    from ditax.models.ltx2.transformer.build import abstract_model
+    from ditax.models.ltx2.transformer.convert import weight_table
+    from ditax.models.ltx2.transformer.single_file import file_table
     from ltx2_reference import LTX23
     from ltx2_single_reference import original_key, other_parts
 

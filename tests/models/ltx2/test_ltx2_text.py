@@ -13,10 +13,10 @@ pytest.importorskip("diffusers")
 
 import gemma_reference as G  # noqa: E402
 from ditax.errors import ConfigError, PipelineLoadError, RequestError  # noqa: E402
-from ditax.models.ltx2.connectors_config import LTX2ConnectorsConfig  # noqa: E402
-from ditax.models.ltx2.connectors_load import load_connectors  # noqa: E402
-from ditax.models.ltx2.text import (encode_ltx2_prompt, gemma_prompt_embeds,  # noqa: E402
-                                    load_ltx2_text)
+from ditax.models.ltx2.text.config import LTX2ConnectorsConfig  # noqa: E402
+from ditax.models.ltx2.text.convert import load_connectors  # noqa: E402
+from ditax.models.ltx2.text.encoder import (encode_ltx2_prompt, gemma_prompt_embeds,  # noqa: E402
+                                            load_ltx2_text)
 from flax import nnx  # noqa: E402
 
 T = 24      # a multiple of the tiny connectors' 8 registers

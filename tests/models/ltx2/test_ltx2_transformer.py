@@ -17,8 +17,8 @@ from flax import nnx
 import ditax
 from ditax.errors import ConfigError, RequestError, WeightError
 from ditax.io.convert import check_weights, export, param_shapes
-from ditax.models.ltx2.build import abstract_model
-from ditax.models.ltx2.convert import weight_table
+from ditax.models.ltx2.transformer.build import abstract_model
+from ditax.models.ltx2.transformer.convert import weight_table
 from ltx2_reference import LTX2, LTX23, ltx2_inputs, make_diffusers_ltx2, run_diffusers_ltx2
 from wan_reference import rel_err
 
@@ -89,7 +89,7 @@ def test_rope_coordinates_and_frequencies_equal_diffusers():
     frequencies of the full-size tables (float64 arithmetic) are diffusers' own."""
     from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoRotaryPosEmbed
 
-    from ditax.models.ltx2 import rope as R
+    from ditax.models.ltx2.transformer import rope as R
 
     video = LTX2AudioVideoRotaryPosEmbed(dim=4096, patch_size=1, patch_size_t=1)
     audio = LTX2AudioVideoRotaryPosEmbed(dim=2048, scale_factors=[4], modality="audio")
@@ -208,6 +208,9 @@ def test_bad_configs_and_inputs_give_one_clear_line(tmp_path, rng):
                                    r"audio_hidden_states has La=5"),
         (dict(video_coords=np.zeros((2, 3, 18), np.float32)[:, :1]),
          r"video_coords must be \[B=2, 3, L=18, 2\]"),
+        (dict(audio_coords=np.zeros((2, 1, 4), np.float32)),
+         r"audio_coords must be \[B=2, 1, La=5, 2\] \(each token's \[start, end\) in "
+         r"seconds\) or \[B, 1, La\]"),
         (dict(spatio_temporal_guidance_blocks=[2]), r"\[2\] are no block indices of this "
                                                     r"model \(0..1\)"),
         (dict(perturbation_mask=np.ones(2, np.float32)), r"perturbation_mask is given without"),
@@ -223,6 +226,8 @@ def test_bad_configs_and_inputs_give_one_clear_line(tmp_path, rng):
         with pytest.raises(RequestError, match=msg) as e:
             tr(**{**x, **change})
         assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(TypeError, match=r"audio_timesteps"):    # no keyword of the call
+        tr(**x, audio_timesteps=x["timestep"])
     with pytest.raises(RequestError, match=r"perturbed_attn=false \(diffusers then ignores"):
         ditax.load_transformer(with_config("plain", perturbed_attn=False))(
             **x, spatio_temporal_guidance_blocks=[1])

@@ -1,5 +1,5 @@
 """LTX-2's latent upsampler: a diffusers ``LTX2LatentUpsamplerModel`` folder read by
-:func:`ditax.models.ltx2.upsampler_convert.load_latent_upsampler` gives diffusers' output on
+:func:`ditax.models.ltx2.upsampler.convert.load_latent_upsampler` gives diffusers' output on
 random latents, for every upsampler kind diffusers builds; bad configs and folders are one
 line."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ditax.errors import ConfigError, WeightError
-from ditax.models.ltx2.upsampler_config import LatentUpsamplerConfig
-from ditax.models.ltx2.upsampler_convert import load_latent_upsampler
+from ditax.models.ltx2.upsampler.config import LatentUpsamplerConfig
+from ditax.models.ltx2.upsampler.convert import load_latent_upsampler
 from ltx2_upsampler_reference import VARIANTS, run_upsampler, write_upsampler
 from wan_reference import rel_err
 

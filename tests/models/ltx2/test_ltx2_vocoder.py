@@ -15,11 +15,11 @@ from flax import nnx  # noqa: E402
 
 from ditax.errors import ConfigError, RequestError, WeightError  # noqa: E402
 from ditax.io import convert  # noqa: E402
-from ditax.models.ltx2.audio_layers import Buffer  # noqa: E402
-from ditax.models.ltx2.vocoder_config import LTX2VocoderBWEConfig, LTX2VocoderConfig  # noqa: E402
-from ditax.models.ltx2.vocoder_convert import load_vocoder, weight_table  # noqa: E402
-from ditax.models.ltx2.vocoder_layers import hann_sinc_filter, kaiser_sinc_filter  # noqa: E402
-from ditax.models.ltx2.vocoder_model import LTX2Vocoder  # noqa: E402
+from ditax.models.ltx2.audio.layers import Buffer  # noqa: E402
+from ditax.models.ltx2.vocoder.config import LTX2VocoderBWEConfig, LTX2VocoderConfig  # noqa: E402
+from ditax.models.ltx2.vocoder.convert import load_vocoder, weight_table  # noqa: E402
+from ditax.models.ltx2.vocoder.layers import hann_sinc_filter, kaiser_sinc_filter  # noqa: E402
+from ditax.models.ltx2.vocoder.model import LTX2Vocoder  # noqa: E402
 from ltx2_audio_reference import BWE, VOCODER, make_vocoder, rel_err  # noqa: E402
 
 TOL = 1e-5

@@ -41,10 +41,11 @@ from ditax.intmath import ceil_div
 NEG_INF = float("-inf")
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, dlse_ref, o_ref, dq_ref,
-               delta_ref, acc_sc, delta_sc, *, scale: float, mask_kv: bool = False,
-               mask: str = "all", nkv: int = 1, q_len: int | None = None, nq: int = 1):
+def _dq_kernel(*refs, scale: float, mask_kv: bool = False, mask: str = "all", nkv: int = 1,
+               q_len: int | None = None, nq: int = 1):
     """One (query block, key block) tile; grid axis 3 walks the keys, dq accumulates.
+    ``refs``: the inputs ``q, k, v, keep, dO, lse, dlse, o``, the outputs ``dq, delta`` and
+    the scratch ``acc, delta`` (pallas_call's order).
 
     At the first key block the block's softmax delta ``rowsum(dO · o) - dlse`` is computed
     (float32, on the ``[block_q, K]`` tiles: the same arithmetic whatever layout or padding
@@ -52,6 +53,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, dlse_ref, o_ref, 
     value rows of masked keys (a partial last key block reads past the shard: unspecified
     rows, and ``0 * NaN`` in ``dS k`` or ``dO vᵀ`` would reach valid rows). ``q_len``: the
     shard length when it is no multiple of the query block; delta is 0 past it."""
+    (q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, dlse_ref, o_ref, dq_ref, delta_ref,
+     acc_sc, delta_sc) = refs
     i, j = pl.program_id(2), pl.program_id(3)   # (read outside pl.when: interpret mode)
 
     @pl.when(j == 0)

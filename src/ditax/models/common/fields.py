@@ -13,16 +13,24 @@ ask the target platform). The remat policies themselves (jax objects) are in
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
-from typing import Callable, Literal, get_args
+from typing import Callable, ClassVar, Literal, get_args
 
 from ditax.errors import ConfigError, check_choice
+
+log = logging.getLogger(__name__)
 
 DType = Literal["float32", "bfloat16", "float16"]
 Remat = Literal["none", "full", "save_dots", "save_dots_no_batch", "save_attn_out",
                 "save_proj"]
 Quantize = Literal["none", "int8", "fp8"]   # 8-bit block weights (ditax.nn.quant)
 Offload = Literal["none", "host"]           # where the stacked blocks' weights live
+# what the dots and convolutions run at (jax's default_matmul_precision): "auto" = "highest"
+# for a float32 model (f32 means f32: a TPU's default passes float32 through bfloat16), the
+# platform's default otherwise (bfloat16 runs stay as fast)
+Precision = Literal["auto", "default", "high", "highest"]
+PRECISIONS = get_args(Precision)
 DTYPES = get_args(DType)
 OFFLOAD_MODES = get_args(Offload)
 MAX_PREFETCH = 8      # blocks whose weights are copied ahead (each one more block in HBM)
@@ -50,6 +58,7 @@ class TransformerNumerics:
     scan_layers: bool = True
     offload: Offload = "none"        # host: the blocks' weights streamed from host memory
     offload_prefetch: int = 1        # blocks copied ahead while one runs (forward programs)
+    precision: Precision = "auto"    # dots / convolutions: auto = highest for float32
 
 
 def check_numerics(m) -> None:
@@ -59,12 +68,23 @@ def check_numerics(m) -> None:
     check_choice("model.dtype", m.dtype, DTYPES)
     check_choice("model.remat", m.remat, REMAT_POLICIES)
     check_choice("model.offload", m.offload, OFFLOAD_MODES)
+    check_choice("model.precision", getattr(m, "precision", "auto"), PRECISIONS)
     if (not isinstance(m.offload_prefetch, int) or isinstance(m.offload_prefetch, bool)
             or not 0 <= m.offload_prefetch <= MAX_PREFETCH):
         raise ConfigError(f"model.offload_prefetch={m.offload_prefetch!r}: the blocks copied "
                           f"ahead must be an int in 0..{MAX_PREFETCH} (1: the next block's "
                           f"weights arrive while this one runs)")
     check_quantize(m)
+
+
+def matmul_precision(m) -> str:
+    """The precision model config ``m``'s dots and convolutions run at (``model.precision``;
+    ``auto``: ``highest`` for a float32 compute dtype, else ``default``), as
+    :func:`jax.default_matmul_precision` names it."""
+    p = getattr(m, "precision", "auto")
+    if p == "auto":
+        return "highest" if getattr(m, "dtype", "float32") == "float32" else "default"
+    return p
 
 
 def transformer_check(cls: type, check_model: Callable) -> Callable:
@@ -122,6 +142,72 @@ def diffusers_config(m, class_name: str, names) -> dict:
     return out
 
 
+class DiffusersArchitecture:
+    """A config dataclass whose architecture is a diffusers ``config.json``: the class names
+    its ``CLASS_NAME`` and its architecture fields ``DIFFUSERS_FIELDS`` (plain class
+    attributes, not dataclass fields; ``FLOAT_FIELDS``: those a JSON integer is read as a float
+    for) and gets the three readings every family's transformer config makes of them."""
+
+    CLASS_NAME: ClassVar[str]
+    DIFFUSERS_FIELDS: ClassVar[tuple[str, ...]]
+    FLOAT_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_diffusers(cls, cfg: dict, **overrides):
+        """Build from a diffusers ``config.json`` dict (keys that are no architecture field
+        ignored, JSON lists as tuples); the keyword ``overrides`` (dtypes, remat …) replace
+        fields (:func:`with_overrides`)."""
+        kw = {k: cfg[k] for k in cls.DIFFUSERS_FIELDS if k in cfg}
+        for k, v in kw.items():
+            if isinstance(v, list):
+                kw[k] = tuple(v)
+            elif k in cls.FLOAT_FIELDS and isinstance(v, int) and not isinstance(v, bool):
+                kw[k] = float(v)
+        return with_overrides(cls, kw, overrides)
+
+    def to_diffusers(self) -> dict:
+        """The diffusers ``config.json`` dict of this architecture (``_class_name`` included)."""
+        return diffusers_config(self, self.CLASS_NAME, self.DIFFUSERS_FIELDS)
+
+    def same_architecture(self, other) -> list[tuple[str, object, object]]:
+        """``(field, self's, other's)`` for every architecture field where they differ."""
+        return [(f, getattr(self, f), getattr(other, f)) for f in self.DIFFUSERS_FIELDS
+                if getattr(self, f) != getattr(other, f)]
+
+
+def json_tuples(v):
+    """JSON lists (nested too) as tuples, so configs compare and hash."""
+    return tuple(json_tuples(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+def known_fields(cls, cfg: dict, what: str, ignored=()) -> dict:
+    """The fields of the config dataclass ``cls`` a diffusers ``config.json`` dict ``cfg``
+    holds, JSON lists as tuples: a component's lenient reading (VAEs, vocoder), where a key
+    that is no field is logged (``what``: the config in the message) and ignored, and
+    ``_``-metadata (``_class_name`` …) and ``ignored`` keys silently."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(k for k in cfg if k not in names and not k.startswith("_")
+                     and k not in ignored)
+    if unknown:
+        log.warning("%s: ignoring unknown keys %s", what, unknown)
+    return {k: json_tuples(v) for k, v in cfg.items() if k in names}
+
+
+def check_positive_ints(m, names, optional=(), optional_means: str = "in_channels") -> None:
+    """Every field of ``names`` of model config ``m`` is an integer >= 1, and every one of
+    ``optional`` too or None (which means ``optional_means``); else a :class:`ConfigError`
+    naming the ``model.`` key and its value."""
+    for k in names:
+        v = getattr(m, k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"model.{k}={v!r} must be an integer >= 1")
+    for k in optional:
+        v = getattr(m, k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"model.{k}={v!r} must be an integer >= 1 (or none: "
+                              f"{optional_means})")
+
+
 def for_training(m):
     """``m`` as a training program runs it: with offloaded weights each block's copy in its
     own step (``offload_prefetch=0``), since a scan's carried copies would be kept for the
@@ -164,7 +250,8 @@ def check_overrides(cls, overrides: dict) -> None:
 
 
 __all__ = ["DType", "Remat", "Quantize", "Offload", "DTYPES", "REMAT_POLICIES", "QUANTIZE_MODES",
-           "OFFLOAD_MODES", "MAX_PREFETCH", "for_training",
+           "OFFLOAD_MODES", "MAX_PREFETCH", "Precision", "PRECISIONS", "matmul_precision", "for_training",
            "TransformerNumerics", "check_numerics", "transformer_check", "check_tensor_splits",
            "check_quantize",
-           "check_overrides", "with_overrides", "diffusers_config"]
+           "check_overrides", "with_overrides", "diffusers_config", "DiffusersArchitecture",
+           "check_positive_ints", "json_tuples", "known_fields"]

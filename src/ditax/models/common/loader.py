@@ -38,7 +38,7 @@ from ditax.io.convert import load_params, param_shapes
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights, is_single_file
-from ditax.models.common.loaded import param_sharding
+from ditax.models.common.loaded import check_architecture, param_sharding
 from ditax.nn import quant
 from ditax.nn.offload import streamable
 from ditax.parallel.mesh import MESH_AXES, check_mesh_axes
@@ -158,6 +158,35 @@ class TransformerLoader:
         raw = self.read_config(folder)
         arch = self.architecture_of_class(raw.get("_class_name"))
         return arch.config_class.from_diffusers(raw, **overrides)
+
+    def check_architecture(self, cfg, path) -> pathlib.Path:
+        """The transformer folder at ``path`` if its config.json has ``cfg``'s architecture
+        (``cfg.same_architecture``: :class:`~ditax.models.common.fields.DiffusersArchitecture`);
+        else a :class:`ConfigError` listing every differing field and the ``model.X=...``
+        overrides that would match (``init_from``, before anything compiles)."""
+        folder = resolve_folder(path, "transformer")
+        check_architecture(path, cfg.same_architecture(self.folder_config(folder)))
+        return folder
+
+    def check_folder(self, path, subfolder: Optional[str], summary: Callable) -> str:
+        """Check a transformer folder from config.json and the safetensors headers only (every
+        key present, none unexpected, every shape right) for ``ditax convert``; returns a
+        one-line summary (``summary(cfg)``: the model's shape), raises
+        :class:`~ditax.errors.WeightError` naming what does not fit."""
+        import math
+
+        from ditax.io.convert import check_weights
+
+        folder = resolve_folder(path, subfolder)
+        cfg = self.folder_config(folder)
+        self.check_transformer(cfg)
+        arch = self.architecture(cfg)
+        weights = Weights.open(folder)
+        shapes = param_shapes(nnx.state(arch.abstract_model(cfg)))
+        check_weights(arch.weight_table(cfg), weights, shapes)
+        n = sum(math.prod(s) for s in shapes.values())
+        return (f"{folder}: OK — {summary(cfg)}, {n / 1e9:.3f} B params, "
+                f"{len(weights)} tensors")
 
     # -- weights ------------------------------------------------------------------------------
 

@@ -13,6 +13,9 @@ import functools
 import re
 
 SUFFIXES = (".weight", ".bias")
+#: the key prefixes of original-name checkpoints and LoRAs (ComfyUI's and the trainers'):
+#: stripped before the names are read
+ORIGINAL_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 
 
 def split_suffix(key: str, suffixes=SUFFIXES) -> tuple[str, str]:
@@ -62,4 +65,17 @@ class NameMap:
         return re.compile("|".join(f"(?:{a})" for a in alts))
 
 
-__all__ = ["NameMap", "SUFFIXES", "split_suffix"]
+def original_lora_names(to_module, to_original, is_module, *, export_prefix="diffusion_model.",
+                        **names):
+    """A family's :class:`~ditax.lora.names.LoraNames` for LoRAs in its original names as
+    well as diffusers' (``to_module(name, sep=".")`` / ``to_original(module)`` /
+    ``is_module(name)``: the family's name table), the original keys read under
+    :data:`ORIGINAL_PREFIXES` and exported under ``export_prefix``; ``names``: the other
+    fields (family, model, targets, messages, fused layers …)."""
+    from ditax.lora.names import LoraNames
+
+    return LoraNames(to_module=to_module, to_original=to_original, is_module=is_module,
+                     original_prefixes=ORIGINAL_PREFIXES, export_prefix=export_prefix, **names)
+
+
+__all__ = ["NameMap", "ORIGINAL_PREFIXES", "SUFFIXES", "original_lora_names", "split_suffix"]

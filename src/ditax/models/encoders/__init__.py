@@ -7,7 +7,8 @@ and imports none).
 - :mod:`.clip`: the CLIP towers (the image encoder + preprocessing of Wan image-to-video, the
   text encoder + pooled vector of FLUX.1);
 - :mod:`.tokenizer`: tokenizers (a ``tokenizer.json`` as saved; CLIP's and T5's as
-  transformers builds them).
+  transformers builds them);
+- :mod:`.inputs`: what the text encoders' calls share (the compute dtype, the token mask).
 
 Nothing is imported here, so the family registry's discovery (which walks the subpackages of
 :mod:`ditax.models`) does not start JAX; import the module you need.

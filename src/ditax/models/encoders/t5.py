@@ -36,6 +36,7 @@ from ditax.io.convert import TRANSPOSE, Row, Table, load_params
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.io.weights import Weights
+from ditax.models.encoders.inputs import compute_dtype, token_mask
 from ditax.nn.activations import ACTIVATIONS
 from ditax.nn.offload import on_device
 
@@ -45,13 +46,7 @@ MODEL_TYPES = {"t5": False, "mt5": False, "umt5": True}
 
 def _dtype(d):
     """``jnp.dtype(d)``, refusing anything that is not a floating-point type."""
-    try:
-        dt = jnp.dtype(d)
-    except TypeError:
-        dt = None
-    if dt is None or not jnp.issubdtype(dt, jnp.floating):
-        raise ConfigError(f"dtype={d!r} is not supported; use float32, bfloat16 or float16")
-    return dt
+    return compute_dtype(d, "float32, bfloat16 or float16")
 
 
 @dataclass(frozen=True)
@@ -284,14 +279,7 @@ class T5Encoder(nnx.Module):
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be [B, T]; got shape {input_ids.shape}")
         b, t = input_ids.shape
-        if attention_mask is None:
-            key_mask = jnp.ones((b, t), bool)
-        else:
-            attention_mask = jnp.asarray(attention_mask)
-            if attention_mask.shape != (b, t):
-                raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids "
-                                 f"shape {(b, t)}")
-            key_mask = attention_mask > 0
+        key_mask = token_mask(input_ids, attention_mask)
         buckets = jnp.asarray(relative_position_buckets(
             t, t, self.cfg.relative_attention_num_buckets,
             self.cfg.relative_attention_max_distance))

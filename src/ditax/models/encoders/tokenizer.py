@@ -48,6 +48,12 @@ def clean_prompt(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+def arrays(encs) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids int32 [B, T], mask int32 [B, T])`` of the backend's encodings."""
+    return (np.asarray([e.ids for e in encs], np.int32),
+            np.asarray([e.attention_mask for e in encs], np.int32))
+
+
 class Tokenizer:
     """Wraps a ``tokenizers.Tokenizer`` with the pipeline's padding/truncation contract."""
 
@@ -67,19 +73,22 @@ class Tokenizer:
         Adds the special tokens, truncates to ``max_length`` (special tokens kept), pads to
         exactly ``max_length``; ``mask`` is 1 on real tokens and 0 on padding.
         """
+        prompts, encs = self.encode_batch(prompts, max_length, add_special_tokens=True)
+        self._warn_truncated([p for p, e in zip(prompts, encs) if e.overflowing], max_length)
+        return arrays(encs)
+
+    def encode_batch(self, prompts, max_length: int, add_special_tokens: bool):
+        """``(prompts as a list, the backend's encodings)``: truncated and padded to exactly
+        ``max_length`` tokens on :attr:`padding_side`."""
         if isinstance(prompts, str):
             prompts = [prompts]
         if not isinstance(max_length, int) or max_length < 1:
-            raise ValueError(f"max_length={max_length!r}; expected a positive int (Wan uses 512)")
+            raise ValueError(f"max_length={max_length!r}; expected a positive int (e.g. 512)")
         tok = self.backend
         tok.enable_truncation(max_length=max_length)
         tok.enable_padding(direction=self.padding_side, pad_id=self.pad_id,
                            pad_token=self.pad_token, length=max_length)
-        encs = tok.encode_batch(list(prompts), add_special_tokens=True)
-        ids = np.asarray([e.ids for e in encs], np.int32)
-        mask = np.asarray([e.attention_mask for e in encs], np.int32)
-        self._warn_truncated([p for p, e in zip(prompts, encs) if e.overflowing], max_length)
-        return ids, mask
+        return prompts, tok.encode_batch(list(prompts), add_special_tokens=add_special_tokens)
 
     def _warn_truncated(self, prompts, max_length: int) -> None:
         """One warning per prompt longer than ``max_length`` tokens (its full length counted

@@ -27,13 +27,12 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import AttentionCall
-from ditax.models.flux.config import EPS, FluxConfig
+from ditax.models.common.bfl.blocks import (HEADS, MLP, TOKENS, DoubleStreams, attend_joint,
+                                            gated, modulate, named)
 from ditax.models.common.joint_layout import JointLayout
-from ditax.nn import FP32LayerNorm, Linear, RMSNorm, apply_rope
+from ditax.models.flux.config import EPS, FluxConfig
+from ditax.nn import FP32LayerNorm, Linear, RMSNorm
 from ditax.parallel.sharding import ShardingContext
-
-TOKENS = ("act_batch", "act_seq", "act_embed")
-HEADS = ("act_batch", "act_seq", "act_heads", None)
 
 
 class AdaNorm(nnx.Module):
@@ -52,17 +51,7 @@ class AdaNorm(nnx.Module):
 
     def modulate(self, x, shift, scale):
         """``LayerNorm(x) · (1 + scale) + shift`` in float32, in ``x``'s dtype."""
-        return (self.norm(x) * (1 + scale) + shift).astype(x.dtype)
-
-
-def gated(x, gate, h, clip: bool = False):
-    """``x + gate · h`` in float32, in ``x``'s dtype (the blocks' residual updates);
-    ``clip``: in float16, clipped to its finite range as diffusers clips the single blocks'
-    output and the double blocks' text stream."""
-    y = x.astype(jnp.float32) + gate * h.astype(jnp.float32)
-    if clip and x.dtype == jnp.float16:
-        y = jnp.clip(y, -65504.0, 65504.0)
-    return y.astype(x.dtype)
+        return modulate(self.norm, x, shift, scale)
 
 
 class FeedForward(nnx.Module):
@@ -77,8 +66,7 @@ class FeedForward(nnx.Module):
         """``x [B, S, D]`` → ``[B, S, D]``; the two projections' outputs are named
         ``proj_in`` / ``proj_out`` for remat (the double blocks' only user)."""
         h = checkpoint_name(self.proj_in(x), "proj_in")
-        h = sharding.constrain(jax.nn.gelu(h, approximate=True),
-                               ("act_batch", "act_seq", "act_mlp"))
+        h = sharding.constrain(jax.nn.gelu(h, approximate=True), MLP)
         return checkpoint_name(self.proj_out(h), "proj_out")
 
 
@@ -109,32 +97,19 @@ class Attention(nnx.Module):
     def qkv(self, x, sharding: ShardingContext, name: str | None = None):
         """``x [B, S, D]`` → normed q, k and v ``[B, S, N, K]``; ``name``: the remat name of
         the three projections' outputs (None: unnamed)."""
-        q, k, v = (_named(self._heads(p(x)), name) for p in (self.to_q, self.to_k, self.to_v))
+        q, k, v = (named(self._heads(p(x)), name) for p in (self.to_q, self.to_k, self.to_v))
         q, k = self.norm_q(q), self.norm_k(k)
         return tuple(sharding.constrain(a, HEADS) for a in (q, k, v))
 
     def added_qkv(self, x, sharding: ShardingContext, name: str | None = None):
         """Text tokens ``[B, T', D]`` → their normed q, k and v (double blocks)."""
-        q, k, v = (_named(self._heads(p(x)), name)
+        q, k, v = (named(self._heads(p(x)), name)
                    for p in (self.add_q_proj, self.add_k_proj, self.add_v_proj))
         q, k = self.norm_added_q(q), self.norm_added_k(k)
         return tuple(sharding.constrain(a, HEADS) for a in (q, k, v))
 
 
-def _named(x, name: str | None):
-    return x if name is None else checkpoint_name(x, name)
-
-
-def attend_joint(q, k, v, rope, kv_mask, attn: AttentionCall, sharding: ShardingContext):
-    """RoPE on q and k (float32 inside, :func:`~ditax.nn.apply_rope`), then ``attn`` over the
-    joint sequence ``[B, S', N, K]``; the output is named ``attn_out`` for remat."""
-    q = sharding.constrain(apply_rope(q, *rope), HEADS)
-    k = sharding.constrain(apply_rope(k, *rope), HEADS)
-    o = sharding.constrain(attn(q, k, v, kv_mask=kv_mask), HEADS)
-    return checkpoint_name(o, "attn_out")
-
-
-class DoubleBlock(nnx.Module):
+class DoubleBlock(DoubleStreams, nnx.Module):
     """One double-stream block on ``(image [B, L', D], text [B, T', D])``."""
 
     def __init__(self, cfg: FluxConfig, *, rngs):
@@ -153,26 +128,12 @@ class DoubleBlock(nnx.Module):
         """``streams`` (image, text) → the same after the block; ``temb [B, D]``; rope (cos,
         sin) ``[S', K]`` and ``kv_mask [B, S']`` (or None) of the joint layout."""
         img, txt = streams
-        shift, scale, gate, m_shift, m_scale, m_gate = self.norm1.terms(temb)
-        c_shift, c_scale, c_gate, cm_shift, cm_scale, cm_gate = self.norm1_context.terms(temb)
-        q_i, k_i, v_i = self.attn.qkv(self.norm1.modulate(img, shift, scale), sharding,
-                                      "proj_in")
-        q_t, k_t, v_t = self.attn.added_qkv(self.norm1_context.modulate(txt, c_shift, c_scale),
-                                            sharding, "proj_in")
-        q, k, v = (layout.join(a, b) for a, b in ((q_i, q_t), (k_i, k_t), (v_i, v_t)))
-        o_i, o_t = layout.split(attend_joint(q, k, v, rope, kv_mask, attn, sharding))
-
-        out_i = checkpoint_name(self.attn.to_out.from_heads(o_i), "proj_out")
-        img = sharding.constrain(gated(img, gate, out_i), TOKENS)
-        h = (self.norm2(img) * (1 + m_scale) + m_shift).astype(img.dtype)
-        img = sharding.constrain(gated(img, m_gate, self.ff(h, sharding)), TOKENS)
-
-        out_t = checkpoint_name(self.attn.to_add_out.from_heads(o_t), "proj_out")
-        txt = sharding.constrain(gated(txt, c_gate, out_t), TOKENS)
-        h = (self.norm2_context(txt) * (1 + cm_scale) + cm_shift).astype(txt.dtype)
-        txt = sharding.constrain(gated(txt, cm_gate, self.ff_context(h, sharding), clip=True),
-                                 TOKENS)
-        return img, txt
+        terms, terms_txt = self.norm1.terms(temb), self.norm1_context.terms(temb)
+        qkv_img = self.attn.qkv(self.norm1.modulate(img, *terms[:2]), sharding, "proj_in")
+        qkv_txt = self.attn.added_qkv(self.norm1_context.modulate(txt, *terms_txt[:2]),
+                                      sharding, "proj_in")
+        return self.joint_update(streams, qkv_img, qkv_txt, terms, terms_txt, rope, kv_mask,
+                                 layout, attn, sharding)
 
 
 class SingleBlock(nnx.Module):
@@ -193,8 +154,7 @@ class SingleBlock(nnx.Module):
                  sharding: ShardingContext):
         shift, scale, gate = self.norm.terms(temb)
         h = self.norm.modulate(x, shift, scale)
-        mlp = sharding.constrain(jax.nn.gelu(self.proj_mlp(h), approximate=True),
-                                 ("act_batch", "act_seq", "act_mlp"))
+        mlp = sharding.constrain(jax.nn.gelu(self.proj_mlp(h), approximate=True), MLP)
         o = attend_joint(*self.attn.qkv(h, sharding), rope, kv_mask, attn, sharding)
         n, k = o.shape[-2:]
         if type(self.proj_out) is Linear and self.proj_out.quant is None:
@@ -211,4 +171,4 @@ class SingleBlock(nnx.Module):
         return sharding.constrain(gated(x, gate, out, clip=True), TOKENS)
 
 
-__all__ = ["AdaNorm", "FeedForward", "Attention", "DoubleBlock", "SingleBlock", "gated"]
+__all__ = ["AdaNorm", "FeedForward", "Attention", "DoubleBlock", "SingleBlock"]

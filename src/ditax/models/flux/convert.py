@@ -10,11 +10,9 @@ sharded reads: :mod:`ditax.io.convert`) and the parameter PartitionSpecs
 
 from __future__ import annotations
 
-from ditax.io.convert import ID, TRANSPOSE, Row, Table, logical_axes
+from ditax.io.convert import ID, TRANSPOSE, Row
+from ditax.models.common.bfl.convert import DOUBLE, SINGLE, norm_rows, table_readers
 from ditax.models.flux.config import FluxConfig
-
-DOUBLE, SINGLE = "transformer_blocks", "single_transformer_blocks"
-
 
 def _linear(path, key, axes_in, axes_out, layers=None):
     return [Row(path + ("kernel",), key + ".weight", TRANSPOSE, (axes_in, axes_out),
@@ -22,23 +20,19 @@ def _linear(path, key, axes_in, axes_out, layers=None):
             Row(path + ("bias",), key + ".bias", ID, (axes_out,), layers=layers)]
 
 
-def _norm(path, key, layers=None):
-    return [Row(path + ("scale",), key + ".weight", ID, ("norm",), layers=layers)]
-
-
 def _attention(stack: str, depth: int, added: bool) -> list[Row]:
     path, key = (stack, "attn"), f"{stack}.{{i}}.attn"
     rows = []
     for p in ("to_q", "to_k", "to_v"):
         rows += _linear(path + (p,), f"{key}.{p}", "embed", "heads", depth)
-    rows += _norm(path + ("norm_q",), f"{key}.norm_q", depth)
-    rows += _norm(path + ("norm_k",), f"{key}.norm_k", depth)
+    rows += norm_rows(path + ("norm_q",), f"{key}.norm_q", depth)
+    rows += norm_rows(path + ("norm_k",), f"{key}.norm_k", depth)
     if added:
         rows += _linear(path + ("to_out",), f"{key}.to_out.0", "heads", "embed", depth)
         for p in ("add_q_proj", "add_k_proj", "add_v_proj"):
             rows += _linear(path + (p,), f"{key}.{p}", "embed", "heads", depth)
-        rows += _norm(path + ("norm_added_q",), f"{key}.norm_added_q", depth)
-        rows += _norm(path + ("norm_added_k",), f"{key}.norm_added_k", depth)
+        rows += norm_rows(path + ("norm_added_q",), f"{key}.norm_added_q", depth)
+        rows += norm_rows(path + ("norm_added_k",), f"{key}.norm_added_k", depth)
         rows += _linear(path + ("to_add_out",), f"{key}.to_add_out", "heads", "embed", depth)
     return rows
 
@@ -85,16 +79,9 @@ def table(cfg: FluxConfig) -> list[Row]:
     return rows
 
 
-def weight_table(cfg: FluxConfig) -> Table:
-    """The transformer's :class:`~ditax.io.convert.Table` for ``cfg``."""
-    return Table("transformer", tuple(table(cfg)), cfg.num_layers, (),
-                 f"the config (num_layers={cfg.num_layers}, num_single_layers="
-                 f"{cfg.num_single_layers}, guidance_embeds={cfg.guidance_embeds})")
-
-
-def param_axes(cfg: FluxConfig) -> dict[tuple[str, ...], tuple]:
-    """Our parameter path → logical axis names (stacked blocks: a leading "layers")."""
-    return logical_axes(table(cfg))
+#: the transformer's :class:`~ditax.io.convert.Table` for ``cfg``; our parameter path →
+#: logical axis names (stacked blocks: a leading "layers")
+weight_table, param_axes = table_readers(table)
 
 
 __all__ = ["table", "weight_table", "param_axes"]

@@ -7,7 +7,7 @@ sd-scripts' (``lora_unet_double_blocks_0_img_attn_qkv``) and XLabs'
 :mod:`.original_names`, whose fused layers (q / k / v in one, ``linear1``'s q / k / v / MLP,
 the final modulation's swapped halves) are split into their diffusers layers; kohya files in
 diffusers names (``lora_transformer_transformer_blocks_0_attn_to_q``) read back through
-:func:`~ditax.models.flux.original_names.from_underscored`. Export writes
+:meth:`~ditax.models.common.bfl.names.BflNames.from_underscored`. Export writes
 kohya names (``lora_unet_`` + BFL names with ``_``), the fused layers assembled again.
 
 Target groups (``lora.targets``) are patterns over our module paths: ``attn`` every attention
@@ -17,9 +17,7 @@ blocks' ``proj_mlp``; ``proj_out`` reads attention and MLP, so it is in both gro
 
 from __future__ import annotations
 
-from ditax.lora.names import LoraNames
-from ditax.models.flux.original_names import (from_underscored, fused, is_module, to_module,
-                                              to_original)
+from ditax.models.flux.original_names import NAMES
 
 _DOUBLE_ATTN = (r"transformer_blocks\.attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|"
                 r"add_v_proj|to_add_out)")
@@ -28,25 +26,11 @@ _FFN = (r"transformer_blocks\.(ff|ff_context)\.(proj_in|proj_out)",
         r"single_transformer_blocks\.(proj_mlp|proj_out)")
 TARGETS = {"attn": (_DOUBLE_ATTN, _SINGLE_ATTN), "ffn": _FFN}
 
-LORA_NAMES = LoraNames(
-    family="Flux",
-    model="the FLUX.1 transformer",
-    to_module=to_module,
-    to_original=to_original,
-    is_module=is_module,
-    original_prefixes=("model.diffusion_model.", "diffusion_model."),
-    export_prefix="lora_unet_",
-    export_sep="_",
-    fused=fused,
-    underscored=from_underscored,
-    targets=TARGETS,
-    description=("diffusers / PEFT (transformer.transformer_blocks.N.attn.to_q.lora_A.weight), "
-                 "kohya (lora_unet_double_blocks_N_img_attn_qkv.lora_down.weight, or "
-                 "lora_transformer_transformer_blocks_N_attn_to_q.lora_down.weight), BFL / "
-                 "ComfyUI (diffusion_model.double_blocks.N.img_attn.qkv.lora_down.weight) or "
-                 "XLabs (double_blocks.N.processor.qkv_lora1.down.weight)"),
-    mismatch_hint="is it a LoRA for another FLUX.1 model size, or for FLUX.2?",
-    layer_key=r"^(?:single_)?transformer_blocks\.(\d+)\.",
-)
+LORA_NAMES = NAMES.lora_names(
+    "Flux", TARGETS, "is it a LoRA for another FLUX.1 model size, or for FLUX.2?",
+    "kohya (lora_unet_double_blocks_N_img_attn_qkv.lora_down.weight, or "
+    "lora_transformer_transformer_blocks_N_attn_to_q.lora_down.weight), BFL / ComfyUI "
+    "(diffusion_model.double_blocks.N.img_attn.qkv.lora_down.weight) or XLabs "
+    "(double_blocks.N.processor.qkv_lora1.down.weight)")
 
 __all__ = ["LORA_NAMES", "TARGETS"]

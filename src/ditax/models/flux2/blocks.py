@@ -37,29 +37,13 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import AttentionCall
+from ditax.models.common.bfl.blocks import (HEADS, MLP, TOKENS, DoubleStreams, attend_joint,
+                                            gated, modulate, named)
 from ditax.models.common.joint_layout import JointLayout
 from ditax.models.flux2.config import Flux2Config
 from ditax.models.flux2.embeddings import mod_terms
-from ditax.nn import FP32LayerNorm, Linear, RMSNorm, apply_rope
+from ditax.nn import FP32LayerNorm, Linear, RMSNorm
 from ditax.parallel.sharding import ShardingContext
-
-TOKENS = ("act_batch", "act_seq", "act_embed")
-HEADS = ("act_batch", "act_seq", "act_heads", None)
-MLP = ("act_batch", "act_seq", "act_mlp")
-
-
-def modulate(norm: FP32LayerNorm, x, shift, scale):
-    """``LayerNorm(x) · (1 + scale) + shift`` in float32, in ``x``'s dtype."""
-    return (norm(x) * (1 + scale) + shift).astype(x.dtype)
-
-
-def gated(x, gate, h, clip: bool = False):
-    """``x + gate · h`` in float32, in ``x``'s dtype; ``clip``: in float16, clipped to its
-    finite range as diffusers clips the single blocks' output and the text stream."""
-    y = x.astype(jnp.float32) + gate * h.astype(jnp.float32)
-    if clip and x.dtype == jnp.float16:
-        y = jnp.clip(y, -65504.0, 65504.0)
-    return y.astype(x.dtype)
 
 
 def swiglu(h):
@@ -81,19 +65,6 @@ class FeedForward(nnx.Module):
         h = checkpoint_name(self.linear_in(x), "proj_in")
         h = sharding.constrain(swiglu(h), MLP)
         return checkpoint_name(self.linear_out(h), "proj_out")
-
-
-def _named(x, name: str | None):
-    return x if name is None else checkpoint_name(x, name)
-
-
-def attend_joint(q, k, v, rope, kv_mask, attn: AttentionCall, sharding: ShardingContext):
-    """RoPE on q and k, then ``attn`` over the joint sequence ``[B, S', N, K]``; the output is
-    named ``attn_out`` for remat."""
-    q = sharding.constrain(apply_rope(q, *rope), HEADS)
-    k = sharding.constrain(apply_rope(k, *rope), HEADS)
-    o = sharding.constrain(attn(q, k, v, kv_mask=kv_mask), HEADS)
-    return checkpoint_name(o, "attn_out")
 
 
 class Attention(nnx.Module):
@@ -123,12 +94,12 @@ class Attention(nnx.Module):
         projs = ((self.add_q_proj, self.add_k_proj, self.add_v_proj) if added
                  else (self.to_q, self.to_k, self.to_v))
         norms = (self.norm_added_q, self.norm_added_k) if added else (self.norm_q, self.norm_k)
-        q, k, v = (_named(self._heads(p(x)), "proj_in") for p in projs)
+        q, k, v = (named(self._heads(p(x)), "proj_in") for p in projs)
         q, k = norms[0](q), norms[1](k)
         return tuple(sharding.constrain(a, HEADS) for a in (q, k, v))
 
 
-class DoubleBlock(nnx.Module):
+class DoubleBlock(DoubleStreams, nnx.Module):
     """One double-stream block on ``(image [B, L', D], text [B, T', D])``."""
 
     def __init__(self, cfg: Flux2Config, *, rngs):
@@ -148,25 +119,12 @@ class DoubleBlock(nnx.Module):
         ``[B, 6D]`` float32 (the shared modulations); rope (cos, sin) ``[S', K]`` and
         ``kv_mask [B, S']`` (or None) of the joint layout."""
         img, txt = streams
-        shift, scale, gate, m_shift, m_scale, m_gate = mod_terms(mod_img, 6)
-        c_shift, c_scale, c_gate, cm_shift, cm_scale, cm_gate = mod_terms(mod_txt, 6)
-        q_i, k_i, v_i = self.attn.qkv(modulate(self.norm1, img, shift, scale), sharding, False)
-        q_t, k_t, v_t = self.attn.qkv(modulate(self.norm1_context, txt, c_shift, c_scale),
-                                      sharding, True)
-        q, k, v = (layout.join(a, b) for a, b in ((q_i, q_t), (k_i, k_t), (v_i, v_t)))
-        o_i, o_t = layout.split(attend_joint(q, k, v, rope, kv_mask, attn, sharding))
-
-        out_i = checkpoint_name(self.attn.to_out.from_heads(o_i), "proj_out")
-        img = sharding.constrain(gated(img, gate, out_i), TOKENS)
-        h = modulate(self.norm2, img, m_shift, m_scale)
-        img = sharding.constrain(gated(img, m_gate, self.ff(h, sharding)), TOKENS)
-
-        out_t = checkpoint_name(self.attn.to_add_out.from_heads(o_t), "proj_out")
-        txt = sharding.constrain(gated(txt, c_gate, out_t), TOKENS)
-        h = modulate(self.norm2_context, txt, cm_shift, cm_scale)
-        txt = sharding.constrain(gated(txt, cm_gate, self.ff_context(h, sharding), clip=True),
-                                 TOKENS)
-        return img, txt
+        terms, terms_txt = mod_terms(mod_img, 6), mod_terms(mod_txt, 6)
+        qkv_img = self.attn.qkv(modulate(self.norm1, img, *terms[:2]), sharding, False)
+        qkv_txt = self.attn.qkv(modulate(self.norm1_context, txt, *terms_txt[:2]), sharding,
+                                True)
+        return self.joint_update(streams, qkv_img, qkv_txt, terms, terms_txt, rope, kv_mask,
+                                 layout, attn, sharding)
 
 
 class ParallelAttention(nnx.Module):
@@ -212,4 +170,4 @@ class SingleBlock(nnx.Module):
 
 
 __all__ = ["Attention", "DoubleBlock", "FeedForward", "ParallelAttention", "SingleBlock",
-           "gated", "modulate", "swiglu"]
+           "swiglu"]

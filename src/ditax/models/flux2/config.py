@@ -23,8 +23,8 @@ from typing import Literal, Optional
 
 from ditax.errors import ConfigError
 from ditax.models.common import fields
-from ditax.models.common.fields import (TransformerNumerics, check_numerics, check_tensor_splits,
-                                        diffusers_config, with_overrides)
+from ditax.models.common.bfl.config import JointDiTConfig, check_joint_model
+from ditax.models.common.fields import TransformerNumerics, check_tensor_splits
 
 CLASS_NAME = "Flux2Transformer2DModel"
 
@@ -59,7 +59,7 @@ class Flux2Shape:
 
 
 @dataclass(frozen=True)
-class Flux2Config(TransformerNumerics, Flux2Shape):
+class Flux2Config(JointDiTConfig, TransformerNumerics, Flux2Shape):
     """FLUX.2 transformer shape (diffusers names) and ditax's numerics (dtypes, remat, layer
     scan, 8-bit weights).
 
@@ -75,10 +75,9 @@ class Flux2Config(TransformerNumerics, Flux2Shape):
 
     text_encoder_out_layers: Optional[tuple[int, ...]] = None  # text layers read (none: kind's)
 
-    @property
-    def inner_dim(self) -> int:
-        """``D``, the model width."""
-        return self.num_attention_heads * self.attention_head_dim
+    CLASS_NAME = CLASS_NAME
+    DIFFUSERS_FIELDS = DIFFUSERS_FIELDS
+    FLOAT_FIELDS = ("mlp_ratio", "rope_theta", "eps")
 
     @property
     def mlp_dim(self) -> int:
@@ -86,44 +85,15 @@ class Flux2Config(TransformerNumerics, Flux2Shape):
         input projections write ``2M``: gate and value)."""
         return int(self.inner_dim * self.mlp_ratio)
 
-    @property
-    def output_channels(self) -> int:
-        """Width of the output tokens: ``patch_size² · (out_channels or in_channels)``."""
-        return self.patch_size ** 2 * (self.out_channels or self.in_channels)
-
-    @classmethod
-    def from_diffusers(cls, cfg: dict, **overrides) -> "Flux2Config":
-        """Build from a diffusers ``config.json`` dict (unknown keys ignored)."""
-        kw = {k: cfg[k] for k in DIFFUSERS_FIELDS if k in cfg}
-        if isinstance(kw.get("axes_dims_rope"), list):
-            kw["axes_dims_rope"] = tuple(kw["axes_dims_rope"])
-        for k in ("mlp_ratio", "rope_theta", "eps"):
-            if isinstance(kw.get(k), int) and not isinstance(kw.get(k), bool):
-                kw[k] = float(kw[k])
-        return with_overrides(cls, kw, overrides)
-
-    def to_diffusers(self) -> dict:
-        """The diffusers ``config.json`` dict of this architecture (``_class_name`` included)."""
-        return diffusers_config(self, CLASS_NAME, DIFFUSERS_FIELDS)
-
 
 def check_model(m: Flux2Config, mesh_sizes: dict[str, int] | None = None) -> None:
     """Raise :class:`ConfigError` for a model config that cannot be built (``mesh_sizes``: the
     resolved mesh sizes, for the tensor-parallel divisibility rules)."""
-    check_numerics(m)
-    for k in ("patch_size", "in_channels", "num_layers", "num_single_layers",
-              "attention_head_dim", "num_attention_heads", "joint_attention_dim",
-              "timestep_guidance_channels"):
-        v = getattr(m, k)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"model.{k}={v!r} must be an integer >= 1")
+    check_joint_model(m, ("timestep_guidance_channels",), "[32, 32, 32, 32]")
     if m.timestep_guidance_channels % 2:
         raise ConfigError(f"model.timestep_guidance_channels={m.timestep_guidance_channels} "
                           f"must be even (cos and sin halves of the sinusoid), e.g. 256")
-    if m.out_channels is not None and m.out_channels < 1:
-        raise ConfigError(f"model.out_channels={m.out_channels} must be >= 1 (or none: "
-                          f"in_channels)")
-    for k in ("mlp_ratio", "rope_theta", "eps"):
+    for k in Flux2Config.FLOAT_FIELDS:
         v = getattr(m, k)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ConfigError(f"model.{k}={v!r} must be a number > 0")
@@ -131,14 +101,6 @@ def check_model(m: Flux2Config, mesh_sizes: dict[str, int] | None = None) -> Non
         raise ConfigError(f"model.mlp_ratio={m.mlp_ratio} gives an MLP width "
                           f"int({m.inner_dim} x {m.mlp_ratio}) = {m.mlp_dim}; use a ratio "
                           f"that gives >= 1 (FLUX.2: 3.0)")
-    axes = tuple(m.axes_dims_rope)
-    if not axes or any(d < 2 or d % 2 for d in axes):
-        raise ConfigError(f"model.axes_dims_rope={list(axes)} must be even sizes >= 2, one per "
-                          f"position-id axis (RoPE pairs), e.g. [32, 32, 32, 32]")
-    if sum(axes) != m.attention_head_dim:
-        raise ConfigError(f"model.axes_dims_rope={list(axes)} sums to {sum(axes)}; the axes "
-                          f"split the head dim, so they must sum to attention_head_dim="
-                          f"{m.attention_head_dim}")
     check_tensor_splits(m, mesh_sizes, m.mlp_dim, "model MLP width (int(D x mlp_ratio))")
     layers = m.text_encoder_out_layers
     if layers is not None and (not layers or any(
@@ -151,11 +113,5 @@ def check_model(m: Flux2Config, mesh_sizes: dict[str, int] | None = None) -> Non
 check_transformer = fields.transformer_check(Flux2Config, check_model)
 
 
-def same_architecture(a: Flux2Config, b: Flux2Config) -> list[tuple[str, object, object]]:
-    """``(field, a's, b's)`` for every architecture field where ``a`` and ``b`` differ."""
-    return [(f, getattr(a, f), getattr(b, f)) for f in DIFFUSERS_FIELDS
-            if getattr(a, f) != getattr(b, f)]
-
-
-__all__ = ["Flux2Config", "check_model", "check_transformer", "same_architecture",
-           "DIFFUSERS_FIELDS", "CLASS_NAME"]
+__all__ = ["Flux2Config", "check_model", "check_transformer", "DIFFUSERS_FIELDS",
+           "CLASS_NAME"]

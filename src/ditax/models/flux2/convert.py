@@ -11,19 +11,13 @@ over ``tensor`` (``None``) and are sharded over ``embed`` only.
 
 from __future__ import annotations
 
-from ditax.io.convert import ID, TRANSPOSE, Row, Table, logical_axes
+from ditax.io.convert import TRANSPOSE, Row
+from ditax.models.common.bfl.convert import DOUBLE, SINGLE, norm_rows, table_readers
 from ditax.models.flux2.config import Flux2Config
-
-DOUBLE, SINGLE = "transformer_blocks", "single_transformer_blocks"
-
 
 def _linear(path, key, axes_in, axes_out, layers=None):
     return [Row(path + ("kernel",), key + ".weight", TRANSPOSE, (axes_in, axes_out),
                 layers=layers)]
-
-
-def _norm(path, key, layers=None):
-    return [Row(path + ("scale",), key + ".weight", ID, ("norm",), layers=layers)]
 
 
 def _double_rows(depth: int) -> list[Row]:
@@ -32,7 +26,7 @@ def _double_rows(depth: int) -> list[Row]:
     for p in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"):
         rows += _linear(path + (p,), f"{key}.{p}", "embed", "heads", depth)
     for n in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
-        rows += _norm(path + (n,), f"{key}.{n}", depth)
+        rows += norm_rows(path + (n,), f"{key}.{n}", depth)
     rows += _linear(path + ("to_out",), f"{key}.to_out.0", "heads", "embed", depth)
     rows += _linear(path + ("to_add_out",), f"{key}.to_add_out", "heads", "embed", depth)
     for ff in ("ff", "ff_context"):
@@ -46,8 +40,8 @@ def _double_rows(depth: int) -> list[Row]:
 def _single_rows(depth: int) -> list[Row]:
     path, key = (SINGLE, "attn"), f"{SINGLE}.{{i}}.attn"
     rows = _linear(path + ("to_qkv_mlp_proj",), f"{key}.to_qkv_mlp_proj", "embed", None, depth)
-    rows += _norm(path + ("norm_q",), f"{key}.norm_q", depth)
-    rows += _norm(path + ("norm_k",), f"{key}.norm_k", depth)
+    rows += norm_rows(path + ("norm_q",), f"{key}.norm_q", depth)
+    rows += norm_rows(path + ("norm_k",), f"{key}.norm_k", depth)
     rows += _linear(path + ("to_out",), f"{key}.to_out", None, "embed", depth)
     return rows
 
@@ -69,16 +63,9 @@ def table(cfg: Flux2Config) -> list[Row]:
     return rows
 
 
-def weight_table(cfg: Flux2Config) -> Table:
-    """The transformer's :class:`~ditax.io.convert.Table` for ``cfg``."""
-    return Table("transformer", tuple(table(cfg)), cfg.num_layers, (),
-                 f"the config (num_layers={cfg.num_layers}, num_single_layers="
-                 f"{cfg.num_single_layers}, guidance_embeds={cfg.guidance_embeds})")
-
-
-def param_axes(cfg: Flux2Config) -> dict[tuple[str, ...], tuple]:
-    """Our parameter path → logical axis names (stacked blocks: a leading "layers")."""
-    return logical_axes(table(cfg))
+#: the transformer's :class:`~ditax.io.convert.Table` for ``cfg``; our parameter path →
+#: logical axis names (stacked blocks: a leading "layers")
+weight_table, param_axes = table_readers(table)
 
 
 __all__ = ["table", "weight_table", "param_axes"]

@@ -4,98 +4,33 @@ shardings, and training (:mod:`ditax.models.flux2.training`: the packed denoiser
 
 Latents are the transformer's own grid: the VAE's latents patchified 2 x 2 and normalised
 (``C = in_channels = 128``, one token per latent pixel), so one image of ``H x W`` pixels is
-``[C, 1, H/16, W/16]`` (the FLUX.2 VAE's 8x, times the 2x2 patchify).
+``[C, 1, H/16, W/16]`` (the FLUX.2 VAE's 8x, times the 2x2 patchify). What FLUX.1 shares
+(the still-image grid, the forwarding methods, the guidance of training) is
+:class:`~ditax.models.common.bfl.family.BflFamily`.
 """
 
 from __future__ import annotations
 
-from flax import nnx
-
 from ditax.errors import ConfigError
-from ditax.models.base import ModelFamily
-
-VAE_FACTOR = 8    # AutoencoderKLFlux2: spatial downsampling
-PATCH = 2         # 2 x 2 latent pixels are one token (in_channels = 4 x the VAE's 32)
+from ditax.models.common.bfl.family import PACK as PATCH, VAE_FACTOR, BflFamily, bfl_parts
 
 
-class Flux2Family(ModelFamily):
+class Flux2Family(BflFamily):
     """``model``: :class:`ditax.models.flux2.config.Flux2Config`; ``attention``: an
     :class:`~ditax.attention.config.AttentionConfig` (None: ``xla``)."""
 
     name = "flux2"
-    default_frames = 1    # still images
-
-    def check(self, mesh_sizes=None) -> None:
-        from ditax.models.flux2.config import check_transformer
-
-        check_transformer(self.model, self.attention, mesh_sizes)
-
-    @classmethod
-    def folder_config(cls, root) -> dict:
-        """The architecture fields of the folder's ``transformer/config.json``, as
-        :class:`~ditax.models.flux2.config.Flux2Config` fields."""
-        from ditax.models.flux2.config import Flux2Config
-        from ditax.models.registry import spec
-
-        raw = cls.transformer_json(root, spec(cls.name).transformer_classes)
-        if raw is None:
-            return {}
-        m = Flux2Config.from_diffusers(raw)
-        return {k: getattr(m, k) for k in m.to_diffusers() if k != "_class_name"}
+    label, packing, token_grid = "FLUX.2", "patchify", True
+    guided, unguided = "FLUX.2-dev", "FLUX.2-klein"
+    default_guidance = "ditax.models.flux2.training:DEFAULT_GUIDANCE"
+    parts = bfl_parts("ditax.models.flux2", "Flux2Transformer",
+                      "training_encoders:Flux2Encoders",
+                      load="single_file:load_transformer")   # folders, and single files
 
     @property
     def latent_channels(self) -> int:
         """The patchified latent channels the transformer reads per token (``in_channels``)."""
         return self.model.in_channels
-
-    text_dim = property(lambda self: self.model.joint_attention_dim)
-
-    @classmethod
-    def latent_grid(cls, num_frames, height, width, vae=None):
-        """Latent ``(1, Y, X)`` of one image: ``H/(2s) x W/(2s)`` for a VAE of factor ``s``
-        (``vae``: its ``config.json`` dict, ``2 ** (len(block_out_channels) - 1)``; None:
-        FLUX.2's 8) and the 2x2 patchify."""
-        s = VAE_FACTOR
-        if vae is not None:
-            widths = vae.get("block_out_channels")
-            if not widths:
-                raise ConfigError(f"the VAE config has no block_out_channels ({vae!r}); give "
-                                  f"the folder's vae/config.json")
-            s = 2 ** (len(widths) - 1)
-        f = s * PATCH
-        if num_frames != 1:
-            raise ConfigError(f"{num_frames} frames: FLUX.2 makes still images; use 1 frame")
-        if height < f or width < f or height % f or width % f:
-            raise ConfigError(f"height x width = {height}x{width} must be multiples of {f} "
-                              f"(the VAE's {s}x and the 2x2 patchify)")
-        return 1, height // f, width // f
-
-    @classmethod
-    def size_rule(cls, root=None, model=None):
-        """Sides: multiples of the VAE's factor (``root/vae/config.json``'s, FLUX.2's 8 when
-        the folder has none) x the 2x2 patchify; still images (one frame). The latents are
-        patchified already: their grid takes any size."""
-        from ditax.io.files import folder_vae_json
-        from ditax.models.size_rule import SizeRule
-
-        vae = folder_vae_json(root)
-        s = 2 ** (len(vae["block_out_channels"]) - 1) if isinstance(vae, dict) and \
-            vae.get("block_out_channels") else VAE_FACTOR
-        return SizeRule(cls.name, s * PATCH, None,
-                        f"the VAE's {s}x and the {PATCH}x{PATCH} patchify")
-
-    @classmethod
-    def folder_latent_grid(cls, root, num_frames, height, width):
-        """:meth:`latent_grid` with the factor of ``root/vae/config.json`` (FLUX.2's 8 when the
-        folder has none, e.g. a hub id), the sizes on the folder's :meth:`size_rule`."""
-        from ditax.io.files import folder_vae_json
-
-        cls.size_rule(root).check(height, width, None, error=ConfigError)
-        return cls.latent_grid(num_frames, height, width, folder_vae_json(root))
-
-    def tokens_per_sample(self, latent_shape) -> int:
-        _, _, y, x = latent_shape
-        return y * x
 
     def _forward_flops(self, latent_shape, text_len: int) -> dict:
         """Forward matmul FLOPs of one sample by part: with L image and T text tokens,
@@ -119,11 +54,6 @@ class Flux2Family(ModelFamily):
                 "single": {k: m.num_single_layers * v for k, v in single.items()},
                 "rest": rest}
 
-    def flops_per_sample(self, latent_shape, text_len: int) -> float:
-        """Forward + backward = 3 × forward matmul FLOPs (:meth:`_forward_flops`)."""
-        f = self._forward_flops(latent_shape, text_len)
-        return 3.0 * (sum(f["double"].values()) + sum(f["single"].values()) + f["rest"])
-
     def recompute_flops_per_sample(self, latent_shape, text_len: int) -> float:
         """The forward FLOPs ``model.remat`` runs again in the backward, per sample (``full``:
         all the blocks'; ``save_proj``: the single blocks' fused input and attention, the
@@ -139,45 +69,14 @@ class Flux2Family(ModelFamily):
         return float(sum(v for s in ("double", "single") for k, v in f[s].items()
                          if k in parts))
 
-    # -- module ---------------------------------------------------------------------------------
-
-    def create(self, mesh, rngs: nnx.Rngs):
-        from ditax.models.flux2.transformer import Flux2Transformer
-
-        return Flux2Transformer(self.model, self.attention, mesh, rngs=rngs)
-
-    def param_shardings(self, params, mesh):
-        from ditax.models.flux2.build import param_shardings
-
-        return param_shardings(params, self.model, mesh)
-
     # -- training -------------------------------------------------------------------------------
 
-    def check_flow(self) -> None:
-        """``flow.guidance`` needs a guidance embedding (FLUX.2-dev, not klein);
-        ``flow.dynamic_shift`` (a size-dependent shift) is not FLUX.2's: refused."""
-        f = self.flow
-        if f is None:
-            return
-        if f.guidance is not None and not self.model.guidance_embeds:
-            raise ConfigError(f"flow.guidance={f.guidance}: this FLUX.2 model has no guidance "
-                              f"embedding (model.guidance_embeds=false, FLUX.2-klein); remove "
-                              f"flow.guidance")
-        if f.dynamic_shift:
+    def check_shift(self, flow) -> None:
+        """``flow.dynamic_shift`` (a size-dependent shift) is not FLUX.2's: refused."""
+        if flow.dynamic_shift:
             raise ConfigError("flow.dynamic_shift=true: ditax has no FLUX.2 size-dependent "
                               "shift for training; set flow.dynamic_shift=false (and "
                               "flow.shift=S for a fixed shift)")
-
-    @property
-    def guidance(self) -> float | None:
-        """The guidance input while training: ``flow.guidance`` or 3.5 for a model with a
-        guidance embedding (FLUX.2-dev), None without (klein)."""
-        if not self.model.guidance_embeds:
-            return None
-        from ditax.models.flux2.training import DEFAULT_GUIDANCE
-
-        given = None if self.flow is None else self.flow.guidance
-        return DEFAULT_GUIDANCE if given is None else float(given)
 
     def apply(self, module, latents, timestep, text, text_mask, condition=None):
         """:func:`ditax.models.flux2.training.denoise` (every text token attended, as the
@@ -186,45 +85,7 @@ class Flux2Family(ModelFamily):
 
         return denoise(module, latents, timestep, text, self.guidance)
 
-    @classmethod
-    def load_encoders(cls, folder, dtype: str = "float32"):
-        """The VAE and text encoder of a FLUX.2 pipeline folder
-        (:class:`ditax.models.flux2.training_encoders.Flux2Encoders`)."""
-        from ditax.models.flux2.training_encoders import Flux2Encoders
-
-        return Flux2Encoders(folder, dtype)
-
-    # -- weights and inference ------------------------------------------------------------------
-
-    def weights_folder(self, path):
-        from ditax.models.flux2.loading import check_architecture
-
-        return check_architecture(self.model, path)
-
-    def load_params(self, folder, mesh) -> dict:
-        from ditax.models.flux2.loading import load_weights_into
-
-        model = load_weights_into(self.abstract(mesh), folder, self.model, mesh)
-        return nnx.to_pure_dict(nnx.split(model)[1])
-
-    @classmethod
-    def load_transformer(cls, path, **kwargs):
-        """:func:`ditax.models.flux2.loading.load_transformer` (diffusers folders); one
-        ``.safetensors`` file with ``config=`` (BFL's names or diffusers'):
-        :func:`ditax.models.flux2.single_file.load_transformer`."""
-        from ditax.io.weights import is_single_file
-
-        if is_single_file(path):
-            from ditax.models.flux2.single_file import load_transformer
-        else:
-            from ditax.models.flux2.loading import load_transformer
-        return load_transformer(path, **kwargs)
-
-    def random_transformer(self, mesh, seed: int = 0):
-        from ditax.models.flux2.build import init_model
-        from ditax.models.flux2.loading import Flux2TransformerModel
-
-        return Flux2TransformerModel(init_model(self.model, self.attention, mesh, seed=seed))
+    # -- inference ------------------------------------------------------------------------------
 
     def random_inputs(self, batch: int, latent=None, text_len: int = 512, rng=None):
         """diffusers' ``Flux2Transformer2DModel`` call: tokens ``[B, Y·X, C]`` of one latent
@@ -249,25 +110,5 @@ class Flux2Family(ModelFamily):
         return (hidden, text, jnp.full((batch,), 0.5), image_ids(y, x), text_ids(text_len),
                 guidance), {}
 
-    @classmethod
-    def check_folder(cls, path, subfolder="transformer") -> str:
-        from ditax.models.flux2.loading import check_folder
 
-        return check_folder(path, subfolder)
-
-    # -- single files and LoRA names (models/flux2/single_file.py, lora_names.py) -----------
-
-    def check_single_file(self, path) -> str:
-        from ditax.models.flux2.single_file import check_single_file
-
-        return check_single_file(path, self.model)
-
-    def convert_single_file(self, path, out, *, dtype=None, loras=None):
-        from ditax.models.flux2.single_file import write_diffusers_folder
-
-        return write_diffusers_folder(path, self.model, out, dtype=dtype, loras=loras)
-
-    def lora_table(self):
-        from ditax.models.flux2.convert import weight_table
-
-        return weight_table(self.model)
+__all__ = ["Flux2Family", "PATCH", "VAE_FACTOR"]

@@ -13,22 +13,13 @@ convert`` folder check and :class:`Flux2TransformerModel`'s call.
 
 from __future__ import annotations
 
-import pathlib
-
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from ditax.errors import ConfigError
-from ditax.io.hub import resolve_folder
-from ditax.io.weights import Weights
-from ditax.models.common import loaded
-from ditax.models.common.loaded import LoadedTransformer
-from ditax.models.common.loader import Architecture, TransformerLoader
-from ditax.models.flux2.build import abstract_model
-from ditax.models.flux2.config import (CLASS_NAME, Flux2Config, check_transformer,
-                                       same_architecture)
-from ditax.models.flux2.convert import param_axes, weight_table
+from ditax.models.common.bfl.loading import JointTransformerModel, joint_loader
+from ditax.models.flux2 import build, convert
+from ditax.models.flux2.config import Flux2Config, check_transformer
 from ditax.models.flux2.lora_names import LORA_NAMES
 
 
@@ -43,45 +34,6 @@ def _single_file_config(path, config, **overrides):
                       f"config='flux.2-klein-4b') or ditax convert FILE --config PRESET")
 
 
-def load_weights_into(model_abs, source, cfg: Flux2Config, mesh=None, loras=None,
-                      lora_strict: bool = True):
-    """Fill an abstract model's parameters from a diffusers safetensors folder; with a mesh,
-    each parameter is read slice by slice straight into its NamedSharding. ``loras`` are
-    merged into each slice as it is read, then (``cfg.quantize``) the block linears quantized
-    to 8 bits (:meth:`ditax.models.common.loader.TransformerLoader.load_weights_into`)."""
-    return LOADER.load_weights_into(model_abs, source, cfg, mesh, loras, lora_strict)
-
-
-def check_architecture(cfg: Flux2Config, path) -> pathlib.Path:
-    """The transformer folder at ``path`` if its config.json has ``cfg``'s architecture;
-    else a :class:`ConfigError` listing every differing field and the ``model.X=...``
-    overrides that would match (``init_from``, before anything compiles)."""
-    folder = resolve_folder(path, "transformer")
-    loaded.check_architecture(path, same_architecture(
-        cfg, Flux2Config.from_diffusers(read_config(folder))))
-    return folder
-
-
-def check_folder(path, subfolder: str | None = "transformer") -> str:
-    """Check a FLUX.2 transformer folder from config.json and the safetensors headers only
-    (every key present, none unexpected, every shape right) for ``ditax convert``; returns a
-    one-line summary, raises :class:`~ditax.errors.WeightError` naming what does not fit."""
-    import math
-
-    from ditax.io.convert import check_weights, param_shapes
-
-    folder = resolve_folder(path, subfolder)
-    cfg = Flux2Config.from_diffusers(read_config(folder))
-    check_transformer(cfg)
-    weights = Weights.open(folder)
-    shapes = param_shapes(nnx.state(abstract_model(cfg)))
-    check_weights(weight_table(cfg), weights, shapes)
-    n = sum(math.prod(s) for s in shapes.values())
-    return (f"{folder}: OK — {cfg.num_layers} double + {cfg.num_single_layers} single blocks, "
-            f"D={cfg.inner_dim}, {cfg.num_attention_heads} heads x {cfg.attention_head_dim}, "
-            f"{n / 1e9:.3f} B params, {len(weights)} tensors")
-
-
 def _forward(gdef, state, x, text, t, img_ids, txt_ids, guidance, text_mask):
     return nnx.merge(gdef, state)(x, text, t, img_ids, txt_ids, guidance, text_mask)
 
@@ -90,7 +42,7 @@ _forward_jit = jax.jit(_forward, static_argnums=0)
 
 
 @jax.tree_util.register_pytree_node_class
-class Flux2TransformerModel(LoadedTransformer):
+class Flux2TransformerModel(JointTransformerModel):
     """What ``ditax.load_transformer`` returns for a FLUX.2 folder: a jitted, mesh-aware
     callable in diffusers' argument order,
 
@@ -104,33 +56,25 @@ class Flux2TransformerModel(LoadedTransformer):
 
     def __call__(self, hidden_states, encoder_hidden_states, timestep, img_ids, txt_ids,
                  guidance=None, text_mask=None):
-        x, text = jnp.asarray(hidden_states), jnp.asarray(encoder_hidden_states)
-        img_ids, txt_ids = jnp.asarray(img_ids), jnp.asarray(txt_ids)
-        t = jnp.asarray(timestep, jnp.float32)
-        g = None if guidance is None else jnp.asarray(guidance, jnp.float32)
-        mask = None if text_mask is None else jnp.asarray(text_mask, bool)
+        x, text, t, img_ids, txt_ids, g, mask = self.arrays(
+            hidden_states, encoder_hidden_states, timestep, img_ids, txt_ids, guidance,
+            text_mask)
         self.module.check_inputs(x, text, t, img_ids, txt_ids, g, mask)
-        b = x.shape[0]
-        t = jnp.broadcast_to(t, (b,))
-        g = None if g is None else jnp.broadcast_to(g, (b,))
+        t, g = self.placed(x, t, g)
         img_ids = img_ids[0] if img_ids.ndim == 3 else img_ids
         txt_ids = txt_ids[0] if txt_ids.ndim == 3 else txt_ids
-        args = [self._place(a) for a in (x, text, t)]
-        return _forward_jit(self._gdef, self._state, *args, img_ids, txt_ids, self._place(g),
-                            self._place(mask))
+        return _forward_jit(self._gdef, self._state, self._place(x), self._place(text), t,
+                            img_ids, txt_ids, g, self._place(mask))
 
 
 def load_transformer(path, dtype: str = "float32", mesh=None, attention="xla",
-                     subfolder: str | None = "transformer", *, config=None, loras=None,
-                     lora_strict: bool = True, lora_mode: str = "merged",
-                     **model_overrides) -> Flux2TransformerModel:
+                     subfolder: str | None = "transformer", **kwargs) -> Flux2TransformerModel:
     """Load a FLUX.2 transformer from a diffusers folder (a ``transformer/`` folder, a pipeline
     folder that has one, or a hub id when online). Every argument is the one loader's
     (:meth:`ditax.models.common.loader.TransformerLoader.load`): ``quantize="int8" | "fp8"``
     and the other :class:`Flux2Config` numerics as keywords; ``loras``: diffusers / PEFT or
     BFL / ComfyUI keys (:mod:`.lora_names`)."""
-    return LOADER.load(path, dtype, mesh, attention, subfolder, config=config, loras=loras,
-                       lora_strict=lora_strict, lora_mode=lora_mode, **model_overrides)
+    return LOADER.load(path, dtype, mesh, attention, subfolder, **kwargs)
 
 
 def load_flux2_transformer(folder, dtype: str = "float32", mesh=None, attention="xla",
@@ -139,16 +83,9 @@ def load_flux2_transformer(folder, dtype: str = "float32", mesh=None, attention=
     return load_transformer(folder, dtype, mesh, attention, **kwargs)
 
 
-LOADER = TransformerLoader(
-    family="FLUX.2",
-    architectures=(Architecture(CLASS_NAME, Flux2Config, abstract_model, weight_table,
-                                param_axes, Flux2TransformerModel),),
-    check_transformer=check_transformer,
-    single_file_config=_single_file_config,
-    lora_names=LORA_NAMES,
-    describe=lambda c: f"{c.num_layers} + {c.num_single_layers} layers, D={c.inner_dim}",
-)
+LOADER = joint_loader("FLUX.2", Flux2Config, build, convert, Flux2TransformerModel,
+                      check_transformer, LORA_NAMES, _single_file_config)
 
 
 __all__ = ["Flux2TransformerModel", "load_transformer", "load_flux2_transformer",
-           "load_weights_into", "read_config", "check_architecture", "check_folder"]
+           "read_config", "LOADER"]

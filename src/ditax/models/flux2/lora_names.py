@@ -15,9 +15,7 @@ also carry the MLP, so they are in both groups), ``ffn`` the MLPs.
 
 from __future__ import annotations
 
-from ditax.lora.names import LoraNames
-from ditax.models.flux2.original_names import (from_underscored, fused, is_module, to_module,
-                                               to_original)
+from ditax.models.flux2.original_names import NAMES
 
 _DOUBLE_ATTN = (r"transformer_blocks\.attn\.(to_q|to_k|to_v|to_out|add_q_proj|add_k_proj|"
                 r"add_v_proj|to_add_out)")
@@ -25,25 +23,9 @@ _SINGLE = r"single_transformer_blocks\.attn\.(to_qkv_mlp_proj|to_out)"
 _FFN = (r"transformer_blocks\.(ff|ff_context)\.(linear_in|linear_out)", _SINGLE)
 TARGETS = {"attn": (_DOUBLE_ATTN, _SINGLE), "ffn": _FFN}
 
-LORA_NAMES = LoraNames(
-    family="FLUX.2",
-    model="the FLUX.2 transformer",
-    to_module=to_module,
-    to_original=to_original,
-    is_module=is_module,
-    original_prefixes=("model.diffusion_model.", "diffusion_model."),
-    export_prefix="lora_unet_",
-    export_sep="_",
-    fused=fused,
-    underscored=from_underscored,
-    targets=TARGETS,
-    description=("diffusers / PEFT (transformer.transformer_blocks.N.attn.to_q.lora_A.weight), "
-                 "BFL / ai-toolkit / ComfyUI (diffusion_model.double_blocks.N.img_attn.qkv."
-                 "lora_A.weight) or kohya (lora_unet_double_blocks_N_img_attn_qkv.lora_down."
-                 "weight)"),
-    mismatch_hint="is it a LoRA for another FLUX.2 model size (klein 4B / 9B, dev), or for "
-                  "FLUX.1?",
-    layer_key=r"^(?:single_)?transformer_blocks\.(\d+)\.",
-)
+LORA_NAMES = NAMES.lora_names(
+    "FLUX.2", TARGETS, "is it a LoRA for another FLUX.2 model size (klein 4B / 9B, dev), or "
+    "for FLUX.1?", "BFL / ai-toolkit / ComfyUI (diffusion_model.double_blocks.N.img_attn.qkv."
+    "lora_A.weight) or kohya (lora_unet_double_blocks_N_img_attn_qkv.lora_down.weight)")
 
 __all__ = ["LORA_NAMES", "TARGETS"]

@@ -3,7 +3,7 @@
 Importing this package registers the family (:mod:`ditax.models.registry`'s discovery rule):
 its one declaration, naming every part and capability. Everything is named by
 ``"module:Name"`` so this import stays light (no JAX). So far the family has its transformer
-(``LTX2VideoTransformer3DModel`` folders, :mod:`ditax.models.ltx2.loading`) and the
+(``LTX2VideoTransformer3DModel`` folders, :mod:`ditax.models.ltx2.transformer.loading`) and the
 ``ditax convert`` folder check, its text-to-video-with-sound pipelines (``LTX2Pipeline``
 folders, :mod:`ditax.pipelines.ltx2`), training on both streams (``ditax preprocess`` with the
 folder's encoders, ``init_from``, LoRA: :mod:`ditax.models.ltx2.training`) and LoRA loading.

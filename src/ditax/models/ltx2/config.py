@@ -15,8 +15,8 @@ from typing import Literal, Optional
 
 from ditax.errors import ConfigError
 from ditax.models.common import fields
-from ditax.models.common.fields import (TransformerNumerics, check_numerics, diffusers_config,
-                                        with_overrides)
+from ditax.models.common.fields import (DiffusersArchitecture, TransformerNumerics,
+                                        check_numerics, check_positive_ints)
 
 CLASS_NAME = "LTX2VideoTransformer3DModel"
 MLP_RATIO = 4        # both feed-forwards: M = 4 x the stream's width (fixed in diffusers)
@@ -99,7 +99,7 @@ class LTX2Shape:
 
 
 @dataclass(frozen=True)
-class LTX2Config(TransformerNumerics, LTX2Shape):
+class LTX2Config(DiffusersArchitecture, TransformerNumerics, LTX2Shape):
     """LTX-2 transformer shape (diffusers names and defaults) and ditax's numerics (dtypes,
     remat, layer scan).
 
@@ -109,6 +109,9 @@ class LTX2Config(TransformerNumerics, LTX2Shape):
     video→audio cross-attention (audio heads), feed-forward. ``out_channels=None`` means
     ``in_channels`` (likewise for audio), as in diffusers.
     """
+
+    CLASS_NAME = CLASS_NAME
+    DIFFUSERS_FIELDS = DIFFUSERS_FIELDS
 
     @property
     def inner_dim(self) -> int:
@@ -173,14 +176,7 @@ class LTX2Config(TransformerNumerics, LTX2Shape):
         """Build from a diffusers ``config.json`` dict; a key that is no field here (and no
         ``_``-metadata) is refused (:func:`check_known_keys`)."""
         check_known_keys(cfg)
-        kw = {k: cfg[k] for k in DIFFUSERS_FIELDS if k in cfg}
-        if isinstance(kw.get("vae_scale_factors"), list):
-            kw["vae_scale_factors"] = tuple(kw["vae_scale_factors"])
-        return with_overrides(cls, kw, overrides)
-
-    def to_diffusers(self) -> dict:
-        """The diffusers ``config.json`` dict of this architecture (``_class_name`` included)."""
-        return diffusers_config(self, CLASS_NAME, DIFFUSERS_FIELDS)
+        return super().from_diffusers(cfg, **overrides)
 
 
 def check_known_keys(raw: dict) -> None:
@@ -211,15 +207,8 @@ def check_model(m: LTX2Config, mesh_sizes: dict[str, int] | None = None) -> None
     """Raise :class:`ConfigError` for a model config that cannot be built (``mesh_sizes``: the
     resolved mesh sizes, for the tensor-parallel divisibility rules)."""
     check_numerics(m)
-    for k in _POSITIVE:
-        v = getattr(m, k)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"model.{k}={v!r} must be an integer >= 1")
-    for k in ("out_channels", "audio_out_channels"):
-        v = getattr(m, k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ConfigError(f"model.{k}={v!r} must be an integer >= 1 (or none: the input "
-                              f"channels)")
+    check_positive_ints(m, _POSITIVE, ("out_channels", "audio_out_channels"),
+                        "the input channels")
     if len(m.vae_scale_factors) != 3 or any(f < 1 for f in m.vae_scale_factors):
         raise ConfigError(f"model.vae_scale_factors={list(m.vae_scale_factors)} must be three "
                           f"factors >= 1 (frames, height, width), e.g. [8, 32, 32]")
@@ -277,11 +266,5 @@ def check_model(m: LTX2Config, mesh_sizes: dict[str, int] | None = None) -> None
 check_transformer = fields.transformer_check(LTX2Config, check_model)
 
 
-def same_architecture(a: LTX2Config, b: LTX2Config) -> list[tuple[str, object, object]]:
-    """``(field, a's, b's)`` for every architecture field where ``a`` and ``b`` differ."""
-    return [(f, getattr(a, f), getattr(b, f)) for f in DIFFUSERS_FIELDS
-            if getattr(a, f) != getattr(b, f)]
-
-
 __all__ = ["LTX2Config", "check_model", "check_transformer", "check_known_keys",
-           "same_architecture", "DIFFUSERS_FIELDS", "CLASS_NAME"]
+           "DIFFUSERS_FIELDS", "CLASS_NAME"]

@@ -10,42 +10,33 @@ encoders ``ditax preprocess`` runs (:mod:`ditax.models.ltx2.training_encoders`) 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-from flax import nnx
-
 from ditax.errors import ConfigError
-from ditax.models.base import ModelFamily
+from ditax.models.common.family import FamilyParts, PartsFamily
 from ditax.models.ltx2.training import FPS   # the frame rate of the audio length (24)
 
 TIME_FACTOR = 8      # LTX-2's video VAE: pixel frames per latent frame (the first alone)
 SPACE_FACTOR = 32    # and pixels per latent pixel
 
 
-class LTX2Family(ModelFamily):
+_M, _T = "ditax.models.ltx2", "ditax.models.ltx2.transformer"
+
+
+class LTX2Family(PartsFamily):
     """``model``: :class:`ditax.models.ltx2.config.LTX2Config`; ``attention``: an
     :class:`~ditax.attention.config.AttentionConfig` (None: ``xla``)."""
 
     name = "ltx2"
     default_frames = 121    # diffusers' LTX-2 pipeline default (5 s at 24 fps)
-
-    def check(self, mesh_sizes=None) -> None:
-        from ditax.models.ltx2.config import check_transformer
-
-        check_transformer(self.model, self.attention, mesh_sizes)
-
-    @classmethod
-    def folder_config(cls, root) -> dict:
-        """The architecture fields of the folder's ``transformer/config.json``."""
-        from ditax.models.ltx2.config import LTX2Config
-        from ditax.models.registry import spec
-
-        raw = cls.transformer_json(root, spec(cls.name).transformer_classes)
-        if raw is None:
-            return {}
-        m = LTX2Config.from_diffusers(raw)
-        return {k: getattr(m, k) for k in m.to_diffusers() if k != "_class_name"}
+    parts = FamilyParts(
+        check=f"{_M}.config:check_transformer", module=f"{_T}.model:LTX2Transformer",
+        build=f"{_T}.build", loader=f"{_T}.loading:LOADER", load=f"{_T}.loading:load_transformer",
+        folder_summary=f"{_T}.loading:folder_summary",
+        single_file_check=f"{_T}.single_file:summary",          # Lightricks' original files
+        single_file_write=f"{_T}.single_file:write_diffusers_folder",
+        weight_table=f"{_T}.convert:weight_table",
+        encoders=f"{_M}.training_encoders:LTX2Encoders")
 
     @property
     def patch(self) -> tuple[int, int, int]:
@@ -162,18 +153,6 @@ class LTX2Family(ModelFamily):
         """Forward + backward = 3 x forward matmul FLOPs (:meth:`_forward_flops`)."""
         return 3.0 * self._forward_flops(latent_shape, text_len)
 
-    # -- module ---------------------------------------------------------------------------------
-
-    def create(self, mesh, rngs: nnx.Rngs):
-        from ditax.models.ltx2.transformer import LTX2Transformer
-
-        return LTX2Transformer(self.model, self.attention, mesh, rngs=rngs)
-
-    def param_shardings(self, params, mesh):
-        from ditax.models.ltx2.build import param_shardings
-
-        return param_shardings(params, self.model, mesh)
-
     # -- training -------------------------------------------------------------------------------
 
     def check_flow(self) -> None:
@@ -190,21 +169,13 @@ class LTX2Family(ModelFamily):
         if f.guidance is not None:
             raise ConfigError(f"flow.guidance={f.guidance}: LTX-2 embeds no guidance scale; "
                               f"remove flow.guidance")
-        if f.dynamic_shift and f.shift != 1.0:
-            raise ConfigError(f"flow.shift={f.shift} with flow.dynamic_shift=true: the shift "
-                              f"then comes from the video token count; set flow.shift=1 or "
-                              f"flow.dynamic_shift=false")
+        self.check_dynamic_shift(f, "the video token count")
 
     def training_flow(self, latent_shape):
         """``flow.dynamic_shift``: the flow with ``shift = e^mu`` of the video token count
         (:func:`ditax.models.ltx2.training.resolution_shift`)."""
-        f = self.flow
-        if f is None or not f.dynamic_shift:
-            return f
-        from ditax.models.ltx2.training import resolution_shift
-
-        return dataclasses.replace(f, dynamic_shift=False,
-                                   shift=resolution_shift(self.video_tokens(latent_shape)))
+        return self.dynamic_flow(self.video_tokens(latent_shape),
+                                 "ditax.models.ltx2.training:resolution_shift")
 
     def condition_shapes(self, latent_shape) -> dict:
         """Each sample's packed, normalised audio latents ``audio_latents [La, Ca]`` (the
@@ -256,65 +227,7 @@ class LTX2Family(ModelFamily):
         video, audio = denoise(module, latents, timestep, text, text_mask, condition[AUDIO])
         return video, {AUDIO: audio}
 
-    @classmethod
-    def load_encoders(cls, folder, dtype: str = "float32"):
-        """The video VAE, audio VAE and text path of an ``LTX2Pipeline`` folder
-        (:class:`ditax.models.ltx2.training_encoders.LTX2Encoders`)."""
-        from ditax.models.ltx2.training_encoders import LTX2Encoders
-
-        return LTX2Encoders(folder, dtype)
-
-    def weights_folder(self, path):
-        from ditax.models.ltx2.loading import check_architecture
-
-        return check_architecture(self.model, path)
-
-    def load_params(self, folder, mesh) -> dict:
-        from ditax.models.ltx2.loading import LOADER
-
-        model = LOADER.load_weights_into(self.abstract(mesh), folder, self.model, mesh)
-        return nnx.to_pure_dict(nnx.split(model)[1])
-
-    def lora_table(self):
-        from ditax.models.ltx2.convert import weight_table
-
-        return weight_table(self.model)
-
-    # -- inference ------------------------------------------------------------------------------
-
-    @classmethod
-    def load_transformer(cls, path, **kwargs):
-        """The LTX-2 loader (:data:`ditax.models.ltx2.loading.LOADER`, diffusers folders),
-        reading ``loras=`` in the family's key formats (:mod:`ditax.models.ltx2.lora_names`)."""
-        from ditax.models.ltx2.loading import LOADER
-
-        return LOADER.load(path, **kwargs)
-
-    @classmethod
-    def check_folder(cls, path, subfolder="transformer") -> str:
-        from ditax.models.ltx2.loading import check_folder
-
-        return check_folder(path, subfolder)
-
-    # -- single files and bench (models/ltx2/single_file.py) ----------------------------------
-
-    def check_single_file(self, path) -> str:
-        """The key and shape check of an original (Lightricks) checkpoint's transformer part
-        (:func:`ditax.models.ltx2.single_file.summary`)."""
-        from ditax.models.ltx2.single_file import summary
-
-        return summary(path, self.model)
-
-    def convert_single_file(self, path, out, *, dtype=None, loras=None):
-        from ditax.models.ltx2.single_file import write_diffusers_folder
-
-        return write_diffusers_folder(path, self.model, out, dtype=dtype, loras=loras)
-
-    def random_transformer(self, mesh, seed: int = 0):
-        from ditax.models.ltx2.build import init_model
-        from ditax.models.ltx2.loading import LTX2TransformerModel
-
-        return LTX2TransformerModel(init_model(self.model, self.attention, mesh, seed=seed))
+    # -- bench ----------------------------------------------------------------------------------
 
     def random_inputs(self, batch: int, latent=None, text_len: int = 512, rng=None):
         """diffusers' ``LTX2VideoTransformer3DModel`` call: packed video tokens ``[B, L, C]``

@@ -33,6 +33,7 @@ import functools
 import re
 
 from ditax.lora.names import LoraNames
+from ditax.models.common.name_map import original_lora_names
 
 #: diffusers name (one dotted segment) → the original (ltx_core) segment, where they differ
 ORIGINAL = {
@@ -67,7 +68,7 @@ def name_map():
     keyframe embedding, affine norms), names without ``.weight`` / ``.bias``."""
     from ditax.models.common.name_map import NameMap, split_suffix
     from ditax.models.ltx2.config import LTX2Config
-    from ditax.models.ltx2.convert import table
+    from ditax.models.ltx2.transformer.convert import table
 
     every = LTX2Config(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True,
                        audio_cross_attn_mod=True, use_prompt_adaln_single=True,
@@ -94,23 +95,15 @@ def is_module(name: str) -> bool:
     return name_map().diffusers_pattern().fullmatch(name) is not None
 
 
-LORA_NAMES = LoraNames(
-    family="LTX-2",
-    model="the LTX-2 transformer",
-    to_module=to_module,
-    to_original=to_original,
-    is_module=is_module,
-    original_prefixes=("model.diffusion_model.", "diffusion_model."),
-    export_prefix="diffusion_model.",
-    targets=TARGETS,
+LORA_NAMES = original_lora_names(
+    to_module, to_original, is_module, family="LTX-2", model="the LTX-2 transformer",
+    targets=TARGETS, layer_key=r"^transformer_blocks\.(\d+)\.",
+    components={"connectors.": "connectors", "text_embedding_projection.": "connectors"},
     description=("diffusers / PEFT (transformer.transformer_blocks.N.attn1.to_q.lora_A.weight), "
                  "original LTX-2 / ComfyUI (diffusion_model.transformer_blocks.N.attn1.to_q."
                  "lora_A.weight, or lora_down) or kohya "
                  "(lora_unet_transformer_blocks_N_attn1_to_q.lora_down.weight)"),
-    mismatch_hint="is it a LoRA for another LTX model (LTX-2 vs LTX-2.3, or LTX-Video)?",
-    layer_key=r"^transformer_blocks\.(\d+)\.",
-    components={"connectors.": "connectors", "text_embedding_projection.": "connectors"},
-)
+    mismatch_hint="is it a LoRA for another LTX model (LTX-2 vs LTX-2.3, or LTX-Video)?")
 
 #: the original (ltx_core) connector projection's name → diffusers' (per-modality LTX-2.3
 #: projections included: ``video_aggregate_embed`` → ``video_text_proj_in``)

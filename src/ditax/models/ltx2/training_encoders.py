@@ -9,14 +9,14 @@ Per clip ``[3, F, H, W]`` in [-1, 1] (its first ``F`` frames, read at the file's
   (``F / fps`` seconds from the start; a shorter track padded with silence, as the LTX-2
   trainer pads it), resampled by ffmpeg to the audio VAE's rate, mono doubled to the VAE's
   two channels (the trainer's rule; stereo averaged for a one-channel VAE), its log-mel
-  (:func:`~ditax.models.ltx2.audio_mel.log_mel_for_vae`, the trainer's transform), the audio
+  (:func:`~ditax.models.ltx2.audio.mel.log_mel_for_vae`, the trainer's transform), the audio
   VAE's posterior mean, packed into tokens ``[A, C·M']`` and normalised as the pipeline does
-  (:func:`~ditax.models.ltx2.audio_latents.pack_audio_latents`, the VAE's
+  (:func:`~ditax.models.ltx2.audio.latents.pack_audio_latents`, the VAE's
   ``normalize_latents``), cut to the pipeline's count for the clip,
   ``A = round(F / 24 · rate / hop / 4)`` (the encoder's causal frames run a little past it);
 - **text**: the caption through Gemma-3 and the connectors
-  (:func:`~ditax.models.ltx2.text.encode_ltx2_prompt`): video text ``[T, Dv]`` and audio text
-  ``[T, Da]`` stored side by side ``[T, Dv + Da]`` with their one mask ``[T]``.
+  (:func:`~ditax.models.ltx2.text.encoder.encode_ltx2_prompt`): video text ``[T, Dv]`` and
+  audio text ``[T, Da]`` stored side by side ``[T, Dv + Da]`` with their one mask ``[T]``.
 
 A clip without a sound track (a still image included) is left out with one line
 (:class:`~ditax.models.base.SkipClip`) rather than trained on silence: a clip whose sound was
@@ -57,8 +57,8 @@ class LTX2Encoders(Encoders):
     reads_clip = True
 
     def __init__(self, folder, dtype: str = "float32"):
-        from ditax.models.ltx2.audio_convert import load_audio_vae
-        from ditax.models.ltx2.text import load_ltx2_text
+        from ditax.models.ltx2.audio.convert import load_audio_vae
+        from ditax.models.ltx2.text.encoder import load_ltx2_text
         from ditax.models.vae.ltx2 import load_ltx2_video_vae
 
         folder = pathlib.Path(folder)
@@ -76,7 +76,7 @@ class LTX2Encoders(Encoders):
 
     def encode_text(self, captions, text_len: int) -> TextEncoding:
         """Video and audio text side by side ``[B, text_len, Dv + Da]`` and their mask."""
-        from ditax.models.ltx2.text import encode_ltx2_prompt
+        from ditax.models.ltx2.text.encoder import encode_ltx2_prompt
 
         video, audio, mask = encode_ltx2_prompt(self.text, list(captions), text_len)
         both = jnp.concatenate([jnp.asarray(video, jnp.float32),
@@ -85,7 +85,7 @@ class LTX2Encoders(Encoders):
 
     def audio_frames(self, frames: int, fps: float = FPS) -> int:
         """The pipeline's audio latent frames of ``frames`` video frames at ``fps``."""
-        from ditax.models.ltx2.audio_latents import audio_latent_frames
+        from ditax.models.ltx2.audio.latents import audio_latent_frames
 
         a = self.audio_vae
         return audio_latent_frames(frames, fps, a.sample_rate, a.hop_length,
@@ -116,8 +116,8 @@ class LTX2Encoders(Encoders):
     def encode_sound(self, waveform, seconds: float, frames: int):
         """Waveform ``[c, N]`` at the audio VAE's rate → normalised audio tokens
         ``[1, frames, C·M']`` of its first ``seconds`` (padded with silence)."""
-        from ditax.models.ltx2.audio_latents import pack_audio_latents
-        from ditax.models.ltx2.audio_mel import log_mel_for_vae
+        from ditax.models.ltx2.audio.latents import pack_audio_latents
+        from ditax.models.ltx2.audio.mel import log_mel_for_vae
 
         a = self.audio_vae
         wave = np.asarray(waveform, np.float32)

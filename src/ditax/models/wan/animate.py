@@ -30,6 +30,7 @@ from ditax.errors import ConfigError
 from ditax.models.wan.animate_encoders import (FaceAdapter, FaceEncoder, MotionEncoder,
                                                face_frames_out)
 from ditax.models.wan.config import WanConfig
+from ditax.models.wan.extra_inputs import checked_embed
 from ditax.models.wan.transformer import WanTransformer, patch_embedding
 from ditax.nn.stack import make_stack
 
@@ -162,11 +163,9 @@ class WanAnimateTransformer(WanTransformer):
               face_pixel_values=None):
         """Wan's embedding plus the pose tokens; the face tokens ``[B, F, n + 1, D]`` as
         ``ctx.hints``."""
-        pose = None if pose_hidden_states is None else jnp.asarray(pose_hidden_states)
-        face = None if face_pixel_values is None else jnp.asarray(face_pixel_values)
-        self.check_animate_inputs(jnp.asarray(latents), pose, face)
-        h, ctx = super().embed(latents, timestep, encoder_hidden_states, text_mask,
-                               encoder_hidden_states_image)
+        h, ctx, (pose, face) = checked_embed(
+            super().embed, self.check_animate_inputs, (pose_hidden_states, face_pixel_values),
+            latents, timestep, encoder_hidden_states, text_mask, encoder_hidden_states_image)
         cfg, sharding = self.cfg, self.sharding
         dt = jnp.dtype(cfg.dtype)
         b, z, fp, yy, xx = pose.shape

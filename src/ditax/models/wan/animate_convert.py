@@ -7,19 +7,12 @@ are one stack of ``num_layers / inject_face_latents_blocks`` layers.
 
 from __future__ import annotations
 
-from ditax.io.convert import (CONV2D, CONV3D, ID, TRANSPOSE, Row, Table, Transform,
-                              logical_axes)
-from ditax.models.common import loaded
+from ditax.io.convert import CONV2D, CONV3D, ID, Row, Transform
 from ditax.models.wan import convert
 from ditax.models.wan.animate import WanAnimateTransformer
+from ditax.models.wan.convert import linear
 
 CONV1D = Transform("conv1d", (2, 1, 0))       # Conv1d [O, I, k] -> [k, I, O]
-
-
-def _linear(path, key, axes_in=None, axes_out=None, layers=None):
-    return [Row(path + ("kernel",), key + ".weight", TRANSPOSE, (axes_in, axes_out),
-                layers=layers),
-            Row(path + ("bias",), key + ".bias", ID, (axes_out,), layers=layers)]
 
 
 def _motion_conv(path, key, act: bool = True) -> list[Row]:
@@ -55,12 +48,12 @@ def face_rows(cfg) -> list[Row]:
         key = "face_encoder." + ("conv1_local" if n == "conv1" else n)
         rows += [Row(("face_encoder", f"{n}_kernel"), key + ".weight", CONV1D, (None,) * 3),
                  Row(("face_encoder", f"{n}_bias"), key + ".bias", ID, (None,))]
-    rows += _linear(("face_encoder", "out_proj"), "face_encoder.out_proj", None, "embed")
+    rows += linear(("face_encoder", "out_proj"), "face_encoder.out_proj", None, "embed")
     rows.append(Row(("face_encoder", "padding_tokens"), "face_encoder.padding_tokens", ID,
                     (None, None, None, "embed")))
     n = cfg.num_face_adapters
     for proj in ("to_q", "to_k", "to_v", "to_out"):
-        rows += _linear(("face_adapter", proj), f"face_adapter.{{i}}.{proj}", "embed", None, n)
+        rows += linear(("face_adapter", proj), f"face_adapter.{{i}}.{proj}", "embed", None, n)
     for norm in ("norm_q", "norm_k"):
         rows.append(Row(("face_adapter", norm, "scale"), f"face_adapter.{{i}}.{norm}.weight",
                         ID, ("norm",), layers=n))
@@ -75,28 +68,9 @@ def animate_rows(cfg) -> list[Row]:
             + motion_rows(cfg) + face_rows(cfg))
 
 
-def table(cfg) -> list[Row]:
-    """All rows of a :class:`~ditax.models.wan.animate.WanAnimateConfig`."""
-    return convert.table(**convert.table_options(cfg)) + animate_rows(cfg)
-
-
-def config_weight_table(cfg) -> Table:
-    """The Animate transformer's :class:`~ditax.io.convert.Table`."""
-    return Table("transformer", tuple(table(cfg)), cfg.num_layers, convert.IGNORED_UNEXPECTED,
-                 f"the config (num_layers={cfg.num_layers}, motion_encoder_size="
-                 f"{cfg.motion_encoder_size}, inject_face_latents_blocks="
-                 f"{cfg.inject_face_latents_blocks})")
-
-
-def config_param_axes(cfg) -> dict[tuple[str, ...], tuple]:
-    """Our parameter path → logical axes (stacked rows get a leading "layers")."""
-    return logical_axes(table(cfg))
-
-
-_BUILD = loaded.Builder(WanAnimateTransformer, config_param_axes)
-param_shardings = _BUILD.param_shardings
-abstract_model = _BUILD.abstract_model
-init_model = _BUILD.init_model
+(table, config_weight_table, config_param_axes, param_shardings, abstract_model,
+ init_model) = convert.Variant(WanAnimateTransformer, animate_rows, (
+     "motion_encoder_size", "inject_face_latents_blocks")).functions()
 
 __all__ = ["CONV1D", "abstract_model", "animate_rows", "config_param_axes",
            "config_weight_table", "init_model", "param_shardings", "table"]

@@ -6,17 +6,9 @@ jitted, mesh-aware callable around :class:`~ditax.models.wan.animate.WanAnimateT
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
 
 from ditax.models.common.loaded import LoadedTransformer
-
-
-def _forward(gdef, state, latents, t, text, text_mask, image, pose, face):
-    return nnx.merge(gdef, state)(latents, t, text, text_mask, image, pose, face)
-
-
-_forward_jit = jax.jit(_forward, static_argnums=0)
+from ditax.models.wan.extra_inputs import checked_inputs, forward
 
 
 @jax.tree_util.register_pytree_node_class
@@ -29,19 +21,10 @@ class AnimateTransformer(LoadedTransformer):
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None,
                  encoder_hidden_states_image=None, pose_hidden_states=None,
                  face_pixel_values=None):
-        latents = jnp.asarray(latents)
-        text = jnp.asarray(encoder_hidden_states)
-        image = (None if encoder_hidden_states_image is None
-                 else jnp.asarray(encoder_hidden_states_image))
-        pose = None if pose_hidden_states is None else jnp.asarray(pose_hidden_states)
-        face = None if face_pixel_values is None else jnp.asarray(face_pixel_values)
-        self.module.check_inputs(latents, jnp.asarray(timestep), text, text_mask, image)
-        self.module.check_animate_inputs(latents, pose, face)
-        t = jnp.broadcast_to(jnp.asarray(timestep, jnp.float32), (latents.shape[0],))
-        args = [self._place(a) for a in (latents, t, text)]
-        args.append(None if text_mask is None else self._place(jnp.asarray(text_mask, bool)))
-        args += [self._place(a) for a in (image, pose, face)]
-        return _forward_jit(self._gdef, self._state, *args)
+        wan, (pose, face) = checked_inputs(
+            self.module, self.module.check_animate_inputs, (pose_hidden_states, face_pixel_values),
+            latents, timestep, encoder_hidden_states, text_mask, encoder_hidden_states_image)
+        return forward(self._gdef, self._state, *map(self._place, wan + (pose, face)))
 
 
 __all__ = ["AnimateTransformer"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from ditax.lora.names import LoraNames
+from ditax.models.common.name_map import original_lora_names
 from ditax.models.wan.original_names import NAME_MAP, to_diffusers, to_original
 
 _SELF, _CROSS, _FFN = r"blocks\.attn1\..+", r"blocks\.attn2\..+", r"blocks\.ffn\..+"
@@ -44,20 +44,12 @@ def is_module(name: str) -> bool:
     return NAME_MAP.diffusers_pattern().fullmatch(name) is not None
 
 
-LORA_NAMES = LoraNames(
-    family="Wan",
-    model="the Wan transformer",
-    to_module=to_diffusers,
-    to_original=to_original,
-    is_module=is_module,
-    original_prefixes=("model.diffusion_model.", "diffusion_model."),
-    export_prefix="diffusion_model.",
-    targets=TARGETS,
+LORA_NAMES = original_lora_names(
+    to_diffusers, to_original, is_module, family="Wan", model="the Wan transformer",
+    targets=TARGETS, layer_key=r"^blocks\.(\d+)\.",
     description=("original Wan / ComfyUI (diffusion_model.blocks.N.self_attn.q.lora_down.weight), "
                  "musubi-tuner / kohya (lora_unet_blocks_N_self_attn_q.lora_down.weight) or "
                  "diffusers / PEFT (transformer.blocks.N.attn1.to_q.lora_A.weight)"),
-    mismatch_hint="is it a LoRA for another Wan model (size, text- vs image-to-video)?",
-    layer_key=r"^blocks\.(\d+)\.",
-)
+    mismatch_hint="is it a LoRA for another Wan model (size, text- vs image-to-video)?")
 
 __all__ = ["LORA_NAMES", "TARGETS", "is_module"]

@@ -29,6 +29,7 @@ from flax import nnx
 
 from ditax.errors import ConfigError
 from ditax.models.wan.config import DIFFUSERS_FIELDS, WanConfig
+from ditax.models.wan.extra_inputs import checked_embed
 from ditax.models.wan.transformer import WanBlock, WanTransformer, patch_embedding
 from ditax.nn import Linear
 from ditax.nn.stack import REMAT, make_stack, run_stack
@@ -145,13 +146,10 @@ class WanVaceTransformer(WanTransformer):
               control_hidden_states_scale=None):
         """Wan's embedding, then the hints ``[n, B, L', D]`` of the control context
         (:attr:`Embedded.hints`, with the per-sample scales ``[B, n]``)."""
-        control = control_hidden_states
-        scale = control_hidden_states_scale
-        control = None if control is None else jnp.asarray(control)
-        scale = None if scale is None else jnp.asarray(scale)
-        self.check_control(jnp.asarray(latents), control, scale)
-        h, ctx = super().embed(latents, timestep, encoder_hidden_states, text_mask,
-                               encoder_hidden_states_image)
+        h, ctx, (control, scale) = checked_embed(
+            super().embed, self.check_control,
+            (control_hidden_states, control_hidden_states_scale), latents, timestep,
+            encoder_hidden_states, text_mask, encoder_hidden_states_image)
         cfg, sharding = self.cfg, self.sharding
         dt = jnp.dtype(cfg.dtype)
         b = h.shape[0]

@@ -243,7 +243,7 @@ def plan_step_cache(cache, cache_threshold, cfg_cache, *, use_cfg: bool, cfg_mod
             raise RequestError(
                 f"cache={cache!r} needs per-model numbers and none are known for this model "
                 f"({describe(config)}, {num_experts} expert(s)); measure them with `ditax "
-                f"calibrate-cache MODEL --output numbers.json` and pass cache_coefficients="
+                f"calibrate-cache --model MODEL --output numbers.json` and pass cache_coefficients="
                 f"numbers.json (config key sample.cache_coefficients), or use "
                 f"cache='first_block' (no numbers needed)")
         part = getattr(numbers, cache)

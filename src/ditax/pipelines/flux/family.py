@@ -57,7 +57,7 @@ class FluxPipelines(PipelineFamily):
                       else 4.0 if negative_prompt is not None else 1.0, 512, seed,
                       factor=None)
 
-    def sample_options(self, args, sample, chosen, defaults, call):
+    def sample_options(self, given, sample, chosen, defaults, call):
         """The call's text length (the folder's, else FLUX.1's 512 T5 tokens) and ``sigmas``;
         the loader's flow shift (``sample.flow_shift``: a fixed shift instead of the folder's
         resolution-dependent one)."""

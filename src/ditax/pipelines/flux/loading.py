@@ -35,28 +35,23 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     guidance and text tokens a call uses where it is given none (then FLUX.1's); a LoRA's
     sampling settings (:mod:`ditax.pipelines.lora_sample`) go over it, its ``flow_shift``
     where ``flow_shift`` is None."""
-    from ditax.io.files import read_model_json
     from ditax.models.encoders.clip import load_clip_text
     from ditax.models.flux.loading import load_transformer
     from ditax.models.vae.kl import load_vae
     from ditax.models.encoders.t5 import load_t5
     from ditax.pipelines.family import pipelines_of, resolve
     from ditax.pipelines.flux.text_to_image import FluxTextToImage
+    from ditax.pipelines.folders import check_load_options, euler_scheduler, folder_class
     from ditax.pipelines.lora_sample import read_lora_sample
-    from ditax.schedulers import FlowMatchEulerScheduler, load_scheduler
 
     t0 = time.perf_counter()
-    if cfg_mode not in ("batched", "sequential"):
-        raise ConfigError(f"cfg_mode={cfg_mode!r}; use 'batched' or 'sequential'")
+    check_load_options(cfg_mode, model_overrides)
     if flow_shift is not None and (isinstance(flow_shift, bool) or not isinstance(
             flow_shift, (int, float)) or not math.isfinite(flow_shift) or flow_shift <= 0):
         raise ConfigError(f"flow_shift={flow_shift!r} must be a finite number > 0 (or None: "
                           f"the folder's shift)")
     root = resolve(path)
-    cls = read_model_json(root / "model_index.json", "model_index.json").get("_class_name")
-    if cls not in PIPELINE_CLASSES:
-        raise ConfigError(f"{root}: model_index.json _class_name={cls!r}; the Flux loader reads "
-                          f"{list(PIPELINE_CLASSES)} folders (text-to-image)")
+    folder_class(root, PIPELINE_CLASSES, "FLUX.1 (text-to-image)")
     # the family's declaration by the registry (its module imports this one to load)
     defaults = pipelines_of("flux").folder_defaults(root)      # checked before any weights
     check_defaults_fit(defaults, root)
@@ -64,14 +59,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     if lora_sample is not None:
         log.info("%s", lora_sample.line())
         flow_shift = lora_sample.load_args(flow_shift=flow_shift)["flow_shift"]
-        defaults = {**defaults, **lora_sample.call_defaults()}
-    try:
-        scheduler = load_scheduler(root)
-    except ValueError as e:
-        raise ConfigError(f"{root / 'scheduler'}: {e}") from None
-    if not isinstance(scheduler, FlowMatchEulerScheduler):
-        raise ConfigError(f"{root / 'scheduler'}: FLUX.1 samples with "
-                          f"FlowMatchEulerDiscreteScheduler; got {type(scheduler).__name__}")
+    scheduler = euler_scheduler(root, "FLUX.1")
     if flow_shift is not None:
         scheduler = dataclasses.replace(scheduler, shift=float(flow_shift),
                                         use_dynamic_shifting=False)
@@ -85,6 +73,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
                            tokenizer_2=tokenizer_2, text_encoder_2=text_encoder_2, vae=vae,
                            transformer=transformer, scheduler=scheduler, cfg_mode=cfg_mode,
                            vae_tiling=vae_tiling, sample_defaults=defaults)
+    pipe.take_lora_sample(lora_sample)
     pipe.load_time = time.perf_counter() - t0
     return pipe
 

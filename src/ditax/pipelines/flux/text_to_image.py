@@ -25,53 +25,29 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from ditax.errors import RequestError
+from ditax.pipelines.base import Pipeline, check_output, euler_sigmas
 from ditax.pipelines.flux.denoiser import FluxDenoiser, flux_inputs
 from ditax.models.flux.packing import PACK, image_ids, text_ids, unpack
 from ditax.pipelines.flux.request import check_request
-from ditax.pipelines.programs import Programs, in_compile_cache
-from ditax.pipelines.sampling import Expert, Prepared, Timings, record
+from ditax.pipelines.programs import in_compile_cache
+from ditax.pipelines.sampling import Prepared, record
 
 
-class FluxTextToImage:
+class FluxTextToImage(Pipeline):
     """A loaded FLUX.1 (dev or schnell) text-to-image pipeline; call it with a prompt. See
-    :func:`ditax.pipelines.flux.loading.load_pipeline`."""
+    :func:`ditax.pipelines.flux.loading.load_pipeline`. Its runtime state (``programs``,
+    ``cfg_mode``, ``sample_defaults``, ...) is :class:`~ditax.pipelines.base.Pipeline`'s;
+    :meth:`call_defaults` falls back to FLUX.1's defaults (1024x1024, 28 steps, 3.5, 512, true
+    CFG off)."""
 
-    batches = True   # requests of one shape stack (ditax.pipelines.batch): see prepare
+    family = "flux"
+    denoiser = FluxDenoiser
 
-    def __init__(self, *, tokenizer, text_encoder, tokenizer_2, text_encoder_2, vae,
-                 transformer, scheduler, cfg_mode: str = "batched", vae_tiling: bool = False,
-                 sample_defaults: dict | None = None):
+    def __init__(self, *, tokenizer, text_encoder, tokenizer_2, text_encoder_2, **runtime):
+        super().__init__(**runtime)   # vae, transformer, scheduler, cfg_mode, vae_tiling, ...
         self.tokenizer, self.text_encoder = tokenizer, text_encoder          # CLIP
         self.tokenizer_2, self.text_encoder_2 = tokenizer_2, text_encoder_2  # T5
-        self.vae = vae
-        self.transformer = transformer
-        self.scheduler = scheduler
-        self.cfg_mode = cfg_mode
-        self.vae_tiling = vae_tiling
-        self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
-        self.sample_defaults = dict(sample_defaults or {})   # the folder's ditax_sample.json
-        self.load_time = 0.0
-        self.timings = Timings()
-        self.compile_cache = "auto"   # see ditax.compile_cache; "none" = off
-        self.programs = Programs()
-        self.last_stats: dict = {}
-        self._expert = Expert(*nnx.split(FluxDenoiser(transformer.module)), transformer.config)
-
-    def call_defaults(self, **call) -> dict:
-        """``call`` with each value left at None taken from ``self.sample_defaults`` (the
-        folder's ``ditax_sample.json``, a LoRA's settings over it), else the family's (FLUX.1:
-        1024x1024, 28 steps, 3.5, 512, true CFG off)."""
-        from ditax.pipelines.family import pipelines_of   # the family module imports this one
-        from ditax.pipelines.sample_defaults import with_defaults
-
-        return with_defaults(call, self.sample_defaults, pipelines_of("flux").sample_defaults)
-
-    @property
-    def mesh(self):
-        return self.transformer.mesh
 
     def encode_text(self, prompt: str, prompt_2: str | None, negative_prompt: str | None,
                     use_cfg: bool, max_sequence_length: int):
@@ -82,7 +58,7 @@ class FluxTextToImage:
 
         clip = [prompt] + ([negative_prompt] if use_cfg else [])
         t5 = [prompt_2 or prompt] + ([negative_prompt] if use_cfg else [])
-        dt = jnp.dtype(self.transformer.config.dtype)
+        dt = self.dtype
         pooled = encode_clip_pooled(self.tokenizer, self.text_encoder, clip)
         emb = encode_t5_prompt(self.tokenizer_2, self.text_encoder_2, t5, max_sequence_length)
         return jnp.asarray(emb).astype(dt), jnp.asarray(pooled).astype(dt)
@@ -101,12 +77,7 @@ class FluxTextToImage:
         """Packed latents → float32 image ``[H, W, 3]`` in [0, 1]."""
         h, w = self.latent_size(height, width)
         z = self.vae.denormalize_latents(unpack(jnp.asarray(tokens, self.vae.dtype), h, w))
-        from ditax.models.vae.parallel import decode_on      # vae_parallel: rows over the mesh
-
-        image = np.asarray(decode_on(self.vae, z, self.vae_parallel, tiled=self.vae_tiling),
-                           np.float32)                                     # [1, 3, H, W]
-        image = np.clip(image / np.float32(2) + np.float32(0.5), np.float32(0), np.float32(1))
-        return np.ascontiguousarray(np.transpose(image[0], (1, 2, 0)))
+        return self.decode_pixels(z)
 
     @in_compile_cache
     def __call__(self, prompt, prompt_2=None, height: int | None = None,
@@ -150,7 +121,6 @@ class FluxTextToImage:
         shape (:func:`ditax.pipelines.batch.sample_batch`; the condition's ids and embedded
         guidance carry this request's batch axis). Arguments: the call's."""
         from ditax.pipelines.lora_sample import default_sigmas
-        from ditax.schedulers.flow_match import check_sigmas
 
         (height, width, num_inference_steps, guidance_scale, true_cfg_scale,
          max_sequence_length) = self.call_defaults(
@@ -161,16 +131,9 @@ class FluxTextToImage:
         check_request(prompt, prompt_2, height, width, num_inference_steps, guidance_scale,
                       negative_prompt, true_cfg_scale, max_sequence_length, seed,
                       factor=self.vae.scale_factor_spatial * PACK)
-        if output not in ("image", "latent"):
-            raise RequestError(f"output={output!r}; use 'image' or 'latent'")
-        if sigmas is None:
-            sigmas = default_sigmas(self.sample_defaults, num_inference_steps)
-        if sigmas is None:
-            sigmas = np.linspace(1.0, 1.0 / num_inference_steps, num_inference_steps)
-        try:
-            check_sigmas(sigmas, num_inference_steps)
-        except ValueError as e:
-            raise RequestError(str(e)) from None
+        check_output(output, ("image", "latent"))
+        sigmas = euler_sigmas(sigmas, num_inference_steps,
+                              default_sigmas(self.sample_defaults, num_inference_steps))
         shape = self.packed_shape(height, width)
         h, w = self.latent_size(height, width)
 
@@ -180,12 +143,10 @@ class FluxTextToImage:
             return dict(img_ids=jnp.asarray(image_ids(h, w))[None],
                         txt_ids=jnp.asarray(text_ids(max_sequence_length))[None],
                         guidance=guidance)
-        return Prepared(
-            programs=self.programs, experts=[self._expert], inputs=flux_inputs,
-            scheduler=self.scheduler.with_mu(shape[1]), latent_shape=shape, mesh=self.mesh,
-            cfg_mode=self.cfg_mode, num_inference_steps=num_inference_steps,
-            guidance_scale=float(true_cfg_scale),
-            sigmas=np.asarray(sigmas, np.float64),
+        return self.prepared(
+            inputs=flux_inputs, scheduler=self.scheduler.with_mu(shape[1]), latent_shape=shape,
+            num_inference_steps=num_inference_steps, guidance_scale=float(true_cfg_scale),
+            sigmas=sigmas,
             text=lambda use_cfg: self.encode_text(prompt, prompt_2, negative_prompt, use_cfg,
                                                   max_sequence_length),
             condition=condition, latents=latents, seed=seed,

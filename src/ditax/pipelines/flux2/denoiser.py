@@ -18,27 +18,16 @@ Only the whole forward is offered: the family declares no step caching (whose ``
 from __future__ import annotations
 
 import jax.numpy as jnp
-from flax import nnx
+
+from ditax.pipelines.wrapped import WrappedTransformer, timestep_thousandths
 
 
-class Flux2Denoiser(nnx.Module):
+class Flux2Denoiser(WrappedTransformer):
     """:class:`~ditax.models.flux2.transformer.Flux2Transformer` behind the denoiser protocol:
     ``x [B, L, C_in]`` packed tokens, ``timestep [B]`` (diffusers' ``t / 1000``), ``text [B, T,
     D_joint]``; extras ``img_ids [B, L, 4]``, ``txt_ids [B, T, 4]``, ``guidance [B]`` or None
     (dev's embedded guidance), ``ref [B, R, C_in]`` and ``ref_ids [B, R, 4]`` or None (no
     reference images)."""
-
-    def __init__(self, transformer):
-        self.transformer = transformer
-        self.cfg = transformer.cfg
-
-    @property
-    def mesh(self):
-        return self.transformer.mesh
-
-    @property
-    def block_stacks(self):
-        return self.transformer.block_stacks
 
     def __call__(self, x, timestep, text, *, img_ids, txt_ids, guidance=None, ref=None,
                  ref_ids=None):
@@ -49,18 +38,12 @@ class Flux2Denoiser(nnx.Module):
         out = self.transformer(x, text, timestep, img_ids[0], txt_ids[0], guidance)
         if ref is not None:
             out = out[:, :n]
-        # replicated over the mesh, as the loop keeps its latents (the head leaves the
-        # prediction split over the sequence shards; the step's carry keeps one sharding)
-        return self.transformer.sharding.constrain(out, (None,) * out.ndim)
+        return self.replicated(out)
 
 
-def flux2_inputs(model, condition, latents, t):
-    """``(x [B, L, C_in] in the model dtype, timestep [B] = t / 1000, extras)`` at scheduler
-    timestep ``t`` (diffusers' pipeline divides by 1000 in the latents' float32);
-    ``condition``: ``{"img_ids", "txt_ids", "guidance", "ref", "ref_ids"}`` of the request."""
-    x = latents.astype(jnp.dtype(model.cfg.dtype))
-    timestep = jnp.full((latents.shape[0],), t, jnp.float32) / jnp.float32(1000)
-    return x, timestep, dict(condition)
+#: the step's inputs (:func:`~ditax.pipelines.wrapped.timestep_thousandths`): ``condition`` is
+#: ``{"img_ids", "txt_ids", "guidance", "ref", "ref_ids"}`` of the request
+flux2_inputs = timestep_thousandths
 
 
 __all__ = ["Flux2Denoiser", "flux2_inputs"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ditax.errors import RequestError
 from ditax.pipelines.family import PipelineFamily
+from ditax.pipelines.inputs import Input
 
 #: diffusers' ``Flux2Pipeline`` / ``Flux2KleinPipeline`` defaults (0.42): 1024x1024, 50 steps,
 #: 512 text tokens; the guidance scale None: the folder's kind decides (4 for dev and klein
@@ -29,33 +30,24 @@ class Flux2Pipelines(PipelineFamily):
     sample_file_keys = ("height", "width", "num_inference_steps", "guidance_scale",
                         "max_sequence_length")
     cli_inputs = ("image", "reference_image")
+    # (flags the video families share, with their own meaning there: the help says both)
+    inputs = (Input("image", "input image: the first frame (image-to-video folders) or a "
+                    "reference image (FLUX.2)", metavar="IMAGE.png"),
+              Input("reference_image", "reference image (repeatable): FLUX.2 generates from "
+                    "them (after --image); VACE folders fit each on a white frame before the "
+                    "video", metavar="REF.png", aliases=("--reference",), repeat=True))
 
     def text_encoders(self, pipe) -> list:
         """The Qwen3 / Mistral-3 text model."""
         return [pipe.text_encoder]
 
-    @classmethod
-    def add_cli_inputs(cls, parser) -> None:
-        """``--image`` and the repeatable ``--reference-image`` (flags the video families
-        share, with their own meaning there; whichever family adds one first writes its
-        help, so the help says both)."""
-        from ditax.pipelines.request import add_flag
-
-        add_flag(parser, cls.name, "--image", default=None, metavar="IMAGE.png",
-                 help="input image: the first frame (image-to-video folders) or a reference "
-                      "image (FLUX.2)")
-        add_flag(parser, cls.name, "--reference-image", "--reference", action="append",
-                 default=[], metavar="REF.png",
-                 help="reference image (repeatable): FLUX.2 generates from them (after "
-                      "--image); VACE folders fit each on a white frame before the video")
-
-    def read_cli_inputs(self, args, call: dict, sample) -> dict:
+    def read_inputs(self, given, call: dict, sample) -> dict:
         """``--image`` then each ``--reference-image``, read into the call's ``image=`` (a
         list; diffusers' multi-reference argument)."""
         from ditax.io.images import read_image
 
-        paths = [("--image", getattr(args, "image", None))] + [
-            ("--reference-image", p) for p in (getattr(args, "reference_image", None) or [])]
+        paths = [("--image", given.get("image"))] + [
+            ("--reference-image", p) for p in (given.get("reference_image") or [])]
         images = [read_image(p, flag) for flag, p in paths if p is not None]
         return {**call, "image": images} if images else call
 
@@ -75,13 +67,13 @@ class Flux2Pipelines(PipelineFamily):
         check_request(prompt, height, width, num_inference_steps, guidance_scale,
                       negative_prompt, 512, seed, kind=None, grid=None)
 
-    def sample_options(self, args, sample, chosen, defaults, call):
+    def sample_options(self, given, sample, chosen, defaults, call):
         """The call's text length (the folder's, else 512) and ``sigmas``; with reference
         images and no size given, the size None: the first reference's (diffusers' rule)."""
         own = {"max_sequence_length": defaults["max_sequence_length"], "sigmas": sample.sigmas}
         if call.get("image"):
             for k in ("height", "width"):
-                if getattr(args, k, None) is None and k not in chosen:
+                if given.get(k) is None and k not in chosen:
                     own[k] = None
         return own, {}
 

@@ -14,6 +14,7 @@ import pathlib
 
 from ditax.errors import ConfigError
 from ditax.pipelines.flux2.request import DEV, KLEIN_BASE, KLEIN_DISTILLED
+from ditax.pipelines.folders import folder_class
 
 DEV_CLASS, KLEIN_CLASS = "Flux2Pipeline", "Flux2KleinPipeline"
 PIPELINE_CLASSES = (DEV_CLASS, KLEIN_CLASS)
@@ -21,27 +22,11 @@ COMPONENTS = ("tokenizer", "text_encoder", "transformer", "vae", "scheduler")
 PATCH = 2
 
 
-def read_index(root) -> dict:
-    from ditax.io.files import read_model_json
-
-    index = read_model_json(pathlib.Path(root) / "model_index.json", "model_index.json")
-    return index if isinstance(index, dict) else {}
-
-
 def folder_kind(root) -> str:
     """``dev``, ``klein-base`` or ``klein-distilled`` of pipeline folder ``root``, with every
     component folder present; :class:`ConfigError` naming what is wrong."""
     root = pathlib.Path(root)
-    index = read_index(root)
-    cls = index.get("_class_name")
-    if cls not in PIPELINE_CLASSES:
-        raise ConfigError(f"{root}: model_index.json _class_name={cls!r}; the FLUX.2 loader "
-                          f"reads {list(PIPELINE_CLASSES)} folders")
-    missing = [c for c in COMPONENTS if not (root / c).is_dir()]
-    if missing:
-        raise ConfigError(f"{root} lacks {', '.join(m + '/' for m in missing)}: a {cls} folder "
-                          f"holds {', '.join(c + '/' for c in COMPONENTS)} (save it with "
-                          f"diffusers' {cls}.save_pretrained)")
+    cls, index = folder_class(root, PIPELINE_CLASSES, "FLUX.2", COMPONENTS)
     if cls == DEV_CLASS:
         return DEV
     distilled = index.get("is_distilled", False)
@@ -66,4 +51,4 @@ def size_grid(root) -> int:
 
 
 __all__ = ["COMPONENTS", "DEV_CLASS", "KLEIN_CLASS", "PIPELINE_CLASSES", "folder_kind",
-           "read_index", "size_grid", "vae_factor"]
+           "size_grid", "vae_factor"]

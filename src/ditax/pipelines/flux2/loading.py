@@ -46,25 +46,15 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     from ditax.pipelines.family import pipelines_of, resolve
     from ditax.pipelines.flux2.folder import folder_kind
     from ditax.pipelines.flux2.pipeline import Flux2ImagePipeline
-    from ditax.schedulers import FlowMatchEulerScheduler, load_scheduler
+    from ditax.pipelines.folders import check_load_options, euler_scheduler
 
     t0 = time.perf_counter()
-    if cfg_mode not in ("batched", "sequential"):
-        raise ConfigError(f"cfg_mode={cfg_mode!r}; use 'batched' or 'sequential'")
-    if model_overrides.pop("loras_2", None):
-        raise ConfigError("loras_2= / --lora-2 are for a second expert; a FLUX.2 folder has "
-                          "one transformer: give its LoRAs with loras= / --lora")
+    check_load_options(cfg_mode, model_overrides, one_transformer="a FLUX.2 folder")
     root = resolve(path)
     kind = folder_kind(root)
     defaults = pipelines_of("flux2").folder_defaults(root)      # checked before any weights
     check_defaults_fit(defaults, root, kind)
-    try:
-        scheduler = load_scheduler(root)
-    except ValueError as e:
-        raise ConfigError(f"{root / 'scheduler'}: {e}") from None
-    if not isinstance(scheduler, FlowMatchEulerScheduler):
-        raise ConfigError(f"{root / 'scheduler'}: FLUX.2 samples with "
-                          f"FlowMatchEulerDiscreteScheduler; got {type(scheduler).__name__}")
+    scheduler = euler_scheduler(root, "FLUX.2")
     load_text, load_tokenizer, embed_prompts, layers = text_parts(kind)
     layers = model_overrides.pop("text_encoder_out_layers", None) or layers   # model.* key
     transformer = load_flux2_transformer(root, dtype=dtype, mesh=mesh, attention=attention,

@@ -30,17 +30,17 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from ditax.errors import RequestError
+from ditax.pipelines.base import Pipeline, check_output, euler_sigmas
 from ditax.pipelines.flux2 import layout
 from ditax.pipelines.flux2.denoiser import Flux2Denoiser, flux2_inputs
 from ditax.pipelines.flux2.references import (check_references, prepare_reference,
                                               reference_list)
 from ditax.pipelines.flux2.request import KLEIN_BASE, check_request, guidance_for
-from ditax.pipelines.flux2.schedule import default_sigmas, request_scheduler
-from ditax.pipelines.programs import Programs, in_compile_cache
-from ditax.pipelines.sampling import Expert, Prepared, Timings, record
+from ditax.pipelines.flux2.schedule import request_scheduler
+from ditax.pipelines.programs import in_compile_cache
+from ditax.pipelines.sampling import Prepared, record
 
 # diffusers' call arguments a ditax call does not take -> the fix
 _NOT_TAKEN = {
@@ -73,58 +73,36 @@ def refuse_unsupported(given: dict) -> None:
     raise RequestError(f"{name}= (diffusers') is not taken here: {fix}")
 
 
-class Flux2ImagePipeline:
+class Flux2ImagePipeline(Pipeline):
     """A loaded FLUX.2 pipeline (dev, klein base or klein distilled); call it with a prompt.
-    See :func:`ditax.pipelines.flux2.loading.load_pipeline`."""
+    See :func:`ditax.pipelines.flux2.loading.load_pipeline`. Its runtime state is
+    :class:`~ditax.pipelines.base.Pipeline`'s; :meth:`call_defaults` falls back to FLUX.2's
+    defaults (1024x1024, 50 steps, 512 tokens; the guidance scale stays None: the folder's
+    kind decides, :func:`guidance_for`)."""
 
-    batches = True   # requests of one shape stack (ditax.pipelines.batch): see prepare
+    family = "flux2"
+    denoiser = Flux2Denoiser
 
-    def __init__(self, *, kind: str, tokenizer, text_encoder, embed_prompts, text_layers, vae,
-                 transformer, scheduler, cfg_mode: str = "batched", vae_tiling: bool = False,
-                 sample_defaults: dict | None = None):
+    def __init__(self, *, kind: str, tokenizer, text_encoder, embed_prompts, text_layers,
+                 **runtime):
+        super().__init__(**runtime)   # vae, transformer, scheduler, cfg_mode, vae_tiling, ...
         self.kind = kind                     # ditax.pipelines.flux2.request.KINDS
         self.tokenizer, self.text_encoder = tokenizer, text_encoder
         self.embed_prompts = embed_prompts   # (model, tokenizer, prompts, max_len, layers)
-        self.vae = vae
-        self.transformer = transformer
-        self.scheduler = scheduler
-        self.cfg_mode = cfg_mode
-        self.vae_tiling = vae_tiling
-        self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
-        self.sample_defaults = dict(sample_defaults or {})   # the folder's ditax_sample.json
         # the hidden states read where a call names none (diffusers' per-pipeline default)
         self.text_encoder_out_layers = tuple(text_layers)
-        self.load_time = 0.0
-        self.timings = Timings()
-        self.compile_cache = "auto"   # see ditax.compile_cache; "none" = off
-        self.programs = Programs()
-        self.last_stats: dict = {}
-        self._expert = Expert(*nnx.split(Flux2Denoiser(transformer.module)), transformer.config)
-
-    @property
-    def mesh(self):
-        return self.transformer.mesh
 
     @property
     def grid(self) -> int:
         """Sizes are multiples of this: the VAE's factor x the 2x2 patch (16 for FLUX.2)."""
         return self.vae.scale_factor_spatial * 2
 
-    def call_defaults(self, **call) -> dict:
-        """``call`` with each value left at None taken from ``self.sample_defaults`` (the
-        folder's ``ditax_sample.json``), else FLUX.2's (1024x1024, 50 steps, 512 tokens; the
-        guidance scale stays None: the folder's kind decides, :func:`guidance_for`)."""
-        from ditax.pipelines.family import pipelines_of   # the family, as the registry names it
-        from ditax.pipelines.sample_defaults import with_defaults
-
-        return with_defaults(call, self.sample_defaults, pipelines_of("flux2").sample_defaults)
-
     # --- the parts of a request
     def encode_text(self, prompts: list[str], max_sequence_length: int, layers):
         """``[len(prompts), T, D_joint]`` in the transformer dtype (module docstring, 1)."""
         emb = self.embed_prompts(self.text_encoder, self.tokenizer, prompts,
                                  max_sequence_length, layers)
-        return jnp.asarray(emb).astype(jnp.dtype(self.transformer.config.dtype))
+        return jnp.asarray(emb).astype(self.dtype)
 
     def encode_references(self, images: list[np.ndarray]):
         """Prepared reference images (each ``[1, 3, H_i, W_i]`` in [-1, 1]) → ``(tokens
@@ -135,22 +113,16 @@ class Flux2ImagePipeline:
             z = vae.normalize_latents(vae.patchify_latents(z))
             grids.append(z.shape[2:])
             parts.append(layout.pack(z))
-        dt = jnp.dtype(self.transformer.config.dtype)
+        dt = self.dtype
         tokens = jnp.concatenate(parts, axis=1).astype(dt)
         return tokens, jnp.asarray(layout.reference_ids(grids))[None]
 
     def decode(self, tokens, height: int, width: int) -> np.ndarray:
         """Packed latents ``[1, L, 4C]`` → float32 image ``[H, W, 3]`` in [0, 1]."""
-        from ditax.models.vae.parallel import decode_on      # vae_parallel: rows over the mesh
-
         vae = self.vae
         z = layout.unpack(jnp.asarray(tokens, vae.dtype), height // self.grid,
                           width // self.grid)
-        z = vae.unpatchify_latents(vae.denormalize_latents(z))
-        image = np.asarray(decode_on(vae, z, self.vae_parallel, tiled=self.vae_tiling),
-                           np.float32)                                     # [1, 3, H, W]
-        image = np.clip(image / np.float32(2) + np.float32(0.5), np.float32(0), np.float32(1))
-        return np.ascontiguousarray(np.transpose(image[0], (1, 2, 0)))
+        return self.decode_pixels(vae.unpatchify_latents(vae.denormalize_latents(z)))
 
     def packed_shape(self, height: int, width: int) -> tuple[int, int, int]:
         """The packed latents ``[1, (H/16)(W/16), 4C]`` of an image of this size."""
@@ -228,8 +200,6 @@ class Flux2ImagePipeline:
         :meth:`__call__` runs, and what a server's batch stacks with other requests of the
         same shape (the condition's arrays carry this request's batch axis). Arguments: the
         call's."""
-        from ditax.schedulers.flow_match import check_sigmas
-
         if generator is not None:
             if isinstance(generator, bool) or not isinstance(generator, int):
                 raise RequestError(f"generator={type(generator).__name__}: ditax draws its noise "
@@ -250,14 +220,8 @@ class Flux2ImagePipeline:
         layers = self._check_layers(self.text_encoder_out_layers
                                     if text_encoder_out_layers is None
                                     else text_encoder_out_layers)
-        if output not in ("image", "latent"):
-            raise RequestError(f"output={output!r}; use 'image' or 'latent'")
-        if sigmas is None:
-            sigmas = default_sigmas(num_inference_steps)
-        try:
-            check_sigmas(sigmas, num_inference_steps)
-        except ValueError as e:
-            raise RequestError(str(e)) from None
+        check_output(output, ("image", "latent"))
+        sigmas = euler_sigmas(sigmas, num_inference_steps)
         shape = self.packed_shape(height, width)
         if latents is not None:
             latents = self.initial_latents(latents, height, width)
@@ -281,12 +245,11 @@ class Flux2ImagePipeline:
             prompts = [prompt] + ([negative_prompt or ""] if use_cfg else [])
             return self.encode_text(prompts, max_sequence_length, layers)
 
-        return Prepared(
-            programs=self.programs, experts=[self._expert], inputs=flux2_inputs,
+        return self.prepared(
+            inputs=flux2_inputs,
             scheduler=request_scheduler(self.scheduler, shape[1], num_inference_steps),
-            latent_shape=shape, mesh=self.mesh, cfg_mode=self.cfg_mode,
-            num_inference_steps=num_inference_steps, guidance_scale=float(cfg_scale),
-            sigmas=np.asarray(sigmas, np.float64), text=text, condition=condition,
+            latent_shape=shape, num_inference_steps=num_inference_steps,
+            guidance_scale=float(cfg_scale), sigmas=sigmas, text=text, condition=condition,
             condition_phase="image" if images else "condition", latents=latents, seed=seed,
             size=f"for {height}x{width} (packed [1, L, 4C])",
             decode=None if output == "latent" else (

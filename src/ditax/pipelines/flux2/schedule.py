@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 # (slope, intercept) of mu over the image token count, fitted at 10 and at 200 steps
 _FIT_10 = (8.73809524e-05, 1.89833333)
 _FIT_200 = (0.00016927, 0.45666666)
@@ -35,11 +33,6 @@ def empirical_mu(image_seq_len: int, num_steps: int) -> float:
     return float(slope * num_steps + (m_200 - 200.0 * slope))
 
 
-def default_sigmas(num_steps: int) -> np.ndarray:
-    """The unshifted sigmas of ``num_steps`` steps: ``linspace(1, 1/N, N)``."""
-    return np.linspace(1.0, 1.0 / num_steps, num_steps)
-
-
 def request_scheduler(scheduler, image_seq_len: int, num_steps: int):
     """``scheduler`` (:class:`~ditax.schedulers.flow_match.FlowMatchEulerScheduler`) with this
     request's ``mu`` (:func:`empirical_mu`); unchanged without dynamic shifting."""
@@ -48,4 +41,4 @@ def request_scheduler(scheduler, image_seq_len: int, num_steps: int):
     return dataclasses.replace(scheduler, mu=empirical_mu(image_seq_len, num_steps))
 
 
-__all__ = ["default_sigmas", "empirical_mu", "request_scheduler"]
+__all__ = ["empirical_mu", "request_scheduler"]

@@ -28,11 +28,11 @@ import functools
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-from flax import nnx
 
-from ditax.models.ltx2.blocks import AUDIO, VIDEO
+from ditax.models.ltx2.transformer.blocks import AUDIO, VIDEO
 from ditax.pipelines.denoise import text_rows
 from ditax.pipelines.ltx2.guidance import Scales, guided_velocity
+from ditax.pipelines.wrapped import WrappedTransformer
 
 #: the per-request guidance scales the condition carries (``[1]`` float32 each)
 SCALES = ("guidance", "audio_guidance", "stg", "audio_stg", "modality", "audio_modality",
@@ -51,7 +51,7 @@ class Context(NamedTuple):
     temb: Any
 
 
-class LTX2Denoiser(nnx.Module):
+class LTX2Denoiser(WrappedTransformer):
     """:class:`~ditax.models.ltx2.transformer.LTX2Transformer` behind the denoiser protocol:
     ``x [B, L*C + La*Ca]`` (module docstring), ``timestep [B]`` (0..1000, also the prompt
     modulation's ``sigma``), ``text = (video_text, audio_text, mask)``, extras ``positions``
@@ -69,17 +69,8 @@ class LTX2Denoiser(nnx.Module):
     token_axes = (VIDEO, AUDIO)
 
     def __init__(self, transformer, use_cross_timestep: bool = True):
-        self.transformer = transformer
-        self.cfg = transformer.cfg
+        super().__init__(transformer)
         self.use_cross_timestep = use_cross_timestep
-
-    @property
-    def mesh(self):
-        return self.transformer.mesh
-
-    @property
-    def block_stacks(self):
-        return self.transformer.block_stacks
 
     def split(self, x, positions):
         """``x [B, N]`` → ``(video [B, L, C], audio [B, La, Ca])`` (``L``, ``La`` from the
@@ -126,9 +117,7 @@ class LTX2Denoiser(nnx.Module):
     def head(self, h, ctx):
         """Both streams' output layers, joined: ``[B, L*C + La*Ca]`` float32."""
         out_v, out_a = self.transformer.head(h, ctx.inner)
-        out = self.join(out_v.astype(jnp.float32), out_a.astype(jnp.float32))
-        # replicated over the mesh, as the loop keeps its latents (one sharding every step)
-        return self.transformer.sharding.constrain(out, (None, None))
+        return self.replicated(self.join(out_v.astype(jnp.float32), out_a.astype(jnp.float32)))
 
 
 def _inputs(model, condition, latents, t):

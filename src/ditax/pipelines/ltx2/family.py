@@ -8,6 +8,7 @@ from __future__ import annotations
 from ditax.errors import RequestError
 from ditax.intmath import INT_LIMIT
 from ditax.pipelines.family import PipelineFamily
+from ditax.pipelines.inputs import Input
 from ditax.pipelines.request import Field
 
 #: diffusers' ``LTX2Pipeline`` defaults (0.42): 768x512, 121 frames at 24 fps, 30 steps, video
@@ -72,30 +73,23 @@ class LTX2Pipelines(PipelineFamily):
                         "audio_guidance_scale", "guidance_rescale", "audio_guidance_rescale",
                         "stg_scale", "audio_stg_scale", "modality_scale", "audio_modality_scale")
     cli_inputs = ("image", "upsampler")
+    inputs = (Input("image", "first frame (image-to-video)", metavar="FIRST.png"),
+              Input("upsampler", "an LTX2LatentUpsamplePipeline folder: two-stage sampling, "
+                    "stage 1 at the size over its factor, upsampled, refined on LTX-2's "
+                    "distilled sigmas at the full size", metavar="FOLDER"))
     parallel_vae = True        # vae_parallel=True: ditax.models.vae.parallel (the video decode)
 
     def text_encoders(self, pipe) -> list:
         """Gemma-3 (the connectors are small and stay on the device)."""
         return [pipe.text.text_encoder]
 
-    @classmethod
-    def add_cli_inputs(cls, parser) -> None:
-        from ditax.pipelines.request import add_flag
-
-        add_flag(parser, cls.name, "--image", default=None, metavar="FIRST.png",
-                 help="first frame (image-to-video)")
-        add_flag(parser, cls.name, "--upsampler", default=None, metavar="FOLDER",
-                 help="an LTX2LatentUpsamplePipeline folder: two-stage sampling, stage 1 at "
-                      "the size over its factor, upsampled, refined on LTX-2's distilled "
-                      "sigmas at the full size")
-
-    def read_cli_inputs(self, args, call: dict, sample) -> dict:
+    def read_inputs(self, given, call: dict, sample) -> dict:
         from ditax.io.images import read_image
 
-        if getattr(args, "image", None) is not None:
-            call = {**call, "image": read_image(args.image, "--image")}
-        if getattr(args, "upsampler", None) is not None:
-            call = {**call, "upsampler": args.upsampler}
+        if given.get("image") is not None:
+            call = {**call, "image": read_image(given["image"], "--image")}
+        if given.get("upsampler") is not None:
+            call = {**call, "upsampler": given["upsampler"]}
         return call
 
     def check_request(self, prompt, height, width, num_frames=None, num_inference_steps=None,
@@ -109,7 +103,7 @@ class LTX2Pipelines(PipelineFamily):
                                "transformer — drop it")
         check_request(height=height, width=width, num_frames=num_frames, **fields)
 
-    def sample_options(self, args, sample, chosen, defaults, call):
+    def sample_options(self, given, sample, chosen, defaults, call):
         """The call's text length (the folder's, else 1024 Gemma tokens)."""
         return {"max_sequence_length": defaults["max_sequence_length"]}, {}
 

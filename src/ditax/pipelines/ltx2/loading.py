@@ -30,30 +30,21 @@ def _factors(root) -> tuple[int, int]:
 def check_folder(root) -> str:
     """``root`` is an LTX-2 pipeline folder with every component folder present; returns its
     class."""
-    from ditax.io.files import read_model_json
+    from ditax.pipelines.folders import folder_class, read_index
 
-    index = read_model_json(root / "model_index.json", "model_index.json")
-    cls = index.get("_class_name") if isinstance(index, dict) else None
+    cls = read_index(root).get("_class_name")
     if cls == "LTX2LatentUpsamplePipeline":
         raise ConfigError(f"{root} is a latent upsampler folder ({cls}), which samples nothing "
                           f"itself: give it as --upsampler (upsampler=) next to an LTX-2 "
                           f"--model folder")
-    if cls not in PIPELINE_CLASSES:
-        raise ConfigError(f"{root}: model_index.json _class_name={cls!r}; the LTX-2 loader reads "
-                          f"{list(PIPELINE_CLASSES)} folders")
-    missing = [c for c in COMPONENTS if not (root / c).is_dir()]
-    if missing:
-        raise ConfigError(f"{root} lacks {', '.join(m + '/' for m in missing)}: an LTX2Pipeline "
-                          f"folder holds {', '.join(c + '/' for c in COMPONENTS)} (save it with "
-                          f"diffusers' LTX2Pipeline.save_pretrained)")
-    return cls
+    return folder_class(root, PIPELINE_CLASSES, "LTX-2", COMPONENTS)[0]
 
 
 def preflight(root, load: dict, call: dict | None = None, mesh=None) -> None:
     """The folder's parts, the request's sizes on its VAE's grid, the attention backend with
     both head dims; no weights read."""
     from ditax.attention import check_available
-    from ditax.models.ltx2.loading import read_config
+    from ditax.models.ltx2.transformer.loading import read_config
     from ditax.pipelines.ltx2.request import check_frames, check_size
 
     cls = check_folder(root)
@@ -86,31 +77,21 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     ``scan_layers``...) and the transformer's LoRAs (``loras=[(file, strength)]``,
     ``lora_mode``, ``lora_strict``: :meth:`ditax.models.common.loader.TransformerLoader.load`;
     diffusers / PEFT or the original LTX-2 keys, :mod:`ditax.models.ltx2.lora_names`)."""
-    from ditax.models.ltx2.audio_convert import load_audio_vae
+    from ditax.models.ltx2.audio.convert import load_audio_vae
     from ditax.models.ltx2.family import LTX2Family
-    from ditax.models.ltx2.text import load_ltx2_text
-    from ditax.models.ltx2.vocoder_convert import load_vocoder
+    from ditax.models.ltx2.text.encoder import load_ltx2_text
+    from ditax.models.ltx2.vocoder.convert import load_vocoder
     from ditax.models.vae.ltx2 import load_ltx2_video_vae
     from ditax.pipelines.family import pipelines_of, resolve
+    from ditax.pipelines.folders import check_load_options, euler_scheduler
     from ditax.pipelines.ltx2.video import LTX2Video
-    from ditax.schedulers import FlowMatchEulerScheduler, load_scheduler
 
     t0 = time.perf_counter()
-    if cfg_mode not in ("batched", "sequential"):
-        raise ConfigError(f"cfg_mode={cfg_mode!r}; use 'batched' or 'sequential'")
-    if model_overrides.pop("loras_2", None):
-        raise ConfigError("loras_2= / --lora-2 are for a second expert; an LTX-2 folder has "
-                          "one transformer: give its LoRAs with loras= / --lora")
+    check_load_options(cfg_mode, model_overrides, one_transformer="an LTX-2 folder")
     root = resolve(path)
     cls = check_folder(root)
     defaults = pipelines_of("ltx2").folder_defaults(root)      # checked before any weights
-    try:
-        scheduler = load_scheduler(root)
-    except ValueError as e:
-        raise ConfigError(f"{root / 'scheduler'}: {e}") from None
-    if not isinstance(scheduler, FlowMatchEulerScheduler):
-        raise ConfigError(f"{root / 'scheduler'}: LTX-2 samples with "
-                          f"FlowMatchEulerDiscreteScheduler; got {type(scheduler).__name__}")
+    scheduler = euler_scheduler(root, "LTX-2")
     # the LoRA files read once: their transformer rows go to the family's loader (lora_mode=,
     # lora_strict=), their connector keys merged into the connectors (always merged: the text
     # path runs once per prompt)
@@ -130,9 +111,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla",
     vocoder = load_vocoder(root, dtype)
     check_fit(transformer.config, vae, audio_vae, root)
     pipe = LTX2Video(text=text, transformer=transformer, vae=vae, audio_vae=audio_vae,
-                           vocoder=vocoder, scheduler=scheduler, cfg_mode=cfg_mode,
-                           vae_tiling=vae_tiling, sample_defaults=defaults,
-                           needs_image=cls == IMAGE_TO_VIDEO)
+                     vocoder=vocoder, scheduler=scheduler, cfg_mode=cfg_mode,
+                     vae_tiling=vae_tiling, sample_defaults=defaults,
+                     needs_image=cls == IMAGE_TO_VIDEO)
     pipe.load_time = time.perf_counter() - t0
     return pipe
 

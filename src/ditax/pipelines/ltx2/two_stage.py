@@ -40,7 +40,7 @@ def _upsampler(pipe, upsampler):
     alone (``latent_upsampler/`` of an LTX-2 folder, as diffusers' docs load it, or the model
     folder itself), run with the LTX-2 pipeline's own VAE. In the pipeline's dtype."""
     from ditax.errors import ConfigError, ModelNotFound
-    from ditax.models.ltx2.upsampler_convert import load_latent_upsampler
+    from ditax.models.ltx2.upsampler.convert import load_latent_upsampler
     from ditax.pipelines.family import resolve
     from ditax.pipelines.ltx2.upsample import (PIPELINE_CLASS, LTX2LatentUpsample, folder_class,
                                                load_upsample_pipeline)
@@ -102,7 +102,8 @@ def two_stage(pipe, upsampler, prompt, image=None, negative_prompt=None, height=
     if bad:
         raise RequestError(f"stage_2 {bad}: stage 2 takes these from stage 1 (and the "
                            f"upsampled latents); set them on the call itself")
-    known = set(inspect.signature(pipe.prepare).parameters) | set(UPSAMPLE_KEYS)
+    known = (set(inspect.signature(pipe.prepare).parameters) - {"options"}) | set(
+        pipe.options) | set(UPSAMPLE_KEYS)
     unknown = sorted(k for k in stage_2 if k not in known)
     if unknown:
         raise RequestError(f"stage_2 {unknown}: no argument of the LTX-2 pipeline's call or "

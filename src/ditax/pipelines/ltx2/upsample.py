@@ -149,7 +149,7 @@ def load_upsample_pipeline(path, dtype: str = "float32", mesh=None, attention=No
     """The :class:`LTX2LatentUpsample` of an ``LTX2LatentUpsamplePipeline`` folder (or hub id)
     ``path``, its parts in ``dtype`` on one device (``mesh`` / ``attention``: accepted for the
     common loader, unused — nothing here attends). ``vae_tiling``: decode in tiles."""
-    from ditax.models.ltx2.upsampler_convert import load_latent_upsampler
+    from ditax.models.ltx2.upsampler.convert import load_latent_upsampler
     from ditax.models.vae.ltx2 import load_ltx2_video_vae
     from ditax.pipelines.family import resolve
 

@@ -27,56 +27,75 @@ the two hold the same components), it reproduces those pipelines:
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from ditax.errors import RequestError
+from ditax.pipelines.base import STEP_CACHE, Pipeline, check_output, euler_sigmas
 from ditax.pipelines.ltx2.denoiser import SCALES, LTX2Denoiser, ltx2_inputs
-from ditax.pipelines.programs import Programs, in_compile_cache
-from ditax.pipelines.sampling import Expert, Prepared, Timings, check_finite, record
+from ditax.pipelines.programs import in_compile_cache
+from ditax.pipelines.sampling import Prepared, check_finite, record
 
 #: diffusers' default spatio-temporal guidance blocks (LTX-2.3's 48-layer model)
 STG_BLOCKS = (28,)
 
+#: the call's arguments past the first eleven (:meth:`LTX2Video.prepare`), with their defaults
+#: (None: the folder's ``ditax_sample.json``, else LTX-2's); ``stg_blocks`` is diffusers'
+#: ``spatio_temporal_guidance_blocks``
+OPTIONS = dict(frame_rate=None, audio_guidance_scale=None, guidance_rescale=None,
+               audio_guidance_rescale=None, stg_scale=None, audio_stg_scale=None,
+               modality_scale=None, audio_modality_scale=None, decode_timestep=None,
+               decode_noise_scale=None, max_sequence_length=None, sigmas=None, stg_blocks=None,
+               image_crf=None, noise_scale=None, shift_sigmas=True, upsampler=None, audio=True,
+               output="video", **STEP_CACHE)
+#: the keys of the defaults :meth:`LTX2Video.prepare` reads (:meth:`~ditax.pipelines.base
+#: .Pipeline.call_defaults`)
+DEFAULTED = ("frame_rate", "audio_guidance_scale", "guidance_rescale", "audio_guidance_rescale",
+             "stg_scale", "audio_stg_scale", "modality_scale", "audio_modality_scale",
+             "decode_timestep", "max_sequence_length")
 
-class LTX2Video:
+
+def call_options(options: dict) -> SimpleNamespace:
+    """The call's further arguments (:data:`OPTIONS`) with their defaults; an unknown one is a
+    :class:`RequestError` naming it."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise RequestError(f"{unknown[0]}= is not an argument of the LTX-2 pipeline's call; "
+                           f"see help(LTX2Video.prepare) for the ones it takes")
+    return SimpleNamespace(**{**OPTIONS, **options})
+
+
+def guidance_scales(d: dict) -> dict[str, float]:
+    """The per-stream guidance scales of a call's filled-in arguments ``d`` (:data:`SCALES`;
+    a zero audio scale takes the video's, as diffusers' ``audio_x or x``)."""
+    scales = {"guidance": float(d["guidance_scale"]), "stg": float(d["stg_scale"]),
+              "modality": float(d["modality_scale"]), "rescale": float(d["guidance_rescale"])}
+    for k, v in (("audio_guidance", d["audio_guidance_scale"]),
+                 ("audio_stg", d["audio_stg_scale"]),
+                 ("audio_modality", d["audio_modality_scale"]),
+                 ("audio_rescale", d["audio_guidance_rescale"])):
+        scales[k] = float(v or scales[k.removeprefix("audio_")])
+    return scales
+
+
+class LTX2Video(Pipeline):
     """A loaded LTX-2 pipeline; call it with a prompt. See
-    :func:`ditax.pipelines.ltx2.loading.load_pipeline`."""
+    :func:`ditax.pipelines.ltx2.loading.load_pipeline`. Its runtime state is
+    :class:`~ditax.pipelines.base.Pipeline`'s; :meth:`call_defaults` falls back to LTX-2's
+    (:data:`~ditax.pipelines.ltx2.family.SAMPLE_DEFAULTS`)."""
 
-    batches = True   # requests of one shape stack (ditax.pipelines.batch)
+    family = "ltx2"
+    denoiser = LTX2Denoiser
+    options = OPTIONS    # the call's further arguments (prepare's ``options``)
 
-    def __init__(self, *, text, transformer, vae, audio_vae, vocoder, scheduler,
-                 cfg_mode: str = "batched", vae_tiling: bool = False,
-                 sample_defaults: dict | None = None, needs_image: bool = False):
+    def __init__(self, *, text, audio_vae, vocoder, needs_image: bool = False, **runtime):
+        super().__init__(**runtime)   # vae, transformer, scheduler, cfg_mode, vae_tiling, ...
         self.text = text                         # LTX2Text: tokenizer, Gemma-3, connectors
-        self.transformer, self.vae = transformer, vae
         self.audio_vae, self.vocoder = audio_vae, vocoder
-        self.scheduler, self.cfg_mode, self.vae_tiling = scheduler, cfg_mode, vae_tiling
-        self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
-        self.sample_defaults = dict(sample_defaults or {})
         self.needs_image = needs_image           # an LTX2ImageToVideoPipeline folder
-        self.load_time = 0.0
-        self.timings = Timings()
-        self.compile_cache = "auto"
-        self.programs = Programs()
-        self.last_stats: dict = {}
-        self._expert = Expert(*nnx.split(LTX2Denoiser(transformer.module)), transformer.config)
-
-    @property
-    def mesh(self):
-        return self.transformer.mesh
-
-    def call_defaults(self, **call) -> dict:
-        """``call`` with each value left at None from ``self.sample_defaults`` (the folder's
-        ``ditax_sample.json``), else LTX-2's (:data:`~ditax.pipelines.ltx2.family
-        .SAMPLE_DEFAULTS`)."""
-        from ditax.pipelines.family import pipelines_of   # the family module imports this one
-        from ditax.pipelines.sample_defaults import with_defaults
-
-        return with_defaults(call, self.sample_defaults, pipelines_of("ltx2").sample_defaults)
 
     # -- shapes ---------------------------------------------------------------------------------
 
@@ -88,7 +107,7 @@ class LTX2Video:
 
     def audio_frames(self, num_frames: int, frame_rate: float) -> int:
         """Audio latent frames of a video of ``num_frames`` at ``frame_rate``."""
-        from ditax.models.ltx2.audio_latents import audio_latent_frames
+        from ditax.models.ltx2.audio.latents import audio_latent_frames
 
         a = self.audio_vae
         return audio_latent_frames(num_frames, frame_rate, a.sample_rate, a.hop_length,
@@ -119,120 +138,57 @@ class LTX2Video:
 
     def prepare(self, prompt, image=None, negative_prompt=None, height=None, width=None,
                 num_frames=None, num_inference_steps=None, guidance_scale=None, seed: int = 0,
-                latents=None, audio_latents=None, frame_rate=None, audio_guidance_scale=None,
-                guidance_rescale=None, audio_guidance_rescale=None, stg_scale=None,
-                audio_stg_scale=None, modality_scale=None, audio_modality_scale=None,
-                decode_timestep=None, decode_noise_scale=None, max_sequence_length=None,
-                sigmas=None, stg_blocks=None, image_crf: int | None = None,
-                noise_scale: float | None = None, shift_sigmas: bool = True, upsampler=None,
-                audio: bool = True, output: str = "video", cache: str | None = None,
-                cache_threshold: float | None = None, cfg_cache: bool = False,
-                cache_coefficients=None) -> Prepared:
+                latents=None, audio_latents=None, **options) -> Prepared:
         """One request checked and laid out as the generic loop's parts (nothing encoded or
-        compiled yet). diffusers' argument names and defaults (``LTX2Pipeline``); None takes
-        the folder's ``ditax_sample.json``, else LTX-2's. ``stg_blocks``: diffusers'
-        ``spatio_temporal_guidance_blocks``. A zero audio scale takes the video's, as
-        diffusers' ``audio_x or x``. Step caching (``cache``, ``cache_threshold``,
-        ``cfg_cache``, ``cache_coefficients``) as for Wan (:mod:`ditax.pipelines.cache
-        .step_cache`): the spatio-temporal-guidance and modality-isolation passes are branches
-        with cache entries of their own."""
+        compiled yet). diffusers' argument names and defaults (``LTX2Pipeline``); ``options``:
+        the further ones of :data:`OPTIONS`. None takes the folder's ``ditax_sample.json``, else
+        LTX-2's. ``stg_blocks``: diffusers' ``spatio_temporal_guidance_blocks``. A zero audio
+        scale takes the video's, as diffusers' ``audio_x or x``. Step caching (``cache``,
+        ``cache_threshold``, ``cfg_cache``, ``cache_coefficients``) as for Wan
+        (:mod:`ditax.pipelines.cache.step_cache`): the spatio-temporal-guidance and
+        modality-isolation passes are branches with cache entries of their own."""
         from ditax.pipelines.ltx2.request import check_request
-        from ditax.schedulers.flow_match import check_sigmas
 
+        o = call_options(options)
         d = self.call_defaults(
             height=height, width=width, num_frames=num_frames,
             num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
-            frame_rate=frame_rate, audio_guidance_scale=audio_guidance_scale,
-            guidance_rescale=guidance_rescale, audio_guidance_rescale=audio_guidance_rescale,
-            stg_scale=stg_scale, audio_stg_scale=audio_stg_scale, modality_scale=modality_scale,
-            audio_modality_scale=audio_modality_scale, decode_timestep=decode_timestep,
-            max_sequence_length=max_sequence_length)
+            **{k: getattr(o, k) for k in DEFAULTED})
         if not isinstance(prompt, str) or not prompt.strip():
             raise RequestError(f"prompt must be a non-empty string; got {prompt!r}")
-        if output not in ("video", "latent"):
-            raise RequestError(f"output={output!r}; use 'video' or 'latent'")
+        check_output(o.output, ("video", "latent"))
         height, width, frames, steps = (d["height"], d["width"], d["num_frames"],
                                         d["num_inference_steps"])
         check_request(height=height, width=width, num_frames=frames,
                       spatial=self.vae.spatial_compression_ratio,
                       temporal=self.vae.temporal_compression_ratio)
-        g = float(d["guidance_scale"])
-        scales = {"guidance": g, "stg": float(d["stg_scale"]),
-                  "modality": float(d["modality_scale"]), "rescale": float(d["guidance_rescale"])}
-        for k, v in (("audio_guidance", d["audio_guidance_scale"]),
-                     ("audio_stg", d["audio_stg_scale"]),
-                     ("audio_modality", d["audio_modality_scale"]),
-                     ("audio_rescale", d["audio_guidance_rescale"])):
-            scales[k] = float(v or scales[k.removeprefix("audio_")])
-        layers = self.transformer.config.num_layers
-        if stg_blocks is None:
-            stg_blocks = tuple(i for i in STG_BLOCKS if i < layers)
-        bad = [i for i in stg_blocks if isinstance(i, bool) or not isinstance(i, int)
-               or not 0 <= i < layers]
-        if bad:
-            raise RequestError(f"stg_blocks={list(stg_blocks)}: {bad} are no block indices of "
-                               f"this model (0..{layers - 1})")
+        scales = guidance_scales(d)
+        stg_blocks = self._stg_blocks(o.stg_blocks)
         use_cfg = scales["guidance"] > 1.0 or scales["audio_guidance"] > 1.0
         run_stg = bool((scales["stg"] > 0.0 or scales["audio_stg"] > 0.0) and stg_blocks
                        and self.transformer.config.perturbed_attn)
         run_modality = scales["modality"] > 1.0 or scales["audio_modality"] > 1.0
-        if sigmas is None:
-            sigmas = np.linspace(1.0, 1.0 / steps, steps)
-        try:
-            check_sigmas(sigmas, steps)
-        except ValueError as e:
-            raise RequestError(str(e)) from None
-        if upsampler is not None:
+        sigmas = euler_sigmas(o.sigmas, steps)
+        if o.upsampler is not None:
             raise RequestError("upsampler= (two-stage sampling) runs as two calls of the "
                                "pipeline, one request at a time: call it (no --batch)")
-        # stage 2 of two-stage sampling (.two_stage): noise_scale mixes noise from seed into the
-        # given (normalised) latents of both streams, s noise + (1 - s) latents (diffusers'
-        # noise_scale); shift_sigmas=False takes sigmas as they are (diffusers' recipe rebuilds
-        # the scheduler with use_dynamic_shifting=False, shift_terminal=None)
-        if noise_scale is not None and not 0.0 <= float(noise_scale) <= 1.0:
-            raise RequestError(f"noise_scale={noise_scale} is outside [0, 1] (the share of "
-                               f"fresh noise mixed into the given latents)")
-        if noise_scale and latents is None:
-            raise RequestError(f"noise_scale={noise_scale} re-noises given latents (stage 2 of "
-                               f"two-stage sampling); give latents= and audio_latents=, or "
-                               f"drop noise_scale")
-        scheduler = self.scheduler if shift_sigmas else dataclasses.replace(
-            self.scheduler, use_dynamic_shifting=False, shift_terminal=None)
-        if scheduler.shift_terminal and float(np.min(sigmas)) >= 1.0:
-            raise RequestError(f"num_inference_steps={steps}: LTX-2's schedule is stretched to "
-                               f"end at sigma {scheduler.shift_terminal}, which a single "
-                               f"step at sigma 1 cannot; use 2 steps or more")
+        scheduler = self._scheduler(o, sigmas, steps, latents)
         grid = self.grid(frames, height, width)
         la = self.audio_frames(frames, float(d["frame_rate"]))
-        tc = self.transformer.config
-        lv = int(np.prod(grid))
-        mel = self.audio_vae.config.latent_mel_bins
+        lv, tc = int(np.prod(grid)), self.transformer.config
         n = lv * tc.in_channels + la * tc.audio_in_channels
         image_to_video = image is not None or (self.needs_image and latents is not None)
-        if self.needs_image and image is None and latents is None:
-            raise RequestError("this is an image-to-video folder (LTX2ImageToVideoPipeline): "
-                               "pass image= (--image FILE), the video's first frame")
-        pixels = None
-        if image is not None and latents is None:
-            from ditax.pipelines.ltx2.image import DEFAULT_CRF, conditioning_image
-
-            pixels = conditioning_image(image, height, width,
-                                        DEFAULT_CRF if image_crf is None else image_crf)
-        given = self._given_latents(latents, audio_latents, grid, la, mel)
-        if noise_scale:
-            given = self._renoised(given, float(noise_scale), seed, n)
-        if pixels is not None:      # the image's latent as the first frame over the noise
-            given = self._image_start(pixels, seed, n, grid, given)
+        given = self._start(image, latents, audio_latents, o, seed, (height, width), grid, la)
         positions = self.transformer.module.positions(
             *grid, fps=float(d["frame_rate"]), audio_num_frames=la)
         text_len = int(d["max_sequence_length"])
 
         def text(cfg_rows):
-            from ditax.models.ltx2.text import encode_ltx2_prompt
+            from ditax.models.ltx2.text.encoder import encode_ltx2_prompt
 
             rows = [prompt] + ([negative_prompt or ""] if cfg_rows else [])
             video, audio_text, mask = encode_ltx2_prompt(self.text, rows, text_len)
-            dt = jnp.dtype(tc.dtype)
+            dt = self.dtype
             return video.astype(dt), audio_text.astype(dt), mask
 
         first = grid[1] * grid[2]           # the tokens of the first latent frame
@@ -244,29 +200,82 @@ class LTX2Video:
                 out["cond_mask"] = (jnp.arange(lv) < first).astype(jnp.float32)[None]
             return out
 
-
         def decode(x, _):
-            return self.decode(x, grid, la, seed, d, decode_noise_scale, audio, output)
+            return self.decode(x, grid, la, seed, d, o)
 
-        return Prepared(
-            programs=self.programs, experts=[self._expert],
+        return self.prepared(
             inputs=ltx2_inputs(tuple(stg_blocks) if run_stg else None, run_modality),
-            scheduler=scheduler.with_mu(lv), latent_shape=(1, n), mesh=self.mesh,
-            cfg_mode=self.cfg_mode, num_inference_steps=steps,
+            scheduler=scheduler.with_mu(lv), latent_shape=(1, n), num_inference_steps=steps,
             # the loop's CFG switch: on when either stream is guided (diffusers'); the scales
             # themselves travel in the condition
-            guidance_scale=2.0 if use_cfg else 1.0, sigmas=np.asarray(sigmas, np.float64),
-            text=text, condition=condition, latents=given, seed=seed,
-            cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
-            cache_coefficients=cache_coefficients,
+            guidance_scale=2.0 if use_cfg else 1.0, sigmas=sigmas, text=text,
+            condition=condition, latents=given, seed=seed,
+            **{k: getattr(o, k) for k in STEP_CACHE},
             size=f"for {frames} frames at {height}x{width}", decode=decode)
+
+    def _stg_blocks(self, stg_blocks) -> tuple:
+        """The spatio-temporal guidance blocks (default: :data:`STG_BLOCKS` this model has),
+        each a block index of the model."""
+        layers = self.transformer.config.num_layers
+        if stg_blocks is None:
+            stg_blocks = tuple(i for i in STG_BLOCKS if i < layers)
+        bad = [i for i in stg_blocks if isinstance(i, bool) or not isinstance(i, int)
+               or not 0 <= i < layers]
+        if bad:
+            raise RequestError(f"stg_blocks={list(stg_blocks)}: {bad} are no block indices of "
+                               f"this model (0..{layers - 1})")
+        return stg_blocks
+
+    def _scheduler(self, o, sigmas, steps: int, latents):
+        """The request's scheduler. Stage 2 of two-stage sampling (:mod:`.two_stage`):
+        ``noise_scale`` mixes noise from the seed into the given (normalised) latents of both
+        streams, ``s noise + (1 - s) latents`` (diffusers' ``noise_scale``, checked here);
+        ``shift_sigmas=False`` takes the sigmas as they are (diffusers' recipe rebuilds the
+        scheduler with ``use_dynamic_shifting=False, shift_terminal=None``)."""
+        if o.noise_scale is not None and not 0.0 <= float(o.noise_scale) <= 1.0:
+            raise RequestError(f"noise_scale={o.noise_scale} is outside [0, 1] (the share of "
+                               f"fresh noise mixed into the given latents)")
+        if o.noise_scale and latents is None:
+            raise RequestError(f"noise_scale={o.noise_scale} re-noises given latents (stage 2 "
+                               f"of two-stage sampling); give latents= and audio_latents=, or "
+                               f"drop noise_scale")
+        scheduler = self.scheduler if o.shift_sigmas else dataclasses.replace(
+            self.scheduler, use_dynamic_shifting=False, shift_terminal=None)
+        if scheduler.shift_terminal and float(np.min(sigmas)) >= 1.0:
+            raise RequestError(f"num_inference_steps={steps}: LTX-2's schedule is stretched to "
+                               f"end at sigma {scheduler.shift_terminal}, which a single "
+                               f"step at sigma 1 cannot; use 2 steps or more")
+        return scheduler
+
+    def _start(self, image, latents, audio_latents, o, seed: int, size, grid, la: int):
+        """The joint start ``[1, N]`` (None: drawn from the seed by the loop): the given
+        latents (re-noised by ``noise_scale``), with an image's latent (resized to ``size``,
+        ``(height, width)``) as the first frame."""
+        if self.needs_image and image is None and latents is None:
+            raise RequestError("this is an image-to-video folder (LTX2ImageToVideoPipeline): "
+                               "pass image= (--image FILE), the video's first frame")
+        pixels = None
+        if image is not None and latents is None:
+            from ditax.pipelines.ltx2.image import DEFAULT_CRF, conditioning_image
+
+            pixels = conditioning_image(image, *size,
+                                        DEFAULT_CRF if o.image_crf is None else o.image_crf)
+        tc = self.transformer.config
+        n = int(np.prod(grid)) * tc.in_channels + la * tc.audio_in_channels
+        given = self._given_latents(latents, audio_latents, grid, la,
+                                    self.audio_vae.config.latent_mel_bins)
+        if o.noise_scale:
+            given = self._renoised(given, float(o.noise_scale), seed, n)
+        if pixels is not None:      # the image's latent as the first frame over the noise
+            given = self._image_start(pixels, seed, n, grid, given)
+        return given
 
     def _given_latents(self, latents, audio_latents, grid, la: int, mel: int):
         """Given latents as the joint array ``[1, N]`` (None: drawn from the seed). Video:
         packed ``[1, L, C]`` as they are, unpacked ``[1, C, F', Y, X]`` normalised and packed
         (diffusers' ``prepare_latents``); audio: packed ``[1, La, Ca]`` or unpacked
         ``[1, c, La, M]`` packed, then normalised (``prepare_audio_latents``)."""
-        from ditax.models.ltx2.audio_latents import pack_audio_latents
+        from ditax.models.ltx2.audio.latents import pack_audio_latents
 
         if latents is None and audio_latents is None:
             return None
@@ -320,11 +329,11 @@ class LTX2Video:
         start[:, :tokens.shape[1]] = tokens
         return start
 
-    def decode(self, x, grid, la: int, seed: int, d: dict, decode_noise_scale, audio: bool,
-               output: str):
-        """The joint latents ``[1, N]`` → ``{"video", "audio"}`` (module docstring, step 4)."""
+    def decode(self, x, grid, la: int, seed: int, d: dict, o):
+        """The joint latents ``[1, N]`` → ``{"video", "audio"}`` (module docstring, step 4;
+        ``d``: the call's defaults filled in, ``o``: its :func:`call_options`)."""
         from ditax.io.audio import AudioTrack
-        from ditax.models.ltx2.audio_latents import unpack_audio_latents
+        from ditax.models.ltx2.audio.latents import unpack_audio_latents
 
         tc = self.transformer.config
         f, y, xw = grid
@@ -334,21 +343,16 @@ class LTX2Video:
         tokens = x[:, lv:].reshape(1, la, tc.audio_in_channels)
         mel_bins = self.audio_vae.config.latent_mel_bins
         sound = unpack_audio_latents(self.audio_vae.denormalize_latents(tokens), mel_bins, la)
-        if output == "latent":
+        if o.output == "latent":
             return {"video": np.asarray(self.vae.denormalize_latents(video)),
                     "audio": np.asarray(sound)}
         key = jax.random.fold_in(jax.random.PRNGKey(int(seed)), 1)   # the decode's noise
         z, t = self.vae.decode_inputs(
             video.astype(self.vae.dtype), decode_timestep=d["decode_timestep"],
-            decode_noise_scale=decode_noise_scale,
+            decode_noise_scale=o.decode_noise_scale,
             key=key if self.vae.timestep_conditioning else None)
-        from ditax.models.vae.parallel import decode_on      # vae_parallel: rows over the mesh
-
-        frames = decode_on(self.vae, z, self.vae_parallel, t, tiled=self.vae_tiling)  # [1,3,F,H,W]
-        frames = np.clip(np.asarray(frames, np.float32) / np.float32(2) + np.float32(0.5),
-                         np.float32(0), np.float32(1))
-        out = {"video": np.ascontiguousarray(frames[0].transpose(1, 2, 3, 0))}
-        if audio:
+        out = {"video": self.decode_pixels(z, t)}                        # [F, H, W, 3]
+        if o.audio:
             mel = self.audio_vae.decode(sound.astype(self.audio_vae.dtype))
             wave = np.asarray(self.vocoder(mel), np.float32)[0]         # [channels, samples]
             check_finite(wave, "decode", "the sound track")
@@ -356,4 +360,4 @@ class LTX2Video:
         return out
 
 
-__all__ = ["LTX2Video", "STG_BLOCKS"]
+__all__ = ["LTX2Video", "OPTIONS", "STG_BLOCKS", "call_options", "guidance_scales"]

@@ -27,6 +27,8 @@ condition.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +37,8 @@ import numpy as np
 from ditax.errors import RequestError
 from ditax.phases import phase
 from ditax.pipelines.programs import in_compile_cache
-from ditax.pipelines.sampling import Expert, Timings, sample
+from ditax.pipelines.base import channels_last, to_unit
+from ditax.pipelines.sampling import Timings
 from ditax.pipelines.wan.animate_inputs import (AnimateCondition, animate_inputs,
                                                 final_animate_latents, pad_frames, segment_mask)
 from ditax.pipelines.wan.conditioning import Condition
@@ -146,32 +149,35 @@ class WanAnimate(WanImageToVideo):
             bg = to(pad_frames(bg, target), height, width, "background_video frame")
             keep = 1.0 - np.stack([_mask_frame(m, height, width)
                                    for m in pad_frames(mask, target)])      # [T, H, W]
-        return self._segments(image, prompt, negative_prompt, pose, face, bg if mode ==
-                              "replace" else None, keep if mode == "replace" else None,
-                              n, seg, prev, num_inference_steps, guidance_scale, seed, latents,
-                              progress, max_sequence_length,
-                              dict(cache=cache, cache_threshold=cache_threshold,
-                                   cfg_cache=cfg_cache, cache_coefficients=cache_coefficients))
+        request = Segments(image, pose, face, bg if mode == "replace" else None,
+                           keep if mode == "replace" else None, n, seg, prev)
+        return self._segments(
+            request, lambda use_cfg: self.encode_text(prompt, negative_prompt, use_cfg,
+                                                     max_sequence_length),
+            num_inference_steps, guidance_scale, seed, latents, progress,
+            dict(cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
+                 cache_coefficients=cache_coefficients))
 
-    def _segments(self, image, prompt, negative_prompt, pose, face, bg, keep, n, seg, prev,
-                  steps, guidance_scale, seed, latents, progress, max_sequence_length,
-                  caching):
+    def _segments(self, request: "Segments", text, steps, guidance_scale, seed, latents,
+                  progress, caching):
+        """The loop once per segment of ``request`` (module docstring); ``text(use_cfg)``: the
+        prompt's embeddings, encoded once."""
         from ditax.models.wan.conditioning import clip_features, encode_normalized
 
+        r = request
+        image, pose, face, bg, keep, n, seg, prev = (r.image, r.pose, r.face, r.background,
+                                                     r.keep, r.frames, r.length, r.overlap)
         vae, tf = self.vae, self.vae.scale_factor_temporal
         _, _, height, width = pose.shape
         grid = vae.config.latent_grid(seg, height, width)                    # (F', Y, X)
         shape = (1, vae.z_dim, grid[0] + 1, grid[1], grid[2])
-        tc = self.transformer.config
         t0 = time.perf_counter()
         with phase("text"):
-            emb = jax.block_until_ready(self.encode_text(prompt, negative_prompt,
-                                                         guidance_scale > 1.0,
-                                                         max_sequence_length))
+            emb = jax.block_until_ready(text(guidance_scale > 1.0))
         t1 = time.perf_counter()
         with phase("image"):
             clip = clip_features(self.image_encoder, self.image_processor, [image])
-            clip = clip.astype(jnp.dtype(tc.dtype))
+            clip = clip.astype(self.dtype)
             ref = to_frame(image, height, width, "image")[None, :, None]
             ref = jax.block_until_ready(jnp.concatenate(
                 [jnp.asarray(segment_mask(1, (1,) + grid[1:], tf, 1)),
@@ -179,7 +185,6 @@ class WanAnimate(WanImageToVideo):
         # the whole call's seconds per phase (the segments' summed)
         spent = dict(text=t1 - t0, image=time.perf_counter() - t1, compile=0.0, denoise=0.0,
                      decode=0.0)
-        expert = Expert(self.transformer._gdef, self.transformer._state, tc)
         out, frames = [], None
         for seg_i in range((n + (-(n - prev)) % (seg - prev)) // (seg - prev)):
             start = seg_i * (seg - prev)
@@ -206,29 +211,40 @@ class WanAnimate(WanImageToVideo):
 
             noise = latents if (start == 0 and latents is not None) else segment_noise(
                 seed, seg_i, shape)
-            res = sample(programs=self.programs, experts=[expert], inputs=animate_inputs,
-                         scheduler=self.scheduler, latent_shape=shape, mesh=self.mesh,
-                         cfg_mode=self.cfg_mode, num_inference_steps=steps,
-                         guidance_scale=guidance_scale,
-                         text=lambda use_cfg: emb, condition=condition, condition_phase="image",
-                         finalize=final_animate_latents, latents=noise, seed=seed,
-                         progress=progress, size=f"for a segment of {seg} frames at "
-                                                 f"{height}x{width}", **caching)
+            res = self.prepared(
+                experts=self.experts()[:1], inputs=animate_inputs, scheduler=self.scheduler,
+                latent_shape=shape, num_inference_steps=steps, guidance_scale=guidance_scale,
+                text=lambda use_cfg: emb, condition=condition, condition_phase="image",
+                finalize=final_animate_latents, latents=noise, seed=seed, **caching,
+                size=f"for a segment of {seg} frames at {height}x{width}").run(progress)
             for k in ("image", "compile", "denoise"):
                 spent[k] += res.timings[k]
             t0 = time.perf_counter()
-            with phase("decode"):
-                from ditax.models.vae.parallel import decode_on    # vae_parallel: row-split
-
+            with phase("decode"):      # raw frames: the next segment's condition reads them
                 z = vae.denormalize_latents(jnp.asarray(res.output[:, :, 1:], vae.dtype))
-                frames = np.asarray(decode_on(vae, z, self.vae_parallel, tiled=self.vae_tiling),
-                                    np.float32)[0]
+                frames = np.asarray(self.vae_decode(z), np.float32)[0]
             spent["decode"] += time.perf_counter() - t0
             out.append(frames if start == 0 else frames[:, prev:])
             self.last_stats, self.timings = res.stats, Timings(load=self.load_time, **spent)
-        video = np.concatenate(out, axis=1)[:, :n]
-        video = np.clip(video * np.float32(0.5) + np.float32(0.5), 0.0, 1.0)
-        return np.ascontiguousarray(np.transpose(video, (1, 2, 3, 0)))
+        return channels_last(to_unit(np.concatenate(out, axis=1)[None, :, :n]))
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A request's frames laid out for its segments: the character ``image``, ``pose``
+    ``[3, T, H, W]`` and ``face`` ``[1, 3, T, P, P]`` padded to whole segments (``T``),
+    ``background`` ``[3, T, H, W]`` and ``keep`` ``[T, H, W]`` (1 - the mask) in ``replace``
+    mode (else None); ``frames``: the output's, ``length``: a segment's,
+    ``overlap``: the previous segment's last frames that condition the next."""
+
+    image: Any
+    pose: np.ndarray
+    face: np.ndarray
+    background: np.ndarray | None
+    keep: np.ndarray | None
+    frames: int
+    length: int
+    overlap: int
 
 
 def segment_noise(seed: int, segment: int, shape) -> jax.Array:
@@ -242,4 +258,4 @@ def segment_noise(seed: int, segment: int, shape) -> jax.Array:
     return jax.random.normal(key, (int(np.prod(shape)),), jnp.float32).reshape(shape)
 
 
-__all__ = ["GUIDANCE_SCALE", "MODES", "WanAnimate", "segment_noise"]
+__all__ = ["GUIDANCE_SCALE", "MODES", "Segments", "WanAnimate", "segment_noise"]

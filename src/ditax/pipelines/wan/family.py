@@ -11,6 +11,7 @@ from ditax.pipelines.family import PipelineFamily
 from ditax.intmath import INT_LIMIT
 from ditax.pipelines.request import Field
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS, SAMPLE_PRESETS
+from ditax.pipelines.wan.request_inputs import INPUTS
 
 # Wan's own request fields, beside the common ones (ditax.pipelines.request.COMMON)
 FIELDS = (
@@ -20,7 +21,8 @@ FIELDS = (
           "folders; default: --guidance)", optional=True, minimum=0.0, flag="--guidance-2",
           example=3.0),
 )
-# generate's input flags Wan reads beyond its fields (argparse names)
+# the request's names Wan reads beyond its fields: its inputs (.request_inputs.INPUTS) and the
+# video's output options
 CLI_INPUTS = ("image", "last_image", "video", "strength", "mask", "reference_image",
               "conditioning_scale", "lora_2", "frames_dir", "fps", "pose_video", "face_video",
               "mode", "background_video", "mask_video", "segment_frame_length",
@@ -37,6 +39,7 @@ class WanPipelines(PipelineFamily):
     sample_presets = SAMPLE_PRESETS
     fields = FIELDS
     cli_inputs = CLI_INPUTS
+    inputs = INPUTS
     # a few-step student's schedule (ditax.pipelines.lora_sample)
     lora_sample_keys = ("num_inference_steps", "guidance_scale", "scheduler", "flow_shift",
                         "sigmas")
@@ -53,26 +56,20 @@ class WanPipelines(PipelineFamily):
             check_fits(own, pathlib.Path(root) / FILE, SPATIAL, TEMPORAL)
         return own
 
-    @classmethod
-    def add_cli_inputs(cls, parser) -> None:
-        from ditax.pipelines.wan.cli_inputs import add_arguments
+    def read_inputs(self, given, call: dict, sample) -> dict:
+        from ditax.pipelines.wan.request_inputs import read
 
-        add_arguments(parser, cls.name)
+        return read(given, call, sample, self.check_request)
 
-    def read_cli_inputs(self, args, call: dict, sample) -> dict:
-        from ditax.pipelines.wan.cli_inputs import read
-
-        return read(args, call, sample, self.check_request)
-
-    def sample_options(self, args, sample, chosen, defaults, call):
+    def sample_options(self, given, sample, chosen, defaults, call):
         """The call's ``sigmas``; the loader's flow shift, text length, sampler (when chosen),
         the low-noise expert's LoRAs (``--lora-2``) and video-to-video (``--strength``)."""
-        from ditax.pipelines.wan.cli_inputs import read_loras_2
+        from ditax.pipelines.wan.request_inputs import read_loras_2
 
         load = dict(flow_shift=sample.flow_shift,
                     max_sequence_length=defaults["max_sequence_length"],
                     scheduler=sample.scheduler if "scheduler" in chosen else None,
-                    loras_2=read_loras_2(args, self.name))
+                    loras_2=read_loras_2(given, self.name))
         if "strength" in call:
             load["video_to_video"] = True
         animate = "pose_video" in call     # Animate's segments run its own schedule (no sigmas)

@@ -92,7 +92,7 @@ class WanImageToVideo(WanTextToVideo):
         if tc.image_dim is not None:
             images = [image] if last_image is None else [image, last_image]
             image_embeds = clip_features(self.image_encoder, self.image_processor, images)
-            image_embeds = image_embeds.astype(jnp.dtype(tc.dtype))
+            image_embeds = image_embeds.astype(self.dtype)
         return Condition(channels=channels, image=image_embeds)
 
 

@@ -12,7 +12,7 @@ from ditax.errors import ConfigError
 from ditax.phases import phase
 from ditax.pipelines.family import pipelines_of
 from ditax.pipelines.lora_sample import read_lora_sample
-from ditax.pipelines.options import CFG_MODES
+from ditax.pipelines.folders import check_load_options
 from ditax.pipelines.sample_defaults import FILE as SAMPLE_FILE, read_sample_defaults
 from ditax.pipelines.wan.components import load_components
 from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
@@ -27,14 +27,17 @@ from ditax.schedulers.overrides import check_scheduler_name
 
 log = logging.getLogger(__name__)
 
+#: the LoRA arguments of :func:`load_pipeline` (its ``model_overrides``), which go to the
+#: transformers' loader (:func:`~ditax.pipelines.wan.components.load_components`)
+LORA_KEYS = ("loras", "loras_2", "lora_strict", "lora_mode")
+
 
 def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
                   cfg_mode: str = "batched", scheduler: str | None = None,
                   flow_shift: float | None = None, vae_dtype: str = "float32",
                   vae_tiling: bool = False, max_sequence_length: int | None = None,
-                  loras=None, loras_2=None, lora_strict: bool = True,
-                  lora_mode: str = "merged", video_to_video: bool = False,
-                  text_quantize: str = "none", **model_overrides) -> "WanTextToVideo":
+                  video_to_video: bool = False, text_quantize: str = "none",
+                  **model_overrides) -> "WanTextToVideo":
     """Load a diffusers Wan pipeline folder (or hub id): a text-to-video ``WanPipeline`` into
     :class:`WanTextToVideo`; a ``WanImageToVideoPipeline`` (Wan 2.1 I2V / FLF2V, Wan 2.2 I2V
     A14B) or an ``expand_timesteps`` folder (Wan 2.2 TI2V-5B) into
@@ -54,10 +57,12 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
       vae_tiling: decode in overlapping spatial tiles (large frames).
       max_sequence_length: text tokens (None: the folder's ``ditax_sample.json``, else 512,
         Wan's).
-      loras: LoRAs merged into ``transformer`` as it loads, ``[(file, strength), ...]`` (any
-        format of :mod:`ditax.lora`); ``loras_2``: the same for Wan 2.2's ``transformer_2``
-        (the low-noise expert); ``lora_strict=False`` skips unknown LoRA keys with a warning;
-        ``lora_mode="unmerged"`` keeps them as run-time updates (see ``load_transformer``).
+      model_overrides: fields of the model config (``remat``, ...) and the LoRAs
+        (:data:`LORA_KEYS`): ``loras``, merged into ``transformer`` as it loads,
+        ``[(file, strength), ...]`` (any format of :mod:`ditax.lora`); ``loras_2``: the same
+        for Wan 2.2's ``transformer_2`` (the low-noise expert); ``lora_strict=False`` skips
+        unknown LoRA keys with a warning; ``lora_mode="unmerged"`` keeps them as run-time
+        updates (see ``load_transformer``).
       text_quantize: "int8" | "fp8": the UMT5 encoder's block linears stored in 8 bits
         (:func:`ditax.models.encoders.t5.load_encoder`); "none" keeps ``dtype``.
       video_to_video: a text-to-video folder as
@@ -71,8 +76,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
     A LoRA's sampling settings (:mod:`ditax.pipelines.lora_sample`) go over it (steps,
     guidance, sigmas), its ``scheduler`` / ``flow_shift`` where those arguments are None.
     """
-    if cfg_mode not in CFG_MODES:
-        raise ConfigError(f"cfg_mode={cfg_mode!r} is not one of {', '.join(CFG_MODES)}")
+    lora = {k: model_overrides.pop(k) for k in LORA_KEYS if k in model_overrides}
+    check_load_options(cfg_mode, model_overrides)
     check_scheduler_name(scheduler)
     check_load_args(mesh, max_sequence_length, model_overrides)   # before any file is read
     t0 = time.perf_counter()
@@ -80,7 +85,8 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         folder = read_pipeline_folder(path)
         # checked before any weights; the grid against the loaded model's below
         defaults = read_sample_defaults(folder.root, pipelines_of("wan").sample_file_rules())
-        lora_sample = read_lora_sample(pipelines_of("wan"), loras, loras_2)
+        lora_sample = read_lora_sample(pipelines_of("wan"), lora.get("loras"),
+                                       lora.get("loras_2"))
         if lora_sample is not None:
             log.info("%s", lora_sample.line())
             scheduler, flow_shift = lora_sample.load_args(scheduler=scheduler,
@@ -94,9 +100,7 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
             max_sequence_length = {**SAMPLE_DEFAULTS, **defaults}["max_sequence_length"]
         parts = load_components(folder, dtype=dtype, mesh=mesh, attention=attention,
                                 scheduler=scheduler, flow_shift=flow_shift, vae_dtype=vae_dtype,
-                                loras=loras, loras_2=loras_2, lora_strict=lora_strict,
-                                lora_mode=lora_mode, text_quantize=text_quantize,
-                                **model_overrides)
+                                text_quantize=text_quantize, **lora, **model_overrides)
         cls = WanVideoToVideo if video_to_video else WanTextToVideo
         if folder.kind != "t2v":
             cls = WanImageToVideo
@@ -113,14 +117,10 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         check_fits(defaults, folder.root / SAMPLE_FILE,
                    pipe.vae.scale_factor_spatial * pipe.transformer.config.patch_size[1],
                    pipe.vae.scale_factor_temporal)
-        if lora_sample is not None:       # sigmas only where the sampler takes them
-            from ditax.schedulers.flow_match import FlowMatchEulerScheduler
-
-            pipe.sample_defaults.update(lora_sample.call_defaults(
-                euler=isinstance(pipe.scheduler, FlowMatchEulerScheduler)))
+        pipe.take_lora_sample(lora_sample)
     pipe.load_time = time.perf_counter() - t0
     log.info("loaded pipeline %s in %.1fs", folder.root, pipe.load_time)
     return pipe
 
 
-__all__ = ["load_pipeline"]
+__all__ = ["LORA_KEYS", "load_pipeline"]

@@ -28,14 +28,13 @@ import dataclasses
 from typing import Callable
 
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.errors import RequestError
 from ditax.pipelines.wan.conditioning import final_latents
-from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
 from ditax.pipelines.wan.folder import PipelineLoadError
-from ditax.pipelines.programs import Programs, in_compile_cache
+from ditax.pipelines.base import Pipeline, step_cache_options
+from ditax.pipelines.programs import in_compile_cache
 from ditax.pipelines.lora_sample import default_sigmas
 from ditax.pipelines.wan.request import check_grid, check_max_sequence_length, check_request
 from ditax.pipelines.sampling import Expert, Prepared, Timings, record
@@ -78,43 +77,33 @@ def refuse_extra(pipe, extra: dict) -> None:
                        f"help({kind}.__call__) for the ones it takes")
 
 
-class WanTextToVideo:
+class WanTextToVideo(Pipeline):
     """A loaded Wan text-to-video pipeline; call it with a prompt. See
-    :func:`~ditax.pipelines.wan.loading.load_pipeline`."""
+    :func:`~ditax.pipelines.wan.loading.load_pipeline`. Its runtime state is
+    :class:`~ditax.pipelines.base.Pipeline`'s; its experts are its transformers
+    (``transformer_2``: Wan 2.2's low-noise expert, below ``boundary_ratio``)."""
 
+    family = "wan"
     # the family's parts of the generic loop (also what ditax.serve's batches run with)
     model_inputs = staticmethod(wan_inputs)
     finalize = staticmethod(final_latents)
-    batches = True   # requests of one shape stack (ditax.pipelines.batch): see prepare
 
-    def __init__(self, *, tokenizer, text_encoder, vae, transformer, scheduler,
-                 transformer_2=None, boundary_ratio=None, cfg_mode="batched",
-                 vae_tiling=False, max_sequence_length=512, sample_defaults=None):
+    def __init__(self, *, tokenizer, text_encoder, transformer_2=None, boundary_ratio=None,
+                 max_sequence_length=512, **runtime):
         if transformer_2 is not None and boundary_ratio is None:
             raise PipelineLoadError("transformer_2 is present but boundary_ratio is null in "
                                     "model_index.json; set boundary_ratio (Wan 2.2: 0.875)")
+        super().__init__(**runtime)   # vae, transformer, scheduler, cfg_mode, vae_tiling, ...
         self.tokenizer = tokenizer
         self.text_encoder = text_encoder
-        self.vae = vae
-        self.transformer = transformer
         self.transformer_2 = transformer_2
-        self.scheduler = scheduler
         self.boundary_ratio = boundary_ratio
-        self.cfg_mode = cfg_mode
-        self.vae_tiling = vae_tiling
-        self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
         self.max_sequence_length = max_sequence_length
-        self.sample_defaults = dict(sample_defaults or {})   # the folder's ditax_sample.json
-        self.load_time = 0.0
-        self.timings = Timings()
-        self.compile_cache = "auto"   # see ditax.compile_cache; "none" = off
-        self.programs = Programs()
-        self.last_stats: dict = {}   # after each call: steps, transformer_calls, ... (step_cache)
 
-    @property
-    def mesh(self):
-        """The transformer's mesh (None: one device); the transformer holds it."""
-        return self.transformer.mesh
+    def experts(self) -> list[Expert]:
+        """The transformers as the loop's experts (their current parameters)."""
+        return [Expert(tr._gdef, tr._state, tr.config)
+                for tr in (self.transformer, self.transformer_2) if tr is not None]
 
     # --- phases
     def encode_text(self, prompt: str, negative_prompt: str | None, use_cfg: bool,
@@ -126,7 +115,7 @@ class WanTextToVideo:
         prompts = [prompt, negative_prompt or ""] if use_cfg else [prompt]
         emb = encode_prompt(self.tokenizer, self.text_encoder, prompts,
                             max_sequence_length or self.max_sequence_length)
-        return emb.astype(jnp.dtype(self.transformer.config.dtype))
+        return emb.astype(self.dtype)
 
     def latent_shape(self, height: int, width: int, num_frames: int) -> tuple[int, ...]:
         """Initial latents ``[1, z, F', Y, X]`` for a video of this size (the VAE's factors)."""
@@ -146,26 +135,21 @@ class WanTextToVideo:
         """Final latents ``[1, C, F', Y, X]`` → float32 video ``[F, H, W, 3]`` in [0, 1]
         (``programs``: the decode's compiled programs, :meth:`Programs.decode`)."""
         z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
-        from ditax.models.vae.parallel import decode_on      # vae_parallel: rows over the mesh
-
-        video = decode_on(self.vae, z, self.vae_parallel, tiled=self.vae_tiling,
-                          programs=programs)                              # [1, 3, F, H, W]
-        # on the host: the same float32 arithmetic, without compiling four more programs
-        video = np.clip(np.asarray(video, np.float32) * np.float32(0.5) + np.float32(0.5),
-                        np.float32(0.0), np.float32(1.0))
-        return np.ascontiguousarray(np.transpose(video[0], (1, 2, 3, 0)))  # [F, H, W, 3]
+        return self.decode_pixels(z, programs=programs)
 
     def sample_options(self, num_inference_steps: int) -> dict:
         """More arguments of :func:`~ditax.pipelines.sampling.sample` for this request (the
         video-to-video pipeline's start step and source); none for text-to-video."""
         return {}
 
-    def plan_request(self, height: int, width: int, num_frames: int, image, last_image,
-                     extra: dict) -> RequestPlan:
+    def plan_request(self, height: int, width: int, num_frames: int,
+                     inputs: dict) -> RequestPlan:
         """The request's :class:`RequestPlan` once sizes are known (checks here run before any
-        encoding): the image condition of :meth:`condition`; keywords the call does not take
-        (``extra``) refused by :func:`refuse_extra`."""
-        refuse_extra(self, extra)
+        encoding): the image condition of :meth:`condition` (``inputs``' ``image`` /
+        ``last_image``); other keywords the call does not take refused by
+        :func:`refuse_extra`."""
+        image, last_image = inputs.pop("image", None), inputs.pop("last_image", None)
+        refuse_extra(self, inputs)
         return RequestPlan(
             condition=lambda: self.condition(image, last_image, height, width, num_frames),
             phase="condition" if image is None and last_image is None else "image")
@@ -210,41 +194,36 @@ class WanTextToVideo:
         Any other keyword goes to :meth:`plan_request` (VACE's control inputs; here a
         :class:`RequestError` naming it).
         """
-        prepared = self.prepare(
+        return record(self, self.prepare(
             prompt, negative_prompt, height, width, num_frames, num_inference_steps,
             guidance_scale, seed, latents, guidance_scale_2, output=output, sigmas=sigmas,
-            cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
+            max_sequence_length=max_sequence_length, cache=cache,
+            cache_threshold=cache_threshold, cfg_cache=cfg_cache,
             cache_coefficients=cache_coefficients, image=image, last_image=last_image,
-            max_sequence_length=max_sequence_length, **extra)
-        return record(self, prepared.run(progress))
+            **extra).run(progress))
 
     def prepare(self, prompt, negative_prompt=None, height: int | None = None,
                 width: int | None = None, num_frames: int | None = None,
                 num_inference_steps: int | None = None,
                 guidance_scale: float | None = None, seed: int = 0, latents=None,
-                guidance_scale_2: float | None = None, output: str = "video", sigmas=None,
-                cache: str | None = None, cache_threshold: float | None = None,
-                cfg_cache: bool = False, cache_coefficients=None, image=None,
-                last_image=None, max_sequence_length: int | None = None,
-                **extra) -> Prepared:
+                guidance_scale_2: float | None = None, *, output: str = "video", sigmas=None,
+                max_sequence_length: int | None = None, **inputs) -> Prepared:
         """One request checked and laid out as the loop's parts
         (:class:`~ditax.pipelines.sampling.Prepared`; nothing is encoded or compiled yet):
         what :meth:`__call__` runs, and what a server's batch stacks with other requests of
-        the same shape (:func:`ditax.pipelines.batch.sample_batch`). Arguments: the call's."""
+        the same shape (:func:`ditax.pipelines.batch.sample_batch`). Arguments: the call's;
+        ``inputs``: the step-cache arguments (:data:`~ditax.pipelines.base.STEP_CACHE`) and
+        the request's condition inputs, which :meth:`plan_request` takes (``image``,
+        ``last_image``; VACE's control inputs)."""
+        caching = step_cache_options(inputs)
         # what neither the caller nor the folder's ditax_sample.json gives: Wan's defaults
-        d = {**SAMPLE_DEFAULTS, **self.sample_defaults}
-        height = d["height"] if height is None else height
-        width = d["width"] if width is None else width
-        num_frames = d["num_frames"] if num_frames is None else num_frames
-        num_inference_steps = (d["num_inference_steps"] if num_inference_steps is None
-                               else num_inference_steps)
-        guidance_scale = d["guidance_scale"] if guidance_scale is None else guidance_scale
-        if guidance_scale_2 is None:
-            guidance_scale_2 = d.get("guidance_scale_2")
-        if negative_prompt is None:
-            negative_prompt = d.get("negative_prompt")
+        (height, width, num_frames, num_inference_steps, guidance_scale, guidance_scale_2,
+         negative_prompt) = self.call_defaults(
+            height=height, width=width, num_frames=num_frames,
+            num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+            guidance_scale_2=guidance_scale_2, negative_prompt=negative_prompt).values()
         if sigmas is None:
-            sigmas = default_sigmas(d, num_inference_steps)
+            sigmas = default_sigmas(self.sample_defaults, num_inference_steps)
         check_max_sequence_length(max_sequence_length, RequestError)
         sf = self.vae.scale_factor_spatial * self.transformer.config.patch_size[1]
         check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
@@ -252,30 +231,25 @@ class WanTextToVideo:
                       temporal=self.vae.scale_factor_temporal, seed=seed)
         if guidance_scale_2 is not None and self.boundary_ratio is None:
             raise RequestError("guidance_scale_2 applies only to two-expert (Wan 2.2) pipelines "
-                             "with boundary_ratio set; this folder has none — drop it")
-        plan = self.plan_request(height, width, num_frames, image, last_image, extra)
+                               "with boundary_ratio set; this folder has none — drop it")
+        plan = self.plan_request(height, width, num_frames, inputs)
         tc, tf = self.transformer.config, self.vae.scale_factor_temporal
         check_grid(height, width, num_frames + plan.extra_frames, tc.rope_max_seq_len, sf, tf,
                    tc.patch_size[0])
         shape = self.latent_shape(height, width, num_frames + plan.extra_frames)
         out_shape = self.latent_shape(height, width, num_frames)
-        experts = [Expert(tr._gdef, tr._state, tr.config)
-                   for tr in (self.transformer, self.transformer_2) if tr is not None]
         sharding = None if self.mesh is None else NamedSharding(self.mesh, P())
 
-        return Prepared(
-            programs=self.programs, experts=experts, inputs=self.model_inputs,
-            scheduler=self.scheduler, latent_shape=shape, mesh=self.mesh,
-            cfg_mode=self.cfg_mode, num_inference_steps=num_inference_steps,
+        return self.prepared(
+            inputs=self.model_inputs, scheduler=self.scheduler, latent_shape=shape,
+            num_inference_steps=num_inference_steps,
             guidance_scale=guidance_scale, guidance_scale_2=guidance_scale_2,
             boundary=(None if self.boundary_ratio is None
                       else self.boundary_ratio * self.scheduler.num_train_timesteps),
             text=lambda use_cfg: self.encode_text(prompt, negative_prompt, use_cfg,
                                                   max_sequence_length),
             condition=plan.condition, condition_phase=plan.phase,
-            finalize=self.finalize, latents=latents, seed=seed, sigmas=sigmas,
-            cache=cache, cache_threshold=cache_threshold, cfg_cache=cfg_cache,
-            cache_coefficients=cache_coefficients,
+            finalize=self.finalize, latents=latents, seed=seed, sigmas=sigmas, **caching,
             size=f"for {num_frames} frames at {height}x{width}{plan.note}",
             decode=None if output == "latent" else self.decode_video,
             prepare_decode=lambda: None if (self.vae_tiling or self.vae_parallel is not None)

@@ -69,13 +69,13 @@ class WanVace(WanTextToVideo):
         import jax.numpy as jnp
 
         ctx = control_context(self.vae, video, mask, references)
-        return VaceCondition(control=jnp.asarray(ctx, jnp.dtype(self.transformer.config.dtype)),
+        return VaceCondition(control=jnp.asarray(ctx, self.dtype),
                              scale=jnp.asarray(scales), references=len(references))
 
-    def plan_request(self, height, width, num_frames, image, last_image, extra) -> RequestPlan:
+    def plan_request(self, height, width, num_frames, inputs) -> RequestPlan:
         """The control inputs checked (before any encoding) and planned: their context built
         in the condition phase, one latent frame per reference image before the video's."""
-        if image is not None or last_image is not None:
+        if inputs.pop("image", None) is not None or inputs.pop("last_image", None) is not None:
             raise RequestError("image= / last_image= are for image-to-video folders; a VACE "
                                "folder takes the frames as video= with a mask= (black = keep) "
                                "or as reference_images=")
@@ -83,8 +83,8 @@ class WanVace(WanTextToVideo):
         # come as prepare(**call) with only what was given)
         defaults = {"video": None, "mask": None, "reference_images": None,
                     "conditioning_scale": 1.0}
-        control = {k: extra.pop(k, defaults[k]) for k in ("video", *VACE_ARGS)}
-        refuse_extra(self, extra)
+        control = {k: inputs.pop(k, defaults[k]) for k in ("video", *VACE_ARGS)}
+        refuse_extra(self, inputs)
         inputs = self._control_inputs(*(control[k] for k in ("video", *VACE_ARGS)), height,
                                       width, num_frames)
         n_ref = len(inputs[2])

@@ -26,7 +26,6 @@ import numpy as np
 import PIL.Image
 
 from ditax.errors import RequestError
-from ditax.pipelines.wan.defaults import SAMPLE_DEFAULTS
 from ditax.io.images import to_frame
 from ditax.pipelines.wan.text_to_video import WanTextToVideo
 
@@ -113,8 +112,8 @@ class WanVideoToVideo(WanTextToVideo):
         ``num_frames`` is the video's. ``latents`` instead of ``video``: the noised start
         ``[1, C, F', Y, X]`` (as diffusers). Every other argument is the text-to-video
         call's (:meth:`WanTextToVideo.__call__`)."""
-        d = {**SAMPLE_DEFAULTS, **self.sample_defaults}
-        steps = d["num_inference_steps"] if num_inference_steps is None else num_inference_steps
+        steps = self.call_defaults(num_inference_steps=num_inference_steps)[
+            "num_inference_steps"]
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise RequestError(f"num_inference_steps={steps!r} must be a positive int")
         start = start_step(steps, strength)

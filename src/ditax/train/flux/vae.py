@@ -19,31 +19,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flax import nnx
 
 from ditax.config.loader import load_dataclass
-from ditax.config.training import CheckpointConfig, OptimConfig
 from ditax.models.vae.kl import FluxVAE, FluxVAEConfig
 from ditax.train import vae as shared
-from ditax.train.vae import ClipBank, VAETrainResult
+from ditax.train.vae import VAETrainResult
+from ditax.train.vae_clips import ClipBank
 from ditax.train.vae_config import DEFAULTS as COMMON_DEFAULTS
-from ditax.train.vae_config import VAEDataConfig, VAELossConfig, check_vae_common
+from ditax.train.vae_config import VAERunConfig, check_vae_common
 
 
 @dataclass(frozen=True)
-class FluxVAETrainConfig:
+class FluxVAETrainConfig(VAERunConfig):
     vae: FluxVAEConfig = field(default_factory=FluxVAEConfig)
-    data: VAEDataConfig = field(default_factory=VAEDataConfig)
-    loss: VAELossConfig = field(default_factory=VAELossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    steps: int = 1000
     batch_size: int = 8
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int = 0              # 0: evaluate only at the end
     output_dir: str = "out/flux_vae"
-    init_from: str = ""              # a diffusers AutoencoderKL folder to start from
 
 
 # a small VAE of FLUX.1's factor 8 and 16 channels (the dataclass defaults are the full
@@ -71,16 +61,13 @@ def load_flux_vae_config(path: str | None = None, overrides: list[str] | None = 
 
 def diffusers_config(c: FluxVAEConfig) -> dict:
     """``AutoencoderKL`` ``config.json`` for ``c`` (the sides of the one tile size)."""
-    d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(c).items()}
-    return {"_class_name": "AutoencoderKL", **d}
+    return shared.diffusers_config(c, FluxVAETrainer.diffusers_class)
 
 
 class FluxVAETrainer(shared.VAETrainer):
     """The Flux VAE on the shared trainer: batches ``[B, 1, H, W, 3]`` train on their frame."""
 
-    def build(self, cfg: FluxVAETrainConfig) -> FluxVAE:
-        return shared.init_replicated(lambda rngs: FluxVAE(cfg.vae, rngs=rngs), cfg.seed,
-                                      self.mesh)
+    vae_class, diffusers_class = FluxVAE, "AutoencoderKL"
 
     def load_init(self, cfg: FluxVAETrainConfig) -> FluxVAE:
         from ditax.models.vae.kl import load_vae
@@ -107,23 +94,16 @@ class FluxVAETrainer(shared.VAETrainer):
         """uint8 ``[N, 1, H, W, 3]`` → float32 ``[N, 3, H, W]`` in [-1, 1]."""
         return clips_u8[:, 0].transpose(0, 3, 1, 2).astype(np.float32) / 127.5 - 1.0
 
-    def encode(self, vae: FluxVAE, x):
-        return vae.encode(x)
-
     def decode(self, vae: FluxVAE, z):
         return vae.decode(z).clip(-1.0, 1.0)
 
     def write_folder(self, folder, params, mean, std, dtype="float32") -> pathlib.Path:
-        from ditax.io.export import save_folder
         from ditax.models.vae.kl.convert import weight_table
 
         shift = float(np.mean(mean))
         spread = float(np.sqrt(np.mean(std ** 2 + (mean - shift) ** 2)))
         cfg = dataclasses.replace(self.cfg.vae, shift_factor=shift, scaling_factor=1 / spread)
-        save_folder(folder, "diffusion_pytorch_model.safetensors",
-                    weight_table(self.module(params)), nnx.to_pure_dict(params),
-                    diffusers_config(cfg), dtype=dtype)
-        return pathlib.Path(folder)
+        return self.save_folder(folder, params, cfg, weight_table, dtype)
 
 
 def train_flux_vae(cfg: FluxVAETrainConfig, *, devices=None, progress: bool = True,

@@ -17,12 +17,12 @@ import pathlib
 
 import jax
 import numpy as np
-from flax import nnx
 
 from ditax.models.vae.wan import WanVAE, WanVAEConfig
 from ditax.train import vae as shared
-from ditax.train.vae import (VAE_RESUME_POLICY, ClipBank, ClipError, VAETrainResult,
-                             check_devices, psnr, reconstruction_losses)
+from ditax.train.vae import (VAE_RESUME_POLICY, VAETrainResult, check_devices, psnr,
+                             reconstruction_losses)
+from ditax.train.vae_clips import ClipBank, ClipError
 from ditax.train.wan.vae_config import VAETrainConfig
 
 
@@ -39,17 +39,13 @@ def vae_losses(vae: WanVAE, x: jax.Array, key: jax.Array, loss_cfg) -> tuple[jax
 
 def diffusers_config(c: WanVAEConfig) -> dict:
     """``AutoencoderKLWan`` ``config.json`` for ``c``."""
-    d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(c).items()}
-    return {"_class_name": "AutoencoderKLWan", **d}
+    return shared.diffusers_config(c, VAETrainer.diffusers_class)
 
 
 class VAETrainer(shared.VAETrainer):
     """The Wan VAE on the shared trainer (:class:`ditax.train.vae.VAETrainer`)."""
 
-    def build(self, cfg: VAETrainConfig) -> WanVAE:
-        # one compiled init (an eager one compiles ~100 small programs, one per shape)
-        return shared.init_replicated(lambda rngs: WanVAE(cfg.vae, rngs=rngs), cfg.seed,
-                                      self.mesh)
+    vae_class, diffusers_class = WanVAE, "AutoencoderKLWan"
 
     def load_init(self, cfg: VAETrainConfig) -> WanVAE:
         """The weights of the diffusers VAE folder ``cfg.init_from``, whose architecture must
@@ -79,24 +75,17 @@ class VAETrainer(shared.VAETrainer):
 
     to_input = staticmethod(to_video)
 
-    def encode(self, vae: WanVAE, x):
-        return vae.encode(x)
-
     def decode(self, vae: WanVAE, z):
         return vae.decode(z)
 
     def write_folder(self, folder, params, mean, std, dtype="float32") -> pathlib.Path:
         """The trained VAE as a diffusers ``AutoencoderKLWan`` folder with the measured stats."""
-        from ditax.io.export import save_folder
         from ditax.models.vae.wan.convert import weight_table
 
         cfg = dataclasses.replace(self.cfg.vae,
                                   latents_mean=tuple(float(m) for m in mean),
                                   latents_std=tuple(float(s) for s in std))
-        save_folder(folder, "diffusion_pytorch_model.safetensors",
-                    weight_table(self.module(params)), nnx.to_pure_dict(params),
-                    diffusers_config(cfg), dtype=dtype)
-        return pathlib.Path(folder)
+        return self.save_folder(folder, params, cfg, weight_table, dtype)
 
 
 def latent_stats(trainer: VAETrainer, params, clips_u8: np.ndarray, batch: int = 4,

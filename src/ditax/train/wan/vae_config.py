@@ -14,27 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ditax.config.loader import load_dataclass, to_dict
-from ditax.config.training import CheckpointConfig, OptimConfig
 from ditax.errors import ConfigError
 from ditax.models.vae.wan.config import WanVAEConfig
 from ditax.train.vae_config import DEFAULTS as COMMON_DEFAULTS
-from ditax.train.vae_config import VAEDataConfig, VAELossConfig, check_vae_common
+from ditax.train.vae_config import VAEDataConfig, VAELossConfig, VAERunConfig, check_vae_common
 
 
 @dataclass(frozen=True)
-class VAETrainConfig:
+class VAETrainConfig(VAERunConfig):
     vae: WanVAEConfig = field(default_factory=WanVAEConfig)
-    data: VAEDataConfig = field(default_factory=VAEDataConfig)
-    loss: VAELossConfig = field(default_factory=VAELossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    steps: int = 1000
-    batch_size: int = 4
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int = 0              # 0: evaluate only at the end
-    output_dir: str = "out/vae"
-    init_from: str = ""              # a diffusers VAE folder to start from ("" = random init)
 
 
 # what a run gets for keys nobody set: a small VAE (the dataclass defaults are the full Wan 2.1

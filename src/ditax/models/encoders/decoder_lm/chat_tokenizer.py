@@ -25,14 +25,12 @@ from __future__ import annotations
 import json
 import logging
 
-import numpy as np
-
 from ditax.errors import ConfigError
 from ditax.io.files import read_model_json
 from ditax.io.hub import resolve_folder
 from ditax.models.encoders.decoder_lm.chat_template import render_chat_template
 from ditax.models.encoders.decoder_lm.tokenizer import _added
-from ditax.models.encoders.tokenizer import Tokenizer, _max_length, _meta, _token
+from ditax.models.encoders.tokenizer import Tokenizer, _max_length, _meta, _token, arrays
 
 NAMED = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
          "mask_token")
@@ -75,15 +73,7 @@ class ChatTokenizer(Tokenizer):
         post-processor tokens, for text a chat template already began with ``<s>``)."""
         if add_special_tokens:
             return super().encode(prompts, max_length)
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if not isinstance(max_length, int) or max_length < 1:
-            raise ValueError(f"max_length={max_length!r}; expected a positive int")
-        tok = self.backend
-        tok.enable_truncation(max_length=max_length)
-        tok.enable_padding(direction=self.padding_side, pad_id=self.pad_id,
-                           pad_token=self.pad_token, length=max_length)
-        encs = tok.encode_batch(list(prompts), add_special_tokens=False)
+        prompts, encs = self.encode_batch(prompts, max_length, add_special_tokens=False)
         for p, e in zip(prompts, encs):
             if e.overflowing:     # the dropped count without the post-processor's tokens
                 n = max_length + sum(sum(o.attention_mask) for o in e.overflowing)
@@ -91,8 +81,7 @@ class ChatTokenizer(Tokenizer):
                 log.warning("prompt %r has %d tokens, more than max_sequence_length=%d: the "
                             "last %d token(s) are dropped (shorten it, or raise "
                             "max_sequence_length)", short, n, max_length, n - max_length)
-        return (np.asarray([e.ids for e in encs], np.int32),
-                np.asarray([e.attention_mask for e in encs], np.int32))
+        return arrays(encs)
 
 
 def read_chat_template(p, meta: dict):

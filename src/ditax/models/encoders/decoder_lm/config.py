@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax.numpy as jnp
-
 from ditax.errors import ConfigError, check_choice
+from ditax.models.encoders.inputs import compute_dtype
 from ditax.nn.activations import ACTIVATIONS
 
 FULL, SLIDING = "full_attention", "sliding_attention"   # transformers' layer_types values
@@ -135,17 +134,6 @@ class DecoderLMConfig:
             raise ConfigError(f"{who}: attn_logit_softcapping={self.attn_softcap!r} must be "
                               f"positive or null")
         compute_dtype(self.dtype)
-
-
-def compute_dtype(d):
-    """``jnp.dtype(d)``, refusing anything that is not a floating-point type."""
-    try:
-        dt = jnp.dtype(d)
-    except TypeError:
-        dt = None
-    if dt is None or not jnp.issubdtype(dt, jnp.floating):
-        raise ConfigError(f"dtype={d!r} is not supported; use float32 or bfloat16")
-    return dt
 
 
 __all__ = ["DecoderLMConfig", "Rope", "FULL", "SLIDING", "LAYER_KINDS", "compute_dtype"]

@@ -30,6 +30,7 @@ from flax import nnx
 
 from ditax.models.encoders.decoder_lm.config import DecoderLMConfig, compute_dtype
 from ditax.models.encoders.decoder_lm.rope import apply_rotate_half, rotate_half_tables
+from ditax.models.encoders.inputs import token_mask
 from ditax.nn.activations import ACTIVATIONS
 from ditax.nn.linear import Linear
 from ditax.nn.offload import on_device
@@ -173,14 +174,7 @@ class DecoderLM(nnx.Module):
             raise ValueError(f"input_ids must be integer [B, T]; got {input_ids.dtype} "
                              f"{tuple(input_ids.shape)}")
         b, t = input_ids.shape
-        if attention_mask is None:
-            valid = jnp.ones((b, t), bool)
-        else:
-            attention_mask = jnp.asarray(attention_mask)
-            if attention_mask.shape != (b, t):
-                raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != "
-                                 f"input_ids shape {(b, t)}")
-            valid = attention_mask > 0
+        valid = token_mask(input_ids, attention_mask)
         cfg = self.cfg
         x0 = self.embed(input_ids)
         cos, sin = self._tables(t, x0.dtype)

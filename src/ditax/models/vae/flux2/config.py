@@ -15,14 +15,12 @@ decoder's widths may differ from the encoder's (``decoder_block_out_channels``).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from dataclasses import dataclass
 
 from ditax.errors import ConfigError
-from ditax.models.vae.kl.config import FluxVAEConfig
-
-log = logging.getLogger(__name__)
+from ditax.models.common.fields import known_fields
+from ditax.models.vae.kl.config import FluxVAEConfig, KLGrid
 
 _ACTIVATIONS = ("silu", "swish")   # diffusers' get_activation: both are SiLU
 _IGNORED = ("force_upcast",)       # a torch fp16 switch; ditax's dtype is the caller's choice
@@ -30,7 +28,7 @@ _WHAT = "FLUX.2 VAE config"
 
 
 @dataclass(frozen=True)
-class Flux2VAEConfig:
+class Flux2VAEConfig(KLGrid):
     """Fields follow diffusers' ``AutoencoderKLFlux2`` (``vae/config.json``); defaults are its
     defaults. ``batch_norm_momentum`` only matters when training the statistics (kept, unused)."""
 
@@ -57,12 +55,7 @@ class Flux2VAEConfig:
         """From a diffusers ``config.json`` dict: missing keys take diffusers' defaults, keys
         this port does not know are logged and ignored (``_class_name`` and the like silently),
         then every value is checked (:meth:`validate`)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in cfg if k not in names and not k.startswith("_")
-                         and k not in _IGNORED)
-        if unknown:
-            log.warning("%s: ignoring unknown keys %s", _WHAT, unknown)
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items() if k in names}
+        kw = known_fields(cls, cfg, _WHAT, _IGNORED)
         if isinstance(kw.get("sample_size"), tuple):
             kw["sample_size"] = _square(kw["sample_size"])
         c = cls(**kw)
@@ -122,21 +115,6 @@ class Flux2VAEConfig:
         """The decoder's widths: ``decoder_block_out_channels``, else the encoder's."""
         d = self.decoder_block_out_channels
         return self.block_out_channels if d is None else d
-
-    @property
-    def spatial_factor(self) -> int:
-        """Pixels per latent pixel along each axis: 2 per level but the last (8 for FLUX.2)."""
-        return 2 ** (len(self.block_out_channels) - 1)
-
-    @property
-    def tile_sample_min_size(self) -> int:
-        """Pixels of a tile's side (diffusers: ``sample_size``)."""
-        return self.sample_size
-
-    @property
-    def tile_latent_min_size(self) -> int:
-        """Latent pixels of a tile's side: ``int(sample_size / spatial_factor)``, as diffusers."""
-        return int(self.sample_size / self.spatial_factor)
 
     @property
     def bn_channels(self) -> int:

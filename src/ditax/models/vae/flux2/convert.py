@@ -13,10 +13,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.errors import WeightError
 from ditax.io import convert
-from ditax.io.files import read_model_json
-from ditax.io.hub import resolve_folder
+from ditax.models.common.components import component_config
 from ditax.models.vae.flux2.config import Flux2VAEConfig
 from ditax.models.vae.flux2.model import Flux2VAE
 from ditax.models.vae.kl.convert import weight_table as kl_weight_table
@@ -38,13 +36,9 @@ def load_flux2_vae(path, dtype="float32", *, attention: str = "xla") -> Flux2VAE
     :class:`Flux2VAE` with parameters and BatchNorm statistics in ``dtype`` (float32 or
     bfloat16). The config is checked before anything is built; every key and shape before
     anything is read."""
-    folder = resolve_folder(path, "vae")
-    raw = read_model_json(folder / "config.json", "VAE config")
-    name = raw.get("_class_name", CLASS_NAME)
-    if name != CLASS_NAME:
-        raise WeightError(f"{folder}: config.json is a {name!r}, not an {CLASS_NAME!r}; point at "
-                          "a FLUX.2 VAE folder (FLUX.1's AutoencoderKL loads with "
-                          "ditax.models.vae.kl.load_vae)")
+    folder, raw = component_config(path, "vae", "VAE config", (CLASS_NAME,),
+                                   "a FLUX.2 VAE folder (FLUX.1's AutoencoderKL loads with "
+                                   "ditax.models.vae.kl.load_vae)")
     cfg = Flux2VAEConfig.from_diffusers(raw)
     jdtype = jnp.dtype(dtype)
     return convert.load_module(

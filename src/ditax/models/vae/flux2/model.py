@@ -21,8 +21,6 @@ from flax import nnx
 from ditax.errors import RequestError
 from ditax.models.vae.flux2.config import Flux2VAEConfig
 from ditax.models.vae.flux2.latents import LatentBatchNorm, patchify_latents, unpatchify_latents
-from ditax.models.vae.kl.coders import Decoder, Encoder
-from ditax.models.vae.kl.layers import Conv2d
 from ditax.models.vae.kl.model import FluxVAE
 
 
@@ -38,18 +36,9 @@ class Flux2VAE(FluxVAE):
 
     def __init__(self, config: Flux2VAEConfig, *, dtype=jnp.float32, rngs: nnx.Rngs,
                  attention: str = "xla"):
-        config.validate()
-        self.config = config
-        self.dtype = jnp.dtype(dtype)
-        z = config.latent_channels
-        self.encoder = Encoder(config.encoder_config(), dtype=dtype, rngs=rngs,
-                               attention=attention)
-        self.decoder = Decoder(config.decoder_config(), dtype=dtype, rngs=rngs,
-                               attention=attention)
-        self.quant_conv = (Conv2d(2 * z, 2 * z, 1, dtype=dtype, rngs=rngs)
-                           if config.use_quant_conv else None)
-        self.post_quant_conv = (Conv2d(z, z, 1, dtype=dtype, rngs=rngs)
-                                if config.use_post_quant_conv else None)
+        config.validate()        # before its sides are read
+        self.setup(config, (config.encoder_config(), config.decoder_config()), dtype, rngs,
+                   attention)
         self.bn = LatentBatchNorm(config.bn_channels, config.batch_norm_eps, dtype=dtype)
 
     def _check_latents(self, z) -> None:

@@ -10,13 +10,10 @@ no shift) load through the same class.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from dataclasses import dataclass
 
 from ditax.errors import ConfigError
-
-log = logging.getLogger(__name__)
+from ditax.models.common.fields import known_fields
 
 #: diffusers' fixed overlap of neighbouring tiles (``AutoencoderKL.tile_overlap_factor``)
 TILE_OVERLAP_FACTOR = 0.25
@@ -25,8 +22,29 @@ _ACTIVATIONS = ("silu", "swish")   # diffusers' get_activation: both are SiLU
 _IGNORED = ("force_upcast",)       # a torch fp16 switch; ditax's dtype is the caller's choice
 
 
+class KLGrid:
+    """The pixel ↔ latent grid of a KL VAE config (FLUX.1's :class:`FluxVAEConfig`, FLUX.2's
+    :class:`~ditax.models.vae.flux2.config.Flux2VAEConfig`): ``block_out_channels`` levels,
+    tiles of ``sample_size`` pixels."""
+
+    @property
+    def spatial_factor(self) -> int:
+        """Pixels per latent pixel along each axis: 2 per level but the last (8 for FLUX)."""
+        return 2 ** (len(self.block_out_channels) - 1)
+
+    @property
+    def tile_sample_min_size(self) -> int:
+        """Pixels of a tile's side (diffusers: ``sample_size``)."""
+        return self.sample_size
+
+    @property
+    def tile_latent_min_size(self) -> int:
+        """Latent pixels of a tile's side: ``int(sample_size / spatial_factor)``, as diffusers."""
+        return int(self.sample_size / self.spatial_factor)
+
+
 @dataclass(frozen=True)
-class FluxVAEConfig:
+class FluxVAEConfig(KLGrid):
     """Fields follow diffusers' ``AutoencoderKL`` config (``config.json``)."""
 
     in_channels: int = 3
@@ -52,18 +70,11 @@ class FluxVAEConfig:
         """From a diffusers ``config.json`` dict; keys this port does not know are logged and
         ignored (``_class_name`` and the like silently). Missing keys take diffusers' defaults
         for ``AutoencoderKL`` where they differ from FLUX's (quant convs on, no shift)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in cfg if k not in names and not k.startswith("_")
-                         and k not in _IGNORED)
-        if unknown:
-            log.warning("FluxVAE config: ignoring unknown keys %s", unknown)
         kw = dict(use_quant_conv=True, use_post_quant_conv=True, shift_factor=None,
                   scaling_factor=0.18215, sample_size=32, latent_channels=4,
                   block_out_channels=(64,), layers_per_block=1,
                   down_block_types=("DownEncoderBlock2D",), up_block_types=("UpDecoderBlock2D",))
-        for k in names & cfg.keys():
-            v = cfg[k]
-            kw[k] = tuple(v) if isinstance(v, list) else v
+        kw.update(known_fields(cls, cfg, "FluxVAE config", _IGNORED))
         kw["sample_size"] = _square(kw["sample_size"])
         c = cls(**kw)
         c.validate()
@@ -95,21 +106,6 @@ class FluxVAEConfig:
             raise ConfigError("FluxVAE: scaling_factor=0 cannot normalise latents; use the "
                               "folder's value (FLUX.1: 0.3611)")
 
-    @property
-    def spatial_factor(self) -> int:
-        """Pixels per latent pixel along each axis: 2 per level but the last (8 for FLUX.1)."""
-        return 2 ** (len(self.block_out_channels) - 1)
-
-    @property
-    def tile_sample_min_size(self) -> int:
-        """Pixels of a tile's side (diffusers: ``sample_size``)."""
-        return self.sample_size
-
-    @property
-    def tile_latent_min_size(self) -> int:
-        """Latent pixels of a tile's side: ``int(sample_size / spatial_factor)``, as diffusers."""
-        return int(self.sample_size / self.spatial_factor)
-
     def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
         """``(latent_channels, height / s, width / s)`` of an image (``s`` the spatial factor)."""
         s = self.spatial_factor
@@ -129,4 +125,4 @@ def _square(v) -> int:
     return v
 
 
-__all__ = ["FluxVAEConfig", "TILE_OVERLAP_FACTOR"]
+__all__ = ["KLGrid", "FluxVAEConfig", "TILE_OVERLAP_FACTOR"]

@@ -17,10 +17,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.errors import WeightError
 from ditax.io import convert
-from ditax.io.files import read_model_json
-from ditax.io.hub import resolve_folder
+from ditax.models.common.components import component_config
 from ditax.models.vae.kl.config import FluxVAEConfig
 from ditax.models.vae.kl.model import FluxVAE
 
@@ -49,12 +47,8 @@ def load_vae(path, dtype="float32", *, attention: str = "xla") -> FluxVAE:
     """Read a diffusers ``AutoencoderKL`` folder (``config.json`` +
     ``diffusion_pytorch_model.safetensors``, or a pipeline folder's ``vae/``) into a
     :class:`FluxVAE` with parameters in ``dtype`` (float32 or bfloat16)."""
-    folder = resolve_folder(path, "vae")
-    raw = read_model_json(folder / "config.json", "VAE config")
-    name = raw.get("_class_name", CLASS_NAME)
-    if name != CLASS_NAME:
-        raise WeightError(f"{folder}: config.json is a {name!r}, not an {CLASS_NAME!r}; point at "
-                          "the FLUX.1 (or SD-style) VAE folder")
+    folder, raw = component_config(path, "vae", "VAE config", (CLASS_NAME,),
+                                   "the FLUX.1 (or SD-style) VAE folder")
     cfg = FluxVAEConfig.from_diffusers(raw)
     jdtype = jnp.dtype(dtype)
     return convert.load_module(

@@ -57,12 +57,18 @@ class FluxVAE(nnx.Module):
 
     def __init__(self, config: FluxVAEConfig, *, dtype=jnp.float32, rngs: nnx.Rngs,
                  attention: str = "xla"):
+        self.setup(config, (config, config), dtype, rngs, attention)
+
+    def setup(self, config, sides: tuple, dtype, rngs: nnx.Rngs, attention: str) -> None:
+        """The parts every KL VAE has (FLUX.2's too): its validated ``config``, the encoder and
+        decoder of ``sides`` (the :class:`FluxVAEConfig` of each) and the optional 1x1 quant
+        convolutions around the latents."""
         config.validate()
         self.config = config
         self.dtype = jnp.dtype(dtype)
         z = config.latent_channels
-        self.encoder = Encoder(config, dtype=dtype, rngs=rngs, attention=attention)
-        self.decoder = Decoder(config, dtype=dtype, rngs=rngs, attention=attention)
+        self.encoder = Encoder(sides[0], dtype=dtype, rngs=rngs, attention=attention)
+        self.decoder = Decoder(sides[1], dtype=dtype, rngs=rngs, attention=attention)
         self.quant_conv = (Conv2d(2 * z, 2 * z, 1, dtype=dtype, rngs=rngs)
                            if config.use_quant_conv else None)
         self.post_quant_conv = (Conv2d(z, z, 1, dtype=dtype, rngs=rngs)

@@ -17,13 +17,10 @@ own, and :meth:`validate` checks that the widths flow (diffusers would fail in `
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from dataclasses import dataclass
 
 from ditax.errors import ConfigError
-
-log = logging.getLogger(__name__)
+from ditax.models.common.fields import known_fields
 
 #: (time, height, width) stride of each resampler kind
 STRIDES = {"spatial": (1, 2, 2), "temporal": (2, 1, 1), "spatiotemporal": (2, 2, 2)}
@@ -95,11 +92,7 @@ class LTX2VideoVAEConfig:
         """From a diffusers ``config.json`` dict (validated); unknown keys are logged and
         ignored, lists become tuples, a bool where diffusers takes bool-or-tuple is repeated
         over the levels as diffusers repeats it."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in cfg if k not in names and not k.startswith("_"))
-        if unknown:
-            log.warning("LTX2VideoVAE config: ignoring unknown keys %s", unknown)
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items() if k in names}
+        kw = known_fields(cls, cfg, "LTX2VideoVAE config")
         defaults = cls()
         n_enc = len(kw.get("layers_per_block", defaults.layers_per_block))
         n_dec = len(kw.get("decoder_layers_per_block", defaults.decoder_layers_per_block))

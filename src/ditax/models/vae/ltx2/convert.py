@@ -17,10 +17,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.errors import WeightError
 from ditax.io import convert
-from ditax.io.files import read_model_json
-from ditax.io.hub import resolve_folder
+from ditax.models.common.components import component_config
 from ditax.models.vae.ltx2.config import LTX2VideoVAEConfig
 from ditax.models.vae.ltx2.layers import Buffer
 from ditax.models.vae.ltx2.model import LTX2VideoVAE
@@ -52,12 +50,8 @@ def load_ltx2_video_vae(path, dtype="float32") -> LTX2VideoVAE:
     """Read a diffusers ``AutoencoderKLLTX2Video`` folder (``config.json`` +
     ``diffusion_pytorch_model.safetensors``), or a pipeline folder's ``vae/``, into an
     :class:`LTX2VideoVAE` with parameters in ``dtype`` (float32 or bfloat16)."""
-    folder = resolve_folder(path, "vae")
-    raw = read_model_json(folder / "config.json", "VAE config")
-    name = raw.get("_class_name", CLASS_NAME)
-    if name != CLASS_NAME:
-        raise WeightError(f"{folder}: config.json is a {name!r}, not an {CLASS_NAME!r}; point at "
-                          "the LTX-2 pipeline's vae/ folder")
+    folder, raw = component_config(path, "vae", "VAE config", (CLASS_NAME,),
+                                   "the LTX-2 pipeline's vae/ folder")
     cfg = LTX2VideoVAEConfig.from_diffusers(raw)
     jdtype = jnp.dtype(dtype)
     return convert.load_module(lambda: LTX2VideoVAE(cfg, dtype=jdtype, rngs=nnx.Rngs(0)), weight_table, folder, jdtype)

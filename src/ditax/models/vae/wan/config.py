@@ -10,13 +10,10 @@ blocks with pooled / duplicated shortcuts, 2x2 pixel patches as channels: 16x sp
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from dataclasses import dataclass
 
 from ditax.errors import ConfigError
-
-log = logging.getLogger(__name__)
+from ditax.models.common.fields import known_fields
 
 
 @dataclass(frozen=True)
@@ -43,15 +40,7 @@ class WanVAEConfig:
     @classmethod
     def from_diffusers(cls, cfg: dict) -> "WanVAEConfig":
         """Build from a diffusers ``config.json`` dict; unknown keys are logged and ignored."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in cfg if k not in names and not k.startswith("_"))
-        if unknown:
-            log.warning("WanVAE config: ignoring unknown keys %s", unknown)
-        kw = {}
-        for k in names & cfg.keys():
-            v = cfg[k]
-            kw[k] = tuple(v) if isinstance(v, list) else v
-        c = cls(**kw)
+        c = cls(**known_fields(cls, cfg, "WanVAE config"))
         c.validate()
         return c
 

@@ -1,0 +1,5 @@
+"""LTX-2's latent upsampler (diffusers ``LTX2LatentUpsamplerModel``): config, model and
+loader.
+
+Nothing is imported here.
+"""
