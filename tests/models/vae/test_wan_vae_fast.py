@@ -76,15 +76,13 @@ def test_one_latent_frame(small):
 @pytest.mark.parametrize("frames", [3])
 def test_fast_path_equals_plain(padded, frames):
     """The TPU program (kernels interpreted) decodes the plain path's frames: three latent
-    frames (the first chunk of one, then a later chunk of two; and chunks of one each)."""
+    frames (the first chunk of one, then a later chunk of two: the later-chunk program is the
+    same for any count)."""
     z = _latents(padded, frames, 4, 4, seed=frames)
     ref = np.asarray(padded.decode(z, path="plain", frames_per_chunk=1))
     got = np.asarray(padded.decode(z, path="interpret"))
     assert got.shape == ref.shape == (1, 3, 1 + 4 * (frames - 1), 32, 32)
     np.testing.assert_allclose(got, ref, rtol=0, atol=TOL)
-    if frames == 3:
-        got = np.asarray(padded.decode(z, path="interpret", frames_per_chunk=1))
-        np.testing.assert_allclose(got, ref, rtol=0, atol=TOL)
 
 
 def test_compiled_programs(small):
