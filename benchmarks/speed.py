@@ -33,7 +33,7 @@ and writes the mp4 with ``diffusers.utils.export_to_video``. Modes:
 - ``off``: ``compile_cache=none`` (compile everything, write nothing).
 
 The model (``--model PATH``, a pipeline folder) defaults to the demo-size random pipeline
-(:func:`ditax.demo.build_pipeline_folder`: D=128 transformer, 16-channel VAE, 64-wide UMT5).
+(:func:`ditax.demo.folders.build_pipeline_folder`: D=128 transformer, 16-channel VAE, 64-wide UMT5).
 First-video values are medians over ``--runs`` processes per
 mode, the modes interleaved round by round (a busy machine slows them alike);
 ``ratio`` = diffusers' median / ours (above 1: ditax is faster). ditax's own timing line is

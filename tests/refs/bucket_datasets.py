@@ -1,5 +1,5 @@
 """Small bucketed latent datasets (``meta.json`` version 2, /work/notes/issue44_format.md) that
-the bucketed-training tests write: one :class:`~ditax.train.data.DatasetWriter` per bucket
+the bucketed-training tests write: one :class:`~ditax.train.data_writer.DatasetWriter` per bucket
 subfolder (its own ``meta.json`` removed: the dataset's is the only one) and the v2
 ``meta.json`` over them, as ``ditax preprocess`` writes it."""
 

@@ -1,5 +1,5 @@
-"""The demo's random Wan pipeline folder (:func:`ditax.demo.build_pipeline_folder`), built once
-per test process and copied for each module that asks.
+"""The demo's random Wan pipeline folder (:func:`ditax.demo.folders.build_pipeline_folder`),
+built once per test process and copied for each module that asks.
 
 The folder is seeded (tokenizer, UMT5, VAE and transformer weights), so a copy is the folder a
 fresh build writes; building it is ~4 CPU s (mostly the VAE's eager init, one compile per

@@ -1,5 +1,5 @@
-"""``ditax calibrate-cache --model MODEL --prompts "..." "..." [--output numbers.json]``: measure the
-step-cache numbers of a pipeline folder (TeaCache polynomial, MagCache ratios).
+"""``ditax calibrate-cache --model MODEL --prompts "..." "..." [--output numbers.json]``: measure
+the step-cache numbers of a pipeline folder (TeaCache polynomial, MagCache ratios).
 
 Generates each prompt with every step computed, measures per step and CFG branch how the
 timestep-modulated input, the output and the blocks' residual change

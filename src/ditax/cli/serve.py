@@ -215,9 +215,9 @@ def run(args) -> int:
 
 def serve(args, store, out: pathlib.Path, load, loras: list,
           limits: Limits = Limits(), pipelines=None, group=None) -> None:
-    """Load the model once (``load``: its :class:`~ditax.front.LoadRequest`), recover the store (``store``:
-    owned by this process), bind the port, then start the worker and run uvicorn until
-    SIGTERM / SIGINT (``limits``: what a request may ask; ``pipelines``: the folder's family,
+    """Load the model once (``load``: its :class:`~ditax.front.LoadRequest`), recover the
+    store (``store``: owned by this process), bind the port, then start the worker and run
+    uvicorn until SIGTERM / SIGINT (``limits``: what a request may ask; ``pipelines``: the folder's family,
     whose request fields ``/health`` lists for the page; ``group``: the leader's side of a
     model served by several processes, :mod:`ditax.serve.group`)."""
     from ditax.pipelines.request import fields_of

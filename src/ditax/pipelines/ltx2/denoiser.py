@@ -52,10 +52,10 @@ class Context(NamedTuple):
 
 
 class LTX2Denoiser(WrappedTransformer):
-    """:class:`~ditax.models.ltx2.transformer.LTX2Transformer` behind the denoiser protocol:
+    """:class:`~ditax.models.ltx2.transformer.model.LTX2Transformer` behind the denoiser protocol:
     ``x [B, L*C + La*Ca]`` (module docstring), ``timestep [B]`` (0..1000, also the prompt
     modulation's ``sigma``), ``text = (video_text, audio_text, mask)``, extras ``positions``
-    (:class:`~ditax.models.ltx2.rope.Positions`, batch 1 or B), ``cond_mask`` (``[B, L]``
+    (:class:`~ditax.models.ltx2.transformer.rope.Positions`, batch 1 or B), ``cond_mask`` (``[B, L]``
     or None) and ``scales`` (ignored here).
     ``stg_blocks``: perturb these blocks' self-attention (a tuple; None: none);
     ``isolate``: no audio<->video attention. ``use_cross_timestep``: diffusers' pipeline

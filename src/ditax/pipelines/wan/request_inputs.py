@@ -72,9 +72,9 @@ def read_loras_2(given, family: str = "wan") -> list:
 
 
 def read(given, call: dict, sample, check) -> dict:
-    """``call`` with Wan's inputs of ``given`` (the request's mapping) read into it (``sample``: the config's
-    ``sample`` section; ``check``: the family's request check, run again where a source video
-    sets the size)."""
+    """``call`` with Wan's inputs of ``given`` (the request's mapping) read into it
+    (``sample``: the config's ``sample`` section; ``check``: the family's request check, run
+    again where a source video sets the size)."""
     call.update(read_images(given.get("image"), given.get("last_image")))
     call.update(read_control(given))
     call.update(read_source_video(given, call, check))
