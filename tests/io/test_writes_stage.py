@@ -180,3 +180,30 @@ def test_sample_defaults_written_into_a_staged_folder_name_the_folder(tmp_path, 
             write_sample_defaults(tmp, {"height": 64})
     assert str(e.value) == f"could not write {tmp_path / 'model'}: {FULL} {NOTHING}"
     assert _files(tmp_path) == []
+
+
+def test_a_lock_file_the_disk_cannot_take_is_one_line(tmp_path, monkeypatch):
+    """The host lock of a cache folder on a full disk: WriteFailed naming the lock file (exit
+    1 as every failed write), not a bare OSError; a folder that takes it still locks."""
+    import builtins
+    import errno
+
+    from ditax.io.outputs import WriteFailed
+    from ditax.io.remote.transfer import host_lock
+
+    real = builtins.open
+
+    def full(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full)
+    with pytest.raises(WriteFailed, match=rf"^could not write {tmp_path / 'run.lock'}: no "
+                                          rf"space left on device") as e:
+        with host_lock(tmp_path / "run"):
+            pass
+    assert e.value.errno == errno.ENOSPC and "\n" not in str(e.value)
+    monkeypatch.undo()
+    with host_lock(tmp_path / "run"):
+        assert (tmp_path / "run.lock").exists()

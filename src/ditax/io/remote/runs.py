@@ -203,9 +203,9 @@ class RunFolder:
         with _held_lock:
             if key in _held:        # an earlier run of this process (ended or failed)
                 return
-            lock = pathlib.Path(f"{self.local}.lock")
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            f = open(lock, "a+")
+            from ditax.io.remote.transfer import open_lock
+
+            f = open_lock(pathlib.Path(f"{self.local}.lock"))
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

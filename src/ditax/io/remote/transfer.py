@@ -144,15 +144,28 @@ def remove(fs, path: str) -> None:
             fs.rm(path, recursive=True)
 
 
+def open_lock(lock: pathlib.Path):
+    """The lock file ``lock`` opened for ``flock`` (made, with its folder, when missing); a
+    disk that cannot take it (full, a quota, read-only) is :class:`~ditax.io.outputs.
+    WriteFailed` naming it, as every write of ditax fails."""
+    from ditax.io.outputs import WRITE_ERRORS, WriteFailed
+
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        return open(lock, "a+")
+    except OSError as e:
+        if e.errno in WRITE_ERRORS:
+            raise WriteFailed(lock, e.errno, kept=lock.exists()) from e
+        raise
+
+
 @contextlib.contextmanager
 def host_lock(folder: pathlib.Path, *, wait: bool = True, busy: str = ""):
     """Hold an exclusive lock on ``folder`` among this host's processes; ``wait=False``
     raises :class:`RemoteError` (``busy``) instead of waiting when another holds it."""
     import fcntl
 
-    lock = pathlib.Path(f"{folder}.lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as f:
+    with open_lock(pathlib.Path(f"{folder}.lock")) as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -164,4 +177,4 @@ def host_lock(folder: pathlib.Path, *, wait: bool = True, busy: str = ""):
 
 
 __all__ = ["join", "listing", "listed", "local_listing", "download", "upload", "put_bytes",
-           "remove", "host_lock"]
+           "remove", "host_lock", "open_lock"]
