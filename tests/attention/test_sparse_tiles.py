@@ -84,3 +84,41 @@ def test_windows_and_refusals():
         block_mask(order, "radial2")
     with pytest.raises(ValueError, match=r"grid=\(4, 0, 8\) must be three positive ints"):
         TileOrder((4, 0, 8), (2, 4, 4))
+
+
+@pytest.mark.parametrize("window", [(1, 0, 1), (0, 1, 0)])
+def test_splash_skips_the_masked_blocks_and_equals_the_reference(window, rng):
+    """The splash kernel (interpreted) with the sliding-tile table over 128-token tiles (each
+    kernel block kept or skipped whole), padding keys masked through kv_mask, equals dense
+    attention with the table's token mask on every real query."""
+    from ditax.attention.sparse.masks import BlockTable
+    from ditax.attention.splash import splash_attention
+
+    order = TileOrder((4, 6, 16), (2, 4, 16))           # 128-token tiles; 6 rows: padded
+    L = 4 * 6 * 16
+    q, k, v = (jnp.asarray(rng.standard_normal((1, L, 2, 64)), jnp.float32) for _ in range(3))
+    blocks = sliding_tile_blocks(order, window)
+    assert density(blocks) < 1
+    qt, kt, vt = (order.to_tiles(a) for a in (q, k, v))
+    valid = jnp.asarray(order.valid)[None]
+    got = splash_attention(qt, kt, vt, kv_mask=valid, block_q=128, block_kv=128,
+                           block_table=BlockTable.of(order, blocks), interpret=True)
+    want = _attend(qt, kt, vt, jnp.asarray(element_mask(order, blocks)))
+    rows = np.asarray(order.valid)
+    np.testing.assert_allclose(np.asarray(got)[:, rows], np.asarray(want)[:, rows], rtol=0,
+                               atol=2e-5)
+    dense = splash_attention(qt, kt, vt, kv_mask=valid, block_q=128, block_kv=128,
+                             interpret=True)
+    assert np.abs(np.asarray(dense)[:, rows] - np.asarray(got)[:, rows]).max() > 1e-3
+    # the kernel's own block map: the table's skipped tiles are its empty blocks (0), the
+    # kept ones whole (2), none partial
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info
+
+    from ditax.attention.splash import _table_mask
+
+    table = BlockTable.of(order, blocks)
+    info, _ = splash_attention_mask_info.process_mask(
+        sa.MultiHeadMask([_table_mask((order.length, order.length), table)]), (128, 128),
+        shrink_grid=False)
+    np.testing.assert_array_equal(np.asarray(info.block_mask)[0], np.where(blocks, 2, 0))

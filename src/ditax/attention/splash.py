@@ -45,7 +45,7 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
                      block_q_bwd: int | None = None, block_kv_bwd: int | None = None,
                      fused_bwd: bool = _O.fused_bwd, interpret: bool | None = None,
                      pad_head_dim: bool | None = None, return_lse: bool = False,
-                     head_major: bool = False):
+                     head_major: bool = False, block_table=None):
     """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``;
     with ``head_major`` q/k/v and the output are ``[B, N, L, K]``, the kernel's own layout
     (no transposes around it).
@@ -62,6 +62,9 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
         GPUs).
       pad_head_dim: zero-pad K to a multiple of 128; None → when compiled and needed.
       return_lse: also return the float32 log-sum-exp ``[B, N, Lq]`` (forward only).
+      block_table: a :class:`~ditax.attention.sparse.masks.BlockTable` (the tokens in
+        tile-major order): the kernel skips every block the table masks whole (block-sparse
+        attention); None: every block (dense).
     """
     try:
         from jax.experimental.pallas.ops.tpu import splash_attention as sa
@@ -129,7 +132,7 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
                           block_q_dq=None if fused_bwd else bq_b,
                           block_kv_dq=None if fused_bwd else bkv_b,
                           use_fused_bwd_kernel=bool(fused_bwd))
-    kernel = _kernel(N, Lq_p, Lk_p, sizes, interpret, bool(return_lse))
+    kernel = _kernel(N, Lq_p, Lk_p, sizes, interpret, bool(return_lse), block_table)
 
     def one(q_b, k_b, v_b, qs_b, kvs_b):
         return kernel(q_b, k_b, v_b, segment_ids=sa.SegmentIds(q=qs_b, kv=kvs_b))
@@ -189,15 +192,45 @@ def _pad(x, L: int, K: int):
     return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, K - x.shape[3])))
 
 
+def _table_mask(shape: tuple[int, int], table):
+    """Splash's mask of a block table: read block by block as the kernel's preprocessing
+    walks it (never a dense ``[L, L]`` array), hashed and compared by the table."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    class TableMask(sa.splash_attention_mask.Mask):
+        @property
+        def shape(self):
+            return shape
+
+        def __getitem__(self, idx):
+            rows, cols = idx
+            return table.tokens(rows, cols)
+
+        def __eq__(self, other):
+            return isinstance(other, TableMask) and (other.shape, other.table) == (
+                shape, table)
+
+        def __hash__(self):
+            return hash(("TableMask", shape, table))
+
+    mask = TableMask()
+    mask.table = table
+    return mask
+
+
 @functools.lru_cache(maxsize=64)
-def _kernel(N: int, Lq: int, Lk: int, sizes, interpret: bool, save_residuals: bool):
-    """Build (once per static configuration) a full-mask multi-head splash kernel.
+def _kernel(N: int, Lq: int, Lk: int, sizes, interpret: bool, save_residuals: bool,
+            block_table=None):
+    """Build (once per static configuration) a multi-head splash kernel: full-mask, or
+    ``block_table``'s mask (the blocks it masks whole skipped).
 
     The mask preprocessing is numpy work at trace time; caching keeps retraces cheap.
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-    mask = sa.MultiHeadMask([sa.FullMask((Lq, Lk)) for _ in range(N)])
+    one = (sa.FullMask((Lq, Lk)) if block_table is None
+           else _table_mask((Lq, Lk), block_table))
+    mask = sa.MultiHeadMask([one for _ in range(N)])
     # Concrete (not traced) mask-info arrays, so the cached kernel is valid in any trace.
     with jax.ensure_compile_time_eval():
         return sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import dataclass
+
 from ditax.attention.sparse.tiles import TileOrder
 
 SPARSITIES = ("full", "sliding_tile")
@@ -46,6 +48,39 @@ def block_mask(order: TileOrder, sparsity: str = "full", window=(1, 1, 1)) -> np
     raise ValueError(f"attention.sparsity={sparsity!r} is not one of {', '.join(SPARSITIES)}")
 
 
+@dataclass(frozen=True)
+class BlockTable:
+    """A ``[tiles, tiles]`` block table in a hashable form for a kernel (its block-level
+    mask is built once per table and length): ``tile_len`` tokens a tile, ``tiles`` per
+    side, ``bits`` the table's bytes (row-major)."""
+
+    tile_len: int
+    tiles: int
+    bits: bytes
+
+    @classmethod
+    def of(cls, order: TileOrder, blocks: np.ndarray) -> "BlockTable":
+        blocks = np.asarray(blocks, bool)
+        n = int(np.prod(order.tiles))
+        if blocks.shape != (n, n):
+            raise ValueError(f"a block table of {order.tiles} tiles is [{n}, {n}], not "
+                             f"{list(blocks.shape)}")
+        return cls(order.tile_len, n, np.packbits(blocks).tobytes())
+
+    @property
+    def table(self) -> np.ndarray:
+        bits = np.unpackbits(np.frombuffer(self.bits, np.uint8))[: self.tiles * self.tiles]
+        return bits.reshape(self.tiles, self.tiles).astype(bool)
+
+    def tokens(self, rows: slice, cols: slice) -> np.ndarray:
+        """The token mask of query ids ``rows`` x key ids ``cols`` (ids past the table, a
+        kernel's padding, are not attended)."""
+        t, n = self.tile_len, self.tiles
+        qi, ki = np.arange(rows.start, rows.stop) // t, np.arange(cols.start, cols.stop) // t
+        out = self.table[np.minimum(qi, n - 1)][:, np.minimum(ki, n - 1)]
+        return out & (qi < n)[:, None] & (ki < n)[None, :]
+
+
 def density(blocks: np.ndarray) -> float:
     """The fraction of blocks kept."""
     return float(blocks.mean())
@@ -59,5 +94,5 @@ def element_mask(order: TileOrder, blocks: np.ndarray) -> np.ndarray:
     return dense & order.valid[None, :]
 
 
-__all__ = ["SPARSITIES", "block_mask", "density", "element_mask", "sliding_tile_blocks",
+__all__ = ["BlockTable", "SPARSITIES", "block_mask", "density", "element_mask", "sliding_tile_blocks",
            "tile_coords"]
