@@ -80,7 +80,7 @@ def test_windows_and_refusals():
         sliding_tile_blocks(order, (2, 1, 1)))
     with pytest.raises(ValueError, match="window=.*three ints >= 0"):
         sliding_tile_blocks(order, (1, -1, 1))
-    with pytest.raises(ValueError, match="attention.sparsity='radial2' is not one of"):
+    with pytest.raises(ValueError, match="sparsity=.radial2. is not one of full, sliding_tile"):
         block_mask(order, "radial2")
     with pytest.raises(ValueError, match=r"grid=\(4, 0, 8\) must be three positive ints"):
         TileOrder((4, 0, 8), (2, 4, 4))

@@ -45,7 +45,7 @@ def block_mask(order: TileOrder, sparsity: str = "full", window=(1, 1, 1)) -> np
         return np.ones((n, n), bool)
     if sparsity == "sliding_tile":
         return sliding_tile_blocks(order, window)
-    raise ValueError(f"attention.sparsity={sparsity!r} is not one of {', '.join(SPARSITIES)}")
+    raise ValueError(f"sparsity={sparsity!r} is not one of {', '.join(SPARSITIES)}")
 
 
 @dataclass(frozen=True)
