@@ -7,24 +7,18 @@ cause, nothing at OUT."""
 
 from __future__ import annotations
 
-import numpy as np
-import PIL.Image
 import pytest
 
 from ditax.cli import main
 from full_disk import fill_disk
+from shared_inputs import captioned_images
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    v = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
-    for i in range(2):
-        PIL.Image.fromarray(rng.integers(0, 255, (32, 32, 3), np.uint8)).save(v / f"{i}.png")
-        (v / f"{i}.txt").write_text(f"picture {i}")
-    return v
+    return captioned_images(tmp_path_factory.mktemp("images"), 2)
 
 
 def _preprocess(videos, out):

@@ -19,7 +19,6 @@ import uuid
 import fsspec
 import jax
 import numpy as np
-import PIL.Image
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -31,6 +30,7 @@ from ditax.train.checkpoint import CheckpointSaveError
 from ditax.train.loop import train
 from ditax.train.step import Trainer
 from latent_datasets import run_cfg, write_dataset
+from shared_inputs import captioned_images
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
@@ -211,12 +211,7 @@ def _preprocess(videos, out, *extra):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    v = tmp_path_factory.mktemp("videos")
-    rng = np.random.default_rng(0)
-    for i in range(3):
-        PIL.Image.fromarray(rng.integers(0, 255, (32, 32, 3), np.uint8)).save(v / f"{i}.png")
-        (v / f"{i}.txt").write_text(f"picture {i}")
-    return v
+    return captioned_images(tmp_path_factory.mktemp("videos"), 3)
 
 
 @pytest.fixture(scope="module")

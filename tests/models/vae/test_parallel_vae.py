@@ -15,6 +15,7 @@ from ditax.errors import RequestError
 from ditax.models.vae import parallel
 from ditax.models.vae.kl import FluxVAE, FluxVAEConfig
 from ditax.models.vae.wan import WanVAE, WanVAEConfig
+from shared_inputs import randomise
 
 TOL = 1e-5
 
@@ -39,36 +40,19 @@ def _mesh(shape):
     return Mesh(np.array(jax.devices()[:n]).reshape(shape), names)
 
 
-def _randomise(model, seed):
-    """Every parameter random: biases non-zero, norm gains away from one."""
-    graphdef, state = nnx.split(model)
-    leaves, tree = jax.tree_util.tree_flatten_with_path(state)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    out = []
-    for (path, leaf), k in zip(leaves, keys):
-        name = str(path[-1])
-        noise = jax.random.normal(k, leaf.shape, leaf.dtype)
-        if "bias" in name:
-            leaf = 0.1 * noise
-        elif "gamma" in name or (leaf.ndim == 1 and "weight" in name):
-            leaf = 1.0 + 0.3 * noise
-        out.append(leaf)
-    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(tree, out))
-
-
 @pytest.fixture(scope="module")
 def wan21():
-    return _randomise(WanVAE(WanVAEConfig(**WAN21), rngs=nnx.Rngs(0)), 1)
+    return randomise(WanVAE(WanVAEConfig(**WAN21), rngs=nnx.Rngs(0)), 1)
 
 
 @pytest.fixture(scope="module")
 def wan22():
-    return _randomise(WanVAE(WanVAEConfig(**WAN22), rngs=nnx.Rngs(2)), 3)
+    return randomise(WanVAE(WanVAEConfig(**WAN22), rngs=nnx.Rngs(2)), 3)
 
 
 @pytest.fixture(scope="module")
 def kl():
-    return _randomise(FluxVAE(FluxVAEConfig(**KL), rngs=nnx.Rngs(4)), 5)
+    return randomise(FluxVAE(FluxVAEConfig(**KL), rngs=nnx.Rngs(4)), 5)
 
 
 def _check(got, want):
@@ -124,7 +108,7 @@ def ltx2_vaes():
 
     from ditax.models.vae.ltx2 import LTX2VideoVAE, LTX2VideoVAEConfig
 
-    return {name: _randomise(LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers(CONFIGS[name]),
+    return {name: randomise(LTX2VideoVAE(LTX2VideoVAEConfig.from_diffusers(CONFIGS[name]),
                                           rngs=nnx.Rngs(6)), 7)
             for name in ("ltx2", "ltx23")}
 

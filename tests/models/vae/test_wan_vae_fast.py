@@ -11,6 +11,7 @@ from jax import lax
 
 from ditax.models.vae.wan import WanVAE, WanVAEConfig, conv_tpu
 from ditax.models.vae.wan.chunks import DecodePrograms, chunk_frames
+from shared_inputs import randomise
 
 TOL = 1e-5
 
@@ -23,31 +24,14 @@ PADDED = dict(base_dim=96, z_dim=4, dim_mult=(1, 1, 1, 1), num_res_blocks=1,
               temperal_downsample=(False, True, True))
 
 
-def _randomise(model, seed):
-    """Every parameter random: biases non-zero, norm gains away from one."""
-    graphdef, state = nnx.split(model)
-    leaves, tree = jax.tree_util.tree_flatten_with_path(state)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    out = []
-    for (path, leaf), k in zip(leaves, keys):
-        name = str(path[-2] if len(path) > 1 else path[-1])
-        noise = jax.random.normal(k, leaf.shape, leaf.dtype)
-        if "bias" in name:
-            leaf = 0.1 * noise
-        elif "gamma" in name:
-            leaf = 1.0 + 0.3 * noise
-        out.append(leaf)
-    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(tree, out))
-
-
 @pytest.fixture(scope="module")
 def small():
-    return _randomise(WanVAE(WanVAEConfig(**SMALL), rngs=nnx.Rngs(0)), 1)
+    return randomise(WanVAE(WanVAEConfig(**SMALL), rngs=nnx.Rngs(0)), 1)
 
 
 @pytest.fixture(scope="module")
 def padded():
-    return _randomise(WanVAE(WanVAEConfig(**PADDED), rngs=nnx.Rngs(0)), 2)
+    return randomise(WanVAE(WanVAEConfig(**PADDED), rngs=nnx.Rngs(0)), 2)
 
 
 def _latents(vae, frames, y, x, seed=0):
@@ -176,7 +160,7 @@ def test_upsampling_conv():
     the 96 output channels are padded to 128 and sliced back here."""
     from ditax.models.vae.wan.layers import Conv2d, FastPath, fast_path
 
-    conv = _randomise(Conv2d(128, 96, 3, 1, ((1, 1), (1, 1)), rngs=nnx.Rngs(3),
+    conv = randomise(Conv2d(128, 96, 3, 1, ((1, 1), (1, 1)), rngs=nnx.Rngs(3),
                              dtype=jnp.float32), 4)
     for width in (8, 16):
         x = jax.random.normal(jax.random.key(width), (1, 2, 4, width, 128))
@@ -204,7 +188,7 @@ def test_fast_path_equals_plain_wan22():
                        num_res_blocks=1, temperal_downsample=(False, True, True),
                        is_residual=True, patch_size=2, in_channels=12, out_channels=12,
                        scale_factor_spatial=16)
-    vae = _randomise(WanVAE(cfg, rngs=nnx.Rngs(0)), 5)
+    vae = randomise(WanVAE(cfg, rngs=nnx.Rngs(0)), 5)
     z = _latents(vae, 2, 1, 2)
     ref = np.asarray(vae.decode(z, path="plain"))
     got = np.asarray(vae.decode(z, path="interpret"))
