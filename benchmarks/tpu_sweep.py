@@ -177,6 +177,9 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=300)
     p.add_argument("--repeats", type=int, default=5)
     a = p.parse_args()
+    from ditax.tpu_env import raise_scoped_vmem
+
+    raise_scoped_vmem()
     sw = Sweep(a.out, a.budget_s, a.repeats)
     for part in a.part:              # in the order given: the budget cuts the last ones
         PARTS[part](sw)
