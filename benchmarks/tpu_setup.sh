@@ -22,6 +22,11 @@ if [ ! -f "$SITE/.ditax-ready" ]; then
       $PIP "$p" 2>&1 | grep -v "WARNING: Target directory" | tail -1 || true
     done
   fi
+  touch "$SITE/.ditax-ready"
+  echo "tpu_setup: installed into $SITE in $(( $(date +%s) - t0 )) s"
+fi
+# the carried wheels (a call may come without them: then a later call installs them)
+if [ ! -f "$SITE/.wheels-ready" ] && [ -d .whl-tpu ]; then
   if ls .whl-tpu/*.whl >/dev/null 2>&1; then
     env PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps \
       --no-compile --target "$SITE" .whl-tpu/*.whl 2>&1 | grep -v "WARNING: Target" | tail -1
@@ -35,8 +40,7 @@ if [ ! -f "$SITE/.ditax-ready" ]; then
       chmod +x "$out"
     done
   fi
-  touch "$SITE/.ditax-ready"
-  echo "tpu_setup: installed into $SITE in $(( $(date +%s) - t0 )) s"
+  touch "$SITE/.wheels-ready"
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}:$SITE"
 export PYTHONUNBUFFERED=1
