@@ -13,7 +13,8 @@ On the lent chip, after ``source benchmarks/tpu_setup.sh``:
    with the cache the cold run filled (warm): one row each, ``value`` = the process's wall
    seconds, ``phases`` = generate's own timing line (load, text, compile, denoise, decode,
    write);
-3. the demo model's video (``ditax generate`` with no ``--model``), cold and warm.
+3. the demo model's video (``ditax generate --model demo``: its shipped sample settings),
+   cold and warm.
 
 Each process opens the chip itself (one at a time); rows go to stdout and ``--out``.
 """
@@ -64,6 +65,8 @@ def generate(args, model, size, mode, cache, video) -> dict:
         h, w, f = size
         cmd += ["--model", model, "--height", str(h), "--width", str(w), "--frames", str(f),
                 "--steps", str(args.steps), "--guidance", "1", "model.dtype=bfloat16"]
+    else:
+        cmd += ["--model", "demo"]      # the shipped demo model with its own sample settings
     wall, rc, out, err = run(cmd, args.timeout)
     row = {"bench": "tpu_video", "case": ("Wan 1.3B-size " if model else "demo model ")
            + (f"{size[0]}x{size[1]}x{size[2]}, {args.steps} steps, no CFG" if model else "video"),

@@ -18,7 +18,8 @@ def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int 
     shards samples of latent grid ``latent = (F, Y, X)`` (None: the family's default; Wan:
     latents ``[B, C, F, Y, X]``, Flux: packed tokens of one frame) and ``text_len`` text
     tokens. Returns one benchmark row (DESIGN "Benchmarks"); ``latent`` in it is the shape of
-    the transformer's first input. ``after(call)``, when given, is called once the timing is
+    the transformer's first input; ``init_s`` the random initialisation's seconds (its
+    compile and draw). ``after(call)``, when given, is called once the timing is
     done with ``call()`` running one more forward to completion (e.g. to profile it); what
     it returns is the row's ``"after"``."""
     from ditax.errors import RequestError
@@ -37,7 +38,10 @@ def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int 
     b = batch_shards(mesh)
     family = model_family(cfg.model, cfg.attention)
     args, kwargs = family.random_inputs(b, latent, text_len, np.random.default_rng(0))
+    t0 = time.perf_counter()
     tr = family.random_transformer(mesh, seed=cfg.seed)
+    jax.block_until_ready(jax.tree.leaves(tr))
+    init_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     jax.block_until_ready(tr(*args, **kwargs))
     first = time.perf_counter() - t0
@@ -48,6 +52,7 @@ def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int 
         times.append(time.perf_counter() - t0)
     row = {"bench": "ditax_bench", "case": cfg.name, "metric": "forward",
            "value": statistics.median(times), "unit": "s", "compile_plus_first_s": first,
+           "init_s": round(init_s, 2),
            "mesh": dict(mesh.shape), "attention": cfg.attention.backend,
            "latent": list(args[0].shape), "platform": mesh.devices.flat[0].platform}
     if after is not None:
