@@ -76,9 +76,9 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
                        flops_shape=(16, 21, 90, 160))
         elif part == "int8":
             for name, cfg, lat, shape in (
-                    ("FLUX.2-klein-4B 1024x1024", "flux.2-klein-4b", None, (128, 1, 64, 64)),
                     ("Wan 2.1 1.3B 480x832x17", "wan2.1-t2v-1.3b", (5, 60, 104),
-                     (16, 5, 60, 104))):
+                     (16, 5, 60, 104)),
+                    ("FLUX.2-klein-4B 1024x1024", "flux.2-klein-4b", None, (128, 1, 64, 64))):
                 for q in ([], ["model.quantize=int8"],
                           ["model.quantize=int8", "model.quantize_activations=true"]):
                     tag = "+".join(x.split("=")[0].split(".")[1] for x in q) or "bf16"
@@ -126,9 +126,10 @@ def table(jsonl: str) -> str:
     lines = ["| case | median s | FLOPs | TFLOP/s | MFU | peak HBM GiB | compile+first s |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
+        case = r.get("case") + (f" ({r['mode']})" if r.get("mode") else "")
         if "value" not in r:
-            why = r.get("error") or r.get("skipped")
-            lines.append(f"| {r.get('case')} | — ({why}) | | | | | |")
+            why = (r.get("error") or r.get("skipped") or "")[:90]
+            lines.append(f"| {case} | — ({why}) | | | | | |")
             continue
         f = r.get("flops") or 0.0
         tf = f"{f / r['value'] / 1e12:.0f}" if f else ""
@@ -138,7 +139,7 @@ def table(jsonl: str) -> str:
         first = r.get("compile_plus_first_s")
         first = f"{first:.0f}" if first is not None else ""
         flops = f"{f:.3g}" if f else ""
-        lines.append(f"| {r.get('case')} | {r['value']:.3f} | {flops} | {tf} | {mfu} | {hbm} | "
+        lines.append(f"| {case} | {r['value']:.3f} | {flops} | {tf} | {mfu} | {hbm} | "
                      f"{first} |")
     kinds = sorted({r.get("device_kind", "") for r in rows})
     commits = sorted({r.get("commit", "") for r in rows})
