@@ -48,15 +48,15 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def build_vae(dtype: str, seed: int = 0, values: str | None = None):
-    """The Wan 2.1 VAE at full size with random weights in ``dtype`` (rounded to ``values``
-    first: the same weights held in a wider type)."""
+def _random_state(seed: int, dtype: str, values: str | None):
+    """The parameters of ``build_vae``: the float32 module's initial draws (seed ``seed``),
+    biases and norm gains redrawn, ``conv_out`` scaled, rounded to ``values`` then cast to
+    ``dtype`` (traced: :func:`build_vae` jits it, one compile instead of one per tensor)."""
     from flax import nnx
 
     from ditax.models.vae.wan import WanVAE, WanVAEConfig
 
-    vae = WanVAE(WanVAEConfig(), dtype=jnp.float32, rngs=nnx.Rngs(seed))
-    graphdef, state = nnx.split(vae)
+    state = nnx.state(WanVAE(WanVAEConfig(), dtype=jnp.float32, rngs=nnx.Rngs(seed)))
     leaves, tree = jax.tree_util.tree_flatten_with_path(state)
     keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
     out = []
@@ -69,7 +69,22 @@ def build_vae(dtype: str, seed: int = 0, values: str | None = None):
         elif "['decoder']/['conv_out']/['weight']" in name:
             leaf = 0.3 * leaf
         out.append(leaf.astype(values or dtype).astype(dtype))
-    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(tree, out))
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
+def build_vae(dtype: str, seed: int = 0, values: str | None = None):
+    """The Wan 2.1 VAE at full size with random weights in ``dtype`` (rounded to ``values``
+    first: the same weights held in a wider type), a module of ``dtype`` (``vae.dtype``: the
+    latents' type its ``compile_decode`` compiles for, and its layers' compute type). The
+    weights are drawn by the float32 module's initialisers whatever ``dtype`` is."""
+    from flax import nnx
+
+    from ditax.models.vae.wan import WanVAE, WanVAEConfig
+
+    graphdef = nnx.graphdef(nnx.eval_shape(
+        lambda: WanVAE(WanVAEConfig(), dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))))
+    state = jax.jit(_random_state, static_argnums=(0, 1, 2))(seed, dtype, values)
+    return nnx.merge(graphdef, state)
 
 
 def _variant(name: str) -> tuple[str, int | None]:
