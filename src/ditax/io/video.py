@@ -29,7 +29,9 @@ def to_uint8(video) -> np.ndarray:
         raise ValueError(f"video must be [F, H, W, 3]; got shape {v.shape}")
     if v.dtype == np.uint8:
         return v
-    return np.round(np.clip(v.astype(np.float32), 0.0, 1.0) * 255.0).astype(np.uint8)
+    from ditax.io.frames import uint8_frames   # round(clip(v, 0, 1) * 255), frame by frame
+
+    return uint8_frames(v)
 
 
 def write_mp4(path, video, fps: float = 16, quality: float = 8.0,

@@ -132,8 +132,11 @@ class Pipeline:
 
     def decode_pixels(self, z, *conditions, **options) -> np.ndarray:
         """:meth:`vae_decode`'s first row as float32 ``[..., 3]`` (channels last) in [0, 1]
-        (:func:`to_unit`)."""
-        return channels_last(to_unit(self.vae_decode(z, *conditions, **options)))
+        (:func:`to_unit`'s values, converted a frame at a time:
+        :func:`ditax.io.frames.unit_pixels`)."""
+        from ditax.io.frames import unit_pixels
+
+        return unit_pixels(self.vae_decode(z, *conditions, **options))
 
 
 def to_unit(pixels) -> np.ndarray:

@@ -37,7 +37,7 @@ import numpy as np
 from ditax.errors import RequestError
 from ditax.phases import phase
 from ditax.pipelines.programs import in_compile_cache
-from ditax.pipelines.base import channels_last, to_unit
+from ditax.io.frames import unit_pixels
 from ditax.pipelines.sampling import Timings
 from ditax.pipelines.wan.animate_inputs import (AnimateCondition, animate_inputs,
                                                 final_animate_latents, pad_frames, segment_mask)
@@ -226,7 +226,7 @@ class WanAnimate(WanImageToVideo):
             spent["decode"] += time.perf_counter() - t0
             out.append(frames if start == 0 else frames[:, prev:])
             self.last_stats, self.timings = res.stats, Timings(load=self.load_time, **spent)
-        return channels_last(to_unit(np.concatenate(out, axis=1)[None, :, :n]))
+        return unit_pixels(np.concatenate(out, axis=1)[None, :, :n])
 
 
 @dataclass(frozen=True)
