@@ -15,7 +15,9 @@ Parts (run in the order given; ``--budget-s`` stops starting new cases once spen
 case prints its row as it finishes): ``forward`` (the families' transformers at their standard
 sizes, random weights, ``ditax bench``'s forward), ``attention`` (each kernel alone at Wan
 1.3B's shape, forward and forward + backward), ``int8`` (W+A int8 against bf16 where the
-linears dominate), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``).
+linears dominate), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``; ``vae_old``
+the plain path), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 and int8, and
+FLUX.1-dev int8 resident: issue 55's out-of-memory rows).
 
 ``peak_hbm_bytes`` is ``memory_stats()["peak_bytes_in_use"]`` after the case, a peak since
 the process started (the cases run from small to large within a part).
@@ -74,6 +76,17 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
             model_case(sw, wan, bf + ["attention.backend=splash"], (21, 90, 160),
                        "Wan 2.1 1.3B forward 720x1280x81 splash",
                        flops_shape=(16, 21, 90, 160))
+        elif part == "big":      # issue 55: what the plan says fits one 16 GB chip
+            for name, cfg, extra, lat, shape in (
+                    ("Wan 2.1 14B forward 480x832x81 offload=host", "wan2.1-t2v-14b",
+                     ["model.offload=host"], (21, 60, 104), (16, 21, 60, 104)),
+                    ("FLUX.1-dev forward 1024x1024 int8", "flux.1-dev",
+                     ["model.quantize=int8"], None, (16, 1, 128, 128)),
+                    ("Wan 2.1 14B forward 480x832x81 offload=host int8", "wan2.1-t2v-14b",
+                     ["model.offload=host", "model.quantize=int8"], (21, 60, 104),
+                     (16, 21, 60, 104))):
+                model_case(sw, cfg, bf + ["attention.backend=splash"] + extra, lat, name,
+                           flops_shape=shape)
         elif part == "int8":
             for name, cfg, lat, shape in (
                     ("Wan 2.1 1.3B 480x832x17", "wan2.1-t2v-1.3b", (5, 60, 104),
@@ -153,7 +166,7 @@ def table(jsonl: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
-                   choices=["forward", "attention", "int8", "int8_gemm", "vae", "vae_old"])
+                   choices=["forward", "attention", "int8", "int8_gemm", "vae", "vae_old", "big"])
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
     p.add_argument("--repeats", type=int, default=4)
