@@ -48,15 +48,18 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _random_state(seed: int, dtype: str, values: str | None):
-    """The parameters of ``build_vae``: the float32 module's initial draws (seed ``seed``),
-    biases and norm gains redrawn, ``conv_out`` scaled, rounded to ``values`` then cast to
-    ``dtype`` (traced: :func:`build_vae` jits it, one compile instead of one per tensor)."""
+def build_vae(dtype: str, seed: int = 0, values: str | None = None, config=None):
+    """The Wan 2.1 VAE (``config``, default ``WanVAEConfig()``: full size) with random weights
+    in ``dtype`` (rounded to ``values`` first: the same weights held in a wider type), a module
+    of ``dtype``: ``vae.dtype`` is the latents' type its ``compile_decode`` compiles for and
+    its layers' compute type. The weights are the float32 module's draws whatever ``dtype``
+    is (drawn eagerly: a jitted draw fuses differently and moves some weights by an ulp)."""
     from flax import nnx
 
     from ditax.models.vae.wan import WanVAE, WanVAEConfig
 
-    state = nnx.state(WanVAE(WanVAEConfig(), dtype=jnp.float32, rngs=nnx.Rngs(seed)))
+    config = config or WanVAEConfig()
+    state = nnx.state(WanVAE(config, dtype=jnp.float32, rngs=nnx.Rngs(seed)))
     leaves, tree = jax.tree_util.tree_flatten_with_path(state)
     keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
     out = []
@@ -69,22 +72,9 @@ def _random_state(seed: int, dtype: str, values: str | None):
         elif "['decoder']/['conv_out']/['weight']" in name:
             leaf = 0.3 * leaf
         out.append(leaf.astype(values or dtype).astype(dtype))
-    return jax.tree_util.tree_unflatten(tree, out)
-
-
-def build_vae(dtype: str, seed: int = 0, values: str | None = None):
-    """The Wan 2.1 VAE at full size with random weights in ``dtype`` (rounded to ``values``
-    first: the same weights held in a wider type), a module of ``dtype`` (``vae.dtype``: the
-    latents' type its ``compile_decode`` compiles for, and its layers' compute type). The
-    weights are drawn by the float32 module's initialisers whatever ``dtype`` is."""
-    from flax import nnx
-
-    from ditax.models.vae.wan import WanVAE, WanVAEConfig
-
     graphdef = nnx.graphdef(nnx.eval_shape(
-        lambda: WanVAE(WanVAEConfig(), dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))))
-    state = jax.jit(_random_state, static_argnums=(0, 1, 2))(seed, dtype, values)
-    return nnx.merge(graphdef, state)
+        lambda: WanVAE(config, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))))
+    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(tree, out))
 
 
 def _variant(name: str) -> tuple[str, int | None]:
@@ -108,8 +98,9 @@ def _cost(compiled) -> tuple[float, float]:
 
 
 def measure(height: int, width: int, frames: int, dtype: str = "bfloat16", variant: str = "fast",
-            repeats: int = 3, seed: int = 0, save: str | None = None) -> dict:
-    """One variant's row: compile (timed), one first call, ``repeats`` timed decodes."""
+            repeats: int = 3, seed: int = 0, save: str | None = None, config=None) -> dict:
+    """One variant's row: compile (timed), one first call, ``repeats`` timed decodes
+    (``config``: :func:`build_vae`'s, the full-size VAE by default)."""
     t_start = time.perf_counter()
     path, chunk = _variant(variant)
     wide = variant.partition("/")[2]   # "old/float32": the same values, computed wider
@@ -117,7 +108,7 @@ def measure(height: int, width: int, frames: int, dtype: str = "bfloat16", varia
     if wide:   # a reference: full float32 products (a TPU's default is one bf16 pass), one run
         jax.config.update("jax_default_matmul_precision", "highest")
         repeats = 1
-    vae = build_vae(run_dtype, seed, values=dtype)
+    vae = build_vae(run_dtype, seed, values=dtype, config=config)
     cfg = vae.config
     f_lat, y, x = cfg.latent_grid(frames, height, width)
     z = jax.random.normal(jax.random.key(seed + 7), (1, cfg.z_dim, f_lat, y, x), jnp.float32)
