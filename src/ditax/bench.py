@@ -55,6 +55,9 @@ def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int 
            "init_s": round(init_s, 2),
            "mesh": dict(mesh.shape), "attention": cfg.attention.backend,
            "latent": list(args[0].shape), "platform": mesh.devices.flat[0].platform}
+    a = cfg.attention
+    if a.sparsity != "none":
+        row["sparsity"] = {"mode": a.sparsity, "tile": list(a.tile), "window": list(a.window)}
     if after is not None:
         row["after"] = after(lambda: jax.block_until_ready(tr(*args, **kwargs)))
     return row

@@ -5,7 +5,11 @@ CLI; the registry is checked against them); :func:`check_attention` holds the ru
 owns. Besides ``backend`` and ``cross_backend`` every field is an option of some backend, named
 as in its options class (:mod:`ditax.attention.options`; checked at import): the config and
 ``attend(**options)`` speak one vocabulary, and an option none of the configured kernels takes
-is refused by the same rule (:func:`ditax.attention.registry.check_options`).
+is refused by the same rule (:func:`ditax.attention.registry.check_options`). The block-sparse
+keys (:data:`SPARSITY_KEYS`: ``sparsity``, ``tile``, ``window``) are no kernel's option: the
+model reads them (it lays its video tokens out tile-major and hands the kernel a block table,
+:mod:`ditax.attention.sparse.layout`); :func:`check_attention` refuses a backend or mesh that
+cannot honour them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ LOCAL_BACKENDS = get_args(LocalBackend)
 PARALLEL_BACKENDS = get_args(ParallelBackend)
 ATTENTION_BACKENDS = get_args(AttentionBackend)
 OUT_A2A_MODES = get_args(OutA2A)
+Sparsity = Literal["none", "full", "sliding_tile"]
+SPARSITY_MODES = get_args(Sparsity)
 
 
 @dataclass(frozen=True)
@@ -45,13 +51,19 @@ class AttentionConfig:
     fused_bwd: Optional[bool] = None     # splash: the kernel's fused dq/dkv backward; None = off
     interpret: Optional[bool] = None     # flash / splash Pallas interpret mode; None = on CPU only
     pad_head_dim: Optional[bool] = None  # splash: zero-pad K to 128; None = when compiled
+    # block-sparse self-attention over the video tokens (issue 58; splash, no context axis)
+    sparsity: Sparsity = "none"          # none | full (every tile) | sliding_tile (STA)
+    tile: tuple[int, int, int] = (4, 8, 8)     # latent tokens per tile (frames, rows, cols)
+    window: tuple[int, int, int] = (3, 3, 3)   # sliding_tile: tiles the window spans per axis
 
 
-#: the keys that choose kernels; every other field is a backend option
+#: the keys that choose kernels; every other field but the sparsity keys is a backend option
 SELECTION_KEYS = ("backend", "cross_backend")
+#: the block-sparse keys the model reads (module docstring)
+SPARSITY_KEYS = ("sparsity", "tile", "window")
 #: ``attention.<option>`` keys, with their config defaults (a value that differs is "given")
 OPTION_DEFAULTS = {f.name: f.default for f in fields(AttentionConfig)
-                   if f.name not in SELECTION_KEYS}
+                   if f.name not in SELECTION_KEYS + SPARSITY_KEYS}
 assert tuple(registry.BACKENDS) == LOCAL_BACKENDS + PARALLEL_BACKENDS, \
     "registry and config names differ"
 assert set(OPTION_DEFAULTS) == set(registry.option_vocabulary()), \
@@ -101,6 +113,7 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
     for k in ("block_q", "block_kv", "block_kv_compute", "block_q_bwd", "block_kv_bwd"):
         if getattr(a, k) is not None and getattr(a, k) < 1:
             raise ConfigError(f"attention.{k}={getattr(a, k)} must be >= 1")
+    check_sparsity(a, mesh_sizes)
     if mesh_sizes is None or num_heads is None or a.backend not in PARALLEL_BACKENDS:
         return
     heads_local = num_heads // mesh_sizes["tensor"]
@@ -120,3 +133,28 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
             f"attention.backend={a.backend}: {heads_local} heads per tensor shard are "
             f"not divisible by the {u} Ulysses shards; use backend=ulysses_ring with "
             f"ulysses_shards dividing {heads_local}, ring, or a different mesh.context")
+
+
+def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None) -> None:
+    """The block-sparse keys' rules: three positive tile sizes, odd window spans, and a
+    self-attention that can take a block table (``splash``, the sequence whole on every
+    device: ``mesh.context=1``)."""
+    check_choice("attention.sparsity", a.sparsity, SPARSITY_MODES)
+    for key, v in (("tile", a.tile), ("window", a.window)):
+        if len(v) != 3 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in v):
+            raise ConfigError(f"attention.{key}={','.join(map(str, v))} must be three ints >= 1 "
+                              f"(frames, rows, columns), e.g. attention.{key}="
+                              f"{'4,8,8' if key == 'tile' else '3,3,3'}")
+    if any(n % 2 == 0 for n in a.window):
+        raise ConfigError(f"attention.window={','.join(map(str, a.window))} must be odd spans "
+                          f"(a query tile in the middle), e.g. attention.window=3,3,3")
+    if a.sparsity == "none":
+        return
+    if a.backend != "splash":
+        raise ConfigError(f"attention.sparsity={a.sparsity} needs attention.backend=splash (the "
+                          f"kernel that skips masked blocks; {a.backend} takes no block table "
+                          f"yet); set attention.backend=splash or attention.sparsity=none")
+    if mesh_sizes is not None and mesh_sizes.get("context", 1) > 1:
+        raise ConfigError(f"attention.sparsity={a.sparsity} is not wired for sequence "
+                          f"parallelism (mesh.context={mesh_sizes['context']}); use "
+                          f"mesh.context=1 or attention.sparsity=none")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ditax.errors import ConfigError
 
@@ -69,6 +69,9 @@ class SplashOptions(Options):
     fused_bwd: bool = False                  # the kernel's fused dq/dkv backward
     interpret: Optional[bool] = None         # None = from the platform (compiled on TPU)
     pad_head_dim: Optional[bool] = None      # zero-pad K to 128; None = when compiled
+    # a model's block-sparse self-attention: its BlockTable (the tokens tile-major), set by
+    # the model per token grid (ditax.attention.sparse.layout); None = dense
+    block_table: Any = field(default=None, metadata={"internal": True})
 
     DEFAULT = 512                            # the blocks of an interpreted (CPU) run
 

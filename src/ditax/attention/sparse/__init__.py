@@ -3,6 +3,8 @@ spatio-temporal tile one contiguous kernel block (:mod:`.tiles`), and the traini
 masks over those tiles (:mod:`.masks`: sliding-tile), held as tile x tile tables
 (:class:`~ditax.attention.sparse.masks.BlockTable`; never a dense ``L x L`` mask) that the
 ``splash`` kernel reads to skip whole blocks (``splash_attention(..., block_table=)``).
-Not yet wired into the transformers, the config (``attention.sparsity``), ``flash`` or the
-sequence-parallel wrappers (issue 58).
+:mod:`.layout` is what a model does with them under ``attention.sparsity`` (the Wan
+transformers: tokens tile-major between embedding and head, self-attention through splash with
+the table). Not yet wired into ``flash``, the sequence-parallel wrappers or radial masks
+(issue 58).
 """

@@ -93,7 +93,9 @@ def transformer_check(cls: type, check_model: Callable) -> Callable:
     every number is finite and in range (:func:`ditax.numbers.check_numbers`), the family's
     ``check_model(m, mesh_sizes)`` holds, and ``attention`` (an
     :class:`~ditax.attention.config.AttentionConfig`; None: the default) runs with the
-    model's heads on the mesh (``mesh_sizes``: the resolved mesh sizes). What an entry point
+    model's heads on the mesh (``mesh_sizes``: the resolved mesh sizes; ``attention.sparsity``
+    only for a config class whose ``SPARSE_ATTENTION`` is true: its module lays its tokens
+    out tile-major, :mod:`ditax.attention.sparse.layout`). What an entry point
     (``ditax.validate`` through the family, the transformer loader) checks once, before
     anything is built."""
     def check_transformer(m, attention=None, mesh_sizes: dict[str, int] | None = None) -> None:
@@ -104,8 +106,12 @@ def transformer_check(cls: type, check_model: Callable) -> Callable:
             raise ConfigError(f"model={m!r} is not a {cls.__name__}")
         check_numbers(m, "model.")
         check_model(m, mesh_sizes)
-        check_attention(attention or AttentionConfig(), num_heads=m.num_attention_heads,
-                        mesh_sizes=mesh_sizes)
+        attention = attention or AttentionConfig()
+        check_attention(attention, num_heads=m.num_attention_heads, mesh_sizes=mesh_sizes)
+        if attention.sparsity != "none" and not getattr(m, "SPARSE_ATTENTION", False):
+            raise ConfigError(f"attention.sparsity={attention.sparsity} is wired for the Wan "
+                              f"text-/image-to-video and VACE transformers only, not for "
+                              f"{type(m).__name__}; use attention.sparsity=none")
 
     check_transformer.__doc__ = (f"Every rule of one {cls.__name__} run, checked once at the "
                                  f"entry point (:func:`ditax.models.common.fields.transformer_check`).")

@@ -48,6 +48,9 @@ ANIMATE_FIELDS = ("motion_encoder_channel_sizes", "motion_encoder_size", "motion
 class WanAnimateConfig(WanConfig):
     """:class:`WanConfig` plus the Animate fields (diffusers' names and defaults)."""
 
+    # the pose tokens and face adapters index frame-major tokens: no attention.sparsity yet
+    SPARSE_ATTENTION = False
+
     in_channels: int = 36
     image_dim: int | None = 1280
     latent_channels: int = 16

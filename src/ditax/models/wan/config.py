@@ -66,6 +66,9 @@ class WanConfig(TransformerNumerics, WanShape):
     vace_layers: tuple[int, ...] = ()
     vace_in_channels: int = 96
 
+    # its transformer honours attention.sparsity (tile-major video tokens; not a field)
+    SPARSE_ATTENTION = True
+
     @property
     def inner_dim(self) -> int:
         return self.num_attention_heads * self.attention_head_dim

@@ -26,6 +26,7 @@ from flax import nnx
 
 from ditax.attention import AttentionPlan
 from ditax.attention.config import AttentionConfig
+from ditax.attention.sparse.layout import sparse_layout
 from ditax.models.wan.attention import WanAttention
 from ditax.models.wan.config import WanConfig
 from ditax.models.wan.embeddings import ConditionEmbedder, rope_cos_sin
@@ -177,7 +178,6 @@ class WanBlock(nnx.Module):
         return sharding.constrain(x, ("act_batch", "act_seq", "act_embed"))
 
 
-
 def patch_embedding(cfg: WanConfig, channels: int, rngs: nnx.Rngs) -> tuple[nnx.Param, nnx.Param]:
     """A patch embedding's kernel ``[pt, ph, pw, channels, D]`` (normal / sqrt(fan in)) and
     bias ``[D]`` (zeros), in ``cfg.param_dtype``: the latents', VACE's control and Animate's
@@ -188,6 +188,7 @@ def patch_embedding(cfg: WanConfig, channels: int, rngs: nnx.Rngs) -> tuple[nnx.
     kernel = nnx.Param(jax.random.normal(rngs.params(), (pt, ph, pw, channels, d), pd)
                        / fan_in ** 0.5)
     return kernel, nnx.Param(jnp.zeros((d,), pd))
+
 
 class WanTransformer(DiT):
     """Wan text-to-video DiT. ``model(latents [B,C,F,Y,X], t [B], text [B,T,Dt]) → [B,C,F,Y,X]``.
@@ -256,7 +257,6 @@ class WanTransformer(DiT):
         self.sharding.check_batch(b)
         self.sharding.check_heads(cfg.num_attention_heads)
 
-
     def __call__(self, latents, timestep, encoder_hidden_states, text_mask=None,
                  encoder_hidden_states_image=None):
         """Denoiser prediction for ``latents [B, C, F, Y, X]`` → ``[B, C_out, F, Y, X]``.
@@ -309,6 +309,11 @@ class WanTransformer(DiT):
         # pad the sequence to a multiple of the context shards; padded keys are masked
         pad = (-seq) % sharding.seq_shards
         token_mask = None
+        tiles = sparse_layout(self.attention, (f, y, x))
+        if tiles is not None:   # block-sparse: tile-major tokens (checked: mesh.context=1)
+            h, cos, sin = tiles.to_tiles(h), tiles.to_tiles(cos, 0), tiles.to_tiles(sin, 0)
+            mod = tiles.to_tiles(mod) if mod.ndim == 4 else mod
+            token_mask = tiles.kv_mask(b)
         if pad:
             h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
             cos = jnp.pad(cos, ((0, pad), (0, 0)))
@@ -320,7 +325,8 @@ class WanTransformer(DiT):
             mod = sharding.constrain(mod, ("act_batch", "act_seq", None, "act_embed"))
         return h, Embedded(text=text, temb=temb, mod=mod, rope=(cos, sin),
                            token_mask=token_mask, text_mask=text_mask, image=image,
-                           shape=tuple(latents.shape), dtype=latents.dtype, seq=seq, pad=pad)
+                           shape=tuple(latents.shape), dtype=latents.dtype, seq=seq, pad=pad,
+                           tiles=tiles)
 
     @property
     def block_stacks(self) -> tuple[tuple[str, int], ...]:
@@ -330,7 +336,7 @@ class WanTransformer(DiT):
     def run_blocks(self, h, ctx: "Embedded", start: int = 0, stop: int | None = None):
         """Blocks ``start .. stop-1`` (default: all) on tokens ``h [B, L', D]``."""
         cfg = self.cfg
-        plan, sharding = self.attention_plan, self.sharding
+        plan, sharding = ctx.plan(self.attention_plan), self.sharding
 
         def body(hs, block):
             return block(hs, ctx.text, ctx.mod, ctx.rope, ctx.token_mask, ctx.text_mask, plan,
@@ -352,6 +358,8 @@ class WanTransformer(DiT):
         if ctx.pad:
             h = h[:, :ctx.seq]
             h = sharding.constrain(h, ("act_batch", None, "act_embed"))
+        if ctx.tiles is not None:   # back to frame-major order, the tiles' padding dropped
+            h = ctx.tiles.from_tiles(h)
         temb = ctx.temb[..., None, :]  # [B, 1, D] or per token [B, L, 1, D]
         shift, scale = modulation(self.scale_shift_table[...], temb)
         h = (self.norm_out(h) * (1 + scale) + shift).astype(dt)
@@ -366,7 +374,10 @@ class Embedded(NamedTuple):
     ``temb [B, D]`` (time embedding) and ``mod [B, 6, D]`` (its projection: the blocks'
     modulation), rope (cos, sin), masks, embedded image tokens, and the latents' shape /
     dtype, the token count ``seq`` and its padding ``pad`` (static); VACE models add their
-    control hints ``[n, B, L', D]`` and scales ``[B, n]`` (:mod:`ditax.models.wan.vace`)."""
+    control hints ``[n, B, L', D]`` and scales ``[B, n]`` (:mod:`ditax.models.wan.vace`).
+    ``tiles``: with ``attention.sparsity``, the tokens' tile-major layout (static,
+    :class:`~ditax.attention.sparse.layout.SparseLayout`; tokens, RoPE tables, per-token
+    modulation and ``token_mask`` are in its order), else None."""
 
     text: jax.Array
     temb: jax.Array
@@ -381,3 +392,8 @@ class Embedded(NamedTuple):
     pad: int
     hints: Any = None
     hint_scale: Any = None
+    tiles: Any = None
+
+    def plan(self, plan: AttentionPlan) -> AttentionPlan:
+        """The plan the blocks run: with ``tiles`` its self-attention reads their table."""
+        return plan if self.tiles is None else self.tiles.plan(plan)

@@ -156,11 +156,13 @@ class WanVaceTransformer(WanTransformer):
         n = len(cfg.vace_layers)
         scale = jnp.ones((b, n), dt) if scale is None else jnp.broadcast_to(scale, (b, n))
         c = self._control_tokens(control.astype(dt), ctx.seq + ctx.pad)
+        c = c if ctx.tiles is None else ctx.tiles.to_tiles(c)   # h's order (tile-major)
         c = self.vace_proj_in(c) + h
+        plan = ctx.plan(self.attention_plan)
 
         def body(c, block):
             c = block(c, ctx.text, ctx.mod, ctx.rope, ctx.token_mask, ctx.text_mask,
-                      self.attention_plan, sharding, ctx.image)
+                      plan, sharding, ctx.image)
             hint = sharding.constrain(block.proj_out(c), ("act_batch", "act_seq", "act_embed"))
             return c, hint
 
@@ -198,7 +200,7 @@ class WanVaceTransformer(WanTransformer):
         ``hints[k] * scale[:, k]`` (the layer index rides in the scan's carry)."""
         cfg = self.cfg
         depth = cfg.num_layers
-        plan, sharding = self.attention_plan, self.sharding
+        plan, sharding = ctx.plan(self.attention_plan), self.sharding
         which = np.zeros(depth, np.int32)
         has = np.zeros(depth, bool)
         for k, layer in enumerate(cfg.hint_layers):

@@ -1,0 +1,106 @@
+"""A model's block-sparse self-attention (``attention.sparsity``): the tile-major layout of its
+video tokens and the block table its self-attention call reads.
+
+A video DiT with ``sparsity != "none"`` asks :func:`sparse_layout` for the layout of its
+patched latent grid ``(F, Y, X)`` (built once per config and grid: the numpy tables and the
+hashable :class:`~ditax.attention.sparse.masks.BlockTable` are cached, so each traced shape
+gets the same static kernel), then
+
+- permutes its frame-major tokens, their RoPE tables and any per-token terms into tile-major
+  order once, before the blocks (:meth:`SparseLayout.to_tiles`; a grid that is no multiple
+  of the tile is padded, the padding zero);
+- masks the padding as keys (:meth:`SparseLayout.kv_mask`: every tile holds at least one
+  real token, so no query row is left without a key);
+- runs self-attention through :meth:`SparseLayout.plan` (the splash call with the block
+  table: whole masked blocks skipped);
+- takes the tokens back to frame-major order after the blocks (:meth:`SparseLayout.
+  from_tiles`, the padding rows dropped). Both permutations are gathers: exact.
+
+Cross-attention (text / image keys) is untouched: its queries may be in any order.
+``full`` keeps every block (the dense model's values, the layout's cost only);
+``sliding_tile`` keeps the key tiles within ``(window - 1) / 2`` tiles of the query tile along
+each axis (``window``: the odd span in tiles; near the grid's edges the window is cut, not
+shifted inward).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ditax.attention.blocks import LANES
+from ditax.attention.sparse.masks import BlockTable, block_mask
+from ditax.attention.sparse.tiles import TileOrder
+from ditax.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SparseLayout:
+    """The tile-major order of one token grid and its block table (module docstring)."""
+
+    order: TileOrder
+    table: BlockTable
+    sparsity: str
+
+    def to_tiles(self, x, axis: int = 1):
+        """``x`` with its frame-major token axis in tile-major order (padding zero)."""
+        return self.order.to_tiles(x, axis)
+
+    def from_tiles(self, y, axis: int = 1):
+        """The inverse of :meth:`to_tiles` (padding dropped)."""
+        return self.order.from_tiles(y, axis)
+
+    def kv_mask(self, batch: int):
+        """``[batch, L']`` bool, False at the padding keys; None when the grid needs none."""
+        import jax.numpy as jnp
+
+        valid = self.order.valid
+        return None if valid.all() else jnp.broadcast_to(jnp.asarray(valid),
+                                                         (batch, valid.size))
+
+    def call(self, call):
+        """The :class:`~ditax.attention.AttentionCall` ``call`` (splash) with this layout's
+        block table; query / key blocks unset in the config become one tile each where a
+        tile is a lane multiple (each kernel block then kept or skipped whole)."""
+        if call.backend != "splash":
+            raise ConfigError(f"attention.sparsity={self.sparsity} needs attention.backend="
+                              f"splash; self-attention runs {call.backend}")
+        t = self.order.tile_len
+        blocks = {k: t for k in ("block_q", "block_kv")
+                  if getattr(call.options, k) is None and t % LANES == 0}
+        return replace(call, options=replace(call.options, block_table=self.table, **blocks))
+
+    def plan(self, plan):
+        """An :class:`~ditax.attention.AttentionPlan` whose self-attention is :meth:`call`'s
+        (cross-attention unchanged)."""
+        return replace(plan, self_attn=self.call(plan.self_attn))
+
+
+def sparse_layout(acfg, grid) -> SparseLayout | None:
+    """The layout of ``grid = (F, Y, X)`` patched latent tokens for the attention config
+    ``acfg`` (None when ``acfg.sparsity`` is ``none``)."""
+    if acfg is None or isinstance(acfg, str) or acfg.sparsity == "none":
+        return None
+    return _layout(acfg.sparsity, tuple(int(n) for n in acfg.tile),
+                   tuple(int(n) for n in acfg.window), tuple(int(n) for n in grid))
+
+
+@functools.lru_cache(maxsize=32)
+def _layout(sparsity: str, tile: tuple, window: tuple, grid: tuple) -> SparseLayout:
+    order = TileOrder(grid, tile)
+    half = tuple((w - 1) // 2 for w in window)
+    return SparseLayout(order, BlockTable.of(order, block_mask(order, sparsity, half)),
+                        sparsity)
+
+
+def reference_mask(layout: SparseLayout) -> np.ndarray:
+    """``[L', L']`` token mask of the layout (tile-major; padding keys never attended): what
+    a dense reference applies (tests, small grids only)."""
+    from ditax.attention.sparse.masks import element_mask
+
+    return element_mask(layout.order, layout.table.table)
+
+
+__all__ = ["SparseLayout", "sparse_layout", "reference_mask"]
