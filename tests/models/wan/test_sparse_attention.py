@@ -171,3 +171,21 @@ def test_bench_runs_sparse_and_names_it(capsys):
     row = json.loads(out.strip().splitlines()[-1])
     assert row["attention"] == "splash" and row["sparsity"] == {
         "mode": "sliding_tile", "tile": [2, 4, 4], "window": [1, 3, 3]}
+
+
+def test_unset_kernel_blocks_become_one_tile_on_a_tpu():
+    """Targeting a TPU (blocks unset: the tuning table's otherwise) a lane-multiple tile is
+    the kernel's query and key block, so each block is kept or skipped whole; given blocks
+    stay."""
+    import ditax
+    from ditax.models.wan.build import abstract_model
+
+    for given, want in ((None, 256), (512, 512)):
+        acfg = AttentionConfig(backend="splash", sparsity="sliding_tile", block_q=given,
+                               block_kv=given)
+        with ditax.target_platform("tpu"):
+            plan = abstract_model(CFG, acfg).attention_plan
+        call = sparse_layout(acfg, (21, 30, 52)).plan(plan).self_attn
+        assert (call.options.block_q, call.options.block_kv) == (want, want)
+        assert call.options.block_table.tile_len == 256
+        assert sparse_layout(acfg, (21, 30, 52)).plan(plan).cross_attn is plan.cross_attn
