@@ -30,6 +30,11 @@ estimates).
 returns the row (without ``max_abs_diff``). On a TPU v5e:
 ``python benchmarks/vae_decode.py --height 480 --width 832 --frames 81 --dtype bfloat16``;
 on a CPU (``fast`` interprets its kernels: slow) ``--height 64 --width 64 --frames 9``.
+
+``--memory tpu-v5e-1 [--chunks auto,1,2]`` decodes nothing: it compiles the fast path for that
+target without a TPU (libtpu's deviceless compile, on a CPU host) and prints each program's
+``memory_analysis()`` beside the automatic chunking's estimate (:func:`memory`;
+``docs/vae_decode_memory_v5e.jsonl`` holds its rows for 480p and 720p x 81 frames).
 """
 
 from __future__ import annotations
@@ -135,6 +140,10 @@ def measure(height: int, width: int, frames: int, dtype: str = "bfloat16", varia
         times.append(time.perf_counter() - t)
     if save:
         np.save(save, np.asarray(video.astype(jnp.float32)))
+    estimate = None
+    if path != "plain":   # the later chunk's estimated memory, as the automatic chunking sees it
+        lat = (1, f_lat, y, x, cfg.z_dim)
+        estimate = vae.chunk_memory(lat, programs.cache).bytes(programs.frames)
     stats = jax.devices()[0].memory_stats() or {}
     return {"bench": "vae_decode", "case": f"{height}x{width}x{frames} {dtype}",
             "variant": variant, "path": path, "dtype": run_dtype, "metric": "decode",
@@ -144,7 +153,65 @@ def measure(height: int, width: int, frames: int, dtype: str = "bfloat16", varia
             "compute_floor_s": round(flops / 197e12, 4), "hbm_floor_s": round(nbytes / 819e9, 4),
             "programs": sum(n for _, n in calls), "frames_per_chunk": programs.frames,
             "program_temp_bytes": temp, "peak_hbm_bytes": stats.get("peak_bytes_in_use"),
+            "chunk_estimate_bytes": estimate,
             "device": jax.devices()[0].device_kind, "wall_s": round(time.perf_counter() - t_start, 1)}
+
+
+def _memory_row(name: str, compiled) -> dict:
+    m = compiled.memory_analysis()
+    row = {"program": name, "temp_bytes": int(m.temp_size_in_bytes),
+           "argument_bytes": int(m.argument_size_in_bytes),
+           "output_bytes": int(m.output_size_in_bytes), "alias_bytes": int(m.alias_size_in_bytes)}
+    row["peak_bytes"] = (row["argument_bytes"] + row["temp_bytes"] + row["output_bytes"]
+                         - row["alias_bytes"])
+    row["temp_gib"], row["peak_gib"] = (round(row[k] / 2**30, 3) for k in ("temp_bytes",
+                                                                          "peak_bytes"))
+    return row
+
+
+def memory(height: int, width: int, frames: int, dtype: str = "bfloat16",
+           chunks=(None,), target: str = "tpu-v5e-1") -> list[dict]:
+    """What a deviceless compile for ``target`` says of the fast path's two programs
+    (``compiled.memory_analysis()``; ``peak_bytes``: arguments + temporaries + outputs - the
+    outputs aliased to donated arguments, the feature cache) for each latent-frames-a-chunk in
+    ``chunks`` (None: the automatic choice), beside the later chunk's estimate
+    (``WanVAE.chunk_memory``) and the budget it is chosen under. Needs libtpu, no TPU."""
+    from flax import nnx
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    import ditax
+    from ditax.models.vae.wan import WanVAE, WanVAEConfig
+    from ditax.models.vae.wan.chunks import memory_budget
+    from ditax.plan.targets import parse_target, topology_devices
+
+    device = topology_devices(parse_target(target))[0]
+    placed = NamedSharding(Mesh([device], ("d",)), PartitionSpec())
+    graphdef, state = nnx.split(nnx.eval_shape(
+        lambda: WanVAE(WanVAEConfig(), dtype=jnp.dtype(dtype), rngs=nnx.Rngs(0))))
+    vae = nnx.merge(graphdef, jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed), state))
+    f_lat, y, x = vae.config.latent_grid(frames, height, width)
+    rows = []
+    case = {"bench": "vae_decode_memory", "case": f"{height}x{width}x{frames} {dtype}",
+            "target": target, "device": device.device_kind, "path": "fast"}
+    for n in chunks:
+        t = time.perf_counter()
+        try:
+            with ditax.target_platform("tpu", device_kind=device.device_kind):
+                programs = vae.compile_decode((1, vae.z_dim, f_lat, y, x), placed, path="fast",
+                                              frames_per_chunk=n)
+        except Exception as e:   # e.g. RESOURCE_EXHAUSTED: the temporaries exceed the HBM
+            rows.append({**case, "frames_per_chunk": n, "auto": n is None,
+                         "error": str(e).splitlines()[0][:300]})
+            continue
+        estimate = vae.chunk_memory((1, f_lat, y, x, vae.z_dim), programs.cache)
+        for name, compiled in (("first", programs.first), ("rest", programs.rest)):
+            rows.append({**case, "frames_per_chunk": programs.frames, "auto": n is None,
+                         **_memory_row(name, compiled),
+                         "estimate_bytes": estimate.bytes(programs.frames) if name == "rest"
+                         else None, "budget_bytes": memory_budget(device),
+                         "compile_s": round(time.perf_counter() - t, 1)})
+    return rows
 
 
 def _child(args, variant: str, out: str, cache: str | None) -> dict:
@@ -191,6 +258,12 @@ def main(argv=None) -> None:
                          "(conv_tpu._MXU_ROWS, default 2048; larger compiles slower)")
     ap.add_argument("--cache", default=None, help="persistent compilation cache folder")
     ap.add_argument("--warm", action="store_true", help="rerun each variant with --cache filled")
+    ap.add_argument("--memory", default=None, metavar="TARGET",
+                    help="instead of decoding: compile the fast path deviceless for TARGET "
+                         "(e.g. tpu-v5e-1) and print its programs' memory (see memory())")
+    ap.add_argument("--chunks", default="auto",
+                    help="with --memory: latent frames a chunk, comma-separated (auto: the "
+                         "automatic choice)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--save", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -200,6 +273,11 @@ def main(argv=None) -> None:
         conv_tpu._TARGET_ELEMS = args.block_elems
     if args.mxu_rows:
         conv_tpu._MXU_ROWS = args.mxu_rows
+    if args.memory:
+        chunks = [None if c == "auto" else int(c) for c in args.chunks.split(",")]
+        for row in memory(args.height, args.width, args.frames, args.dtype, chunks, args.memory):
+            print(json.dumps(row), flush=True)
+        return
     if args.child:
         row = measure(args.height, args.width, args.frames, args.dtype, args.child,
                       args.repeats, save=args.save)

@@ -38,4 +38,5 @@ def test_measure_fast_bf16(variant):
     row = vae_decode.measure(8, 8, 5, "bfloat16", variant, repeats=1, config=SMALL)
     assert row["path"] == "interpret" and row["dtype"] == "bfloat16"
     assert row["value"] > 0 and row["times_s"] and row["programs"] == 2
+    assert row["chunk_estimate_bytes"] > 0
     assert row["frames_per_chunk"] == 1 and row["case"] == "8x8x5 bfloat16"

@@ -15,7 +15,10 @@ The decoder's ``path``: ``"plain"`` (the layers as written: XLA convolutions), `
 :mod:`.conv_tpu`, sub-pixel upsampling), ``"interpret"`` (the fast path with its kernels
 interpreted: CPU tests), ``"auto"`` (plain; fast on a TPU once :data:`FAST_BY_DEFAULT` is
 set, after the chip has timed it against plain: ``benchmarks/vae_decode.py``; a row split
-is always plain). :func:`chunk_frames` picks the decoder's latent frames per chunk after the first.
+is always plain). :func:`chunk_frames` picks the decoder's latent frames per chunk after the first:
+on the fast path as many as keep a chunk near :data:`CHUNK_PIXELS`, fewer where a later chunk's
+program (:class:`ChunkMemory`: parameters, feature cache, temporaries, the decoded video) would
+take more than :func:`memory_budget` of the device's memory.
 The compiled objects are public so that benchmarks can ``lower(...).compile()`` them;
 :func:`compile_decode` compiles the decoder's two programs ahead of time for one latent shape
 (concurrently: XLA compiles without the GIL).
@@ -24,15 +27,18 @@ The compiled objects are public so that benchmarks can ``lower(...).compile()`` 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 from flax import nnx
 
 from ditax.models.vae.wan.layers import FastPath, fast_path
 from ditax.parallel.platform import platform_of
+
+log = logging.getLogger(__name__)
 
 PATHS = ("auto", "plain", "fast", "interpret")
 #: whether ``auto`` takes the fast path on a TPU: not until ``benchmarks/vae_decode.py`` has
@@ -42,6 +48,17 @@ FAST_BY_DEFAULT = False
 #: (16 frames) at 480x832 — each later chunk then costs one program launch and 2 cache frames
 #: per 16, and its activations stay at a few GB (about 0.4 GB a frame at 720p on the fast path)
 CHUNK_PIXELS = 16 * 480 * 832
+#: the share of a device's memory (``memory_stats()["bytes_limit"]``) a later chunk's program may
+#: take by :class:`ChunkMemory`'s estimate; the rest is the estimate's margin and the caller's
+MEMORY_FRACTION = 0.8
+#: a device's memory where it reports none (CPU, deviceless compiles): a TPU v5e's 15.75 GiB
+#: (its ``bytes_limit``), the smallest HBM of the TPUs ditax targets
+DEFAULT_MEMORY_BYTES = int(15.75 * 2**30)
+#: a later chunk's temporaries on the fast path, in activations of the decoder's top level
+#: (channels padded) per output frame: deviceless TPU v5e compiles of the Wan 2.1 decoder in
+#: bf16 at 480x832 and 720x1280 with 1, 2 and 4 latent frames a chunk measured 4.0 (1023 bytes a
+#: pixel a frame, 128 channels; docs/vae_decode_memory_v5e.jsonl)
+TEMP_ACTIVATIONS = 4
 
 
 def _path(path: str) -> FastPath | None:
@@ -83,23 +100,66 @@ def decode_chunk(graphdef, state, z, cache, *, first: bool, path: str = "auto"):
 
 class DecodePrograms(NamedTuple):
     """A decode's chunk steps: ``first(state, z[:, :1], None)`` and ``rest(state, chunk,
-    cache)`` for chunks of ``frames`` latent frames (``rest`` None for one latent frame)."""
+    cache)`` for chunks of ``frames`` latent frames (``rest`` None for one latent frame);
+    ``cache``: the feature cache's shapes (``jax.ShapeDtypeStruct`` s) where compiled ahead of
+    time."""
 
     first: object
     rest: object
     frames: int
+    cache: object = None
 
 
-def chunk_frames(later: int, top_pixels: int, fast: bool, frames: int | None = None) -> int:
+class ChunkMemory(NamedTuple):
+    """A later chunk's program's memory, estimated: ``fixed`` bytes whatever its length (the
+    parameters, the feature cache, in and out aliased: it is donated, the decoded video) and
+    ``per_frame`` bytes a latent frame of the chunk (temporaries, its output frames)."""
+
+    fixed: int
+    per_frame: int
+
+    def bytes(self, frames: int) -> int:
+        """The estimate for chunks of ``frames`` latent frames."""
+        return self.fixed + frames * self.per_frame
+
+
+def nbytes(tree) -> int:
+    """Bytes of a pytree of arrays or ``jax.ShapeDtypeStruct`` s."""
+    return sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(tree))
+
+
+def memory_budget(device=None) -> int:
+    """:data:`MEMORY_FRACTION` of ``device``'s memory (``memory_stats()["bytes_limit"]``, else
+    :data:`DEFAULT_MEMORY_BYTES`: CPUs and deviceless TPUs report none; None: the default
+    device)."""
+    try:
+        device = jax.devices()[0] if device is None else device
+        limit = (device.memory_stats() or {}).get("bytes_limit")
+    except Exception:   # a deviceless one: "only supported for addressable PjRt devices"
+        limit = None
+    return int(MEMORY_FRACTION * (limit or DEFAULT_MEMORY_BYTES))
+
+
+def chunk_frames(later: int, top_pixels: int, fast: bool, frames: int | None = None,
+                 memory: ChunkMemory | None = None, budget: int | None = None) -> int:
     """Latent frames per chunk for ``later`` latent frames after the first: ``frames`` when
     given (at most ``later``), else on the fast path as many as keep a chunk's top-level
-    pixels (``top_pixels`` per frame) near :data:`CHUNK_PIXELS`, else 1; then evened out over
-    the chunks that number needs (the last chunk is padded with zero latents, which a causal
-    decoder ignores)."""
+    pixels (``top_pixels`` per frame) near :data:`CHUNK_PIXELS` and, given ``memory``, its
+    estimate within ``budget`` bytes (:func:`memory_budget`'s by default; at least 1 frame),
+    else 1; then evened out over the chunks that number needs (the last chunk is padded with
+    zero latents, which a causal decoder ignores)."""
     if later < 1:
         return 1
     if frames is None:
         frames = max(1, CHUNK_PIXELS // (4 * top_pixels)) if fast else 1
+        if fast and memory is not None:
+            budget = memory_budget() if budget is None else budget
+            frames = max(1, min(frames, (budget - memory.fixed) // max(1, memory.per_frame)))
+            if memory.bytes(1) > budget:
+                log.warning("WanVAE decode: a chunk of one latent frame needs about %.1f GiB "
+                            "(estimated), over the %.1f GiB budget of the device; it may run "
+                            "out of memory (bfloat16 takes half)",
+                            memory.bytes(1) / 2**30, budget / 2**30)
     if frames < 1:
         raise ValueError(f"WanVAE decode: frames_per_chunk={frames} must be at least 1")
     chunks = math.ceil(later / min(frames, later))
@@ -113,24 +173,30 @@ def jitted_decode(graphdef, frames: int, path: str) -> DecodePrograms:
                           frames)
 
 
-def compile_decode(graphdef, state, z, *, frames: int = 1, path: str = "auto") -> DecodePrograms:
+def compile_decode(graphdef, state, z, *, frames: int | Callable = 1,
+                   path: str = "auto") -> DecodePrograms:
     """Ahead-of-time ``decode_chunk`` programs for channels-last latents ``z`` ``[B, F, Y, X,
     z_dim]`` (an array or ``jax.ShapeDtypeStruct``; its sharding, if any, is the chunks'), the
-    later chunks of ``frames`` latent frames; each program is called as ``program(state,
-    chunk, cache)`` like the jitted function without its static arguments. The same programs
-    the jitted calls compile, so results are identical; both compile at once."""
+    later chunks of ``frames`` latent frames (or of ``frames(cache)``: a function of the first
+    chunk's feature cache, ``jax.ShapeDtypeStruct`` s); each program is called as
+    ``program(state, chunk, cache)`` like the jitted function without its static arguments.
+    The same programs the jitted calls compile, so results are identical; both compile at
+    once."""
     sharding = getattr(z, "sharding", None)
     chunk = lambda n: jax.ShapeDtypeStruct((z.shape[0], n, *z.shape[2:]), z.dtype,  # noqa: E731
                                            sharding=sharding)
     first = decode_chunk.lower(graphdef, state, chunk(1), None, first=True, path=path)
+    cache = first.out_info[1]
+    if callable(frames):
+        frames = frames(cache)
     if z.shape[1] == 1:
-        return DecodePrograms(first.compile(), None, frames)
-    rest = decode_chunk.lower(graphdef, state, chunk(frames), first.out_info[1], first=False,
-                              path=path)
+        return DecodePrograms(first.compile(), None, frames, cache)
+    rest = decode_chunk.lower(graphdef, state, chunk(frames), cache, first=False, path=path)
     with ThreadPoolExecutor(2) as pool:
         done = [pool.submit(lowered.compile) for lowered in (first, rest)]
-        return DecodePrograms(done[0].result(), done[1].result(), frames)
+        return DecodePrograms(done[0].result(), done[1].result(), frames, cache)
 
 
-__all__ = ["CHUNK_PIXELS", "DecodePrograms", "PATHS", "chunk_frames", "compile_decode",
-           "decode_chunk", "encode_chunk", "is_fast", "jitted_decode"]
+__all__ = ["CHUNK_PIXELS", "ChunkMemory", "DEFAULT_MEMORY_BYTES", "DecodePrograms",
+           "MEMORY_FRACTION", "PATHS", "TEMP_ACTIVATIONS", "chunk_frames", "compile_decode",
+           "decode_chunk", "encode_chunk", "is_fast", "jitted_decode", "memory_budget", "nbytes"]

@@ -12,11 +12,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.models.vae.wan.chunks import (DecodePrograms, chunk_frames, compile_decode,
-                                         encode_chunk, is_fast, jitted_decode)
+from ditax.models.vae.wan.chunks import (TEMP_ACTIVATIONS, ChunkMemory, DecodePrograms,
+                                         chunk_frames, compile_decode, encode_chunk, is_fast,
+                                         jitted_decode, memory_budget, nbytes)
 from ditax.models.vae.wan.coders import Decoder, Encoder
 from ditax.models.vae.wan.config import WanVAEConfig
-from ditax.models.vae.wan.layers import CausalConv3d
+from ditax.models.vae.wan.layers import CausalConv3d, FastPath, fast_path, padded
 from ditax.models.vae.wan.shuffle import patchify, unpatchify
 from ditax.models.vae.wan.tiling import check_tiles, decode_tiled
 
@@ -170,22 +171,47 @@ class WanVAE(nnx.Module):
             raise ValueError(f"WanVAE.decode: expected latents [B, {self.z_dim}, F, Y, X] with no "
                              f"empty axis, got shape {shape}.")
 
-    def _chunk_frames(self, shape, path: str, frames: int | None) -> int:
-        """Latent frames per later chunk for channels-last latents of ``shape``."""
+    def chunk_memory(self, shape, cache) -> ChunkMemory:
+        """A later decode chunk's memory on the fast path (:class:`.chunks.ChunkMemory`) for
+        channels-last latents of ``shape`` ``[B, F, Y, X, z]`` in this module's dtype, given the
+        first chunk's feature ``cache`` (arrays or ``jax.ShapeDtypeStruct`` s, or its bytes):
+        the parameters, the cache, the decoded video, and per output frame
+        :data:`.chunks.TEMP_ACTIVATIONS` activations of the decoder's top level (its channels
+        padded) and the frame."""
+        cfg, tf, s = self.config, self.scale_factor_temporal, self.dtype.itemsize
+        pixels = shape[0] * shape[2] * shape[3] * (cfg.spatial_factor // (cfg.patch_size or 1)) ** 2
+        with fast_path(FastPath()):
+            width = padded((cfg.decoder_base_dim or cfg.base_dim) * cfg.dim_mult[0])
+        frame = pixels * cfg.out_channels * s
+        cache = cache if isinstance(cache, int) else nbytes(cache)
+        fixed = nbytes(nnx.state(self)) + cache + (1 + tf * (shape[1] - 1)) * frame
+        return ChunkMemory(fixed, tf * (TEMP_ACTIVATIONS * pixels * width * s + frame))
+
+    def _chunk_frames(self, shape, path: str, frames: int | None, cache=None,
+                      device=None) -> int:
+        """Latent frames per later chunk for channels-last latents of ``shape``
+        (:func:`.chunks.chunk_frames`); automatic ones on the fast path kept within
+        ``device``'s :func:`.chunks.memory_budget` given the first chunk's ``cache``."""
         top = shape[2] * shape[3] * self.scale_factor_spatial ** 2
-        return chunk_frames(shape[1] - 1, top, is_fast(path), frames)
+        fast = is_fast(path)
+        memory = self.chunk_memory(shape, cache) if fast and cache is not None else None
+        return chunk_frames(shape[1] - 1, top, fast, frames, memory,
+                            None if memory is None else memory_budget(device))
 
     def _decode_frames(self, x: jax.Array, programs: DecodePrograms | None = None, *,
                        path: str = "auto", frames: int | None = None) -> jax.Array:
         """Unclipped decode of channels-last latents ``[B, F, Y, X, z]``: the first latent
-        frame, then chunks of ``programs.frames`` (else :func:`.chunks.chunk_frames`'s) latent
-        frames, the last one padded with zero latents (``programs``: :meth:`compile_decode`'s
-        for this shape, else the jitted steps)."""
+        frame, then chunks of ``programs.frames`` (else :meth:`_chunk_frames`'s, chosen once
+        the first chunk's cache is known) latent frames, the last one padded with zero latents
+        (``programs``: :meth:`compile_decode`'s for this shape, else the jitted steps)."""
         graphdef, state = nnx.split(self)
-        if programs is None:
-            programs = jitted_decode(graphdef, self._chunk_frames(x.shape, path, frames), path)
+        jitted = programs is None
+        if jitted:   # the steps; their chunk length is chosen after the first
+            programs = jitted_decode(graphdef, 1, path)
         out, cache = programs.first(state, x[:, :1], None)
-        outs, later, n = [out], x.shape[1] - 1, programs.frames
+        n = (self._chunk_frames(x.shape, path, frames, cache, _device(x)) if jitted
+             else programs.frames)
+        outs, later = [out], x.shape[1] - 1
         if later:
             rest = x[:, 1:]
             if later % n:
@@ -203,9 +229,10 @@ class WanVAE(nnx.Module):
         X]`` (``sharding``: the latents'); pass them to :meth:`decode` as ``programs``.
         ``path`` / ``frames_per_chunk``: as :meth:`decode`'s."""
         b, z, f, y, x = shape
-        lat = (b, f, y, x, z)
+        lat, device = (b, f, y, x, z), _device(sharding)
+        choose = lambda cache: self._chunk_frames(lat, path, frames_per_chunk, cache, device)  # noqa: E731
         return compile_decode(*nnx.split(self), jax.ShapeDtypeStruct(lat, self.dtype, sharding=sharding),
-                              frames=self._chunk_frames(lat, path, frames_per_chunk), path=path)
+                              frames=choose, path=path)
 
     def decode(self, z: jax.Array, *, tiled: bool = False, tile_sample_min: tuple[int, int] = (256, 256),
                tile_sample_stride: tuple[int, int] = (192, 192), programs=None, path: str = "auto",
@@ -216,7 +243,8 @@ class WanVAE(nnx.Module):
         Latents are raw VAE latents (apply :meth:`denormalize_latents` first to pipeline
         latents). Decodes the first latent frame, then ``frames_per_chunk`` latent frames at a
         time with the feature cache carried over (None: 1 on the plain path, on the TPU fast
-        path as many as keep a chunk near 16 frames of 480x832; every choice gives the same
+        path as many as keep a chunk near 16 frames of 480x832 and its program's estimated
+        memory (:meth:`chunk_memory`) within 80% of the device's; every choice gives the same
         frames). ``path``: ``"auto"`` (the TPU fast path on a TPU: Pallas convolutions, channels
         padded to 128; XLA's convolutions elsewhere), ``"plain"``, ``"fast"`` or ``"interpret"``
         (see :mod:`.chunks`).
@@ -240,6 +268,15 @@ class WanVAE(nnx.Module):
         if p > 1:
             video = unpatchify(video, p)
         return jnp.transpose(jnp.clip(video, -1.0, 1.0), (0, 4, 1, 2, 3))
+
+
+def _device(placed):
+    """One device of an array's or a sharding's placement; None without one (a tracer, none
+    given: :func:`.chunks.memory_budget` then asks the default device)."""
+    try:
+        return min(getattr(placed, "sharding", placed).device_set, key=lambda d: d.id)
+    except Exception:   # a tracer, None
+        return None
 
 
 __all__ = ["WanVAE"]
