@@ -46,7 +46,8 @@ PATHS = ("auto", "plain", "fast", "interpret")
 FAST_BY_DEFAULT = False
 #: pixels of the decoder's top level per chunk that "auto" chunking aims at: 4 latent frames
 #: (16 frames) at 480x832 — each later chunk then costs one program launch and 2 cache frames
-#: per 16, and its activations stay at a few GB (about 0.4 GB a frame at 720p on the fast path)
+#: per 16, and its temporaries stay at a few GB (on the fast path in bf16 about 1 KB a pixel a
+#: frame: 6.1 GiB for 16 frames of 480x832, 0.88 GiB a frame at 720p; deviceless v5e compiles)
 CHUNK_PIXELS = 16 * 480 * 832
 #: the share of a device's memory (``memory_stats()["bytes_limit"]``) a later chunk's program may
 #: take by :class:`ChunkMemory`'s estimate; the rest is the estimate's margin and the caller's
