@@ -13,9 +13,9 @@ then here: ``python benchmarks/tpu_chip.py --table docs/tpu_v5e.jsonl`` prints t
 
 Parts (run in the order given; ``--budget-s`` stops starting new cases once spent, each
 case prints its row as it finishes): ``forward`` (the families' transformers at their standard
-sizes, random weights, ``ditax bench``'s forward), ``attention`` (each kernel alone at Wan
+sizes, random weights, ``ditax bench``'s forward; ``wan480`` its first case alone), ``attention`` (each kernel alone at Wan
 1.3B's shape, forward and forward + backward), ``int8`` (W+A int8 against bf16 where the
-linears dominate), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``; ``vae_old``
+linears dominate; ``int8_flux2``: FLUX.2's bf16 and W+A rows alone), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``; ``vae_old``
 the plain path), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 and int8, and
 FLUX.1-dev int8 resident: issue 55's out-of-memory rows).
 
@@ -64,11 +64,12 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
     sw = Chip(out, budget_s, repeats)
     bf = ["model.dtype=bfloat16"]
     for part in parts:
-        if part == "forward":
-            wan = "wan2.1-t2v-1.3b"
+        wan = "wan2.1-t2v-1.3b"
+        if part in ("forward", "wan480"):
             model_case(sw, wan, bf + ["attention.backend=splash"], (21, 60, 104),
                        "Wan 2.1 1.3B forward 480x832x81 splash", flops_shape=(16, 21, 60, 104),
                        profile=True)
+        if part == "forward":
             model_case(sw, wan, bf + ["attention.backend=flash"], (21, 60, 104),
                        "Wan 2.1 1.3B forward 480x832x81 flash", flops_shape=(16, 21, 60, 104))
             model_case(sw, "flux.2-klein-4b", bf + ["attention.backend=splash"], None,
@@ -87,18 +88,24 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
                      (16, 21, 60, 104))):
                 model_case(sw, cfg, bf + ["attention.backend=splash"] + extra, lat, name,
                            flops_shape=shape)
-        elif part == "int8":
-            for name, cfg, lat, shape in (
-                    ("Wan 2.1 1.3B 480x832x17", "wan2.1-t2v-1.3b", (5, 60, 104),
-                     (16, 5, 60, 104)),
-                    ("FLUX.2-klein-4B 1024x1024", "flux.2-klein-4b", None, (128, 1, 64, 64))):
-                for q in ([], ["model.quantize=int8"],
-                          ["model.quantize=int8", "model.quantize_activations=true"]):
+        elif part in ("int8", "int8_flux2"):
+            cases = (("Wan 2.1 1.3B 480x832x17", "wan2.1-t2v-1.3b", (5, 60, 104),
+                      (16, 5, 60, 104)),
+                     ("FLUX.2-klein-4B 1024x1024", "flux.2-klein-4b", None, (128, 1, 64, 64)))
+            quants = ([], ["model.quantize=int8"],
+                      ["model.quantize=int8", "model.quantize_activations=true"])
+            if part == "int8_flux2":      # the bf16 and W+A rows of FLUX.2 alone
+                cases, quants = cases[1:], quants[::2]
+            for name, cfg, lat, shape in cases:
+                for q in quants:
                     tag = "+".join(x.split("=")[0].split(".")[1] for x in q) or "bf16"
                     model_case(sw, cfg, bf + ["attention.backend=splash"] + q, lat,
                                f"{name} forward {tag}", flops_shape=shape)
         elif part == "attention":
-            attention_cases(sw, WAN, [("splash", {}), ("flash", {})], grad=True)
+            attention_cases(sw, WAN, [("splash", {})], grad=True)
+            attention_cases(sw, WAN, [("flash", {})], grad=False)
+            # the kernel's ceiling at these tiles: a length of whole blocks, nothing masked
+            attention_cases(sw, (1, 32768) + WAN[2:], [("splash", {})], grad=False)
         elif part == "int8_gemm":
             int8_cases(sw, [(32768, 1536, 8960)])
         elif part == "vae":
@@ -166,7 +173,8 @@ def table(jsonl: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
-                   choices=["forward", "attention", "int8", "int8_gemm", "vae", "vae_old", "big"])
+                   choices=["forward", "wan480", "attention", "int8", "int8_flux2", "int8_gemm",
+                            "vae", "vae_old", "big"])
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
     p.add_argument("--repeats", type=int, default=4)
