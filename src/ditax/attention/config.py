@@ -6,10 +6,11 @@ owns. Besides ``backend`` and ``cross_backend`` every field is an option of some
 as in its options class (:mod:`ditax.attention.options`; checked at import): the config and
 ``attend(**options)`` speak one vocabulary, and an option none of the configured kernels takes
 is refused by the same rule (:func:`ditax.attention.registry.check_options`). The block-sparse
-keys (:data:`SPARSITY_KEYS`: ``sparsity``, ``tile``, ``window``) are no kernel's option: the
-model reads them (it lays its video tokens out tile-major and hands the kernel a block table,
+keys (:data:`SPARSITY_KEYS`: ``sparsity``, ``tile``, ``window``, ``decay``, ``dense_steps``)
+are no kernel's option: the model reads them (it lays its video tokens out tile-major and hands the kernel a block table,
 :mod:`ditax.attention.sparse.layout`); :func:`check_attention` refuses a backend or mesh that
-cannot honour them.
+cannot honour them. ``dense_steps`` is the sampler's: its first steps run the model with
+``sparsity=none`` (:mod:`ditax.attention.sparse.schedule`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ LOCAL_BACKENDS = get_args(LocalBackend)
 PARALLEL_BACKENDS = get_args(ParallelBackend)
 ATTENTION_BACKENDS = get_args(AttentionBackend)
 OUT_A2A_MODES = get_args(OutA2A)
-Sparsity = Literal["none", "full", "sliding_tile"]
+Sparsity = Literal["none", "full", "sliding_tile", "radial"]
 SPARSITY_MODES = get_args(Sparsity)
 
 
@@ -52,15 +53,17 @@ class AttentionConfig:
     interpret: Optional[bool] = None     # flash / splash Pallas interpret mode; None = on CPU only
     pad_head_dim: Optional[bool] = None  # splash: zero-pad K to 128; None = when compiled
     # block-sparse self-attention over the video tokens (issue 58; splash, no context axis)
-    sparsity: Sparsity = "none"          # none | full (every tile) | sliding_tile (STA)
+    sparsity: Sparsity = "none"          # none | full (every tile) | sliding_tile (STA) | radial
     tile: tuple[int, int, int] = (4, 8, 8)     # latent tokens per tile (frames, rows, cols)
     window: tuple[int, int, int] = (3, 3, 3)   # sliding_tile: tiles the window spans per axis
+    decay: float = 1.0                   # radial: scale of the windows past the dense band
+    dense_steps: int = 0                 # sampling: the first k steps dense, the rest sparse
 
 
 #: the keys that choose kernels; every other field but the sparsity keys is a backend option
 SELECTION_KEYS = ("backend", "cross_backend")
 #: the block-sparse keys the model reads (module docstring)
-SPARSITY_KEYS = ("sparsity", "tile", "window")
+SPARSITY_KEYS = ("sparsity", "tile", "window", "decay", "dense_steps")
 #: ``attention.<option>`` keys, with their config defaults (a value that differs is "given")
 OPTION_DEFAULTS = {f.name: f.default for f in fields(AttentionConfig)
                    if f.name not in SELECTION_KEYS + SPARSITY_KEYS}
@@ -136,9 +139,10 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
 
 
 def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None) -> None:
-    """The block-sparse keys' rules: three positive tile sizes, odd window spans, and a
-    self-attention that can take a block table (``splash``, the sequence whole on every
-    device: ``mesh.context=1``)."""
+    """The block-sparse keys' rules: three positive tile sizes, odd window spans, ``window``
+    only with ``sliding_tile`` and ``decay`` (> 0) only with ``radial``, ``dense_steps >= 0``
+    only with a sparsity, and a self-attention that can take a block table (``splash``, the
+    sequence whole on every device: ``mesh.context=1``)."""
     check_choice("attention.sparsity", a.sparsity, SPARSITY_MODES)
     for key, v in (("tile", a.tile), ("window", a.window)):
         if len(v) != 3 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in v):
@@ -148,7 +152,26 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
     if any(n % 2 == 0 for n in a.window):
         raise ConfigError(f"attention.window={','.join(map(str, a.window))} must be odd spans "
                           f"(a query tile in the middle), e.g. attention.window=3,3,3")
+    for key, value, mode, default in (("window", a.window, "sliding_tile", (3, 3, 3)),
+                                      ("decay", a.decay, "radial", 1.0)):
+        if a.sparsity != mode and value != default:
+            shown = ",".join(map(str, value)) if key == "window" else value
+            raise ConfigError(f"attention.{key}={shown} applies to attention.sparsity={mode} "
+                              f"only (sparsity is {a.sparsity}); drop it or set "
+                              f"attention.sparsity={mode}")
+    if isinstance(a.decay, bool) or not isinstance(a.decay, (int, float)) or not (
+            0 < a.decay < float("inf")):
+        raise ConfigError(f"attention.decay={a.decay} must be a number > 0 (the radial windows' "
+                          f"scale; smaller is sparser), e.g. attention.decay=0.5")
+    if isinstance(a.dense_steps, bool) or not isinstance(a.dense_steps, int) or \
+            a.dense_steps < 0:
+        raise ConfigError(f"attention.dense_steps={a.dense_steps} must be an int >= 0 (the "
+                          f"first steps that run dense), e.g. attention.dense_steps=2")
     if a.sparsity == "none":
+        if a.dense_steps:
+            raise ConfigError(f"attention.dense_steps={a.dense_steps} schedules block-sparse "
+                              f"attention, but attention.sparsity=none; set attention.sparsity"
+                              f" (e.g. radial) or attention.dense_steps=0")
         return
     if a.backend != "splash":
         raise ConfigError(f"attention.sparsity={a.sparsity} needs attention.backend=splash (the "

@@ -20,7 +20,8 @@ Cross-attention (text / image keys) is untouched: its queries may be in any orde
 ``full`` keeps every block (the dense model's values, the layout's cost only);
 ``sliding_tile`` keeps the key tiles within ``(window - 1) / 2`` tiles of the query tile along
 each axis (``window``: the odd span in tiles; near the grid's edges the window is cut, not
-shifted inward).
+shifted inward); ``radial`` keeps the tiles of radial attention's rule (``decay``: the scale of
+its shrinking windows, :func:`~ditax.attention.sparse.masks.radial_blocks`).
 """
 
 from __future__ import annotations
@@ -84,14 +85,16 @@ def sparse_layout(acfg, grid) -> SparseLayout | None:
     if acfg is None or isinstance(acfg, str) or acfg.sparsity == "none":
         return None
     return _layout(acfg.sparsity, tuple(int(n) for n in acfg.tile),
-                   tuple(int(n) for n in acfg.window), tuple(int(n) for n in grid))
+                   tuple(int(n) for n in acfg.window), float(acfg.decay),
+                   tuple(int(n) for n in grid))
 
 
 @functools.lru_cache(maxsize=32)
-def _layout(sparsity: str, tile: tuple, window: tuple, grid: tuple) -> SparseLayout:
+def _layout(sparsity: str, tile: tuple, window: tuple, decay: float,
+            grid: tuple) -> SparseLayout:
     order = TileOrder(grid, tile)
     half = tuple((w - 1) // 2 for w in window)
-    return SparseLayout(order, BlockTable.of(order, block_mask(order, sparsity, half)),
+    return SparseLayout(order, BlockTable.of(order, block_mask(order, sparsity, half, decay)),
                         sparsity)
 
 
