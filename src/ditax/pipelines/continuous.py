@@ -46,6 +46,7 @@ from ditax.pipelines.denoise import _denoise_step
 from ditax.pipelines.rows import Row, _rows_step, pad_rows, program_key
 from ditax.pipelines.sampling import Prepared, check_finite, replicate
 from ditax.pipelines.slots import Slots
+from ditax.pipelines.sparse_steps import dense_twin
 
 
 class ContinuousBatch:
@@ -82,6 +83,10 @@ class ContinuousBatch:
         if p.cache is not None or p.cfg_cache:
             raise ValueError("ContinuousBatch: a step-cached request runs in lock step "
                              "(sample_batch): the cache decides per batch step")
+        if any(dense_twin(e)[1] is not None for e in p.experts):
+            raise ValueError("ContinuousBatch: a model with attention.dense_steps runs in lock "
+                             "step (sample_batch): rows at other steps would need the dense "
+                             "and the sparse program in one step")
         if p.source is not None:
             raise ValueError("ContinuousBatch: a request with a source (video-to-video) runs "
                              "alone")

@@ -18,6 +18,8 @@ family:
 4. ahead of time, before the first step (:mod:`.programs`): one step program per expert
    signature — the plain step (:func:`~ditax.pipelines.denoise._denoise_step`) or the
    step-cached one (:mod:`ditax.pipelines.cache`) — and the decode (``prepare_decode``);
+   an expert with ``attention.dense_steps`` runs its first steps as its dense twin, one more
+   program (:mod:`ditax.pipelines.sparse_steps`);
 5. the loop, then ``finalize(condition, latents)``, the stats (``steps``,
    ``transformer_calls``, ...), and ``decode(latents, prepared)`` unless no decode is given.
 
@@ -48,6 +50,7 @@ from ditax.pipelines.cache.cached_step import extra_branches
 from ditax.pipelines.cache.step_cache import check_cache_args, plan_step_cache, uncached_stats
 from ditax.pipelines.denoise import _denoise_step
 from ditax.pipelines.programs import Programs
+from ditax.pipelines.sparse_steps import schedule
 
 
 @dataclass(frozen=True)
@@ -319,23 +322,30 @@ def sample(prepared: Prepared, *, progress: bool = True,
             mesh=p.mesh, timesteps=timesteps, config=p.experts[0].config,
             num_train_timesteps=p.scheduler.num_train_timesteps, experts=per_step,
             coefficients=p.cache_coefficients)
+        # attention.dense_steps: an expert's first steps run its dense twin (a graph of its
+        # own, so one more program, not one a step)
+        runs = schedule(per_step)
+        if step_cache is not None and any(a is not b for a, b in zip(runs, per_step)):
+            raise RequestError(f"cache={p.cache} with attention.dense_steps: the step cache's "
+                               f"residuals do not carry over the dense/sparse switch; drop "
+                               f"cache= or set attention.dense_steps=0")
         # each expert's own graph (equal for two plain experts: one program; an expert with
         # unmerged LoRAs has its own)
         if step_cache is None:
             steps = {id(e): p.programs.step(_denoise_step, p.step_static(e),
                                             (e.params, state, x, emb, jnp.float32(0), cond))
-                     for e in per_step}
+                     for e in runs}
         else:
             steps = {id(e): step_cache.compile(p.programs, e, p.inputs, p.scheduler, p.cfg_mode,
                                                use_cfg, state, x, emb, cond, mesh=p.mesh)
-                     for e in per_step}
+                     for e in runs}
         decoding = None if p.decode is None or p.prepare_decode is None else p.prepare_decode()
         t_compile = p.programs.seconds
         from tqdm.auto import tqdm
 
         for i in tqdm(range(len(timesteps)), disable=not progress, desc="denoise",
                       unit="step"):
-            e = per_step[i]
+            e = runs[i]
             x, state = steps[id(e)](e.params, state, x, emb, jnp.float32(p.guidance_at(
                 timesteps[i])), cond)
             if progress or on_step is not None:   # a step counts once done on the device
