@@ -106,10 +106,18 @@ class DenseMaskedCall:
 class ChunkMaskedCall:
     """The model's self-attention call run once per query chunk, with the keys that chunk may
     attend as its ``kv_mask``: block-causal attention through any kernel that takes a key
-    mask (the layout, head- or token-major, is the wrapped call's)."""
+    mask (the layout, head- or token-major, is the wrapped call's).
 
-    def __init__(self, base, ids: np.ndarray, context_chunks: Optional[int] = None):
+    Each call takes that chunk's query rows when every chunk's rows start and end on a
+    multiple of ``shards`` (the sequence shards: a slice keeps q split evenly over them);
+    else every call takes all queries and each row keeps its chunk's output (the same
+    values, ``chunks`` times the attention work)."""
+
+    def __init__(self, base, ids: np.ndarray, context_chunks: Optional[int] = None,
+                 shards: int = 1):
         self.base, self.ids, self.context_chunks = base, ids, context_chunks
+        bounds = np.flatnonzero(np.diff(ids)) + 1
+        self.sliced = not (bounds % shards).any() and ids.size % shards == 0
 
     @property
     def reads_head_major(self) -> bool:
@@ -118,14 +126,21 @@ class ChunkMaskedCall:
     def __call__(self, q, k, v, *, kv_mask=None, scale=None, head_major=False):
         axis = 2 if head_major else 1
         b, outs = q.shape[0], []
+        out = None
         for c in range(int(self.ids.max()) + 1):
             rows = np.flatnonzero(self.ids == c)
             keys = jnp.asarray(allowed_chunks(c, self.ids, self.context_chunks))
             mask = jnp.broadcast_to(keys, (b, keys.size))
             mask = mask if kv_mask is None else mask & kv_mask
-            qc = jax.lax.slice_in_dim(q, int(rows[0]), int(rows[-1]) + 1, axis=axis)
-            outs.append(self.base(qc, k, v, kv_mask=mask, scale=scale, head_major=head_major))
-        return jnp.concatenate(outs, axis=axis)
+            if self.sliced:
+                qc = jax.lax.slice_in_dim(q, int(rows[0]), int(rows[-1]) + 1, axis=axis)
+                outs.append(self.base(qc, k, v, kv_mask=mask, scale=scale,
+                                      head_major=head_major))
+                continue
+            o = self.base(q, k, v, kv_mask=mask, scale=scale, head_major=head_major)
+            mine = jnp.asarray(self.ids == c).reshape((-1, 1) if head_major else (-1, 1, 1))
+            out = jnp.where(mine, o, 0 if out is None else out)
+        return jnp.concatenate(outs, axis=axis) if self.sliced else out
 
 
 def run_blocks(model, h, ctx, plan):
@@ -165,7 +180,8 @@ def causal_forward(model, latents, timestep, encoder_hidden_states, *, chunk: in
     ids = token_chunks(grid, chunk, cfg.patch_size[0], length=h.shape[1])
     plan = model.attention_plan
     call = (DenseMaskedCall(block_causal_mask(ids, context_chunks)) if reference
-            else ChunkMaskedCall(plan.self_attn, ids, context_chunks))
+            else ChunkMaskedCall(plan.self_attn, ids, context_chunks,
+                                    model.sharding.seq_shards))
     h = run_blocks(model, h, ctx, dataclasses.replace(plan, self_attn=call))
     return model.head(h, ctx)
 

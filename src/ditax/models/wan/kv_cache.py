@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 
 from ditax.errors import RequestError
 from ditax.models.wan.attention import HEADS, TOKENS
@@ -39,6 +40,7 @@ from ditax.models.wan.causal import check_causal
 from ditax.models.wan.embeddings import rope_split
 from ditax.nn import axial_rope_angles, pair_tables
 from ditax.nn.stack import run_stack
+from ditax.parallel.rules import activation_spec
 
 
 class KVCache(NamedTuple):
@@ -70,8 +72,16 @@ def init_cache(model, batch: int, chunk_shape, context_chunks: int) -> KVCache:
     head_major = model.attention_plan.self_attn.reads_head_major
     shape = ((cfg.num_layers, batch, n, s * lp, kd) if head_major
              else (cfg.num_layers, batch, s * lp, n, kd))
-    z = jnp.zeros(shape, jnp.dtype(cfg.dtype))
-    return KVCache(z, z, jnp.zeros((), jnp.int32))
+    dt, mesh = jnp.dtype(cfg.dtype), model.sharding.mesh
+    if mesh is None:
+        z = jnp.zeros(shape, dt)
+        return KVCache(z, z, jnp.zeros((), jnp.int32))
+    # made in place, sharded like the activations (batch over data / fsdp, tokens over
+    # context, heads over tensor): no host copy of a cache that may be gigabytes
+    spec = activation_spec((None,) + (HEADS if head_major else TOKENS), mesh)
+    zeros = jax.jit(lambda: (jnp.zeros(shape, dt), jnp.zeros(shape, dt)),
+                    out_shardings=NamedSharding(mesh, spec))
+    return KVCache(*zeros(), jnp.zeros((), jnp.int32))
 
 
 def cache_slots(model, cache: KVCache, tokens: int) -> int:
@@ -195,6 +205,8 @@ def forward_chunk(model, latent_chunk, timestep, encoder_hidden_states, cache: K
             k_new, v_new = call.new
             ck = jax.lax.dynamic_update_slice(ck, k_new[None].astype(ck.dtype), at)
             cv = jax.lax.dynamic_update_slice(cv, v_new[None].astype(cv.dtype), at)
+            ck, cv = (sharding.constrain(a, (None,) + (HEADS if head_major else TOKENS))
+                      for a in (ck, cv))
         return hs, layer + 1, ck, cv
 
     h, _, ck, cv = run_stack(model.blocks, body, (h, jnp.int32(0), cache.k, cache.v),
