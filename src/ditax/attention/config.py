@@ -10,7 +10,7 @@ keys (:data:`SPARSITY_KEYS`: ``sparsity``, ``tile``, ``window``, ``decay``, ``de
 are no kernel's option: the model reads them (it lays its video tokens out tile-major and hands the kernel a block table,
 :mod:`ditax.attention.sparse.layout`); :func:`check_attention` refuses a backend or mesh that
 cannot honour them. ``dense_steps`` is the sampler's: its first steps run the model with
-``sparsity=none`` (:mod:`ditax.attention.sparse.schedule`).
+``sparsity=none`` (:mod:`ditax.pipelines.sparse_steps`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class AttentionConfig:
     fused_bwd: Optional[bool] = None     # splash: the kernel's fused dq/dkv backward; None = off
     interpret: Optional[bool] = None     # flash / splash Pallas interpret mode; None = on CPU only
     pad_head_dim: Optional[bool] = None  # splash: zero-pad K to 128; None = when compiled
-    # block-sparse self-attention over the video tokens (issue 58; splash, no context axis)
+    # block-sparse self-attention over the video tokens (issue 58; splash / flash, no context)
     sparsity: Sparsity = "none"          # none | full (every tile) | sliding_tile (STA) | radial
     tile: tuple[int, int, int] = (4, 8, 8)     # latent tokens per tile (frames, rows, cols)
     window: tuple[int, int, int] = (3, 3, 3)   # sliding_tile: tiles the window spans per axis
@@ -142,7 +142,8 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
     """The block-sparse keys' rules: three positive tile sizes, odd window spans, ``window``
     only with ``sliding_tile`` and ``decay`` (> 0) only with ``radial``, ``dense_steps >= 0``
     only with a sparsity, and a self-attention that can take a block table (``splash``, the
-    sequence whole on every device: ``mesh.context=1``)."""
+    sequence whole on every device: ``mesh.context=1``; flash: tiles of a multiple of 8
+    tokens)."""
     check_choice("attention.sparsity", a.sparsity, SPARSITY_MODES)
     for key, v in (("tile", a.tile), ("window", a.window)):
         if len(v) != 3 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in v):
@@ -173,10 +174,16 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
                               f"attention, but attention.sparsity=none; set attention.sparsity"
                               f" (e.g. radial) or attention.dense_steps=0")
         return
-    if a.backend != "splash":
-        raise ConfigError(f"attention.sparsity={a.sparsity} needs attention.backend=splash (the "
-                          f"kernel that skips masked blocks; {a.backend} takes no block table "
-                          f"yet); set attention.backend=splash or attention.sparsity=none")
+    if a.backend not in ("splash", "flash"):
+        raise ConfigError(f"attention.sparsity={a.sparsity} needs attention.backend=splash or "
+                          f"flash (the kernels that skip masked blocks; {a.backend} takes no "
+                          f"block table yet); set attention.backend=splash or "
+                          f"attention.sparsity=none")
+    tile_len = a.tile[0] * a.tile[1] * a.tile[2]
+    if a.backend == "flash" and tile_len % 8:
+        raise ConfigError(f"attention.tile={','.join(map(str, a.tile))} holds {tile_len} tokens; "
+                          f"flash's blocks lie inside one tile and are multiples of 8 tokens, "
+                          f"so use a tile of a multiple of 8 tokens, e.g. attention.tile=4,8,8")
     if mesh_sizes is not None and mesh_sizes.get("context", 1) > 1:
         raise ConfigError(f"attention.sparsity={a.sparsity} is not wired for sequence "
                           f"parallelism (mesh.context={mesh_sizes['context']}); use "

@@ -275,7 +275,7 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None = 
                     block_kv: int | None = None, block_kv_compute: int | None = None,
                     block_q_bwd: int | None = None, block_kv_bwd: int | None = None,
                     return_lse: bool = False, o_prev=None, lse_prev=None,
-                    interpret: bool | None = None, head_major: bool = False):
+                    interpret: bool | None = None, head_major: bool = False, block_table=None):
     """Flash attention, BSHD layout (or head-major ``[B, N, L, K]`` with ``head_major``).
 
     Args:
@@ -298,6 +298,9 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None = 
         output head-major, as a model's projections can write them: the kernel reads them
         in place, partial last blocks masked instead of padded (no copies; the values of
         the padded head-major call, bit for bit).
+      block_table: a :class:`~ditax.attention.sparse.masks.BlockTable` (tokens tile-major):
+        the kernels visit only its live blocks (:mod:`.kernels.flash_sparse`; blocks inside
+        one tile); None: dense.
     Returns ``[B, Lq, N, K]`` in q's dtype, or o_prev's when given (and lse).
     """
     interpret = default_interpret() if interpret is None else bool(interpret)
@@ -306,13 +309,13 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None = 
     Lq, Lk, K = q.shape[t[0]], k.shape[t[0]], q.shape[3]
     bq, bkv = _blocks(block_q, block_kv, Lq, Lk, interpret)
     tune = tuned(bq, bkv, K, q.dtype, interpret, None, block_kv_compute and min(
-        block_kv_compute, bkv), block_q_bwd, block_kv_bwd)
+        block_kv_compute, bkv), block_q_bwd, block_kv_bwd)._replace(table=block_table)
     if head_major:
         return _flash_head_major(q, k, v, kv_mask, scale, bq, bkv, return_lse,
                                  o_prev, lse_prev, interpret, tune)
     B, Lq, N, K = q.shape
     Lq_p, Lk_p = round_up(Lq, bq), round_up(Lk, bkv)
-    if packable(N, K):
+    if packable(N, K) and block_table is None:
         return _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev,
                              interpret, tune)
     if Lk_p != Lk and kv_mask is None:

@@ -53,6 +53,8 @@ class FlashOptions(Options):
     block_q_bwd: Optional[int] = None        # backward tiles (divide the forward ones)
     block_kv_bwd: Optional[int] = None
     interpret: Optional[bool] = None   # Pallas interpret mode; None = from the platform
+    # a model's block-sparse self-attention, as splash's (SplashOptions.block_table)
+    block_table: Any = field(default=None, metadata={"internal": True})
 
     DEFAULT = 128                      # the blocks of an interpreted (CPU) run
 

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ditax.attention.reference import reference_attention
 from ditax.attention.sparse.layout import reference_mask, sparse_layout
 from ditax.attention.sparse.masks import density
 from ditax.config import AttentionConfig, ModelConfig
@@ -129,8 +128,8 @@ def test_vace_control_tokens_follow_the_layout(rng):
 
 @pytest.mark.parametrize("overrides, words", [
     (["attention.sparsity=full"], "attention.sparsity=full needs attention.backend=splash"),
-    (["attention.backend=flash", "attention.sparsity=sliding_tile"],
-     "flash takes no block table yet"),
+    (["attention.backend=flash", "attention.sparsity=sliding_tile", "attention.tile=1,2,2"],
+     "attention.tile=1,2,2 holds 4 tokens; flash's blocks lie inside one tile"),
     (["attention.backend=splash", "attention.sparsity=full", "mesh.context=2"],
      "not wired for sequence parallelism (mesh.context=2)"),
     (["attention.backend=splash", "attention.sparsity=sliding_tile", "attention.window=2,3,3"],

@@ -1,6 +1,6 @@
 """Radial block-sparse self-attention in the Wan transformer (``attention.sparsity=radial``):
 the model's output equals its blocks run with dense attention under the layout's token mask
-(interpreted splash on CPU, float32), and the config's rules for the radial keys."""
+(interpreted splash and flash on CPU, float32), and the config's rules for the radial keys."""
 
 from __future__ import annotations
 
@@ -16,15 +16,19 @@ from ditax.models.wan.build import init_model
 from test_sparse_attention import CFG, MaskedReference, _inputs  # noqa: E402
 
 
-def test_radial_equals_the_masked_dense_reference(rng):
+@pytest.mark.parametrize("backend", ["splash", "flash"])
+def test_radial_equals_the_masked_dense_reference(backend, rng):
     """128-token tiles, 5 tile-frames of 2 tiles (rows padded): radial skips blocks (density
-    < 1) and the model equals the masked reference; it differs from the dense model."""
-    acfg = AttentionConfig(backend="splash", sparsity="radial", tile=(1, 4, 32), decay=0.5)
+    < 1) and the model equals the masked reference (splash, or flash visiting the listed
+    blocks); it differs from the dense model."""
+    acfg = AttentionConfig(backend=backend, sparsity="radial", tile=(1, 4, 32), decay=0.5)
     lat, t, text = _inputs(rng, 5, 14, 64, b=1)      # grid 5 x 7 x 32: 5 x 2 x 1 tiles
     model = init_model(CFG, acfg, seed=4)
     h, ctx = model.embed(lat, t, text)
     layout = ctx.tiles
     assert layout.order.tiles == (5, 2, 1) and 0 < density(layout.table.table) < 1
+    call = ctx.plan(model.attention_plan).self_attn
+    assert call.options.block_table == layout.table and call.options.block_q == 128
     got = np.asarray(model.head(model.run_blocks(h, ctx), ctx))
     plan = model.attention_plan
     model.attention_plan = dataclasses.replace(

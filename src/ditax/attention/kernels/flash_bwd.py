@@ -34,7 +34,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ditax.attention.kernels.flash_fwd import Tune, by_mask, compiler_params, mask_kind, pad_rows
+from ditax.attention.kernels.flash_fwd import (Tune, by_mask, compiler_params, mask_kind,
+                                               pad_rows, sparse_lists)
+from ditax.attention.kernels.flash_sparse import live, pallas_call, when
 from ditax.attention.kernels.mosaic import LOG2E, NN, NT, as_column, mxu_dot
 from ditax.intmath import ceil_div
 
@@ -42,7 +44,7 @@ NEG_INF = float("-inf")
 
 
 def _dq_kernel(*refs, scale: float, mask_kv: bool = False, mask: str = "all", nkv: int = 1,
-               q_len: int | None = None, nq: int = 1):
+               q_len: int | None = None, nq: int = 1, sparse: bool = False, width: int = 1):
     """One (query block, key block) tile; grid axis 3 walks the keys, dq accumulates.
     ``refs``: the inputs ``q, k, v, keep, dO, lse, dlse, o``, the outputs ``dq, delta`` and
     the scratch ``acc, delta`` (pallas_call's order).
@@ -52,7 +54,10 @@ def _dq_kernel(*refs, scale: float, mask_kv: bool = False, mask: str = "all", nk
     the caller has) and written out for the dk/dv kernel. ``mask_kv``: zero the key and
     value rows of masked keys (a partial last key block reads past the shard: unspecified
     rows, and ``0 * NaN`` in ``dS k`` or ``dO vᵀ`` would reach valid rows). ``q_len``: the
-    shard length when it is no multiple of the query block; delta is 0 past it."""
+    shard length when it is no multiple of the query block; delta is 0 past it.
+    ``sparse``: the block lists lead ``refs``; only listed live key blocks are computed
+    (:mod:`.flash_sparse`)."""
+    refs, kv_block, alive = live(refs, sparse, width)
     (q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, dlse_ref, o_ref, dq_ref, delta_ref,
      acc_sc, delta_sc) = refs
     i, j = pl.program_id(2), pl.program_id(3)   # (read outside pl.when: interpret mode)
@@ -85,7 +90,7 @@ def _dq_kernel(*refs, scale: float, mask_kv: bool = False, mask: str = "all", nk
         ds = p * (dp - delta_sc[...])
         acc_sc[...] += mxu_dot(ds.astype(k.dtype), k, NN)
 
-    by_mask(tile, mask, j, nkv)
+    when(alive, lambda: by_mask(tile, mask, kv_block, nkv))
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -99,13 +104,16 @@ def _rows(i, nq: int, block: int):
     return jax.lax.rem(i, nq) * block + jax.lax.broadcasted_iota(jnp.int32, (block, 1), 0)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
-                dk_sc, dv_sc, *, scale: float, mask: str = "all", nkv: int = 1,
-                q_len: int | None = None, nq: int = 1):
+def _dkv_kernel(*refs, scale: float, mask: str = "all", nkv: int = 1,
+                q_len: int | None = None, nq: int = 1, sparse: bool = False, width: int = 1):
     """One (key block, query block) tile, transposed; grid axis 3 walks the queries.
     ``q_len``: the shard length when it is no multiple of the query block — the query and
     dO rows of a partial last block past it are zeroed (unspecified values read past the
-    shard; their lse is +inf and their delta 0, so they add exact zeros)."""
+    shard; their lse is +inf and their delta 0, so they add exact zeros). ``sparse``: the
+    block lists (key block -> its live query blocks) lead ``refs``."""
+    refs, q_block, alive = live(refs, sparse, width)
+    (q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+     dk_sc, dv_sc) = refs
     i = pl.program_id(3)
 
     @pl.when(i == 0)
@@ -115,7 +123,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_re
 
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
     if q_len is not None:
-        valid = _rows(i, nq, q.shape[0]) < q_len
+        valid = _rows(q_block, nq, q.shape[0]) < q_len
         q = jnp.where(valid, q, jnp.zeros_like(q))
         do = jnp.where(valid, do, jnp.zeros_like(do))
     lse = lse_ref[...]                                              # [1, bq]
@@ -132,7 +140,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_re
         dst = pt * (dpt - delta_ref[...])                           # delta [1, bq]
         dk_sc[...] += mxu_dot(dst.astype(q.dtype), q, NN)
 
-    by_mask(tile, mask, pl.program_id(2), nkv)
+    when(alive, lambda: by_mask(tile, mask, pl.program_id(2), nkv))
 
     @pl.when(i == pl.num_programs(3) - 1)
     def _finish():
@@ -172,6 +180,8 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
     U, B, N, Lc, K = q.shape
     Uk, Lkc = k.shape[0], k.shape[3]
     nq, nkv = ceil_div(Lc, block_q), ceil_div(Lkc, block_kv)
+    lists = sparse_lists(tune, U, Uk, False, Lc, Lkc, block_q, block_kv)
+    lists_t = sparse_lists(tune, U, Uk, False, Lkc, Lc, block_kv, block_q, transpose=True)
     # Per-row vectors as lane rows: lse/dlse/delta [U, B, N, nq, 1, bq], mask
     # [B, Uk*nkv, 1, bkv] (free reshapes; compact (1, 128)-tiled in HBM, where a [.., L, 1]
     # column is padded to 128 lanes). Kernels turn a row into a column where they need one.
@@ -205,9 +215,10 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
     kv_spec = pl.BlockSpec(kv_blk, lambda b, h, i, j: kv_at(b, h, j))
     row_spec = pl.BlockSpec(row_blk, lambda b, h, i, j: q_at(b, h, i) + (0,))
     keep_spec = pl.BlockSpec(keep_blk, lambda b, h, i, j: (b, j, 0, 0))
-    dq, delta_row = pl.pallas_call(
+    dq, delta_row = pallas_call(
         functools.partial(_dq_kernel, scale=float(scale), mask_kv=Lkc % block_kv != 0,
-                          **mask, **partial_q),
+                          **mask, **partial_q, **_sparse(lists)),
+        lists=lists,
         grid=(B, N, U * nq, Uk * nkv),
         in_specs=[q_spec, kv_spec, kv_spec, keep_spec, q_spec, row_spec, row_spec, q_spec],
         out_specs=[q_spec, row_spec],
@@ -226,8 +237,10 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
     kv_spec = pl.BlockSpec(kv_blk, lambda b, h, j, i: kv_at(b, h, j))
     row_spec = pl.BlockSpec(row_blk, lambda b, h, j, i: q_at(b, h, i) + (0,))
     keep_spec = pl.BlockSpec(keep_blk, lambda b, h, j, i: (b, j, 0, 0))
-    dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, scale=float(scale), **mask, **partial_q),
+    dk, dv = pallas_call(
+        functools.partial(_dkv_kernel, scale=float(scale), **mask, **partial_q,
+                          **_sparse(lists_t)),
+        lists=lists_t,
         grid=(B, N, Uk * nkv, U * nq),
         in_specs=[q_spec, kv_spec, kv_spec, keep_spec, q_spec, row_spec, row_spec],
         out_specs=[kv_spec, kv_spec],
@@ -241,6 +254,11 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
         cost_estimate=cost(matmuls=4, resident_q=False),
     )(q, k, v, keep_row, do, lse_row, delta_row)
     return dq, dk, dv, delta_row.reshape(U, B, N, nq * block_q)[..., :Lc, None]
+
+
+def _sparse(lists) -> dict:
+    """A kernel's ``sparse`` / ``width`` arguments for ``lists`` (None: dense)."""
+    return dict(sparse=lists is not None, width=lists[2] if lists else 1)
 
 
 def prev_cotangents(o_prev, lse_prev, lse, do, delta):

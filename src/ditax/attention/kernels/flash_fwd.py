@@ -34,12 +34,13 @@ kernel does not apply (Mosaic-TPU scratch and grid semantics): ``flash`` refuses
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ditax.attention.kernels.flash_sparse import block_lists, live, pallas_call, when
 from ditax.attention.kernels.mosaic import (
     NT,
     as_column,
@@ -54,7 +55,8 @@ NEG_INF = float("-inf")
 
 
 def _kernel(*refs, scale: float, has_prev: bool, mask: str = "none", partial: bool = False,
-            nkv: int = 1, block_kv_compute: int | None = None):
+            nkv: int = 1, block_kv_compute: int | None = None, sparse: bool = False,
+            width: int = 1):
     """One (query block, key block) tile of the online softmax; grid axis 3 walks the keys.
 
     The running max ``m``, denominator ``l`` and accumulator ``acc`` live in VMEM scratch
@@ -70,7 +72,10 @@ def _kernel(*refs, scale: float, has_prev: bool, mask: str = "none", partial: bo
     ``partial``: the last key block reads past the array (unspecified values, maybe NaN, and
     ``0 * NaN`` would reach the output), so its masked keys' value rows are zeroed: they add
     exact zeros, as zero padding did.
+    ``sparse``: the block lists come first in ``refs`` and grid axis 3 walks their ``width``
+    positions, computing on the live ones only (:mod:`.flash_sparse`).
     """
+    refs, kv_block, alive = live(refs, sparse, width)
     if has_prev:
         (q_ref, k_ref, v_ref, keep_ref, o_prev_ref, lse_prev_ref, o_ref, lse_ref,
          m_sc, l_sc, acc_sc) = refs
@@ -109,7 +114,7 @@ def _kernel(*refs, scale: float, has_prev: bool, mask: str = "none", partial: bo
         else:                                        # a loop, not unrolled: compile time
             jax.lax.fori_loop(0, bkv // bc, sub, 0)
 
-    by_mask(tiles, mask, j, nkv)
+    when(alive, lambda: by_mask(tiles, mask, kv_block, nkv))
 
     @pl.when(j == last)
     def _finish():
@@ -154,13 +159,16 @@ class Tune(NamedTuple):
     padding does, so only each shard's last key block needs a select); ``block_kv_compute``:
     keys per inner step of the forward (None: the whole key block); ``vmem_limit``: the
     kernels' scoped-VMEM limit in bytes (None: the compiler's default, 16 MiB on v5e);
-    ``block_q_bwd`` / ``block_kv_bwd``: the backward's tiles."""
+    ``block_q_bwd`` / ``block_kv_bwd``: the backward's tiles; ``table``: a
+    :class:`~ditax.attention.sparse.masks.BlockTable` whose dead blocks the kernels skip
+    (:mod:`.flash_sparse`; one shard, no previous partial), None: dense."""
 
     masked: bool = True
     block_kv_compute: Optional[int] = None
     vmem_limit: Optional[int] = None
     block_q_bwd: Optional[int] = None    # the backward kernels' tiles (None: the forward's;
     block_kv_bwd: Optional[int] = None   # they must divide them)
+    table: Any = None
 
 
 def compiler_params(tune: Tune, semantics=("parallel", "parallel", "parallel", "arbitrary")):
@@ -202,6 +210,7 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
         raise ValueError(f"flash kernel: o_prev{o_prev.shape} / lse_prev{lse_prev.shape} must be "
                          f"{q.shape} / {(U, B, N, Lc, 1)}")
     nq, nkv = ceil_div(Lc, block_q), ceil_div(Lkc, block_kv)
+    lists = sparse_lists(tune, U, Uk, has_prev, Lc, Lkc, block_q, block_kv)
     sq = pl.squeezed
     q_map, kv_map = shard_major_maps(nq, nkv)
     q_spec = pl.BlockSpec((sq, sq, sq, block_q, K), q_map)
@@ -218,7 +227,8 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
     kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev,
                                mask=mask_kind(tune.masked, partial), partial=partial,
                                nkv=nkv, block_kv_compute=compute_block(
-                                   block_kv, tune.block_kv_compute))
+                                   block_kv, tune.block_kv_compute),
+                               sparse=lists is not None, width=lists[2] if lists else 1)
     in_specs = [q_spec, kv_spec, kv_spec, keep_spec] + ([q_spec, lse_spec] if has_prev else [])
     keep = pad_rows(kv_keep, nkv * block_kv, 0).reshape(B, Uk * nkv, 1, block_kv)
     rows = (U, B, N, nq, 1, block_q)
@@ -229,8 +239,20 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
     out_dtype = o_prev.dtype if has_prev else q.dtype
     o, lse = run_forward(kernel, (B, N, U * nq, Uk * nkv), in_specs, q_spec, lse_spec, args,
                          jax.ShapeDtypeStruct(q.shape, out_dtype), rows, block_q, K,
-                         interpret=interpret, name="ditax_flash_fwd", tune=tune)
+                         interpret=interpret, name="ditax_flash_fwd", tune=tune, lists=lists)
     return o, lse.reshape(U, B, N, nq * block_q)[..., :Lc, None]
+
+
+def sparse_lists(tune: Tune, U: int, Uk: int, has_prev: bool, rows: int, cols: int,
+                 block_r: int, block_c: int, transpose: bool = False):
+    """The block lists of ``tune.table`` (:func:`~.flash_sparse.block_lists`), or None without
+    one; a table over shards or after a previous partial is refused."""
+    if tune.table is None:
+        return None
+    if U != 1 or Uk != 1 or has_prev:
+        raise ValueError("flash with a block table runs on one sequence shard without a "
+                         "previous partial (no ring / Ulysses yet); use mesh.context=1")
+    return block_lists(tune.table, rows, cols, block_r, block_c, transpose)
 
 
 def shard_major_maps(nq: int, nkv: int):
@@ -259,20 +281,22 @@ def pad_rows(x, n: int, value):
 
 
 def run_forward(kernel, grid, in_specs, q_spec, lse_spec, args, out, rows, block_q: int,
-                K: int, *, interpret: bool, name: str, tune: Tune = Tune()):
+                K: int, *, interpret: bool, name: str, tune: Tune = Tune(), lists=None):
     """The forward ``pallas_call`` both layouts share: grid ``(B, N, query blocks, key
     blocks)`` (the last one sequential: the online softmax), outputs ``out`` (o's
     ``ShapeDtypeStruct``, tiled like q) and float32 lse ``rows``, scratch for the running max,
     sum and ``[block_q, K]`` accumulator. With a previous partial (``args`` ends with o_prev
     and its lse rows) the outputs are written over it (aliased): a ring step continues in
     place instead of XLA copying the carried float32 output every step (each output block
-    is read as o_prev before it is written, and no other block reads it)."""
+    is read as o_prev before it is written, and no other block reads it). ``lists``: the
+    block lists of a block-sparse call (:func:`~.flash_sparse.pallas_call`)."""
     from jax.experimental.pallas import tpu as pltpu
 
     aliases = {len(args) - 2: 0, len(args) - 1: 1} if len(in_specs) == 6 else {}
 
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
+        lists=lists,
         grid=grid,
         in_specs=in_specs,
         out_specs=[q_spec, lse_spec],

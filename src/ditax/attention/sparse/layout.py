@@ -11,8 +11,8 @@ gets the same static kernel), then
   of the tile is padded, the padding zero);
 - masks the padding as keys (:meth:`SparseLayout.kv_mask`: every tile holds at least one
   real token, so no query row is left without a key);
-- runs self-attention through :meth:`SparseLayout.plan` (the splash call with the block
-  table: whole masked blocks skipped);
+- runs self-attention through :meth:`SparseLayout.plan` (the splash or flash call with the
+  block table: whole masked blocks skipped);
 - takes the tokens back to frame-major order after the blocks (:meth:`SparseLayout.
   from_tiles`, the padding rows dropped). Both permutations are gathers: exact.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ditax.attention.blocks import LANES
+from ditax.attention.blocks import LANES, SUBLANE
 from ditax.attention.sparse.masks import BlockTable, block_mask
 from ditax.attention.sparse.tiles import TileOrder
 from ditax.errors import ConfigError
@@ -62,15 +62,18 @@ class SparseLayout:
                                                          (batch, valid.size))
 
     def call(self, call):
-        """The :class:`~ditax.attention.AttentionCall` ``call`` (splash) with this layout's
-        block table; query / key blocks unset in the config become one tile each where a
-        tile is a lane multiple (each kernel block then kept or skipped whole)."""
-        if call.backend != "splash":
+        """The :class:`~ditax.attention.AttentionCall` ``call`` (splash or flash) with this
+        layout's block table; query / key blocks unset in the config become one tile each
+        where a tile is a multiple of the kernel's tiling (splash: 128 lanes, flash: 8
+        sublanes; each kernel block then kept or skipped whole; flash's blocks must lie
+        inside a tile, :mod:`ditax.attention.kernels.flash_sparse`)."""
+        if call.backend not in ("splash", "flash"):
             raise ConfigError(f"attention.sparsity={self.sparsity} needs attention.backend="
-                              f"splash; self-attention runs {call.backend}")
+                              f"splash or flash; self-attention runs {call.backend}")
         t = self.order.tile_len
+        unit = LANES if call.backend == "splash" else SUBLANE
         blocks = {k: t for k in ("block_q", "block_kv")
-                  if getattr(call.options, k) is None and t % LANES == 0}
+                  if getattr(call.options, k) is None and t % unit == 0}
         return replace(call, options=replace(call.options, block_table=self.table, **blocks))
 
     def plan(self, plan):
@@ -98,6 +101,16 @@ def _layout(sparsity: str, tile: tuple, window: tuple, decay: float,
                         sparsity)
 
 
+def attention_density(acfg, grid) -> float:
+    """The share of the self-attention scores ``acfg``'s sparsity computes on a ``grid = (F, Y,
+    X)`` of tokens: its block table's density (1 without a sparsity). What a FLOP count
+    multiplies the dense ``4 L² D`` of the scores and values by (``ditax plan``)."""
+    from ditax.attention.sparse.masks import density
+
+    layout = sparse_layout(acfg, grid)
+    return 1.0 if layout is None else density(layout.table.table)
+
+
 def reference_mask(layout: SparseLayout) -> np.ndarray:
     """``[L', L']`` token mask of the layout (tile-major; padding keys never attended): what
     a dense reference applies (tests, small grids only)."""
@@ -106,4 +119,4 @@ def reference_mask(layout: SparseLayout) -> np.ndarray:
     return element_mask(layout.order, layout.table.table)
 
 
-__all__ = ["SparseLayout", "sparse_layout", "reference_mask"]
+__all__ = ["SparseLayout", "attention_density", "sparse_layout", "reference_mask"]
