@@ -8,6 +8,7 @@ import pathlib
 import jax.numpy as jnp
 from flax import nnx
 
+from ditax.attention.sparse.layout import attention_density
 from ditax.errors import ConfigError
 from ditax.models.base import Encoders, ModelFamily, TextEncoding
 
@@ -175,7 +176,8 @@ class WanFamily(ModelFamily):
         """Forward + backward = 3 × forward matmul FLOPs.
 
         Per block, with L video tokens, T text tokens, width D, MLP width M:
-        self-attention 8·L·D² (q, k, v, o) + 4·L²·D (scores and values); cross-attention
+        self-attention 8·L·D² (q, k, v, o) + 4·L²·D·ρ (scores and values; ρ the density of
+        ``attention.sparsity``'s block table, 1 dense); cross-attention
         4·L·D² + 4·T·D² + 4·L·T·D; MLP 4·L·D·M. Plus the patch embedding, text embedder
         (2·T·Dt·D + 2·T·D²) and output projection. Remat recomputation is not counted (MFU
         convention: useful FLOPs only).
@@ -187,7 +189,9 @@ class WanFamily(ModelFamily):
         T = text_len
         D, M = m.inner_dim, m.ffn_dim
         patch = c * pt * ph * pw
-        block = (8 * L * D * D + 4 * L * L * D + 4 * L * D * D + 4 * T * D * D + 4 * L * T * D
+        _, f, y, x = latent_shape
+        rho = attention_density(self.attention, (f // pt, y // ph, x // pw))
+        block = (8 * L * D * D + 4 * L * L * D * rho + 4 * L * D * D + 4 * T * D * D + 4 * L * T * D
                  + 4 * L * D * M)
         fwd = (m.num_layers * block + 2 * L * patch * D + 2 * T * m.text_dim * D + 2 * T * D * D
                + 2 * L * D * m.out_channels * pt * ph * pw)
