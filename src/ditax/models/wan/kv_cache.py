@@ -73,9 +73,8 @@ def init_cache(model, batch: int, chunk_shape, context_chunks: int) -> KVCache:
     shape = ((cfg.num_layers, batch, n, s * lp, kd) if head_major
              else (cfg.num_layers, batch, s * lp, n, kd))
     dt, mesh = jnp.dtype(cfg.dtype), model.sharding.mesh
-    if mesh is None:
-        z = jnp.zeros(shape, dt)
-        return KVCache(z, z, jnp.zeros((), jnp.int32))
+    if mesh is None:   # two buffers: a chunk program donates both
+        return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt), jnp.zeros((), jnp.int32))
     # made in place, sharded like the activations (batch over data / fsdp, tokens over
     # context, heads over tensor): no host copy of a cache that may be gigabytes
     spec = activation_spec((None,) + (HEADS if head_major else TOKENS), mesh)
