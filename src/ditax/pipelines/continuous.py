@@ -23,7 +23,9 @@ scheduler, the family's rule, the experts and the condition's structure
 
 The batch runs padded (:func:`pad_rows`: 1, 2, 4, then multiples of 4; the padding repeats the
 first row and is dropped), so a server compiles one step program per padded size. With two experts
-(Wan 2.2), the rows of each expert run as their own padded group in a step. Step-cached
+(Wan 2.2), the rows of each expert run as their own padded group in a step; so do the rows at
+an expert's ``attention.dense_steps`` (its dense twin, :mod:`ditax.pipelines.sparse_steps`)
+and the rest. Step-cached
 requests and requests with a ``source`` (video-to-video) are refused here with one line:
 they run in lock step (:func:`~ditax.pipelines.batch.sample_batch`), as a pipeline that does
 not batch runs its requests alone.
@@ -66,6 +68,7 @@ class ContinuousBatch:
         self.slots: Slots | None = None
         self.steps_run = 0                     # step programs run (one per expert group)
         self.resizes = 0                       # times the slots were gathered anew
+        self._twins: dict[int, tuple] = {}     # id(expert graph) -> (expert, dense steps, twin)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -83,10 +86,6 @@ class ContinuousBatch:
         if p.cache is not None or p.cfg_cache:
             raise ValueError("ContinuousBatch: a step-cached request runs in lock step "
                              "(sample_batch): the cache decides per batch step")
-        if any(dense_twin(e)[1] is not None for e in p.experts):
-            raise ValueError("ContinuousBatch: a model with attention.dense_steps runs in lock "
-                             "step (sample_batch): rows at other steps would need the dense "
-                             "and the sparse program in one step")
         if p.source is not None:
             raise ValueError("ContinuousBatch: a request with a source (video-to-video) runs "
                              "alone")
@@ -233,14 +232,14 @@ class ContinuousBatch:
             return []
         self._place()
         slots, p = self.slots, self.rows[0].prepared
-        groups: dict[int, list[Row]] = {}
+        groups: dict[tuple, list[Row]] = {}
         for r in self.rows:
-            groups.setdefault(1 if r.low() else 0, []).append(r)
+            groups.setdefault(self._which(r), []).append(r)
         if len(groups) == 1 and self.alone(slots, rows := next(iter(groups.values()))):
-            self.step_alone(slots, rows[0], p.experts[1 if rows[0].low() else 0])
+            self.step_alone(slots, rows[0], self.expert(p, *self._which(rows[0])))
         elif len(groups) == 1:                 # every row runs one expert: the slots as they are
             which, rows = next(iter(groups.items()))
-            run, args = self.program(slots, p, p.experts[which],
+            run, args = self.program(slots, p, self.expert(p, *which),
                                      self._extras(rows, slots.n, lambda r: r.slot))
             slots.x, slots.states = self._settle(run(*args), p.mesh)
             self.steps_run += 1
@@ -250,7 +249,7 @@ class ContinuousBatch:
                 idx = [r.slot for r in rows]
                 sub = slots.gather(idx + [idx[0]] * (n - len(idx)))
                 pos = {r.tag: k for k, r in enumerate(rows)}
-                run, args = self.program(sub, p, p.experts[which],
+                run, args = self.program(sub, p, self.expert(p, *which),
                                          self._extras(rows, n, lambda r: pos[r.tag]))
                 sub.x, sub.states = self._settle(run(*args), p.mesh)
                 slots.put(idx, sub)
@@ -268,6 +267,25 @@ class ContinuousBatch:
         if not self.rows:
             self.clear()
         return out
+
+    def _which(self, row: Row) -> tuple[int, bool]:
+        """The expert (0, or 1 below the boundary) of ``row``'s next step, and whether it runs
+        dense (one of the expert's ``attention.dense_steps``)."""
+        which = 1 if row.low() else 0
+        k = self._twin(row.prepared.experts[which])[1]
+        return which, row.done < k
+
+    def _twin(self, e) -> tuple:
+        """``(e, dense steps, dense twin)`` of expert ``e``, built once
+        (:func:`~ditax.pipelines.sparse_steps.dense_twin`)."""
+        if id(e.graphdef) not in self._twins:
+            self._twins[id(e.graphdef)] = (e, *dense_twin(e))
+        return self._twins[id(e.graphdef)]
+
+    def expert(self, p: Prepared, which: int, dense: bool = False):
+        """Expert ``which`` of ``p``, or its dense twin for a dense step."""
+        e = p.experts[which]
+        return self._twin(e)[2] if dense else e
 
     def finish(self, row: Row):
         """A finished row's output, as the pipeline's call gives it."""
@@ -303,6 +321,9 @@ class ContinuousBatch:
         # one slot, one expert, no per-row strengths: a lone row, which runs the pipeline's
         # own step (:meth:`alone`, compiled below), never this size's rows program
         lone = len(experts) == 1 and row.strengths is None
+        # attention.dense_steps: the dense twins' programs as well
+        experts = list(experts) + [t for t in (self._twin(e)[2] for e in experts)
+                                   if t is not None]
         jobs = [(Slots.of([row], n, p.mesh), e) for n in sizes for e in experts
                 if not (n == 1 and lone)]
         extras = {n: self._extras([row], n, lambda r: 0) for n in sizes}

@@ -8,8 +8,10 @@ has a sparsity and ``dense_steps > 0``, :func:`dense_twin` is the same parameter
 whose attention config says ``sparsity=none`` (the model's attention plan is unchanged: the
 sparsity keys are no kernel's option). The loop keys its compiled programs by expert graph, so
 a call compiles exactly two step programs (dense, sparse), each once, and every step calls
-one of them; :func:`schedule` says which expert runs each step. Nothing is recompiled per step
-and no parameter is copied.
+one of them; :func:`schedule` says which expert runs each step (a continuous batch groups its
+rows by it, :mod:`ditax.pipelines.continuous`). Nothing is recompiled per step and no
+parameter is copied. A step cache is refused with dense steps (its residuals would cross the
+switch).
 """
 
 from __future__ import annotations

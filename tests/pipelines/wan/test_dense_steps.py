@@ -83,13 +83,33 @@ def test_zero_and_some_dense_steps(folder):
     assert np.abs(some - dense).max() > 1e-5 and np.abs(some - sparse).max() > 1e-5
 
 
-def test_a_step_cache_and_continuous_batching_refuse_dense_steps(folder):
+def test_a_step_cache_refuses_dense_steps(folder):
     from ditax.errors import RequestError
-    from ditax.pipelines.continuous import ContinuousBatch
 
     pipe = ditax.load_pipeline(folder, attention=AttentionConfig(dense_steps=1, **SPARSE))
     with pytest.raises(RequestError, match="cache=first_block with attention.dense_steps"):
         pipe(output="latent", cache="first_block", **REQ)
+
+
+def test_continuous_rows_run_their_own_dense_steps(folder):
+    """In a continuous batch each row's first k steps are dense: a row that joins a step late
+    runs dense while the first runs sparse (two groups in one step), and each row's latents
+    are its own call's (within a wider matmul's rounding)."""
+    from ditax.pipelines.continuous import ContinuousBatch
+
+    pipe = ditax.load_pipeline(folder, attention=AttentionConfig(dense_steps=1, **SPARSE))
     call = {k: v for k, v in REQ.items() if k != "progress"}
-    with pytest.raises(ValueError, match="attention.dense_steps runs in lock step"):
-        ContinuousBatch(pipe).prepare("a", dict(call, output="latent"))
+    calls = {"a": dict(call, output="latent"), "b": dict(call, output="latent", seed=5)}
+    batch = ContinuousBatch(pipe, max_rows=2)
+    batch.add("a", calls["a"])
+    out, runs = {}, []
+    for step in range(4):
+        if step == 1:
+            batch.add("b", calls["b"])
+        before = batch.steps_run
+        out.update(dict(batch.step()))
+        runs.append(batch.steps_run - before)
+    assert runs == [1, 2, 1, 1], runs       # step 1: "a" sparse and "b" dense, two groups
+    for tag, c in calls.items():
+        want = pipe(progress=False, **c)
+        assert np.abs(np.asarray(out[tag]) - np.asarray(want)).max() < 2e-4
