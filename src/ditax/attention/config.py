@@ -184,6 +184,12 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
         raise ConfigError(f"attention.tile={','.join(map(str, a.tile))} holds {tile_len} tokens; "
                           f"flash's blocks lie inside one tile and are multiples of 8 tokens, "
                           f"so use a tile of a multiple of 8 tokens, e.g. attention.tile=4,8,8")
+    for key in ("block_q", "block_kv", "block_q_bwd", "block_kv_bwd"):
+        b = getattr(a, key)
+        if a.backend == "flash" and b is not None and tile_len % b:
+            raise ConfigError(f"attention.{key}={b} does not divide the {tile_len}-token tile "
+                              f"(attention.tile={','.join(map(str, a.tile))}); flash's blocks "
+                              f"lie inside one tile: leave it unset (one tile) or use a divisor")
     if mesh_sizes is not None and mesh_sizes.get("context", 1) > 1:
         raise ConfigError(f"attention.sparsity={a.sparsity} is not wired for sequence "
                           f"parallelism (mesh.context={mesh_sizes['context']}); use "

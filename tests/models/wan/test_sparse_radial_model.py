@@ -50,6 +50,8 @@ def test_radial_equals_the_masked_dense_reference(backend, rng):
      "attention.window=1,1,1 applies to attention.sparsity=sliding_tile only"),
     (["attention.sparsity=radial", "attention.dense_steps=-1"],
      "attention.dense_steps=-1 must be an int >= 0"),
+    (["attention.backend=flash", "attention.sparsity=radial", "attention.block_q=512"],
+     "attention.block_q=512 does not divide the 256-token tile"),
     (["attention.sparsity=none", "attention.dense_steps=2"],
      "attention.dense_steps=2 schedules block-sparse attention, but attention.sparsity=none"),
 ])
