@@ -46,3 +46,24 @@ def test_mesh_equals_the_single_device_reference(rng, mesh_kw, backend):
                                    atol=1e-5, err_msg=f"chunk {i}")
     spec = cache.k.sharding.spec
     assert "context" in spec and (mesh_kw.get("fsdp", 1) == 1 or "fsdp" in spec), spec
+
+
+def test_chunk_sampler_on_a_mesh_equals_one_device(rng):
+    """Causal sampling with CFG (cond / uncond rows over fsdp, each with its cache) and
+    Ulysses over the cache's keys: the single device's latents."""
+    import jax.numpy as jnp
+
+    from ditax.models.wan import kv_cache
+    from ditax.pipelines.causal import CausalSampler
+    from ditax.schedulers.flow_match import FlowMatchEulerScheduler
+
+    sched = FlowMatchEulerScheduler(shift=3.0)
+    text = jnp.asarray(rng.standard_normal((2, 5, 24)), jnp.float32)
+    kw = dict(num_frames=6, latent_hw=(6, 10), num_inference_steps=2, sigmas=(1.0, 0.5),
+              guidance_scale=3.0, seed=1)
+    one = CausalSampler(init_model(CFG, seed=1), kv_cache, sched, chunk=2, context_chunks=1)
+    model = init_model(CFG, AttentionConfig(backend="ulysses"),
+                       mesh=make_mesh(dict(fsdp=2, context=4)), seed=1)
+    many = CausalSampler(model, kv_cache, sched, chunk=2, context_chunks=1)
+    np.testing.assert_allclose(np.asarray(many.sample(text, **kw)),
+                               np.asarray(one.sample(text, **kw)), rtol=1e-5, atol=1e-5)
