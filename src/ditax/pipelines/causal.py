@@ -88,7 +88,8 @@ class CausalSampler:
       model: the causal denoiser (e.g. a Wan transformer; its weights are the student's).
       causal: the family's KV-cache module (``init_cache`` / ``forward_chunk`` /
         ``max_chunks``).
-      scheduler: the flow-matching Euler scheduler (few steps: give ``sigmas``).
+      scheduler: the loop's sampler (flow-matching Euler for a few-step student, with its
+        ``sigmas``; UniPC too: its history is per chunk, the state made for a chunk's shape).
       chunk: latent frames per chunk (``model.causal_chunk``).
       context_chunks: chunks kept beside the sink (``sample.context_chunks``); None: the
         whole video's (nothing evicted).
@@ -136,7 +137,8 @@ class CausalSampler:
             raise RequestError(f"latents shape {tuple(noise.shape)} does not match {shape}")
         window = self.context_chunks if self.context_chunks is not None else max(n - 1, 1)
         cache = causal.init_cache(model, text.shape[0], (k,) + tuple(latent_hw), window)
-        state = set_timesteps(self.scheduler, num_inference_steps, (k,), sigmas)
+        state = set_timesteps(self.scheduler, num_inference_steps, shape[:2] + (k,) + shape[3:],
+                              sigmas)   # a chunk's shape (multistep samplers keep history)
         guidance = jnp.float32(guidance_scale)
         static = (self.gdef, causal, self.scheduler, use_cfg)
         self.last_stats = dict(chunks=0, cache_shape=tuple(cache.k.shape),

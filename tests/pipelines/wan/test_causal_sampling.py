@@ -20,6 +20,7 @@ from ditax.pipelines.causal import CausalSampler, compiled_chunk_programs
 from ditax.pipelines.denoise import _denoise_step
 from ditax.pipelines.sampling import initial_noise, set_timesteps
 from ditax.pipelines.wan.inputs import wan_inputs
+from ditax.schedulers import from_config
 from ditax.schedulers.flow_match import FlowMatchEulerScheduler
 
 CFG = ModelConfig(num_attention_heads=2, attention_head_dim=16, ffn_dim=48, num_layers=2,
@@ -37,19 +38,24 @@ def _text(rng, rows):
     return jnp.asarray(rng.standard_normal((rows, 5, 24)), jnp.float32)
 
 
-@pytest.mark.parametrize("guidance", [1.0, 4.0])
-def test_one_chunk_is_the_bidirectional_sampler(model, rng, guidance):
+UNIPC = from_config(dict(_class_name="UniPCMultistepScheduler", prediction_type="flow_prediction",
+                         use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0))
+
+
+@pytest.mark.parametrize("guidance, sched, sigmas", [
+    (1.0, SCHED, SIGMAS), (4.0, SCHED, SIGMAS), (1.0, UNIPC, None)])
+def test_one_chunk_is_the_bidirectional_sampler(model, rng, guidance, sched, sigmas):
     use_cfg = guidance > 1
     text = _text(rng, 2 if use_cfg else 1)
     f, hw = 3, (4, 6)
-    sampler = CausalSampler(model, kv_cache, SCHED, chunk=f)
+    sampler = CausalSampler(model, kv_cache, sched, chunk=f)
     got = np.asarray(sampler.sample(text, num_frames=f, latent_hw=hw, num_inference_steps=4,
-                                    sigmas=SIGMAS, guidance_scale=guidance, seed=11))
+                                    sigmas=sigmas, guidance_scale=guidance, seed=11))
     shape = (1, 4, f) + hw
-    x, state = initial_noise(11, shape), set_timesteps(SCHED, 4, shape, SIGMAS)
+    x, state = initial_noise(11, shape), set_timesteps(sched, 4, shape, sigmas)
     gdef, params = nnx.split(model)
     for _ in range(4):
-        x, state = _denoise_step(gdef, wan_inputs, SCHED, "batched", use_cfg, params, state, x,
+        x, state = _denoise_step(gdef, wan_inputs, sched, "batched", use_cfg, params, state, x,
                                  text, jnp.float32(guidance), None)
     np.testing.assert_allclose(got, np.asarray(x), rtol=1e-5, atol=1e-5)
     assert sampler.last_stats["chunks"] == 1 and sampler.last_stats["transformer_calls"] == 5
