@@ -17,6 +17,10 @@ self-attention replaced by a masked call:
 - :class:`DenseMaskedCall` (``reference=True``): dense float32 attention under the
   ``[L, L]`` block-causal element mask — slow, simple, the oracle.
 
+:func:`causal_plan` is that swap for one embedded video, the one call a transformer's
+``run_blocks`` needs to honour a ``model.causal_chunk`` config field (read where the config
+has one; Wan's has none yet, so today the causal forward is asked for by name).
+
 Tokens are frame-major, so token ``l`` lies in latent frame ``(l // (Y'·X'))·pt``; a last
 chunk may be shorter (the whole-video forward does not need ``chunk`` to divide the frames;
 the cache does).
@@ -158,6 +162,27 @@ def run_blocks(model, h, ctx, plan):
                      scan=cfg.scan_layers, prefetch=cfg.offload_prefetch)
 
 
+def causal_plan(model, ctx, chunk: Optional[int] = None, context_chunks: Optional[int] = None,
+                reference: bool = False):
+    """The attention plan ``model``'s blocks run for the embedded video ``ctx``
+    (:class:`~ditax.models.wan.transformer.Embedded`): the model's, its self-attention
+    block-causal over chunks of ``chunk`` latent frames (None: ``model.cfg.causal_chunk``
+    where the config has one; unset, the plan is the model's own). ``reference``: the dense
+    element-masked oracle instead of the model's kernel."""
+    plan = ctx.plan(model.attention_plan)
+    chunk = getattr(model.cfg, "causal_chunk", None) if chunk is None else chunk
+    if chunk is None:
+        return plan
+    cfg = model.cfg
+    check_causal(chunk, context_chunks, cfg.patch_size[0],
+                 sparsity=getattr(model.attention, "sparsity", "none"))
+    grid = tuple(n // p for n, p in zip(ctx.shape[2:], cfg.patch_size))
+    ids = token_chunks(grid, chunk, cfg.patch_size[0], length=ctx.seq + ctx.pad)
+    call = (DenseMaskedCall(block_causal_mask(ids, context_chunks)) if reference
+            else ChunkMaskedCall(plan.self_attn, ids, context_chunks, model.sharding.seq_shards))
+    return dataclasses.replace(plan, self_attn=call)
+
+
 def causal_forward(model, latents, timestep, encoder_hidden_states, *, chunk: int,
                    context_chunks: Optional[int] = None, text_mask=None,
                    encoder_hidden_states_image=None, reference: bool = False):
@@ -168,23 +193,16 @@ def causal_forward(model, latents, timestep, encoder_hidden_states, *, chunk: in
     ``context_chunks``: the sink + window of the KV cache (None: every earlier chunk);
     ``reference``: dense attention under the element mask instead of the model's kernel.
     """
-    cfg = model.cfg
-    check_causal(chunk, context_chunks, cfg.patch_size[0],
+    check_causal(chunk, context_chunks, model.cfg.patch_size[0],
                  sparsity=getattr(model.attention, "sparsity", "none"))
     if getattr(latents, "ndim", 0) != 5:
         raise RequestError(f"latents must be [B, C, F, Y, X] (rank 5); got shape "
                            f"{getattr(latents, 'shape', None)}")
     h, ctx = model.embed(latents, timestep, encoder_hidden_states, text_mask,
                          encoder_hidden_states_image)
-    grid = tuple(n // p for n, p in zip(latents.shape[2:], cfg.patch_size))
-    ids = token_chunks(grid, chunk, cfg.patch_size[0], length=h.shape[1])
-    plan = model.attention_plan
-    call = (DenseMaskedCall(block_causal_mask(ids, context_chunks)) if reference
-            else ChunkMaskedCall(plan.self_attn, ids, context_chunks,
-                                    model.sharding.seq_shards))
-    h = run_blocks(model, h, ctx, dataclasses.replace(plan, self_attn=call))
+    h = run_blocks(model, h, ctx, causal_plan(model, ctx, chunk, context_chunks, reference))
     return model.head(h, ctx)
 
 
 __all__ = ["ChunkMaskedCall", "DenseMaskedCall", "allowed_chunks", "block_causal_mask",
-           "causal_forward", "check_causal", "run_blocks", "token_chunks"]
+           "causal_forward", "causal_plan", "check_causal", "run_blocks", "token_chunks"]
