@@ -38,7 +38,7 @@ def test_one_chunk_is_the_pipeline_call(pipe, guidance):
 
 def test_chunks_stream_their_frames(pipe):
     kw = dict(num_inference_steps=2, sigmas=SIGMAS[:2], seed=1)
-    parts = list(stream(pipe, "a dog", chunk=2, context_chunks=1, height=H, width=W,
+    parts = list(pipe.stream("a dog", chunk=2, context_chunks=1, height=H, width=W,
                         num_frames=13, **kw))
     assert [p.shape[0] for p in parts] == [5, 8]
     assert pipe.last_stats["chunks"] == 2 and pipe.last_stats["transformer_calls"] == 6

@@ -41,6 +41,10 @@ def stream(pipe, prompt: str, *, chunk: int, height: int, width: int, num_frames
         raise RequestError("stream(): a two-expert (Wan 2.2 A14B) pipeline has no causal "
                            "student; load the causal student's folder")
     tr = pipe.transformer
+    if tr.config.image_condition != "none" or tr.config.vace_layers:
+        raise RequestError(f"stream(): {type(pipe).__name__} conditions on images / control "
+                           f"video, which causal sampling does not take yet; stream from a "
+                           f"text-to-video causal student")
     sf = pipe.vae.scale_factor_spatial * tr.config.patch_size[1]
     check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                   None, negative_prompt, spatial=sf, temporal=pipe.vae.scale_factor_temporal,

@@ -154,6 +154,13 @@ class WanTextToVideo(Pipeline):
             condition=lambda: self.condition(image, last_image, height, width, num_frames),
             phase="condition" if image is None and last_image is None else "image")
 
+    def stream(self, prompt, **kw):
+        """A causal student's video as frames per chunk, each yielded once made
+        (:func:`ditax.pipelines.wan.causal.stream`: ``chunk=``, sizes, steps, ...)."""
+        from ditax.pipelines.wan.causal import stream
+
+        return stream(self, prompt, **kw)
+
     @in_compile_cache
     def __call__(self, prompt, negative_prompt=None, height: int | None = None,
                  width: int | None = None, num_frames: int | None = None,
