@@ -5,6 +5,8 @@ covering the video is today's bidirectional forward; bad values give one clear l
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,13 +86,16 @@ def test_chunk_covering_the_video_is_the_bidirectional_forward(model, rng):
     assert int(cache.index) == 1
 
 
-@pytest.mark.parametrize("layout", ["xla", "head_major"])
+@pytest.mark.parametrize("layout", ["xla", "head_major", "unscanned_remat"])
 def test_kv_cache_forward_equals_the_causal_forward(rng, layout):
     """Every chunk of the cached run equals that chunk of the whole-video block-causal
-    forward (cache large enough: nothing evicted); one compiled chunk program."""
+    forward (cache large enough: nothing evicted); one compiled chunk program. Also with the
+    blocks unrolled under remat (the cache rides in the carry either way)."""
     acfg = (AttentionConfig(backend="splash") if layout == "head_major"
             else AttentionConfig(backend="xla"))
-    model = init_model(CFG, acfg, seed=4)
+    cfg = (dataclasses.replace(CFG, scan_layers=False, remat="full")
+           if layout == "unscanned_remat" else CFG)
+    model = init_model(cfg, acfg, seed=4)
     assert model.attention_plan.self_attn.reads_head_major == (layout == "head_major")
     lat, t, text = _inputs(rng, f=6)
     want = np.asarray(causal_forward(model, lat, t, text, chunk=2, reference=True))
