@@ -115,11 +115,11 @@ def test_splash_skips_the_masked_blocks_and_equals_the_reference(window, rng):
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info
 
-    from ditax.attention.splash import _block_mask
+    from ditax.attention.splash import _table_mask
 
     table = BlockTable.of(order, blocks)
     info, _ = splash_attention_mask_info.process_mask(
-        sa.MultiHeadMask([_block_mask((order.length, order.length), table, None)]), (128, 128),
+        sa.MultiHeadMask([_table_mask((order.length, order.length), table)]), (128, 128),
         shrink_grid=False)
     np.testing.assert_array_equal(np.asarray(info.block_mask)[0], np.where(blocks, 2, 0))
 

@@ -1,9 +1,8 @@
-"""Splash without a kv_mask: the padded keys are a static mask (only the blocks that hold
-them are masked, no segment ids), and the results equal the reference's."""
+"""Splash without a kv_mask at lengths that are not block multiples (the padded keys masked
+by the wrapper): forward and gradients equal the reference's."""
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from attention_inputs import F32_TOL, GRAD_TOL, make_inputs, rel_err
 
 from ditax.attention.reference import reference_attention
@@ -29,18 +28,3 @@ def test_unmasked_padded_lengths_forward_and_gradients(rng):
     want = jax.grad(loss(reference_attention), argnums=(0, 1, 2))(q, k, v)
     for name, g, w in zip("qkv", got, want):
         assert rel_err(g, w) <= GRAD_TOL, (name, rel_err(g, w))
-
-
-def test_key_length_mask_masks_only_the_last_kv_blocks():
-    """The kernel's block map: whole blocks (2) everywhere but the kv blocks holding padded
-    keys (1: partial); a block of padding alone is skipped (0)."""
-    from jax.experimental.pallas.ops.tpu import splash_attention as sa
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info
-
-    from ditax.attention.splash import _block_mask
-
-    info, _ = splash_attention_mask_info.process_mask(
-        sa.MultiHeadMask([_block_mask((256, 512), None, 300)]), (128, 128),
-        shrink_grid=False)
-    np.testing.assert_array_equal(np.asarray(info.block_mask)[0],
-                                  [[2, 2, 1, 0], [2, 2, 1, 0]])

@@ -13,8 +13,11 @@ ONE = dict(data=1, fsdp=1, context=1, tensor=1)
 
 def test_one_training_step_equals_the_cpus(chip, host, tmp_path):
     """The tiny Wan's flow-matching step from the same weights and batch: loss and gradient
-    norm within 1e-4 relative, and every parameter's update within 1e-4 of its leaf's largest
-    update (two float32 ulps of the parameter aside). Adam with ``eps=1``, no weight decay and
+    norm within 1e-4 relative, the whole update within 1e-4 relative (the norm of the
+    difference against the norm of the update), and each parameter's update within 1e-3 of
+    its leaf's largest update (two float32 ulps of the parameter aside: a leaf of small
+    gradients sums with cancellation; on the chip a zero-initialised leaf stepping 7e-7
+    differed by 3e-10, 4.4e-4 of its step, while loss and gradient norm agreed within 1e-4). Adam with ``eps=1``, no weight decay and
     a learning rate of 0.01 (updates well above a weight's ulp), so that the first update,
     ``lr * g / (|g| + 1)``, follows the gradient: with the default ``eps=1e-8`` it is
     ``lr * sign(g)`` wherever ``|g|`` is tiny, and a gradient of 1e-9 that rounds to the
@@ -39,13 +42,15 @@ def test_one_training_step_equals_the_cpus(chip, host, tmp_path):
                      jax.tree.map(np.asarray, st["params"])))
     (l0, g0, p0), (l1, g1, p1) = runs
     assert abs(l1 - l0) <= 1e-4 * abs(l0) and abs(g1 - g0) <= 1e-4 * abs(g0)
-    moved = 0
+    moved, diff2, step2 = 0, 0.0, 0.0
     for a, b, p in zip(jax.tree.leaves(p1), jax.tree.leaves(p0), jax.tree.leaves(init)):
         step = np.abs(b - p).max()
         moved += step > 0
         ulp = 2 * np.spacing(np.abs(p).max().astype(np.float32))
-        assert np.abs(a - b).max() <= 1e-4 * step + ulp
-    assert moved > 0
+        assert np.abs(a - b).max() <= 1e-3 * step + ulp
+        diff2 += float(np.sum((a.astype(np.float64) - b) ** 2))
+        step2 += float(np.sum((b.astype(np.float64) - p) ** 2))
+    assert moved > 0 and diff2 ** 0.5 <= 1e-4 * step2 ** 0.5
 
 
 def test_the_demo_video_equals_the_cpus(chip, host):

@@ -33,7 +33,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ditax.attention.blocks import LANES, round_up
 from ditax.attention.options import SplashOptions as _O
@@ -127,21 +126,15 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
     valid = jnp.where(any_key[:, None], valid, True)   # all-masked rows run unmasked, zeroed below
     kv_seg = jnp.pad(valid.astype(jnp.int32), ((0, 0), (0, Lk_p - Lk)))  # padded keys: 0
     q_seg = jnp.ones((B, Lq_p), jnp.int32)
-    # Without a kv_mask the padded keys are a static mask instead of segment ids: the kernel
-    # then masks only the blocks holding padded keys (segment ids cost a compare and a
-    # select on every block).
-    key_len = Lk if kv_mask is None else None
 
     sizes = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv_c,
                           block_q_dkv=bq_b, block_kv_dkv=bkv_b, block_kv_dkv_compute=bkv_b,
                           block_q_dq=None if fused_bwd else bq_b,
                           block_kv_dq=None if fused_bwd else bkv_b,
                           use_fused_bwd_kernel=bool(fused_bwd))
-    kernel = _kernel(N, Lq_p, Lk_p, sizes, interpret, bool(return_lse), block_table, key_len)
+    kernel = _kernel(N, Lq_p, Lk_p, sizes, interpret, bool(return_lse), block_table)
 
     def one(q_b, k_b, v_b, qs_b, kvs_b):
-        if key_len is not None:
-            return kernel(q_b, k_b, v_b)
         return kernel(q_b, k_b, v_b, segment_ids=sa.SegmentIds(q=qs_b, kv=kvs_b))
 
     res = jax.vmap(pinned_precision(one, q.dtype))(qt, kt, vt, q_seg, kv_seg)
@@ -199,51 +192,44 @@ def _pad(x, L: int, K: int):
     return jnp.pad(x, ((0, 0), (0, 0), (0, L - x.shape[2]), (0, K - x.shape[3])))
 
 
-def _block_mask(shape: tuple[int, int], table, key_len):
-    """Splash's mask of a block table and/or a key length (keys at ``key_len`` and after
-    masked): read block by block as the kernel's preprocessing walks it (never a dense
-    ``[L, L]`` array), hashed and compared by its parts."""
+def _table_mask(shape: tuple[int, int], table):
+    """Splash's mask of a block table: read block by block as the kernel's preprocessing
+    walks it (never a dense ``[L, L]`` array), hashed and compared by the table."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-    class BlockMask(sa.splash_attention_mask.Mask):
+    class TableMask(sa.splash_attention_mask.Mask):
         @property
         def shape(self):
             return shape
 
         def __getitem__(self, idx):
             rows, cols = idx
-            n_rows = len(range(*rows.indices(shape[0])))
-            col = np.arange(*cols.indices(shape[1]))
-            live = np.broadcast_to(col < (shape[1] if key_len is None else key_len),
-                                   (n_rows, col.size))
-            return live if table is None else live & table.tokens(rows, cols)
+            return table.tokens(rows, cols)
 
         def __eq__(self, other):
-            return isinstance(other, BlockMask) and other.key == self.key
+            return isinstance(other, TableMask) and (other.shape, other.table) == (
+                shape, table)
 
         def __hash__(self):
-            return hash(self.key)
+            return hash(("TableMask", shape, table))
 
-    mask = BlockMask()
-    mask.key = ("BlockMask", shape, table, key_len)
+    mask = TableMask()
+    mask.table = table
     return mask
 
 
 @functools.lru_cache(maxsize=64)
 def _kernel(N: int, Lq: int, Lk: int, sizes, interpret: bool, save_residuals: bool,
-            block_table=None, key_len=None):
-    """Build (once per static configuration) a multi-head splash kernel: full-mask, or the
-    mask of ``block_table`` (the blocks it masks whole skipped) and of ``key_len`` (padded
-    keys, masked in their blocks only).
+            block_table=None):
+    """Build (once per static configuration) a multi-head splash kernel: full-mask, or
+    ``block_table``'s mask (the blocks it masks whole skipped).
 
     The mask preprocessing is numpy work at trace time; caching keeps retraces cheap.
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-    if key_len is not None and key_len >= Lk:
-        key_len = None
-    one = (sa.FullMask((Lq, Lk)) if block_table is None and key_len is None
-           else _block_mask((Lq, Lk), block_table, key_len))
+    one = (sa.FullMask((Lq, Lk)) if block_table is None
+           else _table_mask((Lq, Lk), block_table))
     mask = sa.MultiHeadMask([one for _ in range(N)])
     # Concrete (not traced) mask-info arrays, so the cached kernel is valid in any trace.
     with jax.ensure_compile_time_eval():
