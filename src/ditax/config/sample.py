@@ -52,6 +52,9 @@ class SampleConfig:
     cache_threshold: Optional[float] = None  # None = the method's default; larger skips more
     cfg_cache: bool = False                  # reuse the unconditional branch on low-noise steps
     cache_coefficients: Optional[str] = None  # numbers file of `ditax calibrate-cache`
+    # a causal model (model.causal_chunk): chunks its KV cache keeps beside the sink chunk
+    # (a rolling window for long videos); None = every earlier chunk
+    context_chunks: Optional[int] = None
 
 
 def expand_preset(flat: dict[str, Any], explicit) -> dict[str, Any]:
@@ -91,6 +94,10 @@ def check_sample(s: SampleConfig, family: str = DEFAULT_FAMILY) -> None:
             check_sigmas(s.sigmas, s.num_inference_steps)
         except ValueError as e:
             raise ConfigError(f"sample.sigmas: {e}") from None
+    if s.context_chunks is not None and (isinstance(s.context_chunks, bool) or
+                                         s.context_chunks < 1):
+        raise ConfigError(f"sample.context_chunks={s.context_chunks} must be >= 1 (chunks the "
+                          f"KV cache keeps beside the sink chunk) or none (every earlier chunk)")
     if s.cache is not None:
         check_choice("sample.cache", s.cache, CACHE_METHODS)
     if s.cache_threshold is not None:

@@ -94,6 +94,10 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     check_train(cfg.train)
     check_distill(cfg.distill)
     check_sample(cfg.sample, cfg.model.family)   # the presets are the family's
+    if cfg.sample.context_chunks is not None and getattr(cfg.model, "causal_chunk", None) is None:
+        raise ConfigError(f"sample.context_chunks={cfg.sample.context_chunks} is for a causal "
+                          f"model; set model.causal_chunk (latent frames per chunk) or "
+                          f"sample.context_chunks=none")
     check_compile_cache(cfg.compile_cache)
     if cfg.steps < 0:
         raise ConfigError(f"steps={cfg.steps} must be >= 0")

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import ditax
-from ditax.models.wan.transformer import TPU_COLUMN_CHUNKS, FeedForward, ffn_chunks
+from ditax.models.wan.feed_forward import TPU_COLUMN_CHUNKS, FeedForward, ffn_chunks
 from ditax.parallel import ShardingContext, make_mesh
 from wan_reference import rel_err
 

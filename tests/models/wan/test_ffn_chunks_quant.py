@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ditax.models.wan.transformer import TPU_COLUMN_CHUNKS, FeedForward
+from ditax.models.wan.feed_forward import TPU_COLUMN_CHUNKS, FeedForward
 from ditax.nn.quant import QuantizedInput, quantize_linear
 from ditax.parallel import ShardingContext
 

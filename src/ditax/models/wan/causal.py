@@ -18,8 +18,8 @@ self-attention replaced by a masked call:
   ``[L, L]`` block-causal element mask — slow, simple, the oracle.
 
 :func:`causal_plan` is that swap for one embedded video, the one call a transformer's
-``run_blocks`` needs to honour a ``model.causal_chunk`` config field (read where the config
-has one; Wan's has none yet, so today the causal forward is asked for by name).
+``run_blocks`` needs to honour the ``model.causal_chunk`` config field (so a model built from
+a causal config runs block-causal everywhere: ``ditax bench``, training, a plain call).
 
 Tokens are frame-major, so token ``l`` lies in latent frame ``(l // (Y'·X'))·pt``; a last
 chunk may be shorter (the whole-video forward does not need ``chunk`` to divide the frames;
@@ -150,16 +150,9 @@ class ChunkMaskedCall:
 def run_blocks(model, h, ctx, plan):
     """All of ``model``'s blocks on tokens ``h [B, L', D]`` with attention ``plan`` (the
     transformer's :meth:`run_blocks`, its plan swapped; scan, remat and offload kept)."""
-    from ditax.nn.stack import run_stack
+    from ditax.models.wan.transformer import WanTransformer
 
-    cfg, sharding = model.cfg, model.sharding
-
-    def body(hs, block):
-        return block(hs, ctx.text, ctx.mod, ctx.rope, ctx.token_mask, ctx.text_mask, plan,
-                     sharding, ctx.image)
-
-    return run_stack(model.blocks, body, h, depth=cfg.num_layers, remat=cfg.remat,
-                     scan=cfg.scan_layers, prefetch=cfg.offload_prefetch)
+    return WanTransformer.run_blocks(model, h, ctx, plan=plan)
 
 
 def causal_plan(model, ctx, chunk: Optional[int] = None, context_chunks: Optional[int] = None,

@@ -65,6 +65,9 @@ class WanConfig(TransformerNumerics, WanShape):
     # added and the control context's channels; () = no VACE branch (rules: models.wan.vace)
     vace_layers: tuple[int, ...] = ()
     vace_in_channels: int = 96
+    # a causal student (issue 59): self-attention block-causal over chunks of this many latent
+    # frames (models.wan.causal); None = bidirectional. Written to config.json when set
+    causal_chunk: Optional[int] = None
 
     # its transformer honours attention.sparsity (tile-major video tokens; not a field)
     SPARSE_ATTENTION = True
@@ -96,8 +99,10 @@ class WanConfig(TransformerNumerics, WanShape):
 
     def to_diffusers(self) -> dict:
         """The diffusers ``config.json`` dict of this architecture (``_class_name`` included;
-        numerics such as dtypes and remat are ditax's own and not written)."""
-        return diffusers_config(self, CLASS_NAME, DIFFUSERS_FIELDS)
+        numerics such as dtypes and remat are ditax's own and not written; a causal student's
+        ``causal_chunk``, which diffusers ignores, is)."""
+        out = diffusers_config(self, CLASS_NAME, DIFFUSERS_FIELDS)
+        return out if self.causal_chunk is None else {**out, "causal_chunk": self.causal_chunk}
 
 
 # the class's older name, kept for the public surface (ditax.config.ModelConfig) and configs
@@ -126,10 +131,35 @@ def check_model(m: WanConfig, mesh_sizes: dict[str, int] | None = None) -> None:
                           f"frame instead of adding channels: in_channels={m.in_channels} must "
                           f"equal out_channels={m.out_channels}")
     check_tensor_splits(m, mesh_sizes, m.ffn_dim, "model.ffn_dim")
+    _check_causal(m)
 
 
-# every rule of one run, in every family's order, checked once at its entry point
-check_transformer = fields.transformer_check(WanConfig, check_model)
+_check_transformer = fields.transformer_check(WanConfig, check_model)
+
+
+def check_transformer(m, attention=None, mesh_sizes: dict[str, int] | None = None) -> None:
+    """Every rule of one Wan run, in every family's order, checked once at its entry point
+    (:func:`ditax.models.common.fields.transformer_check`), then ``model.causal_chunk``
+    against ``attention.sparsity`` (block-causal needs frame-major tokens)."""
+    _check_transformer(m, attention, mesh_sizes)
+    if m.causal_chunk is not None and attention is not None:
+        from ditax.models.wan.causal import check_causal
+
+        check_causal(m.causal_chunk, None, m.patch_size[0], sparsity=attention.sparsity)
+
+
+def _check_causal(m: WanConfig) -> None:
+    """``model.causal_chunk``: a positive multiple of the temporal patch, on a text-to-video
+    model (the causal sampler and the KV cache take no image or control conditioning)."""
+    if m.causal_chunk is None:
+        return
+    from ditax.models.wan.causal import check_causal
+
+    check_causal(m.causal_chunk, None, m.patch_size[0])
+    if m.image_dim is not None or m.vace_layers or m.expand_timesteps:
+        raise ConfigError(f"model.causal_chunk={m.causal_chunk} is for text-to-video Wan; this "
+                          f"model is conditioned on images or control video (image_dim, "
+                          f"vace_layers or expand_timesteps set); set model.causal_chunk=none")
 
 
 def _check_image(m: WanConfig) -> None:
