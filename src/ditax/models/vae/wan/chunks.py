@@ -13,7 +13,7 @@ frame alone (``first=True``: it decodes to one frame), then ``n`` latent frames 
 The decoder's ``path``: ``"plain"`` (the layers as written: XLA convolutions), ``"fast"``
 (the TPU fast path of :mod:`.layers`: channels padded to 128, Pallas convolution kernels of
 :mod:`.conv_tpu`, sub-pixel upsampling), ``"interpret"`` (the fast path with its kernels
-interpreted: CPU tests), ``"auto"`` (plain; fast on a TPU once :data:`FAST_BY_DEFAULT` is
+interpreted: CPU tests), ``"auto"`` (plain; fast on a TPU while :data:`FAST_BY_DEFAULT` is
 set, after the chip has timed it against plain: ``benchmarks/vae_decode.py``; a row split
 is always plain). :func:`chunk_frames` picks the decoder's latent frames per chunk after the first:
 on the fast path as many as keep a chunk near :data:`CHUNK_PIXELS`, fewer where a later chunk's
@@ -41,9 +41,11 @@ from ditax.parallel.platform import platform_of
 log = logging.getLogger(__name__)
 
 PATHS = ("auto", "plain", "fast", "interpret")
-#: whether ``auto`` takes the fast path on a TPU: not until ``benchmarks/vae_decode.py`` has
-#: shown it faster on a chip (compiled for a v5e and equal to plain on CPU; not yet timed)
-FAST_BY_DEFAULT = False
+#: whether ``auto`` takes the fast path on a TPU: yes since a v5e timed it (bf16, 81 frames:
+#: 480x832 3.44 s against the plain path's 4.89 s, 720x1280 8.61 s against 11.9 s;
+#: docs/tpu_v5e.md); its values equal plain's with the kernels interpreted on CPU
+#: (tests/models/vae/test_wan_vae_fast.py) and compiled on a chip (tests/tpu/test_chip_vae.py)
+FAST_BY_DEFAULT = True
 #: pixels of the decoder's top level per chunk that "auto" chunking aims at: 4 latent frames
 #: (16 frames) at 480x832 — each later chunk then costs one program launch and 2 cache frames
 #: per 16, and its temporaries stay at a few GB (on the fast path in bf16 about 1 KB a pixel a
@@ -66,7 +68,7 @@ def _path(path: str) -> FastPath | None:
     if path not in PATHS:
         raise ValueError(f"WanVAE decode: path={path!r} is not one of {PATHS}")
     platform = platform_of().name
-    if path == "auto":     # the fast path is opt-in until a chip has timed it (FAST_BY_DEFAULT)
+    if path == "auto":     # the fast path on a TPU (FAST_BY_DEFAULT)
         path = "fast" if platform == "tpu" and FAST_BY_DEFAULT else "plain"
     elif path == "fast" and platform != "tpu":
         raise ValueError(f"WanVAE decode: path='fast' runs Pallas TPU kernels and the platform "
