@@ -53,6 +53,8 @@ RULES = {
     "negative_prompt": ("str", "a string"),
     "max_sequence_length": ("int", "a positive int (text tokens)"),
     "fps": ("int", "a positive int (frames per second of the written video)"),
+    "context_chunks": ("int?", "a positive int (chunks a causal model's KV cache keeps beside "
+                               "the sink), or null"),
 }
 # the sampler settings a LoRA's ``ditax_sample`` may carry beside the keys above (a folder's
 # file does not: they are the loader's or need their steps; :mod:`ditax.pipelines.lora_sample`)
@@ -92,11 +94,11 @@ def rules_for(keys: Iterable[str] | None = None, defaults: dict | None = None) -
 
 
 def _valid(kind: str, v) -> bool:
-    if kind == "float?" and v is None:
+    if kind in ("float?", "int?") and v is None:
         return True
     if isinstance(v, bool):
         return False
-    if kind == "int":
+    if kind in ("int", "int?"):
         return isinstance(v, int) and v >= 1
     if kind in ("float", "float?"):
         return isinstance(v, (int, float)) and math.isfinite(v) and v >= 0

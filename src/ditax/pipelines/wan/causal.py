@@ -24,13 +24,15 @@ from ditax.pipelines.causal import CausalSampler
 from ditax.pipelines.wan.request import check_grid, check_request
 
 
-def stream(pipe, prompt: str, *, chunk: int, height: int, width: int, num_frames: int,
-           num_inference_steps: int = 4, sigmas=None, guidance_scale: float = 1.0,
-           negative_prompt: Optional[str] = None, context_chunks: Optional[int] = None,
-           seed: int = 0, latents=None) -> Iterator[np.ndarray]:
+def stream(pipe, prompt: str, *, height: int, width: int, num_frames: int,
+           chunk: Optional[int] = None, num_inference_steps: int = 4, sigmas=None,
+           guidance_scale: float = 1.0, negative_prompt: Optional[str] = None,
+           context_chunks: Optional[int] = None, seed: int = 0, latents=None,
+           max_sequence_length: Optional[int] = None) -> Iterator[np.ndarray]:
     """Yield float32 frames ``[f, H, W, 3]`` in [0, 1], one array per chunk of ``chunk``
-    latent frames (``model.causal_chunk``), for a ``num_frames``-frame video of a loaded
-    Wan text-to-video ``pipe`` whose transformer is a causal student.
+    latent frames (None: the transformer's ``model.causal_chunk``), for a
+    ``num_frames``-frame video of a loaded Wan text-to-video ``pipe`` whose transformer is a
+    causal student (``max_sequence_length``: text tokens, None: the pipeline's).
 
     ``context_chunks`` (``sample.context_chunks``): chunks the KV cache keeps beside the
     sink (None: all); ``sigmas``: the few-step schedule (the Euler sampler); ``latents``: the
@@ -45,6 +47,11 @@ def stream(pipe, prompt: str, *, chunk: int, height: int, width: int, num_frames
         raise RequestError(f"stream(): {type(pipe).__name__} conditions on images / control "
                            f"video, which causal sampling does not take yet; stream from a "
                            f"text-to-video causal student")
+    chunk = tr.config.causal_chunk if chunk is None else chunk
+    if chunk is None:
+        raise RequestError("stream(): the transformer is bidirectional (no model.causal_chunk "
+                           "in its config.json); pass chunk=K latent frames or load a causal "
+                           "student's folder")
     sf = pipe.vae.scale_factor_spatial * tr.config.patch_size[1]
     check_request(prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                   None, negative_prompt, spatial=sf, temporal=pipe.vae.scale_factor_temporal,
@@ -52,7 +59,7 @@ def stream(pipe, prompt: str, *, chunk: int, height: int, width: int, num_frames
     check_grid(height, width, num_frames, tr.config.rope_max_seq_len, sf,
                pipe.vae.scale_factor_temporal, tr.config.patch_size[0])
     _, _, frames, y, x = pipe.latent_shape(height, width, num_frames)
-    text = pipe.encode_text(prompt, negative_prompt, guidance_scale > 1.0)
+    text = pipe.encode_text(prompt, negative_prompt, guidance_scale > 1.0, max_sequence_length)
     sampler = CausalSampler(tr.module, kv_cache, pipe.scheduler, chunk, context_chunks)
     decoder = StreamDecoder(pipe.vae)
     chunks = sampler.stream(text, num_frames=frames, latent_hw=(y, x),
@@ -64,4 +71,57 @@ def stream(pipe, prompt: str, *, chunk: int, height: int, width: int, num_frames
         yield to_unit(channels_last(pixels))
 
 
-__all__ = ["stream"]
+def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frames=None,
+          num_inference_steps=None, guidance_scale=None, seed: int = 0, latents=None, *,
+          output: str = "video", sigmas=None, max_sequence_length=None, **options):
+    """A causal student's whole video ``[F, H, W, 3]`` (float32, [0, 1]): :func:`stream`'s
+    chunks joined — what ``pipe(prompt, ...)`` (so ``ditax generate`` and ``ditax serve``)
+    runs on a folder whose transformer has ``causal_chunk``. Values left at None come from
+    the folder's ``ditax_sample.json`` (``context_chunks`` too), else Wan's; ``options``:
+    ``context_chunks`` and the pipeline call's others, each refused in one line when set
+    (step caching, images, a second expert's guidance: not wired into causal sampling)."""
+    from ditax.pipelines.lora_sample import default_sigmas
+
+    given = [k for k, v in options.items() if k != "context_chunks" and v not in (None, False)]
+    if given or output != "video":
+        what = given[0] if given else f"output={output!r}"
+        raise RequestError(f"{what} is not taken by a causal student ({type(pipe).__name__} "
+                           f"with model.causal_chunk={pipe.transformer.config.causal_chunk}: "
+                           f"chunk-by-chunk sampling); drop it")
+    call = pipe.call_defaults(height=height, width=width, num_frames=num_frames,
+                              num_inference_steps=num_inference_steps,
+                              guidance_scale=guidance_scale, negative_prompt=negative_prompt,
+                              context_chunks=options.get("context_chunks"))
+    if sigmas is None:
+        sigmas = default_sigmas(pipe.sample_defaults, call["num_inference_steps"])
+    frames = list(stream(pipe, prompt, seed=seed, latents=latents, sigmas=sigmas,
+                         max_sequence_length=max_sequence_length, **call))
+    pipe.timings = None     # no phases of the bidirectional loop; last_stats: the sampler's
+    return np.concatenate([np.asarray(f) for f in frames], axis=0)
+
+
+def check_call(root, chunk: Optional[int], call: dict, temporal: int) -> None:
+    """A request on folder ``root`` against its transformer's ``causal_chunk`` (``chunk``;
+    None: bidirectional), before any weights: ``context_chunks`` only for a causal folder,
+    and a causal folder's ``num_frames`` a whole number of chunks (``temporal``: the VAE's
+    frames per latent frame); :class:`RequestError` in one line."""
+    given = call.get("context_chunks")
+    if chunk is None:
+        if given is not None:
+            raise RequestError(f"context_chunks={given} (sample.context_chunks) is for a causal "
+                               f"model, but {root}'s transformer is bidirectional (no "
+                               f"causal_chunk in its config.json); drop it")
+        return
+    n = call.get("num_frames")
+    if n is None:
+        return
+    latent = (n - 1) // temporal + 1
+    if latent % chunk:
+        lo, hi = latent // chunk * chunk, (latent // chunk + 1) * chunk
+        pick = [temporal * (f - 1) + 1 for f in (lo, hi) if f]
+        raise RequestError(f"--frames {n} makes {latent} latent frames, not a whole number of "
+                           f"{root}'s causal chunks of {chunk} latent frames; use --frames "
+                           f"{' or '.join(map(str, pick))}")
+
+
+__all__ = ["check_call", "stream", "video"]

@@ -27,6 +27,7 @@ SAMPLE_DEFAULTS: dict[str, Any] = {
     "max_sequence_length": 512,
     "negative_prompt": None,
     "fps": 16,                      # of the written video
+    "context_chunks": None,         # a causal student's KV cache: chunks beside the sink
 }
 
 # preset name -> the sample fields it sets

@@ -73,7 +73,10 @@ class WanPipelines(PipelineFamily):
         if "strength" in call:
             load["video_to_video"] = True
         animate = "pose_video" in call     # Animate's segments run its own schedule (no sigmas)
-        return ({} if animate else {"sigmas": sample.sigmas}), load
+        own = {} if animate else {"sigmas": sample.sigmas}
+        if defaults.get("context_chunks") is not None:     # a causal student's KV cache
+            own["context_chunks"] = defaults["context_chunks"]
+        return own, load
 
     def check_request(self, prompt, height, width, num_frames, num_inference_steps,
                       guidance_scale, guidance_scale_2=None, negative_prompt=None,
@@ -100,6 +103,7 @@ class WanPipelines(PipelineFamily):
         tc = read_config(resolve_folder(root, "transformer"))
         if call is not None:        # the latent grid against the folder's RoPE table
             from ditax.models.vae.wan.config import WanVAEConfig
+            from ditax.pipelines.wan.causal import check_call
             from ditax.pipelines.wan.request import check_grid
 
             vae = WanVAEConfig.from_diffusers(read_model_json(
@@ -110,6 +114,8 @@ class WanPipelines(PipelineFamily):
                 call.get("segment_frame_length", 77) + vae.temporal_factor)
             check_grid(call["height"], call["width"], frames, rope,
                        vae.spatial_factor * patch[1], vae.temporal_factor, patch[0])
+            check_call(root, load.get("causal_chunk", tc.get("causal_chunk")), call,
+                       vae.temporal_factor)
         head_dim = load.get("attention_head_dim") or tc["attention_head_dim"]
         check_available(load["attention"], mesh=mesh, dtype=load["dtype"], head_dim=head_dim)
 

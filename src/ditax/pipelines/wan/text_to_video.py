@@ -88,6 +88,11 @@ class WanTextToVideo(Pipeline):
     model_inputs = staticmethod(wan_inputs)
     finalize = staticmethod(final_latents)
 
+    @property
+    def batches(self) -> bool:
+        """A causal student samples chunk by chunk, one request a call (not the batched loop)."""
+        return self.transformer.config.causal_chunk is None
+
     def __init__(self, *, tokenizer, text_encoder, transformer_2=None, boundary_ratio=None,
                  max_sequence_length=512, **runtime):
         if transformer_2 is not None and boundary_ratio is None:
@@ -199,8 +204,20 @@ class WanTextToVideo(Pipeline):
         settings over it: :mod:`ditax.pipelines.lora_sample`; ``sigmas`` only with their step
         count), else Wan's (480x832, 81 frames, 50 steps, guidance 5.0). ``seed``: an int in [0, 2**32) (``jax.random.PRNGKey``).
         Any other keyword goes to :meth:`plan_request` (VACE's control inputs; here a
-        :class:`RequestError` naming it).
+        :class:`RequestError` naming it). A causal student (``causal_chunk`` in its
+        transformer's config) samples chunk by chunk instead
+        (:func:`ditax.pipelines.wan.causal.video`; ``context_chunks=``).
         """
+        if self.transformer.config.causal_chunk is not None:
+            from ditax.pipelines.wan.causal import video
+
+            return video(self, prompt, negative_prompt, height, width, num_frames,
+                         num_inference_steps, guidance_scale, seed, latents, output=output,
+                         sigmas=sigmas, max_sequence_length=max_sequence_length,
+                         guidance_scale_2=guidance_scale_2, cache=cache,
+                         cache_threshold=cache_threshold, cfg_cache=cfg_cache,
+                         cache_coefficients=cache_coefficients, image=image,
+                         last_image=last_image, **extra)
         return record(self, self.prepare(
             prompt, negative_prompt, height, width, num_frames, num_inference_steps,
             guidance_scale, seed, latents, guidance_scale_2, output=output, sigmas=sigmas,
@@ -222,6 +239,9 @@ class WanTextToVideo(Pipeline):
         ``inputs``: the step-cache arguments (:data:`~ditax.pipelines.base.STEP_CACHE`) and
         the request's condition inputs, which :meth:`plan_request` takes (``image``,
         ``last_image``; VACE's control inputs)."""
+        if self.transformer.config.causal_chunk is not None:
+            raise RequestError("a causal student (model.causal_chunk) has no whole-video loop "
+                               "to prepare; call it (pipe(prompt, ...)) or pipe.stream(...)")
         caching = step_cache_options(inputs)
         # what neither the caller nor the folder's ditax_sample.json gives: Wan's defaults
         (height, width, num_frames, num_inference_steps, guidance_scale, guidance_scale_2,
