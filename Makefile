@@ -15,7 +15,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo demo-model demo-student flux-demo-model test test-fast test-tpu bench install install-test clean
+.PHONY: demo demo-model demo-student flux-demo-model test test-slow test-tpu bench install install-test clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -79,9 +79,17 @@ TCMALLOC := $(firstword $(wildcard /usr/lib/*/libtcmalloc_minimal.so.4 \
 # --max-worker-restart=0: a worker that dies (an XLA abort) fails its test and the run ends;
 # pytest-xdist 3.8's loadscope scheduler can wait forever after replacing a crashed worker
 # (pytest-dev/pytest-xdist#1378), which once held CI until its 90-minute limit.
+# `make test` is the everyday suite (`-m "not slow"`); `make test-slow` the end-to-end tier
+# (tests/conftest.py's END_TO_END: the demo recipes, multi-process runs, long training and
+# distillation runs); CI (.ci/run) runs both.
+PYTEST := $(if $(TCMALLOC),LD_PRELOAD="$(TCMALLOC)") env -u PYTHONDONTWRITEBYTECODE \
+  $(BIN)/python -m pytest tests -q -ra -n 2 --max-worker-restart=0 --dist loadscope \
+  --no-loadscope-reorder --durations=25
 test: $(TEST_STAMP) $(TPU_STAMP)
-	$(if $(TCMALLOC),LD_PRELOAD="$(TCMALLOC)") env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest tests -q -ra -n 2 --max-worker-restart=0 \
-	  --dist loadscope --no-loadscope-reorder --durations=25
+	$(PYTEST) -m "not slow"
+
+test-slow: $(TEST_STAMP) $(TPU_STAMP)
+	$(PYTEST) -m slow
 
 # The TPU group (tests/tpu: kernels, a training step, the demo video on the chip against the
 # CPU) on a TPU machine, in one process (one program holds a chip; no xdist). Without a TPU its

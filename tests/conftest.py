@@ -153,8 +153,29 @@ SLOWEST_FIRST = (
     "recipes/test_demo_student.py", "recipes/test_flux_demo_student.py")
 
 
+# The end-to-end tier (marked ``slow``; ``make test-slow``, and CI after ``make test``): whole
+# programs run end to end — the recipes that train and distil the demo models, runs of several
+# processes (multi-host training and serving, signals, killed workers), and the long
+# training / distillation runs of every family. ``make test`` (``-m "not slow"``) keeps the
+# rest: every module and kernel against its reference, every CLI and server check.
+END_TO_END = (
+    "recipes/test_demo_model.py", "recipes/test_flux_demo_model.py",
+    "recipes/test_demo_student.py", "recipes/test_flux_demo_student.py",
+    "recipes/test_init_random.py",
+    "train/test_distill.py", "train/test_distill_ltx2.py", "train/test_ltx2_train.py",
+    "train/test_bucket_train.py", "train/test_export_run.py", "train/test_object_storage.py",
+    "train/test_multihost.py", "train/test_preprocess_processes.py",
+    "serve/test_serve_multihost.py", "serve/test_serve_signals.py",
+    "serve/test_serve_worker_faults.py", "benchmarks/test_gpu_check.py",
+)
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    end_to_end = set(END_TO_END)
+    for item in items:
+        if item.nodeid.split("::")[0].removeprefix("tests/") in end_to_end:
+            item.add_marker(pytest.mark.slow)
 
     def module_rank(item):
         return rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank))
