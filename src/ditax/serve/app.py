@@ -18,8 +18,9 @@ included, is ``{"error": {"message", "param", "type"}}``):
 - ``GET /v1/videos/{id}/events`` — ``text/event-stream`` (Server-Sent Events): one event
   (``data:`` the job's JSON) at once and at each change of its status or progress, read from
   the store (so any server on a shared store answers it), the last one at completed, failed or
-  cancelled, after which the stream ends; a comment line every 15 s keeps proxies from closing
-  a quiet stream. With an API key it takes ``?key=KEY`` instead of the header (a browser's
+  cancelled, after which the stream ends (a causal model's job: also one event per finished
+  chunk, ``chunk: {index, frames}``, before the end); a comment line every 15 s keeps
+  proxies from closing a quiet stream. With an API key it takes ``?key=KEY`` instead of the header (a browser's
   ``EventSource`` sends no headers; this is the only route that does);
 - ``GET /v1/videos?limit=&after=`` — newest first (``after``: the last id of the previous page);
   each job as what it is (``object`` video / image, its ``model``), whichever model submitted it
@@ -344,14 +345,21 @@ def retry_after(state: ServeState, waiting: int) -> int:
 async def event_stream(state: ServeState, job_id: str, request: Request):
     """The Server-Sent Events of job ``job_id``: its JSON now and at each change of its status
     or progress (the store read every :data:`EVENT_POLL` seconds), ending after a finished
-    status. A server that is stopping ends the streams of the jobs it does not run (a client's
+    status; a causal model's job also one event per finished chunk, in order, with ``chunk``
+    (``index``, ``frames`` made so far; :mod:`ditax.serve.chunks`). A server that is stopping ends the streams of the jobs it does not run (a client's
     ``EventSource`` reconnects, to the next server on the store)."""
-    last, quiet = None, 0.0
+    last, quiet, seen = None, 0.0, 0
+    log = getattr(state.worker, "chunks", None)     # a causal model's chunks (serve.chunks)
     while True:
         job = await run_in_threadpool(state.store.get, job_id)
         if job is None:                   # gone from a shared store: nothing more to say
             return
         view = job_json(job)
+        for c in [] if log is None else log.since(job_id, seen):   # each, before the end
+            seen, last, quiet = seen + 1, ("in_progress", c["progress"]), 0.0
+            chunk = {**view, "status": "in_progress", "progress": c["progress"],
+                     "chunk": {"index": c["index"], "frames": c["frames"]}}
+            yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
         if (view["status"], view["progress"]) != last:
             last, quiet = (view["status"], view["progress"]), 0.0
             yield f"data: {json.dumps(view, separators=(',', ':'))}\n\n"

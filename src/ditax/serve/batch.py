@@ -38,6 +38,15 @@ def generate_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] |
         return sample_batch(pipe, calls, on_step=on_step, pad_to=pad_to)
 
 
+def by_strengths(jobs: list[dict]) -> list[list[dict]]:
+    """``jobs`` in groups of equal LoRA strengths (first seen first; a lock-step batch runs
+    with one strength vector, a continuous batch with one per row)."""
+    groups: dict[str, list[dict]] = {}
+    for j in jobs:
+        groups.setdefault(repr(j["request"].get("lora_strengths")), []).append(j)
+    return list(groups.values())
+
+
 def buckets(max_batch: int) -> list[int]:
     """Every padded batch size a server with ``--max-batch max_batch`` may run."""
     return sorted({bucket(n, max_batch) for n in range(1, max_batch + 1)})
@@ -54,4 +63,4 @@ def warm_programs(pipe, calls: Sequence[dict], max_batch: int) -> None:
             generate_batch(pipe, [call], pad_to=b)
 
 
-__all__ = ["batchable", "bucket", "buckets", "generate_batch", "warm_programs"]
+__all__ = ["batchable", "bucket", "buckets", "by_strengths", "generate_batch", "warm_programs"]

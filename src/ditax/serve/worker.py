@@ -37,6 +37,8 @@ import traceback
 import jax
 
 from ditax.errors import DitaxError
+from ditax.serve.batch import by_strengths
+from ditax.serve.chunks import ChunkLog
 from ditax.serve.jobs import JobStore
 from ditax.serve.metrics import Metrics
 from ditax.serve.requests import BATCHING, call_of
@@ -55,15 +57,6 @@ def about(said: list[str], job: dict, batch: int) -> list[str]:
 STORE_RETRY = 2.0
 #: threads that write finished outputs (mp4 encoding runs ffmpeg, off the model thread)
 WRITERS = 2
-
-
-def by_strengths(jobs: list[dict]) -> list[list[dict]]:
-    """``jobs`` in groups of equal LoRA strengths (first seen first; a lock-step batch runs
-    with one strength vector, a continuous batch with one per row)."""
-    groups: dict[str, list[dict]] = {}
-    for j in jobs:
-        groups.setdefault(repr(j["request"].get("lora_strengths")), []).append(j)
-    return list(groups.values())
 
 
 class Stopping(Exception):
@@ -107,6 +100,7 @@ class Worker(threading.Thread):
         self.deadline = None             # monotonic time the drain ends; None: not stopping
         self.hurried = False             # a second signal ended the drain
         self.cancelled: set[str] = set()
+        self.chunks = ChunkLog()         # a causal model's finished chunks (serve.chunks)
         self.batching = False            # set when the loop starts (serve.batch.batchable)
         self.running: list[str] = []
         self.started = False             # /health: a started worker that is not alive died
@@ -295,7 +289,8 @@ class Worker(threading.Thread):
                     videos = generate_batch(self.pipe, calls, on_step,
                                             pad_to=bucket(len(calls), self.max_batch))
                 else:
-                    videos = [self.pipe(progress=False, **calls[0])]
+                    videos = [self.pipe(progress=False, **calls[0],
+                                        **self.chunks.hook(self, ids[0], calls[0]))]
         except (Stopping, KeyboardInterrupt):
             raise Stopping() from None
         except Cancelled:

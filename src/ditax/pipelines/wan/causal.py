@@ -78,10 +78,12 @@ def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frame
     chunks joined — what ``pipe(prompt, ...)`` (so ``ditax generate`` and ``ditax serve``)
     runs on a folder whose transformer has ``causal_chunk``. Values left at None come from
     the folder's ``ditax_sample.json`` (``context_chunks`` too), else Wan's; ``options``:
-    ``context_chunks`` and the pipeline call's others, each refused in one line when set
-    (step caching, images, a second expert's guidance: not wired into causal sampling)."""
+    ``context_chunks``, ``on_chunk(index, frames_so_far)`` (called as each chunk is decoded:
+    ``ditax serve``'s chunk events) and the pipeline call's others, each refused in one line
+    when set (step caching, images, a second expert's guidance: not in causal sampling)."""
     from ditax.pipelines.lora_sample import default_sigmas
 
+    on_chunk = options.pop("on_chunk", None)
     given = [k for k, v in options.items() if k != "context_chunks" and v not in (None, False)]
     if given or output != "video":
         what = given[0] if given else f"output={output!r}"
@@ -94,10 +96,15 @@ def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frame
                               context_chunks=options.get("context_chunks"))
     if sigmas is None:
         sigmas = default_sigmas(pipe.sample_defaults, call["num_inference_steps"])
-    frames = list(stream(pipe, prompt, seed=seed, latents=latents, sigmas=sigmas,
-                         max_sequence_length=max_sequence_length, **call))
+    frames, made = [], 0
+    for i, part in enumerate(stream(pipe, prompt, seed=seed, latents=latents, sigmas=sigmas,
+                                    max_sequence_length=max_sequence_length, **call)):
+        frames.append(np.asarray(part))
+        made += part.shape[0]
+        if on_chunk is not None:
+            on_chunk(i, made)
     pipe.timings = None     # no phases of the bidirectional loop; last_stats: the sampler's
-    return np.concatenate([np.asarray(f) for f in frames], axis=0)
+    return np.concatenate(frames, axis=0)
 
 
 def check_call(root, chunk: Optional[int], call: dict, temporal: int) -> None:

@@ -89,9 +89,15 @@ class WanTextToVideo(Pipeline):
     finalize = staticmethod(final_latents)
 
     @property
+    def streams_chunks(self) -> bool:
+        """Whether this is a causal student (``causal_chunk`` in its transformer's config): a
+        call samples chunk by chunk and takes ``on_chunk(index, frames_so_far)``."""
+        return self.transformer.config.causal_chunk is not None
+
+    @property
     def batches(self) -> bool:
-        """A causal student samples chunk by chunk, one request a call (not the batched loop)."""
-        return self.transformer.config.causal_chunk is None
+        """A causal student runs one request a call (not the batched loop)."""
+        return not self.streams_chunks
 
     def __init__(self, *, tokenizer, text_encoder, transformer_2=None, boundary_ratio=None,
                  max_sequence_length=512, **runtime):
@@ -208,7 +214,7 @@ class WanTextToVideo(Pipeline):
         transformer's config) samples chunk by chunk instead
         (:func:`ditax.pipelines.wan.causal.video`; ``context_chunks=``).
         """
-        if self.transformer.config.causal_chunk is not None:
+        if self.streams_chunks:
             from ditax.pipelines.wan.causal import video
 
             return video(self, prompt, negative_prompt, height, width, num_frames,
@@ -239,7 +245,7 @@ class WanTextToVideo(Pipeline):
         ``inputs``: the step-cache arguments (:data:`~ditax.pipelines.base.STEP_CACHE`) and
         the request's condition inputs, which :meth:`plan_request` takes (``image``,
         ``last_image``; VACE's control inputs)."""
-        if self.transformer.config.causal_chunk is not None:
+        if self.streams_chunks:
             raise RequestError("a causal student (model.causal_chunk) has no whole-video loop "
                                "to prepare; call it (pipe(prompt, ...)) or pipe.stream(...)")
         caching = step_cache_options(inputs)
