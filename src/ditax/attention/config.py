@@ -52,6 +52,8 @@ class AttentionConfig:
     fused_bwd: Optional[bool] = None     # splash: the kernel's fused dq/dkv backward; None = off
     interpret: Optional[bool] = None     # flash / splash Pallas interpret mode; None = on CPU only
     pad_head_dim: Optional[bool] = None  # splash: zero-pad K to 128; None = when compiled
+    split_keys: Optional[bool] = None    # splash, padded keys, no mask: unmasked whole blocks
+                                         # + a masked last block, merged; None = on
     # block-sparse self-attention over the video tokens (issue 58; splash / flash, no context)
     sparsity: Sparsity = "none"          # none | full (every tile) | sliding_tile (STA) | radial
     tile: tuple[int, int, int] = (4, 8, 8)     # latent tokens per tile (frames, rows, cols)

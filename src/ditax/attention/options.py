@@ -71,6 +71,9 @@ class SplashOptions(Options):
     fused_bwd: bool = False                  # the kernel's fused dq/dkv backward
     interpret: Optional[bool] = None         # None = from the platform (compiled on TPU)
     pad_head_dim: Optional[bool] = None      # zero-pad K to 128; None = when compiled
+    # no kv_mask, Lk not a block multiple: whole key blocks unmasked + the last one masked,
+    # merged exactly (ditax.attention.splash_split); False = every block masked
+    split_keys: bool = True
     # a model's block-sparse self-attention: its BlockTable (the tokens tile-major), set by
     # the model per token grid (ditax.attention.sparse.layout); None = dense
     block_table: Any = field(default=None, metadata={"internal": True})

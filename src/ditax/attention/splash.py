@@ -9,6 +9,9 @@ This module adapts our ``[B, L, N, K]`` + ``kv_mask [B, Lk]`` interface to it:
 - scale: q is pre-multiplied by ``scale`` (the kernel computes ``softmax(q·kᵀ)``);
 - lengths: Lq/Lk are padded up to the (clipped) block sizes; padded keys get kv segment id 0
   and every query segment id 1, so they are never attended; padded query rows are sliced off;
+  without a kv_mask (``split_keys``, default on) only the last key block is masked: the whole
+  blocks run unmasked and the two parts merge by their log-sum-exps
+  (:mod:`ditax.attention.splash_split`; the kernel masks every block once it has segment ids);
 - kv_mask: masked keys get segment id 0 as well; a batch row whose keys are all masked
   returns zeros (as the reference; the kernel itself must not see an all-masked row, so such
   rows run unmasked and are zeroed afterwards);
@@ -33,6 +36,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ditax.attention.blocks import LANES, round_up
 from ditax.attention.options import SplashOptions as _O
@@ -45,7 +49,8 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
                      block_q_bwd: int | None = None, block_kv_bwd: int | None = None,
                      fused_bwd: bool = _O.fused_bwd, interpret: bool | None = None,
                      pad_head_dim: bool | None = None, return_lse: bool = False,
-                     head_major: bool = False, block_table=None):
+                     head_major: bool = False, block_table=None,
+                     split_keys: bool = _O.split_keys):
     """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``;
     with ``head_major`` q/k/v and the output are ``[B, N, L, K]``, the kernel's own layout
     (no transposes around it).
@@ -65,6 +70,11 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
       block_table: a :class:`~ditax.attention.sparse.masks.BlockTable` (the tokens in
         tile-major order): the kernel skips every block the table masks whole (block-sparse
         attention); None: every block (dense).
+      split_keys: without a kv_mask at a key length that is not a block multiple, run the
+        whole key blocks unmasked and the last, padded one masked, and merge the two
+        exactly (:mod:`ditax.attention.splash_split`): the kernel applies a mask to every
+        block, so masking the padded keys slowed every block (TPU v5e, Wan's 32,760
+        tokens: 0.0420 s vs 0.0381 s unpadded). Gradients: the masked kernel's.
     """
     try:
         from jax.experimental.pallas.ops.tpu import splash_attention as sa
@@ -121,30 +131,66 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
     hm = (lambda x: x) if head_major else (lambda x: jnp.swapaxes(x, 1, 2))  # noqa: E731
     qt, kt, vt = _pad(hm(qs), Lq_p, Kp), _pad(hm(k), Lk_p, Kp), _pad(hm(v), Lk_p, Kp)
 
+    sizes = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv_c,
+                          block_q_dkv=bq_b, block_kv_dkv=bkv_b, block_kv_dkv_compute=bkv_b,
+                          block_q_dq=None if fused_bwd else bq_b,
+                          block_kv_dq=None if fused_bwd else bkv_b,
+                          use_fused_bwd_kernel=bool(fused_bwd))
+    P = split_point(Lk, bkv, kv_mask, block_table, split_keys)
+    if P is not None:     # padded keys, no kv_mask: full-speed prefix + masked tail, merged
+        from ditax.attention.splash_split import split_attention
+
+        def masked(qt, kt, vt):   # the wrapper's masked kernel (its VJP: the gradient's)
+            kv_seg = jnp.asarray(np.arange(Lk_p) < Lk, jnp.int32)
+            return _segmented(qt, kt, vt, jnp.ones((B, Lq_p), jnp.int32),
+                              jnp.broadcast_to(kv_seg, (B, Lk_p)), sizes, interpret, False)
+
+        res = split_attention(qt, kt, vt, masked, Lk=Lk, P=P, sizes=sizes,
+                              interpret=interpret, return_lse=bool(return_lse))
+        o = hm((res[0] if return_lse else res)[:, :, :Lq, :K]).astype(q.dtype)
+        return (o, res[1][:, :, :Lq]) if return_lse else o
+
     valid = jnp.ones((B, Lk), bool) if kv_mask is None else kv_mask.astype(bool)
     any_key = jnp.any(valid, axis=1)                                     # [B]
     valid = jnp.where(any_key[:, None], valid, True)   # all-masked rows run unmasked, zeroed below
     kv_seg = jnp.pad(valid.astype(jnp.int32), ((0, 0), (0, Lk_p - Lk)))  # padded keys: 0
     q_seg = jnp.ones((B, Lq_p), jnp.int32)
 
-    sizes = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv_c,
-                          block_q_dkv=bq_b, block_kv_dkv=bkv_b, block_kv_dkv_compute=bkv_b,
-                          block_q_dq=None if fused_bwd else bq_b,
-                          block_kv_dq=None if fused_bwd else bkv_b,
-                          use_fused_bwd_kernel=bool(fused_bwd))
-    kernel = _kernel(N, Lq_p, Lk_p, sizes, interpret, bool(return_lse), block_table)
-
-    def one(q_b, k_b, v_b, qs_b, kvs_b):
-        return kernel(q_b, k_b, v_b, segment_ids=sa.SegmentIds(q=qs_b, kv=kvs_b))
-
-    res = jax.vmap(pinned_precision(one, q.dtype))(qt, kt, vt, q_seg, kv_seg)
-    o, lse = (res[0], res[1][0]) if return_lse else (res, None)
+    res = _segmented(qt, kt, vt, q_seg, kv_seg, sizes, interpret, bool(return_lse), block_table)
+    o, lse = res if return_lse else (res, None)
     o = hm(o[:, :, :Lq, :K]).astype(q.dtype)               # [B, Lq, N, K] (or head-major)
     o = jnp.where(any_key[:, None, None, None], o, jnp.zeros_like(o))
     if not return_lse:
         return o
     lse = jnp.where(any_key[:, None, None], lse[:, :, :Lq].astype(jnp.float32), -jnp.inf)
     return o, lse
+
+
+def split_point(Lk: int, block_kv: int, kv_mask, block_table, enabled: bool) -> int | None:
+    """Where the keys split (:mod:`ditax.attention.splash_split`), or None when they do not:
+    only without a ``kv_mask`` and a block table, at a key length that is not a multiple of
+    ``block_kv`` and holds at least one whole block. The split point is ``Lk`` rounded down
+    to ``block_kv``."""
+    P = Lk // block_kv * block_kv
+    if not enabled or kv_mask is not None or block_table is not None or P in (0, Lk):
+        return None
+    return P
+
+
+def _segmented(qt, kt, vt, q_seg, kv_seg, sizes, interpret: bool, return_lse: bool,
+               block_table=None):
+    """The kernel over head-major padded ``[B, N, L, K]`` inputs with segment ids ``[B, L]``
+    (batch vmapped, precision pinned): o, or ``(o, lse [B, N, Lq])`` with ``return_lse``."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    _, N, Lq_p, _ = qt.shape
+    kernel = _kernel(N, Lq_p, kt.shape[2], sizes, interpret, return_lse, block_table)
+
+    def one(q_b, k_b, v_b, qs_b, kvs_b):
+        return kernel(q_b, k_b, v_b, segment_ids=sa.SegmentIds(q=qs_b, kv=kvs_b))
+
+    res = jax.vmap(pinned_precision(one, qt.dtype))(qt, kt, vt, q_seg, kv_seg)
+    return (res[0], res[1][0]) if return_lse else res
 
 
 def kernel_precision(dtype) -> str:
