@@ -23,8 +23,6 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
-import jax  # noqa: E402
-
 BUILDS = {"wan": "ditax.models.wan.build", "flux": "ditax.models.flux.build",
           "flux2": "ditax.models.flux2.build", "ltx2": "ditax.models.ltx2.transformer.build"}
 HBM = {"tpu-v5e-1": int(15.75 * 2**30), "tpu-v6e-1": 32 * 2**30}
@@ -62,22 +60,13 @@ def main() -> None:
     budget = HBM[a.target] // 4
     with ditax.target_platform("tpu", device_kind=kind):
         gdef, init, out = loaded._init_parts(*build._init(cfg.model, cfg.attention, mesh, 0))
-        shapes = jax.eval_shape(init)
-        leaves = jax.tree_util.tree_leaves(shapes)
-        places = jax.tree_util.tree_leaves(
-            out, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-        groups = loaded.init_groups([x.size * x.dtype.itemsize for x in leaves], budget)
+        programs = loaded.group_programs(init, out, budget)[1]
         if a.whole:
-            groups = [list(range(len(leaves)))] + groups
+            programs = loaded.group_programs(init, out, None)[1] + programs
         worst = 0
-        for n, group in enumerate(groups):
-            def part(group=group):
-                drawn = jax.tree_util.tree_leaves(init())
-                return [drawn[i] for i in group]
-
+        for n, (group, program) in enumerate(programs):
             t = time.time()
-            mem = jax.jit(part, out_shardings=[places[i] for i in group]).lower().compile() \
-                .memory_analysis()
+            mem = program.lower().compile().memory_analysis()
             whole = a.whole and n == 0
             row = {"bench": "init_memory", "case": case, "target": a.target,
                    "program": "whole" if whole else f"group {n - int(a.whole)}",
@@ -90,7 +79,7 @@ def main() -> None:
                 worst = max(worst, mem.temp_size_in_bytes)
         emit(a.out, {"bench": "init_memory", "case": case, "target": a.target,
                      "metric": "largest group temp", "value": worst, "unit": "bytes",
-                     "programs": len(groups) - int(a.whole), "group_bytes": budget,
+                     "programs": len(programs) - int(a.whole), "group_bytes": budget,
                      "hbm_bytes": HBM[a.target]})
 
 

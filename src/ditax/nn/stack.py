@@ -33,9 +33,15 @@ REMAT = {
 
 def make_stack(make_block: Callable[[nnx.Rngs], nnx.Module], depth: int,
                rngs: nnx.Rngs) -> nnx.Module:
-    """``depth`` blocks ``make_block(rngs)`` as one module with a leading layer axis."""
+    """``depth`` blocks ``make_block(rngs)`` as one module with a leading layer axis.
+
+    Block ``i`` draws from the ``i``-th of ``depth`` split keys, one block at a time under a
+    scan (the values an ``nnx.vmap`` over the split keys draws, bit for bit): an XLA program
+    drawing a stack then holds one block's random draw, compiled once for every layer (a
+    TPU's compile time grows with the elements one fusion draws: Wan 2.1 1.3B's 30 vmapped
+    blocks took over a minute to compile for a v5e, ``benchmarks/init_speed.py``)."""
     @nnx.split_rngs(splits=depth)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
+    @nnx.scan(in_axes=(0,), out_axes=0)
     def make(rngs):
         return make_block(rngs)
 

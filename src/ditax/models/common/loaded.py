@@ -113,28 +113,41 @@ def init_groups(sizes, group_bytes: Optional[int]) -> list[list[int]]:
     return groups
 
 
-def run_grouped(init: Callable, out, group_bytes: Optional[int]):
-    """``init()``'s state drawn one group of leaves at a time (:func:`init_groups`), each
-    group a jitted program of ``init`` that returns only that group's leaves (XLA drops the
-    draws of the others), placed in ``out``'s shardings (None: the default)."""
-    abstract = jax.eval_shape(init)
-    leaves, tree = jax.tree_util.tree_flatten(abstract)
+def group_programs(init: Callable, out, group_bytes: Optional[int]):
+    """``(treedef, [(leaf indices, program)])``: the jitted programs (no arguments) that
+    :func:`run_grouped` runs, one a group of ``init()``'s leaves (:func:`init_groups`), each
+    returning its group's leaves in ``out``'s shardings (None: the default). ``init`` is
+    traced once; each program evaluates that trace and keeps its group's leaves, the other
+    draws dead code that ``jit`` drops before lowering (so a group compiles only its draws)."""
+    from jax.extend.core import jaxpr_as_fun
+
+    closed, shapes = jax.make_jaxpr(init, return_shape=True)()
+    leaves, tree = jax.tree_util.tree_flatten(shapes)
     places = [None] * len(leaves) if out is None else jax.tree_util.tree_leaves(
         out, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-    groups = init_groups([a.size * a.dtype.itemsize for a in leaves], group_bytes)
-    if len(groups) == 1:
-        return jax.jit(init, out_shardings=out)()
-    values = [None] * len(leaves)
-    for group in groups:
+    draw = jaxpr_as_fun(closed)
+    programs = []
+    for group in init_groups([a.size * a.dtype.itemsize for a in leaves], group_bytes):
         def part(group=group):
-            drawn = jax.tree_util.tree_leaves(init())
+            drawn = draw()
             return [drawn[i] for i in group]
 
         shard = None if out is None else [places[i] for i in group]
-        for i, v in zip(group, jax.jit(part, out_shardings=shard)()):
+        programs.append((group, jax.jit(part, out_shardings=shard)))
+    return tree, programs
+
+
+def run_grouped(init: Callable, out, group_bytes: Optional[int]):
+    """``init()``'s state drawn one group of leaves at a time (:func:`group_programs`),
+    placed in ``out``'s shardings (None: the default)."""
+    tree, programs = group_programs(init, out, group_bytes)
+    values = [None] * tree.num_leaves
+    for group, program in programs:
+        for i, v in zip(group, program()):
             values[i] = v
-    log.info("random init: %d parameters in %d programs of at most %.2f GB", len(leaves),
-             len(groups), group_bytes / 1e9)
+    if len(programs) > 1:
+        log.info("random init: %d parameters in %d programs of at most %.2f GB",
+                 len(values), len(programs), group_bytes / 1e9)
     return jax.tree_util.tree_unflatten(tree, values)
 
 
