@@ -212,7 +212,7 @@ def check_lora(c: LoraConfig) -> None:
         check_choice("lora.targets", t, LORA_TARGETS)
 
 
-DistillMethod = Literal["none", "dmd2"]
+DistillMethod = Literal["none", "dmd2", "self_forcing"]
 DISTILL_METHODS = get_args(DistillMethod)
 
 
@@ -247,7 +247,11 @@ class DistillConfig:
     on the student steps whose timestep is at or above ``boundary`` x 1000 and critic noise
     levels there; ``expert=low`` the low-noise one (``init_from=FOLDER/transformer_2``) below
     it, on noised data latents (``backward_simulation=false``: the steps before are the other
-    expert's)."""
+    expert's).
+
+    ``method=self_forcing`` (issue 59): the same losses on a causal student
+    (``model.causal_chunk``) that rolls out its own video chunk by chunk with its KV cache
+    (:mod:`ditax.train.self_forcing`)."""
 
     method: DistillMethod = "none"
     steps: int = 4

@@ -241,9 +241,12 @@ class ModelFamily(abc.ABC):
         _lacks(self, "init_from", "weights_folder")
 
     def load_params(self, folder, mesh) -> dict:
-        """Needs capability ``init_from``. Parameters (pure dict, sharded like
-        :meth:`param_shardings`) read from ``folder``."""
+        """Needs capability ``init_from``. Parameters (pure dict, sharded) read from ``folder``."""
         _lacks(self, "init_from", "load_params")
+
+    def kv_cache(self):
+        """Needs capability ``causal``: a causal student's KV-cache module (CausalSampler's)."""
+        _lacks(self, "causal", "kv_cache")
 
     @classmethod
     def load_encoders(cls, folder, dtype: str = "float32") -> Encoders:
@@ -251,14 +254,12 @@ class ModelFamily(abc.ABC):
         _lacks(cls, "preprocess", "load_encoders")
 
     def lora_table(self):
-        """Needs capability ``lora``. The weight table LoRA adapters are placed and named by
-        (diffusers names, a :mod:`ditax.lora.table` table)."""
+        """Needs capability ``lora``. The table LoRA adapters are placed and named by."""
         _lacks(self, "lora", "lora_table")
 
     def weight_table(self):
         """Needs capability ``quantize``. The transformer's full conversion table (diffusers
-        names; what ``ditax convert --quantize`` writes through); by default
-        :meth:`lora_table`."""
+        names; what ``ditax convert --quantize`` writes through); by default the LoRA table."""
         return self.lora_table()
 
     @classmethod
@@ -393,7 +394,6 @@ class _FeatureCapture:
         return getattr(self.module, name)
 
 
-__all__ = ["ModelFamily", "Encoders", "SkipClip", "Denoiser", "Embedded", "ModelInputs", "num_blocks",
-           "SizeRule", "TextEncoding", "FamilyTrainer", "register_family",
-           "family_class", "model_family",
-           "DEFAULT_FAMILY"]
+__all__ = ["ModelFamily", "Encoders", "SkipClip", "Denoiser", "Embedded", "ModelInputs",
+           "num_blocks", "SizeRule", "TextEncoding", "FamilyTrainer", "register_family",
+           "family_class", "model_family", "DEFAULT_FAMILY"]

@@ -95,6 +95,8 @@ CAPABILITIES: dict[str, Capability] = {
         ("weights_folder", "load_params")),
     "train_vae": Capability(
         "VAE trainer", "ditax train-vae", part="trainers"),
+    "causal": Capability(
+        "causal transformer with a KV cache", "distill.method=self_forcing", ("kv_cache",)),
 }
 
 # model-section fields that only a family with the capability has (refused, naming the

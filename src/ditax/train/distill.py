@@ -85,10 +85,12 @@ class DistillTrainer(DmdLosses, GanHead, TrainerBase):
     critic (``fake``, ``fake_opt``) beside the student (``params``, ``opt``) and the frozen
     teacher or base (``frozen``)."""
 
+    method = "dmd2"     # the distill.method this trainer runs
+
     def __init__(self, cfg: Config, mesh):
-        if cfg.distill.method != "dmd2":
-            raise ConfigError(f"distill.method={cfg.distill.method!r}: DistillTrainer runs "
-                              f"distill.method=dmd2")
+        if cfg.distill.method != self.method:
+            raise ConfigError(f"distill.method={cfg.distill.method!r}: {type(self).__name__} "
+                              f"runs distill.method={self.method}")
         self.cfg = cfg
         self.mesh = mesh
         self.family = model_family(cfg.model, cfg.attention, cfg.flow)
@@ -254,8 +256,18 @@ class DistillTrainer(DmdLosses, GanHead, TrainerBase):
         """A thunk building the real score's module (the frozen teacher)."""
         if self.split is not None:
             zeros = jax.tree.map(jnp.zeros_like, state_params)
-            return lambda: self.model(zeros, frozen)
-        return lambda: self.model(frozen, frozen)
+            return lambda: self.score_model(zeros, frozen)
+        return lambda: self.score_model(frozen, frozen)
+
+    def score_model(self, params: dict, frozen: dict):
+        """The module of a score (the real one, the critic) on ``params``: here the student's
+        own architecture (:meth:`model`; a causal student's scores are bidirectional)."""
+        return self.model(params, frozen)
+
+    def student_video(self, params, frozen, batch, noise, sig):
+        """The student's whole K-step sample (joint latents) from ``noise`` (the previews')."""
+        v = self.denoiser(lambda: self.model(params, frozen), batch)
+        return self.rollout(v, noise, sig, self.cfg.distill.steps)
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -335,8 +347,7 @@ class DistillTrainer(DmdLosses, GanHead, TrainerBase):
                 noise = S.normal(jax.random.PRNGKey(self.cfg.seed),
                                  S.joint_data(batch, self.streams), self.streams, cast=True)
                 sig = jnp.asarray(self.schedule_table(batch["latents"].shape[1:]))
-                v = self.denoiser(lambda: self.model(params, frozen), batch)
-                return S.main(self.rollout(v, noise, sig, self.cfg.distill.steps))
+                return S.main(self.student_video(params, frozen, batch, noise, sig))
             self._preview = jax.jit(run)
         lat = np.asarray(self._preview(state["params"], state["frozen"], batch), np.float32)
         lat = lat[:n, :3, lat.shape[2] // 2]                      # [n, 3, Y, X]
@@ -356,9 +367,14 @@ class DistillTrainer(DmdLosses, GanHead, TrainerBase):
 
 def make_trainer(cfg: Config, mesh):
     """The trainer a config asks for: :class:`DistillTrainer` for ``distill.method=dmd2``,
-    else :class:`~ditax.train.step.Trainer`."""
+    :class:`~ditax.train.self_forcing.SelfForcingTrainer` for ``self_forcing``, else
+    :class:`~ditax.train.step.Trainer`."""
     if cfg.distill.method == "dmd2":
         return DistillTrainer(cfg, mesh)
+    if cfg.distill.method == "self_forcing":
+        from ditax.train.self_forcing import SelfForcingTrainer
+
+        return SelfForcingTrainer(cfg, mesh)
     from ditax.train.step import Trainer
 
     return Trainer(cfg, mesh)

@@ -21,7 +21,8 @@ from ditax.train.loss import NUM_TRAIN_TIMESTEPS, flow_loss, joint_flow_loss
 
 class DmdLosses:
     """The step's pieces; the trainer (:class:`~ditax.train.distill.DistillTrainer`) gives
-    ``cfg``, ``family``, ``streams``, ``condition_keys``, ``terminal``, ``model`` and the GAN
+    ``cfg``, ``family``, ``streams``, ``condition_keys``, ``terminal``, ``model`` (the
+    student's module), ``score_model`` (the critic's and the teacher's) and the GAN
     head's ``fake_features`` / ``discriminate`` (:class:`~ditax.train.distill_gan.GanHead`)."""
 
     def denoiser(self, module, batch):
@@ -162,7 +163,7 @@ class DmdLosses:
         vr, _ = real_v(x_in, sigma)
         parts = {}
         if head is None:
-            fake_v = self.denoiser(lambda: self.model(fake_fixed, frozen), batch)
+            fake_v = self.denoiser(lambda: self.score_model(fake_fixed, frozen), batch)
             vf, _ = fake_v(x_in, sigma)
         else:   # one critic call: its features carry the gradient to x0, its score does not
             s = S.per_sample(sigma, x0)         # (no further streams: refused with a head)
@@ -211,7 +212,7 @@ class DmdLosses:
             logits = self.discriminate(head, feats)
             gan = self.cfg.distill.gan_critic_weight * (
                 jnp.mean(jax.nn.softplus(logits[:b])) + jnp.mean(jax.nn.softplus(-logits[b:])))
-        model = self.model(fake, frozen)
+        model = self.score_model(fake, frozen)
         condition = {k: batch[k] for k in self.condition_keys} or None
 
         def inputs(x_t, x0_, t):

@@ -50,7 +50,9 @@ def sample_settings(cfg: Config, family, latent_shape) -> dict:
     student's sigmas with its shift, no classifier-free guidance. With ``distill.shift`` 0 and
     a resolution-dependent training shift (``flow.dynamic_shift``), no shift is written: the
     pipeline applies the same shift at the sampled resolution. ``latent_shape`` None (an
-    export, which knows no resolution): the run's fixed shift."""
+    export, which knows no resolution): the run's fixed shift. A causal student
+    (``distill.method=self_forcing``) adds the KV-cache window it trained with
+    (``sample.context_chunks``, when set; else every earlier chunk, nothing written)."""
     d = cfg.distill
     # ditax export builds the family without its flow: the run's config has it
     flow = family.flow if family.flow is not None else cfg.flow
@@ -61,7 +63,10 @@ def sample_settings(cfg: Config, family, latent_shape) -> dict:
         shift = float(flow.shift)
     else:
         shift = student_shift(cfg, family, latent_shape)
-    return family.few_step_sample(d.steps, list(distill_sigmas(d)), shift)
+    out = family.few_step_sample(d.steps, list(distill_sigmas(d)), shift)
+    if d.method == "self_forcing" and cfg.sample.context_chunks is not None:
+        out["context_chunks"] = int(cfg.sample.context_chunks)
+    return out
 
 
 def sampling_terminal(cfg: Config, family) -> float | None:

@@ -21,6 +21,6 @@ register(FamilySpec(
     trainers={"vae": "ditax.train.wan.trainers:WanVAETraining"},       # ditax train-vae
     lora_names="ditax.models.wan.lora_names:LORA_NAMES",
     capabilities=frozenset({"transformer", "single_file", "folder_check", "quantize", "lora",
-                            "step_cache", "bench", "preprocess", "init_from", "train_vae"}),
+                            "step_cache", "bench", "preprocess", "init_from", "train_vae", "causal"}),
     random_folders="ditax.recipes.random_wan:RANDOM",                 # ditax init-random
 ))

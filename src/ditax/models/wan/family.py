@@ -248,6 +248,11 @@ class WanFamily(ModelFamily):
         model = load_weights_into(self.abstract(mesh), folder, cfg, mesh)
         return nnx.to_pure_dict(nnx.split(model)[1])
 
+    def kv_cache(self):
+        from ditax.models.wan import kv_cache
+
+        return kv_cache
+
     @classmethod
     def load_encoders(cls, folder, dtype: str = "float32") -> "WanEncoders":
         return WanEncoders(folder, dtype)

@@ -1,0 +1,187 @@
+"""Self-Forcing distillation (issue 59, ``distill.method=self_forcing``): DMD2
+(:mod:`ditax.train.distill`) of a bidirectional teacher into a causal few-step student that
+trains on its own autoregressive rollouts.
+
+The student is the run's model with ``model.causal_chunk=K``, initialised from the teacher
+(``init_from`` the bidirectional folder: the same weights, only its self-attention is
+block-causal). The real score (the frozen teacher) and the critic (the fake score, also
+initialised from the teacher) run the same weights bidirectionally (the model config with
+``causal_chunk`` unset): :meth:`SelfForcingTrainer.score_model`.
+
+The student's sample is its own video, made as :class:`~ditax.pipelines.causal.CausalSampler`
+makes it: chunk by chunk of ``K`` latent frames, each chunk from its noise in the student's
+``S`` Euler steps (the table of :func:`~ditax.train.distill_schedule.student_schedule`)
+against the KV cache of the clean chunks before it (the sink + ``sample.context_chunks``
+chunks; unset: every earlier chunk), then the clean chunk's keys / values written into the
+cache by a forward at t = 0. That whole video is the ``x̂0`` of DMD2's losses, reused as they
+are (:class:`~ditax.train.distill_losses.DmdLosses`): the distribution-matching loss against
+the guided teacher and the critic, and the critic's flow-matching updates on the student's
+rollouts (``distill.critic_updates``, each on a fresh rollout).
+
+Gradient — one random step per rollout (Self-Forcing's ``same_step_across_blocks``): a step
+``k`` in ``0..S-1`` is drawn once per rollout (metric ``student_step``); in every chunk the
+student's call at step ``k`` carries the gradient, pulled back through its Euler update
+``x_{k+1} = x_k + (s_{k+1} - s_k)·G(x_k, s_k)``; the later steps pass it on as the identity
+(their calls under stop_gradient); the steps before ``k`` and the cache writes carry none (as
+Self-Forcing's ``no_grad`` rollout and cache update). Unlike Self-Forcing, which ends a chunk
+at step ``k`` with that call's clean estimate, every chunk runs all ``S`` steps: the video
+trained on is the video the sampler makes (equal to CausalSampler's for the same noise and
+weights), at the price of the later steps' forwards and of step ``k``'s call made twice
+(without, then with the gradient: :meth:`SelfForcingTrainer.causal_rollout`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ditax.config import Config, ConfigError
+from ditax.models import registry
+from ditax.models.base import model_family
+from ditax.train import distill_streams as S
+from ditax.train.distill import DistillTrainer
+from ditax.train.loss import NUM_TRAIN_TIMESTEPS
+
+
+def check_self_forcing(cfg: Config) -> None:
+    """One :class:`ConfigError` line for a run ``distill.method=self_forcing`` cannot make:
+    a family without a causal transformer, a student config that is not causal, and the
+    settings the causal rollout does not take."""
+    d, name = cfg.distill, getattr(cfg.model, "family", registry.DEFAULT_FAMILY)
+    registry.require(name, "causal", "distill.method=self_forcing",
+                     "distil a causal student of a family that has one, or use "
+                     "distill.method=dmd2")
+    chunk = getattr(cfg.model, "causal_chunk", None)
+    refusals = (
+        (chunk is None, "trains a causal student: set model.causal_chunk=K (latent frames "
+                        "per chunk; init_from the bidirectional teacher, whose weights it "
+                        "starts from)"),
+        (cfg.lora.rank > 0, f"trains the whole student; lora.rank={cfg.lora.rank} is not "
+                            f"supported with it, set lora.rank=0"),
+        (d.gan_weight > 0, f"has no GAN term; distill.gan_weight={d.gan_weight:g}: set "
+                           f"distill.gan_weight=0"),
+        (d.expert != "all", f"distils one causal student over all its steps; "
+                            f"distill.expert={d.expert}: set distill.expert=all"),
+        (not d.backward_simulation, "always trains on the student's own rollout; "
+                                    "distill.backward_simulation=false: set it true"),
+        (cfg.sample.cache is not None, f"samples a few steps per chunk with no step cache; "
+                                       f"sample.cache={cfg.sample.cache}: set sample.cache="
+                                       f"none"),
+    )
+    for bad, why in refusals:
+        if bad:
+            raise ConfigError(f"distill.method=self_forcing {why}")
+
+
+class SelfForcingTrainer(DistillTrainer):
+    """:class:`~ditax.train.distill.DistillTrainer` (same state, step, resume) whose student
+    samples its video causally, chunk by chunk (see the module docstring)."""
+
+    method = "self_forcing"
+
+    def __init__(self, cfg: Config, mesh):
+        check_self_forcing(cfg)
+        super().__init__(cfg, mesh)
+        self.kv = self.family.kv_cache()
+        self.chunk = int(cfg.model.causal_chunk)
+        bidirectional = model_family(dataclasses.replace(cfg.model, causal_chunk=None),
+                                     cfg.attention, cfg.flow)
+        self._score_graph = nnx.split(bidirectional.abstract(mesh))
+
+    def score_model(self, params: dict, frozen: dict):
+        """The teacher's and the critic's module: the weights ``params`` run bidirectionally."""
+        graphdef, abstract = self._score_graph
+        st = jax.tree.map(lambda x: x, abstract)
+        nnx.replace_by_pure_dict(st, params)
+        return nnx.merge(graphdef, st)
+
+    @property
+    def flops_factor(self) -> float:
+        """Over one training step's 3 forwards: each rollout is ``S + 2`` forwards of the
+        video (the steps, step ``k`` again, the cache writes); the student's update adds the chosen step's
+        backward (2), the teacher (2 with guidance) and the critic (1); each critic update
+        the critic's forward and backward (3)."""
+        d = self.cfg.distill
+        rollout = d.steps + 2
+        student = rollout + 2 + (2 if d.guidance != 1 else 1) + 1
+        return (d.critic_updates * (rollout + 3) + student) / 3
+
+    def bind_data(self, data) -> None:
+        """DMD2's, and every batch shape's latent frames whole chunks within RoPE's table."""
+        for shape in getattr(data, "latent_shapes", (data.latent_shape,)):
+            self.window(shape[1])
+        super().bind_data(data)
+
+    def window(self, frames: int) -> int:
+        """The KV cache's chunks beside the sink for ``frames`` latent frames:
+        ``sample.context_chunks``, else every earlier chunk; one line when the frames are no
+        whole number of chunks or run past RoPE's frame positions."""
+        m = self.cfg.model
+        context = self.cfg.sample.context_chunks
+        self.kv.check_causal(self.chunk, context, m.patch_size[0], frames=frames)
+        n = frames // self.chunk
+        self.kv.check_length(m, self.chunk, n, what=f"data latent frames={frames}")
+        return context if context is not None else max(n - 1, 1)
+
+    def causal_rollout(self, params, frozen, batch, noise, sig, k):
+        """The student's video ``[B, C, F, Y, X]`` (float32) from ``noise``: chunk by chunk,
+        ``S`` Euler steps on the sigma table ``sig [S+1]`` against the KV cache, the clean
+        chunk written at t = 0; the gradient with respect to ``params`` through step ``k``
+        (traced) of each chunk only.
+
+        Each chunk's steps run without gradient (the value: the sampler's), keeping step
+        ``k``'s input; that step's call is made again with the gradient, and its update's
+        difference to itself (zero) added to the chunk (so the chunk's value stays the loop's,
+        its gradient that update's). One scan over the chunks, the cache its carry."""
+        kv, chunk, steps = self.kv, self.chunk, sig.shape[0] - 1
+        b, c, frames, y, x = noise.shape
+        n = frames // chunk
+        text, mask = batch["text"], batch["text_mask"].astype(bool)
+        fixed, sg = jax.lax.stop_gradient(params), jax.lax.stop_gradient
+        dtype = jnp.dtype(self.cfg.model.dtype)
+        cache = kv.init_cache(self.model(fixed, frozen), b, (chunk, y, x), self.window(frames))
+        noise = jnp.moveaxis(noise.astype(jnp.float32).reshape(b, c, n, chunk, y, x), 2, 0)
+
+        def velocity(p, z, s, cache):
+            t = jnp.full((b,), s * NUM_TRAIN_TIMESTEPS, jnp.float32)
+            out, _ = kv.forward_chunk(self.model(p, frozen), z.astype(dtype), t, text, cache,
+                                      text_mask=mask, write=False)
+            return out
+
+        def one_chunk(cache, z0):
+            def step(j, carry):
+                z, z_k = carry
+                z_k = jnp.where(j == k, z, z_k)
+                return S.euler(z, velocity(fixed, z, sig[j], cache), sig[j + 1] - sig[j]), z_k
+
+            z, z_k = (sg(a) for a in jax.lax.fori_loop(0, steps, step, (z0, z0)))
+            z_next = S.euler(z_k, velocity(params, z_k, sig[k], cache), sig[k + 1] - sig[k])
+            clean = z + (z_next - sg(z_next))
+            _, cache = kv.forward_chunk(self.model(fixed, frozen), z.astype(dtype),
+                                        jnp.zeros((b,), jnp.float32), text, cache,
+                                        text_mask=mask, write=True)
+            return sg(cache), clean
+
+        _, out = jax.lax.scan(one_chunk, cache, noise)          # [n, B, C, K, Y, X]
+        return jnp.moveaxis(out, 0, 2).reshape(b, c, frames, y, x)
+
+    def student_sample(self, params, frozen, batch, key, sig):
+        """``(video, None, k, None)``: the student's causal rollout from fresh noise with the
+        gradient through step ``k`` (drawn uniformly from ``0..S-1``), in the place of DMD2's
+        clean estimate at a random step (the losses take it as they are)."""
+        k_step, k_noise = jax.random.split(key)
+        sig = jnp.asarray(sig, jnp.float32)
+        k = jax.random.randint(k_step, (), 0, self.cfg.distill.steps)
+        noise = S.normal(k_noise, batch["latents"])
+        return self.causal_rollout(params, frozen, batch, noise, sig, k), None, k, None
+
+    def student_video(self, params, frozen, batch, noise, sig):
+        """The previews' sample: the causal rollout (no gradient taken)."""
+        return self.causal_rollout(params, frozen, batch, S.main(noise).astype(jnp.float32),
+                                   jnp.asarray(sig, jnp.float32), 0)
+
+
+__all__ = ["SelfForcingTrainer", "check_self_forcing"]
