@@ -113,19 +113,27 @@ def init_groups(sizes, group_bytes: Optional[int]) -> list[list[int]]:
     return groups
 
 
+DRAW_CHUNK = 1 << 20   # elements one fusion of a random init draws at most (group_programs)
+
+
 def group_programs(init: Callable, out, group_bytes: Optional[int]):
     """``(treedef, [(leaf indices, program)])``: the jitted programs (no arguments) that
     :func:`run_grouped` runs, one a group of ``init()``'s leaves (:func:`init_groups`), each
     returning its group's leaves in ``out``'s shardings (None: the default). ``init`` is
     traced once; each program evaluates that trace and keeps its group's leaves, the other
-    draws dead code that ``jit`` drops before lowering (so a group compiles only its draws)."""
-    from jax.extend.core import jaxpr_as_fun
+    draws dead code that ``jit`` drops before lowering (so a group compiles only its draws),
+    its large draws in chunks of at most :data:`DRAW_CHUNK` elements, the same values
+    (:func:`ditax.nn.draws.eval_chunked`: a TPU compile's time grows with the elements a
+    fusion draws)."""
+    from ditax.nn.draws import eval_chunked
 
     closed, shapes = jax.make_jaxpr(init, return_shape=True)()
     leaves, tree = jax.tree_util.tree_flatten(shapes)
     places = [None] * len(leaves) if out is None else jax.tree_util.tree_leaves(
         out, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-    draw = jaxpr_as_fun(closed)
+    def draw():
+        return eval_chunked(closed.jaxpr, closed.consts, [], DRAW_CHUNK)
+
     programs = []
     for group in init_groups([a.size * a.dtype.itemsize for a in leaves], group_bytes):
         def part(group=group):
