@@ -23,7 +23,7 @@ Q = jnp.zeros((1, 16, 2, 8), jnp.float32)
 # a value for each option that differs from its config default and its class default
 VALUES = {"block_q": 256, "block_kv": 384, "block_kv_compute": 128, "block_q_bwd": 256,
           "block_kv_bwd": 256, "fused_bwd": True, "interpret": True, "pad_head_dim": True,
-          "split_keys": False, "local": "blockwise", "out_a2a": "chunked",
+          "padded_keys": "mask", "local": "blockwise", "out_a2a": "chunked",
           "ulysses_shards": 2}
 
 

@@ -1,5 +1,6 @@
-"""Splash at padded key lengths without a mask (:mod:`ditax.attention.splash_split`): the whole
-key blocks under ``FullMask``, the padded last block masked, merged by their log-sum-exps.
+"""Splash at padded key lengths without a mask (:mod:`ditax.attention.splash_split`,
+``padded_keys="split"``; "auto" takes it past a few hundred padded keys): the whole key blocks
+under ``FullMask``, the padded last block masked, merged by their log-sum-exps.
 Forward equals the reference and the all-masked path, token- and head-major, with its lse;
 gradients are the masked kernel's; the split runs exactly when it should. (The Wan 2.1 1.3B
 480p shape's deviceless v5e compile: test_splash_split_tpu.py.)"""
@@ -15,6 +16,7 @@ from ditax.attention.splash_split import merge
 
 
 def _splash(**kw):
+    kw = {"padded_keys": "split", **kw}
     return lambda q, k, v, **more: splash_attention(q, k, v, block_q=128, block_kv=128,
                                                     interpret=True, **kw, **more)
 
@@ -29,7 +31,7 @@ def test_split_forward_equals_reference_token_and_head_major_with_lse(rng):
     q, _, _, _ = make_inputs(rng, 2, 200, 330, 2, 64, False)
     _, k, v, _ = make_inputs(rng, 2, 330, 330, 2, 64, False)
     q = q * 3.0                            # sharper rows: the two parts' lse differ widely
-    split, masked = _splash(), _splash(split_keys=False)
+    split, masked = _splash(), _splash(padded_keys="mask")
     ref, ref_lse = reference_attention(q, k, v, return_lse=True)
 
     o, lse = jax.jit(lambda q, k, v: split(q, k, v, return_lse=True))(q, k, v)
@@ -62,7 +64,7 @@ def test_split_gradients_are_the_masked_kernels(rng):
     def grads(f):
         return jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * ct), argnums=(0, 1, 2))
 
-    split, masked = _splash(), _splash(split_keys=False)
+    split, masked = _splash(), _splash(padded_keys="mask")
     got, want = jax.jit(grads(split))(q, k, v), grads(reference_attention)(q, k, v)
     same = jax.jit(grads(masked))(q, k, v)
     for name, g, w, s in zip("qkv", got, want, same):
@@ -74,7 +76,8 @@ def test_split_gradients_are_the_masked_kernels(rng):
 
 @pytest.mark.parametrize("Lk,options,kernels", [
     (330, {}, 2),                             # 2 whole blocks + a padded one: split
-    (330, {"split_keys": False}, 1),          # turned off
+    (330, {"padded_keys": "mask"}, 1),        # turned off
+    (330, {"padded_keys": "auto"}, 1),        # auto: 330 keys are too few to pay
     (384, {}, 1),                             # a block multiple: nothing padded
     (100, {}, 1),                             # one (clipped) block only: nothing to split
     (330, {"block_kv": 512}, 1),              # block clipped to 384 > Lk: one block
@@ -82,7 +85,7 @@ def test_split_gradients_are_the_masked_kernels(rng):
 ])
 def test_split_runs_exactly_when_it_helps(rng, Lk, options, kernels):
     q, k, v, _ = make_inputs(rng, 1, 256, Lk, 2, 64, False)
-    options = dict(options)
+    options = {"padded_keys": "split", **options}
     if options.pop("kv_mask", False):
         options["kv_mask"] = jnp.ones((1, Lk), bool)
     kw = {"block_q": 128, "block_kv": 128, "interpret": True, **options}
@@ -90,11 +93,8 @@ def test_split_runs_exactly_when_it_helps(rng, Lk, options, kernels):
 
 
 def test_split_point_rule():
-    assert split_point(32760, 4096, None, None, True) == 28672
-    assert split_point(32768, 4096, None, None, True) is None
-    assert split_point(4000, 4096, None, None, True) is None
-    assert split_point(32760, 4096, jnp.ones((1, 32760), bool), None, True) is None
-    assert split_point(32760, 4096, None, None, False) is None
+    assert split_point(32760, 4096) == 28672
+    assert split_point(75600, 4096) == 73728
 
 
 def test_merge_of_disjoint_parts_is_the_whole_and_stable(rng):

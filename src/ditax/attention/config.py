@@ -31,6 +31,8 @@ LOCAL_BACKENDS = get_args(LocalBackend)
 PARALLEL_BACKENDS = get_args(ParallelBackend)
 ATTENTION_BACKENDS = get_args(AttentionBackend)
 OUT_A2A_MODES = get_args(OutA2A)
+PaddedKeys = Literal["auto", "mask", "split", "duplicate"]   # ditax.attention.splash
+PADDED_KEYS_MODES = get_args(PaddedKeys)
 Sparsity = Literal["none", "full", "sliding_tile", "radial"]
 SPARSITY_MODES = get_args(Sparsity)
 
@@ -52,8 +54,7 @@ class AttentionConfig:
     fused_bwd: Optional[bool] = None     # splash: the kernel's fused dq/dkv backward; None = off
     interpret: Optional[bool] = None     # flash / splash Pallas interpret mode; None = on CPU only
     pad_head_dim: Optional[bool] = None  # splash: zero-pad K to 128; None = when compiled
-    split_keys: Optional[bool] = None    # splash, padded keys, no mask: unmasked whole blocks
-                                         # + a masked last block, merged; None = on
+    padded_keys: PaddedKeys = "auto"     # splash, no kv_mask: auto | duplicate | split | mask
     # block-sparse self-attention over the video tokens (issue 58; splash / flash, no context)
     sparsity: Sparsity = "none"          # none | full (every tile) | sliding_tile (STA) | radial
     tile: tuple[int, int, int] = (4, 8, 8)     # latent tokens per tile (frames, rows, cols)
@@ -105,6 +106,7 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
         check_choice("attention.cross_backend", a.cross_backend, get_args(CrossBackend))
     check_choice("attention.local", a.local, LOCAL_BACKENDS)
     check_choice("attention.out_a2a", a.out_a2a, OUT_A2A_MODES)
+    check_choice("attention.padded_keys", a.padded_keys, PADDED_KEYS_MODES)
     parallel = a.backend in PARALLEL_BACKENDS
     registry.check_options(a.backend, given_options(a), local=a.local if parallel else None,
                            cross=a.cross_backend)

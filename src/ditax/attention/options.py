@@ -71,9 +71,10 @@ class SplashOptions(Options):
     fused_bwd: bool = False                  # the kernel's fused dq/dkv backward
     interpret: Optional[bool] = None         # None = from the platform (compiled on TPU)
     pad_head_dim: Optional[bool] = None      # zero-pad K to 128; None = when compiled
-    # no kv_mask, Lk not a block multiple: whole key blocks unmasked + the last one masked,
-    # merged exactly (ditax.attention.splash_split); False = every block masked
-    split_keys: bool = True
+    # no kv_mask: how padded keys are kept out: auto | duplicate (one unmasked kernel over
+    # copied keys, their share removed) | split (whole blocks unmasked + a masked last one)
+    # | mask (every block masked); ditax.attention.splash.padded_keys_mode
+    padded_keys: str = "auto"
     # a model's block-sparse self-attention: its BlockTable (the tokens tile-major), set by
     # the model per token grid (ditax.attention.sparse.layout); None = dense
     block_table: Any = field(default=None, metadata={"internal": True})

@@ -9,9 +9,10 @@ This module adapts our ``[B, L, N, K]`` + ``kv_mask [B, Lk]`` interface to it:
 - scale: q is pre-multiplied by ``scale`` (the kernel computes ``softmax(q·kᵀ)``);
 - lengths: Lq/Lk are padded up to the (clipped) block sizes; padded keys get kv segment id 0
   and every query segment id 1, so they are never attended; padded query rows are sliced off;
-  without a kv_mask (``split_keys``, default on) only the last key block is masked: the whole
-  blocks run unmasked and the two parts merge by their log-sum-exps
-  (:mod:`ditax.attention.splash_split`; the kernel masks every block once it has segment ids);
+  without a kv_mask (``padded_keys``, :func:`padded_keys_mode`) the kernel runs unmasked
+  instead (it masks every block once it has segment ids): over keys padded with copies of
+  real keys whose share is removed afterwards (:mod:`ditax.attention.splash_duplicate`), or
+  split into whole blocks and a masked last one (:mod:`ditax.attention.splash_split`);
 - kv_mask: masked keys get segment id 0 as well; a batch row whose keys are all masked
   returns zeros (as the reference; the kernel itself must not see an all-masked row, so such
   rows run unmasked and are zeroed afterwards);
@@ -50,7 +51,7 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
                      fused_bwd: bool = _O.fused_bwd, interpret: bool | None = None,
                      pad_head_dim: bool | None = None, return_lse: bool = False,
                      head_major: bool = False, block_table=None,
-                     split_keys: bool = _O.split_keys):
+                     padded_keys: str = _O.padded_keys):
     """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``;
     with ``head_major`` q/k/v and the output are ``[B, N, L, K]``, the kernel's own layout
     (no transposes around it).
@@ -70,11 +71,15 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
       block_table: a :class:`~ditax.attention.sparse.masks.BlockTable` (the tokens in
         tile-major order): the kernel skips every block the table masks whole (block-sparse
         attention); None: every block (dense).
-      split_keys: without a kv_mask at a key length that is not a block multiple, run the
-        whole key blocks unmasked and the last, padded one masked, and merge the two
-        exactly (:mod:`ditax.attention.splash_split`): the kernel applies a mask to every
-        block, so masking the padded keys slowed every block (TPU v5e, Wan's 32,760
-        tokens: 0.0420 s vs 0.0381 s unpadded). Gradients: the masked kernel's.
+      padded_keys: without a kv_mask (and block table), how keys padded to a block
+        multiple are kept out — the kernel applies a mask to every block once it has one
+        (TPU v5e, Wan's 32,760 tokens: 0.0420 s masked vs 0.0381 s unpadded under
+        FullMask): "auto" (default), "duplicate" (one unmasked kernel over keys padded with
+        copies of real keys, their share removed exactly:
+        :mod:`ditax.attention.splash_duplicate`), "split" (whole blocks unmasked, the last
+        one masked, merged: :mod:`ditax.attention.splash_split`) or "mask" (segment ids,
+        every block masked). :func:`padded_keys_mode` chooses; unpadded keys run unmasked
+        unless "mask". Gradients: the masked kernel's (unpadded: the unmasked kernel's).
     """
     try:
         from jax.experimental.pallas.ops.tpu import splash_attention as sa
@@ -126,29 +131,35 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
         pad_head_dim)
     Kp = round_up(K, LANES) if pad_head_dim else K
 
+    mode = padded_keys_mode(padded_keys, Lk, Lk_p, bkv, kv_mask, block_table)
     # [B, L, N, K] -> [B, N, L, K], pre-scaled q, padded L (and K).
-    qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
     hm = (lambda x: x) if head_major else (lambda x: jnp.swapaxes(x, 1, 2))  # noqa: E731
-    qt, kt, vt = _pad(hm(qs), Lq_p, Kp), _pad(hm(k), Lk_p, Kp), _pad(hm(v), Lk_p, Kp)
+    # scaled after padding: one pass over q (scaled first, XLA wrote it out twice; v5e)
+    qt = (_pad(hm(q), Lq_p, Kp).astype(jnp.float32) * scale).astype(q.dtype)
+    vt = _pad(hm(v), Lk_p, Kp)
+    if mode == "duplicate":
+        from ditax.attention.splash_duplicate import copy_pad
+
+        kt = copy_pad(hm(k), Lk_p, Kp)
+    else:
+        kt = _pad(hm(k), Lk_p, Kp)
 
     sizes = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv_c,
                           block_q_dkv=bq_b, block_kv_dkv=bkv_b, block_kv_dkv_compute=bkv_b,
                           block_q_dq=None if fused_bwd else bq_b,
                           block_kv_dq=None if fused_bwd else bkv_b,
                           use_fused_bwd_kernel=bool(fused_bwd))
-    P = split_point(Lk, bkv, kv_mask, block_table, split_keys)
-    if P is not None:     # padded keys, no kv_mask: full-speed prefix + masked tail, merged
-        from ditax.attention.splash_split import split_attention
-
-        def masked(qt, kt, vt):   # the wrapper's masked kernel (its VJP: the gradient's)
-            kv_seg = jnp.asarray(np.arange(Lk_p) < Lk, jnp.int32)
-            return _segmented(qt, kt, vt, jnp.ones((B, Lq_p), jnp.int32),
-                              jnp.broadcast_to(kv_seg, (B, Lk_p)), sizes, interpret, False)
-
-        res = split_attention(qt, kt, vt, masked, Lk=Lk, P=P, sizes=sizes,
-                              interpret=interpret, return_lse=bool(return_lse))
-        o = hm((res[0] if return_lse else res)[:, :, :Lq, :K]).astype(q.dtype)
-        return (o, res[1][:, :, :Lq]) if return_lse else o
+    if mode != "mask":    # no kv_mask: the unmasked kernel, with the padded keys handled
+        if mode == "full":          # nothing padded: its own VJP
+            res = _segmented(qt, kt, vt, None, None, sizes, interpret, bool(return_lse))
+            res = (res[0][:, :, :Lq, :K], res[1][:, :, :Lq]) if return_lse else res[
+                :, :, :Lq, :K]
+        else:                       # the output cut inside: XLA fuses the cut
+            res = masked_vjp(_padded_primal(mode, Lk, Lk_p, bkv, (Lq, K), sizes, interpret),
+                             _masked(Lk, (Lq, K), sizes, interpret), qt, kt, vt,
+                             bool(return_lse))
+        o = hm(res[0] if return_lse else res).astype(q.dtype)
+        return (o, res[1].astype(jnp.float32)) if return_lse else o
 
     valid = jnp.ones((B, Lk), bool) if kv_mask is None else kv_mask.astype(bool)
     any_key = jnp.any(valid, axis=1)                                     # [B]
@@ -166,15 +177,102 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
     return o, lse
 
 
-def split_point(Lk: int, block_kv: int, kv_mask, block_table, enabled: bool) -> int | None:
-    """Where the keys split (:mod:`ditax.attention.splash_split`), or None when they do not:
-    only without a ``kv_mask`` and a block table, at a key length that is not a multiple of
-    ``block_kv`` and holds at least one whole block. The split point is ``Lk`` rounded down
-    to ``block_kv``."""
-    P = Lk // block_kv * block_kv
-    if not enabled or kv_mask is not None or block_table is not None or P in (0, Lk):
-        return None
-    return P
+def padded_keys_mode(mode: str, Lk: int, Lk_p: int, block_kv: int, kv_mask,
+                     block_table) -> str:
+    """How the wrapper runs keys padded from ``Lk`` to ``Lk_p`` without a ``kv_mask``:
+
+    - ``"mask"``: segment ids mask the padded keys (the kernel then masks every block);
+      always with a ``kv_mask`` or a block table, and when asked;
+    - ``"full"``: nothing padded (and no mask): the kernel under ``FullMask``, no segment
+      ids, its own VJP (any mode but ``"mask"``);
+    - ``"duplicate"``: one ``FullMask`` kernel over keys padded with copies of real keys,
+      their share removed (:mod:`ditax.attention.splash_duplicate`); needs
+      ``Lk_p - Lk <= Lk``; ``"auto"`` takes it up to
+      :data:`~ditax.attention.splash_duplicate.DUPLICATE_MAX` copies where it costs less
+      than masking (:func:`~ditax.attention.splash_duplicate.duplicate_pays`: from ~5,000
+      keys), else masks;
+    - ``"split"``: the whole ``block_kv`` key blocks unmasked, the last one masked, merged
+      (:mod:`ditax.attention.splash_split`); needs a whole block; ``"auto"`` past
+      ``DUPLICATE_MAX`` copies.
+
+    An asked-for mode that cannot apply to these lengths falls back to ``"mask"`` (all
+    modes are exact; the option is a per-model preference applied to calls of many
+    lengths)."""
+    from ditax.attention.config import PADDED_KEYS_MODES
+    from ditax.attention.splash_duplicate import DUPLICATE_MAX, duplicate_pays
+
+    if mode not in PADDED_KEYS_MODES:
+        raise ValueError(f"padded_keys={mode!r} is not one of {', '.join(PADDED_KEYS_MODES)}")
+    n = Lk_p - Lk
+    if mode == "mask" or kv_mask is not None or block_table is not None:
+        return "mask"
+    if n == 0:
+        return "full"
+    split = Lk >= block_kv
+    if mode == "auto" and n <= min(DUPLICATE_MAX, Lk):
+        mode = "duplicate" if duplicate_pays(n, Lk_p) else "mask"
+    elif mode == "auto":
+        mode = "split"
+    if mode == "duplicate" and n <= Lk or mode == "split" and split:
+        return mode
+    return "mask"
+
+
+def split_point(Lk: int, block_kv: int) -> int:
+    """Where the keys split (:mod:`ditax.attention.splash_split`): ``Lk`` rounded down to
+    ``block_kv``."""
+    return Lk // block_kv * block_kv
+
+
+def masked_vjp(primal, masked, qt, kt, vt, return_lse: bool):
+    """``primal(qt, kt, vt) -> (o, lse)`` (a forward without a VJP of its own) as the primal
+    of a ``custom_vjp`` whose rules are ``masked``'s (the wrapper's masked kernel): its
+    forward's value, the masked kernel's gradients. With ``return_lse`` forward-only, as
+    the kernel's residual-saving mode."""
+    if return_lse:
+        return primal(qt, kt, vt)
+
+    @jax.custom_vjp
+    def run(qt, kt, vt):
+        return primal(qt, kt, vt)[0]
+
+    def fwd(qt, kt, vt):
+        return jax.vjp(masked, qt, kt, vt)
+
+    def bwd(vjp, g):
+        return vjp(g)
+
+    run.defvjp(fwd, bwd)
+    return run(qt, kt, vt)
+
+
+def _padded_primal(mode: str, Lk: int, Lk_p: int, block_kv: int, cut: tuple[int, int], sizes,
+                   interpret: bool):
+    """The forward of a padded-keys ``mode``: head-major padded inputs → ``(o [B, N, Lq,
+    K], lse [B, N, Lq])``, cut to ``(Lq, K) = cut``."""
+    if mode == "split":
+        from ditax.attention.splash_split import split_forward
+
+        return functools.partial(split_forward, Lk=Lk, P=split_point(Lk, block_kv), cut=cut,
+                                 sizes=sizes, interpret=interpret)
+    from ditax.attention.splash_duplicate import duplicate_forward
+
+    return functools.partial(duplicate_forward, n=Lk_p - Lk, cut=cut, sizes=sizes,
+                             interpret=interpret)
+
+
+def _masked(Lk: int, cut: tuple[int, int], sizes, interpret: bool):
+    """The wrapper's masked kernel over head-major padded inputs (keys past ``Lk`` masked by
+    segment ids, whatever they hold), its output cut to ``(Lq, K)``: the gradient of the
+    unmasked paths."""
+    def masked(qt, kt, vt):
+        B, _, Lq_p, _ = qt.shape
+        kv_seg = jnp.asarray(np.arange(kt.shape[2]) < Lk, jnp.int32)
+        o = _segmented(qt, kt, vt, jnp.ones((B, Lq_p), jnp.int32),
+                       jnp.broadcast_to(kv_seg, (B, kt.shape[2])), sizes, interpret, False)
+        return o[:, :, :cut[0], :cut[1]]
+
+    return masked
 
 
 def _segmented(qt, kt, vt, q_seg, kv_seg, sizes, interpret: bool, return_lse: bool,
@@ -186,10 +284,12 @@ def _segmented(qt, kt, vt, q_seg, kv_seg, sizes, interpret: bool, return_lse: bo
     _, N, Lq_p, _ = qt.shape
     kernel = _kernel(N, Lq_p, kt.shape[2], sizes, interpret, return_lse, block_table)
 
-    def one(q_b, k_b, v_b, qs_b, kvs_b):
-        return kernel(q_b, k_b, v_b, segment_ids=sa.SegmentIds(q=qs_b, kv=kvs_b))
+    def one(q_b, k_b, v_b, *seg):
+        ids = sa.SegmentIds(q=seg[0], kv=seg[1]) if seg else None
+        return kernel(q_b, k_b, v_b, segment_ids=ids)
 
-    res = jax.vmap(pinned_precision(one, qt.dtype))(qt, kt, vt, q_seg, kv_seg)
+    seg = () if q_seg is None else (q_seg, kv_seg)
+    res = jax.vmap(pinned_precision(one, qt.dtype))(qt, kt, vt, *seg)
     return (res[0], res[1][0]) if return_lse else res
 
 

@@ -18,14 +18,19 @@ lse2)`` and ``wi = exp(lsei - m)``::
 in float32: a convex combination, so neither part's rounding is amplified (both lse are
 finite: each part holds at least one real key). The kernel's ``save_residuals`` mode has no
 VJP, so the split is the primal of a ``custom_vjp`` whose rules run the masked kernel (and its
-own VJP): gradients are those of the masked kernel, and a training step pays for the masked
-forward as before. ``return_lse`` stays forward-only, as the kernel's.
+own VJP; :func:`ditax.attention.splash.masked_vjp`): gradients are those of the masked kernel,
+and a training step pays for the masked forward as before. ``return_lse`` stays forward-only,
+as the kernel's. The wrapper takes this path for pads past
+:data:`ditax.attention.splash_duplicate.DUPLICATE_MAX` keys (or when asked:
+``padded_keys="split"``); smaller pads run one kernel over copied keys instead.
 
-Cost beyond the kernels (estimate for that shape, 819 GB/s; not yet measured on the chip):
-the kernel writes its lse lane-broadcast (``[N, L, 128]`` float32, 201 MB a part), read
-again by the merge (~0.5 ms for both parts); in the compiled v5e program XLA also writes
-each bf16 part out as float32 before the merge (~0.7 ms) although a standalone merge fuses
-the casts: ~1.6 ms in all against ~3.4 ms the unmasked prefix saves per call.
+Cost beyond the kernels (Wan 480p, bf16, compiled for a v5e deviceless, XLA's cycle
+estimates at 1.5 GHz, head-major): the kernels write their lse lane-broadcast (``[N, L,
+128]`` float32, 201 MB a part), sliced in one pass each (~0.6 ms each); the merge, per batch
+row and cut before it, reads both parts in bf16 in one pass (~0.75 ms); the prefix's keys
+and values are sliced out (~1.1 ms for both): ~0.94 ms more than the masked path's passes,
+against the ~3.4 ms its unmasked prefix saves. (Merged outside the batch vmap and cut
+afterwards, XLA wrote each part out as float32 first.)
 """
 
 from __future__ import annotations
@@ -37,30 +42,12 @@ import numpy as np
 from ditax.attention.blocks import round_up
 
 
-def split_attention(qt, kt, vt, masked, *, Lk: int, P: int, sizes, interpret: bool,
-                    return_lse: bool):
-    """Attention over head-major padded inputs (q ``[B, N, Lq_p, K]``, k/v ``[B, N, Lk_p, K]``
-    zero past ``Lk``) split at key ``P``: o ``[B, N, Lq_p, K]`` in q's dtype, or ``(o, lse
-    [B, N, Lq_p] float32)`` with ``return_lse``. ``masked(qt, kt, vt)`` is the wrapper's masked
-    kernel: its VJP is this function's."""
-    def primal(qt, kt, vt):
-        return _split(qt, kt, vt, Lk=Lk, P=P, sizes=sizes, interpret=interpret)
-
-    if return_lse:          # forward-only, as the kernel's residual-saving mode
-        return primal(qt, kt, vt)
-
-    @jax.custom_vjp
-    def run(qt, kt, vt):
-        return primal(qt, kt, vt)[0]
-
-    def fwd(qt, kt, vt):
-        return jax.vjp(masked, qt, kt, vt)
-
-    def bwd(vjp, g):
-        return vjp(g)
-
-    run.defvjp(fwd, bwd)
-    return run(qt, kt, vt)
+def split_forward(qt, kt, vt, *, Lk: int, P: int, cut: tuple[int, int], sizes,
+                  interpret: bool):
+    """Attention over head-major padded inputs (q ``[B, N, Lq_p, Kp]``, k/v ``[B, N, Lk_p,
+    Kp]``, the keys past ``Lk`` ignored) split at key ``P``, cut to ``(Lq, K) = cut``:
+    ``(o [B, N, Lq, K]`` in q's dtype, ``lse [B, N, Lq]`` float32)."""
+    return _split(qt, kt, vt, Lk=Lk, P=P, cut=cut, sizes=sizes, interpret=interpret)
 
 
 def tail_length(Lk: int, P: int, block_kv_compute: int) -> int:
@@ -69,7 +56,7 @@ def tail_length(Lk: int, P: int, block_kv_compute: int) -> int:
     return round_up(Lk - P, block_kv_compute)
 
 
-def _split(qt, kt, vt, *, Lk: int, P: int, sizes, interpret: bool):
+def _split(qt, kt, vt, *, Lk: int, P: int, cut: tuple[int, int], sizes, interpret: bool):
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     from ditax.attention.splash import _kernel, kernel_precision
@@ -81,17 +68,18 @@ def _split(qt, kt, vt, *, Lk: int, P: int, sizes, interpret: bool):
                    interpret, True)
     tail = _kernel(N, Lq_p, T, sa.BlockSizes(block_q=bq, block_kv=T, block_kv_compute=bkv_c),
                    interpret, True)
-    q_seg = jnp.ones((B, Lq_p), jnp.int32)
-    kv_seg = jnp.broadcast_to(jnp.asarray(np.arange(T) < Lk - P, jnp.int32), (B, T))
+    kv_seg = jnp.asarray(np.arange(T) < Lk - P, jnp.int32)
+    Lq, K = cut
 
-    def tail_one(q, k, v, qs, ks):
-        return tail(q, k, v, segment_ids=sa.SegmentIds(q=qs, kv=ks))
+    def one(q, k, v):   # one batch row, merged cut (XLA then fuses the merge into one pass)
+        o1, (lse1,) = head(q, k[:, :P], v[:, :P])
+        o2, (lse2,) = tail(q, k[:, P:P + T], v[:, P:P + T],
+                           segment_ids=sa.SegmentIds(q=jnp.ones((Lq_p,), jnp.int32),
+                                                     kv=kv_seg))
+        return merge(o1[:, :Lq, :K], lse1[:, :Lq], o2[:, :Lq, :K], lse2[:, :Lq])
 
     with jax.default_matmul_precision(kernel_precision(qt.dtype)):
-        o1, (lse1,) = jax.vmap(head)(qt, kt[:, :, :P], vt[:, :, :P])
-        o2, (lse2,) = jax.vmap(tail_one)(qt, kt[:, :, P:P + T], vt[:, :, P:P + T], q_seg,
-                                         kv_seg)
-    return merge(o1, lse1, o2, lse2)
+        return jax.vmap(one)(qt, kt, vt)
 
 
 def merge(o1, lse1, o2, lse2):
@@ -107,4 +95,4 @@ def merge(o1, lse1, o2, lse2):
     return o.astype(o1.dtype), m + jnp.log(total)
 
 
-__all__ = ["split_attention", "tail_length", "merge"]
+__all__ = ["split_forward", "tail_length", "merge"]
