@@ -38,30 +38,41 @@ import numpy as np
 from ditax.errors import ConfigError, RequestError
 
 
+def _count(x) -> bool:
+    """Whether ``x`` is a positive int (numpy's too; not a bool)."""
+    return not isinstance(x, bool) and isinstance(x, (int, np.integer)) and x >= 1
+
+
 def check_causal(chunk, context_chunks=None, patch_t: int = 1, frames: Optional[int] = None,
                  sparsity: str = "none") -> None:
     """Raise :class:`ConfigError` (one line: the value and the fix) unless ``chunk`` latent
     frames per chunk, ``context_chunks`` and — when given, where whole chunks are required
-    (the KV cache, the chunk sampler) — ``frames`` latent frames fit together."""
-    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+    (the KV cache, the chunk sampler) — ``frames`` latent frames fit together; the first
+    rule broken is the one said."""
+    if not _count(chunk):
         raise ConfigError(f"model.causal_chunk={chunk!r} must be a positive number of latent "
                           f"frames per chunk (e.g. model.causal_chunk=3)")
-    if chunk % patch_t:
-        raise ConfigError(f"model.causal_chunk={chunk} is not a multiple of the temporal patch "
-                          f"size {patch_t} (model.patch_size); use a multiple of {patch_t}")
-    if context_chunks is not None and (isinstance(context_chunks, bool) or not isinstance(
-            context_chunks, (int, np.integer)) or context_chunks < 1):
-        raise ConfigError(f"sample.context_chunks={context_chunks!r} must be >= 1 (chunks kept "
-                          f"beside the sink chunk) or unset (every previous chunk)")
-    if sparsity != "none":
-        raise ConfigError(f"model.causal_chunk={chunk} needs dense self-attention: "
-                          f"attention.sparsity={sparsity} reorders the tokens tile-major; "
-                          f"set attention.sparsity=none")
-    if frames is not None and frames % chunk:
+    lo = hi = 0
+    if frames is not None:
         lo, hi = frames // chunk * chunk, (frames // chunk + 1) * chunk
-        raise ConfigError(f"latent frames={frames} are not a whole number of chunks of "
-                          f"model.causal_chunk={chunk}; use {lo or hi} or {hi} latent frames, "
-                          f"or a causal_chunk that divides {frames}")
+    rules = (
+        (chunk % patch_t == 0,
+         f"model.causal_chunk={chunk} is not a multiple of the temporal patch size {patch_t} "
+         f"(model.patch_size); use a multiple of {patch_t}"),
+        (context_chunks is None or _count(context_chunks),
+         f"sample.context_chunks={context_chunks!r} must be >= 1 (chunks kept beside the sink "
+         f"chunk) or unset (every previous chunk)"),
+        (sparsity == "none",
+         f"model.causal_chunk={chunk} needs dense self-attention: attention.sparsity="
+         f"{sparsity} reorders the tokens tile-major; set attention.sparsity=none"),
+        (frames is None or frames % chunk == 0,
+         f"latent frames={frames} are not a whole number of chunks of model.causal_chunk="
+         f"{chunk}; use {lo or hi} or {hi} latent frames, or a causal_chunk that divides "
+         f"{frames}"),
+    )
+    broken = next((message for holds, message in rules if not holds), None)
+    if broken is not None:
+        raise ConfigError(broken)
 
 
 def token_chunks(grid, chunk: int, patch_t: int = 1, length: Optional[int] = None) -> np.ndarray:
