@@ -28,3 +28,11 @@ def test_unmasked_padded_lengths_forward_and_gradients(rng):
     want = jax.grad(loss(reference_attention), argnums=(0, 1, 2))(q, k, v)
     for name, g, w in zip("qkv", got, want):
         assert rel_err(g, w) <= GRAD_TOL, (name, rel_err(g, w))
+
+
+def test_an_unknown_tile_keyword_is_refused_in_one_line(rng):
+    import pytest
+
+    q, k, v, _ = make_inputs(rng, 1, 128, 128, 1, 32, False)
+    with pytest.raises(TypeError, match=r"unknown keyword 'block_x'; its tiles are block_q"):
+        splash_attention(q, k, v, block_x=128, interpret=True)

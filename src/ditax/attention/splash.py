@@ -45,19 +45,22 @@ from ditax.attention.registry import BACKENDS
 from ditax.parallel.platform import platform_of
 
 
-def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None = None,
-                     block_kv: int | None = None, block_kv_compute: int | None = None,
-                     block_q_bwd: int | None = None, block_kv_bwd: int | None = None,
-                     fused_bwd: bool = _O.fused_bwd, interpret: bool | None = None,
-                     pad_head_dim: bool | None = None, return_lse: bool = False,
-                     head_major: bool = False, block_table=None,
-                     padded_keys: str = _O.padded_keys):
+#: the tile keywords of :func:`splash_attention`
+TILES = ("block_q", "block_kv", "block_kv_compute", "block_q_bwd", "block_kv_bwd")
+
+
+def splash_attention(q, k, v, *, kv_mask=None, scale=None, fused_bwd: bool = _O.fused_bwd,
+                     interpret: bool | None = None, pad_head_dim: bool | None = None,
+                     return_lse: bool = False, head_major: bool = False, block_table=None,
+                     padded_keys: str = _O.padded_keys, **tiles: int | None):
     """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``;
     with ``head_major`` q/k/v and the output are ``[B, N, L, K]``, the kernel's own layout
     (no transposes around it).
 
     Args:
-      block_q, block_kv: forward tile sizes (clipped to the 128-rounded sequence lengths;
+      tiles: ``block_q``, ``block_kv``, ``block_kv_compute``, ``block_q_bwd``,
+        ``block_kv_bwd`` (ints or None; no other keyword).
+        block_q, block_kv: forward tile sizes (clipped to the 128-rounded sequence lengths;
         multiples of 128). block_kv_compute: inner kv step (divides block_kv).
         block_q_bwd / block_kv_bwd: backward tiles. Unset ones: compiled on a TPU the
         table's (:func:`ditax.attention.tuning.splash_blocks`, fitted to the lengths; a given
@@ -102,8 +105,11 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None =
         B, Lq, N, K = q.shape
         Lk = k.shape[1]
     scale = float(K ** -0.5 if scale is None else scale)
-    given = dict(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv_compute,
-                 block_q_bwd=block_q_bwd, block_kv_bwd=block_kv_bwd)
+    unknown = sorted(set(tiles) - set(TILES))
+    if unknown:
+        raise TypeError(f"splash_attention got unknown keyword {unknown[0]!r}; its tiles are "
+                        f"{', '.join(TILES)}")
+    given = {name: tiles.get(name) for name in TILES}
     if not interpret:
         from ditax.attention.tuning import splash_blocks
 
