@@ -103,7 +103,10 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
                                f"{name} forward {tag}", flops_shape=shape)
         elif part == "attention":
             attention_cases(sw, WAN, [("splash", {})], grad=True)
-            attention_cases(sw, WAN, [("flash", {})], grad=False)
+            # the padded keys' ways (auto takes "duplicate" at Wan's 8 padded keys)
+            attention_cases(sw, WAN, [("splash", dict(padded_keys=m))
+                                      for m in ("mask", "split")] + [("flash", {})],
+                            grad=False)
             # the kernel's ceiling at these tiles: a length of whole blocks, nothing masked
             attention_cases(sw, (1, 32768) + WAN[2:], [("splash", {})], grad=False)
         elif part == "int8_gemm":
