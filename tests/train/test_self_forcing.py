@@ -72,15 +72,17 @@ def test_the_rollout_is_the_causal_samplers_sample(one):
     from ditax.schedulers.flow_match import FlowMatchEulerScheduler
 
     tr, state, batch = one
-    b, noise, sig = _rollout_inputs(tr, batch)
+    b, _, sig = _rollout_inputs(tr, batch)
+    # 4 chunks with sample.context_chunks=1: chunk 3 sees the sink and chunk 2 (1 evicted)
+    noise = jax.random.normal(jax.random.PRNGKey(8), (2, 16, 4, 8, 8), jnp.float32)
     roll = jax.jit(tr.causal_rollout)
     got = np.asarray(roll(state["params"], state["frozen"], b, noise, sig, 1))
     sampler = CausalSampler(tr.model(state["params"], state["frozen"]), kv_cache,
-                            FlowMatchEulerScheduler(shift=3.0), chunk=1)
-    want = np.asarray(sampler.sample(b["text"], num_frames=2, latent_hw=(8, 8),
+                            FlowMatchEulerScheduler(shift=3.0), chunk=1, context_chunks=1)
+    want = np.asarray(sampler.sample(b["text"], num_frames=4, latent_hw=(8, 8),
                                      num_inference_steps=3, latents=noise,
                                      sigmas=list(distill_sigmas(tr.cfg.distill))))
-    assert sampler.last_stats["chunks"] == 2
+    assert sampler.last_stats["chunks"] == 4
     assert np.max(np.abs(got - want)) <= 1e-5, np.max(np.abs(got - want))
     # the drawn step changes the gradient, not the video
     other = np.asarray(roll(state["params"], state["frozen"], b, noise, sig, 2))
