@@ -151,14 +151,17 @@ class SelfForcingTrainer(DistillTrainer):
                                       text_mask=mask, write=False)
             return out
 
+        def euler(z, v, j):     # the Euler scheduler's step: float32, returned in v's dtype
+            return S.euler(z, v, sig[j + 1] - sig[j]).astype(v.dtype).astype(jnp.float32)
+
         def one_chunk(cache, z0):
             def step(j, carry):
                 z, z_k = carry
                 z_k = jnp.where(j == k, z, z_k)
-                return S.euler(z, velocity(fixed, z, sig[j], cache), sig[j + 1] - sig[j]), z_k
+                return euler(z, velocity(fixed, z, sig[j], cache), j), z_k
 
             z, z_k = (sg(a) for a in jax.lax.fori_loop(0, steps, step, (z0, z0)))
-            z_next = S.euler(z_k, velocity(params, z_k, sig[k], cache), sig[k + 1] - sig[k])
+            z_next = euler(z_k, velocity(params, z_k, sig[k], cache), k)
             clean = z + (z_next - sg(z_next))
             _, cache = kv.forward_chunk(self.model(fixed, frozen), z.astype(dtype),
                                         jnp.zeros((b,), jnp.float32), text, cache,
