@@ -23,14 +23,15 @@ def test_groups_are_consecutive_runs_within_the_budget():
 
 
 @pytest.mark.parametrize("extra", [[], ["model.quantize=int8", "model.offload=host"]])
-def test_grouped_init_draws_the_one_program_values_in_place(extra):
-    """A tiny Wan sharded over 2 devices (fsdp), in groups of at most 64 KiB: many programs,
-    and every parameter equals the one-program init's bit for bit, with its sharding and
-    memory kind (host for offloaded blocks)."""
+def test_grouped_init_draws_the_one_program_values_in_place(extra, monkeypatch):
+    """A tiny Wan sharded over 2 devices (fsdp), in groups of at most 64 KiB and draws in
+    chunks of 4096 elements: many programs, and every parameter equals the plain jitted
+    init's bit for bit, with its sharding and memory kind (host for offloaded blocks)."""
+    monkeypatch.setattr(loaded, "DRAW_CHUNK", 4096)
     cfg = load_config("tiny", ["model.param_dtype=bfloat16", *extra])
     mesh = make_mesh(dict(data=1, fsdp=2, context=1, tensor=1), jax.devices()[:2])
     gdef, init, out = loaded._init_parts(*_BUILD._init(cfg.model, cfg.attention, mesh, 0))
-    whole = jax.tree_util.tree_leaves(loaded.run_grouped(init, out, None))
+    whole = jax.tree_util.tree_leaves(jax.jit(init, out_shardings=out)())
     sizes = [x.size * x.dtype.itemsize for x in whole]
     assert len(loaded.init_groups(sizes, 1 << 16)) > 3
     parts = jax.tree_util.tree_leaves(loaded.run_grouped(init, out, 1 << 16))
