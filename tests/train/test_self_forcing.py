@@ -84,9 +84,10 @@ def test_the_rollout_is_the_causal_samplers_sample(one):
                                      sigmas=list(distill_sigmas(tr.cfg.distill))))
     assert sampler.last_stats["chunks"] == 4
     assert np.max(np.abs(got - want)) <= 1e-5, np.max(np.abs(got - want))
-    # the drawn step changes the gradient, not the video
-    other = np.asarray(roll(state["params"], state["frozen"], b, noise, sig, 2))
-    np.testing.assert_array_equal(got, other)
+    # the drawn step changes the gradient, not the video; nor does taking none (the critic's)
+    for other in (2, None):
+        np.testing.assert_array_equal(
+            got, np.asarray(roll(state["params"], state["frozen"], b, noise, sig, other)))
 
 
 def _written_out(tr, params, frozen, b, noise, sig, k):
@@ -161,17 +162,23 @@ def test_a_step_on_fsdp2_context4_equals_one_device(one, on_mesh):
 
 
 @pytest.fixture(scope="module")
-def runs(on_mesh, dataset, tmp_path_factory):
+def runs(one, dataset, tmp_path_factory):
     """From the teacher (the random pipeline folder, init_from): 2 steps straight (``a``) and
-    1 + a resumed 1 (``b``), a checkpoint every step, on the mesh trainer (compiled once)."""
+    1 + a resumed 1 (``b``), a checkpoint every step, on the one-device trainer (its step
+    compiled once). Not on the 8 fake devices: XLA:CPU's in-process collectives of this
+    program deadlock now and then (one device thread at an all-gather while the seven others
+    wait at a collective-permute, aborted after 40 s: ~1 step in 20 here), a CPU runtime
+    hazard the mesh test above runs once."""
     from random_pipeline import random_pipeline_folder
 
     root = tmp_path_factory.mktemp("runs")
     teacher = random_pipeline_folder(root / "teacher")
+    tr = one[0]
 
     def run(name, steps):
         return train(cfg_for(dataset, root / name, f"steps={steps}", "checkpoint.every=1",
-                             f"init_from={teacher}"), trainer=on_mesh, progress=False)
+                             f"init_from={teacher}"), trainer=tr, mesh=tr.mesh,
+                     progress=False)
     return root, run("a", 2), run("b", 1), run("b", 2)
 
 

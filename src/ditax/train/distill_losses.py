@@ -83,11 +83,12 @@ class DmdLosses:
             return S.euler(x, v, sig[j + 1] - sig[j])
         return jax.lax.fori_loop(0, k, body, noise)
 
-    def student_sample(self, params, frozen, batch, key, sig):
+    def student_sample(self, params, frozen, batch, key, sig, grad: bool = True):
         """``(x̂0, x_k, k, loss mask)``: the student's clean estimate at a random step ``k``
         from its own earlier steps (backward simulation) or from noised data; ``x̂0`` carries
         the gradient with respect to ``params``, the input ``x_k`` none. ``x̂0`` and ``x_k``
-        are joint latents (every stream the family denoises)."""
+        are joint latents (every stream the family denoises). ``grad`` False: no gradient
+        will be taken (the critic's sample; a subclass may skip work for it, not this one)."""
         k_step, k_noise = jax.random.split(key)
         sig = jnp.asarray(sig, jnp.float32)
         steps = jnp.asarray(self.expert_steps(self.schedule_table(batch["latents"].shape[1:])),
@@ -195,7 +196,7 @@ class DmdLosses:
             fake, head = fake
         k_sample, k_flow, k_gan = jax.random.split(key, 3)
         x0, _, _, _ = self.student_sample(jax.lax.stop_gradient(params), frozen, batch,
-                                          k_sample, sig)
+                                          k_sample, sig, grad=False)
         x0 = S.cast_like(jax.lax.stop_gradient(x0), S.joint_data(batch, self.streams))
         gan = 0.0
         if head is not None:

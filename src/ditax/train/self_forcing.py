@@ -26,8 +26,9 @@ student's call at step ``k`` carries the gradient, pulled back through its Euler
 Self-Forcing's ``no_grad`` rollout and cache update). Unlike Self-Forcing, which ends a chunk
 at step ``k`` with that call's clean estimate, every chunk runs all ``S`` steps: the video
 trained on is the video the sampler makes (equal to CausalSampler's for the same noise and
-weights), at the price of the later steps' forwards and of step ``k``'s call made twice
-(without, then with the gradient: :meth:`SelfForcingTrainer.causal_rollout`).
+weights), at the price of the later steps' forwards and, in the student's rollout, of step
+``k``'s call made twice (without, then with the gradient:
+:meth:`SelfForcingTrainer.causal_rollout`).
 """
 
 from __future__ import annotations
@@ -100,13 +101,13 @@ class SelfForcingTrainer(DistillTrainer):
 
     @property
     def flops_factor(self) -> float:
-        """Over one training step's 3 forwards: each rollout is ``S + 2`` forwards of the
-        video (the steps, step ``k`` again, the cache writes); the student's update adds the chosen step's
-        backward (2), the teacher (2 with guidance) and the critic (1); each critic update
-        the critic's forward and backward (3)."""
+        """Over one training step's 3 forwards: a rollout is ``S + 1`` forwards of the video
+        (the steps, the cache writes); the student's adds step ``k`` again and its backward
+        (3), the teacher (2 with guidance) and the critic (1); each critic update the
+        critic's forward and backward (3)."""
         d = self.cfg.distill
-        rollout = d.steps + 2
-        student = rollout + 2 + (2 if d.guidance != 1 else 1) + 1
+        rollout = d.steps + 1
+        student = rollout + 3 + (2 if d.guidance != 1 else 1) + 1
         return (d.critic_updates * (rollout + 3) + student) / 3
 
     def bind_data(self, data) -> None:
@@ -130,7 +131,7 @@ class SelfForcingTrainer(DistillTrainer):
         """The student's video ``[B, C, F, Y, X]`` (float32) from ``noise``: chunk by chunk,
         ``S`` Euler steps on the sigma table ``sig [S+1]`` against the KV cache, the clean
         chunk written at t = 0; the gradient with respect to ``params`` through step ``k``
-        (traced) of each chunk only.
+        (traced) of each chunk only (None: no gradient taken, the video alone).
 
         Each chunk's steps run without gradient (the value: the sampler's), keeping step
         ``k``'s input; that step's call is made again with the gradient, and its update's
@@ -157,12 +158,14 @@ class SelfForcingTrainer(DistillTrainer):
         def one_chunk(cache, z0):
             def step(j, carry):
                 z, z_k = carry
-                z_k = jnp.where(j == k, z, z_k)
+                z_k = z_k if k is None else jnp.where(j == k, z, z_k)
                 return euler(z, velocity(fixed, z, sig[j], cache), j), z_k
 
             z, z_k = (sg(a) for a in jax.lax.fori_loop(0, steps, step, (z0, z0)))
-            z_next = euler(z_k, velocity(params, z_k, sig[k], cache), k)
-            clean = z + (z_next - sg(z_next))
+            clean = z
+            if k is not None:
+                z_next = euler(z_k, velocity(params, z_k, sig[k], cache), k)
+                clean = z + (z_next - sg(z_next))
             _, cache = kv.forward_chunk(self.model(fixed, frozen), z.astype(dtype),
                                         jnp.zeros((b,), jnp.float32), text, cache,
                                         text_mask=mask, write=True)
@@ -171,20 +174,22 @@ class SelfForcingTrainer(DistillTrainer):
         _, out = jax.lax.scan(one_chunk, cache, noise)          # [n, B, C, K, Y, X]
         return jnp.moveaxis(out, 0, 2).reshape(b, c, frames, y, x)
 
-    def student_sample(self, params, frozen, batch, key, sig):
+    def student_sample(self, params, frozen, batch, key, sig, grad: bool = True):
         """``(video, None, k, None)``: the student's causal rollout from fresh noise with the
         gradient through step ``k`` (drawn uniformly from ``0..S-1``), in the place of DMD2's
-        clean estimate at a random step (the losses take it as they are)."""
+        clean estimate at a random step (the losses take it as they are); ``grad`` False (the
+        critic's samples): the video alone, step ``k`` not run again."""
         k_step, k_noise = jax.random.split(key)
         sig = jnp.asarray(sig, jnp.float32)
         k = jax.random.randint(k_step, (), 0, self.cfg.distill.steps)
         noise = S.normal(k_noise, batch["latents"])
-        return self.causal_rollout(params, frozen, batch, noise, sig, k), None, k, None
+        video = self.causal_rollout(params, frozen, batch, noise, sig, k if grad else None)
+        return video, None, k, None
 
     def student_video(self, params, frozen, batch, noise, sig):
         """The previews' sample: the causal rollout (no gradient taken)."""
         return self.causal_rollout(params, frozen, batch, S.main(noise).astype(jnp.float32),
-                                   jnp.asarray(sig, jnp.float32), 0)
+                                   jnp.asarray(sig, jnp.float32), None)
 
 
 __all__ = ["SelfForcingTrainer", "check_self_forcing"]
