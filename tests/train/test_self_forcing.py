@@ -165,10 +165,11 @@ def test_a_step_on_fsdp2_context4_equals_one_device(one, on_mesh):
 def runs(one, dataset, tmp_path_factory):
     """From the teacher (the random pipeline folder, init_from): 2 steps straight (``a``) and
     1 + a resumed 1 (``b``), a checkpoint every step, on the one-device trainer (its step
-    compiled once). Not on the 8 fake devices: XLA:CPU's in-process collectives of this
-    program deadlock now and then (one device thread at an all-gather while the seven others
-    wait at a collective-permute, aborted after 40 s: ~1 step in 20 here), a CPU runtime
-    hazard the mesh test above runs once."""
+    compiled once; the mesh's step is the test above's). Before the rollout's video was
+    constrained to the batch's sharding, XLA:CPU's in-process collectives of the 8-device
+    step deadlocked about 1 step in 20 (a device at an all-gather, the seven others at the
+    collective-permute of an involuntary resharding, aborted after 40 s); 60 steps in a row
+    ran after it."""
     from random_pipeline import random_pipeline_folder
 
     root = tmp_path_factory.mktemp("runs")

@@ -172,7 +172,8 @@ class SelfForcingTrainer(DistillTrainer):
             return sg(cache), clean
 
         _, out = jax.lax.scan(one_chunk, cache, noise)          # [n, B, C, K, Y, X]
-        return jnp.moveaxis(out, 0, 2).reshape(b, c, frames, y, x)
+        video = jnp.moveaxis(out, 0, 2).reshape(b, c, frames, y, x)
+        return jax.lax.with_sharding_constraint(video, self.batch_sh["latents"])   # the data's
 
     def student_sample(self, params, frozen, batch, key, sig, grad: bool = True):
         """``(video, None, k, None)``: the student's causal rollout from fresh noise with the
