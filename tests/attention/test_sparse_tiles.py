@@ -115,7 +115,7 @@ def test_splash_skips_the_masked_blocks_and_equals_the_reference(window, rng):
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info
 
-    from ditax.attention.splash import _table_mask
+    from ditax.attention.splash_kernel import _table_mask
 
     table = BlockTable.of(order, blocks)
     info, _ = splash_attention_mask_info.process_mask(

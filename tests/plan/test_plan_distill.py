@@ -1,5 +1,5 @@
 """``ditax plan --train`` of a DMD2 distillation step (issue 42): a config with
-``distill.method=dmd2`` is planned as the step :func:`ditax.train.distill.make_trainer` builds
+``distill.method=dmd2`` is planned as the step :func:`ditax.train.trainers.make_trainer` builds
 (student, critic and teacher), its state told by entry, its FLOPs the step's transformer work.
 
 On a one-layer tiny Wan in bfloat16 over 4 CPU devices (``fsdp=4``; bf16 weights: what a

@@ -18,6 +18,7 @@ from ditax.config import ConfigError, load_config
 from ditax.parallel.mesh import make_mesh
 from ditax.schedulers.flow import shift_sigma
 from ditax.train import distill as D
+from ditax.train.trainers import make_trainer
 from ditax.train.batches import BatchIterator
 from ditax.train.data import DataSourceError
 from ditax.train.loop import train
@@ -267,7 +268,7 @@ def test_resume_is_bit_exact_and_metrics_hold_each_term(on_mesh, dataset, tmp_pa
     # ~0.7 CPU s, and the resume is the same code after 1 step as after 2
     every = "checkpoint.every=1"
     straight = cfg_for(dataset, tmp_path / "a", "steps=2", every)
-    assert isinstance(D.make_trainer(straight, on_mesh.mesh), D.DistillTrainer)
+    assert isinstance(make_trainer(straight, on_mesh.mesh), D.DistillTrainer)
     tr = on_mesh            # its step is compiled: the runs reuse it
     full = train(straight, trainer=tr, progress=False)
     half = cfg_for(dataset, tmp_path / "b", "steps=1", every)

@@ -18,7 +18,7 @@ import pytest
 from ditax.config import ConfigError, load_config
 from ditax.config.training import distill_sigmas
 from ditax.parallel.mesh import make_mesh
-from ditax.train import distill as D
+from ditax.train.trainers import make_trainer
 from ditax.train.batches import BatchIterator
 from ditax.train.loop import train
 from ditax.train.self_forcing import SelfForcingTrainer
@@ -50,7 +50,7 @@ def one(dataset):
     """The trainer on one device, its fresh state (numpy; the student perturbed so that its
     steps matter) and a batch."""
     cfg = cfg_for(dataset)
-    tr = D.make_trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
+    tr = make_trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
     assert isinstance(tr, SelfForcingTrainer)
     data = BatchIterator(cfg)
     tr.bind_data(data)
@@ -139,7 +139,7 @@ def test_the_gradient_flows_through_the_drawn_step_only(one):
 def on_mesh(dataset):
     """The trainer on fsdp2 x context4 (the runs' program)."""
     cfg = cfg_for(dataset)
-    tr = D.make_trainer(cfg, make_mesh(cfg.mesh))
+    tr = make_trainer(cfg, make_mesh(cfg.mesh))
     tr.bind_data(BatchIterator(cfg))
     return tr
 
@@ -226,7 +226,7 @@ def test_an_exported_student_is_a_causal_folder_generate_samples(runs, capsys):
 def test_bad_combinations_are_one_line(dataset, extra, words):
     cfg = run_cfg("unused", dataset, "distill.method=self_forcing", *extra)
     with pytest.raises(ConfigError, match=words) as e:
-        tr = D.make_trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
+        tr = make_trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
         tr.bind_data(BatchIterator(cfg))
     assert "\n" not in str(e.value)
 
@@ -235,4 +235,4 @@ def test_a_family_without_a_causal_transformer_is_refused():
     cfg = load_config("flux-tiny", ["data.source=synthetic", "distill.method=self_forcing"])
     with pytest.raises(ConfigError, match="distill.method=self_forcing: model family 'flux' "
                                           "has no causal transformer"):
-        D.make_trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
+        make_trainer(cfg, make_mesh(ONE, jax.devices()[:1]))

@@ -89,7 +89,8 @@ def duplicate_forward(qt, kt, vt, *, n: int, cut: tuple[int, int], sizes, interp
     Kp]`` zero there) as if the copies were absent, cut to the real queries and head dim:
     ``(o [B, N, Lq, K]`` in q's dtype, ``lse [B, N, Lq]`` float32); one kernel under
     ``FullMask``."""
-    from ditax.attention.splash import _kernel, kernel_precision
+    from ditax.attention.splash_kernel import kernel as _kernel
+    from ditax.attention.splash_kernel import kernel_precision
 
     B, N, Lq_p, _ = qt.shape
     Lq, K = cut
@@ -108,7 +109,7 @@ def remove_copies(o, lse, q, kc):
     Lp]`` (``Lp >= L`` rows: the first L are o's) over keys that include ``kc [..., n, Kp]``
     twice, once with zero values; q ``[..., Lp, Kp]`` as the kernel saw it. → (o in its
     dtype, lse ``[..., L]`` float32) without the copies."""
-    from ditax.attention.splash import kernel_precision
+    from ditax.attention.splash_kernel import kernel_precision
 
     s = jnp.einsum("...qk,...dk->...qd", q, kc, preferred_element_type=jnp.float32,
                    precision=kernel_precision(q.dtype))                   # [..., Lp, n]

@@ -59,7 +59,8 @@ def tail_length(Lk: int, P: int, block_kv_compute: int) -> int:
 def _split(qt, kt, vt, *, Lk: int, P: int, cut: tuple[int, int], sizes, interpret: bool):
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-    from ditax.attention.splash import _kernel, kernel_precision
+    from ditax.attention.splash_kernel import kernel as _kernel
+    from ditax.attention.splash_kernel import kernel_precision
 
     B, N, Lq_p, _ = qt.shape
     bq, bkv, bkv_c = sizes.block_q, sizes.block_kv, sizes.block_kv_compute

@@ -68,11 +68,11 @@ def _forward(cfg, mesh, family, gdef, state, shardings, latent, batch=None):
 
 def _train_step(cfg, mesh, family):
     """Lowered training step of the trainer ``cfg`` asks for
-    (:func:`~ditax.train.distill.make_trainer`: the flow-matching
+    (:func:`~ditax.train.trainers.make_trainer`: the flow-matching
     :class:`~ditax.train.step.Trainer`, or with ``distill.method=dmd2`` the
     :class:`~ditax.train.distill.DistillTrainer`) on one global batch; returns
     ``(lowered, latents shape, model FLOPs per device, what the step is)``."""
-    from ditax.train.distill import make_trainer
+    from ditax.train.trainers import make_trainer
 
     trainer = make_trainer(cfg, mesh)
     shape, buckets = train_shape(cfg)

@@ -19,6 +19,15 @@ import threading
 KEEP = 64
 
 
+class Stopping(Exception):
+    """The server is stopping and the drain is over: the running batch goes back to the
+    queue (raised from the step callback, between two steps)."""
+
+
+class Cancelled(Exception):
+    """Every job of the running batch was cancelled."""
+
+
 class ChunkLog:
     """Per job id, the chunks finished so far, in order: ``{"index", "frames", "progress"}``."""
 
@@ -51,8 +60,6 @@ class ChunkLog:
         cancelled job or a stopping server's drain ends the run between two chunks."""
         if not getattr(worker.pipe, "streams_chunks", False):
             return {}
-        from ditax.serve.worker import Cancelled, Stopping
-
         total = max(int(call.get("num_frames") or 1), 1)
         self.drop(job_id)
 
@@ -68,4 +75,4 @@ class ChunkLog:
         return {"on_chunk": on_chunk}
 
 
-__all__ = ["KEEP", "ChunkLog"]
+__all__ = ["KEEP", "Cancelled", "ChunkLog", "Stopping"]

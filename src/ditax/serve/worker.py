@@ -38,7 +38,7 @@ import jax
 
 from ditax.errors import DitaxError
 from ditax.serve.batch import by_strengths
-from ditax.serve.chunks import ChunkLog
+from ditax.serve.chunks import Cancelled, ChunkLog, Stopping
 from ditax.serve.jobs import JobStore
 from ditax.serve.metrics import Metrics
 from ditax.serve.requests import BATCHING, call_of
@@ -57,15 +57,6 @@ def about(said: list[str], job: dict, batch: int) -> list[str]:
 STORE_RETRY = 2.0
 #: threads that write finished outputs (mp4 encoding runs ffmpeg, off the model thread)
 WRITERS = 2
-
-
-class Stopping(Exception):
-    """The server is stopping and the drain is over: the running batch goes back to the
-    queue (raised from the step callback, between two steps)."""
-
-
-class Cancelled(Exception):
-    """Every job of the running batch was cancelled."""
 
 
 class Worker(threading.Thread):

@@ -365,20 +365,5 @@ class DistillTrainer(DmdLosses, GanHead, TrainerBase):
         return self._step.lower(self.abstract_state(), batch_abstract, null_abstract)
 
 
-def make_trainer(cfg: Config, mesh):
-    """The trainer a config asks for: :class:`DistillTrainer` for ``distill.method=dmd2``,
-    :class:`~ditax.train.self_forcing.SelfForcingTrainer` for ``self_forcing``, else
-    :class:`~ditax.train.step.Trainer`."""
-    if cfg.distill.method == "dmd2":
-        return DistillTrainer(cfg, mesh)
-    if cfg.distill.method == "self_forcing":
-        from ditax.train.self_forcing import SelfForcingTrainer
-
-        return SelfForcingTrainer(cfg, mesh)
-    from ditax.train.step import Trainer
-
-    return Trainer(cfg, mesh)
-
-
-__all__ = ["DistillTrainer", "make_trainer", "student_schedule", "student_shift",
+__all__ = ["DistillTrainer", "student_schedule", "student_shift",
            "sample_settings", "dmd_gradient", "dmd_loss"]

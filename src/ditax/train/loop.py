@@ -36,7 +36,7 @@ from ditax.train.metrics import MetricsWriter, peak_tflops
 from ditax.train.resume import (ResumePolicy, check_output_dir, check_resume, open_run_folder,
                                 read_saved_config, write_config)
 from ditax.train.session import NonFiniteLoss, RunSession  # noqa: F401 (public here too)
-from ditax.train.distill import make_trainer
+from ditax.train.trainers import make_trainer
 from ditax.train.step import Trainer
 
 log = logging.getLogger(__name__)

@@ -161,9 +161,7 @@ class ChunkMaskedCall:
 def run_blocks(model, h, ctx, plan):
     """All of ``model``'s blocks on tokens ``h [B, L', D]`` with attention ``plan`` (the
     transformer's :meth:`run_blocks`, its plan swapped; scan, remat and offload kept)."""
-    from ditax.models.wan.transformer import WanTransformer
-
-    return WanTransformer.run_blocks(model, h, ctx, plan=plan)
+    return model.run_blocks(h, ctx, plan=plan)
 
 
 def causal_plan(model, ctx, chunk: Optional[int] = None, context_chunks: Optional[int] = None,
