@@ -155,8 +155,8 @@ SLOWEST_FIRST = (
 
 # The end-to-end tier (marked ``slow``; ``make test-slow``, and CI after ``make test``): whole
 # programs run end to end — the recipes that train and distil the demo models, runs of several
-# processes (multi-host training and serving, signals, killed workers), and the long
-# training / distillation runs of every family. ``make test`` (``-m "not slow"``) keeps the
+# processes (multi-host training and serving, signals, killed workers and servers, replicas),
+# and the long training / distillation runs of every family. ``make test`` (``-m "not slow"``) keeps the
 # rest: every module and kernel against its reference, every CLI and server check.
 END_TO_END = (
     "recipes/test_demo_model.py", "recipes/test_flux_demo_model.py",
@@ -168,6 +168,11 @@ END_TO_END = (
     "train/test_multihost.py", "train/test_preprocess_processes.py",
     "serve/test_serve_multihost.py", "serve/test_serve_signals.py",
     "serve/test_serve_worker_faults.py", "benchmarks/test_gpu_check.py",
+    # processes killed and rerun, a real PostgreSQL server's replicas, mp4s through preprocess
+    # into training, a second process reading the compile cache, a warm server's start
+    "train/test_resume.py", "train/test_checkpoint_space.py", "train/test_train_e2e.py",
+    "serve/test_serve_faults.py", "serve/test_serve_postgres.py", "serve/test_serve_warm.py",
+    "test_compile_cache.py",
 )
 
 
