@@ -115,8 +115,8 @@ PADDED = WanVAEConfig(base_dim=96, z_dim=4, dim_mult=(1, 1, 1, 1), num_res_block
 
 def test_budgeted_chunks_decode_the_same_frames(monkeypatch):
     """A device small enough that 3 of 5 later latent frames fit a chunk: the compiled
-    programs take 3 a chunk (3, then 2 and 1 padding); the jitted fast-path decode
-    (interpreted), chunked under the same budget, gives the one-latent-frame stream's frames."""
+    programs take 3 a chunk (3, then 2 and 1 padding), and they (the fast path, interpreted)
+    decode the one-latent-frame stream's frames."""
     vae = randomise(WanVAE(PADDED, rngs=nnx.Rngs(0)), 2)
     z = jax.random.normal(jax.random.key(1), (1, 4, 6, 2, 2), jnp.float32)
     memory = vae.chunk_memory((1, 6, 2, 2, 4), _first_cache(vae, 2, 2))
@@ -126,4 +126,4 @@ def test_budgeted_chunks_decode_the_same_frames(monkeypatch):
     assert programs.frames == 3
     ref = np.asarray(vae.decode(z, path="plain", frames_per_chunk=1))
     assert ref.shape == (1, 3, 21, 16, 16)
-    np.testing.assert_allclose(vae.decode(z, path="interpret"), ref, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(vae.decode(z, programs=programs), ref, rtol=0, atol=1e-5)
