@@ -64,6 +64,18 @@ class MaskedReference:
         return jnp.einsum("bnlt,btnk->blnk", jax.nn.softmax(s, axis=-1), v)
 
 
+def masked_reference_output(model, h, ctx):
+    """``model``'s output from the embedded ``h, ctx`` with its self-attention replaced by
+    dense attention under the tile layout's token mask (the plan restored after)."""
+    plan = model.attention_plan
+    model.attention_plan = dataclasses.replace(
+        plan, self_attn=MaskedReference(reference_mask(ctx.tiles)))
+    try:
+        return np.asarray(model.head(model.run_blocks(h, ctx._replace(tiles=None)), ctx))
+    finally:
+        model.attention_plan = plan
+
+
 @pytest.mark.parametrize("window", [(3, 1, 1), (1, 3, 3)])
 def test_sliding_tile_equals_the_masked_dense_reference(window, rng):
     """128-token tiles (each one kernel block, kept or skipped whole) on a grid whose rows do
@@ -81,11 +93,7 @@ def test_sliding_tile_equals_the_masked_dense_reference(window, rng):
     assert call.options.block_q == call.options.block_kv == 128
     got = np.asarray(model.head(model.run_blocks(h, ctx), ctx))
 
-    plan = model.attention_plan
-    model.attention_plan = dataclasses.replace(
-        plan, self_attn=MaskedReference(reference_mask(layout)))
-    want = np.asarray(model.head(model.run_blocks(h, ctx._replace(tiles=None)), ctx))
-    model.attention_plan = plan
+    want = masked_reference_output(model, h, ctx)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
 
     dense = np.asarray(init_model(CFG, AttentionConfig(backend="xla"), seed=5)(lat, t, text))

@@ -4,16 +4,13 @@ the model's output equals its blocks run with dense attention under the layout's
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
 from ditax.attention.sparse.masks import density
-from ditax.attention.sparse.layout import reference_mask
 from ditax.config import AttentionConfig
 from ditax.models.wan.build import init_model
-from test_sparse_attention import CFG, MaskedReference, _inputs  # noqa: E402
+from test_sparse_attention import CFG, _inputs, masked_reference_output  # noqa: E402
 
 
 @pytest.mark.parametrize("backend", ["splash", "flash"])
@@ -30,13 +27,7 @@ def test_radial_equals_the_masked_dense_reference(backend, rng):
     call = ctx.plan(model.attention_plan).self_attn
     assert call.options.block_table == layout.table and call.options.block_q == 128
     got = np.asarray(model.head(model.run_blocks(h, ctx), ctx))
-    plan = model.attention_plan
-    model.attention_plan = dataclasses.replace(
-        plan, self_attn=MaskedReference(reference_mask(layout)))
-    try:
-        want = np.asarray(model.head(model.run_blocks(h, ctx._replace(tiles=None)), ctx))
-    finally:
-        model.attention_plan = plan
+    want = masked_reference_output(model, h, ctx)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
     dense = np.asarray(init_model(CFG, AttentionConfig(backend="xla"), seed=4)(lat, t, text))
     assert np.abs(got - dense).max() > 1e-3
