@@ -40,14 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ditax.attention.blocks import round_up
-
-
-def split_forward(qt, kt, vt, *, Lk: int, P: int, cut: tuple[int, int], sizes,
-                  interpret: bool):
-    """Attention over head-major padded inputs (q ``[B, N, Lq_p, Kp]``, k/v ``[B, N, Lk_p,
-    Kp]``, the keys past ``Lk`` ignored) split at key ``P``, cut to ``(Lq, K) = cut``:
-    ``(o [B, N, Lq, K]`` in q's dtype, ``lse [B, N, Lq]`` float32)."""
-    return _split(qt, kt, vt, Lk=Lk, P=P, cut=cut, sizes=sizes, interpret=interpret)
+from ditax.attention.sequence.merge import merge_partials
 
 
 def tail_length(Lk: int, P: int, block_kv_compute: int) -> int:
@@ -56,7 +49,11 @@ def tail_length(Lk: int, P: int, block_kv_compute: int) -> int:
     return round_up(Lk - P, block_kv_compute)
 
 
-def _split(qt, kt, vt, *, Lk: int, P: int, cut: tuple[int, int], sizes, interpret: bool):
+def split_forward(qt, kt, vt, *, Lk: int, P: int, cut: tuple[int, int], sizes,
+                  interpret: bool):
+    """Attention over head-major padded inputs (q ``[B, N, Lq_p, Kp]``, k/v ``[B, N, Lk_p,
+    Kp]``, the keys past ``Lk`` ignored) split at key ``P``, cut to ``(Lq, K) = cut``:
+    ``(o [B, N, Lq, K]`` in q's dtype, ``lse [B, N, Lq]`` float32)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     from ditax.attention.splash_kernel import kernel as _kernel
@@ -85,15 +82,11 @@ def _split(qt, kt, vt, *, Lk: int, P: int, cut: tuple[int, int], sizes, interpre
 
 def merge(o1, lse1, o2, lse2):
     """Two normalised partial attentions over disjoint keys (o ``[..., L, K]``, lse ``[...,
-    L]``, finite) → the attention over their union and its lse; o in o1's dtype, the weights
-    and the sum in float32."""
-    lse1, lse2 = lse1.astype(jnp.float32), lse2.astype(jnp.float32)
-    m = jnp.maximum(lse1, lse2)
-    w1, w2 = jnp.exp(lse1 - m), jnp.exp(lse2 - m)
-    total = w1 + w2
-    o = (o1.astype(jnp.float32) * (w1 / total)[..., None]
-         + o2.astype(jnp.float32) * (w2 / total)[..., None])
-    return o.astype(o1.dtype), m + jnp.log(total)
+    L]``) → the attention over their union and its lse (:func:`~ditax.attention.sequence.
+    merge.merge_partials` in float32); o in o1's dtype."""
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    o, lse = merge_partials(f32(o1), f32(lse1), f32(o2), f32(lse2))
+    return o.astype(o1.dtype), lse
 
 
 __all__ = ["split_forward", "tail_length", "merge"]
