@@ -45,6 +45,12 @@ def app_state(store, model: str = "demo", makes: str = "video"):
 
 def call(app, method: str, target: str, body: bytes = b"") -> tuple[int, dict]:
     """``(status, JSON body)`` of one request to the ASGI ``app``."""
+    status, _, raw = call_raw(app, method, target, body)
+    return status, json.loads(raw or b"null")
+
+
+def call_raw(app, method: str, target: str, body: bytes = b"") -> tuple[int, dict, bytes]:
+    """``(status, headers, body bytes)`` of one request to the ASGI ``app``."""
     url = urllib.parse.urlsplit(target)
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
              "method": method, "scheme": "http", "path": url.path,
@@ -53,7 +59,7 @@ def call(app, method: str, target: str, body: bytes = b"") -> tuple[int, dict]:
                                           (b"content-length", str(len(body)).encode())],
              "client": ("127.0.0.1", 1), "server": ("test", 80)}
     sent = [{"type": "http.request", "body": body, "more_body": False}]
-    out = {"status": None, "body": b""}
+    out = {"status": None, "headers": {}, "body": b""}
 
     async def receive():
         return sent.pop(0) if sent else {"type": "http.disconnect"}
@@ -61,8 +67,9 @@ def call(app, method: str, target: str, body: bytes = b"") -> tuple[int, dict]:
     async def send(message):
         if message["type"] == "http.response.start":
             out["status"] = message["status"]
+            out["headers"] = {k.decode(): v.decode() for k, v in message.get("headers", ())}
         elif message["type"] == "http.response.body":
             out["body"] += message.get("body", b"")
 
     asyncio.run(app(scope, receive, send))
-    return out["status"], json.loads(out["body"] or b"null")
+    return out["status"], out["headers"], out["body"]

@@ -11,7 +11,7 @@ import json
 import pathlib
 
 import pytest
-from asgi_calls import call
+from asgi_calls import call, call_raw
 from causal_folders import causal_demo_folder
 
 import ditax
@@ -64,12 +64,19 @@ def served(tmp_path_factory):
     worker.join(60)
 
 
-def test_chunk_events_arrive_in_order_before_completion(served):
-    app, store, out = served
+@pytest.fixture(scope="module")
+def streamed(served):
+    """One 29-frame job (4 chunks) run to completion: ``(job, events)``."""
+    app, store, _ = served
     status, job = call(app, "POST", "/v1/videos",
                        json.dumps({"prompt": "a red ball", "num_frames": 29, "seed": 3}).encode())
     assert status == 200, job
-    events = follow_events(app, job["id"], store)
+    return job, follow_events(app, job["id"], store)
+
+
+def test_chunk_events_arrive_in_order_before_completion(served, streamed):
+    app, store, out = served
+    job, events = streamed
     chunks = [(e["chunk"], at) for e, at in events if "chunk" in e]
     assert [c["index"] for c, _ in chunks] == [0, 1, 2, 3], events
     assert [c["frames"] for c, _ in chunks] == [5, 13, 21, 29]     # made so far
@@ -83,3 +90,38 @@ def test_chunk_events_arrive_in_order_before_completion(served):
     from ditax.io.video import read_video
 
     assert read_video(pathlib.Path(out) / store.get(job["id"])["file"]).shape[0] == 29
+
+
+def test_chunk_frames_are_the_videos(served, streamed):
+    """Each chunk event names its frames (``url``: one JPEG of ``count`` frames stacked top to
+    bottom, what the page plays while the rest is made); together they are the mp4's frames
+    (both lossy: JPEG at quality 90, H.264: a mean difference of a few levels, against tens
+    for another chunk's frames). A chunk number that is no integer: 400 in one line; a chunk
+    not made: 404."""
+    import io
+
+    import numpy as np
+    import PIL.Image
+
+    from ditax.io.video import read_video
+
+    app, store, out = served
+    job, events = streamed
+    chunks = [e["chunk"] for e, _ in events if "chunk" in e]
+    assert [(c["first"], c["count"]) for c in chunks] == [(0, 5), (5, 8), (13, 8), (21, 8)]
+    strips = []
+    for c in chunks:
+        status, head, body = call_raw(app, "GET", c["url"])
+        assert status == 200 and head["content-type"] == "image/jpeg", body[:200]
+        strips.append(np.asarray(PIL.Image.open(io.BytesIO(body)).convert("RGB")))
+        assert strips[-1].shape == (c["count"] * 64, 64, 3)
+    got = np.concatenate(strips).reshape(29, 64, 64, 3).astype(np.float32)
+    video = read_video(pathlib.Path(out) / store.get(job["id"])["file"]).astype(np.float32)
+    near = np.abs(got - video).mean()
+    other = np.abs(got[5:13] - video[13:21]).mean()      # chunk 1's frames vs chunk 2's
+    assert near < 6 and other > 3 * near, (near, other)
+    status, err = call(app, "GET", f"/v1/videos/{job['id']}/chunks/x1")
+    assert status == 400 and err["error"]["param"] == "index", err
+    assert "index='x1'" in err["error"]["message"] and "\n" not in err["error"]["message"]
+    status, err = call(app, "GET", f"/v1/videos/{job['id']}/chunks/4")
+    assert status == 404 and "4 chunk(s)" in err["error"]["message"], err

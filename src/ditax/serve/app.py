@@ -19,7 +19,9 @@ included, is ``{"error": {"message", "param", "type"}}``):
   (``data:`` the job's JSON) at once and at each change of its status or progress, read from
   the store (so any server on a shared store answers it), the last one at completed, failed or
   cancelled, after which the stream ends (a causal model's job: also one event per finished
-  chunk, ``chunk: {index, frames}``, before the end); a comment line every 15 s keeps
+  chunk, ``chunk: {index, frames, first, count, url}``, before the end; ``GET url``
+  (``/v1/videos/{id}/chunks/{index}``): the chunk's frames, one ``image/jpeg`` of ``count``
+  frames stacked top to bottom, :mod:`ditax.serve.chunks`); a comment line every 15 s keeps
   proxies from closing a quiet stream. With an API key it takes ``?key=KEY`` instead of the header (a browser's
   ``EventSource`` sends no headers; this is the only route that does);
 - ``GET /v1/videos?limit=&after=`` — newest first (``after``: the last id of the previous page);
@@ -53,13 +55,15 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import (FileResponse, JSONResponse, PlainTextResponse, Response,
+                               StreamingResponse)
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ditax.io.outputs import extra_path
 from ditax.serve import warm
+from ditax.serve.chunks import chunk_frames
 from ditax.serve.jobs import FINISHED, JobStore, QueueFull
 from ditax.serve.metrics import Metrics, metrics_text
 from ditax.serve.requests import BadRequest, Limits, check_body
@@ -234,6 +238,15 @@ def create_app(state: ServeState):
             "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             media_type="text/event-stream")
 
+    @app.get("/v1/videos/{job_id}/chunks/{index}")
+    def chunk(job_id: str, index: str):
+        job, err = find(job_id)
+        got = err or chunk_frames(getattr(state.worker, "chunks", None), job, index)
+        if isinstance(got, tuple):
+            return error(*got)
+        return got if err else Response(got, media_type="image/jpeg",
+                                        headers={"Cache-Control": "no-cache"})
+
     @app.get("/v1/videos/{job_id}/content")
     def content(job_id: str, variant: str | None = None):
         job, err = find(job_id)
@@ -322,7 +335,7 @@ def create_app(state: ServeState):
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc):   # no such route (404), or method (405)
         what = {404: f"no route {request.url.path}; the API is POST /v1/videos, GET "
-                     f"/v1/videos[/ID[/content|/events]], DELETE /v1/videos/ID, GET "
+                     f"/v1/videos[/ID[/content|/events|/chunks/N]], DELETE /v1/videos/ID, GET "
                      f"/v1/loras, GET /health, GET /metrics",
                 405: f"{request.method} is not a method of {request.url.path}"}
         return error(exc.status_code, what.get(exc.status_code, str(exc.detail)),
@@ -357,8 +370,8 @@ async def event_stream(state: ServeState, job_id: str, request: Request):
         view = job_json(job)
         for c in [] if log is None else log.since(job_id, seen):   # each, before the end
             seen, last, quiet = seen + 1, ("in_progress", c["progress"]), 0.0
-            chunk = {**view, "status": "in_progress", "progress": c["progress"],
-                     "chunk": {"index": c["index"], "frames": c["frames"]}}
+            chunk = {**view, "status": "in_progress", "progress": c.pop("progress"),
+                     "chunk": c}
             yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
         if (view["status"], view["progress"]) != last:
             last, quiet = (view["status"], view["progress"]), 0.0

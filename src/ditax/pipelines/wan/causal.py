@@ -78,9 +78,10 @@ def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frame
     chunks joined — what ``pipe(prompt, ...)`` (so ``ditax generate`` and ``ditax serve``)
     runs on a folder whose transformer has ``causal_chunk``. Values left at None come from
     the folder's ``ditax_sample.json`` (``context_chunks`` too), else Wan's; ``options``:
-    ``context_chunks``, ``on_chunk(index, frames_so_far)`` (called as each chunk is decoded:
-    ``ditax serve``'s chunk events) and the pipeline call's others, each refused in one line
-    when set (step caching, images, a second expert's guidance: not in causal sampling)."""
+    ``context_chunks``, ``on_chunk(index, frames_so_far, frames)`` (called as each chunk is
+    decoded, ``frames`` its ``[f, H, W, 3]``: ``ditax serve``'s chunk events) and the
+    pipeline call's others, each refused in one line when set (step caching, images, a
+    second expert's guidance: not in causal sampling)."""
     from ditax.pipelines.lora_sample import default_sigmas
 
     on_chunk = options.pop("on_chunk", None)
@@ -102,7 +103,7 @@ def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frame
         frames.append(np.asarray(part))
         made += part.shape[0]
         if on_chunk is not None:
-            on_chunk(i, made)
+            on_chunk(i, made, frames[-1])
     pipe.timings = None     # no phases of the bidirectional loop; last_stats: the sampler's
     return np.concatenate(frames, axis=0)
 

@@ -91,7 +91,7 @@ class WanTextToVideo(Pipeline):
     @property
     def streams_chunks(self) -> bool:
         """Whether this is a causal student (``causal_chunk`` in its transformer's config): a
-        call samples chunk by chunk and takes ``on_chunk(index, frames_so_far)``."""
+        call samples chunk by chunk and takes ``on_chunk(index, frames_so_far, frames)``."""
         return self.transformer.config.causal_chunk is not None
 
     @property

@@ -5,6 +5,9 @@
 // EventSource sends no headers, so with an API key the events URL carries it as ?key= (the
 // only route that takes it there); a stream that fails before its first event (a proxy that
 // drops event streams, an older server) falls back to polling GET /v1/videos/ID.
+// A causal model's job streams: each finished chunk's event names its frames (chunk.url, one
+// JPEG of chunk.count frames stacked top to bottom), which the current job's canvas plays at
+// the video's frame rate while the rest is made; the mp4 replaces it once played through.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const keyInput = $("api_key");
@@ -129,6 +132,54 @@ async function poll(id, s) {
   }
 }
 
+// The frames of a streaming job's chunks, drawn in order on a canvas at `fps`: add(chunk)
+// queues a chunk's frames (fetched with the key), done() resolves once every queued frame was
+// drawn. The canvas records what it showed: data-chunks (fetched), data-frames (drawn),
+// data-first-frame-at (Date.now() at the first frame drawn).
+function chunkPlayer(job) {
+  const canvas = document.createElement("canvas");
+  canvas.width = job.width;
+  canvas.height = job.height;
+  canvas.className = "stream";
+  canvas.dataset.id = job.id;
+  canvas.dataset.chunks = "0";
+  canvas.dataset.frames = "0";
+  const ctx = canvas.getContext("2d");
+  const queue = [];                       // [bitmap, row] per frame not yet drawn
+  let fetched = Promise.resolve(), timer = null, idle = [];
+  function tick() {
+    const next = queue.shift();
+    if (!next) {
+      clearInterval(timer);
+      timer = null;
+      for (const fn of idle.splice(0)) fn();
+      return;
+    }
+    const [bitmap, row] = next;
+    ctx.drawImage(bitmap, 0, row * canvas.height, canvas.width, canvas.height, 0, 0, canvas.width, canvas.height);
+    if (canvas.dataset.frames === "0") canvas.dataset.firstFrameAt = String(Date.now());
+    canvas.dataset.frames = String(Number(canvas.dataset.frames) + 1);
+  }
+  return {
+    canvas,
+    add(chunk) {
+      // fetched one after another, so the frames queue in chunk order
+      fetched = fetched.then(async () => {
+        const r = await fetch(chunk.url, { headers: headers() });
+        if (!r.ok) return;                // no longer kept: the mp4 will show it
+        const bitmap = await createImageBitmap(await r.blob());
+        for (let row = 0; row < chunk.count; row++) queue.push([bitmap, row]);
+        canvas.dataset.chunks = String(Number(canvas.dataset.chunks) + 1);
+        if (!timer) { tick(); timer = setInterval(tick, 1000 / (job.fps || 16)); }
+      }).catch(() => {});
+      return fetched;
+    },
+    done() {
+      return fetched.then(() => timer ? new Promise((r) => idle.push(r)) : undefined);
+    },
+  };
+}
+
 let current = null;
 
 function follow(id) {
@@ -138,12 +189,26 @@ function follow(id) {
   $("current_id").textContent = id;
   $("player").textContent = "";
   $("progress").value = 0;
+  let player = null;                         // a causal model's job: its chunks' canvas
   watch(id, "current", async (job, via) => {
     if (current !== id) return;
     $("progress").value = job.progress;
     $("progress").dataset.via = via;         // how the page hears of it (events | polling)
     $("progress_text").textContent = `${job.progress}% (${job.status})`;
-    if (job.status === "completed") $("player").appendChild(await videoElement(job));
+    if (job.chunk && job.chunk.url) {
+      if (!player) {
+        player = chunkPlayer(job);
+        $("player").appendChild(player.canvas);
+      }
+      player.add(job.chunk);
+    }
+    if (job.status === "completed") {
+      const video = await videoElement(job);
+      if (player) await player.done();       // the streamed frames first, then the mp4
+      if (current !== id) return;
+      if (player) player.canvas.hidden = true;     // kept: what it showed (data-*)
+      $("player").appendChild(video);
+    }
     else if (job.status === "failed" || job.status === "cancelled") {
       $("message").textContent = job.error ? job.error.message : job.status;
     }
