@@ -180,6 +180,25 @@ def test_fast_path_needs_a_tpu(small):
         small.decode(_latents(small, 1, 2, 2), path="nope")
 
 
+def test_auto_path_follows_where_the_decode_runs(small):
+    """``path="auto"`` is decided by the device the parameters are on, not the default
+    backend: on a TPU host a VAE placed on the CPU (a CPU mesh) decodes plain (seen on the
+    chip: the CPU run took the Pallas path and failed), while with no device to ask the
+    build target decides."""
+    from ditax.models.vae.wan.chunks import resolve_path
+    from ditax.parallel.platform import target_platform
+
+    cpu = jax.devices("cpu")[0]
+    with target_platform("tpu"):
+        assert resolve_path("auto") == "fast"
+        assert resolve_path("auto", cpu) == "plain"
+        with pytest.raises(ValueError, match="platform is cpu"):
+            resolve_path("fast", cpu)
+        z = _latents(small, 1, 2, 2)
+        want = small.decode(z, path="plain")
+        np.testing.assert_array_equal(small.decode(z), want)   # plain, on the CPU
+
+
 @pytest.mark.slow
 def test_fast_path_equals_plain_wan22():
     """The Wan 2.2 decoder (residual levels, 2x2 patches, 12 output channels) on the fast path:

@@ -36,7 +36,7 @@ import jax
 from flax import nnx
 
 from ditax.models.vae.wan.layers import FastPath, fast_path
-from ditax.parallel.platform import platform_of
+from ditax.parallel.platform import device_platform, platform_of
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +64,31 @@ DEFAULT_MEMORY_BYTES = int(15.75 * 2**30)
 TEMP_ACTIVATIONS = 4
 
 
-def _path(path: str) -> FastPath | None:
+def resolve_path(path: str, device=None) -> str:
+    """``path`` with ``"auto"`` made concrete for the platform of ``device`` (the device the
+    decode runs on: its parameters' or latents'; None: :func:`platform_of`'s): ``"fast"`` on
+    a TPU while :data:`FAST_BY_DEFAULT`, else ``"plain"``. Checked: a name in :data:`PATHS`,
+    ``"fast"`` only on a TPU."""
     if path not in PATHS:
         raise ValueError(f"WanVAE decode: path={path!r} is not one of {PATHS}")
-    platform = platform_of().name
-    if path == "auto":     # the fast path on a TPU (FAST_BY_DEFAULT)
-        path = "fast" if platform == "tpu" and FAST_BY_DEFAULT else "plain"
-    elif path == "fast" and platform != "tpu":
+    platform = (platform_of() if device is None else device_platform(device)).name
+    if path == "auto":
+        return "fast" if platform == "tpu" and FAST_BY_DEFAULT else "plain"
+    if path == "fast" and platform != "tpu":
         raise ValueError(f"WanVAE decode: path='fast' runs Pallas TPU kernels and the platform "
                          f"is {platform}; use path='auto' (or 'interpret' to run the TPU program "
                          "interpreted, slowly)")
+    return path
+
+
+def _path(path: str) -> FastPath | None:
+    path = resolve_path(path)
     return {"plain": None, "fast": FastPath(), "interpret": FastPath(interpret=True)}[path]
 
 
-def is_fast(path: str) -> bool:
-    """Whether ``path`` decodes on the fast path here (``auto`` asks the platform)."""
-    return _path(path) is not None
+def is_fast(path: str, device=None) -> bool:
+    """Whether ``path`` decodes on the fast path on ``device`` (``auto`` asks its platform)."""
+    return resolve_path(path, device) != "plain"
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "first"), donate_argnames=("cache",))
@@ -202,4 +211,4 @@ def compile_decode(graphdef, state, z, *, frames: int | Callable = 1,
 
 __all__ = ["CHUNK_PIXELS", "ChunkMemory", "DEFAULT_MEMORY_BYTES", "DecodePrograms",
            "MEMORY_FRACTION", "PATHS", "TEMP_ACTIVATIONS", "chunk_frames", "compile_decode",
-           "decode_chunk", "encode_chunk", "is_fast", "jitted_decode", "memory_budget", "nbytes"]
+           "decode_chunk", "encode_chunk", "is_fast", "resolve_path", "jitted_decode", "memory_budget", "nbytes"]

@@ -14,7 +14,7 @@ from flax import nnx
 
 from ditax.models.vae.wan.chunks import (TEMP_ACTIVATIONS, ChunkMemory, DecodePrograms,
                                          chunk_frames, compile_decode, encode_chunk, is_fast,
-                                         jitted_decode, memory_budget, nbytes)
+                                         jitted_decode, memory_budget, nbytes, resolve_path)
 from ditax.models.vae.wan.coders import Decoder, Encoder
 from ditax.models.vae.wan.config import WanVAEConfig
 from ditax.models.vae.wan.layers import CausalConv3d, FastPath, fast_path, padded
@@ -193,7 +193,7 @@ class WanVAE(nnx.Module):
         (:func:`.chunks.chunk_frames`); automatic ones on the fast path kept within
         ``device``'s :func:`.chunks.memory_budget` given the first chunk's ``cache``."""
         top = shape[2] * shape[3] * self.scale_factor_spatial ** 2
-        fast = is_fast(path)
+        fast = is_fast(path, device)
         memory = self.chunk_memory(shape, cache) if fast and cache is not None else None
         return chunk_frames(shape[1] - 1, top, fast, frames, memory,
                             None if memory is None else memory_budget(device))
@@ -205,6 +205,7 @@ class WanVAE(nnx.Module):
         the first chunk's cache is known) latent frames, the last one padded with zero latents
         (``programs``: :meth:`compile_decode`'s for this shape, else the jitted steps)."""
         graphdef, state = nnx.split(self)
+        path = resolve_path(path, _device(jax.tree.leaves(state)[0]))   # where it runs
         jitted = programs is None
         if jitted:   # the steps; their chunk length is chosen after the first
             programs = jitted_decode(graphdef, 1, path)
@@ -230,6 +231,7 @@ class WanVAE(nnx.Module):
         ``path`` / ``frames_per_chunk``: as :meth:`decode`'s."""
         b, z, f, y, x = shape
         lat, device = (b, f, y, x, z), _device(sharding)
+        path = resolve_path(path, device)
         choose = lambda cache: self._chunk_frames(lat, path, frames_per_chunk, cache, device)  # noqa: E731
         return compile_decode(*nnx.split(self), jax.ShapeDtypeStruct(lat, self.dtype, sharding=sharding),
                               frames=choose, path=path)
