@@ -147,6 +147,8 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
         mesh = make_mesh(cfg.mesh)
         from chip_profile import op_breakdown
 
+        before = _peak()
+
         row = forward_benchmark(cfg, mesh, latent, text_len, sw.repeats,
                                 after=op_breakdown if profile else None)
         fam = model_family(cfg.model, cfg.attention)
@@ -154,14 +156,27 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
         flops = fam.flops_per_sample(shape, text_len) / 3.0
         peak = PEAK.get(_gen(), (197e12,))[0]
         row.update(case=name, overrides=list(overrides), flops=flops,
-                   mfu=round(flops / row["value"] / peak, 3),
-                   peak_hbm_bytes=(jax.devices()[0].memory_stats() or {}).get(
-                       "peak_bytes_in_use"))
+                   mfu=round(flops / row["value"] / peak, 3), **_case_peak(before, _peak()))
         sw.emit(row)
         return row
     except Exception as e:
         sw.emit({"bench": "tpu_sweep", "case": name, "error": str(e).splitlines()[0][:300]})
         return {}
+
+
+def _peak():
+    """The device's ``peak_bytes_in_use`` since the process started (None where unreported)."""
+    return (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+
+
+def _case_peak(before, after) -> dict:
+    """A case's own peak: the process's peak when the case raised it; when an earlier case's
+    peak was higher the case's is unknown (JAX cannot reset the peak) and only bounded."""
+    if after is None:
+        return {"peak_hbm_bytes": None}
+    if before is None or after > before:
+        return {"peak_hbm_bytes": after}
+    return {"peak_hbm_bytes": None, "peak_hbm_at_most": after}
 
 
 WAN = (1, 32760, 12, 128)        # Wan 2.1 1.3B, 480x832x81: 21 x 30 x 52 tokens
