@@ -42,6 +42,17 @@ def random_lora(model, modules, *, rank=4, alpha=None, bias=False, seed=0, size=
     return out
 
 
+def demo_lora(modules=("attn1.to_q", "attn1.to_v"), *, layers: int = 4, width: int = 320,
+              rank: int = 4, seed: int = 0) -> dict:
+    """A random LoRA (``{module: dict(down, up, alpha=None, bias=None)}``, update scale 1) for
+    the shipped demo model's square ``width x width`` Linears ``modules`` of every block."""
+    rng = np.random.default_rng(seed)
+    return {f"blocks.{i}.{m}": dict(
+        down=(0.3 * rng.standard_normal((rank, width))).astype(np.float32),
+        up=(0.3 * rng.standard_normal((width, rank))).astype(np.float32), alpha=None, bias=None)
+        for i in range(layers) for m in modules}
+
+
 def write_original(path, lora, *, names=("lora_down", "lora_up"), prefix="diffusion_model.",
                    extra=None):
     """Original Wan / ComfyUI keys (``diffusion_model.blocks.0.self_attn.q.lora_down.weight``)."""

@@ -35,15 +35,9 @@ PROMPT = "a red circle moves right"
 
 def write_lora(path):
     """A random PEFT-format LoRA for the demo model's self-attention q / v (D = 320)."""
-    import numpy as np
-    from lora_reference import write_peft
+    from lora_reference import demo_lora, write_peft
 
-    rng = np.random.default_rng(0)
-    write_peft(path, {f"blocks.{i}.attn1.{m}": dict(
-        down=(0.3 * rng.standard_normal((4, 320))).astype(np.float32),
-        up=(0.3 * rng.standard_normal((320, 4))).astype(np.float32), alpha=None, bias=None)
-        for i in range(4) for m in ("to_q", "to_v")})
-    return path
+    return write_peft(path, demo_lora())
 
 
 def shared_cache(tmp_path_factory) -> pathlib.Path:

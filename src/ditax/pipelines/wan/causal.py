@@ -111,8 +111,9 @@ def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frame
 def check_call(root, chunk: Optional[int], call: dict, temporal: int) -> None:
     """A request on folder ``root`` against its transformer's ``causal_chunk`` (``chunk``;
     None: bidirectional), before any weights: ``context_chunks`` only for a causal folder,
-    and a causal folder's ``num_frames`` a whole number of chunks (``temporal``: the VAE's
-    frames per latent frame); :class:`RequestError` in one line."""
+    no step caching (``cache`` / ``cfg_cache``) on a causal one, and a causal folder's
+    ``num_frames`` a whole number of chunks (``temporal``: the VAE's frames per latent
+    frame); :class:`RequestError` in one line."""
     given = call.get("context_chunks")
     if chunk is None:
         if given is not None:
@@ -120,6 +121,12 @@ def check_call(root, chunk: Optional[int], call: dict, temporal: int) -> None:
                                f"model, but {root}'s transformer is bidirectional (no "
                                f"causal_chunk in its config.json); drop it")
         return
+    caching = [k for k in ("cache", "cfg_cache") if call.get(k) not in (None, False)]
+    if caching:
+        raise RequestError(f"sample.{caching[0]}={call[caching[0]]}: step caching runs in the "
+                           f"whole-video loop, which {root}'s causal student (model."
+                           f"causal_chunk={chunk}) does not use; it samples chunk by chunk in "
+                           f"a few steps each, with no step cache; drop it")
     n = call.get("num_frames")
     if n is None:
         return
