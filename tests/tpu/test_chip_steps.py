@@ -60,11 +60,14 @@ def test_the_demo_video_equals_the_cpus(chip, host):
     from ditax.parallel.mesh import make_mesh
 
     videos = []
+    # at highest precision (issue 55: "within 1e-3 at highest precision"); a library call
+    # does not enter model.precision's context, a command does
     for device in (host, chip):
-        pipe = ditax.load_pipeline(ditax.demo.model_path(), dtype="float32",
-                                   mesh=make_mesh(ONE, [device]))
-        videos.append(np.asarray(pipe("a red circle moves right", seed=0,
-                                      num_inference_steps=2)))
+        with jax.default_matmul_precision("highest"):
+            pipe = ditax.load_pipeline(ditax.demo.model_path(), dtype="float32",
+                                       mesh=make_mesh(ONE, [device]))
+            videos.append(np.asarray(pipe("a red circle moves right", seed=0,
+                                          num_inference_steps=2)))
     assert videos[0].shape == videos[1].shape
     assert np.abs(videos[0] - videos[1]).max() <= 1e-3
 

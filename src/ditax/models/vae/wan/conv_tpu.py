@@ -65,8 +65,21 @@ def _lanes(c: int) -> int:
     return -(-c // LANES) * LANES
 
 
+def product_precision(dtype) -> lax.Precision:
+    """The precision the kernel's products run at for operands of ``dtype``: bf16 products are
+    exact in float32 (DEFAULT); float32 ones follow the ambient ``jax_default_matmul_precision``
+    as XLA's convolutions of the plain path do (``model.precision``: ``highest`` / ``float32`` /
+    ``high`` / ``tensorfloat32`` → HIGHEST, else DEFAULT: one bfloat16 pass). Pinned in the
+    kernel either way: under ``"highest"`` Mosaic refuses bf16 operands."""
+    if jnp.dtype(dtype) != jnp.float32:
+        return lax.Precision.DEFAULT
+    ambient = str(jax.config.jax_default_matmul_precision or "default").lower()
+    full = ambient in ("highest", "float32", "high", "tensorfloat32", "bfloat16_3x")
+    return lax.Precision.HIGHEST if full else lax.Precision.DEFAULT
+
+
 def _kernel(*refs, kt: int, ty: int, rows: int, nby: int, frames: int, act_scale,
-            residual: bool, phases: bool, narrow: int):
+            residual: bool, phases: bool, narrow: int, prec: lax.Precision):
     it = iter(refs)
     cache_hbm = next(it) if kt > 1 else None
     x_hbm, w_ref, b_ref = next(it), next(it), next(it)
@@ -138,9 +151,6 @@ def _kernel(*refs, kt: int, ty: int, rows: int, nby: int, frames: int, act_scale
 
     wait(f + kt - 1, lax.rem(f + kt - 1, slots))
 
-    # the precision pinned: under jax_default_matmul_precision="highest" Mosaic refuses bf16
-    # operands; bf16 products are exact in float32 anyway, float32 ones keep full precision
-    prec = lax.Precision.HIGHEST if buf.dtype == jnp.float32 else lax.Precision.DEFAULT
     dt, ocols = o_ref.dtype, o_ref.shape[-1]
     m = rows * x_len   # the block's rows go through the MXU ``rows`` at a time (code size)
 
@@ -242,7 +252,8 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
         out_shape, out_spec = (bsz, frames, height, x_len, cout), rows
     kernel = functools.partial(_kernel, kt=kt, ty=ty, rows=sub, nby=nby, frames=frames,
                                narrow=narrow, act_scale=act_scale,
-                               residual=residual is not None, phases=phases)
+                               residual=residual is not None, phases=phases,
+                               prec=product_precision(dt))
     itemsize = jnp.dtype(dt).itemsize
     n, pixels = sub * x_len, bsz * frames * height * x_len
     vmem = ((kt + 1) * (ty + 2) * x_len * c * itemsize + 2 * kt * 9 * c * lanes * itemsize
