@@ -58,3 +58,19 @@ def test_plan_reports_the_sparse_model_flops(capsys):
     assert 0 < rho < 1
     removed = cfg.model.num_layers * 4 * L * L * cfg.model.inner_dim * (1 - rho) * b
     assert abs(dense["model_flops"] - sparse["model_flops"] - removed) < 1e-6 * removed
+
+
+def test_vsa_counts_its_top_k_tiles_pooled_pass_and_gate():
+    """VSA at 480p x 81 in 4 x 8 x 8 tiles (6 x 4 x 7 = 168 tiles, the grid padded), 21 of
+    them picked: the attention core counts 21 / 168 plus the pooled pass's 1 / 256², and the
+    gate's projection 2·L·D² a block."""
+    from ditax.attention.sparse.vsa import vsa_density
+
+    dense, cfg = _flops([])
+    vsa, vcfg = _flops(["attention.sparsity=vsa", "attention.topk=21"])
+    m = cfg.model
+    L, D = 21 * 30 * 52, m.inner_dim
+    rho = attention_density(vcfg.attention, (21, 30, 52))
+    assert rho == vsa_density(168, 256, 21) == 0.125 + 1 / 256 ** 2
+    core = m.num_layers * 4 * L * L * D
+    assert abs((dense - vsa) - (core * (1 - rho) - m.num_layers * 2 * L * D * D)) < 1e-6 * dense

@@ -6,7 +6,8 @@ owns. Besides ``backend`` and ``cross_backend`` every field is an option of some
 as in its options class (:mod:`ditax.attention.options`; checked at import): the config and
 ``attend(**options)`` speak one vocabulary, and an option none of the configured kernels takes
 is refused by the same rule (:func:`ditax.attention.registry.check_options`). The block-sparse
-keys (:data:`SPARSITY_KEYS`: ``sparsity``, ``tile``, ``window``, ``decay``, ``dense_steps``)
+keys (:data:`SPARSITY_KEYS`: ``sparsity``, ``tile``, ``window``, ``decay``, ``dense_steps``,
+``topk``)
 are no kernel's option: the model reads them (it lays its video tokens out tile-major and hands the kernel a block table,
 :mod:`ditax.attention.sparse.layout`); :func:`check_attention` refuses a backend or mesh that
 cannot honour them. ``dense_steps`` is the sampler's: its first steps run the model with
@@ -33,7 +34,7 @@ ATTENTION_BACKENDS = get_args(AttentionBackend)
 OUT_A2A_MODES = get_args(OutA2A)
 PaddedKeys = Literal["auto", "mask", "split", "duplicate"]   # ditax.attention.splash
 PADDED_KEYS_MODES = get_args(PaddedKeys)
-Sparsity = Literal["none", "full", "sliding_tile", "radial"]
+Sparsity = Literal["none", "full", "sliding_tile", "radial", "vsa"]
 SPARSITY_MODES = get_args(Sparsity)
 
 
@@ -57,16 +58,18 @@ class AttentionConfig:
     padded_keys: PaddedKeys = "auto"     # splash, no kv_mask: auto | duplicate | split | mask
     # block-sparse self-attention over the video tokens (issue 58; splash / flash, no context)
     sparsity: Sparsity = "none"          # none | full (every tile) | sliding_tile (STA) | radial
+    #                                      | vsa (trainable: coarse pass picks top-k key tiles)
     tile: tuple[int, int, int] = (4, 8, 8)     # latent tokens per tile (frames, rows, cols)
     window: tuple[int, int, int] = (3, 3, 3)   # sliding_tile: tiles the window spans per axis
     decay: float = 1.0                   # radial: scale of the windows past the dense band
     dense_steps: int = 0                 # sampling: the first k steps dense, the rest sparse
+    topk: int = 0                        # vsa: key tiles each query tile attends (>= 1)
 
 
 #: the keys that choose kernels; every other field but the sparsity keys is a backend option
 SELECTION_KEYS = ("backend", "cross_backend")
 #: the block-sparse keys the model reads (module docstring)
-SPARSITY_KEYS = ("sparsity", "tile", "window", "decay", "dense_steps")
+SPARSITY_KEYS = ("sparsity", "tile", "window", "decay", "dense_steps", "topk")
 #: ``attention.<option>`` keys, with their config defaults (a value that differs is "given")
 OPTION_DEFAULTS = {f.name: f.default for f in fields(AttentionConfig)
                    if f.name not in SELECTION_KEYS + SPARSITY_KEYS}
@@ -168,6 +171,9 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
             0 < a.decay < float("inf")):
         raise ConfigError(f"attention.decay={a.decay} must be a number > 0 (the radial windows' "
                           f"scale; smaller is sparser), e.g. attention.decay=0.5")
+    if a.sparsity != "vsa" and a.topk:
+        raise ConfigError(f"attention.topk={a.topk} applies to attention.sparsity=vsa only "
+                          f"(sparsity is {a.sparsity}); drop it or set attention.sparsity=vsa")
     if isinstance(a.dense_steps, bool) or not isinstance(a.dense_steps, int) or \
             a.dense_steps < 0:
         raise ConfigError(f"attention.dense_steps={a.dense_steps} must be an int >= 0 (the "
@@ -178,7 +184,9 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
                               f"attention, but attention.sparsity=none; set attention.sparsity"
                               f" (e.g. radial) or attention.dense_steps=0")
         return
-    if a.backend not in ("splash", "flash"):
+    if a.sparsity == "vsa":
+        check_vsa(a)
+    elif a.backend not in ("splash", "flash"):
         raise ConfigError(f"attention.sparsity={a.sparsity} needs attention.backend=splash or "
                           f"flash (the kernels that skip masked blocks; {a.backend} takes no "
                           f"block table yet); set attention.backend=splash or "
@@ -198,3 +206,17 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
         raise ConfigError(f"attention.sparsity={a.sparsity} is not wired for sequence "
                           f"parallelism (mesh.context={mesh_sizes['context']}); use "
                           f"mesh.context=1 or attention.sparsity=none")
+
+
+def check_vsa(a: AttentionConfig) -> None:
+    """``sparsity=vsa``'s rules: ``topk >= 1`` (at most the grid's tiles: checked with the
+    grid, :func:`ditax.attention.sparse.layout.sparse_layout`) and ``backend=xla`` (its fine
+    stage is ditax's jnp gather, :mod:`ditax.attention.sparse.vsa`: no kernel takes a
+    per-query-tile table yet)."""
+    if isinstance(a.topk, bool) or not isinstance(a.topk, int) or a.topk < 1:
+        raise ConfigError(f"attention.topk={a.topk}: attention.sparsity=vsa needs the key tiles "
+                          f"each query tile attends, an int >= 1, e.g. attention.topk=8")
+    if a.backend != "xla":
+        raise ConfigError(f"attention.sparsity=vsa runs its own jnp path (coarse pooled pass, "
+                          f"gathered top-k tiles); attention.backend={a.backend} takes no "
+                          f"per-query-tile table yet; set attention.backend=xla")

@@ -118,6 +118,10 @@ class Row:
     models that shard by the table; ``alt`` are other upstream names of the same tensor (the
     first present is read); ``layers``: the depth of this stacked row's stack where a model
     has stacks of different depths (Flux: double and single blocks), None = the table's.
+    ``init``: an optional parameter (e.g. a gate a config adds, in the tables of the models
+    that have it: :meth:`Table.extended`): a checkpoint without its key(s) leaves it filled
+    with ``init`` (a dense checkpoint loads into a gated model; a stacked row's layers all or
+    none).
     """
 
     path: tuple[str, ...]
@@ -126,6 +130,7 @@ class Row:
     axes: tuple = ()
     alt: tuple[str, ...] = ()
     layers: int | None = None
+    init: float | None = None
 
     @property
     def stacked(self) -> bool:
@@ -165,6 +170,10 @@ class Table:
     def expected_keys(self) -> list[str]:
         return [k for r in self.rows for k in self.names(r)]
 
+    def extended(self, rows) -> "Table":
+        """This table with ``rows`` added (e.g. a module's optional rows, :attr:`Row.init`)."""
+        return dataclasses.replace(self, rows=self.rows + tuple(rows)) if rows else self
+
 
 def listing(items: list[str], sep: str = ", ", limit: int = 20) -> str:
     """The first ``limit`` items joined, with a count of the rest (for error messages)."""
@@ -201,7 +210,9 @@ def check_keys(table: Table, available, source="the checkpoint") -> dict[str, st
             found = next((n for n in names if n in have), None)
             if found is not None:
                 chosen[want] = found
-    missing = [k for k in table.expected_keys() if k not in chosen]
+    optional = {k for r in table.rows if r.init is not None
+                and not any(k in chosen for k in table.names(r)) for k in table.names(r)}
+    missing = [k for k in table.expected_keys() if k not in chosen and k not in optional]
     unexpected = sorted(k for k in have - alts
                         if not any(re.search(p, k) for p in table.ignore))
     if missing or unexpected:
@@ -230,6 +241,8 @@ def check_shapes(table: Table, shape_of: Callable[[str], tuple], ours: dict, key
         want = tuple(ours[row.path])[1:] if row.stacked else tuple(ours[row.path])
         theirs = row.transform.theirs_shape(want)
         for k in table.names(row):
+            if k not in keys:       # an optional row the checkpoint lacks: filled with init
+                continue
             got = tuple(shape_of(keys[k]))
             if got != theirs:
                 bad.append(f"{keys[k]}: shape {got} but the model expects {theirs} "
@@ -247,6 +260,9 @@ def read_param(weights, row: Row, keys: dict, shape: tuple, dtype, sharding=None
     convert = convert or (lambda x, index: x.astype(dtype))
 
     def block(index: tuple) -> np.ndarray:
+        if row.init is not None and row.key.format(i=0) not in keys:   # absent: its init
+            return np.full(tuple(len(range(*s.indices(n))) for s, n in zip(index, shape)),
+                           row.init, np.float32)
         return _read_block(weights, row, keys, shape, index)
 
     full = (slice(None),) * len(shape)

@@ -21,7 +21,9 @@ Cross-attention (text / image keys) is untouched: its queries may be in any orde
 ``sliding_tile`` keeps the key tiles within ``(window - 1) / 2`` tiles of the query tile along
 each axis (``window``: the odd span in tiles; near the grid's edges the window is cut, not
 shifted inward); ``radial`` keeps the tiles of radial attention's rule (``decay``: the scale of
-its shrinking windows, :func:`~ditax.attention.sparse.masks.radial_blocks`).
+its shrinking windows, :func:`~ditax.attention.sparse.masks.radial_blocks`); ``vsa`` has no
+table: its self-attention is :class:`~ditax.attention.sparse.vsa.VsaCall` (a coarse pooled
+pass picks ``topk`` key tiles per query tile and input; the attention layer adds its gate).
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ class SparseLayout:
     """The tile-major order of one token grid and its block table (module docstring)."""
 
     order: TileOrder
-    table: BlockTable
+    table: BlockTable | None          # None under vsa (its tiles are picked per input)
     sparsity: str
+    topk: int = 0                     # vsa: key tiles a query tile attends
 
     def to_tiles(self, x, axis: int = 1):
         """``x`` with its frame-major token axis in tile-major order (padding zero)."""
@@ -67,6 +70,10 @@ class SparseLayout:
         where a tile is a multiple of the kernel's tiling (splash: 128 lanes, flash: 8
         sublanes; each kernel block then kept or skipped whole; flash's blocks must lie
         inside a tile, :mod:`ditax.attention.kernels.flash_sparse`)."""
+        if self.sparsity == "vsa":
+            from ditax.attention.sparse.vsa import VsaCall
+
+            return VsaCall(self.order.tile_len, self.topk)
         if call.backend not in ("splash", "flash"):
             raise ConfigError(f"attention.sparsity={self.sparsity} needs attention.backend="
                               f"splash or flash; self-attention runs {call.backend}")
@@ -89,13 +96,21 @@ def sparse_layout(acfg, grid) -> SparseLayout | None:
         return None
     return _layout(acfg.sparsity, tuple(int(n) for n in acfg.tile),
                    tuple(int(n) for n in acfg.window), float(acfg.decay),
-                   tuple(int(n) for n in grid))
+                   tuple(int(n) for n in grid), int(getattr(acfg, "topk", 0)))
 
 
 @functools.lru_cache(maxsize=32)
 def _layout(sparsity: str, tile: tuple, window: tuple, decay: float,
-            grid: tuple) -> SparseLayout:
+            grid: tuple, topk: int = 0) -> SparseLayout:
     order = TileOrder(grid, tile)
+    if sparsity == "vsa":
+        tiles = int(np.prod(order.tiles))
+        if topk > tiles:
+            raise ConfigError(f"attention.topk={topk} exceeds the {tiles} tiles of the "
+                              f"{'x'.join(map(str, grid))} token grid (attention.tile="
+                              f"{','.join(map(str, tile))}); use attention.topk<={tiles} or "
+                              f"a smaller attention.tile")
+        return SparseLayout(order, None, sparsity, topk)
     half = tuple((w - 1) // 2 for w in window)
     return SparseLayout(order, BlockTable.of(order, block_mask(order, sparsity, half, decay)),
                         sparsity)
@@ -108,6 +123,11 @@ def attention_density(acfg, grid) -> float:
     from ditax.attention.sparse.masks import density
 
     layout = sparse_layout(acfg, grid)
+    if layout is not None and layout.sparsity == "vsa":
+        from ditax.attention.sparse.vsa import vsa_density
+
+        order = layout.order
+        return vsa_density(int(np.prod(order.tiles)), order.tile_len, layout.topk)
     return 1.0 if layout is None else density(layout.table.table)
 
 

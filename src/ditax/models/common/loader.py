@@ -201,6 +201,9 @@ class TransformerLoader:
         table = arch.weight_table(cfg)
         weights, read_table, rename = self.open_weights(
             source, cfg, table, param_shapes(nnx.state(model_abs)))
+        # parameters a config adds (attention.sparsity=vsa's gates): init where a checkpoint
+        # has none (Row.init), read where it has them (diffusers names)
+        read_table = read_table.extended(getattr(model_abs, "optional_rows", tuple)())
         quantizers = quant.prepare(model_abs, cfg, weights, source, mesh)   # {} unquantized
         gdef, state = nnx.split(model_abs)         # after prepare: its 8-bit kernels
         if loras:

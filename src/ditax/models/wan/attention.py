@@ -52,13 +52,18 @@ def rms_norm_heads(norm: RMSNorm, x):
 class WanAttention(nnx.Module):
     """q/k/v projections, RMSNorm across heads on q and k, optional RoPE, attend, out proj.
 
+    ``gated`` (``attention.sparsity=vsa``, self-attention): ``to_gate_compress``, the
+    per-token gate of VSA's coarse branch (:mod:`ditax.attention.sparse.vsa`; zero at init,
+    so a dense checkpoint starts with the coarse branch off; missing from a dense checkpoint
+    it keeps that init); a gated call (:attr:`VsaCall.gated`) gets it as ``gate=``.
+
     ``added_kv`` (image-to-video cross-attention): ``add_k_proj`` / ``add_v_proj`` /
     ``norm_added_k`` project the image tokens; the same queries attend to them with no mask
     and that output is added to the text attention's before ``to_out`` (diffusers
     ``WanAttnProcessor``).
     """
 
-    def __init__(self, cfg: WanConfig, *, rngs, added_kv: bool = False):
+    def __init__(self, cfg: WanConfig, *, rngs, added_kv: bool = False, gated: bool = False):
         d = cfg.inner_dim
         kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.heads = n = cfg.num_attention_heads
@@ -69,6 +74,9 @@ class WanAttention(nnx.Module):
         self.to_out = Linear(d, d, **kw)              # diffusers: to_out.0
         self.norm_q = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
         self.norm_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
+        if gated:   # attention.sparsity=vsa: g_c, zero at init (ditax.attention.sparse.vsa)
+            self.to_gate_compress = Linear(d, d, **kw)
+            self.to_gate_compress.kernel[...] = jnp.zeros_like(self.to_gate_compress.kernel[...])
         if added_kv:
             self.add_k_proj = Linear(cfg.added_kv_proj_dim, d, out_heads=n, **kw)
             self.add_v_proj = Linear(cfg.added_kv_proj_dim, d, out_heads=n, **kw)
@@ -94,7 +102,11 @@ class WanAttention(nnx.Module):
         if rope is not None:
             k = sharding.constrain(k, TOKENS)
             v = sharding.constrain(v, TOKENS)
-        o = attn(q, k, v, kv_mask=kv_mask)
+        if getattr(attn, "gated", False):
+            gate = self.to_gate_compress(x).reshape(b, lq, self.heads, -1)
+            o = attn(q, k, v, kv_mask=kv_mask, gate=sharding.constrain(gate, TOKENS))
+        else:
+            o = attn(q, k, v, kv_mask=kv_mask)
         if image is not None:
             li = image.shape[1]
             k_img = self.norm_added_k(self.add_k_proj(image)).reshape(b, li, self.heads, -1)

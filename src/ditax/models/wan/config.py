@@ -142,6 +142,11 @@ def check_transformer(m, attention=None, mesh_sizes: dict[str, int] | None = Non
     (:func:`ditax.models.common.fields.transformer_check`), then ``model.causal_chunk``
     against ``attention.sparsity`` (block-causal needs frame-major tokens)."""
     _check_transformer(m, attention, mesh_sizes)
+    if attention is not None and attention.sparsity == "vsa" and (m.vace_layers or
+                                                                  m.quantize != "none"):
+        what = "VACE blocks" if m.vace_layers else f"model.quantize={m.quantize}"
+        raise ConfigError(f"attention.sparsity=vsa (gated self-attention) is not wired for "
+                          f"{what}; use attention.sparsity=none or a plain Wan model")
     if m.causal_chunk is not None and attention is not None:
         from ditax.models.wan.causal import check_causal
 

@@ -71,6 +71,15 @@ def _block_rows(cross_attn_norm: bool, head_dim: int) -> list[Row]:
     return rows
 
 
+def gate_rows() -> list[Row]:
+    """``attention.sparsity=vsa``'s gates (``attn1.to_gate_compress``; optional rows: a dense
+    checkpoint leaves them zero, :attr:`~ditax.io.convert.Row.init`)."""
+    return [Row(("blocks", "attn1", "to_gate_compress", p),
+                f"blocks.{{i}}.attn1.to_gate_compress.{k}", t, axes, init=0.0)
+            for p, k, t, axes in (("kernel", "weight", TRANSPOSE, ("embed", "heads")),
+                                  ("bias", "bias", ID, ("heads",)))]
+
+
 def table(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = False, *,
           head_dim: int) -> list[Row]:
     """The rows (our path, diffusers key, transform, logical axes); ``image`` adds the
@@ -120,7 +129,8 @@ def _weight_table(rows: list[Row], num_layers: int, fields: str) -> Table:
 def param_axes(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = False, *,
                head_dim: int) -> dict[tuple[str, ...], tuple]:
     """Our parameter path → logical axis names (the stacked blocks get a leading "layers")."""
-    return logical_axes(table(cross_attn_norm, image, pos_embed, head_dim=head_dim))
+    return logical_axes(table(cross_attn_norm, image, pos_embed, head_dim=head_dim)
+                        + gate_rows())
 
 
 def table_options(cfg) -> dict:
@@ -130,9 +140,10 @@ def table_options(cfg) -> dict:
                 pos_embed=cfg.pos_embed_seq_len is not None, head_dim=cfg.attention_head_dim)
 
 
-def config_weight_table(cfg) -> Table:
-    """:func:`weight_table` for a model config."""
-    return weight_table(cfg.num_layers, **table_options(cfg))
+def config_weight_table(cfg, gated: bool = False) -> Table:
+    """:func:`weight_table` for a model config (``gated``: with :func:`gate_rows`)."""
+    table = weight_table(cfg.num_layers, **table_options(cfg))
+    return table.extended(gate_rows()) if gated else table
 
 
 def config_param_axes(cfg) -> dict[tuple[str, ...], tuple]:

@@ -176,8 +176,9 @@ class WanFamily(ModelFamily):
         """Forward + backward = 3 × forward matmul FLOPs.
 
         Per block, with L video tokens, T text tokens, width D, MLP width M:
-        self-attention 8·L·D² (q, k, v, o) + 4·L²·D·ρ (scores and values; ρ the density of
-        ``attention.sparsity``'s block table, 1 dense); cross-attention
+        self-attention 8·L·D² (q, k, v, o; vsa: + 2·L·D², its gate) + 4·L²·D·ρ (scores and
+        values; ρ the density of ``attention.sparsity``'s block table, 1 dense; vsa: the
+        top-k tiles' share plus its pooled pass); cross-attention
         4·L·D² + 4·T·D² + 4·L·T·D; MLP 4·L·D·M. Plus the patch embedding, text embedder
         (2·T·Dt·D + 2·T·D²) and output projection. Remat recomputation is not counted (MFU
         convention: useful FLOPs only).
@@ -191,8 +192,9 @@ class WanFamily(ModelFamily):
         patch = c * pt * ph * pw
         _, f, y, x = latent_shape
         rho = attention_density(self.attention, (f // pt, y // ph, x // pw))
-        block = (8 * L * D * D + 4 * L * L * D * rho + 4 * L * D * D + 4 * T * D * D + 4 * L * T * D
-                 + 4 * L * D * M)
+        gate = 2 * (getattr(self.attention, "sparsity", "") == "vsa")
+        block = ((8 + gate) * L * D * D + 4 * L * L * D * rho + 4 * L * D * D + 4 * T * D * D
+                 + 4 * L * T * D + 4 * L * D * M)
         fwd = (m.num_layers * block + 2 * L * patch * D + 2 * T * m.text_dim * D + 2 * T * D * D
                + 2 * L * D * m.out_channels * pt * ph * pw)
         if self.vace:
@@ -231,7 +233,7 @@ class WanFamily(ModelFamily):
             return self.variant.weight_table(self.model)
         from ditax.models.wan.convert import config_weight_table
 
-        return config_weight_table(self.model)
+        return config_weight_table(self.model, getattr(self.attention, "sparsity", "") == "vsa")
 
     # -- weights and encoders -------------------------------------------------------------------
 

@@ -54,11 +54,11 @@ def modulation(table, mod) -> list:
 class WanBlock(nnx.Module):
     """One Wan block: adaLN-modulated self-attention, cross-attention, adaLN-modulated FFN."""
 
-    def __init__(self, cfg: WanConfig, *, rngs):
+    def __init__(self, cfg: WanConfig, *, rngs, gated: bool = False):
         d = cfg.inner_dim
         pd = jnp.dtype(cfg.param_dtype)
         self.norm1 = FP32LayerNorm(d, cfg.eps, affine=False, param_dtype=pd)
-        self.attn1 = WanAttention(cfg, rngs=rngs)
+        self.attn1 = WanAttention(cfg, rngs=rngs, gated=gated)   # gated: attention.sparsity=vsa
         self.norm2 = FP32LayerNorm(d, cfg.eps, affine=cfg.cross_attn_norm, param_dtype=pd)
         self.attn2 = WanAttention(cfg, rngs=rngs, added_kv=cfg.added_kv_proj_dim is not None)
         self.ffn = FeedForward(d, cfg.ffn_dim, dtype=cfg.dtype, param_dtype=pd, rngs=rngs)
@@ -131,11 +131,20 @@ class WanTransformer(DiT):
             d, cfg.freq_dim, cfg.text_dim, image_dim=cfg.image_dim,
             pos_embed_seq_len=cfg.pos_embed_seq_len, **kw)
 
-        self.blocks = make_stack(lambda r: WanBlock(cfg, rngs=r), cfg.num_layers, rngs)
+        gated = getattr(self.attention, "sparsity", "none") == "vsa"
+        self.blocks = make_stack(lambda r: WanBlock(cfg, rngs=r, gated=gated), cfg.num_layers,
+                                 rngs)
         self.norm_out = FP32LayerNorm(d, cfg.eps, affine=False, param_dtype=pd)
         self.proj_out = Linear(d, cfg.out_channels * pt * ph * pw, **kw)
         self.scale_shift_table = nnx.Param(jax.random.normal(rngs.params(), (1, 2, d), pd)
                                            / d ** 0.5)
+
+    def optional_rows(self) -> list:
+        """Weight rows of the parameters the attention config adds (``vsa``'s gates, zero
+        where a checkpoint has none): the loader reads them beside the table's."""
+        from ditax.models.wan.convert import gate_rows
+
+        return gate_rows() if getattr(self.attention, "sparsity", "") == "vsa" else []
 
     # ------------------------------------------------------------------------------------------
 
