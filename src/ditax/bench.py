@@ -60,6 +60,8 @@ def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int 
         row["sparsity"] = {"mode": a.sparsity, "tile": list(a.tile), "window": list(a.window)}
         if a.sparsity == "radial":
             row["sparsity"]["decay"] = a.decay
+        if a.sparsity == "vsa":
+            row["sparsity"]["topk"] = a.topk
     if after is not None:
         row["after"] = after(lambda: jax.block_until_ready(tr(*args, **kwargs)))
     return row

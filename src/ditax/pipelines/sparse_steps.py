@@ -47,7 +47,8 @@ def dense_twin(expert):
         raise RequestError(f"the denoiser's modules disagree on attention.dense_steps "
                            f"({sorted(steps)}); give them one value")
     for n in nodes:
-        n.attention = dataclasses.replace(n.attention, sparsity="none", dense_steps=0)
+        n.attention = dataclasses.replace(n.attention, sparsity="none", dense_steps=0,
+                                          topk=0)
     graphdef, _ = nnx.split(module)
     return steps.pop(), dataclasses.replace(expert, graphdef=graphdef)
 
