@@ -145,6 +145,14 @@ def test_the_vsa_keys_are_checked(overrides, words):
     assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+def test_auto_and_xla_take_vsa():
+    from ditax.config import load_config, validate
+
+    for backend in ("auto", "xla"):
+        validate(load_config("tiny", [f"attention.backend={backend}", "attention.sparsity=vsa",
+                                      "attention.topk=2"]))
+
+
 def test_topk_past_the_grid_tiles_is_refused():
     """Checked with the grid: when the model lays its tokens out (and when a plan counts)."""
     from ditax.attention.sparse.layout import sparse_layout
