@@ -210,13 +210,15 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
 
 def check_vsa(a: AttentionConfig) -> None:
     """``sparsity=vsa``'s rules: ``topk >= 1`` (at most the grid's tiles: checked with the
-    grid, :func:`ditax.attention.sparse.layout.sparse_layout`) and ``backend=xla`` or ``auto``
-    (its fine stage is ditax's jnp gather, :mod:`ditax.attention.sparse.vsa`: no kernel takes
-    a per-query-tile table yet; ``auto`` then chooses the cross-attention's kernel only)."""
+    grid, :func:`ditax.attention.sparse.layout.sparse_layout`) and ``backend`` ``xla``,
+    ``auto`` or ``flash`` (its fine stage runs on gathered tiles, :mod:`ditax.attention.
+    sparse.vsa`: jnp, or one flash batch row per query tile; no kernel reads the picks as a
+    table yet)."""
     if isinstance(a.topk, bool) or not isinstance(a.topk, int) or a.topk < 1:
         raise ConfigError(f"attention.topk={a.topk}: attention.sparsity=vsa needs the key tiles "
                           f"each query tile attends, an int >= 1, e.g. attention.topk=8")
-    if a.backend not in ("xla", "auto"):
-        raise ConfigError(f"attention.sparsity=vsa runs its own jnp path (coarse pooled pass, "
-                          f"gathered top-k tiles); attention.backend={a.backend} takes no "
-                          f"per-query-tile table yet; set attention.backend=xla")
+    if a.backend not in ("xla", "auto", "flash"):
+        raise ConfigError(f"attention.sparsity=vsa runs its fine stage on gathered top-k "
+                          f"tiles through jnp or the flash kernel; attention.backend="
+                          f"{a.backend} takes no per-query-tile table yet; set "
+                          f"attention.backend=xla or flash")

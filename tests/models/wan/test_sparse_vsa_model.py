@@ -39,10 +39,14 @@ class ReferenceCall(VsaCall):
                              kv_mask=kv_mask, scale=scale)
 
 
-def test_gated_model_equals_its_blocks_with_the_reference(rng):
+@pytest.mark.parametrize("backend, tile", [("xla", (1, 2, 2)), ("flash", (2, 2, 2))])
+def test_gated_model_equals_its_blocks_with_the_reference(backend, tile, rng):
     """Grid 2 x 3 x 3 in 1 x 2 x 2 tiles (padded rows and columns): 2 x 2 x 2 = 8 tiles, 2
-    picked; a random gate so both branches count."""
-    model = init_model(CFG, VSA, seed=4)
+    picked (flash, the fine stage on the interpreted kernel: 2 x 2 x 2 tiles, 4 of them); a
+    random gate so both branches count."""
+    acfg = dataclasses.replace(VSA, backend=backend, tile=tile)
+    n = tile[0] * tile[1] * tile[2]
+    model = init_model(CFG, acfg, seed=4)
     g = _gates(model)
     g.kernel[...] = 0.3 * jax.random.normal(jax.random.key(1), g.kernel[...].shape)
     graphdef, state = nnx.split(model)
@@ -52,10 +56,11 @@ def test_gated_model_equals_its_blocks_with_the_reference(rng):
         m = nnx.merge(graphdef, state)
         h, ctx = m.embed(lat, t, text)
         call = ctx.plan(m.attention_plan).self_attn
-        assert isinstance(call, VsaCall) and (call.tile_len, call.topk) == (4, 2)
+        assert isinstance(call, VsaCall) and (call.tile_len, call.topk) == (n, 2)
+        assert call.backend == backend
         if reference:    # the blocks with the dense reference (tokens stay tile-major)
             m.attention_plan = dataclasses.replace(m.attention_plan,
-                                                   self_attn=ReferenceCall(4, 2))
+                                                   self_attn=ReferenceCall(n, 2))
             return m.head(m.run_blocks(h, ctx._replace(tiles=None)), ctx)
         return m.head(m.run_blocks(h, ctx), ctx)
 
@@ -130,7 +135,8 @@ def test_trained_gates_are_written_and_read_back(tmp_path):
 @pytest.mark.parametrize("overrides, words", [
     (["attention.sparsity=vsa"], "attention.topk=0: attention.sparsity=vsa needs"),
     (["attention.backend=splash", "attention.sparsity=vsa", "attention.topk=2"],
-     "attention.backend=splash takes no per-query-tile table yet; set attention.backend=xla"),
+     "attention.backend=splash takes no per-query-tile table yet; set attention.backend=xla "
+     "or flash"),
     (["attention.backend=splash", "attention.sparsity=radial", "attention.topk=2"],
      "attention.topk=2 applies to attention.sparsity=vsa only"),
     (["attention.sparsity=vsa", "attention.topk=2", "mesh.context=2"],

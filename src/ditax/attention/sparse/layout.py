@@ -73,7 +73,8 @@ class SparseLayout:
         if self.sparsity == "vsa":
             from ditax.attention.sparse.vsa import VsaCall
 
-            return VsaCall(self.order.tile_len, self.topk)
+            return VsaCall(self.order.tile_len, self.topk,
+                           call if call.backend == "flash" else None)
         if call.backend not in ("splash", "flash"):
             raise ConfigError(f"attention.sparsity={self.sparsity} needs attention.backend="
                               f"splash or flash; self-attention runs {call.backend}")

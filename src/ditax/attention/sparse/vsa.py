@@ -15,17 +15,20 @@ tokens (:mod:`.tiles`: a tile of ``t`` tokens is one contiguous block).
   the top-k tiles; ``g_f = 1`` fixed, as in VSA's released code).
 
 :func:`vsa_attention` is the fast path: the fine stage gathers each query tile's selected key /
-value tiles (``[B, N, tiles, topk, t, K]``: work and memory ``topk / tiles`` of dense) and runs
-a dense softmax over them; :func:`vsa_reference` is the slow reference: its own pooling (a
-pooling matrix), its own selection, and dense ``L x L`` attention under the selected tiles'
-token mask. Both are jnp (backward by autodiff; the gather's transpose is a scatter-add). No
-Pallas kernel takes a per-query-tile dynamic table yet (the flash block lists are static,
-:mod:`ditax.attention.kernels.flash_sparse`).
+value tiles (``[B, N, tiles, topk, t, K]``: work ``topk / tiles`` of dense) and runs a dense
+softmax over them (:func:`fine`), or hands each (sample, head, query tile) with its gathered
+tiles to a kernel as one batch row (:func:`fine_call`: ``attention.backend=flash``, the
+kernel's online softmax, no scores held). :func:`vsa_reference` is the slow reference: its own
+pooling (a pooling matrix), its own selection, and dense ``L x L`` attention under the
+selected tiles' token mask. Backward by autodiff (the gather's transpose is a scatter-add;
+the flash kernel's own backward). No Pallas kernel reads the picks as a per-query-tile table yet (the flash block lists are static
+per trace and shared by the batch and heads, :mod:`ditax.attention.kernels.flash_sparse`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -90,18 +93,43 @@ def fine(q, k, v, picks, tile_len: int, kv_mask=None, scale=None):
     return o.transpose(0, 2, 3, 1, 4).reshape(b, length, n, kd)
 
 
+def fine_call(q, k, v, picks, tile_len: int, call, kv_mask=None, scale=None):
+    """:func:`fine` through an attention call (``call(q, k, v, kv_mask=, scale=)``: e.g. the
+    ``flash`` kernel): each (sample, head, query tile) one batch row of ``t`` queries over its
+    gathered ``topk · t`` keys (``[B·N·tiles, ·, 1, K]``; the key mask follows each row's
+    tiles), so the kernel's online softmax runs on the picked tiles only."""
+    b, length, n, kd = q.shape
+    nt, topk = length // tile_len, picks.shape[-1]
+    rows = b * n * nt
+
+    def heads(x):      # [B, L, N, K] -> [B, N, tiles, t, K]
+        return x.reshape(b, nt, tile_len, n, kd).transpose(0, 3, 1, 2, 4)
+
+    bi = jnp.arange(b)[:, None, None, None]
+    ni = jnp.arange(n)[None, :, None, None]
+    kg, vg = (heads(x)[bi, ni, picks].reshape(rows, topk * tile_len, 1, kd) for x in (k, v))
+    mask = None if kv_mask is None else (
+        kv_mask.reshape(b, nt, tile_len)[bi, picks].reshape(rows, topk * tile_len))
+    o = call(heads(q).reshape(rows, tile_len, 1, kd), kg, vg, kv_mask=mask, scale=scale)
+    return o.reshape(b, n, nt, tile_len, kd).transpose(0, 2, 3, 1, 4).reshape(b, length, n, kd)
+
+
 def combine(o_f, o_c, gate, dtype):
     """``o_f + g_c * o_c`` in ``dtype`` (``gate`` None: ``g_c = 0``, the fine branch only)."""
     return (o_f if gate is None else o_f + gate.astype(F32) * o_c).astype(dtype)
 
 
-def vsa_attention(q, k, v, gate=None, *, tile_len: int, topk: int, kv_mask=None, scale=None):
+def vsa_attention(q, k, v, gate=None, *, tile_len: int, topk: int, kv_mask=None, scale=None,
+                  call=None):
     """VSA (module docstring), the fast path: q, k, v ``[B, L, N, K]`` tile-major (``L`` whole
     ``tile_len`` tiles), ``gate`` ``[B, L, N, K]`` (``g_c``) or None, ``kv_mask [B, L]`` the
-    real tokens → ``[B, L, N, K]`` in q's dtype."""
+    real tokens → ``[B, L, N, K]`` in q's dtype. ``call``: an attention call the fine stage
+    runs through (:func:`fine_call`; None: the jnp softmax of :func:`fine`)."""
     _check(q, tile_len, topk)
     o_c, picks = coarse(q, k, v, tile_len, topk, kv_mask, scale)
-    return combine(fine(q, k, v, picks, tile_len, kv_mask, scale), o_c, gate, q.dtype)
+    o_f = (fine(q, k, v, picks, tile_len, kv_mask, scale) if call is None else
+           fine_call(q, k, v, picks, tile_len, call, kv_mask, scale).astype(F32))
+    return combine(o_f, o_c, gate, q.dtype)
 
 
 def vsa_reference(q, k, v, gate=None, *, tile_len: int, topk: int, kv_mask=None, scale=None):
@@ -136,21 +164,26 @@ def vsa_density(tiles: int, tile_len: int, topk: int) -> float:
 class VsaCall:
     """The self-attention call of a model under ``attention.sparsity=vsa``: the
     :class:`~ditax.attention.AttentionCall` interface (token-major ``[B, L, N, K]``) plus
-    ``gate=`` (``g_c``); ``gated`` tells the attention layer to compute its gate."""
+    ``gate=`` (``g_c``); ``gated`` tells the attention layer to compute its gate. ``inner``:
+    the kernel call the fine stage runs through (``attention.backend=flash``), or None (jnp)."""
 
     tile_len: int
     topk: int
-    backend: str = "xla"
+    inner: Any = None
     reads_head_major: bool = False
     gated: bool = True
+
+    @property
+    def backend(self) -> str:
+        return "xla" if self.inner is None else self.inner.backend
 
     def __call__(self, q, k, v, *, kv_mask=None, scale=None, head_major: bool = False,
                  gate=None):
         if head_major:
             raise ValueError("attention.sparsity=vsa runs token-major [B, L, N, K] only")
         return vsa_attention(q, k, v, gate, tile_len=self.tile_len, topk=self.topk,
-                             kv_mask=kv_mask, scale=scale)
+                             kv_mask=kv_mask, scale=scale, call=self.inner)
 
 
-__all__ = ["VsaCall", "coarse", "fine", "pool", "vsa_attention", "vsa_density",
+__all__ = ["VsaCall", "coarse", "fine", "fine_call", "pool", "vsa_attention", "vsa_density",
            "vsa_reference"]
