@@ -4,7 +4,9 @@
 self-attention attends to the cached keys / values of the earlier (clean) chunks plus the
 chunk's own, through the model's own attention call with a key mask (any kernel); with
 ``write`` it stores the chunk's keys / values into the cache and advances it. Text (and
-image) cross-attention is the transformer's, unchanged.
+image) cross-attention is the transformer's, unchanged. Its parts, :func:`embed_chunk` and
+:func:`chunk_blocks` (a range of blocks), are the denoiser protocol's ``embed`` /
+``run_blocks`` on a chunk (the step cache's, :class:`~ditax.pipelines.causal.ChunkDenoiser`).
 
 The cache (:class:`KVCache`) is a plain pytree of preallocated arrays, so that the chunk
 step is one compiled program reused for every chunk:
@@ -162,26 +164,51 @@ def forward_chunk(model, latent_chunk, timestep, encoder_hidden_states, cache: K
     and itself. ``write``: store the chunk's keys / values in its slot and advance
     ``index`` (a few-step sampler writes the clean chunk once); else the cache comes back
     as given. ``timestep``: ``[B]``, a scalar or per token ``[B, L_c]`` as the transformer's.
+    :func:`embed_chunk`, :func:`chunk_blocks` over every block, the transformer's head.
     """
-    cfg, sharding = model.cfg, model.sharding
+    h, ctx = embed_chunk(model, latent_chunk, timestep, encoder_hidden_states, cache,
+                         text_mask=text_mask,
+                         encoder_hidden_states_image=encoder_hidden_states_image)
+    h, cache = chunk_blocks(model, h, ctx, cache, write=write)
+    return model.head(h, ctx), cache
+
+
+def embed_chunk(model, latent_chunk, timestep, encoder_hidden_states, cache: KVCache, *,
+                text_mask=None, encoder_hidden_states_image=None):
+    """The transformer's embedding of the chunk ``latent_chunk [B, C, F_c, Y, X]`` (the
+    cache's next one): ``(tokens [B, L', D], context)``, the context's RoPE the chunk's frame
+    positions (:func:`chunk_rope`)."""
+    cfg = model.cfg
     if getattr(latent_chunk, "ndim", 0) != 5:
         raise RequestError(f"latent_chunk must be [B, C, F_c, Y, X] (rank 5); got shape "
                            f"{getattr(latent_chunk, 'shape', None)}")
     check_causal(latent_chunk.shape[2], 1, cfg.patch_size[0],
                  sparsity=getattr(model.attention, "sparsity", "none"))
     grid, seq, lp = chunk_tokens(model, latent_chunk.shape[2:])
-    slots = cache_slots(model, cache, lp)
+    cache_slots(model, cache, lp)
     b = latent_chunk.shape[0]
     if cache.k.shape[1] != b:
         raise RequestError(f"latent_chunk has batch {b}; the KV cache was made for batch "
                            f"{cache.k.shape[1]}")
     h, ctx = model.embed(latent_chunk, timestep, encoder_hidden_states, text_mask,
                          encoder_hidden_states_image)
-    index = jnp.asarray(cache.index, jnp.int32)
-    cos, sin = chunk_rope(cfg, grid, index * grid[0])
+    cos, sin = chunk_rope(cfg, grid, jnp.asarray(cache.index, jnp.int32) * grid[0])
     if lp > seq:
         cos, sin = (jnp.pad(a, ((0, lp - seq), (0, 0))) for a in (cos, sin))
-    ctx = ctx._replace(rope=(cos, sin))
+    return h, ctx._replace(rope=(cos, sin))
+
+
+def chunk_blocks(model, h, ctx, cache: KVCache, start: int = 0, stop: int | None = None, *,
+                 write: bool = False):
+    """Blocks ``start .. stop-1`` (default: all) on the chunk's tokens ``h`` (context ``ctx``
+    of :func:`embed_chunk`), each block's self-attention over its layer's cache and the chunk:
+    ``(tokens, cache)``; ``write`` (every block, so the whole stack): the chunk's keys /
+    values stored in its slot and ``index`` advanced."""
+    cfg, sharding = model.cfg, model.sharding
+    _, seq, lp = chunk_tokens(model, ctx.shape[2:])
+    slots = cache_slots(model, cache, lp)
+    b = h.shape[0]
+    index = jnp.asarray(cache.index, jnp.int32)
     # valid slots (slot < index), each slot's padding keys masked
     per_slot = jnp.arange(slots) < index
     tok = jnp.arange(lp) < seq
@@ -208,13 +235,13 @@ def forward_chunk(model, latent_chunk, timestep, encoder_hidden_states, cache: K
                       for a in (ck, cv))
         return hs, layer + 1, ck, cv
 
-    h, _, ck, cv = run_stack(model.blocks, body, (h, jnp.int32(0), cache.k, cache.v),
-                             depth=cfg.num_layers, remat=cfg.remat, scan=cfg.scan_layers,
-                             prefetch=cfg.offload_prefetch)
-    out = model.head(h, ctx)
-    if not write:
-        return out, cache
-    return out, KVCache(ck, cv, index + 1)
+    stop = cfg.num_layers if stop is None else stop
+    if write and (start, stop) != (0, cfg.num_layers):
+        raise ValueError(f"a cache write runs every block, not {start}..{stop}")
+    h, _, ck, cv = run_stack(model.blocks, body, (h, jnp.int32(start), cache.k, cache.v),
+                             depth=cfg.num_layers, start=start, stop=stop, remat=cfg.remat,
+                             scan=cfg.scan_layers, prefetch=cfg.offload_prefetch)
+    return h, (KVCache(ck, cv, index + 1) if write else cache)
 
 
 def max_chunks(cfg, chunk: int) -> int:
@@ -232,6 +259,7 @@ def check_length(cfg, chunk: int, chunks: int, what: str = "frames") -> None:
                            f"(at most {most} chunks); make fewer frames")
 
 
-__all__ = ["CachedSelfAttention", "KVCache", "cache_slots", "check_length", "chunk_rope",
-           "chunk_tokens", "forward_chunk", "init_cache", "max_chunks"]
+__all__ = ["CachedSelfAttention", "KVCache", "cache_slots", "check_length", "chunk_blocks",
+           "chunk_rope", "chunk_tokens", "embed_chunk", "forward_chunk", "init_cache",
+           "max_chunks"]
 

@@ -28,7 +28,8 @@ def stream(pipe, prompt: str, *, height: int, width: int, num_frames: int,
            chunk: Optional[int] = None, num_inference_steps: int = 4, sigmas=None,
            guidance_scale: float = 1.0, negative_prompt: Optional[str] = None,
            context_chunks: Optional[int] = None, seed: int = 0, latents=None,
-           max_sequence_length: Optional[int] = None) -> Iterator[np.ndarray]:
+           max_sequence_length: Optional[int] = None,
+           step_cache: Optional[dict] = None) -> Iterator[np.ndarray]:
     """Yield float32 frames ``[f, H, W, 3]`` in [0, 1], one array per chunk of ``chunk``
     latent frames (None: the transformer's ``model.causal_chunk``), for a
     ``num_frames``-frame video of a loaded Wan text-to-video ``pipe`` whose transformer is a
@@ -36,8 +37,11 @@ def stream(pipe, prompt: str, *, height: int, width: int, num_frames: int,
 
     ``context_chunks`` (``sample.context_chunks``): chunks the KV cache keeps beside the
     sink (None: all); ``sigmas``: the few-step schedule (the Euler sampler); ``latents``: the
-    start noise ``[1, C, F', Y, X]`` (else ``seed``'s). ``pipe.last_stats`` after the stream
-    ends: the sampler's (chunks, transformer calls, cache shape / bytes, first chunk seconds).
+    start noise ``[1, C, F', Y, X]`` (else ``seed``'s); ``step_cache``: step caching inside
+    each chunk, ``{"cache", "cache_threshold", "cache_coefficients"}`` as the pipeline call
+    takes them (:class:`~ditax.pipelines.causal.CausalSampler`). ``pipe.last_stats`` after
+    the stream ends: the sampler's (chunks, transformer calls, cache shape / bytes, first
+    chunk seconds, the steps skipped).
     """
     if getattr(pipe, "transformer_2", None) is not None:
         raise RequestError("stream(): a two-expert (Wan 2.2 A14B) pipeline has no causal "
@@ -64,7 +68,8 @@ def stream(pipe, prompt: str, *, height: int, width: int, num_frames: int,
     decoder = StreamDecoder(pipe.vae)
     chunks = sampler.stream(text, num_frames=frames, latent_hw=(y, x),
                             num_inference_steps=num_inference_steps, sigmas=sigmas,
-                            guidance_scale=guidance_scale, seed=seed, latents=latents)
+                            guidance_scale=guidance_scale, seed=seed, latents=latents,
+                            **(step_cache or {}))
     for z in chunks:
         pixels = decoder(pipe.vae.denormalize_latents(jnp.asarray(z, pipe.vae.dtype)))
         pipe.last_stats = dict(sampler.last_stats)
@@ -79,12 +84,15 @@ def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frame
     runs on a folder whose transformer has ``causal_chunk``. Values left at None come from
     the folder's ``ditax_sample.json`` (``context_chunks`` too), else Wan's; ``options``:
     ``context_chunks``, ``on_chunk(index, frames_so_far, frames)`` (called as each chunk is
-    decoded, ``frames`` its ``[f, H, W, 3]``: ``ditax serve``'s chunk events) and the
-    pipeline call's others, each refused in one line when set (step caching, images, a
+    decoded, ``frames`` its ``[f, H, W, 3]``: ``ditax serve``'s chunk events), step caching
+    inside each chunk (``cache``, ``cache_threshold``, ``cache_coefficients``) and the
+    pipeline call's others, each refused in one line when set (``cfg_cache``, images, a
     second expert's guidance: not in causal sampling)."""
     from ditax.pipelines.lora_sample import default_sigmas
 
     on_chunk = options.pop("on_chunk", None)
+    caching = {k: options.pop(k) for k in ("cache", "cache_threshold", "cache_coefficients")
+               if options.get(k) is not None}
     given = [k for k, v in options.items() if k != "context_chunks" and v not in (None, False)]
     if given or output != "video":
         what = given[0] if given else f"output={output!r}"
@@ -99,7 +107,8 @@ def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frame
         sigmas = default_sigmas(pipe.sample_defaults, call["num_inference_steps"])
     frames, made = [], 0
     for i, part in enumerate(stream(pipe, prompt, seed=seed, latents=latents, sigmas=sigmas,
-                                    max_sequence_length=max_sequence_length, **call)):
+                                    max_sequence_length=max_sequence_length,
+                                    step_cache=caching, **call)):
         frames.append(np.asarray(part))
         made += part.shape[0]
         if on_chunk is not None:
@@ -111,9 +120,9 @@ def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frame
 def check_call(root, chunk: Optional[int], call: dict, temporal: int) -> None:
     """A request on folder ``root`` against its transformer's ``causal_chunk`` (``chunk``;
     None: bidirectional), before any weights: ``context_chunks`` only for a causal folder,
-    no step caching (``cache`` / ``cfg_cache``) on a causal one, and a causal folder's
-    ``num_frames`` a whole number of chunks (``temporal``: the VAE's frames per latent
-    frame); :class:`RequestError` in one line."""
+    no CFG reuse (``cfg_cache``) on a causal one, and a causal folder's ``num_frames`` a
+    whole number of chunks (``temporal``: the VAE's frames per latent frame);
+    :class:`RequestError` in one line."""
     given = call.get("context_chunks")
     if chunk is None:
         if given is not None:
@@ -121,12 +130,11 @@ def check_call(root, chunk: Optional[int], call: dict, temporal: int) -> None:
                                f"model, but {root}'s transformer is bidirectional (no "
                                f"causal_chunk in its config.json); drop it")
         return
-    caching = [k for k in ("cache", "cfg_cache") if call.get(k) not in (None, False)]
-    if caching:
-        raise RequestError(f"sample.{caching[0]}={call[caching[0]]}: step caching runs in the "
-                           f"whole-video loop, which {root}'s causal student (model."
-                           f"causal_chunk={chunk}) does not use; it samples chunk by chunk in "
-                           f"a few steps each, with no step cache; drop it")
+    if call.get("cfg_cache"):
+        raise RequestError(f"sample.cfg_cache=true: {root} is a causal student (model."
+                           f"causal_chunk={chunk}) whose chunks take no CFG reuse (a reuse "
+                           f"step would run the conditional rows alone against a KV cache of "
+                           f"both); drop it (sample.cache= works)")
     n = call.get("num_frames")
     if n is None:
         return
