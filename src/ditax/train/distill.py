@@ -95,6 +95,11 @@ class DistillTrainer(DmdLosses, GanHead, TrainerBase):
         self.mesh = mesh
         self.family = model_family(cfg.model, cfg.attention, cfg.flow)
         self.family.check_flow()
+        if cfg.attention.sparsity == "vsa":
+            raise ConfigError("attention.sparsity=vsa: teacher, student and critic share one "
+                              "graph, so the teacher would run sparse too (a sparse student "
+                              "of a dense teacher is not wired yet); use attention.sparsity="
+                              "none, or fine-tune with ditax train")
         if self.family.trained_params(cfg.train) is not None:
             raise ConfigError(f"distill.method=dmd2 distils the whole denoiser; this model "
                               f"trains a part of it (train.vace_trainable="
