@@ -146,16 +146,16 @@ function chunkPlayer(job) {
   canvas.dataset.frames = "0";
   const ctx = canvas.getContext("2d");
   const queue = [];                       // [bitmap, row] per frame not yet drawn
-  let fetched = Promise.resolve(), timer = null, idle = [];
+  let fetched = Promise.resolve(), timer = null, idle = [], next = 0;
   function tick() {
-    const next = queue.shift();
-    if (!next) {
+    const frame = queue.shift();
+    if (!frame) {
       clearInterval(timer);
       timer = null;
       for (const fn of idle.splice(0)) fn();
       return;
     }
-    const [bitmap, row] = next;
+    const [bitmap, row] = frame;
     ctx.drawImage(bitmap, 0, row * canvas.height, canvas.width, canvas.height, 0, 0, canvas.width, canvas.height);
     if (canvas.dataset.frames === "0") canvas.dataset.firstFrameAt = String(Date.now());
     canvas.dataset.frames = String(Number(canvas.dataset.frames) + 1);
@@ -163,6 +163,9 @@ function chunkPlayer(job) {
   return {
     canvas,
     add(chunk) {
+      // a reconnected stream sends the job's chunks again from the first: each plays once
+      if (chunk.index < next) return fetched;
+      next = chunk.index + 1;
       // fetched one after another, so the frames queue in chunk order
       fetched = fetched.then(async () => {
         const r = await fetch(chunk.url, { headers: headers() });
