@@ -118,6 +118,37 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
             _vae(sw)
         elif part == "vae_old":
             _vae(sw, ("old",))
+        elif part == "memprobe":
+            sw.emit(memory_probe())
+
+
+def memory_probe(n: int = 16384) -> dict:
+    """Does ``memory_stats()["peak_bytes_in_use"]`` count a program's temporaries on this
+    runtime? (Session 57: the 1.3B forward's peak read 2.71 GiB for 2.65 GiB of weights, the
+    14B offloaded one's 0.51 GiB, where the compiled programs need GiBs of temporaries.)
+    ``(x @ x) @ x`` for a bf16 ``[n, n]`` ``x``: the compiler's ``memory_analysis()`` (its
+    temporaries: at least the inner product) beside the device's stats before and after one
+    call. Run it first in a process (the peak only grows)."""
+    import jax
+    import jax.numpy as jnp
+
+    dev = jax.devices()[0]
+    stats = lambda: dict(dev.memory_stats() or {})   # noqa: E731
+    x = jax.device_put(jnp.ones((n, n), jnp.bfloat16), dev)
+    f = jax.jit(lambda a: (a @ a) @ a)
+    compiled = f.lower(x).compile()
+    ma = compiled.memory_analysis()
+    before = stats()
+    jax.block_until_ready(compiled(x))
+    after = stats()
+    row = {"bench": "tpu_chip", "case": f"memory probe (x @ x) @ x, bf16 [{n}, {n}]",
+           "metric": "peak_bytes_in_use_delta", "unit": "bytes",
+           "value": after.get("peak_bytes_in_use", 0) - before.get("peak_bytes_in_use", 0),
+           "stats_before": before, "stats_after": after}
+    for k in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+              "alias_size_in_bytes", "generated_code_size_in_bytes"):
+        row[k] = getattr(ma, k, None)
+    return row
 
 
 def _vae(sw, variants=("fast",)) -> None:
@@ -185,7 +216,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
                    choices=["forward", "wan480", "attention", "int8", "int8_flux2", "int8_gemm",
-                            "vae", "vae_old", "big"])
+                            "vae", "vae_old", "big", "memprobe"])
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
     p.add_argument("--repeats", type=int, default=4)

@@ -156,7 +156,8 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
         flops = fam.flops_per_sample(shape, text_len) / 3.0
         peak = PEAK.get(_gen(), (197e12,))[0]
         row.update(case=name, overrides=list(overrides), flops=flops,
-                   mfu=round(flops / row["value"] / peak, 3), **_case_peak(before, _peak()))
+                   mfu=round(flops / row["value"] / peak, 3), **_case_peak(before, _peak()),
+                   memory_stats=dict(jax.devices()[0].memory_stats() or {}))
         sw.emit(row)
         return row
     except Exception as e:
