@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
 SIZES = {
@@ -44,6 +46,8 @@ def main(argv=None) -> None:
     p.add_argument("--text-tokens", type=int, default=512)
     p.add_argument("--fps", type=float, default=16.0, help="real time, video frames a second")
     p.add_argument("--out", default=None, help="also append the lines to this file")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one chunk once the cache is full (the device's ops)")
     a = p.parse_args(argv)
 
     import jax
@@ -98,6 +102,16 @@ def main(argv=None) -> None:
     stats = getattr(jax.devices()[0], "memory_stats", lambda: None)() or {}
     if "peak_bytes_in_use" in stats:
         emit("device_peak_bytes", stats["peak_bytes_in_use"], "bytes")
+    if a.profile:    # a chunk with the cache full: where its time goes
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from chip_profile import op_breakdown
+
+        gen = CausalSampler(model, kv_cache, sampler.scheduler, a.chunk,
+                            a.context_chunks).stream(text, **kw)
+        for _ in range(min(a.context_chunks + 1, a.chunks - 1)):
+            jax.block_until_ready(next(gen))
+        prof = op_breakdown(lambda: jax.block_until_ready(next(gen)))
+        emit("profile_chunk_device_ms", prof.get("device_ms"), "ms", profile=prof)
     if a.out:
         with open(a.out, "a") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in lines)
