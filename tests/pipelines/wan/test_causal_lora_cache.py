@@ -152,12 +152,12 @@ def test_step_cache_through_the_pipeline_and_generate(made, tmp_path, capsys):
     with the step cache and says what it skipped."""
     folder = made[0]
     rc = main(["generate", "--model", str(folder), "--prompt", "a red ball", "--seed", "3",
-               "sample.cache=first_block", "sample.cache_threshold=100", "--no-progress",
-               "--output", str(tmp_path / "o.mp4")])
+               "--steps", "16", "sample.cache=first_block", "sample.cache_threshold=100",
+               "--no-progress", "--output", str(tmp_path / "o.mp4")])
     out = capsys.readouterr().out
     assert rc == 0 and "step cache first_block (threshold 100.0)" in out, out
-    # 2 chunks of 2 steps: each chunk's second step skipped; + the 2 cache writes
-    assert "4 transformer calls for 4 steps (2 skipped" in out, out
+    # 2 chunks of 16 steps: all but each chunk's first skipped; + the 2 cache writes
+    assert "4 transformer calls for 32 steps (30 skipped" in out, out
 
 
 def test_cfg_cache_on_a_causal_folder_refused_before_loading(tmp_path, capsys):
