@@ -57,6 +57,7 @@ def test_one_latent_frame(small):
     np.testing.assert_allclose(small.decode(z, path="plain", frames_per_chunk=4), ref, rtol=0, atol=0)
 
 
+@pytest.mark.slow       # ~65 s interpreted; the kernels alone are checked in the fast tier
 @pytest.mark.parametrize("frames", [3])
 def test_fast_path_equals_plain(padded, frames):
     """The TPU program (kernels interpreted) decodes the plain path's frames: three latent
