@@ -173,8 +173,9 @@ END_TO_END = (
     "train/test_resume.py", "train/test_checkpoint_space.py", "train/test_train_e2e.py",
     "serve/test_serve_faults.py", "serve/test_serve_postgres.py", "serve/test_serve_warm.py",
     "test_compile_cache.py",
-    # VSA training: a 4-step run, a 2 + 2 resumed one and a LoRA run (about 15 s)
-    "train/test_vsa_train.py",
+    # VSA training: a 4-step run, a 2 + 2 resumed one and a LoRA run (about 15 s); VSA on a
+    # fsdp2 x tensor2 mesh against one device (about 10 s)
+    "train/test_vsa_train.py", "models/wan/test_sparse_vsa_mesh.py",
     # a causal job's chunks played by the page in Chromium while the server makes the rest
     "serve/test_serve_browser_stream.py",
 )

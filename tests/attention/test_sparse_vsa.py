@@ -44,14 +44,16 @@ def test_fast_path_equals_the_reference_forward_and_backward(topk, rng):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=2e-5)
 
 
-def test_the_fine_stage_on_the_flash_kernel_equals_the_reference(rng):
-    """Each (sample, head, query tile) one batch row of the flash kernel (interpreted) over
-    its gathered tiles: forward and gradients as the reference's."""
+@pytest.mark.parametrize("grid", [(3, 3, 5), (2, 4, 4)])
+def test_the_fine_stage_on_the_flash_kernel_equals_the_reference(grid, rng):
+    """Each query tile one batch row of the flash kernel (interpreted) over its gathered
+    tiles — one head a row where padded tiles are masked (3 x 3 x 5), the heads kept where
+    none is (2 x 4 x 4): forward and gradients as the reference's."""
     from ditax.attention.flash import flash_attention
 
-    order, q, k, v, g, mask = _inputs(rng)
+    order, q, k, v, g, mask = _inputs(rng, grid=grid)
     call = functools.partial(flash_attention, interpret=True)
-    kw = dict(tile_len=order.tile_len, topk=2, kv_mask=mask)
+    kw = dict(tile_len=order.tile_len, topk=2, kv_mask=None if order.valid.all() else mask)
     cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
 
     def both(fn, **extra):

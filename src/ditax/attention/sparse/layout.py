@@ -73,8 +73,17 @@ class SparseLayout:
         if self.sparsity == "vsa":
             from ditax.attention.sparse.vsa import VsaCall
 
-            return VsaCall(self.order.tile_len, self.topk,
-                           call if call.backend == "flash" else None)
+            flash = call.backend == "flash"
+            tensor = call.mesh.shape.get("tensor", 1) if call.mesh is not None else 1
+            if flash and tensor > 1 and not self.order.valid.all():
+                raise ConfigError(
+                    f"attention.sparsity=vsa with attention.backend=flash on a "
+                    f"{'x'.join(map(str, self.order.grid))} grid that is no multiple of "
+                    f"attention.tile={','.join(map(str, self.order.tile))} runs one head a "
+                    f"kernel row (each head's padded tiles masked apart), so it needs "
+                    f"mesh.tensor=1 (is {tensor}); use a tile dividing the grid, "
+                    f"attention.backend=xla or mesh.tensor=1")
+            return VsaCall(self.order.tile_len, self.topk, call if flash else None)
         if call.backend not in ("splash", "flash"):
             raise ConfigError(f"attention.sparsity={self.sparsity} needs attention.backend="
                               f"splash or flash; self-attention runs {call.backend}")

@@ -16,13 +16,14 @@ tokens (:mod:`.tiles`: a tile of ``t`` tokens is one contiguous block).
 
 :func:`vsa_attention` is the fast path: the fine stage gathers each query tile's selected key /
 value tiles (``[B, N, tiles, topk, t, K]``: work ``topk / tiles`` of dense) and runs a dense
-softmax over them (:func:`fine`), or hands each (sample, head, query tile) with its gathered
-tiles to a kernel as one batch row (:func:`fine_call`: ``attention.backend=flash``, the
-kernel's online softmax, no scores held). :func:`vsa_reference` is the slow reference: its own
-pooling (a pooling matrix), its own selection, and dense ``L x L`` attention under the
-selected tiles' token mask. Backward by autodiff (the gather's transpose is a scatter-add;
-the flash kernel's own backward). No Pallas kernel reads the picks as a per-query-tile table yet (the flash block lists are static
-per trace and shared by the batch and heads, :mod:`ditax.attention.kernels.flash_sparse`).
+softmax over them (:func:`fine`), or hands each query tile with its gathered tiles to a
+kernel as one batch row (:func:`fine_call`: ``attention.backend=flash``, the kernel's online
+softmax, no scores held). :func:`vsa_reference` is the slow reference: its own pooling (a
+pooling matrix), its own selection, and dense ``L x L`` attention under the selected tiles'
+token mask. Backward by autodiff (the gather's transpose is a scatter-add; the flash
+kernel's own backward). No Pallas kernel reads the picks as a per-query-tile table yet (the
+flash block lists are static per trace and shared by the batch and heads,
+:mod:`ditax.attention.kernels.flash_sparse`).
 """
 
 from __future__ import annotations
@@ -95,21 +96,28 @@ def fine(q, k, v, picks, tile_len: int, kv_mask=None, scale=None):
 
 def fine_call(q, k, v, picks, tile_len: int, call, kv_mask=None, scale=None):
     """:func:`fine` through an attention call (``call(q, k, v, kv_mask=, scale=)``: e.g. the
-    ``flash`` kernel): each (sample, head, query tile) one batch row of ``t`` queries over its
-    gathered ``topk · t`` keys (``[B·N·tiles, ·, 1, K]``; the key mask follows each row's
-    tiles), so the kernel's online softmax runs on the picked tiles only."""
+    ``flash`` kernel): each query tile one batch row of ``t`` queries over its gathered
+    ``topk · t`` keys, so the kernel's online softmax runs on the picked tiles only. Each head
+    picks its own tiles; the heads stay heads (``[B·tiles, ·, N, K]``) unless a key mask is
+    given: a padded tile's mask then differs by head, so each (sample, head, query tile) is
+    its own row (``[B·N·tiles, ·, 1, K]``, the mask following the row's tiles)."""
     b, length, n, kd = q.shape
     nt, topk = length // tile_len, picks.shape[-1]
-    rows = b * n * nt
 
     def heads(x):      # [B, L, N, K] -> [B, N, tiles, t, K]
         return x.reshape(b, nt, tile_len, n, kd).transpose(0, 3, 1, 2, 4)
 
     bi = jnp.arange(b)[:, None, None, None]
     ni = jnp.arange(n)[None, :, None, None]
-    kg, vg = (heads(x)[bi, ni, picks].reshape(rows, topk * tile_len, 1, kd) for x in (k, v))
-    mask = None if kv_mask is None else (
-        kv_mask.reshape(b, nt, tile_len)[bi, picks].reshape(rows, topk * tile_len))
+    kg, vg = (heads(x)[bi, ni, picks] for x in (k, v))          # [B, N, tiles, topk, t, K]
+    if kv_mask is None:
+        kg, vg = (x.transpose(0, 2, 3, 4, 1, 5).reshape(b * nt, topk * tile_len, n, kd)
+                  for x in (kg, vg))
+        o = call(q.reshape(b * nt, tile_len, n, kd), kg, vg, scale=scale)
+        return o.reshape(b, length, n, kd)
+    rows = b * n * nt
+    kg, vg = (x.reshape(rows, topk * tile_len, 1, kd) for x in (kg, vg))
+    mask = kv_mask.reshape(b, nt, tile_len)[bi, picks].reshape(rows, topk * tile_len)
     o = call(heads(q).reshape(rows, tile_len, 1, kd), kg, vg, kv_mask=mask, scale=scale)
     return o.reshape(b, n, nt, tile_len, kd).transpose(0, 2, 3, 1, 4).reshape(b, length, n, kd)
 
