@@ -16,7 +16,8 @@ case prints its row as it finishes): ``forward`` (the families' transformers at 
 sizes, random weights, ``ditax bench``'s forward; ``wan480`` its first case alone), ``attention`` (each kernel alone at Wan
 1.3B's shape, forward and forward + backward), ``int8`` (W+A int8 against bf16 where the
 linears dominate; ``int8_flux2``: FLUX.2's bf16 and W+A rows alone), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``; ``vae_old``
-the plain path), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 and int8, and
+the plain path), ``flash_tiles`` (flash's forward at other tiles), ``memprobe`` (what the
+device's peak counts), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 and int8, and
 FLUX.1-dev int8 resident: issue 55's out-of-memory rows).
 
 ``peak_hbm_bytes`` is ``memory_stats()["peak_bytes_in_use"]`` after the case when the case
@@ -118,8 +119,16 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
             _vae(sw)
         elif part == "vae_old":
             _vae(sw, ("old",))
+        elif part == "flash_tiles":   # issue 54: flash within 10% of splash (1.14x in session 57)
+            attention_cases(sw, WAN, [("flash", dict(block_q=q, block_kv=kv, block_kv_compute=c))
+                                      for q, kv, c in FLASH_TILES], grad=False)
         elif part == "memprobe":
             sw.emit(memory_probe())
+
+
+#: flash's forward tiles tried at Wan's shape (the table's row first: (2048, 4096, 1024))
+FLASH_TILES = ((2048, 4096, 1024), (2048, 4096, 2048), (4096, 4096, 1024), (1024, 4096, 1024),
+               (2048, 8192, 1024), (2048, 2048, 2048), (4096, 8192, 2048))
 
 
 def memory_probe(n: int = 16384) -> dict:
@@ -216,7 +225,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
                    choices=["forward", "wan480", "attention", "int8", "int8_flux2", "int8_gemm",
-                            "vae", "vae_old", "big", "memprobe"])
+                            "vae", "vae_old", "big", "memprobe", "flash_tiles"])
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
     p.add_argument("--repeats", type=int, default=4)
