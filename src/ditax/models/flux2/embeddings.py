@@ -13,27 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ditax.nn import Linear
-
-
-def sinusoid_frequencies(dim: int, max_period: float = 10000.0) -> np.ndarray:
-    """The ``dim/2`` frequencies of the timestep sinusoid (float32, host): diffusers' float32
-    exponents ``-ln(max_period) · i / (dim/2)``, each exponentiated in float64 and rounded
-    once. Timesteps and guidance enter ×1000, so one ulp of a frequency moves an angle by up
-    to 1e-4 rad; jnp's float32 ``exp`` differs from torch's in ~17 of 128 entries, the
-    rounded float64 one in ~2 (:func:`ditax.nn.timestep_embedding` computes the table on
-    device)."""
-    half = dim // 2
-    exponent = np.float32(-np.log(max_period)) * np.arange(half, dtype=np.float32)
-    exponent = exponent / np.float32(half)
-    return np.exp(exponent.astype(np.float64)).astype(np.float32)
-
-
-def sinusoid(t, dim: int):
-    """Sinusoidal embedding ``[B] → [B, dim]`` float32, cos half first (diffusers'
-    ``Timesteps(flip_sin_to_cos=True, downscale_freq_shift=0)``)."""
-    args = jnp.asarray(t, jnp.float32)[:, None] * jnp.asarray(sinusoid_frequencies(dim))[None]
-    return jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)
+from ditax.nn import Linear, timestep_embedding
 
 
 class TimestepMLP(nnx.Module):
@@ -62,10 +42,10 @@ class TimeGuidanceEmbed(nnx.Module):
 
     def __call__(self, timestep, guidance=None, dtype=jnp.float32):
         """timestep, guidance ``[B]`` already x1000 (diffusers' scale) → ``[B, D]``."""
-        temb = self.timestep_embedder(sinusoid(timestep, self.freq).astype(dtype))
+        temb = self.timestep_embedder(timestep_embedding(timestep, self.freq).astype(dtype))
         if guidance is not None and self.guidance_embedder is not None:
             temb = temb + self.guidance_embedder(
-                sinusoid(guidance, self.freq).astype(dtype))
+                timestep_embedding(guidance, self.freq).astype(dtype))
         return temb
 
 
@@ -114,5 +94,5 @@ def rope_cos_sin(ids, axes_dims, theta: float):
     return jnp.cos(angles), jnp.sin(angles)
 
 
-__all__ = ["sinusoid", "sinusoid_frequencies", "TimestepMLP", "TimeGuidanceEmbed", "Modulation",
+__all__ = ["TimestepMLP", "TimeGuidanceEmbed", "Modulation",
            "mod_terms", "rope_cos_sin", "rope_frequencies"]
