@@ -67,6 +67,31 @@ def test_the_timestep_frequencies_are_a_host_constant():
     assert np.abs(np.asarray(timestep_embedding(t, 256)) - want).max() <= 1e-6
 
 
+def test_the_float64_evaluation_widens_every_op():
+    """:func:`run_in_float64` evaluates the float32 program in float64 through ``jit``,
+    ``scan``, ``cond`` and ``while`` (``(x + 1e8) - 1e8``, 1e8 an argument, keeps ``x`` only
+    there, float32 loses it), with the same random bits; :func:`run_jittered` stays float32, moving each
+    result by at most its rounding units."""
+    import jax.numpy as jnp
+
+    def fn(x, big, key):
+        def body(c, xi):
+            return c + jax.lax.cond(xi > 0, lambda v: (v + big) - big, lambda v: v, xi), None
+
+        s = jax.lax.scan(body, jnp.zeros((), jnp.float32), x)[0]
+        n = jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2), (0, s))[1]
+        return jax.jit(lambda a: a)(n), jax.random.uniform(key, (4,))
+
+    x, big, key = np.array([0.25, 0.5], np.float32), np.float32(1e8), jax.random.PRNGKey(0)
+    ref32 = [np.asarray(v) for v in fn(x, big, key)]
+    out64, u64 = run_in_float64(fn, x, big, key)
+    assert (x[0] + big) - big == 0.0                            # float32 (numpy's) loses it
+    assert out64.dtype == np.float64 and out64 == 6.0
+    assert np.array_equal(u64, ref32[1].astype(np.float64))     # the same draws, widened
+    out, u = run_jittered(fn, x, big, key, ulps=1.0)
+    assert out.dtype == np.float32 and abs(float(out)) <= 1e-7 * 1e8 * 8
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dmd2", [False, True], ids=["flow", "dmd2"])
 def test_the_bound_takes_a_valid_float32_step_and_refuses_bfloat16(tmp_path, dmd2):
