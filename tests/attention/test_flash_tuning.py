@@ -147,3 +147,15 @@ def test_flash_on_a_tpu_takes_the_table_fitted_to_each_call():
     assert (bq, bkv, tune.block_kv_compute) == (row.block_q, row.block_kv, row.block_kv_compute)
     assert (bq2, bkv2) == (row.block_q, 512) and tune.vmem_limit > 16 * tuning.MIB
     assert bq % tune.block_q_bwd == 0 and bkv % tune.block_kv_bwd == 0
+
+
+@pytest.mark.parametrize("L,top,want", [(23400, 2048, 2048), (23400, 4096, 4096),
+                                        (32760, 2048, 2048), (4608, 2048, 1536),
+                                        (75600, 4096, 3456), (18720, 2048, 1920)])
+def test_key_block_keeps_a_real_compute_block(L, top, want):
+    """A causal chunk's 23,400 keys (Wan 1.3B 480p, sink + 3 chunks + itself) fit 1,408 =
+    11 x 128 keys a block, whose compute block could only be 128: the key block is refitted
+    (2,048 with 1,024); lengths whose fitted block has a compute block over 256 keep it."""
+    b = tuning.fit_kv_block(L, top, 1024)
+    assert b == want and tuning.fit_block(b, 1024, divides=b) > 256
+    assert tuning.splash_blocks(4680, 23400, "TPU v5 lite", {})["block_kv_compute"] >= 512

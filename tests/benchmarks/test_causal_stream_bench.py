@@ -23,8 +23,8 @@ def test_smoke_size_reports_every_metric(tmp_path, capsys):
             "vs_real_time", "kv_cache_bytes", "chunk_programs_compiled"} <= set(got)
     assert got["chunk_programs_compiled"]["value"] == 1
     assert got["chunk_median"]["chunks"] == 5
-    # 2 layers, batch 1, 3 slots of 6 tokens, 2 heads of 16, float32, k and v
-    assert got["kv_cache_bytes"]["shape"] == [2, 1, 18, 2, 16]
-    assert got["kv_cache_bytes"]["value"] == 2 * 2 * 18 * 2 * 16 * 4
+    # 2 layers, batch 1, 3 slots + the work slot of 6 tokens, 2 heads of 16, float32, k and v
+    assert got["kv_cache_bytes"]["shape"] == [2, 1, 24, 2, 16]
+    assert got["kv_cache_bytes"]["value"] == 2 * 2 * 24 * 2 * 16 * 4
     assert all(r["value"] > 0 for r in rows)
     assert capsys.readouterr().out.count('"bench": "causal_stream"') == len(rows)

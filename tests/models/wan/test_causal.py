@@ -118,7 +118,7 @@ def test_rolling_window_equals_the_sink_window_mask(model, rng):
     np.testing.assert_allclose(got, want, **TOL)
     assert np.abs(got[:, :, 4:] - full[:, :, 4:]).max() > 1e-4
     np.testing.assert_allclose(got[:, :, :3], full[:, :, :3], **TOL)
-    assert cache.k.shape == (2, 2, 3 * 2, 2, 16) and int(cache.index) == 7
+    assert cache.k.shape == (2, 2, (3 + 1) * 2, 2, 16) and int(cache.index) == 7  # + the work slot
     assert step._cache_size() == 1
     # the windowed kernel path equals the windowed reference too
     np.testing.assert_allclose(np.asarray(causal_forward(model, lat, t, text, chunk=1,
@@ -158,9 +158,9 @@ def test_chunks_must_divide_where_the_cache_needs_it(model, rng):
         check_causal(3, None, 1, frames=7)
     with pytest.raises(ConfigError, match=r"not a multiple of the temporal patch size 2"):
         check_causal(3, None, 2)
-    cache = init_cache(model, 2, (2, 4, 6), 1)
-    lat, t, text = _inputs(rng, f=3)
-    with pytest.raises(RequestError, match=r"does not fit chunks of 18 tokens"):
+    cache = init_cache(model, 2, (2, 4, 6), 1)    # (2 slots + the work slot) x 12 tokens
+    lat, t, text = _inputs(rng, f=5)
+    with pytest.raises(RequestError, match=r"does not fit chunks of 30 tokens"):
         forward_chunk(model, lat, t, text, cache)
 
 

@@ -103,7 +103,7 @@ def test_long_stream_keeps_one_cache_and_one_program(model, rng):
     st = sampler.last_stats
     assert len(rest) == 11 and st["chunks"] == 12 and st["transformer_calls"] == 12 * 3
     assert len(st["cache_shapes"]) == 1
-    assert st["cache_shape"] == (2, 1, 3 * 2 * 3, 2, 16)          # 3 slots of 6 tokens
+    assert st["cache_shape"] == (2, 1, (3 + 1) * 2 * 3, 2, 16)    # 3 slots + work, 6 tokens
     assert compiled_chunk_programs() == before + 1
     assert all(np.isfinite(np.asarray(c)).all() for c in rest)
 

@@ -11,11 +11,16 @@ image) cross-attention is the transformer's, unchanged. Its parts, :func:`embed_
 The cache (:class:`KVCache`) is a plain pytree of preallocated arrays, so that the chunk
 step is one compiled program reused for every chunk:
 
-- ``k`` / ``v``: ``[layers, B, S·L', N, K]`` (or head-major ``[layers, B, N, S·L', K]``,
-  the layout the plan's kernel reads), ``S = 1 + context_chunks`` slots of ``L'`` tokens
-  (one chunk, padded to the context shards); slot 0 is the sink (chunk 0), slots
+- ``k`` / ``v``: ``[layers, B, S·L' + W, N, K]`` (or head-major ``[layers, B, N, S·L' + W,
+  K]``, the layout the plan's kernel reads), ``S = 1 + context_chunks`` slots of ``L'``
+  tokens (one chunk, padded to the context shards); slot 0 is the sink (chunk 0), slots
   ``1 .. S-1`` a ring of the last ``S - 1`` chunks (chunk ``i ≥ 1`` in slot
-  ``1 + (i - 1) % (S - 1)``);
+  ``1 + (i - 1) % (S - 1)``); then the work region of ``W ≥ L'`` keys
+  (:func:`cache_tokens`): each layer's attention takes its layer of the cache (one copy
+  out of the stacked array), writes the chunk's own keys / values there in place and
+  attends to it as it lies — no concatenation of cache and chunk, no padding to the
+  kernel's key block (``W`` is ``L'`` plus that padding; the stacked array's work region
+  stays zeros);
 - ``index``: int32 ``[]``, the chunks written so far = the next chunk's index. A slot is
   valid once ``slot < index``; with ``S - 1 ≥`` the chunks of the video nothing is evicted
   and the forward equals the whole-video block-causal one
@@ -36,7 +41,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
+from ditax.attention.tuning import fit_kv_block
 from ditax.errors import RequestError
+from ditax.intmath import round_up
 from ditax.models.wan.attention import HEADS, TOKENS
 from ditax.models.wan.causal import check_causal
 from ditax.models.wan.embeddings import rope_split
@@ -62,6 +69,24 @@ def chunk_tokens(model, chunk_shape) -> tuple[tuple[int, int, int], int, int]:
     return grid, n, n + (-n) % model.sharding.seq_shards
 
 
+#: from this many keys (the slots and the chunk) on, a layer's keys are padded to the TPU
+#: kernels' key block (:func:`~ditax.attention.tuning.fit_kv_block` of the 2,048-key row):
+#: Wan 1.3B 480p, sink + 3 chunks of 4,680 + the chunk: 23,400 -> 24,576 keys
+PAD_FROM = 4096
+
+
+def cache_tokens(model, tokens: int, slots: int) -> int:
+    """Keys one layer of the cache holds: ``slots`` chunks of ``tokens`` (padded) tokens and
+    the work region (the chunk's own keys, padded to the kernels' key block from
+    :data:`PAD_FROM` keys on, on one context shard, by fewer than ``tokens``: the slots
+    are ``keys // tokens - 1``)."""
+    n = (slots + 1) * tokens
+    if n < PAD_FROM or model.sharding.seq_shards > 1:
+        return n
+    padded = round_up(n, fit_kv_block(n, 2048, 1024))
+    return padded if padded - n < tokens else n
+
+
 def init_cache(model, batch: int, chunk_shape, context_chunks: int) -> KVCache:
     """An empty cache for ``batch`` videos of chunks ``chunk_shape = (F_c, Y, X)`` latent
     frames / height / width, holding the sink and ``context_chunks`` earlier chunks (for a
@@ -72,8 +97,9 @@ def init_cache(model, batch: int, chunk_shape, context_chunks: int) -> KVCache:
     _, _, lp = chunk_tokens(model, chunk_shape)
     s, n, kd = 1 + context_chunks, cfg.num_attention_heads, cfg.attention_head_dim
     head_major = model.attention_plan.self_attn.reads_head_major
-    shape = ((cfg.num_layers, batch, n, s * lp, kd) if head_major
-             else (cfg.num_layers, batch, s * lp, n, kd))
+    keys = cache_tokens(model, lp, s)
+    shape = ((cfg.num_layers, batch, n, keys, kd) if head_major
+             else (cfg.num_layers, batch, keys, n, kd))
     dt, mesh = jnp.dtype(cfg.dtype), model.sharding.mesh
     if mesh is None:   # two buffers: a chunk program donates both
         return KVCache(jnp.zeros(shape, dt), jnp.zeros(shape, dt), jnp.zeros((), jnp.int32))
@@ -93,12 +119,14 @@ def cache_slots(model, cache: KVCache, tokens: int) -> int:
     cfg = model.cfg
     want = (cfg.num_layers, cfg.num_attention_heads, cfg.attention_head_dim)
     got = (cache.k.shape[0], cache.k.shape[2 if head_major else 3], cache.k.shape[-1])
-    seq = cache.k.shape[axis]
-    if cache.k.ndim != 5 or got != want or seq % tokens or cache.v.shape != cache.k.shape:
+    seq = cache.k.shape[axis] if cache.k.ndim == 5 else 0
+    slots = seq // tokens - 1
+    if slots < 1 or cache_tokens(model, tokens, slots) != seq or got != want or (
+            cache.v.shape != cache.k.shape):
         raise RequestError(f"the KV cache k{tuple(cache.k.shape)} does not fit chunks of "
                            f"{tokens} tokens of this model ({'head' if head_major else 'token'}"
                            f"-major); make it with init_cache(model, batch, chunk_shape, ...)")
-    return seq // tokens
+    return slots
 
 
 @functools.lru_cache(maxsize=64)
@@ -131,13 +159,15 @@ def chunk_rope(cfg, grid, frame0):
 
 
 class CachedSelfAttention:
-    """One layer's self-attention over ``[cached chunks, this chunk]``: the wrapped call with
-    ``kv_mask`` = valid cache slots (and the chunk's own key mask); records the chunk's k / v
-    (``new``) for the caller to store."""
+    """One layer's self-attention over ``[cached chunks, this chunk]``: the chunk's k / v
+    written into the layer's keys ``k`` / ``v`` (the cache's, this layer's copy) at the work
+    region's start ``work``, the wrapped call with ``kv_mask`` = valid cache slots ``mask``,
+    the chunk's own key mask and the padding masked; records the chunk's k / v (``new``)
+    for the caller to store."""
 
-    def __init__(self, base, k, v, mask, sharding):
+    def __init__(self, base, k, v, mask, sharding, work: int):
         self.base, self.k, self.v, self.mask, self.sharding = base, k, v, mask, sharding
-        self.new = None
+        self.work, self.new = work, None
 
     @property
     def reads_head_major(self) -> bool:
@@ -149,9 +179,12 @@ class CachedSelfAttention:
         b, lc = q.shape[0], k.shape[axis]
         own = jnp.ones((b, lc), bool) if kv_mask is None else kv_mask
         spec = HEADS if head_major else TOKENS
-        kk = self.sharding.constrain(jnp.concatenate([self.k.astype(k.dtype), k], axis), spec)
-        vv = self.sharding.constrain(jnp.concatenate([self.v.astype(v.dtype), v], axis), spec)
-        mask = jnp.concatenate([self.mask, own], axis=1)
+        at = [0, 0, 0, 0]
+        at[axis] = self.work
+        kk, vv = (self.sharding.constrain(jax.lax.dynamic_update_slice(
+            layer.astype(new.dtype), new, at), spec) for layer, new in ((self.k, k), (self.v, v)))
+        pad = jnp.zeros((b, self.k.shape[axis] - self.work - lc), bool)
+        mask = jnp.concatenate([self.mask, own, pad], axis=1)
         return self.base(q, kk, vv, kv_mask=mask, scale=scale, head_major=head_major)
 
 
@@ -222,7 +255,7 @@ def chunk_blocks(model, h, ctx, cache: KVCache, start: int = 0, stop: int | None
         hs, layer, ck, cv = carry
         call = CachedSelfAttention(plan.self_attn, jax.lax.dynamic_index_in_dim(ck, layer, 0, False),
                                    jax.lax.dynamic_index_in_dim(cv, layer, 0, False),
-                                   cache_mask, sharding)
+                                   cache_mask, sharding, slots * lp)
         hs = block(hs, ctx.text, ctx.mod, ctx.rope, ctx.token_mask, ctx.text_mask,
                    dataclasses.replace(plan, self_attn=call), sharding, ctx.image)
         if write:
