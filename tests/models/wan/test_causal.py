@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -202,3 +203,26 @@ def test_gradients_kernel_path_and_cache_path(model, rng):
     got, want = latent_grads(params, lat[:, :, 2:], cache)
     assert np.abs(np.asarray(want)).max() > 1e-3
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def test_cache_is_attended_in_place_not_concatenated(model, rng):
+    """Each layer writes the chunk's keys / values into its work region of the cache (a
+    dynamic_update_slice) and attends to the layer as it lies: no per-layer concatenate of
+    cache and chunk (docs/causal_streaming.md: two copies a layer-forward on a v5e before)."""
+    lat, t, text = _inputs(rng, f=2)
+    cache = init_cache(model, 2, (2, 4, 6), 2)
+    gdef, state = nnx.split(model)
+    jaxpr = jax.make_jaxpr(lambda s, c: forward_chunk(nnx.merge(gdef, s), lat, t, text, c,
+                                                      write=False))(state, cache)
+
+    def eqns(jx):
+        for e in jx.eqns:
+            yield e
+            for sub in jax.extend.core.jaxprs_in_params(e.params):
+                yield from eqns(sub)
+
+    found = [e for e in eqns(jaxpr.jaxpr) if any(v.aval.ndim == 4 for v in e.outvars)]
+    # along the tokens (RoPE's halves join along the head dim, 3)
+    assert not [e for e in found if e.primitive.name == "concatenate"
+                and e.params["dimension"] != 3]
+    assert any(e.primitive.name == "dynamic_update_slice" for e in found)
