@@ -58,6 +58,15 @@ demo-student: $(STAMP)
 flux-demo-model: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.flux_demo_model --out flux_demo_model
 
+# Distil the demo model into its causal student (Self-Forcing: chunk by chunk with a KV cache,
+# 4 steps a chunk; data, distill, export, score per window at 1x and 4x the teacher's frames)
+# into demo_causal/; then `python -m ditax.recipes.demo_causal --out demo_causal --folder
+# src/ditax/assets/demo_causal` ships it (the run kept; its VAE, text encoder and tokenizer:
+# relative links to ../demo_model).
+.PHONY: demo-causal
+demo-causal: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.demo_causal --out demo_causal
+
 # Distil the small Flux's 4-step student (DMD2, a LoRA on src/ditax/assets/flux_demo_model)
 # into flux_demo_student/; `cp flux_demo_student/student/* src/ditax/assets/flux_demo_student/`
 # ships it.
@@ -102,4 +111,4 @@ bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/transformer_cpu.py
 
 clean:
-	rm -rf $(VENV) demo_out demo_model demo_student flux_demo_model flux_demo_student out .pytest_cache
+	rm -rf $(VENV) demo_out demo_model demo_student demo_causal flux_demo_model flux_demo_student out .pytest_cache

@@ -96,7 +96,8 @@ def add_input_flags(p: argparse.ArgumentParser) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="pipeline folder (model_index.json), hub id, "
-                   "'demo' (the shipped Wan demo) or 'flux-demo' (the shipped small Flux); a "
+                   "'demo' (the shipped Wan demo), 'demo-causal' (its causal student) or "
+                   "'flux-demo' (the shipped small Flux); a "
                    "folder's ditax_sample.json gives the defaults of the size, steps and "
                    "guidance flags")
     add_request_flags(p)

@@ -47,7 +47,8 @@ STEP_WAIT = 300.0
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="pipeline folder, hub id, 'demo' (the "
-                   "shipped Wan demo) or 'flux-demo' (the shipped small Flux)")
+                   "shipped Wan demo), 'demo-causal' (its causal student) or 'flux-demo' (the "
+                   "shipped small Flux)")
     listen.add_arguments(p)
     p.add_argument("--db", default="ditax_serve/jobs.sqlite",
                    help="SQLite job store (created; reused after a restart), or "

@@ -13,6 +13,11 @@ guidance (:data:`STUDENT_SAMPLE`; the loader's part, Euler and its shift, :data:
 is also carried by the LoRA file, so ``load_pipeline(model_path(), loras=[(student_lora_path(),
 1.0)])`` applies it).
 
+The model's causal student (``ditax.demo.causal_model_path()``, ``--model demo-causal``: a
+folder whose transformer is block-causal, distilled by Self-Forcing in ``make demo-causal``,
+:mod:`ditax.recipes.demo_causal`) makes a video chunk by chunk against a KV cache, past the
+teacher's 17 frames (:mod:`ditax.demo.causal` scores it per window of the teacher's length).
+
 ``python -m ditax.demo`` (:mod:`ditax.demo.run`) generates three prompts (one held out) with
 the model and with its student, writes ``demo_out/*.mp4``, ``demo_out/student_*.mp4`` and
 ``demo_out/contact_sheet.png`` (each teacher row above its student row), prints per-phase
@@ -135,6 +140,24 @@ def load_student(path=None, lora=None, **kw):
     lora = lora or student_lora_path()
     return load_pipeline(path or model_path(), loras=[(str(lora), 1.0)],
                          **{**student_settings(load=True, lora=lora), **kw})
+
+
+CAUSAL_DIR = "demo_causal"
+
+
+def causal_model_path() -> pathlib.Path:
+    """The demo model's shipped causal student (issue 59): a ``WanPipeline`` folder whose
+    transformer is block-causal (``causal_chunk`` in its config.json) and samples chunk by
+    chunk in 4 Euler steps against a KV cache (its ``ditax_sample.json``), distilled by
+    Self-Forcing (``make demo-causal``: :mod:`ditax.recipes.demo_causal`); its tokenizer, text
+    encoder and VAE are the demo model's (linked). ``--model demo-causal`` names it."""
+    path = _ASSETS / CAUSAL_DIR
+    if not (path / "model_index.json").is_file() or not (path / "transformer").is_dir():
+        from ditax.errors import ModelNotFound
+
+        raise ModelNotFound(f"the demo model's causal student is missing from {path}; "
+                            "reinstall ditax, or distil it with `make demo-causal`")
+    return path
 
 
 def flux_model_path() -> pathlib.Path:

@@ -1,7 +1,8 @@
 """``python -m ditax.demo`` (``make demo``): the shipped demo model and its 4-step student on
 three prompts (one held out), then the small Flux and its student; prints what each is
 sampled with, per-phase timings and prompt-following scores, and the files written
-(:mod:`ditax.demo.run`).
+(:mod:`ditax.demo.run`); the model's causal student at 1x and 4x the teacher's frames
+(:mod:`ditax.demo.causal`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import os
 
 from ditax import demo
-from ditax.demo.run import run_demo, run_flux_demo
+from ditax.demo.causal import run_causal_demo, summary_lines
+from ditax.demo.run import OUT, run_demo, run_flux_demo
 
 
 def main(argv=None) -> int:
@@ -35,6 +37,12 @@ def main(argv=None) -> int:
               f"{sc['direction']:.0%}")
     print(f"wrote {', '.join(v['file'] for _, r in rows for v in r['videos'])} and "
           f"{rec['sheet']} ({time.perf_counter() - t0:.1f}s)")
+    print(f"its causal student ({demo.causal_model_path()}): chunk by chunk, at 1x and 4x "
+          f"the teacher's frames, scored per window of the teacher's length")
+    causal = run_causal_demo(rec, OUT, demo.DEMO_PROMPTS)
+    for line in summary_lines(causal):
+        print(line)
+    print(f"wrote {', '.join(causal['files'])} ({causal['seconds']:.1f}s)")
     print(f"ditax demo: the small Flux trained by `make flux-demo-model` "
           f"({demo.flux_model_path()})")
     print(f"sampling with {demo.FLUX_SAMPLE}")

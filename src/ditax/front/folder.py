@@ -24,12 +24,13 @@ from typing import Any
 
 # the names a model argument takes for the models shipped in the package -> the function of
 # :mod:`ditax.demo` that returns the folder (one entry a shipped model, whatever its family)
-SHIPPED_MODELS = {"demo": "model_path", "flux-demo": "flux_model_path"}
+SHIPPED_MODELS = {"demo": "model_path", "demo-causal": "causal_model_path",
+                  "flux-demo": "flux_model_path"}
 
 
 def model_path(text: str) -> str:
-    """A model argument as a path: ``demo`` is the shipped Wan demo folder, ``flux-demo`` the
-    shipped small Flux (:data:`SHIPPED_MODELS`; every entry that takes a model accepts them the
+    """A model argument as a path: ``demo`` is the shipped Wan demo folder, ``demo-causal``
+    its causal student, ``flux-demo`` the shipped small Flux (:data:`SHIPPED_MODELS`; every entry that takes a model accepts them the
     same way), anything else is returned as given."""
     if text not in SHIPPED_MODELS:
         return text
