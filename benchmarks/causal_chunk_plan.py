@@ -131,4 +131,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    from ditax.tpu_env import raise_scoped_vmem
+
+    raise_scoped_vmem()    # as causal_stream.py and every ditax command: splash's large tiles
     main()

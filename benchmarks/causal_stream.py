@@ -118,4 +118,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
+    from ditax.tpu_env import raise_scoped_vmem
+
+    raise_scoped_vmem()    # as every ditax command does: splash's large-tile row needs it
     main()
