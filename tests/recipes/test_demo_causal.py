@@ -15,12 +15,12 @@ import ditax
 import ditax.demo
 from ditax.recipes.demo_causal import SMOKE, Recipe
 
-pytestmark = pytest.mark.usefixtures("fast_compile")
 needs_shipped = pytest.mark.skipif(
     not (ditax.demo.model_path().parent / ditax.demo.CAUSAL_DIR / "transformer").is_dir(),
     reason="the demo's causal student is not shipped here")
 
 
+@pytest.mark.usefixtures("fast_compile")
 def test_smoke_recipe_distils_exports_and_scores_a_causal_folder(tmp_path):
     lines = []
     run = Recipe(tmp_path / "run", SMOKE, seed=0, train_devices=1, say=lines.append,
@@ -61,8 +61,10 @@ def test_the_4x_video_holds_within_5_points_of_the_teacher_per_window():
     from ditax.demo.causal import score_causal
     from ditax.synthetic.vocab import all_combinations
 
+    # every third combination (all colours, shapes and directions; 14 of 40), XLA optimised
     res = score_causal(ditax.demo.causal_model_path(), ditax.demo.model_path(),
-                       [c.prompt for c in all_combinations()], (1000,), say=lambda m: None)
+                       [c.prompt for c in all_combinations()[::3]], (1000,),
+                       say=lambda m: None)
     assert res["causal_long"]["frames"] == 77
     for k in ("colour", "direction"):
         assert res["causal_long"]["score"][k] >= res["teacher"]["score"][k] - 5, (k, {
