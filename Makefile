@@ -37,7 +37,8 @@ install-test: $(TEST_STAMP) $(TPU_STAMP)
 
 # The main job: three prompts -> videos + contact sheet with the demo model ditax trained
 # itself (shipped in src/ditax/assets/demo_model) and its 4-step student (the LoRA in
-# src/ditax/assets/demo_student), then three prompts -> images + sheet with
+# src/ditax/assets/demo_student), its causal student (src/ditax/assets/demo_causal) at 1x and
+# 4x the teacher's frames, then three prompts -> images + sheet with
 # the small Flux (src/ditax/assets/flux_demo_model), each scored for prompt following.
 demo: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.demo
