@@ -178,6 +178,29 @@ END_TO_END = (
     "train/test_vsa_train.py", "models/wan/test_sparse_vsa_mesh.py",
     # a causal job's chunks played by the page in Chromium while the server makes the rest
     "serve/test_serve_browser_stream.py",
+    # the fast tier's longest single checks (each > 7 s on 2 cores), beside faster ones of the
+    # same code in the fast tier: a whole browser / server / CLI run or a large compile
+    "serve/test_serve_browser.py", "serve/test_serve_batch_families.py",
+    "serve/test_serve_ltx2.py", "benchmarks/test_vae_decode.py",
+    "models/vae/test_wan_vae_chunk_memory.py::test_budgeted_chunks_decode_the_same_frames",
+    "plan/test_plan_distill.py::test_lora_distill_step_holds_one_base_and_small_adapters",
+    "plan/test_plan_fit.py::test_offload_turns_a_step_that_does_not_fit_into_one_that_does",
+    "plan/test_tpu_compile.py::test_wan_layer_plan_for_v6e",
+    "nn/test_quant_random.py::test_random_transformer_is_quantized[ltx2]",
+    "nn/test_quant_random.py::test_random_transformer_is_quantized[flux2-tiny]",
+    "nn/test_quant_random.py::test_random_transformer_is_quantized[flux-tiny]",
+    "pipelines/ltx2/test_ltx2_step_cache.py::"
+    "test_threshold_zero_is_uncached_larger_skips_every_branch",
+    "models/vae/test_parallel_vae.py::"
+    "test_wan_decode_encode_match_one_device[wan21-mesh_shape0-5-2]",
+    "lora/test_lora_train.py::"
+    "test_only_adapters_train_resume_is_exact_and_the_files_load_in_diffusers_and_ditax",
+    "train/test_train_image.py::test_i2v_config_trains_and_a_mesh_step_equals_one_device",
+    "models/ltx2/test_ltx2_quant_single.py::test_bench",
+    "cli/test_compile_cache_cli.py::test_bench_follows_the_cache_rules",
+    "pipelines/ltx2/test_ltx2_pipeline.py::test_generate_writes_the_mp4_with_its_sound_track",
+    "pipelines/ltx2/test_ltx2_two_stage.py::test_generate_with_upsampler",
+    "models/test_init_groups.py::test_grouped_init_draws_the_one_program_values_in_place[extra1]",
 )
 
 
@@ -185,7 +208,9 @@ def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     end_to_end = set(END_TO_END)
     for item in items:
-        if item.nodeid.split("::")[0].removeprefix("tests/") in end_to_end:
+        node = item.nodeid.removeprefix("tests/")
+        # a whole file, one test (every parameter) or one parameter of it
+        if {node.split("::")[0], node.split("[")[0], node} & end_to_end:
             item.add_marker(pytest.mark.slow)
 
     def module_rank(item):
