@@ -179,16 +179,10 @@ END_TO_END = (
     # a causal job's chunks played by the page in Chromium while the server makes the rest
     "serve/test_serve_browser_stream.py",
     # the fast tier's longest single checks (each > 7 s on 2 cores), beside faster ones of the
-    # same code in the fast tier: a whole browser / server / CLI run or a large compile
+    # same code in the fast tier: a whole browser / server / CLI run
     "serve/test_serve_browser.py", "serve/test_serve_batch_families.py",
     "serve/test_serve_ltx2.py", "benchmarks/test_vae_decode.py",
     "models/vae/test_wan_vae_chunk_memory.py::test_budgeted_chunks_decode_the_same_frames",
-    "plan/test_plan_distill.py::test_lora_distill_step_holds_one_base_and_small_adapters",
-    "plan/test_plan_fit.py::test_offload_turns_a_step_that_does_not_fit_into_one_that_does",
-    "plan/test_tpu_compile.py::test_wan_layer_plan_for_v6e",
-    "nn/test_quant_random.py::test_random_transformer_is_quantized[ltx2]",
-    "nn/test_quant_random.py::test_random_transformer_is_quantized[flux2-tiny]",
-    "nn/test_quant_random.py::test_random_transformer_is_quantized[flux-tiny]",
     "pipelines/ltx2/test_ltx2_step_cache.py::"
     "test_threshold_zero_is_uncached_larger_skips_every_branch",
     "models/vae/test_parallel_vae.py::"
@@ -201,6 +195,13 @@ END_TO_END = (
     "pipelines/ltx2/test_ltx2_pipeline.py::test_generate_writes_the_mp4_with_its_sound_track",
     "pipelines/ltx2/test_ltx2_two_stage.py::test_generate_with_upsampler",
     "models/test_init_groups.py::test_grouped_init_draws_the_one_program_values_in_place[extra1]",
+    # whole modules whose cost is one shared compile or model (moving one test of such a module
+    # only moves its fixture's cost to the next test): plans of big training steps, whole-model
+    # runs on meshes, the per-family training steps beside train/test_train.py
+    "plan/test_plan_distill.py", "plan/test_plan_fit.py", "nn/test_quant_random.py",
+    "pipelines/wan/test_dense_steps.py", "models/wan/test_causal_mesh.py",
+    "models/vae/test_parallel_vae.py", "pipelines/wan/test_step_cache_image.py",
+    "train/test_vace_train.py", "train/test_flux_train.py",
 )
 
 
