@@ -44,9 +44,8 @@ def cfg_for(dataset, out="unused", *extra):
 
 @pytest.fixture(scope="module")
 def one(dataset):
-    """A DistillTrainer on one device (the pieces are not about the mesh; its step is what
-    :func:`test_a_step_on_fsdp2_context4_equals_one_device` compares the mesh's with), its
-    fresh state (as numpy) and a batch."""
+    """A DistillTrainer on one device (the pieces are not about the mesh), its fresh state (as
+    numpy) and a batch."""
     cfg = cfg_for(dataset)
     tr = D.DistillTrainer(cfg, make_mesh(ONE, jax.devices()[:1]))
     data = BatchIterator(cfg)
@@ -249,9 +248,23 @@ def test_one_step_equals_critic_flow_matching_and_the_dmd_formula(one):
 # meshes, runs, resume
 
 
-def test_a_step_on_fsdp2_context4_equals_one_device(one, on_mesh):
-    tr, state, batch = one
-    tr8 = on_mesh
+def test_a_step_on_fsdp2_context4_equals_one_device(dataset):
+    """One DMD2 step (two critic updates, then the student's) on fsdp2 x context4 against one
+    device from the same state and batch: loss within 1e-5, every parameter of the student and
+    the critic within 1e-3 of the largest step either took. Adam with ``eps=1``: its first update is then
+    ``lr * g / (|g| + 1)``, following the gradient, where with the default ``eps=1e-8`` it is
+    ``lr * g / (|g| + 1e-8)``, whose slope at a gradient near 1e-8 turns a 1e-10 difference in
+    the order of a sum into ~1e-5 (seen: 1.25e-5 after an unrelated change of the timestep
+    table's rounding): the mesh's arithmetic is what is compared, not that amplification. A learning rate of 0.1 keeps
+    the steps (~2e-3) far above a float32 ulp of the weights (~1e-8), which the add rounds to."""
+    cfg = cfg_for(dataset, "unused", "optim.eps=1.0", "optim.learning_rate=0.1")
+    tr = D.DistillTrainer(cfg, make_mesh(ONE, jax.devices()[:1]))
+    tr8 = D.DistillTrainer(cfg, make_mesh(cfg.mesh))
+    data = BatchIterator(cfg)
+    tr.bind_data(data)
+    tr8.bind_data(BatchIterator(cfg))
+    batch = next(data)
+    state = jax.tree.map(np.asarray, tr.init())
     assert dict(tr8.mesh.shape) == {"data": 1, "fsdp": 2, "context": 4, "tensor": 1}
     assert len(tr.mesh.devices.flat) == 1
     st1, m1 = tr8.step(put(tr8, state), tr8.put_batch(batch))
@@ -260,7 +273,10 @@ def test_a_step_on_fsdp2_context4_equals_one_device(one, on_mesh):
     for part in ("params", "fake"):
         err = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
                            st[part], st1[part])
-        assert max(jax.tree.leaves(err)) < 1e-5, part
+        moved = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - b))),
+                             st[part], state[part])
+        err, moved = max(jax.tree.leaves(err)), max(jax.tree.leaves(moved))
+        assert moved > 0 and err <= 1e-3 * moved, (part, err, moved)
 
 
 def test_resume_is_bit_exact_and_metrics_hold_each_term(on_mesh, dataset, tmp_path):
