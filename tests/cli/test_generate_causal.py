@@ -69,3 +69,22 @@ def test_causal_option_on_a_bidirectional_folder(tmp_path, capsys):
     err = _err_lines(capsys)
     assert rc == 2 and len(err) == 1, err
     assert "context_chunks=1" in err[0] and "bidirectional" in err[0], err
+
+
+def test_calibrate_cache_refuses_a_causal_folder_before_loading(folder, tmp_path, capsys,
+                                                                monkeypatch):
+    """calibrate-cache measures a whole video's final latents, which a causal student does not
+    make: one line, exit 2, before any weights are read (it used to load, then fail on
+    ``output='latent' is not taken``)."""
+    import ditax.pipelines.wan.loading as loading
+
+    def no_load(*a, **k):
+        raise AssertionError("the pipeline was loaded before the refusal")
+
+    monkeypatch.setattr(loading, "load_pipeline", no_load)
+    rc = main(["calibrate-cache", "--model", str(folder), "--prompts", "a cat", "a dog",
+               "a bird", "--steps", "4", "--output", str(tmp_path / "n.json"), "--no-progress"])
+    err = _err_lines(capsys)
+    assert rc == 2 and len(err) == 1, err
+    assert "causal student" in err[0] and "calibrate-cache" in err[0], err
+    assert not (tmp_path / "n.json").exists()

@@ -137,7 +137,9 @@ def run(args) -> int:
     validate(cfg, jax.device_count() if use_mesh else None)
     mesh = ditax.make_mesh(cfg.mesh) if use_mesh else None
     load = dict(path=args.model, dtype=cfg.model.dtype, attention=cfg.attention)
-    preflight(args.model, load, None, mesh)   # the folder's family checks it, before weights
+    # the folder's family checks it against the request, before weights (a causal student is
+    # refused: calibration reads a whole video's final latents, output="latent")
+    preflight(args.model, load, {**req, "output": "latent"}, mesh)
     # the family's own options of its call and loader from the sample section (Wan: the flow
     # shift, text length and sampler of its loader; LTX-2: the text length of its call)
     given_sizes = {"height": args.height, "width": args.width, "num_frames": args.frames}

@@ -130,6 +130,11 @@ def check_call(root, chunk: Optional[int], call: dict, temporal: int) -> None:
                                f"model, but {root}'s transformer is bidirectional (no "
                                f"causal_chunk in its config.json); drop it")
         return
+    if call.get("output") == "latent":
+        raise RequestError(f"{root} is a causal student (model.causal_chunk={chunk}): it decodes "
+                           f"chunk by chunk and makes no whole-video final latents "
+                           f"(output='latent'), which ditax calibrate-cache measures; sample.cache"
+                           f"= on it uses the numbers its transformer's config matches")
     if call.get("cfg_cache"):
         raise RequestError(f"sample.cfg_cache=true: {root} is a causal student (model."
                            f"causal_chunk={chunk}) whose chunks take no CFG reuse (a reuse "
