@@ -64,6 +64,15 @@ DEFAULT_MEMORY_BYTES = int(15.75 * 2**30)
 TEMP_ACTIVATIONS = 4
 
 
+def device_of(placed):
+    """One device of an array's or a sharding's placement; None without one (a tracer, none
+    given: :func:`resolve_path` and :func:`memory_budget` then ask the default device)."""
+    try:
+        return min(getattr(placed, "sharding", placed).device_set, key=lambda d: d.id)
+    except Exception:   # a tracer, None
+        return None
+
+
 def resolve_path(path: str, device=None) -> str:
     """``path`` with ``"auto"`` made concrete for the platform of ``device`` (the device the
     decode runs on: its parameters' or latents'; None: :func:`platform_of`'s): ``"fast"`` on
@@ -211,4 +220,5 @@ def compile_decode(graphdef, state, z, *, frames: int | Callable = 1,
 
 __all__ = ["CHUNK_PIXELS", "ChunkMemory", "DEFAULT_MEMORY_BYTES", "DecodePrograms",
            "MEMORY_FRACTION", "PATHS", "TEMP_ACTIVATIONS", "chunk_frames", "compile_decode",
-           "decode_chunk", "encode_chunk", "is_fast", "resolve_path", "jitted_decode", "memory_budget", "nbytes"]
+           "decode_chunk", "device_of", "encode_chunk", "is_fast", "jitted_decode", "memory_budget",
+           "nbytes", "resolve_path"]

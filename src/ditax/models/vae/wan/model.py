@@ -13,8 +13,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ditax.models.vae.wan.chunks import (TEMP_ACTIVATIONS, ChunkMemory, DecodePrograms,
-                                         chunk_frames, compile_decode, encode_chunk, is_fast,
-                                         jitted_decode, memory_budget, nbytes, resolve_path)
+                                         chunk_frames, compile_decode, device_of,
+                                         encode_chunk, is_fast, jitted_decode, memory_budget,
+                                         nbytes, resolve_path)
 from ditax.models.vae.wan.coders import Decoder, Encoder
 from ditax.models.vae.wan.config import WanVAEConfig
 from ditax.models.vae.wan.layers import CausalConv3d, FastPath, fast_path, padded
@@ -205,12 +206,12 @@ class WanVAE(nnx.Module):
         the first chunk's cache is known) latent frames, the last one padded with zero latents
         (``programs``: :meth:`compile_decode`'s for this shape, else the jitted steps)."""
         graphdef, state = nnx.split(self)
-        path = resolve_path(path, _device(jax.tree.leaves(state)[0]))   # where it runs
+        path = resolve_path(path, device_of(jax.tree.leaves(state)[0]))   # where it runs
         jitted = programs is None
         if jitted:   # the steps; their chunk length is chosen after the first
             programs = jitted_decode(graphdef, 1, path)
         out, cache = programs.first(state, x[:, :1], None)
-        n = (self._chunk_frames(x.shape, path, frames, cache, _device(x)) if jitted
+        n = (self._chunk_frames(x.shape, path, frames, cache, device_of(x)) if jitted
              else programs.frames)
         outs, later = [out], x.shape[1] - 1
         if later:
@@ -230,7 +231,7 @@ class WanVAE(nnx.Module):
         X]`` (``sharding``: the latents'); pass them to :meth:`decode` as ``programs``.
         ``path`` / ``frames_per_chunk``: as :meth:`decode`'s."""
         b, z, f, y, x = shape
-        lat, device = (b, f, y, x, z), _device(sharding)
+        lat, device = (b, f, y, x, z), device_of(sharding)
         path = resolve_path(path, device)
         choose = lambda cache: self._chunk_frames(lat, path, frames_per_chunk, cache, device)  # noqa: E731
         return compile_decode(*nnx.split(self), jax.ShapeDtypeStruct(lat, self.dtype, sharding=sharding),
@@ -270,15 +271,6 @@ class WanVAE(nnx.Module):
         if p > 1:
             video = unpatchify(video, p)
         return jnp.transpose(jnp.clip(video, -1.0, 1.0), (0, 4, 1, 2, 3))
-
-
-def _device(placed):
-    """One device of an array's or a sharding's placement; None without one (a tracer, none
-    given: :func:`.chunks.memory_budget` then asks the default device)."""
-    try:
-        return min(getattr(placed, "sharding", placed).device_set, key=lambda d: d.id)
-    except Exception:   # a tracer, None
-        return None
 
 
 __all__ = ["WanVAE"]

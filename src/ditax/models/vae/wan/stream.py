@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.models.vae.wan.chunks import decode_chunk, resolve_path
+from ditax.models.vae.wan.chunks import decode_chunk, device_of, resolve_path
 from ditax.models.vae.wan.shuffle import unpatchify
 
 
@@ -31,8 +31,7 @@ class StreamDecoder:
         self.vae = vae
         self.graphdef, self.state = nnx.split(vae)
         # "auto" made concrete where the parameters are (a CPU mesh on a TPU host decodes plain)
-        leaf = jax.tree.leaves(self.state)[0]
-        self.path = resolve_path(path, min(leaf.devices(), key=lambda d: d.id))
+        self.path = resolve_path(path, device_of(jax.tree.leaves(self.state)[0]))
         self.cache = None
         self.frames = 0      # latent frames decoded so far
 
