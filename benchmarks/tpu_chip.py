@@ -141,15 +141,15 @@ def memory_probe(n: int = 16384) -> dict:
     import jax
     import jax.numpy as jnp
 
-    dev = jax.devices()[0]
-    stats = lambda: dict(dev.memory_stats() or {})   # noqa: E731
-    x = jax.device_put(jnp.ones((n, n), jnp.bfloat16), dev)
+    from tpu_sweep import device_stats
+
+    x = jax.device_put(jnp.ones((n, n), jnp.bfloat16), jax.devices()[0])
     f = jax.jit(lambda a: (a @ a) @ a)
     compiled = f.lower(x).compile()
     ma = compiled.memory_analysis()
-    before = stats()
+    before = device_stats()
     jax.block_until_ready(compiled(x))
-    after = stats()
+    after = device_stats()
     row = {"bench": "tpu_chip", "case": f"memory probe (x @ x) @ x, bf16 [{n}, {n}]",
            "metric": "peak_bytes_in_use_delta", "unit": "bytes",
            "value": after.get("peak_bytes_in_use", 0) - before.get("peak_bytes_in_use", 0),

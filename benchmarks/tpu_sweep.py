@@ -147,7 +147,7 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
         mesh = make_mesh(cfg.mesh)
         from chip_profile import op_breakdown
 
-        before = _peak()
+        before = device_stats().get("peak_bytes_in_use")
 
         row = forward_benchmark(cfg, mesh, latent, text_len, sw.repeats,
                                 after=op_breakdown if profile else None)
@@ -156,8 +156,8 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
         flops = fam.flops_per_sample(shape, text_len) / 3.0
         peak = PEAK.get(_gen(), (197e12,))[0]
         row.update(case=name, overrides=list(overrides), flops=flops,
-                   mfu=round(flops / row["value"] / peak, 3), **_case_peak(before, _peak()),
-                   memory_stats=dict(jax.devices()[0].memory_stats() or {}))
+                   mfu=round(flops / row["value"] / peak, 3), memory_stats=device_stats())
+        row.update(_case_peak(before, row["memory_stats"].get("peak_bytes_in_use")))
         sw.emit(row)
         return row
     except Exception as e:
@@ -165,9 +165,10 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
         return {}
 
 
-def _peak():
-    """The device's ``peak_bytes_in_use`` since the process started (None where unreported)."""
-    return (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+def device_stats() -> dict:
+    """The first device's ``memory_stats()`` now (``peak_bytes_in_use``: since the process
+    started); empty where the backend reports none."""
+    return dict(jax.devices()[0].memory_stats() or {})
 
 
 def _case_peak(before, after) -> dict:
