@@ -7,7 +7,7 @@ as in its options class (:mod:`ditax.attention.options`; checked at import): the
 ``attend(**options)`` speak one vocabulary, and an option none of the configured kernels takes
 is refused by the same rule (:func:`ditax.attention.registry.check_options`). The block-sparse
 keys (:data:`SPARSITY_KEYS`: ``sparsity``, ``tile``, ``window``, ``decay``, ``dense_steps``,
-``topk``)
+``topk``, ``vsa_fine``)
 are no kernel's option: the model reads them (it lays its video tokens out tile-major and hands the kernel a block table,
 :mod:`ditax.attention.sparse.layout`); :func:`check_attention` refuses a backend or mesh that
 cannot honour them. ``dense_steps`` is the sampler's: its first steps run the model with
@@ -36,6 +36,8 @@ PaddedKeys = Literal["auto", "mask", "split", "duplicate"]   # ditax.attention.s
 PADDED_KEYS_MODES = get_args(PaddedKeys)
 Sparsity = Literal["none", "full", "sliding_tile", "radial", "vsa"]
 SPARSITY_MODES = get_args(Sparsity)
+VsaFine = Literal["gather", "table"]     # ditax.attention.sparse.vsa / .vsa_table
+VSA_FINE_MODES = get_args(VsaFine)
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,14 @@ class AttentionConfig:
     decay: float = 1.0                   # radial: scale of the windows past the dense band
     dense_steps: int = 0                 # sampling: the first k steps dense, the rest sparse
     topk: int = 0                        # vsa: key tiles each query tile attends (>= 1)
+    vsa_fine: VsaFine = "gather"         # vsa's fine pass: gathered tiles | table (flash only:
+    #                                      Pallas kernels reading the picks, no gather)
 
 
 #: the keys that choose kernels; every other field but the sparsity keys is a backend option
 SELECTION_KEYS = ("backend", "cross_backend")
 #: the block-sparse keys the model reads (module docstring)
-SPARSITY_KEYS = ("sparsity", "tile", "window", "decay", "dense_steps", "topk")
+SPARSITY_KEYS = ("sparsity", "tile", "window", "decay", "dense_steps", "topk", "vsa_fine")
 #: ``attention.<option>`` keys, with their config defaults (a value that differs is "given")
 OPTION_DEFAULTS = {f.name: f.default for f in fields(AttentionConfig)
                    if f.name not in SELECTION_KEYS + SPARSITY_KEYS}
@@ -174,6 +178,11 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
     if a.sparsity != "vsa" and a.topk:
         raise ConfigError(f"attention.topk={a.topk} applies to attention.sparsity=vsa only "
                           f"(sparsity is {a.sparsity}); drop it or set attention.sparsity=vsa")
+    check_choice("attention.vsa_fine", a.vsa_fine, VSA_FINE_MODES)
+    if a.sparsity != "vsa" and a.vsa_fine != "gather":
+        raise ConfigError(f"attention.vsa_fine={a.vsa_fine} applies to attention.sparsity=vsa "
+                          f"only (sparsity is {a.sparsity}); drop it or set "
+                          f"attention.sparsity=vsa")
     if isinstance(a.dense_steps, bool) or not isinstance(a.dense_steps, int) or \
             a.dense_steps < 0:
         raise ConfigError(f"attention.dense_steps={a.dense_steps} must be an int >= 0 (the "
@@ -212,8 +221,9 @@ def check_vsa(a: AttentionConfig) -> None:
     """``sparsity=vsa``'s rules: ``topk >= 1`` (at most the grid's tiles: checked with the
     grid, :func:`ditax.attention.sparse.layout.sparse_layout`) and ``backend`` ``xla``,
     ``auto`` or ``flash`` (its fine stage runs on gathered tiles, :mod:`ditax.attention.
-    sparse.vsa`: jnp, or one flash batch row per query tile; no kernel reads the picks as a
-    table yet)."""
+    sparse.vsa`: jnp, or one flash batch row per query tile); ``vsa_fine=table`` (Pallas
+    kernels reading the picks as a table, :mod:`ditax.attention.sparse.vsa_table`) with
+    ``flash`` only."""
     if isinstance(a.topk, bool) or not isinstance(a.topk, int) or a.topk < 1:
         raise ConfigError(f"attention.topk={a.topk}: attention.sparsity=vsa needs the key tiles "
                           f"each query tile attends, an int >= 1, e.g. attention.topk=8")
@@ -222,3 +232,7 @@ def check_vsa(a: AttentionConfig) -> None:
                           f"tiles through jnp or the flash kernel; attention.backend="
                           f"{a.backend} takes no per-query-tile table yet; set "
                           f"attention.backend=xla or flash")
+    if a.vsa_fine == "table" and a.backend != "flash":
+        raise ConfigError(f"attention.vsa_fine=table runs VSA's fine pass on ditax's Pallas "
+                          f"table kernels, chosen with attention.backend=flash (is "
+                          f"{a.backend}); set attention.backend=flash or vsa_fine=gather")

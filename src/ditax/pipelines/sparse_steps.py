@@ -48,7 +48,7 @@ def dense_twin(expert):
                            f"({sorted(steps)}); give them one value")
     for n in nodes:
         n.attention = dataclasses.replace(n.attention, sparsity="none", dense_steps=0,
-                                          topk=0)
+                                          topk=0, vsa_fine="gather")
     graphdef, _ = nnx.split(module)
     return steps.pop(), dataclasses.replace(expert, graphdef=graphdef)
 

@@ -47,6 +47,7 @@ class SparseLayout:
     table: BlockTable | None          # None under vsa (its tiles are picked per input)
     sparsity: str
     topk: int = 0                     # vsa: key tiles a query tile attends
+    fine: str = "gather"              # vsa: attention.vsa_fine (gather | table)
 
     def to_tiles(self, x, axis: int = 1):
         """``x`` with its frame-major token axis in tile-major order (padding zero)."""
@@ -74,6 +75,8 @@ class SparseLayout:
             from ditax.attention.sparse.vsa import VsaCall
 
             flash = call.backend == "flash"
+            if self.fine == "table":
+                return VsaCall(self.order.tile_len, self.topk, self._table(call))
             tensor = call.mesh.shape.get("tensor", 1) if call.mesh is not None else 1
             if flash and tensor > 1 and not self.order.valid.all():
                 raise ConfigError(
@@ -93,6 +96,19 @@ class SparseLayout:
                   if getattr(call.options, k) is None and t % unit == 0}
         return replace(call, options=replace(call.options, block_table=self.table, **blocks))
 
+    def _table(self, call):
+        """vsa's fine pass on the table kernels (``vsa_fine=table``; flash only)."""
+        from ditax.attention.sparse.vsa_table import TableFine, table_reasons
+
+        if call.backend != "flash":
+            raise ConfigError(f"attention.vsa_fine=table runs on ditax's Pallas table kernels, "
+                              f"chosen with attention.backend=flash; self-attention runs "
+                              f"{call.backend}; set attention.backend=flash or vsa_fine=gather")
+        why = table_reasons(self.order.tile_len)
+        if why:
+            raise ConfigError(why[0])
+        return TableFine.of(call)
+
     def plan(self, plan):
         """An :class:`~ditax.attention.AttentionPlan` whose self-attention is :meth:`call`'s
         (cross-attention unchanged)."""
@@ -106,12 +122,13 @@ def sparse_layout(acfg, grid) -> SparseLayout | None:
         return None
     return _layout(acfg.sparsity, tuple(int(n) for n in acfg.tile),
                    tuple(int(n) for n in acfg.window), float(acfg.decay),
-                   tuple(int(n) for n in grid), int(getattr(acfg, "topk", 0)))
+                   tuple(int(n) for n in grid), int(getattr(acfg, "topk", 0)),
+                   str(getattr(acfg, "vsa_fine", "gather")))
 
 
 @functools.lru_cache(maxsize=32)
 def _layout(sparsity: str, tile: tuple, window: tuple, decay: float,
-            grid: tuple, topk: int = 0) -> SparseLayout:
+            grid: tuple, topk: int = 0, fine: str = "gather") -> SparseLayout:
     order = TileOrder(grid, tile)
     if sparsity == "vsa":
         tiles = int(np.prod(order.tiles))
@@ -120,7 +137,7 @@ def _layout(sparsity: str, tile: tuple, window: tuple, decay: float,
                               f"{'x'.join(map(str, grid))} token grid (attention.tile="
                               f"{','.join(map(str, tile))}); use attention.topk<={tiles} or "
                               f"a smaller attention.tile")
-        return SparseLayout(order, None, sparsity, topk)
+        return SparseLayout(order, None, sparsity, topk, fine)
     half = tuple((w - 1) // 2 for w in window)
     return SparseLayout(order, BlockTable.of(order, block_mask(order, sparsity, half, decay)),
                         sparsity)

@@ -21,9 +21,9 @@ kernel as one batch row (:func:`fine_call`: ``attention.backend=flash``, the ker
 softmax, no scores held). :func:`vsa_reference` is the slow reference: its own pooling (a
 pooling matrix), its own selection, and dense ``L x L`` attention under the selected tiles'
 token mask. Backward by autodiff (the gather's transpose is a scatter-add; the flash
-kernel's own backward). No Pallas kernel reads the picks as a per-query-tile table yet (the
-flash block lists are static per trace and shared by the batch and heads,
-:mod:`ditax.attention.kernels.flash_sparse`).
+kernel's own backward). With ``attention.vsa_fine=table`` the fine stage runs on Pallas
+kernels that read the picks as a scalar-prefetched per-(sample, head, query tile) table, no
+gather (:mod:`.vsa_table`; forward and backward all Pallas).
 """
 
 from __future__ import annotations
@@ -132,11 +132,17 @@ def vsa_attention(q, k, v, gate=None, *, tile_len: int, topk: int, kv_mask=None,
     """VSA (module docstring), the fast path: q, k, v ``[B, L, N, K]`` tile-major (``L`` whole
     ``tile_len`` tiles), ``gate`` ``[B, L, N, K]`` (``g_c``) or None, ``kv_mask [B, L]`` the
     real tokens → ``[B, L, N, K]`` in q's dtype. ``call``: an attention call the fine stage
-    runs through (:func:`fine_call`; None: the jnp softmax of :func:`fine`)."""
+    runs through (:func:`fine_call`; None: the jnp softmax of :func:`fine`), or one that
+    ``reads_picks`` (:class:`~ditax.attention.sparse.vsa_table.TableFine`: the table
+    kernels, no gather)."""
     _check(q, tile_len, topk)
     o_c, picks = coarse(q, k, v, tile_len, topk, kv_mask, scale)
-    o_f = (fine(q, k, v, picks, tile_len, kv_mask, scale) if call is None else
-           fine_call(q, k, v, picks, tile_len, call, kv_mask, scale).astype(F32))
+    if call is None:
+        o_f = fine(q, k, v, picks, tile_len, kv_mask, scale)
+    elif getattr(call, "reads_picks", False):      # the table kernels (vsa_fine=table)
+        o_f = call(q, k, v, picks, tile_len, kv_mask, scale)
+    else:
+        o_f = fine_call(q, k, v, picks, tile_len, call, kv_mask, scale).astype(F32)
     return combine(o_f, o_c, gate, q.dtype)
 
 
@@ -173,7 +179,9 @@ class VsaCall:
     """The self-attention call of a model under ``attention.sparsity=vsa``: the
     :class:`~ditax.attention.AttentionCall` interface (token-major ``[B, L, N, K]``) plus
     ``gate=`` (``g_c``); ``gated`` tells the attention layer to compute its gate. ``inner``:
-    the kernel call the fine stage runs through (``attention.backend=flash``), or None (jnp)."""
+    the kernel call the fine stage runs through (``attention.backend=flash``: the flash
+    call over gathered tiles, or with ``vsa_fine=table`` a
+    :class:`~ditax.attention.sparse.vsa_table.TableFine`), or None (jnp)."""
 
     tile_len: int
     topk: int

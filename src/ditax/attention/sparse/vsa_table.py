@@ -1,0 +1,165 @@
+"""VSA's fine pass on the table kernels (``attention.sparsity=vsa attention.backend=flash
+attention.vsa_fine=table``): each (sample, head, query tile) visits its ``topk`` picked key
+tiles where they lie in K / V, the picks scalar-prefetched
+(:mod:`ditax.attention.kernels.vsa_table`), instead of gathering ``topk`` copies of K / V
+(:func:`ditax.attention.sparse.vsa.fine_call`).
+
+:func:`fine_table` is the differentiable fine stage, token-major ``[B, L, N, K]`` in,
+``[B, L, N, K]`` float32 out, the same values as :func:`ditax.attention.sparse.vsa.fine`.
+Its gradient (``jax.custom_vjp``) is all Pallas: a dq kernel over the same table and a dk/dv
+kernel over the transposed table, built with jnp from the picks (sort and scans, on the
+device: :func:`~ditax.attention.kernels.vsa_table.inverse_table`). The picks take no
+gradient (an index).
+
+Where it runs: compiled on TPU, interpreted on CPU (tests), refused elsewhere, as the flash
+kernel (the registry's ``flash`` entry decides); tiles of a multiple of 8 tokens (one kernel
+block is one tile: TPU sublane tiling), float32 / bfloat16 / float16. Each call's table is
+bounded by SMEM (:data:`~ditax.attention.kernels.vsa_table.SMEM_WORDS`): the heads run in as
+many calls as that takes. On a mesh it runs under ``shard_map``, batch over the batch axes and
+heads over ``tensor`` (the picks split with them; the sequence whole, as VSA needs).
+Costs beside the kernels: the transposes ``[B, L, N, K] ↔ [B, N, L, K]`` of q, k, v and o.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from ditax.attention.blocks import SUBLANE
+from ditax.attention.kernels.vsa_table import (SMEM_WORDS, inverse_table, table_dkv,
+                                               table_dq, table_forward)
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def table_reasons(tile_len: int, dtype=None) -> list[str]:
+    """Why the table kernels cannot take tiles of ``tile_len`` tokens in ``dtype`` (empty:
+    they can); each names the value and the fix."""
+    reasons = []
+    if tile_len % SUBLANE:
+        reasons.append(f"attention.vsa_fine=table: a {tile_len}-token tile is one kernel block "
+                       f"and must be a multiple of {SUBLANE} tokens (TPU sublane tiling); use "
+                       f"attention.tile of {SUBLANE}·k tokens (e.g. 4,8,8) or vsa_fine=gather")
+    if dtype is not None and jnp.dtype(dtype).name not in DTYPES:
+        reasons.append(f"attention.vsa_fine=table: dtype {jnp.dtype(dtype).name} is not one of "
+                       f"{', '.join(DTYPES)}; cast q/k/v or use vsa_fine=gather")
+    return reasons
+
+
+def _core_plain(q, k, v, keep, picks, scale, interpret):
+    return table_forward(q, k, v, keep, picks, scale=scale, interpret=interpret)[0]
+
+
+def _core_fwd(q, k, v, keep, picks, scale, interpret):
+    o, lse = table_forward(q, k, v, keep, picks, scale=scale, interpret=interpret)
+    return o, (q, k, v, keep, picks, o, lse)
+
+
+def _core_bwd(scale, interpret, res, do):
+    q, k, v, keep, picks, o, lse = res
+    dq, delta = table_dq(q, k, v, keep, picks, do, o, lse, scale=scale, interpret=interpret)
+    dk, dv = table_dkv(q, k, v, keep, inverse_table(picks), do, lse, delta, scale=scale,
+                       interpret=interpret)
+    return dq, dk, dv, None, None
+
+
+_core = jax.custom_vjp(_core_plain, nondiff_argnums=(5, 6))
+_core.defvjp(_core_fwd, _core_bwd)
+
+
+def _heads_per_call(b: int, n: int, tiles: int, topk: int) -> int:
+    """Heads one call takes so its dk/dv table (``b · heads · tiles · (topk + 1)`` words, the
+    larger of the two) fits :data:`SMEM_WORDS`."""
+    per_head = b * tiles * (topk + 1)
+    if per_head > SMEM_WORDS:
+        raise ValueError(f"attention.vsa_fine=table: one head's table ({b} samples x {tiles} "
+                         f"tiles x {topk + 1} = {per_head} words) exceeds the {SMEM_WORDS}-word "
+                         f"SMEM budget; use a larger attention.tile, a smaller batch or "
+                         f"vsa_fine=gather")
+    return max(1, min(n, SMEM_WORDS // per_head))
+
+
+def _local(q, k, v, picks, kv_mask, tile_len: int, scale: float, interpret: bool):
+    b, length, n, kd = q.shape
+    nt, topk = length // tile_len, picks.shape[-1]
+    qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))          # [B, N, L, K]
+    keep = None if kv_mask is None else (
+        kv_mask.reshape(b, nt, 1, tile_len).astype(jnp.int32))
+    picks = jax.lax.stop_gradient(picks).astype(jnp.int32)
+    step = _heads_per_call(b, n, nt, topk)
+    outs = [_core(qh[:, h:h + step], kh[:, h:h + step], vh[:, h:h + step], keep,
+                  picks[:, h:h + step], scale, interpret) for h in range(0, n, step)]
+    o = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+    return o.transpose(0, 2, 1, 3)
+
+
+def fine_table(q, k, v, picks, tile_len: int, kv_mask=None, scale=None, *, interpret: bool,
+               mesh=None):
+    """``[B, L, N, K]`` float32: each query tile's tokens over the tokens of its ``picks
+    [B, N, tiles, topk]`` key tiles (padding keys masked by ``kv_mask [B, L]``), on the
+    table kernels (module docstring). ``mesh``: run per device under ``shard_map``."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    why = table_reasons(tile_len, q.dtype)
+    if why:
+        raise ValueError(why[0])
+    if mesh is None or mesh.size == 1:
+        return _local(q, k, v, picks, kv_mask, tile_len, scale, interpret)
+    from jax.sharding import PartitionSpec as P
+
+    from ditax.parallel.axes import (batch_entry, check_batch_divides, check_heads_divide,
+                                     heads_entry)
+
+    check_batch_divides(q.shape[0], mesh, "attention.sparsity=vsa: batch")
+    check_heads_divide(q.shape[2], mesh, "attention.sparsity=vsa")
+    batch, heads = batch_entry(mesh), heads_entry(mesh)
+    tok, pk = P(batch, None, heads, None), P(batch, heads, None, None)
+
+    def body(q, k, v, picks, *m):
+        return _local(q, k, v, picks, m[0] if m else None, tile_len, scale, interpret)
+
+    args = (q, k, v, picks) + (() if kv_mask is None else (kv_mask,))
+    specs = (tok, tok, tok, pk) + (() if kv_mask is None else (P(batch, None),))
+    return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=tok,
+                         check_vma=False)(*args)
+
+
+@dataclass(frozen=True)
+class TableFine:
+    """What :func:`ditax.attention.sparse.vsa.vsa_attention` runs its fine stage through
+    under ``vsa_fine=table`` (``reads_picks``: it takes the picks, not gathered tiles):
+    ``interpret`` (None: the platform's default, as flash), the ``mesh`` and the target
+    ``platform`` (None: the mesh's devices)."""
+
+    interpret: Optional[bool] = None
+    mesh: Any = None
+    platform: Any = None
+    reads_picks: bool = True
+    backend: str = "flash"
+
+    @classmethod
+    def of(cls, call) -> "TableFine":
+        """The table fine stage of the flash :class:`~ditax.attention.AttentionCall`
+        ``call`` (its interpret option, mesh and platform)."""
+        return cls(getattr(call.options, "interpret", None), call.mesh, call.platform)
+
+    def __call__(self, q, k, v, picks, tile_len: int, kv_mask=None, scale=None):
+        from ditax.attention.registry import BACKENDS
+        from ditax.errors import AttentionUnavailable
+        from ditax.parallel.platform import platform_of
+
+        platform = self.platform or platform_of(self.mesh)
+        entry = BACKENDS["flash"]
+        interpret = (entry.default_interpret(platform) if self.interpret is None
+                     else self.interpret)
+        why = entry.refusal(platform, interpret=interpret)
+        if why is not None:
+            raise AttentionUnavailable(f"attention.vsa_fine=table runs the flash kernels' "
+                                       f"platforms: {why}")
+        return fine_table(q, k, v, picks, tile_len, kv_mask, scale,
+                          interpret=bool(interpret), mesh=self.mesh)
+
+
+__all__ = ["TableFine", "fine_table", "table_reasons"]

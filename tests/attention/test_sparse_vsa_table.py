@@ -1,0 +1,149 @@
+"""VSA's fine pass on the table kernels (``attention.vsa_fine=table``, issue 58): the Pallas
+kernels (interpreted on CPU) that read the picks as a scalar-prefetched table equal the jnp
+gather path and the dense reference on fresh random inputs, forward and gradients, with
+padded tiles and without; the transposed table the dk/dv kernel walks holds exactly the picks;
+split calls (the SMEM budget) equal one call; forward and backward lower to Mosaic TPU at
+Wan 1.3B 480p; what cannot run is refused in one line."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ditax.attention.kernels.vsa_table import inverse_table
+from ditax.attention.sparse import vsa_table
+from ditax.attention.sparse.tiles import TileOrder
+from ditax.attention.sparse.vsa import coarse, fine, vsa_attention, vsa_reference
+from ditax.attention.sparse.vsa_table import TableFine, fine_table
+
+
+def _inputs(rng, grid=(3, 3, 5), tile=(2, 2, 2), b=2, n=2, k=8):
+    order = TileOrder(grid, tile)
+    shape = (b, order.length, n, k)
+    q, kk, v, g = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in range(4))
+    mask = None if order.valid.all() else jnp.broadcast_to(jnp.asarray(order.valid),
+                                                           (b, order.length))
+    return order, q, kk, v, g, mask
+
+
+def _value_and_grads(fn, cot):
+    def loss(*a):
+        return jnp.sum(fn(*a) * cot)
+    return jax.jit(lambda *a: (fn(*a), jax.grad(loss, argnums=tuple(range(len(a))))(*a)))
+
+
+@pytest.mark.parametrize("grid, topk", [((3, 3, 5), 3), ((2, 4, 4), 1)])
+def test_the_table_fine_stage_equals_the_gather(grid, topk, rng):
+    """3 x 3 x 5 in 2 x 2 x 2 tiles: 12 tiles, the padded ones masked; 2 x 4 x 4: 8 whole
+    tiles, no mask. The same picks into both; values and q / k / v gradients."""
+    order, q, k, v, _, mask = _inputs(rng, grid=grid)
+    t = order.tile_len
+    _, picks = coarse(q, k, v, t, topk, mask)
+    cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    got, g_got = _value_and_grads(
+        lambda q, k, v: fine_table(q, k, v, picks, t, mask, interpret=True), cot)(q, k, v)
+    want, g_want = _value_and_grads(lambda q, k, v: fine(q, k, v, picks, t, mask), cot)(q, k, v)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-5)
+    for a, b in zip(g_got, g_want):
+        assert np.abs(np.asarray(b)).max() > 0
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=2e-5)
+
+
+def test_vsa_on_the_table_equals_the_reference(rng):
+    """The whole layer (coarse pass, picks, table fine pass, gate) against the dense masked
+    reference: forward and the gradients of q, k, v and the gate."""
+    order, q, k, v, g, mask = _inputs(rng, b=1, n=3)
+    kw = dict(tile_len=order.tile_len, topk=2, kv_mask=mask)
+    call = TableFine(interpret=True)
+    cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    got, g_got = _value_and_grads(lambda *a: vsa_attention(*a, **kw, call=call), cot)(q, k, v, g)
+    want, g_want = _value_and_grads(lambda *a: vsa_reference(*a, **kw), cot)(q, k, v, g)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-5)
+    for a, b in zip(g_got, g_want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=2e-5)
+
+
+def test_the_inverse_table_holds_exactly_the_picks(rng):
+    """Decoded, the dk/dv table's live entries are the picks' (key tile, query tile) pairs
+    once each; each key tile's entries are one consecutive run opened by ``first`` and closed
+    by ``last``; a key tile nobody picked has one dead entry; the spare tail is dead."""
+    B, N, T, topk = 2, 3, 7, 2
+    scores = rng.standard_normal((B, N, T, T))
+    scores[0, 0, :, :3] += 10.0                   # every query picks tiles 0..2: 3..6 unpicked
+    picks = np.argsort(-scores, -1)[..., :topk].astype(np.int32)
+    e = np.asarray(inverse_table(jnp.asarray(picks)))
+    assert e.shape == (B, N, T * (topk + 1)) and (e >= 0).all()
+    kt, qi = e & 0x3FFF, (e >> 14) & 0x3FFF
+    live, first, last = (e >> 28) & 1, (e >> 29) & 1, (e >> 30) & 1
+    for b in range(B):
+        for h in range(N):
+            want = sorted((int(c), i) for i in range(T) for c in picks[b, h, i])
+            got = [(int(c), int(i)) for c, i, a in zip(kt[b, h], qi[b, h], live[b, h]) if a]
+            assert got == want                   # key tiles ascending, queries ascending
+            assert (np.diff(kt[b, h]) >= 0).all()
+            assert sorted(set(kt[b, h])) == list(range(T))   # every key tile gets a run
+            starts = np.flatnonzero(np.r_[True, np.diff(kt[b, h]) != 0])
+            ends = np.r_[starts[1:] - 1, e.shape[-1] - 1]
+            assert (np.flatnonzero(first[b, h]) == starts).all()
+            assert (np.flatnonzero(last[b, h]) == ends).all()
+            for c in set(range(T)) - {p for p, _ in want}:
+                run = kt[b, h] == c              # its one dead entry (+ the tail if last)
+                assert live[b, h][run].sum() == 0 and (run.sum() == 1 or c == T - 1)
+    assert live[0, 0].sum() == T * topk and set(kt[0, 0][live[0, 0] == 1]) == {0, 1, 2}
+    assert (live.sum(-1) == T * topk).all()
+
+
+def test_calls_split_by_the_smem_budget_equal_one_call(rng, monkeypatch):
+    order, q, k, v, _, mask = _inputs(rng, b=1, n=4)
+    t = order.tile_len
+    _, picks = coarse(q, k, v, t, 2, mask)
+    whole = fine_table(q, k, v, picks, t, mask, interpret=True)
+    monkeypatch.setattr(vsa_table, "SMEM_WORDS", 12 * 3 * 2)     # two heads a call
+    assert vsa_table._heads_per_call(1, 4, 12, 2) == 2
+    split = fine_table(q, k, v, picks, t, mask, interpret=True)
+    np.testing.assert_array_equal(np.asarray(split), np.asarray(whole))
+    monkeypatch.setattr(vsa_table, "SMEM_WORDS", 12 * 3 - 1)
+    with pytest.raises(ValueError, match="exceeds the 35-word SMEM budget"):
+        fine_table(q, k, v, picks, t, mask, interpret=True)
+
+
+def test_the_table_kernels_lower_for_tpu():
+    """Forward and backward (three kernels) lower to Mosaic TPU at Wan 1.3B 480p x 81 in
+    4 x 8 x 8 tiles (168, 21 picked; bf16; nothing runs)."""
+    from jax import export
+
+    from ditax.parallel.platform import target_platform
+
+    order = TileOrder((21, 30, 52), (4, 8, 8))
+    q = jax.ShapeDtypeStruct((1, order.length, 2, 128), jnp.bfloat16)
+    mask = jnp.asarray(order.valid)[None]
+    call = TableFine(interpret=False)
+
+    def fwd(q, k, v, g):
+        return vsa_attention(q, k, v, g, tile_len=256, topk=21, kv_mask=mask, call=call)
+
+    def grad(q, k, v, g):
+        return jax.grad(lambda *a: fwd(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3))(
+            q, k, v, g)
+
+    with target_platform("tpu"):
+        for fn, kernels in ((fwd, 1), (grad, 3)):
+            text = export.export(jax.jit(fn), platforms=["tpu"])(q, q, q, q).mlir_module()
+            assert text.count("tpu_custom_call") == kernels
+
+
+def test_what_cannot_run_is_refused(rng):
+    from ditax.errors import AttentionUnavailable
+    from ditax.parallel.platform import target_platform
+
+    order, q, k, v, _, mask = _inputs(rng)
+    _, picks = coarse(q, k, v, 8, 2, mask)
+    with pytest.raises(ValueError, match="a 4-token tile is one kernel block and must be a "
+                                         "multiple of 8 tokens"):
+        fine_table(q, k, v, picks[:, :, :, :1], 4, None, interpret=True)
+    with target_platform("cuda", (9, 0)), pytest.raises(AttentionUnavailable) as e:
+        TableFine(interpret=False)(q, k, v, picks, 8, mask)
+    assert "vsa_fine=table" in str(e.value) and "\n" not in str(e.value)
