@@ -56,8 +56,17 @@ def check_folder(path, subfolder: str = "transformer") -> FolderSummary:
     if check is not None:
         check(cfg)
     weights = Weights.open(folder)
-    shapes = param_shapes(nnx.state(builder.abstract_model(cfg)))
-    check_weights(tables.config_weight_table(cfg), weights, shapes)
+    # a VSA-trained folder (``attention.sparsity=vsa``: what ``ditax export`` writes of such a
+    # run) carries its self-attention gates: checked as the gated model's optional rows
+    gated = tables is convert and any(".attn1.to_gate_compress." in k for k in weights.keys())
+    attention = None
+    if gated:
+        from ditax.attention.config import AttentionConfig
+
+        attention = AttentionConfig(sparsity="vsa", topk=1)
+    shapes = param_shapes(nnx.state(builder.abstract_model(cfg, attention)))
+    table = tables.config_weight_table(cfg, gated) if gated else tables.config_weight_table(cfg)
+    check_weights(table, weights, shapes)
     return FolderSummary(folder, cfg.num_layers, cfg.inner_dim, cfg.num_attention_heads,
                          cfg.attention_head_dim, sum(math.prod(s) for s in shapes.values()),
                          len(weights))
