@@ -18,7 +18,8 @@ sizes, random weights, ``ditax bench``'s forward; ``wan480`` its first case alon
 linears dominate; ``int8_flux2``: FLUX.2's bf16 and W+A rows alone), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``; ``vae_old``
 the plain path), ``flash_tiles`` (flash's forward at other tiles), ``memprobe`` (what the
 device's peak counts), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 and int8, and
-FLUX.1-dev int8 resident: issue 55's out-of-memory rows).
+FLUX.1-dev int8 resident: issue 55's out-of-memory rows), ``vsa`` (VSA's table fine pass
+against dense splash at densities 50 / 25 / 12.5 %, ``benchmarks/vsa_table.py``).
 
 ``peak_hbm_bytes`` is ``memory_stats()["peak_bytes_in_use"]`` after the case when the case
 raised the process's peak (so it is the case's own); when an earlier case's peak was higher
@@ -124,6 +125,10 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
                                       for q, kv, c in FLASH_TILES], grad=False)
         elif part == "memprobe":
             sw.emit(memory_probe())
+        elif part == "vsa":     # issue 58 item 5
+            from vsa_table import vsa_cases
+
+            vsa_cases(sw)
 
 
 #: flash's forward tiles tried at Wan's shape (the table's row first: (2048, 4096, 1024))
@@ -225,7 +230,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
                    choices=["forward", "wan480", "attention", "int8", "int8_flux2", "int8_gemm",
-                            "vae", "vae_old", "big", "memprobe", "flash_tiles"])
+                            "vae", "vae_old", "big", "memprobe", "flash_tiles", "vsa"])
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
     p.add_argument("--repeats", type=int, default=4)

@@ -1,0 +1,43 @@
+"""``benchmarks/vsa_table.py`` (VSA's table fine pass against dense splash, for the chip):
+its cases run on CPU at a tiny shape (kernels interpreted) without an error row, each with
+its density, and its random picks are distinct key tiles per query tile."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+import vsa_table  # noqa: E402
+
+
+class Rows:
+    repeats = 1
+
+    def __init__(self):
+        self.rows = []
+
+    def case(self, name, fn, args, flops, peak, **settings):
+        out = jax.block_until_ready(jax.jit(fn)(*args))
+        assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in jax.tree.leaves(out))
+        self.rows.append(dict(case=name, flops=flops, **settings))
+
+
+def test_the_cases_run_at_a_tiny_shape():
+    sw = Rows()
+    vsa_table.vsa_cases(sw, grid=(3, 6, 6), tile=(2, 2, 2), heads=2, head_dim=16,
+                        densities=(0.5, 0.1), dense=False, interpret=True)
+    names = [r["case"] for r in sw.rows]
+    assert len(names) == 2 * 4 + 1 and sum("gather-flash" in n for n in names) == 1
+    assert {r["topk"] for r in sw.rows} == {9, 2} and all(r["tiles"] == 18 for r in sw.rows)
+    fwd = [r for r in sw.rows if r["direction"] == "fwd" and r["path"] == "fine table"]
+    assert [r["flops"] for r in fwd] == [4.0 * 2 * 144 * k * 8 * 16 for k in (9, 2)]
+
+
+def test_random_picks_are_distinct_tiles():
+    p = np.asarray(vsa_table.random_picks(jax.random.PRNGKey(3), 2, 3, 10, 4))
+    assert p.shape == (2, 3, 10, 4) and p.min() >= 0 and p.max() < 10
+    assert all(len(set(row)) == 4 for row in p.reshape(-1, 4))
