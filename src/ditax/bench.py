@@ -62,6 +62,7 @@ def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int 
             row["sparsity"]["decay"] = a.decay
         if a.sparsity == "vsa":
             row["sparsity"]["topk"] = a.topk
+            row["sparsity"]["vsa_fine"] = a.vsa_fine
     if after is not None:
         row["after"] = after(lambda: jax.block_until_ready(tr(*args, **kwargs)))
     return row

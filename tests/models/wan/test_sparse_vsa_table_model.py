@@ -118,3 +118,20 @@ def test_flash_with_the_table_is_valid():
 
     validate(load_config("tiny", ["attention.backend=flash", "attention.sparsity=vsa",
                                   "attention.topk=2", "attention.vsa_fine=table"]))
+
+
+def test_bench_runs_the_table_and_names_it(capsys):
+    """``ditax bench`` end to end on the tiny preset with the table fine pass (interpreted):
+    its row names the sparsity's fine pass."""
+    import json
+
+    from ditax.cli import main
+
+    rc = main(["bench", "tiny", "--latent", "2,8,8", "--text-len", "8", "--repeats", "1",
+               "--no-progress", "attention.backend=flash", "attention.sparsity=vsa",
+               "attention.tile=1,4,4", "attention.topk=2", "attention.vsa_fine=table"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["attention"] == "flash" and row["sparsity"]["vsa_fine"] == "table"
+    assert row["sparsity"]["topk"] == 2
