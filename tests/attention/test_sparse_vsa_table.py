@@ -34,11 +34,13 @@ def _value_and_grads(fn, cot):
     return jax.jit(lambda *a: (fn(*a), jax.grad(loss, argnums=tuple(range(len(a))))(*a)))
 
 
-@pytest.mark.parametrize("grid, topk", [((3, 3, 5), 3), ((2, 4, 4), 1)])
-def test_the_table_fine_stage_equals_the_gather(grid, topk, rng):
+@pytest.mark.parametrize("grid, topk, kd", [((3, 3, 5), 3, 8), ((2, 4, 4), 1, 8),
+                                             ((3, 3, 5), 2, 128)])
+def test_the_table_fine_stage_equals_the_gather(grid, topk, kd, rng):
     """3 x 3 x 5 in 2 x 2 x 2 tiles: 12 tiles, the padded ones masked; 2 x 4 x 4: 8 whole
-    tiles, no mask. The same picks into both; values and q / k / v gradients."""
-    order, q, k, v, _, mask = _inputs(rng, grid=grid)
+    tiles, no mask; K = 128: the kernels read ``[B, L, N·K]`` packed. The same picks into
+    both; values and q / k / v gradients."""
+    order, q, k, v, _, mask = _inputs(rng, grid=grid, k=kd)
     t = order.tile_len
     _, picks = coarse(q, k, v, t, topk, mask)
     cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
@@ -96,8 +98,23 @@ def test_the_inverse_table_holds_exactly_the_picks(rng):
     assert (live.sum(-1) == T * topk).all()
 
 
-def test_calls_split_by_the_smem_budget_equal_one_call(rng, monkeypatch):
-    order, q, k, v, _, mask = _inputs(rng, b=1, n=4)
+def test_packed_and_head_major_are_the_same_values(rng):
+    """K = 128: the packed ``[B, L, N·K]`` blocks and the head-major ones visit the same
+    tiles in the same order: equal values and gradients."""
+    order, q, k, v, _, mask = _inputs(rng, b=1, n=2, k=128)
+    t = order.tile_len
+    _, picks = coarse(q, k, v, t, 2, mask)
+    cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    got, want = (_value_and_grads(
+        lambda q, k, v, p=p: vsa_table._local(q, k, v, picks, mask, t, 0.1, True, packed=p),
+        cot)(q, k, v) for p in (True, False))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kd", [8, 128])
+def test_calls_split_by_the_smem_budget_equal_one_call(kd, rng, monkeypatch):
+    order, q, k, v, _, mask = _inputs(rng, b=1, n=4, k=kd)
     t = order.tile_len
     _, picks = coarse(q, k, v, t, 2, mask)
     whole = fine_table(q, k, v, picks, t, mask, interpret=True)
@@ -110,15 +127,17 @@ def test_calls_split_by_the_smem_budget_equal_one_call(rng, monkeypatch):
         fine_table(q, k, v, picks, t, mask, interpret=True)
 
 
-def test_the_table_kernels_lower_for_tpu():
+@pytest.mark.parametrize("kd", [128, 64])
+def test_the_table_kernels_lower_for_tpu(kd):
     """Forward and backward (three kernels) lower to Mosaic TPU at Wan 1.3B 480p x 81 in
-    4 x 8 x 8 tiles (168, 21 picked; bf16; nothing runs)."""
+    4 x 8 x 8 tiles (168, 21 picked; bf16; nothing runs): K = 128 packed, K = 64
+    head-major."""
     from jax import export
 
     from ditax.parallel.platform import target_platform
 
     order = TileOrder((21, 30, 52), (4, 8, 8))
-    q = jax.ShapeDtypeStruct((1, order.length, 2, 128), jnp.bfloat16)
+    q = jax.ShapeDtypeStruct((1, order.length, 2, kd), jnp.bfloat16)
     mask = jnp.asarray(order.valid)[None]
     call = TableFine(interpret=False)
 

@@ -2,8 +2,10 @@
 picked key tiles (``attention.sparsity=vsa attention.vsa_fine=table``;
 :mod:`ditax.attention.sparse.vsa_table` is the differentiable wrapper).
 
-Layout: q, k, v, o ``[B, N, L, K]`` head-major, ``L = T · t`` (``T`` tiles of ``t`` tokens,
-tile-major order); one kernel block is one whole tile ``(t, K)``. Per-row vectors (lse, the
+Layout: q, k, v, o ``[B, N, L, K]`` head-major, or ``[B, L, N·K]`` packed where ``K`` is a
+multiple of 128 (a head is a column block: the projections' layout, no transposes), ``L = T ·
+t`` (``T`` tiles of ``t`` tokens, tile-major order); one kernel block is one whole tile
+``(t, K)``. Per-row vectors (lse, the
 softmax delta, the key mask) travel as lane rows ``[B, N, T, 1, t]`` / ``[B, T, 1, t]``
 (:mod:`.mosaic`).
 
@@ -48,9 +50,27 @@ SMEM_WORDS = 128 * 1024
 MAX_TILES = 1 << 14
 
 
-def _spec(t: int, K: int, index_map):
+def _dims(q, heads: int):
+    """``(B, N, L, K, packed)`` of ``q``: ``[B, N, L, K]`` head-major, or ``[B, L, N·K]``
+    packed (``N = heads``; a head is a column block of ``K``: a multiple of 128 lanes)."""
+    if q.ndim == 4:
+        B, N, L, K = q.shape
+        return B, N, L, K, False
+    B, L, NK = q.shape
+    return B, heads, L, NK // heads, True
+
+
+def _spec(t: int, K: int, index_map, packed: bool = False):
+    """The ``(t, K)`` block of a tile: ``index_map`` gives ``(b, h, tile, 0)``; packed, the
+    block ``(tile, h)`` of ``[B, L, N·K]``."""
     sq = pl.squeezed
-    return pl.BlockSpec((sq, sq, t, K), index_map)
+    if not packed:
+        return pl.BlockSpec((sq, sq, t, K), index_map)
+
+    def packed_map(*a):
+        b, h, i, _ = index_map(*a)
+        return b, i, h
+    return pl.BlockSpec((sq, t, K), packed_map)
 
 
 def _row_spec(t: int, index_map):
@@ -102,16 +122,17 @@ def _fwd_kernel(picks_ref, *refs, scale: float, masked: bool):
 
 
 def table_forward(q, k, v, keep, picks, *, scale: float, interpret: bool):
-    """q, k, v ``[B, N, L, K]``, keep ``[B, T, 1, t]`` int32 or None, picks ``[B, N, T,
-    topk]`` int32 → ``(o [B, N, L, K] float32, lse [B, N, T, 1, t] float32)``."""
+    """q, k, v ``[B, N, L, K]`` (or packed ``[B, L, N·K]``, :func:`_dims`), keep ``[B, T, 1,
+    t]`` int32 or None, picks ``[B, N, T, topk]`` int32 → ``(o float32 in q's layout, lse
+    [B, N, T, 1, t] float32)``."""
     from jax.experimental.pallas import tpu as pltpu
 
-    B, N, L, K = q.shape
+    B, N, L, K, packed = _dims(q, picks.shape[1])
     T, topk = picks.shape[2], picks.shape[3]
     t = L // T
     at = _picked(N, T, topk)
-    q_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, i, 0))
-    kv_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, at(b, h, i, j, p), 0))
+    q_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, i, 0), packed)
+    kv_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, at(b, h, i, j, p), 0), packed)
     row_spec = _row_spec(t, lambda b, h, i, j, p: (b, h, i, 0, 0))
     in_specs = [q_spec, kv_spec, kv_spec]
     args = [q, k, v]
@@ -169,15 +190,15 @@ def _dq_kernel(picks_ref, *refs, scale: float, masked: bool):
 
 
 def table_dq(q, k, v, keep, picks, do, o, lse, *, scale: float, interpret: bool):
-    """``(dq [B, N, L, K] in q's dtype, delta [B, N, T, 1, t] float32)``."""
+    """``(dq in q's layout and dtype, delta [B, N, T, 1, t] float32)``."""
     from jax.experimental.pallas import tpu as pltpu
 
-    B, N, L, K = q.shape
+    B, N, L, K, packed = _dims(q, picks.shape[1])
     T, topk = picks.shape[2], picks.shape[3]
     t = L // T
     at = _picked(N, T, topk)
-    q_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, i, 0))
-    kv_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, at(b, h, i, j, p), 0))
+    q_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, i, 0), packed)
+    kv_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, at(b, h, i, j, p), 0), packed)
     row_spec = _row_spec(t, lambda b, h, i, j, p: (b, h, i, 0, 0))
     in_specs, args = [q_spec, kv_spec, kv_spec], [q, k, v]
     if keep is not None:
@@ -283,19 +304,20 @@ def _dkv_kernel(tab_ref, *refs, scale: float, masked: bool):
 
 
 def table_dkv(q, k, v, keep, table, do, lse, delta, *, scale: float, interpret: bool):
-    """``(dk, dv)`` ``[B, N, L, K]`` in k's / v's dtypes; ``table`` from
-    :func:`inverse_table`."""
+    """``(dk, dv)`` in k's / v's layouts and dtypes; ``table`` from :func:`inverse_table`."""
     from jax.experimental.pallas import tpu as pltpu
 
-    B, N, L, K = q.shape
+    B, N, L, K, packed = _dims(q, lse.shape[1])
     T, P = lse.shape[2], table.shape[-1]
     t = L // T
 
     def entry(b, h, p, tab):
         return tab[(b * N + h) * P + p]
 
-    q_spec = _spec(t, K, lambda b, h, p, tab: (b, h, _query_tile(entry(b, h, p, tab)), 0))
-    kv_spec = _spec(t, K, lambda b, h, p, tab: (b, h, _key_tile(entry(b, h, p, tab)), 0))
+    q_spec = _spec(t, K, lambda b, h, p, tab: (b, h, _query_tile(entry(b, h, p, tab)), 0),
+                   packed)
+    kv_spec = _spec(t, K, lambda b, h, p, tab: (b, h, _key_tile(entry(b, h, p, tab)), 0),
+                    packed)
     row_spec = _row_spec(t, lambda b, h, p, tab: (b, h, _query_tile(entry(b, h, p, tab)), 0,
                                                    0))
     in_specs, args = [q_spec, kv_spec, kv_spec], [q, k, v]

@@ -17,7 +17,9 @@ block is one tile: TPU sublane tiling), float32 / bfloat16 / float16. Each call'
 bounded by SMEM (:data:`~ditax.attention.kernels.vsa_table.SMEM_WORDS`): the heads run in as
 many calls as that takes. On a mesh it runs under ``shard_map``, batch over the batch axes and
 heads over ``tensor`` (the picks split with them; the sequence whole, as VSA needs).
-Costs beside the kernels: the transposes ``[B, L, N, K] ↔ [B, N, L, K]`` of q, k, v and o.
+With ``K`` a multiple of 128 the kernels read ``[B, L, N·K]`` where the projections left it
+(a head a column block: no copies); otherwise they run head-major, the transposes ``[B, L, N,
+K] ↔ [B, N, L, K]`` of q, k, v and o their cost beside the kernels.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from ditax.attention.blocks import SUBLANE
+from ditax.attention.blocks import LANES, SUBLANE
 from ditax.attention.kernels.vsa_table import (SMEM_WORDS, inverse_table, table_dkv,
                                                table_dq, table_forward)
 
@@ -82,18 +84,33 @@ def _heads_per_call(b: int, n: int, tiles: int, topk: int) -> int:
     return max(1, min(n, SMEM_WORDS // per_head))
 
 
-def _local(q, k, v, picks, kv_mask, tile_len: int, scale: float, interpret: bool):
+def _local(q, k, v, picks, kv_mask, tile_len: int, scale: float, interpret: bool,
+           packed: bool | None = None):
+    """One device's fine pass; ``packed`` (None: when ``K % 128 == 0``) reads ``[B, L, N·K]``
+    as it is (a head a column block), else the kernels run head-major (transposes)."""
     b, length, n, kd = q.shape
     nt, topk = length // tile_len, picks.shape[-1]
-    qh, kh, vh = (x.transpose(0, 2, 1, 3) for x in (q, k, v))          # [B, N, L, K]
+    packed = kd % LANES == 0 if packed is None else packed
+    if packed:
+        xs = [x.reshape(b, length, n * kd) for x in (q, k, v)]
+        axis = 2
+
+        def heads(x, h, step):
+            return x[:, :, h * kd:(h + step) * kd]
+    else:
+        xs = [x.transpose(0, 2, 1, 3) for x in (q, k, v)]               # [B, N, L, K]
+        axis = 1
+
+        def heads(x, h, step):
+            return x[:, h:h + step]
     keep = None if kv_mask is None else (
         kv_mask.reshape(b, nt, 1, tile_len).astype(jnp.int32))
     picks = jax.lax.stop_gradient(picks).astype(jnp.int32)
     step = _heads_per_call(b, n, nt, topk)
-    outs = [_core(qh[:, h:h + step], kh[:, h:h + step], vh[:, h:h + step], keep,
-                  picks[:, h:h + step], scale, interpret) for h in range(0, n, step)]
-    o = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
-    return o.transpose(0, 2, 1, 3)
+    outs = [_core(*(heads(x, h, step) for x in xs), keep, picks[:, h:h + step], scale,
+                  interpret) for h in range(0, n, step)]
+    o = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=axis)
+    return o.reshape(b, length, n, kd) if packed else o.transpose(0, 2, 1, 3)
 
 
 def fine_table(q, k, v, picks, tile_len: int, kv_mask=None, scale=None, *, interpret: bool,
