@@ -96,6 +96,10 @@ def test_the_inverse_table_holds_exactly_the_picks(rng):
                 assert live[b, h][run].sum() == 0 and (run.sum() == 1 or c == T - 1)
     assert live[0, 0].sum() == T * topk and set(kt[0, 0][live[0, 0] == 1]) == {0, 1, 2}
     assert (live.sum(-1) == T * topk).all()
+    more = np.asarray(inverse_table(jnp.asarray(picks), 10))     # 7 query tiles of 10
+    assert more.shape == (B, N, T * topk + 10)
+    assert all(set(row & 0x3FFF) == set(range(10)) for row in more.reshape(-1, more.shape[-1]))
+    assert (((more >> 28) & 1).sum(-1) == T * topk).all()
 
 
 def test_packed_and_head_major_are_the_same_values(rng):
@@ -112,18 +116,29 @@ def test_packed_and_head_major_are_the_same_values(rng):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("kd", [8, 128])
-def test_calls_split_by_the_smem_budget_equal_one_call(kd, rng, monkeypatch):
-    order, q, k, v, _, mask = _inputs(rng, b=1, n=4, k=kd)
+@pytest.mark.parametrize("kd, n, budget, want", [(8, 3, 72, (2, 12)), (128, 2, 22, (1, 5))])
+def test_calls_split_by_the_smem_budget_equal_one_call(kd, n, budget, want, rng, monkeypatch):
+    """12 tiles, topk 2: one head's dk/dv table is 12 · 3 = 36 words. A 72-word budget runs
+    two heads a call (3 heads: calls of 2 and 1, head-major); a 22-word one runs one head and
+    5, 5, 2 query tiles a call (packed; each call's dk / dv its share): the values and the
+    q / k / v gradients of one call."""
+    order, q, k, v, _, mask = _inputs(rng, b=1, n=n, k=kd)
     t = order.tile_len
     _, picks = coarse(q, k, v, t, 2, mask)
-    whole = fine_table(q, k, v, picks, t, mask, interpret=True)
-    monkeypatch.setattr(vsa_table, "SMEM_WORDS", 12 * 3 * 2)     # two heads a call
-    assert vsa_table._heads_per_call(1, 4, 12, 2) == 2
-    split = fine_table(q, k, v, picks, t, mask, interpret=True)
-    np.testing.assert_array_equal(np.asarray(split), np.asarray(whole))
-    monkeypatch.setattr(vsa_table, "SMEM_WORDS", 12 * 3 - 1)
-    with pytest.raises(ValueError, match="exceeds the 35-word SMEM budget"):
+    cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+
+    def run():
+        return _value_and_grads(
+            lambda q, k, v: fine_table(q, k, v, picks, t, mask, interpret=True), cot)(q, k, v)
+
+    whole = run()
+    monkeypatch.setattr(vsa_table, "SMEM_WORDS", budget)
+    assert vsa_table.split(1, n, 12, 2) == want
+    for a, b in zip(jax.tree.leaves(run()), jax.tree.leaves(whole)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+    monkeypatch.setattr(vsa_table, "SMEM_WORDS", 13)
+    with pytest.raises(ValueError, match=r"one query tile's table \(1 samples x \(2 picks \+ "
+                                         r"12 key tiles\)\) exceeds the 13-word SMEM budget"):
         fine_table(q, k, v, picks, t, mask, interpret=True)
 
 

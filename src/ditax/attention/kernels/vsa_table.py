@@ -16,9 +16,10 @@ softmax delta, the key mask) travel as lane rows ``[B, N, T, 1, t]`` / ``[B, T, 
   the output (float32) and the log-sum-exp row are written at the last position.
 - **dq**, the same grid and table: the softmax delta ``rowsum(dO · o)`` at the first position,
   then ``dq += (P ∘ (dO vᵀ - delta)) k`` (FlashAttention-2).
-- **dk / dv**, grid ``(B, N, P)``, ``P = T · (topk + 1)``: the transposed table
-  (:func:`inverse_table`, built with jnp on the device: no host round trip) lists, for each
-  key tile in order, the query tiles that picked it; a key tile's run of positions is
+- **dk / dv**, grid ``(B, N, P)``, ``P = T · (topk + 1)`` (``Tq · topk + T`` for a call
+  over ``Tq`` of the ``T`` query tiles: its dk / dv are that call's share): the transposed
+  table (:func:`inverse_table`, built with jnp on the device: no host round trip) lists,
+  for each key tile in order, the query tiles that picked it; a key tile's run of positions is
   consecutive, so its ``dk`` / ``dv`` output blocks stay resident across the run and are
   written once at its end. A key tile no query tile picked gets one dead position (its
   gradients zero); the spare positions at the end repeat the last entry, dead (no new DMA).
@@ -221,16 +222,18 @@ def table_dq(q, k, v, keep, picks, do, o, lse, *, scale: float, interpret: bool)
 # ---------------------------------------------------------------- dk / dv
 
 
-def inverse_table(picks):
-    """``picks [B, N, T, topk]`` → ``[B, N, T · (topk + 1)]`` int32: the dk/dv kernel's
-    packed entries (module docstring), key tiles in increasing order, each key tile's
-    picking query tiles in increasing order. jnp only (sort and scans): traced with the
-    picks, nothing leaves the device."""
-    B, N, T, topk = picks.shape
-    if T >= MAX_TILES:
-        raise ValueError(f"vsa_fine=table: {T} tiles exceed the {MAX_TILES - 1} its dk/dv "
-                         f"table can name; use a larger attention.tile")
-    R, P = T * topk, T * (topk + 1)
+def inverse_table(picks, key_tiles: int | None = None):
+    """``picks [B, N, Tq, topk]`` (into ``key_tiles`` key tiles; None: ``Tq``) → ``[B, N,
+    Tq · topk + key_tiles]`` int32: the dk/dv kernel's packed entries (module docstring),
+    key tiles in increasing order, each key tile's picking query tiles in increasing order.
+    jnp only (sort and scans): traced with the picks, nothing leaves the device."""
+    B, N, Tq, topk = picks.shape
+    T = Tq if key_tiles is None else key_tiles
+    if max(T, Tq) >= MAX_TILES:
+        raise ValueError(f"vsa_fine=table: {max(T, Tq)} tiles exceed the {MAX_TILES - 1} its "
+                         f"dk/dv table can name; use a larger attention.tile")
+    R = Tq * topk
+    P = R + T
     kt_real = picks.reshape(B, N, R).astype(jnp.int32)
     qi_real = jnp.broadcast_to(jnp.arange(R, dtype=jnp.int32) // topk, (B, N, R))
     rows = jnp.arange(B * N)[:, None]
@@ -308,7 +311,7 @@ def table_dkv(q, k, v, keep, table, do, lse, delta, *, scale: float, interpret: 
     from jax.experimental.pallas import tpu as pltpu
 
     B, N, L, K, packed = _dims(q, lse.shape[1])
-    T, P = lse.shape[2], table.shape[-1]
+    T, P = lse.shape[2], table.shape[-1]            # T: the query tiles
     t = L // T
 
     def entry(b, h, p, tab):

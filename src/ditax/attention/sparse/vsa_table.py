@@ -15,7 +15,8 @@ Where it runs: compiled on TPU, interpreted on CPU (tests), refused elsewhere, a
 kernel (the registry's ``flash`` entry decides); tiles of a multiple of 8 tokens (one kernel
 block is one tile: TPU sublane tiling), float32 / bfloat16 / float16. Each call's table is
 bounded by SMEM (:data:`~ditax.attention.kernels.vsa_table.SMEM_WORDS`): the heads run in as
-many calls as that takes. On a mesh it runs under ``shard_map``, batch over the batch axes and
+many calls as that takes, and where one head's table is too large, its query tiles do
+(:func:`split`). On a mesh it runs under ``shard_map``, batch over the batch axes and
 heads over ``tensor`` (the picks split with them; the sequence whole, as VSA needs).
 With ``K`` a multiple of 128 the kernels read ``[B, L, N·K]`` where the projections left it
 (a head a column block: no copies); otherwise they run head-major, the transposes ``[B, L, N,
@@ -63,8 +64,10 @@ def _core_fwd(q, k, v, keep, picks, scale, interpret):
 def _core_bwd(scale, interpret, res, do):
     q, k, v, keep, picks, o, lse = res
     dq, delta = table_dq(q, k, v, keep, picks, do, o, lse, scale=scale, interpret=interpret)
-    dk, dv = table_dkv(q, k, v, keep, inverse_table(picks), do, lse, delta, scale=scale,
-                       interpret=interpret)
+    t = lse.shape[-1]
+    key_tiles = (k.shape[1] if k.ndim == 3 else k.shape[2]) // t
+    dk, dv = table_dkv(q, k, v, keep, inverse_table(picks, key_tiles), do, lse, delta,
+                       scale=scale, interpret=interpret)
     return dq, dk, dv, None, None
 
 
@@ -72,16 +75,22 @@ _core = jax.custom_vjp(_core_plain, nondiff_argnums=(5, 6))
 _core.defvjp(_core_fwd, _core_bwd)
 
 
-def _heads_per_call(b: int, n: int, tiles: int, topk: int) -> int:
-    """Heads one call takes so its dk/dv table (``b · heads · tiles · (topk + 1)`` words, the
-    larger of the two) fits :data:`SMEM_WORDS`."""
+def split(b: int, n: int, tiles: int, topk: int) -> tuple[int, int]:
+    """``(heads, query tiles)`` one call takes so its dk/dv table (``b · heads · (query
+    tiles · topk + tiles)`` words, the larger of the two tables) fits :data:`SMEM_WORDS`:
+    all the query tiles and as many heads as fit, else one head and as many query tiles as
+    fit (each such call's dk / dv its share, summed by autodiff); ValueError when not one
+    query tile fits."""
     per_head = b * tiles * (topk + 1)
-    if per_head > SMEM_WORDS:
-        raise ValueError(f"attention.vsa_fine=table: one head's table ({b} samples x {tiles} "
-                         f"tiles x {topk + 1} = {per_head} words) exceeds the {SMEM_WORDS}-word "
+    if per_head <= SMEM_WORDS:
+        return max(1, min(n, SMEM_WORDS // per_head)), tiles
+    rows = (SMEM_WORDS // b - tiles) // topk
+    if rows < 1:
+        raise ValueError(f"attention.vsa_fine=table: one query tile's table ({b} samples x "
+                         f"({topk} picks + {tiles} key tiles)) exceeds the {SMEM_WORDS}-word "
                          f"SMEM budget; use a larger attention.tile, a smaller batch or "
                          f"vsa_fine=gather")
-    return max(1, min(n, SMEM_WORDS // per_head))
+    return 1, rows
 
 
 def _local(q, k, v, picks, kv_mask, tile_len: int, scale: float, interpret: bool,
@@ -93,23 +102,27 @@ def _local(q, k, v, picks, kv_mask, tile_len: int, scale: float, interpret: bool
     packed = kd % LANES == 0 if packed is None else packed
     if packed:
         xs = [x.reshape(b, length, n * kd) for x in (q, k, v)]
-        axis = 2
-
-        def heads(x, h, step):
-            return x[:, :, h * kd:(h + step) * kd]
+        head_axis, tok_axis, width = 2, 1, kd
     else:
         xs = [x.transpose(0, 2, 1, 3) for x in (q, k, v)]               # [B, N, L, K]
-        axis = 1
+        head_axis, tok_axis, width = 1, 2, 1
 
-        def heads(x, h, step):
-            return x[:, h:h + step]
+    def cut(x, axis, start, stop):
+        return jax.lax.slice_in_dim(x, start, stop, axis=axis)
+
     keep = None if kv_mask is None else (
         kv_mask.reshape(b, nt, 1, tile_len).astype(jnp.int32))
     picks = jax.lax.stop_gradient(picks).astype(jnp.int32)
-    step = _heads_per_call(b, n, nt, topk)
-    outs = [_core(*(heads(x, h, step) for x in xs), keep, picks[:, h:h + step], scale,
-                  interpret) for h in range(0, n, step)]
-    o = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=axis)
+    hs, qs = split(b, n, nt, topk)
+    groups = []
+    for h in range(0, n, hs):
+        he = min(n, h + hs)
+        q_h, k_h, v_h = (cut(x, head_axis, h * width, he * width) for x in xs)
+        rows = [_core(cut(q_h, tok_axis, c * tile_len, min(nt, c + qs) * tile_len), k_h, v_h,
+                      keep, picks[:, h:he, c:c + qs], scale, interpret)
+                for c in range(0, nt, qs)]
+        groups.append(rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=tok_axis))
+    o = groups[0] if len(groups) == 1 else jnp.concatenate(groups, axis=head_axis)
     return o.reshape(b, length, n, kd) if packed else o.transpose(0, 2, 1, 3)
 
 
@@ -179,4 +192,4 @@ class TableFine:
                           interpret=bool(interpret), mesh=self.mesh)
 
 
-__all__ = ["TableFine", "fine_table", "table_reasons"]
+__all__ = ["TableFine", "fine_table", "split", "table_reasons"]
