@@ -8,6 +8,8 @@ masks over those tiles (:mod:`.masks`: sliding-tile, radial), held as tile x til
 :mod:`.layout` is what a model does with them under ``attention.sparsity`` (the Wan
 transformers: tokens tile-major between embedding and head, self-attention through splash or
 flash with the table); ``attention.dense_steps`` is the sampler's
-(:mod:`ditax.pipelines.sparse_steps`). Not yet wired into the sequence-parallel wrappers
-(issue 58).
+(:mod:`ditax.pipelines.sparse_steps`). ``vsa`` (trainable, :mod:`.vsa`) picks its key tiles
+per input; :mod:`.vsa_table` runs its fine pass on Pallas kernels that read the picks as a
+scalar-prefetched table (``attention.vsa_fine=table``). Not yet wired into the
+sequence-parallel wrappers (issue 58).
 """
