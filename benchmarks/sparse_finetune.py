@@ -2,7 +2,10 @@
 ``benchmarks/sparse_quality.py``: a short full fine-tune (the gates with the rest) of the shipped
 demo model on fresh synthetic clips of its seen combinations, exported as a pipeline folder.
 
-    python benchmarks/sparse_finetune.py OUT [--steps 300] [--topk 8] [--tile 1,2,2]
+    python benchmarks/sparse_finetune.py OUT [--steps 400] [--batch 8] [--topk 8] [--tile 1,2,2]
+
+``--topk 0`` runs the same fine-tune dense: the control that tells what the fine-tune alone
+(its data, its steps) does to the score.
 
 Stages into ``OUT`` (each skipped when its marker is there, so a rerun resumes):
 
@@ -33,7 +36,10 @@ TEXT_LEN = 16
 
 
 def vsa_overrides(topk: int, tile) -> list[str]:
-    """The ``attention.*`` overrides of a VSA model with ``topk`` key tiles of ``tile``."""
+    """The ``attention.*`` overrides of a VSA model with ``topk`` key tiles of ``tile`` (none
+    for ``topk`` 0: the dense model, the fine-tune's control)."""
+    if not topk:
+        return []
     return ["attention.sparsity=vsa", f"attention.topk={topk}",
             f"attention.tile={','.join(str(int(n)) for n in tile)}"]
 
@@ -71,7 +77,7 @@ def train_config(out: pathlib.Path, teacher: pathlib.Path, *, steps: int, batch:
         "flow.shift=3.0", "model.remat=none", f"output_dir={out / 'run'}"])
 
 
-def finetune(out, *, steps: int = 300, batch: int = 4, lr: float = 1e-4, topk: int = 8,
+def finetune(out, *, steps: int = 400, batch: int = 8, lr: float = 1e-4, topk: int = 8,
              tile=(1, 2, 2), clips: int = 240, teacher=None, say=print) -> dict:
     """Stages 1-3 (module docstring) into ``out``; the record (settings, losses, the folder)."""
     import time
@@ -109,8 +115,8 @@ def finetune(out, *, steps: int = 300, batch: int = 4, lr: float = 1e-4, topk: i
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--tile", default="1,2,2")

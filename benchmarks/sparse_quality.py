@@ -10,8 +10,9 @@ steps, guidance 8, 64x64x17 — a 5 x 4 x 4 grid of latent tokens) over the 40 c
 reference), the dense model through the splash kernel with every block kept (``full``: what the
 kernel alone changes), sliding-tile (STA) and radial tables at each density the grid allows,
 and VSA (``topk`` of the 20 tiles) with its gates at zero (training-free) and fine-tuned
-(``--vsa-folder``: ``benchmarks/sparse_finetune.py``'s folder; the case is skipped without
-it). Tiles are ``1 x 2 x 2`` tokens (20 tiles: one latent frame, a quarter of its tokens each);
+(``--vsa-folder``: ``benchmarks/sparse_finetune.py``'s folder), and the control of that
+fine-tune: the same fine-tune run dense (``--dense-ft-folder``: ``sparse_finetune.py --topk
+0``); a case whose folder is not given is skipped. Tiles are ``1 x 2 x 2`` tokens (20 tiles: one latent frame, a quarter of its tokens each);
 every sparsity keeps all of its steps sparse (``dense_steps`` 0).
 
 Each video is scored (:mod:`ditax.synthetic.score`: colour, shape, direction, all three) and
@@ -47,17 +48,18 @@ TILE = (1, 2, 2)
 TOPK = 8                    # VSA: 8 of 20 tiles, 46% of dense with the pooled pass
 ATTRS = ("colour", "shape", "direction")
 SPLASH = dict(backend="splash", tile=TILE)
-#: (case, attention settings, needs the fine-tuned folder)
+#: (case, attention settings, the fine-tuned folder it runs: None (the demo model), vsa, dense)
 CASES = (
-    ("dense", dict(), False),
-    ("full_splash", dict(SPLASH, sparsity="full"), False),
-    ("sta_3x3x3", dict(SPLASH, sparsity="sliding_tile", window=(3, 3, 3)), False),
-    ("sta_3x3x1", dict(SPLASH, sparsity="sliding_tile", window=(3, 3, 1)), False),
-    ("sta_3x1x1", dict(SPLASH, sparsity="sliding_tile", window=(3, 1, 1)), False),
-    ("radial_1", dict(SPLASH, sparsity="radial", decay=1.0), False),
-    ("radial_0.1", dict(SPLASH, sparsity="radial", decay=0.1), False),
-    ("vsa_zero_gates", dict(sparsity="vsa", tile=TILE, topk=TOPK), False),
-    ("vsa_finetuned", dict(sparsity="vsa", tile=TILE, topk=TOPK), True),
+    ("dense", dict(), None),
+    ("full_splash", dict(SPLASH, sparsity="full"), None),
+    ("sta_3x3x3", dict(SPLASH, sparsity="sliding_tile", window=(3, 3, 3)), None),
+    ("sta_3x3x1", dict(SPLASH, sparsity="sliding_tile", window=(3, 3, 1)), None),
+    ("sta_3x1x1", dict(SPLASH, sparsity="sliding_tile", window=(3, 1, 1)), None),
+    ("radial_1", dict(SPLASH, sparsity="radial", decay=1.0), None),
+    ("radial_0.1", dict(SPLASH, sparsity="radial", decay=0.1), None),
+    ("vsa_zero_gates", dict(sparsity="vsa", tile=TILE, topk=TOPK), None),
+    ("vsa_finetuned", dict(sparsity="vsa", tile=TILE, topk=TOPK), "vsa"),
+    ("dense_finetuned", dict(), "dense"),
 )
 
 
@@ -125,7 +127,7 @@ def summarize(lines: list[dict]) -> list[dict]:
         cor = "".join(rows[s]["correct"] for s in seeds)
         n = len(cor)
         extra = dict(attention=first["attention"], seeds=seeds, videos=n,
-                     **{k: first[k] for k in ("vsa_folder", "finetune") if k in first})
+                     **{k: first[k] for k in ("folder", "finetune") if k in first})
 
         def emit(metric, value, unit, **more):
             out.append({"bench": BENCH, "case": case, "metric": metric, "value": value,
@@ -179,10 +181,11 @@ def table(lines: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def run(seeds, cases, vsa_folder=None, out=None, batch: int = 8, combos: int = 0,
+def run(seeds, cases, folders=None, out=None, batch: int = 8, combos: int = 0,
         steps: int = 0) -> list[dict]:
     """Every case in ``cases`` (``dense`` always: the reference) per seed (all cases of a seed,
-    then the next: an interrupted run keeps whole seeds); prints and appends (``out``) each
+    then the next: an interrupted run keeps whole seeds; ``folders``: the fine-tuned folders
+    by kind, ``vsa`` / ``dense``); prints and appends (``out``) each
     line as it is made, then the summaries. ``combos`` / ``steps`` (smoke runs): the first
     ``combos`` combinations only, ``steps`` sampler steps (0: all 40, SAMPLE's)."""
     import ditax
@@ -194,11 +197,14 @@ def run(seeds, cases, vsa_folder=None, out=None, batch: int = 8, combos: int = 0
     prompts = [c.prompt for c in all_combinations()][:combos or None]
     sample = dict(SAMPLE, num_inference_steps=steps or SAMPLE["num_inference_steps"])
     chosen = [c for c in CASES if (c[0] == "dense" or c[0] in cases) and
-              (vsa_folder or not c[2])]
-    finetune = None
-    if vsa_folder and os.path.isfile(os.path.join(vsa_folder, "..", "finetune.json")):
-        with open(os.path.join(vsa_folder, "..", "finetune.json")) as f:
-            finetune = json.load(f)
+              (c[2] is None or (folders or {}).get(c[2]))]
+    folders = {k: v for k, v in (folders or {}).items() if v}
+    records = {}
+    for kind, folder in folders.items():
+        rec = os.path.join(folder, "..", "finetune.json")
+        if os.path.isfile(rec):
+            with open(rec) as f:
+                records[kind] = json.load(f)
     lines = []
 
     def emit(line):
@@ -209,7 +215,7 @@ def run(seeds, cases, vsa_folder=None, out=None, batch: int = 8, combos: int = 0
 
     pipes = {}
     for name, settings, tuned in chosen:
-        pipes[name] = ditax.load_pipeline(vsa_folder if tuned else model_path(),
+        pipes[name] = ditax.load_pipeline(folders[tuned] if tuned else model_path(),
                                           attention=attention_config(settings))
         # the batch's text rows are encoded at the pipeline's length: SAMPLE's, as one call
         pipes[name].max_sequence_length = SAMPLE["max_sequence_length"]
@@ -224,7 +230,7 @@ def run(seeds, cases, vsa_folder=None, out=None, batch: int = 8, combos: int = 0
                              [psnr(v, r) for v, r in zip(videos, ref)],
                              time.perf_counter() - t0)
             if tuned:
-                line.update(vsa_folder=str(vsa_folder), finetune=finetune)
+                line.update(folder=str(folders[tuned]), finetune=records.get(tuned))
             if combos or steps:
                 line.update(sample=sample)
             lines.append(line)
@@ -240,6 +246,10 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="1000,1001")
     p.add_argument("--cases", default="all", help="comma-separated names of CASES, or all")
     p.add_argument("--vsa-folder", default=None, help="sparse_finetune.py's OUT/folder")
+    p.add_argument("--dense-ft-folder", default=None,
+                   help="sparse_finetune.py --topk 0's OUT/folder (the control)")
+    p.add_argument("--summary", default=None, metavar="JSONL",
+                   help="rewrite this file as its seed lines then their summaries, and exit")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     p.add_argument("--combos", type=int, default=0, help="smoke: the first N combinations")
@@ -247,18 +257,23 @@ def main(argv=None) -> int:
     p.add_argument("--table", default=None, metavar="JSONL",
                    help="print the markdown table of the seed lines in this file and exit")
     a = p.parse_args(argv)
-    if a.table:
-        with open(a.table) as f:
+    if a.table or a.summary:
+        with open(a.table or a.summary) as f:
             lines = [json.loads(ln) for ln in f if ln.strip()]
-        print(table(summarize(lines)))
+        if a.table:
+            print(table(summarize(lines)))
+            return 0
+        seeds = [ln for ln in lines if ln.get("metric") == "seed_videos"]
+        with open(a.summary, "w") as f:
+            f.writelines(json.dumps(ln) + "\n" for ln in seeds + summarize(seeds))
         return 0
     cases = [c[0] for c in CASES] if a.cases == "all" else a.cases.split(",")
     unknown = set(cases) - {c[0] for c in CASES}
     if unknown:
         p.error(f"unknown case(s) {sorted(unknown)}; the cases: "
                 f"{', '.join(c[0] for c in CASES)}")
-    run([int(s) for s in a.seeds.split(",")], cases, a.vsa_folder, a.out, a.batch, a.combos,
-        a.steps)
+    run([int(s) for s in a.seeds.split(",")], cases,
+        {"vsa": a.vsa_folder, "dense": a.dense_ft_folder}, a.out, a.batch, a.combos, a.steps)
     return 0
 
 

@@ -71,17 +71,25 @@ def test_paired_score_and_psnr():
 
 def test_smoke_run_summary_and_table(tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
-    sq.main(["--seeds", "7", "--cases", "vsa_zero_gates", "--combos", "1", "--steps", "2",
+    sq.main(["--seeds", "7", "--cases", "vsa_zero_gates,vsa_finetuned", "--combos", "1", "--steps", "2",
              "--batch", "1", "--out", str(out)])
     rows = [json.loads(ln) for ln in out.read_text().splitlines()]
     seeds = {r["case"]: r for r in rows if r["metric"] == "seed_videos"}
-    assert set(seeds) == {"dense", "vsa_zero_gates"}          # dense always: the reference
+    # dense always (the reference); vsa_finetuned skipped: no --vsa-folder given
+    assert set(seeds) == {"dense", "vsa_zero_gates"}
     assert seeds["dense"]["psnr"] == [None]                    # itself: identical
     assert math.isfinite(seeds["vsa_zero_gates"]["psnr"][0])
     got = {(r["case"], r["metric"]): r for r in rows if r["metric"] != "seed_videos"}
     assert got[("vsa_zero_gates", "psnr_mean")]["value"] == seeds["vsa_zero_gates"]["psnr"][0]
     assert got[("vsa_zero_gates", "density")]["value"] == 0.4625
     assert ("dense", "vs_dense") not in got and ("vsa_zero_gates", "vs_dense") in got
+    with open(out, "a") as f:                   # a second run's seed line of the same case
+        f.write(json.dumps(dict(seeds["vsa_zero_gates"], psnr=[30.0])) + "\n")
+    sq.main(["--summary", str(out)])            # seed lines, then summaries of the latest
+    again = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [r["metric"] for r in again[:3]] == ["seed_videos"] * 3
+    assert {(r["case"], r["metric"]): r["value"] for r in again[3:]}[
+        ("vsa_zero_gates", "psnr_mean")] == 30.0
     capsys.readouterr()
     sq.main(["--table", str(out)])
     table = capsys.readouterr().out.splitlines()
