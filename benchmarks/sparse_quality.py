@@ -3,6 +3,7 @@
     python benchmarks/sparse_quality.py [--seeds 1000,1001] [--cases all] [--vsa-folder DIR]
                                         [--batch 8] [--out docs/sparse_quality.jsonl]
     python benchmarks/sparse_quality.py --table docs/sparse_quality.jsonl   # the markdown table
+    python benchmarks/sparse_quality.py --summary docs/sparse_quality.jsonl # re-summarize
 
 The shipped demo model (``ditax.demo.model_path()``, sampled as ``ditax.demo.SAMPLE``: 25 UniPC
 steps, guidance 8, 64x64x17 — a 5 x 4 x 4 grid of latent tokens) over the 40 combinations x
@@ -12,8 +13,9 @@ kernel alone changes), sliding-tile (STA) and radial tables at each density the 
 and VSA (``topk`` of the 20 tiles) with its gates at zero (training-free) and fine-tuned
 (``--vsa-folder``: ``benchmarks/sparse_finetune.py``'s folder), and the control of that
 fine-tune: the same fine-tune run dense (``--dense-ft-folder``: ``sparse_finetune.py --topk
-0``); a case whose folder is not given is skipped. Tiles are ``1 x 2 x 2`` tokens (20 tiles: one latent frame, a quarter of its tokens each);
-every sparsity keeps all of its steps sparse (``dense_steps`` 0).
+0``); a case whose folder is not given is skipped. Tiles are ``1 x 2 x 2`` tokens (20 tiles:
+one latent frame, a quarter of its tokens each); every sparsity keeps all of its steps sparse
+(``dense_steps`` 0).
 
 Each video is scored (:mod:`ditax.synthetic.score`: colour, shape, direction, all three) and
 compared with the dense video of the same prompt and seed (same noise): PSNR. Lines:

@@ -71,8 +71,8 @@ def test_paired_score_and_psnr():
 
 def test_smoke_run_summary_and_table(tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
-    sq.main(["--seeds", "7", "--cases", "vsa_zero_gates,vsa_finetuned", "--combos", "1", "--steps", "2",
-             "--batch", "1", "--out", str(out)])
+    sq.main(["--seeds", "7", "--cases", "vsa_zero_gates,vsa_finetuned", "--combos", "1",
+             "--steps", "2", "--batch", "1", "--out", str(out)])
     rows = [json.loads(ln) for ln in out.read_text().splitlines()]
     seeds = {r["case"]: r for r in rows if r["metric"] == "seed_videos"}
     # dense always (the reference); vsa_finetuned skipped: no --vsa-folder given
