@@ -95,6 +95,21 @@ def test_the_mesh_equals_one_device_on_a_padded_grid(rng):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
+def test_the_layout_refuses_the_table_on_another_kernel():
+    """Past the config's check (a model built from an unchecked config): the layout refuses
+    the table on a self-attention that is not flash, in one line."""
+    from ditax.attention.sparse.layout import sparse_layout
+    from ditax.errors import ConfigError
+    from ditax.models.wan.build import abstract_model
+
+    acfg = dataclasses.replace(TABLE, backend="xla")
+    plan = abstract_model(CFG, dataclasses.replace(acfg, vsa_fine="gather")).attention_plan
+    with pytest.raises(ConfigError, match=r"^attention.vsa_fine=table runs on ditax's Pallas "
+                                          r"table kernels.*self-attention runs xla; set "
+                                          r"attention.backend=flash or vsa_fine=gather$"):
+        sparse_layout(acfg, (2, 3, 4)).plan(plan)
+
+
 @pytest.mark.parametrize("overrides, words", [
     (["attention.sparsity=vsa", "attention.topk=2", "attention.vsa_fine=table"],
      "attention.vsa_fine=table runs VSA's fine pass on ditax's Pallas table kernels, chosen "
