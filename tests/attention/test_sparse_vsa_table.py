@@ -2,8 +2,9 @@
 kernels (interpreted on CPU) that read the picks as a scalar-prefetched table equal the jnp
 gather path and the dense reference on fresh random inputs, forward and gradients, with
 padded tiles and without; the transposed table the dk/dv kernel walks holds exactly the picks;
-split calls (the SMEM budget) equal one call; forward and backward lower to Mosaic TPU at
-Wan 1.3B 480p; what cannot run is refused in one line."""
+split calls (the SMEM budget) and a mesh (shard_map) equal one call; bf16 stays within its
+rounding; forward and backward lower to Mosaic TPU at Wan 1.3B 480p; what cannot run is
+refused in one line."""
 
 from __future__ import annotations
 
@@ -133,6 +134,24 @@ def test_packed_and_head_major_are_the_same_values(rng):
     got, want = (_value_and_grads(
         lambda q, k, v, p=p: vsa_table._local(q, k, v, picks, mask, t, 0.1, True, packed=p),
         cot)(q, k, v) for p in (True, False))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
+
+
+def test_a_mesh_without_a_key_mask_equals_one_device(rng):
+    """shard_map over fsdp 2 x tensor 2 (batch and heads split, the picks with them), whole
+    tiles (no key mask): the values and gradients of one device."""
+    from ditax.parallel.mesh import make_mesh
+
+    order, q, k, v, _, mask = _inputs(rng, grid=(2, 4, 4), b=2, n=2)
+    assert mask is None
+    t = order.tile_len
+    _, picks = coarse(q, k, v, t, 2)
+    cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    mesh = make_mesh(dict(data=1, fsdp=2, context=1, tensor=2), jax.devices()[:4])
+    got, want = (_value_and_grads(
+        lambda q, k, v, m=m: fine_table(q, k, v, picks, t, interpret=True, mesh=m), cot)(
+            q, k, v) for m in (mesh, None))
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)
 
