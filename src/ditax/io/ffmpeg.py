@@ -9,11 +9,19 @@ error line, or stops reading its input (a broken pipe: its error line says why).
 :class:`~ditax.io.outputs.WriteFailed` naming the file, the os error ffmpeg met (the disk
 full, a file-size limit, no permission) and ffmpeg's own line. ``IMAGEIO_FFMPEG_EXE`` picks
 another ffmpeg, as for imageio.
+
+ffmpeg runs without the malloc replacement the calling process may preload (``LD_PRELOAD``
+of tcmalloc, jemalloc or mimalloc, as ``make test`` and many TPU hosts do): under tcmalloc
+the ffmpeg that imageio-ffmpeg ships encodes the same frames to different H.264 bytes about
+one time in twenty-five (its buffers' alignment varies run to run; seen with x264 core 165),
+so ``ditax serve`` and ``ditax generate`` could write different videos of one request.
+:func:`child_env` is the environment it gets.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -26,6 +34,22 @@ from ditax.io.outputs import WriteFailed, write_code
 # without them is shown as a note and not taken for a failure)
 _ERROR = re.compile(r"error|fail|could not|cannot|can't|invalid|denied|no space|too large|"
                     r"quota|read-only|unable", re.IGNORECASE)
+
+
+#: the allocators dropped from a preload for ffmpeg (module docstring)
+_ALLOCATORS = re.compile(r"tcmalloc|jemalloc|mimalloc")
+
+
+def child_env(environ=None) -> dict:
+    """``environ`` (default ``os.environ``) for an ffmpeg child: ``LD_PRELOAD`` without the
+    malloc replacements (:data:`_ALLOCATORS`), the rest kept; unset when nothing is left."""
+    env = dict(os.environ if environ is None else environ)
+    kept = [p for p in re.split(r"[:\s]+", env.get("LD_PRELOAD", "")) if p
+            and not _ALLOCATORS.search(os.path.basename(p))]
+    env.pop("LD_PRELOAD", None)
+    if kept:
+        env["LD_PRELOAD"] = ":".join(kept)
+    return env
 
 
 def exe() -> str:
@@ -68,7 +92,8 @@ def write(args: list[str], target, chunks=None) -> None:
     with tempfile.TemporaryFile() as err:
         with quiet_fork():
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if chunks is not None else
-                                    subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+                                    subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    env=child_env())
         try:
             for chunk in chunks or ():
                 proc.stdin.write(chunk)
@@ -95,4 +120,4 @@ def write(args: list[str], target, chunks=None) -> None:
         print(f"ffmpeg: {ln}", file=sys.stderr)
 
 
-__all__ = ["exe", "problem", "quiet_fork", "write"]
+__all__ = ["child_env", "exe", "problem", "quiet_fork", "write"]

@@ -28,19 +28,21 @@ def recompress(image: np.ndarray, crf: int) -> np.ndarray:
 
     h, w = image.shape[0] // 2 * 2, image.shape[1] // 2 * 2
     image = np.ascontiguousarray(image[:h, :w])
+    from ditax.io.ffmpeg import child_env   # the same bytes under any preloaded allocator
+
     ffmpeg = imageio_ffmpeg.get_ffmpeg_exe()
     encoded = subprocess.run(
         [ffmpeg, "-hide_banner", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
          "-s", f"{w}x{h}", "-r", "1", "-i", "pipe:0", "-c:v", "libx264", "-preset", "veryfast",
          "-crf", str(int(crf)), "-pix_fmt", "yuv420p", "-f", "h264", "pipe:1"],
-        input=image.tobytes(), capture_output=True, check=False)
+        input=image.tobytes(), capture_output=True, check=False, env=child_env())
     if encoded.returncode:
         raise OSError(f"ffmpeg could not encode the conditioning image: "
                       f"{encoded.stderr.decode(errors='replace').strip()[-200:]}")
     decoded = subprocess.run(
         [ffmpeg, "-hide_banner", "-loglevel", "error", "-f", "h264", "-i", "pipe:0",
          "-frames:v", "1", "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"],
-        input=encoded.stdout, capture_output=True, check=False)
+        input=encoded.stdout, capture_output=True, check=False, env=child_env())
     if decoded.returncode or len(decoded.stdout) != h * w * 3:
         raise OSError("ffmpeg could not decode the re-compressed conditioning image")
     return np.frombuffer(decoded.stdout, np.uint8).reshape(h, w, 3).copy()
