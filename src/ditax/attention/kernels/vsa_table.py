@@ -122,12 +122,10 @@ def _fwd_kernel(picks_ref, *refs, scale: float, masked: bool):
         online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc, scale)
 
 
-def table_forward(q, k, v, keep, picks, *, scale: float, interpret: bool):
-    """q, k, v ``[B, N, L, K]`` (or packed ``[B, L, N·K]``, :func:`_dims`), keep ``[B, T, 1,
-    t]`` int32 or None, picks ``[B, N, T, topk]`` int32 → ``(o float32 in q's layout, lse
-    [B, N, T, 1, t] float32)``."""
-    from jax.experimental.pallas import tpu as pltpu
-
+def _pick_grid(q, picks):
+    """What the forward and dq kernels share over the grid (B, N, query tile, pick): ``(B, N,
+    L, K, packed, T, topk, t, at, q_spec, kv_spec, row_spec)``: the dims, the tiles ``T`` of
+    ``t`` tokens, the pick reader ``at`` and the query, picked key / value and row specs."""
     B, N, L, K, packed = _dims(q, picks.shape[1])
     T, topk = picks.shape[2], picks.shape[3]
     t = L // T
@@ -135,6 +133,16 @@ def table_forward(q, k, v, keep, picks, *, scale: float, interpret: bool):
     q_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, i, 0), packed)
     kv_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, at(b, h, i, j, p), 0), packed)
     row_spec = _row_spec(t, lambda b, h, i, j, p: (b, h, i, 0, 0))
+    return B, N, L, K, packed, T, topk, t, at, q_spec, kv_spec, row_spec
+
+
+def table_forward(q, k, v, keep, picks, *, scale: float, interpret: bool):
+    """q, k, v ``[B, N, L, K]`` (or packed ``[B, L, N·K]``, :func:`_dims`), keep ``[B, T, 1,
+    t]`` int32 or None, picks ``[B, N, T, topk]`` int32 → ``(o float32 in q's layout, lse
+    [B, N, T, 1, t] float32)``."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    B, N, L, K, packed, T, topk, t, at, q_spec, kv_spec, row_spec = _pick_grid(q, picks)
     in_specs = [q_spec, kv_spec, kv_spec]
     args = [q, k, v]
     if keep is not None:
@@ -194,13 +202,7 @@ def table_dq(q, k, v, keep, picks, do, o, lse, *, scale: float, interpret: bool)
     """``(dq in q's layout and dtype, delta [B, N, T, 1, t] float32)``."""
     from jax.experimental.pallas import tpu as pltpu
 
-    B, N, L, K, packed = _dims(q, picks.shape[1])
-    T, topk = picks.shape[2], picks.shape[3]
-    t = L // T
-    at = _picked(N, T, topk)
-    q_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, i, 0), packed)
-    kv_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, at(b, h, i, j, p), 0), packed)
-    row_spec = _row_spec(t, lambda b, h, i, j, p: (b, h, i, 0, 0))
+    B, N, L, K, packed, T, topk, t, at, q_spec, kv_spec, row_spec = _pick_grid(q, picks)
     in_specs, args = [q_spec, kv_spec, kv_spec], [q, k, v]
     if keep is not None:
         in_specs.append(_keep_spec(t, lambda b, h, i, j, p: (b, at(b, h, i, j, p), 0, 0)))
