@@ -85,6 +85,28 @@ class AttentionCall:
         the compiled program's identity."""
         return registry.BACKENDS[self.local()[0]].head_major
 
+    def key_block(self, Lq: int, Lk: int) -> Optional[int]:
+        """The key block this call's local kernel takes for ``Lq`` queries against ``Lk`` keys
+        on its platform (it pads the keys to a multiple of it), from the same table and
+        options as the call (:mod:`ditax.attention.tuning`); None where it pads to no block of
+        the table: interpret mode, kernels other than splash and flash."""
+        name, opts = self.local()
+        platform = self.platform or platform_of(self.mesh)
+        entry = registry.BACKENDS[name]
+        kw = opts.kwargs()
+        interpret = kw.get("interpret")
+        if name not in ("splash", "flash") or (
+                interpret if interpret is not None else entry.default_interpret(platform)):
+            return None
+        from ditax.attention import tuning
+
+        if name == "splash":
+            tiles = ("block_q", "block_kv", "block_kv_compute", "block_q_bwd", "block_kv_bwd")
+            return tuning.splash_blocks(Lq, Lk, platform.device_kind,
+                                        {t: kw.get(t) for t in tiles})["block_kv"]
+        return tuning.flash_blocks(Lq, Lk, platform.device_kind, kw.get("block_q"),
+                                   kw.get("block_kv"), kw.get("block_kv_compute"))[1]
+
     def _run(self, platform: Platform, q, k, v, kv_mask, scale, head_major=False):
         entry = self.entry
         if entry.kind == "sequence":

@@ -41,7 +41,6 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from ditax.attention.tuning import fit_kv_block
 from ditax.errors import RequestError
 from ditax.intmath import round_up
 from ditax.models.wan.attention import HEADS, TOKENS
@@ -69,22 +68,23 @@ def chunk_tokens(model, chunk_shape) -> tuple[tuple[int, int, int], int, int]:
     return grid, n, n + (-n) % model.sharding.seq_shards
 
 
-#: from this many keys (the slots and the chunk) on, a layer's keys are padded to the TPU
-#: kernels' key block (:func:`~ditax.attention.tuning.fit_kv_block` of the 2,048-key row):
-#: Wan 1.3B 480p, sink + 3 chunks of 4,680 + the chunk: 23,400 -> 24,576 keys
-PAD_FROM = 4096
-
-
 def cache_tokens(model, tokens: int, slots: int) -> int:
     """Keys one layer of the cache holds: ``slots`` chunks of ``tokens`` (padded) tokens and
-    the work region (the chunk's own keys, padded to the kernels' key block from
-    :data:`PAD_FROM` keys on, on one context shard, by fewer than ``tokens``: the slots
-    are ``keys // tokens - 1``)."""
+    the work region (the chunk's own keys), on one context shard padded to the key block the
+    self-attention kernel takes for that many keys on its platform
+    (:meth:`~ditax.attention.plan.AttentionCall.key_block`: splash / flash on a TPU, from the
+    blocks table), when that is fewer than ``tokens`` more keys and the padded count is a
+    whole number of the kernel's blocks, so the kernel pads nothing (the slots are ``keys //
+    tokens - 1``). Wan 1.3B 480p on a v5e, sink + 3 chunks of 4,680 + the chunk: 23,400 ->
+    24,576 keys."""
     n = (slots + 1) * tokens
-    if n < PAD_FROM or model.sharding.seq_shards > 1:
+    call = model.attention_plan.self_attn
+    if model.sharding.seq_shards > 1 or (block := call.key_block(tokens, n)) is None:
         return n
-    padded = round_up(n, fit_kv_block(n, 2048, 1024))
-    return padded if padded - n < tokens else n
+    padded = round_up(n, block)
+    if padded - n >= tokens or padded % call.key_block(tokens, padded):
+        return n
+    return padded
 
 
 def init_cache(model, batch: int, chunk_shape, context_chunks: int) -> KVCache:
