@@ -33,6 +33,28 @@ def _sparse_modules(module):
             and node.attention.sparsity != "none"]
 
 
+def _densify(nodes) -> None:
+    for n in nodes:
+        n.attention = dataclasses.replace(n.attention, sparsity="none", dense_steps=0,
+                                          topk=0, vsa_fine="gather")
+
+
+def dense_graph(graphdef, *states):
+    """The graphdef of the module ``nnx.merge(graphdef, *states)`` (``states`` may be abstract)
+    with every sparse attention config made dense: the same parameters and paths (a ``vsa``
+    model's gates stay, unused), so ``nnx.merge(dense_graph(g, *s), *s)`` runs the module's
+    dense twin; None when the module has no sparsity. DMD2 with a sparse student runs its
+    teacher and critic so (:mod:`ditax.train.distill`)."""
+    from flax import nnx
+
+    module = nnx.merge(graphdef, *states)
+    nodes = _sparse_modules(module)
+    if not nodes:
+        return None
+    _densify(nodes)
+    return nnx.split(module)[0]
+
+
 def dense_twin(expert):
     """``(k, twin)``: the expert's ``dense_steps`` and its dense twin (module docstring), or
     ``(0, None)`` when its model has no sparsity or no dense steps."""
@@ -46,9 +68,7 @@ def dense_twin(expert):
     if len(steps) > 1:
         raise RequestError(f"the denoiser's modules disagree on attention.dense_steps "
                            f"({sorted(steps)}); give them one value")
-    for n in nodes:
-        n.attention = dataclasses.replace(n.attention, sparsity="none", dense_steps=0,
-                                          topk=0, vsa_fine="gather")
+    _densify(nodes)
     graphdef, _ = nnx.split(module)
     return steps.pop(), dataclasses.replace(expert, graphdef=graphdef)
 
@@ -67,4 +87,4 @@ def schedule(per_step: Sequence) -> list:
     return out
 
 
-__all__ = ["dense_twin", "schedule"]
+__all__ = ["dense_graph", "dense_twin", "schedule"]

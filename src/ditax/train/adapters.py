@@ -69,12 +69,13 @@ class ParamSplit:
         start from instead (e.g. from ``init_from``; LoRA: the model without adapters)."""
         return self._fresh({} if base is None else base)
 
-    def model(self, params: dict, frozen: dict):
-        """An NNX module bound to the trained ``params`` and the ``frozen`` rest."""
+    def model(self, params: dict, frozen: dict, graphdef=None):
+        """An NNX module bound to the trained ``params`` and the ``frozen`` rest (on
+        ``graphdef``, another graph over the same parameters, where given)."""
         t, f = (jax.tree.map(lambda x: x, s) for s in self._abs)
         nnx.replace_by_pure_dict(t, params)
         nnx.replace_by_pure_dict(f, frozen)
-        return nnx.merge(self.graphdef, t, f)
+        return nnx.merge(self.graphdef if graphdef is None else graphdef, t, f)
 
 
 class AdapterSplit(ParamSplit):

@@ -11,6 +11,11 @@ Three denoisers take part, all the family's transformer:
 - the **fake score** (critic ``F``), initialised from the teacher; ``fake`` in the state,
   trained with the flow-matching loss on the student's samples.
 
+A sparse student (``attention.sparsity``, e.g. ``vsa``): only the student runs it (VSA: its
+gates train with it); the real and the fake score run the dense twin of the student's graph
+(:func:`~ditax.pipelines.sparse_steps.dense_graph`: same weights, attention dense, a gate
+unread), so the teacher is the dense model it was and the critic learns dense.
+
 With LoRA (``lora.rank > 0``) the student and the critic are two adapter sets on **one**
 frozen copy of the base weights (``frozen``), which with its adapters zeroed is the real
 score: distillation holds one model's weights. A full-weight student holds three copies
@@ -63,6 +68,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import Config, ConfigError
 from ditax.models.base import model_family
+from ditax.pipelines.sparse_steps import dense_graph
 from ditax.train import distill_streams as S
 from ditax.train.adapters import AdapterSplit
 from ditax.train.distill_gan import GanHead
@@ -95,11 +101,10 @@ class DistillTrainer(DmdLosses, GanHead, TrainerBase):
         self.mesh = mesh
         self.family = model_family(cfg.model, cfg.attention, cfg.flow)
         self.family.check_flow()
-        if cfg.attention.sparsity == "vsa":
-            raise ConfigError("attention.sparsity=vsa: teacher, student and critic share one "
-                              "graph, so the teacher would run sparse too (a sparse student "
-                              "of a dense teacher is not wired yet); use attention.sparsity="
-                              "none, or fine-tune with ditax train")
+        if cfg.attention.sparsity != "none" and cfg.attention.dense_steps:
+            raise ConfigError(f"attention.dense_steps={cfg.attention.dense_steps}: a sparse "
+                              f"student trains every step sparse (attention.sparsity="
+                              f"{cfg.attention.sparsity}); set attention.dense_steps=0")
         if self.family.trained_params(cfg.train) is not None:
             raise ConfigError(f"distill.method=dmd2 distils the whole denoiser; this model "
                               f"trains a part of it (train.vace_trainable="
@@ -130,6 +135,9 @@ class DistillTrainer(DmdLosses, GanHead, TrainerBase):
             self.params_sh = self.family.param_shardings(self.params_abstract, mesh)
             frozen_abstract, self.frozen_sh = self.params_abstract, self.params_sh
         self.frozen_abstract = frozen_abstract
+        # a sparse student: the scores run its graph's dense twin (same weights; None: dense)
+        self.score_graph = (dense_graph(self.graphdef, abs_state) if self.split is None
+                            else dense_graph(self.split.graphdef, *self.split._abs))
         # a checkpoint leaves the frozen teacher / base out: a resume rebuilds it from
         # init_from (or the seed) and checks it (ditax.train.frozen_base)
         self.rebuilt = ("frozen",)
@@ -266,8 +274,9 @@ class DistillTrainer(DmdLosses, GanHead, TrainerBase):
 
     def score_model(self, params: dict, frozen: dict):
         """The module of a score (the real one, the critic) on ``params``: here the student's
-        own architecture (:meth:`model`; a causal student's scores are bidirectional)."""
-        return self.model(params, frozen)
+        own architecture (:meth:`model`; a causal student's scores are bidirectional) with
+        dense attention (a sparse student's scores: its graph's dense twin)."""
+        return self.model(params, frozen, self.score_graph)
 
     def student_video(self, params, frozen, batch, noise, sig):
         """The student's whole K-step sample (joint latents) from ``noise`` (the previews')."""

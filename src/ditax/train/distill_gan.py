@@ -17,7 +17,7 @@ from ditax.train.loss import NUM_TRAIN_TIMESTEPS
 
 
 class GanHead:
-    """The head's pieces; the trainer gives ``cfg``, ``mesh``, ``family``, ``model``,
+    """The head's pieces; the trainer gives ``cfg``, ``mesh``, ``family``, ``score_model``,
     ``params_abstract``, ``frozen_abstract``, ``state_sh``, ``condition_keys`` and
     ``_shapes``."""
 
@@ -31,7 +31,7 @@ class GanHead:
                      for k, v in self.family.condition_shapes(latent_shape).items()} or None
 
         def feats(params, frozen):
-            module = self.model(params, frozen)
+            module = self.score_model(params, frozen)
             return self.family.apply_with_features(
                 module, jnp.zeros((n, *latent_shape), jnp.float32), jnp.zeros((n,)),
                 jnp.zeros((n, *text_shape), jnp.float32), jnp.ones((n, text_shape[0]), bool),
@@ -64,7 +64,7 @@ class GanHead:
         condition = {k: batch[k] for k in self.condition_keys} or None
         t = sigma * NUM_TRAIN_TIMESTEPS
         x_in, t_in, mask = self.family.training_inputs(x, batch["latents"], t, condition)
-        v, f = self.family.apply_with_features(self.model(fake, frozen), x_in, t_in,
+        v, f = self.family.apply_with_features(self.score_model(fake, frozen), x_in, t_in,
                                                batch["text"],
                                                batch["text_mask"].astype(bool), condition)
         return v, f, mask

@@ -71,6 +71,10 @@ def check_self_forcing(cfg: Config) -> None:
         (cfg.sample.cache is not None, f"samples a few steps per chunk with no step cache; "
                                        f"sample.cache={cfg.sample.cache}: set sample.cache="
                                        f"none"),
+        (cfg.attention.sparsity != "none",
+         f"trains a block-causal student over frame-major tokens; attention.sparsity="
+         f"{cfg.attention.sparsity} lays them out tile-major: set attention.sparsity=none "
+         f"(a sparse student: distill.method=dmd2)"),
     )
     for bad, why in refusals:
         if bad:

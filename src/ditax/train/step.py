@@ -135,13 +135,15 @@ class TrainerBase:
         model = self.family.create(self.mesh, nnx.Rngs(self.cfg.seed))
         return nnx.to_pure_dict(nnx.split(model)[1])
 
-    def model(self, params: dict, frozen: dict | None = None):
-        """An NNX module bound to ``params`` (and, with a split, the ``frozen`` weights)."""
+    def model(self, params: dict, frozen: dict | None = None, graphdef=None):
+        """An NNX module bound to ``params`` (and, with a split, the ``frozen`` weights);
+        ``graphdef``: another graph over the same parameters (a sparse model's dense twin,
+        :func:`ditax.pipelines.sparse_steps.dense_graph`) in place of the model's."""
         if self.split is not None:
-            return self.split.model(params, frozen)
+            return self.split.model(params, frozen, graphdef)
         st = jax.tree.map(lambda x: x, self._abs_state)
         nnx.replace_by_pure_dict(st, params)
-        return nnx.merge(self.graphdef, st)
+        return nnx.merge(self.graphdef if graphdef is None else graphdef, st)
 
     def put_batch(self, local: dict) -> dict:
         """Per-process numpy batch → global arrays sharded over the batch axes."""

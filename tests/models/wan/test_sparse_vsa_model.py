@@ -167,19 +167,3 @@ def test_topk_past_the_grid_tiles_is_refused():
     with pytest.raises(ConfigError, match=r"attention.topk=9 exceeds the 8 tiles of the "
                                           r"2x3x3 token grid .*attention.topk<=8"):
         sparse_layout(dataclasses.replace(VSA, topk=9), (2, 3, 3))
-
-
-def test_distillation_refuses_vsa():
-    """DMD2's teacher, student and critic share one graph: a vsa student would have a sparse
-    teacher, so distillation refuses it in one line (before anything is built)."""
-    from ditax.config import load_config
-    from ditax.errors import ConfigError
-    from ditax.parallel.mesh import make_mesh
-    from ditax.train.distill import DistillTrainer
-
-    cfg = load_config("tiny", ["distill.method=dmd2", "attention.sparsity=vsa",
-                               "attention.topk=2"])
-    with pytest.raises(ConfigError, match=r"attention.sparsity=vsa: teacher, student and "
-                                          r"critic share one graph.*use attention.sparsity=none"):
-        DistillTrainer(cfg, make_mesh(dict(data=1, fsdp=1, context=1, tensor=1),
-                                      jax.devices()[:1]))
