@@ -183,6 +183,24 @@ def test_resume_is_bit_exact(one, dataset, tmp_path):
         assert all(jax.tree.leaves(same)), part
 
 
+def test_the_step_counts_the_students_calls_sparse_and_the_scores_dense(one):
+    """MFU / plan FLOPs: with K=4, one critic update, guidance and backward simulation (1.5
+    rollout forwards on average) the student runs 7 forwards' worth a step, the scores 6; the
+    student's at the VSA model's cost, the scores' at the dense model's (no gate)."""
+    from ditax.plan.core import train_step_flops
+
+    tr = one[0]
+    cfg = tr.cfg
+    shape, t = (16, 2, 8, 8), 16
+    assert tr.forwards() == (7.0, 6.0) and tr.flops_factor == pytest.approx(13 / 3)
+    sparse = model_family(cfg.model, cfg.attention).flops_per_sample(shape, t)
+    dense = model_family(cfg.model, dense_attention(cfg.attention)).flops_per_sample(shape, t)
+    assert sparse != dense
+    assert tr.sample_flops(shape, t) == pytest.approx((7 * sparse + 6 * dense) / 3)
+    got = train_step_flops(cfg, tr.family, shape, tr.flops_factor, tr.sample_flops(shape, t))
+    assert got == pytest.approx(cfg.batch_size * (7 * sparse + 6 * dense) / 3)
+
+
 @pytest.mark.parametrize("extra, words", [
     (("attention.dense_steps=1",),
      r"attention.dense_steps=1: a sparse student trains every step sparse .*"

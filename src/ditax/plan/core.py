@@ -85,7 +85,8 @@ def _train_step(cfg, mesh, family):
     for k, cshape in family.condition_shapes(shape).items():
         batch[k] = jax.ShapeDtypeStruct((B, *cshape), jnp.float32, sharding=sh[k])
     distill = cfg.distill.method != "none"
-    fl = train_step_flops(cfg, family, shape, getattr(trainer, "flops_factor", 1.0))
+    fl = train_step_flops(cfg, family, shape, getattr(trainer, "flops_factor", 1.0),
+                          getattr(trainer, "sample_flops", lambda *_: None)(shape, T))
     about = {"state_bytes_per_device": _state_bytes(trainer.abstract_state())}
     if buckets:
         about["bucket"], about["buckets"] = buckets[0], buckets[1]
@@ -122,14 +123,18 @@ def train_shape(cfg) -> tuple[tuple[int, ...], tuple | None]:
     return tuple(latent_shape_for(cfg)), None
 
 
-def train_step_flops(cfg, family, shape, factor: float = 1.0) -> float:
+def train_step_flops(cfg, family, shape, factor: float = 1.0,
+                     per_sample: float | None = None) -> float:
     """Model FLOPs of one training step on ``cfg.batch_size`` latents ``[C, F, Y, X]``
     (all devices): ``factor`` forward + backward passes' worth of the family's transformer
-    work (a trainer's ``flops_factor``: 1 for flow matching), plus what the remat policy runs
-    again in each backward pass (DMD2: one a critic update and one for the student)."""
+    work (a trainer's ``flops_factor``: 1 for flow matching), or ``per_sample`` a sample where
+    the trainer counts it (a sparse DMD2 student beside dense scores: ``sample_flops``), plus
+    what the remat policy runs again in each backward pass (DMD2: one a critic update and one
+    for the student; at the family's cost)."""
     B, T = cfg.batch_size, cfg.data.text_len
     backwards = cfg.distill.critic_updates + 1 if cfg.distill.method != "none" else 1
-    fl = family.flops_per_sample(shape, T) * B * factor
+    fl = family.flops_per_sample(shape, T) * B * factor if per_sample is None else \
+        per_sample * B
     recompute = getattr(family, "recompute_flops_per_sample", None)
     if recompute is not None:    # what the family's remat policy runs again in the backward
         fl += recompute(shape, T) * B * backwards

@@ -52,7 +52,7 @@ stream and summed, as the flow loss sums its streams; the critic's flow loss is
 :func:`~ditax.train.loss.joint_flow_loss` on the student's estimates of every stream. The
 student's sigma table and sampling settings: :mod:`ditax.train.distill_schedule`; the GAN
 head: :mod:`ditax.train.distill_gan`; the step's pieces and losses:
-:mod:`ditax.train.distill_losses`.
+:mod:`ditax.train.distill_losses`; its model FLOPs: :mod:`ditax.train.distill_cost`.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from ditax.models.base import model_family
 from ditax.pipelines.sparse_steps import dense_graph
 from ditax.train import distill_streams as S
 from ditax.train.adapters import AdapterSplit
+from ditax.train.distill_cost import DistillCost
 from ditax.train.distill_gan import GanHead
 from ditax.train.distill_losses import DmdLosses
 from ditax.train.distill_schedule import (sample_settings, sampling_terminal, student_schedule,
@@ -85,7 +86,7 @@ def _copy_tree(tree):
     return jax.tree.map(jnp.copy, tree)
 
 
-class DistillTrainer(DmdLosses, GanHead, TrainerBase):
+class DistillTrainer(DmdLosses, GanHead, DistillCost, TrainerBase):
     """The :class:`~ditax.train.step.Trainer` of a distillation run: same interface
     (``init``, ``step``, ``put_batch``, ``abstract_state``, ``adapters``), a state with the
     critic (``fake``, ``fake_opt``) beside the student (``params``, ``opt``) and the frozen
@@ -187,19 +188,6 @@ class DistillTrainer(DmdLosses, GanHead, TrainerBase):
             self._jit = jax.jit(self._step_fn, in_shardings=(self.state_sh, self.batch_sh, rep),
                                 out_shardings=(self.state_sh, rep), donate_argnums=(0,))
         return self._jit
-
-    @property
-    def flops_factor(self) -> float:
-        """Transformer work of one step over one training step's (forward + backward = 3
-        forwards): per critic update the rollout (on average (K-1)/2 forwards), the
-        student's estimate and the critic's forward + backward; per student update the
-        rollout, the student's forward + backward, the teacher (2 forwards with guidance)
-        and the critic."""
-        d = self.cfg.distill
-        sim = (d.steps - 1) / 2 if d.backward_simulation else 0.0
-        critic = sim + 1 + 3
-        student = sim + 3 + (2 if d.guidance != 1 else 1) + 1
-        return (d.critic_updates * critic + student) / 3
 
     def sample_settings(self, latent_shape) -> dict | None:
         """How the student is sampled (:func:`sample_settings`), saved with its LoRA: there

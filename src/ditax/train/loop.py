@@ -174,7 +174,10 @@ def train(cfg: Config, *, mesh=None, trainer: Trainer | None = None, progress: b
 
     def cost(shape):
         if shape not in costs:
-            costs[shape] = (family.flops_per_sample(shape, data.text_shape[0]) * cfg.batch_size
+            # a sparse student's distillation: its calls and the dense scores' at their costs
+            own = getattr(trainer, "sample_flops", lambda *_: None)(shape, data.text_shape[0])
+            costs[shape] = (own * cfg.batch_size if own is not None else
+                            family.flops_per_sample(shape, data.text_shape[0]) * cfg.batch_size
                             * getattr(trainer, "flops_factor", 1.0),
                             family.tokens_per_sample(shape))
         return costs[shape]
