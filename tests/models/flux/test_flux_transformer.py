@@ -25,8 +25,9 @@ GRAD_INPUTS = ("hidden_states", "encoder_hidden_states", "pooled_projections")
 
 
 @pytest.mark.parametrize("config,shape,numerics", [
-    # diffusers' test config; scanned stacks under the save_proj remat policy (named saves)
-    (TINY, dict(), dict(remat="save_proj")),
+    # diffusers' test config; scanned stacks under the presets' save_proj_out remat policy
+    # (named saves: the output projections only)
+    (TINY, dict(), dict(remat="save_proj_out")),
     # guidance, 2 + 2 blocks, odd T; unrolled blocks under full remat
     (DEV, dict(text=5, image=12, guidance=True), dict(scan_layers=False, remat="full")),
 ], ids=["tiny", "dev-unrolled-remat"])
@@ -34,7 +35,7 @@ def test_forward_and_gradient_match_diffusers(tmp_path, rng, fast_compile, confi
                                               numerics):
     """The loaded model's output and its gradient (w.r.t. the inputs and every parameter, in
     diffusers' keys and layouts) against torch autograd, from one compiled program: scanned
-    stacks (the default) under save_proj remat and unrolled ones under full remat alike."""
+    stacks (the default) under save_proj_out remat and unrolled ones under full remat alike."""
     m, folder = make_diffusers_flux(tmp_path, **config)
     inputs = flux_inputs(rng, config, **shape)
     tr = ditax.load_transformer(folder, **numerics)
@@ -246,6 +247,15 @@ def test_family_shapes_flops_and_init_from_checks(tmp_path):
     assert family.flops_per_sample((16, 1, 128, 128), 512) / 1e12 == pytest.approx(223.2, abs=0.1)
     with pytest.raises(ConfigError, match=r"1000x1024 must be multiples of 16"):
         family.latent_grid(1, 1000, 1024)
+    # the presets' save_proj_out runs all of the blocks' forward again but their output
+    # projections: more than save_proj (which keeps the double blocks' inputs too), less
+    # than full
+    lat = (16, 1, 128, 128)
+    again = {r: model_family(load_config("flux.1-dev", [f"model.remat={r}"]).model)
+             .recompute_flops_per_sample(lat, 512) / 1e12
+             for r in ("save_proj", "save_proj_out", "full")}
+    assert again["save_proj"] < again["save_proj_out"] < again["full"], again
+    assert again["save_proj_out"] == pytest.approx(again["full"] - 24.8, abs=0.05), again
     _, folder = make_diffusers_flux(tmp_path, **TINY)
     with pytest.raises(ConfigError, match=r"init_from=.*num_layers: config 19 vs folder 1, .*"
                                           r"pass model.in_channels=4 model.num_layers=1 "):

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 DType = Literal["float32", "bfloat16", "float16"]
 Remat = Literal["none", "full", "save_dots", "save_dots_no_batch", "save_attn_out",
-                "save_proj"]
+                "save_proj", "save_proj_out"]
 Quantize = Literal["none", "int8", "fp8"]   # 8-bit block weights (ditax.nn.quant)
 Offload = Literal["none", "host"]           # where the stacked blocks' weights live
 # what the dots and convolutions run at (jax's default_matmul_precision): "auto" = "highest"

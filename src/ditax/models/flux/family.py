@@ -51,9 +51,10 @@ class FluxFamily(BflFamily):
         """The forward FLOPs ``model.remat`` runs again in the backward, per sample: the
         parts of the blocks that its policy does not save (``full``: all of them; ``save_proj``:
         the single blocks' q / k / v, MLP inputs and attention, the double blocks' attention;
-        ``save_attn_out``: all but the attention; ``save_dots*``: the attention kernels,
-        which are no dots)."""
+        ``save_proj_out``: all but the output projections; ``save_attn_out``: all but the
+        attention; ``save_dots*``: the attention kernels, which are no dots)."""
         recompute = {"none": (), "full": ("qkv", "attn", "mlp_in", "proj_out", "mod"),
+                     "save_proj_out": ("qkv", "attn", "mlp_in", "mod"),
                      "save_attn_out": ("qkv", "mlp_in", "proj_out", "mod"),
                      "save_dots": ("attn",), "save_dots_no_batch": ("attn",)}
         f = self._forward_flops(latent_shape, text_len)

@@ -57,14 +57,15 @@ class Flux2Family(BflFamily):
     def recompute_flops_per_sample(self, latent_shape, text_len: int) -> float:
         """The forward FLOPs ``model.remat`` runs again in the backward, per sample (``full``:
         all the blocks'; ``save_proj``: the single blocks' fused input and attention, the
-        double blocks' attention; ``save_attn_out``: all but the attention; ``save_dots*``:
-        the attention kernels)."""
+        double blocks' attention; ``save_proj_out``: all but the output projections;
+        ``save_attn_out``: all but the attention; ``save_dots*``: the attention kernels)."""
         f = self._forward_flops(latent_shape, text_len)
         remat = self.model.remat
         if remat == "save_proj":
             return float(f["double"]["attn"] + f["single"]["qkv"] + f["single"]["attn"])
         parts = {"none": (), "save_dots": ("attn",), "save_dots_no_batch": ("attn",),
                  "save_attn_out": ("qkv", "mlp_in", "proj_out"),
+                 "save_proj_out": ("qkv", "attn", "mlp_in"),
                  "full": ("qkv", "attn", "mlp_in", "proj_out")}[remat]
         return float(sum(v for s in ("double", "single") for k, v in f[s].items()
                          if k in parts))
