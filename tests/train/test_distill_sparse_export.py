@@ -1,7 +1,8 @@
 """A distilled sparse student end to end: DMD2 (``attention.sparsity=vsa``) from the random
 Wan pipeline folder (its dense teacher) for one step, ``ditax export``, and the folder loaded
 with VSA is the student: its weights (the trained gates among them) are the checkpoint's, its
-prediction the student's, and it carries the student's sampling settings."""
+prediction the student's, and it carries the student's sampling settings; and a sparse
+student's step on a mesh equals one device."""
 
 import json
 
@@ -16,8 +17,10 @@ from ditax.cli import main
 from ditax.config import load_config
 from ditax.models.base import family_class
 from ditax.parallel.mesh import make_mesh
+from ditax.train.batches import BatchIterator
 from ditax.train.distill import DistillTrainer
 from ditax.train.loop import train
+from latent_datasets import run_cfg, write_dataset
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 ONE = dict(data=1, fsdp=1, context=1, tensor=1)
@@ -65,3 +68,34 @@ def test_an_exported_sparse_student_is_the_student(tmp_path):
     assert np.abs(np.asarray(dense) - np.asarray(want)).max() > 1e-4
     own = json.loads((tmp_path / "folder" / "ditax_sample.json").read_text())
     assert own["num_inference_steps"] == 4 and own["guidance_scale"] == 1.0
+
+
+def test_a_sparse_students_step_on_fsdp2_tensor4_equals_one_device(tmp_path):
+    """One DMD2 step of a VSA student (the scores dense) on fsdp 2 x tensor 4 against one
+    device from the same state and batch (Adam ``eps=1`` and a large rate, as in
+    ``test_distill.py``'s mesh test: the mesh's arithmetic compared, not Adam's amplification
+    of a tiny gradient): loss within 1e-5, the student and the critic within 1e-3 of the
+    largest step either took."""
+    data_dir = write_dataset(tmp_path / "latents", n=4, null=True)
+    cfg = run_cfg(tmp_path / "unused", data_dir, "distill.method=dmd2",
+                  "distill.critic_updates=1", "distill.guidance=4", "flow.shift=3",
+                  "optim.eps=1.0", "optim.learning_rate=0.1", "batch_size=2", "mesh.fsdp=2",
+                  "mesh.tensor=4", *VSA)
+    tr = DistillTrainer(cfg, make_mesh(ONE, jax.devices()[:1]))
+    tr8 = DistillTrainer(cfg, make_mesh(cfg.mesh))
+    assert dict(tr8.mesh.shape) == {"data": 1, "fsdp": 2, "context": 1, "tensor": 4}
+    data = BatchIterator(cfg)
+    tr.bind_data(data)
+    tr8.bind_data(BatchIterator(cfg))
+    batch = next(data)
+    state = jax.tree.map(np.asarray, tr.init())
+    st8, m8 = tr8.step(jax.device_put(state, tr8.state_sh), tr8.put_batch(batch))
+    st, m = tr.step(jax.device_put(state, tr.state_sh), tr.put_batch(batch))
+    assert abs(float(m["loss"]) - float(m8["loss"])) < 1e-5
+    for part in ("params", "fake"):
+        err = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
+                           st[part], st8[part])
+        moved = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - b))),
+                             st[part], state[part])
+        err, moved = max(jax.tree.leaves(err)), max(jax.tree.leaves(moved))
+        assert moved > 0 and err <= 1e-3 * moved, (part, err, moved)
