@@ -31,7 +31,8 @@ stands in (nothing here touches GCS).
 
     PYTHONPATH=/tmp/mdpkgs python benchmarks/ltx2_peer.py --maxdiffusion /tmp/md/src \\
         [--target tpu-v6e-8] [--height 512 --width 768 --frames 121] [--text 1024] \\
-        [--layers 48] [--skip ditax|maxdiffusion] > docs/ltx2_peer_v6e8.jsonl
+        [--layers 48] [--skip ditax|maxdiffusion] [--set mesh.data=2 mesh.context=4] \\
+        >> docs/ltx2_peer_v6e8.jsonl
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ def main():
     ap.add_argument("--text", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--skip", default="", help="ditax and/or maxdiffusion, comma-separated")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more config overrides for both (e.g. mesh.data=2 mesh.context=4)")
     ap.add_argument("--dump-hlo", default=None, metavar="DIR",
                     help="write each compiled forward's HLO text to DIR/<impl>.hlo")
     a = ap.parse_args()
@@ -178,7 +181,7 @@ def main():
     cfg = load_config("ltx-2", [f"sample.height={a.height}", f"sample.width={a.width}",
                                 f"sample.num_frames={a.frames}",
                                 f"sample.max_sequence_length={a.text}",
-                                f"model.num_layers={a.layers}"])
+                                f"model.num_layers={a.layers}", *a.set])
     mesh = make_mesh(cfg.mesh, devices)
     case = f"forward_{a.width}x{a.height}x{a.frames}"
     base = {"bench": "ltx2_peer", "case": case, "target": a.target, "mesh": dict(mesh.shape),
