@@ -149,7 +149,10 @@ class Table:
     """A model's rows, the layer count of its stacked rows, and what to say in messages.
 
     ``ignore``: regexes of upstream keys that may be present and are not read (e.g. a seq2seq
-    checkpoint's decoder); ``context``: the config values the weights must match.
+    checkpoint's decoder); ``context``: the config values the weights must match; ``hints``:
+    ``(regex, fix)`` pairs: when every unexpected key (and nothing missing) matches a regex,
+    its fix is the error's last words instead of the general one (e.g. a setting that adds
+    those parameters).
     """
 
     name: str
@@ -157,6 +160,15 @@ class Table:
     layers: int = 0
     ignore: tuple[str, ...] = ()
     context: str = "config.json"
+    hints: tuple[tuple[str, str], ...] = ()
+
+    def fix_for(self, missing, unexpected) -> str:
+        """The fix a key mismatch's error ends with (:attr:`hints`, else the general one)."""
+        for pattern, fix in self.hints:
+            if unexpected and not missing and all(re.search(pattern, k) for k in unexpected):
+                return fix
+        return ("check that config.json belongs to these weights and that every shard "
+                "downloaded completely")
 
     def names(self, row: Row, key: str | None = None) -> list[str]:
         """The upstream keys of one row (one per layer for a stacked row)."""
@@ -217,8 +229,7 @@ def check_keys(table: Table, available, source="the checkpoint") -> dict[str, st
                         if not any(re.search(p, k) for p in table.ignore))
     if missing or unexpected:
         raise key_mismatch(f"{table.name} weights in {source} do not match {table.context}",
-                           missing, unexpected, "check that config.json belongs to these "
-                           "weights and that every shard downloaded completely")
+                           missing, unexpected, table.fix_for(missing, unexpected))
     return chosen
 
 

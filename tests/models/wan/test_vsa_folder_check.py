@@ -43,3 +43,25 @@ def test_a_gate_of_the_wrong_shape_fails(tmp_path):
     _write(tmp_path, gate_shape=(4, 319))
     with pytest.raises(WeightError, match="to_gate_compress"):
         check_folder(tmp_path, None)
+
+
+def test_a_gated_folder_loaded_dense_names_the_setting(tmp_path):
+    """Loaded without ``attention.sparsity=vsa`` the gates are unexpected keys: the error's
+    fix names the setting (the folder does not record it), not the general advice."""
+    _write(tmp_path)
+    with pytest.raises(WeightError, match=r"to_gate_compress.*load it with "
+                                          r"attention\.sparsity=vsa attention\.topk=K") as e:
+        ditax.load_transformer(tmp_path, attention="xla", subfolder=None)
+    assert "config.json belongs" not in str(e.value)
+
+
+def test_the_gates_hint_only_when_the_gates_are_all_that_differs():
+    from ditax.models.wan.convert import weight_table
+
+    table = weight_table(2, head_dim=64)
+    gates = ["blocks.0.attn1.to_gate_compress.weight", "blocks.1.attn1.to_gate_compress.bias"]
+    assert "attention.sparsity=vsa" in table.fix_for([], gates)
+    general = "config.json belongs"
+    assert general in table.fix_for([], gates + ["blocks.0.other.weight"])
+    assert general in table.fix_for(["blocks.0.attn1.to_q.weight"], gates)
+    assert general in table.fix_for(["blocks.0.attn1.to_q.weight"], [])

@@ -123,7 +123,14 @@ def _weight_table(rows: list[Row], num_layers: int, fields: str) -> Table:
     """The transformer's :class:`~ditax.io.convert.Table` of ``rows``; ``fields`` names the
     config fields beside ``num_layers`` that the rows depend on (in a mismatch message)."""
     return Table("transformer", tuple(rows), num_layers, IGNORED_UNEXPECTED,
-                 f"the config (num_layers={num_layers}, {fields})")
+                 f"the config (num_layers={num_layers}, {fields})", hints=(GATES_HINT,))
+
+
+#: a VSA-trained folder (``ditax export`` of an ``attention.sparsity=vsa`` run, which does not
+#: record the sparsity) loaded dense: its gates are the only unexpected keys
+GATES_HINT = (r"\.attn1\.to_gate_compress\.",
+              "these are the self-attention gates of a VSA-trained model: load it with "
+              "attention.sparsity=vsa attention.topk=K (the K it was trained with)")
 
 
 def param_axes(cross_attn_norm: bool = True, image: bool = False, pos_embed: bool = False, *,
