@@ -184,10 +184,11 @@ def table(lines: list[dict]) -> str:
 
 
 def run(seeds, cases, folders=None, out=None, batch: int = 8, combos: int = 0,
-        steps: int = 0) -> list[dict]:
+        steps: int = 0, tag: str = "") -> list[dict]:
     """Every case in ``cases`` (``dense`` always: the reference) per seed (all cases of a seed,
     then the next: an interrupted run keeps whole seeds; ``folders``: the fine-tuned folders
-    by kind, ``vsa`` / ``dense``); prints and appends (``out``) each
+    by kind, ``vsa`` / ``dense``; ``tag``: a suffix of their cases' names, to tell fine-tunes
+    apart in one file); prints and appends (``out``) each
     line as it is made, then the summaries. ``combos`` / ``steps`` (smoke runs): the first
     ``combos`` combinations only, ``steps`` sampler steps (0: all 40, SAMPLE's)."""
     import ditax
@@ -228,7 +229,8 @@ def run(seeds, cases, folders=None, out=None, batch: int = 8, combos: int = 0,
             videos = _videos(pipes[name], prompts, seed, sample, batch)
             scores = [score(v, p) for v, p in zip(videos, prompts)]
             ref = videos if name == "dense" else ref
-            line = seed_line(name, settings, seed, scores,
+            shown = f"{name}_{tag}" if tuned and tag else name
+            line = seed_line(shown, settings, seed, scores,
                              [psnr(v, r) for v, r in zip(videos, ref)],
                              time.perf_counter() - t0)
             if tuned:
@@ -250,6 +252,7 @@ def main(argv=None) -> int:
     p.add_argument("--vsa-folder", default=None, help="sparse_finetune.py's OUT/folder")
     p.add_argument("--dense-ft-folder", default=None,
                    help="sparse_finetune.py --topk 0's OUT/folder (the control)")
+    p.add_argument("--tag", default="", help="suffix of the fine-tuned cases' names")
     p.add_argument("--summary", default=None, metavar="JSONL",
                    help="rewrite this file as its seed lines then their summaries, and exit")
     p.add_argument("--batch", type=int, default=8)
@@ -275,7 +278,8 @@ def main(argv=None) -> int:
         p.error(f"unknown case(s) {sorted(unknown)}; the cases: "
                 f"{', '.join(c[0] for c in CASES)}")
     run([int(s) for s in a.seeds.split(",")], cases,
-        {"vsa": a.vsa_folder, "dense": a.dense_ft_folder}, a.out, a.batch, a.combos, a.steps)
+        {"vsa": a.vsa_folder, "dense": a.dense_ft_folder}, a.out, a.batch, a.combos, a.steps,
+        a.tag)
     return 0
 
 

@@ -71,12 +71,17 @@ def test_paired_score_and_psnr():
 
 def test_smoke_run_summary_and_table(tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
-    sq.main(["--seeds", "7", "--cases", "vsa_zero_gates,vsa_finetuned", "--combos", "1",
-             "--steps", "2", "--batch", "1", "--out", str(out)])
+    import ditax
+
+    # the "fine-tuned" dense folder is the demo model itself: its videos are the dense ones
+    sq.main(["--seeds", "7", "--cases", "vsa_zero_gates,vsa_finetuned,dense_finetuned",
+             "--dense-ft-folder", str(ditax.demo.model_path()), "--tag", "same",
+             "--combos", "1", "--steps", "2", "--batch", "1", "--out", str(out)])
     rows = [json.loads(ln) for ln in out.read_text().splitlines()]
     seeds = {r["case"]: r for r in rows if r["metric"] == "seed_videos"}
     # dense always (the reference); vsa_finetuned skipped: no --vsa-folder given
-    assert set(seeds) == {"dense", "vsa_zero_gates"}
+    assert set(seeds) == {"dense", "vsa_zero_gates", "dense_finetuned_same"}
+    assert seeds["dense_finetuned_same"]["psnr"] == [None]
     assert seeds["dense"]["psnr"] == [None]                    # itself: identical
     assert math.isfinite(seeds["vsa_zero_gates"]["psnr"][0])
     got = {(r["case"], r["metric"]): r for r in rows if r["metric"] != "seed_videos"}
@@ -87,11 +92,13 @@ def test_smoke_run_summary_and_table(tmp_path, capsys):
         f.write(json.dumps(dict(seeds["vsa_zero_gates"], psnr=[30.0])) + "\n")
     sq.main(["--summary", str(out)])            # seed lines, then summaries of the latest
     again = [json.loads(ln) for ln in out.read_text().splitlines()]
-    assert [r["metric"] for r in again[:3]] == ["seed_videos"] * 3
+    assert [r["metric"] for r in again[:4]] == ["seed_videos"] * 4
     assert {(r["case"], r["metric"]): r["value"] for r in again[3:]}[
         ("vsa_zero_gates", "psnr_mean")] == 30.0
     capsys.readouterr()
     sq.main(["--table", str(out)])
     table = capsys.readouterr().out.splitlines()
-    assert len(table) == 4 and table[2].startswith("| dense | xla | 100% |")
+    assert len(table) == 5 and table[2].startswith("| dense | xla | 100% |")
     assert table[3].startswith("| vsa_zero_gates | sparsity=vsa, tile=1,2,2, topk=8 | 46% |")
+    assert table[4].startswith("| dense_finetuned_same | xla | 100% |")
+    assert "| +0.0 ± 0.0 (0 / 0) |" in table[4] and table[4].endswith("| identical |")
