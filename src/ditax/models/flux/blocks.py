@@ -16,7 +16,8 @@ Remat names (:data:`ditax.nn.stack.REMAT`): ``attn_out`` (the attention output, 
 ``proj_out`` (every output projection: ``to_out``, ``to_add_out``, the MLPs' ``net.2``, the
 single blocks' ``proj_out``) and ``proj_in`` (the double blocks' q / k / v and MLP input
 projections; the single blocks' are left unnamed, so ``model.remat=save_proj`` recomputes
-them and stays within memory at FLUX.1-dev's 1024² training).
+them and stays within memory at FLUX.1-dev's 1024² training; the presets'
+``save_proj_out`` recomputes the double blocks' too, for 8 GiB less a chip there).
 """
 
 from __future__ import annotations
