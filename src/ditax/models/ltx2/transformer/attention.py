@@ -9,6 +9,17 @@ differ in the audio↔video attentions), attention through the site's
 to_gate_logits(x))`` (``gated_attn``), then ``to_out``. Under spatio-temporal guidance
 (diffusers ``LTX2PerturbedAttnProcessor``) a self-attention's output is blended back towards
 its values, ``lerp(v, o, m)`` per sample (``m = 0``: the values alone), before the gates.
+
+A call whose kernel reads head-major (:attr:`~ditax.attention.AttentionCall.reads_head_major`:
+splash, flash, the sequence backends around them) gets q / k / v ``[B, N, L, K]`` written so
+by the projections' dots (:meth:`~ditax.nn.Linear.to_head_major`), normed and rotated in that
+layout, and ``to_out`` contracts ``(N, K)`` where the kernel wrote them: on TPU the view
+``[L, N·K] → [L, N, K]`` is itself a relayout, which XLA did as two transposes of each input
+(at 768x512x121 on v6e-8, data 2 x context 4: 11.25 → 3.71 GiB of relayout copies a chip; what
+is left is the kernels' shards relaid out for those dots, ``docs/ltx2_peer_v6e8.jsonl``). The
+same values: the norm's mean runs over the same ``N·K`` channels in float32, RoPE is the same
+products (the tables transposed, out of the layer loop). Where a RoPE's groups are not the
+heads, token-major.
 """
 
 from __future__ import annotations
@@ -25,7 +36,8 @@ from ditax.models.ltx2.transformer.rope import Rope, apply_rope
 from ditax.nn import Linear, RMSNorm
 from ditax.parallel.sharding import ShardingContext
 
-HEADS = ("act_batch", None, "act_heads", None)
+HEADS = ("act_batch", None, "act_heads", None)        # [B, L, N, K]
+HEAD_MAJOR = ("act_batch", "act_heads")                # [B, N, L, K]: + (L axis, None)
 
 
 class Attention(nnx.Module):
@@ -52,6 +64,9 @@ class Attention(nnx.Module):
         table (self-attention); ``kv_mask [B, Sk]`` (True = key); ``seq``: the logical axis
         of q's and of k's tokens (``"act_seq"`` for video tokens, None for audio and text);
         ``perturb [B]`` float32: the STG blend weight of each sample (None: none)."""
+        if call.reads_head_major and self._head_major_fits(q_rope, k_rope):
+            return self._head_major(x, context, call, sharding, q_rope, k_rope, kv_mask,
+                                    split_rope, seq, perturb)
         b, s = x.shape[:2]
         sq, sk = seq
         q = self.norm_q(self.to_q(x))
@@ -71,6 +86,43 @@ class Attention(nnx.Module):
             gates = 2.0 * jax.nn.sigmoid(self.to_gate_logits(x).astype(jnp.float32))
             o = (o.astype(jnp.float32) * gates[..., None]).astype(o.dtype)
         return checkpoint_name(self.to_out.from_heads(o), "proj_out")
+
+
+    def _head_major_fits(self, q_rope, k_rope) -> bool:
+        """Whether RoPE can rotate head-major q / k in place: its groups are the heads."""
+        return all(r is None or r.cos.shape[2] == self.heads for r in (q_rope, k_rope))
+
+    def _head_major(self, x, context, call, sharding, q_rope, k_rope, kv_mask, split_rope,
+                    seq, perturb):
+        """The layer with q / k / v head-major ``[B, N, L, K]`` from the projections' dots
+        (the TPU kernels' layout; a ``[L, N·K] → [L, N, K]`` view is a relayout there), the
+        across-heads RMS norms and RoPE in that layout, ``to_out`` contracting ``(N, K)``."""
+        n, (sq, sk) = self.heads, seq
+        q = _norm_heads(self.norm_q, self.to_q.to_head_major(x, n))
+        k = _norm_heads(self.norm_k, self.to_k.to_head_major(context, n))
+        v = self.to_v.to_head_major(context, n)
+        if q_rope is not None:
+            q = apply_rope(q, q_rope, split_rope, head_major=True)
+            k = apply_rope(k, q_rope if k_rope is None else k_rope, split_rope,
+                           head_major=True)
+        q = sharding.constrain(q, HEAD_MAJOR + (sq, None))
+        k, v = (sharding.constrain(a, HEAD_MAJOR + (sk, None)) for a in (k, v))
+        o = checkpoint_name(call(q, k, v, kv_mask=kv_mask, head_major=True), "attn_out")
+        o = sharding.constrain(o, HEAD_MAJOR + (sq, None))
+        if perturb is not None:
+            o = lerp(v, o, perturb.reshape(-1, 1, 1, 1))
+        if self.to_gate_logits is not None:
+            gates = 2.0 * jax.nn.sigmoid(self.to_gate_logits(x).astype(jnp.float32))
+            o = (o.astype(jnp.float32) * jnp.swapaxes(gates, 1, 2)[..., None]).astype(o.dtype)
+        return checkpoint_name(self.to_out.from_head_major(o), "proj_out")
+
+
+def _norm_heads(norm: RMSNorm, x):
+    """``norm`` (RMS over all ``N·K`` channels of a token) on head-major ``x [B, N, L, K]``."""
+    n, k = x.shape[1], x.shape[3]
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=(1, 3), keepdims=True) + norm.eps)
+    return (y * norm.scale[...].astype(jnp.float32).reshape(n, 1, k)).astype(x.dtype)
 
 
 def lerp(start, end, weight):

@@ -161,11 +161,22 @@ def rope_tables(pos, dim: int, groups: int, *, theta: float, double: bool,
     return Rope(cos.reshape(b, s, groups, width), sin.reshape(b, s, groups, width))
 
 
-def apply_rope(x, rope: Rope, split: bool):
+def apply_rope(x, rope: Rope, split: bool, head_major: bool = False):
     """``x [B, S, N, K]`` rotated by ``rope`` (``[B', S, G, W]``): float32 inside, ``x``'s
     dtype out. ``interleaved``: ``out[2i] = x[2i]·cos − x[2i+1]·sin``, ``out[2i+1] =
     x[2i+1]·cos + x[2i]·sin``; ``split``: the halves ``x1, x2`` of each group give
     ``x1·cos − x2·sin`` and ``x2·cos + x1·sin``."""
+    if head_major:       # x [B, N, S, K], the groups being the heads: the tables' view
+        cos, sin = (jnp.swapaxes(t, 1, 2) for t in rope)
+        xf = x.astype(jnp.float32)
+        if split:
+            x1, x2 = jnp.split(xf, 2, axis=-1)
+            out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+        else:
+            pairs = xf.reshape(xf.shape[:-1] + (-1, 2))
+            partner = jnp.stack([-pairs[..., 1], pairs[..., 0]], -1).reshape(xf.shape)
+            out = xf * cos + partner * sin
+        return out.astype(x.dtype)
     b, s, n, k = x.shape
     g = rope.cos.shape[2]
     xf = x.astype(jnp.float32).reshape(b, s, g, n * k // g)
