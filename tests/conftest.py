@@ -176,6 +176,11 @@ END_TO_END = (
     # VSA training: a 4-step run, a 2 + 2 resumed one and a LoRA run (about 15 s); VSA on a
     # fsdp2 x tensor2 mesh against one device (about 10 s)
     "train/test_vsa_train.py", "models/wan/test_sparse_vsa_mesh.py",
+    # DMD2 with a sparse student (about 38 s), the VSA table kernels inside the Wan model
+    # (17 s; the kernels alone against the jnp path stay in the fast tier), the sparse
+    # quality benchmark's smoke run (6 s)
+    "train/test_distill_sparse.py", "models/wan/test_sparse_vsa_table_model.py",
+    "benchmarks/test_sparse_quality.py",
     # a causal job's chunks played by the page in Chromium while the server makes the rest
     "serve/test_serve_browser_stream.py",
     # the fast tier's longest single checks (each > 7 s on 2 cores), beside faster ones of the
