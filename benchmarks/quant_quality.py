@@ -156,12 +156,6 @@ def quality(seeds: int, modes, out=None, batch: int = 8) -> None:
         pipes[name].max_sequence_length = SAMPLE["max_sequence_length"]
     lines = []
 
-    def emit(line):
-        print(json.dumps(line), flush=True)
-        if out:
-            with open(out, "a") as f:
-                f.write(json.dumps(line) + "\n")
-
     for seed in range(seeds):
         ref = None
         for name, options in chosen:
@@ -175,9 +169,18 @@ def quality(seeds: int, modes, out=None, batch: int = 8) -> None:
                 s_ = [ssim(v, r) for v, r in zip(videos, ref)]
             lines.append(seed_line(name, options, seed, scores, p_, s_, SAMPLE,
                                    time.perf_counter() - t0))
-            emit(lines[-1])
+            emit_line(lines[-1], out)
     for line in summarize(lines):
-        emit(line)
+        emit_line(line, out)
+
+
+def emit_line(line: dict, out=None) -> None:
+    """Print ``line`` as JSON and append it to the file ``out`` (None: print only)."""
+    text = json.dumps(line)
+    print(text, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(text + "\n")
 
 
 def summarize_file(path: str) -> None:
@@ -188,4 +191,4 @@ def summarize_file(path: str) -> None:
         print(json.dumps(line))
 
 
-__all__ = ["QUALITY_MODES", "quality", "seed_line", "summarize", "summarize_file"]
+__all__ = ["QUALITY_MODES", "emit_line", "quality", "seed_line", "summarize", "summarize_file"]

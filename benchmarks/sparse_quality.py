@@ -195,7 +195,7 @@ def run(seeds, cases, folders=None, out=None, batch: int = 8, combos: int = 0,
     from ditax.demo import SAMPLE, model_path
     from ditax.synthetic.score import score
     from ditax.synthetic.vocab import all_combinations
-    from quant_quality import _videos
+    from quant_quality import _videos, emit_line
 
     prompts = [c.prompt for c in all_combinations()][:combos or None]
     sample = dict(SAMPLE, num_inference_steps=steps or SAMPLE["num_inference_steps"])
@@ -209,12 +209,6 @@ def run(seeds, cases, folders=None, out=None, batch: int = 8, combos: int = 0,
             with open(rec) as f:
                 records[kind] = json.load(f)
     lines = []
-
-    def emit(line):
-        print(json.dumps(line), flush=True)
-        if out:
-            with open(out, "a") as f:
-                f.write(json.dumps(line) + "\n")
 
     pipes = {}
     for name, settings, tuned in chosen:
@@ -238,10 +232,10 @@ def run(seeds, cases, folders=None, out=None, batch: int = 8, combos: int = 0,
             if combos or steps:
                 line.update(sample=sample)
             lines.append(line)
-            emit(line)
+            emit_line(line, out)
     summary = summarize(lines)
     for line in summary:
-        emit(line)
+        emit_line(line, out)
     return summary
 
 

@@ -30,3 +30,17 @@ def random_pipeline_folder(dest) -> pathlib.Path:
     dest = pathlib.Path(dest)
     shutil.copytree(_built(), dest)
     return dest
+
+
+def folder_fields(folder, preset: str = "tiny") -> list[str]:
+    """The ``model.KEY=VALUE`` overrides that make ``preset``'s model the one of ``folder``
+    (its family's :meth:`folder_config`, only the values that differ), for ``load_config``."""
+    import json
+
+    from ditax.config import load_config
+    from ditax.models.base import family_class
+
+    base = load_config(preset, []).model
+    return [f"model.{k}={json.dumps(list(v) if isinstance(v, tuple) else v)}"
+            for k, v in family_class(base.family).folder_config(folder).items()
+            if getattr(base, k) != v]

@@ -17,9 +17,9 @@ from flax import nnx
 import ditax
 from ditax.cli import main
 from ditax.config import load_config
-from ditax.models.base import family_class
 from ditax.parallel.mesh import make_mesh
 from ditax.train.loop import train
+from random_pipeline import folder_fields
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 ONE = dict(data=1, fsdp=1, context=1, tensor=1)
@@ -33,10 +33,7 @@ def _run(root, preset, folder, steps, one_device=False):
     ``one_device``: the same run through ``ditax.train.loop.train`` on one device (its step
     compiles cheaper than the 8-device one: the Flux test took 6.9 CPU s that way, ~5 s this;
     export reads either checkpoint)."""
-    base = load_config(preset, []).model
-    fields = [f"model.{k}={json.dumps(list(v) if isinstance(v, tuple) else v)}"
-              for k, v in family_class(base.family).folder_config(folder).items()
-              if getattr(base, k) != v]
+    fields = folder_fields(folder, preset)
     out = root / f"run-{preset}"
     args = [*fields, f"init_from={folder}", *DATA[preset], f"steps={steps}", "batch_size=8",
             "checkpoint.every=1", "checkpoint.keep=5", f"output_dir={out}"]
@@ -208,11 +205,7 @@ def test_a_full_weight_students_folder_samples_it_as_trained(wan, tmp_path):
     Euler with its shift, its ditax_sample.json the student's steps, guidance and sigmas;
     ditax loads them as the folder's defaults; the base's files are untouched."""
     root, pipe, _, _ = wan
-    family = load_config("tiny", []).model.family
-    base = load_config("tiny", []).model
-    fields = [f"model.{k}={json.dumps(list(v) if isinstance(v, tuple) else v)}"
-              for k, v in family_class(family).folder_config(pipe).items()
-              if getattr(base, k) != v]
+    fields = folder_fields(pipe)
     run = tmp_path / "student"
     # one device, inputs noised from data (no backward simulation): what export writes is the
     # same (the student's sampling settings are its steps, sigmas, shift and guidance), and

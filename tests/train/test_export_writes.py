@@ -9,7 +9,6 @@ writing, not the reading (``test_export_run.py`` reads real checkpoints)."""
 
 from __future__ import annotations
 
-import json
 
 import jax
 import numpy as np
@@ -21,19 +20,15 @@ from full_disk import fill_disk
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from random_pipeline import random_pipeline_folder
+    from random_pipeline import folder_fields, random_pipeline_folder
 
     from ditax.config import load_config
     from ditax.config.loader import to_dict
-    from ditax.models.base import family_class
     from ditax.train.resume import write_config
 
     root = tmp_path_factory.mktemp("export_writes")
     pipe = random_pipeline_folder(root / "pipe")
-    base = load_config("tiny", []).model
-    fields = [f"model.{k}={json.dumps(list(v) if isinstance(v, tuple) else v)}"
-              for k, v in family_class(base.family).folder_config(pipe).items()
-              if getattr(base, k) != v]
+    fields = folder_fields(pipe)
     folder = root / "run"
     cfg = load_config("tiny", [*fields, f"init_from={pipe}", f"output_dir={folder}"])
     (folder / "checkpoints" / "3").mkdir(parents=True)
