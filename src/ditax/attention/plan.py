@@ -101,9 +101,10 @@ class AttentionCall:
         from ditax.attention import tuning
 
         if name == "splash":
-            tiles = ("block_q", "block_kv", "block_kv_compute", "block_q_bwd", "block_kv_bwd")
+            from ditax.attention.splash import TILES
+
             return tuning.splash_blocks(Lq, Lk, platform.device_kind,
-                                        {t: kw.get(t) for t in tiles})["block_kv"]
+                                        {t: kw.get(t) for t in TILES})["block_kv"]
         return tuning.flash_blocks(Lq, Lk, platform.device_kind, kw.get("block_q"),
                                    kw.get("block_kv"), kw.get("block_kv_compute"))[1]
 
