@@ -41,6 +41,8 @@ class SampleConfig:
     scheduler: Sampler = "unipc"
     flow_shift: Optional[float] = None  # None = from the scheduler config
     max_sequence_length: int = _D["max_sequence_length"]
+    # decode in spatial tiles; not given: whole, or in tiles where a chip's memory plan says the
+    # whole Wan decode does not fit (one warning line; ditax.pipelines.decode_fit)
     vae_tiling: bool = False
     vae_parallel: bool = False          # decode with each frame's rows split over the mesh
     # the Euler sampler's sigmas before the shift, one per step (None = evenly spaced)

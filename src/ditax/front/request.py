@@ -23,12 +23,13 @@ class LoadRequest:
     """What to load and how: ``path`` (the model folder, ``demo`` resolved), ``makes`` (the
     output kind), ``dtype``, ``attention`` (an :class:`~ditax.attention.config.AttentionConfig`),
     ``mesh`` (a :class:`~ditax.config.MeshConfig` the user gave; None: the devices' default),
-    ``compile_cache`` (the config value), ``cfg_mode``, ``vae_tiling``, ``vae_parallel``, the
-    LoRAs (``loras``: ``((Lora, strength), ...)`` read and checked; ``lora_mode``,
-    ``lora_strict``), the text encoders' ``text_quantize`` / ``text_offload``, ``precision``
-    (what the dots and convolutions run at: ``model.precision`` resolved), ``model`` (the
-    ``model.*`` overrides given: quantize, offload, a transformer field...) and ``family`` (the
-    family's own loader options: a flow shift, a sampler, a second expert's LoRAs)."""
+    ``compile_cache`` (the config value), ``cfg_mode``, ``vae_tiling`` (None: not given),
+    ``vae_parallel``, the LoRAs (``loras``: ``((Lora, strength), ...)`` read and checked;
+    ``lora_mode``, ``lora_strict``), the text encoders' ``text_quantize`` /
+    ``text_offload``, ``precision`` (what the dots and convolutions run at:
+    ``model.precision`` resolved), ``model`` (the ``model.*`` overrides given: quantize,
+    offload, a transformer field...) and ``family`` (the family's own loader options: a flow
+    shift, a sampler, a second expert's LoRAs)."""
 
     path: str
     makes: str
@@ -52,8 +53,10 @@ class LoadRequest:
         """The loader's keyword arguments (:func:`ditax.load_pipeline`'s, beside the path and
         the mesh); also what a family's preflight reads."""
         out = dict(dtype=self.dtype, attention=self.attention, cfg_mode=self.cfg_mode,
-                   vae_tiling=self.vae_tiling, loras=list(self.loras),
-                   lora_mode=self.lora_mode, lora_strict=self.lora_strict, **self.model)
+                   loras=list(self.loras), lora_mode=self.lora_mode,
+                   lora_strict=self.lora_strict, **self.model)
+        if self.vae_tiling is not None:   # None: not given, the loader's default
+            out["vae_tiling"] = self.vae_tiling
         if self.vae_parallel:
             out["vae_parallel"] = True
         if self.text_quantize != "none":

@@ -199,7 +199,9 @@ def load_request(req, given, makes: str, loras: list, own_load: dict) -> LoadReq
     return LoadRequest(
         path=req.model, makes=makes, dtype=dtype, attention=cfg.attention,
         mesh=cfg.mesh if use_mesh else None, compile_cache=cfg.compile_cache,
-        cfg_mode=s.cfg_mode, vae_tiling=s.vae_tiling, vae_parallel=bool(s.vae_parallel),
+        cfg_mode=s.cfg_mode, vae_parallel=bool(s.vae_parallel),
+        # sample.vae_tiling given (or a preset's): as given; else None, the pipeline's choice
+        vae_tiling=s.vae_tiling if "vae_tiling" in req.chosen else None,
         loras=tuple(loras), lora_mode=given.get("lora_mode") or "merged",
         lora_strict=given.get("lora_strict", True),
         text_quantize=given.get("text_quantize") or "none",

@@ -13,7 +13,9 @@ LTX-2) is a :class:`Pipeline`: beside its own components it holds what the gener
   programs by signature) and ``compile_cache`` (jax's persistent cache: ``"auto"``, ``"none"``
   or a folder; :func:`~ditax.pipelines.programs.in_compile_cache`);
 - ``vae_tiling`` and ``vae_parallel`` (a mesh: the decode's rows split over it, set by
-  ``load_pipeline(vae_parallel=True)``): how :meth:`Pipeline.decode_pixels` decodes;
+  ``load_pipeline(vae_parallel=True)``): how :meth:`Pipeline.decode_pixels` decodes
+  (``vae_tiling`` None, the default: whole, or in tiles where the VAE's plan says the whole
+  decode does not fit the device: :meth:`Pipeline.decode_options`);
 - ``sample_defaults`` (the folder's ``ditax_sample.json``, a LoRA's sampling settings over it:
   :meth:`Pipeline.take_lora_sample`; a call reads them with :meth:`Pipeline.call_defaults`);
 - ``load_time``, ``timings`` and ``last_stats``: what loading and the last call took and ran.
@@ -56,11 +58,11 @@ class Pipeline:
     batches: ClassVar[bool] = True
 
     def __init__(self, *, vae, transformer, scheduler, cfg_mode: str = "batched",
-                 vae_tiling: bool = False, sample_defaults: dict | None = None):
+                 vae_tiling: bool | None = None, sample_defaults: dict | None = None):
         check_cfg_mode(cfg_mode)
         self.vae, self.transformer, self.scheduler = vae, transformer, scheduler
         self.cfg_mode = cfg_mode
-        self.vae_tiling = vae_tiling
+        self.vae_tiling = vae_tiling   # None: chosen per decode (decode_options)
         self.vae_parallel = None    # a mesh: decode with the rows split over it (load_pipeline)
         self.sample_defaults = dict(sample_defaults or {})   # the folder's ditax_sample.json
         self.load_time = 0.0
@@ -120,15 +122,27 @@ class Pipeline:
                        cfg_mode=self.cfg_mode)
         return Prepared(**{**runtime, **parts})
 
+    def decode_options(self, shape) -> dict:
+        """How latents of ``shape`` decode (``{"tiled": ...}``): ``vae_tiling`` where set,
+        else whole unless the VAE's plan says the whole decode does not fit the device (then in
+        tiles, logged in one line; a :class:`RequestError` where tiles do not fit either):
+        :func:`ditax.pipelines.decode_fit.decode_options`. Ask it before any work (a
+        ``prepare``) and pass its options to :meth:`vae_decode`."""
+        from ditax.pipelines.decode_fit import decode_options
+
+        return decode_options(self, shape)
+
     def vae_decode(self, z, *conditions, **options):
         """The VAE's decode of latents ``z`` as the pipeline runs it (``vae_parallel``: rows
-        split over that mesh; else tiled or not, ``options`` such as ``programs=``); the raw
-        ``[B, 3, ...]`` pixels in about [-1, 1]. ``conditions``: the decode's further inputs
-        (LTX-2's timestep)."""
+        split over that mesh; else tiled or not: ``options``' ``tiled`` where given, else
+        :meth:`decode_options`'; ``options`` such as ``programs=``); the raw ``[B, 3, ...]``
+        pixels in about [-1, 1]. ``conditions``: the decode's further inputs (LTX-2's
+        timestep)."""
         from ditax.models.vae.parallel import decode_on
 
-        return decode_on(self.vae, z, self.vae_parallel, *conditions, tiled=self.vae_tiling,
-                         **options)
+        if "tiled" not in options:
+            options = {**self.decode_options(z.shape), **options}
+        return decode_on(self.vae, z, self.vae_parallel, *conditions, **options)
 
     def decode_pixels(self, z, *conditions, **options) -> np.ndarray:
         """:meth:`vae_decode`'s first row as float32 ``[..., 3]`` (channels last) in [0, 1]

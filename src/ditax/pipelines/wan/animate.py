@@ -171,6 +171,8 @@ class WanAnimate(WanImageToVideo):
         _, _, height, width = pose.shape
         grid = vae.config.latent_grid(seg, height, width)                    # (F', Y, X)
         shape = (1, vae.z_dim, grid[0] + 1, grid[1], grid[2])
+        # whole or in tiles, before any work (a decode that cannot fit is refused here)
+        decoding = self.decode_options((1, vae.z_dim, *grid))
         t0 = time.perf_counter()
         with phase("text"):
             emb = jax.block_until_ready(text(guidance_scale > 1.0))
@@ -222,7 +224,7 @@ class WanAnimate(WanImageToVideo):
             t0 = time.perf_counter()
             with phase("decode"):      # raw frames: the next segment's condition reads them
                 z = vae.denormalize_latents(jnp.asarray(res.output[:, :, 1:], vae.dtype))
-                frames = np.asarray(self.vae_decode(z), np.float32)[0]
+                frames = np.asarray(self.vae_decode(z, **decoding), np.float32)[0]
             spent["decode"] += time.perf_counter() - t0
             out.append(frames if start == 0 else frames[:, prev:])
             self.last_stats, self.timings = res.stats, Timings(load=self.load_time, **spent)

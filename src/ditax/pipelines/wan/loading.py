@@ -35,7 +35,7 @@ LORA_KEYS = ("loras", "loras_2", "lora_strict", "lora_mode")
 def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
                   cfg_mode: str = "batched", scheduler: str | None = None,
                   flow_shift: float | None = None, vae_dtype: str = "float32",
-                  vae_tiling: bool = False, max_sequence_length: int | None = None,
+                  vae_tiling: bool | None = None, max_sequence_length: int | None = None,
                   video_to_video: bool = False, text_quantize: str = "none",
                   **model_overrides) -> "WanTextToVideo":
     """Load a diffusers Wan pipeline folder (or hub id): a text-to-video ``WanPipeline`` into
@@ -54,7 +54,9 @@ def load_pipeline(path, dtype: str = "float32", mesh=None, attention="xla", *,
         ``num_train_timesteps`` and shift.
       flow_shift: override the scheduler's shift (Wan: 3.0 at 480p, 5.0 at 720p).
       vae_dtype: VAE dtype (float32 is what Wan uses; the VAE is small).
-      vae_tiling: decode in overlapping spatial tiles (large frames).
+      vae_tiling: decode in overlapping spatial tiles (True) or whole (False); None (the
+        default): whole where the VAE's estimate fits the device, else in tiles with one
+        warning line (:mod:`ditax.pipelines.decode_fit`; CPUs decode whole).
       max_sequence_length: text tokens (None: the folder's ``ditax_sample.json``, else 512,
         Wan's).
       model_overrides: fields of the model config (``remat``, ...) and the LoRAs

@@ -25,6 +25,7 @@ compilation cache (:mod:`ditax.compile_cache`; ``pipe.compile_cache``, default `
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax.numpy as jnp
@@ -142,11 +143,12 @@ class WanTextToVideo(Pipeline):
                                "folder (Wan2.1-I2V-*, Wan2.2-I2V-A14B, Wan2.2-TI2V-5B)")
         return None
 
-    def decode_video(self, x, programs=None):
+    def decode_video(self, x, programs=None, **decoding):
         """Final latents ``[1, C, F', Y, X]`` → float32 video ``[F, H, W, 3]`` in [0, 1]
-        (``programs``: the decode's compiled programs, :meth:`Programs.decode`)."""
+        (``programs``: the decode's compiled programs, :meth:`Programs.decode`; ``decoding``:
+        :meth:`decode_options`', else chosen here)."""
         z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
-        return self.decode_pixels(z, programs=programs)
+        return self.decode_pixels(z, programs=programs, **decoding)
 
     def sample_options(self, num_inference_steps: int) -> dict:
         """More arguments of :func:`~ditax.pipelines.sampling.sample` for this request (the
@@ -272,6 +274,8 @@ class WanTextToVideo(Pipeline):
         shape = self.latent_shape(height, width, num_frames + plan.extra_frames)
         out_shape = self.latent_shape(height, width, num_frames)
         sharding = None if self.mesh is None else NamedSharding(self.mesh, P())
+        # whole or in tiles, before any work (a decode that cannot fit is refused here)
+        decoding = {} if output == "latent" else self.decode_options(out_shape)
 
         return self.prepared(
             inputs=self.model_inputs, scheduler=self.scheduler, latent_shape=shape,
@@ -284,8 +288,9 @@ class WanTextToVideo(Pipeline):
             condition=plan.condition, condition_phase=plan.phase,
             finalize=self.finalize, latents=latents, seed=seed, sigmas=sigmas, **caching,
             size=f"for {num_frames} frames at {height}x{width}{plan.note}",
-            decode=None if output == "latent" else self.decode_video,
-            prepare_decode=lambda: None if (self.vae_tiling or self.vae_parallel is not None)
+            decode=None if output == "latent" else functools.partial(self.decode_video,
+                                                                     **decoding),
+            prepare_decode=lambda: None if (decoding.get("tiled") or self.vae_parallel is not None)
             else self.programs.decode(
                 self.vae, out_shape, sharding), **self.sample_options(num_inference_steps))
 

@@ -29,8 +29,9 @@ Modules: ``config`` (shape and factors), ``layers`` (convolutions, norm, the fas
 switch), ``conv_tpu`` (the TPU convolution kernel), ``blocks`` (residual, attention,
 resampling, mid/up blocks), ``residual`` (the 2.2 levels), ``shuffle`` (patches and the 2.2
 shortcuts), ``coders`` (encoder, decoder), ``chunks`` (the jitted chunk steps, the decode's
-chunking), ``tiling`` (tiled decode), ``model`` (:class:`WanVAE`), ``convert`` (the weight
-table, :func:`~ditax.models.vae.wan.convert.load_vae`).
+chunking), ``tiling`` (tiled decode), ``fit`` (whether a decode fits a device, whole or in
+tiles, planned from shapes), ``model`` (:class:`WanVAE`), ``convert`` (the weight table,
+:func:`~ditax.models.vae.wan.convert.load_vae`).
 """
 
 from ditax.models.vae.wan.config import WanVAEConfig

@@ -179,7 +179,8 @@ def chunk_frames(later: int, top_pixels: int, fast: bool, frames: int | None = N
             if memory.bytes(1) > budget:
                 log.warning("WanVAE decode: a chunk of one latent frame needs about %.1f GiB "
                             "(estimated), over the %.1f GiB budget of the device; it may run "
-                            "out of memory (bfloat16 takes half)",
+                            "out of memory (decode in tiles: tiled=True, a pipeline's "
+                            "sample.vae_tiling=true; bfloat16 takes half)",
                             memory.bytes(1) / 2**30, budget / 2**30)
     if frames < 1:
         raise ValueError(f"WanVAE decode: frames_per_chunk={frames} must be at least 1")

@@ -185,8 +185,25 @@ class WanVAE(nnx.Module):
             width = padded((cfg.decoder_base_dim or cfg.base_dim) * cfg.dim_mult[0])
         frame = pixels * cfg.out_channels * s
         cache = cache if isinstance(cache, int) else nbytes(cache)
-        fixed = nbytes(nnx.state(self)) + cache + (1 + tf * (shape[1] - 1)) * frame
+        fixed = nbytes(nnx.state(self)) + cache + self.video_bytes(shape)
         return ChunkMemory(fixed, tf * (TEMP_ACTIVATIONS * pixels * width * s + frame))
+
+    def video_bytes(self, shape) -> int:
+        """Bytes of the decoded (unclipped) video of channels-last latents of ``shape`` ``[B,
+        F, Y, X, z]`` in this module's dtype."""
+        cfg = self.config
+        pixels = shape[0] * shape[2] * shape[3] * (cfg.spatial_factor // (cfg.patch_size or 1)) ** 2
+        frames = 1 + self.scale_factor_temporal * (shape[1] - 1)
+        return frames * pixels * cfg.out_channels * self.dtype.itemsize
+
+    def plan_decode(self, shape, device=None, *, path: str = "auto", budget: int | None = None):
+        """Whether decoding latents of ``shape`` ``[B, z_dim, F, Y, X]`` fits ``device``'s
+        memory (``budget`` bytes; None: :func:`.chunks.memory_budget`), whole and in the
+        spatial tiles of :meth:`decode`'s defaults: :func:`.fit.plan_decode`'s
+        :class:`~.fit.DecodeFit`, from shapes alone (nothing runs)."""
+        from ditax.models.vae.wan.fit import plan_decode
+
+        return plan_decode(self, tuple(shape), device, path=path, budget=budget)
 
     def _chunk_frames(self, shape, path: str, frames: int | None, cache=None,
                       device=None) -> int:
