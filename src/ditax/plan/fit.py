@@ -263,8 +263,9 @@ def verdict(rows: list[dict], dec, hbm: float, chip_key: str,
             frac = (dec or {}).get("temp_bytes", 0)
             room = hbm - (have[-1][phase].get("bytes", frac) - frac)
             n = math.ceil(frac / room) if room > 0 else None
-            v["suggestion"] = ("tiled decode (WanVAE.decode tile_sample_min) or the row-split "
-                               "parallel decode (ditax.models.vae.parallel)"
+            v["suggestion"] = ("tiled decode (sample.vae_tiling=true; a Wan pipeline with it "
+                               "unset tiles by itself where its estimate is over the budget) "
+                               "or the row-split parallel decode (sample.vae_parallel=true)"
                                + (f" over about {n} chips: {more_chips(chip_key, n * hbm, hbm)}"
                                   if n else ", with the transformer's weights off the device"))
         else:

@@ -25,7 +25,8 @@ def _vae(name: str, dtype: str):
 
 @pytest.mark.parametrize("dtype, whole", [("float32", False), ("bfloat16", True)])
 def test_720p_wan21_fits_whole_only_in_bfloat16_and_in_tiles_either_way(dtype, whole):
-    fit = plan_decode(_vae("wan2.1", dtype), (1, 16, 21, 90, 160), path="plain", budget=V5E)
+    fit = plan_decode(_vae("wan2.1", dtype), (1, 16, 21, 90, 160), path="plain", budget=V5E,
+                      tiles=True)
     assert (fit.size, fit.dtype) == ("720x1280x81", dtype)
     assert fit.fits_whole == whole and fit.fits_tiled
     assert fit.tiled < fit.whole / 3 and fit.tile_frames is None   # plain: one frame a chunk
@@ -50,9 +51,14 @@ def test_the_tiled_estimate_holds_every_tile_and_the_video():
 
 
 def test_wan22_plans_with_its_patches():
-    """The Wan 2.2 VAE (16x spatial, 2x2 pixel patches): its tiles are 16 latent pixels."""
-    fit = plan_decode(_vae("wan2.2", "float32"), (1, 48, 21, 44, 80), path="plain", budget=V5E)
+    """The Wan 2.2 VAE (16x spatial, 2x2 pixel patches): its tiles are 16 latent pixels; the
+    tiles are planned only where the whole decode does not fit."""
+    vae = _vae("wan2.2", "float32")
+    fit = plan_decode(vae, (1, 48, 21, 44, 80), path="plain", budget=V5E, tiles=True)
     assert fit.size == "704x1280x81" and fit.tiled is not None and fit.tiled < fit.whole
+    assert plan_decode(vae, (1, 48, 21, 44, 80), path="plain", budget=fit.whole).tiled is None
+    assert plan_decode(vae, (1, 48, 21, 44, 80), path="plain",
+                       budget=fit.whole - 1).tiled == fit.tiled
 
 
 def test_a_frame_within_one_tile_has_no_tiled_plan():

@@ -28,7 +28,7 @@ def pipe():
 
 @pytest.fixture(scope="module")
 def fit(pipe):
-    return pipe.vae.plan_decode(pipe.latent_shape(**SIZE), budget=2**40)
+    return pipe.vae.plan_decode(pipe.latent_shape(**SIZE), budget=2**40, tiles=True)
 
 
 def _budget(monkeypatch, n):

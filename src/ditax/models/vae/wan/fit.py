@@ -33,8 +33,9 @@ class DecodeFit(NamedTuple):
     """A decode's plan on one device: ``size`` (``HxWxF`` of the video), ``dtype`` (the
     VAE's), ``budget`` bytes; ``whole``: the estimate of the whole decode (a later chunk of one
     latent frame), ``tiled``: the tiled decode's (None: one tile covers the frame, tiling
-    changes nothing), ``tile_frames``: latent frames a tile's later chunk within the budget
-    beside the tiles held (None: the decoder's own choice, one on the plain path)."""
+    changes nothing, or not planned: the whole decode fits), ``tile_frames``: latent frames
+    a tile's later chunk within the budget beside the tiles held (None: the decoder's own
+    choice, one on the plain path)."""
 
     size: str
     dtype: str
@@ -67,12 +68,14 @@ def first_cache(vae, lat: tuple[int, ...], path: str):
 
 
 def plan_decode(vae, shape: tuple[int, ...], device=None, *, path: str = "auto",
-                budget: int | None = None, tile_min: tuple[int, int] = TILE_MIN,
+                budget: int | None = None, tiles: bool = False,
+                tile_min: tuple[int, int] = TILE_MIN,
                 tile_stride: tuple[int, int] = TILE_STRIDE) -> DecodeFit:
     """The :class:`DecodeFit` of decoding latents of ``shape`` ``[B, z, F, Y, X]`` with ``vae``
     on ``device`` (its platform resolves ``path``; None: the default device) against
-    ``budget`` bytes (None: :func:`.chunks.memory_budget` of ``device``), whole and in tiles
-    of ``tile_min`` pixels every ``tile_stride`` (``WanVAE.decode``'s)."""
+    ``budget`` bytes (None: :func:`.chunks.memory_budget` of ``device``), whole and, where
+    that does not fit (or ``tiles``: always), in tiles of ``tile_min`` pixels every
+    ``tile_stride`` (``WanVAE.decode``'s)."""
     b, z, f, y, x = shape
     path = resolve_path(path, device)
     budget = memory_budget(device) if budget is None else budget
@@ -81,7 +84,8 @@ def plan_decode(vae, shape: tuple[int, ...], device=None, *, path: str = "auto",
     sf, tf = vae.scale_factor_spatial, vae.scale_factor_temporal
     size = f"{y * sf}x{x * sf}x{1 + tf * (f - 1)}"
     ty, tx = tile_min[0] // sf, tile_min[1] // sf
-    if y <= ty and x <= tx:   # one tile: WanVAE.decode(tiled=True) decodes it whole
+    # one tile: WanVAE.decode(tiled=True) decodes it whole; fitting whole: no second trace
+    if (y <= ty and x <= tx) or (whole <= budget and not tiles):
         return DecodeFit(size, vae.dtype.name, budget, whole, None)
     ty, tx = min(ty, y), min(tx, x)
     tiles = len(range(0, y, tile_stride[0] // sf)) * len(range(0, x, tile_stride[1] // sf))

@@ -196,14 +196,15 @@ class WanVAE(nnx.Module):
         frames = 1 + self.scale_factor_temporal * (shape[1] - 1)
         return frames * pixels * cfg.out_channels * self.dtype.itemsize
 
-    def plan_decode(self, shape, device=None, *, path: str = "auto", budget: int | None = None):
+    def plan_decode(self, shape, device=None, *, path: str = "auto", budget: int | None = None,
+                    tiles: bool = False):
         """Whether decoding latents of ``shape`` ``[B, z_dim, F, Y, X]`` fits ``device``'s
-        memory (``budget`` bytes; None: :func:`.chunks.memory_budget`), whole and in the
-        spatial tiles of :meth:`decode`'s defaults: :func:`.fit.plan_decode`'s
-        :class:`~.fit.DecodeFit`, from shapes alone (nothing runs)."""
+        memory (``budget`` bytes; None: :func:`.chunks.memory_budget`), whole and (where that
+        does not fit, or ``tiles``) in the spatial tiles of :meth:`decode`'s defaults:
+        :func:`.fit.plan_decode`'s :class:`~.fit.DecodeFit`, from shapes alone (nothing runs)."""
         from ditax.models.vae.wan.fit import plan_decode
 
-        return plan_decode(self, tuple(shape), device, path=path, budget=budget)
+        return plan_decode(self, tuple(shape), device, path=path, budget=budget, tiles=tiles)
 
     def _chunk_frames(self, shape, path: str, frames: int | None, cache=None,
                       device=None) -> int:
