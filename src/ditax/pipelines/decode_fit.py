@@ -9,9 +9,10 @@ whole decode fits the device's budget (:func:`device_budget`); where it does not
 spatial tiles do, the decode runs in tiles and says so in one warning line (the estimate, the
 budget, the setting chosen); where the tiles do not fit either, the request is refused
 (:class:`~ditax.errors.RequestError`, one line naming the sizes and the fixes) before anything
-is encoded or denoised. CPUs are not planned (their memory is the host's, not a chip's): they
-decode as asked, whole by default. VAEs without a plan (FLUX.1's, FLUX.2's, LTX-2's) decode as
-asked too.
+is encoded or denoised. A causal student's streamed decode (every piece whole, the feature
+cache carried: no tiles) is checked the same way (:func:`check_stream`). CPUs are not planned
+(their memory is the host's, not a chip's): they decode as asked, whole by default. VAEs
+without a plan (FLUX.1's, FLUX.2's, LTX-2's) decode as asked too.
 """
 
 from __future__ import annotations
@@ -74,24 +75,49 @@ def refusal_line(fit) -> str:
             f"(sample.vae_parallel=true with a mesh)")
 
 
+def _plan(pipe, shape):
+    """``pipe``'s VAE's plan for latents of ``shape`` on its device (one trace per shape and
+    budget, kept on the pipeline); None where not planned (no plan, a CPU)."""
+    plan = getattr(pipe.vae, "plan_decode", None)
+    if plan is None:
+        return None
+    device = _device(pipe.vae)
+    budget = device_budget(device)
+    if budget is None:
+        return None
+    fits = pipe.__dict__.setdefault("_decode_fits", {})
+    key = (tuple(int(n) for n in shape), budget)
+    if key not in fits:
+        fits[key] = plan(key[0], device, budget=budget)
+    return fits[key]
+
+
+def check_stream(pipe, shape) -> None:
+    """A streamed decode of pieces of latents of ``shape`` ``[B, C, n + 1, Y, X]`` (the
+    first frame and ``n`` more a piece, decoded whole) within the device's budget, else a
+    :class:`RequestError` in one line before any work; nothing where not planned."""
+    fit = _plan(pipe, shape)
+    n = max(int(shape[2]) - 1, 1)
+    if fit is None or fit.chunk_bytes(n) <= fit.budget:
+        return
+    bf16 = (", or decode in bfloat16 (vae_dtype='bfloat16')"
+            if np.dtype(fit.dtype).itemsize > 2 else "")
+    raise RequestError(f"VAE decode: a streamed chunk of {n} latent frames at "
+                       f"{fit.size.rsplit('x', 1)[0]} {fit.dtype} needs "
+                       f"~{_gib(fit.chunk_bytes(n))}, over the {_gib(fit.budget)} "
+                       f"budget of the device (a stream decodes whole frames); lower --height "
+                       f"/ --width{bf16}")
+
+
 def decode_options(pipe, shape) -> dict:
     """``pipe``'s VAE decode options for latents of ``shape`` ``[B, C, F, Y, X]`` (module
     docstring): ``{"tiled": bool}``, with the tiles' ``frames_per_chunk`` where the plan chose
     it; logs the switch to tiles, raises :class:`RequestError` where nothing fits."""
     tiling = getattr(pipe, "vae_tiling", None)
-    plan = getattr(pipe.vae, "plan_decode", None)
-    if tiling is not None or getattr(pipe, "vae_parallel", None) is not None or plan is None:
+    if tiling is not None or getattr(pipe, "vae_parallel", None) is not None:
         return {"tiled": bool(tiling)}
-    device = _device(pipe.vae)
-    budget = device_budget(device)
-    if budget is None:
-        return {"tiled": False}
-    fits = pipe.__dict__.setdefault("_decode_fits", {})   # a trace per shape, not per call
-    key = (tuple(int(n) for n in shape), budget)
-    if key not in fits:
-        fits[key] = plan(key[0], device, budget=budget)
-    fit = fits[key]
-    if fit.fits_whole:
+    fit = _plan(pipe, shape)
+    if fit is None or fit.fits_whole:
         return {"tiled": False}
     if not fit.fits_tiled:
         raise RequestError(refusal_line(fit))
@@ -102,4 +128,4 @@ def decode_options(pipe, shape) -> dict:
     return out
 
 
-__all__ = ["decode_options", "device_budget", "refusal_line", "tiles_line"]
+__all__ = ["check_stream", "decode_options", "device_budget", "refusal_line", "tiles_line"]

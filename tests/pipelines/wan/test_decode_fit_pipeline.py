@@ -105,3 +105,28 @@ def test_the_front_door_tells_unset_from_false(overrides, want):
     load = front.resolve("demo", overrides, {"prompt": "a cat"}).load
     assert load.vae_tiling is want
     assert load.kwargs().get("vae_tiling", "unset") == ("unset" if want is None else want)
+
+
+def test_a_streamed_decode_that_cannot_fit_is_refused_before_any_work(pipe, monkeypatch):
+    """A causal stream decodes each piece whole (no tiles): its pieces of 2 latent frames
+    over the budget are one line before the prompt is encoded; within it, nothing is said."""
+    from ditax.pipelines.wan.causal import stream
+
+    size = dict(SIZE, num_frames=9)     # 3 latent frames: the first, then a piece of 2
+    fit = pipe.vae.plan_decode((1, pipe.vae.z_dim, 3, 4, 72), budget=2**40)
+    need = fit.chunk_bytes(2)
+    assert need > fit.whole
+
+    def encode_text(*args, **kw):
+        raise AssertionError("the prompt was encoded before the decode was planned")
+
+    monkeypatch.setattr(pipe, "encode_text", encode_text)
+    _budget(monkeypatch, need - 1)
+    with pytest.raises(RequestError) as e:
+        next(stream(pipe, "a red ball", chunk=2, num_inference_steps=1, **size))
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1
+    assert msg.startswith("VAE decode: a streamed chunk of 2 latent frames at 16x288 float32")
+    _budget(monkeypatch, need)
+    with pytest.raises(AssertionError, match="the prompt was encoded"):   # planned, went on
+        next(stream(pipe, "a red ball", chunk=2, num_inference_steps=1, **size))

@@ -21,6 +21,7 @@ from ditax.models.vae.wan.stream import StreamDecoder
 from ditax.models.wan import kv_cache
 from ditax.pipelines.base import channels_last, to_unit
 from ditax.pipelines.causal import CausalSampler
+from ditax.pipelines.decode_fit import check_stream
 from ditax.pipelines.wan.request import check_grid, check_request
 
 
@@ -63,6 +64,8 @@ def stream(pipe, prompt: str, *, height: int, width: int, num_frames: int,
     check_grid(height, width, num_frames, tr.config.rope_max_seq_len, sf,
                pipe.vae.scale_factor_temporal, tr.config.patch_size[0])
     _, _, frames, y, x = pipe.latent_shape(height, width, num_frames)
+    # each piece decodes whole (no tiles): one line before any work where it cannot fit
+    check_stream(pipe, (1, pipe.vae.z_dim, min(chunk, frames - 1) + 1, y, x))
     text = pipe.encode_text(prompt, negative_prompt, guidance_scale > 1.0, max_sequence_length)
     sampler = CausalSampler(tr.module, kv_cache, pipe.scheduler, chunk, context_chunks)
     decoder = StreamDecoder(pipe.vae)

@@ -35,7 +35,8 @@ class DecodeFit(NamedTuple):
     latent frame), ``tiled``: the tiled decode's (None: one tile covers the frame, tiling
     changes nothing, or not planned: the whole decode fits), ``tile_frames``: latent frames
     a tile's later chunk within the budget beside the tiles held (None: the decoder's own
-    choice, one on the plain path)."""
+    choice, one on the plain path); ``per_frame``: bytes each further latent frame of a
+    whole chunk adds (:meth:`chunk_bytes`)."""
 
     size: str
     dtype: str
@@ -43,6 +44,11 @@ class DecodeFit(NamedTuple):
     whole: int
     tiled: int | None
     tile_frames: int | None = None
+    per_frame: int = 0
+
+    def chunk_bytes(self, frames: int) -> int:
+        """The whole decode's estimate with later chunks of ``frames`` latent frames."""
+        return self.whole + (frames - 1) * self.per_frame
 
     @property
     def fits_whole(self) -> bool:
@@ -80,13 +86,14 @@ def plan_decode(vae, shape: tuple[int, ...], device=None, *, path: str = "auto",
     path = resolve_path(path, device)
     budget = memory_budget(device) if budget is None else budget
     lat = (b, f, y, x, z)
-    whole = vae.chunk_memory(lat, first_cache(vae, lat, path)).bytes(1)
+    chunk = vae.chunk_memory(lat, first_cache(vae, lat, path))
+    whole = chunk.bytes(1)
     sf, tf = vae.scale_factor_spatial, vae.scale_factor_temporal
     size = f"{y * sf}x{x * sf}x{1 + tf * (f - 1)}"
     ty, tx = tile_min[0] // sf, tile_min[1] // sf
     # one tile: WanVAE.decode(tiled=True) decodes it whole; fitting whole: no second trace
     if (y <= ty and x <= tx) or (whole <= budget and not tiles):
-        return DecodeFit(size, vae.dtype.name, budget, whole, None)
+        return DecodeFit(size, vae.dtype.name, budget, whole, None, None, chunk.per_frame)
     ty, tx = min(ty, y), min(tx, x)
     tiles = len(range(0, y, tile_stride[0] // sf)) * len(range(0, x, tile_stride[1] // sf))
     tile = (b, f, ty, tx, z)
@@ -98,7 +105,7 @@ def plan_decode(vae, shape: tuple[int, ...], device=None, *, path: str = "auto",
     frames = None
     if tiled <= budget and is_fast(path, device) and f > 1:
         frames = chunk_frames(f - 1, ty * tx * sf ** 2, True, None, memory, budget)
-    return DecodeFit(size, vae.dtype.name, budget, whole, tiled, frames)
+    return DecodeFit(size, vae.dtype.name, budget, whole, tiled, frames, chunk.per_frame)
 
 
 __all__ = ["DecodeFit", "TILE_MIN", "TILE_STRIDE", "first_cache", "plan_decode"]
