@@ -3,9 +3,12 @@
 demo model on fresh synthetic clips of its seen combinations, exported as a pipeline folder.
 
     python benchmarks/sparse_finetune.py OUT [--steps 400] [--batch 8] [--topk 8] [--tile 1,2,2]
+        [--target data|dense_teacher]
 
 ``--topk 0`` runs the same fine-tune dense: the control that tells what the fine-tune alone
-(its data, its steps) does to the score.
+(its data, its steps) does to the score. ``--target dense_teacher`` (``flow.target``) trains
+the VSA model to reproduce the frozen demo model run dense (its velocity at the same noisy
+clip, timestep and text) instead of the clips' velocity: the data give only the inputs.
 
 Stages into ``OUT`` (each skipped when its marker is there, so a rerun resumes):
 
@@ -14,7 +17,7 @@ Stages into ``OUT`` (each skipped when its marker is there, so a rerun resumes):
    preprocess`` with the demo model's VAE and UMT5;
 2. ``run``: ``ditax train`` from the demo model (``init_from``), flow matching with the demo
    recipe's noise levels (uniform, shifted by 3) and text dropout (0.1, so the unconditional
-   branch of guidance stays trained), under ``attention.sparsity=vsa attention.topk=K
+   branch of guidance stays trained), towards ``flow.target`` (data or dense_teacher), under ``attention.sparsity=vsa attention.topk=K
    attention.tile=T,H,W``;
 3. ``folder``: the run exported (:func:`ditax.train.export.export_run`) as bfloat16 weights, as
    the demo model's; its gates under their diffusers-style names. Load it with the same
@@ -59,7 +62,7 @@ def make_latents(out: pathlib.Path, teacher: pathlib.Path, clips: int, say=print
 
 
 def train_config(out: pathlib.Path, teacher: pathlib.Path, *, steps: int, batch: int,
-                 lr: float, topk: int, tile, seed: int = 0):
+                 lr: float, topk: int, tile, seed: int = 0, target: str = "data"):
     """The ``ditax train`` config of the fine-tune (module docstring, stage 2)."""
     from ditax.config import load_config
 
@@ -74,11 +77,13 @@ def train_config(out: pathlib.Path, teacher: pathlib.Path, *, steps: int, batch:
         f"optim.learning_rate={lr}", f"optim.warmup_steps={min(20, steps // 5)}",
         "optim.schedule=cosine", "optim.weight_decay=0.0", "log_every=10",
         f"checkpoint.every={steps}", "checkpoint.keep=1", "flow.timestep_sampler=uniform",
-        "flow.shift=3.0", "model.remat=none", f"output_dir={out / 'run'}"])
+        "flow.shift=3.0", f"flow.target={target}", "model.remat=none",
+        f"output_dir={out / 'run'}"])
 
 
 def finetune(out, *, steps: int = 400, batch: int = 8, lr: float = 1e-4, topk: int = 8,
-             tile=(1, 2, 2), clips: int = 240, teacher=None, say=print) -> dict:
+             tile=(1, 2, 2), clips: int = 240, teacher=None, target: str = "data",
+             say=print) -> dict:
     """Stages 1-3 (module docstring) into ``out``; the record (settings, losses, the folder)."""
     import time
 
@@ -89,13 +94,13 @@ def finetune(out, *, steps: int = 400, batch: int = 8, lr: float = 1e-4, topk: i
     out = pathlib.Path(out)
     teacher = pathlib.Path(teacher or model_path())
     record = {"steps": steps, "batch": batch, "lr": lr, "topk": topk, "tile": list(tile),
-              "clips": clips, "data_seed": DATA_SEED}
+              "clips": clips, "data_seed": DATA_SEED, "target": target}
     t0 = time.perf_counter()
     make_latents(out, teacher, clips, say=say)
     record["data_seconds"] = round(time.perf_counter() - t0, 1)
     t0 = time.perf_counter()
     res = train(train_config(out, teacher, steps=steps, batch=batch, lr=lr, topk=topk,
-                             tile=tile), progress=False, say=say)
+                             tile=tile, target=target), progress=False, say=say)
     record["train_seconds"] = round(time.perf_counter() - t0, 1)
     losses = [float(x) for x in res.losses]
     k = max(1, len(losses) // 10)
@@ -121,9 +126,11 @@ def main(argv=None) -> int:
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--tile", default="1,2,2")
     p.add_argument("--clips", type=int, default=240)
+    p.add_argument("--target", default="data", choices=("data", "dense_teacher"))
     a = p.parse_args(argv)
     rec = finetune(a.out, steps=a.steps, batch=a.batch, lr=a.lr, topk=a.topk,
-                   tile=tuple(int(n) for n in a.tile.split(",")), clips=a.clips)
+                   tile=tuple(int(n) for n in a.tile.split(",")), clips=a.clips,
+                   target=a.target)
     print(json.dumps(rec), flush=True)
     return 0
 

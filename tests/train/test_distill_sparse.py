@@ -7,13 +7,10 @@ The references are independent modules: the dense model built from a dense atten
 (no gate parameters at all) and the VSA model built from the VSA config, each bound to the
 state's weights and called through ``family.apply``."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from ditax.config import ConfigError, load_config
 from ditax.models.base import model_family
@@ -22,6 +19,7 @@ from ditax.train import distill as D
 from ditax.train.batches import BatchIterator
 from ditax.train.loop import train
 from latent_datasets import run_cfg, write_dataset
+from sparse_reference import dense_attention, gates, perturb, reference, without_gates
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 ONE = dict(data=1, fsdp=1, context=1, tensor=1)
@@ -29,7 +27,6 @@ ONE = dict(data=1, fsdp=1, context=1, tensor=1)
 SPARSE = ("distill.method=dmd2", "distill.critic_updates=1", "distill.guidance=4",
           "flow.shift=3", "optim.learning_rate=1e-2", "batch_size=2", "mesh.fsdp=2",
           "mesh.tensor=4", "attention.sparsity=vsa", "attention.topk=2", "attention.tile=1,2,2")
-GATE = "to_gate_compress"
 
 
 @pytest.fixture(scope="module")
@@ -46,39 +43,6 @@ def one(dataset):
     return tr, jax.tree.map(np.asarray, tr.init()), next(data)
 
 
-def paths(tree, prefix=()):
-    """``{path: leaf}`` of a nested dict."""
-    out = {}
-    for k, v in tree.items():
-        out.update(paths(v, prefix + (k,)) if isinstance(v, dict) else {prefix + (k,): v})
-    return out
-
-
-def gates(tree):
-    return {p: v for p, v in paths(tree).items() if GATE in p}
-
-
-def without_gates(tree):
-    """``tree`` with the gate entries dropped (the dense model has no such parameters)."""
-    if not isinstance(tree, dict):
-        return tree
-    return {k: without_gates(v) for k, v in tree.items() if k != GATE}
-
-
-def reference(cfg, attention, params, x, sigma, batch):
-    """The model of ``attention`` (a fresh graph) on ``params``, through ``family.apply``."""
-    family = model_family(cfg.model, attention, cfg.flow)
-    graphdef, st = nnx.split(family.abstract(None))
-    nnx.replace_by_pure_dict(st, params)
-    t = sigma * 1000.0
-    return family.apply(nnx.merge(graphdef, st), x, t, jnp.asarray(batch["text"]),
-                        jnp.asarray(batch["text_mask"]).astype(bool), None)
-
-
-def dense_attention(a):
-    return dataclasses.replace(a, sparsity="none", topk=0, tile=type(a)().tile)
-
-
 def test_scores_are_the_dense_model_and_the_student_the_vsa_model(one, rng):
     """With random gates (so a score that read them would differ) and a critic moved off the
     teacher: teacher and critic equal the dense model on their weights (gates dropped), the
@@ -86,12 +50,6 @@ def test_scores_are_the_dense_model_and_the_student_the_vsa_model(one, rng):
     tr, state, batch = one
     cfg = tr.cfg
     assert gates(state["params"]) and tr.score_graph is not None
-
-    def perturb(tree, seed):
-        leaves, tdef = jax.tree.flatten(tree)
-        keys = jax.random.split(jax.random.key(seed), len(leaves))
-        return jax.tree.unflatten(tdef, [np.asarray(v + 0.05 * jax.random.normal(k, v.shape))
-                                         for v, k in zip(leaves, keys)])
 
     params, fake, frozen = (perturb(state[k], i) for i, k in enumerate(("params", "fake",
                                                                          "frozen")))

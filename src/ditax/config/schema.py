@@ -28,6 +28,7 @@ from ditax.config.training import (
     check_data,
     check_distill,
     check_flow,
+    check_flow_target,
     check_lora,
     check_optim,
     check_train,
@@ -88,6 +89,7 @@ def validate(cfg: Config, num_devices: int | None = None, *, training: bool = Fa
     family.check_first_frame(cfg.train.first_frame_p)
     check_optim(cfg.optim)
     check_flow(cfg.flow)
+    check_flow_target(cfg.flow, cfg.attention.sparsity, cfg.distill.method)
     check_data(cfg.data)
     check_checkpoint(cfg.checkpoint)
     check_lora(cfg.lora)

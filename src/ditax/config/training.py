@@ -12,9 +12,11 @@ from ditax.errors import ConfigError, check_choice
 Schedule = Literal["constant", "cosine", "linear"]
 TimestepSampler = Literal["uniform", "logit_normal"]
 Weighting = Literal["none", "bell"]
+FlowTarget = Literal["data", "dense_teacher"]
 SCHEDULES = get_args(Schedule)
 TIMESTEP_SAMPLERS = get_args(TimestepSampler)
 WEIGHTINGS = get_args(Weighting)
+FLOW_TARGETS = get_args(FlowTarget)
 
 
 def _at_least(section: str, obj, names: tuple[str, ...], low: float) -> None:
@@ -64,17 +66,38 @@ class FlowConfig:
     weighting: Weighting = "none"      # bell: well defined at batch 1
     dynamic_shift: bool = False        # the shift from the image size (FLUX.1-dev: s = e^mu)
     guidance: Optional[float] = None   # embedded guidance while training (FLUX.1-dev; None: 3.5)
+    # what the prediction is trained towards: the data's velocity ``ε - x0`` (data), or the
+    # frozen initial model's own prediction run with dense attention (dense_teacher: a sparse
+    # model learns to reproduce its dense self, not to move towards the data)
+    target: FlowTarget = "data"
 
 
 def check_flow(f: FlowConfig) -> None:
     """Raise :class:`ConfigError` for a flow objective that cannot be sampled."""
     check_choice("flow.timestep_sampler", f.timestep_sampler, TIMESTEP_SAMPLERS)
     check_choice("flow.weighting", f.weighting, WEIGHTINGS)
+    check_choice("flow.target", f.target, FLOW_TARGETS)
     if f.shift <= 0:
         raise ConfigError(f"flow.shift={f.shift} must be > 0")
     if f.logit_std <= 0:
         raise ConfigError(f"flow.logit_std={f.logit_std} must be > 0 (the spread of the "
                           f"logit-normal timesteps; 1.0 is usual)")
+
+
+def check_flow_target(f: FlowConfig, sparsity: str, distill_method: str) -> None:
+    """:class:`ConfigError` for ``flow.target=dense_teacher`` where it has nothing to match
+    (no ``attention.sparsity``: the teacher would be the model itself) or where another
+    objective brings its own teacher (a distillation)."""
+    if f.target != "dense_teacher":
+        return
+    if sparsity == "none":
+        raise ConfigError("flow.target=dense_teacher trains a sparse model to match its dense "
+                          "self, but attention.sparsity=none (nothing to match); set "
+                          "attention.sparsity (e.g. vsa with attention.topk) or flow.target=data")
+    if distill_method != "none":
+        raise ConfigError(f"flow.target=dense_teacher is a flow-matching objective; "
+                          f"distill.method={distill_method} has its own teacher (a sparse "
+                          f"student's scores already run dense); set flow.target=data")
 
 
 @dataclass(frozen=True)
@@ -309,5 +332,5 @@ def distill_sigmas(d: DistillConfig) -> tuple[float, ...]:
 
 
 __all__ = ["DistillConfig", "DISTILL_METHODS", "check_distill", "distill_sigmas", "TrainConfig", "check_train", "VACE_TRAINABLE", "LoraConfig", "LORA_TARGETS", "lora_targets", "check_lora", "OptimConfig", "FlowConfig", "DataConfig", "CheckpointConfig", "check_optim",
-           "check_flow", "check_data", "check_checkpoint", "SCHEDULES", "TIMESTEP_SAMPLERS",
+           "check_flow", "check_flow_target", "FLOW_TARGETS", "check_data", "check_checkpoint", "SCHEDULES", "TIMESTEP_SAMPLERS",
            "WEIGHTINGS", "parse_bucket_weights"]

@@ -127,10 +127,10 @@ def train_step_flops(cfg, family, shape, factor: float = 1.0,
                      per_sample: float | None = None) -> float:
     """Model FLOPs of one training step on ``cfg.batch_size`` latents ``[C, F, Y, X]``
     (all devices): ``factor`` forward + backward passes' worth of the family's transformer
-    work (a trainer's ``flops_factor``: 1 for flow matching), or ``per_sample`` a sample where
-    the trainer counts it (a sparse DMD2 student beside dense scores: ``sample_flops``), plus
-    what the remat policy runs again in each backward pass (DMD2: one a critic update and one
-    for the student; at the family's cost)."""
+    work (a trainer's ``flops_factor``: 1 for flow matching, 4/3 towards a dense teacher), or
+    ``per_sample`` a sample where the trainer counts it (a sparse DMD2 student beside dense
+    scores: ``sample_flops``), plus what the remat policy runs again in each backward pass
+    (DMD2: one a critic update and one for the student; at the family's cost)."""
     B, T = cfg.batch_size, cfg.data.text_len
     backwards = cfg.distill.critic_updates + 1 if cfg.distill.method != "none" else 1
     fl = family.flops_per_sample(shape, T) * B * factor if per_sample is None else \

@@ -68,7 +68,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ditax.config import Config, ConfigError
 from ditax.models.base import model_family
-from ditax.pipelines.sparse_steps import dense_graph
 from ditax.train import distill_streams as S
 from ditax.train.adapters import AdapterSplit
 from ditax.train.distill_cost import DistillCost
@@ -137,8 +136,7 @@ class DistillTrainer(DmdLosses, GanHead, DistillCost, TrainerBase):
             frozen_abstract, self.frozen_sh = self.params_abstract, self.params_sh
         self.frozen_abstract = frozen_abstract
         # a sparse student: the scores run its graph's dense twin (same weights; None: dense)
-        self.score_graph = (dense_graph(self.graphdef, abs_state) if self.split is None
-                            else dense_graph(self.split.graphdef, *self.split._abs))
+        self.score_graph = self.dense_twin_graph()
         # a checkpoint leaves the frozen teacher / base out: a resume rebuilds it from
         # init_from (or the seed) and checks it (ditax.train.frozen_base)
         self.rebuilt = ("frozen",)
@@ -254,11 +252,9 @@ class DistillTrainer(DmdLosses, GanHead, DistillCost, TrainerBase):
                 "key": jax.device_put(key, rep), **({"head": head} if self.gan else {})}
 
     def teacher(self, state_params: dict, frozen: dict):
-        """A thunk building the real score's module (the frozen teacher)."""
-        if self.split is not None:
-            zeros = jax.tree.map(jnp.zeros_like, state_params)
-            return lambda: self.score_model(zeros, frozen)
-        return lambda: self.score_model(frozen, frozen)
+        """A thunk building the real score's module (the frozen teacher; with LoRA the base,
+        adapters zeroed) under the scores' graph."""
+        return lambda: self.frozen_model(state_params, frozen, self.score_graph)
 
     def score_model(self, params: dict, frozen: dict):
         """The module of a score (the real one, the critic) on ``params``: here the student's

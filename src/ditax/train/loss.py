@@ -66,7 +66,7 @@ def flow_loss(apply_fn, x0: jax.Array, text: jax.Array, text_mask, key: jax.Arra
 
 
 def joint_flow_loss(apply_fn, x0: jax.Array, streams: dict, text: jax.Array, text_mask,
-                    key: jax.Array, cfg: FlowConfig, inputs_fn=None):
+                    key: jax.Array, cfg: FlowConfig, inputs_fn=None, teacher_fn=None):
     """:func:`flow_loss` over the main latents ``x0`` and further ``streams`` (name → clean
     latents ``[B, ...]``, a family's :meth:`~ditax.models.base.ModelFamily.noised_entries`)
     denoised in the same call at the same ``σ`` (LTX-2: the audio latents beside the video's).
@@ -80,6 +80,10 @@ def joint_flow_loss(apply_fn, x0: jax.Array, streams: dict, text: jax.Array, tex
     ``flow.weighting``; the loss is the batch mean. Returns ``(loss, parts)``: ``parts`` maps
     ``"latents"`` and each stream's name to its own weighted batch mean (empty without
     streams), for the metrics.
+
+    ``teacher_fn`` (``flow.target=dense_teacher``; same call and return as ``apply_fn``):
+    its prediction at the same ``x_t``, timestep, text and noisy streams, gradient stopped,
+    replaces each velocity target ``ε - x0`` (the draws stay those of the data target).
     """
     k_sigma, k_noise = jax.random.split(key)
     b = x0.shape[0]
@@ -96,6 +100,9 @@ def joint_flow_loss(apply_fn, x0: jax.Array, streams: dict, text: jax.Array, tex
         noisy[name], targets[name] = noisy_input(clean, eps, sigma)
     out = apply_fn(x_t, t, text, text_mask, noisy)
     pred, preds = (out if streams else (out, {}))
+    if teacher_fn is not None:
+        taught = jax.lax.stop_gradient(teacher_fn(x_t, t, text, text_mask, noisy))
+        target, targets = (taught if streams else (taught, {}))
     if set(preds) != set(streams):
         raise ValueError(f"the denoiser predicted {sorted(preds)} beside the latents; the "
                          f"loss noised {sorted(streams)}")

@@ -36,15 +36,20 @@ class ResumeMismatch(ConfigError):
 @dataclass(frozen=True)
 class ResumePolicy:
     """Which dotted config keys may change on resume. An entry ending in ``.`` is a whole
-    section (``"checkpoint."``); anything matching neither tuple is refused."""
+    section (``"checkpoint."``); anything matching neither tuple is refused, and so is a key
+    in ``fixed`` inside a free or noticed section (``flow.target``: it decides what the state
+    holds)."""
 
     free: tuple[str, ...]
     notice: tuple[str, ...]
+    fixed: tuple[str, ...] = ()
 
     def kind(self, key: str) -> str:
         def hit(names):
             return any(key == n or (n.endswith(".") and key.startswith(n)) for n in names)
 
+        if hit(self.fixed):
+            return "refused"
         return "free" if hit(self.free) else "notice" if hit(self.notice) else "refused"
 
 

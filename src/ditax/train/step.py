@@ -33,6 +33,7 @@ from ditax.config.schema import check_offload
 from ditax.models.base import model_family
 from ditax.models.common.fields import for_training
 from ditax.parallel.axes import batch_entry
+from ditax.pipelines.sparse_steps import dense_graph
 from ditax.train.adapters import AdapterSplit, ParamSplit
 from ditax.train.loss import joint_flow_loss
 
@@ -145,6 +146,21 @@ class TrainerBase:
         nnx.replace_by_pure_dict(st, params)
         return nnx.merge(self.graphdef if graphdef is None else graphdef, st)
 
+    def dense_twin_graph(self):
+        """The dense twin of the model's graph (:func:`~ditax.pipelines.sparse_steps.
+        dense_graph`: its weights and paths, attention dense); None when it has no sparsity."""
+        if self.split is None:
+            return dense_graph(self.graphdef, self._abs_state)
+        return dense_graph(self.split.graphdef, *self.split._abs)
+
+    def frozen_model(self, params: dict, frozen: dict, graphdef=None):
+        """The module of the run's frozen weights (under ``graphdef`` as :meth:`model`): with
+        a LoRA split the base, its adapters (``params``' shape) zeroed; else the frozen copy
+        ``frozen`` of the initial weights (the DMD2 teacher, the flow's dense teacher)."""
+        if self.split is not None:
+            return self.model(jax.tree.map(jnp.zeros_like, params), frozen, graphdef)
+        return self.model(frozen, None, graphdef)
+
     def put_batch(self, local: dict) -> dict:
         """Per-process numpy batch → global arrays sharded over the batch axes."""
         out = {}
@@ -201,17 +217,23 @@ class Trainer(TrainerBase):
             self._abs_state = abs_state
             self.params_abstract = nnx.to_pure_dict(abs_state)
             self.params_sh = self.family.param_shardings(self.params_abstract, mesh)
+        self.teacher_graph = self._teacher_graph()
         self.tx, self.schedule = make_optimizer(cfg.optim, cfg.steps)
         opt_abs = jax.eval_shape(self.tx.init, self.params_abstract)
         rep = NamedSharding(mesh, P())
         self.state_sh = {"params": self.params_sh,
                          "opt": opt_shardings(opt_abs, self.params_sh, mesh),
                          "step": rep, "key": rep}
+        # the frozen weights: a split's base; a full run's dense teacher (its initial weights)
+        self.frozen_abstract = None
         if self.split is not None:
-            self.state_sh["frozen"] = self.split.frozen_sh
+            self.frozen_abstract, self.state_sh["frozen"] = (self.split.frozen_abstract,
+                                                             self.split.frozen_sh)
+        elif self.teacher_graph is not None:
+            self.frozen_abstract, self.state_sh["frozen"] = self.params_abstract, self.params_sh
         # state keys a checkpoint leaves out: the frozen weights, rebuilt on resume by init()
         # from the base (init_from or the seed) and checked (ditax.train.frozen_base)
-        self.rebuilt = ("frozen",) if self.split is not None else ()
+        self.rebuilt = ("frozen",) if self.frozen_abstract is not None else ()
         # names only (the shapes follow the data): a one-pixel latent asks which entries exist
         self.condition_keys = tuple(self.family.condition_shapes(
             (self.family.latent_channels, 1, 1, 1)))
@@ -219,6 +241,34 @@ class Trainer(TrainerBase):
         self._step = jax.jit(self._step_fn, in_shardings=(self.state_sh, self.batch_sh),
                              out_shardings=(self.state_sh, rep), donate_argnums=(0,))
         self._init_params = jax.jit(self._random_params, out_shardings=self.params_sh)
+        self._copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=self.params_sh)
+
+    def _teacher_graph(self):
+        """``flow.target=dense_teacher``: the graph the teacher runs, the dense twin of the
+        model's (:func:`~ditax.pipelines.sparse_steps.dense_graph`; a full run on a frozen
+        copy of its initial weights, a LoRA run on its base); None for ``flow.target=data``.
+        :class:`ConfigError` where there is no teacher to build."""
+        cfg = self.cfg
+        if cfg.flow.target != "dense_teacher":
+            return None
+        if self.split is not None and self.adapters is None:
+            raise ConfigError(f"flow.target=dense_teacher needs the whole model's initial "
+                              f"weights, but train.vace_trainable={cfg.train.vace_trainable!r} "
+                              f"trains a part of it; set train.vace_trainable=all or "
+                              f"flow.target=data")
+        graph = self.dense_twin_graph()
+        if graph is None:
+            raise ConfigError(f"flow.target=dense_teacher: model family {self.family.name!r} "
+                              f"builds no sparse attention from attention.sparsity="
+                              f"{cfg.attention.sparsity} (nothing to match); set "
+                              f"flow.target=data")
+        return graph
+
+    @property
+    def flops_factor(self) -> float:
+        """Model FLOPs of a step in forward + backward passes (3 forwards) of the model: one
+        more forward with a dense teacher (counted at the model's cost)."""
+        return 1.0 if self.teacher_graph is None else 4.0 / 3.0
 
     # -- state -------------------------------------------------------------------------------
 
@@ -232,14 +282,14 @@ class Trainer(TrainerBase):
                "opt": jax.tree.map(sds, opt_abs, self.state_sh["opt"]),
                "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.state_sh["step"]),
                "key": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.state_sh["key"])}
-        if self.split is not None:
-            out["frozen"] = jax.tree.map(sds, self.split.frozen_abstract,
-                                         self.split.frozen_sh)
+        if self.frozen_abstract is not None:
+            out["frozen"] = jax.tree.map(sds, self.frozen_abstract, self.state_sh["frozen"])
         return out
 
     def init(self, params: dict | None = None) -> dict:
         """Fresh state from ``cfg.seed`` (or from given parameters, e.g. ``init_from``; with
-        a split their frozen part is frozen, LoRA's adapters start fresh)."""
+        a split their frozen part is frozen, LoRA's adapters start fresh; a full run's dense
+        teacher is a copy of them)."""
         frozen = None
         if self.split is not None:
             params, frozen = self.split.init(params)
@@ -247,6 +297,8 @@ class Trainer(TrainerBase):
             params = self._init_params()
         else:
             params = jax.device_put(params, self.params_sh)
+        if self.split is None and self.frozen_abstract is not None:
+            frozen = self._copy(params)
         opt = jax.jit(self.tx.init, out_shardings=self.state_sh["opt"])(params)
         key = jax.random.key_data(jax.random.PRNGKey(self.cfg.seed ^ 0x5EED)).astype(jnp.uint32)
         rep = self.state_sh["step"]
@@ -260,16 +312,21 @@ class Trainer(TrainerBase):
     # -- step --------------------------------------------------------------------------------
 
     def loss_fn(self, params, batch, key, frozen=None):
-        """``(loss, parts)``: the flow loss of ``batch`` and, for a family that denoises
+        """``(loss, parts)``: the flow loss of ``batch`` (towards the data's velocity, or with
+        ``flow.target=dense_teacher`` the frozen initial weights' prediction under the dense
+        twin of the graph: :meth:`frozen_model`) and, for a family that denoises
         further streams (:meth:`~ditax.models.base.ModelFamily.noised_entries`), each
         stream's own term (:func:`~ditax.train.loss.joint_flow_loss`; empty otherwise)."""
-        model = self.model(params, frozen)
         condition = {k: batch[k] for k in self.condition_keys} or None
         streams = {k: batch[k] for k in self.family.noised_entries()}
 
-        def apply(x, t, text, mask, noisy):
-            return self.family.apply(model, x, t, text, mask,
-                                     {**condition, **noisy} if condition else None)
+        def denoiser(model):
+            return lambda x, t, text, mask, noisy: self.family.apply(
+                model, x, t, text, mask, {**condition, **noisy} if condition else None)
+
+        apply = denoiser(self.model(params, frozen))
+        teacher = (None if self.teacher_graph is None else
+                   denoiser(self.frozen_model(params, frozen, self.teacher_graph)))
 
         def inputs(x_t, x0, t):
             x_t, t, mask = self.family.training_inputs(x_t, x0, t, condition)
@@ -281,7 +338,7 @@ class Trainer(TrainerBase):
 
         flow = self.family.training_flow(tuple(batch["latents"].shape[1:]))
         return joint_flow_loss(apply, batch["latents"], streams, batch["text"],
-                               batch["text_mask"].astype(bool), key, flow, inputs)
+                               batch["text_mask"].astype(bool), key, flow, inputs, teacher)
 
     def _step_fn(self, state, batch):
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])
