@@ -28,9 +28,32 @@ def on_host(leaves: list) -> bool:
         d.platform == "cpu" for leaf in leaves for d in leaf.sharding.device_set)
 
 
+#: 16-bit floats whose exponent field, all ones, marks inf / nan: numpy's ``isfinite`` on
+#: ml_dtypes' bfloat16 runs ~6x slower than this mask-and-max over the raw bits (3.5 s of a
+#: real-size Wan 1.3B load on a 2-core host)
+_EXPONENT_MASKS = {"bfloat16": 0x7F80, "float16": 0x7C00}
+
+
+def host_all_finite(x: np.ndarray, chunk: int = 1 << 20) -> bool:
+    """Every value of the numpy float array ``x`` is finite; 16-bit floats by their exponent
+    bits, a chunk at a time (one reused buffer)."""
+    mask = _EXPONENT_MASKS.get(np.dtype(x.dtype).name)
+    if mask is None:
+        return bool(np.isfinite(x).all())
+    bits = np.ascontiguousarray(x).reshape(-1).view(np.uint16)
+    buf = np.empty(min(chunk, bits.size), np.uint16)
+    for start in range(0, bits.size, chunk):
+        part = bits[start:start + chunk]
+        out = buf[:part.size]
+        np.bitwise_and(part, mask, out=out)
+        if out.max() == mask:
+            return False
+    return True
+
+
 def _host_finite_flags(leaves: list) -> list[bool]:
     """:func:`finite_flags` by numpy over each distinct shard (replicas once)."""
-    return [all(bool(np.isfinite(np.asarray(s.data)).all())
+    return [all(host_all_finite(np.asarray(s.data))
                 for s in leaf.addressable_shards if s.replica_id == 0) for leaf in leaves]
 
 
@@ -48,7 +71,7 @@ def all_finite(x) -> bool:
     """Every value of ``x`` (a jax or numpy float array) is finite."""
     if isinstance(x, jax.Array):
         return finite_flags([x])[0]
-    return bool(np.isfinite(np.asarray(x)).all())
+    return host_all_finite(np.asarray(x))
 
 
-__all__ = ["all_finite", "finite_flags", "on_host"]
+__all__ = ["all_finite", "finite_flags", "host_all_finite", "on_host"]

@@ -268,7 +268,7 @@ def read_param(weights, row: Row, keys: dict, shape: tuple, dtype, sharding=None
     """One parameter in our layout and ``dtype``; with a sharding, each device's shard is read
     on its own (``jax.make_array_from_callback``): no device gets a full copy. ``convert(x,
     index)`` replaces the cast of each slice (8-bit weights: quantized with their scales)."""
-    convert = convert or (lambda x, index: x.astype(dtype))
+    convert = convert or (lambda x, index: x.astype(dtype, copy=False))   # no copy as stored
 
     def block(index: tuple) -> np.ndarray:
         if row.init is not None and row.key.format(i=0) not in keys:   # absent: its init
