@@ -42,5 +42,26 @@ if [ ! -f "$SITE/.wheels-ready" ] && [ -d .whl-tpu ]; then
   fi
   touch "$SITE/.wheels-ready"
 fi
+# the same things carried in two parts (benchmarks/tpu_carry.sh: .chip/a in one call, .chip/b
+# in a later warm one), for a checkout too large to carry .whl-tpu beside it
+for d in .chip/a .chip/b; do
+  [ -d "$d" ] || continue
+  if [ ! -f "$SITE/.wheels-ready" ] && ls "$d"/*.whl >/dev/null 2>&1; then
+    env PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps \
+      --no-compile --target "$SITE" "$d"/*.whl 2>&1 | grep -v "WARNING: Target" | tail -1
+    touch "$SITE/.wheels-ready"
+  fi
+  mkdir -p /tmp/ffparts && cp "$d"/ff.part* /tmp/ffparts/ 2>/dev/null || true
+  [ -d "$d/imageio_ffmpeg" ] && rm -rf /tmp/ffparts/imageio_ffmpeg && cp -r "$d/imageio_ffmpeg" /tmp/ffparts/
+done
+if [ ! -f "$SITE/.ffmpeg-ready" ] && [ -f /tmp/ffparts/ff.parts ] && [ -d /tmp/ffparts/imageio_ffmpeg ]; then
+  read -r n name < /tmp/ffparts/ff.parts
+  if [ "$(ls /tmp/ffparts/ff.part[0-9]* | wc -l)" -eq "$n" ]; then
+    rm -rf "$SITE/imageio_ffmpeg" && cp -r /tmp/ffparts/imageio_ffmpeg "$SITE/"
+    cat /tmp/ffparts/ff.part[0-9]* | python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), open(sys.argv[1],'wb'))" "$SITE/imageio_ffmpeg/binaries/$name"
+    chmod +x "$SITE/imageio_ffmpeg/binaries/$name" && touch "$SITE/.ffmpeg-ready"
+    echo "tpu_setup: ffmpeg assembled from $n parts"
+  fi
+fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}:$SITE"
 export PYTHONUNBUFFERED=1
