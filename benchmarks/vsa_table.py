@@ -1,25 +1,38 @@
 """VSA on a chip (issue 58 item 5): the table fine pass (``attention.vsa_fine=table``, Pallas
 kernels reading the picks, :mod:`ditax.attention.sparse.vsa_table`) against dense splash at
 Wan 2.1 1.3B's self-attention, densities 50 / 25 / 12.5 % (``topk`` 84 / 42 / 21 of the 168
-tiles of 4 x 8 x 8 tokens), forward and forward + backward. One JSON line per case (the
-sweep's rows, :mod:`tpu_sweep`).
+tiles of 4 x 8 x 8 tokens), forward and forward + backward, and the table kernels' group
+(``attention.vsa_group``: picked key tiles a grid step) against each other. One JSON line per
+case (the sweep's rows, :mod:`tpu_sweep`).
 
     source benchmarks/tpu_setup.sh
-    python benchmarks/vsa_table.py --out $OUT/vsa.jsonl --budget-s 420
+    python benchmarks/vsa_table.py --out $OUT/vsa.jsonl --budget-s 420 [--groups 1,4,8]
     # or as a part of the chip's table: python benchmarks/tpu_chip.py --part vsa ...
 
 Cases (bf16, ``B = 1``, ``N = 12``, ``K = 128``):
 
 - ``dense splash``: ``attend(backend="splash")`` at the model's 32760 frame-major tokens;
 - ``vsa fine table``: the fine pass alone on the 43008 tile-major tokens (the 21 x 30 x 52
-  grid padded to whole tiles, padding keys masked), random picks (distinct per query tile);
-- ``vsa layer table``: the whole layer (pooled pass, picks, table fine pass, gate);
+  grid padded to whole tiles, padding keys masked), random picks (distinct per query tile),
+  first with the group the kernels choose (``group_for``: 8 / 7 / 7 at 50 / 25 / 12.5 %),
+  then, at 50 % and 12.5 %, with groups 1 (one tile a step: the first version), 4 and 8;
+  each row's ``group`` (``group_auto``: the choice);
+- ``vsa layer table``: the whole layer (pooled pass, picks, table fine pass, gate), the
+  chosen group;
 - ``vsa layer gather-flash`` at 12.5 % only, forward only: the flash-row path, whose gathered
   K / V are ``topk`` times K / V (at 25 % and 50 % they would not fit the chip's 16 GiB).
 
 ``flops`` counts the fine pass's ``4 · B · N · L · topk · t · K`` (x 3.5 with the backward),
 not the pooled pass. ``--small`` runs a tiny shape interpreted (the code path on CPU; times
-mean nothing there). Not yet run on a chip.
+mean nothing there).
+
+Measured on one TPU v5e (one group a step, before groups existed): dense splash at 32760
+tokens fwd 0.0394 s (167 TFLOP/s, 85 % of 197), fwd+bwd 0.170 s; the fine table pass fwd at
+topk 84 / 42 / 21 0.1787 / 0.0913 / 0.0483 s (31.8 / ~31 / 29 TFLOP/s), fwd+bwd 0.476 /
+0.2285 / 0.1187 s (~42 TFLOP/s); the whole layer fwd 0.1839 / 0.0967 / 0.0536 s, the
+gather-flash layer at 12.5 % 0.0359 s. Linear in topk, ~1.05 µs a grid step where one 256 x
+256 x 128 tile pair takes ~0.17 µs at peak: the per-step overhead the groups amortise.
+Groups > 1 not yet measured on a chip.
 """
 
 from __future__ import annotations
@@ -36,6 +49,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 GRID, TILE, HEADS, HEAD_DIM = (21, 30, 52), (4, 8, 8), 12, 128
 DENSITIES = (0.5, 0.25, 0.125)
+GROUPS = (1, 4, 8)              # compared with the kernels' choice at the SWEPT densities
+SWEPT = (0.5, 0.125)
 
 
 def random_picks(key, b: int, n: int, tiles: int, topk: int):
@@ -44,10 +59,24 @@ def random_picks(key, b: int, n: int, tiles: int, topk: int):
         jnp.int32)
 
 
+def groups_of(topk: int, t: int, head_dim: int, groups=GROUPS) -> list[int]:
+    """The groups a density's fine pass runs: the kernels' choice first, then ``groups`` (each
+    at most ``topk``), once each."""
+    from ditax.attention.kernels.vsa_table import group_for, resolve_group
+
+    out = [group_for(topk, t, head_dim, 2)]
+    for g in groups:
+        g = resolve_group(g, topk, t, head_dim, 2)
+        if g not in out:
+            out.append(g)
+    return out
+
+
 def vsa_cases(sw, grid=GRID, tile=TILE, heads=HEADS, head_dim=HEAD_DIM,
               densities=DENSITIES, grad: bool = True, dense: bool = True,
-              interpret=None) -> None:
-    """The module docstring's cases on ``sw`` (a :class:`tpu_sweep.Sweep`)."""
+              interpret=None, groups=GROUPS, swept=SWEPT) -> None:
+    """The module docstring's cases on ``sw`` (a :class:`tpu_sweep.Sweep`); ``groups`` run at
+    the ``swept`` densities besides the chosen one."""
     import numpy as np
 
     from ditax.attention.sparse.tiles import TileOrder
@@ -73,24 +102,28 @@ def vsa_cases(sw, grid=GRID, tile=TILE, heads=HEADS, head_dim=HEAD_DIM,
         settings = dict(density=topk / tiles, topk=topk, tiles=tiles, tile_len=t,
                         shape=list(shape))
 
-        def fine_fn(q, k, v, picks=picks):
-            return fine_table(q, k, v, picks, t, mask, interpret=bool(interpret))
-
         def layer(q, k, v, g, topk=topk, call=table):
             return vsa_attention(q, k, v, g, tile_len=t, topk=topk, kv_mask=mask, call=call)
 
         name = f"topk={topk}/{tiles} L={L} N={heads} K={head_dim}"
-        for what, fn, args in (("fine table", fine_fn, (q, k, v)),
-                               ("layer table", layer, (q, k, v, g))):
-            sw.case(f"vsa {what} fwd {name}", fn, args, flops, peak, direction="fwd",
-                    path=what, **settings)
+        chosen = groups_of(topk, t, head_dim, groups if density in swept else ())
+        runs = [("fine table", functools.partial(
+            fine_table, picks=picks, tile_len=t, kv_mask=mask, interpret=bool(interpret),
+            group=gr), (q, k, v), dict(group=gr, group_auto=gr == chosen[0]))
+            for gr in chosen]
+        runs.append(("layer table", layer, (q, k, v, g),
+                     dict(group=chosen[0], group_auto=True)))
+        for what, fn, args, grouping in runs:
+            tag = f"{name} group={grouping['group']}"
+            sw.case(f"vsa {what} fwd {tag}", fn, args, flops, peak, direction="fwd",
+                    path=what, **settings, **grouping)
             if grad:
                 def both(*a, fn=fn):
                     loss = lambda *x: jnp.sum(fn(*x).astype(jnp.float32))  # noqa: E731
                     return jax.grad(loss, argnums=tuple(range(len(a))))(*a)
 
-                sw.case(f"vsa {what} fwd+bwd {name}", both, args, 3.5 * flops, peak,
-                        direction="fwd+bwd", path=what, **settings)
+                sw.case(f"vsa {what} fwd+bwd {tag}", both, args, 3.5 * flops, peak,
+                        direction="fwd+bwd", path=what, **settings, **grouping)
         if topk / tiles <= 0.125:
             from ditax.attention.flash import flash_attention
 
@@ -107,18 +140,21 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=4)
     p.add_argument("--no-grad", action="store_true")
     p.add_argument("--small", action="store_true", help="a tiny shape, interpreted (CPU)")
+    p.add_argument("--groups", default=",".join(map(str, GROUPS)),
+                   help="groups compared with the chosen one at 50 %% and 12.5 %% (e.g. 1,4,8)")
     a = p.parse_args(argv)
+    groups = tuple(int(g) for g in a.groups.split(",") if g)
     from tpu_sweep import Sweep
 
     sw = Sweep(a.out, a.budget_s, a.repeats)
     if a.small:
         vsa_cases(sw, grid=(3, 6, 6), tile=(2, 2, 2), heads=2, head_dim=16,
-                  grad=not a.no_grad, dense=False, interpret=True)
+                  grad=not a.no_grad, dense=False, interpret=True, groups=groups)
         return
     from ditax.tpu_env import raise_scoped_vmem
 
     raise_scoped_vmem()
-    vsa_cases(sw, grad=not a.no_grad)
+    vsa_cases(sw, grad=not a.no_grad, groups=groups)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int 
         if a.sparsity == "vsa":
             row["sparsity"]["topk"] = a.topk
             row["sparsity"]["vsa_fine"] = a.vsa_fine
+            if a.vsa_group:
+                row["sparsity"]["vsa_group"] = a.vsa_group
     if after is not None:
         row["after"] = after(lambda: jax.block_until_ready(tr(*args, **kwargs)))
     return row

@@ -3,17 +3,22 @@ kernels (interpreted on CPU) that read the picks as a scalar-prefetched table eq
 gather path and the dense reference on fresh random inputs, forward and gradients, with
 padded tiles and without; the transposed table the dk/dv kernel walks holds exactly the picks;
 split calls (the SMEM budget) and a mesh (shard_map) equal one call; bf16 stays within its
-rounding; forward and backward lower to Mosaic TPU at Wan 1.3B 480p; what cannot run is
-refused in one line."""
+rounding; forward and backward lower to Mosaic TPU at Wan 1.3B 480p (and, with libtpu,
+compile for a v5e: slow tier); what cannot run is refused in one line. Each case runs with
+several picked key tiles a grid step (``group``: 1, 2, 4, chosen; ``topk`` not a multiple of
+it, the last step's padded slots skipped)."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ditax.attention.kernels.vsa_table import inverse_table
+from ditax.attention.kernels.vsa_table import group_for, resolve_group
+from ditax.attention.kernels.vsa_table_dkv import inverse_table
 from ditax.attention.sparse import vsa_table
 from ditax.attention.sparse.tiles import TileOrder
 from ditax.attention.sparse.vsa import coarse, fine, vsa_attention, vsa_reference
@@ -35,18 +40,22 @@ def _value_and_grads(fn, cot):
     return jax.jit(lambda *a: (fn(*a), jax.grad(loss, argnums=tuple(range(len(a))))(*a)))
 
 
-@pytest.mark.parametrize("grid, topk, kd", [((3, 3, 5), 3, 8), ((2, 4, 4), 1, 8),
-                                             ((3, 3, 5), 2, 128)])
-def test_the_table_fine_stage_equals_the_gather(grid, topk, kd, rng):
-    """3 x 3 x 5 in 2 x 2 x 2 tiles: 12 tiles, the padded ones masked; 2 x 4 x 4: 8 whole
-    tiles, no mask; K = 128: the kernels read ``[B, L, N·K]`` packed. The same picks into
-    both; values and q / k / v gradients."""
+@pytest.mark.parametrize("grid, topk, kd, group", [
+    ((3, 3, 5), 3, 8, 1), ((2, 4, 4), 1, 8, 0), ((3, 3, 5), 2, 128, 0),
+    ((3, 3, 5), 5, 8, 2), ((2, 4, 4), 3, 8, 2), ((3, 3, 5), 5, 128, 4)])
+def test_the_table_fine_stage_equals_the_gather(grid, topk, kd, group, rng):
+    """3 x 3 x 5 in 2 x 2 x 2 tiles: 12 tiles, the padded ones masked; 2 x 4 x 4: 4 whole
+    tiles, no mask; K = 128: the kernels read ``[B, L, N·K]`` packed. ``group`` key tiles a
+    grid step (0: chosen; 5 picks in steps of 2 or 4 and 3 in steps of 2: the last step
+    padded). The same picks into both; values and q / k / v
+    gradients."""
     order, q, k, v, _, mask = _inputs(rng, grid=grid, k=kd)
     t = order.tile_len
     _, picks = coarse(q, k, v, t, topk, mask)
     cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
     got, g_got = _value_and_grads(
-        lambda q, k, v: fine_table(q, k, v, picks, t, mask, interpret=True), cot)(q, k, v)
+        lambda q, k, v: fine_table(q, k, v, picks, t, mask, interpret=True, group=group),
+        cot)(q, k, v)
     want, g_want = _value_and_grads(lambda q, k, v: fine(q, k, v, picks, t, mask), cot)(q, k, v)
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-5)
@@ -90,38 +99,53 @@ def test_vsa_on_the_table_equals_the_reference(rng):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=2e-5)
 
 
-def test_the_inverse_table_holds_exactly_the_picks(rng):
-    """Decoded, the dk/dv table's live entries are the picks' (key tile, query tile) pairs
-    once each; each key tile's entries are one consecutive run opened by ``first`` and closed
-    by ``last``; a key tile nobody picked has one dead entry; the spare tail is dead."""
-    B, N, T, topk = 2, 3, 7, 2
+def _decode(e):
+    return e & 0x3FFF, (e >> 14) & 0x3FFF, (e >> 28) & 1, (e >> 29) & 1, (e >> 30) & 1
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_the_inverse_table_holds_exactly_the_picks(group, rng):
+    """Decoded, the dk/dv table's live slots are the picks' (key tile, query tile) pairs once
+    each, ``group`` a step; a step's slots share its key tile, live slots first; each key
+    tile's steps are one consecutive run opened by ``first`` and closed by ``last``; a key
+    tile nobody picked has one dead step; the spare tail is dead; a dead slot repeats the
+    query tile of the step before (no new DMA)."""
+    B, N, T, topk, G = 2, 3, 7, 2, group
     scores = rng.standard_normal((B, N, T, T))
     scores[0, 0, :, :3] += 10.0                   # every query picks tiles 0..2: 3..6 unpicked
     picks = np.argsort(-scores, -1)[..., :topk].astype(np.int32)
-    e = np.asarray(inverse_table(jnp.asarray(picks)))
-    assert e.shape == (B, N, T * (topk + 1)) and (e >= 0).all()
-    kt, qi = e & 0x3FFF, (e >> 14) & 0x3FFF
-    live, first, last = (e >> 28) & 1, (e >> 29) & 1, (e >> 30) & 1
+    e = np.asarray(inverse_table(jnp.asarray(picks), group=G))
+    P = T * topk // G + T
+    assert e.shape == (B, N, P, G) and (e >= 0).all()
+    kt, qi, live, first, last = _decode(e)
+    assert (kt == kt[..., :1]).all() and (first == first[..., :1]).all()
+    assert (last == last[..., :1]).all() and (np.diff(live, axis=-1) <= 0).all()
+    kt, first, last = kt[..., 0], first[..., 0], last[..., 0]
     for b in range(B):
         for h in range(N):
             want = sorted((int(c), i) for i in range(T) for c in picks[b, h, i])
-            got = [(int(c), int(i)) for c, i, a in zip(kt[b, h], qi[b, h], live[b, h]) if a]
+            got = [(int(kt[b, h, p]), int(qi[b, h, p, g])) for p in range(P) for g in range(G)
+                   if live[b, h, p, g]]
             assert got == want                   # key tiles ascending, queries ascending
             assert (np.diff(kt[b, h]) >= 0).all()
             assert sorted(set(kt[b, h])) == list(range(T))   # every key tile gets a run
             starts = np.flatnonzero(np.r_[True, np.diff(kt[b, h]) != 0])
-            ends = np.r_[starts[1:] - 1, e.shape[-1] - 1]
+            ends = np.r_[starts[1:] - 1, P - 1]
             assert (np.flatnonzero(first[b, h]) == starts).all()
             assert (np.flatnonzero(last[b, h]) == ends).all()
-            for c in set(range(T)) - {p for p, _ in want}:
-                run = kt[b, h] == c              # its one dead entry (+ the tail if last)
-                assert live[b, h][run].sum() == 0 and (run.sum() == 1 or c == T - 1)
-    assert live[0, 0].sum() == T * topk and set(kt[0, 0][live[0, 0] == 1]) == {0, 1, 2}
-    assert (live.sum(-1) == T * topk).all()
-    more = np.asarray(inverse_table(jnp.asarray(picks), 10))     # 7 query tiles of 10
-    assert more.shape == (B, N, T * topk + 10)
-    assert all(set(row & 0x3FFF) == set(range(10)) for row in more.reshape(-1, more.shape[-1]))
-    assert (((more >> 28) & 1).sum(-1) == T * topk).all()
+            for c in range(T):                   # the fewest steps: ceil(picks / G), or one
+                n = sum(p == c for p, _ in want)
+                steps = (kt[b, h] == c).sum() if c < T - 1 else -(-n // G) or 1
+                assert steps == max(1, -(-n // G))
+            for p in range(1, P):
+                dead = live[b, h, p] == 0
+                assert (qi[b, h, p][dead] == qi[b, h, p - 1][dead]).all()
+    assert live[0, 0].sum() == T * topk and set(kt[0, 0][live[0, 0].any(-1)]) == {0, 1, 2}
+    assert (live.sum((-1, -2)) == T * topk).all()
+    more = np.asarray(inverse_table(jnp.asarray(picks), 10, G))     # 7 query tiles of 10
+    assert more.shape == (B, N, T * topk // G + 10, G)
+    assert all(set(row & 0x3FFF) == set(range(10)) for row in more[..., 0].reshape(B * N, -1))
+    assert (((more >> 28) & 1).sum((-1, -2)) == T * topk).all()
 
 
 def test_packed_and_head_major_are_the_same_values(rng):
@@ -167,9 +191,10 @@ def test_calls_split_by_the_smem_budget_equal_one_call(kd, n, budget, want, rng,
     _, picks = coarse(q, k, v, t, 2, mask)
     cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
 
-    def run():
+    def run():                                  # one key tile a step: the words above
         return _value_and_grads(
-            lambda q, k, v: fine_table(q, k, v, picks, t, mask, interpret=True), cot)(q, k, v)
+            lambda q, k, v: fine_table(q, k, v, picks, t, mask, interpret=True, group=1),
+            cot)(q, k, v)
 
     whole = run()
     monkeypatch.setattr(vsa_table, "SMEM_WORDS", budget)
@@ -182,11 +207,21 @@ def test_calls_split_by_the_smem_budget_equal_one_call(kd, n, budget, want, rng,
         fine_table(q, k, v, picks, t, mask, interpret=True)
 
 
-@pytest.mark.parametrize("kd", [128, 64])
-def test_the_table_kernels_lower_for_tpu(kd):
+def test_the_split_counts_the_grouped_tables(monkeypatch):
+    """12 tiles, 5 picks in groups of 2: a head's forward table is 12 · 6 words (5 picks
+    padded to 6), its dk/dv one 2 · (12 · 5 // 2 + 12) = 84 words: the larger decides the
+    heads a call; past one head, the query tiles a call (7: 42 and 58 words)."""
+    for budget, want in ((168, (2, 12)), (100, (1, 12)), (60, (1, 7))):
+        monkeypatch.setattr(vsa_table, "SMEM_WORDS", budget)
+        assert vsa_table.split(1, 3, 12, 5, 2) == want
+
+
+@pytest.mark.parametrize("kd, group", [(128, 0), (128, 1), (64, 4)])
+def test_the_table_kernels_lower_for_tpu(kd, group):
     """Forward and backward (three kernels) lower to Mosaic TPU at Wan 1.3B 480p x 81 in
     4 x 8 x 8 tiles (168, 21 picked; bf16; nothing runs): K = 128 packed, K = 64
-    head-major."""
+    head-major; the chosen group (7 tiles a step), one a step, and 4 (the last step
+    padded)."""
     from jax import export
 
     from ditax.parallel.platform import target_platform
@@ -194,7 +229,7 @@ def test_the_table_kernels_lower_for_tpu(kd):
     order = TileOrder((21, 30, 52), (4, 8, 8))
     q = jax.ShapeDtypeStruct((1, order.length, 2, kd), jnp.bfloat16)
     mask = jnp.asarray(order.valid)[None]
-    call = TableFine(interpret=False)
+    call = TableFine(interpret=False, group=group)
 
     def fwd(q, k, v, g):
         return vsa_attention(q, k, v, g, tile_len=256, topk=21, kv_mask=mask, call=call)
@@ -207,6 +242,56 @@ def test_the_table_kernels_lower_for_tpu(kd):
         for fn, kernels in ((fwd, 1), (grad, 3)):
             text = export.export(jax.jit(fn), platforms=["tpu"])(q, q, q, q).mlir_module()
             assert text.count("tpu_custom_call") == kernels
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (deviceless TPU compile)")
+def test_the_chosen_group_compiles_for_a_v5e():
+    """Mosaic itself (libtpu, deviceless) compiles the forward and backward for a v5e at Wan
+    1.3B 480p (12 heads x 128, bf16, 21 of 168 tiles picked, 7 a step) within the scoped
+    VMEM these kernels keep (v5e's 16 MiB default; ~40 s on a CPU)."""
+    import os
+
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    from ditax.parallel.platform import target_platform
+
+    dev = topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1",
+                                       chips_per_host_bounds=(1, 1, 1)).devices[0]
+    rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
+                                     jax.sharding.PartitionSpec())
+    order = TileOrder((21, 30, 52), (4, 8, 8))
+    x = jax.ShapeDtypeStruct((1, order.length, 12, 128), jnp.bfloat16, sharding=rep)
+    picks = jax.ShapeDtypeStruct((1, 12, 168, 21), jnp.int32, sharding=rep)
+    mask = jnp.asarray(order.valid)[None]
+    assert group_for(21, 256, 128, 2) == 7
+
+    def grads(q, k, v, p):
+        return jax.grad(lambda *a: fine_table(*a, p, 256, mask, interpret=False).sum(),
+                        argnums=(0, 1, 2))(q, k, v)
+
+    with target_platform("tpu"):
+        hlo = jax.jit(grads).lower(x, x, x, picks).compile().as_text()
+    assert hlo.count('custom_call_target="tpu_custom_call"') == 3
+
+
+def test_the_group_is_chosen_per_shape_and_checked():
+    """At Wan 1.3B 480p (256-token tiles, K = 128, bf16) 21 / 42 / 84 picks take 3 / 6 / 11
+    steps: groups of 7 / 7 / 8 (the fewest steps at most 8 a step, then the smallest group
+    for them); a group past topk folds topk picks at once; a negative one, or one past the
+    VMEM budget, is refused in one line."""
+    assert [group_for(k, 256, 128, 2) for k in (21, 42, 84, 5, 1)] == [7, 7, 8, 5, 1]
+    assert resolve_group(0, 21, 256, 128, 2) == 7 and resolve_group(1, 21, 256, 128, 2) == 1
+    assert resolve_group(4, 3, 256, 128, 2) == 3
+    with pytest.raises(ValueError, match=r"^attention.vsa_group=-1 must be an int >= 0"):
+        resolve_group(-1, 21, 256, 128, 2)
+    with pytest.raises(ValueError, match=r"^attention.vsa_group=16: 16 key tiles of 256 x 128 "
+                                         r"a grid step take about 15.2 MiB of VMEM, over the "
+                                         r"12 MiB budget; use attention.vsa_group<=11 or 0$"):
+        resolve_group(16, 21, 256, 128, 2)
 
 
 def test_what_cannot_run_is_refused(rng):

@@ -1,6 +1,7 @@
 """``benchmarks/vsa_table.py`` (VSA's table fine pass against dense splash, for the chip):
 its cases run on CPU at a tiny shape (kernels interpreted) without an error row, each with
-its density, and its random picks are distinct key tiles per query tile."""
+its density and the table kernels' group (the chosen one, and the compared ones at the swept
+densities), and its random picks are distinct key tiles per query tile."""
 
 from __future__ import annotations
 
@@ -29,12 +30,17 @@ class Rows:
 def test_the_cases_run_at_a_tiny_shape():
     sw = Rows()
     vsa_table.vsa_cases(sw, grid=(3, 6, 6), tile=(2, 2, 2), heads=2, head_dim=16,
-                        densities=(0.5, 0.1), dense=False, interpret=True)
+                        densities=(0.5, 0.1), dense=False, interpret=True, groups=(16,))
     names = [r["case"] for r in sw.rows]
-    assert len(names) == 2 * 4 + 1 and sum("gather-flash" in n for n in names) == 1
+    assert len(names) == 2 * (2 + 1) + 2 * (1 + 1) + 1 and sum("gather-flash" in n for n in names) == 1
     assert {r["topk"] for r in sw.rows} == {9, 2} and all(r["tiles"] == 18 for r in sw.rows)
     fwd = [r for r in sw.rows if r["direction"] == "fwd" and r["path"] == "fine table"]
-    assert [r["flops"] for r in fwd] == [4.0 * 2 * 144 * k * 8 * 16 for k in (9, 2)]
+    # 9 picks: the choice (2 steps of 5), and 16 folded to all 9; 2 picks: the choice only
+    assert [(r["topk"], r["group"], r["group_auto"]) for r in fwd] == [
+        (9, 5, True), (9, 9, False), (2, 2, True)]
+    assert [r["flops"] for r in fwd] == [4.0 * 2 * 144 * k * 8 * 16 for k in (9, 9, 2)]
+    layer = [r for r in sw.rows if r["path"] == "layer table"]
+    assert [(r["group"], r["group_auto"]) for r in layer] == [(5, True)] * 2 + [(2, True)] * 2
 
 
 def test_random_picks_are_distinct_tiles():

@@ -7,7 +7,7 @@ as in its options class (:mod:`ditax.attention.options`; checked at import): the
 ``attend(**options)`` speak one vocabulary, and an option none of the configured kernels takes
 is refused by the same rule (:func:`ditax.attention.registry.check_options`). The block-sparse
 keys (:data:`SPARSITY_KEYS`: ``sparsity``, ``tile``, ``window``, ``decay``, ``dense_steps``,
-``topk``, ``vsa_fine``)
+``topk``, ``vsa_fine``, ``vsa_group``)
 are no kernel's option: the model reads them (it lays its video tokens out tile-major and hands the kernel a block table,
 :mod:`ditax.attention.sparse.layout`); :func:`check_attention` refuses a backend or mesh that
 cannot honour them. ``dense_steps`` is the sampler's: its first steps run the model with
@@ -68,12 +68,15 @@ class AttentionConfig:
     topk: int = 0                        # vsa: key tiles each query tile attends (>= 1)
     vsa_fine: VsaFine = "gather"         # vsa's fine pass: gathered tiles | table (flash only:
     #                                      Pallas kernels reading the picks, no gather)
+    vsa_group: int = 0                   # vsa_fine=table: picked key tiles a grid step (0: chosen
+    #                                      per shape, 1: one a step; <= topk)
 
 
 #: the keys that choose kernels; every other field but the sparsity keys is a backend option
 SELECTION_KEYS = ("backend", "cross_backend")
 #: the block-sparse keys the model reads (module docstring)
-SPARSITY_KEYS = ("sparsity", "tile", "window", "decay", "dense_steps", "topk", "vsa_fine")
+SPARSITY_KEYS = ("sparsity", "tile", "window", "decay", "dense_steps", "topk", "vsa_fine",
+                 "vsa_group")
 #: ``attention.<option>`` keys, with their config defaults (a value that differs is "given")
 OPTION_DEFAULTS = {f.name: f.default for f in fields(AttentionConfig)
                    if f.name not in SELECTION_KEYS + SPARSITY_KEYS}
@@ -183,6 +186,10 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
         raise ConfigError(f"attention.vsa_fine={a.vsa_fine} applies to attention.sparsity=vsa "
                           f"only (sparsity is {a.sparsity}); drop it or set "
                           f"attention.sparsity=vsa")
+    if a.sparsity != "vsa" and a.vsa_group:
+        raise ConfigError(f"attention.vsa_group={a.vsa_group} applies to attention.sparsity=vsa "
+                          f"attention.vsa_fine=table only (sparsity is {a.sparsity}); drop it "
+                          f"or set attention.sparsity=vsa")
     if isinstance(a.dense_steps, bool) or not isinstance(a.dense_steps, int) or \
             a.dense_steps < 0:
         raise ConfigError(f"attention.dense_steps={a.dense_steps} must be an int >= 0 (the "
@@ -236,3 +243,12 @@ def check_vsa(a: AttentionConfig) -> None:
         raise ConfigError(f"attention.vsa_fine=table runs VSA's fine pass on ditax's Pallas "
                           f"table kernels, chosen with attention.backend=flash (is "
                           f"{a.backend}); set attention.backend=flash or vsa_fine=gather")
+    if a.vsa_group and a.vsa_fine != "table":
+        raise ConfigError(f"attention.vsa_group={a.vsa_group} groups the picked key tiles of "
+                          f"the table kernels' grid steps; attention.vsa_fine={a.vsa_fine} has "
+                          f"none: set attention.vsa_fine=table or drop vsa_group")
+    if isinstance(a.vsa_group, bool) or not isinstance(a.vsa_group, int) or \
+            not 0 <= a.vsa_group <= a.topk:
+        raise ConfigError(f"attention.vsa_group={a.vsa_group} must be an int in 0..topk="
+                          f"{a.topk} (0: chosen per shape, 1: one key tile a grid step), e.g. "
+                          f"attention.vsa_group=4")

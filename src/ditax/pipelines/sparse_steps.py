@@ -36,7 +36,7 @@ def _sparse_modules(module):
 def _densify(nodes) -> None:
     for n in nodes:
         n.attention = dataclasses.replace(n.attention, sparsity="none", dense_steps=0,
-                                          topk=0, vsa_fine="gather")
+                                          topk=0, vsa_fine="gather", vsa_group=0)
 
 
 def dense_graph(graphdef, *states):

@@ -79,7 +79,9 @@ def test_the_plan_runs_the_table():
         plan = abstract_model(CFG, TABLE, m).attention_plan
         call = sparse_layout(TABLE, (2, 3, 4)).plan(plan).self_attn
         assert isinstance(call, VsaCall) and isinstance(call.inner, TableFine)
-        assert call.backend == "flash" and call.inner.mesh is m
+        assert call.backend == "flash" and call.inner.mesh is m and call.inner.group == 0
+    grouped = dataclasses.replace(TABLE, vsa_group=2)        # attention.vsa_group reaches it
+    assert sparse_layout(grouped, (2, 3, 4)).plan(plan).self_attn.inner.group == 2
 
 
 def test_the_mesh_equals_one_device_on_a_padded_grid(rng):
@@ -118,6 +120,14 @@ def test_the_layout_refuses_the_table_on_another_kernel():
      "attention.vsa_fine=table applies to attention.sparsity=vsa only (sparsity is radial)"),
     (["attention.backend=flash", "attention.sparsity=vsa", "attention.topk=2",
       "attention.vsa_fine=rows"], "attention.vsa_fine"),
+    (["attention.backend=flash", "attention.sparsity=vsa", "attention.topk=2",
+      "attention.vsa_group=2"], "attention.vsa_group=2 groups the picked key tiles of the "
+     "table kernels' grid steps; attention.vsa_fine=gather has none"),
+    (["attention.backend=flash", "attention.sparsity=radial", "attention.vsa_group=2"],
+     "attention.vsa_group=2 applies to attention.sparsity=vsa attention.vsa_fine=table only"),
+    (["attention.backend=flash", "attention.sparsity=vsa", "attention.topk=2",
+      "attention.vsa_fine=table", "attention.vsa_group=3"],
+     "attention.vsa_group=3 must be an int in 0..topk=2"),
 ])
 def test_the_key_is_checked(overrides, words):
     from ditax.config import load_config, validate
@@ -131,8 +141,9 @@ def test_the_key_is_checked(overrides, words):
 def test_flash_with_the_table_is_valid():
     from ditax.config import load_config, validate
 
-    validate(load_config("tiny", ["attention.backend=flash", "attention.sparsity=vsa",
-                                  "attention.topk=2", "attention.vsa_fine=table"]))
+    for extra in ([], ["attention.vsa_group=1"], ["attention.vsa_group=2"]):
+        validate(load_config("tiny", ["attention.backend=flash", "attention.sparsity=vsa",
+                                      "attention.topk=2", "attention.vsa_fine=table"] + extra))
 
 
 def test_bench_runs_the_table_and_names_it(capsys):

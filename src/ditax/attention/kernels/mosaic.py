@@ -6,9 +6,10 @@
   Bad lhs type", libtpu 0.0.42.1 / v6e). bf16 × bf16 products are exact in float32, so
   ``DEFAULT`` (one MXU pass) loses nothing there; float32 operands keep full float32 accuracy
   (``HIGHEST``), as their dtype asks.
-- :func:`online_softmax_step` / :func:`online_softmax_finish`: one key tile of the float32
-  online softmax on the VMEM scratch ``(m, l, acc)`` and the final ``o`` / log-sum-exp rows,
-  shared by the flash and the 8-bit (sage) forward kernels;
+- :func:`online_softmax_step` (:func:`online_softmax_steps`: several) /
+  :func:`online_softmax_finish`: one key tile of the float32 online softmax on the VMEM
+  scratch ``(m, l, acc)`` and the final ``o`` / log-sum-exp rows, shared by the flash, the
+  8-bit (sage) and the VSA table forward kernels;
 - :func:`captured_mosaic_modules`: the Mosaic modules Pallas lowers while it is active (to
   read a kernel's matmul types in tests and benchmarks);
 - :func:`as_column`: per-row vectors (log-sum-exp, softmax delta, the
@@ -62,15 +63,26 @@ def online_softmax_step(s, v, m_sc, l_sc, acc_sc, scale: float = 1.0) -> None:
     units and ``P = exp2((s - m) · scale·log2 e)``, one multiply per score where
     ``exp(s·scale - m')`` takes two (the explicit scale, and the exp's own change of base);
     on a TPU the per-score vector work, not the MXU, bounds this kernel (v5e: K = 128)."""
+    online_softmax_steps([s], [v], m_sc, l_sc, acc_sc, scale)
+
+
+def online_softmax_steps(ss, vs, m_sc, l_sc, acc_sc, scale: float = 1.0) -> None:
+    """:func:`online_softmax_step` over several key tiles at once (scores ``ss[g]``, values
+    ``vs[g]``): one running max over all of them, one rescale of ``l`` and ``acc``, then each
+    tile's ``P`` and ``P v`` added in order (one tile: the same operations)."""
     c = scale * LOG2E
     m = m_sc[...]
-    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    m_new = m
+    for s in ss:
+        m_new = jnp.maximum(m_new, jnp.max(s, axis=1, keepdims=True))
     m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-    p = jnp.exp2((s - m_safe) * c)
     alpha = jnp.exp2((m - m_safe) * c)
-    l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
-    pv = mxu_dot(p.astype(v.dtype), v, NN)
-    acc_sc[...] = alpha * acc_sc[...] + pv
+    l, acc = alpha * l_sc[...], alpha * acc_sc[...]
+    for s, v in zip(ss, vs):
+        p = jnp.exp2((s - m_safe) * c)
+        l = l + jnp.sum(p, axis=1, keepdims=True)
+        acc = acc + mxu_dot(p.astype(v.dtype), v, NN)
+    l_sc[...], acc_sc[...] = l, acc
     m_sc[...] = m_new
 
 

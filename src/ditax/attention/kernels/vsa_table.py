@@ -1,39 +1,43 @@
 """Pallas TPU kernels of VSA's fine pass read from a per-(sample, head, query tile) table of
 picked key tiles (``attention.sparsity=vsa attention.vsa_fine=table``;
-:mod:`ditax.attention.sparse.vsa_table` is the differentiable wrapper).
+:mod:`ditax.attention.sparse.vsa_table` is the differentiable wrapper): the forward and dq
+kernels here, dk / dv over the transposed table in :mod:`.vsa_table_dkv`.
 
 Layout: q, k, v, o ``[B, N, L, K]`` head-major, or ``[B, L, N·K]`` packed where ``K`` is a
 multiple of 128 (a head is a column block: the projections' layout, no transposes), ``L = T ·
 t`` (``T`` tiles of ``t`` tokens, tile-major order); one kernel block is one whole tile
-``(t, K)``. Per-row vectors (lse, the
-softmax delta, the key mask) travel as lane rows ``[B, N, T, 1, t]`` / ``[B, T, 1, t]``
-(:mod:`.mosaic`).
+``(t, K)``. Per-row vectors (lse, the softmax delta, the key mask) travel as lane rows
+``[B, N, T, 1, t]`` / ``[B, T, 1, t]`` (:mod:`.mosaic`).
 
-- **forward**, grid ``(B, N, T, topk)``: ``picks [B, N, T, topk]`` int32, flattened, is the
-  scalar-prefetched operand (SMEM); the K / V (and key mask) index maps read the key tile of
-  position ``(b, h, i, j)`` from it, so each query tile's ``topk`` key tiles are DMA'd from
-  K / V where they lie: no gathered copy. The online softmax runs in VMEM scratch (float32),
-  the output (float32) and the log-sum-exp row are written at the last position.
-- **dq**, the same grid and table: the softmax delta ``rowsum(dO · o)`` at the first position,
-  then ``dq += (P ∘ (dO vᵀ - delta)) k`` (FlashAttention-2).
-- **dk / dv**, grid ``(B, N, P)``, ``P = T · (topk + 1)`` (``Tq · topk + T`` for a call
-  over ``Tq`` of the ``T`` query tiles: its dk / dv are that call's share): the transposed
-  table (:func:`inverse_table`, built with jnp on the device: no host round trip) lists,
-  for each key tile in order, the query tiles that picked it; a key tile's run of positions is
-  consecutive, so its ``dk`` / ``dv`` output blocks stay resident across the run and are
-  written once at its end. A key tile no query tile picked gets one dead position (its
-  gradients zero); the spare positions at the end repeat the last entry, dead (no new DMA).
-  Each entry packs ``key tile | query tile << 14 | live << 28 | first << 29 | last << 30``
-  in one int32, so the table is one SMEM operand of ``B · N · P`` words.
+**Groups** (``attention.vsa_group``): a grid step takes ``G`` picked key tiles at once. K and
+V (and the key mask) are passed ``G`` times, the ``g``-th copy's index map reading pick ``j ·
+G + g``, so Pallas DMAs the ``G`` tiles of a step together (double-buffered, issued one step
+ahead) and the step's ``G`` products share one step's overhead: at ``G = 1``, Wan 1.3B 480p on
+a v5e spent ~1.05 µs a step where a ``256 × 256 × 128`` tile pair takes ~0.17 µs at peak.
+``topk`` is padded up to ``steps · G`` picks; a padded pick repeats the same slot's pick of the
+step before (its block index unchanged: no DMA) and the last step folds only its real slots
+(a second, static body: nothing masked, nothing wasted). :func:`group_for` chooses ``G``.
+
+- **forward**, grid ``(B, N, T, steps)``: ``picks [B, N, T, steps · G]`` int32, flattened, is
+  the scalar-prefetched operand (SMEM); the K / V (and key mask) index maps read the key
+  tiles of position ``(b, h, i, j)`` from it, so each query tile's ``topk`` key tiles are
+  DMA'd from K / V where they lie: no gathered copy. The online softmax (one running max
+  over the step's ``G`` tiles) runs in VMEM scratch (float32), the output (float32) and the
+  log-sum-exp row are written at the last step.
+- **dq**, the same grid and table: the softmax delta ``rowsum(dO · o)`` at the first step,
+  then ``dq += (P ∘ (dO vᵀ - delta)) k`` for each of the step's tiles (FlashAttention-2).
 
 SMEM holds about 1 MiB (TPU v4 … v6e); :data:`SMEM_WORDS` is the budget a caller splits its
 heads to (the wrapper does). Verified here: interpret mode on CPU against the jnp VSA and the
-dense reference, and lowering to Mosaic TPU (``jax.export``); not yet run on a chip.
+dense reference, and lowering to Mosaic TPU (``jax.export``); ``G = 1`` measured on a v5e
+(:mod:`benchmarks.vsa_table`), ``G > 1`` not yet.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,17 +45,61 @@ from jax.experimental import pallas as pl
 
 from ditax.attention.kernels.mosaic import (LOG2E, NN, NT, as_column, mxu_dot,
                                             online_softmax_finish, online_softmax_start,
-                                            online_softmax_step)
+                                            online_softmax_steps)
 
 NEG_INF = float("-inf")
 F32 = jnp.float32
+MIB = 1 << 20
 #: int32 words of scalar-prefetched table one call may take (half of a 1 MiB SMEM)
 SMEM_WORDS = 128 * 1024
-#: tiles the packed dk/dv table can name (14 bits a tile id)
-MAX_TILES = 1 << 14
+#: the largest group :func:`group_for` chooses (per-step overhead hidden well before)
+MAX_GROUP = 8
+#: the VMEM a group may take by :func:`vmem_estimate`: under v5e's 16 MiB scoped default,
+#: which these kernels keep (they ask for no limit of their own)
+VMEM_BUDGET = 12 * MIB
 
 
-def _dims(q, heads: int):
+def vmem_estimate(t: int, K: int, itemsize: int, group: int) -> int:
+    """Bytes of VMEM the heaviest of the three kernels takes with ``group`` tiles a step (an
+    upper estimate): per slot two double-buffered ``(t, K)`` tiles (k and v; q and dO in dk /
+    dv), its lane rows padded to 8 sublanes, and two ``[t, t]`` float32 score tiles (the
+    forward holds every slot's scores for the common max); fixed: q / dO / o blocks and the
+    float32 accumulators, and five ``[t, t]`` float32 tiles of the backward."""
+    slot = 4 * t * K * itemsize + 4 * 8 * t * 4 + 2 * t * t * 4
+    return 12 * t * K * 4 + 5 * t * t * 4 + group * slot
+
+
+def group_for(topk: int, t: int, K: int, itemsize: int) -> int:
+    """``G`` for ``topk`` picks of ``t``-token tiles of head dim ``K``: the fewest steps that
+    groups of at most :data:`MAX_GROUP` (and :data:`VMEM_BUDGET`) tiles take, with the smallest
+    group that many steps need (``topk`` 21 / 42 / 84 → 7 / 7 / 8 at ``t = 256``, ``K =
+    128``)."""
+    fit = [g for g in range(2, MAX_GROUP + 1) if vmem_estimate(t, K, itemsize, g) <= VMEM_BUDGET]
+    widest = min(topk, max(fit, default=1))
+    steps = -(-topk // widest)
+    return -(-topk // steps)
+
+
+def resolve_group(group: int, topk: int, t: int, K: int, itemsize: int) -> int:
+    """The group the kernels run: ``group`` (0: :func:`group_for`), at most ``topk`` (a larger
+    one folds the same picks); ValueError for a negative one or one past the VMEM budget."""
+    if isinstance(group, bool) or not isinstance(group, int) or group < 0:
+        raise ValueError(f"attention.vsa_group={group!r} must be an int >= 0 (0: chosen per "
+                         f"shape, 1: one key tile a grid step), e.g. attention.vsa_group=4")
+    if group == 0:
+        return group_for(topk, t, K, itemsize)
+    g = min(group, topk)
+    need = vmem_estimate(t, K, itemsize, g)
+    if need > VMEM_BUDGET:
+        fit = max([n for n in range(1, g) if vmem_estimate(t, K, itemsize, n) <= VMEM_BUDGET],
+                  default=1)
+        raise ValueError(f"attention.vsa_group={group}: {g} key tiles of {t} x {K} a grid step "
+                         f"take about {need / MIB:.1f} MiB of VMEM, over the "
+                         f"{VMEM_BUDGET // MIB} MiB budget; use attention.vsa_group<={fit} or 0")
+    return g
+
+
+def dims(q, heads: int):
     """``(B, N, L, K, packed)`` of ``q``: ``[B, N, L, K]`` head-major, or ``[B, L, N·K]``
     packed (``N = heads``; a head is a column block of ``K``: a multiple of 128 lanes)."""
     if q.ndim == 4:
@@ -61,7 +109,7 @@ def _dims(q, heads: int):
     return B, heads, L, NK // heads, True
 
 
-def _spec(t: int, K: int, index_map, packed: bool = False):
+def tile_spec(t: int, K: int, index_map, packed: bool = False):
     """The ``(t, K)`` block of a tile: ``index_map`` gives ``(b, h, tile, 0)``; packed, the
     block ``(tile, h)`` of ``[B, L, N·K]``."""
     sq = pl.squeezed
@@ -74,106 +122,159 @@ def _spec(t: int, K: int, index_map, packed: bool = False):
     return pl.BlockSpec((sq, t, K), packed_map)
 
 
-def _row_spec(t: int, index_map):
+def row_spec(t: int, index_map):
     sq = pl.squeezed
     return pl.BlockSpec((sq, sq, sq, 1, t), index_map)
 
 
-def _keep_spec(t: int, index_map):
+def keep_spec(t: int, index_map):
     sq = pl.squeezed
     return pl.BlockSpec((sq, sq, 1, t), index_map)
 
 
-def _params(semantics):
+def params(semantics):
     from jax.experimental.pallas import tpu as pltpu
 
     return pltpu.CompilerParams(dimension_semantics=semantics)
 
 
-def _picked(N: int, T: int, topk: int):
-    """The key tile of grid position ``(b, h, i, j)`` read from the flattened picks."""
-    def at(b, h, i, j, picks):
-        return picks[((b * N + h) * T + i) * topk + j]
-    return at
+def padded_picks(picks, group: int):
+    """``picks [..., topk]`` → ``[..., steps · group]``: a padded position repeats the pick one
+    step (``group`` positions) before it, the same slot's (no new DMA)."""
+    topk = picks.shape[-1]
+    width = -(-topk // group) * group
+    if width == topk:
+        return picks
+    pos = jnp.arange(width)
+    return picks[..., jnp.where(pos < topk, pos, pos - group)]
+
+
+@dataclass(frozen=True)
+class PickGrid:
+    """What the forward and dq kernels share over the grid ``(B, N, query tile, step)``: the
+    dims, ``T`` tiles of ``t`` tokens, ``steps`` of ``group`` picks (``last``: the real ones
+    of the last step), the flattened padded picks and the block specs."""
+
+    B: int
+    N: int
+    K: int
+    T: int
+    t: int
+    group: int
+    steps: int
+    last: int
+    flat: Any
+    q_spec: Any
+    kv_specs: list
+    keep_specs: list
+    row_spec: Any
+
+    @classmethod
+    def of(cls, q, picks, group: int, masked: bool) -> "PickGrid":
+        B, N, L, K, packed = dims(q, picks.shape[1])
+        T, topk = picks.shape[2], picks.shape[3]
+        t, G = L // T, group
+        steps = -(-topk // G)
+        W = steps * G
+
+        def at(b, h, i, j, g, p):
+            return p[((b * N + h) * T + i) * W + j * G + g]
+
+        kv_specs = [tile_spec(t, K, lambda b, h, i, j, p, g=g: (b, h, at(b, h, i, j, g, p), 0),
+                              packed) for g in range(G)]
+        keep_specs = [keep_spec(t, lambda b, h, i, j, p, g=g: (b, at(b, h, i, j, g, p), 0, 0))
+                      for g in range(G)] if masked else []
+        return cls(B, N, K, T, t, G, steps, topk - (steps - 1) * G,
+                   padded_picks(picks.astype(jnp.int32), G).reshape(-1),
+                   tile_spec(t, K, lambda b, h, i, j, p: (b, h, i, 0), packed), kv_specs,
+                   keep_specs, row_spec(t, lambda b, h, i, j, p: (b, h, i, 0, 0)))
+
+    def tiles(self, q, k, v, keep):
+        """The in-specs and operands q, ``G`` x k, ``G`` x v (and ``G`` x the key mask)."""
+        G = self.group
+        specs = [self.q_spec] + self.kv_specs * 2 + self.keep_specs
+        return specs, [q] + [k] * G + [v] * G + ([keep] * G if keep is not None else [])
+
+
+def _split(refs, group: int, masked: bool):
+    """A grouped kernel's refs: ``(q, ks, vs, keeps or None, the rest)``."""
+    G = group
+    end = 1 + (3 if masked else 2) * G
+    keeps = refs[1 + 2 * G:end] if masked else None
+    return refs[0], refs[1:1 + G], refs[1 + G:1 + 2 * G], keeps, refs[end:]
+
+
+def _scores(q, k, keep_ref):
+    s = mxu_dot(q, k, NT)                               # unscaled [t, t]
+    return s if keep_ref is None else jnp.where(keep_ref[...] != 0, s, NEG_INF)
+
+
+def _by_step(fold, group: int, last: int, j, steps) -> None:
+    """``fold(group)`` at every step, ``fold(last)`` at the last one where it has padded
+    slots (not computed; their tiles not fetched: the index maps repeat the step before)."""
+    if last == group:
+        fold(group)
+        return
+    pl.when(j < steps - 1)(lambda: fold(group))
+    pl.when(j == steps - 1)(lambda: fold(last))
 
 
 # ---------------------------------------------------------------- forward
 
 
-def _fwd_kernel(picks_ref, *refs, scale: float, masked: bool):
+def _fwd_kernel(picks_ref, *refs, scale: float, group: int, last: int, masked: bool):
     del picks_ref                                   # read by the index maps only
-    if masked:
-        q_ref, k_ref, v_ref, keep_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
-    else:
-        q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
-    j = pl.program_id(3)
+    q_ref, ks, vs, keeps, (o_ref, lse_ref, m_sc, l_sc, acc_sc) = _split(refs, group, masked)
+    j, steps = pl.program_id(3), pl.num_programs(3)
 
     @pl.when(j == 0)
     def _init():
         online_softmax_start(m_sc, l_sc, acc_sc)
 
-    s = mxu_dot(q_ref[...], k_ref[...], NT)         # unscaled [t, t]
-    if masked:
-        s = jnp.where(keep_ref[...] != 0, s, NEG_INF)
-    online_softmax_step(s, v_ref[...], m_sc, l_sc, acc_sc, scale)
+    def fold(n):
+        q = q_ref[...]
+        ss = [_scores(q, ks[g][...], keeps and keeps[g]) for g in range(n)]
+        online_softmax_steps(ss, [v[...] for v in vs[:n]], m_sc, l_sc, acc_sc, scale)
 
-    @pl.when(j == pl.num_programs(3) - 1)
+    _by_step(fold, group, last, j, steps)
+
+    @pl.when(j == steps - 1)
     def _finish():
         online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc, scale)
 
 
-def _pick_grid(q, picks):
-    """What the forward and dq kernels share over the grid (B, N, query tile, pick): ``(B, N,
-    L, K, packed, T, topk, t, at, q_spec, kv_spec, row_spec)``: the dims, the tiles ``T`` of
-    ``t`` tokens, the pick reader ``at`` and the query, picked key / value and row specs."""
-    B, N, L, K, packed = _dims(q, picks.shape[1])
-    T, topk = picks.shape[2], picks.shape[3]
-    t = L // T
-    at = _picked(N, T, topk)
-    q_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, i, 0), packed)
-    kv_spec = _spec(t, K, lambda b, h, i, j, p: (b, h, at(b, h, i, j, p), 0), packed)
-    row_spec = _row_spec(t, lambda b, h, i, j, p: (b, h, i, 0, 0))
-    return B, N, L, K, packed, T, topk, t, at, q_spec, kv_spec, row_spec
-
-
-def table_forward(q, k, v, keep, picks, *, scale: float, interpret: bool):
-    """q, k, v ``[B, N, L, K]`` (or packed ``[B, L, N·K]``, :func:`_dims`), keep ``[B, T, 1,
-    t]`` int32 or None, picks ``[B, N, T, topk]`` int32 → ``(o float32 in q's layout, lse
-    [B, N, T, 1, t] float32)``."""
+def table_forward(q, k, v, keep, picks, *, scale: float, interpret: bool, group: int = 1):
+    """q, k, v ``[B, N, L, K]`` (or packed ``[B, L, N·K]``, :func:`dims`), keep ``[B, T, 1,
+    t]`` int32 or None, picks ``[B, N, T, topk]`` int32, ``group`` (``1 .. topk``) key
+    tiles a step → ``(o float32 in q's layout, lse [B, N, T, 1, t] float32)``."""
     from jax.experimental.pallas import tpu as pltpu
 
-    B, N, L, K, packed, T, topk, t, at, q_spec, kv_spec, row_spec = _pick_grid(q, picks)
-    in_specs = [q_spec, kv_spec, kv_spec]
-    args = [q, k, v]
-    if keep is not None:
-        in_specs.append(_keep_spec(t, lambda b, h, i, j, p: (b, at(b, h, i, j, p), 0, 0)))
-        args.append(keep)
+    pg = PickGrid.of(q, picks, group, keep is not None)
+    in_specs, args = pg.tiles(q, k, v, keep)
     grid = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(B, N, T, topk), in_specs=in_specs,
-        out_specs=[q_spec, row_spec],
-        scratch_shapes=[pltpu.VMEM((t, 1), F32), pltpu.VMEM((t, 1), F32),
-                        pltpu.VMEM((t, K), F32)])
+        num_scalar_prefetch=1, grid=(pg.B, pg.N, pg.T, pg.steps), in_specs=in_specs,
+        out_specs=[pg.q_spec, pg.row_spec],
+        scratch_shapes=[pltpu.VMEM((pg.t, 1), F32), pltpu.VMEM((pg.t, 1), F32),
+                        pltpu.VMEM((pg.t, pg.K), F32)])
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, scale=float(scale), masked=keep is not None),
+        functools.partial(_fwd_kernel, scale=float(scale), group=group, last=pg.last,
+                          masked=keep is not None),
         grid_spec=grid,
         out_shape=[jax.ShapeDtypeStruct(q.shape, F32),
-                   jax.ShapeDtypeStruct((B, N, T, 1, t), F32)],
-        compiler_params=_params(("parallel", "parallel", "parallel", "arbitrary")),
+                   jax.ShapeDtypeStruct((pg.B, pg.N, pg.T, 1, pg.t), F32)],
+        compiler_params=params(("parallel", "parallel", "parallel", "arbitrary")),
         interpret=interpret, name="ditax_vsa_table_fwd",
-    )(picks.reshape(-1).astype(jnp.int32), *args)
+    )(pg.flat, *args)
 
 
 # ---------------------------------------------------------------- dq
 
 
-def _dq_kernel(picks_ref, *refs, scale: float, masked: bool):
+def _dq_kernel(picks_ref, *refs, scale: float, group: int, last: int, masked: bool):
     del picks_ref
-    if masked:
-        (q_ref, k_ref, v_ref, keep_ref, do_ref, o_ref, lse_ref, dq_ref, delta_ref,
-         acc_sc, delta_sc) = refs
-    else:
-        q_ref, k_ref, v_ref, do_ref, o_ref, lse_ref, dq_ref, delta_ref, acc_sc, delta_sc = refs
-    j = pl.program_id(3)
+    q_ref, ks, vs, keeps, rest = _split(refs, group, masked)
+    do_ref, o_ref, lse_ref, dq_ref, delta_ref, acc_sc, delta_sc = rest
+    j, steps = pl.program_id(3), pl.num_programs(3)
 
     @pl.when(j == 0)
     def _init():
@@ -181,168 +282,49 @@ def _dq_kernel(picks_ref, *refs, scale: float, masked: bool):
         delta_sc[...] = jnp.sum(do_ref[...].astype(F32) * o_ref[...].astype(F32), axis=1,
                                 keepdims=True)
 
-    q, k, v = q_ref[...], k_ref[...], v_ref[...]
-    do = do_ref[...].astype(k.dtype)                   # the MXU in the inputs' dtype
-    lse = as_column(lse_ref)
-    lse2 = jnp.where(lse == NEG_INF, jnp.inf, lse) * LOG2E   # a row with no key: P = 0
-    s = mxu_dot(q, k, NT)
-    if masked:
-        s = jnp.where(keep_ref[...] != 0, s, NEG_INF)
-    p = jnp.exp2(s * (scale * LOG2E) - lse2)           # exp(s·scale - lse)
-    ds = p * (mxu_dot(do, v, NT) - delta_sc[...])
-    acc_sc[...] += mxu_dot(ds.astype(k.dtype), k, NN)
+    def fold(n):
+        q = q_ref[...]
+        do = do_ref[...].astype(q.dtype)                    # the MXU in the inputs' dtype
+        lse = as_column(lse_ref)
+        lse2 = jnp.where(lse == NEG_INF, jnp.inf, lse) * LOG2E   # a row with no key: P = 0
+        acc = acc_sc[...]
+        for g in range(n):
+            k = ks[g][...]
+            p = jnp.exp2(_scores(q, k, keeps and keeps[g]) * (scale * LOG2E) - lse2)
+            ds = p * (mxu_dot(do, vs[g][...], NT) - delta_sc[...])
+            acc = acc + mxu_dot(ds.astype(k.dtype), k, NN)
+        acc_sc[...] = acc
 
-    @pl.when(j == pl.num_programs(3) - 1)
+    _by_step(fold, group, last, j, steps)
+
+    @pl.when(j == steps - 1)
     def _finish():
         dq_ref[...] = (acc_sc[...] * scale).astype(dq_ref.dtype)
         delta_ref[...] = delta_sc[...].T
 
 
-def table_dq(q, k, v, keep, picks, do, o, lse, *, scale: float, interpret: bool):
+def table_dq(q, k, v, keep, picks, do, o, lse, *, scale: float, interpret: bool,
+             group: int = 1):
     """``(dq in q's layout and dtype, delta [B, N, T, 1, t] float32)``."""
     from jax.experimental.pallas import tpu as pltpu
 
-    B, N, L, K, packed, T, topk, t, at, q_spec, kv_spec, row_spec = _pick_grid(q, picks)
-    in_specs, args = [q_spec, kv_spec, kv_spec], [q, k, v]
-    if keep is not None:
-        in_specs.append(_keep_spec(t, lambda b, h, i, j, p: (b, at(b, h, i, j, p), 0, 0)))
-        args.append(keep)
+    pg = PickGrid.of(q, picks, group, keep is not None)
+    in_specs, args = pg.tiles(q, k, v, keep)
     grid = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(B, N, T, topk),
-        in_specs=in_specs + [q_spec, q_spec, row_spec], out_specs=[q_spec, row_spec],
-        scratch_shapes=[pltpu.VMEM((t, K), F32), pltpu.VMEM((t, 1), F32)])
+        num_scalar_prefetch=1, grid=(pg.B, pg.N, pg.T, pg.steps),
+        in_specs=in_specs + [pg.q_spec, pg.q_spec, pg.row_spec],
+        out_specs=[pg.q_spec, pg.row_spec],
+        scratch_shapes=[pltpu.VMEM((pg.t, pg.K), F32), pltpu.VMEM((pg.t, 1), F32)])
     return pl.pallas_call(
-        functools.partial(_dq_kernel, scale=float(scale), masked=keep is not None),
+        functools.partial(_dq_kernel, scale=float(scale), group=group, last=pg.last,
+                          masked=keep is not None),
         grid_spec=grid,
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((B, N, T, 1, t), F32)],
-        compiler_params=_params(("parallel", "parallel", "parallel", "arbitrary")),
+                   jax.ShapeDtypeStruct((pg.B, pg.N, pg.T, 1, pg.t), F32)],
+        compiler_params=params(("parallel", "parallel", "parallel", "arbitrary")),
         interpret=interpret, name="ditax_vsa_table_dq",
-    )(picks.reshape(-1).astype(jnp.int32), *args, do, o, lse)
+    )(pg.flat, *args, do, o, lse)
 
 
-# ---------------------------------------------------------------- dk / dv
-
-
-def inverse_table(picks, key_tiles: int | None = None):
-    """``picks [B, N, Tq, topk]`` (into ``key_tiles`` key tiles; None: ``Tq``) → ``[B, N,
-    Tq · topk + key_tiles]`` int32: the dk/dv kernel's packed entries (module docstring),
-    key tiles in increasing order, each key tile's picking query tiles in increasing order.
-    jnp only (sort and scans): traced with the picks, nothing leaves the device."""
-    B, N, Tq, topk = picks.shape
-    T = Tq if key_tiles is None else key_tiles
-    if max(T, Tq) >= MAX_TILES:
-        raise ValueError(f"vsa_fine=table: {max(T, Tq)} tiles exceed the {MAX_TILES - 1} its "
-                         f"dk/dv table can name; use a larger attention.tile")
-    R = Tq * topk
-    P = R + T
-    kt_real = picks.reshape(B, N, R).astype(jnp.int32)
-    qi_real = jnp.broadcast_to(jnp.arange(R, dtype=jnp.int32) // topk, (B, N, R))
-    rows = jnp.arange(B * N)[:, None]
-    counts = jnp.zeros((B * N, T), jnp.int32).at[rows, kt_real.reshape(B * N, R)].add(1)
-    counts = counts.reshape(B, N, T)
-    tiles = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, N, T))
-    kt = jnp.concatenate([kt_real, tiles], -1)
-    qi = jnp.concatenate([qi_real, jnp.zeros((B, N, T), jnp.int32)], -1)
-    real = jnp.concatenate([jnp.ones((B, N, R), bool), jnp.zeros((B, N, T), bool)], -1)
-    # a dummy entry is needed only for a key tile nobody picked; the others sort past the end
-    needed = real | jnp.concatenate([jnp.zeros((B, N, R), bool), counts == 0], -1)
-    key = jnp.where(needed, 2 * kt + real.astype(jnp.int32), 2 * T)
-    order = jnp.argsort(key, axis=-1, stable=True)
-    kt, qi, real, needed = (jnp.take_along_axis(x, order, -1) for x in (kt, qi, real, needed))
-    n = jnp.sum(needed, -1, keepdims=True)                       # valid positions
-    pos = jnp.arange(P, dtype=jnp.int32)
-    tail = jnp.minimum(pos, n - 1)                                # spare: repeat the last
-    kt, qi = (jnp.take_along_axis(x, tail, -1) for x in (kt, qi))
-    live = real & (pos < n)
-    edge = jnp.ones((B, N, 1), bool)
-    first = jnp.concatenate([edge, kt[..., 1:] != kt[..., :-1]], -1)
-    last = jnp.concatenate([kt[..., 1:] != kt[..., :-1], edge], -1)
-    return (kt | (qi << 14) | (live.astype(jnp.int32) << 28) | (first.astype(jnp.int32) << 29)
-            | (last.astype(jnp.int32) << 30))
-
-
-def _key_tile(e):
-    return jax.lax.bitwise_and(e, MAX_TILES - 1)
-
-
-def _query_tile(e):
-    return jax.lax.bitwise_and(jax.lax.shift_right_logical(e, 14), MAX_TILES - 1)
-
-
-def _bit(e, n: int):
-    return jax.lax.bitwise_and(jax.lax.shift_right_logical(e, n), 1)
-
-
-def _dkv_kernel(tab_ref, *refs, scale: float, masked: bool):
-    if masked:
-        (q_ref, k_ref, v_ref, keep_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
-         dk_sc, dv_sc) = refs
-    else:
-        q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, dk_sc, dv_sc = refs
-    b, h, p = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    e = tab_ref[(b * pl.num_programs(1) + h) * pl.num_programs(2) + p]
-
-    @pl.when(_bit(e, 29) == 1)
-    def _init():
-        dk_sc[...] = jnp.zeros(dk_sc.shape, F32)
-        dv_sc[...] = jnp.zeros(dv_sc.shape, F32)
-
-    @pl.when(_bit(e, 28) == 1)
-    def _tile():
-        q, k, v = q_ref[...], k_ref[...], v_ref[...]
-        do = do_ref[...].astype(k.dtype)
-        lse = lse_ref[...]                                       # [1, t] rows of the queries
-        lse2 = jnp.where(lse == NEG_INF, jnp.inf, lse) * LOG2E
-        st = mxu_dot(k, q, NT)                                   # unscaled [t_k, t_q]
-        if masked:
-            st = jnp.where(as_column(keep_ref) != 0, st, NEG_INF)
-        pt = jnp.exp2(st * (scale * LOG2E) - lse2)
-        dv_sc[...] += mxu_dot(pt.astype(do.dtype), do, NN)
-        dst = pt * (mxu_dot(v, do, NT) - delta_ref[...])
-        dk_sc[...] += mxu_dot(dst.astype(q.dtype), q, NN)
-
-    @pl.when(_bit(e, 30) == 1)
-    def _finish():
-        dk_ref[...] = (dk_sc[...] * scale).astype(dk_ref.dtype)
-        dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
-
-
-def table_dkv(q, k, v, keep, table, do, lse, delta, *, scale: float, interpret: bool):
-    """``(dk, dv)`` in k's / v's layouts and dtypes; ``table`` from :func:`inverse_table`."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    B, N, L, K, packed = _dims(q, lse.shape[1])
-    T, P = lse.shape[2], table.shape[-1]            # T: the query tiles
-    t = L // T
-
-    def entry(b, h, p, tab):
-        return tab[(b * N + h) * P + p]
-
-    q_spec = _spec(t, K, lambda b, h, p, tab: (b, h, _query_tile(entry(b, h, p, tab)), 0),
-                   packed)
-    kv_spec = _spec(t, K, lambda b, h, p, tab: (b, h, _key_tile(entry(b, h, p, tab)), 0),
-                    packed)
-    row_spec = _row_spec(t, lambda b, h, p, tab: (b, h, _query_tile(entry(b, h, p, tab)), 0,
-                                                   0))
-    in_specs, args = [q_spec, kv_spec, kv_spec], [q, k, v]
-    if keep is not None:
-        in_specs.append(_keep_spec(t, lambda b, h, p, tab: (b, _key_tile(entry(b, h, p, tab)),
-                                                            0, 0)))
-        args.append(keep)
-    grid = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(B, N, P),
-        in_specs=in_specs + [q_spec, row_spec, row_spec], out_specs=[kv_spec, kv_spec],
-        scratch_shapes=[pltpu.VMEM((t, K), F32), pltpu.VMEM((t, K), F32)])
-    return pl.pallas_call(
-        functools.partial(_dkv_kernel, scale=float(scale), masked=keep is not None),
-        grid_spec=grid,
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=_params(("parallel", "parallel", "arbitrary")),
-        interpret=interpret, name="ditax_vsa_table_dkv",
-    )(table.reshape(-1), *args, do, lse, delta)
-
-
-__all__ = ["MAX_TILES", "SMEM_WORDS", "inverse_table", "table_dkv", "table_dq",
-           "table_forward"]
+__all__ = ["MAX_GROUP", "SMEM_WORDS", "VMEM_BUDGET", "group_for", "padded_picks",
+           "resolve_group", "table_dq", "table_forward", "vmem_estimate"]

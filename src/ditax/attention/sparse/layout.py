@@ -48,6 +48,7 @@ class SparseLayout:
     sparsity: str
     topk: int = 0                     # vsa: key tiles a query tile attends
     fine: str = "gather"              # vsa: attention.vsa_fine (gather | table)
+    group: int = 0                    # vsa, table: attention.vsa_group (0: per shape)
 
     def to_tiles(self, x, axis: int = 1):
         """``x`` with its frame-major token axis in tile-major order (padding zero)."""
@@ -107,7 +108,7 @@ class SparseLayout:
         why = table_reasons(self.order.tile_len)
         if why:
             raise ConfigError(why[0])
-        return TableFine.of(call)
+        return TableFine.of(call, self.group)
 
     def plan(self, plan):
         """An :class:`~ditax.attention.AttentionPlan` whose self-attention is :meth:`call`'s
@@ -123,12 +124,12 @@ def sparse_layout(acfg, grid) -> SparseLayout | None:
     return _layout(acfg.sparsity, tuple(int(n) for n in acfg.tile),
                    tuple(int(n) for n in acfg.window), float(acfg.decay),
                    tuple(int(n) for n in grid), int(getattr(acfg, "topk", 0)),
-                   str(getattr(acfg, "vsa_fine", "gather")))
+                   str(getattr(acfg, "vsa_fine", "gather")), int(getattr(acfg, "vsa_group", 0)))
 
 
 @functools.lru_cache(maxsize=32)
 def _layout(sparsity: str, tile: tuple, window: tuple, decay: float,
-            grid: tuple, topk: int = 0, fine: str = "gather") -> SparseLayout:
+            grid: tuple, topk: int = 0, fine: str = "gather", group: int = 0) -> SparseLayout:
     order = TileOrder(grid, tile)
     if sparsity == "vsa":
         tiles = int(np.prod(order.tiles))
@@ -137,7 +138,7 @@ def _layout(sparsity: str, tile: tuple, window: tuple, decay: float,
                               f"{'x'.join(map(str, grid))} token grid (attention.tile="
                               f"{','.join(map(str, tile))}); use attention.topk<={tiles} or "
                               f"a smaller attention.tile")
-        return SparseLayout(order, None, sparsity, topk, fine)
+        return SparseLayout(order, None, sparsity, topk, fine, group)
     half = tuple((w - 1) // 2 for w in window)
     return SparseLayout(order, BlockTable.of(order, block_mask(order, sparsity, half, decay)),
                         sparsity)
