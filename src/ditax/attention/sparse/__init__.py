@@ -10,6 +10,7 @@ transformers: tokens tile-major between embedding and head, self-attention throu
 flash with the table); ``attention.dense_steps`` is the sampler's
 (:mod:`ditax.pipelines.sparse_steps`). ``vsa`` (trainable, :mod:`.vsa`) picks its key tiles
 per input; :mod:`.vsa_table` runs its fine pass on Pallas kernels that read the picks as a
-scalar-prefetched table (``attention.vsa_fine=table``). Not yet wired into the
+scalar-prefetched table (``attention.vsa_fine=table``; ``attention.vsa_group`` picked tiles a
+grid step). Not yet wired into the
 sequence-parallel wrappers (issue 58).
 """
