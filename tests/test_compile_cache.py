@@ -4,7 +4,9 @@
 own events (``jax.monitoring``): every compile request (``/jax/core/compile/
 backend_compile_duration``, named by program), the requests that went through the persistent
 cache, its hits, and its writes (``/jax/compilation_cache/cache_misses``). A second process of
-the same shapes must take every program from the cache (hits == requests, no writes); with
+the same shapes must take every program from the cache (hits == requests, no writes; the denoise
+step and the VAE decode come whole from ditax's executable cache, :mod:`ditax.exec_cache`,
+untraced); with
 ``compile_cache=none`` nothing touches a cache and no file is written. The scope itself is
 checked in-process: where it points, that it restores jax's settings, that ``auto`` nests.
 """
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 import pytest
 
 from ditax.compile_cache import compile_cache, default_cache_dir, resolve_cache_dir
+from ditax.exec_cache import SUBDIR
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 USE_CACHE = "/jax/compilation_cache/compile_requests_use_cache"
@@ -72,6 +75,10 @@ def _files(root):
     return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
 
 
+def _jax_files(root):     # jax's own entries (ditax's executables live in a folder beside)
+    return [p for p in _files(root) if p.parts[0] != SUBDIR]
+
+
 def test_second_process_compiles_nothing(folder, tmp_path):
     xdg = tmp_path / "xdg"
     # 1: a cold cache in the per-user default folder ($XDG_CACHE_HOME/ditax/jax)
@@ -81,11 +88,16 @@ def test_second_process_compiles_nothing(folder, tmp_path):
     assert "jit(_denoise_step)" in programs and "jit(decode_chunk)" in programs, programs
     assert cold.get(WRITES, 0) > 0 and cold.get(HITS, 0) == 0, cold
     written = _files(cache)
-    assert len(written) == cold[WRITES], (written, cold)
+    # the step and the decode's two programs go to ditax's executable cache (built with jax's
+    # cache off), every other program to jax's
+    executables = [p for p in written if p.parts[0] == SUBDIR]
+    assert len(executables) == 2, written
+    assert len(_jax_files(cache)) == cold[WRITES] == len(programs) - 3, (written, cold)
     assert " compile 0.00s" not in stdout     # the ahead-of-time phase did compile
-    # 2: a new process, same shapes, the folder named by the config key: nothing compiled
+    # 2: a new process, same shapes, the folder named by the config key: nothing compiled, and
+    # the step and decode not even traced (read whole from ditax's executable cache)
     warm, programs, _ = _generate(folder, tmp_path / "b.mp4", {}, f"compile_cache={cache}")
-    assert "jit(_denoise_step)" in programs and "jit(decode_chunk)" in programs, programs
+    assert "jit(_denoise_step)" not in programs and "jit(decode_chunk)" not in programs, programs
     assert warm.get(WRITES, 0) == 0, warm
     assert warm[HITS] == warm[USE_CACHE] == warm[BACKEND_COMPILE] == len(programs), warm
     assert _files(cache) == written

@@ -84,7 +84,7 @@ def resolve_cache_dir(setting="auto") -> pathlib.Path | None:
     """The folder that ``setting`` (see the module docstring) makes jax's persistent cache use
     here and now; None = off."""
     keep, folder = _choice(setting)
-    return _current_dir() if keep else folder
+    return active_cache_dir() if keep else folder
 
 
 @contextlib.contextmanager
@@ -102,7 +102,7 @@ def compile_cache(setting="auto") -> Iterator[pathlib.Path | None]:
     """
     keep, folder = _choice(setting)
     if keep:
-        yield _current_dir()
+        yield active_cache_dir()
         return
     import jax
     from jax.experimental.compilation_cache import compilation_cache as cc
@@ -130,8 +130,9 @@ def compile_cache(setting="auto") -> Iterator[pathlib.Path | None]:
             cc.reset_cache()
 
 
-def _current_dir() -> pathlib.Path | None:
-    """The folder jax's persistent cache uses now (None = off)."""
+def active_cache_dir() -> pathlib.Path | None:
+    """The folder jax's persistent cache uses now (None = off); :mod:`ditax.exec_cache`
+    keeps its executables beside jax's there."""
     import jax
 
     d = jax.config.jax_compilation_cache_dir
@@ -151,5 +152,5 @@ def check_compile_cache(setting) -> None:
                           f"programs, 'auto' ({default_cache_dir()}) or 'none' to turn it off")
 
 
-__all__ = ["ENV", "check_compile_cache", "compile_cache", "default_cache_dir",
-           "resolve_cache_dir"]
+__all__ = ["ENV", "active_cache_dir", "check_compile_cache", "compile_cache",
+           "default_cache_dir", "resolve_cache_dir"]

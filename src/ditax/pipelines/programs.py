@@ -6,8 +6,10 @@ arguments (``jax.ShapeDtypeStruct``: shape, dtype, sharding, weak type) and comp
 (``jit(...).lower(...).compile()``), so compile time is its own phase in the timing line and
 never lands inside the first step or the decode. Later requests of the same signature reuse the
 compiled objects, which the pipeline owns (no lookup in jax's dispatch caches). With jax's
-persistent cache on (:mod:`ditax.compile_cache`) the compile of a signature seen by an earlier
-process is a read from disk.
+persistent cache on (:mod:`ditax.compile_cache`) the program of a signature seen by an earlier
+process is a read from disk (:mod:`ditax.exec_cache`: the executable itself, keyed before
+tracing, so neither tracing nor lowering runs again; jax's cache below it for what that one
+cannot hold).
 
 A compiled program is the one the jitted call would build (same function, same static and
 abstract arguments), so results are bit-identical to calling the jitted function.
@@ -22,6 +24,7 @@ from typing import Any
 
 import jax
 
+from ditax import exec_cache
 from ditax.compile_cache import compile_cache
 from ditax.phases import phase
 
@@ -49,11 +52,13 @@ class Programs:
         self.seconds = 0.0
 
     def get(self, key: tuple, build: Callable[[], Any]):
-        """The program for ``key``, built (and timed into :attr:`seconds`) on first use."""
+        """The program for ``key``, built (and timed into :attr:`seconds`) on first use, or
+        read from the executable cache (:func:`ditax.exec_cache.cached`) where an earlier
+        process stored it."""
         if key not in self._compiled:
             t0 = time.perf_counter()
             with phase("compile"):
-                self._compiled[key] = build()
+                self._compiled[key] = exec_cache.cached(key, build)
             self.seconds += time.perf_counter() - t0
         return self._compiled[key]
 
