@@ -1,7 +1,7 @@
 """Every Pallas kernel on the chip against its jnp reference on the CPU (fresh random inputs):
 splash and flash forward and backward (the table's tiles, and tiles with compute sub-blocks,
-backward tiles of their own and masked keys), sage, the int8 x int8 Linear, and host
-offload's streamed forward against the resident one, bit for bit."""
+backward tiles of their own and masked keys), sage, the int8 x int8 Linear, host offload's
+streamed forward against the resident one, bit for bit, and VSA's table fine pass."""
 
 import jax
 import jax.numpy as jnp
@@ -113,3 +113,36 @@ def test_offloaded_forward_equals_resident_bit_for_bit(chip, rng):
             tr = fam.random_transformer(mesh, seed=0)
             outs.append(np.asarray(tr(*on(chip, *args), **kw)))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("group", [1, 3, 0])
+def test_vsa_table_kernels_against_the_gather(chip, host, rng, group):
+    """VSA's table fine pass (``attention.vsa_fine=table``) compiled on the chip, one, three
+    and the chosen number of picked key tiles a grid step (5 picks: the last step padded),
+    against the jnp gather on the CPU: a padded grid (12 tiles of 32 tokens, the padding keys
+    masked), bf16, K = 128 (packed), values and q / k / v gradients."""
+    from ditax.attention.sparse.tiles import TileOrder
+    from ditax.attention.sparse.vsa import fine
+    from ditax.attention.sparse.vsa_table import fine_table
+
+    order = TileOrder((3, 6, 10), (2, 4, 4))
+    t, tiles = order.tile_len, int(np.prod(order.tiles))
+    q, k, v = _qkv(rng, L=order.length)
+    mask = jnp.asarray(order.valid)[None]
+    picks = jnp.asarray(np.argsort(rng.random((1, 2, tiles, tiles)), -1)[..., :5], jnp.int32)
+    bf = lambda x: x.astype(jnp.bfloat16)   # noqa: E731
+
+    def kernel(q, k, v, m):
+        return fine_table(bf(q), bf(k), bf(v), picks, t, m, interpret=False, group=group)
+
+    def ref(q, k, v, m):
+        up = lambda x: bf(x).astype(jnp.float32)   # noqa: E731
+        return fine(up(q), up(k), up(v), picks, t, m)
+
+    o = np.asarray(_run(chip, kernel, q, k, v, mask), np.float32)
+    np.testing.assert_allclose(o, np.asarray(_run(host, ref, q, k, v, mask)), atol=2e-2)
+    g = _run(chip, _loss_grads(kernel, mask), q, k, v)
+    g_ref = _run(host, _loss_grads(ref, mask), q, k, v)
+    for a, b in zip(g, g_ref):
+        b = np.asarray(b)
+        np.testing.assert_allclose(np.asarray(a, np.float32), b, atol=5e-2 * np.abs(b).max())
