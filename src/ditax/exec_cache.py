@@ -16,7 +16,9 @@ The key (:func:`key_digest`, sha256) must change whenever the program could. It 
   bytes; a value that cannot be pickled this way (a lambda, a local function, a jitted local
   function) makes the program uncacheable (built as before, never stored);
 - the source of every module a static argument names (its classes and functions: a family
-  outside ditax too) and a digest of all of ditax's ``.py`` files (computed once a process);
+  outside ditax too) and a digest of all of ditax's ``.py`` files (read again only when one
+  changes: ~0.05 s). A source file changed after this process started makes its programs
+  uncacheable (the code running may not be the code on disk, so neither read nor written);
 - the versions of Python, jax, jaxlib, flax, numpy, ml_dtypes and libtpu / the GPU plugins;
   the backend's platform and platform version, every device's kind and id, the first
   device's memory limit (the decode's chunk length is chosen from it), the process index
@@ -49,6 +51,7 @@ import pathlib
 import pickle
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -109,28 +112,56 @@ class _KeyPickler(pickle.Pickler):
         return NotImplemented
 
 
+_IMPORTED = time.time()
+
+
 @functools.lru_cache(maxsize=None)
-def _file_digest(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+def process_start() -> float:
+    """When this process started (seconds since the epoch; a little early rather than late):
+    Linux's ``/proc``, elsewhere when this module was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])   # field 22, starttime
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+def _state(path) -> tuple:
+    """``(path, mtime_ns, size)`` of a source file; :class:`Uncacheable` when it changed
+    after this process started (the code running may not be the code on disk)."""
+    st = os.stat(path)
+    if st.st_mtime >= process_start():
+        raise Uncacheable(f"{path} changed since this process started")
+    return str(path), st.st_mtime_ns, st.st_size
+
+
+@functools.lru_cache(maxsize=None)
+def _digest_files(states: tuple) -> str:
+    h = hashlib.sha256()
+    for path, _, _ in states:
+        with open(path, "rb") as f:
+            h.update(path.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
 
 
 def _module_digest(name: str) -> str:
-    """The digest of module ``name``'s source file ("" for a built-in / compiled one)."""
+    """The digest of module ``name``'s source file ("" for a built-in / compiled one, and for
+    ditax's own: :func:`source_digest` covers them)."""
     path = getattr(sys.modules.get(name), "__file__", None)
-    return _file_digest(path) if path and path.endswith(".py") else ""
+    if name == "ditax" or name.startswith("ditax.") or not (path and path.endswith(".py")):
+        return ""
+    return _digest_files((_state(path),))
 
 
-@functools.lru_cache(maxsize=None)
 def source_digest() -> str:
-    """sha256 of every ``.py`` file of the ditax package (paths and contents), once a
-    process."""
+    """sha256 of every ``.py`` file of the ditax package (paths and contents; read again only
+    when a file's time or size changes); :class:`Uncacheable` when one changed after this
+    process started."""
     root = pathlib.Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode() + b"\0")
-        h.update(path.read_bytes() + b"\0")
-    return h.hexdigest()
+    return _digest_files(tuple(_state(p) for p in sorted(root.rglob("*.py"))))
 
 
 @functools.lru_cache(maxsize=None)
@@ -181,7 +212,9 @@ def key_digest(key) -> str:
     pickler = _KeyPickler(buffer)
     try:
         pickler.dump(key)
-    except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as e:
+    except Uncacheable:
+        raise
+    except Exception as e:   # PicklingError, TypeError, RecursionError (a cycle), ...
         raise Uncacheable(f"{type(e).__name__}: {e}") from None
     modules = tuple((name, _module_digest(name)) for name in sorted(pickler.modules))
     h = hashlib.sha256(buffer.getvalue())
@@ -203,7 +236,7 @@ def _serialize(compiled) -> tuple:
     devices = list(unloaded.device_list)
     try:
         payload = serialize(compiled)
-    except (ValueError, NotImplementedError, TypeError, pickle.PicklingError) as e:
+    except Exception as e:   # ValueError, NotImplementedError (constants), a backend's own
         raise Uncacheable(f"serialize: {type(e).__name__}: {e}") from None
     return (devices[0].platform, [d.id for d in devices], *payload)
 
@@ -271,7 +304,7 @@ def store(folder, digest: str, value) -> bool:
         pickle.dump((FORMAT, digest, _VALUE), buffer, protocol=PROTOCOL)
         _ValuePickler(buffer, protocol=PROTOCOL).dump(value)
         stored = True
-    except (Uncacheable, pickle.PicklingError, TypeError, AttributeError) as e:
+    except Exception as e:   # Uncacheable, or a value pickle cannot hold
         log.debug("executable cache: not stored (%s)", e)
         buffer = io.BytesIO()
         pickle.dump((FORMAT, digest, _MARKER, str(e)), buffer, protocol=PROTOCOL)
