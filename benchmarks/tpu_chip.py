@@ -21,10 +21,16 @@ device's peak counts), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 an
 FLUX.1-dev int8 resident: issue 55's out-of-memory rows), ``vsa`` (VSA's table fine pass
 against dense splash at densities 50 / 25 / 12.5 %, ``benchmarks/vsa_table.py``).
 
-``peak_hbm_bytes`` is ``memory_stats()["peak_bytes_in_use"]`` after the case when the case
-raised the process's peak (so it is the case's own); when an earlier case's peak was higher
-it is null and ``peak_hbm_at_most`` bounds it (JAX cannot reset the peak; the cases run from
-small to large within a part).
+``peak_hbm_bytes`` is the device's peak in two parts, both recorded: ``peak_bytes_in_use``
+(buffers: arguments, outputs, generated code) + ``peak_bytes_reserved`` (the loaded
+executables' temporaries, which this runtime reserves whole and does not count as in use:
+``--part memprobe``, JAX 0.10.2), after the case, when the case raised the process's peak of
+each (so it is the case's own; ``peak_hbm_how`` says so); when an earlier case's peak was
+higher it is null and ``peak_hbm_at_most`` bounds it (JAX cannot reset the peak; the cases
+run from small to large within a part). ``memory_stats_before`` / ``memory_stats``: the
+whole dicts around the case. Rows of sessions 55 to 57 have no ``peak_hbm_how``: their
+``peak_hbm_bytes`` is ``peak_bytes_in_use`` alone. ``benchmarks/plan_vs_chip.py`` compares
+the rows with ``ditax plan --target tpu-v5e-1 --compile``.
 """
 
 from __future__ import annotations
@@ -169,6 +175,8 @@ def _vae(sw, variants=("fast",)) -> None:
     """The Wan 2.1 decode at 480p and 720p x 81 frames in bf16, in this process
     (``benchmarks/vae_decode.py``'s ``measure``; its own script runs each variant in a child
     process, which cannot open the chip while this one holds it)."""
+    from tpu_sweep import case_peak, device_stats
+
     try:
         import vae_decode
     except ImportError as e:
@@ -181,9 +189,13 @@ def _vae(sw, variants=("fast",)) -> None:
                 sw.emit({"bench": "tpu_chip", "case": case, "skipped": "budget"})
                 continue
             try:
+                before = device_stats()
                 row = vae_decode.measure(h, w, 81, "bfloat16", variant)
+                after = device_stats()
                 sw.emit({**row, "bench": "tpu_chip", "case": case,
-                         "compile_plus_first_s": row["compile_s"] + row["first_call_s"]})
+                         "compile_plus_first_s": row["compile_s"] + row["first_call_s"],
+                         "memory_stats_before": before, "memory_stats": after,
+                         **case_peak(before, after)})   # its own peak, in this process
             except Exception as e:
                 sw.emit({"bench": "tpu_chip", "case": case,
                          "error": str(e).splitlines()[0][:300]})
@@ -211,7 +223,7 @@ def table(jsonl: str) -> str:
         tf = f"{f / r['value'] / 1e12:.0f}" if f else ""
         mfu = f"{r['mfu']:.0%}" if r.get("mfu") is not None else ""
         hbm = r.get("peak_hbm_bytes")
-        hbm = f"{hbm / 2**30:.2f}" if hbm else ""
+        hbm = (f"{hbm / 2**30:.2f}" + ("" if r.get("peak_hbm_how") else "*")) if hbm else ""
         first = r.get("compile_plus_first_s")
         first = f"{first:.0f}" if first is not None else ""
         flops = f"{f:.3g}" if f else ""
@@ -222,7 +234,9 @@ def table(jsonl: str) -> str:
     head = (f"Measured on {', '.join(kinds)} (JAX {rows[0].get('jax', '?')}), commit "
             f"{', '.join(commits)}; rows in `{os.path.basename(jsonl)}` (a row's `source`, "
             f"where present, says how it was measured; else `benchmarks/tpu_chip.py`). MFU "
-            f"against {PEAK_BF16 / 1e12:.0f} TFLOP/s bf16.")
+            f"against {PEAK_BF16 / 1e12:.0f} TFLOP/s bf16. Peak HBM: peak_bytes_in_use + "
+            f"peak_bytes_reserved (buffers + executables' temporaries) where a row has "
+            f"`peak_hbm_how`, else peak_bytes_in_use alone (marked *).")
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 

@@ -147,7 +147,7 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
         mesh = make_mesh(cfg.mesh)
         from chip_profile import op_breakdown
 
-        before = device_stats().get("peak_bytes_in_use")
+        before = device_stats()
 
         row = forward_benchmark(cfg, mesh, latent, text_len, sw.repeats,
                                 after=op_breakdown if profile else None)
@@ -156,8 +156,9 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
         flops = fam.flops_per_sample(shape, text_len) / 3.0
         peak = PEAK.get(_gen(), (197e12,))[0]
         row.update(case=name, overrides=list(overrides), flops=flops,
-                   mfu=round(flops / row["value"] / peak, 3), memory_stats=device_stats())
-        row.update(_case_peak(before, row["memory_stats"].get("peak_bytes_in_use")))
+                   mfu=round(flops / row["value"] / peak, 3), memory_stats_before=before,
+                   memory_stats=device_stats())
+        row.update(case_peak(before, row["memory_stats"]))
         sw.emit(row)
         return row
     except Exception as e:
@@ -166,19 +167,39 @@ def model_case(sw: Sweep, config: str, overrides, latent, name: str, text_len: i
 
 
 def device_stats() -> dict:
-    """The first device's ``memory_stats()`` now (``peak_bytes_in_use``: since the process
-    started); empty where the backend reports none."""
+    """The first device's ``memory_stats()`` now (its peaks: since the process started);
+    empty where the backend reports none."""
     return dict(jax.devices()[0].memory_stats() or {})
 
 
-def _case_peak(before, after) -> dict:
-    """A case's own peak: the process's peak when the case raised it; when an earlier case's
-    peak was higher the case's is unknown (JAX cannot reset the peak) and only bounded."""
-    if after is None:
+#: the two parts of a device's peak (TPU v5e, JAX 0.10.2, ``tpu_chip.py --part memprobe``):
+#: buffers (arguments, outputs, generated code) and the loaded executables' temporaries,
+#: which the runtime reserves whole per executable and does not count as in use
+PEAK_PARTS = ("peak_bytes_in_use", "peak_bytes_reserved")
+PEAK_HOW = ("peak_bytes_in_use + peak_bytes_reserved (buffers + the executables' reserved "
+            "temporaries), each the case's own: it raised the process's peak")
+
+
+def case_peak(before: dict, after: dict) -> dict:
+    """A case's own peak from the device's stats ``before`` and ``after`` it: each part of
+    :data:`PEAK_PARTS` (a runtime that reports no reserved bytes: 0) is the process's peak
+    when the case raised it (or it is 0 throughout); ``peak_hbm_bytes`` is their sum when
+    both are the case's, else null and ``peak_hbm_at_most`` bounds it (JAX cannot reset a
+    peak; earlier cases' executables may still hold their reservations: ``bytes_reserved``
+    in ``memory_stats_before`` says how much)."""
+    if after.get("peak_bytes_in_use") is None:
         return {"peak_hbm_bytes": None}
-    if before is None or after > before:
-        return {"peak_hbm_bytes": after}
-    return {"peak_hbm_bytes": None, "peak_hbm_at_most": after}
+    out, own = {}, True
+    for k in PEAK_PARTS:
+        a, b = after.get(k, 0), before.get(k)
+        mine = b is None or a > b or a == 0
+        out[k] = a if mine else None
+        own = own and mine
+    total = sum(after.get(k, 0) for k in PEAK_PARTS)
+    out["peak_hbm_how"] = PEAK_HOW
+    if own:
+        return {**out, "peak_hbm_bytes": total}
+    return {**out, "peak_hbm_bytes": None, "peak_hbm_at_most": total}
 
 
 WAN = (1, 32760, 12, 128)        # Wan 2.1 1.3B, 480x832x81: 21 x 30 x 52 tokens

@@ -41,6 +41,8 @@ def _step(device_param_bytes: int) -> dict:
     """What :func:`ditax.plan.fit_phases.denoise` reports, for a step that fits any chip."""
     return {"compiled_layers": 1, "layers": 1, "latent": [1, 32, 1, 64, 64],
             "peak_bytes": device_param_bytes + 10 ** 8, "temp_bytes": 10 ** 8,
+            "device_buffer_bytes": device_param_bytes, "device_temp_bytes": 10 ** 8,
+            "device_peak_bytes": device_param_bytes + 10 ** 8,
             "device_argument_bytes": device_param_bytes, "host_argument_bytes": 0,
             "host_to_device_bytes": 0, "compute_s": 0.1, "hbm_s": 0.05, "compile_s": 0.0,
             "device_param_bytes": device_param_bytes, "host_param_bytes": 0,

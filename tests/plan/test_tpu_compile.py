@@ -194,6 +194,8 @@ def test_plan_reports_a_program_that_does_not_fit(capsys):
     assert rc == 0, err
     fwd = json.loads(out)["forward"]
     assert fwd["fits"] is False and "exceeds available HBM" in fwd["error"]
+    # and names the change that makes it fit: the first of --fit's ladder
+    assert fwd["suggestion"].startswith("model.offload=host")
 
 
 # ---------------------------------------------------------------- relayout copy budget

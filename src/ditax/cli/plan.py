@@ -1,6 +1,9 @@
 """``ditax plan CONFIG [key=value ...] [--target tpu-v6e-8 | cpu:N] [--compile] [--train]
 [--json] [--dump-hlo FILE]``: mesh, parameter shardings, and the compiled programs' per-device
-memory, relayout copies, FLOPs, collective bytes and roofline time. ``--fit`` (one-chip
+memory, relayout copies, FLOPs, collective bytes and roofline time. On a TPU target the memory
+is also the device peak a chip shows (buffers + temporaries, :func:`ditax.plan.measure.
+device_peak`) against the chip's limit; a forward that does not fit names the change that
+makes it fit (:func:`ditax.plan.fit.suggestion`: ``--fit``'s ladder). ``--fit`` (one-chip
 targets): what fits the chip, phase by phase, and the smallest change that does
 (:mod:`ditax.plan.fit`).
 
@@ -134,6 +137,12 @@ def run(args) -> int:
                    train=args.train, chip=chip, hlo_path=args.dump_hlo)
     if args.target is not None:
         out["target"] = args.target
+    fwd = out.get("forward", {})
+    if fwd.get("fits") is False:          # the change that makes it fit (--fit's ladder)
+        from ditax.plan.fit import suggestion
+
+        fwd["suggestion"] = suggestion(cfg, chip, fwd.get("device_peak_bytes",
+                                                          out["param_bytes_per_device"]))
     if args.json:
         print(json.dumps(out))
         return 0
@@ -182,6 +191,8 @@ def _print_program(name: str, p: dict, what: str) -> None:
     mib = 2 ** 20
     if "error" in p:
         print(f"{name} {what} {p[what]}: does NOT fit: {p['error']}")
+        if "suggestion" in p:
+            print(f"  to fit: {p['suggestion']}")
     else:
         print(f"{name} {what} {p[what]} (compiled in {p['compile_s']:.1f} s), per device:")
     if "bucket" in p:
@@ -198,11 +209,11 @@ def _print_program(name: str, p: dict, what: str) -> None:
                                       p["state_bytes_per_device"].items() if v >= 1024))
     if "error" in p:
         return
-    fits = "" if "fits" not in p else (" (fits)" if p["fits"] else
-                                       f" (does NOT fit {p['hbm_capacity_bytes'] / GIB:.0f} GiB)")
     print(f"  memory: arguments {p['argument_bytes'] / GIB:.2f} GiB, temp "
           f"{p['temp_bytes'] / GIB:.2f} GiB, output {p['output_bytes'] / GIB:.2f} GiB, peak "
-          f"{p['peak_bytes'] / GIB:.2f} GiB{fits}")
+          f"{p['peak_bytes'] / GIB:.2f} GiB (XLA's heap peak)")
+    if "fits" in p:
+        print("  " + device_peak_line(p))
     print(f"  relayout copies: {p['copy_ops']} ops, {p['copy_bytes'] / mib:.1f} MiB (fused "
           f"into compute: {p['fused_copy_ops']} ops, {p['fused_copy_bytes'] / mib:.1f} MiB); "
           f"next to {p['all_to_all_ops']} all-to-alls: {p['a2a_copy_ops']} ops, "
@@ -220,6 +231,18 @@ def _print_program(name: str, p: dict, what: str) -> None:
         print(f"  roofline on {r['chip']}: {r['estimate_s'] * 1e3:.1f} ms ({r['bound']}-bound; "
               f"compute {r['compute_s'] * 1e3:.1f} ms, HBM {r['hbm_s'] * 1e3:.1f} ms, ICI "
               f"{r['ici_s'] * 1e3:.1f} ms)")
+
+
+def device_peak_line(p: dict) -> str:
+    """The chip-comparable memory of a compiled program (:func:`ditax.plan.measure.
+    device_peak`) against the chip's limit, with the change that fits where it does not."""
+    verdict = "fits" if p["fits"] else "does NOT fit" + (
+        f"; to fit: {p['suggestion']}" if "suggestion" in p else "")
+    return (f"on the chip: buffers {p['device_buffer_bytes'] / GIB:.2f} GiB (arguments + "
+            f"outputs - aliased + code: memory_stats' peak_bytes_in_use) + temporaries "
+            f"{p['device_temp_bytes'] / GIB:.2f} GiB (peak_bytes_reserved) = device peak "
+            f"{p['device_peak_bytes'] / GIB:.2f} GiB of {p['hbm_capacity_bytes'] / GIB:.2f} "
+            f"GiB: {verdict}")
 
 
 def _run_fit(args, cfg, mesh, chip, say) -> int:
@@ -251,7 +274,8 @@ def fit_table(out: dict) -> str:
             return "-"
         return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
 
-    lines = [f"{out['config']} on {out['target']} ({out['chip']}, {g(out['hbm_bytes'])} HBM); "
+    lines = [f"{out['config']} on {out['target']} ({out['chip']}, {g(out['hbm_bytes'])} "
+             f"usable: each phase's buffers + temporaries against it); "
              f"batch {out['batch']} a step, {out['experts']} transformer(s) held"
              + (f"; {out['compiled_layers']} of {out['layers']} layers compiled, scaled"
                 if out["compiled_layers"] != out["layers"] else ""),

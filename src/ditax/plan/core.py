@@ -175,10 +175,11 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
     ``mesh``. With ``compile_``, ``"forward"``: the compiled forward for latents
     ``[B, C, F, Y, X]`` (``latent = (F, Y, X)``, default from ``cfg.sample``; B = the mesh's
     batch shards) measured by :func:`ditax.plan.measure.measure` (per-device memory, copies,
-    collectives, FLOPs; a roofline on ``chip``, a :class:`~ditax.plan.targets.Chip`). With
-    ``train``, ``"train_step"``: the same for one optimiser step on ``cfg.batch_size`` samples
-    of ``cfg.data``'s size (``distill.method=dmd2``: one student update with its critic
-    updates; ``"distill"`` says which), with the train state's bytes per device by entry
+    collectives, FLOPs; on ``chip``, a :class:`~ditax.plan.targets.Chip`: a roofline, the
+    device peak a chip shows and whether it fits). With ``train``, ``"train_step"``: the same
+    for one optimiser step on ``cfg.batch_size`` samples of ``cfg.data``'s size
+    (``distill.method=dmd2``: one student update with its critic updates; ``"distill"`` says
+    which), with the train state's bytes per device by entry
     (``"state_bytes_per_device"``). ``hlo_path`` / ``train_hlo_path``: write the forward's / the
     training step's compiled HLO text there. ``batch``: the forward's batch instead of the
     mesh's batch shards (:mod:`ditax.plan.fit` compiles a batched-CFG step with 2).

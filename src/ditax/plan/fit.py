@@ -12,9 +12,12 @@ How each number is got (the report says it again, phase by phase; the phases' es
 in :mod:`ditax.plan.fit_phases`):
 
 - denoise: the transformer forward compiled for the target (deviceless, :func:`ditax.plan.plan`)
-  at the batch a step runs (2 with batched CFG), once per rung of the ladder below:
-  ``peak_bytes``, device / host argument bytes and ``host_to_device_bytes`` (the async copies
-  out of host memory space ``S(5)`` in the compiled program) are measured. When fewer layers
+  at the batch a step runs (2 with batched CFG), once per rung of the ladder below: the
+  device peak a chip shows (``device_peak_bytes``: buffers + the executable's temporaries,
+  :func:`ditax.plan.measure.device_peak`), device / host argument bytes and
+  ``host_to_device_bytes`` (the async copies out of host memory space ``S(5)`` in the
+  compiled program) are measured; each phase is judged against the chip's
+  :attr:`~ditax.plan.targets.Chip.limit_bytes` (v5e: the runtime's 15.75 GiB). When fewer layers
   than the model has are compiled (``layers=``), the rest is scaled: the weights' bytes exactly
   from the full abstract model, each further layer's weights streamed once more per step, the
   temporaries unchanged (the layer loop's body is the same), compute in proportion to the
@@ -89,11 +92,28 @@ def more_chips(chip_key: str, need: float, hbm: float) -> str:
     return f"tpu-{chip_key}-{MORE_CHIPS.get(chip_key, (0,))[-1]}+"
 
 
+def suggestion(cfg, chip, need: float) -> str:
+    """What makes a program that does not fit ``chip`` fit, in one phrase: the first change of
+    :data:`LADDER` to the transformer that ``cfg`` does not have yet (``ditax plan --fit``
+    compiles it and the changes after it), else the smallest slice whose chips hold ``need`` bytes
+    (:func:`more_chips`)."""
+    for label, model, _ in LADDER:        # the changes of the transformer's own memory
+        if model and all(getattr(cfg.model, k, "none") == "none" for k in model):
+            return f"{label} (ditax plan --fit checks it, then each further change)"
+    return (f"more chips: {more_chips(chip_key_of(chip), need, chip.limit_bytes)} (rough: "
+            f"the bytes over the chip's limit; plan it with --target)")
+
+
+def chip_key_of(chip) -> str:
+    """``"v5e"`` … for a chip of :data:`~ditax.plan.targets.CHIPS` (``""`` for another)."""
+    return next((k for k, c in _chips().items() if c == chip), "")
+
+
 def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
         text_quantize: str = "none", decode_: bool = True, every_rung: bool = False,
         vae_cfg=None, text_encoders=None, experts=None, batch=None, say=None) -> dict:
     """Per phase (text, denoise, decode) the bytes on one chip of ``mesh`` (one device) under
-    each rung of :func:`rungs`, whether they fit ``chip.hbm_bytes``, the host traffic of a
+    each rung of :func:`rungs`, whether they fit ``chip.limit_bytes``, the host traffic of a
     denoising step next to its compute, and the smallest change that fits. Compiles one
     forward per rung until everything fits (``every_rung``: every rung, and the step without
     offload when the config has it) and the decode once.
@@ -121,8 +141,8 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
         batch = 2 if cfg_on else 1
     experts = experts or (2 if s.guidance_scale_2 is not None else 1)
     say = say or (lambda line: None)
-    hbm = float(chip.hbm_bytes)
-    chip_key = next((k for k, c in _chips().items() if c == chip), "")
+    hbm = chip.limit_bytes       # the runtime's bytes_limit where measured (v5e: 15.75 GiB)
+    chip_key = chip_key_of(chip)
 
     encoders = text_encoders or text_configs(family, cfg.model.dtype)
     text_act = (sum(encoder_activation_bytes(c, batch, s.max_sequence_length)
@@ -168,7 +188,7 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
         if "error" in d:
             den = {"fits": False, "error": d["error"]}
         else:
-            den_b = d["peak_bytes"] + (experts - 1) * dev_params + kept_text + vae_w
+            den_b = d["device_peak_bytes"] + (experts - 1) * dev_params + kept_text + vae_w
             den = {"bytes": den_b}
         row = {"changes": label, **st, "denoise": {**den, "step": d}}
         if encoders is not None:
@@ -178,7 +198,7 @@ def fit(cfg, mesh, chip, *, latent=None, layers=None, text_offload=None,
         if dec is not None and "error" in dec:
             row["decode"] = {"fits": False, "error": dec["error"]}
         elif dec is not None:
-            row["decode"] = {"bytes": dec["peak_bytes"] + experts * dev_params + kept_text}
+            row["decode"] = {"bytes": dec["device_peak_bytes"] + experts * dev_params + kept_text}
         rows.append(row)
         if _fits_all(_judge_row(row, hbm)) and not every_rung:
             break
@@ -288,4 +308,5 @@ def verdict(rows: list[dict], dec, hbm: float, chip_key: str,
     return out
 
 
-__all__ = ["LADDER", "PHASES", "fit", "judge", "more_chips", "rungs", "verdict"]
+__all__ = ["LADDER", "PHASES", "chip_key_of", "fit", "judge", "more_chips", "rungs",
+           "suggestion", "verdict"]

@@ -16,6 +16,9 @@ import numpy as np
 
 from ditax.plan.measure import HOST_LINK_BYTES_PER_S
 
+#: :func:`ditax.plan.measure.device_peak`'s numbers, which each phase passes on
+DEVICE_PEAK_KEYS = ("device_buffer_bytes", "device_temp_bytes", "device_peak_bytes")
+
 
 # -- text ------------------------------------------------------------------------------------
 
@@ -189,7 +192,8 @@ def denoise(cfg, mesh, chip, *, latent=None, batch: int = 1, full_layers=None) -
                 "error": f["error"], "device_param_bytes": dev, "host_param_bytes": host}
     r = f["roofline"]
     out = {"compiled_layers": n, "latent": f["latent"], "peak_bytes": f["peak_bytes"],
-           "temp_bytes": f["temp_bytes"], "device_argument_bytes": f["argument_bytes"],
+           **{k: f[k] for k in DEVICE_PEAK_KEYS}, "temp_bytes": f["temp_bytes"],
+           "device_argument_bytes": f["argument_bytes"],
            "host_argument_bytes": f["host_argument_bytes"],
            "host_to_device_bytes": f["host_to_device_bytes"], "compute_s": r["compute_s"],
            "hbm_s": r["hbm_s"], "compile_s": f["compile_s"]}
@@ -212,6 +216,8 @@ def denoise(cfg, mesh, chip, *, latent=None, batch: int = 1, full_layers=None) -
                  / model_family(cfg.model).flops_per_sample(shape, T))
         out.update(scaled_from_layers=n, compiled_layers=n, layers=full_layers,
                    peak_bytes=f["peak_bytes"] + dev_f - dev_n,
+                   device_buffer_bytes=f["device_buffer_bytes"] + dev_f - dev_n,
+                   device_peak_bytes=f["device_peak_bytes"] + dev_f - dev_n,
                    device_argument_bytes=f["argument_bytes"] + dev_f - dev_n,
                    host_argument_bytes=f["host_argument_bytes"] + host_f - host_n,
                    host_to_device_bytes=f["host_to_device_bytes"] + host_f - host_n,
@@ -275,6 +281,7 @@ def decode(cfg, mesh, vae_cfg=None) -> dict:
     return {"method": "compiled", "latent_chunk": [1, 1, y, x, vae_cfg.z_dim],
             "frames_per_clip": vae_cfg.temporal_factor, "vae_weight_bytes": weights,
             "peak_bytes": m["peak_bytes"], "temp_bytes": m["temp_bytes"],
+            **{k: m[k] for k in DEVICE_PEAK_KEYS},
             "compile_s": round(secs, 2)}
 
 

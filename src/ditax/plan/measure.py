@@ -34,13 +34,15 @@ def compile_timed(lowered):
 
 def memory(compiled) -> dict:
     """Per-device bytes from XLA's buffer assignment (``memory_analysis``); ``peak_bytes``
-    in device memory (host-memory arguments, ``host_argument_bytes``, left out)."""
+    in device memory (host-memory arguments, ``host_argument_bytes``, left out), and
+    :func:`device_peak`'s chip-comparable split."""
     ma = compiled.memory_analysis()
     get = lambda k: int(getattr(ma, k, 0) or 0)  # noqa: E731
     out = {"argument_bytes": get("argument_size_in_bytes"),
            "output_bytes": get("output_size_in_bytes"), "temp_bytes": get("temp_size_in_bytes"),
            "alias_bytes": get("alias_size_in_bytes"),
-           "host_argument_bytes": get("host_argument_size_in_bytes")}   # offloaded weights
+           "host_argument_bytes": get("host_argument_size_in_bytes"),   # offloaded weights
+           "code_bytes": get("generated_code_size_in_bytes")}
     peak = get("peak_memory_in_bytes")
     if peak:
         # XLA:TPU's peak counts the host-memory arguments too (a model.offload=host forward's
@@ -49,7 +51,38 @@ def memory(compiled) -> dict:
         peak -= out["host_argument_bytes"]
     out["peak_bytes"] = peak or (out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"]
                                  - out["alias_bytes"])
+    out.update(device_peak(out))
     return out
+
+
+#: how :func:`device_peak`'s numbers map to a chip's ``memory_stats()``
+DEVICE_PEAK_HOW = ("buffers = arguments + outputs - aliased + generated code (device memory; "
+                   "host-memory arguments excluded): what memory_stats()['peak_bytes_in_use'] "
+                   "reads; temporaries = the program's temp allocation: what "
+                   "'peak_bytes_reserved' reads (reserved whole per loaded executable); "
+                   "device peak = their sum")
+
+
+def device_peak(m: dict) -> dict:
+    """The device's peak a chip will show for one program of :func:`memory`'s numbers ``m``
+    (measured on a v5e, JAX 0.10.2, ``benchmarks/tpu_chip.py --part memprobe``: the runtime
+    counts buffers in ``peak_bytes_in_use`` and holds a loaded executable's temporaries, whole,
+    as ``bytes_reserved``, so XLA's heap-simulated ``peak_memory_in_bytes`` is not what a chip
+    holds): ``device_buffer_bytes`` (arguments in device memory + outputs - aliased +
+    generated code), ``device_temp_bytes`` and ``device_peak_bytes``, their sum."""
+    buffers = m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m.get("code_bytes", 0)
+    return {"device_buffer_bytes": buffers, "device_temp_bytes": m["temp_bytes"],
+            "device_peak_bytes": buffers + m["temp_bytes"]}
+
+
+def against(m: dict, chip: Chip) -> dict:
+    """Whether :func:`device_peak`'s ``device_peak_bytes`` of ``m`` fits ``chip``: against
+    its :attr:`~ditax.plan.targets.Chip.limit_bytes` (``hbm_capacity_bytes``; v5e: the
+    runtime's ``bytes_limit``, 15.75 GiB, which XLA enforces). XLA's own heap peak
+    (``peak_bytes``) is not what a chip holds: the temporaries are reserved whole."""
+    return {"hbm_capacity_bytes": int(chip.limit_bytes),
+            "fits": m["device_peak_bytes"] <= chip.limit_bytes,
+            "device_peak_how": DEVICE_PEAK_HOW}
 
 
 def wire_bytes(collective_bytes: dict) -> float:
@@ -104,12 +137,11 @@ def measure(compiled, *, compile_s: float, model_flops: float, num_layers: int |
     out["loops"] = [{"trip": lp["trip"], "copy_ops": lp["copy_ops"],
                      "copy_bytes": lp["copy_bytes"]} for lp in a["loops"]]
     if chip is not None:
-        out["hbm_capacity_bytes"] = int(chip.hbm_bytes)
-        out["fits"] = out["peak_bytes"] <= chip.hbm_bytes
+        out.update(against(out, chip))
         out["roofline"] = roofline(out["flops"], a["hbm_bytes"], a["collective_bytes"], chip,
                                    a["host_to_device_bytes"])
     return out
 
 
-__all__ = ["measure", "memory", "roofline", "compile_timed", "layer_loop", "WIRE_FACTOR",
-           "HOST_LINK_BYTES_PER_S"]
+__all__ = ["measure", "memory", "device_peak", "against", "DEVICE_PEAK_HOW", "roofline",
+           "compile_timed", "layer_loop", "WIRE_FACTOR", "HOST_LINK_BYTES_PER_S"]

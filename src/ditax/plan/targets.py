@@ -36,12 +36,24 @@ class Chip:
     hbm_bandwidth: float   # bytes/s
     ici_bandwidth: float   # bidirectional inter-chip interconnect, bytes/s per chip
     source: str
+    #: the bytes a program may hold on one device as the runtime reports them
+    #: (``memory_stats()["bytes_limit"]``, which XLA enforces: "exceeds available HBM
+    #: (15.75G)"), where measured on a chip; None: the published ``hbm_bytes``
+    bytes_limit: Optional[float] = None
+
+    @property
+    def limit_bytes(self) -> float:
+        """What "fits" is judged against: the measured :attr:`bytes_limit`, else the
+        published HBM capacity."""
+        return float(self.bytes_limit or self.hbm_bytes)
 
 
 CHIPS = {
     # https://cloud.google.com/tpu/docs/v5e: 197 TFLOPs bf16, 16 GB HBM2 at 819 GBps,
     # ICI 1,600 Gbps (400 GBps bidirectional) per chip.
-    "v5e": Chip("TPU v5e", 197e12, 16e9, 819e9, 400e9, "https://cloud.google.com/tpu/docs/v5e"),
+    # bytes_limit: memory_stats() on a v5e chip (JAX 0.10.2): 16,909,336,064 B = 15.75 GiB
+    "v5e": Chip("TPU v5e", 197e12, 16e9, 819e9, 400e9, "https://cloud.google.com/tpu/docs/v5e",
+                bytes_limit=16_909_336_064),
     # https://cloud.google.com/tpu/docs/v5p: 459 TFLOPs bf16, 95 GB HBM2e at 2,765 GBps,
     # ICI 4,800 Gbps (1,200 GBps bidirectional) per chip; 2 TensorCores = one JAX device.
     "v5p": Chip("TPU v5p", 459e12, 95e9, 2765e9, 1200e9, "https://cloud.google.com/tpu/docs/v5p"),
