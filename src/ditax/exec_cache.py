@@ -63,6 +63,9 @@ FORMAT = 1
 SUBDIR = "ditax-executables"
 PROTOCOL = 4
 _VALUE, _MARKER = "value", "not storable"   # what a file holds after its header
+# a jax.monitoring duration event for each executable read from this cache (ditax serve's
+# /metrics counts it as a program read from the persistent cache)
+LOADED = "/ditax/exec_cache/loaded_duration"
 _PACKAGES = ("jax", "jaxlib", "flax", "numpy", "ml_dtypes", "libtpu", "libtpu-nightly",
              "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt")
 _ENV_PREFIXES = ("JAX_", "DITAX_", "TPU_", "NVTE_")
@@ -244,10 +247,13 @@ def _serialize(compiled) -> tuple:
 def _deserialize(platform: str, ids: list, executable: bytes, in_tree, out_tree):
     from jax.experimental.serialize_executable import deserialize_and_load
 
+    t0 = time.perf_counter()
     by_id = {d.id: d for d in jax.devices(platform)}
     devices = [by_id[i] for i in ids]
-    return deserialize_and_load(executable, in_tree, out_tree, backend=devices[0].client,
-                                execution_devices=devices)
+    compiled = deserialize_and_load(executable, in_tree, out_tree, backend=devices[0].client,
+                                    execution_devices=devices)
+    jax.monitoring.record_event_duration_secs(LOADED, time.perf_counter() - t0)
+    return compiled
 
 
 class _ValuePickler(pickle.Pickler):
@@ -356,5 +362,5 @@ def cached(key, build: Callable[[], Any], folder=None):
     return value
 
 
-__all__ = ["FORMAT", "SUBDIR", "Uncacheable", "cached", "key_digest", "load", "source_digest",
+__all__ = ["FORMAT", "LOADED", "SUBDIR", "Uncacheable", "cached", "key_digest", "load", "source_digest",
            "store"]

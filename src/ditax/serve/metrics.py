@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import threading
 
+from ditax.exec_cache import LOADED as EXECUTABLE_LOADED   # read whole, untraced (ditax's cache)
+
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"   # compiled, or read from disk
 CACHE_HIT = "/jax/compilation_cache/cache_hits"                   # read from the persistent cache
 
@@ -23,11 +25,12 @@ STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 
 class Metrics:
     """Counters for ``/metrics``: programs handed to XLA (compiled or read from the persistent
-    cache; the reads also counted alone) and their seconds, denoising steps and job seconds
-    (submit → finished), batches run, jobs failed / retried (claimed again after a stop or an
-    expired lease) / cancelled, the rows of the running batch (a gauge) and a histogram of
-    step times (:data:`STEP_BUCKETS`; ``step_counts[i]``: steps of at most ``STEP_BUCKETS[i]``
-    seconds and more than the bound before, the last entry past every bound)."""
+    cache: jax's, or ditax's executables beside it; the reads also counted alone) and their
+    seconds, denoising steps and job seconds (submit → finished), batches run, jobs failed /
+    retried (claimed again after a stop or an expired lease) / cancelled, the rows of the
+    running batch (a gauge) and a histogram of step times (:data:`STEP_BUCKETS`;
+    ``step_counts[i]``: steps of at most ``STEP_BUCKETS[i]`` seconds and more than the bound
+    before, the last entry past every bound)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -47,10 +50,11 @@ class Metrics:
         self.batched_jobs = 0
 
     def on_event(self, event: str, duration: float, **kw) -> None:
-        if event == BACKEND_COMPILE:
+        if event in (BACKEND_COMPILE, EXECUTABLE_LOADED):
             with self.lock:
                 self.compiles += 1
                 self.compile_seconds += duration
+                self.cache_hits += event == EXECUTABLE_LOADED
 
     def on_plain_event(self, event: str, **kw) -> None:
         if event == CACHE_HIT:
