@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+import ditax
 from ditax import exec_cache
 from ditax.compile_cache import compile_cache
 from ditax.pipelines.programs import Programs, signature
@@ -93,7 +94,7 @@ def test_second_process_loads_without_tracing(tmp_path, placement):
 
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "precision", "static", "xla_flags",
-                                    "source"])
+                                    "source", "target", "interpret"])
 def test_each_ingredient_misses(tmp_path, monkeypatch, change):
     with compile_cache(tmp_path):
         _fresh().step(_probe, (2,), _inputs(0))
@@ -107,6 +108,12 @@ def test_each_ingredient_misses(tmp_path, monkeypatch, change):
             context = jax.default_matmul_precision(other)
         elif change == "static":
             static = (3,)
+        elif change == "target":
+            context = ditax.target_platform("tpu", device_kind="TPU v5 lite")
+        elif change == "interpret":     # a jax thread-local context (not a config value)
+            from jax.experimental.pallas import tpu as pltpu
+
+            context = pltpu.force_tpu_interpret_mode()
         elif change == "xla_flags":
             monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=")
         else:

@@ -27,7 +27,9 @@ The key (:func:`key_digest`, sha256) must change whenever the program could. It 
   ``jax.default_matmul_precision`` included; only the cache-location settings are left out);
 - the environment variables ``XLA_FLAGS``, ``LIBTPU_INIT_ARGS`` and every ``JAX_*``,
   ``DITAX_*``, ``TPU_*``, ``NVTE_*`` one but the cache folders' and the server key;
-- ditax's target platform (:func:`ditax.target_platform`).
+- ditax's target platform (:func:`ditax.target_platform`), every ditax context variable
+  (named ``ditax_*`` / ``wan_*``: a new one that changes a trace must be named so) and jax's
+  thread-local contexts (mesh, abstract mesh, ``compute_on``, Pallas interpret mode).
 
 Files live in ``<compile cache folder>/ditax-executables/<digest>.pkl``: the same on/off
 switch and folder as jax's persistent cache (on only while jax's cache is), written to a
@@ -42,6 +44,7 @@ other users can write.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import io
@@ -72,6 +75,7 @@ _ENV_PREFIXES = ("JAX_", "DITAX_", "TPU_", "NVTE_")
 _ENV_NAMES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "CUDA_VISIBLE_DEVICES")
 # where caches live and the server's key: no part of a program
 _ENV_SKIP = ("DITAX_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR", "DITAX_API_KEY")
+_CONTEXT_SKIP = ("ditax_phases", "ditax_compile_cache")
 
 
 class Uncacheable(Exception):
@@ -205,6 +209,21 @@ def _environment() -> tuple:
                         and name not in _ENV_SKIP))
 
 
+def _contexts() -> tuple:
+    """The context a trace reads besides the config: jax's thread-local context managers
+    (mesh, abstract mesh, compute_on, Pallas interpret mode, XLA metadata) and ditax's own
+    context variables (named ``ditax_*`` / ``wan_*``: the target platform, the halo row split,
+    the VAE's fast path), less those that never reach a trace (phases, the cache scope)."""
+    from jax._src import config as jax_config
+
+    managers = tuple((name, getattr(getattr(jax_config, name), "value", None))
+                     for name in sorted(dir(jax_config)) if name.endswith("_context_manager"))
+    ours = sorted(((var.name, value) for var, value in contextvars.copy_context().items()
+                   if var.name.startswith(("ditax", "wan_")) and var.name not in _CONTEXT_SKIP),
+                  key=lambda item: item[0])
+    return managers, tuple(ours)
+
+
 def key_digest(key) -> str:
     """The sha256 (hex) of ``key`` (a program's signature) and everything else the program
     depends on (module docstring); raises :class:`Uncacheable` when ``key`` cannot be
@@ -214,7 +233,7 @@ def key_digest(key) -> str:
     buffer = io.BytesIO()
     pickler = _KeyPickler(buffer)
     try:
-        pickler.dump(key)
+        pickler.dump((key, _contexts()))
     except Uncacheable:
         raise
     except Exception as e:   # PicklingError, TypeError, RecursionError (a cycle), ...
