@@ -159,6 +159,7 @@ SLOWEST_FIRST = (
 # and the long training / distillation runs of every family. ``make test`` (``-m "not slow"``) keeps the
 # rest: every module and kernel against its reference, every CLI and server check.
 END_TO_END = (
+    "benchmarks/test_tpu_train_bench.py",
     "recipes/test_demo_model.py", "recipes/test_flux_demo_model.py",
     "recipes/test_demo_student.py", "recipes/test_flux_demo_student.py",
     "recipes/test_init_random.py", "recipes/test_demo_causal.py",
