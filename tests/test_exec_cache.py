@@ -181,6 +181,27 @@ def test_source_changed_after_start_is_uncacheable(tmp_path):
         exec_cache._state(module)
 
 
+
+def test_decode_programs_round_trip(tmp_path, monkeypatch):
+    """A Wan VAE's DecodePrograms (two executables, the chunk length, the feature cache's
+    shapes) come back whole; the decode with them gives the fresh decode's frames."""
+    from flax import nnx
+
+    from ditax.models.vae.wan import WanVAE, WanVAEConfig
+
+    vae = WanVAE(WanVAEConfig(base_dim=8, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1,
+                              temperal_downsample=(False, True, True)), rngs=nnx.Rngs(0))
+    shape = (1, 4, 3, 2, 2)
+    with compile_cache(tmp_path):
+        built = _fresh().decode(vae, shape)
+        monkeypatch.setattr(WanVAE, "compile_decode", lambda *a, **k: pytest.fail("rebuilt"))
+        loaded = _fresh().decode(vae, shape)
+    assert len(_stored(tmp_path)) == 1
+    assert loaded.frames == built.frames and loaded.cache == built.cache
+    z = jax.random.normal(jax.random.PRNGKey(3), shape)
+    np.testing.assert_array_equal(np.asarray(vae.decode(z, programs=loaded)),
+                                  np.asarray(vae.decode(z, programs=built)))
+
 # the end-to-end check (slow tier: tests/conftest.py END_TO_END): the demo model in two fresh
 # processes sharing one cache folder
 CHILD = """

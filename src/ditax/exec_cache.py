@@ -35,9 +35,13 @@ Files live in ``<compile cache folder>/ditax-executables/<digest>.pkl``: the sam
 switch and folder as jax's persistent cache (on only while jax's cache is), written to a
 temporary file and renamed (two processes writing one key both write whole files; the last
 rename wins, and either is the same program). A file that cannot be read, was written by
-another format, or holds another key is a miss (logged at debug) and is rewritten. A program
-that cannot be serialized (host callbacks, effects, constants, a backend without it) is
-built and not stored. Like jax's folder, this one only grows: delete it to reclaim space.
+another format, or holds another key is a miss (logged at debug) and is rewritten. A value
+to store is built with jax's cache off (an executable jax read from its cache does not always
+serialize again faithfully: on CPU the copy lacks its kernels), so the first process of a key
+compiles these programs in full. A program that cannot be serialized (host callbacks,
+effects, constants, a backend without it) leaves a marker instead, and later processes build
+it with jax's cache on. Like jax's folder, this one only grows (jax's
+``jax_compilation_cache_max_size`` does not reach it): delete it to reclaim space.
 The cache is trusted code (loading an executable can run code): do not point it at a folder
 other users can write.
 """
