@@ -183,6 +183,9 @@ END_TO_END = (
     # quality benchmark's smoke run (6 s)
     "train/test_distill_sparse.py", "models/wan/test_sparse_vsa_table_model.py",
     "benchmarks/test_sparse_quality.py",
+    # the plan of the chip's cheapest row compiled again deviceless for a v5e (Wan 1.3B at
+    # 480x832x17, full size: about 75 s); the stored numbers' check is in the fast tier
+    "plan/test_plan_vs_chip_e2e.py",
     # single checks of 5-10 s each whose code has faster checks in the fast tier (the fast tier
     # measured 12:11 with them on this 2-core host)
     "pipelines/test_continuous.py::test_rows_on_a_mesh",
