@@ -1,5 +1,5 @@
 """ditax's executable cache (:mod:`ditax.exec_cache`): compiled programs on disk, keyed before
-tracing.
+tracing (:mod:`ditax.exec_key`).
 
 A "fresh process" is simulated in-process by a new :class:`~ditax.pipelines.programs.Programs`
 and ``jax.clear_caches()``; a traced function appends to :data:`TRACES`, so a program read from
@@ -21,7 +21,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import ditax
-from ditax import exec_cache
+from ditax import exec_cache, exec_key
 from ditax.compile_cache import compile_cache
 from ditax.pipelines.programs import Programs, signature
 
@@ -45,7 +45,7 @@ _callback = jax.jit(_with_callback)
 
 @pytest.fixture(autouse=True)
 def pinned_source(monkeypatch):
-    monkeypatch.setattr(exec_cache, "source_digest", lambda: "pinned")
+    monkeypatch.setattr(exec_key, "source_digest", lambda: "pinned")
     TRACES.clear()
 
 
@@ -117,7 +117,7 @@ def test_each_ingredient_misses(tmp_path, monkeypatch, change):
         elif change == "xla_flags":
             monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=")
         else:
-            monkeypatch.setattr(exec_cache, "source_digest", lambda: "edited")
+            monkeypatch.setattr(exec_key, "source_digest", lambda: "edited")
         with context:
             _fresh().step(_probe, static, args)
         assert TRACES == [static[0]], change       # built again
@@ -126,9 +126,9 @@ def test_each_ingredient_misses(tmp_path, monkeypatch, change):
 
 def test_key_is_stable_and_names_the_modules():
     key = signature((_probe, (2,)), _inputs(0))
-    assert exec_cache.key_digest(key) == exec_cache.key_digest(
+    assert exec_key.key_digest(key) == exec_key.key_digest(
         signature((_probe, (2,)), _inputs(5)))         # values do not count, shapes do
-    pickler = exec_cache._KeyPickler(__import__("io").BytesIO())
+    pickler = exec_key._KeyPickler(__import__("io").BytesIO())
     pickler.dump(key)
     assert __name__ in pickler.modules
 
@@ -169,16 +169,45 @@ def test_uncacheable_programs_are_built(tmp_path):
         np.testing.assert_array_equal(np.asarray(program(x)), [0.0, 2.0, 4.0])
 
 
+
+def test_builds_in_threads_run_with_jax_cache_off(tmp_path):
+    """Overlapping builds share one switch: each runs with jax's cache off, and jax's setting
+    is back after the last one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seen = []
+
+    def build(i):
+        seen.append(jax.config.jax_enable_compilation_cache)
+        return jax.jit(lambda v: jnp.cos(v) + i).lower(2.0).compile()
+
+    with compile_cache(tmp_path):
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda i: exec_cache.cached(("threads", i), lambda: build(i)),
+                          range(4)))
+        assert jax.config.jax_enable_compilation_cache
+    assert seen == [False] * 4 and len(_stored(tmp_path)) == 4
+
+
+def test_jax_cache_read_while_building_is_not_stored(tmp_path):
+    def build():     # as when another thread's scope switched jax's cache back on meanwhile
+        jax.monitoring.record_event(exec_cache.JAX_HIT)
+        return jax.jit(jnp.sin).lower(1.0).compile()
+
+    with compile_cache(tmp_path):
+        exec_cache.cached(("jax hit",), build)
+    assert _stored(tmp_path) == []
+
 def test_source_changed_after_start_is_uncacheable(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("x = 1\n")
-    old = exec_cache.process_start() - 60
+    old = exec_key.process_start() - 60
     os.utime(module, (old, old))
-    assert exec_cache._state(module)[0] == str(module)
+    assert exec_key._state(module)[0] == str(module)
     now = time.time()
     os.utime(module, (now, now))
-    with pytest.raises(exec_cache.Uncacheable, match="changed since this process started"):
-        exec_cache._state(module)
+    with pytest.raises(exec_key.Uncacheable, match="changed since this process started"):
+        exec_key._state(module)
 
 
 
