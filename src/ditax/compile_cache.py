@@ -9,7 +9,9 @@ arguments baked into it), the jax / jaxlib version, the backend and its version 
 model and driver, the TPU generation), the XLA flags, the compile options (device assignment,
 number of replicas / partitions) and the accelerator configuration. Anything that changes the
 program changes the key, so a stale entry is never used; the folder only grows (delete it to
-reclaim space).
+reclaim space). The pipelines' denoise step and VAE decode are kept beside, as whole
+executables keyed before tracing (:mod:`ditax.exec_cache`, ``ditax-executables/``), so a
+warm process does not even trace or lower them.
 
 Where (``setting``, the config key ``compile_cache`` / the ``DITAX_CACHE_DIR`` variable):
 
