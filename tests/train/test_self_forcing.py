@@ -59,6 +59,19 @@ def one(dataset):
     return tr, state, next(data)
 
 
+def test_the_teacher_runs_bidirectionally(one):
+    """The real score (the teacher) is the student's weights under the bidirectional graph
+    (SelfForcingTrainer.score_model), not the causal one. A DistillTrainer refactor once built
+    the teacher from the student's own (causal) graph: every self-forcing test still passed,
+    and the mesh step's collectives deadlocked now and then on CPU."""
+    from flax import nnx
+
+    tr, state, batch = one
+    teacher = tr.teacher(state["params"], state["frozen"])()
+    assert nnx.graphdef(teacher) == tr._score_graph[0]
+    assert nnx.graphdef(teacher) != nnx.graphdef(tr.model(state["frozen"], state["frozen"]))
+
+
 def _rollout_inputs(tr, batch):
     b = {k: jnp.asarray(v) for k, v in batch.items()}
     b["text_mask"] = jnp.ones_like(b["text_mask"])      # CausalSampler takes no text mask

@@ -253,8 +253,12 @@ class DistillTrainer(DmdLosses, GanHead, DistillCost, TrainerBase):
 
     def teacher(self, state_params: dict, frozen: dict):
         """A thunk building the real score's module (the frozen teacher; with LoRA the base,
-        adapters zeroed) under the scores' graph."""
-        return lambda: self.frozen_model(state_params, frozen, self.score_graph)
+        adapters zeroed) through :meth:`score_model`, which a subclass may override (a causal
+        student's teacher runs bidirectionally: :mod:`ditax.train.self_forcing`)."""
+        if self.split is not None:
+            zeros = jax.tree.map(jnp.zeros_like, state_params)
+            return lambda: self.score_model(zeros, frozen)
+        return lambda: self.score_model(frozen, frozen)
 
     def score_model(self, params: dict, frozen: dict):
         """The module of a score (the real one, the critic) on ``params``: here the student's
