@@ -251,16 +251,10 @@ def test_the_chosen_group_compiles_for_a_v5e():
     """Mosaic itself (libtpu, deviceless) compiles the forward and backward for a v5e at Wan
     1.3B 480p (12 heads x 128, bf16, 21 of 168 tiles picked, 7 a step) within the scoped
     VMEM these kernels keep (v5e's 16 MiB default; ~40 s on a CPU)."""
-    import os
-
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from jax.experimental import topologies
-
     from ditax.parallel.platform import target_platform
+    from ditax.plan.targets import parse_target, topology_devices
 
-    dev = topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1",
-                                       chips_per_host_bounds=(1, 1, 1)).devices[0]
+    dev = topology_devices(parse_target("tpu-v5e-1"))[0]
     rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
                                      jax.sharding.PartitionSpec())
     order = TileOrder((21, 30, 52), (4, 8, 8))

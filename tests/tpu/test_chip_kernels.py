@@ -40,6 +40,18 @@ def _loss_grads(att, mask):
     return jax.grad(loss, argnums=(0, 1, 2))
 
 
+def _check_on_chip(chip, host, kernel, ref, q, k, v, mask):
+    """``kernel`` on the chip against ``ref`` on the CPU: values within 2e-2, each q / k / v
+    gradient within 5% of the reference's largest entry."""
+    o = np.asarray(_run(chip, kernel, q, k, v, mask), np.float32)
+    np.testing.assert_allclose(o, np.asarray(_run(host, ref, q, k, v, mask)), atol=2e-2)
+    g = _run(chip, _loss_grads(kernel, mask), q, k, v)
+    g_ref = _run(host, _loss_grads(ref, mask), q, k, v)
+    for a, b in zip(g, g_ref):
+        b = np.asarray(b)
+        np.testing.assert_allclose(np.asarray(a, np.float32), b, atol=5e-2 * np.abs(b).max())
+
+
 CASES = [("splash", {}), ("flash", {}),
          ("flash", dict(block_q=256, block_kv=512, block_kv_compute=128, block_q_bwd=128,
                         block_kv_bwd=256))]
@@ -59,13 +71,7 @@ def test_attention_kernels_forward_and_backward(chip, host, rng, backend, opts, 
         up = lambda x: bf(x).astype(jnp.float32)   # noqa: E731
         return reference_attention(up(q), up(k), up(v), kv_mask=m)
 
-    o = np.asarray(_run(chip, kernel, q, k, v, mask), np.float32)
-    np.testing.assert_allclose(o, np.asarray(_run(host, ref, q, k, v, mask)), atol=2e-2)
-    g = _run(chip, _loss_grads(kernel, mask), q, k, v)
-    g_ref = _run(host, _loss_grads(ref, mask), q, k, v)
-    for a, b in zip(g, g_ref):
-        b = np.asarray(b)
-        np.testing.assert_allclose(np.asarray(a, np.float32), b, atol=5e-2 * np.abs(b).max())
+    _check_on_chip(chip, host, kernel, ref, q, k, v, mask)
 
 
 def test_sage_kernel_against_the_reference(chip, host, rng):
@@ -133,16 +139,11 @@ def test_vsa_table_kernels_against_the_gather(chip, host, rng, group):
     bf = lambda x: x.astype(jnp.bfloat16)   # noqa: E731
 
     def kernel(q, k, v, m):
-        return fine_table(bf(q), bf(k), bf(v), picks, t, m, interpret=False, group=group)
+        return fine_table(bf(q), bf(k), bf(v), picks, t, m, group=group,
+                          interpret=chip.platform != "tpu")   # the CPU stand-in: interpreted
 
     def ref(q, k, v, m):
         up = lambda x: bf(x).astype(jnp.float32)   # noqa: E731
         return fine(up(q), up(k), up(v), picks, t, m)
 
-    o = np.asarray(_run(chip, kernel, q, k, v, mask), np.float32)
-    np.testing.assert_allclose(o, np.asarray(_run(host, ref, q, k, v, mask)), atol=2e-2)
-    g = _run(chip, _loss_grads(kernel, mask), q, k, v)
-    g_ref = _run(host, _loss_grads(ref, mask), q, k, v)
-    for a, b in zip(g, g_ref):
-        b = np.asarray(b)
-        np.testing.assert_allclose(np.asarray(a, np.float32), b, atol=5e-2 * np.abs(b).max())
+    _check_on_chip(chip, host, kernel, ref, q, k, v, mask)
