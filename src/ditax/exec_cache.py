@@ -72,11 +72,16 @@ def _serialize(compiled) -> tuple:
     return (devices[0].platform, [d.id for d in devices], *payload)
 
 
+def _by_id(platform: str) -> dict:
+    """This process's devices of ``platform`` by id."""
+    return {d.id: d for d in jax.devices(platform)}
+
+
 def _deserialize(platform: str, ids: list, executable: bytes, in_tree, out_tree):
     from jax.experimental.serialize_executable import deserialize_and_load
 
     t0 = time.perf_counter()
-    by_id = {d.id: d for d in jax.devices(platform)}
+    by_id = _by_id(platform)
     devices = [by_id[i] for i in ids]
     compiled = deserialize_and_load(executable, in_tree, out_tree, backend=devices[0].client,
                                     execution_devices=devices)
@@ -101,7 +106,7 @@ class _ValueUnpickler(pickle.Unpickler):
         if pid[0] == "compiled":
             return _deserialize(*pid[1])
         if pid[0] == "device":
-            return {d.id: d for d in jax.devices(pid[1])}[pid[2]]
+            return _by_id(pid[1])[pid[2]]
         raise pickle.UnpicklingError(f"unknown persistent id {pid[0]!r}")
 
 

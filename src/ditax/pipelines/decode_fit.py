@@ -40,13 +40,13 @@ def device_budget(device) -> int | None:
 
 
 def _device(vae):
+    """The device the VAE's parameters are on (the first of their placement; None without)."""
     from flax import nnx
 
+    from ditax.models.vae.wan.chunks import device_of
+
     leaves = jax.tree.leaves(nnx.state(vae))
-    try:
-        return min(leaves[0].sharding.device_set, key=lambda d: d.id)
-    except (IndexError, AttributeError):
-        return None
+    return device_of(leaves[0]) if leaves else None
 
 
 def _gib(n: int) -> str:

@@ -255,10 +255,8 @@ class DistillTrainer(DmdLosses, GanHead, DistillCost, TrainerBase):
         """A thunk building the real score's module (the frozen teacher; with LoRA the base,
         adapters zeroed) through :meth:`score_model`, which a subclass may override (a causal
         student's teacher runs bidirectionally: :mod:`ditax.train.self_forcing`)."""
-        if self.split is not None:
-            zeros = jax.tree.map(jnp.zeros_like, state_params)
-            return lambda: self.score_model(zeros, frozen)
-        return lambda: self.score_model(frozen, frozen)
+        params = self.frozen_params(state_params, frozen)
+        return lambda: self.score_model(params, frozen)
 
     def score_model(self, params: dict, frozen: dict):
         """The module of a score (the real one, the critic) on ``params``: here the student's

@@ -153,13 +153,17 @@ class TrainerBase:
             return dense_graph(self.graphdef, self._abs_state)
         return dense_graph(self.split.graphdef, *self.split._abs)
 
+    def frozen_params(self, params: dict, frozen: dict) -> dict:
+        """The trained parameters of the run's frozen model (the DMD2 teacher, the flow's
+        dense teacher), run with ``frozen`` as :meth:`model` takes them: with a LoRA split the
+        adapters (``params``' shape) zeroed over the base; else the frozen copy ``frozen`` of
+        the initial weights."""
+        return jax.tree.map(jnp.zeros_like, params) if self.split is not None else frozen
+
     def frozen_model(self, params: dict, frozen: dict, graphdef=None):
-        """The module of the run's frozen weights (under ``graphdef`` as :meth:`model`): with
-        a LoRA split the base, its adapters (``params``' shape) zeroed; else the frozen copy
-        ``frozen`` of the initial weights (the DMD2 teacher, the flow's dense teacher)."""
-        if self.split is not None:
-            return self.model(jax.tree.map(jnp.zeros_like, params), frozen, graphdef)
-        return self.model(frozen, None, graphdef)
+        """The module of the run's frozen weights (:meth:`frozen_params`) under ``graphdef``
+        as :meth:`model`."""
+        return self.model(self.frozen_params(params, frozen), frozen, graphdef)
 
     def put_batch(self, local: dict) -> dict:
         """Per-process numpy batch → global arrays sharded over the batch axes."""
