@@ -19,6 +19,8 @@ from ditax.attention.sparse.masks import (BlockTable, density, element_mask, rad
 from ditax.attention.sparse.tiles import TileOrder
 
 ORDER = TileOrder((8, 3, 8), (1, 2, 8))      # 16-token tiles, 8 x 2 x 1 of them, rows padded
+# 24-token 3 x 2 x 4 tiles (no power of two, no cube), 3 x 2 x 2 of them, padded on each axis
+ODD = TileOrder((7, 3, 7), (3, 2, 4))
 TABLES = {"radial": lambda o: radial_blocks(o, 0.5),
           "sliding_tile": lambda o: sliding_tile_blocks(o, (1, 0, 0))}
 
@@ -37,24 +39,27 @@ def _inputs(rng, order, heads=2, dim=32):
             for _ in range(3)]
 
 
-@pytest.mark.parametrize("kind, head_major, bwd", [("radial", False, None),
-                                                   ("sliding_tile", True, None),
-                                                   ("radial", False, 8)])
-def test_forward_and_gradients_equal_the_masked_reference(kind, head_major, bwd, rng):
-    blocks = TABLES[kind](ORDER)
+@pytest.mark.parametrize("kind, head_major, bwd, order", [("radial", False, None, ORDER),
+                                                          ("sliding_tile", True, None, ORDER),
+                                                          ("radial", False, 8, ORDER),
+                                                          ("sliding_tile", False, None, ODD),
+                                                          ("radial", True, 8, ODD)])
+def test_forward_and_gradients_equal_the_masked_reference(kind, head_major, bwd, order, rng):
+    blocks = TABLES[kind](order)
     assert 0 < density(blocks) < 1
-    table = BlockTable.of(ORDER, blocks)
-    q, k, v = _inputs(rng, ORDER)
-    valid = jnp.asarray(ORDER.valid)
-    ref = _reference(jnp.asarray(element_mask(ORDER, blocks)))
+    table = BlockTable.of(order, blocks)
+    q, k, v = _inputs(rng, order)
+    valid = jnp.asarray(order.valid)
+    ref = _reference(jnp.asarray(element_mask(order, blocks)))
     hm = (lambda x: jnp.swapaxes(x, 1, 2)) if head_major else (lambda x: x)  # noqa: E731
+    b = order.tile_len
 
     def sparse(q, k, v):
-        return hm(flash_attention(hm(q), hm(k), hm(v), kv_mask=valid[None], block_q=16,
-                                  block_kv=16, block_q_bwd=bwd, block_kv_bwd=bwd,
+        return hm(flash_attention(hm(q), hm(k), hm(v), kv_mask=valid[None], block_q=b,
+                                  block_kv=b, block_q_bwd=bwd, block_kv_bwd=bwd,
                                   block_table=table, interpret=True, head_major=head_major))
 
-    rows = ORDER.valid
+    rows = order.valid
     np.testing.assert_allclose(np.asarray(sparse(q, k, v))[:, rows],
                                np.asarray(ref(q, k, v))[:, rows], rtol=0, atol=2e-5)
     w = jnp.asarray(rng.standard_normal(q.shape), jnp.float32) * valid[None, :, None, None]
@@ -62,7 +67,7 @@ def test_forward_and_gradients_equal_the_masked_reference(kind, head_major, bwd,
     want = jax.grad(lambda *a: jnp.sum(ref(*a) * w), (0, 1, 2))(q, k, v)
     for g, r in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=0, atol=2e-5)
-    dense = flash_attention(q, k, v, kv_mask=valid[None], block_q=16, block_kv=16,
+    dense = flash_attention(q, k, v, kv_mask=valid[None], block_q=b, block_kv=b,
                             interpret=True)
     assert np.abs(np.asarray(dense)[:, rows] - np.asarray(ref(q, k, v))[:, rows]).max() > 1e-3
 

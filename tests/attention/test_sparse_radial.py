@@ -53,20 +53,24 @@ def _attend(q, k, v, mask):
     return jnp.einsum("bnql,blnk->bqnk", jax.nn.softmax(s, axis=-1), v)
 
 
-@pytest.mark.parametrize("decay", [1.0, 0.5])
-def test_splash_with_the_radial_table_equals_the_masked_reference(decay, rng):
-    """128-token tiles, 8 tile-frames of 2 tiles, the last frame's rows padded: interpreted
-    splash with the radial table equals dense float32 attention under its token mask."""
+@pytest.mark.parametrize("grid, tile, decay", [((8, 3, 64), (1, 2, 64), 1.0),
+                                               ((8, 3, 64), (1, 2, 64), 0.5),
+                                               ((7, 16, 14), (3, 16, 8), 1.0)])
+def test_splash_with_the_radial_table_equals_the_masked_reference(grid, tile, decay, rng):
+    """128-token tiles, 8 tile-frames of 2 tiles, the last frame's rows padded; and 384-token
+    3 x 16 x 8 tiles (3 tile-frames of 2, frames and columns padded): interpreted splash with
+    the radial table, one tile a kernel block, equals dense float32 attention under its token
+    mask."""
     from ditax.attention.splash import splash_attention
 
-    order = TileOrder((8, 3, 64), (1, 2, 64))
+    order = TileOrder(grid, tile)
     blocks = radial_blocks(order, decay)
     assert 0 < density(blocks) < 1
-    L = 8 * 3 * 64
+    L, b = int(np.prod(grid)), order.tile_len
     q, k, v = (jnp.asarray(rng.standard_normal((1, L, 2, 32)), jnp.float32) for _ in range(3))
     qt, kt, vt = (order.to_tiles(a) for a in (q, k, v))
-    got = splash_attention(qt, kt, vt, kv_mask=jnp.asarray(order.valid)[None], block_q=128,
-                           block_kv=128, block_table=BlockTable.of(order, blocks),
+    got = splash_attention(qt, kt, vt, kv_mask=jnp.asarray(order.valid)[None], block_q=b,
+                           block_kv=b, block_table=BlockTable.of(order, blocks),
                            interpret=True)
     want = _attend(qt, kt, vt, jnp.asarray(element_mask(order, blocks)))
     rows = order.valid

@@ -5,6 +5,8 @@ order with the same token mask."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,10 +14,14 @@ import pytest
 
 from ditax.attention.sparse.masks import (block_mask, density, element_mask,
                                           sliding_tile_blocks, tile_coords)
-from ditax.attention.sparse.tiles import TileOrder
+from ditax.attention.sparse.tiles import (TileOrder, least_padding_tile, padded_length,
+                                          padding_note)
 
 CASES = [((4, 8, 8), (2, 4, 4)), ((5, 7, 9), (2, 4, 4)), ((3, 6, 10), (1, 2, 8)),
-         ((1, 1, 1), (4, 8, 8))]
+         ((1, 1, 1), (4, 8, 8)),
+         # tiles that are neither cubes nor powers of two: 3 x 32 x 4 (384 tokens, Wan 480p's
+         # least padding) on a grid cut on every axis, 3 x 2 x 4 (24)
+         ((7, 30, 13), (3, 32, 4)), ((5, 7, 9), (3, 2, 4))]
 
 
 @pytest.mark.parametrize("grid, tile", CASES)
@@ -53,7 +59,8 @@ def _attend(q, k, v, mask):
 
 
 @pytest.mark.parametrize("grid, tile, window", [((4, 8, 8), (2, 4, 4), (1, 0, 1)),
-                                                ((5, 7, 9), (2, 4, 4), (0, 1, 1))])
+                                                ((5, 7, 9), (2, 4, 4), (0, 1, 1)),
+                                                ((7, 9, 9), (3, 2, 4), (1, 1, 0))])
 def test_sliding_tile_attention_equals_the_token_masked_reference(grid, tile, window, rng):
     order = TileOrder(grid, tile)
     F, H, W = grid
@@ -86,29 +93,32 @@ def test_windows_and_refusals():
         TileOrder((4, 0, 8), (2, 4, 4))
 
 
-@pytest.mark.parametrize("window", [(1, 0, 1), (0, 1, 0)])
-def test_splash_skips_the_masked_blocks_and_equals_the_reference(window, rng):
-    """The splash kernel (interpreted) with the sliding-tile table over 128-token tiles (each
-    kernel block kept or skipped whole), padding keys masked through kv_mask, equals dense
-    attention with the table's token mask on every real query."""
+@pytest.mark.parametrize("grid, tile, window", [
+    ((4, 6, 16), (2, 4, 16), (1, 0, 1)),       # 128-token tiles; 6 rows: padded
+    ((4, 6, 16), (2, 4, 16), (0, 1, 0)),
+    ((5, 16, 20), (3, 16, 8), (0, 0, 1)),      # 384-token tiles (3 x 16 x 8), 2 x 1 x 3 of them
+])
+def test_splash_skips_the_masked_blocks_and_equals_the_reference(grid, tile, window, rng):
+    """The splash kernel (interpreted) with the sliding-tile table, one tile a kernel block
+    (kept or skipped whole; 128 tokens, and 384: no power of two), padding keys masked through
+    kv_mask, equals dense attention with the table's token mask on every real query."""
     from ditax.attention.sparse.masks import BlockTable
     from ditax.attention.splash import splash_attention
 
-    order = TileOrder((4, 6, 16), (2, 4, 16))           # 128-token tiles; 6 rows: padded
-    L = 4 * 6 * 16
+    order = TileOrder(grid, tile)
+    L, b = int(np.prod(grid)), order.tile_len
     q, k, v = (jnp.asarray(rng.standard_normal((1, L, 2, 64)), jnp.float32) for _ in range(3))
     blocks = sliding_tile_blocks(order, window)
     assert density(blocks) < 1
     qt, kt, vt = (order.to_tiles(a) for a in (q, k, v))
     valid = jnp.asarray(order.valid)[None]
-    got = splash_attention(qt, kt, vt, kv_mask=valid, block_q=128, block_kv=128,
+    got = splash_attention(qt, kt, vt, kv_mask=valid, block_q=b, block_kv=b,
                            block_table=BlockTable.of(order, blocks), interpret=True)
     want = _attend(qt, kt, vt, jnp.asarray(element_mask(order, blocks)))
     rows = np.asarray(order.valid)
     np.testing.assert_allclose(np.asarray(got)[:, rows], np.asarray(want)[:, rows], rtol=0,
                                atol=2e-5)
-    dense = splash_attention(qt, kt, vt, kv_mask=valid, block_q=128, block_kv=128,
-                             interpret=True)
+    dense = splash_attention(qt, kt, vt, kv_mask=valid, block_q=b, block_kv=b, interpret=True)
     assert np.abs(np.asarray(dense)[:, rows] - np.asarray(got)[:, rows]).max() > 1e-3
     # the kernel's own block map: the table's skipped tiles are its empty blocks (0), the
     # kept ones whole (2), none partial
@@ -119,7 +129,7 @@ def test_splash_skips_the_masked_blocks_and_equals_the_reference(window, rng):
 
     table = BlockTable.of(order, blocks)
     info, _ = splash_attention_mask_info.process_mask(
-        sa.MultiHeadMask([_table_mask((order.length, order.length), table)]), (128, 128),
+        sa.MultiHeadMask([_table_mask((order.length, order.length), table)]), (b, b),
         shrink_grid=False)
     np.testing.assert_array_equal(np.asarray(info.block_mask)[0], np.where(blocks, 2, 0))
 
@@ -144,3 +154,74 @@ def test_splash_block_sparse_gradients_equal_the_reference(rng):
     ref = loss(lambda q, k, v: _attend(q, k, v, mask))
     for got, want in zip(jax.grad(sparse, (0, 1, 2))(q, k, v), jax.grad(ref, (0, 1, 2))(q, k, v)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=5e-5)
+
+
+@pytest.mark.parametrize("grid, tile, length", [
+    ((21, 30, 52), (3, 32, 4), 34944),       # Wan 480p x 81: +6.7% (4 x 8 x 8: 43,008, +31%)
+    ((21, 45, 80), (3, 16, 8), 80640),       # 720p x 81: +6.7% (4 x 8 x 8: 92,160, +22%)
+    ((9, 30, 52), (3, 32, 4), 14976),        # 480p x 33
+    ((21, 32, 32), (3, 16, 8), 21504),       # a grid of whole tiles: no padding
+    ((1, 64, 64), (1, 16, 16), 4096),        # one frame: t = 1, a square h x w
+])
+def test_auto_tile_pads_least(grid, tile, length):
+    """The chosen tile's padded length is the least of every tile of 128·k <= 1024 tokens
+    (an independent brute force over all side lengths up to 1024), its size one of 256..512
+    where such a tile ties, and among those the most cube-like."""
+    assert least_padding_tile(grid) == tile
+    assert padded_length(grid, tile) == length
+    sides = np.arange(1, 1025)
+    best = None
+    for t in range(1, 1025):
+        for h in range(1, 1024 // t + 1):
+            w = sides[: 1024 // (t * h)]
+            w = w[(t * h * w) % 128 == 0]
+            if w.size:
+                pad = [-(-g // s) * s for g, s in zip(grid[:2], (t, h))]
+                n = pad[0] * pad[1] * (-(-grid[2] // w) * w)
+                best = n.min() if best is None else min(best, n.min())
+    assert best == length
+    assert padded_length(grid, (4, 8, 8)) >= length
+
+
+def test_padding_note_and_tiny_grids():
+    assert padding_note((21, 30, 52), (3, 32, 4)) == (
+        "21x30x52 in 3x32x4 tiles (384 tokens): 34,944 tokens for 32,760 (+6.7%)")
+    assert padding_note((21, 30, 52), (4, 8, 8)).endswith("43,008 tokens for 32,760 (+31.3%)")
+    t = least_padding_tile((2, 3, 5))            # smaller than any 128-token tile: one tile
+    assert np.prod(t) == 128 and padded_length((2, 3, 5), t) == 128
+    assert least_padding_tile((21, 30, 52), most=256) == (1, 32, 4)   # only 128 tokens pad as little
+    with pytest.raises(ValueError, match=r"grid=\(0, 3, 5\) must be three positive ints"):
+        least_padding_tile((0, 3, 5))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (deviceless TPU compile)")
+def test_384_token_tiles_compile_for_a_v5e():
+    """Mosaic (libtpu, deviceless) compiles splash's and flash's block-sparse forward and
+    backward for a v5e with the sliding-tile table of Wan 1.3B 480p x 81 in its least-padding
+    3 x 32 x 4 tiles (384-token blocks: no power of two; 12 heads x 128, bf16; ~10 s)."""
+    from ditax.attention.flash import flash_attention
+    from ditax.attention.sparse.masks import BlockTable
+    from ditax.attention.splash import splash_attention
+    from ditax.parallel.platform import target_platform
+    from ditax.plan.targets import parse_target, topology_devices
+
+    dev = topology_devices(parse_target("tpu-v5e-1"))[0]
+    rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
+                                     jax.sharding.PartitionSpec())
+    order = TileOrder((21, 30, 52), least_padding_tile((21, 30, 52)))
+    assert order.tile == (3, 32, 4) and order.length == 34944
+    table = BlockTable.of(order, sliding_tile_blocks(order, (1, 1, 1)))
+    x = jax.ShapeDtypeStruct((1, order.length, 12, 128), jnp.bfloat16, sharding=rep)
+    mask, t = jnp.asarray(order.valid)[None], order.tile_len
+    for kernel in (splash_attention, flash_attention):
+        def grads(q, k, v, kernel=kernel):
+            def loss(*a):
+                return kernel(*a, kv_mask=mask, block_q=t, block_kv=t, block_table=table,
+                              interpret=False).astype(jnp.float32).sum()
+            return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+        with target_platform("tpu"):
+            hlo = jax.jit(grads).lower(x, x, x).compile().as_text()
+        assert hlo.count('custom_call_target="tpu_custom_call"') == 3, kernel.__name__

@@ -24,9 +24,11 @@ def _inputs(rng, grid=(3, 3, 5), tile=(2, 2, 2), b=2, n=2, k=8):
     return order, q, kk, v, g, mask
 
 
-@pytest.mark.parametrize("topk", [1, 3])
-def test_fast_path_equals_the_reference_forward_and_backward(topk, rng):
-    order, q, k, v, g, mask = _inputs(rng)          # 2 x 2 x 3 = 12 tiles, padded
+@pytest.mark.parametrize("topk, tile", [(1, (2, 2, 2)), (3, (2, 2, 2)), (3, (3, 1, 4))])
+def test_fast_path_equals_the_reference_forward_and_backward(topk, tile, rng):
+    """2 x 2 x 2 tiles: 2 x 2 x 3 = 12 tiles, padded; 3 x 1 x 4 (12 tokens, no cube, no power
+    of two): 1 x 3 x 2 = 6 tiles, padded."""
+    order, q, k, v, g, mask = _inputs(rng, tile=tile)
     kw = dict(tile_len=order.tile_len, topk=topk, kv_mask=mask)
     cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
 
@@ -44,14 +46,16 @@ def test_fast_path_equals_the_reference_forward_and_backward(topk, rng):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=2e-5)
 
 
-@pytest.mark.parametrize("grid", [(3, 3, 5), (2, 4, 4)])
-def test_the_fine_stage_on_the_flash_kernel_equals_the_reference(grid, rng):
+@pytest.mark.parametrize("grid, tile", [((3, 3, 5), (2, 2, 2)), ((2, 4, 4), (2, 2, 2)),
+                                        ((3, 3, 5), (3, 2, 4))])
+def test_the_fine_stage_on_the_flash_kernel_equals_the_reference(grid, tile, rng):
     """Each query tile one batch row of the flash kernel (interpreted) over its gathered
     tiles — one head a row where padded tiles are masked (3 x 3 x 5), the heads kept where
-    none is (2 x 4 x 4): forward and gradients as the reference's."""
+    none is (2 x 4 x 4); 24-token 3 x 2 x 4 tiles: forward and gradients as the
+    reference's."""
     from ditax.attention.flash import flash_attention
 
-    order, q, k, v, g, mask = _inputs(rng, grid=grid)
+    order, q, k, v, g, mask = _inputs(rng, grid=grid, tile=tile)
     call = functools.partial(flash_attention, interpret=True)
     kw = dict(tile_len=order.tile_len, topk=2, kv_mask=None if order.valid.all() else mask)
     cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)

@@ -40,16 +40,21 @@ def _value_and_grads(fn, cot):
     return jax.jit(lambda *a: (fn(*a), jax.grad(loss, argnums=tuple(range(len(a))))(*a)))
 
 
-@pytest.mark.parametrize("grid, topk, kd, group", [
-    ((3, 3, 5), 3, 8, 1), ((2, 4, 4), 1, 8, 0), ((3, 3, 5), 2, 128, 0),
-    ((3, 3, 5), 5, 8, 2), ((2, 4, 4), 3, 8, 2), ((3, 3, 5), 5, 128, 4)])
-def test_the_table_fine_stage_equals_the_gather(grid, topk, kd, group, rng):
+ODD = (3, 2, 4)     # 24 tokens: a kernel block that is no power of two, a tile no cube
+
+
+@pytest.mark.parametrize("grid, topk, kd, group, tile", [
+    ((3, 3, 5), 3, 8, 1, (2, 2, 2)), ((2, 4, 4), 1, 8, 0, (2, 2, 2)),
+    ((3, 3, 5), 2, 128, 0, (2, 2, 2)), ((3, 3, 5), 5, 8, 2, (2, 2, 2)),
+    ((2, 4, 4), 3, 8, 2, (2, 2, 2)), ((3, 3, 5), 5, 128, 4, (2, 2, 2)),
+    ((5, 3, 7), 3, 8, 0, ODD), ((5, 3, 7), 5, 128, 2, ODD), ((3, 4, 8), 2, 8, 1, ODD)])
+def test_the_table_fine_stage_equals_the_gather(grid, topk, kd, group, tile, rng):
     """3 x 3 x 5 in 2 x 2 x 2 tiles: 12 tiles, the padded ones masked; 2 x 4 x 4: 4 whole
     tiles, no mask; K = 128: the kernels read ``[B, L, N·K]`` packed. ``group`` key tiles a
     grid step (0: chosen; 5 picks in steps of 2 or 4 and 3 in steps of 2: the last step
-    padded). The same picks into both; values and q / k / v
-    gradients."""
-    order, q, k, v, _, mask = _inputs(rng, grid=grid, k=kd)
+    padded). 3 x 2 x 4 tiles of 24 tokens: 5 x 3 x 7 in 8 padded tiles, 3 x 4 x 8 in 4 whole
+    ones. The same picks into both; values and q / k / v gradients."""
+    order, q, k, v, _, mask = _inputs(rng, grid=grid, tile=tile, k=kd)
     t = order.tile_len
     _, picks = coarse(q, k, v, t, topk, mask)
     cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
@@ -85,10 +90,12 @@ def test_bfloat16_inputs_stay_close_to_the_float32_gather(rng):
         assert err <= 3e-2 * np.abs(b).max(), err
 
 
-def test_vsa_on_the_table_equals_the_reference(rng):
+@pytest.mark.parametrize("grid, tile", [((3, 3, 5), (2, 2, 2)), ((5, 3, 7), ODD)])
+def test_vsa_on_the_table_equals_the_reference(grid, tile, rng):
     """The whole layer (coarse pass, picks, table fine pass, gate) against the dense masked
-    reference: forward and the gradients of q, k, v and the gate."""
-    order, q, k, v, g, mask = _inputs(rng, b=1, n=3)
+    reference: forward and the gradients of q, k, v and the gate (8-token cubes; 24-token
+    3 x 2 x 4 tiles)."""
+    order, q, k, v, g, mask = _inputs(rng, grid=grid, tile=tile, b=1, n=3)
     kw = dict(tile_len=order.tile_len, topk=2, kv_mask=mask)
     call = TableFine(interpret=True)
     cot = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
@@ -216,23 +223,27 @@ def test_the_split_counts_the_grouped_tables(monkeypatch):
         assert vsa_table.split(1, 3, 12, 5, 2) == want
 
 
-@pytest.mark.parametrize("kd, group", [(128, 0), (128, 1), (64, 4)])
-def test_the_table_kernels_lower_for_tpu(kd, group):
+@pytest.mark.parametrize("kd, group, tile, topk", [(128, 0, (4, 8, 8), 21),
+                                                  (128, 1, (4, 8, 8), 21),
+                                                  (64, 4, (4, 8, 8), 21),
+                                                  (128, 0, (3, 32, 4), 11)])
+def test_the_table_kernels_lower_for_tpu(kd, group, tile, topk):
     """Forward and backward (three kernels) lower to Mosaic TPU at Wan 1.3B 480p x 81 in
     4 x 8 x 8 tiles (168, 21 picked; bf16; nothing runs): K = 128 packed, K = 64
     head-major; the chosen group (7 tiles a step), one a step, and 4 (the last step
-    padded)."""
+    padded); and in the least-padding 3 x 32 x 4 tiles (91 of 384 tokens, 11 picked)."""
     from jax import export
 
     from ditax.parallel.platform import target_platform
 
-    order = TileOrder((21, 30, 52), (4, 8, 8))
+    order = TileOrder((21, 30, 52), tile)
     q = jax.ShapeDtypeStruct((1, order.length, 2, kd), jnp.bfloat16)
     mask = jnp.asarray(order.valid)[None]
     call = TableFine(interpret=False, group=group)
 
     def fwd(q, k, v, g):
-        return vsa_attention(q, k, v, g, tile_len=256, topk=21, kv_mask=mask, call=call)
+        return vsa_attention(q, k, v, g, tile_len=order.tile_len, topk=topk, kv_mask=mask,
+                             call=call)
 
     def grad(q, k, v, g):
         return jax.grad(lambda *a: fwd(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3))(
@@ -247,24 +258,27 @@ def test_the_table_kernels_lower_for_tpu(kd, group):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu is not installed (deviceless TPU compile)")
-def test_the_chosen_group_compiles_for_a_v5e():
+@pytest.mark.parametrize("tile, topk, group", [((4, 8, 8), 21, 7), ((3, 32, 4), 11, 4)])
+def test_the_chosen_group_compiles_for_a_v5e(tile, topk, group):
     """Mosaic itself (libtpu, deviceless) compiles the forward and backward for a v5e at Wan
-    1.3B 480p (12 heads x 128, bf16, 21 of 168 tiles picked, 7 a step) within the scoped
-    VMEM these kernels keep (v5e's 16 MiB default; ~40 s on a CPU)."""
+    1.3B 480p (12 heads x 128, bf16) within the scoped VMEM these kernels keep (v5e's 16 MiB
+    default; ~40 s on a CPU): 21 of 168 4 x 8 x 8 tiles picked, 7 a step; 11 of 91
+    least-padding 3 x 32 x 4 tiles (384 tokens: blocks no power of two), 4 a step."""
     from ditax.parallel.platform import target_platform
     from ditax.plan.targets import parse_target, topology_devices
 
     dev = topology_devices(parse_target("tpu-v5e-1"))[0]
     rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
                                      jax.sharding.PartitionSpec())
-    order = TileOrder((21, 30, 52), (4, 8, 8))
+    order = TileOrder((21, 30, 52), tile)
+    t, tiles = order.tile_len, int(np.prod(order.tiles))
     x = jax.ShapeDtypeStruct((1, order.length, 12, 128), jnp.bfloat16, sharding=rep)
-    picks = jax.ShapeDtypeStruct((1, 12, 168, 21), jnp.int32, sharding=rep)
+    picks = jax.ShapeDtypeStruct((1, 12, tiles, topk), jnp.int32, sharding=rep)
     mask = jnp.asarray(order.valid)[None]
-    assert group_for(21, 256, 128, 2) == 7
+    assert group_for(topk, t, 128, 2) == group
 
     def grads(q, k, v, p):
-        return jax.grad(lambda *a: fine_table(*a, p, 256, mask, interpret=False).sum(),
+        return jax.grad(lambda *a: fine_table(*a, p, t, mask, interpret=False).sum(),
                         argnums=(0, 1, 2))(q, k, v)
 
     with target_platform("tpu"):

@@ -17,9 +17,10 @@ cannot honour them. ``dense_steps`` is the sampler's: its first steps run the mo
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal, Optional, get_args
+from typing import Literal, Optional, Union, get_args
 
 from ditax.attention import registry
+from ditax.attention.sparse.tiles import DEFAULT as DEFAULT_TILE
 from ditax.errors import ConfigError, check_choice
 
 LocalBackend = Literal["reference", "xla", "blockwise", "splash", "flash", "cudnn", "te", "sage",
@@ -61,7 +62,9 @@ class AttentionConfig:
     # block-sparse self-attention over the video tokens (issue 58; splash / flash, no context)
     sparsity: Sparsity = "none"          # none | full (every tile) | sliding_tile (STA) | radial
     #                                      | vsa (trainable: coarse pass picks top-k key tiles)
-    tile: tuple[int, int, int] = (4, 8, 8)     # latent tokens per tile (frames, rows, cols)
+    # latent tokens a tile (frames, rows, cols) | auto: per grid, the 128·k-token tile that pads
+    # least (ditax.attention.sparse.tiles.least_padding_tile)
+    tile: Union[tuple[int, int, int], Literal["auto"]] = DEFAULT_TILE   # F,Y,X tokens | auto
     window: tuple[int, int, int] = (3, 3, 3)   # sliding_tile: tiles the window spans per axis
     decay: float = 1.0                   # radial: scale of the windows past the dense band
     dense_steps: int = 0                 # sampling: the first k steps dense, the rest sparse
@@ -153,17 +156,19 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
 
 
 def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None) -> None:
-    """The block-sparse keys' rules: three positive tile sizes, odd window spans, ``window``
+    """The block-sparse keys' rules: three positive tile sizes (or ``auto``), odd window spans, ``window``
     only with ``sliding_tile`` and ``decay`` (> 0) only with ``radial``, ``dense_steps >= 0``
     only with a sparsity, and a self-attention that can take a block table (``splash``, the
     sequence whole on every device: ``mesh.context=1``; flash: tiles of a multiple of 8
     tokens)."""
     check_choice("attention.sparsity", a.sparsity, SPARSITY_MODES)
     for key, v in (("tile", a.tile), ("window", a.window)):
-        if len(v) != 3 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in v):
+        if key == "tile" and v == "auto":
+            continue
+        if isinstance(v, str) or len(v) != 3 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in v):
             raise ConfigError(f"attention.{key}={','.join(map(str, v))} must be three ints >= 1 "
                               f"(frames, rows, columns), e.g. attention.{key}="
-                              f"{'4,8,8' if key == 'tile' else '3,3,3'}")
+                              f"{'4,8,8 (or auto)' if key == 'tile' else '3,3,3'}")
     if any(n % 2 == 0 for n in a.window):
         raise ConfigError(f"attention.window={','.join(map(str, a.window))} must be odd spans "
                           f"(a query tile in the middle), e.g. attention.window=3,3,3")
@@ -207,14 +212,17 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
                           f"flash (the kernels that skip masked blocks; {a.backend} takes no "
                           f"block table yet); set attention.backend=splash or "
                           f"attention.sparsity=none")
-    tile_len = a.tile[0] * a.tile[1] * a.tile[2]
+    if a.tile == "auto":      # 128·k tokens (sparse.tiles.UNIT): every kernel's blocks fit
+        tile_len = 0
+    else:
+        tile_len = a.tile[0] * a.tile[1] * a.tile[2]
     if a.backend == "flash" and tile_len % 8:
         raise ConfigError(f"attention.tile={','.join(map(str, a.tile))} holds {tile_len} tokens; "
                           f"flash's blocks lie inside one tile and are multiples of 8 tokens, "
                           f"so use a tile of a multiple of 8 tokens, e.g. attention.tile=4,8,8")
     for key in ("block_q", "block_kv", "block_q_bwd", "block_kv_bwd"):
         b = getattr(a, key)
-        if a.backend == "flash" and b is not None and tile_len % b:
+        if a.backend == "flash" and b is not None and tile_len and tile_len % b:
             raise ConfigError(f"attention.{key}={b} does not divide the {tile_len}-token tile "
                               f"(attention.tile={','.join(map(str, a.tile))}); flash's blocks "
                               f"lie inside one tile: leave it unset (one tile) or use a divisor")

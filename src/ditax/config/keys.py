@@ -67,6 +67,14 @@ def _strip_optional(tp) -> tuple[Any, bool]:
     return tp, False
 
 
+def _words(tp) -> tuple:
+    """The Literal words of a union type (``tuple[int, int, int] | Literal["auto"]``)."""
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return ()
+    return tuple(w for a in typing.get_args(tp) if typing.get_origin(a) is Literal
+                 for w in typing.get_args(a))
+
+
 def choices(tp) -> tuple | None:
     """The allowed values of a ``Literal`` (or ``Optional[Literal]``) type, else None."""
     inner, _ = _strip_optional(tp)
@@ -79,6 +87,8 @@ def parse_text(raw: str, tp) -> Any:
     text = raw.strip()
     if optional and text.lower() in _NONE_WORDS:
         return None
+    if text in _words(tp):          # a word of a union's Literal (attention.tile=auto)
+        return text
     if typing.get_origin(inner) is tuple:
         text = "[" + text.strip("[]()") + "]"
     try:
@@ -98,6 +108,7 @@ def describe(tp) -> str:
     if text is None and typing.get_origin(inner) is tuple:
         n = len(typing.get_args(inner))
         text = f"a list of {n} values like 1,2,2" if n == 3 else f"a list of {n} values"
+        text += "".join(f" or {w}" for w in _words(tp))
     text = text or f"a value of type {inner}"
     return text + (" or none" if optional else "")
 

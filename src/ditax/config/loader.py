@@ -215,7 +215,10 @@ def _validate(root, payload: dict, flat: dict, types_: dict, given: dict | None)
     except pydantic.ValidationError as err:
         e = err.errors()[0]
         parts = [str(p) for p in e["loc"] if isinstance(p, str)]
-        key = ".".join(parts[1:] if parts[0] == "config" else parts)
+        parts = parts[1:] if parts[0] == "config" else parts
+        # a union's member names its branch after the key (tile.tuple[int, int, int]): cut
+        key = next((".".join(parts[:n]) for n in range(len(parts), 0, -1)
+                    if ".".join(parts[:n]) in types_), ".".join(parts))
         shown = (given or {}).get(key, flat.get(key, e["input"]))
         raise type_error(key, shown, types_.get(key)) from None
 

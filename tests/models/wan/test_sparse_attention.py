@@ -145,6 +145,10 @@ def test_vace_control_tokens_follow_the_layout(rng):
     (["attention.backend=splash", "attention.sparsity=full", "attention.tile=4,0,8"],
      "attention.tile=4,0,8 must be three ints >= 1"),
     (["attention.sparsity=radial"], "attention.sparsity"),
+    (["attention.backend=splash", "attention.sparsity=full", "attention.tile=autox"],
+     "attention.tile='autox': expected a list of 3 values like 1,2,2 or auto"),
+    (["attention.backend=splash", "attention.sparsity=full", "attention.tile=4,8"],
+     "attention.tile='4,8': expected a list of 3 values like 1,2,2 or auto"),
 ])
 def test_the_config_refuses_what_no_kernel_honours(overrides, words):
     from ditax.config import load_config, validate
@@ -165,19 +169,52 @@ def test_families_that_do_not_lay_tokens_out_refuse_sparsity(preset):
         validate(load_config(preset, ["attention.backend=splash", "attention.sparsity=full"]))
 
 
-def test_bench_runs_sparse_and_names_it(capsys):
+@pytest.mark.parametrize("tile, ran", [("2,4,4", [2, 4, 4]), ("auto", [4, 8, 12])])
+def test_bench_runs_sparse_and_names_it(tile, ran, capsys):
+    """The row names the tile that ran (``auto``: the grid 3 x 6 x 10's, one 384-token
+    tile)."""
     import json
 
     from ditax.cli import main
 
     rc = main(["bench", "tiny", "--latent", "3,12,20", "--text-len", "8", "--repeats", "1",
                "--no-progress", "attention.backend=splash", "attention.sparsity=sliding_tile",
-               "attention.tile=2,4,4", "attention.window=1,3,3"])
+               f"attention.tile={tile}", "attention.window=1,3,3"])
     out = capsys.readouterr().out
     assert rc == 0, out
     row = json.loads(out.strip().splitlines()[-1])
     assert row["attention"] == "splash" and row["sparsity"] == {
-        "mode": "sliding_tile", "tile": [2, 4, 4], "window": [1, 3, 3]}
+        "mode": "sliding_tile", "tile": ran, "window": [1, 3, 3]}
+
+
+def test_auto_tile_pads_least_says_so_and_equals_the_masked_reference(rng, caplog):
+    """``attention.tile=auto`` on a 3 x 7 x 32 grid: 3 x 8 x 16 tiles (384 tokens, one kernel
+    block each; 768 tokens where 4 x 8 x 8 would lay out 1,024), said in one info line; the
+    model's output equals its blocks under dense attention with the layout's token mask. VSA
+    on the table kernels takes at most 512-token tiles."""
+    import logging
+
+    from ditax.attention.sparse import layout as layout_mod
+
+    acfg = AttentionConfig(backend="splash", sparsity="sliding_tile", tile="auto",
+                           window=(1, 1, 1))
+    layout_mod._auto_tile.cache_clear()
+    with caplog.at_level(logging.INFO, logger="ditax.attention.sparse.layout"):
+        lat, t, text = _inputs(rng, 3, 14, 64, b=1)
+        model = init_model(CFG, acfg, seed=5)
+        h, ctx = model.embed(lat, t, text)
+    said = [r.getMessage() for r in caplog.records if "attention.tile=auto" in r.getMessage()]
+    assert said == ["attention.tile=auto: 3x7x32 in 3x8x16 tiles (384 tokens): 768 tokens for "
+                    "672 (+14.3%) (the default 4x8x8: 1,024 tokens)"], said
+    layout = ctx.tiles
+    assert layout.order.tile == (3, 8, 16) and 0 < density(layout.table.table) < 1
+    call = ctx.plan(model.attention_plan).self_attn   # CPU: interpret's 128 blocks, in a tile
+    assert call.options.block_table == layout.table and 384 % call.options.block_q == 0
+    got = np.asarray(model.head(model.run_blocks(h, ctx), ctx))
+    np.testing.assert_allclose(got, masked_reference_output(model, h, ctx), rtol=0, atol=2e-5)
+    vsa = AttentionConfig(backend="flash", sparsity="vsa", topk=1, vsa_fine="table",
+                          tile="auto")
+    assert sparse_layout(vsa, (1, 1, 1000)).order.tile_len <= 512
 
 
 def test_unset_kernel_blocks_become_one_tile_on_a_tpu():
@@ -187,12 +224,13 @@ def test_unset_kernel_blocks_become_one_tile_on_a_tpu():
     import ditax
     from ditax.models.wan.build import abstract_model
 
-    for given, want in ((None, 256), (512, 512)):
+    for given, want, tile in ((None, 256, (4, 8, 8)), (512, 512, (4, 8, 8)),
+                              (None, 384, "auto")):     # auto: 3 x 32 x 4, 384 tokens
         acfg = AttentionConfig(backend="splash", sparsity="sliding_tile", block_q=given,
-                               block_kv=given)
+                               block_kv=given, tile=tile)
         with ditax.target_platform("tpu"):
             plan = abstract_model(CFG, acfg).attention_plan
         call = sparse_layout(acfg, (21, 30, 52)).plan(plan).self_attn
         assert (call.options.block_q, call.options.block_kv) == (want, want)
-        assert call.options.block_table.tile_len == 256
+        assert call.options.block_table.tile_len == (256 if tile != "auto" else 384)
         assert sparse_layout(acfg, (21, 30, 52)).plan(plan).cross_attn is plan.cross_attn

@@ -20,23 +20,34 @@ Cross-attention (text / image keys) is untouched: its queries may be in any orde
 ``full`` keeps every block (the dense model's values, the layout's cost only);
 ``sliding_tile`` keeps the key tiles within ``(window - 1) / 2`` tiles of the query tile along
 each axis (``window``: the odd span in tiles; near the grid's edges the window is cut, not
-shifted inward); ``radial`` keeps the tiles of radial attention's rule (``decay``: the scale of
+shifted inward; the window is in tiles, so its reach in tokens is ``window`` times the tile:
+``3, 3, 3`` spans 12 x 24 x 24 tokens in 4 x 8 x 8 tiles, 9 x 96 x 12 in 3 x 32 x 4 ones);
+``radial`` keeps the tiles of radial attention's rule (``decay``: the scale of
 its shrinking windows, :func:`~ditax.attention.sparse.masks.radial_blocks`); ``vsa`` has no
 table: its self-attention is :class:`~ditax.attention.sparse.vsa.VsaCall` (a coarse pooled
 pass picks ``topk`` key tiles per query tile and input; the attention layer adds its gate).
+
+``attention.tile=auto`` lays each grid out in the tile that pads it least (:func:`layout_tile`,
+:func:`~ditax.attention.sparse.tiles.least_padding_tile`: 128·k tokens, at most 1024), said in
+one info line per grid. ``window`` and ``topk`` stay counts of tiles: with another tile they
+cover another share of the grid (``topk / tiles`` is VSA's density).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ditax.attention.blocks import LANES, SUBLANE
 from ditax.attention.sparse.masks import BlockTable, block_mask
-from ditax.attention.sparse.tiles import TileOrder
+from ditax.attention.sparse.tiles import (DEFAULT, MOST, TileOrder, least_padding_tile,
+                                          padded_length, padding_note)
 from ditax.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -121,10 +132,34 @@ def sparse_layout(acfg, grid) -> SparseLayout | None:
     ``acfg`` (None when ``acfg.sparsity`` is ``none``)."""
     if acfg is None or isinstance(acfg, str) or acfg.sparsity == "none":
         return None
-    return _layout(acfg.sparsity, tuple(int(n) for n in acfg.tile),
+    table = acfg.sparsity == "vsa" and getattr(acfg, "vsa_fine", "gather") == "table"
+    return _layout(acfg.sparsity, layout_tile(acfg.tile, grid, TABLE_MOST if table else MOST),
                    tuple(int(n) for n in acfg.window), float(acfg.decay),
                    tuple(int(n) for n in grid), int(getattr(acfg, "topk", 0)),
                    str(getattr(acfg, "vsa_fine", "gather")), int(getattr(acfg, "vsa_group", 0)))
+
+
+#: the largest tile ``auto`` gives VSA's table kernels: a step holds ``[t, t]`` float32
+#: scores, and past 512 tokens not one key tile a step fits v5e's 16 MiB of scoped VMEM
+#: (:func:`~ditax.attention.kernels.vsa_table.vmem_estimate`)
+TABLE_MOST = 512
+
+
+def layout_tile(tile, grid, most: int = MOST) -> tuple[int, int, int]:
+    """``attention.tile`` for ``grid = (F, Y, X)``: as given, or under ``auto`` the tile of at
+    most ``most`` tokens that pads the grid least (:func:`~ditax.attention.sparse.tiles.
+    least_padding_tile`; said once per grid in an info line, with the padding of the default
+    ``4 x 8 x 8`` beside it)."""
+    grid = tuple(int(n) for n in grid)
+    return _auto_tile(grid, most) if tile == "auto" else tuple(int(n) for n in tile)
+
+
+@functools.lru_cache(maxsize=32)
+def _auto_tile(grid: tuple, most: int) -> tuple[int, int, int]:
+    tile, default = least_padding_tile(grid, most=most), DEFAULT
+    log.info("attention.tile=auto: %s (the default %s: %s tokens)", padding_note(grid, tile),
+             "x".join(map(str, default)), f"{padded_length(grid, default):,}")
+    return tile
 
 
 @functools.lru_cache(maxsize=32)
@@ -167,4 +202,5 @@ def reference_mask(layout: SparseLayout) -> np.ndarray:
     return element_mask(layout.order, layout.table.table)
 
 
-__all__ = ["SparseLayout", "attention_density", "sparse_layout", "reference_mask"]
+__all__ = ["SparseLayout", "TABLE_MOST", "attention_density", "layout_tile", "sparse_layout",
+           "reference_mask"]
