@@ -19,7 +19,10 @@ linears dominate; ``int8_flux2``: FLUX.2's bf16 and W+A rows alone), ``vae`` (th
 the plain path), ``flash_tiles`` (flash's forward at other tiles), ``memprobe`` (what the
 device's peak counts), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 and int8, and
 FLUX.1-dev int8 resident: issue 55's out-of-memory rows), ``vsa`` (VSA's table fine pass
-against dense splash at densities 50 / 25 / 12.5 %, ``benchmarks/vsa_table.py``).
+against dense splash at densities 50 / 25 / 12.5 %, ``benchmarks/vsa_table.py``),
+``vsa_tiles`` (issue 58 item 1: the table fine pass in 4 x 8 x 8 tiles against the tile that
+pads Wan's 480p / 720p grids least, 12.5 / 25 / 50 %; ``vsa_table.py --tiles``). ``vsa`` and
+``vsa_tiles`` refuse in one line off a TPU (their kernels interpreted would take hours).
 
 ``peak_hbm_bytes`` is the device's peak in two parts, both recorded: ``peak_bytes_in_use``
 (buffers: arguments, outputs, generated code) + ``peak_bytes_reserved`` (the loaded
@@ -135,6 +138,10 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
             from vsa_table import vsa_cases
 
             vsa_cases(sw)
+        elif part == "vsa_tiles":   # issue 58 item 1: 4x8x8 against the least-padding tile
+            from vsa_table import tile_cases
+
+            tile_cases(sw)
 
 
 #: flash's forward tiles tried at Wan's shape (the table's row first: (2048, 4096, 1024))
@@ -244,7 +251,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
                    choices=["forward", "wan480", "attention", "int8", "int8_flux2", "int8_gemm",
-                            "vae", "vae_old", "big", "memprobe", "flash_tiles", "vsa"])
+                            "vae", "vae_old", "big", "memprobe", "flash_tiles", "vsa",
+                            "vsa_tiles"])
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
     p.add_argument("--repeats", type=int, default=4)
@@ -253,10 +261,34 @@ def main() -> None:
     if a.table:
         print(table(a.table), end="")
         return
+    off_chip = off_chip_refusal(a.part)
+    if off_chip:
+        raise SystemExit(off_chip)
     from ditax.tpu_env import raise_scoped_vmem
 
     raise_scoped_vmem()      # as every ditax command does: the large attention tiles need it
     run(a.part, a.out, a.budget_s, a.repeats)
+
+
+#: parts whose Pallas kernels, interpreted off a TPU at Wan's sizes, would run for hours
+CHIP_ONLY = {"vsa": "python benchmarks/vsa_table.py --small",
+             "vsa_tiles": "python benchmarks/vsa_table.py --tiles --small"}
+
+
+def off_chip_refusal(parts) -> str | None:
+    """One line for a part of :data:`CHIP_ONLY` asked for where JAX has no TPU (else None)."""
+    chip_only = [p for p in parts if p in CHIP_ONLY]
+    if not chip_only:
+        return None
+    import jax
+
+    platform = jax.devices()[0].platform
+    if platform == "tpu":
+        return None
+    p = chip_only[0]
+    return (f"tpu_chip.py --part {p} times Pallas TPU kernels at Wan's sizes; JAX's platform "
+            f"here is {platform} (interpreted they would take hours): run it on the chip, or "
+            f"{CHIP_ONLY[p]} for the code path on CPU")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ One JSON line per case (the sweep's rows, :mod:`tpu_sweep`).
     source benchmarks/tpu_setup.sh
     python benchmarks/vsa_table.py --out $OUT/vsa.jsonl --budget-s 420 [--groups 1,4,8]
     # or as a part of the chip's table: python benchmarks/tpu_chip.py --part vsa ...
+    # tiles (issue 58 item 1): 4x8x8 against the least-padding tile at 480p / 720p
+    python benchmarks/vsa_table.py --tiles --out $OUT/vsa_tiles.jsonl --budget-s 120
+    # (or tpu_chip.py --part vsa_tiles; --tiles --small: a tiny grid, interpreted, on CPU)
 
 Cases (bf16, ``B = 1``, ``N = 12``, ``K = 128``):
 
@@ -133,6 +136,63 @@ def vsa_cases(sw, grid=GRID, tile=TILE, heads=HEADS, head_dim=HEAD_DIM,
                     direction="fwd", path="layer gather-flash", **settings)
 
 
+#: Wan 2.1 1.3B's token grids (latent frames, rows, columns after the 1 x 2 x 2 patches) at
+#: 480 x 832 x 81 and 720 x 1280 x 81: the ``--tiles`` cases' (480p first: a budget cuts 720p)
+TILE_GRIDS = ((21, 30, 52), (21, 45, 80))
+TILE_DENSITIES = (0.125, 0.25, 0.5)
+
+
+def tile_cases(sw, grids=TILE_GRIDS, densities=TILE_DENSITIES, heads=HEADS,
+               head_dim=HEAD_DIM, interpret=None, dense: bool = True) -> None:
+    """Issue 58 item 1 (``--tiles``; ``tpu_chip.py --part vsa_tiles``): per grid, dense splash at
+    its frame-major tokens, then the table fine pass alone (forward, the group the kernels
+    choose) in the default 4 x 8 x 8 tiles and in the tile that pads the grid least
+    (``attention.tile=auto``: :func:`ditax.attention.sparse.tiles.least_padding_tile`, at
+    most 512 tokens as under ``vsa_fine=table``), at each density (``topk`` the nearest
+    share of the tiles). Each row names its ``grid``, ``tile``, ``tile_len``, ``tokens``
+    (padded) and ``padding`` (the padded share over the grid's tokens)."""
+    import numpy as np
+
+    from ditax.attention.kernels.vsa_table import group_for
+    from ditax.attention.sparse.layout import TABLE_MOST
+    from ditax.attention.sparse.tiles import DEFAULT, TileOrder, least_padding_tile
+    from ditax.attention.sparse.vsa_table import fine_table
+    from tpu_sweep import PEAK, _gen, attention_cases
+
+    peak = PEAK.get(_gen(), (197e12,))[0]
+    key = jax.random.PRNGKey(0)
+    for grid in grids:
+        n = int(np.prod(grid))
+        if dense:
+            attention_cases(sw, (1, n, heads, head_dim), [("splash", {})], grad=False)
+        tiles_tried = [DEFAULT] + [t for t in (least_padding_tile(grid, most=TABLE_MOST),)
+                                   if t != DEFAULT]
+        for tile in tiles_tried:
+            order = TileOrder(tuple(grid), tuple(tile))
+            t, tiles, L = order.tile_len, int(np.prod(order.tiles)), order.length
+            shape = (1, L, heads, head_dim)
+            q, k, v = (jax.random.normal(x, shape, jnp.bfloat16)
+                       for x in jax.random.split(key, 3))
+            mask = jnp.asarray(order.valid)[None]
+            done = set()
+            for density in densities:
+                topk = max(1, round(density * tiles))
+                if topk in done:        # few tiles (a small grid): two densities, one topk
+                    continue
+                done.add(topk)
+                group = group_for(topk, t, head_dim, 2)
+                picks = random_picks(jax.random.fold_in(key, topk), 1, heads, tiles, topk)
+                settings = dict(density=topk / tiles, topk=topk, tiles=tiles, tile_len=t,
+                                shape=list(shape), grid=list(grid), tile=list(tile), tokens=L,
+                                padding=round(L / n - 1, 4), group=group, direction="fwd",
+                                path="fine table")
+                sw.case(f"vsa fine table fwd grid={'x'.join(map(str, grid))} tile="
+                        f"{'x'.join(map(str, tile))} topk={topk}/{tiles} L={L}",
+                        functools.partial(fine_table, picks=picks, tile_len=t, kv_mask=mask,
+                                          interpret=bool(interpret), group=group),
+                        (q, k, v), 4.0 * heads * L * topk * t * head_dim, peak, **settings)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
@@ -140,6 +200,8 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=4)
     p.add_argument("--no-grad", action="store_true")
     p.add_argument("--small", action="store_true", help="a tiny shape, interpreted (CPU)")
+    p.add_argument("--tiles", action="store_true",
+                   help="4x8x8 against the least-padding tile at Wan 480p / 720p (tile_cases)")
     p.add_argument("--groups", default=",".join(map(str, GROUPS)),
                    help="groups compared with the chosen one at 50 %% and 12.5 %% (e.g. 1,4,8)")
     a = p.parse_args(argv)
@@ -147,6 +209,9 @@ def main(argv=None) -> None:
     from tpu_sweep import Sweep
 
     sw = Sweep(a.out, a.budget_s, a.repeats)
+    if a.small and a.tiles:
+        tile_cases(sw, grids=SMALL_GRIDS, heads=2, head_dim=16, interpret=True, dense=False)
+        return
     if a.small:
         vsa_cases(sw, grid=(3, 6, 6), tile=(2, 2, 2), heads=2, head_dim=16,
                   grad=not a.no_grad, dense=False, interpret=True, groups=groups)
@@ -154,7 +219,15 @@ def main(argv=None) -> None:
     from ditax.tpu_env import raise_scoped_vmem
 
     raise_scoped_vmem()
+    if a.tiles:
+        tile_cases(sw)
+        return
     vsa_cases(sw, grad=not a.no_grad, groups=groups)
+
+
+#: ``--tiles --small``: 12 tiles of 4 x 8 x 8 against 5 least-padding ones (the CPU code path,
+#: interpreted)
+SMALL_GRIDS = ((5, 12, 20),)
 
 
 if __name__ == "__main__":

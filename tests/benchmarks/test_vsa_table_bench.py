@@ -47,3 +47,30 @@ def test_random_picks_are_distinct_tiles():
     p = np.asarray(vsa_table.random_picks(jax.random.PRNGKey(3), 2, 3, 10, 4))
     assert p.shape == (2, 3, 10, 4) and p.min() >= 0 and p.max() < 10
     assert all(len(set(row)) == 4 for row in p.reshape(-1, 4))
+
+
+def test_the_tile_cases_run_at_a_tiny_shape():
+    """``--tiles`` (issue 58 item 1) at ``--small``'s grid: per density, the default 4 x 8 x 8
+    tiles and the least-padding ones (5 x 12 x 20: 3,072 padded tokens against 1,920), each
+    row naming its grid, tile and padding; a topk two densities share runs once."""
+    sw = Rows()
+    vsa_table.tile_cases(sw, grids=vsa_table.SMALL_GRIDS, heads=2, head_dim=16,
+                         interpret=True, dense=False)
+    got = [(tuple(r["tile"]), r["topk"], r["tiles"], r["tokens"], r["padding"]) for r in sw.rows]
+    assert got == [((4, 8, 8), 2, 12, 3072, 1.56), ((4, 8, 8), 3, 12, 3072, 1.56),
+                   ((4, 8, 8), 6, 12, 3072, 1.56), ((8, 12, 4), 1, 5, 1920, 0.6),
+                   ((8, 12, 4), 2, 5, 1920, 0.6)]
+    assert all(r["grid"] == [5, 12, 20] and r["path"] == "fine table" for r in sw.rows)
+    assert [r["flops"] for r in sw.rows][-1] == 4.0 * 2 * 1920 * 2 * 384 * 16
+
+
+def test_the_chip_parts_refuse_off_a_tpu_in_one_line():
+    """``tpu_chip.py --part vsa_tiles`` on CPU: one line naming the part, the platform and the
+    CPU path, before anything runs."""
+    import tpu_chip
+
+    assert tpu_chip.off_chip_refusal(["attention"]) is None
+    why = tpu_chip.off_chip_refusal(["forward", "vsa_tiles"])
+    assert why.startswith("tpu_chip.py --part vsa_tiles times Pallas TPU kernels") and \
+        "platform here is cpu" in why and "vsa_table.py --tiles --small" in why and \
+        "\n" not in why
