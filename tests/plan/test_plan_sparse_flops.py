@@ -74,3 +74,20 @@ def test_vsa_counts_its_top_k_tiles_pooled_pass_and_gate():
     assert rho == vsa_density(168, 256, 21) == 0.125 + 1 / 256 ** 2
     core = m.num_layers * 4 * L * L * D
     assert abs((dense - vsa) - (core * (1 - rho) - m.num_layers * 2 * L * D * D)) < 1e-6 * dense
+
+
+def test_plan_shows_the_tile_and_its_padding(capsys):
+    """``ditax plan`` (no compile) at Wan 1.3B's 480p x 81 (the preset's sample): one line
+    with the tile ``auto`` chose and the tokens padded to whole tiles, the same in ``--json``;
+    the default 4 x 8 x 8 pads by 31%."""
+    over = ["attention.backend=splash", "attention.sparsity=sliding_tile"]
+    assert main(["plan", "wan2.1-t2v-1.3b", "--target", "cpu:1", *over,
+                 "attention.tile=auto"]) == 0
+    lines = [s for s in capsys.readouterr().out.splitlines() if s.startswith("sparsity")]
+    assert lines == ["sparsity sliding_tile: 21x30x52 tokens in 3x32x4 tiles (384 tokens, "
+                     "attention.tile=auto): 34,944 tokens for 32,760 (+6.7% padding), 8.5% of "
+                     "the scores"], lines
+    assert main(["plan", "wan2.1-t2v-1.3b", "--target", "cpu:1", "--json", *over]) == 0
+    s = json.loads(capsys.readouterr().out)["sparsity"]
+    assert (s["tile"], s["tile_auto"], s["padded_tokens"], round(s["padding"], 3)) == (
+        [4, 8, 8], False, 43008, 0.313)

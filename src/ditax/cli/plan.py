@@ -150,6 +150,8 @@ def run(args) -> int:
           f"devices" + (f" ({args.target}, {chip.name})" if chip is not None else ""))
     print(f"parameters: {out['params'] / 1e9:.3f} B, {out['param_bytes_total'] / GIB:.2f} GiB "
           f"total, {out['param_bytes_per_device'] / GIB:.3f} GiB per device")
+    if out.get("sparsity"):
+        print(sparsity_line(out["sparsity"]))
     seen = set()
     for name, shape, spec in out["shardings"]:
         key = (name.split(".")[-1], spec)
@@ -177,6 +179,16 @@ def check_sizes(cfg, latent) -> None:
     else:
         s = cfg.sample
         family.check_size(s.num_frames, s.height, s.width, names="sample")
+
+
+def sparsity_line(s: dict) -> str:
+    """``attention.sparsity``'s layout in one line: the tile (and whether ``auto`` chose it),
+    the tokens padded to whole tiles, the share of scores computed."""
+    x = "x".join
+    return (f"sparsity {s['mode']}: {x(map(str, s['grid']))} tokens in {x(map(str, s['tile']))} "
+            f"tiles ({s['tile_len']} tokens{', attention.tile=auto' if s['tile_auto'] else ''}"
+            f"): {s['padded_tokens']:,} tokens for {s['tokens']:,} (+{100 * s['padding']:.1f}% "
+            f"padding), {100 * s['density']:.1f}% of the scores")
 
 
 def latent_str(latent) -> str:

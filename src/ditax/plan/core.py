@@ -199,6 +199,8 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
            "params": count, "param_bytes_total": total, "param_bytes_per_device": per_dev,
            "shardings": rows, **quant}
     layers = getattr(cfg.model, "num_layers", None)
+    if getattr(cfg.attention, "sparsity", "none") != "none":
+        out["sparsity"] = _sparsity(cfg, family, latent)
     if compile_:
         latent = latent or family.latent_shape(cfg.sample.num_frames, cfg.sample.height,
                                                cfg.sample.width)[1:]
@@ -209,6 +211,21 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
         out["train_step"] = {"latents": shape, **about,
                              **_compiled(lowered, fl, layers, chip, train_hlo_path)}
     return out
+
+
+def _sparsity(cfg, family, latent) -> dict | None:
+    """``attention.sparsity``'s layout of the forward's latent grid (``latent = (F, Y, X)``,
+    default from ``cfg.sample``) in patches: the tile (``auto`` resolved), the padded tokens
+    (:func:`~ditax.attention.sparse.layout.layout_summary`); None for a model without
+    ``patch_size``."""
+    from ditax.attention.sparse.layout import layout_summary
+
+    patch = getattr(cfg.model, "patch_size", None)
+    if patch is None:
+        return None
+    latent = latent or family.latent_shape(cfg.sample.num_frames, cfg.sample.height,
+                                           cfg.sample.width)[1:]
+    return layout_summary(cfg.attention, [n // p for n, p in zip(latent[-3:], patch)])
 
 
 def _quantize(model_cfg, model, devices) -> dict:

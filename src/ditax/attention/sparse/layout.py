@@ -179,6 +179,22 @@ def _layout(sparsity: str, tile: tuple, window: tuple, decay: float,
                         sparsity)
 
 
+def layout_summary(acfg, grid) -> dict | None:
+    """What ``acfg``'s sparsity lays out for ``grid = (F, Y, X)`` tokens (None without one):
+    ``tile`` (``auto`` resolved; ``tile_auto`` says so), ``tokens`` (the grid's) and
+    ``padded_tokens`` (tile-major), ``padding`` (their excess share), ``density`` (of the
+    scores computed) — ``ditax plan``'s ``sparsity`` entry."""
+    layout = sparse_layout(acfg, grid)
+    if layout is None:
+        return None
+    order = layout.order
+    n = int(np.prod(order.grid))
+    return {"mode": layout.sparsity, "grid": list(order.grid), "tile": list(order.tile),
+            "tile_auto": acfg.tile == "auto", "tile_len": order.tile_len, "tokens": n,
+            "padded_tokens": order.length, "padding": order.length / n - 1,
+            "density": attention_density(acfg, grid)}
+
+
 def attention_density(acfg, grid) -> float:
     """The share of the self-attention scores ``acfg``'s sparsity computes on a ``grid = (F, Y,
     X)`` of tokens: its block table's density (1 without a sparsity). What a FLOP count
@@ -202,5 +218,5 @@ def reference_mask(layout: SparseLayout) -> np.ndarray:
     return element_mask(layout.order, layout.table.table)
 
 
-__all__ = ["SparseLayout", "TABLE_MOST", "attention_density", "layout_tile", "sparse_layout",
+__all__ = ["SparseLayout", "TABLE_MOST", "attention_density", "layout_summary", "layout_tile", "sparse_layout",
            "reference_mask"]
