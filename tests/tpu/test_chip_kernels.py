@@ -121,17 +121,21 @@ def test_offloaded_forward_equals_resident_bit_for_bit(chip, rng):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("group", [1, 3, 0])
-def test_vsa_table_kernels_against_the_gather(chip, host, rng, group):
+@pytest.mark.parametrize("group, grid, tile", [(1, (3, 6, 10), (2, 4, 4)),
+                                               (3, (3, 6, 10), (2, 4, 4)),
+                                               (0, (3, 6, 10), (2, 4, 4)),
+                                               (0, (7, 16, 20), (3, 16, 8))])
+def test_vsa_table_kernels_against_the_gather(chip, host, rng, group, grid, tile):
     """VSA's table fine pass (``attention.vsa_fine=table``) compiled on the chip, one, three
     and the chosen number of picked key tiles a grid step (5 picks: the last step padded),
     against the jnp gather on the CPU: a padded grid (12 tiles of 32 tokens, the padding keys
-    masked), bf16, K = 128 (packed), values and q / k / v gradients."""
+    masked), bf16, K = 128 (packed), values and q / k / v gradients; and 9 tiles of 384
+    tokens (3 x 16 x 8, ``attention.tile=auto``'s kind: blocks no power of two)."""
     from ditax.attention.sparse.tiles import TileOrder
     from ditax.attention.sparse.vsa import fine
     from ditax.attention.sparse.vsa_table import fine_table
 
-    order = TileOrder((3, 6, 10), (2, 4, 4))
+    order = TileOrder(grid, tile)
     t, tiles = order.tile_len, int(np.prod(order.tiles))
     q, k, v = _qkv(rng, L=order.length)
     mask = jnp.asarray(order.valid)[None]
@@ -145,5 +149,39 @@ def test_vsa_table_kernels_against_the_gather(chip, host, rng, group):
     def ref(q, k, v, m):
         up = lambda x: bf(x).astype(jnp.float32)   # noqa: E731
         return fine(up(q), up(k), up(v), picks, t, m)
+
+    _check_on_chip(chip, host, kernel, ref, q, k, v, mask)
+
+
+@pytest.mark.parametrize("backend", ["splash", "flash"])
+def test_block_sparse_kernels_with_384_token_tiles(chip, host, rng, backend):
+    """Splash and flash with a sliding-tile block table over 384-token 3 x 16 x 8 tiles (one
+    kernel block each: no power of two; a 7 x 16 x 20 grid padded to 9 x 16 x 24, the padding
+    keys masked), bf16, against dense float32 attention under the table's token mask on the
+    CPU: values and q / k / v gradients."""
+    from ditax.attention.flash import flash_attention
+    from ditax.attention.sparse.masks import BlockTable, element_mask, sliding_tile_blocks
+    from ditax.attention.sparse.tiles import TileOrder
+    from ditax.attention.splash import splash_attention
+
+    order = TileOrder((7, 16, 20), (3, 16, 8))
+    blocks = sliding_tile_blocks(order, (0, 0, 1))
+    table, t = BlockTable.of(order, blocks), order.tile_len
+    q, k, v = _qkv(rng, L=order.length)
+    mask = np.asarray(order.valid)[None]
+    keep = jnp.asarray(element_mask(order, blocks))
+    bf = lambda x: x.astype(jnp.bfloat16)   # noqa: E731
+
+    fn = splash_attention if backend == "splash" else flash_attention
+
+    def kernel(q, k, v, m):
+        return fn(bf(q), bf(k), bf(v), kv_mask=m, block_q=t, block_kv=t, block_table=table,
+                  interpret=chip.platform != "tpu")      # the CPU stand-in: interpreted
+
+    def ref(q, k, v, m):
+        up = lambda x: bf(x).astype(jnp.float32)   # noqa: E731
+        s = jnp.einsum("blnk,btnk->bnlt", up(q), up(k)) * q.shape[-1] ** -0.5
+        s = jnp.where(keep[None, None] & m[:, None, None, :], s, -jnp.inf)
+        return jnp.einsum("bnlt,btnk->blnk", jax.nn.softmax(s, axis=-1), up(v))
 
     _check_on_chip(chip, host, kernel, ref, q, k, v, mask)
