@@ -1,31 +1,39 @@
-"""Deviceless TPU v6e compile of attention forward+backward (issue 11 item 4): ditax's
-``flash`` (Pallas forward + Pallas dq / dk-dv kernels) next to ``blockwise`` (the jnp
-recompute backward flash used before), on one v6e device. Prints one JSON line per case:
-compile time, per-device memory (memory_analysis), relayout copies, Mosaic kernels, FLOPs.
+"""ditax's flash kernel on a TPU, two ways.
 
-  PYTHONPATH=src python benchmarks/flash_tpu.py [--L 8192] [--N 8] [--K 128] [--block 512]
+1. Deviceless TPU v6e compile of attention forward+backward (issue 11 item 4): ditax's
+   ``flash`` (Pallas forward + Pallas dq / dk-dv kernels) next to ``blockwise`` (the jnp
+   recompute backward flash used before), on one v6e device. One JSON line per case: compile
+   time, per-device memory (memory_analysis), relayout copies, Mosaic kernels, FLOPs.
 
-Needs libtpu (``pip install "jax[tpu]==<jax version>"``). Kept out of CI: each compile takes
-seconds to minutes on 2 cores.
+     PYTHONPATH=src python benchmarks/flash_tpu.py [--L 8192] [--N 8] [--K 128] [--block 512]
+
+   Needs libtpu (``pip install "jax[tpu]==<jax version>"``). Kept out of CI: each compile
+   takes seconds to minutes on 2 cores.
+
+2. ``--chip``: on the lent chip (issue 54 item 2), JAX's splash kernel against each block-loop
+   variant of flash's forward (:mod:`ditax.attention.kernels.flash_variant`) at Wan 2.1 1.3B
+   480p's self-attention shape (1 x 32,760 tokens x 12 heads x 128, bf16, the table's
+   tiles), forward, then forward + backward for splash, the plain kernel and the fastest
+   forward variant. Each case compiled and run once, then timed ``--repeats`` times (median);
+   one JSON line per case (``bench``, ``case``, ``metric``, ``value``, ``unit``, ``variant``,
+   ``direction``, ``baseline`` (splash's time), ``ratio``, and the forward's largest
+   difference from the plain kernel's output); ``--budget-s`` stops starting cases once
+   spent. Off a TPU it runs the same cases in interpret mode at a tiny shape (a check that
+   the script works, not a measurement).
+
+     source benchmarks/tpu_setup.sh
+     python benchmarks/flash_tpu.py --chip --out $OUT/flash_variants.jsonl --budget-s 150
 """
 
 import argparse
 import json
 import os
 import re
+import statistics
+import sys
 import time
 
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
-
-from ditax import target_platform  # noqa: E402
-from ditax.attention import attend  # noqa: E402
+import numpy as np
 
 BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
 
@@ -40,13 +48,18 @@ def copies(hlo: str) -> tuple[int, int]:
     return n, b
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--L", type=int, default=8192)
-    ap.add_argument("--N", type=int, default=8)
-    ap.add_argument("--K", type=int, default=128)
-    ap.add_argument("--block", type=int, default=512)
-    a = ap.parse_args()
+def compile_rows(a) -> None:
+    """Mode 1: the deviceless v6e compiles (module docstring)."""
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from ditax import target_platform
+    from ditax.attention import attend
+
     topo = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x4")
     mesh = Mesh(np.array(topo.devices[:1]), ("x",))
     x = jax.ShapeDtypeStruct((1, a.L, a.N, a.K), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
@@ -72,6 +85,130 @@ def main():
             "copy_ops": n, "copy_bytes": b,
             "tpu_custom_calls": hlo.count('custom_call_target="tpu_custom_call"'),
             "flops": ca.get("flops")}), flush=True)
+
+
+#: the forward variants timed by --chip, in order (the expected best first after the plain
+#: kernel: the budget cuts the last ones)
+CHIP_VARIANTS = ("plain", "unroll+lanes+pv_f32", "lanes+pv_f32", "unroll", "pv_f32", "lanes",
+                 "prescale", "all")
+WAN = (1, 32760, 12, 128)          # Wan 2.1 1.3B, 480x832x81: 21 x 30 x 52 tokens
+TINY = (1, 200, 2, 128)            # off a TPU: interpret mode, partial blocks
+
+
+def chip_rows(a) -> None:
+    """Mode 2: splash against flash's forward variants on the chip (module docstring)."""
+    from ditax.tpu_env import raise_scoped_vmem
+
+    raise_scoped_vmem()     # as tpu_chip.py: splash's table tiles need the raised limit
+    import jax
+    import jax.numpy as jnp
+
+    from ditax.attention import attend
+    from ditax.attention.flash import Variant, flash_attention_tuned, flash_tune
+
+    variants = [Variant.parse(v) for v in a.variants.split(",")]   # typos fail here, first
+    on_tpu = jax.default_backend() == "tpu"
+    shape = tuple(int(x) for x in a.shape.split(",")) if a.shape else (WAN if on_tpu else TINY)
+    blocks = {} if on_tpu else dict(block_q=64, block_kv=128, block_kv_compute=64)
+    B, L, N, K = shape
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    q, k, v = (jax.random.normal(x, shape, jnp.bfloat16) for x in keys)
+    bq, bkv, tune = flash_tune(q, k, interpret=not on_tpu, **blocks)
+    fwd_flops = 4.0 * B * N * L * L * K
+    kind = jax.devices()[0].device_kind
+    deadline = time.time() + a.budget_s
+    base = {"bench": "flash_variants", "device_kind": kind, "jax": jax.__version__,
+            "shape": list(shape), "interpret": not on_tpu,
+            "blocks": [bq, bkv, tune.block_kv_compute, tune.block_q_bwd, tune.block_kv_bwd]}
+    splash_s, plain_out = {}, None
+
+    def emit(row):
+        line = json.dumps({**base, **row})
+        print(line, flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(line + "\n")
+
+    def attention(variant):
+        if variant is None:
+            return lambda q, k, v: attend(q, k, v, backend="splash", interpret=not on_tpu)
+        t = tune._replace(variant=variant)
+        return lambda q, k, v: flash_attention_tuned(q, k, v, t, block_q=bq, block_kv=bkv,
+                                                     interpret=not on_tpu)
+
+    def case(variant, direction):
+        name = "splash" if variant is None else f"flash variant={variant.name}"
+        label = f"attention {direction} L={L} N={N} K={K} {name}"
+        row = {"case": label, "variant": None if variant is None else variant.name,
+               "direction": direction}
+        if time.time() > deadline:
+            return emit({**row, "skipped": "budget"})
+        f = attention(variant)
+        if direction == "fwd+bwd":
+            def g(q, k, v, f=f):
+                loss = lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32))  # noqa: E731
+                return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+            fn, flops = g, 3.5 * fwd_flops
+        else:
+            fn, flops = f, fwd_flops
+        try:
+            jf = jax.jit(fn)
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(jf(q, k, v))
+            first = time.perf_counter() - t0
+            times = []
+            for _ in range(a.repeats):
+                t0 = time.perf_counter()
+                jax.block_until_ready(jf(q, k, v))
+                times.append(time.perf_counter() - t0)
+        except Exception as e:        # one failed variant must not end the run
+            return emit({**row, "error": str(e).splitlines()[0][:300]})
+        med = statistics.median(times)
+        row.update(metric="time", value=med, unit="s", runs=times,
+                   compile_plus_first_s=round(first, 2), flops=flops,
+                   tflops=round(flops / med / 1e12, 1), mfu=round(flops / med / 197e12, 3))
+        if variant is None:
+            splash_s[direction] = med
+        elif direction in splash_s:
+            row.update(baseline=splash_s[direction], ratio=round(med / splash_s[direction], 4))
+        if direction == "fwd" and variant is not None:
+            nonlocal plain_out
+            o = np.asarray(out.astype(jnp.float32))
+            if variant == Variant():
+                plain_out = o
+            elif plain_out is not None:
+                row["max_abs_diff_vs_plain"] = float(np.max(np.abs(o - plain_out)))
+        emit(row)
+        return row
+
+    case(None, "fwd")
+    fwd = [case(vt, "fwd") for vt in variants]
+    timed = [r for r in fwd if r and "value" in r and r["variant"] != "plain"]
+    best = min(timed, key=lambda r: r["value"]) if timed else None
+    case(None, "fwd+bwd")
+    case(Variant(), "fwd+bwd")
+    if best is not None:
+        case(Variant.parse(best["variant"]), "fwd+bwd")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--L", type=int, default=8192)
+    ap.add_argument("--N", type=int, default=8)
+    ap.add_argument("--K", type=int, default=128)
+    ap.add_argument("--block", type=int, default=512)
+    ap.add_argument("--chip", action="store_true",
+                    help="time splash against flash's forward variants on this machine's chip")
+    ap.add_argument("--variants", default=",".join(CHIP_VARIANTS),
+                    help="--chip: the flash variants, comma-separated (flags joined by +)")
+    ap.add_argument("--shape", default=None, help="--chip: B,L,N,K (default: Wan 1.3B 480p's "
+                                                  "on a TPU, a tiny one in interpret mode)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--budget-s", type=float, default=150)
+    ap.add_argument("--out", default=None, help="--chip: also append the rows to this file")
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    chip_rows(a) if a.chip else compile_rows(a)
 
 
 if __name__ == "__main__":

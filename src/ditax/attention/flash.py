@@ -46,7 +46,8 @@ import jax.numpy as jnp
 from ditax.attention.blocks import SUBLANE, check_shard_major, effective_block, round_up
 from ditax.attention.kernels.flash_bwd import flash_core_bwd
 from ditax.attention.kernels.flash_fwd import Tune, flash_forward_shard_major
-from ditax.attention.kernels.flash_packed import flash_forward_packed, packable
+from ditax.attention.kernels.flash_variant import Variant
+from ditax.attention.kernels.flash_packed import packable, packed_core
 from ditax.attention.options import FlashOptions
 from ditax.attention.registry import BACKENDS
 from ditax.errors import AttentionUnavailable
@@ -84,60 +85,6 @@ def _core_fwd(q, k, v, keep, o_prev, lse_prev, scale, block_q, block_kv, interpr
 
 
 _flash_core.defvjp(_core_fwd, flash_core_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
-def _packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret,
-                 tune):
-    return flash_forward_packed(q, k, v, keep, o_prev, lse_prev, heads=heads, scale=scale,
-                                block_q=block_q, block_kv=block_kv, interpret=interpret,
-                                tune=tune)
-
-
-def _packed_fwd(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret,
-                tune):
-    o, lse = _packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv,
-                          interpret, tune)
-    return (o, lse), (q, k, v, keep, o_prev, lse_prev, o, lse)
-
-
-def _packed_bwd(heads, scale, block_q, block_kv, interpret, tune, res, cts):
-    """The backward of the packed forward through the shard-major backward kernels
-    (:func:`flash_core_bwd`): every shard padded to whole blocks and made head-major (zero
-    rows; lse rows past a shard's ``Lc`` set to -inf so they contribute exact zeros, as the
-    zero-padded rows of the head-major forward do), gradients sliced back."""
-    q, k, v, keep, o_prev, lse_prev, o, lse = res
-    do, dlse = cts
-    U, B, Lc, D = q.shape
-    Uk, Lkc, K = k.shape[0], k.shape[2], D // heads
-    Lq_p, Lk_p = lse.shape[3] * block_q, keep.shape[1] // Uk
-    valid = (jnp.arange(Lq_p) < Lc)[None, None, None, :]
-
-    def to5(x, n):      # [U, B, l, N*K] -> [U, B, N, n, K]
-        x = jnp.pad(x, ((0, 0), (0, 0), (0, n - x.shape[2]), (0, 0)))
-        return jnp.transpose(x.reshape(x.shape[:3] + (heads, K)), (0, 1, 3, 2, 4))
-
-    def from5(x, n):    # [U, B, N, n', K] -> [U, B, n, N*K]
-        x = jnp.transpose(x, (0, 1, 3, 2, 4))[:, :, :n]
-        return x.reshape(x.shape[:3] + (D,))
-
-    def rows5(x, fill):
-        return jnp.where(valid, x.reshape(U, B, heads, Lq_p), fill)[..., None]
-
-    prev = (None, None)
-    if o_prev is not None:
-        prev = (to5(o_prev, Lq_p), rows5(lse_prev, -jnp.inf))
-    res5 = (to5(q, Lq_p), to5(k, Lk_p), to5(v, Lk_p), keep.reshape(B, Uk, Lk_p), *prev,
-            to5(o, Lq_p), rows5(lse, -jnp.inf))
-    tune = tune._replace(masked=tune.masked or Lk_p != Lkc)   # zero-padded keys: masked
-    dq, dk, dv, _, d_op, d_lp = flash_core_bwd(scale, block_q, block_kv, interpret, tune, res5,
-                                               (to5(do, Lq_p), rows5(dlse, 0.0)))
-    if o_prev is not None:
-        d_op, d_lp = from5(d_op, Lc), d_lp[..., 0].reshape(lse_prev.shape)
-    return from5(dq, Lc), from5(dk, Lkc), from5(dv, Lkc), None, d_op, d_lp
-
-
-_packed_core.defvjp(_packed_fwd, _packed_bwd)
 
 
 # ---------------------------------------------------------------- public API
@@ -305,15 +252,44 @@ def flash_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None = 
     """
     interpret = default_interpret() if interpret is None else bool(interpret)
     check_platform(interpret)
-    t = (2, 3) if head_major else (1, 3)
-    Lq, Lk, K = q.shape[t[0]], k.shape[t[0]], q.shape[3]
+    bq, bkv, tune = flash_tune(q, k, block_q=block_q, block_kv=block_kv,
+                               block_kv_compute=block_kv_compute, block_q_bwd=block_q_bwd,
+                               block_kv_bwd=block_kv_bwd, interpret=interpret,
+                               head_major=head_major)
+    return flash_attention_tuned(q, k, v, tune._replace(table=block_table), block_q=bq,
+                                 block_kv=bkv, kv_mask=kv_mask, scale=scale,
+                                 return_lse=return_lse, o_prev=o_prev, lse_prev=lse_prev,
+                                 interpret=interpret, head_major=head_major)
+
+
+def flash_tune(q, k, *, block_q=None, block_kv=None, block_kv_compute=None, block_q_bwd=None,
+               block_kv_bwd=None, interpret: bool = False, head_major: bool = False
+               ) -> tuple[int, int, Tune]:
+    """``(block_q, block_kv, tune)`` of a :func:`flash_attention` call on q / k (same
+    arguments): the forward blocks (:func:`_blocks`) and the kernels' :class:`Tune`
+    (:func:`tuned`), to pass to :func:`flash_attention_tuned`, e.g. with another
+    ``tune.variant``."""
+    t = 2 if head_major else 1
+    Lq, Lk, K = q.shape[t], k.shape[t], q.shape[3]
     bq, bkv = _blocks(block_q, block_kv, Lq, Lk, interpret)
     tune = tuned(bq, bkv, K, q.dtype, interpret, None, block_kv_compute and min(
-        block_kv_compute, bkv), block_q_bwd, block_kv_bwd)._replace(table=block_table)
+        block_kv_compute, bkv), block_q_bwd, block_kv_bwd)
+    return bq, bkv, tune
+
+
+def flash_attention_tuned(q, k, v, tune: Tune, *, block_q: int, block_kv: int, kv_mask=None,
+                          scale=None, return_lse: bool = False, o_prev=None, lse_prev=None,
+                          interpret: bool = False, head_major: bool = False):
+    """:func:`flash_attention` with its blocks and the kernels' ``tune`` resolved
+    (:func:`flash_tune`): ``tune.table`` is the block table, ``tune.variant`` the forward's
+    block-loop variant (:mod:`.kernels.flash_variant`: benchmarks and tests pick one; not a
+    config option). Same arguments and result otherwise; ``interpret`` resolved (a bool)."""
+    bq, bkv, block_table = block_q, block_kv, tune.table
     if head_major:
         return _flash_head_major(q, k, v, kv_mask, scale, bq, bkv, return_lse,
                                  o_prev, lse_prev, interpret, tune)
     B, Lq, N, K = q.shape
+    Lk = k.shape[1]
     Lq_p, Lk_p = round_up(Lq, bq), round_up(Lk, bkv)
     if packable(N, K) and block_table is None:
         return _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev,
@@ -380,7 +356,7 @@ def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev
         lp = jnp.pad(lse_prev.astype(jnp.float32), ((0, 0), (0, 0), (0, nq * bq - Lq)),
                      constant_values=-jnp.inf)
         prev = (o_prev.reshape(1, B, Lq, N * K), lp.reshape(1, B, N, nq, 1, bq))
-    o, lse = _packed_core(q.reshape(1, B, Lq, N * K), k.reshape(1, B, Lk, N * K),
+    o, lse = packed_core(q.reshape(1, B, Lq, N * K), k.reshape(1, B, Lk, N * K),
                           v.reshape(1, B, Lk, N * K), keep, *prev, N, scale, bq, bkv,
                           bool(interpret), tune)
     o = o.reshape(B, Lq, N, K)
@@ -389,5 +365,6 @@ def _flash_packed(q, k, v, kv_mask, scale, bq, bkv, return_lse, o_prev, lse_prev
     return o
 
 
-__all__ = ["flash_attention", "flash_attention_shard_major", "packable", "effective_block",
+__all__ = ["flash_attention", "flash_attention_shard_major", "flash_tune",
+           "flash_attention_tuned", "Variant", "packable", "effective_block",
            "check_shard_major_supported", "default_interpret", "check_platform"]

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from ditax.attention.kernels.flash_sparse import block_lists, live, pallas_call, when
+from ditax.attention.kernels.flash_variant import PLAIN, Variant
 from ditax.attention.kernels.mosaic import (
     NT,
     as_column,
@@ -56,7 +57,7 @@ NEG_INF = float("-inf")
 
 def _kernel(*refs, scale: float, has_prev: bool, mask: str = "none", partial: bool = False,
             nkv: int = 1, block_kv_compute: int | None = None, sparse: bool = False,
-            width: int = 1):
+            width: int = 1, variant: Variant = PLAIN):
     """One (query block, key block) tile of the online softmax; grid axis 3 walks the keys.
 
     The running max ``m``, denominator ``l`` and accumulator ``acc`` live in VMEM scratch
@@ -74,8 +75,13 @@ def _kernel(*refs, scale: float, has_prev: bool, mask: str = "none", partial: bo
     exact zeros, as zero padding did.
     ``sparse``: the block lists come first in ``refs`` and grid axis 3 walks their ``width``
     positions, computing on the live ones only (:mod:`.flash_sparse`).
+    ``variant``: the block loop's variant (:mod:`.flash_variant`; with ``prescale`` a VMEM
+    copy of the scaled q block follows the scratch).
     """
     refs, kv_block, alive = live(refs, sparse, width)
+    qs_sc = None
+    if variant.prescale:
+        *refs, qs_sc = refs
     if has_prev:
         (q_ref, k_ref, v_ref, keep_ref, o_prev_ref, lse_prev_ref, o_ref, lse_ref,
          m_sc, l_sc, acc_sc) = refs
@@ -83,18 +89,22 @@ def _kernel(*refs, scale: float, has_prev: bool, mask: str = "none", partial: bo
         q_ref, k_ref, v_ref, keep_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
     j = pl.program_id(3)
     last = pl.num_programs(3) - 1
+    units = variant.units(scale)                    # score units -> natural log
 
     @pl.when(j == 0)
     def _init():
         if has_prev:
-            online_softmax_start(m_sc, l_sc, acc_sc, scale, as_column(lse_prev_ref),
+            online_softmax_start(m_sc, l_sc, acc_sc, units, as_column(lse_prev_ref),
                                  o_prev_ref[...])
         else:
             online_softmax_start(m_sc, l_sc, acc_sc)
+        if qs_sc is not None:                       # q in log2 units, once per query block
+            qs_sc[...] = (q_ref[...].astype(jnp.float32)
+                          * variant.q_factor(scale)).astype(qs_sc.dtype)
 
     bkv = k_ref.shape[0]
     bc = bkv if block_kv_compute is None else block_kv_compute
-    q = q_ref[...]                                   # [bq, K]
+    q = q_ref[...] if qs_sc is None else qs_sc[...]  # [bq, K]
 
     def tiles(masked: bool):
         def sub(c, carry):
@@ -106,19 +116,20 @@ def _kernel(*refs, scale: float, has_prev: bool, mask: str = "none", partial: bo
                 if partial:
                     v = jnp.where(jnp.expand_dims(keep[0], -1) != 0, v, jnp.zeros_like(v))
                 s = jnp.where(keep != 0, s, NEG_INF)
-            online_softmax_step(s, v, m_sc, l_sc, acc_sc, scale)
+            online_softmax_step(s, v, m_sc, l_sc, acc_sc, units, log2=variant.prescale,
+                                pv_f32=variant.pv_f32)
             return carry
 
         if bkv == bc:
             sub(0, 0)
-        else:                                        # a loop, not unrolled: compile time
-            jax.lax.fori_loop(0, bkv // bc, sub, 0)
+        else:                 # plain: a loop, not unrolled (compile time); variant: unrolled
+            jax.lax.fori_loop(0, bkv // bc, sub, 0, unroll=variant.unroll)
 
     when(alive, lambda: by_mask(tiles, mask, kv_block, nkv))
 
     @pl.when(j == last)
     def _finish():
-        online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc, scale)
+        online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc, units)
 
 
 def by_mask(tile, mask: str, j, nkv: int) -> None:
@@ -161,7 +172,8 @@ class Tune(NamedTuple):
     kernels' scoped-VMEM limit in bytes (None: the compiler's default, 16 MiB on v5e);
     ``block_q_bwd`` / ``block_kv_bwd``: the backward's tiles; ``table``: a
     :class:`~ditax.attention.sparse.masks.BlockTable` whose dead blocks the kernels skip
-    (:mod:`.flash_sparse`; one shard, no previous partial), None: dense."""
+    (:mod:`.flash_sparse`; one shard, no previous partial), None: dense; ``variant``: the
+    forward's block-loop variant (:mod:`.flash_variant`; default: the plain kernel)."""
 
     masked: bool = True
     block_kv_compute: Optional[int] = None
@@ -169,6 +181,7 @@ class Tune(NamedTuple):
     block_q_bwd: Optional[int] = None    # the backward kernels' tiles (None: the forward's;
     block_kv_bwd: Optional[int] = None   # they must divide them)
     table: Any = None
+    variant: Variant = PLAIN
 
 
 def compiler_params(tune: Tune, semantics=("parallel", "parallel", "parallel", "arbitrary")):
@@ -228,7 +241,8 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
                                mask=mask_kind(tune.masked, partial), partial=partial,
                                nkv=nkv, block_kv_compute=compute_block(
                                    block_kv, tune.block_kv_compute),
-                               sparse=lists is not None, width=lists[2] if lists else 1)
+                               sparse=lists is not None, width=lists[2] if lists else 1,
+                               variant=tune.variant)
     in_specs = [q_spec, kv_spec, kv_spec, keep_spec] + ([q_spec, lse_spec] if has_prev else [])
     keep = pad_rows(kv_keep, nkv * block_kv, 0).reshape(B, Uk * nkv, 1, block_kv)
     rows = (U, B, N, nq, 1, block_q)
@@ -301,9 +315,10 @@ def run_forward(kernel, grid, in_specs, q_spec, lse_spec, args, out, rows, block
         in_specs=in_specs,
         out_specs=[q_spec, lse_spec],
         out_shape=[out, jax.ShapeDtypeStruct(rows, jnp.float32)],
-        scratch_shapes=[pltpu.VMEM((block_q, 1), jnp.float32),
-                        pltpu.VMEM((block_q, 1), jnp.float32),
-                        pltpu.VMEM((block_q, K), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_q, tune.variant.stat_width()), jnp.float32),
+                        pltpu.VMEM((block_q, tune.variant.stat_width()), jnp.float32),
+                        pltpu.VMEM((block_q, K), jnp.float32)]
+        + ([pltpu.VMEM((block_q, K), args[0].dtype)] if tune.variant.prescale else []),
         compiler_params=compiler_params(tune),
         interpret=interpret,
         name=name,

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ditax.attention.kernels.flash_bwd import flash_core_bwd
 from ditax.attention.kernels.flash_fwd import Tune, _kernel, compute_block, mask_kind, run_forward
 from ditax.intmath import ceil_div
 
@@ -84,9 +85,64 @@ def flash_forward_packed(q, k, v, keep, o_prev=None, lse_prev=None, *, heads: in
     partial = Lkc % block_kv != 0
     kernel = functools.partial(_kernel, scale=float(scale), has_prev=has_prev,
                                mask=mask_kind(tune.masked, partial), partial=partial, nkv=nkv,
-                               block_kv_compute=compute_block(block_kv, tune.block_kv_compute))
+                               block_kv_compute=compute_block(block_kv, tune.block_kv_compute),
+                               variant=tune.variant)
     o, lse = run_forward(kernel, (B, heads, U * nq, Uk * nkv), in_specs, q_spec, lse_spec, args,
                          jax.ShapeDtypeStruct(q.shape, o_prev.dtype if has_prev else q.dtype),
                          rows, block_q, K, interpret=interpret, name="ditax_flash_fwd_packed",
                          tune=tune)
     return o, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
+def packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret,
+                tune):
+    return flash_forward_packed(q, k, v, keep, o_prev, lse_prev, heads=heads, scale=scale,
+                                block_q=block_q, block_kv=block_kv, interpret=interpret,
+                                tune=tune)
+
+
+def _packed_fwd(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv, interpret,
+                tune):
+    o, lse = packed_core(q, k, v, keep, o_prev, lse_prev, heads, scale, block_q, block_kv,
+                          interpret, tune)
+    return (o, lse), (q, k, v, keep, o_prev, lse_prev, o, lse)
+
+
+def _packed_bwd(heads, scale, block_q, block_kv, interpret, tune, res, cts):
+    """The backward of the packed forward through the shard-major backward kernels
+    (:func:`flash_core_bwd`): every shard padded to whole blocks and made head-major (zero
+    rows; lse rows past a shard's ``Lc`` set to -inf so they contribute exact zeros, as the
+    zero-padded rows of the head-major forward do), gradients sliced back."""
+    q, k, v, keep, o_prev, lse_prev, o, lse = res
+    do, dlse = cts
+    U, B, Lc, D = q.shape
+    Uk, Lkc, K = k.shape[0], k.shape[2], D // heads
+    Lq_p, Lk_p = lse.shape[3] * block_q, keep.shape[1] // Uk
+    valid = (jnp.arange(Lq_p) < Lc)[None, None, None, :]
+
+    def to5(x, n):      # [U, B, l, N*K] -> [U, B, N, n, K]
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, n - x.shape[2]), (0, 0)))
+        return jnp.transpose(x.reshape(x.shape[:3] + (heads, K)), (0, 1, 3, 2, 4))
+
+    def from5(x, n):    # [U, B, N, n', K] -> [U, B, n, N*K]
+        x = jnp.transpose(x, (0, 1, 3, 2, 4))[:, :, :n]
+        return x.reshape(x.shape[:3] + (D,))
+
+    def rows5(x, fill):
+        return jnp.where(valid, x.reshape(U, B, heads, Lq_p), fill)[..., None]
+
+    prev = (None, None)
+    if o_prev is not None:
+        prev = (to5(o_prev, Lq_p), rows5(lse_prev, -jnp.inf))
+    res5 = (to5(q, Lq_p), to5(k, Lk_p), to5(v, Lk_p), keep.reshape(B, Uk, Lk_p), *prev,
+            to5(o, Lq_p), rows5(lse, -jnp.inf))
+    tune = tune._replace(masked=tune.masked or Lk_p != Lkc)   # zero-padded keys: masked
+    dq, dk, dv, _, d_op, d_lp = flash_core_bwd(scale, block_q, block_kv, interpret, tune, res5,
+                                               (to5(do, Lq_p), rows5(dlse, 0.0)))
+    if o_prev is not None:
+        d_op, d_lp = from5(d_op, Lc), d_lp[..., 0].reshape(lse_prev.shape)
+    return from5(dq, Lc), from5(dk, Lkc), from5(dv, Lkc), None, d_op, d_lp
+
+
+packed_core.defvjp(_packed_fwd, _packed_bwd)

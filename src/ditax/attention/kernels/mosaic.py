@@ -52,9 +52,11 @@ def as_column(row_ref):
 
 NEG_INF = float("-inf")
 LOG2E = 1.4426950408889634   # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = 0.6931471805599453     # ln(2) = 1 / log2(e): log2 units back to natural ones
 
 
-def online_softmax_step(s, v, m_sc, l_sc, acc_sc, scale: float = 1.0) -> None:
+def online_softmax_step(s, v, m_sc, l_sc, acc_sc, scale: float = 1.0, *, log2: bool = False,
+                        pv_f32: bool = False) -> None:
     """Fold one tile of float32 *unscaled* scores ``s [bq, bkv]`` (masked keys -inf) and
     values ``v [bkv, K]`` into the running max / sum / accumulator scratch (``P`` cast to v's
     dtype for the MXU).
@@ -62,26 +64,50 @@ def online_softmax_step(s, v, m_sc, l_sc, acc_sc, scale: float = 1.0) -> None:
     The softmax scale is folded into the exponent: the running max ``m`` is kept in score
     units and ``P = exp2((s - m) · scale·log2 e)``, one multiply per score where
     ``exp(s·scale - m')`` takes two (the explicit scale, and the exp's own change of base);
-    on a TPU the per-score vector work, not the MXU, bounds this kernel (v5e: K = 128)."""
-    online_softmax_steps([s], [v], m_sc, l_sc, acc_sc, scale)
+    on a TPU the per-score vector work, not the MXU, bounds this kernel (v5e: K = 128).
+    ``log2``: the scores are in log2 units already (q was multiplied by ``scale·log2 e``),
+    so ``P = exp2(s - m)`` with no multiply; ``pv_f32``: ``P`` enters the ``P v`` product as
+    float32 (v promoted) at the MXU's default precision instead of cast to v's dtype.
+    ``m_sc`` / ``l_sc`` are ``[bq, 1]`` columns or lane-replicated ``[bq, 128]`` tiles
+    (:func:`widen`)."""
+    online_softmax_steps([s], [v], m_sc, l_sc, acc_sc, scale, log2=log2, pv_f32=pv_f32)
 
 
-def online_softmax_steps(ss, vs, m_sc, l_sc, acc_sc, scale: float = 1.0) -> None:
+def widen(x, n: int):
+    """A per-row statistic ``x [b, w]`` (a ``[b, 1]`` column, or the same value in each of
+    ``w`` lanes) as ``[b, n]``: ``x`` itself when it broadcasts (``w`` 1 or ``n``), else its
+    lanes tiled (``n`` a multiple of ``w``), cut (``n < w``) or its first lane."""
+    w = x.shape[1]
+    if w in (1, n):
+        return x
+    if n % w == 0:
+        return jnp.tile(x, (1, n // w))
+    return x[:, :n] if n < w else x[:, :1]
+
+
+def online_softmax_steps(ss, vs, m_sc, l_sc, acc_sc, scale: float = 1.0, *, log2: bool = False,
+                         pv_f32: bool = False) -> None:
     """:func:`online_softmax_step` over several key tiles at once (scores ``ss[g]``, values
     ``vs[g]``): one running max over all of them, one rescale of ``l`` and ``acc``, then each
     tile's ``P`` and ``P v`` added in order (one tile: the same operations)."""
-    c = scale * LOG2E
+    c = 1.0 if log2 else scale * LOG2E
     m = m_sc[...]
     m_new = m
     for s in ss:
         m_new = jnp.maximum(m_new, jnp.max(s, axis=1, keepdims=True))
     m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-    alpha = jnp.exp2((m - m_safe) * c)
-    l, acc = alpha * l_sc[...], alpha * acc_sc[...]
+    alpha = jnp.exp2(m - m_safe) if log2 else jnp.exp2((m - m_safe) * c)
+    l, acc = alpha * l_sc[...], widen(alpha, acc_sc.shape[1]) * acc_sc[...]
     for s, v in zip(ss, vs):
-        p = jnp.exp2((s - m_safe) * c)
+        d = s - widen(m_safe, s.shape[1])
+        p = jnp.exp2(d) if log2 else jnp.exp2(d * c)
         l = l + jnp.sum(p, axis=1, keepdims=True)
-        acc = acc + mxu_dot(p.astype(v.dtype), v, NN)
+        if pv_f32:
+            acc = acc + jax.lax.dot_general(p, v.astype(jnp.float32), NN,
+                                            precision=jax.lax.Precision.DEFAULT,
+                                            preferred_element_type=jnp.float32)
+        else:
+            acc = acc + mxu_dot(p.astype(v.dtype), v, NN)
     l_sc[...], acc_sc[...] = l, acc
     m_sc[...] = m_new
 
@@ -98,15 +124,16 @@ def online_softmax_start(m_sc, l_sc, acc_sc, scale: float = 1.0, lse_prev=None,
         acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
         return
     seen = lse_prev > NEG_INF
-    m_sc[...] = jnp.where(seen, lse_prev / scale, NEG_INF)
-    l_sc[...] = jnp.where(seen, 1.0, 0.0)
+    m_sc[...] = jnp.broadcast_to(jnp.where(seen, lse_prev / scale, NEG_INF), m_sc.shape)
+    l_sc[...] = jnp.broadcast_to(jnp.where(seen, 1.0, 0.0), l_sc.shape)
     acc_sc[...] = jnp.where(seen, o_prev.astype(jnp.float32), 0.0)
 
 
 def online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc, scale: float = 1.0) -> None:
     """Write the normalised output and the log-sum-exp lane row of the scaled scores
-    (``m·scale + log l``; rows with every key masked: zeros and -inf)."""
-    m, l = m_sc[...], l_sc[...]
+    (``m·scale + log l``; rows with every key masked: zeros and -inf). Lane-replicated
+    statistics give their first lane."""
+    m, l = m_sc[...][:, :1], l_sc[...][:, :1]
     empty = l == 0.0                             # every key of this row masked
     o_ref[...] = (acc_sc[...] / jnp.where(empty, 1.0, l)).astype(o_ref.dtype)
     m_safe = jnp.where(m == NEG_INF, 0.0, m)
