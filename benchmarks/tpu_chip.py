@@ -261,12 +261,14 @@ def main() -> None:
     if a.table:
         print(table(a.table), end="")
         return
+    from ditax.tpu_env import raise_scoped_vmem
+
+    # before anything starts JAX's backend (off_chip_refusal asks for its devices): the flag
+    # is read once, when the TPU backend starts, and the large attention tiles need it
+    raise_scoped_vmem()
     off_chip = off_chip_refusal(a.part)
     if off_chip:
         raise SystemExit(off_chip)
-    from ditax.tpu_env import raise_scoped_vmem
-
-    raise_scoped_vmem()      # as every ditax command does: the large attention tiles need it
     run(a.part, a.out, a.budget_s, a.repeats)
 
 

@@ -5,11 +5,13 @@ densities), and its random picks are distinct key tiles per query tile."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 
 import jax
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
 import vsa_table  # noqa: E402
@@ -74,3 +76,21 @@ def test_the_chip_parts_refuse_off_a_tpu_in_one_line():
     assert why.startswith("tpu_chip.py --part vsa_tiles times Pallas TPU kernels") and \
         "platform here is cpu" in why and "vsa_table.py --tiles --small" in why and \
         "\n" not in why
+
+
+def test_the_scoped_vmem_limit_is_raised_before_the_backend_starts(monkeypatch):
+    """Session 60 on the chip: the off-TPU check started JAX's backend before
+    ``raise_scoped_vmem`` ran, so splash at Wan's tiles failed to compile (scoped VMEM). The
+    flag must be in ``LIBTPU_INIT_ARGS`` by the time ``off_chip_refusal`` asks for devices."""
+    import tpu_chip
+
+    from ditax.tpu_env import FLAG
+
+    seen = []
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "")
+    monkeypatch.setattr(tpu_chip, "off_chip_refusal",
+                        lambda parts: seen.append(os.environ["LIBTPU_INIT_ARGS"]) or "stop")
+    monkeypatch.setattr(sys, "argv", ["tpu_chip.py", "--part", "vsa"])
+    with pytest.raises(SystemExit):
+        tpu_chip.main()
+    assert seen and FLAG in seen[0]
