@@ -21,8 +21,10 @@ device's peak counts), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 an
 FLUX.1-dev int8 resident: issue 55's out-of-memory rows), ``vsa`` (VSA's table fine pass
 against dense splash at densities 50 / 25 / 12.5 %, ``benchmarks/vsa_table.py``),
 ``vsa_tiles`` (issue 58 item 1: the table fine pass in 4 x 8 x 8 tiles against the tile that
-pads Wan's 480p / 720p grids least, 12.5 / 25 / 50 %; ``vsa_table.py --tiles``). ``vsa`` and
-``vsa_tiles`` refuse in one line off a TPU (their kernels interpreted would take hours).
+pads Wan's 480p / 720p grids least, 12.5 / 25 / 50 %; ``vsa_table.py --tiles``),
+``sparse_forward`` (Wan 1.3B's whole forward at 720p and 480p, dense splash against VSA at
+~12.5 % in the auto tile). ``vsa``, ``vsa_tiles`` and ``sparse_forward`` refuse in one line off
+a TPU (their kernels interpreted would take hours).
 
 ``peak_hbm_bytes`` is the device's peak in two parts, both recorded: ``peak_bytes_in_use``
 (buffers: arguments, outputs, generated code) + ``peak_bytes_reserved`` (the loaded
@@ -138,10 +140,24 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
             from vsa_table import vsa_cases
 
             vsa_cases(sw)
+        elif part == "sparse_forward":   # issue 58 item 5: the whole forward, dense vs VSA
+            for res, lat, topk in (("720x1280", (21, 90, 160), 26), ("480x832", (21, 60, 104), 11)):
+                for tag, extra in sparse_forward_settings(topk):
+                    model_case(sw, wan, bf + extra, lat, f"Wan 2.1 1.3B forward {res}x81 {tag}",
+                               flops_shape=(16,) + lat)
         elif part == "vsa_tiles":   # issue 58 item 1: 4x8x8 against the least-padding tile
             from vsa_table import tile_cases
 
             tile_cases(sw)
+
+
+def sparse_forward_settings(topk: int):
+    """Dense splash against VSA (auto tile, the pick table's fine pass, ``topk`` of the auto
+    tiles: 26 of 210 at 720p, 11 of 91 at 480p, ~12.5 %): the rows' settings."""
+    return (("splash", ["attention.backend=splash"]),
+            (f"vsa topk={topk} tile=auto table", [
+                "attention.backend=flash", "attention.sparsity=vsa", "attention.tile=auto",
+                f"attention.topk={topk}", "attention.vsa_fine=table"]))
 
 
 #: flash's forward tiles tried at Wan's shape (the table's row first: (2048, 4096, 1024))
@@ -252,7 +268,7 @@ def main() -> None:
     p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
                    choices=["forward", "wan480", "attention", "int8", "int8_flux2", "int8_gemm",
                             "vae", "vae_old", "big", "memprobe", "flash_tiles", "vsa",
-                            "vsa_tiles"])
+                            "vsa_tiles", "sparse_forward"])
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
     p.add_argument("--repeats", type=int, default=4)
@@ -274,7 +290,8 @@ def main() -> None:
 
 #: parts whose Pallas kernels, interpreted off a TPU at Wan's sizes, would run for hours
 CHIP_ONLY = {"vsa": "python benchmarks/vsa_table.py --small",
-             "vsa_tiles": "python benchmarks/vsa_table.py --tiles --small"}
+             "vsa_tiles": "python benchmarks/vsa_table.py --tiles --small",
+             "sparse_forward": "pytest tests/models/wan/test_sparse_attention.py"}
 
 
 def off_chip_refusal(parts) -> str | None:
