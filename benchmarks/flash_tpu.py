@@ -23,6 +23,13 @@
 
      source benchmarks/tpu_setup.sh
      python benchmarks/flash_tpu.py --chip --out $OUT/flash_variants.jsonl --budget-s 150
+
+3. ``--llo``: no chip, a static schedule: each of those forward kernels compiled by libtpu for
+   a v5e (deviceless) with its final VLIW bundles dumped; one JSON line per kernel with the
+   bundles of a grid step (a Mosaic kernel has no cycle estimate in XLA's cost analysis; its
+   static schedule is the nearest thing, stalls excluded). ~1-5 min on 2 cores.
+
+     PYTHONPATH=src python benchmarks/flash_tpu.py --llo [--variants plain,unroll]
 """
 
 import argparse
@@ -87,10 +94,11 @@ def compile_rows(a) -> None:
             "flops": ca.get("flops")}), flush=True)
 
 
-#: the forward variants timed by --chip, in order (the expected best first after the plain
-#: kernel: the budget cuts the last ones)
-CHIP_VARIANTS = ("plain", "unroll+lanes+pv_f32", "lanes+pv_f32", "unroll", "pv_f32", "lanes",
-                 "prescale", "all")
+#: the forward variants timed by --chip and --llo, in order: after the plain kernel the
+#: shortest static schedules first (--llo, docs/tpu_v5e.md "Flash kernel vs splash"), as the
+#: budget cuts the last ones
+CHIP_VARIANTS = ("plain", "all", "unroll+lanes+pv_f32", "unroll+lanes+prescale", "unroll",
+                 "pv_f32", "prescale", "lanes", "lanes+pv_f32")
 WAN = (1, 32760, 12, 128)          # Wan 2.1 1.3B, 480x832x81: 21 x 30 x 52 tokens
 TINY = (1, 200, 2, 128)            # off a TPU: interpret mode, partial blocks
 
@@ -106,7 +114,10 @@ def chip_rows(a) -> None:
     from ditax.attention import attend
     from ditax.attention.flash import Variant, flash_attention_tuned, flash_tune
 
-    variants = [Variant.parse(v) for v in a.variants.split(",")]   # typos fail here, first
+    try:                                    # a typo fails here, in one line, before a compile
+        variants = [Variant.parse(v) for v in a.variants.split(",")]
+    except ValueError as e:
+        raise SystemExit(f"flash_tpu.py --variants: {e}") from None
     on_tpu = jax.default_backend() == "tpu"
     shape = tuple(int(x) for x in a.shape.split(",")) if a.shape else (WAN if on_tpu else TINY)
     blocks = {} if on_tpu else dict(block_q=64, block_kv=128, block_kv_compute=64)
@@ -191,7 +202,94 @@ def chip_rows(a) -> None:
         case(Variant.parse(best["variant"]), "fwd+bwd")
 
 
-def main():
+def llo_rows(a) -> None:
+    """Mode 3 (``--llo``): the static schedule of each forward kernel — splash's and each flash
+    variant's — as libtpu compiles it for a v5e without one: the kernel's final VLIW bundles
+    (``--xla_jf_dump_to``, one child process a kernel: the flag is read when the TPU backend
+    starts), its inner loops' bundles, and a grid step's bundles (the straight-line code plus
+    each inner loop times its trips; at a length of whole key blocks there is one path, so
+    this is a step's static length, init / finish regions included). Static: stalls (DMA
+    waits, interlocks) are not in it; the chip measures those (``--chip``)."""
+    import subprocess
+    import tempfile
+
+    shape = a.shape or "1,32768,12,128"
+    for name in ["splash"] + a.variants.split(","):
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, LIBTPU_INIT_ARGS=(
+                f"--xla_tpu_scoped_vmem_limit_kib=98304 --xla_jf_dump_to={d} "
+                f"--xla_jf_dump_llo_text=true --xla_jf_dump_llo_pass_label_regex=final_bundles"))
+            t = time.perf_counter()
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--llo-one", name,
+                                "--shape", shape], env=env, capture_output=True, text=True)
+            found = [f for f in os.listdir(d) if f.endswith("final_bundles.txt")
+                     and ("splash_mha_fwd" in f or "ditax_flash_fwd" in f)
+                     and "schedule-analysis" not in f]
+            row = {"bench": "flash_llo", "case": f"forward {shape} {name}", "variant": name,
+                   "compile_s": round(time.perf_counter() - t, 1)}
+            if r.returncode or not found:
+                row["error"] = (r.stderr.strip().splitlines() or ["no kernel dump"])[-1][:300]
+            else:
+                row.update(bundle_stats(os.path.join(d, found[0]), r.stdout))
+            print(json.dumps(row), flush=True)
+
+
+BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+)\s+(LB|LH|LE|PB|PF|CT)?\s*:\s*(>*)\s*\{(.*)\}")
+OPS = ("vld", "vst", "vmatmul", "vpack", "vperm", "vmul", "vpow2")
+
+
+def bundle_stats(path: str, child_out: str) -> dict:
+    """Bundles of one kernel's final LLO: total, each inner (depth 2) loop body, static op
+    counts (a loop body counted once), and a grid step's static length (``trips`` from the
+    child: block_kv / compute block)."""
+    rows = []
+    for line in open(path):
+        m = BUNDLE.match(line)
+        if m:
+            rows.append((m.group(2), len(m.group(3)), m.group(4)))
+    loops = []
+    for i, (mark, depth, _) in enumerate(rows):
+        if mark == "LB" and depth == 2:
+            n = 0
+            while i + n < len(rows) and rows[i + n][1] >= depth:
+                n += 1
+            loops.append(n)
+    ops = {o: sum(len(re.findall(rf"= {o}[.\s]", r[2])) for r in rows) for o in OPS}
+    trips = int(child_out.split("trips=")[1].split()[0]) if "trips=" in child_out else 1
+    step = len(rows) - sum(loops) + trips * sum(loops)
+    return {"metric": "bundles_per_grid_step", "value": step, "unit": "bundles",
+            "bundles": len(rows), "loop_bundles": loops, "trips": trips, "ops": ops}
+
+
+def llo_one(a) -> None:
+    """The child of ``--llo``: compile one forward for a v5e (deviceless)."""
+    import jax
+    import jax.numpy as jnp
+
+    from ditax.attention import attend
+    from ditax.attention.flash import Variant, flash_attention_tuned, flash_tune
+    from ditax.parallel.platform import target_platform
+    from ditax.plan.targets import parse_target, topology_devices
+
+    dev = topology_devices(parse_target("tpu-v5e-1"))[0]
+    rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
+                                     jax.sharding.PartitionSpec())
+    x = jax.ShapeDtypeStruct(tuple(int(v) for v in a.shape.split(",")), jnp.bfloat16,
+                             sharding=rep)
+    with target_platform("tpu", device_kind=dev.device_kind):
+        bq, bkv, tune = flash_tune(x, x, interpret=False)
+        if a.llo_one == "splash":
+            fn = lambda q, k, v: attend(q, k, v, backend="splash")  # noqa: E731
+        else:
+            t = tune._replace(variant=Variant.parse(a.llo_one))
+            fn = lambda q, k, v: flash_attention_tuned(q, k, v, t, block_q=bq,  # noqa: E731
+                                                       block_kv=bkv, interpret=False)
+        jax.jit(fn).lower(x, x, x).compile()
+    unrolled = a.llo_one == "splash" or Variant.parse(a.llo_one).unroll
+    print(f"trips={1 if unrolled else bkv // (tune.block_kv_compute or bkv)}")
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--L", type=int, default=8192)
     ap.add_argument("--N", type=int, default=8)
@@ -206,9 +304,18 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=150)
     ap.add_argument("--out", default=None, help="--chip: also append the rows to this file")
-    a = ap.parse_args()
+    ap.add_argument("--llo", action="store_true",
+                    help="static VLIW bundles of splash's and each variant's forward kernel, "
+                         "compiled for a v5e without one (default shape 1,32768,12,128)")
+    ap.add_argument("--llo-one", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-    chip_rows(a) if a.chip else compile_rows(a)
+    if a.llo_one:
+        llo_one(a)
+    elif a.llo:
+        llo_rows(a)
+    else:
+        chip_rows(a) if a.chip else compile_rows(a)
 
 
 if __name__ == "__main__":
