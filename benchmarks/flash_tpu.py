@@ -13,8 +13,9 @@
 2. ``--chip``: on the lent chip (issue 54 item 2), JAX's splash kernel against each block-loop
    variant of flash's forward (:mod:`ditax.attention.kernels.flash_variant`) at Wan 2.1 1.3B
    480p's self-attention shape (1 x 32,760 tokens x 12 heads x 128, bf16, the table's
-   tiles), forward, then forward + backward for splash, the plain kernel and the fastest
-   forward variant. Each case compiled and run once, then timed ``--repeats`` times (median);
+   tiles), forward; then the plain kernel and the fastest variant on head-major inputs
+   (contiguous tiles instead of the packed layout's strided ones: the DMA's share); then
+   forward + backward for splash, the plain kernel and the fastest forward variant. Each case compiled and run once, then timed ``--repeats`` times (median);
    one JSON line per case (``bench``, ``case``, ``metric``, ``value``, ``unit``, ``variant``,
    ``direction``, ``baseline`` (splash's time), ``ratio``, and the forward's largest
    difference from the plain kernel's output); ``--budget-s`` stops starting cases once
@@ -140,21 +141,25 @@ def chip_rows(a) -> None:
             with open(a.out, "a") as f:
                 f.write(line + "\n")
 
-    def attention(variant):
+    def attention(variant, head_major):
         if variant is None:
             return lambda q, k, v: attend(q, k, v, backend="splash", interpret=not on_tpu)
         t = tune._replace(variant=variant)
         return lambda q, k, v: flash_attention_tuned(q, k, v, t, block_q=bq, block_kv=bkv,
-                                                     interpret=not on_tpu)
+                                                     interpret=not on_tpu,
+                                                     head_major=head_major)
 
-    def case(variant, direction):
+    def case(variant, direction, head_major=False):
         name = "splash" if variant is None else f"flash variant={variant.name}"
-        label = f"attention {direction} L={L} N={N} K={K} {name}"
+        layout = "head_major" if head_major else "packed" if variant is not None else None
+        label = f"attention {direction} L={L} N={N} K={K} {name}" + (
+            " head-major input" if head_major else "")
         row = {"case": label, "variant": None if variant is None else variant.name,
-               "direction": direction}
+               "direction": direction, "layout": layout}
         if time.time() > deadline:
             return emit({**row, "skipped": "budget"})
-        f = attention(variant)
+        f = attention(variant, head_major)
+        args = heads if head_major else (q, k, v)
         if direction == "fwd+bwd":
             def g(q, k, v, f=f):
                 loss = lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32))  # noqa: E731
@@ -165,12 +170,12 @@ def chip_rows(a) -> None:
         try:
             jf = jax.jit(fn)
             t0 = time.perf_counter()
-            out = jax.block_until_ready(jf(q, k, v))
+            out = jax.block_until_ready(jf(*args))
             first = time.perf_counter() - t0
             times = []
             for _ in range(a.repeats):
                 t0 = time.perf_counter()
-                jax.block_until_ready(jf(q, k, v))
+                jax.block_until_ready(jf(*args))
                 times.append(time.perf_counter() - t0)
         except Exception as e:        # one failed variant must not end the run
             return emit({**row, "error": str(e).splitlines()[0][:300]})
@@ -184,8 +189,8 @@ def chip_rows(a) -> None:
             row.update(baseline=splash_s[direction], ratio=round(med / splash_s[direction], 4))
         if direction == "fwd" and variant is not None:
             nonlocal plain_out
-            o = np.asarray(out.astype(jnp.float32))
-            if variant == Variant():
+            o = np.asarray((jnp.swapaxes(out, 1, 2) if head_major else out).astype(jnp.float32))
+            if variant == Variant() and not head_major:
                 plain_out = o
             elif plain_out is not None:
                 row["max_abs_diff_vs_plain"] = float(np.max(np.abs(o - plain_out)))
@@ -196,6 +201,12 @@ def chip_rows(a) -> None:
     fwd = [case(vt, "fwd") for vt in variants]
     timed = [r for r in fwd if r and "value" in r and r["variant"] != "plain"]
     best = min(timed, key=lambda r: r["value"]) if timed else None
+    # the same kernels on head-major [B, N, L, K] inputs (transposed before the timing):
+    # contiguous (block, K) tiles instead of the packed layout's strided ones (DMA's share)
+    heads = tuple(jax.block_until_ready(jnp.swapaxes(x, 1, 2)) for x in (q, k, v))
+    case(Variant(), "fwd", head_major=True)
+    if best is not None:
+        case(Variant.parse(best["variant"]), "fwd", head_major=True)
     case(None, "fwd+bwd")
     case(Variant(), "fwd+bwd")
     if best is not None:

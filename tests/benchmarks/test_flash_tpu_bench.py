@@ -24,14 +24,18 @@ def test_chip_mode_runs_interpreted_with_ratios_and_the_fastest_variant_backward
     flash_tpu.main(["--chip", "--variants", "plain,all", "--repeats", "1", "--budget-s", "120",
                     "--out", str(out)])
     rows = _rows(out)
-    got = {(r["variant"], r["direction"]): r for r in rows}
-    assert set(got) == {(None, "fwd"), ("plain", "fwd"), ("unroll+lanes+prescale+pv_f32", "fwd"),
-                        (None, "fwd+bwd"), ("plain", "fwd+bwd"),
-                        ("unroll+lanes+prescale+pv_f32", "fwd+bwd")}
+    got = {(r["variant"], r["direction"], r["layout"]): r for r in rows}
+    every = "unroll+lanes+prescale+pv_f32"
+    assert set(got) == {(None, "fwd", None), ("plain", "fwd", "packed"),
+                        (every, "fwd", "packed"), ("plain", "fwd", "head_major"),
+                        (every, "fwd", "head_major"), (None, "fwd+bwd", None),
+                        ("plain", "fwd+bwd", "packed"), (every, "fwd+bwd", "packed")}
     assert all(r["interpret"] and r["metric"] == "time" and r["value"] > 0 for r in rows)
-    a = got[("unroll+lanes+prescale+pv_f32", "fwd")]
-    assert a["ratio"] == pytest.approx(a["value"] / got[(None, "fwd")]["value"], rel=1e-3)
+    a = got[(every, "fwd", "packed")]
+    assert a["ratio"] == pytest.approx(a["value"] / got[(None, "fwd", None)]["value"], rel=1e-3)
     assert 0 < a["max_abs_diff_vs_plain"] < 0.05          # bf16: q rounded after scaling
+    # the head-major input: the same kernel, the same values (transposed back)
+    assert got[("plain", "fwd", "head_major")]["max_abs_diff_vs_plain"] == 0.0
 
 
 def test_budget_and_a_misspelt_variant(tmp_path, capsys):
@@ -41,4 +45,4 @@ def test_budget_and_a_misspelt_variant(tmp_path, capsys):
     out = tmp_path / "rows.jsonl"
     flash_tpu.main(["--chip", "--variants", "plain", "--budget-s", "0", "--out", str(out)])
     rows = _rows(out)
-    assert len(rows) == 4 and all(r["skipped"] == "budget" for r in rows)   # fwd, fwd+bwd
+    assert len(rows) == 5 and all(r["skipped"] == "budget" for r in rows)
