@@ -9,11 +9,17 @@ abstract shapes and compiled deviceless for ``--target`` (libtpu's topology, as
 ``ditax plan --target``). Reported: the plan's measure (:func:`ditax.plan.measure.measure`:
 HBM bytes, copies, memory, roofline; per layer), XLA's cost analysis and its cycle estimates
 of the ops outside Mosaic kernels (ms at ``--clock-ghz``), the largest by op name, and the
-splash blocks of the cached self-attention. A prediction: the chip measures
-(``benchmarks/causal_stream.py``). ``--layers``: fewer layers compile faster (the layer loop
-is one body; scale its per-layer numbers).
+splash blocks of the cached self-attention; the model FLOPs a chunk
+(``causal_stream.chunk_flops``: as attended, and as the kernels' padded blocks compute them)
+and the predicted seconds a chunk: XLA's estimate outside the kernels plus the attention
+kernels' padded FLOPs at ``--kernel-tflops`` (measured splash rates, ``docs/tpu_v5e.md``).
+A prediction: the chip measures (``benchmarks/causal_stream.py``). ``--layers``: fewer
+layers compile faster (the layer loop is one body; scale its per-layer numbers).
+``--quantize int8 [--quantize-activations]``: the block linears 8-bit, as
+``model.quantize=int8 [model.quantize_activations=true]`` (native int8 x int8 dots on a v5e).
 
     python benchmarks/causal_chunk_plan.py [--layers 30] [--target tpu-v5e-1] [--hlo FILE]
+        [--context-chunks 3] [--steps 4] [--quantize none] [--quantize-activations]
 """
 
 from __future__ import annotations
@@ -59,6 +65,12 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--text-tokens", type=int, default=512)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--param-dtype", default="float32",
+                   help="the weights' storage dtype (bfloat16: a bf16 student)")
+    p.add_argument("--quantize", choices=("none", "int8", "fp8"), default="none")
+    p.add_argument("--quantize-activations", action="store_true")
+    p.add_argument("--kernel-tflops", default="125,166,177",
+                   help="attention kernel rates to predict at (TFLOP/s, comma list)")
     p.add_argument("--clock-ghz", type=float, default=1.5, help="for XLA's cycle estimates")
     p.add_argument("--hlo", default=None, help="also write the compiled HLO text here")
     a = p.parse_args(argv)
@@ -70,12 +82,14 @@ def main(argv=None) -> None:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from causal_stream import SIZES
+    from causal_stream import SIZES, chunk_flops
     from ditax.attention.tuning import splash_blocks
     from ditax.config import AttentionConfig, ModelConfig
     from ditax.front.run import run_context
     from ditax.models.wan import kv_cache
+    from ditax.intmath import round_up
     from ditax.models.wan.build import abstract_model, param_shardings
+    from ditax.nn.quant import quantize_module
     from ditax.parallel import make_mesh
     from ditax.pipelines.causal import _chunk_program
     from ditax.pipelines.sampling import set_timesteps
@@ -88,13 +102,15 @@ def main(argv=None) -> None:
     mesh = make_mesh({"data": 1}, devices)
     acfg = AttentionConfig(backend="auto")
     size = dict(SIZES[a.size], **({} if a.layers is None else {"num_layers": a.layers}))
-    cfg = ModelConfig(dtype=a.dtype, **size)
+    cfg = ModelConfig(dtype=a.dtype, param_dtype=a.param_dtype, quantize=a.quantize,
+                      quantize_activations=a.quantize_activations, **size)
     y, x = a.height // 8, a.width // 8
     rep = NamedSharding(mesh, P())
     spec = lambda a_: jax.ShapeDtypeStruct(np.shape(a_), jnp.asarray(a_).dtype,  # noqa: E731
                                            sharding=rep)
     with run_context(acfg, mesh, compile_cache="none", say=lambda *_: None):
-        model = abstract_model(cfg, acfg, mesh)
+        model = quantize_module(abstract_model(cfg, acfg, mesh), a.quantize,
+                                a.quantize_activations, devices)
         gdef, state = nnx.split(model)
         state = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s),
                              state, param_shardings(state, cfg, mesh))
@@ -119,14 +135,27 @@ def main(argv=None) -> None:
     ca = ca[0] if isinstance(ca, list) else ca
     _, _, lp = kv_cache.chunk_tokens(model, (a.chunk, y, x))
     keys = kv.k.shape[3 if model.attention_plan.self_attn.reads_head_major else 2]
+    blocks = splash_blocks(lp, keys, devices[0].device_kind, {})
+    est = cycle_estimates(compiled.as_text(), a.clock_ghz * 1e9)
+    flops = chunk_flops(cfg, lp, (a.context_chunks + 2) * lp, a.steps, a.text_tokens)
+    padded = chunk_flops(cfg, round_up(lp, blocks["block_q"]), keys, a.steps, a.text_tokens)
+    kernel = padded["self_attention"] + flops["cross_attention"]   # cross: tiny, as attended
+    mode = ("" if a.quantize == "none" else
+            f"_{a.quantize}{'wa' if a.quantize_activations else ''}")
+    kernel_s = {r: kernel / (float(r) * 1e12) for r in a.kernel_tflops.split(",")}
     row = {"bench": "causal_chunk_plan", "target": a.target, "layers": cfg.num_layers,
            "case": f"wan{a.size}_{a.height}x{a.width}_chunk{a.chunk}_ctx{a.context_chunks}"
-                   f"_steps{a.steps}_{a.dtype}",
-           "chunk_tokens": lp, "cache_keys": keys, "cache_bytes": 2 * kv.k.size * jnp.dtype(kv.k.dtype).itemsize,
+                   f"_steps{a.steps}_{a.dtype}{mode}"
+                   + ("" if a.param_dtype == "float32" else f"_{a.param_dtype}_weights"),
+           "flops_per_chunk": flops, "kernel_flops_padded": kernel,
+           "predicted_chunk_s": {r: round(est["total_ms"] / 1e3 + s, 3)
+                                 for r, s in kernel_s.items()},
+           "chunk_tokens": lp, "cache_keys": keys,
+           "cache_bytes": 2 * kv.k.size * jnp.dtype(kv.k.dtype).itemsize,
            "self_attention": model.attention_plan.self_attn.backend,
-           "splash_blocks": splash_blocks(lp, keys, devices[0].device_kind, {}),
+           "splash_blocks": blocks,
            "cost_analysis": {k: ca.get(k) for k in ("flops", "bytes accessed")},
-           "xla_estimates": cycle_estimates(compiled.as_text(), a.clock_ghz * 1e9), **out}
+           "xla_estimates": est, **out}
     print(json.dumps(row, default=str), flush=True)
 
 

@@ -87,16 +87,20 @@ def test_chunk_covering_the_video_is_the_bidirectional_forward(model, rng):
     assert int(cache.index) == 1
 
 
-@pytest.mark.parametrize("layout", ["xla", "head_major", "unscanned_remat"])
+@pytest.mark.parametrize("layout", ["xla", "head_major", "unscanned_remat", "int8_wa"])
 def test_kv_cache_forward_equals_the_causal_forward(rng, layout):
     """Every chunk of the cached run equals that chunk of the whole-video block-causal
     forward (cache large enough: nothing evicted); one compiled chunk program. Also with the
-    blocks unrolled under remat (the cache rides in the carry either way)."""
+    blocks unrolled under remat (the cache rides in the carry either way), and with 8-bit
+    block linears x 8-bit activations (``model.quantize=int8 model.quantize_activations=
+    true``: per-token scales, so a chunk's tokens quantize as in the whole video)."""
     acfg = (AttentionConfig(backend="splash") if layout == "head_major"
             else AttentionConfig(backend="xla"))
-    cfg = (dataclasses.replace(CFG, scan_layers=False, remat="full")
-           if layout == "unscanned_remat" else CFG)
+    cfg = {"unscanned_remat": dataclasses.replace(CFG, scan_layers=False, remat="full"),
+           "int8_wa": dataclasses.replace(CFG, quantize="int8", quantize_activations=True),
+           }.get(layout, CFG)
     model = init_model(cfg, acfg, seed=4)
+    assert (model.blocks.attn1.to_k.quant is not None) == (layout == "int8_wa")
     assert model.attention_plan.self_attn.reads_head_major == (layout == "head_major")
     lat, t, text = _inputs(rng, f=6)
     want = np.asarray(causal_forward(model, lat, t, text, chunk=2, reference=True))
