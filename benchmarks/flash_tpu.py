@@ -13,17 +13,18 @@
 2. ``--chip``: on the lent chip (issue 54 item 2), JAX's splash kernel against each block-loop
    variant of flash's forward (:mod:`ditax.attention.kernels.flash_variant`) at Wan 2.1 1.3B
    480p's self-attention shape (1 x 32,760 tokens x 12 heads x 128, bf16, the table's
-   tiles), forward; then the plain kernel and the fastest variant on head-major inputs
-   (contiguous tiles instead of the packed layout's strided ones: the DMA's share); then
-   forward + backward for splash, the plain kernel and the fastest forward variant. Each case compiled and run once, then timed ``--repeats`` times (median);
+   tiles), forward; then forward + backward for splash, the plain kernel and the fastest
+   forward variant; then the plain kernel and the fastest variant on head-major inputs
+   (contiguous tiles instead of the packed layout's strided ones: the DMA's share). Each case compiled and run once, then timed ``--repeats`` times (median);
    one JSON line per case (``bench``, ``case``, ``metric``, ``value``, ``unit``, ``variant``,
    ``direction``, ``baseline`` (splash's time), ``ratio``, and the forward's largest
    difference from the plain kernel's output); ``--budget-s`` stops starting cases once
    spent. Off a TPU it runs the same cases in interpret mode at a tiny shape (a check that
    the script works, not a measurement).
 
-     source benchmarks/tpu_setup.sh
-     python benchmarks/flash_tpu.py --chip --out $OUT/flash_variants.jsonl --budget-s 150
+     PYTHONPATH=src python3 benchmarks/flash_tpu.py --chip --out $OUT/flash.jsonl --budget-s 150
+
+   (jax and ditax's sources only: no ``tpu_setup.sh`` needed.)
 
 3. ``--llo``: no chip, a static schedule: each of those forward kernels compiled by libtpu for
    a v5e (deviceless) with its final VLIW bundles dumped; one JSON line per kernel with the
@@ -98,8 +99,8 @@ def compile_rows(a) -> None:
 #: the forward variants timed by --chip and --llo, in order: after the plain kernel the
 #: shortest static schedules first (--llo, docs/tpu_v5e.md "Flash kernel vs splash"), as the
 #: budget cuts the last ones
-CHIP_VARIANTS = ("plain", "all", "unroll+lanes+pv_f32", "unroll+lanes+prescale", "unroll",
-                 "pv_f32", "prescale", "lanes", "lanes+pv_f32")
+CHIP_VARIANTS = ("plain", "all", "unroll+lanes+pv_f32", "unroll+lanes", "unroll+lanes+prescale",
+                 "unroll", "pv_f32", "prescale", "lanes")
 WAN = (1, 32760, 12, 128)          # Wan 2.1 1.3B, 480x832x81: 21 x 30 x 52 tokens
 TINY = (1, 200, 2, 128)            # off a TPU: interpret mode, partial blocks
 
@@ -201,16 +202,16 @@ def chip_rows(a) -> None:
     fwd = [case(vt, "fwd") for vt in variants]
     timed = [r for r in fwd if r and "value" in r and r["variant"] != "plain"]
     best = min(timed, key=lambda r: r["value"]) if timed else None
+    case(None, "fwd+bwd")
+    case(Variant(), "fwd+bwd")
+    if best is not None:
+        case(Variant.parse(best["variant"]), "fwd+bwd")
     # the same kernels on head-major [B, N, L, K] inputs (transposed before the timing):
     # contiguous (block, K) tiles instead of the packed layout's strided ones (DMA's share)
     heads = tuple(jax.block_until_ready(jnp.swapaxes(x, 1, 2)) for x in (q, k, v))
     case(Variant(), "fwd", head_major=True)
     if best is not None:
         case(Variant.parse(best["variant"]), "fwd", head_major=True)
-    case(None, "fwd+bwd")
-    case(Variant(), "fwd+bwd")
-    if best is not None:
-        case(Variant.parse(best["variant"]), "fwd+bwd")
 
 
 def llo_rows(a) -> None:
