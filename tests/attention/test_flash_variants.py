@@ -124,3 +124,28 @@ def test_bf16_variants_stay_within_bf16_rounding_of_the_plain_kernel(rng):
         o = jax.jit(_flash(variant, **blocks))(q, k, v).astype(jnp.float32)
         np.testing.assert_allclose(o, ref, atol=2e-2, rtol=2e-2)
         assert not np.array_equal(o, ref)       # the variant ran (q rounded after scaling)
+
+
+def test_all_flags_with_a_block_table(rng):
+    """The variants keep the block-sparse path (block lists ahead of the refs, the scaled q
+    copy after the scratch): every flag with a radial table over 16-token tiles (two 8-key
+    compute slices a block) equals flash without them, up to float32 rounding."""
+    from ditax.attention.sparse.masks import BlockTable, radial_blocks
+    from ditax.attention.sparse.tiles import TileOrder
+
+    order = TileOrder((8, 3, 8), (1, 2, 8))
+    table = BlockTable.of(order, radial_blocks(order, 0.5))
+    L = int(np.prod(order.grid))
+    q, k, v = (order.to_tiles(jnp.asarray(rng.standard_normal((1, L, 2, 32)), jnp.float32))
+               for _ in range(3))
+    valid = jnp.asarray(order.valid)[None]
+    b = order.tile_len
+
+    def run(variant):
+        bq, bkv, tune = flash_tune(q, k, block_q=b, block_kv=b, block_kv_compute=b // 2,
+                                   interpret=True)
+        t = tune._replace(table=table, variant=Variant.parse(variant))
+        return jax.jit(lambda q, k, v: flash_attention_tuned(
+            q, k, v, t, block_q=bq, block_kv=bkv, kv_mask=valid, interpret=True))(q, k, v)
+
+    np.testing.assert_allclose(run("all"), run("plain"), atol=2e-6, rtol=1e-5)
