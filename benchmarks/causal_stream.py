@@ -119,11 +119,8 @@ def main(argv=None) -> None:
                 + ("" if a.param_dtype == "float32" else f"_{a.param_dtype}_weights"))
         spent = time.perf_counter() - start
         if a.budget_s is not None and spent + longest > a.budget_s:
-            row = {"bench": "causal_stream", "case": name, "metric": "skipped", "value": 0,
-                   "unit": "", "reason": f"{spent:.0f} s spent + the longest case "
-                                         f"{longest:.0f} s > --budget-s {a.budget_s:g}"}
-            lines.append(row)
-            print(json.dumps(row), flush=True)
+            _say(lines, name, "skipped", 0, "", reason=f"{spent:.0f} s spent + the longest "
+                 f"case {longest:.0f} s > --budget-s {a.budget_s:g}")
             continue
         t0 = time.perf_counter()
         key = (c["quantize"], c["activations"])
@@ -133,10 +130,21 @@ def main(argv=None) -> None:
             built = (key, _build(a, c))
         lines += _run_case(a, c, name, built[1], lambda: (
             float("inf") if a.budget_s is None else a.budget_s - (time.perf_counter() - start)))
-        longest = max(longest, time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        longest = max(longest, took)
+        _say(lines, name, "case_seconds", took, "s", what="the case's wall time, its model "
+             "build included")
     if a.out:
         with open(a.out, "a") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in lines)
+
+
+def _say(lines: list, case: str, metric: str, value, unit: str, **extra) -> None:
+    """Print one line and keep it for ``--out``."""
+    row = {"bench": "causal_stream", "case": case, "metric": metric, "value": value,
+           "unit": unit, **extra}
+    lines.append(row)
+    print(json.dumps(row), flush=True)
 
 
 def _build(a, c):
@@ -174,11 +182,8 @@ def _run_case(a, c, name: str, built, left) -> list:
     lines = []
 
     def emit(metric, value, unit, **extra):
-        row = {"bench": "causal_stream", "case": name, "metric": metric, "value": value,
-               "unit": unit, "platform": jax.devices()[0].platform, "attention": a.attention,
-               **extra}
-        lines.append(row)
-        print(json.dumps(row), flush=True)
+        _say(lines, name, metric, value, unit, platform=jax.devices()[0].platform,
+             attention=a.attention, **extra)
 
     kw = dict(num_frames=a.chunk * a.chunks, latent_hw=(y, x), num_inference_steps=steps,
               sigmas=sigmas, seed=0)
