@@ -22,9 +22,11 @@
    spent. Off a TPU it runs the same cases in interpret mode at a tiny shape (a check that
    the script works, not a measurement).
 
-     PYTHONPATH=src python3 benchmarks/flash_tpu.py --chip --out $OUT/flash.jsonl --budget-s 150
+     PYTHONPATH=$PWD/src:$PYTHONPATH python3 benchmarks/flash_tpu.py --chip \
+         --out $OUT/flash.jsonl --budget-s 150
 
-   (jax and ditax's sources only: no ``tpu_setup.sh`` needed.)
+   (jax and ditax's sources only: no ``tpu_setup.sh`` needed; the chip machine's
+   PYTHONPATH carries its JAX, so keep it.)
 
 3. ``--llo``: no chip, a static schedule: each of those forward kernels compiled by libtpu for
    a v5e (deviceless) with its final VLIW bundles dumped; one JSON line per kernel with the
