@@ -148,6 +148,55 @@ def test_the_gradient_flows_through_the_drawn_step_only(one):
         assert np.max(np.abs(got[k] - want)) > 1e-2 * scale, k
 
 
+def test_a_long_rollouts_window_is_those_frames_of_the_long_video(one):
+    """distill.rollout_chunks: the window (start chunk traced, frames static) of a 4-chunk
+    rollout equals those chunks of the whole 4-chunk video (the prefix's cache is the one the
+    window would have seen); start 0 with the whole length is the plain rollout."""
+    tr, state, batch = one
+    b, _, sig = _rollout_inputs(tr, batch)
+    noise = jax.random.normal(jax.random.PRNGKey(9), (2, 16, 4, 8, 8), jnp.float32)
+    p, f = state["params"], state["frozen"]
+    full = np.asarray(jax.jit(tr.causal_rollout)(p, f, b, noise, sig, None))
+    win = jax.jit(tr.causal_rollout, static_argnames="frames")
+    for start in (0, 1, 2):
+        got = np.asarray(win(p, f, b, noise, sig, 1, start=start, frames=2))
+        assert got.shape == (2, 16, 2, 8, 8)
+        np.testing.assert_allclose(got, full[:, :, start:start + 2], atol=1e-5, rtol=0)
+        if start:   # not the video's first frames: the test can tell windows apart
+            assert np.max(np.abs(got - full[:, :, :2])) > 1e-2
+    np.testing.assert_allclose(np.asarray(win(p, f, b, noise, sig, 1, start=0, frames=4)),
+                               full, atol=1e-5, rtol=0)
+
+
+def test_long_rollouts_train_on_a_window_of_the_datas_length(dataset, one):
+    """distill.rollout_chunks=4 on 2-frame data: the student's sample is the 2-frame window
+    from window_start's chunk of its 4-chunk rollout; the start comes from the sample's key
+    (every start drawn over keys); a step runs (the critic's samples alike) and differs from
+    the same step without long rollouts."""
+    tr0, state, batch = one
+    cfg = cfg_for(dataset, "unused", "distill.rollout_chunks=4")
+    tr = make_trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
+    tr.bind_data(BatchIterator(cfg))
+    assert tr.rollout_share() == (2 + 1) / 2
+    b = tr.put_batch(batch)
+    sig = jnp.asarray(tr.schedule_table(b["latents"].shape[1:]))
+    key = jax.random.PRNGKey(3)
+    video, _, k, _ = jax.jit(tr.student_sample)(state["params"], state["frozen"], b, key, sig)
+    assert video.shape == b["latents"].shape
+    start = int(tr.window_start(key, 2))
+    noise = jax.random.normal(jax.random.split(key)[1], (2, 16, 4, 8, 8), jnp.float32)
+    full = np.asarray(jax.jit(tr.causal_rollout)(state["params"], state["frozen"], b, noise,
+                                                 sig, None))
+    np.testing.assert_allclose(np.asarray(video), full[:, :, start:start + 2], atol=1e-5,
+                               rtol=0)
+    starts = {int(tr.window_start(jax.random.PRNGKey(i), 2)) for i in range(40)}
+    assert starts == {0, 1, 2}
+    st, m = tr.step(jax.device_put(state, tr.state_sh), b)
+    st0, m0 = tr0.step(jax.device_put(state, tr0.state_sh), tr0.put_batch(batch))
+    assert np.isfinite(float(m["loss"])) and np.isfinite(float(m["critic_loss"]))
+    assert float(m["loss"]) != float(m0["loss"])
+
+
 @pytest.fixture(scope="module")
 def on_mesh(dataset):
     """The trainer on fsdp2 x context4 (the runs' program)."""
@@ -235,6 +284,7 @@ def test_an_exported_student_is_a_causal_folder_generate_samples(runs, capsys):
     (("model.causal_chunk=1", "sample.cache=teacache"), "sample.cache=none"),
     (("model.causal_chunk=1", "distill.backward_simulation=false"), "own rollout"),
     (("model.causal_chunk=3",), "latent frames=2 are not a whole number of chunks"),
+    (("model.causal_chunk=1", "distill.rollout_chunks=1"), "shorter than the data's 2 latent"),
 ])
 def test_bad_combinations_are_one_line(dataset, extra, words):
     cfg = run_cfg("unused", dataset, "distill.method=self_forcing", *extra)
@@ -242,6 +292,14 @@ def test_bad_combinations_are_one_line(dataset, extra, words):
         tr = make_trainer(cfg, make_mesh(ONE, jax.devices()[:1]))
         tr.bind_data(BatchIterator(cfg))
     assert "\n" not in str(e.value)
+
+
+def test_long_rollouts_are_self_forcings_only(dataset):
+    from ditax.config import validate
+
+    cfg = run_cfg("unused", dataset, "distill.method=dmd2", "distill.rollout_chunks=4")
+    with pytest.raises(ConfigError, match="needs distill.method=self_forcing"):
+        validate(cfg, 1, training=True)
 
 
 def test_a_family_without_a_causal_transformer_is_refused():

@@ -274,7 +274,10 @@ class DistillConfig:
 
     ``method=self_forcing`` (issue 59): the same losses on a causal student
     (``model.causal_chunk``) that rolls out its own video chunk by chunk with its KV cache
-    (:mod:`ditax.train.self_forcing`)."""
+    (:mod:`ditax.train.self_forcing`). ``rollout_chunks`` N > 0 (self_forcing only; 0 = off:
+    the rollout is the data's length): the student rolls out N chunks, past the teacher's
+    length, and the losses see a random window of the data's length from it (Self-Forcing++'s
+    long-horizon training)."""
 
     method: DistillMethod = "none"
     steps: int = 4
@@ -291,13 +294,18 @@ class DistillConfig:
     gan_weight: float = 0.0
     gan_critic_weight: float = 1.0
     sample_every: int = 0
+    rollout_chunks: int = 0
 
 
 def check_distill(d: DistillConfig) -> None:
     """Raise :class:`ConfigError` for a distillation that cannot run."""
     check_choice("distill.method", d.method, DISTILL_METHODS)
     _at_least("distill", d, ("steps", "critic_updates"), 1)
-    _at_least("distill", d, ("sample_every",), 0)
+    _at_least("distill", d, ("sample_every", "rollout_chunks"), 0)
+    if d.rollout_chunks and d.method != "self_forcing":
+        raise ConfigError(f"distill.rollout_chunks={d.rollout_chunks} is a causal student's "
+                          f"long rollout; it needs distill.method=self_forcing (method="
+                          f"{d.method}): set distill.rollout_chunks=0")
     _at_least("distill", d, ("shift", "critic_learning_rate", "gan_weight",
                              "gan_critic_weight"), 0)
     if d.guidance < 1:

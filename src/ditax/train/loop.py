@@ -47,7 +47,8 @@ RESUME_POLICY = ResumePolicy(
     free=("steps", "log_every", "checkpoint.", "compile_cache", "name", "output_dir",
           "distill.sample_every",
           "sample.", "mesh.", "attention.", "model.remat", "data.num_workers"),
-    notice=("optim.", "flow.", "data.text_dropout", "model.dtype", "init_from"),
+    notice=("optim.", "flow.", "data.text_dropout", "model.dtype", "init_from",
+            "distill.rollout_chunks"),
     fixed=("flow.target",))     # a full run's dense teacher is a state entry
 
 

@@ -29,6 +29,19 @@ trained on is the video the sampler makes (equal to CausalSampler's for the same
 weights), at the price of the later steps' forwards and, in the student's rollout, of step
 ``k``'s call made twice (without, then with the gradient:
 :meth:`SelfForcingTrainer.causal_rollout`).
+
+Long rollouts (``distill.rollout_chunks`` N > 0; Self-Forcing++'s long-horizon training): a
+student trained on rollouts of the teacher's length meets, past it, a KV cache it never saw
+(the first chunks evicted, the sink far behind) and drifts. With N set, each rollout (the
+student's and the critic's) is N chunks long, past the data's ``W`` chunks, and a window of
+``W`` chunks starting at a chunk drawn uniformly from ``0..N-W`` (from the rollout's key:
+:meth:`SelfForcingTrainer.window_start`; resume stays bit-exact) is the video the losses
+see: the bidirectional teacher and the critic judge it as a clip of the teacher's length,
+so a later window is pushed to look like a whole teacher clip (the prompt's object, its
+motion). The chunks before the window run without gradient (their cache writes are the
+window's context, as the sampler leaves it: the sink + ``sample.context_chunks``); the
+chunks after it are not run; the window's chunks carry the gradient as above. 0 (the
+default): the rollout is the data's length, the step as before.
 """
 
 from __future__ import annotations
@@ -110,14 +123,31 @@ class SelfForcingTrainer(DistillTrainer):
         (3), the teacher (2 with guidance) and the critic (1); each critic update the
         critic's forward and backward (3)."""
         d = self.cfg.distill
-        rollout = d.steps + 1
+        rollout = (d.steps + 1) * self.rollout_share()
         student = rollout + 3 + (2 if d.guidance != 1 else 1) + 1
         return (d.critic_updates * (rollout + 3) + student) / 3
 
+    def rollout_share(self) -> float:
+        """A rollout's mean chunks over the window's: 1, or with ``distill.rollout_chunks``
+        N (the window ``W`` chunks after a prefix of ``0..N-W``) ``(W + (N-W)/2) / W``."""
+        n = self.cfg.distill.rollout_chunks
+        if not n or self._shapes is None:
+            return 1.0
+        w = self._shapes[0][1] // self.chunk
+        return (w + (n - w) / 2) / w
+
     def bind_data(self, data) -> None:
         """DMD2's, and every batch shape's latent frames whole chunks within RoPE's table."""
+        n = self.cfg.distill.rollout_chunks
         for shape in getattr(data, "latent_shapes", (data.latent_shape,)):
             self.window(shape[1])
+            if n and n * self.chunk < shape[1]:
+                raise ConfigError(f"distill.rollout_chunks={n} ({n * self.chunk} latent "
+                                  f"frames) is shorter than the data's {shape[1]} latent "
+                                  f"frames; set it to at least {-(-shape[1] // self.chunk)} "
+                                  f"(or 0: the data's length)")
+        if n:
+            self.window(n * self.chunk)
         super().bind_data(data)
 
     def window(self, frames: int) -> int:
@@ -131,7 +161,7 @@ class SelfForcingTrainer(DistillTrainer):
         self.kv.check_length(m, self.chunk, n, what=f"data latent frames={frames}")
         return context if context is not None else max(n - 1, 1)
 
-    def causal_rollout(self, params, frozen, batch, noise, sig, k):
+    def causal_rollout(self, params, frozen, batch, noise, sig, k, start=None, frames=None):
         """The student's video ``[B, C, F, Y, X]`` (float32) from ``noise``: chunk by chunk,
         ``S`` Euler steps on the sigma table ``sig [S+1]`` against the KV cache, the clean
         chunk written at t = 0; the gradient with respect to ``params`` through step ``k``
@@ -140,14 +170,19 @@ class SelfForcingTrainer(DistillTrainer):
         Each chunk's steps run without gradient (the value: the sampler's), keeping step
         ``k``'s input; that step's call is made again with the gradient, and its update's
         difference to itself (zero) added to the chunk (so the chunk's value stays the loop's,
-        its gradient that update's). One scan over the chunks, the cache its carry."""
+        its gradient that update's). One scan over the chunks, the cache its carry.
+
+        A long rollout's window: ``noise`` holds every chunk of the long video, ``start``
+        (traced) is the window's first chunk and ``frames`` (static) its latent frames; the
+        chunks before it run without gradient (only the cache they leave is kept), those
+        after it are not run; the window's video ``[B, C, frames, Y, X]`` comes back."""
         kv, chunk, steps = self.kv, self.chunk, sig.shape[0] - 1
-        b, c, frames, y, x = noise.shape
-        n = frames // chunk
+        b, c, total, y, x = noise.shape
+        n = total // chunk
         text, mask = batch["text"], batch["text_mask"].astype(bool)
         fixed, sg = jax.lax.stop_gradient(params), jax.lax.stop_gradient
         dtype = jnp.dtype(self.cfg.model.dtype)
-        cache = kv.init_cache(self.model(fixed, frozen), b, (chunk, y, x), self.window(frames))
+        cache = kv.init_cache(self.model(fixed, frozen), b, (chunk, y, x), self.window(total))
         noise = jnp.moveaxis(noise.astype(jnp.float32).reshape(b, c, n, chunk, y, x), 2, 0)
 
         def velocity(p, z, s, cache):
@@ -159,7 +194,7 @@ class SelfForcingTrainer(DistillTrainer):
         def euler(z, v, j):     # the Euler scheduler's step: float32, returned in v's dtype
             return S.euler(z, v, sig[j + 1] - sig[j]).astype(v.dtype).astype(jnp.float32)
 
-        def one_chunk(cache, z0):
+        def one_chunk(cache, z0, k):
             def step(j, carry):
                 z, z_k = carry
                 z_k = z_k if k is None else jnp.where(j == k, z, z_k)
@@ -175,20 +210,41 @@ class SelfForcingTrainer(DistillTrainer):
                                         text_mask=mask, write=True)
             return sg(cache), clean
 
-        _, out = jax.lax.scan(one_chunk, cache, noise)          # [n, B, C, K, Y, X]
-        video = jnp.moveaxis(out, 0, 2).reshape(b, c, frames, y, x)
+        if start is not None:       # the prefix: its cache writes only, no gradient
+            cache = jax.lax.fori_loop(0, start, lambda i, cc: one_chunk(cc, noise[i], None)[0],
+                                      cache)
+            total = frames
+            noise = jax.lax.dynamic_slice_in_dim(noise, start, frames // chunk, axis=0)
+        _, out = jax.lax.scan(lambda cc, z0: one_chunk(cc, z0, k), cache, noise)
+        video = jnp.moveaxis(out, 0, 2).reshape(b, c, total, y, x)     # out [n, B, C, K, Y, X]
         return jax.lax.with_sharding_constraint(video, self.batch_sh["latents"])   # the data's
+
+    def window_start(self, key, frames: int):
+        """A long rollout's window (``distill.rollout_chunks``): its first chunk, uniform in
+        ``0..N-W`` (``W`` the chunks of ``frames``), from ``fold_in(key, 3)`` (the rollout's
+        own key: the step's stream, so resume repeats it)."""
+        last = self.cfg.distill.rollout_chunks - frames // self.chunk
+        return jax.random.randint(jax.random.fold_in(key, 3), (), 0, last + 1)
 
     def student_sample(self, params, frozen, batch, key, sig, grad: bool = True):
         """``(video, None, k, None)``: the student's causal rollout from fresh noise with the
         gradient through step ``k`` (drawn uniformly from ``0..S-1``), in the place of DMD2's
         clean estimate at a random step (the losses take it as they are); ``grad`` False (the
-        critic's samples): the video alone, step ``k`` not run again."""
+        critic's samples): the video alone, step ``k`` not run again. With
+        ``distill.rollout_chunks``: the window of the data's length from a long rollout
+        (:meth:`window_start`), the same shape."""
         k_step, k_noise = jax.random.split(key)
         sig = jnp.asarray(sig, jnp.float32)
         k = jax.random.randint(k_step, (), 0, self.cfg.distill.steps)
-        noise = S.normal(k_noise, batch["latents"])
-        video = self.causal_rollout(params, frozen, batch, noise, sig, k if grad else None)
+        long = self.cfg.distill.rollout_chunks
+        if not long:
+            noise = S.normal(k_noise, batch["latents"])
+            video = self.causal_rollout(params, frozen, batch, noise, sig, k if grad else None)
+            return video, None, k, None
+        b, c, frames, y, x = batch["latents"].shape
+        noise = jax.random.normal(k_noise, (b, c, long * self.chunk, y, x), jnp.float32)
+        video = self.causal_rollout(params, frozen, batch, noise, sig, k if grad else None,
+                                    start=self.window_start(key, frames), frames=frames)
         return video, None, k, None
 
     def student_video(self, params, frozen, batch, noise, sig):
