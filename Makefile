@@ -60,7 +60,8 @@ flux-demo-model: $(STAMP)
 	XLA_FLAGS=--xla_force_host_platform_device_count=1 $(BIN)/python -m ditax.recipes.flux_demo_model --out flux_demo_model
 
 # Distil the demo model into its causal student (Self-Forcing: chunk by chunk with a KV cache,
-# 4 steps a chunk; data, distill, export, score per window at 1x and 4x the teacher's frames)
+# 4 steps a chunk; data, distill, long rollouts, export, score per window at 1x and 4x the
+# teacher's frames)
 # into demo_causal/; then `python -m ditax.recipes.demo_causal --out demo_causal --folder
 # src/ditax/assets/demo_causal` ships it (the run kept; its VAE, text encoder and tokenizer:
 # relative links to ../demo_model).

@@ -27,6 +27,9 @@ def test_smoke_recipe_distils_exports_and_scores_a_causal_folder(tmp_path):
                  progress=False)
     rec = run.run()
     assert list(rec["stages"]) == list(Recipe.STAGES)
+    # the long stage resumed the run with 4-chunk rollouts of the 2-latent-frame data
+    assert rec["stages"]["long"]["steps"] == 1 and rec["stages"]["long"]["rollout_chunks"] == 4
+    assert [p.name for p in (run.out / "distill" / "checkpoints").iterdir()] == ["2"]
     f = run.folder
     assert json.loads((f / "transformer" / "config.json").read_text())["causal_chunk"] == 1
     sample = json.loads((f / "ditax_sample.json").read_text())

@@ -56,16 +56,19 @@ class Sizes(StudentSizes):
     cache's window beside the sink."""
 
     context_chunks: int = 3
+    long_chunks: int = 0        # the long stage's rollout in chunks (distill.rollout_chunks)
+    long_steps: int = 0         # the long stage's steps (0: no long stage)
 
 
 FULL = Sizes(clips=70, paraphrase_fraction=0.3, height=64, width=64, frames=17, text_len=16,
              student_steps=4, shift=5.0, guidance=8.0, rank=0, steps=200, batch=4, lr=1e-4,
              critic_lr=0.0, critic_updates=2, warmup=10, remat="none", checkpoint_every=50,
-             score_seeds=(1000,), score_combos=0, teacher_steps=25, context_chunks=3)
+             score_seeds=(1000,), score_combos=0, teacher_steps=25, context_chunks=3,
+             long_chunks=LONG * 5, long_steps=200)   # 5 = the teacher's 17 frames, latent
 SMOKE = dataclasses.replace(
     FULL, clips=8, height=32, width=32, frames=5, steps=1, batch=8, critic_updates=1,
     warmup=0, checkpoint_every=1, score_seeds=(1000,), score_combos=2, teacher_steps=2,
-    context_chunks=1)
+    context_chunks=1, long_chunks=4, long_steps=1)
 SIZES = {"full": FULL, "smoke": SMOKE}
 
 
@@ -74,16 +77,43 @@ class Recipe(StudentRecipe):
 
     NAME = "demo-causal"
     WHAT = "demo causal student (Self-Forcing DMD loss)"
-    STAGES = ("data", "distill", "export", "score")
-    MARKERS = {"data": "latents/meta.json", "distill": "distill/ditax_sample.json"}
+    STAGES = ("data", "distill", "long", "export", "score")
+    MARKERS = {"data": "latents/meta.json", "distill": "distill/ditax_sample.json",
+               "long": "distill/long.json"}
+    _long = False       # distill_args of the long stage
 
     def distill_args(self, frames, height, width, log_every):
         s = self.sizes
-        drop = ("distill.method=", "lora.")
+        drop = ("distill.method=", "lora.") + (("steps=",) if self._long else ())
+        more = [f"steps={s.steps + s.long_steps}",
+                f"distill.rollout_chunks={s.long_chunks}"] if self._long else []
         return [a for a in super().distill_args(frames, height, width, log_every)
                 if not a.startswith(drop)] + [
             "distill.method=self_forcing", f"model.causal_chunk={CHUNK}", "lora.rank=0",
-            f"sample.context_chunks={s.context_chunks}", "checkpoint.keep=1"]
+            f"sample.context_chunks={s.context_chunks}", "checkpoint.keep=1"] + more
+
+    def long(self):
+        """The distill stage's run resumed with long rollouts (module docstring, stage 2b)."""
+        from ditax.train.loop import train
+        from ditax.train.plots import read_metrics
+
+        s = self.sizes
+        if not s.long_steps:
+            return {"steps": 0}
+        self._long = True
+        try:
+            cfg = self.distill_config()
+        finally:
+            self._long = False
+        train(cfg, mesh=self.train_mesh(cfg), progress=self.progress, say=self.say)
+        out = self.out / "distill"
+        losses = [r["loss"] for r in read_metrics(out / "metrics.jsonl")
+                  if "loss" in r and r["step"] > s.steps]      # this stage's steps
+        info = {"steps": s.long_steps, "rollout_chunks": s.long_chunks,
+                "first_loss": losses[0], "last_loss": losses[-1],
+                "mean_last_10_logged": sum(losses[-10:]) / len(losses[-10:])}
+        (out / "long.json").write_text(json.dumps(info, indent=1) + "\n")
+        return info
 
     def export(self):
         """The run as a pipeline folder (module docstring, stage 3)."""
