@@ -85,16 +85,20 @@ def latent_of(row: dict) -> tuple[int, int, int]:
 
 
 def compare(row: dict, fwd: dict) -> dict:
-    """One line: the chip's peak (``peak_bytes_in_use``) against the plan's ``forward``."""
-    chip = row.get("peak_hbm_bytes")
+    """One line: the chip's peak (``peak_bytes_in_use``) against the plan's ``forward``. A
+    row that records the runtime's two parts (``peak_hbm_how``: session 59 on) keeps its
+    in-use peak apart (its ``peak_hbm_bytes`` is in-use + reserved); older rows recorded the
+    in-use peak alone as ``peak_hbm_bytes``."""
+    chip = row.get("peak_bytes_in_use") if row.get("peak_hbm_how") else row.get(
+        "peak_hbm_bytes")
     bound = row.get("peak_hbm_at_most")
     buffers = fwd.get("device_buffer_bytes")
     out = {"bench": "plan_vs_chip", "case": row["case"], "session": row.get("session"),
            "chip_commit": row.get("commit"), "config": row["config"],
            "overrides": row.get("overrides"), "latent": row["latent"], "target": TARGET,
            "chip_peak_bytes_in_use": chip, "chip_peak_at_most": bound,
-           "chip_peak_bytes_reserved": (row.get("memory_stats") or {}).get(
-               "peak_bytes_reserved"),
+           "chip_peak_bytes_reserved": row.get("peak_bytes_reserved") if row.get(
+               "peak_hbm_how") else (row.get("memory_stats") or {}).get("peak_bytes_reserved"),
            "plan_buffer_bytes": buffers, "plan_temp_bytes": fwd.get("device_temp_bytes"),
            "plan_device_peak_bytes": fwd.get("device_peak_bytes"),
            "plan_argument_bytes": fwd.get("argument_bytes"),
@@ -106,6 +110,9 @@ def compare(row: dict, fwd: dict) -> dict:
            "plan_compile_s": fwd.get("compile_s"), "chip_ran": True}
     if out["chip_peak_bytes_reserved"] is None:
         out["chip_reserved"] = NOT_RECORDED
+    elif out["plan_temp_bytes"]:        # the temporaries: what the chip reserved for them
+        out["plan_temps_over_chip_reserved"] = round(
+            out["plan_temp_bytes"] / out["chip_peak_bytes_reserved"], 4)
     if chip and buffers:
         ratio = buffers / chip
         out.update(metric="plan_buffers_over_chip_peak_bytes_in_use", value=round(ratio, 4),
