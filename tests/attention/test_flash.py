@@ -16,20 +16,12 @@ from ditax.attention.flash import (
     flash_attention_shard_major,
 )
 from ditax.attention.reference import reference_attention
+from attention_inputs import o_lse_loss
 
 
 def _qkv(rng, B, Lq, Lk, N, K):
     f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)  # noqa: E731
     return f(B, Lq, N, K), f(B, Lk, N, K), f(B, Lk, N, K)
-
-
-def _loss(fn, mask):
-    """Scalar touching both outputs (o and the finite part of lse); (o, lse) as aux."""
-    def loss(q, k, v):
-        o, lse = fn(q, k, v, kv_mask=mask, return_lse=True)
-        w = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
-        return jnp.sum(o * w) + 0.3 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)), (o, lse)
-    return loss
 
 
 @pytest.mark.parametrize("K,Lq,Lk,masked", [(64, 40, 24, True), (128, 16, 16, False)])
@@ -39,10 +31,10 @@ def test_flash_matches_reference_forward_and_grad(rng, K, Lq, Lk, masked):
     mask = jnp.asarray(rng.random((1, Lk)) > 0.3) if masked else None
     fl = lambda *a, **kw: flash_attention(*a, block_q=16, block_kv=16, **kw)  # noqa: E731
     # jitted: one program each instead of one per eager op (the kernel is the same)
-    (_, (o, lse)), g = jax.jit(jax.value_and_grad(_loss(fl, mask), argnums=(0, 1, 2),
+    (_, (o, lse)), g = jax.jit(jax.value_and_grad(o_lse_loss(fl, mask), argnums=(0, 1, 2),
                                                   has_aux=True))(q, k, v)
     (_, (o_ref, lse_ref)), g_ref = jax.jit(jax.value_and_grad(
-        _loss(reference_attention, mask), argnums=(0, 1, 2), has_aux=True))(q, k, v)
+        o_lse_loss(reference_attention, mask), argnums=(0, 1, 2), has_aux=True))(q, k, v)
     assert o.shape == q.shape and lse.shape == (1, 2, Lq) and lse.dtype == jnp.float32
     np.testing.assert_allclose(o, o_ref, atol=2e-6, rtol=1e-5)
     np.testing.assert_allclose(lse, lse_ref, atol=2e-6, rtol=1e-6)

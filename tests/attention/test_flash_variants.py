@@ -12,13 +12,9 @@ import pytest
 
 from ditax.attention.flash import Variant, flash_attention, flash_attention_tuned, flash_tune
 from ditax.attention.reference import reference_attention
+from attention_inputs import make_inputs, o_lse_loss
 
 VARIANTS = ["unroll", "lanes", "prescale", "pv_f32", "all"]
-
-
-def _qkv(rng, B, Lq, Lk, N, K):
-    f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)  # noqa: E731
-    return f(B, Lq, N, K), f(B, Lk, N, K), f(B, Lk, N, K)
 
 
 def _flash(variant, **blocks):
@@ -30,26 +26,18 @@ def _flash(variant, **blocks):
     return fn
 
 
-def _loss(fn, mask):
-    def loss(q, k, v):
-        o, lse = fn(q, k, v, kv_mask=mask, return_lse=True)
-        w = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
-        return jnp.sum(o * w) + 0.3 * jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)), (o, lse)
-    return loss
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("K,masked", [(128, False), (64, True)], ids=["packed", "padded-mask"])
 def test_variant_matches_reference_forward_and_grad(rng, variant, K, masked):
     """Lq = 40, Lk = 72 with blocks (16, 32) and 16-key compute slices: partial last blocks
     (read past the arrays when packed, padded and masked when not), two slices a key block."""
-    q, k, v = _qkv(rng, 1, 40, 72, 2, K)
+    q, k, v = make_inputs(rng, 1, 40, 72, 2, K, masked=False)[:3]
     mask = jnp.asarray(rng.random((1, 72)) > 0.3) if masked else None
     fl = _flash(variant, block_q=16, block_kv=32, block_kv_compute=16)
-    (_, (o, lse)), g = jax.jit(jax.value_and_grad(_loss(fl, mask), argnums=(0, 1, 2),
+    (_, (o, lse)), g = jax.jit(jax.value_and_grad(o_lse_loss(fl, mask), argnums=(0, 1, 2),
                                                   has_aux=True))(q, k, v)
     (_, (o_ref, lse_ref)), g_ref = jax.jit(jax.value_and_grad(
-        _loss(reference_attention, mask), argnums=(0, 1, 2), has_aux=True))(q, k, v)
+        o_lse_loss(reference_attention, mask), argnums=(0, 1, 2), has_aux=True))(q, k, v)
     assert o.shape == q.shape and lse.shape == (1, 2, 40) and lse.dtype == jnp.float32
     np.testing.assert_allclose(o, o_ref, atol=3e-6, rtol=1e-5)
     np.testing.assert_allclose(lse, lse_ref, atol=3e-6, rtol=1e-6)
@@ -63,8 +51,8 @@ def test_variant_continues_from_previous_partial(rng, variant):
     (the variants' running state starts from lse_prev in their own units); batch 1 has every
     A key masked (the empty start)."""
     B, Lq, La, Lb, N, K = 2, 20, 16, 24, 2, 128
-    q, ka, va = _qkv(rng, B, Lq, La, N, K)
-    _, kb, vb = _qkv(rng, B, Lq, Lb, N, K)
+    q, ka, va = make_inputs(rng, B, Lq, La, N, K, masked=False)[:3]
+    _, kb, vb = make_inputs(rng, B, Lq, Lb, N, K, masked=False)[:3]
     ma = jnp.asarray(rng.random((B, La)) > 0.3).at[1].set(False)
     fl = _flash(variant, block_q=8, block_kv=16, block_kv_compute=8)
 
@@ -98,7 +86,7 @@ def test_variant_continues_from_previous_partial(rng, variant):
 def test_plain_variant_is_the_default_kernel_bit_for_bit(rng):
     """``Variant()`` is the kernel flash_attention runs (same values, bit for bit), and the
     variants' names parse both ways."""
-    q, k, v = _qkv(rng, 1, 24, 40, 2, 128)
+    q, k, v = make_inputs(rng, 1, 24, 40, 2, 128, masked=False)[:3]
     blocks = dict(block_q=8, block_kv=16, block_kv_compute=8)
     o, lse = jax.jit(lambda *a: flash_attention(*a, return_lse=True, interpret=True,
                                                 **blocks))(q, k, v)
@@ -117,7 +105,8 @@ def test_unknown_variant_flag_is_named():
 def test_bf16_variants_stay_within_bf16_rounding_of_the_plain_kernel(rng):
     """In bf16 the pre-scaled q is rounded to bf16 (as splash's is): the output stays
     within bf16 rounding of the plain kernel's."""
-    q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(rng, 1, 32, 64, 2, 128))
+    q, k, v = (x.astype(jnp.bfloat16)
+               for x in make_inputs(rng, 1, 32, 64, 2, 128, masked=False)[:3])
     blocks = dict(block_q=16, block_kv=32, block_kv_compute=16)
     ref = jax.jit(_flash("plain", **blocks))(q, k, v).astype(jnp.float32)
     for variant in ("prescale", "all"):
