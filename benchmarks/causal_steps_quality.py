@@ -60,13 +60,14 @@ def main(argv=None) -> None:
 
     import ditax.demo
     from ditax.demo.causal import long_frames, run_model
+    from ditax.pipelines.family import pipelines_of
     from ditax.pipelines.sample_defaults import read_sample_defaults
     from ditax.pipelines.wan.loading import load_pipeline
     from ditax.synthetic.vocab import all_combinations
 
     folder = a.student or str(ditax.demo.causal_model_path())
-    with open(os.path.join(folder, "ditax_sample.json")) as f:   # the student's own sigmas
-        sigmas = json.load(f)["sigmas"]
+    # the student's own sigmas, read and checked as its loader reads them
+    sigmas = read_sample_defaults(folder, pipelines_of("wan").sample_file_rules())["sigmas"]
     for steps, _ in settings:
         subset_sigmas(sigmas, steps)            # refuse before any work
     teacher = read_sample_defaults(ditax.demo.model_path())
