@@ -57,7 +57,7 @@ def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int 
            "latent": list(args[0].shape), "platform": mesh.devices.flat[0].platform}
     a = cfg.attention
     if a.sparsity != "none":
-        row["sparsity"] = {"mode": a.sparsity, "tile": _tile(a.tile, cfg.model, args[0].shape),
+        row["sparsity"] = {"mode": a.sparsity, "tile": _tile(a, cfg.model, args[0].shape),
                            "window": list(a.window)}
         if a.sparsity == "radial":
             row["sparsity"]["decay"] = a.decay
@@ -71,14 +71,12 @@ def forward_benchmark(cfg, mesh, latent=None, text_len: int = 512, repeats: int 
     return row
 
 
-def _tile(tile, model, latent_shape) -> list:
+def _tile(acfg, model, latent_shape) -> list:
     """The tile the model ran: ``attention.tile`` as given, ``auto`` resolved for the patched
     grid of ``latent_shape [B, C, F, H, W]`` (kept as ``auto`` for a model without patches)."""
-    patch = getattr(model, "patch_size", None)
-    if tile != "auto":
-        return list(tile)
-    if patch is None or len(latent_shape) != 5:
-        return tile
-    from ditax.attention.sparse.layout import layout_tile
+    if acfg.tile != "auto":
+        return list(acfg.tile)
+    from ditax.attention.sparse.layout import latent_layout_summary
 
-    return list(layout_tile(tile, [n // p for n, p in zip(latent_shape[2:], patch)]))
+    summary = latent_layout_summary(acfg, model, latent_shape)
+    return acfg.tile if summary is None else summary["tile"]

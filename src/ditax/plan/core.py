@@ -216,16 +216,12 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
 def _sparsity(cfg, family, latent) -> dict | None:
     """``attention.sparsity``'s layout of the forward's latent grid (``latent = (F, Y, X)``,
     default from ``cfg.sample``) in patches: the tile (``auto`` resolved), the padded tokens
-    (:func:`~ditax.attention.sparse.layout.layout_summary`); None for a model without
-    ``patch_size``."""
-    from ditax.attention.sparse.layout import layout_summary
+    (:func:`~ditax.attention.sparse.layout.latent_layout_summary`)."""
+    from ditax.attention.sparse.layout import latent_layout_summary
 
-    patch = getattr(cfg.model, "patch_size", None)
-    if patch is None:
-        return None
     latent = latent or family.latent_shape(cfg.sample.num_frames, cfg.sample.height,
                                            cfg.sample.width)[1:]
-    return layout_summary(cfg.attention, [n // p for n, p in zip(latent[-3:], patch)])
+    return latent_layout_summary(cfg.attention, cfg.model, latent)
 
 
 def _quantize(model_cfg, model, devices) -> dict:

@@ -195,6 +195,16 @@ def layout_summary(acfg, grid) -> dict | None:
             "density": attention_density(acfg, grid)}
 
 
+def latent_layout_summary(acfg, model_cfg, latent) -> dict | None:
+    """:func:`layout_summary` of the token grid a video latent ``[..., F, H, W]`` makes through
+    ``model_cfg.patch_size`` (None for a model without a 3-axis patch, or no sparsity): what
+    ``ditax plan`` and ``ditax bench`` report of the forward they run."""
+    patch = getattr(model_cfg, "patch_size", None)
+    if not isinstance(patch, (tuple, list)) or len(patch) != 3 or len(latent) < 3:
+        return None
+    return layout_summary(acfg, [int(n) // p for n, p in zip(tuple(latent)[-3:], patch)])
+
+
 def attention_density(acfg, grid) -> float:
     """The share of the self-attention scores ``acfg``'s sparsity computes on a ``grid = (F, Y,
     X)`` of tokens: its block table's density (1 without a sparsity). What a FLOP count
@@ -218,5 +228,5 @@ def reference_mask(layout: SparseLayout) -> np.ndarray:
     return element_mask(layout.order, layout.table.table)
 
 
-__all__ = ["SparseLayout", "TABLE_MOST", "attention_density", "layout_summary", "layout_tile", "sparse_layout",
-           "reference_mask"]
+__all__ = ["SparseLayout", "TABLE_MOST", "attention_density", "latent_layout_summary",
+           "layout_summary", "layout_tile", "sparse_layout", "reference_mask"]
