@@ -52,8 +52,8 @@ class TileOrder:
 
     @property
     def length(self) -> int:
-        """Tokens in the tile-major order (padding included)."""
-        return int(np.prod(self.padded_grid))
+        """Tokens in the tile-major order (padding included): :func:`padded_length`."""
+        return padded_length(self.grid, self.tile)
 
     @cached_property
     def source(self) -> np.ndarray:
