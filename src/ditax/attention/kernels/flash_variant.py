@@ -32,10 +32,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ditax.attention.blocks import LANES
 from ditax.attention.kernels.mosaic import LN2, LOG2E
-
-LANES = 128
-FLAGS = ("unroll", "lanes", "prescale", "pv_f32")
 
 
 class Variant(NamedTuple):
@@ -83,6 +81,8 @@ class Variant(NamedTuple):
         return scale * LOG2E
 
 
+#: the flags, in the order a name joins them (the fields of :class:`Variant`)
+FLAGS = Variant._fields
 PLAIN = Variant()
 
 __all__ = ["Variant", "PLAIN", "FLAGS"]
