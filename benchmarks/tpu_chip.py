@@ -15,7 +15,8 @@ Parts (run in the order given; ``--budget-s`` stops starting new cases once spen
 case prints its row as it finishes): ``forward`` (the families' transformers at their standard
 sizes, random weights, ``ditax bench``'s forward; ``wan480`` its first case alone), ``attention`` (each kernel alone at Wan
 1.3B's shape, forward and forward + backward), ``int8`` (W+A int8 against bf16 where the
-linears dominate; ``int8_flux2``: FLUX.2's bf16 and W+A rows alone), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``; ``vae_old``
+linears dominate; ``int8_flux2``: FLUX.2's bf16 and W+A rows alone; ``sage``: the int8-QK attention kernel alone
+against splash, and Wan's forward with it, bf16 at 480p x 81 and W+A int8 at 480p x 17), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``; ``vae_old``
 the plain path), ``flash_tiles`` (flash's forward at other tiles), ``memprobe`` (what the
 device's peak counts), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 and int8, and
 FLUX.1-dev int8 resident: issue 55's out-of-memory rows), ``vsa`` (VSA's table fine pass
@@ -71,9 +72,12 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
     base = {"jax": jax.__version__, "commit": _commit()}
 
     class Chip(Sweep):
+        rows: list = []
+
         def emit(self, row: dict) -> None:
             if row.get("bench") == "tpu_sweep":
                 row = {**row, "bench": "tpu_chip"}
+            self.rows.append(row)
             super().emit({**base, **row})
 
     sw = Chip(out, budget_s, repeats)
@@ -125,6 +129,21 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
                             grad=False)
             # the kernel's ceiling at these tiles: a length of whole blocks, nothing masked
             attention_cases(sw, (1, 32768) + WAN[2:], [("splash", {})], grad=False)
+        elif part == "sage":    # issue 54 item 3: 8-bit attention (int8 QK^T) on the MXU
+            tiles = [{}] + [dict(block_q=q, block_kv=kv)
+                            for q, kv in ((512, 512), (1024, 1024), (2048, 1024))]
+            attention_cases(sw, WAN, [("sage", t) for t in tiles] + [("splash", {})],
+                            grad=False)
+            timed = [(r["value"], r["options"]) for r in sw.rows
+                     if r.get("backend") == "sage" and r.get("metric") == "time"]
+            best = min(timed, key=lambda t: t[0])[1] if timed else {}
+            sage = ["attention.backend=sage"] + [f"attention.{a}={b}" for a, b in best.items()]
+            model_case(sw, wan, bf + sage, (21, 60, 104),
+                       "Wan 2.1 1.3B forward 480x832x81 sage", flops_shape=(16, 21, 60, 104))
+            model_case(sw, wan, bf + sage + ["model.quantize=int8",
+                                             "model.quantize_activations=true"], (5, 60, 104),
+                       "Wan 2.1 1.3B 480x832x17 forward quantize+quantize_activations+sage",
+                       flops_shape=(16, 5, 60, 104))
         elif part == "int8_gemm":
             int8_cases(sw, [(32768, 1536, 8960)])
         elif part == "vae":
@@ -267,7 +286,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
                    choices=["forward", "wan480", "attention", "int8", "int8_flux2", "int8_gemm",
-                            "vae", "vae_old", "big", "memprobe", "flash_tiles", "vsa",
+                            "vae", "vae_old", "big", "memprobe", "flash_tiles", "vsa", "sage",
                             "vsa_tiles", "sparse_forward"])
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
@@ -291,7 +310,8 @@ def main() -> None:
 #: parts whose Pallas kernels, interpreted off a TPU at Wan's sizes, would run for hours
 CHIP_ONLY = {"vsa": "python benchmarks/vsa_table.py --small",
              "vsa_tiles": "python benchmarks/vsa_table.py --tiles --small",
-             "sparse_forward": "pytest tests/models/wan/test_sparse_attention.py"}
+             "sparse_forward": "pytest tests/models/wan/test_sparse_attention.py",
+             "sage": "pytest tests/attention/test_sage.py"}
 
 
 def off_chip_refusal(parts) -> str | None:
