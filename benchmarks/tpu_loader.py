@@ -120,12 +120,12 @@ def fs_type(path: str) -> str:
     return kind
 
 
-def host_need(blocks: int, overrides) -> int:
-    """Host bytes a variant keeps: its offloaded block weights (``blocks``: their bf16 bytes;
-    8-bit: half)."""
-    if OFFLOAD not in overrides:
-        return 0
-    return blocks // (2 if INT8 in overrides else 1)
+def host_need(sizes: dict, overrides) -> int:
+    """Host bytes a variant needs beside the process: its offloaded block weights (``sizes``
+    of :func:`block_sizes`; 8-bit: half their bf16 bytes) and one stacked tensor (every
+    layer's copy of one weight: the loader reads a stacked parameter whole)."""
+    offloaded = sizes["blocks"] // (2 if INT8 in overrides else 1) if OFFLOAD in overrides else 0
+    return offloaded + sizes["stack"]
 
 
 def room(where: str, part_bytes: int, ram_need: int) -> str | None:
@@ -142,26 +142,32 @@ def room(where: str, part_bytes: int, ram_need: int) -> str | None:
     need = ram_need + (part_bytes if kind in ("tmpfs", "ramfs") else 0) + 3 * GiB
     avail = mem_available()
     if avail is not None and avail < need:
-        return (f"needs {need / 1e9:.1f} GB of host memory (the offloaded weights, the file "
-                f"itself on {kind} {where}, 3 GiB for the process), has {avail / 1e9:.1f} GB "
-                f"available: pass --dir on a disk, or a variant without model.offload=host")
+        return (f"needs {need / 1e9:.1f} GB of host memory (the offloaded weights and one "
+                f"stacked tensor, the file itself on {kind} {where}, 3 GiB for the process), "
+                f"has {avail / 1e9:.1f} GB available: pass --dir on a disk, or a variant "
+                f"without model.offload=host")
     return None
 
 
-def block_bytes(part) -> tuple[int, int]:
-    """(the largest block's bytes, all blocks' bytes) of ``part``'s tensors: keys
-    ``...blocks.N.`` (Wan's ``blocks``, FLUX's ``transformer_blocks`` and
-    ``single_transformer_blocks``)."""
+def block_sizes(part) -> dict:
+    """Bytes of ``part``'s blocks (keys ``...blocks.N.``: Wan's ``blocks``, FLUX's
+    ``transformer_blocks`` and ``single_transformer_blocks``): ``block`` the largest block's,
+    ``blocks`` all of them, ``stack`` the largest stacked tensor's (one weight of every block
+    of a stack)."""
     import numpy as np
 
     from ditax.recipes.random_parts import numpy_dtype
 
-    item, per = np.dtype(numpy_dtype(part.dtype)).itemsize, {}
+    item, per, stacks = np.dtype(numpy_dtype(part.dtype)).itemsize, {}, {}
     for key, shape in part.tensors:
-        m = re.match(r"(.*blocks)\.(\d+)\.", key)
+        m = re.match(r"(.*blocks)\.(\d+)\.(.*)", key)
         if m:
-            per[m.groups()] = per.get(m.groups(), 0) + item * int(np.prod(shape, dtype=np.int64))
-    return max(per.values(), default=0), sum(per.values())
+            n = item * int(np.prod(shape, dtype=np.int64))
+            per[m.groups()[:2]] = per.get(m.groups()[:2], 0) + n
+            stack = (m.group(1), m.group(3))
+            stacks[stack] = stacks.get(stack, 0) + n
+    return {"block": max(per.values(), default=0), "blocks": sum(per.values()),
+            "stack": max(stacks.values(), default=0)}
 
 
 def write(case: Case, part, where: str, threads: int | None, out: str | None):
@@ -286,8 +292,8 @@ def run(a, env=None) -> int:
         variants = [(t, o) for t, o in case.variants if not a.variants or t in a.variants]
         where = os.path.join(a.dir, name)
         part = plan(case.preset, dtype="bfloat16")[1].parts[0]
-        block, blocks = block_bytes(part)
-        need = max((host_need(blocks, o) for _, o in variants), default=0)
+        sizes = block_sizes(part)
+        need = max((host_need(sizes, o) for _, o in variants), default=0)
         short = None if os.path.exists(os.path.join(where, "transformer", "config.json")) \
             else room(where, part.nbytes, need)
         if short or time.time() > deadline:
@@ -299,13 +305,13 @@ def run(a, env=None) -> int:
         folder = write(case, part, where, a.threads, a.out)
         for tag, overrides in variants:
             label = f"{case.label} loaded {tag}"
-            short = memory_short(host_need(blocks, overrides))
+            short = memory_short(host_need(sizes, overrides))
             if short or time.time() > deadline:
                 emit({**base_row(label, "load"), "skipped": short or "budget",
                       "settings": list(overrides)}, a.out)
                 continue
             spec = dict(case=name, tag=tag, overrides=list(overrides), folder=str(folder),
-                        weight_bytes=part.nbytes, block_bytes=block, repeats=a.repeats,
+                        weight_bytes=part.nbytes, block_bytes=sizes["block"], repeats=a.repeats,
                         attention=a.attention, check=a.check, out=a.out)
             child(spec, deadline - time.time(), env, label, a.out)
         if not a.keep:
@@ -314,13 +320,13 @@ def run(a, env=None) -> int:
 
 
 def memory_short(host: int) -> str | None:
-    """One line when the host has less memory available than a variant's ``host`` bytes of
-    offloaded weights + 3 GiB (e.g. a written folder that a memory file system holds)."""
+    """One line when the host has less memory available than a variant's ``host`` bytes
+    (:func:`host_need`) + 3 GiB (e.g. a written folder that a memory file system holds)."""
     avail, need = mem_available(), host + 3 * GiB
     if avail is None or avail >= need:
         return None
-    return (f"needs {need / 1e9:.1f} GB of host memory (its offloaded weights + 3 GiB), has "
-            f"{avail / 1e9:.1f} GB available after the write")
+    return (f"needs {need / 1e9:.1f} GB of host memory (its offloaded weights, one stacked "
+            f"tensor, 3 GiB), has {avail / 1e9:.1f} GB available after the write")
 
 
 def child(spec: dict, limit: float, env, name: str, out: str | None) -> None:
@@ -366,6 +372,9 @@ def main(argv=None, env=None) -> int:
         p.error(f"--variants {' '.join(sorted(set(a.variants) - tags))}: the cases' variants "
                 f"are {', '.join(sorted(tags))}")
     if a.child:
+        from ditax.tpu_env import raise_scoped_vmem
+
+        raise_scoped_vmem()   # before JAX starts the chip, as every ditax command: splash's tiles
         spec = json.loads(a.child)
         try:
             variant(spec)

@@ -79,11 +79,17 @@ def test_a_short_host_is_refused_before_writing(tmp_path, monkeypatch, capsys):
     assert "tpu_loader: wan14b needs" in capsys.readouterr().err
 
 
-def test_block_bytes_and_variants():
+def test_block_sizes_and_variants():
     from ditax.recipes.random_folders import plan
 
     part = plan("tiny", dtype="bfloat16")[1].parts[0]
-    block, blocks = tpu_loader.block_bytes(part)
-    assert blocks == 2 * block and 0 < blocks < part.nbytes      # two equal blocks
+    sizes = tpu_loader.block_sizes(part)
+    assert sizes["blocks"] == 2 * sizes["block"] and 0 < sizes["blocks"] < part.nbytes
+    ffn = dict(part.tensors)["blocks.0.ffn.net.0.proj.weight"]     # the largest of a block
+    assert sizes["stack"] == 2 * 2 * ffn[0] * ffn[1]               # two blocks, bf16
+    off = (tpu_loader.OFFLOAD,)
+    assert tpu_loader.host_need(sizes, off) == sizes["blocks"] + sizes["stack"]
+    assert tpu_loader.host_need(sizes, off + (tpu_loader.INT8,)) == (
+        sizes["blocks"] // 2 + sizes["stack"])
     with pytest.raises(SystemExit):
         tpu_loader.main(["--case", "tiny", "--variants", "int4"])
