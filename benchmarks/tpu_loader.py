@@ -1,32 +1,27 @@
 """Big models on one chip through the real loader (issue 55 item 1): a full-size random-weight
 transformer folder written on the chip's host, loaded by :func:`ditax.load_transformer` with
-one chip's options (``model.offload=host``, ``model.quantize=int8``), and one forward timed
-the way ``ditax bench`` times it — where ``tpu_chip.py --part big`` drew the weights on the
-device by random init. One JSON line per measurement (``tpu_chip.py``'s fields: ``bench``,
-``case``, ``metric``, ``value``, ``unit``, ``peak_hbm_bytes``, ``device_kind``, ``jax``,
-``commit``, ``settings``), printed and appended to ``--out``.
-
-On the lent chip (one call, ~400 s; docs/tpu_v5e.md "The next run"):
+one chip's options (``model.offload=host``, ``model.quantize=int8``) and timed by ``ditax
+bench``'s forward (``tpu_chip.py --part big`` drew the weights on the device instead). One
+JSON line per measurement, ``tpu_chip.py``'s fields (``bench``, ``case``, ``metric``,
+``value``, ``unit``, ``peak_hbm_bytes``, ``device_kind``, ``jax``, ``commit``, ``settings``),
+printed and appended to ``--out``. On the chip (docs/tpu_v5e.md "The next run", item 5):
 
     source benchmarks/tpu_setup.sh
-    python benchmarks/tpu_loader.py --case wan14b --dir /tmp/ditax_loader \
-        --out $OUT/tpu_loader.jsonl --budget-s 360
+    timeout 400 python benchmarks/tpu_loader.py --case wan14b --keep --out $OUT/loader.jsonl \
+        --budget-s 370
 
-Per case: the transformer part of ``ditax init-random``'s plan of the preset (diffusers' keys,
-bf16 as the real checkpoints, :func:`ditax.recipes.random_parts.write_part`: drawn on every
-core) is written under ``--dir`` (refused in one line when the disk or the host memory is
-short: a ``tmpfs`` folder holds the file in memory too) — the transformer alone, which
-``load_transformer`` loads without the pipeline's other parts; row ``write``. Then each
-variant in a process of its own, so the device's peak counts that variant alone: row
-``load`` (seconds; ``peak_load_bytes``, the device's ``peak_bytes_in_use`` after the load;
-``full_copy_on_device``: whether the device held the bf16 weights' bytes; for offload,
-``within_a_block``: whether it stayed under its resident parameters + one block's bf16 bytes;
-off a TPU, where no stats exist, the loaded parameters' device bytes stand in) and row
-``forward`` (:func:`ditax.bench.forward_benchmark` on the loaded model: median of
-``--repeats`` after a compile run). ``--check`` (small cases) adds the forward's difference
-from the same folder loaded resident in bf16. No step starts after ``--budget-s``; a variant
-still running then is ended (its rows so far are kept). ``--case tiny`` runs the same path
-on CPU in seconds (tests/benchmarks/test_tpu_loader_bench.py).
+Per case, row ``write``: the transformer part of ``ditax init-random``'s plan of the preset
+(diffusers' keys, bf16 as the real checkpoints; :func:`ditax.recipes.random_parts.write_part`
+draws on every core) under ``--dir``, refused in one line where the disk or host memory is
+short; the transformer alone, which ``load_transformer`` loads without the pipeline. Then
+each variant in a process of its own (the device's peak is that variant's): row ``load``
+(seconds; ``peak_load_bytes``: ``peak_bytes_in_use`` after the load; ``full_copy_on_device``:
+the device held the bf16 weights' bytes; offloaded, ``within_a_block``: it stayed under its
+own parameters + one block; off a TPU the loaded parameters' device bytes stand in) and row
+``forward`` (:func:`ditax.bench.forward_benchmark`, median of ``--repeats`` after a compile
+run; ``--check``: its difference from the folder loaded resident in bf16). No step starts
+after ``--budget-s``; a variant running then is ended, its rows so far kept. ``--case tiny``
+is the same path on CPU in seconds (tests/benchmarks/test_tpu_loader_bench.py).
 """
 
 from __future__ import annotations
@@ -68,7 +63,8 @@ CASES = {
                    (16, 21, 60, 104), (("offload=host", (OFFLOAD,)),
                                        ("offload=host int8", (OFFLOAD, INT8)))),
     "flux1dev": Case("flux.1-dev", "FLUX.1-dev 1024x1024", (1, 128, 128), 512,
-                     (16, 1, 128, 128), (("int8", (INT8,)), ("int8 offload=host", (INT8, OFFLOAD)))),
+                     (16, 1, 128, 128), (("int8", (INT8,)),
+                                         ("int8 offload=host", (INT8, OFFLOAD)))),
     "wan13b": Case("wan2.1-t2v-1.3b", "Wan 2.1 1.3B 480x832x81", (21, 60, 104), 512,
                    (16, 21, 60, 104), (("offload=host", (OFFLOAD,)), ("int8", (INT8,)))),
     "tiny": Case("tiny", "Wan tiny 32x32x5", (2, 4, 4), 16, None,
@@ -88,36 +84,32 @@ def emit(row: dict, out: str | None) -> None:
 
 
 def base_row(case: str, metric: str) -> dict:
+    import jax
+
     from tpu_chip import _commit
 
-    return {"bench": "tpu_loader", "case": case, "metric": metric, "commit": _commit()}
+    return {"bench": "tpu_loader", "case": case, "metric": metric, "jax": jax.__version__,
+            "commit": _commit()}
 
-
-# -- the host: room, the folder ----------------------------------------------------------------
 
 def mem_available() -> int | None:
     """The host's ``MemAvailable`` bytes (None where /proc/meminfo has none)."""
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+        return next(int(x.split()[1]) * 1024 for x in open("/proc/meminfo")
+                    if x.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
 
 
 def fs_type(path: str) -> str:
     """The file system type of the mount holding ``path`` (/proc/mounts; "?" if unknown)."""
-    path, best, kind = os.path.realpath(path), "", "?"
+    path = os.path.realpath(path)
     try:
-        for line in open("/proc/mounts"):
-            point, typ = line.split()[1:3]
-            if (path == point or path.startswith(point.rstrip("/") + "/")) and \
-                    len(point) >= len(best):
-                best, kind = point, typ
+        mounts = [line.split()[1:3] for line in open("/proc/mounts")]
     except OSError:
-        pass
-    return kind
+        return "?"
+    inside = [m for m in mounts if path == m[0] or path.startswith(m[0].rstrip("/") + "/")]
+    return max(inside, key=lambda m: len(m[0]), default=(None, "?"))[1]
 
 
 def host_need(sizes: dict, overrides) -> int:
@@ -130,8 +122,8 @@ def host_need(sizes: dict, overrides) -> int:
 
 def room(where: str, part_bytes: int, ram_need: int) -> str | None:
     """One line naming what is short to write ``part_bytes`` under ``where`` and then hold
-    ``ram_need`` bytes in host memory (a memory file system holds the file there too), or
-    None."""
+    ``ram_need`` bytes (:func:`host_need`) in host memory (:func:`memory_short`; a memory
+    file system holds the file there too), or None."""
     probe = where
     while not os.path.exists(probe):
         probe = os.path.dirname(probe) or "."
@@ -139,14 +131,20 @@ def room(where: str, part_bytes: int, ram_need: int) -> str | None:
     if free < part_bytes + GiB:
         return (f"needs {(part_bytes + GiB) / 1e9:.1f} GB free under {where} for the weights "
                 f"(+1 GiB), has {free / 1e9:.1f} GB ({kind}): pass --dir on a larger disk")
-    need = ram_need + (part_bytes if kind in ("tmpfs", "ramfs") else 0) + 3 * GiB
-    avail = mem_available()
-    if avail is not None and avail < need:
-        return (f"needs {need / 1e9:.1f} GB of host memory (the offloaded weights and one "
-                f"stacked tensor, the file itself on {kind} {where}, 3 GiB for the process), "
-                f"has {avail / 1e9:.1f} GB available: pass --dir on a disk, or a variant "
-                f"without model.offload=host")
-    return None
+    in_memory = kind in ("tmpfs", "ramfs")
+    return memory_short(ram_need + (part_bytes if in_memory else 0),
+                        f", the file on {kind} {where}" if in_memory else "")
+
+
+def memory_short(need: int, what: str = "") -> str | None:
+    """One line when the host has less memory available than ``need`` bytes + 3 GiB for the
+    process (``what``: more of what the bytes are), or None."""
+    avail, need = mem_available(), need + 3 * GiB
+    if avail is None or avail >= need:
+        return None
+    return (f"needs {need / 1e9:.1f} GB of host memory (offloaded weights, one stacked tensor"
+            f"{what}, 3 GiB), has {avail / 1e9:.1f} GB available: a --dir on a disk, or a "
+            f"variant without model.offload=host")
 
 
 def block_sizes(part) -> dict:
@@ -170,7 +168,7 @@ def block_sizes(part) -> dict:
             "stack": max(stacks.values(), default=0)}
 
 
-def write(case: Case, part, where: str, threads: int | None, out: str | None):
+def write(case: Case, part, where: str, out: str | None):
     """The case's transformer ``part`` (its random folder plan's) written as the folder
     ``where/transformer``, which is returned (kept when complete: its ``config.json`` is
     written last)."""
@@ -179,20 +177,21 @@ def write(case: Case, part, where: str, threads: int | None, out: str | None):
 
     from ditax.recipes.random_parts import write_part
 
-    folder = pathlib.Path(where) / part.name
+    folder, row = pathlib.Path(where) / part.name, base_row(f"{case.label} write", "write")
     if (folder / "config.json").exists():
+        emit({**row, "skipped": f"kept from an earlier run: {folder}"}, out)
         return folder
     shutil.rmtree(folder, ignore_errors=True)
-    threads = threads or os.cpu_count() or 1
+    threads = os.cpu_count() or 1
     before, t0 = mem_available(), time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         write_part(pathlib.Path(where), part, 0, pool, ahead=2 * threads)
     took = time.perf_counter() - t0
-    files = sorted(p.name for p in folder.glob("*.safetensors"))
-    emit({**base_row(f"{case.label} write", "write"), "value": round(took, 2), "unit": "s",
-          "bytes": part.nbytes, "params": part.params, "tensors": len(part.tensors),
-          "files": len(files), "gb_per_s": round(part.nbytes / took / 1e9, 3),
-          "dir": str(where), "fs": fs_type(where), "threads": threads,
+    emit({**row, "value": round(took, 2), "unit": "s", "bytes": part.nbytes,
+          "params": part.params, "tensors": len(part.tensors),
+          "files": len(list(folder.glob("*.safetensors"))),
+          "gb_per_s": round(part.nbytes / took / 1e9, 3), "dir": str(where),
+          "fs": fs_type(where), "threads": threads,
           "mem_available_before": before, "mem_available_after": mem_available(),
           "device_kind": None, "peak_hbm_bytes": None, "settings": ["dtype=bfloat16"]}, out)
     return folder
@@ -201,42 +200,77 @@ def write(case: Case, part, where: str, threads: int | None, out: str | None):
 # -- one variant, in its own process ------------------------------------------------------------
 
 def variant(spec: dict) -> None:
-    """Load ``spec``'s folder with its overrides, emit the load row, time the forward, emit
-    its row (``spec``: what :func:`run` passes as ``--child``)."""
+    """Load ``spec``'s folder with its overrides (:func:`load`), time the forward, emit its
+    row (``spec``: what :func:`run` passes as ``--child``)."""
     import jax
     import numpy as np
 
     import ditax
     from ditax.bench import forward_benchmark, forward_inputs
     from ditax.models.base import model_family
-    from ditax.nn.offload import HOST, host_bytes
     from ditax.parallel.mesh import make_mesh
     from ditax.recipes.random_folders import resolve_preset
     from tpu_sweep import PEAK, _gen, case_peak, device_stats
 
-    case, out, overrides = CASES[spec["case"]], spec["out"], list(spec["overrides"])
+    case = CASES[spec["case"]]
     name = f"{case.label} loaded {spec['tag']}"
     platform = jax.devices()[0].platform
     attention = spec["attention"] or ("splash" if platform == "tpu" else "xla")
-    settings = ["model.dtype=bfloat16", f"attention.backend={attention}", *overrides]
+    settings = ["model.dtype=bfloat16", f"attention.backend={attention}", *spec["overrides"]]
     cfg = resolve_preset(case.preset, settings)[0]
     mesh = make_mesh(dict(data=1, fsdp=1, context=1, tensor=1), jax.devices()[:1])
-    model = {k.split("=")[0].split(".", 1)[1]: None for k in overrides}
-    model = {k: getattr(cfg.model, k) for k in model}
-    common = {"device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
-              "settings": settings, "folder": spec["folder"]}
+    common = {"device_kind": jax.devices()[0].device_kind, "settings": settings,
+              "folder": spec["folder"]}
+    tr, loaded = load(spec, cfg, mesh, name, common)
+    fwd = forward_benchmark(cfg, mesh, case.latent, case.text_len, spec["repeats"],
+                            transformer=tr)
+    after = device_stats()
+    flops = model_family(cfg.model, cfg.attention).flops_per_sample(
+        tuple(case.flops_shape or fwd["latent"][1:]), case.text_len) / 3.0
+    fwd.update(base_row(name, "forward"), **common, flops=flops, load_s=loaded["value"],
+               memory_stats_before=loaded["memory_stats"], memory_stats=after,
+               **case_peak(loaded["memory_stats"], after))
+    if platform == "tpu":
+        fwd["mfu"] = round(flops / fwd["value"] / PEAK.get(_gen(), (197e12,))[0], 3)
+    if spec["check"]:
+        args, kwargs = forward_inputs(cfg, mesh, case.latent, case.text_len)
+        got = np.asarray(tr(*args, **kwargs), np.float32)
+        del tr
+        ref = ditax.load_transformer(spec["folder"], dtype="bfloat16", mesh=mesh,
+                                     attention=cfg.attention)
+        want = np.asarray(ref(*args, **kwargs), np.float32)
+        fwd["max_abs_diff_vs_bf16_resident"] = float(np.max(np.abs(got - want)))
+        fwd["rel_err_vs_bf16_resident"] = float(np.linalg.norm(got - want)
+                                                / np.linalg.norm(want))
+        fwd["finite"] = bool(np.isfinite(got).all())
+    emit(fwd, spec["out"])
+
+
+def load(spec: dict, cfg, mesh, name: str, common: dict):
+    """``ditax.load_transformer`` of ``spec``'s folder with its ``model.*`` overrides (their
+    values as ``cfg`` parsed them) on ``mesh``; emits and returns ``(transformer, the load
+    row)``: seconds, where the parameters are, the device's peak during the load against the
+    bf16 weights (and, offloaded, against its own parameters + one block)."""
+    import jax
+
+    import ditax
+    from ditax.nn.offload import HOST, host_bytes
+    from tpu_sweep import device_stats
+
+    overrides = spec["overrides"]
+    model = {k: getattr(cfg.model, k)
+             for k in (o.split("=")[0].split(".", 1)[1] for o in overrides)}
     before = device_stats()
     t0 = time.perf_counter()
     tr = ditax.load_transformer(spec["folder"], dtype="bfloat16", mesh=mesh,
                                 attention=cfg.attention, **model)
     jax.block_until_ready(jax.tree.leaves(tr))
     load_s = time.perf_counter() - t0
-    loaded = device_stats()
+    stats = device_stats()
     leaves = [x for x in jax.tree.leaves(tr) if isinstance(x, jax.Array)]
     on_device = sum(x.nbytes for x in leaves if x.sharding.memory_kind != HOST)
-    peak = loaded.get("peak_bytes_in_use")
+    peak = stats.get("peak_bytes_in_use")
     measured = on_device if peak is None else peak
-    offload = OFFLOAD in overrides
     full = measured >= spec["weight_bytes"]
     row = {**base_row(name, "load"), "value": round(load_s, 2), "unit": "s", **common,
            "weight_bytes": spec["weight_bytes"], "block_bytes": spec["block_bytes"],
@@ -245,38 +279,16 @@ def variant(spec: dict) -> None:
            "device_load_how": ("memory_stats peak_bytes_in_use after the load" if peak is not None
                                else "the loaded parameters' device bytes (no memory_stats)"),
            "full_copy_on_device": full, "memory_stats_before": before,
-           "memory_stats": loaded, "peak_hbm_bytes": peak}
-    if offload:
+           "memory_stats": stats, "peak_hbm_bytes": peak}
+    if OFFLOAD in overrides:
         row["within_a_block"] = measured <= on_device + spec["block_bytes"]
     row["ok"] = (full == (not overrides)) and row.get("within_a_block", True)
-    emit(row, out)
+    emit(row, spec["out"])
     if not row["ok"]:
-        print(f"tpu_loader: {name}: the device held {measured / GiB:.2f} GiB during the load "
-              f"(bf16 weights {spec['weight_bytes'] / GiB:.2f} GiB, its own parameters "
-              f"{on_device / GiB:.2f} GiB, a block {spec['block_bytes'] / GiB:.2f} GiB)",
-              file=sys.stderr)
-    fwd = forward_benchmark(cfg, mesh, case.latent, case.text_len, spec["repeats"],
-                            transformer=tr)
-    after = device_stats()
-    fam = model_family(cfg.model, cfg.attention)
-    flops = fam.flops_per_sample(tuple(case.flops_shape or fwd["latent"][1:]),
-                                 case.text_len) / 3.0
-    fwd.update(base_row(name, "forward"), **common, flops=flops, load_s=round(load_s, 2),
-               memory_stats_before=loaded, memory_stats=after, **case_peak(loaded, after))
-    if platform == "tpu":
-        fwd["mfu"] = round(flops / fwd["value"] / PEAK.get(_gen(), (197e12,))[0], 3)
-    if spec["check"]:
-        args, kwargs = forward_inputs(cfg, mesh, case.latent, case.text_len)
-        got = np.asarray(tr(*args, **kwargs), np.float32)
-        del tr, leaves
-        ref = ditax.load_transformer(spec["folder"], dtype="bfloat16", mesh=mesh,
-                                     attention=cfg.attention)
-        want = np.asarray(ref(*args, **kwargs), np.float32)
-        fwd["max_abs_diff_vs_bf16_resident"] = float(np.max(np.abs(got - want)))
-        fwd["rel_err_vs_bf16_resident"] = float(np.linalg.norm(got - want)
-                                                / np.linalg.norm(want))
-        fwd["finite"] = bool(np.isfinite(got).all())
-    emit(fwd, out)
+        print(f"tpu_loader: {name}: the device held {measured / GiB:.2f} GiB during the load; "
+              f"bf16 weights {spec['weight_bytes'] / GiB:.2f}, its parameters {on_device / GiB:.2f}"
+              f", a block {spec['block_bytes'] / GiB:.2f} GiB", file=sys.stderr)
+    return tr, row
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -302,7 +314,7 @@ def run(a, env=None) -> int:
             if short:
                 print(f"tpu_loader: {name} {short}", file=sys.stderr)
             continue
-        folder = write(case, part, where, a.threads, a.out)
+        folder = write(case, part, where, a.out)
         for tag, overrides in variants:
             label = f"{case.label} loaded {tag}"
             short = memory_short(host_need(sizes, overrides))
@@ -317,16 +329,6 @@ def run(a, env=None) -> int:
         if not a.keep:
             shutil.rmtree(where, ignore_errors=True)
     return 0
-
-
-def memory_short(host: int) -> str | None:
-    """One line when the host has less memory available than a variant's ``host`` bytes
-    (:func:`host_need`) + 3 GiB (e.g. a written folder that a memory file system holds)."""
-    avail, need = mem_available(), host + 3 * GiB
-    if avail is None or avail >= need:
-        return None
-    return (f"needs {need / 1e9:.1f} GB of host memory (its offloaded weights, one stacked "
-            f"tensor, 3 GiB), has {avail / 1e9:.1f} GB available after the write")
 
 
 def child(spec: dict, limit: float, env, name: str, out: str | None) -> None:
@@ -359,7 +361,6 @@ def main(argv=None, env=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=360)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--threads", type=int, default=None, help="drawing threads (all cores)")
     p.add_argument("--attention", default=None, help="default: splash on a TPU, else xla")
     p.add_argument("--check", action="store_true",
                    help="compare each forward with the folder loaded resident in bf16 "

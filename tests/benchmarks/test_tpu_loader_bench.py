@@ -30,7 +30,7 @@ def test_tiny_case_runs_every_variant_through_the_loader(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]), "JAX_PLATFORMS": "cpu"}
     assert tpu_loader.main(["--case", "tiny", "--dir", str(tmp_path / "w"), "--check",
-                            "--threads", "2", "--out", str(out)], env=env) == 0
+                            "--out", str(out)], env=env) == 0
     rows = rows_of(out)
     assert not [r for r in rows.values() if "error" in r or "skipped" in r], rows
     write = rows[("Wan tiny 32x32x5 write", "write")]
