@@ -160,6 +160,8 @@ SLOWEST_FIRST = (
 # rest: every module and kernel against its reference, every CLI and server check.
 END_TO_END = (
     "benchmarks/test_tpu_train_bench.py",
+    # four processes loading the tiny folder (about 16 s); its refusals stay in the fast tier
+    "benchmarks/test_tpu_loader_bench.py::test_tiny_case_runs_every_variant_through_the_loader",
     "recipes/test_demo_model.py", "recipes/test_flux_demo_model.py",
     "recipes/test_demo_student.py", "recipes/test_flux_demo_student.py",
     "recipes/test_init_random.py", "recipes/test_demo_causal.py",

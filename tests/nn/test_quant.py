@@ -96,3 +96,31 @@ def test_native_dot_table():
     assert not native_dots("int8", True, "gpu", "NVIDIA H200")
     assert not native_dots("int8", True, "cpu", "cpu")
     assert not native_dots("fp8", True, "cpu", "cpu")
+
+
+@pytest.mark.parametrize("mode", ["int8", "fp8"])
+def test_the_loaders_quantizer_takes_a_stack_a_layer_at_a_time(mode):
+    """:func:`ditax.nn.quant.reader`'s ``convert`` on a stacked kernel ``[layers, in, out]``
+    (quantized layer by layer on threads) equals the whole slice quantized at once, element
+    for element, whole or a device's slice of it; one layer and an unstacked kernel too."""
+    import ml_dtypes
+
+    from ditax.nn.quant import STORED, quantize_values, reader
+
+    w = np.random.default_rng(0).standard_normal((5, 48, 40)).astype(ml_dtypes.bfloat16)
+    convert, scale = reader(mode)(lambda index: np.asarray(w[index], np.float32), w.shape,
+                                  True)
+    assert scale.shape == (5, 40)
+    for index in [(slice(None),) * 3, (slice(1, 4), slice(None), slice(8, 24)),
+                  (slice(2, 3),)]:
+        idx = index + (slice(None),) * (3 - len(index))
+        got = convert(w[idx], index)
+        want = quantize_values(np.asarray(w[idx]), scale[idx[:1] + idx[2:]][:, None, :],
+                               mode)
+        assert got.dtype == STORED[mode] and got.shape == want.shape
+        assert np.array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8)), index
+    convert2, scale2 = reader(mode)(lambda index: np.asarray(w[0][index], np.float32),
+                                    w.shape[1:], False)
+    got = convert2(w[0], (slice(None),) * 2)
+    want = quantize_values(np.asarray(w[0]), scale2[None, :], mode)
+    assert np.array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8))
