@@ -16,7 +16,8 @@ case prints its row as it finishes): ``forward`` (the families' transformers at 
 sizes, random weights, ``ditax bench``'s forward; ``wan480`` its first case alone), ``attention`` (each kernel alone at Wan
 1.3B's shape, forward and forward + backward), ``int8`` (W+A int8 against bf16 where the
 linears dominate; ``int8_flux2``: FLUX.2's bf16 and W+A rows alone; ``sage``: the int8-QK attention kernel alone
-against splash, and Wan's forward with it, bf16 at 480p x 81 and W+A int8 at 480p x 17), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``; ``vae_old``
+against splash, and Wan's forward with it, bf16 at 480p x 81 and W+A int8 at 480p x 17;
+``sage_flux2``: FLUX.2-klein-4B's bf16, W+A and W+A + sage rows in one process), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``; ``vae_old``
 the plain path), ``flash_tiles`` (flash's forward at other tiles), ``memprobe`` (what the
 device's peak counts), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 and int8, and
 FLUX.1-dev int8 resident: issue 55's out-of-memory rows), ``vsa`` (VSA's table fine pass
@@ -144,6 +145,17 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
                                              "model.quantize_activations=true"], (5, 60, 104),
                        "Wan 2.1 1.3B 480x832x17 forward quantize+quantize_activations+sage",
                        flops_shape=(16, 5, 60, 104))
+        elif part == "sage_flux2":    # issue 54 item 3: FLUX.2 W+A int8 with 8-bit attention
+            wa = ["model.quantize=int8", "model.quantize_activations=true"]
+            for name, extra in (("bf16", []), ("W+A int8", wa)) + tuple(
+                    (f"W+A int8 + sage {b}", wa + ["attention.backend=sage",
+                                                   f"attention.block_q={b}",
+                                                   f"attention.block_kv={b}"])
+                    for b in (512, 1024)):
+                model_case(sw, "flux.2-klein-4b", bf + (extra if "sage" in name else
+                                                        ["attention.backend=splash"] + extra),
+                           None, f"FLUX.2-klein-4B 1024x1024 forward {name}",
+                           flops_shape=(128, 1, 64, 64))
         elif part == "int8_gemm":
             int8_cases(sw, [(32768, 1536, 8960)])
         elif part == "vae":
@@ -287,6 +299,7 @@ def main() -> None:
     p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
                    choices=["forward", "wan480", "attention", "int8", "int8_flux2", "int8_gemm",
                             "vae", "vae_old", "big", "memprobe", "flash_tiles", "vsa", "sage",
+                            "sage_flux2",
                             "vsa_tiles", "sparse_forward"])
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
@@ -311,7 +324,8 @@ def main() -> None:
 CHIP_ONLY = {"vsa": "python benchmarks/vsa_table.py --small",
              "vsa_tiles": "python benchmarks/vsa_table.py --tiles --small",
              "sparse_forward": "pytest tests/models/wan/test_sparse_attention.py",
-             "sage": "pytest tests/attention/test_sage.py"}
+             "sage": "pytest tests/attention/test_sage.py",
+             "sage_flux2": "pytest tests/attention/test_sage.py"}
 
 
 def off_chip_refusal(parts) -> str | None:

@@ -102,13 +102,17 @@ def run_case(case: str, small: bool, work: pathlib.Path, repeats: int, extra=())
     state = tr.init()
     jax.block_until_ready(state)
     init_s = time.perf_counter() - t0
+    # progress on stderr as it happens: a step cut by a caller's timeout leaves its trace
+    print(f"tpu_train {case}: init {init_s:.1f} s", file=sys.stderr, flush=True)
     batch = tr.put_batch(next(data))
     times = []
-    for _ in range(repeats + 1):
+    for i in range(repeats + 1):
         t = time.perf_counter()
         state, metrics = tr.step(state, batch)
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - t)
+        print(f"tpu_train {case}: step {i} {times[-1]:.2f} s"
+              f"{' (compile + run)' if i == 0 else ''}", file=sys.stderr, flush=True)
     flops = train_step_flops(cfg, tr.family, latent, getattr(tr, "flops_factor", 1.0))
     median = statistics.median(times[1:])
     peak = peak_tflops()
