@@ -24,7 +24,7 @@ Q = jnp.zeros((1, 16, 2, 8), jnp.float32)
 VALUES = {"block_q": 256, "block_kv": 384, "block_kv_compute": 128, "block_q_bwd": 256,
           "block_kv_bwd": 256, "fused_bwd": True, "interpret": True, "pad_head_dim": True,
           "padded_keys": "mask", "local": "blockwise", "out_a2a": "chunked",
-          "ulysses_shards": 2}
+          "ulysses_shards": 2, "quant_block": 64}
 
 
 def _config_error(backend, **options) -> OptionError:

@@ -61,10 +61,12 @@ needs_libtpu = pytest.mark.skipif(
 
 
 @needs_libtpu
-def test_sage_kernel_compiles_for_v6e_with_int8_mxu_matmul():
+@pytest.mark.parametrize("block,L,padded,tile", [(512, 1000, 1024, 512),
+                                                 (None, 2000, 2048, 1024)])
+def test_sage_kernel_compiles_for_v6e_with_int8_mxu_matmul(block, L, padded, tile):
     """Deviceless v6e: one Mosaic custom call taking the int8 q / k; the kernel's Mosaic
     module (:func:`captured_mosaic_modules`) holds an ``i8 × i8 → i32`` matmul
-    for ``Q·Kᵀ`` and a bf16 one for ``P·V``."""
+    for ``Q·Kᵀ`` and a bf16 one for ``P·V``; with no tiles given, the chip's (1024)."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
@@ -74,15 +76,16 @@ def test_sage_kernel_compiles_for_v6e_with_int8_mxu_matmul():
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x4").devices[0]
     rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
                                      jax.sharding.PartitionSpec())
-    x = jax.ShapeDtypeStruct((1, 2, 1000, 128), jnp.bfloat16, sharding=rep)
-    m = jax.ShapeDtypeStruct((1, 1000), jnp.bool_, sharding=rep)
+    x = jax.ShapeDtypeStruct((1, 2, L, 128), jnp.bfloat16, sharding=rep)
+    m = jax.ShapeDtypeStruct((1, L), jnp.bool_, sharding=rep)
     with ditax.target_platform("tpu"), captured_mosaic_modules() as modules:
         fn = jax.jit(lambda q, k, v, m: sage_attention(q, k, v, kv_mask=m, head_major=True,
-                                                       block_q=512, block_kv=512))
+                                                       block_q=block, block_kv=block))
         hlo = fn.lower(x, x, x, m).compile().as_text()
     calls = [ln for ln in hlo.splitlines() if 'custom_call_target="tpu_custom_call"' in ln]
-    assert len(calls) == 1 and calls[0].count("s8[1,1,2,1024,128]") == 2
+    assert len(calls) == 1 and calls[0].count(f"s8[1,1,2,{padded},128]") == 2
     matmuls = [ln for ln in modules[0].splitlines() if "tpu.matmul" in ln]
-    assert any("vector<512x128xi8>, vector<512x128xi8>, vector<512x512xi32>" in ln
+    t = tile
+    assert any(f"vector<{t}x128xi8>, vector<{t}x128xi8>, vector<{t}x{t}xi32>" in ln
                for ln in matmuls), matmuls
-    assert any("vector<512x512xbf16>, vector<512x128xbf16>" in ln for ln in matmuls)
+    assert any(f"vector<{t}x{t}xbf16>, vector<{t}x128xbf16>" in ln for ln in matmuls)

@@ -59,6 +59,7 @@ class AttentionConfig:
     interpret: Optional[bool] = None     # flash / splash Pallas interpret mode; None = on CPU only
     pad_head_dim: Optional[bool] = None  # splash: zero-pad K to 128; None = when compiled
     padded_keys: PaddedKeys = "auto"     # splash, no kv_mask: auto | duplicate | split | mask
+    quant_block: int = 128               # sage / sage_xla: tokens per int8 scale of Q and K
     # block-sparse self-attention over the video tokens (issue 58; splash / flash, no context)
     sparsity: Sparsity = "none"          # none | full (every tile) | sliding_tile (STA) | radial
     #                                      | vsa (trainable: coarse pass picks top-k key tiles)
@@ -130,7 +131,8 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
             f"or out_a2a=flat")
     if a.ulysses_shards < 0:
         raise ConfigError(f"attention.ulysses_shards={a.ulysses_shards} must be >= 0")
-    for k in ("block_q", "block_kv", "block_kv_compute", "block_q_bwd", "block_kv_bwd"):
+    for k in ("block_q", "block_kv", "block_kv_compute", "block_q_bwd", "block_kv_bwd",
+              "quant_block"):
         if getattr(a, k) is not None and getattr(a, k) < 1:
             raise ConfigError(f"attention.{k}={getattr(a, k)} must be >= 1")
     check_sparsity(a, mesh_sizes)

@@ -84,15 +84,20 @@ class SplashOptions(Options):
 
 @dataclass(frozen=True)
 class SageXlaOptions(Options):
-    """``sage_xla``: the int8 quantization blocks (and the scan's key block)."""
+    """``sage_xla``: the tiles (query block, and the scan's key block) and the int8
+    quantization blocks inside them."""
 
-    block_q: int = 128                 # query tokens per int8 scale (clipped to the length)
-    block_kv: int = 128                # key tokens per int8 scale and per scan step
+    block_q: Optional[int] = None      # query tile (clipped to the length); None: 128
+    block_kv: Optional[int] = None     # key tile, the scan's step; None: 128
+    quant_block: int = 128             # tokens per int8 scale of Q and of K (at most a tile,
+    #                                    dividing it): finer than a tile costs nothing more
 
 
 @dataclass(frozen=True)
 class SageOptions(SageXlaOptions):
-    """``sage``: the kernel's tiles are the quantization blocks (multiples of 32 compiled)."""
+    """``sage``: the kernel's tiles (multiples of 32 compiled; None: the chip's row,
+    :data:`ditax.attention.tuning.SAGE_TILES`, compiled on a TPU, else 128) and the
+    quantization blocks inside them."""
 
     interpret: Optional[bool] = None   # Pallas interpret mode; None = from the platform
 

@@ -37,6 +37,7 @@ would be wrong); train with ``flash``, ``splash``, ``blockwise`` or ``xla``.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -90,11 +91,13 @@ def _block_extreme(k, keep, masked: bool, block: int, op, init):
     return out.astype(jnp.float32)
 
 
-def prepare(q, k, keep, scale: float, bq: int, bkv: int):
+def prepare(q, k, keep, scale: float, bq: int, bkv: int, quant: tuple | None = None):
     """The quantization both backends share, on the shard-major layout (a plain head-major
     call is one shard): q ``[U, B, N, Lc, K]``, k ``[Uk, B, N, Lk_c, K]``, keep
-    ``[B, Uk, Lk_c]`` bool or None. Each shard is quantized in ``cdiv`` whole blocks, so
-    shards of whole blocks give the blocks, means and scales of the un-sharded sequence.
+    ``[B, Uk, Lk_c]`` bool or None. Each shard is padded to ``cdiv`` whole tiles of ``bq`` /
+    ``bkv`` tokens and quantized in blocks of ``quant = (q's, k's)`` tokens (each dividing its
+    tile; None: the tiles themselves), so shards of whole tiles give the blocks, means and scales of the
+    un-sharded sequence.
 
     K's statistics come from one pass over K: per block and channel the sum, max and min
     of the valid keys. The mean ``μ`` is the sum of the block sums over the count; a block's
@@ -109,29 +112,31 @@ def prepare(q, k, keep, scale: float, bq: int, bkv: int):
     U, B, N, Lc, K = q.shape
     Uk, Lkc = k.shape[0], k.shape[3]
     nq, nk = ceil_div(Lc, bq), ceil_div(Lkc, bkv)
+    qq, qk = (bq, bkv) if quant is None else quant
+    mq, mk = nq * bq // qq, nk * bkv // qk            # quantization blocks of the padded shard
     masked = keep is not None
     keep = jnp.ones((B, Uk, Lkc), bool) if keep is None else keep.astype(bool)
     keep = jnp.pad(keep, ((0, 0), (0, 0), (0, nk * bkv - Lkc)))
-    keep = jnp.moveaxis(keep.reshape(B, Uk, nk, 1, bkv), 1, 0)[:, :, None]  # [Uk,B,1,nk,1,bkv]
-    w = jnp.swapaxes(keep, -1, -2)                                           # [.., bkv, 1]
-    kb = _blocked(k, nk, bkv)
-    ksum = jnp.sum(jnp.where(w, kb, 0.0), axis=4)                            # [Uk,B,N,nk,K]
-    kmax = _block_extreme(k, keep, masked, bkv, lax.max, -jnp.inf)                    # [Uk,B,N,nk,K]
-    kmin = _block_extreme(k, keep, masked, bkv, lax.min, jnp.inf)
+    keep = jnp.moveaxis(keep.reshape(B, Uk, mk, 1, qk), 1, 0)[:, :, None]   # [Uk,B,1,mk,1,qk]
+    w = jnp.swapaxes(keep, -1, -2)                                           # [.., qk, 1]
+    kb = _blocked(k, mk, qk)
+    ksum = jnp.sum(jnp.where(w, kb, 0.0), axis=4)                            # [Uk,B,N,mk,K]
+    kmax = _block_extreme(k, keep, masked, qk, lax.max, -jnp.inf)            # [Uk,B,N,mk,K]
+    kmin = _block_extreme(k, keep, masked, qk, lax.min, jnp.inf)
     count = jnp.sum(keep, axis=(0, 3, 4, 5), dtype=jnp.float32)              # [B, 1]
     mu = jnp.sum(ksum, axis=(0, 3)) / jnp.maximum(count, 1.0)[..., None]     # [B, N, K]
     mu_b = mu[None, :, :, None]
     amax = jnp.maximum(jnp.max(jnp.maximum(kmax - mu_b, mu_b - kmin), axis=-1), 0.0)
-    ks = _scale(amax)                                                        # [Uk,B,N,nk]
+    ks = _scale(amax)                                                        # [Uk,B,N,mk]
     k8 = jnp.where(w, _int8(kb - mu_b[..., None, :], ks[..., None, None]), 0)
-    qb = _blocked(q, nq, bq)
-    qs = _scale(jnp.max(jnp.abs(qb), axis=(4, 5)))                           # [U,B,N,nq]
+    qb = _blocked(q, mq, qq)
+    qs = _scale(jnp.max(jnp.abs(qb), axis=(4, 5)))                           # [U,B,N,mq]
     q8 = _int8(qb, qs[..., None, None])
-    q_rows = jnp.broadcast_to((qs * scale)[..., None, None], (U, B, N, nq, 1, bq))
-    k_rows = jnp.where(keep, ks[..., None, None], 0.0)
+    q_rows = jnp.broadcast_to((qs * scale)[..., None], (U, B, N, mq, qq))
+    k_rows = jnp.where(keep, ks[..., None, None], 0.0)                       # [Uk,B,N,mk,1,qk]
     shift = scale * jnp.einsum("ubnlk,bnk->ubnl", q.astype(jnp.float32), mu)
-    return (q8.reshape(U, B, N, nq * bq, K), k8.reshape(Uk, B, N, nk * bkv, K), q_rows,
-            k_rows, shift)
+    return (q8.reshape(U, B, N, nq * bq, K), k8.reshape(Uk, B, N, nk * bkv, K),
+            q_rows.reshape(U, B, N, nq, 1, bq), k_rows.reshape(Uk, B, N, nk, 1, bkv), shift)
 
 
 def xla_forward(q8, k8, v, q_rows, k_rows, *, block_kv: int):
@@ -172,13 +177,13 @@ def xla_forward(q8, k8, v, q_rows, k_rows, *, block_kv: int):
     return o, lse[..., 0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _sage(q, k, v, keep, scale, bq, bkv, interpret, kernel):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
+def _sage(q, k, v, keep, scale, bq, bkv, quant, interpret, kernel):
     """Shard-major 8-bit attention: q ``[U, B, N, Lc, K]``, k/v ``[Uk, B, N, Lk_c, K]``,
     keep ``[B, Uk, Lk_c]`` or None → ``(o [U, B, N, Lc, K] in q's dtype, lse
     [U, B, N, Lc])``. The XLA twin (``kernel=False``) takes one shard (``U = Uk = 1``)."""
     U, B, N, Lc, K = q.shape
-    q8, k8, q_rows, k_rows, shift = prepare(q, k, keep, scale, bq, bkv)
+    q8, k8, q_rows, k_rows, shift = prepare(q, k, keep, scale, bq, bkv, quant)
     if kernel:
         from ditax.attention.kernels.sage_fwd import sage_forward
 
@@ -193,8 +198,8 @@ def _sage(q, k, v, keep, scale, bq, bkv, interpret, kernel):
     return o.astype(q.dtype), lse[..., :Lc] + shift
 
 
-def _sage_fwd(q, k, v, keep, scale, bq, bkv, interpret, kernel):
-    return _sage(q, k, v, keep, scale, bq, bkv, interpret, kernel), None
+def _sage_fwd(q, k, v, keep, scale, bq, bkv, quant, interpret, kernel):
+    return _sage(q, k, v, keep, scale, bq, bkv, quant, interpret, kernel), None
 
 
 def _sage_bwd(*_):
@@ -204,37 +209,62 @@ def _sage_bwd(*_):
 _sage.defvjp(_sage_fwd, _sage_bwd)
 
 
-def _blocks(block_q: int, block_kv: int, Lq: int, Lk: int, compiled: bool) -> tuple[int, int]:
-    """The blocks used: clipped to the length rounded up to 32; compiled Mosaic needs
-    multiples of 32 (int8 tiles are (32, 128))."""
-    out = []
-    for name, b, n in (("block_q", block_q, Lq), ("block_kv", block_kv, Lk)):
-        if not isinstance(b, int) or b < 1:
+def _blocks(block_q, block_kv, Lq: int, Lk: int, compiled: bool,
+            quant_block: int = SageOptions.quant_block) -> tuple[int, int, tuple[int, int]]:
+    """``(block_q, block_kv, (quant_q, quant_k))``: the tiles used (None: :func:`default_tiles`)
+    and the int8 quantization blocks inside them — ``quant_block`` tokens, or the tile, or the
+    length rounded up to 32 where smaller — each tile clipped to its length rounded up to its
+    quantization block (and to 32 compiled: Mosaic's int8 tiles are (32, 128)). A given tile
+    larger than ``quant_block`` must be a multiple of it."""
+    if block_q is None or block_kv is None:
+        dq, dkv = default_tiles(compiled)
+        block_q, block_kv = block_q or dq, block_kv or dkv
+    for name, b in (("block_q", block_q), ("block_kv", block_kv), ("quant_block", quant_block)):
+        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
             raise ValueError(f"sage: {name}={b!r} must be a positive int (e.g. 128)")
+    tiles, quants = [], []
+    for name, b, n in (("block_q", block_q, Lq), ("block_kv", block_kv, Lk)):
         if compiled and b % INT8_SUBLANE:
             raise ValueError(f"sage: {name}={b} is not a multiple of {INT8_SUBLANE} (TPU int8 "
                              f"tiles are (32, 128)); set attention.{name} to e.g. 128 or 512")
-        out.append(min(b, round_up(max(n, 1), INT8_SUBLANE)))
-    return out[0], out[1]
+        if quant_block < b and b % quant_block:
+            raise ValueError(f"sage: {name}={b} is not a multiple of attention.quant_block="
+                             f"{quant_block}; set {name} to a multiple of it, or quant_block "
+                             f"to a divisor of {b}")
+        quant = min(quant_block, b, round_up(max(n, 1), INT8_SUBLANE))
+        step = math.lcm(quant, INT8_SUBLANE) if compiled else quant
+        tiles.append(min(b, round_up(max(n, 1), step)))
+        quants.append(quant)
+    return tiles[0], tiles[1], (quants[0], quants[1])
 
 
-def _run(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, head_major, interpret,
-         kernel):
+def default_tiles(compiled: bool) -> tuple[int, int]:
+    """sage's tiles where none is given: the chip's row compiled (the kernel's per-step cost
+    makes 128-token tiles ~9x slower than 1024 on a v5e), 128 interpreted and in XLA."""
+    from ditax.attention.tuning import SAGE_TILES
+
+    return SAGE_TILES if compiled else (128, 128)
+
+
+def _run(q, k, v, kv_mask, scale, blocks, return_lse, head_major, interpret, kernel):
     if not head_major:
         q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    bq, bkv = _blocks(block_q, block_kv, q.shape[2], k.shape[2], kernel and not interpret)
+    bq, bkv, quant = _blocks(*blocks[:2], q.shape[2], k.shape[2], kernel and not interpret,
+                             blocks[2])
     keep = None if kv_mask is None else kv_mask[:, None, :]
-    o, lse = _sage(q[None], k[None], v[None], keep, scale, bq, bkv, bool(interpret), kernel)
+    o, lse = _sage(q[None], k[None], v[None], keep, scale, bq, bkv, quant, bool(interpret),
+                   kernel)
     o, lse = o[0], lse[0]
     if not head_major:
         o = jnp.swapaxes(o, 1, 2)
     return (o, lse) if return_lse else o
 
 
-def sage_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = SageOptions.block_q,
-                   block_kv: int = SageOptions.block_kv, interpret: bool | None = None,
-                   return_lse: bool = False, head_major: bool = False):
+def sage_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None = None,
+                   block_kv: int | None = None, quant_block: int = SageOptions.quant_block,
+                   interpret: bool | None = None, return_lse: bool = False,
+                   head_major: bool = False):
     """8-bit attention through the Pallas kernel (backend ``sage``).
 
     q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]`` (``head_major``: ``[B, N, L, K]``), kv_mask
@@ -244,8 +274,8 @@ def sage_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int = SageOpti
     (compiled on TPU, interpreted on CPU, refused on GPUs: use ``sage_xla`` there).
     """
     interpret = _kernel_interpret(interpret)
-    return _run(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, head_major,
-                interpret, True)
+    return _run(q, k, v, kv_mask, scale, (block_q, block_kv, quant_block), return_lse,
+                head_major, interpret, True)
 
 
 def _kernel_interpret(interpret: bool | None) -> bool:
@@ -285,16 +315,18 @@ def check_shard_major_supported(block_q: int, block_kv: int, dtype, ring: int = 
     return reasons
 
 
-def sage_blocks(block_q: int, block_kv: int, length: int) -> tuple[int, int]:
-    """The blocks sage uses on ``length`` tokens (shard length under Ulysses): each clipped
-    to the length rounded up to 32."""
-    return _blocks(block_q, block_kv, length, length, False)
+def sage_blocks(block_q: int | None, block_kv: int | None, length: int,
+                quant_block: int = SageOptions.quant_block) -> tuple[int, int]:
+    """The tiles sage uses on ``length`` tokens (shard length under Ulysses): each clipped
+    to the length rounded up to the quantization block (None: 128)."""
+    return _blocks(block_q or 128, block_kv or 128, length, length, False, quant_block)[:2]
 
 
-def sage_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
-                               block_q: int = SageOptions.block_q,
-                               block_kv: int = SageOptions.block_kv, return_lse: bool = False,
-                               interpret: bool | None = None, whole_blocks: bool = True):
+def sage_attention_shard_major(q, k, v, *, kv_keep=None, scale=None, block_q: int = 128,
+                               block_kv: int = 128,
+                               quant_block: int = SageOptions.quant_block,
+                               return_lse: bool = False, interpret: bool | None = None,
+                               whole_blocks: bool = True):
     """8-bit attention (the ``sage`` kernel) in the shard-major layout Ulysses uses, as
     :func:`ditax.attention.flash.flash_attention_shard_major`: q ``[U, B, N, Lc, K]``, k/v
     ``[Uk, B, N, Lk_c, K]`` (shard index leading), kv_keep ``[B, Uk, Lk_c]`` bool → output
@@ -307,20 +339,23 @@ def sage_attention_shard_major(q, k, v, *, kv_keep=None, scale=None,
     check_shard_major("sage", q, k, v, block_q, block_kv, whole_blocks)
     Lc, K = q.shape[3], q.shape[4]
     interpret = _kernel_interpret(interpret)
-    _blocks(block_q, block_kv, Lc, k.shape[3], not interpret)
+    _blocks(block_q, block_kv, Lc, k.shape[3], not interpret, quant_block)  # the checks
+    # the given tiles as they are (each shard in cdiv whole tiles), quantized inside them
+    quant = (min(quant_block, block_q), min(quant_block, block_kv))
     scale = float(K ** -0.5 if scale is None else scale)
-    o, lse = _sage(q, k, v, kv_keep, scale, block_q, block_kv, bool(interpret), True)
+    o, lse = _sage(q, k, v, kv_keep, scale, block_q, block_kv, quant, bool(interpret), True)
     return (o, lse) if return_lse else o
 
 
-def sage_xla_attention(q, k, v, *, kv_mask=None, scale=None,
-                       block_q: int = SageOptions.block_q,
-                       block_kv: int = SageOptions.block_kv, return_lse: bool = False,
+def sage_xla_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None = None,
+                       block_kv: int | None = None,
+                       quant_block: int = SageOptions.quant_block, return_lse: bool = False,
                        head_major: bool = False):
     """8-bit attention in plain XLA (backend ``sage_xla``; every platform): the same
-    quantization and arithmetic as :func:`sage_attention`, a scan over ``block_kv`` keys."""
-    return _run(q, k, v, kv_mask, scale, block_q, block_kv, return_lse, head_major, False,
-                False)
+    quantization and arithmetic as :func:`sage_attention`, a scan over ``block_kv`` keys
+    (None: 128)."""
+    return _run(q, k, v, kv_mask, scale, (block_q or 128, block_kv or 128, quant_block),
+                return_lse, head_major, False, False)
 
 
 __all__ = ["sage_attention", "sage_xla_attention", "sage_attention_shard_major",

@@ -50,6 +50,11 @@ class Row(NamedTuple):
 VMEM_MIB = {"v4": 32, "v5e": 128, "v5p": 95, "v6e": 128, "v7x": 64}
 
 _GENERIC = Row(512, 512, 512, 512, 512)
+#: sage's compiled tiles (block_q, block_kv) on a TPU where none is given: on one v5e at Wan
+#: 1.3B's shape (32,760 tokens) 0.485 s at 128, 0.075 at 512, 0.054 at 1024 and 0.058 at
+#: 2048 x 1024 (session 61, ``docs/tpu_v5e.md``); the int8 scales stay per
+#: ``attention.quant_block`` tokens inside a tile. Other generations: the v5e row, unmeasured.
+SAGE_TILES = (1024, 1024)
 #: (kernel, generation, needs a raised scoped limit) -> row
 TABLE = {
     ("splash", "v5e", True): Row(2048, 4096, 1024, 1024, 1024),

@@ -198,11 +198,9 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
     if entry.name == "flash":
         bq, bkv = _flash_blocks(o, Lc, platform)
     elif entry.name == "sage":
-        from ditax.attention.options import SageOptions
         from ditax.attention.sage import sage_blocks
 
-        bq, bkv = sage_blocks(o.block_q or SageOptions.block_q,
-                              o.block_kv or SageOptions.block_kv, Lc)
+        bq, bkv = sage_blocks(o.block_q, o.block_kv, Lc)
     if bq is not None:
         Lc = round_up(Lc, math.lcm(bq, bkv))
 
