@@ -27,7 +27,8 @@ import sys
 
 #: a chip row's case (its start) -> the preset it ran (``benchmarks/tpu_chip.py``'s cases)
 CONFIGS = {"Wan 2.1 1.3B": "wan2.1-t2v-1.3b", "Wan 2.1 14B": "wan2.1-t2v-14b",
-           "FLUX.2-klein-4B": "flux.2-klein-4b", "FLUX.1-dev": "flux.1-dev"}
+           "Wan 2.1 I2V 14B": "wan2.1-i2v-14b-480p", "FLUX.2-klein-4B": "flux.2-klein-4b",
+           "FLUX.1-dev": "flux.1-dev", "FLUX.2-dev": "flux.2-dev", "LTX-2": "ltx-2"}
 TARGET = "tpu-v5e-1"
 WITHIN = 0.10           # issue 55: the plan within 10 % of the chip
 NOT_RECORDED = ("not recorded: the chip row predates recording memory_stats()"

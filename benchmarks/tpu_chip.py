@@ -11,21 +11,23 @@ On the lent chip (one call; DEVELOPERS.md "The chip"):
 
 then here: ``python benchmarks/tpu_chip.py --table docs/tpu_v5e.jsonl`` prints the table.
 
-Parts (run in the order given; ``--budget-s`` stops starting new cases once spent, each
-case prints its row as it finishes): ``forward`` (the families' transformers at their standard
-sizes, random weights, ``ditax bench``'s forward; ``wan480`` its first case alone), ``attention`` (each kernel alone at Wan
-1.3B's shape, forward and forward + backward), ``int8`` (W+A int8 against bf16 where the
-linears dominate; ``int8_flux2``: FLUX.2's bf16 and W+A rows alone; ``sage``: the int8-QK attention kernel alone
-against splash, and Wan's forward with it, bf16 at 480p x 81 and W+A int8 at 480p x 17;
-``sage_flux2``: FLUX.2-klein-4B's bf16, W+A and W+A + sage rows in one process), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``; ``vae_old``
-the plain path), ``flash_tiles`` (flash's forward at other tiles), ``memprobe`` (what the
-device's peak counts), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 and int8, and
-FLUX.1-dev int8 resident: issue 55's out-of-memory rows), ``vsa`` (VSA's table fine pass
-against dense splash at densities 50 / 25 / 12.5 %, ``benchmarks/vsa_table.py``),
+Parts (run in the order given; ``--budget-s`` stops starting new cases once spent, each case
+prints its row as it finishes): ``forward`` (the families' transformers at their standard
+sizes, random weights, ``ditax bench``'s forward; ``wan480`` its first case alone),
+``attention`` (each kernel alone at Wan 1.3B's shape, forward and forward + backward), ``int8``
+(W+A int8 against bf16 where the linears dominate; ``int8_flux2``: FLUX.2's bf16 and W+A rows
+alone; ``sage``: the int8-QK attention kernel alone against splash, and Wan's forward with it,
+bf16 at 480p x 81 and W+A int8 at 480p x 17; ``sage_flux2``: FLUX.2-klein-4B's bf16, W+A and
+W+A + sage rows in one process), ``vae`` (the Wan 2.1 decode, ``benchmarks/vae_decode.py``;
+``vae_old`` the plain path), ``flash_tiles`` (flash's forward at other tiles), ``memprobe``
+(what the device's peak counts), ``big`` (Wan 2.1 14B with ``model.offload=host``, bf16 and
+int8, and FLUX.1-dev int8 resident: issue 55's out-of-memory rows), ``big2`` (offload + int8:
+Wan 14B at 720p, Wan 2.1 I2V 14B, LTX-2 at 512x768x121, FLUX.2-dev last), ``vsa`` (VSA's table
+fine pass against dense splash at densities 50 / 25 / 12.5 %, ``benchmarks/vsa_table.py``),
 ``vsa_tiles`` (issue 58 item 1: the table fine pass in 4 x 8 x 8 tiles against the tile that
 pads Wan's 480p / 720p grids least, 12.5 / 25 / 50 %; ``vsa_table.py --tiles``),
 ``sparse_forward`` (Wan 1.3B's whole forward at 720p and 480p, dense splash against VSA at
-~12.5 % in the auto tile). ``vsa``, ``vsa_tiles`` and ``sparse_forward`` refuse in one line off
+~12.5 % in the auto tile). ``vsa``, ``vsa_tiles`` and ``sparse_forward``, ``sage`` and ``sage_flux2`` refuse in one line off
 a TPU (their kernels interpreted would take hours).
 
 ``peak_hbm_bytes`` is the device's peak in two parts, both recorded: ``peak_bytes_in_use``
@@ -108,6 +110,19 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
                     ("FLUX.1-dev forward 1024x1024 int8", "flux.1-dev",
                      ["model.quantize=int8"], (1, 128, 128), (16, 1, 128, 128))):
                 model_case(sw, cfg, bf + ["attention.backend=splash"] + extra, lat, name,
+                           flops_shape=shape)
+        elif part == "big2":     # issue 55 item 1: the other big models, the plan's options
+            q = ["model.offload=host", "model.quantize=int8"]
+            for name, cfg, lat, shape in (
+                    ("Wan 2.1 14B forward 720x1280x81 offload=host int8", "wan2.1-t2v-14b",
+                     (21, 90, 160), (16, 21, 90, 160)),
+                    ("Wan 2.1 I2V 14B forward 480x832x81 offload=host int8",
+                     "wan2.1-i2v-14b-480p", (21, 60, 104), None),
+                    ("LTX-2 forward 512x768x121 offload=host int8", "ltx-2", (16, 16, 24), None),
+                    # last: 32B parameters, ~32 GB of int8 on the 40 GiB host
+                    ("FLUX.2-dev forward 1024x1024 offload=host int8", "flux.2-dev", None,
+                     (128, 1, 64, 64))):
+                model_case(sw, cfg, bf + ["attention.backend=splash"] + q, lat, name,
                            flops_shape=shape)
         elif part in ("int8", "int8_flux2"):
             cases = (("Wan 2.1 1.3B 480x832x17", "wan2.1-t2v-1.3b", (5, 60, 104),
@@ -298,9 +313,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["forward", "attention", "int8", "vae"],
                    choices=["forward", "wan480", "attention", "int8", "int8_flux2", "int8_gemm",
-                            "vae", "vae_old", "big", "memprobe", "flash_tiles", "vsa", "sage",
-                            "sage_flux2",
-                            "vsa_tiles", "sparse_forward"])
+                            "vae", "vae_old", "big", "big2", "memprobe", "flash_tiles", "vsa",
+                            "sage", "sage_flux2", "vsa_tiles", "sparse_forward"])
     p.add_argument("--out", default="docs/tpu_v5e.jsonl")
     p.add_argument("--budget-s", type=float, default=480)
     p.add_argument("--repeats", type=int, default=4)

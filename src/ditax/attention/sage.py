@@ -96,8 +96,8 @@ def prepare(q, k, keep, scale: float, bq: int, bkv: int, quant: tuple | None = N
     call is one shard): q ``[U, B, N, Lc, K]``, k ``[Uk, B, N, Lk_c, K]``, keep
     ``[B, Uk, Lk_c]`` bool or None. Each shard is padded to ``cdiv`` whole tiles of ``bq`` /
     ``bkv`` tokens and quantized in blocks of ``quant = (q's, k's)`` tokens (each dividing its
-    tile; None: the tiles themselves), so shards of whole tiles give the blocks, means and scales of the
-    un-sharded sequence.
+    tile; None: the tiles themselves), so shards of whole tiles give the blocks, means and
+    scales of the un-sharded sequence.
 
     K's statistics come from one pass over K: per block and channel the sum, max and min
     of the valid keys. The mean ``μ`` is the sum of the block sums over the count; a block's
