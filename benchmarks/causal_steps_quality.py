@@ -21,10 +21,10 @@ sigmas (its ``ditax_sample.json``: 1.0, 0.75, 0.5, 0.25; 2 steps take 1.0 and 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
+from bench_lines import emit
 
 
 def subset_sigmas(sigmas, steps: int) -> list[float]:
@@ -90,12 +90,8 @@ def main(argv=None) -> None:
                    "seeds": a.seeds, "student": os.path.relpath(folder),
                    "score": res["score"], "seconds": round(time.perf_counter() - t0, 1)}
             for metric in ("colour", "direction"):
-                line = json.dumps({**row, "metric": metric, "value": res["score"][metric],
-                                   "unit": "%"})
-                print(line, flush=True)
-                if a.out:
-                    with open(a.out, "a") as f:
-                        f.write(line + "\n")
+                emit({**row, "metric": metric, "value": res["score"][metric], "unit": "%"},
+                     a.out)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import re
 import statistics
 import sys
 import time
+from bench_lines import append
 
 SIZES = {
     "1.3b": dict(),     # WanConfig's defaults are Wan 2.1 1.3B's shape
@@ -134,9 +135,7 @@ def main(argv=None) -> None:
         longest = max(longest, took)
         _say(lines, name, "case_seconds", took, "s", what="the case's wall time, its model "
              "build included")
-    if a.out:
-        with open(a.out, "a") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in lines)
+    append(lines, a.out)
 
 
 def _say(lines: list, case: str, metric: str, value, unit: str, **extra) -> None:

@@ -16,11 +16,11 @@ Targets (issue 12): colour >= 95% and direction >= 90% on seen combinations; hel
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
+import bench_lines
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
@@ -49,13 +49,9 @@ def main(argv=None) -> int:
     pipe = ditax.load_pipeline(a.model or model_path(), flow_shift=a.shift)
     combos = [c for c in all_combinations()
               if a.combos == "all" or is_held_out(c) == (a.combos == "held_out")]
-    sink = open(a.out, "a") if a.out else None
 
     def emit(row):
-        line = json.dumps(row)
-        print(line, flush=True)
-        if sink:
-            sink.write(line + "\n")
+        bench_lines.emit(row, a.out)
 
     rows = []
     pipe(all_combinations()[0].prompt, seed=0, progress=False, **sample)   # compile
@@ -82,8 +78,6 @@ def main(argv=None) -> int:
                  for k in ("colour", "shape", "direction", "all")},
               "median_seconds_per_video": round(statistics.median(r["seconds"] for r in sel),
                                                 3)})
-    if sink:
-        sink.close()
     return 0
 
 

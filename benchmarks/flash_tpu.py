@@ -43,6 +43,7 @@ import re
 import statistics
 import sys
 import time
+import bench_lines
 
 import numpy as np
 
@@ -138,11 +139,7 @@ def chip_rows(a) -> None:
     splash_s, plain_out = {}, None
 
     def emit(row):
-        line = json.dumps({**base, **row})
-        print(line, flush=True)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(line + "\n")
+        bench_lines.emit({**base, **row}, a.out)
 
     def attention(variant, head_major):
         if variant is None:

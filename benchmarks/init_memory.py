@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import time
+from bench_lines import emit
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
@@ -28,12 +28,6 @@ BUILDS = {"wan": "ditax.models.wan.build", "flux": "ditax.models.flux.build",
 HBM = {"tpu-v5e-1": int(15.75 * 2**30), "tpu-v6e-1": 32 * 2**30}
 
 
-def emit(out, row) -> None:
-    line = json.dumps(row)
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
 
 
 def main() -> None:
@@ -74,10 +68,10 @@ def main() -> None:
                    "output_bytes": mem.output_size_in_bytes,
                    "host_output_bytes": mem.host_output_size_in_bytes,
                    "compile_s": round(time.time() - t, 1)}
-            emit(a.out, row)
+            emit(row, a.out)
             if not whole:
                 worst = max(worst, mem.temp_size_in_bytes)
-        emit(a.out, {"bench": "init_memory", "case": case, "target": a.target,
+        emit({"bench": "init_memory", "case": case, "target": a.target,
                      "metric": "largest group temp", "value": worst, "unit": "bytes",
                      "programs": len(programs) - int(a.whole), "group_bytes": budget,
                      "hbm_bytes": HBM[a.target]})

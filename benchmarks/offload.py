@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import time
+from bench_lines import append
 
 
 def main(argv=None) -> None:
@@ -73,9 +74,7 @@ def main(argv=None) -> None:
         if name != "resident":
             emit(f"demo_wan_b{a.batch}_latent{f}x{y}x{x}", f"{name}_vs_resident",
                  times[name] / times["resident"], "ratio")
-    if a.out:
-        with open(a.out, "a") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in lines)
+    append(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import time
+from bench_lines import emit
 
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -112,11 +113,8 @@ def main():
     lines.append({**base, "metric": "summary", "verdict": out["verdict"],
                   "decode": out["decode"], "measured": out["measured"],
                   "analytic": out["analytic"], "wall_s": round(time.perf_counter() - t, 1)})
-    text = "\n".join(json.dumps(x) for x in lines)
-    print(text, flush=True)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(text + "\n")
+    for x in lines:
+        emit(x, a.out)
 
 
 if __name__ == "__main__":

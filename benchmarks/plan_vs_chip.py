@@ -24,6 +24,7 @@ import json
 import math
 import re
 import sys
+from bench_lines import emit
 
 #: a chip row's case (its start) -> the preset it ran (``benchmarks/tpu_chip.py``'s cases)
 CONFIGS = {"Wan 2.1 1.3B": "wan2.1-t2v-1.3b", "Wan 2.1 14B": "wan2.1-t2v-14b",
@@ -137,11 +138,7 @@ def main() -> None:
         if key not in done:
             done[key] = plan_json(row["config"], row.get("overrides") or [],
                                   latent_of(row))["forward"]
-        line = json.dumps(compare(row, done[key]))
-        print(line, flush=True)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(line + "\n")
+        emit(compare(row, done[key]), a.out)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from bench_lines import emit
 
 import numpy as np
 
@@ -176,11 +177,7 @@ def quality(seeds: int, modes, out=None, batch: int = 8) -> None:
 
 def emit_line(line: dict, out=None) -> None:
     """Print ``line`` as JSON and append it to the file ``out`` (None: print only)."""
-    text = json.dumps(line)
-    print(text, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(text + "\n")
+    emit(line, out)
 
 
 def summarize_file(path: str) -> None:

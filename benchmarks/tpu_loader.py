@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+import bench_lines
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,11 +77,7 @@ CASES = {
 
 
 def emit(row: dict, out: str | None) -> None:
-    line = json.dumps(row, default=str)
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
+    bench_lines.emit(row, out, default=str)
 
 
 def base_row(case: str, metric: str) -> dict:

@@ -14,13 +14,13 @@ stops starting new cases once spent, so a call on a lent chip ends inside its li
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
 import jax
+from bench_lines import emit
 import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,12 +52,7 @@ class Sweep:
         self.out, self.deadline, self.repeats = out, time.time() + budget_s, repeats
 
     def emit(self, row: dict) -> None:
-        row = {"device_kind": jax.devices()[0].device_kind, **row}
-        line = json.dumps(row)
-        print(line, flush=True)
-        if self.out:
-            with open(self.out, "a") as f:
-                f.write(line + "\n")
+        emit({"device_kind": jax.devices()[0].device_kind, **row}, self.out)
 
     def case(self, name: str, fn, args, flops: float, peak: float, **settings) -> None:
         if time.time() > self.deadline:

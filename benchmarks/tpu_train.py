@@ -21,13 +21,13 @@ reports one.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
 import sys
 import tempfile
 import time
+from bench_lines import emit
 
 import numpy as np
 
@@ -144,11 +144,7 @@ def main(argv=None) -> int:
             row = run_case(case, a.small, work, a.repeats, a.override)
         except Exception as e:     # one case's failure (e.g. out of memory) is its row
             row = {"bench": "tpu_train", "case": case, "error": str(e).splitlines()[0][:300]}
-        line = json.dumps(row)
-        print(line, flush=True)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(line + "\n")
+        emit(row, a.out)
     return 0
 
 
