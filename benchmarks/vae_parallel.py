@@ -18,13 +18,13 @@ program's (4 output frames; the first makes 1), which is what is compiled and co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
+import bench_lines  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -82,12 +82,9 @@ def main():
     devices = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x4").devices
     base = dict(bench="vae_parallel", model="wan2.1-vae", chip="v6e", dtype=a.dtype,
                 video=f"{FRAMES}x{HEIGHT}x{WIDTH}", latents=[1, cfg.z_dim, latent_frames, y, x])
-    lines = []
 
     def emit(d):
-        line = json.dumps({**base, **d})
-        print(line, flush=True)
-        lines.append(line)
+        bench_lines.emit({**base, **d}, a.out)
 
     with target_platform("tpu"):
         one = Mesh(np.array(devices[:1]), ("d",))
@@ -112,9 +109,6 @@ def main():
               temp_bytes_1=m1["temp_bytes"], temp_bytes_8=m8["temp_bytes"],
               peak_bytes_1=m1["peak_bytes"], peak_bytes_8=m8["peak_bytes"],
               peak_ratio=round(m8["peak_bytes"] / m1["peak_bytes"], 4)))
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

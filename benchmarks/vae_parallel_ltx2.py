@@ -14,13 +14,13 @@ Usage: ``python benchmarks/vae_parallel_ltx2.py [--frames 121] [--out FILE]``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
+import bench_lines  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -61,12 +61,9 @@ def main():
     devices = topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x4").devices
     base = dict(bench="vae_parallel", model="ltx2-video-vae", chip="v6e", dtype=a.dtype,
                 video=f"{a.frames}x{a.height}x{a.width}", latents=[1, c, f, y, x])
-    lines = []
 
     def emit(d):
-        line = json.dumps({**base, **d})
-        print(line, flush=True)
-        lines.append(line)
+        bench_lines.emit({**base, **d}, a.out)
 
     def run(case, lowered):
         t = time.perf_counter()
@@ -92,9 +89,6 @@ def main():
               temp_bytes_1=m1["temp_bytes"], temp_bytes_8=m8["temp_bytes"],
               peak_bytes_1=m1["peak_bytes"], peak_bytes_8=m8["peak_bytes"],
               peak_ratio=round(m8["peak_bytes"] / m1["peak_bytes"], 4)))
-    if a.out:
-        with open(a.out, "a") as fh:
-            fh.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
