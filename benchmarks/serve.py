@@ -122,8 +122,12 @@ def server_args(args, mode: str) -> list[str]:
 def batching(args, base: pathlib.Path) -> list[dict]:
     rows = []
     for mode in args.modes:
+        t0 = time.perf_counter()
         srv = server(args, base / f"batching_{mode}", *server_args(args, mode),
                      cache=base / "compile_cache").start(timeout=args.start_timeout)
+        # progress on stderr: a run cut by a caller's timeout shows where its time went
+        print(f"serve.py: {mode} server ready in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr, flush=True)
         try:
             for n in args.clients:
                 rows.append(emit(bench="serve", part="batching", mode=mode, clients=n,
