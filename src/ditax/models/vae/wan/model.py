@@ -19,7 +19,7 @@ from ditax.models.vae.wan.chunks import (TEMP_ACTIVATIONS, ChunkMemory, DecodePr
 from ditax.models.vae.wan.coders import Decoder, Encoder
 from ditax.models.vae.wan.config import WanVAEConfig
 from ditax.models.vae.wan.layers import CausalConv3d, FastPath, fast_path, padded
-from ditax.models.vae.wan.shuffle import patchify, unpatchify
+from ditax.models.vae.wan.shuffle import patchify, unpatchify, video_pixels
 from ditax.models.vae.wan.tiling import check_tiles, decode_tiled
 
 
@@ -219,10 +219,18 @@ class WanVAE(nnx.Module):
 
     def _decode_frames(self, x: jax.Array, programs: DecodePrograms | None = None, *,
                        path: str = "auto", frames: int | None = None) -> jax.Array:
-        """Unclipped decode of channels-last latents ``[B, F, Y, X, z]``: the first latent
-        frame, then chunks of ``programs.frames`` (else :meth:`_chunk_frames`'s, chosen once
-        the first chunk's cache is known) latent frames, the last one padded with zero latents
-        (``programs``: :meth:`compile_decode`'s for this shape, else the jitted steps)."""
+        """Unclipped decode of channels-last latents ``[B, F, Y, X, z]``: :meth:`_chunks`'
+        frames joined."""
+        return jnp.concatenate(self._chunks(x, programs, path=path, frames=frames), axis=1)
+
+    def _chunks(self, x: jax.Array, programs: DecodePrograms | None = None, *,
+                path: str = "auto", frames: int | None = None) -> list[jax.Array]:
+        """The unclipped channels-last frames ``[B, f, H, W, c]`` of each decode step of
+        latents ``[B, F, Y, X, z]``, every step dispatched before this returns (none waited
+        for): the first latent frame, then chunks of ``programs.frames`` (else
+        :meth:`_chunk_frames`'s, chosen once the first chunk's cache is known) latent frames,
+        the last one padded with zero latents and its padding's frames cut (``programs``:
+        :meth:`compile_decode`'s for this shape, else the jitted steps)."""
         graphdef, state = nnx.split(self)
         path = resolve_path(path, device_of(jax.tree.leaves(state)[0]))   # where it runs
         jitted = programs is None
@@ -239,9 +247,10 @@ class WanVAE(nnx.Module):
             for i in range(0, later, n):
                 out, cache = programs.rest(state, rest[:, i:i + n], cache)
                 outs.append(out)
-        video = jnp.concatenate(outs, axis=1)
-        keep = 1 + self.scale_factor_temporal * later
-        return video if video.shape[1] == keep else video[:, :keep]
+        extra = sum(o.shape[1] for o in outs) - (1 + self.scale_factor_temporal * later)
+        if extra:
+            outs[-1] = outs[-1][:, :outs[-1].shape[1] - extra]
+        return outs
 
     def compile_decode(self, shape, sharding=None, *, path: str = "auto",
                        frames_per_chunk: int | None = None) -> DecodePrograms:
@@ -286,9 +295,21 @@ class WanVAE(nnx.Module):
                                  tuple(t // p for t in tile_sample_stride), sf // p)
         else:
             video = self._decode_frames(x, programs, path=path, frames=frames_per_chunk)
-        if p > 1:
-            video = unpatchify(video, p)
-        return jnp.transpose(jnp.clip(video, -1.0, 1.0), (0, 4, 1, 2, 3))
+        return video_pixels(video, p)
+
+    def decode_chunks(self, z: jax.Array, *, programs=None, path: str = "auto",
+                      frames_per_chunk: int | None = None) -> list[jax.Array]:
+        """:meth:`decode`'s video (untiled) as the frames of each decode step: ``[B, 3, f,
+        sY, sX]`` in [-1, 1] a step, the first latent frame's one frame, then each chunk's
+        (arguments: :meth:`decode`'s). Every step is dispatched before this returns and none
+        is waited for, so a caller that takes the chunks' frames in order (an mp4 encoder)
+        works on one while the device decodes the next; joined on the frame axis they are
+        :meth:`decode`'s values."""
+        self._check_latents(z)
+        x = jnp.transpose(jnp.asarray(z, self.dtype), (0, 2, 3, 4, 1))
+        p = self.config.patch_size or 1
+        return [video_pixels(v, p) for v in
+                self._chunks(x, programs, path=path, frames=frames_per_chunk)]
 
 
 __all__ = ["WanVAE"]
