@@ -88,6 +88,7 @@ class WanTextToVideo(Pipeline):
     # the family's parts of the generic loop (also what ditax.serve's batches run with)
     model_inputs = staticmethod(wan_inputs)
     finalize = staticmethod(final_latents)
+    hands_frames = True       # frames_to= (Pipeline.hand_frames; a causal student's chunks)
 
     @property
     def streams_chunks(self) -> bool:
@@ -143,11 +144,14 @@ class WanTextToVideo(Pipeline):
                                "folder (Wan2.1-I2V-*, Wan2.2-I2V-A14B, Wan2.2-TI2V-5B)")
         return None
 
-    def decode_video(self, x, programs=None, **decoding):
+    def decode_video(self, x, programs=None, frames_to=None, **decoding):
         """Final latents ``[1, C, F', Y, X]`` → float32 video ``[F, H, W, 3]`` in [0, 1]
         (``programs``: the decode's compiled programs, :meth:`Programs.decode`; ``decoding``:
-        :meth:`decode_options`', else chosen here)."""
+        :meth:`decode_options`', else chosen here; ``frames_to``: the frames handed over as
+        they are decoded, :meth:`~ditax.pipelines.base.Pipeline.hand_frames`)."""
         z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
+        if frames_to is not None:
+            return self.hand_frames(z, frames_to, programs=programs, **decoding)
         return self.decode_pixels(z, programs=programs, **decoding)
 
     def sample_options(self, num_inference_steps: int) -> dict:
@@ -183,7 +187,7 @@ class WanTextToVideo(Pipeline):
                  output: str = "video", sigmas=None, cache: str | None = None,
                  cache_threshold: float | None = None, cfg_cache: bool = False,
                  cache_coefficients=None, image=None, last_image=None,
-                 max_sequence_length: int | None = None, **extra):
+                 max_sequence_length: int | None = None, frames_to=None, **extra):
         """Generate one video: :meth:`prepare` (the same arguments but ``progress``), then the
         loop. Returns float32 ``[F, H, W, 3]`` in [0, 1]
         (``output="latent"``: the denoised latents ``[1, C, F', Y, X]`` instead).
@@ -206,6 +210,10 @@ class WanTextToVideo(Pipeline):
         image-to-video pipelines (:class:`~ditax.pipelines.wan.image_to_video.WanImageToVideo`;
         step caching works there too). ``max_sequence_length``: text
         tokens for this call (diffusers' argument of that name; default the pipeline's, 512).
+        ``frames_to``: an :class:`~ditax.io.video_stream.Mp4Stream` (or any object with its
+        ``put`` / ``whole``) the decoded frames are handed to chunk by chunk as they are
+        decoded (:meth:`~ditax.pipelines.base.Pipeline.hand_frames`; a causal student's:
+        each chunk as it is made); the call still returns the whole video.
 
         Sizes, steps, guidance, the negative prompt and ``sigmas`` left at None come from
         ``self.sample_defaults`` (the folder's ``ditax_sample.json``, a LoRA's sampling
@@ -225,21 +233,21 @@ class WanTextToVideo(Pipeline):
                          guidance_scale_2=guidance_scale_2, cache=cache,
                          cache_threshold=cache_threshold, cfg_cache=cfg_cache,
                          cache_coefficients=cache_coefficients, image=image,
-                         last_image=last_image, **extra)
+                         last_image=last_image, frames_to=frames_to, **extra)
         return record(self, self.prepare(
             prompt, negative_prompt, height, width, num_frames, num_inference_steps,
             guidance_scale, seed, latents, guidance_scale_2, output=output, sigmas=sigmas,
             max_sequence_length=max_sequence_length, cache=cache,
             cache_threshold=cache_threshold, cfg_cache=cfg_cache,
             cache_coefficients=cache_coefficients, image=image, last_image=last_image,
-            **extra).run(progress))
+            frames_to=frames_to, **extra).run(progress))
 
     def prepare(self, prompt, negative_prompt=None, height: int | None = None,
                 width: int | None = None, num_frames: int | None = None,
                 num_inference_steps: int | None = None,
                 guidance_scale: float | None = None, seed: int = 0, latents=None,
                 guidance_scale_2: float | None = None, *, output: str = "video", sigmas=None,
-                max_sequence_length: int | None = None, **inputs) -> Prepared:
+                max_sequence_length: int | None = None, frames_to=None, **inputs) -> Prepared:
         """One request checked and laid out as the loop's parts
         (:class:`~ditax.pipelines.sampling.Prepared`; nothing is encoded or compiled yet):
         what :meth:`__call__` runs, and what a server's batch stacks with other requests of
@@ -288,8 +296,8 @@ class WanTextToVideo(Pipeline):
             condition=plan.condition, condition_phase=plan.phase,
             finalize=self.finalize, latents=latents, seed=seed, sigmas=sigmas, **caching,
             size=f"for {num_frames} frames at {height}x{width}{plan.note}",
-            decode=None if output == "latent" else functools.partial(self.decode_video,
-                                                                     **decoding),
+            decode=None if output == "latent" else functools.partial(
+                self.decode_video, frames_to=frames_to, **decoding),
             prepare_decode=lambda: None if (decoding.get("tiled") or self.vae_parallel is not None)
             else self.programs.decode(
                 self.vae, out_shape, sharding), **self.sample_options(num_inference_steps))
