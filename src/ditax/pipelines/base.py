@@ -161,10 +161,10 @@ class Pipeline:
         ``frames_to`` (an :class:`~ditax.io.video_stream.Mp4Stream`, or any object with its
         ``put`` / ``whole``) as it is decoded: ``frames_to.put(frames)`` with each decode
         step's float32 ``[f, H, W, 3]`` in [0, 1], in order and once checked finite (a NaN
-        never reaches the encoder), where the VAE decodes in steps (``decode_chunks``: the Wan
-        VAE) whole on one device; else (:func:`whole_reason`) decoded whole and
-        ``frames_to.whole(reason)`` told why. The same values either way (one float32 array,
-        each step's frames written into their slice)."""
+        never reaches the encoder), where the VAE decodes in steps (``decode_chunks`` and
+        ``frames_of``: the Wan VAE) whole on one device; else (:func:`whole_reason`) decoded
+        whole and ``frames_to.whole(reason)`` told why. The same values either way (one
+        float32 array, each step's frames written into their slice)."""
         from ditax.io.frames import unit_pixels
         from ditax.pipelines.sampling import check_finite
 
@@ -172,10 +172,11 @@ class Pipeline:
         if reason is not None:
             frames_to.whole(reason)
             return self.decode_pixels(z, **options)
-        chunks = self.vae.decode_chunks(z, programs=options.get("programs"))
-        _, c, _, h, w = chunks[0].shape
-        out, at = np.empty((sum(x.shape[2] for x in chunks), h, w, c), np.float32), 0
-        for pixels in chunks:      # all dispatched: this one's frames while the next decode
+        out, at = None, 0
+        for pixels in self.vae.decode_chunks(z, programs=options.get("programs")):
+            if out is None:         # the video's frames, each step's written in its slice
+                _, c, _, h, w = pixels.shape
+                out = np.empty((self.vae.frames_of(z.shape[2]), h, w, c), np.float32)
             frames = unit_pixels(pixels, out[at:at + pixels.shape[2]])
             at += len(frames)
             check_finite(frames, "decode", "the decoded output")

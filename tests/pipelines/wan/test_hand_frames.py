@@ -59,7 +59,7 @@ def test_decode_chunks_joined_are_the_decode(pipe, latents):
     z = pipe.vae.denormalize_latents(jnp.asarray(latents))
     whole = np.asarray(pipe.vae.decode(z))
     for n in (None, 2):          # the steps' length changes nothing (the causal cache)
-        parts = pipe.vae.decode_chunks(z, frames_per_chunk=n)
+        parts = list(pipe.vae.decode_chunks(z, frames_per_chunk=n))
         assert len(parts) > 1
         np.testing.assert_array_equal(np.concatenate([np.asarray(p) for p in parts], 2), whole)
 

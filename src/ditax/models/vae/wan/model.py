@@ -7,6 +7,7 @@ decode, latent normalisation. Layers live in :mod:`.layers` / :mod:`.blocks` / :
 from __future__ import annotations
 
 import functools
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -193,8 +194,7 @@ class WanVAE(nnx.Module):
         F, Y, X, z]`` in this module's dtype."""
         cfg = self.config
         pixels = shape[0] * shape[2] * shape[3] * (cfg.spatial_factor // (cfg.patch_size or 1)) ** 2
-        frames = 1 + self.scale_factor_temporal * (shape[1] - 1)
-        return frames * pixels * cfg.out_channels * self.dtype.itemsize
+        return self.frames_of(shape[1]) * pixels * cfg.out_channels * self.dtype.itemsize
 
     def plan_decode(self, shape, device=None, *, path: str = "auto", budget: int | None = None,
                     tiles: bool = False):
@@ -221,16 +221,20 @@ class WanVAE(nnx.Module):
                        path: str = "auto", frames: int | None = None) -> jax.Array:
         """Unclipped decode of channels-last latents ``[B, F, Y, X, z]``: :meth:`_chunks`'
         frames joined."""
-        return jnp.concatenate(self._chunks(x, programs, path=path, frames=frames), axis=1)
+        return jnp.concatenate(list(self._chunks(x, programs, path=path, frames=frames)),
+                               axis=1)
 
     def _chunks(self, x: jax.Array, programs: DecodePrograms | None = None, *,
-                path: str = "auto", frames: int | None = None) -> list[jax.Array]:
+                path: str = "auto", frames: int | None = None) -> Iterator[jax.Array]:
         """The unclipped channels-last frames ``[B, f, H, W, c]`` of each decode step of
-        latents ``[B, F, Y, X, z]``, every step dispatched before this returns (none waited
-        for): the first latent frame, then chunks of ``programs.frames`` (else
-        :meth:`_chunk_frames`'s, chosen once the first chunk's cache is known) latent frames,
-        the last one padded with zero latents and its padding's frames cut (``programs``:
-        :meth:`compile_decode`'s for this shape, else the jitted steps)."""
+        latents ``[B, F, Y, X, z]``, each yielded once the next step is dispatched (one step
+        ahead: where dispatch is asynchronous, a TPU's, the device decodes the next while the
+        caller takes these; where it is not, a CPU's, the caller's other threads still work
+        on these while the next one decodes): the first latent frame, then chunks of
+        ``programs.frames`` (else :meth:`_chunk_frames`'s, chosen once the first chunk's cache
+        is known) latent frames, the last one padded with zero latents and its padding's
+        frames cut (``programs``: :meth:`compile_decode`'s for this shape, else the jitted
+        steps)."""
         graphdef, state = nnx.split(self)
         path = resolve_path(path, device_of(jax.tree.leaves(state)[0]))   # where it runs
         jitted = programs is None
@@ -239,18 +243,21 @@ class WanVAE(nnx.Module):
         out, cache = programs.first(state, x[:, :1], None)
         n = (self._chunk_frames(x.shape, path, frames, cache, device_of(x)) if jitted
              else programs.frames)
-        outs, later = [out], x.shape[1] - 1
+        later = x.shape[1] - 1
+        left = self.frames_of(x.shape[1])       # frames still to yield
         if later:
             rest = x[:, 1:]
             if later % n:
                 rest = jnp.pad(rest, ((0, 0), (0, n - later % n), (0, 0), (0, 0), (0, 0)))
             for i in range(0, later, n):
-                out, cache = programs.rest(state, rest[:, i:i + n], cache)
-                outs.append(out)
-        extra = sum(o.shape[1] for o in outs) - (1 + self.scale_factor_temporal * later)
-        if extra:
-            outs[-1] = outs[-1][:, :outs[-1].shape[1] - extra]
-        return outs
+                after, cache = programs.rest(state, rest[:, i:i + n], cache)
+                yield out
+                left, out = left - out.shape[1], after
+        yield out if out.shape[1] <= left else out[:, :left]
+
+    def frames_of(self, latent_frames: int) -> int:
+        """Video frames that ``latent_frames`` latent frames decode to."""
+        return 1 + self.scale_factor_temporal * (latent_frames - 1)
 
     def compile_decode(self, shape, sharding=None, *, path: str = "auto",
                        frames_per_chunk: int | None = None) -> DecodePrograms:
@@ -298,18 +305,18 @@ class WanVAE(nnx.Module):
         return video_pixels(video, p)
 
     def decode_chunks(self, z: jax.Array, *, programs=None, path: str = "auto",
-                      frames_per_chunk: int | None = None) -> list[jax.Array]:
+                      frames_per_chunk: int | None = None) -> Iterator[jax.Array]:
         """:meth:`decode`'s video (untiled) as the frames of each decode step: ``[B, 3, f,
         sY, sX]`` in [-1, 1] a step, the first latent frame's one frame, then each chunk's
-        (arguments: :meth:`decode`'s). Every step is dispatched before this returns and none
-        is waited for, so a caller that takes the chunks' frames in order (an mp4 encoder)
-        works on one while the device decodes the next; joined on the frame axis they are
-        :meth:`decode`'s values."""
+        (:meth:`frames_of` in all; arguments: :meth:`decode`'s). Each is yielded once the
+        next step is dispatched, so a caller that takes the frames in order (an mp4 encoder
+        on a thread) works on them while the next step decodes; joined on the frame axis they
+        are :meth:`decode`'s values."""
         self._check_latents(z)
         x = jnp.transpose(jnp.asarray(z, self.dtype), (0, 2, 3, 4, 1))
         p = self.config.patch_size or 1
-        return [video_pixels(v, p) for v in
-                self._chunks(x, programs, path=path, frames=frames_per_chunk)]
+        for v in self._chunks(x, programs, path=path, frames=frames_per_chunk):
+            yield video_pixels(v, p)
 
 
 __all__ = ["WanVAE"]
