@@ -187,7 +187,7 @@ class WanTextToVideo(Pipeline):
                  output: str = "video", sigmas=None, cache: str | None = None,
                  cache_threshold: float | None = None, cfg_cache: bool = False,
                  cache_coefficients=None, image=None, last_image=None,
-                 max_sequence_length: int | None = None, frames_to=None, **extra):
+                 max_sequence_length: int | None = None, **extra):
         """Generate one video: :meth:`prepare` (the same arguments but ``progress``), then the
         loop. Returns float32 ``[F, H, W, 3]`` in [0, 1]
         (``output="latent"``: the denoised latents ``[1, C, F', Y, X]`` instead).
@@ -233,32 +233,34 @@ class WanTextToVideo(Pipeline):
                          guidance_scale_2=guidance_scale_2, cache=cache,
                          cache_threshold=cache_threshold, cfg_cache=cfg_cache,
                          cache_coefficients=cache_coefficients, image=image,
-                         last_image=last_image, frames_to=frames_to, **extra)
+                         last_image=last_image, **extra)
         return record(self, self.prepare(
             prompt, negative_prompt, height, width, num_frames, num_inference_steps,
             guidance_scale, seed, latents, guidance_scale_2, output=output, sigmas=sigmas,
             max_sequence_length=max_sequence_length, cache=cache,
             cache_threshold=cache_threshold, cfg_cache=cfg_cache,
             cache_coefficients=cache_coefficients, image=image, last_image=last_image,
-            frames_to=frames_to, **extra).run(progress))
+            **extra).run(progress))
 
     def prepare(self, prompt, negative_prompt=None, height: int | None = None,
                 width: int | None = None, num_frames: int | None = None,
                 num_inference_steps: int | None = None,
                 guidance_scale: float | None = None, seed: int = 0, latents=None,
                 guidance_scale_2: float | None = None, *, output: str = "video", sigmas=None,
-                max_sequence_length: int | None = None, frames_to=None, **inputs) -> Prepared:
+                max_sequence_length: int | None = None, **inputs) -> Prepared:
         """One request checked and laid out as the loop's parts
         (:class:`~ditax.pipelines.sampling.Prepared`; nothing is encoded or compiled yet):
         what :meth:`__call__` runs, and what a server's batch stacks with other requests of
         the same shape (:func:`ditax.pipelines.batch.sample_batch`). Arguments: the call's;
-        ``inputs``: the step-cache arguments (:data:`~ditax.pipelines.base.STEP_CACHE`) and
-        the request's condition inputs, which :meth:`plan_request` takes (``image``,
-        ``last_image``; VACE's control inputs)."""
+        ``inputs``: the step-cache arguments (:data:`~ditax.pipelines.base.STEP_CACHE`), the
+        call's ``frames_to`` (the decode's, :meth:`decode_video`) and the request's condition
+        inputs, which :meth:`plan_request` takes (``image``, ``last_image``; VACE's control
+        inputs)."""
         if self.streams_chunks:
             raise RequestError("a causal student (model.causal_chunk) has no whole-video loop "
                                "to prepare; call it (pipe(prompt, ...)) or pipe.stream(...)")
         caching = step_cache_options(inputs)
+        frames_to = inputs.pop("frames_to", None)     # the call's (hand_frames)
         # what neither the caller nor the folder's ditax_sample.json gives: Wan's defaults
         (height, width, num_frames, num_inference_steps, guidance_scale, guidance_scale_2,
          negative_prompt) = self.call_defaults(
