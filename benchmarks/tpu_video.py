@@ -12,7 +12,11 @@ On the lent chip, after ``source benchmarks/tpu_setup.sh``:
    no CFG) in a fresh process, first with an empty persistent compile cache (cold), then
    with the cache the cold run filled (warm): one row each, ``value`` = the process's wall
    seconds, ``phases`` = generate's own timing line (load, text, compile, denoise, decode,
-   write);
+   write: what is left of the mp4's write after the decode, and ``overlapped``: the seconds
+   ffmpeg encoded beside the decode); ``--override KEY=VALUE`` (repeatable) goes to its
+   ``ditax generate`` as a config override and into its rows (``overrides``), e.g.
+   ``--override model.vae_dtype=bfloat16`` (a bf16 VAE) or ``--override
+   attention.sparsity=vsa`` (a sparse-attention student's sampling);
 3. the demo model's video (``ditax generate --model demo``: its shipped sample settings),
    cold and warm.
 
@@ -64,13 +68,16 @@ def generate(args, model, size, mode, cache, video) -> dict:
     if model:
         h, w, f = size
         cmd += ["--model", model, "--height", str(h), "--width", str(w), "--frames", str(f),
-                "--steps", str(args.steps), "--guidance", "1", "model.dtype=bfloat16"]
+                "--steps", str(args.steps), "--guidance", "1", "model.dtype=bfloat16",
+                *args.override]
     else:
         cmd += ["--model", "demo"]      # the shipped demo model with its own sample settings
     wall, rc, out, err = run(cmd, args.timeout)
     row = {"bench": "tpu_video", "case": ("Wan 1.3B-size " if model else "demo model ")
            + (f"{size[0]}x{size[1]}x{size[2]}, {args.steps} steps, no CFG" if model else "video"),
            "mode": mode, "metric": "wall", "unit": "s", "phases": phases(out)}
+    if model and args.override:
+        row["overrides"] = list(args.override)
     if rc:
         row["error"] = f"exit {rc}: {err}"
     else:
@@ -88,6 +95,9 @@ def main() -> None:
     p.add_argument("--text-layers", type=int, default=2)
     p.add_argument("--timeout", type=float, default=400)
     p.add_argument("--skip", nargs="*", default=[], choices=["wan", "demo"])
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override of the Wan case's ditax generate (repeatable): "
+                        "model.vae_dtype=bfloat16, attention.sparsity=vsa, ...")
     a = p.parse_args()
     size = tuple(int(x) for x in a.size.split("x"))
     work = tempfile.mkdtemp(prefix="tpu_video_")

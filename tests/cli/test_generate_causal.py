@@ -5,13 +5,15 @@ and writes the frames ``pipe.stream`` yields; frames that are no whole number of
 the RoPE table, or a causal option on a bidirectional folder are refused in one line (exit 2)
 before any weights load."""
 
+import re
+
 import imageio.v2 as imageio
 import numpy as np
 import pytest
 
 import ditax
 from ditax.cli import main
-from ditax.io.video import to_uint8
+from ditax.io.video import to_uint8, write_mp4
 from ditax.pipelines.batch import batchable
 from causal_folders import SAMPLE, causal_demo_folder
 
@@ -32,7 +34,9 @@ def test_generate_streams_a_causal_folder(folder, tmp_path, capsys):
                "--seed", "3", "--no-progress", "--output", str(out), "--frames-dir",
                str(frames)])
     assert rc == 0, capsys.readouterr().err
-    assert "29 frames" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "29 frames" in said
+    assert re.search(r"^write [\d.]+s \(overlapped [\d.]+s\)$", said, re.M), said  # by chunk
     got = np.stack([imageio.imread(p) for p in sorted(frames.glob("frame_*.png"))])
     assert got.shape == (29, 64, 64, 3) and out.is_file()
     pipe = ditax.load_pipeline(folder)
@@ -42,6 +46,8 @@ def test_generate_streams_a_causal_folder(folder, tmp_path, capsys):
     assert [p.shape[0] for p in parts] == [5, 8, 8, 8]       # chunks of 2 latent frames
     assert pipe.last_stats["chunks"] == 4
     np.testing.assert_array_equal(got, to_uint8(np.concatenate(parts)))
+    write_mp4(tmp_path / "whole.mp4", np.concatenate(parts))    # the mp4 encoded as it came
+    assert out.read_bytes() == (tmp_path / "whole.mp4").read_bytes()
     assert not batchable(pipe)      # --prompts / a server's batch: one request a call
 
 

@@ -32,7 +32,11 @@ whether the attention backend can run here with the folder's head dim, and the o
 (``--output`` not a folder, ``--frames-dir`` new or empty, their parents writable). Shows a
 status line while loading and compiling and a progress bar over the steps (each step counted
 when it has finished on the device; ``--no-progress`` hides both), then one timing line (load,
-text, compile, denoise, decode). The mp4 and the PNGs are written beside their names and
+text, compile, denoise, decode, write). A Wan video's mp4 is encoded while the VAE decodes:
+each decoded chunk's frames go to ffmpeg (on a thread) as the next chunk decodes, so ``write``
+is only what is left after the decode, and the line says how many seconds of encoding ran
+beside it (``write 0.20s (overlapped 1.40s)``), or why not (``(not overlapped: the decode
+runs in spatial tiles ...)``: :mod:`ditax.cli.generate_output`). The mp4 and the PNGs are written beside their names and
 renamed at the end: a failed run leaves no half-written file. Sizes, steps, guidance and fps
 default to the folder's ``ditax_sample.json``, else its family's. The flags become one plain
 mapping that the front door resolves (:func:`ditax.front.resolve`, as ``ditax serve`` does with
@@ -55,6 +59,7 @@ timing line reports the transformer calls.
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from ditax.errors import RequestError, request_errors
 
@@ -177,8 +182,19 @@ def run(args) -> int:
     if args.prompts is not None:
         return run_many(args, given_of(args), read_prompts(args.prompts))
     req = parse_request(args)
-    with open_pipeline(req.load, req.call, progress=not args.no_progress) as pipe:
-        with request_errors():  # e.g. a size this folder's VAE cannot take
-            out = pipe(progress=not args.no_progress, **req.kwargs())
-    write_output(req.output, out, pipe, req.makes)
+    with contextlib.ExitStack() as stack:
+        stream = None
+        if req.makes == "video":    # encoded as the decode hands its frames over
+            from ditax.io.video_stream import Mp4Stream
+
+            stream = stack.enter_context(Mp4Stream(req.output.path, req.output.fps or 16))
+        with open_pipeline(req.load, req.call, progress=not args.no_progress) as pipe:
+            call = req.kwargs()
+            if stream is not None and getattr(pipe, "hands_frames", False):
+                call["frames_to"] = stream
+            elif stream is not None:
+                stream.whole(f"{type(pipe).__name__} decodes the video whole")
+            with request_errors():  # e.g. a size this folder's VAE cannot take
+                out = pipe(progress=not args.no_progress, **call)
+        write_output(req.output, out, pipe, req.makes, stream)
     return 0

@@ -117,7 +117,8 @@ def run_many(args, given: dict, items: list[tuple[int, dict]]) -> int:
                         outs = sample_batch(pipe, calls, progress=not args.no_progress)
                     print(f"ran {len(group)} requests as one batch")
             for r, out in zip(group, outs):
-                write_output(r.output, out, pipe, first.makes)
+                write_output(r.output, out, pipe, first.makes,
+                             whole="--prompts writes each video after its decode")
     print(f"wrote {len(runs)} outputs ({runs[0].output.path} .. {runs[-1].output.path})")
     return 0
 

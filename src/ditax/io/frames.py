@@ -36,12 +36,14 @@ def _each(n: int, fn, size: int) -> None:
         list(pool.map(fn, range(n)))
 
 
-def unit_pixels(pixels) -> np.ndarray:
+def unit_pixels(pixels, out: np.ndarray | None = None) -> np.ndarray:
     """The first row of a decode's ``[B, C, ...]`` pixels in [-1, 1] as contiguous float32
     ``[..., C]`` in [0, 1]: ``clip(x / 2 + 0.5, 0, 1)`` (``channels_last(to_unit(pixels))``,
-    the same values)."""
+    the same values); ``out``: written there (a float32 array of that shape, e.g. a slice of
+    a whole video's frames), else a new array."""
     x = np.asarray(pixels)[0]
-    out = np.empty(x.shape[1:] + x.shape[:1], np.float32)
+    if out is None:
+        out = np.empty(x.shape[1:] + x.shape[:1], np.float32)
     frames = x[:, None] if x.ndim == 3 else x        # [C, F, H, W] (one frame: an image)
     view = out[None] if x.ndim == 3 else out
 

@@ -34,27 +34,54 @@ def to_uint8(video) -> np.ndarray:
     return uint8_frames(v)
 
 
+def check_mp4(height: int, width: int, quality: float) -> None:
+    """The H.264 (yuv420p) rules of :func:`write_mp4`: an even height and width, ``quality``
+    in [1, 10] (``ValueError`` naming the value)."""
+    if height % 2 or width % 2:
+        raise ValueError(f"H.264 (yuv420p) needs even height and width; got {height}x{width}")
+    if not 1 <= quality <= 10:
+        raise ValueError(f"quality={quality} must be in [1, 10]")
+
+
 def write_mp4(path, video, fps: float = 16, quality: float = 8.0,
-              audio=None, stage=None) -> pathlib.Path:
+              audio=None, stage=None, encoded=None) -> pathlib.Path:
     """Encode ``video`` as H.264 (yuv420p, so height and width must be even) at ``fps``, with
     ``audio`` (an :class:`~ditax.io.audio.AudioTrack`, None: silent) as its AAC sound track.
 
     Wan models are trained at 16 fps. ``quality`` is imageio-ffmpeg's 1-10 scale (CRF
     ``(1 - quality / 10) * 51``, as imageio-ffmpeg maps it). ``stage``: module docstring.
+    ``encoded``: a started :class:`~ditax.io.video_stream.Mp4Stream` that has been fed these
+    frames as they were made (the same encoder settings, so the same bytes): its file is
+    waited for and taken instead of encoding ``video`` again.
     """
-    frames = to_uint8(video)
+    frames = to_uint8(video) if encoded is None else np.asarray(video)
     _, h, w, _ = frames.shape
-    if h % 2 or w % 2:
-        raise ValueError(f"H.264 (yuv420p) needs even height and width; got {h}x{w}")
-    if not 1 <= quality <= 10:
-        raise ValueError(f"quality={quality} must be in [1, 10]")
+    check_mp4(h, w, quality)
     path = pathlib.Path(path)
     with staged(stage) as s:
         tmp = s.file(path)
-        encode_mp4(tmp, frames, fps, quality)
+        if encoded is None:
+            encode_mp4(tmp, frames, fps, quality)
+        else:
+            encoded.finish(tmp, len(frames))
         if audio is not None:
             _add_audio(tmp, audio)
     return path
+
+
+def mp4_args(tmp, height: int, width: int, fps: float, quality: float = 8.0, *,
+             pix_fmt: str = "yuv420p", crf: int | None = None) -> list[str]:
+    """ffmpeg's arguments of :func:`encode_mp4` (raw rgb24 frames on its standard input)."""
+    rate = str(Fraction(fps).limit_denominator())
+    crf = int((1 - quality / 10.0) * 51) if crf is None else crf
+    return ["-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}", "-pix_fmt",
+            "rgb24", "-r", rate, "-i", "-", "-an", "-vcodec", "libx264", "-pix_fmt",
+            pix_fmt, "-crf", str(crf), "-f", "mp4", str(tmp)]
+
+
+def frame_bytes(frames):
+    """uint8 ``[F, H, W, 3]`` frames as the contiguous buffers ffmpeg reads, one a frame."""
+    return (np.ascontiguousarray(f) for f in frames)
 
 
 def encode_mp4(tmp: pathlib.Path, frames: np.ndarray, fps: float, quality: float = 8.0, *,
@@ -68,12 +95,8 @@ def encode_mp4(tmp: pathlib.Path, frames: np.ndarray, fps: float, quality: float
     from ditax.io import ffmpeg
 
     _, h, w, _ = frames.shape
-    rate = str(Fraction(fps).limit_denominator())
-    crf = int((1 - quality / 10.0) * 51) if crf is None else crf
-    ffmpeg.write(["-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{w}x{h}", "-pix_fmt",
-                  "rgb24", "-r", rate, "-i", "-", "-an", "-vcodec", "libx264", "-pix_fmt",
-                  pix_fmt, "-crf", str(crf), "-f", "mp4", str(tmp)], tmp,
-                 (np.ascontiguousarray(f) for f in frames))
+    ffmpeg.write(mp4_args(tmp, h, w, fps, quality, pix_fmt=pix_fmt, crf=crf), tmp,
+                 frame_bytes(frames))
 
 
 def _add_audio(tmp: pathlib.Path, audio) -> None:

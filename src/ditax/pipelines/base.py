@@ -56,6 +56,9 @@ class Pipeline:
     denoiser: ClassVar[Callable | None] = None
     #: whether requests of one shape stack (:mod:`ditax.pipelines.batch`)
     batches: ClassVar[bool] = True
+    #: whether a call takes ``frames_to=`` (:meth:`hand_frames`: the decoded video handed over
+    #: as it is decoded; ``ditax generate`` encodes the mp4 meanwhile)
+    hands_frames: ClassVar[bool] = False
 
     def __init__(self, *, vae, transformer, scheduler, cfg_mode: str = "batched",
                  vae_tiling: bool | None = None, sample_defaults: dict | None = None):
@@ -153,6 +156,46 @@ class Pipeline:
         return unit_pixels(self.vae_decode(z, *conditions, **options))
 
 
+    def hand_frames(self, z, frames_to, **options) -> np.ndarray:
+        """:meth:`decode_pixels`' video of latents ``z`` (``options``: its), handed to
+        ``frames_to`` (an :class:`~ditax.io.video_stream.Mp4Stream`, or any object with its
+        ``put`` / ``whole``) as it is decoded: ``frames_to.put(frames)`` with each decode
+        step's float32 ``[f, H, W, 3]`` in [0, 1], in order and once checked finite (a NaN
+        never reaches the encoder), where the VAE decodes in steps (``decode_chunks`` and
+        ``frames_of``: the Wan VAE) whole on one device; else (:func:`whole_reason`) decoded
+        whole and ``frames_to.whole(reason)`` told why. The same values either way (one
+        float32 array, each step's frames written into their slice)."""
+        from ditax.io.frames import unit_pixels
+        from ditax.pipelines.sampling import check_finite
+
+        reason = whole_reason(self.vae, self.vae_parallel, options)
+        if reason is not None:
+            frames_to.whole(reason)
+            return self.decode_pixels(z, **options)
+        out, at = None, 0
+        for pixels in self.vae.decode_chunks(z, programs=options.get("programs")):
+            if out is None:         # the video's frames, each step's written in its slice
+                _, c, _, h, w = pixels.shape
+                out = np.empty((self.vae.frames_of(z.shape[2]), h, w, c), np.float32)
+            frames = unit_pixels(pixels, out[at:at + pixels.shape[2]])
+            at += len(frames)
+            check_finite(frames, "decode", "the decoded output")
+            frames_to.put(frames)
+        return out
+
+
+def whole_reason(vae, parallel, options: dict) -> str | None:
+    """Why a decode (``options``: :meth:`Pipeline.decode_options`'; ``parallel``: the
+    pipeline's ``vae_parallel``) cannot hand its frames over in steps (None: it can)."""
+    if not hasattr(vae, "decode_chunks"):
+        return f"{type(vae).__name__} decodes the video whole"
+    if parallel is not None:
+        return "the decode's rows are split over the mesh (sample.vae_parallel)"
+    if options.get("tiled"):
+        return "the decode runs in spatial tiles (sample.vae_tiling, or a whole decode's fit)"
+    return None
+
+
 def to_unit(pixels) -> np.ndarray:
     """A decode's pixels as float32 in [0, 1]: ``x / 2 + 0.5`` clipped, on the host (the same
     float32 arithmetic as on the device, without compiling more programs)."""
@@ -194,4 +237,4 @@ def step_cache_options(call: dict) -> dict[str, Any]:
 
 
 __all__ = ["Pipeline", "STEP_CACHE", "channels_last", "check_output", "euler_sigmas",
-           "step_cache_options", "to_unit"]
+           "step_cache_options", "to_unit", "whole_reason"]

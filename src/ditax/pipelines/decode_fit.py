@@ -57,7 +57,7 @@ def tiles_line(fit) -> str:
     """The one line a decode switched to tiles logs: the estimate, the budget, the setting."""
     bf16 = ""
     if np.dtype(fit.dtype).itemsize > 2 and fit.in_bfloat16(fit.whole) <= fit.budget:
-        bf16 = "; in bfloat16 (vae_dtype='bfloat16') it fits whole"
+        bf16 = "; in bfloat16 (model.vae_dtype=bfloat16) it fits whole"
     return (f"VAE decode: {fit.size} {fit.dtype} needs ~{_gib(fit.whole)} a chunk, over the "
             f"{_gib(fit.budget)} budget of the device: decoding in spatial tiles "
             f"(~{_gib(fit.tiled)}; sample.vae_tiling=true, set false to decode whole){bf16}")
@@ -67,7 +67,7 @@ def refusal_line(fit) -> str:
     """The one line of a decode that fits neither whole nor in tiles, with the fixes."""
     tiled = ("one spatial tile covers the frame" if fit.tiled is None
              else f"~{_gib(fit.tiled)} in spatial tiles")
-    bf16 = (", decode in bfloat16 (vae_dtype='bfloat16')"
+    bf16 = (", decode in bfloat16 (model.vae_dtype=bfloat16)"
             if np.dtype(fit.dtype).itemsize > 2 else "")
     return (f"VAE decode: {fit.size} {fit.dtype} needs ~{_gib(fit.whole)} a chunk whole and "
             f"{tiled}, over the {_gib(fit.budget)} budget of the device; lower --height / "
@@ -100,7 +100,7 @@ def check_stream(pipe, shape) -> None:
     n = max(int(shape[2]) - 1, 1)
     if fit is None or fit.chunk_bytes(n) <= fit.budget:
         return
-    bf16 = (", or decode in bfloat16 (vae_dtype='bfloat16')"
+    bf16 = (", or decode in bfloat16 (model.vae_dtype=bfloat16)"
             if np.dtype(fit.dtype).itemsize > 2 else "")
     raise RequestError(f"VAE decode: a streamed chunk of {n} latent frames at "
                        f"{fit.size.rsplit('x', 1)[0]} {fit.dtype} needs "

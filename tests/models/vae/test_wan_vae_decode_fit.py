@@ -66,4 +66,4 @@ def test_a_frame_within_one_tile_has_no_tiled_plan():
     assert fit.tiled is None and not fit.fits_whole and not fit.fits_tiled
     line = refusal_line(fit)
     assert "one spatial tile covers the frame" in line and "lower --height" in line
-    assert "vae_dtype='bfloat16'" in line and "sample.vae_parallel=true" in line
+    assert "model.vae_dtype=bfloat16" in line and "sample.vae_parallel=true" in line

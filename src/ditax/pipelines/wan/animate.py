@@ -75,6 +75,7 @@ class WanAnimate(WanImageToVideo):
     """A loaded Wan 2.2 Animate pipeline (``WanAnimatePipeline`` folders; module docstring)."""
 
     batches = False   # its call runs the loop once per segment: requests run one by one
+    hands_frames = False   # its segments decode whole (the next segment reads their frames)
 
     def check_animate(self, image, pose, face, background, mask, mode, segment_frame_length,
                       prev) -> None:

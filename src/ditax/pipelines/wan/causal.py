@@ -87,13 +87,17 @@ def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frame
     runs on a folder whose transformer has ``causal_chunk``. Values left at None come from
     the folder's ``ditax_sample.json`` (``context_chunks`` too), else Wan's; ``options``:
     ``context_chunks``, ``on_chunk(index, frames_so_far, frames)`` (called as each chunk is
-    decoded, ``frames`` its ``[f, H, W, 3]``: ``ditax serve``'s chunk events), step caching
+    decoded, ``frames`` its ``[f, H, W, 3]``: ``ditax serve``'s chunk events), ``frames_to``
+    (each chunk's frames put there once checked finite: ``frames_to.put(frames)``, an
+    :class:`~ditax.io.video_stream.Mp4Stream` encoding while the next chunk is made), step caching
     inside each chunk (``cache``, ``cache_threshold``, ``cache_coefficients``) and the
     pipeline call's others, each refused in one line when set (``cfg_cache``, images, a
     second expert's guidance: not in causal sampling)."""
     from ditax.pipelines.lora_sample import default_sigmas
 
-    on_chunk = options.pop("on_chunk", None)
+    from ditax.pipelines.sampling import check_finite
+
+    on_chunk, frames_to = options.pop("on_chunk", None), options.pop("frames_to", None)
     caching = {k: options.pop(k) for k in ("cache", "cache_threshold", "cache_coefficients")
                if options.get(k) is not None}
     given = [k for k, v in options.items() if k != "context_chunks" and v not in (None, False)]
@@ -116,6 +120,9 @@ def video(pipe, prompt, negative_prompt=None, height=None, width=None, num_frame
         made += part.shape[0]
         if on_chunk is not None:
             on_chunk(i, made, frames[-1])
+        if frames_to is not None:
+            check_finite(frames[-1], "decode", f"chunk {i}'s frames")
+            frames_to.put(frames[-1])
     pipe.timings = None     # no phases of the bidirectional loop; last_stats: the sampler's
     return np.concatenate(frames, axis=0)
 

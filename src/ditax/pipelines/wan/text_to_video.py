@@ -88,6 +88,7 @@ class WanTextToVideo(Pipeline):
     # the family's parts of the generic loop (also what ditax.serve's batches run with)
     model_inputs = staticmethod(wan_inputs)
     finalize = staticmethod(final_latents)
+    hands_frames = True       # frames_to= (Pipeline.hand_frames; a causal student's chunks)
 
     @property
     def streams_chunks(self) -> bool:
@@ -143,11 +144,14 @@ class WanTextToVideo(Pipeline):
                                "folder (Wan2.1-I2V-*, Wan2.2-I2V-A14B, Wan2.2-TI2V-5B)")
         return None
 
-    def decode_video(self, x, programs=None, **decoding):
+    def decode_video(self, x, programs=None, frames_to=None, **decoding):
         """Final latents ``[1, C, F', Y, X]`` → float32 video ``[F, H, W, 3]`` in [0, 1]
         (``programs``: the decode's compiled programs, :meth:`Programs.decode`; ``decoding``:
-        :meth:`decode_options`', else chosen here)."""
+        :meth:`decode_options`', else chosen here; ``frames_to``: the frames handed over as
+        they are decoded, :meth:`~ditax.pipelines.base.Pipeline.hand_frames`)."""
         z = self.vae.denormalize_latents(jnp.asarray(x, self.vae.dtype))
+        if frames_to is not None:
+            return self.hand_frames(z, frames_to, programs=programs, **decoding)
         return self.decode_pixels(z, programs=programs, **decoding)
 
     def sample_options(self, num_inference_steps: int) -> dict:
@@ -206,6 +210,10 @@ class WanTextToVideo(Pipeline):
         image-to-video pipelines (:class:`~ditax.pipelines.wan.image_to_video.WanImageToVideo`;
         step caching works there too). ``max_sequence_length``: text
         tokens for this call (diffusers' argument of that name; default the pipeline's, 512).
+        ``frames_to``: an :class:`~ditax.io.video_stream.Mp4Stream` (or any object with its
+        ``put`` / ``whole``) the decoded frames are handed to chunk by chunk as they are
+        decoded (:meth:`~ditax.pipelines.base.Pipeline.hand_frames`; a causal student's:
+        each chunk as it is made); the call still returns the whole video.
 
         Sizes, steps, guidance, the negative prompt and ``sigmas`` left at None come from
         ``self.sample_defaults`` (the folder's ``ditax_sample.json``, a LoRA's sampling
@@ -244,13 +252,15 @@ class WanTextToVideo(Pipeline):
         (:class:`~ditax.pipelines.sampling.Prepared`; nothing is encoded or compiled yet):
         what :meth:`__call__` runs, and what a server's batch stacks with other requests of
         the same shape (:func:`ditax.pipelines.batch.sample_batch`). Arguments: the call's;
-        ``inputs``: the step-cache arguments (:data:`~ditax.pipelines.base.STEP_CACHE`) and
-        the request's condition inputs, which :meth:`plan_request` takes (``image``,
-        ``last_image``; VACE's control inputs)."""
+        ``inputs``: the step-cache arguments (:data:`~ditax.pipelines.base.STEP_CACHE`), the
+        call's ``frames_to`` (the decode's, :meth:`decode_video`) and the request's condition
+        inputs, which :meth:`plan_request` takes (``image``, ``last_image``; VACE's control
+        inputs)."""
         if self.streams_chunks:
             raise RequestError("a causal student (model.causal_chunk) has no whole-video loop "
                                "to prepare; call it (pipe(prompt, ...)) or pipe.stream(...)")
         caching = step_cache_options(inputs)
+        frames_to = inputs.pop("frames_to", None)     # the call's (hand_frames)
         # what neither the caller nor the folder's ditax_sample.json gives: Wan's defaults
         (height, width, num_frames, num_inference_steps, guidance_scale, guidance_scale_2,
          negative_prompt) = self.call_defaults(
@@ -288,8 +298,8 @@ class WanTextToVideo(Pipeline):
             condition=plan.condition, condition_phase=plan.phase,
             finalize=self.finalize, latents=latents, seed=seed, sigmas=sigmas, **caching,
             size=f"for {num_frames} frames at {height}x{width}{plan.note}",
-            decode=None if output == "latent" else functools.partial(self.decode_video,
-                                                                     **decoding),
+            decode=None if output == "latent" else functools.partial(
+                self.decode_video, frames_to=frames_to, **decoding),
             prepare_decode=lambda: None if (decoding.get("tiled") or self.vae_parallel is not None)
             else self.programs.decode(
                 self.vae, out_shape, sharding), **self.sample_options(num_inference_steps))

@@ -7,6 +7,7 @@ decode, latent normalisation. Layers live in :mod:`.layers` / :mod:`.blocks` / :
 from __future__ import annotations
 
 import functools
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from ditax.models.vae.wan.chunks import (TEMP_ACTIVATIONS, ChunkMemory, DecodePr
 from ditax.models.vae.wan.coders import Decoder, Encoder
 from ditax.models.vae.wan.config import WanVAEConfig
 from ditax.models.vae.wan.layers import CausalConv3d, FastPath, fast_path, padded
-from ditax.models.vae.wan.shuffle import patchify, unpatchify
+from ditax.models.vae.wan.shuffle import patchify, unpatchify, video_pixels
 from ditax.models.vae.wan.tiling import check_tiles, decode_tiled
 
 
@@ -193,8 +194,7 @@ class WanVAE(nnx.Module):
         F, Y, X, z]`` in this module's dtype."""
         cfg = self.config
         pixels = shape[0] * shape[2] * shape[3] * (cfg.spatial_factor // (cfg.patch_size or 1)) ** 2
-        frames = 1 + self.scale_factor_temporal * (shape[1] - 1)
-        return frames * pixels * cfg.out_channels * self.dtype.itemsize
+        return self.frames_of(shape[1]) * pixels * cfg.out_channels * self.dtype.itemsize
 
     def plan_decode(self, shape, device=None, *, path: str = "auto", budget: int | None = None,
                     tiles: bool = False):
@@ -219,10 +219,22 @@ class WanVAE(nnx.Module):
 
     def _decode_frames(self, x: jax.Array, programs: DecodePrograms | None = None, *,
                        path: str = "auto", frames: int | None = None) -> jax.Array:
-        """Unclipped decode of channels-last latents ``[B, F, Y, X, z]``: the first latent
-        frame, then chunks of ``programs.frames`` (else :meth:`_chunk_frames`'s, chosen once
-        the first chunk's cache is known) latent frames, the last one padded with zero latents
-        (``programs``: :meth:`compile_decode`'s for this shape, else the jitted steps)."""
+        """Unclipped decode of channels-last latents ``[B, F, Y, X, z]``: :meth:`_chunks`'
+        frames joined."""
+        return jnp.concatenate(list(self._chunks(x, programs, path=path, frames=frames)),
+                               axis=1)
+
+    def _chunks(self, x: jax.Array, programs: DecodePrograms | None = None, *,
+                path: str = "auto", frames: int | None = None) -> Iterator[jax.Array]:
+        """The unclipped channels-last frames ``[B, f, H, W, c]`` of each decode step of
+        latents ``[B, F, Y, X, z]``, each yielded once the next step is dispatched (one step
+        ahead: where dispatch is asynchronous, a TPU's, the device decodes the next while the
+        caller takes these; where it is not, a CPU's, the caller's other threads still work
+        on these while the next one decodes): the first latent frame, then chunks of
+        ``programs.frames`` (else :meth:`_chunk_frames`'s, chosen once the first chunk's cache
+        is known) latent frames, the last one padded with zero latents and its padding's
+        frames cut (``programs``: :meth:`compile_decode`'s for this shape, else the jitted
+        steps)."""
         graphdef, state = nnx.split(self)
         path = resolve_path(path, device_of(jax.tree.leaves(state)[0]))   # where it runs
         jitted = programs is None
@@ -231,17 +243,21 @@ class WanVAE(nnx.Module):
         out, cache = programs.first(state, x[:, :1], None)
         n = (self._chunk_frames(x.shape, path, frames, cache, device_of(x)) if jitted
              else programs.frames)
-        outs, later = [out], x.shape[1] - 1
+        later = x.shape[1] - 1
+        left = self.frames_of(x.shape[1])       # frames still to yield
         if later:
             rest = x[:, 1:]
             if later % n:
                 rest = jnp.pad(rest, ((0, 0), (0, n - later % n), (0, 0), (0, 0), (0, 0)))
             for i in range(0, later, n):
-                out, cache = programs.rest(state, rest[:, i:i + n], cache)
-                outs.append(out)
-        video = jnp.concatenate(outs, axis=1)
-        keep = 1 + self.scale_factor_temporal * later
-        return video if video.shape[1] == keep else video[:, :keep]
+                after, cache = programs.rest(state, rest[:, i:i + n], cache)
+                yield out
+                left, out = left - out.shape[1], after
+        yield out if out.shape[1] <= left else out[:, :left]
+
+    def frames_of(self, latent_frames: int) -> int:
+        """Video frames that ``latent_frames`` latent frames decode to."""
+        return 1 + self.scale_factor_temporal * (latent_frames - 1)
 
     def compile_decode(self, shape, sharding=None, *, path: str = "auto",
                        frames_per_chunk: int | None = None) -> DecodePrograms:
@@ -286,9 +302,21 @@ class WanVAE(nnx.Module):
                                  tuple(t // p for t in tile_sample_stride), sf // p)
         else:
             video = self._decode_frames(x, programs, path=path, frames=frames_per_chunk)
-        if p > 1:
-            video = unpatchify(video, p)
-        return jnp.transpose(jnp.clip(video, -1.0, 1.0), (0, 4, 1, 2, 3))
+        return video_pixels(video, p)
+
+    def decode_chunks(self, z: jax.Array, *, programs=None, path: str = "auto",
+                      frames_per_chunk: int | None = None) -> Iterator[jax.Array]:
+        """:meth:`decode`'s video (untiled) as the frames of each decode step: ``[B, 3, f,
+        sY, sX]`` in [-1, 1] a step, the first latent frame's one frame, then each chunk's
+        (:meth:`frames_of` in all; arguments: :meth:`decode`'s). Each is yielded once the
+        next step is dispatched, so a caller that takes the frames in order (an mp4 encoder
+        on a thread) works on them while the next step decodes; joined on the frame axis they
+        are :meth:`decode`'s values."""
+        self._check_latents(z)
+        x = jnp.transpose(jnp.asarray(z, self.dtype), (0, 2, 3, 4, 1))
+        p = self.config.patch_size or 1
+        for v in self._chunks(x, programs, path=path, frames=frames_per_chunk):
+            yield video_pixels(v, p)
 
 
 __all__ = ["WanVAE"]

@@ -32,6 +32,15 @@ def unpatchify(x: jax.Array, p: int) -> jax.Array:
     return x.transpose(0, 1, 2, 6, 3, 5, 4).reshape(b, f, yy * p, xx * p, cp // (p * p))
 
 
+def video_pixels(x: jax.Array, p: int) -> jax.Array:
+    """The decoder's unclipped channels-last frames ``[B, F, Y, X, C p^2]`` as the public video
+    ``[B, C, F, Y p, X p]`` clipped to [-1, 1] (:func:`unpatchify` where ``p > 1``): what
+    ``WanVAE.decode`` returns, and each chunk of ``decode_chunks`` / the streaming decoder."""
+    if p > 1:
+        x = unpatchify(x, p)
+    return jnp.transpose(jnp.clip(x, -1.0, 1.0), (0, 4, 1, 2, 3))
+
+
 def avg_down(x: jax.Array, cout: int, ft: int, fs: int) -> jax.Array:
     """``[B, F, Y, X, C]`` → ``[B, ceil(F/ft), Y/fs, X/fs, cout]``.
 
@@ -58,4 +67,4 @@ def dup_up(x: jax.Array, cout: int, ft: int, fs: int, first: bool) -> jax.Array:
     return x[:, ft - 1:] if first else x
 
 
-__all__ = ["avg_down", "dup_up", "patchify", "unpatchify"]
+__all__ = ["avg_down", "dup_up", "patchify", "unpatchify", "video_pixels"]

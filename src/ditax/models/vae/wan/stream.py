@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ditax.models.vae.wan.chunks import decode_chunk, device_of, resolve_path
-from ditax.models.vae.wan.shuffle import unpatchify
+from ditax.models.vae.wan.shuffle import video_pixels
 
 
 class StreamDecoder:
@@ -50,11 +50,7 @@ class StreamDecoder:
                                            first=False, path=self.path)
             outs.append(out)
         self.frames += z.shape[2]
-        video = jnp.concatenate(outs, axis=1)
-        p = vae.config.patch_size or 1
-        if p > 1:
-            video = unpatchify(video, p)
-        return jnp.transpose(jnp.clip(video, -1.0, 1.0), (0, 4, 1, 2, 3))
+        return video_pixels(jnp.concatenate(outs, axis=1), vae.config.patch_size or 1)
 
 
 __all__ = ["StreamDecoder"]
