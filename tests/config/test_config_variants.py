@@ -47,3 +47,16 @@ def test_fields_of_two_variants_are_refused(monkeypatch):
     with pytest.raises(ConfigError, match=r"model.one \(One\) and model.two \(Two\) belong to "
                                           r"different variants_toy variants"):
         config_family("variants_toy", {"one", "two"})
+
+
+def test_class_constants_are_no_config_keys():
+    """A family config's class constants (FLUX's ``CLASS_NAME``, ``DIFFUSERS_FIELDS``) are
+    neither settable nor listed among a family's model keys."""
+    from ditax.config.keys import key_types
+    from ditax.models.flux.config import FluxConfig
+
+    keys = key_types(FluxConfig)
+    assert "model.num_layers" in keys
+    assert not [k for k in keys if k.split(".")[-1].isupper()], keys
+    with pytest.raises(ConfigError, match="unknown config key 'model.CLASS_NAME'"):
+        load_config("flux-tiny", ["model.CLASS_NAME=x"])

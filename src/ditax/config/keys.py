@@ -26,9 +26,11 @@ _NONE_WORDS = ("none", "null", "~")
 
 def leaf_types(cls, prefix: str = "") -> dict[str, Any]:
     """``{dotted key: annotation}`` of every leaf field of dataclass ``cls`` (nested
-    dataclass fields are sections)."""
+    dataclass fields are sections; class constants, ``ClassVar`` s, are no keys)."""
     out = {}
-    for name, tp in typing.get_type_hints(cls).items():
+    hints = typing.get_type_hints(cls)
+    for name in (f.name for f in dataclasses.fields(cls)):
+        tp = hints[name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.update(leaf_types(tp, f"{prefix}{name}."))
         else:
