@@ -41,7 +41,7 @@ CLASSES = {
     "mxu_push": r"vmatmul",
     "mxu_pop": r"vpop\.f32\.mrf",
     "eup": r"vpow2|vlog2|vrcp|vpop\.eup",
-    "xlu": r"vperm|vpop\.permute|xlane|vxpose",
+    "xlu": r"vperm|vpop\.permute|vpop\.xlane|vmax\.xlane|vadd\.xlane|vxpose",
     "select_compare": r"vsel|vcmp",
     "valu_other": r"vadd\.f32|vsub\.f32|vmul\.f32|vmax\.f32|vpack|vand|vor|vweird",
     "vld": r"vld",
