@@ -11,6 +11,8 @@ One JSON line per case (the sweep's rows, :mod:`tpu_sweep`).
     # tiles (issue 58 item 1): 4x8x8 against the least-padding tile at 480p / 720p
     python benchmarks/vsa_table.py --tiles --out $OUT/vsa_tiles.jsonl --budget-s 120
     # (or tpu_chip.py --part vsa_tiles; --tiles --small: a tiny grid, interpreted, on CPU)
+    # the table forward's variants (issue 58 item 5) in the least-padding tile, a row each:
+    python benchmarks/vsa_table.py --tiles --variants plain,bias+lanes+prescale --out ...
 
 Cases (bf16, ``B = 1``, ``N = 12``, ``K = 128``):
 
@@ -143,14 +145,17 @@ TILE_DENSITIES = (0.125, 0.25, 0.5)
 
 
 def tile_cases(sw, grids=TILE_GRIDS, densities=TILE_DENSITIES, heads=HEADS,
-               head_dim=HEAD_DIM, interpret=None, dense: bool = True) -> None:
+               head_dim=HEAD_DIM, interpret=None, dense: bool = True,
+               variants=("plain",)) -> None:
     """Issue 58 item 1 (``--tiles``; ``tpu_chip.py --part vsa_tiles``): per grid, dense splash at
     its frame-major tokens, then the table fine pass alone (forward, the group the kernels
     choose) in the default 4 x 8 x 8 tiles and in the tile that pads the grid least
     (``attention.tile=auto``: :func:`ditax.attention.sparse.tiles.least_padding_tile`, at
     most 512 tokens as under ``vsa_fine=table``), at each density (``topk`` the nearest
     share of the tiles). Each row names its ``grid``, ``tile``, ``tile_len``, ``tokens``
-    (padded) and ``padding`` (the padded share over the grid's tokens)."""
+    (padded) and ``padding`` (the padded share over the grid's tokens). ``variants``: the
+    forward kernel's (:mod:`ditax.attention.kernels.vsa_variant`), each a row of its own
+    (``variant``) in the least-padding tile; the default tile runs the first only."""
     import numpy as np
 
     from ditax.attention.kernels.vsa_table import group_for
@@ -167,7 +172,7 @@ def tile_cases(sw, grids=TILE_GRIDS, densities=TILE_DENSITIES, heads=HEADS,
             attention_cases(sw, (1, n, heads, head_dim), [("splash", {})], grad=False)
         tiles_tried = [DEFAULT] + [t for t in (least_padding_tile(grid, most=TABLE_MOST),)
                                    if t != DEFAULT]
-        for tile in tiles_tried:
+        for n_tile, tile in enumerate(tiles_tried):
             order = TileOrder(tuple(grid), tuple(tile))
             t, tiles, L = order.tile_len, int(np.prod(order.tiles)), order.length
             shape = (1, L, heads, head_dim)
@@ -186,11 +191,15 @@ def tile_cases(sw, grids=TILE_GRIDS, densities=TILE_DENSITIES, heads=HEADS,
                                 shape=list(shape), grid=list(grid), tile=list(tile), tokens=L,
                                 padding=round(L / n - 1, 4), group=group, direction="fwd",
                                 path="fine table")
-                sw.case(f"vsa fine table fwd grid={'x'.join(map(str, grid))} tile="
-                        f"{'x'.join(map(str, tile))} topk={topk}/{tiles} L={L}",
-                        functools.partial(fine_table, picks=picks, tile_len=t, kv_mask=mask,
-                                          interpret=bool(interpret), group=group),
-                        (q, k, v), 4.0 * heads * L * topk * t * head_dim, peak, **settings)
+                for variant in variants if n_tile == len(tiles_tried) - 1 else variants[:1]:
+                    sw.case(f"vsa fine table fwd grid={'x'.join(map(str, grid))} tile="
+                            f"{'x'.join(map(str, tile))} topk={topk}/{tiles} L={L}"
+                            + ("" if variant == "plain" else f" variant={variant}"),
+                            functools.partial(fine_table, picks=picks, tile_len=t,
+                                              kv_mask=mask, interpret=bool(interpret),
+                                              group=group, variant=variant),
+                            (q, k, v), 4.0 * heads * L * topk * t * head_dim, peak,
+                            variant=variant, **settings)
 
 
 def main(argv=None) -> None:
@@ -202,15 +211,27 @@ def main(argv=None) -> None:
     p.add_argument("--small", action="store_true", help="a tiny shape, interpreted (CPU)")
     p.add_argument("--tiles", action="store_true",
                    help="4x8x8 against the least-padding tile at Wan 480p / 720p (tile_cases)")
+    p.add_argument("--variants", default="plain",
+                   help="--tiles: the table forward's variants in the least-padding tile, "
+                        "comma-separated (vsa_variant flags joined by +, e.g. "
+                        "plain,bias+lanes+prescale)")
     p.add_argument("--groups", default=",".join(map(str, GROUPS)),
                    help="groups compared with the chosen one at 50 %% and 12.5 %% (e.g. 1,4,8)")
     a = p.parse_args(argv)
     groups = tuple(int(g) for g in a.groups.split(",") if g)
+    variants = tuple(v for v in a.variants.split(",") if v)
+    from ditax.attention.kernels.vsa_variant import TableVariant
+
+    try:                                    # a typo fails here, in one line, before a compile
+        [TableVariant.parse(v) for v in variants]
+    except ValueError as e:
+        raise SystemExit(f"vsa_table.py --variants: {e}") from None
     from tpu_sweep import Sweep
 
     sw = Sweep(a.out, a.budget_s, a.repeats)
     if a.small and a.tiles:
-        tile_cases(sw, grids=SMALL_GRIDS, heads=2, head_dim=16, interpret=True, dense=False)
+        tile_cases(sw, grids=SMALL_GRIDS, heads=2, head_dim=16, interpret=True, dense=False,
+                   variants=variants)
         return
     if a.small:
         vsa_cases(sw, grid=(3, 6, 6), tile=(2, 2, 2), heads=2, head_dim=16,
@@ -220,7 +241,7 @@ def main(argv=None) -> None:
 
     raise_scoped_vmem()
     if a.tiles:
-        tile_cases(sw)
+        tile_cases(sw, variants=variants)
         return
     vsa_cases(sw, grad=not a.no_grad, groups=groups)
 

@@ -94,3 +94,10 @@ def test_the_scoped_vmem_limit_is_raised_before_the_backend_starts(monkeypatch):
     with pytest.raises(SystemExit):
         tpu_chip.main()
     assert seen and FLAG in seen[0]
+
+
+def test_a_mistyped_variant_is_refused_before_a_compile(capsys):
+    """``--variants`` (issue 58 item 5) names the table forward's variants; a typo ends the
+    script in one line that lists the flags."""
+    with pytest.raises(SystemExit, match="--variants: .*unknown flag.*the flags are bias"):
+        vsa_table.main(["--tiles", "--small", "--variants", "plain,bais"])

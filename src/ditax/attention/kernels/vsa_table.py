@@ -27,6 +27,11 @@ step before (its block index unchanged: no DMA) and the last step folds only its
 - **dq**, the same grid and table: the softmax delta ``rowsum(dO · o)`` at the first step,
   then ``dq += (P ∘ (dO vᵀ - delta)) k`` for each of the step's tiles (FlashAttention-2).
 
+The forward takes an opt-in ``variant`` (:mod:`.vsa_variant`: exact rewrites of its fold —
+the mask as a bias, lane-replicated statistics, a pre-scaled q, row slices, a rescale per
+tile; the default is the plain kernel); their static schedules on a v5e are in
+``docs/sparse_attention.md``, "VSA table kernel: static schedule".
+
 SMEM holds about 1 MiB (TPU v4 … v6e); :data:`SMEM_WORDS` is the budget a caller splits its
 heads to (the wrapper does). Verified here: interpret mode on CPU against the jnp VSA and the
 dense reference, and lowering to Mosaic TPU (``jax.export``); ``G = 1`` measured on a v5e
@@ -46,6 +51,7 @@ from jax.experimental import pallas as pl
 from ditax.attention.kernels.mosaic import (LOG2E, NN, NT, as_column, mxu_dot,
                                             online_softmax_finish, online_softmax_start,
                                             online_softmax_steps)
+from ditax.attention.kernels.vsa_variant import PLAIN, TableVariant
 
 NEG_INF = float("-inf")
 F32 = jnp.float32
@@ -204,9 +210,11 @@ def _split(refs, group: int, masked: bool):
     return refs[0], refs[1:1 + G], refs[1 + G:1 + 2 * G], keeps, refs[end:]
 
 
-def _scores(q, k, keep_ref):
+def _scores(q, k, keep_ref, bias: bool = False):
     s = mxu_dot(q, k, NT)                               # unscaled [t, t]
-    return s if keep_ref is None else jnp.where(keep_ref[...] != 0, s, NEG_INF)
+    if keep_ref is None:
+        return s
+    return s + keep_ref[...] if bias else jnp.where(keep_ref[...] != 0, s, NEG_INF)
 
 
 def _by_step(fold, group: int, last: int, j, steps) -> None:
@@ -222,43 +230,64 @@ def _by_step(fold, group: int, last: int, j, steps) -> None:
 # ---------------------------------------------------------------- forward
 
 
-def _fwd_kernel(picks_ref, *refs, scale: float, group: int, last: int, masked: bool):
+def _fwd_kernel(picks_ref, *refs, scale: float, group: int, last: int, masked: bool,
+                variant: TableVariant = PLAIN):
     del picks_ref                                   # read by the index maps only
     q_ref, ks, vs, keeps, (o_ref, lse_ref, m_sc, l_sc, acc_sc) = _split(refs, group, masked)
     j, steps = pl.program_id(3), pl.num_programs(3)
+    soft = variant.soft
 
     @pl.when(j == 0)
     def _init():
         online_softmax_start(m_sc, l_sc, acc_sc)
 
+    def fold_rows(n, rows, state):
+        q = variant.query(q_ref if rows is None else q_ref.at[rows], scale)
+        for part in variant.parts(n):
+            ss = [_scores(q, ks[g][...], keeps and keeps[g], variant.bias) for g in part]
+            online_softmax_steps(ss, [vs[g][...] for g in part], *state, scale,
+                                 log2=soft.prescale, pv_f32=soft.pv_f32)
+
     def fold(n):
-        q = q_ref[...]
-        ss = [_scores(q, ks[g][...], keeps and keeps[g]) for g in range(n)]
-        online_softmax_steps(ss, [v[...] for v in vs[:n]], m_sc, l_sc, acc_sc, scale)
+        t = q_ref.shape[0]
+        r = variant.row_block(t, n)
+        if r == t:
+            return fold_rows(n, None, (m_sc, l_sc, acc_sc))
+
+        def body(i, carry):
+            rows = pl.ds(pl.multiple_of(i * r, r), r)
+            fold_rows(n, rows, [x.at[rows] for x in (m_sc, l_sc, acc_sc)])
+            return carry
+        jax.lax.fori_loop(0, t // r, body, 0, unroll=True)
 
     _by_step(fold, group, last, j, steps)
 
     @pl.when(j == steps - 1)
     def _finish():
-        online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc, scale)
+        online_softmax_finish(o_ref, lse_ref, m_sc, l_sc, acc_sc, soft.units(scale))
 
 
-def table_forward(q, k, v, keep, picks, *, scale: float, interpret: bool, group: int = 1):
+def table_forward(q, k, v, keep, picks, *, scale: float, interpret: bool, group: int = 1,
+                  variant=PLAIN):
     """q, k, v ``[B, N, L, K]`` (or packed ``[B, L, N·K]``, :func:`dims`), keep ``[B, T, 1,
     t]`` int32 or None, picks ``[B, N, T, topk]`` int32, ``group`` (``1 .. topk``) key
-    tiles a step → ``(o float32 in q's layout, lse [B, N, T, 1, t] float32)``."""
+    tiles a step, ``variant`` (:class:`~.vsa_variant.TableVariant` or its name; default the
+    plain kernel) → ``(o float32 in q's layout, lse [B, N, T, 1, t] float32)``."""
     from jax.experimental.pallas import tpu as pltpu
 
+    variant = TableVariant.parse(variant)
+    keep = variant.mask_operand(keep)
     pg = PickGrid.of(q, picks, group, keep is not None)
     in_specs, args = pg.tiles(q, k, v, keep)
+    w = variant.soft.stat_width()
     grid = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1, grid=(pg.B, pg.N, pg.T, pg.steps), in_specs=in_specs,
         out_specs=[pg.q_spec, pg.row_spec],
-        scratch_shapes=[pltpu.VMEM((pg.t, 1), F32), pltpu.VMEM((pg.t, 1), F32),
+        scratch_shapes=[pltpu.VMEM((pg.t, w), F32), pltpu.VMEM((pg.t, w), F32),
                         pltpu.VMEM((pg.t, pg.K), F32)])
     return pl.pallas_call(
         functools.partial(_fwd_kernel, scale=float(scale), group=group, last=pg.last,
-                          masked=keep is not None),
+                          masked=keep is not None, variant=variant),
         grid_spec=grid,
         out_shape=[jax.ShapeDtypeStruct(q.shape, F32),
                    jax.ShapeDtypeStruct((pg.B, pg.N, pg.T, 1, pg.t), F32)],

@@ -37,6 +37,7 @@ from ditax.attention.blocks import LANES, SUBLANE
 from ditax.attention.kernels.vsa_table import (SMEM_WORDS, resolve_group, table_dq,
                                                table_forward)
 from ditax.attention.kernels.vsa_table_dkv import inverse_table, table_dkv
+from ditax.attention.kernels.vsa_variant import PLAIN, TableVariant
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -55,17 +56,18 @@ def table_reasons(tile_len: int, dtype=None) -> list[str]:
     return reasons
 
 
-def _core_plain(q, k, v, keep, picks, scale, interpret, group):
+def _core_plain(q, k, v, keep, picks, scale, interpret, group, variant):
     return table_forward(q, k, v, keep, picks, scale=scale, interpret=interpret,
-                         group=group)[0]
+                         group=group, variant=variant)[0]
 
 
-def _core_fwd(q, k, v, keep, picks, scale, interpret, group):
-    o, lse = table_forward(q, k, v, keep, picks, scale=scale, interpret=interpret, group=group)
+def _core_fwd(q, k, v, keep, picks, scale, interpret, group, variant):
+    o, lse = table_forward(q, k, v, keep, picks, scale=scale, interpret=interpret, group=group,
+                           variant=variant)
     return o, (q, k, v, keep, picks, o, lse)
 
 
-def _core_bwd(scale, interpret, group, res, do):
+def _core_bwd(scale, interpret, group, variant, res, do):
     q, k, v, keep, picks, o, lse = res
     dq, delta = table_dq(q, k, v, keep, picks, do, o, lse, scale=scale, interpret=interpret,
                          group=group)
@@ -76,7 +78,7 @@ def _core_bwd(scale, interpret, group, res, do):
     return dq, dk, dv, None, None
 
 
-_core = jax.custom_vjp(_core_plain, nondiff_argnums=(5, 6, 7))
+_core = jax.custom_vjp(_core_plain, nondiff_argnums=(5, 6, 7, 8))
 _core.defvjp(_core_fwd, _core_bwd)
 
 
@@ -105,10 +107,10 @@ def split(b: int, n: int, tiles: int, topk: int, group: int = 1) -> tuple[int, i
 
 
 def _local(q, k, v, picks, kv_mask, tile_len: int, scale: float, interpret: bool,
-           group: int = 1, packed: bool | None = None):
+           group: int = 1, packed: bool | None = None, variant=PLAIN):
     """One device's fine pass, ``group`` key tiles a grid step; ``packed`` (None: when ``K %
     128 == 0``) reads ``[B, L, N·K]`` as it is (a head a column block), else the kernels run
-    head-major (transposes)."""
+    head-major (transposes); ``variant``: the forward kernel's (:mod:`.kernels.vsa_variant`)."""
     b, length, n, kd = q.shape
     nt, topk = length // tile_len, picks.shape[-1]
     packed = kd % LANES == 0 if packed is None else packed
@@ -131,7 +133,7 @@ def _local(q, k, v, picks, kv_mask, tile_len: int, scale: float, interpret: bool
         he = min(n, h + hs)
         q_h, k_h, v_h = (cut(x, head_axis, h * width, he * width) for x in xs)
         rows = [_core(cut(q_h, tok_axis, c * tile_len, min(nt, c + qs) * tile_len), k_h, v_h,
-                      keep, picks[:, h:he, c:c + qs], scale, interpret, group)
+                      keep, picks[:, h:he, c:c + qs], scale, interpret, group, variant)
                 for c in range(0, nt, qs)]
         groups.append(rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=tok_axis))
     o = groups[0] if len(groups) == 1 else jnp.concatenate(groups, axis=head_axis)
@@ -139,19 +141,24 @@ def _local(q, k, v, picks, kv_mask, tile_len: int, scale: float, interpret: bool
 
 
 def fine_table(q, k, v, picks, tile_len: int, kv_mask=None, scale=None, *, interpret: bool,
-               mesh=None, group: int = 0):
+               mesh=None, group: int = 0, variant=PLAIN):
     """``[B, L, N, K]`` float32: each query tile's tokens over the tokens of its ``picks
     [B, N, tiles, topk]`` key tiles (padding keys masked by ``kv_mask [B, L]``), on the
     table kernels (module docstring), ``group`` key tiles a grid step (0: chosen from the
     shape, :func:`~ditax.attention.kernels.vsa_table.group_for`; at most ``topk``).
-    ``mesh``: run per device under ``shard_map``."""
+    ``mesh``: run per device under ``shard_map``; ``variant``: the forward kernel's exact
+    rewrite (:class:`~ditax.attention.kernels.vsa_variant.TableVariant` or its name, e.g.
+    ``"bias+lanes+prescale"``; benchmarks and tests pick one, the default is the plain
+    kernel; the backward kernels are the same for every one)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     why = table_reasons(tile_len, q.dtype)
     if why:
         raise ValueError(why[0])
     group = resolve_group(group, picks.shape[-1], tile_len, q.shape[-1], q.dtype.itemsize)
+    variant = TableVariant.parse(variant)
     if mesh is None or mesh.size == 1:
-        return _local(q, k, v, picks, kv_mask, tile_len, scale, interpret, group)
+        return _local(q, k, v, picks, kv_mask, tile_len, scale, interpret, group,
+                      variant=variant)
     from jax.sharding import PartitionSpec as P
 
     from ditax.parallel.axes import (batch_entry, check_batch_divides, check_heads_divide,
@@ -163,7 +170,8 @@ def fine_table(q, k, v, picks, tile_len: int, kv_mask=None, scale=None, *, inter
     tok, pk = P(batch, None, heads, None), P(batch, heads, None, None)
 
     def body(q, k, v, picks, *m):
-        return _local(q, k, v, picks, m[0] if m else None, tile_len, scale, interpret, group)
+        return _local(q, k, v, picks, m[0] if m else None, tile_len, scale, interpret, group,
+                      variant=variant)
 
     args = (q, k, v, picks) + (() if kv_mask is None else (kv_mask,))
     specs = (tok, tok, tok, pk) + (() if kv_mask is None else (P(batch, None),))
