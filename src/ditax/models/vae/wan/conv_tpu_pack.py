@@ -1,0 +1,96 @@
+"""Tap packing for :mod:`.conv_tpu`: the real channels of several taps in one contraction.
+
+The kernel's activations carry channels padded to a multiple of 128 (Wan 2.1's 96 → 128, 192
+→ 256), and each of its ``3 kt`` (time, row) taps is a product with ``K`` = the padded
+channels: at 96 real channels 27 passes of 128 where the useful work is 20.25. Packed
+(``causal_conv3x3(..., pack=c)``, ``c`` the real channels), a sub-block's ``3 kt`` taps are
+laid side by side in the contraction — tap ``k``'s channel ``i`` at position ``k c + i`` of
+``K = ceil(3 kt c / 128) * 128`` — and each column tap is one product of that ``K``: at 96
+channels 7 passes instead of 9 a column tap, at 192 14 instead of 18; the column taps and the
+epilogues are the unpacked kernel's. Mosaic has no cheap lane concatenation at offsets that
+are not multiples of 128, so each 128-lane chunk of the packed operand is assembled from
+lane-rolled (``pltpu.roll``) 128-lane pieces of the taps, selected by lane, and stored at its
+aligned place in a VMEM scratch ``[rows X, K]`` (lanes past ``3 kt c`` zero).
+
+:func:`chunks` is that layout (static), :func:`weights` the matching ``[3, K, N]`` weights,
+:func:`fill` the kernel's assembly, :func:`passes` the MXU passes of a column tap either way.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.pallas import tpu as pltpu
+
+LANES = 128
+
+
+def _lanes(c: int) -> int:
+    return -(-c // LANES) * LANES
+
+
+def passes(c: int, kt: int, pack: bool) -> int:
+    """MXU contraction passes of one column tap's products over the ``3 kt`` (time, row)
+    taps at ``c`` real input channels: ``3 kt`` products of the padded width, or one packed."""
+    return _lanes(3 * kt * c) // LANES if pack else 3 * kt * (_lanes(c) // LANES)
+
+
+def check(pack: int, c: int) -> None:
+    """Raise (one line) unless ``pack`` real channels fit the padded width ``c`` as packing
+    wants them: ``0 < pack < c`` and ``c`` the 128-multiple just above ``pack``."""
+    if not (0 < pack < c and _lanes(pack) == c):
+        raise ValueError(f"causal_conv3x3: pack={pack} does not fit inputs of {c} channels "
+                         f"(pack is the real channels of inputs padded to the next multiple "
+                         f"of {LANES}: e.g. 96 for 128, 192 for 256; for unpadded ones leave "
+                         "pack=None)")
+
+
+def chunks(pack: int, kt: int) -> tuple[tuple[tuple[int, int, int, int, int], ...], ...]:
+    """The packed operand's 128-lane chunks, each a tuple of pieces ``(tap k, source chunk
+    q, roll d, lane lo, lane hi)``: lanes ``lo .. hi`` of the chunk are
+    ``roll(tap_k[:, 128 q : 128 q + 128], d)``'s, where ``tap_k`` is the (time, row) tap
+    ``k = 3 t + dy``'s ``[rows X, C]`` operand; lanes no piece covers are zero."""
+    out = [[] for _ in range(_lanes(3 * kt * pack) // LANES)]
+    for k in range(3 * kt):
+        for q in range(_lanes(pack) // LANES):
+            width = min(LANES, pack - q * LANES)
+            start = k * pack + q * LANES          # where the piece's lane 0 lands
+            j, d = divmod(start, LANES)
+            out[j].append((k, q, d, d, min(LANES, d + width)))
+            if d + width > LANES:
+                out[j + 1].append((k, q, d, 0, d + width - LANES))
+    return tuple(tuple(c) for c in out)
+
+
+def weights(w: jax.Array, pack: int, lanes: int) -> jax.Array:
+    """``[kt, 3, D, C, N]`` kernel (``D`` column taps, or 1 for the narrow form) → ``[D, K,
+    lanes]``: contraction row ``(3 t + dy) pack + i`` is ``w[t, dy, :, i]``, zeros past
+    ``3 kt pack`` and past ``N``."""
+    kt, _, d, _, n = w.shape
+    w = w[:, :, :, :pack].transpose(2, 0, 1, 3, 4).reshape(d, 3 * kt * pack, n)
+    return jnp.pad(w, [(0, 0), (0, _lanes(3 * kt * pack) - 3 * kt * pack), (0, lanes - n)])
+
+
+def fill(lhs_ref, tap, layout) -> None:
+    """Assemble the packed operand into ``lhs_ref`` ``[m, K]`` (VMEM): ``tap(k)`` is the
+    ``[m, C]`` operand of (time, row) tap ``k``; ``layout``: :func:`chunks`'."""
+    m = lhs_ref.shape[0]
+    lane = lax.broadcasted_iota(jnp.int32, (m, LANES), 1)
+    loaded = {}
+    for j, pieces in enumerate(layout):
+        chunk = jnp.zeros((m, LANES), lhs_ref.dtype)
+        for k, q, d, lo, hi in pieces:
+            key = (k, q)
+            if key not in loaded:   # a piece split over two chunks is loaded and rolled once
+                src = tap(k)[:, q * LANES:(q + 1) * LANES]
+                loaded = {key: src if d == 0 else pltpu.roll(src, d, 1)}
+            piece = loaded[key]
+            if lo == 0 and hi == LANES:
+                chunk = piece
+            else:
+                chunk = jnp.where((lane >= lo) & (lane < hi), piece, chunk)
+        lhs_ref[:, j * LANES:(j + 1) * LANES] = chunk
+
+
+__all__ = ["check", "chunks", "fill", "passes", "weights"]

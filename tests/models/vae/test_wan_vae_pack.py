@@ -1,0 +1,111 @@
+"""Tap packing of the Wan VAE decoder's convolution kernel (``causal_conv3x3(..., pack=c)``,
+:mod:`ditax.models.vae.wan.conv_tpu_pack`), interpreted: the (time, row) taps' real channels
+side by side in one contraction give the unpacked kernel's and XLA's convolution, with every
+epilogue; the padded input channels are ignored."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from ditax.models.vae.wan import conv_tpu, conv_tpu_pack
+
+
+@pytest.fixture(autouse=True)
+def _small_blocks(monkeypatch):
+    monkeypatch.setattr(conv_tpu, "_TARGET_ELEMS", 2 * 8 * 256)   # 2 rows a block: 3 blocks
+    monkeypatch.setattr(conv_tpu, "_MXU_ROWS", 8)                 # products of one row
+
+
+def _inputs(seed, c, real, cout, kt, frames=2, dtype=jnp.float32):
+    """x, cache (padded channels: noise, which packing ignores), w (rows past ``real``:
+    noise), b, residual, gamma; and x, cache, w with the padding zeroed."""
+    k = jax.random.split(jax.random.key(seed), 6)
+    x = jax.random.normal(k[0], (1, frames, 6, 8, c))
+    cache = jax.random.normal(k[1], (1, 2, 6, 8, c)) if kt == 3 else None
+    w = jax.random.normal(k[2], (kt, 3, 3, c, cout)) / (9 * kt * real) ** 0.5
+    b = jax.random.normal(k[3], (cout,))
+    res = jax.random.normal(k[4], (1, frames, 6, 8, cout))
+    gamma = 1 + 0.3 * jax.random.normal(k[5], (cout,))
+    keep = jnp.arange(c) < real
+    clean = (x * keep, None if cache is None else cache * keep, w * keep[:, None])
+    cast = lambda a: None if a is None else a.astype(dtype)  # noqa: E731
+    return ([cast(a) for a in (x, cache, w, b, res, gamma)], [cast(a) for a in clean])
+
+
+def _reference(x, cache, w, b, act=None, residual=None):
+    xc = x if cache is None else jnp.concatenate([cache, x], axis=1)
+    y = lax.conv_general_dilated(xc, w, (1, 1, 1), [(0, 0), (1, 1), (1, 1)],
+                                 dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
+                                 precision=lax.Precision.HIGHEST) + b
+    if residual is not None:
+        y = y + residual
+    if act is not None:
+        gamma, scale = act
+        norm = jnp.sqrt(jnp.sum(y * y, axis=-1, keepdims=True))
+        y = jax.nn.silu(y / jnp.maximum(norm, 1e-12) * scale * gamma)
+    return y
+
+
+def test_layout_covers_each_real_channel_once():
+    for real, kt in ((96, 3), (192, 3), (192, 1), (40, 3), (16, 3)):
+        layout = conv_tpu_pack.chunks(real, kt)
+        assert len(layout) == conv_tpu_pack.passes(real, kt, True)
+        seen = {}
+        for j, pieces in enumerate(layout):
+            for k, q, d, lo, hi in pieces:
+                for lane in range(lo, hi):
+                    src = (lane - d) % 128 + 128 * q     # roll(src, d)[lane] = src[lane - d]
+                    assert (k, src) not in seen
+                    seen[(k, src)] = 128 * j + lane
+        assert seen == {(k, i): k * real + i for k in range(3 * kt) for i in range(real)}
+    assert [conv_tpu_pack.passes(c, kt, p) for c, kt in ((96, 3), (192, 3), (192, 1))
+            for p in (False, True)] == [9, 7, 18, 14, 6, 5]
+
+
+@pytest.mark.parametrize("epilogue", ["plain", "residual", "act"])
+def test_packed_96_channels(epilogue):
+    """96 real channels of 128, 3x3x3 with a cache, float32: the unpacked kernel's values."""
+    (x, cache, w, b, res, gamma), (xz, cz, wz) = _inputs(1, 128, 96, 128, 3)
+    kw = {"plain": {}, "residual": {"residual": res}, "act": {"act": (gamma, 11.0)}}[epilogue]
+    got = conv_tpu.causal_conv3x3(x, cache, w, b, pack=96, interpret=True, **kw)
+    want = _reference(xz, cz, wz, b, **kw)
+    np.testing.assert_allclose(got, want, rtol=0, atol=5e-5)
+    if epilogue == "plain":
+        unpacked = conv_tpu.causal_conv3x3(xz, cz, wz, b, interpret=True, **kw)
+        np.testing.assert_allclose(got, unpacked, rtol=0, atol=5e-6)
+
+
+def test_packed_192_channels_narrow_and_phases():
+    """192 of 256 (pieces split over two chunks) with an act epilogue; conv_out's narrow
+    form (3 outputs); the 2-D sub-pixel upsampling form (``phases``)."""
+    (x, cache, w, b, _, gamma), (xz, cz, wz) = _inputs(2, 256, 192, 256, 3, frames=1)
+    got = conv_tpu.causal_conv3x3(x, cache, w, b, act=(gamma, 16.0), pack=192, interpret=True)
+    np.testing.assert_allclose(got, _reference(xz, cz, wz, b, act=(gamma, 16.0)),
+                               rtol=0, atol=5e-5)
+    (x, cache, w, b, _, _), (xz, cz, wz) = _inputs(3, 128, 96, 3, 3, frames=1)
+    got = conv_tpu.causal_conv3x3(x, cache, w, b, pack=96, interpret=True)
+    np.testing.assert_allclose(got, _reference(xz, cz, wz, b), rtol=0, atol=5e-5)
+    (x, _, w, b, _, _), (xz, _, wz) = _inputs(4, 256, 192, 512, 1, frames=1)
+    got = conv_tpu.causal_conv3x3(x, None, w, b, phases=True, pack=192, interpret=True)
+    np.testing.assert_allclose(got, conv_tpu.causal_conv3x3(xz, None, wz, b, phases=True,
+                                                            interpret=True), rtol=0, atol=5e-6)
+
+
+def test_packed_bfloat16():
+    """bf16 operands: the unpacked kernel's outputs up to the summation order's last bit."""
+    (x, cache, w, b, res, _), (xz, cz, wz) = _inputs(5, 128, 96, 128, 3, dtype=jnp.bfloat16)
+    got = conv_tpu.causal_conv3x3(x, cache, w, b, residual=res, pack=96, interpret=True)
+    want = conv_tpu.causal_conv3x3(xz, cz, wz, b, residual=res, interpret=True)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=2 ** -7, atol=2 ** -7)
+
+
+def test_pack_refused_where_it_does_not_fit():
+    x = jnp.zeros((1, 1, 6, 8, 256))
+    w = jnp.zeros((1, 3, 3, 256, 128))
+    for pack in (100, 256, 0):
+        with pytest.raises(ValueError, match=f"pack={pack} does not fit inputs of 256"):
+            conv_tpu.causal_conv3x3(x, None, w, jnp.zeros((128,)), pack=pack, interpret=True)
