@@ -12,7 +12,9 @@ pixels stay inside the clip), decodes random latents of a ``--height`` x ``--wid
 
 Variants (``--variants``, comma-separated): ``old`` (``path="plain"``, one latent frame a
 chunk: the decode before the fast path), ``fast`` (``path="fast"`` with automatic chunking;
-``"interpret"`` off a TPU), ``fast:N`` / ``plain:N`` (N latent frames a chunk); a suffix
+``"interpret"`` off a TPU), ``packed`` (``path="packed"``: the fast path with the kernels'
+taps packed, :mod:`ditax.models.vae.wan.conv_tpu_pack`), ``fast:N`` / ``packed:N`` /
+``plain:N`` (N latent frames a chunk); a suffix
 ``/float32`` runs a variant on the same (``--dtype``-rounded) weights and latents in float32:
 as the first variant (``--variants old/float32,old,fast``) it is the reference that both
 bf16 decodes' ``max_abs_diff`` measure against (bf16 rounding alone moves frames by a few
@@ -89,11 +91,14 @@ def _variant(name: str) -> tuple[str, int | None]:
     frames = int(n) if n else None
     if base == "old":
         return "plain", frames or 1
-    if base == "fast":
-        return ("fast" if jax.devices()[0].platform == "tpu" else "interpret"), frames
+    if base in ("fast", "packed"):
+        tpu = jax.devices()[0].platform == "tpu"
+        return {("fast", True): "fast", ("fast", False): "interpret", ("packed", True): "packed",
+                ("packed", False): "interpret-packed"}[base, tpu], frames
     if base == "plain":
         return "plain", frames
-    raise SystemExit(f"unknown variant {name!r}: use old, fast, fast:N, plain:N")
+    raise SystemExit(f"unknown variant {name!r}: use old, fast, fast:N, packed, packed:N, "
+                     "plain:N")
 
 
 def _cost(compiled) -> tuple[float, float]:

@@ -109,3 +109,33 @@ def test_pack_refused_where_it_does_not_fit():
     for pack in (100, 256, 0):
         with pytest.raises(ValueError, match=f"pack={pack} does not fit inputs of 256"):
             conv_tpu.causal_conv3x3(x, None, w, jnp.zeros((128,)), pack=pack, interpret=True)
+
+
+def test_decoder_layers_pack_where_it_saves_passes(monkeypatch):
+    """``FastPath(pack=True)``: a 96-channel causal conv (norm + SiLU fused) and a 192-channel
+    upsampling conv give the unpacked fast path's values; 384 or 2-D 96 channels don't pack."""
+    from flax import nnx
+
+    from ditax.models.vae.wan.layers import CausalConv3d, Conv2d, FastPath, RMSNorm, fast_path
+
+    assert FastPath(pack=True).pack_for(96, 3) == 96
+    assert FastPath(pack=True).pack_for(192, 1) == 192
+    assert FastPath(pack=True).pack_for(96, 1) is None         # 3 x 96 lanes: 3 passes either way
+    assert FastPath(pack=True).pack_for(384, 3) is None
+    assert FastPath().pack_for(96, 3) is None
+    conv = CausalConv3d(96, 96, 3, padding=1, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    norm = RMSNorm(96, dtype=jnp.float32)
+    up = Conv2d(192, 96, 3, 1, ((1, 1), (1, 1)), rngs=nnx.Rngs(1), dtype=jnp.float32)
+    k = jax.random.split(jax.random.key(9), 2)
+    x = jax.random.normal(k[0], (1, 1, 6, 8, 128)) * (jnp.arange(128) < 96)
+    x2 = jax.random.normal(k[1], (1, 1, 6, 8, 256)) * (jnp.arange(256) < 192)
+    packed, chunks = [], conv_tpu_pack.chunks
+    monkeypatch.setattr(conv_tpu_pack, "chunks",
+                        lambda c, kt: packed.append((c, kt)) or chunks(c, kt))
+    outs = []
+    for pack in (False, True):
+        with jax.default_matmul_precision("highest"), fast_path(FastPath(True, pack)):
+            outs.append((conv.fused(x, None, act=norm)[0], up.upsampled(x2)))
+    assert packed == [(96, 3), (192, 1)]       # both layers ran the packed kernel
+    for got, want in zip(outs[1], outs[0]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=5e-5)
