@@ -13,8 +13,9 @@ frame alone (``first=True``: it decodes to one frame), then ``n`` latent frames 
 The decoder's ``path``: ``"plain"`` (the layers as written: XLA convolutions), ``"fast"``
 (the TPU fast path of :mod:`.layers`: channels padded to 128, Pallas convolution kernels of
 :mod:`.conv_tpu`, sub-pixel upsampling), ``"interpret"`` (the fast path with its kernels
-interpreted: CPU tests), ``"packed"`` / ``"interpret-packed"`` (those with the kernels' taps
-packed where channels are padded: :mod:`.conv_tpu_pack`; opt-in until a chip has timed it),
+interpreted: CPU tests), ``"packed"`` / ``"interpret-packed"`` (those with each kernel's
+taps in one contraction, real channels packed: :mod:`.conv_tpu_pack`; opt-in until a chip
+has timed it),
 ``"auto"`` (plain; fast on a TPU while :data:`FAST_BY_DEFAULT` is
 set, after the chip has timed it against plain: ``benchmarks/vae_decode.py``; a row split
 is always plain). :func:`chunk_frames` picks the decoder's latent frames per chunk after the first:

@@ -25,9 +25,10 @@ at most 42 channels (``conv_out``'s 3) put the three column taps side by side in
 128 lanes (a third of the MXU passes) and are moved into place with lane rolls.
 
 ``pack=c`` (opt-in; :mod:`.conv_tpu_pack`) takes inputs whose channels past ``c`` are padding
-and lays the ``3 kt`` (time, row) taps' ``c`` real channels side by side in one contraction
-per column tap (96 channels: 7 passes of 128 instead of 9), assembled in VMEM; one product
-per column tap also drops the float32 accumulator's per-tap loads and stores.
+(or none: ``c`` = C) and lays the ``3 kt`` (time, row) taps' ``c`` real channels side by side
+in one contraction per column tap (96 channels: 7 passes of 128 instead of 9), assembled in
+VMEM; one product per column tap also drops the float32 accumulator's per-tap loads and
+stores.
 
 Constraints (:func:`supported`): ``C`` a multiple of 128 (the decoder pads its channels to
 one on this path: a 96-channel product costs the MXU as much as a 128-channel one, and aligned

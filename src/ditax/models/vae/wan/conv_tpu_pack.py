@@ -7,7 +7,9 @@ channels: at 96 real channels 27 passes of 128 where the useful work is 20.25. P
 laid side by side in the contraction — tap ``k``'s channel ``i`` at position ``k c + i`` of
 ``K = ceil(3 kt c / 128) * 128`` — and each column tap is one product of that ``K``: at 96
 channels 7 passes instead of 9 a column tap, at 192 14 instead of 18; the column taps and the
-epilogues are the unpacked kernel's. Mosaic has no cheap lane concatenation at offsets that
+epilogues are the unpacked kernel's. One product per column tap also spares the unpacked
+kernel's float32 accumulator a load and a store per tap, which is why ``pack=c`` with ``c``
+a multiple of 128 (nothing to pack: the taps' whole widths side by side) is allowed too. Mosaic has no cheap lane concatenation at offsets that
 are not multiples of 128, so each 128-lane chunk of the packed operand is assembled from
 lane-rolled (``pltpu.roll``) 128-lane pieces of the taps, selected by lane, and stored at its
 aligned place in a VMEM scratch ``[rows X, K]`` (lanes past ``3 kt c`` zero).
@@ -38,11 +40,11 @@ def passes(c: int, kt: int, pack: bool) -> int:
 
 def check(pack: int, c: int) -> None:
     """Raise (one line) unless ``pack`` real channels fit the padded width ``c`` as packing
-    wants them: ``0 < pack < c`` and ``c`` the 128-multiple just above ``pack``."""
-    if not (0 < pack < c and _lanes(pack) == c):
+    wants them: ``0 < pack <= c`` and ``c`` the 128-multiple at or just above ``pack``."""
+    if not (0 < pack <= c and _lanes(pack) == c):
         raise ValueError(f"causal_conv3x3: pack={pack} does not fit inputs of {c} channels "
                          f"(pack is the real channels of inputs padded to the next multiple "
-                         f"of {LANES}: e.g. 96 for 128, 192 for 256; for unpadded ones leave "
+                         f"of {LANES}: e.g. 96 for 128, 192 for 256, or {c} itself; or leave "
                          "pack=None)")
 
 

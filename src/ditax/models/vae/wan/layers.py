@@ -10,8 +10,9 @@ padded with zeros to a multiple of 128 where they are not one (Wan 2.1's 96- and
 levels; :func:`padded`), weights are zero-padded to match at trace time (the padded channels
 stay exactly zero through norms, SiLU and convolutions), and :meth:`CausalConv3d.fused` runs the
 3x3x3 convolutions as :mod:`.conv_tpu` kernels with the norm / residual that follows them fused.
-With ``FastPath(pack=True)`` (opt-in) kernels whose inputs carry padded channels pack their
-taps' real channels into the contraction (:mod:`.conv_tpu_pack`) where that saves MXU passes.
+With ``FastPath(pack=True)`` (opt-in) the kernels put their taps' real input channels side by
+side in one contraction (:mod:`.conv_tpu_pack`): fewer MXU passes where channels are padded,
+and no per-tap accumulator traffic.
 Inside a row split (:mod:`ditax.nn.halo`) the fast path is off.
 """
 
@@ -27,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.models.vae.wan import conv_tpu, conv_tpu_pack
+from ditax.models.vae.wan import conv_tpu
 from ditax.nn import halo
 from ditax.parallel.platform import platform_of
 
@@ -44,14 +45,11 @@ class FastPath:
     interpret: bool = False
     pack: bool = False
 
-    def pack_for(self, cin: int, kt: int) -> int | None:
-        """The kernel's ``pack`` for ``cin`` real input channels and ``kt`` time taps: ``cin``
-        when packing is on, ``cin`` is not a multiple of 128 and packing saves MXU passes
-        (96: 7 of 9 a column tap; 192: 14 of 18, 5 of 6 in 2-D); else None."""
-        if not self.pack or cin % conv_tpu.LANES == 0:
-            return None
-        saves = conv_tpu_pack.passes(cin, kt, True) < conv_tpu_pack.passes(cin, kt, False)
-        return cin if saves else None
+    def pack_for(self, cin: int) -> int | None:
+        """The kernel's ``pack`` for ``cin`` real input channels: ``cin`` when packing is on
+        (96: 7 MXU passes of 9 a column tap; 192: 14 of 18, 5 of 6 in 2-D; 384: 27 either way,
+        in one product), else None."""
+        return cin if self.pack else None
 
 
 _FAST: contextvars.ContextVar[FastPath | None] = contextvars.ContextVar("wan_vae_fast",
@@ -173,7 +171,7 @@ class CausalConv3d(nnx.Module):
                      else pad_axis(cache.astype(x.dtype), 4, c))
             norm = None if act is None else (act.gamma_for(w.shape[-1]), act.scale)
             y = conv_tpu.causal_conv3x3(x, cache, w, b, act=norm, residual=residual,
-                                        pack=path.pack_for(self.weight.shape[3], 3),
+                                        pack=path.pack_for(self.weight.shape[3]),
                                         interpret=path.interpret)
             return y, _tail(cache, x, self.context)
         y, cache = self(x, cache)
@@ -254,7 +252,7 @@ class Conv2d(nnx.Module):
         path = fast()
         if path is not None and conv_tpu.supported(x.shape, 4 * cout) and cout % conv_tpu.LANES == 0:
             return conv_tpu.causal_conv3x3(x, None, w4[None], jnp.tile(bias, 4), phases=True,
-                                           pack=path.pack_for(self.weight.shape[2], 1),
+                                           pack=path.pack_for(self.weight.shape[2]),
                                            interpret=path.interpret)
         b, f, yy, xx, _ = x.shape
         y = jax.lax.conv_general_dilated(
