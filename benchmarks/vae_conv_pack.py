@@ -204,6 +204,9 @@ def chip_rows(a) -> None:
     import jax
     import numpy as np
 
+    if jax.devices()[0].platform != "tpu":
+        raise SystemExit(f"--chip times the kernel on a TPU; this machine has "
+                         f"{jax.devices()[0].platform} (use --llo here)")
     for case in a.cases.split(","):
         base = out0 = None
         for pack in (False, True):

@@ -12,6 +12,9 @@ from jax import lax
 from ditax.models.vae.wan import conv_tpu, conv_tpu_pack
 
 
+BLOCK_ELEMS, MXU_ROWS = conv_tpu._TARGET_ELEMS, conv_tpu._MXU_ROWS
+
+
 @pytest.fixture(autouse=True)
 def _small_blocks(monkeypatch):
     monkeypatch.setattr(conv_tpu, "_TARGET_ELEMS", 2 * 8 * 256)   # 2 rows a block: 3 blocks
@@ -143,3 +146,24 @@ def test_decoder_layers_pack_where_it_saves_passes(monkeypatch):
     assert packed == [(96, 3), (192, 1)]       # both layers ran the packed kernel
     for got, want in zip(outs[1], outs[0]):
         np.testing.assert_allclose(got, want, rtol=0, atol=5e-5)
+
+
+@pytest.mark.slow       # ~20 s interpreted (on top of the fast tier's ~12 s)
+def test_packed_decode_equals_plain(monkeypatch):
+    """``path="interpret-packed"``: the decoder's TPU program with every kernel packed (96-wide
+    levels padded to 128) decodes the plain path's frames (first chunk, then a later one)."""
+    from flax import nnx
+
+    from ditax.models.vae.wan import WanVAE, WanVAEConfig
+    from shared_inputs import randomise
+
+    cfg = WanVAEConfig(base_dim=96, z_dim=4, dim_mult=(1, 1, 1, 1), num_res_blocks=1,
+                       temperal_downsample=(False, True, True))
+    monkeypatch.setattr(conv_tpu, "_TARGET_ELEMS", BLOCK_ELEMS)    # the decoder's own blocks
+    monkeypatch.setattr(conv_tpu, "_MXU_ROWS", MXU_ROWS)
+    vae = randomise(WanVAE(cfg, rngs=nnx.Rngs(0)), 2)
+    z = jax.random.normal(jax.random.key(3), (1, 4, 3, 4, 4), jnp.float32)
+    ref = np.asarray(vae.decode(z, path="plain", frames_per_chunk=1))
+    got = np.asarray(vae.decode(z, path="interpret-packed"))
+    assert got.shape == ref.shape == (1, 3, 9, 32, 32)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
