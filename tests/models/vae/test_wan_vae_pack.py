@@ -103,6 +103,20 @@ def test_packed_192_channels_narrow_and_phases():
                                                             interpret=True), rtol=0, atol=5e-6)
 
 
+@pytest.mark.parametrize("epilogue", ["residual", "act"])
+def test_column_taps_side_by_side(epilogue):
+    """``cols=192``: the three column taps' 192 outputs in one product's 640 lanes, taken back
+    out with lane rolls; the padded output lanes stay zero."""
+    (x, cache, w, b, res, gamma), (xz, cz, wz) = _inputs(7, 256, 192, 256, 3, frames=1)
+    real = jnp.arange(256) < 192
+    w, wz, b, res, gamma = w * real, wz * real, b * real, res * real, gamma * real
+    kw = {"residual": {"residual": res}, "act": {"act": (gamma, 16.0)}}[epilogue]
+    got = conv_tpu.causal_conv3x3(x, cache, w, b, pack=192, cols=192, interpret=True, **kw)
+    np.testing.assert_allclose(got, _reference(xz, cz, wz, b, **kw), rtol=0, atol=5e-5)
+    np.testing.assert_array_equal(got[..., 192:], 0)
+    assert conv_tpu_pack.saves_columns(192) and not conv_tpu_pack.saves_columns(96)
+
+
 def test_packed_bfloat16():
     """bf16 operands: the unpacked kernel's outputs up to the summation order's last bit."""
     (x, cache, w, b, res, _), (xz, cz, wz) = _inputs(5, 128, 96, 128, 3, dtype=jnp.bfloat16)
@@ -119,19 +133,28 @@ def test_pack_refused_where_it_does_not_fit():
     for pack in (100, 300, 0):
         with pytest.raises(ValueError, match=f"pack={pack} does not fit inputs of 256"):
             conv_tpu.causal_conv3x3(x, None, w, jnp.zeros((128,)), pack=pack, interpret=True)
+    w4 = jnp.zeros((1, 3, 3, 256, 512))
+    for kw in ({"cols": 128}, {"cols": 200, "pack": 256},
+               {"cols": 128, "pack": 256, "phases": True}):
+        ww = w4 if "phases" in kw else w
+        with pytest.raises(ValueError, match=f"cols={kw['cols']} needs pack="):
+            conv_tpu.causal_conv3x3(x, None, ww, jnp.zeros(ww.shape[-1:]), interpret=True, **kw)
 
 
 def test_decoder_layers_pack_where_it_saves_passes(monkeypatch):
-    """``FastPath(pack=True)``: a 96-channel causal conv (norm + SiLU fused) and a 192-channel
-    upsampling conv run packed and give the unpacked fast path's values."""
+    """``FastPath(pack=True)``: a 96-channel causal conv (norm + SiLU fused), a 192-channel
+    one (its column taps side by side too) and a 192-channel upsampling conv run packed and
+    give the unpacked fast path's values."""
     from flax import nnx
 
     from ditax.models.vae.wan.layers import CausalConv3d, Conv2d, FastPath, RMSNorm, fast_path
 
     assert FastPath(pack=True).pack_for(96) == 96
     assert FastPath().pack_for(96) is None
+    assert [FastPath(pack=True).cols_for(c) for c in (3, 96, 192, 384)] == [None, None, 192, None]
     conv = CausalConv3d(96, 96, 3, padding=1, dtype=jnp.float32, rngs=nnx.Rngs(0))
     norm = RMSNorm(96, dtype=jnp.float32)
+    conv2 = CausalConv3d(192, 192, 3, padding=1, dtype=jnp.float32, rngs=nnx.Rngs(2))
     up = Conv2d(192, 96, 3, 1, ((1, 1), (1, 1)), rngs=nnx.Rngs(1), dtype=jnp.float32)
     k = jax.random.split(jax.random.key(9), 2)
     x = jax.random.normal(k[0], (1, 1, 6, 8, 128)) * (jnp.arange(128) < 96)
@@ -142,8 +165,9 @@ def test_decoder_layers_pack_where_it_saves_passes(monkeypatch):
     outs = []
     for pack in (False, True):
         with jax.default_matmul_precision("highest"), fast_path(FastPath(True, pack)):
-            outs.append((conv.fused(x, None, act=norm)[0], up.upsampled(x2)))
-    assert packed == [(96, 3), (192, 1)]       # both layers ran the packed kernel
+            outs.append((conv.fused(x, None, act=norm)[0], conv2.fused(x2, None)[0],
+                         up.upsampled(x2)))
+    assert packed == [(96, 3), (192, 3), (192, 1)]    # each layer ran the packed kernel
     for got, want in zip(outs[1], outs[0]):
         np.testing.assert_allclose(got, want, rtol=0, atol=5e-5)
 

@@ -87,7 +87,8 @@ def product_precision(dtype) -> lax.Precision:
 
 
 def _kernel(*refs, kt: int, ty: int, rows: int, nby: int, frames: int, act_scale,
-            residual: bool, phases: bool, narrow: int, prec: lax.Precision, layout=None):
+            residual: bool, phases: bool, narrow: int, prec: lax.Precision, layout=None,
+            cols: int = 0):
     it = iter(refs)
     cache_hbm = next(it) if kt > 1 else None
     x_hbm, w_ref, b_ref = next(it), next(it), next(it)
@@ -98,7 +99,7 @@ def _kernel(*refs, kt: int, ty: int, rows: int, nby: int, frames: int, act_scale
     bi, i, f = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     slots, context = kt + 1, kt - 1
     x_len, c = buf.shape[2], buf.shape[3]
-    cout = acc_ref.shape[-1]
+    cout = b_ref.shape[-1]   # the padded outputs (cols: the accumulator is wider)
     height = nby * ty
 
     def copies(s, slot):
@@ -186,7 +187,9 @@ def _kernel(*refs, kt: int, ty: int, rows: int, nby: int, frames: int, act_scale
                 acc_ref[dx] = jnp.dot(lhs_ref[...], w_ref[dx], precision=prec,
                                       preferred_element_type=jnp.float32)
         col = lax.rem(lax.broadcasted_iota(jnp.int32, (m, cout), 0), x_len)
-        if narrow:   # one product for all column taps: lanes (dx = 1, 0, 2) x narrow channels
+        if cols:     # one product for all column taps, side by side in its lanes
+            left, centre, right = conv_tpu_pack.columns(acc_ref, cols, cout)
+        elif narrow:   # one product for all column taps: lanes (dx = 1, 0, 2) x narrow channels
             centre = acc_ref[0]
             left, right = (pltpu.roll(centre, cout - k * narrow, 1) for k in (1, 2))
         else:
@@ -219,7 +222,8 @@ def _kernel(*refs, kt: int, ty: int, rows: int, nby: int, frames: int, act_scale
 
 def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.Array, *,
                    act=None, residual: jax.Array | None = None, phases: bool = False,
-                   pack: int | None = None, interpret: bool = False) -> jax.Array:
+                   pack: int | None = None, cols: int | None = None,
+                   interpret: bool = False) -> jax.Array:
     """``conv3d(concat([cache, x], frames), w)`` (valid in time, one zero pixel around each
     frame) ``+ b``, then the epilogue. x ``[B, F, Y, X, C]``; w ``[kt, 3, 3, C, C_out]``
     with ``kt`` 3 (cache ``[B, 2, Y, X, C]``: the previous frames, zeros at a stream's start)
@@ -227,8 +231,9 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
     C_out]``: return ``y + residual``; ``act=(gamma [C_out], scale)``: return
     ``silu(rms_norm(y) * scale * gamma)``; ``phases``: return ``[B, F, 2Y, 2X, C_out / 4]``
     (see the module); ``pack``: the real input channels (the rest zero padding, ignored):
-    the taps packed into the contraction (:mod:`.conv_tpu_pack`). → ``[B, F, Y, X, C_out]``
-    in x's dtype."""
+    the taps packed into the contraction (:mod:`.conv_tpu_pack`); ``cols`` (with ``pack``): the
+    real output channels, the column taps side by side in the product's lanes. → ``[B, F, Y,
+    X, C_out]`` in x's dtype."""
     bsz, frames, height, x_len, c = x.shape
     kt, cout = w.shape[0], w.shape[-1]
     want_cache = None if kt == 1 else (bsz, kt - 1, height, x_len, c)
@@ -243,6 +248,8 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
                          "or 1x3x3 without)")
     if pack is not None:
         conv_tpu_pack.check(pack, c)
+    if cols is not None:
+        conv_tpu_pack.check_columns(cols, cout, pack, not phases and 3 * cout > LANES)
     ty = block_rows(height, x_len, max(c, lanes))
     nby = height // ty
     sub = max(r for r in range(1, ty + 1) if ty % r == 0 and (r == 1 or r * x_len <= _MXU_ROWS))
@@ -255,6 +262,8 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
     layout = None if pack is None else conv_tpu_pack.chunks(pack, kt)
     if pack is None:
         w = jnp.pad(w.astype(dt), [(0, 0)] * 4 + [(0, lanes - w.shape[-1])])
+    elif cols is not None:
+        w = conv_tpu_pack.column_weights(w.astype(dt), pack, cols)
     else:
         w = conv_tpu_pack.weights(w.astype(dt), pack, lanes)
     in_specs = [pl.BlockSpec(memory_space=pl.ANY), whole(*w.shape), whole(1, lanes)]
@@ -279,21 +288,22 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
     kernel = functools.partial(_kernel, kt=kt, ty=ty, rows=sub, nby=nby, frames=frames,
                                narrow=narrow, act_scale=act_scale,
                                residual=residual is not None, phases=phases,
-                               prec=product_precision(dt), layout=layout)
+                               prec=product_precision(dt), layout=layout, cols=cols or 0)
     itemsize = jnp.dtype(dt).itemsize
     n, pixels = sub * x_len, bsz * frames * height * x_len
     k_len = 3 * kt * c if pack is None else w.shape[1]   # a column tap's contraction
-    vmem = ((kt + 1) * (ty + 2) * x_len * c * itemsize + 2 * 3 * k_len * lanes * itemsize
+    taps = 1 if narrow or cols else 3   # float32 accumulators
+    acc_lanes = w.shape[-1] if cols else lanes
+    vmem = ((kt + 1) * (ty + 2) * x_len * c * itemsize + 2 * 3 * k_len * acc_lanes * itemsize
             + (0 if pack is None else n * k_len * itemsize)
             + 2 * ty * x_len * lanes * itemsize * (2 if residual is not None else 1)
-            + 6 * n * lanes * 4)
-    taps = 1 if narrow else 3   # float32 accumulators
+            + 6 * n * acc_lanes * 4)
     cost = pl.CostEstimate(
-        flops=2 * k_len * lanes * pixels * (1 if narrow else 3),
+        flops=2 * k_len * acc_lanes * pixels * taps,
         transcendentals=pixels * cout if act is not None else 0,
         bytes_accessed=itemsize * (pixels * (c * (ty + 2) // ty
                                              + cout * (2 if residual is not None else 1))
-                                   + 3 * k_len * lanes))
+                                   + 3 * k_len * acc_lanes))
     y = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(out_shape, dt),
@@ -302,7 +312,7 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
         out_specs=out_spec,
         scratch_shapes=[pltpu.VMEM((kt + 1, ty + 2, x_len, c), dt),
                         pltpu.SemaphoreType.DMA((kt + 1, 3)),
-                        pltpu.VMEM((taps, n, lanes), jnp.float32)]
+                        pltpu.VMEM((taps, n, acc_lanes), jnp.float32)]
                        + ([] if pack is None else [pltpu.VMEM((n, k_len), dt)]),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),

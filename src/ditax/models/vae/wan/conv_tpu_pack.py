@@ -14,8 +14,14 @@ are not multiples of 128, so each 128-lane chunk of the packed operand is assemb
 lane-rolled (``pltpu.roll``) 128-lane pieces of the taps, selected by lane, and stored at its
 aligned place in a VMEM scratch ``[rows X, K]`` (lanes past ``3 kt c`` zero).
 
-:func:`chunks` is that layout (static), :func:`weights` the matching ``[3, K, N]`` weights,
-:func:`fill` the kernel's assembly, :func:`passes` the MXU passes of a column tap either way.
+``cols=o`` (with ``pack``; ``o`` the real output channels) also puts the three column taps'
+outputs side by side in the product's lanes — one ``[rows X, K] @ [K, ceil(3 o / 128) 128]``
+product, 5 output passes instead of 6 at 192 channels — and takes each tap's ``o`` lanes back
+out with lane rolls (:func:`columns`).
+
+:func:`chunks` is that layout (static), :func:`weights` / :func:`column_weights` the matching
+weights, :func:`fill` the kernel's assembly, :func:`passes` the MXU passes of a column tap
+either way, :func:`saves_columns` whether ``cols`` saves output passes.
 """
 
 from __future__ import annotations
@@ -48,6 +54,21 @@ def check(pack: int, c: int) -> None:
                          "pack=None)")
 
 
+def saves_columns(cols: int) -> bool:
+    """Whether ``cols`` real output channels side by side take fewer 128-lane passes than
+    three padded outputs (192: 5 of 6; 96 or 384: as many)."""
+    return _lanes(3 * cols) < 3 * _lanes(cols)
+
+
+def check_columns(cols: int, cout: int, pack, plain_outputs: bool) -> None:
+    """Raise (one line) unless ``cols`` fits: with ``pack``, outputs padded to the 128-multiple
+    ``cout`` at or just above ``cols``, neither ``phases`` nor the narrow form."""
+    if pack is None or not plain_outputs or not (0 < cols <= cout and _lanes(cols) == cout):
+        raise ValueError(f"causal_conv3x3: cols={cols} needs pack= and outputs of {cols} real "
+                         f"channels padded to the next multiple of {LANES} (here {cout}), "
+                         "without phases and wider than 42; else leave cols=None")
+
+
 def chunks(pack: int, kt: int) -> tuple[tuple[tuple[int, int, int, int, int], ...], ...]:
     """The packed operand's 128-lane chunks, each a tuple of pieces ``(tap k, source chunk
     q, roll d, lane lo, lane hi)``: lanes ``lo .. hi`` of the chunk are
@@ -74,6 +95,44 @@ def weights(w: jax.Array, pack: int, lanes: int) -> jax.Array:
     return jnp.pad(w, [(0, 0), (0, _lanes(3 * kt * pack) - 3 * kt * pack), (0, lanes - n)])
 
 
+def column_weights(w: jax.Array, pack: int, cols: int) -> jax.Array:
+    """``[kt, 3, 3, C, N]`` → ``[1, K, ceil(3 cols / 128) 128]``: output lane ``dx cols + o`` is
+    column tap ``dx``'s channel ``o``."""
+    w = weights(w[..., :cols], pack, cols)
+    w = w.transpose(1, 0, 2).reshape(1, w.shape[1], 3 * cols)
+    return jnp.pad(w, [(0, 0), (0, 0), (0, _lanes(3 * cols) - 3 * cols)])
+
+
+def columns(acc_ref, cols: int, lanes: int) -> list[jax.Array]:
+    """The three column taps' ``[m, lanes]`` products (zeros past ``cols``) out of
+    ``acc_ref[0]`` ``[m, ceil(3 cols / 128) 128]`` (float32, lanes as :func:`column_weights`)."""
+    m = acc_ref.shape[1]
+    lane = lax.broadcasted_iota(jnp.int32, (m, LANES), 1)
+    rolled = {}
+
+    def chunk(i, d):   # roll(c, 128 - d)[l] = c[(l + d) % 128]
+        if (i, d) not in rolled:
+            c = acc_ref[0, :, i * LANES:(i + 1) * LANES]
+            rolled[(i, d)] = c if d == 0 else pltpu.roll(c, LANES - d, 1)
+        return rolled[(i, d)]
+
+    out = []
+    for dx in range(3):
+        first, d = divmod(dx * cols, LANES)
+        parts = []
+        for jo in range(lanes // LANES):
+            valid = min(LANES, cols - jo * LANES)
+            if valid <= 0:
+                parts.append(jnp.zeros((m, LANES), jnp.float32))
+                continue
+            v = chunk(first + jo, d)
+            if d + valid > LANES:   # lanes from 128 - d on come from the next chunk
+                v = jnp.where(lane < LANES - d, v, chunk(first + jo + 1, d))
+            parts.append(v if valid == LANES else jnp.where(lane < valid, v, 0.0))
+        out.append(parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1))
+    return out
+
+
 def fill(lhs_ref, tap, layout) -> None:
     """Assemble the packed operand into ``lhs_ref`` ``[m, K]`` (VMEM): ``tap(k)`` is the
     ``[m, C]`` operand of (time, row) tap ``k``; ``layout``: :func:`chunks`'."""
@@ -95,4 +154,5 @@ def fill(lhs_ref, tap, layout) -> None:
         lhs_ref[:, j * LANES:(j + 1) * LANES] = chunk
 
 
-__all__ = ["check", "chunks", "fill", "passes", "weights"]
+__all__ = ["check", "check_columns", "chunks", "column_weights", "columns", "fill", "passes",
+           "saves_columns", "weights"]

@@ -12,7 +12,8 @@ stay exactly zero through norms, SiLU and convolutions), and :meth:`CausalConv3d
 3x3x3 convolutions as :mod:`.conv_tpu` kernels with the norm / residual that follows them fused.
 With ``FastPath(pack=True)`` (opt-in) the kernels put their taps' real input channels side by
 side in one contraction (:mod:`.conv_tpu_pack`): fewer MXU passes where channels are padded,
-and no per-tap accumulator traffic.
+and no per-tap accumulator traffic; at 192 output channels the column taps' outputs side by
+side in the product's lanes too.
 Inside a row split (:mod:`ditax.nn.halo`) the fast path is off.
 """
 
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.models.vae.wan import conv_tpu
+from ditax.models.vae.wan import conv_tpu, conv_tpu_pack
 from ditax.nn import halo
 from ditax.parallel.platform import platform_of
 
@@ -50,6 +51,13 @@ class FastPath:
         (96: 7 MXU passes of 9 a column tap; 192: 14 of 18, 5 of 6 in 2-D; 384: 27 either way,
         in one product), else None."""
         return cin if self.pack else None
+
+    def cols_for(self, cout: int) -> int | None:
+        """The kernel's ``cols`` for ``cout`` real output channels (not ``phases``): ``cout``
+        when packing is on and the column taps side by side take fewer output passes (192:
+        5 of 6), else None."""
+        wide = 3 * cout > conv_tpu.LANES and conv_tpu_pack.saves_columns(cout)
+        return cout if self.pack and wide else None
 
 
 _FAST: contextvars.ContextVar[FastPath | None] = contextvars.ContextVar("wan_vae_fast",
@@ -172,6 +180,7 @@ class CausalConv3d(nnx.Module):
             norm = None if act is None else (act.gamma_for(w.shape[-1]), act.scale)
             y = conv_tpu.causal_conv3x3(x, cache, w, b, act=norm, residual=residual,
                                         pack=path.pack_for(self.weight.shape[3]),
+                                        cols=path.cols_for(self.weight.shape[4]),
                                         interpret=path.interpret)
             return y, _tail(cache, x, self.context)
         y, cache = self(x, cache)
