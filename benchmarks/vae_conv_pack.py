@@ -90,7 +90,17 @@ def flops_rows() -> list[dict]:
             for name, r in list(rows.items()) + [("total", total)]]
 
 
-def _kernel_call(case: str, pack: bool, interpret: bool = False):
+def variants(case: str) -> list[str]:
+    """``padded``, ``packed`` (``pack=``), and ``cols`` (``pack=`` and ``cols=``: the column
+    taps side by side in the output lanes) where that saves output passes (192 channels)."""
+    from ditax.models.vae.wan.conv_tpu_pack import saves_columns
+
+    _, _, c, cout, _, real, epi = CASES[case]
+    cols = epi != "phases" and cout == c and saves_columns(real)
+    return ["padded", "packed"] + (["cols"] if cols else [])
+
+
+def _kernel_call(case: str, variant: str, interpret: bool = False):
     """(fn, args) of one case: the kernel on random bf16 inputs (real channels only)."""
     import jax
     import jax.numpy as jnp
@@ -109,12 +119,13 @@ def _kernel_call(case: str, pack: bool, interpret: bool = False):
           "residual": {"residual": jax.random.normal(k[5], (1, FRAMES, y, x, cout),
                                                      jnp.bfloat16)},
           "phases": {"phases": True}, None: {}}[epi]
-    opts = dict(kw, pack=real if pack else None, interpret=interpret)
+    opts = dict(kw, pack=None if variant == "padded" else real,
+                cols=real if variant == "cols" else None, interpret=interpret)
     fn = jax.jit(lambda xs, cache, w, b: conv_tpu.causal_conv3x3(xs, cache, w, b, **opts))
     return fn, (xs, cache, w, b)
 
 
-def trips(case: str, pack: bool) -> list[int]:
+def trips(case: str, variant: str) -> list[int]:
     """Trips of the kernel's loops inside a grid step, outermost first: sub-blocks, then
     (unpacked) the (time, row) taps; loops of one trip left out."""
     from ditax.models.vae.wan import conv_tpu
@@ -123,7 +134,7 @@ def trips(case: str, pack: bool) -> list[int]:
     ty = conv_tpu.block_rows(y, x, max(c, -(-cout // 128) * 128))
     sub = max(r for r in range(1, ty + 1)
               if ty % r == 0 and (r == 1 or r * x <= conv_tpu._MXU_ROWS))
-    loops = [ty // sub] if pack else [ty // sub, 3 * kt]
+    loops = [ty // sub] if variant != "padded" else [ty // sub, 3 * kt]
     return [t for t in loops if t > 1]     # a loop of one trip is no loop in the LLO
 
 
@@ -150,26 +161,26 @@ def llo_rows(a) -> None:
     """Mode 2: one child process a compile (libtpu reads the dump flags when it starts)."""
     for case in a.cases.split(","):
         base = None
-        for pack in (False, True):
+        for variant in variants(case):
             with tempfile.TemporaryDirectory() as d:
                 env = dict(os.environ, LIBTPU_INIT_ARGS=(
                     f"--xla_jf_dump_to={d} --xla_jf_dump_llo_text=true "
                     "--xla_jf_dump_llo_pass_label_regex=final_bundles"))
                 t = time.perf_counter()
                 r = subprocess.run([sys.executable, os.path.abspath(__file__), "--llo-one", case]
-                                   + (["--pack"] if pack else []), env=env, capture_output=True,
+                                   + ["--variant", variant], env=env, capture_output=True,
                                    text=True)
                 found = [f for f in os.listdir(d) if f.endswith("final_bundles.txt")
                          and "wan_vae_conv3x3" in f and "schedule-analysis" not in f]
                 y, x, c, cout, kt, real, epi = CASES[case]
                 row = {"bench": "vae_conv_llo", "case": f"{case} {y}x{x} C{real}->{cout} "
-                       f"kt{kt} {epi or 'plain'}", "variant": "packed" if pack else "padded",
+                       f"kt{kt} {epi or 'plain'}", "variant": variant,
                        "metric": "bundles_per_grid_step", "unit": "bundles",
                        "compile_s": round(time.perf_counter() - t, 1)}
                 if r.returncode or not found:
                     row["error"] = (r.stderr.strip().splitlines() or ["no dump"])[-1][:300]
                 else:
-                    row.update(step_stats(os.path.join(d, found[0]), trips(case, pack)))
+                    row.update(step_stats(os.path.join(d, found[0]), trips(case, variant)))
                     ty = int(r.stdout.split("ty=")[1].split()[0])
                     row["grid_steps_per_frame"] = y // ty
                     row["bundles_per_frame"] = row["value"] * (y // ty)
@@ -191,7 +202,7 @@ def llo_one(a) -> None:
     dev = topology_devices(parse_target("tpu-v5e-1"))[0]
     rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
                                      jax.sharding.PartitionSpec())
-    fn, args = _kernel_call(a.llo_one, a.pack)
+    fn, args = _kernel_call(a.llo_one, a.variant)
     shapes = [None if v is None else jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rep)
               for v in args]
     fn.lower(*shapes).compile()
@@ -209,8 +220,8 @@ def chip_rows(a) -> None:
                          f"{jax.devices()[0].platform} (use --llo here)")
     for case in a.cases.split(","):
         base = out0 = None
-        for pack in (False, True):
-            fn, args = _kernel_call(case, pack)
+        for variant in variants(case):
+            fn, args = _kernel_call(case, variant)
             t = time.perf_counter()
             out = jax.block_until_ready(fn(*args))
             compile_s = time.perf_counter() - t
@@ -219,8 +230,8 @@ def chip_rows(a) -> None:
                 t = time.perf_counter()
                 jax.block_until_ready(fn(*args))
                 times.append(time.perf_counter() - t)
-            row = {"bench": "vae_conv_chip", "case": case, "variant": "packed" if pack
-                   else "padded", "metric": "conv", "value": statistics.median(times),
+            row = {"bench": "vae_conv_chip", "case": case, "variant": variant, "metric": "conv",
+                   "value": statistics.median(times),
                    "unit": "s", "frames": FRAMES, "compile_s": round(compile_s, 2),
                    "device_kind": jax.devices()[0].device_kind}
             if base is None:
@@ -239,7 +250,7 @@ def main(argv=None) -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--llo-one", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--pack", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--variant", default="padded", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     if a.llo_one:
