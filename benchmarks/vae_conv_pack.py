@@ -1,5 +1,7 @@
 """Wan 2.1 VAE decoder convolutions: the :mod:`ditax.models.vae.wan.conv_tpu` kernel with and
-without tap packing (``pack=``, :mod:`~ditax.models.vae.wan.conv_tpu_pack`), three ways.
+without tap packing (``pack=``, and ``cols=`` where it saves output passes:
+:mod:`~ditax.models.vae.wan.conv_tpu_pack`), three ways; variants ``padded``, ``packed``,
+``cols``.
 
 1. ``--flops``: the 480p x 81 decode's convolution work per stage (the useful FLOPs of its
    real channels; the MXU work of the padded kernel, 128 x 128 passes; the packed kernel's),
@@ -9,14 +11,14 @@ without tap packing (``pack=``, :mod:`~ditax.models.vae.wan.conv_tpu_pack`), thr
    decoder fuses there) compiled by libtpu for a v5e (deviceless), the kernel's final VLIW
    bundles dumped, one JSON line each: a grid step's static length (each bundle weighted by
    the trips of the loops around it: sub-blocks, and the unpacked kernel's tap loop), per
-   frame (times the row blocks), the packed / unpacked ratio. Static: DMA waits and stalls
-   are not in it. ~10 s a case on 2 cores.
+   frame (times the row blocks), the ratio to the padded kernel. Static: DMA waits and stalls
+   are not in it. ~1 min a case on 2 cores.
 
      PYTHONPATH=src python benchmarks/vae_conv_pack.py [--llo] [--cases res96,res192]
 
 3. ``--chip``: the same cases timed on this machine's TPU (median of ``--repeats`` after a
-   compile and a warm-up; 4 frames each), one JSON line each with the ratio to the
-   unpacked kernel and the largest difference of the outputs:
+   compile and a warm-up; 4 frames each), one JSON line each with the ratio to the padded
+   kernel and the largest difference of the outputs from its (~1-2 min in all):
 
      PYTHONPATH=$PWD/src:$PYTHONPATH python3 benchmarks/vae_conv_pack.py --chip
 """
@@ -53,9 +55,10 @@ OPS = ("vmatmul", "vld", "vst", "vrot", "vsel")
 def flops_rows() -> list[dict]:
     """Mode 1: Wan 2.1's decoder at 480x832 x 81 frames (21 latent frames), per stage: the
     convolutions' useful FLOPs, and the MXU work (128 x 128 passes) of the kernel padded and
-    packed. Upsampling convolutions count at their input (4 phases, 9 taps each), conv_out
-    as the kernel's narrow form (three column taps in one 128-lane product)."""
-    from ditax.models.vae.wan.conv_tpu_pack import passes
+    packed (``cols=`` where it saves passes). Upsampling convolutions count at their input
+    (4 phases, 9 taps each), conv_out as the kernel's narrow form (three column taps in one
+    128-lane product)."""
+    from ditax.models.vae.wan.conv_tpu_pack import passes, saves_columns
 
     lanes = lambda c: -(-c // 128) * 128  # noqa: E731
 
@@ -66,6 +69,8 @@ def flops_rows() -> list[dict]:
         cols, width = (1, 128) if cout < 43 else (k, n * lanes(cout))   # narrow: conv_out
         padded = 2 * kt * k * cols * lanes(cin) * width * px
         packed = 2 * cols * 128 * passes(cin, kt, True) * width * px if k == 3 else padded
+        if k == 3 and not phases and cols == 3 and saves_columns(cout):   # cols=: one product
+            packed = 2 * 128 * passes(cin, kt, True) * lanes(3 * cout) * px
         return stage, useful, padded, min(padded, packed)
 
     s0, s1, s2, s3 = (60, 104, 21), (120, 208, 41), (240, 416, 81), (480, 832, 81)
@@ -101,7 +106,8 @@ def variants(case: str) -> list[str]:
 
 
 def _kernel_call(case: str, variant: str, interpret: bool = False):
-    """(fn, args) of one case: the kernel on random bf16 inputs (real channels only)."""
+    """(fn, args) of one case: the kernel on random bf16 inputs (real channels only; the
+    outputs' padded channels with zero weights, as the decoder's)."""
     import jax
     import jax.numpy as jnp
 
@@ -112,17 +118,22 @@ def _kernel_call(case: str, variant: str, interpret: bool = False):
     keep = (jnp.arange(c) < real).astype(jnp.bfloat16)
     xs = jax.random.normal(k[0], (1, FRAMES, y, x, c), jnp.bfloat16) * keep
     cache = jax.random.normal(k[1], (1, 2, y, x, c), jnp.bfloat16) * keep if kt == 3 else None
+    out = (jnp.arange(cout) < real if cout == c else jnp.ones(cout)).astype(jnp.bfloat16)
     w = (jax.random.normal(k[2], (kt, 3, 3, c, cout), jnp.float32) / (9 * kt * c) ** 0.5
-         ).astype(jnp.bfloat16)
-    b = jax.random.normal(k[3], (cout,), jnp.bfloat16)
-    kw = {"act": {"act": (1 + 0.1 * jax.random.normal(k[4], (cout,)), cout ** 0.5)},
-          "residual": {"residual": jax.random.normal(k[5], (1, FRAMES, y, x, cout),
-                                                     jnp.bfloat16)},
-          "phases": {"phases": True}, None: {}}[epi]
-    opts = dict(kw, pack=None if variant == "padded" else real,
-                cols=real if variant == "cols" else None, interpret=interpret)
-    fn = jax.jit(lambda xs, cache, w, b: conv_tpu.causal_conv3x3(xs, cache, w, b, **opts))
-    return fn, (xs, cache, w, b)
+         ).astype(jnp.bfloat16) * out
+    b = jax.random.normal(k[3], (cout,), jnp.bfloat16) * out
+    extra = {"act": (1 + 0.1 * jax.random.normal(k[4], (cout,), jnp.bfloat16)) * out,
+             "residual": jax.random.normal(k[5], (1, FRAMES, y, x, cout), jnp.bfloat16) * out,
+             "phases": None, None: None}[epi]
+    opts = dict(pack=None if variant == "padded" else real,
+                cols=real if variant == "cols" else None, phases=epi == "phases",
+                interpret=interpret)
+
+    def fn(xs, cache, w, b, extra):
+        kw = {"act": {"act": (extra, cout ** 0.5)}, "residual": {"residual": extra}}.get(epi, {})
+        return conv_tpu.causal_conv3x3(xs, cache, w, b, **kw, **opts)
+
+    return jax.jit(fn), (xs, cache, w, b, extra)
 
 
 def trips(case: str, variant: str) -> list[int]:
