@@ -9,10 +9,11 @@ laid side by side in the contraction — tap ``k``'s channel ``i`` at position `
 channels 7 passes instead of 9 a column tap, at 192 14 instead of 18; the column taps and the
 epilogues are the unpacked kernel's. One product per column tap also spares the unpacked
 kernel's float32 accumulator a load and a store per tap, which is why ``pack=c`` with ``c``
-a multiple of 128 (nothing to pack: the taps' whole widths side by side) is allowed too. Mosaic has no cheap lane concatenation at offsets that
-are not multiples of 128, so each 128-lane chunk of the packed operand is assembled from
-lane-rolled (``pltpu.roll``) 128-lane pieces of the taps, selected by lane, and stored at its
-aligned place in a VMEM scratch ``[rows X, K]`` (lanes past ``3 kt c`` zero).
+a multiple of 128 (nothing to pack: the taps' whole widths side by side) is allowed too.
+Mosaic has no cheap lane concatenation at offsets that are not multiples of 128, so each
+128-lane chunk of the packed operand is assembled from lane-rolled (``pltpu.roll``) 128-lane
+pieces of the taps, selected by lane, and stored at its aligned place in a VMEM scratch
+``[rows X, K]`` (lanes past ``3 kt c`` zero).
 
 ``cols=o`` (with ``pack``; ``o`` the real output channels) also puts the three column taps'
 outputs side by side in the product's lanes — one ``[rows X, K] @ [K, ceil(3 o / 128) 128]``
