@@ -143,8 +143,7 @@ def trips(case: str, variant: str) -> list[int]:
 
     y, x, c, cout, kt, _, _ = CASES[case]
     ty = conv_tpu.block_rows(y, x, max(c, -(-cout // 128) * 128))
-    sub = max(r for r in range(1, ty + 1)
-              if ty % r == 0 and (r == 1 or r * x <= conv_tpu._MXU_ROWS))
+    sub = conv_tpu.sub_rows(ty, x, variant != "padded")
     loops = [ty // sub] if variant != "padded" else [ty // sub, 3 * kt]
     return [t for t in loops if t > 1]     # a loop of one trip is no loop in the LLO
 

@@ -53,6 +53,7 @@ from ditax.models.vae.wan import conv_tpu_pack
 LANES = 128
 _TARGET_ELEMS = 1 << 20  # rows * X * max(C, C_out) per frame block: ~2 MiB of bf16
 _MXU_ROWS = 2048         # pixels per product: Mosaic's code (and compile time) grows with it
+_PACKED_ROWS = 1024      # packed (pack=): straight-line products, no tap loop; half the code
 _VMEM_LIMIT = 100 * 2**20
 
 
@@ -67,6 +68,13 @@ def block_rows(y: int, x: int, c: int) -> int:
     elements (``rows * x * c``); 0 when even one row is larger than that."""
     target = _TARGET_ELEMS // (x * c)
     return max((t for t in range(1, min(y, target) + 1) if y % t == 0), default=0)
+
+
+def sub_rows(ty: int, x: int, packed: bool = False) -> int:
+    """Rows of a block's sub-blocks (one product each): the largest divisor of ``ty`` whose
+    product has at most ``_MXU_ROWS`` pixels (packed: ``_PACKED_ROWS``), at least one row."""
+    limit = min(_MXU_ROWS, _PACKED_ROWS) if packed else _MXU_ROWS
+    return max(r for r in range(1, ty + 1) if ty % r == 0 and (r == 1 or r * x <= limit))
 
 
 def _lanes(c: int) -> int:
@@ -252,7 +260,7 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
         conv_tpu_pack.check_columns(cols, cout, pack, not phases and 3 * cout > LANES)
     ty = block_rows(height, x_len, max(c, lanes))
     nby = height // ty
-    sub = max(r for r in range(1, ty + 1) if ty % r == 0 and (r == 1 or r * x_len <= _MXU_ROWS))
+    sub = sub_rows(ty, x_len, pack is not None)
     dt = x.dtype
     narrow = cout if 3 * cout <= LANES and act is None and residual is None and not phases else 0
     if narrow:   # conv_out's 3 channels: the column taps side by side in one product's lanes
@@ -324,4 +332,4 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
     return y.reshape(bsz, frames, 2 * height, 2 * x_len, cout // 4) if phases else y
 
 
-__all__ = ["LANES", "block_rows", "causal_conv3x3", "supported"]
+__all__ = ["LANES", "block_rows", "causal_conv3x3", "sub_rows", "supported"]
