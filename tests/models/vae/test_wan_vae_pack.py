@@ -1,15 +1,16 @@
 """Tap packing of the Wan VAE decoder's convolution kernel (``causal_conv3x3(..., pack=c)``,
 :mod:`ditax.models.vae.wan.conv_tpu_pack`), interpreted: the (time, row) taps' real channels
-side by side in one contraction give the unpacked kernel's and XLA's convolution, with every
-epilogue; the padded input channels are ignored."""
+side by side in one contraction (and with ``cols=`` the column taps' outputs side by side in
+the product's lanes) give the unpacked kernel's and XLA's convolution, with every epilogue;
+the padded input channels are ignored."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 
 from ditax.models.vae.wan import conv_tpu, conv_tpu_pack
+from test_wan_vae_fast import _reference   # XLA's convolution and the epilogues, float32
 
 
 BLOCK_ELEMS, MXU_ROWS = conv_tpu._TARGET_ELEMS, conv_tpu._MXU_ROWS
@@ -35,20 +36,6 @@ def _inputs(seed, c, real, cout, kt, frames=2, dtype=jnp.float32):
     clean = (x * keep, None if cache is None else cache * keep, w * keep[:, None])
     cast = lambda a: None if a is None else a.astype(dtype)  # noqa: E731
     return ([cast(a) for a in (x, cache, w, b, res, gamma)], [cast(a) for a in clean])
-
-
-def _reference(x, cache, w, b, act=None, residual=None):
-    xc = x if cache is None else jnp.concatenate([cache, x], axis=1)
-    y = lax.conv_general_dilated(xc, w, (1, 1, 1), [(0, 0), (1, 1), (1, 1)],
-                                 dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
-                                 precision=lax.Precision.HIGHEST) + b
-    if residual is not None:
-        y = y + residual
-    if act is not None:
-        gamma, scale = act
-        norm = jnp.sqrt(jnp.sum(y * y, axis=-1, keepdims=True))
-        y = jax.nn.silu(y / jnp.maximum(norm, 1e-12) * scale * gamma)
-    return y
 
 
 def test_layout_covers_each_real_channel_once():
