@@ -12,7 +12,9 @@ pixels stay inside the clip), decodes random latents of a ``--height`` x ``--wid
 
 Variants (``--variants``, comma-separated): ``old`` (``path="plain"``, one latent frame a
 chunk: the decode before the fast path), ``fast`` (``path="fast"`` with automatic chunking;
-``"interpret"`` off a TPU), ``fast:N`` / ``plain:N`` (N latent frames a chunk); a suffix
+``"interpret"`` off a TPU), ``packed`` (``path="packed"``: the fast path with the kernels'
+taps packed, :mod:`ditax.models.vae.wan.conv_tpu_pack`), ``fast:N`` / ``packed:N`` /
+``plain:N`` (N latent frames a chunk); a suffix
 ``/float32`` runs a variant on the same (``--dtype``-rounded) weights and latents in float32:
 as the first variant (``--variants old/float32,old,fast``) it is the reference that both
 bf16 decodes' ``max_abs_diff`` measure against (bf16 rounding alone moves frames by a few
@@ -89,11 +91,14 @@ def _variant(name: str) -> tuple[str, int | None]:
     frames = int(n) if n else None
     if base == "old":
         return "plain", frames or 1
-    if base == "fast":
-        return ("fast" if jax.devices()[0].platform == "tpu" else "interpret"), frames
+    if base in ("fast", "packed"):
+        tpu = jax.devices()[0].platform == "tpu"
+        return {("fast", True): "fast", ("fast", False): "interpret", ("packed", True): "packed",
+                ("packed", False): "interpret-packed"}[base, tpu], frames
     if base == "plain":
         return "plain", frames
-    raise SystemExit(f"unknown variant {name!r}: use old, fast, fast:N, plain:N")
+    raise SystemExit(f"unknown variant {name!r}: use old, fast, fast:N, packed, packed:N, "
+                     "plain:N")
 
 
 def _cost(compiled) -> tuple[float, float]:
@@ -170,8 +175,9 @@ def _memory_row(name: str, compiled) -> dict:
 
 
 def memory(height: int, width: int, frames: int, dtype: str = "bfloat16",
-           chunks=(None,), target: str = "tpu-v5e-1") -> list[dict]:
-    """What a deviceless compile for ``target`` says of the fast path's two programs
+           chunks=(None,), target: str = "tpu-v5e-1", path: str = "fast") -> list[dict]:
+    """What a deviceless compile for ``target`` says of the fast path's (``path``: ``"fast"``
+    or ``"packed"``) two programs
     (``compiled.memory_analysis()``; ``peak_bytes``: arguments + temporaries + outputs - the
     outputs aliased to donated arguments, the feature cache) for each latent-frames-a-chunk in
     ``chunks`` (None: the automatic choice), beside the later chunk's estimate
@@ -193,12 +199,12 @@ def memory(height: int, width: int, frames: int, dtype: str = "bfloat16",
     f_lat, y, x = vae.config.latent_grid(frames, height, width)
     rows = []
     case = {"bench": "vae_decode_memory", "case": f"{height}x{width}x{frames} {dtype}",
-            "target": target, "device": device.device_kind, "path": "fast"}
+            "target": target, "device": device.device_kind, "path": path}
     for n in chunks:
         t = time.perf_counter()
         try:
             with ditax.target_platform("tpu", device_kind=device.device_kind):
-                programs = vae.compile_decode((1, vae.z_dim, f_lat, y, x), placed, path="fast",
+                programs = vae.compile_decode((1, vae.z_dim, f_lat, y, x), placed, path=path,
                                               frames_per_chunk=n)
         except Exception as e:   # e.g. RESOURCE_EXHAUSTED: the temporaries exceed the HBM
             rows.append({**case, "frames_per_chunk": n, "auto": n is None,
@@ -264,6 +270,8 @@ def main(argv=None) -> None:
     ap.add_argument("--chunks", default="auto",
                     help="with --memory: latent frames a chunk, comma-separated (auto: the "
                          "automatic choice)")
+    ap.add_argument("--path", default="fast", choices=("fast", "packed"),
+                    help="with --memory: the fast path, or it with the kernels' taps packed")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--save", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -275,7 +283,8 @@ def main(argv=None) -> None:
         conv_tpu._MXU_ROWS = args.mxu_rows
     if args.memory:
         chunks = [None if c == "auto" else int(c) for c in args.chunks.split(",")]
-        for row in memory(args.height, args.width, args.frames, args.dtype, chunks, args.memory):
+        for row in memory(args.height, args.width, args.frames, args.dtype, chunks, args.memory,
+                          args.path):
             print(json.dumps(row), flush=True)
         return
     if args.child:

@@ -13,7 +13,10 @@ frame alone (``first=True``: it decodes to one frame), then ``n`` latent frames 
 The decoder's ``path``: ``"plain"`` (the layers as written: XLA convolutions), ``"fast"``
 (the TPU fast path of :mod:`.layers`: channels padded to 128, Pallas convolution kernels of
 :mod:`.conv_tpu`, sub-pixel upsampling), ``"interpret"`` (the fast path with its kernels
-interpreted: CPU tests), ``"auto"`` (plain; fast on a TPU while :data:`FAST_BY_DEFAULT` is
+interpreted: CPU tests), ``"packed"`` / ``"interpret-packed"`` (those with each kernel's
+taps in one contraction, real channels packed: :mod:`.conv_tpu_pack`; opt-in until a chip
+has timed it),
+``"auto"`` (plain; fast on a TPU while :data:`FAST_BY_DEFAULT` is
 set, after the chip has timed it against plain: ``benchmarks/vae_decode.py``; a row split
 is always plain). :func:`chunk_frames` picks the decoder's latent frames per chunk after the first:
 on the fast path as many as keep a chunk near :data:`CHUNK_PIXELS`, fewer where a later chunk's
@@ -40,7 +43,7 @@ from ditax.parallel.platform import device_platform, platform_of
 
 log = logging.getLogger(__name__)
 
-PATHS = ("auto", "plain", "fast", "interpret")
+PATHS = ("auto", "plain", "fast", "interpret", "packed", "interpret-packed")
 #: whether ``auto`` takes the fast path on a TPU: yes since a v5e timed it (bf16, 81 frames:
 #: 480x832 3.44 s against the plain path's 4.89 s, 720x1280 8.61 s against 11.9 s;
 #: docs/tpu_v5e.md); its values equal plain's with the kernels interpreted on CPU
@@ -83,8 +86,8 @@ def resolve_path(path: str, device=None) -> str:
     platform = (platform_of() if device is None else device_platform(device)).name
     if path == "auto":
         return "fast" if platform == "tpu" and FAST_BY_DEFAULT else "plain"
-    if path == "fast" and platform != "tpu":
-        raise ValueError(f"WanVAE decode: path='fast' runs Pallas TPU kernels and the platform "
+    if path in ("fast", "packed") and platform != "tpu":
+        raise ValueError(f"WanVAE decode: path={path!r} runs Pallas TPU kernels and the platform "
                          f"is {platform}; use path='auto' (or 'interpret' to run the TPU program "
                          "interpreted, slowly)")
     return path
@@ -92,7 +95,9 @@ def resolve_path(path: str, device=None) -> str:
 
 def _path(path: str) -> FastPath | None:
     path = resolve_path(path)
-    return {"plain": None, "fast": FastPath(), "interpret": FastPath(interpret=True)}[path]
+    return {"plain": None, "fast": FastPath(), "interpret": FastPath(interpret=True),
+            "packed": FastPath(pack=True),
+            "interpret-packed": FastPath(interpret=True, pack=True)}[path]
 
 
 def is_fast(path: str, device=None) -> bool:

@@ -24,6 +24,12 @@ ordered (row parity, column parity, channel) and writes them as a 2x larger fram
 at most 42 channels (``conv_out``'s 3) put the three column taps side by side in one product's
 128 lanes (a third of the MXU passes) and are moved into place with lane rolls.
 
+``pack=c`` (opt-in; :mod:`.conv_tpu_pack`) takes inputs whose channels past ``c`` are padding
+(or none: ``c`` = C) and lays the ``3 kt`` (time, row) taps' ``c`` real channels side by side
+in one contraction per column tap (96 channels: 7 passes of 128 instead of 9), assembled in
+VMEM; one product per column tap also drops the float32 accumulator's per-tap loads and
+stores.
+
 Constraints (:func:`supported`): ``C`` a multiple of 128 (the decoder pads its channels to
 one on this path: a 96-channel product costs the MXU as much as a 128-channel one, and aligned
 ones avoid relayouts), ``X`` a multiple of 8 (rows fold into the product's M dimension: for
@@ -42,9 +48,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ditax.models.vae.wan import conv_tpu_pack
+
 LANES = 128
 _TARGET_ELEMS = 1 << 20  # rows * X * max(C, C_out) per frame block: ~2 MiB of bf16
 _MXU_ROWS = 2048         # pixels per product: Mosaic's code (and compile time) grows with it
+_PACKED_ROWS = 1024      # packed (pack=): straight-line products, no tap loop; half the code
 _VMEM_LIMIT = 100 * 2**20
 
 
@@ -59,6 +68,13 @@ def block_rows(y: int, x: int, c: int) -> int:
     elements (``rows * x * c``); 0 when even one row is larger than that."""
     target = _TARGET_ELEMS // (x * c)
     return max((t for t in range(1, min(y, target) + 1) if y % t == 0), default=0)
+
+
+def sub_rows(ty: int, x: int, packed: bool = False) -> int:
+    """Rows of a block's sub-blocks (one product each): the largest divisor of ``ty`` whose
+    product has at most ``_MXU_ROWS`` pixels (packed: ``_PACKED_ROWS``), at least one row."""
+    limit = min(_MXU_ROWS, _PACKED_ROWS) if packed else _MXU_ROWS
+    return max(r for r in range(1, ty + 1) if ty % r == 0 and (r == 1 or r * x <= limit))
 
 
 def _lanes(c: int) -> int:
@@ -79,17 +95,19 @@ def product_precision(dtype) -> lax.Precision:
 
 
 def _kernel(*refs, kt: int, ty: int, rows: int, nby: int, frames: int, act_scale,
-            residual: bool, phases: bool, narrow: int, prec: lax.Precision):
+            residual: bool, phases: bool, narrow: int, prec: lax.Precision, layout=None,
+            cols: int = 0):
     it = iter(refs)
     cache_hbm = next(it) if kt > 1 else None
     x_hbm, w_ref, b_ref = next(it), next(it), next(it)
     g_ref = next(it) if act_scale is not None else None
     r_ref = next(it) if residual else None
     o_ref, buf, sem, acc_ref = next(it), next(it), next(it), next(it)
+    lhs_ref = next(it) if layout is not None else None
     bi, i, f = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     slots, context = kt + 1, kt - 1
     x_len, c = buf.shape[2], buf.shape[3]
-    cout = acc_ref.shape[-1]
+    cout = b_ref.shape[-1]   # the padded outputs (cols: the accumulator is wider)
     height = nby * ty
 
     def copies(s, slot):
@@ -156,19 +174,30 @@ def _kernel(*refs, kt: int, ty: int, rows: int, nby: int, frames: int, act_scale
 
     def sub_block(j, carry):
         r0 = j * rows
-        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+        def lhs_of(t, dy):
+            return buf[lax.rem(f + t, slots), pl.ds(r0 + dy, rows)].reshape(m, c)
 
         def tap(k, carry):   # time tap t, row tap dy: the three column taps into acc[dx]
             t, dy = lax.div(k, 3), lax.rem(k, 3)
-            lhs = buf[lax.rem(f + t, slots), pl.ds(r0 + dy, rows)].reshape(m, c)
+            lhs = lhs_of(t, dy)
             for dx in range(acc_ref.shape[0]):
                 acc_ref[dx] += jnp.dot(lhs, w_ref[t, dy, dx], precision=prec,
                                        preferred_element_type=jnp.float32)
             return carry
 
-        lax.fori_loop(0, 3 * kt, tap, 0)
+        if layout is None:
+            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+            lax.fori_loop(0, 3 * kt, tap, 0)
+        else:   # all (time, row) taps in one contraction per column tap (conv_tpu_pack)
+            conv_tpu_pack.fill(lhs_ref, lambda k: lhs_of(k // 3, k % 3), layout)
+            for dx in range(acc_ref.shape[0]):
+                acc_ref[dx] = jnp.dot(lhs_ref[...], w_ref[dx], precision=prec,
+                                      preferred_element_type=jnp.float32)
         col = lax.rem(lax.broadcasted_iota(jnp.int32, (m, cout), 0), x_len)
-        if narrow:   # one product for all column taps: lanes (dx = 1, 0, 2) x narrow channels
+        if cols:     # one product for all column taps, side by side in its lanes
+            left, centre, right = conv_tpu_pack.columns(acc_ref, cols, cout)
+        elif narrow:   # one product for all column taps: lanes (dx = 1, 0, 2) x narrow channels
             centre = acc_ref[0]
             left, right = (pltpu.roll(centre, cout - k * narrow, 1) for k in (1, 2))
         else:
@@ -201,6 +230,7 @@ def _kernel(*refs, kt: int, ty: int, rows: int, nby: int, frames: int, act_scale
 
 def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.Array, *,
                    act=None, residual: jax.Array | None = None, phases: bool = False,
+                   pack: int | None = None, cols: int | None = None,
                    interpret: bool = False) -> jax.Array:
     """``conv3d(concat([cache, x], frames), w)`` (valid in time, one zero pixel around each
     frame) ``+ b``, then the epilogue. x ``[B, F, Y, X, C]``; w ``[kt, 3, 3, C, C_out]``
@@ -208,7 +238,10 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
     or 1 (cache None: a per-frame 2-D conv); b ``[C_out]``. ``residual`` ``[B, F, Y, X,
     C_out]``: return ``y + residual``; ``act=(gamma [C_out], scale)``: return
     ``silu(rms_norm(y) * scale * gamma)``; ``phases``: return ``[B, F, 2Y, 2X, C_out / 4]``
-    (see the module). → ``[B, F, Y, X, C_out]`` in x's dtype."""
+    (see the module); ``pack``: the real input channels (the rest zero padding, ignored):
+    the taps packed into the contraction (:mod:`.conv_tpu_pack`); ``cols`` (with ``pack``): the
+    real output channels, the column taps side by side in the product's lanes. → ``[B, F, Y,
+    X, C_out]`` in x's dtype."""
     bsz, frames, height, x_len, c = x.shape
     kt, cout = w.shape[0], w.shape[-1]
     want_cache = None if kt == 1 else (bsz, kt - 1, height, x_len, c)
@@ -221,18 +254,28 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
                          f"{None if cache is None else cache.shape}, phases={phases} (C a "
                          f"multiple of {LANES}, X of 8, kernels 3x3x3 with a 2-frame cache "
                          "or 1x3x3 without)")
+    if pack is not None:
+        conv_tpu_pack.check(pack, c)
+    if cols is not None:
+        conv_tpu_pack.check_columns(cols, cout, pack, not phases and 3 * cout > LANES)
     ty = block_rows(height, x_len, max(c, lanes))
     nby = height // ty
-    sub = max(r for r in range(1, ty + 1) if ty % r == 0 and (r == 1 or r * x_len <= _MXU_ROWS))
+    sub = sub_rows(ty, x_len, pack is not None)
     dt = x.dtype
     narrow = cout if 3 * cout <= LANES and act is None and residual is None and not phases else 0
     if narrow:   # conv_out's 3 channels: the column taps side by side in one product's lanes
         w = jnp.concatenate([w[:, :, 1], w[:, :, 0], w[:, :, 2]], axis=-1)[:, :, None]
     whole = lambda *shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
     rows = pl.BlockSpec((None, None, ty, x_len, cout), lambda bi, i, f: (bi, f, i, 0, 0))
-    in_specs = [pl.BlockSpec(memory_space=pl.ANY), whole(*w.shape[:4], lanes), whole(1, lanes)]
-    args = [x, jnp.pad(w.astype(dt), [(0, 0)] * 4 + [(0, lanes - w.shape[-1])]),
-            jnp.pad(b.astype(dt), (0, lanes - cout)).reshape(1, lanes)]
+    layout = None if pack is None else conv_tpu_pack.chunks(pack, kt)
+    if pack is None:
+        w = jnp.pad(w.astype(dt), [(0, 0)] * 4 + [(0, lanes - w.shape[-1])])
+    elif cols is not None:
+        w = conv_tpu_pack.column_weights(w.astype(dt), pack, cols)
+    else:
+        w = conv_tpu_pack.weights(w.astype(dt), pack, lanes)
+    in_specs = [pl.BlockSpec(memory_space=pl.ANY), whole(*w.shape), whole(1, lanes)]
+    args = [x, w, jnp.pad(b.astype(dt), (0, lanes - cout)).reshape(1, lanes)]
     if cache is not None:
         in_specs.insert(0, pl.BlockSpec(memory_space=pl.ANY))
         args.insert(0, cache.astype(dt))
@@ -253,19 +296,22 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
     kernel = functools.partial(_kernel, kt=kt, ty=ty, rows=sub, nby=nby, frames=frames,
                                narrow=narrow, act_scale=act_scale,
                                residual=residual is not None, phases=phases,
-                               prec=product_precision(dt))
+                               prec=product_precision(dt), layout=layout, cols=cols or 0)
     itemsize = jnp.dtype(dt).itemsize
     n, pixels = sub * x_len, bsz * frames * height * x_len
-    vmem = ((kt + 1) * (ty + 2) * x_len * c * itemsize + 2 * kt * 9 * c * lanes * itemsize
+    k_len = 3 * kt * c if pack is None else w.shape[1]   # a column tap's contraction
+    taps = 1 if narrow or cols else 3   # float32 accumulators
+    acc_lanes = w.shape[-1] if cols else lanes
+    vmem = ((kt + 1) * (ty + 2) * x_len * c * itemsize + 2 * 3 * k_len * acc_lanes * itemsize
+            + (0 if pack is None else n * k_len * itemsize)
             + 2 * ty * x_len * lanes * itemsize * (2 if residual is not None else 1)
-            + 6 * n * lanes * 4)
-    taps = 1 if narrow else 3   # float32 accumulators
+            + 6 * n * acc_lanes * 4)
     cost = pl.CostEstimate(
-        flops=2 * 3 * kt * c * lanes * pixels * (1 if narrow else 3),
+        flops=2 * k_len * acc_lanes * pixels * taps,
         transcendentals=pixels * cout if act is not None else 0,
         bytes_accessed=itemsize * (pixels * (c * (ty + 2) // ty
                                              + cout * (2 if residual is not None else 1))
-                                   + 9 * kt * c * lanes))
+                                   + 3 * k_len * acc_lanes))
     y = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(out_shape, dt),
@@ -274,7 +320,8 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
         out_specs=out_spec,
         scratch_shapes=[pltpu.VMEM((kt + 1, ty + 2, x_len, c), dt),
                         pltpu.SemaphoreType.DMA((kt + 1, 3)),
-                        pltpu.VMEM((taps, n, lanes), jnp.float32)],
+                        pltpu.VMEM((taps, n, acc_lanes), jnp.float32)]
+                       + ([] if pack is None else [pltpu.VMEM((n, k_len), dt)]),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=max(32 * 2**20, min(_VMEM_LIMIT, 2 * vmem))),
@@ -285,4 +332,4 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
     return y.reshape(bsz, frames, 2 * height, 2 * x_len, cout // 4) if phases else y
 
 
-__all__ = ["LANES", "block_rows", "causal_conv3x3", "supported"]
+__all__ = ["LANES", "block_rows", "causal_conv3x3", "sub_rows", "supported"]

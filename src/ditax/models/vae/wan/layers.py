@@ -10,6 +10,10 @@ padded with zeros to a multiple of 128 where they are not one (Wan 2.1's 96- and
 levels; :func:`padded`), weights are zero-padded to match at trace time (the padded channels
 stay exactly zero through norms, SiLU and convolutions), and :meth:`CausalConv3d.fused` runs the
 3x3x3 convolutions as :mod:`.conv_tpu` kernels with the norm / residual that follows them fused.
+With ``FastPath(pack=True)`` (opt-in) the kernels put their taps' real input channels side by
+side in one contraction (:mod:`.conv_tpu_pack`): fewer MXU passes where channels are padded,
+and no per-tap accumulator traffic; at 192 output channels the column taps' outputs side by
+side in the product's lanes too.
 Inside a row split (:mod:`ditax.nn.halo`) the fast path is off.
 """
 
@@ -25,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ditax.models.vae.wan import conv_tpu
+from ditax.models.vae.wan import conv_tpu, conv_tpu_pack
 from ditax.nn import halo
 from ditax.parallel.platform import platform_of
 
@@ -37,9 +41,23 @@ Cache = Any  # nested dict/list of arrays [B, frames, Y, X, C] or None
 @dataclass(frozen=True)
 class FastPath:
     """The decoder's TPU fast path; ``interpret``: run its kernels in Pallas' interpret mode
-    (CPU tests of the TPU program)."""
+    (CPU tests of the TPU program); ``pack``: pack the kernels' taps (:meth:`pack_for`)."""
 
     interpret: bool = False
+    pack: bool = False
+
+    def pack_for(self, cin: int) -> int | None:
+        """The kernel's ``pack`` for ``cin`` real input channels: ``cin`` when packing is on
+        (96: 7 MXU passes of 9 a column tap; 192: 14 of 18, 5 of 6 in 2-D; 384: 27 either way,
+        in one product), else None."""
+        return cin if self.pack else None
+
+    def cols_for(self, cout: int) -> int | None:
+        """The kernel's ``cols`` for ``cout`` real output channels (not ``phases``): ``cout``
+        when packing is on and the column taps side by side take fewer output passes (192:
+        5 of 6), else None."""
+        wide = 3 * cout > conv_tpu.LANES and conv_tpu_pack.saves_columns(cout)
+        return cout if self.pack and wide else None
 
 
 _FAST: contextvars.ContextVar[FastPath | None] = contextvars.ContextVar("wan_vae_fast",
@@ -161,6 +179,8 @@ class CausalConv3d(nnx.Module):
                      else pad_axis(cache.astype(x.dtype), 4, c))
             norm = None if act is None else (act.gamma_for(w.shape[-1]), act.scale)
             y = conv_tpu.causal_conv3x3(x, cache, w, b, act=norm, residual=residual,
+                                        pack=path.pack_for(self.weight.shape[3]),
+                                        cols=path.cols_for(self.weight.shape[4]),
                                         interpret=path.interpret)
             return y, _tail(cache, x, self.context)
         y, cache = self(x, cache)
@@ -241,6 +261,7 @@ class Conv2d(nnx.Module):
         path = fast()
         if path is not None and conv_tpu.supported(x.shape, 4 * cout) and cout % conv_tpu.LANES == 0:
             return conv_tpu.causal_conv3x3(x, None, w4[None], jnp.tile(bias, 4), phases=True,
+                                           pack=path.pack_for(self.weight.shape[2]),
                                            interpret=path.interpret)
         b, f, yy, xx, _ = x.shape
         y = jax.lax.conv_general_dilated(

@@ -1,0 +1,278 @@
+"""Wan 2.1 VAE decoder convolutions: the :mod:`ditax.models.vae.wan.conv_tpu` kernel with and
+without tap packing (``pack=``, and ``cols=`` where it saves output passes:
+:mod:`~ditax.models.vae.wan.conv_tpu_pack`), three ways; variants ``padded``, ``packed``,
+``cols``.
+
+1. ``--flops``: the 480p x 81 decode's convolution work per stage (the useful FLOPs of its
+   real channels; the MXU work of the padded kernel, 128 x 128 passes; the packed kernel's),
+   analytic, no compile.
+2. ``--llo`` (default): no chip, a static schedule. Each case (the decoder's real shapes: 96
+   channels at 480x832, 192 at 240x416, 384 at 120x208 for reference; the epilogues the
+   decoder fuses there) compiled by libtpu for a v5e (deviceless), the kernel's final VLIW
+   bundles dumped, one JSON line each: a grid step's static length (each bundle weighted by
+   the trips of the loops around it: sub-blocks, and the unpacked kernel's tap loop), per
+   frame (times the row blocks), the ratio to the padded kernel. Static: DMA waits and stalls
+   are not in it. ~1 min a case on 2 cores.
+
+     PYTHONPATH=src python benchmarks/vae_conv_pack.py [--llo] [--cases res96,res192]
+
+3. ``--chip``: the same cases timed on this machine's TPU (median of ``--repeats`` after a
+   compile and a warm-up; 4 frames each), one JSON line each with the ratio to the padded
+   kernel and the largest difference of the outputs from its (~1-2 min in all):
+
+     PYTHONPATH=$PWD/src:$PYTHONPATH python3 benchmarks/vae_conv_pack.py --chip
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+#: name → (Y, X, padded C, C_out (padded), kt, real C (``pack``), epilogue): the decoder's
+#: convolutions
+CASES = {
+    "res96": (480, 832, 128, 128, 3, 96, "act"),         # resnet conv1 (norm + SiLU fused)
+    "res96_residual": (480, 832, 128, 128, 3, 96, "residual"),   # resnet conv2
+    "out96": (480, 832, 128, 3, 3, 96, None),             # conv_out: 3 channels (narrow)
+    "res192": (240, 416, 256, 256, 3, 192, "act"),
+    "res192_residual": (240, 416, 256, 256, 3, 192, "residual"),
+    "up192": (240, 416, 256, 512, 1, 192, "phases"),     # upsample2d: 192 → 96 at 480x832
+    "res384": (120, 208, 384, 384, 3, 384, "act"),   # nothing padded: one contraction only
+    "up384": (120, 208, 384, 1024, 1, 384, "phases"),    # upsample3d's conv: 384 → 192
+}
+FRAMES = 4
+BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(LB|LH|LE|PB|PF|CT)?\s*:\s*(>*)\s*\{(.*)\}")
+OPS = ("vmatmul", "vld", "vst", "vrot", "vsel")
+
+
+def flops_rows() -> list[dict]:
+    """Mode 1: Wan 2.1's decoder at 480x832 x 81 frames (21 latent frames), per stage: the
+    convolutions' useful FLOPs, and the MXU work (128 x 128 passes) of the kernel padded and
+    packed (``cols=`` where it saves passes). Upsampling convolutions count at their input
+    (4 phases, 9 taps each), conv_out as the kernel's narrow form (three column taps in one
+    128-lane product)."""
+    from ditax.models.vae.wan.conv_tpu_pack import passes, saves_columns
+
+    lanes = lambda c: -(-c // 128) * 128  # noqa: E731
+
+    def conv(stage, yxf, cin, cout, kt=3, k=3, phases=False):
+        px = yxf[0] * yxf[1] * yxf[2]
+        n = 4 if phases else 1
+        useful = 2 * kt * k * k * cin * cout * n * px
+        cols, width = (1, 128) if cout < 43 else (k, n * lanes(cout))   # narrow: conv_out
+        padded = 2 * kt * k * cols * lanes(cin) * width * px
+        packed = 2 * cols * 128 * passes(cin, kt, True) * width * px if k == 3 else padded
+        if k == 3 and not phases and cols == 3 and saves_columns(cout):   # cols=: one product
+            packed = 2 * 128 * passes(cin, kt, True) * lanes(3 * cout) * px
+        return stage, useful, padded, min(padded, packed)
+
+    s0, s1, s2, s3 = (60, 104, 21), (120, 208, 41), (240, 416, 81), (480, 832, 81)
+    convs = ([conv("60x104 384", s0, 16, 384)] + [conv("60x104 384", s0, 384, 384)] * 10
+             + [conv("60x104 384", s0, 384, 768, k=1), conv("60x104 384", (60, 104, 41), 384,
+                                                            192, kt=1, phases=True)]
+             + [conv("120x208 384", s1, 192, 384)] + [conv("120x208 384", s1, 384, 384)] * 5
+             + [conv("120x208 384", s1, 192, 384, kt=1, k=1),
+                conv("120x208 384", s1, 384, 768, k=1),
+                conv("120x208 384", (120, 208, 81), 384, 192, kt=1, phases=True)]
+             + [conv("240x416 192", s2, 192, 192)] * 6
+             + [conv("240x416 192", s2, 192, 96, kt=1, phases=True)]
+             + [conv("480x832 96", s3, 96, 96)] * 6 + [conv("480x832 96", s3, 96, 3)])
+    rows = {}
+    for stage, *work in convs:
+        r = rows.setdefault(stage, [0, 0, 0])
+        rows[stage] = [u + v for u, v in zip(r, work)]
+    total = [sum(r[i] for r in rows.values()) for i in range(3)]
+    return [{"bench": "vae_conv_flops", "case": f"480x832x81 {name}", "metric": "flops",
+             "value": r[0], "unit": "flop", "padded_mxu": r[1], "packed_mxu": r[2],
+             "padded_share": round(r[1] / total[1], 3), "packed_ratio": round(r[2] / r[1], 3)}
+            for name, r in list(rows.items()) + [("total", total)]]
+
+
+def variants(case: str) -> list[str]:
+    """``padded``, ``packed`` (``pack=``), and ``cols`` (``pack=`` and ``cols=``: the column
+    taps side by side in the output lanes) where that saves output passes (192 channels)."""
+    from ditax.models.vae.wan.conv_tpu_pack import saves_columns
+
+    _, _, c, cout, _, real, epi = CASES[case]
+    cols = epi != "phases" and cout == c and saves_columns(real)
+    return ["padded", "packed"] + (["cols"] if cols else [])
+
+
+def _kernel_call(case: str, variant: str, interpret: bool = False):
+    """(fn, args) of one case: the kernel on random bf16 inputs (real channels only; the
+    outputs' padded channels with zero weights, as the decoder's)."""
+    import jax
+    import jax.numpy as jnp
+
+    from ditax.models.vae.wan import conv_tpu
+
+    y, x, c, cout, kt, real, epi = CASES[case]
+    k = jax.random.split(jax.random.key(0), 6)
+    keep = (jnp.arange(c) < real).astype(jnp.bfloat16)
+    xs = jax.random.normal(k[0], (1, FRAMES, y, x, c), jnp.bfloat16) * keep
+    cache = jax.random.normal(k[1], (1, 2, y, x, c), jnp.bfloat16) * keep if kt == 3 else None
+    out = (jnp.arange(cout) < real if cout == c else jnp.ones(cout)).astype(jnp.bfloat16)
+    w = (jax.random.normal(k[2], (kt, 3, 3, c, cout), jnp.float32) / (9 * kt * c) ** 0.5
+         ).astype(jnp.bfloat16) * out
+    b = jax.random.normal(k[3], (cout,), jnp.bfloat16) * out
+    extra = {"act": (1 + 0.1 * jax.random.normal(k[4], (cout,), jnp.bfloat16)) * out,
+             "residual": jax.random.normal(k[5], (1, FRAMES, y, x, cout), jnp.bfloat16) * out,
+             "phases": None, None: None}[epi]
+    opts = dict(pack=None if variant == "padded" else real,
+                cols=real if variant == "cols" else None, phases=epi == "phases",
+                interpret=interpret)
+
+    def fn(xs, cache, w, b, extra):
+        kw = {"act": {"act": (extra, cout ** 0.5)}, "residual": {"residual": extra}}.get(epi, {})
+        return conv_tpu.causal_conv3x3(xs, cache, w, b, **kw, **opts)
+
+    return jax.jit(fn), (xs, cache, w, b, extra)
+
+
+def trips(case: str, variant: str) -> list[int]:
+    """Trips of the kernel's loops inside a grid step, outermost first: sub-blocks, then
+    (unpacked) the (time, row) taps; loops of one trip left out."""
+    from ditax.models.vae.wan import conv_tpu
+
+    y, x, c, cout, kt, _, _ = CASES[case]
+    ty = conv_tpu.block_rows(y, x, max(c, -(-cout // 128) * 128))
+    sub = conv_tpu.sub_rows(ty, x, variant != "padded")
+    loops = [ty // sub] if variant != "padded" else [ty // sub, 3 * kt]
+    return [t for t in loops if t > 1]     # a loop of one trip is no loop in the LLO
+
+
+def step_stats(path: str, loop_trips: list[int]) -> dict:
+    """A grid step's static bundles: bundles at loop depth d (1: the grid loop's body)
+    weighted by the trips of the loops at depths 2 .. d."""
+    rows = []
+    for line in open(path):
+        m = BUNDLE.match(line)
+        if m:
+            rows.append((len(m.group(3)), m.group(4)))
+    step = 0
+    for depth, _ in rows:
+        w = 1
+        for t in loop_trips[:max(depth - 1, 0)]:
+            w *= t
+        step += w if depth >= 1 else 0
+    ops = {o: sum(len(re.findall(rf"= {o}[.\s]", r[1])) for r in rows) for o in OPS}
+    depths = {d: sum(1 for r in rows if r[0] == d) for d in sorted({r[0] for r in rows})}
+    return {"value": step, "bundles": len(rows), "bundles_by_depth": depths, "ops": ops}
+
+
+def llo_rows(a) -> None:
+    """Mode 2: one child process a compile (libtpu reads the dump flags when it starts)."""
+    for case in a.cases.split(","):
+        base = None
+        for variant in variants(case):
+            with tempfile.TemporaryDirectory() as d:
+                env = dict(os.environ, LIBTPU_INIT_ARGS=(
+                    f"--xla_jf_dump_to={d} --xla_jf_dump_llo_text=true "
+                    "--xla_jf_dump_llo_pass_label_regex=final_bundles"))
+                t = time.perf_counter()
+                r = subprocess.run([sys.executable, os.path.abspath(__file__), "--llo-one", case]
+                                   + ["--variant", variant], env=env, capture_output=True,
+                                   text=True)
+                found = [f for f in os.listdir(d) if f.endswith("final_bundles.txt")
+                         and "wan_vae_conv3x3" in f and "schedule-analysis" not in f]
+                y, x, c, cout, kt, real, epi = CASES[case]
+                row = {"bench": "vae_conv_llo", "case": f"{case} {y}x{x} C{real}->{cout} "
+                       f"kt{kt} {epi or 'plain'}", "variant": variant,
+                       "metric": "bundles_per_grid_step", "unit": "bundles",
+                       "compile_s": round(time.perf_counter() - t, 1)}
+                if r.returncode or not found:
+                    row["error"] = (r.stderr.strip().splitlines() or ["no dump"])[-1][:300]
+                else:
+                    row.update(step_stats(os.path.join(d, found[0]), trips(case, variant)))
+                    ty = int(r.stdout.split("ty=")[1].split()[0])
+                    row["grid_steps_per_frame"] = y // ty
+                    row["bundles_per_frame"] = row["value"] * (y // ty)
+                    if base is None:
+                        base = row["value"]
+                    else:
+                        row["baseline"], row["ratio"] = base, round(row["value"] / base, 3)
+            print(json.dumps(row), flush=True)
+
+
+def llo_one(a) -> None:
+    """The child of ``--llo``: compile one case for a v5e (deviceless)."""
+    import jax
+    import numpy as np
+
+    from ditax.models.vae.wan import conv_tpu
+    from ditax.plan.targets import parse_target, topology_devices
+
+    dev = topology_devices(parse_target("tpu-v5e-1"))[0]
+    rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
+                                     jax.sharding.PartitionSpec())
+    fn, args = _kernel_call(a.llo_one, a.variant)
+    shapes = [None if v is None else jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rep)
+              for v in args]
+    fn.lower(*shapes).compile()
+    y, x, c, cout = CASES[a.llo_one][:4]
+    print(f"ty={conv_tpu.block_rows(y, x, max(c, -(-cout // 128) * 128))}")
+
+
+def chip_rows(a) -> None:
+    """Mode 3: time each case padded and packed on this machine's chip."""
+    import jax
+    import numpy as np
+
+    if jax.devices()[0].platform != "tpu":
+        raise SystemExit(f"--chip times the kernel on a TPU; this machine has "
+                         f"{jax.devices()[0].platform} (use --llo here)")
+    for case in a.cases.split(","):
+        base = out0 = None
+        for variant in variants(case):
+            fn, args = _kernel_call(case, variant)
+            t = time.perf_counter()
+            out = jax.block_until_ready(fn(*args))
+            compile_s = time.perf_counter() - t
+            times = []
+            for _ in range(a.repeats):
+                t = time.perf_counter()
+                jax.block_until_ready(fn(*args))
+                times.append(time.perf_counter() - t)
+            row = {"bench": "vae_conv_chip", "case": case, "variant": variant, "metric": "conv",
+                   "value": statistics.median(times),
+                   "unit": "s", "frames": FRAMES, "compile_s": round(compile_s, 2),
+                   "device_kind": jax.devices()[0].device_kind}
+            if base is None:
+                base, out0 = row["value"], np.asarray(out, np.float32)
+            else:
+                row["baseline"], row["ratio"] = base, round(row["value"] / base, 3)
+                row["max_abs_diff"] = float(np.abs(np.asarray(out, np.float32) - out0).max())
+            print(json.dumps(row), flush=True)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llo", action="store_true", help="static bundles, deviceless (default)")
+    ap.add_argument("--flops", action="store_true", help="analytic FLOPs per decoder stage")
+    ap.add_argument("--chip", action="store_true", help="time the cases on this chip")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--llo-one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--variant", default="padded", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    if a.llo_one:
+        llo_one(a)
+    elif a.flops:
+        for row in flops_rows():
+            print(json.dumps(row))
+    elif a.chip:
+        chip_rows(a)
+    else:
+        llo_rows(a)
+
+
+if __name__ == "__main__":
+    main()
