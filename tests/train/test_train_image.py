@@ -62,7 +62,15 @@ def test_i2v_config_trains_and_a_mesh_step_equals_one_device():
     assert abs(float(m8["loss"]) - float(m1["loss"])) < 1e-5
     diffs = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
                          s8["params"], s1["params"])
-    assert max(jax.tree.leaves(diffs)) < 1e-5
+    # the updates equal within 5 % of the largest one-device update: Adam's first step moves
+    # an element by lr * g / (|g| + eps), so an element whose gradient is near eps moves by
+    # its sharded reduction's rounding, amplified (one host: attn2.to_out's worst element
+    # 2.65e-4 on one device, 2.74e-4 on the mesh, 1.01e-5 apart, its gradient ~eps; another
+    # host: < 1e-5)
+    update = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - b))),
+                          s1["params"], params0)
+    assert max(jax.tree.leaves(diffs)) < 0.05 * max(jax.tree.leaves(update)), \
+        (max(jax.tree.leaves(diffs)), max(jax.tree.leaves(update)))
     # the condition is used: other condition data, another loss
     other = dict(batch, condition=batch["condition"][::-1].copy(), image=batch["image"] * 0)
     s, m = one.step(one.init(params0), one.put_batch(other))
