@@ -36,6 +36,20 @@ from ditax.attention.blocks import LANES
 from ditax.attention.kernels.mosaic import LN2, LOG2E
 
 
+def flag_names(text, flags, what: str) -> list[str]:
+    """The flags a variant's name turns on: ``+``-joined names of ``flags``, ``"plain"`` (or
+    empty / None: none) or ``"all"``; ValueError naming ``what``, the unknown flags and the
+    flags there are."""
+    if text in ("plain", "", None):
+        return []
+    names = list(flags) if text == "all" else text.split("+")
+    bad = [n for n in names if n not in flags]
+    if bad:
+        raise ValueError(f"{what} {text!r}: unknown flag(s) {bad}; the flags are "
+                         f"{'+'.join(flags)} (or 'plain', 'all')")
+    return names
+
+
 class Variant(NamedTuple):
     """Which of the block-loop variants (module docstring) a flash forward runs (hashable:
     part of the kernels' static ``Tune``)."""
@@ -51,16 +65,7 @@ class Variant(NamedTuple):
         (none) or ``"all"``; a Variant passes through. ValueError naming the unknown flag."""
         if isinstance(text, Variant):
             return text
-        if text in ("plain", "", None):
-            return cls()
-        if text == "all":
-            return cls(*([True] * len(FLAGS)))
-        names = text.split("+")
-        bad = [n for n in names if n not in FLAGS]
-        if bad:
-            raise ValueError(f"flash kernel variant {text!r}: unknown flag(s) {bad}; the flags "
-                             f"are {'+'.join(FLAGS)} (or 'plain', 'all')")
-        return cls(**{n: True for n in names})
+        return cls(**{n: True for n in flag_names(text, FLAGS, "flash kernel variant")})
 
     @property
     def name(self) -> str:
@@ -85,4 +90,4 @@ class Variant(NamedTuple):
 FLAGS = Variant._fields
 PLAIN = Variant()
 
-__all__ = ["Variant", "PLAIN", "FLAGS"]
+__all__ = ["Variant", "PLAIN", "FLAGS", "flag_names"]

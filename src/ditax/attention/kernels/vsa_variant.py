@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from ditax.attention.kernels.flash_variant import PLAIN as SOFT_PLAIN, Variant
+from ditax.attention.kernels.flash_variant import PLAIN as SOFT_PLAIN, Variant, flag_names
 
 #: the table kernel's flags, in the order a name joins them
 FLAGS = ("bias", "rows", "pertile", "lanes", "prescale", "pv_f32")
@@ -58,13 +58,7 @@ class TableVariant(NamedTuple):
         itself; ValueError naming an unknown flag and the flags there are."""
         if isinstance(text, TableVariant):
             return text
-        if text in ("plain", "", None):
-            return cls()
-        names = list(FLAGS) if text == "all" else text.split("+")
-        bad = [n for n in names if n not in FLAGS]
-        if bad:
-            raise ValueError(f"VSA table kernel variant {text!r}: unknown flag(s) {bad}; the "
-                             f"flags are {'+'.join(FLAGS)} (or 'plain', 'all')")
+        names = flag_names(text, FLAGS, "VSA table kernel variant")
         soft = [n for n in names if n not in OWN]
         return cls(Variant.parse("+".join(soft)) if soft else SOFT_PLAIN,
                    *(n in names for n in OWN))
