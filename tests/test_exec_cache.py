@@ -210,6 +210,24 @@ def test_source_changed_after_start_is_uncacheable(tmp_path):
         exec_key._state(module)
 
 
+def test_a_source_written_just_before_the_process_started_is_not_changed(tmp_path):
+    """The start is read to ~10 ms (``btime``, whole seconds, put it up to 1 s early: a
+    checkout made half a second before ``pytest`` started counted as changed while it ran,
+    and every executable-cache test failed); the start precedes this module's import."""
+    import subprocess
+    import sys
+
+    assert exec_key._IMPORTED - 120 < exec_key.process_start() <= exec_key._IMPORTED
+    module = tmp_path / "m.py"
+    module.write_text("x = 1\n")
+    time.sleep(0.3)
+    code = ("import sys; from ditax import exec_key; "
+            "print(exec_key._state(sys.argv[1])[0])")
+    out = subprocess.run([sys.executable, "-c", code, str(module)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == str(module), out.stderr[-400:]
+
+
 
 def test_decode_programs_round_trip(tmp_path, monkeypatch):
     """A Wan VAE's DecodePrograms (two executables, the chunk length, the feature cache's

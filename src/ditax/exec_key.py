@@ -93,18 +93,32 @@ class _KeyPickler(pickle.Pickler):
 _IMPORTED = time.time()
 
 
+#: how much earlier than Linux's /proc says :func:`process_start` puts the start: the
+#: uptime's and the start ticks' 10 ms resolutions
+_START_MARGIN = 0.03
+
+
 @functools.lru_cache(maxsize=None)
 def process_start() -> float:
     """When this process started (seconds since the epoch; a little early rather than late):
-    Linux's ``/proc``, elsewhere when this module was imported."""
+    on Linux the clock now less the seconds since the start (``/proc/uptime`` less the start
+    in ticks after boot, both to 10 ms: ``btime``, whole seconds, put it up to 1 s early, and
+    a file written in that second counted as changed while the process ran), less
+    :data:`_START_MARGIN`, where it falls in the second ``btime`` allows (else that second's
+    start: an uptime on another clock, as in some containers); elsewhere when this module was
+    imported."""
     try:
         with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])   # field 22, starttime
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            uptime, now = float(f.read().split()[0]), time.time()
         with open("/proc/stat") as f:
             boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return _IMPORTED
+    early = boot + ticks                          # btime is whole seconds: up to 1 s early
+    start = now - (uptime - ticks) - _START_MARGIN
+    return start if early - _START_MARGIN <= start <= min(early + 1, _IMPORTED) else early
 
 
 def _state(path) -> tuple:
