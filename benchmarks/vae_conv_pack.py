@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -225,6 +224,9 @@ def chip_rows(a) -> None:
     import jax
     import numpy as np
 
+    from bench_lines import emit
+    from tpu_sweep import timed
+
     if jax.devices()[0].platform != "tpu":
         raise SystemExit(f"--chip times the kernel on a TPU; this machine has "
                          f"{jax.devices()[0].platform} (use --llo here)")
@@ -232,24 +234,17 @@ def chip_rows(a) -> None:
         base = out0 = None
         for variant in variants(case):
             fn, args = _kernel_call(case, variant)
-            t = time.perf_counter()
-            out = jax.block_until_ready(fn(*args))
-            compile_s = time.perf_counter() - t
-            times = []
-            for _ in range(a.repeats):
-                t = time.perf_counter()
-                jax.block_until_ready(fn(*args))
-                times.append(time.perf_counter() - t)
+            compile_s, median = timed(fn, args, a.repeats)
+            out = np.asarray(fn(*args), np.float32)
             row = {"bench": "vae_conv_chip", "case": case, "variant": variant, "metric": "conv",
-                   "value": statistics.median(times),
-                   "unit": "s", "frames": FRAMES, "compile_s": round(compile_s, 2),
-                   "device_kind": jax.devices()[0].device_kind}
+                   "value": median, "unit": "s", "frames": FRAMES,
+                   "compile_s": round(compile_s, 2), "device_kind": jax.devices()[0].device_kind}
             if base is None:
-                base, out0 = row["value"], np.asarray(out, np.float32)
+                base, out0 = row["value"], out
             else:
                 row["baseline"], row["ratio"] = base, round(row["value"] / base, 3)
-                row["max_abs_diff"] = float(np.abs(np.asarray(out, np.float32) - out0).max())
-            print(json.dumps(row), flush=True)
+                row["max_abs_diff"] = float(np.abs(out - out0).max())
+            emit(row)
 
 
 def main(argv=None) -> None:
