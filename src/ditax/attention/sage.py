@@ -319,7 +319,7 @@ def sage_blocks(block_q: int | None, block_kv: int | None, length: int,
                 quant_block: int = SageOptions.quant_block) -> tuple[int, int]:
     """The tiles sage uses on ``length`` tokens (shard length under Ulysses): each clipped
     to the length rounded up to the quantization block (None: 128)."""
-    return _blocks(block_q or 128, block_kv or 128, length, length, False, quant_block)[:2]
+    return _blocks(block_q, block_kv, length, length, False, quant_block)[:2]
 
 
 def sage_attention_shard_major(q, k, v, *, kv_keep=None, scale=None, block_q: int = 128,
@@ -354,7 +354,7 @@ def sage_xla_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None
     """8-bit attention in plain XLA (backend ``sage_xla``; every platform): the same
     quantization and arithmetic as :func:`sage_attention`, a scan over ``block_kv`` keys
     (None: 128)."""
-    return _run(q, k, v, kv_mask, scale, (block_q or 128, block_kv or 128, quant_block),
+    return _run(q, k, v, kv_mask, scale, (block_q, block_kv, quant_block),
                 return_lse, head_major, False, False)
 
 
