@@ -146,8 +146,9 @@ def run(parts, out: str, budget_s: float, repeats: int) -> None:
             # the kernel's ceiling at these tiles: a length of whole blocks, nothing masked
             attention_cases(sw, (1, 32768) + WAN[2:], [("splash", {})], grad=False)
         elif part == "sage":    # issue 54 item 3: 8-bit attention (int8 QK^T) on the MXU
-            tiles = [{}] + [dict(block_q=q, block_kv=kv)
-                            for q, kv in ((512, 512), (1024, 1024), (2048, 1024))]
+            # 128 (the old default), 512, the default now (1024: SAGE_TILES), 2048 x 1024
+            tiles = [dict(block_q=q, block_kv=kv)
+                     for q, kv in ((128, 128), (512, 512), (2048, 1024))] + [{}]
             attention_cases(sw, WAN, [("sage", t) for t in tiles] + [("splash", {})],
                             grad=False)
             timed = [(r["value"], r["options"]) for r in sw.rows
