@@ -83,3 +83,15 @@ def test_bad_quant_blocks_are_refused_in_one_line():
         sage_xla_attention(q, k, v, quant_block=0, head_major=True)
     with pytest.raises(ConfigError, match=r"attention.quant_block=0 must be >= 1"):
         check_attention(AttentionConfig(backend="sage", quant_block=0))
+
+
+def test_a_config_whose_tiles_quant_block_does_not_divide_is_refused_before_any_work():
+    with pytest.raises(ConfigError, match=r"block_q=256 is not a multiple of "
+                                          r"attention.quant_block=100"):
+        check_attention(AttentionConfig(backend="sage_xla", block_q=256, quant_block=100))
+    # unset tiles: every default (128 interpreted, the chip's 1024 compiled) must take it
+    with pytest.raises(ConfigError, match=r"block_q=1024 \(a default tile\) is not a multiple "
+                                          r"of attention.quant_block=384"):
+        check_attention(AttentionConfig(backend="sage", quant_block=384))
+    check_attention(AttentionConfig(backend="sage", quant_block=64))
+    check_attention(AttentionConfig(backend="sage", block_q=512, block_kv=512, quant_block=256))

@@ -135,6 +135,13 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
               "quant_block"):
         if getattr(a, k) is not None and getattr(a, k) < 1:
             raise ConfigError(f"attention.{k}={getattr(a, k)} must be >= 1")
+    if a.backend in ("sage", "sage_xla"):   # the tiles the int8 blocks must divide
+        from ditax.attention.sage import check_quant_block
+
+        try:
+            check_quant_block(a.block_q, a.block_kv, a.quant_block)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     check_sparsity(a, mesh_sizes)
     if mesh_sizes is None or num_heads is None or a.backend not in PARALLEL_BACKENDS:
         return

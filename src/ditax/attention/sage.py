@@ -227,15 +227,27 @@ def _blocks(block_q, block_kv, Lq: int, Lk: int, compiled: bool,
         if compiled and b % INT8_SUBLANE:
             raise ValueError(f"sage: {name}={b} is not a multiple of {INT8_SUBLANE} (TPU int8 "
                              f"tiles are (32, 128)); set attention.{name} to e.g. 128 or 512")
-        if quant_block < b and b % quant_block:
-            raise ValueError(f"sage: {name}={b} is not a multiple of attention.quant_block="
-                             f"{quant_block}; set {name} to a multiple of it, or quant_block "
-                             f"to a divisor of {b}")
+        check_quant_block(**{name: b}, quant_block=quant_block)
         quant = min(quant_block, b, round_up(max(n, 1), INT8_SUBLANE))
         step = math.lcm(quant, INT8_SUBLANE) if compiled else quant
         tiles.append(min(b, round_up(max(n, 1), step)))
         quants.append(quant)
     return tiles[0], tiles[1], (quants[0], quants[1])
+
+
+def check_quant_block(block_q: int | None = None, block_kv: int | None = None,
+                      quant_block: int = SageOptions.quant_block) -> None:
+    """ValueError naming the tile that ``quant_block`` does not divide though smaller than
+    it: the given tiles, or where one is unset every default tile (:func:`default_tiles`,
+    compiled or not) — what a config can be checked against before any work."""
+    for name, b in (("block_q", block_q), ("block_kv", block_kv)):
+        given = b is not None
+        for t in [b] if given else sorted(set(default_tiles(True) + default_tiles(False))):
+            if quant_block < t and t % quant_block:
+                raise ValueError(f"sage: {name}={t}{'' if given else ' (a default tile)'} is "
+                                 f"not a multiple of attention.quant_block={quant_block}; set "
+                                 f"{name} to a multiple of it, or quant_block to a divisor of "
+                                 f"{t}")
 
 
 def default_tiles(compiled: bool) -> tuple[int, int]:
@@ -359,5 +371,5 @@ def sage_xla_attention(q, k, v, *, kv_mask=None, scale=None, block_q: int | None
 
 
 __all__ = ["sage_attention", "sage_xla_attention", "sage_attention_shard_major",
-           "check_shard_major_supported", "sage_blocks", "prepare", "xla_forward",
-           "NO_GRADIENT"]
+           "check_shard_major_supported", "check_quant_block", "sage_blocks", "prepare",
+           "xla_forward", "NO_GRADIENT"]
