@@ -1,6 +1,7 @@
 """A job store used over time by servers of different models (issue 57 item 6), and the API's
-one error format for every 4xx, query parameters and unknown routes included (item 7). The app
-is called in this process (:mod:`asgi_calls`): no model loads, no server starts."""
+one error format for every 4xx, query parameters and unknown routes included (item 7); a job's
+progress never goes back, in either store or in its event stream. The app is called in this
+process (:mod:`asgi_calls`, or its event stream alone): no model loads, no server starts."""
 
 from __future__ import annotations
 
@@ -118,3 +119,96 @@ def test_an_unknown_route_or_method_gets_the_api_error(shared, method, target, s
     assert got == status, body
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param"}
     assert target.split("?")[0] in body["error"]["message"]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_both_stores_never_lower_a_running_jobs_progress(kind, tmp_path, request):
+    """A late, lower progress (99 then 72) leaves a running job's at 99, alone or in a batch's
+    update; only a new run (requeue, claim) starts it at 0 again."""
+    db = (request.getfixturevalue("postgres").database() if kind == "postgresql"
+          else tmp_path / "jobs.sqlite")
+    store = open_store(db, model="/models/wan", model_hash="w1")
+    try:
+        job = store.add(WAN, None, 64, kind="video")["id"]
+        assert [j["id"] for j in store.claim(1)] == [job]
+        store.set_progress(job, 99)
+        store.set_progress(job, 72)
+        assert store.get(job)["progress"] == 99
+        store.set_progress_many({job: 50})
+        assert store.get(job)["progress"] == 99
+        assert store.requeue(job) and store.get(job)["progress"] == 0
+        assert [j["progress"] for j in store.claim(1)] == [0]
+        store.set_progress_many({job: 30})
+        store.set_progress(job, 10)
+        assert store.get(job)["progress"] == 30
+    finally:
+        store.close()
+
+
+def follow(store, log, job_id: str, moves: list) -> list[tuple[str, int, bool]]:
+    """``(status, progress, is a chunk event)`` of each event of ``job_id``'s stream
+    (:func:`ditax.serve.app.event_stream`, called here), where the worker makes its next move
+    (``moves``, in order) each time the stream has read the job's row, before it reads the
+    chunk ``log``: the order that a loaded host's thread switches can give."""
+    import asyncio
+    import json
+    import types
+
+    from ditax.serve import app as app_module
+
+    read = store.get
+
+    def get(job_id):
+        row = read(job_id)
+        if moves:
+            moves.pop(0)()
+        return row
+
+    worker = types.SimpleNamespace(chunks=log, stopping=False, running={})
+    state = types.SimpleNamespace(store=types.SimpleNamespace(get=get), worker=worker)
+
+    class Connected:
+        async def is_disconnected(self):
+            return False
+
+    async def events():
+        return [json.loads(e[len("data: "):]) async for e in
+                app_module.event_stream(state, job_id, Connected()) if e.startswith("data: ")]
+
+    return [(e["status"], e["progress"], "chunk" in e) for e in asyncio.run(events())]
+
+
+def test_a_row_read_before_a_chunk_never_sends_progress_back(tmp_path, monkeypatch):
+    """A causal job's stream read the row (chunk 2's progress, 72), the worker logged chunk 3
+    (99), then the stream read the chunk log: chunk 3's event (99), then the older row's (72)
+    — the progress went back (the flaky 99-then-72 of test_serve_causal_events). The row read
+    before the chunks is no news; a requeued job's stream starts at 0 again."""
+    from ditax.serve import app as app_module
+    from ditax.serve.chunks import ChunkLog
+
+    monkeypatch.setattr(app_module, "EVENT_POLL", 0.0)
+    store, log = JobStore(tmp_path / "jobs.sqlite"), ChunkLog()
+    job = store.add(WAN, None, 64, kind="video")["id"]
+    store.claim(1)
+
+    def chunk(index: int, frames: int, progress: int) -> None:   # the worker's on_chunk
+        log.add(job, index, frames, progress)
+        store.set_progress(job, progress)
+
+    for i, (frames, progress) in enumerate([(5, 17), (13, 44), (21, 72)]):
+        chunk(i, frames, progress)
+    moves = [lambda: chunk(3, 29, 99), lambda: store.finish(job, "completed", file="x.mp4")]
+    assert follow(store, log, job, moves) == [
+        ("in_progress", 17, True), ("in_progress", 44, True), ("in_progress", 72, True),
+        ("in_progress", 99, True), ("completed", 100, False)]
+    # a job without chunks: back in the queue (progress 0), then its next run's progress
+    other = store.add(WAN, None, 64, kind="video")["id"]
+    store.claim(1)
+    store.set_progress(other, 50)
+    moves = [lambda: store.requeue(other), lambda: store.claim(1),
+             lambda: store.set_progress(other, 10),
+             lambda: store.finish(other, "completed", file="y.mp4")]
+    assert follow(store, log, other, moves) == [
+        ("in_progress", 50, False), ("queued", 0, False), ("in_progress", 0, False),
+        ("in_progress", 10, False), ("completed", 100, False)]
+    store.close()

@@ -359,20 +359,30 @@ async def event_stream(state: ServeState, job_id: str, request: Request):
     """The Server-Sent Events of job ``job_id``: its JSON now and at each change of its status
     or progress (the store read every :data:`EVENT_POLL` seconds), ending after a finished
     status; a causal model's job also one event per finished chunk, in order, with ``chunk``
-    (``index``, ``frames`` made so far; :mod:`ditax.serve.chunks`). A server that is stopping ends the streams of the jobs it does not run (a client's
-    ``EventSource`` reconnects, to the next server on the store)."""
-    last, quiet, seen = None, 0.0, 0
+    (``index``, ``frames`` made so far; :mod:`ditax.serve.chunks`). Its progress never goes
+    back (a row read before a chunk logged since is older than the chunk: not sent) but when
+    the job is back in the queue. A server that is stopping ends the streams of the jobs it
+    does not run (a client's ``EventSource`` reconnects, to the next server on the store)."""
+    last, quiet, seen, top = None, 0.0, 0, 0
     log = getattr(state.worker, "chunks", None)     # a causal model's chunks (serve.chunks)
     while True:
         job = await run_in_threadpool(state.store.get, job_id)
         if job is None:                   # gone from a shared store: nothing more to say
             return
         view = job_json(job)
-        for c in [] if log is None else log.since(job_id, seen):   # each, before the end
-            seen, last, quiet = seen + 1, ("in_progress", c["progress"]), 0.0
-            chunk = {**view, "status": "in_progress", "progress": c.pop("progress"),
-                     "chunk": c}
+        chunks = [] if log is None else log.since(job_id, seen)
+        for c in chunks:                  # each, before the end
+            top = max(top, c.pop("progress"))
+            seen, last, quiet = seen + 1, ("in_progress", top), 0.0
+            chunk = {**view, "status": "in_progress", "progress": top, "chunk": c}
             yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+        # progress never goes back: the row was read before the chunks, so it may be older
+        # than they are (a queued row their run's claim followed); only a requeue resets it
+        if view["status"] == "queued" and not chunks:
+            top = 0
+        else:
+            top = view["progress"] = max(top, view["progress"])
+            view["status"] = "in_progress" if view["status"] == "queued" else view["status"]
         if (view["status"], view["progress"]) != last:
             last, quiet = (view["status"], view["progress"]), 0.0
             yield f"data: {json.dumps(view, separators=(',', ':'))}\n\n"

@@ -252,17 +252,19 @@ class JobStore:
         """Nothing: a SQLite store has one server, whose claims need no lease."""
 
     def set_progress(self, job_id: str, progress: int) -> None:
+        """A running job's progress, never lower than it was (a late, lower value is no news;
+        a run starts at 0 from :meth:`claim`)."""
         self._tx(lambda db: db.execute(
-            "UPDATE jobs SET progress = ? WHERE id = ? AND status = 'in_progress'",
-            (int(progress), job_id)))
+            "UPDATE jobs SET progress = MAX(progress, ?) WHERE id = ? AND status = "
+            "'in_progress'", (int(progress), job_id)))
 
     def set_progress_many(self, progress: dict[str, int]) -> None:
         """:meth:`set_progress` of several running jobs in one transaction (a continuous
         batch's rows after a step)."""
         if progress:
             self._tx(lambda db: db.executemany(
-                "UPDATE jobs SET progress = ? WHERE id = ? AND status = 'in_progress'",
-                [(int(p), i) for i, p in progress.items()]))
+                "UPDATE jobs SET progress = MAX(progress, ?) WHERE id = ? AND status = "
+                "'in_progress'", [(int(p), i) for i, p in progress.items()]))
 
     def statuses(self, ids) -> dict[str, str]:
         """``{id: status}`` of the jobs ``ids`` (those that exist), in one read."""

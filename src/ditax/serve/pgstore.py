@@ -235,17 +235,20 @@ class PgJobStore:
         return [job_of(r) for r in sorted(self._tx(claim), key=lambda r: r["seq"])]
 
     def set_progress(self, job_id: str, progress: int) -> None:
+        """A job's progress while this replica runs it, never lower than it was (as the
+        SQLite store's)."""
         self._tx(lambda cur: cur.execute(
-            f"UPDATE {TABLE} SET progress = %s WHERE id = %s AND status = 'in_progress' AND "
-            f"owner = %s", (int(progress), job_id, self.owner)))
+            f"UPDATE {TABLE} SET progress = GREATEST(progress, %s) WHERE id = %s AND status = "
+            f"'in_progress' AND owner = %s", (int(progress), job_id, self.owner)))
 
     def set_progress_many(self, progress: dict[str, int]) -> None:
         """:meth:`set_progress` of several jobs this replica runs, in one transaction (a
         continuous batch's rows after a step)."""
         if progress:
             self._tx(lambda cur: cur.executemany(
-                f"UPDATE {TABLE} SET progress = %s WHERE id = %s AND status = 'in_progress' "
-                f"AND owner = %s", [(int(v), i, self.owner) for i, v in progress.items()]))
+                f"UPDATE {TABLE} SET progress = GREATEST(progress, %s) WHERE id = %s AND "
+                f"status = 'in_progress' AND owner = %s",
+                [(int(v), i, self.owner) for i, v in progress.items()]))
 
     def finish(self, job_id: str, status: str, *, error: str | None = None,
                file: str | None = None, compiles: int | None = None,
