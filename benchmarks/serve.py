@@ -13,7 +13,10 @@ one shape start and end together, ``continuous``: jobs join the running batch be
 each ``--clients`` count N: N clients, each submitting ``--jobs`` jobs one after the other with
 exponential think times between them (Poisson arrivals, mean ``--think`` s) and waiting for
 each to finish. Reported per (mode, N): videos per minute over the run, p50 / p95 latency
-(submit → completed, the store's clock), the mean rows a job ran beside, lost jobs (must be 0).
+(submit → completed, the store's clock), the mean rows a job ran beside, lost jobs (must be 0;
+where not, the row has their final ``statuses``, the first distinct ``errors``, a dead server's
+``server_exit``, and the server's log tail goes to stderr), and the server's warm-up as its
+``/health`` says (``warm_s``, ``warm_programs``; ``warm_error`` where it failed).
 
 ``--model DIR`` serves another pipeline folder (default the demo model; e.g. the random 1.3B
 of ``python -m ditax.recipes.random_pipeline``), ``--size HxWxF`` (or ``HxW`` with
@@ -67,8 +70,13 @@ def load(servers: list[Server], body: dict, clients: int, jobs: int, think: floa
         srv, out = servers[c % len(servers)], []
         for j in range(jobs):
             time.sleep(rng.expovariate(1.0 / think) if think > 0 else 0.0)
-            job = srv.submit(seed=seed0 + c * jobs + j, **body)
-            out.append(srv.wait(job["id"], timeout=1800, poll=0.25))   # polls cost the server CPU
+            job = None
+            try:
+                job = srv.submit(seed=seed0 + c * jobs + j, **body)
+                out.append(srv.wait(job["id"], timeout=1800, poll=0.25))   # polls cost CPU
+            except Exception as e:  # noqa: BLE001 — a server that died or did not answer:
+                out.append({"id": job and job["id"], "status": "unanswered",   # in the row
+                            "error": {"message": f"client: {type(e).__name__}: {e}"[:500]}})
         return out
 
     t0 = time.perf_counter()
@@ -84,7 +92,35 @@ def load(servers: list[Server], body: dict, clients: int, jobs: int, think: floa
             if done else None,
             "mean_rows": round(statistics.mean(j["batch_size"] or 1 for j in done), 2)
             if done else None,
-            "wall_s": round(wall, 2), "accepted": len(results), "lost": len(results) - len(done)}
+            "wall_s": round(wall, 2), "accepted": sum(1 for j in results if j["id"]),
+            "lost": len(results) - len(done), **loss(servers, results)}
+
+
+def loss(servers: list[Server], results: list[dict], first: int = 3) -> dict:
+    """What the row says of the jobs that did not complete (nothing when all did): the count
+    of each final status (``unanswered``: the client's call failed), the first ``first``
+    distinct error messages (the job JSON's ``error.message``, or the client's exception) and
+    the exit status of a server that is no longer running; the servers' log tails go to
+    stderr (the reason, where the jobs carry none)."""
+    lost = [j for j in results if j["status"] != "completed"]
+    if not lost:
+        return {}
+    statuses: dict[str, int] = {}
+    errors: list[str] = []
+    for j in results:
+        statuses[j["status"]] = statuses.get(j["status"], 0) + 1
+        message = (j.get("error") or {}).get("message")
+        if j["status"] != "completed" and message and message not in errors:
+            errors.append(message)
+    for srv in servers:
+        tail = srv.log.read_text(errors="replace")[-4000:] if srv.log.exists() else "(no log)"
+        print(f"serve.py: {len(lost)} job(s) not completed; {srv.log}'s tail:\n{tail}",
+              file=sys.stderr, flush=True)
+    out = {"statuses": statuses, "errors": [m[:500] for m in errors[:first]]}
+    exits = [s.proc.returncode for s in servers if s.proc is not None and s.proc.poll() is not None]
+    if exits:
+        out["server_exit"] = exits
+    return out
 
 
 def parse_size(text: str) -> tuple[int, int, int | None]:
@@ -125,14 +161,15 @@ def batching(args, base: pathlib.Path) -> list[dict]:
         t0 = time.perf_counter()
         srv = server(args, base / f"batching_{mode}", *server_args(args, mode),
                      cache=base / "compile_cache").start(timeout=args.start_timeout)
+        warmed = warm_fields(srv)
         # progress on stderr: a run cut by a caller's timeout shows where its time went
-        print(f"serve.py: {mode} server ready in {time.perf_counter() - t0:.1f} s",
-              file=sys.stderr, flush=True)
+        print(f"serve.py: {mode} server ready in {time.perf_counter() - t0:.1f} s "
+              f"({json.dumps(warmed)})", file=sys.stderr, flush=True)
         try:
             for n in args.clients:
                 rows.append(emit(bench="serve", part="batching", mode=mode, clients=n,
                                  jobs_per_client=args.jobs, think_s=args.think,
-                                 max_batch=args.max_batch, **request_fields(args),
+                                 max_batch=args.max_batch, **request_fields(args), **warmed,
                                  **load([srv], body_of(args), n, args.jobs, args.think,
                                         1000 * n)))
         finally:
@@ -145,6 +182,18 @@ def batching(args, base: pathlib.Path) -> list[dict]:
                  throughput=round(c["videos_per_min"] / s["videos_per_min"], 2),
                  p95=round(c["p95_s"] / s["p95_s"], 2) if s["p95_s"] else None)
     return rows
+
+
+def warm_fields(srv: Server) -> dict:
+    """What a started server's ``/health`` says of its warm-up: seconds, programs compiled
+    (and read from the compile cache) and, where it failed, why (the server serves all the
+    same: its jobs of that size then fail for that reason)."""
+    _, _, health = srv.call("GET", "/health")
+    out = {"warm_s": health.get("warm_seconds"), "warm_programs": health.get("warm_programs"),
+           "warm_cache_hits": health.get("warm_cache_hits")}
+    if health.get("warm_error"):
+        out["warm_error"] = str(health["warm_error"])[:500]
+    return out
 
 
 def request_fields(args) -> dict:

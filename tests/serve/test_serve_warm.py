@@ -143,3 +143,32 @@ def test_bad_warm_is_one_line_before_loading(tmp_path, capsys, model, warm, word
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("ditax serve: error: ") and words in err, err
     assert "loaded" not in captured.out and "serving" not in captured.out, captured.out
+
+
+def test_static_warm_says_each_batch_size_and_the_one_that_failed(monkeypatch):
+    """A static server's warm-up runs every padded batch size (1, 2, 4, 8, 16 for
+    ``--max-batch 16``); its log has each size's seconds, and the size that failed (its
+    exception goes on to ``/health``'s ``warm_error``)."""
+    from ditax.serve import batch
+
+    class Pipe:
+        batches = True
+
+        def prepare(self, **call):
+            raise AssertionError("generate_batch is replaced here")
+
+    ran = []
+
+    def generate_batch(pipe, calls, pad_to=None):
+        ran.append(pad_to)
+        if pad_to == 16:
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory at 16 rows")
+
+    monkeypatch.setattr(batch, "generate_batch", generate_batch)
+    said = []
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        batch.warm_programs(Pipe(), [{"prompt": "p"}], 16, say=said.append)
+    assert ran == [1, 2, 4, 8, 16] == batch.buckets(16)
+    assert [re.sub(r"[\d.]+ s$", "S", m) for m in said] == [
+        "warm: batch size 1 in S", "warm: batch size 2 in S", "warm: batch size 4 in S",
+        "warm: batch size 8 in S", "warm: batch size 16 (of 1, 2, 4, 8, 16) failed after S"]

@@ -52,15 +52,30 @@ def buckets(max_batch: int) -> list[int]:
     return sorted({bucket(n, max_batch) for n in range(1, max_batch + 1)})
 
 
-def warm_programs(pipe, calls: Sequence[dict], max_batch: int) -> None:
+def warm_programs(pipe, calls: Sequence[dict], max_batch: int,
+                  say: Callable[[str], None] | None = None) -> None:
     """Compile what serving ``calls`` runs, at every batch size of :func:`buckets` (each call
-    run once per size, its outputs dropped; a pipeline that does not batch: once alone)."""
+    run once per size, its outputs dropped; a pipeline that does not batch: once alone).
+    ``say``: one line a size with its seconds, or the size that failed before its exception
+    goes on (a warm-up's time and failure, by batch size, in the server's log)."""
+    import time
+
     for call in calls:
         if not batchable(pipe):
             pipe(progress=False, **call)
             continue
-        for b in buckets(max_batch):
-            generate_batch(pipe, [call], pad_to=b)
+        sizes = buckets(max_batch)
+        for b in sizes:
+            t0 = time.perf_counter()
+            try:
+                generate_batch(pipe, [call], pad_to=b)
+            except BaseException:
+                if say is not None:
+                    say(f"warm: batch size {b} (of {', '.join(map(str, sizes))}) failed after "
+                        f"{time.perf_counter() - t0:.1f} s")
+                raise
+            if say is not None:
+                say(f"warm: batch size {b} in {time.perf_counter() - t0:.1f} s")
 
 
 __all__ = ["batchable", "bucket", "buckets", "by_strengths", "generate_batch", "warm_programs"]

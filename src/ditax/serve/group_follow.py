@@ -117,7 +117,7 @@ def warm_in_order(worker, requests: list[dict]) -> float:
                 rows.warm(call_of(r), strengths=r.get("lora_strengths"), threads=1)
         else:
             warm_programs(worker.pipe, [call_of(r) for r in requests],
-                          worker.max_batch if worker.mode == "static" else 1)
+                          worker.max_batch if worker.mode == "static" else 1, say=worker.say)
     return time.perf_counter() - t0
 
 

@@ -117,7 +117,7 @@ class Worker(threading.Thread):
                     rows.warm(call_of(r), strengths=r.get("lora_strengths"))
             else:
                 warm_programs(self.pipe, [call_of(r) for r in requests],
-                              self.max_batch if self.mode == "static" else 1)
+                              self.max_batch if self.mode == "static" else 1, say=self.say)
         return time.perf_counter() - t0
 
     def cancel(self, job_id: str) -> None:
