@@ -63,5 +63,11 @@ if [ ! -f "$SITE/.ffmpeg-ready" ] && [ -f /tmp/ffparts/ff.parts ] && [ -d /tmp/f
     echo "tpu_setup: ffmpeg assembled from $n parts"
   fi
 fi
+if [ ! -f "$SITE/.ffmpeg-ready" ] && ! command -v ffmpeg >/dev/null; then
+  # session 62: a server started without it lost every job at the write (now refused at start)
+  echo "tpu_setup: no ffmpeg yet ($(ls /tmp/ffparts/ff.part[0-9]* 2>/dev/null | wc -l) of" \
+    "$(cut -d' ' -f1 /tmp/ffparts/ff.parts 2>/dev/null || echo '?') parts here): nothing" \
+    "that writes an mp4 (ditax generate, serve, tpu_video.py) can run in this call" >&2
+fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}:$SITE"
 export PYTHONUNBUFFERED=1

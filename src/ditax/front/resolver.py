@@ -91,6 +91,9 @@ def output_of(given, req, call: dict, makes: str) -> Output:
                            f"{makes}s){fix}")
     if makes != "video":
         return Output(path)
+    from ditax.io.ffmpeg import check_available
+
+    check_available()          # an mp4 needs ffmpeg: said now, not after the video
     fps = given.get("fps")
     if fps is None:             # a model made for a frame rate: at it
         rate = call.get("frame_rate")

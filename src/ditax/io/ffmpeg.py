@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,34 @@ def exe() -> str:
     import imageio_ffmpeg
 
     return imageio_ffmpeg.get_ffmpeg_exe()
+
+
+def check_available() -> str:
+    """The ffmpeg an mp4 write will run (:func:`exe`), or a one-line
+    :class:`~ditax.errors.RequestError` naming why there is none and the fix — before any
+    work, where a missing ffmpeg used to fail each video only at its write, after the model
+    had made it (a server without one lost every job)."""
+    from ditax.errors import RequestError
+
+    try:
+        path = exe()
+    except ImportError:
+        raise RequestError("writing an mp4 needs imageio-ffmpeg, which is not "
+                           "installed here: pip install imageio-ffmpeg (or set "
+                           "IMAGEIO_FFMPEG_EXE to an ffmpeg once it is)") from None
+    except RuntimeError:
+        raise RequestError("writing an mp4 needs ffmpeg and none was found "
+                           "(imageio-ffmpeg's own binary is missing and there is none on "
+                           "PATH): reinstall imageio-ffmpeg, or set "
+                           "IMAGEIO_FFMPEG_EXE=/path/to/ffmpeg") from None
+    found = (shutil.which(path) if os.sep not in path
+             else path if os.path.isfile(path) and os.access(path, os.X_OK) else None)
+    if found is None:
+        raise RequestError(f"writing an mp4 runs {path!r}"
+                           f"{' (IMAGEIO_FFMPEG_EXE)' if os.getenv('IMAGEIO_FFMPEG_EXE') else ''}"
+                           ", which is not an executable file; point IMAGEIO_FFMPEG_EXE at "
+                           "an ffmpeg, or unset it to use imageio-ffmpeg's own")
+    return found
 
 
 @contextlib.contextmanager
