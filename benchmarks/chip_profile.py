@@ -25,10 +25,12 @@ def _category(name: str, stats: dict) -> str:
     return re.sub(r"[.\d]+$", "", name) or name
 
 
-def op_breakdown(run, top: int = 15) -> dict:
+def op_breakdown(run, top: int = 25) -> dict:
     """Profile one call of ``run()`` (which must block until its results are ready) and
-    return ``{"device_ms": total, "categories": {cat: ms}, "ops": [[name, ms, count], ...]}``
-    summed over the device planes' XLA-op lines; ``{}`` when no device ops were recorded."""
+    return ``{"device_ms": total, "categories": {cat: ms}, "ops": [[name, ms, count, hlo],
+    ...]}`` summed over the device planes' XLA-op lines (``hlo``: the op's HLO text, cut to
+    240 characters: its shapes say which copy or fusion it is; a loop's events hold its
+    body's, so categories overlap); ``{}`` when no device ops were recorded."""
     d = tempfile.mkdtemp(prefix="ditax_prof_")
     jax.profiler.start_trace(d)
     try:
@@ -40,6 +42,7 @@ def op_breakdown(run, top: int = 15) -> dict:
         return {}
     data = jax.profiler.ProfileData.from_file(paths[-1])
     ops, counts, cats = collections.Counter(), collections.Counter(), collections.Counter()
+    text = {}
     for plane in data.planes:
         if not plane.name.startswith("/device:"):
             continue
@@ -51,12 +54,13 @@ def op_breakdown(run, top: int = 15) -> dict:
                 stats = dict(e.stats)
                 ops[e.name] += ms
                 counts[e.name] += 1
+                text.setdefault(e.name, str(stats.get("long_name", "") or "")[:240])
                 cats[_category(e.name, stats)] += ms
     if not ops:
         return {}
     return {"device_ms": round(sum(ops.values()), 3),
             "categories": {k: round(v, 3) for k, v in cats.most_common()},
-            "ops": [[k, round(v, 3), counts[k]] for k, v in ops.most_common(top)]}
+            "ops": [[k, round(v, 3), counts[k], text[k]] for k, v in ops.most_common(top)]}
 
 
 __all__ = ["op_breakdown"]
