@@ -146,29 +146,72 @@ def test_bad_warm_is_one_line_before_loading(tmp_path, capsys, model, warm, word
 
 
 def test_static_warm_says_each_batch_size_and_the_one_that_failed(monkeypatch):
-    """A static server's warm-up runs every padded batch size (1, 2, 4, 8, 16 for
-    ``--max-batch 16``); its log has each size's seconds, and the size that failed (its
-    exception goes on to ``/health``'s ``warm_error``)."""
+    """A static server's warm-up covers every padded batch size (1, 2, 4, 8 for
+    ``--max-batch 8``) without running a step: each size's batch runs dry while its step
+    program is noted, then the noted programs compile side by side (four threads: a barrier of
+    four that serial builds would break), then the first two sizes run dry again with their
+    row decoded. Its log has each size's seconds, and the size that failed (its exception goes
+    on to ``/health``'s ``warm_error``), in size order though the builds ran together."""
+    import types
+
+    from ditax.pipelines.programs import Programs
     from ditax.serve import batch
+
+    programs, together = Programs(), threading.Barrier(4, timeout=10)
 
     class Pipe:
         batches = True
 
         def prepare(self, **call):
-            raise AssertionError("generate_batch is replaced here")
+            return types.SimpleNamespace(cache=None, programs=programs)
 
     ran = []
 
-    def generate_batch(pipe, calls, pad_to=None):
-        ran.append(pad_to)
-        if pad_to == 16:
-            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory at 16 rows")
+    def build(b):
+        together.wait()             # every size's build at once, or BrokenBarrierError
+        if b == 8:
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory at 8 rows")
+        return f"step program of {b} rows"
+
+    def generate_batch(pipe, calls, pad_to=None, dry=False, decoded=True):
+        program = programs.get(("step", pad_to), lambda: build(pad_to))
+        ran.append((pad_to, dry, decoded, program))
 
     monkeypatch.setattr(batch, "generate_batch", generate_batch)
     said = []
     with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
-        batch.warm_programs(Pipe(), [{"prompt": "p"}], 16, say=said.append)
-    assert ran == [1, 2, 4, 8, 16] == batch.buckets(16)
-    assert [re.sub(r"[\d.]+ s$", "S", m) for m in said] == [
-        "warm: batch size 1 in S", "warm: batch size 2 in S", "warm: batch size 4 in S",
-        "warm: batch size 8 in S", "warm: batch size 16 (of 1, 2, 4, 8, 16) failed after S"]
+        batch.warm_programs(Pipe(), [{"prompt": "p"}], 8, say=said.append)
+    assert batch.buckets(8) == [1, 2, 4, 8]
+    assert ran == [(b, True, False, None) for b in (1, 2, 4, 8)] + [
+        (1, True, True, "step program of 1 rows"), (2, True, True, "step program of 2 rows")]
+    assert [re.sub(r"[\d.]+ s", "S", m) for m in said] == [
+        "warm: batch size 1 in S (no step run; 4 compile threads)",
+        "warm: batch size 2 in S (no step run; 4 compile threads)",
+        "warm: batch size 4 in S (no step run; 4 compile threads)",
+        "warm: batch size 8 (of 1, 2, 4, 8) failed after S"]
+
+
+def test_static_warm_runs_step_cached_requests(monkeypatch):
+    """A step-cached request's steps decide per step what runs, so its static warm-up runs it
+    whole at each size, as does a server of one size (``--max-batch 1``, ``--batching off``)."""
+    import types
+
+    from ditax.serve import batch
+
+    class Pipe:
+        batches = True
+        cache = "teacache"
+
+        def prepare(self, **call):
+            return types.SimpleNamespace(cache=self.cache, programs=None)
+
+    ran = []
+    monkeypatch.setattr(batch, "generate_batch",
+                        lambda pipe, calls, pad_to=None, **dry: ran.append((pad_to, dry)))
+    batch.warm_programs(Pipe(), [{"prompt": "p"}], 4)
+    assert ran == [(1, {}), (2, {}), (4, {})]
+    ran.clear()
+    plain = Pipe()
+    plain.cache = None
+    batch.warm_programs(plain, [{"prompt": "p"}], 1)
+    assert ran == [(1, {})]

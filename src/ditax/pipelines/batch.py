@@ -139,7 +139,8 @@ def stack_condition(rows: Sequence[Prepared]) -> Callable[[], object]:
 
 
 def sample_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] | None = None,
-                 pad_to: int | None = None, progress: bool = False) -> list:
+                 pad_to: int | None = None, progress: bool = False, dry: bool = False,
+                 decoded: bool = True) -> list:
     """The outputs of ``calls`` (keyword arguments of ``pipe``'s call, ``progress`` aside),
     each what ``pipe(**call)`` returns (Wan: a video ``[F, H, W, 3]``; Flux: an image
     ``[H, W, 3]``; ``output="latent"``: the row's final latents), run as one batch through
@@ -148,7 +149,10 @@ def sample_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] | N
     that differs). ``pad_to``: run that many rows (the first call repeated; rows are
     independent, and the padding is neither decoded nor returned), so a server compiles one
     step program per padded size. ``on_step(steps_done)`` after each step; ``pipe.last_stats``
-    and ``pipe.timings`` hold the batch's."""
+    and ``pipe.timings`` hold the batch's. ``dry``: run no step (a warm-up's,
+    :func:`~ditax.pipelines.sampling.sample`'s ``dry``); with ``decoded=False`` too, each real
+    row's latents are taken as the decode takes them but not decoded, and the result is
+    ``[]``."""
     if not batchable(pipe):
         raise ValueError(f"sample_batch: {type(pipe).__name__} hands out no loop parts "
                          f"(prepare); run its requests one by one through its call")
@@ -159,7 +163,7 @@ def sample_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] | N
     rows += [rows[0]] * max(0, (pad_to or real) - real)
     check_rows(rows)
     if len(rows) == 1 and rows[0].source is not None:   # its start is the source, not noise
-        return [record(pipe, rows[0].run(progress, on_step))]
+        return [record(pipe, sample(rows[0], progress=progress, on_step=on_step, dry=dry))]
     first = rows[0]
     one = tuple(first.latent_shape)
     noise = jnp.concatenate([p.noise(p.checked_latents()) for p in rows])
@@ -168,12 +172,12 @@ def sample_batch(pipe, calls: Sequence[dict], on_step: Callable[[int], None] | N
     def decode(x, prepared):
         # each real row alone by its own decode (one row: the latents as the call has them)
         xs = [x] if n == 1 else [x[i:i + 1] for i in range(real)]
-        return [p.decode(xi, prepared) for p, xi in zip(rows, xs)]
+        return [p.decode(xi, prepared) for p, xi in zip(rows, xs)] if decoded else []
 
     stacked = dataclasses.replace(first, latent_shape=(n, *one[1:]), latents=noise,
                                   text=stack_text(rows), condition=stack_condition(rows),
                                   decode=None if first.decode is None else decode)
-    done = sample(stacked, progress=progress, on_step=on_step)
+    done = sample(stacked, progress=progress, on_step=on_step, dry=dry)
     if "rows" in done.stats:   # the step cache's per-row stats: the real rows'
         done.stats["rows"] = done.stats["rows"][:real]
     out = record(pipe, done)

@@ -13,13 +13,20 @@ cannot hold).
 
 A compiled program is the one the jitted call would build (same function, same static and
 abstract arguments), so results are bit-identical to calling the jitted function.
+
+A warm-up may compile a request's programs without running it: inside
+:meth:`Programs.deferring` a program not yet built is noted (its key and its build) instead of
+compiled, and :meth:`Programs.build_all` compiles the noted ones later, in parallel threads —
+the same keys and builds, so a real call afterwards finds each program built.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -49,18 +56,53 @@ class Programs:
 
     def __init__(self):
         self._compiled: dict[tuple, Any] = {}
+        self._deferred: dict[tuple, Callable[[], Any]] | None = None
         self.seconds = 0.0
 
     def get(self, key: tuple, build: Callable[[], Any]):
         """The program for ``key``, built (and timed into :attr:`seconds`) on first use, or
         read from the executable cache (:func:`ditax.exec_cache.cached`) where an earlier
-        process stored it."""
+        process stored it. Inside :meth:`deferring`, a program not built yet is noted and
+        None returned."""
+        if key not in self._compiled and self._deferred is not None:
+            self._deferred.setdefault(key, build)
+            return None
         if key not in self._compiled:
             t0 = time.perf_counter()
             with phase("compile"):
                 self._compiled[key] = exec_cache.cached(key, build)
             self.seconds += time.perf_counter() - t0
         return self._compiled[key]
+
+    @contextlib.contextmanager
+    def deferring(self):
+        """Inside, :meth:`get` (so :meth:`step` and :meth:`decode`) builds nothing: each program
+        not built yet is noted in the yielded ``{key: build}`` and None stands in for it (a
+        warm-up's dry run, whose steps and decode do not run). Used by one thread while no
+        other uses these programs."""
+        self._deferred = noted = {}
+        try:
+            yield noted
+        finally:
+            self._deferred = None
+
+    def build_all(self, noted: dict, threads: int = 4) -> dict:
+        """Build the programs :meth:`deferring` noted (``{key: build}``), ``threads`` at a time;
+        returns ``{key: (seconds, exception or None)}`` (a failed build raises nothing here,
+        so that the caller can say which request size it was)."""
+        def one(item):
+            key, build = item
+            t0 = time.perf_counter()
+            try:
+                self.get(key, build)
+                return key, (time.perf_counter() - t0, None)
+            except Exception as e:  # noqa: BLE001 — handed back, named by the caller
+                return key, (time.perf_counter() - t0, e)
+
+        if threads <= 1 or len(noted) <= 1:
+            return dict(map(one, noted.items()))
+        with ThreadPoolExecutor(min(threads, len(noted))) as pool:
+            return dict(pool.map(one, noted.items()))
 
     def step(self, jitted, static: tuple, args: tuple):
         """``jitted`` (static arguments first, then ``args``) compiled for ``args``' abstract

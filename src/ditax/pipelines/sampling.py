@@ -286,11 +286,13 @@ class Prepared:
 
 
 def sample(prepared: Prepared, *, progress: bool = True,
-           on_step: Callable[[int], None] | None = None) -> Sampled:
+           on_step: Callable[[int], None] | None = None, dry: bool = False) -> Sampled:
     """Run one prepared request (:class:`Prepared`; its fields say what each part is) through
     the loop of the module docstring. ``progress``: a progress bar of the steps;
     ``on_step(steps_done)`` after each step has finished on the device (a server's progress;
-    an exception it raises stops the loop)."""
+    an exception it raises stops the loop). ``dry``: everything but the steps (a warm-up's:
+    the programs compiled — or noted, :meth:`~ditax.pipelines.programs.Programs.deferring` —
+    and the ops around the loop run at the request's shapes; the output is the noise's)."""
     p = prepared
     use_cfg = p.use_cfg
     check_cfg_batch(use_cfg, p.cfg_mode, p.mesh)
@@ -343,7 +345,7 @@ def sample(prepared: Prepared, *, progress: bool = True,
         t_compile = p.programs.seconds
         from tqdm.auto import tqdm
 
-        for i in tqdm(range(len(timesteps)), disable=not progress, desc="denoise",
+        for i in tqdm(range(0 if dry else len(timesteps)), disable=not progress, desc="denoise",
                       unit="step"):
             e = runs[i]
             x, state = steps[id(e)](e.params, state, x, emb, jnp.float32(p.guidance_at(

@@ -104,7 +104,8 @@ def warm_in_order(worker, requests: list[dict]) -> float:
     """:meth:`~ditax.serve.worker.Worker.warm` with its programs compiled one after the other:
     a continuous batch's warm-up compiles the step programs in threads, and the arrays it puts
     on the mesh there (``jax.device_put`` of host values checks them against every process's
-    with a collective) would meet the other processes' in another order. Returns seconds."""
+    with a collective) would meet the other processes' in another order; a static batch's
+    compiles in one order too, as every process's does. Returns seconds."""
     from ditax.pipelines.continuous import ContinuousBatch
     from ditax.serve.batch import batchable, warm_programs
     from ditax.serve.requests import call_of
@@ -117,7 +118,8 @@ def warm_in_order(worker, requests: list[dict]) -> float:
                 rows.warm(call_of(r), strengths=r.get("lora_strengths"), threads=1)
         else:
             warm_programs(worker.pipe, [call_of(r) for r in requests],
-                          worker.max_batch if worker.mode == "static" else 1, say=worker.say)
+                          worker.max_batch if worker.mode == "static" else 1, say=worker.say,
+                          threads=1)
     return time.perf_counter() - t0
 
 

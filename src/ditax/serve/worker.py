@@ -103,8 +103,11 @@ class Worker(threading.Thread):
         requests, as :func:`~ditax.serve.requests.check_body` makes them: one per configured
         size) at each batch size it may run (:func:`~ditax.serve.batch.bucket`: 1, 2, 4, ...
         up to ``max_batch``): text encoders, the denoise step, the decode; reading the
-        persistent compile cache where it holds them. Runs in the calling thread, inside the
-        worker's context; returns the seconds it took."""
+        persistent compile cache where it holds them. Continuous and static batching compile
+        their step programs without running a step, in parallel threads
+        (:meth:`~ditax.pipelines.continuous.ContinuousBatch.warm`,
+        :func:`~ditax.serve.batch.warm_dry`); ``off`` runs one request. Runs in the calling
+        thread, inside the worker's context; returns the seconds it took."""
         from ditax.serve.batch import batchable, warm_programs
 
         t0 = time.perf_counter()
