@@ -1,23 +1,28 @@
-"""Where a W+A int8 block's time goes that its bf16 twin does not spend, no chip (issue 54
-item 3): one FLUX.2 block (double or single stream) compiled for a TPU v5e deviceless
-(``ditax plan``'s path: the preset with one block of each kind, ``run_blocks`` cut to the
-one asked for, the embedding in front of it), its optimized HLO cut into the top-level
-instructions the chip runs one after another, each given a roofline time: its matrix
-products' FLOPs at 197 TFLOP/s (bf16) or 394 TOPS (s8 x s8) against the bytes of its operands
-and result in HBM (not those in VMEM, ``S(1)``) at 819 GB/s, the larger of the two. A static
-estimate (no overlap of one fusion with the next, HBM bytes counted as whole operands even
-where a fusion reads a slice).
+"""Where a W+A int8 forward's time goes that its bf16 twin does not spend, no chip (issue 54
+item 3): FLUX.2 compiled for a TPU v5e deviceless (``ditax plan``'s path) — one block
+(``double`` / ``single``: the preset with one block of each kind, ``run_blocks`` cut to the
+one asked for, the embedding and head around it) or the ``full`` forward (layer loops
+scanned) — and its optimized HLO cut into the instructions the chip runs one after another
+(a loop body's weighted by its trip count), each timed two ways:
+
+- ``xla_ms``: libtpu's own cost model (the fusion's ``estimated_cycles`` at 1.5 GHz; none for
+  a Mosaic kernel such as splash): the one to read;
+- ``ms``: a roofline, the products' FLOPs at 197 TFLOP/s (bf16) or 394 TOPS (s8 x s8) against
+  the HBM bytes of operands and result (VMEM ``S(1)`` arrays not counted) at 819 GB/s. It
+  counts whole operands: a fusion that dynamic-slices one layer's kernel out of a stacked
+  ``[L, ...]`` one is charged the whole stack (the ``full`` program's loops), and it knows
+  nothing of vector-unit work.
 
     TPU_SKIP_MDS_QUERY=1 PYTHONPATH=src python benchmarks/quant_fusions.py \\
-        [--config flux.2-klein-4b] [--blocks double,single] [--top 12] [--dump DIR]
+        [--config flux.2-klein-4b] [--blocks double,single,full] [--modes bf16,wa] [--top 12]
 
-One JSON line per (block, mode): ``ms`` (the summed roofline), ``by_kind`` (ms, count and
-MB per kind: ``dot`` — a fusion with a matrix product, ``quant`` — round/clip/convert to s8
-without a product, ``reduce``, ``elementwise``, ``copy``, ``custom`` (splash) …; async
-copies and slices (``copy-start`` / ``slice-start`` … ``-done``, ``ConcatBitcast``) are listed
-apart, under ``async``, and not summed: they overlap the compute) and ``top`` (the largest
-instructions); ``xla_ms``: the same from libtpu's own cost model (each fusion's
-``estimated_cycles`` at 1.5 GHz; no estimate for a Mosaic kernel). ~25 s a compile on 2 cores.
+One JSON line per (block, mode): ``ms`` / ``xla_ms`` summed, ``by_kind`` (count, ms, xla_ms
+and MB per kind: ``dot`` — a fusion with a matrix product, ``quant`` — round/clip/convert to
+s8 without one, ``reduce``, ``elementwise``, ``copy``, ``custom`` (splash) …; async copies and
+slices — ``copy-start`` / ``slice-start`` … ``-done``, ``ConcatBitcast`` — under ``async``, not
+summed: they overlap the compute), ``xla_ms_per_run`` (the cost model by how often a row runs:
+``"20"`` is one single block of the full klein-4B) and ``top`` (the largest rows). ~25 s a
+block's compile on 2 cores, ~170 s the full forward's.
 """
 
 from __future__ import annotations
@@ -112,17 +117,45 @@ def _body_ops(comps, comp_name: str, acc: set) -> set:
     return acc
 
 
+def scheduled(comps) -> list[tuple[object, int]]:
+    """``(computation, times a call of the program runs it)`` of the computations whose
+    instructions the chip runs one by one: the entry and what ``while`` / ``conditional`` /
+    ``call`` reach from it (a layer loop's body: its trip count), not fusion bodies."""
+    from ditax.plan.hlo import multiplicities
+
+    mult, _, _ = multiplicities(comps)
+    entry = next(c for c in comps.values() if c.entry)
+    out, todo, seen = [], [entry.name], set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        out.append((comps[name], max(mult.get(name, 1), 1)))
+        for ins in comps[name].instrs.values():
+            if ins.opcode in ("while", "conditional", "call"):
+                todo += [c for _, c in ins.callees()]
+    return out
+
+
 def fusions(text: str) -> list[dict]:
-    """The top-level instructions of the entry computation (a program without layer loops:
-    one block) in program order, each with ``kind``, ``mb`` (operands + result), ``gops`` of
-    its products and ``ms`` (roofline)."""
+    """The instructions the chip runs one after another (:func:`scheduled`; a program without
+    layer loops: the entry's), in program order, each with ``kind``, ``times`` (per call),
+    ``mb`` (HBM operands + result), ``gops_s8`` / ``gflops`` of its products, ``ms``
+    (roofline) and ``xla_ms`` (libtpu's estimate), all for one run."""
     from ditax.plan.hlo import parse
 
     comps = parse(text)
-    entry = next(c for c in comps.values() if c.entry)
+    rows = []
+    for comp, times in scheduled(comps):
+        rows += _rows(comps, comp, times)
+    return rows
+
+
+def _rows(comps, entry, times: int) -> list[dict]:
     rows = []
     for ins in entry.instrs.values():
-        if ins.opcode in SKIP:
+        if ins.opcode in SKIP + ("while", "conditional", "call"):
             continue
         read = sum(hbm_bytes(entry.instrs[a].shape) for a in ins.operands
                    if a in entry.instrs)
@@ -149,7 +182,8 @@ def fusions(text: str) -> list[dict]:
             kind = ins.opcode
         ms = 1e3 * max(s8 / INT8_OPS + other / BF16_FLOPS, nbytes / HBM)
         cycles = re.search(r'"estimated_cycles":"(\d+)"', ins.attrs)
-        rows.append({"name": ins.name, "kind": kind, "mb": round(nbytes / 1e6, 2),
+        rows.append({"name": ins.name, "kind": kind, "times": times,
+                     "mb": round(nbytes / 1e6, 2),
                      "gops_s8": round(s8 / 1e9, 2), "gflops": round(other / 1e9, 2),
                      "ms": round(ms, 4),
                      "xla_ms": round(1e3 * int(cycles.group(1)) / CLOCK, 4) if cycles else 0.0,
@@ -161,14 +195,19 @@ def summary(rows: list[dict]) -> dict:
     by = defaultdict(lambda: {"n": 0, "ms": 0.0, "xla_ms": 0.0, "mb": 0.0})
     for r in rows:
         b = by[r["kind"]]
-        b["n"] += 1
+        b["n"] += r.get("times", 1)
         for k in ("ms", "xla_ms", "mb"):
-            b[k] += r[k]
+            b[k] += r[k] * r.get("times", 1)
     by = {k: {"n": v["n"], "ms": round(v["ms"], 3), "xla_ms": round(v["xla_ms"], 3),
               "mb": round(v["mb"], 1)}
           for k, v in sorted(by.items(), key=lambda kv: -kv[1]["ms"])}
     total = lambda key: round(sum(v[key] for k, v in by.items() if k != "async"), 3)  # noqa
-    return {"ms": total("ms"), "xla_ms": total("xla_ms"), "by_kind": by}
+    loops = defaultdict(float)          # libtpu's estimate by how often a row runs (a loop)
+    for r in rows:
+        if r["kind"] != "async":
+            loops[r.get("times", 1)] += r["xla_ms"]
+    return {"ms": total("ms"), "xla_ms": total("xla_ms"), "by_kind": by,
+            "xla_ms_per_run": {str(t): round(v, 3) for t, v in sorted(loops.items())}}
 
 
 @contextlib.contextmanager
@@ -188,7 +227,8 @@ def only_block(cls, start: int, stop: int):
 
 def block_hlo(config: str, block: str, mode: str, extra=()) -> str:
     """The optimized v5e HLO of ``config``'s forward with one ``block`` (``double`` /
-    ``single``) in ``mode`` (:data:`MODES`)."""
+    ``single``; ``full``: the whole forward, its layer loops scanned) in ``mode``
+    (:data:`MODES`)."""
     import jax
     from flax import nnx
 
@@ -200,8 +240,8 @@ def block_hlo(config: str, block: str, mode: str, extra=()) -> str:
     from ditax.plan.targets import parse_target, topology_devices
 
     devices = topology_devices(parse_target("tpu-v5e-1"))
-    cfg = load_config(config, ["model.num_layers=1", "model.num_single_layers=1",
-                               *MODES[mode], *extra])
+    one = [] if block == "full" else ["model.num_layers=1", "model.num_single_layers=1"]
+    cfg = load_config(config, [*one, *MODES[mode], *extra])
     mesh = make_mesh(cfg.mesh, devices)
     with run_context(cfg.attention, mesh, compile_cache="none", say=lambda *_: None):
         family = model_family(cfg.model, cfg.attention)
@@ -211,7 +251,7 @@ def block_hlo(config: str, block: str, mode: str, extra=()) -> str:
         sh = family.param_shardings(state, mesh)
         latent = family.latent_shape(cfg.sample.num_frames, cfg.sample.height,
                                      cfg.sample.width)[1:]
-        start, stop = (0, 1) if block == "double" else (1, 2)
+        start, stop = {"double": (0, 1), "single": (1, 2)}.get(block, (0, None))
         with only_block(type(model), start, stop):
             lowered, _, _ = _forward(cfg, mesh, family, gdef, state, sh, latent)
         del jax

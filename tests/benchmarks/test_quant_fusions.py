@@ -55,3 +55,48 @@ def test_fusions_kinds_bytes_and_times():
     assert s["ms"] == pytest.approx(q["ms"] + d["ms"], abs=2e-3)
     assert s["xla_ms"] == pytest.approx(0.3)
     assert s["by_kind"]["async"]["n"] == 2
+
+
+LOOP = """HloModule m
+
+%fused_computation (param_0: s8[4096,4096], param_1: s8[4096,4096]) -> s32[4096,4096] {
+  %param_0 = s8[4096,4096]{1,0} parameter(0)
+  %param_1 = s8[4096,4096]{1,0} parameter(1)
+  ROOT %convolution.1 = s32[4096,4096]{1,0} convolution(%param_0, %param_1), dim_labels=bf_io->bf
+}
+
+%body (s: (s32[], s8[4096,4096])) -> (s32[], s8[4096,4096]) {
+  %s = (s32[], s8[4096,4096]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %x = s8[4096,4096]{1,0} get-tuple-element(%s), index=1
+  %d = s32[4096,4096]{1,0} fusion(%x, %x), kind=kOutput, calls=%fused_computation, backend_config={"estimated_cycles":"1500000"}
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %r = (s32[], s8[4096,4096]{1,0}) tuple(%j, %x)
+}
+
+%cond (s2: (s32[], s8[4096,4096])) -> pred[] {
+  %s2 = (s32[], s8[4096,4096]{1,0}) parameter(0)
+  %i2 = s32[] get-tuple-element(%s2), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%i2, %n), direction=LT
+}
+
+ENTRY %main (x0: s8[4096,4096]) -> s8[4096,4096] {
+  %x0 = s8[4096,4096]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %t0 = (s32[], s8[4096,4096]{1,0}) tuple(%zero, %x0)
+  %w = (s32[], s8[4096,4096]{1,0}) while(%t0), condition=%cond, body=%body
+  ROOT %out = s8[4096,4096]{1,0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_a_loop_body_counts_its_trip_count():
+    """The layer loop's product runs 5 times a call: its row says so and the sums weigh it."""
+    rows = quant_fusions.fusions(LOOP)
+    d = next(r for r in rows if r["name"] == "d")
+    assert d["times"] == 5 and d["kind"] == "dot" and d["xla_ms"] == pytest.approx(1.0)
+    s = quant_fusions.summary(rows)
+    assert s["xla_ms"] == pytest.approx(5.0) and s["xla_ms_per_run"]["5"] == pytest.approx(1.0)
+    assert s["by_kind"]["dot"]["n"] == 5
