@@ -267,6 +267,7 @@ def main(argv=None) -> int:
     p.add_argument("--dump", default=None, help="folder for the HLO texts")
     p.add_argument("--hlo", nargs="*", default=None,
                    help="read these HLO files (BLOCK-MODE.hlo) instead of compiling")
+    p.add_argument("--set", nargs="*", default=[], help="more key=value overrides")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     jobs = ([(os.path.basename(f).rsplit(".", 1)[0], f) for f in args.hlo] if args.hlo else
@@ -276,7 +277,7 @@ def main(argv=None) -> int:
         if path:
             text = open(path).read()
         else:
-            text = block_hlo(args.config, block, mode)
+            text = block_hlo(args.config, block, mode, args.set)
             if args.dump:
                 os.makedirs(args.dump, exist_ok=True)
                 with open(os.path.join(args.dump, f"{name}.hlo"), "w") as f:
