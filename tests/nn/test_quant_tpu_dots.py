@@ -6,7 +6,10 @@ matrix product is a ``convolution`` of two ``s8`` operands into ``s32`` (the MXU
 twice the bf16 rate on v5e), the int32 result never reaches HBM (its rescale by the two scales
 is in the product's own fusion), and each activation is quantized once however many dots read
 it (Wan's q / k / v share one). Weights only: no ``s8 x s8`` product (the 8-bit kernel is
-widened inside the product's fusion: memory only). Skips without libtpu.
+widened inside the product's fusion: memory only). A layer on a concatenation (FLUX's single
+blocks: the attention output ``[L, N, K]`` and the MLP ``[L, M]``) quantized part by part:
+one product per part, no float concatenation and no relayout of 8-bit values. Skips without
+libtpu.
 """
 
 from __future__ import annotations
@@ -126,6 +129,36 @@ def test_linear_int8_dot_on_v5e(v5e, activations):
         assert not hlo.top_level("s32", L * M)          # the rescale is in the dot's fusion
     else:
         assert ("s8", "s8", "s32") not in products and products, products
+
+
+def test_joined_parts_int8_dots_on_v5e(v5e):
+    """FLUX.2's single-block ``to_out`` on ``[o [1, L, N, K], SwiGLU(h [1, L, 2M])]`` with
+    int8 activations, quantized part by part (``Linear.joined_input``): two ``s8 x s8 ->
+    s32`` products (one per part, summed in int32), no float SwiGLU ``[L, M]`` nor joined
+    ``[L, N·K + M]`` array written (quantizing the concatenation wrote the SwiGLU twice: once
+    for its max, once more for the rounding) and no 8-bit array relaid out by a copy."""
+    from ditax.models.flux2.blocks import swiglu
+
+    n, k, m = 2, 128, 768           # m != M: the output [1, L, M] is written
+    lin = nnx.eval_shape(lambda: Linear(n * k + m, M, dtype=jnp.bfloat16,
+                                        param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
+    lin.kernel = nnx.Param(jax.ShapeDtypeStruct((n * k + m, M), jnp.int8))
+    lin.kernel_scale = nnx.Param(jax.ShapeDtypeStruct((M,), jnp.float32))
+    lin.quant = QuantSpec("int8", True)
+    gdef, state = nnx.split(lin)
+
+    def fwd(s, o, h):
+        layer = nnx.merge(gdef, s)
+        return layer(layer.joined_input([o, swiglu(h)], 2))
+
+    hlo = _compiled(v5e, fwd, state, jax.ShapeDtypeStruct((1, L, n, k), jnp.bfloat16),
+                    jax.ShapeDtypeStruct((1, L, 2 * m), jnp.bfloat16))
+    assert hlo.products() == [("s8", "s8", "s32")] * 2, hlo.products()
+    wide = [x for x in hlo.top_level("bf16", 1) + hlo.top_level("f32", 1)
+            if re.search(rf"\b(1,)?{L},({m}|{n * k + m})\]", hlo.ins[x][0])]
+    assert not wide, [hlo.ins[x][0] for x in wide]
+    copies = [x for x in hlo.top_level("s8", 1) if hlo.ins[x][1] == "copy"]
+    assert not copies, [hlo.ins[x][0] for x in copies]
 
 
 def _wan_hlo(tmp_path, capsys, *quantize) -> Hlo:

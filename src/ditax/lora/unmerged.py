@@ -109,6 +109,11 @@ class LoraLinear(Linear):
         """``x`` as is: the LoRA terms read the full-precision input."""
         return x
 
+    def joined_input(self, parts, lead: int | None = None):
+        """The concatenation as is: the LoRA terms read the full-precision input."""
+        lead = parts[0].ndim - 1 if lead is None else lead
+        return jnp.concatenate([p.reshape(p.shape[:lead] + (-1,)) for p in parts], -1)
+
     def from_heads(self, x):
         """``x [..., N, K]`` flattened to ``[..., N·K]`` through :meth:`__call__` (base and
         LoRA terms; the base layer's relayout-free contraction is for the merged case)."""

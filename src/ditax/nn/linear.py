@@ -95,6 +95,16 @@ class Linear(nnx.Module):
         activations quantized once (:meth:`~ditax.nn.quant.QuantSpec.quantize_input`)."""
         return x if self.quant is None else self.quant.quantize_input(x)
 
+    def joined_input(self, parts, lead: int | None = None):
+        """The parts flattened after their ``lead`` token axes (default all but the last) and
+        concatenated, as :meth:`__call__` reads it: with 8-bit activations quantized part by
+        part, the same values as the concatenation's
+        (:meth:`~ditax.nn.quant.QuantSpec.quantize_parts`)."""
+        if self.quant is None:
+            lead = parts[0].ndim - 1 if lead is None else lead
+            return jnp.concatenate([p.reshape(p.shape[:lead] + (-1,)) for p in parts], -1)
+        return self.quant.quantize_parts(parts, lead)
+
     def _check_plain(self, what):
         if self.out_heads:
             raise ValueError(f"Linear.{what}: the kernel is stored head-major")

@@ -7,15 +7,11 @@ the second-to-last one in both layouts: ``[..., in, out] -> [..., out]``, head-m
 in, K] -> [..., N, K]``), sharded like the kernel without that axis. ``s = max|w| / qmax``
 over the input axis, so no calibration data is needed.
 
-The dot (:meth:`QuantSpec.einsum`): weights only — ``(x @ q) * s`` in the compute dtype (the
-8-bit kernel converted inside the dot's fusion; a per-output-channel scale commutes with the
-contraction). With activations — ``x`` quantized per token (the scale ``max|x| / qmax`` over
-the contracted axes), then ``int8 x int8 -> int32`` (``preferred_element_type``; XLA runs
-integer dots on every backend) or ``fp8 x fp8 -> float32`` where the platform has fp8 dots
-(:func:`~ditax.nn.quant_target.native_dots`; elsewhere the fp8 values are widened to the
-compute dtype first: the same numbers, no speed-up; on a TPU without fp8 matrix units the
-mode is refused, :func:`~ditax.nn.quant_target.check_dots`), and both scales applied to the
-result.
+The dot (:meth:`QuantSpec.einsum`) and the numbers live in :mod:`ditax.nn.quant_dot`: weights
+only, ``(x @ q) * s`` in the compute dtype; with activations ``x`` quantized per token too and
+``int8 x int8 -> int32`` (``fp8 x fp8`` where the platform has fp8 dots,
+:func:`~ditax.nn.quant_target.native_dots`; refused on a TPU without fp8 matrix units,
+:func:`~ditax.nn.quant_target.check_dots`), both scales applied to the result.
 
 Quantization is a property of the module (``Linear.quant``, static in the graph), set on the
 abstract model by :func:`quantize_module`; the loader quantizes each device's slice as it is
@@ -26,11 +22,9 @@ of the model never exists on a host — only one layer of one tensor at a time, 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import os
 import re
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,117 +33,15 @@ from flax import nnx
 
 from ditax.errors import ConfigError
 from ditax.nn.linear import Linear
+from ditax.nn.quant_dot import (MODES, QMAX, STORED, QuantizedInput, QuantizedParts,
+                                QuantSpec, channel_scale, dequantize, quantize_values)
 from ditax.nn.quant_target import check_dots, describe, dots_target, native_dots
 
-MODES = ("none", "int8", "fp8")
-QMAX = {"int8": 127.0, "fp8": 448.0}
-STORED = {"int8": jnp.dtype(jnp.int8), "fp8": jnp.dtype(jnp.float8_e4m3fn)}
 SCALE = "kernel_scale"
 #: threads that quantize a stacked kernel's layers as the loader reads them (:func:`reader`)
 QUANT_THREADS = min(8, os.cpu_count() or 1)
 
 log = logging.getLogger(__name__)
-
-
-# --- the numbers --------------------------------------------------------------------------
-
-def channel_scale(w, mode: str, axis: int = -2):
-    """Per-output-channel scale ``max|w| / qmax`` over the input ``axis`` (numpy or jax;
-    float32; 1 where a channel is all zeros). On jax arrays ``max |w|`` is taken in w's dtype
-    (exact), so XLA reads w itself (from a float32 cast it wrote a float32 copy)."""
-    xp = jnp if isinstance(w, jax.Array) else np
-    amax = (jnp.max(jnp.abs(w), axis=axis).astype(jnp.float32) if xp is jnp
-            else np.max(np.abs(w.astype(np.float32)), axis=axis))
-    return xp.where(amax > 0, amax / QMAX[mode], 1.0).astype(xp.float32)
-
-
-def quantize_values(w, scale, mode: str):
-    """``w / scale`` (scale already broadcastable) in the 8-bit storage dtype of ``mode``."""
-    xp = jnp if isinstance(w, jax.Array) else np
-    v = w.astype(xp.float32) / scale
-    if mode == "int8":
-        return xp.clip(xp.round(v), -127, 127).astype(STORED[mode])
-    return xp.clip(v, -448.0, 448.0).astype(STORED[mode])
-
-
-def dequantize(q, scale, dtype):
-    """The kernel ``q * scale`` in ``dtype`` (``scale``: the kernel without its input axis)."""
-    return (q.astype(jnp.float32) * jnp.expand_dims(scale, -2)).astype(dtype)
-
-
-def _place(letters: str, out: str, x):
-    """``x`` (axes named ``letters``) transposed and expanded to broadcast against ``out``."""
-    order = sorted(range(len(letters)), key=lambda i: out.index(letters[i]))
-    x = jnp.transpose(x, order)
-    shape = list(x.shape)
-    have = [letters[i] for i in order]
-    full = [shape[have.index(c)] if c in have else 1 for c in out]
-    return x.reshape(full)
-
-
-def _letters(spec: str, x_ndim: int) -> tuple[str, str, str]:
-    lhs, rest = spec.split(",")
-    rhs, out = rest.split("->")
-    if "..." in lhs:
-        free = [c for c in "ABCDEFGHIJ" if c not in spec][:x_ndim - len(lhs) + 3]
-        lhs, out = lhs.replace("...", "".join(free)), out.replace("...", "".join(free))
-    return lhs, rhs, out
-
-
-class QuantizedInput(NamedTuple):
-    """An activation quantized per token (:meth:`QuantSpec.quantize_input`): 8-bit ``values``
-    (x's shape), float32 ``scale`` (x's shape without the contracted axes)."""
-    values: jax.Array
-    scale: jax.Array
-
-
-@dataclasses.dataclass(frozen=True)
-class QuantSpec:
-    """How one :class:`~ditax.nn.Linear` computes: ``mode`` (int8 | fp8), ``activations``
-    (quantize ``x`` per token too), ``native`` (emit the fp8 x fp8 dot; int8 x int8 is
-    emitted everywhere)."""
-
-    mode: str
-    activations: bool = False
-    native: bool = False
-
-    def quantize_input(self, x, contracted: int = 1):
-        """``x`` quantized per token over its last ``contracted`` axes once, for several dots
-        (a layer's column chunks; :meth:`einsum` takes it as ``x``); without activations x."""
-        if not self.activations:
-            return x
-        return self._per_token(x, tuple(range(x.ndim - contracted, x.ndim)))
-
-    def _per_token(self, x, axes) -> "QuantizedInput":
-        """``x`` in 8 bits with one scale per token (the max over the contracted ``axes``)."""
-        sx = channel_scale(x, self.mode, axis=axes)
-        return QuantizedInput(quantize_values(x, jnp.expand_dims(sx, axes), self.mode), sx)
-
-    def einsum(self, spec: str, x, q, scale, dtype):
-        """``einsum(spec, x, q * scale)`` in ``dtype``; ``q`` the 8-bit kernel viewed as the
-        spec's right operand, ``scale`` its per-output-channel scales (any shape with the
-        operand's output axes' size); ``x`` may be :meth:`quantize_input`'s result (its
-        contracted axes the spec's, last)."""
-        pre = x if isinstance(x, QuantizedInput) else None
-        lhs, rhs, out = _letters(spec, (x if pre is None else pre.values).ndim)
-        spec = f"{lhs},{rhs}->{out}"
-        w_out = "".join(c for c in rhs if c in out)
-        sw = _place(w_out, out, scale.reshape([q.shape[rhs.index(c)] for c in w_out]))
-        if not self.activations:
-            y = jnp.einsum(spec, x.astype(dtype), q.astype(dtype))
-            return (y * sw.astype(dtype)).astype(dtype)
-        contracted = tuple(i for i, c in enumerate(lhs) if c not in out)
-        xq, sx = self._per_token(x, contracted) if pre is None else pre
-        if self.mode == "int8":
-            y = jnp.einsum(spec, xq, q, preferred_element_type=jnp.int32)
-        elif self.native:
-            y = jnp.einsum(spec, xq, q, preferred_element_type=jnp.float32)
-        else:
-            y = jnp.einsum(spec, xq.astype(dtype), q.astype(dtype),
-                           preferred_element_type=jnp.float32)
-        x_out = "".join(c for c in lhs if c in out)
-        y = y.astype(jnp.float32) * _place(x_out, out, sx) * sw
-        return y.astype(dtype)
 
 
 # --- the model -----------------------------------------------------------------------------
@@ -387,7 +279,8 @@ def weight_bytes(state) -> int:
                for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
 
 
-__all__ = ["MODES", "QuantSpec", "native_dots", "dots_target", "check_dots", "describe",
+__all__ = ["MODES", "QMAX", "STORED", "QuantSpec", "QuantizedInput", "QuantizedParts",
+           "native_dots", "dots_target", "check_dots", "describe",
            "channel_scale", "quantize_values", "dequantize", "quantize_module", "quantize_linear",
            "quantized_kernels", "with_scale_axes", "reader", "stored_reader", "folder_mode",
            "prepare", "check_lora_mode", "check_source", "weight_bytes"]

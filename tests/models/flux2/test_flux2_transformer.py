@@ -214,3 +214,32 @@ def test_peft_and_bfl_loras_merge_as_w_plus_s_ba(tiny, tmp_path, rng):
         g = kernel(n, got)
         np.testing.assert_allclose(g, kernel(n, want), rtol=1e-6, atol=1e-7, err_msg=n)
         assert np.abs(g - base[n + ".weight"].T).max() > 1e-3, n      # the LoRA is in it
+
+
+def test_int8_activations_join_the_single_blocks_parts(tiny, rng, monkeypatch):
+    """int8 weights x int8 activations: each single block's ``to_out`` reads the attention
+    output and the SwiGLU quantized part by part (:meth:`QuantSpec.quantize_parts`, its
+    parts' dot traced once a block), and the output is bit for bit that of the concatenation
+    quantized whole (the slow reference: ``joined_input`` patched back to the plain
+    concatenation, whose dot quantizes it)."""
+    from ditax.nn.linear import Linear
+    from ditax.nn.quant import QuantSpec
+
+    m, folder = tiny
+    inputs = flux2_inputs(rng, TINY, b=1)
+    tr = ditax.load_transformer(folder, quantize="int8", quantize_activations=True)
+    calls, parts_dot = [], QuantSpec._parts_dot
+    monkeypatch.setattr(QuantSpec, "_parts_dot",
+                        lambda self, *a: calls.append(a[1]) or parts_dot(self, *a))
+    new = np.asarray(tr.module(**inputs))
+    assert len(calls) >= 1 and all(len(x.values) == 2 for x in calls), calls
+    traced = len(calls)
+
+    def whole(self, parts, lead=None):
+        return jnp.concatenate([p.reshape(p.shape[:lead] + (-1,)) for p in parts], -1)
+
+    monkeypatch.setattr(Linear, "joined_input", whole)
+    old = np.asarray(tr.module(**inputs))
+    assert len(calls) == traced
+    np.testing.assert_array_equal(new, old)
+    assert 1e-6 < rel_err(new, run_diffusers_flux2(m, inputs)) < 5e-2

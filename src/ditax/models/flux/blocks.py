@@ -166,8 +166,7 @@ class SingleBlock(nnx.Module):
                    + self.proj_out.bias[...].astype(dt))
         else:   # a LoRA-carrying or 8-bit layer (ditax.lora, ditax.nn.quant): its own call
             #     on the joined input
-            out = self.proj_out(jnp.concatenate([o.reshape(o.shape[:-2] + (n * k,)),
-                                                 mlp.astype(o.dtype)], -1))
+            out = self.proj_out(self.proj_out.joined_input([o, mlp.astype(o.dtype)], 2))
         out = checkpoint_name(out, "proj_out")
         return sharding.constrain(gated(x, gate, out, clip=True), TOKENS)
 

@@ -163,8 +163,9 @@ class SingleBlock(nnx.Module):
         q, k, v = (sharding.constrain(t, HEADS) for t in (q, k, v))
         mlp = sharding.constrain(swiglu(proj[..., 3 * d:]), MLP)
         o = attend_joint(q, k, v, rope, kv_mask, attn, sharding)
-        o = o.reshape(o.shape[:2] + (-1,))
-        out = checkpoint_name(a.to_out(jnp.concatenate([o, mlp.astype(o.dtype)], -1)),
+        # [B, S', N, K] and [B, S', M] joined as to_out reads them (8-bit activations: each
+        # quantized in its own shape, one scale per token)
+        out = checkpoint_name(a.to_out(a.to_out.joined_input([o, mlp.astype(o.dtype)], 2)),
                               "proj_out")
         return sharding.constrain(gated(x, gate, out, clip=True), TOKENS)
 
