@@ -33,6 +33,11 @@ from jax import lax
 from jax.experimental.pallas import tpu as pltpu
 
 LANES = 128
+#: the dtype :func:`fill` rolls and selects the taps' pieces in before storing them in the
+#: operand's: None, the operand's own (bf16 pieces in a bf16 decode). ``jnp.float32`` keeps
+#: bf16 operands off packed-type lane rolls and selects, a suspect of session 62's chip
+#: result (``benchmarks/vae_conv_pack.py --chip`` times and checks both; read at trace time)
+ASSEMBLY_DTYPE = None
 
 
 def _lanes(c: int) -> int:
@@ -136,23 +141,24 @@ def columns(acc_ref, cols: int, lanes: int) -> list[jax.Array]:
 
 def fill(lhs_ref, tap, layout) -> None:
     """Assemble the packed operand into ``lhs_ref`` ``[m, K]`` (VMEM): ``tap(k)`` is the
-    ``[m, C]`` operand of (time, row) tap ``k``; ``layout``: :func:`chunks`'."""
-    m = lhs_ref.shape[0]
+    ``[m, C]`` operand of (time, row) tap ``k``; ``layout``: :func:`chunks`'. Every lane of
+    every chunk is written (zeros where no piece lies), each call."""
+    m, via = lhs_ref.shape[0], jnp.dtype(ASSEMBLY_DTYPE or lhs_ref.dtype)
     lane = lax.broadcasted_iota(jnp.int32, (m, LANES), 1)
     loaded = {}
     for j, pieces in enumerate(layout):
-        chunk = jnp.zeros((m, LANES), lhs_ref.dtype)
+        chunk = jnp.zeros((m, LANES), via)
         for k, q, d, lo, hi in pieces:
             key = (k, q)
             if key not in loaded:   # a piece split over two chunks is loaded and rolled once
-                src = tap(k)[:, q * LANES:(q + 1) * LANES]
+                src = tap(k)[:, q * LANES:(q + 1) * LANES].astype(via)
                 loaded = {key: src if d == 0 else pltpu.roll(src, d, 1)}
             piece = loaded[key]
             if lo == 0 and hi == LANES:
                 chunk = piece
             else:
                 chunk = jnp.where((lane >= lo) & (lane < hi), piece, chunk)
-        lhs_ref[:, j * LANES:(j + 1) * LANES] = chunk
+        lhs_ref[:, j * LANES:(j + 1) * LANES] = chunk.astype(lhs_ref.dtype)
 
 
 __all__ = ["check", "check_columns", "chunks", "column_weights", "columns", "fill", "passes",
