@@ -121,22 +121,24 @@ def columns(cols: int, m: int = 32, interpret: bool = False) -> dict:
 
 
 #: (pack, kt, pixels a row, rows a product) of the decoder's packed kernels at 480x832:
-#: conv_in (16 of 128) and the 384-wide convolutions at 60x104 (odd sub-blocks of 104-pixel
-#: rows: 520 pixels, not a multiple of bf16's 16-row tiles), 192 in / 384 at 120x208, 192 at
-#: 240x416 (causal and upsampling), 96 at 480x832
-FILLS = ((16, 3, 104, 5), (384, 3, 104, 5), (384, 1, 104, 6), (192, 3, 208, 4),
-         (384, 3, 208, 4), (192, 3, 416, 2), (192, 1, 416, 2), (96, 3, 832, 1))
+#: conv_in (16 of 128) and the 384-wide convolutions at 60x104 in products of 4 rows (416
+#: pixels) and, as before ``conv_tpu._ROW_ALIGN``, 5 (520: not a multiple of bf16's 16-row
+#: tiles), 192 in / 384 at 120x208, 192 at 240x416 (causal and upsampling), 96 at 480x832
+FILLS = ((16, 3, 104, 5), (16, 3, 104, 4), (384, 3, 104, 5), (384, 3, 104, 4),
+         (384, 1, 104, 6), (192, 3, 208, 4), (384, 3, 208, 4), (192, 3, 416, 2),
+         (192, 1, 416, 2), (96, 3, 832, 1))
 
 
 def all_rows(interpret: bool = False, fills=FILLS) -> list[dict]:
     """Every probe the chip run prints: rolls (bf16 / f32 lanes, f32 rows), the assembly at
-    ``fills`` (:data:`FILLS`: the decoder's) in bf16 and float32, the columns at 192."""
+    ``fills`` (:data:`FILLS`: the decoder's) in bf16 and float32, the columns at 192 (832
+    pixels, the 240x416 level's products; 32 with other ``fills``)."""
     rows = [roll(dt, 1, interpret=interpret) for dt in (jnp.bfloat16, jnp.float32)]
     rows.append(roll(jnp.float32, 0, rows=256, interpret=interpret))
     for pack, kt, x, r in fills:
         for dt in (jnp.bfloat16, jnp.float32):
             rows.append(fill(pack, kt, x, dt, rows=r, interpret=interpret))
-    rows.append(columns(192, interpret=interpret))
+    rows.append(columns(192, m=832 if fills is FILLS else 32, interpret=interpret))
     return rows
 
 
