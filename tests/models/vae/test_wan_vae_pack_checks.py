@@ -77,7 +77,8 @@ def test_probes_exact_interpreted():
     """Every probe the chip run prints is exact interpreted (so a chip's non-zero is the
     chip's), at small widths; the decoder's shapes are :data:`conv_tpu_probe.FILLS`."""
     rows = conv_tpu_probe.all_rows(interpret=True, fills=SMALL_FILLS)
-    assert [r["probe"] for r in rows] == ["roll"] * 3 + ["fill"] * 6 + ["columns"]
+    assert [r["probe"] for r in rows] == ["roll"] * 3 + ["fill"] * 9 + ["columns"]
+    assert {r.get("assembly") for r in rows} == {None, "bfloat16", "float32"}
     for r in rows:
         assert "error" not in r and r["max_abs_diff"] == 0.0 and r["nan"] == 0, r
     assert all(x % 8 == 0 and c in (16, 96, 192, 384) for c, _, x, _ in conv_tpu_probe.FILLS)
@@ -101,11 +102,15 @@ def test_probes_catch_a_reversed_roll(monkeypatch):
 
 
 def test_float32_assembly_gives_the_same_operand(monkeypatch):
-    """``ASSEMBLY_DTYPE = float32`` (the chip run's ``packed_f32asm``): bf16 pieces rolled and
-    selected in float32, stored in bf16: the same packed kernel output."""
+    """``ASSEMBLY_DTYPE = float32`` (the chip run's ``packed_f32asm``): bf16 taps converted
+    whole, pieces rolled and selected in float32, stored in bf16 in 256-lane pairs: the same
+    packed operand and kernel output, for even and odd chunk counts."""
     x, cache, w, b, res = _case(128, 96, 128, 3)
     want = conv_tpu.causal_conv3x3(x, cache, w, b, residual=res, pack=96, interpret=True)
     monkeypatch.setattr(conv_tpu_pack, "ASSEMBLY_DTYPE", jnp.float32)
     got = conv_tpu.causal_conv3x3(x, cache, w, b, residual=res, pack=96, interpret=True)
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
-    assert conv_tpu_probe.fill(96, 3, 8, jnp.bfloat16, interpret=True)["max_abs_diff"] == 0.0
+    for pack, kt in ((96, 3), (16, 3), (192, 1)):   # 7, 4, 5 chunks: pairs and a last one
+        probe = conv_tpu_probe.fill(pack, kt, 8, jnp.bfloat16, interpret=True,
+                                    assembly=jnp.float32)
+        assert probe["max_abs_diff"] == 0.0 and probe["assembly"] == "float32", probe

@@ -35,8 +35,9 @@ from jax.experimental.pallas import tpu as pltpu
 LANES = 128
 #: the dtype :func:`fill` rolls and selects the taps' pieces in before storing them in the
 #: operand's: None, the operand's own (bf16 pieces in a bf16 decode). ``jnp.float32`` keeps
-#: bf16 operands off packed-type lane rolls and selects, a suspect of session 62's chip
-#: result (``benchmarks/vae_conv_pack.py --chip`` times and checks both; read at trace time)
+#: bf16 values off lane rolls, selects and odd 128-lane offsets (stores in 256-lane pairs),
+#: suspects of session 62's chip result (``benchmarks/vae_conv_pack.py --chip`` checks and
+#: times both: ``packed_f32asm``; read at trace time)
 ASSEMBLY_DTYPE = None
 
 
@@ -142,23 +143,42 @@ def columns(acc_ref, cols: int, lanes: int) -> list[jax.Array]:
 def fill(lhs_ref, tap, layout) -> None:
     """Assemble the packed operand into ``lhs_ref`` ``[m, K]`` (VMEM): ``tap(k)`` is the
     ``[m, C]`` operand of (time, row) tap ``k``; ``layout``: :func:`chunks`'. Every lane of
-    every chunk is written (zeros where no piece lies), each call."""
-    m, via = lhs_ref.shape[0], jnp.dtype(ASSEMBLY_DTYPE or lhs_ref.dtype)
+    every chunk is written (zeros where no piece lies), each call. With
+    :data:`ASSEMBLY_DTYPE` wider than the operand's, each tap is converted whole, its pieces
+    rolled and selected in that type, and the chunks stored in 256-lane pairs: no operand-
+    dtype value at an odd 128-lane offset (bf16 VMEM tiles here are 8 rows x 256 lanes a
+    vector register, Mosaic's dump; the fast path never slices bf16 at 128)."""
+    m, dt = lhs_ref.shape[0], lhs_ref.dtype
+    via = jnp.dtype(ASSEMBLY_DTYPE or dt)
+    wide = via.itemsize > jnp.dtype(dt).itemsize
     lane = lax.broadcasted_iota(jnp.int32, (m, LANES), 1)
-    loaded = {}
+    loaded, whole, pending = {}, {}, None
     for j, pieces in enumerate(layout):
         chunk = jnp.zeros((m, LANES), via)
         for k, q, d, lo, hi in pieces:
             key = (k, q)
             if key not in loaded:   # a piece split over two chunks is loaded and rolled once
-                src = tap(k)[:, q * LANES:(q + 1) * LANES].astype(via)
+                if wide:
+                    whole = whole if k in whole else {k: tap(k).astype(via)}
+                    src = whole[k][:, q * LANES:(q + 1) * LANES]
+                else:
+                    src = tap(k)[:, q * LANES:(q + 1) * LANES]
                 loaded = {key: src if d == 0 else pltpu.roll(src, d, 1)}
             piece = loaded[key]
             if lo == 0 and hi == LANES:
                 chunk = piece
             else:
                 chunk = jnp.where((lane >= lo) & (lane < hi), piece, chunk)
-        lhs_ref[:, j * LANES:(j + 1) * LANES] = chunk.astype(lhs_ref.dtype)
+        if not wide:
+            lhs_ref[:, j * LANES:(j + 1) * LANES] = chunk
+        elif j % 2 == 0:
+            pending = chunk
+        else:   # two chunks, one 256-lane store at an even offset
+            pair = jnp.concatenate([pending, chunk], axis=1).astype(dt)
+            lhs_ref[:, (j - 1) * LANES:(j + 1) * LANES] = pair
+            pending = None
+    if pending is not None:   # an odd count: the last chunk alone, at an even offset
+        lhs_ref[:, (len(layout) - 1) * LANES:] = pending.astype(dt)
 
 
 __all__ = ["check", "check_columns", "chunks", "column_weights", "columns", "fill", "passes",

@@ -76,11 +76,13 @@ def roll(dtype, axis: int = 1, rows: int = 32, interpret: bool = False) -> dict:
                 shape=list(shape), shifts=list(shifts))
 
 
-def fill(pack: int, kt: int, x: int, dtype, rows: int = 1, interpret: bool = False) -> dict:
+def fill(pack: int, kt: int, x: int, dtype, rows: int = 1, interpret: bool = False,
+         assembly=None) -> dict:
     """:func:`~.conv_tpu_pack.fill` as the kernel calls it — each tap a ``[rows, x, C]``
     window at a run-time row offset of a frame buffer, reshaped to ``[rows x, C]`` — against
     the layout computed in numpy (tap ``k``'s channel ``i`` at lane ``k pack + i``, zeros past
-    ``3 kt pack``). The buffer's padded channels hold values too, which must not leak."""
+    ``3 kt pack``). The buffer's padded channels hold values too, which must not leak.
+    ``assembly``: :data:`~.conv_tpu_pack.ASSEMBLY_DTYPE` while it traces."""
     c = -(-pack // LANES) * LANES
     layout = conv_tpu_pack.chunks(pack, kt)
     k_len, taps, m = len(layout) * LANES, 3 * kt, rows * x
@@ -88,8 +90,12 @@ def fill(pack: int, kt: int, x: int, dtype, rows: int = 1, interpret: bool = Fal
 
     def kernel(b_ref, o_ref):
         r0 = pl.program_id(0)   # 0, but unknown to the compiler: the kernel's dynamic offset
-        conv_tpu_pack.fill(o_ref, lambda k: b_ref[k, pl.ds(r0 + k % 3, rows)].reshape(m, c),
-                           layout)
+        saved, conv_tpu_pack.ASSEMBLY_DTYPE = conv_tpu_pack.ASSEMBLY_DTYPE, assembly
+        try:
+            conv_tpu_pack.fill(o_ref, lambda k: b_ref[k, pl.ds(r0 + k % 3, rows)].reshape(m, c),
+                               layout)
+        finally:
+            conv_tpu_pack.ASSEMBLY_DTYPE = saved
 
     fn = jax.jit(_call(kernel, jax.ShapeDtypeStruct((m, k_len), dtype), interpret, grid=(1,),
                        in_specs=[pl.BlockSpec(buf.shape, lambda i: (0,) * 4)],
@@ -99,7 +105,8 @@ def fill(pack: int, kt: int, x: int, dtype, rows: int = 1, interpret: bool = Fal
     for k in range(taps):
         want[:, k * pack:(k + 1) * pack] = b[k, k % 3:k % 3 + rows].reshape(m, c)[:, :pack]
     return _row("fill", fn, (buf,), want, pack=pack, kt=kt, x=x, rows=rows,
-                dtype=jnp.dtype(dtype).name)
+                dtype=jnp.dtype(dtype).name,
+                assembly=jnp.dtype(assembly or dtype).name)
 
 
 def columns(cols: int, m: int = 32, interpret: bool = False) -> dict:
@@ -131,13 +138,14 @@ FILLS = ((16, 3, 104, 5), (16, 3, 104, 4), (384, 3, 104, 5), (384, 3, 104, 4),
 
 def all_rows(interpret: bool = False, fills=FILLS) -> list[dict]:
     """Every probe the chip run prints: rolls (bf16 / f32 lanes, f32 rows), the assembly at
-    ``fills`` (:data:`FILLS`: the decoder's) in bf16 and float32, the columns at 192 (832
+    ``fills`` (:data:`FILLS`: the decoder's) in bf16 (assembled in bf16 and in float32) and
+    float32, the columns at 192 (832
     pixels, the 240x416 level's products; 32 with other ``fills``)."""
     rows = [roll(dt, 1, interpret=interpret) for dt in (jnp.bfloat16, jnp.float32)]
     rows.append(roll(jnp.float32, 0, rows=256, interpret=interpret))
     for pack, kt, x, r in fills:
-        for dt in (jnp.bfloat16, jnp.float32):
-            rows.append(fill(pack, kt, x, dt, rows=r, interpret=interpret))
+        for dt, via in ((jnp.bfloat16, None), (jnp.bfloat16, jnp.float32), (jnp.float32, None)):
+            rows.append(fill(pack, kt, x, dt, rows=r, interpret=interpret, assembly=via))
     rows.append(columns(192, m=832 if fills is FILLS else 32, interpret=interpret))
     return rows
 
