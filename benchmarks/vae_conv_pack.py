@@ -1,7 +1,7 @@
 """Wan 2.1 VAE decoder convolutions: the :mod:`ditax.models.vae.wan.conv_tpu` kernel with and
 without tap packing (``pack=``, and ``cols=`` where it saves output passes:
 :mod:`~ditax.models.vae.wan.conv_tpu_pack`), three ways; variants ``padded``, ``packed``,
-``packed_f32asm``, ``cols``.
+``cols`` and session 62's forms (:func:`applied`).
 
 1. ``--flops``: the 480p x 81 decode's convolution work per stage (the useful FLOPs of its
    real channels; the MXU work of the padded kernel, 128 x 128 passes; the packed kernel's),
@@ -23,11 +23,11 @@ without tap packing (``pack=``, and ``cols=`` where it saves output passes:
    machine's TPU (median of ``--repeats`` after a compile and a warm-up; 4 frames each), one
    JSON line each with the ratio to the padded kernel, the largest difference of the outputs
    from its, and where the differences lie (``bad_rows`` / ``bad_cols`` / ``bad_channels``);
-   ``packed_f32asm`` assembles the packed operand in float32 (the bf16 lane rolls and
-   selects left out), ``packed_unaligned`` (the 104-pixel cases) takes 520-pixel products as
-   the packed kernel did before ``conv_tpu._ROW_ALIGN``. Session 62's chip decode differed
-   packed vs fast by 0.969: a line with ``"ok": false`` names the kernel (~1 min for the
-   probes, ~30 s a case):
+   ``packed_bf16asm`` assembles the packed operand in bf16 as session 62's kernel did,
+   ``packed_unaligned`` (the 104-pixel cases) takes 520-pixel products as it did,
+   ``packed_s62`` both (today's ``packed``: float32 assembly, aligned products). Session 62's
+   chip decode differed packed vs fast by 0.969: a line with ``"ok": false`` names the
+   kernel (~1 min for the probes, ~30 s a case):
 
      PYTHONPATH=$PWD/src:$PYTHONPATH python3 benchmarks/vae_conv_pack.py --chip --repeats 3
 
@@ -111,15 +111,16 @@ def flops_rows() -> list[dict]:
 
 @contextlib.contextmanager
 def applied(variant: str):
-    """The module settings a variant traces under: ``packed_f32asm`` assembles the packed
-    operand in float32, ``packed_unaligned`` lets products take any number of pixels (before
-    session 62's ``conv_tpu._ROW_ALIGN``: 520 at the 104-pixel latent rows)."""
-    import jax.numpy as jnp
-
+    """The module settings a variant traces under: ``packed_bf16asm`` assembles the packed
+    operand in bf16 (rolls, selects and stores at odd 128-lane offsets), ``packed_unaligned``
+    lets products take any number of pixels (520 at the 104-pixel latent rows),
+    ``packed_s62`` both: session 62's packed kernel. ``packed`` / ``cols``: today's
+    (float32 assembly, products of a multiple of 16 pixels)."""
     from ditax.models.vae.wan import conv_tpu, conv_tpu_pack
 
-    sets = {"packed_f32asm": [(conv_tpu_pack, "ASSEMBLY_DTYPE", jnp.float32)],
-            "packed_unaligned": [(conv_tpu, "_ROW_ALIGN", 1)]}.get(variant, [])
+    bf16asm, unaligned = (conv_tpu_pack, "ASSEMBLY_DTYPE", None), (conv_tpu, "_ROW_ALIGN", 1)
+    sets = {"packed_bf16asm": [bf16asm], "packed_unaligned": [unaligned],
+            "packed_s62": [bf16asm, unaligned]}.get(variant, [])
     saved = [(m, name, getattr(m, name)) for m, name, _ in sets]
     for m, name, v in sets:
         setattr(m, name, v)
@@ -131,11 +132,10 @@ def applied(variant: str):
 
 
 def variants(case: str) -> list[str]:
-    """``padded``, ``packed`` (``pack=``), ``packed_f32asm`` (the packed operand assembled in
-    float32: ``conv_tpu_pack.ASSEMBLY_DTYPE``), ``packed_unaligned`` where the packed
-    products' pixels would not be a multiple of 16 without ``conv_tpu._ROW_ALIGN``, and
-    ``cols`` (``pack=`` and ``cols=``: the column taps side by side in the output lanes)
-    where that saves output passes (192)."""
+    """``padded``, ``packed`` (``pack=``), ``packed_bf16asm`` (:func:`applied`), where the
+    packed products' pixels would not be a multiple of 16 without ``conv_tpu._ROW_ALIGN``
+    ``packed_unaligned`` and ``packed_s62``, and ``cols`` (``pack=`` and ``cols=``: the
+    column taps side by side in the output lanes) where that saves output passes (192)."""
     from ditax.models.vae.wan import conv_tpu
     from ditax.models.vae.wan.conv_tpu_pack import saves_columns
 
@@ -144,8 +144,8 @@ def variants(case: str) -> list[str]:
     ty = conv_tpu.block_rows(y, x, max(c, -(-cout // 128) * 128))
     with applied("packed_unaligned"):
         odd = conv_tpu.sub_rows(ty, x, True) * x % 16 != 0
-    return (["padded", "packed", "packed_f32asm"] + (["packed_unaligned"] if odd else [])
-            + (["cols"] if cols else []))
+    return (["padded", "packed", "packed_bf16asm"]
+            + (["packed_unaligned", "packed_s62"] if odd else []) + (["cols"] if cols else []))
 
 
 def _kernel_call(case: str, variant: str, interpret: bool = False):

@@ -18,19 +18,20 @@ import vae_conv_pack  # noqa: E402
 
 
 def test_variants_and_their_settings():
-    assert vae_conv_pack.variants("res384_104") == ["padded", "packed", "packed_f32asm",
-                                                    "packed_unaligned"]
-    assert vae_conv_pack.variants("res192") == ["padded", "packed", "packed_f32asm", "cols"]
+    assert vae_conv_pack.variants("res384_104") == ["padded", "packed", "packed_bf16asm",
+                                                    "packed_unaligned", "packed_s62"]
+    assert vae_conv_pack.variants("res192") == ["padded", "packed", "packed_bf16asm", "cols"]
     # 60x104 at 384 channels: 20-row blocks in 5 packed products of 4 rows (416 pixels); in 4
     # of 5 rows (520 pixels, not a multiple of bf16's 16-row tiles) without the alignment
     assert conv_tpu.sub_rows(20, 104, True) == 4 and conv_tpu.sub_rows(20, 104) == 10
     assert vae_conv_pack.trips("res384_104", "packed") == [5]
     assert vae_conv_pack.trips("res384_104", "packed_unaligned") == [4]
-    with vae_conv_pack.applied("packed_f32asm"):
-        assert conv_tpu_pack.ASSEMBLY_DTYPE == jnp.float32
-    with vae_conv_pack.applied("packed_unaligned"):
-        assert conv_tpu._ROW_ALIGN == 1 and conv_tpu.sub_rows(20, 104, True) == 5
-    assert conv_tpu_pack.ASSEMBLY_DTYPE is None and conv_tpu._ROW_ALIGN == 16
+    with vae_conv_pack.applied("packed_s62"):   # session 62's kernel: bf16 assembly, 520
+        assert conv_tpu_pack.ASSEMBLY_DTYPE is None and conv_tpu._ROW_ALIGN == 1
+        assert conv_tpu.sub_rows(20, 104, True) == 5
+    with vae_conv_pack.applied("packed_bf16asm"):
+        assert conv_tpu_pack.ASSEMBLY_DTYPE is None and conv_tpu._ROW_ALIGN == 16
+    assert conv_tpu_pack.ASSEMBLY_DTYPE == jnp.float32 and conv_tpu._ROW_ALIGN == 16
 
 
 def test_where_different_names_the_rows_columns_and_channels():

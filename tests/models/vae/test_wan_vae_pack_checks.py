@@ -101,16 +101,17 @@ def test_probes_catch_a_reversed_roll(monkeypatch):
         assert probe["max_abs_diff"] == 0.0, probe
 
 
-def test_float32_assembly_gives_the_same_operand(monkeypatch):
-    """``ASSEMBLY_DTYPE = float32`` (the chip run's ``packed_f32asm``): bf16 taps converted
-    whole, pieces rolled and selected in float32, stored in bf16 in 256-lane pairs: the same
-    packed operand and kernel output, for even and odd chunk counts."""
+def test_float32_and_bf16_assembly_give_the_same_operand(monkeypatch):
+    """``ASSEMBLY_DTYPE`` float32 (the default: bf16 taps converted whole, pieces rolled and
+    selected in float32, stored in bf16 in 256-lane pairs) and None (session 62's, all in
+    bf16): the same packed kernel output and operand, for even and odd chunk counts."""
+    assert conv_tpu_pack.ASSEMBLY_DTYPE == jnp.float32
     x, cache, w, b, res = _case(128, 96, 128, 3)
     want = conv_tpu.causal_conv3x3(x, cache, w, b, residual=res, pack=96, interpret=True)
-    monkeypatch.setattr(conv_tpu_pack, "ASSEMBLY_DTYPE", jnp.float32)
+    monkeypatch.setattr(conv_tpu_pack, "ASSEMBLY_DTYPE", None)
     got = conv_tpu.causal_conv3x3(x, cache, w, b, residual=res, pack=96, interpret=True)
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
     for pack, kt in ((96, 3), (16, 3), (192, 1)):   # 7, 4, 5 chunks: pairs and a last one
-        probe = conv_tpu_probe.fill(pack, kt, 8, jnp.bfloat16, interpret=True,
-                                    assembly=jnp.float32)
-        assert probe["max_abs_diff"] == 0.0 and probe["assembly"] == "float32", probe
+        for via in (None, jnp.float32):
+            probe = conv_tpu_probe.fill(pack, kt, 8, jnp.bfloat16, interpret=True, assembly=via)
+            assert probe["max_abs_diff"] == 0.0, probe

@@ -34,11 +34,12 @@ from jax.experimental.pallas import tpu as pltpu
 
 LANES = 128
 #: the dtype :func:`fill` rolls and selects the taps' pieces in before storing them in the
-#: operand's: None, the operand's own (bf16 pieces in a bf16 decode). ``jnp.float32`` keeps
-#: bf16 values off lane rolls, selects and odd 128-lane offsets (stores in 256-lane pairs),
-#: suspects of session 62's chip result (``benchmarks/vae_conv_pack.py --chip`` checks and
-#: times both: ``packed_f32asm``; read at trace time)
-ASSEMBLY_DTYPE = None
+#: operand's (read at trace time). float32: bf16 taps converted whole, chunks stored in
+#: 256-lane pairs — no bf16 value at an odd 128-lane offset, which only packing had (a suspect
+#: of session 62's chip result) and statically a little shorter (libtpu's v5e schedule: 0.68
+#: of the padded kernel against 0.70 at 96 channels). None: the operand's own, session 62's
+#: (``benchmarks/vae_conv_pack.py --chip``'s ``packed_bf16asm``).
+ASSEMBLY_DTYPE = jnp.float32
 
 
 def _lanes(c: int) -> int:
