@@ -55,9 +55,9 @@ _TARGET_ELEMS = 1 << 20  # rows * X * max(C, C_out) per frame block: ~2 MiB of b
 _MXU_ROWS = 2048         # pixels per product: Mosaic's code (and compile time) grows with it
 _PACKED_ROWS = 1024      # packed (pack=): straight-line products, no tap loop; half the code
 #: products of a multiple of 16 pixels where a divisor allows (bf16's 16-row tiles): packed at
-#: 480p the 104-pixel latent rows went in 5s (520 pixels) where the padded kernel's 10s are
-#: aligned; session 62's chip run found the packed decode wrong there or elsewhere (1 here:
-#: any, ``benchmarks/vae_conv_pack.py --chip``'s ``packed_unaligned``)
+#: 480p the latent's 104-pixel rows went five at a time (520 pixels) where the padded kernel
+#: takes ten (1040), one of the suspects of session 62's wrong packed decode on the chip
+#: (``benchmarks/vae_conv_pack.py --chip``'s ``packed_unaligned`` sets 1: any count)
 _ROW_ALIGN = 16
 _VMEM_LIMIT = 100 * 2**20
 

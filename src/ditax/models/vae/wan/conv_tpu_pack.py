@@ -13,7 +13,8 @@ a multiple of 128 (nothing to pack: the taps' whole widths side by side) is allo
 Mosaic has no cheap lane concatenation at offsets that are not multiples of 128, so each
 128-lane chunk of the packed operand is assembled from lane-rolled (``pltpu.roll``) 128-lane
 pieces of the taps, selected by lane, and stored at its aligned place in a VMEM scratch
-``[rows X, K]`` (lanes past ``3 kt c`` zero).
+``[rows X, K]`` (lanes past ``3 kt c`` zero); bf16 taps in float32, stored in 256-lane pairs
+(:data:`ASSEMBLY_DTYPE`).
 
 ``cols=o`` (with ``pack``; ``o`` the real output channels) also puts the three column taps'
 outputs side by side in the product's lanes — one ``[rows X, K] @ [K, ceil(3 o / 128) 128]``
