@@ -1,7 +1,7 @@
 """Wan 2.1 VAE decoder convolutions: the :mod:`ditax.models.vae.wan.conv_tpu` kernel with and
 without tap packing (``pack=``, and ``cols=`` where it saves output passes:
 :mod:`~ditax.models.vae.wan.conv_tpu_pack`), three ways; variants ``padded``, ``packed``,
-``cols``.
+``cols`` and session 62's forms (:func:`applied`).
 
 1. ``--flops``: the 480p x 81 decode's convolution work per stage (the useful FLOPs of its
    real channels; the MXU work of the padded kernel, 128 x 128 passes; the packed kernel's),
@@ -16,16 +16,28 @@ without tap packing (``pack=``, and ``cols=`` where it saves output passes:
 
      PYTHONPATH=src python benchmarks/vae_conv_pack.py [--llo] [--cases res96,res192]
 
-3. ``--chip``: the same cases timed on this machine's TPU (median of ``--repeats`` after a
-   compile and a warm-up; 4 frames each), one JSON line each with the ratio to the padded
-   kernel and the largest difference of the outputs from its (~1-2 min in all):
+3. ``--chip``: first the probes of the pieces packing builds on
+   (:mod:`ditax.models.vae.wan.conv_tpu_probe`: ``pltpu.roll`` against ``jnp.roll``, the
+   packed operand's assembly at each decoder shape, the column extraction; one
+   ``vae_conv_probe`` line each, ``ok`` when exact), then the same cases timed on this
+   machine's TPU (median of ``--repeats`` after a compile and a warm-up; 4 frames each), one
+   JSON line each with the ratio to the padded kernel, the largest difference of the outputs
+   from its, and where the differences lie (``bad_rows`` / ``bad_cols`` / ``bad_channels``);
+   ``packed_bf16asm`` assembles the packed operand in bf16 as session 62's kernel did,
+   ``packed_unaligned`` (the 104-pixel cases) takes 520-pixel products as it did,
+   ``packed_s62`` both (today's ``packed``: float32 assembly, aligned products). Session 62's
+   chip decode differed packed vs fast by 0.969: a line with ``"ok": false`` names the
+   kernel (~1 min for the probes, ~30 s a case):
 
-     PYTHONPATH=$PWD/src:$PYTHONPATH python3 benchmarks/vae_conv_pack.py --chip
+     PYTHONPATH=$PWD/src:$PYTHONPATH python3 benchmarks/vae_conv_pack.py --chip --repeats 3
+
+   ``--probes`` (no chip) only compiles the probes for a v5e, deviceless (~10 s).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -37,6 +49,9 @@ import time
 #: name → (Y, X, padded C, C_out (padded), kt, real C (``pack``), epilogue): the decoder's
 #: convolutions
 CASES = {
+    "in16": (60, 104, 128, 384, 3, 16, None),            # conv_in: the latent's 16 of 128
+    "res384_104": (60, 104, 384, 384, 3, 384, "act"),   # 104-pixel rows: odd 520-pixel products
+    "up384_104": (60, 104, 384, 1024, 1, 384, "phases"),  # upsample3d's conv: 384 → 192
     "res96": (480, 832, 128, 128, 3, 96, "act"),         # resnet conv1 (norm + SiLU fused)
     "res96_residual": (480, 832, 128, 128, 3, 96, "residual"),   # resnet conv2
     "out96": (480, 832, 128, 3, 3, 96, None),             # conv_out: 3 channels (narrow)
@@ -94,14 +109,43 @@ def flops_rows() -> list[dict]:
             for name, r in list(rows.items()) + [("total", total)]]
 
 
+@contextlib.contextmanager
+def applied(variant: str):
+    """The module settings a variant traces under: ``packed_bf16asm`` assembles the packed
+    operand in bf16 (rolls, selects and stores at odd 128-lane offsets), ``packed_unaligned``
+    lets products take any number of pixels (520 at the 104-pixel latent rows),
+    ``packed_s62`` both: session 62's packed kernel. ``packed`` / ``cols``: today's
+    (float32 assembly, products of a multiple of 16 pixels)."""
+    from ditax.models.vae.wan import conv_tpu, conv_tpu_pack
+
+    bf16asm, unaligned = (conv_tpu_pack, "ASSEMBLY_DTYPE", None), (conv_tpu, "_ROW_ALIGN", 1)
+    sets = {"packed_bf16asm": [bf16asm], "packed_unaligned": [unaligned],
+            "packed_s62": [bf16asm, unaligned]}.get(variant, [])
+    saved = [(m, name, getattr(m, name)) for m, name, _ in sets]
+    for m, name, v in sets:
+        setattr(m, name, v)
+    try:
+        yield
+    finally:
+        for m, name, v in saved:
+            setattr(m, name, v)
+
+
 def variants(case: str) -> list[str]:
-    """``padded``, ``packed`` (``pack=``), and ``cols`` (``pack=`` and ``cols=``: the column
-    taps side by side in the output lanes) where that saves output passes (192 channels)."""
+    """``padded``, ``packed`` (``pack=``), ``packed_bf16asm`` (:func:`applied`), where the
+    packed products' pixels would not be a multiple of 16 without ``conv_tpu._ROW_ALIGN``
+    ``packed_unaligned`` and ``packed_s62``, and ``cols`` (``pack=`` and ``cols=``: the
+    column taps side by side in the output lanes) where that saves output passes (192)."""
+    from ditax.models.vae.wan import conv_tpu
     from ditax.models.vae.wan.conv_tpu_pack import saves_columns
 
-    _, _, c, cout, _, real, epi = CASES[case]
+    y, x, c, cout, _, real, epi = CASES[case]
     cols = epi != "phases" and cout == c and saves_columns(real)
-    return ["padded", "packed"] + (["cols"] if cols else [])
+    ty = conv_tpu.block_rows(y, x, max(c, -(-cout // 128) * 128))
+    with applied("packed_unaligned"):
+        odd = conv_tpu.sub_rows(ty, x, True) * x % 16 != 0
+    return (["padded", "packed", "packed_bf16asm"]
+            + (["packed_unaligned", "packed_s62"] if odd else []) + (["cols"] if cols else []))
 
 
 def _kernel_call(case: str, variant: str, interpret: bool = False):
@@ -127,10 +171,10 @@ def _kernel_call(case: str, variant: str, interpret: bool = False):
     opts = dict(pack=None if variant == "padded" else real,
                 cols=real if variant == "cols" else None, phases=epi == "phases",
                 interpret=interpret)
-
     def fn(xs, cache, w, b, extra):
         kw = {"act": {"act": (extra, cout ** 0.5)}, "residual": {"residual": extra}}.get(epi, {})
-        return conv_tpu.causal_conv3x3(xs, cache, w, b, **kw, **opts)
+        with applied(variant):    # read while this traces
+            return conv_tpu.causal_conv3x3(xs, cache, w, b, **kw, **opts)
 
     return jax.jit(fn), (xs, cache, w, b, extra)
 
@@ -142,7 +186,8 @@ def trips(case: str, variant: str) -> list[int]:
 
     y, x, c, cout, kt, _, _ = CASES[case]
     ty = conv_tpu.block_rows(y, x, max(c, -(-cout // 128) * 128))
-    sub = conv_tpu.sub_rows(ty, x, variant != "padded")
+    with applied(variant):
+        sub = conv_tpu.sub_rows(ty, x, variant != "padded")
     loops = [ty // sub] if variant != "padded" else [ty // sub, 3 * kt]
     return [t for t in loops if t > 1]     # a loop of one trip is no loop in the LLO
 
@@ -219,8 +264,51 @@ def llo_one(a) -> None:
     print(f"ty={conv_tpu.block_rows(y, x, max(c, -(-cout // 128) * 128))}")
 
 
+def where_different(out, ref, tol: float) -> dict:
+    """How ``out`` ``[B, F, Y, X, C]`` differs from ``ref``: the largest difference, the share
+    of elements off by more than ``tol``, and (the first few of) the frames, rows, columns
+    and channels where they lie, so that one chip run shows the pattern (a sub-block's
+    rows, a lane range, a row's last pixels...)."""
+    import numpy as np
+
+    diff = np.abs(out - ref)
+    bad = diff > tol
+    row = {"max_abs_diff": float(diff.max()), "ref_max_abs": float(np.abs(ref).max()),
+           "tol": tol, "bad_share": round(float(bad.mean()), 6)}
+    if bad.any():
+        for name, axis in (("frames", 1), ("rows", 2), ("cols", 3), ("channels", 4)):
+            hit = np.flatnonzero(bad.any(axis=tuple(i for i in range(5) if i != axis)))
+            row[f"bad_{name}"] = {"n": int(hit.size), "of": bad.shape[axis],
+                                  "first": hit[:12].tolist()}
+    return row
+
+
+def probe_compile_rows() -> None:
+    """``--probes``: no chip; each probe compiled by libtpu for a v5e (deviceless), one line
+    each (``compiled`` or ``error``): what ``--chip`` will run compiles."""
+    import jax
+    import numpy as np
+
+    from ditax.models.vae.wan import conv_tpu_probe
+    from ditax.plan.targets import parse_target, topology_devices
+
+    dev = topology_devices(parse_target("tpu-v5e-1"))[0]
+    rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)),
+                                     jax.sharding.PartitionSpec())
+    conv_tpu_probe.COMPILE_ONLY = lambda fn, args: fn.lower(*[
+        jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rep) for v in args]).compile()
+    for row in conv_tpu_probe.all_rows():
+        print(json.dumps({"bench": "vae_conv_probe", "device_kind": "v5e deviceless", **row}),
+              flush=True)
+
+
 def chip_rows(a) -> None:
-    """Mode 3: time each case padded and packed on this machine's chip."""
+    """Mode 3: on this machine's chip, first the probes (:mod:`ditax.models.vae.wan.
+    conv_tpu_probe`: pltpu.roll, the packed operand's assembly, the column extraction, each
+    against numpy), then each case's variants timed, every packed one with its outputs'
+    difference from the padded kernel's (the fast path's, which equals the plain decode on
+    the chip) and where the differences lie. A case that fails prints its error and the run
+    goes on."""
     import jax
     import numpy as np
 
@@ -230,20 +318,35 @@ def chip_rows(a) -> None:
     if jax.devices()[0].platform != "tpu":
         raise SystemExit(f"--chip times the kernel on a TPU; this machine has "
                          f"{jax.devices()[0].platform} (use --llo here)")
+    kind = jax.devices()[0].device_kind
+    if not a.no_probes:
+        from ditax.models.vae.wan import conv_tpu_probe
+
+        for row in conv_tpu_probe.all_rows():
+            emit({"bench": "vae_conv_probe", "device_kind": kind, **row,
+                  "ok": row.get("max_abs_diff") == 0.0 and not row.get("nan")})
+    keep = a.variants.split(",") if a.variants else None
     for case in a.cases.split(","):
         base = out0 = None
         for variant in variants(case):
-            fn, args = _kernel_call(case, variant)
-            compile_s, median = timed(fn, args, a.repeats)
-            out = np.asarray(fn(*args), np.float32)
+            if keep and variant != "padded" and variant not in keep:
+                continue
             row = {"bench": "vae_conv_chip", "case": case, "variant": variant, "metric": "conv",
-                   "value": median, "unit": "s", "frames": FRAMES,
-                   "compile_s": round(compile_s, 2), "device_kind": jax.devices()[0].device_kind}
+                   "unit": "s", "frames": FRAMES, "device_kind": kind}
+            try:
+                fn, args = _kernel_call(case, variant)
+                compile_s, median = timed(fn, args, a.repeats)
+                out = np.asarray(fn(*args), np.float32)
+            except Exception as e:   # one case's failure names itself; the others still run
+                emit({**row, "error": f"{type(e).__name__}: {str(e).strip()[:300]}"})
+                continue
+            row.update(value=median, compile_s=round(compile_s, 2))
             if base is None:
                 base, out0 = row["value"], out
-            else:
+            elif out0 is not None:
                 row["baseline"], row["ratio"] = base, round(row["value"] / base, 3)
-                row["max_abs_diff"] = float(np.abs(out - out0).max())
+                row.update(where_different(out, out0, 0.05 * float(np.abs(out0).max())))
+                row["ok"] = row["max_abs_diff"] <= 2 ** -6 * row["ref_max_abs"]
             emit(row)
 
 
@@ -254,6 +357,11 @@ def main(argv=None) -> None:
     ap.add_argument("--chip", action="store_true", help="time the cases on this chip")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--variants", default="",
+                    help="--chip: only these (comma-separated; padded always runs)")
+    ap.add_argument("--no-probes", action="store_true", help="--chip: skip the probes")
+    ap.add_argument("--probes", action="store_true",
+                    help="compile the probes for a v5e, deviceless (--chip runs them)")
     ap.add_argument("--llo-one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="padded", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -265,6 +373,8 @@ def main(argv=None) -> None:
             print(json.dumps(row))
     elif a.chip:
         chip_rows(a)
+    elif a.probes:
+        probe_compile_rows()
     else:
         llo_rows(a)
 

@@ -54,6 +54,11 @@ LANES = 128
 _TARGET_ELEMS = 1 << 20  # rows * X * max(C, C_out) per frame block: ~2 MiB of bf16
 _MXU_ROWS = 2048         # pixels per product: Mosaic's code (and compile time) grows with it
 _PACKED_ROWS = 1024      # packed (pack=): straight-line products, no tap loop; half the code
+#: products of a multiple of 16 pixels where a divisor allows (bf16's 16-row tiles): packed at
+#: 480p the latent's 104-pixel rows went five at a time (520 pixels) where the padded kernel
+#: takes ten (1040), one of the suspects of session 62's wrong packed decode on the chip
+#: (``benchmarks/vae_conv_pack.py --chip``'s ``packed_unaligned`` sets 1: any count)
+_ROW_ALIGN = 16
 _VMEM_LIMIT = 100 * 2**20
 
 
@@ -72,9 +77,11 @@ def block_rows(y: int, x: int, c: int) -> int:
 
 def sub_rows(ty: int, x: int, packed: bool = False) -> int:
     """Rows of a block's sub-blocks (one product each): the largest divisor of ``ty`` whose
-    product has at most ``_MXU_ROWS`` pixels (packed: ``_PACKED_ROWS``), at least one row."""
+    product has at most ``_MXU_ROWS`` pixels (packed: ``_PACKED_ROWS``), at least one row;
+    of those with a multiple of ``_ROW_ALIGN`` pixels where there is one."""
     limit = min(_MXU_ROWS, _PACKED_ROWS) if packed else _MXU_ROWS
-    return max(r for r in range(1, ty + 1) if ty % r == 0 and (r == 1 or r * x <= limit))
+    fits = [r for r in range(1, ty + 1) if ty % r == 0 and (r == 1 or r * x <= limit)]
+    return max([r for r in fits if r * x % _ROW_ALIGN == 0] or fits)
 
 
 def _lanes(c: int) -> int:
@@ -228,6 +235,15 @@ def _kernel(*refs, kt: int, ty: int, rows: int, nby: int, frames: int, act_scale
     lax.fori_loop(0, ty // rows, sub_block, 0)
 
 
+def _interpret_params(interpret):
+    """``interpret``: False (compiled), True (the default interpret mode: uninitialised
+    memory NaN, out-of-bounds reads raise) or a ``pltpu.InterpretParams`` (stricter checks:
+    races, eager DMAs, shuffled parallel grid axes)."""
+    if isinstance(interpret, pltpu.InterpretParams):
+        return interpret
+    return pltpu.InterpretParams() if interpret else False
+
+
 def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.Array, *,
                    act=None, residual: jax.Array | None = None, phases: bool = False,
                    pack: int | None = None, cols: int | None = None,
@@ -326,7 +342,7 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=max(32 * 2**20, min(_VMEM_LIMIT, 2 * vmem))),
         cost_estimate=cost,
-        interpret=pltpu.InterpretParams() if interpret else False,
+        interpret=_interpret_params(interpret),
         name="wan_vae_conv3x3",
     )(*args)
     return y.reshape(bsz, frames, 2 * height, 2 * x_len, cout // 4) if phases else y

@@ -13,7 +13,8 @@ a multiple of 128 (nothing to pack: the taps' whole widths side by side) is allo
 Mosaic has no cheap lane concatenation at offsets that are not multiples of 128, so each
 128-lane chunk of the packed operand is assembled from lane-rolled (``pltpu.roll``) 128-lane
 pieces of the taps, selected by lane, and stored at its aligned place in a VMEM scratch
-``[rows X, K]`` (lanes past ``3 kt c`` zero).
+``[rows X, K]`` (lanes past ``3 kt c`` zero); bf16 taps in float32, stored in 256-lane pairs
+(:data:`ASSEMBLY_DTYPE`).
 
 ``cols=o`` (with ``pack``; ``o`` the real output channels) also puts the three column taps'
 outputs side by side in the product's lanes — one ``[rows X, K] @ [K, ceil(3 o / 128) 128]``
@@ -33,6 +34,13 @@ from jax import lax
 from jax.experimental.pallas import tpu as pltpu
 
 LANES = 128
+#: the dtype :func:`fill` rolls and selects the taps' pieces in before storing them in the
+#: operand's (read at trace time). float32: bf16 taps converted whole, chunks stored in
+#: 256-lane pairs — no bf16 value at an odd 128-lane offset, which only packing had (a suspect
+#: of session 62's chip result) and statically a little shorter (libtpu's v5e schedule: 0.68
+#: of the padded kernel against 0.70 at 96 channels). None: the operand's own, session 62's
+#: (``benchmarks/vae_conv_pack.py --chip``'s ``packed_bf16asm``).
+ASSEMBLY_DTYPE = jnp.float32
 
 
 def _lanes(c: int) -> int:
@@ -136,23 +144,43 @@ def columns(acc_ref, cols: int, lanes: int) -> list[jax.Array]:
 
 def fill(lhs_ref, tap, layout) -> None:
     """Assemble the packed operand into ``lhs_ref`` ``[m, K]`` (VMEM): ``tap(k)`` is the
-    ``[m, C]`` operand of (time, row) tap ``k``; ``layout``: :func:`chunks`'."""
-    m = lhs_ref.shape[0]
+    ``[m, C]`` operand of (time, row) tap ``k``; ``layout``: :func:`chunks`'. Every lane of
+    every chunk is written (zeros where no piece lies), each call. With
+    :data:`ASSEMBLY_DTYPE` wider than the operand's, each tap is converted whole, its pieces
+    rolled and selected in that type, and the chunks stored in 256-lane pairs: no operand-
+    dtype value at an odd 128-lane offset (bf16 VMEM tiles here are 8 rows x 256 lanes a
+    vector register, Mosaic's dump; the fast path never slices bf16 at 128)."""
+    m, dt = lhs_ref.shape[0], lhs_ref.dtype
+    via = jnp.dtype(ASSEMBLY_DTYPE or dt)
+    wide = via.itemsize > jnp.dtype(dt).itemsize
     lane = lax.broadcasted_iota(jnp.int32, (m, LANES), 1)
-    loaded = {}
+    loaded, whole, pending = {}, {}, None
     for j, pieces in enumerate(layout):
-        chunk = jnp.zeros((m, LANES), lhs_ref.dtype)
+        chunk = jnp.zeros((m, LANES), via)
         for k, q, d, lo, hi in pieces:
             key = (k, q)
             if key not in loaded:   # a piece split over two chunks is loaded and rolled once
-                src = tap(k)[:, q * LANES:(q + 1) * LANES]
+                if wide:
+                    whole = whole if k in whole else {k: tap(k).astype(via)}
+                    src = whole[k][:, q * LANES:(q + 1) * LANES]
+                else:
+                    src = tap(k)[:, q * LANES:(q + 1) * LANES]
                 loaded = {key: src if d == 0 else pltpu.roll(src, d, 1)}
             piece = loaded[key]
             if lo == 0 and hi == LANES:
                 chunk = piece
             else:
                 chunk = jnp.where((lane >= lo) & (lane < hi), piece, chunk)
-        lhs_ref[:, j * LANES:(j + 1) * LANES] = chunk
+        if not wide:
+            lhs_ref[:, j * LANES:(j + 1) * LANES] = chunk
+        elif j % 2 == 0:
+            pending = chunk
+        else:   # two chunks, one 256-lane store at an even offset
+            pair = jnp.concatenate([pending, chunk], axis=1).astype(dt)
+            lhs_ref[:, (j - 1) * LANES:(j + 1) * LANES] = pair
+            pending = None
+    if pending is not None:   # an odd count: the last chunk alone, at an even offset
+        lhs_ref[:, (len(layout) - 1) * LANES:] = pending.astype(dt)
 
 
 __all__ = ["check", "check_columns", "chunks", "column_weights", "columns", "fill", "passes",
