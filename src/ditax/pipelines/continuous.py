@@ -44,7 +44,7 @@ import numpy as np
 from ditax.parallel.axes import batch_shards
 from ditax.phases import phase
 from ditax.pipelines.batch import batchable
-from ditax.pipelines.denoise import _denoise_step
+from ditax.pipelines.denoise import CARRY, _denoise_step
 from ditax.pipelines.rows import Row, _rows_step, pad_rows, program_key
 from ditax.pipelines.sampling import Prepared, check_finite, replicate
 from ditax.pipelines.slots import Slots
@@ -197,7 +197,7 @@ class ContinuousBatch:
         guidance, strengths = extras
         args = (expert.params, slots.states, slots.x, slots.text, guidance, slots.condition,
                 strengths)
-        return p.programs.step(_rows_step, p.step_static(expert), args), args
+        return p.programs.step(_rows_step, p.step_static(expert), args, carry=CARRY), args
 
     @staticmethod
     def alone(slots: Slots, rows: Sequence[Row]) -> bool:
@@ -212,17 +212,10 @@ class ContinuousBatch:
         state = jax.tree.map(lambda a: a[0], slots.states)
         args = (expert.params, state, slots.x, slots.text, jnp.float32(row.guidance()),
                 slots.condition)
-        run = p.programs.step(_denoise_step, p.step_static(expert), args)
-        x, state = self._settle(run(*args), p.mesh)
+        run = p.programs.step(_denoise_step, p.step_static(expert), args, carry=CARRY)
+        x, state = run(*args)      # laid out as they came in (CARRY): the next step's inputs
         slots.x, slots.states = x, jax.tree.map(lambda a: a[None], state)
         self.steps_run += 1
-
-    @staticmethod
-    def _settle(out, mesh):
-        """A step's ``(latents, states)`` laid out as its inputs were (replicated on the mesh),
-        so the next step runs the same compiled program (XLA may hand them back split over the
-        batch shards)."""
-        return out if mesh is None else replicate(out, mesh)
 
     def step(self) -> list[tuple[Hashable, Any]]:
         """One step for every row; returns ``[(tag, output)]`` of the rows that finished (each
@@ -241,7 +234,7 @@ class ContinuousBatch:
             which, rows = next(iter(groups.items()))
             run, args = self.program(slots, p, self.expert(p, *which),
                                      self._extras(rows, slots.n, lambda r: r.slot))
-            slots.x, slots.states = self._settle(run(*args), p.mesh)
+            slots.x, slots.states = run(*args)
             self.steps_run += 1
         else:                                  # each expert's rows gathered, run, put back
             for which, rows in sorted(groups.items()):
@@ -251,7 +244,7 @@ class ContinuousBatch:
                 pos = {r.tag: k for k, r in enumerate(rows)}
                 run, args = self.program(sub, p, self.expert(p, *which),
                                          self._extras(rows, n, lambda r: pos[r.tag]))
-                sub.x, sub.states = self._settle(run(*args), p.mesh)
+                sub.x, sub.states = run(*args)
                 slots.put(idx, sub)
                 self.steps_run += 1
         for r in self.rows:
@@ -336,7 +329,7 @@ class ContinuousBatch:
                 state = jax.tree.map(lambda a: a[0], one.states)
                 args = (e.params, state, one.x, one.text, jnp.float32(row.guidance()),
                         one.condition)
-                p.programs.step(_denoise_step, p.step_static(e), args)
+                p.programs.step(_denoise_step, p.step_static(e), args, carry=CARRY)
             jax.block_until_ready(jax.tree.map(lambda a: a[None], state))
         # the small programs around the steps, at every size: a join's write, a freed slot's
         # restart, a resize's gather (and a second expert's put back), a finished row's slice

@@ -23,6 +23,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 COND, UNCOND, BOTH = slice(0, 1), slice(1, 2), slice(0, 2)   # rows of the CFG branches
+# a step's outputs (latents, scheduler state) are its next call's arguments 2 and 1 (the
+# ``carry`` of :meth:`~ditax.pipelines.programs.Programs.step`: laid out as they came in)
+CARRY = (2, 1)
 
 
 def step_inputs(model, inputs, sched_state, latents, condition):
@@ -149,6 +152,6 @@ def _denoise_step(gdef, inputs, scheduler, cfg_mode: str, use_cfg: bool, params,
     return scheduler_update(scheduler, sched_state, v, latents)
 
 
-__all__ = ["BOTH", "COND", "UNCOND", "batch_twice", "cfg_branches", "cond_branch", "guide",
-           "guide_rule", "model_forward", "scheduler_update", "step_inputs", "text_rows",
-           "uncond_rule", "velocity"]
+__all__ = ["BOTH", "CARRY", "COND", "UNCOND", "batch_twice", "cfg_branches", "cond_branch",
+           "guide", "guide_rule", "model_forward", "scheduler_update", "step_inputs",
+           "text_rows", "uncond_rule", "velocity"]

@@ -12,7 +12,11 @@ tracing, so neither tracing nor lowering runs again; jax's cache below it for wh
 cannot hold).
 
 A compiled program is the one the jitted call would build (same function, same static and
-abstract arguments), so results are bit-identical to calling the jitted function.
+abstract arguments), so results are bit-identical to calling the jitted function. A step's
+program also pins its outputs to the layout its fed-back inputs came in (``carry``): on a mesh
+XLA hands a batch's latents back split over the batch axes, which the next step's call —
+compiled for the inputs' layout — would reject; pinned, the loop feeds them back as they are
+(no copy between steps).
 
 A warm-up may compile a request's programs without running it: inside
 :meth:`Programs.deferring` a program not yet built is noted (its key and its build) instead of
@@ -104,12 +108,18 @@ class Programs:
         with ThreadPoolExecutor(min(threads, len(noted))) as pool:
             return dict(pool.map(one, noted.items()))
 
-    def step(self, jitted, static: tuple, args: tuple):
+    def step(self, jitted, static: tuple, args: tuple, carry: tuple[int, ...] | None = None):
         """``jitted`` (static arguments first, then ``args``) compiled for ``args``' abstract
-        values; call it with ``args`` alone."""
-        key = signature((jitted, static), args)
-        return self.get(key, lambda: jitted.lower(
-            *static, *jax.tree.map(abstract, args)).compile())
+        values; call it with ``args`` alone. ``carry``: the program's outputs are its next
+        call's inputs — output ``k`` is laid out as ``args[carry[k]]`` came in
+        (:func:`placed_as`), so a loop feeding them back runs this program again."""
+        key = signature((jitted, static, carry), args)
+        shapes = jax.tree.map(abstract, args)
+        outs = None if carry is None else placed_as(shapes, carry)
+        if outs is None:
+            return self.get(key, lambda: jitted.lower(*static, *shapes).compile())
+        return self.get(key, lambda: jax.jit(functools.partial(jitted, *static),
+                                             out_shardings=outs).lower(*shapes).compile())
 
     def decode(self, vae, shape: tuple[int, ...], sharding=None):
         """``vae.compile_decode(shape, sharding)``'s ``(first, rest)`` programs, once per
@@ -119,6 +129,17 @@ class Programs:
         graphdef, state = nnx.split(vae)
         key = signature(("decode", graphdef, tuple(shape), sharding), state)
         return self.get(key, lambda: vae.compile_decode(shape, sharding))
+
+
+def placed_as(shapes: tuple, carry: tuple[int, ...]):
+    """The out_shardings that lay a program's outputs out as its arguments ``carry`` came in
+    (``shapes``: the arguments' :func:`abstract` values; an uncommitted leaf's None leaves
+    that output to XLA), or None when no such argument is placed (one device: the program
+    as jitted). On a mesh XLA would otherwise hand a batch back split over the batch axes,
+    and the program, compiled for replicated inputs, rejects that layout at its next call."""
+    outs = tuple(jax.tree.map(lambda a: a.sharding, shapes[i]) for i in carry)
+    placed = jax.tree.leaves(outs, is_leaf=lambda s: s is None)
+    return outs if any(s is not None for s in placed) else None
 
 
 def in_compile_cache(method):
@@ -131,4 +152,4 @@ def in_compile_cache(method):
     return scoped
 
 
-__all__ = ["Programs", "abstract", "in_compile_cache", "signature"]
+__all__ = ["Programs", "abstract", "in_compile_cache", "placed_as", "signature"]

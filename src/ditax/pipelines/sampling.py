@@ -48,7 +48,7 @@ from ditax.parallel.axes import check_batch_divides
 from ditax.phases import phase
 from ditax.pipelines.cache.cached_step import extra_branches
 from ditax.pipelines.cache.step_cache import check_cache_args, plan_step_cache, uncached_stats
-from ditax.pipelines.denoise import _denoise_step
+from ditax.pipelines.denoise import CARRY, _denoise_step
 from ditax.pipelines.programs import Programs
 from ditax.pipelines.sparse_steps import schedule
 
@@ -335,7 +335,8 @@ def sample(prepared: Prepared, *, progress: bool = True,
         # unmerged LoRAs has its own)
         if step_cache is None:
             steps = {id(e): p.programs.step(_denoise_step, p.step_static(e),
-                                            (e.params, state, x, emb, jnp.float32(0), cond))
+                                            (e.params, state, x, emb, jnp.float32(0), cond),
+                                            carry=CARRY)
                      for e in runs}
         else:
             steps = {id(e): step_cache.compile(p.programs, e, p.inputs, p.scheduler, p.cfg_mode,

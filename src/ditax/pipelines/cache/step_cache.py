@@ -101,6 +101,7 @@ from ditax.pipelines.cache.policy import (CALIBRATE, CFG_REFRESH_EVERY, CFG_REUS
                                           Policy, check_cache_args, cfg_reuse_steps,
                                           uncached_stats)
 from ditax.pipelines.cache.cached_step import cached_denoise_step, extra_branches
+from ditax.pipelines.denoise import CARRY
 
 
 class StepCache:
@@ -155,7 +156,7 @@ class StepCache:
         static = (expert.graphdef, inputs, scheduler, cfg_mode, use_cfg, self.policy)
         program = programs.step(cached_denoise_step, static,
                                 (expert.params, state, x, text, jnp.float32(0),
-                                 self.tables, self.carry, condition))
+                                 self.tables, self.carry, condition), carry=(*CARRY, 6))
 
         def step(params, state, x, text, guidance, condition):
             x, state, self.carry = program(params, state, x, text, guidance, self.tables,
