@@ -252,13 +252,17 @@ def test_decode_programs_round_trip(tmp_path, monkeypatch):
 # the end-to-end check (slow tier: tests/conftest.py END_TO_END): the demo model in two fresh
 # processes sharing one cache folder
 CHILD = """
-import sys, numpy as np, ditax
+import sys, jax, numpy as np, ditax
+from ditax.exec_cache import LOADED
+loaded = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, secs, **kw: loaded.append(secs) if event == LOADED else None)
 pipe = ditax.load_pipeline(ditax.demo.model_path())
 pipe.compile_cache = sys.argv[1]
 video = pipe("a red ball moves left", seed=0, num_inference_steps=2, num_frames=5, height=32,
              width=32)
 np.save(sys.argv[2], np.asarray(video))
-print("COMPILE", pipe.timings.compile)
+print("LOADED", len(loaded))
 """
 
 
@@ -268,17 +272,18 @@ def test_demo_second_process_reads_the_programs(tmp_path):
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     env.pop("DITAX_CACHE_DIR", None)
-    compile_s = []
+    loaded = []
     for name in ("cold", "warm"):
         run = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cache"),
                               str(tmp_path / f"{name}.npy")], env=env, capture_output=True,
                              text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
-        compile_s.append(float(run.stdout.split("COMPILE")[-1]))
+        loaded.append(int(run.stdout.split("LOADED")[-1]))
         if name == "cold":
             stored = _stored(tmp_path / "cache")
             assert len(stored) == 2, stored            # the denoise step, the decode
     assert _stored(tmp_path / "cache") == stored      # the warm process wrote nothing new
-    # cold ~9 s, warm ~0.3 s here (jax's cache alone: ~1 s, its programs traced and lowered)
-    assert compile_s[1] < compile_s[0] / 4, compile_s
+    # the warm process deserialised both programs (no trace, no lowering, no compile: ~0.3 s
+    # against the cold one's ~9 s here; the time is the benchmarks' to say, not a test's)
+    assert loaded[0] == 0 and loaded[1] >= len(stored), loaded
     np.testing.assert_array_equal(np.load(tmp_path / "warm.npy"), np.load(tmp_path / "cold.npy"))
