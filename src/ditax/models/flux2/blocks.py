@@ -37,8 +37,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import AttentionCall
-from ditax.models.common.bfl.blocks import (HEADS, MLP, TOKENS, DoubleStreams, attend_joint,
-                                            gated, modulate, named)
+from ditax.models.common.bfl.blocks import (HEAD_MAJOR, HEADS, MLP, TOKENS, DoubleStreams,
+                                            attend_joint, gated, modulate, named)
 from ditax.models.common.joint_layout import JointLayout
 from ditax.models.flux2.config import Flux2Config
 from ditax.models.flux2.embeddings import mod_terms
@@ -156,7 +156,11 @@ class SingleBlock(nnx.Module):
         shift, scale, gate = mod_terms(mod, 3)
         a = self.attn
         d = x.shape[-1]
-        proj = a.to_qkv_mlp_proj(modulate(self.norm, x, shift, scale))
+        h = modulate(self.norm, x, shift, scale)
+        if attn.reads_head_major and a.to_qkv_mlp_proj.quant is None:
+            out = self._head_major(h, rope, kv_mask, attn, sharding)
+            return sharding.constrain(gated(x, gate, out, clip=True), TOKENS)
+        proj = a.to_qkv_mlp_proj(h)
         q, k, v = (proj[..., i * d:(i + 1) * d].reshape(x.shape[:2] + (a.heads, -1))
                    for i in range(3))
         q, k = a.norm_q(q), a.norm_k(k)
@@ -168,6 +172,30 @@ class SingleBlock(nnx.Module):
         out = checkpoint_name(a.to_out(a.to_out.joined_input([o, mlp.astype(o.dtype)], 2)),
                               "proj_out")
         return sharding.constrain(gated(x, gate, out, clip=True), TOKENS)
+
+    def _head_major(self, h, rope, kv_mask, attn: AttentionCall, sharding: ShardingContext):
+        """The block's ``to_out`` output for a kernel that reads head-major: q / k / v written
+        ``[B, N, S', K]`` by the fused projection's dot (:meth:`~ditax.nn.Linear.
+        head_columns`), the per-head norms and RoPE in that layout, ``to_out`` contracting the
+        kernel's output where it lies (:meth:`~ditax.nn.Linear.from_head_major_joined`).
+        Token-major, XLA relaid q and k out in float32 around the norms and v, the output in
+        bf16 (v5e deviceless, klein-4B at 1024²: ~1.5 ms of copies a block; this way
+        ~0.7 ms of the kernel's q / k / v columns relaid out instead, 11.07 → 9.68 ms a block
+        by libtpu's cost model; docs/tpu_v5e.md). Full-precision kernels only: with 8-bit
+        ones XLA made no such copies and the 8-bit columns' relayout made it slower
+        (W+A 7.35 → 8.34 ms, W 9.46 → 10.16 ms), so they keep the token-major path."""
+        a = self.attn
+        proj, n, d = a.to_qkv_mlp_proj, a.heads, h.shape[-1]
+        hx = proj.column_input(h)
+        qkv = proj.head_columns(hx, 0, 3 * n, d // n)
+        q, k, v = (qkv[:, i * n:(i + 1) * n] for i in range(3))
+        q, k = a.norm_q(q), a.norm_k(k)
+        q, k, v = (sharding.constrain(t, HEAD_MAJOR) for t in (q, k, v))
+        mlp = proj.out_columns(hx, 3 * d, proj.dims()[2] - 3 * d)
+        mlp = sharding.constrain(swiglu(mlp), MLP)
+        o = attend_joint(q, k, v, rope, kv_mask, attn, sharding, head_major=True)
+        return checkpoint_name(a.to_out.from_head_major_joined(o, mlp.astype(o.dtype)),
+                               "proj_out")
 
 
 __all__ = ["Attention", "DoubleBlock", "FeedForward", "ParallelAttention", "SingleBlock",

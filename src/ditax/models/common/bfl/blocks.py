@@ -23,6 +23,7 @@ from ditax.parallel.sharding import ShardingContext
 
 TOKENS = ("act_batch", "act_seq", "act_embed")
 HEADS = ("act_batch", "act_seq", "act_heads", None)
+HEAD_MAJOR = ("act_batch", "act_heads", "act_seq", None)
 MLP = ("act_batch", "act_seq", "act_mlp")
 
 
@@ -46,12 +47,15 @@ def named(x, name: str | None):
     return x if name is None else checkpoint_name(x, name)
 
 
-def attend_joint(q, k, v, rope, kv_mask, attn: AttentionCall, sharding: ShardingContext):
+def attend_joint(q, k, v, rope, kv_mask, attn: AttentionCall, sharding: ShardingContext,
+                 head_major: bool = False):
     """RoPE on q and k (float32 inside, :func:`~ditax.nn.apply_rope`), then ``attn`` over the
-    joint sequence ``[B, S', N, K]``; the output is named ``attn_out`` for remat."""
-    q = sharding.constrain(apply_rope(q, *rope), HEADS)
-    k = sharding.constrain(apply_rope(k, *rope), HEADS)
-    o = sharding.constrain(attn(q, k, v, kv_mask=kv_mask), HEADS)
+    joint sequence ``[B, S', N, K]`` (``head_major``: ``[B, N, S', K]`` in and out, the
+    layout a TPU kernel reads in place); the output is named ``attn_out`` for remat."""
+    lay = HEAD_MAJOR if head_major else HEADS
+    q = sharding.constrain(apply_rope(q, *rope, head_major=head_major), lay)
+    k = sharding.constrain(apply_rope(k, *rope, head_major=head_major), lay)
+    o = sharding.constrain(attn(q, k, v, kv_mask=kv_mask, head_major=head_major), lay)
     return checkpoint_name(o, "attn_out")
 
 
@@ -84,5 +88,6 @@ class DoubleStreams:
         return img, txt
 
 
-__all__ = ["TOKENS", "HEADS", "MLP", "DoubleStreams", "attend_joint", "gated", "modulate",
+__all__ = ["TOKENS", "HEADS", "HEAD_MAJOR", "MLP", "DoubleStreams", "attend_joint", "gated",
+           "modulate",
            "named"]
