@@ -124,15 +124,6 @@ class LoraLinear(Linear):
         y = self(x)
         return jnp.swapaxes(y.reshape(y.shape[:-1] + (num_heads, -1)), 1, 2)
 
-    def head_columns(self, x, start: int, num_heads: int, head_dim: int):
-        """:meth:`out_columns` viewed head-major ``[B, N, L, K]`` (base and LoRA terms)."""
-        y = self.out_columns(x, start, num_heads * head_dim)
-        return jnp.swapaxes(y.reshape(y.shape[:-1] + (num_heads, head_dim)), 1, 2)
-
-    def from_head_major_joined(self, x, rest):
-        """``[x | rest]`` (``x`` head-major) joined token-major through :meth:`__call__`."""
-        return self(self.joined_input([jnp.swapaxes(x, 1, 2), rest.astype(x.dtype)], 2))
-
     def from_head_major(self, x):
         """Head-major ``x [B, N, L, K]`` through :meth:`__call__` (base and LoRA terms)."""
         return self(jnp.swapaxes(x, 1, 2).reshape(x.shape[0], x.shape[2], -1))

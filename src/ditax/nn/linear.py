@@ -136,49 +136,6 @@ class Linear(nnx.Module):
             y = y + self.bias[...].astype(self.dtype).reshape(num_heads, 1, -1)
         return y
 
-    def head_columns(self, x, start: int, num_heads: int, head_dim: int):
-        """Output columns ``[start, start + N·K)`` (static) of the layer on ``x [B, L, in]``
-        written head-major ``[B, N, L, K]`` straight from the dot, as :meth:`to_head_major`
-        writes a whole layer: a fused projection's q / k / v reach a head-major attention
-        kernel with no relayout of a token-major output (FLUX.2's single block). ``x`` may
-        be :meth:`column_input`'s result. For an unheaded kernel only."""
-        self._check_plain("head_columns")
-        n, k = num_heads, head_dim
-        cut = lambda a: jax.lax.slice_in_dim(a, start, start + n * k, axis=a.ndim - 1)  # noqa
-        w = cut(self.kernel[...])
-        w = w.reshape(w.shape[:-1] + (n, k))
-        if self.quant is not None:
-            y = self.quant.einsum("bli,ink->bnlk", x, w, cut(self.kernel_scale[...]),
-                                  self.dtype)
-        else:
-            y = jnp.einsum("bli,ink->bnlk", x.astype(self.dtype), w.astype(self.dtype))
-        if self.bias is not None:
-            y = y + cut(self.bias[...]).astype(self.dtype).reshape(n, 1, k)
-        return y
-
-    def from_head_major_joined(self, x, rest):
-        """The layer on the joined input ``[x | rest]`` (:meth:`joined_input`'s order) with
-        ``x`` head-major ``[B, N, L, K]`` (the first N·K inputs, where a head-major attention
-        kernel wrote them) and ``rest [B, L, M]`` → ``[B, L, out]``: two products on the
-        kernel's row blocks summed in float32, rounded once (the joined product's values up
-        to summation order), so ``x`` is not relaid out token-major to be joined. 8-bit
-        kernels: ``x`` moved token-major and :meth:`joined_input`'s path (the same values
-        as before; the relayout stays)."""
-        if self.quant is not None:
-            return self(self.joined_input([jnp.swapaxes(x, 1, 2), rest.astype(x.dtype)], 2))
-        n, k = x.shape[1], x.shape[3]
-        w = self._as_matrix(self.kernel[...].astype(self.dtype))
-        w_x = jax.lax.slice_in_dim(w, 0, n * k, axis=w.ndim - 2)
-        w_r = jax.lax.slice_in_dim(w, n * k, w.shape[-2], axis=w.ndim - 2)
-        f32 = jnp.float32
-        y = (jnp.einsum("bnlk,nko->blo", x.astype(self.dtype), w_x.reshape(n, k, -1),
-                        preferred_element_type=f32)
-             + jnp.einsum("blm,mo->blo", rest.astype(self.dtype), w_r,
-                          preferred_element_type=f32))
-        if self.bias is not None:
-            y = y + self.bias[...].astype(f32)
-        return y.astype(self.dtype)
-
     def from_head_major(self, x):
         """The layer on head-major ``x [B, N, L, K]`` (in = N·K) → ``[B, L, out]``,
         contracting ``(N, K)`` where the attention kernel wrote them."""

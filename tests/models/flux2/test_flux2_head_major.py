@@ -1,7 +1,9 @@
-"""FLUX.2's single blocks in the head-major layout (a TPU kernel's ``[B, N, S', K]``: the
-fused projection writes q / k / v head-major from its dot, the per-head norms and RoPE run in
-it, ``to_out`` contracts the kernel's output where it lies) against diffusers, forward and
-gradient, and with an unmerged LoRA; 8-bit kernels keep the token-major path."""
+"""FLUX.2's double blocks in the head-major layout (a TPU kernel's ``[B, N, S', K]``: the
+q / k / v kernels stored ``[N, D, K]`` write it from their dots, the per-head norms and RoPE
+run in it, image and text are joined on its token axis, ``to_out`` / ``to_add_out`` contract
+the kernel's output where it lies) against diffusers, forward and gradient (parameters in
+diffusers' keys and layouts), in int8 against the token-major path, and with an unmerged
+LoRA."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,7 @@ import torch
 
 import ditax
 from ditax.config import AttentionConfig
-from ditax.models.flux2.blocks import SingleBlock
+from ditax.models.flux2.blocks import Attention
 from ditax.io.convert import export
 from ditax.models.flux2.convert import weight_table
 from flux2_reference import TINY, flux2_inputs, make_diffusers_flux2, run_diffusers_flux2
@@ -21,20 +23,30 @@ GRAD_INPUTS = ("hidden_states", "encoder_hidden_states")
 SPLASH = AttentionConfig(backend="splash")
 
 
+def spy(monkeypatch):
+    """The ``head_major`` flags the double blocks' q / k / v were traced with."""
+    seen, qkv = [], Attention.qkv
+
+    def wrapped(self, x, sharding, added, head_major=False):
+        seen.append(head_major)
+        return qkv(self, x, sharding, added, head_major)
+
+    monkeypatch.setattr(Attention, "qkv", wrapped)
+    return seen
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return make_diffusers_flux2(tmp_path_factory.mktemp("flux2hm"), **TINY)
 
 
-def test_head_major_single_blocks_match_diffusers(tiny, rng, fast_compile, monkeypatch):
-    """splash (interpret mode on CPU) reads head-major, so the single blocks take that path;
+def test_head_major_double_blocks_match_diffusers(tiny, rng, fast_compile, monkeypatch):
+    """splash (interpret mode on CPU) reads head-major, so the double blocks take that path;
     output and gradients (inputs, every parameter) within the token-major test's 1e-5."""
     m, folder = tiny
     inputs = flux2_inputs(rng, TINY, b=1)
     tr = ditax.load_transformer(folder, attention=SPLASH)
-    calls, head_major = [], SingleBlock._head_major
-    monkeypatch.setattr(SingleBlock, "_head_major",
-                        lambda self, *a: calls.append(1) or head_major(self, *a))
+    calls = spy(monkeypatch)
     ref = run_diffusers_flux2(m, inputs)
     ct = rng.standard_normal(ref.shape).astype(np.float32)
 
@@ -45,7 +57,7 @@ def test_head_major_single_blocks_match_diffusers(tiny, rng, fast_compile, monke
         return out, pull(jnp.asarray(ct))
 
     out, grads = out_and_grads(tr, *(inputs[n] for n in GRAD_INPUTS))
-    assert calls                               # traced: the single blocks took the path
+    assert calls and all(calls)                # traced: the double blocks took the path
     errs = {"out": rel_err(out, ref)}
     leaves = {k: torch.from_numpy(v).requires_grad_(k in GRAD_INPUTS) for k, v in inputs.items()}
     (m(**leaves, return_dict=False)[0] * torch.from_numpy(ct)).sum().backward()
@@ -59,32 +71,31 @@ def test_head_major_single_blocks_match_diffusers(tiny, rng, fast_compile, monke
 
 
 @pytest.mark.parametrize("acts", [False, True], ids=["w8", "w8a8"])
-def test_int8_keeps_the_token_major_single_blocks(tiny, rng, acts, monkeypatch):
-    """int8 weights (and activations) under splash: the single blocks stay token-major (on a
-    v5e the 8-bit kernel's q / k / v columns relaid out for a head-major dot cost more than
-    the copies they save) and give xla's output."""
+def test_head_major_int8_matches_token_major(tiny, rng, acts, monkeypatch):
+    """int8 weights (and activations): the head-major double blocks (8-bit ``[N, D, K]``
+    kernels, their per-channel scales) give the token-major path's output."""
     _, folder = tiny
     inputs = flux2_inputs(rng, TINY, b=1)
-    calls, head_major = [], SingleBlock._head_major
-    monkeypatch.setattr(SingleBlock, "_head_major",
-                        lambda self, *a: calls.append(1) or head_major(self, *a))
+    calls = spy(monkeypatch)
     kw = dict(quantize="int8", quantize_activations=acts)
     outs = [np.asarray(ditax.load_transformer(folder, attention=a, **kw)(**inputs))
             for a in ("xla", SPLASH)]
-    assert not calls
+    assert True in calls and False in calls
     assert rel_err(outs[1], outs[0]) < 1e-5, rel_err(outs[1], outs[0])
 
 
 def test_head_major_unmerged_lora_matches_merged(tiny, tmp_path, rng):
-    """A LoRA on the single blocks' fused projection and ``to_out``, unmerged, through the
-    head-major path (:class:`~ditax.lora.unmerged.LoraLinear`'s ``head_columns`` /
-    ``from_head_major_joined``): the merged token-major model's output."""
+    """A LoRA on a double block's ``to_q`` / ``add_v_proj`` (head-major ``[N, D, K]``
+    kernels) and ``to_out``, unmerged, through the head-major path
+    (:class:`~ditax.lora.unmerged.LoraLinear`'s ``to_head_major`` / ``from_head_major``):
+    the merged token-major model's output."""
     from safetensors.numpy import save_file
 
     _, folder = tiny
-    d, m2, r = 32, 2 * 96, 4
-    mods = {"single_transformer_blocks.0.attn.to_qkv_mlp_proj": (d, 3 * d + m2),
-            "single_transformer_blocks.1.attn.to_out": (d + m2 // 2, d)}
+    d, r = 32, 4
+    mods = {"transformer_blocks.0.attn.to_q": (d, d),
+            "transformer_blocks.1.attn.add_v_proj": (d, d),
+            "transformer_blocks.1.attn.to_out.0": (d, d)}
     peft = {}
     for name, (din, dout) in mods.items():
         peft[f"transformer.{name}.lora_A.weight"] = (
