@@ -34,8 +34,8 @@ def inputs():
 ], ids=["ulysses", "ring"])
 def test_sequence_parallel_on_fsdp2_x_context4_equals_diffusers(model, inputs, attention):
     tr = ditax.load_transformer(model[1], mesh=make_mesh(MESH), attention=attention)
-    k = tr.module.transformer_blocks.attn.to_q.kernel[...]           # [layers, D, D]
-    assert k.sharding.shard_shape(k.shape)[1] == k.shape[1] // 8      # embed over fsdp x context
+    k = tr.module.transformer_blocks.attn.to_q.kernel[...]           # [layers, N, D, K]
+    assert k.sharding.shard_shape(k.shape)[2] == k.shape[2] // 8      # embed over fsdp x context
     out, ref = np.asarray(tr(**inputs)), run_diffusers_flux2(model[0], inputs)
     print(f"flux2 {attention.backend} rel err {rel_err(out, ref):.1e}")
     assert rel_err(out, ref) <= 1e-5, rel_err(out, ref)

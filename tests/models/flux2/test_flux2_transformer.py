@@ -190,7 +190,10 @@ def test_peft_and_bfl_loras_merge_as_w_plus_s_ba(tiny, tmp_path, rng):
         node = getattr(tr.module, stack)
         for p in rest:
             node = getattr(node, {"0": "to_out"}.get(p, p))
-        return np.asarray(node.kernel[...][int(i)])
+        k = np.asarray(node.kernel[...][int(i)])
+        if node.out_heads:                          # head-major [N, D, K] -> [D, N·K]
+            k = np.swapaxes(k, 0, 1).reshape(k.shape[1], -1)
+        return k
 
     for name, (a, b) in pairs.items():
         want = base[name + ".weight"] + s * b @ a

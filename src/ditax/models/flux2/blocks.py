@@ -14,7 +14,15 @@ Modulation`), computed once and handed to every block (``mod [B, 6D]`` per strea
 block, ``[B, 3D]`` for a single block). The norms are non-affine LayerNorms. No linear has a
 bias.
 
-Tokens are ``[B, S, D]``; attention I/O ``[B, S, N, K]``. The joint sequence is laid out by
+Tokens are ``[B, S, D]``; attention I/O ``[B, S, N, K]``, or head-major ``[B, N, S, K]`` in
+the double blocks under a kernel that reads it (splash, flash: ``AttentionCall.
+reads_head_major``): their q / k / v kernels are stored head-major ``[N, D, K]``
+(``Linear(out_heads=N)``), so the dots write that layout from the kernels as they lie (stored
+``[D, N·K]``, XLA transposed the six kernels in every layer on a v5e: ~0.16 ms each at
+klein-4B) and ``to_out`` / ``to_add_out`` contract the kernel's output in place. The single
+blocks stay token-major (their fused ``[D, 3D + 2M]`` kernel would be sliced and relaid out
+for a head-major dot in every layer of the scanned stack, which cost more than the q / k
+relayouts it saves; docs/tpu_v5e.md). The joint sequence is laid out by
 :class:`~ditax.models.common.joint_layout.JointLayout` (shard-major over the context shards, image
 first; attention does not depend on token order). Norms, modulation and the gated residuals
 run in float32 and are cast back to the compute dtype.
@@ -37,8 +45,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import AttentionCall
-from ditax.models.common.bfl.blocks import (HEADS, MLP, TOKENS, DoubleStreams, attend_joint,
-                                            gated, modulate, named)
+from ditax.models.common.bfl.blocks import (HEAD_MAJOR, HEADS, MLP, TOKENS, DoubleStreams,
+                                            attend_joint, gated, modulate, named)
 from ditax.models.common.joint_layout import JointLayout
 from ditax.models.flux2.config import Flux2Config
 from ditax.models.flux2.embeddings import mod_terms
@@ -76,11 +84,12 @@ class Attention(nnx.Module):
         d, k = cfg.inner_dim, cfg.attention_head_dim
         kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs, bias=False)
         norm = lambda: RMSNorm(k, cfg.eps, param_dtype=cfg.param_dtype)  # noqa: E731
-        self.heads = cfg.num_attention_heads
-        self.to_q, self.to_k, self.to_v = (Linear(d, d, **kw) for _ in range(3))
+        self.heads = n = cfg.num_attention_heads
+        hm = dict(kw, out_heads=n)                 # q / k / v kernels stored [N, D, K]
+        self.to_q, self.to_k, self.to_v = (Linear(d, d, **hm) for _ in range(3))
         self.norm_q, self.norm_k = norm(), norm()
         self.to_out = Linear(d, d, **kw)
-        self.add_q_proj, self.add_k_proj, self.add_v_proj = (Linear(d, d, **kw)
+        self.add_q_proj, self.add_k_proj, self.add_v_proj = (Linear(d, d, **hm)
                                                              for _ in range(3))
         self.norm_added_q, self.norm_added_k = norm(), norm()
         self.to_add_out = Linear(d, d, **kw)
@@ -88,15 +97,20 @@ class Attention(nnx.Module):
     def _heads(self, x):
         return x.reshape(x.shape[:2] + (self.heads, -1))
 
-    def qkv(self, x, sharding: ShardingContext, added: bool):
-        """Tokens ``[B, S, D]`` → normed q, k and v ``[B, S, N, K]`` (``added``: the text
-        projections); the projections' outputs are named ``proj_in``."""
+    def qkv(self, x, sharding: ShardingContext, added: bool, head_major: bool = False):
+        """Tokens ``[B, S, D]`` → normed q, k and v ``[B, S, N, K]`` (``head_major``:
+        ``[B, N, S, K]``, written so by the dots; ``added``: the text projections); the
+        projections' outputs are named ``proj_in``."""
         projs = ((self.add_q_proj, self.add_k_proj, self.add_v_proj) if added
                  else (self.to_q, self.to_k, self.to_v))
         norms = (self.norm_added_q, self.norm_added_k) if added else (self.norm_q, self.norm_k)
-        q, k, v = (named(self._heads(p(x)), "proj_in") for p in projs)
+        if head_major:
+            q, k, v = (named(p.to_head_major(x, self.heads), "proj_in") for p in projs)
+        else:
+            q, k, v = (named(self._heads(p(x)), "proj_in") for p in projs)
         q, k = norms[0](q), norms[1](k)
-        return tuple(sharding.constrain(a, HEADS) for a in (q, k, v))
+        return tuple(sharding.constrain(a, HEAD_MAJOR if head_major else HEADS)
+                     for a in (q, k, v))
 
 
 class DoubleBlock(DoubleStreams, nnx.Module):
@@ -119,12 +133,13 @@ class DoubleBlock(DoubleStreams, nnx.Module):
         ``[B, 6D]`` float32 (the shared modulations); rope (cos, sin) ``[S', K]`` and
         ``kv_mask [B, S']`` (or None) of the joint layout."""
         img, txt = streams
+        hm = attn.reads_head_major
         terms, terms_txt = mod_terms(mod_img, 6), mod_terms(mod_txt, 6)
-        qkv_img = self.attn.qkv(modulate(self.norm1, img, *terms[:2]), sharding, False)
+        qkv_img = self.attn.qkv(modulate(self.norm1, img, *terms[:2]), sharding, False, hm)
         qkv_txt = self.attn.qkv(modulate(self.norm1_context, txt, *terms_txt[:2]), sharding,
-                                True)
+                                True, hm)
         return self.joint_update(streams, qkv_img, qkv_txt, terms, terms_txt, rope, kv_mask,
-                                 layout, attn, sharding)
+                                 layout, attn, sharding, head_major=hm)
 
 
 class ParallelAttention(nnx.Module):

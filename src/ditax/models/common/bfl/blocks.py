@@ -23,6 +23,7 @@ from ditax.parallel.sharding import ShardingContext
 
 TOKENS = ("act_batch", "act_seq", "act_embed")
 HEADS = ("act_batch", "act_seq", "act_heads", None)
+HEAD_MAJOR = ("act_batch", "act_heads", "act_seq", None)
 MLP = ("act_batch", "act_seq", "act_mlp")
 
 
@@ -46,12 +47,15 @@ def named(x, name: str | None):
     return x if name is None else checkpoint_name(x, name)
 
 
-def attend_joint(q, k, v, rope, kv_mask, attn: AttentionCall, sharding: ShardingContext):
+def attend_joint(q, k, v, rope, kv_mask, attn: AttentionCall, sharding: ShardingContext,
+                 head_major: bool = False):
     """RoPE on q and k (float32 inside, :func:`~ditax.nn.apply_rope`), then ``attn`` over the
-    joint sequence ``[B, S', N, K]``; the output is named ``attn_out`` for remat."""
-    q = sharding.constrain(apply_rope(q, *rope), HEADS)
-    k = sharding.constrain(apply_rope(k, *rope), HEADS)
-    o = sharding.constrain(attn(q, k, v, kv_mask=kv_mask), HEADS)
+    joint sequence ``[B, S', N, K]`` (``head_major``: ``[B, N, S', K]`` in and out, the
+    layout a TPU kernel reads in place); the output is named ``attn_out`` for remat."""
+    lay = HEAD_MAJOR if head_major else HEADS
+    q = sharding.constrain(apply_rope(q, *rope, head_major=head_major), lay)
+    k = sharding.constrain(apply_rope(k, *rope, head_major=head_major), lay)
+    o = sharding.constrain(attn(q, k, v, kv_mask=kv_mask, head_major=head_major), lay)
     return checkpoint_name(o, "attn_out")
 
 
@@ -61,22 +65,28 @@ class DoubleStreams:
     non-affine LayerNorms) and ``ff`` / ``ff_context``)."""
 
     def joint_update(self, streams, qkv_img, qkv_txt, terms_img, terms_txt, rope, kv_mask,
-                     layout: JointLayout, attn: AttentionCall, sharding: ShardingContext):
+                     layout: JointLayout, attn: AttentionCall, sharding: ShardingContext,
+                     head_major: bool = False):
         """``streams`` (image ``[B, L', D]``, text ``[B, T', D]``) after the block, from each
-        stream's normed q, k, v ``[B, ·, N, K]`` and its six modulation terms (shift, scale,
+        stream's normed q, k, v ``[B, ·, N, K]`` (``head_major``: ``[B, N, ·, K]``, joined,
+        attended and projected in that layout) and its six modulation terms (shift, scale,
         gate of the attention, then of the MLP; the first two already applied)."""
         img, txt = streams
         _, _, gate, m_shift, m_scale, m_gate = terms_img
         _, _, c_gate, cm_shift, cm_scale, cm_gate = terms_txt
-        q, k, v = (layout.join(a, b) for a, b in zip(qkv_img, qkv_txt))
-        o_i, o_t = layout.split(attend_joint(q, k, v, rope, kv_mask, attn, sharding))
+        seq = 2 if head_major else 1
+        q, k, v = (layout.join(a, b, seq) for a, b in zip(qkv_img, qkv_txt))
+        o_i, o_t = layout.split(attend_joint(q, k, v, rope, kv_mask, attn, sharding,
+                                             head_major), seq)
+        heads = (lambda lin, o: lin.from_head_major(o)) if head_major else (  # noqa: E731
+            lambda lin, o: lin.from_heads(o))
 
-        out_i = checkpoint_name(self.attn.to_out.from_heads(o_i), "proj_out")
+        out_i = checkpoint_name(heads(self.attn.to_out, o_i), "proj_out")
         img = sharding.constrain(gated(img, gate, out_i), TOKENS)
         h = modulate(self.norm2, img, m_shift, m_scale)
         img = sharding.constrain(gated(img, m_gate, self.ff(h, sharding)), TOKENS)
 
-        out_t = checkpoint_name(self.attn.to_add_out.from_heads(o_t), "proj_out")
+        out_t = checkpoint_name(heads(self.attn.to_add_out, o_t), "proj_out")
         txt = sharding.constrain(gated(txt, c_gate, out_t), TOKENS)
         h = modulate(self.norm2_context, txt, cm_shift, cm_scale)
         txt = sharding.constrain(gated(txt, cm_gate, self.ff_context(h, sharding), clip=True),
@@ -84,5 +94,6 @@ class DoubleStreams:
         return img, txt
 
 
-__all__ = ["TOKENS", "HEADS", "MLP", "DoubleStreams", "attend_joint", "gated", "modulate",
+__all__ = ["TOKENS", "HEADS", "HEAD_MAJOR", "MLP", "DoubleStreams", "attend_joint", "gated",
+           "modulate",
            "named"]
