@@ -55,16 +55,34 @@ def check_choice(key: str, value, allowed) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}{hint}")
 
 
+#: the libraries whose own ``ValueError`` inside a run is a failure of the program, not of the
+#: request: ditax checks a request before any work, so one that jax finds mid-run was missed
+_LIBRARIES = ("jax", "jaxlib", "flax")
+
+
+def raised_in_library(e: BaseException) -> bool:
+    """Whether ``e`` was raised by a frame of :data:`_LIBRARIES` (the innermost frame's
+    module), e.g. jax refusing arguments laid out unlike those a program was compiled for."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return module.split(".")[0] in _LIBRARIES
+
+
 @contextlib.contextmanager
 def request_errors(*kinds: type[Exception]):
     """Inside, a ``ValueError`` (or one of ``kinds``) raised by a check of the user's request
     is that bad request: it becomes :class:`RequestError` (one line; exit 2 on the CLI, HTTP
-    400 on the server)."""
+    400 on the server). One raised by jax / flax themselves stays what it is: a failure of
+    the run (exit 1), not the user's to fix."""
     try:
         yield
     except DitaxError:
         raise
     except (ValueError, *kinds) as e:
+        if raised_in_library(e):
+            raise
         raise RequestError(str(e)) from e
 
 
