@@ -29,8 +29,8 @@ class Recording(Programs):
         super().__init__()
         self.latents, self.built = [], 0
 
-    def step(self, jitted, static, args):
-        run = super().step(jitted, static, args)
+    def step(self, jitted, static, args, carry=None):
+        run = super().step(jitted, static, args, carry)
 
         def recorded(*a):
             out = run(*a)
