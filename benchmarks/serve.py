@@ -37,6 +37,7 @@ Medians and ratios: these machines are noisy; every row is one run of one config
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import json
 import pathlib
@@ -105,12 +106,11 @@ def loss(servers: list[Server], results: list[dict], first: int = 3) -> dict:
     lost = [j for j in results if j["status"] != "completed"]
     if not lost:
         return {}
-    statuses: dict[str, int] = {}
+    statuses = dict(collections.Counter(j["status"] for j in results))
     errors: list[str] = []
-    for j in results:
-        statuses[j["status"]] = statuses.get(j["status"], 0) + 1
+    for j in lost:
         message = (j.get("error") or {}).get("message")
-        if j["status"] != "completed" and message and message not in errors:
+        if message and message not in errors:
             errors.append(message)
     for srv in servers:
         tail = srv.log.read_text(errors="replace")[-4000:] if srv.log.exists() else "(no log)"

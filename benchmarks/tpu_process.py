@@ -56,8 +56,8 @@ def _run(args: list[str], env: dict, timeout: float) -> tuple[float, str]:
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     if out.returncode != 0:
-        raise SystemExit(f"tpu_process: child exited {out.returncode}: "
-                         f"{out.stderr.strip().splitlines()[-1:] or ''}")
+        last = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(f"tpu_process: child exited {out.returncode}: {last}")
     return wall, out.stdout
 
 

@@ -72,3 +72,42 @@ def run_diffusers_flux2(m, inputs: dict) -> np.ndarray:
     with torch.no_grad():
         return m(**{k: torch.from_numpy(v) for k, v in inputs.items()},
                  return_dict=False)[0].numpy()
+
+
+GRAD_INPUTS = ("hidden_states", "encoder_hidden_states")
+
+
+def errors_vs_diffusers(m, tr, inputs: dict, rng) -> dict:
+    """Relative errors of ditax's FLUX.2 ``tr`` against the diffusers model ``m`` on
+    ``inputs``: the output, the gradients of a random cotangent's dot with it with respect to
+    :data:`GRAD_INPUTS` and to every parameter (ditax's exported to diffusers' keys and
+    layouts; the largest, ``"params"``)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from ditax.io.convert import export
+    from ditax.models.flux2.convert import weight_table
+    from wan_reference import rel_err
+
+    ref = run_diffusers_flux2(m, inputs)
+    ct = rng.standard_normal(ref.shape).astype(np.float32)
+
+    @jax.jit
+    def out_and_grads(tr, *xs):
+        out, pull = jax.vjp(lambda tr, *xs: tr(**{**inputs, **dict(zip(GRAD_INPUTS, xs))}),
+                            tr, *xs)
+        return out, pull(jnp.asarray(ct))
+
+    out, grads = out_and_grads(tr, *(inputs[n] for n in GRAD_INPUTS))
+    errs = {"out": rel_err(out, ref)}
+    leaves = {k: torch.from_numpy(v).requires_grad_(k in GRAD_INPUTS) for k, v in inputs.items()}
+    (m(**leaves, return_dict=False)[0] * torch.from_numpy(ct)).sum().backward()
+    for name, g in zip(GRAD_INPUTS, grads[1:]):
+        errs[name] = rel_err(g, leaves[name].grad.numpy())
+    ours = export(weight_table(tr.config), grads[0]._state)     # diffusers keys and layouts
+    theirs = {k: p.grad.numpy() for k, p in m.named_parameters()}
+    m.zero_grad()
+    assert set(ours) == set(theirs)
+    errs["params"] = max(rel_err(ours[k], theirs[k]) for k in theirs)
+    return errs

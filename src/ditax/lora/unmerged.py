@@ -39,6 +39,7 @@ from ditax.io.convert import Table, linear_weight, param_shapes
 from ditax.lora.merge import plan_patches, upstream_shapes
 from ditax.lora.table import Lora
 from ditax.nn import Linear
+from ditax.nn.quant_dot import join_parts
 
 
 class LoraWeight(nnx.Variable):
@@ -111,8 +112,7 @@ class LoraLinear(Linear):
 
     def joined_input(self, parts, lead: int | None = None):
         """The concatenation as is: the LoRA terms read the full-precision input."""
-        lead = parts[0].ndim - 1 if lead is None else lead
-        return jnp.concatenate([p.reshape(p.shape[:lead] + (-1,)) for p in parts], -1)
+        return join_parts(parts, lead)
 
     def from_heads(self, x):
         """``x [..., N, K]`` flattened to ``[..., N·K]`` through :meth:`__call__` (base and

@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ditax.nn.quant_dot import join_parts
+
 
 class Linear(nnx.Module):
     """``y = x @ kernel + bias``; kernel ``[in, out]`` (torch ``weight.T``), compute in ``dtype``.
@@ -101,8 +103,7 @@ class Linear(nnx.Module):
         part, the same values as the concatenation's
         (:meth:`~ditax.nn.quant.QuantSpec.quantize_parts`)."""
         if self.quant is None:
-            lead = parts[0].ndim - 1 if lead is None else lead
-            return jnp.concatenate([p.reshape(p.shape[:lead] + (-1,)) for p in parts], -1)
+            return join_parts(parts, lead)
         return self.quant.quantize_parts(parts, lead)
 
     def _check_plain(self, what):

@@ -39,6 +39,11 @@ def channel_scale(w, mode: str, axis: int = -2):
     xp = jnp if isinstance(w, jax.Array) else np
     amax = (jnp.max(jnp.abs(w), axis=axis).astype(jnp.float32) if xp is jnp
             else np.max(np.abs(w.astype(np.float32)), axis=axis))
+    return amax_scale(amax, mode, xp)
+
+
+def amax_scale(amax, mode: str, xp=jnp):
+    """The 8-bit scale of a float32 ``max |x|``: ``amax / qmax``, 1 where it is 0."""
     return xp.where(amax > 0, amax / QMAX[mode], 1.0).astype(xp.float32)
 
 
@@ -74,6 +79,13 @@ def _letters(spec: str, x_ndim: int) -> tuple[str, str, str]:
         lhs, out = lhs.replace("...", "".join(free)), out.replace("...", "".join(free))
     return lhs, rhs, out
 
+
+
+def join_parts(parts, lead: int | None = None):
+    """``parts`` flattened after their ``lead`` token axes (default all but the last) and
+    concatenated on the last axis: the one input a layer on a concatenation reads."""
+    lead = parts[0].ndim - 1 if lead is None else lead
+    return jnp.concatenate([p.reshape(p.shape[:lead] + (-1,)) for p in parts], -1)
 
 class QuantizedInput(NamedTuple):
     """An activation quantized per token (:meth:`QuantSpec.quantize_input`): 8-bit ``values``
@@ -124,21 +136,19 @@ class QuantSpec:
         passes that each re-read (or recomputed) both parts, and relaid the head-major part
         out (FLUX.2's single block: its attention output and SwiGLU into ``to_out``;
         ``benchmarks/quant_fusions.py``). Without activations the concatenation."""
-        lead = parts[0].ndim - 1 if lead is None else lead
         if not self.activations:
-            return jnp.concatenate([p.reshape(p.shape[:lead] + (-1,)) for p in parts], -1)
+            return join_parts(parts, lead)
+        lead = parts[0].ndim - 1 if lead is None else lead
         amax = None
         for p in parts:
             m = jnp.max(jnp.abs(p), axis=tuple(range(lead, p.ndim)))
             amax = m if amax is None else jnp.maximum(amax, m)
-        amax = amax.astype(jnp.float32)
-        sx = jnp.where(amax > 0, amax / QMAX[self.mode], 1.0).astype(jnp.float32)
+        sx = amax_scale(amax.astype(jnp.float32), self.mode)
         values = tuple(quantize_values(p, sx.reshape(sx.shape + (1,) * (p.ndim - lead)),
                                        self.mode) for p in parts)
         if self.mode == "int8":
             return QuantizedParts(values, sx)
-        return QuantizedInput(jnp.concatenate([v.reshape(v.shape[:lead] + (-1,))
-                                               for v in values], -1), sx)
+        return QuantizedInput(join_parts(values, lead), sx)
 
     def _parts_dot(self, spec: str, x: "QuantizedParts", q, scale, dtype):
         """``x``'s joined input through ``q [in, out]`` (``spec`` ``...i,io->...o`` only):
@@ -193,4 +203,4 @@ class QuantSpec:
 
 
 __all__ = ["MODES", "QMAX", "STORED", "QuantSpec", "QuantizedInput", "QuantizedParts",
-           "channel_scale", "quantize_values", "dequantize"]
+           "amax_scale", "channel_scale", "join_parts", "quantize_values", "dequantize"]

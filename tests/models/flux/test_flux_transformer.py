@@ -270,24 +270,10 @@ def test_int8_activations_join_the_single_blocks_parts(tmp_path, rng, monkeypatc
     """int8 weights x int8 activations: each single block's ``proj_out`` reads the attention
     output and the MLP quantized part by part (:meth:`QuantSpec.quantize_parts`), bit for bit
     the output of the concatenation quantized whole (``joined_input`` patched back to it)."""
-    from ditax.nn.linear import Linear
-    from ditax.nn.quant import QuantSpec
+    from quant_parts_reference import parts_output_equals_joined
 
     m, folder = make_diffusers_flux(tmp_path, **TINY)
     inputs = flux_inputs(rng, TINY)
     tr = ditax.load_transformer(folder, quantize="int8", quantize_activations=True)
-    calls, parts_dot = [], QuantSpec._parts_dot
-    monkeypatch.setattr(QuantSpec, "_parts_dot",
-                        lambda self, *a: calls.append(a[1]) or parts_dot(self, *a))
-    new = np.asarray(tr.module(**inputs))
-    assert len(calls) >= 1 and all(len(x.values) == 2 for x in calls), calls
-    traced = len(calls)
-
-    def whole(self, parts, lead=None):
-        return jnp.concatenate([p.reshape(p.shape[:lead] + (-1,)) for p in parts], -1)
-
-    monkeypatch.setattr(Linear, "joined_input", whole)
-    old = np.asarray(tr.module(**inputs))
-    assert len(calls) == traced
-    np.testing.assert_array_equal(new, old)
+    new = parts_output_equals_joined(monkeypatch, tr, inputs)
     assert 1e-6 < rel_err(new, run_diffusers_flux(m, inputs)) < 5e-2

@@ -13,13 +13,11 @@ import torch
 
 import ditax
 from ditax.errors import ConfigError, RequestError, WeightError
-from ditax.io.convert import export
 from ditax.models.flux2.config import Flux2Config, check_transformer
-from ditax.models.flux2.convert import weight_table
-from flux2_reference import TINY, flux2_inputs, make_diffusers_flux2, run_diffusers_flux2
+from flux2_reference import (TINY, errors_vs_diffusers, flux2_inputs, make_diffusers_flux2,
+                             run_diffusers_flux2)
 from wan_reference import rel_err
 
-GRAD_INPUTS = ("hidden_states", "encoder_hidden_states")
 
 
 @pytest.fixture(scope="module")
@@ -38,29 +36,10 @@ def test_forward_and_gradient_match_diffusers(tiny, rng, fast_compile):
     inputs = flux2_inputs(rng, TINY)
     tr = ditax.load_transformer(folder, remat="save_proj")
     assert type(tr).__name__ == "Flux2TransformerModel"
-    ref = run_diffusers_flux2(m, inputs)
-    ct = rng.standard_normal(ref.shape).astype(np.float32)
-
-    @jax.jit
-    def out_and_grads(tr, *xs):
-        out, pull = jax.vjp(lambda tr, *xs: tr(**{**inputs, **dict(zip(GRAD_INPUTS, xs))}),
-                            tr, *xs)
-        return out, pull(jnp.asarray(ct))
-
-    out, grads = out_and_grads(tr, *(inputs[n] for n in GRAD_INPUTS))
-    errs = {"out": rel_err(out, ref)}
-    leaves = {k: torch.from_numpy(v).requires_grad_(k in GRAD_INPUTS) for k, v in inputs.items()}
-    (m(**leaves, return_dict=False)[0] * torch.from_numpy(ct)).sum().backward()
-    for name, g in zip(GRAD_INPUTS, grads[1:]):
-        errs[name] = rel_err(g, leaves[name].grad.numpy())
-    ours = export(weight_table(tr.config), grads[0]._state)     # diffusers keys and layouts
-    theirs = {k: p.grad.numpy() for k, p in m.named_parameters()}
-    m.zero_grad()
-    assert set(ours) == set(theirs)
+    errs = errors_vs_diffusers(m, tr, inputs, rng)
     # the largest parameter errors (~7e-6) come from the 1000 x t sinusoid: ditax's float32
     # frequency table is the correctly rounded one, torch's exp is an ulp off in 2 of its 128
     # entries (with torch's table the errors are ~1.5e-6, torch float32 vs float64's level)
-    errs["params"] = max(rel_err(ours[k], theirs[k]) for k in theirs)
     print("flux2 rel err", {k: f"{v:.1e}" for k, v in errs.items()})
     assert max(errs.values()) <= 1e-5, errs
 
@@ -225,24 +204,10 @@ def test_int8_activations_join_the_single_blocks_parts(tiny, rng, monkeypatch):
     parts' dot traced once a block), and the output is bit for bit that of the concatenation
     quantized whole (the slow reference: ``joined_input`` patched back to the plain
     concatenation, whose dot quantizes it)."""
-    from ditax.nn.linear import Linear
-    from ditax.nn.quant import QuantSpec
+    from quant_parts_reference import parts_output_equals_joined
 
     m, folder = tiny
     inputs = flux2_inputs(rng, TINY, b=1)
     tr = ditax.load_transformer(folder, quantize="int8", quantize_activations=True)
-    calls, parts_dot = [], QuantSpec._parts_dot
-    monkeypatch.setattr(QuantSpec, "_parts_dot",
-                        lambda self, *a: calls.append(a[1]) or parts_dot(self, *a))
-    new = np.asarray(tr.module(**inputs))
-    assert len(calls) >= 1 and all(len(x.values) == 2 for x in calls), calls
-    traced = len(calls)
-
-    def whole(self, parts, lead=None):
-        return jnp.concatenate([p.reshape(p.shape[:lead] + (-1,)) for p in parts], -1)
-
-    monkeypatch.setattr(Linear, "joined_input", whole)
-    old = np.asarray(tr.module(**inputs))
-    assert len(calls) == traced
-    np.testing.assert_array_equal(new, old)
+    new = parts_output_equals_joined(monkeypatch, tr, inputs)
     assert 1e-6 < rel_err(new, run_diffusers_flux2(m, inputs)) < 5e-2

@@ -78,15 +78,14 @@ class DoubleStreams:
         q, k, v = (layout.join(a, b, seq) for a, b in zip(qkv_img, qkv_txt))
         o_i, o_t = layout.split(attend_joint(q, k, v, rope, kv_mask, attn, sharding,
                                              head_major), seq)
-        heads = (lambda lin, o: lin.from_head_major(o)) if head_major else (  # noqa: E731
-            lambda lin, o: lin.from_heads(o))
+        heads = "from_head_major" if head_major else "from_heads"   # each Linear's own
 
-        out_i = checkpoint_name(heads(self.attn.to_out, o_i), "proj_out")
+        out_i = checkpoint_name(getattr(self.attn.to_out, heads)(o_i), "proj_out")
         img = sharding.constrain(gated(img, gate, out_i), TOKENS)
         h = modulate(self.norm2, img, m_shift, m_scale)
         img = sharding.constrain(gated(img, m_gate, self.ff(h, sharding)), TOKENS)
 
-        out_t = checkpoint_name(heads(self.attn.to_add_out, o_t), "proj_out")
+        out_t = checkpoint_name(getattr(self.attn.to_add_out, heads)(o_t), "proj_out")
         txt = sharding.constrain(gated(txt, c_gate, out_t), TOKENS)
         h = modulate(self.norm2_context, txt, cm_shift, cm_scale)
         txt = sharding.constrain(gated(txt, cm_gate, self.ff_context(h, sharding), clip=True),
@@ -95,5 +94,4 @@ class DoubleStreams:
 
 
 __all__ = ["TOKENS", "HEADS", "HEAD_MAJOR", "MLP", "DoubleStreams", "attend_joint", "gated",
-           "modulate",
-           "named"]
+           "modulate", "named"]
