@@ -351,6 +351,7 @@ def chip_rows(a) -> None:
 
 
 def main(argv=None) -> None:
+    global FRAMES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llo", action="store_true", help="static bundles, deviceless (default)")
     ap.add_argument("--flops", action="store_true", help="analytic FLOPs per decoder stage")
@@ -360,12 +361,16 @@ def main(argv=None) -> None:
     ap.add_argument("--variants", default="",
                     help="--chip: only these (comma-separated; padded always runs)")
     ap.add_argument("--no-probes", action="store_true", help="--chip: skip the probes")
+    ap.add_argument("--frames", type=int, default=FRAMES,
+                    help="--chip: frames a call (the 480p decode: 1 at the latent level and "
+                         "in the first chunk, 2 at 120x208, 4 above)")
     ap.add_argument("--probes", action="store_true",
                     help="compile the probes for a v5e, deviceless (--chip runs them)")
     ap.add_argument("--llo-one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="padded", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    FRAMES = a.frames
     if a.llo_one:
         llo_one(a)
     elif a.flops:

@@ -78,6 +78,9 @@ class SplashOptions(Options):
     # a model's block-sparse self-attention: its BlockTable (the tokens tile-major), set by
     # the model per token grid (ditax.attention.sparse.layout); None = dense
     block_table: Any = field(default=None, metadata={"internal": True})
+    # a model that appends copies of its first tokens once per forward: how many the keys
+    # end with (ditax.attention.splash.token_copies); 0 = none
+    copied_keys: int = field(default=0, metadata={"internal": True})
 
     DEFAULT = 512                            # the blocks of an interpreted (CPU) run
 

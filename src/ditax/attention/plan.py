@@ -108,6 +108,21 @@ class AttentionCall:
         return tuning.flash_blocks(Lq, Lk, platform.device_kind, kw.get("block_q"),
                                    kw.get("block_kv"), kw.get("block_kv_compute"))[1]
 
+    def token_copies(self, L: int) -> int:
+        """Copies of its first tokens a model may append once per forward to its ``L``
+        tokens for this self-attention (:func:`ditax.attention.splash.token_copies`: splash
+        run locally, whose keys would be padded as copies anyway); 0 for other calls. The
+        model then runs :meth:`with_copies`."""
+        if self.backend != "splash":
+            return 0
+        from ditax.attention.splash import token_copies
+
+        return token_copies(L, self.options, self.platform or platform_of(self.mesh))
+
+    def with_copies(self, n: int) -> "AttentionCall":
+        """This call for keys whose last ``n`` copy the first ``n`` (:meth:`token_copies`)."""
+        return replace(self, options=replace(self.options, copied_keys=n)) if n else self
+
     def _run(self, platform: Platform, q, k, v, kv_mask, scale, head_major=False):
         entry = self.entry
         if entry.kind == "sequence":

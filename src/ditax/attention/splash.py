@@ -54,7 +54,8 @@ TILES = ("block_q", "block_kv", "block_kv_compute", "block_q_bwd", "block_kv_bwd
 def splash_attention(q, k, v, *, kv_mask=None, scale=None, fused_bwd: bool = _O.fused_bwd,
                      interpret: bool | None = None, pad_head_dim: bool | None = None,
                      return_lse: bool = False, head_major: bool = False, block_table=None,
-                     padded_keys: str = _O.padded_keys, **tiles: int | None):
+                     padded_keys: str = _O.padded_keys, copied_keys: int = 0,
+                     **tiles: int | None):
     """q ``[B, Lq, N, K]``, k/v ``[B, Lk, N, K]``, kv_mask ``[B, Lk]`` → ``[B, Lq, N, K]``;
     with ``head_major`` q/k/v and the output are ``[B, N, L, K]``, the kernel's own layout
     (no transposes around it).
@@ -85,6 +86,12 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, fused_bwd: bool = _O.
         one masked, merged: :mod:`ditax.attention.splash_split`) or "mask" (segment ids,
         every block masked). :func:`padded_keys_mode` chooses; unpadded keys run unmasked
         unless "mask". Gradients: the masked kernel's (unpadded: the unmasked kernel's).
+      copied_keys: the last ``copied_keys`` of the Lk keys are copies of keys ``0 ..
+        copied_keys-1`` that the caller appended (a model that pads its tokens once per
+        forward, :func:`token_copies`): they are kept out exactly as the "duplicate" mode's
+        copies (their values zeroed here), or masked with a kv_mask or block table or where
+        the blocks do not divide Lk.
+        Their queries are answered like the others (the caller drops those rows).
     """
     try:
         from jax.experimental.pallas.ops.tpu import splash_attention as sa
@@ -111,41 +118,35 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, fused_bwd: bool = _O.
     if unknown:
         raise TypeError(f"splash_attention got unknown keyword {unknown[0]!r}; its tiles are "
                         f"{', '.join(TILES)}")
-    given = {name: tiles.get(name) for name in TILES}
-    if not interpret:
-        from ditax.attention.tuning import splash_blocks
-
-        given = splash_blocks(Lq, Lk, platform.device_kind, given)
-    block_q, block_kv = given["block_q"] or _O.DEFAULT, given["block_kv"] or _O.DEFAULT
-    block_kv_compute, block_q_bwd, block_kv_bwd = (
-        given["block_kv_compute"], given["block_q_bwd"], given["block_kv_bwd"])
-
-    bq = _clip_block("block_q", block_q, Lq)
-    bkv = _clip_block("block_kv", block_kv, Lk)
-    bkv_c = bkv if block_kv_compute is None else _clip_block("block_kv_compute",
-                                                             block_kv_compute, Lk)
-    if bkv % bkv_c:
-        raise ValueError(f"block_kv_compute={bkv_c} must divide block_kv={bkv} "
-                         f"(both after clipping to the sequence length {Lk})")
-    bq_b = bq if block_q_bwd is None else _clip_block("block_q_bwd", block_q_bwd, Lq)
-    bkv_b = bkv if block_kv_bwd is None else _clip_block("block_kv_bwd", block_kv_bwd, Lk)
+    bq, bkv, bkv_c, bq_b, bkv_b = blocks(Lq, Lk, interpret, platform.device_kind, tiles)
     Lq_p, Lk_p = round_up(Lq, max(bq, bq_b)), round_up(Lk, max(bkv, bkv_b))
-    if Lq_p % bq or Lq_p % bq_b or Lk_p % bkv or Lk_p % bkv_b:
-        raise ValueError(f"forward and backward blocks must nest: block_q={bq}, "
-                         f"block_q_bwd={bq_b}, block_kv={bkv}, block_kv_bwd={bkv_b}; "
-                         f"use powers of two times 128")
+    if copied_keys:     # the caller's own copies (their values zeroed: the duplicate mode's)
+        if not 0 < copied_keys < Lk:
+            raise ValueError(f"copied_keys={copied_keys} must be fewer than the {Lk} keys")
+        Lk = Lk - copied_keys
+        real = jnp.arange(Lk + copied_keys) < Lk
+        v = jnp.where(real[:, None] if head_major else real[:, None, None], v,
+                      jnp.zeros((), v.dtype))
+        if (Lk_p != Lk + copied_keys or copied_keys > Lk or kv_mask is not None
+                or block_table is not None):     # masked instead (a mask, or blocks that
+            real = jnp.broadcast_to(real, (B, Lk + copied_keys))   # do not fit)
+            kv_mask = real if kv_mask is None else kv_mask.astype(bool) & real
+            Lk, copied_keys = Lk + copied_keys, 0
 
     pad_head_dim = (not interpret and K % LANES != 0) if pad_head_dim is None else bool(
         pad_head_dim)
     Kp = round_up(K, LANES) if pad_head_dim else K
 
-    mode = padded_keys_mode(padded_keys, Lk, Lk_p, bkv, kv_mask, block_table)
+    mode = ("duplicate" if copied_keys
+            else padded_keys_mode(padded_keys, Lk, Lk_p, bkv, kv_mask, block_table))
     # [B, L, N, K] -> [B, N, L, K], pre-scaled q, padded L (and K).
     hm = (lambda x: x) if head_major else (lambda x: jnp.swapaxes(x, 1, 2))  # noqa: E731
     # scaled after padding: one pass over q (scaled first, XLA wrote it out twice; v5e)
     qt = (_pad(hm(q), Lq_p, Kp).astype(jnp.float32) * scale).astype(q.dtype)
     vt = _pad(hm(v), Lk_p, Kp)
-    if mode == "duplicate":
+    if mode == "duplicate" and copied_keys:     # the copies are there already
+        kt = _pad(hm(k), Lk_p, Kp)
+    elif mode == "duplicate":
         from ditax.attention.splash_duplicate import copy_pad
 
         kt = copy_pad(hm(k), Lk_p, Kp)
@@ -183,6 +184,58 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, fused_bwd: bool = _O.
         return o
     lse = jnp.where(any_key[:, None, None], lse[:, :, :Lq].astype(jnp.float32), -jnp.inf)
     return o, lse
+
+
+def blocks(Lq: int, Lk: int, interpret: bool, device_kind: str, tiles: dict):
+    """``(block_q, block_kv, block_kv_compute, block_q_bwd, block_kv_bwd)`` of one call:
+    the given ``tiles``, the rest the table's on a TPU (:func:`ditax.attention.tuning.
+    splash_blocks`) or 512 interpreted, each clipped to the 128-rounded lengths."""
+    given = {name: tiles.get(name) for name in TILES}
+    if not interpret:
+        from ditax.attention.tuning import splash_blocks
+
+        given = splash_blocks(Lq, Lk, device_kind, given)
+    block_q, block_kv = given["block_q"] or _O.DEFAULT, given["block_kv"] or _O.DEFAULT
+    bq = _clip_block("block_q", block_q, Lq)
+    bkv = _clip_block("block_kv", block_kv, Lk)
+    bkv_c = bkv if given["block_kv_compute"] is None else _clip_block(
+        "block_kv_compute", given["block_kv_compute"], Lk)
+    if bkv % bkv_c:
+        raise ValueError(f"block_kv_compute={bkv_c} must divide block_kv={bkv} "
+                         f"(both after clipping to the sequence length {Lk})")
+    bq_b = bq if given["block_q_bwd"] is None else _clip_block("block_q_bwd",
+                                                               given["block_q_bwd"], Lq)
+    bkv_b = bkv if given["block_kv_bwd"] is None else _clip_block("block_kv_bwd",
+                                                                  given["block_kv_bwd"], Lk)
+    Lq_p, Lk_p = round_up(Lq, max(bq, bq_b)), round_up(Lk, max(bkv, bkv_b))
+    if Lq_p % bq or Lq_p % bq_b or Lk_p % bkv or Lk_p % bkv_b:
+        raise ValueError(f"forward and backward blocks must nest: block_q={bq}, "
+                         f"block_q_bwd={bq_b}, block_kv={bkv}, block_kv_bwd={bkv_b}; "
+                         f"use powers of two times 128")
+    return bq, bkv, bkv_c, bq_b, bkv_b
+
+
+def token_copies(L: int, options, platform) -> int:
+    """How many copies of its first tokens a model may append to its ``L`` tokens once per
+    forward, so that splash self-attention (``options``, on ``platform``) runs on a whole
+    number of its blocks with no padding of q, k and v in every layer (``copied_keys``;
+    measured on a v5e at Wan 1.3B 480p: four pad passes, ~37 ms a forward): the padding
+    the kernel would add, when its blocks at the padded length divide it and the keys'
+    padding would run as copies anyway (:func:`padded_keys_mode` "duplicate"); else 0."""
+    interpret = options.interpret
+    if interpret is None:
+        interpret = BACKENDS["splash"].default_interpret(platform)
+    tiles = {t: getattr(options, t) for t in TILES}
+    kind = platform.device_kind
+    bq, bkv, _, bq_b, bkv_b = blocks(L, L, bool(interpret), kind, tiles)
+    Lp = round_up(L, max(bq, bkv, bq_b, bkv_b))
+    if Lp == L or options.block_table is not None:
+        return 0
+    bq, bkv, _, bq_b, bkv_b = blocks(Lp, Lp, bool(interpret), kind, tiles)
+    if any(Lp % b for b in (bq, bkv, bq_b, bkv_b)):
+        return 0
+    mode = padded_keys_mode(options.padded_keys, L, Lp, bkv, None, None)
+    return Lp - L if mode == "duplicate" else 0
 
 
 def padded_keys_mode(mode: str, Lk: int, Lk_p: int, block_kv: int, kv_mask,

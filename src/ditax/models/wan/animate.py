@@ -123,6 +123,8 @@ class WanAnimateTransformer(WanTransformer):
     """``model(latents, t, text, image, pose_hidden_states=[B, z, F-1, Y, X],
     face_pixel_values=[B, 3, S, P, P]) → [B, z, F, Y, X]`` (module docstring)."""
 
+    TOKEN_COPIES = False   # its adapters change the tokens after embed: no copies
+
     def __init__(self, cfg: WanAnimateConfig, attention=None, mesh=None, *, rngs: nnx.Rngs):
         super().__init__(cfg, attention, mesh, rngs=rngs)
         pd = jnp.dtype(cfg.param_dtype)

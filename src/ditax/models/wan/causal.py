@@ -180,7 +180,9 @@ def causal_plan(model, ctx, chunk: Optional[int] = None, context_chunks: Optiona
                  sparsity=getattr(model.attention, "sparsity", "none"))
     grid = tuple(n // p for n, p in zip(ctx.shape[2:], cfg.patch_size))
     ids = token_chunks(grid, chunk, cfg.patch_size[0], length=ctx.seq + ctx.pad)
-    call = (DenseMaskedCall(block_causal_mask(ids, context_chunks)) if reference
+    mask = block_causal_mask(ids, context_chunks)
+    mask[:, ctx.seq + ctx.pad - getattr(ctx, "copies", 0):] = False   # copied tokens' keys
+    call = (DenseMaskedCall(mask) if reference
             else ChunkMaskedCall(plan.self_attn, ids, context_chunks, model.sharding.seq_shards))
     return dataclasses.replace(plan, self_attn=call)
 

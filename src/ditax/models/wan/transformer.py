@@ -18,6 +18,7 @@ cast back to the compute dtype; RoPE rotates in float32 inside one fusion
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -242,14 +243,37 @@ class WanTransformer(DiT):
             cos = jnp.pad(cos, ((0, pad), (0, 0)))
             sin = jnp.pad(sin, ((0, pad), (0, 0)))
             token_mask = jnp.broadcast_to(jnp.arange(seq + pad) < seq, (b, seq + pad))
+        copies = 0 if pad or tiles is not None else self.token_copies(seq)
+        if copies:   # the first tokens again, with their RoPE rows: keys equal to real ones
+            h = jnp.concatenate([h, h[:, :copies]], axis=1)
+            cos, sin = (jnp.concatenate([t, t[:copies]]) for t in (cos, sin))
         h = sharding.constrain(h, ("act_batch", "act_seq", "act_embed"))
         if mod.ndim == 4:  # per-token modulation follows its tokens
             mod = jnp.pad(mod, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else mod
+            mod = jnp.concatenate([mod, mod[:, :copies]], axis=1) if copies else mod
             mod = sharding.constrain(mod, ("act_batch", "act_seq", None, "act_embed"))
         return h, Embedded(text=text, temb=temb, mod=mod, rope=(cos, sin),
                            token_mask=token_mask, text_mask=text_mask, image=image,
-                           shape=tuple(latents.shape), dtype=latents.dtype, seq=seq, pad=pad,
-                           tiles=tiles)
+                           shape=tuple(latents.shape), dtype=latents.dtype, seq=seq,
+                           pad=pad + copies, tiles=tiles, copies=copies)
+
+    #: whether :meth:`embed` may append copies of the first tokens (:meth:`token_copies`);
+    #: off in the subclasses that add to the tokens after it (VACE's hints, Animate's
+    #: adapters), which would make the copies' keys differ from the real ones
+    TOKEN_COPIES = True
+
+    def token_copies(self, seq: int) -> int:
+        """Copies of the first tokens :meth:`embed` appends to the ``seq`` tokens, once per
+        forward, where the self-attention kernel would pad its keys with such copies in
+        every layer anyway (splash on a TPU, :meth:`~ditax.attention.AttentionCall.
+        token_copies`: Wan 1.3B 480p, 32,760 tokens + 8): q, k and v then reach it at a
+        whole number of its blocks with no pad pass each, the copies' keys are kept out
+        exactly (``copied_keys``) and :meth:`head` drops their rows. Not with a
+        block-causal config (``model.causal_chunk``: its chunk programs size their own
+        keys)."""
+        if not self.TOKEN_COPIES or getattr(self.cfg, "causal_chunk", None) is not None:
+            return 0
+        return self.attention_plan.self_attn.token_copies(seq)
 
     @property
     def block_stacks(self) -> tuple[tuple[str, int], ...]:
@@ -303,7 +327,9 @@ class Embedded(NamedTuple):
     control hints ``[n, B, L', D]`` and scales ``[B, n]`` (:mod:`ditax.models.wan.vace`).
     ``tiles``: with ``attention.sparsity``, the tokens' tile-major layout (static,
     :class:`~ditax.attention.sparse.layout.SparseLayout`; tokens, RoPE tables, per-token
-    modulation and ``token_mask`` are in its order), else None."""
+    modulation and ``token_mask`` are in its order), else None. ``copies``: how many of
+    the ``pad`` rows are copies of the first tokens (:meth:`WanTransformer.token_copies`;
+    the rest zeros, masked by ``token_mask``)."""
 
     text: jax.Array
     temb: jax.Array
@@ -319,7 +345,12 @@ class Embedded(NamedTuple):
     hints: Any = None
     hint_scale: Any = None
     tiles: Any = None
+    copies: int = 0
 
     def plan(self, plan: AttentionPlan) -> AttentionPlan:
-        """The plan the blocks run: with ``tiles`` its self-attention reads their table."""
+        """The plan the blocks run: with ``tiles`` its self-attention reads their table;
+        with ``copies`` (the last tokens copy the first, :meth:`WanTransformer.
+        token_copies`) it keeps their keys out."""
+        if self.copies:
+            plan = dataclasses.replace(plan, self_attn=plan.self_attn.with_copies(self.copies))
         return plan if self.tiles is None else self.tiles.plan(plan)

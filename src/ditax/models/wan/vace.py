@@ -105,6 +105,8 @@ class WanVaceTransformer(WanTransformer):
     """``model(latents, t, text, control_hidden_states=c [B, C_v, F_c, Y, X],
     control_hidden_states_scale=s [n] or [B, n]) → [B, C, F, Y, X]`` (module docstring)."""
 
+    TOKEN_COPIES = False   # its hints change the tokens after embed: no copies
+
     def __init__(self, cfg: WanVaceConfig, attention=None, mesh=None, *, rngs: nnx.Rngs):
         super().__init__(cfg, attention, mesh, rngs=rngs)
         d = cfg.inner_dim
