@@ -61,8 +61,10 @@ def _commit() -> str:
     if env:
         return env
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        # --dirty: a tree that is not its HEAD's says so (session 63: the lent machine's .git
+        # named an older commit than the tree it ran; pass DITAX_COMMIT from here)
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                              capture_output=True, text=True, check=True).stdout.strip()
     except Exception:   # no git on the chip's machine: the caller passes DITAX_COMMIT
         return "unknown"
 
