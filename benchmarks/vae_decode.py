@@ -13,8 +13,10 @@ pixels stay inside the clip), decodes random latents of a ``--height`` x ``--wid
 Variants (``--variants``, comma-separated): ``old`` (``path="plain"``, one latent frame a
 chunk: the decode before the fast path), ``fast`` (``path="fast"`` with automatic chunking;
 ``"interpret"`` off a TPU), ``packed`` (``path="packed"``: the fast path with the kernels'
-taps packed, :mod:`ditax.models.vae.wan.conv_tpu_pack`), ``fast:N`` / ``packed:N`` /
-``plain:N`` (N latent frames a chunk); a suffix
+taps packed, :mod:`ditax.models.vae.wan.conv_tpu_pack`), ``packed@96`` / ``packed@96+192``
+/ ``packed-nocols`` (its packing only where a kernel's real input channels are those; without
+the column taps side by side: a restricted ``FastPath``, ``--bisect`` runs :data:`BISECT`),
+``fast:N`` / ``packed:N`` / ``plain:N`` (N latent frames a chunk); a suffix
 ``/float32`` runs a variant on the same (``--dtype``-rounded) weights and latents in float32:
 as the first variant (``--variants old/float32,old,fast``) it is the reference that both
 bf16 decodes' ``max_abs_diff`` measure against (bf16 rounding alone moves frames by a few
@@ -24,9 +26,10 @@ compile (``--cache DIR``: jax's persistent compilation cache there; ``--warm`` r
 variant once more to time the compile read back from it) and ``peak_hbm_bytes``
 (``device.memory_stats()["peak_bytes_in_use"]``, null where a backend has none) is the
 variant's own. Children write their unclipped frames (``.npy``) to a temporary folder; the
-parent compares every variant with the first. ``flops`` / ``bytes_accessed``: XLA's cost
-analysis of the compiled programs times their calls (Pallas kernels report their own
-estimates).
+parent compares every variant with the first (``max_abs_diff``, and where:
+:func:`frame_diffs`, per latent frame too, so an error in the first chunk alone shows).
+``flops`` / ``bytes_accessed``: XLA's cost analysis of the compiled programs times their calls
+(Pallas kernels report their own estimates).
 
 ``measure(height, width, frames, dtype, variant)`` runs one variant in this process and
 returns the row (without ``max_abs_diff``). On a TPU v5e:
@@ -84,21 +87,68 @@ def build_vae(dtype: str, seed: int = 0, values: str | None = None, config=None)
     return nnx.merge(graphdef, jax.tree_util.tree_unflatten(tree, out))
 
 
-def _variant(name: str) -> tuple[str, int | None]:
-    """``old`` / ``fast`` / ``fast:N`` / ``plain:N`` (a ``/dtype`` suffix aside) → (decode
-    path, latent frames a chunk)."""
+#: ``--bisect``: the fast path, then the packed one whole and with its packing restricted to
+#: one input width each — at 480x832: ``@16`` conv_in; ``@96`` the 480x832 level's six convs
+#: and conv_out; ``@192`` the 192 → 384 conv at 120x208, the 240x416 level's six convs (column
+#: taps side by side) and its upsampling (phases); ``@384`` the mid block, the 60x104 level, the
+#: 120x208 level's 384 convs and both upsamplings from 384 — and without the column taps side
+#: by side (``-nocols``): which part of a wrong packed decode is wrong
+BISECT = "fast,packed,packed@16,packed@96,packed@192,packed@384,packed-nocols"
+
+
+def _variant(name: str):
+    """``old`` / ``fast`` / ``fast:N`` / ``packed`` / ``plain:N`` (a ``/dtype`` suffix aside) →
+    (decode path, latent frames a chunk). ``packed@96`` / ``packed@96+192`` (packing only
+    where a kernel's real input channels are those) and ``packed-nocols`` (no column taps side
+    by side), combinable (``packed-nocols@192``), give a restricted ``FastPath``."""
     base, _, n = name.split("/")[0].partition(":")
     frames = int(n) if n else None
+    tpu = jax.devices()[0].platform == "tpu"
     if base == "old":
         return "plain", frames or 1
     if base in ("fast", "packed"):
-        tpu = jax.devices()[0].platform == "tpu"
         return {("fast", True): "fast", ("fast", False): "interpret", ("packed", True): "packed",
                 ("packed", False): "interpret-packed"}[base, tpu], frames
     if base == "plain":
         return "plain", frames
+    head, _, only = base.partition("@")
+    if head in ("packed", "packed-nocols") and base != "packed":
+        from ditax.models.vae.wan.layers import FastPath
+
+        try:
+            widths = tuple(int(c) for c in only.split("+")) if only else None
+        except ValueError:
+            widths = ()
+        if widths != ():
+            return FastPath(interpret=not tpu, pack=True, only=widths,
+                            columns=head == "packed"), frames
     raise SystemExit(f"unknown variant {name!r}: use old, fast, fast:N, packed, packed:N, "
-                     "plain:N")
+                     "packed@C[+C...], packed-nocols[@C...], plain:N")
+
+
+def _path_name(path) -> str:
+    """A decode path for a JSON row: its name, or a restricted ``FastPath``'s fields."""
+    if isinstance(path, str):
+        return path
+    return ("interpret-" if path.interpret else "") + "packed" + (
+        "" if path.columns else "-nocols") + (
+        "" if path.only is None else "@" + "+".join(map(str, path.only)))
+
+
+def frame_diffs(frames: np.ndarray, reference: np.ndarray, temporal: int = 4) -> dict:
+    """Where ``frames`` (unclipped, channels-last ``[B, F, H, W, c]``) differ from
+    ``reference``: the largest difference's place (``[frame, row, column, channel]``), the
+    mean difference, the share of values off by more than 0.1, and the largest per latent
+    frame (``max_abs_diff_by_latent``: frame 0, then each ``temporal`` frames; a decode chunk
+    of N latent frames spans N entries)."""
+    diff = np.abs(frames.astype(np.float32) - reference.astype(np.float32)).max(axis=0)
+    at = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    per_frame = diff.reshape(diff.shape[0], -1).max(axis=1)
+    latent = [per_frame[:1].max()] + [per_frame[i:i + temporal].max()
+                                      for i in range(1, len(per_frame), temporal)]
+    return {"max_abs_diff_at": [int(i) for i in at],
+            "mean_abs_diff": float(diff.mean()), "share_over_0.1": float((diff > 0.1).mean()),
+            "max_abs_diff_by_latent": [round(float(v), 4) for v in latent]}
 
 
 def _cost(compiled) -> tuple[float, float]:
@@ -151,7 +201,7 @@ def measure(height: int, width: int, frames: int, dtype: str = "bfloat16", varia
         estimate = vae.chunk_memory(lat, programs.cache).bytes(programs.frames)
     stats = jax.devices()[0].memory_stats() or {}
     return {"bench": "vae_decode", "case": f"{height}x{width}x{frames} {dtype}",
-            "variant": variant, "path": path, "dtype": run_dtype, "metric": "decode",
+            "variant": variant, "path": _path_name(path), "dtype": run_dtype, "metric": "decode",
             "value": round(statistics.median(times), 4), "unit": "s",
             "times_s": [round(v, 4) for v in times], "compile_s": round(compile_s, 2),
             "first_call_s": round(first_call_s, 3), "flops": flops, "bytes_accessed": nbytes,
@@ -254,6 +304,8 @@ def main(argv=None) -> None:
     ap.add_argument("--frames", type=int, default=81)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--variants", default="old,fast")
+    ap.add_argument("--bisect", action="store_true",
+                    help=f"the variants {BISECT}: which part of the packed path differs")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=300, help="seconds per variant process")
     ap.add_argument("--block-elems", type=int, default=None,
@@ -275,6 +327,8 @@ def main(argv=None) -> None:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--save", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.bisect:
+        args.variants = BISECT
     from ditax.models.vae.wan import conv_tpu
 
     if args.block_elems:
@@ -310,6 +364,8 @@ def main(argv=None) -> None:
                     row["max_abs_diff_clipped"] = float(np.max(np.abs(
                         np.clip(frames, -1, 1) - np.clip(reference, -1, 1))))
                     row["speedup"] = round(ref_value / row["value"], 3)
+                    if frames.shape == reference.shape:
+                        row.update(frame_diffs(frames, reference))
                 os.remove(out)
             print(json.dumps(row), flush=True)
             if args.warm and "error" not in row:

@@ -159,17 +159,81 @@ def test_decoder_layers_pack_where_it_saves_passes(monkeypatch):
         np.testing.assert_allclose(got, want, rtol=0, atol=5e-5)
 
 
-@pytest.mark.slow       # ~20 s interpreted (on top of the fast tier's ~12 s)
-def test_packed_decode_equals_plain(monkeypatch):
-    """``path="interpret-packed"``: the decoder's TPU program with every kernel packed (96-wide
-    levels padded to 128) decodes the plain path's frames (first chunk, then a later one)."""
+PADDED = dict(base_dim=96, z_dim=4, dim_mult=(1, 1, 1, 1), num_res_blocks=1,
+              temperal_downsample=(False, True, True))   # 96 (and 48) wide: padded to 128
+
+
+def test_restricted_fast_path_packs_only_where_asked(monkeypatch):
+    """``FastPath(only=..., columns=...)`` (the packed decode's bisection,
+    ``benchmarks/vae_decode.py --bisect``): ``pack_for`` / ``cols_for`` only for the channel
+    counts named, no column taps without ``columns``; the default packs all; a restricted
+    path is a different (hashable) static key; a 384 → 192 conv whose input does not pack
+    takes no ``cols`` (they need ``pack``) and gives the unpacked values."""
+    from flax import nnx
+
+    from ditax.models.vae.wan.layers import CausalConv3d, FastPath, fast_path
+
+    full, only = FastPath(pack=True), FastPath(pack=True, only=[192, 96])
+    assert only.only == (96, 192) and only == FastPath(pack=True, only=(192, 96))
+    assert len({full, only, FastPath(pack=True, columns=False), FastPath(pack=True)}) == 3
+    assert full == FastPath(pack=True, only=None, columns=True)     # the default: unchanged
+    assert [only.pack_for(c) for c in (16, 96, 192, 384)] == [None, 96, 192, None]
+    assert [only.cols_for(c) for c in (96, 192)] == [None, 192]
+    assert FastPath(pack=True, only=(384,)).cols_for(192) is None
+    assert FastPath(pack=True, columns=False).cols_for(192) is None
+    assert FastPath(pack=True, columns=False).pack_for(192) == 192
+    assert FastPath(only=(96,)).pack_for(96) is None and FastPath(only=(96,)).cols_for(192) is None
+    conv = CausalConv3d(384, 192, 3, padding=1, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (1, 1, 6, 8, 384))
+    packed, chunks = [], conv_tpu_pack.chunks
+    monkeypatch.setattr(conv_tpu_pack, "chunks",
+                        lambda c, kt: packed.append((c, kt)) or chunks(c, kt))
+    outs = []
+    for path in (FastPath(True), FastPath(True, True, only=(192,))):
+        with jax.default_matmul_precision("highest"), fast_path(path):
+            outs.append(conv.fused(x, None)[0])
+    assert packed == []
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
+def test_restricted_paths_trace_their_own_programs(monkeypatch):
+    """``decode_chunk`` with a :class:`FastPath` as ``path``: each restriction traces its own
+    program (no jit cache hit on another's), packing only the kernels of the widths named
+    (the small decoder: 96-wide convs, and 48-wide ones after each upsampling)."""
     from flax import nnx
 
     from ditax.models.vae.wan import WanVAE, WanVAEConfig
+    from ditax.models.vae.wan.chunks import decode_chunk
+    from ditax.models.vae.wan.layers import FastPath
+
+    graphdef, state = nnx.split(nnx.eval_shape(
+        lambda: WanVAE(WanVAEConfig(**PADDED), rngs=nnx.Rngs(0))))
+    seen, kernel = [], conv_tpu.causal_conv3x3
+    monkeypatch.setattr(conv_tpu, "causal_conv3x3", lambda *a, **kw: seen.append(
+        (kw.get("pack"), kw.get("cols"))) or kernel(*a, **kw))
+    z = jax.ShapeDtypeStruct((1, 1, 4, 4, 4), jnp.float32)
+    traced = []
+    for path in ("interpret-packed", FastPath(True, True, only=(96,)),
+                 FastPath(True, True, only=(48,)), FastPath(True, True, columns=False),
+                 FastPath(True, True, only=[96])):   # the last: traced already, cached
+        seen.clear()
+        decode_chunk.eval_shape(graphdef, state, z, None, first=True, path=path)
+        traced.append(sorted({p for p, _ in seen}, key=str))
+    assert traced == [[48, 96], [96, None], [48, None], [48, 96], []]
+
+
+@pytest.mark.slow       # ~40 s interpreted (on top of the fast tier's ~12 s)
+def test_packed_decode_equals_plain(monkeypatch):
+    """``path="interpret-packed"``: the decoder's TPU program with every kernel packed (96-wide
+    levels padded to 128) decodes the plain path's frames (first chunk, then a later one); so
+    does a restricted ``FastPath`` (only the 96-wide kernels packed: ``--bisect``'s kind)."""
+    from flax import nnx
+
+    from ditax.models.vae.wan import WanVAE, WanVAEConfig
+    from ditax.models.vae.wan.layers import FastPath
     from shared_inputs import randomise
 
-    cfg = WanVAEConfig(base_dim=96, z_dim=4, dim_mult=(1, 1, 1, 1), num_res_blocks=1,
-                       temperal_downsample=(False, True, True))
+    cfg = WanVAEConfig(**PADDED)
     monkeypatch.setattr(conv_tpu, "_TARGET_ELEMS", BLOCK_ELEMS)    # the decoder's own blocks
     monkeypatch.setattr(conv_tpu, "_MXU_ROWS", MXU_ROWS)
     vae = randomise(WanVAE(cfg, rngs=nnx.Rngs(0)), 2)
@@ -178,3 +242,6 @@ def test_packed_decode_equals_plain(monkeypatch):
     got = np.asarray(vae.decode(z, path="interpret-packed"))
     assert got.shape == ref.shape == (1, 3, 9, 32, 32)
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
+    part = np.asarray(vae.decode(z, path=FastPath(interpret=True, pack=True, only=(96,))))
+    np.testing.assert_allclose(part, ref, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(part, got, rtol=0, atol=1e-5)

@@ -15,11 +15,12 @@ The decoder's ``path``: ``"plain"`` (the layers as written: XLA convolutions), `
 :mod:`.conv_tpu`, sub-pixel upsampling), ``"interpret"`` (the fast path with its kernels
 interpreted: CPU tests), ``"packed"`` / ``"interpret-packed"`` (those with each kernel's
 taps in one contraction, real channels packed: :mod:`.conv_tpu_pack`; opt-in until a chip
-has timed it),
-``"auto"`` (plain; fast on a TPU while :data:`FAST_BY_DEFAULT` is
-set, after the chip has timed it against plain: ``benchmarks/vae_decode.py``; a row split
-is always plain). :func:`chunk_frames` picks the decoder's latent frames per chunk after the first:
-on the fast path as many as keep a chunk near :data:`CHUNK_PIXELS`, fewer where a later chunk's
+has timed it), ``"auto"`` (plain; fast on a TPU while :data:`FAST_BY_DEFAULT` is set, after
+the chip has timed it against plain: ``benchmarks/vae_decode.py``; a row split is always
+plain), or a :class:`~.layers.FastPath` itself (diagnosis: packing restricted to some channel
+counts, ``benchmarks/vae_decode.py --bisect``; hashable: each one its own programs).
+:func:`chunk_frames` picks the decoder's latent frames per chunk after the first: on the fast
+path as many as keep a chunk near :data:`CHUNK_PIXELS`, fewer where a later chunk's
 program (:class:`ChunkMemory`: parameters, feature cache, temporaries, the decoded video) would
 take more than :func:`memory_budget` of the device's memory.
 The compiled objects are public so that benchmarks can ``lower(...).compile()`` them;
@@ -76,11 +77,17 @@ def device_of(placed):
         return None
 
 
-def resolve_path(path: str, device=None) -> str:
+def resolve_path(path: str | FastPath, device=None) -> str | FastPath:
     """``path`` with ``"auto"`` made concrete for the platform of ``device`` (the device the
     decode runs on: its parameters' or latents'; None: :func:`platform_of`'s): ``"fast"`` on
-    a TPU while :data:`FAST_BY_DEFAULT`, else ``"plain"``. Checked: a name in :data:`PATHS`,
-    ``"fast"`` only on a TPU."""
+    a TPU while :data:`FAST_BY_DEFAULT`, else ``"plain"``. Checked: a name in :data:`PATHS`
+    or a :class:`FastPath`, ``"fast"`` (a FastPath not ``interpret``) only on a TPU."""
+    if isinstance(path, FastPath):
+        platform = (platform_of() if device is None else device_platform(device)).name
+        if not path.interpret and platform != "tpu":
+            raise ValueError(f"WanVAE decode: {path} runs Pallas TPU kernels and the platform "
+                             f"is {platform}; set interpret=True to run them interpreted")
+        return path
     if path not in PATHS:
         raise ValueError(f"WanVAE decode: path={path!r} is not one of {PATHS}")
     platform = (platform_of() if device is None else device_platform(device)).name
@@ -93,14 +100,16 @@ def resolve_path(path: str, device=None) -> str:
     return path
 
 
-def _path(path: str) -> FastPath | None:
+def _path(path: str | FastPath) -> FastPath | None:
     path = resolve_path(path)
+    if isinstance(path, FastPath):
+        return path
     return {"plain": None, "fast": FastPath(), "interpret": FastPath(interpret=True),
             "packed": FastPath(pack=True),
             "interpret-packed": FastPath(interpret=True, pack=True)}[path]
 
 
-def is_fast(path: str, device=None) -> bool:
+def is_fast(path: str | FastPath, device=None) -> bool:
     """Whether ``path`` decodes on the fast path on ``device`` (``auto`` asks its platform)."""
     return resolve_path(path, device) != "plain"
 

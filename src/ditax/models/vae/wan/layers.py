@@ -41,23 +41,40 @@ Cache = Any  # nested dict/list of arrays [B, frames, Y, X, C] or None
 @dataclass(frozen=True)
 class FastPath:
     """The decoder's TPU fast path; ``interpret``: run its kernels in Pallas' interpret mode
-    (CPU tests of the TPU program); ``pack``: pack the kernels' taps (:meth:`pack_for`)."""
+    (CPU tests of the TPU program); ``pack``: pack the kernels' taps (:meth:`pack_for`).
+
+    For diagnosis the packing can be restricted (the default packs every kernel): ``only``,
+    the real input channel counts whose kernels pack (None: all; e.g. ``(96,)``: the 96-wide
+    level's convolutions and ``conv_out``), ``columns=False``: no kernel puts its column taps
+    side by side (:meth:`cols_for`). Frozen and hashable: a decode program's static argument
+    (``path``, :mod:`.chunks`), so differently restricted paths trace different programs."""
 
     interpret: bool = False
     pack: bool = False
+    only: tuple[int, ...] | None = None
+    columns: bool = True
+
+    def __post_init__(self):
+        if self.only is not None:   # a list or set given: a sorted tuple (hashable, one key)
+            object.__setattr__(self, "only", tuple(sorted(int(c) for c in self.only)))
+
+    def packs(self, c: int) -> bool:
+        """Whether kernels of ``c`` real channels may pack: packing on, ``c`` in ``only``."""
+        return self.pack and (self.only is None or c in self.only)
 
     def pack_for(self, cin: int) -> int | None:
         """The kernel's ``pack`` for ``cin`` real input channels: ``cin`` when packing is on
-        (96: 7 MXU passes of 9 a column tap; 192: 14 of 18, 5 of 6 in 2-D; 384: 27 either way,
-        in one product), else None."""
-        return cin if self.pack else None
+        (and ``cin`` in ``only``; 96: 7 MXU passes of 9 a column tap; 192: 14 of 18, 5 of 6 in
+        2-D; 384: 27 either way, in one product), else None."""
+        return cin if self.packs(cin) else None
 
     def cols_for(self, cout: int) -> int | None:
-        """The kernel's ``cols`` for ``cout`` real output channels (not ``phases``): ``cout``
-        when packing is on and the column taps side by side take fewer output passes (192:
-        5 of 6), else None."""
+        """The kernel's ``cols`` for ``cout`` real output channels (not ``phases``; only
+        where the kernel packs): ``cout`` when packing is on, ``columns``, ``cout`` in
+        ``only`` and the column taps side by side take fewer output passes (192: 5 of 6),
+        else None."""
         wide = 3 * cout > conv_tpu.LANES and conv_tpu_pack.saves_columns(cout)
-        return cout if self.pack and wide else None
+        return cout if self.columns and self.packs(cout) and wide else None
 
 
 _FAST: contextvars.ContextVar[FastPath | None] = contextvars.ContextVar("wan_vae_fast",
@@ -178,9 +195,10 @@ class CausalConv3d(nnx.Module):
             cache = (jnp.zeros((x.shape[0], self.context, *x.shape[2:]), x.dtype) if cache is None
                      else pad_axis(cache.astype(x.dtype), 4, c))
             norm = None if act is None else (act.gamma_for(w.shape[-1]), act.scale)
+            pack = path.pack_for(self.weight.shape[3])   # cols need pack (a restricted path)
+            cols = None if pack is None else path.cols_for(self.weight.shape[4])
             y = conv_tpu.causal_conv3x3(x, cache, w, b, act=norm, residual=residual,
-                                        pack=path.pack_for(self.weight.shape[3]),
-                                        cols=path.cols_for(self.weight.shape[4]),
+                                        pack=pack, cols=cols,
                                         interpret=path.interpret)
             return y, _tail(cache, x, self.context)
         y, cache = self(x, cache)
