@@ -180,10 +180,12 @@ def causal_plan(model, ctx, chunk: Optional[int] = None, context_chunks: Optiona
                  sparsity=getattr(model.attention, "sparsity", "none"))
     grid = tuple(n // p for n, p in zip(ctx.shape[2:], cfg.patch_size))
     ids = token_chunks(grid, chunk, cfg.patch_size[0], length=ctx.seq + ctx.pad)
-    mask = block_causal_mask(ids, context_chunks)
-    mask[:, ctx.seq + ctx.pad - getattr(ctx, "copies", 0):] = False   # copied tokens' keys
-    call = (DenseMaskedCall(mask) if reference
-            else ChunkMaskedCall(plan.self_attn, ids, context_chunks, model.sharding.seq_shards))
+    if reference:   # the dense [L', L'] oracle; copied tokens' keys never attended
+        mask = block_causal_mask(ids, context_chunks)
+        mask[:, ctx.seq + ctx.pad - getattr(ctx, "copies", 0):] = False
+        call = DenseMaskedCall(mask)
+    else:           # the chunk calls' key masks; the copies kept out by the kernel
+        call = ChunkMaskedCall(plan.self_attn, ids, context_chunks, model.sharding.seq_shards)
     return dataclasses.replace(plan, self_attn=call)
 
 
