@@ -168,8 +168,8 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
     """The block-sparse keys' rules: three positive tile sizes (or ``auto``), odd window spans, ``window``
     only with ``sliding_tile`` and ``decay`` (> 0) only with ``radial``, ``dense_steps >= 0``
     only with a sparsity, and a self-attention that can take a block table (``splash``, the
-    sequence whole on every device: ``mesh.context=1``; flash: tiles of a multiple of 8
-    tokens)."""
+    sequence whole on every device — ``mesh.context=1`` — or ``ulysses`` around one, whole
+    tiles a shard; flash: tiles of a multiple of 8 tokens)."""
     check_choice("attention.sparsity", a.sparsity, SPARSITY_MODES)
     for key, v in (("tile", a.tile), ("window", a.window)):
         if key == "tile" and v == "auto":
@@ -216,11 +216,12 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
         return
     if a.sparsity == "vsa":
         check_vsa(a)
-    elif a.backend not in ("splash", "flash"):
+    elif a.backend not in ("splash", "flash") and not (
+            a.backend == "ulysses" and a.local in ("splash", "flash")):
         raise ConfigError(f"attention.sparsity={a.sparsity} needs attention.backend=splash or "
-                          f"flash (the kernels that skip masked blocks; {a.backend} takes no "
-                          f"block table yet); set attention.backend=splash or "
-                          f"attention.sparsity=none")
+                          f"flash, or ulysses with local=splash or flash (the kernels that "
+                          f"skip masked blocks; {a.backend} takes no block table yet); set "
+                          f"attention.backend=splash or attention.sparsity=none")
     if a.tile == "auto":      # 128·k tokens (sparse.tiles.UNIT): every kernel's blocks fit
         tile_len = 0
     else:
@@ -235,10 +236,12 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
             raise ConfigError(f"attention.{key}={b} does not divide the {tile_len}-token tile "
                               f"(attention.tile={','.join(map(str, a.tile))}); flash's blocks "
                               f"lie inside one tile: leave it unset (one tile) or use a divisor")
-    if mesh_sizes is not None and mesh_sizes.get("context", 1) > 1:
-        raise ConfigError(f"attention.sparsity={a.sparsity} is not wired for sequence "
-                          f"parallelism (mesh.context={mesh_sizes['context']}); use "
-                          f"mesh.context=1 or attention.sparsity=none")
+    if mesh_sizes is not None and mesh_sizes.get("context", 1) > 1 and (
+            a.backend != "ulysses" or a.sparsity == "vsa"):
+        raise ConfigError(f"attention.sparsity={a.sparsity} with sequence parallelism "
+                          f"(mesh.context={mesh_sizes['context']}) runs on "
+                          f"attention.backend=ulysses (whole tiles a shard) and not with vsa; "
+                          f"use backend=ulysses, mesh.context=1 or attention.sparsity=none")
 
 
 def check_vsa(a: AttentionConfig) -> None:

@@ -11,7 +11,7 @@ executes it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import jax.numpy as jnp
@@ -212,11 +212,17 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
         if o.out_a2a == "shard_major" and reasons:
             raise ValueError(f"{backend}: out_a2a='shard_major' cannot run: "
                              + "; ".join(reasons))
+    if dict(o.local_options).get("block_table") is not None and o.out_a2a != "flat":
+        reasons.append("a block table (attention.sparsity) runs on the exchange path")
     kernel_path = o.out_a2a == "shard_major" or (o.out_a2a == "chunked" and U > 1
                                                  and not reasons)
     values = dict(o.local_options, block_q=bq or o.block_q, block_kv=bkv or o.block_kv,
                   interpret=o.interpret)
-    local = LocalRun(entry, pick(entry.options, values), need_lse=R > 1)
+    picked = pick(entry.options, values)
+    table = dict(o.local_options).get("block_table")
+    if table is not None:      # internal (not a config option): a model's sparse layout's
+        picked = replace(picked, block_table=table)
+    local = LocalRun(entry, picked, need_lse=R > 1)
     return SequencePlan(backend, mesh, R, U, L, Lc, local, o.out_a2a, kernel_path,
                         tuple(reasons), context_grid(mesh, R, U), block_q=bq, block_kv=bkv,
                         interpret=o.interpret)

@@ -99,14 +99,48 @@ class SparseLayout:
                     f"mesh.tensor=1 (is {tensor}); use a tile dividing the grid, "
                     f"attention.backend=xla or mesh.tensor=1")
             return VsaCall(self.order.tile_len, self.topk, call if flash else None)
+        if call.backend == "ulysses":
+            return self._ulysses(call)
         if call.backend not in ("splash", "flash"):
             raise ConfigError(f"attention.sparsity={self.sparsity} needs attention.backend="
-                              f"splash or flash; self-attention runs {call.backend}")
+                              f"splash or flash, or ulysses around one (whole tiles a context "
+                              f"shard); self-attention runs {call.backend}")
         t = self.order.tile_len
         unit = LANES if call.backend == "splash" else SUBLANE
         blocks = {k: t for k in ("block_q", "block_kv")
                   if getattr(call.options, k) is None and t % unit == 0}
         return replace(call, options=replace(call.options, block_table=self.table, **blocks))
+
+    def _ulysses(self, call):
+        """Ulysses around a splash or flash local kernel: each context shard holds whole tiles
+        (the tile count a multiple of the shards), so after the exchange every device holds
+        the whole tile-major sequence for its heads and the local kernel reads the block
+        table unchanged (the exchange path: the shard-major kernel path takes no table)."""
+        o = call.options
+        shards = call.mesh.shape.get("context", 1) if call.mesh is not None else 1
+        n = int(np.prod(self.order.tiles))
+        if o.local not in ("splash", "flash"):
+            raise ConfigError(f"attention.sparsity={self.sparsity} with backend=ulysses needs "
+                              f"attention.local=splash or flash (the kernels that read a "
+                              f"block table); local is {o.local}")
+        if n % shards:
+            raise ConfigError(
+                f"attention.sparsity={self.sparsity} on mesh.context={shards}: the "
+                f"{'x'.join(map(str, self.order.grid))} grid lies in {n} tiles of "
+                f"{','.join(map(str, self.order.tile))}, not a multiple of the {shards} "
+                f"context shards (each shard must hold whole tiles); choose attention.tile "
+                f"so that the tile count divides, or mesh.context=1")
+        if o.out_a2a == "shard_major":
+            raise ConfigError(f"attention.sparsity={self.sparsity} runs Ulysses on its exchange "
+                              f"path (the shard-major kernel path takes no block table); use "
+                              f"attention.out_a2a=flat or chunked")
+        t = self.order.tile_len
+        unit = LANES if o.local == "splash" else SUBLANE
+        blocks = {k: t for k in ("block_q", "block_kv")
+                  if getattr(o, k) is None and t % unit == 0}
+        local = dict(o.local_options, block_table=self.table)
+        return replace(call, options=replace(o, local_options=tuple(sorted(
+            local.items(), key=lambda kv: kv[0])), **blocks))
 
     def _table(self, call):
         """vsa's fine pass on the table kernels (``vsa_fine=table``; flash only)."""
