@@ -82,24 +82,17 @@ def errors_vs_diffusers(m, tr, inputs: dict, rng) -> dict:
     ``inputs``: the output, the gradients of a random cotangent's dot with it with respect to
     :data:`GRAD_INPUTS` and to every parameter (ditax's exported to diffusers' keys and
     layouts; the largest, ``"params"``)."""
-    import jax
-    import jax.numpy as jnp
     import torch
 
     from ditax.io.convert import export
     from ditax.models.flux2.convert import weight_table
+    from shared_inputs import output_and_grads
     from wan_reference import rel_err
 
     ref = run_diffusers_flux2(m, inputs)
     ct = rng.standard_normal(ref.shape).astype(np.float32)
 
-    @jax.jit
-    def out_and_grads(tr, *xs):
-        out, pull = jax.vjp(lambda tr, *xs: tr(**{**inputs, **dict(zip(GRAD_INPUTS, xs))}),
-                            tr, *xs)
-        return out, pull(jnp.asarray(ct))
-
-    out, grads = out_and_grads(tr, *(inputs[n] for n in GRAD_INPUTS))
+    out, grads = output_and_grads(tr, inputs, GRAD_INPUTS, ct)
     errs = {"out": rel_err(out, ref)}
     leaves = {k: torch.from_numpy(v).requires_grad_(k in GRAD_INPUTS) for k, v in inputs.items()}
     (m(**leaves, return_dict=False)[0] * torch.from_numpy(ct)).sum().backward()

@@ -1,5 +1,6 @@
 """Small inputs several test modules build the same way: a folder of captioned still images
-(what ``ditax preprocess`` reads) and a module with every parameter random."""
+(what ``ditax preprocess`` reads), a module with every parameter random, and one compiled
+program of a loaded transformer's output and its gradients (:func:`output_and_grads`)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,20 @@ def randomise(model, seed: int):
             leaf = 1.0 + 0.3 * noise
         out.append(leaf)
     return nnx.merge(graphdef, jax.tree_util.tree_unflatten(tree, out))
+
+
+def output_and_grads(tr, inputs: dict, names, cotangent):
+    """One compiled program: ``tr(**inputs)`` and the VJP of ``cotangent`` (an array, or a
+    tuple of them for a model of several outputs) with respect to ``tr`` and the inputs
+    ``names``: ``(out, (tr's gradients, *the inputs' gradients))``."""
+    import jax
+    import jax.numpy as jnp
+
+    ct = jax.tree.map(jnp.asarray, cotangent)
+
+    @jax.jit
+    def run(tr, *xs):
+        out, pull = jax.vjp(lambda tr, *xs: tr(**{**inputs, **dict(zip(names, xs))}), tr, *xs)
+        return out, pull(ct)
+
+    return run(tr, *(inputs[n] for n in names))

@@ -5,7 +5,6 @@ import json
 import shutil
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -19,6 +18,7 @@ from ditax.models.flux.config import FluxConfig
 from ditax.models.flux.convert import weight_table
 from ditax.parallel import make_mesh
 from flux_reference import DEV, TINY, flux_inputs, make_diffusers_flux, run_diffusers_flux
+from shared_inputs import output_and_grads
 from wan_reference import rel_err
 
 GRAD_INPUTS = ("hidden_states", "encoder_hidden_states", "pooled_projections")
@@ -42,13 +42,7 @@ def test_forward_and_gradient_match_diffusers(tmp_path, rng, fast_compile, confi
     ref = run_diffusers_flux(m, inputs)
     ct = rng.standard_normal(ref.shape).astype(np.float32)
 
-    @jax.jit
-    def out_and_grads(tr, *xs):
-        out, pull = jax.vjp(lambda tr, *xs: tr(**{**inputs, **dict(zip(GRAD_INPUTS, xs))}),
-                            tr, *xs)
-        return out, pull(jnp.asarray(ct))
-
-    out, grads = out_and_grads(tr, *(inputs[n] for n in GRAD_INPUTS))
+    out, grads = output_and_grads(tr, inputs, GRAD_INPUTS, ct)
     assert out.shape == ref.shape and rel_err(out, ref) <= 1e-5, rel_err(out, ref)
 
     leaves = {k: torch.from_numpy(v).requires_grad_(k in GRAD_INPUTS) for k, v in inputs.items()}

@@ -7,8 +7,6 @@ test_ltx2_transformer_parallel.py."""
 import json
 import shutil
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -20,6 +18,7 @@ from ditax.io.convert import check_weights, export, param_shapes
 from ditax.models.ltx2.transformer.build import abstract_model
 from ditax.models.ltx2.transformer.convert import weight_table
 from ltx2_reference import LTX2, LTX23, ltx2_inputs, make_diffusers_ltx2, run_diffusers_ltx2
+from shared_inputs import output_and_grads
 from wan_reference import rel_err
 
 GRAD_INPUTS = ("hidden_states", "audio_hidden_states", "encoder_hidden_states",
@@ -58,13 +57,7 @@ def test_forward_and_gradient_match_diffusers(tmp_path, rng, fast_compile, name,
     ref = run_diffusers_ltx2(m, inputs)
     cts = [rng.standard_normal(r.shape).astype(np.float32) for r in ref]
 
-    @jax.jit
-    def out_and_grads(tr, *xs):
-        out, pull = jax.vjp(lambda tr, *xs: tr(**{**inputs, **dict(zip(GRAD_INPUTS, xs))}),
-                            tr, *xs)
-        return out, pull(tuple(jnp.asarray(c) for c in cts))
-
-    out, grads = out_and_grads(tr, *(inputs[n] for n in GRAD_INPUTS))
+    out, grads = output_and_grads(tr, inputs, GRAD_INPUTS, tuple(cts))
     for o, r in zip(out, ref):
         assert o.shape == r.shape and rel_err(o, r) <= 1e-5, rel_err(o, r)
 
