@@ -175,7 +175,7 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
         check_heads_divide(N, mesh, "cross attention")
         values = dict(o.local_options, block_q=o.block_q, block_kv=o.block_kv,
                       interpret=o.interpret)
-        local = LocalRun(entry, pick(entry.options, values))
+        local = LocalRun(entry, _local_options(entry, values))
         return SequencePlan(backend, mesh, 1, 1, L, L, local, o.out_a2a, False, (),
                             context_grid(mesh, 1, 1), cross=True, interpret=o.interpret)
 
@@ -218,14 +218,20 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
                                                  and not reasons)
     values = dict(o.local_options, block_q=bq or o.block_q, block_kv=bkv or o.block_kv,
                   interpret=o.interpret)
-    picked = pick(entry.options, values)
-    table = dict(o.local_options).get("block_table")
-    if table is not None:      # internal (not a config option): a model's sparse layout's
-        picked = replace(picked, block_table=table)
-    local = LocalRun(entry, picked, need_lse=R > 1)
+    local = LocalRun(entry, _local_options(entry, values), need_lse=R > 1)
     return SequencePlan(backend, mesh, R, U, L, Lc, local, o.out_a2a, kernel_path,
                         tuple(reasons), context_grid(mesh, R, U), block_q=bq, block_kv=bkv,
                         interpret=o.interpret)
+
+
+def _local_options(entry: registry.Backend, values: dict):
+    """The local kernel's options from ``values``: its caller-set ones (:func:`pick`) and the
+    internal ones a model set on the sequence call's ``local_options`` (a sparse layout's
+    block table), which :func:`pick` leaves out."""
+    picked = pick(entry.options, values)
+    inner = {k: v for k, v in values.items()
+             if k not in entry.options.names() and k in entry.options.__dataclass_fields__}
+    return replace(picked, **inner) if inner else picked
 
 
 def _flash_blocks(o, Lc: int, platform: Platform) -> tuple[int, int]:

@@ -105,11 +105,16 @@ class SparseLayout:
             raise ConfigError(f"attention.sparsity={self.sparsity} needs attention.backend="
                               f"splash or flash, or ulysses around one (whole tiles a context "
                               f"shard); self-attention runs {call.backend}")
+        return replace(call, options=replace(call.options, block_table=self.table,
+                                             **self._blocks(call.backend, call.options)))
+
+    def _blocks(self, kernel: str, options) -> dict:
+        """The query / key blocks unset in ``options`` as one tile each, where a tile is a
+        multiple of ``kernel``'s tiling (splash: 128 lanes, flash: 8 sublanes)."""
         t = self.order.tile_len
-        unit = LANES if call.backend == "splash" else SUBLANE
-        blocks = {k: t for k in ("block_q", "block_kv")
-                  if getattr(call.options, k) is None and t % unit == 0}
-        return replace(call, options=replace(call.options, block_table=self.table, **blocks))
+        unit = LANES if kernel == "splash" else SUBLANE
+        return {k: t for k in ("block_q", "block_kv")
+                if getattr(options, k) is None and t % unit == 0}
 
     def _ulysses(self, call):
         """Ulysses around a splash or flash local kernel: each context shard holds whole tiles
@@ -134,13 +139,9 @@ class SparseLayout:
             raise ConfigError(f"attention.sparsity={self.sparsity} runs Ulysses on its exchange "
                               f"path (the shard-major kernel path takes no block table); use "
                               f"attention.out_a2a=flat or chunked")
-        t = self.order.tile_len
-        unit = LANES if o.local == "splash" else SUBLANE
-        blocks = {k: t for k in ("block_q", "block_kv")
-                  if getattr(o, k) is None and t % unit == 0}
         local = dict(o.local_options, block_table=self.table)
         return replace(call, options=replace(o, local_options=tuple(sorted(
-            local.items(), key=lambda kv: kv[0])), **blocks))
+            local.items(), key=lambda kv: kv[0])), **self._blocks(o.local, o)))
 
     def _table(self, call):
         """vsa's fine pass on the table kernels (``vsa_fine=table``; flash only)."""
