@@ -82,15 +82,14 @@ def resolve_path(path: str | FastPath, device=None) -> str | FastPath:
     decode runs on: its parameters' or latents'; None: :func:`platform_of`'s): ``"fast"`` on
     a TPU while :data:`FAST_BY_DEFAULT`, else ``"plain"``. Checked: a name in :data:`PATHS`
     or a :class:`FastPath`, ``"fast"`` (a FastPath not ``interpret``) only on a TPU."""
+    if not isinstance(path, FastPath) and path not in PATHS:
+        raise ValueError(f"WanVAE decode: path={path!r} is not one of {PATHS}")
+    platform = (platform_of() if device is None else device_platform(device)).name
     if isinstance(path, FastPath):
-        platform = (platform_of() if device is None else device_platform(device)).name
         if not path.interpret and platform != "tpu":
             raise ValueError(f"WanVAE decode: {path} runs Pallas TPU kernels and the platform "
                              f"is {platform}; set interpret=True to run them interpreted")
         return path
-    if path not in PATHS:
-        raise ValueError(f"WanVAE decode: path={path!r} is not one of {PATHS}")
-    platform = (platform_of() if device is None else device_platform(device)).name
     if path == "auto":
         return "fast" if platform == "tpu" and FAST_BY_DEFAULT else "plain"
     if path in ("fast", "packed") and platform != "tpu":
