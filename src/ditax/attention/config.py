@@ -218,9 +218,10 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
         check_vsa(a)
     elif a.backend not in ("splash", "flash") and not (
             a.backend == "ulysses" and a.local in ("splash", "flash")):
+        runs = f"ulysses with local={a.local}" if a.backend == "ulysses" else a.backend
         raise ConfigError(f"attention.sparsity={a.sparsity} needs attention.backend=splash or "
                           f"flash, or ulysses with local=splash or flash (the kernels that "
-                          f"skip masked blocks; {a.backend} takes no block table yet); set "
+                          f"skip masked blocks; {runs} takes no block table yet); set "
                           f"attention.backend=splash or attention.sparsity=none")
     if a.tile == "auto":      # 128·k tokens (sparse.tiles.UNIT): every kernel's blocks fit
         tile_len = 0
