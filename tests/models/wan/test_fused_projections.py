@@ -14,7 +14,6 @@ from ditax.errors import ConfigError
 from ditax.models.wan.attention import fused_projections
 from ditax.nn.head_projection import HeadProjection, project_heads, reference
 from ditax.nn.rope import pair_tables
-from ditax.parallel.platform import target_platform
 from wan_reference import make_diffusers_wan, rel_err
 
 SPLASH = AttentionConfig(backend="splash", block_q=128, block_kv=128, padded_keys="duplicate")
