@@ -117,6 +117,39 @@ def cross_cases(sw: Sweep, lq: int, lk: int, heads: int, variants) -> None:
                 direction="fwd")
 
 
+def projection_cases(sw: Sweep, length: int, heads: int, rows_list) -> None:
+    """A Wan attention projection (``[L, D] x [D, N·K]`` head-major, bf16) with what follows
+    it: the self-attention query's norm, RoPE and softmax scale, and the cross-attention
+    query's norm and scale — XLA's dot and fusions (``xla``, :func:`ditax.nn.head_projection.
+    reference`) against the one-kernel projection at each row block of ``rows_list``."""
+    import numpy as np
+
+    from ditax.nn.head_projection import HeadProjection, project_heads, reference
+
+    k, d = 128, heads * 128
+    keys = jax.random.split(jax.random.PRNGKey(2), 4)
+    x = jax.random.normal(keys[0], (1, length, d), jnp.bfloat16)
+    w = (jax.random.normal(keys[1], (heads, d, k)) * d ** -0.5).astype(jnp.bfloat16)
+    b = jax.random.normal(keys[2], (d,), jnp.float32).astype(jnp.bfloat16)
+    nw = jnp.ones((d,), jnp.float32)
+    ang = np.random.default_rng(0).uniform(0, 6, (length, k // 2))
+    cos, sin = (jnp.asarray(np.repeat(f(ang), 2, -1), jnp.float32) for f in (np.cos, np.sin))
+    peak = PEAK.get(_gen(), (197e12,))[0]
+    flops = 2.0 * length * d * d
+    for what, rope in (("self q", True), ("cross q", False)):
+        tab = (cos, sin) if rope else None
+        for rows in [None] + list(rows_list):
+            spec = HeadProjection(norm=True, rope=rope, scale=k ** -0.5, rows=rows)
+            if rows is None:
+                def f(x, w, b, nw, spec=spec, tab=tab):
+                    return reference(x, w, b, nw, *(tab or (None, None)), spec)
+            else:
+                def f(x, w, b, nw, spec=spec, tab=tab):
+                    return project_heads(x, w, b, nw, tab, spec=spec)
+            sw.case(f"projection {what} L={length} D={d} {'xla' if rows is None else rows}",
+                    f, (x, w, b, nw), flops, peak, rows=rows or 0, what=what)
+
+
 def int8_cases(sw: Sweep, shapes) -> None:
     """``[M, Kd] x [Kd, Nd]`` as bf16 x bf16 -> bf16 and int8 x int8 -> int32 (and the int8
     path with a per-token quantization of x and the rescale, as ditax's W+A Linear runs it)."""
@@ -224,7 +257,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", nargs="+", default=["attention", "int8"],
                    choices=["attention", "attention_bwd", "attention_quick", "cross",
-                            "attention_quick_bwd", "flux2", "int8", "wan", "wan_splash"])
+                            "attention_quick_bwd", "flux2", "int8", "projections", "wan",
+                            "wan_projections", "wan_splash"])
     # (PARTS, below, holds what each part runs)
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=300)
@@ -236,6 +270,15 @@ def main() -> None:
     sw = Sweep(a.out, a.budget_s, a.repeats)
     for part in a.part:              # in the order given: the budget cuts the last ones
         PARTS[part](sw)
+
+
+def _wan_projections(sw: Sweep) -> None:
+    """Wan 1.3B 480p forward (splash) with XLA's projections, then the fused ones (profiled)."""
+    for mode in ("xla", "fused"):
+        model_case(sw, "wan2.1-t2v-1.3b", ["model.dtype=bfloat16", "attention.backend=splash",
+                                           f"model.projections={mode}"],
+                   (21, 60, 104), f"wan2.1-1.3b 480x832x81 splash projections={mode}",
+                   profile=mode == "fused")
 
 
 def _wan(sw: Sweep, backends) -> None:
@@ -275,6 +318,8 @@ PARTS = {
     "cross": lambda sw: cross_cases(sw, 32768, 512, 12, [{}] + [
         dict(block_q=b, block_kv=512, block_kv_compute=kc) for b in (1024, 2048, 4096, 8192)
         for kc in (256, 512)]),
+    "projections": lambda sw: projection_cases(sw, 32768, 12, (256, 512, 1024)),
+    "wan_projections": _wan_projections,
     "wan": lambda sw: _wan(sw, ("splash", "flash")),
     "wan_splash": lambda sw: _wan(sw, ("splash",)),
 }

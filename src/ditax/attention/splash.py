@@ -142,7 +142,9 @@ def splash_attention(q, k, v, *, kv_mask=None, scale=None, fused_bwd: bool = _O.
     # [B, L, N, K] -> [B, N, L, K], pre-scaled q, padded L (and K).
     hm = (lambda x: x) if head_major else (lambda x: jnp.swapaxes(x, 1, 2))  # noqa: E731
     # scaled after padding: one pass over q (scaled first, XLA wrote it out twice; v5e)
-    qt = (_pad(hm(q), Lq_p, Kp).astype(jnp.float32) * scale).astype(q.dtype)
+    qt = _pad(hm(q), Lq_p, Kp)
+    if scale != 1.0:    # 1.0: q carries the scale already (ditax.nn.head_projection)
+        qt = (qt.astype(jnp.float32) * scale).astype(q.dtype)
     vt = _pad(hm(v), Lk_p, Kp)
     if mode == "duplicate" and copied_keys:     # the copies are there already
         kt = _pad(hm(k), Lk_p, Kp)

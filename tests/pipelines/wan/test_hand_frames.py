@@ -64,6 +64,36 @@ def test_decode_chunks_joined_are_the_decode(pipe, latents):
         np.testing.assert_array_equal(np.concatenate([np.asarray(p) for p in parts], 2), whole)
 
 
+def test_each_chunks_pixels_are_dispatched_before_the_next_step(pipe, latents):
+    """The order work reaches the device in: a step, its pixels (clip, channels first),
+    then the next step — a caller waiting for a chunk's pixels waits for its own step only
+    (they used to be dispatched behind the next step: the device then idled through each
+    chunk's host work). The programs are the real compiled ones, wrapped to log calls."""
+    import jax.numpy as jnp
+
+    from ditax.models.vae.wan import model as vae_model
+
+    z = pipe.vae.denormalize_latents(jnp.asarray(latents))
+    real = pipe.vae.compile_decode(z.shape, frames_per_chunk=1)
+    log = []
+
+    def logged(name, fn):
+        def run(*a):
+            log.append(name)
+            return fn(*a)
+        return run
+
+    programs = real._replace(first=logged("step", real.first), rest=logged("step", real.rest))
+    pixels = vae_model.video_pixels
+    try:
+        vae_model.video_pixels = lambda v, p: (log.append("pixels"), pixels(v, p))[1]
+        got = [np.asarray(c) for c in pipe.vae.decode_chunks(z, programs=programs)]
+    finally:
+        vae_model.video_pixels = pixels
+    assert log == ["step", "pixels"] * 4, log
+    np.testing.assert_array_equal(np.concatenate(got, 2), np.asarray(pipe.vae.decode(z)))
+
+
 def test_the_frames_handed_over_are_the_video_and_its_mp4_the_same_bytes(pipe, latents,
                                                                            tmp_path):
     want = pipe.decode_video(latents)

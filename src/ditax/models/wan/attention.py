@@ -31,8 +31,11 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from ditax.attention import AttentionCall
+from ditax.errors import ConfigError
 from ditax.models.wan.config import WanConfig
 from ditax.nn import Linear, RMSNorm, apply_rope
+from ditax.nn.head_projection import HeadProjection, project_heads, why_not
+from ditax.parallel.platform import platform_of
 from ditax.parallel.sharding import ShardingContext
 
 TOKENS = ("act_batch", "act_seq", "act_heads", None)       # [B, L, N, K]
@@ -47,6 +50,36 @@ def rms_norm_heads(norm: RMSNorm, x):
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=(1, 3), keepdims=True) + norm.eps)
     return (y * norm.scale[...].astype(jnp.float32).reshape(n, 1, k)).astype(x.dtype)
+
+
+def fused_projections(mode: str, attn, sharding: ShardingContext, x, lin: Linear):
+    """Whether this call's q / k projections run as one kernel each
+    (:mod:`ditax.nn.head_projection`, ``model.projections``): None for XLA's, else the
+    kernel's ``interpret`` flag. ``auto``: on one TPU chip, bfloat16, a plain
+    full-precision ``Linear`` (no 8-bit weights, no unmerged LoRA), 128-lane heads;
+    ``fused``: there, or interpreted off a TPU (tests), else a :class:`ConfigError` naming
+    why (a requested kernel never runs as another)."""
+    if mode == "xla":
+        return None
+    call = attn
+    while not isinstance(call, AttentionCall) and hasattr(call, "base"):   # causal, cached
+        call = call.base
+    planned = isinstance(call, AttentionCall)
+    mesh = call.mesh if planned else sharding.mesh
+    platform = (call.platform if planned else None) or platform_of(mesh)
+    w = lin.kernel[...]
+    why = (why_not(jax.ShapeDtypeStruct(x.shape, lin.dtype), w, HeadProjection(rope=True))
+           if w.ndim == 3 else "the kernel is not stored head-major")
+    why = why or (f"the weights are {type(lin).__name__}, not a plain Linear"
+                  if type(lin) is not Linear or lin.quant is not None else None)
+    why = why or (f"the mesh has {mesh.size} devices" if mesh is not None and mesh.size > 1
+                  else None)
+    if mode == "auto":
+        return False if why is None and platform.name == "tpu" else None
+    if why:
+        raise ConfigError(f"model.projections=fused cannot run here: {why}; use "
+                          f"model.projections=auto or xla")
+    return platform.name != "tpu"
 
 
 class WanAttention(nnx.Module):
@@ -67,6 +100,7 @@ class WanAttention(nnx.Module):
         d = cfg.inner_dim
         kw = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.heads = n = cfg.num_attention_heads
+        self.projections = getattr(cfg, "projections", "auto")   # model.projections
         # q / k / v kernels stored head-major [N, D, K] (module docstring)
         self.to_q = Linear(d, d, out_heads=n, **kw)
         self.to_k = Linear(d, d, out_heads=n, **kw)
@@ -121,24 +155,44 @@ class WanAttention(nnx.Module):
         """The layer in the head-major layout (module docstring): q/k/v ``[B, N, L, K]``
         from the projections, norm and RoPE in place, the output read by ``to_out``."""
         n = self.heads
-        q = rms_norm_heads(self.norm_q, self.to_q.to_head_major(x, n))
-        k = rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n))
+        fused = fused_projections(self.projections, attn, sharding, x, self.to_q)
+        scale = None
+        if fused is not None:   # the query scaled by the softmax scale in the kernel
+            scale = 1.0
+            q = self._project(self.to_q, self.norm_q, x, rope, fused, x.shape[-1] // n)
+        else:
+            q = rms_norm_heads(self.norm_q, self.to_q.to_head_major(x, n))
+        if fused is not None and rope is not None:   # self-attention: k from the same x
+            k = self._project(self.to_k, self.norm_k, ctx, rope, fused)
+        else:
+            k = rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n))
         v = self.to_v.to_head_major(ctx, n)
-        if rope is not None:
+        if rope is not None and fused is None:
             q = apply_rope(q, *rope, head_major=True)
             k = apply_rope(k, *rope, head_major=True)
         q = sharding.constrain(q, HEADS)
         if rope is not None:
             k = sharding.constrain(k, HEADS)
             v = sharding.constrain(v, HEADS)
-        o = attn(q, k, v, kv_mask=kv_mask, head_major=True)
+        o = attn(q, k, v, kv_mask=kv_mask, scale=scale, head_major=True)
         if image is not None:
             k_img = rms_norm_heads(self.norm_added_k, self.add_k_proj.to_head_major(image, n))
             v_img = self.add_v_proj.to_head_major(image, n)
-            o = o + attn(q, k_img, v_img, head_major=True)
+            o = o + attn(q, k_img, v_img, scale=scale, head_major=True)
         o = sharding.constrain(o, HEADS)
         o = checkpoint_name(o, "attn_out")
         return self.to_out.from_head_major(o)
+
+    def _project(self, lin: Linear, norm: RMSNorm, x, rope, interpret: bool, head_dim=None):
+        """``lin`` → ``norm`` (→ RoPE, with ``rope``) in one kernel
+        (:func:`~ditax.nn.head_projection.project_heads`); with ``head_dim`` the result also
+        carries the softmax scale ``head_dim ** -0.5`` (a query; the call then gets
+        ``scale=1.0``)."""
+        spec = HeadProjection(norm=True, eps=norm.eps, rope=rope is not None,
+                              scale=1.0 if head_dim is None else head_dim ** -0.5)
+        b = None if lin.bias is None else lin.bias[...]
+        return project_heads(x.astype(lin.dtype), lin.kernel[...], b, norm.scale[...], rope,
+                             spec=spec, interpret=interpret)
 
 
 __all__ = ["WanAttention", "rms_norm_heads"]

@@ -15,6 +15,8 @@ from ditax.models.common.fields import (DTYPES, REMAT_POLICIES, DType, Quantize,
 
 QKNorm = Literal["rms_norm_across_heads"]
 Vae = Literal["wan2.1", "wan2.2"]
+# the attention layers' q / k projections (ditax.nn.head_projection)
+Projections = Literal["auto", "xla", "fused"]
 
 CLASS_NAME = "WanTransformer3DModel"
 # the fields of a diffusers ``WanTransformer3DModel`` config.json (the architecture)
@@ -72,6 +74,11 @@ class WanConfig(TransformerNumerics, WanShape):
     # a causal student (issue 59): self-attention block-causal over chunks of this many latent
     # frames (models.wan.causal); None = bidirectional. Written to config.json when set
     causal_chunk: Optional[int] = None
+    # the attention layers' q (and self-attention's k) projections in the head-major (TPU
+    # kernels') layout: fused = one Pallas kernel each with its norm, RoPE and the softmax
+    # scale (ditax.nn.head_projection; bfloat16, full-precision weights, one device); xla =
+    # XLA's dot and fusions; auto = fused on one TPU chip where it runs, else xla
+    projections: Projections = "auto"
 
     # its transformer honours attention.sparsity (tile-major video tokens; not a field)
     SPARSE_ATTENTION = True
@@ -130,6 +137,7 @@ def check_model(m: WanConfig, mesh_sizes: dict[str, int] | None = None) -> None:
         raise ConfigError(f"model.patch_size={m.patch_size} must be positive")
     check_choice("model.vae", m.vae, get_args(Vae))
     check_choice("model.vae_dtype", m.vae_dtype, DTYPES)
+    _check_projections(m, mesh_sizes)
     _check_image(m)
     if m.expand_timesteps and m.in_channels != m.out_channels:
         raise ConfigError(f"model.expand_timesteps (Wan 2.2 TI2V) replaces the first latent "
@@ -156,6 +164,26 @@ def check_transformer(m, attention=None, mesh_sizes: dict[str, int] | None = Non
         from ditax.models.wan.causal import check_causal
 
         check_causal(m.causal_chunk, None, m.patch_size[0], sparsity=attention.sparsity)
+
+
+def _check_projections(m: WanConfig, mesh_sizes: dict[str, int] | None) -> None:
+    """``model.projections=fused`` asks for the kernel (:mod:`ditax.nn.head_projection`):
+    refused where it cannot run rather than run as XLA's (auto picks per call)."""
+    check_choice("model.projections", m.projections, get_args(Projections))
+    if m.projections != "fused":
+        return
+    devices = 1
+    for n in (mesh_sizes or {}).values():
+        devices *= n
+    why = ("model.dtype is " + m.dtype if m.dtype != "bfloat16" else
+           f"model.quantize={m.quantize}" if m.quantize != "none" else
+           f"the mesh has {devices} devices" if devices > 1 else
+           f"attention_head_dim={m.attention_head_dim} is not a multiple of 128"
+           if m.attention_head_dim % 128 else None)
+    if why:
+        raise ConfigError(f"model.projections=fused runs bfloat16 full-precision weights on "
+                          f"one device with 128-lane heads, but {why}; use "
+                          f"model.projections=auto or xla")
 
 
 def _check_causal(m: WanConfig) -> None:

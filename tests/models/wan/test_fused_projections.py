@@ -1,0 +1,148 @@
+"""The attention projections in one kernel (:mod:`ditax.nn.head_projection`,
+``model.projections``): the kernel against the XLA path it replaces on fresh random inputs
+(interpreted), its gradient the reference's, a bfloat16 Wan forward and gradient with the
+fused q / k against XLA's, and where ``auto`` picks it and ``fused`` is refused."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ditax
+from ditax.config import AttentionConfig
+from ditax.errors import ConfigError
+from ditax.models.wan.attention import fused_projections
+from ditax.nn.head_projection import HeadProjection, project_heads, reference
+from ditax.nn.rope import pair_tables
+from wan_reference import make_diffusers_wan, rel_err
+
+SPLASH = AttentionConfig(backend="splash", block_q=128, block_kv=128, padded_keys="duplicate")
+
+
+def _inputs(seed, b=2, length=72, d=256, n=2, k=128, bias=True):
+    ks = jax.random.split(jax.random.key(seed), 5)
+    x = jax.random.normal(ks[0], (b, length, d)).astype(jnp.bfloat16)
+    w = (jax.random.normal(ks[1], (n, d, k)) * d ** -0.5).astype(jnp.bfloat16)
+    bias = jax.random.normal(ks[2], (n * k,)) * 0.3 if bias else None
+    nw = 1.0 + 0.2 * jax.random.normal(ks[3], (n * k,))
+    angles = jax.random.uniform(ks[4], (length, k // 2), maxval=2 * np.pi)
+    cos, sin = (jnp.asarray(t) for t in pair_tables(np.asarray(angles)))
+    return x, w, bias, nw, cos, sin
+
+
+def _ulps(got, want):
+    """Largest difference in units of bfloat16's rounding step at the values' scale."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    return float(np.abs(got - want).max() / (np.abs(want).max() * 2.0 ** -8))
+
+
+@pytest.mark.parametrize("spec,bias", [
+    (HeadProjection(norm=True, rope=True, scale=128 ** -0.5, rows=32), True),  # self q
+    (HeadProjection(norm=True, rope=True, rows=32), False),                   # self k
+    (HeadProjection(norm=True, scale=128 ** -0.5), True),                     # cross q
+    (HeadProjection(rows=16), True)])                                         # bare
+def test_kernel_equals_the_xla_path(spec, bias):
+    """72 tokens in blocks of 32 or 16 (a partial last block), two heads: the same values as
+    the dot, norm, RoPE and scale XLA runs (the sums' order only: a few elements one
+    bfloat16 step apart)."""
+    x, w, b, nw, cos, sin = _inputs(int(spec.rows or 7) + bias, bias=bias)
+    nw = nw if spec.norm else None
+    rope = (cos, sin) if spec.rope else None
+    got = project_heads(x, w, b, nw, rope, spec=spec, interpret=True)
+    want = reference(x, w, b, nw, *(rope or (None, None)), spec)
+    assert got.shape == want.shape == (2, 2, 72, 128) and got.dtype == jnp.bfloat16
+    assert _ulps(got, want) <= 2.0
+    assert float(np.mean(np.asarray(got) != np.asarray(want))) < 1e-3
+
+
+def test_kernel_gradient_is_the_references():
+    x, w, b, nw, cos, sin = _inputs(3)
+    spec = HeadProjection(norm=True, rope=True, scale=128 ** -0.5, rows=32)
+    g = jax.random.normal(jax.random.key(9), (2, 2, 72, 128))
+
+    def loss(fn):
+        return lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * g)
+
+    fused = jax.grad(loss(lambda x, w, b, nw: project_heads(x, w, b, nw, (cos, sin), spec=spec,
+                                                           interpret=True)), argnums=(0, 1, 2, 3))
+    ref = jax.grad(loss(lambda x, w, b, nw: reference(x, w, b, nw, cos, sin, spec)),
+                   argnums=(0, 1, 2, 3))
+    for a, r in zip(fused(x, w, b, nw), ref(x, w, b, nw)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(r, np.float32))
+
+
+def test_kernel_refuses_what_it_cannot_run():
+    x, w, b, nw, cos, sin = _inputs(4)
+    with pytest.raises(ValueError, match="float32, not bfloat16"):
+        project_heads(x.astype(jnp.float32), w, spec=HeadProjection())
+    with pytest.raises(ValueError, match="multiples of 128"):
+        project_heads(x[..., :192], w[:, :192, :64], spec=HeadProjection())
+    with pytest.raises(ValueError, match="exactly when spec.rope"):
+        project_heads(x, w, b, nw, spec=HeadProjection(norm=True, rope=True))
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    _, folder = make_diffusers_wan(tmp_path_factory.mktemp("fused"), heads=2, head_dim=128,
+                                   layers=2)
+    rng = np.random.default_rng(0)
+    lat = rng.standard_normal((1, 4, 4, 16, 20)).astype(np.float32)   # 320 tokens + copies
+    t = np.array([500.0], np.float32)
+    text = rng.standard_normal((1, 7, 32)).astype(np.float32)
+    return folder, (lat, t, text)
+
+
+def test_wan_forward_and_gradient_with_fused_projections(wan):
+    """A bfloat16 Wan 1.3B-shaped layer pair (heads of 128) on splash with its tokens padded
+    once: q and k fused (interpreted) against XLA's projections, the prediction and the
+    gradient of the latents."""
+    folder, (lat, t, text) = wan
+
+    def run(mode):
+        model = ditax.load_transformer(folder, dtype="bfloat16", attention=SPLASH,
+                                       projections=mode)
+        f = lambda x: model(x, t, text).astype(jnp.float32)  # noqa: E731
+        w = jax.random.normal(jax.random.key(2), lat.shape)
+        return (np.asarray(f(jnp.asarray(lat))),
+                np.asarray(jax.grad(lambda x: jnp.sum(f(x) * w))(jnp.asarray(lat))))
+
+    (out, grad), (out_x, grad_x) = run("fused"), run("xla")
+    assert rel_err(out, out_x) <= 1e-2, rel_err(out, out_x)
+    assert rel_err(grad, grad_x) <= 2e-2, rel_err(grad, grad_x)
+    assert not np.array_equal(out, np.zeros_like(out))
+
+
+def test_where_auto_fuses_and_fused_is_refused(wan):
+    """``auto``: the kernel on a TPU (compiled) only; ``fused``: the kernel anywhere it can
+    run (interpreted off a TPU), a ConfigError naming why where it cannot; ``xla``: never."""
+    from flax import nnx
+
+    from ditax.attention import resolve
+    from ditax.lora.unmerged import LoraLinear
+    from ditax.nn import Linear
+    from ditax.parallel.platform import Platform
+    from ditax.parallel.sharding import ShardingContext
+
+    lin = Linear(256, 256, out_heads=2, dtype=jnp.bfloat16, param_dtype=jnp.float32,
+                 rngs=nnx.Rngs(0))
+    x, none = jax.ShapeDtypeStruct((1, 384, 256), jnp.bfloat16), ShardingContext()
+    cpu = resolve("splash", {}, platform=Platform("cpu"))
+    tpu = resolve("splash", {}, platform=Platform("tpu"))
+    assert fused_projections("auto", cpu, none, x, lin) is None       # CPU: XLA's
+    assert fused_projections("fused", cpu, none, x, lin) is True      # interpreted
+    assert fused_projections("auto", tpu, none, x, lin) is False      # compiled
+    assert fused_projections("xla", tpu, none, x, lin) is None
+    plain = Linear(256, 256, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    assert fused_projections("auto", tpu, none, x, plain) is None
+    with pytest.raises(ConfigError, match="not stored head-major"):
+        fused_projections("fused", tpu, none, x, plain)
+    lin.dtype = jnp.dtype(jnp.float32)
+    assert fused_projections("auto", tpu, none, x, lin) is None
+    with pytest.raises(ConfigError, match="float32, not bfloat16"):
+        fused_projections("fused", tpu, none, x, lin)
+    assert issubclass(LoraLinear, Linear)     # a LoRA-wrapped layer is not a plain Linear
+    folder, _ = wan
+    with pytest.raises(ConfigError, match="model.projections=fused runs bfloat16"):
+        ditax.load_transformer(folder, dtype="bfloat16", quantize="int8", projections="fused")
+    with pytest.raises(ConfigError, match="model.dtype is float32"):
+        ditax.load_transformer(folder, dtype="float32", projections="fused")
