@@ -258,7 +258,7 @@ def main() -> None:
     p.add_argument("--part", nargs="+", default=["attention", "int8"],
                    choices=["attention", "attention_bwd", "attention_quick", "cross",
                             "attention_quick_bwd", "flux2", "int8", "projections", "wan",
-                            "wan_projections", "wan_splash"])
+                            "wan_fused", "wan_projections", "wan_splash"])
     # (PARTS, below, holds what each part runs)
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=300)
@@ -272,9 +272,9 @@ def main() -> None:
         PARTS[part](sw)
 
 
-def _wan_projections(sw: Sweep) -> None:
+def _wan_projections(sw: Sweep, modes=("xla", "fused")) -> None:
     """Wan 1.3B 480p forward (splash) with XLA's projections, then the fused ones (profiled)."""
-    for mode in ("xla", "fused"):
+    for mode in modes:
         model_case(sw, "wan2.1-t2v-1.3b", ["model.dtype=bfloat16", "attention.backend=splash",
                                            f"model.projections={mode}"],
                    (21, 60, 104), f"wan2.1-1.3b 480x832x81 splash projections={mode}",
@@ -320,6 +320,7 @@ PARTS = {
         for kc in (256, 512)]),
     "projections": lambda sw: projection_cases(sw, 32768, 12, (256, 512, 1024)),
     "wan_projections": _wan_projections,
+    "wan_fused": lambda sw: _wan_projections(sw, ("fused",)),
     "wan": lambda sw: _wan(sw, ("splash", "flash")),
     "wan_splash": lambda sw: _wan(sw, ("splash",)),
 }
