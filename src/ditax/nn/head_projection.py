@@ -12,10 +12,17 @@ forward, and 9.3 ms for the cross-attention query's norm pass (``docs/tpu_v5e.md
 :class:`~ditax.nn.Linear` ``out_heads``), keeps the rows of every head in VMEM until their
 norm statistics are known, then scales, rotates and writes them.
 
-The XLA path's values (:func:`reference`) up to its roundings: it rounds to ``x.dtype``
-after the product, the bias, the norm, RoPE and the scale; the kernel keeps float32 from
-the product's accumulator to the one rounding at the end (closer to the exact values: the
-tests compare both with them).
+Same values as the XLA path (:func:`reference`), rounded at the same points: the product
+and the bias in ``x.dtype``, the norm in float32 rounded once, RoPE in float32 rounded
+once, the softmax scale in float32 rounded once (the attention kernel's own pass). Only the
+order of the products' and the norm's float32 sums differs.
+
+Measured on a v5e in the 480x832x81 forward (session 64, ``docs/tpu_v5e.md``): the q, k and
+cross-attention q kernels 28.2, 27.7 and 25.6 ms a forward (~164 TFLOP/s for q) where XLA's
+projections with their norm statistics, RoPE and the query's norm pass took 128.8 ms. A
+software-pipelined variant (block ``j``'s products beside block ``j - 1``'s epilogue in one
+basic block, float32 kept from the accumulator in a double-buffered scratch) ran slower:
+30.9 ms for q and k.
 
 The backward is the reference's (``jax.vjp`` of :func:`reference`, recomputed): the kernel
 is a forward speed-up; a training step differentiates the same function.
@@ -83,46 +90,36 @@ def _partner(y):
 
 
 def _kernel(spec: HeadProjection, n: int, k: int, has_bias: bool, *refs):
-    """Grid step ``(b, j)``: the products of row block ``j`` (float32, bias added, kept in
-    VMEM slot ``j % 2`` with their rows' norm factor), and the epilogue of block ``j - 1``
-    (norm, RoPE, scale; written out). Both in one basic block, so the scheduler can run one
-    block's vector work beside the next one's MXU products: done after its products, in
-    the same step, the epilogue made the kernel ~2x slower than its products alone (v5e,
-    session 64). Step 0's epilogue works on an unwritten slot and its output block is
-    written again by step 1 (the same block: written back once, after it); the last step's
-    products repeat the last block's, unused."""
     refs = list(refs)
     x_ref, w_ref = refs.pop(0), refs.pop(0)
     b_ref = refs.pop(0) if has_bias else None
     nw_ref = refs.pop(0) if spec.norm else None
     cos_ref, sin_ref = (refs.pop(0), refs.pop(0)) if spec.rope else (None, None)
-    o_ref, y_scr, r_scr = refs
-    j = pl.program_id(1)
-    cur, prev = j % 2, (j + 1) % 2
+    o_ref, y_scr = refs
+    dt = o_ref.dtype
     x = x_ref[0]                                               # [rows, D]
-    ss = jnp.zeros((x.shape[0], k), jnp.float32)
+    ss = jnp.zeros((x.shape[0], 1), jnp.float32)
     for h in range(n):
         y = jax.lax.dot_general(x, w_ref[h], (((1,), (0,)), ((), ())),
-                                preferred_element_type=jnp.float32)
+                                preferred_element_type=jnp.float32).astype(dt)
         if has_bias:
-            y = y + b_ref[pl.ds(h, 1), :].astype(jnp.float32)
+            y = (y.astype(jnp.float32) + b_ref[pl.ds(h, 1), :].astype(dt).astype(
+                jnp.float32)).astype(dt)
         if spec.norm:
-            ss = ss + y * y
-        y_scr[cur, h] = y
-    r = spec.scale
-    if spec.norm:
-        r_scr[cur] = jax.lax.rsqrt(jnp.sum(ss, axis=1, keepdims=True) * (1.0 / (n * k))
-                                   + spec.eps) * spec.scale
-        r = r_scr[prev]                                        # [rows, 1]
+            yf = y.astype(jnp.float32)
+            ss = ss + jnp.sum(yf * yf, axis=1, keepdims=True)
+        y_scr[h] = y
+    r = jax.lax.rsqrt(ss * (1.0 / (n * k)) + spec.eps) if spec.norm else None
     for h in range(n):
-        y = y_scr[prev, h]
+        y = y_scr[h].astype(jnp.float32)
         if spec.norm:
-            y = y * (r * nw_ref[pl.ds(h, 1), :])
-        elif spec.scale != 1.0:
-            y = y * spec.scale
+            y = (y * r * nw_ref[pl.ds(h, 1), :].astype(jnp.float32)).astype(dt).astype(
+                jnp.float32)
         if spec.rope:
-            y = y * cos_ref[...] + _partner(y) * sin_ref[...]
-        o_ref[0, h] = y.astype(o_ref.dtype)
+            y = (y * cos_ref[...] + _partner(y) * sin_ref[...]).astype(dt).astype(jnp.float32)
+        if spec.scale != 1.0:
+            y = y * spec.scale
+        o_ref[0, h] = y.astype(dt)
 
 
 def rows_for(length: int, rows: Optional[int] = None) -> int:
@@ -138,11 +135,9 @@ def _fused(x, w, b, nw, cos, sin, spec: HeadProjection, interpret: bool):
     bsz, length, d = x.shape
     n, _, k = w.shape
     rows = rows_for(length, spec.rows)
-    nb = pl.cdiv(length, rows)
-    now = lambda i, j: (i, jnp.minimum(j, nb - 1), 0)        # noqa: E731  (products)
-    done = lambda j: jnp.maximum(j - 1, 0)                    # noqa: E731  (the epilogue's)
+    grid = (bsz, pl.cdiv(length, rows))
     args = [x, w.astype(x.dtype)]
-    specs = [pl.BlockSpec((1, rows, d), now),
+    specs = [pl.BlockSpec((1, rows, d), lambda i, j: (i, j, 0)),
              pl.BlockSpec((n, d, k), lambda i, j: (0, 0, 0))]
     if b is not None:
         args.append(b.reshape(n, k))
@@ -152,16 +147,15 @@ def _fused(x, w, b, nw, cos, sin, spec: HeadProjection, interpret: bool):
         specs.append(pl.BlockSpec((n, k), lambda i, j: (0, 0)))
     if spec.rope:
         args += [cos.astype(jnp.float32), sin.astype(jnp.float32)]
-        specs += [pl.BlockSpec((rows, k), lambda i, j: (done(j), 0))] * 2
+        specs += [pl.BlockSpec((rows, k), lambda i, j: (j, 0))] * 2
     kernel = functools.partial(_kernel, spec, n, k, b is not None)
     return pl.pallas_call(
-        kernel, grid=(bsz, nb + 1), in_specs=specs,
-        out_specs=pl.BlockSpec((1, n, rows, k), lambda i, j: (i, 0, done(j), 0)),
+        kernel, grid=grid, in_specs=specs,
+        out_specs=pl.BlockSpec((1, n, rows, k), lambda i, j: (i, 0, j, 0)),
         out_shape=jax.ShapeDtypeStruct((bsz, n, length, k), x.dtype),
-        scratch_shapes=[pltpu.VMEM((2, n, rows, k), jnp.float32),
-                        pltpu.VMEM((2, rows, 1), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((n, rows, k), x.dtype)],
         interpret=pltpu.InterpretParams() if interpret else False,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"),
                                              vmem_limit_bytes=VMEM_LIMIT),
     )(*args)
 

@@ -58,9 +58,9 @@ def _exact(x, w, b, nw, cos, sin, spec):
     (HeadProjection(norm=True, scale=128 ** -0.5), True),                     # cross q
     (HeadProjection(rows=16), True)])                                         # bare
 def test_kernel_equals_the_xla_path(spec, bias):
-    """72 tokens in blocks of 32 or 16 (a partial last block), two heads: within a rounding
-    of the exact values (float32 to the one rounding at the end), and within the XLA path's
-    own roundings of what it computes."""
+    """72 tokens in blocks of 32 or 16 (a partial last block), two heads: the XLA path's
+    values, rounded at the same points (the sums' order only: a few elements one bfloat16
+    step apart), as close to the exact values (float32 throughout) as those roundings allow."""
     x, w, b, nw, cos, sin = _inputs(int(spec.rows or 7) + bias, bias=bias)
     nw = nw if spec.norm else None
     rope = (cos, sin) if spec.rope else None
@@ -68,8 +68,9 @@ def test_kernel_equals_the_xla_path(spec, bias):
     want = reference(x, w, b, nw, *(rope or (None, None)), spec)
     exact = _exact(x, w, b, nw, cos, sin, spec)
     assert got.shape == want.shape == (2, 2, 72, 128) and got.dtype == jnp.bfloat16
-    assert _ulps(got, exact) <= 1.0, _ulps(got, exact)
-    assert _ulps(got, want) <= 3.0, _ulps(got, want)
+    assert _ulps(got, want) <= 2.0, _ulps(got, want)
+    assert float(np.mean(np.asarray(got) != np.asarray(want))) < 1e-3
+    assert _ulps(got, exact) <= 2.5, _ulps(got, exact)
 
 
 def test_kernel_gradient_is_the_references():
