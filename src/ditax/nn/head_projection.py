@@ -123,12 +123,16 @@ def _kernel(spec: HeadProjection, n: int, k: int, has_bias: bool, *refs):
 
 
 def rows_for(length: int, rows: Optional[int] = None) -> int:
-    """Token rows a grid step: ``rows`` (default :data:`ROWS`) clipped to the length rounded
-    up to 8."""
-    r = rows or ROWS
-    if r % 8:
-        raise ValueError(f"rows={r} must be a multiple of 8")
-    return min(r, -(-length // 8) * 8)
+    """Token rows a grid step: ``rows`` (a multiple of 8) clipped to the length rounded up to
+    8; by default the largest multiple of 16 (bf16's sublane tile) up to :data:`ROWS` that
+    divides the length, when one of at least 128 does (720p's 75,600 tokens: 432), else
+    :data:`ROWS` with a partial last block."""
+    if rows is None:
+        fit = [r for r in range(ROWS, 127, -16) if length % r == 0]
+        rows = fit[0] if fit else ROWS
+    if rows % 8:
+        raise ValueError(f"rows={rows} must be a multiple of 8")
+    return min(rows, -(-length // 8) * 8)
 
 
 def _fused(x, w, b, nw, cos, sin, spec: HeadProjection, interpret: bool):
@@ -177,9 +181,17 @@ def _project_bwd(spec, interpret, res, g):
 _project.defvjp(_project_fwd, _project_bwd)
 
 
+def vmem_bytes(rows: int, n: int, d: int, k: int, rope: bool) -> int:
+    """VMEM a grid step holds (bf16): the whole ``[N, D, K]`` kernel and the blocks of x, the
+    output and the rotary tables, each double-buffered, and the heads' scratch."""
+    tables = 2 * 2 * rows * k * 4 if rope else 0
+    return 2 * 2 * (n * d * k + rows * d + n * rows * k) + 2 * n * rows * k + tables
+
+
 def why_not(x, w, spec: HeadProjection) -> Optional[str]:
     """Why the kernel cannot run on these operands (None: it can): a dtype other than
-    bfloat16, a head dim or width off the TPU's 128 lanes."""
+    bfloat16, a head dim or width off the TPU's 128 lanes, a kernel too large to stay in
+    VMEM beside its blocks (Wan 14B's ``[40, 5120, 128]``: 52 MB, twice)."""
     n, d, k = w.shape
     if jnp.dtype(x.dtype) != jnp.bfloat16:
         return f"the compute dtype is {jnp.dtype(x.dtype).name}, not bfloat16"
@@ -187,6 +199,10 @@ def why_not(x, w, spec: HeadProjection) -> Optional[str]:
         return f"head dim {k} and width {d} must be multiples of {LANES}"
     if spec.rope and k % 2:
         return f"RoPE needs an even head dim, not {k}"
+    need = vmem_bytes(rows_for(x.shape[-2], spec.rows), n, d, k, spec.rope)
+    if need > VMEM_LIMIT * 3 // 4:
+        return (f"its [{n}, {d}, {k}] kernel and blocks need {need / 2**20:.0f} MiB of VMEM, "
+                f"over {VMEM_LIMIT * 3 // 4 / 2**20:.0f}")
     return None
 
 
@@ -205,4 +221,5 @@ def project_heads(x, w, b=None, nw=None, rope=None, *, spec: HeadProjection,
     return _project(x, w, b, nw, cos, sin, spec, bool(interpret))
 
 
-__all__ = ["HeadProjection", "ROWS", "project_heads", "reference", "rows_for", "why_not"]
+__all__ = ["HeadProjection", "ROWS", "project_heads", "reference", "rows_for", "vmem_bytes",
+           "why_not"]

@@ -73,6 +73,16 @@ def test_kernel_equals_the_xla_path(spec, bias):
     assert _ulps(got, exact) <= 2.5, _ulps(got, exact)
 
 
+def test_row_blocks_divide_the_tokens_where_they_can():
+    from ditax.nn.head_projection import rows_for
+
+    assert rows_for(32768) == 512 and rows_for(75600) == 432      # 480p with copies, 720p
+    assert rows_for(32760) == 512 and rows_for(72) == 72          # a partial block; clipped
+    assert rows_for(72, 32) == 32
+    with pytest.raises(ValueError, match="multiple of 8"):
+        rows_for(100, 12)
+
+
 def test_kernel_gradient_is_the_references():
     x, w, b, nw, cos, sin = _inputs(3)
     spec = HeadProjection(norm=True, rope=True, scale=128 ** -0.5, rows=32)
@@ -90,6 +100,13 @@ def test_kernel_gradient_is_the_references():
 
 
 def test_kernel_refuses_what_it_cannot_run():
+    from ditax.nn.head_projection import why_not
+
+    big = jax.ShapeDtypeStruct((40, 5120, 128), jnp.bfloat16)     # Wan 14B's q kernel
+    tokens = jax.ShapeDtypeStruct((1, 32760, 5120), jnp.bfloat16)
+    assert "MiB of VMEM" in why_not(tokens, big, HeadProjection(norm=True, rope=True))
+    assert why_not(jax.ShapeDtypeStruct((1, 32760, 3072), jnp.bfloat16),   # Wan 2.2 5B's
+                   jax.ShapeDtypeStruct((24, 3072, 128), jnp.bfloat16), HeadProjection()) is None
     x, w, b, nw, cos, sin = _inputs(4)
     with pytest.raises(ValueError, match="float32, not bfloat16"):
         project_heads(x.astype(jnp.float32), w, spec=HeadProjection())
