@@ -3,6 +3,8 @@
 (interpreted), its gradient the reference's, a bfloat16 Wan forward and gradient with the
 fused q / k against XLA's, and where ``auto`` picks it and ``fused`` is refused."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -181,3 +183,43 @@ def test_where_auto_fuses_and_fused_is_refused(wan):
         ditax.load_transformer(folder, dtype="bfloat16", quantize="int8", projections="fused")
     with pytest.raises(ConfigError, match="model.dtype is float32"):
         ditax.load_transformer(folder, dtype="float32", projections="fused")
+
+
+def test_image_attention_and_chunk_masked_calls_take_the_scaled_query():
+    """Wan attention layers whose query is fused and pre-scaled, so every call they make
+    gets ``scale=1.0``: image-to-video's cross-attention (its second call, over the image
+    tokens), self-attention through the plain call and through the block-causal chunk calls
+    (:class:`ChunkMaskedCall`, key masks) — each equal to XLA's projections (a query scaled
+    twice would not be: the attention dominates a lone layer's output)."""
+    from flax import nnx
+
+    from ditax.attention import resolve
+    from ditax.models.wan.attention import WanAttention
+    from ditax.models.wan.causal import ChunkMaskedCall
+    from ditax.models.wan.config import WanConfig
+    from ditax.parallel.platform import Platform
+    from ditax.parallel.sharding import ShardingContext
+
+    cfg = WanConfig(num_attention_heads=2, attention_head_dim=128, dtype="bfloat16",
+                    param_dtype="float32", image_dim=32, added_kv_proj_dim=256)
+    ks = jax.random.split(jax.random.key(5), 4)
+    x = jax.random.normal(ks[0], (1, 256, 256)).astype(jnp.bfloat16)
+    img = jax.random.normal(ks[1], (1, 16, 256)).astype(jnp.bfloat16)
+    cos, sin = (jnp.asarray(t) for t in pair_tables(np.asarray(
+        jax.random.uniform(ks[2], (256, 64), maxval=6.0))))
+    call = resolve("splash", dict(block_q=128, block_kv=128), platform=Platform("cpu"))
+    chunks = ChunkMaskedCall(call, np.repeat(np.arange(2), 128), context_chunks=1)
+    none = ShardingContext()
+    text = jax.random.normal(ks[3], (1, 24, 256)).astype(jnp.bfloat16)
+    outs = {}
+    for mode in ("fused", "xla"):
+        c = dataclasses.replace(cfg, projections=mode)
+        cross = WanAttention(c, rngs=nnx.Rngs(0), added_kv=True)   # q fused, no RoPE
+        self_attn = WanAttention(c, rngs=nnx.Rngs(1))
+        outs[mode] = [np.asarray(o, np.float32) for o in (
+            cross(x, text, call, none, image=img),
+            self_attn(x, x, call, none, rope=(cos, sin)),
+            self_attn(x, x, chunks, none, rope=(cos, sin)))]
+    errs = [rel_err(a, b) for a, b in zip(outs["fused"], outs["xla"])]
+    assert max(errs) <= 1e-2, errs
+    assert rel_err(outs["xla"][1], outs["xla"][2]) > 10 * max(errs)   # the masks reached it
