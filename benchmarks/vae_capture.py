@@ -30,7 +30,9 @@ on ``benchmarks/vae_conv_pack.py --chip``'s random inputs).
    (``FastPath(pack=True, only=widths)``), and the jitted programs of both (what
    ``vae_decode.py`` runs) — one line (``"kind": "decodes"``) with each pair's difference: if
    the jitted pair differs (session 64: 0.55 in frame 0) but the eager pair does not, the
-   error is in how the compiled program feeds the kernels, not in what they are fed.
+   error is in how the compiled program feeds the kernels, not in what they are fed;
+   ``--jit-options k=v,...`` compiles the jitted packed program once more with those XLA
+   options (e.g. ``xla_msa_enable=false``: no prefetches into VMEM beside the kernels).
 
 A leading line (``"kind": "capture"``) lists every kernel call (index, name, real channels,
 epilogue). ``--interpret`` runs everything in Pallas' interpret mode on the CPU (tests, at a
@@ -242,9 +244,10 @@ def check(call, interpret: bool) -> dict:
     return row
 
 
-def decodes(vae, z, fast_frames, widths, interpret: bool) -> dict:
+def decodes(vae, z, fast_frames, widths, interpret: bool, options=None) -> dict:
     """The first chunk's frames eager packed, jitted fast and jitted packed, against eager
-    fast (``fast_frames``) and each other."""
+    fast (``fast_frames``) and each other; with ``options`` (XLA compiler options, e.g.
+    ``{"xla_msa_enable": "false"}``) the jitted packed program compiled with them too."""
     from flax import nnx
 
     from ditax.models.vae.wan.chunks import decode_chunk
@@ -263,6 +266,15 @@ def decodes(vae, z, fast_frames, widths, interpret: bool) -> dict:
              ("jit_packed", "jit_fast"), ("jit_packed", "eager_packed")]
     row = {"kind": "decodes", "packed_widths": list(widths), "frame_shape":
            list(frames["eager_fast"].shape)}
+    if options:
+        row["jit_options"] = options
+        try:
+            program = decode_chunk.lower(graphdef, state, z, None, first=True,
+                                         path=packed).compile(compiler_options=options)
+            frames["jit_packed_opts"] = np.asarray(program(state, z, None)[0], np.float32)
+            pairs += [("jit_packed_opts", "jit_fast"), ("jit_packed_opts", "eager_packed")]
+        except Exception as e:   # an option this compiler does not know: say so, go on
+            row["jit_options_error"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
     for u, v in pairs:
         d = frame_diffs(frames[u], frames[v])
         row[f"{u}_vs_{v}"] = {"max_abs_diff": float(np.max(np.abs(frames[u] - frames[v]))),
@@ -273,11 +285,26 @@ def decodes(vae, z, fast_frames, widths, interpret: bool) -> dict:
     return row
 
 
+def versions() -> dict:
+    """jax's, jaxlib's and libtpu's versions (a Mosaic DMA bug was a libtpu regression:
+    jax-ml/jax#39744, wrong from 0.0.43 on)."""
+    from importlib import metadata
+
+    out = {"jax": jax.__version__}
+    for name in ("jaxlib", "libtpu", "libtpu-nightly"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
 def run(height: int = 480, width: int = 832, dtype: str = "bfloat16", widths=(96,),
-        interpret: bool = False, seed: int = 0, config=None, with_decodes: bool = False):
+        interpret: bool = False, seed: int = 0, config=None, with_decodes: bool = False,
+        jit_options=None):
     """Yield the rows: the capture's, each kept call's (:func:`check`), then
-    (``with_decodes``) :func:`decodes`'. ``config``: :func:`vae_decode.build_vae`'s (None:
-    full-size Wan 2.1)."""
+    (``with_decodes``) :func:`decodes`' (``jit_options``: its ``options``). ``config``:
+    :func:`vae_decode.build_vae`'s (None: full-size Wan 2.1)."""
     from ditax.models.vae.wan.layers import FastPath
 
     t = time.perf_counter()
@@ -292,12 +319,23 @@ def run(height: int = 480, width: int = 832, dtype: str = "bfloat16", widths=(96
            "widths": list(widths), "frame_shape": list(frames.shape),
            "frame_max_abs": float(jnp.max(jnp.abs(frames.astype(jnp.float32)))),
            "s": round(time.perf_counter() - t, 1),
+           "versions": versions(),
            "all": [[c["index"], c["name"], c["cin"], c["cout"], c["epilogue"]] for c in calls]}
     for call in kept:
         yield {**case, "kind": "call", **check(call, interpret)}
         call.pop("args"), call.pop("out")   # free the device memory as we go
     if with_decodes:
-        yield {**case, **decodes(vae, z, frames, widths, interpret)}
+        yield {**case, **decodes(vae, z, frames, widths, interpret, jit_options)}
+
+
+def _option(value: str):
+    """A compiler option's value from the command line: a bool, an int, or the string."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    try:
+        return int(value)
+    except ValueError:
+        return value
 
 
 def main(argv=None) -> None:
@@ -312,14 +350,19 @@ def main(argv=None) -> None:
                     help="Pallas interpret mode on the CPU (use a small size: 64x64)")
     ap.add_argument("--decodes", action="store_true",
                     help="then the first chunk eager / jitted, fast / packed (two compiles)")
+    ap.add_argument("--jit-options", default="",
+                    help="with --decodes: XLA compiler options (key=value,...) for one more "
+                         "compile of the jitted packed first chunk")
     ap.add_argument("--out", default=None, help="also append the rows to this file")
     a = ap.parse_args(argv)
     if not a.interpret and jax.devices()[0].platform != "tpu":
         raise SystemExit(f"vae_capture runs the TPU kernels; this machine has "
                          f"{jax.devices()[0].platform}: use --interpret (and a small size)")
     widths = tuple(int(c) for c in a.widths.split(","))
+    options = {k: _option(v) for k, v in (kv.split("=", 1) for kv in a.jit_options.split(",")
+                                           if kv)}
     for row in run(a.height, a.width, a.dtype, widths, a.interpret, a.seed,
-                   with_decodes=a.decodes):
+                   with_decodes=a.decodes, jit_options=options or None):
         emit(row, a.out)
 
 

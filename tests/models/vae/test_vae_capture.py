@@ -75,3 +75,8 @@ def test_reference_is_the_float32_convolution_and_takes_phases():
     assert got.shape == want.shape == (1, 1, 16, 16, 128)
     # one bf16 rounding of the output, the summation order apart: a bf16 step at most
     np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2 ** -7, atol=2 ** -10)
+
+
+def test_compiler_options_from_the_command_line():
+    assert [vae_capture._option(v) for v in ("false", "True", "7", "NONE")] == [False, True, 7,
+                                                                               "NONE"]
