@@ -34,6 +34,11 @@ on ``benchmarks/vae_conv_pack.py --chip``'s random inputs).
    ``--jit-options k=v,...`` compiles the jitted packed program once more with those XLA
    options (e.g. ``xla_msa_enable=false``: no prefetches into VMEM beside the kernels).
 
+4. ``--jit-calls packed`` (and/or ``fast``): the first chunk jitted on that path with the
+   kept calls' inputs and outputs as the program's outputs, each call checked as the
+   compiled program ran it (:func:`vae_capture_jit.jit_calls`: ``jit_call`` lines, then
+   ``jit_frames``) — which call a compiled program gets wrong, and on what inputs.
+
 A leading line (``"kind": "capture"``) lists every kernel call (index, name, real channels,
 epilogue). ``--interpret`` runs everything in Pallas' interpret mode on the CPU (tests, at a
 small size: ``--interpret --height 64 --width 64``, the full-size VAE's 33 calls with the same
@@ -41,7 +46,7 @@ small size: ``--interpret --height 64 --width 64``, the full-size VAE's 33 calls
 ``ref_max_abs`` of 5.19). On the chip (see ``docs/tpu_v5e.md``, "The next run")::
 
     PYTHONPATH=$PWD/src:$PYTHONPATH python3 benchmarks/vae_capture.py --height 480 \
-        --width 832 --decodes
+        --width 832 --jit-calls packed --decodes
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ def captured(vae, widths):
                     else "plain")
         call = {"index": len(calls), "name": name, "cin": cin, "cout": cout,
                 "epilogue": epilogue, "dtype": str(x.dtype),
+                "kernel": {k: kw.get(k) for k in ("pack", "cols")},   # the path's choice
                 "shapes": {k: None if v is None else list(v.shape) for k, v in
                            (("x", x), ("cache", cache), ("w", w), ("out", y))}}
         if cin in widths:
@@ -231,7 +237,8 @@ def check(call, interpret: bool) -> dict:
     ref = reference(**a)
     padded = conv_tpu.causal_conv3x3(**a, interpret=interpret)
     packed = conv_tpu.causal_conv3x3(**a, pack=pack, cols=cols, interpret=interpret)
-    row = {k: call[k] for k in ("index", "name", "cin", "cout", "epilogue", "dtype", "shapes")}
+    row = {k: call[k] for k in ("index", "name", "cin", "cout", "epilogue", "dtype", "shapes",
+                                "kernel")}
     row.update(pack=pack, cols=cols, inputs=inputs(call),
                padded_vs_ref=compare(padded, ref), packed_vs_ref=compare(packed, ref),
                packed_vs_padded=compare(packed, padded),
@@ -241,47 +248,6 @@ def check(call, interpret: bool) -> dict:
     row["ok"] = all(row[k]["max_abs_diff"] <= OK_SHARE * row["ref_max_abs"]
                     for k in ("padded_vs_ref", "packed_vs_ref"))
     row["s"] = round(time.perf_counter() - t, 2)
-    return row
-
-
-def decodes(vae, z, fast_frames, widths, interpret: bool, options=None) -> dict:
-    """The first chunk's frames eager packed, jitted fast and jitted packed, against eager
-    fast (``fast_frames``) and each other; with ``options`` (XLA compiler options, e.g.
-    ``{"xla_msa_enable": "false"}``) the jitted packed program compiled with them too."""
-    from flax import nnx
-
-    from ditax.models.vae.wan.chunks import decode_chunk
-    from ditax.models.vae.wan.layers import FastPath
-
-    fast = FastPath(interpret=interpret)
-    packed = FastPath(interpret=interpret, pack=True, only=tuple(widths))
-    graphdef, state = nnx.split(vae)
-    t = time.perf_counter()
-    frames = {"eager_fast": np.asarray(fast_frames, np.float32),
-              "eager_packed": np.asarray(first_chunk(vae, z, packed), np.float32)}
-    for name, path in (("jit_fast", fast), ("jit_packed", packed)):
-        out = decode_chunk(graphdef, state, z, None, first=True, path=path)[0]
-        frames[name] = np.asarray(out, np.float32)
-    pairs = [("eager_packed", "eager_fast"), ("jit_fast", "eager_fast"),
-             ("jit_packed", "jit_fast"), ("jit_packed", "eager_packed")]
-    row = {"kind": "decodes", "packed_widths": list(widths), "frame_shape":
-           list(frames["eager_fast"].shape)}
-    if options:
-        row["jit_options"] = options
-        try:
-            program = decode_chunk.lower(graphdef, state, z, None, first=True,
-                                         path=packed).compile(compiler_options=options)
-            frames["jit_packed_opts"] = np.asarray(program(state, z, None)[0], np.float32)
-            pairs += [("jit_packed_opts", "jit_fast"), ("jit_packed_opts", "eager_packed")]
-        except Exception as e:   # an option this compiler does not know: say so, go on
-            row["jit_options_error"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
-    for u, v in pairs:
-        d = frame_diffs(frames[u], frames[v])
-        row[f"{u}_vs_{v}"] = {"max_abs_diff": float(np.max(np.abs(frames[u] - frames[v]))),
-                              "at": d["max_abs_diff_at"], "mean_abs_diff": d["mean_abs_diff"],
-                              "share_over_0.1": d["share_over_0.1"],
-                              "nan": int(np.isnan(frames[u]).sum())}
-    row["s"] = round(time.perf_counter() - t, 1)
     return row
 
 
@@ -301,11 +267,13 @@ def versions() -> dict:
 
 def run(height: int = 480, width: int = 832, dtype: str = "bfloat16", widths=(96,),
         interpret: bool = False, seed: int = 0, config=None, with_decodes: bool = False,
-        jit_options=None):
-    """Yield the rows: the capture's, each kept call's (:func:`check`), then
-    (``with_decodes``) :func:`decodes`' (``jit_options``: its ``options``). ``config``:
-    :func:`vae_decode.build_vae`'s (None: full-size Wan 2.1)."""
+        jit_options=None, jit_paths=()):
+    """Yield the rows: the capture's, each kept call's (:func:`check`), then for each of
+    ``jit_paths`` (``"packed"``, ``"fast"``) :func:`vae_capture_jit.jit_calls`' and
+    (``with_decodes``) :func:`vae_capture_jit.decodes`' (``jit_options``: its ``options``).
+    ``config``: :func:`vae_decode.build_vae`'s (None: full-size Wan 2.1)."""
     from ditax.models.vae.wan.layers import FastPath
+    from vae_capture_jit import decodes, jit_calls
 
     t = time.perf_counter()
     vae = build_vae(dtype, seed, config=config)
@@ -324,6 +292,9 @@ def run(height: int = 480, width: int = 832, dtype: str = "bfloat16", widths=(96
     for call in kept:
         yield {**case, "kind": "call", **check(call, interpret)}
         call.pop("args"), call.pop("out")   # free the device memory as we go
+    for variant in jit_paths:
+        for row in jit_calls(vae, z, frames, widths, interpret, variant):
+            yield {**case, **row}
     if with_decodes:
         yield {**case, **decodes(vae, z, frames, widths, interpret, jit_options)}
 
@@ -350,6 +321,10 @@ def main(argv=None) -> None:
                     help="Pallas interpret mode on the CPU (use a small size: 64x64)")
     ap.add_argument("--decodes", action="store_true",
                     help="then the first chunk eager / jitted, fast / packed (two compiles)")
+    ap.add_argument("--jit-calls", default="",
+                    help="packed and/or fast (comma-separated): the first chunk jitted on that "
+                         "path with the kept calls' inputs and outputs as its outputs, each "
+                         "call checked as the program ran it")
     ap.add_argument("--jit-options", default="",
                     help="with --decodes: XLA compiler options (key=value,...) for one more "
                          "compile of the jitted packed first chunk")
@@ -362,7 +337,8 @@ def main(argv=None) -> None:
     options = {k: _option(v) for k, v in (kv.split("=", 1) for kv in a.jit_options.split(",")
                                            if kv)}
     for row in run(a.height, a.width, a.dtype, widths, a.interpret, a.seed,
-                   with_decodes=a.decodes, jit_options=options or None):
+                   with_decodes=a.decodes, jit_options=options or None,
+                   jit_paths=[v for v in a.jit_calls.split(",") if v]):
         emit(row, a.out)
 
 
