@@ -234,16 +234,15 @@ def check(call, interpret: bool) -> dict:
     pack = call["cin"]
     cols = None if a["phases"] else FastPath(pack=True).cols_for(call["cout"])
     t = time.perf_counter()
-    ref = reference(**a)
-    padded = conv_tpu.causal_conv3x3(**a, interpret=interpret)
-    packed = conv_tpu.causal_conv3x3(**a, pack=pack, cols=cols, interpret=interpret)
+    ref, padded, packed, got = (np.asarray(v, np.float32) for v in (   # on the host once
+        reference(**a), conv_tpu.causal_conv3x3(**a, interpret=interpret),
+        conv_tpu.causal_conv3x3(**a, pack=pack, cols=cols, interpret=interpret), call["out"]))
     row = {k: call[k] for k in ("index", "name", "cin", "cout", "epilogue", "dtype", "shapes",
                                 "kernel")}
     row.update(pack=pack, cols=cols, inputs=inputs(call),
                padded_vs_ref=compare(padded, ref), packed_vs_ref=compare(packed, ref),
                packed_vs_padded=compare(packed, padded),
-               decoder_vs_padded=float(np.max(np.abs(np.asarray(padded, np.float32)
-                                                     - np.asarray(call["out"], np.float32)))))
+               decoder_vs_padded=float(np.max(np.abs(padded - got))))
     row["ref_max_abs"] = row["padded_vs_ref"]["ref_max_abs"]
     row["ok"] = all(row[k]["max_abs_diff"] <= OK_SHARE * row["ref_max_abs"]
                     for k in ("padded_vs_ref", "packed_vs_ref"))
