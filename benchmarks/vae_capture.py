@@ -312,7 +312,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--height", type=int, default=480)
     ap.add_argument("--width", type=int, default=832)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="bfloat16",
+                    help="float32 sets jax_default_matmul_precision=highest: the kernels' "
+                         "float32 products follow it, the reference's are HIGHEST")
     ap.add_argument("--widths", default="96",
                     help="real input channels of the calls to keep and check (comma-separated)")
     ap.add_argument("--seed", type=int, default=0)
@@ -332,6 +334,8 @@ def main(argv=None) -> None:
     if not a.interpret and jax.devices()[0].platform != "tpu":
         raise SystemExit(f"vae_capture runs the TPU kernels; this machine has "
                          f"{jax.devices()[0].platform}: use --interpret (and a small size)")
+    if a.dtype == "float32":   # else one bf16 pass a product: not what the reference does
+        jax.config.update("jax_default_matmul_precision", "highest")
     widths = tuple(int(c) for c in a.widths.split(","))
     options = {k: _option(v) for k, v in (kv.split("=", 1) for kv in a.jit_options.split(",")
                                            if kv)}

@@ -7,7 +7,8 @@ runs it eagerly, one kernel call at a time.
 output (what the compiled program fed the kernel and what the kernel gave it) are outputs of
 the program; then, per call, its output against :func:`vae_capture.reference` on those
 inputs and against the same kernel run alone on them (``program_vs_rerun``: non-zero where
-the compiled program runs the kernel differently from a program of its own), and the
+the compiled program runs the kernel differently from a program of its own — or packs its
+weights differently: the rerun repacks them from the captured ``w``), and the
 program's frames against the eager fast ones (``frames_vs_eager_fast``: whether this
 instrumented program still shows the error; its extra outputs keep every captured buffer
 alive, which changes XLA's buffer assignment). :func:`decodes` (``--decodes``): the first
