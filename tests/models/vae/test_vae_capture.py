@@ -11,6 +11,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from ditax.models.vae.wan import WanVAEConfig, conv_tpu
 from test_wan_vae_fast import _reference   # float32, no roundings
@@ -27,6 +28,7 @@ SMALL = WanVAEConfig(base_dim=96, z_dim=4, dim_mult=(1, 2), num_res_blocks=2,
                      temperal_downsample=(False,))
 
 
+@pytest.mark.slow   # 16-38 s interpreted on two shared cores
 def test_captures_the_96_wide_calls_and_the_reference_agrees_with_both_kernels():
     rows = list(vae_capture.run(8, 8, "bfloat16", (96,), interpret=True, config=SMALL))
     head, calls = rows[0], rows[1:]
