@@ -167,9 +167,10 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
 def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None) -> None:
     """The block-sparse keys' rules: three positive tile sizes (or ``auto``), odd window spans, ``window``
     only with ``sliding_tile`` and ``decay`` (> 0) only with ``radial``, ``dense_steps >= 0``
-    only with a sparsity, and a self-attention that can take a block table (``splash``, the
-    sequence whole on every device — ``mesh.context=1`` — or ``ulysses`` around one, whole
-    tiles a shard; flash: tiles of a multiple of 8 tokens)."""
+    only with a sparsity, and a self-attention that can take a block table (``splash`` or
+    ``flash``, the sequence whole on every device — ``mesh.context=1`` — or ``ulysses``,
+    ``ring`` or ``ulysses_ring`` around one, whole tiles a shard; flash: tiles of a multiple
+    of 8 tokens)."""
     check_choice("attention.sparsity", a.sparsity, SPARSITY_MODES)
     for key, v in (("tile", a.tile), ("window", a.window)):
         if key == "tile" and v == "auto":
@@ -214,35 +215,38 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
                               f"attention, but attention.sparsity=none; set attention.sparsity"
                               f" (e.g. radial) or attention.dense_steps=0")
         return
+    sequence = a.backend in registry.SEQUENCE_BACKENDS
     if a.sparsity == "vsa":
         check_vsa(a)
     elif a.backend not in ("splash", "flash") and not (
-            a.backend == "ulysses" and a.local in ("splash", "flash")):
-        runs = f"ulysses with local={a.local}" if a.backend == "ulysses" else a.backend
+            sequence and a.local in ("splash", "flash")):
+        runs = f"{a.backend} with local={a.local}" if sequence else a.backend
         raise ConfigError(f"attention.sparsity={a.sparsity} needs attention.backend=splash or "
-                          f"flash, or ulysses with local=splash or flash (the kernels that "
-                          f"skip masked blocks; {runs} takes no block table yet); set "
-                          f"attention.backend=splash or attention.sparsity=none")
+                          f"flash, or ulysses, ring or ulysses_ring with local=splash or flash "
+                          f"(the kernels that skip masked blocks; {runs} takes no block "
+                          f"table); set attention.backend=splash or attention.sparsity=none")
     if a.tile == "auto":      # 128·k tokens (sparse.tiles.UNIT): every kernel's blocks fit
         tile_len = 0
     else:
         tile_len = a.tile[0] * a.tile[1] * a.tile[2]
-    if a.backend == "flash" and tile_len % 8:
+    kernel = a.local if sequence else a.backend       # the kernel that reads the table
+    if kernel == "flash" and tile_len % 8:
         raise ConfigError(f"attention.tile={','.join(map(str, a.tile))} holds {tile_len} tokens; "
                           f"flash's blocks lie inside one tile and are multiples of 8 tokens, "
                           f"so use a tile of a multiple of 8 tokens, e.g. attention.tile=4,8,8")
     for key in ("block_q", "block_kv", "block_q_bwd", "block_kv_bwd"):
         b = getattr(a, key)
-        if a.backend == "flash" and b is not None and tile_len and tile_len % b:
+        if kernel == "flash" and b is not None and tile_len and tile_len % b:
             raise ConfigError(f"attention.{key}={b} does not divide the {tile_len}-token tile "
                               f"(attention.tile={','.join(map(str, a.tile))}); flash's blocks "
                               f"lie inside one tile: leave it unset (one tile) or use a divisor")
     if mesh_sizes is not None and mesh_sizes.get("context", 1) > 1 and (
-            a.backend != "ulysses" or a.sparsity == "vsa"):
+            not sequence or a.sparsity == "vsa"):
         raise ConfigError(f"attention.sparsity={a.sparsity} with sequence parallelism "
                           f"(mesh.context={mesh_sizes['context']}) runs on "
-                          f"attention.backend=ulysses (whole tiles a shard) and not with vsa; "
-                          f"use backend=ulysses, mesh.context=1 or attention.sparsity=none")
+                          f"attention.backend=ulysses, ring or ulysses_ring (whole tiles a "
+                          f"shard) and not with vsa; use one of those backends, mesh.context=1 "
+                          f"or attention.sparsity=none")
 
 
 def check_vsa(a: AttentionConfig) -> None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ditax.attention.blocks import LANES, SUBLANE
+from ditax.attention.registry import SEQUENCE_BACKENDS
 from ditax.attention.sparse.masks import BlockTable, block_mask
 from ditax.attention.sparse.tiles import (DEFAULT, MOST, TileOrder, least_padding_tile,
                                           padded_length, padding_note)
@@ -99,12 +100,13 @@ class SparseLayout:
                     f"mesh.tensor=1 (is {tensor}); use a tile dividing the grid, "
                     f"attention.backend=xla or mesh.tensor=1")
             return VsaCall(self.order.tile_len, self.topk, call if flash else None)
-        if call.backend == "ulysses":
-            return self._ulysses(call)
+        if call.backend in SEQUENCE_BACKENDS:      # whole tiles a context shard
+            return self._sequence(call)
         if call.backend not in ("splash", "flash"):
             raise ConfigError(f"attention.sparsity={self.sparsity} needs attention.backend="
-                              f"splash or flash, or ulysses around one (whole tiles a context "
-                              f"shard); self-attention runs {call.backend}")
+                              f"splash or flash, or ulysses, ring or ulysses_ring around one "
+                              f"(whole tiles a context shard); self-attention runs "
+                              f"{call.backend}")
         return replace(call, options=replace(call.options, block_table=self.table,
                                              **self._blocks(call.backend, call.options)))
 
@@ -116,18 +118,20 @@ class SparseLayout:
         return {k: t for k in ("block_q", "block_kv")
                 if getattr(options, k) is None and t % unit == 0}
 
-    def _ulysses(self, call):
-        """Ulysses around a splash or flash local kernel: each context shard holds whole tiles
-        (the tile count a multiple of the shards), so after the exchange every device holds
-        the whole tile-major sequence for its heads and the local kernel reads the block
-        table unchanged (the exchange path: the shard-major kernel path takes no table)."""
+    def _sequence(self, call):
+        """Ulysses, ring or ulysses_ring around a splash or flash local kernel: each context
+        shard holds whole tiles (the tile count a multiple of the shards). After Ulysses'
+        exchange every device holds its ring group's tiles for its heads; the local kernel
+        reads the block table unchanged (one group) or, on a ring, each step the table's
+        slice of (own group, visiting group) (:mod:`ditax.attention.sequence.sparse_ring`).
+        The exchange path: the shard-major kernel path takes no table."""
         o = call.options
         shards = call.mesh.shape.get("context", 1) if call.mesh is not None else 1
         n = int(np.prod(self.order.tiles))
         if o.local not in ("splash", "flash"):
-            raise ConfigError(f"attention.sparsity={self.sparsity} with backend=ulysses needs "
-                              f"attention.local=splash or flash (the kernels that read a "
-                              f"block table); local is {o.local}")
+            raise ConfigError(f"attention.sparsity={self.sparsity} with backend={call.backend} "
+                              f"needs attention.local=splash or flash (the kernels that read "
+                              f"a block table); local is {o.local}")
         if n % shards:
             raise ConfigError(
                 f"attention.sparsity={self.sparsity} on mesh.context={shards}: the "
