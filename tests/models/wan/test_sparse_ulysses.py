@@ -48,7 +48,8 @@ def test_what_no_sequence_path_honours_is_refused(rng):
                        mesh=mesh, seed=5)
     with pytest.raises(ConfigError, match="not a multiple of the 4 context shards"):
         model(lat, t, text)
-    for acfg, words in ((AttentionConfig(backend="ring", local="splash", **SPARSE), "ulysses"),
+    for acfg, words in ((AttentionConfig(backend="ring", local="xla", **SPARSE),
+                         "backend=ring needs attention.local=splash or flash"),
                         (AttentionConfig(backend="ulysses", local="xla", **SPARSE),
                          "local=splash or flash")):
         with pytest.raises(ConfigError, match=words):
