@@ -203,3 +203,31 @@ def test_the_config_takes_a_ring_with_a_sparsity():
         validate(load_config("tiny", [f"attention.backend={backend}", "attention.local=flash",
                                       "attention.sparsity=radial", "mesh.context=2"]),
                  num_devices=8)
+
+
+def test_a_ring_step_with_a_table_lowers_for_tpu():
+    """flash continuing a previous partial over a table's slice (a ring step: the carried
+    output and lse aliased past the two prefetched block lists), forward and backward, lowers
+    to Mosaic TPU (nothing runs; jax.export lowers for the platform)."""
+    from jax import export
+
+    from ditax.attention.flash import flash_attention
+    from ditax.attention.sequence.sparse_ring import RingTables
+
+    order = TileOrder((8, 16, 16), (1, 16, 16))                    # 8 tiles of 256 tokens
+    cut = RingTables.of(BlockTable.of(order, block_mask(order, "radial", decay=0.5)), 2)
+    table = cut.tables[cut.index[1][0]]
+    x = jax.ShapeDtypeStruct((1, order.length // 2, 2, 128), jnp.bfloat16)
+    o = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+    lse = jax.ShapeDtypeStruct((1, 2, order.length // 2), jnp.float32)
+
+    def fwd(q, k, v, o, lse):
+        return flash_attention(q, k, v, block_q=256, block_kv=256, block_table=table,
+                               o_prev=o, lse_prev=lse, return_lse=True, interpret=False)
+
+    def grad(q, k, v, o, lse):
+        return jax.grad(lambda *a: fwd(*a)[0].sum(), argnums=(0, 1, 2, 3))(q, k, v, o, lse)
+
+    for fn in (fwd, grad):
+        text = export.export(jax.jit(fn), platforms=["tpu"])(x, x, x, o, lse).mlir_module()
+        assert "tpu_custom_call" in text
