@@ -183,13 +183,44 @@ def test_wan_on_a_splash_ring_equals_one_device(rng):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("backend, mesh, sparse, frames, grads", [
+    ("ring", {"context": 8}, SLIDING, 3, True),              # 3 x 2 x 2 = 12 tiles -> 16
+    ("ulysses", {"fsdp": 2, "context": 4}, RADIAL, 5, False),  # 5 x 2 x 2 = 20 (divides)
+    ("ulysses_ring", {"context": 8}, RADIAL, 5, False),        # 20 -> 24 (R 4 x U 2)
+])
+def test_a_tile_count_off_the_shards_is_padded_with_whole_tiles(backend, mesh, sparse,
+                                                                  frames, grads, rng):
+    """Whole masked tile-frames are appended until the tile count divides the context
+    shards; the model equals the one-device model (which pads nothing), forward and (ring)
+    the weights' gradients."""
+    from ditax.attention.sparse.layout import sparse_layout
+
+    lat, t, text = _inputs(rng, frames, 14, 32)
+    one_device = init_model(CFG, AttentionConfig(backend="flash", **sparse), seed=5)
+    want = np.asarray(one_device(lat, t, text))
+    mesh = make_mesh(mesh)
+    extra = {"ulysses_shards": 2} if backend == "ulysses_ring" else {}
+    acfg = AttentionConfig(backend=backend, local="flash", **sparse, **extra)
+    model = init_model(CFG, acfg, mesh=mesh, seed=5)
+    h, ctx = model.embed(lat, t, text)
+    shards = mesh.shape["context"]
+    n = int(np.prod(ctx.tiles.order.tiles))
+    assert n % shards == 0 and n == -(-frames * 4 // shards) * shards
+    one = sparse_layout(acfg, (frames, 7, 16))
+    real = int(np.prod(one.order.tiles))              # real tiles first, their blocks kept
+    np.testing.assert_array_equal(ctx.tiles.table.table[:real, :real], one.table.table)
+    assert not ctx.tiles.table.table[:real, real:].any()
+    np.testing.assert_array_equal(ctx.tiles.table.table[real:, real:],
+                                  np.eye(n - real, dtype=bool))
+    got = np.asarray(model(lat, t, text))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    if grads:
+        w = jnp.asarray(rng.standard_normal(lat.shape).astype(np.float32))
+        for a, b in zip(_grads(model, lat, t, text, w), _grads(one_device, lat, t, text, w)):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5 * max(np.abs(b).max(), 1e-3))
+
+
 def test_what_the_ring_does_not_honour_is_refused(rng):
-    lat, t, text = _inputs(rng, 3, 14, 32)                       # 3 x 2 x 2 = 12 tiles
-    mesh = make_mesh({"context": 8})
-    model = init_model(CFG, AttentionConfig(backend="ring", local="flash", **SLIDING),
-                       mesh=mesh, seed=5)
-    with pytest.raises(ConfigError, match="12 tiles of 1,4,8, not a multiple of the 8 context"):
-        model(lat, t, text)
     model = init_model(CFG, AttentionConfig(backend="ring", local="xla", **SLIDING),
                        mesh=make_mesh({"fsdp": 2, "context": 4}), seed=5)
     with pytest.raises(ConfigError, match="backend=ring needs attention.local=splash or flash"):

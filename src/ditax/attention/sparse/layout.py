@@ -27,6 +27,10 @@ its shrinking windows, :func:`~ditax.attention.sparse.masks.radial_blocks`); ``v
 table: its self-attention is :class:`~ditax.attention.sparse.vsa.VsaCall` (a coarse pooled
 pass picks ``topk`` key tiles per query tile and input; the attention layer adds its gate).
 
+Under sequence parallelism (``shards`` context shards) whole masked tile-frames are appended
+until the tile count divides the shards (:func:`shard_frames`: each shard then holds whole
+tiles; a padding tile attends only itself, one block of work).
+
 ``attention.tile=auto`` lays each grid out in the tile that pads it least (:func:`layout_tile`,
 :func:`~ditax.attention.sparse.tiles.least_padding_tile`: 128·k tokens, at most 1024), said in
 one info line per grid. ``window`` and ``topk`` stay counts of tiles: with another tile they
@@ -37,16 +41,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ditax.attention.blocks import LANES, SUBLANE
 from ditax.attention.registry import SEQUENCE_BACKENDS
-from ditax.attention.sparse.masks import BlockTable, block_mask
+from ditax.attention.sparse.masks import BlockTable, block_mask, without_empty_tiles
 from ditax.attention.sparse.tiles import (DEFAULT, MOST, TileOrder, least_padding_tile,
                                           padded_length, padding_note)
 from ditax.errors import ConfigError
+from ditax.intmath import ceil_div
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +143,9 @@ class SparseLayout:
                 f"attention.sparsity={self.sparsity} on mesh.context={shards}: the "
                 f"{'x'.join(map(str, self.order.grid))} grid lies in {n} tiles of "
                 f"{','.join(map(str, self.order.tile))}, not a multiple of the {shards} "
-                f"context shards (each shard must hold whole tiles); choose attention.tile "
-                f"so that the tile count divides, or mesh.context=1")
+                f"context shards (each shard must hold whole tiles); lay the tokens out for "
+                f"the shards (sparse_layout(acfg, grid, shards={shards}) pads whole masked "
+                f"tiles, as the Wan models do), or choose a tile whose count divides")
         if o.out_a2a == "shard_major":
             raise ConfigError(f"attention.sparsity={self.sparsity} runs Ulysses on its exchange "
                               f"path (the shard-major kernel path takes no block table); use "
@@ -166,16 +173,37 @@ class SparseLayout:
         return replace(plan, self_attn=self.call(plan.self_attn))
 
 
-def sparse_layout(acfg, grid) -> SparseLayout | None:
+def sparse_layout(acfg, grid, shards: int = 1) -> SparseLayout | None:
     """The layout of ``grid = (F, Y, X)`` patched latent tokens for the attention config
-    ``acfg`` (None when ``acfg.sparsity`` is ``none``)."""
+    ``acfg`` (None when ``acfg.sparsity`` is ``none``). ``shards``: the context shards the
+    tokens are split over (sequence parallelism); a block table's tiles are padded with whole
+    masked tile-frames to a multiple of them (:func:`shard_frames`)."""
     if acfg is None or isinstance(acfg, str) or acfg.sparsity == "none":
         return None
     table = acfg.sparsity == "vsa" and getattr(acfg, "vsa_fine", "gather") == "table"
     return _layout(acfg.sparsity, layout_tile(acfg.tile, grid, TABLE_MOST if table else MOST),
                    tuple(int(n) for n in acfg.window), float(acfg.decay),
                    tuple(int(n) for n in grid), int(getattr(acfg, "topk", 0)),
-                   str(getattr(acfg, "vsa_fine", "gather")), int(getattr(acfg, "vsa_group", 0)))
+                   str(getattr(acfg, "vsa_fine", "gather")), int(getattr(acfg, "vsa_group", 0)),
+                   int(shards))
+
+
+def shard_frames(order: TileOrder, shards: int) -> TileOrder:
+    """``order`` with as few whole padding tile-frames appended as make its tile count a
+    multiple of ``shards`` (each context shard then holds whole tiles; the padding is masked
+    as keys, dropped as queries, and each padding tile costs one block:
+    :func:`~ditax.attention.sparse.masks.without_empty_tiles`); said once in an info line."""
+    nt, nh, nw = order.tiles
+    step = shards // math.gcd(shards, nh * nw)
+    frames = ceil_div(nt, step) * step
+    if frames == nt:
+        return order
+    padded = replace(order, frames=frames)
+    log.info("attention.sparsity on %d context shards: %d tiles of %s padded to %d with %d "
+             "whole masked tile-frames (%s tokens for %s)", shards, nt * nh * nw,
+             "x".join(map(str, order.tile)), frames * nh * nw, frames - nt,
+             f"{padded.length:,}", f"{order.length:,}")
+    return padded
 
 
 #: the largest tile ``auto`` gives VSA's table kernels: a step holds ``[t, t]`` float32
@@ -202,8 +230,9 @@ def _auto_tile(grid: tuple, most: int) -> tuple[int, int, int]:
 
 
 @functools.lru_cache(maxsize=32)
-def _layout(sparsity: str, tile: tuple, window: tuple, decay: float,
-            grid: tuple, topk: int = 0, fine: str = "gather", group: int = 0) -> SparseLayout:
+def _layout(sparsity: str, tile: tuple, window: tuple, decay: float, grid: tuple,
+            topk: int = 0, fine: str = "gather", group: int = 0, shards: int = 1
+            ) -> SparseLayout:
     order = TileOrder(grid, tile)
     if sparsity == "vsa":
         tiles = int(np.prod(order.tiles))
@@ -213,9 +242,10 @@ def _layout(sparsity: str, tile: tuple, window: tuple, decay: float,
                               f"{','.join(map(str, tile))}); use attention.topk<={tiles} or "
                               f"a smaller attention.tile")
         return SparseLayout(order, None, sparsity, topk, fine, group)
+    order = shard_frames(order, shards)
     half = tuple((w - 1) // 2 for w in window)
-    return SparseLayout(order, BlockTable.of(order, block_mask(order, sparsity, half, decay)),
-                        sparsity)
+    blocks = without_empty_tiles(order, block_mask(order, sparsity, half, decay))
+    return SparseLayout(order, BlockTable.of(order, blocks), sparsity)
 
 
 def layout_summary(acfg, grid) -> dict | None:
@@ -268,4 +298,4 @@ def reference_mask(layout: SparseLayout) -> np.ndarray:
 
 
 __all__ = ["SparseLayout", "TABLE_MOST", "attention_density", "latent_layout_summary",
-           "layout_summary", "layout_tile", "sparse_layout", "reference_mask"]
+           "layout_summary", "layout_tile", "shard_frames", "sparse_layout", "reference_mask"]
