@@ -223,7 +223,7 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
         raise ValueError(f"flash kernel: o_prev{o_prev.shape} / lse_prev{lse_prev.shape} must be "
                          f"{q.shape} / {(U, B, N, Lc, 1)}")
     nq, nkv = ceil_div(Lc, block_q), ceil_div(Lkc, block_kv)
-    lists = sparse_lists(tune, U, Uk, has_prev, Lc, Lkc, block_q, block_kv)
+    lists = sparse_lists(tune, U, Uk, Lc, Lkc, block_q, block_kv)
     sq = pl.squeezed
     q_map, kv_map = shard_major_maps(nq, nkv)
     q_spec = pl.BlockSpec((sq, sq, sq, block_q, K), q_map)
@@ -257,8 +257,8 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
     return o, lse.reshape(U, B, N, nq * block_q)[..., :Lc, None]
 
 
-def sparse_lists(tune: Tune, U: int, Uk: int, has_prev: bool, rows: int, cols: int,
-                 block_r: int, block_c: int, transpose: bool = False):
+def sparse_lists(tune: Tune, U: int, Uk: int, rows: int, cols: int, block_r: int,
+                 block_c: int, transpose: bool = False):
     """The block lists of ``tune.table`` (:func:`~.flash_sparse.block_lists`), or None without
     one; a table over shard-major shards (``U`` or ``Uk`` > 1) is refused. A previous partial
     is fine: a ring step continues from it on its live blocks (a row with none keeps it)."""
