@@ -240,13 +240,18 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
             raise ConfigError(f"attention.{key}={b} does not divide the {tile_len}-token tile "
                               f"(attention.tile={','.join(map(str, a.tile))}); flash's blocks "
                               f"lie inside one tile: leave it unset (one tile) or use a divisor")
-    if mesh_sizes is not None and mesh_sizes.get("context", 1) > 1 and (
-            not sequence or a.sparsity == "vsa"):
+    context = 1 if mesh_sizes is None else mesh_sizes.get("context", 1)
+    if context > 1 and a.sparsity == "vsa" and a.backend != "ulysses":
+        raise ConfigError(f"attention.sparsity=vsa with sequence parallelism (mesh.context="
+                          f"{context}) runs on attention.backend=ulysses (each device's heads "
+                          f"whole; not on a ring: its steps would need the picks among the "
+                          f"visiting keys); use backend=ulysses, mesh.context=1 or another "
+                          f"sparsity")
+    if context > 1 and not sequence:
         raise ConfigError(f"attention.sparsity={a.sparsity} with sequence parallelism "
-                          f"(mesh.context={mesh_sizes['context']}) runs on "
-                          f"attention.backend=ulysses, ring or ulysses_ring (whole tiles a "
-                          f"shard) and not with vsa; use one of those backends, mesh.context=1 "
-                          f"or attention.sparsity=none")
+                          f"(mesh.context={context}) runs on attention.backend=ulysses, ring or "
+                          f"ulysses_ring (whole tiles a shard); use one of those backends, "
+                          f"mesh.context=1 or attention.sparsity=none")
 
 
 def check_vsa(a: AttentionConfig) -> None:
@@ -259,15 +264,22 @@ def check_vsa(a: AttentionConfig) -> None:
     if isinstance(a.topk, bool) or not isinstance(a.topk, int) or a.topk < 1:
         raise ConfigError(f"attention.topk={a.topk}: attention.sparsity=vsa needs the key tiles "
                           f"each query tile attends, an int >= 1, e.g. attention.topk=8")
-    if a.backend not in ("xla", "auto", "flash"):
+    ulysses = a.backend == "ulysses"
+    kernel = a.local if ulysses else a.backend          # the fine stage's kernel
+    if a.backend not in ("xla", "auto", "flash") and not (
+            ulysses and a.local in ("xla", "flash")):
+        runs = f"ulysses with local={a.local}" if ulysses else a.backend
         raise ConfigError(f"attention.sparsity=vsa runs its fine stage on gathered top-k "
                           f"tiles through jnp or the flash kernel; attention.backend="
-                          f"{a.backend} takes no per-query-tile table yet; set "
-                          f"attention.backend=xla or flash")
-    if a.vsa_fine == "table" and a.backend != "flash":
+                          f"{runs} takes no per-query-tile table yet; set "
+                          f"attention.backend=xla or flash (or ulysses with local=xla or "
+                          f"flash)")
+    if a.vsa_fine == "table" and kernel != "flash":
         raise ConfigError(f"attention.vsa_fine=table runs VSA's fine pass on ditax's Pallas "
                           f"table kernels, chosen with attention.backend=flash (is "
-                          f"{a.backend}); set attention.backend=flash or vsa_fine=gather")
+                          f"{a.backend}{' with local=' + a.local if ulysses else ''}); set "
+                          f"attention.backend=flash (or ulysses with local=flash) or "
+                          f"vsa_fine=gather")
     if a.vsa_group and a.vsa_fine != "table":
         raise ConfigError(f"attention.vsa_group={a.vsa_group} groups the picked key tiles of "
                           f"the table kernels' grid steps; attention.vsa_fine={a.vsa_fine} has "

@@ -90,6 +90,8 @@ class SparseLayout:
         where a tile is a multiple of the kernel's tiling (splash: 128 lanes, flash: 8
         sublanes; each kernel block then kept or skipped whole; flash's blocks must lie
         inside a tile, :mod:`ditax.attention.kernels.flash_sparse`)."""
+        if self.sparsity == "vsa" and call.backend == "ulysses":
+            return self._ulysses_vsa(call)
         if self.sparsity == "vsa":
             from ditax.attention.sparse.vsa import VsaCall
 
@@ -153,6 +155,34 @@ class SparseLayout:
         local = dict(o.local_options, block_table=self.table)
         return replace(call, options=replace(o, local_options=tuple(sorted(
             local.items(), key=lambda kv: kv[0])), **self._blocks(o.local, o)))
+
+    def _ulysses_vsa(self, call):
+        """VSA under Ulysses (:mod:`~ditax.attention.sparse.vsa_ulysses`): the whole of VSA per
+        device on its heads, its fine stage on the local kernel (xla: jnp, flash: gathered
+        tiles or, ``vsa_fine=table``, the table kernels), unsharded inside ``shard_map``."""
+        from ditax.attention.plan import AttentionCall
+        from ditax.attention.sparse.vsa import VsaCall
+        from ditax.attention.sparse.vsa_ulysses import UlyssesVsa
+        from ditax.parallel.platform import platform_of
+        from ditax.parallel.sharding import ShardingContext
+
+        shards = call.mesh.shape.get("context", 1) if call.mesh is not None else 1
+        if call.options.local not in ("xla", "flash"):
+            raise ConfigError(f"attention.sparsity=vsa with backend=ulysses needs "
+                              f"attention.local=xla or flash (VSA's fine stage); local is "
+                              f"{call.options.local}")
+        if self.order.length % shards:
+            raise ConfigError(
+                f"attention.sparsity=vsa on mesh.context={shards}: the "
+                f"{'x'.join(map(str, self.order.grid))} grid lies in {self.order.length} "
+                f"tile-major tokens, which do not split over the {shards} context shards; "
+                f"choose attention.tile or mesh.context so that they do")
+        name, options = call.local()
+        local = AttentionCall(name, options, ShardingContext(),
+                              call.platform or platform_of(call.mesh))
+        inner = (self._table(local) if self.fine == "table"
+                 else local if name == "flash" else None)
+        return UlyssesVsa(VsaCall(self.order.tile_len, self.topk, inner), call.mesh)
 
     def _table(self, call):
         """vsa's fine pass on the table kernels (``vsa_fine=table``; flash only)."""
