@@ -262,3 +262,28 @@ def test_a_ring_step_with_a_table_lowers_for_tpu():
     for fn in (fwd, grad):
         text = export.export(jax.jit(fn), platforms=["tpu"])(x, x, x, o, lse).mlir_module()
         assert "tpu_custom_call" in text
+
+
+def test_the_plan_summary_counts_the_shards_padding_tiles():
+    """``ditax plan``'s sparsity entry on 8 context shards: 12 tiles of 32 tokens padded to
+    16 (the layout the model runs), one block each for the 4 padding tiles."""
+    from ditax.attention.sparse.layout import layout_summary
+
+    acfg = AttentionConfig(backend="ring", local="flash", **SLIDING)
+    one, eight = layout_summary(acfg, (3, 7, 16)), layout_summary(acfg, (3, 7, 16), shards=8)
+    assert (one["padded_tokens"], eight["padded_tokens"]) == (12 * 32, 16 * 32)
+    assert eight["tokens"] == one["tokens"] == 3 * 7 * 16
+    kept = one["density"] * 12 ** 2 + 4                        # the real blocks, 4 diagonal
+    assert eight["density"] == pytest.approx(kept / 16 ** 2)
+
+
+def test_ditax_plan_takes_a_sparse_ring_and_counts_its_padding(capsys):
+    """``ditax plan`` (no compile) of Wan 1.3B 480p x 81 on a ring of 4: the config is taken
+    and the layout is the one the model runs (91 tiles of 3x32x4 padded to 104)."""
+    from ditax.cli import main
+
+    assert main(["plan", "wan2.1-t2v-1.3b", "--target", "cpu:4", "attention.backend=ring",
+                 "attention.local=flash", "attention.sparsity=sliding_tile",
+                 "attention.tile=auto", "mesh.context=4"]) == 0
+    lines = [s for s in capsys.readouterr().out.splitlines() if s.startswith("sparsity")]
+    assert len(lines) == 1 and "39,936 tokens for 32,760" in lines[0], lines

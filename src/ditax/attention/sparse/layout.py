@@ -278,12 +278,13 @@ def _layout(sparsity: str, tile: tuple, window: tuple, decay: float, grid: tuple
     return SparseLayout(order, BlockTable.of(order, blocks), sparsity)
 
 
-def layout_summary(acfg, grid) -> dict | None:
-    """What ``acfg``'s sparsity lays out for ``grid = (F, Y, X)`` tokens (None without one):
-    ``tile`` (``auto`` resolved; ``tile_auto`` says so), ``tokens`` (the grid's) and
-    ``padded_tokens`` (tile-major), ``padding`` (their excess share), ``density`` (of the
-    scores computed) — ``ditax plan``'s ``sparsity`` entry."""
-    layout = sparse_layout(acfg, grid)
+def layout_summary(acfg, grid, shards: int = 1) -> dict | None:
+    """What ``acfg``'s sparsity lays out for ``grid = (F, Y, X)`` tokens on ``shards``
+    context shards (None without one): ``tile`` (``auto`` resolved; ``tile_auto`` says so),
+    ``tokens`` (the grid's) and ``padded_tokens`` (tile-major, whole padding tiles for the
+    shards included), ``padding`` (their excess share), ``density`` (of the scores computed)
+    — ``ditax plan``'s ``sparsity`` entry."""
+    layout = sparse_layout(acfg, grid, shards)
     if layout is None:
         return None
     order = layout.order
@@ -291,26 +292,28 @@ def layout_summary(acfg, grid) -> dict | None:
     return {"mode": layout.sparsity, "grid": list(order.grid), "tile": list(order.tile),
             "tile_auto": acfg.tile == "auto", "tile_len": order.tile_len, "tokens": n,
             "padded_tokens": order.length, "padding": order.length / n - 1,
-            "density": attention_density(acfg, grid)}
+            "density": attention_density(acfg, grid, shards)}
 
 
-def latent_layout_summary(acfg, model_cfg, latent) -> dict | None:
+def latent_layout_summary(acfg, model_cfg, latent, shards: int = 1) -> dict | None:
     """:func:`layout_summary` of the token grid a video latent ``[..., F, H, W]`` makes through
     ``model_cfg.patch_size`` (None for a model without a 3-axis patch, or no sparsity): what
     ``ditax plan`` and ``ditax bench`` report of the forward they run."""
     patch = getattr(model_cfg, "patch_size", None)
     if not isinstance(patch, (tuple, list)) or len(patch) != 3 or len(latent) < 3:
         return None
-    return layout_summary(acfg, [int(n) // p for n, p in zip(tuple(latent)[-3:], patch)])
+    return layout_summary(acfg, [int(n) // p for n, p in zip(tuple(latent)[-3:], patch)],
+                          shards)
 
 
-def attention_density(acfg, grid) -> float:
+def attention_density(acfg, grid, shards: int = 1) -> float:
     """The share of the self-attention scores ``acfg``'s sparsity computes on a ``grid = (F, Y,
-    X)`` of tokens: its block table's density (1 without a sparsity). What a FLOP count
+    X)`` of tokens: its block table's density (1 without a sparsity; on ``shards`` context
+    shards the table with their padding tiles, of its padded length). What a FLOP count
     multiplies the dense ``4 L² D`` of the scores and values by (``ditax plan``)."""
     from ditax.attention.sparse.masks import density
 
-    layout = sparse_layout(acfg, grid)
+    layout = sparse_layout(acfg, grid, shards)
     if layout is not None and layout.sparsity == "vsa":
         from ditax.attention.sparse.vsa import vsa_density
 
