@@ -42,7 +42,8 @@ CASES = [("ring", "flash", "sliding_tile", (8, 3, 32), (1, 2, 32), 64),
          ("ring", "flash", "radial", (8, 3, 32), (1, 2, 32), 64),
          ("ulysses_ring", "flash", "radial", (8, 3, 32), (1, 2, 32), 64),
          ("ring", "splash", "sliding_tile", (8, 4, 32), (1, 4, 32), 128),
-         ("ulysses_ring", "splash", "radial", (8, 4, 32), (1, 4, 32), 128)]
+         ("ulysses_ring", "splash", "radial", (8, 4, 32), (1, 4, 32), 128),
+         ("ring", "flash", "full", (8, 3, 32), (1, 2, 32), 64)]
 
 
 @pytest.mark.parametrize("backend, local, sparsity, grid, tile, block", CASES)
@@ -62,6 +63,8 @@ def test_ring_with_a_table_equals_masked_dense(backend, local, sparsity, grid, t
     assert "ring steps skip the kernel" in plan.describe()
     if sparsity == "sliding_tile":     # far groups: whole steps without a kernel
         assert plan.ring_tables.skipped > 0, plan.describe()
+    elif sparsity == "full":           # one slice, every step: no switch
+        assert len(plan.ring_tables.tables) == 1 and not plan.ring_tables.skipped
     else:                              # radial's sink keeps group 0 in every step
         assert not any(t.table.all() for t in plan.ring_tables.tables[1:])
     got = run_sequence_parallel(plan, q, k, v, kv_mask=None if order.valid.all() else valid)
@@ -69,7 +72,8 @@ def test_ring_with_a_table_equals_masked_dense(backend, local, sparsity, grid, t
     scale = float(jnp.abs(want).max())
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-5 * scale)
     dense = _masked_reference(q, k, v, np.broadcast_to(order.valid, mask.shape))
-    assert float(jnp.abs(got - dense).max()) > 1e-2                # blocks were masked
+    if sparsity != "full":
+        assert float(jnp.abs(got - dense).max()) > 1e-2            # blocks were masked
     if local != "flash":          # splash's log-sum-exp (a ring step's) is forward-only
         return
     w = jnp.asarray(rng.standard_normal(q.shape).astype(np.float32))
