@@ -291,3 +291,17 @@ def test_ditax_plan_takes_a_sparse_ring_and_counts_its_padding(capsys):
                  "attention.tile=auto", "mesh.context=4"]) == 0
     lines = [s for s in capsys.readouterr().out.splitlines() if s.startswith("sparsity")]
     assert len(lines) == 1 and "39,936 tokens for 32,760" in lines[0], lines
+
+
+def test_training_a_splash_ring_is_refused_in_one_line(rng):
+    """splash's log-sum-exp (what a ring step merges) has no VJP: the gradient of a ring
+    around splash raises naming the fix, not jax's "Higher-order AD not supported"."""
+    from ditax.errors import AttentionUnavailable
+
+    order = TileOrder((8, 4, 32), (1, 4, 32))
+    table = BlockTable.of(order, block_mask(order, "sliding_tile", (1, 0, 0)))
+    q = jnp.asarray(rng.standard_normal((2, order.length, 4, 16)).astype(np.float32))
+    plan = _plan("ring", make_mesh({"fsdp": 2, "context": 4}), q.shape, "splash", table, 128)
+    with pytest.raises(AttentionUnavailable) as e:
+        jax.grad(lambda q: run_sequence_parallel(plan, q, q, q).sum())(q)
+    assert "train a ring with local='flash'" in str(e.value) and "\n" not in str(e.value)
