@@ -111,3 +111,9 @@ def test_a_length_off_the_shards_is_refused(rng):
     with pytest.raises(ConfigError, match="45 tile-major tokens, which do not split over the "
                                           "4 context shards"):
         model(lat, *_inputs(rng, 10)[1:])
+
+
+def test_vsa_under_ulysses_without_a_mesh_is_refused(rng):
+    model = init_model(CFG, AttentionConfig(backend="ulysses", local="xla", **VSA), seed=3)
+    with pytest.raises(ConfigError, match="needs a mesh with a context axis"):
+        model(*_inputs(rng, 12))

@@ -166,7 +166,11 @@ class SparseLayout:
         from ditax.parallel.platform import platform_of
         from ditax.parallel.sharding import ShardingContext
 
-        shards = call.mesh.shape.get("context", 1) if call.mesh is not None else 1
+        if call.mesh is None or "context" not in call.mesh.shape:
+            raise ConfigError("attention.sparsity=vsa with backend=ulysses needs a mesh with a "
+                              "context axis; build the model with mesh=ditax.parallel."
+                              "make_mesh({'context': n}), or use backend=xla or flash")
+        shards = call.mesh.shape["context"]
         if call.options.local not in ("xla", "flash"):
             raise ConfigError(f"attention.sparsity=vsa with backend=ulysses needs "
                               f"attention.local=xla or flash (VSA's fine stage); local is "
