@@ -258,9 +258,10 @@ def check_vsa(a: AttentionConfig) -> None:
     """``sparsity=vsa``'s rules: ``topk >= 1`` (at most the grid's tiles: checked with the
     grid, :func:`ditax.attention.sparse.layout.sparse_layout`) and ``backend`` ``xla``,
     ``auto`` or ``flash`` (its fine stage runs on gathered tiles, :mod:`ditax.attention.
-    sparse.vsa`: jnp, or one flash batch row per query tile); ``vsa_fine=table`` (Pallas
-    kernels reading the picks as a table, :mod:`ditax.attention.sparse.vsa_table`) with
-    ``flash`` only."""
+    sparse.vsa`: jnp, or one flash batch row per query tile), or ``ulysses`` with ``local``
+    ``xla`` or ``flash`` (all of VSA per device on its heads, :mod:`ditax.attention.sparse.
+    vsa_ulysses`); ``vsa_fine=table`` (Pallas kernels reading the picks as a table,
+    :mod:`ditax.attention.sparse.vsa_table`) with flash only."""
     if isinstance(a.topk, bool) or not isinstance(a.topk, int) or a.topk < 1:
         raise ConfigError(f"attention.topk={a.topk}: attention.sparsity=vsa needs the key tiles "
                           f"each query tile attends, an int >= 1, e.g. attention.topk=8")
