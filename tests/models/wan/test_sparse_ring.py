@@ -305,3 +305,39 @@ def test_training_a_splash_ring_is_refused_in_one_line(rng):
     with pytest.raises(AttentionUnavailable) as e:
         jax.grad(lambda q: run_sequence_parallel(plan, q, q, q).sum())(q)
     assert "train a ring with local='flash'" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (deviceless TPU compile)")
+def test_a_sparse_ring_compiles_for_a_v6e_without_one():
+    """The sparse ring (flash, bf16, fsdp 2 x context 4 of a v6e-8 topology from libtpu, no
+    TPU attached): forward and gradients compile with the Mosaic kernels of each distinct
+    slice in every switch (3 slices, 6 of the 16 steps without a kernel); the gradient holds
+    the forward, dq and dk/dv kernels of each."""
+    import ditax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from ditax.plan.audit import audit
+    from ditax.plan.targets import parse_target, topology_devices
+
+    mesh = make_mesh({"fsdp": 2, "context": 4}, topology_devices(parse_target("tpu-v6e-8")))
+    order = TileOrder((8, 16, 16), (1, 16, 16))                    # 8 tiles of 256 tokens
+    table = BlockTable.of(order, block_mask(order, "sliding_tile", (1, 0, 0)))
+    x = jax.ShapeDtypeStruct((2, order.length, 8, 128), jnp.bfloat16,
+                             sharding=NamedSharding(mesh, P("fsdp")))
+    with ditax.target_platform("tpu", device_kind="TPU v6 lite"):
+        plan = plan_sequence_parallel("ring", mesh, q_shape=x.shape, dtype=jnp.bfloat16,
+                                      options=SequenceOptions(
+                                          local="flash", block_q=256, block_kv=256,
+                                          local_options=(("block_table", table),)))
+        assert (len(plan.ring_tables.tables), plan.ring_tables.skipped) == (3, 6)
+
+        def fwd(q, k, v):
+            return run_sequence_parallel(plan, q, k, v)
+
+        def grad(q, k, v):
+            return jax.grad(lambda *a: fwd(*a).astype(jnp.float32).sum(), (0, 1, 2))(q, k, v)
+
+        calls = [audit(jax.jit(fn).lower(x, x, x).compile().as_text())["tpu_custom_calls"]
+                 for fn in (fwd, grad)]
+    assert calls[0] > 0 and calls[0] % 3 == 0 and calls[1] == 3 * calls[0], calls
