@@ -167,9 +167,10 @@ def check_attention(a: AttentionConfig, *, num_heads: int | None = None,
 def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None) -> None:
     """The block-sparse keys' rules: three positive tile sizes (or ``auto``), odd window spans, ``window``
     only with ``sliding_tile`` and ``decay`` (> 0) only with ``radial``, ``dense_steps >= 0``
-    only with a sparsity, and a self-attention that can take a block table (``splash``, the
-    sequence whole on every device — ``mesh.context=1`` — or ``ulysses`` around one, whole
-    tiles a shard; flash: tiles of a multiple of 8 tokens)."""
+    only with a sparsity, and a self-attention that can take a block table (``splash`` or
+    ``flash``, the sequence whole on every device — ``mesh.context=1`` — or ``ulysses``,
+    ``ring`` or ``ulysses_ring`` around one, whole tiles a shard; flash: tiles of a multiple
+    of 8 tokens)."""
     check_choice("attention.sparsity", a.sparsity, SPARSITY_MODES)
     for key, v in (("tile", a.tile), ("window", a.window)):
         if key == "tile" and v == "auto":
@@ -214,56 +215,72 @@ def check_sparsity(a: AttentionConfig, mesh_sizes: dict[str, int] | None = None)
                               f"attention, but attention.sparsity=none; set attention.sparsity"
                               f" (e.g. radial) or attention.dense_steps=0")
         return
+    sequence = a.backend in registry.SEQUENCE_BACKENDS
     if a.sparsity == "vsa":
         check_vsa(a)
     elif a.backend not in ("splash", "flash") and not (
-            a.backend == "ulysses" and a.local in ("splash", "flash")):
-        runs = f"ulysses with local={a.local}" if a.backend == "ulysses" else a.backend
+            sequence and a.local in ("splash", "flash")):
+        runs = f"{a.backend} with local={a.local}" if sequence else a.backend
         raise ConfigError(f"attention.sparsity={a.sparsity} needs attention.backend=splash or "
-                          f"flash, or ulysses with local=splash or flash (the kernels that "
-                          f"skip masked blocks; {runs} takes no block table yet); set "
-                          f"attention.backend=splash or attention.sparsity=none")
+                          f"flash, or ulysses, ring or ulysses_ring with local=splash or flash "
+                          f"(the kernels that skip masked blocks; {runs} takes no block "
+                          f"table); set attention.backend=splash or attention.sparsity=none")
     if a.tile == "auto":      # 128·k tokens (sparse.tiles.UNIT): every kernel's blocks fit
         tile_len = 0
     else:
         tile_len = a.tile[0] * a.tile[1] * a.tile[2]
-    if a.backend == "flash" and tile_len % 8:
+    kernel = a.local if sequence else a.backend       # the kernel that reads the table
+    if kernel == "flash" and tile_len % 8:
         raise ConfigError(f"attention.tile={','.join(map(str, a.tile))} holds {tile_len} tokens; "
                           f"flash's blocks lie inside one tile and are multiples of 8 tokens, "
                           f"so use a tile of a multiple of 8 tokens, e.g. attention.tile=4,8,8")
     for key in ("block_q", "block_kv", "block_q_bwd", "block_kv_bwd"):
         b = getattr(a, key)
-        if a.backend == "flash" and b is not None and tile_len and tile_len % b:
+        if kernel == "flash" and b is not None and tile_len and tile_len % b:
             raise ConfigError(f"attention.{key}={b} does not divide the {tile_len}-token tile "
                               f"(attention.tile={','.join(map(str, a.tile))}); flash's blocks "
                               f"lie inside one tile: leave it unset (one tile) or use a divisor")
-    if mesh_sizes is not None and mesh_sizes.get("context", 1) > 1 and (
-            a.backend != "ulysses" or a.sparsity == "vsa"):
+    context = 1 if mesh_sizes is None else mesh_sizes.get("context", 1)
+    if context > 1 and a.sparsity == "vsa" and a.backend != "ulysses":
+        raise ConfigError(f"attention.sparsity=vsa with sequence parallelism (mesh.context="
+                          f"{context}) runs on attention.backend=ulysses (each device's heads "
+                          f"whole; not on a ring: its steps would need the picks among the "
+                          f"visiting keys); use backend=ulysses, mesh.context=1 or another "
+                          f"sparsity")
+    if context > 1 and not sequence:
         raise ConfigError(f"attention.sparsity={a.sparsity} with sequence parallelism "
-                          f"(mesh.context={mesh_sizes['context']}) runs on "
-                          f"attention.backend=ulysses (whole tiles a shard) and not with vsa; "
-                          f"use backend=ulysses, mesh.context=1 or attention.sparsity=none")
+                          f"(mesh.context={context}) runs on attention.backend=ulysses, ring or "
+                          f"ulysses_ring (whole tiles a shard); use one of those backends, "
+                          f"mesh.context=1 or attention.sparsity=none")
 
 
 def check_vsa(a: AttentionConfig) -> None:
     """``sparsity=vsa``'s rules: ``topk >= 1`` (at most the grid's tiles: checked with the
     grid, :func:`ditax.attention.sparse.layout.sparse_layout`) and ``backend`` ``xla``,
     ``auto`` or ``flash`` (its fine stage runs on gathered tiles, :mod:`ditax.attention.
-    sparse.vsa`: jnp, or one flash batch row per query tile); ``vsa_fine=table`` (Pallas
-    kernels reading the picks as a table, :mod:`ditax.attention.sparse.vsa_table`) with
-    ``flash`` only."""
+    sparse.vsa`: jnp, or one flash batch row per query tile), or ``ulysses`` with ``local``
+    ``xla`` or ``flash`` (all of VSA per device on its heads, :mod:`ditax.attention.sparse.
+    vsa_ulysses`); ``vsa_fine=table`` (Pallas kernels reading the picks as a table,
+    :mod:`ditax.attention.sparse.vsa_table`) with flash only."""
     if isinstance(a.topk, bool) or not isinstance(a.topk, int) or a.topk < 1:
         raise ConfigError(f"attention.topk={a.topk}: attention.sparsity=vsa needs the key tiles "
                           f"each query tile attends, an int >= 1, e.g. attention.topk=8")
-    if a.backend not in ("xla", "auto", "flash"):
+    ulysses = a.backend == "ulysses"
+    kernel = a.local if ulysses else a.backend          # the fine stage's kernel
+    if a.backend not in ("xla", "auto", "flash") and not (
+            ulysses and a.local in ("xla", "flash")):
+        runs = f"ulysses with local={a.local}" if ulysses else a.backend
         raise ConfigError(f"attention.sparsity=vsa runs its fine stage on gathered top-k "
                           f"tiles through jnp or the flash kernel; attention.backend="
-                          f"{a.backend} takes no per-query-tile table yet; set "
-                          f"attention.backend=xla or flash")
-    if a.vsa_fine == "table" and a.backend != "flash":
+                          f"{runs} takes no per-query-tile table yet; set "
+                          f"attention.backend=xla or flash (or ulysses with local=xla or "
+                          f"flash)")
+    if a.vsa_fine == "table" and kernel != "flash":
         raise ConfigError(f"attention.vsa_fine=table runs VSA's fine pass on ditax's Pallas "
                           f"table kernels, chosen with attention.backend=flash (is "
-                          f"{a.backend}); set attention.backend=flash or vsa_fine=gather")
+                          f"{a.backend}{' with local=' + a.local if ulysses else ''}); set "
+                          f"attention.backend=flash (or ulysses with local=flash) or "
+                          f"vsa_fine=gather")
     if a.vsa_group and a.vsa_fine != "table":
         raise ConfigError(f"attention.vsa_group={a.vsa_group} groups the picked key tiles of "
                           f"the table kernels' grid steps; attention.vsa_fine={a.vsa_fine} has "

@@ -209,6 +209,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("ulysses_ring", _SEQ, opt.UlyssesRingOptions, kind="sequence"),
 )}
 
+#: the sequence-parallel backends (each wraps a local kernel)
+SEQUENCE_BACKENDS = tuple(name for name, b in BACKENDS.items() if b.kind == "sequence")
+
 _AUTO = {"tpu": "splash", "cuda": "cudnn"}
 _AUTO_FALLBACK = {"cuda": "blockwise"}     # when the platform's kernel refuses the inputs
 #: every kernel ``backend="auto"`` may run (on some platform, for some inputs)
@@ -352,6 +355,6 @@ def backend_options(name: str, values: dict) -> opt.Options:
     return entry.options(**own, local_options=rest)
 
 
-__all__ = ["Backend", "BACKENDS", "AUTO_CHOICES", "auto_backend", "ring_kernel", "get",
+__all__ = ["Backend", "BACKENDS", "SEQUENCE_BACKENDS", "AUTO_CHOICES", "auto_backend", "ring_kernel", "get",
            "cudnn_head_dim_limit", "option_vocabulary", "takes", "check_options",
            "backend_options"]

@@ -25,7 +25,8 @@ CPU the kernel runs in Pallas interpret mode (slow, exact: for tests); on GPUs i
 (:class:`~ditax.errors.AttentionUnavailable`: use ``cudnn`` / ``te``) unless
 ``interpret=True`` is asked for explicitly.
 Gradients come from the kernel's own VJP. ``return_lse`` is forward-only: the kernel's
-residual-saving mode has no VJP. The kernels' matmul precision is pinned per dtype
+residual-saving mode has no VJP (differentiating it raises ``NO_LSE_GRADIENT`` in one line:
+a ring trains with ``local="flash"``). The kernels' matmul precision is pinned per dtype
 (:func:`kernel_precision`), forward and backward, so a global
 ``jax_default_matmul_precision="highest"`` neither breaks the TPU compile nor turns bf16
 products into multi-pass float32 ones.
@@ -43,8 +44,13 @@ from ditax.attention.blocks import LANES, round_up
 from ditax.attention.options import SplashOptions as _O
 from ditax.attention.registry import BACKENDS
 from ditax.attention.splash_kernel import kernel as _kernel
-from ditax.attention.splash_kernel import pinned_precision
+from ditax.attention.splash_kernel import forward_only, pinned_precision
 from ditax.parallel.platform import platform_of
+
+#: why a splash call with ``return_lse`` (a ring step's partial) cannot be differentiated
+NO_LSE_GRADIENT = ("attention: splash with return_lse (the log-sum-exp a ring step merges) has "
+                   "no gradient (the kernel's residual-saving mode has no VJP); train a ring "
+                   "with local='flash', or use backend='splash' / 'ulysses'")
 
 
 #: the tile keywords of :func:`splash_attention`
@@ -293,7 +299,7 @@ def masked_vjp(primal, masked, qt, kt, vt, return_lse: bool):
     forward's value, the masked kernel's gradients. With ``return_lse`` forward-only, as
     the kernel's residual-saving mode."""
     if return_lse:
-        return primal(qt, kt, vt)
+        return forward_only(primal, NO_LSE_GRADIENT)(qt, kt, vt)
 
     @jax.custom_vjp
     def run(qt, kt, vt):
@@ -352,7 +358,9 @@ def _segmented(qt, kt, vt, q_seg, kv_seg, sizes, interpret: bool, return_lse: bo
         return kernel(q_b, k_b, v_b, segment_ids=ids)
 
     seg = () if q_seg is None else (q_seg, kv_seg)
-    res = jax.vmap(pinned_precision(one, qt.dtype))(qt, kt, vt, *seg)
+    run = pinned_precision(one, qt.dtype)
+    run = forward_only(run, NO_LSE_GRADIENT) if return_lse else run
+    res = jax.vmap(run)(qt, kt, vt, *seg)
     return (res[0], res[1][0]) if return_lse else res
 
 

@@ -44,6 +44,26 @@ def pinned_precision(fn, dtype):
     return run
 
 
+def forward_only(fn, why: str):
+    """``fn`` with a VJP that raises :class:`~ditax.errors.AttentionUnavailable` ``why``: the
+    kernel's residual-saving mode (``return_lse``) has none, and jax's own error ("Higher-order
+    AD not supported") names neither the option nor the fix."""
+    @jax.custom_vjp
+    def run(*args):
+        return fn(*args)
+
+    def fwd(*args):
+        return fn(*args), None
+
+    def bwd(_, g):
+        from ditax.errors import AttentionUnavailable
+
+        raise AttentionUnavailable(why)
+
+    run.defvjp(fwd, bwd)
+    return run
+
+
 def _table_mask(shape: tuple[int, int], table):
     """Splash's mask of a block table: read block by block as the kernel's preprocessing
     walks it (never a dense ``[L, L]`` array), hashed and compared by the table."""

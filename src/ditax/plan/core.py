@@ -200,7 +200,7 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
            "shardings": rows, **quant}
     layers = getattr(cfg.model, "num_layers", None)
     if getattr(cfg.attention, "sparsity", "none") != "none":
-        out["sparsity"] = _sparsity(cfg, family, latent)
+        out["sparsity"] = _sparsity(cfg, family, latent, mesh.shape.get("context", 1))
     if compile_:
         latent = latent or family.latent_shape(cfg.sample.num_frames, cfg.sample.height,
                                                cfg.sample.width)[1:]
@@ -213,15 +213,16 @@ def plan(cfg, mesh, latent=None, compile_=False, *, train=False, chip=None,
     return out
 
 
-def _sparsity(cfg, family, latent) -> dict | None:
+def _sparsity(cfg, family, latent, shards: int = 1) -> dict | None:
     """``attention.sparsity``'s layout of the forward's latent grid (``latent = (F, Y, X)``,
-    default from ``cfg.sample``) in patches: the tile (``auto`` resolved), the padded tokens
-    (:func:`~ditax.attention.sparse.layout.latent_layout_summary`)."""
+    default from ``cfg.sample``) in patches on ``shards`` context shards: the tile (``auto``
+    resolved), the padded tokens (:func:`~ditax.attention.sparse.layout.
+    latent_layout_summary`)."""
     from ditax.attention.sparse.layout import latent_layout_summary
 
     latent = latent or family.latent_shape(cfg.sample.num_frames, cfg.sample.height,
                                            cfg.sample.width)[1:]
-    return latent_layout_summary(cfg.attention, cfg.model, latent)
+    return latent_layout_summary(cfg.attention, cfg.model, latent, shards)
 
 
 def _quantize(model_cfg, model, devices) -> dict:

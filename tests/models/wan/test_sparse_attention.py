@@ -139,7 +139,8 @@ def test_vace_control_tokens_follow_the_layout(rng):
     (["attention.backend=flash", "attention.sparsity=sliding_tile", "attention.tile=1,2,2"],
      "attention.tile=1,2,2 holds 4 tokens; flash's blocks lie inside one tile"),
     (["attention.backend=splash", "attention.sparsity=full", "mesh.context=2"],
-     "with sequence parallelism (mesh.context=2) runs on attention.backend=ulysses"),
+     "with sequence parallelism (mesh.context=2) runs on attention.backend=ulysses, ring or "
+     "ulysses_ring"),
     (["attention.backend=splash", "attention.sparsity=sliding_tile", "attention.window=2,3,3"],
      "attention.window=2,3,3 must be odd spans"),
     (["attention.backend=splash", "attention.sparsity=full", "attention.tile=4,0,8"],

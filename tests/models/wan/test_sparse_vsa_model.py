@@ -141,7 +141,7 @@ def test_trained_gates_are_written_and_read_back(tmp_path):
      "attention.topk=2 applies to attention.sparsity=vsa only"),
     (["attention.sparsity=vsa", "attention.topk=2", "mesh.context=2"],
      "attention.sparsity=vsa with sequence parallelism (mesh.context=2) runs on "
-     "attention.backend=ulysses (whole tiles a shard) and not with vsa"),
+     "attention.backend=ulysses (each device's heads whole"),
 ])
 def test_the_vsa_keys_are_checked(overrides, words):
     from ditax.config import load_config, validate

@@ -180,8 +180,8 @@ def flash_backward_shard_major(q, k, v, kv_keep, o, lse, do, dlse, *, scale: flo
     U, B, N, Lc, K = q.shape
     Uk, Lkc = k.shape[0], k.shape[3]
     nq, nkv = ceil_div(Lc, block_q), ceil_div(Lkc, block_kv)
-    lists = sparse_lists(tune, U, Uk, False, Lc, Lkc, block_q, block_kv)
-    lists_t = sparse_lists(tune, U, Uk, False, Lkc, Lc, block_kv, block_q, transpose=True)
+    lists = sparse_lists(tune, U, Uk, Lc, Lkc, block_q, block_kv)
+    lists_t = sparse_lists(tune, U, Uk, Lkc, Lc, block_kv, block_q, transpose=True)
     # Per-row vectors as lane rows: lse/dlse/delta [U, B, N, nq, 1, bq], mask
     # [B, Uk*nkv, 1, bkv] (free reshapes; compact (1, 128)-tiled in HBM, where a [.., L, 1]
     # column is padded to 128 lanes). Kernels turn a row into a column where they need one.

@@ -223,7 +223,7 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
         raise ValueError(f"flash kernel: o_prev{o_prev.shape} / lse_prev{lse_prev.shape} must be "
                          f"{q.shape} / {(U, B, N, Lc, 1)}")
     nq, nkv = ceil_div(Lc, block_q), ceil_div(Lkc, block_kv)
-    lists = sparse_lists(tune, U, Uk, has_prev, Lc, Lkc, block_q, block_kv)
+    lists = sparse_lists(tune, U, Uk, Lc, Lkc, block_q, block_kv)
     sq = pl.squeezed
     q_map, kv_map = shard_major_maps(nq, nkv)
     q_spec = pl.BlockSpec((sq, sq, sq, block_q, K), q_map)
@@ -257,15 +257,16 @@ def flash_forward_shard_major(q, k, v, kv_keep, o_prev=None, lse_prev=None, *, s
     return o, lse.reshape(U, B, N, nq * block_q)[..., :Lc, None]
 
 
-def sparse_lists(tune: Tune, U: int, Uk: int, has_prev: bool, rows: int, cols: int,
-                 block_r: int, block_c: int, transpose: bool = False):
+def sparse_lists(tune: Tune, U: int, Uk: int, rows: int, cols: int, block_r: int,
+                 block_c: int, transpose: bool = False):
     """The block lists of ``tune.table`` (:func:`~.flash_sparse.block_lists`), or None without
-    one; a table over shards or after a previous partial is refused."""
+    one; a table over shard-major shards (``U`` or ``Uk`` > 1) is refused. A previous partial
+    is fine: a ring step continues from it on its live blocks (a row with none keeps it)."""
     if tune.table is None:
         return None
-    if U != 1 or Uk != 1 or has_prev:
-        raise ValueError("flash with a block table runs on one sequence shard without a "
-                         "previous partial (no ring / Ulysses yet); use mesh.context=1")
+    if U != 1 or Uk != 1:
+        raise ValueError("flash with a block table runs on one shard-major shard (the Ulysses "
+                         "kernel path takes no table); use out_a2a=flat or chunked")
     return block_lists(tune.table, rows, cols, block_r, block_c, transpose)
 
 
@@ -306,7 +307,9 @@ def run_forward(kernel, grid, in_specs, q_spec, lse_spec, args, out, rows, block
     block lists of a block-sparse call (:func:`~.flash_sparse.pallas_call`)."""
     from jax.experimental.pallas import tpu as pltpu
 
-    aliases = {len(args) - 2: 0, len(args) - 1: 1} if len(in_specs) == 6 else {}
+    # input indices count the scalar-prefetched block lists of a sparse call (two) first
+    first = len(args) - 2 + (2 if lists is not None else 0)
+    aliases = {first: 0, first + 1: 1} if len(in_specs) == 6 else {}
 
     return pallas_call(
         kernel,

@@ -17,6 +17,10 @@ Ulysses output exchange ``out_a2a`` — all three give the same values, bit for 
   precondition (local kernel, head dim, blocks, dtype, platform, cross-attention) raises a
   ValueError naming it and the fix; it never runs another mode.
 
+A block table (``attention.sparsity``, the local kernel's ``block_table``) needs whole tiles
+on each shard: Ulysses' kernel reads it unchanged, a ring's steps read its slice of (own
+group, visiting group) and skip the steps that keep no block (:mod:`.sparse_ring`).
+
 ``ring`` accepts only ``"flat"``. Cross-attention (``Lk != Lq``: text K/V) runs without any
 exchange: queries stay sequence-sharded, K/V are replicated.
 

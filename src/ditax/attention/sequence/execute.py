@@ -39,6 +39,7 @@ from jax.sharding import PartitionSpec as P
 from ditax.attention.sequence import exchange as ex
 from ditax.attention.sequence.merge import empty_state, ring_loop
 from ditax.attention.sequence.plan import SequencePlan
+from ditax.attention.sequence.sparse_ring import sparse_ring_step
 from ditax.attention.sharded import sharded_local_attention
 from ditax.intmath import ceil_div
 from ditax.parallel import collectives as col
@@ -148,7 +149,6 @@ def _exchange_body(plan: SequencePlan, scale, head_major: bool, q, k, v, *maybe_
     m = maybe_mask[0] if maybe_mask else None
     U, R = plan.ulysses, plan.ring
     lk = replace(plan.local, head_major=head_major)
-    ring = plan.grid.ring_axis
     to_heads, to_seq = _exchanges(plan, head_major)
     if U > 1:
         q, k, v = (to_heads(x) for x in (q, k, v))
@@ -159,17 +159,28 @@ def _exchange_body(plan: SequencePlan, scale, head_major: bool, q, k, v, *maybe_
     if R == 1:
         o = lk(q, k, v, m, scale)
     elif lk.entry.carries:                                # flash: merge inside the kernel
-        def step(q, kv, prev):
-            return lk(q, kv[0], kv[1], kv[2], scale, prev)   # lse [b, h, L] as carried
-        o, _ = ring_loop(step, q, (k, v, m), ring, R, init=empty_state(q.shape, lse_shape))
+        def step(run, q, kv, prev):
+            return run(q, kv[0], kv[1], kv[2], scale, prev)   # lse [b, h, L] as carried
+        o, _ = _ring(plan, step, lk, q, (k, v, m), empty_state(q.shape, lse_shape))
     else:
-        def step(q, kv, _):
-            o, lse = lk(q, kv[0], kv[1], kv[2], scale)
+        def step(run, q, kv, _):
+            o, lse = run(q, kv[0], kv[1], kv[2], scale)
             # merge_partials wants lse on o's leading axes: [b, h, L] head-major, [b, L, h]
             return o, lse if head_major else jnp.swapaxes(lse, 1, 2)
-        o, _ = ring_loop(step, q, (k, v, m), ring, R)
+        o, _ = _ring(plan, step, lk, q, (k, v, m))
     o = o.astype(q.dtype)
     return to_seq(o) if U > 1 else o
+
+
+def _ring(plan: SequencePlan, step, lk, q, kv, init=None):
+    """The ring loop of ``step(run, q, kv, prev)`` on the local kernel ``lk``; with a block
+    table each step runs on the table's slice of (own ring group, visiting group), a step
+    that keeps no block on none (:mod:`~ditax.attention.sequence.sparse_ring`)."""
+    ring, R = plan.grid.ring_axis, plan.ring
+    if plan.ring_tables is None:
+        return ring_loop(functools.partial(step, lk), q, kv, ring, R, init=init)
+    sparse = sparse_ring_step(step, lk, plan.ring_tables, ring, carries=init is not None)
+    return ring_loop(sparse, q, kv, ring, R, init=init, source=True)
 
 
 def _kernel_path_body(plan: SequencePlan, scale, head_major: bool, q, k, v, *maybe_mask):

@@ -39,7 +39,7 @@ def empty_state(o_shape, lse_shape):
     return jnp.zeros(o_shape, jnp.float32), jnp.full(lse_shape, -jnp.inf, jnp.float32)
 
 
-def ring_loop(step, q, kv, axis: str, size: int, init=None):
+def ring_loop(step, q, kv, axis: str, size: int, init=None, source: bool = False):
     """Run ``step`` for each of the ``size`` K/V chunks of the ring.
 
     Chunk 0 is the device's own; ``kv`` (a pytree of K, V, mask) then moves one device along
@@ -55,26 +55,36 @@ def ring_loop(step, q, kv, axis: str, size: int, init=None):
       kernel on its ``[block_q, K]`` tiles, so the result does not depend on the layout the
       caller keeps ``o`` in — this is what makes the Ulysses ``out_a2a`` modes bit-identical
       for any number of ring steps.
+
+    ``source``: ``step`` takes a fourth argument, the index on ``axis`` of the device whose
+    chunk is visiting (int32 scalar, traced: ``(own - s) mod size`` at step ``s``), e.g. to
+    pick the block table of (own query chunk, visiting key chunk).
     """
+    me = jax.lax.axis_index(axis) if source else None
+
+    def run(kv, prev, s):
+        return step(q, kv, prev, (me - s) % size) if source else step(q, kv, prev)
+
     if init is not None:
-        o, lse = step(q, kv, init)
+        o, lse = run(kv, init, 0)
     else:
-        o, lse = step(q, kv, None)
+        o, lse = run(kv, None, 0)
         o = o.astype(jnp.float32)
     if size == 1:
         return o, lse
 
-    def body(carry, _):
+    def body(carry, s):
         o, lse, kv = carry
         kv = col.ring_shift(kv, axis, size)
         if init is not None:
-            o, lse = step(q, kv, (o, lse))
+            o, lse = run(kv, (o, lse), s)
         else:
-            o2, lse2 = step(q, kv, None)
+            o2, lse2 = run(kv, None, s)
             o, lse = merge_partials(o, lse, o2.astype(jnp.float32), lse2)
         return (o, lse, kv), None
 
-    (o, lse, _), _ = jax.lax.scan(body, (o, lse, kv), None, length=size - 1, unroll=2)
+    (o, lse, _), _ = jax.lax.scan(body, (o, lse, kv), jnp.arange(1, size, dtype=jnp.int32),
+                                  unroll=2)
     return o, lse
 
 

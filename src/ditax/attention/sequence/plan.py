@@ -22,6 +22,7 @@ from ditax.attention.blocks import effective_block, round_up
 from ditax.attention.config import OUT_A2A_MODES
 from ditax.attention.options import pick
 from ditax.attention.local import LocalRun
+from ditax.attention.sequence.sparse_ring import RingTables
 from ditax.intmath import ceil_div
 from ditax.parallel.axes import (
     SEQ_AXIS,
@@ -44,7 +45,8 @@ class SequencePlan:
     (for flash / sage the effective ``block_q``/``block_kv``); ``kernel_path``: the shard-major
     kernel path runs (``reasons`` lists why not, each naming the fix); ``cross``: K/V are text
     (``Lk != Lq``) — no exchange, queries sequence-sharded, K/V replicated; ``grid``: the mesh
-    (view) and axes the engine runs on.
+    (view) and axes the engine runs on; ``ring_tables``: the local kernel's block table
+    (``attention.sparsity``) cut into the slices each ring step reads (R > 1).
     """
 
     backend: str
@@ -62,6 +64,7 @@ class SequencePlan:
     block_q: Optional[int] = None
     block_kv: Optional[int] = None
     interpret: Optional[bool] = None
+    ring_tables: Optional[RingTables] = None   # a block table cut per ring step (R > 1)
 
     @property
     def padded_length(self) -> int:
@@ -78,8 +81,9 @@ class SequencePlan:
         else:
             path = f"ring around local={self.local.name}"
         why = f" ({self.reasons[0]})" if self.reasons and self.out_a2a != "flat" else ""
+        table = "" if self.ring_tables is None else f"; {self.ring_tables.describe()}"
         return (f"{self.backend} out_a2a={self.out_a2a}: {path}{why}; R={self.ring} "
-                f"U={self.ulysses}, L={self.length} padded to {self.padded_length}")
+                f"U={self.ulysses}, L={self.length} padded to {self.padded_length}{table}")
 
 
 def ring_ulysses(backend: str, context: int, options) -> tuple[int, int]:
@@ -205,15 +209,17 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
         Lc = round_up(Lc, math.lcm(bq, bkv))
 
     reasons: list[str] = []
+    table = dict(o.local_options).get("block_table")
     if o.out_a2a != "flat":
         reasons = _shard_major_reasons(entry.name, K, bq or o.block_q or 128,
                                        bkv or o.block_kv or 128,
                                        dtype, platform, o.interpret, R)
+        if table is not None:
+            reasons.append("a block table (attention.sparsity) runs on the exchange path")
         if o.out_a2a == "shard_major" and reasons:
             raise ValueError(f"{backend}: out_a2a='shard_major' cannot run: "
                              + "; ".join(reasons))
-    if dict(o.local_options).get("block_table") is not None and o.out_a2a != "flat":
-        reasons.append("a block table (attention.sparsity) runs on the exchange path")
+    ring_tables = _ring_tables(backend, table, L, R, U, Lc)
     kernel_path = o.out_a2a == "shard_major" or (o.out_a2a == "chunked" and U > 1
                                                  and not reasons)
     values = dict(o.local_options, block_q=bq or o.block_q, block_kv=bkv or o.block_kv,
@@ -221,7 +227,23 @@ def plan_sequence_parallel(backend: str, mesh, *, q_shape, kv_len: Optional[int]
     local = LocalRun(entry, _local_options(entry, values), need_lse=R > 1)
     return SequencePlan(backend, mesh, R, U, L, Lc, local, o.out_a2a, kernel_path,
                         tuple(reasons), context_grid(mesh, R, U), block_q=bq, block_kv=bkv,
-                        interpret=o.interpret)
+                        interpret=o.interpret, ring_tables=ring_tables)
+
+
+def _ring_tables(backend: str, table, L: int, R: int, U: int, Lc: int):
+    """A block table's slices for the ring steps (None without a table or a ring), after
+    checking that each of the ``R·U`` context shards holds whole tiles, unpadded: the table's
+    token ids are then the exchanged group's own (Ulysses) and cut at group bounds (ring)."""
+    if table is None:
+        return None
+    n, shards = table.tiles, R * U
+    if L != n * table.tile_len or n % shards or Lc * shards != L:
+        raise ValueError(
+            f"{backend}: a block table of {n} tiles of {table.tile_len} tokens needs "
+            f"{n * table.tile_len} tokens (has {L}) in whole tiles on each of the {shards} "
+            f"context shards, unpadded (shards of {Lc}); use a tile count that is a multiple "
+            f"of {shards} and blocks that divide the tile")
+    return RingTables.of(table, R) if R > 1 else None
 
 
 def _local_options(entry: registry.Backend, values: dict):

@@ -118,6 +118,19 @@ class BlockTable:
         return out & (qi < n)[:, None] & (ki < n)[None, :]
 
 
+def without_empty_tiles(order: TileOrder, blocks: np.ndarray) -> np.ndarray:
+    """``blocks`` with each tile that holds no real token (a whole padding tile,
+    :attr:`TileOrder.frames`) attending only itself and attended by no other: one block of
+    work each, whatever the rule would give it (its keys are masked and its queries dropped
+    anyway; keeping its own block leaves no query row without a block)."""
+    empty = ~order.valid.reshape(-1, order.tile_len).any(1)
+    if not empty.any():
+        return blocks
+    out = blocks & ~empty[:, None] & ~empty[None, :]
+    out[empty, empty] = True
+    return out
+
+
 def density(blocks: np.ndarray) -> float:
     """The fraction of blocks kept."""
     return float(blocks.mean())
@@ -132,4 +145,4 @@ def element_mask(order: TileOrder, blocks: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["BlockTable", "SPARSITIES", "block_mask", "density", "element_mask", "radial_blocks",
-           "sliding_tile_blocks", "tile_coords"]
+           "sliding_tile_blocks", "tile_coords", "without_empty_tiles"]

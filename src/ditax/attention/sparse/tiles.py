@@ -26,10 +26,16 @@ from ditax.intmath import ceil_div
 
 @dataclass(frozen=True)
 class TileOrder:
-    """The tile-major order of a ``grid = (F, H, W)`` token grid in ``tile = (t, h, w)`` tiles."""
+    """The tile-major order of a ``grid = (F, H, W)`` token grid in ``tile = (t, h, w)`` tiles.
+
+    ``frames``: at least this many tile-frames (0: as many as the grid needs); the extra ones,
+    appended after the last, are whole padding tiles (so that the tile count divides a
+    sequence-parallel mesh's context shards, :func:`~ditax.attention.sparse.layout.
+    sparse_layout`)."""
 
     grid: tuple[int, int, int]
     tile: tuple[int, int, int]
+    frames: int = 0
 
     def __post_init__(self):
         for name, v in (("grid", self.grid), ("tile", self.tile)):
@@ -40,7 +46,8 @@ class TileOrder:
     @property
     def tiles(self) -> tuple[int, int, int]:
         """Tiles along each axis (the padded grid over the tile)."""
-        return tuple(ceil_div(g, t) for g, t in zip(self.grid, self.tile))
+        nt, nh, nw = (ceil_div(g, t) for g, t in zip(self.grid, self.tile))
+        return max(nt, self.frames), nh, nw
 
     @property
     def padded_grid(self) -> tuple[int, int, int]:
@@ -52,8 +59,9 @@ class TileOrder:
 
     @property
     def length(self) -> int:
-        """Tokens in the tile-major order (padding included): :func:`padded_length`."""
-        return padded_length(self.grid, self.tile)
+        """Tokens in the tile-major order (padding included): :func:`padded_length`, and the
+        extra tile-frames'."""
+        return int(np.prod(self.padded_grid))
 
     @cached_property
     def source(self) -> np.ndarray:

@@ -231,10 +231,10 @@ class WanTransformer(DiT):
         cos, sin = rope_cos_sin(cfg.attention_head_dim, (f, y, x), cfg.rope_max_seq_len)
 
         # pad the sequence to a multiple of the context shards; padded keys are masked
-        tiles = sparse_layout(self.attention, (f, y, x))
+        tiles = sparse_layout(self.attention, (f, y, x), sharding.seq_shards)
         pad = (-(seq if tiles is None else tiles.order.length)) % sharding.seq_shards
         token_mask = None
-        if tiles is not None:   # block-sparse: tile-major tokens (whole tiles a shard: no pad)
+        if tiles is not None:   # block-sparse: tile-major, whole tiles a shard (no pad here)
             h, cos, sin = tiles.to_tiles(h), tiles.to_tiles(cos, 0), tiles.to_tiles(sin, 0)
             mod = tiles.to_tiles(mod) if mod.ndim == 4 else mod
             token_mask = tiles.kv_mask(b)
