@@ -84,6 +84,7 @@ def test_compiler_options_from_the_command_line():
                                                                                "NONE"]
 
 
+@pytest.mark.slow   # 7-15 s interpreted
 def test_jitted_calls_are_captured_as_the_program_ran_them():
     """``--jit-calls packed``: the jitted first chunk's own kernel calls (packed, inputs and
     outputs returned by the program) equal the same kernel run alone and the reference."""

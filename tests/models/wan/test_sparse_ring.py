@@ -38,12 +38,15 @@ def _plan(backend, mesh, shape, local, table, block):
 
 # 8 x 2 x 1 = 16 tiles of 64 tokens (rows padded: key masks), or 8 tiles of 128 (splash
 # blocks = tiles: whole blocks skipped)
+# (the flash cases, with gradients, 12-27 s each on two shared cores: the slow tier but one)
+_SLOW = pytest.mark.slow
 CASES = [("ring", "flash", "sliding_tile", (8, 3, 32), (1, 2, 32), 64),
-         ("ring", "flash", "radial", (8, 3, 32), (1, 2, 32), 64),
-         ("ulysses_ring", "flash", "radial", (8, 3, 32), (1, 2, 32), 64),
+         pytest.param("ring", "flash", "radial", (8, 3, 32), (1, 2, 32), 64, marks=_SLOW),
+         pytest.param("ulysses_ring", "flash", "radial", (8, 3, 32), (1, 2, 32), 64,
+                      marks=_SLOW),
          ("ring", "splash", "sliding_tile", (8, 4, 32), (1, 4, 32), 128),
          ("ulysses_ring", "splash", "radial", (8, 4, 32), (1, 4, 32), 128),
-         ("ring", "flash", "full", (8, 3, 32), (1, 2, 32), 64)]
+         pytest.param("ring", "flash", "full", (8, 3, 32), (1, 2, 32), 64, marks=_SLOW)]
 
 
 @pytest.mark.parametrize("backend, local, sparsity, grid, tile, block", CASES)
@@ -145,9 +148,9 @@ SLIDING = dict(sparsity="sliding_tile", tile=(1, 4, 8), window=(3, 1, 1), block_
 RADIAL = dict(sparsity="radial", tile=(1, 4, 8), decay=0.5, block_q=32, block_kv=32)
 
 
-@pytest.mark.parametrize("backend, sparse, grads", [
-    ("ring", SLIDING, True),
-    ("ulysses_ring", RADIAL, True),
+@pytest.mark.parametrize("backend, sparse, grads", [    # with gradients: 35-44 s each
+    pytest.param("ring", SLIDING, True, marks=pytest.mark.slow),
+    pytest.param("ulysses_ring", RADIAL, True, marks=pytest.mark.slow),
     ("ring", RADIAL, False),
 ])
 def test_wan_on_a_ring_equals_one_device(backend, sparse, grads, rng):
@@ -188,7 +191,8 @@ def test_wan_on_a_splash_ring_equals_one_device(rng):
 
 
 @pytest.mark.parametrize("backend, mesh, sparse, frames, grads", [
-    ("ring", {"context": 8}, SLIDING, 3, True),              # 3 x 2 x 2 = 12 tiles -> 16
+    pytest.param("ring", {"context": 8}, SLIDING, 3, True,    # 3 x 2 x 2 = 12 tiles -> 16
+                 marks=pytest.mark.slow),                     # (28 s)
     ("ulysses", {"fsdp": 2, "context": 4}, RADIAL, 5, False),  # 5 x 2 x 2 = 20 (divides)
     ("ulysses_ring", {"context": 8}, RADIAL, 5, False),        # 20 -> 24 (R 4 x U 2)
 ])
@@ -293,6 +297,7 @@ def test_ditax_plan_takes_a_sparse_ring_and_counts_its_padding(capsys):
     assert len(lines) == 1 and "39,936 tokens for 32,760" in lines[0], lines
 
 
+@pytest.mark.slow   # 15 s: traces a ring's gradient
 def test_training_a_splash_ring_is_refused_in_one_line(rng):
     """splash's log-sum-exp (what a ring step merges) has no VJP: the gradient of a ring
     around splash raises naming the fix, not jax's "Higher-order AD not supported"."""

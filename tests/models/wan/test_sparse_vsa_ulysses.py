@@ -41,7 +41,8 @@ def _grads(model, inputs, w):
 
 
 @pytest.mark.parametrize("local, fine, y, grads", [
-    ("xla", "gather", 10, True),      # grid 2 x 5 x 8 in 1 x 2 x 4 tiles: rows padded
+    pytest.param("xla", "gather", 10, True,   # grid 2 x 5 x 8 in 1 x 2 x 4 tiles: rows
+                 marks=pytest.mark.slow),      # padded; with gradients (18 s)
     ("flash", "gather", 10, False),
     ("flash", "table", 12, False),    # whole tiles
 ])
