@@ -54,8 +54,24 @@ def chip_rows(jsonl: str, only: str | None = None) -> list[dict]:
         if config is None or size is None:
             continue
         h, w, f = int(size[1]), int(size[2]), int(size[3] or 1)
-        out.append({**r, "config": config, "size": (f, h, w)})
+        out.append({**r, "config": config, "size": (f, h, w), "overrides": as_run(r, config)})
     return out
+
+
+#: the first session whose Wan rows ran the fused attention projections by default
+#: (``model.projections=auto``: ``ditax.nn.head_projection``); earlier rows ran XLA's
+FUSED_SINCE = 64
+
+
+def as_run(row: dict, config: str) -> list:
+    """A chip row's overrides as the chip ran them: a Wan row from before
+    :data:`FUSED_SINCE` that names no ``model.projections`` ran XLA's projections (today's
+    ``auto`` would plan the fused kernels: another program)."""
+    over = list(row.get("overrides") or [])
+    if (config.startswith("wan") and (row.get("session") or 0) < FUSED_SINCE
+            and not any(o.startswith("model.projections=") for o in over)):
+        over.append("model.projections=xla")
+    return over
 
 
 def plan_json(config: str, overrides, latent) -> dict:
