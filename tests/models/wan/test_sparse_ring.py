@@ -38,9 +38,11 @@ def _plan(backend, mesh, shape, local, table, block):
 
 # 8 x 2 x 1 = 16 tiles of 64 tokens (rows padded: key masks), or 8 tiles of 128 (splash
 # blocks = tiles: whole blocks skipped)
-# (the flash cases, with gradients, 12-27 s each on two shared cores: the slow tier but one)
+# (the flash cases, with gradients, 12-27 s each on two cores: the slow tier; the Wan ring
+# forward below keeps a flash ring with a table in make test)
 _SLOW = pytest.mark.slow
-CASES = [("ring", "flash", "sliding_tile", (8, 3, 32), (1, 2, 32), 64),
+CASES = [pytest.param("ring", "flash", "sliding_tile", (8, 3, 32), (1, 2, 32), 64,
+                      marks=_SLOW),
          pytest.param("ring", "flash", "radial", (8, 3, 32), (1, 2, 32), 64, marks=_SLOW),
          pytest.param("ulysses_ring", "flash", "radial", (8, 3, 32), (1, 2, 32), 64,
                       marks=_SLOW),
@@ -194,7 +196,8 @@ def test_wan_on_a_splash_ring_equals_one_device(rng):
     pytest.param("ring", {"context": 8}, SLIDING, 3, True,    # 3 x 2 x 2 = 12 tiles -> 16
                  marks=pytest.mark.slow),                     # (28 s)
     ("ulysses", {"fsdp": 2, "context": 4}, RADIAL, 5, False),  # 5 x 2 x 2 = 20 (divides)
-    ("ulysses_ring", {"context": 8}, RADIAL, 5, False),        # 20 -> 24 (R 4 x U 2)
+    pytest.param("ulysses_ring", {"context": 8}, RADIAL, 5, False,   # 20 -> 24 (R 4 x U 2)
+                 marks=pytest.mark.slow),
 ])
 def test_a_tile_count_off_the_shards_is_padded_with_whole_tiles(backend, mesh, sparse,
                                                                   frames, grads, rng):

@@ -53,6 +53,7 @@ def test_what_no_sequence_path_honours_is_refused(rng):
                 *_inputs(rng, 2, 14, 64))
 
 
+@pytest.mark.slow   # 18 s: the exchange path with every weight gradient
 def test_ulysses_flash_chunked_runs_the_exchange_path_and_trains_alike(rng):
     """flash as the local kernel with ``out_a2a=chunked`` (which would take the shard-major
     kernel path, that reads no block table): the plan takes the exchange path and says why;
