@@ -129,6 +129,7 @@ def wan(tmp_path_factory):
     return folder, (lat, t, text)
 
 
+@pytest.mark.slow   # 8 s, and 16 s to build the diffusers model
 def test_wan_forward_and_gradient_with_fused_projections(wan):
     """A bfloat16 Wan 1.3B-shaped layer pair (heads of 128) on splash with its tokens padded
     once: q and k fused (interpreted) against XLA's projections, the prediction and the
@@ -149,7 +150,7 @@ def test_wan_forward_and_gradient_with_fused_projections(wan):
     assert not np.array_equal(out, np.zeros_like(out))
 
 
-def test_where_auto_fuses_and_fused_is_refused(wan):
+def test_where_auto_fuses_and_fused_is_refused():
     """``auto``: the kernel on a TPU (compiled) only; ``fused``: the kernel anywhere it can
     run (interpreted off a TPU), a ConfigError naming why where it cannot; ``xla``: never."""
     from flax import nnx
@@ -178,11 +179,16 @@ def test_where_auto_fuses_and_fused_is_refused(wan):
     with pytest.raises(ConfigError, match="float32, not bfloat16"):
         fused_projections("fused", tpu, none, x, lin)
     assert issubclass(LoraLinear, Linear)     # a LoRA-wrapped layer is not a plain Linear
-    folder, _ = wan
+    from ditax.models.wan.config import WanConfig, check_model
+
+    fused = WanConfig(dtype="bfloat16", projections="fused")
+    check_model(fused)                                            # one device: fine
     with pytest.raises(ConfigError, match="model.projections=fused runs bfloat16"):
-        ditax.load_transformer(folder, dtype="bfloat16", quantize="int8", projections="fused")
+        check_model(dataclasses.replace(fused, quantize="int8"))
     with pytest.raises(ConfigError, match="model.dtype is float32"):
-        ditax.load_transformer(folder, dtype="float32", projections="fused")
+        check_model(dataclasses.replace(fused, dtype="float32"))
+    with pytest.raises(ConfigError, match="the mesh has 8 devices"):
+        check_model(fused, {"data": 1, "fsdp": 2, "context": 4, "tensor": 1})
 
 
 def test_image_attention_and_chunk_masked_calls_take_the_scaled_query():

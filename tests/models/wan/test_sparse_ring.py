@@ -153,7 +153,7 @@ RADIAL = dict(sparsity="radial", tile=(1, 4, 8), decay=0.5, block_q=32, block_kv
 @pytest.mark.parametrize("backend, sparse, grads", [    # with gradients: 35-44 s each
     pytest.param("ring", SLIDING, True, marks=pytest.mark.slow),
     pytest.param("ulysses_ring", RADIAL, True, marks=pytest.mark.slow),
-    ("ring", RADIAL, False),
+    pytest.param("ring", RADIAL, False, marks=pytest.mark.slow),   # 17 s
 ])
 def test_wan_on_a_ring_equals_one_device(backend, sparse, grads, rng):
     lat, t, text = _inputs(rng, 8, 14, 32)
@@ -317,6 +317,7 @@ def test_training_a_splash_ring_is_refused_in_one_line(rng):
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("libtpu") is None,
                     reason="libtpu is not installed (deviceless TPU compile)")
+@pytest.mark.slow   # 7 s: a deviceless compile
 def test_a_sparse_ring_compiles_for_a_v6e_without_one():
     """The sparse ring (flash, bf16, fsdp 2 x context 4 of a v6e-8 topology from libtpu, no
     TPU attached): forward and gradients compile with the Mosaic kernels of each distinct

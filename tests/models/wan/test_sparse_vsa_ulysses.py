@@ -43,7 +43,7 @@ def _grads(model, inputs, w):
 @pytest.mark.parametrize("local, fine, y, grads", [
     pytest.param("xla", "gather", 10, True,   # grid 2 x 5 x 8 in 1 x 2 x 4 tiles: rows
                  marks=pytest.mark.slow),      # padded; with gradients (18 s)
-    ("flash", "gather", 10, False),
+    pytest.param("flash", "gather", 10, False, marks=pytest.mark.slow),   # 7 s
     ("flash", "table", 12, False),    # whole tiles
 ])
 def test_vsa_under_ulysses_equals_one_device(local, fine, y, grads, rng):
