@@ -125,6 +125,7 @@ def projection_cases(sw: Sweep, length: int, heads: int, rows_list) -> None:
     import numpy as np
 
     from ditax.nn.head_projection import HeadProjection, project_heads, reference
+    from ditax.nn.rope import pair_tables
 
     k, d = 128, heads * 128
     keys = jax.random.split(jax.random.PRNGKey(2), 4)
@@ -133,7 +134,7 @@ def projection_cases(sw: Sweep, length: int, heads: int, rows_list) -> None:
     b = jax.random.normal(keys[2], (d,), jnp.float32).astype(jnp.bfloat16)
     nw = jnp.ones((d,), jnp.float32)
     ang = np.random.default_rng(0).uniform(0, 6, (length, k // 2))
-    cos, sin = (jnp.asarray(np.repeat(f(ang), 2, -1), jnp.float32) for f in (np.cos, np.sin))
+    cos, sin = (jnp.asarray(t) for t in pair_tables(ang))
     peak = PEAK.get(_gen(), (197e12,))[0]
     flops = 2.0 * length * d * d
     for what, rope in (("self q", True), ("cross q", False)):

@@ -62,6 +62,16 @@ class HeadProjection:
     rows: Optional[int] = None
 
 
+def rms_across_heads(y, weight, eps: float):
+    """Wan's RMSNorm across heads on head-major ``y [B, N, L, K]``: the RMS over all ``N·K``
+    channels of a token in float32, times ``weight [N·K]`` viewed ``[N, 1, K]``, in
+    ``y.dtype`` (what the kernel's epilogue computes)."""
+    n, k = y.shape[1], y.shape[3]
+    yf = y.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(yf * yf, axis=(1, 3), keepdims=True) + eps)
+    return (yf * r * weight.astype(jnp.float32).reshape(n, 1, k)).astype(y.dtype)
+
+
 def reference(x, w, b, nw, cos, sin, spec: HeadProjection):
     """The XLA path, step by step: ``x [B, L, D]``, ``w [N, D, K]``, ``b [N·K]`` (or None),
     ``nw [N·K]`` the norm's weight (or None), ``cos`` / ``sin`` ``[L, K]`` float32 (or None)
@@ -71,9 +81,7 @@ def reference(x, w, b, nw, cos, sin, spec: HeadProjection):
     if b is not None:
         y = y + b.astype(x.dtype).reshape(n, 1, k)
     if spec.norm:
-        yf = y.astype(jnp.float32)
-        r = jax.lax.rsqrt(jnp.mean(yf * yf, axis=(1, 3), keepdims=True) + spec.eps)
-        y = (yf * r * nw.astype(jnp.float32).reshape(n, 1, k)).astype(x.dtype)
+        y = rms_across_heads(y, nw, spec.eps)
     if spec.rope:
         y = apply_rope(y, cos, sin, head_major=True)
     if spec.scale != 1.0:
@@ -221,5 +229,5 @@ def project_heads(x, w, b=None, nw=None, rope=None, *, spec: HeadProjection,
     return _project(x, w, b, nw, cos, sin, spec, bool(interpret))
 
 
-__all__ = ["HeadProjection", "ROWS", "project_heads", "reference", "rows_for", "vmem_bytes",
-           "why_not"]
+__all__ = ["HeadProjection", "ROWS", "project_heads", "reference", "rms_across_heads",
+           "rows_for", "vmem_bytes", "why_not"]

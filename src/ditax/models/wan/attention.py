@@ -34,7 +34,8 @@ from ditax.attention import AttentionCall
 from ditax.errors import ConfigError
 from ditax.models.wan.config import WanConfig
 from ditax.nn import Linear, RMSNorm, apply_rope
-from ditax.nn.head_projection import HeadProjection, project_heads, why_not
+from ditax.nn.head_projection import (HeadProjection, project_heads, rms_across_heads,
+                                      why_not)
 from ditax.parallel.platform import platform_of
 from ditax.parallel.sharding import ShardingContext
 
@@ -45,11 +46,9 @@ HEADS = ("act_batch", "act_heads", "act_seq", None)        # [B, N, L, K]
 def rms_norm_heads(norm: RMSNorm, x):
     """Wan's ``rms_norm_across_heads`` on head-major ``x [B, N, L, K]``: RMS over all ``N·K``
     channels of a token (float32 inside, ``x.dtype`` out), scaled by ``norm``'s ``[N·K]``
-    weight viewed ``[N, 1, K]``."""
-    n, k = x.shape[1], x.shape[3]
-    xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=(1, 3), keepdims=True) + norm.eps)
-    return (y * norm.scale[...].astype(jnp.float32).reshape(n, 1, k)).astype(x.dtype)
+    weight viewed ``[N, 1, K]`` (:func:`~ditax.nn.head_projection.rms_across_heads`, the
+    fused projections' reference)."""
+    return rms_across_heads(x, norm.scale[...], norm.eps)
 
 
 def fused_projections(mode: str, attn, sharding: ShardingContext, x, lin: Linear):
@@ -156,20 +155,18 @@ class WanAttention(nnx.Module):
         from the projections, norm and RoPE in place, the output read by ``to_out``."""
         n = self.heads
         fused = fused_projections(self.projections, attn, sharding, x, self.to_q)
-        scale = None
-        if fused is not None:   # the query scaled by the softmax scale in the kernel
-            scale = 1.0
-            q = self._project(self.to_q, self.norm_q, x, rope, fused, x.shape[-1] // n)
-        else:
+        if fused is None:
             q = rms_norm_heads(self.norm_q, self.to_q.to_head_major(x, n))
-        if fused is not None and rope is not None:   # self-attention: k from the same x
-            k = self._project(self.to_k, self.norm_k, ctx, rope, fused)
-        else:
             k = rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n))
+            if rope is not None:
+                q = apply_rope(q, *rope, head_major=True)
+                k = apply_rope(k, *rope, head_major=True)
+        else:   # the query carries the softmax scale (the calls below get scale=1.0)
+            q = self._project(self.to_q, self.norm_q, x, rope, fused, x.shape[-1] // n)
+            k = (self._project(self.to_k, self.norm_k, ctx, rope, fused) if rope is not None
+                 else rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n)))  # text
+        scale = None if fused is None else 1.0
         v = self.to_v.to_head_major(ctx, n)
-        if rope is not None and fused is None:
-            q = apply_rope(q, *rope, head_major=True)
-            k = apply_rope(k, *rope, head_major=True)
         q = sharding.constrain(q, HEADS)
         if rope is not None:
             k = sharding.constrain(k, HEADS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal, Optional, get_args
 
@@ -172,9 +173,7 @@ def _check_projections(m: WanConfig, mesh_sizes: dict[str, int] | None) -> None:
     check_choice("model.projections", m.projections, get_args(Projections))
     if m.projections != "fused":
         return
-    devices = 1
-    for n in (mesh_sizes or {}).values():
-        devices *= n
+    devices = math.prod((mesh_sizes or {}).values())
     why = ("model.dtype is " + m.dtype if m.dtype != "bfloat16" else
            f"model.quantize={m.quantize}" if m.quantize != "none" else
            f"the mesh has {devices} devices" if devices > 1 else
