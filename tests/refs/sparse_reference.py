@@ -54,3 +54,19 @@ def perturb(tree, seed, scale=0.05):
     keys = jax.random.split(jax.random.key(seed), len(leaves))
     return jax.tree.unflatten(tdef, [np.asarray(v + scale * jax.random.normal(k, v.shape))
                                      for v, k in zip(leaves, keys)])
+
+
+def config_refusal(overrides) -> str:
+    """The one-line :class:`~ditax.errors.ConfigError` ``ditax.validate`` raises for the
+    ``tiny`` preset with ``overrides`` on 8 devices (fails if none is raised, or its message
+    spans more than one line)."""
+    import pytest
+
+    from ditax.config import load_config, validate
+    from ditax.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        validate(load_config("tiny", overrides), num_devices=8)
+    assert "\n" not in str(e.value), str(e.value)
+    return str(e.value)
+
