@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ditax.nn.norms import layer_norm
 from ditax.nn.rope import apply_rope
 
 LANES = 128
@@ -89,6 +90,21 @@ def reference(x, w, b, nw, cos, sin, spec: HeadProjection):
     return y
 
 
+def pre_norm(x, mul, add, eps: float):
+    """The block's input norm as XLA computes it: ``(layer_norm(x) * mul + add)`` in float32,
+    rounded once to ``x.dtype`` (Wan's ``norm1`` with the adaLN ``1 + scale`` / ``shift``, or
+    an affine ``norm2`` with its weight / bias)."""
+    return (layer_norm(x, eps) * mul + add).astype(x.dtype)
+
+
+def reference_many(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps=None):
+    """:func:`reference` for each projection of one input (``ws`` / ``bs`` / ``nws`` / ``specs``
+    one each), the input first through :func:`pre_norm` when ``pre_eps`` is given."""
+    if pre_eps is not None:
+        x = pre_norm(x, mul, add, pre_eps)
+    return tuple(reference(x, w, b, nw, cos, sin, s) for w, b, nw, s in zip(ws, bs, nws, specs))
+
+
 def _partner(y):
     """Each channel's signed RoPE partner within a head's ``K`` lanes: ``−y[2i+1]`` at
     ``2i``, ``y[2i]`` at ``2i+1`` (two lane rolls, as :func:`jnp.roll` turns)."""
@@ -97,37 +113,58 @@ def _partner(y):
     return jnp.where(even, -pltpu.roll(y, k - 1, y.ndim - 1), pltpu.roll(y, 1, y.ndim - 1))
 
 
-def _kernel(spec: HeadProjection, n: int, k: int, has_bias: bool, *refs):
+def _finish(y, spec: HeadProjection, dt, r=None, nw=None, cos=None, sin=None):
+    """One head's epilogue on its product ``y``: norm (``r`` the rows' reciprocal RMS, ``nw``
+    the head's weights), RoPE, scale, each rounded where the XLA path rounds."""
+    y = y.astype(jnp.float32)
+    if spec.norm:
+        y = (y * r * nw.astype(jnp.float32)).astype(dt).astype(jnp.float32)
+    if spec.rope:
+        y = (y * cos + _partner(y) * sin).astype(dt).astype(jnp.float32)
+    if spec.scale != 1.0:
+        y = y * spec.scale
+    return y.astype(dt)
+
+
+def _kernel(specs, pre_eps, n: int, k: int, has_bias, *refs):
     refs = list(refs)
-    x_ref, w_ref = refs.pop(0), refs.pop(0)
-    b_ref = refs.pop(0) if has_bias else None
-    nw_ref = refs.pop(0) if spec.norm else None
-    cos_ref, sin_ref = (refs.pop(0), refs.pop(0)) if spec.rope else (None, None)
-    o_ref, y_scr = refs
-    dt = o_ref.dtype
+    x_ref = refs.pop(0)
+    m_ref, a_ref = (refs.pop(0), refs.pop(0)) if pre_eps is not None else (None, None)
+    layers = []
+    for spec, hb in zip(specs, has_bias):
+        w_ref = refs.pop(0)
+        b_ref = refs.pop(0) if hb else None
+        layers.append((spec, w_ref, b_ref, refs.pop(0) if spec.norm else None))
+    rope = any(s.rope for s in specs)
+    cos_ref, sin_ref = (refs.pop(0), refs.pop(0)) if rope else (None, None)
+    outs, y_scr = refs[:len(specs)], refs[len(specs)]
+    dt = outs[0].dtype
     x = x_ref[0]                                               # [rows, D]
-    ss = jnp.zeros((x.shape[0], 1), jnp.float32)
-    for h in range(n):
-        y = jax.lax.dot_general(x, w_ref[h], (((1,), (0,)), ((), ())),
-                                preferred_element_type=jnp.float32).astype(dt)
-        if has_bias:
-            y = (y.astype(jnp.float32) + b_ref[pl.ds(h, 1), :].astype(dt).astype(
-                jnp.float32)).astype(dt)
+    if pre_eps is not None:                                    # pre_norm's steps
+        xf = x.astype(jnp.float32)
+        c = xf - jnp.mean(xf, axis=1, keepdims=True)
+        r = jax.lax.rsqrt(jnp.mean(c * c, axis=1, keepdims=True) + pre_eps)
+        x = (c * r * m_ref[0] + a_ref[0]).astype(dt)
+    tables = dict(cos=cos_ref[...], sin=sin_ref[...]) if rope else {}
+    for (spec, w_ref, b_ref, nw_ref), o_ref in zip(layers, outs):
+        rt = tables if spec.rope else {}
+        ss = jnp.zeros((x.shape[0], 1), jnp.float32)
+        for h in range(n):
+            y = jax.lax.dot_general(x, w_ref[h], (((1,), (0,)), ((), ())),
+                                    preferred_element_type=jnp.float32).astype(dt)
+            if b_ref is not None:
+                y = (y.astype(jnp.float32) + b_ref[pl.ds(h, 1), :].astype(dt).astype(
+                    jnp.float32)).astype(dt)
+            if spec.norm:      # every head's rows wait in VMEM for the norm's statistics
+                yf = y.astype(jnp.float32)
+                ss = ss + jnp.sum(yf * yf, axis=1, keepdims=True)
+                y_scr[h] = y
+            else:
+                o_ref[0, h] = _finish(y, spec, dt, **rt)
         if spec.norm:
-            yf = y.astype(jnp.float32)
-            ss = ss + jnp.sum(yf * yf, axis=1, keepdims=True)
-        y_scr[h] = y
-    r = jax.lax.rsqrt(ss * (1.0 / (n * k)) + spec.eps) if spec.norm else None
-    for h in range(n):
-        y = y_scr[h].astype(jnp.float32)
-        if spec.norm:
-            y = (y * r * nw_ref[pl.ds(h, 1), :].astype(jnp.float32)).astype(dt).astype(
-                jnp.float32)
-        if spec.rope:
-            y = (y * cos_ref[...] + _partner(y) * sin_ref[...]).astype(dt).astype(jnp.float32)
-        if spec.scale != 1.0:
-            y = y * spec.scale
-        o_ref[0, h] = y.astype(dt)
+            r = jax.lax.rsqrt(ss * (1.0 / (n * k)) + spec.eps)
+            for h in range(n):
+                o_ref[0, h] = _finish(y_scr[h], spec, dt, r, nw_ref[pl.ds(h, 1), :], **rt)
 
 
 def rows_for(length: int, rows: Optional[int] = None) -> int:
@@ -143,28 +180,32 @@ def rows_for(length: int, rows: Optional[int] = None) -> int:
     return min(rows, -(-length // 8) * 8)
 
 
-def _fused(x, w, b, nw, cos, sin, spec: HeadProjection, interpret: bool):
+def _fused(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret: bool):
     bsz, length, d = x.shape
-    n, _, k = w.shape
-    rows = rows_for(length, spec.rows)
-    grid = (bsz, pl.cdiv(length, rows))
-    args = [x, w.astype(x.dtype)]
-    specs = [pl.BlockSpec((1, rows, d), lambda i, j: (i, j, 0)),
-             pl.BlockSpec((n, d, k), lambda i, j: (0, 0, 0))]
-    if b is not None:
-        args.append(b.reshape(n, k))
-        specs.append(pl.BlockSpec((n, k), lambda i, j: (0, 0)))
-    if spec.norm:
-        args.append(nw.astype(jnp.float32).reshape(n, k))
-        specs.append(pl.BlockSpec((n, k), lambda i, j: (0, 0)))
-    if spec.rope:
+    n, _, k = ws[0].shape
+    rows = rows_for(length, specs[0].rows)
+    args, in_specs = [x], [pl.BlockSpec((1, rows, d), lambda i, j: (i, j, 0))]
+    if pre_eps is not None:
+        for t in (mul, add):
+            args.append(jnp.broadcast_to(t.astype(jnp.float32), (bsz, 1, d)))
+            in_specs.append(pl.BlockSpec((1, 1, d), lambda i, j: (i, 0, 0)))
+    for w, b, nw, spec in zip(ws, bs, nws, specs):
+        args.append(w.astype(x.dtype))
+        in_specs.append(pl.BlockSpec((n, d, k), lambda i, j: (0, 0, 0)))
+        for t, dtype, on in ((b, b is not None and b.dtype, b is not None),
+                             (nw, jnp.float32, spec.norm)):
+            if on:
+                args.append(t.astype(dtype).reshape(n, k))
+                in_specs.append(pl.BlockSpec((n, k), lambda i, j: (0, 0)))
+    if any(s.rope for s in specs):
         args += [cos.astype(jnp.float32), sin.astype(jnp.float32)]
-        specs += [pl.BlockSpec((rows, k), lambda i, j: (j, 0))] * 2
-    kernel = functools.partial(_kernel, spec, n, k, b is not None)
+        in_specs += [pl.BlockSpec((rows, k), lambda i, j: (j, 0))] * 2
+    kernel = functools.partial(_kernel, specs, pre_eps, n, k, tuple(b is not None for b in bs))
+    out = jax.ShapeDtypeStruct((bsz, n, length, k), x.dtype)
     return pl.pallas_call(
-        kernel, grid=grid, in_specs=specs,
-        out_specs=pl.BlockSpec((1, n, rows, k), lambda i, j: (i, 0, j, 0)),
-        out_shape=jax.ShapeDtypeStruct((bsz, n, length, k), x.dtype),
+        kernel, grid=(bsz, pl.cdiv(length, rows)), in_specs=in_specs,
+        out_specs=[pl.BlockSpec((1, n, rows, k), lambda i, j: (i, 0, j, 0))] * len(specs),
+        out_shape=[out] * len(specs),
         scratch_shapes=[pltpu.VMEM((n, rows, k), x.dtype)],
         interpret=pltpu.InterpretParams() if interpret else False,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"),
@@ -172,34 +213,40 @@ def _fused(x, w, b, nw, cos, sin, spec: HeadProjection, interpret: bool):
     )(*args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _project(x, w, b, nw, cos, sin, spec, interpret):
-    return _fused(x, w, b, nw, cos, sin, spec, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
+def _project(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret):
+    return tuple(_fused(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret))
 
 
-def _project_fwd(x, w, b, nw, cos, sin, spec, interpret):
-    return _fused(x, w, b, nw, cos, sin, spec, interpret), (x, w, b, nw, cos, sin)
+def _project_fwd(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret):
+    return (_project(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret),
+            (x, ws, bs, nws, cos, sin, mul, add))
 
 
-def _project_bwd(spec, interpret, res, g):
-    _, vjp = jax.vjp(lambda *a: reference(*a, spec), *res)
-    return vjp(g)
+def _project_bwd(specs, pre_eps, interpret, res, g):
+    _, vjp = jax.vjp(lambda *a: reference_many(*a, specs, pre_eps), *res)
+    return vjp(tuple(g))
 
 
 _project.defvjp(_project_fwd, _project_bwd)
 
 
-def vmem_bytes(rows: int, n: int, d: int, k: int, rope: bool) -> int:
-    """VMEM a grid step holds (bf16): the whole ``[N, D, K]`` kernel and the blocks of x, the
-    output and the rotary tables, each double-buffered, and the heads' scratch."""
+def vmem_bytes(rows: int, n: int, d: int, k: int, rope: bool, count: int = 1,
+               pre: bool = False) -> int:
+    """VMEM a grid step holds (bf16): ``count`` whole ``[N, D, K]`` kernels and the blocks of
+    x, the outputs and the rotary tables, each double-buffered, the heads' scratch, and with
+    ``pre`` the input norm's float32 rows."""
     tables = 2 * 2 * rows * k * 4 if rope else 0
-    return 2 * 2 * (n * d * k + rows * d + n * rows * k) + 2 * n * rows * k + tables
+    norm = 2 * rows * d * 4 if pre else 0
+    return (2 * 2 * (count * n * d * k + rows * d + count * n * rows * k) + 2 * n * rows * k
+            + tables + norm)
 
 
-def why_not(x, w, spec: HeadProjection) -> Optional[str]:
+def why_not(x, w, spec: HeadProjection, count: int = 1, pre: bool = False) -> Optional[str]:
     """Why the kernel cannot run on these operands (None: it can): a dtype other than
-    bfloat16, a head dim or width off the TPU's 128 lanes, a kernel too large to stay in
-    VMEM beside its blocks (Wan 14B's ``[40, 5120, 128]``: 52 MB, twice)."""
+    bfloat16, a head dim or width off the TPU's 128 lanes, kernels too large to stay in
+    VMEM beside their blocks (Wan 14B's ``[40, 5120, 128]``: 52 MB, twice); ``count``
+    projections of one input, ``pre`` with its input norm (:func:`project_many`)."""
     n, d, k = w.shape
     if jnp.dtype(x.dtype) != jnp.bfloat16:
         return f"the compute dtype is {jnp.dtype(x.dtype).name}, not bfloat16"
@@ -207,11 +254,45 @@ def why_not(x, w, spec: HeadProjection) -> Optional[str]:
         return f"head dim {k} and width {d} must be multiples of {LANES}"
     if spec.rope and k % 2:
         return f"RoPE needs an even head dim, not {k}"
-    need = vmem_bytes(rows_for(x.shape[-2], spec.rows), n, d, k, spec.rope)
+    need = vmem_bytes(rows_for(x.shape[-2], spec.rows), n, d, k, spec.rope, count, pre)
     if need > VMEM_LIMIT * 3 // 4:
-        return (f"its [{n}, {d}, {k}] kernel and blocks need {need / 2**20:.0f} MiB of VMEM, "
+        return (f"{'its' if count == 1 else count} [{n}, {d}, {k}] kernel"
+                f"{'' if count == 1 else 's'} and blocks need {need / 2**20:.0f} MiB of VMEM, "
                 f"over {VMEM_LIMIT * 3 // 4 / 2**20:.0f}")
     return None
+
+
+def project_many(x, layers, rope=None, pre=None, *, interpret: bool = False) -> tuple:
+    """Several projections of one input ``x [B, L, D]`` in one kernel, each as
+    :func:`project_heads` computes it: ``layers`` a sequence of ``(w, b, nw, spec)``, the
+    same ``[N, D, K]`` shape (``rows`` from the first spec); ``pre`` = ``(mul, add, eps)``:
+    the input is first ``pre_norm(x, mul, add, eps)`` (``mul`` / ``add`` ``[D]`` or
+    ``[B, 1, D]``: one modulation per sample), normalized in VMEM and never written (Wan's
+    ``q, k, v`` from ``norm1`` with the adaLN terms; the cross-attention's query from
+    ``norm2``). Returns one ``[B, N, L, K]`` each."""
+    ws, bs, nws, specs = (tuple(t) for t in zip(*layers))
+    d = x.shape[-1]
+    problem = (why_not(x, ws[0], specs[0], len(ws), pre is not None)
+               or next((f"kernels {w.shape} and {ws[0].shape} differ" for w in ws
+                        if w.shape != ws[0].shape), None))
+    if problem:
+        raise ValueError(f"project_heads: {problem}; use the XLA projections")
+    if (any(s.norm != (nw is not None) for s, nw in zip(specs, nws))
+            or any(s.rope for s in specs) != (rope is not None)):
+        raise ValueError("project_heads: pass the norm's weight exactly when spec.norm, and "
+                         "the RoPE tables exactly when a spec has rope")
+    mul = add = pre_eps = None
+    if pre is not None:
+        mul, add, pre_eps = pre
+        for t in (mul, add):
+            if t.shape[-1] != d or t.ndim > 3 or (t.ndim == 3 and t.shape[1] != 1):
+                raise ValueError(f"project_heads: the input norm's terms are {t.shape}, not "
+                                 f"[{d}] or [B, 1, {d}] (per-token terms: apply pre_norm "
+                                 f"first)")
+        mul, add = (t.reshape((-1, 1, d)) for t in (mul, add))
+    cos, sin = rope if rope is not None else (None, None)
+    return _project(x, ws, bs, nws, cos, sin, mul, add, specs,
+                    None if pre_eps is None else float(pre_eps), bool(interpret))
 
 
 def project_heads(x, w, b=None, nw=None, rope=None, *, spec: HeadProjection,
@@ -219,15 +300,11 @@ def project_heads(x, w, b=None, nw=None, rope=None, *, spec: HeadProjection,
     """``x [B, L, D]`` through ``w [N, D, K]`` (+ ``b [N·K]``) → ``[B, N, L, K]`` with
     ``spec``'s norm (weight ``nw [N·K]``), RoPE (``rope`` = (cos, sin) ``[L, K]``) and scale,
     in one Pallas kernel (module docstring); ``interpret``: Pallas' interpreter (CPU)."""
-    problem = why_not(x, w, spec)
-    if problem:
-        raise ValueError(f"project_heads: {problem}; use the XLA projections")
-    if spec.norm != (nw is not None) or spec.rope != (rope is not None):
+    if spec.rope != (rope is not None):
         raise ValueError("project_heads: pass the norm's weight exactly when spec.norm, and "
                          "the RoPE tables exactly when spec.rope")
-    cos, sin = rope if rope is not None else (None, None)
-    return _project(x, w, b, nw, cos, sin, spec, bool(interpret))
+    return project_many(x, [(w, b, nw, spec)], rope, interpret=interpret)[0]
 
 
-__all__ = ["HeadProjection", "ROWS", "project_heads", "reference", "rms_across_heads",
-           "rows_for", "vmem_bytes", "why_not"]
+__all__ = ["HeadProjection", "ROWS", "pre_norm", "project_heads", "project_many", "reference",
+           "reference_many", "rms_across_heads", "rows_for", "vmem_bytes", "why_not"]

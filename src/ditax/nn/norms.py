@@ -20,6 +20,16 @@ class RMSNorm(nnx.Module):
         return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
+def layer_norm(x, eps: float):
+    """``x`` normalized over its last axis in float32 (mean 0, variance 1, no affine terms):
+    :class:`FP32LayerNorm`'s steps, and the fused projections' input norm's
+    (:mod:`ditax.nn.head_projection`)."""
+    xf = x.astype(jnp.float32)
+    mu = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
+    return (xf - mu) * jax.lax.rsqrt(var + eps)
+
+
 class FP32LayerNorm(nnx.Module):
     """LayerNorm computed in float32 (optionally affine); returns float32 like the reference."""
 
@@ -34,10 +44,7 @@ class FP32LayerNorm(nnx.Module):
             self.bias = None
 
     def __call__(self, x):
-        xf = x.astype(jnp.float32)
-        mu = jnp.mean(xf, axis=-1, keepdims=True)
-        var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
-        y = (xf - mu) * jax.lax.rsqrt(var + self.eps)
+        y = layer_norm(x, self.eps)
         if self.scale is not None:
             y = y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
         return y

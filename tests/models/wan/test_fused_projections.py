@@ -75,6 +75,83 @@ def test_kernel_equals_the_xla_path(spec, bias):
     assert _ulps(got, exact) <= 2.5, _ulps(got, exact)
 
 
+def _pre_inputs(seed, b=2, length=72, d=256):
+    """A residual stream's rows (offset and spread per token) and one sample's adaLN terms."""
+    ks = jax.random.split(jax.random.key(seed), 4)
+    x = (jax.random.normal(ks[0], (b, length, d)) * (1 + 3 * jax.random.uniform(
+        ks[1], (b, length, 1))) + 0.7).astype(jnp.bfloat16)
+    mul = 1.0 + 0.3 * jax.random.normal(ks[2], (b, 1, d))
+    add = 0.2 * jax.random.normal(ks[3], (b, 1, d))
+    return x, mul, add
+
+
+def _qkv_layers(w, b, nw, seed):
+    """q (norm, RoPE, scale), k (norm, RoPE, no bias), v (bare): three kernels of ``w``'s
+    shape."""
+    ws = [w] + [(jax.random.normal(jax.random.key(seed + i), w.shape) * w.shape[1] ** -0.5
+                 ).astype(w.dtype) for i in (1, 2)]
+    return [(ws[0], b, nw, HeadProjection(norm=True, rope=True, scale=128 ** -0.5, rows=32)),
+            (ws[1], None, nw * 0.9, HeadProjection(norm=True, rope=True, rows=32)),
+            (ws[2], b, None, HeadProjection(rows=32))]
+
+
+@pytest.mark.parametrize("per_sample", [True, False])
+def test_projections_of_the_normed_input_in_one_kernel(per_sample):
+    """q, k and v of the block's norm (``pre``: LayerNorm, then ``* mul + add`` — one sample's
+    adaLN terms ``[B, 1, D]``, or an affine norm's ``[D]``) in one kernel: each the XLA path's
+    values (the normed input rounded once, as the block rounds it) within two bfloat16 steps."""
+    from ditax.nn.head_projection import project_many, reference_many
+
+    x, w, b, nw, cos, sin = _inputs(11)
+    xr, mul, add = _pre_inputs(12)
+    if not per_sample:
+        mul, add = mul[0, 0], add[0, 0]
+    layers = _qkv_layers(w, b, nw, 13)
+    got = project_many(xr, layers, (cos, sin), (mul, add, 1e-6), interpret=True)
+    ws, bs, nws, specs = zip(*layers)
+    want = reference_many(xr, ws, bs, nws, cos, sin, mul, add, specs, 1e-6)
+    assert len(got) == 3
+    for g, r in zip(got, want):
+        assert g.shape == r.shape == (2, 2, 72, 128) and g.dtype == jnp.bfloat16
+        assert _ulps(g, r) <= 2.0, _ulps(g, r)
+    # the norm reached the products: the raw rows give other values
+    raw = reference_many(xr, ws, bs, nws, cos, sin, None, None, specs)
+    assert _ulps(raw[2], want[2]) > 50
+
+
+def test_normed_projections_gradient_is_the_references():
+    from ditax.nn.head_projection import project_many, reference_many
+
+    x, w, b, nw, cos, sin = _inputs(21)
+    xr, mul, add = _pre_inputs(22)
+    layers = _qkv_layers(w, b, nw, 23)
+    ws, bs, nws, specs = zip(*layers)
+    gs = jax.random.normal(jax.random.key(24), (3, 2, 2, 72, 128))
+
+    def loss(outs):
+        return sum(jnp.sum(o.astype(jnp.float32) * g) for o, g in zip(outs, gs))
+
+    fused = jax.grad(lambda x, m, a, w0: loss(project_many(
+        x, [(w0, b, nw, specs[0])] + layers[1:], (cos, sin), (m, a, 1e-6), interpret=True)),
+        argnums=(0, 1, 2, 3))
+    ref = jax.grad(lambda x, m, a, w0: loss(reference_many(
+        x, (w0,) + ws[1:], bs, nws, cos, sin, m, a, specs, 1e-6)), argnums=(0, 1, 2, 3))
+    for a, r in zip(fused(xr, mul, add, w), ref(xr, mul, add, w)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(r, np.float32))
+
+
+def test_normed_projections_refuse_per_token_terms():
+    from ditax.nn.head_projection import project_many
+
+    x, w, b, nw, cos, sin = _inputs(31)
+    xr, mul, add = _pre_inputs(32)
+    per_token = jnp.broadcast_to(mul, (2, 72, 256))
+    with pytest.raises(ValueError, match=r"terms are \(2, 72, 256\).*apply pre_norm first"):
+        project_many(xr, _qkv_layers(w, b, nw, 33), (cos, sin), (per_token, add, 1e-6))
+    with pytest.raises(ValueError, match="differ"):
+        project_many(xr, [(w, b, None, HeadProjection()), (w[:1], b, None, HeadProjection())])
+
+
 def test_row_blocks_divide_the_tokens_where_they_can():
     from ditax.nn.head_projection import rows_for
 
@@ -229,3 +306,58 @@ def test_image_attention_and_chunk_masked_calls_take_the_scaled_query():
     errs = [rel_err(a, b) for a, b in zip(outs["fused"], outs["xla"])]
     assert max(errs) <= 1e-2, errs
     assert rel_err(outs["xla"][1], outs["xla"][2]) > 10 * max(errs)   # the masks reached it
+
+
+def _pallas_outputs(jaxpr) -> list:
+    """The output counts of every ``pallas_call`` in ``jaxpr`` and the jaxprs inside it."""
+    found = []
+    for e in jaxpr.eqns:
+        if e.primitive.name == "pallas_call":
+            found.append(len(e.outvars))
+            continue
+        for v in e.params.values():
+            for sub in (v if isinstance(v, (tuple, list)) else [v]):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    found += _pallas_outputs(sub)
+    return sorted(found)
+
+
+def test_the_blocks_norm_runs_inside_the_kernel():
+    """A Wan layer given the block's norm (``pre``) instead of its normed input: with fused
+    projections self-attention's q, k and v come from one three-output kernel (the norm
+    inside it) and the cross-attention's query from another; each layer equals XLA's
+    projections, and XLA's own path equals the layer fed the normed input (the same ops)."""
+    from flax import nnx
+
+    from ditax.attention import resolve
+    from ditax.models.wan.attention import WanAttention
+    from ditax.models.wan.config import WanConfig
+    from ditax.nn.head_projection import pre_norm
+    from ditax.parallel.platform import Platform
+    from ditax.parallel.sharding import ShardingContext
+
+    cfg = WanConfig(num_attention_heads=2, attention_head_dim=128, dtype="bfloat16",
+                    param_dtype="float32")
+    xr, mul, add = _pre_inputs(41, b=1, length=256)
+    ks = jax.random.split(jax.random.key(42), 3)
+    cos, sin = (jnp.asarray(t) for t in pair_tables(np.asarray(
+        jax.random.uniform(ks[0], (256, 64), maxval=6.0))))
+    text = jax.random.normal(ks[1], (1, 24, 256)).astype(jnp.bfloat16)
+    affine = (1 + 0.2 * jax.random.normal(ks[2], (256,)), 0.1 * jnp.ones((256,)), 1e-6)
+    call = resolve("splash", dict(block_q=128, block_kv=128), platform=Platform("cpu"))
+    none = ShardingContext()
+    outs, kernels = {}, {}
+    for mode in ("fused", "xla"):
+        c = dataclasses.replace(cfg, projections=mode)
+        sa, ca = WanAttention(c, rngs=nnx.Rngs(1)), WanAttention(c, rngs=nnx.Rngs(2))
+        self_pre = lambda x: sa(x, None, call, none, rope=(cos, sin),  # noqa: E731
+                                pre=(mul, add, 1e-6))
+        outs[mode] = [np.asarray(o, np.float32) for o in (
+            self_pre(xr), ca(xr, text, call, none, pre=affine),
+            sa(pre_norm(xr, mul, add, 1e-6), None, call, none, rope=(cos, sin)))]
+        kernels[mode] = _pallas_outputs(jax.make_jaxpr(self_pre)(xr).jaxpr)
+    assert rel_err(outs["fused"][0], outs["xla"][0]) <= 1e-2
+    assert rel_err(outs["fused"][1], outs["xla"][1]) <= 1e-2
+    np.testing.assert_array_equal(outs["xla"][0], outs["xla"][2])
+    assert 3 in kernels["fused"] and 3 not in kernels["xla"], kernels

@@ -34,8 +34,8 @@ from ditax.attention import AttentionCall
 from ditax.errors import ConfigError
 from ditax.models.wan.config import WanConfig
 from ditax.nn import Linear, RMSNorm, apply_rope
-from ditax.nn.head_projection import (HeadProjection, project_heads, rms_across_heads,
-                                      why_not)
+from ditax.nn.head_projection import (HeadProjection, pre_norm, project_many,
+                                      rms_across_heads, why_not)
 from ditax.parallel.platform import platform_of
 from ditax.parallel.sharding import ShardingContext
 
@@ -116,13 +116,20 @@ class WanAttention(nnx.Module):
             self.norm_added_k = RMSNorm(d, cfg.eps, param_dtype=cfg.param_dtype)
 
     def __call__(self, x, ctx, attn: AttentionCall, sharding: ShardingContext, *, rope=None,
-                 kv_mask=None, image=None):
+                 kv_mask=None, image=None, pre=None):
         """x ``[B, Lq, D]``, ctx ``[B, Lk, D]`` → ``[B, Lq, D]``; ``image`` ``[B, S, D]`` the
         embedded image tokens (attention layers built with ``added_kv`` only), attended
         with ``attn`` too; ``sharding`` the model's context (constrains q, k, v and the
-        output); ``rope`` (cos, sin) ``[Lq, K]`` for self-attention."""
+        output); ``rope`` (cos, sin) ``[Lq, K]`` for self-attention. ``pre`` =
+        ``(mul, add, eps)``: the layer's input is
+        :func:`~ditax.nn.head_projection.pre_norm` of ``x`` (the block's norm; inside the
+        fused projections' kernel where they run), and ``ctx=None`` means that input too
+        (self-attention)."""
         if attn.reads_head_major:
-            return self._head_major(x, ctx, attn, sharding, rope, kv_mask, image)
+            return self._head_major(x, ctx, attn, sharding, rope, kv_mask, image, pre)
+        if pre is not None:
+            x = pre_norm(x, *pre)
+        ctx = x if ctx is None else ctx
         b, lq, _ = x.shape
         lk = ctx.shape[1]
         q = self.norm_q(self.to_q(x)).reshape(b, lq, self.heads, -1)
@@ -150,23 +157,19 @@ class WanAttention(nnx.Module):
         return self.to_out.from_heads(o)
 
     def _head_major(self, x, ctx, attn: AttentionCall, sharding: ShardingContext, rope,
-                    kv_mask, image):
+                    kv_mask, image, pre):
         """The layer in the head-major layout (module docstring): q/k/v ``[B, N, L, K]``
         from the projections, norm and RoPE in place, the output read by ``to_out``."""
         n = self.heads
         fused = fused_projections(self.projections, attn, sharding, x, self.to_q)
-        if fused is None:
-            q = rms_norm_heads(self.norm_q, self.to_q.to_head_major(x, n))
-            k = rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n))
-            if rope is not None:
-                q = apply_rope(q, *rope, head_major=True)
-                k = apply_rope(k, *rope, head_major=True)
-        else:   # the query carries the softmax scale (the calls below get scale=1.0)
-            q = self._project(self.to_q, self.norm_q, x, rope, fused, x.shape[-1] // n)
-            k = (self._project(self.to_k, self.norm_k, ctx, rope, fused) if rope is not None
-                 else rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n)))  # text
+        if fused is not None and self._pre_fits(x, ctx, rope, pre):
+            q, k, v = self._project_pre(x, ctx, rope, pre, fused)
+        else:
+            if pre is not None:
+                x = pre_norm(x, *pre)
+            ctx = x if ctx is None else ctx
+            q, k, v = self._qkv(x, ctx, rope, fused)
         scale = None if fused is None else 1.0
-        v = self.to_v.to_head_major(ctx, n)
         q = sharding.constrain(q, HEADS)
         if rope is not None:
             k = sharding.constrain(k, HEADS)
@@ -180,16 +183,69 @@ class WanAttention(nnx.Module):
         o = checkpoint_name(o, "attn_out")
         return self.to_out.from_head_major(o)
 
+    def _qkv(self, x, ctx, rope, fused):
+        """q / k / v head-major from the layer's input: XLA's (``fused`` None) or q and the
+        rotated k each through :func:`_project`'s kernel (the query scaled)."""
+        n = self.heads
+        if fused is None:
+            q = rms_norm_heads(self.norm_q, self.to_q.to_head_major(x, n))
+            k = rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n))
+            if rope is not None:
+                q = apply_rope(q, *rope, head_major=True)
+                k = apply_rope(k, *rope, head_major=True)
+        else:   # the query carries the softmax scale (the calls below get scale=1.0)
+            q = self._project(self.to_q, self.norm_q, x, rope, fused, x.shape[-1] // n)
+            k = (self._project(self.to_k, self.norm_k, ctx, rope, fused) if rope is not None
+                 else rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n)))  # text
+        return q, k, self.to_v.to_head_major(ctx, n)
+
+    def _layers(self, self_attention: bool, rope):
+        """The kernel's ``(w, b, nw, spec)`` for q (scaled by ``K ** -0.5``) and, in
+        self-attention, k (normed) and v (bare)."""
+        lins = [(self.to_q, self.norm_q)] + ([(self.to_k, self.norm_k), (self.to_v, None)]
+                                             if self_attention else [])
+        head_dim = self.to_q.kernel.shape[-1]
+        return [(lin.kernel[...], None if lin.bias is None else lin.bias[...],
+                 None if norm is None else norm.scale[...],
+                 HeadProjection(norm=norm is not None, eps=getattr(norm, "eps", 1e-6),
+                                rope=rope is not None and norm is not None,
+                                scale=head_dim ** -0.5 if lin is self.to_q else 1.0))
+                for lin, norm in lins]
+
     def _project(self, lin: Linear, norm: RMSNorm, x, rope, interpret: bool, head_dim=None):
         """``lin`` → ``norm`` (→ RoPE, with ``rope``) in one kernel
-        (:func:`~ditax.nn.head_projection.project_heads`); with ``head_dim`` the result also
+        (:func:`~ditax.nn.head_projection.project_many`); with ``head_dim`` the result also
         carries the softmax scale ``head_dim ** -0.5`` (a query; the call then gets
         ``scale=1.0``)."""
         spec = HeadProjection(norm=True, eps=norm.eps, rope=rope is not None,
                               scale=1.0 if head_dim is None else head_dim ** -0.5)
         b = None if lin.bias is None else lin.bias[...]
-        return project_heads(x.astype(lin.dtype), lin.kernel[...], b, norm.scale[...], rope,
-                             spec=spec, interpret=interpret)
+        return project_many(x.astype(lin.dtype), [(lin.kernel[...], b, norm.scale[...], spec)],
+                            rope, interpret=interpret)[0]
+
+    def _pre_fits(self, x, ctx, rope, pre) -> bool:
+        """Whether the block's norm ``pre`` runs inside the projections' kernel: the input in
+        the weights' dtype, one modulation per sample, and (self-attention: q, k and v in
+        one kernel) the three kernels fitting VMEM."""
+        if pre is None or x.dtype != self.to_q.dtype or any(
+                t.ndim == 3 and t.shape[1] != 1 for t in pre[:2]):
+            return False
+        if ctx is not None:
+            return True
+        if type(self.to_v) is not Linear or self.to_v.quant is not None:
+            return False
+        return why_not(x, self.to_q.kernel[...], HeadProjection(rope=rope is not None),
+                       count=3, pre=True) is None
+
+    def _project_pre(self, x, ctx, rope, pre, interpret: bool):
+        """q (cross-attention: k and v from ``ctx`` by XLA) or q, k, v (self-attention,
+        ``ctx`` None) from the block's norm of ``x`` in one kernel (module docstring)."""
+        outs = project_many(x, self._layers(ctx is None, rope), rope, pre, interpret=interpret)
+        if ctx is None:
+            return outs
+        n = self.heads
+        return (outs[0], rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n)),
+                self.to_v.to_head_major(ctx, n))
 
 
 __all__ = ["WanAttention", "rms_norm_heads"]

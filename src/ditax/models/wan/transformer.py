@@ -78,13 +78,16 @@ class WanBlock(nnx.Module):
         shift, scale, gate, c_shift, c_scale, c_gate = modulation(self.scale_shift_table[...],
                                                                   mod)
 
-        h = (self.norm1(x) * (1 + scale) + shift).astype(dt)
-        h = self.attn1(h, h, attn.self_attn, sharding, rope=rope, kv_mask=token_mask)
+        # norm1 with the adaLN terms (inside the fused projections' kernel where they run)
+        h = self.attn1(x, None, attn.self_attn, sharding, rope=rope, kv_mask=token_mask,
+                       pre=(1 + scale, shift, self.norm1.eps))
         x = (x.astype(jnp.float32) + h.astype(jnp.float32) * gate).astype(dt)
         x = sharding.constrain(x, ("act_batch", "act_seq", "act_embed"))
 
-        h = self.norm2(x).astype(dt) if self.cross_attn_norm else x
-        h = self.attn2(h, text, attn.cross_attn, sharding, kv_mask=text_mask, image=image)
+        pre = ((self.norm2.scale[...].astype(jnp.float32), self.norm2.bias[...].astype(
+            jnp.float32), self.norm2.eps) if self.cross_attn_norm else None)     # norm2
+        h = self.attn2(x, text, attn.cross_attn, sharding, kv_mask=text_mask, image=image,
+                       pre=pre)
         x = x + h.astype(dt)
 
         h = (self.norm3(x) * (1 + c_scale) + c_shift).astype(dt)
