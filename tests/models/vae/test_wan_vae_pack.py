@@ -143,6 +143,7 @@ def test_decoder_layers_pack_where_it_saves_passes(monkeypatch):
     norm = RMSNorm(96, dtype=jnp.float32)
     conv2 = CausalConv3d(192, 192, 3, padding=1, dtype=jnp.float32, rngs=nnx.Rngs(2))
     up = Conv2d(192, 96, 3, 1, ((1, 1), (1, 1)), rngs=nnx.Rngs(1), dtype=jnp.float32)
+    out = CausalConv3d(96, 3, 3, padding=1, dtype=jnp.float32, rngs=nnx.Rngs(3))   # conv_out
     k = jax.random.split(jax.random.key(9), 2)
     x = jax.random.normal(k[0], (1, 1, 6, 8, 128)) * (jnp.arange(128) < 96)
     x2 = jax.random.normal(k[1], (1, 1, 6, 8, 256)) * (jnp.arange(256) < 192)
@@ -153,8 +154,10 @@ def test_decoder_layers_pack_where_it_saves_passes(monkeypatch):
     for pack in (False, True):
         with jax.default_matmul_precision("highest"), fast_path(FastPath(True, pack)):
             outs.append((conv.fused(x, None, act=norm)[0], conv2.fused(x2, None)[0],
-                         up.upsampled(x2)))
-    assert packed == [(96, 3), (192, 3), (192, 1)]    # each layer ran the packed kernel
+                         up.upsampled(x2), out.fused(x, None)[0]))
+    # each layer ran the packed kernel but conv_out (narrow: never packed, FastPath.pack_for)
+    assert packed == [(96, 3), (192, 3), (192, 1)]
+    assert FastPath(pack=True).pack_for(96, narrow=True) is None
     for got, want in zip(outs[1], outs[0]):
         np.testing.assert_allclose(got, want, rtol=0, atol=5e-5)
 
@@ -219,7 +222,8 @@ def test_restricted_paths_trace_their_own_programs(monkeypatch):
         seen.clear()
         decode_chunk.eval_shape(graphdef, state, z, None, first=True, path=path)
         traced.append(sorted({p for p, _ in seen}, key=str))
-    assert traced == [[48, 96], [96, None], [48, None], [48, 96], []]
+    # None in every list: conv_out (96 → 3, the narrow form) never packs (FastPath.pack_for)
+    assert traced == [[48, 96, None], [96, None], [48, None], [48, 96, None], []]
 
 
 @pytest.mark.slow       # ~40 s interpreted (on top of the fast tier's ~12 s)

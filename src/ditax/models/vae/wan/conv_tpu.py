@@ -84,6 +84,12 @@ def sub_rows(ty: int, x: int, packed: bool = False) -> int:
     return max([r for r in fits if r * x % _ROW_ALIGN == 0] or fits)
 
 
+def narrow_channels(cout: int, act=None, residual=None, phases: bool = False) -> int:
+    """``cout`` where the kernel takes its narrow form (conv_out's 3 channels: the three
+    column taps side by side in one product's lanes, no epilogue), else 0."""
+    return cout if 3 * cout <= LANES and act is None and residual is None and not phases else 0
+
+
 def _lanes(c: int) -> int:
     return -(-c // LANES) * LANES
 
@@ -278,7 +284,7 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
     nby = height // ty
     sub = sub_rows(ty, x_len, pack is not None)
     dt = x.dtype
-    narrow = cout if 3 * cout <= LANES and act is None and residual is None and not phases else 0
+    narrow = narrow_channels(cout, act, residual, phases)
     if narrow:   # conv_out's 3 channels: the column taps side by side in one product's lanes
         w = jnp.concatenate([w[:, :, 1], w[:, :, 0], w[:, :, 2]], axis=-1)[:, :, None]
     whole = lambda *shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
@@ -348,4 +354,4 @@ def causal_conv3x3(x: jax.Array, cache: jax.Array | None, w: jax.Array, b: jax.A
     return y.reshape(bsz, frames, 2 * height, 2 * x_len, cout // 4) if phases else y
 
 
-__all__ = ["LANES", "block_rows", "causal_conv3x3", "sub_rows", "supported"]
+__all__ = ["LANES", "block_rows", "causal_conv3x3", "narrow_channels", "sub_rows", "supported"]

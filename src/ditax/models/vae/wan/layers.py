@@ -62,11 +62,15 @@ class FastPath:
         """Whether kernels of ``c`` real channels may pack: packing on, ``c`` in ``only``."""
         return self.pack and (self.only is None or c in self.only)
 
-    def pack_for(self, cin: int) -> int | None:
+    def pack_for(self, cin: int, narrow: bool = False) -> int | None:
         """The kernel's ``pack`` for ``cin`` real input channels: ``cin`` when packing is on
         (and ``cin`` in ``only``; 96: 7 MXU passes of 9 a column tap; 192: 14 of 18, 5 of 6 in
-        2-D; 384: 27 either way, in one product), else None."""
-        return cin if self.packs(cin) else None
+        2-D; 384: 27 either way, in one product), else None. Never for a ``narrow`` kernel
+        (``conv_out``, :func:`.conv_tpu.narrow_channels`): on a TPU v5e (JAX 0.10.2, libtpu
+        0.0.42.1) its packed form is right alone but 0.55 off inside the decode's compiled
+        program, on inputs that give the right values alone (``benchmarks/vae_capture.py``,
+        ``docs/tpu_v5e.md`` session 65); unpacked it is right in both."""
+        return cin if self.packs(cin) and not narrow else None
 
     def cols_for(self, cout: int) -> int | None:
         """The kernel's ``cols`` for ``cout`` real output channels (not ``phases``; only
@@ -195,7 +199,8 @@ class CausalConv3d(nnx.Module):
             cache = (jnp.zeros((x.shape[0], self.context, *x.shape[2:]), x.dtype) if cache is None
                      else pad_axis(cache.astype(x.dtype), 4, c))
             norm = None if act is None else (act.gamma_for(w.shape[-1]), act.scale)
-            pack = path.pack_for(self.weight.shape[3])   # cols need pack (a restricted path)
+            narrow = conv_tpu.narrow_channels(w.shape[-1], norm, residual) > 0
+            pack = path.pack_for(self.weight.shape[3], narrow)   # cols need pack
             cols = None if pack is None else path.cols_for(self.weight.shape[4])
             y = conv_tpu.causal_conv3x3(x, cache, w, b, act=norm, residual=residual,
                                         pack=pack, cols=cols,
