@@ -50,6 +50,9 @@ PATHS = ("auto", "plain", "fast", "interpret", "packed", "interpret-packed")
 #: docs/tpu_v5e.md); its values equal plain's with the kernels interpreted on CPU
 #: (tests/models/vae/test_wan_vae_fast.py) and compiled on a chip (tests/tpu/test_chip_vae.py)
 FAST_BY_DEFAULT = True
+#: whether ``auto``'s fast path packs the kernels' taps (``"packed"``; :class:`FastPath`
+#: ``pack``): not until the chip has the packed decode's 81 frames equal to the fast one's
+PACKED_BY_DEFAULT = False
 #: pixels of the decoder's top level per chunk that "auto" chunking aims at: 4 latent frames
 #: (16 frames) at 480x832 — each later chunk then costs one program launch and 2 cache frames
 #: per 16, and its temporaries stay at a few GB (on the fast path in bf16 about 1 KB a pixel a
@@ -91,7 +94,9 @@ def resolve_path(path: str | FastPath, device=None) -> str | FastPath:
                              f"is {platform}; set interpret=True to run them interpreted")
         return path
     if path == "auto":
-        return "fast" if platform == "tpu" and FAST_BY_DEFAULT else "plain"
+        if platform == "tpu" and FAST_BY_DEFAULT:
+            return "packed" if PACKED_BY_DEFAULT else "fast"
+        return "plain"
     if path in ("fast", "packed") and platform != "tpu":
         raise ValueError(f"WanVAE decode: path={path!r} runs Pallas TPU kernels and the platform "
                          f"is {platform}; use path='auto' (or 'interpret' to run the TPU program "
