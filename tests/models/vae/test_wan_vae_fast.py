@@ -191,7 +191,7 @@ def test_auto_path_follows_where_the_decode_runs(small):
 
     cpu = jax.devices("cpu")[0]
     with target_platform("tpu"):
-        assert resolve_path("auto") == "fast"
+        assert resolve_path("auto") == "packed"      # chunks.PACKED_BY_DEFAULT
         assert resolve_path("auto", cpu) == "plain"
         with pytest.raises(ValueError, match="platform is cpu"):
             resolve_path("fast", cpu)

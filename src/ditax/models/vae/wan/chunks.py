@@ -51,8 +51,9 @@ PATHS = ("auto", "plain", "fast", "interpret", "packed", "interpret-packed")
 #: (tests/models/vae/test_wan_vae_fast.py) and compiled on a chip (tests/tpu/test_chip_vae.py)
 FAST_BY_DEFAULT = True
 #: whether ``auto``'s fast path packs the kernels' taps (``"packed"``; :class:`FastPath`
-#: ``pack``): not until the chip has the packed decode's 81 frames equal to the fast one's
-PACKED_BY_DEFAULT = False
+#: ``pack``): yes since a v5e decoded 480x832x81 in bf16 packed as fast's frames (session 65,
+#: with conv_out unpacked: :meth:`FastPath.pack_for`; docs/tpu_v5e.md)
+PACKED_BY_DEFAULT = True
 #: pixels of the decoder's top level per chunk that "auto" chunking aims at: 4 latent frames
 #: (16 frames) at 480x832 — each later chunk then costs one program launch and 2 cache frames
 #: per 16, and its temporaries stay at a few GB (on the fast path in bf16 about 1 KB a pixel a
