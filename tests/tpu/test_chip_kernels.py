@@ -1,7 +1,8 @@
 """Every Pallas kernel on the chip against its jnp reference on the CPU (fresh random inputs):
 splash and flash forward and backward (the table's tiles, and tiles with compute sub-blocks,
 backward tiles of their own and masked keys), sage, the int8 x int8 Linear, host offload's
-streamed forward against the resident one, bit for bit, and VSA's table fine pass."""
+streamed forward against the resident one, bit for bit, VSA's table fine pass, and Wan's fused
+attention projections (q, k, v from the block's norm in one kernel)."""
 
 import jax
 import jax.numpy as jnp
@@ -185,3 +186,42 @@ def test_block_sparse_kernels_with_384_token_tiles(chip, host, rng, backend):
         return jnp.einsum("bnlt,btnk->blnk", jax.nn.softmax(s, axis=-1), up(v))
 
     _check_on_chip(chip, host, kernel, ref, q, k, v, mask)
+
+
+def test_fused_projections_of_the_normed_input(chip, host, rng):
+    """:func:`~ditax.nn.head_projection.project_many` compiled on the chip (q with norm, RoPE
+    and scale; k with norm and RoPE; v bare; the block's LayerNorm with one sample's adaLN
+    terms applied to the rows in VMEM) against :func:`reference_many` on the CPU: 640 tokens in
+    blocks of 320, two heads of 128; each output within four bfloat16 steps of the
+    reference's largest value."""
+    from ditax.nn.head_projection import HeadProjection, project_many, reference_many
+    from ditax.nn.rope import pair_tables
+
+    L, D, N, K = 640, 256, 2, 128
+    bf = lambda *s: (rng.standard_normal(s) * 0.5).astype(jnp.bfloat16)  # noqa: E731
+    x = (rng.standard_normal((1, L, D)) * 2 + 0.5).astype(jnp.bfloat16)
+    ws = [bf(N, D, K) / 8 for _ in range(3)]
+    b, nw = rng.standard_normal(N * K) * 0.2, 1 + 0.1 * rng.standard_normal(N * K)
+    mul, add = 1 + 0.2 * rng.standard_normal((1, 1, D)), 0.1 * rng.standard_normal((1, 1, D))
+    cos, sin = pair_tables(rng.uniform(0, 6, (L, K // 2)))
+    specs = (HeadProjection(norm=True, rope=True, scale=K ** -0.5),
+             HeadProjection(norm=True, rope=True), HeadProjection())
+    args = [np.asarray(a, np.float32) if a.dtype != jnp.bfloat16 else a
+            for a in (x, *ws, b, nw, cos, sin, mul, add)]
+
+    def fused(x, w0, w1, w2, b, nw, cos, sin, mul, add):
+        layers = [(w, bb, n_, s) for w, bb, n_, s in zip((w0, w1, w2), (b, None, b),
+                                                          (nw, nw, None), specs)]
+        return project_many(x, layers, (cos, sin), (mul, add, 1e-6),
+                            interpret=chip.platform == "cpu")    # DITAX_TPU_TESTS=cpu
+
+    def ref(x, w0, w1, w2, b, nw, cos, sin, mul, add):
+        return reference_many(x, (w0, w1, w2), (b, None, b), (nw, nw, None), cos, sin, mul,
+                              add, specs, 1e-6)
+
+    got = _run(chip, fused, *args)
+    want = _run(host, ref, *args)
+    for g, r in zip(got, want):
+        g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
+        assert g.shape == (1, N, L, K)
+        np.testing.assert_allclose(g, r, atol=4 * 2.0 ** -8 * np.abs(r).max())

@@ -40,9 +40,11 @@ def test_wan_vae_fast_path_on_the_chip_equals_the_cpus_plain_decode(chip, host):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_wan_vae_packed_path_on_the_chip_equals_the_fast_path(chip, dtype):
-    """``path="packed"`` (opt-in) against ``"fast"``, both on the chip. Session 62's 480p bf16
-    decode differed by 0.969 there (exact interpreted on CPU): latent rows of 104 pixels (the
-    480p latent's width), 10 of them, conv_in's 4 channels and 96 elsewhere packed. float32 at highest
+    """``path="packed"`` (``auto``'s on a TPU) against ``"fast"``, both on the chip. Session
+    62's 480p bf16 decode differed by 0.969 there (exact interpreted on CPU), from conv_out's
+    packed kernel inside the compiled decode (session 65; conv_out is now never packed):
+    latent rows of 104 pixels (the 480p latent's width), 10 of them, conv_in's 4 channels and
+    96 elsewhere packed. float32 at highest
     precision: within 1e-3; bfloat16: within 15% of the frames' range at most and 1% on
     average (bf16 roundings in another summation order; 0.969 is far outside)."""
     dt = jnp.dtype(dtype)
