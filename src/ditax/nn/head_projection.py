@@ -12,6 +12,12 @@ forward, and 9.3 ms for the cross-attention query's norm pass (``docs/tpu_v5e.md
 :class:`~ditax.nn.Linear` ``out_heads``), keeps the rows of every head in VMEM until their
 norm statistics are known, then scales, rotates and writes them.
 
+:func:`project_many` runs several projections of one input in one kernel and can take the
+block's norm with it (``pre``: a LayerNorm of the rows with one sample's ``* mul + add``, as
+Wan's ``norm1`` with its adaLN terms or its affine ``norm2``), computed on each row block in
+VMEM, so the normed input is never written: Wan's self-attention gets q, k and v from one
+three-output kernel, its cross-attention the query from another.
+
 Same values as the XLA path (:func:`reference`), rounded at the same points: the product
 and the bias in ``x.dtype``, the norm in float32 rounded once, RoPE in float32 rounded
 once, the softmax scale in float32 rounded once (the attention kernel's own pass). Only the
@@ -22,7 +28,9 @@ cross-attention q kernels 28.2, 27.7 and 25.6 ms a forward (~164 TFLOP/s for q) 
 projections with their norm statistics, RoPE and the query's norm pass took 128.8 ms. A
 software-pipelined variant (block ``j``'s products beside block ``j - 1``'s epilogue in one
 basic block, float32 kept from the accumulator in a double-buffered scratch) ran slower:
-30.9 ms for q and k.
+30.9 ms for q and k. Session 65, with the norms inside: q, k and v from norm1 75.9 ms where
+the two kernels, XLA's v and its normed input took 89.5 ms, the cross query 28.0 ms against
+34.8; the forward 1.6333 s (from 1.6564).
 
 The backward is the reference's (``jax.vjp`` of :func:`reference`, recomputed): the kernel
 is a forward speed-up; a training step differentiates the same function.

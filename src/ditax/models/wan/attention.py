@@ -52,8 +52,9 @@ def rms_norm_heads(norm: RMSNorm, x):
 
 
 def fused_projections(mode: str, attn, sharding: ShardingContext, x, lin: Linear):
-    """Whether this call's q / k projections run as one kernel each
-    (:mod:`ditax.nn.head_projection`, ``model.projections``): None for XLA's, else the
+    """Whether this call's projections run as Pallas kernels (:mod:`ditax.nn.head_projection`,
+    ``model.projections``: given the block's norm, self-attention's q, k and v in one kernel
+    and the cross-attention's query in another; else q and k one each): None for XLA's, else the
     kernel's ``interpret`` flag. ``auto``: on one TPU chip, bfloat16, a plain
     full-precision ``Linear`` (no 8-bit weights, no unmerged LoRA), 128-lane heads;
     ``fused``: there, or interpreted off a TPU (tests), else a :class:`ConfigError` naming
@@ -185,7 +186,7 @@ class WanAttention(nnx.Module):
 
     def _qkv(self, x, ctx, rope, fused):
         """q / k / v head-major from the layer's input: XLA's (``fused`` None) or q and the
-        rotated k each through :func:`_project`'s kernel (the query scaled)."""
+        rotated k each through the projection kernel (the query scaled)."""
         n = self.heads
         if fused is None:
             q = rms_norm_heads(self.norm_q, self.to_q.to_head_major(x, n))
@@ -194,34 +195,25 @@ class WanAttention(nnx.Module):
                 q = apply_rope(q, *rope, head_major=True)
                 k = apply_rope(k, *rope, head_major=True)
         else:   # the query carries the softmax scale (the calls below get scale=1.0)
-            q = self._project(self.to_q, self.norm_q, x, rope, fused, x.shape[-1] // n)
-            k = (self._project(self.to_k, self.norm_k, ctx, rope, fused) if rope is not None
-                 else rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n)))  # text
+            dt = self.to_q.dtype
+            q = project_many(x.astype(dt), self._layers("q", rope), rope, interpret=fused)[0]
+            k = (project_many(ctx.astype(dt), self._layers("k", rope), rope, interpret=fused)[0]
+                 if rope is not None     # text keys: XLA's
+                 else rms_norm_heads(self.norm_k, self.to_k.to_head_major(ctx, n)))
         return q, k, self.to_v.to_head_major(ctx, n)
 
-    def _layers(self, self_attention: bool, rope):
-        """The kernel's ``(w, b, nw, spec)`` for q (scaled by ``K ** -0.5``) and, in
-        self-attention, k (normed) and v (bare)."""
-        lins = [(self.to_q, self.norm_q)] + ([(self.to_k, self.norm_k), (self.to_v, None)]
-                                             if self_attention else [])
+    def _layers(self, names: str, rope):
+        """The projection kernel's ``(w, b, nw, spec)`` for each of ``names`` (``q``: normed,
+        rotated with ``rope``, scaled by ``K ** -0.5``; ``k``: normed, rotated; ``v``: bare)."""
         head_dim = self.to_q.kernel.shape[-1]
+        mods = {"q": (self.to_q, self.norm_q), "k": (self.to_k, self.norm_k),
+                "v": (self.to_v, None)}
         return [(lin.kernel[...], None if lin.bias is None else lin.bias[...],
                  None if norm is None else norm.scale[...],
                  HeadProjection(norm=norm is not None, eps=getattr(norm, "eps", 1e-6),
                                 rope=rope is not None and norm is not None,
-                                scale=head_dim ** -0.5 if lin is self.to_q else 1.0))
-                for lin, norm in lins]
-
-    def _project(self, lin: Linear, norm: RMSNorm, x, rope, interpret: bool, head_dim=None):
-        """``lin`` → ``norm`` (→ RoPE, with ``rope``) in one kernel
-        (:func:`~ditax.nn.head_projection.project_many`); with ``head_dim`` the result also
-        carries the softmax scale ``head_dim ** -0.5`` (a query; the call then gets
-        ``scale=1.0``)."""
-        spec = HeadProjection(norm=True, eps=norm.eps, rope=rope is not None,
-                              scale=1.0 if head_dim is None else head_dim ** -0.5)
-        b = None if lin.bias is None else lin.bias[...]
-        return project_many(x.astype(lin.dtype), [(lin.kernel[...], b, norm.scale[...], spec)],
-                            rope, interpret=interpret)[0]
+                                scale=head_dim ** -0.5 if name == "q" else 1.0))
+                for name, (lin, norm) in ((c, mods[c]) for c in names)]
 
     def _pre_fits(self, x, ctx, rope, pre) -> bool:
         """Whether the block's norm ``pre`` runs inside the projections' kernel: the input in
@@ -240,7 +232,8 @@ class WanAttention(nnx.Module):
     def _project_pre(self, x, ctx, rope, pre, interpret: bool):
         """q (cross-attention: k and v from ``ctx`` by XLA) or q, k, v (self-attention,
         ``ctx`` None) from the block's norm of ``x`` in one kernel (module docstring)."""
-        outs = project_many(x, self._layers(ctx is None, rope), rope, pre, interpret=interpret)
+        outs = project_many(x, self._layers("qkv" if ctx is None else "q", rope), rope, pre,
+                            interpret=interpret)
         if ctx is None:
             return outs
         n = self.heads
