@@ -158,9 +158,12 @@ def _cost(compiled) -> tuple[float, float]:
 
 
 def measure(height: int, width: int, frames: int, dtype: str = "bfloat16", variant: str = "fast",
-            repeats: int = 3, seed: int = 0, save: str | None = None, config=None) -> dict:
+            repeats: int = 3, seed: int = 0, save: str | None = None, config=None,
+            profile: bool = False) -> dict:
     """One variant's row: compile (timed), one first call, ``repeats`` timed decodes
-    (``config``: :func:`build_vae`'s, the full-size VAE by default)."""
+    (``config``: :func:`build_vae`'s, the full-size VAE by default); ``profile``: then one
+    more decode under the profiler, its device ops summed (``chip_profile.op_breakdown``:
+    the convolution kernels against XLA's own ops) in the row's ``profile``."""
     t_start = time.perf_counter()
     path, chunk = _variant(variant)
     wide = variant.partition("/")[2]   # "old/float32": the same values, computed wider
@@ -195,6 +198,11 @@ def measure(height: int, width: int, frames: int, dtype: str = "bfloat16", varia
         times.append(time.perf_counter() - t)
     if save:
         np.save(save, np.asarray(video.astype(jnp.float32)))
+    prof = None
+    if profile:
+        from chip_profile import op_breakdown
+
+        prof = op_breakdown(lambda: jax.block_until_ready(run()))
     estimate = None
     if path != "plain":   # the later chunk's estimated memory, as the automatic chunking sees it
         lat = (1, f_lat, y, x, cfg.z_dim)
@@ -209,7 +217,8 @@ def measure(height: int, width: int, frames: int, dtype: str = "bfloat16", varia
             "programs": sum(n for _, n in calls), "frames_per_chunk": programs.frames,
             "program_temp_bytes": temp, "peak_hbm_bytes": stats.get("peak_bytes_in_use"),
             "chunk_estimate_bytes": estimate,
-            "device": jax.devices()[0].device_kind, "wall_s": round(time.perf_counter() - t_start, 1)}
+            "device": jax.devices()[0].device_kind, "wall_s": round(time.perf_counter() - t_start, 1),
+            **({"profile": prof} if profile else {})}
 
 
 def _memory_row(name: str, compiled) -> dict:
@@ -274,7 +283,8 @@ def _child(args, variant: str, out: str, cache: str | None) -> dict:
     """Run one variant in a fresh process (bounded by ``args.timeout``); its JSON row."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--save", out,
            "--height", str(args.height), "--width", str(args.width), "--frames", str(args.frames),
-           "--dtype", args.dtype, "--repeats", str(args.repeats)]
+           "--dtype", args.dtype, "--repeats", str(args.repeats)] + (
+               ["--profile"] if args.profile else [])
     for flag, value in (("--block-elems", args.block_elems), ("--mxu-rows", args.mxu_rows)):
         if value:
             cmd += [flag, str(value)]
@@ -307,6 +317,8 @@ def main(argv=None) -> None:
     ap.add_argument("--bisect", action="store_true",
                     help=f"the variants {BISECT}: which part of the packed path differs")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", action="store_true",
+                    help="each variant's row also holds one decode's device-op profile")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per variant process")
     ap.add_argument("--block-elems", type=int, default=None,
                     help="the fast path's kernel block size (rows * X * C per step; "
@@ -343,7 +355,7 @@ def main(argv=None) -> None:
         return
     if args.child:
         row = measure(args.height, args.width, args.frames, args.dtype, args.child,
-                      args.repeats, save=args.save)
+                      args.repeats, save=args.save, profile=args.profile)
         row["block_elems"] = conv_tpu._TARGET_ELEMS
         row["mxu_rows"] = conv_tpu._MXU_ROWS
         print(json.dumps(row), flush=True)

@@ -35,7 +35,10 @@ def test_build_vae_is_a_module_of_its_dtype_with_the_float32_draws():
 
 @pytest.mark.parametrize("variant", ["fast", "packed-nocols@96"])
 def test_measure_fast_bf16(variant):
-    row = vae_decode.measure(8, 8, 5, "bfloat16", variant, repeats=1, config=SMALL)
+    row = vae_decode.measure(8, 8, 5, "bfloat16", variant, repeats=1, config=SMALL,
+                             profile=variant == "fast")
+    assert ("profile" in row) == (variant == "fast")   # --profile (device ops: none on a CPU)
+    assert isinstance(row.get("profile", {}), dict)
     assert row["path"] == {"fast": "interpret"}.get(variant, "interpret-" + variant)
     assert row["dtype"] == "bfloat16"
     assert row["value"] > 0 and row["times_s"] and row["programs"] == 2
