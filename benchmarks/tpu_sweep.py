@@ -259,7 +259,7 @@ def main() -> None:
     p.add_argument("--part", nargs="+", default=["attention", "int8"],
                    choices=["attention", "attention_bwd", "attention_quick", "cross",
                             "attention_quick_bwd", "flux2", "int8", "projections", "wan",
-                            "wan_fused", "wan_projections", "wan_splash"])
+                            "wan_fused", "wan_projections", "wan_splash", "wan_transposed"])
     # (PARTS, below, holds what each part runs)
     p.add_argument("--out", default=None)
     p.add_argument("--budget-s", type=float, default=300)
@@ -280,6 +280,21 @@ def _wan_projections(sw: Sweep, modes=("xla", "fused")) -> None:
                                            f"model.projections={mode}"],
                    (21, 60, 104), f"wan2.1-1.3b 480x832x81 splash projections={mode}",
                    profile=mode == "fused")
+
+
+def _wan_transposed(sw: Sweep) -> None:
+    """The fused forward with the hidden state handed to the kernels transposed
+    (``head_projection.TRANSPOSED_INPUT``: may XLA keep it features-major?), profiled."""
+    from ditax.nn import head_projection
+
+    head_projection.TRANSPOSED_INPUT = True
+    try:
+        model_case(sw, "wan2.1-t2v-1.3b", ["model.dtype=bfloat16", "attention.backend=splash",
+                                           "model.projections=fused"], (21, 60, 104),
+                   "wan2.1-1.3b 480x832x81 splash projections=fused, hidden state transposed",
+                   profile=True)
+    finally:
+        head_projection.TRANSPOSED_INPUT = False
 
 
 def _wan(sw: Sweep, backends) -> None:
@@ -322,6 +337,7 @@ PARTS = {
     "projections": lambda sw: projection_cases(sw, 32768, 12, (256, 512, 1024)),
     "wan_projections": _wan_projections,
     "wan_fused": lambda sw: _wan_projections(sw, ("fused",)),
+    "wan_transposed": _wan_transposed,
     "wan": lambda sw: _wan(sw, ("splash", "flash")),
     "wan_splash": lambda sw: _wan(sw, ("splash",)),
 }

@@ -54,6 +54,12 @@ LANES = 128
 #: token rows a grid step; fewer where the length is shorter (a multiple of 8)
 ROWS = 512
 VMEM_LIMIT = 96 * 2**20
+#: whether Wan's layers hand the kernels their hidden state transposed (``[B, D, L]``,
+#: :func:`project_many` ``transposed``), so that XLA may keep it features-major (``{1,2,0}``,
+#: its choice without the kernels: the FFN's down projection 143 ms a 480p forward on a v5e
+#: against 161 ms rows-major, session 64). Off until the chip has timed it
+#: (``benchmarks/tpu_sweep.py --part wan_transposed`` turns it on for its case).
+TRANSPOSED_INPUT = False
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,7 @@ def _finish(y, spec: HeadProjection, dt, r=None, nw=None, cos=None, sin=None):
     return y.astype(dt)
 
 
-def _kernel(specs, pre_eps, n: int, k: int, has_bias, *refs):
+def _kernel(specs, pre_eps, transposed: bool, n: int, k: int, has_bias, *refs):
     refs = list(refs)
     x_ref = refs.pop(0)
     m_ref, a_ref = (refs.pop(0), refs.pop(0)) if pre_eps is not None else (None, None)
@@ -148,6 +154,9 @@ def _kernel(specs, pre_eps, n: int, k: int, has_bias, *refs):
     outs, y_scr = refs[:len(specs)], refs[len(specs)]
     dt = outs[0].dtype
     x = x_ref[0]                                               # [rows, D]
+    if transposed:         # [D, rows] read: transposed in float32 (exact), rows-major after
+        x = x.astype(jnp.float32).T
+        x = x if pre_eps is not None else x.astype(dt)
     if pre_eps is not None:                                    # pre_norm's steps
         xf = x.astype(jnp.float32)
         c = xf - jnp.mean(xf, axis=1, keepdims=True)
@@ -175,24 +184,33 @@ def _kernel(specs, pre_eps, n: int, k: int, has_bias, *refs):
                 o_ref[0, h] = _finish(y_scr[h], spec, dt, r, nw_ref[pl.ds(h, 1), :], **rt)
 
 
-def rows_for(length: int, rows: Optional[int] = None) -> int:
+def rows_for(length: int, rows: Optional[int] = None, unit: int = 16) -> int:
     """Token rows a grid step: ``rows`` (a multiple of 8) clipped to the length rounded up to
-    8; by default the largest multiple of 16 (bf16's sublane tile) up to :data:`ROWS` that
-    divides the length, when one of at least 128 does (720p's 75,600 tokens: 432), else
-    :data:`ROWS` with a partial last block."""
+    8; by default the largest multiple of ``unit`` (16: bf16's sublane tile; 128 where the
+    tokens lie along lanes, a transposed input) up to :data:`ROWS` that divides the length,
+    when one of at least 128 does (720p's 75,600 tokens: 432), else :data:`ROWS` with a
+    partial last block."""
     if rows is None:
-        fit = [r for r in range(ROWS, 127, -16) if length % r == 0]
+        fit = [r for r in range(ROWS, 127, -unit) if length % r == 0]
         rows = fit[0] if fit else ROWS
-    if rows % 8:
-        raise ValueError(f"rows={rows} must be a multiple of 8")
+    if rows % (8 if unit == 16 else unit):
+        raise ValueError(f"rows={rows} must be a multiple of {8 if unit == 16 else unit}")
+    if unit != 16:
+        return rows if rows < length else length
     return min(rows, -(-length // 8) * 8)
 
 
-def _fused(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret: bool):
-    bsz, length, d = x.shape
+def _fused(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, transposed: bool,
+           interpret: bool):
+    if transposed:      # x [B, D, L]: blocks of whole 128-lane columns of tokens
+        bsz, d, length = x.shape
+        rows = rows_for(length, specs[0].rows, LANES)
+        args, in_specs = [x], [pl.BlockSpec((1, d, rows), lambda i, j: (i, 0, j))]
+    else:
+        bsz, length, d = x.shape
+        rows = rows_for(length, specs[0].rows)
+        args, in_specs = [x], [pl.BlockSpec((1, rows, d), lambda i, j: (i, j, 0))]
     n, _, k = ws[0].shape
-    rows = rows_for(length, specs[0].rows)
-    args, in_specs = [x], [pl.BlockSpec((1, rows, d), lambda i, j: (i, j, 0))]
     if pre_eps is not None:
         for t in (mul, add):
             args.append(jnp.broadcast_to(t.astype(jnp.float32), (bsz, 1, d)))
@@ -208,7 +226,8 @@ def _fused(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret: bool):
     if any(s.rope for s in specs):
         args += [cos.astype(jnp.float32), sin.astype(jnp.float32)]
         in_specs += [pl.BlockSpec((rows, k), lambda i, j: (j, 0))] * 2
-    kernel = functools.partial(_kernel, specs, pre_eps, n, k, tuple(b is not None for b in bs))
+    kernel = functools.partial(_kernel, specs, pre_eps, transposed, n, k,
+                               tuple(b is not None for b in bs))
     out = jax.ShapeDtypeStruct((bsz, n, length, k), x.dtype)
     return pl.pallas_call(
         kernel, grid=(bsz, pl.cdiv(length, rows)), in_specs=in_specs,
@@ -221,18 +240,22 @@ def _fused(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret: bool):
     )(*args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
-def _project(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret):
-    return tuple(_fused(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11))
+def _project(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, transposed, interpret):
+    return tuple(_fused(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, transposed,
+                        interpret))
 
 
-def _project_fwd(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret):
-    return (_project(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, interpret),
+def _project_fwd(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, transposed, interpret):
+    return (_project(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, transposed, interpret),
             (x, ws, bs, nws, cos, sin, mul, add))
 
 
-def _project_bwd(specs, pre_eps, interpret, res, g):
-    _, vjp = jax.vjp(lambda *a: reference_many(*a, specs, pre_eps), *res)
+def _project_bwd(specs, pre_eps, transposed, interpret, res, g):
+    def ref(x, *a):
+        return reference_many(jnp.swapaxes(x, 1, 2) if transposed else x, *a, specs, pre_eps)
+
+    _, vjp = jax.vjp(ref, *res)
     return vjp(tuple(g))
 
 
@@ -270,17 +293,22 @@ def why_not(x, w, spec: HeadProjection, count: int = 1, pre: bool = False) -> Op
     return None
 
 
-def project_many(x, layers, rope=None, pre=None, *, interpret: bool = False) -> tuple:
+def project_many(x, layers, rope=None, pre=None, *, transposed: bool = False,
+                 interpret: bool = False) -> tuple:
     """Several projections of one input ``x [B, L, D]`` in one kernel, each as
     :func:`project_heads` computes it: ``layers`` a sequence of ``(w, b, nw, spec)``, the
     same ``[N, D, K]`` shape (``rows`` from the first spec); ``pre`` = ``(mul, add, eps)``:
     the input is first ``pre_norm(x, mul, add, eps)`` (``mul`` / ``add`` ``[D]`` or
     ``[B, 1, D]``: one modulation per sample), normalized in VMEM and never written (Wan's
     ``q, k, v`` from ``norm1`` with the adaLN terms; the cross-attention's query from
-    ``norm2``). Returns one ``[B, N, L, K]`` each."""
+    ``norm2``). ``transposed``: ``x`` is given as ``[B, D, L]`` (the kernel transposes each
+    block in VMEM; where XLA keeps the hidden state features-major, ``{1,2,0}``, that view is
+    free: :data:`TRANSPOSED_INPUT`). Returns one ``[B, N, L, K]`` each."""
     ws, bs, nws, specs = (tuple(t) for t in zip(*layers))
-    d = x.shape[-1]
-    problem = (why_not(x, ws[0], specs[0], len(ws), pre is not None)
+    shape = (x.shape[0], x.shape[2], x.shape[1]) if transposed else x.shape   # [B, L, D]
+    d = shape[-1]
+    problem = (why_not(jax.ShapeDtypeStruct(shape, x.dtype), ws[0], specs[0], len(ws),
+                       pre is not None)
                or next((f"kernels {w.shape} and {ws[0].shape} differ" for w in ws
                         if w.shape != ws[0].shape), None))
     if problem:
@@ -300,7 +328,8 @@ def project_many(x, layers, rope=None, pre=None, *, interpret: bool = False) -> 
         mul, add = (t.reshape((-1, 1, d)) for t in (mul, add))
     cos, sin = rope if rope is not None else (None, None)
     return _project(x, ws, bs, nws, cos, sin, mul, add, specs,
-                    None if pre_eps is None else float(pre_eps), bool(interpret))
+                    None if pre_eps is None else float(pre_eps), bool(transposed),
+                    bool(interpret))
 
 
 def project_heads(x, w, b=None, nw=None, rope=None, *, spec: HeadProjection,
@@ -314,5 +343,5 @@ def project_heads(x, w, b=None, nw=None, rope=None, *, spec: HeadProjection,
     return project_many(x, [(w, b, nw, spec)], rope, interpret=interpret)[0]
 
 
-__all__ = ["HeadProjection", "ROWS", "pre_norm", "project_heads", "project_many", "reference",
+__all__ = ["HeadProjection", "ROWS", "TRANSPOSED_INPUT", "pre_norm", "project_heads", "project_many", "reference",
            "reference_many", "rms_across_heads", "rows_for", "vmem_bytes", "why_not"]

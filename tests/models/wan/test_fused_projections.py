@@ -119,6 +119,35 @@ def test_projections_of_the_normed_input_in_one_kernel(per_sample):
     assert _ulps(raw[2], want[2]) > 50
 
 
+def test_transposed_input_gives_the_same_values_and_gradient():
+    """``transposed=True``: the hidden state handed over ``[B, D, L]`` (blocks of 128 token
+    columns, transposed in VMEM) gives the rows-major call's values (the norm's float32 sums
+    in another order: a few elements one bfloat16 step apart), and its gradient is the
+    reference's (through the transpose)."""
+    from ditax.nn.head_projection import project_many, reference_many
+
+    x, w, b, nw, cos, sin = _inputs(51, length=256)
+    xr, mul, add = _pre_inputs(52, length=256)
+    layers = [(l[0], l[1], l[2], dataclasses.replace(l[3], rows=128))
+              for l in _qkv_layers(w, b, nw, 53)]
+    pre = (mul, add, 1e-6)
+    rows = project_many(xr, layers, (cos, sin), pre, interpret=True)
+    cols = project_many(jnp.swapaxes(xr, 1, 2), layers, (cos, sin), pre, transposed=True,
+                        interpret=True)
+    for a, r in zip(cols, rows):
+        assert _ulps(a, r) <= 1.0, _ulps(a, r)
+        assert float(np.mean(np.asarray(a) != np.asarray(r))) < 1e-3
+    ws, bs, nws, specs = zip(*layers)
+    g = jax.random.normal(jax.random.key(54), (2, 2, 256, 128))
+    got = jax.grad(lambda xt: jnp.sum(project_many(
+        xt, layers, (cos, sin), pre, transposed=True, interpret=True)[2].astype(
+        jnp.float32) * g))(jnp.swapaxes(xr, 1, 2))
+    want = jax.grad(lambda x: jnp.sum(reference_many(
+        x, ws, bs, nws, cos, sin, mul, add, specs, 1e-6)[2].astype(jnp.float32) * g))(xr)
+    np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                  np.asarray(jnp.swapaxes(want, 1, 2), np.float32))
+
+
 def test_normed_projections_gradient_is_the_references():
     from ditax.nn.head_projection import project_many, reference_many
 
@@ -361,3 +390,36 @@ def test_the_blocks_norm_runs_inside_the_kernel():
     assert rel_err(outs["fused"][1], outs["xla"][1]) <= 1e-2
     np.testing.assert_array_equal(outs["xla"][0], outs["xla"][2])
     assert 3 in kernels["fused"] and 3 not in kernels["xla"], kernels
+
+
+@pytest.mark.slow   # the kernel's own transposed test is in the fast tier
+def test_wan_layer_hands_the_kernels_its_hidden_state_transposed(monkeypatch):
+    """``head_projection.TRANSPOSED_INPUT``: a Wan layer's fused self- and cross-attention
+    given the block's norm read the hidden state as ``[B, D, L]`` — the rows-major output
+    within bfloat16 rounding (the norm's sums in another order)."""
+    from flax import nnx
+
+    from ditax.attention import resolve
+    from ditax.models.wan.attention import WanAttention
+    from ditax.models.wan.config import WanConfig
+    from ditax.nn import head_projection
+    from ditax.parallel.platform import Platform
+    from ditax.parallel.sharding import ShardingContext
+
+    cfg = WanConfig(num_attention_heads=2, attention_head_dim=128, dtype="bfloat16",
+                    param_dtype="float32", projections="fused")
+    xr, mul, add = _pre_inputs(61, b=1, length=256)
+    cos, sin = (jnp.asarray(t) for t in pair_tables(np.asarray(
+        jax.random.uniform(jax.random.key(62), (256, 64), maxval=6.0))))
+    text = jax.random.normal(jax.random.key(63), (1, 24, 256)).astype(jnp.bfloat16)
+    call = resolve("splash", dict(block_q=128, block_kv=128), platform=Platform("cpu"))
+    sa, ca = WanAttention(cfg, rngs=nnx.Rngs(1)), WanAttention(cfg, rngs=nnx.Rngs(2))
+    outs = {}
+    for t in (False, True):
+        monkeypatch.setattr(head_projection, "TRANSPOSED_INPUT", t)
+        outs[t] = [np.asarray(o, np.float32) for o in (
+            sa(xr, None, call, ShardingContext(), rope=(cos, sin), pre=(mul, add, 1e-6)),
+            ca(xr, text, call, ShardingContext(), pre=(mul[0, 0], add[0, 0], 1e-6)))]
+    for a, b in zip(outs[True], outs[False]):
+        assert rel_err(a, b) <= 2e-3, rel_err(a, b)
+    assert rel_err(outs[True][0], outs[True][1]) > 0.1      # two different layers

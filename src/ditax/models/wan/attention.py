@@ -34,6 +34,7 @@ from ditax.attention import AttentionCall
 from ditax.errors import ConfigError
 from ditax.models.wan.config import WanConfig
 from ditax.nn import Linear, RMSNorm, apply_rope
+from ditax.nn import head_projection
 from ditax.nn.head_projection import (HeadProjection, pre_norm, project_many,
                                       rms_across_heads, why_not)
 from ditax.parallel.platform import platform_of
@@ -232,8 +233,10 @@ class WanAttention(nnx.Module):
     def _project_pre(self, x, ctx, rope, pre, interpret: bool):
         """q (cross-attention: k and v from ``ctx`` by XLA) or q, k, v (self-attention,
         ``ctx`` None) from the block's norm of ``x`` in one kernel (module docstring)."""
-        outs = project_many(x, self._layers("qkv" if ctx is None else "q", rope), rope, pre,
-                            interpret=interpret)
+        t = head_projection.TRANSPOSED_INPUT         # read when traced (module docstring)
+        outs = project_many(jnp.swapaxes(x, 1, 2) if t else x,
+                            self._layers("qkv" if ctx is None else "q", rope), rope, pre,
+                            transposed=t, interpret=interpret)
         if ctx is None:
             return outs
         n = self.heads
