@@ -11,6 +11,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEMO = ROOT / "src" / "ditax" / "assets" / "demo_model"
 
@@ -25,6 +27,7 @@ def _bench(tmp_path, *flags) -> list[dict]:
     return [json.loads(x) for x in open(out) if x.strip()]
 
 
+@pytest.mark.slow   # 10 s: a whole ditax generate of the demo folder
 def test_overrides_reach_generate_and_its_rows(tmp_path):
     rows = _bench(tmp_path, "--override", "model.vae_dtype=bfloat16", "--override",
                   "sample.cfg_mode=sequential")

@@ -29,6 +29,7 @@ class Rows:
         self.rows.append(dict(case=name, flops=flops, **settings))
 
 
+@pytest.mark.slow   # 9 s: every case interpreted
 def test_the_cases_run_at_a_tiny_shape():
     sw = Rows()
     vsa_table.vsa_cases(sw, grid=(3, 6, 6), tile=(2, 2, 2), heads=2, head_dim=16,

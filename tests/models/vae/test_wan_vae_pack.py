@@ -199,6 +199,7 @@ def test_restricted_fast_path_packs_only_where_asked(monkeypatch):
     np.testing.assert_array_equal(outs[1], outs[0])
 
 
+@pytest.mark.slow   # 8 s: five decode traces (a diagnosis path)
 def test_restricted_paths_trace_their_own_programs(monkeypatch):
     """``decode_chunk`` with a :class:`FastPath` as ``path``: each restriction traces its own
     program (no jit cache hit on another's), packing only the kernels of the widths named

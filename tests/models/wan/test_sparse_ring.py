@@ -179,6 +179,7 @@ def test_wan_on_a_ring_equals_one_device(backend, sparse, grads, rng):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5 * max(np.abs(b).max(), 1e-3))
 
 
+@pytest.mark.slow   # 9 s
 def test_wan_on_a_splash_ring_equals_one_device(rng):
     """splash as the ring's local kernel (forward: its log-sum-exp has no VJP), 128-token
     tiles: 8 x 2 x 1 tiles of 1 x 4 x 32, two a context shard."""
