@@ -20,7 +20,10 @@ from family_scope import families_restored
 
 pytestmark = pytest.mark.usefixtures("fast_compile")
 
-HAS = [(v, c) for v, row in VARIANTS.items() for c in ALL_CAPS if c in row.caps]
+#: the capabilities whose check takes longest (6-9 s each): in the slow tier
+SLOW_CAPS = {("ltx2", "batch"), ("wan-animate", "generate")}
+HAS = [pytest.param(v, c, marks=pytest.mark.slow) if (v, c) in SLOW_CAPS else (v, c)
+       for v, row in VARIANTS.items() for c in ALL_CAPS if c in row.caps]
 LACKS = [(v, c) for v, row in VARIANTS.items() for c in ("serve", "batch", *FAMILY_CAPS)
          if c not in row.caps]
 TORCH_BUILT = {"wan-i2v", "wan-ti2v", "wan-vace", "wan-animate"}

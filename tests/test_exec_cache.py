@@ -76,7 +76,8 @@ def _placements():
             "mesh": NamedSharding(Mesh(np.array(devices[:2]), ("data",)), PartitionSpec("data"))}
 
 
-@pytest.mark.parametrize("placement", ["uncommitted", "device 3", "mesh"])
+@pytest.mark.parametrize("placement", [pytest.param("uncommitted", marks=pytest.mark.slow),
+                                       "device 3", "mesh"])
 def test_second_process_loads_without_tracing(tmp_path, placement):
     sharding = _placements()[placement]
     with compile_cache(tmp_path):

@@ -22,7 +22,8 @@ def test_groups_are_consecutive_runs_within_the_budget():
     assert all(sum(sizes[i] for i in g) <= 60 or len(g) == 1 for g in groups)
 
 
-@pytest.mark.parametrize("extra", [[], ["model.quantize=int8", "model.offload=host"]])
+@pytest.mark.parametrize("extra", [pytest.param([], marks=pytest.mark.slow),   # 9 s
+                                   ["model.quantize=int8", "model.offload=host"]])
 def test_grouped_init_draws_the_one_program_values_in_place(extra, monkeypatch):
     """A tiny Wan sharded over 2 devices (fsdp), in groups of at most 64 KiB and draws in
     chunks of 4096 elements: many programs, and every parameter equals the plain jitted

@@ -196,7 +196,8 @@ def test_wan_on_a_splash_ring_equals_one_device(rng):
 @pytest.mark.parametrize("backend, mesh, sparse, frames, grads", [
     pytest.param("ring", {"context": 8}, SLIDING, 3, True,    # 3 x 2 x 2 = 12 tiles -> 16
                  marks=pytest.mark.slow),                     # (28 s)
-    ("ulysses", {"fsdp": 2, "context": 4}, RADIAL, 5, False),  # 5 x 2 x 2 = 20 (divides)
+    pytest.param("ulysses", {"fsdp": 2, "context": 4}, RADIAL, 5, False,   # 20 (divides)
+                 marks=pytest.mark.slow),                     # (8 s)
     pytest.param("ulysses_ring", {"context": 8}, RADIAL, 5, False,   # 20 -> 24 (R 4 x U 2)
                  marks=pytest.mark.slow),
 ])

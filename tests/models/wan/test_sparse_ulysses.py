@@ -22,6 +22,7 @@ def _inputs(rng, f, y, x, b=2):
             rng.standard_normal((b, 7, 24)).astype(np.float32))
 
 
+@pytest.mark.slow   # 9 s (radial under a ring with Ulysses inside stays fast: test_sparse_ring)
 def test_sliding_tile_under_ulysses_equals_one_device(rng):
     """Grid 2 x 7 x 32 in 1 x 4 x 32 tiles (128 tokens, one splash block each; rows padded):
     2 x 2 x 1 = 4 tiles, one a context shard."""
