@@ -193,11 +193,10 @@ def rows_for(length: int, rows: Optional[int] = None, unit: int = 16) -> int:
     if rows is None:
         fit = [r for r in range(ROWS, 127, -unit) if length % r == 0]
         rows = fit[0] if fit else ROWS
-    if rows % (8 if unit == 16 else unit):
-        raise ValueError(f"rows={rows} must be a multiple of {8 if unit == 16 else unit}")
-    if unit != 16:
-        return rows if rows < length else length
-    return min(rows, -(-length // 8) * 8)
+    step = 8 if unit == 16 else unit      # a block's rows: sublanes (8) or whole lanes
+    if rows % step:
+        raise ValueError(f"rows={rows} must be a multiple of {step}")
+    return min(rows, -(-length // 8) * 8) if unit == 16 else min(rows, length)
 
 
 def _fused(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, transposed: bool,
@@ -215,14 +214,16 @@ def _fused(x, ws, bs, nws, cos, sin, mul, add, specs, pre_eps, transposed: bool,
         for t in (mul, add):
             args.append(jnp.broadcast_to(t.astype(jnp.float32), (bsz, 1, d)))
             in_specs.append(pl.BlockSpec((1, 1, d), lambda i, j: (i, 0, 0)))
+    per_head = pl.BlockSpec((n, k), lambda i, j: (0, 0))
     for w, b, nw, spec in zip(ws, bs, nws, specs):
         args.append(w.astype(x.dtype))
         in_specs.append(pl.BlockSpec((n, d, k), lambda i, j: (0, 0, 0)))
-        for t, dtype, on in ((b, b is not None and b.dtype, b is not None),
-                             (nw, jnp.float32, spec.norm)):
-            if on:
-                args.append(t.astype(dtype).reshape(n, k))
-                in_specs.append(pl.BlockSpec((n, k), lambda i, j: (0, 0)))
+        if b is not None:
+            args.append(b.reshape(n, k))
+            in_specs.append(per_head)
+        if spec.norm:
+            args.append(nw.astype(jnp.float32).reshape(n, k))
+            in_specs.append(per_head)
     if any(s.rope for s in specs):
         args += [cos.astype(jnp.float32), sin.astype(jnp.float32)]
         in_specs += [pl.BlockSpec((rows, k), lambda i, j: (j, 0))] * 2
@@ -316,7 +317,7 @@ def project_many(x, layers, rope=None, pre=None, *, transposed: bool = False,
     if (any(s.norm != (nw is not None) for s, nw in zip(specs, nws))
             or any(s.rope for s in specs) != (rope is not None)):
         raise ValueError("project_heads: pass the norm's weight exactly when spec.norm, and "
-                         "the RoPE tables exactly when a spec has rope")
+                         "the RoPE tables exactly when spec.rope (in any of the layers)")
     mul = add = pre_eps = None
     if pre is not None:
         mul, add, pre_eps = pre
@@ -337,11 +338,9 @@ def project_heads(x, w, b=None, nw=None, rope=None, *, spec: HeadProjection,
     """``x [B, L, D]`` through ``w [N, D, K]`` (+ ``b [N·K]``) → ``[B, N, L, K]`` with
     ``spec``'s norm (weight ``nw [N·K]``), RoPE (``rope`` = (cos, sin) ``[L, K]``) and scale,
     in one Pallas kernel (module docstring); ``interpret``: Pallas' interpreter (CPU)."""
-    if spec.rope != (rope is not None):
-        raise ValueError("project_heads: pass the norm's weight exactly when spec.norm, and "
-                         "the RoPE tables exactly when spec.rope")
     return project_many(x, [(w, b, nw, spec)], rope, interpret=interpret)[0]
 
 
-__all__ = ["HeadProjection", "ROWS", "TRANSPOSED_INPUT", "pre_norm", "project_heads", "project_many", "reference",
-           "reference_many", "rms_across_heads", "rows_for", "vmem_bytes", "why_not"]
+__all__ = ["HeadProjection", "ROWS", "TRANSPOSED_INPUT", "pre_norm", "project_heads",
+           "project_many", "reference", "reference_many", "rms_across_heads", "rows_for",
+           "vmem_bytes", "why_not"]

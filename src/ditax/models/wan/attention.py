@@ -55,8 +55,8 @@ def rms_norm_heads(norm: RMSNorm, x):
 def fused_projections(mode: str, attn, sharding: ShardingContext, x, lin: Linear):
     """Whether this call's projections run as Pallas kernels (:mod:`ditax.nn.head_projection`,
     ``model.projections``: given the block's norm, self-attention's q, k and v in one kernel
-    and the cross-attention's query in another; else q and k one each): None for XLA's, else the
-    kernel's ``interpret`` flag. ``auto``: on one TPU chip, bfloat16, a plain
+    and the cross-attention's query in another; else q and k one each): None for XLA's, else
+    the kernel's ``interpret`` flag. ``auto``: on one TPU chip, bfloat16, a plain
     full-precision ``Linear`` (no 8-bit weights, no unmerged LoRA), 128-lane heads;
     ``fused``: there, or interpreted off a TPU (tests), else a :class:`ConfigError` naming
     why (a requested kernel never runs as another)."""

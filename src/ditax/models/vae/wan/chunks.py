@@ -17,8 +17,8 @@ interpreted: CPU tests), ``"packed"`` / ``"interpret-packed"`` (those with each 
 taps in one contraction, real channels packed: :mod:`.conv_tpu_pack`), ``"auto"`` (plain;
 on a TPU fast while :data:`FAST_BY_DEFAULT` is set, packed while :data:`PACKED_BY_DEFAULT`
 is too, each after the chip timed it and matched its frames: ``benchmarks/vae_decode.py``;
-a row split is always plain), or a :class:`~.layers.FastPath` itself (diagnosis: packing restricted to some channel
-counts, ``benchmarks/vae_decode.py --bisect``; hashable: each one its own programs).
+a row split is always plain), or a :class:`~.layers.FastPath` itself (diagnosis: packing
+restricted to some channel counts, ``benchmarks/vae_decode.py --bisect``; hashable: each one its own programs).
 :func:`chunk_frames` picks the decoder's latent frames per chunk after the first: on the fast
 path as many as keep a chunk near :data:`CHUNK_PIXELS`, fewer where a later chunk's
 program (:class:`ChunkMemory`: parameters, feature cache, temporaries, the decoded video) would

@@ -293,8 +293,8 @@ class WanVAE(nnx.Module):
         path as many as keep a chunk near 16 frames of 480x832 and its program's estimated
         memory (:meth:`chunk_memory`) within 80% of the device's; every choice gives the same
         frames). ``path``: ``"auto"`` (the TPU fast path on a TPU: Pallas convolutions, channels
-        padded to 128, their taps packed; XLA's convolutions elsewhere), ``"plain"``, ``"fast"``, ``"interpret"``,
-        ``"packed"`` or ``"interpret-packed"`` (see :mod:`.chunks`), or a
+        padded to 128, their taps packed; XLA's convolutions elsewhere), ``"plain"``,
+        ``"fast"``, ``"interpret"``, ``"packed"`` or ``"interpret-packed"`` (see :mod:`.chunks`), or a
         :class:`~.layers.FastPath` (diagnosis: its packing restricted to some channel counts).
         ``tiled=True`` decodes overlapping spatial tiles of ``tile_sample_min`` pixels (height,
         width) every ``tile_sample_stride`` pixels and blends the overlaps linearly, as diffusers'
